@@ -1,0 +1,149 @@
+//! The CPU backend's raw memory: host allocations addressed by integer pointers, so the same
+//! `Buffer<T>` (and later the same pool logic) works on both backends. Work on a CPU stream
+//! runs at once, on the calling thread.
+
+use std::alloc::Layout;
+
+use crate::error::{Error, Result};
+
+use super::{DeviceInfo, LibraryStatus};
+
+/// Alignment of every CPU allocation: enough for 16-byte vectors and cache lines.
+pub(crate) const ALIGN: usize = 256;
+
+fn layout(bytes: usize) -> Result<Layout> {
+    Layout::from_size_align(bytes, ALIGN)
+        .map_err(|_| Error::InvalidArgument(format!("allocation of {bytes} bytes is too large")))
+}
+
+/// Allocates `bytes > 0` of host memory aligned to [`ALIGN`].
+pub(crate) fn alloc(bytes: usize) -> Result<u64> {
+    let layout = layout(bytes)?;
+    // Zeroed, so a buffer's contents are always initialised values even before its first
+    // write (every `DType` is valid for any bits).
+    // SAFETY: `bytes > 0` (callers never allocate empty ranges), so the layout is non-zero.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+    if ptr.is_null() {
+        return Err(Error::OutOfMemory {
+            requested: bytes,
+            detail: "host allocator refused".into(),
+        });
+    }
+    Ok(ptr as u64)
+}
+
+/// Frees memory returned by [`alloc`] with the same `bytes`.
+pub(crate) fn free(ptr: u64, bytes: usize) {
+    if let Ok(layout) = layout(bytes) {
+        // SAFETY: `ptr` came from `alloc(bytes)` with this layout and is freed once, here.
+        unsafe { std::alloc::dealloc(ptr as *mut u8, layout) }
+    }
+}
+
+/// A shared view of `len` elements at `ptr`.
+///
+/// # Safety
+/// `ptr` must be a live CPU allocation holding `len` initialised `T`s, not written through
+/// any other reference for `'a`.
+pub(crate) unsafe fn view<'a, T>(ptr: u64, len: usize) -> &'a [T] {
+    if len == 0 {
+        return &[];
+    }
+    // SAFETY: forwarded from this function's contract; `ptr` is non-null and aligned.
+    unsafe { std::slice::from_raw_parts(ptr as *const T, len) }
+}
+
+/// An exclusive view of `len` elements at `ptr`.
+///
+/// # Safety
+/// As [`view`], and no other reference to the range may exist for `'a`.
+pub(crate) unsafe fn view_mut<'a, T>(ptr: u64, len: usize) -> &'a mut [T] {
+    if len == 0 {
+        return &mut [];
+    }
+    // SAFETY: forwarded from this function's contract.
+    unsafe { std::slice::from_raw_parts_mut(ptr as *mut T, len) }
+}
+
+fn meminfo_kib(key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    text.lines()
+        .find(|l| l.starts_with(key))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+pub(crate) fn info(libraries: Vec<LibraryStatus>) -> DeviceInfo {
+    DeviceInfo {
+        backend: "cpu",
+        ordinal: None,
+        name: cpu_model(),
+        compute_capability: None,
+        arch: Some(std::env::consts::ARCH.to_string()),
+        sms: None,
+        cpu_threads: std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+        memory_total: meminfo_kib("MemTotal:").unwrap_or(0) * 1024,
+        memory_free: meminfo_kib("MemAvailable:").unwrap_or(0) * 1024,
+        l2_bytes: None,
+        pci_bus_id: None,
+        pcie_gen: None,
+        pcie_width: None,
+        numa_node: None,
+        driver: None,
+        cuda: None,
+        libraries,
+    }
+}
+
+/// Row-major `c[m×n] = a[m×k] · b[k×n]` in f32 through the `gemm` crate, on all cores.
+pub(crate) fn gemm_f32(a: &[f32], b: &[f32], c: &mut [f32], m: usize, n: usize, k: usize) -> Result<()> {
+    let need = |what: &str, have: usize, want: Option<usize>| match want {
+        Some(w) if have >= w => Ok(()),
+        _ => Err(Error::InvalidArgument(format!(
+            "gemm: {what} holds {have} elements, {m}x{n}x{k} needs more"
+        ))),
+    };
+    need("a", a.len(), m.checked_mul(k))?;
+    need("b", b.len(), k.checked_mul(n))?;
+    need("c", c.len(), m.checked_mul(n))?;
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let threads = std::thread::available_parallelism().map(|t| t.get()).unwrap_or(1);
+    let parallelism = if threads > 1 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: the three slices hold at least m·k, k·n and m·n elements (checked above), laid
+    // out row-major with the strides given; `c` does not alias `a` or `b` (`&mut`).
+    unsafe {
+        gemm::gemm(
+            m, n, k,
+            c.as_mut_ptr(), 1, n as isize,
+            false,
+            a.as_ptr(), 1, k as isize,
+            b.as_ptr(), 1, n as isize,
+            0.0f32, 1.0f32,
+            false, false, false,
+            parallelism,
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,850 @@
+//! The CUDA backend: every call into the driver, NVRTC, cuBLAS, NCCL and cuFile goes through
+//! this file, so this is where warpdrive's `unsafe` lives (besides kernel launch sites).
+//!
+//! Libraries are loaded at run time (cudarc's `dynamic-loading`); cudarc panics when a call
+//! reaches a library that is absent, so each library's presence is checked once, before its
+//! first call, and reported as an [`Error`] instead.
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::result::DriverError;
+use cudarc::driver::sys::{self, CUdevice_attribute as Attr, CUresult};
+use cudarc::driver::{result, CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream};
+use parking_lot::Mutex;
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::kernels::{self, KernelSource};
+
+use super::{DeviceInfo, LibraryStatus};
+
+/// Which dynamically loaded CUDA libraries can be opened on this machine. Checked once.
+pub(crate) struct Libraries {
+    pub driver: bool,
+    pub nvrtc: bool,
+    pub cublas: bool,
+    pub cublaslt: bool,
+    pub nccl: bool,
+    pub cufile: bool,
+}
+
+pub(crate) fn libraries() -> &'static Libraries {
+    static LIBS: OnceLock<Libraries> = OnceLock::new();
+    // SAFETY: `is_culib_present` only tries to dlopen each candidate name and drops the handle.
+    LIBS.get_or_init(|| unsafe {
+        Libraries {
+            driver: cudarc::driver::sys::is_culib_present(),
+            nvrtc: cudarc::nvrtc::sys::is_culib_present(),
+            cublas: cudarc::cublas::sys::is_culib_present(),
+            cublaslt: cudarc::cublaslt::sys::is_culib_present(),
+            nccl: cudarc::nccl::sys::is_culib_present(),
+            cufile: cudarc::cufile::sys::is_culib_present(),
+        }
+    })
+}
+
+/// NVRTC's version, or `None` when libnvrtc cannot be loaded.
+pub(crate) fn nvrtc_version() -> Option<(i32, i32)> {
+    if !libraries().nvrtc {
+        return None;
+    }
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: libnvrtc is loaded (checked above); both out-pointers are valid locals.
+    let status = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    (status == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS).then_some((major, minor))
+}
+
+/// Initialises the driver and returns the number of CUDA devices.
+pub(crate) fn device_count() -> Result<usize> {
+    if !libraries().driver {
+        return Err(Error::NoDriver(
+            "libcuda.so could not be loaded (is the NVIDIA driver installed?)".into(),
+        ));
+    }
+    result::init().map_err(|e| Error::NoDriver(describe(e)))?;
+    let n = result::device::get_count().map_err(|e| Error::NoDriver(describe(e)))?;
+    Ok(n.max(0) as usize)
+}
+
+/// "CUDA_ERROR_NAME: description" for a driver error.
+fn describe(e: DriverError) -> String {
+    let name = e
+        .error_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| format!("{:?}", e.0));
+    let text = e
+        .error_string()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    format!("{name}: {text}")
+}
+
+/// Errors after which the context is unusable: every later call fails the same way.
+fn is_sticky(code: CUresult) -> bool {
+    matches!(
+        code,
+        CUresult::CUDA_ERROR_ILLEGAL_ADDRESS
+            | CUresult::CUDA_ERROR_LAUNCH_FAILED
+            | CUresult::CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | CUresult::CUDA_ERROR_MISALIGNED_ADDRESS
+            | CUresult::CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | CUresult::CUDA_ERROR_INVALID_PC
+            | CUresult::CUDA_ERROR_HARDWARE_STACK_ERROR
+            | CUresult::CUDA_ERROR_ASSERT
+            | CUresult::CUDA_ERROR_LAUNCH_TIMEOUT
+            | CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED
+    )
+}
+
+/// One CUDA device: its primary context, loaded modules and cuBLAS handle. Cheap to clone.
+#[derive(Clone)]
+pub struct CudaDevice {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    ctx: Arc<CudaContext>,
+    ordinal: usize,
+    compute_capability: (i32, i32),
+    sm_count: u32,
+    lost: AtomicBool,
+    functions: Mutex<HashMap<(&'static str, &'static str), CudaFunction>>,
+    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    blas: Mutex<Option<BlasHandle>>,
+}
+
+struct BlasHandle(cudarc::cublas::sys::cublasHandle_t);
+
+// SAFETY: a cuBLAS handle may be used from any thread as long as calls are not concurrent;
+// it lives behind the device's mutex, which serialises every use.
+unsafe impl Send for BlasHandle {}
+
+impl Drop for BlasHandle {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from `create_handle` and is destroyed exactly once, here.
+        if let Err(e) = unsafe { cudarc::cublas::result::destroy_handle(self.0) } {
+            tracing::warn!("cublasDestroy failed: {e:?}");
+        }
+    }
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "cuda:{}", self.inner.ordinal)
+    }
+}
+
+impl PartialEq for CudaDevice {
+    fn eq(&self, other: &Self) -> bool {
+        self.inner.ordinal == other.inner.ordinal
+    }
+}
+
+impl CudaDevice {
+    /// Opens device `ordinal` (its primary context).
+    pub(crate) fn new(ordinal: usize) -> Result<Self> {
+        let count = device_count()?;
+        if ordinal >= count {
+            return Err(Error::BadOrdinal { ordinal, count });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| Error::NoDriver(describe(e)))?;
+        // warpdrive never hands out `CudaSlice`s, so cudarc's per-slice event tracking is pure
+        // overhead; ordering across streams is recorded explicitly where it is needed.
+        // SAFETY: no `CudaSlice` exists yet on this context.
+        unsafe { ctx.disable_event_tracking() };
+        let compute_capability = ctx
+            .compute_capability()
+            .map_err(|e| Error::NoDriver(describe(e)))?;
+        let sm_count = ctx
+            .attribute(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| Error::NoDriver(describe(e)))?
+            .max(1) as u32;
+        Ok(CudaDevice {
+            inner: Arc::new(Inner {
+                ctx,
+                ordinal,
+                compute_capability,
+                sm_count,
+                lost: AtomicBool::new(false),
+                functions: Mutex::new(HashMap::new()),
+                modules: Mutex::new(HashMap::new()),
+                blas: Mutex::new(None),
+            }),
+        })
+    }
+
+    pub fn ordinal(&self) -> usize {
+        self.inner.ordinal
+    }
+
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.inner.compute_capability
+    }
+
+    /// Streaming multiprocessors.
+    pub fn sm_count(&self) -> u32 {
+        self.inner.sm_count
+    }
+
+    /// Turns a driver result into warpdrive's, marking the device lost on a sticky fault.
+    pub(crate) fn check<T>(
+        &self,
+        call: &'static str,
+        r: std::result::Result<T, DriverError>,
+    ) -> Result<T> {
+        r.map_err(|e| {
+            if is_sticky(e.0) {
+                self.inner.lost.store(true, Ordering::Release);
+                Error::DeviceLost {
+                    call,
+                    message: describe(e),
+                }
+            } else {
+                Error::Driver {
+                    call,
+                    message: describe(e),
+                }
+            }
+        })
+    }
+
+    /// Binds the context to this thread; fails with `DeviceLost` after a sticky fault.
+    pub(crate) fn bind(&self) -> Result<()> {
+        if self.inner.lost.load(Ordering::Acquire) {
+            return Err(Error::DeviceLost {
+                call: "(earlier fault)",
+                message: "the context had a sticky fault; the device must be reopened".into(),
+            });
+        }
+        let r = self.inner.ctx.bind_to_thread();
+        self.check("cuCtxSetCurrent", r)
+    }
+
+    pub(crate) fn attribute(&self, attr: Attr) -> Result<i32> {
+        let r = self.inner.ctx.attribute(attr);
+        self.check("cuDeviceGetAttribute", r)
+    }
+
+    /// (free, total) device memory in bytes.
+    pub(crate) fn mem_info(&self) -> Result<(usize, usize)> {
+        self.bind()?;
+        self.check("cuMemGetInfo", result::mem_get_info())
+    }
+
+    // ---- streams and events ----
+
+    pub(crate) fn new_stream(&self) -> Result<Arc<CudaStream>> {
+        self.bind()?;
+        let r = self.inner.ctx.new_stream();
+        self.check("cuStreamCreate", r)
+    }
+
+    pub(crate) fn synchronize_stream(&self, stream: &CudaStream) -> Result<()> {
+        self.bind()?;
+        self.check("cuStreamSynchronize", stream.synchronize())
+    }
+
+    /// A timing-enabled event (`CU_EVENT_DEFAULT`).
+    pub(crate) fn new_timing_event(&self) -> Result<CudaEvent> {
+        self.bind()?;
+        let r = self
+            .inner
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT));
+        self.check("cuEventCreate", r)
+    }
+
+    pub(crate) fn record_event(&self, event: &CudaEvent, stream: &CudaStream) -> Result<()> {
+        self.bind()?;
+        self.check("cuEventRecord", event.record(stream))
+    }
+
+    pub(crate) fn event_synchronize(&self, event: &CudaEvent) -> Result<()> {
+        self.bind()?;
+        self.check("cuEventSynchronize", event.synchronize())
+    }
+
+    pub(crate) fn event_elapsed_ms(&self, start: &CudaEvent, end: &CudaEvent) -> Result<f32> {
+        self.bind()?;
+        self.check("cuEventElapsedTime", start.elapsed_ms(end))
+    }
+
+    pub(crate) fn stream_wait_event(&self, stream: &CudaStream, event: &CudaEvent) -> Result<()> {
+        self.bind()?;
+        self.check("cuStreamWaitEvent", stream.wait(event))
+    }
+
+    // ---- raw memory ----
+
+    /// Allocates `bytes` of device memory (`bytes > 0`).
+    pub(crate) fn alloc(&self, bytes: usize) -> Result<u64> {
+        self.bind()?;
+        // SAFETY: the context is bound; the returned pointer is owned by the caller, which
+        // frees it with `free`.
+        match unsafe { result::malloc_sync(bytes) } {
+            Ok(ptr) => Ok(ptr),
+            Err(e) if e.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                let detail = match result::mem_get_info() {
+                    Ok((free, total)) => format!("device free {free} of {total} bytes"),
+                    Err(_) => "device free memory unknown".into(),
+                };
+                Err(Error::OutOfMemory {
+                    requested: bytes,
+                    detail,
+                })
+            }
+            Err(e) => self.check("cuMemAlloc", Err(e)),
+        }
+    }
+
+    /// Frees memory returned by `alloc`.
+    pub(crate) fn free(&self, ptr: u64) -> Result<()> {
+        self.bind()?;
+        // SAFETY: `ptr` came from `alloc` on this context and its owner gives it up here;
+        // cuMemFree waits for work that may still use it.
+        let r = unsafe { result::free_sync(ptr) };
+        self.check("cuMemFree", r)
+    }
+
+    /// Copies `src` into device memory at `dst` on `stream`; returns when `src` may be reused.
+    pub(crate) fn copy_h2d<T: DType>(&self, stream: &CudaStream, dst: u64, src: &[T]) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the caller guarantees `dst` holds at least `size_of_val(src)` bytes. `src` is
+        // borrowed for this call only, so the stream is synchronised before returning (a
+        // pinned `src` would otherwise still be read by the DMA engine after the borrow ends).
+        let r = unsafe { result::memcpy_htod_async(dst, src, stream.cu_stream()) };
+        self.check("cuMemcpyHtoDAsync", r)?;
+        self.synchronize_stream(stream)
+    }
+
+    /// Copies device memory at `src` into `dst` on `stream` and waits for it.
+    pub(crate) fn copy_d2h<T: DType>(
+        &self,
+        stream: &CudaStream,
+        dst: &mut [T],
+        src: u64,
+    ) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the caller guarantees `src` holds at least `size_of_val(dst)` bytes; the
+        // stream is synchronised before `dst`'s borrow ends.
+        let r = unsafe { result::memcpy_dtoh_async(dst, src, stream.cu_stream()) };
+        self.check("cuMemcpyDtoHAsync", r)?;
+        self.synchronize_stream(stream)
+    }
+
+    /// Enqueues a device-to-device copy of `bytes` on `stream`.
+    pub(crate) fn copy_d2d(&self, stream: &CudaStream, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the caller guarantees both ranges are live device allocations of `bytes`.
+        let r = unsafe { result::memcpy_dtod_async(dst, src, bytes, stream.cu_stream()) };
+        self.check("cuMemcpyDtoDAsync", r)
+    }
+
+    // ---- kernels ----
+
+    /// The NVRTC architecture this device compiles for.
+    pub(crate) fn arch(&self) -> kernels::Arch {
+        let (major, minor) = self.inner.compute_capability;
+        kernels::Arch::from_compute_capability(major as u32, minor as u32)
+    }
+
+    /// Loads (compiling through the disk cache on first use) kernel `name` of `source`.
+    pub(crate) fn function(
+        &self,
+        source: &'static KernelSource,
+        name: &'static str,
+    ) -> Result<CudaFunction> {
+        if let Some(f) = self.inner.functions.lock().get(&(source.name, name)) {
+            return Ok(f.clone());
+        }
+        let module = self.module(source)?;
+        self.bind()?;
+        let r = module.load_function(name);
+        let f = self.check("cuModuleGetFunction", r)?;
+        self.inner
+            .functions
+            .lock()
+            .insert((source.name, name), f.clone());
+        Ok(f)
+    }
+
+    fn module(&self, source: &'static KernelSource) -> Result<Arc<CudaModule>> {
+        if let Some(m) = self.inner.modules.lock().get(source.name) {
+            return Ok(m.clone());
+        }
+        let arch = source.arch_for(self.arch())?;
+        let ptx = kernels::PtxCache::global().ptx(source, arch)?;
+        self.bind()?;
+        let r = self
+            .inner
+            .ctx
+            .load_module(cudarc::nvrtc::Ptx::from_src(ptx.to_string()));
+        let module = self.check("cuModuleLoadData", r)?;
+        self.inner
+            .modules
+            .lock()
+            .insert(source.name, module.clone());
+        Ok(module)
+    }
+
+    /// Launches `f` on `stream`.
+    ///
+    /// # Safety
+    /// `params` must point at values whose types and order match the kernel's parameters,
+    /// and every device pointer among them must cover what the kernel reads and writes
+    /// for this grid.
+    pub(crate) unsafe fn launch(
+        &self,
+        stream: &CudaStream,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        shared_mem_bytes: u32,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 || block.0 == 0 || block.1 == 0 || block.2 == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "empty launch: grid {grid:?}, block {block:?}"
+            )));
+        }
+        self.bind()?;
+        // SAFETY: forwarded from this function's contract; the function handle is alive
+        // (its module is held by `f`).
+        let r = unsafe {
+            result::launch_kernel(
+                f.cu_function(),
+                grid,
+                block,
+                shared_mem_bytes,
+                stream.cu_stream(),
+                params,
+            )
+        };
+        self.check("cuLaunchKernel", r)
+    }
+
+    // ---- cuBLAS ----
+
+    /// Runs `body` with this device's cuBLAS handle bound to `stream`.
+    pub(crate) fn with_blas<R>(
+        &self,
+        stream: &CudaStream,
+        body: impl FnOnce(cudarc::cublas::sys::cublasHandle_t) -> Result<R>,
+    ) -> Result<R> {
+        if !libraries().cublas {
+            return Err(Error::LibraryMissing {
+                library: "cuBLAS",
+                hint: "libcublas.so.13 not found on the library path".into(),
+            });
+        }
+        self.bind()?;
+        let mut guard = self.inner.blas.lock();
+        if guard.is_none() {
+            let h = cudarc::cublas::result::create_handle().map_err(|e| Error::Blas {
+                call: "cublasCreate",
+                message: format!("{e:?}"),
+            })?;
+            *guard = Some(BlasHandle(h));
+        }
+        let Some(handle) = guard.as_ref().map(|h| h.0) else {
+            return Err(Error::Blas {
+                call: "cublasCreate",
+                message: "no handle".into(),
+            });
+        };
+        // SAFETY: the handle is valid and used by this thread alone while the lock is held;
+        // cuBLAS's stream type is the driver's.
+        unsafe { cudarc::cublas::result::set_stream(handle, stream.cu_stream() as _) }.map_err(
+            |e| Error::Blas {
+                call: "cublasSetStream",
+                message: format!("{e:?}"),
+            },
+        )?;
+        body(handle)
+    }
+
+    /// Row-major `c[m×n] = a[m×k] · b[k×n]` through `cublasGemmEx` (the doctor's GEMM).
+    ///
+    /// # Safety
+    /// `a`, `b`, `c` must be live device allocations of at least m·k, k·n and m·n elements of
+    /// `dtype`.
+    pub(crate) unsafe fn gemm(
+        &self,
+        stream: &CudaStream,
+        dtype: crate::dtype::DTypeKind,
+        (m, n, k): (usize, usize, usize),
+        a: u64,
+        b: u64,
+        c: u64,
+    ) -> Result<()> {
+        use cudarc::cublas::sys::{
+            cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType,
+        };
+        use crate::dtype::DTypeKind;
+        let (ty, compute) = match dtype {
+            DTypeKind::BF16 => (cudaDataType::CUDA_R_16BF, cublasComputeType_t::CUBLAS_COMPUTE_32F),
+            DTypeKind::F16 => (cudaDataType::CUDA_R_16F, cublasComputeType_t::CUBLAS_COMPUTE_32F),
+            DTypeKind::F32 => (cudaDataType::CUDA_R_32F, cublasComputeType_t::CUBLAS_COMPUTE_32F),
+            other => {
+                return Err(Error::Unsupported(format!(
+                    "cuBLAS GEMM for {}",
+                    other.name()
+                )))
+            }
+        };
+        let dim = |v: usize| {
+            c_int::try_from(v)
+                .map_err(|_| Error::InvalidArgument(format!("GEMM dimension {v} exceeds i32")))
+        };
+        let (m, n, k) = (dim(m)?, dim(n)?, dim(k)?);
+        let alpha = 1.0f32;
+        let beta = 0.0f32;
+        self.with_blas(stream, |h| {
+            // Row-major C = A·B is column-major Cᵀ = Bᵀ·Aᵀ: swap the operands.
+            // SAFETY: the caller guarantees the three allocations; alpha/beta outlive the call.
+            unsafe {
+                cudarc::cublas::result::gemm_ex(
+                    h,
+                    cublasOperation_t::CUBLAS_OP_N,
+                    cublasOperation_t::CUBLAS_OP_N,
+                    n,
+                    m,
+                    k,
+                    &alpha as *const f32 as *const c_void,
+                    b as *const c_void,
+                    ty,
+                    n,
+                    a as *const c_void,
+                    ty,
+                    k,
+                    &beta as *const f32 as *const c_void,
+                    c as *mut c_void,
+                    ty,
+                    n,
+                    compute,
+                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .map_err(|e| Error::Blas {
+                call: "cublasGemmEx",
+                message: format!("{e:?}"),
+            })
+        })
+    }
+
+    // ---- measurements for the doctor's ceilings (they own their memory, so they are safe) ----
+
+    /// Seconds per copy of `bytes` between host and device, `reps` times, after one warm-up.
+    /// Pinned host memory is timed with events on `stream`; pageable memory (an ordinary,
+    /// pre-touched `Vec`) with the host clock around each synchronous copy.
+    pub(crate) fn time_host_copies(
+        &self,
+        stream: &CudaStream,
+        to_device: bool,
+        pinned: bool,
+        bytes: usize,
+        reps: usize,
+    ) -> Result<Vec<f64>> {
+        let bytes = bytes.max(1);
+        let dev = DeviceAlloc::new(self, bytes)?;
+        let mut times = Vec::with_capacity(reps);
+        if pinned {
+            let mut host = self.alloc_pinned(bytes)?;
+            fill_pattern(host.as_mut_slice());
+            let (start, end) = (self.new_timing_event()?, self.new_timing_event()?);
+            for rep in 0..=reps {
+                self.record_event(&start, stream)?;
+                // SAFETY: `host` and `dev` both hold `bytes` and outlive the copy: the stream
+                // is synchronised (through `end`) before either is dropped or reused.
+                unsafe { self.copy_raw_async(stream, to_device, host.ptr, dev.ptr, bytes)? };
+                self.record_event(&end, stream)?;
+                let ms = self.event_elapsed_ms(&start, &end).inspect_err(|_| {
+                    let _ = self.synchronize_stream(stream);
+                })?;
+                if rep > 0 {
+                    times.push(ms as f64 / 1e3);
+                }
+            }
+        } else {
+            let mut host = vec![0u8; bytes];
+            fill_pattern(&mut host);
+            for rep in 0..=reps {
+                let t = std::time::Instant::now();
+                if to_device {
+                    self.copy_h2d(stream, dev.ptr, &host)?;
+                } else {
+                    self.copy_d2h(stream, &mut host, dev.ptr)?;
+                }
+                if rep > 0 {
+                    times.push(t.elapsed().as_secs_f64());
+                }
+            }
+        }
+        Ok(times)
+    }
+
+    /// Launch cost of an empty kernel: (µs per launch when `count` are enqueued back to back
+    /// with one synchronise at the end, µs for one launch + synchronise round trip).
+    pub(crate) fn time_empty_launches(&self, stream: &CudaStream, count: usize) -> Result<(f64, f64)> {
+        let f = self.function(&kernels::BASIC, "empty_kernel")?;
+        let launch = || {
+            // SAFETY: `empty_kernel` takes no parameters.
+            unsafe { self.launch(stream, &f, (1, 1, 1), (32, 1, 1), 0, &mut []) }
+        };
+        launch()?;
+        self.synchronize_stream(stream)?;
+        let count = count.max(1);
+        let t = std::time::Instant::now();
+        for _ in 0..count {
+            launch()?;
+        }
+        self.synchronize_stream(stream)?;
+        let enqueued = t.elapsed().as_secs_f64() * 1e6 / count as f64;
+        let round_trips = (count / 10).max(1);
+        let t = std::time::Instant::now();
+        for _ in 0..round_trips {
+            launch()?;
+            self.synchronize_stream(stream)?;
+        }
+        let round_trip = t.elapsed().as_secs_f64() * 1e6 / round_trips as f64;
+        Ok((enqueued, round_trip))
+    }
+
+    /// Page-locked host memory of `bytes` (flags 0: cached, fast for the CPU to read too).
+    fn alloc_pinned(&self, bytes: usize) -> Result<PinnedHost> {
+        self.bind()?;
+        // SAFETY: the context is bound; the pointer is owned by the returned value.
+        let r = unsafe { result::malloc_host(bytes.max(1), 0) };
+        let ptr = self.check("cuMemHostAlloc", r)?;
+        Ok(PinnedHost {
+            device: self.clone(),
+            ptr: ptr as *mut u8,
+            bytes: bytes.max(1),
+        })
+    }
+
+    /// Copies raw bytes host→device or device→host on `stream` without synchronising.
+    ///
+    /// # Safety
+    /// `host` must stay valid and untouched until the stream has passed this copy, and
+    /// `dev` must cover `bytes`.
+    unsafe fn copy_raw_async(
+        &self,
+        stream: &CudaStream,
+        to_device: bool,
+        host: *mut u8,
+        dev: u64,
+        bytes: usize,
+    ) -> Result<()> {
+        self.bind()?;
+        let s = stream.cu_stream();
+        // SAFETY: forwarded from this function's contract.
+        let r = unsafe {
+            if to_device {
+                sys::cuMemcpyHtoDAsync_v2(dev, host as *const c_void, bytes, s).result()
+            } else {
+                sys::cuMemcpyDtoHAsync_v2(host as *mut c_void, dev, bytes, s).result()
+            }
+        };
+        self.check("cuMemcpyAsync", r)
+    }
+
+    // ---- device information ----
+
+    pub(crate) fn info(&self) -> Result<DeviceInfo> {
+        self.bind()?;
+        let name = self.check("cuDeviceGetName", self.inner.ctx.name())?;
+        let (free, total) = self.mem_info()?;
+        let sms = self.attribute(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let l2 = self.attribute(Attr::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?;
+        let bus_id = self.pci_bus_id().ok();
+        let sysfs = bus_id.as_deref().map(super::sysfs::PciDevice::new);
+        let (pcie_gen, pcie_width) = sysfs
+            .as_ref()
+            .map(|d| (d.link_generation(), d.link_width()))
+            .unwrap_or((None, None));
+        let numa_node = sysfs.as_ref().and_then(|d| d.numa_node());
+        let mut cuda_version = 0;
+        // SAFETY: the driver is loaded; the out-pointer is a valid local.
+        let r = unsafe { sys::cuDriverGetVersion(&mut cuda_version).result() };
+        self.check("cuDriverGetVersion", r)?;
+        let (major, minor) = self.inner.compute_capability;
+        Ok(DeviceInfo {
+            backend: "cuda",
+            ordinal: Some(self.inner.ordinal),
+            name,
+            compute_capability: Some(format!("{major}.{minor}")),
+            arch: Some(self.arch().name().to_string()),
+            sms: Some(sms.max(0) as u32),
+            cpu_threads: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+            memory_total: total as u64,
+            memory_free: free as u64,
+            l2_bytes: Some(l2.max(0) as u64),
+            pci_bus_id: bus_id,
+            pcie_gen,
+            pcie_width,
+            numa_node,
+            driver: super::sysfs::nvidia_driver_version(),
+            cuda: Some(format!("{}.{}", cuda_version / 1000, (cuda_version % 1000) / 10)),
+            libraries: library_statuses(),
+        })
+    }
+
+    fn pci_bus_id(&self) -> Result<String> {
+        let mut buf = [0 as std::ffi::c_char; 32];
+        // SAFETY: the buffer is valid for its stated length; the driver NUL-terminates it.
+        let r = unsafe {
+            sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as c_int, self.inner.ctx.cu_device())
+                .result()
+        };
+        self.check("cuDeviceGetPCIBusId", r)?;
+        let bytes: Vec<u8> = buf
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8)
+            .collect();
+        Ok(String::from_utf8_lossy(&bytes).to_lowercase())
+    }
+}
+
+/// Bytes that are not all zero (copies are never timed on zeros).
+fn fill_pattern(bytes: &mut [u8]) {
+    let mut x: u32 = 0x9e37_79b9;
+    for b in bytes.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        *b = x as u8;
+    }
+}
+
+/// A device allocation owned by a probe, freed on drop.
+struct DeviceAlloc<'a> {
+    device: &'a CudaDevice,
+    ptr: u64,
+}
+
+impl<'a> DeviceAlloc<'a> {
+    fn new(device: &'a CudaDevice, bytes: usize) -> Result<Self> {
+        Ok(DeviceAlloc {
+            device,
+            ptr: device.alloc(bytes)?,
+        })
+    }
+}
+
+impl Drop for DeviceAlloc<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.device.free(self.ptr) {
+            tracing::warn!("freeing a probe allocation failed: {e}");
+        }
+    }
+}
+
+/// Page-locked host memory, freed on drop.
+struct PinnedHost {
+    device: CudaDevice,
+    ptr: *mut u8,
+    bytes: usize,
+}
+
+impl PinnedHost {
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` is a live allocation of `bytes` (at least 1) owned by `self`, and the
+        // `&mut self` borrow makes this the only access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.bytes) }
+    }
+}
+
+impl Drop for PinnedHost {
+    fn drop(&mut self) {
+        if self.device.bind().is_err() {
+            return;
+        }
+        // Copies from this memory may still be queued: wait for the device before freeing.
+        if let Err(e) = self.device.check("cuCtxSynchronize", result::ctx::synchronize()) {
+            tracing::warn!("synchronise before freeing pinned memory failed: {e}");
+        }
+        // SAFETY: `ptr` came from cuMemHostAlloc and is freed exactly once, here.
+        if let Err(e) = unsafe { result::free_host(self.ptr as *mut c_void) } {
+            tracing::warn!("cuMemFreeHost failed: {}", describe(e));
+        }
+    }
+}
+
+/// Whether each CUDA library loads here, and its version when it does.
+pub(crate) fn library_statuses() -> Vec<LibraryStatus> {
+    let libs = libraries();
+    let status = |name: &'static str, loaded: bool, version: Option<String>| LibraryStatus {
+        name,
+        loaded,
+        version,
+    };
+    let driver_version = libs.driver.then(|| {
+        let mut v = 0;
+        // SAFETY: the driver library is loaded; the out-pointer is a valid local.
+        let ok = unsafe { sys::cuDriverGetVersion(&mut v) } == CUresult::CUDA_SUCCESS;
+        ok.then(|| format!("{}.{}", v / 1000, (v % 1000) / 10))
+    });
+    let cublas_version = libs.cublas.then(|| {
+        use cudarc::cublas::sys::{cublasGetProperty, cublasStatus_t, libraryPropertyType};
+        let mut parts = [0; 3];
+        let kinds = [
+            libraryPropertyType::MAJOR_VERSION,
+            libraryPropertyType::MINOR_VERSION,
+            libraryPropertyType::PATCH_LEVEL,
+        ];
+        for (slot, kind) in parts.iter_mut().zip(kinds) {
+            // SAFETY: libcublas is loaded; the out-pointer is a valid local.
+            if unsafe { cublasGetProperty(kind, slot) } != cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                return None;
+            }
+        }
+        Some(format!("{}.{}.{}", parts[0], parts[1], parts[2]))
+    });
+    let cublaslt_version = libs.cublaslt.then(|| {
+        // SAFETY: libcublasLt is loaded; the call takes no arguments.
+        let v = unsafe { cudarc::cublaslt::sys::cublasLtGetVersion() };
+        Some(format!("{}.{}.{}", v / 10000, (v % 10000) / 100, v % 100))
+    });
+    let nccl_version = libs.nccl.then(|| {
+        let mut v = 0;
+        // SAFETY: libnccl is loaded; the out-pointer is a valid local.
+        let ok = unsafe { cudarc::nccl::sys::ncclGetVersion(&mut v) }
+            == cudarc::nccl::sys::ncclResult_t::ncclSuccess;
+        ok.then(|| format!("{}.{}.{}", v / 10000, (v % 10000) / 100, v % 100))
+    });
+    let cufile_version = libs.cufile.then(|| {
+        let mut v = 0;
+        // SAFETY: libcufile is loaded; the out-pointer is a valid local.
+        let r = unsafe { cudarc::cufile::sys::cuFileGetVersion(&mut v) };
+        (r.err == cudarc::cufile::sys::CUfileOpError::CU_FILE_SUCCESS)
+            .then(|| format!("{}.{}", v / 1000, (v % 1000) / 10))
+    });
+    vec![
+        status("driver", libs.driver, driver_version.flatten()),
+        status(
+            "nvrtc",
+            libs.nvrtc,
+            nvrtc_version().map(|(a, b)| format!("{a}.{b}")),
+        ),
+        status("cublas", libs.cublas, cublas_version.flatten()),
+        status("cublaslt", libs.cublaslt, cublaslt_version.flatten()),
+        status("nccl", libs.nccl, nccl_version.flatten()),
+        status("cufile", libs.cufile, cufile_version.flatten()),
+    ]
+}

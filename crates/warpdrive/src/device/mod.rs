@@ -1,0 +1,323 @@
+//! Devices, streams, events and device information, on two backends: CUDA and the CPU.
+//!
+//! The CPU backend is real: its buffers live in host memory and its ops compute the same
+//! results as the CUDA kernels (it is their reference). Work on a CPU stream runs at once.
+
+pub(crate) mod cpu;
+pub(crate) mod cuda;
+pub mod sysfs;
+
+use std::sync::{Arc, Once};
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+
+pub use cuda::CudaDevice;
+
+/// The environment variable that overrides [`Device::best`]: `cpu`, `cuda` or `cuda:N`.
+pub const DEVICE_ENV: &str = "WARPDRIVE_DEVICE";
+
+/// Where buffers live and work runs. Cheap to clone.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Device {
+    /// Host memory and host threads: the reference backend.
+    Cpu,
+    /// A CUDA GPU.
+    Cuda(CudaDevice),
+}
+
+impl Device {
+    /// The CPU backend.
+    pub fn cpu() -> Device {
+        Device::Cpu
+    }
+
+    /// CUDA device `ordinal`. Fails with `NoDriver` when the driver is absent and with
+    /// `BadOrdinal` when there is no such device.
+    pub fn cuda(ordinal: usize) -> Result<Device> {
+        CudaDevice::new(ordinal).map(Device::Cuda)
+    }
+
+    /// `WARPDRIVE_DEVICE` when set, else CUDA device 0 when a driver and GPU are present,
+    /// else the CPU (with one notice on stderr per process).
+    pub fn best() -> Result<Device> {
+        let spec = std::env::var(DEVICE_ENV).ok();
+        Device::best_with(spec.as_deref())
+    }
+
+    /// [`Device::best`] with the override given explicitly instead of read from the environment.
+    pub fn best_with(spec: Option<&str>) -> Result<Device> {
+        if let Some(spec) = spec.map(str::trim).filter(|s| !s.is_empty()) {
+            return Device::from_spec(spec);
+        }
+        match Device::cuda(0) {
+            Ok(d) => Ok(d),
+            Err(e) => {
+                static NOTICE: Once = Once::new();
+                NOTICE.call_once(|| {
+                    eprintln!("warpdrive: no usable CUDA device ({e}); running on the CPU backend")
+                });
+                Ok(Device::Cpu)
+            }
+        }
+    }
+
+    /// Parses `cpu`, `cuda` (device 0) or `cuda:N` and opens that device.
+    pub fn from_spec(spec: &str) -> Result<Device> {
+        let bad = || Error::BadDeviceSpec {
+            value: spec.to_string(),
+        };
+        match spec.trim().to_ascii_lowercase().as_str() {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" | "gpu" => Device::cuda(0),
+            s => {
+                let n = s.strip_prefix("cuda:").ok_or_else(bad)?;
+                let ordinal = n.parse::<usize>().map_err(|_| bad())?;
+                Device::cuda(ordinal)
+            }
+        }
+    }
+
+    /// Number of CUDA devices (0 when there is no driver).
+    pub fn cuda_count() -> usize {
+        cuda::device_count().unwrap_or(0)
+    }
+
+    pub fn is_cuda(&self) -> bool {
+        matches!(self, Device::Cuda(_))
+    }
+
+    /// `cpu` or `cuda:N`.
+    pub fn label(&self) -> String {
+        match self {
+            Device::Cpu => "cpu".into(),
+            Device::Cuda(d) => format!("cuda:{}", d.ordinal()),
+        }
+    }
+
+    /// Name, capability, memory, PCIe, NUMA node and library versions.
+    pub fn info(&self) -> Result<DeviceInfo> {
+        match self {
+            Device::Cpu => Ok(cpu::info(cuda::library_statuses())),
+            Device::Cuda(d) => d.info(),
+        }
+    }
+
+    /// A new stream on this device.
+    pub fn new_stream(&self) -> Result<Stream> {
+        let inner = match self {
+            Device::Cpu => StreamInner::Cpu,
+            Device::Cuda(d) => StreamInner::Cuda(d.new_stream()?),
+        };
+        Ok(Stream {
+            device: self.clone(),
+            inner,
+        })
+    }
+
+    /// A new timing-enabled event on this device.
+    pub fn new_event(&self) -> Result<Event> {
+        let inner = match self {
+            Device::Cpu => EventInner::Cpu(Mutex::new(None)),
+            Device::Cuda(d) => EventInner::Cuda(d.clone(), d.new_timing_event()?),
+        };
+        Ok(Event { inner })
+    }
+
+    /// Allocates `bytes > 0` of raw memory on this device; free it with [`Device::free_raw`].
+    pub(crate) fn alloc_raw(&self, bytes: usize) -> Result<u64> {
+        match self {
+            Device::Cpu => cpu::alloc(bytes),
+            Device::Cuda(d) => d.alloc(bytes),
+        }
+    }
+
+    /// Frees memory from [`Device::alloc_raw`].
+    pub(crate) fn free_raw(&self, ptr: u64, bytes: usize) -> Result<()> {
+        match self {
+            Device::Cpu => {
+                cpu::free(ptr, bytes);
+                Ok(())
+            }
+            Device::Cuda(d) => d.free(ptr),
+        }
+    }
+
+    pub(crate) fn same_as(&self, other: &Device, op: &'static str) -> Result<()> {
+        if self == other {
+            Ok(())
+        } else {
+            Err(Error::DeviceMismatch {
+                op,
+                left: self.label(),
+                right: other.label(),
+            })
+        }
+    }
+}
+
+/// An ordered queue of work on one device.
+pub struct Stream {
+    device: Device,
+    inner: StreamInner,
+}
+
+enum StreamInner {
+    Cpu,
+    Cuda(Arc<cudarc::driver::CudaStream>),
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Stream({})", self.device.label())
+    }
+}
+
+impl Stream {
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Waits until all work enqueued so far has finished.
+    pub fn synchronize(&self) -> Result<()> {
+        match (&self.device, &self.inner) {
+            (Device::Cuda(d), StreamInner::Cuda(s)) => d.synchronize_stream(s),
+            _ => Ok(()),
+        }
+    }
+
+    /// Records `event` at this point of the stream.
+    pub fn record(&self, event: &Event) -> Result<()> {
+        match (&self.inner, &event.inner) {
+            (StreamInner::Cpu, EventInner::Cpu(t)) => {
+                *t.lock() = Some(Instant::now());
+                Ok(())
+            }
+            (StreamInner::Cuda(s), EventInner::Cuda(d, e)) => d.record_event(e, s),
+            _ => Err(Error::DeviceMismatch {
+                op: "Stream::record",
+                left: self.device.label(),
+                right: event.device_label(),
+            }),
+        }
+    }
+
+    /// Makes later work on this stream wait for `event`.
+    pub fn wait(&self, event: &Event) -> Result<()> {
+        match (&self.inner, &event.inner) {
+            (StreamInner::Cpu, EventInner::Cpu(_)) => Ok(()),
+            (StreamInner::Cuda(s), EventInner::Cuda(d, e)) => d.stream_wait_event(s, e),
+            _ => Err(Error::DeviceMismatch {
+                op: "Stream::wait",
+                left: self.device.label(),
+                right: event.device_label(),
+            }),
+        }
+    }
+
+    /// The CUDA device and stream, when this is a CUDA stream.
+    pub(crate) fn cuda(&self) -> Option<(&CudaDevice, &cudarc::driver::CudaStream)> {
+        match (&self.device, &self.inner) {
+            (Device::Cuda(d), StreamInner::Cuda(s)) => Some((d, s)),
+            _ => None,
+        }
+    }
+}
+
+/// A point in a stream; with two, the GPU time between them.
+pub struct Event {
+    inner: EventInner,
+}
+
+enum EventInner {
+    Cpu(Mutex<Option<Instant>>),
+    Cuda(CudaDevice, cudarc::driver::CudaEvent),
+}
+
+impl Event {
+    fn device_label(&self) -> String {
+        match &self.inner {
+            EventInner::Cpu(_) => "cpu".into(),
+            EventInner::Cuda(d, _) => format!("cuda:{}", d.ordinal()),
+        }
+    }
+
+    /// Waits until the work before the recorded point has finished.
+    pub fn synchronize(&self) -> Result<()> {
+        match &self.inner {
+            EventInner::Cpu(_) => Ok(()),
+            EventInner::Cuda(d, e) => d.event_synchronize(e),
+        }
+    }
+
+    /// Milliseconds from `self` to `end`, both recorded; waits for `end`.
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
+        match (&self.inner, &end.inner) {
+            (EventInner::Cpu(a), EventInner::Cpu(b)) => match (*a.lock(), *b.lock()) {
+                (Some(a), Some(b)) => Ok(b.saturating_duration_since(a).as_secs_f32() * 1e3),
+                _ => Err(Error::InvalidArgument(
+                    "elapsed_ms on an event that was never recorded".into(),
+                )),
+            },
+            (EventInner::Cuda(d, a), EventInner::Cuda(_, b)) => {
+                d.event_synchronize(b)?;
+                d.event_elapsed_ms(a, b)
+            }
+            _ => Err(Error::DeviceMismatch {
+                op: "Event::elapsed_ms",
+                left: self.device_label(),
+                right: end.device_label(),
+            }),
+        }
+    }
+}
+
+/// Whether a CUDA library loads on this machine, and its version.
+#[derive(Debug, Clone, Serialize)]
+pub struct LibraryStatus {
+    pub name: &'static str,
+    pub loaded: bool,
+    pub version: Option<String>,
+}
+
+/// What a device is: identity, capability, memory, link and library versions.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceInfo {
+    /// `cuda` or `cpu`.
+    pub backend: &'static str,
+    pub ordinal: Option<usize>,
+    pub name: String,
+    /// "9.0" on Hopper; `None` on the CPU.
+    pub compute_capability: Option<String>,
+    /// The architecture kernels are built for (`sm_90a`), or the CPU's (`x86_64`).
+    pub arch: Option<String>,
+    /// Streaming multiprocessors.
+    pub sms: Option<u32>,
+    pub cpu_threads: usize,
+    pub memory_total: u64,
+    pub memory_free: u64,
+    pub l2_bytes: Option<u64>,
+    pub pci_bus_id: Option<String>,
+    pub pcie_gen: Option<u32>,
+    pub pcie_width: Option<u32>,
+    pub numa_node: Option<i32>,
+    /// Kernel driver version ("580.159.04").
+    pub driver: Option<String>,
+    /// CUDA version the driver supports ("13.0").
+    pub cuda: Option<String>,
+    pub libraries: Vec<LibraryStatus>,
+}
+
+impl DeviceInfo {
+    /// "gen5 x16", when known.
+    pub fn pcie(&self) -> Option<String> {
+        match (self.pcie_gen, self.pcie_width) {
+            (Some(g), Some(w)) => Some(format!("gen{g} x{w}")),
+            (Some(g), None) => Some(format!("gen{g}")),
+            _ => None,
+        }
+    }
+}

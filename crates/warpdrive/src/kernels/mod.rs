@@ -1,0 +1,390 @@
+//! CUDA C kernel sources, compiled by NVRTC for the device's own architecture and cached on
+//! disk as PTX.
+//!
+//! Sources are self-contained: they include no CUDA headers (a host with only the driver and
+//! NVRTC has none). [`PRELUDE`] is prepended to every source. Each source declares the
+//! architectures it supports on a line `// archs: sm_80 sm_90 sm_90a`; it is compiled for the
+//! device's own architecture when declared, else for the highest declared one the device can
+//! run (PTX is forward compatible; `a` targets such as `sm_90a` are not).
+//!
+//! The cache lives under `$XDG_CACHE_HOME/warpdrive/ptx/` (fallback `~/.cache/warpdrive/ptx/`),
+//! one file per source hash + arch + NVRTC version, written atomically (temp file + rename);
+//! each file carries a checksum of its body, so a corrupt file is detected and recompiled.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
+
+use crate::error::{Error, Result};
+
+/// Shared definitions prepended to every kernel source.
+pub const PRELUDE: &str = include_str!("prelude.cu");
+
+/// A kernel source file embedded in the library.
+#[derive(Debug)]
+pub struct KernelSource {
+    /// File stem, unique among sources (`basic`).
+    pub name: &'static str,
+    /// The CUDA C text, without the prelude.
+    pub code: &'static str,
+}
+
+/// `fill`, `axpy` and the two-pass `sum` reduction behind the foundation ops.
+pub static BASIC: KernelSource = KernelSource {
+    name: "basic",
+    code: include_str!("basic.cu"),
+};
+
+/// Every embedded source (the compile test builds each for each declared architecture).
+pub static SOURCES: &[&KernelSource] = &[&BASIC];
+
+/// A GPU architecture NVRTC compiles for: `sm_{major}{minor}`, with `a` for the
+/// architecture-specific target (`sm_90a`: `wgmma`, `setmaxnreg`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Arch {
+    pub major: u32,
+    pub minor: u32,
+    pub specific: bool,
+}
+
+impl Arch {
+    /// The target for a device of this compute capability: `sm_90a` on Hopper (so its own
+    /// instructions are available), `sm_XY` elsewhere.
+    pub fn from_compute_capability(major: u32, minor: u32) -> Arch {
+        Arch {
+            major,
+            minor,
+            specific: (major, minor) == (9, 0),
+        }
+    }
+
+    /// Parses `sm_90a`, `sm_80`, ...
+    pub fn parse(s: &str) -> Option<Arch> {
+        let digits = s.strip_prefix("sm_")?;
+        let (digits, specific) = match digits.strip_suffix('a') {
+            Some(d) => (d, true),
+            None => (digits, false),
+        };
+        if digits.len() < 2 || !digits.chars().all(|c| c.is_ascii_digit()) {
+            return None;
+        }
+        let (major, minor) = digits.split_at(digits.len() - 1);
+        Some(Arch {
+            major: major.parse().ok()?,
+            minor: minor.parse().ok()?,
+            specific,
+        })
+    }
+
+    pub fn name(&self) -> String {
+        format!(
+            "sm_{}{}{}",
+            self.major,
+            self.minor,
+            if self.specific { "a" } else { "" }
+        )
+    }
+}
+
+impl fmt::Display for Arch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+impl KernelSource {
+    /// The architectures this source declares on its `// archs:` line.
+    pub fn archs(&self) -> Result<Vec<Arch>> {
+        let line = self
+            .code
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("// archs:"))
+            .ok_or_else(|| Error::Compile {
+                kernel: self.name.into(),
+                arch: "-".into(),
+                log: "source declares no `// archs:` line".into(),
+            })?;
+        line.split_whitespace()
+            .map(|a| {
+                Arch::parse(a).ok_or_else(|| Error::Compile {
+                    kernel: self.name.into(),
+                    arch: a.into(),
+                    log: format!("`{a}` is not an architecture name"),
+                })
+            })
+            .collect()
+    }
+
+    /// The declared architecture to build for a device of architecture `device`.
+    pub fn arch_for(&self, device: Arch) -> Result<Arch> {
+        let archs = self.archs()?;
+        if archs.contains(&device) {
+            return Ok(device);
+        }
+        let plain = |a: &Arch| (a.major, a.minor);
+        archs
+            .iter()
+            .filter(|a| !a.specific && plain(a) <= plain(&device))
+            .max()
+            .copied()
+            .ok_or_else(|| {
+                Error::Unsupported(format!(
+                    "kernel source `{}` supports {} but the device is {device}",
+                    self.name,
+                    archs
+                        .iter()
+                        .map(Arch::name)
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                ))
+            })
+    }
+}
+
+/// NVRTC's version as `major.minor`, or an error saying how to make it available.
+pub fn nvrtc_version() -> Result<(i32, i32)> {
+    crate::device::cuda::nvrtc_version().ok_or_else(|| Error::LibraryMissing {
+        library: "NVRTC",
+        hint: "libnvrtc.so.13 not found; put CUDA's lib64 (or the folder from \
+               `eval \"$(scripts/setup-nvrtc)\"`) on LD_LIBRARY_PATH"
+            .into(),
+    })
+}
+
+/// FNV-1a, 64 bits: a stable hash (std's hasher may change between Rust releases, which
+/// would orphan the cache).
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for &b in *part {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        // Separate parts so ("ab","c") and ("a","bc") differ.
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+const HEADER: &str = "// warpdrive-ptx v1";
+
+/// Compiled PTX, in memory and on disk.
+pub struct PtxCache {
+    dir: Option<PathBuf>,
+    memory: Mutex<HashMap<String, Arc<str>>>,
+    compiles: AtomicUsize,
+}
+
+impl PtxCache {
+    /// The process-wide cache in the default folder.
+    pub fn global() -> &'static PtxCache {
+        static CACHE: OnceLock<PtxCache> = OnceLock::new();
+        CACHE.get_or_init(|| PtxCache::at_optional(default_dir()))
+    }
+
+    /// A cache in `dir` (tests; a fresh value behaves like a new process).
+    pub fn at(dir: impl Into<PathBuf>) -> PtxCache {
+        PtxCache::at_optional(Some(dir.into()))
+    }
+
+    fn at_optional(dir: Option<PathBuf>) -> PtxCache {
+        PtxCache {
+            dir,
+            memory: Mutex::new(HashMap::new()),
+            compiles: AtomicUsize::new(0),
+        }
+    }
+
+    /// How many times this cache has invoked NVRTC.
+    pub fn compiles(&self) -> usize {
+        self.compiles.load(Ordering::Relaxed)
+    }
+
+    /// The file a source compiled for `arch` is cached in.
+    pub fn path_for(&self, source: &KernelSource, arch: Arch) -> Result<Option<PathBuf>> {
+        let key = self.key(source, arch)?;
+        Ok(self.dir.as_ref().map(|d| d.join(format!("{key}.ptx"))))
+    }
+
+    fn key(&self, source: &KernelSource, arch: Arch) -> Result<String> {
+        let (major, minor) = nvrtc_version()?;
+        let hash = fnv1a(&[
+            PRELUDE.as_bytes(),
+            source.code.as_bytes(),
+            compile_options(arch).join(" ").as_bytes(),
+        ]);
+        Ok(format!(
+            "{}-{hash:016x}-{arch}-nvrtc{major}.{minor}",
+            source.name
+        ))
+    }
+
+    /// PTX for `source` built for `arch`: from memory, else disk, else NVRTC (then stored).
+    pub fn ptx(&self, source: &KernelSource, arch: Arch) -> Result<Arc<str>> {
+        let key = self.key(source, arch)?;
+        if let Some(p) = self.memory.lock().get(&key) {
+            return Ok(p.clone());
+        }
+        let file = self.dir.as_ref().map(|d| d.join(format!("{key}.ptx")));
+        let ptx: Arc<str> = match file.as_deref().and_then(read_cached) {
+            Some(p) => p.into(),
+            None => {
+                let p = self.compile(source, arch)?;
+                if let Some(file) = &file {
+                    if let Err(e) = write_atomic(file, &p) {
+                        tracing::warn!("could not cache PTX: {e}");
+                    }
+                }
+                p.into()
+            }
+        };
+        self.memory.lock().insert(key, ptx.clone());
+        Ok(ptx)
+    }
+
+    /// Runs NVRTC; a rejected source returns its log.
+    pub fn compile(&self, source: &KernelSource, arch: Arch) -> Result<String> {
+        nvrtc_version()?;
+        self.compiles.fetch_add(1, Ordering::Relaxed);
+        let text = format!("{PRELUDE}\n#line 1 \"{}.cu\"\n{}", source.name, source.code);
+        if text.contains('\0') {
+            return Err(Error::Compile {
+                kernel: source.name.into(),
+                arch: arch.name(),
+                log: "source contains a NUL byte".into(),
+            });
+        }
+        let opts = cudarc::nvrtc::CompileOptions {
+            options: compile_options(arch),
+            name: Some(format!("{}.cu", source.name)),
+            ..Default::default()
+        };
+        match cudarc::nvrtc::compile_ptx_with_opts(text, opts) {
+            Ok(ptx) => Ok(ptx.to_src()),
+            Err(cudarc::nvrtc::CompileError::CompileError { log, .. }) => Err(Error::Compile {
+                kernel: source.name.into(),
+                arch: arch.name(),
+                log: log.to_string_lossy().into_owned(),
+            }),
+            Err(e) => Err(Error::Compile {
+                kernel: source.name.into(),
+                arch: arch.name(),
+                log: format!("{e:?}"),
+            }),
+        }
+    }
+}
+
+fn compile_options(arch: Arch) -> Vec<String> {
+    vec![
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".into(),
+    ]
+}
+
+fn default_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("warpdrive").join("ptx"))
+}
+
+/// A cached file's body when its header checksum matches; `None` (recompile) otherwise.
+fn read_cached(path: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let (header, body) = text.split_once('\n')?;
+    let mut words = header.strip_prefix(HEADER)?.split_whitespace();
+    let sum = words.next()?.strip_prefix("fnv=")?;
+    let len: usize = words.next()?.strip_prefix("len=")?.parse().ok()?;
+    let valid = body.len() == len && sum == format!("{:016x}", fnv1a(&[body.as_bytes()]));
+    if !valid {
+        tracing::warn!("PTX cache file {} is corrupt; recompiling", path.display());
+    }
+    valid.then(|| body.to_string())
+}
+
+/// Writes `ptx` with its checksum header to a temp file and renames it into place, so a
+/// reader never sees half a file.
+fn write_atomic(path: &Path, ptx: &str) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let tmp = dir.join(format!(
+        ".{}.{}.{nanos}.tmp",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("ptx"),
+        std::process::id()
+    ));
+    let text = format!(
+        "{HEADER} fnv={:016x} len={}\n{ptx}",
+        fnv1a(&[ptx.as_bytes()]),
+        ptx.len()
+    );
+    std::fs::write(&tmp, text).map_err(|e| Error::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::io(path, e)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arch_names_round_trip() {
+        for s in ["sm_80", "sm_90", "sm_90a", "sm_100", "sm_120a"] {
+            assert_eq!(Arch::parse(s).map(|a| a.name()), Some(s.to_string()));
+        }
+        assert_eq!(Arch::parse("sm_9"), None);
+        assert_eq!(Arch::parse("compute_90"), None);
+        assert_eq!(Arch::from_compute_capability(9, 0).name(), "sm_90a");
+        assert_eq!(Arch::from_compute_capability(8, 9).name(), "sm_89");
+    }
+
+    #[test]
+    fn arch_selection() {
+        static SRC: KernelSource = KernelSource {
+            name: "t",
+            code: "// archs: sm_80 sm_90a\n",
+        };
+        let pick = |s: &str| SRC.arch_for(Arch::parse(s).unwrap()).map(|a| a.name());
+        assert_eq!(pick("sm_90a").unwrap(), "sm_90a");
+        assert_eq!(pick("sm_89").unwrap(), "sm_80");
+        assert_eq!(pick("sm_100").unwrap(), "sm_80");
+        assert!(pick("sm_75").is_err());
+    }
+
+    #[test]
+    fn every_source_declares_archs() {
+        for s in SOURCES {
+            assert!(!s.archs().unwrap().is_empty(), "{}", s.name);
+        }
+    }
+
+    #[test]
+    fn cache_files_detect_corruption() {
+        let dir = std::env::temp_dir().join(format!("wd-ptxfile-{}", std::process::id()));
+        let path = dir.join("x.ptx");
+        write_atomic(&path, ".version 8.0\n// body\n").unwrap();
+        assert_eq!(
+            read_cached(&path).as_deref(),
+            Some(".version 8.0\n// body\n")
+        );
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text.push_str("garbage");
+        std::fs::write(&path, text).unwrap();
+        assert_eq!(read_cached(&path), None);
+        std::fs::write(&path, "not a cache file").unwrap();
+        assert_eq!(read_cached(&path), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,25 @@
+//! warpdrive: a GPU performance runtime between raw CUDA bindings (`cudarc`) and an
+//! application. It keeps data on the GPU, moves it at the link's speed, never pays for an
+//! allocation twice, launches work without overhead, and measures each claim against the
+//! machine's physical limits.
+//!
+//! Every public type works on two backends, [`Device::Cuda`] and [`Device::Cpu`]; the CPU
+//! backend is the reference every kernel is tested against.
+//!
+//! Floors (nothing imports upward): `device` + `kernels` → `memory` → `ops` → `bench`.
+
+pub mod bench;
+pub mod device;
+pub mod dtype;
+pub mod error;
+pub mod kernels;
+pub mod memory;
+pub mod ops;
+
+pub use device::{Device, DeviceInfo, Event, Stream};
+pub use dtype::{DType, DTypeKind, Float};
+pub use error::{Error, Result};
+pub use memory::Buffer;
+
+/// The git revision this build came from (baked in by `build.rs`; `unknown` without git).
+pub const GIT_REV: &str = env!("WARPDRIVE_GIT_REV");

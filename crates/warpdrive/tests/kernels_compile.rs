@@ -1,0 +1,93 @@
+//! Every kernel source compiles through the real NVRTC for each architecture it declares.
+//! Runs wherever NVRTC loads (no GPU needed); skipped with a reason where it does not, except
+//! under `CI=true`, where a missing NVRTC is a failure.
+
+use warpdrive::kernels::{nvrtc_version, KernelSource, PtxCache, SOURCES};
+
+/// NVRTC is present, or the test should skip (`false`); panics when CI requires it.
+fn nvrtc_or_skip(test: &str) -> bool {
+    match nvrtc_version() {
+        Ok(_) => true,
+        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("{test}: NVRTC is required under CI=true: {e}")
+        }
+        Err(e) => {
+            eprintln!("SKIPPED {test}: {e}");
+            false
+        }
+    }
+}
+
+fn temp_cache(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("wd-ptx-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[test]
+fn every_kernel_compiles_for_every_declared_arch() {
+    if !nvrtc_or_skip("every_kernel_compiles_for_every_declared_arch") {
+        return;
+    }
+    let cache = PtxCache::at(temp_cache("all"));
+    let mut failures = Vec::new();
+    for source in SOURCES {
+        for arch in source.archs().expect("archs line") {
+            match cache.compile(source, arch) {
+                Ok(ptx) => assert!(ptx.contains(".entry"), "{} {arch}: no entry", source.name),
+                Err(e) => failures.push(format!("{} for {arch}: {e}", source.name)),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn a_broken_kernel_returns_the_nvrtc_log() {
+    if !nvrtc_or_skip("a_broken_kernel_returns_the_nvrtc_log") {
+        return;
+    }
+    static BROKEN: KernelSource = KernelSource {
+        name: "broken",
+        code: "// archs: sm_90\nextern \"C\" __global__ void k(float* x) { x[0] = undefined_name; }\n",
+    };
+    let cache = PtxCache::at(temp_cache("broken"));
+    let arch = BROKEN.archs().unwrap()[0];
+    let err = cache.compile(&BROKEN, arch).unwrap_err().to_string();
+    assert!(err.contains("undefined_name"), "log missing from error: {err}");
+}
+
+#[test]
+fn the_disk_cache_serves_a_second_start_and_repairs_corruption() {
+    if !nvrtc_or_skip("the_disk_cache_serves_a_second_start_and_repairs_corruption") {
+        return;
+    }
+    let dir = temp_cache("disk");
+    let source = SOURCES[0];
+    let arch = *source.archs().unwrap().last().unwrap();
+
+    let first = PtxCache::at(&dir);
+    let ptx = first.ptx(source, arch).unwrap();
+    assert_eq!(first.compiles(), 1);
+    first.ptx(source, arch).unwrap();
+    assert_eq!(first.compiles(), 1, "the in-memory cache should answer");
+
+    // A new cache on the same folder is a new process: it must read the file, not compile.
+    let second = PtxCache::at(&dir);
+    assert_eq!(*second.ptx(source, arch).unwrap(), *ptx);
+    assert_eq!(second.compiles(), 0, "second start compiled again");
+
+    // Corrupt the file: the next start detects it and recompiles, then rewrites it.
+    let file = second.path_for(source, arch).unwrap().unwrap();
+    let mut bytes = std::fs::read(&file).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x55;
+    std::fs::write(&file, &bytes).unwrap();
+    let third = PtxCache::at(&dir);
+    assert_eq!(*third.ptx(source, arch).unwrap(), *ptx);
+    assert_eq!(third.compiles(), 1, "corrupt file was not recompiled");
+    let fourth = PtxCache::at(&dir);
+    fourth.ptx(source, arch).unwrap();
+    assert_eq!(fourth.compiles(), 0, "repaired file was not rewritten");
+    let _ = std::fs::remove_dir_all(&dir);
+}
