@@ -49,12 +49,16 @@ fn a_broken_kernel_returns_the_nvrtc_log() {
     }
     static BROKEN: KernelSource = KernelSource {
         name: "broken",
-        code: "// archs: sm_90\nextern \"C\" __global__ void k(float* x) { x[0] = undefined_name; }\n",
+        code:
+            "// archs: sm_90\nextern \"C\" __global__ void k(float* x) { x[0] = undefined_name; }\n",
     };
     let cache = PtxCache::at(temp_cache("broken"));
     let arch = BROKEN.archs().unwrap()[0];
     let err = cache.compile(&BROKEN, arch).unwrap_err().to_string();
-    assert!(err.contains("undefined_name"), "log missing from error: {err}");
+    assert!(
+        err.contains("undefined_name"),
+        "log missing from error: {err}"
+    );
 }
 
 #[test]

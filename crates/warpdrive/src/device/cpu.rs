@@ -112,7 +112,14 @@ pub(crate) fn info(libraries: Vec<LibraryStatus>) -> DeviceInfo {
 }
 
 /// Row-major `c[m×n] = a[m×k] · b[k×n]` in f32 through the `gemm` crate, on all cores.
-pub(crate) fn gemm_f32(a: &[f32], b: &[f32], c: &mut [f32], m: usize, n: usize, k: usize) -> Result<()> {
+pub(crate) fn gemm_f32(
+    a: &[f32],
+    b: &[f32],
+    c: &mut [f32],
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<()> {
     let need = |what: &str, have: usize, want: Option<usize>| match want {
         Some(w) if have >= w => Ok(()),
         _ => Err(Error::InvalidArgument(format!(
@@ -125,7 +132,9 @@ pub(crate) fn gemm_f32(a: &[f32], b: &[f32], c: &mut [f32], m: usize, n: usize, 
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let threads = std::thread::available_parallelism().map(|t| t.get()).unwrap_or(1);
+    let threads = std::thread::available_parallelism()
+        .map(|t| t.get())
+        .unwrap_or(1);
     let parallelism = if threads > 1 {
         gemm::Parallelism::Rayon(threads)
     } else {
@@ -135,13 +144,24 @@ pub(crate) fn gemm_f32(a: &[f32], b: &[f32], c: &mut [f32], m: usize, n: usize, 
     // out row-major with the strides given; `c` does not alias `a` or `b` (`&mut`).
     unsafe {
         gemm::gemm(
-            m, n, k,
-            c.as_mut_ptr(), 1, n as isize,
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n as isize,
             false,
-            a.as_ptr(), 1, k as isize,
-            b.as_ptr(), 1, n as isize,
-            0.0f32, 1.0f32,
-            false, false, false,
+            a.as_ptr(),
+            1,
+            k as isize,
+            b.as_ptr(),
+            1,
+            n as isize,
+            0.0f32,
+            1.0f32,
+            false,
+            false,
+            false,
             parallelism,
         );
     }

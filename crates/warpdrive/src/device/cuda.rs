@@ -310,7 +310,12 @@ impl CudaDevice {
     }
 
     /// Copies `src` into device memory at `dst` on `stream`; returns when `src` may be reused.
-    pub(crate) fn copy_h2d<T: DType>(&self, stream: &CudaStream, dst: u64, src: &[T]) -> Result<()> {
+    pub(crate) fn copy_h2d<T: DType>(
+        &self,
+        stream: &CudaStream,
+        dst: u64,
+        src: &[T],
+    ) -> Result<()> {
         if src.is_empty() {
             return Ok(());
         }
@@ -342,7 +347,13 @@ impl CudaDevice {
     }
 
     /// Enqueues a device-to-device copy of `bytes` on `stream`.
-    pub(crate) fn copy_d2d(&self, stream: &CudaStream, dst: u64, src: u64, bytes: usize) -> Result<()> {
+    pub(crate) fn copy_d2d(
+        &self,
+        stream: &CudaStream,
+        dst: u64,
+        src: u64,
+        bytes: usize,
+    ) -> Result<()> {
         if bytes == 0 {
             return Ok(());
         }
@@ -414,7 +425,8 @@ impl CudaDevice {
         shared_mem_bytes: u32,
         params: &mut [*mut c_void],
     ) -> Result<()> {
-        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 || block.0 == 0 || block.1 == 0 || block.2 == 0 {
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 || block.0 == 0 || block.1 == 0 || block.2 == 0
+        {
             return Err(Error::InvalidArgument(format!(
                 "empty launch: grid {grid:?}, block {block:?}"
             )));
@@ -489,14 +501,23 @@ impl CudaDevice {
         b: u64,
         c: u64,
     ) -> Result<()> {
+        use crate::dtype::DTypeKind;
         use cudarc::cublas::sys::{
             cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType,
         };
-        use crate::dtype::DTypeKind;
         let (ty, compute) = match dtype {
-            DTypeKind::BF16 => (cudaDataType::CUDA_R_16BF, cublasComputeType_t::CUBLAS_COMPUTE_32F),
-            DTypeKind::F16 => (cudaDataType::CUDA_R_16F, cublasComputeType_t::CUBLAS_COMPUTE_32F),
-            DTypeKind::F32 => (cudaDataType::CUDA_R_32F, cublasComputeType_t::CUBLAS_COMPUTE_32F),
+            DTypeKind::BF16 => (
+                cudaDataType::CUDA_R_16BF,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            ),
+            DTypeKind::F16 => (
+                cudaDataType::CUDA_R_16F,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            ),
+            DTypeKind::F32 => (
+                cudaDataType::CUDA_R_32F,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            ),
             other => {
                 return Err(Error::Unsupported(format!(
                     "cuBLAS GEMM for {}",
@@ -597,7 +618,11 @@ impl CudaDevice {
 
     /// Launch cost of an empty kernel: (µs per launch when `count` are enqueued back to back
     /// with one synchronise at the end, µs for one launch + synchronise round trip).
-    pub(crate) fn time_empty_launches(&self, stream: &CudaStream, count: usize) -> Result<(f64, f64)> {
+    pub(crate) fn time_empty_launches(
+        &self,
+        stream: &CudaStream,
+        count: usize,
+    ) -> Result<(f64, f64)> {
         let f = self.function(&kernels::BASIC, "empty_kernel")?;
         let launch = || {
             // SAFETY: `empty_kernel` takes no parameters.
@@ -699,7 +724,11 @@ impl CudaDevice {
             pcie_width,
             numa_node,
             driver: super::sysfs::nvidia_driver_version(),
-            cuda: Some(format!("{}.{}", cuda_version / 1000, (cuda_version % 1000) / 10)),
+            cuda: Some(format!(
+                "{}.{}",
+                cuda_version / 1000,
+                (cuda_version % 1000) / 10
+            )),
             libraries: library_statuses(),
         })
     }
@@ -708,8 +737,12 @@ impl CudaDevice {
         let mut buf = [0 as std::ffi::c_char; 32];
         // SAFETY: the buffer is valid for its stated length; the driver NUL-terminates it.
         let r = unsafe {
-            sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as c_int, self.inner.ctx.cu_device())
-                .result()
+            sys::cuDeviceGetPCIBusId(
+                buf.as_mut_ptr(),
+                buf.len() as c_int,
+                self.inner.ctx.cu_device(),
+            )
+            .result()
         };
         self.check("cuDeviceGetPCIBusId", r)?;
         let bytes: Vec<u8> = buf
@@ -776,7 +809,10 @@ impl Drop for PinnedHost {
             return;
         }
         // Copies from this memory may still be queued: wait for the device before freeing.
-        if let Err(e) = self.device.check("cuCtxSynchronize", result::ctx::synchronize()) {
+        if let Err(e) = self
+            .device
+            .check("cuCtxSynchronize", result::ctx::synchronize())
+        {
             tracing::warn!("synchronise before freeing pinned memory failed: {e}");
         }
         // SAFETY: `ptr` came from cuMemHostAlloc and is freed exactly once, here.

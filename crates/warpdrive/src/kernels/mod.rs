@@ -135,11 +135,7 @@ impl KernelSource {
                 Error::Unsupported(format!(
                     "kernel source `{}` supports {} but the device is {device}",
                     self.name,
-                    archs
-                        .iter()
-                        .map(Arch::name)
-                        .collect::<Vec<_>>()
-                        .join(" ")
+                    archs.iter().map(Arch::name).collect::<Vec<_>>().join(" ")
                 ))
             })
     }
@@ -281,10 +277,7 @@ impl PtxCache {
 }
 
 fn compile_options(arch: Arch) -> Vec<String> {
-    vec![
-        format!("--gpu-architecture={arch}"),
-        "--std=c++17".into(),
-    ]
+    vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()]
 }
 
 fn default_dir() -> Option<PathBuf> {

@@ -45,14 +45,25 @@ pub fn matmul<T: DType>(
     match stream.device() {
         Device::Cuda(d) => {
             let Some((_, s)) = stream.cuda() else {
-                return Err(Error::InvalidArgument("matmul: stream is not a CUDA stream".into()));
+                return Err(Error::InvalidArgument(
+                    "matmul: stream is not a CUDA stream".into(),
+                ));
             };
             if k == 0 {
                 return crate::ops::fill(stream, c, T::default());
             }
             // SAFETY: the three buffers are live device allocations of exactly m·k, k·n and
             // m·n elements of T (checked above).
-            unsafe { d.gemm(s, T::KIND, (m, n, k), a.device_ptr(), b.device_ptr(), c.device_ptr()) }
+            unsafe {
+                d.gemm(
+                    s,
+                    T::KIND,
+                    (m, n, k),
+                    a.device_ptr(),
+                    b.device_ptr(),
+                    c.device_ptr(),
+                )
+            }
         }
         Device::Cpu => {
             let widen = |buf: &Buffer<T>| -> Result<Vec<f32>> {

@@ -164,3 +164,27 @@ pub fn sum_to_host<T: Float>(stream: &Stream, x: &Buffer<T>) -> Result<T> {
     sum_into(stream, x, &mut out)?;
     Ok(out.to_host(stream)?[0])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::Device;
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn gpu_a_raw_launch_with_an_empty_grid_is_an_error() {
+        let dev = Device::cuda(0).expect("a CUDA device");
+        let stream = dev.new_stream().expect("a stream");
+        let (d, s) = stream.cuda().expect("a CUDA stream");
+        let f = d
+            .function(&BASIC, "empty_kernel")
+            .expect("the empty kernel");
+        for (grid, block) in [((0, 1, 1), (32, 1, 1)), ((1, 1, 1), (0, 1, 1))] {
+            // SAFETY: `empty_kernel` takes no parameters.
+            let r = unsafe { d.launch(s, &f, grid, block, 0, &mut []) };
+            assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+        }
+        // The device is still usable afterwards.
+        stream.synchronize().expect("synchronize");
+    }
+}
