@@ -1,6 +1,12 @@
 // Bakes the git revision into the library: the GPU host that runs the bundle has no `.git`.
 fn main() {
     println!("cargo:rerun-if-env-changed=WARPDRIVE_GIT_REV");
+    // Rebuild when HEAD moves (a new commit or checkout), so local builds report the right rev.
+    for path in ["../../.git/HEAD", "../../.git/refs/heads", "../../.git/packed-refs"] {
+        if std::path::Path::new(path).exists() {
+            println!("cargo:rerun-if-changed={path}");
+        }
+    }
     let rev = std::env::var("WARPDRIVE_GIT_REV")
         .ok()
         .filter(|r| !r.is_empty())

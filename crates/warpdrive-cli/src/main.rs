@@ -1,1 +1,349 @@
-fn main() {}
+//! `warpdrive`: the command line of the warpdrive runtime.
+//!
+//! - `warpdrive doctor`: lists the devices and measures the machine's ceilings.
+//! - `warpdrive bench [SUITES...]`: runs benchmark suites (and their peers) and writes a
+//!   results file (`BENCH.md`).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use serde_json::Value;
+use warpdrive::bench::{self, Results, Scale};
+use warpdrive::{Device, DeviceInfo};
+
+/// The results file `bench` writes when `--json` is not given.
+const DEFAULT_RESULTS: &str = "warpdrive-results.json";
+
+/// warpdrive: GPU performance runtime — device checks and benchmarks.
+#[derive(Debug, Parser)]
+#[command(name = "warpdrive", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// List the devices (identity, memory, PCIe, NUMA, library versions) and measure the
+    /// machine's ceilings on the chosen one.
+    Doctor {
+        #[command(flatten)]
+        device: DeviceOpt,
+        #[command(flatten)]
+        output: OutputOpt,
+    },
+    /// Run benchmark suites (all when none is named), after measuring the ceilings, with
+    /// their PyTorch/CuPy peers when available; print a table and write a results file.
+    Bench {
+        /// Suites to run (see `--list`); every registered suite when none is given.
+        #[arg(value_name = "SUITE")]
+        suites: Vec<String>,
+        /// List the registered suites and exit.
+        #[arg(long)]
+        list: bool,
+        #[command(flatten)]
+        device: DeviceOpt,
+        #[command(flatten)]
+        output: OutputOpt,
+    },
+}
+
+/// Which device to run on.
+#[derive(Debug, Args)]
+struct DeviceOpt {
+    /// Device to use: `cpu`, `cuda` or `cuda:N` (default: `WARPDRIVE_DEVICE`, else CUDA
+    /// device 0 when present, else the CPU).
+    #[arg(long, value_name = "SPEC")]
+    device: Option<String>,
+}
+
+impl DeviceOpt {
+    fn open(&self) -> Result<Device> {
+        match &self.device {
+            Some(spec) => {
+                Device::from_spec(spec).with_context(|| format!("opening --device {spec}"))
+            }
+            None => Device::best().context("choosing a device"),
+        }
+    }
+}
+
+/// Where to write the results file.
+#[derive(Debug, Args)]
+struct OutputOpt {
+    /// Write a results file (`warpdrive-bench/1` JSON) here; `bench` writes
+    /// `warpdrive-results.json` when this is not given.
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+}
+
+fn main() -> Result<()> {
+    init_logging();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Doctor { device, output } => doctor(&device, output.json.as_deref()),
+        Command::Bench {
+            suites,
+            list,
+            device,
+            output,
+        } => {
+            if list {
+                list_suites();
+                return Ok(());
+            }
+            let path = output
+                .json
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_RESULTS));
+            bench_cmd(&suites, &device, &path)
+        }
+    }
+}
+
+/// Logs on stderr, filtered by `WARPDRIVE_LOG` (e.g. `warpdrive=debug`); warnings by default.
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter =
+        EnvFilter::try_from_env("WARPDRIVE_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn list_suites() {
+    let width = bench::suites()
+        .iter()
+        .map(|s| s.name.len())
+        .max()
+        .unwrap_or(0);
+    for s in bench::suites() {
+        println!("{:<width$}  {}", s.name, s.about);
+    }
+}
+
+fn doctor(device: &DeviceOpt, json: Option<&Path>) -> Result<()> {
+    println!(
+        "warpdrive {} (git {})",
+        env!("CARGO_PKG_VERSION"),
+        warpdrive::GIT_REV
+    );
+    let count = Device::cuda_count();
+    println!("CUDA devices: {count}");
+    if count == 0 {
+        println!();
+        println!("cpu");
+        print_info(&Device::cpu().info()?);
+    }
+    for n in 0..count {
+        println!();
+        println!("cuda:{n}");
+        match Device::cuda(n).and_then(|d| d.info()) {
+            Ok(info) => print_info(&info),
+            Err(e) => println!("  error: {e}"),
+        }
+    }
+
+    let device = device.open()?;
+    let scale = Scale::for_device(&device);
+    println!();
+    println!(
+        "measuring ceilings on {} ({} sizes)...",
+        device.label(),
+        scale.name()
+    );
+    if scale.quick() {
+        println!("note: the CPU backend uses smaller sizes than a GPU run");
+    }
+    let ceilings = bench::select_suites(&["ceilings"])?;
+    let outcome = bench::run_suites(&device, &ceilings, scale)?;
+    println!();
+    println!("ceilings on {}:", device.label());
+    print!(
+        "{}",
+        indent(&bench::format_ceilings(&outcome.results.ceilings))
+    );
+    if let Some(path) = json {
+        write_results(&outcome.results, path)?;
+    }
+    fail_on(&outcome.failed)
+}
+
+/// Every field of `info`, one per line, then the libraries.
+fn print_info(info: &DeviceInfo) {
+    let Ok(Value::Object(mut fields)) = serde_json::to_value(info) else {
+        println!("  {info:?}");
+        return;
+    };
+    fields.insert(
+        "pcie".into(),
+        info.pcie().map_or(Value::Null, Value::String),
+    );
+    let width = fields.keys().map(String::len).max().unwrap_or(0);
+    for (key, value) in &fields {
+        if key == "libraries" {
+            continue;
+        }
+        println!("  {key:<width$}  {}", show(value));
+    }
+    println!("  libraries:");
+    let lib_width = info
+        .libraries
+        .iter()
+        .map(|l| l.name.len())
+        .max()
+        .unwrap_or(0);
+    for lib in &info.libraries {
+        let state = if lib.loaded { "loaded" } else { "missing" };
+        let version = lib.version.as_deref().unwrap_or("-");
+        println!("    {:<lib_width$}  {state:<7}  {version}", lib.name);
+    }
+}
+
+/// A JSON value as plain text (`-` for null, strings unquoted).
+fn show(value: &Value) -> String {
+    match value {
+        Value::Null => "-".into(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn indent(text: &str) -> String {
+    text.lines().map(|l| format!("  {l}\n")).collect()
+}
+
+fn bench_cmd(names: &[String], device: &DeviceOpt, path: &Path) -> Result<()> {
+    let suites = bench::select_suites(names)?;
+    let device = device.open()?;
+    let scale = Scale::for_device(&device);
+    println!(
+        "benchmarking on {} ({} sizes)",
+        device.label(),
+        scale.name()
+    );
+    if scale.quick() {
+        println!("note: the CPU backend uses smaller sizes than a GPU run (quick mode)");
+    }
+    let bench::Outcome {
+        mut results,
+        ran,
+        failed,
+    } = bench::run_suites(&device, &suites, scale)?;
+    let peer_rows = bench::run_peers(&ran, &device);
+    if !peer_rows.is_empty() {
+        println!(
+            "{} peer row(s) from {}",
+            peer_rows.len(),
+            bench::peers_dir().display()
+        );
+    }
+    results.add_rows(peer_rows);
+    println!();
+    bench::print_table(&results);
+    println!();
+    write_results(&results, path)?;
+    fail_on(&failed)
+}
+
+fn write_results(results: &Results, path: &Path) -> Result<()> {
+    results
+        .write_json(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    println!("results written to {}", path.display());
+    Ok(())
+}
+
+fn fail_on(failed: &[(&str, warpdrive::Error)]) -> Result<()> {
+    if failed.is_empty() {
+        return Ok(());
+    }
+    let list: Vec<String> = failed.iter().map(|(s, e)| format!("{s}: {e}")).collect();
+    bail!("{} suite(s) failed: {}", failed.len(), list.join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(args: &[&str]) -> std::result::Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("warpdrive").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn command_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn doctor_args() {
+        let cli = parse(&["doctor"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Doctor { ref device, ref output } if device.device.is_none() && output.json.is_none()
+        ));
+        let cli = parse(&["doctor", "--json", "d.json", "--device", "cuda:1"]).unwrap();
+        let Command::Doctor { device, output } = cli.command else {
+            panic!("not doctor")
+        };
+        assert_eq!(device.device.as_deref(), Some("cuda:1"));
+        assert_eq!(output.json, Some(PathBuf::from("d.json")));
+    }
+
+    #[test]
+    fn bench_args() {
+        let cli = parse(&["bench"]).unwrap();
+        let Command::Bench {
+            suites,
+            list,
+            device,
+            output,
+        } = cli.command
+        else {
+            panic!("not bench")
+        };
+        assert!(suites.is_empty() && !list && device.device.is_none() && output.json.is_none());
+
+        let cli = parse(&[
+            "bench",
+            "ceilings",
+            "transfer",
+            "--json",
+            "out/r.json",
+            "--device=cpu",
+        ])
+        .unwrap();
+        let Command::Bench {
+            suites,
+            device,
+            output,
+            ..
+        } = cli.command
+        else {
+            panic!("not bench")
+        };
+        assert_eq!(suites, ["ceilings", "transfer"]);
+        assert_eq!(device.device.as_deref(), Some("cpu"));
+        assert_eq!(output.json, Some(PathBuf::from("out/r.json")));
+
+        let cli = parse(&["bench", "--list"]).unwrap();
+        assert!(matches!(cli.command, Command::Bench { list: true, .. }));
+    }
+
+    #[test]
+    fn bad_args_are_rejected() {
+        assert!(parse(&[]).is_err());
+        assert!(parse(&["frobnicate"]).is_err());
+        assert!(parse(&["doctor", "--json"]).is_err());
+        assert!(parse(&["bench", "--nope"]).is_err());
+        assert!(parse(&["doctor", "extra"]).is_err());
+    }
+
+    #[test]
+    fn unknown_suite_lists_the_known_ones() {
+        let err = bench::select_suites(&["nope"]).unwrap_err().to_string();
+        assert!(err.contains("ceilings"), "{err}");
+    }
+}

@@ -47,7 +47,7 @@ fn round_trip(dev: &Device) {
     let s = dev.new_stream().unwrap();
     macro_rules! check {
         ($t:ty, $v:expr) => {{
-            let data: Vec<$t> = (0..1031).map($v).collect();
+            let data: Vec<$t> = (0..1031usize).map($v).collect();
             let b = Buffer::from_host(&s, &data).unwrap();
             assert_eq!(b.len(), data.len());
             assert_eq!(b.size_bytes(), data.len() * std::mem::size_of::<$t>());

@@ -1,1 +1,436 @@
-pub fn placeholder() {}
+//! The benchmark harness behind `warpdrive bench` and `warpdrive doctor` (method and file
+//! format: `BENCH.md`).
+//!
+//! - [`suites`]: the registered [`Suite`]s; each runs its cases on a [`Ctx`] and records
+//!   [`Row`]s. [`run_suites`] always runs the `ceilings` suite first, so later rows can cite
+//!   the measured [`Ceilings`] in `pct_of_ceiling`.
+//! - [`time_gpu`] times stream work with events (GPU events on CUDA, host instants on the
+//!   CPU backend); [`time_host`] times host work; [`Stats`] summarises the samples.
+//! - [`measure_ceilings`]: the doctor's measurements.
+//! - [`run_peers`]: rows of the PyTorch/CuPy scripts in `bench/peers/`.
+//! - [`Results`]: the results file, [`print_table`] its plain-text view.
+
+mod ceilings;
+mod peers;
+mod results;
+mod stats;
+mod timing;
+
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::device::{Device, DeviceInfo, Stream};
+use crate::error::{Error, Result};
+
+pub use ceilings::{measure_ceilings, measure_ceilings_at};
+pub use peers::{parse_peer_rows, peers_dir, run_peers, PEERS_DIR_ENV, PEER_TIMEOUT_ENV};
+pub use results::{
+    format_ceilings, format_table, now_rfc3339, print_table, rfc3339_utc, Ceiling, Ceilings,
+    DeviceRecord, Metric, Results, Row, SCHEMA,
+};
+pub use stats::Stats;
+pub use timing::{time_gpu, time_host};
+
+/// How large the benchmark inputs are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scale {
+    /// The sizes `BENCH.md` and the issues name (1 GiB copies, 8192³ GEMM): CUDA.
+    Full,
+    /// Smaller sizes, so a run finishes quickly: the CPU backend.
+    Quick,
+    /// Just enough to exercise every code path: unit tests in debug builds.
+    Tiny,
+}
+
+impl Scale {
+    /// `Full` on CUDA, `Quick` on the CPU backend.
+    pub fn for_device(device: &Device) -> Scale {
+        if device.is_cuda() {
+            Scale::Full
+        } else {
+            Scale::Quick
+        }
+    }
+
+    /// True for anything smaller than [`Scale::Full`].
+    pub fn quick(self) -> bool {
+        self != Scale::Full
+    }
+
+    /// `full`, `quick`, `tiny`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scale::Full => "full",
+            Scale::Quick => "quick",
+            Scale::Tiny => "tiny",
+        }
+    }
+}
+
+/// A named group of benchmark cases.
+#[derive(Debug, Clone, Copy)]
+pub struct Suite {
+    /// The name on the command line and in each row's `suite`.
+    pub name: &'static str,
+    /// One line for `warpdrive bench --list`.
+    pub about: &'static str,
+    /// Runs every case, recording rows on the context.
+    pub run: fn(&mut Ctx) -> Result<()>,
+}
+
+static SUITES: &[Suite] = &[Suite {
+    name: ceilings::SUITE,
+    about: "the machine's limits (PCIe copies, device copy, bf16 GEMM, launch cost, \
+            host memcpy, CPU GEMM); one row per ceiling",
+    run: ceilings::run_suite,
+}];
+
+/// Every registered suite, in run order.
+pub fn suites() -> &'static [Suite] {
+    SUITES
+}
+
+/// The suite called `name`.
+pub fn find_suite(name: &str) -> Option<&'static Suite> {
+    SUITES.iter().find(|s| s.name == name)
+}
+
+/// The suites `names` name, in that order without repeats, or every suite when `names` is
+/// empty; an unknown name is an error that lists the known ones.
+pub fn select_suites<S: AsRef<str>>(names: &[S]) -> Result<Vec<&'static Suite>> {
+    if names.is_empty() {
+        return Ok(SUITES.iter().collect());
+    }
+    let mut out: Vec<&'static Suite> = Vec::new();
+    for name in names.iter().map(AsRef::as_ref) {
+        let suite = find_suite(name).ok_or_else(|| {
+            let known: Vec<&str> = SUITES.iter().map(|s| s.name).collect();
+            Error::InvalidArgument(format!(
+                "unknown benchmark suite {name:?}; known suites: {}",
+                known.join(", ")
+            ))
+        })?;
+        if !out.iter().any(|s| s.name == suite.name) {
+            out.push(suite);
+        }
+    }
+    Ok(out)
+}
+
+/// What a suite runs with: the device and a stream on it, the measured ceilings, the size
+/// scale, a progress bar, and the rows recorded so far.
+pub struct Ctx {
+    device: Device,
+    stream: Stream,
+    info: DeviceInfo,
+    scale: Scale,
+    ceilings: Ceilings,
+    progress: ProgressBar,
+    suite: &'static str,
+    rows: Vec<Row>,
+}
+
+impl Ctx {
+    /// A context on `device` (a new stream) with no ceilings, no rows and a hidden bar.
+    pub fn new(device: &Device, scale: Scale) -> Result<Ctx> {
+        Ok(Ctx {
+            device: device.clone(),
+            stream: device.new_stream()?,
+            info: device.info()?,
+            scale,
+            ceilings: Ceilings::default(),
+            progress: ProgressBar::hidden(),
+            suite: "",
+            rows: Vec::new(),
+        })
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// The device's description, read when the context was made.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    pub fn scale(&self) -> Scale {
+        self.scale
+    }
+
+    /// True when cases use smaller sizes than the issues name (the CPU backend, tests).
+    pub fn quick(&self) -> bool {
+        self.scale.quick()
+    }
+
+    /// The ceilings measured so far in this run (all `None` before the `ceilings` suite).
+    pub fn ceilings(&self) -> &Ceilings {
+        &self.ceilings
+    }
+
+    pub fn set_ceilings(&mut self, ceilings: Ceilings) {
+        self.ceilings = ceilings;
+    }
+
+    pub fn progress(&self) -> &ProgressBar {
+        &self.progress
+    }
+
+    pub fn set_progress(&mut self, progress: ProgressBar) {
+        self.progress = progress;
+    }
+
+    /// The suite now running (each row's `suite`).
+    pub fn suite(&self) -> &'static str {
+        self.suite
+    }
+
+    /// Shows `message` as the current step on the progress bar.
+    pub fn step(&self, message: impl Into<String>) {
+        step(&self.progress, message.into());
+    }
+
+    /// Prints `warning: <message>` on stderr without breaking the progress bar.
+    pub fn warn(&self, message: &str) {
+        warn(&self.progress, message);
+    }
+
+    pub fn rows(&self) -> &[Row] {
+        &self.rows
+    }
+
+    /// Records a row as it is.
+    pub fn push(&mut self, row: Row) -> &mut Row {
+        self.rows.push(row);
+        let last = self.rows.len() - 1;
+        &mut self.rows[last]
+    }
+
+    /// Records a case of the current suite that moves `bytes` per operation (as the case
+    /// counts them): `gbps = bytes / median`, and `pct_of_ceiling` against `ceiling`.
+    pub fn record_bytes(
+        &mut self,
+        case: &str,
+        size: u64,
+        variant: &str,
+        samples_us: &mut [f64],
+        bytes: f64,
+        ceiling: Option<Ceiling>,
+    ) -> Result<&mut Row> {
+        let row = Row::from_samples(self.suite, case, size, variant, samples_us)?.with_bytes(bytes);
+        Ok(self.push(self.cite(row, ceiling)))
+    }
+
+    /// Records a case of the current suite that does `flops` floating-point operations per
+    /// operation: `tflops = flops / median`, and `pct_of_ceiling` against `ceiling`.
+    pub fn record_flops(
+        &mut self,
+        case: &str,
+        size: u64,
+        variant: &str,
+        samples_us: &mut [f64],
+        flops: f64,
+        ceiling: Option<Ceiling>,
+    ) -> Result<&mut Row> {
+        let row = Row::from_samples(self.suite, case, size, variant, samples_us)?.with_flops(flops);
+        Ok(self.push(self.cite(row, ceiling)))
+    }
+
+    /// Records a case of the current suite measured by time alone (`pct_of_ceiling` against a
+    /// time ceiling such as [`Ceiling::Launch`], if given).
+    pub fn record_time(
+        &mut self,
+        case: &str,
+        size: u64,
+        variant: &str,
+        samples_us: &mut [f64],
+        ceiling: Option<Ceiling>,
+    ) -> Result<&mut Row> {
+        let row = Row::from_samples(self.suite, case, size, variant, samples_us)?;
+        Ok(self.push(self.cite(row, ceiling)))
+    }
+
+    fn cite(&self, row: Row, ceiling: Option<Ceiling>) -> Row {
+        match ceiling {
+            Some(c) => row.against(c, &self.ceilings),
+            None => row,
+        }
+    }
+
+    /// The results file of this context: its device, ceilings and rows, dated now.
+    pub fn into_results(self) -> Results {
+        Results::new(&self.info, self.ceilings, self.rows)
+    }
+}
+
+/// What [`run_suites`] produced: the results of every suite that ran, and the suites that
+/// failed part-way (their rows up to the failure are kept).
+#[derive(Debug)]
+pub struct Outcome {
+    pub results: Results,
+    /// The suites that ran, in order (`ceilings` first).
+    pub ran: Vec<&'static str>,
+    pub failed: Vec<(&'static str, Error)>,
+}
+
+/// Runs the `ceilings` suite and then `suites` (in order, `ceilings` once) on `device` at
+/// `scale`, with a progress bar on stderr when stderr is a terminal. A suite that fails is
+/// reported in [`Outcome::failed`] and the others still run; it fails outright only when no
+/// stream or device information can be had.
+pub fn run_suites(device: &Device, suites: &[&'static Suite], scale: Scale) -> Result<Outcome> {
+    let mut order: Vec<&'static Suite> = Vec::with_capacity(suites.len() + 1);
+    if let Some(c) = find_suite(ceilings::SUITE) {
+        order.push(c);
+    }
+    for s in suites {
+        if !order.iter().any(|o| o.name == s.name) {
+            order.push(s);
+        }
+    }
+    let mut ctx = Ctx::new(device, scale)?;
+    ctx.set_progress(progress_bar(order.len() as u64));
+    let mut failed = Vec::new();
+    let ran: Vec<&'static str> = order.iter().map(|s| s.name).collect();
+    for suite in order {
+        ctx.suite = suite.name;
+        ctx.step(suite.name);
+        if let Err(e) = (suite.run)(&mut ctx) {
+            ctx.warn(&format!("suite {} failed: {e}", suite.name));
+            failed.push((suite.name, e));
+        }
+        ctx.progress.inc(1);
+    }
+    ctx.progress.finish_and_clear();
+    Ok(Outcome {
+        results: ctx.into_results(),
+        ran,
+        failed,
+    })
+}
+
+/// A progress bar of `len` steps on stderr, hidden when stderr is not a terminal.
+pub fn progress_bar(len: u64) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template(
+        "{spinner} [{elapsed_precise}] {bar:24} {pos}/{len} {wide_msg}",
+    ) {
+        bar.set_style(style);
+    }
+    bar.enable_steady_tick(Duration::from_millis(120));
+    bar
+}
+
+/// Shows `message` as the bar's current step (and logs it at debug level).
+pub(crate) fn step(progress: &ProgressBar, message: String) {
+    tracing::debug!("bench: {message}");
+    progress.set_message(message);
+}
+
+/// `warning: <message>` on stderr, above the bar.
+pub(crate) fn warn(progress: &ProgressBar, message: &str) {
+    progress.suspend(|| eprintln!("warning: {message}"));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_has_ceilings_and_selection_checks_names() {
+        assert!(suites().iter().any(|s| s.name == "ceilings"));
+        let names: Vec<&str> = suites().iter().map(|s| s.name).collect();
+        let mut unique = names.clone();
+        unique.dedup();
+        assert_eq!(names, unique);
+        assert_eq!(select_suites::<&str>(&[]).unwrap().len(), suites().len());
+        let picked = select_suites(&["ceilings", "ceilings"]).unwrap();
+        assert_eq!(picked.len(), 1);
+        let err = select_suites(&["nope"]).unwrap_err().to_string();
+        assert!(err.contains("nope") && err.contains("ceilings"), "{err}");
+    }
+
+    #[test]
+    fn scale_follows_the_backend() {
+        assert_eq!(Scale::for_device(&Device::cpu()), Scale::Quick);
+        assert!(Scale::Quick.quick() && Scale::Tiny.quick() && !Scale::Full.quick());
+    }
+
+    #[test]
+    fn tiny_run_on_the_cpu_records_ceiling_rows() {
+        let suites = select_suites(&["ceilings"]).unwrap();
+        let out = run_suites(&Device::cpu(), &suites, Scale::Tiny).unwrap();
+        assert!(out.failed.is_empty(), "{:?}", out.failed);
+        assert_eq!(out.ran, ["ceilings"]);
+        let r = &out.results;
+        assert_eq!(r.device.backend, "cpu");
+        assert!(r.ceilings.host_memcpy_gbps.is_some());
+        assert!(r.ceilings.cpu_gemm_f32_gflops.is_some());
+        let cases: Vec<&str> = r.rows.iter().map(|r| r.case.as_str()).collect();
+        assert_eq!(cases, ["host_memcpy", "cpu_gemm_f32"]);
+        for row in &r.rows {
+            assert_eq!(
+                (row.suite.as_str(), row.variant.as_str()),
+                ("ceilings", "ceiling")
+            );
+            assert!(row.p10 <= row.median && row.median <= row.p90);
+            let pct = row.pct_of_ceiling.unwrap();
+            assert!((pct - 100.0).abs() < 1e-6, "{pct}");
+            let c = row.named_ceiling().unwrap();
+            assert_eq!(row.case, c.case());
+        }
+        assert!(r.rows[0].gbps.is_some() && r.rows[0].tflops.is_none());
+        assert!(r.rows[1].tflops.is_some() && r.rows[1].gbps.is_none());
+    }
+
+    #[test]
+    fn ctx_record_helpers_cite_the_ceilings() {
+        let mut ctx = Ctx::new(&Device::cpu(), Scale::Tiny).unwrap();
+        ctx.suite = "demo";
+        ctx.set_ceilings(Ceilings {
+            host_memcpy_gbps: Some(10.0),
+            cpu_gemm_f32_gflops: Some(100.0),
+            ..Ceilings::default()
+        });
+        // 5e3 bytes in 1 µs = 5 GB/s = 50 % of 10 GB/s.
+        let row = ctx
+            .record_bytes(
+                "copy",
+                5000,
+                "warpdrive",
+                &mut [1.0],
+                5e3,
+                Some(Ceiling::HostMemcpy),
+            )
+            .unwrap();
+        assert_eq!(row.suite, "demo");
+        assert!((row.pct_of_ceiling.unwrap() - 50.0).abs() < 1e-9);
+        let row = ctx
+            .record_flops(
+                "mm",
+                8,
+                "baseline",
+                &mut [2.0, 2.0],
+                1e5,
+                Some(Ceiling::CpuGemmF32),
+            )
+            .unwrap();
+        // 1e5 flops in 2 µs = 50 GFLOP/s = 50 %.
+        assert!((row.pct_of_ceiling.unwrap() - 50.0).abs() < 1e-9);
+        let row = ctx
+            .record_time("t", 1, "baseline", &mut [3.0], None)
+            .unwrap();
+        assert_eq!(row.pct_of_ceiling, None);
+        assert!(ctx.record_time("t", 1, "baseline", &mut [], None).is_err());
+        assert_eq!(ctx.rows().len(), 3);
+        assert_eq!(ctx.into_results().rows.len(), 3);
+    }
+}

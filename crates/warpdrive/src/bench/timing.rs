@@ -1,0 +1,127 @@
+//! Timing helpers: device work timed with events on its stream, host work with the monotonic
+//! clock.
+
+use std::time::Instant;
+
+use crate::device::Stream;
+use crate::error::{Error, Result};
+
+fn check_reps(reps: usize) -> Result<()> {
+    if reps == 0 {
+        Err(Error::InvalidArgument(
+            "timing needs at least one rep".into(),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+/// Times `reps` runs of `work` on `stream` after `warmup` untimed ones; returns µs per rep,
+/// in order.
+///
+/// One code path for both backends: it records timing events
+/// ([`Device::new_event`](crate::Device::new_event), [`Stream::record`],
+/// [`Event::elapsed_ms`](crate::Event::elapsed_ms)) between reps. On CUDA they are GPU
+/// events, so a rep's time is the GPU's time from the end of the previous rep to the end of
+/// this one; on the CPU backend they record host instants and work runs synchronously.
+///
+/// The stream is synchronised after the first warm-up (module loads, NVRTC and handle
+/// creation stay out of the numbers); later warm-ups are left in flight so the timed reps
+/// start on a busy stream. The reps are enqueued back to back between a chain of
+/// `reps + 1` events and the host waits only at the end, so enqueue gaps do not count as
+/// long as the host keeps ahead of the device.
+pub fn time_gpu<F>(stream: &Stream, warmup: usize, reps: usize, mut work: F) -> Result<Vec<f64>>
+where
+    F: FnMut(&Stream) -> Result<()>,
+{
+    check_reps(reps)?;
+    for i in 0..warmup {
+        work(stream)?;
+        if i == 0 {
+            stream.synchronize()?;
+        }
+    }
+    let device = stream.device();
+    let events = (0..=reps)
+        .map(|_| device.new_event())
+        .collect::<Result<Vec<_>>>()?;
+    let mut marks = events.iter();
+    if let Some(first) = marks.next() {
+        stream.record(first)?;
+    }
+    for mark in marks {
+        work(stream)?;
+        stream.record(mark)?;
+    }
+    let mut out = Vec::with_capacity(reps);
+    for pair in events.windows(2) {
+        if let [start, end] = pair {
+            out.push(f64::from(start.elapsed_ms(end)?) * 1e3);
+        }
+    }
+    Ok(out)
+}
+
+/// Times `reps` runs of host work `work` with the monotonic clock after `warmup` untimed
+/// ones; returns µs per rep. The work must be synchronous (finish before it returns).
+pub fn time_host<F>(warmup: usize, reps: usize, mut work: F) -> Result<Vec<f64>>
+where
+    F: FnMut() -> Result<()>,
+{
+    check_reps(reps)?;
+    for _ in 0..warmup {
+        work()?;
+    }
+    let mut out = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let t = Instant::now();
+        work()?;
+        out.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ops, Buffer, Device};
+
+    #[test]
+    fn time_gpu_on_the_cpu_backend_runs_every_rep_and_returns_times() {
+        let stream = Device::cpu().new_stream().unwrap();
+        let src = Buffer::from_host(&stream, &[1.0f32; 4096]).unwrap();
+        let mut dst = Buffer::<f32>::uninit(&stream, 4096).unwrap();
+        let mut calls = 0;
+        let t = time_gpu(&stream, 2, 5, |s| {
+            calls += 1;
+            ops::copy(s, &src, &mut dst)
+        })
+        .unwrap();
+        assert_eq!(calls, 7);
+        assert_eq!(t.len(), 5);
+        assert!(t.iter().all(|v| v.is_finite() && *v >= 0.0));
+        assert_eq!(dst.to_host(&stream).unwrap(), vec![1.0f32; 4096]);
+    }
+
+    #[test]
+    fn errors_propagate_and_zero_reps_is_an_error() {
+        let stream = Device::cpu().new_stream().unwrap();
+        assert!(time_gpu(&stream, 0, 0, |_| Ok(())).is_err());
+        assert!(time_host(0, 0, || Ok(())).is_err());
+        let r = time_gpu(&stream, 0, 3, |_| {
+            Err(Error::InvalidArgument("boom".into()))
+        });
+        assert!(matches!(r, Err(Error::InvalidArgument(m)) if m == "boom"));
+    }
+
+    #[test]
+    fn time_host_counts_reps() {
+        let mut calls = 0;
+        let t = time_host(1, 4, || {
+            calls += 1;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!((calls, t.len()), (5, 4));
+    }
+}
