@@ -2,7 +2,11 @@
 fn main() {
     println!("cargo:rerun-if-env-changed=WARPDRIVE_GIT_REV");
     // Rebuild when HEAD moves (a new commit or checkout), so local builds report the right rev.
-    for path in ["../../.git/HEAD", "../../.git/refs/heads", "../../.git/packed-refs"] {
+    for path in [
+        "../../.git/HEAD",
+        "../../.git/refs/heads",
+        "../../.git/packed-refs",
+    ] {
         if std::path::Path::new(path).exists() {
             println!("cargo:rerun-if-changed={path}");
         }
