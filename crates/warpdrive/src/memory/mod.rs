@@ -2,6 +2,10 @@
 //! backend) rather than a cudarc `CudaSlice`, so the caching pool can hand out sub-ranges of
 //! its segments; for now each buffer is a plain allocation of its own.
 
+mod caching;
+
+pub use caching::{round_size, segment_size, PoolConfig, PoolStats};
+
 use std::marker::PhantomData;
 
 use crate::device::{cpu, Device, Stream};
