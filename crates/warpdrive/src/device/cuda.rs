@@ -926,14 +926,9 @@ pub(crate) struct AsyncPoolUsage {
     pub reserved: u64,
     pub reserved_high: u64,
     pub used: u64,
-    pub used_high: u64,
 }
 
 impl AsyncMemPool {
-    pub(crate) fn device(&self) -> &CudaDevice {
-        &self.device
-    }
-
     /// `bytes > 0` from the pool, ordered on `stream` (usable by work enqueued after it).
     pub(crate) fn alloc(&self, stream: &CudaStream, bytes: usize) -> Result<u64> {
         self.device.bind()?;
@@ -983,7 +978,6 @@ impl AsyncMemPool {
             reserved: get(A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
             reserved_high: get(A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
             used: get(A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
-            used_high: get(A::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
         })
     }
 }

@@ -217,12 +217,9 @@ impl<R: RawAlloc, F: Fence> Core<R, F> {
         }
     }
 
+    #[cfg(test)]
     pub fn raw(&self) -> &R {
         &self.raw
-    }
-
-    pub fn raw_mut(&mut self) -> &mut R {
-        &mut self.raw
     }
 
     /// A fence whose work completed earlier, for reuse.
@@ -484,6 +481,7 @@ impl<R: RawAlloc, F: Fence> Core<R, F> {
         }
     }
 
+    #[cfg(test)]
     pub fn is_capturing(&self, stream: u64) -> bool {
         self.captures.contains_key(&stream)
     }
@@ -491,7 +489,7 @@ impl<R: RawAlloc, F: Fence> Core<R, F> {
     pub fn stats(&self) -> PoolStats {
         let mut s = self.stats;
         let (mut largest, mut total, mut graph) = (0u64, 0u64, 0u64);
-        for (&(tag, _, size, _), _) in &self.free {
+        for &(tag, _, size, _) in self.free.keys() {
             largest = largest.max(size as u64);
             total += size as u64;
             if tag & GRAPH_BIT != 0 {
