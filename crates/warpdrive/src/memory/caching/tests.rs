@@ -412,7 +412,7 @@ fn check(c: &TestCore, held: &[Held], owners: &BTreeMap<u64, (usize, u64)>) {
         while at < base + len as u64 {
             let (addr, size, used) = layout[i];
             assert_eq!(addr, at, "gap or overlap in a segment");
-            assert!(!(prev_free && !used), "free neighbours not coalesced");
+            assert!(!prev_free || used, "free neighbours not coalesced");
             prev_free = !used;
             at += size as u64;
             i += 1;
