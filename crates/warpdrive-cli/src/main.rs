@@ -42,6 +42,10 @@ enum Command {
         /// List the registered suites and exit.
         #[arg(long)]
         list: bool,
+        /// Allocation trace for the `memory` suite to replay (the JSON form its peer reads,
+        /// see bench/peers/README.md) instead of its generated one.
+        #[arg(long, value_name = "TRACE.json")]
+        replay: Option<PathBuf>,
         #[command(flatten)]
         device: DeviceOpt,
         #[command(flatten)]
@@ -86,6 +90,7 @@ fn main() -> Result<()> {
         Command::Bench {
             suites,
             list,
+            replay,
             device,
             output,
         } => {
@@ -96,7 +101,10 @@ fn main() -> Result<()> {
             let path = output
                 .json
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_RESULTS));
-            bench_cmd(&suites, &device, &path)
+            let options = bench::Options {
+                memory_trace: replay,
+            };
+            bench_cmd(&suites, &device, &path, &options)
         }
     }
 }
@@ -214,8 +222,21 @@ fn indent(text: &str) -> String {
     text.lines().map(|l| format!("  {l}\n")).collect()
 }
 
-fn bench_cmd(names: &[String], device: &DeviceOpt, path: &Path) -> Result<()> {
+fn bench_cmd(
+    names: &[String],
+    device: &DeviceOpt,
+    path: &Path,
+    options: &bench::Options,
+) -> Result<()> {
     let suites = bench::select_suites(names)?;
+    if let Some(trace) = &options.memory_trace {
+        if !suites.iter().any(|s| s.name == "memory") {
+            bail!(
+                "--replay {} is for the memory suite, which is not selected",
+                trace.display()
+            );
+        }
+    }
     let device = device.open()?;
     let scale = Scale::for_device(&device);
     println!(
@@ -230,8 +251,9 @@ fn bench_cmd(names: &[String], device: &DeviceOpt, path: &Path) -> Result<()> {
         mut results,
         ran,
         failed,
-    } = bench::run_suites(&device, &suites, scale)?;
-    let peer_rows = bench::run_peers(&ran, &device);
+        peer_env,
+    } = bench::run_suites_with(&device, &suites, scale, options)?;
+    let peer_rows = bench::run_peers(&ran, &device, &peer_env);
     if !peer_rows.is_empty() {
         println!(
             "{} peer row(s) from {}",
@@ -298,6 +320,7 @@ mod tests {
         let Command::Bench {
             suites,
             list,
+            replay,
             device,
             output,
         } = cli.command
@@ -305,6 +328,12 @@ mod tests {
             panic!("not bench")
         };
         assert!(suites.is_empty() && !list && device.device.is_none() && output.json.is_none());
+        assert!(replay.is_none());
+        let cli = parse(&["bench", "memory", "--replay", "t.json"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Bench { replay: Some(ref p), .. } if p == Path::new("t.json")
+        ));
 
         let cli = parse(&[
             "bench",

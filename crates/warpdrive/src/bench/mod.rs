@@ -11,12 +11,14 @@
 //! - [`Results`]: the results file, [`print_table`] its plain-text view.
 
 mod ceilings;
+pub mod memory;
 mod peers;
 mod results;
 mod stats;
 mod timing;
 
 use std::io::IsTerminal;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -80,12 +82,28 @@ pub struct Suite {
     pub run: fn(&mut Ctx) -> Result<()>,
 }
 
-static SUITES: &[Suite] = &[Suite {
-    name: ceilings::SUITE,
-    about: "the machine's limits (PCIe copies, device copy, bf16 GEMM, launch cost, \
-            host memcpy, CPU GEMM); one row per ceiling",
-    run: ceilings::run_suite,
-}];
+static SUITES: &[Suite] = &[
+    Suite {
+        name: ceilings::SUITE,
+        about: "the machine's limits (PCIe copies, device copy, bf16 GEMM, launch cost, \
+                host memcpy, CPU GEMM); one row per ceiling",
+        run: ceilings::run_suite,
+    },
+    Suite {
+        name: memory::SUITE,
+        about: "device and pinned pools: alloc+free cost vs the driver and CUDA's async \
+                pool, fragmentation on a seeded trace (reserved / peak live)",
+        run: memory::run_suite,
+    },
+];
+
+/// Settings of a run beyond the suites and the scale.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// An allocation trace for the `memory` suite to replay instead of its generated one
+    /// (`warpdrive bench memory --replay TRACE.json`).
+    pub memory_trace: Option<PathBuf>,
+}
 
 /// Every registered suite, in run order.
 pub fn suites() -> &'static [Suite] {
@@ -130,6 +148,8 @@ pub struct Ctx {
     progress: ProgressBar,
     suite: &'static str,
     rows: Vec<Row>,
+    options: Options,
+    peer_env: Vec<(String, String)>,
 }
 
 impl Ctx {
@@ -144,7 +164,24 @@ impl Ctx {
             progress: ProgressBar::hidden(),
             suite: "",
             rows: Vec::new(),
+            options: Options::default(),
+            peer_env: Vec::new(),
         })
+    }
+
+    pub fn options(&self) -> &Options {
+        &self.options
+    }
+
+    /// Sets an environment variable for the peer scripts run after the suites (e.g. the
+    /// path of a file the peer must read too).
+    pub fn set_peer_env(&mut self, key: &str, value: &str) {
+        self.peer_env.retain(|(k, _)| k != key);
+        self.peer_env.push((key.to_string(), value.to_string()));
+    }
+
+    pub fn peer_env(&self) -> &[(String, String)] {
+        &self.peer_env
     }
 
     pub fn device(&self) -> &Device {
@@ -277,6 +314,8 @@ pub struct Outcome {
     /// The suites that ran, in order (`ceilings` first).
     pub ran: Vec<&'static str>,
     pub failed: Vec<(&'static str, Error)>,
+    /// Environment the suites set for their peer scripts (pass it to [`run_peers`]).
+    pub peer_env: Vec<(String, String)>,
 }
 
 /// Runs the `ceilings` suite and then `suites` (in order, `ceilings` once) on `device` at
@@ -284,6 +323,16 @@ pub struct Outcome {
 /// reported in [`Outcome::failed`] and the others still run; it fails outright only when no
 /// stream or device information can be had.
 pub fn run_suites(device: &Device, suites: &[&'static Suite], scale: Scale) -> Result<Outcome> {
+    run_suites_with(device, suites, scale, &Options::default())
+}
+
+/// [`run_suites`] with [`Options`].
+pub fn run_suites_with(
+    device: &Device,
+    suites: &[&'static Suite],
+    scale: Scale,
+    options: &Options,
+) -> Result<Outcome> {
     let mut order: Vec<&'static Suite> = Vec::with_capacity(suites.len() + 1);
     if let Some(c) = find_suite(ceilings::SUITE) {
         order.push(c);
@@ -294,6 +343,7 @@ pub fn run_suites(device: &Device, suites: &[&'static Suite], scale: Scale) -> R
         }
     }
     let mut ctx = Ctx::new(device, scale)?;
+    ctx.options = options.clone();
     ctx.set_progress(progress_bar(order.len() as u64));
     let mut failed = Vec::new();
     let ran: Vec<&'static str> = order.iter().map(|s| s.name).collect();
@@ -307,10 +357,12 @@ pub fn run_suites(device: &Device, suites: &[&'static Suite], scale: Scale) -> R
         ctx.progress.inc(1);
     }
     ctx.progress.finish_and_clear();
+    let peer_env = std::mem::take(&mut ctx.peer_env);
     Ok(Outcome {
         results: ctx.into_results(),
         ran,
         failed,
+        peer_env,
     })
 }
 

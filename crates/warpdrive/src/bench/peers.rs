@@ -48,12 +48,17 @@ fn peer_timeout() -> Duration {
 /// Never fails: a missing interpreter or torch, a script that exits non-zero, times out or
 /// prints something other than rows, and rows that break the contract, each become a
 /// warning on stderr, and the run goes on without those rows.
-pub fn run_peers<S: AsRef<str>>(suite_names: &[S], device: &Device) -> Vec<Row> {
+pub fn run_peers<S: AsRef<str>>(
+    suite_names: &[S],
+    device: &Device,
+    env: &[(String, String)],
+) -> Vec<Row> {
     let peers = Peers {
         dir: peers_dir(),
         python: "python3".into(),
         import_check: Some("torch".into()),
         timeout: peer_timeout(),
+        env: env.to_vec(),
     };
     let quick = Scale::for_device(device).quick();
     peers.run(suite_names, &device.label(), quick, &ProgressBar::hidden())
@@ -66,6 +71,8 @@ struct Peers {
     /// A module the interpreter must import before any script runs.
     import_check: Option<String>,
     timeout: Duration,
+    /// Extra environment for the scripts (set by the suites, e.g. a trace file's path).
+    env: Vec<(String, String)>,
 }
 
 impl Peers {
@@ -135,6 +142,7 @@ impl Peers {
         let mut child = Command::new(&self.python)
             .arg(script)
             .args(args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -319,7 +327,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         // Echoes its arguments into `extra` so the test sees what it was given.
         let good = format!(
-            "import json, sys\nrow = json.loads('''{ROW}''')\nrow['extra']['argv'] = sys.argv[1:]\nprint(json.dumps([row]))\n"
+            "import json, os, sys\nrow = json.loads('''{ROW}''')\nrow['extra']['argv'] = sys.argv[1:]\nrow['extra']['env'] = os.environ.get('WD_TEST_ENV')\nprint(json.dumps([row]))\n"
         );
         std::fs::write(dir.join("transfer.py"), good).unwrap();
         std::fs::write(dir.join("broken.py"), "import sys\nsys.exit(3)\n").unwrap();
@@ -329,6 +337,7 @@ mod tests {
             python: py.into(),
             import_check: Some("json".into()),
             timeout: Duration::from_secs(60),
+            env: vec![("WD_TEST_ENV".into(), "x".into())],
         };
         let rows = peers.run(
             &["ceilings", "broken", "transfer", "noisy"],
@@ -338,6 +347,10 @@ mod tests {
         );
         assert_eq!(rows.len(), 1);
         assert_eq!(rows[0].variant, "torch-pinned");
+        assert_eq!(
+            rows[0].extra["env"], "x",
+            "the suites' environment reaches the script"
+        );
         assert_eq!(
             rows[0].extra["argv"],
             serde_json::json!(["--json", "--device", "cuda:0"])
@@ -366,6 +379,7 @@ mod tests {
             python: "python3".into(),
             import_check: Some("torch".into()),
             timeout: Duration::from_secs(1),
+            env: Vec::new(),
         };
         assert!(peers
             .run(&["ceilings"], "cpu", true, &ProgressBar::hidden())

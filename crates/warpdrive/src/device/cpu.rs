@@ -87,6 +87,12 @@ fn cpu_model() -> String {
         .unwrap_or_else(|| std::env::consts::ARCH.to_string())
 }
 
+/// (available, total) bytes of host memory; zeros when /proc/meminfo cannot be read.
+pub(crate) fn mem_info() -> (usize, usize) {
+    let kib = |key| meminfo_kib(key).unwrap_or(0) as usize * 1024;
+    (kib("MemAvailable:"), kib("MemTotal:"))
+}
+
 pub(crate) fn info(libraries: Vec<LibraryStatus>) -> DeviceInfo {
     DeviceInfo {
         backend: "cpu",

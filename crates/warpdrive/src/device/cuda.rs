@@ -257,6 +257,25 @@ impl CudaDevice {
         self.check("cuEventCreate", r)
     }
 
+    /// An event for ordering only (timing disabled).
+    pub(crate) fn new_sync_event(&self) -> Result<CudaEvent> {
+        self.bind()?;
+        let r = self.inner.ctx.new_event(None);
+        self.check("cuEventCreate", r)
+    }
+
+    /// True when the work before `event` has finished; never waits.
+    pub(crate) fn event_query(&self, event: &CudaEvent) -> Result<bool> {
+        self.bind()?;
+        self.check("cuEventQuery", event.try_is_complete())
+    }
+
+    /// Waits for all work on this device.
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        self.bind()?;
+        self.check("cuCtxSynchronize", result::ctx::synchronize())
+    }
+
     pub(crate) fn record_event(&self, event: &CudaEvent, stream: &CudaStream) -> Result<()> {
         self.bind()?;
         self.check("cuEventRecord", event.record(stream))
@@ -287,17 +306,77 @@ impl CudaDevice {
         match unsafe { result::malloc_sync(bytes) } {
             Ok(ptr) => Ok(ptr),
             Err(e) if e.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
-                let detail = match result::mem_get_info() {
-                    Ok((free, total)) => format!("device free {free} of {total} bytes"),
-                    Err(_) => "device free memory unknown".into(),
-                };
-                Err(Error::OutOfMemory {
-                    requested: bytes,
-                    detail,
-                })
+                Err(self.oom(bytes, "cuMemAlloc refused"))
             }
             Err(e) => self.check("cuMemAlloc", Err(e)),
         }
+    }
+
+    /// `OutOfMemory` for a refused request of `bytes`, naming the device's free memory.
+    fn oom(&self, bytes: usize, what: &str) -> Error {
+        let detail = match result::mem_get_info() {
+            Ok((free, total)) => format!("{what}; device free {free} of {total} bytes"),
+            Err(_) => format!("{what}; device free memory unknown"),
+        };
+        Error::OutOfMemory {
+            requested: bytes,
+            detail,
+        }
+    }
+
+    /// Page-locked host memory of `bytes > 0`, flags 0: cached, so the CPU reads it fast
+    /// (not write-combined). Free with `free_host`.
+    pub(crate) fn alloc_host(&self, bytes: usize) -> Result<u64> {
+        self.bind()?;
+        // SAFETY: the context is bound; the pointer is owned by the caller, which frees it
+        // with `free_host`.
+        match unsafe { result::malloc_host(bytes, 0) } {
+            Ok(ptr) => Ok(ptr as u64),
+            Err(e) if e.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                Err(self.oom(bytes, "cuMemHostAlloc refused"))
+            }
+            Err(e) => self.check("cuMemHostAlloc", Err(e)),
+        }
+    }
+
+    /// Frees memory from `alloc_host`; the caller has made sure no copy still uses it.
+    pub(crate) fn free_host(&self, ptr: u64) -> Result<()> {
+        self.bind()?;
+        // SAFETY: `ptr` came from cuMemHostAlloc and its owner gives it up here.
+        let r = unsafe { result::free_host(ptr as *mut c_void) };
+        self.check("cuMemFreeHost", r)
+    }
+
+    /// A stream-ordered memory pool of CUDA's own (`cuMemPoolCreate`) on this device, its
+    /// release threshold at the maximum so freed memory stays cached.
+    pub(crate) fn new_async_pool(&self) -> Result<AsyncMemPool> {
+        self.bind()?;
+        // SAFETY: all-zero is a valid `CUmemPoolProps` (plain integers, enums whose 0 is
+        // valid or overwritten below, a null pointer and reserved bytes).
+        let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
+        props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.handleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+        props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.id = self.inner.ordinal as c_int;
+        // SAFETY: `props` is a valid, fully initialised struct that outlives the call.
+        let pool = self.check("cuMemPoolCreate", unsafe {
+            result::mem_pool::create(&props)
+        })?;
+        let pool = AsyncMemPool {
+            device: self.clone(),
+            pool,
+        };
+        let mut threshold = u64::MAX;
+        // SAFETY: the pool is valid; RELEASE_THRESHOLD takes a u64 (cuuint64_t).
+        let r = unsafe {
+            result::mem_pool::set_attribute(
+                pool.pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                &mut threshold as *mut u64 as *mut c_void,
+            )
+        };
+        self.check("cuMemPoolSetAttribute", r)?;
+        Ok(pool)
     }
 
     /// Frees memory returned by `alloc`.
@@ -647,6 +726,47 @@ impl CudaDevice {
         Ok((enqueued, round_trip))
     }
 
+    /// µs per `cuMemAlloc` + `cuMemFree` pair of `bytes`, host clock over `pairs` pairs.
+    pub(crate) fn time_alloc_free(&self, bytes: usize, pairs: usize) -> Result<f64> {
+        let pairs = pairs.max(1);
+        let t = std::time::Instant::now();
+        for _ in 0..pairs {
+            drop(DeviceAlloc::new(self, bytes.max(1))?);
+        }
+        Ok(t.elapsed().as_secs_f64() * 1e6 / pairs as f64)
+    }
+
+    /// µs per `cuMemAllocFromPoolAsync` + `cuMemFreeAsync` pair of `bytes` on `stream`, host
+    /// clock over `pairs` pairs and one stream synchronise at the end.
+    pub(crate) fn time_async_alloc_free(
+        &self,
+        pool: &AsyncMemPool,
+        stream: &CudaStream,
+        bytes: usize,
+        pairs: usize,
+    ) -> Result<f64> {
+        let pairs = pairs.max(1);
+        let t = std::time::Instant::now();
+        for _ in 0..pairs {
+            let ptr = pool.alloc(stream, bytes.max(1))?;
+            // SAFETY: `ptr` was just allocated on `stream` and is never used.
+            unsafe { pool.free(ptr, stream)? };
+        }
+        self.synchronize_stream(stream)?;
+        Ok(t.elapsed().as_secs_f64() * 1e6 / pairs as f64)
+    }
+
+    /// µs per `cuMemHostAlloc` (flags 0) + `cuMemFreeHost` pair of `bytes`, host clock over
+    /// `pairs` pairs.
+    pub(crate) fn time_host_alloc_free(&self, bytes: usize, pairs: usize) -> Result<f64> {
+        let pairs = pairs.max(1);
+        let t = std::time::Instant::now();
+        for _ in 0..pairs {
+            drop(self.alloc_pinned(bytes)?);
+        }
+        Ok(t.elapsed().as_secs_f64() * 1e6 / pairs as f64)
+    }
+
     /// Page-locked host memory of `bytes` (flags 0: cached, fast for the CPU to read too).
     fn alloc_pinned(&self, bytes: usize) -> Result<PinnedHost> {
         self.bind()?;
@@ -665,7 +785,7 @@ impl CudaDevice {
     /// # Safety
     /// `host` must stay valid and untouched until the stream has passed this copy, and
     /// `dev` must cover `bytes`.
-    unsafe fn copy_raw_async(
+    pub(crate) unsafe fn copy_raw_async(
         &self,
         stream: &CudaStream,
         to_device: bool,
@@ -784,6 +904,93 @@ impl Drop for DeviceAlloc<'_> {
     fn drop(&mut self) {
         if let Err(e) = self.device.free(self.ptr) {
             tracing::warn!("freeing a probe allocation failed: {e}");
+        }
+    }
+}
+
+/// A CUDA stream-ordered memory pool (`cuMemPoolCreate`), destroyed on drop (the driver
+/// releases its memory once every allocation from it has been freed).
+pub(crate) struct AsyncMemPool {
+    device: CudaDevice,
+    pool: sys::CUmemoryPool,
+}
+
+// SAFETY: a CUmemoryPool handle may be used from any thread; the driver synchronises calls.
+unsafe impl Send for AsyncMemPool {}
+// SAFETY: as above; no method mutates Rust-side state.
+unsafe impl Sync for AsyncMemPool {}
+
+/// What an [`AsyncMemPool`] holds, from its attributes.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct AsyncPoolUsage {
+    pub reserved: u64,
+    pub reserved_high: u64,
+    pub used: u64,
+}
+
+impl AsyncMemPool {
+    /// `bytes > 0` from the pool, ordered on `stream` (usable by work enqueued after it).
+    pub(crate) fn alloc(&self, stream: &CudaStream, bytes: usize) -> Result<u64> {
+        self.device.bind()?;
+        // SAFETY: pool and stream are valid; the memory is uninitialised device memory owned
+        // by the caller, who frees it with `free`.
+        match unsafe { result::mem_pool::alloc_async(self.pool, bytes, stream.cu_stream()) } {
+            Ok(ptr) => Ok(ptr),
+            Err(e) if e.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                Err(self.device.oom(bytes, "cuMemAllocFromPoolAsync refused"))
+            }
+            Err(e) => self.device.check("cuMemAllocFromPoolAsync", Err(e)),
+        }
+    }
+
+    /// Returns `ptr` to the pool once `stream` reaches this point.
+    ///
+    /// # Safety
+    /// `ptr` came from `alloc` on this pool, is freed once, and no work enqueued after this
+    /// point on any stream (without waiting on `stream`) uses it.
+    pub(crate) unsafe fn free(&self, ptr: u64, stream: &CudaStream) -> Result<()> {
+        self.device.bind()?;
+        // SAFETY: forwarded from this function's contract.
+        let r = unsafe { result::free_async(ptr, stream.cu_stream()) };
+        self.device.check("cuMemFreeAsync", r)
+    }
+
+    /// Releases the pool's unused memory to the driver.
+    pub(crate) fn trim(&self) -> Result<()> {
+        self.device.bind()?;
+        // SAFETY: the pool is valid.
+        let r = unsafe { result::mem_pool::trim_to(self.pool, 0) };
+        self.device.check("cuMemPoolTrimTo", r)
+    }
+
+    pub(crate) fn usage(&self) -> Result<AsyncPoolUsage> {
+        use sys::CUmemPool_attribute as A;
+        self.device.bind()?;
+        let get = |attr| {
+            let mut v = 0u64;
+            // SAFETY: the pool is valid; these attributes are cuuint64_t.
+            let r = unsafe {
+                result::mem_pool::get_attribute(self.pool, attr, &mut v as *mut u64 as *mut c_void)
+            };
+            self.device.check("cuMemPoolGetAttribute", r).map(|_| v)
+        };
+        Ok(AsyncPoolUsage {
+            reserved: get(A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+            reserved_high: get(A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
+            used: get(A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+        })
+    }
+}
+
+impl Drop for AsyncMemPool {
+    fn drop(&mut self) {
+        if self.device.bind().is_err() {
+            return;
+        }
+        // SAFETY: the pool is destroyed once, here; outstanding allocations keep its memory
+        // alive inside the driver until they are freed.
+        if let Err(e) = unsafe { result::mem_pool::destroy(self.pool) } {
+            tracing::warn!("cuMemPoolDestroy failed: {}", describe(e));
         }
     }
 }

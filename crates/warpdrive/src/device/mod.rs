@@ -7,6 +7,7 @@ pub(crate) mod cpu;
 pub(crate) mod cuda;
 pub mod sysfs;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Once};
 use std::time::Instant;
 
@@ -15,6 +16,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 
+pub(crate) use cuda::AsyncMemPool;
 pub use cuda::CudaDevice;
 
 /// The environment variable that overrides [`Device::best`]: `cpu`, `cuda` or `cuda:N`.
@@ -112,9 +114,11 @@ impl Device {
             Device::Cpu => StreamInner::Cpu,
             Device::Cuda(d) => StreamInner::Cuda(d.new_stream()?),
         };
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         Ok(Stream {
             device: self.clone(),
             inner,
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         })
     }
 
@@ -125,6 +129,24 @@ impl Device {
             Device::Cuda(d) => EventInner::Cuda(d.clone(), d.new_timing_event()?),
         };
         Ok(Event { inner })
+    }
+
+    /// A new event for ordering only (timing disabled: cheaper to record and query); it
+    /// cannot be used with [`Event::elapsed_ms`].
+    pub fn new_sync_event(&self) -> Result<Event> {
+        let inner = match self {
+            Device::Cpu => EventInner::Cpu(Mutex::new(None)),
+            Device::Cuda(d) => EventInner::Cuda(d.clone(), d.new_sync_event()?),
+        };
+        Ok(Event { inner })
+    }
+
+    /// (free, total) bytes of device memory (host memory on the CPU backend).
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        match self {
+            Device::Cpu => Ok(cpu::mem_info()),
+            Device::Cuda(d) => d.mem_info(),
+        }
     }
 
     /// Allocates `bytes > 0` of raw memory on this device; free it with [`Device::free_raw`].
@@ -146,6 +168,35 @@ impl Device {
         }
     }
 
+    /// Allocates `bytes > 0` of page-locked host memory the CPU reads fast (not
+    /// write-combined); plain host memory on the CPU backend. Free with
+    /// [`Device::free_pinned_raw`].
+    pub(crate) fn alloc_pinned_raw(&self, bytes: usize) -> Result<u64> {
+        match self {
+            Device::Cpu => cpu::alloc(bytes),
+            Device::Cuda(d) => d.alloc_host(bytes),
+        }
+    }
+
+    /// Frees memory from [`Device::alloc_pinned_raw`].
+    pub(crate) fn free_pinned_raw(&self, ptr: u64, bytes: usize) -> Result<()> {
+        match self {
+            Device::Cpu => {
+                cpu::free(ptr, bytes);
+                Ok(())
+            }
+            Device::Cuda(d) => d.free_host(ptr),
+        }
+    }
+
+    /// Waits until all work on the device has finished.
+    pub fn synchronize(&self) -> Result<()> {
+        match self {
+            Device::Cpu => Ok(()),
+            Device::Cuda(d) => d.synchronize(),
+        }
+    }
+
     pub(crate) fn same_as(&self, other: &Device, op: &'static str) -> Result<()> {
         if self == other {
             Ok(())
@@ -159,12 +210,15 @@ impl Device {
     }
 }
 
-/// An ordered queue of work on one device.
+/// An ordered queue of work on one device. Clones are the same stream (same [`Stream::id`]).
+#[derive(Clone)]
 pub struct Stream {
     device: Device,
     inner: StreamInner,
+    id: u64,
 }
 
+#[derive(Clone)]
 enum StreamInner {
     Cpu,
     Cuda(Arc<cudarc::driver::CudaStream>),
@@ -172,13 +226,18 @@ enum StreamInner {
 
 impl std::fmt::Debug for Stream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Stream({})", self.device.label())
+        write!(f, "Stream({} #{})", self.device.label(), self.id)
     }
 }
 
 impl Stream {
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// This stream's identity: unique in the process, shared by its clones, never reused.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// Waits until all work enqueued so far has finished.
@@ -250,6 +309,15 @@ impl Event {
         match &self.inner {
             EventInner::Cpu(_) => Ok(()),
             EventInner::Cuda(d, e) => d.event_synchronize(e),
+        }
+    }
+
+    /// True when the work before the recorded point has finished (or nothing was recorded);
+    /// never waits.
+    pub fn query(&self) -> Result<bool> {
+        match &self.inner {
+            EventInner::Cpu(_) => Ok(true),
+            EventInner::Cuda(d, e) => d.event_query(e),
         }
     }
 

@@ -80,3 +80,18 @@ extern "C" __global__ void __launch_bounds__(1024) sum_final_f64(const double* _
 
 // Does nothing: the doctor times launch overhead with it.
 extern "C" __global__ void empty_kernel() {}
+
+// Test helper for stream ordering: thread 0 polls *flag (page-locked host memory, read
+// through unified addressing) until it is non-zero or `limit` polls of ~1 µs have passed;
+// then the grid writes `value` to out[0..n) and thread 0 of block 0 writes 1 (flag seen)
+// or 2 (gave up) to *status. Block size 256; any grid (each block waits on its own).
+extern "C" __global__ void __launch_bounds__(256) wait_flag_then_fill(const volatile u32* flag, u32* __restrict__ out, u32 value, u64 n, u64 limit, u32* __restrict__ status) {
+    if (threadIdx.x == 0) {
+        u64 polls = 0;
+        while (*flag == 0 && polls < limit) { __nanosleep(1000); ++polls; }
+        if (blockIdx.x == 0) *status = *flag != 0 ? 1u : 2u;
+    }
+    __syncthreads();
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
+        out[i] = value;
+}

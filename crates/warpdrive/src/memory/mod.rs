@@ -1,19 +1,39 @@
-//! Typed device memory. [`Buffer<T>`] holds a raw device address (a host address on the CPU
-//! backend) rather than a cudarc `CudaSlice`, so the caching pool can hand out sub-ranges of
-//! its segments; for now each buffer is a plain allocation of its own.
+//! Typed device memory and the pools behind it.
+//!
+//! - [`Buffer<T>`] holds a raw device address (a host address on the CPU backend) rather than
+//!   a cudarc `CudaSlice`, so the pool can hand out sub-ranges of its segments. Every buffer
+//!   comes from its device's [`DevicePool`] ([`device_pool`]) unless made with
+//!   [`Buffer::uninit_in`], and returns to it on drop, tagged with its stream.
+//! - [`DevicePool`]: the caching allocator (policy in `caching`, backend-free) or CUDA's
+//!   stream-ordered allocator, chosen by [`PoolStrategy`]; stats, trim, capture mode.
+//! - [`PinnedBuf<T>`]: page-locked host memory from the [`PinnedPool`].
+
+mod caching;
+mod pinned;
+mod pool;
+
+pub use caching::{round_size, segment_size, PoolConfig, PoolStats, ROUND, SMALL_MAX};
+pub use pinned::{pinned_class, pinned_pool, PinnedBuf, PinnedPool, PinnedStats};
+pub use pool::{device_pool, DevicePool, GraphMemory, PoolStrategy};
 
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 use crate::device::{cpu, Device, Stream};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
-/// `len` elements of `T` on one device.
+/// `len` elements of `T` on one device, from a [`DevicePool`].
 pub struct Buffer<T: DType> {
-    device: Device,
+    pool: Arc<DevicePool>,
     /// Device address (host address on the CPU backend); 0 when `len == 0`.
     ptr: u64,
     len: usize,
+    /// The stream it was allocated on.
+    stream: u64,
+    alloc: pool::Allocation,
+    /// Other streams it was used on (see [`Buffer::record_stream`]).
+    uses: Vec<Stream>,
     _t: PhantomData<T>,
 }
 
@@ -24,7 +44,7 @@ impl<T: DType> std::fmt::Debug for Buffer<T> {
             "Buffer<{}>[{}] on {}",
             T::KIND.name(),
             self.len,
-            self.device.label()
+            self.pool.device().label()
         )
     }
 }
@@ -35,21 +55,47 @@ fn bytes_for<T: DType>(len: usize) -> Result<usize> {
 }
 
 impl<T: DType> Buffer<T> {
-    /// `len` elements with unspecified contents (the caller writes them before reading).
+    /// `len` elements with unspecified contents (the caller writes them before reading),
+    /// from the device's pool, for work on `stream`.
     pub fn uninit(stream: &Stream, len: usize) -> Result<Self> {
-        let device = stream.device().clone();
+        Self::uninit_in(device_pool(stream.device())?, stream, len)
+    }
+
+    /// As [`Buffer::uninit`], from `pool` (which must be on the stream's device).
+    pub fn uninit_in(pool: &Arc<DevicePool>, stream: &Stream, len: usize) -> Result<Self> {
         let bytes = bytes_for::<T>(len)?;
-        let ptr = if bytes == 0 {
-            0
+        let (ptr, alloc) = if bytes == 0 {
+            pool.device().same_as(stream.device(), "Buffer::uninit")?;
+            (0, pool::Allocation::None)
         } else {
-            device.alloc_raw(bytes)?
+            pool.alloc(stream, bytes)?
         };
         Ok(Buffer {
-            device,
+            pool: pool.clone(),
             ptr,
             len,
+            stream: stream.id(),
+            alloc,
+            uses: Vec::new(),
             _t: PhantomData,
         })
+    }
+
+    /// Marks the buffer as used on `stream` as well as the stream it was allocated on
+    /// (PyTorch's `record_stream`): when it is dropped, its memory is reused only after the
+    /// work enqueued on `stream` by then has completed. Needed whenever work on another
+    /// stream may still use the buffer when it is dropped.
+    pub fn record_stream(&mut self, stream: &Stream) -> Result<()> {
+        self.check_stream(stream, "record_stream")?;
+        if stream.id() != self.stream && !self.uses.iter().any(|s| s.id() == stream.id()) {
+            self.uses.push(stream.clone());
+        }
+        Ok(())
+    }
+
+    /// The pool this buffer came from.
+    pub fn pool(&self) -> &Arc<DevicePool> {
+        &self.pool
     }
 
     /// A copy of `data` on the stream's device; returns when `data` may be reused.
@@ -79,7 +125,7 @@ impl<T: DType> Buffer<T> {
     }
 
     pub fn device(&self) -> &Device {
-        &self.device
+        self.pool.device()
     }
 
     /// The raw device address, for kernel arguments and interop.
@@ -121,7 +167,7 @@ impl<T: DType> Buffer<T> {
     }
 
     pub(crate) fn check_stream(&self, stream: &Stream, op: &'static str) -> Result<()> {
-        self.device.same_as(stream.device(), op)
+        self.device().same_as(stream.device(), op)
     }
 
     /// The elements, on the CPU backend.
@@ -140,11 +186,11 @@ impl<T: DType> Buffer<T> {
     }
 
     fn require_cpu(&self) -> Result<()> {
-        match self.device {
+        match self.device() {
             Device::Cpu => Ok(()),
-            _ => Err(Error::DeviceMismatch {
+            d => Err(Error::DeviceMismatch {
                 op: "host view",
-                left: self.device.label(),
+                left: d.label(),
                 right: "cpu".into(),
             }),
         }
@@ -153,12 +199,8 @@ impl<T: DType> Buffer<T> {
 
 impl<T: DType> Drop for Buffer<T> {
     fn drop(&mut self) {
-        if self.ptr == 0 {
-            return;
-        }
-        if let Err(e) = self.device.free_raw(self.ptr, self.size_bytes()) {
-            tracing::warn!("freeing {self:?} failed: {e}");
-        }
+        let alloc = std::mem::replace(&mut self.alloc, pool::Allocation::None);
+        self.pool.free(self.ptr, alloc, &self.uses);
     }
 }
 

@@ -1,0 +1,466 @@
+//! Device pools, buffers from them, and the pinned pool, on both backends. GPU tests
+//! (`gpu_*`) are ignored without a GPU; the pool's policy itself is property-tested on its
+//! own in the library (`memory::caching`).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::{mpsc, Arc};
+
+use common::{cuda, rng, seed};
+use parking_lot::Mutex;
+use proptest::prelude::*;
+use rand::Rng;
+use warpdrive::memory::{
+    device_pool, pinned_class, DevicePool, PinnedBuf, PinnedPool, PoolConfig, PoolStrategy,
+    SMALL_MAX,
+};
+use warpdrive::{ops, Buffer, Device, Error, Stream};
+
+const MIB: usize = 1 << 20;
+
+fn caching_pool(dev: &Device) -> Arc<DevicePool> {
+    DevicePool::new(dev, PoolStrategy::Caching(PoolConfig::default())).unwrap()
+}
+
+// ---- one body per behaviour, run on each backend ----
+
+/// Buffers come from the pool, go back on drop, are reused on their stream, and the stats
+/// follow; trim returns everything.
+fn reuse_body(dev: &Device) {
+    let pool = caching_pool(dev);
+    let s = dev.new_stream().unwrap();
+    let a = Buffer::<f32>::uninit_in(&pool, &s, 1000).unwrap();
+    let st = pool.stats().unwrap();
+    assert_eq!(
+        (st.in_use, st.reserved, st.driver_allocs),
+        (4096, 2 * MIB as u64, 1)
+    );
+    let a_ptr = a.device_ptr();
+    assert_eq!(a.pool().strategy_name(), "caching");
+    drop(a);
+    assert_eq!(pool.stats().unwrap().in_use, 0);
+    let b = Buffer::<u8>::uninit_in(&pool, &s, 3000).unwrap();
+    assert_eq!(
+        b.device_ptr(),
+        a_ptr,
+        "the freed block is reused at once on its stream"
+    );
+    // Live buffers never overlap, and their contents stay their own.
+    let mut bufs: Vec<Buffer<u32>> = (0..20u32)
+        .map(|i| {
+            let mut x = Buffer::<u32>::uninit_in(&pool, &s, 1 + 997 * i as usize).unwrap();
+            ops::fill(&s, &mut x, 0xA000_0000 | i).unwrap();
+            x
+        })
+        .collect();
+    bufs.retain(|x| x.len() % 2 == 0);
+    for x in &bufs {
+        let v = x.to_host(&s).unwrap();
+        assert!(v.iter().all(|&e| e == v[0]) && v[0] >> 28 == 0xA);
+    }
+    let large = Buffer::<u8>::uninit_in(&pool, &s, 3 * MIB).unwrap();
+    assert!(
+        pool.stats().unwrap().segments >= 2,
+        "large requests get their own segments"
+    );
+    drop((b, bufs, large));
+    let st = pool.stats().unwrap();
+    assert_eq!(st.in_use, 0);
+    assert!(st.peak_in_use > 0 && st.allocations == 23);
+    // Everything coalesced back: the largest free block is the whole large segment.
+    assert_eq!(st.total_free, st.reserved);
+    assert_eq!(st.largest_free, 20 * MIB as u64);
+    assert_eq!(pool.trim().unwrap(), st.reserved);
+    assert_eq!(pool.stats().unwrap().reserved, 0);
+}
+
+/// The default pool serves `Buffer::uninit`; empty buffers take nothing.
+fn default_pool_body(dev: &Device) {
+    let s = dev.new_stream().unwrap();
+    let pool = device_pool(dev).unwrap();
+    let e = Buffer::<f64>::uninit(&s, 0).unwrap();
+    assert!(e.is_empty() && e.device_ptr() == 0);
+    let x = Buffer::from_host(&s, &[1.5f64, 2.5, -3.0]).unwrap();
+    assert!(Arc::ptr_eq(x.pool(), pool));
+    assert!(pool.stats().unwrap().in_use >= 512);
+    assert_eq!(x.to_host(&s).unwrap(), [1.5, 2.5, -3.0]);
+    // A stream of another device is refused.
+    let other = if dev.is_cuda() {
+        Device::cpu()
+    } else {
+        dev.clone()
+    };
+    if other != *dev {
+        let os = other.new_stream().unwrap();
+        assert!(matches!(
+            Buffer::<f32>::uninit_in(pool, &os, 4),
+            Err(Error::DeviceMismatch { .. })
+        ));
+    }
+}
+
+/// Capture mode: allocations on the capturing stream come only from held blocks.
+fn capture_body(dev: &Device) {
+    let pool = caching_pool(dev);
+    let s = dev.new_stream().unwrap();
+    drop(Buffer::<u8>::uninit_in(&pool, &s, 64 * 1024).unwrap());
+    let reserved = pool.stats().unwrap().reserved;
+    let graph = pool.begin_capture(&s).unwrap();
+    assert!(pool.begin_capture(&s).is_err());
+    let a = Buffer::<u8>::uninit_in(&pool, &s, 32 * 1024).unwrap();
+    let err = Buffer::<u8>::uninit_in(&pool, &s, 8 * MIB).unwrap_err();
+    assert!(
+        matches!(&err, Error::OutOfMemory { detail, .. } if detail.contains("captured")),
+        "{err}"
+    );
+    graph.end_capture();
+    drop(a);
+    let st = pool.stats().unwrap();
+    assert_eq!(st.reserved, reserved, "no driver allocation during capture");
+    assert_eq!(
+        st.graph_reserved,
+        32 * 1024,
+        "the graph's block stays reserved"
+    );
+    drop(graph);
+    assert_eq!(pool.stats().unwrap().graph_reserved, 0);
+    assert_eq!(pool.trim().unwrap(), reserved);
+}
+
+/// More than the device has is `OutOfMemory` with the figures; the pool works afterwards.
+fn oom_body(dev: &Device, request: usize) {
+    let pool = caching_pool(dev);
+    let s = dev.new_stream().unwrap();
+    let keep = Buffer::<u8>::uninit_in(&pool, &s, MIB).unwrap();
+    drop(Buffer::<u8>::uninit_in(&pool, &s, 16 * MIB).unwrap());
+    let err = Buffer::<u8>::uninit_in(&pool, &s, request).unwrap_err();
+    let Error::OutOfMemory { requested, detail } = &err else {
+        panic!("expected OutOfMemory, got {err}");
+    };
+    assert_eq!(*requested, request);
+    for word in ["in use", "reserved", "largest free block", "device free"] {
+        assert!(detail.contains(word), "{detail}");
+    }
+    assert_eq!(pool.stats().unwrap().in_use, MIB as u64);
+    let mut x = Buffer::<u32>::uninit_in(&pool, &s, 4 * MIB).unwrap();
+    ops::fill(&s, &mut x, 7).unwrap();
+    assert_eq!(
+        ops::sum_to_host(&s, &Buffer::<f32>::from_host(&s, &[1.0; 3]).unwrap()).unwrap(),
+        3.0
+    );
+    assert!(x.to_host(&s).unwrap().iter().all(|&v| v == 7));
+    drop(keep);
+}
+
+/// Pinned buffers: size classes, reuse after drop, prewarm, copies both ways.
+fn pinned_body(dev: &Device, seed: u64) {
+    let pool = PinnedPool::new(dev);
+    let s = dev.new_stream().unwrap();
+    let mut r = rng(seed);
+    let data: Vec<f32> = (0..100_003).map(|_| r.random_range(-1.0..1.0)).collect();
+    let mut src = PinnedBuf::<f32>::new_in(&pool, data.len()).unwrap();
+    src.as_mut_slice().unwrap().copy_from_slice(&data);
+    let mut dev_buf = Buffer::<f32>::from_host(&s, &vec![f32::NAN; data.len()]).unwrap();
+    dev_buf.copy_from_pinned(&s, &mut src).unwrap();
+    let mut dst = PinnedBuf::<f32>::new_in(&pool, data.len()).unwrap();
+    dst.as_mut_slice().unwrap().fill(f32::NAN);
+    dev_buf.copy_to_pinned(&s, &mut dst).unwrap();
+    assert!(dst.as_slice().unwrap() == &data[..], "pinned round trip");
+    let st = pool.stats();
+    let class = pinned_class(data.len() * 4) as u64;
+    assert_eq!(
+        (st.in_use, st.reserved, st.driver_allocs),
+        (2 * class, 2 * class, 2)
+    );
+    let p = src.host_ptr();
+    drop(src);
+    s.synchronize().unwrap();
+    let again = PinnedBuf::<f32>::new_in(&pool, data.len() - 5).unwrap();
+    assert_eq!(
+        again.host_ptr(),
+        p,
+        "same class, reused after its copy completed"
+    );
+    assert_eq!(pool.stats().driver_allocs, 2);
+    pool.prewarm(MIB).unwrap();
+    let warm = PinnedBuf::<u8>::new_in(&pool, MIB).unwrap();
+    assert_eq!(
+        pool.stats().driver_allocs,
+        3,
+        "prewarmed block served the request"
+    );
+    drop((again, dst, warm));
+    assert_eq!(pool.stats().in_use, 0);
+    assert!(pool.trim().unwrap() > 0);
+    assert_eq!(pool.stats().reserved, 0);
+    // The default pinned pool, and a mismatched device.
+    let x = PinnedBuf::from_slice(dev, &[1u8, 2, 3]).unwrap();
+    assert_eq!(x.as_slice().unwrap(), [1, 2, 3]);
+    assert!(PinnedBuf::<u8>::new(dev, 0).unwrap().is_empty());
+}
+
+#[test]
+fn buffers_come_from_the_pool_and_are_reused_on_cpu() {
+    reuse_body(&Device::cpu());
+}
+
+#[test]
+fn the_default_pool_serves_buffers_on_cpu() {
+    default_pool_body(&Device::cpu());
+}
+
+#[test]
+fn capture_mode_uses_only_held_blocks_on_cpu() {
+    capture_body(&Device::cpu());
+}
+
+#[test]
+fn oom_is_an_error_and_the_pool_recovers_on_cpu() {
+    // More than any address space: the host allocator refuses it.
+    oom_body(&Device::cpu(), 1 << 50);
+}
+
+#[test]
+fn pinned_buffers_round_trip_and_are_reused_on_cpu() {
+    pinned_body(&Device::cpu(), seed("pinned_cpu"));
+}
+
+#[test]
+fn the_async_strategy_needs_cuda() {
+    assert!(matches!(
+        DevicePool::new(&Device::cpu(), PoolStrategy::CudaAsync),
+        Err(Error::Unsupported(_))
+    ));
+}
+
+#[test]
+fn record_stream_checks_the_device() {
+    let s = Device::cpu().new_stream().unwrap();
+    let s2 = Device::cpu().new_stream().unwrap();
+    let mut x = Buffer::<f32>::uninit(&s, 8).unwrap();
+    x.record_stream(&s2).unwrap();
+    x.record_stream(&s).unwrap();
+    if let Ok(g) = Device::cuda(0) {
+        let gs = g.new_stream().unwrap();
+        assert!(x.record_stream(&gs).is_err());
+    }
+}
+
+proptest! {
+    #[test]
+    fn pinned_classes_waste_at_most_an_eighth(bytes in 1usize..(1 << 40)) {
+        let c = pinned_class(bytes);
+        prop_assert!(c >= bytes);
+        prop_assert!((c - bytes) * 8 <= bytes, "{bytes} -> {c}");
+        prop_assert!(pinned_class(bytes + 1) >= c);
+        prop_assert_eq!(pinned_class(c), c);
+    }
+}
+
+/// 8 threads × 100k operations on one pool, two streams each, buffers handed between
+/// threads: every live buffer keeps its own contents (no block handed out twice), live
+/// ranges never overlap, and at the end everything is back and trims to zero (none lost).
+#[test]
+fn eight_threads_never_share_or_lose_a_block() {
+    const THREADS: usize = 8;
+    const OPS: usize = 100_000;
+    let dev = Device::cpu();
+    let pool = caching_pool(&dev);
+    let live: Arc<Mutex<BTreeMap<u64, usize>>> = Arc::default();
+    let base_seed = seed("stress");
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..THREADS)
+        .map(|_| mpsc::channel::<(u64, Buffer<u64>)>())
+        .unzip();
+    let handles: Vec<_> = receivers
+        .into_iter()
+        .enumerate()
+        .map(|(t, inbox)| {
+            let (pool, live, dev) = (pool.clone(), live.clone(), dev.clone());
+            let next = senders[(t + 1) % THREADS].clone();
+            std::thread::spawn(move || {
+                let mut r = rng(base_seed ^ t as u64);
+                let streams: Vec<Stream> = (0..2).map(|_| dev.new_stream().unwrap()).collect();
+                let mut mine: Vec<(u64, Buffer<u64>)> = Vec::new();
+                let check_and_forget = |tag: u64, b: Buffer<u64>, s: &Stream| {
+                    let v = b.to_host(s).unwrap();
+                    let n = v.len();
+                    assert!(
+                        [v[0], v[n / 2], v[n - 1]] == [tag; 3],
+                        "block contents overwritten"
+                    );
+                    assert!(live.lock().remove(&b.device_ptr()).is_some());
+                    drop(b);
+                };
+                for op in 0..OPS {
+                    let s = &streams[r.random_range(0..2)];
+                    while let Ok((tag, b)) = inbox.try_recv() {
+                        check_and_forget(tag, b, s);
+                    }
+                    if mine.len() < 4 || (mine.len() < 48 && r.random_bool(0.5)) {
+                        let len = match r.random_range(0..1000) {
+                            0..=2 => r.random_range(SMALL_MAX / 8 + 1..=SMALL_MAX / 4),
+                            3..=27 => r.random_range(257..=16384),
+                            _ => r.random_range(1..=256),
+                        };
+                        let mut b = Buffer::<u64>::uninit_in(&pool, s, len).unwrap();
+                        let tag = ((t as u64) << 48) | op as u64;
+                        ops::fill(s, &mut b, tag).unwrap();
+                        {
+                            let mut l = live.lock();
+                            let (p, n) = (b.device_ptr(), b.size_bytes());
+                            if let Some((&q, &m)) = l.range(..=p).next_back() {
+                                assert!(q + m as u64 <= p, "overlapping live blocks");
+                            }
+                            if let Some((&q, _)) = l.range(p..).next() {
+                                assert!(p + n as u64 <= q, "overlapping live blocks");
+                            }
+                            l.insert(p, n);
+                        }
+                        mine.push((tag, b));
+                    } else {
+                        let (tag, b) = mine.swap_remove(r.random_range(0..mine.len()));
+                        if op % 10 == 0 {
+                            // Freed by the next thread, later.
+                            if let Err(mpsc::SendError(m)) = next.send((tag, b)) {
+                                check_and_forget(m.0, m.1, s);
+                            }
+                        } else {
+                            check_and_forget(tag, b, s);
+                        }
+                    }
+                }
+                for (tag, b) in mine {
+                    check_and_forget(tag, b, &streams[0]);
+                }
+                drop(next);
+                // Drain what the previous thread still sends until it is done.
+                for (tag, b) in inbox {
+                    check_and_forget(tag, b, &streams[0]);
+                }
+            })
+        })
+        .collect();
+    drop(senders);
+    for h in handles {
+        h.join().expect("a stress thread panicked");
+    }
+    assert!(live.lock().is_empty());
+    let st = pool.stats().unwrap();
+    assert_eq!(st.in_use, 0, "{st:?}");
+    assert_eq!(st.pending, 0);
+    assert_eq!(
+        st.total_free, st.reserved,
+        "every byte is back in the cache"
+    );
+    assert_eq!(pool.trim().unwrap(), st.reserved);
+    assert_eq!(pool.stats().unwrap().reserved, 0);
+}
+
+// ---- GPU ----
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_buffers_come_from_the_pool_and_are_reused() {
+    reuse_body(&cuda());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_the_default_pool_serves_buffers() {
+    default_pool_body(&cuda());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_capture_mode_uses_only_held_blocks() {
+    capture_body(&cuda());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_more_than_the_card_has_is_out_of_memory_and_the_pool_recovers() {
+    let dev = cuda();
+    let total = dev.info().unwrap().memory_total as usize;
+    oom_body(&dev, total + total / 2);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_pinned_buffers_round_trip_and_are_reused() {
+    pinned_body(&cuda(), seed("pinned_gpu"));
+}
+
+/// Heavy churn over two streams (some buffers written on the other stream and marked with
+/// `record_stream`): every live buffer, filled by a kernel with its own pattern, still
+/// holds it at the end.
+fn churn_body(dev: &Device, pool: &Arc<DevicePool>, seed: u64) {
+    let mut r = rng(seed);
+    let streams = [dev.new_stream().unwrap(), dev.new_stream().unwrap()];
+    let mut live: Vec<(u32, Buffer<u32>)> = Vec::new();
+    for op in 0..4_000u32 {
+        if live.len() < 8 || (live.len() < 200 && r.random_bool(0.55)) {
+            let s = &streams[r.random_range(0..2)];
+            let len = match r.random_range(0..10) {
+                0 => r.random_range(SMALL_MAX / 4..=16 * SMALL_MAX / 4),
+                1..=3 => r.random_range(1024..SMALL_MAX / 4),
+                _ => r.random_range(1..1024),
+            };
+            let mut b = Buffer::<u32>::uninit_in(pool, s, len).unwrap();
+            let pattern = 0x5000_0000 | op;
+            if r.random_bool(0.2) {
+                // Written on the other stream: order it after the allocation, mark it.
+                let other =
+                    &streams[(streams.iter().position(|x| x.id() == s.id()).unwrap() + 1) % 2];
+                let e = dev.new_sync_event().unwrap();
+                s.record(&e).unwrap();
+                other.wait(&e).unwrap();
+                ops::fill(other, &mut b, pattern).unwrap();
+                b.record_stream(other).unwrap();
+                // Later reads on `s` are ordered after the fill.
+                let done = dev.new_sync_event().unwrap();
+                other.record(&done).unwrap();
+                s.wait(&done).unwrap();
+            } else {
+                ops::fill(s, &mut b, pattern).unwrap();
+            }
+            live.push((pattern, b));
+        } else {
+            let i = r.random_range(0..live.len());
+            drop(live.swap_remove(i));
+        }
+    }
+    for (pattern, b) in &live {
+        let v = b.to_host(&streams[0]).unwrap();
+        assert!(
+            v.iter().all(|&x| x == *pattern),
+            "buffer {pattern:#x} was overwritten"
+        );
+    }
+    drop(live);
+    for s in &streams {
+        s.synchronize().unwrap();
+    }
+    let st = pool.stats().unwrap();
+    assert_eq!(st.in_use, 0, "{st:?}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_every_live_buffer_keeps_its_pattern_through_churn() {
+    let dev = cuda();
+    let pool = caching_pool(&dev);
+    churn_body(&dev, &pool, seed("gpu_churn"));
+    assert!(pool.trim().unwrap() > 0);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_the_async_strategy_keeps_patterns_through_churn() {
+    let dev = cuda();
+    let pool = DevicePool::new(&dev, PoolStrategy::CudaAsync).unwrap();
+    assert_eq!(pool.strategy_name(), "cuda-async");
+    churn_body(&dev, &pool, seed("gpu_async_churn"));
+    assert!(pool.stats().unwrap().peak_reserved > 0);
+    pool.trim().unwrap();
+}
