@@ -11,6 +11,7 @@
 //! - [`Results`]: the results file, [`print_table`] its plain-text view.
 
 mod ceilings;
+mod kernels;
 mod peers;
 mod results;
 mod stats;
@@ -80,12 +81,20 @@ pub struct Suite {
     pub run: fn(&mut Ctx) -> Result<()>,
 }
 
-static SUITES: &[Suite] = &[Suite {
-    name: ceilings::SUITE,
-    about: "the machine's limits (PCIe copies, device copy, bf16 GEMM, launch cost, \
-            host memcpy, CPU GEMM); one row per ceiling",
-    run: ceilings::run_suite,
-}];
+static SUITES: &[Suite] = &[
+    Suite {
+        name: ceilings::SUITE,
+        about: "the machine's limits (PCIe copies, device copy, bf16 GEMM, launch cost, \
+                host memcpy, CPU GEMM); one row per ceiling",
+        run: ceilings::run_suite,
+    },
+    Suite {
+        name: kernels::SUITE,
+        about: "fused a*x+b and sum over 1 GiB of f32 against the copy ceiling (scalar vs \
+                16-byte loads), and the fused MoE router (bf16) against PyTorch",
+        run: kernels::run_suite,
+    },
+];
 
 /// Every registered suite, in run order.
 pub fn suites() -> &'static [Suite] {
