@@ -1,12 +1,16 @@
 // archs: sm_75 sm_80 sm_90 sm_90a
 // Elementwise ops over f32 / f16 / bf16, arithmetic in f32.
-//   map_<in>_<out>:        y = cast(act(a * x + b)), one pass, intermediates stay in registers
-//   map_scalar_<in>_<out>: the same with one element per access (the measured baseline)
+//   map_<in>_<out>:        y = cast(a * x + b), one pass (no activation: few registers, so
+//                          the chip holds 2048 threads per SM)
+//   map_act_<in>_<out>:    y = cast(act(a * x + b)), one pass, intermediates in registers
+//   map_scalar_<in>_<out>: either, one element per access (the measured baseline)
 //   binary_<t>:            out = op(a, b) for add, sub, mul, max, min, swiglu
 // Block size 256 (__launch_bounds__(256)); grid-stride loops, so the host sizes the grid to
-// fill the chip (SMs x resident blocks) and any grid covers any n. Vector paths move 8
-// elements per pack through 16-byte accesses, several packs in flight per thread; the scalar
-// head/tail covers unaligned pointers and n % 8.
+// fill the chip (SMs x resident blocks) and any grid covers any n. Vector paths give each
+// lane W consecutive elements per access, W = 16 bytes of the wider type (f32: 4, f16/bf16:
+// 8), so every access instruction of a warp covers one contiguous span (16-byte accesses on
+// the wider side, 8-byte on the narrower side of a cast); 4 vectors in flight per thread.
+// The scalar head/tail covers unaligned pointers and n % W.
 
 #define ACT_NONE 0
 #define ACT_SILU 1
@@ -31,36 +35,51 @@ __device__ __forceinline__ float activate(float x, int act) {
 // a*x+b, skipped for the identity so a cast keeps -0.0 and NaN payloads bit for bit.
 __device__ __forceinline__ float affine(float x, float a, float b) { return (a == 1.0f && b == 0.0f) ? x : fmaf(a, x, b); }
 
-// Packs of 8 in flight per thread per iteration: 2 (64 bytes of f32, 32 of f16/bf16; more
-// unrolling buys little once the chip is full and makes NVRTC much slower).
-#define UNROLL 2
+// Vectors in flight per thread per iteration (64 bytes of the wider type).
+#define UNROLL 4
 
-template <typename I, typename O>
+template <typename I, typename O> struct Width {
+    static constexpr int value = 16 / (sizeof(I) > sizeof(O) ? (int)sizeof(I) : (int)sizeof(O));
+};
+
+template <bool ACT>
+__device__ __forceinline__ float map_one(float x, float a, float b, int act) {
+    const float v = affine(x, a, b);
+    return ACT ? activate(v, act) : v;
+}
+
+template <typename I, typename O, bool ACT>
 __device__ __forceinline__ void map_vec(const I* __restrict__ x, O* __restrict__ y, u64 n, float a, float b, int act) {
+    constexpr int W = Width<I, O>::value;
     const u64 stride = (u64)gridDim.x * blockDim.x;
     const u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;
     u64 head = 0;
     if (aligned16(x) && aligned16(y)) {
-        const u64 packs = n / 8;
-        for (u64 i = tid; i < packs; i += UNROLL * stride) {
-            Pack8<I> in[UNROLL];
+        const u64 vecs = n / W;
+        u64 i = tid;
+        for (; i + (UNROLL - 1) * stride < vecs; i += UNROLL * stride) {
+            Vec<I, W> in[UNROLL];
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u)
-                if (i + u * stride < packs) in[u] = load_pack8(x + (i + u * stride) * 8);
+            for (int u = 0; u < UNROLL; ++u) in[u] = load_vec<I, W>(x + (i + u * stride) * W);
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
-                if (i + u * stride < packs) {
-                    float v[8];
-                    unpack8(in[u], v);
+                float v[W];
+                unpack_vec(in[u], v);
 #pragma unroll
-                    for (int e = 0; e < 8; ++e) v[e] = activate(affine(v[e], a, b), act);
-                    store_pack8(y + (i + u * stride) * 8, pack8<O>(v));
-                }
+                for (int e = 0; e < W; ++e) v[e] = map_one<ACT>(v[e], a, b, act);
+                store_vec(y + (i + u * stride) * W, pack_vec<O, W>(v));
             }
         }
-        head = packs * 8;
+        for (; i < vecs; i += stride) {
+            float v[W];
+            unpack_vec(load_vec<I, W>(x + i * W), v);
+#pragma unroll
+            for (int e = 0; e < W; ++e) v[e] = map_one<ACT>(v[e], a, b, act);
+            store_vec(y + i * W, pack_vec<O, W>(v));
+        }
+        head = vecs * W;
     }
-    for (u64 i = head + tid; i < n; i += stride) y[i] = from_f32<O>(activate(affine(to_f32(x[i]), a, b), act));
+    for (u64 i = head + tid; i < n; i += stride) y[i] = from_f32<O>(map_one<ACT>(to_f32(x[i]), a, b, act));
 }
 
 template <typename I, typename O>
@@ -71,7 +90,8 @@ __device__ __forceinline__ void map_scalar(const I* __restrict__ x, O* __restric
 }
 
 #define MAP(IN, OUT, I, O)                                                                            \
-extern "C" __global__ void __launch_bounds__(256) map_##IN##_##OUT(const I* __restrict__ x, O* __restrict__ y, u64 n, float a, float b, int act) { map_vec<I, O>(x, y, n, a, b, act); } \
+extern "C" __global__ void __launch_bounds__(256) map_##IN##_##OUT(const I* __restrict__ x, O* __restrict__ y, u64 n, float a, float b, int act) { map_vec<I, O, false>(x, y, n, a, b, act); } \
+extern "C" __global__ void __launch_bounds__(256) map_act_##IN##_##OUT(const I* __restrict__ x, O* __restrict__ y, u64 n, float a, float b, int act) { map_vec<I, O, true>(x, y, n, a, b, act); } \
 extern "C" __global__ void __launch_bounds__(256) map_scalar_##IN##_##OUT(const I* __restrict__ x, O* __restrict__ y, u64 n, float a, float b, int act) { map_scalar<I, O>(x, y, n, a, b, act); }
 MAP(f32, f32, float, float)
 MAP(f32, f16, float, f16)
@@ -103,33 +123,40 @@ __device__ __forceinline__ float binary_op(float a, float b, int op) {
 
 template <typename T>
 __device__ __forceinline__ void binary(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out, u64 n, int op) {
+    constexpr int W = 16 / (int)sizeof(T);
+    constexpr int U = UNROLL / 2;  // two inputs: the same bytes in flight as a map
     const u64 stride = (u64)gridDim.x * blockDim.x;
     const u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;
     u64 head = 0;
     if (aligned16(a) && aligned16(b) && aligned16(out)) {
-        const u64 packs = n / 8;
-        for (u64 i = tid; i < packs; i += UNROLL * stride) {
-            Pack8<T> pa[UNROLL], pb[UNROLL];
+        const u64 vecs = n / W;
+        u64 i = tid;
+        for (; i + (U - 1) * stride < vecs; i += U * stride) {
+            Vec<T, W> va[U], vb[U];
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                if (i + u * stride < packs) {
-                    pa[u] = load_pack8(a + (i + u * stride) * 8);
-                    pb[u] = load_pack8(b + (i + u * stride) * 8);
-                }
+            for (int u = 0; u < U; ++u) {
+                va[u] = load_vec<T, W>(a + (i + u * stride) * W);
+                vb[u] = load_vec<T, W>(b + (i + u * stride) * W);
             }
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                if (i + u * stride < packs) {
-                    float va[8], vb[8];
-                    unpack8(pa[u], va);
-                    unpack8(pb[u], vb);
+            for (int u = 0; u < U; ++u) {
+                float fa[W], fb[W];
+                unpack_vec(va[u], fa);
+                unpack_vec(vb[u], fb);
 #pragma unroll
-                    for (int e = 0; e < 8; ++e) va[e] = binary_op(va[e], vb[e], op);
-                    store_pack8(out + (i + u * stride) * 8, pack8<T>(va));
-                }
+                for (int e = 0; e < W; ++e) fa[e] = binary_op(fa[e], fb[e], op);
+                store_vec(out + (i + u * stride) * W, pack_vec<T, W>(fa));
             }
         }
-        head = packs * 8;
+        for (; i < vecs; i += stride) {
+            float fa[W], fb[W];
+            unpack_vec(load_vec<T, W>(a + i * W), fa);
+            unpack_vec(load_vec<T, W>(b + i * W), fb);
+#pragma unroll
+            for (int e = 0; e < W; ++e) fa[e] = binary_op(fa[e], fb[e], op);
+            store_vec(out + i * W, pack_vec<T, W>(fa));
+        }
+        head = vecs * W;
     }
     for (u64 i = head + tid; i < n; i += stride) out[i] = from_f32<T>(binary_op(to_f32(a[i]), to_f32(b[i]), op));
 }

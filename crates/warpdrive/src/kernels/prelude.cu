@@ -136,3 +136,30 @@ template <typename T, typename Op> __device__ __forceinline__ T block_allreduce(
 
 __device__ __forceinline__ float f32_neg_inf() { return __uint_as_float(0xff800000u); }
 __device__ __forceinline__ float f32_nan() { return __uint_as_float(0x7fc00000u); }
+
+// ---- W consecutive elements as one 16- or 8-byte access (elementwise kernels): with one
+// vector per lane, every access instruction of a warp covers one contiguous span. ----
+template <int B> struct RawBytes;
+template <> struct RawBytes<16> { typedef uint4 type; };
+template <> struct RawBytes<8> { typedef uint2 type; };
+template <typename T, int W> struct Vec { typename RawBytes<W * sizeof(T)>::type raw; };
+template <typename T, int W> __device__ __forceinline__ Vec<T, W> load_vec(const T* __restrict__ p) {
+    Vec<T, W> v;
+    v.raw = *reinterpret_cast<const typename RawBytes<W * sizeof(T)>::type*>(p);
+    return v;
+}
+template <typename T, int W> __device__ __forceinline__ void store_vec(T* __restrict__ p, const Vec<T, W>& v) {
+    *reinterpret_cast<typename RawBytes<W * sizeof(T)>::type*>(p) = v.raw;
+}
+template <typename T, int W> __device__ __forceinline__ void unpack_vec(const Vec<T, W>& v, float (&f)[W]) {
+    const T* e = reinterpret_cast<const T*>(&v.raw);
+#pragma unroll
+    for (int i = 0; i < W; ++i) f[i] = to_f32(e[i]);
+}
+template <typename T, int W> __device__ __forceinline__ Vec<T, W> pack_vec(const float (&f)[W]) {
+    Vec<T, W> v;
+    T* e = reinterpret_cast<T*>(&v.raw);
+#pragma unroll
+    for (int i = 0; i < W; ++i) e[i] = from_f32<T>(f[i]);
+    return v;
+}

@@ -6,9 +6,11 @@
 //!   map: round to nearest even, NaN stays NaN, -0.0 stays -0.0, f16 overflow becomes ±inf.
 //! - [`binary`]: `out = op(a, b)` for add, sub, mul, max, min and SwiGLU (`silu(a) · b`).
 //!
-//! Kernels move 8 elements per 16-byte access (two per pack for f32), two packs in flight per
-//! thread, grid-stride over SMs × resident blocks; [`Loads::Scalar`] selects the
-//! one-element-per-access kernel instead, kept as the measured baseline.
+//! Kernels give each lane 16 bytes of the wider type per access (4 f32 or 8 f16/bf16; the
+//! narrower side of a cast moves 8 bytes), so every access instruction of a warp covers one
+//! contiguous span, with 4 such vectors in flight per thread, grid-stride over SMs × resident
+//! blocks; [`Loads::Scalar`] selects the one-element-per-access kernel instead, kept as the
+//! measured baseline.
 
 use crate::device::Stream;
 use crate::dtype::Float;
@@ -162,6 +164,11 @@ const MAP: [[&str; 3]; 3] = [
     by_float!("map_f16"),
     by_float!("map_bf16"),
 ];
+const MAP_ACT: [[&str; 3]; 3] = [
+    by_float!("map_act_f32"),
+    by_float!("map_act_f16"),
+    by_float!("map_act_bf16"),
+];
 const MAP_SCALAR: [[&str; 3]; 3] = [
     by_float!("map_scalar_f32"),
     by_float!("map_scalar_f16"),
@@ -188,9 +195,11 @@ pub fn map<I: Float, O: Float>(
         }
         return Ok(());
     };
-    let (name, per_thread) = match m.loads {
-        Loads::Vector => (MAP[i][o], 16),
-        Loads::Scalar => (MAP_SCALAR[i][o], 1),
+    // Without an activation, a leaner kernel (fewer registers: more threads per SM).
+    let (name, per_thread) = match (m.loads, m.act) {
+        (Loads::Vector, Activation::None) => (MAP[i][o], 16),
+        (Loads::Vector, _) => (MAP_ACT[i][o], 16),
+        (Loads::Scalar, _) => (MAP_SCALAR[i][o], 1),
     };
     let n = x.len() as u64;
     let grid = fill_grid(d, (&ELEMENTWISE, name), n, BLOCK as u64 * per_thread)?;
