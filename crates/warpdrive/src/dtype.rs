@@ -90,9 +90,14 @@ dtype! {
     u8 => U8, |v| v as u64, |b| b as u8;
 }
 
-/// Element types with arithmetic on both backends (`axpy`, `sum`).
+/// Floating-point element types with arithmetic on both backends: f32, f64, f16, bf16.
+///
+/// Kernels compute in f32 (f64 for f64); the CPU backend computes in f64 and rounds once.
+/// Most ops take f32 / f16 / bf16 and return [`Error::Unsupported`](crate::Error) for f64 on
+/// both backends; `axpy` and the reductions take f64 too.
 pub trait Float: DType + std::ops::Add<Output = Self> + std::ops::Mul<Output = Self> {
     fn to_f64(self) -> f64;
+    /// The nearest value (16-bit types round through f32, as the kernels do).
     fn from_f64(v: f64) -> Self;
 }
 
@@ -111,5 +116,23 @@ impl Float for f64 {
     }
     fn from_f64(v: f64) -> Self {
         v
+    }
+}
+
+impl Float for f16 {
+    fn to_f64(self) -> f64 {
+        f16::to_f64(self)
+    }
+    fn from_f64(v: f64) -> Self {
+        f16::from_f32(v as f32)
+    }
+}
+
+impl Float for bf16 {
+    fn to_f64(self) -> f64 {
+        bf16::to_f64(self)
+    }
+    fn from_f64(v: f64) -> Self {
+        bf16::from_f32(v as f32)
     }
 }

@@ -240,7 +240,7 @@ fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
 }
 
 /// Seeded uniform values in [-1, 1).
-fn random_f32(len: usize, seed: u64) -> Vec<f32> {
+pub(super) fn random_f32(len: usize, seed: u64) -> Vec<f32> {
     let mut rng = SmallRng::seed_from_u64(seed);
     (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect()
 }

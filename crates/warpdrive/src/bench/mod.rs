@@ -11,6 +11,7 @@
 //! - [`Results`]: the results file, [`print_table`] its plain-text view.
 
 mod ceilings;
+mod kernels;
 pub mod memory;
 mod peers;
 mod results;
@@ -94,6 +95,12 @@ static SUITES: &[Suite] = &[
         about: "device and pinned pools: alloc+free cost vs the driver and CUDA's async \
                 pool, fragmentation on a seeded trace (reserved / peak live)",
         run: memory::run_suite,
+    },
+    Suite {
+        name: kernels::SUITE,
+        about: "fused a*x+b and sum over 1 GiB of f32 against the copy ceiling (scalar vs \
+                16-byte loads), and the fused MoE router (bf16) against PyTorch",
+        run: kernels::run_suite,
     },
 ];
 

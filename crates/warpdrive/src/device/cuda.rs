@@ -99,6 +99,9 @@ fn is_sticky(code: CUresult) -> bool {
     )
 }
 
+/// (source, kernel, block size, dynamic shared bytes) of a cached resident-blocks figure.
+type OccupancyKey = (&'static str, &'static str, u32, u32);
+
 /// One CUDA device: its primary context, loaded modules and cuBLAS handle. Cheap to clone.
 #[derive(Clone)]
 pub struct CudaDevice {
@@ -112,6 +115,7 @@ struct Inner {
     sm_count: u32,
     lost: AtomicBool,
     functions: Mutex<HashMap<(&'static str, &'static str), CudaFunction>>,
+    occupancy: Mutex<HashMap<OccupancyKey, u32>>,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     blas: Mutex<Option<BlasHandle>>,
 }
@@ -170,6 +174,7 @@ impl CudaDevice {
                 sm_count,
                 lost: AtomicBool::new(false),
                 functions: Mutex::new(HashMap::new()),
+                occupancy: Mutex::new(HashMap::new()),
                 modules: Mutex::new(HashMap::new()),
                 blas: Mutex::new(None),
             }),
@@ -468,6 +473,31 @@ impl CudaDevice {
             .lock()
             .insert((source.name, name), f.clone());
         Ok(f)
+    }
+
+    /// How many blocks of `block` threads (with `shared_bytes` of dynamic shared memory) of
+    /// kernel `name` fit on one SM at once (at least 1), from the driver's occupancy
+    /// calculator; cached per kernel and shape. Grid-stride kernels launch SMs × this.
+    pub(crate) fn resident_blocks(
+        &self,
+        source: &'static KernelSource,
+        name: &'static str,
+        block: u32,
+        shared_bytes: u32,
+    ) -> Result<u32> {
+        let key = (source.name, name, block, shared_bytes);
+        if let Some(&n) = self.inner.occupancy.lock().get(&key) {
+            return Ok(n);
+        }
+        let f = self.function(source, name)?;
+        self.bind()?;
+        let r =
+            f.occupancy_max_active_blocks_per_multiprocessor(block, shared_bytes as usize, None);
+        let n = self
+            .check("cuOccupancyMaxActiveBlocksPerMultiprocessor", r)?
+            .max(1);
+        self.inner.occupancy.lock().insert(key, n);
+        Ok(n)
     }
 
     fn module(&self, source: &'static KernelSource) -> Result<Arc<CudaModule>> {

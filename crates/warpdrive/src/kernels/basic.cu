@@ -1,5 +1,5 @@
 // archs: sm_75 sm_80 sm_90 sm_90a
-// The foundation ops: fill, axpy, and the two-pass deterministic sum.
+// The foundation ops: fill and axpy (the sum lives in reduce.cu).
 // Block size 256 for the streaming kernels (8 warps: full occupancy at any register count
 // under 128); grid-stride loops so any grid covers any n.
 
@@ -36,47 +36,29 @@ __device__ __forceinline__ void axpy(const T* __restrict__ x, T* __restrict__ y,
     for (u64 i = head + tid; i < n; i += stride) y[i] = a * x[i] + y[i];
 }
 extern "C" __global__ void __launch_bounds__(256) axpy_f32(const float* __restrict__ x, float* __restrict__ y, float a, u64 n) { axpy<float, float4, 4>(x, y, a, n); }
-extern "C" __global__ void __launch_bounds__(256) axpy_f64(const double* __restrict__ x, double* __restrict__ y, double a, u64 n) { axpy<double, double2, 2>(x, y, a, n); }
-
-// Pass 1: each block sums a grid-strided share of x into partial[blockIdx.x].
-template <typename T, typename V, int W>
-__device__ __forceinline__ void sum_partial(const T* __restrict__ x, u64 n, T* __restrict__ partial) {
+// f16 / bf16: 8 elements per 16-byte pack, arithmetic in f32, one rounding per element.
+template <typename T>
+__device__ __forceinline__ void axpy_half(const T* __restrict__ x, T* __restrict__ y, float a, u64 n) {
     const u64 stride = (u64)gridDim.x * blockDim.x;
     const u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;
-    T acc = T(0);
     u64 head = 0;
-    if (aligned16(x)) {
-        const u64 nv = n / W;
-        const V* xv = reinterpret_cast<const V*>(x);
-        T lanes[W];
+    if (aligned16(x) && aligned16(y)) {
+        const u64 packs = n / 8;
+        for (u64 i = tid; i < packs; i += stride) {
+            float xs[8], ys[8];
+            unpack8(load_pack8(x + i * 8), xs);
+            unpack8(load_pack8(y + i * 8), ys);
 #pragma unroll
-        for (int k = 0; k < W; ++k) lanes[k] = T(0);
-        for (u64 i = tid; i < nv; i += stride) {
-            V v = xv[i];
-            const T* s = reinterpret_cast<const T*>(&v);
-#pragma unroll
-            for (int k = 0; k < W; ++k) lanes[k] += s[k];
+            for (int k = 0; k < 8; ++k) ys[k] = fmaf(a, xs[k], ys[k]);
+            store_pack8(y + i * 8, pack8<T>(ys));
         }
-#pragma unroll
-        for (int k = 0; k < W; ++k) acc += lanes[k];
-        head = nv * W;
+        head = packs * 8;
     }
-    for (u64 i = head + tid; i < n; i += stride) acc += x[i];
-    acc = block_sum(acc);
-    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+    for (u64 i = head + tid; i < n; i += stride) y[i] = from_f32<T>(fmaf(a, to_f32(x[i]), to_f32(y[i])));
 }
-// Pass 2: one block of 1024 threads sums the partials (count <= 1024) into out[0].
-template <typename T>
-__device__ __forceinline__ void sum_final(const T* __restrict__ partial, u32 count, T* __restrict__ out) {
-    T acc = T(0);
-    for (u32 i = threadIdx.x; i < count; i += blockDim.x) acc += partial[i];
-    acc = block_sum(acc);
-    if (threadIdx.x == 0) out[0] = acc;
-}
-extern "C" __global__ void __launch_bounds__(256) sum_partial_f32(const float* __restrict__ x, u64 n, float* __restrict__ partial) { sum_partial<float, float4, 4>(x, n, partial); }
-extern "C" __global__ void __launch_bounds__(256) sum_partial_f64(const double* __restrict__ x, u64 n, double* __restrict__ partial) { sum_partial<double, double2, 2>(x, n, partial); }
-extern "C" __global__ void __launch_bounds__(1024) sum_final_f32(const float* __restrict__ partial, u32 count, float* __restrict__ out) { sum_final<float>(partial, count, out); }
-extern "C" __global__ void __launch_bounds__(1024) sum_final_f64(const double* __restrict__ partial, u32 count, double* __restrict__ out) { sum_final<double>(partial, count, out); }
+extern "C" __global__ void __launch_bounds__(256) axpy_f16(const f16* __restrict__ x, f16* __restrict__ y, float a, u64 n) { axpy_half<f16>(x, y, a, n); }
+extern "C" __global__ void __launch_bounds__(256) axpy_bf16(const bf16* __restrict__ x, bf16* __restrict__ y, float a, u64 n) { axpy_half<bf16>(x, y, a, n); }
+extern "C" __global__ void __launch_bounds__(256) axpy_f64(const double* __restrict__ x, double* __restrict__ y, double a, u64 n) { axpy<double, double2, 2>(x, y, a, n); }
 
 // Does nothing: the doctor times launch overhead with it.
 extern "C" __global__ void empty_kernel() {}

@@ -33,14 +33,44 @@ pub struct KernelSource {
     pub code: &'static str,
 }
 
-/// `fill`, `axpy` and the two-pass `sum` reduction behind the foundation ops.
+/// `fill` and `axpy` behind the foundation ops, and the empty kernel the doctor times.
 pub static BASIC: KernelSource = KernelSource {
     name: "basic",
     code: include_str!("basic.cu"),
 };
 
+/// Fused maps (`act(a·x + b)` → cast), binary ops and SwiGLU.
+pub static ELEMENTWISE: KernelSource = KernelSource {
+    name: "elementwise",
+    code: include_str!("elementwise.cu"),
+};
+
+/// Deterministic sum / max / mean, whole buffer (two passes) and per row.
+pub static REDUCE: KernelSource = KernelSource {
+    name: "reduce",
+    code: include_str!("reduce.cu"),
+};
+
+/// Row softmax.
+pub static SOFTMAX: KernelSource = KernelSource {
+    name: "softmax",
+    code: include_str!("softmax.cu"),
+};
+
+/// Row top-k and the fused MoE router.
+pub static TOPK: KernelSource = KernelSource {
+    name: "topk",
+    code: include_str!("topk.cu"),
+};
+
+/// Histogram, exclusive scan, stable sort by key, gather / scatter rows.
+pub static PERMUTE: KernelSource = KernelSource {
+    name: "permute",
+    code: include_str!("permute.cu"),
+};
+
 /// Every embedded source (the compile test builds each for each declared architecture).
-pub static SOURCES: &[&KernelSource] = &[&BASIC];
+pub static SOURCES: &[&KernelSource] = &[&BASIC, &ELEMENTWISE, &REDUCE, &SOFTMAX, &TOPK, &PERMUTE];
 
 /// A GPU architecture NVRTC compiles for: `sm_{major}{minor}`, with `a` for the
 /// architecture-specific target (`sm_90a`: `wgmma`, `setmaxnreg`).

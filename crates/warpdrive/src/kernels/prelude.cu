@@ -54,3 +54,112 @@ template <typename T> __device__ __forceinline__ T block_sum(T v) {
 }
 
 __device__ __forceinline__ bool aligned16(const void* p) { return (((u64)p) & 15u) == 0; }
+
+// ---- one spelling for every float type: to_f32 / from_f32<T> ----
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(bf16 v) { return bf16_to_f32(v); }
+__device__ __forceinline__ float to_f32(f16 v) { return f16_to_f32(v); }
+template <typename T> __device__ __forceinline__ T from_f32(float v);
+template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ bf16 from_f32<bf16>(float v) { return f32_to_bf16(v); }
+template <> __device__ __forceinline__ f16 from_f32<f16>(float v) { return f32_to_f16(v); }
+
+// ---- 16-byte vector access: 8 consecutive elements as one (2-byte types) or two (f32)
+// uint4 words. Load every pack a thread needs first, then unpack, so several 16-byte loads
+// are in flight per thread. The address must be 16-byte aligned. ----
+template <typename T> struct Pack8 { uint4 w[sizeof(T) / 2]; };
+template <typename T> __device__ __forceinline__ Pack8<T> load_pack8(const T* __restrict__ p) {
+    Pack8<T> r;
+    const uint4* q = reinterpret_cast<const uint4*>(p);
+#pragma unroll
+    for (int i = 0; i < (int)(sizeof(T) / 2); ++i) r.w[i] = q[i];
+    return r;
+}
+template <typename T> __device__ __forceinline__ void store_pack8(T* __restrict__ p, const Pack8<T>& v) {
+    uint4* q = reinterpret_cast<uint4*>(p);
+#pragma unroll
+    for (int i = 0; i < (int)(sizeof(T) / 2); ++i) q[i] = v.w[i];
+}
+__device__ __forceinline__ void unpack8(const Pack8<float>& p, float (&v)[8]) {
+    const float* f = reinterpret_cast<const float*>(p.w);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = f[i];
+}
+__device__ __forceinline__ void unpack8(const Pack8<bf16>& p, float (&v)[8]) {
+    const u32* u = reinterpret_cast<const u32*>(p.w);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) { v[2 * i] = __uint_as_float(u[i] << 16); v[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u); }
+}
+__device__ __forceinline__ void unpack8(const Pack8<f16>& p, float (&v)[8]) {
+    const u32* u = reinterpret_cast<const u32*>(p.w);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) { v[2 * i] = f16_to_f32(f16{(u16)u[i]}); v[2 * i + 1] = f16_to_f32(f16{(u16)(u[i] >> 16)}); }
+}
+template <typename T> __device__ __forceinline__ Pack8<T> pack8(const float (&v)[8]) {
+    Pack8<T> p;
+    T* e = reinterpret_cast<T*>(p.w);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) e[i] = from_f32<T>(v[i]);
+    return p;
+}
+
+// ---- warp and block reductions with an operator ----
+struct OpSum { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; } };
+// max that propagates NaN (fmaxf would drop it): any NaN in, NaN out.
+struct OpMax {
+    __device__ __forceinline__ float operator()(float a, float b) const { return (a != a || a > b) ? a : b; }
+    __device__ __forceinline__ double operator()(double a, double b) const { return (a != a || a > b) ? a : b; }
+};
+template <typename T, typename Op> __device__ __forceinline__ T warp_reduce(T v, Op op) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+// Reduction over the whole block (blockDim.x a multiple of 32); every thread gets the result.
+// Fixed order, so deterministic. Ends with a barrier, so it may be called again at once.
+template <typename T, typename Op> __device__ __forceinline__ T block_allreduce(T v, Op op, T identity) {
+    __shared__ T partials[33];
+    const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    v = warp_reduce(v, op);
+    if (lane == 0) partials[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        T t = lane < (blockDim.x >> 5) ? partials[lane] : identity;
+        t = warp_reduce(t, op);
+        if (lane == 0) partials[32] = t;
+    }
+    __syncthreads();
+    const T r = partials[32];
+    __syncthreads();
+    return r;
+}
+
+__device__ __forceinline__ float f32_neg_inf() { return __uint_as_float(0xff800000u); }
+__device__ __forceinline__ float f32_nan() { return __uint_as_float(0x7fc00000u); }
+
+// ---- W consecutive elements as one 16- or 8-byte access (elementwise kernels): with one
+// vector per lane, every access instruction of a warp covers one contiguous span. ----
+template <int B> struct RawBytes;
+template <> struct RawBytes<16> { typedef uint4 type; };
+template <> struct RawBytes<8> { typedef uint2 type; };
+template <typename T, int W> struct Vec { typename RawBytes<W * sizeof(T)>::type raw; };
+template <typename T, int W> __device__ __forceinline__ Vec<T, W> load_vec(const T* __restrict__ p) {
+    Vec<T, W> v;
+    v.raw = *reinterpret_cast<const typename RawBytes<W * sizeof(T)>::type*>(p);
+    return v;
+}
+template <typename T, int W> __device__ __forceinline__ void store_vec(T* __restrict__ p, const Vec<T, W>& v) {
+    *reinterpret_cast<typename RawBytes<W * sizeof(T)>::type*>(p) = v.raw;
+}
+template <typename T, int W> __device__ __forceinline__ void unpack_vec(const Vec<T, W>& v, float (&f)[W]) {
+    const T* e = reinterpret_cast<const T*>(&v.raw);
+#pragma unroll
+    for (int i = 0; i < W; ++i) f[i] = to_f32(e[i]);
+}
+template <typename T, int W> __device__ __forceinline__ Vec<T, W> pack_vec(const float (&f)[W]) {
+    Vec<T, W> v;
+    T* e = reinterpret_cast<T*>(&v.raw);
+#pragma unroll
+    for (int i = 0; i < W; ++i) e[i] = from_f32<T>(f[i]);
+    return v;
+}

@@ -38,3 +38,61 @@ pub fn random_f32(rng: &mut StdRng, n: usize) -> Vec<f32> {
 pub fn random_f64(rng: &mut StdRng, n: usize) -> Vec<f64> {
     (0..n).map(|_| rng.random_range(-1.0f64..1.0)).collect()
 }
+
+/// The float types the kernels take, with their DESIGN.md tolerance (relative to the
+/// magnitude of the terms) and the spacing of their subnormals (an absolute floor).
+pub trait TestFloat: warpdrive::Float {
+    const NAME: &'static str;
+    const TOL: f64;
+    const TINY: f64;
+    fn of(v: f32) -> Self;
+}
+impl TestFloat for f32 {
+    const NAME: &'static str = "f32";
+    const TOL: f64 = 1e-6;
+    const TINY: f64 = 1.401298464324817e-45;
+    fn of(v: f32) -> Self {
+        v
+    }
+}
+impl TestFloat for half::f16 {
+    const NAME: &'static str = "f16";
+    const TOL: f64 = 1e-3;
+    const TINY: f64 = 5.960464477539063e-8;
+    fn of(v: f32) -> Self {
+        half::f16::from_f32(v)
+    }
+}
+impl TestFloat for half::bf16 {
+    const NAME: &'static str = "bf16";
+    const TOL: f64 = 1e-2;
+    const TINY: f64 = 9.183549615799121e-41;
+    fn of(v: f32) -> Self {
+        half::bf16::from_f32(v)
+    }
+}
+
+/// `n` values uniform in [lo, hi), rounded to `T`.
+pub fn random_in<T: TestFloat>(rng: &mut StdRng, n: usize, lo: f32, hi: f32) -> Vec<T> {
+    (0..n).map(|_| T::of(rng.random_range(lo..hi))).collect()
+}
+
+/// A buffer of `n` copies of `poison` (NaN for floats, 0xff.. for integers), so elements an
+/// op fails to write stand out.
+pub fn poisoned<T: warpdrive::DType>(
+    stream: &warpdrive::Stream,
+    n: usize,
+    poison: T,
+) -> warpdrive::Buffer<T> {
+    warpdrive::Buffer::from_host(stream, &vec![poison; n]).unwrap()
+}
+
+/// NaN of `T`.
+pub fn nan<T: TestFloat>() -> T {
+    T::of(f32::NAN)
+}
+
+/// Same value, or both NaN.
+pub fn same_or_both_nan(a: f64, b: f64) -> bool {
+    a == b || (a.is_nan() && b.is_nan())
+}

@@ -1,0 +1,206 @@
+// archs: sm_75 sm_80 sm_90 sm_90a
+// Permutation primitives for MoE dispatch: histogram, exclusive prefix sum, a stable
+// counting sort of small integer keys, and row gather / scatter.
+//   histogram_u32: block 256, grid-stride; per-block counts in shared memory (bins words of
+//     dynamic shared memory), then added into the zeroed global counts (integer adds: the
+//     result does not depend on their order).
+//   exclusive_scan_u32: one block of 1024; tiles of 4096 (4 per thread), carried in order.
+//   sort_count / sort_offsets / sort_scatter: the stable sort (keys >= bins go to one
+//     overflow bucket after every valid key). Tiles of 1024 keys, one block of 256 per tile:
+//     per-tile counts of each bucket; one block of 1024 turns them into each tile's first
+//     slot per bucket (bucket-major, tile-minor), the per-bucket counts and offsets; then each
+//     tile places its keys in index order (rounds of 256, warps one after another, ranks within
+//     a warp by __match_any_sync), so equal keys keep their input order.
+//   gather_rows_* / scatter_rows_*: block 256, grid-stride over (row, unit) with units of 16,
+//     8, 4, 2 or 1 bytes, whichever the row size and addresses allow.
+
+extern "C" __global__ void __launch_bounds__(256) histogram_u32(const u32* __restrict__ keys, u64 n, u32 bins, u32* __restrict__ counts) {
+    extern __shared__ u32 local[];
+    for (u32 b = threadIdx.x; b < bins; b += blockDim.x) local[b] = 0;
+    __syncthreads();
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += stride) {
+        const u32 k = keys[i];
+        if (k < bins) atomicAdd(&local[k], 1u);
+    }
+    __syncthreads();
+    for (u32 b = threadIdx.x; b < bins; b += blockDim.x)
+        if (local[b]) atomicAdd(&counts[b], local[b]);
+}
+
+// Exclusive scan of one value per thread over the block (blockDim.x a multiple of 32);
+// *total gets the sum of all. Ends with a barrier, so it may be called again at once.
+__device__ __forceinline__ u32 block_exclusive_scan(u32 v, u32* total) {
+    __shared__ u32 warp_sums[32];
+    const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    u32 incl = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const u32 t = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= (u32)o) incl += t;
+    }
+    if (lane == 31) warp_sums[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        u32 s = lane < warps ? warp_sums[lane] : 0u;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const u32 t = __shfl_up_sync(0xffffffffu, s, o);
+            if (lane >= (u32)o) s += t;
+        }
+        if (lane < warps) warp_sums[lane] = s;
+    }
+    __syncthreads();
+    const u32 before = warp ? warp_sums[warp - 1] : 0u;
+    *total = warp_sums[warps - 1];
+    __syncthreads();
+    return before + incl - v;
+}
+
+// out[i] = x[0] + ... + x[i-1] for i <= n (out has n + 1 entries; out[n] is the total).
+extern "C" __global__ void __launch_bounds__(1024) exclusive_scan_u32(const u32* __restrict__ x, u64 n, u32* __restrict__ out) {
+    u32 carry = 0;
+    for (u64 base = 0; base < n; base += 4ull * blockDim.x) {
+        const u64 first = base + 4ull * threadIdx.x;
+        u32 v[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) v[j] = first + j < n ? x[first + j] : 0u;
+        const u32 mine = v[0] + v[1] + v[2] + v[3];
+        u32 tile_total;
+        u32 run = carry + block_exclusive_scan(mine, &tile_total);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            if (first + j < n) out[first + j] = run;
+            run += v[j];
+        }
+        carry += tile_total;
+    }
+    if (threadIdx.x == 0) out[n] = carry;
+}
+
+#define SORT_TILE 1024u
+
+// tile_counts[tile * (bins + 1) + b]: keys of bucket b in the tile (b == bins: keys >= bins).
+extern "C" __global__ void __launch_bounds__(256) sort_count(const u32* __restrict__ keys, u64 n, u32 bins, u32* __restrict__ tile_counts) {
+    extern __shared__ u32 local[];
+    for (u32 b = threadIdx.x; b <= bins; b += blockDim.x) local[b] = 0;
+    __syncthreads();
+    const u64 first = (u64)blockIdx.x * SORT_TILE;
+    for (u32 j = threadIdx.x; j < SORT_TILE; j += blockDim.x) {
+        if (first + j < n) {
+            const u32 k = keys[first + j];
+            atomicAdd(&local[k < bins ? k : bins], 1u);
+        }
+    }
+    __syncthreads();
+    u32* mine = tile_counts + (u64)blockIdx.x * (bins + 1);
+    for (u32 b = threadIdx.x; b <= bins; b += blockDim.x) mine[b] = local[b];
+}
+
+// One block of 1024. Turns tile_counts into each tile's first output slot per bucket, and
+// writes counts[bins] and offsets[bins + 1] (offsets[bins] = number of valid keys).
+extern "C" __global__ void __launch_bounds__(1024) sort_offsets(u32* __restrict__ tile_counts, u32 tiles, u32 bins, u32* __restrict__ counts, u32* __restrict__ offsets) {
+    extern __shared__ u32 bucket[];  // bins + 1 words: totals, then their exclusive scan
+    const u32 buckets = bins + 1;
+    for (u32 b = threadIdx.x; b < buckets; b += blockDim.x) {
+        u32 run = 0;
+        for (u32 t = 0; t < tiles; ++t) {
+            u32* c = tile_counts + (u64)t * buckets + b;
+            const u32 v = *c;
+            *c = run;
+            run += v;
+        }
+        bucket[b] = run;
+        if (b < bins) counts[b] = run;
+    }
+    __syncthreads();
+    // Exclusive scan of the bucket totals: each thread a run of consecutive buckets.
+    const u32 per = (buckets + blockDim.x - 1) / blockDim.x;
+    const u32 lo = threadIdx.x * per;
+    const u32 hi = lo + per < buckets ? lo + per : buckets;
+    u32 mine = 0;
+    for (u32 b = lo; b < hi; ++b) mine += bucket[b];
+    u32 total;
+    u32 run = block_exclusive_scan(mine, &total);
+    for (u32 b = lo; b < hi; ++b) {
+        const u32 v = bucket[b];
+        bucket[b] = run;
+        offsets[b] = run;
+        run += v;
+    }
+    __syncthreads();
+    for (u32 b = threadIdx.x; b < buckets; b += blockDim.x) {
+        const u32 off = bucket[b];
+        for (u32 t = 0; t < tiles; ++t) tile_counts[(u64)t * buckets + b] += off;
+    }
+}
+
+// Places each key of the tile: order[pos] = i and rank[i] = pos.
+extern "C" __global__ void __launch_bounds__(256) sort_scatter(const u32* __restrict__ keys, u64 n, u32 bins, const u32* __restrict__ tile_counts, u32* __restrict__ order, u32* __restrict__ rank) {
+    extern __shared__ u32 next[];  // next free slot of each bucket, bins + 1 words
+    const u32 buckets = bins + 1;
+    const u32* mine = tile_counts + (u64)blockIdx.x * buckets;
+    for (u32 b = threadIdx.x; b < buckets; b += blockDim.x) next[b] = mine[b];
+    __syncthreads();
+    const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const u32 below = (1u << lane) - 1u;
+    const u64 first = (u64)blockIdx.x * SORT_TILE;
+    for (u32 round = 0; round < SORT_TILE / blockDim.x; ++round) {
+        const u64 i = first + (u64)round * blockDim.x + threadIdx.x;
+        const bool valid = i < n;
+        const u32 key = valid ? keys[i] : 0u;
+        const u32 bucket = key < bins ? key : bins;
+        // Lanes past n form their own group (their tag has the top bit set) and write nothing.
+        const u32 tag = valid ? bucket : (0x80000000u | bucket);
+        for (u32 w = 0; w < warps; ++w) {
+            if (warp == w) {
+                const u32 peers = __match_any_sync(0xffffffffu, tag);
+                const u32 leader = __ffs(peers) - 1;
+                u32 start = 0;
+                if (valid && lane == leader) {
+                    start = next[bucket];
+                    next[bucket] = start + __popc(peers);
+                }
+                start = __shfl_sync(0xffffffffu, start, leader);
+                if (valid) {
+                    const u32 pos = start + __popc(peers & below);
+                    order[pos] = (u32)i;
+                    rank[i] = pos;
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
+template <typename U>
+__device__ __forceinline__ void gather_rows(const U* __restrict__ src, u64 src_rows, const u32* __restrict__ idx, u64 m, u64 units, U* __restrict__ dst) {
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    const u64 total = m * units;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const u64 r = i / units, u = i - r * units;
+        const u32 s = idx[r];
+        U zero{};
+        dst[i] = s < src_rows ? src[(u64)s * units + u] : zero;
+    }
+}
+
+template <typename U>
+__device__ __forceinline__ void scatter_rows(const U* __restrict__ src, const u32* __restrict__ idx, u64 m, u64 units, U* __restrict__ dst, u64 dst_rows) {
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    const u64 total = m * units;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const u64 r = i / units, u = i - r * units;
+        const u32 d = idx[r];
+        if (d < dst_rows) dst[(u64)d * units + u] = src[i];
+    }
+}
+
+#define MOVE_ROWS(NAME, U)                                                                               \
+extern "C" __global__ void __launch_bounds__(256) gather_rows_##NAME(const U* __restrict__ src, u64 src_rows, const u32* __restrict__ idx, u64 m, u64 units, U* __restrict__ dst) { gather_rows<U>(src, src_rows, idx, m, units, dst); } \
+extern "C" __global__ void __launch_bounds__(256) scatter_rows_##NAME(const U* __restrict__ src, const u32* __restrict__ idx, u64 m, u64 units, U* __restrict__ dst, u64 dst_rows) { scatter_rows<U>(src, idx, m, units, dst, dst_rows); }
+MOVE_ROWS(b1, u8)
+MOVE_ROWS(b2, u16)
+MOVE_ROWS(b4, u32)
+MOVE_ROWS(b8, u64)
+MOVE_ROWS(b16, uint4)

@@ -1,0 +1,385 @@
+//! Permutation primitives for MoE dispatch, all on the device: [`histogram`] and
+//! [`exclusive_scan`] of u32, [`gather_rows`] / [`scatter_rows`] by index, and
+//! [`sort_by_key`], a stable counting sort of small integer keys that yields the counts per
+//! key (tokens per expert), their offsets, the sorted order and its inverse.
+
+use crate::device::Stream;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::kernels::PERMUTE;
+use crate::memory::{check_len, Buffer};
+
+use super::{fill, fill_grid, launch, rows_of, Args, Scratch, BLOCK};
+
+/// The most bins (distinct keys) [`histogram`] and [`sort_by_key`] take: their per-block
+/// counts live in shared memory.
+pub const MAX_BINS: usize = 4096;
+/// Keys per tile of the sort (`SORT_TILE` in `permute.cu`).
+const SORT_TILE: usize = 1024;
+/// Threads of the sort's offsets pass and of the scan (their `__launch_bounds__(1024)`).
+const WIDE_BLOCK: u32 = 1024;
+
+fn check_bins(op: &str, bins: usize) -> Result<u32> {
+    if bins == 0 || bins > MAX_BINS {
+        return Err(Error::InvalidArgument(format!(
+            "{op}: {bins} bins, must be 1..={MAX_BINS}"
+        )));
+    }
+    Ok(bins as u32)
+}
+
+fn check_count(op: &str, n: usize) -> Result<u64> {
+    if n >= u32::MAX as usize {
+        return Err(Error::InvalidArgument(format!(
+            "{op}: {n} elements; u32 indices need fewer than {}",
+            u32::MAX
+        )));
+    }
+    Ok(n as u64)
+}
+
+/// `counts[b]` = how many of `keys` equal `b`, for `b < counts.len()` (the bin count, 1 to
+/// [`MAX_BINS`]); keys `>= counts.len()` are not counted.
+pub fn histogram(stream: &Stream, keys: &Buffer<u32>, counts: &mut Buffer<u32>) -> Result<()> {
+    keys.check_stream(stream, "histogram")?;
+    counts.check_stream(stream, "histogram")?;
+    let bins = check_bins("histogram", counts.len())?;
+    let Some((d, s)) = stream.cuda() else {
+        let c = counts.host_view_mut()?;
+        c.fill(0);
+        for &k in keys.host_view()? {
+            if let Some(slot) = c.get_mut(k as usize) {
+                *slot += 1;
+            }
+        }
+        return Ok(());
+    };
+    fill(stream, counts, 0)?;
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let n = keys.len() as u64;
+    // Few blocks: each adds its whole shared histogram into the global one at the end.
+    let grid =
+        fill_grid(d, (&PERMUTE, "histogram_u32"), n, BLOCK as u64 * 16)?.min(2 * d.sm_count());
+    let args = Args::new().buf(keys).u64(n).u32(bins).buf(counts);
+    // SAFETY: histogram_u32(const u32* keys, u64 n, u32 bins, u32* counts) with `bins` words
+    // of dynamic shared memory: keys holds n, counts bins elements.
+    unsafe {
+        launch(
+            d,
+            s,
+            (&PERMUTE, "histogram_u32"),
+            grid,
+            BLOCK,
+            bins * 4,
+            args,
+        )
+    }
+}
+
+/// `out[i] = x[0] + … + x[i-1]` for `i` in `0..=x.len()`: `out` has one more element than `x`
+/// and ends with the total (wrapping on u32 overflow). One block of 1024 threads: meant for
+/// per-bin or per-expert arrays, not for hundreds of millions of elements.
+pub fn exclusive_scan(stream: &Stream, x: &Buffer<u32>, out: &mut Buffer<u32>) -> Result<()> {
+    x.check_stream(stream, "exclusive_scan")?;
+    out.check_stream(stream, "exclusive_scan")?;
+    check_len(
+        "exclusive_scan (output = input + 1)",
+        out.len(),
+        x.len() + 1,
+    )?;
+    let Some((d, s)) = stream.cuda() else {
+        let o = out.host_view_mut()?;
+        let mut run = 0u32;
+        for (slot, &v) in o.iter_mut().zip(x.host_view()?) {
+            *slot = run;
+            run = run.wrapping_add(v);
+        }
+        o[x.len()] = run;
+        return Ok(());
+    };
+    let args = Args::new().buf(x).u64(x.len() as u64).buf(out);
+    // SAFETY: exclusive_scan_u32(const u32* x, u64 n, u32* out): x holds n elements and out
+    // n + 1 (checked above); one block.
+    unsafe {
+        launch(
+            d,
+            s,
+            (&PERMUTE, "exclusive_scan_u32"),
+            1,
+            WIDE_BLOCK,
+            0,
+            args,
+        )
+    }
+}
+
+/// The widest unit (16, 8, 4, 2 or 1 bytes) that divides a row of `row_bytes` and both
+/// addresses, and the kernel suffix for it.
+fn unit_for(row_bytes: usize, a: u64, b: u64) -> (usize, &'static str, &'static str) {
+    const UNITS: [(usize, &str, &str); 5] = [
+        (16, "gather_rows_b16", "scatter_rows_b16"),
+        (8, "gather_rows_b8", "scatter_rows_b8"),
+        (4, "gather_rows_b4", "scatter_rows_b4"),
+        (2, "gather_rows_b2", "scatter_rows_b2"),
+        (1, "gather_rows_b1", "scatter_rows_b1"),
+    ];
+    let fits = |u: usize| row_bytes % u == 0 && a % u as u64 == 0 && b % u as u64 == 0;
+    UNITS
+        .into_iter()
+        .find(|&(u, _, _)| fits(u))
+        .unwrap_or(UNITS[4])
+}
+
+/// `dst` row `i` = `src` row `idx[i]` (rows of `cols` elements): `dst` holds `idx.len()` rows.
+/// An index past the last row of `src` gives a row of zero bits.
+pub fn gather_rows<T: DType>(
+    stream: &Stream,
+    src: &Buffer<T>,
+    cols: usize,
+    idx: &Buffer<u32>,
+    dst: &mut Buffer<T>,
+) -> Result<()> {
+    src.check_stream(stream, "gather_rows")?;
+    idx.check_stream(stream, "gather_rows")?;
+    dst.check_stream(stream, "gather_rows")?;
+    let src_rows = rows_of("gather_rows", src.len(), cols)?;
+    check_len("gather_rows (output rows)", dst.len(), idx.len() * cols)?;
+    if idx.is_empty() {
+        return Ok(());
+    }
+    let Some((d, s)) = stream.cuda() else {
+        let (sv, iv) = (src.host_view()?, idx.host_view()?);
+        for (out, &i) in dst.host_view_mut()?.chunks_exact_mut(cols).zip(iv) {
+            match sv.get(i as usize * cols..(i as usize + 1) * cols) {
+                Some(row) if (i as usize) < src_rows => out.copy_from_slice(row),
+                _ => out.fill(T::from_bits_u64(0)),
+            }
+        }
+        return Ok(());
+    };
+    let row_bytes = cols * std::mem::size_of::<T>();
+    let (unit, name, _) = unit_for(row_bytes, src.device_ptr(), dst.device_ptr());
+    let units = (row_bytes / unit) as u64;
+    let m = idx.len() as u64;
+    let grid = fill_grid(d, (&PERMUTE, name), m * units, BLOCK as u64)?;
+    let args = Args::new()
+        .buf(src)
+        .u64(src_rows as u64)
+        .buf(idx)
+        .u64(m)
+        .u64(units)
+        .buf(dst);
+    // SAFETY: gather_rows_bU(const U* src, u64 src_rows, const u32* idx, u64 m, u64 units,
+    // U* dst): src holds src_rows rows and dst m rows of `units` U-byte units each (U divides
+    // the row size and both addresses); idx holds m indices, checked against src_rows.
+    unsafe { launch(d, s, (&PERMUTE, name), grid, BLOCK, 0, args) }
+}
+
+/// `dst` row `idx[i]` = `src` row `i` (rows of `cols` elements): `src` holds `idx.len()` rows.
+/// Indices past the last row of `dst` are skipped; rows no index names keep their contents.
+/// Indices should be distinct: where two are equal, which source lands is unspecified.
+pub fn scatter_rows<T: DType>(
+    stream: &Stream,
+    src: &Buffer<T>,
+    cols: usize,
+    idx: &Buffer<u32>,
+    dst: &mut Buffer<T>,
+) -> Result<()> {
+    src.check_stream(stream, "scatter_rows")?;
+    idx.check_stream(stream, "scatter_rows")?;
+    dst.check_stream(stream, "scatter_rows")?;
+    let dst_rows = rows_of("scatter_rows", dst.len(), cols)?;
+    check_len("scatter_rows (input rows)", src.len(), idx.len() * cols)?;
+    if idx.is_empty() {
+        return Ok(());
+    }
+    let Some((d, s)) = stream.cuda() else {
+        let (sv, iv) = (src.host_view()?, idx.host_view()?);
+        let dv = dst.host_view_mut()?;
+        for (row, &i) in sv.chunks_exact(cols).zip(iv) {
+            if (i as usize) < dst_rows {
+                dv[i as usize * cols..(i as usize + 1) * cols].copy_from_slice(row);
+            }
+        }
+        return Ok(());
+    };
+    let row_bytes = cols * std::mem::size_of::<T>();
+    let (unit, _, name) = unit_for(row_bytes, src.device_ptr(), dst.device_ptr());
+    let units = (row_bytes / unit) as u64;
+    let m = idx.len() as u64;
+    let grid = fill_grid(d, (&PERMUTE, name), m * units, BLOCK as u64)?;
+    let args = Args::new()
+        .buf(src)
+        .buf(idx)
+        .u64(m)
+        .u64(units)
+        .buf(dst)
+        .u64(dst_rows as u64);
+    // SAFETY: scatter_rows_bU(const U* src, const u32* idx, u64 m, u64 units, U* dst,
+    // u64 dst_rows): src holds m rows and dst dst_rows rows of `units` U-byte units; indices
+    // are checked against dst_rows.
+    unsafe { launch(d, s, (&PERMUTE, name), grid, BLOCK, 0, args) }
+}
+
+/// The outputs and scratch of a stable sort of `len` keys into `bins` buckets, allocated once
+/// ([`KeySort::new`]) so that [`sort_by_key`] allocates nothing.
+///
+/// After a sort: `counts[b]` = keys equal to `b`; `offsets[b]` = where bucket `b` starts in
+/// the sorted order (`offsets[bins]` = the number of keys `< bins`); `order[p]` = the input
+/// position of the `p`-th key in sorted order (equal keys keep their input order); `rank[i]`
+/// = where input `i` went (the inverse of `order`). Keys `>= bins` sort after all others, in
+/// input order, and are not counted.
+pub struct KeySort {
+    bins: usize,
+    pub counts: Buffer<u32>,
+    pub offsets: Buffer<u32>,
+    pub order: Buffer<u32>,
+    pub rank: Buffer<u32>,
+    scratch: Scratch,
+}
+
+impl std::fmt::Debug for KeySort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "KeySort({} keys, {} bins)", self.len(), self.bins)
+    }
+}
+
+impl KeySort {
+    /// Buffers for sorting `len` keys into `bins` buckets (1 to [`MAX_BINS`]).
+    pub fn new(stream: &Stream, len: usize, bins: usize) -> Result<KeySort> {
+        check_bins("KeySort", bins)?;
+        check_count("KeySort", len)?;
+        Ok(KeySort {
+            bins,
+            counts: Buffer::uninit(stream, bins)?,
+            offsets: Buffer::uninit(stream, bins + 1)?,
+            order: Buffer::uninit(stream, len)?,
+            rank: Buffer::uninit(stream, len)?,
+            scratch: Scratch::new(stream, Self::scratch_bytes(len, bins))?,
+        })
+    }
+
+    /// Per-tile counts of every bucket (the overflow one included).
+    fn scratch_bytes(len: usize, bins: usize) -> usize {
+        len.div_ceil(SORT_TILE).max(1) * (bins + 1) * 4
+    }
+
+    pub fn bins(&self) -> usize {
+        self.bins
+    }
+
+    /// The number of keys it sorts.
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+}
+
+/// Sorts `keys` (as many as `sort` was made for) stably into `sort`'s buffers: three kernels,
+/// no atomics in anything but per-tile integer counts, nothing allocated.
+pub fn sort_by_key(stream: &Stream, keys: &Buffer<u32>, sort: &mut KeySort) -> Result<()> {
+    keys.check_stream(stream, "sort_by_key")?;
+    sort.order.check_stream(stream, "sort_by_key")?;
+    check_len("sort_by_key (keys)", keys.len(), sort.len())?;
+    let n = keys.len();
+    let bins = sort.bins;
+    let Some((d, s)) = stream.cuda() else {
+        let kv = keys.host_view()?;
+        let bucket = |k: u32| (k as usize).min(bins);
+        let mut totals = vec![0u32; bins + 1];
+        for &k in kv {
+            totals[bucket(k)] += 1;
+        }
+        let mut next = vec![0u32; bins + 1];
+        let mut run = 0u32;
+        for (b, &c) in totals.iter().enumerate() {
+            next[b] = run;
+            run += c;
+        }
+        sort.counts
+            .host_view_mut()?
+            .copy_from_slice(&totals[..bins]);
+        sort.offsets.host_view_mut()?.copy_from_slice(&next);
+        let order = sort.order.host_view_mut()?;
+        let mut ranks = vec![0u32; n];
+        for (i, &k) in kv.iter().enumerate() {
+            let b = bucket(k);
+            order[next[b] as usize] = i as u32;
+            ranks[i] = next[b];
+            next[b] += 1;
+        }
+        sort.rank.host_view_mut()?.copy_from_slice(&ranks);
+        return Ok(());
+    };
+    let tiles = n.div_ceil(SORT_TILE);
+    let shared = (bins as u32 + 1) * 4;
+    let (n64, bins32) = (n as u64, bins as u32);
+    if tiles > 0 {
+        let args = Args::new()
+            .buf(keys)
+            .u64(n64)
+            .u32(bins32)
+            .ptr(sort.scratch.ptr());
+        // SAFETY: sort_count(const u32* keys, u64 n, u32 bins, u32* tile_counts), one block
+        // per tile, bins + 1 words of shared memory: the scratch holds tiles·(bins + 1) words.
+        unsafe {
+            launch(
+                d,
+                s,
+                (&PERMUTE, "sort_count"),
+                tiles as u32,
+                BLOCK,
+                shared,
+                args,
+            )?
+        };
+    }
+    let args = Args::new()
+        .ptr(sort.scratch.ptr())
+        .u32(tiles as u32)
+        .u32(bins32)
+        .buf(&sort.counts)
+        .buf(&sort.offsets);
+    // SAFETY: sort_offsets(u32* tile_counts, u32 tiles, u32 bins, u32* counts, u32* offsets),
+    // one block, bins + 1 words of shared memory: counts holds bins words, offsets bins + 1.
+    unsafe {
+        launch(
+            d,
+            s,
+            (&PERMUTE, "sort_offsets"),
+            1,
+            WIDE_BLOCK,
+            shared,
+            args,
+        )?
+    };
+    if tiles == 0 {
+        return Ok(());
+    }
+    let args = Args::new()
+        .buf(keys)
+        .u64(n64)
+        .u32(bins32)
+        .ptr(sort.scratch.ptr())
+        .buf(&sort.order)
+        .buf(&sort.rank);
+    // SAFETY: sort_scatter(const u32* keys, u64 n, u32 bins, const u32* tile_counts,
+    // u32* order, u32* rank), one block per tile: order and rank hold n words, and every
+    // position written is below n (the offsets partition 0..n).
+    unsafe {
+        launch(
+            d,
+            s,
+            (&PERMUTE, "sort_scatter"),
+            tiles as u32,
+            BLOCK,
+            shared,
+            args,
+        )
+    }
+}

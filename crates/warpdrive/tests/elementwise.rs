@@ -1,0 +1,465 @@
+//! Elementwise ops (map, cast, binary, axpy on 16-bit types) on both backends.
+//!
+//! Each body runs an op on one backend with fresh random inputs, outputs poisoned (NaN)
+//! first, and checks every element against an f64 reference written here (independent
+//! formulas); it returns the outputs so the GPU tests can also compare CUDA with the CPU
+//! backend on the same inputs. Tolerances (DESIGN.md): |got - ref| <= tol_out · (|ref| + the
+//! magnitude of the terms) + the output type's subnormal spacing, tol = 1e-6 (f32), 1e-3
+//! (f16), 1e-2 (bf16); casts and max/min are exact.
+
+mod common;
+
+use common::{cuda, nan, poisoned, random_in, rng, same_or_both_nan, seed, TestFloat};
+use half::{bf16, f16};
+use rand::Rng;
+use warpdrive::ops::{self, Activation, BinaryOp, Loads, Map};
+use warpdrive::{Buffer, Device, Error};
+
+/// Sizes: empty, one, an odd size with a scalar tail, and one over a few waves of packs.
+const SIZES: [usize; 4] = [0, 1, 1023, (1 << 16) + 5];
+
+/// erf for the reference: Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7), independent of the
+/// library's; in GELU it is multiplied by x/2, far inside the bound tol · |x|.
+fn erf_ref(x: f64) -> f64 {
+    let t = 1.0 / (1.0 + 0.3275911 * x.abs());
+    let y = 1.0
+        - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t
+            + 0.254829592)
+            * t
+            * (-x * x).exp();
+    y.copysign(x)
+}
+
+fn act_ref(act: Activation, x: f64) -> f64 {
+    match act {
+        Activation::None => x,
+        Activation::Silu => x / (1.0 + (-x).exp()),
+        Activation::GeluTanh => {
+            0.5 * x
+                * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh())
+        }
+        Activation::GeluErf => 0.5 * x * (1.0 + erf_ref(x / 2f64.sqrt())),
+    }
+}
+
+/// The maps every type pair is checked with.
+fn maps() -> Vec<Map> {
+    vec![
+        Map::IDENTITY,
+        Map::affine(1.5, -0.25),
+        Map::activation(Activation::Silu),
+        Map::activation(Activation::GeluTanh),
+        Map::activation(Activation::GeluErf),
+        Map::affine(-0.75, 0.5).then(Activation::GeluErf),
+        Map::affine(2.0, 1.0)
+            .then(Activation::Silu)
+            .with_loads(Loads::Scalar),
+    ]
+}
+
+/// Every map from `I` to `O` at every size; returns the outputs.
+fn map_body<I: TestFloat, O: TestFloat>(dev: &Device, seed: u64) -> Vec<Vec<O>> {
+    let s = dev.new_stream().unwrap();
+    let mut r = rng(seed);
+    let mut outs = Vec::new();
+    for m in maps() {
+        for n in SIZES {
+            let xs: Vec<I> = random_in(&mut r, n, -4.0, 4.0);
+            let x = Buffer::from_host(&s, &xs).unwrap();
+            let mut y = poisoned::<O>(&s, n, nan());
+            ops::map(&s, &m, &x, &mut y).unwrap();
+            let got = y.to_host(&s).unwrap();
+            for (i, (&g, &xi)) in got.iter().zip(&xs).enumerate() {
+                let x = xi.to_f64();
+                let lin = if m.scale == 1.0 && m.shift == 0.0 {
+                    x
+                } else {
+                    m.scale as f64 * x + m.shift as f64
+                };
+                let want = act_ref(m.act, lin);
+                let terms = (m.scale as f64 * x).abs() + (m.shift as f64).abs();
+                let bound = O::TOL * (want.abs() + terms) + O::TINY;
+                let err = (g.to_f64() - want).abs();
+                assert!(
+                    err <= bound,
+                    "map {m:?} {}->{} n={n} i={i}: x={x} got {g:?}, want {want}",
+                    I::NAME,
+                    O::NAME
+                );
+            }
+            outs.push(got);
+        }
+    }
+    outs
+}
+
+/// Casts of random bit patterns (NaN, ±inf, subnormals, overflow included): exact against
+/// `half`'s conversions (round to nearest even), NaN only as NaN.
+fn cast_body(dev: &Device, seed: u64) {
+    let s = dev.new_stream().unwrap();
+    let mut r = rng(seed);
+    let n = 4099;
+    let mut bits: Vec<f32> = (0..n).map(|_| f32::from_bits(r.random())).collect();
+    bits.extend([
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        65520.0,
+        65519.0,
+        1e-40,
+        -3e-8,
+    ]);
+    let x = Buffer::from_host(&s, &bits).unwrap();
+    let mut h = poisoned::<f16>(&s, bits.len(), f16::NAN);
+    let mut b = poisoned::<bf16>(&s, bits.len(), bf16::NAN);
+    ops::cast(&s, &x, &mut h).unwrap();
+    ops::cast(&s, &x, &mut b).unwrap();
+    let (hv, bv) = (h.to_host(&s).unwrap(), b.to_host(&s).unwrap());
+    for (i, &v) in bits.iter().enumerate() {
+        let (wh, wb) = (f16::from_f32(v), bf16::from_f32(v));
+        if v.is_nan() {
+            assert!(hv[i].is_nan() && bv[i].is_nan(), "cast NaN {i}");
+        } else {
+            assert_eq!(hv[i].to_bits(), wh.to_bits(), "f32 {v:e} -> f16");
+            assert_eq!(bv[i].to_bits(), wb.to_bits(), "f32 {v:e} -> bf16");
+        }
+    }
+    // Back to f32, and across the 16-bit types: exact.
+    let mut back = poisoned::<f32>(&s, bits.len(), f32::NAN);
+    ops::cast(&s, &h, &mut back).unwrap();
+    for (g, w) in back.to_host(&s).unwrap().iter().zip(&hv) {
+        assert!(
+            same_or_both_nan(*g as f64, w.to_f64())
+                && (g.is_nan() || g.to_bits() == w.to_f32().to_bits())
+        );
+    }
+    let mut hb = poisoned::<bf16>(&s, bits.len(), bf16::NAN);
+    ops::cast(&s, &h, &mut hb).unwrap();
+    for (g, w) in hb.to_host(&s).unwrap().iter().zip(&hv) {
+        let want = bf16::from_f32(w.to_f32());
+        assert!(
+            if w.is_nan() {
+                g.is_nan()
+            } else {
+                g.to_bits() == want.to_bits()
+            },
+            "f16 {w} -> bf16: {g}"
+        );
+    }
+    let mut bh = poisoned::<f16>(&s, bits.len(), f16::NAN);
+    ops::cast(&s, &b, &mut bh).unwrap();
+    for (g, w) in bh.to_host(&s).unwrap().iter().zip(&bv) {
+        let want = f16::from_f32(w.to_f32());
+        assert!(
+            if w.is_nan() {
+                g.is_nan()
+            } else {
+                g.to_bits() == want.to_bits()
+            },
+            "bf16 {w} -> f16: {g}"
+        );
+    }
+    // f32 -> f32 identity keeps every bit (-0.0 included) but NaN payloads.
+    let mut same = poisoned::<f32>(&s, bits.len(), 1.0);
+    ops::cast(&s, &x, &mut same).unwrap();
+    let got = same.to_host(&s).unwrap();
+    for (a, b) in got.iter().zip(&bits) {
+        assert!(
+            if b.is_nan() {
+                a.is_nan()
+            } else {
+                a.to_bits() == b.to_bits()
+            },
+            "{b:e} -> {a:e}"
+        );
+    }
+}
+
+const BINARY_OPS: [BinaryOp; 6] = [
+    BinaryOp::Add,
+    BinaryOp::Sub,
+    BinaryOp::Mul,
+    BinaryOp::Max,
+    BinaryOp::Min,
+    BinaryOp::SwiGlu,
+];
+
+fn binary_ref(op: BinaryOp, a: f64, b: f64) -> (f64, f64) {
+    // (value, magnitude of its terms)
+    match op {
+        BinaryOp::Add => (a + b, a.abs() + b.abs()),
+        BinaryOp::Sub => (a - b, a.abs() + b.abs()),
+        BinaryOp::Mul => (a * b, (a * b).abs()),
+        BinaryOp::Max => (
+            if a.is_nan() || b.is_nan() {
+                f64::NAN
+            } else {
+                a.max(b)
+            },
+            0.0,
+        ),
+        BinaryOp::Min => (
+            if a.is_nan() || b.is_nan() {
+                f64::NAN
+            } else {
+                a.min(b)
+            },
+            0.0,
+        ),
+        BinaryOp::SwiGlu => {
+            let v = a / (1.0 + (-a).exp()) * b;
+            (v, (a * b).abs())
+        }
+    }
+}
+
+fn binary_body<T: TestFloat>(dev: &Device, seed: u64) -> Vec<Vec<T>> {
+    let s = dev.new_stream().unwrap();
+    let mut r = rng(seed);
+    let mut outs = Vec::new();
+    for op in BINARY_OPS {
+        for n in SIZES {
+            let mut av: Vec<T> = random_in(&mut r, n, -4.0, 4.0);
+            let bv: Vec<T> = random_in(&mut r, n, -4.0, 4.0);
+            if matches!(op, BinaryOp::Max | BinaryOp::Min) && n > 10 {
+                av[3] = nan(); // NaN propagates from either side
+            }
+            let mut bv = bv;
+            if matches!(op, BinaryOp::Max | BinaryOp::Min) && n > 10 {
+                bv[7] = nan();
+            }
+            let (a, b) = (
+                Buffer::from_host(&s, &av).unwrap(),
+                Buffer::from_host(&s, &bv).unwrap(),
+            );
+            let mut out = poisoned::<T>(&s, n, nan());
+            ops::binary(&s, op, &a, &b, &mut out).unwrap();
+            let got = out.to_host(&s).unwrap();
+            for i in 0..n {
+                let (want, terms) = binary_ref(op, av[i].to_f64(), bv[i].to_f64());
+                let g = got[i].to_f64();
+                if matches!(op, BinaryOp::Max | BinaryOp::Min) {
+                    assert!(
+                        same_or_both_nan(g, want),
+                        "{op:?} {} i={i}: {g} vs {want}",
+                        T::NAME
+                    );
+                } else {
+                    let bound = T::TOL * (want.abs() + terms) + T::TINY;
+                    assert!(
+                        (g - want).abs() <= bound,
+                        "{op:?} {} n={n} i={i}: {g} vs {want}",
+                        T::NAME
+                    );
+                }
+            }
+            outs.push(got);
+        }
+    }
+    outs
+}
+
+/// axpy on the 16-bit types (f32/f64 are covered in tests/ops.rs).
+fn axpy_half_body<T: TestFloat>(dev: &Device, seed: u64) -> Vec<Vec<T>> {
+    let s = dev.new_stream().unwrap();
+    let mut r = rng(seed);
+    let mut outs = Vec::new();
+    for n in SIZES {
+        let alpha: T = random_in(&mut r, 1, -2.0, 2.0)[0];
+        let (xs, ys): (Vec<T>, Vec<T>) = (
+            random_in(&mut r, n, -1.0, 1.0),
+            random_in(&mut r, n, -1.0, 1.0),
+        );
+        let x = Buffer::from_host(&s, &xs).unwrap();
+        let mut y = Buffer::from_host(&s, &ys).unwrap();
+        ops::axpy(&s, alpha, &x, &mut y).unwrap();
+        let got = y.to_host(&s).unwrap();
+        for i in 0..n {
+            let (a, xi, yi) = (alpha.to_f64(), xs[i].to_f64(), ys[i].to_f64());
+            let want = a * xi + yi;
+            let bound = T::TOL * ((a * xi).abs() + yi.abs()) + T::TINY;
+            assert!(
+                (got[i].to_f64() - want).abs() <= bound,
+                "axpy {} i={i}",
+                T::NAME
+            );
+        }
+        outs.push(got);
+    }
+    outs
+}
+
+macro_rules! each_pair {
+    ($f:ident, $dev:expr, $seed:expr) => {{
+        let (d, s) = ($dev, $seed);
+        (
+            $f::<f32, f32>(d, s),
+            $f::<f32, f16>(d, s),
+            $f::<f32, bf16>(d, s),
+            $f::<f16, f32>(d, s),
+            $f::<f16, f16>(d, s),
+            $f::<f16, bf16>(d, s),
+            $f::<bf16, f32>(d, s),
+            $f::<bf16, f16>(d, s),
+            $f::<bf16, bf16>(d, s),
+        )
+    }};
+}
+
+// ---- CPU backend ----
+
+#[test]
+fn cpu_map_every_type_pair() {
+    let _ = each_pair!(map_body, &Device::cpu(), seed("cpu_map"));
+}
+
+#[test]
+fn cpu_cast_is_exact() {
+    cast_body(&Device::cpu(), seed("cpu_cast"));
+}
+
+#[test]
+fn cpu_binary() {
+    let sd = seed("cpu_binary");
+    binary_body::<f32>(&Device::cpu(), sd);
+    binary_body::<f16>(&Device::cpu(), sd);
+    binary_body::<bf16>(&Device::cpu(), sd);
+}
+
+#[test]
+fn cpu_axpy_16_bit() {
+    let sd = seed("cpu_axpy_16_bit");
+    axpy_half_body::<f16>(&Device::cpu(), sd);
+    axpy_half_body::<bf16>(&Device::cpu(), sd);
+}
+
+#[test]
+fn elementwise_errors() {
+    let s = Device::cpu().new_stream().unwrap();
+    let x = Buffer::<f32>::zeros(&s, 3).unwrap();
+    let mut y = Buffer::<f32>::zeros(&s, 4).unwrap();
+    assert!(matches!(
+        ops::map(&s, &Map::IDENTITY, &x, &mut y),
+        Err(Error::LengthMismatch { .. })
+    ));
+    assert!(matches!(
+        ops::binary(&s, BinaryOp::Add, &x, &x, &mut y),
+        Err(Error::LengthMismatch { .. })
+    ));
+    let d = Buffer::<f64>::zeros(&s, 3).unwrap();
+    let mut d2 = Buffer::<f64>::zeros(&s, 3).unwrap();
+    assert!(matches!(
+        ops::map(&s, &Map::IDENTITY, &d, &mut d2),
+        Err(Error::Unsupported(_))
+    ));
+    assert!(matches!(
+        ops::binary(&s, BinaryOp::Mul, &d, &d, &mut d2),
+        Err(Error::Unsupported(_))
+    ));
+}
+
+// ---- CUDA against the CPU backend ----
+
+fn close_all<T: TestFloat>(what: &str, g: &[Vec<T>], c: &[Vec<T>]) {
+    assert_eq!(g.len(), c.len());
+    for (gv, cv) in g.iter().zip(c) {
+        assert_eq!(gv.len(), cv.len());
+        for (i, (a, b)) in gv.iter().zip(cv).enumerate() {
+            let (a, b) = (a.to_f64(), b.to_f64());
+            // Both are within one bound of the f64 reference (checked in the bodies; the
+            // terms there are at most 16 in magnitude), so within two of each other; NaN only
+            // where both are NaN.
+            let bound = 2.0 * T::TOL * (a.abs().max(b.abs()) + 16.0) + T::TINY;
+            assert!(
+                same_or_both_nan(a, b) || (a - b).abs() <= bound,
+                "{what} {}: cuda {a} vs cpu {b} at {i}",
+                T::NAME
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_map_every_type_pair_matches_cpu() {
+    let sd = seed("gpu_map");
+    let g = each_pair!(map_body, &cuda(), sd);
+    let c = each_pair!(map_body, &Device::cpu(), sd);
+    close_all("f32->f32", &g.0, &c.0);
+    close_all("f32->f16", &g.1, &c.1);
+    close_all("f32->bf16", &g.2, &c.2);
+    close_all("f16->f32", &g.3, &c.3);
+    close_all("f16->f16", &g.4, &c.4);
+    close_all("f16->bf16", &g.5, &c.5);
+    close_all("bf16->f32", &g.6, &c.6);
+    close_all("bf16->f16", &g.7, &c.7);
+    close_all("bf16->bf16", &g.8, &c.8);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_cast_is_exact() {
+    cast_body(&cuda(), seed("gpu_cast"));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_binary_matches_cpu() {
+    let sd = seed("gpu_binary");
+    close_all(
+        "binary",
+        &binary_body::<f32>(&cuda(), sd),
+        &binary_body::<f32>(&Device::cpu(), sd),
+    );
+    close_all(
+        "binary",
+        &binary_body::<f16>(&cuda(), sd),
+        &binary_body::<f16>(&Device::cpu(), sd),
+    );
+    close_all(
+        "binary",
+        &binary_body::<bf16>(&cuda(), sd),
+        &binary_body::<bf16>(&Device::cpu(), sd),
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_axpy_16_bit_matches_cpu() {
+    let sd = seed("gpu_axpy_16_bit");
+    close_all(
+        "axpy",
+        &axpy_half_body::<f16>(&cuda(), sd),
+        &axpy_half_body::<f16>(&Device::cpu(), sd),
+    );
+    close_all(
+        "axpy",
+        &axpy_half_body::<bf16>(&cuda(), sd),
+        &axpy_half_body::<bf16>(&Device::cpu(), sd),
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_map_large_f32_affine() {
+    // One size past the chip's first wave with a tail, f32 -> f32 a*x+b (the benchmarked op),
+    // both kinds of loads.
+    let s = cuda().new_stream().unwrap();
+    let mut r = rng(seed("gpu_map_large"));
+    let n = (1 << 22) + 7;
+    let xs: Vec<f32> = random_in(&mut r, n, -1.0, 1.0);
+    let x = Buffer::from_host(&s, &xs).unwrap();
+    for loads in [Loads::Vector, Loads::Scalar] {
+        let m = Map::affine(1.75, -0.5).with_loads(loads);
+        let mut y = poisoned::<f32>(&s, n, f32::NAN);
+        ops::map(&s, &m, &x, &mut y).unwrap();
+        for (i, (g, x)) in y.to_host(&s).unwrap().iter().zip(&xs).enumerate() {
+            let want = 1.75 * *x as f64 - 0.5;
+            assert!(
+                (*g as f64 - want).abs() <= 1e-6 * (want.abs() + 1.75 * x.abs() as f64 + 0.5),
+                "{loads:?} i={i}"
+            );
+        }
+    }
+}
