@@ -18,6 +18,7 @@ use crate::error::{Error, Result};
 
 pub(crate) use cuda::AsyncMemPool;
 pub use cuda::CudaDevice;
+pub(crate) use cuda::GemmCall;
 
 /// The environment variable that overrides [`Device::best`]: `cpu`, `cuda` or `cuda:N`.
 pub const DEVICE_ENV: &str = "WARPDRIVE_DEVICE";
@@ -274,6 +275,14 @@ impl Stream {
                 left: self.device.label(),
                 right: event.device_label(),
             }),
+        }
+    }
+
+    /// The CUDA device and the shared stream handle, when this is a CUDA stream.
+    pub(crate) fn cuda_arc(&self) -> Option<(&CudaDevice, &Arc<cudarc::driver::CudaStream>)> {
+        match (&self.device, &self.inner) {
+            (Device::Cuda(d), StreamInner::Cuda(s)) => Some((d, s)),
+            _ => None,
         }
     }
 
