@@ -304,6 +304,14 @@ impl CudaDevice {
         self.inner.lost.load(Ordering::Acquire)
     }
 
+    /// `DeviceLost` once a sticky fault was seen, without calling the driver.
+    pub(crate) fn check_usable(&self) -> Result<()> {
+        if self.is_lost() {
+            return Err(lost_error());
+        }
+        Ok(())
+    }
+
     /// Binds the context to this thread; fails with `DeviceLost` after a sticky fault.
     pub(crate) fn bind(&self) -> Result<()> {
         if self.is_lost() {
@@ -377,7 +385,10 @@ impl CudaDevice {
     }
 
     pub(crate) fn synchronize_stream(&self, stream: &CudaStream) -> Result<()> {
-        self.refuse_if_capturing(stream, "cuStreamSynchronize")?;
+        // This thread's captures are refused here; a capture begun on another thread makes
+        // the driver return an error (not worth a cuStreamIsCapturing on every sync).
+        no_sync_in_capture("cuStreamSynchronize")?;
+        self.bind()?;
         self.check("cuStreamSynchronize", stream.synchronize())
     }
 

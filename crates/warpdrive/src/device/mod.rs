@@ -93,6 +93,12 @@ impl Device {
         matches!(self, Device::Cuda(_))
     }
 
+    /// True once the device had a sticky fault (never on the CPU backend): every later call
+    /// on it returns `Error::DeviceLost`.
+    pub fn is_lost(&self) -> bool {
+        matches!(self, Device::Cuda(d) if d.is_lost())
+    }
+
     /// `cpu` or `cuda:N`.
     pub fn label(&self) -> String {
         match self {

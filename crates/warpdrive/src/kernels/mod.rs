@@ -39,8 +39,14 @@ pub static BASIC: KernelSource = KernelSource {
     code: include_str!("basic.cu"),
 };
 
+/// Test kernels of the exec floor (a trapping kernel for the device-loss test).
+pub static EXEC: KernelSource = KernelSource {
+    name: "exec",
+    code: include_str!("exec.cu"),
+};
+
 /// Every embedded source (the compile test builds each for each declared architecture).
-pub static SOURCES: &[&KernelSource] = &[&BASIC];
+pub static SOURCES: &[&KernelSource] = &[&BASIC, &EXEC];
 
 /// A GPU architecture NVRTC compiles for: `sm_{major}{minor}`, with `a` for the
 /// architecture-specific target (`sm_90a`: `wgmma`, `setmaxnreg`).
