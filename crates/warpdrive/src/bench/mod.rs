@@ -11,6 +11,7 @@
 //! - [`Results`]: the results file, [`print_table`] its plain-text view.
 
 mod ceilings;
+mod exec;
 pub mod memory;
 mod peers;
 mod results;
@@ -94,6 +95,13 @@ static SUITES: &[Suite] = &[
         about: "device and pinned pools: alloc+free cost vs the driver and CUDA's async \
                 pool, fragmentation on a seeded trace (reserved / peak live)",
         run: memory::run_suite,
+    },
+    Suite {
+        name: exec::SUITE,
+        about: "GEMM through cuBLAS (bf16 8192³; 40 f32 256³ GEMMs looped vs strided-batched), \
+                kernel launch cost (cudarc builder, raw driver, lean path, graph replay) and \
+                launch + synchronise",
+        run: exec::run_cases,
     },
 ];
 

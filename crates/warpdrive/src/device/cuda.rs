@@ -902,8 +902,11 @@ impl CudaDevice {
                         )
                     }
                 } else {
-                    let (sa, sb, sc) =
-                        (long(call.stride_a)?, long(call.stride_b)?, long(call.stride_c)?);
+                    let (sa, sb, sc) = (
+                        long(call.stride_a)?,
+                        long(call.stride_b)?,
+                        long(call.stride_c)?,
+                    );
                     // SAFETY: as above, for every batch item at its stride.
                     unsafe {
                         cudarc::cublas::result::gemm_strided_batched_ex(
@@ -1026,6 +1029,102 @@ impl CudaDevice {
         }
         let round_trip = t.elapsed().as_secs_f64() * 1e6 / round_trips as f64;
         Ok((enqueued, round_trip))
+    }
+
+    /// Reference launch costs of `basic.cu`'s `fill_u32` on one element (1 block of 32):
+    /// cudarc's launch builder as a cudarc user gets it (a context handle with event tracking
+    /// on, the default, and a `CudaSlice` argument, so each launch also waits on and records
+    /// the slice's events), and raw `cuLaunchKernel` calls with no bind and no checks. Each
+    /// figure is host-clock µs: per launch over `count` launches enqueued back to back with
+    /// one synchronise at the end, or per launch + synchronise over `round_trips`.
+    pub(crate) fn time_reference_launches(
+        &self,
+        stream: &CudaStream,
+        count: usize,
+        round_trips: usize,
+    ) -> Result<ReferenceLaunches> {
+        let (count, round_trips) = (count.max(1), round_trips.max(1));
+        let per = |t: std::time::Instant, n: usize| t.elapsed().as_secs_f64() * 1e6 / n as f64;
+        let config = cudarc::driver::LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (value, n) = (7u32, 1u64);
+
+        // cudarc's builder on its own context handle (tracking on) and stream.
+        let ctx = CudaContext::new(self.inner.ordinal).map_err(|e| Error::NoDriver(describe(e)))?;
+        let builder_stream = self.check("cuStreamCreate", ctx.new_stream())?;
+        let ptx = kernels::PtxCache::global()
+            .ptx(&kernels::BASIC, kernels::BASIC.arch_for(self.arch())?)?;
+        let module = self.check(
+            "cuModuleLoadData",
+            ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx.to_string())),
+        )?;
+        let f = self.check("cuModuleGetFunction", module.load_function("fill_u32"))?;
+        let mut slice = self.check("cuMemAllocAsync", builder_stream.alloc_zeros::<u32>(1))?;
+        let mut builder_launch = || {
+            use cudarc::driver::PushKernelArg;
+            let mut b = builder_stream.launch_builder(&f);
+            b.arg(&mut slice).arg(&value).arg(&n);
+            // SAFETY: fill_u32(u32* out, u32 value, u64 n): `slice` holds one u32.
+            let r = unsafe { b.launch(config) };
+            self.check("cuLaunchKernel (builder)", r.map(drop))
+        };
+        let builder_sync = |s: &Arc<CudaStream>| self.check("cuStreamSynchronize", s.synchronize());
+        builder_launch()?;
+        builder_sync(&builder_stream)?;
+        let t = std::time::Instant::now();
+        for _ in 0..count {
+            builder_launch()?;
+        }
+        builder_sync(&builder_stream)?;
+        let builder = per(t, count);
+        let t = std::time::Instant::now();
+        for _ in 0..round_trips {
+            builder_launch()?;
+            builder_sync(&builder_stream)?;
+        }
+        let builder_round_trip = per(t, round_trips);
+
+        // Raw cuLaunchKernel on warpdrive's context and `stream`.
+        let raw_f = self.function(&kernels::BASIC, "fill_u32")?;
+        let out = DeviceAlloc::new(self, 4)?;
+        self.bind()?;
+        let (mut p_out, mut p_value, mut p_n) = (out.ptr, value, n);
+        let mut params = [
+            &mut p_out as *mut u64 as *mut c_void,
+            &mut p_value as *mut u32 as *mut c_void,
+            &mut p_n as *mut u64 as *mut c_void,
+        ];
+        let mut raw_launch = || {
+            // SAFETY: fill_u32(u32* out, u32 value, u64 n): `out` holds one u32 and outlives
+            // the launches (the stream is synchronised before it is freed).
+            let r = unsafe {
+                result::launch_kernel(
+                    raw_f.cu_function(),
+                    config.grid_dim,
+                    config.block_dim,
+                    0,
+                    stream.cu_stream(),
+                    &mut params,
+                )
+            };
+            self.check("cuLaunchKernel", r)
+        };
+        raw_launch()?;
+        self.synchronize_stream(stream)?;
+        let t = std::time::Instant::now();
+        for _ in 0..count {
+            raw_launch()?;
+        }
+        self.synchronize_stream(stream)?;
+        let raw = per(t, count);
+        Ok(ReferenceLaunches {
+            builder,
+            builder_round_trip,
+            raw,
+        })
     }
 
     /// µs per `cuMemAlloc` + `cuMemFree` pair of `bytes`, host clock over `pairs` pairs.
@@ -1174,6 +1273,17 @@ impl CudaDevice {
             .collect();
         Ok(String::from_utf8_lossy(&bytes).to_lowercase())
     }
+}
+
+/// What [`CudaDevice::time_reference_launches`] measured (host-clock µs).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReferenceLaunches {
+    /// Per launch through cudarc's builder, enqueued back to back.
+    pub builder: f64,
+    /// Per builder launch + stream synchronise.
+    pub builder_round_trip: f64,
+    /// Per raw `cuLaunchKernel`, enqueued back to back.
+    pub raw: f64,
 }
 
 /// Bytes that are not all zero (copies are never timed on zeros).

@@ -107,7 +107,10 @@ impl<S: GraphState> std::fmt::Debug for Graph<'_, S> {
 
 impl<'a> Graph<'a, ()> {
     /// Captures what `body` enqueues on `stream` (on the CPU backend: records `body`).
-    pub fn capture(stream: &Stream, mut body: impl FnMut(&Stream) -> Result<()> + 'a) -> Result<Self> {
+    pub fn capture(
+        stream: &Stream,
+        mut body: impl FnMut(&Stream) -> Result<()> + 'a,
+    ) -> Result<Self> {
         Graph::capture_with(stream, &mut (), move |s, _| body(s))
     }
 

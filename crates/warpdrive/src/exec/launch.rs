@@ -59,7 +59,11 @@ impl Kernel {
     /// Loads kernel `name` of `source` on `device` (compiling through the PTX cache on first
     /// use) and asks the occupancy API for its block size. CUDA only: the CPU backend runs
     /// ops, not kernels (`Error::Unsupported`).
-    pub fn new(device: &Device, source: &'static KernelSource, name: &'static str) -> Result<Kernel> {
+    pub fn new(
+        device: &Device,
+        source: &'static KernelSource,
+        name: &'static str,
+    ) -> Result<Kernel> {
         let Device::Cuda(d) = device else {
             return Err(Error::Unsupported(format!(
                 "kernel {name}: the CPU backend runs ops, not kernels"

@@ -130,7 +130,10 @@ pub fn run_with_fallback<T>(
             fell_back: None,
         }),
         Err(e) if policy == Fallback::Cpu && device.is_cuda() && recoverable_on_cpu(&e) => {
-            tracing::warn!("{} failed ({e}); running it on the CPU backend", device.label());
+            tracing::warn!(
+                "{} failed ({e}); running it on the CPU backend",
+                device.label()
+            );
             let cpu = Device::Cpu.new_stream()?;
             Ok(Recovered {
                 value: op(&cpu)?,
@@ -203,7 +206,9 @@ mod tests {
         }));
         assert!(!recoverable_on_cpu(&Error::InvalidArgument("x".into())));
         assert_eq!(
-            Fallback::Cpu.device(Err(Error::NoDriver("none".into()))).unwrap(),
+            Fallback::Cpu
+                .device(Err(Error::NoDriver("none".into())))
+                .unwrap(),
             Device::Cpu
         );
         assert!(Fallback::Never
@@ -213,10 +218,7 @@ mod tests {
 
     #[test]
     fn work_on_the_cpu_runs_once_where_asked() {
-        let r = run_with_fallback(&Device::Cpu, Fallback::Cpu, |s| {
-            Ok(s.device().label())
-        })
-        .unwrap();
+        let r = run_with_fallback(&Device::Cpu, Fallback::Cpu, |s| Ok(s.device().label())).unwrap();
         assert_eq!(r.value, "cpu");
         assert!(r.fell_back.is_none());
     }

@@ -295,7 +295,10 @@ fn read_file(path: &Path) -> Vec<TuneRecord> {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
         Err(e) => {
-            tracing::warn!("autotune file {} unreadable ({e}); ignoring it", path.display());
+            tracing::warn!(
+                "autotune file {} unreadable ({e}); ignoring it",
+                path.display()
+            );
             return Vec::new();
         }
     };
@@ -413,10 +416,7 @@ mod tests {
     #[test]
     fn the_knee_is_the_smallest_batch_within_five_percent_of_the_best() {
         // Throughput rises then saturates: 100 µs fixed cost + 1 µs per item.
-        let sweep = batch_knee(&[1, 8, 64, 512, 4096, 32768], |b| {
-            Ok(100.0 + b as f64)
-        })
-        .unwrap();
+        let sweep = batch_knee(&[1, 8, 64, 512, 4096, 32768], |b| Ok(100.0 + b as f64)).unwrap();
         assert_eq!(sweep.best, 32768);
         // 4096 / 4196 µs = 0.976 items/µs vs 32768 / 32868 = 0.997: 97.9 % ≥ 95 %.
         assert_eq!(sweep.knee, 4096);

@@ -55,9 +55,9 @@ impl GemmOptions {
 }
 
 fn elems(what: &str, dims: &[usize]) -> Result<usize> {
-    dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)).ok_or_else(|| {
-        Error::InvalidArgument(format!("matmul: {what} shape {dims:?} overflows"))
-    })
+    dims.iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| Error::InvalidArgument(format!("matmul: {what} shape {dims:?} overflows")))
 }
 
 fn check_len<T: DType>(buf: &Buffer<T>, what: &str, dims: &[usize]) -> Result<()> {
