@@ -398,7 +398,7 @@ fn churn_body(dev: &Device, pool: &Arc<DevicePool>, seed: u64) {
     let mut r = rng(seed);
     let streams = [dev.new_stream().unwrap(), dev.new_stream().unwrap()];
     let mut live: Vec<(u32, Buffer<u32>)> = Vec::new();
-    for op in 0..20_000u32 {
+    for op in 0..4_000u32 {
         if live.len() < 8 || (live.len() < 200 && r.random_bool(0.55)) {
             let s = &streams[r.random_range(0..2)];
             let len = match r.random_range(0..10) {

@@ -19,6 +19,7 @@
 //! - On a miss the pool asks the driver for a segment. If that would raise the reserved
 //!   high-water mark, fully free cached segments are returned first; when the driver refuses,
 //!   every free segment is returned and the request tried once more before `OutOfMemory`.
+//!   A request beyond the device's total memory fails at once (the driver is not asked).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -55,6 +56,8 @@ pub(crate) trait RawAlloc {
     fn synchronize(&mut self) -> Result<()>;
     /// (free, total) bytes of the backend, for error messages.
     fn mem_info(&self) -> Option<(usize, usize)>;
+    /// The backend's total bytes, when known: larger requests fail without asking it.
+    fn capacity(&mut self) -> Option<usize>;
 }
 
 /// A point recorded on a stream; the pool polls it, never waits on it.
@@ -394,6 +397,9 @@ impl<R: RawAlloc, F: Fence> Core<R, F> {
 
     /// A fresh segment of `seg_bytes` from the driver, making room first as the config says.
     fn grow(&mut self, bytes: usize, seg_bytes: usize) -> Result<u64> {
+        if self.raw.capacity().is_some_and(|cap| seg_bytes > cap) {
+            return Err(self.oom(bytes, "more than the device's total memory"));
+        }
         // While any capture is on, nothing is freed (a free may synchronise the device).
         let capturing = !self.captures.is_empty();
         let reserved_after = self.stats.reserved + seg_bytes as u64;

@@ -39,20 +39,44 @@ impl Default for PoolStrategy {
 }
 
 /// The device's raw allocator, as the caching core sees it.
-struct DeviceRaw(Device);
+struct DeviceRaw {
+    device: Device,
+    /// Total device memory, read once.
+    total: Option<usize>,
+}
+
+impl DeviceRaw {
+    fn new(device: &Device) -> Self {
+        DeviceRaw {
+            device: device.clone(),
+            total: None,
+        }
+    }
+}
 
 impl RawAlloc for DeviceRaw {
     fn alloc(&mut self, bytes: usize) -> Result<u64> {
-        self.0.alloc_raw(bytes)
+        self.device.alloc_raw(bytes)
     }
     fn free(&mut self, addr: u64, bytes: usize) -> Result<()> {
-        self.0.free_raw(addr, bytes)
+        self.device.free_raw(addr, bytes)
     }
     fn synchronize(&mut self) -> Result<()> {
-        self.0.synchronize()
+        self.device.synchronize()
     }
     fn mem_info(&self) -> Option<(usize, usize)> {
-        self.0.mem_info().ok()
+        self.device.mem_info().ok()
+    }
+    fn capacity(&mut self) -> Option<usize> {
+        if self.total.is_none() {
+            self.total = self
+                .device
+                .mem_info()
+                .ok()
+                .map(|(_, t)| t)
+                .filter(|&t| t > 0);
+        }
+        self.total
     }
 }
 
@@ -107,7 +131,7 @@ impl DevicePool {
     pub fn new(device: &Device, strategy: PoolStrategy) -> Result<Arc<DevicePool>> {
         let kind = match strategy {
             PoolStrategy::Caching(config) => {
-                Kind::Caching(Mutex::new(Core::new(DeviceRaw(device.clone()), config)))
+                Kind::Caching(Mutex::new(Core::new(DeviceRaw::new(device), config)))
             }
             PoolStrategy::CudaAsync => match device {
                 Device::Cuda(d) => Kind::Async(AsyncStrategy {
@@ -352,7 +376,7 @@ pub fn device_pool(device: &Device) -> Result<&'static Arc<DevicePool>> {
         Arc::new(DevicePool {
             device: device.clone(),
             kind: Kind::Caching(Mutex::new(Core::new(
-                DeviceRaw(device.clone()),
+                DeviceRaw::new(device),
                 PoolConfig::default(),
             ))),
         })

@@ -62,6 +62,9 @@ impl RawAlloc for FakeRaw {
     fn mem_info(&self) -> Option<(usize, usize)> {
         Some((self.cap - self.used(), self.cap))
     }
+    fn capacity(&mut self) -> Option<usize> {
+        Some(self.cap)
+    }
 }
 
 /// A fence the test completes.
@@ -257,6 +260,21 @@ fn oom_releases_cached_segments_and_retries_once_then_reports() {
     // Still usable afterwards.
     let d = c.alloc(MIB, 1).unwrap();
     c.free(d.block, vec![]).unwrap();
+
+    // Within the capacity but refused even after releasing the cache: the retry fails too.
+    let mut c3 = keeping_core(40 * MIB);
+    let live = c3.alloc(20 * MIB, 1).unwrap();
+    let cached = c3.alloc(2 * MIB, 1).unwrap();
+    c3.free(cached.block, vec![]).unwrap();
+    let err = c3.alloc(30 * MIB, 1).unwrap_err().to_string();
+    assert!(err.contains("refused"), "{err}");
+    assert_eq!(
+        c3.stats().driver_frees,
+        1,
+        "the cached segment went back before the retry"
+    );
+    assert_eq!(c3.raw().syncs, 1, "waited for the device before releasing");
+    c3.free(live.block, vec![]).unwrap();
 }
 
 #[test]
