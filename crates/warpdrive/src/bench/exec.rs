@@ -202,6 +202,38 @@ fn batched(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
     Ok(())
 }
 
+/// Launch timing: per sample, µs per launch for `count` launches and one `sync` (the
+/// median's figure), and µs per launch up to the last launch's return (the host's enqueue
+/// cost alone); after one warm-up sample.
+fn launch_samples(
+    samples: usize,
+    count: usize,
+    mut launch: impl FnMut() -> Result<()>,
+    mut sync: impl FnMut() -> Result<()>,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let per = |t: Instant| t.elapsed().as_secs_f64() * 1e6 / count.max(1) as f64;
+    let (mut total, mut enqueue) = (Vec::new(), Vec::new());
+    for i in 0..=samples.max(1) {
+        let t = Instant::now();
+        for _ in 0..count {
+            launch()?;
+        }
+        let e = per(t);
+        sync()?;
+        if i > 0 {
+            total.push(per(t));
+            enqueue.push(e);
+        }
+    }
+    Ok((total, enqueue))
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s.get(s.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
 /// µs per item: `samples` samples of `per_sample` items each, `work` running one sample.
 fn host_samples(
     samples: usize,
@@ -259,39 +291,39 @@ fn launches(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
     };
 
     // Reference figures: cudarc's builder and raw cuLaunchKernel.
-    let mut builder = Vec::new();
+    let (mut builder, mut builder_enqueue) = (Vec::new(), Vec::new());
     let mut builder_sync = Vec::new();
-    let mut raw = Vec::new();
+    let (mut raw, mut raw_enqueue) = (Vec::new(), Vec::new());
     for _ in 0..plan.launch_samples {
         let r = d.time_reference_launches(cs, count, plan.round_trips / 4)?;
         builder.push(r.builder);
+        builder_enqueue.push(r.builder_enqueue);
         builder_sync.push(r.builder_round_trip);
         raw.push(r.raw);
+        raw_enqueue.push(r.raw_enqueue);
     }
-    ctx.record_time(
+    let variant = ctx.record_time(
         CASE,
         count as u64,
         "baseline",
         &mut builder,
         Some(Ceiling::Launch),
-    )?
-    .extra
-    .extend([
-        (
-            "api".to_string(),
-            "cudarc launch_builder, event tracking on".into(),
-        ),
-        ("timer".to_string(), timer.into()),
-    ]);
-    ctx.record_time(
+    )?;
+    note(variant, "cudarc launch_builder, event tracking on", timer);
+    variant
+        .extra
+        .insert("enqueue_us".into(), median(&builder_enqueue).into());
+    let variant = ctx.record_time(
         CASE,
         count as u64,
         "driver-cuLaunchKernel",
         &mut raw,
         Some(Ceiling::Launch),
-    )?
-    .extra
-    .insert("timer".into(), timer.into());
+    )?;
+    note(variant, "cuLaunchKernel, no bind, no checks", timer);
+    variant
+        .extra
+        .insert("enqueue_us".into(), median(&raw_enqueue).into());
 
     let kernel = Kernel::new(ctx.device(), &BASIC, "fill_u32")?;
     let config = LaunchConfig::linear(1, 32);
@@ -307,24 +339,23 @@ fn launches(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         // outlives every launch (the stream is synchronised before it is dropped).
         unsafe { exec::launch(s, &kernel, config, &mut params) }
     };
-    let mut eager = host_samples(plan.launch_samples, count, || {
-        for _ in 0..count {
-            launch_one(&s)?;
-        }
-        s.synchronize()
-    })?;
-    ctx.record_time(
+    let (mut eager, eager_enqueue) = launch_samples(
+        plan.launch_samples,
+        count,
+        || launch_one(&s),
+        || s.synchronize(),
+    )?;
+    let variant = ctx.record_time(
         CASE,
         count as u64,
         "warpdrive-eager",
         &mut eager,
         Some(Ceiling::Launch),
-    )?
-    .extra
-    .extend([
-        ("api".to_string(), "exec::launch".into()),
-        ("timer".to_string(), timer.into()),
-    ]);
+    )?;
+    note(variant, "exec::launch", timer);
+    variant
+        .extra
+        .insert("enqueue_us".into(), median(&eager_enqueue).into());
 
     let mut graph = Graph::capture(&s, |s| {
         for _ in 0..count {
@@ -333,36 +364,36 @@ fn launches(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         Ok(())
     })?;
     graph.upload()?;
-    let mut replay = host_samples(plan.launch_samples, count, || {
-        graph.launch()?;
-        s.synchronize()
-    })?;
+    let (mut replay, replay_enqueue) = launch_samples(
+        plan.launch_samples,
+        1,
+        || graph.launch(),
+        || s.synchronize(),
+    )?;
     drop(graph);
-    ctx.record_time(
+    for v in replay.iter_mut() {
+        *v /= count as f64;
+    }
+    let variant = ctx.record_time(
         CASE,
         count as u64,
         "warpdrive",
         &mut replay,
         Some(Ceiling::Launch),
-    )?
-    .extra
-    .extend([
-        (
-            "api".to_string(),
-            "one graph of the launches, replayed".into(),
-        ),
-        ("timer".to_string(), timer.into()),
-    ]);
+    )?;
+    note(variant, "one graph of the launches, replayed", timer);
+    variant
+        .extra
+        .insert("graph_launch_us".into(), median(&replay_enqueue).into());
 
-    ctx.record_time(
+    let variant = ctx.record_time(
         SYNC_CASE,
         1,
         "baseline",
         &mut builder_sync,
         Some(Ceiling::LaunchSync),
-    )?
-    .extra
-    .insert("api".into(), "cudarc launch_builder + synchronize".into());
+    )?;
+    note(variant, "cudarc launch_builder + synchronize", "host clock");
     let mut sync = host_samples(plan.launch_samples, plan.round_trips, || {
         for _ in 0..plan.round_trips {
             launch_one(&s)?;
@@ -370,15 +401,14 @@ fn launches(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         }
         Ok(())
     })?;
-    ctx.record_time(
+    let variant = ctx.record_time(
         SYNC_CASE,
         1,
         "warpdrive-eager",
         &mut sync,
         Some(Ceiling::LaunchSync),
-    )?
-    .extra
-    .insert("api".into(), "exec::launch + Stream::synchronize".into());
+    )?;
+    note(variant, "exec::launch + Stream::synchronize", "host clock");
     s.synchronize()?;
     if buf.to_host(&s)? != [7] {
         return Err(Error::InvalidArgument(
@@ -386,6 +416,12 @@ fn launches(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Names the API and the timer of a launch row.
+fn note(row: &mut super::Row, api: &str, timer: &str) {
+    row.extra.insert("api".into(), api.into());
+    row.extra.insert("timer".into(), timer.into());
 }
 
 #[cfg(test)]

@@ -1078,6 +1078,7 @@ impl CudaDevice {
         for _ in 0..count {
             builder_launch()?;
         }
+        let builder_enqueue = per(t, count);
         builder_sync(&builder_stream)?;
         let builder = per(t, count);
         let t = std::time::Instant::now();
@@ -1118,12 +1119,15 @@ impl CudaDevice {
         for _ in 0..count {
             raw_launch()?;
         }
+        let raw_enqueue = per(t, count);
         self.synchronize_stream(stream)?;
         let raw = per(t, count);
         Ok(ReferenceLaunches {
             builder,
+            builder_enqueue,
             builder_round_trip,
             raw,
+            raw_enqueue,
         })
     }
 
@@ -1278,12 +1282,17 @@ impl CudaDevice {
 /// What [`CudaDevice::time_reference_launches`] measured (host-clock µs).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ReferenceLaunches {
-    /// Per launch through cudarc's builder, enqueued back to back.
+    /// Per launch through cudarc's builder, enqueued back to back (the final synchronise
+    /// included).
     pub builder: f64,
+    /// The same, up to the last launch's return (no synchronise).
+    pub builder_enqueue: f64,
     /// Per builder launch + stream synchronise.
     pub builder_round_trip: f64,
-    /// Per raw `cuLaunchKernel`, enqueued back to back.
+    /// Per raw `cuLaunchKernel`, enqueued back to back (the final synchronise included).
     pub raw: f64,
+    /// The same, up to the last launch's return.
+    pub raw_enqueue: f64,
 }
 
 /// Bytes that are not all zero (copies are never timed on zeros).
