@@ -351,7 +351,14 @@ impl CudaDevice {
         let cached = self.bind_cached()?;
         match f() {
             Ok(v) => Ok(v),
-            Err(e) if cached && !is_sticky(e.0) => {
+            // What a launch reports when another context is current.
+            Err(e)
+                if cached
+                    && matches!(
+                        e.0,
+                        CUresult::CUDA_ERROR_INVALID_CONTEXT | CUresult::CUDA_ERROR_INVALID_HANDLE
+                    ) =>
+            {
                 self.bind()?;
                 self.check(call, f())
             }
@@ -717,6 +724,13 @@ impl CudaDevice {
         };
         let (grid, block) = self.check("cuOccupancyMaxPotentialBlockSize", r)?;
         Ok((grid.max(1) as u32, block.max(1) as u32))
+    }
+
+    /// The most threads per block `f` can be launched with (its `__launch_bounds__`, or
+    /// what its registers allow).
+    pub(crate) fn max_block_threads(&self, f: &CudaFunction) -> Result<u32> {
+        let r = f.get_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
+        Ok(self.check("cuFuncGetAttribute", r)?.max(1) as u32)
     }
 
     // ---- graphs ----

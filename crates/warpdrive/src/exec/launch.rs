@@ -47,6 +47,8 @@ pub struct Kernel {
     name: &'static str,
     /// (smallest grid for full occupancy, block size), without dynamic shared memory.
     occupancy: (u32, u32),
+    /// The most threads per block it can be launched with.
+    max_block: u32,
 }
 
 impl std::fmt::Debug for Kernel {
@@ -71,11 +73,13 @@ impl Kernel {
         };
         let func = d.function(source, name)?;
         let occupancy = d.occupancy_block_size(&func, 0)?;
+        let max_block = d.max_block_threads(&func)?;
         Ok(Kernel {
             device: d.clone(),
             func,
             name,
             occupancy,
+            max_block,
         })
     }
 
@@ -87,6 +91,12 @@ impl Kernel {
     /// (`cuOccupancyMaxPotentialBlockSize`).
     pub fn occupancy_block(&self) -> u32 {
         self.occupancy.1
+    }
+
+    /// The most threads per block this kernel can be launched with (its
+    /// `__launch_bounds__`); [`launch`] refuses larger blocks before calling the driver.
+    pub fn max_block(&self) -> u32 {
+        self.max_block
     }
 
     /// The smallest grid that reaches full occupancy at [`Kernel::occupancy_block`].
@@ -135,6 +145,14 @@ pub unsafe fn launch(
             left: stream.device().label(),
             right: format!("{:?}", kernel.device),
         });
+    }
+    let (x, y, z) = config.block;
+    let threads = (x as u64) * (y as u64) * (z as u64);
+    if threads > kernel.max_block as u64 {
+        return Err(Error::InvalidArgument(format!(
+            "kernel {}: a block of {threads} threads exceeds its limit of {}",
+            kernel.name, kernel.max_block
+        )));
     }
     // SAFETY: forwarded from this function's contract.
     unsafe {
