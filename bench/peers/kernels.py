@@ -5,6 +5,8 @@ Rows, with the case names and sizes warpdrive uses:
   scale-<size>  torch-mul            y = x * 1.5 into a preallocated y (bytes read + written)
   sum-<size>    torch-sum            torch.sum of the same f32 buffer into a preallocated scalar
                                      (bytes read)
+  gemm-bf16-8192, 40x256-gemm, tiny-launches  torch-matmul, torch-bmm, torch-graph
+                                     (from kernels_exec.py)
   router-E<E>-k<k>  torch-softmax-topk  topk(softmax(x.float(), -1), k), then w / w.sum(-1)
                                      on bf16 logits; size = tokens
 
@@ -16,6 +18,7 @@ and p10/p90 by linear interpolation.
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -168,6 +171,12 @@ def main():
                              "renormalize": True, "rotation_sets": sets,
                              "routes_per_sample": batch}))
             del inputs
+
+    # GEMM and launch cases (gemm-bf16-8192, 40x256-gemm, tiny-launches) live beside this file.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import kernels_exec
+
+    rows += kernels_exec.collect(args)
 
     if args.json:
         json.dump(rows, sys.stdout)

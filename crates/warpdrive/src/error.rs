@@ -66,6 +66,12 @@ pub enum Error {
         log: String,
     },
 
+    /// Something a stream capture does not allow (a driver allocation, an event query or
+    /// synchronise, a copy from pageable memory) was asked for while the calling thread or
+    /// the stream was capturing a graph; the call was refused before reaching the driver.
+    #[error("{call} is not allowed during a graph capture: {hint}")]
+    Capture { call: &'static str, hint: String },
+
     /// A cuBLAS call failed.
     #[error("cuBLAS call {call} failed: {message}")]
     Blas { call: &'static str, message: String },

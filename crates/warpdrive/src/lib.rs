@@ -6,12 +6,14 @@
 //! Every public type works on two backends, [`Device::Cuda`] and [`Device::Cpu`]; the CPU
 //! backend is the reference every kernel is tested against.
 //!
-//! Floors (nothing imports upward): `device` + `kernels` → `memory` → `ops` → `bench`.
+//! Floors (nothing imports upward): `device` + `kernels` → `memory` → `ops`, `exec` →
+//! `bench`.
 
 pub mod bench;
 pub mod device;
 pub mod dtype;
 pub mod error;
+pub mod exec;
 pub mod kernels;
 pub mod memory;
 pub mod ops;

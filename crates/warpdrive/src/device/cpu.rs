@@ -117,14 +117,14 @@ pub(crate) fn info(libraries: Vec<LibraryStatus>) -> DeviceInfo {
     }
 }
 
-/// Row-major `c[m×n] = a[m×k] · b[k×n]` in f32 through the `gemm` crate, on all cores.
+/// Row-major `c[m×n] = op(a) · op(b)` in f32 through the `gemm` crate, on all cores:
+/// `a` is m×k (k×m when `trans_a`), `b` k×n (n×k when `trans_b`).
 pub(crate) fn gemm_f32(
     a: &[f32],
     b: &[f32],
     c: &mut [f32],
-    m: usize,
-    n: usize,
-    k: usize,
+    (m, n, k): (usize, usize, usize),
+    (trans_a, trans_b): (bool, bool),
 ) -> Result<()> {
     let need = |what: &str, have: usize, want: Option<usize>| match want {
         Some(w) if have >= w => Ok(()),
@@ -141,13 +141,17 @@ pub(crate) fn gemm_f32(
     let threads = std::thread::available_parallelism()
         .map(|t| t.get())
         .unwrap_or(1);
-    let parallelism = if threads > 1 {
+    // Small products are not worth waking the thread pool for.
+    let parallelism = if threads > 1 && m * n * k >= 1 << 18 {
         gemm::Parallelism::Rayon(threads)
     } else {
         gemm::Parallelism::None
     };
+    // (column stride, row stride) of each operand as stored.
+    let (a_cs, a_rs) = if trans_a { (m, 1) } else { (1, k) };
+    let (b_cs, b_rs) = if trans_b { (k, 1) } else { (1, n) };
     // SAFETY: the three slices hold at least m·k, k·n and m·n elements (checked above), laid
-    // out row-major with the strides given; `c` does not alias `a` or `b` (`&mut`).
+    // out with the strides given; `c` does not alias `a` or `b` (`&mut`).
     unsafe {
         gemm::gemm(
             m,
@@ -158,11 +162,11 @@ pub(crate) fn gemm_f32(
             n as isize,
             false,
             a.as_ptr(),
-            1,
-            k as isize,
+            a_cs as isize,
+            a_rs as isize,
             b.as_ptr(),
-            1,
-            n as isize,
+            b_cs as isize,
+            b_rs as isize,
             0.0f32,
             1.0f32,
             false,

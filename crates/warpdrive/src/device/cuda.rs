@@ -5,6 +5,7 @@
 //! reaches a library that is absent, so each library's presence is checked once, before its
 //! first call, and reported as an [`Error`] instead.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,7 +13,9 @@ use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::result::DriverError;
 use cudarc::driver::sys::{self, CUdevice_attribute as Attr, CUresult};
-use cudarc::driver::{result, CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream};
+use cudarc::driver::{
+    result, CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaModule, CudaStream,
+};
 use parking_lot::Mutex;
 
 use crate::dtype::DType;
@@ -102,6 +105,87 @@ fn is_sticky(code: CUresult) -> bool {
 /// (source, kernel, block size, dynamic shared bytes) of a cached resident-blocks figure.
 type OccupancyKey = (&'static str, &'static str, u32, u32);
 
+thread_local! {
+    /// The context warpdrive last made current on this thread, so kernel launches can skip
+    /// `cuCtxGetCurrent` (a launch that finds another context current fails and is retried
+    /// after a full bind).
+    static BOUND: Cell<usize> = const { Cell::new(0) };
+    /// Graph captures this thread has begun and not yet ended. Captures run in
+    /// `THREAD_LOCAL` mode: the driver forbids this thread (only) allocations, event queries
+    /// and synchronisation meanwhile, so warpdrive refuses those calls first, with an error,
+    /// instead of letting them invalidate the capture.
+    static CAPTURING: Cell<u32> = const { Cell::new(0) };
+}
+
+/// The "lost" flag of device `ordinal`, shared by every `CudaDevice` on it: a sticky fault
+/// breaks the primary context for the whole process.
+fn lost_flag(ordinal: usize) -> Arc<AtomicBool> {
+    static FLAGS: OnceLock<Mutex<HashMap<usize, Arc<AtomicBool>>>> = OnceLock::new();
+    FLAGS
+        .get_or_init(|| Mutex::new(HashMap::new()))
+        .lock()
+        .entry(ordinal)
+        .or_default()
+        .clone()
+}
+
+fn lost_error() -> Error {
+    Error::DeviceLost {
+        call: "(earlier fault)",
+        message: "the context had a sticky fault; the process must restart to use the device"
+            .into(),
+    }
+}
+
+/// Refuses `call` while this thread is capturing a graph.
+fn refuse_in_capture(call: &'static str, hint: &str) -> Result<()> {
+    if CAPTURING.with(Cell::get) > 0 {
+        return Err(Error::Capture {
+            call,
+            hint: hint.into(),
+        });
+    }
+    Ok(())
+}
+
+/// Refuses event queries and synchronisation during a capture.
+fn no_sync_in_capture(call: &'static str) -> Result<()> {
+    refuse_in_capture(
+        call,
+        "a captured stream cannot be waited on or queried; wait after the capture ends",
+    )
+}
+
+/// Refuses driver allocations and frees during a capture.
+fn no_alloc_in_capture(call: &'static str) -> Result<()> {
+    refuse_in_capture(
+        call,
+        "allocate before capturing (the pool serves a capture from blocks it already holds)",
+    )
+}
+
+/// One row-major GEMM (or a strided batch of them) for [`CudaDevice::gemm`]:
+/// `c = op(a) · op(b)` with `op(a)` m×k, `op(b)` k×n, `c` m×n; `trans_a` means `a` is stored
+/// k×m (and `trans_b` that `b` is stored n×k). Strides are in elements, between batch items.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GemmCall {
+    pub dtype: crate::dtype::DTypeKind,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub trans_a: bool,
+    pub trans_b: bool,
+    /// f32 only: let cuBLAS round inputs to TF32 on the tensor cores.
+    pub tf32: bool,
+    pub batch: usize,
+    pub a: u64,
+    pub b: u64,
+    pub c: u64,
+    pub stride_a: usize,
+    pub stride_b: usize,
+    pub stride_c: usize,
+}
+
 /// One CUDA device: its primary context, loaded modules and cuBLAS handle. Cheap to clone.
 #[derive(Clone)]
 pub struct CudaDevice {
@@ -113,7 +197,7 @@ struct Inner {
     ordinal: usize,
     compute_capability: (i32, i32),
     sm_count: u32,
-    lost: AtomicBool,
+    lost: Arc<AtomicBool>,
     functions: Mutex<HashMap<(&'static str, &'static str), CudaFunction>>,
     occupancy: Mutex<HashMap<OccupancyKey, u32>>,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
@@ -154,6 +238,10 @@ impl CudaDevice {
         if ordinal >= count {
             return Err(Error::BadOrdinal { ordinal, count });
         }
+        let lost = lost_flag(ordinal);
+        if lost.load(Ordering::Acquire) {
+            return Err(lost_error());
+        }
         let ctx = CudaContext::new(ordinal).map_err(|e| Error::NoDriver(describe(e)))?;
         // warpdrive never hands out `CudaSlice`s, so cudarc's per-slice event tracking is pure
         // overhead; ordering across streams is recorded explicitly where it is needed.
@@ -172,7 +260,7 @@ impl CudaDevice {
                 ordinal,
                 compute_capability,
                 sm_count,
-                lost: AtomicBool::new(false),
+                lost,
                 functions: Mutex::new(HashMap::new()),
                 occupancy: Mutex::new(HashMap::new()),
                 modules: Mutex::new(HashMap::new()),
@@ -216,16 +304,77 @@ impl CudaDevice {
         })
     }
 
+    /// True once a sticky fault was seen on this device (in this process).
+    pub fn is_lost(&self) -> bool {
+        self.inner.lost.load(Ordering::Acquire)
+    }
+
+    /// `DeviceLost` once a sticky fault was seen, without calling the driver.
+    pub(crate) fn check_usable(&self) -> Result<()> {
+        if self.is_lost() {
+            return Err(lost_error());
+        }
+        Ok(())
+    }
+
     /// Binds the context to this thread; fails with `DeviceLost` after a sticky fault.
     pub(crate) fn bind(&self) -> Result<()> {
-        if self.inner.lost.load(Ordering::Acquire) {
-            return Err(Error::DeviceLost {
-                call: "(earlier fault)",
-                message: "the context had a sticky fault; the device must be reopened".into(),
-            });
+        if self.is_lost() {
+            return Err(lost_error());
         }
         let r = self.inner.ctx.bind_to_thread();
-        self.check("cuCtxSetCurrent", r)
+        self.check("cuCtxSetCurrent", r)?;
+        BOUND.with(|b| b.set(self.ctx_key()));
+        Ok(())
+    }
+
+    fn ctx_key(&self) -> usize {
+        self.inner.ctx.cu_ctx() as usize
+    }
+
+    /// [`bind`](Self::bind) unless this thread's last bind was to this context: the lean
+    /// path of kernel and graph launches (callers retry with a full bind when the launch
+    /// fails, in case something outside warpdrive changed the current context).
+    fn bind_cached(&self) -> Result<bool> {
+        if self.is_lost() {
+            return Err(lost_error());
+        }
+        if BOUND.with(Cell::get) == self.ctx_key() {
+            return Ok(true);
+        }
+        self.bind()?;
+        Ok(false)
+    }
+
+    /// Runs a launch-like driver call on the lean path: cached bind, then on failure (other
+    /// than a sticky fault) one full bind and a retry.
+    fn lean<T>(
+        &self,
+        call: &'static str,
+        mut f: impl FnMut() -> std::result::Result<T, DriverError>,
+    ) -> Result<T> {
+        let cached = self.bind_cached()?;
+        match f() {
+            Ok(v) => Ok(v),
+            // What a launch reports when another context is current.
+            Err(e)
+                if cached
+                    && matches!(
+                        e.0,
+                        CUresult::CUDA_ERROR_INVALID_CONTEXT | CUresult::CUDA_ERROR_INVALID_HANDLE
+                    ) =>
+            {
+                self.bind()?;
+                self.check(call, f())
+            }
+            Err(e) => self.check(call, Err(e)),
+        }
+    }
+
+    /// The device's name ("NVIDIA H200").
+    pub fn name(&self) -> Result<String> {
+        let r = self.inner.ctx.name();
+        self.check("cuDeviceGetName", r)
     }
 
     pub(crate) fn attribute(&self, attr: Attr) -> Result<i32> {
@@ -248,8 +397,33 @@ impl CudaDevice {
     }
 
     pub(crate) fn synchronize_stream(&self, stream: &CudaStream) -> Result<()> {
+        // This thread's captures are refused here; a capture begun on another thread makes
+        // the driver return an error (not worth a cuStreamIsCapturing on every sync).
+        no_sync_in_capture("cuStreamSynchronize")?;
         self.bind()?;
         self.check("cuStreamSynchronize", stream.synchronize())
+    }
+
+    /// True while `stream` is capturing a graph (begun on any thread).
+    pub(crate) fn is_capturing(&self, stream: &CudaStream) -> Result<bool> {
+        self.bind()?;
+        // SAFETY: the stream is alive (borrowed) and its context is bound.
+        let r = unsafe { result::stream::is_capturing(stream.cu_stream()) };
+        let status = self.check("cuStreamIsCapturing", r)?;
+        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
+    /// Binds, then refuses `call` (a synchronising one) when this thread or `stream` is
+    /// capturing a graph.
+    fn refuse_if_capturing(&self, stream: &CudaStream, call: &'static str) -> Result<()> {
+        no_sync_in_capture(call)?;
+        if self.is_capturing(stream)? {
+            return Err(Error::Capture {
+                call,
+                hint: "the stream is capturing a graph (begun on another thread)".into(),
+            });
+        }
+        Ok(())
     }
 
     /// A timing-enabled event (`CU_EVENT_DEFAULT`).
@@ -271,12 +445,14 @@ impl CudaDevice {
 
     /// True when the work before `event` has finished; never waits.
     pub(crate) fn event_query(&self, event: &CudaEvent) -> Result<bool> {
+        no_sync_in_capture("cuEventQuery")?;
         self.bind()?;
         self.check("cuEventQuery", event.try_is_complete())
     }
 
     /// Waits for all work on this device.
     pub(crate) fn synchronize(&self) -> Result<()> {
+        no_sync_in_capture("cuCtxSynchronize")?;
         self.bind()?;
         self.check("cuCtxSynchronize", result::ctx::synchronize())
     }
@@ -287,6 +463,7 @@ impl CudaDevice {
     }
 
     pub(crate) fn event_synchronize(&self, event: &CudaEvent) -> Result<()> {
+        no_sync_in_capture("cuEventSynchronize")?;
         self.bind()?;
         self.check("cuEventSynchronize", event.synchronize())
     }
@@ -305,6 +482,7 @@ impl CudaDevice {
 
     /// Allocates `bytes` of device memory (`bytes > 0`).
     pub(crate) fn alloc(&self, bytes: usize) -> Result<u64> {
+        no_alloc_in_capture("cuMemAlloc")?;
         self.bind()?;
         // SAFETY: the context is bound; the returned pointer is owned by the caller, which
         // frees it with `free`.
@@ -332,6 +510,7 @@ impl CudaDevice {
     /// Page-locked host memory of `bytes > 0`, flags 0: cached, so the CPU reads it fast
     /// (not write-combined). Free with `free_host`.
     pub(crate) fn alloc_host(&self, bytes: usize) -> Result<u64> {
+        no_alloc_in_capture("cuMemHostAlloc")?;
         self.bind()?;
         // SAFETY: the context is bound; the pointer is owned by the caller, which frees it
         // with `free_host`.
@@ -346,6 +525,7 @@ impl CudaDevice {
 
     /// Frees memory from `alloc_host`; the caller has made sure no copy still uses it.
     pub(crate) fn free_host(&self, ptr: u64) -> Result<()> {
+        no_alloc_in_capture("cuMemFreeHost")?;
         self.bind()?;
         // SAFETY: `ptr` came from cuMemHostAlloc and its owner gives it up here.
         let r = unsafe { result::free_host(ptr as *mut c_void) };
@@ -386,6 +566,7 @@ impl CudaDevice {
 
     /// Frees memory returned by `alloc`.
     pub(crate) fn free(&self, ptr: u64) -> Result<()> {
+        no_alloc_in_capture("cuMemFree")?;
         self.bind()?;
         // SAFETY: `ptr` came from `alloc` on this context and its owner gives it up here;
         // cuMemFree waits for work that may still use it.
@@ -403,7 +584,7 @@ impl CudaDevice {
         if src.is_empty() {
             return Ok(());
         }
-        self.bind()?;
+        self.refuse_if_capturing(stream, "cuMemcpyHtoDAsync from pageable memory")?;
         // SAFETY: the caller guarantees `dst` holds at least `size_of_val(src)` bytes. `src` is
         // borrowed for this call only, so the stream is synchronised before returning (a
         // pinned `src` would otherwise still be read by the DMA engine after the borrow ends).
@@ -422,7 +603,7 @@ impl CudaDevice {
         if dst.is_empty() {
             return Ok(());
         }
-        self.bind()?;
+        self.refuse_if_capturing(stream, "cuMemcpyDtoHAsync to pageable memory")?;
         // SAFETY: the caller guarantees `src` holds at least `size_of_val(dst)` bytes; the
         // stream is synchronised before `dst`'s borrow ends.
         let r = unsafe { result::memcpy_dtoh_async(dst, src, stream.cu_stream()) };
@@ -540,20 +721,92 @@ impl CudaDevice {
                 "empty launch: grid {grid:?}, block {block:?}"
             )));
         }
+        // The lean path: no cuCtxGetCurrent when this thread already bound this context,
+        // no events (warpdrive orders streams explicitly where it must).
+        self.lean("cuLaunchKernel", || {
+            // SAFETY: forwarded from this function's contract; the function handle is alive
+            // (its module is held by `f`).
+            unsafe {
+                result::launch_kernel(
+                    f.cu_function(),
+                    grid,
+                    block,
+                    shared_mem_bytes,
+                    stream.cu_stream(),
+                    params,
+                )
+            }
+        })
+    }
+
+    /// The block size that maximises occupancy for `f` with `shared_mem_bytes` of dynamic
+    /// shared memory per block (`cuOccupancyMaxPotentialBlockSize`), and the smallest grid
+    /// that reaches it: (min grid, block).
+    pub(crate) fn occupancy_block_size(
+        &self,
+        f: &CudaFunction,
+        shared_mem_bytes: usize,
+    ) -> Result<(u32, u32)> {
         self.bind()?;
-        // SAFETY: forwarded from this function's contract; the function handle is alive
-        // (its module is held by `f`).
+        // SAFETY: the function handle is alive (its module is held by `f`); no callback.
         let r = unsafe {
-            result::launch_kernel(
-                f.cu_function(),
-                grid,
-                block,
-                shared_mem_bytes,
-                stream.cu_stream(),
-                params,
-            )
+            result::occupancy::max_potential_block_size(f.cu_function(), None, shared_mem_bytes, 0)
         };
-        self.check("cuLaunchKernel", r)
+        let (grid, block) = self.check("cuOccupancyMaxPotentialBlockSize", r)?;
+        Ok((grid.max(1) as u32, block.max(1) as u32))
+    }
+
+    /// The most threads per block `f` can be launched with (its `__launch_bounds__`, or
+    /// what its registers allow).
+    pub(crate) fn max_block_threads(&self, f: &CudaFunction) -> Result<u32> {
+        let r = f.get_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
+        Ok(self.check("cuFuncGetAttribute", r)?.max(1) as u32)
+    }
+
+    // ---- graphs ----
+
+    /// Starts capturing `stream` (THREAD_LOCAL mode). Every successful call must be paired
+    /// with [`end_capture`](Self::end_capture) on the same thread.
+    pub(crate) fn begin_capture(&self, stream: &CudaStream) -> Result<()> {
+        if self.is_capturing(stream)? {
+            return Err(Error::Capture {
+                call: "cuStreamBeginCapture",
+                hint: "the stream is already capturing a graph".into(),
+            });
+        }
+        let r = stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+        self.check("cuStreamBeginCapture", r)?;
+        CAPTURING.with(|c| c.set(c.get() + 1));
+        Ok(())
+    }
+
+    /// Ends the capture begun by [`begin_capture`](Self::begin_capture) and instantiates the
+    /// graph (`None` when nothing was captured). The stream leaves capture mode even when
+    /// this fails (for instance when the capture was invalidated).
+    pub(crate) fn end_capture(&self, stream: &Arc<CudaStream>) -> Result<Option<CudaGraph>> {
+        CAPTURING.with(|c| c.set(c.get().saturating_sub(1)));
+        if self.is_lost() {
+            return Err(lost_error());
+        }
+        let r = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        BOUND.with(|b| b.set(self.ctx_key()));
+        self.check("cuStreamEndCapture", r)
+    }
+
+    /// Uploads `graph` to the device on `stream`, so its first launch does no setup.
+    pub(crate) fn upload_graph(&self, graph: &CudaGraph, stream: &CudaStream) -> Result<()> {
+        self.lean("cuGraphUpload", || {
+            // SAFETY: the executable graph is alive (borrowed) and belongs to this context.
+            unsafe { result::graph::upload(graph.cu_graph_exec(), stream.cu_stream()) }
+        })
+    }
+
+    /// Launches `graph` on `stream` (the lean path, as kernel launches).
+    pub(crate) fn launch_graph(&self, graph: &CudaGraph, stream: &CudaStream) -> Result<()> {
+        self.lean("cuGraphLaunch", || {
+            // SAFETY: the executable graph is alive (borrowed) and belongs to this context.
+            unsafe { result::graph::launch(graph.cu_graph_exec(), stream.cu_stream()) }
+        })
     }
 
     // ---- cuBLAS ----
@@ -573,6 +826,7 @@ impl CudaDevice {
         self.bind()?;
         let mut guard = self.inner.blas.lock();
         if guard.is_none() {
+            no_alloc_in_capture("cublasCreate")?;
             let h = cudarc::cublas::result::create_handle().map_err(|e| Error::Blas {
                 call: "cublasCreate",
                 message: format!("{e:?}"),
@@ -596,81 +850,146 @@ impl CudaDevice {
         body(handle)
     }
 
-    /// Row-major `c[m×n] = a[m×k] · b[k×n]` through `cublasGemmEx` (the doctor's GEMM).
+    /// Creates the cuBLAS handle now if cuBLAS is present (before a graph capture, where
+    /// creating it would allocate). Without cuBLAS this does nothing.
+    pub(crate) fn prepare_blas(&self, stream: &CudaStream) -> Result<()> {
+        if !libraries().cublas {
+            return Ok(());
+        }
+        self.with_blas(stream, |_| Ok(()))
+    }
+
+    /// Row-major GEMMs (see [`GemmCall`]) through `cublasGemmEx`, or
+    /// `cublasGemmStridedBatchedEx` for batches, all under one hold of the cuBLAS handle.
     ///
     /// # Safety
-    /// `a`, `b`, `c` must be live device allocations of at least m·k, k·n and m·n elements of
-    /// `dtype`.
-    pub(crate) unsafe fn gemm(
-        &self,
-        stream: &CudaStream,
-        dtype: crate::dtype::DTypeKind,
-        (m, n, k): (usize, usize, usize),
-        a: u64,
-        b: u64,
-        c: u64,
-    ) -> Result<()> {
+    /// For each call, `a`, `b`, `c` must be live device allocations covering `batch` items
+    /// of m·k, k·n and m·n elements of `dtype` at the given strides, and `c` must not overlap
+    /// `a` or `b`.
+    pub(crate) unsafe fn gemm(&self, stream: &CudaStream, calls: &[GemmCall]) -> Result<()> {
         use crate::dtype::DTypeKind;
         use cudarc::cublas::sys::{
             cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType,
         };
-        let (ty, compute) = match dtype {
-            DTypeKind::BF16 => (
-                cudaDataType::CUDA_R_16BF,
-                cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            ),
-            DTypeKind::F16 => (
-                cudaDataType::CUDA_R_16F,
-                cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            ),
-            DTypeKind::F32 => (
-                cudaDataType::CUDA_R_32F,
-                cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            ),
-            other => {
-                return Err(Error::Unsupported(format!(
-                    "cuBLAS GEMM for {}",
-                    other.name()
-                )))
-            }
-        };
-        let dim = |v: usize| {
+        let int = |v: usize| {
             c_int::try_from(v)
                 .map_err(|_| Error::InvalidArgument(format!("GEMM dimension {v} exceeds i32")))
         };
-        let (m, n, k) = (dim(m)?, dim(n)?, dim(k)?);
+        let long = |v: usize| {
+            i64::try_from(v)
+                .map_err(|_| Error::InvalidArgument(format!("GEMM stride {v} exceeds i64")))
+        };
         let alpha = 1.0f32;
         let beta = 0.0f32;
         self.with_blas(stream, |h| {
-            // Row-major C = A·B is column-major Cᵀ = Bᵀ·Aᵀ: swap the operands.
-            // SAFETY: the caller guarantees the three allocations; alpha/beta outlive the call.
-            unsafe {
-                cudarc::cublas::result::gemm_ex(
-                    h,
-                    cublasOperation_t::CUBLAS_OP_N,
-                    cublasOperation_t::CUBLAS_OP_N,
-                    n,
-                    m,
-                    k,
-                    &alpha as *const f32 as *const c_void,
-                    b as *const c_void,
-                    ty,
-                    n,
-                    a as *const c_void,
-                    ty,
-                    k,
-                    &beta as *const f32 as *const c_void,
-                    c as *mut c_void,
-                    ty,
-                    n,
-                    compute,
-                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                )
+            for call in calls {
+                let (ty, compute) = match (call.dtype, call.tf32) {
+                    (DTypeKind::BF16, _) => (
+                        cudaDataType::CUDA_R_16BF,
+                        cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    ),
+                    (DTypeKind::F16, _) => (
+                        cudaDataType::CUDA_R_16F,
+                        cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    ),
+                    (DTypeKind::F32, false) => (
+                        cudaDataType::CUDA_R_32F,
+                        cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    ),
+                    (DTypeKind::F32, true) => (
+                        cudaDataType::CUDA_R_32F,
+                        cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
+                    ),
+                    (other, _) => {
+                        return Err(Error::Unsupported(format!(
+                            "cuBLAS GEMM for {}",
+                            other.name()
+                        )))
+                    }
+                };
+                // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: swap the
+                // operands; a row-major matrix read column-major is its transpose.
+                let op = |t: bool| {
+                    if t {
+                        cublasOperation_t::CUBLAS_OP_T
+                    } else {
+                        cublasOperation_t::CUBLAS_OP_N
+                    }
+                };
+                let (m, n, k) = (int(call.m)?, int(call.n)?, int(call.k)?);
+                let ldb = if call.trans_b { k } else { n };
+                let lda = if call.trans_a { m } else { k };
+                let r = if call.batch <= 1 {
+                    // SAFETY: the caller guarantees the three allocations; alpha/beta outlive
+                    // the call.
+                    unsafe {
+                        cudarc::cublas::result::gemm_ex(
+                            h,
+                            op(call.trans_b),
+                            op(call.trans_a),
+                            n,
+                            m,
+                            k,
+                            &alpha as *const f32 as *const c_void,
+                            call.b as *const c_void,
+                            ty,
+                            ldb,
+                            call.a as *const c_void,
+                            ty,
+                            lda,
+                            &beta as *const f32 as *const c_void,
+                            call.c as *mut c_void,
+                            ty,
+                            n,
+                            compute,
+                            cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                        )
+                    }
+                } else {
+                    let (sa, sb, sc) = (
+                        long(call.stride_a)?,
+                        long(call.stride_b)?,
+                        long(call.stride_c)?,
+                    );
+                    // SAFETY: as above, for every batch item at its stride.
+                    unsafe {
+                        cudarc::cublas::result::gemm_strided_batched_ex(
+                            h,
+                            op(call.trans_b),
+                            op(call.trans_a),
+                            n,
+                            m,
+                            k,
+                            &alpha as *const f32 as *const c_void,
+                            call.b as *const c_void,
+                            ty,
+                            ldb,
+                            sb,
+                            call.a as *const c_void,
+                            ty,
+                            lda,
+                            sa,
+                            &beta as *const f32 as *const c_void,
+                            call.c as *mut c_void,
+                            ty,
+                            n,
+                            sc,
+                            int(call.batch)?,
+                            compute,
+                            cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                        )
+                    }
+                };
+                r.map_err(|e| Error::Blas {
+                    call: if call.batch <= 1 {
+                        "cublasGemmEx"
+                    } else {
+                        "cublasGemmStridedBatchedEx"
+                    },
+                    message: format!("{e:?}"),
+                })?;
             }
-            .map_err(|e| Error::Blas {
-                call: "cublasGemmEx",
-                message: format!("{e:?}"),
-            })
+            Ok(())
         })
     }
 
@@ -754,6 +1073,106 @@ impl CudaDevice {
         }
         let round_trip = t.elapsed().as_secs_f64() * 1e6 / round_trips as f64;
         Ok((enqueued, round_trip))
+    }
+
+    /// Reference launch costs of `basic.cu`'s `fill_u32` on one element (1 block of 32):
+    /// cudarc's launch builder as a cudarc user gets it (a context handle with event tracking
+    /// on, the default, and a `CudaSlice` argument, so each launch also waits on and records
+    /// the slice's events), and raw `cuLaunchKernel` calls with no bind and no checks. Each
+    /// figure is host-clock µs: per launch over `count` launches enqueued back to back with
+    /// one synchronise at the end, or per launch + synchronise over `round_trips`.
+    pub(crate) fn time_reference_launches(
+        &self,
+        stream: &CudaStream,
+        count: usize,
+        round_trips: usize,
+    ) -> Result<ReferenceLaunches> {
+        let (count, round_trips) = (count.max(1), round_trips.max(1));
+        let per = |t: std::time::Instant, n: usize| t.elapsed().as_secs_f64() * 1e6 / n as f64;
+        let config = cudarc::driver::LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (value, n) = (7u32, 1u64);
+
+        // cudarc's builder on its own context handle (tracking on) and stream.
+        let ctx = CudaContext::new(self.inner.ordinal).map_err(|e| Error::NoDriver(describe(e)))?;
+        let builder_stream = self.check("cuStreamCreate", ctx.new_stream())?;
+        let ptx = kernels::PtxCache::global()
+            .ptx(&kernels::BASIC, kernels::BASIC.arch_for(self.arch())?)?;
+        let module = self.check(
+            "cuModuleLoadData",
+            ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx.to_string())),
+        )?;
+        let f = self.check("cuModuleGetFunction", module.load_function("fill_u32"))?;
+        let mut slice = self.check("cuMemAllocAsync", builder_stream.alloc_zeros::<u32>(1))?;
+        let mut builder_launch = || {
+            use cudarc::driver::PushKernelArg;
+            let mut b = builder_stream.launch_builder(&f);
+            b.arg(&mut slice).arg(&value).arg(&n);
+            // SAFETY: fill_u32(u32* out, u32 value, u64 n): `slice` holds one u32.
+            let r = unsafe { b.launch(config) };
+            self.check("cuLaunchKernel (builder)", r.map(drop))
+        };
+        let builder_sync = |s: &Arc<CudaStream>| self.check("cuStreamSynchronize", s.synchronize());
+        builder_launch()?;
+        builder_sync(&builder_stream)?;
+        let t = std::time::Instant::now();
+        for _ in 0..count {
+            builder_launch()?;
+        }
+        let builder_enqueue = per(t, count);
+        builder_sync(&builder_stream)?;
+        let builder = per(t, count);
+        let t = std::time::Instant::now();
+        for _ in 0..round_trips {
+            builder_launch()?;
+            builder_sync(&builder_stream)?;
+        }
+        let builder_round_trip = per(t, round_trips);
+
+        // Raw cuLaunchKernel on warpdrive's context and `stream`.
+        let raw_f = self.function(&kernels::BASIC, "fill_u32")?;
+        let out = DeviceAlloc::new(self, 4)?;
+        self.bind()?;
+        let (mut p_out, mut p_value, mut p_n) = (out.ptr, value, n);
+        let mut params = [
+            &mut p_out as *mut u64 as *mut c_void,
+            &mut p_value as *mut u32 as *mut c_void,
+            &mut p_n as *mut u64 as *mut c_void,
+        ];
+        let mut raw_launch = || {
+            // SAFETY: fill_u32(u32* out, u32 value, u64 n): `out` holds one u32 and outlives
+            // the launches (the stream is synchronised before it is freed).
+            let r = unsafe {
+                result::launch_kernel(
+                    raw_f.cu_function(),
+                    config.grid_dim,
+                    config.block_dim,
+                    0,
+                    stream.cu_stream(),
+                    &mut params,
+                )
+            };
+            self.check("cuLaunchKernel", r)
+        };
+        raw_launch()?;
+        self.synchronize_stream(stream)?;
+        let t = std::time::Instant::now();
+        for _ in 0..count {
+            raw_launch()?;
+        }
+        let raw_enqueue = per(t, count);
+        self.synchronize_stream(stream)?;
+        let raw = per(t, count);
+        Ok(ReferenceLaunches {
+            builder,
+            builder_enqueue,
+            builder_round_trip,
+            raw,
+            raw_enqueue,
+        })
     }
 
     /// µs per `cuMemAlloc` + `cuMemFree` pair of `bytes`, host clock over `pairs` pairs.
@@ -902,6 +1321,22 @@ impl CudaDevice {
             .collect();
         Ok(String::from_utf8_lossy(&bytes).to_lowercase())
     }
+}
+
+/// What [`CudaDevice::time_reference_launches`] measured (host-clock µs).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReferenceLaunches {
+    /// Per launch through cudarc's builder, enqueued back to back (the final synchronise
+    /// included).
+    pub builder: f64,
+    /// The same, up to the last launch's return (no synchronise).
+    pub builder_enqueue: f64,
+    /// Per builder launch + stream synchronise.
+    pub builder_round_trip: f64,
+    /// Per raw `cuLaunchKernel`, enqueued back to back (the final synchronise included).
+    pub raw: f64,
+    /// The same, up to the last launch's return.
+    pub raw_enqueue: f64,
 }
 
 /// Bytes that are not all zero (copies are never timed on zeros).

@@ -18,6 +18,7 @@ use crate::error::{Error, Result};
 
 pub(crate) use cuda::AsyncMemPool;
 pub use cuda::CudaDevice;
+pub(crate) use cuda::GemmCall;
 
 /// The environment variable that overrides [`Device::best`]: `cpu`, `cuda` or `cuda:N`.
 pub const DEVICE_ENV: &str = "WARPDRIVE_DEVICE";
@@ -90,6 +91,12 @@ impl Device {
 
     pub fn is_cuda(&self) -> bool {
         matches!(self, Device::Cuda(_))
+    }
+
+    /// True once the device had a sticky fault (never on the CPU backend): every later call
+    /// on it returns `Error::DeviceLost`.
+    pub fn is_lost(&self) -> bool {
+        matches!(self, Device::Cuda(d) if d.is_lost())
     }
 
     /// `cpu` or `cuda:N`.
@@ -274,6 +281,14 @@ impl Stream {
                 left: self.device.label(),
                 right: event.device_label(),
             }),
+        }
+    }
+
+    /// The CUDA device and the shared stream handle, when this is a CUDA stream.
+    pub(crate) fn cuda_arc(&self) -> Option<(&CudaDevice, &Arc<cudarc::driver::CudaStream>)> {
+        match (&self.device, &self.inner) {
+            (Device::Cuda(d), StreamInner::Cuda(s)) => Some((d, s)),
+            _ => None,
         }
     }
 

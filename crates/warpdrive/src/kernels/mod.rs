@@ -39,6 +39,12 @@ pub static BASIC: KernelSource = KernelSource {
     code: include_str!("basic.cu"),
 };
 
+/// Test kernels of the exec floor (a trapping kernel for the device-loss test).
+pub static EXEC: KernelSource = KernelSource {
+    name: "exec",
+    code: include_str!("exec.cu"),
+};
+
 /// Fused maps (`act(a·x + b)` → cast), binary ops and SwiGLU.
 pub static ELEMENTWISE: KernelSource = KernelSource {
     name: "elementwise",
@@ -70,7 +76,15 @@ pub static PERMUTE: KernelSource = KernelSource {
 };
 
 /// Every embedded source (the compile test builds each for each declared architecture).
-pub static SOURCES: &[&KernelSource] = &[&BASIC, &ELEMENTWISE, &REDUCE, &SOFTMAX, &TOPK, &PERMUTE];
+pub static SOURCES: &[&KernelSource] = &[
+    &BASIC,
+    &ELEMENTWISE,
+    &REDUCE,
+    &SOFTMAX,
+    &TOPK,
+    &PERMUTE,
+    &EXEC,
+];
 
 /// A GPU architecture NVRTC compiles for: `sm_{major}{minor}`, with `a` for the
 /// architecture-specific target (`sm_90a`: `wgmma`, `setmaxnreg`).

@@ -169,6 +169,9 @@ impl DevicePool {
     /// `bytes > 0` for work on `stream`; returns the address and the handle to free it with.
     pub(crate) fn alloc(&self, stream: &Stream, bytes: usize) -> Result<(u64, Allocation)> {
         self.device.same_as(stream.device(), "pool allocation")?;
+        if let Device::Cuda(d) = &self.device {
+            d.check_usable()?;
+        }
         match &self.kind {
             Kind::Caching(core) => {
                 let g = core.lock().alloc(bytes, stream.id())?;

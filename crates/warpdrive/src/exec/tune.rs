@@ -1,0 +1,441 @@
+//! Launch autotuning with a persisted cache, and the batch-size knee.
+//!
+//! [`Autotuner::tune`] times each candidate configuration of a kernel once per
+//! [`TuneKey`] — (kernel, dtype, power-of-two bucket of the main dimension, device) — and
+//! keeps every candidate's time and the winner in a TOML file under the cache directory
+//! (`$XDG_CACHE_HOME/warpdrive/autotune.toml`, fallback `~/.cache/...`), read on the next
+//! start. Every field has a default, so files written by older versions still load; a file
+//! that does not parse is ignored with a warning (and replaced on the next save). Files are
+//! written atomically (temp file + rename).
+//!
+//! [`batch_knee`] sweeps batch sizes and returns the knee: the smallest batch whose
+//! throughput reaches [`KNEE_FRACTION`] of the best measured.
+
+use std::fmt::Display;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use crate::device::{Device, Stream};
+use crate::dtype::DTypeKind;
+use crate::error::{Error, Result};
+
+/// The version written in new files.
+pub const FILE_VERSION: u32 = 1;
+/// Timed runs per candidate (after one warm-up run); the median is kept.
+pub const TUNE_REPS: usize = 5;
+/// The knee of a batch sweep: the smallest batch reaching this fraction of the best
+/// throughput.
+pub const KNEE_FRACTION: f64 = 0.95;
+
+/// What a tuning result is kept for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TuneKey {
+    pub kernel: String,
+    pub dtype: String,
+    /// `ceil(log2(size))` of the main dimension (0 for sizes 0 and 1).
+    pub bucket: u32,
+    /// The device's name and architecture (`NVIDIA H200 sm_90a`), or `cpu`.
+    pub device: String,
+}
+
+impl TuneKey {
+    /// The key of `kernel` on `dtype` at main dimension `size` on `device`.
+    pub fn new(device: &Device, kernel: &str, dtype: DTypeKind, size: usize) -> Result<TuneKey> {
+        let device = match device {
+            Device::Cpu => "cpu".to_string(),
+            Device::Cuda(d) => {
+                let (major, minor) = d.compute_capability();
+                format!("{} cc{major}.{minor}", d.name()?)
+            }
+        };
+        Ok(TuneKey {
+            kernel: kernel.to_string(),
+            dtype: dtype.name().to_string(),
+            bucket: size_bucket(size),
+            device,
+        })
+    }
+}
+
+/// `ceil(log2(size))`: sizes in (2ᵇ⁻¹, 2ᵇ] share bucket `b`.
+pub fn size_bucket(size: usize) -> u32 {
+    size.max(1).next_power_of_two().trailing_zeros()
+}
+
+/// One candidate's time.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CandidateTime {
+    /// The candidate as it displays (`256`, `128x4`, ...).
+    pub config: String,
+    /// Median µs per run.
+    pub us: f64,
+}
+
+/// Every candidate's time and the winner for one key, as the file keeps it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TuneRecord {
+    pub kernel: String,
+    pub dtype: String,
+    pub bucket: u32,
+    pub device: String,
+    /// The size the candidates were timed at.
+    pub size: u64,
+    pub winner: String,
+    pub candidates: Vec<CandidateTime>,
+    /// When it was tuned (seconds since the Unix epoch).
+    pub tuned_unix: u64,
+}
+
+impl TuneRecord {
+    fn matches(&self, key: &TuneKey) -> bool {
+        self.kernel == key.kernel
+            && self.dtype == key.dtype
+            && self.bucket == key.bucket
+            && self.device == key.device
+    }
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+struct TuneFile {
+    version: u32,
+    records: Vec<TuneRecord>,
+}
+
+/// Tuning results in memory and on disk. Thread-safe.
+pub struct Autotuner {
+    path: Option<PathBuf>,
+    records: Mutex<Vec<TuneRecord>>,
+    tunings: AtomicUsize,
+}
+
+impl std::fmt::Debug for Autotuner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Autotuner({:?})", self.path)
+    }
+}
+
+/// The default file: `$XDG_CACHE_HOME/warpdrive/autotune.toml` (or under `~/.cache`).
+pub fn default_path() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("warpdrive").join("autotune.toml"))
+}
+
+impl Autotuner {
+    /// The process-wide tuner on the default file.
+    pub fn global() -> &'static Autotuner {
+        static TUNER: OnceLock<Autotuner> = OnceLock::new();
+        TUNER.get_or_init(|| Autotuner::load(default_path()))
+    }
+
+    /// A tuner on `path`, reading what it holds (a fresh value behaves like a new process).
+    pub fn at(path: impl Into<PathBuf>) -> Autotuner {
+        Autotuner::load(Some(path.into()))
+    }
+
+    fn load(path: Option<PathBuf>) -> Autotuner {
+        let records = path.as_deref().map(read_file).unwrap_or_default();
+        Autotuner {
+            path,
+            records: Mutex::new(records),
+            tunings: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// How many times this tuner has timed candidates (a cache hit times nothing).
+    pub fn tunings(&self) -> usize {
+        self.tunings.load(Ordering::Relaxed)
+    }
+
+    /// The record kept for `key`, if any.
+    pub fn get(&self, key: &TuneKey) -> Option<TuneRecord> {
+        self.records.lock().iter().find(|r| r.matches(key)).cloned()
+    }
+
+    /// Every record kept.
+    pub fn records(&self) -> Vec<TuneRecord> {
+        self.records.lock().clone()
+    }
+
+    /// The best of `candidates` for `key`: the kept winner when it is among them, else each
+    /// candidate is run by `run` on `stream` (one warm-up, then [`TUNE_REPS`] timed runs,
+    /// each timed with events on the stream), the fastest median wins, and the record is
+    /// saved. A candidate whose run fails is skipped (its error is returned only when every
+    /// candidate fails). `size` is the main dimension the runs use (kept in the record).
+    pub fn tune<C: Display + Clone>(
+        &self,
+        stream: &Stream,
+        key: &TuneKey,
+        size: usize,
+        candidates: &[C],
+        mut run: impl FnMut(&Stream, &C) -> Result<()>,
+    ) -> Result<C> {
+        if candidates.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "autotune {}: no candidates",
+                key.kernel
+            )));
+        }
+        if let Some(kept) = self.get(key) {
+            if let Some(c) = candidates.iter().find(|c| c.to_string() == kept.winner) {
+                return Ok(c.clone());
+            }
+        }
+        self.tunings.fetch_add(1, Ordering::Relaxed);
+        let mut times = Vec::with_capacity(candidates.len());
+        let mut last_error = None;
+        for c in candidates {
+            match time_candidate(stream, || run(stream, c)) {
+                Ok(us) => times.push((c, us)),
+                Err(e) => {
+                    tracing::debug!("autotune {}: candidate {c} failed: {e}", key.kernel);
+                    last_error = Some(e);
+                }
+            }
+        }
+        let Some(&(best, _)) = times.iter().min_by(|a, b| a.1.total_cmp(&b.1)) else {
+            return Err(last_error.unwrap_or_else(|| {
+                Error::InvalidArgument(format!("autotune {}: nothing timed", key.kernel))
+            }));
+        };
+        let record = TuneRecord {
+            kernel: key.kernel.clone(),
+            dtype: key.dtype.clone(),
+            bucket: key.bucket,
+            device: key.device.clone(),
+            size: size as u64,
+            winner: best.to_string(),
+            candidates: times
+                .iter()
+                .map(|(c, us)| CandidateTime {
+                    config: c.to_string(),
+                    us: *us,
+                })
+                .collect(),
+            tuned_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        };
+        let best = best.clone();
+        {
+            let mut records = self.records.lock();
+            records.retain(|r| !r.matches(key));
+            records.push(record);
+        }
+        if let Err(e) = self.save() {
+            tracing::warn!("could not save autotune results: {e}");
+        }
+        Ok(best)
+    }
+
+    /// Writes every record to the file (nothing without a file).
+    pub fn save(&self) -> Result<()> {
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
+        let file = TuneFile {
+            version: FILE_VERSION,
+            records: self.records(),
+        };
+        let text = toml::to_string(&file)
+            .map_err(|e| Error::InvalidArgument(format!("autotune file: {e}")))?;
+        write_atomic(path, &text)
+    }
+}
+
+/// [`Autotuner::tune`] on the process-wide tuner, keyed by `kernel`, `dtype`, `size` and the
+/// stream's device.
+pub fn autotune<C: Display + Clone>(
+    stream: &Stream,
+    kernel: &str,
+    dtype: DTypeKind,
+    size: usize,
+    candidates: &[C],
+    run: impl FnMut(&Stream, &C) -> Result<()>,
+) -> Result<C> {
+    let key = TuneKey::new(stream.device(), kernel, dtype, size)?;
+    Autotuner::global().tune(stream, &key, size, candidates, run)
+}
+
+/// Median µs of [`TUNE_REPS`] runs after one warm-up, each between two events.
+fn time_candidate(stream: &Stream, mut run: impl FnMut() -> Result<()>) -> Result<f64> {
+    run()?;
+    stream.synchronize()?;
+    let device = stream.device();
+    let (start, end) = (device.new_event()?, device.new_event()?);
+    let mut us = Vec::with_capacity(TUNE_REPS);
+    for _ in 0..TUNE_REPS {
+        stream.record(&start)?;
+        run()?;
+        stream.record(&end)?;
+        us.push(f64::from(start.elapsed_ms(&end)?) * 1e3);
+    }
+    us.sort_by(f64::total_cmp);
+    Ok(us[us.len() / 2])
+}
+
+/// The records in `path`; none when it is absent, and none with a warning when it does not
+/// parse.
+fn read_file(path: &Path) -> Vec<TuneRecord> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
+        Err(e) => {
+            tracing::warn!(
+                "autotune file {} unreadable ({e}); ignoring it",
+                path.display()
+            );
+            return Vec::new();
+        }
+    };
+    match toml::from_str::<TuneFile>(&text) {
+        Ok(f) => f.records,
+        Err(e) => {
+            tracing::warn!(
+                "autotune file {} is corrupt ({e}); ignoring it",
+                path.display()
+            );
+            Vec::new()
+        }
+    }
+}
+
+fn write_atomic(path: &Path, text: &str) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        path.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("autotune"),
+        std::process::id()
+    ));
+    std::fs::write(&tmp, text).map_err(|e| Error::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::io(path, e)
+    })
+}
+
+/// One point of a batch sweep.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BatchPoint {
+    pub batch: usize,
+    /// µs per batch.
+    pub us: f64,
+    /// Items per second.
+    pub per_second: f64,
+}
+
+/// A batch-size sweep and its knee.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchSweep {
+    /// The batches measured, in the order given (a sweep stops at the first batch that
+    /// runs out of memory).
+    pub points: Vec<BatchPoint>,
+    /// The batch with the highest throughput.
+    pub best: usize,
+    /// The smallest batch reaching [`KNEE_FRACTION`] of the best throughput.
+    pub knee: usize,
+}
+
+/// Measures each of `batches` with `measure` (µs per batch of that size) and returns the
+/// knee. A batch that runs out of memory ends the sweep (larger ones would too); other
+/// errors are returned. Fails when no batch could be measured.
+pub fn batch_knee(
+    batches: &[usize],
+    mut measure: impl FnMut(usize) -> Result<f64>,
+) -> Result<BatchSweep> {
+    let mut points = Vec::with_capacity(batches.len());
+    for &batch in batches {
+        if batch == 0 {
+            return Err(Error::InvalidArgument("batch_knee: a batch of 0".into()));
+        }
+        let us = match measure(batch) {
+            Ok(us) => us,
+            Err(Error::OutOfMemory { .. }) if !points.is_empty() => break,
+            Err(e) => return Err(e),
+        };
+        if !(us > 0.0 && us.is_finite()) {
+            return Err(Error::InvalidArgument(format!(
+                "batch_knee: batch {batch} took {us} µs"
+            )));
+        }
+        points.push(BatchPoint {
+            batch,
+            us,
+            per_second: batch as f64 / (us * 1e-6),
+        });
+    }
+    let best = points
+        .iter()
+        .max_by(|a, b| a.per_second.total_cmp(&b.per_second))
+        .copied()
+        .ok_or_else(|| Error::InvalidArgument("batch_knee: no batch sizes".into()))?;
+    let knee = points
+        .iter()
+        .filter(|p| p.per_second >= KNEE_FRACTION * best.per_second)
+        .map(|p| p.batch)
+        .min()
+        .unwrap_or(best.batch);
+    Ok(BatchSweep {
+        points,
+        best: best.batch,
+        knee,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_ceil_log2() {
+        assert_eq!(size_bucket(0), 0);
+        assert_eq!(size_bucket(1), 0);
+        assert_eq!(size_bucket(2), 1);
+        assert_eq!(size_bucket(3), 2);
+        assert_eq!(size_bucket(1024), 10);
+        assert_eq!(size_bucket(1025), 11);
+    }
+
+    #[test]
+    fn the_knee_is_the_smallest_batch_within_five_percent_of_the_best() {
+        // Throughput rises then saturates: 100 µs fixed cost + 1 µs per item.
+        let sweep = batch_knee(&[1, 8, 64, 512, 4096, 32768], |b| Ok(100.0 + b as f64)).unwrap();
+        assert_eq!(sweep.best, 32768);
+        // 4096 / 4196 µs = 0.976 items/µs vs 32768 / 32868 = 0.997: 97.9 % ≥ 95 %.
+        assert_eq!(sweep.knee, 4096);
+        assert_eq!(sweep.points.len(), 6);
+        // OOM ends the sweep; what was measured still gives a knee.
+        let sweep = batch_knee(&[1, 2, 4, 8], |b| {
+            if b >= 4 {
+                Err(Error::OutOfMemory {
+                    requested: b,
+                    detail: "test".into(),
+                })
+            } else {
+                Ok(10.0)
+            }
+        })
+        .unwrap();
+        assert_eq!((sweep.best, sweep.knee, sweep.points.len()), (2, 2, 2));
+        assert!(batch_knee(&[], |_| Ok(1.0)).is_err());
+        assert!(batch_knee(&[0], |_| Ok(1.0)).is_err());
+        assert!(batch_knee(&[4], |_| Ok(f64::NAN)).is_err());
+    }
+}
