@@ -17,6 +17,7 @@ pub mod exec;
 pub mod kernels;
 pub mod memory;
 pub mod ops;
+pub mod transfer;
 
 pub use device::{Device, DeviceInfo, Event, Stream};
 pub use dtype::{DType, DTypeKind, Float};

@@ -6,6 +6,7 @@
 pub(crate) mod cpu;
 pub(crate) mod cuda;
 pub mod sysfs;
+pub mod workers;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Once};

@@ -346,64 +346,110 @@ impl<T: DType> Buffer<T> {
     /// Enqueues a copy of `src` (same length) into the buffer on `stream` and returns at
     /// once; `src` records the copy, so its host view and its reuse wait for it.
     pub fn copy_from_pinned(&mut self, stream: &Stream, src: &mut PinnedBuf<T>) -> Result<()> {
-        self.check_stream(stream, "copy_from_pinned")?;
-        self.device().same_as(src.device(), "copy_from_pinned")?;
         super::check_len("copy_from_pinned", self.len(), src.len())?;
-        match stream.cuda() {
-            Some((d, s)) => {
-                if src.is_empty() {
-                    return Ok(());
-                }
-                // SAFETY: both ranges hold `size_bytes` bytes; `src` cannot be touched by the
-                // host nor reused until the event recorded below has completed.
-                unsafe {
-                    d.copy_raw_async(
-                        s,
-                        true,
-                        src.ptr as *mut u8,
-                        self.device_ptr(),
-                        src.size_bytes(),
-                    )?
-                };
-                src.record_use(stream)
-            }
-            None => {
-                let data = src.as_slice()?;
-                self.host_view_mut()?.copy_from_slice(data);
-                Ok(())
-            }
-        }
+        self.copy_from_pinned_at(stream, 0, src, src.len())
     }
 
     /// Enqueues a copy of the buffer into `dst` (same length) on `stream` and returns at
     /// once; `dst`'s host view waits for the copy.
     pub fn copy_to_pinned(&self, stream: &Stream, dst: &mut PinnedBuf<T>) -> Result<()> {
-        self.check_stream(stream, "copy_to_pinned")?;
-        self.device().same_as(dst.device(), "copy_to_pinned")?;
         super::check_len("copy_to_pinned", self.len(), dst.len())?;
+        self.copy_to_pinned_at(stream, 0, dst, dst.len())
+    }
+
+    /// As [`Buffer::copy_from_pinned`] for `src[..len]` into `self[offset..offset + len]`.
+    pub fn copy_from_pinned_at(
+        &mut self,
+        stream: &Stream,
+        offset: usize,
+        src: &mut PinnedBuf<T>,
+        len: usize,
+    ) -> Result<()> {
+        self.pinned_range(
+            "copy_from_pinned",
+            stream,
+            offset,
+            src.device(),
+            src.len(),
+            len,
+        )?;
         match stream.cuda() {
             Some((d, s)) => {
-                if dst.is_empty() {
+                if len == 0 {
                     return Ok(());
                 }
-                // SAFETY: both ranges hold `size_bytes` bytes; `dst` cannot be touched by the
-                // host nor reused until the event recorded below has completed.
-                unsafe {
-                    d.copy_raw_async(
-                        s,
-                        false,
-                        dst.ptr as *mut u8,
-                        self.device_ptr(),
-                        dst.size_bytes(),
-                    )?
-                };
-                dst.record_use(stream)
+                let bytes = len * std::mem::size_of::<T>();
+                let dev = self.device_ptr() + (offset * std::mem::size_of::<T>()) as u64;
+                // SAFETY: the ranges were checked above to lie within both allocations; `src`
+                // cannot be touched by the host nor reused until the event recorded below
+                // has completed.
+                unsafe { d.copy_raw_async(s, true, src.ptr as *mut u8, dev, bytes)? };
+                src.record_use(stream)
             }
             None => {
-                let src = self.host_view()?;
-                dst.as_mut_slice()?.copy_from_slice(src);
+                let data = &src.as_slice()?[..len];
+                self.host_view_mut()?[offset..offset + len].copy_from_slice(data);
                 Ok(())
             }
         }
+    }
+
+    /// As [`Buffer::copy_to_pinned`] for `self[offset..offset + len]` into `dst[..len]`.
+    pub fn copy_to_pinned_at(
+        &self,
+        stream: &Stream,
+        offset: usize,
+        dst: &mut PinnedBuf<T>,
+        len: usize,
+    ) -> Result<()> {
+        self.pinned_range(
+            "copy_to_pinned",
+            stream,
+            offset,
+            dst.device(),
+            dst.len(),
+            len,
+        )?;
+        match stream.cuda() {
+            Some((d, s)) => {
+                if len == 0 {
+                    return Ok(());
+                }
+                let bytes = len * std::mem::size_of::<T>();
+                let dev = self.device_ptr() + (offset * std::mem::size_of::<T>()) as u64;
+                // SAFETY: the ranges were checked above to lie within both allocations; `dst`
+                // cannot be touched by the host nor reused until the event recorded below
+                // has completed.
+                unsafe { d.copy_raw_async(s, false, dst.ptr as *mut u8, dev, bytes)? };
+                dst.record_use(stream)
+            }
+            None => {
+                let src = &self.host_view()?[offset..offset + len];
+                dst.as_mut_slice()?[..len].copy_from_slice(src);
+                Ok(())
+            }
+        }
+    }
+
+    /// Checks the device, stream and range of a pinned copy of `len` elements at `offset`.
+    fn pinned_range(
+        &self,
+        op: &'static str,
+        stream: &Stream,
+        offset: usize,
+        host_device: &Device,
+        host_len: usize,
+        len: usize,
+    ) -> Result<()> {
+        self.check_stream(stream, op)?;
+        self.device().same_as(host_device, op)?;
+        if len > host_len || offset.checked_add(len).is_none_or(|end| end > self.len()) {
+            return Err(Error::InvalidArgument(format!(
+                "{op}: {len} elements at offset {offset} do not fit a buffer of {} and a \
+                 host block of {host_len}",
+                self.len()
+            )));
+        }
+        Ok(())
     }
 }

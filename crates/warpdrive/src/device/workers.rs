@@ -1,0 +1,247 @@
+//! A persistent pool of host threads that runs one job's parts in parallel: the copy
+//! threads behind `transfer`'s staged copies and host conversions. Spawning threads per
+//! chunk costs tens of µs each; these are made once, optionally pinned to the CPUs of the
+//! GPU's NUMA node. It lives here (the backend floor) because lending a borrowed closure to
+//! long-lived threads needs `unsafe`.
+
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::{Condvar, Mutex};
+
+/// A job: a borrowed closure with its lifetime erased (see [`Workers::run`]).
+#[derive(Clone, Copy)]
+struct RawJob(*const (dyn Fn(usize) + Sync));
+
+// SAFETY: the pointee is `Sync` and outlives every use (see `Workers::run`).
+unsafe impl Send for RawJob {}
+
+#[derive(Default)]
+struct State {
+    generation: u64,
+    job: Option<RawJob>,
+    parts: usize,
+    next: usize,
+    left: usize,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    work: Condvar,
+    done: Condvar,
+}
+
+/// Persistent host threads that run the parts of one job at a time (the caller works too).
+pub struct Workers {
+    shared: Arc<Shared>,
+    threads: usize,
+    /// One job at a time; concurrent callers queue here.
+    run: Mutex<()>,
+}
+
+impl std::fmt::Debug for Workers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Workers({} threads)", self.threads)
+    }
+}
+
+/// The CPUs of NUMA node `node` (from `/sys/devices/system/node/nodeN/cpulist`).
+pub fn node_cpus(node: i32) -> Option<Vec<usize>> {
+    let text =
+        std::fs::read_to_string(format!("/sys/devices/system/node/node{node}/cpulist")).ok()?;
+    parse_cpulist(text.trim())
+}
+
+/// Parses a kernel CPU list such as `0-7,16-23`.
+pub fn parse_cpulist(text: &str) -> Option<Vec<usize>> {
+    let mut out = Vec::new();
+    for part in text.split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => out.extend(a.trim().parse::<usize>().ok()?..=b.trim().parse().ok()?),
+            None => out.push(part.trim().parse().ok()?),
+        }
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+fn pin_to(cpus: &[usize]) {
+    // SAFETY: `set` is a plain bit set on the stack; sched_setaffinity(0, ...) affects only
+    // the calling thread and reads `size_of::<cpu_set_t>()` bytes of it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in cpus {
+            libc::CPU_SET(c, &mut set);
+        }
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            tracing::debug!("could not pin a copy thread to CPUs {cpus:?}");
+        }
+    }
+}
+
+impl Workers {
+    /// `threads` threads in all (the caller counts as one), pinned to `cpus` when given.
+    pub fn new(threads: usize, cpus: Option<Vec<usize>>) -> Workers {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            work: Condvar::new(),
+            done: Condvar::new(),
+        });
+        let threads = threads.max(1);
+        let mut started = 1;
+        for i in 1..threads {
+            let shared = shared.clone();
+            let cpus = cpus.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("warpdrive-copy-{i}"))
+                .spawn(move || {
+                    if let Some(c) = &cpus {
+                        pin_to(c);
+                    }
+                    worker(&shared)
+                });
+            match spawned {
+                Ok(_) => started += 1,
+                Err(e) => {
+                    tracing::warn!("could not start copy thread {i}: {e}");
+                    break;
+                }
+            }
+        }
+        Workers {
+            shared,
+            threads: started,
+            run: Mutex::new(()),
+        }
+    }
+
+    /// The process-wide pool: one thread per available CPU (at most 32), pinned to the
+    /// CPUs of NUMA node `numa` when the first caller knows it.
+    pub fn global(numa: Option<i32>) -> &'static Workers {
+        static POOL: OnceLock<Workers> = OnceLock::new();
+        POOL.get_or_init(|| {
+            let cpus = numa.and_then(node_cpus);
+            let n = cpus.as_ref().map_or_else(
+                || std::thread::available_parallelism().map_or(1, |n| n.get()),
+                Vec::len,
+            );
+            Workers::new(n.min(32), cpus)
+        })
+    }
+
+    /// Threads in all, the caller's included.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Runs `f(0)`, ..., `f(parts - 1)` spread over the threads; returns when all are done.
+    pub fn run(&self, parts: usize, f: &(dyn Fn(usize) + Sync)) {
+        if parts <= 1 || self.threads == 1 {
+            (0..parts).for_each(f);
+            return;
+        }
+        let _one = self.run.lock();
+        // SAFETY: the lifetime is erased only while this call runs: `Finish` (also on
+        // unwinding) waits until every part has returned and clears the job before `f`'s
+        // borrow ends, and workers read the job only under the lock while it is set.
+        let raw = RawJob(unsafe {
+            std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), *const (dyn Fn(usize) + Sync)>(
+                f as *const _,
+            )
+        });
+        {
+            let mut st = self.shared.state.lock();
+            st.generation += 1;
+            st.job = Some(raw);
+            st.parts = parts;
+            st.next = 0;
+            st.left = parts;
+        }
+        self.shared.work.notify_all();
+        let _finish = Finish(&self.shared);
+        work_on(&self.shared);
+    }
+}
+
+/// Waits for every part of the current job, then clears it.
+struct Finish<'a>(&'a Shared);
+
+impl Drop for Finish<'_> {
+    fn drop(&mut self) {
+        let mut st = self.0.state.lock();
+        // Parts nobody took (the caller unwound) are dropped; taken ones finish.
+        let untaken = st.parts - st.next;
+        st.next = st.parts;
+        st.left -= untaken;
+        while st.left > 0 {
+            self.0.done.wait(&mut st);
+        }
+        st.job = None;
+    }
+}
+
+/// Takes parts of the current job until none is left. The job is read under the lock
+/// together with the part, so a part is never run with another job's closure.
+fn work_on(shared: &Shared) {
+    loop {
+        let (job, i) = {
+            let mut st = shared.state.lock();
+            match st.job {
+                Some(job) if st.next < st.parts => {
+                    st.next += 1;
+                    (job, st.next - 1)
+                }
+                _ => return,
+            }
+        };
+        // SAFETY: the job is live until `left` reaches 0 (see `Workers::run`), which cannot
+        // happen before this part is counted below.
+        unsafe { (*job.0)(i) };
+        let mut st = shared.state.lock();
+        st.left -= 1;
+        if st.left == 0 {
+            shared.done.notify_all();
+        }
+    }
+}
+
+fn worker(shared: &Shared) {
+    let mut seen = 0u64;
+    loop {
+        {
+            let mut st = shared.state.lock();
+            while st.generation == seen || st.job.is_none() || st.next >= st.parts {
+                seen = st.generation;
+                shared.work.wait(&mut st);
+            }
+            seen = st.generation;
+        }
+        work_on(shared);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn runs_every_part_once() {
+        let w = Workers::new(3, None);
+        for parts in [0, 1, 2, 7, 64] {
+            let hits: Vec<AtomicUsize> = (0..parts).map(|_| AtomicUsize::new(0)).collect();
+            w.run(parts, &|i| {
+                hits[i].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+        }
+    }
+
+    #[test]
+    fn cpulist() {
+        assert_eq!(
+            parse_cpulist("0-3,8,10-11"),
+            Some(vec![0, 1, 2, 3, 8, 10, 11])
+        );
+        assert_eq!(parse_cpulist(""), None);
+        assert_eq!(parse_cpulist("x"), None);
+    }
+}

@@ -1,0 +1,362 @@
+//! Host ↔ device transfers at the link's speed.
+//!
+//! - **Pageable fast path** ([`upload`], [`download`], [`to_host`], [`from_host`]): a large
+//!   copy from or to an ordinary slice is split into chunks; the persistent copy threads
+//!   ([`Workers`], pinned to the GPU's NUMA node) fill pinned staging blocks from the pinned
+//!   pool while the DMA engine moves earlier chunks ([`TransferConfig::depth`] in flight, an
+//!   event per chunk guarding each block's reuse). Copies under
+//!   [`TransferConfig::direct_below`] go straight through the driver. Chunk size and thread
+//!   count are tuned at the first large copy on a device and kept in the autotune cache
+//!   (`exec::tune`); [`set_config`] overrides them.
+//!   `Buffer::copy_from_host`/`copy_to_host` stay the plain driver copy: `memory` sits below
+//!   this floor and must not depend on it, and one explicit fast entry point is simpler
+//!   than injecting a hook into `memory`.
+//! - [`Batch`]: many small slices gathered into one pinned block, one DMA, and a device
+//!   offsets table; [`Packed::download`] is the reverse.
+//! - [`Pipeline`]: chunks streamed through N streams (H2D, user compute, D2H overlapping),
+//!   ordered output, per-stage busy time and overlap efficiency.
+//! - Wire compression ([`upload_f32`], [`download_f32`], [`Compression`]): f32 sent as
+//!   bf16/f16 and widened on the device (or narrowed there and widened on the host).
+
+mod batch;
+mod compress;
+mod pipeline;
+
+pub use batch::{Batch, Handle, Packed};
+pub use compress::{download_f32, upload_f32, Compression, BF16_REL_ERROR, F16_REL_ERROR};
+pub use pipeline::{Pipeline, PipelineStats};
+
+use std::collections::HashMap;
+use std::fmt;
+
+use parking_lot::Mutex;
+
+use crate::device::workers::Workers;
+use crate::device::{Device, Stream};
+use crate::dtype::{DType, DTypeKind};
+use crate::error::Result;
+use crate::memory::{check_len, Buffer, PinnedBuf};
+
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+/// The size the first large copy on a device tunes the chunk size and threads at.
+pub const TUNE_BYTES: usize = 64 * MIB;
+
+/// How a staged copy runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransferConfig {
+    /// Bytes per chunk (one pinned staging block each).
+    pub chunk_bytes: usize,
+    /// Copy threads per chunk (the caller's included).
+    pub threads: usize,
+    /// Staging blocks in flight.
+    pub depth: usize,
+    /// Copies of fewer bytes go straight through the driver.
+    pub direct_below: usize,
+}
+
+impl Default for TransferConfig {
+    fn default() -> Self {
+        TransferConfig {
+            chunk_bytes: 8 * MIB,
+            threads: 8,
+            depth: 3,
+            direct_below: MIB,
+        }
+    }
+}
+
+impl fmt::Display for TransferConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}KiBx{}", self.chunk_bytes / KIB, self.threads)
+    }
+}
+
+/// Which way a copy goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Direction {
+    H2d,
+    D2h,
+}
+
+static OVERRIDE: Mutex<Option<TransferConfig>> = Mutex::new(None);
+static TUNED: Mutex<Option<HashMap<(String, Direction), TransferConfig>>> = Mutex::new(None);
+
+/// Uses `config` for every later copy (instead of the tuned one); `None` goes back to tuning.
+pub fn set_config(config: Option<TransferConfig>) {
+    *OVERRIDE.lock() = config;
+}
+
+/// The copy threads for `device` (pinned to its NUMA node when known).
+pub fn workers(device: &Device) -> &'static Workers {
+    let numa = match device {
+        Device::Cuda(_) => device.info().ok().and_then(|i| i.numa_node),
+        Device::Cpu => None,
+    };
+    Workers::global(numa)
+}
+
+/// The configuration copies in `dir` use on the stream's device: the override, else the
+/// tuned one (tuned now on a CUDA device's first call), else the default.
+pub fn config(stream: &Stream, dir: Direction) -> Result<TransferConfig> {
+    if let Some(c) = *OVERRIDE.lock() {
+        return Ok(c);
+    }
+    let device = stream.device();
+    if !device.is_cuda() {
+        return Ok(TransferConfig::default());
+    }
+    let key = (device.label(), dir);
+    if let Some(c) = TUNED.lock().as_ref().and_then(|m| m.get(&key)) {
+        return Ok(*c);
+    }
+    let tuned = tune(stream, dir)?;
+    TUNED
+        .lock()
+        .get_or_insert_with(HashMap::new)
+        .insert(key, tuned);
+    Ok(tuned)
+}
+
+/// Times the candidate chunk sizes and thread counts on a [`TUNE_BYTES`] copy (once per
+/// device and direction; the winner is kept in the autotune cache).
+fn tune(stream: &Stream, dir: Direction) -> Result<TransferConfig> {
+    let max_threads = workers(stream.device()).threads();
+    let mut candidates = Vec::new();
+    for chunk_mib in [4, 8, 16] {
+        for threads in [4, 8, 16] {
+            if threads <= max_threads || threads == 4 {
+                candidates.push(TransferConfig {
+                    chunk_bytes: chunk_mib * MIB,
+                    threads: threads.min(max_threads),
+                    ..TransferConfig::default()
+                });
+            }
+        }
+    }
+    candidates.dedup();
+    let host: Vec<u8> = (0..TUNE_BYTES).map(|i| (i * 31 % 251) as u8).collect();
+    let mut host = host;
+    let mut dev = Buffer::<u8>::uninit(stream, TUNE_BYTES)?;
+    let kernel = match dir {
+        Direction::H2d => "transfer.h2d",
+        Direction::D2h => "transfer.d2h",
+    };
+    crate::exec::tune::autotune(
+        stream,
+        kernel,
+        DTypeKind::U8,
+        TUNE_BYTES,
+        &candidates,
+        |s, c| match dir {
+            Direction::H2d => staged_h2d(s, &mut dev, &host, c),
+            Direction::D2h => staged_d2h(s, &dev, &mut host, c),
+        },
+    )
+}
+
+/// Copies `src` into `dst` (same length) on `stream`; returns when `src` may be reused and
+/// the copy has completed. Large copies take the staged fast path.
+pub fn upload<T: DType>(stream: &Stream, dst: &mut Buffer<T>, src: &[T]) -> Result<()> {
+    check_len("transfer::upload", dst.len(), src.len())?;
+    if std::mem::size_of_val(src) < direct_below() {
+        return dst.copy_from_host(stream, src);
+    }
+    let cfg = config(stream, Direction::H2d)?;
+    upload_with(stream, dst, src, &cfg)
+}
+
+/// Copies `src` into `dst` (same length), waiting for the stream. Large copies take the
+/// staged fast path.
+pub fn download<T: DType>(stream: &Stream, src: &Buffer<T>, dst: &mut [T]) -> Result<()> {
+    check_len("transfer::download", src.len(), dst.len())?;
+    if std::mem::size_of_val(dst) < direct_below() {
+        return src.copy_to_host(stream, dst);
+    }
+    let cfg = config(stream, Direction::D2h)?;
+    download_with(stream, src, dst, &cfg)
+}
+
+/// The buffer's contents in a new `Vec` (through [`download`]).
+pub fn to_host<T: DType>(stream: &Stream, src: &Buffer<T>) -> Result<Vec<T>> {
+    // `vec!` of zeros maps fresh pages lazily, so the copy threads take the page faults.
+    let mut out = vec![T::default(); src.len()];
+    download(stream, src, &mut out)?;
+    Ok(out)
+}
+
+/// A new buffer holding `src` (through [`upload`]).
+pub fn from_host<T: DType>(stream: &Stream, src: &[T]) -> Result<Buffer<T>> {
+    let mut buf = Buffer::uninit(stream, src.len())?;
+    upload(stream, &mut buf, src)?;
+    Ok(buf)
+}
+
+fn direct_below() -> usize {
+    OVERRIDE
+        .lock()
+        .map_or(TransferConfig::default().direct_below, |c| c.direct_below)
+}
+
+/// [`upload`] with an explicit configuration (its `direct_below` included).
+pub fn upload_with<T: DType>(
+    stream: &Stream,
+    dst: &mut Buffer<T>,
+    src: &[T],
+    cfg: &TransferConfig,
+) -> Result<()> {
+    check_len("transfer::upload", dst.len(), src.len())?;
+    dst.device().same_as(stream.device(), "transfer::upload")?;
+    if std::mem::size_of_val(src) < cfg.direct_below {
+        return dst.copy_from_host(stream, src);
+    }
+    staged_h2d(stream, dst, src, cfg)
+}
+
+/// [`download`] with an explicit configuration (its `direct_below` included).
+pub fn download_with<T: DType>(
+    stream: &Stream,
+    src: &Buffer<T>,
+    dst: &mut [T],
+    cfg: &TransferConfig,
+) -> Result<()> {
+    check_len("transfer::download", src.len(), dst.len())?;
+    src.device()
+        .same_as(stream.device(), "transfer::download")?;
+    if std::mem::size_of_val(dst) < cfg.direct_below {
+        return src.copy_to_host(stream, dst);
+    }
+    staged_d2h(stream, src, dst, cfg)
+}
+
+/// Elements per chunk: the configured chunk, but at least `depth` chunks for copies of a
+/// few chunks or less (so even those overlap host copies with the DMA), never under 64 KiB.
+fn chunk_len<T>(len: usize, cfg: &TransferConfig) -> usize {
+    let size = std::mem::size_of::<T>().max(1);
+    let chunk = (cfg.chunk_bytes / size).max(1);
+    let spread = len.div_ceil(cfg.depth.max(1)).max((64 * KIB / size).max(1));
+    chunk.min(spread).max(1)
+}
+
+fn staged_h2d<T: DType>(
+    stream: &Stream,
+    dst: &mut Buffer<T>,
+    src: &[T],
+    cfg: &TransferConfig,
+) -> Result<()> {
+    let workers = workers(stream.device());
+    if !stream.device().is_cuda() {
+        par_copy(workers, cfg.threads, dst.host_view_mut()?, src);
+        return Ok(());
+    }
+    let chunk = chunk_len::<T>(src.len(), cfg);
+    let n = src.len().div_ceil(chunk);
+    let mut slots = (0..cfg.depth.clamp(1, n.max(1)))
+        .map(|_| PinnedBuf::<T>::new(stream.device(), chunk))
+        .collect::<Result<Vec<_>>>()?;
+    let depth = slots.len();
+    for (i, piece) in src.chunks(chunk).enumerate() {
+        let stage = &mut slots[i % depth];
+        // Waits for the DMA that last read this block.
+        par_copy(
+            workers,
+            cfg.threads,
+            &mut stage.as_mut_slice()?[..piece.len()],
+            piece,
+        );
+        dst.copy_from_pinned_at(stream, i * chunk, stage, piece.len())?;
+    }
+    stream.synchronize()
+}
+
+fn staged_d2h<T: DType>(
+    stream: &Stream,
+    src: &Buffer<T>,
+    dst: &mut [T],
+    cfg: &TransferConfig,
+) -> Result<()> {
+    let workers = workers(stream.device());
+    if !stream.device().is_cuda() {
+        par_copy(workers, cfg.threads, dst, src.host_view()?);
+        return Ok(());
+    }
+    let chunk = chunk_len::<T>(dst.len(), cfg);
+    let n = dst.len().div_ceil(chunk);
+    let mut slots = (0..cfg.depth.clamp(1, n.max(1)))
+        .map(|_| PinnedBuf::<T>::new(stream.device(), chunk))
+        .collect::<Result<Vec<_>>>()?;
+    let depth = slots.len();
+    let piece_len = |i: usize| chunk.min(dst.len() - i * chunk);
+    for (i, stage) in slots.iter_mut().enumerate() {
+        src.copy_to_pinned_at(stream, i * chunk, stage, piece_len(i))?;
+    }
+    for (i, piece) in dst.chunks_mut(chunk).enumerate() {
+        let stage = &mut slots[i % depth];
+        // Waits for this chunk's DMA.
+        par_copy(
+            workers,
+            cfg.threads,
+            piece,
+            &stage.as_slice()?[..piece.len()],
+        );
+        let next = i + depth;
+        if next < n {
+            src.copy_to_pinned_at(
+                stream,
+                next * chunk,
+                stage,
+                chunk.min(src.len() - next * chunk),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// `dst.copy_from_slice(src)` in up to `threads` page-sized pieces on the copy threads.
+pub fn par_copy<T: Copy + Send + Sync>(
+    workers: &Workers,
+    threads: usize,
+    dst: &mut [T],
+    src: &[T],
+) {
+    par_map(workers, threads, dst, src, |d, s| d.copy_from_slice(s));
+}
+
+/// `f(dst piece, src piece)` over matching pieces of two equally long slices, on up to
+/// `threads` copy threads (one piece each).
+pub fn par_map<S: Sync, D: Send>(
+    workers: &Workers,
+    threads: usize,
+    dst: &mut [D],
+    src: &[S],
+    f: impl Fn(&mut [D], &[S]) + Sync,
+) {
+    debug_assert_eq!(dst.len(), src.len());
+    let size = std::mem::size_of::<D>()
+        .max(std::mem::size_of::<S>())
+        .max(1);
+    // Pieces of at least 256 KiB, in whole pages.
+    let min_piece = (256 * KIB / size).max(1);
+    let parts = threads
+        .min(workers.threads())
+        .min(dst.len().div_ceil(min_piece))
+        .max(1);
+    if parts == 1 {
+        f(dst, src);
+        return;
+    }
+    let piece = dst
+        .len()
+        .div_ceil(parts)
+        .next_multiple_of((4 * KIB / size).max(1));
+    let jobs: Vec<Mutex<(&mut [D], &[S])>> = dst
+        .chunks_mut(piece)
+        .zip(src.chunks(piece))
+        .map(Mutex::new)
+        .collect();
+    workers.run(jobs.len(), &|i| {
+        let mut job = jobs[i].lock();
+        let (d, s) = &mut *job;
+        f(d, s);
+    });
+}
