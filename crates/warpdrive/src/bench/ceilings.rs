@@ -233,7 +233,7 @@ fn ceiling_row(key: Ceiling, size: usize, samples_us: &mut [f64]) -> Result<Row>
 }
 
 /// Seeded random bytes (never all zero).
-fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+pub(super) fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
     let mut v = vec![0u8; len];
     SmallRng::seed_from_u64(seed).fill_bytes(&mut v);
     v

@@ -18,6 +18,7 @@ mod peers;
 mod results;
 mod stats;
 mod timing;
+mod transfer;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -103,6 +104,13 @@ static SUITES: &[Suite] = &[
                 16-byte loads), the fused MoE router (bf16), GEMM through cuBLAS (bf16 8192³; 40 \
                 f32 256³ looped vs strided-batched) and kernel launch cost (builder, lean, graph)",
         run: kernels::run_suite,
+    },
+    Suite {
+        name: transfer::SUITE,
+        about: "host<->device copies from pageable memory (driver, pinned ceiling, the \
+                staged fast path), host copy rate, coalescing 1000 small copies, the \
+                3-stream pipeline's overlap, wire compression (bf16/f16/auto)",
+        run: transfer::run_suite,
     },
 ];
 

@@ -1,0 +1,324 @@
+//! The `transfer` suite: host ↔ device copies from ordinary (pageable) memory.
+//!
+//! - `h2d`, `d2h` (size = bytes, 4 KiB to 1 GiB in ×4 steps): `driver-pageable` (the
+//!   driver's own copy from/to a touched `Vec`, host clock), `driver-pinned` (from/to a
+//!   pinned block, events; the ceiling), `warpdrive` (the pageable fast path
+//!   `transfer::upload`; D2H `transfer::to_host` into a fresh `Vec` each time, as
+//!   `tensor.cpu()` does) and, for D2H, `warpdrive-reuse` (`transfer::download` into a
+//!   reused `Vec`). `extra.x_driver_pageable` = driver-pageable median / this median.
+//!   Peers: `torch-pageable`, `torch-pinned-nonblocking`, `torch-cpu`.
+//! - `host-copy-rate` (size = threads), `ceiling`: µs to copy 1 GiB between two touched host
+//!   buffers on the copy threads.
+//! - `coalesce-1000x4KiB`: `baseline` (1000 driver copies from pageable slices) vs
+//!   `warpdrive` (one [`Batch`]); `extra.speedup`.
+//! - `pipeline` (size = bytes streamed): a balanced workload (per chunk, device copies
+//!   taking about as long as the chunk's upload) on `streams-1/2/3`;
+//!   `extra.overlap_efficiency` and the stage totals.
+//! - `compressed-h2d` (size = f32 bytes): `warpdrive` (uncompressed), `warpdrive-bf16`,
+//!   `warpdrive-f16`, `warpdrive-auto`.
+
+use crate::error::Result;
+use crate::memory::{Buffer, PinnedBuf};
+use crate::ops;
+use crate::transfer::{self, Batch, Compression, Pipeline};
+
+use super::ceilings::{random_bytes, random_f32};
+use super::{time_gpu, time_host, Ceiling, Ctx, Scale};
+
+pub(crate) const SUITE: &str = "transfer";
+
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+
+fn sizes(scale: Scale) -> Vec<usize> {
+    let top = match scale {
+        Scale::Full => 1 << 30,
+        Scale::Quick => 16 * MIB,
+        Scale::Tiny => 256 * KIB,
+    };
+    std::iter::successors(Some(4 * KIB), |s| Some(s * 4))
+        .take_while(|s| *s <= top)
+        .collect()
+}
+
+fn reps(bytes: usize) -> usize {
+    if bytes >= 256 * MIB {
+        5
+    } else if bytes >= 16 * MIB {
+        10
+    } else {
+        30
+    }
+}
+
+pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
+    let scale = ctx.scale();
+    for &bytes in &sizes(scale) {
+        copies(ctx, bytes)?;
+    }
+    host_copy_rate(ctx)?;
+    coalesce(ctx)?;
+    pipeline(ctx)?;
+    compressed(ctx)?;
+    Ok(())
+}
+
+fn copies(ctx: &mut Ctx, bytes: usize) -> Result<()> {
+    ctx.step(format!("h2d/d2h {bytes} bytes"));
+    let s = ctx.stream().clone();
+    let reps = reps(bytes);
+    let mut host = random_bytes(bytes, 0x7a);
+    let mut dev = Buffer::<u8>::uninit(&s, bytes)?;
+    let cuda = s.device().is_cuda();
+    // H2D.
+    let mut base = time_host(1, reps, || dev.copy_from_host(&s, &host))?;
+    let base_med = super::Stats::from_samples(&mut base.clone())?.median;
+    ctx.record_bytes(
+        "h2d",
+        bytes as u64,
+        "driver-pageable",
+        &mut base,
+        bytes as f64,
+        Some(Ceiling::H2dPinned),
+    )?;
+    if cuda {
+        let mut pinned = PinnedBuf::<u8>::from_slice(s.device(), &host)?;
+        let mut us = time_gpu(&s, 1, reps, |s| dev.copy_from_pinned(s, &mut pinned))?;
+        ctx.record_bytes(
+            "h2d",
+            bytes as u64,
+            "driver-pinned",
+            &mut us,
+            bytes as f64,
+            Some(Ceiling::H2dPinned),
+        )?;
+    }
+    let mut us = time_host(1, reps, || transfer::upload(&s, &mut dev, &host))?;
+    let med = super::Stats::from_samples(&mut us.clone())?.median;
+    ctx.record_bytes(
+        "h2d",
+        bytes as u64,
+        "warpdrive",
+        &mut us,
+        bytes as f64,
+        Some(Ceiling::H2dPinned),
+    )?
+    .extra
+    .insert("x_driver_pageable".into(), (base_med / med).into());
+    // D2H.
+    let mut base = time_host(1, reps, || dev.copy_to_host(&s, &mut host))?;
+    let base_med = super::Stats::from_samples(&mut base.clone())?.median;
+    ctx.record_bytes(
+        "d2h",
+        bytes as u64,
+        "driver-pageable",
+        &mut base,
+        bytes as f64,
+        Some(Ceiling::D2hPinned),
+    )?;
+    if cuda {
+        let mut pinned = PinnedBuf::<u8>::new(s.device(), bytes)?;
+        let mut us = time_gpu(&s, 1, reps, |s| dev.copy_to_pinned(s, &mut pinned))?;
+        ctx.record_bytes(
+            "d2h",
+            bytes as u64,
+            "driver-pinned",
+            &mut us,
+            bytes as f64,
+            Some(Ceiling::D2hPinned),
+        )?;
+    }
+    let mut us = time_host(1, reps, || transfer::to_host(&s, &dev).map(drop))?;
+    let med = super::Stats::from_samples(&mut us.clone())?.median;
+    ctx.record_bytes(
+        "d2h",
+        bytes as u64,
+        "warpdrive",
+        &mut us,
+        bytes as f64,
+        Some(Ceiling::D2hPinned),
+    )?
+    .extra
+    .insert("x_driver_pageable".into(), (base_med / med).into());
+    let mut us = time_host(1, reps, || transfer::download(&s, &dev, &mut host))?;
+    let med = super::Stats::from_samples(&mut us.clone())?.median;
+    ctx.record_bytes(
+        "d2h",
+        bytes as u64,
+        "warpdrive-reuse",
+        &mut us,
+        bytes as f64,
+        Some(Ceiling::D2hPinned),
+    )?
+    .extra
+    .insert("x_driver_pageable".into(), (base_med / med).into());
+    Ok(())
+}
+
+fn host_copy_rate(ctx: &mut Ctx) -> Result<()> {
+    let bytes = if ctx.quick() { 16 * MIB } else { 1 << 30 };
+    let src = random_bytes(bytes, 0xc0);
+    let mut dst = random_bytes(bytes, 0xc1);
+    let workers = transfer::workers(ctx.device());
+    for threads in [1, 2, 4, 8, 16] {
+        ctx.step(format!("host-copy-rate {threads} threads"));
+        let mut us = time_host(1, 5, || {
+            transfer::par_copy(workers, threads, &mut dst, &src);
+            Ok(())
+        })?;
+        ctx.record_bytes(
+            "host-copy-rate",
+            threads as u64,
+            "ceiling",
+            &mut us,
+            bytes as f64,
+            Some(Ceiling::HostMemcpy),
+        )?
+        .extra
+        .insert("threads_available".into(), workers.threads().into());
+    }
+    Ok(())
+}
+
+fn coalesce(ctx: &mut Ctx) -> Result<()> {
+    ctx.step("coalesce-1000x4KiB");
+    let s = ctx.stream().clone();
+    let slices: Vec<Vec<u8>> = (0..1000).map(|i| random_bytes(4 * KIB, i)).collect();
+    let mut bufs = (0..1000)
+        .map(|_| Buffer::<u8>::uninit(&s, 4 * KIB))
+        .collect::<Result<Vec<_>>>()?;
+    let bytes = 1000.0 * 4.0 * KIB as f64;
+    let mut base = time_host(1, 10, || {
+        for (b, x) in bufs.iter_mut().zip(&slices) {
+            b.copy_from_host(&s, x)?;
+        }
+        Ok(())
+    })?;
+    let base_med = super::Stats::from_samples(&mut base.clone())?.median;
+    ctx.record_bytes(
+        "coalesce-1000x4KiB",
+        1000,
+        "baseline",
+        &mut base,
+        bytes,
+        Some(Ceiling::H2dPinned),
+    )?;
+    let mut batch = Batch::<u8>::with_capacity(s.device(), 1000 * 4 * KIB, 1000)?;
+    let mut us = time_host(1, 10, || {
+        batch.clear();
+        for x in &slices {
+            batch.push(x)?;
+        }
+        let packed = batch.upload(&s)?;
+        s.synchronize()?;
+        drop(packed);
+        Ok(())
+    })?;
+    let med = super::Stats::from_samples(&mut us.clone())?.median;
+    ctx.record_bytes(
+        "coalesce-1000x4KiB",
+        1000,
+        "warpdrive",
+        &mut us,
+        bytes,
+        Some(Ceiling::H2dPinned),
+    )?
+    .extra
+    .insert("speedup".into(), (base_med / med).into());
+    Ok(())
+}
+
+fn pipeline(ctx: &mut Ctx) -> Result<()> {
+    let s = ctx.stream().clone();
+    let (total, chunk) = if ctx.quick() {
+        (8 * MIB, MIB)
+    } else {
+        (512 * MIB, 16 * MIB)
+    };
+    let input = random_f32(total / 4, 0x919e);
+    let mut output = vec![0f32; input.len()];
+    // The balanced kernel: enough device copies of the chunk to take as long as its upload.
+    let x = Buffer::<f32>::from_host(&s, &input[..chunk / 4])?;
+    let mut y = Buffer::<f32>::uninit(&s, chunk / 4)?;
+    let mut one = time_gpu(&s, 2, 10, |s| ops::copy(s, &x, &mut y))?;
+    let one_us = super::Stats::from_samples(&mut one)?.median;
+    let upload_us = ctx
+        .ceilings()
+        .get(Ceiling::H2dPinned)
+        .map_or(one_us, |gbps| chunk as f64 / (gbps * 1e3));
+    let passes = ((upload_us / one_us).round() as usize).max(1);
+    drop((x, y));
+    for streams in 1..=3 {
+        ctx.step(format!("pipeline streams-{streams}"));
+        let p = Pipeline::new(ctx.device(), streams, chunk / 4, 2)?;
+        let mut last = None;
+        let mut us = time_host(1, 3, || {
+            let st = p.run(&input, &mut output, |s, x, y| {
+                for _ in 0..passes {
+                    ops::copy(s, x, y)?;
+                }
+                Ok(())
+            })?;
+            last = Some(st);
+            Ok(())
+        })?;
+        let st = last.unwrap_or_default();
+        let row = ctx.record_bytes(
+            "pipeline",
+            total as u64,
+            &format!("streams-{streams}"),
+            &mut us,
+            total as f64,
+            Some(Ceiling::H2dPinned),
+        )?;
+        for (k, v) in [
+            ("overlap_efficiency", st.overlap_efficiency()),
+            ("wall_s", st.wall_s),
+            ("host_s", st.host_s),
+            ("h2d_s", st.h2d_s),
+            ("compute_s", st.compute_s),
+            ("d2h_s", st.d2h_s),
+            (
+                "wall_over_max_stage",
+                st.wall_s / st.max_stage_s().max(1e-12),
+            ),
+        ] {
+            row.extra.insert(k.into(), v.into());
+        }
+        row.extra.insert("compute_passes".into(), passes.into());
+    }
+    Ok(())
+}
+
+fn compressed(ctx: &mut Ctx) -> Result<()> {
+    let s = ctx.stream().clone();
+    let sizes: Vec<usize> = if ctx.quick() {
+        vec![4 * MIB, 16 * MIB]
+    } else {
+        vec![4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB, 1 << 30]
+    };
+    for bytes in sizes {
+        ctx.step(format!("compressed-h2d {bytes}"));
+        let host = random_f32(bytes / 4, 0xc3);
+        let mut dev = Buffer::<f32>::uninit(&s, bytes / 4)?;
+        for (variant, c) in [
+            ("warpdrive", Compression::None),
+            ("warpdrive-bf16", Compression::Bf16),
+            ("warpdrive-f16", Compression::F16),
+            ("warpdrive-auto", Compression::Auto),
+        ] {
+            let mut us = time_host(1, reps(bytes), || {
+                transfer::upload_f32(&s, &mut dev, &host, c)
+            })?;
+            ctx.record_bytes(
+                "compressed-h2d",
+                bytes as u64,
+                variant,
+                &mut us,
+                bytes as f64,
+                Some(Ceiling::H2dPinned),
+            )?;
+        }
+    }
+    Ok(())
+}
