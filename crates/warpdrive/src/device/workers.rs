@@ -114,11 +114,11 @@ impl Workers {
     }
 
     /// The process-wide pool: one thread per available CPU (at most 32), pinned to the
-    /// CPUs of NUMA node `numa` when the first caller knows it.
-    pub fn global(numa: Option<i32>) -> &'static Workers {
+    /// CPUs of NUMA node `numa()` (asked once, by the first caller) when it is known.
+    pub fn global(numa: impl FnOnce() -> Option<i32>) -> &'static Workers {
         static POOL: OnceLock<Workers> = OnceLock::new();
         POOL.get_or_init(|| {
-            let cpus = numa.and_then(node_cpus);
+            let cpus = numa().and_then(node_cpus);
             let n = cpus.as_ref().map_or_else(
                 || std::thread::available_parallelism().map_or(1, |n| n.get()),
                 Vec::len,

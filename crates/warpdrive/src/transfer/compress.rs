@@ -90,7 +90,7 @@ pub fn upload_f32(
     compression: Compression,
 ) -> Result<()> {
     check_len("transfer::upload_f32", dst.len(), src.len())?;
-    if std::mem::size_of_val(src) < super::direct_below() {
+    if std::mem::size_of_val(src) < super::ALWAYS_DIRECT {
         return super::upload(stream, dst, src);
     }
     match resolve(stream, Direction::H2d, compression)? {
@@ -112,7 +112,7 @@ pub fn download_f32(
     compression: Compression,
 ) -> Result<()> {
     check_len("transfer::download_f32", src.len(), dst.len())?;
-    if std::mem::size_of_val(dst) < super::direct_below() {
+    if std::mem::size_of_val(dst) < super::ALWAYS_DIRECT {
         return super::download(stream, src, dst);
     }
     match resolve(stream, Direction::D2h, compression)? {

@@ -89,11 +89,10 @@ pub fn set_config(config: Option<TransferConfig>) {
 
 /// The copy threads for `device` (pinned to its NUMA node when known).
 pub fn workers(device: &Device) -> &'static Workers {
-    let numa = match device {
+    Workers::global(|| match device {
         Device::Cuda(_) => device.info().ok().and_then(|i| i.numa_node),
         Device::Cpu => None,
-    };
-    Workers::global(numa)
+    })
 }
 
 /// The configuration copies in `dir` use on the stream's device: the override, else the
@@ -142,7 +141,7 @@ fn tune(stream: &Stream, dir: Direction) -> Result<TransferConfig> {
         Direction::H2d => "transfer.h2d",
         Direction::D2h => "transfer.d2h",
     };
-    crate::exec::tune::autotune(
+    let mut best = crate::exec::tune::autotune(
         stream,
         kernel,
         DTypeKind::U8,
@@ -152,14 +151,59 @@ fn tune(stream: &Stream, dir: Direction) -> Result<TransferConfig> {
             Direction::H2d => staged_h2d(s, &mut dev, &host, c),
             Direction::D2h => staged_d2h(s, &dev, &mut host, c),
         },
-    )
+    )?;
+    drop(dev);
+    // The crossover (measured each process, cheap): the smallest size from which on the
+    // staged copy beats the driver's at every measured size.
+    best.direct_below = 32 * MIB;
+    for bytes in [
+        16 * MIB,
+        8 * MIB,
+        4 * MIB,
+        2 * MIB,
+        MIB,
+        512 * KIB,
+        ALWAYS_DIRECT,
+    ] {
+        let h = &mut host[..bytes];
+        let mut part = Buffer::<u8>::uninit(stream, bytes)?;
+        let driver = fastest(|| match dir {
+            Direction::H2d => part.copy_from_host(stream, h),
+            Direction::D2h => part.copy_to_host(stream, h),
+        })?;
+        let staged = fastest(|| match dir {
+            Direction::H2d => staged_h2d(stream, &mut part, h, &best),
+            Direction::D2h => staged_d2h(stream, &part, h, &best),
+        })?;
+        if staged >= driver {
+            break;
+        }
+        best.direct_below = bytes;
+    }
+    tracing::debug!(
+        "transfer {dir:?}: {best} staged from {} bytes",
+        best.direct_below
+    );
+    Ok(best)
+}
+
+/// The fastest of five host-clock runs after a warm-up, in seconds.
+fn fastest(mut run: impl FnMut() -> Result<()>) -> Result<f64> {
+    run()?;
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let t = std::time::Instant::now();
+        run()?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    Ok(best)
 }
 
 /// Copies `src` into `dst` (same length) on `stream`; returns when `src` may be reused and
 /// the copy has completed. Large copies take the staged fast path.
 pub fn upload<T: DType>(stream: &Stream, dst: &mut Buffer<T>, src: &[T]) -> Result<()> {
     check_len("transfer::upload", dst.len(), src.len())?;
-    if std::mem::size_of_val(src) < direct_below() {
+    if std::mem::size_of_val(src) < ALWAYS_DIRECT {
         return dst.copy_from_host(stream, src);
     }
     let cfg = config(stream, Direction::H2d)?;
@@ -170,7 +214,7 @@ pub fn upload<T: DType>(stream: &Stream, dst: &mut Buffer<T>, src: &[T]) -> Resu
 /// staged fast path.
 pub fn download<T: DType>(stream: &Stream, src: &Buffer<T>, dst: &mut [T]) -> Result<()> {
     check_len("transfer::download", src.len(), dst.len())?;
-    if std::mem::size_of_val(dst) < direct_below() {
+    if std::mem::size_of_val(dst) < ALWAYS_DIRECT {
         return src.copy_to_host(stream, dst);
     }
     let cfg = config(stream, Direction::D2h)?;
@@ -192,11 +236,8 @@ pub fn from_host<T: DType>(stream: &Stream, src: &[T]) -> Result<Buffer<T>> {
     Ok(buf)
 }
 
-fn direct_below() -> usize {
-    OVERRIDE
-        .lock()
-        .map_or(TransferConfig::default().direct_below, |c| c.direct_below)
-}
+/// Copies under this many bytes always go straight through the driver (and never tune).
+pub const ALWAYS_DIRECT: usize = 256 * KIB;
 
 /// [`upload`] with an explicit configuration (its `direct_below` included).
 pub fn upload_with<T: DType>(
@@ -335,8 +376,8 @@ pub fn par_map<S: Sync, D: Send>(
     let size = std::mem::size_of::<D>()
         .max(std::mem::size_of::<S>())
         .max(1);
-    // Pieces of at least 256 KiB, in whole pages.
-    let min_piece = (256 * KIB / size).max(1);
+    // Pieces of at least 128 KiB (waking a thread costs µs), in whole pages.
+    let min_piece = (128 * KIB / size).max(1);
     let parts = threads
         .min(workers.threads())
         .min(dst.len().div_ceil(min_piece))
