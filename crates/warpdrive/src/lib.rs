@@ -6,7 +6,8 @@
 //! Every public type works on two backends, [`Device::Cuda`] and [`Device::Cpu`]; the CPU
 //! backend is the reference every kernel is tested against.
 //!
-//! Floors (nothing imports upward): `device` + `kernels` → `memory` → `ops`, `exec` →
+//! Floors (nothing imports upward): `device` + `kernels` → `memory` → `ops`, `exec`,
+//! `transfer` →
 //! `bench`.
 
 pub mod bench;
