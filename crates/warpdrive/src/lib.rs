@@ -7,8 +7,7 @@
 //! backend is the reference every kernel is tested against.
 //!
 //! Floors (nothing imports upward): `device` + `kernels` → `memory` → `ops`, `exec`,
-//! `transfer` →
-//! `bench`.
+//! `transfer` → `bench`.
 
 pub mod bench;
 pub mod device;
