@@ -386,6 +386,36 @@ fn launches(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         .extra
         .insert("graph_launch_us".into(), median(&replay_enqueue).into());
 
+    // The same graph of empty kernels: separates the graph's per-node cost from the work of
+    // the fill kernel itself.
+    let empty = Kernel::new(ctx.device(), &BASIC, "empty_kernel")?;
+    let mut graph = Graph::capture(&s, |s| {
+        for _ in 0..count {
+            // SAFETY: `empty_kernel` takes no parameters.
+            unsafe { exec::launch(s, &empty, config, &mut [])? };
+        }
+        Ok(())
+    })?;
+    graph.upload()?;
+    let (mut replay, _) = launch_samples(
+        plan.launch_samples,
+        1,
+        || graph.launch(),
+        || s.synchronize(),
+    )?;
+    drop(graph);
+    for v in replay.iter_mut() {
+        *v /= count as f64;
+    }
+    let variant = ctx.record_time(
+        CASE,
+        count as u64,
+        "warpdrive-empty-kernels",
+        &mut replay,
+        Some(Ceiling::Launch),
+    )?;
+    note(variant, "one graph of empty kernels, replayed (graph overhead alone)", timer);
+
     let variant = ctx.record_time(
         SYNC_CASE,
         1,
