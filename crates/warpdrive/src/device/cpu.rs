@@ -111,6 +111,7 @@ pub(crate) fn info(libraries: Vec<LibraryStatus>) -> DeviceInfo {
         pcie_gen: None,
         pcie_width: None,
         numa_node: None,
+        numa: super::sysfs::NumaPlacement::default(),
         driver: None,
         cuda: None,
         libraries,

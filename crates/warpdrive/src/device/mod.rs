@@ -387,6 +387,9 @@ pub struct DeviceInfo {
     pub pcie_gen: Option<u32>,
     pub pcie_width: Option<u32>,
     pub numa_node: Option<i32>,
+    /// Where host memory and staging threads for this device go; a no-op (`node: None`) on
+    /// a one-node machine or where sysfs names no node for the device.
+    pub numa: sysfs::NumaPlacement,
     /// Kernel driver version ("580.159.04").
     pub driver: Option<String>,
     /// CUDA version the driver supports ("13.0").
