@@ -238,7 +238,7 @@ fn gpu_managed_over_allocation_is_refused() {
 #[ignore = "needs a CUDA GPU"]
 fn gpu_managed_advised_and_prefetched_gives_the_same_data() {
     let s = seed("managed_gpu");
-    for len in [1, 1023, (1 << 22) + 3] {
+    for len in [1, 1023, (1 << 20) + 3] {
         managed_body(&cuda(), s, len);
     }
 }
@@ -248,11 +248,11 @@ fn gpu_managed_advised_and_prefetched_gives_the_same_data() {
 fn gpu_unified_mirror_round_trips_with_kernels_writing_the_device() {
     let s = seed("unified_gpu");
     let mut r = rng(s);
-    for (i, len) in [1usize, 1023, (1 << 20) + 3].into_iter().enumerate() {
+    for (i, len) in [1usize, 1023, (1 << 16) + 3].into_iter().enumerate() {
         let initial: Vec<f32> = (0..len)
             .map(|_| r.random_range(-64i32..64) as f32)
             .collect();
         // Sequences with every op; the model checks each read.
-        state_machine_body(&cuda(), &initial, &random_ops(s ^ i as u64, len, 200));
+        state_machine_body(&cuda(), &initial, &random_ops(s ^ i as u64, len, 150));
     }
 }

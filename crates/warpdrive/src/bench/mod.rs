@@ -18,6 +18,7 @@ mod peers;
 mod results;
 mod stats;
 mod timing;
+mod unified;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -103,6 +104,13 @@ static SUITES: &[Suite] = &[
                 16-byte loads), the fused MoE router (bf16), GEMM through cuBLAS (bf16 8192³; 40 \
                 f32 256³ looped vs strided-batched) and kernel launch cost (builder, lean, graph)",
         run: kernels::run_suite,
+    },
+    Suite {
+        name: unified::SUITE,
+        about: "first device touch of host-written memory: managed (faulting, prefetched) vs \
+                UnifiedBuffer mirror vs pinned copy, 256 MiB and 4 GiB; allocation profiler \
+                overhead per alloc+free",
+        run: unified::run_suite,
     },
 ];
 
