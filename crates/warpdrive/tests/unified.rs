@@ -256,3 +256,60 @@ fn gpu_unified_mirror_round_trips_with_kernels_writing_the_device() {
         state_machine_body(&cuda(), &initial, &random_ops(s ^ i as u64, len, 150));
     }
 }
+
+/// A pinned pool bound to NUMA node 0 (present on every Linux machine) serves buffers that
+/// round trip through the device; a node that does not exist is an error, not a crash.
+fn numa_pool_body(dev: &Device, seed: u64) {
+    use warpdrive::memory::{PinnedBuf, PinnedPool};
+    let pool = PinnedPool::on_node(dev, Some(0));
+    assert_eq!(pool.numa_node(), Some(0));
+    let stream = dev.new_stream().unwrap();
+    let data = random_f32(&mut rng(seed), 100_003);
+    let mut src = PinnedBuf::<f32>::new_in(&pool, data.len()).unwrap();
+    src.as_mut_slice().unwrap().copy_from_slice(&data);
+    let mut d = Buffer::<f32>::uninit(&stream, data.len()).unwrap();
+    d.copy_from_pinned(&stream, &mut src).unwrap();
+    let mut back = PinnedBuf::<f32>::new_in(&pool, data.len()).unwrap();
+    back.as_mut_slice().unwrap().fill(f32::NAN);
+    d.copy_to_pinned(&stream, &mut back).unwrap();
+    assert_eq!(back.as_slice().unwrap(), &data[..]);
+    drop((src, back));
+    assert_eq!(pool.stats().driver_allocs, 2);
+    let class = warpdrive::memory::pinned_class(data.len() * 4) as u64;
+    assert_eq!(pool.trim().unwrap(), 2 * class);
+    let missing = PinnedPool::on_node(dev, Some(1000));
+    assert!(PinnedBuf::<f32>::new_in(&missing, 16).is_err());
+}
+
+#[test]
+fn numa_bound_pinned_pool_on_cpu() {
+    numa_pool_body(&Device::cpu(), seed("numa_cpu"));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_numa_bound_pinned_pool_round_trips() {
+    numa_pool_body(&cuda(), seed("numa_gpu"));
+}
+
+#[test]
+fn cpu_backend_reports_numa_placement_as_a_no_op() {
+    let info = Device::cpu().info().unwrap();
+    assert!(!info.numa.applies());
+    assert!(!Device::cpu().numa_placement().pin_current_thread().unwrap());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_numa_placement_is_consistent_with_sysfs() {
+    let dev = cuda();
+    let info = dev.info().unwrap();
+    eprintln!("numa: {:?} (gpu node {:?})", info.numa, info.numa_node);
+    // Placement applies exactly when the machine has several nodes and sysfs names the GPU's.
+    assert_eq!(
+        info.numa.applies(),
+        info.numa.nodes > 1 && info.numa_node.is_some()
+    );
+    let pool_node = warpdrive::memory::pinned_pool(&dev).unwrap().numa_node();
+    assert_eq!(pool_node.map(|n| n as i32), info.numa.node);
+}

@@ -614,6 +614,43 @@ impl CudaDevice {
         self.check("cuMemPrefetchAsync", r)
     }
 
+    /// Page-locked host memory of `bytes > 0` on NUMA node `node`: mapped, bound there with
+    /// `mbind`, then pinned with `cuMemHostRegister` (which faults the pages in, on the
+    /// node). Free with `free_host_on_node`.
+    pub(crate) fn alloc_host_on_node(&self, bytes: usize, node: u32) -> Result<u64> {
+        no_alloc_in_capture("cuMemHostRegister")?;
+        self.bind()?;
+        let ptr = super::cpu::map_on_node(bytes, node)?;
+        // SAFETY: the mapping is ours, page-aligned and `bytes` long; it stays mapped until
+        // `free_host_on_node` unregisters it.
+        let r = unsafe { sys::cuMemHostRegister_v2(ptr as *mut c_void, bytes, 0).result() };
+        if let Err(e) = self.check("cuMemHostRegister", r) {
+            super::cpu::unmap(ptr, bytes);
+            return Err(e);
+        }
+        Ok(ptr)
+    }
+
+    /// Frees memory from `alloc_host_on_node`; the caller has made sure no copy uses it.
+    pub(crate) fn free_host_on_node(&self, ptr: u64, bytes: usize) -> Result<()> {
+        no_alloc_in_capture("cuMemHostUnregister")?;
+        self.bind()?;
+        // SAFETY: `ptr` was registered by `alloc_host_on_node` and is given up here.
+        let r = unsafe { sys::cuMemHostUnregister(ptr as *mut c_void).result() };
+        self.check("cuMemHostUnregister", r)?;
+        super::cpu::unmap(ptr, bytes);
+        Ok(())
+    }
+
+    /// Where this GPU's host memory and staging threads belong, from `/sys`.
+    pub(crate) fn numa(&self) -> super::sysfs::NumaPlacement {
+        let node = self
+            .pci_bus_id()
+            .ok()
+            .and_then(|id| super::sysfs::PciDevice::new(&id).numa_node());
+        super::sysfs::NumaPlacement::detect(std::path::Path::new("/sys"), node)
+    }
+
     /// Frees memory returned by `alloc`.
     pub(crate) fn free(&self, ptr: u64) -> Result<()> {
         no_alloc_in_capture("cuMemFree")?;
