@@ -414,7 +414,11 @@ fn launches(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         &mut replay,
         Some(Ceiling::Launch),
     )?;
-    note(variant, "one graph of empty kernels, replayed (graph overhead alone)", timer);
+    note(
+        variant,
+        "one graph of empty kernels, replayed (graph overhead alone)",
+        timer,
+    );
 
     let variant = ctx.record_time(
         SYNC_CASE,

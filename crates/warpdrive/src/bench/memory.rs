@@ -494,8 +494,8 @@ fn pinned(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
                 "baseline",
                 samples(plan.repeats, || {
                     per_pair(pairs, || {
-                        let p = device.alloc_pinned_raw(size)?;
-                        device.free_pinned_raw(p, size)
+                        let p = device.alloc_pinned_raw(size, None)?;
+                        device.free_pinned_raw(p, size, None)
                     })
                 })?,
             ),

@@ -19,6 +19,7 @@ mod results;
 mod stats;
 mod timing;
 mod transfer;
+mod unified;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -111,6 +112,13 @@ static SUITES: &[Suite] = &[
                 staged fast path), host copy rate, coalescing 1000 small copies, the \
                 3-stream pipeline's overlap, wire compression (bf16/f16/auto)",
         run: transfer::run_suite,
+    },
+    Suite {
+        name: unified::SUITE,
+        about: "first device touch of host-written memory: managed (faulting, prefetched) vs \
+                UnifiedBuffer mirror vs pinned copy, 256 MiB and 4 GiB; allocation profiler \
+                overhead per alloc+free",
+        run: unified::run_suite,
     },
 ];
 

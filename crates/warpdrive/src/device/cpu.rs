@@ -40,6 +40,63 @@ pub(crate) fn free(ptr: u64, bytes: usize) {
     }
 }
 
+/// `bytes > 0` of page-aligned anonymous memory whose pages come from NUMA node `node`
+/// (`mbind` with `MPOL_BIND`, before any page is touched). Free with [`unmap`].
+pub(crate) fn map_on_node(bytes: usize, node: u32) -> Result<u64> {
+    const MASK_WORDS: usize = 16;
+    if node as usize >= MASK_WORDS * 64 {
+        return Err(Error::InvalidArgument(format!(
+            "NUMA node {node} is out of range"
+        )));
+    }
+    // SAFETY: an anonymous private mapping at an address of the kernel's choosing; the
+    // result is checked for MAP_FAILED.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(Error::OutOfMemory {
+            requested: bytes,
+            detail: format!("mmap refused: {}", std::io::Error::last_os_error()),
+        });
+    }
+    let mut mask = [0u64; MASK_WORDS];
+    mask[node as usize / 64] |= 1 << (node % 64);
+    // SAFETY: `ptr..ptr+bytes` is the mapping made above; the mask holds MASK_WORDS·64 bits.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mbind,
+            ptr,
+            bytes,
+            libc::MPOL_BIND,
+            mask.as_ptr(),
+            (MASK_WORDS * 64) as libc::c_ulong,
+            0 as libc::c_uint,
+        )
+    };
+    if r != 0 {
+        let err = std::io::Error::last_os_error();
+        unmap(ptr as u64, bytes);
+        return Err(Error::io(format!("mbind to NUMA node {node}"), err));
+    }
+    Ok(ptr as u64)
+}
+
+/// Frees memory from [`map_on_node`] with the same `bytes`.
+pub(crate) fn unmap(ptr: u64, bytes: usize) {
+    // SAFETY: `ptr` came from `map_on_node(bytes)` and is unmapped once, here.
+    if unsafe { libc::munmap(ptr as *mut libc::c_void, bytes) } != 0 {
+        tracing::warn!("munmap failed: {}", std::io::Error::last_os_error());
+    }
+}
+
 /// A shared view of `len` elements at `ptr`.
 ///
 /// # Safety
@@ -111,6 +168,7 @@ pub(crate) fn info(libraries: Vec<LibraryStatus>) -> DeviceInfo {
         pcie_gen: None,
         pcie_width: None,
         numa_node: None,
+        numa: super::sysfs::NumaPlacement::default(),
         driver: None,
         cuda: None,
         libraries,

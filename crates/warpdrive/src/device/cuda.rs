@@ -564,6 +564,93 @@ impl CudaDevice {
         Ok(pool)
     }
 
+    /// `bytes > 0` of managed (unified) memory, attached globally. The caller has checked
+    /// the request against the device's free memory: over-subscription can hang the GPU.
+    /// Free with `free`.
+    pub(crate) fn alloc_managed(&self, bytes: usize) -> Result<u64> {
+        no_alloc_in_capture("cuMemAllocManaged")?;
+        self.bind()?;
+        // SAFETY: the context is bound; the pointer is owned by the caller, which frees it
+        // with `free` (cuMemFree frees managed memory too).
+        match unsafe { result::malloc_managed(bytes, sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL) }
+        {
+            Ok(ptr) => Ok(ptr),
+            Err(e) if e.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                Err(self.oom(bytes, "cuMemAllocManaged refused"))
+            }
+            Err(e) => self.check("cuMemAllocManaged", Err(e)),
+        }
+    }
+
+    /// `cuMemAdvise` on managed memory: `advice` 1..=6 as `CUmem_advise`, `device` the
+    /// location (`None`: the host).
+    pub(crate) fn mem_advise(
+        &self,
+        ptr: u64,
+        bytes: usize,
+        advice: sys::CUmem_advise,
+        device: Option<usize>,
+    ) -> Result<()> {
+        self.bind()?;
+        // SAFETY: `ptr..ptr+bytes` lies in a live managed allocation (callers check the
+        // range); advice never moves or frees memory.
+        let r = unsafe { result::mem_advise(ptr, bytes, advice, location(device)) };
+        self.check("cuMemAdvise", r)
+    }
+
+    /// `cuMemPrefetchAsync` of managed memory to `device` (`None`: the host) on `stream`.
+    pub(crate) fn mem_prefetch(
+        &self,
+        stream: &CudaStream,
+        ptr: u64,
+        bytes: usize,
+        device: Option<usize>,
+    ) -> Result<()> {
+        self.bind()?;
+        // SAFETY: `ptr..ptr+bytes` lies in a live managed allocation that its owner keeps
+        // alive past the stream's work (frees wait for the device).
+        let r =
+            unsafe { result::mem_prefetch_async(ptr, bytes, location(device), stream.cu_stream()) };
+        self.check("cuMemPrefetchAsync", r)
+    }
+
+    /// Page-locked host memory of `bytes > 0` on NUMA node `node`: mapped, bound there with
+    /// `mbind`, then pinned with `cuMemHostRegister` (which faults the pages in, on the
+    /// node). Free with `free_host_on_node`.
+    pub(crate) fn alloc_host_on_node(&self, bytes: usize, node: u32) -> Result<u64> {
+        no_alloc_in_capture("cuMemHostRegister")?;
+        self.bind()?;
+        let ptr = super::cpu::map_on_node(bytes, node)?;
+        // SAFETY: the mapping is ours, page-aligned and `bytes` long; it stays mapped until
+        // `free_host_on_node` unregisters it.
+        let r = unsafe { sys::cuMemHostRegister_v2(ptr as *mut c_void, bytes, 0).result() };
+        if let Err(e) = self.check("cuMemHostRegister", r) {
+            super::cpu::unmap(ptr, bytes);
+            return Err(e);
+        }
+        Ok(ptr)
+    }
+
+    /// Frees memory from `alloc_host_on_node`; the caller has made sure no copy uses it.
+    pub(crate) fn free_host_on_node(&self, ptr: u64, bytes: usize) -> Result<()> {
+        no_alloc_in_capture("cuMemHostUnregister")?;
+        self.bind()?;
+        // SAFETY: `ptr` was registered by `alloc_host_on_node` and is given up here.
+        let r = unsafe { sys::cuMemHostUnregister(ptr as *mut c_void).result() };
+        self.check("cuMemHostUnregister", r)?;
+        super::cpu::unmap(ptr, bytes);
+        Ok(())
+    }
+
+    /// Where this GPU's host memory and staging threads belong, from `/sys`.
+    pub(crate) fn numa(&self) -> super::sysfs::NumaPlacement {
+        let node = self
+            .pci_bus_id()
+            .ok()
+            .and_then(|id| super::sysfs::PciDevice::new(&id).numa_node());
+        super::sysfs::NumaPlacement::detect(std::path::Path::new("/sys"), node)
+    }
+
     /// Frees memory returned by `alloc`.
     pub(crate) fn free(&self, ptr: u64) -> Result<()> {
         no_alloc_in_capture("cuMemFree")?;
@@ -1270,6 +1357,7 @@ impl CudaDevice {
             .map(|d| (d.link_generation(), d.link_width()))
             .unwrap_or((None, None));
         let numa_node = sysfs.as_ref().and_then(|d| d.numa_node());
+        let numa = super::sysfs::NumaPlacement::detect(std::path::Path::new("/sys"), numa_node);
         let mut cuda_version = 0;
         // SAFETY: the driver is loaded; the out-pointer is a valid local.
         let r = unsafe { sys::cuDriverGetVersion(&mut cuda_version).result() };
@@ -1292,6 +1380,7 @@ impl CudaDevice {
             pcie_gen,
             pcie_width,
             numa_node,
+            numa,
             driver: super::sysfs::nvidia_driver_version(),
             cuda: Some(format!(
                 "{}.{}",
@@ -1320,6 +1409,20 @@ impl CudaDevice {
             .map(|&c| c as u8)
             .collect();
         Ok(String::from_utf8_lossy(&bytes).to_lowercase())
+    }
+}
+
+/// A `CUmemLocation` for device `n`, or the host.
+fn location(device: Option<usize>) -> sys::CUmemLocation {
+    match device {
+        Some(n) => sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: n as c_int,
+        },
+        None => sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
+            id: 0,
+        },
     }
 }
 

@@ -177,23 +177,40 @@ impl Device {
     }
 
     /// Allocates `bytes > 0` of page-locked host memory the CPU reads fast (not
-    /// write-combined); plain host memory on the CPU backend. Free with
-    /// [`Device::free_pinned_raw`].
-    pub(crate) fn alloc_pinned_raw(&self, bytes: usize) -> Result<u64> {
-        match self {
-            Device::Cpu => cpu::alloc(bytes),
-            Device::Cuda(d) => d.alloc_host(bytes),
+    /// write-combined), on NUMA node `node` when given (mapped, `mbind`, registered); plain
+    /// host memory on the CPU backend (bound to `node` when given). Free with
+    /// [`Device::free_pinned_raw`] and the same `bytes` and `node`.
+    pub(crate) fn alloc_pinned_raw(&self, bytes: usize, node: Option<u32>) -> Result<u64> {
+        match (self, node) {
+            (Device::Cpu, None) => cpu::alloc(bytes),
+            (Device::Cpu, Some(n)) => cpu::map_on_node(bytes, n),
+            (Device::Cuda(d), None) => d.alloc_host(bytes),
+            (Device::Cuda(d), Some(n)) => d.alloc_host_on_node(bytes, n),
         }
     }
 
     /// Frees memory from [`Device::alloc_pinned_raw`].
-    pub(crate) fn free_pinned_raw(&self, ptr: u64, bytes: usize) -> Result<()> {
-        match self {
-            Device::Cpu => {
+    pub(crate) fn free_pinned_raw(&self, ptr: u64, bytes: usize, node: Option<u32>) -> Result<()> {
+        match (self, node) {
+            (Device::Cpu, None) => {
                 cpu::free(ptr, bytes);
                 Ok(())
             }
-            Device::Cuda(d) => d.free_host(ptr),
+            (Device::Cpu, Some(_)) => {
+                cpu::unmap(ptr, bytes);
+                Ok(())
+            }
+            (Device::Cuda(d), None) => d.free_host(ptr),
+            (Device::Cuda(d), Some(_)) => d.free_host_on_node(ptr, bytes),
+        }
+    }
+
+    /// Where host memory and staging threads for this device belong (a no-op placement on
+    /// the CPU backend, on one-node machines, and where sysfs names no node for the GPU).
+    pub fn numa_placement(&self) -> sysfs::NumaPlacement {
+        match self {
+            Device::Cpu => sysfs::NumaPlacement::default(),
+            Device::Cuda(d) => d.numa(),
         }
     }
 
@@ -388,6 +405,9 @@ pub struct DeviceInfo {
     pub pcie_gen: Option<u32>,
     pub pcie_width: Option<u32>,
     pub numa_node: Option<i32>,
+    /// Where host memory and staging threads for this device go; a no-op (`node: None`) on
+    /// a one-node machine or where sysfs names no node for the device.
+    pub numa: sysfs::NumaPlacement,
     /// Kernel driver version ("580.159.04").
     pub driver: Option<String>,
     /// CUDA version the driver supports ("13.0").

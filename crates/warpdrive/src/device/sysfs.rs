@@ -48,6 +48,104 @@ impl PciDevice {
     }
 }
 
+/// Where host memory and staging threads for a GPU belong: its NUMA node and that node's
+/// CPUs. `node: None` means placement is a no-op (one node, or no node named for the GPU).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct NumaPlacement {
+    /// NUMA nodes on the machine (0 when sysfs lists none).
+    pub nodes: usize,
+    /// The GPU's node, when placement applies.
+    pub node: Option<i32>,
+    /// The node's CPUs (empty when placement is a no-op).
+    pub cpus: Vec<usize>,
+}
+
+impl NumaPlacement {
+    /// Placement for a GPU on `gpu_node` (from [`PciDevice::numa_node`]), with the node
+    /// tree read under `root` (`/sys`, or a fake tree in tests).
+    pub fn detect(root: &Path, gpu_node: Option<i32>) -> Self {
+        let node_dir = root.join("devices/system/node");
+        let nodes = std::fs::read_dir(&node_dir)
+            .map(|dir| {
+                dir.filter_map(|e| e.ok())
+                    .filter(|e| {
+                        let name = e.file_name();
+                        let name = name.to_string_lossy();
+                        name.strip_prefix("node")
+                            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+                    })
+                    .count()
+            })
+            .unwrap_or(0);
+        let cpus = gpu_node
+            .filter(|_| nodes > 1)
+            .and_then(|n| std::fs::read_to_string(node_dir.join(format!("node{n}/cpulist"))).ok())
+            .and_then(|text| parse_cpulist(&text));
+        match cpus {
+            Some(cpus) if !cpus.is_empty() => NumaPlacement {
+                nodes,
+                node: gpu_node,
+                cpus,
+            },
+            _ => NumaPlacement {
+                nodes,
+                node: None,
+                cpus: Vec::new(),
+            },
+        }
+    }
+
+    /// True when placement does something (more than one node and the GPU's is known).
+    pub fn applies(&self) -> bool {
+        self.node.is_some()
+    }
+
+    /// Pins the calling thread (a staging thread) to the node's CPUs; a no-op when placement
+    /// does not apply. Returns whether it pinned.
+    pub fn pin_current_thread(&self) -> crate::error::Result<bool> {
+        if !self.applies() {
+            return Ok(false);
+        }
+        // SAFETY: `cpu_set_t` is plain bits; all-zero is the empty set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        for &cpu in self
+            .cpus
+            .iter()
+            .filter(|&&c| c < libc::CPU_SETSIZE as usize)
+        {
+            // SAFETY: `cpu` is below CPU_SETSIZE, within the set.
+            unsafe { libc::CPU_SET(cpu, &mut set) };
+        }
+        // SAFETY: pid 0 is the calling thread; `set` is a valid cpu_set_t of the given size.
+        let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+        if r != 0 {
+            return Err(crate::error::Error::io(
+                "sched_setaffinity",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        Ok(true)
+    }
+}
+
+/// Parses a sysfs CPU list (`0-3,8,10-11`); `None` when malformed.
+pub fn parse_cpulist(text: &str) -> Option<Vec<usize>> {
+    let mut cpus = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+                if a > b {
+                    return None;
+                }
+                cpus.extend(a..=b);
+            }
+            None => cpus.push(part.trim().parse().ok()?),
+        }
+    }
+    Some(cpus)
+}
+
 /// PCIe generation for a per-lane transfer rate in GT/s.
 pub fn pcie_generation(gts: f64) -> Option<u32> {
     const RATES: [(f64, u32); 7] = [
@@ -100,6 +198,45 @@ mod tests {
         let missing = PciDevice::with_root(&root, "0000:ff:00.0");
         assert_eq!(missing.link_generation(), None);
         std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn numa_on_a_fake_two_node_tree() {
+        let root = std::env::temp_dir().join(format!("wd-numa-{}", std::process::id()));
+        let dev = root.join("bus/pci/devices/0000:1b:00.0");
+        std::fs::create_dir_all(&dev).unwrap();
+        std::fs::write(dev.join("numa_node"), "1\n").unwrap();
+        for (n, cpus) in [(0, "0-3,8\n"), (1, "4-7,9-10\n")] {
+            let d = root.join(format!("devices/system/node/node{n}"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("cpulist"), cpus).unwrap();
+        }
+        std::fs::create_dir_all(root.join("devices/system/node/power")).unwrap();
+        let gpu = PciDevice::with_root(&root, "0000:1b:00.0").numa_node();
+        let p = NumaPlacement::detect(&root, gpu);
+        assert_eq!(p.nodes, 2);
+        assert_eq!(p.node, Some(1));
+        assert_eq!(p.cpus, vec![4, 5, 6, 7, 9, 10]);
+        assert!(p.applies());
+        // No node for the GPU (a VM's sysfs says -1): the no-op.
+        std::fs::write(dev.join("numa_node"), "-1\n").unwrap();
+        let gpu = PciDevice::with_root(&root, "0000:1b:00.0").numa_node();
+        let p = NumaPlacement::detect(&root, gpu);
+        assert_eq!((p.nodes, p.node, p.cpus.len()), (2, None, 0));
+        assert!(!p.pin_current_thread().unwrap());
+        // One node: the no-op even when the GPU names it.
+        std::fs::remove_dir_all(root.join("devices/system/node/node1")).unwrap();
+        let p = NumaPlacement::detect(&root, Some(0));
+        assert_eq!((p.nodes, p.node), (1, None));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn cpulists() {
+        assert_eq!(parse_cpulist("0-2,5\n"), Some(vec![0, 1, 2, 5]));
+        assert_eq!(parse_cpulist(""), Some(vec![]));
+        assert_eq!(parse_cpulist("3-1"), None);
+        assert_eq!(parse_cpulist("x"), None);
     }
 
     #[test]

@@ -7,14 +7,20 @@
 //! - [`DevicePool`]: the caching allocator (policy in `caching`, backend-free) or CUDA's
 //!   stream-ordered allocator, chosen by [`PoolStrategy`]; stats, trim, capture mode.
 //! - [`PinnedBuf<T>`]: page-locked host memory from the [`PinnedPool`].
+//! - [`UnifiedBuffer<T>`] (host and device mirrors with explicit syncs) and
+//!   [`ManagedBuffer<T>`] (CUDA managed memory with hints and prefetch).
+//! - [`profiler`]: opt-in recording of every buffer allocation and free.
 
 mod caching;
 mod pinned;
 mod pool;
+pub mod profiler;
+mod unified;
 
 pub use caching::{round_size, segment_size, PoolConfig, PoolStats, ROUND, SMALL_MAX};
 pub use pinned::{pinned_class, pinned_pool, PinnedBuf, PinnedPool, PinnedStats};
 pub use pool::{device_pool, DevicePool, GraphMemory, PoolStrategy};
+pub use unified::{Advice, Coherence, Location, ManagedBuffer, UnifiedBuffer};
 
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -34,6 +40,8 @@ pub struct Buffer<T: DType> {
     alloc: pool::Allocation,
     /// Other streams it was used on (see [`Buffer::record_stream`]).
     uses: Vec<Stream>,
+    /// Who allocated it, for the profiler.
+    tag: &'static str,
     _t: PhantomData<T>,
 }
 
@@ -57,19 +65,35 @@ fn bytes_for<T: DType>(len: usize) -> Result<usize> {
 impl<T: DType> Buffer<T> {
     /// `len` elements with unspecified contents (the caller writes them before reading),
     /// from the device's pool, for work on `stream`.
+    #[track_caller]
     pub fn uninit(stream: &Stream, len: usize) -> Result<Self> {
         Self::uninit_in(device_pool(stream.device())?, stream, len)
     }
 
     /// As [`Buffer::uninit`], from `pool` (which must be on the stream's device).
+    #[track_caller]
     pub fn uninit_in(pool: &Arc<DevicePool>, stream: &Stream, len: usize) -> Result<Self> {
+        let tag = std::panic::Location::caller().file();
         let bytes = bytes_for::<T>(len)?;
         let (ptr, alloc) = if bytes == 0 {
             pool.device().same_as(stream.device(), "Buffer::uninit")?;
             (0, pool::Allocation::None)
         } else {
-            pool.alloc(stream, bytes)?
+            match pool.alloc(stream, bytes) {
+                Ok(a) => a,
+                Err(Error::OutOfMemory { requested, detail }) => {
+                    let detail = match profiler::top_tags(3) {
+                        Some(tags) => format!("{detail}; top tags: {tags}"),
+                        None => detail,
+                    };
+                    return Err(Error::OutOfMemory { requested, detail });
+                }
+                Err(e) => return Err(e),
+            }
         };
+        if bytes > 0 {
+            profiler::record(true, tag, bytes, stream.id(), ptr);
+        }
         Ok(Buffer {
             pool: pool.clone(),
             ptr,
@@ -77,6 +101,7 @@ impl<T: DType> Buffer<T> {
             stream: stream.id(),
             alloc,
             uses: Vec::new(),
+            tag,
             _t: PhantomData,
         })
     }
@@ -99,6 +124,7 @@ impl<T: DType> Buffer<T> {
     }
 
     /// A copy of `data` on the stream's device; returns when `data` may be reused.
+    #[track_caller]
     pub fn from_host(stream: &Stream, data: &[T]) -> Result<Self> {
         let mut buf = Self::uninit(stream, data.len())?;
         buf.copy_from_host(stream, data)?;
@@ -106,6 +132,7 @@ impl<T: DType> Buffer<T> {
     }
 
     /// `len` elements, all bits zero.
+    #[track_caller]
     pub fn zeros(stream: &Stream, len: usize) -> Result<Self> {
         let mut buf = Self::uninit(stream, len)?;
         crate::ops::fill(stream, &mut buf, T::default())?;
@@ -200,6 +227,9 @@ impl<T: DType> Buffer<T> {
 impl<T: DType> Drop for Buffer<T> {
     fn drop(&mut self) {
         let alloc = std::mem::replace(&mut self.alloc, pool::Allocation::None);
+        if !matches!(alloc, pool::Allocation::None) {
+            profiler::record(false, self.tag, self.size_bytes(), self.stream, self.ptr);
+        }
         self.pool.free(self.ptr, alloc, &self.uses);
     }
 }

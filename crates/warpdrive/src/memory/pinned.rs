@@ -48,6 +48,8 @@ pub struct PinnedStats {
 /// A pool of page-locked host memory for one device. Thread-safe.
 pub struct PinnedPool {
     device: Device,
+    /// The NUMA node its memory is bound to (`None`: wherever the driver puts it).
+    node: Option<u32>,
     state: Mutex<State>,
 }
 
@@ -69,10 +71,21 @@ impl std::fmt::Debug for PinnedPool {
 }
 
 impl PinnedPool {
-    /// A new, empty pool for `device`.
+    /// A new, empty pool for `device`, its memory on the GPU's NUMA node when the machine
+    /// has several (see [`Device::numa_placement`]).
     pub fn new(device: &Device) -> Arc<PinnedPool> {
+        let node = device
+            .numa_placement()
+            .node
+            .and_then(|n| u32::try_from(n).ok());
+        Self::on_node(device, node)
+    }
+
+    /// A new, empty pool whose memory is bound to NUMA `node` (`None`: no binding).
+    pub fn on_node(device: &Device, node: Option<u32>) -> Arc<PinnedPool> {
         Arc::new(PinnedPool {
             device: device.clone(),
+            node,
             state: Mutex::new(State::default()),
         })
     }
@@ -81,11 +94,16 @@ impl PinnedPool {
         &self.device
     }
 
+    /// The NUMA node the pool's memory is bound to, if any.
+    pub fn numa_node(&self) -> Option<u32> {
+        self.node
+    }
+
     /// Pins a block for a request of `bytes` ahead of time, so the next such request is
     /// served from the cache.
     pub fn prewarm(&self, bytes: usize) -> Result<()> {
         let class = pinned_class(bytes);
-        let ptr = self.device.alloc_pinned_raw(class)?;
+        let ptr = self.device.alloc_pinned_raw(class, self.node)?;
         let mut st = self.state.lock();
         st.stats.driver_allocs += 1;
         st.stats.reserved += class as u64;
@@ -105,7 +123,7 @@ impl PinnedPool {
         let mut released = 0u64;
         for (class, ptrs) in st.free.drain().collect::<Vec<_>>() {
             for ptr in ptrs {
-                self.device.free_pinned_raw(ptr, class)?;
+                self.device.free_pinned_raw(ptr, class, self.node)?;
                 released += class as u64;
                 st.stats.driver_frees += 1;
                 st.stats.reserved -= class as u64;
@@ -127,23 +145,25 @@ impl PinnedPool {
             st.stats.peak_in_use = st.stats.peak_in_use.max(st.stats.in_use);
             return Ok((ptr, class));
         }
-        let ptr = match self.device.alloc_pinned_raw(class) {
+        let ptr = match self.device.alloc_pinned_raw(class, self.node) {
             Ok(p) => p,
             Err(Error::OutOfMemory { .. }) => {
                 // Unpin the cache (but not the blocks in flight) and try once more.
                 drop(st);
                 self.trim()?;
                 st = self.state.lock();
-                self.device.alloc_pinned_raw(class).map_err(|e| match e {
-                    Error::OutOfMemory { requested, detail } => Error::OutOfMemory {
-                        requested,
-                        detail: format!(
+                self.device
+                    .alloc_pinned_raw(class, self.node)
+                    .map_err(|e| match e {
+                        Error::OutOfMemory { requested, detail } => Error::OutOfMemory {
+                            requested,
+                            detail: format!(
                             "pinned host memory: {detail}; pool: in use {} bytes, pinned {} bytes",
                             st.stats.in_use, st.stats.reserved
                         ),
-                    },
-                    e => e,
-                })?
+                        },
+                        e => e,
+                    })?
             }
             Err(e) => return Err(e),
         };
