@@ -106,26 +106,28 @@ impl NumaPlacement {
         if !self.applies() {
             return Ok(false);
         }
-        // SAFETY: `cpu_set_t` is plain bits; all-zero is the empty set.
-        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        for &cpu in self
-            .cpus
-            .iter()
-            .filter(|&&c| c < libc::CPU_SETSIZE as usize)
-        {
-            // SAFETY: `cpu` is below CPU_SETSIZE, within the set.
-            unsafe { libc::CPU_SET(cpu, &mut set) };
-        }
-        // SAFETY: pid 0 is the calling thread; `set` is a valid cpu_set_t of the given size.
-        let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-        if r != 0 {
-            return Err(crate::error::Error::io(
-                "sched_setaffinity",
-                std::io::Error::last_os_error(),
-            ));
-        }
+        pin_current_thread_to(&self.cpus)?;
         Ok(true)
     }
+}
+
+/// Pins the calling thread to `cpus` (CPUs at or above `CPU_SETSIZE` are left out).
+pub fn pin_current_thread_to(cpus: &[usize]) -> crate::error::Result<()> {
+    // SAFETY: `cpu_set_t` is plain bits; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
+        // SAFETY: `cpu` is below CPU_SETSIZE, within the set.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    // SAFETY: pid 0 is the calling thread; `set` is a valid cpu_set_t of the given size.
+    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if r != 0 {
+        return Err(crate::error::Error::io(
+            "sched_setaffinity",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
 }
 
 /// Parses a sysfs CPU list (`0-3,8,10-11`); `None` when malformed.

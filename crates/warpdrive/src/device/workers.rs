@@ -48,32 +48,12 @@ impl std::fmt::Debug for Workers {
 pub fn node_cpus(node: i32) -> Option<Vec<usize>> {
     let text =
         std::fs::read_to_string(format!("/sys/devices/system/node/node{node}/cpulist")).ok()?;
-    parse_cpulist(text.trim())
-}
-
-/// Parses a kernel CPU list such as `0-7,16-23`.
-pub fn parse_cpulist(text: &str) -> Option<Vec<usize>> {
-    let mut out = Vec::new();
-    for part in text.split(',').filter(|p| !p.is_empty()) {
-        match part.split_once('-') {
-            Some((a, b)) => out.extend(a.trim().parse::<usize>().ok()?..=b.trim().parse().ok()?),
-            None => out.push(part.trim().parse().ok()?),
-        }
-    }
-    (!out.is_empty()).then_some(out)
+    super::sysfs::parse_cpulist(text.trim()).filter(|cpus| !cpus.is_empty())
 }
 
 fn pin_to(cpus: &[usize]) {
-    // SAFETY: `set` is a plain bit set on the stack; sched_setaffinity(0, ...) affects only
-    // the calling thread and reads `size_of::<cpu_set_t>()` bytes of it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        for &c in cpus {
-            libc::CPU_SET(c, &mut set);
-        }
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            tracing::debug!("could not pin a copy thread to CPUs {cpus:?}");
-        }
+    if let Err(e) = super::sysfs::pin_current_thread_to(cpus) {
+        tracing::debug!("could not pin a copy thread to CPUs {cpus:?}: {e}");
     }
 }
 
@@ -233,15 +213,5 @@ mod tests {
             });
             assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
         }
-    }
-
-    #[test]
-    fn cpulist() {
-        assert_eq!(
-            parse_cpulist("0-3,8,10-11"),
-            Some(vec![0, 1, 2, 3, 8, 10, 11])
-        );
-        assert_eq!(parse_cpulist(""), None);
-        assert_eq!(parse_cpulist("x"), None);
     }
 }
