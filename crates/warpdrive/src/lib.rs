@@ -7,7 +7,7 @@
 //! backend is the reference every kernel is tested against.
 //!
 //! Floors (nothing imports upward): `device` + `kernels` → `memory` → `ops`, `exec` →
-//! `bench`.
+//! `telemetry` → `bench`.
 
 pub mod bench;
 pub mod device;
@@ -17,6 +17,7 @@ pub mod exec;
 pub mod kernels;
 pub mod memory;
 pub mod ops;
+pub mod telemetry;
 
 pub use device::{Device, DeviceInfo, Event, Stream};
 pub use dtype::{DType, DTypeKind, Float};
