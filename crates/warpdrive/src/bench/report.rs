@@ -44,7 +44,7 @@ pub fn render_report(results: &Results) -> Result<Report> {
         seen.push(suite);
         let rows: Vec<&Row> = results.rows.iter().filter(|r| r.suite == suite).collect();
         if rows.iter().any(|r| r.gbps.is_some()) {
-            let title = format!("{suite}: bandwidth vs size (GB/s)");
+            let title = format!("{suite}: bandwidth vs size (GB/s, log scale)");
             let svg = bandwidth_chart(results, &rows, &title)?;
             charts.push((format!("{suite}-bandwidth"), title, svg));
         } else {
@@ -137,6 +137,13 @@ fn bandwidth_chart(results: &Results, rows: &[&Row], title: &str) -> Result<Stri
         return Err(chart_error("no bandwidth rows"));
     }
     let (x0, x1) = (x0 / 2.0, x1 * 2.0);
+    // Log scale: PCIe (tens of GB/s) and HBM (thousands) share one chart.
+    let y0 = series
+        .values()
+        .flatten()
+        .map(|p| p.1)
+        .chain(ceilings.values().copied())
+        .fold(f64::MAX, f64::min);
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (W, H)).into_drawing_area();
@@ -146,12 +153,12 @@ fn bandwidth_chart(results: &Results, rows: &[&Row], title: &str) -> Result<Stri
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(60)
-            .build_cartesian_2d((x0..x1).log_scale(), 0.0..y1 * 1.1)
+            .build_cartesian_2d((x0..x1).log_scale(), (y0 / 1.5..y1 * 1.5).log_scale())
             .map_err(chart_error)?;
         chart
             .configure_mesh()
             .x_desc("size")
-            .y_desc("GB/s")
+            .y_desc("GB/s (log)")
             .x_label_formatter(&|x| human(*x))
             .draw()
             .map_err(chart_error)?;
@@ -217,7 +224,12 @@ fn time_chart(rows: &[&Row], title: &str) -> Result<String> {
     let bars: Vec<(String, f64)> = rows
         .iter()
         .filter(|r| r.median > 0.0)
-        .map(|r| (series_label(r), r.median))
+        .map(|r| {
+            (
+                format!("{} {}", series_label(r), human(r.size as f64)),
+                r.median,
+            )
+        })
         .collect();
     bar_chart(&bars, title, true, None)
 }
