@@ -2,7 +2,8 @@
 //!
 //! - `warpdrive doctor`: lists the devices and measures the machine's ceilings.
 //! - `warpdrive bench [SUITES...]`: runs benchmark suites (and their peers) and writes a
-//!   results file (`BENCH.md`).
+//!   results file (`BENCH.md`); `--trace out.json` records a Chrome trace of the run.
+//! - `warpdrive report RESULTS.json [-o DIR]`: the table, SVG charts and one HTML page.
 
 use std::path::{Path, PathBuf};
 
@@ -10,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use serde_json::Value;
 use warpdrive::bench::{self, Results, Scale};
-use warpdrive::{Device, DeviceInfo};
+use warpdrive::{telemetry, Device, DeviceInfo};
 
 /// The results file `bench` writes when `--json` is not given.
 const DEFAULT_RESULTS: &str = "warpdrive-results.json";
@@ -46,10 +47,24 @@ enum Command {
         /// see bench/peers/README.md) instead of its generated one.
         #[arg(long, value_name = "TRACE.json")]
         replay: Option<PathBuf>,
+        /// Record spans, kernel launches, copies and NVML counters of the run as a Chrome
+        /// trace (opens in Perfetto) at this path.
+        #[arg(long, value_name = "OUT.json")]
+        trace: Option<PathBuf>,
         #[command(flatten)]
         device: DeviceOpt,
         #[command(flatten)]
         output: OutputOpt,
+    },
+    /// Render a results file: the table on stdout, SVG charts and one self-contained HTML
+    /// page (`DIR/report.html`).
+    Report {
+        /// A `warpdrive-bench/1` results file.
+        #[arg(value_name = "RESULTS.json")]
+        results: PathBuf,
+        /// Output folder (default `warpdrive-report`).
+        #[arg(short = 'o', long = "out", value_name = "DIR")]
+        out: Option<PathBuf>,
     },
 }
 
@@ -91,6 +106,7 @@ fn main() -> Result<()> {
             suites,
             list,
             replay,
+            trace,
             device,
             output,
         } => {
@@ -104,9 +120,53 @@ fn main() -> Result<()> {
             let options = bench::Options {
                 memory_trace: replay,
             };
-            bench_cmd(&suites, &device, &path, &options)
+            bench_traced(&suites, &device, &path, &options, trace.as_deref())
         }
+        Command::Report { results, out } => report(&results, out.as_deref()),
     }
+}
+
+/// `bench`, recording a trace (and sampling NVML when it is there) with `--trace`.
+fn bench_traced(
+    names: &[String],
+    device: &DeviceOpt,
+    path: &Path,
+    options: &bench::Options,
+    trace: Option<&Path>,
+) -> Result<()> {
+    let Some(trace_path) = trace else {
+        return bench_cmd(names, device, path, options);
+    };
+    telemetry::start_trace();
+    let sampler = match telemetry::Sampler::start(0, std::time::Duration::from_millis(100)) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            eprintln!("note: {e}");
+            None
+        }
+    };
+    let ran = bench_cmd(names, device, path, options);
+    drop(sampler);
+    let recorded = telemetry::finish_trace();
+    recorded
+        .write(trace_path)
+        .with_context(|| format!("writing {}", trace_path.display()))?;
+    println!(
+        "trace written to {} ({} slices)",
+        trace_path.display(),
+        recorded.slices()
+    );
+    ran
+}
+
+fn report(results: &Path, out: Option<&Path>) -> Result<()> {
+    let loaded =
+        Results::read_json(results).with_context(|| format!("reading {}", results.display()))?;
+    bench::print_table(&loaded);
+    let dir = out.unwrap_or(Path::new("warpdrive-report"));
+    let html = bench::write_report(&loaded, dir)?;
+    println!("report written to {}", html.display());
+    Ok(())
 }
 
 /// Logs on stderr, filtered by `WARPDRIVE_LOG` (e.g. `warpdrive=debug`); warnings by default.
@@ -321,6 +381,7 @@ mod tests {
             suites,
             list,
             replay,
+            trace,
             device,
             output,
         } = cli.command
@@ -328,7 +389,18 @@ mod tests {
             panic!("not bench")
         };
         assert!(suites.is_empty() && !list && device.device.is_none() && output.json.is_none());
-        assert!(replay.is_none());
+        assert!(replay.is_none() && trace.is_none());
+        let cli = parse(&["bench", "telemetry", "--trace", "out.json"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Bench { trace: Some(ref p), .. } if p == Path::new("out.json")
+        ));
+        let cli = parse(&["report", "r.json", "-o", "dir"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Report { ref results, out: Some(ref o) }
+                if results == Path::new("r.json") && o == Path::new("dir")
+        ));
         let cli = parse(&["bench", "memory", "--replay", "t.json"]).unwrap();
         assert!(matches!(
             cli.command,

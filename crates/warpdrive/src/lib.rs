@@ -7,7 +7,7 @@
 //! backend is the reference every kernel is tested against.
 //!
 //! Floors (nothing imports upward): `device` + `kernels` → `memory` → `ops`, `exec`,
-//! `transfer` → `bench`.
+//! `transfer` → `telemetry` → `bench`.
 
 pub mod bench;
 pub mod device;
@@ -17,6 +17,7 @@ pub mod exec;
 pub mod kernels;
 pub mod memory;
 pub mod ops;
+pub mod telemetry;
 pub mod transfer;
 
 pub use device::{Device, DeviceInfo, Event, Stream};

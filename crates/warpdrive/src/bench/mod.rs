@@ -15,8 +15,10 @@ mod exec;
 mod kernels;
 pub mod memory;
 mod peers;
+mod report;
 mod results;
 mod stats;
+mod telemetry;
 mod timing;
 mod transfer;
 mod unified;
@@ -32,6 +34,7 @@ use crate::error::{Error, Result};
 
 pub use ceilings::{measure_ceilings, measure_ceilings_at};
 pub use peers::{parse_peer_rows, peers_dir, run_peers, PEERS_DIR_ENV, PEER_TIMEOUT_ENV};
+pub use report::{render_report, write_report, Report};
 pub use results::{
     format_ceilings, format_table, now_rfc3339, print_table, rfc3339_utc, Ceiling, Ceilings,
     DeviceRecord, Metric, Results, Row, SCHEMA,
@@ -119,6 +122,12 @@ static SUITES: &[Suite] = &[
                 UnifiedBuffer mirror vs pinned copy, 256 MiB and 4 GiB; allocation profiler \
                 overhead per alloc+free",
         run: unified::run_suite,
+    },
+    Suite {
+        name: telemetry::SUITE,
+        about: "span overhead on the host: telemetry disabled (one branch) and enabled (GPU \
+                events, pool bytes, histogram)",
+        run: telemetry::run_suite,
     },
 ];
 
@@ -375,7 +384,11 @@ pub fn run_suites_with(
     for suite in order {
         ctx.suite = suite.name;
         ctx.step(suite.name);
-        if let Err(e) = (suite.run)(&mut ctx) {
+        // A span per suite on the bench stream (recorded only while telemetry is on).
+        let span = crate::telemetry::span(suite.name, &ctx.stream);
+        let ran = (suite.run)(&mut ctx);
+        drop(span);
+        if let Err(e) = ran {
             ctx.warn(&format!("suite {} failed: {e}", suite.name));
             failed.push((suite.name, e));
         }

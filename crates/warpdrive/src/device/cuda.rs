@@ -22,6 +22,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::{self, KernelSource};
 
+use super::activity::{self, ActivityKind};
 use super::{DeviceInfo, LibraryStatus};
 
 /// Which dynamically loaded CUDA libraries can be opened on this machine. Checked once.
@@ -135,6 +136,11 @@ fn lost_error() -> Error {
         message: "the context had a sticky fault; the process must restart to use the device"
             .into(),
     }
+}
+
+/// True while this thread is capturing a graph (warpdrive's own capture tracking).
+pub(crate) fn thread_is_capturing() -> bool {
+    CAPTURING.with(Cell::get) > 0
 }
 
 /// Refuses `call` while this thread is capturing a graph.
@@ -672,12 +678,16 @@ impl CudaDevice {
             return Ok(());
         }
         self.refuse_if_capturing(stream, "cuMemcpyHtoDAsync from pageable memory")?;
+        let t = activity::begin();
         // SAFETY: the caller guarantees `dst` holds at least `size_of_val(src)` bytes. `src` is
         // borrowed for this call only, so the stream is synchronised before returning (a
         // pinned `src` would otherwise still be read by the DMA engine after the borrow ends).
         let r = unsafe { result::memcpy_htod_async(dst, src, stream.cu_stream()) };
         self.check("cuMemcpyHtoDAsync", r)?;
-        self.synchronize_stream(stream)
+        self.synchronize_stream(stream)?;
+        let bytes = std::mem::size_of_val(src) as u64;
+        activity::end(t, ActivityKind::H2D, stream.cu_stream() as u64, bytes);
+        Ok(())
     }
 
     /// Copies device memory at `src` into `dst` on `stream` and waits for it.
@@ -691,11 +701,15 @@ impl CudaDevice {
             return Ok(());
         }
         self.refuse_if_capturing(stream, "cuMemcpyDtoHAsync to pageable memory")?;
+        let t = activity::begin();
         // SAFETY: the caller guarantees `src` holds at least `size_of_val(dst)` bytes; the
         // stream is synchronised before `dst`'s borrow ends.
         let r = unsafe { result::memcpy_dtoh_async(dst, src, stream.cu_stream()) };
         self.check("cuMemcpyDtoHAsync", r)?;
-        self.synchronize_stream(stream)
+        self.synchronize_stream(stream)?;
+        let bytes = std::mem::size_of_val(dst) as u64;
+        activity::end(t, ActivityKind::D2H, stream.cu_stream() as u64, bytes);
+        Ok(())
     }
 
     /// Enqueues a device-to-device copy of `bytes` on `stream`.
@@ -710,9 +724,17 @@ impl CudaDevice {
             return Ok(());
         }
         self.bind()?;
+        let t = activity::begin();
         // SAFETY: the caller guarantees both ranges are live device allocations of `bytes`.
         let r = unsafe { result::memcpy_dtod_async(dst, src, bytes, stream.cu_stream()) };
-        self.check("cuMemcpyDtoDAsync", r)
+        self.check("cuMemcpyDtoDAsync", r)?;
+        activity::end(
+            t,
+            ActivityKind::D2D,
+            stream.cu_stream() as u64,
+            bytes as u64,
+        );
+        Ok(())
     }
 
     // ---- kernels ----
@@ -810,6 +832,7 @@ impl CudaDevice {
         }
         // The lean path: no cuCtxGetCurrent when this thread already bound this context,
         // no events (warpdrive orders streams explicitly where it must).
+        let t = activity::begin();
         self.lean("cuLaunchKernel", || {
             // SAFETY: forwarded from this function's contract; the function handle is alive
             // (its module is held by `f`).
@@ -823,7 +846,9 @@ impl CudaDevice {
                     params,
                 )
             }
-        })
+        })?;
+        activity::end(t, ActivityKind::Launch, stream.cu_stream() as u64, 0);
+        Ok(())
     }
 
     /// The block size that maximises occupancy for `f` with `shared_mem_bytes` of dynamic
@@ -890,10 +915,13 @@ impl CudaDevice {
 
     /// Launches `graph` on `stream` (the lean path, as kernel launches).
     pub(crate) fn launch_graph(&self, graph: &CudaGraph, stream: &CudaStream) -> Result<()> {
+        let t = activity::begin();
         self.lean("cuGraphLaunch", || {
             // SAFETY: the executable graph is alive (borrowed) and belongs to this context.
             unsafe { result::graph::launch(graph.cu_graph_exec(), stream.cu_stream()) }
-        })
+        })?;
+        activity::end(t, ActivityKind::GraphLaunch, stream.cu_stream() as u64, 0);
+        Ok(())
     }
 
     // ---- cuBLAS ----

@@ -3,6 +3,7 @@
 //! The CPU backend is real: its buffers live in host memory and its ops compute the same
 //! results as the CUDA kernels (it is their reference). Work on a CPU stream runs at once.
 
+pub mod activity;
 pub(crate) mod cpu;
 pub(crate) mod cuda;
 pub mod sysfs;
@@ -214,6 +215,14 @@ impl Device {
         }
     }
 
+    /// The GPU ordinal (`None` on the CPU backend).
+    pub fn ordinal(&self) -> Option<usize> {
+        match self {
+            Device::Cpu => None,
+            Device::Cuda(d) => Some(d.ordinal()),
+        }
+    }
+
     /// Waits until all work on the device has finished.
     pub fn synchronize(&self) -> Result<()> {
         match self {
@@ -299,6 +308,15 @@ impl Stream {
                 left: self.device.label(),
                 right: event.device_label(),
             }),
+        }
+    }
+
+    /// The driver's handle of this stream (an address; 0 on the CPU backend), which the
+    /// device floor's [`activity`] records name.
+    pub fn cu_stream(&self) -> u64 {
+        match &self.inner {
+            StreamInner::Cuda(s) => s.cu_stream() as u64,
+            StreamInner::Cpu => 0,
         }
     }
 

@@ -74,6 +74,12 @@ tuple_state!(A B C D);
 tuple_state!(A B C D E);
 tuple_state!(A B C D E F);
 
+/// True while this thread is capturing a graph (captures run in `THREAD_LOCAL` mode, so
+/// work this thread enqueues goes into the graph, not to the GPU).
+pub fn capturing() -> bool {
+    crate::device::cuda::thread_is_capturing()
+}
+
 type Body<'a, S> = Box<dyn FnMut(&Stream, &mut S) -> Result<()> + 'a>;
 
 /// A captured stream segment that can be replayed. `S` is the state handed to each launch

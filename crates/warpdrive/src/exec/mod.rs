@@ -12,7 +12,7 @@ pub mod launch;
 pub mod recovery;
 pub mod tune;
 
-pub use graph::{Graph, GraphState};
+pub use graph::{capturing, Graph, GraphState};
 pub use launch::{launch, Kernel, LaunchConfig};
 pub use recovery::{
     recoverable_on_cpu, run_with_backoff, run_with_fallback, Backoff, Fallback, Recovered,

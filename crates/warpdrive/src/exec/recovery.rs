@@ -61,6 +61,7 @@ pub fn run_with_backoff<T>(
             Err(Error::OutOfMemory { .. }) => {
                 let next = (b / 2).max(floor);
                 tracing::warn!("out of memory at batch {b}; retrying with batch {next}");
+                metrics::counter!("warpdrive_oom_retries_total").increment(1);
                 b = next;
             }
             Err(e) => return Err(e),

@@ -250,6 +250,16 @@ impl DevicePool {
     /// driver's pool attributes, in-use counts from warpdrive's own, and the free-block
     /// figures are unknown (0).
     pub fn stats(&self) -> Result<PoolStats> {
+        let s = self.read_stats()?;
+        // Published here (not on every allocation): readers of the stats — spans, the bench,
+        // the NVML sampler's callers — keep the gauges current at no cost to allocations.
+        metrics::gauge!("warpdrive_pool_in_use_bytes").set(s.in_use as f64);
+        metrics::gauge!("warpdrive_pool_reserved_bytes").set(s.reserved as f64);
+        metrics::gauge!("warpdrive_pool_peak_in_use_bytes").set(s.peak_in_use as f64);
+        Ok(s)
+    }
+
+    fn read_stats(&self) -> Result<PoolStats> {
         match &self.kind {
             Kind::Caching(core) => Ok(core.lock().stats()),
             Kind::Async(a) => {

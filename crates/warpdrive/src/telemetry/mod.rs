@@ -1,0 +1,62 @@
+//! Telemetry: GPU-timed spans, the Chrome-trace timeline, Prometheus metrics and the NVML
+//! sampler. Above `ops`/`exec`; the floors below report through the `metrics` facade and
+//! the device floor's [`activity`](crate::device::activity) hook, which this module drains.
+//!
+//! - [`span`]: `let _s = telemetry::span("moe.router", &stream);` — host time, GPU events on
+//!   the stream (resolved lazily, never by synchronising on the hot path), the pool's bytes
+//!   in use at open and close, an NVTX range with the `nvtx` feature. Off by default:
+//!   `WARPDRIVE_PROFILE=1` or [`set_enabled`] turns it on; when off a span costs one branch.
+//! - [`start_trace`] / [`finish_trace`]: spans, kernel launches and copies as a [`Trace`]
+//!   that exports Chrome trace JSON (opens in Perfetto).
+//! - [`serve_prometheus`]: the metrics on an HTTP endpoint (loopback unless told otherwise).
+//! - [`Sampler`]: NVML readings into gauges and trace counter tracks.
+
+mod nvml;
+mod prometheus;
+mod span;
+mod trace;
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+pub use nvml::{NvmlReading, Sampler};
+pub use prometheus::{serve_prometheus, PrometheusServer};
+pub use span::{collect_spans, discard_spans, span, GpuTime, Span, SpanRecord};
+pub use trace::{finish_trace, start_trace, Trace};
+
+/// The environment variable that turns spans on (`1`, `true`, `on`).
+pub const PROFILE_ENV: &str = "WARPDRIVE_PROFILE";
+
+const UNSET: u8 = 0;
+const OFF: u8 = 1;
+const ON: u8 = 2;
+static STATE: AtomicU8 = AtomicU8::new(UNSET);
+
+/// True when spans record (the environment decides until [`set_enabled`] is called).
+#[inline]
+pub fn enabled() -> bool {
+    match STATE.load(Ordering::Relaxed) {
+        ON => true,
+        OFF => false,
+        _ => init_from_env(),
+    }
+}
+
+#[cold]
+fn init_from_env() -> bool {
+    let on = std::env::var(PROFILE_ENV)
+        .map(|v| matches!(v.trim(), "1" | "true" | "on" | "yes"))
+        .unwrap_or(false);
+    // Only the first reader decides; an explicit `set_enabled` meanwhile wins.
+    let _ = STATE.compare_exchange(
+        UNSET,
+        if on { ON } else { OFF },
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    STATE.load(Ordering::Relaxed) == ON
+}
+
+/// Turns spans on or off for the whole process.
+pub fn set_enabled(on: bool) {
+    STATE.store(if on { ON } else { OFF }, Ordering::Relaxed);
+}
