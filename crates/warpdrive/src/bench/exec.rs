@@ -205,6 +205,28 @@ fn batched(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
 /// Launch timing: per sample, µs per launch for `count` launches and one `sync` (the
 /// median's figure), and µs per launch up to the last launch's return (the host's enqueue
 /// cost alone); after one warm-up sample.
+/// Captures `count` calls of `launch` in one graph and times its replays: (µs per captured
+/// launch, µs to enqueue one replay) per sample.
+fn graph_replays(
+    s: &Stream,
+    count: usize,
+    samples: usize,
+    launch: impl Fn(&Stream) -> Result<()>,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let mut graph = Graph::capture(s, |s| {
+        for _ in 0..count {
+            launch(s)?;
+        }
+        Ok(())
+    })?;
+    graph.upload()?;
+    let (mut replay, enqueue) = launch_samples(samples, 1, || graph.launch(), || s.synchronize())?;
+    for v in replay.iter_mut() {
+        *v /= count.max(1) as f64;
+    }
+    Ok((replay, enqueue))
+}
+
 fn launch_samples(
     samples: usize,
     count: usize,
@@ -357,23 +379,7 @@ fn launches(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         .extra
         .insert("enqueue_us".into(), median(&eager_enqueue).into());
 
-    let mut graph = Graph::capture(&s, |s| {
-        for _ in 0..count {
-            launch_one(s)?;
-        }
-        Ok(())
-    })?;
-    graph.upload()?;
-    let (mut replay, replay_enqueue) = launch_samples(
-        plan.launch_samples,
-        1,
-        || graph.launch(),
-        || s.synchronize(),
-    )?;
-    drop(graph);
-    for v in replay.iter_mut() {
-        *v /= count as f64;
-    }
+    let (mut replay, replay_enqueue) = graph_replays(&s, count, plan.launch_samples, launch_one)?;
     let variant = ctx.record_time(
         CASE,
         count as u64,
@@ -389,24 +395,10 @@ fn launches(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
     // The same graph of empty kernels: separates the graph's per-node cost from the work of
     // the fill kernel itself.
     let empty = Kernel::new(ctx.device(), &BASIC, "empty_kernel")?;
-    let mut graph = Graph::capture(&s, |s| {
-        for _ in 0..count {
-            // SAFETY: `empty_kernel` takes no parameters.
-            unsafe { exec::launch(s, &empty, config, &mut [])? };
-        }
-        Ok(())
+    let (mut replay, _) = graph_replays(&s, count, plan.launch_samples, |s| {
+        // SAFETY: `empty_kernel` takes no parameters.
+        unsafe { exec::launch(s, &empty, config, &mut []) }
     })?;
-    graph.upload()?;
-    let (mut replay, _) = launch_samples(
-        plan.launch_samples,
-        1,
-        || graph.launch(),
-        || s.synchronize(),
-    )?;
-    drop(graph);
-    for v in replay.iter_mut() {
-        *v /= count as f64;
-    }
     let variant = ctx.record_time(
         CASE,
         count as u64,
