@@ -22,21 +22,14 @@ import os
 import sys
 import time
 
+from peer_stats import percentile
+
 ROUTES = [(8, 2), (64, 8), (128, 8), (256, 8)]
 MAX_SETS = 128
 
 
 def log(msg):
     print(f"kernels.py: {msg}", file=sys.stderr, flush=True)
-
-
-def percentile(sorted_vals, q):
-    """numpy's default 'linear' percentile of an ascending list."""
-    h = (len(sorted_vals) - 1) * q
-    lo = int(h)
-    if lo + 1 < len(sorted_vals):
-        return sorted_vals[lo] + (h - lo) * (sorted_vals[lo + 1] - sorted_vals[lo])
-    return sorted_vals[lo]
 
 
 def size_label(n):

@@ -20,6 +20,8 @@ import json
 import sys
 import time
 
+from peer_stats import percentile
+
 SUITE = "kernels"
 BATCH = 40
 SETS = 4
@@ -28,15 +30,6 @@ LAUNCHES = 1000
 
 def log(msg):
     print(f"kernels-exec.py: {msg}", file=sys.stderr, flush=True)
-
-
-def percentile(sorted_vals, q):
-    """numpy's default 'linear' percentile of an ascending list."""
-    h = (len(sorted_vals) - 1) * q
-    lo = int(h)
-    if lo + 1 < len(sorted_vals):
-        return sorted_vals[lo] + (h - lo) * (sorted_vals[lo + 1] - sorted_vals[lo])
-    return sorted_vals[lo]
 
 
 def row(case, size, variant, samples, flops=None, extra=None):

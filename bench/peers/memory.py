@@ -20,20 +20,13 @@ import os
 import sys
 import time
 
+from peer_stats import percentile
+
 SUITE = "memory"
 KIB, MIB = 1 << 10, 1 << 20
 SIZES = [512, 64 * KIB, MIB, 16 * MIB, 256 * MIB]
 QUICK_SIZES = SIZES[:4]
 TRACE_ENV = "WARPDRIVE_MEMORY_TRACE"
-
-
-def percentile(sorted_vals, q):
-    """numpy's default (linear) percentile of an ascending list."""
-    h = (len(sorted_vals) - 1) * q
-    lo = int(h)
-    if lo + 1 < len(sorted_vals):
-        return sorted_vals[lo] + (h - lo) * (sorted_vals[lo + 1] - sorted_vals[lo])
-    return sorted_vals[lo]
 
 
 def row(case, size, variant, samples, extra=None):

@@ -15,6 +15,8 @@ import json
 import sys
 import time
 
+from peer_stats import percentile
+
 SUITE = "transfer"
 KIB, MIB = 1 << 10, 1 << 20
 
@@ -30,14 +32,6 @@ def sizes(quick):
 
 def reps(n):
     return 5 if n >= 256 * MIB else 10 if n >= 16 * MIB else 30
-
-
-def percentile(sorted_vals, q):
-    h = (len(sorted_vals) - 1) * q
-    lo = int(h)
-    if lo + 1 < len(sorted_vals):
-        return sorted_vals[lo] + (h - lo) * (sorted_vals[lo + 1] - sorted_vals[lo])
-    return sorted_vals[lo]
 
 
 def row(case, size, variant, samples, ceiling):
