@@ -7,7 +7,7 @@
 //! backend is the reference every kernel is tested against.
 //!
 //! Floors (nothing imports upward): `device` + `kernels` → `memory` → `ops`, `exec`,
-//! `transfer` → `telemetry` → `bench`.
+//! `transfer` → `telemetry` → `moe` → `bench`.
 
 pub mod bench;
 pub mod device;
@@ -16,6 +16,7 @@ pub mod error;
 pub mod exec;
 pub mod kernels;
 pub mod memory;
+pub mod moe;
 pub mod ops;
 pub mod telemetry;
 pub mod transfer;

@@ -75,6 +75,13 @@ pub static PERMUTE: KernelSource = KernelSource {
     code: include_str!("permute.cu"),
 };
 
+/// The MoE layer's kernels: seeded weights, grouped sigmoid router, dispatch, the
+/// device-driven grouped GEMM on tensor cores, SwiGLU and combine.
+pub static MOE: KernelSource = KernelSource {
+    name: "moe",
+    code: include_str!("moe.cu"),
+};
+
 /// Every embedded source (the compile test builds each for each declared architecture).
 pub static SOURCES: &[&KernelSource] = &[
     &BASIC,
@@ -83,6 +90,7 @@ pub static SOURCES: &[&KernelSource] = &[
     &SOFTMAX,
     &TOPK,
     &PERMUTE,
+    &MOE,
     &EXEC,
 ];
 

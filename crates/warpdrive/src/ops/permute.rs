@@ -159,18 +159,53 @@ pub fn gather_rows<T: DType>(
         }
         return Ok(());
     };
-    let row_bytes = cols * std::mem::size_of::<T>();
-    let (unit, name, _) = unit_for(row_bytes, src.device_ptr(), dst.device_ptr());
+    // SAFETY: src holds src_rows rows, idx idx.len() indices and dst idx.len() rows of
+    // `cols` elements (checked above).
+    unsafe {
+        gather_rows_raw(
+            d,
+            s,
+            src.device_ptr(),
+            src_rows,
+            cols * std::mem::size_of::<T>(),
+            idx.device_ptr(),
+            idx.len(),
+            dst.device_ptr(),
+        )
+    }
+}
+
+/// [`gather_rows`] on raw device addresses (for callers gathering within a larger
+/// workspace, such as the MoE layer): `m` rows of `row_bytes`.
+///
+/// # Safety
+/// `src` must hold `src_rows` rows, `idx` `m` u32 indices and `dst` `m` rows, all live on the
+/// stream's device.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn gather_rows_raw(
+    d: &crate::device::CudaDevice,
+    s: &cudarc::driver::CudaStream,
+    src: u64,
+    src_rows: usize,
+    row_bytes: usize,
+    idx: u64,
+    m: usize,
+    dst: u64,
+) -> Result<()> {
+    if m == 0 || row_bytes == 0 {
+        return Ok(());
+    }
+    let (unit, name, _) = unit_for(row_bytes, src, dst);
     let units = (row_bytes / unit) as u64;
-    let m = idx.len() as u64;
+    let m = m as u64;
     let grid = fill_grid(d, (&PERMUTE, name), m * units, BLOCK as u64)?;
     let args = Args::new()
-        .buf(src)
+        .ptr(src)
         .u64(src_rows as u64)
-        .buf(idx)
+        .ptr(idx)
         .u64(m)
         .u64(units)
-        .buf(dst);
+        .ptr(dst);
     // SAFETY: gather_rows_bU(const U* src, u64 src_rows, const u32* idx, u64 m, u64 units,
     // U* dst): src holds src_rows rows and dst m rows of `units` U-byte units each (U divides
     // the row size and both addresses); idx holds m indices, checked against src_rows.

@@ -43,11 +43,11 @@ pub fn route<T: Float>(
     indices.check_stream(stream, "route")?;
     let (e, k) = (route.experts, route.k);
     let tokens = rows_of("route", logits.len(), e)?;
-    let cols32 = cols_u32("route", e)?;
+    cols_u32("route", e)?;
     check_k("route", k, e)?;
     check_len("route (weights)", weights.len(), tokens * k)?;
     check_len("route (indices)", indices.len(), tokens * k)?;
-    let t = float_index::<T>("route")?;
+    float_index::<T>("route")?;
     if tokens == 0 {
         return Ok(());
     }
@@ -74,16 +74,48 @@ pub fn route<T: Float>(
         }
         return Ok(());
     };
-    let (v, per_block) = variant(e);
+    // SAFETY: logits hold tokens·experts elements of T, weights and indices tokens·k each
+    // (checked above).
+    unsafe {
+        route_raw::<T>(
+            d,
+            s,
+            route,
+            logits.device_ptr(),
+            tokens,
+            weights.device_ptr(),
+            indices.device_ptr(),
+        )
+    }
+}
+
+/// [`route`] on raw device addresses, for callers that route part of a larger workspace
+/// (the MoE layer). `route` must have passed `check_k`.
+///
+/// # Safety
+/// `logits` must hold `tokens·route.experts` elements of `T`, `weights` (f32) and `indices`
+/// (u32) `tokens·route.k` each, all live on the stream's device.
+pub(crate) unsafe fn route_raw<T: Float>(
+    d: &crate::device::CudaDevice,
+    s: &cudarc::driver::CudaStream,
+    route: &Route,
+    logits: u64,
+    tokens: usize,
+    weights: u64,
+    indices: u64,
+) -> Result<()> {
+    let t = float_index::<T>("route")?;
+    let cols32 = cols_u32("route", route.experts)?;
+    let (v, per_block) = variant(route.experts);
     let args = Args::new()
-        .buf(logits)
+        .ptr(logits)
         .u64(tokens as u64)
         .u32(cols32)
-        .u32(k as u32)
+        .u32(route.k as u32)
         .i32(i32::from(route.renormalize))
-        .buf(weights)
-        .buf(indices);
+        .ptr(weights)
+        .ptr(indices);
     // SAFETY: route_*_<T>(const T* x, u64 rows, u32 cols, u32 k, int renorm, float* w,
-    // u32* idx): logits hold tokens·experts elements of T, weights and indices tokens·k each.
+    // u32* idx): sizes as this function's contract states.
     unsafe { launch_rows(d, s, ROUTE_NAMES[v][t], tokens, per_block, args) }
 }

@@ -1,0 +1,492 @@
+// archs: sm_80 sm_90 sm_90a
+// Mixture-of-Experts kernels (module `moe`): seeded weight init, the DeepSeek-style grouped
+// sigmoid router, dispatch (tokens per expert, offsets, permutation, GEMM work list), the
+// device-driven grouped GEMM on tensor cores (mma.sync m16n8k16, bf16 / f16 in, f32
+// accumulate) with its epilogues, the SwiGLU of the cuBLAS path and the combine.
+//
+// Layouts (row-major): x [T, H]; a slot is (token t, rank r) = t·k + r; permuted rows are
+// slots sorted by expert (expert e owns rows offsets[e] .. offsets[e+1]); w13 [E, 2I, H] holds
+// w1 and w3 interleaved in blocks of 8 rows (rows 16q..16q+7 = w1 rows 8q.., 16q+8..16q+15 =
+// w3 rows 8q..), so one warp's accumulators hold the gate and the up projection of the same
+// 8 columns; w2 [E, H, I].
+
+typedef float f32;  // for the kernel-name macros
+
+// ---- seeded weights: identical bits on the CPU backend (moe/weights.rs `random_value`) ----
+__device__ __forceinline__ u64 moe_mix64(u64 z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+// Uniform in [-scale, scale): 24 random bits, exact in f32.
+__device__ __forceinline__ float moe_random(u64 seed, u64 i, float scale) {
+    const u32 bits = (u32)(moe_mix64(seed ^ moe_mix64(i + 0x9e3779b97f4a7c15ull)) >> 40);
+    const float u = (float)bits * 5.9604644775390625e-8f;  // 2^-24
+    return (u * 2.0f - 1.0f) * scale;
+}
+template <typename T>
+__device__ void moe_init_random(T* __restrict__ out, u64 n, u64 seed, float scale) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
+        out[i] = from_f32<T>(moe_random(seed, i, scale));
+}
+#define MOE_INIT(T) \
+    extern "C" __global__ void __launch_bounds__(256) moe_init_random_##T(T* out, u64 n, u64 seed, float scale) \
+    { moe_init_random<T>(out, n, seed, scale); }
+MOE_INIT(f32)
+MOE_INIT(f16)
+MOE_INIT(bf16)
+
+// ---- DeepSeek-V3 router: sigmoid scores; selection by score + bias within the best
+// `topk_group` of `n_group` groups (a group's score = the sum of its two best); weights are
+// the chosen scores (without bias), renormalized if asked, times `scaling`. One warp per
+// token, scores in shared memory (E floats per warp). Ties go to the lower index. ----
+extern "C" __global__ void __launch_bounds__(128) moe_route_sigmoid_grouped(
+    const float* __restrict__ logits, const float* __restrict__ bias, u32 tokens, u32 experts,
+    u32 k, u32 n_group, u32 topk_group, int renorm, float scaling, float* __restrict__ weights,
+    u32* __restrict__ indices) {
+    extern __shared__ float moe_route_smem[];
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
+    const u32 t = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (t >= tokens) return;
+    float* sel = moe_route_smem + (size_t)warp * experts;
+    const float* row = logits + (size_t)t * experts;
+    const u32 per_group = experts / n_group;
+    for (u32 e = lane; e < experts; e += 32) {
+        const float s = 1.0f / (1.0f + __expf(-row[e]));
+        sel[e] = s + (bias ? bias[e] : 0.0f);
+    }
+    __syncwarp();
+    // Group scores (lane g holds group g's; n_group <= 32).
+    float gscore = f32_neg_inf();
+    if (lane < n_group) {
+        float b1 = f32_neg_inf(), b2 = f32_neg_inf();
+        for (u32 j = 0; j < per_group; ++j) {
+            const float v = sel[lane * per_group + j];
+            if (v > b1) { b2 = b1; b1 = v; } else if (v > b2) { b2 = v; }
+        }
+        gscore = per_group >= 2 ? b1 + b2 : b1;
+    }
+    // Keep the best topk_group groups: drop the others' experts from the selection.
+    u32 kept = 0;  // bit g set: group g kept
+    for (u32 r = 0; r < topk_group; ++r) {
+        float best = gscore;
+        u32 arg = lane;
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            const u32 oa = __shfl_xor_sync(0xffffffffu, arg, o);
+            if (ob > best || (ob == best && oa < arg)) { best = ob; arg = oa; }
+        }
+        kept |= 1u << arg;
+        if (lane == arg) gscore = f32_neg_inf();
+    }
+    for (u32 e = lane; e < experts; e += 32)
+        if (!((kept >> (e / per_group)) & 1u)) sel[e] = f32_neg_inf();
+    __syncwarp();
+    float chosen_w = 0.0f, sum = 0.0f;
+    u32 chosen_i = 0;
+    for (u32 r = 0; r < k; ++r) {
+        float best = f32_neg_inf();
+        u32 arg = 0xffffffffu;
+        for (u32 e = lane; e < experts; e += 32) {
+            const float v = sel[e];
+            if (v > best || (v == best && e < arg)) { best = v; arg = e; }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            const u32 oa = __shfl_xor_sync(0xffffffffu, arg, o);
+            if (ob > best || (ob == best && oa < arg)) { best = ob; arg = oa; }
+        }
+        if (arg >= experts) arg = 0;  // fewer than k candidates (cannot happen for valid configs)
+        const float s = 1.0f / (1.0f + __expf(-row[arg]));
+        sum += s;
+        if (lane == r) { chosen_w = s; chosen_i = arg; }
+        __syncwarp();
+        if (lane == 0) sel[arg] = f32_neg_inf();
+        __syncwarp();
+    }
+    if (lane < k) {
+        const float w = renorm ? chosen_w / sum : chosen_w;
+        weights[(size_t)t * k + lane] = w * scaling;
+        indices[(size_t)t * k + lane] = chosen_i;
+    }
+}
+
+// ---- dispatch: one block of 1024 threads. From the slots' expert ids: counts[E],
+// offsets[E+1], order[p] (the slot at permuted row p), token_of[p] = order[p] / k,
+// slot_pos[slot] = p, and the GEMM work list (one item per (expert, tile of `bm` rows):
+// work[2i] = expert, work[2i+1] = first row within the expert) with its length in
+// n_items[0]. Positions within an expert come from shared atomics, so the order inside an
+// expert varies between runs; every row's result depends only on its own slot, so the
+// layer's output does not. Shared memory: 2·E words. ----
+__device__ __forceinline__ u64 moe_block_exclusive_scan(u64 v, u64* total) {
+    __shared__ u64 warp_sums[32];
+    const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    u64 incl = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const u64 n = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= (u32)o) incl += n;
+    }
+    if (lane == 31) warp_sums[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        u64 w = lane < (blockDim.x >> 5) ? warp_sums[lane] : 0ull;
+        u64 wi = w;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const u64 n = __shfl_up_sync(0xffffffffu, wi, o);
+            if (lane >= (u32)o) wi += n;
+        }
+        warp_sums[lane] = wi - w;  // exclusive prefix of the warp sums
+        if (lane == 31) *total = wi;
+    }
+    __syncthreads();
+    const u64 prefix = warp_sums[warp] + incl - v;
+    __syncthreads();
+    return prefix;
+}
+
+extern "C" __global__ void __launch_bounds__(1024) moe_dispatch(
+    const u32* __restrict__ expert_of_slot, u32 slots, u32 experts, u32 k, u32 bm,
+    u32* __restrict__ counts, u32* __restrict__ offsets, u32* __restrict__ order,
+    u32* __restrict__ token_of, u32* __restrict__ slot_pos, u32* __restrict__ work,
+    u32* __restrict__ n_items) {
+    extern __shared__ u32 moe_dispatch_smem[];
+    u32* cnt = moe_dispatch_smem;
+    u32* cursor = moe_dispatch_smem + experts;
+    __shared__ u64 total;
+    for (u32 e = threadIdx.x; e < experts; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    for (u32 i = threadIdx.x; i < slots; i += blockDim.x) {
+        const u32 e = expert_of_slot[i];
+        if (e < experts) atomicAdd(&cnt[e], 1u);
+    }
+    __syncthreads();
+    // Each thread scans a contiguous run of experts: rows in the low 32 bits, tiles high.
+    const u32 per = (experts + blockDim.x - 1) / blockDim.x;
+    const u32 e0 = threadIdx.x * per, e1 = min(experts, e0 + per);
+    u64 local = 0;
+    for (u32 e = e0; e < e1; ++e) local += (u64)cnt[e] | ((u64)((cnt[e] + bm - 1) / bm) << 32);
+    u64 run = moe_block_exclusive_scan(local, &total);
+    for (u32 e = e0; e < e1; ++e) {
+        const u32 c = cnt[e], row0 = (u32)run, tile0 = (u32)(run >> 32);
+        counts[e] = c;
+        offsets[e] = row0;
+        cursor[e] = row0;
+        for (u32 j = 0; j * bm < c; ++j) {
+            work[2 * (tile0 + j)] = e;
+            work[2 * (tile0 + j) + 1] = j * bm;
+        }
+        run += (u64)c | ((u64)((c + bm - 1) / bm) << 32);
+    }
+    if (threadIdx.x == 0) {
+        offsets[experts] = (u32)total;
+        n_items[0] = (u32)(total >> 32);
+    }
+    __syncthreads();
+    for (u32 i = threadIdx.x; i < slots; i += blockDim.x) {
+        const u32 e = expert_of_slot[i];
+        if (e >= experts) continue;
+        const u32 p = atomicAdd(&cursor[e], 1u);
+        order[p] = i;
+        token_of[p] = i / k;
+        slot_pos[i] = p;
+    }
+}
+
+// ---- the grouped GEMM: out[p, n] = Σ_k A[row(p), k] · W_e[n, k] for the permuted rows p of
+// each expert e (or, dense, for rows 0..m of one matrix). A block of 8 warps computes a tile
+// of 16·MT rows × 128 columns (each warp 16 columns = 2 n8 groups) over one K split. Each
+// lane loads 16 bytes (8 consecutive k) of A and W per 32-k step; the k order inside a step
+// is permuted identically for A and W, so the products are those of the plain layout and
+// every load is a full 16-byte vector. W is streamed (no L1 allocation), A stays cached.
+// With splits > 1 each block stores its partial tile (f32) and the last block of a tile to
+// finish (a ticket per tile) sums the partials in split order, so results are deterministic.
+// Epilogues: 0 = f32 out (+ column bias), 1 = SwiGLU of the interleaved gate/up columns into
+// T act [rows, n/2], 2 = f32 out scaled by the routing weight of the row's slot. ----
+#define MOE_WARPS 8
+#define MOE_NG 2
+#define MOE_BN (MOE_WARPS * MOE_NG * 8)
+
+struct MoeGemm {
+    const void* a;           // [rows_a, k] T
+    const u32* a_rows;       // permuted row -> row of a (null: the same row)
+    const void* w;           // [groups, n, k] T
+    u64 w_stride;            // elements between experts' matrices
+    u32 n, k;
+    const u32* counts;       // null: dense, `m` rows of expert 0
+    const u32* offsets;
+    const u32* work;
+    const u32* n_items;
+    u32 m;
+    u32 splits, k_split;     // k_split: a multiple of 32
+    float* partial;          // [splits, rows_cap, n]
+    u32 rows_cap;
+    u32* tickets;            // one per (item, n block), zero between launches
+    int epilogue;
+    void* out;
+    const float* col_bias;   // epilogue 0 (nullable)
+    const float* slot_weight;  // epilogue 2
+    const u32* order;        // epilogue 2: permuted row -> slot
+};
+
+__device__ __forceinline__ uint4 moe_ld_stream(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint4 moe_ld_cached(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+template <typename T> struct MoeMma;
+template <> struct MoeMma<bf16> {
+    static __device__ __forceinline__ void run(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+};
+template <> struct MoeMma<f16> {
+    static __device__ __forceinline__ void run(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+};
+
+__device__ __forceinline__ float moe_silu(float g) { return g / (1.0f + __expf(-g)); }
+
+template <typename T, int MT, int U>
+__device__ void moe_gemm(const MoeGemm& p) {
+    const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const u32 n_blocks = (p.n + MOE_BN - 1) / MOE_BN;
+    const u32 split = blockIdx.x % p.splits;
+    const u32 tile = blockIdx.x / p.splits;  // (item, n block)
+    const u32 nb = tile % n_blocks, item = tile / n_blocks;
+    const u32 bm = 16 * MT;
+    u32 expert, row0, rows;
+    if (p.counts) {
+        if (item >= p.n_items[0]) return;
+        expert = p.work[2 * item];
+        const u32 m0 = p.work[2 * item + 1];
+        rows = min(bm, p.counts[expert] - m0);
+        row0 = p.offsets[expert] + m0;
+    } else {
+        expert = 0;
+        const u32 m0 = item * bm;
+        if (m0 >= p.m) return;
+        rows = min(bm, p.m - m0);
+        row0 = m0;
+    }
+    const T* w = reinterpret_cast<const T*>(p.w) + (u64)expert * p.w_stride;
+    const T* a = reinterpret_cast<const T*>(p.a);
+    const u32 g = lane >> 2, q = lane & 3u;
+    const u32 col0 = nb * MOE_BN + warp * (MOE_NG * 8);
+    const u32 k_begin = split * p.k_split;
+    const u32 k_end = min(p.k, k_begin + p.k_split);
+
+    // This lane's A rows (g and g + 8 of each m16 tile) and W rows (column g of each n8 group).
+    const T* a_ptr[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const u32 r = mt * 16 + h * 8 + g;
+            a_ptr[mt][h] = nullptr;
+            if (r < rows) {
+                const u32 prow = row0 + r;
+                const u32 src = p.a_rows ? p.a_rows[prow] : prow;
+                a_ptr[mt][h] = a + (u64)src * p.k;
+            }
+        }
+    const T* w_ptr[MOE_NG];
+#pragma unroll
+    for (int ng = 0; ng < MOE_NG; ++ng) {
+        const u32 n = col0 + ng * 8 + g;
+        w_ptr[ng] = n < p.n ? w + (u64)n * p.k : nullptr;
+    }
+
+    float acc[MT][MOE_NG][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int ng = 0; ng < MOE_NG; ++ng)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[mt][ng][i] = 0.0f;
+
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    for (u32 kk = k_begin; kk < k_end; kk += 32 * U) {
+        uint4 wv[U][MOE_NG], av[U][MT][2];
+        // Every load of U steps first, so U·(NG + 2·MT) 16-byte loads are in flight.
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const u32 kc = kk + u * 32 + q * 8;
+            const bool in = kc < k_end;
+#pragma unroll
+            for (int ng = 0; ng < MOE_NG; ++ng)
+                wv[u][ng] = (in && w_ptr[ng]) ? moe_ld_stream(w_ptr[ng] + kc) : zero;
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    av[u][mt][h] = (in && a_ptr[mt][h]) ? moe_ld_cached(a_ptr[mt][h] + kc) : zero;
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int ng = 0; ng < MOE_NG; ++ng) {
+                    MoeMma<T>::run(acc[mt][ng], av[u][mt][0].x, av[u][mt][1].x, av[u][mt][0].y,
+                                   av[u][mt][1].y, wv[u][ng].x, wv[u][ng].y);
+                    MoeMma<T>::run(acc[mt][ng], av[u][mt][0].z, av[u][mt][1].z, av[u][mt][0].w,
+                                   av[u][mt][1].w, wv[u][ng].z, wv[u][ng].w);
+                }
+    }
+
+    if (p.splits > 1) {
+        // Store this split's partial tile, then let the tile's last block reduce.
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const u32 r = mt * 16 + h * 8 + g;
+                if (r >= rows) continue;
+                float* dst = p.partial + ((u64)split * p.rows_cap + row0 + r) * p.n;
+#pragma unroll
+                for (int ng = 0; ng < MOE_NG; ++ng) {
+                    const u32 c = col0 + ng * 8 + 2 * q;
+                    if (c < p.n) *reinterpret_cast<float2*>(dst + c) = make_float2(acc[mt][ng][2 * h], acc[mt][ng][2 * h + 1]);
+                }
+            }
+        __threadfence();
+        __syncthreads();
+        __shared__ u32 last;
+        if (threadIdx.x == 0) {
+            const u32 ticket = atomicAdd(&p.tickets[tile], 1u);
+            last = ticket == p.splits - 1;
+            if (last) p.tickets[tile] = 0;  // ready for the next launch
+        }
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const u32 r = mt * 16 + h * 8 + g;
+#pragma unroll
+                for (int ng = 0; ng < MOE_NG; ++ng) {
+                    const u32 c = col0 + ng * 8 + 2 * q;
+                    float s0 = 0.0f, s1 = 0.0f;
+                    if (r < rows && c < p.n) {
+                        for (u32 s = 0; s < p.splits; ++s) {
+                            const float2 v = __ldcg(reinterpret_cast<const float2*>(
+                                p.partial + ((u64)s * p.rows_cap + row0 + r) * p.n + c));
+                            s0 += v.x;
+                            s1 += v.y;
+                        }
+                    }
+                    acc[mt][ng][2 * h] = s0;
+                    acc[mt][ng][2 * h + 1] = s1;
+                }
+            }
+    }
+
+    // Epilogue. Accumulator i of (mt, ng): row mt·16 + g + 8·(i / 2), column col0 + ng·8 + 2q + i % 2.
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const u32 r = mt * 16 + h * 8 + g;
+            if (r >= rows) continue;
+            const u32 prow = row0 + r;
+            if (p.epilogue == 1) {
+                // Group pair (0, 1) of this warp = (gate, up) of act columns col0/2 + 2q + {0,1}.
+                const u32 half_n = p.n >> 1;
+                const u32 c = (col0 >> 1) + 2 * q;
+                if (c < half_n) {
+                    T* dst = reinterpret_cast<T*>(p.out) + (u64)prow * half_n + c;
+                    dst[0] = from_f32<T>(moe_silu(acc[mt][0][2 * h]) * acc[mt][1][2 * h]);
+                    dst[1] = from_f32<T>(moe_silu(acc[mt][0][2 * h + 1]) * acc[mt][1][2 * h + 1]);
+                }
+            } else {
+                const float scale = p.epilogue == 2 ? p.slot_weight[p.order[prow]] : 1.0f;
+                float* dst = reinterpret_cast<float*>(p.out) + (u64)prow * p.n;
+#pragma unroll
+                for (int ng = 0; ng < MOE_NG; ++ng) {
+                    const u32 c = col0 + ng * 8 + 2 * q;
+                    if (c >= p.n) continue;
+                    float v0 = acc[mt][ng][2 * h] * scale, v1 = acc[mt][ng][2 * h + 1] * scale;
+                    if (p.col_bias) { v0 += p.col_bias[c]; v1 += p.col_bias[c + 1]; }
+                    *reinterpret_cast<float2*>(dst + c) = make_float2(v0, v1);
+                }
+            }
+        }
+}
+
+#define MOE_GEMM(T, MT, U) \
+    extern "C" __global__ void __launch_bounds__(256) moe_gemm_##T##_m##MT(MoeGemm p) { moe_gemm<T, MT, U>(p); }
+MOE_GEMM(bf16, 1, 4)
+MOE_GEMM(bf16, 2, 2)
+MOE_GEMM(bf16, 4, 1)
+MOE_GEMM(f16, 1, 4)
+MOE_GEMM(f16, 2, 2)
+MOE_GEMM(f16, 4, 1)
+
+// ---- SwiGLU of the cuBLAS path: h [rows, 2I] with interleaved gate/up blocks of 8 columns
+// (the w13 layout) -> act [rows, I]. ----
+template <typename T>
+__device__ void moe_swiglu(const T* __restrict__ h, u64 rows, u32 inter, T* __restrict__ act) {
+    const u64 n = rows * inter;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        const u64 r = i / inter;
+        const u32 c = (u32)(i % inter);
+        const T* row = h + r * 2 * inter;
+        const u32 base = (c / 8) * 16 + c % 8;
+        act[i] = from_f32<T>(moe_silu(to_f32(row[base])) * to_f32(row[base + 8]));
+    }
+}
+#define MOE_SWIGLU(T) \
+    extern "C" __global__ void __launch_bounds__(256) moe_swiglu_##T(const T* h, u64 rows, u32 inter, T* act) \
+    { moe_swiglu<T>(h, rows, inter, act); }
+MOE_SWIGLU(f16)
+MOE_SWIGLU(bf16)
+
+// ---- combine: out[t, :] = Σ_r scale_r · y[slot_pos[t·k + r], :] in rank order, where
+// scale_r = slot_weight[t·k + r] (null: 1, the rows are already weighted). Y is f32 (the
+// device path) or T (the cuBLAS path); 4 columns per thread (hidden % 4 == 0). ----
+template <typename TY, typename T>
+__device__ void moe_combine(const TY* __restrict__ y, const u32* __restrict__ slot_pos,
+                            const float* __restrict__ slot_weight, u32 tokens, u32 k, u32 hidden,
+                            T* __restrict__ out) {
+    const u32 quads = hidden / 4;
+    const u64 n = (u64)tokens * quads;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        const u32 t = (u32)(i / quads), c = (u32)(i % quads) * 4;
+        float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (u32 r = 0; r < k; ++r) {
+            const u32 slot = t * k + r;
+            const float wgt = slot_weight ? slot_weight[slot] : 1.0f;
+            const TY* src = y + (u64)slot_pos[slot] * hidden + c;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) s[j] += wgt * to_f32(src[j]);
+        }
+        T* dst = out + (u64)t * hidden + c;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) dst[j] = from_f32<T>(s[j]);
+    }
+}
+#define MOE_COMBINE(TY, T) \
+    extern "C" __global__ void __launch_bounds__(256) moe_combine_##TY##_##T(const TY* y, const u32* slot_pos, \
+        const float* slot_weight, u32 tokens, u32 k, u32 hidden, T* out) \
+    { moe_combine<TY, T>(y, slot_pos, slot_weight, tokens, k, hidden, out); }
+MOE_COMBINE(f32, f16)
+MOE_COMBINE(f32, bf16)
+MOE_COMBINE(f16, f16)
+MOE_COMBINE(bf16, bf16)

@@ -1,0 +1,1524 @@
+//! The Mixture-of-Experts layer: `y = Σ_r w_r · W2_e(silu(W1_e·x) ⊙ W3_e·x)` over the `top_k`
+//! experts `e` the router picks for each token.
+//!
+//! On CUDA (bf16 or f16) the forward pass is six kernels and no host synchronization: the
+//! router logits (a dense GEMM), the router (softmax or DeepSeek-style grouped sigmoid, top-k,
+//! renormalize), the dispatch (tokens per expert, offsets, permutation and a GEMM work list,
+//! all on the device), the gate/up projection as a grouped GEMM over the permuted tokens with
+//! SwiGLU fused into its epilogue, the down projection as a second grouped GEMM that scales
+//! each row by its routing weight, and the combine back to token order. The grouped GEMM
+//! (`kernels/moe.cu`) reads the per-expert counts from device memory, so for up to
+//! [`GRAPH_MAX_TOKENS`] tokens the whole layer is captured once per token count (and
+//! input/output buffer pair) as a CUDA graph and replayed. Above that, the default path reads
+//! the counts back once and runs one cuBLAS GEMM per expert ([`MoePath::Cublas`], also
+//! selectable at every size for comparison).
+//!
+//! On the CPU backend the same layer computes in f32/f64 on the host (the reference).
+//!
+//! The permuted order of tokens within an expert may differ between runs (the dispatch
+//! places them with atomics), but each output row depends only on its own token, so the
+//! layer's output is deterministic.
+
+pub mod weights;
+
+pub use weights::{HostWeights, MoeWeights};
+
+use std::ffi::c_void;
+
+use crate::device::{cpu, GemmCall, Stream};
+use crate::dtype::{DType, DTypeKind, Float};
+use crate::error::{Error, Result};
+use crate::exec::graph::Graph;
+use crate::kernels::MOE;
+use crate::memory::Buffer;
+use crate::ops::{self, Route};
+
+/// The most tokens whose forward pass runs as a captured CUDA graph with no host sync.
+pub const GRAPH_MAX_TOKENS: usize = 256;
+/// Graphs kept per layer (least recently used dropped first).
+const GRAPH_CACHE: usize = 32;
+/// Threads of the dispatch kernel (its `__launch_bounds__(1024)`).
+const DISPATCH_BLOCK: u32 = 1024;
+/// Threads of the grouped GEMM (8 warps) and columns per block (`MOE_BN`).
+const GEMM_BLOCK: u32 = 256;
+const GEMM_BN: usize = 128;
+/// Warps (tokens) per block of the grouped sigmoid router.
+const ROUTER_WARPS: u32 = 4;
+
+/// How tokens choose experts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Router {
+    /// Softmax over the experts' logits (plus `gate.bias` when present), top-k; with
+    /// `renormalize` the k weights are divided by their sum (Mixtral).
+    Softmax,
+    /// DeepSeek-V3: sigmoid scores; experts are selected by score + `gate.bias` among the best
+    /// `topk_group` of `n_group` equal groups of experts (a group's score is the sum of its
+    /// two best); the weights are the chosen scores without bias, renormalized when asked,
+    /// times `routed_scaling`.
+    SigmoidGrouped {
+        n_group: usize,
+        topk_group: usize,
+        routed_scaling: f32,
+    },
+}
+
+/// The shape of a layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MoeConfig {
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub experts: usize,
+    pub top_k: usize,
+    /// Element type of activations and weights: bf16 or f16 on CUDA; f32 too on the CPU.
+    pub dtype: DTypeKind,
+    pub router: Router,
+    pub renormalize: bool,
+}
+
+/// The presets `MoeConfig::preset` knows (all with the Softmax router, renormalized, bf16).
+pub const PRESETS: [&str; 4] = [
+    "mixtral-8x7b",
+    "qwen3-30b-a3b",
+    "deepseek-v3-slice",
+    "gpt-oss-120b",
+];
+
+impl MoeConfig {
+    /// A named shape: `mixtral-8x7b` (4096, 14336, 8 experts, top-2), `qwen3-30b-a3b` (2048,
+    /// 768, 128, top-8), `deepseek-v3-slice` (7168, 256, 256, top-8), `gpt-oss-120b` (2880,
+    /// 2880, 128, top-4).
+    pub fn preset(name: &str) -> Result<MoeConfig> {
+        let (hidden, intermediate, experts, top_k) = match name {
+            "mixtral-8x7b" => (4096, 14336, 8, 2),
+            "qwen3-30b-a3b" => (2048, 768, 128, 8),
+            "deepseek-v3-slice" => (7168, 256, 256, 8),
+            "gpt-oss-120b" => (2880, 2880, 128, 4),
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "unknown MoE preset `{other}`; known: {}",
+                    PRESETS.join(", ")
+                )))
+            }
+        };
+        Ok(MoeConfig {
+            hidden,
+            intermediate,
+            experts,
+            top_k,
+            dtype: DTypeKind::BF16,
+            router: Router::Softmax,
+            renormalize: true,
+        })
+    }
+
+    /// Fails with `InvalidArgument` on a shape the layer cannot run.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::InvalidArgument(format!("MoE config: {m}")));
+        if self.hidden == 0 || self.intermediate == 0 || self.experts == 0 {
+            return bad(format!(
+                "hidden {}, intermediate {}, experts {}: all must be positive",
+                self.hidden, self.intermediate, self.experts
+            ));
+        }
+        if self.experts > ops::MAX_BINS {
+            return bad(format!(
+                "{} experts, at most {}",
+                self.experts,
+                ops::MAX_BINS
+            ));
+        }
+        if self.top_k == 0 || self.top_k > self.experts || self.top_k > ops::MAX_K {
+            return bad(format!(
+                "top_k = {} with {} experts: must be 1..={}",
+                self.top_k,
+                self.experts,
+                self.experts.min(ops::MAX_K)
+            ));
+        }
+        if !matches!(
+            self.dtype,
+            DTypeKind::F32 | DTypeKind::F16 | DTypeKind::BF16
+        ) {
+            return bad(format!("dtype {} (f32, f16 or bf16)", self.dtype.name()));
+        }
+        if let Router::SigmoidGrouped {
+            n_group,
+            topk_group,
+            routed_scaling,
+        } = self.router
+        {
+            if n_group == 0 || n_group > 32 || self.experts % n_group != 0 {
+                return bad(format!(
+                    "n_group = {n_group}: must be 1..=32 and divide {} experts",
+                    self.experts
+                ));
+            }
+            if topk_group == 0 || topk_group > n_group {
+                return bad(format!("topk_group = {topk_group} of {n_group} groups"));
+            }
+            if self.top_k > topk_group * (self.experts / n_group) {
+                return bad(format!(
+                    "top_k = {} exceeds the {} experts of the {topk_group} kept groups",
+                    self.top_k,
+                    topk_group * (self.experts / n_group)
+                ));
+            }
+            if !routed_scaling.is_finite() {
+                return bad(format!("routed_scaling = {routed_scaling}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes of one expert's three matrices.
+    pub fn expert_bytes(&self) -> usize {
+        3 * self.hidden * self.intermediate * self.dtype.size()
+    }
+
+    /// Bytes of the router's weight.
+    pub fn router_bytes(&self) -> usize {
+        self.experts * self.hidden * self.dtype.size()
+    }
+}
+
+/// Which implementation a CUDA forward pass takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MoePath {
+    /// The device-driven grouped GEMMs (graphs up to [`GRAPH_MAX_TOKENS`] tokens), cuBLAS
+    /// above.
+    #[default]
+    Auto,
+    /// The device-driven grouped GEMMs at every size (graphs up to [`GRAPH_MAX_TOKENS`]).
+    Device,
+    /// Counts read back once, then one cuBLAS GEMM per expert, at every size.
+    Cublas,
+}
+
+/// The experts and weights the router chose, slot `t·k + r` for token `t`'s `r`-th expert.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Routing {
+    pub experts: Vec<u32>,
+    pub weights: Vec<f32>,
+}
+
+impl Routing {
+    /// How many distinct experts the batch uses.
+    pub fn distinct_experts(&self) -> usize {
+        let mut seen: Vec<u32> = self.experts.clone();
+        seen.sort_unstable();
+        seen.dedup();
+        seen.len()
+    }
+}
+
+/// What the last forward pass cost the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ForwardStats {
+    /// Times the host waited for the device.
+    pub host_syncs: u32,
+    /// Kernel and graph launches (a graph replay counts once).
+    pub launches: u32,
+    /// True when the pass replayed a captured graph.
+    pub graph: bool,
+}
+
+/// One grouped GEMM's launch shape.
+#[derive(Debug, Clone, Copy)]
+struct GemmShape {
+    n: usize,
+    k: usize,
+    mt: usize,
+    items: usize,
+    splits: usize,
+    k_split: usize,
+}
+
+impl GemmShape {
+    fn new(n: usize, k: usize, mt: usize, items: usize, busy_items: usize, sms: usize) -> Self {
+        let n_blocks = n.div_ceil(GEMM_BN);
+        // Enough blocks for ~4 per SM over the tiles likely to be busy, each split at least
+        // 256 deep, so that a few experts still stream their weights at full bandwidth.
+        let busy = (busy_items * n_blocks).max(1);
+        let want = (4 * sms).div_ceil(busy).clamp(1, 32);
+        let splits = want.min((k / 256).max(1));
+        let k_split = k.div_ceil(splits).div_ceil(32) * 32;
+        GemmShape {
+            n,
+            k,
+            mt,
+            items,
+            splits: k.div_ceil(k_split).max(1),
+            k_split,
+        }
+    }
+    fn n_blocks(&self) -> usize {
+        self.n.div_ceil(GEMM_BN)
+    }
+    fn tiles(&self) -> usize {
+        self.items * self.n_blocks()
+    }
+    fn grid(&self) -> usize {
+        self.tiles() * self.splits
+    }
+    fn partial_len(&self, rows: usize) -> usize {
+        if self.splits > 1 {
+            self.splits * rows * self.n
+        } else {
+            0
+        }
+    }
+}
+
+/// The launch shapes of a forward pass over `tokens` tokens on the device path.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    tokens: usize,
+    slots: usize,
+    /// Rows per expert tile of the dispatch's work list (16 · gate.mt).
+    bm: usize,
+    router: GemmShape,
+    up: GemmShape,
+    down: GemmShape,
+}
+
+fn m_tiles(rows_per_group: usize) -> usize {
+    match rows_per_group {
+        0..=16 => 1,
+        17..=32 => 2,
+        _ => 4,
+    }
+}
+
+impl Plan {
+    fn new(c: &MoeConfig, tokens: usize, sms: usize) -> Plan {
+        let slots = tokens * c.top_k;
+        let active = c.experts.min(slots).max(1);
+        let mt = m_tiles(slots.div_ceil(active));
+        let bm = 16 * mt;
+        let items = active + slots / bm;
+        let router_mt = m_tiles(tokens);
+        let router_items = tokens.div_ceil(16 * router_mt).max(1);
+        Plan {
+            tokens,
+            slots,
+            bm,
+            router: GemmShape::new(
+                c.experts,
+                c.hidden,
+                router_mt,
+                router_items,
+                router_items,
+                sms,
+            ),
+            up: GemmShape::new(2 * c.intermediate, c.hidden, mt, items, active, sms),
+            down: GemmShape::new(c.hidden, c.intermediate, mt, items, active, sms),
+        }
+    }
+    fn partial_len(&self) -> usize {
+        self.router
+            .partial_len(self.tokens)
+            .max(self.up.partial_len(self.slots))
+            .max(self.down.partial_len(self.slots))
+    }
+    fn tickets_len(&self) -> usize {
+        self.router
+            .tiles()
+            .max(self.up.tiles())
+            .max(self.down.tiles())
+    }
+}
+
+/// Device memory of the forward passes, sized for `tokens` tokens (graphs of smaller
+/// counts share it, since they replay one at a time on the layer's stream).
+struct Workspace<T: Float> {
+    tokens: usize,
+    logits: Buffer<f32>,
+    weights: Buffer<f32>,
+    experts: Buffer<u32>,
+    counts: Buffer<u32>,
+    offsets: Buffer<u32>,
+    order: Buffer<u32>,
+    token_of: Buffer<u32>,
+    slot_pos: Buffer<u32>,
+    work: Buffer<u32>,
+    n_items: Buffer<u32>,
+    tickets: Buffer<u32>,
+    partial: Buffer<f32>,
+    act: Buffer<T>,
+    /// Device path: the weighted down projection per permuted row (f32).
+    y: Buffer<f32>,
+    /// cuBLAS path: gathered inputs, gate/up output, down output (T).
+    cublas: Option<[Buffer<T>; 3]>,
+}
+
+impl<T: Float> Workspace<T> {
+    fn new(
+        stream: &Stream,
+        c: &MoeConfig,
+        tokens: usize,
+        plans: &[Plan],
+        cublas: bool,
+    ) -> Result<Self> {
+        let slots = tokens * c.top_k;
+        let max = |f: &dyn Fn(&Plan) -> usize| plans.iter().map(f).max().unwrap_or(0).max(1);
+        // Zero once: each GEMM's last block per tile resets its ticket.
+        let tickets = Buffer::zeros(stream, max(&|p| p.tickets_len()))?;
+        let items = max(&|p| p.up.items);
+        Ok(Workspace {
+            tokens,
+            logits: Buffer::uninit(stream, tokens * c.experts)?,
+            weights: Buffer::uninit(stream, slots)?,
+            experts: Buffer::uninit(stream, slots)?,
+            counts: Buffer::uninit(stream, c.experts)?,
+            offsets: Buffer::uninit(stream, c.experts + 1)?,
+            order: Buffer::uninit(stream, slots)?,
+            token_of: Buffer::uninit(stream, slots)?,
+            slot_pos: Buffer::uninit(stream, slots)?,
+            work: Buffer::uninit(stream, 2 * items)?,
+            n_items: Buffer::uninit(stream, 1)?,
+            tickets,
+            partial: Buffer::uninit(stream, max(&|p| p.partial_len()))?,
+            act: Buffer::uninit(stream, slots * c.intermediate)?,
+            y: Buffer::uninit(stream, slots * c.hidden)?,
+            cublas: if cublas {
+                Some([
+                    Buffer::uninit(stream, slots * c.hidden)?,
+                    Buffer::uninit(stream, slots * 2 * c.intermediate)?,
+                    Buffer::uninit(stream, slots * c.hidden)?,
+                ])
+            } else {
+                None
+            },
+        })
+    }
+}
+
+type GraphKey = (usize, u64, u64);
+
+/// A Mixture-of-Experts layer on one stream.
+pub struct MoeLayer<T: Float> {
+    // Declaration order is drop order: the graphs go before the workspace they point into.
+    graphs: Vec<(GraphKey, Graph<'static, ()>)>,
+    ws: Option<Workspace<T>>,
+    stream: Stream,
+    config: MoeConfig,
+    gate: Buffer<T>,
+    gate_bias: Option<Buffer<f32>>,
+    /// w1 and w3 interleaved in blocks of 8 rows: [E, 2I, H].
+    w13: Buffer<T>,
+    w2: Buffer<T>,
+    path: MoePath,
+    use_graphs: bool,
+    last: ForwardStats,
+}
+
+impl<T: Float> std::fmt::Debug for MoeLayer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MoeLayer")
+            .field("config", &self.config)
+            .field("path", &self.path)
+            .field("graphs", &self.graphs.len())
+            .finish()
+    }
+}
+
+/// Raw addresses and sizes of one forward pass (what a captured graph bakes in).
+#[derive(Clone, Copy)]
+struct Pass {
+    plan: Plan,
+    x: u64,
+    y: u64,
+}
+
+impl<T: Float> MoeLayer<T> {
+    /// A layer on `stream`'s device with `weights`. Errors: an invalid config, `T` not the
+    /// config's dtype, weights of the wrong shape (naming the tensor), or (CUDA) a dtype or
+    /// shape the device kernels do not take: f32 runs on the CPU backend only, and hidden and
+    /// intermediate must be multiples of 8 (16-byte rows).
+    pub fn new(stream: &Stream, config: MoeConfig, weights: MoeWeights) -> Result<Self> {
+        config.validate()?;
+        if T::KIND != config.dtype {
+            return Err(Error::InvalidArgument(format!(
+                "MoE layer of {} with a config of {}",
+                T::KIND.name(),
+                config.dtype.name()
+            )));
+        }
+        if stream.cuda().is_some() {
+            if !matches!(T::KIND, DTypeKind::BF16 | DTypeKind::F16) {
+                return Err(Error::Unsupported(format!(
+                    "MoE layer on CUDA takes bf16 or f16, not {} (f32 runs on the CPU backend)",
+                    T::KIND.name()
+                )));
+            }
+            if config.hidden % 8 != 0 || config.intermediate % 8 != 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "MoE layer on CUDA: hidden {} and intermediate {} must be multiples of 8 \
+                     (16-byte rows)",
+                    config.hidden, config.intermediate
+                )));
+            }
+        }
+        let (h, i, e) = (config.hidden, config.intermediate, config.experts);
+        let (gate, gate_bias, w13, w2) = match weights {
+            MoeWeights::Random { seed } => (
+                random_buffer(stream, e * h, seed ^ weights::SEED_GATE, h)?,
+                None,
+                random_buffer(
+                    stream,
+                    e * 2 * inter_pad(i) * h,
+                    seed ^ weights::SEED_W13,
+                    h,
+                )?,
+                random_buffer(stream, e * h * i, seed ^ weights::SEED_W2, i)?,
+            ),
+            MoeWeights::File(path) => upload_weights(
+                stream,
+                &config,
+                &MoeWeights::from_safetensors(&path, &config)?,
+            )?,
+            MoeWeights::Host(w) => {
+                w.check(&config)?;
+                upload_weights(stream, &config, &w)?
+            }
+        };
+        Ok(MoeLayer {
+            graphs: Vec::new(),
+            ws: None,
+            stream: stream.clone(),
+            config,
+            gate,
+            gate_bias,
+            w13,
+            w2,
+            path: MoePath::Auto,
+            use_graphs: true,
+            last: ForwardStats::default(),
+        })
+    }
+
+    pub fn config(&self) -> &MoeConfig {
+        &self.config
+    }
+
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// Chooses the CUDA implementation (ignored on the CPU backend).
+    pub fn set_path(&mut self, path: MoePath) {
+        self.path = path;
+    }
+
+    /// Turns graph capture and replay on (the default) or off (every pass eager).
+    pub fn set_graphs(&mut self, on: bool) {
+        self.use_graphs = on;
+    }
+
+    /// What the last forward pass cost the host.
+    pub fn last_stats(&self) -> ForwardStats {
+        self.last
+    }
+
+    /// The weights as f32 on the host, in `nn.Linear` layout (w1 and w3 separate).
+    pub fn host_weights(&self) -> Result<HostWeights> {
+        let s = &self.stream;
+        let widen = |b: &Buffer<T>| -> Result<Vec<f32>> {
+            Ok(b.to_host(s)?.iter().map(|v| v.to_f64() as f32).collect())
+        };
+        let (h, i, e) = (
+            self.config.hidden,
+            self.config.intermediate,
+            self.config.experts,
+        );
+        let w13 = widen(&self.w13)?;
+        let mut w1 = vec![0f32; e * i * h];
+        let mut w3 = vec![0f32; e * i * h];
+        for (row, src) in w13.chunks_exact(h).enumerate() {
+            let (is_w3, e, r) = weights::w13_source(row, inter_pad(i));
+            if r >= i {
+                continue; // padding
+            }
+            let dst = if is_w3 { &mut w3 } else { &mut w1 };
+            dst[(e * i + r) * h..(e * i + r + 1) * h].copy_from_slice(src);
+        }
+        Ok(HostWeights {
+            gate: widen(&self.gate)?,
+            gate_bias: self.gate_bias.as_ref().map(|b| b.to_host(s)).transpose()?,
+            w1,
+            w3,
+            w2: widen(&self.w2)?,
+        })
+    }
+
+    fn tokens_of(&self, x: &Buffer<T>) -> Result<usize> {
+        x.check_stream(&self.stream, "MoE forward")?;
+        ops_rows(x.len(), self.config.hidden)
+    }
+
+    /// `y = layer(x)` for `x` and `y` of [tokens, hidden]. Up to [`GRAPH_MAX_TOKENS`]
+    /// tokens on CUDA, the first pass with a given (tokens, x, y) runs eagerly and captures a
+    /// graph; later ones replay it. Errors: `x` not whole rows, `y` not the same length,
+    /// buffers on another device.
+    pub fn forward_into(&mut self, x: &Buffer<T>, y: &mut Buffer<T>) -> Result<()> {
+        let tokens = self.tokens_of(x)?;
+        y.check_stream(&self.stream, "MoE forward")?;
+        crate::memory::check_len("MoE forward (output)", y.len(), x.len())?;
+        self.last = ForwardStats::default();
+        if tokens == 0 {
+            return Ok(());
+        }
+        if self.stream.cuda().is_none() {
+            return self.forward_host(x, y);
+        }
+        let cublas = match self.path {
+            MoePath::Cublas => true,
+            MoePath::Device => false,
+            MoePath::Auto => tokens > GRAPH_MAX_TOKENS,
+        };
+        if cublas {
+            return self.forward_cublas(tokens, x.device_ptr(), y.device_ptr(), &mut |_| Ok(()));
+        }
+        if self.use_graphs && tokens <= GRAPH_MAX_TOKENS {
+            return self.forward_graph(tokens, x.device_ptr(), y.device_ptr());
+        }
+        let pass = self.prepare(tokens, false)?;
+        self.enqueue_device(&pass_with(pass, x, y), &mut |_| Ok(()))?;
+        self.last.launches = 6;
+        Ok(())
+    }
+
+    /// [`forward_into`](Self::forward_into) into a new buffer.
+    pub fn forward(&mut self, x: &Buffer<T>) -> Result<Buffer<T>> {
+        let mut y = Buffer::uninit(&self.stream, x.len())?;
+        self.forward_into(x, &mut y)?;
+        Ok(y)
+    }
+
+    /// Runs one eager forward pass and returns the time of each stage in µs (CUDA events
+    /// between stages; the host clock on the CPU backend, as one stage).
+    pub fn profile(&mut self, x: &Buffer<T>, y: &mut Buffer<T>) -> Result<Vec<(String, f64)>> {
+        let tokens = self.tokens_of(x)?;
+        crate::memory::check_len("MoE forward (output)", y.len(), x.len())?;
+        if tokens == 0 {
+            return Ok(Vec::new());
+        }
+        if self.stream.cuda().is_none() {
+            let t0 = std::time::Instant::now();
+            self.forward_host(x, y)?;
+            return Ok(vec![(
+                "forward".to_string(),
+                t0.elapsed().as_secs_f64() * 1e6,
+            )]);
+        }
+        let dev = self.stream.device().clone();
+        let stream = self.stream.clone();
+        let mut marks: Vec<(&'static str, crate::device::Event)> = Vec::new();
+        let start = dev.new_event()?;
+        stream.record(&start)?;
+        let mut mark = |name: &'static str| -> Result<()> {
+            let e = dev.new_event()?;
+            stream.record(&e)?;
+            marks.push((name, e));
+            Ok(())
+        };
+        let cublas = match self.path {
+            MoePath::Cublas => true,
+            MoePath::Device => false,
+            MoePath::Auto => tokens > GRAPH_MAX_TOKENS,
+        };
+        if cublas {
+            self.forward_cublas(tokens, x.device_ptr(), y.device_ptr(), &mut mark)?;
+        } else {
+            let pass = self.prepare(tokens, false)?;
+            self.enqueue_device(&pass_with(pass, x, y), &mut mark)?;
+        }
+        let mut out = Vec::with_capacity(marks.len());
+        let mut prev = &start;
+        for (name, e) in &marks {
+            out.push((name.to_string(), prev.elapsed_ms(e)? as f64 * 1e3));
+            prev = e;
+        }
+        Ok(out)
+    }
+
+    /// The router's choice for each token of `x` (computed as the forward pass does).
+    pub fn route(&mut self, x: &Buffer<T>) -> Result<Routing> {
+        let tokens = self.tokens_of(x)?;
+        if tokens == 0 {
+            return Ok(Routing {
+                experts: Vec::new(),
+                weights: Vec::new(),
+            });
+        }
+        let k = self.config.top_k;
+        if self.stream.cuda().is_none() {
+            let (weights, experts) = self.route_host(x, tokens)?;
+            return Ok(Routing { experts, weights });
+        }
+        let pass = self.prepare(tokens, false)?;
+        let pass = Pass {
+            plan: pass,
+            x: x.device_ptr(),
+            y: 0,
+        };
+        self.enqueue_router(&pass)?;
+        let ws = self.workspace()?;
+        let experts = ws.experts.to_host(&self.stream)?;
+        let weights = ws.weights.to_host(&self.stream)?;
+        Ok(Routing {
+            experts: experts[..tokens * k].to_vec(),
+            weights: weights[..tokens * k].to_vec(),
+        })
+    }
+
+    // ---- the device path ----
+
+    fn workspace(&self) -> Result<&Workspace<T>> {
+        self.ws
+            .as_ref()
+            .ok_or_else(|| Error::InvalidArgument("MoE workspace missing".into()))
+    }
+
+    fn sms(&self) -> usize {
+        self.stream
+            .cuda()
+            .map(|(d, _)| d.sm_count() as usize)
+            .unwrap_or(1)
+    }
+
+    /// The plan for `tokens`, with a workspace large enough (reallocated, dropping every
+    /// graph, when it is not).
+    fn prepare(&mut self, tokens: usize, cublas: bool) -> Result<Plan> {
+        let sms = self.sms();
+        let plan = Plan::new(&self.config, tokens, sms);
+        let fits = self.ws.as_ref().is_some_and(|w| {
+            w.tokens >= tokens
+                && (!cublas || w.cublas.is_some())
+                && w.partial.len() >= plan.partial_len()
+                && w.tickets.len() >= plan.tickets_len()
+                && w.work.len() >= 2 * plan.up.items
+        });
+        if !fits {
+            // Graph-sized passes share one workspace sized for all of them.
+            let cap = if tokens <= GRAPH_MAX_TOKENS {
+                GRAPH_MAX_TOKENS
+            } else {
+                tokens
+            };
+            let cap = cap.max(self.ws.as_ref().map_or(0, |w| w.tokens));
+            let mut plans: Vec<Plan> = (1..=cap.min(GRAPH_MAX_TOKENS))
+                .map(|t| Plan::new(&self.config, t, sms))
+                .collect();
+            plans.push(plan);
+            plans.push(Plan::new(&self.config, cap, sms));
+            let keep_cublas = self.ws.as_ref().is_some_and(|w| w.cublas.is_some());
+            self.graphs.clear();
+            self.ws = None;
+            self.ws = Some(Workspace::new(
+                &self.stream,
+                &self.config,
+                cap,
+                &plans,
+                cublas || keep_cublas,
+            )?);
+        }
+        Ok(plan)
+    }
+
+    fn forward_graph(&mut self, tokens: usize, x: u64, y: u64) -> Result<()> {
+        let key = (tokens, x, y);
+        if let Some(at) = self.graphs.iter().position(|(k, _)| *k == key) {
+            let entry = self.graphs.remove(at);
+            self.graphs.push(entry);
+            if let Some((_, g)) = self.graphs.last_mut() {
+                g.launch()?;
+            }
+            self.last = ForwardStats {
+                host_syncs: 0,
+                launches: 1,
+                graph: true,
+            };
+            return Ok(());
+        }
+        // First pass at this key: run eagerly (loads every kernel, checks the pass), then
+        // capture the same launches.
+        let plan = self.prepare(tokens, false)?;
+        let pass = Pass { plan, x, y };
+        self.enqueue_device(&pass, &mut |_| Ok(()))?;
+        let launcher = self.launcher()?;
+        let graph = Graph::capture(&self.stream, move |s| launcher.enqueue(s, &pass))?;
+        graph.upload()?;
+        if self.graphs.len() >= GRAPH_CACHE {
+            self.graphs.remove(0);
+        }
+        self.graphs.push((key, graph));
+        self.last = ForwardStats {
+            host_syncs: 0,
+            launches: 6,
+            graph: false,
+        };
+        Ok(())
+    }
+
+    /// Everything a device pass needs, as plain addresses (`Copy`, owned by a graph's body).
+    fn launcher(&self) -> Result<Launcher> {
+        let ws = self.workspace()?;
+        Ok(Launcher {
+            config: self.config,
+            dtype: T::KIND,
+            gate: self.gate.device_ptr(),
+            gate_bias: self.gate_bias.as_ref().map_or(0, |b| b.device_ptr()),
+            w13: self.w13.device_ptr(),
+            w2: self.w2.device_ptr(),
+            logits: ws.logits.device_ptr(),
+            weights: ws.weights.device_ptr(),
+            experts: ws.experts.device_ptr(),
+            counts: ws.counts.device_ptr(),
+            offsets: ws.offsets.device_ptr(),
+            order: ws.order.device_ptr(),
+            token_of: ws.token_of.device_ptr(),
+            slot_pos: ws.slot_pos.device_ptr(),
+            work: ws.work.device_ptr(),
+            n_items: ws.n_items.device_ptr(),
+            tickets: ws.tickets.device_ptr(),
+            partial: ws.partial.device_ptr(),
+            act: ws.act.device_ptr(),
+            y_rows: ws.y.device_ptr(),
+        })
+    }
+
+    fn enqueue_device(
+        &self,
+        pass: &Pass,
+        mark: &mut dyn FnMut(&'static str) -> Result<()>,
+    ) -> Result<()> {
+        self.launcher()?.enqueue_marked(&self.stream, pass, mark)
+    }
+
+    fn enqueue_router(&self, pass: &Pass) -> Result<()> {
+        let l = self.launcher()?;
+        l.router(&self.stream, pass)?;
+        l.route(&self.stream, pass)
+    }
+
+    // ---- the cuBLAS path ----
+
+    fn forward_cublas(
+        &mut self,
+        tokens: usize,
+        x: u64,
+        y: u64,
+        mark: &mut dyn FnMut(&'static str) -> Result<()>,
+    ) -> Result<()> {
+        let plan = self.prepare(tokens, true)?;
+        let pass = Pass { plan, x, y };
+        let l = self.launcher()?;
+        let s = &self.stream;
+        l.router(s, &pass)?;
+        mark("router")?;
+        l.route(s, &pass)?;
+        mark("route")?;
+        l.dispatch(s, &pass)?;
+        mark("dispatch")?;
+        let ws = self.workspace()?;
+        let counts = ws.counts.to_host(s)?;
+        let Some([xp, h, yt]) = ws.cublas.as_ref() else {
+            return Err(Error::InvalidArgument(
+                "MoE cuBLAS workspace missing".into(),
+            ));
+        };
+        let (hd, inter) = (self.config.hidden, self.config.intermediate);
+        let Some((d, cs)) = s.cuda() else {
+            return Err(Error::Unsupported("the cuBLAS path needs CUDA".into()));
+        };
+        let size = std::mem::size_of::<T>() as u64;
+        // SAFETY: token_of holds `slots` row indices below `tokens` (the dispatch wrote them),
+        // x holds tokens·hidden elements, xp slots·hidden.
+        unsafe {
+            ops::permute::gather_rows_raw(
+                d,
+                cs,
+                x,
+                tokens,
+                hd * size as usize,
+                ws.token_of.device_ptr(),
+                plan.slots,
+                xp.device_ptr(),
+            )?;
+        }
+        let mut up = Vec::new();
+        let mut down = Vec::new();
+        let mut row = 0usize;
+        for (e, &c) in counts.iter().enumerate() {
+            let m = c as usize;
+            if m > 0 {
+                let call = |n, k, a: u64, b: u64, c: u64| GemmCall {
+                    dtype: T::KIND,
+                    m,
+                    n,
+                    k,
+                    trans_a: false,
+                    trans_b: true,
+                    tf32: false,
+                    batch: 1,
+                    a,
+                    b,
+                    c,
+                    stride_a: 0,
+                    stride_b: 0,
+                    stride_c: 0,
+                };
+                up.push(call(
+                    2 * inter,
+                    hd,
+                    xp.device_ptr() + (row * hd) as u64 * size,
+                    self.w13.device_ptr() + (e * 2 * inter * hd) as u64 * size,
+                    h.device_ptr() + (row * 2 * inter) as u64 * size,
+                ));
+                down.push(call(
+                    hd,
+                    inter,
+                    ws.act.device_ptr() + (row * inter) as u64 * size,
+                    self.w2.device_ptr() + (e * hd * inter) as u64 * size,
+                    yt.device_ptr() + (row * hd) as u64 * size,
+                ));
+            }
+            row += m;
+        }
+        if row != plan.slots {
+            return Err(Error::InvalidArgument(format!(
+                "MoE dispatch counted {row} routed slots, {} expected",
+                plan.slots
+            )));
+        }
+        let t = l.dtype_index()?;
+        // SAFETY: each call's rows lie inside xp / h / act / yt (offsets from the counts,
+        // which sum to `slots`, checked above) and inside w13 / w2 (one matrix per expert).
+        unsafe { d.gemm(cs, &up)? };
+        mark("experts-gate-up")?;
+        let args = ops::Args::new()
+            .ptr(h.device_ptr())
+            .u64(plan.slots as u64)
+            .u32(inter as u32)
+            .ptr(ws.act.device_ptr());
+        let name = ["moe_swiglu_f16", "moe_swiglu_bf16"][t];
+        let grid = ops::fill_grid(d, (&MOE, name), (plan.slots * inter) as u64, 256)?;
+        // SAFETY: moe_swiglu_T(const T* h, u64 rows, u32 inter, T* act): h holds slots·2I,
+        // act slots·I elements.
+        unsafe { ops::launch(d, cs, (&MOE, name), grid, 256, 0, args)? };
+        mark("swiglu")?;
+        // SAFETY: as for the gate/up calls.
+        unsafe { d.gemm(cs, &down)? };
+        mark("experts-down")?;
+        l.combine(s, &pass, yt.device_ptr(), ws.weights.device_ptr(), true)?;
+        mark("combine")?;
+        self.last = ForwardStats {
+            host_syncs: 1,
+            launches: (6 + up.len() + down.len()) as u32,
+            graph: false,
+        };
+        Ok(())
+    }
+
+    // ---- the CPU backend ----
+
+    fn route_host(&self, x: &Buffer<T>, tokens: usize) -> Result<(Vec<f32>, Vec<u32>)> {
+        let c = &self.config;
+        let (h, e, k) = (c.hidden, c.experts, c.top_k);
+        let xs = x.host_view()?;
+        let gate = self.gate.host_view()?;
+        let bias = match &self.gate_bias {
+            Some(b) => Some(b.host_view()?),
+            None => None,
+        };
+        let mut logits = vec![0f32; tokens * e];
+        for t in 0..tokens {
+            let xr = &xs[t * h..(t + 1) * h];
+            for j in 0..e {
+                let g = &gate[j * h..(j + 1) * h];
+                let dot: f64 = xr.iter().zip(g).map(|(a, b)| a.to_f64() * b.to_f64()).sum();
+                logits[t * e + j] = dot as f32;
+            }
+        }
+        match c.router {
+            Router::Softmax => {
+                if let Some(b) = bias {
+                    for row in logits.chunks_exact_mut(e) {
+                        for (l, &bv) in row.iter_mut().zip(b) {
+                            *l += bv;
+                        }
+                    }
+                }
+                let s = &self.stream;
+                let lb = Buffer::from_host(s, &logits)?;
+                let mut w = Buffer::<f32>::zeros(s, tokens * k)?;
+                let mut idx = Buffer::<u32>::zeros(s, tokens * k)?;
+                let r = Route {
+                    experts: e,
+                    k,
+                    renormalize: c.renormalize,
+                };
+                ops::route(s, &r, &lb, &mut w, &mut idx)?;
+                Ok((w.host_view()?.to_vec(), idx.host_view()?.to_vec()))
+            }
+            Router::SigmoidGrouped {
+                n_group,
+                topk_group,
+                routed_scaling,
+            } => {
+                let mut w = Vec::with_capacity(tokens * k);
+                let mut idx = Vec::with_capacity(tokens * k);
+                for row in logits.chunks_exact(e) {
+                    let (rw, ri) = sigmoid_grouped(
+                        row,
+                        bias,
+                        k,
+                        (n_group, topk_group),
+                        c.renormalize,
+                        routed_scaling,
+                    );
+                    w.extend(rw);
+                    idx.extend(ri);
+                }
+                Ok((w, idx))
+            }
+        }
+    }
+
+    fn forward_host(&mut self, x: &Buffer<T>, y: &mut Buffer<T>) -> Result<()> {
+        let c = self.config;
+        let (h, inter, k) = (c.hidden, c.intermediate, c.top_k);
+        let wide = 2 * inter_pad(inter);
+        let tokens = ops_rows(x.len(), h)?;
+        let (weights, experts) = self.route_host(x, tokens)?;
+        let xs: Vec<f32> = x.host_view()?.iter().map(|v| v.to_f64() as f32).collect();
+        let w13: Vec<f32> = self
+            .w13
+            .host_view()?
+            .iter()
+            .map(|v| v.to_f64() as f32)
+            .collect();
+        let w2: Vec<f32> = self
+            .w2
+            .host_view()?
+            .iter()
+            .map(|v| v.to_f64() as f32)
+            .collect();
+        let mut out = vec![0f64; tokens * h];
+        for e in 0..c.experts {
+            let slots: Vec<usize> = (0..tokens * k)
+                .filter(|&s| experts[s] as usize == e)
+                .collect();
+            if slots.is_empty() {
+                continue;
+            }
+            let m = slots.len();
+            let mut a = Vec::with_capacity(m * h);
+            for &s in &slots {
+                a.extend_from_slice(&xs[(s / k) * h..(s / k + 1) * h]);
+            }
+            let mut hbuf = vec![0f32; m * wide];
+            let b = &w13[e * wide * h..(e + 1) * wide * h];
+            cpu::gemm_f32(&a, b, &mut hbuf, (m, wide, h), (false, true))?;
+            // SwiGLU on the interleaved columns, rounded to T as the device path stores it.
+            let mut act = vec![0f32; m * inter];
+            for r in 0..m {
+                for col in 0..inter {
+                    let base = (col / 8) * 16 + col % 8;
+                    let g = hbuf[r * wide + base] as f64;
+                    let u = hbuf[r * wide + base + 8] as f64;
+                    act[r * inter + col] = T::from_f64(g / (1.0 + (-g).exp()) * u).to_f64() as f32;
+                }
+            }
+            let mut yb = vec![0f32; m * h];
+            let b2 = &w2[e * h * inter..(e + 1) * h * inter];
+            cpu::gemm_f32(&act, b2, &mut yb, (m, h, inter), (false, true))?;
+            for (r, &s) in slots.iter().enumerate() {
+                let wgt = weights[s] as f64;
+                let dst = &mut out[(s / k) * h..(s / k + 1) * h];
+                for (o, &v) in dst.iter_mut().zip(&yb[r * h..(r + 1) * h]) {
+                    *o += wgt * v as f64;
+                }
+            }
+        }
+        for (dst, v) in y.host_view_mut()?.iter_mut().zip(out) {
+            *dst = T::from_f64(v);
+        }
+        self.last = ForwardStats::default();
+        Ok(())
+    }
+}
+
+fn pass_with<T: DType>(plan: Plan, x: &Buffer<T>, y: &Buffer<T>) -> Pass {
+    Pass {
+        plan,
+        x: x.device_ptr(),
+        y: y.device_ptr(),
+    }
+}
+
+/// The intermediate size rounded up to the 8-row blocks of the w13 interleave (the CUDA
+/// path requires it to be a multiple of 8 already; the CPU backend pads with zero rows).
+fn inter_pad(intermediate: usize) -> usize {
+    intermediate.div_ceil(8) * 8
+}
+
+fn ops_rows(len: usize, hidden: usize) -> Result<usize> {
+    if len % hidden != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "MoE forward: {len} elements are not whole rows of hidden = {hidden}"
+        )));
+    }
+    Ok(len / hidden)
+}
+
+/// The grouped sigmoid router for one token (the CPU reference of
+/// `moe_route_sigmoid_grouped`): (weights, experts).
+pub(crate) fn sigmoid_grouped(
+    logits: &[f32],
+    bias: Option<&[f32]>,
+    k: usize,
+    (n_group, topk_group): (usize, usize),
+    renormalize: bool,
+    scaling: f32,
+) -> (Vec<f32>, Vec<u32>) {
+    let e = logits.len();
+    let per = e / n_group;
+    let score = |i: usize| 1.0 / (1.0 + (-(logits[i] as f64)).exp());
+    let mut sel: Vec<f64> = (0..e)
+        .map(|i| score(i) + bias.map_or(0.0, |b| b[i] as f64))
+        .collect();
+    let mut groups: Vec<(f64, usize)> = (0..n_group)
+        .map(|g| {
+            let mut v: Vec<f64> = sel[g * per..(g + 1) * per].to_vec();
+            v.sort_by(|a, b| b.total_cmp(a));
+            (v.iter().take(2).sum(), g)
+        })
+        .collect();
+    // Best first; ties to the lower group.
+    groups.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    let kept: Vec<usize> = groups.iter().take(topk_group).map(|g| g.1).collect();
+    for (i, s) in sel.iter_mut().enumerate() {
+        if !kept.contains(&(i / per)) {
+            *s = f64::NEG_INFINITY;
+        }
+    }
+    let mut chosen = Vec::with_capacity(k);
+    for _ in 0..k {
+        let mut best = 0usize;
+        for i in 1..e {
+            if sel[i] > sel[best] {
+                best = i;
+            }
+        }
+        chosen.push(best);
+        sel[best] = f64::NEG_INFINITY;
+    }
+    let sum: f64 = chosen.iter().map(|&i| score(i)).sum();
+    let w = chosen
+        .iter()
+        .map(|&i| {
+            let s = score(i);
+            ((if renormalize { s / sum } else { s }) * scaling as f64) as f32
+        })
+        .collect();
+    (w, chosen.iter().map(|&i| i as u32).collect())
+}
+
+/// A random tensor of `len` elements (see [`MoeWeights::Random`]).
+fn random_buffer<T: Float>(
+    stream: &Stream,
+    len: usize,
+    seed: u64,
+    fan_in: usize,
+) -> Result<Buffer<T>> {
+    let scale = weights::random_scale(fan_in);
+    let Some((d, s)) = stream.cuda() else {
+        let host: Vec<T> = (0..len as u64)
+            .map(|i| T::from_f64(weights::random_value(seed, i, scale) as f64))
+            .collect();
+        return Buffer::from_host(stream, &host);
+    };
+    let buf = Buffer::<T>::uninit(stream, len)?;
+    let name = ops::by_float!("moe_init_random")[ops::float_index::<T>("MoE init")?];
+    let grid = ops::fill_grid(d, (&MOE, name), len as u64, 256)?;
+    let args = ops::Args::new()
+        .buf(&buf)
+        .u64(len as u64)
+        .u64(seed)
+        .f32(scale);
+    // SAFETY: moe_init_random_T(T* out, u64 n, u64 seed, float scale): buf holds len elements.
+    unsafe { ops::launch(d, s, (&MOE, name), grid, 256, 0, args)? };
+    Ok(buf)
+}
+
+type Uploaded<T> = (Buffer<T>, Option<Buffer<f32>>, Buffer<T>, Buffer<T>);
+
+/// The host tensors on the device, w1 and w3 interleaved into w13.
+fn upload_weights<T: Float>(
+    stream: &Stream,
+    c: &MoeConfig,
+    w: &HostWeights,
+) -> Result<Uploaded<T>> {
+    let (h, i) = (c.hidden, c.intermediate);
+    let narrow = |v: &[f32]| -> Vec<T> { v.iter().map(|&x| T::from_f64(x as f64)).collect() };
+    let ip = inter_pad(i);
+    let mut w13 = Vec::with_capacity(c.experts * 2 * ip * h);
+    for row in 0..c.experts * 2 * ip {
+        let (is_w3, e, r) = weights::w13_source(row, ip);
+        let src = if is_w3 { &w.w3 } else { &w.w1 };
+        match src.get((e * i + r) * h..(e * i + r + 1) * h) {
+            Some(vals) if r < i => w13.extend(vals.iter().map(|&x| T::from_f64(x as f64))),
+            _ => w13.extend(std::iter::repeat_n(T::default(), h)), // padding
+        }
+    }
+    Ok((
+        Buffer::from_host(stream, &narrow(&w.gate))?,
+        w.gate_bias
+            .as_ref()
+            .map(|b| Buffer::from_host(stream, b))
+            .transpose()?,
+        Buffer::from_host(stream, &w13)?,
+        Buffer::from_host(stream, &narrow(&w.w2))?,
+    ))
+}
+
+/// The layer's buffers as raw addresses: what a captured graph's body keeps.
+#[derive(Clone, Copy)]
+struct Launcher {
+    config: MoeConfig,
+    dtype: DTypeKind,
+    gate: u64,
+    gate_bias: u64,
+    w13: u64,
+    w2: u64,
+    logits: u64,
+    weights: u64,
+    experts: u64,
+    counts: u64,
+    offsets: u64,
+    order: u64,
+    token_of: u64,
+    slot_pos: u64,
+    work: u64,
+    n_items: u64,
+    tickets: u64,
+    partial: u64,
+    act: u64,
+    y_rows: u64,
+}
+
+/// `MoeGemm` of `kernels/moe.cu`, field for field (C layout).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct GemmParams {
+    a: u64,
+    a_rows: u64,
+    w: u64,
+    w_stride: u64,
+    n: u32,
+    k: u32,
+    counts: u64,
+    offsets: u64,
+    work: u64,
+    n_items: u64,
+    m: u32,
+    splits: u32,
+    k_split: u32,
+    partial: u64,
+    rows_cap: u32,
+    tickets: u64,
+    epilogue: i32,
+    out: u64,
+    col_bias: u64,
+    slot_weight: u64,
+    order: u64,
+}
+
+const GEMM_NAMES: [[&str; 3]; 2] = [
+    ["moe_gemm_f16_m1", "moe_gemm_f16_m2", "moe_gemm_f16_m4"],
+    ["moe_gemm_bf16_m1", "moe_gemm_bf16_m2", "moe_gemm_bf16_m4"],
+];
+
+fn u32_of(v: usize, what: &str) -> Result<u32> {
+    u32::try_from(v).map_err(|_| Error::InvalidArgument(format!("MoE: {what} = {v} exceeds u32")))
+}
+
+impl Launcher {
+    /// 0 for f16, 1 for bf16.
+    fn dtype_index(&self) -> Result<usize> {
+        match self.dtype {
+            DTypeKind::F16 => Ok(0),
+            DTypeKind::BF16 => Ok(1),
+            other => Err(Error::Unsupported(format!(
+                "MoE kernels on {}",
+                other.name()
+            ))),
+        }
+    }
+
+    fn enqueue(&self, s: &Stream, pass: &Pass) -> Result<()> {
+        self.enqueue_marked(s, pass, &mut |_| Ok(()))
+    }
+
+    fn enqueue_marked(
+        &self,
+        s: &Stream,
+        pass: &Pass,
+        mark: &mut dyn FnMut(&'static str) -> Result<()>,
+    ) -> Result<()> {
+        self.router(s, pass)?;
+        mark("router")?;
+        self.route(s, pass)?;
+        mark("route")?;
+        self.dispatch(s, pass)?;
+        mark("dispatch")?;
+        let c = &self.config;
+        let p = &pass.plan;
+        self.gemm(
+            s,
+            &p.up,
+            GemmParams {
+                a: pass.x,
+                a_rows: self.token_of,
+                w: self.w13,
+                w_stride: (2 * c.intermediate * c.hidden) as u64,
+                n: 0,
+                k: 0,
+                counts: self.counts,
+                offsets: self.offsets,
+                work: self.work,
+                n_items: self.n_items,
+                m: 0,
+                splits: 0,
+                k_split: 0,
+                partial: self.partial,
+                rows_cap: u32_of(p.slots, "routed slots")?,
+                tickets: self.tickets,
+                epilogue: 1,
+                out: self.act,
+                col_bias: 0,
+                slot_weight: 0,
+                order: 0,
+            },
+        )?;
+        mark("experts-gate-up")?;
+        self.gemm(
+            s,
+            &p.down,
+            GemmParams {
+                a: self.act,
+                a_rows: 0,
+                w: self.w2,
+                w_stride: (c.hidden * c.intermediate) as u64,
+                n: 0,
+                k: 0,
+                counts: self.counts,
+                offsets: self.offsets,
+                work: self.work,
+                n_items: self.n_items,
+                m: 0,
+                splits: 0,
+                k_split: 0,
+                partial: self.partial,
+                rows_cap: u32_of(p.slots, "routed slots")?,
+                tickets: self.tickets,
+                epilogue: 2,
+                out: self.y_rows,
+                col_bias: 0,
+                slot_weight: self.weights,
+                order: self.order,
+            },
+        )?;
+        mark("experts-down")?;
+        self.combine(s, pass, self.y_rows, 0, false)?;
+        mark("combine")
+    }
+
+    /// Router logits (f32, + bias for the Softmax router) by the dense GEMM.
+    fn router(&self, s: &Stream, pass: &Pass) -> Result<()> {
+        let p = &pass.plan;
+        let bias = if self.config.router == Router::Softmax {
+            self.gate_bias
+        } else {
+            0
+        };
+        self.gemm(
+            s,
+            &p.router,
+            GemmParams {
+                a: pass.x,
+                a_rows: 0,
+                w: self.gate,
+                w_stride: 0,
+                n: 0,
+                k: 0,
+                counts: 0,
+                offsets: 0,
+                work: 0,
+                n_items: 0,
+                m: u32_of(p.tokens, "tokens")?,
+                splits: 0,
+                k_split: 0,
+                partial: self.partial,
+                rows_cap: u32_of(p.tokens, "tokens")?,
+                tickets: self.tickets,
+                epilogue: 0,
+                out: self.logits,
+                col_bias: bias,
+                slot_weight: 0,
+                order: 0,
+            },
+        )
+    }
+
+    fn route(&self, s: &Stream, pass: &Pass) -> Result<()> {
+        let Some((d, cs)) = s.cuda() else {
+            return Err(Error::Unsupported("MoE device router on the CPU".into()));
+        };
+        let c = &self.config;
+        let tokens = pass.plan.tokens;
+        match c.router {
+            Router::Softmax => {
+                let r = Route {
+                    experts: c.experts,
+                    k: c.top_k,
+                    renormalize: c.renormalize,
+                };
+                // SAFETY: logits hold tokens·E f32, weights and experts tokens·k each (the
+                // workspace is sized for at least `tokens`); k was validated with the config.
+                unsafe {
+                    ops::router::route_raw::<f32>(
+                        d,
+                        cs,
+                        &r,
+                        self.logits,
+                        tokens,
+                        self.weights,
+                        self.experts,
+                    )
+                }
+            }
+            Router::SigmoidGrouped {
+                n_group,
+                topk_group,
+                routed_scaling,
+            } => {
+                let name = "moe_route_sigmoid_grouped";
+                let grid = u32_of(tokens.div_ceil(ROUTER_WARPS as usize), "router blocks")?;
+                let smem = u32_of(
+                    ROUTER_WARPS as usize * c.experts * 4,
+                    "router shared memory",
+                )?;
+                let args = ops::Args::new()
+                    .ptr(self.logits)
+                    .ptr(self.gate_bias)
+                    .u32(tokens as u32)
+                    .u32(c.experts as u32)
+                    .u32(c.top_k as u32)
+                    .u32(n_group as u32)
+                    .u32(topk_group as u32)
+                    .i32(i32::from(c.renormalize))
+                    .f32(routed_scaling)
+                    .ptr(self.weights)
+                    .ptr(self.experts);
+                // SAFETY: moe_route_sigmoid_grouped(const float* logits, const float* bias
+                // (nullable), u32 tokens, u32 experts, u32 k, u32 n_group, u32 topk_group,
+                // int renorm, float scaling, float* weights, u32* indices): logits hold
+                // tokens·E, bias E (or null), weights/indices tokens·k; E floats of shared
+                // memory per warp; k <= 16 and n_group <= 32 (validated).
+                unsafe { ops::launch(d, cs, (&MOE, name), grid, ROUTER_WARPS * 32, smem, args) }
+            }
+        }
+    }
+
+    fn dispatch(&self, s: &Stream, pass: &Pass) -> Result<()> {
+        let Some((d, cs)) = s.cuda() else {
+            return Err(Error::Unsupported("MoE dispatch on the CPU".into()));
+        };
+        let c = &self.config;
+        let args = ops::Args::new()
+            .ptr(self.experts)
+            .u32(u32_of(pass.plan.slots, "routed slots")?)
+            .u32(c.experts as u32)
+            .u32(c.top_k as u32)
+            .u32(pass.plan.bm as u32)
+            .ptr(self.counts)
+            .ptr(self.offsets)
+            .ptr(self.order)
+            .ptr(self.token_of)
+            .ptr(self.slot_pos)
+            .ptr(self.work)
+            .ptr(self.n_items);
+        // SAFETY: moe_dispatch(const u32* experts, u32 slots, u32 E, u32 k, u32 bm, u32*
+        // counts, u32* offsets, u32* order, u32* token_of, u32* slot_pos, u32* work, u32*
+        // n_items): the workspace holds slots ids and slots entries of each permutation array,
+        // E counts, E + 1 offsets, 2·items work words (items = the most tiles of `bm` rows
+        // `slots` rows can need over E experts); 2·E words of shared memory (E <= 4096).
+        unsafe {
+            ops::launch(
+                d,
+                cs,
+                (&MOE, "moe_dispatch"),
+                1,
+                DISPATCH_BLOCK,
+                (2 * c.experts * 4) as u32,
+                args,
+            )
+        }
+    }
+
+    fn gemm(&self, s: &Stream, shape: &GemmShape, mut p: GemmParams) -> Result<()> {
+        let Some((d, cs)) = s.cuda() else {
+            return Err(Error::Unsupported("MoE grouped GEMM on the CPU".into()));
+        };
+        p.n = u32_of(shape.n, "GEMM columns")?;
+        p.k = u32_of(shape.k, "GEMM depth")?;
+        p.splits = shape.splits as u32;
+        p.k_split = u32_of(shape.k_split, "GEMM split")?;
+        let mt = match shape.mt {
+            1 => 0,
+            2 => 1,
+            _ => 2,
+        };
+        let name = GEMM_NAMES[self.dtype_index()?][mt];
+        let f = d.function(&MOE, name)?;
+        let grid = u32_of(shape.grid(), "GEMM blocks")?;
+        let mut params = [&mut p as *mut GemmParams as *mut c_void];
+        // SAFETY: moe_gemm_T_mMT(MoeGemm p): GemmParams is MoeGemm's C layout; `a` holds the
+        // rows the work list or `m` names (row indices from the dispatch), `w` one n×k matrix
+        // per expert, `partial` splits·rows_cap·n f32 and `tickets` one word per tile (the
+        // workspace is sized from this plan), `out` rows_cap rows of the epilogue's width.
+        unsafe { d.launch(cs, &f, (grid, 1, 1), (GEMM_BLOCK, 1, 1), 0, &mut params) }
+    }
+
+    /// `y[t] = Σ_r scale · rows[slot_pos[t·k + r]]`; `weighted` rows are T with the routing
+    /// weights applied here, else f32 rows already weighted.
+    fn combine(&self, s: &Stream, pass: &Pass, rows: u64, weights: u64, typed: bool) -> Result<()> {
+        let Some((d, cs)) = s.cuda() else {
+            return Err(Error::Unsupported("MoE combine on the CPU".into()));
+        };
+        let c = &self.config;
+        let t = self.dtype_index()?;
+        let name = if typed {
+            ["moe_combine_f16_f16", "moe_combine_bf16_bf16"][t]
+        } else {
+            ["moe_combine_f32_f16", "moe_combine_f32_bf16"][t]
+        };
+        let quads = (pass.plan.tokens * c.hidden / 4) as u64;
+        let grid = ops::fill_grid(d, (&MOE, name), quads, 256)?;
+        let args = ops::Args::new()
+            .ptr(rows)
+            .ptr(self.slot_pos)
+            .ptr(weights)
+            .u32(pass.plan.tokens as u32)
+            .u32(c.top_k as u32)
+            .u32(c.hidden as u32)
+            .ptr(pass.y);
+        // SAFETY: moe_combine_TY_T(const TY* y, const u32* slot_pos, const float* weights
+        // (nullable), u32 tokens, u32 k, u32 hidden, T* out): rows hold slots·hidden, slot_pos
+        // and weights slots entries, out tokens·hidden; hidden % 8 == 0.
+        unsafe { ops::launch(d, cs, (&MOE, name), grid, 256, 0, args) }
+    }
+}

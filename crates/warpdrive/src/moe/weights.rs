@@ -1,0 +1,240 @@
+//! Where a layer's weights come from: a seeded random init (computed on the device, the same
+//! bits on both backends) or tensors (from a safetensors file or the caller), and the host
+//! copy of them ([`HostWeights`]) that tests and tools compare against.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use half::{bf16, f16};
+use safetensors::{Dtype, SafeTensors};
+
+use crate::error::{Error, Result};
+
+use super::MoeConfig;
+
+/// A layer's weights.
+#[derive(Debug, Clone)]
+pub enum MoeWeights {
+    /// Uniform random values with the variance of PyTorch's default `nn.Linear` scale
+    /// (1/fan_in), from a counter-based generator keyed by `seed`: the same values on both
+    /// backends and on every run. No router bias.
+    Random { seed: u64 },
+    /// Tensors read from a safetensors file (names: [`MoeWeights::from_safetensors`]).
+    File(PathBuf),
+    /// Tensors given by the caller.
+    Host(HostWeights),
+}
+
+/// A layer's tensors as f32 on the host, row-major in `nn.Linear`'s [out, in] convention.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostWeights {
+    /// `gate.weight` [E, H].
+    pub gate: Vec<f32>,
+    /// `gate.bias` [E] (the Softmax router adds it to the logits; the SigmoidGrouped router
+    /// uses it for selection only, as DeepSeek-V3's `e_score_correction_bias`).
+    pub gate_bias: Option<Vec<f32>>,
+    /// gate_proj [E, I, H].
+    pub w1: Vec<f32>,
+    /// up_proj [E, I, H].
+    pub w3: Vec<f32>,
+    /// down_proj [E, H, I].
+    pub w2: Vec<f32>,
+}
+
+impl HostWeights {
+    /// Fails unless every tensor has the shape `config` needs (the error names the tensor).
+    pub fn check(&self, config: &MoeConfig) -> Result<()> {
+        let (h, i, e) = (config.hidden, config.intermediate, config.experts);
+        let want = |name: &str, len: usize, dims: &[usize]| -> Result<()> {
+            let need: usize = dims.iter().product();
+            if len != need {
+                return Err(Error::InvalidArgument(format!(
+                    "MoE weights: `{name}` has {len} elements, shape {dims:?} needs {need}"
+                )));
+            }
+            Ok(())
+        };
+        want("gate.weight", self.gate.len(), &[e, h])?;
+        if let Some(b) = &self.gate_bias {
+            want("gate.bias", b.len(), &[e])?;
+        }
+        want("experts.w1", self.w1.len(), &[e, i, h])?;
+        want("experts.w3", self.w3.len(), &[e, i, h])?;
+        want("experts.w2", self.w2.len(), &[e, h, i])
+    }
+}
+
+/// Seed offsets of the tensors of a random init (so they differ from each other).
+pub(crate) const SEED_GATE: u64 = 0x6761_7465;
+pub(crate) const SEED_W13: u64 = 0x7731_3300;
+pub(crate) const SEED_W2: u64 = 0x7732_0000;
+
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Element `i` of a random tensor: uniform in [-scale, scale) from 24 random bits (exact in
+/// f32). `moe_random` in `kernels/moe.cu` computes the same bits.
+pub(crate) fn random_value(seed: u64, i: u64, scale: f32) -> f32 {
+    let bits = (mix64(seed ^ mix64(i.wrapping_add(0x9e37_79b9_7f4a_7c15))) >> 40) as u32;
+    let u = bits as f32 * 5.960_464_5e-8;
+    (u * 2.0 - 1.0) * scale
+}
+
+/// The uniform bound whose variance is 1/fan_in.
+pub(crate) fn random_scale(fan_in: usize) -> f32 {
+    (3.0 / fan_in.max(1) as f64).sqrt() as f32
+}
+
+/// Row `r` of `w13` [E, 2I, H] (interleaved in blocks of 8 rows: w1 rows 8q.. at 16q.., w3
+/// rows 8q.. at 16q + 8..) as (is_w3, expert, row of w1/w3).
+pub(crate) fn w13_source(row: usize, inter: usize) -> (bool, usize, usize) {
+    let (e, r) = (row / (2 * inter), row % (2 * inter));
+    (r % 16 >= 8, e, (r / 16) * 8 + r % 8)
+}
+
+impl MoeWeights {
+    /// Reads the tensors `config` needs from a safetensors file. Accepted names (an optional
+    /// prefix ending in `.` before them is allowed, e.g. `model.layers.3.mlp.`): stacked
+    /// `gate.weight` [E, H], `experts.w1` / `experts.w3` [E, I, H], `experts.w2` [E, H, I], or
+    /// per expert `experts.{e}.w1.weight` (or `.gate_proj.weight`), `w3` (`up_proj`), `w2`
+    /// (`down_proj`) stacked here; optional `gate.bias` [E]. f32, f16 and bf16 tensors are
+    /// converted. A missing or mis-shaped tensor is an error naming it.
+    pub fn from_safetensors(path: &Path, config: &MoeConfig) -> Result<HostWeights> {
+        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let file = SafeTensors::deserialize(&bytes).map_err(|e| {
+            Error::InvalidArgument(format!("{}: not a safetensors file: {e}", path.display()))
+        })?;
+        let names: HashMap<String, String> = file
+            .names()
+            .into_iter()
+            .map(|full| {
+                let short = strip_prefix(full);
+                (short.to_string(), full.to_string())
+            })
+            .collect();
+        let (h, i, e) = (config.hidden, config.intermediate, config.experts);
+        let read = |name: &str, dims: &[usize]| -> Result<Option<Vec<f32>>> {
+            let Some(full) = names.get(name) else {
+                return Ok(None);
+            };
+            let view = file.tensor(full).map_err(|err| {
+                Error::InvalidArgument(format!("{}: `{full}`: {err}", path.display()))
+            })?;
+            if view.shape() != dims {
+                return Err(Error::InvalidArgument(format!(
+                    "{}: `{full}` has shape {:?}, {dims:?} expected",
+                    path.display(),
+                    view.shape()
+                )));
+            }
+            to_f32(view.dtype(), view.data())
+                .map(Some)
+                .map_err(|m| Error::InvalidArgument(format!("{}: `{full}`: {m}", path.display())))
+        };
+        let missing = |name: &str| {
+            Error::InvalidArgument(format!(
+                "{}: tensor `{name}` is missing (MoE weights need gate.weight and the experts' \
+                 w1, w3, w2)",
+                path.display()
+            ))
+        };
+        let gate = read("gate.weight", &[e, h])?.ok_or_else(|| missing("gate.weight"))?;
+        let gate_bias = read("gate.bias", &[e])?;
+        let stacked = |which: &str, alts: &[&str], dims: [usize; 2]| -> Result<Vec<f32>> {
+            if let Some(v) = read(&format!("experts.{which}"), &[e, dims[0], dims[1]])? {
+                return Ok(v);
+            }
+            let mut out = Vec::with_capacity(e * dims[0] * dims[1]);
+            for x in 0..e {
+                let mut found = None;
+                for alt in std::iter::once(&which).chain(alts) {
+                    if let Some(v) = read(&format!("experts.{x}.{alt}.weight"), &dims)? {
+                        found = Some(v);
+                        break;
+                    }
+                }
+                out.extend(found.ok_or_else(|| missing(&format!("experts.{x}.{which}.weight")))?);
+            }
+            Ok(out)
+        };
+        let w1 = stacked("w1", &["gate_proj"], [i, h])?;
+        let w3 = stacked("w3", &["up_proj"], [i, h])?;
+        let w2 = stacked("w2", &["down_proj"], [h, i])?;
+        let weights = HostWeights {
+            gate,
+            gate_bias,
+            w1,
+            w3,
+            w2,
+        };
+        weights.check(config)?;
+        Ok(weights)
+    }
+}
+
+/// `name` without a leading `prefix.` that ends right before `gate.` or `experts.`.
+fn strip_prefix(name: &str) -> &str {
+    for key in ["gate.", "experts."] {
+        if name.starts_with(key) {
+            return name;
+        }
+        if let Some(at) = name.find(&format!(".{key}")) {
+            return &name[at + 1..];
+        }
+    }
+    name
+}
+
+fn to_f32(dtype: Dtype, data: &[u8]) -> std::result::Result<Vec<f32>, String> {
+    let pairs = data
+        .chunks_exact(2)
+        .map(|b| u16::from_le_bytes([b[0], b[1]]));
+    match dtype {
+        Dtype::F32 => Ok(data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()),
+        Dtype::F16 => Ok(pairs.map(|u| f16::from_bits(u).to_f32()).collect()),
+        Dtype::BF16 => Ok(pairs.map(|u| bf16::from_bits(u).to_f32()).collect()),
+        other => Err(format!("dtype {other:?} is not f32, f16 or bf16")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn w13_interleaves_blocks_of_eight_rows() {
+        let inter = 16;
+        assert_eq!(w13_source(0, inter), (false, 0, 0));
+        assert_eq!(w13_source(7, inter), (false, 0, 7));
+        assert_eq!(w13_source(8, inter), (true, 0, 0));
+        assert_eq!(w13_source(16, inter), (false, 0, 8));
+        assert_eq!(w13_source(31, inter), (true, 0, 15));
+        assert_eq!(w13_source(32, inter), (false, 1, 0));
+    }
+
+    #[test]
+    fn random_values_are_bounded_and_spread() {
+        let s = 0.5;
+        let v: Vec<f32> = (0..10_000).map(|i| random_value(7, i, s)).collect();
+        assert!(v.iter().all(|x| (-s..s).contains(x)));
+        let mean = v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64;
+        assert!(mean.abs() < 0.02, "mean {mean}");
+        assert_ne!(random_value(7, 1, s), random_value(8, 1, s));
+    }
+
+    #[test]
+    fn prefixes_are_stripped() {
+        assert_eq!(strip_prefix("gate.weight"), "gate.weight");
+        assert_eq!(
+            strip_prefix("model.layers.3.mlp.experts.0.w1.weight"),
+            "experts.0.w1.weight"
+        );
+        assert_eq!(strip_prefix("block_sparse_moe.gate.weight"), "gate.weight");
+    }
+}

@@ -1,0 +1,628 @@
+//! The MoE layer. CPU backend against a plain f64 reference on small random configs (experts
+//! with no tokens, every token on one expert, k = E, both routers, f32 and bf16); errors for
+//! bad configs, shapes and weights; safetensors loading (stacked and per-expert names). GPU
+//! tests (`gpu_smem_*`, ignored without a GPU) compare CUDA with the CPU backend with bf16
+//! tolerances under identical routing (routing flips are counted and bounded separately),
+//! graph replay with eager, and the device path with the cuBLAS path.
+//!
+//! Tolerances: each output element within TOL × Σ_r |w_r| Σ_i |w2·act| (+ a small floor) of
+//! the f64 reference: f32 1e-5 (f32 GEMM accumulation), bf16 3e-2 (bf16 inputs, act and
+//! output rounding).
+
+mod common;
+
+use common::{cuda, random_f32, rng, seed};
+use half::bf16;
+use warpdrive::moe::{
+    HostWeights, MoeConfig, MoeLayer, MoePath, MoeWeights, Router, Routing, GRAPH_MAX_TOKENS,
+};
+use warpdrive::{Buffer, DTypeKind, Device, Error, Float};
+
+fn config(h: usize, i: usize, e: usize, k: usize, router: Router, dtype: DTypeKind) -> MoeConfig {
+    MoeConfig {
+        hidden: h,
+        intermediate: i,
+        experts: e,
+        top_k: k,
+        dtype,
+        router,
+        renormalize: true,
+    }
+}
+
+const GROUPED: Router = Router::SigmoidGrouped {
+    n_group: 4,
+    topk_group: 2,
+    routed_scaling: 2.5,
+};
+
+fn host_weights(c: &MoeConfig, seed: u64, bias: Option<f32>) -> HostWeights {
+    let mut r = rng(seed);
+    let (h, i, e) = (c.hidden, c.intermediate, c.experts);
+    let scale = |v: Vec<f32>, fan: usize| -> Vec<f32> {
+        v.into_iter().map(|x| x / (fan as f32).sqrt()).collect()
+    };
+    HostWeights {
+        gate: scale(random_f32(&mut r, e * h), 1),
+        gate_bias: bias.map(|b| random_f32(&mut r, e).into_iter().map(|x| x * b).collect()),
+        w1: scale(random_f32(&mut r, e * i * h), h),
+        w3: scale(random_f32(&mut r, e * i * h), h),
+        w2: scale(random_f32(&mut r, e * h * i), i),
+    }
+}
+
+/// Routing of one token in f64: (weights, experts), ties to the lower index.
+fn route_ref(c: &MoeConfig, w: &HostWeights, x: &[f64]) -> (Vec<f64>, Vec<usize>) {
+    let (h, e, k) = (c.hidden, c.experts, c.top_k);
+    let logit = |j: usize| -> f64 { (0..h).map(|q| x[q] * w.gate[j * h + q] as f64).sum::<f64>() };
+    let bias = |j: usize| w.gate_bias.as_ref().map_or(0.0, |b| b[j] as f64);
+    let pick = |score: &dyn Fn(usize) -> f64, allowed: &dyn Fn(usize) -> bool| -> Vec<usize> {
+        let mut left: Vec<usize> = (0..e).filter(|&j| allowed(j)).collect();
+        let mut out = Vec::new();
+        for _ in 0..k {
+            let (at, _) = left
+                .iter()
+                .enumerate()
+                .fold((0, f64::NEG_INFINITY), |best, (p, &j)| {
+                    if score(j) > best.1 {
+                        (p, score(j))
+                    } else {
+                        best
+                    }
+                });
+            out.push(left.remove(at));
+        }
+        out
+    };
+    match c.router {
+        Router::Softmax => {
+            let l: Vec<f64> = (0..e).map(|j| logit(j) + bias(j)).collect();
+            let chosen = pick(&|j| l[j], &|_| true);
+            let m = l[chosen[0]];
+            let ex: Vec<f64> = chosen.iter().map(|&j| (l[j] - m).exp()).collect();
+            let denom: f64 = if c.renormalize {
+                ex.iter().sum()
+            } else {
+                l.iter().map(|v| (v - m).exp()).sum()
+            };
+            (ex.iter().map(|v| v / denom).collect(), chosen)
+        }
+        Router::SigmoidGrouped {
+            n_group,
+            topk_group,
+            routed_scaling,
+        } => {
+            let s: Vec<f64> = (0..e).map(|j| 1.0 / (1.0 + (-logit(j)).exp())).collect();
+            let per = e / n_group;
+            let mut gs: Vec<(f64, usize)> = (0..n_group)
+                .map(|g| {
+                    let mut v: Vec<f64> =
+                        (g * per..(g + 1) * per).map(|j| s[j] + bias(j)).collect();
+                    v.sort_by(|a, b| b.total_cmp(a));
+                    (v.iter().take(2).sum(), g)
+                })
+                .collect();
+            gs.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            let kept: Vec<usize> = gs.iter().take(topk_group).map(|g| g.1).collect();
+            let chosen = pick(&|j| s[j] + bias(j), &|j| kept.contains(&(j / per)));
+            let sum: f64 = chosen.iter().map(|&j| s[j]).sum();
+            let w = chosen
+                .iter()
+                .map(|&j| (if c.renormalize { s[j] / sum } else { s[j] }) * routed_scaling as f64)
+                .collect();
+            (w, chosen)
+        }
+    }
+}
+
+/// The f64 forward of one token: (output, magnitude bound per element).
+fn forward_ref(c: &MoeConfig, w: &HostWeights, x: &[f64]) -> (Vec<f64>, Vec<f64>, Vec<usize>) {
+    let (h, i) = (c.hidden, c.intermediate);
+    let (ws, experts) = route_ref(c, w, x);
+    let mut out = vec![0f64; h];
+    let mut mag = vec![0f64; h];
+    for (&wr, &e) in ws.iter().zip(&experts) {
+        let act: Vec<f64> = (0..i)
+            .map(|r| {
+                let dot = |m: &[f32]| -> f64 {
+                    (0..h).map(|q| x[q] * m[(e * i + r) * h + q] as f64).sum()
+                };
+                let g = dot(&w.w1);
+                g / (1.0 + (-g).exp()) * dot(&w.w3)
+            })
+            .collect();
+        for o in 0..h {
+            let row = &w.w2[(e * h + o) * i..(e * h + o + 1) * i];
+            let terms = act.iter().zip(row).map(|(a, b)| a * *b as f64);
+            let (s, m) = terms.fold((0.0, 0.0), |(s, m), t| (s + t, m + t.abs()));
+            out[o] += wr * s;
+            mag[o] += wr.abs() * m;
+        }
+    }
+    (out, mag, experts)
+}
+
+fn widen<T: Float>(v: &[T]) -> Vec<f64> {
+    v.iter().map(|x| x.to_f64()).collect()
+}
+
+fn narrow<T: Float>(v: &[f32]) -> Vec<T> {
+    v.iter().map(|&x| T::from_f64(x as f64)).collect()
+}
+
+/// The CPU backend's forward of `tokens` random tokens against the f64 reference.
+fn cpu_matches_reference<T: Float>(
+    c: MoeConfig,
+    tokens: usize,
+    bias: Option<f32>,
+    tol: f64,
+    s: u64,
+) {
+    let dev = Device::cpu();
+    let st = dev.new_stream().unwrap();
+    let w = host_weights(&c, s, bias);
+    let mut layer = MoeLayer::<T>::new(&st, c, MoeWeights::Host(w.clone())).unwrap();
+    // The reference sees the weights as the layer stores them (rounded to T).
+    let w = layer.host_weights().unwrap();
+    let x: Vec<T> = narrow(&random_f32(&mut rng(s + 1), tokens * c.hidden));
+    let xb = Buffer::from_host(&st, &x).unwrap();
+    let mut yb = Buffer::from_host(&st, &vec![T::from_f64(f64::NAN); x.len()]).unwrap();
+    layer.forward_into(&xb, &mut yb).unwrap();
+    let y = widen(&yb.to_host(&st).unwrap());
+    let routing = layer.route(&xb).unwrap();
+    let xs = widen(&x);
+    for t in 0..tokens {
+        let (r, mag, experts) = forward_ref(&c, &w, &xs[t * c.hidden..(t + 1) * c.hidden]);
+        let got: Vec<usize> = routing.experts[t * c.top_k..(t + 1) * c.top_k]
+            .iter()
+            .map(|&e| e as usize)
+            .collect();
+        assert_eq!(got, experts, "token {t}: routing");
+        for o in 0..c.hidden {
+            let v = y[t * c.hidden + o];
+            let bound = tol * mag[o] + 1e-6;
+            assert!(
+                (v - r[o]).abs() <= bound,
+                "token {t} col {o}: {v} vs {} (bound {bound}) for {c:?}",
+                r[o]
+            );
+        }
+    }
+}
+
+#[test]
+fn cpu_forward_matches_f64_reference() {
+    let s = seed("cpu_forward_matches_f64_reference");
+    // Odd sizes; 9 experts for 3 tokens leaves most experts without tokens.
+    cpu_matches_reference::<f32>(
+        config(40, 24, 5, 2, Router::Softmax, DTypeKind::F32),
+        37,
+        None,
+        1e-5,
+        s,
+    );
+    cpu_matches_reference::<f32>(
+        config(13, 7, 9, 1, Router::Softmax, DTypeKind::F32),
+        3,
+        Some(0.5),
+        1e-5,
+        s + 10,
+    );
+    // k = E.
+    cpu_matches_reference::<f32>(
+        config(24, 16, 4, 4, Router::Softmax, DTypeKind::F32),
+        11,
+        None,
+        1e-5,
+        s + 20,
+    );
+    // The grouped sigmoid router with a selection bias.
+    cpu_matches_reference::<f32>(
+        config(32, 24, 16, 3, GROUPED, DTypeKind::F32),
+        21,
+        Some(0.3),
+        1e-5,
+        s + 30,
+    );
+    cpu_matches_reference::<bf16>(
+        config(40, 24, 8, 2, Router::Softmax, DTypeKind::BF16),
+        19,
+        None,
+        3e-2,
+        s + 40,
+    );
+    cpu_matches_reference::<bf16>(
+        config(32, 16, 16, 4, GROUPED, DTypeKind::BF16),
+        9,
+        None,
+        3e-2,
+        s + 50,
+    );
+}
+
+#[test]
+fn all_tokens_on_one_expert() {
+    let s = seed("all_tokens_on_one_expert");
+    let c = config(16, 8, 6, 1, Router::Softmax, DTypeKind::F32);
+    let mut w = host_weights(&c, s, None);
+    let mut bias = vec![0f32; 6];
+    bias[4] = 1e3;
+    w.gate_bias = Some(bias);
+    let st = Device::cpu().new_stream().unwrap();
+    let mut layer = MoeLayer::<f32>::new(&st, c, MoeWeights::Host(w.clone())).unwrap();
+    let x = random_f32(&mut rng(s + 1), 7 * 16);
+    let xb = Buffer::from_host(&st, &x).unwrap();
+    let routing = layer.route(&xb).unwrap();
+    assert!(routing.experts.iter().all(|&e| e == 4));
+    assert!(routing.weights.iter().all(|&v| v == 1.0));
+    let y = layer.forward(&xb).unwrap().to_host(&st).unwrap();
+    let xs: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+    for t in 0..7 {
+        let (r, mag, _) = forward_ref(&c, &w, &xs[t * 16..(t + 1) * 16]);
+        for o in 0..16 {
+            assert!((y[t * 16 + o] as f64 - r[o]).abs() <= 1e-5 * mag[o] + 1e-6);
+        }
+    }
+}
+
+#[test]
+fn bad_configs_and_shapes_are_errors() {
+    let st = Device::cpu().new_stream().unwrap();
+    let ok = config(16, 8, 4, 2, Router::Softmax, DTypeKind::F32);
+    let bad = [
+        MoeConfig { top_k: 5, ..ok },
+        MoeConfig { top_k: 0, ..ok },
+        MoeConfig { hidden: 0, ..ok },
+        MoeConfig {
+            dtype: DTypeKind::I32,
+            ..ok
+        },
+        MoeConfig {
+            router: Router::SigmoidGrouped {
+                n_group: 3,
+                topk_group: 1,
+                routed_scaling: 1.0,
+            },
+            ..ok
+        },
+        MoeConfig {
+            router: Router::SigmoidGrouped {
+                n_group: 2,
+                topk_group: 3,
+                routed_scaling: 1.0,
+            },
+            ..ok
+        },
+        MoeConfig {
+            top_k: 3,
+            router: Router::SigmoidGrouped {
+                n_group: 2,
+                topk_group: 1,
+                routed_scaling: 1.0,
+            },
+            ..ok
+        },
+    ];
+    for c in bad {
+        assert!(
+            matches!(
+                MoeLayer::<f32>::new(&st, c, MoeWeights::Random { seed: 1 }),
+                Err(Error::InvalidArgument(_))
+            ),
+            "{c:?}"
+        );
+    }
+    // The layer's element type must be the config's.
+    assert!(MoeLayer::<bf16>::new(&st, ok, MoeWeights::Random { seed: 1 }).is_err());
+    // Weights of the wrong shape name the tensor.
+    let mut w = host_weights(&ok, 1, None);
+    w.w2.pop();
+    let err = MoeLayer::<f32>::new(&st, ok, MoeWeights::Host(w)).unwrap_err();
+    assert!(err.to_string().contains("experts.w2"), "{err}");
+    let mut layer = MoeLayer::<f32>::new(&st, ok, MoeWeights::Random { seed: 1 }).unwrap();
+    let x = Buffer::<f32>::zeros(&st, 17).unwrap();
+    assert!(matches!(layer.forward(&x), Err(Error::InvalidArgument(_))));
+    let x = Buffer::<f32>::zeros(&st, 32).unwrap();
+    let mut y = Buffer::<f32>::zeros(&st, 16).unwrap();
+    assert!(layer.forward_into(&x, &mut y).is_err());
+    // Zero tokens: nothing to do.
+    let x = Buffer::<f32>::zeros(&st, 0).unwrap();
+    assert_eq!(layer.forward(&x).unwrap().len(), 0);
+    assert!(MoeConfig::preset("nope").is_err());
+    for name in warpdrive::moe::PRESETS {
+        MoeConfig::preset(name).unwrap().validate().unwrap();
+    }
+}
+
+#[test]
+fn random_init_is_the_same_for_the_same_seed() {
+    let st = Device::cpu().new_stream().unwrap();
+    let c = config(16, 8, 4, 2, Router::Softmax, DTypeKind::BF16);
+    let a = MoeLayer::<bf16>::new(&st, c, MoeWeights::Random { seed: 3 }).unwrap();
+    let b = MoeLayer::<bf16>::new(&st, c, MoeWeights::Random { seed: 3 }).unwrap();
+    let d = MoeLayer::<bf16>::new(&st, c, MoeWeights::Random { seed: 4 }).unwrap();
+    let (wa, wb, wd) = (
+        a.host_weights().unwrap(),
+        b.host_weights().unwrap(),
+        d.host_weights().unwrap(),
+    );
+    assert!(wa == wb, "same seed, other weights");
+    assert_ne!(wa.w1, wd.w1);
+    assert_ne!(wa.w1, wa.w3);
+    assert!(wa.w2.iter().all(|v| v.abs() <= (3.0f32 / 8.0).sqrt()));
+}
+
+// ---- safetensors ----
+
+fn bf16_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter()
+        .flat_map(|&x| bf16::from_f32(x).to_bits().to_le_bytes())
+        .collect()
+}
+
+fn write_safetensors(path: &std::path::Path, tensors: Vec<(String, Vec<usize>, Vec<f32>)>) {
+    use safetensors::tensor::TensorView;
+    let data: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
+        .into_iter()
+        .map(|(n, s, v)| (n, s, bf16_bytes(&v)))
+        .collect();
+    let views: Vec<(String, TensorView)> = data
+        .iter()
+        .map(|(n, s, b)| {
+            (
+                n.clone(),
+                TensorView::new(safetensors::Dtype::BF16, s.clone(), b).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, path).unwrap();
+}
+
+#[test]
+fn safetensors_stacked_and_per_expert_names_load() {
+    let s = seed("safetensors_stacked_and_per_expert_names_load");
+    let c = config(16, 8, 3, 2, Router::Softmax, DTypeKind::BF16);
+    let (h, i, e) = (16, 8, 3);
+    let mut w = host_weights(&c, s, Some(0.1));
+    // The file stores bf16: make the bias exactly representable so the layers compare equal.
+    w.gate_bias = w
+        .gate_bias
+        .map(|b| b.iter().map(|&v| bf16::from_f32(v).to_f32()).collect());
+    let dir = std::env::temp_dir().join(format!("wd-moe-st-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let stacked = dir.join("stacked.safetensors");
+    write_safetensors(
+        &stacked,
+        vec![
+            ("gate.weight".into(), vec![e, h], w.gate.clone()),
+            ("gate.bias".into(), vec![e], w.gate_bias.clone().unwrap()),
+            ("experts.w1".into(), vec![e, i, h], w.w1.clone()),
+            ("experts.w3".into(), vec![e, i, h], w.w3.clone()),
+            ("experts.w2".into(), vec![e, h, i], w.w2.clone()),
+        ],
+    );
+    let per_expert = dir.join("hf.safetensors");
+    let mut tensors = vec![
+        (
+            "model.layers.0.mlp.gate.weight".to_string(),
+            vec![e, h],
+            w.gate.clone(),
+        ),
+        (
+            "model.layers.0.mlp.gate.bias".to_string(),
+            vec![e],
+            w.gate_bias.clone().unwrap(),
+        ),
+    ];
+    for x in 0..e {
+        let p = format!("model.layers.0.mlp.experts.{x}");
+        tensors.push((
+            format!("{p}.gate_proj.weight"),
+            vec![i, h],
+            w.w1[x * i * h..(x + 1) * i * h].to_vec(),
+        ));
+        tensors.push((
+            format!("{p}.up_proj.weight"),
+            vec![i, h],
+            w.w3[x * i * h..(x + 1) * i * h].to_vec(),
+        ));
+        tensors.push((
+            format!("{p}.down_proj.weight"),
+            vec![h, i],
+            w.w2[x * h * i..(x + 1) * h * i].to_vec(),
+        ));
+    }
+    write_safetensors(&per_expert, tensors);
+    let st = Device::cpu().new_stream().unwrap();
+    let a = MoeLayer::<bf16>::new(&st, c, MoeWeights::File(stacked.clone())).unwrap();
+    let b = MoeLayer::<bf16>::new(&st, c, MoeWeights::File(per_expert)).unwrap();
+    let hw = MoeLayer::<bf16>::new(&st, c, MoeWeights::Host(w.clone())).unwrap();
+    let want = hw.host_weights().unwrap();
+    assert!(
+        a.host_weights().unwrap() == want,
+        "stacked names load other values"
+    );
+    assert!(
+        b.host_weights().unwrap() == want,
+        "per-expert names load other values"
+    );
+
+    // A missing tensor and a mis-shaped one are errors naming them.
+    let missing = dir.join("missing.safetensors");
+    write_safetensors(
+        &missing,
+        vec![
+            ("gate.weight".into(), vec![e, h], w.gate.clone()),
+            ("experts.w1".into(), vec![e, i, h], w.w1.clone()),
+            ("experts.w2".into(), vec![e, h, i], w.w2.clone()),
+        ],
+    );
+    let err = MoeLayer::<bf16>::new(&st, c, MoeWeights::File(missing)).unwrap_err();
+    assert!(err.to_string().contains("w3"), "{err}");
+    let shaped = dir.join("shaped.safetensors");
+    write_safetensors(
+        &shaped,
+        vec![
+            ("gate.weight".into(), vec![h, e], w.gate.clone()),
+            ("experts.w1".into(), vec![e, i, h], w.w1.clone()),
+            ("experts.w3".into(), vec![e, i, h], w.w3.clone()),
+            ("experts.w2".into(), vec![e, h, i], w.w2.clone()),
+        ],
+    );
+    let err = MoeLayer::<bf16>::new(&st, c, MoeWeights::File(shaped)).unwrap_err();
+    assert!(err.to_string().contains("gate.weight"), "{err}");
+    let err = MoeLayer::<bf16>::new(&st, c, MoeWeights::File(dir.join("absent.safetensors")))
+        .unwrap_err();
+    assert!(matches!(err, Error::Io { .. }), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---- CUDA against the CPU backend ----
+
+struct Compared {
+    flips: usize,
+    slots: usize,
+}
+
+/// CUDA vs CPU for one config and token count, same seeded weights and inputs. Tokens whose
+/// expert sets match are compared elementwise (bf16 tolerance); the others are counted.
+fn cuda_vs_cpu(c: MoeConfig, tokens: usize, path: MoePath, graphs: bool, s: u64) -> Compared {
+    let gpu = cuda();
+    let gs = gpu.new_stream().unwrap();
+    let cs = Device::cpu().new_stream().unwrap();
+    let weights = MoeWeights::Random { seed: s };
+    let mut g = MoeLayer::<bf16>::new(&gs, c, weights.clone()).unwrap();
+    g.set_path(path);
+    g.set_graphs(graphs);
+    let mut h = MoeLayer::<bf16>::new(&cs, c, weights).unwrap();
+    let hw = h.host_weights().unwrap();
+    assert!(
+        g.host_weights().unwrap() == hw,
+        "weights differ between backends"
+    );
+    let x: Vec<bf16> = narrow(&random_f32(&mut rng(s + 7), tokens * c.hidden));
+    let xg = Buffer::from_host(&gs, &x).unwrap();
+    let xc = Buffer::from_host(&cs, &x).unwrap();
+    let nan = vec![bf16::NAN; x.len()];
+    let mut yg = Buffer::from_host(&gs, &nan).unwrap();
+    g.forward_into(&xg, &mut yg).unwrap();
+    // Twice: the second pass replays the graph where there is one.
+    g.forward_into(&xg, &mut yg).unwrap();
+    let yg = widen(&yg.to_host(&gs).unwrap());
+    let yc = widen(&h.forward(&xc).unwrap().to_host(&cs).unwrap());
+    let rg: Routing = g.route(&xg).unwrap();
+    let rc: Routing = h.route(&xc).unwrap();
+    let k = c.top_k;
+    let xs = widen(&x);
+    let mut flips = 0;
+    for t in 0..tokens {
+        let mut a = rg.experts[t * k..(t + 1) * k].to_vec();
+        let mut b = rc.experts[t * k..(t + 1) * k].to_vec();
+        a.sort_unstable();
+        b.sort_unstable();
+        if a != b {
+            flips += a.iter().filter(|e| !b.contains(e)).count();
+            continue;
+        }
+        let (_, mag, _) = forward_ref(&c, &hw, &xs[t * c.hidden..(t + 1) * c.hidden]);
+        for o in 0..c.hidden {
+            let (vg, vc) = (yg[t * c.hidden + o], yc[t * c.hidden + o]);
+            let bound = 3e-2 * mag[o] + 1e-3;
+            assert!(
+                (vg - vc).abs() <= bound,
+                "token {t} col {o}: cuda {vg} cpu {vc} (bound {bound}) {c:?} tokens {tokens} {path:?}"
+            );
+        }
+    }
+    Compared {
+        flips,
+        slots: tokens * k,
+    }
+}
+
+fn assert_few_flips(r: Compared, what: &str) {
+    // Near-ties can flip in bf16; more than 2% of slots is a bug.
+    assert!(
+        r.flips * 50 <= r.slots.max(50),
+        "{what}: {} of {} slots flipped",
+        r.flips,
+        r.slots
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_smem_moe_matches_cpu() {
+    let s = seed("gpu_smem_moe_matches_cpu");
+    let small = config(72, 40, 7, 3, Router::Softmax, DTypeKind::BF16);
+    for tokens in [1, 5, 37, GRAPH_MAX_TOKENS, GRAPH_MAX_TOKENS + 45] {
+        assert_few_flips(cuda_vs_cpu(small, tokens, MoePath::Auto, true, s), "small");
+    }
+    // Split-K (deep rows, few tokens) and several m-tiles per expert (many tokens, 8 experts).
+    let deep = config(1024, 256, 8, 2, Router::Softmax, DTypeKind::BF16);
+    for tokens in [1, 3, 256] {
+        assert_few_flips(
+            cuda_vs_cpu(deep, tokens, MoePath::Device, false, s + 1),
+            "deep",
+        );
+    }
+    let grouped = config(64, 48, 32, 4, GROUPED, DTypeKind::BF16);
+    for tokens in [1, 29, 200] {
+        assert_few_flips(
+            cuda_vs_cpu(grouped, tokens, MoePath::Auto, true, s + 2),
+            "grouped",
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_smem_moe_cublas_path_matches_cpu() {
+    let s = seed("gpu_smem_moe_cublas_path_matches_cpu");
+    let c = config(96, 64, 9, 2, Router::Softmax, DTypeKind::BF16);
+    for tokens in [1, 33, 300] {
+        assert_few_flips(cuda_vs_cpu(c, tokens, MoePath::Cublas, false, s), "cublas");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_smem_moe_graph_replay_equals_eager() {
+    let s = seed("gpu_smem_moe_graph_replay_equals_eager");
+    let gpu = cuda();
+    let st = gpu.new_stream().unwrap();
+    let c = config(512, 128, 16, 4, Router::Softmax, DTypeKind::BF16);
+    let mut graphed = MoeLayer::<bf16>::new(&st, c, MoeWeights::Random { seed: s }).unwrap();
+    let mut eager = MoeLayer::<bf16>::new(&st, c, MoeWeights::Random { seed: s }).unwrap();
+    eager.set_graphs(false);
+    let tokens = 24;
+    let mut xb = Buffer::<bf16>::zeros(&st, tokens * c.hidden).unwrap();
+    let mut yg = Buffer::<bf16>::zeros(&st, tokens * c.hidden).unwrap();
+    let mut ye = Buffer::<bf16>::zeros(&st, tokens * c.hidden).unwrap();
+    for round in 0..3u64 {
+        // New contents in the same buffers each round.
+        let x: Vec<bf16> = narrow(&random_f32(&mut rng(s + round), tokens * c.hidden));
+        xb.copy_from_host(&st, &x).unwrap();
+        graphed.forward_into(&xb, &mut yg).unwrap();
+        let stats = graphed.last_stats();
+        assert_eq!(stats.host_syncs, 0);
+        assert_eq!(stats.graph, round > 0, "round {round}: {stats:?}");
+        eager.forward_into(&xb, &mut ye).unwrap();
+        let (a, b) = (yg.to_host(&st).unwrap(), ye.to_host(&st).unwrap());
+        assert!(a.iter().all(|v| v.is_finite()));
+        assert_eq!(a, b, "round {round}: graph replay differs from eager");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_moe_f32_on_cuda_is_unsupported() {
+    let st = cuda().new_stream().unwrap();
+    let c = config(16, 8, 4, 2, Router::Softmax, DTypeKind::F32);
+    assert!(matches!(
+        MoeLayer::<f32>::new(&st, c, MoeWeights::Random { seed: 1 }),
+        Err(Error::Unsupported(_))
+    ));
+    let odd = config(12, 8, 4, 2, Router::Softmax, DTypeKind::BF16);
+    assert!(MoeLayer::<bf16>::new(&st, odd, MoeWeights::Random { seed: 1 }).is_err());
+}
