@@ -4,6 +4,8 @@
 //! - `warpdrive bench [SUITES...]`: runs benchmark suites (and their peers) and writes a
 //!   results file (`BENCH.md`); `--trace out.json` records a Chrome trace of the run.
 //! - `warpdrive report RESULTS.json [-o DIR]`: the table, SVG charts and one HTML page.
+//! - `warpdrive moe --preset NAME --tokens N`: one MoE layer forward pass with per-stage
+//!   timing.
 
 use std::path::{Path, PathBuf};
 
@@ -66,6 +68,21 @@ enum Command {
         #[arg(short = 'o', long = "out", value_name = "DIR")]
         out: Option<PathBuf>,
     },
+    /// Run one MoE layer forward pass (bf16, seeded random weights, N(0,1) inputs) and print
+    /// the time of each stage, then the time of a whole pass as `forward` runs it.
+    Moe {
+        /// Layer shape: mixtral-8x7b, qwen3-30b-a3b, deepseek-v3-slice or gpt-oss-120b.
+        #[arg(long, value_name = "NAME")]
+        preset: String,
+        /// Tokens in the batch.
+        #[arg(long, value_name = "N", default_value_t = 1)]
+        tokens: usize,
+        /// Implementation on CUDA: auto, device or cublas.
+        #[arg(long, value_name = "PATH", default_value = "auto")]
+        path: String,
+        #[command(flatten)]
+        device: DeviceOpt,
+    },
 }
 
 /// Which device to run on.
@@ -123,7 +140,63 @@ fn main() -> Result<()> {
             bench_traced(&suites, &device, &path, &options, trace.as_deref())
         }
         Command::Report { results, out } => report(&results, out.as_deref()),
+        Command::Moe {
+            preset,
+            tokens,
+            path,
+            device,
+        } => moe(&preset, tokens, &path, &device),
     }
+}
+
+fn moe(preset: &str, tokens: usize, path: &str, device: &DeviceOpt) -> Result<()> {
+    use warpdrive::moe::{MoeConfig, MoeLayer, MoePath, MoeWeights};
+    let path = match path {
+        "auto" => MoePath::Auto,
+        "device" => MoePath::Device,
+        "cublas" => MoePath::Cublas,
+        other => bail!("--path {other}: expected auto, device or cublas"),
+    };
+    let config = MoeConfig::preset(preset)?;
+    let device = device.open()?;
+    let stream = device.new_stream()?;
+    let mut layer = MoeLayer::<half::bf16>::new(&stream, config, MoeWeights::Random { seed: 1 })?;
+    layer.set_path(path);
+    let x: Vec<half::bf16> = (0..tokens * config.hidden)
+        .map(|i| half::bf16::from_f32(((i * 7919 % 2000) as f32 / 1000.0) - 1.0))
+        .collect();
+    let x = warpdrive::Buffer::from_host(&stream, &x)?;
+    let mut y = warpdrive::Buffer::<half::bf16>::uninit(&stream, x.len())?;
+    // Warm-up (kernel loads), then the staged pass.
+    layer.profile(&x, &mut y)?;
+    let stages = layer.profile(&x, &mut y)?;
+    println!(
+        "{preset}, {tokens} tokens on {} ({path:?}):",
+        device.label()
+    );
+    let total: f64 = stages.iter().map(|(_, us)| us).sum();
+    for (name, us) in &stages {
+        println!("  {name:<16} {us:>10.1} us");
+    }
+    println!("  {:<16} {total:>10.1} us (eager, staged)", "sum");
+    layer.forward_into(&x, &mut y)?;
+    stream.synchronize()?;
+    let reps = 20;
+    let t = std::time::Instant::now();
+    for _ in 0..reps {
+        layer.forward_into(&x, &mut y)?;
+    }
+    stream.synchronize()?;
+    let stats = layer.last_stats();
+    println!(
+        "  {:<16} {:>10.1} us per pass as forward runs it (graph: {}, host syncs: {}, launches: {})",
+        "forward",
+        t.elapsed().as_secs_f64() * 1e6 / reps as f64,
+        stats.graph,
+        stats.host_syncs,
+        stats.launches
+    );
+    Ok(())
 }
 
 /// `bench`, recording a trace (and sampling NVML when it is there) with `--trace`.

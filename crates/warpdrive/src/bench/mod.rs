@@ -14,6 +14,7 @@ mod ceilings;
 mod exec;
 mod kernels;
 pub mod memory;
+mod moe;
 mod peers;
 mod report;
 mod results;
@@ -128,6 +129,13 @@ static SUITES: &[Suite] = &[
         about: "span overhead on the host: telemetry disabled (one branch) and enabled (GPU \
                 events, pool bytes, histogram)",
         run: telemetry::run_suite,
+    },
+    Suite {
+        name: moe::SUITE,
+        about: "the MoE layer forward pass per preset (mixtral, qwen3, deepseek slice, \
+                gpt-oss) and token count: device-driven grouped GEMMs in a graph vs cuBLAS per \
+                expert vs PyTorch; the router + permutation stages alone",
+        run: moe::run_suite,
     },
 ];
 

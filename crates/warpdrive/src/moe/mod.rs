@@ -672,6 +672,87 @@ impl<T: Float> MoeLayer<T> {
         })
     }
 
+    /// Runs the router and the permutation (dispatch) stages alone, without the experts
+    /// (device path on CUDA, no host sync; the host router on the CPU backend). For
+    /// benchmarks and profiling of those stages.
+    pub fn route_and_permute(&mut self, x: &Buffer<T>) -> Result<()> {
+        let tokens = self.tokens_of(x)?;
+        if tokens == 0 {
+            return Ok(());
+        }
+        if self.stream.cuda().is_none() {
+            self.route_host(x, tokens)?;
+            return Ok(());
+        }
+        let plan = self.prepare(tokens, false)?;
+        let pass = Pass {
+            plan,
+            x: x.device_ptr(),
+            y: 0,
+        };
+        let l = self.launcher()?;
+        l.router(&self.stream, &pass)?;
+        l.route(&self.stream, &pass)?;
+        l.dispatch(&self.stream, &pass)
+    }
+
+    /// One token through the layer in f64 with the given routing (its `top_k` experts and
+    /// weights), reading the weights the layer holds: the reference the forward pass is
+    /// checked against. The expert activations are not rounded.
+    pub fn reference_token(&self, x: &[T], experts: &[u32], weights: &[f32]) -> Result<Vec<f64>> {
+        let c = &self.config;
+        let (h, i) = (c.hidden, c.intermediate);
+        crate::memory::check_len("MoE reference (token)", x.len(), h)?;
+        crate::memory::check_len("MoE reference (weights)", weights.len(), experts.len())?;
+        let wide = 2 * inter_pad(i);
+        let x: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+        let mut out = vec![0f64; h];
+        for (&e, &wr) in experts.iter().zip(weights) {
+            let e = e as usize;
+            if e >= c.experts {
+                return Err(Error::InvalidArgument(format!(
+                    "MoE reference: expert {e} of {}",
+                    c.experts
+                )));
+            }
+            let w13 = self.slice_to_host(&self.w13, e * wide * h, wide * h)?;
+            let w2 = self.slice_to_host(&self.w2, e * h * i, h * i)?;
+            let dot = |row: &[T]| -> f64 { row.iter().zip(&x).map(|(a, b)| a.to_f64() * b).sum() };
+            let act: Vec<f64> = (0..i)
+                .map(|col| {
+                    let base = (col / 8) * 16 + col % 8;
+                    let g = dot(&w13[base * h..(base + 1) * h]);
+                    let u = dot(&w13[(base + 8) * h..(base + 9) * h]);
+                    g / (1.0 + (-g).exp()) * u
+                })
+                .collect();
+            for (o, dst) in out.iter_mut().enumerate() {
+                let row = &w2[o * i..(o + 1) * i];
+                let v: f64 = row.iter().zip(&act).map(|(a, b)| a.to_f64() * b).sum();
+                *dst += wr as f64 * v;
+            }
+        }
+        Ok(out)
+    }
+
+    /// `len` elements of `buf` from `offset`, on the host.
+    fn slice_to_host(&self, buf: &Buffer<T>, offset: usize, len: usize) -> Result<Vec<T>> {
+        let s = &self.stream;
+        let Some((d, cs)) = s.cuda() else {
+            return Ok(buf.host_view()?[offset..offset + len].to_vec());
+        };
+        crate::memory::check_len("MoE weight slice", buf.len().max(offset + len), buf.len())?;
+        let tmp = Buffer::<T>::uninit(s, len)?;
+        let size = std::mem::size_of::<T>();
+        d.copy_d2d(
+            cs,
+            tmp.device_ptr(),
+            buf.device_ptr() + (offset * size) as u64,
+            len * size,
+        )?;
+        tmp.to_host(s)
+    }
+
     // ---- the device path ----
 
     fn workspace(&self) -> Result<&Workspace<T>> {
@@ -993,34 +1074,27 @@ impl<T: Float> MoeLayer<T> {
         let tokens = ops_rows(x.len(), h)?;
         let (weights, experts) = self.route_host(x, tokens)?;
         let xs: Vec<f32> = x.host_view()?.iter().map(|v| v.to_f64() as f32).collect();
-        let w13: Vec<f32> = self
-            .w13
-            .host_view()?
-            .iter()
-            .map(|v| v.to_f64() as f32)
-            .collect();
-        let w2: Vec<f32> = self
-            .w2
-            .host_view()?
-            .iter()
-            .map(|v| v.to_f64() as f32)
-            .collect();
+        let (w13_all, w2_all) = (self.w13.host_view()?, self.w2.host_view()?);
+        let widen = |v: &[T]| -> Vec<f32> { v.iter().map(|x| x.to_f64() as f32).collect() };
+        let mut by_expert: Vec<Vec<usize>> = vec![Vec::new(); c.experts];
+        for (slot, &e) in experts.iter().enumerate() {
+            if let Some(list) = by_expert.get_mut(e as usize) {
+                list.push(slot);
+            }
+        }
         let mut out = vec![0f64; tokens * h];
-        for e in 0..c.experts {
-            let slots: Vec<usize> = (0..tokens * k)
-                .filter(|&s| experts[s] as usize == e)
-                .collect();
+        for (e, slots) in by_expert.iter().enumerate() {
             if slots.is_empty() {
                 continue;
             }
             let m = slots.len();
             let mut a = Vec::with_capacity(m * h);
-            for &s in &slots {
+            for &s in slots {
                 a.extend_from_slice(&xs[(s / k) * h..(s / k + 1) * h]);
             }
             let mut hbuf = vec![0f32; m * wide];
-            let b = &w13[e * wide * h..(e + 1) * wide * h];
-            cpu::gemm_f32(&a, b, &mut hbuf, (m, wide, h), (false, true))?;
+            let b = widen(&w13_all[e * wide * h..(e + 1) * wide * h]);
+            cpu::gemm_f32(&a, &b, &mut hbuf, (m, wide, h), (false, true))?;
             // SwiGLU on the interleaved columns, rounded to T as the device path stores it.
             let mut act = vec![0f32; m * inter];
             for r in 0..m {
@@ -1032,8 +1106,8 @@ impl<T: Float> MoeLayer<T> {
                 }
             }
             let mut yb = vec![0f32; m * h];
-            let b2 = &w2[e * h * inter..(e + 1) * h * inter];
-            cpu::gemm_f32(&act, b2, &mut yb, (m, h, inter), (false, true))?;
+            let b2 = widen(&w2_all[e * h * inter..(e + 1) * h * inter]);
+            cpu::gemm_f32(&act, &b2, &mut yb, (m, h, inter), (false, true))?;
             for (r, &s) in slots.iter().enumerate() {
                 let wgt = weights[s] as f64;
                 let dst = &mut out[(s / k) * h..(s / k + 1) * h];

@@ -1,0 +1,208 @@
+//! The `moe` suite: one MoE layer forward pass (bf16, Softmax router, renormalized, seeded
+//! random weights, inputs N(0,1)) per preset and token count.
+//!
+//! - case = preset name (`mixtral-8x7b`, `qwen3-30b-a3b`, `deepseek-v3-slice`,
+//!   `gpt-oss-120b`), size = tokens (1, 4, 16, 64, 256, 1024, 4096 on CUDA). Variants
+//!   `warpdrive` (device-driven grouped GEMMs in one CUDA graph up to 256 tokens, cuBLAS per
+//!   expert above) and `warpdrive-cublas` (counts read back once, one cuBLAS GEMM per expert,
+//!   at every size); the peer adds `torch-hf-eager` and `torch-grouped-mm`. Median / p10 / p90
+//!   in µs per forward over ≥ 200 passes. GB/s counts the bytes of the distinct experts the
+//!   batch routes to plus the router weight (`extra.bytes`), so `pct_of_ceiling` (also in
+//!   `extra.hbm_pct`) is against the device copy ceiling. `extra`: `host_syncs` and
+//!   `launches` per layer, `graph`, `distinct_experts`, and `rel_err` = ‖y − ref‖₂ / ‖ref‖₂
+//!   over the first token against the f64 reference with the same routing.
+//! - `router-permute` (size = tokens 1, 64, 256, 4096; the qwen3-30b-a3b shape): the router
+//!   logits, softmax/top-k and the permutation (counts, offsets, order) alone.
+//!
+//! On the CPU backend (`--quick`): hidden and intermediate divided by 8 (rounded up to a
+//! multiple of 8), tokens 1, 16, 64, fewer passes.
+
+use half::bf16;
+use rand::{Rng, SeedableRng};
+
+use crate::error::Result;
+use crate::memory::Buffer;
+use crate::moe::{MoeConfig, MoeLayer, MoePath, MoeWeights, PRESETS};
+
+use super::results::Ceiling;
+use super::timing::time_gpu;
+use super::{Ctx, Scale};
+
+/// The suite name.
+pub const SUITE: &str = "moe";
+
+const SEED: u64 = 0x6d6f_6521;
+
+struct Plan {
+    tokens: &'static [usize],
+    router_tokens: &'static [usize],
+    /// Timed passes per row (at least).
+    reps: usize,
+    /// Fewer passes for rows whose pass is slower than this many µs (at least `min_reps`).
+    budget_us: f64,
+    min_reps: usize,
+    shrink: usize,
+}
+
+impl Plan {
+    fn new(scale: Scale) -> Plan {
+        match scale {
+            Scale::Full => Plan {
+                tokens: &[1, 4, 16, 64, 256, 1024, 4096],
+                router_tokens: &[1, 64, 256, 4096],
+                reps: 200,
+                budget_us: 3e6,
+                min_reps: 200,
+                shrink: 1,
+            },
+            Scale::Quick => Plan {
+                tokens: &[1, 16, 64],
+                router_tokens: &[1, 64],
+                reps: 5,
+                budget_us: 2e5,
+                min_reps: 3,
+                shrink: 8,
+            },
+            Scale::Tiny => Plan {
+                tokens: &[1],
+                router_tokens: &[1],
+                reps: 2,
+                budget_us: 1e5,
+                min_reps: 2,
+                shrink: 16,
+            },
+        }
+    }
+
+    fn config(&self, preset: &str) -> Result<MoeConfig> {
+        let mut c = MoeConfig::preset(preset)?;
+        if self.shrink > 1 {
+            c.hidden = (c.hidden / self.shrink).div_ceil(8) * 8;
+            c.intermediate = (c.intermediate / self.shrink).div_ceil(8) * 8;
+        }
+        Ok(c)
+    }
+}
+
+/// `n` bf16 values from N(0, 1) (Box–Muller), seeded.
+fn normal_bf16(seed: u64, n: usize) -> Vec<bf16> {
+    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let u1: f64 = r.random_range(f64::MIN_POSITIVE..1.0);
+        let u2: f64 = r.random_range(0.0..1.0);
+        let m = (-2.0 * u1.ln()).sqrt();
+        let a = 2.0 * std::f64::consts::PI * u2;
+        out.push(bf16::from_f64(m * a.cos()));
+        if out.len() < n {
+            out.push(bf16::from_f64(m * a.sin()));
+        }
+    }
+    out
+}
+
+pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
+    let plan = Plan::new(ctx.scale());
+    for preset in PRESETS {
+        preset_rows(ctx, &plan, preset)?;
+    }
+    router_permute(ctx, &plan)
+}
+
+fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {
+    let config = plan.config(preset)?;
+    ctx.step(format!("{SUITE}: {preset} (weights)"));
+    let stream = ctx.stream().clone();
+    let mut layer = MoeLayer::<bf16>::new(&stream, config, MoeWeights::Random { seed: SEED })?;
+    for &tokens in plan.tokens {
+        ctx.step(format!("{SUITE}: {preset} tokens {tokens}"));
+        let xh = normal_bf16(SEED ^ tokens as u64, tokens * config.hidden);
+        let x = Buffer::from_host(&stream, &xh)?;
+        let mut y = Buffer::<bf16>::uninit(&stream, xh.len())?;
+        let routing = layer.route(&x)?;
+        let distinct = routing.distinct_experts();
+        let bytes = distinct * config.expert_bytes() + config.router_bytes();
+        let k = config.top_k;
+        let reference = layer.reference_token(
+            &xh[..config.hidden],
+            &routing.experts[..k],
+            &routing.weights[..k],
+        )?;
+        for (variant, path) in [
+            ("warpdrive", MoePath::Auto),
+            ("warpdrive-cublas", MoePath::Cublas),
+        ] {
+            layer.set_path(path);
+            // Warm-up (captures the graph, loads kernels), then size the reps by one pass.
+            layer.forward_into(&x, &mut y)?;
+            let probe = time_gpu(&stream, 1, 1, |_| layer.forward_into(&x, &mut y))?;
+            let per = probe.first().copied().unwrap_or(1.0).max(1.0);
+            let reps = if per * plan.reps as f64 > plan.budget_us {
+                ((plan.budget_us / per) as usize).max(plan.min_reps)
+            } else {
+                plan.reps
+            };
+            let mut us = time_gpu(&stream, 2, reps, |_| layer.forward_into(&x, &mut y))?;
+            let stats = layer.last_stats();
+            let got = y.to_host(&stream)?;
+            let (mut num, mut den) = (0f64, 0f64);
+            for (g, r) in got[..config.hidden].iter().zip(&reference) {
+                num += (g.to_f64() - r).powi(2);
+                den += r * r;
+            }
+            let rel_err = if den > 0.0 {
+                (num / den).sqrt()
+            } else {
+                num.sqrt()
+            };
+            let row = ctx.record_bytes(
+                preset,
+                tokens as u64,
+                variant,
+                &mut us,
+                bytes as f64,
+                Some(Ceiling::D2dCopy),
+            )?;
+            let hbm = row.pct_of_ceiling;
+            let extra = &mut row.extra;
+            extra.insert("host_syncs".into(), stats.host_syncs.into());
+            extra.insert("launches".into(), stats.launches.into());
+            extra.insert("graph".into(), stats.graph.into());
+            extra.insert("distinct_experts".into(), distinct.into());
+            extra.insert("bytes".into(), bytes.into());
+            extra.insert("rel_err".into(), rel_err.into());
+            extra.insert("reps".into(), reps.into());
+            if let Some(h) = hbm {
+                extra.insert("hbm_pct".into(), h.into());
+            }
+            extra.insert("dtype".into(), "bf16".into());
+        }
+        layer.set_path(MoePath::Auto);
+    }
+    Ok(())
+}
+
+fn router_permute(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
+    const CASE: &str = "router-permute";
+    let config = plan.config("qwen3-30b-a3b")?;
+    let stream = ctx.stream().clone();
+    let mut layer = MoeLayer::<bf16>::new(&stream, config, MoeWeights::Random { seed: SEED })?;
+    for &tokens in plan.router_tokens {
+        ctx.step(format!("{SUITE}: {CASE} tokens {tokens}"));
+        let x = Buffer::from_host(
+            &stream,
+            &normal_bf16(SEED ^ tokens as u64, tokens * config.hidden),
+        )?;
+        let mut us = time_gpu(&stream, 3, plan.reps.max(3), |_| {
+            layer.route_and_permute(&x)
+        })?;
+        let row = ctx.record_time(CASE, tokens as u64, "warpdrive", &mut us, None)?;
+        row.extra.insert("preset".into(), "qwen3-30b-a3b".into());
+        row.extra.insert(
+            "stages".into(),
+            "router logits GEMM, softmax/top-k/renormalize, dispatch (counts, offsets, order)"
+                .into(),
+        );
+    }
+    Ok(())
+}
