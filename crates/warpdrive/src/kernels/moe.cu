@@ -361,7 +361,9 @@ __device__ void moe_gemm(const MoeGemm& p) {
 #pragma unroll
                 for (int ng = 0; ng < MOE_NG; ++ng) {
                     const u32 c = col0 + ng * 8 + 2 * q;
-                    if (c < p.n) *reinterpret_cast<float2*>(dst + c) = make_float2(acc[mt][ng][2 * h], acc[mt][ng][2 * h + 1]);
+                    // Scalar stores: an odd n leaves rows 4-byte aligned only.
+                    if (c < p.n) dst[c] = acc[mt][ng][2 * h];
+                    if (c + 1 < p.n) dst[c + 1] = acc[mt][ng][2 * h + 1];
                 }
             }
         __threadfence();
@@ -386,10 +388,9 @@ __device__ void moe_gemm(const MoeGemm& p) {
                     float s0 = 0.0f, s1 = 0.0f;
                     if (r < rows && c < p.n) {
                         for (u32 s = 0; s < p.splits; ++s) {
-                            const float2 v = __ldcg(reinterpret_cast<const float2*>(
-                                p.partial + ((u64)s * p.rows_cap + row0 + r) * p.n + c));
-                            s0 += v.x;
-                            s1 += v.y;
+                            const float* src = p.partial + ((u64)s * p.rows_cap + row0 + r) * p.n + c;
+                            s0 += __ldcg(src);
+                            if (c + 1 < p.n) s1 += __ldcg(src + 1);
                         }
                     }
                     acc[mt][ng][2 * h] = s0;
@@ -421,23 +422,22 @@ __device__ void moe_gemm(const MoeGemm& p) {
 #pragma unroll
                 for (int ng = 0; ng < MOE_NG; ++ng) {
                     const u32 c = col0 + ng * 8 + 2 * q;
-                    if (c >= p.n) continue;
-                    float v0 = acc[mt][ng][2 * h] * scale, v1 = acc[mt][ng][2 * h + 1] * scale;
-                    if (p.col_bias) { v0 += p.col_bias[c]; v1 += p.col_bias[c + 1]; }
-                    *reinterpret_cast<float2*>(dst + c) = make_float2(v0, v1);
+                    if (c < p.n) dst[c] = acc[mt][ng][2 * h] * scale + (p.col_bias ? p.col_bias[c] : 0.0f);
+                    if (c + 1 < p.n) dst[c + 1] = acc[mt][ng][2 * h + 1] * scale + (p.col_bias ? p.col_bias[c + 1] : 0.0f);
                 }
             }
         }
 }
 
-#define MOE_GEMM(T, MT, U) \
-    extern "C" __global__ void __launch_bounds__(256) moe_gemm_##T##_m##MT(MoeGemm p) { moe_gemm<T, MT, U>(p); }
-MOE_GEMM(bf16, 1, 4)
-MOE_GEMM(bf16, 2, 2)
-MOE_GEMM(bf16, 4, 1)
-MOE_GEMM(f16, 1, 4)
-MOE_GEMM(f16, 2, 2)
-MOE_GEMM(f16, 4, 1)
+// (MT, U, blocks per SM): two resident blocks keep 16 warps' loads in flight per SM.
+#define MOE_GEMM(T, MT, U, B) \
+    extern "C" __global__ void __launch_bounds__(256, B) moe_gemm_##T##_m##MT(MoeGemm p) { moe_gemm<T, MT, U>(p); }
+MOE_GEMM(bf16, 1, 4, 2)
+MOE_GEMM(bf16, 2, 2, 2)
+MOE_GEMM(bf16, 4, 2, 1)
+MOE_GEMM(f16, 1, 4, 2)
+MOE_GEMM(f16, 2, 2, 2)
+MOE_GEMM(f16, 4, 2, 1)
 
 // ---- SwiGLU of the cuBLAS path: h [rows, 2I] with interleaved gate/up blocks of 8 columns
 // (the w13 layout) -> act [rows, I]. ----

@@ -281,10 +281,12 @@ struct Plan {
     down: GemmShape,
 }
 
-fn m_tiles(rows_per_group: usize) -> usize {
-    match rows_per_group {
-        0..=16 => 1,
-        17..=32 => 2,
+/// m16 tiles per block for groups of `rows` rows on average: the busiest groups hold
+/// about twice the average, and each extra tile of a group streams its weights again.
+fn m_tiles(rows: usize) -> usize {
+    match rows {
+        0..=6 => 1,
+        7..=16 => 2,
         _ => 4,
     }
 }
