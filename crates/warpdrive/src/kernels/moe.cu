@@ -196,7 +196,7 @@ extern "C" __global__ void __launch_bounds__(1024) moe_dispatch(
 
 // ---- the grouped GEMM: out[p, n] = Σ_k A[row(p), k] · W_e[n, k] for the permuted rows p of
 // each expert e (or, dense, for rows 0..m of one matrix). A block of 8 warps computes a tile
-// of 16·MT rows × 128 columns (each warp 16 columns = 2 n8 groups) over one K split. Each
+// of 16·MT rows × 64·NG columns (each warp NG n8 groups; NG even) over one K split. Each
 // lane loads 16 bytes (8 consecutive k) of A and W per 32-k step; the k order inside a step
 // is permuted identically for A and W, so the products are those of the plain layout and
 // every load is a full 16-byte vector. W is streamed (no L1 allocation), A stays cached.
@@ -205,8 +205,6 @@ extern "C" __global__ void __launch_bounds__(1024) moe_dispatch(
 // Epilogues: 0 = f32 out (+ column bias), 1 = SwiGLU of the interleaved gate/up columns into
 // T act [rows, n/2], 2 = f32 out scaled by the routing weight of the row's slot. ----
 #define MOE_WARPS 8
-#define MOE_NG 2
-#define MOE_BN (MOE_WARPS * MOE_NG * 8)
 
 struct MoeGemm {
     const void* a;           // [rows_a, k] T
@@ -261,8 +259,9 @@ template <> struct MoeMma<f16> {
 
 __device__ __forceinline__ float moe_silu(float g) { return g / (1.0f + __expf(-g)); }
 
-template <typename T, int MT, int U>
+template <typename T, int MT, int MOE_NG, int U>
 __device__ void moe_gemm(const MoeGemm& p) {
+    constexpr u32 MOE_BN = MOE_WARPS * MOE_NG * 8;
     const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
     const u32 n_blocks = (p.n + MOE_BN - 1) / MOE_BN;
     const u32 split = blockIdx.x % p.splits;
@@ -377,26 +376,42 @@ __device__ void moe_gemm(const MoeGemm& p) {
         __syncthreads();
         if (!last) return;
         __threadfence();
+        // The whole block sums the tile's partials (coalesced, 8 loads in flight per thread,
+        // added in split order), one m16 tile at a time through shared memory back into the
+        // accumulator layout.
+        __shared__ float red[16][MOE_BN];
+        const u32 n_base = nb * MOE_BN;
+        const u64 stride = (u64)p.rows_cap * p.n;
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+        for (int mt = 0; mt < MT; ++mt) {
+            for (u32 i = threadIdx.x; i < 16 * MOE_BN; i += blockDim.x) {
+                const u32 r = i / MOE_BN, c = i % MOE_BN;
+                float sum = 0.0f;
+                if (mt * 16 + r < rows && n_base + c < p.n) {
+                    const float* src = p.partial + ((u64)row0 + mt * 16 + r) * p.n + n_base + c;
+                    u32 sp = 0;
+                    for (; sp + 8 <= p.splits; sp += 8) {
+                        float v[8];
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const u32 r = mt * 16 + h * 8 + g;
+                        for (int j = 0; j < 8; ++j) v[j] = __ldcg(src + (sp + j) * stride);
+#pragma unroll
+                        for (int j = 0; j < 8; ++j) sum += v[j];
+                    }
+                    for (; sp < p.splits; ++sp) sum += __ldcg(src + sp * stride);
+                }
+                red[r][c] = sum;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
 #pragma unroll
                 for (int ng = 0; ng < MOE_NG; ++ng) {
-                    const u32 c = col0 + ng * 8 + 2 * q;
-                    float s0 = 0.0f, s1 = 0.0f;
-                    if (r < rows && c < p.n) {
-                        for (u32 s = 0; s < p.splits; ++s) {
-                            const float* src = p.partial + ((u64)s * p.rows_cap + row0 + r) * p.n + c;
-                            s0 += __ldcg(src);
-                            if (c + 1 < p.n) s1 += __ldcg(src + 1);
-                        }
-                    }
-                    acc[mt][ng][2 * h] = s0;
-                    acc[mt][ng][2 * h + 1] = s1;
+                    const u32 c = warp * (MOE_NG * 8) + ng * 8 + 2 * q;
+                    acc[mt][ng][2 * h] = red[h * 8 + g][c];
+                    acc[mt][ng][2 * h + 1] = red[h * 8 + g][c + 1];
                 }
-            }
+            __syncthreads();
+        }
     }
 
     // Epilogue. Accumulator i of (mt, ng): row mt·16 + g + 8·(i / 2), column col0 + ng·8 + 2q + i % 2.
@@ -408,13 +423,17 @@ __device__ void moe_gemm(const MoeGemm& p) {
             if (r >= rows) continue;
             const u32 prow = row0 + r;
             if (p.epilogue == 1) {
-                // Group pair (0, 1) of this warp = (gate, up) of act columns col0/2 + 2q + {0,1}.
+                // Group pair (2j, 2j + 1) of this warp = (gate, up) of act columns
+                // (col0 + 16j)/2 + 2q + {0, 1}.
                 const u32 half_n = p.n >> 1;
-                const u32 c = (col0 >> 1) + 2 * q;
-                if (c < half_n) {
-                    T* dst = reinterpret_cast<T*>(p.out) + (u64)prow * half_n + c;
-                    dst[0] = from_f32<T>(moe_silu(acc[mt][0][2 * h]) * acc[mt][1][2 * h]);
-                    dst[1] = from_f32<T>(moe_silu(acc[mt][0][2 * h + 1]) * acc[mt][1][2 * h + 1]);
+#pragma unroll
+                for (int j = 0; j < MOE_NG / 2; ++j) {
+                    const u32 c = ((col0 + 16 * j) >> 1) + 2 * q;
+                    if (c < half_n) {
+                        T* dst = reinterpret_cast<T*>(p.out) + (u64)prow * half_n + c;
+                        dst[0] = from_f32<T>(moe_silu(acc[mt][2 * j][2 * h]) * acc[mt][2 * j + 1][2 * h]);
+                        dst[1] = from_f32<T>(moe_silu(acc[mt][2 * j][2 * h + 1]) * acc[mt][2 * j + 1][2 * h + 1]);
+                    }
                 }
             } else {
                 const float scale = p.epilogue == 2 ? p.slot_weight[p.order[prow]] : 1.0f;
@@ -429,15 +448,17 @@ __device__ void moe_gemm(const MoeGemm& p) {
         }
 }
 
-// (MT, U, blocks per SM): two resident blocks keep 16 warps' loads in flight per SM.
-#define MOE_GEMM(T, MT, U, B) \
-    extern "C" __global__ void __launch_bounds__(256, B) moe_gemm_##T##_m##MT(MoeGemm p) { moe_gemm<T, MT, U>(p); }
-MOE_GEMM(bf16, 1, 4, 2)
-MOE_GEMM(bf16, 2, 2, 2)
-MOE_GEMM(bf16, 4, 2, 1)
-MOE_GEMM(f16, 1, 4, 2)
-MOE_GEMM(f16, 2, 2, 2)
-MOE_GEMM(f16, 4, 2, 1)
+// (MT m16 tiles, NG n8 groups per warp, U k-steps of loads in flight, blocks per SM): two
+// resident blocks keep 16 warps' loads in flight per SM for the decode tiles; the prefill
+// tile reuses each A fragment over 4 groups and each W fragment over 4 m-tiles.
+#define MOE_GEMM(T, MT, NG, U, B) \
+    extern "C" __global__ void __launch_bounds__(256, B) moe_gemm_##T##_m##MT(MoeGemm p) { moe_gemm<T, MT, NG, U>(p); }
+MOE_GEMM(bf16, 1, 2, 4, 2)
+MOE_GEMM(bf16, 2, 2, 2, 2)
+MOE_GEMM(bf16, 4, 4, 1, 1)
+MOE_GEMM(f16, 1, 2, 4, 2)
+MOE_GEMM(f16, 2, 2, 2, 2)
+MOE_GEMM(f16, 4, 4, 1, 1)
 
 // ---- SwiGLU of the cuBLAS path: h [rows, 2I] with interleaved gate/up blocks of 8 columns
 // (the w13 layout) -> act [rows, I]. ----

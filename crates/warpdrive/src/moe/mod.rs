@@ -39,9 +39,18 @@ pub const GRAPH_MAX_TOKENS: usize = 256;
 const GRAPH_CACHE: usize = 32;
 /// Threads of the dispatch kernel (its `__launch_bounds__(1024)`).
 const DISPATCH_BLOCK: u32 = 1024;
-/// Threads of the grouped GEMM (8 warps) and columns per block (`MOE_BN`).
+/// Threads of the grouped GEMM (8 warps).
 const GEMM_BLOCK: u32 = 256;
-const GEMM_BN: usize = 128;
+
+/// Columns per block of the grouped GEMM for `mt` m16 tiles (`MOE_BN` = 8 warps × NG n8
+/// groups, as the kernels are instantiated in `moe.cu`).
+fn gemm_bn(mt: usize) -> usize {
+    if mt >= 4 {
+        256
+    } else {
+        128
+    }
+}
 /// Warps (tokens) per block of the grouped sigmoid router.
 const ROUTER_WARPS: u32 = 4;
 
@@ -235,12 +244,13 @@ struct GemmShape {
 
 impl GemmShape {
     fn new(n: usize, k: usize, mt: usize, items: usize, busy_items: usize, sms: usize) -> Self {
-        let n_blocks = n.div_ceil(GEMM_BN);
+        let n_blocks = n.div_ceil(gemm_bn(mt));
         // Enough blocks for ~4 per SM over the tiles likely to be busy, each split at least
-        // 256 deep, so that a few experts still stream their weights at full bandwidth.
+        // 128 deep (one round of loads), so that a few experts still stream their weights at
+        // full bandwidth.
         let busy = (busy_items * n_blocks).max(1);
-        let want = (4 * sms).div_ceil(busy).clamp(1, 32);
-        let splits = want.min((k / 256).max(1));
+        let want = (4 * sms).div_ceil(busy).clamp(1, 64);
+        let splits = want.min((k / 128).max(1));
         let k_split = k.div_ceil(splits).div_ceil(32) * 32;
         GemmShape {
             n,
@@ -252,7 +262,7 @@ impl GemmShape {
         }
     }
     fn n_blocks(&self) -> usize {
-        self.n.div_ceil(GEMM_BN)
+        self.n.div_ceil(gemm_bn(self.mt))
     }
     fn tiles(&self) -> usize {
         self.items * self.n_blocks()
@@ -298,7 +308,9 @@ impl Plan {
         let mt = m_tiles(slots.div_ceil(active));
         let bm = 16 * mt;
         let items = active + slots / bm;
-        let router_mt = m_tiles(tokens);
+        // The router's rows are the tokens themselves: no busier groups, and small tiles
+        // keep enough blocks busy on its narrow (E columns) output.
+        let router_mt = if tokens <= 16 { 1 } else { 2 };
         let router_items = tokens.div_ceil(16 * router_mt).max(1);
         Plan {
             tokens,
