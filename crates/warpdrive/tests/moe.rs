@@ -566,6 +566,14 @@ fn gpu_smem_moe_matches_cpu() {
             "deep",
         );
     }
+    // More experts than one router block routes: the separate softmax top-k kernel.
+    let wide = config(64, 32, 300, 4, Router::Softmax, DTypeKind::BF16);
+    for tokens in [3, 40] {
+        assert_few_flips(
+            cuda_vs_cpu(wide, tokens, MoePath::Auto, true, s + 3),
+            "wide",
+        );
+    }
     let grouped = config(64, 48, 32, 4, GROUPED, DTypeKind::BF16);
     for tokens in [1, 29, 200] {
         assert_few_flips(

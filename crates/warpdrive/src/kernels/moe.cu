@@ -79,6 +79,7 @@ extern "C" __global__ void __launch_bounds__(128) moe_route_sigmoid_grouped(
         kept |= 1u << arg;
         if (lane == arg) gscore = f32_neg_inf();
     }
+    __syncwarp();  // every lane has read the group scores before any is masked
     for (u32 e = lane; e < experts; e += 32)
         if (!((kept >> (e / per_group)) & 1u)) sel[e] = f32_neg_inf();
     __syncwarp();
@@ -146,14 +147,11 @@ __device__ __forceinline__ u64 moe_block_exclusive_scan(u64 v, u64* total) {
     return prefix;
 }
 
-extern "C" __global__ void __launch_bounds__(1024) moe_dispatch(
-    const u32* __restrict__ expert_of_slot, u32 slots, u32 experts, u32 k, u32 bm,
-    u32* __restrict__ counts, u32* __restrict__ offsets, u32* __restrict__ order,
-    u32* __restrict__ token_of, u32* __restrict__ slot_pos, u32* __restrict__ work,
-    u32* __restrict__ n_items) {
-    extern __shared__ u32 moe_dispatch_smem[];
-    u32* cnt = moe_dispatch_smem;
-    u32* cursor = moe_dispatch_smem + experts;
+// The dispatch on one block (any multiple of 32 threads); `cnt` and `cursor` are E words of
+// shared memory each.
+__device__ void moe_dispatch_block(const u32* expert_of_slot, u32 slots, u32 experts, u32 k,
+                                   u32 bm, u32* counts, u32* offsets, u32* order, u32* token_of,
+                                   u32* slot_pos, u32* work, u32* n_items, u32* cnt, u32* cursor) {
     __shared__ u64 total;
     for (u32 e = threadIdx.x; e < experts; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
@@ -194,6 +192,67 @@ extern "C" __global__ void __launch_bounds__(1024) moe_dispatch(
     }
 }
 
+extern "C" __global__ void __launch_bounds__(1024) moe_dispatch(
+    const u32* __restrict__ expert_of_slot, u32 slots, u32 experts, u32 k, u32 bm,
+    u32* __restrict__ counts, u32* __restrict__ offsets, u32* __restrict__ order,
+    u32* __restrict__ token_of, u32* __restrict__ slot_pos, u32* __restrict__ work,
+    u32* __restrict__ n_items) {
+    extern __shared__ u32 moe_dispatch_smem[];
+    moe_dispatch_block(expert_of_slot, slots, experts, k, bm, counts, offsets, order, token_of,
+                       slot_pos, work, n_items, moe_dispatch_smem, moe_dispatch_smem + experts);
+}
+
+// Softmax top-k of one row of `e` logits (e <= 256) in shared memory, by one warp: the same
+// choice as ops::route (largest first, NaN largest, ties to the lower index) and weights
+// (renormalized over the chosen, or over the row). Lane r < k writes the r-th choice.
+__device__ __forceinline__ u32 moe_order_key(float x) {
+    const u32 b = __float_as_uint(x);
+    if (x != x) return 0xffffffffu;
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+__device__ void moe_route_row(const float* row, u32 e, u32 k, int renorm, float* w_out,
+                              u32* i_out) {
+    const u32 lane = threadIdx.x & 31u;
+    u32 key[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const u32 i = lane + 32 * j;
+        key[j] = i < e ? moe_order_key(row[i]) : 0u;
+    }
+    u32 taken = 0, my_idx = 0;
+    float my_val = 0.0f, top = 0.0f;
+    for (u32 r = 0; r < k; ++r) {
+        u32 bk = 0, bi = 0xffffffffu;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const u32 i = lane + 32 * j;
+            if (i < e && !((taken >> j) & 1u) && (key[j] > bk || bi == 0xffffffffu)) { bk = key[j]; bi = i; }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const u32 ok = __shfl_xor_sync(0xffffffffu, bk, o);
+            const u32 oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (oi != 0xffffffffu && (bi == 0xffffffffu || ok > bk || (ok == bk && oi < bi))) { bk = ok; bi = oi; }
+        }
+        if ((bi & 31u) == lane) taken |= 1u << (bi >> 5);
+        const float v = row[bi];
+        if (r == 0) top = v;
+        if (lane == r) { my_idx = bi; my_val = v; }
+    }
+    float denom;
+    if (renorm) {
+        denom = warp_sum(lane < k ? __expf(my_val - top) : 0.0f);
+    } else {
+        float part = 0.0f;
+        for (u32 i = lane; i < e; i += 32) part += __expf(row[i] - top);
+        denom = warp_sum(part);
+    }
+    if (lane < k) {
+        w_out[lane] = __expf(my_val - top) / denom;
+        i_out[lane] = my_idx;
+    }
+}
+
 // ---- the grouped GEMM: out[p, n] = Σ_k A[row(p), k] · W_e[n, k] for the permuted rows p of
 // each expert e (or, dense, for rows 0..m of one matrix). A block of 8 warps computes a tile
 // of 16·MT rows × 64·NG columns (each warp NG n8 groups; NG even) over one K split. Each
@@ -203,7 +262,8 @@ extern "C" __global__ void __launch_bounds__(1024) moe_dispatch(
 // With splits > 1 each block stores its partial tile (f32) and the last block of a tile to
 // finish (a ticket per tile) sums the partials in split order, so results are deterministic.
 // Epilogues: 0 = f32 out (+ column bias), 1 = SwiGLU of the interleaved gate/up columns into
-// T act [rows, n/2], 2 = f32 out scaled by the routing weight of the row's slot. ----
+// T act [rows, n/2], 2 = f32 out scaled by the routing weight of the row's slot, 3 = the
+// router's softmax top-k (and, for a single tile, the dispatch). ----
 #define MOE_WARPS 8
 
 struct MoeGemm {
@@ -226,6 +286,22 @@ struct MoeGemm {
     const float* col_bias;   // epilogue 0 (nullable)
     const float* slot_weight;  // epilogue 2
     const u32* order;        // epilogue 2: permuted row -> slot
+    // Epilogue 3 (the router, n = E <= 64·NG in one column block): softmax top-k of each
+    // row into route_weights / route_experts [m, route_k]; with fuse_dispatch (one tile)
+    // the block then runs the dispatch into the d_* arrays.
+    u32 route_k;
+    int route_renorm;
+    float* route_weights;
+    u32* route_experts;
+    int fuse_dispatch;
+    u32 dispatch_bm;
+    u32* d_counts;
+    u32* d_offsets;
+    u32* d_order;
+    u32* d_token_of;
+    u32* d_slot_pos;
+    u32* d_work;
+    u32* d_n_items;
 };
 
 __device__ __forceinline__ uint4 moe_ld_stream(const void* p) {
@@ -282,6 +358,7 @@ __device__ void moe_gemm(const MoeGemm& p) {
         rows = min(bm, p.m - m0);
         row0 = m0;
     }
+    __shared__ float red[16][MOE_BN];  // split-K sums and the router's logit rows
     const T* w = reinterpret_cast<const T*>(p.w) + (u64)expert * p.w_stride;
     const T* a = reinterpret_cast<const T*>(p.a);
     const u32 g = lane >> 2, q = lane & 3u;
@@ -379,7 +456,6 @@ __device__ void moe_gemm(const MoeGemm& p) {
         // The whole block sums the tile's partials (coalesced, 8 loads in flight per thread,
         // added in split order), one m16 tile at a time through shared memory back into the
         // accumulator layout.
-        __shared__ float red[16][MOE_BN];
         const u32 n_base = nb * MOE_BN;
         const u64 stride = (u64)p.rows_cap * p.n;
 #pragma unroll
@@ -412,6 +488,39 @@ __device__ void moe_gemm(const MoeGemm& p) {
                 }
             __syncthreads();
         }
+    }
+
+    if (p.epilogue == 3) {
+        // Router: the logits (+ bias) of each m16 tile into shared memory, one warp per row.
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int ng = 0; ng < MOE_NG; ++ng) {
+                    const u32 c = warp * (MOE_NG * 8) + ng * 8 + 2 * q;
+                    red[h * 8 + g][c] = acc[mt][ng][2 * h] + (p.col_bias && c < p.n ? p.col_bias[c] : 0.0f);
+                    red[h * 8 + g][c + 1] = acc[mt][ng][2 * h + 1] + (p.col_bias && c + 1 < p.n ? p.col_bias[c + 1] : 0.0f);
+                }
+            __syncthreads();
+            for (u32 r = warp; r < 16; r += MOE_WARPS) {
+                const u32 row = mt * 16 + r;
+                if (row < rows) {
+                    const u64 t = row0 + row;
+                    moe_route_row(red[r], p.n, p.route_k, p.route_renorm,
+                                  p.route_weights + t * p.route_k, p.route_experts + t * p.route_k);
+                }
+            }
+            __syncthreads();
+        }
+        if (p.fuse_dispatch) {
+            // The only tile: every token is routed (its writes are visible to this block after
+            // the barrier above), so this block also dispatches.
+            __shared__ u32 dsm[2 * MOE_BN];
+            moe_dispatch_block(p.route_experts, p.m * p.route_k, p.n, p.route_k, p.dispatch_bm,
+                               p.d_counts, p.d_offsets, p.d_order, p.d_token_of, p.d_slot_pos,
+                               p.d_work, p.d_n_items, dsm, dsm + MOE_BN);
+        }
+        return;
     }
 
     // Epilogue. Accumulator i of (mt, ng): row mt·16 + g + 8·(i / 2), column col0 + ng·8 + 2q + i % 2.
@@ -451,11 +560,23 @@ __device__ void moe_gemm(const MoeGemm& p) {
 // (MT m16 tiles, NG n8 groups per warp, U k-steps of loads in flight, blocks per SM): two
 // resident blocks keep 16 warps' loads in flight per SM for the decode tiles; the prefill
 // tile reuses each A fragment over 4 groups and each W fragment over 4 m-tiles.
+#define MOE_GEMM_X(T, MT, NG, U, B, X) \
+    extern "C" __global__ void __launch_bounds__(256, B) moe_gemm_##T##_m##MT##X(MoeGemm p) { moe_gemm<T, MT, NG, U>(p); }
 #define MOE_GEMM(T, MT, NG, U, B) \
     extern "C" __global__ void __launch_bounds__(256, B) moe_gemm_##T##_m##MT(MoeGemm p) { moe_gemm<T, MT, NG, U>(p); }
+// The router: one column block covers up to 256 experts.
+#define MOE_ROUTER(T, MT, U) \
+    extern "C" __global__ void __launch_bounds__(256, 2) moe_router_##T##_m##MT(MoeGemm p) { moe_gemm<T, MT, 4, U>(p); }
+MOE_ROUTER(bf16, 1, 2)
+MOE_ROUTER(bf16, 2, 1)
+MOE_ROUTER(f16, 1, 2)
+MOE_ROUTER(f16, 2, 1)
 MOE_GEMM(bf16, 1, 2, 4, 2)
 MOE_GEMM(bf16, 2, 2, 2, 2)
 MOE_GEMM(bf16, 4, 4, 1, 1)
+MOE_GEMM_X(bf16, 4, 2, 2, 1, b)
+MOE_GEMM_X(bf16, 4, 2, 1, 2, c)
+MOE_GEMM_X(bf16, 4, 4, 2, 1, d)
 MOE_GEMM(f16, 1, 2, 4, 2)
 MOE_GEMM(f16, 2, 2, 2, 2)
 MOE_GEMM(f16, 4, 4, 1, 1)

@@ -35,6 +35,9 @@ use crate::ops::{self, Route};
 
 /// The most tokens whose forward pass runs as a captured CUDA graph with no host sync.
 pub const GRAPH_MAX_TOKENS: usize = 256;
+/// [`MoePath::Auto`] takes cuBLAS above this many rows per expert on average (and above
+/// [`GRAPH_MAX_TOKENS`] tokens).
+pub const AUTO_CUBLAS_ROWS: usize = 64;
 /// Graphs kept per layer (least recently used dropped first).
 const GRAPH_CACHE: usize = 32;
 /// Threads of the dispatch kernel (its `__launch_bounds__(1024)`).
@@ -44,7 +47,35 @@ const GEMM_BLOCK: u32 = 256;
 
 /// Columns per block of the grouped GEMM for `mt` m16 tiles (`MOE_BN` = 8 warps × NG n8
 /// groups, as the kernels are instantiated in `moe.cu`).
+/// TEMPORARY A/B experiment (WARPDRIVE_MOE_M4=b|c|d picks another bf16 m4 instantiation).
+fn m4_experiment() -> Option<&'static str> {
+    static V: std::sync::OnceLock<Option<&'static str>> = std::sync::OnceLock::new();
+    *V.get_or_init(|| match std::env::var("WARPDRIVE_MOE_M4").ok().as_deref() {
+        Some("b") => Some("moe_gemm_bf16_m4b"),
+        Some("c") => Some("moe_gemm_bf16_m4c"),
+        Some("d") => Some("moe_gemm_bf16_m4d"),
+        _ => None,
+    })
+}
+
+/// Columns per block of the router kernels (`moe_router_*`: 8 warps × 4 n8 groups).
+const ROUTER_BN: usize = 256;
+
+/// Whether the router GEMM's blocks also route (softmax top-k over all experts in one
+/// column block) instead of a separate router kernel.
+fn fused_route(c: &MoeConfig) -> bool {
+    c.router == Router::Softmax && c.experts <= ROUTER_BN
+}
+
 fn gemm_bn(mt: usize) -> usize {
+    if mt >= 4
+        && matches!(
+            m4_experiment(),
+            Some("moe_gemm_bf16_m4b" | "moe_gemm_bf16_m4c")
+        )
+    {
+        return 128;
+    }
     if mt >= 4 {
         256
     } else {
@@ -237,18 +268,27 @@ struct GemmShape {
     n: usize,
     k: usize,
     mt: usize,
+    /// Columns per block of the kernel that runs it.
+    bn: usize,
     items: usize,
     splits: usize,
     k_split: usize,
 }
 
 impl GemmShape {
-    fn new(n: usize, k: usize, mt: usize, items: usize, busy_items: usize, sms: usize) -> Self {
-        let n_blocks = n.div_ceil(gemm_bn(mt));
+    fn new(
+        n: usize,
+        k: usize,
+        (mt, bn): (usize, usize),
+        items: usize,
+        busy: usize,
+        sms: usize,
+    ) -> Self {
+        let n_blocks = n.div_ceil(bn);
         // Enough blocks for ~4 per SM over the tiles likely to be busy, each split at least
         // 128 deep (one round of loads), so that a few experts still stream their weights at
         // full bandwidth.
-        let busy = (busy_items * n_blocks).max(1);
+        let busy = (busy * n_blocks).max(1);
         let want = (4 * sms).div_ceil(busy).clamp(1, 64);
         let splits = want.min((k / 128).max(1));
         let k_split = k.div_ceil(splits).div_ceil(32) * 32;
@@ -256,13 +296,14 @@ impl GemmShape {
             n,
             k,
             mt,
+            bn,
             items,
             splits: k.div_ceil(k_split).max(1),
             k_split,
         }
     }
     fn n_blocks(&self) -> usize {
-        self.n.div_ceil(gemm_bn(self.mt))
+        self.n.div_ceil(self.bn)
     }
     fn tiles(&self) -> usize {
         self.items * self.n_blocks()
@@ -312,6 +353,11 @@ impl Plan {
         // keep enough blocks busy on its narrow (E columns) output.
         let router_mt = if tokens <= 16 { 1 } else { 2 };
         let router_items = tokens.div_ceil(16 * router_mt).max(1);
+        let router_bn = if fused_route(c) {
+            ROUTER_BN
+        } else {
+            gemm_bn(router_mt)
+        };
         Plan {
             tokens,
             slots,
@@ -319,13 +365,27 @@ impl Plan {
             router: GemmShape::new(
                 c.experts,
                 c.hidden,
-                router_mt,
+                (router_mt, router_bn),
                 router_items,
                 router_items,
                 sms,
             ),
-            up: GemmShape::new(2 * c.intermediate, c.hidden, mt, items, active, sms),
-            down: GemmShape::new(c.hidden, c.intermediate, mt, items, active, sms),
+            up: GemmShape::new(
+                2 * c.intermediate,
+                c.hidden,
+                (mt, gemm_bn(mt)),
+                items,
+                active,
+                sms,
+            ),
+            down: GemmShape::new(
+                c.hidden,
+                c.intermediate,
+                (mt, gemm_bn(mt)),
+                items,
+                active,
+                sms,
+            ),
         }
     }
     fn partial_len(&self) -> usize {
@@ -585,21 +645,33 @@ impl<T: Float> MoeLayer<T> {
         if self.stream.cuda().is_none() {
             return self.forward_host(x, y);
         }
-        let cublas = match self.path {
-            MoePath::Cublas => true,
-            MoePath::Device => false,
-            MoePath::Auto => tokens > GRAPH_MAX_TOKENS,
-        };
-        if cublas {
+        if self.uses_cublas(tokens) {
             return self.forward_cublas(tokens, x.device_ptr(), y.device_ptr(), &mut |_| Ok(()));
         }
         if self.use_graphs && tokens <= GRAPH_MAX_TOKENS {
             return self.forward_graph(tokens, x.device_ptr(), y.device_ptr());
         }
         let pass = self.prepare(tokens, false)?;
-        self.enqueue_device(&pass_with(pass, x, y), &mut |_| Ok(()))?;
-        self.last.launches = 6;
+        let launches = self.enqueue_device(&pass_with(pass, x, y), &mut |_| Ok(()))?;
+        self.last.launches = launches;
         Ok(())
+    }
+
+    /// Whether a CUDA pass over `tokens` takes the cuBLAS path: always with
+    /// [`MoePath::Cublas`], never with [`MoePath::Device`]; with [`MoePath::Auto`] above
+    /// [`GRAPH_MAX_TOKENS`] tokens when the experts average more than [`AUTO_CUBLAS_ROWS`]
+    /// rows each (there the per-expert cuBLAS GEMMs are compute-efficient and one host sync
+    /// is cheap; below it the device kernels stream the weights faster).
+    pub fn uses_cublas(&self, tokens: usize) -> bool {
+        match self.path {
+            MoePath::Cublas => true,
+            MoePath::Device => false,
+            MoePath::Auto => {
+                let slots = tokens * self.config.top_k;
+                let rows = slots / self.config.experts.min(slots).max(1);
+                tokens > GRAPH_MAX_TOKENS && rows > AUTO_CUBLAS_ROWS
+            }
+        }
     }
 
     /// [`forward_into`](Self::forward_into) into a new buffer.
@@ -636,12 +708,7 @@ impl<T: Float> MoeLayer<T> {
             marks.push((name, e));
             Ok(())
         };
-        let cublas = match self.path {
-            MoePath::Cublas => true,
-            MoePath::Device => false,
-            MoePath::Auto => tokens > GRAPH_MAX_TOKENS,
-        };
-        if cublas {
+        if self.uses_cublas(tokens) {
             self.forward_cublas(tokens, x.device_ptr(), y.device_ptr(), &mut mark)?;
         } else {
             let pass = self.prepare(tokens, false)?;
@@ -704,10 +771,9 @@ impl<T: Float> MoeLayer<T> {
             x: x.device_ptr(),
             y: 0,
         };
-        let l = self.launcher()?;
-        l.router(&self.stream, &pass)?;
-        l.route(&self.stream, &pass)?;
-        l.dispatch(&self.stream, &pass)
+        self.launcher()?
+            .front(&self.stream, &pass, &mut |_| Ok(()))
+            .map(|_| ())
     }
 
     /// One token through the layer in f64 with the given routing (its `top_k` experts and
@@ -840,7 +906,7 @@ impl<T: Float> MoeLayer<T> {
         // capture the same launches.
         let plan = self.prepare(tokens, false)?;
         let pass = Pass { plan, x, y };
-        self.enqueue_device(&pass, &mut |_| Ok(()))?;
+        let launches = self.enqueue_device(&pass, &mut |_| Ok(()))?;
         let launcher = self.launcher()?;
         let graph = Graph::capture(&self.stream, move |s| launcher.enqueue(s, &pass))?;
         graph.upload()?;
@@ -850,7 +916,7 @@ impl<T: Float> MoeLayer<T> {
         self.graphs.push((key, graph));
         self.last = ForwardStats {
             host_syncs: 0,
-            launches: 6,
+            launches,
             graph: false,
         };
         Ok(())
@@ -887,14 +953,17 @@ impl<T: Float> MoeLayer<T> {
         &self,
         pass: &Pass,
         mark: &mut dyn FnMut(&'static str) -> Result<()>,
-    ) -> Result<()> {
+    ) -> Result<u32> {
         self.launcher()?.enqueue_marked(&self.stream, pass, mark)
     }
 
     fn enqueue_router(&self, pass: &Pass) -> Result<()> {
         let l = self.launcher()?;
         l.router(&self.stream, pass)?;
-        l.route(&self.stream, pass)
+        if !fused_route(&self.config) {
+            l.route(&self.stream, pass)?;
+        }
+        Ok(())
     }
 
     // ---- the cuBLAS path ----
@@ -910,12 +979,7 @@ impl<T: Float> MoeLayer<T> {
         let pass = Pass { plan, x, y };
         let l = self.launcher()?;
         let s = &self.stream;
-        l.router(s, &pass)?;
-        mark("router")?;
-        l.route(s, &pass)?;
-        mark("route")?;
-        l.dispatch(s, &pass)?;
-        mark("dispatch")?;
+        let front = l.front(s, &pass, mark)?;
         let ws = self.workspace()?;
         let counts = ws.counts.to_host(s)?;
         let Some([xp, h, yt]) = ws.cublas.as_ref() else {
@@ -1010,7 +1074,7 @@ impl<T: Float> MoeLayer<T> {
         mark("combine")?;
         self.last = ForwardStats {
             host_syncs: 1,
-            launches: (6 + up.len() + down.len()) as u32,
+            launches: front + 3 + (up.len() + down.len()) as u32,
             graph: false,
         };
         Ok(())
@@ -1299,7 +1363,7 @@ struct Launcher {
 
 /// `MoeGemm` of `kernels/moe.cu`, field for field (C layout).
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 struct GemmParams {
     a: u64,
     a_rows: u64,
@@ -1322,7 +1386,25 @@ struct GemmParams {
     col_bias: u64,
     slot_weight: u64,
     order: u64,
+    route_k: u32,
+    route_renorm: i32,
+    route_weights: u64,
+    route_experts: u64,
+    fuse_dispatch: i32,
+    dispatch_bm: u32,
+    d_counts: u64,
+    d_offsets: u64,
+    d_order: u64,
+    d_token_of: u64,
+    d_slot_pos: u64,
+    d_work: u64,
+    d_n_items: u64,
 }
+
+const ROUTER_NAMES: [[&str; 2]; 2] = [
+    ["moe_router_f16_m1", "moe_router_f16_m2"],
+    ["moe_router_bf16_m1", "moe_router_bf16_m2"],
+];
 
 const GEMM_NAMES: [[&str; 3]; 2] = [
     ["moe_gemm_f16_m1", "moe_gemm_f16_m2", "moe_gemm_f16_m4"],
@@ -1347,7 +1429,7 @@ impl Launcher {
     }
 
     fn enqueue(&self, s: &Stream, pass: &Pass) -> Result<()> {
-        self.enqueue_marked(s, pass, &mut |_| Ok(()))
+        self.enqueue_marked(s, pass, &mut |_| Ok(())).map(|_| ())
     }
 
     fn enqueue_marked(
@@ -1355,15 +1437,20 @@ impl Launcher {
         s: &Stream,
         pass: &Pass,
         mark: &mut dyn FnMut(&'static str) -> Result<()>,
-    ) -> Result<()> {
-        self.router(s, pass)?;
-        mark("router")?;
-        self.route(s, pass)?;
-        mark("route")?;
-        self.dispatch(s, pass)?;
-        mark("dispatch")?;
+    ) -> Result<u32> {
+        let front = self.front(s, pass, mark)?;
         let c = &self.config;
         let p = &pass.plan;
+        let expert_rows = GemmParams {
+            counts: self.counts,
+            offsets: self.offsets,
+            work: self.work,
+            n_items: self.n_items,
+            partial: self.partial,
+            rows_cap: u32_of(p.slots, "routed slots")?,
+            tickets: self.tickets,
+            ..GemmParams::default()
+        };
         self.gemm(
             s,
             &p.up,
@@ -1372,23 +1459,9 @@ impl Launcher {
                 a_rows: self.token_of,
                 w: self.w13,
                 w_stride: (2 * c.intermediate * c.hidden) as u64,
-                n: 0,
-                k: 0,
-                counts: self.counts,
-                offsets: self.offsets,
-                work: self.work,
-                n_items: self.n_items,
-                m: 0,
-                splits: 0,
-                k_split: 0,
-                partial: self.partial,
-                rows_cap: u32_of(p.slots, "routed slots")?,
-                tickets: self.tickets,
                 epilogue: 1,
                 out: self.act,
-                col_bias: 0,
-                slot_weight: 0,
-                order: 0,
+                ..expert_rows
             },
         )?;
         mark("experts-gate-up")?;
@@ -1397,66 +1470,101 @@ impl Launcher {
             &p.down,
             GemmParams {
                 a: self.act,
-                a_rows: 0,
                 w: self.w2,
                 w_stride: (c.hidden * c.intermediate) as u64,
-                n: 0,
-                k: 0,
-                counts: self.counts,
-                offsets: self.offsets,
-                work: self.work,
-                n_items: self.n_items,
-                m: 0,
-                splits: 0,
-                k_split: 0,
-                partial: self.partial,
-                rows_cap: u32_of(p.slots, "routed slots")?,
-                tickets: self.tickets,
                 epilogue: 2,
                 out: self.y_rows,
-                col_bias: 0,
                 slot_weight: self.weights,
                 order: self.order,
+                ..expert_rows
             },
         )?;
         mark("experts-down")?;
         self.combine(s, pass, self.y_rows, 0, false)?;
-        mark("combine")
+        mark("combine")?;
+        Ok(front + 3)
     }
 
-    /// Router logits (f32, + bias for the Softmax router) by the dense GEMM.
+    /// The router, the routing and the dispatch, as few kernels as the config allows:
+    /// returns how many it launched.
+    fn front(
+        &self,
+        s: &Stream,
+        pass: &Pass,
+        mark: &mut dyn FnMut(&'static str) -> Result<()>,
+    ) -> Result<u32> {
+        self.router(s, pass)?;
+        mark("router")?;
+        let mut launches = 1;
+        if !fused_route(&self.config) {
+            self.route(s, pass)?;
+            mark("route")?;
+            launches += 1;
+        }
+        if !self.fused_dispatch(pass) {
+            self.dispatch(s, pass)?;
+            mark("dispatch")?;
+            launches += 1;
+        }
+        Ok(launches)
+    }
+
+    /// Whether the router kernel also dispatches (its routing is fused and one tile holds
+    /// every token).
+    fn fused_dispatch(&self, pass: &Pass) -> bool {
+        fused_route(&self.config) && pass.plan.router.items == 1
+    }
+
+    /// Router logits by the dense GEMM: routed in the same kernel when the config allows
+    /// (softmax top-k into weights / experts, and the dispatch when one tile holds every
+    /// token), else f32 logits (+ bias for the Softmax router) for the router kernel.
     fn router(&self, s: &Stream, pass: &Pass) -> Result<()> {
         let p = &pass.plan;
-        let bias = if self.config.router == Router::Softmax {
-            self.gate_bias
-        } else {
-            0
+        let c = &self.config;
+        let dense = GemmParams {
+            a: pass.x,
+            w: self.gate,
+            m: u32_of(p.tokens, "tokens")?,
+            partial: self.partial,
+            rows_cap: u32_of(p.tokens, "tokens")?,
+            tickets: self.tickets,
+            col_bias: if c.router == Router::Softmax {
+                self.gate_bias
+            } else {
+                0
+            },
+            ..GemmParams::default()
         };
+        if !fused_route(c) {
+            return self.gemm(
+                s,
+                &p.router,
+                GemmParams {
+                    epilogue: 0,
+                    out: self.logits,
+                    ..dense
+                },
+            );
+        }
         self.gemm(
             s,
             &p.router,
             GemmParams {
-                a: pass.x,
-                a_rows: 0,
-                w: self.gate,
-                w_stride: 0,
-                n: 0,
-                k: 0,
-                counts: 0,
-                offsets: 0,
-                work: 0,
-                n_items: 0,
-                m: u32_of(p.tokens, "tokens")?,
-                splits: 0,
-                k_split: 0,
-                partial: self.partial,
-                rows_cap: u32_of(p.tokens, "tokens")?,
-                tickets: self.tickets,
-                epilogue: 0,
-                out: self.logits,
-                col_bias: bias,
-                slot_weight: 0,
-                order: 0,
+                epilogue: 3,
+                route_k: c.top_k as u32,
+                route_renorm: i32::from(c.renormalize),
+                route_weights: self.weights,
+                route_experts: self.experts,
+                fuse_dispatch: i32::from(self.fused_dispatch(pass)),
+                dispatch_bm: p.bm as u32,
+                d_counts: self.counts,
+                d_offsets: self.offsets,
+                d_order: self.order,
+                d_token_of: self.token_of,
+                d_slot_pos: self.slot_pos,
+                d_work: self.work,
+                d_n_items: self.n_items,
+                ..dense
             },
         )
     }
@@ -1570,7 +1678,17 @@ impl Launcher {
             2 => 1,
             _ => 2,
         };
-        let name = GEMM_NAMES[self.dtype_index()?][mt];
+        let t = self.dtype_index()?;
+        let mut name = if p.epilogue == 3 {
+            ROUTER_NAMES[t][mt.min(1)]
+        } else {
+            GEMM_NAMES[t][mt]
+        };
+        if mt == 2 && p.epilogue != 3 && self.dtype == DTypeKind::BF16 {
+            if let Some(v) = m4_experiment() {
+                name = v;
+            }
+        }
         let f = d.function(&MOE, name)?;
         let grid = u32_of(shape.grid(), "GEMM blocks")?;
         let mut params = [&mut p as *mut GemmParams as *mut c_void];
