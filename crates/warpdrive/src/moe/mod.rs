@@ -35,28 +35,16 @@ use crate::ops::{self, Route};
 
 /// The most tokens whose forward pass runs as a captured CUDA graph with no host sync.
 pub const GRAPH_MAX_TOKENS: usize = 256;
-/// [`MoePath::Auto`] takes cuBLAS above this many rows per expert on average (and above
-/// [`GRAPH_MAX_TOKENS`] tokens).
-pub const AUTO_CUBLAS_ROWS: usize = 64;
+/// [`MoePath::Auto`] takes cuBLAS (above [`GRAPH_MAX_TOKENS`] tokens) when the average
+/// expert's gate/up GEMM does at least this many FLOPs (a cuBLAS launch costs ~4 µs on the
+/// H200; a 0.5 GFLOP call runs about as long).
+pub const AUTO_CUBLAS_FLOPS: f64 = 0.5e9;
 /// Graphs kept per layer (least recently used dropped first).
 const GRAPH_CACHE: usize = 32;
 /// Threads of the dispatch kernel (its `__launch_bounds__(1024)`).
 const DISPATCH_BLOCK: u32 = 1024;
 /// Threads of the grouped GEMM (8 warps).
 const GEMM_BLOCK: u32 = 256;
-
-/// Columns per block of the grouped GEMM for `mt` m16 tiles (`MOE_BN` = 8 warps × NG n8
-/// groups, as the kernels are instantiated in `moe.cu`).
-/// TEMPORARY A/B experiment (WARPDRIVE_MOE_M4=b|c|d picks another bf16 m4 instantiation).
-fn m4_experiment() -> Option<&'static str> {
-    static V: std::sync::OnceLock<Option<&'static str>> = std::sync::OnceLock::new();
-    *V.get_or_init(|| match std::env::var("WARPDRIVE_MOE_M4").ok().as_deref() {
-        Some("b") => Some("moe_gemm_bf16_m4b"),
-        Some("c") => Some("moe_gemm_bf16_m4c"),
-        Some("d") => Some("moe_gemm_bf16_m4d"),
-        _ => None,
-    })
-}
 
 /// Columns per block of the router kernels (`moe_router_*`: 8 warps × 4 n8 groups).
 const ROUTER_BN: usize = 256;
@@ -67,15 +55,9 @@ fn fused_route(c: &MoeConfig) -> bool {
     c.router == Router::Softmax && c.experts <= ROUTER_BN
 }
 
+/// Columns per block of the grouped GEMM for `mt` m16 tiles (`MOE_BN` = 8 warps × NG n8
+/// groups, as the kernels are instantiated in `moe.cu`).
 fn gemm_bn(mt: usize) -> usize {
-    if mt >= 4
-        && matches!(
-            m4_experiment(),
-            Some("moe_gemm_bf16_m4b" | "moe_gemm_bf16_m4c")
-        )
-    {
-        return 128;
-    }
     if mt >= 4 {
         256
     } else {
@@ -285,12 +267,12 @@ impl GemmShape {
         sms: usize,
     ) -> Self {
         let n_blocks = n.div_ceil(bn);
-        // Enough blocks for ~4 per SM over the tiles likely to be busy, each split at least
-        // 128 deep (one round of loads), so that a few experts still stream their weights at
-        // full bandwidth.
+        // One wave of blocks (two per SM) over the tiles likely to be busy, each split at
+        // least 256 deep, so that a few experts still stream their weights at full bandwidth
+        // without paying for more split-K fix-ups than the bandwidth needs.
         let busy = (busy * n_blocks).max(1);
-        let want = (4 * sms).div_ceil(busy).clamp(1, 64);
-        let splits = want.min((k / 128).max(1));
+        let want = (2 * sms).div_ceil(busy).clamp(1, 64);
+        let splits = want.min((k / 256).max(1));
         let k_split = k.div_ceil(splits).div_ceil(32) * 32;
         GemmShape {
             n,
@@ -659,17 +641,19 @@ impl<T: Float> MoeLayer<T> {
 
     /// Whether a CUDA pass over `tokens` takes the cuBLAS path: always with
     /// [`MoePath::Cublas`], never with [`MoePath::Device`]; with [`MoePath::Auto`] above
-    /// [`GRAPH_MAX_TOKENS`] tokens when the experts average more than [`AUTO_CUBLAS_ROWS`]
-    /// rows each (there the per-expert cuBLAS GEMMs are compute-efficient and one host sync
-    /// is cheap; below it the device kernels stream the weights faster).
+    /// [`GRAPH_MAX_TOKENS`] tokens when an average expert's gate/up GEMM does at least
+    /// [`AUTO_CUBLAS_FLOPS`] (there one cuBLAS call per expert amortizes its launch and one
+    /// host sync is cheap; below it the device kernels are faster).
     pub fn uses_cublas(&self, tokens: usize) -> bool {
         match self.path {
             MoePath::Cublas => true,
             MoePath::Device => false,
             MoePath::Auto => {
-                let slots = tokens * self.config.top_k;
-                let rows = slots / self.config.experts.min(slots).max(1);
-                tokens > GRAPH_MAX_TOKENS && rows > AUTO_CUBLAS_ROWS
+                let c = &self.config;
+                let slots = tokens * c.top_k;
+                let rows = slots / c.experts.min(slots).max(1);
+                let flops = 2.0 * rows as f64 * (2 * c.intermediate) as f64 * c.hidden as f64;
+                tokens > GRAPH_MAX_TOKENS && flops >= AUTO_CUBLAS_FLOPS
             }
         }
     }
@@ -1679,16 +1663,11 @@ impl Launcher {
             _ => 2,
         };
         let t = self.dtype_index()?;
-        let mut name = if p.epilogue == 3 {
+        let name = if p.epilogue == 3 {
             ROUTER_NAMES[t][mt.min(1)]
         } else {
             GEMM_NAMES[t][mt]
         };
-        if mt == 2 && p.epilogue != 3 && self.dtype == DTypeKind::BF16 {
-            if let Some(v) = m4_experiment() {
-                name = v;
-            }
-        }
         let f = d.function(&MOE, name)?;
         let grid = u32_of(shape.grid(), "GEMM blocks")?;
         let mut params = [&mut p as *mut GemmParams as *mut c_void];
