@@ -454,10 +454,7 @@ fn gpu_span_times_are_present_positive_and_ordered() {
     let gpu = |name: &str| -> Vec<(f64, f64)> {
         named(&spans, name)
             .iter()
-            .map(|s| match s.gpu {
-                GpuTime::Done { start_us, end_us } => (start_us, end_us),
-                ref g => panic!("{name}: GPU time {g:?}"),
-            })
+            .map(|s| gpu_interval(s))
             .collect()
     };
     let (first, second, inner) = (
@@ -478,6 +475,72 @@ fn gpu_span_times_are_present_positive_and_ordered() {
     assert!(first.1 <= second.0 + eps, "{first:?} then {second:?}");
     let span = named(&spans, "t.gpu.first")[0];
     assert!(span.pool_in_use_open.unwrap() >= 2 * ((1 << 24) + 3) * 4);
+}
+
+/// The GPU interval of a resolved span.
+fn gpu_interval(span: &SpanRecord) -> (f64, f64) {
+    match span.gpu {
+        GpuTime::Done { start_us, end_us } => (start_us, end_us),
+        ref g => panic!("{}: GPU time {g:?}", span.name),
+    }
+}
+
+/// Boundaries share an event only where it marks the same point: empty spans back to back
+/// share, work between boundaries or an idle gap longer than the window gets a fresh event.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_span_boundaries_share_events_only_where_they_may() {
+    let _g = lock();
+    let dev = cuda();
+    let s = dev.new_stream().unwrap();
+    let mut r = rng(seed("gpu_span_sharing"));
+    let n = (1 << 22) + 5;
+    let x = Buffer::from_host(&s, &random_f32(&mut r, n)).unwrap();
+    let mut y = Buffer::from_host(&s, &random_f32(&mut r, n)).unwrap();
+    s.synchronize().unwrap();
+    telemetry::set_enabled(true);
+    let before = telemetry::gpu_events_recorded();
+    for _ in 0..1000 {
+        drop(telemetry::span("t.share.empty", &s));
+    }
+    let empty_events = telemetry::gpu_events_recorded() - before;
+    for _ in 0..3 {
+        let _w = telemetry::span("t.share.work", &s);
+        ops::axpy(&s, 0.5f32, &x, &mut y).unwrap();
+    }
+    s.synchronize().unwrap();
+    std::thread::sleep(Duration::from_millis(5));
+    {
+        let _late = telemetry::span("t.share.late", &s);
+        ops::axpy(&s, 0.5f32, &x, &mut y).unwrap();
+    }
+    telemetry::set_enabled(false);
+    let spans = telemetry::collect_spans(true);
+    eprintln!("1000 empty spans recorded {empty_events} events");
+    assert!(empty_events < 2000, "no boundary shared an event");
+    for e in named(&spans, "t.share.empty") {
+        let (a, b) = gpu_interval(e);
+        assert!(b >= a, "{a} {b}");
+    }
+    let work: Vec<(f64, f64)> = named(&spans, "t.share.work")
+        .iter()
+        .map(|s| gpu_interval(s))
+        .collect();
+    assert_eq!(work.len(), 3);
+    for (a, b) in &work {
+        assert!(
+            b > a,
+            "a span around an axpy has a positive GPU time: {a} {b}"
+        );
+    }
+    let eps = 1.0;
+    for w in work.windows(2) {
+        assert!(w[0].1 <= w[1].0 + eps, "stream order: {w:?}");
+    }
+    // After 5 ms of idle stream the late span's start is a fresh event, not the last end.
+    let late = gpu_interval(named(&spans, "t.share.late")[0]);
+    assert!(late.0 >= work[2].1 + 4000.0, "{late:?} after {:?}", work[2]);
+    assert!(late.1 > late.0);
 }
 
 #[test]
