@@ -263,6 +263,13 @@ fn sample_results() -> Results {
             rows.push(row);
         }
     }
+    let mut pipeline = Row::from_samples("transfer", "pipeline", 1 << 28, "streams-3", &mut [9e3])
+        .unwrap()
+        .with_bytes((1u64 << 28) as f64);
+    pipeline
+        .set_overlap_efficiency(&[4.0, 5.0, 2.0, 5.0], 9.0)
+        .set_transfer_overhead(7.0, 9.0);
+    rows.push(pipeline);
     for (variant, us) in [("disabled", 0.002), ("enabled", 0.4)] {
         rows.push(
             Row::from_samples("telemetry", "span-overhead", 1000, variant, &mut [us]).unwrap(),
@@ -285,6 +292,13 @@ fn report_has_charts_and_no_network_fetches() {
     }
     assert_eq!(report.html.matches("<svg").count(), 3);
     assert!(report.html.contains("span-overhead"));
+    // The derived figures' table: the pipeline row, overlap (16 - 9) / (16 - 5) = 0.636.
+    let derived = &report.table[report.table.find("derived figures").expect("derived")..];
+    assert!(
+        derived.contains("pipeline") && derived.contains("0.636"),
+        "{derived}"
+    );
+    assert!(report.html.contains("overlap_efficiency"));
     for bad in ["src=\"http", "href=\"http", "<script", "<link", "@import"] {
         assert!(!report.html.contains(bad), "{bad}");
     }

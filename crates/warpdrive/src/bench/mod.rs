@@ -130,7 +130,7 @@ static SUITES: &[Suite] = &[
     Suite {
         name: telemetry::SUITE,
         about: "span overhead on the host: telemetry disabled (one branch) and enabled (GPU \
-                events, pool bytes, histogram)",
+                events shared between span boundaries, pool bytes, histogram)",
         run: telemetry::run_suite,
     },
 ];
