@@ -263,6 +263,13 @@ fn sample_results() -> Results {
             rows.push(row);
         }
     }
+    let mut pipeline = Row::from_samples("transfer", "pipeline", 1 << 28, "streams-3", &mut [9e3])
+        .unwrap()
+        .with_bytes((1u64 << 28) as f64);
+    pipeline
+        .set_overlap_efficiency(&[4.0, 5.0, 2.0, 5.0], 9.0)
+        .set_transfer_overhead(7.0, 9.0);
+    rows.push(pipeline);
     for (variant, us) in [("disabled", 0.002), ("enabled", 0.4)] {
         rows.push(
             Row::from_samples("telemetry", "span-overhead", 1000, variant, &mut [us]).unwrap(),
@@ -285,6 +292,13 @@ fn report_has_charts_and_no_network_fetches() {
     }
     assert_eq!(report.html.matches("<svg").count(), 3);
     assert!(report.html.contains("span-overhead"));
+    // The derived figures' table: the pipeline row, overlap (16 - 9) / (16 - 5) = 0.636.
+    let derived = &report.table[report.table.find("derived figures").expect("derived")..];
+    assert!(
+        derived.contains("pipeline") && derived.contains("0.636"),
+        "{derived}"
+    );
+    assert!(report.html.contains("overlap_efficiency"));
     for bad in ["src=\"http", "href=\"http", "<script", "<link", "@import"] {
         assert!(!report.html.contains(bad), "{bad}");
     }
@@ -454,10 +468,7 @@ fn gpu_span_times_are_present_positive_and_ordered() {
     let gpu = |name: &str| -> Vec<(f64, f64)> {
         named(&spans, name)
             .iter()
-            .map(|s| match s.gpu {
-                GpuTime::Done { start_us, end_us } => (start_us, end_us),
-                ref g => panic!("{name}: GPU time {g:?}"),
-            })
+            .map(|s| gpu_interval(s))
             .collect()
     };
     let (first, second, inner) = (
@@ -478,6 +489,72 @@ fn gpu_span_times_are_present_positive_and_ordered() {
     assert!(first.1 <= second.0 + eps, "{first:?} then {second:?}");
     let span = named(&spans, "t.gpu.first")[0];
     assert!(span.pool_in_use_open.unwrap() >= 2 * ((1 << 24) + 3) * 4);
+}
+
+/// The GPU interval of a resolved span.
+fn gpu_interval(span: &SpanRecord) -> (f64, f64) {
+    match span.gpu {
+        GpuTime::Done { start_us, end_us } => (start_us, end_us),
+        ref g => panic!("{}: GPU time {g:?}", span.name),
+    }
+}
+
+/// Boundaries share an event only where it marks the same point: empty spans back to back
+/// share, work between boundaries or an idle gap longer than the window gets a fresh event.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_span_boundaries_share_events_only_where_they_may() {
+    let _g = lock();
+    let dev = cuda();
+    let s = dev.new_stream().unwrap();
+    let mut r = rng(seed("gpu_span_sharing"));
+    let n = (1 << 22) + 5;
+    let x = Buffer::from_host(&s, &random_f32(&mut r, n)).unwrap();
+    let mut y = Buffer::from_host(&s, &random_f32(&mut r, n)).unwrap();
+    s.synchronize().unwrap();
+    telemetry::set_enabled(true);
+    let before = telemetry::gpu_events_recorded();
+    for _ in 0..1000 {
+        drop(telemetry::span("t.share.empty", &s));
+    }
+    let empty_events = telemetry::gpu_events_recorded() - before;
+    for _ in 0..3 {
+        let _w = telemetry::span("t.share.work", &s);
+        ops::axpy(&s, 0.5f32, &x, &mut y).unwrap();
+    }
+    s.synchronize().unwrap();
+    std::thread::sleep(Duration::from_millis(5));
+    {
+        let _late = telemetry::span("t.share.late", &s);
+        ops::axpy(&s, 0.5f32, &x, &mut y).unwrap();
+    }
+    telemetry::set_enabled(false);
+    let spans = telemetry::collect_spans(true);
+    eprintln!("1000 empty spans recorded {empty_events} events");
+    assert!(empty_events < 2000, "no boundary shared an event");
+    for e in named(&spans, "t.share.empty") {
+        let (a, b) = gpu_interval(e);
+        assert!(b >= a, "{a} {b}");
+    }
+    let work: Vec<(f64, f64)> = named(&spans, "t.share.work")
+        .iter()
+        .map(|s| gpu_interval(s))
+        .collect();
+    assert_eq!(work.len(), 3);
+    for (a, b) in &work {
+        assert!(
+            b > a,
+            "a span around an axpy has a positive GPU time: {a} {b}"
+        );
+    }
+    let eps = 1.0;
+    for w in work.windows(2) {
+        assert!(w[0].1 <= w[1].0 + eps, "stream order: {w:?}");
+    }
+    // After 5 ms of idle stream the late span's start is a fresh event, not the last end.
+    let late = gpu_interval(named(&spans, "t.share.late")[0]);
+    assert!(late.0 >= work[2].1 + 4000.0, "{late:?} after {:?}", work[2]);
+    assert!(late.1 > late.0);
 }
 
 #[test]

@@ -10,6 +10,8 @@
 //!   variant `warpdrive` (the fused kernel). Inputs and outputs rotate among enough sets to
 //!   exceed twice the L2, and each sample times a batch of routes, divided per route.
 //!
+//! The streaming rows carry `extra.bandwidth_utilization` (GB/s / `d2d_copy_gbps`).
+//!
 //! Sizes: 1 GiB and tokens 1, 64, 1024, 16384 on CUDA; 16 MiB and tokens up to 1024 on the
 //! CPU backend (`--quick` for the peer).
 

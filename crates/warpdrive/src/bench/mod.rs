@@ -9,8 +9,11 @@
 //! - [`measure_ceilings`]: the doctor's measurements.
 //! - [`run_peers`]: rows of the PyTorch/CuPy scripts in `bench/peers/`.
 //! - [`Results`]: the results file, [`print_table`] its plain-text view.
+//! - [`Derived`]: the seed-001 figures rows carry in `extra` (bandwidth utilization, transfer
+//!   overhead, overlap efficiency, memory efficiency), set through `Row` methods.
 
 mod ceilings;
+mod derived;
 mod exec;
 mod kernels;
 pub mod memory;
@@ -34,6 +37,7 @@ use crate::device::{Device, DeviceInfo, Stream};
 use crate::error::{Error, Result};
 
 pub use ceilings::{measure_ceilings, measure_ceilings_at};
+pub use derived::{format_derived, Derived};
 pub use peers::{parse_peer_rows, peers_dir, run_peers, PEERS_DIR_ENV, PEER_TIMEOUT_ENV};
 pub use report::{render_report, write_report, Report};
 pub use results::{
@@ -127,7 +131,7 @@ static SUITES: &[Suite] = &[
     Suite {
         name: telemetry::SUITE,
         about: "span overhead on the host: telemetry disabled (one branch) and enabled (GPU \
-                events, pool bytes, histogram)",
+                events shared between span boundaries, pool bytes, histogram)",
         run: telemetry::run_suite,
     },
     Suite {

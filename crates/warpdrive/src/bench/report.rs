@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
 
+use super::derived::format_derived;
 use super::results::{format_table, Results, Row};
 use crate::error::{Error, Result};
 
@@ -19,7 +20,7 @@ const H: u32 = 480;
 /// A rendered report.
 #[derive(Debug, Clone)]
 pub struct Report {
-    /// The plain-text table (as `warpdrive bench` prints it).
+    /// The plain-text table and the derived figures (as `warpdrive bench` prints them).
     pub table: String,
     /// (file stem, title, SVG document) per chart.
     pub charts: Vec<(String, String, String)>,
@@ -59,7 +60,11 @@ pub fn render_report(results: &Results) -> Result<Report> {
         let svg = bar_chart(&ratios, &title, false, Some(1.0))?;
         charts.push(("peer-ratios".into(), title, svg));
     }
-    let table = format_table(results);
+    let mut table = format_table(results);
+    let derived = format_derived(results);
+    if !derived.is_empty() {
+        table = format!("{table}\n{derived}");
+    }
     let html = page(results, &table, &charts);
     Ok(Report {
         table,

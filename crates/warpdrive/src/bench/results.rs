@@ -42,7 +42,8 @@ pub struct Row {
     /// Achieved / the ceiling that bounds the case × 100; `extra.ceiling` names the key.
     #[serde(default)]
     pub pct_of_ceiling: Option<f64>,
-    /// Everything else (`ceiling`, `threads`, `overlap_efficiency`, ...).
+    /// Everything else (`ceiling`, `threads`, the derived figures of
+    /// [`Derived`](super::Derived), ...).
     #[serde(default)]
     pub extra: Map<String, Value>,
 }
@@ -125,6 +126,7 @@ impl Row {
             self.pct_of_ceiling = Some(pct);
             self.extra
                 .insert("ceiling".into(), Value::String(ceiling.key().into()));
+            self.set_bandwidth_utilization(ceiling, ceilings);
         }
     }
 
@@ -398,14 +400,16 @@ impl Results {
         }
     }
 
-    /// Appends rows (e.g. a peer's), filling `pct_of_ceiling` of each row that names a
-    /// ceiling in `extra.ceiling` but has no percentage yet, from this file's ceilings.
+    /// Appends rows (e.g. a peer's), filling `pct_of_ceiling` (and `bandwidth_utilization`)
+    /// of each row that names a ceiling in `extra.ceiling` but has no percentage yet, from
+    /// this file's ceilings.
     pub fn add_rows(&mut self, rows: impl IntoIterator<Item = Row>) {
         for mut row in rows {
             if row.pct_of_ceiling.is_none() {
                 if let Some(c) = row.named_ceiling() {
                     if let Some(pct) = self.ceilings.get(c).and_then(|v| c.percent(&row, v)) {
                         row.pct_of_ceiling = Some(pct);
+                        row.set_bandwidth_utilization(c, &self.ceilings);
                     }
                 }
             }
@@ -493,7 +497,7 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 // ---- table ----
 
 /// A number for the table: about four significant digits, `-` for none.
-fn num(v: Option<f64>) -> String {
+pub(super) fn num(v: Option<f64>) -> String {
     match v {
         None => "-".into(),
         Some(v) if !v.is_finite() => "-".into(),
@@ -512,6 +516,51 @@ fn num(v: Option<f64>) -> String {
     }
 }
 
+/// The first four columns of a row in a table: suite, case, size, variant.
+pub(super) fn row_key(r: &Row) -> [String; 4] {
+    [
+        r.suite.clone(),
+        r.case.clone(),
+        r.size.to_string(),
+        r.variant.clone(),
+    ]
+}
+
+/// `head` and `cells` as an aligned table: the text columns (suite, case, variant: 0, 1,
+/// 3) left-aligned, the others right-aligned, a rule under the head.
+pub(super) fn aligned(head: &[&str], cells: &[Vec<String>]) -> String {
+    let mut width: Vec<usize> = head.iter().map(|h| h.chars().count()).collect();
+    for row in cells {
+        for (w, c) in width.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cols: &mut dyn Iterator<Item = &str>| -> String {
+        let parts: Vec<String> = cols
+            .zip(&width)
+            .enumerate()
+            .map(|(i, (c, &w))| {
+                if i == 0 || i == 1 || i == 3 {
+                    format!("{c:<w$}")
+                } else {
+                    format!("{c:>w$}")
+                }
+            })
+            .collect();
+        parts.join("  ").trim_end().to_string()
+    };
+    let mut out = line(&mut head.iter().copied());
+    out.push('\n');
+    let rule: Vec<String> = width.iter().map(|&w| "-".repeat(w)).collect();
+    out.push_str(&rule.join("  "));
+    out.push('\n');
+    for row in cells {
+        out.push_str(&line(&mut row.iter().map(String::as_str)));
+        out.push('\n');
+    }
+    out
+}
+
 /// The rows as a plain aligned table (text columns left-aligned, numbers right-aligned).
 pub fn format_table(results: &Results) -> String {
     const HEAD: [&str; 10] = [
@@ -526,55 +575,26 @@ pub fn format_table(results: &Results) -> String {
         "TFLOP/s",
         "% ceiling",
     ];
-    let cells: Vec<[String; 10]> = results
+    let cells: Vec<Vec<String>> = results
         .rows
         .iter()
         .map(|r| {
-            [
-                r.suite.clone(),
-                r.case.clone(),
-                r.size.to_string(),
-                r.variant.clone(),
-                num(Some(r.median)),
-                num(Some(r.p10)),
-                num(Some(r.p90)),
-                num(r.gbps),
-                num(r.tflops),
-                num(r.pct_of_ceiling),
-            ]
+            let mut cells = row_key(r).to_vec();
+            cells.extend(
+                [
+                    Some(r.median),
+                    Some(r.p10),
+                    Some(r.p90),
+                    r.gbps,
+                    r.tflops,
+                    r.pct_of_ceiling,
+                ]
+                .map(num),
+            );
+            cells
         })
         .collect();
-    let mut width = HEAD.map(str::len);
-    for row in &cells {
-        for (w, c) in width.iter_mut().zip(row) {
-            *w = (*w).max(c.chars().count());
-        }
-    }
-    let line = |cols: [&str; 10]| -> String {
-        let parts: Vec<String> = cols
-            .iter()
-            .zip(width)
-            .enumerate()
-            .map(|(i, (c, w))| {
-                if i == 0 || i == 1 || i == 3 {
-                    format!("{c:<w$}")
-                } else {
-                    format!("{c:>w$}")
-                }
-            })
-            .collect();
-        parts.join("  ").trim_end().to_string()
-    };
-    let mut out = line(HEAD);
-    out.push('\n');
-    let rule: Vec<String> = width.iter().map(|&w| "-".repeat(w)).collect();
-    out.push_str(&rule.join("  "));
-    out.push('\n');
-    for row in &cells {
-        out.push_str(&line(row.each_ref().map(String::as_str)));
-        out.push('\n');
-    }
-    out
+    aligned(&HEAD, &cells)
 }
 
 /// The ceilings, one per line: key, value and unit (`null` where not measured).
@@ -595,9 +615,14 @@ pub fn format_ceilings(ceilings: &Ceilings) -> String {
     out
 }
 
-/// Prints [`format_table`] on stdout.
+/// Prints [`format_table`] on stdout, then [`format_derived`](super::format_derived) when
+/// some row has those figures.
 pub fn print_table(results: &Results) {
     print!("{}", format_table(results));
+    let derived = super::format_derived(results);
+    if !derived.is_empty() {
+        print!("\n{derived}");
+    }
 }
 
 #[cfg(test)]

@@ -10,10 +10,13 @@
 //! - `host-copy-rate` (size = threads), `ceiling`: µs to copy 1 GiB between two touched host
 //!   buffers on the copy threads.
 //! - `coalesce-1000x4KiB`: `baseline` (1000 driver copies from pageable slices) vs
-//!   `warpdrive` (one [`Batch`]); `extra.speedup`.
+//!   `warpdrive` (one [`Batch`]); `extra.speedup`, `extra.memory_efficiency` (the slices'
+//!   bytes / those plus the offsets table).
 //! - `pipeline` (size = bytes streamed): a balanced workload (per chunk, device copies
 //!   taking about as long as the chunk's upload) on `streams-1/2/3`;
-//!   `extra.overlap_efficiency` and the stage totals.
+//!   `extra.overlap_efficiency`, `extra.transfer_overhead` (wall time not covered by the
+//!   compute / wall; CUDA only) and the stage totals.
+//! - Rows citing a bandwidth ceiling carry `extra.bandwidth_utilization` (see `derived`).
 //! - `compressed-h2d` (size = f32 bytes): `warpdrive` (uncompressed), `warpdrive-bf16`,
 //!   `warpdrive-f16`, `warpdrive-auto`.
 
@@ -215,6 +218,7 @@ fn coalesce(ctx: &mut Ctx) -> Result<()> {
         Ok(())
     })?;
     let med = super::Stats::from_samples(&mut us.clone())?.median;
+    let offsets_table = ((batch.slices() + 1) * std::mem::size_of::<u64>()) as f64;
     ctx.record_bytes(
         "coalesce-1000x4KiB",
         1000,
@@ -223,6 +227,7 @@ fn coalesce(ctx: &mut Ctx) -> Result<()> {
         bytes,
         Some(Ceiling::H2dPinned),
     )?
+    .set_memory_efficiency(bytes, bytes + offsets_table)
     .extra
     .insert("speedup".into(), (base_med / med).into());
     Ok(())
@@ -271,8 +276,11 @@ fn pipeline(ctx: &mut Ctx) -> Result<()> {
             total as f64,
             Some(Ceiling::H2dPinned),
         )?;
+        row.set_overlap_efficiency(&[st.host_s, st.h2d_s, st.compute_s, st.d2h_s], st.wall_s);
+        if st.compute_s > 0.0 {
+            row.set_transfer_overhead(st.wall_s - st.compute_s, st.wall_s);
+        }
         for (k, v) in [
-            ("overlap_efficiency", st.overlap_efficiency()),
             ("wall_s", st.wall_s),
             ("host_s", st.host_s),
             ("h2d_s", st.h2d_s),

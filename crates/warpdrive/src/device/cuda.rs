@@ -463,9 +463,14 @@ impl CudaDevice {
         self.check("cuCtxSynchronize", result::ctx::synchronize())
     }
 
+    /// Records `event` on `stream` (both of this device) on the lean path: spans record one
+    /// per boundary, where two context reads per call would show.
     pub(crate) fn record_event(&self, event: &CudaEvent, stream: &CudaStream) -> Result<()> {
-        self.bind()?;
-        self.check("cuEventRecord", event.record(stream))
+        self.lean("cuEventRecord", || {
+            // SAFETY: the event and the stream are alive (borrowed) and belong to this
+            // device's context (the caller checked the device), which `lean` bound.
+            unsafe { result::event::record(event.cu_event(), stream.cu_stream()) }
+        })
     }
 
     pub(crate) fn event_synchronize(&self, event: &CudaEvent) -> Result<()> {

@@ -121,7 +121,10 @@ impl Device {
     pub fn new_stream(&self) -> Result<Stream> {
         let inner = match self {
             Device::Cpu => StreamInner::Cpu,
-            Device::Cuda(d) => StreamInner::Cuda(d.new_stream()?),
+            Device::Cuda(d) => StreamInner::Cuda(Arc::new(CudaStreamShared {
+                stream: d.new_stream()?,
+                handed_out: AtomicU64::new(0),
+            })),
         };
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         Ok(Stream {
@@ -255,7 +258,14 @@ pub struct Stream {
 #[derive(Clone)]
 enum StreamInner {
     Cpu,
-    Cuda(Arc<cudarc::driver::CudaStream>),
+    Cuda(Arc<CudaStreamShared>),
+}
+
+struct CudaStreamShared {
+    stream: Arc<cudarc::driver::CudaStream>,
+    /// Bumped each time the driver handle is handed out (every enqueue goes through one of
+    /// those accessors): see [`Stream::work_seq`].
+    handed_out: AtomicU64,
 }
 
 impl std::fmt::Debug for Stream {
@@ -277,8 +287,31 @@ impl Stream {
     /// Waits until all work enqueued so far has finished.
     pub fn synchronize(&self) -> Result<()> {
         match (&self.device, &self.inner) {
-            (Device::Cuda(d), StreamInner::Cuda(s)) => d.synchronize_stream(s),
+            (Device::Cuda(d), StreamInner::Cuda(s)) => d.synchronize_stream(&s.stream),
             _ => Ok(()),
+        }
+    }
+
+    /// A count that changes whenever work may have been enqueued on this stream through
+    /// warpdrive (any hand-out of its driver handle, a [`wait`](Self::wait)); recording an
+    /// event does not change it. Two equal readings mean nothing was enqueued between them,
+    /// so an event recorded at the first still marks the same point of the stream. Always 0
+    /// on the CPU backend.
+    pub(crate) fn work_seq(&self) -> u64 {
+        match &self.inner {
+            StreamInner::Cuda(s) => s.handed_out.load(Ordering::Acquire),
+            StreamInner::Cpu => 0,
+        }
+    }
+
+    /// The shared CUDA stream, counted as a hand-out (see [`Stream::work_seq`]).
+    fn handed_out(&self) -> Option<&CudaStreamShared> {
+        match &self.inner {
+            StreamInner::Cuda(s) => {
+                s.handed_out.fetch_add(1, Ordering::AcqRel);
+                Some(s)
+            }
+            StreamInner::Cpu => None,
         }
     }
 
@@ -289,7 +322,11 @@ impl Stream {
                 *t.lock() = Some(Instant::now());
                 Ok(())
             }
-            (StreamInner::Cuda(s), EventInner::Cuda(d, e)) => d.record_event(e, s),
+            (StreamInner::Cuda(s), EventInner::Cuda(d, e))
+                if self.device.ordinal() == Some(d.ordinal()) =>
+            {
+                d.record_event(e, &s.stream)
+            }
             _ => Err(Error::DeviceMismatch {
                 op: "Stream::record",
                 left: self.device.label(),
@@ -300,9 +337,9 @@ impl Stream {
 
     /// Makes later work on this stream wait for `event`.
     pub fn wait(&self, event: &Event) -> Result<()> {
-        match (&self.inner, &event.inner) {
-            (StreamInner::Cpu, EventInner::Cpu(_)) => Ok(()),
-            (StreamInner::Cuda(s), EventInner::Cuda(d, e)) => d.stream_wait_event(s, e),
+        match (self.handed_out(), &event.inner) {
+            (None, EventInner::Cpu(_)) => Ok(()),
+            (Some(s), EventInner::Cuda(d, e)) => d.stream_wait_event(&s.stream, e),
             _ => Err(Error::DeviceMismatch {
                 op: "Stream::wait",
                 left: self.device.label(),
@@ -314,26 +351,20 @@ impl Stream {
     /// The driver's handle of this stream (an address; 0 on the CPU backend), which the
     /// device floor's [`activity`] records name.
     pub fn cu_stream(&self) -> u64 {
-        match &self.inner {
-            StreamInner::Cuda(s) => s.cu_stream() as u64,
-            StreamInner::Cpu => 0,
-        }
+        self.handed_out().map_or(0, |s| s.stream.cu_stream() as u64)
     }
 
     /// The CUDA device and the shared stream handle, when this is a CUDA stream.
     pub(crate) fn cuda_arc(&self) -> Option<(&CudaDevice, &Arc<cudarc::driver::CudaStream>)> {
-        match (&self.device, &self.inner) {
-            (Device::Cuda(d), StreamInner::Cuda(s)) => Some((d, s)),
+        match (&self.device, self.handed_out()) {
+            (Device::Cuda(d), Some(s)) => Some((d, &s.stream)),
             _ => None,
         }
     }
 
     /// The CUDA device and stream, when this is a CUDA stream.
     pub(crate) fn cuda(&self) -> Option<(&CudaDevice, &cudarc::driver::CudaStream)> {
-        match (&self.device, &self.inner) {
-            (Device::Cuda(d), StreamInner::Cuda(s)) => Some((d, s)),
-            _ => None,
-        }
+        self.cuda_arc().map(|(d, s)| (d, &**s))
     }
 }
 

@@ -492,6 +492,12 @@ impl<R: RawAlloc, F: Fence> Core<R, F> {
         self.captures.contains_key(&stream)
     }
 
+    /// Bytes handed out and not yet returned (the one figure [`stats`](Self::stats) does not
+    /// have to walk the free blocks for).
+    pub fn in_use(&self) -> u64 {
+        self.stats.in_use
+    }
+
     pub fn stats(&self) -> PoolStats {
         let mut s = self.stats;
         let (mut largest, mut total, mut graph) = (0u64, 0u64, 0u64);

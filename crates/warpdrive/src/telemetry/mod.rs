@@ -3,9 +3,11 @@
 //! the device floor's [`activity`](crate::device::activity) hook, which this module drains.
 //!
 //! - [`span`]: `let _s = telemetry::span("moe.router", &stream);` — host time, GPU events on
-//!   the stream (resolved lazily, never by synchronising on the hot path), the pool's bytes
-//!   in use at open and close, an NVTX range with the `nvtx` feature. Off by default:
-//!   `WARPDRIVE_PROFILE=1` or [`set_enabled`] turns it on; when off a span costs one branch.
+//!   the stream (at most one per boundary, shared with the neighbouring spans' boundaries
+//!   where they mark the same point; resolved lazily, never by synchronising on the hot
+//!   path), the pool's bytes in use at open and close, an NVTX range with the `nvtx`
+//!   feature. Off by default: `WARPDRIVE_PROFILE=1` or [`set_enabled`] turns it on; when off
+//!   a span costs one branch.
 //! - [`start_trace`] / [`finish_trace`]: spans, kernel launches and copies as a [`Trace`]
 //!   that exports Chrome trace JSON (opens in Perfetto).
 //! - [`serve_prometheus`]: the metrics on an HTTP endpoint (loopback unless told otherwise).
@@ -20,7 +22,10 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 pub use nvml::{NvmlReading, Sampler};
 pub use prometheus::{serve_prometheus, PrometheusServer};
-pub use span::{collect_spans, discard_spans, span, GpuTime, Span, SpanRecord};
+pub use span::{
+    collect_spans, discard_spans, gpu_events_recorded, span, GpuTime, PendingGpu, Span, SpanRecord,
+    SHARE_WINDOW,
+};
 pub use trace::{finish_trace, start_trace, Trace};
 
 /// The environment variable that turns spans on (`1`, `true`, `on`).

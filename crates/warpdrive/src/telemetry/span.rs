@@ -1,10 +1,18 @@
-//! RAII spans: host time, GPU start/end events and pool bytes; finished spans go to a
-//! lock-free queue and their GPU times are read only when someone collects them.
+//! RAII spans: host time, GPU events and pool bytes; finished spans go to a lock-free queue
+//! and their GPU times are read only when someone collects them.
+//!
+//! GPU times come from timing events, one per span boundary at most: a boundary reuses the
+//! previous boundary's event on the same stream (kept per thread) when nothing was enqueued
+//! on the stream since ([`Stream::work_seq`]) and that event was recorded less than
+//! [`SHARE_WINDOW`] ago. Both mark the same point of the stream, so the shared time is exact
+//! while the stream is busy; on an idle stream a fresh event would have been stamped at most
+//! the window later. So a span's end serves as the next span's start, a nested span's start
+//! is its parent's, and an empty span costs no event at all.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crossbeam_queue::SegQueue;
 use parking_lot::Mutex;
@@ -13,27 +21,33 @@ use crate::device::{Device, Event, Stream};
 use crate::exec;
 use crate::memory::{device_pool, DevicePool};
 
+/// How recent the previous boundary's event must be for a boundary to share it (about two
+/// ticks of the events' 0.5 µs resolution): the bound on how early a shared boundary's GPU
+/// time can be, when the stream was idle.
+pub const SHARE_WINDOW: Duration = Duration::from_micros(1);
+
 /// Where a span's GPU time stands.
+#[derive(Debug)]
 pub enum GpuTime {
     /// No GPU time: the CPU backend, a span opened during a graph capture, or no events.
     None,
     /// Events recorded; the GPU has not been asked yet.
-    Pending {
-        clock: &'static DeviceClock,
-        start: Event,
-        end: Event,
-    },
+    Pending(PendingGpu),
     /// Microseconds since the process epoch (the same clock as the host times).
     Done { start_us: f64, end_us: f64 },
 }
 
-impl std::fmt::Debug for GpuTime {
+/// The recorded start and end points of a span whose GPU time is not read yet (possibly
+/// the same point, or shared with neighbouring spans).
+pub struct PendingGpu {
+    start: Arc<Mark>,
+    end: Arc<Mark>,
+}
+
+impl std::fmt::Debug for PendingGpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            GpuTime::None => write!(f, "None"),
-            GpuTime::Pending { .. } => write!(f, "Pending"),
-            GpuTime::Done { start_us, end_us } => write!(f, "Done({start_us}..{end_us})"),
-        }
+        let shared = Arc::ptr_eq(&self.start, &self.end);
+        write!(f, "PendingGpu{{ one event: {shared} }}")
     }
 }
 
@@ -43,7 +57,7 @@ pub struct SpanRecord {
     pub name: &'static str,
     /// The host thread that opened it (small numbers, per process).
     pub thread: u64,
-    pub thread_name: Option<String>,
+    pub thread_name: Option<Arc<str>>,
     /// [`Stream::id`] of the span's stream.
     pub stream: u64,
     /// Microseconds since the process epoch.
@@ -83,8 +97,8 @@ struct Open {
     depth: u32,
     pool: Option<&'static Arc<DevicePool>>,
     pool_in_use_open: Option<u64>,
-    /// The start event (recorded) and the device state its end event comes from.
-    gpu: Option<(Event, &'static DeviceClock)>,
+    /// The start point (recorded or shared); `None` without GPU times.
+    gpu: Option<Arc<Mark>>,
 }
 
 /// Opens a span named `name` on `stream` (a no-op costing one branch while telemetry is off).
@@ -116,9 +130,18 @@ impl Drop for Span {
 
 static SPANS: SegQueue<SpanRecord> = SegQueue::new();
 static CLOSE_SEQ: AtomicU64 = AtomicU64::new(0);
+static EVENTS_RECORDED: AtomicU64 = AtomicU64::new(0);
+
+/// GPU events spans have recorded so far in this process (boundaries that shared an
+/// earlier event do not count): with the spans closed, the events-per-span ratio.
+pub fn gpu_events_recorded() -> u64 {
+    EVENTS_RECORDED.load(Ordering::Relaxed)
+}
 
 thread_local! {
     static DEPTH: Cell<u32> = const { Cell::new(0) };
+    /// This thread's last recorded boundary, which the next one may share.
+    static LAST: RefCell<Option<LastMark>> = const { RefCell::new(None) };
 }
 
 /// The process epoch all timeline times count from.
@@ -131,14 +154,16 @@ pub(crate) fn us_since_epoch(t: Instant) -> f64 {
     t.saturating_duration_since(epoch()).as_secs_f64() * 1e6
 }
 
-/// A small per-process number for the calling thread, and its name.
-pub(crate) fn thread_id() -> (u64, Option<String>) {
+/// A small per-process number for the calling thread, and its name (read once per thread).
+pub(crate) fn thread_id() -> (u64, Option<Arc<str>>) {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     thread_local! {
-        static ID: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+        static ID: (u64, Option<Arc<str>>) = (
+            NEXT.fetch_add(1, Ordering::Relaxed),
+            std::thread::current().name().map(Arc::from),
+        );
     }
-    let id = ID.with(|i| *i);
-    (id, std::thread::current().name().map(str::to_string))
+    ID.with(Clone::clone)
 }
 
 /// Per GPU: a reference event whose host time is known (so GPU times land on the host
@@ -189,28 +214,105 @@ impl DeviceClock {
         }
     }
 
-    fn recycle(&self, e: Event) {
-        self.free.lock().push(e);
-    }
-
     fn to_us(&self, e: &Event) -> crate::Result<f64> {
         Ok(self.reference_us + f64::from(self.reference.elapsed_ms(e)?) * 1e3)
     }
 }
 
-fn record_event(clock: &'static DeviceClock, stream: &Stream) -> Option<Event> {
+/// A recorded point of a stream, shared by the span boundaries that fall on it; its event
+/// goes back to the clock's free list when the last of them is done with it.
+struct Mark {
+    clock: &'static DeviceClock,
+    event: Option<Event>,
+    /// The point's time, once read.
+    us: OnceLock<f64>,
+}
+
+impl Mark {
+    fn query(&self) -> bool {
+        self.event
+            .as_ref()
+            .is_none_or(|e| e.query().unwrap_or(false))
+    }
+
+    fn us(&self) -> crate::Result<f64> {
+        if let Some(&us) = self.us.get() {
+            return Ok(us);
+        }
+        let event = self.event.as_ref().ok_or_else(|| {
+            crate::Error::InvalidArgument("telemetry: a span mark without its event".into())
+        })?;
+        let us = self.clock.to_us(event)?;
+        Ok(*self.us.get_or_init(|| us))
+    }
+}
+
+impl Drop for Mark {
+    fn drop(&mut self) {
+        if let Some(e) = self.event.take() {
+            self.clock.free.lock().push(e);
+        }
+    }
+}
+
+/// The last boundary a thread recorded: where, when, and the stream's work count then.
+struct LastMark {
+    stream: u64,
+    work_seq: u64,
+    /// Host time just after the record returned.
+    at: Instant,
+    mark: Arc<Mark>,
+}
+
+/// The mark for a span boundary on `stream` at host time `now`: the thread's last one when
+/// it may be shared (see the module docs), else a newly recorded one. Also returns the host
+/// time after it (later than `now` when an event was recorded).
+fn boundary(
+    clock: &'static DeviceClock,
+    stream: &Stream,
+    now: Instant,
+) -> (Option<Arc<Mark>>, Instant) {
+    let work_seq = stream.work_seq();
+    let shared = LAST.try_with(|last| {
+        last.borrow().as_ref().and_then(|l| {
+            (l.stream == stream.id()
+                && l.work_seq == work_seq
+                && now.saturating_duration_since(l.at) <= SHARE_WINDOW)
+                .then(|| l.mark.clone())
+        })
+    });
+    if let Ok(Some(mark)) = shared {
+        return (Some(mark), now);
+    }
     let made = clock.event().and_then(|e| stream.record(&e).map(|()| e));
+    let at = Instant::now();
     match made {
-        Ok(e) => Some(e),
+        Ok(event) => {
+            EVENTS_RECORDED.fetch_add(1, Ordering::Relaxed);
+            let mark = Arc::new(Mark {
+                clock,
+                event: Some(event),
+                us: OnceLock::new(),
+            });
+            let _ = LAST.try_with(|last| {
+                *last.borrow_mut() = Some(LastMark {
+                    stream: stream.id(),
+                    work_seq,
+                    at,
+                    mark: mark.clone(),
+                });
+            });
+            (Some(mark), at)
+        }
         Err(e) => {
             tracing::warn!("telemetry: span event not recorded: {e}");
-            None
+            (None, at)
         }
     }
 }
 
 fn pool_in_use(pool: Option<&'static Arc<DevicePool>>) -> Option<u64> {
-    pool.and_then(|p| p.stats().ok()).map(|s| s.in_use)
+    pool.map(|p| p.in_use())
 }
 
 #[cold]
@@ -224,16 +326,16 @@ fn open(name: &'static str, stream: &Stream) -> Open {
     });
     let pool = device_pool(stream.device()).ok();
     let pool_in_use_open = pool_in_use(pool);
+    let now = Instant::now();
     // Inside a capture the stream's work goes into the graph: record nothing on the GPU.
-    let gpu = if exec::capturing() {
-        None
-    } else {
-        clock(stream.device()).and_then(|c| record_event(c, stream).map(|e| (e, c)))
+    let (gpu, host_start) = match clock(stream.device()) {
+        Some(c) if !exec::capturing() => boundary(c, stream, now),
+        _ => (None, now),
     };
     Open {
         name,
         stream: stream.clone(),
-        host_start: Instant::now(),
+        host_start,
         depth,
         pool,
         pool_in_use_open,
@@ -245,18 +347,11 @@ fn open(name: &'static str, stream: &Stream) -> Open {
 fn close(open: Open) {
     let host_end = Instant::now();
     let gpu = match open.gpu {
-        Some((start, clock)) if !exec::capturing() => match record_event(clock, &open.stream) {
-            Some(end) => GpuTime::Pending { clock, start, end },
-            None => {
-                clock.recycle(start);
-                GpuTime::None
-            }
+        Some(start) if !exec::capturing() => match boundary(start.clock, &open.stream, host_end) {
+            (Some(end), _) => GpuTime::Pending(PendingGpu { start, end }),
+            (None, _) => GpuTime::None,
         },
-        Some((start, clock)) => {
-            clock.recycle(start);
-            GpuTime::None
-        }
-        None => GpuTime::None,
+        _ => GpuTime::None,
     };
     DEPTH.with(|d| d.set(d.get().saturating_sub(1)));
     let (thread, thread_name) = thread_id();
@@ -303,25 +398,21 @@ pub fn discard_spans(name: &str) {
 }
 
 fn resolve(r: &mut SpanRecord, wait: bool) {
-    let GpuTime::Pending { clock, start, end } = &r.gpu else {
+    let GpuTime::Pending(p) = &r.gpu else {
         return;
     };
-    let clock: &'static DeviceClock = clock;
-    if !wait && !end.query().unwrap_or(false) {
+    if !wait && !p.end.query() {
         return;
     }
-    let times = clock.to_us(start).and_then(|s| Ok((s, clock.to_us(end)?)));
-    let GpuTime::Pending { start, end, .. } = std::mem::replace(&mut r.gpu, GpuTime::None) else {
-        return;
-    };
-    clock.recycle(start);
-    clock.recycle(end);
-    match times {
+    match p.start.us().and_then(|s| Ok((s, p.end.us()?))) {
         Ok((start_us, end_us)) => {
             metrics::histogram!("warpdrive_span_gpu_seconds", "span" => r.name)
                 .record((end_us - start_us) * 1e-6);
             r.gpu = GpuTime::Done { start_us, end_us };
         }
-        Err(e) => tracing::warn!("telemetry: span {} GPU time unavailable: {e}", r.name),
+        Err(e) => {
+            tracing::warn!("telemetry: span {} GPU time unavailable: {e}", r.name);
+            r.gpu = GpuTime::None;
+        }
     }
 }

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use crossbeam_queue::SegQueue;
 use serde_json::{json, Value};
@@ -16,7 +17,7 @@ use crate::error::{Error, Result};
 /// One enqueue call of the device floor, with the thread that made it.
 struct HostActivity {
     thread: u64,
-    thread_name: Option<String>,
+    thread_name: Option<Arc<str>>,
     activity: Activity,
 }
 
@@ -196,7 +197,7 @@ impl Trace {
     }
 }
 
-fn thread_label(id: u64, name: &Option<String>) -> String {
+fn thread_label(id: u64, name: &Option<Arc<str>>) -> String {
     match name {
         Some(n) => format!("{n} (#{id})"),
         None => format!("thread #{id}"),
