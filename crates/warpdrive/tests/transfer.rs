@@ -66,6 +66,20 @@ fn round_trip_body(dev: &Device) {
         .all(|(a, b)| a.to_bits() == b.to_bits()));
 }
 
+/// `to_host` into a fresh `Vec` past the huge-page threshold (32 MiB), at an odd length and
+/// from a buffer taken by the tuned (not the small-chunk) configuration, is bit-exact.
+fn fresh_download_body(dev: &Device) {
+    let mut r = rng(seed("fresh_download"));
+    let s = dev.new_stream().unwrap();
+    for n in [(9 << 20) + 7, (1 << 20) - 1] {
+        let data: Vec<u32> = (0..n).map(|_| r.random()).collect();
+        let buf = transfer::from_host(&s, &data).unwrap();
+        let out = transfer::to_host(&s, &buf).unwrap();
+        assert_eq!(out.len(), n);
+        assert!(out == data, "to_host of {n} u32");
+    }
+}
+
 /// A destination of the wrong length is an error, not a panic.
 fn wrong_length_body(dev: &Device) {
     let s = dev.new_stream().unwrap();
@@ -109,20 +123,21 @@ fn concurrent_body(dev: &Device) {
 fn batch_body(dev: &Device) {
     let mut r = rng(seed("batch"));
     let s = dev.new_stream().unwrap();
-    let mut batch = Batch::<f32>::new(dev).unwrap();
-    for round in 0..2 {
-        batch.clear();
+    // Round 1 has slices large enough that the gather and the split back run on several
+    // copy threads, with slices straddling their pieces.
+    for (round, max) in [(0, 300), (1, 40_000)] {
         let slices: Vec<Vec<f32>> = (0..257)
             .map(|i| {
-                let n = if i % 50 == 0 {
-                    0
-                } else {
-                    r.random_range(1..300)
-                };
+                let n = if i % 50 == 0 { 0 } else { r.random_range(1..max) };
                 random_f32(&mut r, n)
             })
             .collect();
-        let handles: Vec<_> = slices.iter().map(|x| batch.push(x).unwrap()).collect();
+        let mut batch = Batch::<f32>::new(dev).unwrap();
+        batch.push(&slices[1]);
+        batch.clear();
+        assert!(batch.is_empty() && batch.slices() == 0);
+        let handles: Vec<_> = slices.iter().map(|x| batch.push(x)).collect();
+        assert_eq!(batch.len(), slices.iter().map(Vec::len).sum::<usize>());
         let packed = batch.upload(&s).unwrap();
         let all = packed.buffer().to_host(&s).unwrap();
         let table = packed.offsets().to_host(&s).unwrap();
@@ -212,6 +227,10 @@ fn round_trips() {
     round_trip_body(&Device::cpu());
 }
 #[test]
+fn fresh_downloads() {
+    fresh_download_body(&Device::cpu());
+}
+#[test]
 fn wrong_length() {
     wrong_length_body(&Device::cpu());
 }
@@ -236,6 +255,11 @@ fn compression() {
 #[ignore = "needs a CUDA GPU"]
 fn gpu_transfer_round_trips() {
     round_trip_body(&cuda());
+}
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_transfer_fresh_downloads() {
+    fresh_download_body(&cuda());
 }
 #[test]
 #[ignore = "needs a CUDA GPU"]

@@ -421,7 +421,11 @@ impl CudaDevice {
 
     /// Binds, then refuses `call` (a synchronising one) when this thread or `stream` is
     /// capturing a graph.
-    fn refuse_if_capturing(&self, stream: &CudaStream, call: &'static str) -> Result<()> {
+    pub(crate) fn refuse_if_capturing(
+        &self,
+        stream: &CudaStream,
+        call: &'static str,
+    ) -> Result<()> {
         no_sync_in_capture(call)?;
         if self.is_capturing(stream)? {
             return Err(Error::Capture {

@@ -9,7 +9,7 @@ use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use parking_lot::Mutex;
 
-use super::{check_len, config, par_map, workers, Direction, TransferConfig, MIB};
+use super::{check_len, config, workers, Direction, TransferConfig, MIB, PAGE};
 use crate::device::Stream;
 use crate::dtype::Float;
 use crate::error::Result;
@@ -148,9 +148,9 @@ fn upload_narrow<H: Float>(
     let depth = slots.len();
     for (i, piece) in src.chunks(chunk).enumerate() {
         let stage = &mut slots[i % depth];
-        par_map(
-            workers,
+        workers.map(
             cfg.threads,
+            PAGE,
             &mut stage.as_mut_slice()?[..piece.len()],
             piece,
             &narrow,
@@ -183,9 +183,9 @@ fn download_narrow<H: Float>(
     }
     for (i, piece) in dst.chunks_mut(chunk).enumerate() {
         let stage = &mut slots[i % depth];
-        par_map(
-            workers,
+        workers.map(
             cfg.threads,
+            PAGE,
             piece,
             &stage.as_slice()?[..piece.len()],
             &widen,
