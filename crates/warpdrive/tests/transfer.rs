@@ -128,7 +128,11 @@ fn batch_body(dev: &Device) {
     for (round, max) in [(0, 300), (1, 40_000)] {
         let slices: Vec<Vec<f32>> = (0..257)
             .map(|i| {
-                let n = if i % 50 == 0 { 0 } else { r.random_range(1..max) };
+                let n = if i % 50 == 0 {
+                    0
+                } else {
+                    r.random_range(1..max)
+                };
                 random_f32(&mut r, n)
             })
             .collect();
@@ -182,6 +186,22 @@ fn pipeline_body(dev: &Device) {
         assert!((0.0..=1.0).contains(&e), "{stats:?}");
     }
     assert!(Pipeline::new(dev, 0, 10, 2).is_err());
+    // A compute that fails part-way: its error comes back (nothing hangs).
+    let p = Pipeline::new(dev, 2, 1000, 2).unwrap();
+    let input = random_f32(&mut r, 20_000);
+    let mut output = vec![f32::NAN; input.len()];
+    let mut calls = 0;
+    let res = p.run(&input, &mut output, |s, x, y| {
+        calls += 1;
+        if calls == 7 {
+            return Err(Error::InvalidArgument("compute failed on purpose".into()));
+        }
+        ops::copy(s, x, y)
+    });
+    assert!(
+        matches!(&res, Err(Error::InvalidArgument(m)) if m.contains("on purpose")),
+        "{res:?}"
+    );
 }
 
 /// Compressed transfers stay within their documented bounds; `None` stays exact.
@@ -219,6 +239,23 @@ fn compression_body(dev: &Device) {
         check(&out, "download");
         let mut short = vec![0f32; n - 1];
         assert!(download_f32(&s, &exact, &mut short, c).is_err());
+    }
+    // Values far outside f16's range: whatever `Auto` picked (f16 included), every value
+    // stays within bf16's relative bound.
+    let wide: Vec<f32> = data
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v * [1e-6, 1.0, 1e3, 1e9][i % 4])
+        .collect();
+    let mut buf = Buffer::<f32>::uninit(&s, n).unwrap();
+    ops::fill(&s, &mut buf, f32::NAN).unwrap();
+    upload_f32(&s, &mut buf, &wide, Compression::Auto).unwrap();
+    for (g, w) in buf.to_host(&s).unwrap().iter().zip(&wide) {
+        let err = (f64::from(*g) - f64::from(*w)).abs();
+        assert!(
+            err <= BF16_REL_ERROR * f64::from(w.abs()),
+            "auto: {g} vs {w}"
+        );
     }
 }
 

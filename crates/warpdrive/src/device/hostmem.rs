@@ -80,6 +80,21 @@ impl<T: Copy + Send + Sync> FreshVec<T> {
         Ok(())
     }
 
+    /// Faults in the pages of the next `n` spare elements (at most the room) on up to
+    /// `threads` copy threads, without appending anything: work done ahead while waiting.
+    pub fn prefault(&mut self, workers: &Workers, threads: usize, n: usize) {
+        let n = n.min(self.room());
+        let stride = (PAGE / std::mem::size_of::<T>().max(1)).max(1);
+        // Zero-sized stand-ins for a source: `map` only needs matching lengths.
+        let units = vec![(); n];
+        let spare = &mut self.vec.spare_capacity_mut()[..n];
+        workers.map(threads, self.align, spare, &units, |d, _| {
+            for x in d.iter_mut().step_by(stride) {
+                *x = MaybeUninit::zeroed();
+            }
+        });
+    }
+
     /// Appends `n` elements that `device` copies from device address `src` on `stream`
     /// (the driver's own pageable copy, straight into the spare capacity); waits for it.
     pub(crate) fn extend_d2h(
@@ -102,7 +117,12 @@ impl<T: Copy + Send + Sync> FreshVec<T> {
             device.synchronize_stream(stream)?;
             // SAFETY: the driver wrote all `n` elements (the copy completed without error).
             unsafe { self.vec.set_len(self.vec.len() + n) };
-            activity::end(t, ActivityKind::D2H, stream.cu_stream() as u64, bytes as u64);
+            activity::end(
+                t,
+                ActivityKind::D2H,
+                stream.cu_stream() as u64,
+                bytes as u64,
+            );
         }
         Ok(())
     }
@@ -133,7 +153,8 @@ fn advise_huge_pages<T>(mem: &mut [MaybeUninit<T>]) {
     {
         // SAFETY: the range lies inside memory `mem` exclusively borrows; MADV_HUGEPAGE only
         // changes how its future page faults are served, never its contents.
-        let r = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+        let r =
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
         if r != 0 {
             tracing::debug!(
                 "madvise(MADV_HUGEPAGE) failed: {}",
@@ -152,10 +173,14 @@ mod tests {
         let w = Workers::new(3, None);
         // Over HUGE_FROM, so the advice and huge-page pieces are exercised too.
         let n = (HUGE_FROM / 4) + 12_345;
-        let src: Vec<u32> = (0..n as u32).map(|i| i.wrapping_mul(2_654_435_761)).collect();
+        let src: Vec<u32> = (0..n as u32)
+            .map(|i| i.wrapping_mul(2_654_435_761))
+            .collect();
         let mut v = FreshVec::with_capacity(n);
         let half = n / 2 + 3;
+        v.prefault(&w, 3, half);
         v.extend_par(&w, 3, &src[..half]).unwrap();
+        v.prefault(&w, 3, usize::MAX);
         v.extend_from_slice(&src[half..half + 5]).unwrap();
         v.extend_par(&w, 3, &src[half + 5..]).unwrap();
         assert_eq!(v.room(), 0);

@@ -137,7 +137,13 @@ impl Workers {
             f(dst, src);
             return;
         }
-        let cuts = cuts(dst.as_ptr() as usize, std::mem::size_of::<D>(), len, parts, align);
+        let cuts = cuts(
+            dst.as_ptr() as usize,
+            std::mem::size_of::<D>(),
+            len,
+            parts,
+            align,
+        );
         let mut jobs = Vec::with_capacity(cuts.len());
         let (mut d, mut s) = (dst, src);
         for w in cuts.windows(2) {

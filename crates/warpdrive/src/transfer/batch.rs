@@ -32,7 +32,12 @@ pub struct Batch<'a, T: DType> {
 
 impl<T: DType> std::fmt::Debug for Batch<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Batch[{} slices, {} elements]", self.slices(), self.len())
+        write!(
+            f,
+            "Batch[{} slices, {} elements]",
+            self.slices(),
+            self.len()
+        )
     }
 }
 
@@ -126,7 +131,9 @@ fn gather<T: DType>(workers: &Workers, dst: &mut [T], starts: &[u64], slices: &[
         let (lo, d) = &mut *job;
         let (lo, hi) = (*lo, *lo + d.len());
         // The last slice starting at or before `lo` holds it (empty ones are skipped).
-        let mut i = starts.partition_point(|&s| s as usize <= lo).saturating_sub(1);
+        let mut i = starts
+            .partition_point(|&s| s as usize <= lo)
+            .saturating_sub(1);
         let mut at = lo;
         while at < hi && i < slices.len() {
             let (s0, s1) = (starts[i] as usize, starts[i + 1] as usize);
@@ -143,10 +150,7 @@ fn gather<T: DType>(workers: &Workers, dst: &mut [T], starts: &[u64], slices: &[
 /// How many pieces to split `elements` into on the copy threads.
 fn pieces<T>(workers: &Workers, elements: usize) -> usize {
     let min_piece = (MIN_PIECE_BYTES / std::mem::size_of::<T>().max(1)).max(1);
-    workers
-        .threads()
-        .min(elements.div_ceil(min_piece))
-        .max(1)
+    workers.threads().min(elements.div_ceil(min_piece)).max(1)
 }
 
 /// A batch on the device: the slices back to back and the offsets table.

@@ -10,13 +10,16 @@
 //!   (`exec::tune`); [`set_config`] overrides them.
 //!   `Buffer::copy_from_host`/`copy_to_host` stay the plain driver copy: `memory` sits below
 //!   this floor and must not depend on it, and one explicit fast entry point is simpler
-//!   than injecting a hook into `memory`.
-//! - [`Batch`]: many small slices gathered into one pinned block, one DMA, and a device
-//!   offsets table; [`Packed::download`] is the reverse.
-//! - [`Pipeline`]: chunks streamed through N streams (H2D, user compute, D2H overlapping),
-//!   ordered output, per-stage busy time and overlap efficiency.
+//!   than injecting a hook into `memory`. [`to_host`] fills a fresh `Vec` never zeroed first,
+//!   all copy threads taking its page faults in parallel (huge pages from 32 MiB).
+//! - [`Batch`]: many small slices gathered (at upload, on the copy threads) into one pinned
+//!   block, one DMA, and a device offsets table; [`Packed::download`] is the reverse.
+//! - [`Pipeline`]: chunks streamed through N streams (H2D, user compute, D2H overlapping; a
+//!   staging thread does the host copies meanwhile), ordered output, per-stage busy time
+//!   and overlap efficiency.
 //! - Wire compression ([`upload_f32`], [`download_f32`], [`Compression`]): f32 sent as
-//!   bf16/f16 and widened on the device (or narrowed there and widened on the host).
+//!   bf16/f16 and widened on the device (or narrowed there and widened on the host);
+//!   [`Compression::Auto`] picks per size bucket.
 
 mod batch;
 mod compress;
@@ -239,11 +242,17 @@ pub fn to_host<T: DType>(stream: &Stream, src: &Buffer<T>) -> Result<Vec<T>> {
         src.append_to_host(stream, &mut out)?;
         return Ok(out.into_vec());
     }
-    let fresh = fresh_config(workers(stream.device()), bytes, &cfg);
-    staged_d2h_with(stream, src, &fresh, |_, piece| {
-        out.extend_par(workers(stream.device()), fresh.threads, piece)
-    })?;
-    Ok(out.into_vec())
+    let workers = workers(stream.device());
+    let fresh = fresh_config(workers, bytes, &cfg);
+    let out = std::cell::RefCell::new(out);
+    staged_d2h_with(
+        stream,
+        src,
+        &fresh,
+        |_, piece| out.borrow_mut().extend_par(workers, fresh.threads, piece),
+        |n| out.borrow_mut().prefault(workers, fresh.threads, n),
+    )?;
+    Ok(out.into_inner().into_vec())
 }
 
 /// The staged configuration for copies into fresh memory: page faults, not the memory
@@ -311,10 +320,16 @@ fn staged_d2h<T: DType>(
     cfg: &TransferConfig,
 ) -> Result<()> {
     let workers = workers(stream.device());
-    staged_d2h_with(stream, src, cfg, |at, piece| {
-        par_copy(workers, cfg.threads, &mut dst[at..at + piece.len()], piece);
-        Ok(())
-    })
+    staged_d2h_with(
+        stream,
+        src,
+        cfg,
+        |at, piece| {
+            par_copy(workers, cfg.threads, &mut dst[at..at + piece.len()], piece);
+            Ok(())
+        },
+        |_| {},
+    )
 }
 
 /// Elements per chunk: the configured chunk, but at least `depth` chunks for copies of a
@@ -358,12 +373,14 @@ fn staged_h2d<T: DType>(
 }
 
 /// Copies `src` to the host in chunks through pinned staging blocks, handing each chunk to
-/// `put(element offset, chunk)` in order while the DMA engine fills the next blocks.
+/// `put(element offset, chunk)` in order while the DMA engine fills the next blocks. When a
+/// chunk's DMA is still running, `idle(chunk length)` runs first (work done ahead).
 fn staged_d2h_with<T: DType>(
     stream: &Stream,
     src: &Buffer<T>,
     cfg: &TransferConfig,
     mut put: impl FnMut(usize, &[T]) -> Result<()>,
+    mut idle: impl FnMut(usize),
 ) -> Result<()> {
     if !stream.device().is_cuda() {
         return put(0, src.host_view()?);
@@ -381,6 +398,9 @@ fn staged_d2h_with<T: DType>(
     }
     for i in 0..n {
         let stage = &mut slots[i % depth];
+        if !stage.ready()? {
+            idle(piece_len(i));
+        }
         // Waits for this chunk's DMA.
         put(i * chunk, &stage.as_slice()?[..piece_len(i)])?;
         let next = i + depth;
