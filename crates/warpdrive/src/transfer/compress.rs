@@ -23,8 +23,11 @@ use crate::memory::{Buffer, PinnedBuf};
 /// bits; f32's whole range, subnormals aside).
 pub const BF16_REL_ERROR: f64 = 1.0 / 256.0;
 /// Bound on |sent − x| / |x| for `x` sent as f16 with 6.2e-5 ≤ |x| ≤ 65504 (11 significant
-/// bits); larger values become ±inf, smaller ones lose precision.
+/// bits); larger values become ±inf, smaller ones keep [`F16_ABS_ERROR`].
 pub const F16_REL_ERROR: f64 = 1.0 / 2048.0;
+/// Bound on |sent − x| for `x` sent as f16 with |x| < 6.2e-5 (half of f16's subnormal step,
+/// 2⁻²⁵).
+pub const F16_ABS_ERROR: f64 = 1.0 / (1u64 << 25) as f64;
 
 /// How f32 data crosses the link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -37,10 +40,10 @@ pub enum Compression {
     F16,
     /// The fastest of the others for this size (to the next power of two) and direction,
     /// timed once on the caller's data and kept in the autotune cache (`exec::tune`).
-    /// Uploads may pick `F16`, but only data inside f16's normal range goes as f16 (checked
-    /// while narrowing; otherwise the copy is redone uncompressed), so the result is always
-    /// within [`BF16_REL_ERROR`]. Downloads pick `None` or `Bf16` (their narrowing runs on
-    /// the device, unchecked).
+    /// Uploads may pick `F16`, but data with a finite value beyond f16's range goes
+    /// uncompressed instead (checked while narrowing; the copy is redone), so every value
+    /// is within [`BF16_REL_ERROR`] relative or [`F16_ABS_ERROR`] absolute. Downloads pick
+    /// `None` or `Bf16` (their narrowing runs on the device, unchecked).
     Auto,
 }
 
@@ -54,9 +57,6 @@ impl fmt::Display for Compression {
         })
     }
 }
-
-/// f16's smallest normal magnitude.
-const F16_MIN_NORMAL: f32 = 6.103_515_6e-5;
 
 type AutoKey = (String, Direction, u32);
 /// `Auto`'s choices in this process, in front of the autotune cache (which keys by name).
@@ -125,7 +125,7 @@ pub fn upload_f32(
 }
 
 /// An upload `Auto` chose `c` for: as `c`, except that `F16` falls back to `None` when
-/// some value lies outside f16's normal range.
+/// some finite value lies beyond f16's range.
 fn upload_auto(stream: &Stream, dst: &mut Buffer<f32>, src: &[f32], c: Compression) -> Result<()> {
     if c != Compression::F16 {
         return upload_f32(stream, dst, src, c);
@@ -133,24 +133,22 @@ fn upload_auto(stream: &Stream, dst: &mut Buffer<f32>, src: &[f32], c: Compressi
     if upload_narrow::<f16>(stream, dst, src, narrow_f16_checked)? {
         return Ok(());
     }
-    tracing::debug!("transfer: data outside f16's range; sending it uncompressed");
+    tracing::debug!("transfer: data beyond f16's range; sending it uncompressed");
     super::upload(stream, dst, src)
 }
 
-/// Narrows `s` into `d`; false when some finite nonzero value lies outside f16's normal
-/// range (so it lost more than [`F16_REL_ERROR`]). A quick look at the f16 exponents
-/// (all ones: inf or NaN; zero: zero or subnormal) clears almost every piece; only pieces
-/// with such values are checked against the source.
+/// Narrows `s` into `d`; false when a finite value became ±inf (beyond f16's range). A
+/// quick look at the f16 exponents clears almost every piece; only pieces holding inf or
+/// NaN are compared with the source.
 fn narrow_f16_checked(d: &mut [f16], s: &[f32]) -> bool {
     d.convert_from_f32_slice(s);
-    let odd = d.iter().fold(false, |acc, h| {
-        let e = h.to_bits() & 0x7c00;
-        acc | (e == 0x7c00) | (e == 0)
-    });
-    !odd || s.iter().all(|&v| {
-        let a = v.abs();
-        !a.is_finite() || a == 0.0 || (F16_MIN_NORMAL..=f32::from(f16::MAX)).contains(&a)
-    })
+    let special = d
+        .iter()
+        .fold(false, |acc, h| acc | (h.to_bits() & 0x7c00 == 0x7c00));
+    !special
+        || d.iter()
+            .zip(s)
+            .all(|(h, v)| !h.is_infinite() || v.is_infinite())
 }
 
 /// Copies `src` into `dst` (same length) as `compression` says; returns when done.
@@ -273,38 +271,40 @@ mod tests {
 
     #[test]
     fn f16_range_check() {
-        let fits: [&[f32]; 4] = [
-            &[1.0, -3.5, 65504.0, F16_MIN_NORMAL, 0.0, -0.0],
-            &[f32::INFINITY, f32::NAN, 12.0],
+        let fits: [&[f32]; 5] = [
+            &[1.0, -3.5, 65504.0, 65519.0, 6.1e-5, 0.0, -0.0],
+            &[f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 12.0],
             &[],
             &[-1.0e-3; 1000],
+            &[1.0e-7, -3.0e-30, 2.0],
         ];
         for s in fits {
             let mut d = vec![f16::NAN; s.len()];
             assert!(narrow_f16_checked(&mut d, s), "{s:?}");
         }
-        for s in [&[1.0, 70000.0][..], &[2.0, -1.0e-6], &[3.0e-5]] {
+        for s in [&[1.0, 70000.0][..], &[2.0, -1.0e9], &[f32::MAX]] {
             let mut d = vec![f16::NAN; s.len()];
             assert!(!narrow_f16_checked(&mut d, s), "{s:?}");
         }
     }
 
-    /// `Auto` having picked f16 sends data outside f16's range uncompressed (exactly).
+    /// `Auto` having picked f16 sends data beyond f16's range uncompressed (exactly).
     #[test]
     fn auto_f16_falls_back_to_exact() {
         let s = Device::cpu().new_stream().unwrap();
         let n = (1 << 18) + 3;
         let mut src: Vec<f32> = (0..n).map(|i| (i % 977) as f32 * 0.25 + 1.0).collect();
+        src[7] = 1.0e-7;
         let mut dst = Buffer::<f32>::zeros(&s, n).unwrap();
         upload_auto(&s, &mut dst, &src, Compression::F16).unwrap();
         let got = dst.to_host(&s).unwrap();
-        // In range: f16's bound.
-        assert!(got
-            .iter()
-            .zip(&src)
-            .all(|(g, w)| f64::from((g - w).abs()) <= F16_REL_ERROR * f64::from(w.abs())));
+        // In range: sent as f16, within its bounds.
+        assert!(got.iter().zip(&src).all(|(g, w)| {
+            let err = f64::from((g - w).abs());
+            err <= F16_REL_ERROR * f64::from(w.abs()) || err <= F16_ABS_ERROR
+        }));
+        assert_ne!(got, src);
         src[n - 2] = 1.0e6;
-        src[7] = 1.0e-7;
         upload_auto(&s, &mut dst, &src, Compression::F16).unwrap();
         assert_eq!(dst.to_host(&s).unwrap(), src);
     }
