@@ -142,10 +142,12 @@ fn upload_auto(stream: &Stream, dst: &mut Buffer<f32>, src: &[f32], c: Compressi
 /// NaN are compared with the source.
 fn narrow_f16_checked(d: &mut [f16], s: &[f32]) -> bool {
     d.convert_from_f32_slice(s);
-    let special = d
+    // The largest exponent field, as a max over the bits (vectorises; `any` would not).
+    let top = d
+        .reinterpret_cast()
         .iter()
-        .fold(false, |acc, h| acc | (h.to_bits() & 0x7c00 == 0x7c00));
-    !special
+        .fold(0u16, |m, &b| m.max(b & 0x7c00));
+    top != 0x7c00
         || d.iter()
             .zip(s)
             .all(|(h, v)| !h.is_infinite() || v.is_infinite())

@@ -258,18 +258,18 @@ pub fn to_host<T: DType>(stream: &Stream, src: &Buffer<T>) -> Result<Vec<T>> {
 }
 
 /// The staged configuration for copies into fresh memory: page faults, not the memory
-/// bus, bound them, so every copy thread helps; on huge pages each chunk gives every thread
-/// whole huge pages of its own.
+/// bus, bound them, so every copy thread helps. On huge pages each chunk gives every thread
+/// a huge page of its own (two chunks in flight are enough: faulting and copying a chunk
+/// takes longer than its DMA, and fewer, larger chunks keep every thread busy).
 fn fresh_config(workers: &Workers, bytes: usize, cfg: &TransferConfig) -> TransferConfig {
     let threads = workers.threads();
-    let chunk_bytes = if bytes >= HUGE_FROM {
-        cfg.chunk_bytes.max(threads * HUGE_PAGE)
-    } else {
-        cfg.chunk_bytes
-    };
+    if bytes < HUGE_FROM {
+        return TransferConfig { threads, ..*cfg };
+    }
     TransferConfig {
-        chunk_bytes,
+        chunk_bytes: cfg.chunk_bytes.max(threads * HUGE_PAGE),
         threads,
+        depth: 2,
         ..*cfg
     }
 }
