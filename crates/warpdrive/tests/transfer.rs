@@ -8,7 +8,7 @@ use half::bf16;
 use rand::Rng;
 use warpdrive::transfer::{
     self, download_f32, upload_f32, upload_with, Batch, Compression, Pipeline, TransferConfig,
-    BF16_REL_ERROR, F16_REL_ERROR,
+    BF16_REL_ERROR, F16_ABS_ERROR, F16_REL_ERROR,
 };
 use warpdrive::{ops, Buffer, Device, Error};
 
@@ -66,6 +66,20 @@ fn round_trip_body(dev: &Device) {
         .all(|(a, b)| a.to_bits() == b.to_bits()));
 }
 
+/// `to_host` into a fresh `Vec` past the huge-page threshold (32 MiB), at an odd length and
+/// from a buffer taken by the tuned (not the small-chunk) configuration, is bit-exact.
+fn fresh_download_body(dev: &Device) {
+    let mut r = rng(seed("fresh_download"));
+    let s = dev.new_stream().unwrap();
+    for n in [(9 << 20) + 7, (1 << 20) - 1] {
+        let data: Vec<u32> = (0..n).map(|_| r.random()).collect();
+        let buf = transfer::from_host(&s, &data).unwrap();
+        let out = transfer::to_host(&s, &buf).unwrap();
+        assert_eq!(out.len(), n);
+        assert!(out == data, "to_host of {n} u32");
+    }
+}
+
 /// A destination of the wrong length is an error, not a panic.
 fn wrong_length_body(dev: &Device) {
     let s = dev.new_stream().unwrap();
@@ -109,20 +123,25 @@ fn concurrent_body(dev: &Device) {
 fn batch_body(dev: &Device) {
     let mut r = rng(seed("batch"));
     let s = dev.new_stream().unwrap();
-    let mut batch = Batch::<f32>::new(dev).unwrap();
-    for round in 0..2 {
-        batch.clear();
+    // Round 1 has slices large enough that the gather and the split back run on several
+    // copy threads, with slices straddling their pieces.
+    for (round, max) in [(0, 300), (1, 40_000)] {
         let slices: Vec<Vec<f32>> = (0..257)
             .map(|i| {
                 let n = if i % 50 == 0 {
                     0
                 } else {
-                    r.random_range(1..300)
+                    r.random_range(1..max)
                 };
                 random_f32(&mut r, n)
             })
             .collect();
-        let handles: Vec<_> = slices.iter().map(|x| batch.push(x).unwrap()).collect();
+        let mut batch = Batch::<f32>::new(dev).unwrap();
+        batch.push(&slices[1]);
+        batch.clear();
+        assert!(batch.is_empty() && batch.slices() == 0);
+        let handles: Vec<_> = slices.iter().map(|x| batch.push(x)).collect();
+        assert_eq!(batch.len(), slices.iter().map(Vec::len).sum::<usize>());
         let packed = batch.upload(&s).unwrap();
         let all = packed.buffer().to_host(&s).unwrap();
         let table = packed.offsets().to_host(&s).unwrap();
@@ -167,6 +186,22 @@ fn pipeline_body(dev: &Device) {
         assert!((0.0..=1.0).contains(&e), "{stats:?}");
     }
     assert!(Pipeline::new(dev, 0, 10, 2).is_err());
+    // A compute that fails part-way: its error comes back (nothing hangs).
+    let p = Pipeline::new(dev, 2, 1000, 2).unwrap();
+    let input = random_f32(&mut r, 20_000);
+    let mut output = vec![f32::NAN; input.len()];
+    let mut calls = 0;
+    let res = p.run(&input, &mut output, |s, x, y| {
+        calls += 1;
+        if calls == 7 {
+            return Err(Error::InvalidArgument("compute failed on purpose".into()));
+        }
+        ops::copy(s, x, y)
+    });
+    assert!(
+        matches!(&res, Err(Error::InvalidArgument(m)) if m.contains("on purpose")),
+        "{res:?}"
+    );
 }
 
 /// Compressed transfers stay within their documented bounds; `None` stays exact.
@@ -205,11 +240,32 @@ fn compression_body(dev: &Device) {
         let mut short = vec![0f32; n - 1];
         assert!(download_f32(&s, &exact, &mut short, c).is_err());
     }
+    // Values far outside f16's range: whatever `Auto` picked (f16 included), every value
+    // stays within bf16's relative bound or f16's absolute one (never ±inf).
+    let wide: Vec<f32> = data
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v * [1e-6, 1.0, 1e3, 1e9][i % 4])
+        .collect();
+    let mut buf = Buffer::<f32>::uninit(&s, n).unwrap();
+    ops::fill(&s, &mut buf, f32::NAN).unwrap();
+    upload_f32(&s, &mut buf, &wide, Compression::Auto).unwrap();
+    for (g, w) in buf.to_host(&s).unwrap().iter().zip(&wide) {
+        let err = (f64::from(*g) - f64::from(*w)).abs();
+        assert!(
+            err <= BF16_REL_ERROR * f64::from(w.abs()) || err <= F16_ABS_ERROR,
+            "auto: {g} vs {w}"
+        );
+    }
 }
 
 #[test]
 fn round_trips() {
     round_trip_body(&Device::cpu());
+}
+#[test]
+fn fresh_downloads() {
+    fresh_download_body(&Device::cpu());
 }
 #[test]
 fn wrong_length() {
@@ -236,6 +292,11 @@ fn compression() {
 #[ignore = "needs a CUDA GPU"]
 fn gpu_transfer_round_trips() {
     round_trip_body(&cuda());
+}
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_transfer_fresh_downloads() {
+    fresh_download_body(&cuda());
 }
 #[test]
 #[ignore = "needs a CUDA GPU"]

@@ -210,7 +210,7 @@ fn coalesce(ctx: &mut Ctx) -> Result<()> {
     let mut us = time_host(1, 10, || {
         batch.clear();
         for x in &slices {
-            batch.push(x)?;
+            batch.push(x);
         }
         let packed = batch.upload(&s)?;
         s.synchronize()?;

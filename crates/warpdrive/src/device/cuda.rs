@@ -421,7 +421,11 @@ impl CudaDevice {
 
     /// Binds, then refuses `call` (a synchronising one) when this thread or `stream` is
     /// capturing a graph.
-    fn refuse_if_capturing(&self, stream: &CudaStream, call: &'static str) -> Result<()> {
+    pub(crate) fn refuse_if_capturing(
+        &self,
+        stream: &CudaStream,
+        call: &'static str,
+    ) -> Result<()> {
         no_sync_in_capture(call)?;
         if self.is_capturing(stream)? {
             return Err(Error::Capture {
@@ -702,18 +706,43 @@ impl CudaDevice {
         dst: &mut [T],
         src: u64,
     ) -> Result<()> {
-        if dst.is_empty() {
+        let bytes = std::mem::size_of_val(dst);
+        // SAFETY: `dst` is `bytes` of writable memory borrowed for the whole (synchronous)
+        // copy; the caller guarantees `src` holds as many.
+        unsafe { self.copy_d2h_raw(stream, dst.as_mut_ptr().cast(), src, bytes) }
+    }
+
+    /// Copies `bytes` of device memory at `src` to host memory at `dst` on `stream` and
+    /// waits for it.
+    ///
+    /// # Safety
+    /// `dst` must be valid for `bytes` of writes, untouched by anyone else until this
+    /// returns, and `src` must cover `bytes`.
+    pub(crate) unsafe fn copy_d2h_raw(
+        &self,
+        stream: &CudaStream,
+        dst: *mut u8,
+        src: u64,
+        bytes: usize,
+    ) -> Result<()> {
+        if bytes == 0 {
             return Ok(());
         }
         self.refuse_if_capturing(stream, "cuMemcpyDtoHAsync to pageable memory")?;
         let t = activity::begin();
-        // SAFETY: the caller guarantees `src` holds at least `size_of_val(dst)` bytes; the
-        // stream is synchronised before `dst`'s borrow ends.
-        let r = unsafe { result::memcpy_dtoh_async(dst, src, stream.cu_stream()) };
+        // SAFETY: forwarded from this function's contract; the stream is synchronised
+        // before returning.
+        let r = unsafe {
+            sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, bytes, stream.cu_stream()).result()
+        };
         self.check("cuMemcpyDtoHAsync", r)?;
         self.synchronize_stream(stream)?;
-        let bytes = std::mem::size_of_val(dst) as u64;
-        activity::end(t, ActivityKind::D2H, stream.cu_stream() as u64, bytes);
+        activity::end(
+            t,
+            ActivityKind::D2H,
+            stream.cu_stream() as u64,
+            bytes as u64,
+        );
         Ok(())
     }
 

@@ -4,7 +4,9 @@
 //! GPU's NUMA node. It lives here (the backend floor) because lending a borrowed closure to
 //! long-lived threads needs `unsafe`.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
@@ -25,6 +27,8 @@ struct State {
 }
 
 struct Shared {
+    /// `State::generation`, readable without the lock (for spinning workers).
+    posted: AtomicU64,
     state: Mutex<State>,
     work: Condvar,
     done: Condvar,
@@ -61,6 +65,7 @@ impl Workers {
     /// `threads` threads in all (the caller counts as one), pinned to `cpus` when given.
     pub fn new(threads: usize, cpus: Option<Vec<usize>>) -> Workers {
         let shared = Arc::new(Shared {
+            posted: AtomicU64::new(0),
             state: Mutex::new(State::default()),
             work: Condvar::new(),
             done: Condvar::new(),
@@ -112,6 +117,53 @@ impl Workers {
         self.threads
     }
 
+    /// `f(dst piece, src piece)` over matching pieces of two equally long slices, on up to
+    /// `threads` threads (one piece each). Pieces are at least [`MIN_PIECE_BYTES`] (waking a
+    /// thread costs µs) and `dst`'s pieces start at `align`-byte addresses (pages; huge pages
+    /// for fresh memory, so no two threads fault the same one).
+    pub fn map<S: Sync, D: Send>(
+        &self,
+        threads: usize,
+        align: usize,
+        dst: &mut [D],
+        src: &[S],
+        f: impl Fn(&mut [D], &[S]) + Sync,
+    ) {
+        debug_assert_eq!(dst.len(), src.len());
+        let len = dst.len().min(src.len());
+        let size = std::mem::size_of::<D>()
+            .max(std::mem::size_of::<S>())
+            .max(1);
+        let parts = threads
+            .min(self.threads)
+            .min(len.div_ceil((MIN_PIECE_BYTES / size).max(1)))
+            .max(1);
+        if parts == 1 {
+            f(dst, src);
+            return;
+        }
+        let cuts = cuts(
+            dst.as_ptr() as usize,
+            std::mem::size_of::<D>(),
+            len,
+            parts,
+            align,
+        );
+        let mut jobs = Vec::with_capacity(cuts.len());
+        let (mut d, mut s) = (dst, src);
+        for w in cuts.windows(2) {
+            let (dh, dt) = std::mem::take(&mut d).split_at_mut(w[1] - w[0]);
+            let (sh, st) = s.split_at(w[1] - w[0]);
+            jobs.push(Mutex::new((dh, sh)));
+            (d, s) = (dt, st);
+        }
+        self.run(jobs.len(), &|i| {
+            let mut job = jobs[i].lock();
+            let (d, s) = &mut *job;
+            f(d, s);
+        });
+    }
+
     /// Runs `f(0)`, ..., `f(parts - 1)` spread over the threads; returns when all are done.
     pub fn run(&self, parts: usize, f: &(dyn Fn(usize) + Sync)) {
         if parts <= 1 || self.threads == 1 {
@@ -134,11 +186,36 @@ impl Workers {
             st.parts = parts;
             st.next = 0;
             st.left = parts;
+            self.shared.posted.store(st.generation, Ordering::Release);
         }
         self.shared.work.notify_all();
         let _finish = Finish(&self.shared);
         work_on(&self.shared);
     }
+}
+
+/// The base page size: [`Workers::map`]'s alignment for memory that is already mapped.
+pub const PAGE: usize = 4 << 10;
+
+/// The smallest piece [`Workers::map`] hands a thread.
+pub const MIN_PIECE_BYTES: usize = 128 << 10;
+
+/// Element indices `0 = c₀ < c₁ < … = len` cutting `len` elements of `elem` bytes at address
+/// `base` into about `parts` equal pieces, each inner cut at an `align`-byte address.
+fn cuts(base: usize, elem: usize, len: usize, parts: usize, align: usize) -> Vec<usize> {
+    let elem = elem.max(1);
+    let mut out = vec![0];
+    for k in 1..parts {
+        let target = base + k * (len / parts) * elem;
+        let cut = (target.next_multiple_of(align.max(1)) - base).div_ceil(elem);
+        if cut < len && cut > out[out.len() - 1] {
+            out.push(cut);
+        }
+    }
+    if len > 0 {
+        out.push(len);
+    }
+    out
 }
 
 /// Waits for every part of the current job, then clears it.
@@ -183,9 +260,18 @@ fn work_on(shared: &Shared) {
     }
 }
 
+/// How long an idle worker keeps looking for the next job before it sleeps: jobs often
+/// come in quick succession (chunk after chunk, a DMA apart), and waking a sleeping thread
+/// costs tens of µs. It yields while looking, so runnable threads keep their CPUs.
+const SPIN: Duration = Duration::from_micros(250);
+
 fn worker(shared: &Shared) {
     let mut seen = 0u64;
     loop {
+        let until = Instant::now() + SPIN;
+        while shared.posted.load(Ordering::Acquire) == seen && Instant::now() < until {
+            std::thread::yield_now();
+        }
         {
             let mut st = shared.state.lock();
             while st.generation == seen || st.job.is_none() || st.next >= st.parts {
@@ -201,7 +287,38 @@ fn worker(shared: &Shared) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::AtomicUsize;
+
+    #[test]
+    fn cuts_fall_on_aligned_addresses_and_cover_everything() {
+        for (base, elem, len, parts, align) in [
+            (0x1010, 4, 1_000_003, 7, 4096),
+            (0x20_0000 + 16, 1, 64 << 20, 16, 2 << 20),
+            (0x1000, 8, 10, 4, 4096),
+            (0x1000, 2, 0, 4, 4096),
+        ] {
+            let c = cuts(base, elem, len, parts, align);
+            assert_eq!(c[0], 0);
+            assert_eq!(*c.last().unwrap(), len);
+            assert!(c.len() <= parts + 1 && c.windows(2).all(|w| w[0] < w[1]) || len == 0);
+            for &cut in c.iter().skip(1).take(c.len().saturating_sub(2)) {
+                assert_eq!((base + cut * elem) % align, 0, "{base:#x} {elem} {cut}");
+            }
+        }
+    }
+
+    #[test]
+    fn map_visits_matching_pieces() {
+        let w = Workers::new(4, None);
+        let src: Vec<u32> = (0..300_001).collect();
+        let mut dst = vec![0u64; src.len()];
+        w.map(4, 4096, &mut dst, &src, |d, s| {
+            for (d, s) in d.iter_mut().zip(s) {
+                *d = u64::from(*s) * 3;
+            }
+        });
+        assert!(dst.iter().zip(&src).all(|(d, s)| *d == u64::from(*s) * 3));
+    }
 
     #[test]
     fn runs_every_part_once() {

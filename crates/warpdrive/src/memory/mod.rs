@@ -25,6 +25,7 @@ pub use unified::{Advice, Coherence, Location, ManagedBuffer, UnifiedBuffer};
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+use crate::device::hostmem::FreshVec;
 use crate::device::{cpu, Device, Stream};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -188,9 +189,19 @@ impl<T: DType> Buffer<T> {
 
     /// The contents as a `Vec`, waiting for the stream.
     pub fn to_host(&self, stream: &Stream) -> Result<Vec<T>> {
-        let mut out = vec![T::default(); self.len];
-        self.copy_to_host(stream, &mut out)?;
-        Ok(out)
+        let mut out = FreshVec::with_capacity(self.len);
+        self.append_to_host(stream, &mut out)?;
+        Ok(out.into_vec())
+    }
+
+    /// Appends the contents to `out` (straight into its spare capacity, no zeroing first),
+    /// waiting for the stream.
+    pub(crate) fn append_to_host(&self, stream: &Stream, out: &mut FreshVec<T>) -> Result<()> {
+        self.check_stream(stream, "append_to_host")?;
+        match stream.cuda() {
+            Some((d, s)) => out.extend_d2h(d, s, self.ptr, self.len),
+            None => out.extend_from_slice(self.host_view()?),
+        }
     }
 
     pub(crate) fn check_stream(&self, stream: &Stream, op: &'static str) -> Result<()> {

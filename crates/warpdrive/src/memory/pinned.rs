@@ -307,6 +307,16 @@ impl<T: DType> PinnedBuf<T> {
         self.ptr
     }
 
+    /// True when the copies that use the buffer have completed; never waits.
+    pub fn ready(&self) -> Result<bool> {
+        for e in &self.events {
+            if !e.query()? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
     /// The elements, once the copies that use the buffer have completed.
     pub fn as_slice(&self) -> Result<&[T]> {
         for e in &self.events {

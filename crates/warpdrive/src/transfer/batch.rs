@@ -3,6 +3,10 @@
 
 use std::ops::Range;
 
+use parking_lot::Mutex;
+
+use super::workers;
+use crate::device::workers::{Workers, MIN_PIECE_BYTES};
 use crate::device::{Device, Stream};
 use crate::dtype::DType;
 use crate::error::Result;
@@ -12,26 +16,32 @@ use crate::memory::{Buffer, PinnedBuf};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Handle(pub usize);
 
-/// Small slices gathered into one pinned block. Keeps its pinned blocks across
-/// [`Batch::clear`], so a reused batch pins nothing new.
-pub struct Batch<T: DType> {
+/// Small slices to send with one DMA. [`Batch::push`] only notes a slice (it stays borrowed
+/// until [`Batch::upload`]), so the gather into pinned memory runs once, split over the copy
+/// threads. Keeps its pinned blocks across [`Batch::clear`], so a reused batch pins nothing
+/// new.
+pub struct Batch<'a, T: DType> {
     device: Device,
     data: PinnedBuf<T>,
-    len: usize,
-    /// Element offset of each slice, then the total: `slices + 1` entries.
+    /// Element offset of each slice, then the total: `slices + 1` entries, pinned.
     offsets: PinnedBuf<u64>,
     /// The same offsets, on the host (read without waiting for an upload).
     starts: Vec<u64>,
-    slices: usize,
+    slices: Vec<&'a [T]>,
 }
 
-impl<T: DType> std::fmt::Debug for Batch<T> {
+impl<T: DType> std::fmt::Debug for Batch<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Batch[{} slices, {} elements]", self.slices, self.len)
+        write!(
+            f,
+            "Batch[{} slices, {} elements]",
+            self.slices(),
+            self.len()
+        )
     }
 }
 
-impl<T: DType> Batch<T> {
+impl<'a, T: DType> Batch<'a, T> {
     /// An empty batch for `device`.
     pub fn new(device: &Device) -> Result<Self> {
         Self::with_capacity(device, 0, 0)
@@ -39,77 +49,108 @@ impl<T: DType> Batch<T> {
 
     /// An empty batch with room for `elements` in `slices` slices before it grows.
     pub fn with_capacity(device: &Device, elements: usize, slices: usize) -> Result<Self> {
-        let mut offsets = PinnedBuf::new(device, slices + 1)?;
-        offsets.as_mut_slice()?[0] = 0;
         Ok(Batch {
             device: device.clone(),
             data: PinnedBuf::new(device, elements)?,
-            len: 0,
-            offsets,
+            offsets: PinnedBuf::new(device, slices + 1)?,
             starts: vec![0],
-            slices: 0,
+            slices: Vec::with_capacity(slices),
         })
     }
 
     /// Slices pushed so far.
     pub fn slices(&self) -> usize {
-        self.slices
+        self.slices.len()
     }
 
     /// Elements pushed so far.
     pub fn len(&self) -> usize {
-        self.len
+        self.starts[self.starts.len() - 1] as usize
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
     /// Forgets the slices, keeping the pinned blocks.
     pub fn clear(&mut self) {
-        self.len = 0;
-        self.slices = 0;
+        self.slices.clear();
         self.starts.truncate(1);
     }
 
-    /// Appends a copy of `data` (straight into pinned memory); its place in the batch.
-    pub fn push(&mut self, data: &[T]) -> Result<Handle> {
-        let end = self.len + data.len();
-        if end > self.data.len() {
-            let mut grown = PinnedBuf::new(&self.device, end.max(2 * self.data.len()))?;
-            grown.as_mut_slice()?[..self.len].copy_from_slice(&self.data.as_slice()?[..self.len]);
-            self.data = grown;
-        }
-        if self.slices + 2 > self.offsets.len() {
-            let mut grown =
-                PinnedBuf::new(&self.device, (self.slices + 2).max(2 * self.offsets.len()))?;
-            grown.as_mut_slice()?[..=self.slices]
-                .copy_from_slice(&self.offsets.as_slice()?[..=self.slices]);
-            self.offsets = grown;
-        }
-        self.data.as_mut_slice()?[self.len..end].copy_from_slice(data);
-        let offsets = self.offsets.as_mut_slice()?;
-        offsets[self.slices] = self.len as u64;
-        offsets[self.slices + 1] = end as u64;
-        self.starts.push(end as u64);
-        self.len = end;
-        self.slices += 1;
-        Ok(Handle(self.slices - 1))
+    /// Adds `data` (borrowed until [`Batch::upload`] copies it); its place in the batch.
+    pub fn push(&mut self, data: &'a [T]) -> Handle {
+        self.starts.push((self.len() + data.len()) as u64);
+        self.slices.push(data);
+        Handle(self.slices.len() - 1)
     }
 
-    /// Enqueues one copy of every slice and one of the offsets table on `stream` and
-    /// returns at once (the batch's blocks are reused only after the copies complete).
+    /// Gathers every slice into the pinned block on the copy threads, then enqueues one
+    /// copy of it and one of the offsets table on `stream` and returns at once (the
+    /// batch's blocks are reused only after the copies complete).
     pub fn upload(&mut self, stream: &Stream) -> Result<Packed<T>> {
-        let mut data = Buffer::uninit(stream, self.len)?;
-        data.copy_from_pinned_at(stream, 0, &mut self.data, self.len)?;
-        let mut offsets = Buffer::uninit(stream, self.slices + 1)?;
-        offsets.copy_from_pinned_at(stream, 0, &mut self.offsets, self.slices + 1)?;
+        let (len, n) = (self.len(), self.slices());
+        if len > self.data.len() {
+            self.data = PinnedBuf::new(&self.device, len.max(2 * self.data.len()))?;
+        }
+        if n + 1 > self.offsets.len() {
+            self.offsets = PinnedBuf::new(&self.device, (n + 1).max(2 * self.offsets.len()))?;
+        }
+        self.offsets.as_mut_slice()?[..=n].copy_from_slice(&self.starts);
+        gather(
+            workers(&self.device),
+            &mut self.data.as_mut_slice()?[..len],
+            &self.starts,
+            &self.slices,
+        );
+        let mut data = Buffer::uninit(stream, len)?;
+        data.copy_from_pinned_at(stream, 0, &mut self.data, len)?;
+        let mut offsets = Buffer::uninit(stream, n + 1)?;
+        offsets.copy_from_pinned_at(stream, 0, &mut self.offsets, n + 1)?;
         Ok(Packed {
             data,
             offsets,
             starts: self.starts.clone(),
         })
     }
+}
+
+/// Copies `slices` (slice `i` at `starts[i]..starts[i + 1]`) back to back into `dst`,
+/// which is split into equal pieces, one per copy thread.
+fn gather<T: DType>(workers: &Workers, dst: &mut [T], starts: &[u64], slices: &[&[T]]) {
+    let total = dst.len();
+    let parts = pieces::<T>(workers, total);
+    let piece = total.div_ceil(parts).max(1);
+    let jobs: Vec<Mutex<(usize, &mut [T])>> = dst
+        .chunks_mut(piece)
+        .enumerate()
+        .map(|(k, d)| Mutex::new((k * piece, d)))
+        .collect();
+    workers.run(jobs.len(), &|k| {
+        let mut job = jobs[k].lock();
+        let (lo, d) = &mut *job;
+        let (lo, hi) = (*lo, *lo + d.len());
+        // The last slice starting at or before `lo` holds it (empty ones are skipped).
+        let mut i = starts
+            .partition_point(|&s| s as usize <= lo)
+            .saturating_sub(1);
+        let mut at = lo;
+        while at < hi && i < slices.len() {
+            let (s0, s1) = (starts[i] as usize, starts[i + 1] as usize);
+            let end = hi.min(s1);
+            if end > at {
+                d[at - lo..end - lo].copy_from_slice(&slices[i][at - s0..end - s0]);
+                at = end;
+            }
+            i += 1;
+        }
+    });
+}
+
+/// How many pieces to split `elements` into on the copy threads.
+fn pieces<T>(workers: &Workers, elements: usize) -> usize {
+    let min_piece = (MIN_PIECE_BYTES / std::mem::size_of::<T>().max(1)).max(1);
+    workers.threads().min(elements.div_ceil(min_piece)).max(1)
 }
 
 /// A batch on the device: the slices back to back and the offsets table.
@@ -153,15 +194,37 @@ impl<T: DType> Packed<T> {
     }
 
     /// The reverse of [`Batch::upload`]: one copy of the whole buffer to the host, split
-    /// back into the slices.
+    /// back into the slices on the copy threads.
     pub fn download(&self, stream: &Stream) -> Result<Vec<Vec<T>>> {
         let mut host = PinnedBuf::new(stream.device(), self.data.len())?;
         self.data.copy_to_pinned(stream, &mut host)?;
         let all = host.as_slice()?;
-        Ok(self
+        let mut out: Vec<Vec<T>> = self
             .starts
             .windows(2)
-            .map(|w| all[w[0] as usize..w[1] as usize].to_vec())
-            .collect())
+            .map(|w| Vec::with_capacity((w[1] - w[0]) as usize))
+            .collect();
+        // Groups of consecutive slices of about equal bytes, one per copy thread.
+        let workers = workers(stream.device());
+        let per = all.len().div_ceil(pieces::<T>(workers, all.len())).max(1);
+        let mut jobs = Vec::new();
+        let (mut rest, mut first) = (out.as_mut_slice(), 0);
+        while !rest.is_empty() {
+            let goal = self.starts[first] as usize + per;
+            let k = (self.starts[first + 1..].partition_point(|&s| (s as usize) < goal) + 1)
+                .min(rest.len());
+            let (group, tail) = std::mem::take(&mut rest).split_at_mut(k);
+            jobs.push(Mutex::new((first, group)));
+            (rest, first) = (tail, first + k);
+        }
+        workers.run(jobs.len(), &|j| {
+            let mut job = jobs[j].lock();
+            let (first, group) = &mut *job;
+            for (i, v) in group.iter_mut().enumerate() {
+                let (a, b) = (self.starts[*first + i], self.starts[*first + i + 1]);
+                v.extend_from_slice(&all[a as usize..b as usize]);
+            }
+        });
+        Ok(out)
     }
 }

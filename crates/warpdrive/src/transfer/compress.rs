@@ -4,23 +4,30 @@
 //! host. Lossy, opt-in: see [`BF16_REL_ERROR`] and [`F16_REL_ERROR`].
 
 use std::collections::HashMap;
+use std::fmt;
+use std::mem::size_of_val;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use parking_lot::Mutex;
 
-use super::{check_len, config, par_map, workers, Direction, TransferConfig, MIB};
+use super::{check_len, config, workers, Direction, TransferConfig, PAGE};
 use crate::device::Stream;
-use crate::dtype::Float;
+use crate::dtype::{DTypeKind, Float};
 use crate::error::Result;
+use crate::exec::tune::{autotune, size_bucket};
 use crate::memory::{Buffer, PinnedBuf};
 
 /// Bound on |sent − x| / |x| for finite `x` sent as bf16 (round to nearest, 8 significant
 /// bits; f32's whole range, subnormals aside).
 pub const BF16_REL_ERROR: f64 = 1.0 / 256.0;
 /// Bound on |sent − x| / |x| for `x` sent as f16 with 6.2e-5 ≤ |x| ≤ 65504 (11 significant
-/// bits); larger values become ±inf, smaller ones lose precision.
+/// bits); larger values become ±inf, smaller ones keep [`F16_ABS_ERROR`].
 pub const F16_REL_ERROR: f64 = 1.0 / 2048.0;
+/// Bound on |sent − x| for `x` sent as f16 with |x| < 6.2e-5 (half of f16's subnormal step,
+/// 2⁻²⁵).
+pub const F16_ABS_ERROR: f64 = 1.0 / (1u64 << 25) as f64;
 
 /// How f32 data crosses the link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -31,55 +38,57 @@ pub enum Compression {
     Bf16,
     /// As f16: [`F16_REL_ERROR`] in f16's range.
     F16,
-    /// `None` or `Bf16`, whichever was faster when measured once on this device and
-    /// direction (lossy when it picks `Bf16`).
+    /// The fastest of the others for this size (to the next power of two) and direction,
+    /// timed once on the caller's data and kept in the autotune cache (`exec::tune`).
+    /// Uploads may pick `F16`, but data with a finite value beyond f16's range goes
+    /// uncompressed instead (checked while narrowing; the copy is redone), so every value
+    /// is within [`BF16_REL_ERROR`] relative or [`F16_ABS_ERROR`] absolute. Downloads pick
+    /// `None` or `Bf16` (their narrowing runs on the device, unchecked).
     Auto,
 }
 
-/// The size `Auto` measures at.
-const AUTO_BYTES: usize = 64 * MIB;
-
-static AUTO: Mutex<Option<HashMap<(String, Direction), Compression>>> = Mutex::new(None);
-
-/// What `Auto` resolves to on the stream's device for `dir` (measured on first use).
-pub fn resolve(stream: &Stream, dir: Direction, c: Compression) -> Result<Compression> {
-    if c != Compression::Auto {
-        return Ok(c);
+impl fmt::Display for Compression {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Compression::None => "none",
+            Compression::Bf16 => "bf16",
+            Compression::F16 => "f16",
+            Compression::Auto => "auto",
+        })
     }
-    let key = (stream.device().label(), dir);
+}
+
+type AutoKey = (String, Direction, u32);
+/// `Auto`'s choices in this process, in front of the autotune cache (which keys by name).
+static AUTO: Mutex<Option<HashMap<AutoKey, Compression>>> = Mutex::new(None);
+
+/// What `Auto` picks for `bytes` of f32 in `dir` on the stream's device: the kept choice for
+/// the size's bucket, else the fastest of the candidates timed now by `run`.
+fn resolve_auto(
+    stream: &Stream,
+    dir: Direction,
+    bytes: usize,
+    run: impl FnMut(&Stream, &Compression) -> Result<()>,
+) -> Result<Compression> {
+    let key = (stream.device().label(), dir, size_bucket(bytes));
     if let Some(c) = AUTO.lock().as_ref().and_then(|m| m.get(&key)) {
         return Ok(*c);
     }
-    // Small on the CPU backend, where there is no link to win against.
-    let bytes = if stream.device().is_cuda() {
-        AUTO_BYTES
-    } else {
-        AUTO_BYTES / 16
+    let (kernel, candidates): (_, &[Compression]) = match dir {
+        Direction::H2d => (
+            "transfer.h2d.compression",
+            &[Compression::None, Compression::Bf16, Compression::F16],
+        ),
+        Direction::D2h => (
+            "transfer.d2h.compression",
+            &[Compression::None, Compression::Bf16],
+        ),
     };
-    let n = bytes / 4;
-    let mut host: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 * 0.37).collect();
-    let mut dev = Buffer::<f32>::uninit(stream, n)?;
-    let mut best = (f64::INFINITY, Compression::None);
-    for c in [Compression::None, Compression::Bf16] {
-        let mut times = Vec::new();
-        for _ in 0..4 {
-            let t = std::time::Instant::now();
-            match dir {
-                Direction::H2d => upload_f32(stream, &mut dev, &host, c)?,
-                Direction::D2h => download_f32(stream, &dev, &mut host, c)?,
-            }
-            times.push(t.elapsed().as_secs_f64());
-        }
-        // The first run warms up.
-        let t = times[1..].iter().copied().fold(f64::INFINITY, f64::min);
-        if t < best.0 {
-            best = (t, c);
-        }
-    }
+    let best = autotune(stream, kernel, DTypeKind::F32, bytes, candidates, run)?;
     AUTO.lock()
         .get_or_insert_with(HashMap::new)
-        .insert(key, best.1);
-    Ok(best.1)
+        .insert(key, best);
+    Ok(best)
 }
 
 /// Copies `src` into `dst` (same length) as `compression` says; returns when done.
@@ -93,15 +102,55 @@ pub fn upload_f32(
     if std::mem::size_of_val(src) < super::ALWAYS_DIRECT {
         return super::upload(stream, dst, src);
     }
-    match resolve(stream, Direction::H2d, compression)? {
-        Compression::Bf16 => {
-            upload_narrow::<bf16>(stream, dst, src, |d, s| d.convert_from_f32_slice(s))
-        }
-        Compression::F16 => {
-            upload_narrow::<f16>(stream, dst, src, |d, s| d.convert_from_f32_slice(s))
-        }
+    let c = match compression {
+        Compression::Auto => resolve_auto(stream, Direction::H2d, size_of_val(src), |s, c| {
+            upload_auto(s, dst, src, *c)
+        })?,
+        c => c,
+    };
+    match (compression, c) {
+        (Compression::Auto, c) => upload_auto(stream, dst, src, c),
+        (_, Compression::Bf16) => upload_narrow::<bf16>(stream, dst, src, |d, s| {
+            d.convert_from_f32_slice(s);
+            true
+        })
+        .map(drop),
+        (_, Compression::F16) => upload_narrow::<f16>(stream, dst, src, |d, s| {
+            d.convert_from_f32_slice(s);
+            true
+        })
+        .map(drop),
         _ => super::upload(stream, dst, src),
     }
+}
+
+/// An upload `Auto` chose `c` for: as `c`, except that `F16` falls back to `None` when
+/// some finite value lies beyond f16's range.
+fn upload_auto(stream: &Stream, dst: &mut Buffer<f32>, src: &[f32], c: Compression) -> Result<()> {
+    if c != Compression::F16 {
+        return upload_f32(stream, dst, src, c);
+    }
+    if upload_narrow::<f16>(stream, dst, src, narrow_f16_checked)? {
+        return Ok(());
+    }
+    tracing::debug!("transfer: data beyond f16's range; sending it uncompressed");
+    super::upload(stream, dst, src)
+}
+
+/// Narrows `s` into `d`; false when a finite value became ±inf (beyond f16's range). A
+/// quick look at the f16 exponents clears almost every piece; only pieces holding inf or
+/// NaN are compared with the source.
+fn narrow_f16_checked(d: &mut [f16], s: &[f32]) -> bool {
+    d.convert_from_f32_slice(s);
+    // The largest exponent field, as a max over the bits (vectorises; `any` would not).
+    let top = d
+        .reinterpret_cast()
+        .iter()
+        .fold(0u16, |m, &b| m.max(b & 0x7c00));
+    top != 0x7c00
+        || d.iter()
+            .zip(s)
+            .all(|(h, v)| !h.is_infinite() || v.is_infinite())
 }
 
 /// Copies `src` into `dst` (same length) as `compression` says; returns when done.
@@ -115,7 +164,13 @@ pub fn download_f32(
     if std::mem::size_of_val(dst) < super::ALWAYS_DIRECT {
         return super::download(stream, src, dst);
     }
-    match resolve(stream, Direction::D2h, compression)? {
+    let c = match compression {
+        Compression::Auto => resolve_auto(stream, Direction::D2h, size_of_val(dst), |s, c| {
+            download_f32(s, src, dst, *c)
+        })?,
+        c => c,
+    };
+    match c {
         Compression::Bf16 => {
             download_narrow::<bf16>(stream, src, dst, |d, s| s.convert_to_f32_slice(d))
         }
@@ -131,12 +186,15 @@ fn chunking(len: usize, cfg: &TransferConfig) -> usize {
     super::chunk_len::<f32>(len, cfg)
 }
 
+/// Sends `src` narrowed to `H` by `narrow` (false: a piece did not fit) and widens it into
+/// `dst` on the device. False, with `dst` unspecified, when some piece did not fit (the
+/// rest is not sent).
 fn upload_narrow<H: Float>(
     stream: &Stream,
     dst: &mut Buffer<f32>,
     src: &[f32],
-    narrow: impl Fn(&mut [H], &[f32]) + Sync,
-) -> Result<()> {
+    narrow: impl Fn(&mut [H], &[f32]) -> bool + Sync,
+) -> Result<bool> {
     let cfg = config(stream, Direction::H2d)?;
     let workers = workers(stream.device());
     let chunk = chunking(src.len(), &cfg);
@@ -146,19 +204,29 @@ fn upload_narrow<H: Float>(
         .map(|_| PinnedBuf::<H>::new(stream.device(), chunk))
         .collect::<Result<Vec<_>>>()?;
     let depth = slots.len();
+    let fits = AtomicBool::new(true);
     for (i, piece) in src.chunks(chunk).enumerate() {
         let stage = &mut slots[i % depth];
-        par_map(
-            workers,
+        workers.map(
             cfg.threads,
+            PAGE,
             &mut stage.as_mut_slice()?[..piece.len()],
             piece,
-            &narrow,
+            |d, s| {
+                if !narrow(d, s) {
+                    fits.store(false, Ordering::Relaxed);
+                }
+            },
         );
+        if !fits.load(Ordering::Relaxed) {
+            stream.synchronize()?;
+            return Ok(false);
+        }
         wire.copy_from_pinned_at(stream, i * chunk, stage, piece.len())?;
     }
     crate::ops::cast(stream, &wire, dst)?;
-    stream.synchronize()
+    stream.synchronize()?;
+    Ok(true)
 }
 
 fn download_narrow<H: Float>(
@@ -183,9 +251,9 @@ fn download_narrow<H: Float>(
     }
     for (i, piece) in dst.chunks_mut(chunk).enumerate() {
         let stage = &mut slots[i % depth];
-        par_map(
-            workers,
+        workers.map(
             cfg.threads,
+            PAGE,
             piece,
             &stage.as_slice()?[..piece.len()],
             &widen,
@@ -196,4 +264,50 @@ fn download_narrow<H: Float>(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::Device;
+
+    #[test]
+    fn f16_range_check() {
+        let fits: [&[f32]; 5] = [
+            &[1.0, -3.5, 65504.0, 65519.0, 6.1e-5, 0.0, -0.0],
+            &[f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 12.0],
+            &[],
+            &[-1.0e-3; 1000],
+            &[1.0e-7, -3.0e-30, 2.0],
+        ];
+        for s in fits {
+            let mut d = vec![f16::NAN; s.len()];
+            assert!(narrow_f16_checked(&mut d, s), "{s:?}");
+        }
+        for s in [&[1.0, 70000.0][..], &[2.0, -1.0e9], &[f32::MAX]] {
+            let mut d = vec![f16::NAN; s.len()];
+            assert!(!narrow_f16_checked(&mut d, s), "{s:?}");
+        }
+    }
+
+    /// `Auto` having picked f16 sends data beyond f16's range uncompressed (exactly).
+    #[test]
+    fn auto_f16_falls_back_to_exact() {
+        let s = Device::cpu().new_stream().unwrap();
+        let n = (1 << 18) + 3;
+        let mut src: Vec<f32> = (0..n).map(|i| (i % 977) as f32 * 0.25 + 1.0).collect();
+        src[7] = 1.0e-7;
+        let mut dst = Buffer::<f32>::zeros(&s, n).unwrap();
+        upload_auto(&s, &mut dst, &src, Compression::F16).unwrap();
+        let got = dst.to_host(&s).unwrap();
+        // In range: sent as f16, within its bounds.
+        assert!(got.iter().zip(&src).all(|(g, w)| {
+            let err = f64::from((g - w).abs());
+            err <= F16_REL_ERROR * f64::from(w.abs()) || err <= F16_ABS_ERROR
+        }));
+        assert_ne!(got, src);
+        src[n - 2] = 1.0e6;
+        upload_auto(&s, &mut dst, &src, Compression::F16).unwrap();
+        assert_eq!(dst.to_host(&s).unwrap(), src);
+    }
 }

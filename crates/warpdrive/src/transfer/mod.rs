@@ -10,20 +10,25 @@
 //!   (`exec::tune`); [`set_config`] overrides them.
 //!   `Buffer::copy_from_host`/`copy_to_host` stay the plain driver copy: `memory` sits below
 //!   this floor and must not depend on it, and one explicit fast entry point is simpler
-//!   than injecting a hook into `memory`.
-//! - [`Batch`]: many small slices gathered into one pinned block, one DMA, and a device
-//!   offsets table; [`Packed::download`] is the reverse.
-//! - [`Pipeline`]: chunks streamed through N streams (H2D, user compute, D2H overlapping),
-//!   ordered output, per-stage busy time and overlap efficiency.
+//!   than injecting a hook into `memory`. [`to_host`] fills a fresh `Vec` never zeroed first,
+//!   all copy threads taking its page faults in parallel (huge pages from 32 MiB).
+//! - [`Batch`]: many small slices gathered (at upload, on the copy threads) into one pinned
+//!   block, one DMA, and a device offsets table; [`Packed::download`] is the reverse.
+//! - [`Pipeline`]: chunks streamed through N streams (H2D, user compute, D2H overlapping; a
+//!   staging thread does the host copies meanwhile), ordered output, per-stage busy time
+//!   and overlap efficiency.
 //! - Wire compression ([`upload_f32`], [`download_f32`], [`Compression`]): f32 sent as
-//!   bf16/f16 and widened on the device (or narrowed there and widened on the host).
+//!   bf16/f16 and widened on the device (or narrowed there and widened on the host);
+//!   [`Compression::Auto`] picks per size bucket.
 
 mod batch;
 mod compress;
 mod pipeline;
 
 pub use batch::{Batch, Handle, Packed};
-pub use compress::{download_f32, upload_f32, Compression, BF16_REL_ERROR, F16_REL_ERROR};
+pub use compress::{
+    download_f32, upload_f32, Compression, BF16_REL_ERROR, F16_ABS_ERROR, F16_REL_ERROR,
+};
 pub use pipeline::{Pipeline, PipelineStats};
 
 use std::collections::HashMap;
@@ -31,7 +36,8 @@ use std::fmt;
 
 use parking_lot::Mutex;
 
-use crate::device::workers::Workers;
+use crate::device::hostmem::{FreshVec, HUGE_FROM, HUGE_PAGE};
+use crate::device::workers::{Workers, PAGE};
 use crate::device::{Device, Stream};
 use crate::dtype::{DType, DTypeKind};
 use crate::error::Result;
@@ -221,12 +227,51 @@ pub fn download<T: DType>(stream: &Stream, src: &Buffer<T>, dst: &mut [T]) -> Re
     download_with(stream, src, dst, &cfg)
 }
 
-/// The buffer's contents in a new `Vec` (through [`download`]).
+/// The buffer's contents in a new `Vec`, as `tensor.cpu()` gives. The `Vec` is never zeroed
+/// first: small copies go straight from the driver into its spare capacity, large ones
+/// through the staged path with every copy thread writing (and so taking the page faults
+/// of) whole pages of its own, on transparent huge pages from 32 MiB.
 pub fn to_host<T: DType>(stream: &Stream, src: &Buffer<T>) -> Result<Vec<T>> {
-    // `vec!` of zeros maps fresh pages lazily, so the copy threads take the page faults.
-    let mut out = vec![T::default(); src.len()];
-    download(stream, src, &mut out)?;
-    Ok(out)
+    src.device().same_as(stream.device(), "transfer::to_host")?;
+    let mut out = FreshVec::with_capacity(src.len());
+    let bytes = src.size_bytes();
+    if bytes < ALWAYS_DIRECT {
+        src.append_to_host(stream, &mut out)?;
+        return Ok(out.into_vec());
+    }
+    let cfg = config(stream, Direction::D2h)?;
+    if bytes < cfg.direct_below {
+        src.append_to_host(stream, &mut out)?;
+        return Ok(out.into_vec());
+    }
+    let workers = workers(stream.device());
+    let fresh = fresh_config(workers, bytes, &cfg);
+    let out = std::cell::RefCell::new(out);
+    staged_d2h_with(
+        stream,
+        src,
+        &fresh,
+        |_, piece| out.borrow_mut().extend_par(workers, fresh.threads, piece),
+        |n| out.borrow_mut().prefault(workers, fresh.threads, n),
+    )?;
+    Ok(out.into_inner().into_vec())
+}
+
+/// The staged configuration for copies into fresh memory: page faults, not the memory
+/// bus, bound them, so every copy thread helps. On huge pages each chunk gives every thread
+/// a huge page of its own (two chunks in flight are enough: faulting and copying a chunk
+/// takes longer than its DMA, and fewer, larger chunks keep every thread busy).
+fn fresh_config(workers: &Workers, bytes: usize, cfg: &TransferConfig) -> TransferConfig {
+    let threads = workers.threads();
+    if bytes < HUGE_FROM {
+        return TransferConfig { threads, ..*cfg };
+    }
+    TransferConfig {
+        chunk_bytes: cfg.chunk_bytes.max(threads * HUGE_PAGE),
+        threads,
+        depth: 2,
+        ..*cfg
+    }
 }
 
 /// A new buffer holding `src` (through [`upload`]).
@@ -270,6 +315,25 @@ pub fn download_with<T: DType>(
     staged_d2h(stream, src, dst, cfg)
 }
 
+fn staged_d2h<T: DType>(
+    stream: &Stream,
+    src: &Buffer<T>,
+    dst: &mut [T],
+    cfg: &TransferConfig,
+) -> Result<()> {
+    let workers = workers(stream.device());
+    staged_d2h_with(
+        stream,
+        src,
+        cfg,
+        |at, piece| {
+            par_copy(workers, cfg.threads, &mut dst[at..at + piece.len()], piece);
+            Ok(())
+        },
+        |_| {},
+    )
+}
+
 /// Elements per chunk: the configured chunk, but at least `depth` chunks for copies of a
 /// few chunks or less (so even those overlap host copies with the DMA), never under 64 KiB.
 fn chunk_len<T>(len: usize, cfg: &TransferConfig) -> usize {
@@ -310,94 +374,51 @@ fn staged_h2d<T: DType>(
     stream.synchronize()
 }
 
-fn staged_d2h<T: DType>(
+/// Copies `src` to the host in chunks through pinned staging blocks, handing each chunk to
+/// `put(element offset, chunk)` in order while the DMA engine fills the next blocks. When a
+/// chunk's DMA is still running, `idle(chunk length)` runs first (work done ahead).
+fn staged_d2h_with<T: DType>(
     stream: &Stream,
     src: &Buffer<T>,
-    dst: &mut [T],
     cfg: &TransferConfig,
+    mut put: impl FnMut(usize, &[T]) -> Result<()>,
+    mut idle: impl FnMut(usize),
 ) -> Result<()> {
-    let workers = workers(stream.device());
     if !stream.device().is_cuda() {
-        par_copy(workers, cfg.threads, dst, src.host_view()?);
-        return Ok(());
+        return put(0, src.host_view()?);
     }
-    let chunk = chunk_len::<T>(dst.len(), cfg);
-    let n = dst.len().div_ceil(chunk);
+    let len = src.len();
+    let chunk = chunk_len::<T>(len, cfg);
+    let n = len.div_ceil(chunk);
     let mut slots = (0..cfg.depth.clamp(1, n.max(1)))
         .map(|_| PinnedBuf::<T>::new(stream.device(), chunk))
         .collect::<Result<Vec<_>>>()?;
     let depth = slots.len();
-    let piece_len = |i: usize| chunk.min(dst.len() - i * chunk);
+    let piece_len = |i: usize| chunk.min(len - i * chunk);
     for (i, stage) in slots.iter_mut().enumerate() {
         src.copy_to_pinned_at(stream, i * chunk, stage, piece_len(i))?;
     }
-    for (i, piece) in dst.chunks_mut(chunk).enumerate() {
+    for i in 0..n {
         let stage = &mut slots[i % depth];
+        if !stage.ready()? {
+            idle(piece_len(i));
+        }
         // Waits for this chunk's DMA.
-        par_copy(
-            workers,
-            cfg.threads,
-            piece,
-            &stage.as_slice()?[..piece.len()],
-        );
+        put(i * chunk, &stage.as_slice()?[..piece_len(i)])?;
         let next = i + depth;
         if next < n {
-            src.copy_to_pinned_at(
-                stream,
-                next * chunk,
-                stage,
-                chunk.min(src.len() - next * chunk),
-            )?;
+            src.copy_to_pinned_at(stream, next * chunk, stage, piece_len(next))?;
         }
     }
     Ok(())
 }
 
-/// `dst.copy_from_slice(src)` in up to `threads` page-sized pieces on the copy threads.
+/// `dst.copy_from_slice(src)` in up to `threads` page-aligned pieces on the copy threads.
 pub fn par_copy<T: Copy + Send + Sync>(
     workers: &Workers,
     threads: usize,
     dst: &mut [T],
     src: &[T],
 ) {
-    par_map(workers, threads, dst, src, |d, s| d.copy_from_slice(s));
-}
-
-/// `f(dst piece, src piece)` over matching pieces of two equally long slices, on up to
-/// `threads` copy threads (one piece each).
-pub fn par_map<S: Sync, D: Send>(
-    workers: &Workers,
-    threads: usize,
-    dst: &mut [D],
-    src: &[S],
-    f: impl Fn(&mut [D], &[S]) + Sync,
-) {
-    debug_assert_eq!(dst.len(), src.len());
-    let size = std::mem::size_of::<D>()
-        .max(std::mem::size_of::<S>())
-        .max(1);
-    // Pieces of at least 128 KiB (waking a thread costs µs), in whole pages.
-    let min_piece = (128 * KIB / size).max(1);
-    let parts = threads
-        .min(workers.threads())
-        .min(dst.len().div_ceil(min_piece))
-        .max(1);
-    if parts == 1 {
-        f(dst, src);
-        return;
-    }
-    let piece = dst
-        .len()
-        .div_ceil(parts)
-        .next_multiple_of((4 * KIB / size).max(1));
-    let jobs: Vec<Mutex<(&mut [D], &[S])>> = dst
-        .chunks_mut(piece)
-        .zip(src.chunks(piece))
-        .map(Mutex::new)
-        .collect();
-    workers.run(jobs.len(), &|i| {
-        let mut job = jobs[i].lock();
-        let (d, s) = &mut *job;
-        f(d, s);
-    });
+    workers.map(threads, PAGE, dst, src, |d, s| d.copy_from_slice(s));
 }

@@ -3,9 +3,10 @@
 //! download overlap; output chunk `i` is always input chunk `i`'s result.
 
 use std::collections::VecDeque;
+use std::sync::mpsc;
 use std::time::Instant;
 
-use super::{par_copy, workers, TransferConfig};
+use super::{par_copy, workers};
 use crate::device::{Device, Event, Stream};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -70,11 +71,21 @@ impl std::fmt::Debug for Pipeline {
     }
 }
 
-/// One chunk in flight: its output block and the events around its stages.
-struct InFlight<U: DType> {
+/// Each chunk's H2D, compute and D2H intervals (seconds from the run's start).
+type StageIntervals = [Vec<(f64, f64)>; 3];
+
+/// A chunk staged in pinned memory, on its way to the stream.
+struct Staged<T: DType> {
     index: usize,
+    input: PinnedBuf<T>,
+}
+
+/// A chunk whose H2D, compute and D2H are enqueued: its output block and the events
+/// around its stages (before H2D, after H2D, after compute, after D2H).
+struct InFlight<T: DType, U: DType> {
+    index: usize,
+    _input: PinnedBuf<T>,
     out: PinnedBuf<U>,
-    /// Before H2D, after H2D, after compute, after D2H.
     events: [Event; 4],
 }
 
@@ -110,6 +121,12 @@ impl Pipeline {
     /// Runs every chunk of `input` through `compute(stream, chunk in, chunk out)` (which
     /// enqueues work on `stream` and must fill the output) into the same chunk of
     /// `output` (as long as `input`); returns when all is done.
+    ///
+    /// The calling thread only enqueues work (H2D, `compute`, D2H). A staging thread does
+    /// every host copy on the copy threads at the same time: it fills the next chunk's
+    /// pinned block and empties finished ones into `output` (oldest first), keeping up to
+    /// streams × buffering chunks in flight, so host copies overlap the GPU's work and the
+    /// calling thread's launches.
     pub fn run<T: DType, U: DType>(
         &self,
         input: &[T],
@@ -117,28 +134,128 @@ impl Pipeline {
         mut compute: impl FnMut(&Stream, &Buffer<T>, &mut Buffer<U>) -> Result<()>,
     ) -> Result<PipelineStats> {
         check_len("Pipeline::run", input.len(), output.len())?;
-        let workers = workers(&self.device);
-        let threads = TransferConfig::default().threads;
         let start = Instant::now();
         let t0 = self.device.new_event()?;
         self.streams[0].record(&t0)?;
         for s in &self.streams[1..] {
             s.wait(&t0)?;
         }
-        let mut stats = PipelineStats::default();
-        let mut intervals: [Vec<(f64, f64)>; 3] = Default::default();
-        let mut queue: VecDeque<InFlight<U>> = VecDeque::new();
-        let window = self.streams.len() * self.buffering;
+        let n = input.len().div_ceil(self.chunk_len);
+        let t0 = &t0;
+        let (host, enqueued) = std::thread::scope(|scope| {
+            // Made here, so unwinding drops them and the staging thread stops.
+            let (staged_tx, staged_rx) = mpsc::channel::<Staged<T>>();
+            let (enqueued_tx, enqueued_rx) = mpsc::channel::<InFlight<T, U>>();
+            let stager = scope.spawn(move || self.stage(input, output, t0, staged_tx, enqueued_rx));
+            let mut enqueue_all = || -> Result<()> {
+                for index in 0..n {
+                    // A closed channel means the staging thread failed: its error wins.
+                    let Ok(Staged { index: got, input }) = staged_rx.recv() else {
+                        return Ok(());
+                    };
+                    debug_assert_eq!(got, index);
+                    let f = self.enqueue(index, input, &mut compute)?;
+                    if enqueued_tx.send(f).is_err() {
+                        return Ok(());
+                    }
+                }
+                Ok(())
+            };
+            let enqueued = enqueue_all();
+            // Stops the staging thread early when this one failed.
+            drop((enqueued_tx, staged_rx));
+            let host = stager
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p));
+            (host, enqueued)
+        });
+        let (host_s, intervals) = host?;
+        enqueued?;
+        let mut stats = PipelineStats {
+            chunks: n,
+            host_s,
+            ..PipelineStats::default()
+        };
+        stats.wall_s = start.elapsed().as_secs_f64();
+        if self.device.is_cuda() {
+            let [h2d, compute, d2h] = intervals.map(union_length);
+            stats.h2d_s = h2d;
+            stats.compute_s = compute;
+            stats.d2h_s = d2h;
+        }
+        Ok(stats)
+    }
+
+    /// Enqueues chunk `index`'s H2D, compute and D2H on its stream (on the calling thread).
+    fn enqueue<T: DType, U: DType>(
+        &self,
+        index: usize,
+        mut input: PinnedBuf<T>,
+        compute: &mut impl FnMut(&Stream, &Buffer<T>, &mut Buffer<U>) -> Result<()>,
+    ) -> Result<InFlight<T, U>> {
+        let stream = &self.streams[index % self.streams.len()];
+        let len = input.len();
+        let events = [
+            self.device.new_event()?,
+            self.device.new_event()?,
+            self.device.new_event()?,
+            self.device.new_event()?,
+        ];
+        let mut d_in = Buffer::<T>::uninit(stream, len)?;
+        let mut d_out = Buffer::<U>::uninit(stream, len)?;
+        stream.record(&events[0])?;
+        d_in.copy_from_pinned(stream, &mut input)?;
+        stream.record(&events[1])?;
+        compute(stream, &d_in, &mut d_out)?;
+        stream.record(&events[2])?;
+        let mut out = PinnedBuf::<U>::new(&self.device, len)?;
+        d_out.copy_to_pinned(stream, &mut out)?;
+        stream.record(&events[3])?;
+        Ok(InFlight {
+            index,
+            _input: input,
+            out,
+            events,
+        })
+    }
+
+    /// The staging thread: fills pinned blocks from `input` and sends them to the calling
+    /// thread; empties the enqueued chunks it gets back into `output`, oldest first, as
+    /// their D2H completes. Returns the host copy time and each chunk's stage intervals.
+    fn stage<T: DType, U: DType>(
+        &self,
+        input: &[T],
+        output: &mut [U],
+        t0: &Event,
+        staged: mpsc::Sender<Staged<T>>,
+        enqueued: mpsc::Receiver<InFlight<T, U>>,
+    ) -> Result<(f64, StageIntervals)> {
+        let workers = workers(&self.device);
+        let threads = workers.threads();
         let chunk = self.chunk_len;
-        let mut drain =
-            |f: InFlight<U>, output: &mut [U], stats: &mut PipelineStats| -> Result<()> {
+        let n = input.len().div_ceil(chunk);
+        let window = self.streams.len() * self.buffering;
+        let mut host_s = 0.0;
+        let mut intervals = StageIntervals::default();
+        let mut pending: VecDeque<InFlight<T, U>> = VecDeque::new();
+        let (mut next, mut drained) = (0, 0);
+        while drained < n {
+            pending.extend(enqueued.try_iter());
+            let in_flight = next - drained;
+            let drain_now = match pending.front() {
+                Some(f) => in_flight == window || next == n || f.events[3].query()?,
+                None => false,
+            };
+            if drain_now {
+                let Some(f) = pending.pop_front() else {
+                    continue;
+                };
                 let lo = f.index * chunk;
-                let hi = (lo + chunk).min(output.len());
-                let piece = &mut output[lo..hi];
+                let piece = &mut output[lo..(lo + chunk).min(input.len())];
                 let host = f.out.as_slice()?;
                 let t = Instant::now();
                 par_copy(workers, threads, piece, &host[..piece.len()]);
-                stats.host_s += t.elapsed().as_secs_f64();
+                host_s += t.elapsed().as_secs_f64();
                 let at = |e: &Event| -> Result<f64> { Ok(f64::from(t0.elapsed_ms(e)?) * 1e-3) };
                 let ts = [
                     at(&f.events[0])?,
@@ -149,49 +266,32 @@ impl Pipeline {
                 for (k, iv) in intervals.iter_mut().enumerate() {
                     iv.push((ts[k], ts[k + 1]));
                 }
-                Ok(())
-            };
-        for (index, piece) in input.chunks(chunk).enumerate() {
-            if queue.len() >= window {
-                if let Some(f) = queue.pop_front() {
-                    drain(f, output, &mut stats)?;
+                drained += 1;
+            } else if next < n && in_flight < window {
+                let piece = &input[next * chunk..((next + 1) * chunk).min(input.len())];
+                let mut block = PinnedBuf::<T>::new(&self.device, piece.len())?;
+                let t = Instant::now();
+                par_copy(workers, threads, block.as_mut_slice()?, piece);
+                host_s += t.elapsed().as_secs_f64();
+                if staged
+                    .send(Staged {
+                        index: next,
+                        input: block,
+                    })
+                    .is_err()
+                {
+                    break; // the calling thread stopped (its error is returned)
+                }
+                next += 1;
+            } else {
+                // Everything staged is with the calling thread: wait for it.
+                match enqueued.recv() {
+                    Ok(f) => pending.push_back(f),
+                    Err(_) => break,
                 }
             }
-            let stream = &self.streams[index % self.streams.len()];
-            let mut staged = PinnedBuf::<T>::new(&self.device, piece.len())?;
-            let t = Instant::now();
-            par_copy(workers, threads, staged.as_mut_slice()?, piece);
-            stats.host_s += t.elapsed().as_secs_f64();
-            let events = [
-                self.device.new_event()?,
-                self.device.new_event()?,
-                self.device.new_event()?,
-                self.device.new_event()?,
-            ];
-            let mut d_in = Buffer::<T>::uninit(stream, piece.len())?;
-            let mut d_out = Buffer::<U>::uninit(stream, piece.len())?;
-            stream.record(&events[0])?;
-            d_in.copy_from_pinned(stream, &mut staged)?;
-            stream.record(&events[1])?;
-            compute(stream, &d_in, &mut d_out)?;
-            stream.record(&events[2])?;
-            let mut out = PinnedBuf::<U>::new(&self.device, piece.len())?;
-            d_out.copy_to_pinned(stream, &mut out)?;
-            stream.record(&events[3])?;
-            queue.push_back(InFlight { index, out, events });
-            stats.chunks += 1;
         }
-        while let Some(f) = queue.pop_front() {
-            drain(f, output, &mut stats)?;
-        }
-        stats.wall_s = start.elapsed().as_secs_f64();
-        if self.device.is_cuda() {
-            let [h2d, compute, d2h] = intervals.map(union_length);
-            stats.h2d_s = h2d;
-            stats.compute_s = compute;
-            stats.d2h_s = d2h;
-        }
-        Ok(stats)
+        Ok((host_s, intervals))
     }
 }
 

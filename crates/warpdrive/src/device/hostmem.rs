@@ -1,0 +1,218 @@
+//! Filling fresh host memory fast. A copy into just-allocated memory is bound by its page
+//! faults (one per 4 KiB page, about 1.5 GB/s per thread), and `vec![0; n]` adds a zeroing
+//! pass on one thread where the allocator recycles memory. [`FreshVec`] grows a `Vec` in
+//! place without zeroing it first, on the copy threads (each faulting the pages it writes),
+//! and asks for transparent huge pages on large allocations (one fault per 2 MiB).
+
+use std::mem::MaybeUninit;
+
+use super::workers::{Workers, PAGE};
+use super::CudaDevice;
+use crate::error::{Error, Result};
+
+/// The transparent huge page size on x86-64 and most aarch64 kernels.
+pub const HUGE_PAGE: usize = 2 << 20;
+/// Allocations of at least this many bytes get the huge-page advice: glibc serves them with a
+/// mapping of their own (its largest mmap threshold is 32 MiB), so the advice touches no
+/// memory other allocations share.
+pub const HUGE_FROM: usize = 32 << 20;
+
+/// A `Vec` filled from the front into its spare capacity, never zeroed first.
+pub struct FreshVec<T> {
+    vec: Vec<T>,
+    /// Piece alignment for parallel writes: huge pages when advised, else pages.
+    align: usize,
+}
+
+impl<T> std::fmt::Debug for FreshVec<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FreshVec[{}/{}]", self.vec.len(), self.vec.capacity())
+    }
+}
+
+impl<T: Copy + Send + Sync> FreshVec<T> {
+    /// Room for `len` elements, untouched (huge pages advised from [`HUGE_FROM`] bytes).
+    pub fn with_capacity(len: usize) -> Self {
+        let mut vec = Vec::with_capacity(len);
+        let huge = std::mem::size_of_val(vec.spare_capacity_mut()) >= HUGE_FROM;
+        if huge {
+            advise_huge_pages(vec.spare_capacity_mut());
+        }
+        FreshVec {
+            vec,
+            align: if huge { HUGE_PAGE } else { PAGE },
+        }
+    }
+
+    /// Elements that still fit.
+    pub fn room(&self) -> usize {
+        self.vec.capacity() - self.vec.len()
+    }
+
+    fn check_room(&self, n: usize) -> Result<()> {
+        if n > self.room() {
+            return Err(Error::LengthMismatch {
+                op: "FreshVec::extend",
+                left: self.room(),
+                right: n,
+            });
+        }
+        Ok(())
+    }
+
+    /// Appends a copy of `src` on one thread.
+    pub fn extend_from_slice(&mut self, src: &[T]) -> Result<()> {
+        self.check_room(src.len())?;
+        self.vec.extend_from_slice(src);
+        Ok(())
+    }
+
+    /// Appends a copy of `src` on up to `threads` copy threads, each writing (and so
+    /// faulting) whole pages of its own; on huge pages each first populates its piece in
+    /// one call (measured 5–25% faster on the H200 host than faulting while copying).
+    pub fn extend_par(&mut self, workers: &Workers, threads: usize, src: &[T]) -> Result<()> {
+        self.check_room(src.len())?;
+        let huge = self.align == HUGE_PAGE;
+        let spare = &mut self.vec.spare_capacity_mut()[..src.len()];
+        workers.map(threads, self.align, spare, src, |d, s| {
+            if huge {
+                populate(d);
+            }
+            write_copy(d, s);
+        });
+        // SAFETY: `map` called `write_copy` on pieces covering all of `spare`, which wrote
+        // every one of its elements; they follow the initialised ones directly.
+        unsafe { self.vec.set_len(self.vec.len() + src.len()) };
+        Ok(())
+    }
+
+    /// Faults in the pages of the next `n` spare elements (at most the room) on up to
+    /// `threads` copy threads, without appending anything: work done ahead while waiting.
+    pub fn prefault(&mut self, workers: &Workers, threads: usize, n: usize) {
+        let n = n.min(self.room());
+        let stride = (PAGE / std::mem::size_of::<T>().max(1)).max(1);
+        // Zero-sized stand-ins for a source: `map` only needs matching lengths.
+        let units = vec![(); n];
+        let spare = &mut self.vec.spare_capacity_mut()[..n];
+        workers.map(threads, self.align, spare, &units, |d, _| {
+            if !populate(d) {
+                for x in d.iter_mut().step_by(stride) {
+                    *x = MaybeUninit::zeroed();
+                }
+            }
+        });
+    }
+
+    /// Appends `n` elements that `device` copies from device address `src` on `stream`
+    /// (the driver's own pageable copy, straight into the spare capacity); waits for it.
+    pub(crate) fn extend_d2h(
+        &mut self,
+        device: &CudaDevice,
+        stream: &cudarc::driver::CudaStream,
+        src: u64,
+        n: usize,
+    ) -> Result<()> {
+        self.check_room(n)?;
+        let dst = self.vec.spare_capacity_mut().as_mut_ptr().cast::<u8>();
+        // SAFETY: `dst` starts at least `n` spare elements of this `Vec`, which `&mut self`
+        // keeps untouched and alive for the whole (synchronous) copy; the caller vouches
+        // that `src` covers them.
+        unsafe { device.copy_d2h_raw(stream, dst, src, n * std::mem::size_of::<T>())? };
+        // SAFETY: the copy completed without error, so all `n` elements are written.
+        unsafe { self.vec.set_len(self.vec.len() + n) };
+        Ok(())
+    }
+
+    /// The filled `Vec`.
+    pub fn into_vec(self) -> Vec<T> {
+        self.vec
+    }
+}
+
+/// `dst.copy_from_slice(src)` into uninitialised memory.
+fn write_copy<T: Copy>(dst: &mut [MaybeUninit<T>], src: &[T]) {
+    let n = dst.len().min(src.len());
+    // SAFETY: both ranges hold `n` elements, `&mut` excludes overlap, and `MaybeUninit<T>`
+    // has `T`'s layout.
+    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr().cast::<T>(), n) };
+}
+
+/// Faults in the whole pages inside `mem` writable in one call (`MADV_POPULATE_WRITE`,
+/// Linux 5.14+); false where that is unavailable (the caller's writes fault them instead).
+fn populate<T>(mem: &mut [MaybeUninit<T>]) -> bool {
+    let start = (mem.as_mut_ptr() as usize).next_multiple_of(PAGE);
+    let end = (mem.as_mut_ptr() as usize + std::mem::size_of_val(mem)) / PAGE * PAGE;
+    if end <= start {
+        return true;
+    }
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: the range lies inside memory `mem` exclusively borrows; populating only
+        // maps pages (fresh anonymous ones read as zeros) and never changes what a page
+        // already mapped holds.
+        let r = unsafe {
+            libc::madvise(
+                start as *mut libc::c_void,
+                end - start,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        r == 0
+    }
+    #[cfg(not(target_os = "linux"))]
+    false
+}
+
+/// Asks the kernel to back the whole huge pages inside `mem` with transparent huge pages
+/// (`MADV_HUGEPAGE`); a hint, so failure (no THP, another OS) is ignored.
+fn advise_huge_pages<T>(mem: &mut [MaybeUninit<T>]) {
+    let start = (mem.as_mut_ptr() as usize).next_multiple_of(HUGE_PAGE);
+    let end = (mem.as_mut_ptr() as usize + std::mem::size_of_val(mem)) / HUGE_PAGE * HUGE_PAGE;
+    if end <= start {
+        return;
+    }
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: the range lies inside memory `mem` exclusively borrows; MADV_HUGEPAGE only
+        // changes how its future page faults are served, never its contents.
+        let r =
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+        if r != 0 {
+            tracing::debug!(
+                "madvise(MADV_HUGEPAGE) failed: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fills_in_parallel_and_refuses_overflow() {
+        let w = Workers::new(3, None);
+        // Over HUGE_FROM, so the advice and huge-page pieces are exercised too.
+        let n = (HUGE_FROM / 4) + 12_345;
+        let src: Vec<u32> = (0..n as u32)
+            .map(|i| i.wrapping_mul(2_654_435_761))
+            .collect();
+        let mut v = FreshVec::with_capacity(n);
+        let half = n / 2 + 3;
+        v.prefault(&w, 3, half);
+        v.extend_par(&w, 3, &src[..half]).unwrap();
+        v.prefault(&w, 3, usize::MAX);
+        v.extend_from_slice(&src[half..half + 5]).unwrap();
+        v.extend_par(&w, 3, &src[half + 5..]).unwrap();
+        assert_eq!(v.room(), 0);
+        assert!(matches!(
+            v.extend_par(&w, 3, &src[..1]),
+            Err(Error::LengthMismatch { .. })
+        ));
+        assert_eq!(v.into_vec(), src);
+        let mut empty = FreshVec::<u8>::with_capacity(0);
+        empty.extend_par(&w, 3, &[]).unwrap();
+        assert!(empty.into_vec().is_empty());
+    }
+}
