@@ -567,9 +567,9 @@ __device__ void moe_gemm(const MoeGemm& p) {
 #define MOE_ROUTER(T, MT, U) \
     extern "C" __global__ void __launch_bounds__(256, 2) moe_router_##T##_m##MT(MoeGemm p) { moe_gemm<T, MT, 4, U>(p); }
 MOE_ROUTER(bf16, 1, 2)
-MOE_ROUTER(bf16, 2, 1)
+MOE_ROUTER(bf16, 2, 2)
 MOE_ROUTER(f16, 1, 2)
-MOE_ROUTER(f16, 2, 1)
+MOE_ROUTER(f16, 2, 2)
 MOE_GEMM(bf16, 1, 2, 4, 2)
 MOE_GEMM(bf16, 2, 2, 2, 2)
 MOE_GEMM(bf16, 4, 4, 2, 1)

@@ -262,17 +262,17 @@ impl GemmShape {
         n: usize,
         k: usize,
         (mt, bn): (usize, usize),
-        items: usize,
-        busy: usize,
+        (items, busy): (usize, usize),
+        min_depth: usize,
         sms: usize,
     ) -> Self {
         let n_blocks = n.div_ceil(bn);
         // One wave of blocks (two per SM) over the tiles likely to be busy, each split at
-        // least 256 deep, so that a few experts still stream their weights at full bandwidth
-        // without paying for more split-K fix-ups than the bandwidth needs.
+        // least `min_depth` deep, so that a few experts still stream their weights at full
+        // bandwidth without paying for more split-K fix-ups than the bandwidth needs.
         let busy = (busy * n_blocks).max(1);
         let want = (2 * sms).div_ceil(busy).clamp(1, 64);
-        let splits = want.min((k / 256).max(1));
+        let splits = want.min((k / min_depth.max(32)).max(1));
         let k_split = k.div_ceil(splits).div_ceil(32) * 32;
         GemmShape {
             n,
@@ -344,28 +344,30 @@ impl Plan {
             tokens,
             slots,
             bm,
+            // The router's weight is small: shallower splits (one round of loads each) cost
+            // little in fix-ups and shorten its latency, which every pass waits for.
             router: GemmShape::new(
                 c.experts,
                 c.hidden,
                 (router_mt, router_bn),
-                router_items,
-                router_items,
+                (router_items, router_items),
+                128,
                 sms,
             ),
             up: GemmShape::new(
                 2 * c.intermediate,
                 c.hidden,
                 (mt, gemm_bn(mt)),
-                items,
-                active,
+                (items, active),
+                256,
                 sms,
             ),
             down: GemmShape::new(
                 c.hidden,
                 c.intermediate,
                 (mt, gemm_bn(mt)),
-                items,
-                active,
+                (items, active),
+                256,
                 sms,
             ),
         }
