@@ -453,41 +453,29 @@ __device__ void moe_gemm(const MoeGemm& p) {
         __syncthreads();
         if (!last) return;
         __threadfence();
-        // The whole block sums the tile's partials (coalesced, 32 loads in flight per thread,
+        // The whole block sums the tile's partials (coalesced, 8 loads in flight per thread,
         // added in split order), one m16 tile at a time through shared memory back into the
         // accumulator layout.
         const u32 n_base = nb * MOE_BN;
         const u64 stride = (u64)p.rows_cap * p.n;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-            // Four elements per thread at a time, eight splits each: 32 loads in flight.
-            for (u32 i0 = threadIdx.x; i0 < 16 * MOE_BN; i0 += 4 * blockDim.x) {
-                const float* src[4];
-                float sum[4];
+            for (u32 i = threadIdx.x; i < 16 * MOE_BN; i += blockDim.x) {
+                const u32 r = i / MOE_BN, c = i % MOE_BN;
+                float sum = 0.0f;
+                if (mt * 16 + r < rows && n_base + c < p.n) {
+                    const float* src = p.partial + ((u64)row0 + mt * 16 + r) * p.n + n_base + c;
+                    u32 sp = 0;
+                    for (; sp + 8 <= p.splits; sp += 8) {
+                        float v[8];
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const u32 i = i0 + e * blockDim.x, r = i / MOE_BN, c = i % MOE_BN;
-                    const bool ok = i < 16 * MOE_BN && mt * 16 + r < rows && n_base + c < p.n;
-                    src[e] = ok ? p.partial + ((u64)row0 + mt * 16 + r) * p.n + n_base + c : nullptr;
-                    sum[e] = 0.0f;
+                        for (int j = 0; j < 8; ++j) v[j] = __ldcg(src + (sp + j) * stride);
+#pragma unroll
+                        for (int j = 0; j < 8; ++j) sum += v[j];
+                    }
+                    for (; sp < p.splits; ++sp) sum += __ldcg(src + sp * stride);
                 }
-                for (u32 sp = 0; sp < p.splits; sp += 8) {
-                    float v[4][8];
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)
-#pragma unroll
-                        for (int j = 0; j < 8; ++j)
-                            v[e][j] = (src[e] && sp + j < p.splits) ? __ldcg(src[e] + (sp + j) * stride) : 0.0f;
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)
-#pragma unroll
-                        for (int j = 0; j < 8; ++j) sum[e] += v[e][j];  // split order kept
-                }
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const u32 i = i0 + e * blockDim.x;
-                    if (i < 16 * MOE_BN) red[i / MOE_BN][i % MOE_BN] = sum[e];
-                }
+                red[r][c] = sum;
             }
             __syncthreads();
 #pragma unroll
