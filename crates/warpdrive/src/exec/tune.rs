@@ -171,9 +171,9 @@ impl Autotuner {
     }
 
     /// The best of `candidates` for `key`: the kept winner when it is among them, else each
-    /// candidate is run by `run` on `stream` (one warm-up, then [`TUNE_REPS`] timed runs,
-    /// each timed with events on the stream), the fastest median wins, and the record is
-    /// saved. A candidate whose run fails is skipped (its error is returned only when every
+    /// candidate is run by `run` on `stream` (one warm-up each, then [`TUNE_REPS`] rounds
+    /// timing every candidate once, with events on the stream), the fastest median wins, and
+    /// the record is saved. A candidate whose run fails is skipped (its error is returned only when every
     /// candidate fails). `size` is the main dimension the runs use (kept in the record).
     pub fn tune<C: Display + Clone>(
         &self,
@@ -195,17 +195,54 @@ impl Autotuner {
             }
         }
         self.tunings.fetch_add(1, Ordering::Relaxed);
-        let mut times = Vec::with_capacity(candidates.len());
         let mut last_error = None;
+        // One warm-up each; a candidate that fails is dropped.
+        let mut alive: Vec<&C> = Vec::with_capacity(candidates.len());
         for c in candidates {
-            match time_candidate(stream, || run(stream, c)) {
-                Ok(us) => times.push((c, us)),
+            match run(stream, c).and_then(|()| stream.synchronize()) {
+                Ok(()) => alive.push(c),
                 Err(e) => {
                     tracing::debug!("autotune {}: candidate {c} failed: {e}", key.kernel);
                     last_error = Some(e);
                 }
             }
         }
+        // Rounds that time every candidate once, so a slow stretch of the machine lands on
+        // all of them rather than on one; the median per candidate decides.
+        let device = stream.device();
+        let (start, end) = (device.new_event()?, device.new_event()?);
+        let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(TUNE_REPS); alive.len()];
+        let mut failed = vec![false; alive.len()];
+        for _ in 0..TUNE_REPS {
+            for (i, c) in alive.iter().enumerate() {
+                if failed[i] {
+                    continue;
+                }
+                let timed = stream
+                    .record(&start)
+                    .and_then(|()| run(stream, c))
+                    .and_then(|()| stream.record(&end))
+                    .and_then(|()| start.elapsed_ms(&end));
+                match timed {
+                    Ok(ms) => samples[i].push(f64::from(ms) * 1e3),
+                    Err(e) => {
+                        tracing::debug!("autotune {}: candidate {c} failed: {e}", key.kernel);
+                        failed[i] = true;
+                        last_error = Some(e);
+                    }
+                }
+            }
+        }
+        let times: Vec<(&C, f64)> = alive
+            .iter()
+            .zip(samples)
+            .zip(&failed)
+            .filter(|(_, &f)| !f)
+            .map(|((c, mut us), _)| {
+                us.sort_by(f64::total_cmp);
+                (*c, us[us.len() / 2])
+            })
+            .collect();
         let Some(&(best, _)) = times.iter().min_by(|a, b| a.1.total_cmp(&b.1)) else {
             return Err(last_error.unwrap_or_else(|| {
                 Error::InvalidArgument(format!("autotune {}: nothing timed", key.kernel))
@@ -269,23 +306,6 @@ pub fn autotune<C: Display + Clone>(
 ) -> Result<C> {
     let key = TuneKey::new(stream.device(), kernel, dtype, size)?;
     Autotuner::global().tune(stream, &key, size, candidates, run)
-}
-
-/// Median µs of [`TUNE_REPS`] runs after one warm-up, each between two events.
-fn time_candidate(stream: &Stream, mut run: impl FnMut() -> Result<()>) -> Result<f64> {
-    run()?;
-    stream.synchronize()?;
-    let device = stream.device();
-    let (start, end) = (device.new_event()?, device.new_event()?);
-    let mut us = Vec::with_capacity(TUNE_REPS);
-    for _ in 0..TUNE_REPS {
-        stream.record(&start)?;
-        run()?;
-        stream.record(&end)?;
-        us.push(f64::from(start.elapsed_ms(&end)?) * 1e3);
-    }
-    us.sort_by(f64::total_cmp);
-    Ok(us[us.len() / 2])
 }
 
 /// The records in `path`; none when it is absent, and none with a warning when it does not
