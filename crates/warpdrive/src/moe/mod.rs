@@ -1,17 +1,20 @@
 //! The Mixture-of-Experts layer: `y = Σ_r w_r · W2_e(silu(W1_e·x) ⊙ W3_e·x)` over the `top_k`
 //! experts `e` the router picks for each token.
 //!
-//! On CUDA (bf16 or f16) the forward pass is six kernels and no host synchronization: the
-//! router logits (a dense GEMM), the router (softmax or DeepSeek-style grouped sigmoid, top-k,
-//! renormalize), the dispatch (tokens per expert, offsets, permutation and a GEMM work list,
-//! all on the device), the gate/up projection as a grouped GEMM over the permuted tokens with
-//! SwiGLU fused into its epilogue, the down projection as a second grouped GEMM that scales
-//! each row by its routing weight, and the combine back to token order. The grouped GEMM
+//! On CUDA (bf16 or f16) the forward pass is four to six kernels and no host
+//! synchronization: the router logits (a dense GEMM) whose last block per tile also routes
+//! (softmax top-k over up to 256 experts; the DeepSeek-style grouped sigmoid router and wider
+//! layers use a separate router kernel) and, when one tile holds every token, also dispatches;
+//! otherwise the dispatch (tokens per expert, offsets, permutation and a GEMM work list, all on
+//! the device); the gate/up projection as a grouped GEMM over the permuted tokens with SwiGLU
+//! fused into its epilogue; the down projection as a second grouped GEMM that scales each row
+//! by its routing weight; and the combine back to token order. The grouped GEMM
 //! (`kernels/moe.cu`) reads the per-expert counts from device memory, so for up to
 //! [`GRAPH_MAX_TOKENS`] tokens the whole layer is captured once per token count (and
-//! input/output buffer pair) as a CUDA graph and replayed. Above that, the default path reads
-//! the counts back once and runs one cuBLAS GEMM per expert ([`MoePath::Cublas`], also
-//! selectable at every size for comparison).
+//! input/output buffer pair) as a CUDA graph and replayed. Above that, the default path keeps
+//! the device kernels while each expert's GEMM is small and otherwise reads the counts back
+//! once and runs one cuBLAS GEMM per expert ([`MoeLayer::uses_cublas`]; [`MoePath::Cublas`]
+//! forces that path at every size for comparison).
 //!
 //! On the CPU backend the same layer computes in f32/f64 on the host (the reference).
 //!
