@@ -427,7 +427,15 @@ impl<T: Float> Workspace<T> {
         let items = max(&|p| p.up.items);
         Ok(Workspace {
             tokens,
-            logits: Buffer::uninit(stream, tokens * c.experts)?,
+            // A router that routes in its own kernel writes no logits.
+            logits: Buffer::uninit(
+                stream,
+                if fused_route(c) {
+                    1
+                } else {
+                    tokens * c.experts
+                },
+            )?,
             weights: Buffer::uninit(stream, slots)?,
             experts: Buffer::uninit(stream, slots)?,
             counts: Buffer::uninit(stream, c.experts)?,
@@ -614,7 +622,7 @@ impl<T: Float> MoeLayer<T> {
 
     fn tokens_of(&self, x: &Buffer<T>) -> Result<usize> {
         x.check_stream(&self.stream, "MoE forward")?;
-        ops_rows(x.len(), self.config.hidden)
+        ops::rows_of("MoE forward", x.len(), self.config.hidden)
     }
 
     /// `y = layer(x)` for `x` and `y` of [tokens, hidden]. Up to [`GRAPH_MAX_TOKENS`]
@@ -806,11 +814,16 @@ impl<T: Float> MoeLayer<T> {
 
     /// `len` elements of `buf` from `offset`, on the host.
     fn slice_to_host(&self, buf: &Buffer<T>, offset: usize, len: usize) -> Result<Vec<T>> {
+        if offset.checked_add(len).is_none_or(|end| end > buf.len()) {
+            return Err(Error::InvalidArgument(format!(
+                "MoE weight slice {offset}..+{len} of {} elements",
+                buf.len()
+            )));
+        }
         let s = &self.stream;
         let Some((d, cs)) = s.cuda() else {
             return Ok(buf.host_view()?[offset..offset + len].to_vec());
         };
-        crate::memory::check_len("MoE weight slice", buf.len().max(offset + len), buf.len())?;
         let tmp = Buffer::<T>::uninit(s, len)?;
         let size = std::mem::size_of::<T>();
         d.copy_d2d(
@@ -1138,7 +1151,7 @@ impl<T: Float> MoeLayer<T> {
         let c = self.config;
         let (h, inter, k) = (c.hidden, c.intermediate, c.top_k);
         let wide = 2 * inter_pad(inter);
-        let tokens = ops_rows(x.len(), h)?;
+        let tokens = ops::rows_of("MoE forward", x.len(), h)?;
         let (weights, experts) = self.route_host(x, tokens)?;
         let xs: Vec<f32> = x.host_view()?.iter().map(|v| v.to_f64() as f32).collect();
         let (w13_all, w2_all) = (self.w13.host_view()?, self.w2.host_view()?);
@@ -1203,15 +1216,6 @@ fn pass_with<T: DType>(plan: Plan, x: &Buffer<T>, y: &Buffer<T>) -> Pass {
 /// path requires it to be a multiple of 8 already; the CPU backend pads with zero rows).
 fn inter_pad(intermediate: usize) -> usize {
     intermediate.div_ceil(8) * 8
-}
-
-fn ops_rows(len: usize, hidden: usize) -> Result<usize> {
-    if len % hidden != 0 {
-        return Err(Error::InvalidArgument(format!(
-            "MoE forward: {len} elements are not whole rows of hidden = {hidden}"
-        )));
-    }
-    Ok(len / hidden)
 }
 
 /// The grouped sigmoid router for one token (the CPU reference of
