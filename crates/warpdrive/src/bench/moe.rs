@@ -179,7 +179,6 @@ fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {
             }
             extra.insert("dtype".into(), "bf16".into());
         }
-        layer.set_path(MoePath::Auto);
     }
     Ok(())
 }
