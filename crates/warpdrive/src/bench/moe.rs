@@ -205,8 +205,8 @@ fn router_permute(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         row.extra.insert("preset".into(), "qwen3-30b-a3b".into());
         row.extra.insert(
             "stages".into(),
-            "router logits GEMM with softmax/top-k/renormalize fused, dispatch (counts, \
-             offsets, order; fused too when one tile holds every token), as a graph"
+            "one router kernel: logits, softmax/top-k/renormalize and dispatch (counts, \
+             offsets, order, GEMM work list), as a graph"
                 .into(),
         );
     }

@@ -1,7 +1,7 @@
 // archs: sm_80 sm_90 sm_90a
 // Mixture-of-Experts kernels (module `moe`): seeded weight init, the DeepSeek-style grouped
 // sigmoid router, dispatch (tokens per expert, offsets, permutation, GEMM work list), the
-// device-driven grouped GEMM on tensor cores (mma.sync m16n8k16, bf16 / f16 in, f32
+// router (logits, softmax top-k and dispatch in one kernel), the device-driven grouped GEMM on tensor cores (mma.sync m16n8k16, bf16 / f16 in, f32
 // accumulate) with its epilogues, the SwiGLU of the cuBLAS path and the combine.
 //
 // Layouts (row-major): x [T, H]; a slot is (token t, rank r) = t·k + r; permuted rows are
@@ -155,8 +155,9 @@ __device__ void moe_dispatch_block(const u32* expert_of_slot, u32 slots, u32 exp
     __shared__ u64 total;
     for (u32 e = threadIdx.x; e < experts; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
+    // Through L2: the router's other blocks wrote these ids in the same kernel.
     for (u32 i = threadIdx.x; i < slots; i += blockDim.x) {
-        const u32 e = expert_of_slot[i];
+        const u32 e = __ldcg(expert_of_slot + i);
         if (e < experts) atomicAdd(&cnt[e], 1u);
     }
     __syncthreads();
@@ -183,7 +184,7 @@ __device__ void moe_dispatch_block(const u32* expert_of_slot, u32 slots, u32 exp
     }
     __syncthreads();
     for (u32 i = threadIdx.x; i < slots; i += blockDim.x) {
-        const u32 e = expert_of_slot[i];
+        const u32 e = __ldcg(expert_of_slot + i);
         if (e >= experts) continue;
         const u32 p = atomicAdd(&cursor[e], 1u);
         order[p] = i;
@@ -204,7 +205,8 @@ extern "C" __global__ void __launch_bounds__(1024) moe_dispatch(
 
 // Softmax top-k of one row of `e` logits (e <= 256) in shared memory, by one warp: the same
 // choice as ops::route (largest first, NaN largest, ties to the lower index) and weights
-// (renormalized over the chosen, or over the row). Lane r < k writes the r-th choice.
+// (renormalized over the chosen, or over the row). Lane r < k writes the r-th choice. Each
+// pick is two warp reductions (the largest key, then the lowest index holding it).
 __device__ __forceinline__ u32 moe_order_key(float x) {
     const u32 b = __float_as_uint(x);
     if (x != x) return 0xffffffffu;
@@ -213,28 +215,31 @@ __device__ __forceinline__ u32 moe_order_key(float x) {
 __device__ void moe_route_row(const float* row, u32 e, u32 k, int renorm, float* w_out,
                               u32* i_out) {
     const u32 lane = threadIdx.x & 31u;
+    // Keys of this lane's logits (index lane + 32j); 0 = absent or taken (every real key
+    // is at least 0x007fffff).
     u32 key[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
         const u32 i = lane + 32 * j;
         key[j] = i < e ? moe_order_key(row[i]) : 0u;
     }
-    u32 taken = 0, my_idx = 0;
+    u32 my_idx = 0;
     float my_val = 0.0f, top = 0.0f;
     for (u32 r = 0; r < k; ++r) {
-        u32 bk = 0, bi = 0xffffffffu;
+        u32 local = 0;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const u32 i = lane + 32 * j;
-            if (i < e && !((taken >> j) & 1u) && (key[j] > bk || bi == 0xffffffffu)) { bk = key[j]; bi = i; }
-        }
+        for (int j = 0; j < 8; ++j) local = max(local, key[j]);
+        const u32 best = __reduce_max_sync(0xffffffffu, local);
+        u32 cand = 0xffffffffu;
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const u32 ok = __shfl_xor_sync(0xffffffffu, bk, o);
-            const u32 oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (oi != 0xffffffffu && (bi == 0xffffffffu || ok > bk || (ok == bk && oi < bi))) { bk = ok; bi = oi; }
+        for (int j = 7; j >= 0; --j)
+            if (key[j] == best) cand = lane + 32 * j;
+        const u32 bi = __reduce_min_sync(0xffffffffu, cand);
+        if ((bi & 31u) == lane) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                if ((u32)j == (bi >> 5)) key[j] = 0u;
         }
-        if ((bi & 31u) == lane) taken |= 1u << (bi >> 5);
         const float v = row[bi];
         if (r == 0) top = v;
         if (lane == r) { my_idx = bi; my_val = v; }
@@ -254,16 +259,15 @@ __device__ void moe_route_row(const float* row, u32 e, u32 k, int renorm, float*
 }
 
 // ---- the grouped GEMM: out[p, n] = Σ_k A[row(p), k] · W_e[n, k] for the permuted rows p of
-// each expert e (or, dense, for rows 0..m of one matrix). A block of 8 warps computes a tile
+// each expert e (the work list's tiles). A block of 8 warps computes a tile
 // of 16·MT rows × 64·NG columns (each warp NG n8 groups; NG even) over one K split. Each
 // lane loads 16 bytes (8 consecutive k) of A and W per 32-k step; the k order inside a step
 // is permuted identically for A and W, so the products are those of the plain layout and
 // every load is a full 16-byte vector. W is streamed (no L1 allocation), A stays cached.
 // With splits > 1 each block stores its partial tile (f32) and the last block of a tile to
 // finish (a ticket per tile) sums the partials in split order, so results are deterministic.
-// Epilogues: 0 = f32 out (+ column bias), 1 = SwiGLU of the interleaved gate/up columns into
-// T act [rows, n/2], 2 = f32 out scaled by the routing weight of the row's slot, 3 = the
-// router's softmax top-k (and, for a single tile, the dispatch). ----
+// Epilogues: 1 = SwiGLU of the interleaved gate/up columns into T act [rows, n/2], 2 = f32
+// out scaled by the routing weight of the row's slot. ----
 #define MOE_WARPS 8
 
 struct MoeGemm {
@@ -272,36 +276,18 @@ struct MoeGemm {
     const void* w;           // [groups, n, k] T
     u64 w_stride;            // elements between experts' matrices
     u32 n, k;
-    const u32* counts;       // null: dense, `m` rows of expert 0
+    const u32* counts;
     const u32* offsets;
     const u32* work;
     const u32* n_items;
-    u32 m;
     u32 splits, k_split;     // k_split: a multiple of 32
     float* partial;          // [splits, rows_cap, n]
     u32 rows_cap;
     u32* tickets;            // one per (item, n block), zero between launches
     int epilogue;
     void* out;
-    const float* col_bias;   // epilogue 0 (nullable)
     const float* slot_weight;  // epilogue 2
     const u32* order;        // epilogue 2: permuted row -> slot
-    // Epilogue 3 (the router, n = E <= 64·NG in one column block): softmax top-k of each
-    // row into route_weights / route_experts [m, route_k]; with fuse_dispatch (one tile)
-    // the block then runs the dispatch into the d_* arrays.
-    u32 route_k;
-    int route_renorm;
-    float* route_weights;
-    u32* route_experts;
-    int fuse_dispatch;
-    u32 dispatch_bm;
-    u32* d_counts;
-    u32* d_offsets;
-    u32* d_order;
-    u32* d_token_of;
-    u32* d_slot_pos;
-    u32* d_work;
-    u32* d_n_items;
 };
 
 __device__ __forceinline__ uint4 moe_ld_stream(const void* p) {
@@ -344,21 +330,12 @@ __device__ void moe_gemm(const MoeGemm& p) {
     const u32 tile = blockIdx.x / p.splits;  // (item, n block)
     const u32 nb = tile % n_blocks, item = tile / n_blocks;
     const u32 bm = 16 * MT;
-    u32 expert, row0, rows;
-    if (p.counts) {
-        if (item >= p.n_items[0]) return;
-        expert = p.work[2 * item];
-        const u32 m0 = p.work[2 * item + 1];
-        rows = min(bm, p.counts[expert] - m0);
-        row0 = p.offsets[expert] + m0;
-    } else {
-        expert = 0;
-        const u32 m0 = item * bm;
-        if (m0 >= p.m) return;
-        rows = min(bm, p.m - m0);
-        row0 = m0;
-    }
-    __shared__ float red[16][MOE_BN];  // split-K sums and the router's logit rows
+    if (item >= p.n_items[0]) return;
+    const u32 expert = p.work[2 * item];
+    const u32 m0 = p.work[2 * item + 1];
+    const u32 rows = min(bm, p.counts[expert] - m0);
+    const u32 row0 = p.offsets[expert] + m0;
+    __shared__ float red[16][MOE_BN];  // split-K sums
     const T* w = reinterpret_cast<const T*>(p.w) + (u64)expert * p.w_stride;
     const T* a = reinterpret_cast<const T*>(p.a);
     const u32 g = lane >> 2, q = lane & 3u;
@@ -490,39 +467,6 @@ __device__ void moe_gemm(const MoeGemm& p) {
         }
     }
 
-    if (p.epilogue == 3) {
-        // Router: the logits (+ bias) of each m16 tile into shared memory, one warp per row.
-        for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-#pragma unroll
-                for (int ng = 0; ng < MOE_NG; ++ng) {
-                    const u32 c = warp * (MOE_NG * 8) + ng * 8 + 2 * q;
-                    red[h * 8 + g][c] = acc[mt][ng][2 * h] + (p.col_bias && c < p.n ? p.col_bias[c] : 0.0f);
-                    red[h * 8 + g][c + 1] = acc[mt][ng][2 * h + 1] + (p.col_bias && c + 1 < p.n ? p.col_bias[c + 1] : 0.0f);
-                }
-            __syncthreads();
-            for (u32 r = warp; r < 16; r += MOE_WARPS) {
-                const u32 row = mt * 16 + r;
-                if (row < rows) {
-                    const u64 t = row0 + row;
-                    moe_route_row(red[r], p.n, p.route_k, p.route_renorm,
-                                  p.route_weights + t * p.route_k, p.route_experts + t * p.route_k);
-                }
-            }
-            __syncthreads();
-        }
-        if (p.fuse_dispatch) {
-            // The only tile: every token is routed (its writes are visible to this block after
-            // the barrier above), so this block also dispatches.
-            __shared__ u32 dsm[2 * MOE_BN];
-            moe_dispatch_block(p.route_experts, p.m * p.route_k, p.n, p.route_k, p.dispatch_bm,
-                               p.d_counts, p.d_offsets, p.d_order, p.d_token_of, p.d_slot_pos,
-                               p.d_work, p.d_n_items, dsm, dsm + MOE_BN);
-        }
-        return;
-    }
-
     // Epilogue. Accumulator i of (mt, ng): row mt·16 + g + 8·(i / 2), column col0 + ng·8 + 2q + i % 2.
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -545,13 +489,13 @@ __device__ void moe_gemm(const MoeGemm& p) {
                     }
                 }
             } else {
-                const float scale = p.epilogue == 2 ? p.slot_weight[p.order[prow]] : 1.0f;
+                const float scale = p.slot_weight[p.order[prow]];
                 float* dst = reinterpret_cast<float*>(p.out) + (u64)prow * p.n;
 #pragma unroll
                 for (int ng = 0; ng < MOE_NG; ++ng) {
                     const u32 c = col0 + ng * 8 + 2 * q;
-                    if (c < p.n) dst[c] = acc[mt][ng][2 * h] * scale + (p.col_bias ? p.col_bias[c] : 0.0f);
-                    if (c + 1 < p.n) dst[c + 1] = acc[mt][ng][2 * h + 1] * scale + (p.col_bias ? p.col_bias[c + 1] : 0.0f);
+                    if (c < p.n) dst[c] = acc[mt][ng][2 * h] * scale;
+                    if (c + 1 < p.n) dst[c + 1] = acc[mt][ng][2 * h + 1] * scale;
                 }
             }
         }
@@ -563,19 +507,165 @@ __device__ void moe_gemm(const MoeGemm& p) {
 // the H200 against NG 2 / U 1-2 / 2 blocks: 25% faster at 256 tokens of mixtral).
 #define MOE_GEMM(T, MT, NG, U, B) \
     extern "C" __global__ void __launch_bounds__(256, B) moe_gemm_##T##_m##MT(MoeGemm p) { moe_gemm<T, MT, NG, U>(p); }
-// The router: one column block covers up to 256 experts.
-#define MOE_ROUTER(T, MT, U) \
-    extern "C" __global__ void __launch_bounds__(256, 2) moe_router_##T##_m##MT(MoeGemm p) { moe_gemm<T, MT, 4, U>(p); }
-MOE_ROUTER(bf16, 1, 2)
-MOE_ROUTER(bf16, 2, 2)
-MOE_ROUTER(f16, 1, 2)
-MOE_ROUTER(f16, 2, 2)
 MOE_GEMM(bf16, 1, 2, 4, 2)
 MOE_GEMM(bf16, 2, 2, 2, 2)
 MOE_GEMM(bf16, 4, 4, 2, 1)
 MOE_GEMM(f16, 1, 2, 4, 2)
 MOE_GEMM(f16, 2, 2, 2, 2)
 MOE_GEMM(f16, 4, 4, 2, 1)
+
+// ---- the router: logits [tokens, E] (f32) = x · gateᵀ (+ bias). A block of 16 warps
+// computes a tile of 16·MT rows × 8 columns (grid: column blocks × row tiles); its warps
+// split K into contiguous runs and sum through shared memory in warp order, so there is no
+// cross-block fix-up and the sums are deterministic. With `route`, the last column block of
+// a row tile to finish (a ticket per tile) routes the tile's rows (softmax top-k, one warp
+// per row, E <= 256), and the last row tile to be routed (one more ticket) runs the
+// dispatch, so the router, routing and dispatch are one kernel. ----
+#define MOE_RWARPS 16
+
+struct MoeRouter {
+    const void* x;        // [tokens, k] T
+    const void* w;        // [experts, k] T
+    const float* bias;    // [experts] (nullable)
+    u32 tokens, k, experts;
+    float* logits;        // [tokens, experts]
+    u32* tickets;         // row tiles + 1 words, zero between launches
+    int route;
+    u32 top_k;
+    int renorm;
+    float* weights;       // [tokens, top_k]
+    u32* chosen;          // [tokens, top_k]
+    u32 bm;               // rows per tile of the dispatch's GEMM work list
+    u32* counts;
+    u32* offsets;
+    u32* order;
+    u32* token_of;
+    u32* slot_pos;
+    u32* work;
+    u32* n_items;
+};
+
+template <typename T, int MT, int U>
+__device__ void moe_router(const MoeRouter& p) {
+    const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const u32 g = lane >> 2, q = lane & 3u;
+    const u32 row0 = blockIdx.y * 16 * MT;
+    const u32 rows = min(16u * MT, p.tokens - row0);
+    const u32 col0 = blockIdx.x * 8;
+    const u32 steps = (p.k + 31) / 32;
+    const u32 per_warp = (steps + MOE_RWARPS - 1) / MOE_RWARPS;
+    const u32 k_begin = min(p.k, warp * per_warp * 32);
+    const u32 k_end = min(p.k, (warp + 1) * per_warp * 32);
+    const T* x = reinterpret_cast<const T*>(p.x);
+    const T* a_ptr[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const u32 r = mt * 16 + h * 8 + g;
+            a_ptr[mt][h] = r < rows ? x + (u64)(row0 + r) * p.k : nullptr;
+        }
+    const u32 n = col0 + g;
+    const T* w_ptr = n < p.experts ? reinterpret_cast<const T*>(p.w) + (u64)n * p.k : nullptr;
+    float acc[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[mt][i] = 0.0f;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    for (u32 kk = k_begin; kk < k_end; kk += 32 * U) {
+        uint4 wv[U], av[U][MT][2];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const u32 kc = kk + u * 32 + q * 8;
+            const bool in = kc < k_end;
+            wv[u] = (in && w_ptr) ? moe_ld_stream(w_ptr + kc) : zero;
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    av[u][mt][h] = (in && a_ptr[mt][h]) ? moe_ld_cached(a_ptr[mt][h] + kc) : zero;
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                MoeMma<T>::run(acc[mt], av[u][mt][0].x, av[u][mt][1].x, av[u][mt][0].y,
+                               av[u][mt][1].y, wv[u].x, wv[u].y);
+                MoeMma<T>::run(acc[mt], av[u][mt][0].z, av[u][mt][1].z, av[u][mt][0].w,
+                               av[u][mt][1].w, wv[u].z, wv[u].w);
+            }
+    }
+    // Sum the warps' partial tiles, one m16 tile at a time. Accumulator i of a tile: row
+    // g + 8·(i / 2), column 2q + i % 2.
+    __shared__ float red[MOE_RWARPS][16][8];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) red[warp][g + 8 * (i / 2)][2 * q + i % 2] = acc[mt][i];
+        __syncthreads();
+        if (threadIdx.x < 128) {
+            const u32 r = threadIdx.x / 8, c = threadIdx.x % 8;
+            float sum = 0.0f;
+#pragma unroll
+            for (int wi = 0; wi < MOE_RWARPS; ++wi) sum += red[wi][r][c];
+            const u32 row = mt * 16 + r, col = col0 + c;
+            if (row < rows && col < p.experts)
+                p.logits[(u64)(row0 + row) * p.experts + col] = sum + (p.bias ? p.bias[col] : 0.0f);
+        }
+        __syncthreads();
+    }
+    if (!p.route) return;
+
+    // The tile's last column block routes its rows.
+    __shared__ u32 last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const u32 ticket = atomicAdd(&p.tickets[blockIdx.y], 1u);
+        last = ticket == gridDim.x - 1;
+        if (last) p.tickets[blockIdx.y] = 0;  // ready for the next launch
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    __shared__ float logit_rows[MOE_RWARPS][256];
+    for (u32 r = warp; r < rows; r += MOE_RWARPS) {
+        const u64 t = row0 + r;
+        for (u32 i = lane; i < p.experts; i += 32) logit_rows[warp][i] = __ldcg(p.logits + t * p.experts + i);
+        __syncwarp();
+        moe_route_row(logit_rows[warp], p.experts, p.top_k, p.renorm, p.weights + t * p.top_k,
+                      p.chosen + t * p.top_k);
+        __syncwarp();
+    }
+
+    // The last routed tile dispatches every token.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const u32 ticket = atomicAdd(&p.tickets[gridDim.y], 1u);
+        last = ticket == gridDim.y - 1;
+        if (last) p.tickets[gridDim.y] = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    __shared__ u32 dsm[2 * 256];
+    moe_dispatch_block(p.chosen, p.tokens * p.top_k, p.experts, p.top_k, p.bm, p.counts,
+                       p.offsets, p.order, p.token_of, p.slot_pos, p.work, p.n_items, dsm,
+                       dsm + 256);
+}
+
+// (MT m16 tiles, U k-steps of loads in flight): 1 for decode (a block per 16 tokens keeps
+// many SMs streaming the gate), 2 and 4 reuse each gate fragment over more rows.
+#define MOE_ROUTER(T, MT, U) \
+    extern "C" __global__ void __launch_bounds__(MOE_RWARPS * 32, 1) moe_router_##T##_m##MT(MoeRouter p) { moe_router<T, MT, U>(p); }
+MOE_ROUTER(bf16, 1, 8)
+MOE_ROUTER(bf16, 2, 4)
+MOE_ROUTER(bf16, 4, 2)
+MOE_ROUTER(f16, 1, 8)
+MOE_ROUTER(f16, 2, 4)
+MOE_ROUTER(f16, 4, 2)
 
 // ---- SwiGLU of the cuBLAS path: h [rows, 2I] with interleaved gate/up blocks of 8 columns
 // (the w13 layout) -> act [rows, I]. ----

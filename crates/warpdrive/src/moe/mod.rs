@@ -2,11 +2,11 @@
 //! experts `e` the router picks for each token.
 //!
 //! On CUDA (bf16 or f16) the forward pass is four to six kernels and no host
-//! synchronization: the router logits (a dense GEMM) whose last block per tile also routes
-//! (softmax top-k over up to 256 experts; the DeepSeek-style grouped sigmoid router and wider
-//! layers use a separate router kernel) and, when one tile holds every token, also dispatches;
-//! otherwise the dispatch (tokens per expert, offsets, permutation and a GEMM work list, all on
-//! the device); the gate/up projection as a grouped GEMM over the permuted tokens with SwiGLU
+//! synchronization: the router kernel (logits by blocks that split K across their warps, so
+//! no cross-block fix-up; the last block of each row tile routes its tokens, softmax top-k
+//! over up to 256 experts, and the last routed tile dispatches: tokens per expert, offsets,
+//! permutation and a GEMM work list, all on the device; the DeepSeek-style grouped sigmoid
+//! router and wider layers route and dispatch in two more kernels); the gate/up projection as a grouped GEMM over the permuted tokens with SwiGLU
 //! fused into its epilogue; the down projection as a second grouped GEMM that scales each row
 //! by its routing weight; and the combine back to token order. The grouped GEMM
 //! (`kernels/moe.cu`) reads the per-expert counts from device memory, so for up to
@@ -49,13 +49,18 @@ const DISPATCH_BLOCK: u32 = 1024;
 /// Threads of the grouped GEMM (8 warps).
 const GEMM_BLOCK: u32 = 256;
 
-/// Columns per block of the router kernels (`moe_router_*`: 8 warps × 4 n8 groups).
-const ROUTER_BN: usize = 256;
+/// Columns per block of the router kernels (`moe_router_*`: one n8 group, K split over
+/// 16 warps).
+const ROUTER_BN: usize = 8;
+/// Threads of the router kernels (16 warps).
+const ROUTER_BLOCK: u32 = 512;
+/// The most experts the router kernel routes itself (softmax top-k by one warp per row).
+const ROUTER_ROUTES_MAX: usize = 256;
 
-/// Whether the router GEMM's blocks also route (softmax top-k over all experts in one
-/// column block) instead of a separate router kernel.
+/// Whether the router kernel also routes and dispatches (Softmax over at most
+/// [`ROUTER_ROUTES_MAX`] experts) instead of leaving logits to separate kernels.
 fn fused_route(c: &MoeConfig) -> bool {
-    c.router == Router::Softmax && c.experts <= ROUTER_BN
+    c.router == Router::Softmax && c.experts <= ROUTER_ROUTES_MAX
 }
 
 /// Columns per block of the grouped GEMM for `mt` m16 tiles (`MOE_BN` = 8 warps × NG n8
@@ -305,6 +310,32 @@ impl GemmShape {
     }
 }
 
+/// The router kernel's launch shape: row tiles of 16·mt tokens × column blocks of
+/// [`ROUTER_BN`] experts.
+#[derive(Debug, Clone, Copy)]
+struct RouterShape {
+    mt: usize,
+    row_tiles: usize,
+    col_blocks: usize,
+}
+
+impl RouterShape {
+    fn new(c: &MoeConfig, tokens: usize) -> Self {
+        // Small tiles while tokens are few (more blocks streaming the gate), larger ones
+        // reuse each gate fragment over more rows.
+        let mt = match tokens {
+            0..=64 => 1,
+            65..=256 => 2,
+            _ => 4,
+        };
+        RouterShape {
+            mt,
+            row_tiles: tokens.div_ceil(16 * mt).max(1),
+            col_blocks: c.experts.div_ceil(ROUTER_BN),
+        }
+    }
+}
+
 /// The launch shapes of a forward pass over `tokens` tokens on the device path.
 #[derive(Debug, Clone, Copy)]
 struct Plan {
@@ -312,7 +343,7 @@ struct Plan {
     slots: usize,
     /// Rows per expert tile of the dispatch's work list (16 · gate.mt).
     bm: usize,
-    router: GemmShape,
+    router: RouterShape,
     up: GemmShape,
     down: GemmShape,
 }
@@ -334,29 +365,11 @@ impl Plan {
         let mt = m_tiles(slots.div_ceil(active));
         let bm = 16 * mt;
         let items = active + slots / bm;
-        // The router's rows are the tokens themselves: no busier groups, and small tiles
-        // keep enough blocks busy on its narrow (E columns) output.
-        let router_mt = if tokens <= 16 { 1 } else { 2 };
-        let router_items = tokens.div_ceil(16 * router_mt).max(1);
-        let router_bn = if fused_route(c) {
-            ROUTER_BN
-        } else {
-            gemm_bn(router_mt)
-        };
         Plan {
             tokens,
             slots,
             bm,
-            // The router's weight is small: shallower splits (one round of loads each) cost
-            // little in fix-ups and shorten its latency, which every pass waits for.
-            router: GemmShape::new(
-                c.experts,
-                c.hidden,
-                (router_mt, router_bn),
-                (router_items, router_items),
-                128,
-                sms,
-            ),
+            router: RouterShape::new(c, tokens),
             up: GemmShape::new(
                 2 * c.intermediate,
                 c.hidden,
@@ -376,14 +389,13 @@ impl Plan {
         }
     }
     fn partial_len(&self) -> usize {
-        self.router
-            .partial_len(self.tokens)
-            .max(self.up.partial_len(self.slots))
+        self.up
+            .partial_len(self.slots)
             .max(self.down.partial_len(self.slots))
     }
     fn tickets_len(&self) -> usize {
-        self.router
-            .tiles()
+        // The router: one per row tile and one for the dispatch.
+        (self.router.row_tiles + 1)
             .max(self.up.tiles())
             .max(self.down.tiles())
     }
@@ -427,15 +439,7 @@ impl<T: Float> Workspace<T> {
         let items = max(&|p| p.up.items);
         Ok(Workspace {
             tokens,
-            // A router that routes in its own kernel writes no logits.
-            logits: Buffer::uninit(
-                stream,
-                if fused_route(c) {
-                    1
-                } else {
-                    tokens * c.experts
-                },
-            )?,
+            logits: Buffer::uninit(stream, tokens * c.experts)?,
             weights: Buffer::uninit(stream, slots)?,
             experts: Buffer::uninit(stream, slots)?,
             counts: Buffer::uninit(stream, c.experts)?,
@@ -1368,7 +1372,6 @@ struct GemmParams {
     offsets: u64,
     work: u64,
     n_items: u64,
-    m: u32,
     splits: u32,
     k_split: u32,
     partial: u64,
@@ -1376,27 +1379,48 @@ struct GemmParams {
     tickets: u64,
     epilogue: i32,
     out: u64,
-    col_bias: u64,
     slot_weight: u64,
     order: u64,
-    route_k: u32,
-    route_renorm: i32,
-    route_weights: u64,
-    route_experts: u64,
-    fuse_dispatch: i32,
-    dispatch_bm: u32,
-    d_counts: u64,
-    d_offsets: u64,
-    d_order: u64,
-    d_token_of: u64,
-    d_slot_pos: u64,
-    d_work: u64,
-    d_n_items: u64,
 }
 
-const ROUTER_NAMES: [[&str; 2]; 2] = [
-    ["moe_router_f16_m1", "moe_router_f16_m2"],
-    ["moe_router_bf16_m1", "moe_router_bf16_m2"],
+/// `MoeRouter` of `kernels/moe.cu`, field for field (C layout).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct RouterParams {
+    x: u64,
+    w: u64,
+    bias: u64,
+    tokens: u32,
+    k: u32,
+    experts: u32,
+    logits: u64,
+    tickets: u64,
+    route: i32,
+    top_k: u32,
+    renorm: i32,
+    weights: u64,
+    chosen: u64,
+    bm: u32,
+    counts: u64,
+    offsets: u64,
+    order: u64,
+    token_of: u64,
+    slot_pos: u64,
+    work: u64,
+    n_items: u64,
+}
+
+const ROUTER_NAMES: [[&str; 3]; 2] = [
+    [
+        "moe_router_f16_m1",
+        "moe_router_f16_m2",
+        "moe_router_f16_m4",
+    ],
+    [
+        "moe_router_bf16_m1",
+        "moe_router_bf16_m2",
+        "moe_router_bf16_m4",
+    ],
 ];
 
 const GEMM_NAMES: [[&str; 3]; 2] = [
@@ -1488,78 +1512,77 @@ impl Launcher {
     ) -> Result<u32> {
         self.router(s, pass)?;
         mark("router")?;
-        let mut launches = 1;
-        if !fused_route(&self.config) {
-            self.route(s, pass)?;
-            mark("route")?;
-            launches += 1;
+        if fused_route(&self.config) {
+            return Ok(1);
         }
-        if !self.fused_dispatch(pass) {
-            self.dispatch(s, pass)?;
-            mark("dispatch")?;
-            launches += 1;
-        }
-        Ok(launches)
+        self.route(s, pass)?;
+        mark("route")?;
+        self.dispatch(s, pass)?;
+        mark("dispatch")?;
+        Ok(3)
     }
 
-    /// Whether the router kernel also dispatches (its routing is fused and one tile holds
-    /// every token).
-    fn fused_dispatch(&self, pass: &Pass) -> bool {
-        fused_route(&self.config) && pass.plan.router.items == 1
-    }
-
-    /// Router logits by the dense GEMM: routed in the same kernel when the config allows
-    /// (softmax top-k into weights / experts, and the dispatch when one tile holds every
-    /// token), else f32 logits (+ bias for the Softmax router) for the router kernel.
+    /// The router kernel: f32 logits (+ bias for the Softmax router) and, when the config
+    /// allows ([`fused_route`]), the softmax top-k into weights / experts and the dispatch.
     fn router(&self, s: &Stream, pass: &Pass) -> Result<()> {
+        let Some((d, cs)) = s.cuda() else {
+            return Err(Error::Unsupported("MoE router kernel on the CPU".into()));
+        };
         let p = &pass.plan;
         let c = &self.config;
-        let dense = GemmParams {
-            a: pass.x,
+        let route = fused_route(c);
+        let mut params = RouterParams {
+            x: pass.x,
             w: self.gate,
-            m: u32_of(p.tokens, "tokens")?,
-            partial: self.partial,
-            rows_cap: u32_of(p.tokens, "tokens")?,
-            tickets: self.tickets,
-            col_bias: if c.router == Router::Softmax {
+            bias: if c.router == Router::Softmax {
                 self.gate_bias
             } else {
                 0
             },
-            ..GemmParams::default()
+            tokens: u32_of(p.tokens, "tokens")?,
+            k: u32_of(c.hidden, "hidden")?,
+            experts: u32_of(c.experts, "experts")?,
+            logits: self.logits,
+            tickets: self.tickets,
+            route: i32::from(route),
+            top_k: c.top_k as u32,
+            renorm: i32::from(c.renormalize),
+            weights: self.weights,
+            chosen: self.experts,
+            bm: p.bm as u32,
+            counts: self.counts,
+            offsets: self.offsets,
+            order: self.order,
+            token_of: self.token_of,
+            slot_pos: self.slot_pos,
+            work: self.work,
+            n_items: self.n_items,
         };
-        if !fused_route(c) {
-            return self.gemm(
-                s,
-                &p.router,
-                GemmParams {
-                    epilogue: 0,
-                    out: self.logits,
-                    ..dense
-                },
-            );
+        let shape = &p.router;
+        let mt = match shape.mt {
+            1 => 0,
+            2 => 1,
+            _ => 2,
+        };
+        let f = d.function(&MOE, ROUTER_NAMES[self.dtype_index()?][mt])?;
+        let grid = (
+            u32_of(shape.col_blocks, "router column blocks")?,
+            u32_of(shape.row_tiles, "router row tiles")?,
+            1,
+        );
+        if grid.1 > 65_535 {
+            return Err(Error::InvalidArgument(format!(
+                "MoE router: {} tokens need {} row tiles, at most 65535",
+                p.tokens, grid.1
+            )));
         }
-        self.gemm(
-            s,
-            &p.router,
-            GemmParams {
-                epilogue: 3,
-                route_k: c.top_k as u32,
-                route_renorm: i32::from(c.renormalize),
-                route_weights: self.weights,
-                route_experts: self.experts,
-                fuse_dispatch: i32::from(self.fused_dispatch(pass)),
-                dispatch_bm: p.bm as u32,
-                d_counts: self.counts,
-                d_offsets: self.offsets,
-                d_order: self.order,
-                d_token_of: self.token_of,
-                d_slot_pos: self.slot_pos,
-                d_work: self.work,
-                d_n_items: self.n_items,
-                ..dense
-            },
-        )
+        let mut args = [&mut params as *mut RouterParams as *mut c_void];
+        // SAFETY: moe_router_T_mMT(MoeRouter p): RouterParams is MoeRouter's C layout; x holds
+        // tokens·hidden elements, the gate experts·hidden, logits tokens·E, weights / chosen
+        // / order / token_of / slot_pos tokens·k, counts E, offsets E + 1, work 2·items
+        // words, tickets at least row_tiles + 1 zeroed words (the workspace is sized from
+        // this plan); routing only with E <= 256 (its shared rows and dispatch arrays).
+        unsafe { d.launch(cs, &f, grid, (ROUTER_BLOCK, 1, 1), 0, &mut args) }
     }
 
     fn route(&self, s: &Stream, pass: &Pass) -> Result<()> {
@@ -1671,13 +1694,7 @@ impl Launcher {
             2 => 1,
             _ => 2,
         };
-        let t = self.dtype_index()?;
-        let name = if p.epilogue == 3 {
-            ROUTER_NAMES[t][mt.min(1)]
-        } else {
-            GEMM_NAMES[t][mt]
-        };
-        let f = d.function(&MOE, name)?;
+        let f = d.function(&MOE, GEMM_NAMES[self.dtype_index()?][mt])?;
         let grid = u32_of(shape.grid(), "GEMM blocks")?;
         let mut params = [&mut p as *mut GemmParams as *mut c_void];
         // SAFETY: moe_gemm_T_mMT(MoeGemm p): GemmParams is MoeGemm's C layout; `a` holds the
