@@ -566,6 +566,15 @@ fn gpu_smem_moe_matches_cpu() {
             "deep",
         );
     }
+    // A deep router (hidden >= 2 × 1024): its K splits summed by the routing block; one
+    // tile, half tiles and full tiles of tokens.
+    let deep_router = config(3072, 64, 24, 3, Router::Softmax, DTypeKind::BF16);
+    for tokens in [1, 40, 200] {
+        assert_few_flips(
+            cuda_vs_cpu(deep_router, tokens, MoePath::Auto, true, s + 4),
+            "deep router",
+        );
+    }
     // More experts than one router block routes: the separate softmax top-k kernel.
     let wide = config(64, 32, 300, 4, Router::Softmax, DTypeKind::BF16);
     for tokens in [3, 40] {

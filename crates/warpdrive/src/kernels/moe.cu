@@ -149,14 +149,26 @@ __device__ __forceinline__ u64 moe_block_exclusive_scan(u64 v, u64* total) {
 
 // The dispatch on one block (any multiple of 32 threads); `cnt` and `cursor` are E words of
 // shared memory each.
+#define MOE_DISPATCH_HELD 4
 __device__ void moe_dispatch_block(const u32* expert_of_slot, u32 slots, u32 experts, u32 k,
                                    u32 bm, u32* counts, u32* offsets, u32* order, u32* token_of,
                                    u32* slot_pos, u32* work, u32* n_items, u32* cnt, u32* cursor) {
     __shared__ u64 total;
     for (u32 e = threadIdx.x; e < experts; e += blockDim.x) cnt[e] = 0;
+    // Through L2: the router's other blocks wrote these ids in the same kernel. A thread's
+    // first MOE_DISPATCH_HELD ids are loaded at once and kept for the placement below.
+    u32 held[MOE_DISPATCH_HELD];
+#pragma unroll
+    for (int h = 0; h < MOE_DISPATCH_HELD; ++h) {
+        const u32 i = threadIdx.x + h * blockDim.x;
+        held[h] = i < slots ? __ldcg(expert_of_slot + i) : 0xffffffffu;
+    }
+    const u32 rest = MOE_DISPATCH_HELD * blockDim.x;
     __syncthreads();
-    // Through L2: the router's other blocks wrote these ids in the same kernel.
-    for (u32 i = threadIdx.x; i < slots; i += blockDim.x) {
+#pragma unroll
+    for (int h = 0; h < MOE_DISPATCH_HELD; ++h)
+        if (held[h] < experts) atomicAdd(&cnt[held[h]], 1u);
+    for (u32 i = threadIdx.x + rest; i < slots; i += blockDim.x) {
         const u32 e = __ldcg(expert_of_slot + i);
         if (e < experts) atomicAdd(&cnt[e], 1u);
     }
@@ -183,14 +195,16 @@ __device__ void moe_dispatch_block(const u32* expert_of_slot, u32 slots, u32 exp
         n_items[0] = (u32)(total >> 32);
     }
     __syncthreads();
-    for (u32 i = threadIdx.x; i < slots; i += blockDim.x) {
-        const u32 e = __ldcg(expert_of_slot + i);
-        if (e >= experts) continue;
+    const auto place = [&](u32 i, u32 e) {
+        if (e >= experts) return;
         const u32 p = atomicAdd(&cursor[e], 1u);
         order[p] = i;
         token_of[p] = i / k;
         slot_pos[i] = p;
-    }
+    };
+#pragma unroll
+    for (int h = 0; h < MOE_DISPATCH_HELD; ++h) place(threadIdx.x + h * blockDim.x, held[h]);
+    for (u32 i = threadIdx.x + rest; i < slots; i += blockDim.x) place(i, __ldcg(expert_of_slot + i));
 }
 
 extern "C" __global__ void __launch_bounds__(1024) moe_dispatch(
@@ -215,31 +229,28 @@ __device__ __forceinline__ u32 moe_order_key(float x) {
 __device__ void moe_route_row(const float* row, u32 e, u32 k, int renorm, float* w_out,
                               u32* i_out) {
     const u32 lane = threadIdx.x & 31u;
-    // Keys of this lane's logits (index lane + 32j); 0 = absent or taken (every real key
-    // is at least 0x007fffff).
+    // Keys of this lane's logits (index lane + 32j); 0 = absent (every real key is at least
+    // 0x007fffff). Taken ones are marked in a bit mask, not cleared, so `key` stays in
+    // registers (a store at a computed index would move it to local memory).
     u32 key[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
         const u32 i = lane + 32 * j;
         key[j] = i < e ? moe_order_key(row[i]) : 0u;
     }
-    u32 my_idx = 0;
+    u32 taken = 0, my_idx = 0;
     float my_val = 0.0f, top = 0.0f;
     for (u32 r = 0; r < k; ++r) {
         u32 local = 0;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) local = max(local, key[j]);
+        for (int j = 0; j < 8; ++j) local = max(local, ((taken >> j) & 1u) ? 0u : key[j]);
         const u32 best = __reduce_max_sync(0xffffffffu, local);
         u32 cand = 0xffffffffu;
 #pragma unroll
         for (int j = 7; j >= 0; --j)
-            if (key[j] == best) cand = lane + 32 * j;
+            if (key[j] == best && !((taken >> j) & 1u)) cand = lane + 32 * j;
         const u32 bi = __reduce_min_sync(0xffffffffu, cand);
-        if ((bi & 31u) == lane) {
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-                if ((u32)j == (bi >> 5)) key[j] = 0u;
-        }
+        if ((bi & 31u) == lane) taken |= 1u << (bi >> 5);
         const float v = row[bi];
         if (r == 0) top = v;
         if (lane == r) { my_idx = bi; my_val = v; }
@@ -269,6 +280,24 @@ __device__ void moe_route_row(const float* row, u32 e, u32 k, int renorm, float*
 // Epilogues: 1 = SwiGLU of the interleaved gate/up columns into T act [rows, n/2], 2 = f32
 // out scaled by the routing weight of the row's slot. ----
 #define MOE_WARPS 8
+
+// One arrival at a ticket shared by `arrivals` blocks; true in the last block to arrive,
+// which resets the ticket for the next launch. Every thread's writes before the call are
+// visible to the last block after it (a barrier, then thread 0's acq_rel atomic at GPU
+// scope: cheaper than a sequentially consistent __threadfence); that block reads them
+// through L2 (__ldcg), not through its possibly stale L1.
+__device__ __forceinline__ bool moe_arrive_last(u32* ticket, u32 arrivals) {
+    __shared__ u32 last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u32 old;
+        asm volatile("atom.add.acq_rel.gpu.u32 %0, [%1], 1;" : "=r"(old) : "l"(ticket) : "memory");
+        last = old == arrivals - 1;
+        if (last) *ticket = 0;
+    }
+    __syncthreads();
+    return last;
+}
 
 struct MoeGemm {
     const void* a;           // [rows_a, k] T
@@ -419,17 +448,7 @@ __device__ void moe_gemm(const MoeGemm& p) {
                     if (c + 1 < p.n) dst[c + 1] = acc[mt][ng][2 * h + 1];
                 }
             }
-        __threadfence();
-        __syncthreads();
-        __shared__ u32 last;
-        if (threadIdx.x == 0) {
-            const u32 ticket = atomicAdd(&p.tickets[tile], 1u);
-            last = ticket == p.splits - 1;
-            if (last) p.tickets[tile] = 0;  // ready for the next launch
-        }
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
+        if (!moe_arrive_last(&p.tickets[tile], p.splits)) return;
         // The whole block sums the tile's partials (coalesced, 8 loads in flight per thread,
         // added in split order), one m16 tile at a time through shared memory back into the
         // accumulator layout.
@@ -515,20 +534,25 @@ MOE_GEMM(f16, 2, 2, 2, 2)
 MOE_GEMM(f16, 4, 4, 2, 1)
 
 // ---- the router: logits [tokens, E] (f32) = x · gateᵀ (+ bias). A block of 16 warps
-// computes a tile of 16·MT rows × 8 columns (grid: column blocks × row tiles); its warps
-// split K into contiguous runs and sum through shared memory in warp order, so there is no
-// cross-block fix-up and the sums are deterministic. With `route`, the last column block of
-// a row tile to finish (a ticket per tile) routes the tile's rows (softmax top-k, one warp
-// per row, E <= 256), and the last row tile to be routed (one more ticket) runs the
-// dispatch, so the router, routing and dispatch are one kernel. ----
+// computes a tile of up to 16·MT rows × 8 columns over one of `splits` K ranges (grid: column
+// blocks × splits, row tiles); its warps split that range into contiguous runs and sum
+// through shared memory in warp order. With one split the block writes the logits; with
+// more it writes its partial sums (split s at logits + s·tokens·E) and the row tile's last
+// block adds them in split order, so the logits are deterministic either way. With
+// `route`, the last block of a row tile to finish (a ticket per tile) routes the tile's
+// rows (softmax top-k, one warp per row, E <= 256), and the last row tile to be routed (one
+// more ticket) runs the dispatch: router, routing and dispatch in one kernel. ----
 #define MOE_RWARPS 16
+#define MOE_ROUTER_MAX_SPLITS 8
 
 struct MoeRouter {
     const void* x;        // [tokens, k] T
     const void* w;        // [experts, k] T
     const float* bias;    // [experts] (nullable)
     u32 tokens, k, experts;
-    float* logits;        // [tokens, experts]
+    u32 splits, k_split;  // k_split: a multiple of 32; 1 < splits <= 8 only with `route`
+    u32 tile_rows;        // rows per row tile: at most 16·MT
+    float* logits;        // [splits, tokens, experts]
     u32* tickets;         // row tiles + 1 words, zero between launches
     int route;
     u32 top_k;
@@ -549,13 +573,17 @@ template <typename T, int MT, int U>
 __device__ void moe_router(const MoeRouter& p) {
     const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
     const u32 g = lane >> 2, q = lane & 3u;
-    const u32 row0 = blockIdx.y * 16 * MT;
-    const u32 rows = min(16u * MT, p.tokens - row0);
-    const u32 col0 = blockIdx.x * 8;
-    const u32 steps = (p.k + 31) / 32;
+    const u32 col_blocks = gridDim.x / p.splits;
+    const u32 split = blockIdx.x / col_blocks;
+    const u32 col0 = (blockIdx.x % col_blocks) * 8;
+    const u32 row0 = blockIdx.y * p.tile_rows;
+    const u32 rows = min(p.tile_rows, p.tokens - row0);
+    const u32 split_begin = split * p.k_split;
+    const u32 split_end = min(p.k, split_begin + p.k_split);
+    const u32 steps = (split_end - split_begin + 31) / 32;
     const u32 per_warp = (steps + MOE_RWARPS - 1) / MOE_RWARPS;
-    const u32 k_begin = min(p.k, warp * per_warp * 32);
-    const u32 k_end = min(p.k, (warp + 1) * per_warp * 32);
+    const u32 k_begin = min(split_end, split_begin + warp * per_warp * 32);
+    const u32 k_end = min(split_end, split_begin + (warp + 1) * per_warp * 32);
     const T* x = reinterpret_cast<const T*>(p.x);
     const T* a_ptr[MT][2];
 #pragma unroll
@@ -597,8 +625,9 @@ __device__ void moe_router(const MoeRouter& p) {
             }
     }
     // Sum the warps' partial tiles, one m16 tile at a time. Accumulator i of a tile: row
-    // g + 8·(i / 2), column 2q + i % 2.
+    // g + 8·(i / 2), column 2q + i % 2. The bias goes into split 0's sums only.
     __shared__ float red[MOE_RWARPS][16][8];
+    float* out = p.logits + (u64)split * p.tokens * p.experts;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -611,45 +640,47 @@ __device__ void moe_router(const MoeRouter& p) {
             for (int wi = 0; wi < MOE_RWARPS; ++wi) sum += red[wi][r][c];
             const u32 row = mt * 16 + r, col = col0 + c;
             if (row < rows && col < p.experts)
-                p.logits[(u64)(row0 + row) * p.experts + col] = sum + (p.bias ? p.bias[col] : 0.0f);
+                out[(u64)(row0 + row) * p.experts + col] =
+                    sum + (p.bias && split == 0 ? p.bias[col] : 0.0f);
         }
         __syncthreads();
     }
     if (!p.route) return;
 
-    // The tile's last column block routes its rows.
-    __shared__ u32 last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const u32 ticket = atomicAdd(&p.tickets[blockIdx.y], 1u);
-        last = ticket == gridDim.x - 1;
-        if (last) p.tickets[blockIdx.y] = 0;  // ready for the next launch
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    // The tile's last block routes its rows (the splits' sums added in split order).
+    if (!moe_arrive_last(&p.tickets[blockIdx.y], gridDim.x)) return;
     __shared__ float logit_rows[MOE_RWARPS][256];
+    const u64 split_stride = (u64)p.tokens * p.experts;
     for (u32 r = warp; r < rows; r += MOE_RWARPS) {
         const u64 t = row0 + r;
-        for (u32 i = lane; i < p.experts; i += 32) logit_rows[warp][i] = __ldcg(p.logits + t * p.experts + i);
+        // Every load of the row (8 per lane and split at most) in flight at once.
+        float part[MOE_ROUTER_MAX_SPLITS][8];
+#pragma unroll
+        for (int sp = 0; sp < MOE_ROUTER_MAX_SPLITS; ++sp)
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const u32 i = lane + 32 * j;
+                part[sp][j] = (sp < (int)p.splits && i < p.experts)
+                                  ? __ldcg(p.logits + sp * split_stride + t * p.experts + i)
+                                  : 0.0f;
+            }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const u32 i = lane + 32 * j;
+            float v = part[0][j];
+#pragma unroll
+            for (int sp = 1; sp < MOE_ROUTER_MAX_SPLITS; ++sp) v += part[sp][j];
+            if (i < p.experts) logit_rows[warp][i] = v;
+        }
         __syncwarp();
         moe_route_row(logit_rows[warp], p.experts, p.top_k, p.renorm, p.weights + t * p.top_k,
                       p.chosen + t * p.top_k);
         __syncwarp();
     }
 
-    // The last routed tile dispatches every token.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const u32 ticket = atomicAdd(&p.tickets[gridDim.y], 1u);
-        last = ticket == gridDim.y - 1;
-        if (last) p.tickets[gridDim.y] = 0;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    // The last routed tile dispatches every token (a single tile needs no second ticket).
+    if (gridDim.y > 1 && !moe_arrive_last(&p.tickets[gridDim.y], gridDim.y)) return;
+    if (gridDim.y == 1) __syncthreads();
     __shared__ u32 dsm[2 * 256];
     moe_dispatch_block(p.chosen, p.tokens * p.top_k, p.experts, p.top_k, p.bm, p.counts,
                        p.offsets, p.order, p.token_of, p.slot_pos, p.work, p.n_items, dsm,

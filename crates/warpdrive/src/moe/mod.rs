@@ -54,6 +54,11 @@ const GEMM_BLOCK: u32 = 256;
 const ROUTER_BN: usize = 8;
 /// Threads of the router kernels (16 warps).
 const ROUTER_BLOCK: u32 = 512;
+/// The least K per split of the router kernel (two 32-wide steps per warp).
+const ROUTER_MIN_DEPTH: usize = 1024;
+/// The most K splits of the router kernel (`MOE_ROUTER_MAX_SPLITS`: the routing block
+/// loads every split of a row at once).
+const ROUTER_MAX_SPLITS: usize = 8;
 /// The most experts the router kernel routes itself (softmax top-k by one warp per row).
 const ROUTER_ROUTES_MAX: usize = 256;
 
@@ -310,17 +315,20 @@ impl GemmShape {
     }
 }
 
-/// The router kernel's launch shape: row tiles of 16·mt tokens × column blocks of
-/// [`ROUTER_BN`] experts.
+/// The router kernel's launch shape: row tiles of `tile_rows` (at most 16·mt) tokens ×
+/// column blocks of [`ROUTER_BN`] experts × `splits` K ranges of `k_split`.
 #[derive(Debug, Clone, Copy)]
 struct RouterShape {
     mt: usize,
+    tile_rows: usize,
     row_tiles: usize,
     col_blocks: usize,
+    splits: usize,
+    k_split: usize,
 }
 
 impl RouterShape {
-    fn new(c: &MoeConfig, tokens: usize) -> Self {
+    fn new(c: &MoeConfig, tokens: usize, sms: usize) -> Self {
         // Small tiles while tokens are few (more blocks streaming the gate), larger ones
         // reuse each gate fragment over more rows.
         let mt = match tokens {
@@ -328,10 +336,33 @@ impl RouterShape {
             65..=256 => 2,
             _ => 4,
         };
+        let col_blocks = c.experts.div_ceil(ROUTER_BN);
+        // A tile's last block routes its rows one per warp: above one tile, half tiles
+        // spread that over twice the SMs while the grid still fits one wave.
+        let tile_rows = if tokens > 16 * mt && tokens.div_ceil(8 * mt) * col_blocks <= sms {
+            8 * mt
+        } else {
+            16 * mt
+        };
+        let row_tiles = tokens.div_ceil(tile_rows).max(1);
+        // Split K (only where the kernel routes, and so sums the splits itself) while every
+        // block still has an SM of its own (one wave), each split at least
+        // ROUTER_MIN_DEPTH deep.
+        let splits = if fused_route(c) {
+            (sms / (row_tiles * col_blocks))
+                .min(c.hidden / ROUTER_MIN_DEPTH)
+                .clamp(1, ROUTER_MAX_SPLITS)
+        } else {
+            1
+        };
+        let k_split = c.hidden.div_ceil(splits).div_ceil(32) * 32;
         RouterShape {
             mt,
-            row_tiles: tokens.div_ceil(16 * mt).max(1),
-            col_blocks: c.experts.div_ceil(ROUTER_BN),
+            tile_rows,
+            row_tiles,
+            col_blocks,
+            splits: c.hidden.div_ceil(k_split).max(1),
+            k_split,
         }
     }
 }
@@ -369,7 +400,7 @@ impl Plan {
             tokens,
             slots,
             bm,
-            router: RouterShape::new(c, tokens),
+            router: RouterShape::new(c, tokens, sms),
             up: GemmShape::new(
                 2 * c.intermediate,
                 c.hidden,
@@ -392,6 +423,10 @@ impl Plan {
         self.up
             .partial_len(self.slots)
             .max(self.down.partial_len(self.slots))
+    }
+    /// Logits of the router (one set per K split).
+    fn logits_len(&self, c: &MoeConfig) -> usize {
+        self.router.splits * self.tokens * c.experts
     }
     fn tickets_len(&self) -> usize {
         // The router: one per row tile and one for the dispatch.
@@ -439,7 +474,7 @@ impl<T: Float> Workspace<T> {
         let items = max(&|p| p.up.items);
         Ok(Workspace {
             tokens,
-            logits: Buffer::uninit(stream, tokens * c.experts)?,
+            logits: Buffer::uninit(stream, max(&|p| p.logits_len(c)))?,
             weights: Buffer::uninit(stream, slots)?,
             experts: Buffer::uninit(stream, slots)?,
             counts: Buffer::uninit(stream, c.experts)?,
@@ -863,6 +898,7 @@ impl<T: Float> MoeLayer<T> {
             w.tokens >= tokens
                 && (!cublas || w.cublas.is_some())
                 && w.partial.len() >= plan.partial_len()
+                && w.logits.len() >= plan.logits_len(&self.config)
                 && w.tickets.len() >= plan.tickets_len()
                 && w.work.len() >= 2 * plan.up.items
         });
@@ -1393,6 +1429,9 @@ struct RouterParams {
     tokens: u32,
     k: u32,
     experts: u32,
+    splits: u32,
+    k_split: u32,
+    tile_rows: u32,
     logits: u64,
     tickets: u64,
     route: i32,
@@ -1542,6 +1581,9 @@ impl Launcher {
             tokens: u32_of(p.tokens, "tokens")?,
             k: u32_of(c.hidden, "hidden")?,
             experts: u32_of(c.experts, "experts")?,
+            splits: u32_of(p.router.splits, "router splits")?,
+            k_split: u32_of(p.router.k_split, "router split")?,
+            tile_rows: p.router.tile_rows as u32,
             logits: self.logits,
             tickets: self.tickets,
             route: i32::from(route),
@@ -1566,7 +1608,7 @@ impl Launcher {
         };
         let f = d.function(&MOE, ROUTER_NAMES[self.dtype_index()?][mt])?;
         let grid = (
-            u32_of(shape.col_blocks, "router column blocks")?,
+            u32_of(shape.col_blocks * shape.splits, "router column blocks")?,
             u32_of(shape.row_tiles, "router row tiles")?,
             1,
         );
@@ -1578,7 +1620,7 @@ impl Launcher {
         }
         let mut args = [&mut params as *mut RouterParams as *mut c_void];
         // SAFETY: moe_router_T_mMT(MoeRouter p): RouterParams is MoeRouter's C layout; x holds
-        // tokens·hidden elements, the gate experts·hidden, logits tokens·E, weights / chosen
+        // tokens·hidden elements, the gate experts·hidden, logits splits·tokens·E, weights / chosen
         // / order / token_of / slot_pos tokens·k, counts E, offsets E + 1, work 2·items
         // words, tickets at least row_tiles + 1 zeroed words (the workspace is sized from
         // this plan); routing only with E <= 256 (its shared rows and dispatch arrays).
