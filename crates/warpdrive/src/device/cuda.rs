@@ -858,6 +858,47 @@ impl CudaDevice {
         shared_mem_bytes: u32,
         params: &mut [*mut c_void],
     ) -> Result<()> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.launch_with(stream, f, grid, block, shared_mem_bytes, params, false) }
+    }
+
+    /// [`launch`](Self::launch) as a programmatic dependent launch on Hopper and later: the
+    /// kernel's blocks may start while the stream's previous kernel finishes (in a captured
+    /// graph, a programmatic edge). Before compute capability 9.0, a plain launch.
+    ///
+    /// # Safety
+    /// As [`launch`](Self::launch); and the kernel must execute `griddepcontrol.wait` before
+    /// it reads anything earlier work on the stream writes, or writes anything that work
+    /// reads (before the wait it may only read data no earlier work writes, such as weights,
+    /// and only through L2).
+    pub(crate) unsafe fn launch_programmatic(
+        &self,
+        stream: &CudaStream,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        shared_mem_bytes: u32,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        let overlap = self.compute_capability().0 >= 9;
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.launch_with(stream, f, grid, block, shared_mem_bytes, params, overlap) }
+    }
+
+    /// # Safety
+    /// As [`launch_programmatic`](Self::launch_programmatic) when `programmatic`, else as
+    /// [`launch`](Self::launch).
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn launch_with(
+        &self,
+        stream: &CudaStream,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        shared_mem_bytes: u32,
+        params: &mut [*mut c_void],
+        programmatic: bool,
+    ) -> Result<()> {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 || block.0 == 0 || block.1 == 0 || block.2 == 0
         {
             return Err(Error::InvalidArgument(format!(
@@ -867,20 +908,54 @@ impl CudaDevice {
         // The lean path: no cuCtxGetCurrent when this thread already bound this context,
         // no events (warpdrive orders streams explicitly where it must).
         let t = activity::begin();
-        self.lean("cuLaunchKernel", || {
-            // SAFETY: forwarded from this function's contract; the function handle is alive
-            // (its module is held by `f`).
-            unsafe {
-                result::launch_kernel(
-                    f.cu_function(),
-                    grid,
-                    block,
-                    shared_mem_bytes,
-                    stream.cu_stream(),
-                    params,
-                )
-            }
-        })?;
+        if programmatic {
+            // SAFETY: an all-zero CUlaunchAttribute is a valid value (plain integers and a
+            // union of them); the id and value are set right after.
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let config = sys::CUlaunchConfig {
+                gridDimX: grid.0,
+                gridDimY: grid.1,
+                gridDimZ: grid.2,
+                blockDimX: block.0,
+                blockDimY: block.1,
+                blockDimZ: block.2,
+                sharedMemBytes: shared_mem_bytes,
+                hStream: stream.cu_stream(),
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            self.lean("cuLaunchKernelEx", || {
+                // SAFETY: forwarded from this function's contract; `config` and `attr` live
+                // across the call; the function handle is alive (its module is held by `f`).
+                unsafe {
+                    sys::cuLaunchKernelEx(
+                        &config,
+                        f.cu_function(),
+                        params.as_mut_ptr(),
+                        std::ptr::null_mut(),
+                    )
+                    .result()
+                }
+            })?;
+        } else {
+            self.lean("cuLaunchKernel", || {
+                // SAFETY: forwarded from this function's contract; the function handle is
+                // alive (its module is held by `f`).
+                unsafe {
+                    result::launch_kernel(
+                        f.cu_function(),
+                        grid,
+                        block,
+                        shared_mem_bytes,
+                        stream.cu_stream(),
+                        params,
+                    )
+                }
+            })?;
+        }
         activity::end(t, ActivityKind::Launch, stream.cu_stream() as u64, 0);
         Ok(())
     }

@@ -281,6 +281,24 @@ __device__ void moe_route_row(const float* row, u32 e, u32 k, int renorm, float*
 // out scaled by the routing weight of the row's slot. ----
 #define MOE_WARPS 8
 
+// Programmatic dependent launch (Hopper and later; no-ops before): `moe_wait_prior` blocks
+// until the stream's previous kernel has finished and its writes are visible (it returns at
+// once when the kernel was launched normally); `moe_release_next` lets the next kernel's
+// blocks start (they wait in turn before touching this kernel's results).
+__device__ __forceinline__ void moe_wait_prior() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void moe_release_next() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void moe_prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
+}
+
 // One arrival at a ticket shared by `arrivals` blocks; true in the last block to arrive,
 // which resets the ticket for the next launch. Every thread's writes before the call are
 // visible to the last block after it (a barrier, then thread 0's acq_rel atomic at GPU
@@ -313,6 +331,9 @@ struct MoeGemm {
     float* partial;          // [splits, rows_cap, n]
     u32 rows_cap;
     u32* tickets;            // one per (item, n block), zero between launches
+    // The work list may be read before the previous kernel finishes (it was written two
+    // kernels back): the block then prefetches its weights into L2 while it waits.
+    int early_work;
     int epilogue;
     void* out;
     const float* slot_weight;  // epilogue 2
@@ -359,11 +380,13 @@ __device__ void moe_gemm(const MoeGemm& p) {
     const u32 tile = blockIdx.x / p.splits;  // (item, n block)
     const u32 nb = tile % n_blocks, item = tile / n_blocks;
     const u32 bm = 16 * MT;
-    if (item >= p.n_items[0]) return;
-    const u32 expert = p.work[2 * item];
-    const u32 m0 = p.work[2 * item + 1];
-    const u32 rows = min(bm, p.counts[expert] - m0);
-    const u32 row0 = p.offsets[expert] + m0;
+    if (!p.early_work) moe_wait_prior();
+    // Through L2: under a programmatic launch these may be read before the wait.
+    if (item >= __ldcg(p.n_items)) return;
+    const u32 expert = __ldcg(p.work + 2 * item);
+    const u32 m0 = __ldcg(p.work + 2 * item + 1);
+    const u32 rows = min(bm, __ldcg(p.counts + expert) - m0);
+    const u32 row0 = __ldcg(p.offsets + expert) + m0;
     __shared__ float red[16][MOE_BN];  // split-K sums
     const T* w = reinterpret_cast<const T*>(p.w) + (u64)expert * p.w_stride;
     const T* a = reinterpret_cast<const T*>(p.a);
@@ -382,7 +405,7 @@ __device__ void moe_gemm(const MoeGemm& p) {
             a_ptr[mt][h] = nullptr;
             if (r < rows) {
                 const u32 prow = row0 + r;
-                const u32 src = p.a_rows ? p.a_rows[prow] : prow;
+                const u32 src = p.a_rows ? __ldcg(p.a_rows + prow) : prow;
                 a_ptr[mt][h] = a + (u64)src * p.k;
             }
         }
@@ -392,6 +415,16 @@ __device__ void moe_gemm(const MoeGemm& p) {
         const u32 n = col0 + ng * 8 + g;
         w_ptr[ng] = n < p.n ? w + (u64)n * p.k : nullptr;
     }
+    if (p.early_work) {
+        // This block's weights into L2 (the four lanes of a row take every fourth 128-byte
+        // line) while the previous kernel finishes.
+#pragma unroll
+        for (int ng = 0; ng < MOE_NG; ++ng)
+            if (w_ptr[ng])
+                for (u32 kc = k_begin + q * 64; kc < k_end; kc += 256) moe_prefetch_l2(w_ptr[ng] + kc);
+        moe_wait_prior();
+    }
+    moe_release_next();
 
     float acc[MT][MOE_NG][4];
 #pragma unroll
@@ -571,6 +604,9 @@ struct MoeRouter {
 
 template <typename T, int MT, int U>
 __device__ void moe_router(const MoeRouter& p) {
+    // The grouped GEMM after this kernel may start its blocks (on SMs this one leaves free);
+    // they wait for this kernel before reading anything.
+    moe_release_next();
     const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
     const u32 g = lane >> 2, q = lane & 3u;
     const u32 col_blocks = gridDim.x / p.splits;
@@ -724,6 +760,8 @@ template <typename TY, typename T>
 __device__ void moe_combine(const TY* __restrict__ y, const u32* __restrict__ slot_pos,
                             const float* __restrict__ slot_weight, u32 tokens, u32 k, u32 hidden,
                             T* __restrict__ out) {
+    moe_wait_prior();
+    moe_release_next();
     const u32 quads = hidden / 4;
     const u64 n = (u64)tokens * quads;
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {

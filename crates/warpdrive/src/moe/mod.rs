@@ -1413,6 +1413,7 @@ struct GemmParams {
     partial: u64,
     rows_cap: u32,
     tickets: u64,
+    early_work: i32,
     epilogue: i32,
     out: u64,
     slot_weight: u64,
@@ -1528,6 +1529,8 @@ impl Launcher {
                 a: self.act,
                 w: self.w2,
                 w_stride: (c.hidden * c.intermediate) as u64,
+                // The dispatch wrote the work list before the gate/up GEMM started.
+                early_work: 1,
                 epilogue: 2,
                 out: self.y_rows,
                 slot_weight: self.weights,
@@ -1740,10 +1743,12 @@ impl Launcher {
         let grid = u32_of(shape.grid(), "GEMM blocks")?;
         let mut params = [&mut p as *mut GemmParams as *mut c_void];
         // SAFETY: moe_gemm_T_mMT(MoeGemm p): GemmParams is MoeGemm's C layout; `a` holds the
-        // rows the work list or `m` names (row indices from the dispatch), `w` one n×k matrix
-        // per expert, `partial` splits·rows_cap·n f32 and `tickets` one word per tile (the
+        // rows the work list names (row indices from the dispatch), `w` one n×k matrix per
+        // expert, `partial` splits·rows_cap·n f32 and `tickets` one word per tile (the
         // workspace is sized from this plan), `out` rows_cap rows of the epilogue's width.
-        unsafe { d.launch(cs, &f, (grid, 1, 1), (GEMM_BLOCK, 1, 1), 0, &mut params) }
+        // The kernel waits for the previous one before it reads anything but the weights and
+        // (with early_work, written two kernels back) the work list, and before any write.
+        unsafe { d.launch_programmatic(cs, &f, (grid, 1, 1), (GEMM_BLOCK, 1, 1), 0, &mut params) }
     }
 
     /// `y[t] = Σ_r scale · rows[slot_pos[t·k + r]]`; `weighted` rows are T with the routing
@@ -1771,7 +1776,8 @@ impl Launcher {
             .ptr(pass.y);
         // SAFETY: moe_combine_TY_T(const TY* y, const u32* slot_pos, const float* weights
         // (nullable), u32 tokens, u32 k, u32 hidden, T* out): rows hold slots·hidden, slot_pos
-        // and weights slots entries, out tokens·hidden; hidden % 8 == 0.
-        unsafe { ops::launch(d, cs, (&MOE, name), grid, 256, 0, args) }
+        // and weights slots entries, out tokens·hidden; hidden % 8 == 0. It waits for the
+        // previous kernel before it reads or writes anything.
+        unsafe { ops::launch_programmatic(d, cs, (&MOE, name), grid, 256, 0, args) }
     }
 }

@@ -97,11 +97,44 @@ impl Args {
 pub(crate) unsafe fn launch(
     d: &CudaDevice,
     s: &cudarc::driver::CudaStream,
+    kernel: (&'static KernelSource, &'static str),
+    grid: u32,
+    block: u32,
+    shared_bytes: u32,
+    args: Args,
+) -> Result<()> {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { launch_as(d, s, kernel, grid, block, shared_bytes, args, false) }
+}
+
+/// [`launch`] as a programmatic dependent launch ([`CudaDevice::launch_programmatic`]).
+///
+/// # Safety
+/// As [`launch`]; and the kernel runs `griddepcontrol.wait` before it touches what earlier
+/// work on the stream writes or reads.
+pub(crate) unsafe fn launch_programmatic(
+    d: &CudaDevice,
+    s: &cudarc::driver::CudaStream,
+    kernel: (&'static KernelSource, &'static str),
+    grid: u32,
+    block: u32,
+    shared_bytes: u32,
+    args: Args,
+) -> Result<()> {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { launch_as(d, s, kernel, grid, block, shared_bytes, args, true) }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn launch_as(
+    d: &CudaDevice,
+    s: &cudarc::driver::CudaStream,
     (source, name): (&'static KernelSource, &'static str),
     grid: u32,
     block: u32,
     shared_bytes: u32,
     mut args: Args,
+    programmatic: bool,
 ) -> Result<()> {
     let f = d.function(source, name)?;
     let mut params: Vec<*mut c_void> = args
@@ -109,17 +142,15 @@ pub(crate) unsafe fn launch(
         .iter_mut()
         .map(|v| v as *mut u64 as *mut c_void)
         .collect();
+    let (grid, block) = ((grid, 1, 1), (block, 1, 1));
     // SAFETY: forwarded from this function's contract; `args` outlives the call (the driver
-    // copies the parameter values during cuLaunchKernel).
+    // copies the parameter values during the launch).
     unsafe {
-        d.launch(
-            s,
-            &f,
-            (grid, 1, 1),
-            (block, 1, 1),
-            shared_bytes,
-            &mut params,
-        )
+        if programmatic {
+            d.launch_programmatic(s, &f, grid, block, shared_bytes, &mut params)
+        } else {
+            d.launch(s, &f, grid, block, shared_bytes, &mut params)
+        }
     }
 }
 
