@@ -288,6 +288,13 @@ impl CudaDevice {
         self.inner.sm_count
     }
 
+    /// Bytes of L2 cache.
+    pub fn l2_cache_bytes(&self) -> Result<usize> {
+        Ok(self
+            .attribute(Attr::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?
+            .max(0) as usize)
+    }
+
     /// Turns a driver result into warpdrive's, marking the device lost on a sticky fault.
     pub(crate) fn check<T>(
         &self,

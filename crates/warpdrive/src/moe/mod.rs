@@ -377,6 +377,10 @@ struct Plan {
     router: RouterShape,
     up: GemmShape,
     down: GemmShape,
+    /// The down projection's blocks prefetch their weights into L2 while the gate/up GEMM
+    /// finishes: only when the experts the pass likely touches fit in half the L2 (more
+    /// would be evicted before use and read twice).
+    prefetch_down: bool,
 }
 
 /// m16 tiles per block for groups of `rows` rows on average: the busiest groups hold
@@ -390,7 +394,7 @@ fn m_tiles(rows: usize) -> usize {
 }
 
 impl Plan {
-    fn new(c: &MoeConfig, tokens: usize, sms: usize) -> Plan {
+    fn new(c: &MoeConfig, tokens: usize, sms: usize, l2_bytes: usize) -> Plan {
         let slots = tokens * c.top_k;
         let active = c.experts.min(slots).max(1);
         let mt = m_tiles(slots.div_ceil(active));
@@ -401,6 +405,7 @@ impl Plan {
             slots,
             bm,
             router: RouterShape::new(c, tokens, sms),
+            prefetch_down: active * c.hidden * c.intermediate * c.dtype.size() <= l2_bytes / 2,
             up: GemmShape::new(
                 2 * c.intermediate,
                 c.hidden,
@@ -893,7 +898,11 @@ impl<T: Float> MoeLayer<T> {
     /// graph, when it is not).
     fn prepare(&mut self, tokens: usize, cublas: bool) -> Result<Plan> {
         let sms = self.sms();
-        let plan = Plan::new(&self.config, tokens, sms);
+        let l2 = match self.stream.cuda() {
+            Some((d, _)) => d.l2_cache_bytes()?,
+            None => 0,
+        };
+        let plan = Plan::new(&self.config, tokens, sms, l2);
         let fits = self.ws.as_ref().is_some_and(|w| {
             w.tokens >= tokens
                 && (!cublas || w.cublas.is_some())
@@ -911,10 +920,10 @@ impl<T: Float> MoeLayer<T> {
             };
             let cap = cap.max(self.ws.as_ref().map_or(0, |w| w.tokens));
             let mut plans: Vec<Plan> = (1..=cap.min(GRAPH_MAX_TOKENS))
-                .map(|t| Plan::new(&self.config, t, sms))
+                .map(|t| Plan::new(&self.config, t, sms, l2))
                 .collect();
             plans.push(plan);
-            plans.push(Plan::new(&self.config, cap, sms));
+            plans.push(Plan::new(&self.config, cap, sms, l2));
             let keep_cublas = self.ws.as_ref().is_some_and(|w| w.cublas.is_some());
             self.graphs.clear();
             self.ws = None;
@@ -1530,7 +1539,7 @@ impl Launcher {
                 w: self.w2,
                 w_stride: (c.hidden * c.intermediate) as u64,
                 // The dispatch wrote the work list before the gate/up GEMM started.
-                early_work: 1,
+                early_work: i32::from(p.prefetch_down),
                 epilogue: 2,
                 out: self.y_rows,
                 slot_weight: self.weights,
