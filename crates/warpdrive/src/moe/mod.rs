@@ -16,6 +16,11 @@
 //! once and runs one cuBLAS GEMM per expert ([`MoeLayer::uses_cublas`]; [`MoePath::Cublas`]
 //! forces that path at every size for comparison).
 //!
+//! On Hopper the grouped GEMMs and the combine are programmatic dependent launches: each
+//! starts while the kernel before it finishes and waits (`griddepcontrol.wait`) before it
+//! touches that kernel's results; when the experts a pass likely touches fit in half the L2,
+//! the down projection prefetches its weights into L2 meanwhile.
+//!
 //! On the CPU backend the same layer computes in f32/f64 on the host (the reference).
 //!
 //! The permuted order of tokens within an expert may differ between runs (the dispatch
