@@ -1224,6 +1224,109 @@ impl CudaDevice {
         })
     }
 
+    /// The device pointer arrays [`gemm_grouped`](Self::gemm_grouped) reads for `calls`, in
+    /// its order (3 · calls.len() words), for the caller to place in device memory.
+    pub(crate) fn grouped_gemm_pointers(calls: &[GemmCall]) -> Vec<u64> {
+        let mut ptrs: Vec<u64> = calls.iter().map(|c| c.b).collect();
+        ptrs.extend(calls.iter().map(|c| c.a));
+        ptrs.extend(calls.iter().map(|c| c.c));
+        ptrs
+    }
+
+    /// Row-major GEMMs of one dtype (bf16, f16 or f32 without TF32, `batch` 1, `trans_a`
+    /// false, `trans_b` true: activations × weightsᵀ) as one `cublasGemmGroupedBatchedEx`
+    /// call, one group per GEMM.
+    ///
+    /// # Safety
+    /// As [`gemm`](Self::gemm) for each call; `pointers` must be device memory holding
+    /// [`grouped_gemm_pointers`](Self::grouped_gemm_pointers)`(calls)`, written before this
+    /// call in the stream's order and unchanged until the stream passes it.
+    pub(crate) unsafe fn gemm_grouped(
+        &self,
+        stream: &CudaStream,
+        calls: &[GemmCall],
+        pointers: u64,
+    ) -> Result<()> {
+        use crate::dtype::DTypeKind;
+        use cudarc::cublas::sys::{cublasComputeType_t, cublasOperation_t, cudaDataType};
+        let Some(first) = calls.first() else {
+            return Ok(());
+        };
+        let ty = match first.dtype {
+            DTypeKind::BF16 => cudaDataType::CUDA_R_16BF,
+            DTypeKind::F16 => cudaDataType::CUDA_R_16F,
+            DTypeKind::F32 => cudaDataType::CUDA_R_32F,
+            other => {
+                return Err(Error::Unsupported(format!(
+                    "cuBLAS grouped GEMM for {}",
+                    other.name()
+                )))
+            }
+        };
+        if calls
+            .iter()
+            .any(|c| c.dtype != first.dtype || c.batch > 1 || c.tf32 || c.trans_a || !c.trans_b)
+        {
+            return Err(Error::InvalidArgument(
+                "grouped GEMM: every call must be one un-batched activations × weightsᵀ product of the same dtype".into(),
+            ));
+        }
+        let int = |v: usize| {
+            c_int::try_from(v)
+                .map_err(|_| Error::InvalidArgument(format!("GEMM dimension {v} exceeds i32")))
+        };
+        let groups = int(calls.len())?;
+        // Column-major view of row-major C = A·Bᵀ: Cᵀ (n×m) = B (n×k, stored k-major, so
+        // op T) · Aᵀ (k×m, op N).
+        let (mut m, mut n, mut k) = (Vec::new(), Vec::new(), Vec::new());
+        for c in calls {
+            m.push(int(c.n)?);
+            n.push(int(c.m)?);
+            k.push(int(c.k)?);
+        }
+        let len = calls.len();
+        let op_t = vec![cublasOperation_t::CUBLAS_OP_T; len];
+        let op_n = vec![cublasOperation_t::CUBLAS_OP_N; len];
+        let alpha = vec![1.0f32; len];
+        let beta = vec![0.0f32; len];
+        let ones = vec![1 as c_int; len];
+        let word = std::mem::size_of::<u64>() as u64;
+        self.with_blas(stream, |h| {
+            // SAFETY: the host arrays hold one entry per group and outlive the call; the
+            // three device pointer arrays are at `pointers` and the matrices are the
+            // caller's (this function's contract); lda = ldb = k, ldc = n for row-major
+            // storage.
+            let r = unsafe {
+                cudarc::cublas::sys::cublasGemmGroupedBatchedEx(
+                    h,
+                    op_t.as_ptr(),
+                    op_n.as_ptr(),
+                    m.as_ptr(),
+                    n.as_ptr(),
+                    k.as_ptr(),
+                    alpha.as_ptr() as *const c_void,
+                    pointers as *const *const c_void,
+                    ty,
+                    k.as_ptr(),
+                    (pointers + len as u64 * word) as *const *const c_void,
+                    ty,
+                    k.as_ptr(),
+                    beta.as_ptr() as *const c_void,
+                    (pointers + 2 * len as u64 * word) as *const *mut c_void,
+                    ty,
+                    m.as_ptr(),
+                    groups,
+                    ones.as_ptr(),
+                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                )
+            };
+            r.result().map_err(|e| Error::Blas {
+                call: "cublasGemmGroupedBatchedEx",
+                message: format!("{e:?}"),
+            })
+        })
+    }
+
     // ---- measurements for the doctor's ceilings (they own their memory, so they are safe) ----
 
     /// Seconds per copy of `bytes` between host and device, `reps` times, after one warm-up.
