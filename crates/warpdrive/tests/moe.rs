@@ -558,6 +558,11 @@ fn gpu_smem_moe_matches_cpu() {
     for tokens in [1, 5, 37, GRAPH_MAX_TOKENS, GRAPH_MAX_TOKENS + 45] {
         assert_few_flips(cuda_vs_cpu(small, tokens, MoePath::Auto, true, s), "small");
     }
+    // Above the graph sizes Auto takes cuBLAS; the device kernels there (eager, 4 m-tiles).
+    assert_few_flips(
+        cuda_vs_cpu(small, GRAPH_MAX_TOKENS + 45, MoePath::Device, true, s),
+        "small, device path",
+    );
     // Split-K (deep rows, few tokens) and several m-tiles per expert (many tokens, 8 experts).
     let deep = config(1024, 256, 8, 2, Router::Softmax, DTypeKind::BF16);
     for tokens in [1, 3, 256] {
