@@ -261,6 +261,46 @@ fn gpu_lean_launches_fill_at_the_occupancy_config_on_any_thread() {
     assert!(matches!(r, Err(Error::DeviceMismatch { .. })), "{r:?}");
 }
 
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_programmatic_launches_keep_stream_order() {
+    // Fills of 1..=N into the same elements, chained by programmatic dependent launch: each
+    // waits for the previous before writing, so the last value wins, eagerly and in a graph.
+    let dev = cuda();
+    let kernel = Kernel::new(&dev, &kernels::BASIC, "fill_u32").unwrap();
+    let s = dev.new_stream().unwrap();
+    let n = 4099usize;
+    let mut buf = Buffer::from_host(&s, &vec![0u32; n]).unwrap();
+    let ptr = buf.device_ptr();
+    let config = LaunchConfig {
+        programmatic: true,
+        ..kernel.config_for(n)
+    };
+    let enqueue = |s: &Stream, count: u32| -> Result<()> {
+        for v in 1..=count {
+            let (mut out, mut value, mut len) = (ptr, v, n as u64);
+            let mut params = [
+                &mut out as *mut u64 as *mut std::ffi::c_void,
+                &mut value as *mut u32 as *mut std::ffi::c_void,
+                &mut len as *mut u64 as *mut std::ffi::c_void,
+            ];
+            // SAFETY: fill_u32(u32* out, u32 value, u64 n) over `buf`'s n elements, which
+            // outlive the launches; the fill waits for the previous kernel before writing.
+            unsafe { exec::launch(s, &kernel, config, &mut params)? };
+        }
+        Ok(())
+    };
+    enqueue(&s, 300).unwrap();
+    assert!(buf.to_host(&s).unwrap().iter().all(|&v| v == 300));
+    let mut graph = Graph::capture(&s, |s| enqueue(s, 500)).unwrap();
+    graph.upload().unwrap();
+    for _ in 0..3 {
+        buf.copy_from_host(&s, &vec![0u32; n]).unwrap();
+        graph.launch().unwrap();
+        assert!(buf.to_host(&s).unwrap().iter().all(|&v| v == 500));
+    }
+}
+
 // ---- autotune ----
 
 fn temp_file(name: &str) -> PathBuf {

@@ -11,8 +11,10 @@
 //!   launches of a one-element fill kernel enqueued back to back and one synchronise):
 //!   `baseline` (cudarc's launch builder with its default event tracking),
 //!   `driver-cuLaunchKernel` (raw launches, no bind, no checks: the floor),
-//!   `warpdrive-eager` (`exec::launch`, the lean path) and `warpdrive` (one replay of a
-//!   graph of the 1000 launches). Peer: `torch-graph`. `pct_of_ceiling` against `launch_us`.
+//!   `warpdrive-eager` (`exec::launch`, the lean path), `warpdrive` (one replay of a graph
+//!   of the 1000 launches, chained by programmatic dependent launch: each fill waits for
+//!   the previous one before writing) and `warpdrive-plain-edges` (the same graph with plain
+//!   launches). Peer: `torch-graph`. `pct_of_ceiling` against `launch_us`.
 //! - `launch-sync` (size = 1): one launch + synchronise round trip: `baseline`,
 //!   `warpdrive-eager`; against `launch_sync_us`.
 //!
@@ -349,8 +351,12 @@ fn launches(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
 
     let kernel = Kernel::new(ctx.device(), &BASIC, "fill_u32")?;
     let config = LaunchConfig::linear(1, 32);
+    let chained = LaunchConfig {
+        programmatic: true,
+        ..config
+    };
     let ptr = buf.device_ptr();
-    let launch_one = |s: &Stream| -> Result<()> {
+    let launch_with = |s: &Stream, config: LaunchConfig| -> Result<()> {
         let (mut out, mut value, mut n) = (ptr, 7u32, 1u64);
         let mut params = [
             &mut out as *mut u64 as *mut c_void,
@@ -358,9 +364,11 @@ fn launches(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
             &mut n as *mut u64 as *mut c_void,
         ];
         // SAFETY: fill_u32(u32* out, u32 value, u64 n): `out` is `buf`'s one element, which
-        // outlives every launch (the stream is synchronised before it is dropped).
+        // outlives every launch (the stream is synchronised before it is dropped); the fill
+        // waits for the previous kernel before it writes (programmatic launches).
         unsafe { exec::launch(s, &kernel, config, &mut params) }
     };
+    let launch_one = |s: &Stream| launch_with(s, config);
     let (mut eager, eager_enqueue) = launch_samples(
         plan.launch_samples,
         count,
@@ -379,7 +387,8 @@ fn launches(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         .extra
         .insert("enqueue_us".into(), median(&eager_enqueue).into());
 
-    let (mut replay, replay_enqueue) = graph_replays(&s, count, plan.launch_samples, launch_one)?;
+    let (mut replay, replay_enqueue) =
+        graph_replays(&s, count, plan.launch_samples, |s| launch_with(s, chained))?;
     let variant = ctx.record_time(
         CASE,
         count as u64,
@@ -387,10 +396,27 @@ fn launches(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         &mut replay,
         Some(Ceiling::Launch),
     )?;
-    note(variant, "one graph of the launches, replayed", timer);
+    note(
+        variant,
+        "one graph of the launches (programmatic edges), replayed",
+        timer,
+    );
     variant
         .extra
         .insert("graph_launch_us".into(), median(&replay_enqueue).into());
+    let (mut replay, _) = graph_replays(&s, count, plan.launch_samples, launch_one)?;
+    let variant = ctx.record_time(
+        CASE,
+        count as u64,
+        "warpdrive-plain-edges",
+        &mut replay,
+        Some(Ceiling::Launch),
+    )?;
+    note(
+        variant,
+        "one graph of the launches (plain edges), replayed",
+        timer,
+    );
 
     // The same graph of empty kernels: separates the graph's per-node cost from the work of
     // the fill kernel itself.

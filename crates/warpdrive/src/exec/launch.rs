@@ -25,6 +25,12 @@ pub struct LaunchConfig {
     pub grid: (u32, u32, u32),
     pub block: (u32, u32, u32),
     pub shared_mem_bytes: u32,
+    /// A programmatic dependent launch on Hopper and later (a plain launch before): the
+    /// kernel may start while the stream's previous kernel finishes, so it must execute
+    /// `wait_prior_grid()` (prelude.cu) before touching anything earlier work writes or
+    /// reads. In a captured graph this becomes a programmatic edge (measured on the H200:
+    /// 0.41 instead of 0.61 µs per node for a graph of one-element fills).
+    pub programmatic: bool,
 }
 
 impl LaunchConfig {
@@ -34,6 +40,7 @@ impl LaunchConfig {
             grid: (grid, 1, 1),
             block: (block, 1, 1),
             shared_mem_bytes: 0,
+            programmatic: false,
         }
     }
 }
@@ -125,7 +132,8 @@ impl Kernel {
 /// # Safety
 /// `params` must point at values whose types and order match the kernel's parameters, and
 /// every device pointer among them must cover what the kernel reads and writes for this
-/// configuration.
+/// configuration. With `config.programmatic`, the kernel must call `wait_prior_grid()`
+/// before it touches anything earlier work on the stream writes or reads.
 pub unsafe fn launch(
     stream: &Stream,
     kernel: &Kernel,
@@ -154,15 +162,27 @@ pub unsafe fn launch(
             kernel.name, kernel.max_block
         )));
     }
-    // SAFETY: forwarded from this function's contract.
+    // SAFETY: forwarded from this function's contract (with `programmatic`, the caller
+    // vouches that the kernel waits for the previous one).
     unsafe {
-        d.launch(
-            s,
-            &kernel.func,
-            config.grid,
-            config.block,
-            config.shared_mem_bytes,
-            params,
-        )
+        if config.programmatic {
+            d.launch_programmatic(
+                s,
+                &kernel.func,
+                config.grid,
+                config.block,
+                config.shared_mem_bytes,
+                params,
+            )
+        } else {
+            d.launch(
+                s,
+                &kernel.func,
+                config.grid,
+                config.block,
+                config.shared_mem_bytes,
+                params,
+            )
+        }
     }
 }

@@ -3,8 +3,12 @@
 // Block size 256 for the streaming kernels (8 warps: full occupancy at any register count
 // under 128); grid-stride loops so any grid covers any n.
 
+// The fills and the empty kernel may be programmatic dependent launches (exec::launch with
+// LaunchConfig::programmatic): they write nothing before the previous kernel is done.
 #define FILL(NAME, T)                                                                         \
 extern "C" __global__ void __launch_bounds__(256) NAME(T* __restrict__ out, T value, u64 n) { \
+    release_next_grid();                                                                      \
+    wait_prior_grid();                                                                        \
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) \
         out[i] = value;                                                                       \
 }
@@ -61,7 +65,10 @@ extern "C" __global__ void __launch_bounds__(256) axpy_bf16(const bf16* __restri
 extern "C" __global__ void __launch_bounds__(256) axpy_f64(const double* __restrict__ x, double* __restrict__ y, double a, u64 n) { axpy<double, double2, 2>(x, y, a, n); }
 
 // Does nothing: the doctor times launch overhead with it.
-extern "C" __global__ void empty_kernel() {}
+extern "C" __global__ void empty_kernel() {
+    release_next_grid();
+    wait_prior_grid();
+}
 
 // Test helper for stream ordering: thread 0 polls *flag (page-locked host memory, read
 // through unified addressing) until it is non-zero or `limit` polls of ~1 µs have passed;

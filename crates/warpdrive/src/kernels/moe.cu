@@ -281,20 +281,6 @@ __device__ void moe_route_row(const float* row, u32 e, u32 k, int renorm, float*
 // out scaled by the routing weight of the row's slot. ----
 #define MOE_WARPS 8
 
-// Programmatic dependent launch (Hopper and later; no-ops before): `moe_wait_prior` blocks
-// until the stream's previous kernel has finished and its writes are visible (it returns at
-// once when the kernel was launched normally); `moe_release_next` lets the next kernel's
-// blocks start (they wait in turn before touching this kernel's results).
-__device__ __forceinline__ void moe_wait_prior() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void moe_release_next() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
 __device__ __forceinline__ void moe_prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
 }
@@ -380,7 +366,7 @@ __device__ void moe_gemm(const MoeGemm& p) {
     const u32 tile = blockIdx.x / p.splits;  // (item, n block)
     const u32 nb = tile % n_blocks, item = tile / n_blocks;
     const u32 bm = 16 * MT;
-    if (!p.early_work) moe_wait_prior();
+    if (!p.early_work) wait_prior_grid();
     // Through L2: under a programmatic launch these may be read before the wait.
     if (item >= __ldcg(p.n_items)) return;
     const u32 expert = __ldcg(p.work + 2 * item);
@@ -422,9 +408,9 @@ __device__ void moe_gemm(const MoeGemm& p) {
         for (int ng = 0; ng < MOE_NG; ++ng)
             if (w_ptr[ng])
                 for (u32 kc = k_begin + q * 64; kc < k_end; kc += 256) moe_prefetch_l2(w_ptr[ng] + kc);
-        moe_wait_prior();
+        wait_prior_grid();
     }
-    moe_release_next();
+    release_next_grid();
 
     float acc[MT][MOE_NG][4];
 #pragma unroll
@@ -606,7 +592,7 @@ template <typename T, int MT, int U>
 __device__ void moe_router(const MoeRouter& p) {
     // The grouped GEMM after this kernel may start its blocks (on SMs this one leaves free);
     // they wait for this kernel before reading anything.
-    moe_release_next();
+    release_next_grid();
     const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
     const u32 g = lane >> 2, q = lane & 3u;
     const u32 col_blocks = gridDim.x / p.splits;
@@ -760,8 +746,8 @@ template <typename TY, typename T>
 __device__ void moe_combine(const TY* __restrict__ y, const u32* __restrict__ slot_pos,
                             const float* __restrict__ slot_weight, u32 tokens, u32 k, u32 hidden,
                             T* __restrict__ out) {
-    moe_wait_prior();
-    moe_release_next();
+    wait_prior_grid();
+    release_next_grid();
     const u32 quads = hidden / 4;
     const u64 n = (u64)tokens * quads;
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {

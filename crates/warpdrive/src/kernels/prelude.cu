@@ -163,3 +163,18 @@ template <typename T, int W> __device__ __forceinline__ Vec<T, W> pack_vec(const
     for (int i = 0; i < W; ++i) e[i] = from_f32<T>(f[i]);
     return v;
 }
+
+// Programmatic dependent launch (Hopper and later; no-ops before): `wait_prior_grid` blocks
+// until the stream's previous kernel has finished and its writes are visible (at once when
+// this kernel was launched normally); `release_next_grid` lets the next kernel's blocks
+// start (they wait in turn before touching this kernel's results).
+__device__ __forceinline__ void wait_prior_grid() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void release_next_grid() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
