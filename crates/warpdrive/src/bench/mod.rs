@@ -137,8 +137,9 @@ static SUITES: &[Suite] = &[
     Suite {
         name: moe::SUITE,
         about: "the MoE layer forward pass per preset (mixtral, qwen3, deepseek slice, \
-                gpt-oss) and token count: device-driven grouped GEMMs in a graph vs cuBLAS per \
-                expert vs PyTorch; the router + permutation stages alone",
+                gpt-oss) and token count: the default path (device-driven grouped GEMMs in a graph \
+                up to 256 tokens) vs the cuBLAS path vs PyTorch; the router + permutation \
+                stages alone",
         run: moe::run_suite,
     },
 ];
