@@ -850,53 +850,20 @@ impl CudaDevice {
         Ok(module)
     }
 
-    /// Launches `f` on `stream`.
+    /// Launches `f` on `stream`. With `programmatic` (Hopper and later; ignored before
+    /// compute capability 9.0) it is a programmatic dependent launch: the kernel's blocks may
+    /// start while the stream's previous kernel finishes (in a captured graph, a programmatic
+    /// edge).
     ///
     /// # Safety
     /// `params` must point at values whose types and order match the kernel's parameters,
     /// and every device pointer among them must cover what the kernel reads and writes
-    /// for this grid.
-    pub(crate) unsafe fn launch(
-        &self,
-        stream: &CudaStream,
-        f: &CudaFunction,
-        grid: (u32, u32, u32),
-        block: (u32, u32, u32),
-        shared_mem_bytes: u32,
-        params: &mut [*mut c_void],
-    ) -> Result<()> {
-        // SAFETY: forwarded from this function's contract.
-        unsafe { self.launch_with(stream, f, grid, block, shared_mem_bytes, params, false) }
-    }
-
-    /// [`launch`](Self::launch) as a programmatic dependent launch on Hopper and later: the
-    /// kernel's blocks may start while the stream's previous kernel finishes (in a captured
-    /// graph, a programmatic edge). Before compute capability 9.0, a plain launch.
-    ///
-    /// # Safety
-    /// As [`launch`](Self::launch); and the kernel must execute `griddepcontrol.wait` before
-    /// it reads anything earlier work on the stream writes, or writes anything that work
-    /// reads (before the wait it may only read data no earlier work writes, such as weights,
-    /// and only through L2).
-    pub(crate) unsafe fn launch_programmatic(
-        &self,
-        stream: &CudaStream,
-        f: &CudaFunction,
-        grid: (u32, u32, u32),
-        block: (u32, u32, u32),
-        shared_mem_bytes: u32,
-        params: &mut [*mut c_void],
-    ) -> Result<()> {
-        let overlap = self.compute_capability().0 >= 9;
-        // SAFETY: forwarded from this function's contract.
-        unsafe { self.launch_with(stream, f, grid, block, shared_mem_bytes, params, overlap) }
-    }
-
-    /// # Safety
-    /// As [`launch_programmatic`](Self::launch_programmatic) when `programmatic`, else as
-    /// [`launch`](Self::launch).
+    /// for this grid. With `programmatic`, the kernel must execute `griddepcontrol.wait`
+    /// before it reads anything earlier work on the stream writes, or writes anything that
+    /// work reads (before the wait it may only read data no earlier work writes, such as
+    /// weights, and only through L2).
     #[allow(clippy::too_many_arguments)]
-    unsafe fn launch_with(
+    pub(crate) unsafe fn launch(
         &self,
         stream: &CudaStream,
         f: &CudaFunction,
@@ -915,7 +882,7 @@ impl CudaDevice {
         // The lean path: no cuCtxGetCurrent when this thread already bound this context,
         // no events (warpdrive orders streams explicitly where it must).
         let t = activity::begin();
-        if programmatic {
+        if programmatic && self.compute_capability().0 >= 9 {
             // SAFETY: an all-zero CUlaunchAttribute is a valid value (plain integers and a
             // union of them); the id and value are set right after.
             let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
@@ -1388,7 +1355,7 @@ impl CudaDevice {
         let f = self.function(&kernels::BASIC, "empty_kernel")?;
         let launch = || {
             // SAFETY: `empty_kernel` takes no parameters.
-            unsafe { self.launch(stream, &f, (1, 1, 1), (32, 1, 1), 0, &mut []) }
+            unsafe { self.launch(stream, &f, (1, 1, 1), (32, 1, 1), 0, &mut [], false) }
         };
         launch()?;
         self.synchronize_stream(stream)?;

@@ -165,24 +165,14 @@ pub unsafe fn launch(
     // SAFETY: forwarded from this function's contract (with `programmatic`, the caller
     // vouches that the kernel waits for the previous one).
     unsafe {
-        if config.programmatic {
-            d.launch_programmatic(
-                s,
-                &kernel.func,
-                config.grid,
-                config.block,
-                config.shared_mem_bytes,
-                params,
-            )
-        } else {
-            d.launch(
-                s,
-                &kernel.func,
-                config.grid,
-                config.block,
-                config.shared_mem_bytes,
-                params,
-            )
-        }
+        d.launch(
+            s,
+            &kernel.func,
+            config.grid,
+            config.block,
+            config.shared_mem_bytes,
+            params,
+            config.programmatic,
+        )
     }
 }

@@ -1679,7 +1679,7 @@ impl Launcher {
         // / order / token_of / slot_pos tokens·k, counts E, offsets E + 1, work 2·items
         // words, tickets at least row_tiles + 1 zeroed words (the workspace is sized from
         // this plan); routing only with E <= 256 (its shared rows and dispatch arrays).
-        unsafe { d.launch(cs, &f, grid, (ROUTER_BLOCK, 1, 1), 0, &mut args) }
+        unsafe { d.launch(cs, &f, grid, (ROUTER_BLOCK, 1, 1), 0, &mut args, false) }
     }
 
     fn route(&self, s: &Stream, pass: &Pass) -> Result<()> {
@@ -1800,7 +1800,17 @@ impl Launcher {
         // workspace is sized from this plan), `out` rows_cap rows of the epilogue's width.
         // The kernel waits for the previous one before it reads anything but the weights and
         // (with early_work, written two kernels back) the work list, and before any write.
-        unsafe { d.launch_programmatic(cs, &f, (grid, 1, 1), (GEMM_BLOCK, 1, 1), 0, &mut params) }
+        unsafe {
+            d.launch(
+                cs,
+                &f,
+                (grid, 1, 1),
+                (GEMM_BLOCK, 1, 1),
+                0,
+                &mut params,
+                true,
+            )
+        }
     }
 
     /// `y[t] = Σ_r scale · rows[slot_pos[t·k + r]]`; `weighted` rows are T with the routing
@@ -1830,6 +1840,6 @@ impl Launcher {
         // (nullable), u32 tokens, u32 k, u32 hidden, T* out): rows hold slots·hidden, slot_pos
         // and weights slots entries, out tokens·hidden; hidden % 8 == 0. It waits for the
         // previous kernel before it reads or writes anything.
-        unsafe { ops::launch_programmatic(d, cs, (&MOE, name), grid, 256, 0, args) }
+        unsafe { ops::launch_as(d, cs, (&MOE, name), grid, 256, 0, args, true) }
     }
 }

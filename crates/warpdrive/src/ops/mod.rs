@@ -107,26 +107,14 @@ pub(crate) unsafe fn launch(
     unsafe { launch_as(d, s, kernel, grid, block, shared_bytes, args, false) }
 }
 
-/// [`launch`] as a programmatic dependent launch ([`CudaDevice::launch_programmatic`]).
+/// [`launch`], as a programmatic dependent launch when `programmatic`
+/// ([`CudaDevice::launch`]).
 ///
 /// # Safety
-/// As [`launch`]; and the kernel runs `griddepcontrol.wait` before it touches what earlier
-/// work on the stream writes or reads.
-pub(crate) unsafe fn launch_programmatic(
-    d: &CudaDevice,
-    s: &cudarc::driver::CudaStream,
-    kernel: (&'static KernelSource, &'static str),
-    grid: u32,
-    block: u32,
-    shared_bytes: u32,
-    args: Args,
-) -> Result<()> {
-    // SAFETY: forwarded from this function's contract.
-    unsafe { launch_as(d, s, kernel, grid, block, shared_bytes, args, true) }
-}
-
+/// As [`launch`]; with `programmatic`, the kernel runs `griddepcontrol.wait` before it
+/// touches what earlier work on the stream writes or reads.
 #[allow(clippy::too_many_arguments)]
-unsafe fn launch_as(
+pub(crate) unsafe fn launch_as(
     d: &CudaDevice,
     s: &cudarc::driver::CudaStream,
     (source, name): (&'static KernelSource, &'static str),
@@ -142,15 +130,18 @@ unsafe fn launch_as(
         .iter_mut()
         .map(|v| v as *mut u64 as *mut c_void)
         .collect();
-    let (grid, block) = ((grid, 1, 1), (block, 1, 1));
     // SAFETY: forwarded from this function's contract; `args` outlives the call (the driver
     // copies the parameter values during the launch).
     unsafe {
-        if programmatic {
-            d.launch_programmatic(s, &f, grid, block, shared_bytes, &mut params)
-        } else {
-            d.launch(s, &f, grid, block, shared_bytes, &mut params)
-        }
+        d.launch(
+            s,
+            &f,
+            (grid, 1, 1),
+            (block, 1, 1),
+            shared_bytes,
+            &mut params,
+            programmatic,
+        )
     }
 }
 
@@ -387,7 +378,7 @@ mod tests {
             .expect("the empty kernel");
         for (grid, block) in [((0, 1, 1), (32, 1, 1)), ((1, 1, 1), (0, 1, 1))] {
             // SAFETY: `empty_kernel` takes no parameters.
-            let r = unsafe { d.launch(s, &f, grid, block, 0, &mut []) };
+            let r = unsafe { d.launch(s, &f, grid, block, 0, &mut [], false) };
             assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
         }
         // The device is still usable afterwards.
