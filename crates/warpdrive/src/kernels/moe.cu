@@ -119,33 +119,6 @@ extern "C" __global__ void __launch_bounds__(128) moe_route_sigmoid_grouped(
 // n_items[0]. Positions within an expert come from shared atomics, so the order inside an
 // expert varies between runs; every row's result depends only on its own slot, so the
 // layer's output does not. Shared memory: 2·E words. ----
-__device__ __forceinline__ u64 moe_block_exclusive_scan(u64 v, u64* total) {
-    __shared__ u64 warp_sums[32];
-    const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-    u64 incl = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const u64 n = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= (u32)o) incl += n;
-    }
-    if (lane == 31) warp_sums[warp] = incl;
-    __syncthreads();
-    if (warp == 0) {
-        u64 w = lane < (blockDim.x >> 5) ? warp_sums[lane] : 0ull;
-        u64 wi = w;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const u64 n = __shfl_up_sync(0xffffffffu, wi, o);
-            if (lane >= (u32)o) wi += n;
-        }
-        warp_sums[lane] = wi - w;  // exclusive prefix of the warp sums
-        if (lane == 31) *total = wi;
-    }
-    __syncthreads();
-    const u64 prefix = warp_sums[warp] + incl - v;
-    __syncthreads();
-    return prefix;
-}
 
 // The dispatch on one block (any multiple of 32 threads); `cnt` and `cursor` are E words of
 // shared memory each.
@@ -153,7 +126,6 @@ __device__ __forceinline__ u64 moe_block_exclusive_scan(u64 v, u64* total) {
 __device__ void moe_dispatch_block(const u32* expert_of_slot, u32 slots, u32 experts, u32 k,
                                    u32 bm, u32* counts, u32* offsets, u32* order, u32* token_of,
                                    u32* slot_pos, u32* work, u32* n_items, u32* cnt, u32* cursor) {
-    __shared__ u64 total;
     for (u32 e = threadIdx.x; e < experts; e += blockDim.x) cnt[e] = 0;
     // Through L2: the router's other blocks wrote these ids in the same kernel. A thread's
     // first MOE_DISPATCH_HELD ids are loaded at once and kept for the placement below.
@@ -178,7 +150,8 @@ __device__ void moe_dispatch_block(const u32* expert_of_slot, u32 slots, u32 exp
     const u32 e0 = threadIdx.x * per, e1 = min(experts, e0 + per);
     u64 local = 0;
     for (u32 e = e0; e < e1; ++e) local += (u64)cnt[e] | ((u64)((cnt[e] + bm - 1) / bm) << 32);
-    u64 run = moe_block_exclusive_scan(local, &total);
+    u64 total;
+    u64 run = block_exclusive_scan(local, &total);
     for (u32 e = e0; e < e1; ++e) {
         const u32 c = cnt[e], row0 = (u32)run, tile0 = (u32)(run >> 32);
         counts[e] = c;
@@ -271,11 +244,8 @@ __device__ void moe_route_row(const float* row, u32 e, u32 k, int renorm, float*
 
 // ---- the grouped GEMM: out[p, n] = Σ_k A[row(p), k] · W_e[n, k] for the permuted rows p of
 // each expert e (the work list's tiles). A block of 8 warps computes a tile
-// of 16·MT rows × 64·NG columns (each warp NG n8 groups; NG even) over one K split. Each
-// lane loads 16 bytes (8 consecutive k) of A and W per 32-k step; the k order inside a step
-// is permuted identically for A and W, so the products are those of the plain layout and
-// every load is a full 16-byte vector. W is streamed (no L1 allocation), A stays cached.
-// With splits > 1 each block stores its partial tile (f32) and the last block of a tile to
+// of 16·MT rows × 64·NG columns (each warp NG n8 groups; NG even) over one K split
+// (moe_mma_range). With splits > 1 each block stores its partial tile (f32) and the last block of a tile to
 // finish (a ticket per tile) sums the partials in split order, so results are deterministic.
 // Epilogues: 1 = SwiGLU of the interleaved gate/up columns into T act [rows, n/2], 2 = f32
 // out scaled by the routing weight of the row's slot. ----
@@ -357,6 +327,52 @@ template <> struct MoeMma<f16> {
 
 __device__ __forceinline__ float moe_silu(float g) { return g / (1.0f + __expf(-g)); }
 
+// acc = this warp's tile (MT m16 tiles × NG n8 groups) over k in [k_begin, k_end): each lane
+// loads 16 bytes (8 consecutive k) of its A rows (g and g + 8 of each m16 tile; null: zero
+// rows) and W rows (column g of each n8 group) per 32-k step, every load of U steps before
+// any MMA, so U·(NG + 2·MT) 16-byte loads are in flight. The k order inside a step is
+// permuted identically for A and W, so the products are those of the plain layout. W is
+// streamed (no L1 allocation), A stays cached.
+template <typename T, int MT, int NG, int U>
+__device__ __forceinline__ void moe_mma_range(float (&acc)[MT][NG][4], const T* const (&a_ptr)[MT][2],
+                                              const T* const (&w_ptr)[NG], u32 k_begin, u32 k_end,
+                                              u32 q) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int ng = 0; ng < NG; ++ng)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[mt][ng][i] = 0.0f;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    for (u32 kk = k_begin; kk < k_end; kk += 32 * U) {
+        uint4 wv[U][NG], av[U][MT][2];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const u32 kc = kk + u * 32 + q * 8;
+            const bool in = kc < k_end;
+#pragma unroll
+            for (int ng = 0; ng < NG; ++ng)
+                wv[u][ng] = (in && w_ptr[ng]) ? moe_ld_stream(w_ptr[ng] + kc) : zero;
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    av[u][mt][h] = (in && a_ptr[mt][h]) ? moe_ld_cached(a_ptr[mt][h] + kc) : zero;
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int ng = 0; ng < NG; ++ng) {
+                    MoeMma<T>::run(acc[mt][ng], av[u][mt][0].x, av[u][mt][1].x, av[u][mt][0].y,
+                                   av[u][mt][1].y, wv[u][ng].x, wv[u][ng].y);
+                    MoeMma<T>::run(acc[mt][ng], av[u][mt][0].z, av[u][mt][1].z, av[u][mt][0].w,
+                                   av[u][mt][1].w, wv[u][ng].z, wv[u][ng].w);
+                }
+    }
+}
+
 template <typename T, int MT, int MOE_NG, int U>
 __device__ void moe_gemm(const MoeGemm& p) {
     constexpr u32 MOE_BN = MOE_WARPS * MOE_NG * 8;
@@ -413,42 +429,7 @@ __device__ void moe_gemm(const MoeGemm& p) {
     release_next_grid();
 
     float acc[MT][MOE_NG][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int ng = 0; ng < MOE_NG; ++ng)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[mt][ng][i] = 0.0f;
-
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-    for (u32 kk = k_begin; kk < k_end; kk += 32 * U) {
-        uint4 wv[U][MOE_NG], av[U][MT][2];
-        // Every load of U steps first, so U·(NG + 2·MT) 16-byte loads are in flight.
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const u32 kc = kk + u * 32 + q * 8;
-            const bool in = kc < k_end;
-#pragma unroll
-            for (int ng = 0; ng < MOE_NG; ++ng)
-                wv[u][ng] = (in && w_ptr[ng]) ? moe_ld_stream(w_ptr[ng] + kc) : zero;
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int h = 0; h < 2; ++h)
-                    av[u][mt][h] = (in && a_ptr[mt][h]) ? moe_ld_cached(a_ptr[mt][h] + kc) : zero;
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int ng = 0; ng < MOE_NG; ++ng) {
-                    MoeMma<T>::run(acc[mt][ng], av[u][mt][0].x, av[u][mt][1].x, av[u][mt][0].y,
-                                   av[u][mt][1].y, wv[u][ng].x, wv[u][ng].y);
-                    MoeMma<T>::run(acc[mt][ng], av[u][mt][0].z, av[u][mt][1].z, av[u][mt][0].w,
-                                   av[u][mt][1].w, wv[u][ng].z, wv[u][ng].w);
-                }
-    }
+    moe_mma_range<T, MT, MOE_NG, U>(acc, a_ptr, w_ptr, k_begin, k_end, q);
 
     if (p.splits > 1) {
         // Store this split's partial tile, then let the tile's last block reduce.
@@ -616,36 +597,9 @@ __device__ void moe_router(const MoeRouter& p) {
             a_ptr[mt][h] = r < rows ? x + (u64)(row0 + r) * p.k : nullptr;
         }
     const u32 n = col0 + g;
-    const T* w_ptr = n < p.experts ? reinterpret_cast<const T*>(p.w) + (u64)n * p.k : nullptr;
-    float acc[MT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[mt][i] = 0.0f;
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-    for (u32 kk = k_begin; kk < k_end; kk += 32 * U) {
-        uint4 wv[U], av[U][MT][2];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const u32 kc = kk + u * 32 + q * 8;
-            const bool in = kc < k_end;
-            wv[u] = (in && w_ptr) ? moe_ld_stream(w_ptr + kc) : zero;
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int h = 0; h < 2; ++h)
-                    av[u][mt][h] = (in && a_ptr[mt][h]) ? moe_ld_cached(a_ptr[mt][h] + kc) : zero;
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                MoeMma<T>::run(acc[mt], av[u][mt][0].x, av[u][mt][1].x, av[u][mt][0].y,
-                               av[u][mt][1].y, wv[u].x, wv[u].y);
-                MoeMma<T>::run(acc[mt], av[u][mt][0].z, av[u][mt][1].z, av[u][mt][0].w,
-                               av[u][mt][1].w, wv[u].z, wv[u].w);
-            }
-    }
+    const T* w_ptr[1] = {n < p.experts ? reinterpret_cast<const T*>(p.w) + (u64)n * p.k : nullptr};
+    float acc[MT][1][4];
+    moe_mma_range<T, MT, 1, U>(acc, a_ptr, w_ptr, k_begin, k_end, q);
     // Sum the warps' partial tiles, one m16 tile at a time. Accumulator i of a tile: row
     // g + 8·(i / 2), column 2q + i % 2. The bias goes into split 0's sums only.
     __shared__ float red[MOE_RWARPS][16][8];
@@ -653,7 +607,7 @@ __device__ void moe_router(const MoeRouter& p) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) red[warp][g + 8 * (i / 2)][2 * q + i % 2] = acc[mt][i];
+        for (int i = 0; i < 4; ++i) red[warp][g + 8 * (i / 2)][2 * q + i % 2] = acc[mt][0][i];
         __syncthreads();
         if (threadIdx.x < 128) {
             const u32 r = threadIdx.x / 8, c = threadIdx.x % 8;

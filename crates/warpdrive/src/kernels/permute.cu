@@ -28,35 +28,6 @@ extern "C" __global__ void __launch_bounds__(256) histogram_u32(const u32* __res
         if (local[b]) atomicAdd(&counts[b], local[b]);
 }
 
-// Exclusive scan of one value per thread over the block (blockDim.x a multiple of 32);
-// *total gets the sum of all. Ends with a barrier, so it may be called again at once.
-__device__ __forceinline__ u32 block_exclusive_scan(u32 v, u32* total) {
-    __shared__ u32 warp_sums[32];
-    const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    u32 incl = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const u32 t = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= (u32)o) incl += t;
-    }
-    if (lane == 31) warp_sums[warp] = incl;
-    __syncthreads();
-    if (warp == 0) {
-        u32 s = lane < warps ? warp_sums[lane] : 0u;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const u32 t = __shfl_up_sync(0xffffffffu, s, o);
-            if (lane >= (u32)o) s += t;
-        }
-        if (lane < warps) warp_sums[lane] = s;
-    }
-    __syncthreads();
-    const u32 before = warp ? warp_sums[warp - 1] : 0u;
-    *total = warp_sums[warps - 1];
-    __syncthreads();
-    return before + incl - v;
-}
-
 // out[i] = x[0] + ... + x[i-1] for i <= n (out has n + 1 entries; out[n] is the total).
 extern "C" __global__ void __launch_bounds__(1024) exclusive_scan_u32(const u32* __restrict__ x, u64 n, u32* __restrict__ out) {
     u32 carry = 0;

@@ -178,3 +178,33 @@ __device__ __forceinline__ void release_next_grid() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+
+// Exclusive scan of one value per thread over the block (blockDim.x a multiple of 32);
+// *total gets the sum of all. Ends with a barrier, so it may be called again at once.
+template <typename T>
+__device__ __forceinline__ T block_exclusive_scan(T v, T* total) {
+    __shared__ T warp_sums[32];
+    const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    T incl = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const T t = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= (u32)o) incl += t;
+    }
+    if (lane == 31) warp_sums[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        T s = lane < warps ? warp_sums[lane] : T(0);
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const T t = __shfl_up_sync(0xffffffffu, s, o);
+            if (lane >= (u32)o) s += t;
+        }
+        if (lane < warps) warp_sums[lane] = s;
+    }
+    __syncthreads();
+    const T before = warp ? warp_sums[warp - 1] : T(0);
+    *total = warp_sums[warps - 1];
+    __syncthreads();
+    return before + incl - v;
+}
