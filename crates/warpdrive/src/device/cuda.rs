@@ -1563,7 +1563,7 @@ impl CudaDevice {
         let name = self.check("cuDeviceGetName", self.inner.ctx.name())?;
         let (free, total) = self.mem_info()?;
         let sms = self.attribute(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
-        let l2 = self.attribute(Attr::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?;
+        let l2 = self.l2_cache_bytes()?;
         let bus_id = self.pci_bus_id().ok();
         let sysfs = bus_id.as_deref().map(super::sysfs::PciDevice::new);
         let (pcie_gen, pcie_width) = sysfs
@@ -1589,7 +1589,7 @@ impl CudaDevice {
                 .unwrap_or(1),
             memory_total: total as u64,
             memory_free: free as u64,
-            l2_bytes: Some(l2.max(0) as u64),
+            l2_bytes: Some(l2 as u64),
             pci_bus_id: bus_id,
             pcie_gen,
             pcie_width,

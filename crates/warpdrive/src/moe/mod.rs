@@ -1127,16 +1127,19 @@ impl<T: Float> MoeLayer<T> {
             ptrs.extend(crate::device::CudaDevice::grouped_gemm_pointers(&down));
             d.copy_h2d(cs, up_ptrs, &ptrs)?;
         }
-        // SAFETY: each call's rows lie inside xp / h / act / yt (offsets from the counts,
-        // which sum to `slots`, checked above) and inside w13 / w2 (one matrix per expert);
-        // the pointer arrays (at most 6 words per expert) were copied above.
-        unsafe {
-            if grouped {
-                d.gemm_grouped(cs, &up, up_ptrs)?
-            } else {
-                d.gemm(cs, &up)?
+        let run = |calls: &[GemmCall], ptrs: u64| -> Result<()> {
+            // SAFETY: each call's rows lie inside xp / h / act / yt (offsets from the counts,
+            // which sum to `slots`, checked above) and inside w13 / w2 (one matrix per
+            // expert); the pointer arrays (at most 6 words per expert) were copied above.
+            unsafe {
+                if grouped {
+                    d.gemm_grouped(cs, calls, ptrs)
+                } else {
+                    d.gemm(cs, calls)
+                }
             }
         };
+        run(&up, up_ptrs)?;
         mark("experts-gate-up")?;
         let args = ops::Args::new()
             .ptr(h.device_ptr())
@@ -1149,14 +1152,7 @@ impl<T: Float> MoeLayer<T> {
         // act slots·I elements.
         unsafe { ops::launch(d, cs, (&MOE, name), grid, 256, 0, args)? };
         mark("swiglu")?;
-        // SAFETY: as for the gate/up calls.
-        unsafe {
-            if grouped {
-                d.gemm_grouped(cs, &down, down_ptrs)?
-            } else {
-                d.gemm(cs, &down)?
-            }
-        };
+        run(&down, down_ptrs)?;
         mark("experts-down")?;
         l.combine(s, &pass, yt.device_ptr(), ws.weights.device_ptr(), true)?;
         mark("combine")?;
