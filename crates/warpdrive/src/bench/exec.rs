@@ -11,10 +11,15 @@
 //!   launches of a one-element fill kernel enqueued back to back and one synchronise):
 //!   `baseline` (cudarc's launch builder with its default event tracking),
 //!   `driver-cuLaunchKernel` (raw launches, no bind, no checks: the floor),
-//!   `warpdrive-eager` (`exec::launch`, the lean path), `warpdrive` (one replay of a graph
-//!   of the 1000 launches, chained by programmatic dependent launch: each fill waits for
-//!   the previous one before writing) and `warpdrive-plain-edges` (the same graph with plain
-//!   launches). Peer: `torch-graph`. `pct_of_ceiling` against `launch_us`.
+//!   `warpdrive-eager` (`exec::launch`, the lean path, as programmatic dependent launches:
+//!   each fill waits for the previous kernel before writing, as `ops::fill` launches it),
+//!   `warpdrive-eager-plain` (the same, plain launches), `warpdrive` (one replay of a graph
+//!   of the 1000 programmatic launches), `warpdrive-plain-edges` (the same graph with plain
+//!   launches), `warpdrive-empty-kernels` (a graph of empty kernels) and
+//!   `warpdrive-after-second-stream` (the `warpdrive` graph again after the references:
+//!   once a process has run cuBLAS's large GEMMs and kernels on a second stream, the
+//!   driver costs more per launch). warpdrive's variants run before the references for
+//!   that reason. Peer: `torch-graph`. `pct_of_ceiling` against `launch_us`.
 //! - `launch-sync` (size = 1): one launch + synchronise round trip: `baseline`,
 //!   `warpdrive-eager`; against `launch_sync_us`.
 //!
@@ -314,6 +319,123 @@ fn launches(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         return Ok(());
     };
 
+    // warpdrive's variants run first: the reference launches below put kernels on a second
+    // stream, and once a process has run cuBLAS's large GEMMs (the ceilings suite did) and
+    // kernels on two streams, the driver costs more per launch for the rest of the process
+    // (reproduced with raw driver calls and no warpdrive: +0.18 µs per graph node, +0.6 µs
+    // per eager launch). The programmatic graph is timed again after them to show it.
+    let kernel = Kernel::new(ctx.device(), &BASIC, "fill_u32")?;
+    let plain = LaunchConfig::linear(1, 32);
+    let chained = LaunchConfig {
+        programmatic: true,
+        ..plain
+    };
+    let ptr = buf.device_ptr();
+    let launch_with = |s: &Stream, config: LaunchConfig| -> Result<()> {
+        let (mut out, mut value, mut n) = (ptr, 7u32, 1u64);
+        let mut params = [
+            &mut out as *mut u64 as *mut c_void,
+            &mut value as *mut u32 as *mut c_void,
+            &mut n as *mut u64 as *mut c_void,
+        ];
+        // SAFETY: fill_u32(u32* out, u32 value, u64 n): `out` is `buf`'s one element, which
+        // outlives every launch (the stream is synchronised before it is dropped); the fill
+        // waits for the previous kernel before it writes (programmatic launches).
+        unsafe { exec::launch(s, &kernel, config, &mut params) }
+    };
+    for (variant, config, api) in [
+        (
+            "warpdrive-eager",
+            chained,
+            "exec::launch, programmatic (as ops::fill launches)",
+        ),
+        ("warpdrive-eager-plain", plain, "exec::launch, plain launches"),
+    ] {
+        let (mut eager, eager_enqueue) = launch_samples(
+            plan.launch_samples,
+            count,
+            || launch_with(&s, config),
+            || s.synchronize(),
+        )?;
+        let row = ctx.record_time(
+            CASE,
+            count as u64,
+            variant,
+            &mut eager,
+            Some(Ceiling::Launch),
+        )?;
+        note(row, api, timer);
+        row.extra
+            .insert("enqueue_us".into(), median(&eager_enqueue).into());
+    }
+
+    let (mut replay, replay_enqueue) =
+        graph_replays(&s, count, plan.launch_samples, |s| launch_with(s, chained))?;
+    let variant = ctx.record_time(
+        CASE,
+        count as u64,
+        "warpdrive",
+        &mut replay,
+        Some(Ceiling::Launch),
+    )?;
+    note(
+        variant,
+        "one graph of the launches (programmatic edges), replayed",
+        timer,
+    );
+    variant
+        .extra
+        .insert("graph_launch_us".into(), median(&replay_enqueue).into());
+    let (mut replay, _) =
+        graph_replays(&s, count, plan.launch_samples, |s| launch_with(s, plain))?;
+    let variant = ctx.record_time(
+        CASE,
+        count as u64,
+        "warpdrive-plain-edges",
+        &mut replay,
+        Some(Ceiling::Launch),
+    )?;
+    note(
+        variant,
+        "one graph of the launches (plain edges), replayed",
+        timer,
+    );
+
+    // The same graph of empty kernels: separates the graph's per-node cost from the work of
+    // the fill kernel itself.
+    let empty = Kernel::new(ctx.device(), &BASIC, "empty_kernel")?;
+    let (mut replay, _) = graph_replays(&s, count, plan.launch_samples, |s| {
+        // SAFETY: `empty_kernel` takes no parameters.
+        unsafe { exec::launch(s, &empty, chained, &mut []) }
+    })?;
+    let variant = ctx.record_time(
+        CASE,
+        count as u64,
+        "warpdrive-empty-kernels",
+        &mut replay,
+        Some(Ceiling::Launch),
+    )?;
+    note(
+        variant,
+        "one graph of empty kernels (programmatic edges), replayed: the graph's own cost",
+        timer,
+    );
+    let mut sync = host_samples(plan.launch_samples, plan.round_trips, || {
+        for _ in 0..plan.round_trips {
+            launch_with(&s, plain)?;
+            s.synchronize()?;
+        }
+        Ok(())
+    })?;
+    let variant = ctx.record_time(
+        SYNC_CASE,
+        1,
+        "warpdrive-eager",
+        &mut sync,
+        Some(Ceiling::LaunchSync),
+    )?;
+    note(variant, "exec::launch + Stream::synchronize", "host clock");
+
     // Reference figures: cudarc's builder and raw cuLaunchKernel.
     let (mut builder, mut builder_enqueue) = (Vec::new(), Vec::new());
     let mut builder_sync = Vec::new();
@@ -348,93 +470,18 @@ fn launches(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
     variant
         .extra
         .insert("enqueue_us".into(), median(&raw_enqueue).into());
-
-    let kernel = Kernel::new(ctx.device(), &BASIC, "fill_u32")?;
-    let config = LaunchConfig::linear(1, 32);
-    let chained = LaunchConfig {
-        programmatic: true,
-        ..config
-    };
-    let ptr = buf.device_ptr();
-    let launch_with = |s: &Stream, config: LaunchConfig| -> Result<()> {
-        let (mut out, mut value, mut n) = (ptr, 7u32, 1u64);
-        let mut params = [
-            &mut out as *mut u64 as *mut c_void,
-            &mut value as *mut u32 as *mut c_void,
-            &mut n as *mut u64 as *mut c_void,
-        ];
-        // SAFETY: fill_u32(u32* out, u32 value, u64 n): `out` is `buf`'s one element, which
-        // outlives every launch (the stream is synchronised before it is dropped); the fill
-        // waits for the previous kernel before it writes (programmatic launches).
-        unsafe { exec::launch(s, &kernel, config, &mut params) }
-    };
-    let launch_one = |s: &Stream| launch_with(s, config);
-    let (mut eager, eager_enqueue) = launch_samples(
-        plan.launch_samples,
-        count,
-        || launch_one(&s),
-        || s.synchronize(),
-    )?;
-    let variant = ctx.record_time(
-        CASE,
-        count as u64,
-        "warpdrive-eager",
-        &mut eager,
-        Some(Ceiling::Launch),
-    )?;
-    note(variant, "exec::launch", timer);
-    variant
-        .extra
-        .insert("enqueue_us".into(), median(&eager_enqueue).into());
-
-    let (mut replay, replay_enqueue) =
+    let (mut replay, _) =
         graph_replays(&s, count, plan.launch_samples, |s| launch_with(s, chained))?;
     let variant = ctx.record_time(
         CASE,
         count as u64,
-        "warpdrive",
+        "warpdrive-after-second-stream",
         &mut replay,
         Some(Ceiling::Launch),
     )?;
     note(
         variant,
-        "one graph of the launches (programmatic edges), replayed",
-        timer,
-    );
-    variant
-        .extra
-        .insert("graph_launch_us".into(), median(&replay_enqueue).into());
-    let (mut replay, _) = graph_replays(&s, count, plan.launch_samples, launch_one)?;
-    let variant = ctx.record_time(
-        CASE,
-        count as u64,
-        "warpdrive-plain-edges",
-        &mut replay,
-        Some(Ceiling::Launch),
-    )?;
-    note(
-        variant,
-        "one graph of the launches (plain edges), replayed",
-        timer,
-    );
-
-    // The same graph of empty kernels: separates the graph's per-node cost from the work of
-    // the fill kernel itself.
-    let empty = Kernel::new(ctx.device(), &BASIC, "empty_kernel")?;
-    let (mut replay, _) = graph_replays(&s, count, plan.launch_samples, |s| {
-        // SAFETY: `empty_kernel` takes no parameters.
-        unsafe { exec::launch(s, &empty, config, &mut []) }
-    })?;
-    let variant = ctx.record_time(
-        CASE,
-        count as u64,
-        "warpdrive-empty-kernels",
-        &mut replay,
-        Some(Ceiling::Launch),
-    )?;
-    note(
-        variant,
-        "one graph of empty kernels, replayed (graph overhead alone)",
+        "the `warpdrive` graph again, after the references ran kernels on a second stream",
         timer,
     );
 
@@ -446,21 +493,6 @@ fn launches(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         Some(Ceiling::LaunchSync),
     )?;
     note(variant, "cudarc launch_builder + synchronize", "host clock");
-    let mut sync = host_samples(plan.launch_samples, plan.round_trips, || {
-        for _ in 0..plan.round_trips {
-            launch_one(&s)?;
-            s.synchronize()?;
-        }
-        Ok(())
-    })?;
-    let variant = ctx.record_time(
-        SYNC_CASE,
-        1,
-        "warpdrive-eager",
-        &mut sync,
-        Some(Ceiling::LaunchSync),
-    )?;
-    note(variant, "exec::launch + Stream::synchronize", "host clock");
     s.synchronize()?;
     if buf.to_host(&s)? != [7] {
         return Err(Error::InvalidArgument(

@@ -290,11 +290,12 @@ impl GemmShape {
         sms: usize,
     ) -> Self {
         let n_blocks = n.div_ceil(bn);
-        // One wave of blocks (two per SM) over the tiles likely to be busy, each split at
-        // least `min_depth` deep, so that a few experts still stream their weights at full
-        // bandwidth without paying for more split-K fix-ups than the bandwidth needs.
+        // At most one wave of blocks (two per SM) over the tiles likely to be busy, each
+        // split at least `min_depth` deep, so that a few experts still stream their weights
+        // at full bandwidth without paying for more split-K fix-ups than the bandwidth needs
+        // (rounding up left a few blocks to a second wave: 288 blocks for 264 places).
         let busy = (busy * n_blocks).max(1);
-        let want = (2 * sms).div_ceil(busy).clamp(1, 64);
+        let want = (2 * sms / busy).clamp(1, 64);
         let splits = want.min((k / min_depth.max(32)).max(1));
         let k_split = k.div_ceil(splits).div_ceil(32) * 32;
         GemmShape {
