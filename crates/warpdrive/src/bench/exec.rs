@@ -349,7 +349,11 @@ fn launches(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
             chained,
             "exec::launch, programmatic (as ops::fill launches)",
         ),
-        ("warpdrive-eager-plain", plain, "exec::launch, plain launches"),
+        (
+            "warpdrive-eager-plain",
+            plain,
+            "exec::launch, plain launches",
+        ),
     ] {
         let (mut eager, eager_enqueue) = launch_samples(
             plan.launch_samples,
@@ -386,8 +390,7 @@ fn launches(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
     variant
         .extra
         .insert("graph_launch_us".into(), median(&replay_enqueue).into());
-    let (mut replay, _) =
-        graph_replays(&s, count, plan.launch_samples, |s| launch_with(s, plain))?;
+    let (mut replay, _) = graph_replays(&s, count, plan.launch_samples, |s| launch_with(s, plain))?;
     let variant = ctx.record_time(
         CASE,
         count as u64,
