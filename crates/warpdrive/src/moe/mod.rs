@@ -295,8 +295,20 @@ impl GemmShape {
         // at full bandwidth without paying for more split-K fix-ups than the bandwidth needs
         // (rounding up left a few blocks to a second wave: 288 blocks for 264 places).
         let busy = (busy * n_blocks).max(1);
-        let want = (2 * sms / busy).clamp(1, 64);
-        let splits = want.min((k / min_depth.max(32)).max(1));
+        let places = 2 * sms.max(1);
+        let max_splits = (k / min_depth.max(32)).clamp(1, 64);
+        let mut splits = (places / busy).clamp(1, max_splits);
+        // Tiles that fill more than a wave but leave the last one mostly idle (384 tiles in
+        // 2 × 264 places) are split until the waves come out nearly full.
+        let fill = |s: usize| {
+            let blocks = busy * s;
+            blocks as f64 / (blocks.div_ceil(places) * places) as f64
+        };
+        if busy >= places && fill(1) < 0.8 {
+            if let Some(s) = (2..=max_splits).find(|&s| fill(s) >= 0.9) {
+                splits = s;
+            }
+        }
         let k_split = k.div_ceil(splits).div_ceil(32) * 32;
         GemmShape {
             n,
