@@ -11,7 +11,12 @@
 //!   batch routes to plus the router weight (`extra.bytes`), so `pct_of_ceiling` (also in
 //!   `extra.hbm_pct`) is against the device copy ceiling. `extra`: `host_syncs` and
 //!   `launches` per layer, `graph`, `distinct_experts`, and `rel_err` = ‖y − ref‖₂ / ‖ref‖₂
-//!   over the first token against the f64 reference with the same routing.
+//!   over the first token against the f64 reference with the same routing. On CUDA, rows of
+//!   `warpdrive` up to 16 tokens also carry `read_floor_us`: the time of one streaming read
+//!   of the same bytes (`ops::reduce_into` sum over memory that is not in L2) in the same
+//!   run, and `pct_of_read_floor` = that / median · 100. Streaming a few tens of MB does not
+//!   reach the copy ceiling (on the H200 a 50 MiB read takes ~20 µs, ~60% of it), so this is
+//!   the floor a pass that only read its weights would hit.
 //! - `router-permute` (size = tokens 1, 64, 256, 4096; the qwen3-30b-a3b shape): the router
 //!   logits, softmax/top-k and the permutation (counts, offsets, order) alone, replayed as a
 //!   captured graph as the layer runs them.
@@ -22,10 +27,12 @@
 use half::bf16;
 use rand::{Rng, SeedableRng};
 
+use crate::device::Stream;
 use crate::error::Result;
 use crate::exec::graph::Graph;
 use crate::memory::Buffer;
 use crate::moe::{MoeConfig, MoeLayer, MoePath, MoeWeights, PRESETS};
+use crate::ops::{reduce_into, ReduceOp, Scratch, REDUCE_SCRATCH_BYTES};
 
 use super::results::Ceiling;
 use super::timing::time_gpu;
@@ -104,6 +111,24 @@ fn normal_bf16(seed: u64, n: usize) -> Vec<bf16> {
     out
 }
 
+/// Median µs of one streaming read of `bytes` (a sum over bf16), rotating over three
+/// buffers so that no pass finds its data in L2.
+fn read_floor(stream: &Stream, bytes: usize, reps: usize) -> Result<f64> {
+    let len = (bytes / 2).max(1);
+    let bufs = (0..3)
+        .map(|_| Buffer::<bf16>::zeros(stream, len))
+        .collect::<Result<Vec<_>>>()?;
+    let mut out = Buffer::<bf16>::zeros(stream, 1)?;
+    let scratch = Scratch::new(stream, REDUCE_SCRATCH_BYTES)?;
+    let mut next = 0;
+    let mut us = time_gpu(stream, 3, reps, |s| {
+        next = (next + 1) % bufs.len();
+        reduce_into(s, ReduceOp::Sum, &bufs[next], &mut out, &scratch)
+    })?;
+    us.sort_by(f64::total_cmp);
+    Ok(us[us.len() / 2])
+}
+
 pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
     let plan = Plan::new(ctx.scale());
     for preset in PRESETS {
@@ -179,6 +204,13 @@ fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {
                 extra.insert("hbm_pct".into(), h.into());
             }
             extra.insert("dtype".into(), "bf16".into());
+            if variant == "warpdrive" && tokens <= 16 && stream.device().is_cuda() {
+                let floor = read_floor(&stream, bytes, plan.min_reps.max(20))?;
+                let median = row.median;
+                row.extra.insert("read_floor_us".into(), floor.into());
+                row.extra
+                    .insert("pct_of_read_floor".into(), (100.0 * floor / median).into());
+            }
         }
     }
     Ok(())
