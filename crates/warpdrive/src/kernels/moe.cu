@@ -287,9 +287,10 @@ struct MoeGemm {
     float* partial;          // [splits, rows_cap, n]
     u32 rows_cap;
     u32* tickets;            // one per (item, n block), zero between launches
-    // The work list may be read before the previous kernel finishes (it was written two
-    // kernels back): the block then prefetches its weights into L2 while it waits.
-    int early_work;
+    // Non-zero: the work list may be read before the previous kernel finishes (it was
+    // written two kernels back), and the block prefetches the first `early_k` k of its
+    // weights into L2 while it waits.
+    u32 early_k;
     int epilogue;
     void* out;
     const float* slot_weight;  // epilogue 2
@@ -398,7 +399,7 @@ __device__ void moe_gemm(const MoeGemm& p) {
     const u32 tile = blockIdx.x / p.splits;  // (item, n block)
     const u32 nb = tile % n_blocks, item = tile / n_blocks;
     const u32 bm = 16 * MT;
-    if (!p.early_work) wait_prior_grid();
+    if (!p.early_k) wait_prior_grid();
     // Through L2: under a programmatic launch these may be read before the wait.
     if (item >= __ldcg(p.n_items)) return;
     const u32 expert = __ldcg(p.work + 2 * item);
@@ -433,13 +434,14 @@ __device__ void moe_gemm(const MoeGemm& p) {
         const u32 n = col0 + ng * 8 + g;
         w_ptr[ng] = n < p.n ? w + (u64)n * p.k : nullptr;
     }
-    if (p.early_work) {
-        // This block's weights into L2 (the four lanes of a row take every fourth 128-byte
-        // line) while the previous kernel finishes.
+    if (p.early_k) {
+        // The first early_k of this block's weights into L2 (the four lanes of a row take
+        // every fourth 128-byte line) while the previous kernel finishes.
+        const u32 k_pf = min(k_end, k_begin + p.early_k);
 #pragma unroll
         for (int ng = 0; ng < MOE_NG; ++ng)
             if (w_ptr[ng])
-                for (u32 kc = k_begin + q * 64; kc < k_end; kc += 256) moe_prefetch_l2(w_ptr[ng] + kc);
+                for (u32 kc = k_begin + q * 64; kc < k_pf; kc += 256) moe_prefetch_l2(w_ptr[ng] + kc);
         wait_prior_grid();
     }
     release_next_grid();

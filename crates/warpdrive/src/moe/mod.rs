@@ -400,10 +400,12 @@ struct Plan {
     router: RouterShape,
     up: GemmShape,
     down: GemmShape,
-    /// The down projection's blocks prefetch their weights into L2 while the gate/up GEMM
-    /// finishes: only when the experts the pass likely touches fit in half the L2 (more
-    /// would be evicted before use and read twice).
-    prefetch_down: bool,
+    /// The down projection's blocks prefetch the first `down_early_k` k of their weights
+    /// into L2 while the gate/up GEMM finishes (0: none): all of them when the experts the
+    /// pass likely touches fit in half the L2; while one wave of blocks covers the pass, the
+    /// share of each block's slice that fits in half the L2 together (more would be evicted
+    /// before use and read twice); otherwise none (later waves start after the wait).
+    down_early_k: usize,
 }
 
 /// m16 tiles per block for groups of `rows` rows on average: the busiest groups hold
@@ -423,12 +425,12 @@ impl Plan {
         let mt = m_tiles(slots.div_ceil(active));
         let bm = 16 * mt;
         let items = active + slots / bm;
-        Plan {
+        let mut plan = Plan {
             tokens,
             slots,
             bm,
             router: RouterShape::new(c, tokens, sms),
-            prefetch_down: active * c.hidden * c.intermediate * c.dtype.size() <= l2_bytes / 2,
+            down_early_k: 0,
             up: GemmShape::new(
                 2 * c.intermediate,
                 c.hidden,
@@ -445,7 +447,25 @@ impl Plan {
                 256,
                 sms,
             ),
+        };
+        plan.down_early_k = plan.down_prefetch(c, active, l2_bytes, sms);
+        plan
+    }
+    /// [`Plan::down_early_k`] for a pass that likely touches `active` experts.
+    fn down_prefetch(&self, c: &MoeConfig, active: usize, l2_bytes: usize, sms: usize) -> usize {
+        let budget = l2_bytes / 2;
+        let dtype = c.dtype.size();
+        if active * c.hidden * c.intermediate * dtype <= budget {
+            return self.down.k_split;
         }
+        let blocks = (active * self.down.n_blocks() * self.down.splits).max(1);
+        if blocks > 2 * sms {
+            return 0;
+        }
+        // Whole 128-byte lines of each of the block's rows.
+        let per_row = budget / blocks / (self.down.bn * dtype);
+        let line = 128 / dtype;
+        (per_row / line * line).min(self.down.k_split)
     }
     fn partial_len(&self) -> usize {
         self.up
@@ -1474,7 +1494,7 @@ struct GemmParams {
     partial: u64,
     rows_cap: u32,
     tickets: u64,
-    early_work: i32,
+    early_k: u32,
     epilogue: i32,
     out: u64,
     slot_weight: u64,
@@ -1591,7 +1611,7 @@ impl Launcher {
                 w: self.w2,
                 w_stride: (c.hidden * c.intermediate) as u64,
                 // The dispatch wrote the work list before the gate/up GEMM started.
-                early_work: i32::from(p.prefetch_down),
+                early_k: u32_of(p.down_early_k, "down projection prefetch")?,
                 epilogue: 2,
                 out: self.y_rows,
                 slot_weight: self.weights,
