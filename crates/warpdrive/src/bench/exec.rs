@@ -451,28 +451,25 @@ fn launches(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         raw.push(r.raw);
         raw_enqueue.push(r.raw_enqueue);
     }
-    let variant = ctx.record_time(
-        CASE,
-        count as u64,
-        "baseline",
-        &mut builder,
-        Some(Ceiling::Launch),
-    )?;
-    note(variant, "cudarc launch_builder, event tracking on", timer);
-    variant
-        .extra
-        .insert("enqueue_us".into(), median(&builder_enqueue).into());
-    let variant = ctx.record_time(
-        CASE,
-        count as u64,
-        "driver-cuLaunchKernel",
-        &mut raw,
-        Some(Ceiling::Launch),
-    )?;
-    note(variant, "cuLaunchKernel, no bind, no checks", timer);
-    variant
-        .extra
-        .insert("enqueue_us".into(), median(&raw_enqueue).into());
+    for (variant, samples, enqueue, api) in [
+        (
+            "baseline",
+            &mut builder,
+            &builder_enqueue,
+            "cudarc launch_builder, event tracking on",
+        ),
+        (
+            "driver-cuLaunchKernel",
+            &mut raw,
+            &raw_enqueue,
+            "cuLaunchKernel, no bind, no checks",
+        ),
+    ] {
+        let row = ctx.record_time(CASE, count as u64, variant, samples, Some(Ceiling::Launch))?;
+        note(row, api, timer);
+        row.extra
+            .insert("enqueue_us".into(), median(enqueue).into());
+    }
     let (mut replay, _) =
         graph_replays(&s, count, plan.launch_samples, |s| launch_with(s, chained))?;
     let variant = ctx.record_time(

@@ -35,6 +35,7 @@ use crate::moe::{MoeConfig, MoeLayer, MoePath, MoeWeights, PRESETS};
 use crate::ops::{reduce_into, ReduceOp, Scratch, REDUCE_SCRATCH_BYTES};
 
 use super::results::Ceiling;
+use super::stats::Stats;
 use super::timing::time_gpu;
 use super::{Ctx, Scale};
 
@@ -125,8 +126,7 @@ fn read_floor(stream: &Stream, bytes: usize, reps: usize) -> Result<f64> {
         next = (next + 1) % bufs.len();
         reduce_into(s, ReduceOp::Sum, &bufs[next], &mut out, &scratch)
     })?;
-    us.sort_by(f64::total_cmp);
-    Ok(us[us.len() / 2])
+    Ok(Stats::from_samples(&mut us)?.median)
 }
 
 pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {

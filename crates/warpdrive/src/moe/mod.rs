@@ -425,12 +425,20 @@ impl Plan {
         let mt = m_tiles(slots.div_ceil(active));
         let bm = 16 * mt;
         let items = active + slots / bm;
-        let mut plan = Plan {
+        let down = GemmShape::new(
+            c.hidden,
+            c.intermediate,
+            (mt, gemm_bn(mt)),
+            (items, active),
+            256,
+            sms,
+        );
+        Plan {
             tokens,
             slots,
             bm,
             router: RouterShape::new(c, tokens, sms),
-            down_early_k: 0,
+            down_early_k: down_prefetch(c, &down, active, l2_bytes, sms),
             up: GemmShape::new(
                 2 * c.intermediate,
                 c.hidden,
@@ -439,33 +447,8 @@ impl Plan {
                 256,
                 sms,
             ),
-            down: GemmShape::new(
-                c.hidden,
-                c.intermediate,
-                (mt, gemm_bn(mt)),
-                (items, active),
-                256,
-                sms,
-            ),
-        };
-        plan.down_early_k = plan.down_prefetch(c, active, l2_bytes, sms);
-        plan
-    }
-    /// [`Plan::down_early_k`] for a pass that likely touches `active` experts.
-    fn down_prefetch(&self, c: &MoeConfig, active: usize, l2_bytes: usize, sms: usize) -> usize {
-        let budget = l2_bytes / 2;
-        let dtype = c.dtype.size();
-        if active * c.hidden * c.intermediate * dtype <= budget {
-            return self.down.k_split;
+            down,
         }
-        let blocks = (active * self.down.n_blocks() * self.down.splits).max(1);
-        if blocks > 2 * sms {
-            return 0;
-        }
-        // Whole 128-byte lines of each of the block's rows.
-        let per_row = budget / blocks / (self.down.bn * dtype);
-        let line = 128 / dtype;
-        (per_row / line * line).min(self.down.k_split)
     }
     fn partial_len(&self) -> usize {
         self.up
@@ -482,6 +465,30 @@ impl Plan {
             .max(self.up.tiles())
             .max(self.down.tiles())
     }
+}
+
+/// [`Plan::down_early_k`] of the down projection `down` for a pass that likely touches
+/// `active` experts.
+fn down_prefetch(
+    c: &MoeConfig,
+    down: &GemmShape,
+    active: usize,
+    l2_bytes: usize,
+    sms: usize,
+) -> usize {
+    let budget = l2_bytes / 2;
+    let dtype = c.dtype.size();
+    if active * c.hidden * c.intermediate * dtype <= budget {
+        return down.k_split;
+    }
+    let blocks = (active * down.n_blocks() * down.splits).max(1);
+    if blocks > 2 * sms {
+        return 0;
+    }
+    // Whole 128-byte lines of each of the block's rows.
+    let per_row = budget / blocks / (down.bn * dtype);
+    let line = 128 / dtype;
+    (per_row / line * line).min(down.k_split)
 }
 
 /// Device memory of the forward passes, sized for `tokens` tokens (graphs of smaller
