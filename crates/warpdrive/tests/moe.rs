@@ -580,6 +580,23 @@ fn gpu_smem_moe_matches_cpu() {
             "deep router",
         );
     }
+    // The clustered router (Hopper, up to 64 tokens over at most 128 experts): a full
+    // cluster of 8 blocks; one row tile (dispatched from shared memory) and several; a
+    // last block with 4 of its 16 experts and the most slots a tile can hold (16 × 16).
+    let clustered = config(256, 32, 128, 8, Router::Softmax, DTypeKind::BF16);
+    for tokens in [1, 16, 64] {
+        assert_few_flips(
+            cuda_vs_cpu(clustered, tokens, MoePath::Auto, true, s + 5),
+            "clustered",
+        );
+    }
+    let partial = config(64, 32, 100, 16, Router::Softmax, DTypeKind::BF16);
+    for tokens in [16, 50] {
+        assert_few_flips(
+            cuda_vs_cpu(partial, tokens, MoePath::Auto, true, s + 6),
+            "clustered, partial block",
+        );
+    }
     // More experts than one router block routes: the separate softmax top-k kernel.
     let wide = config(64, 32, 300, 4, Router::Softmax, DTypeKind::BF16);
     for tokens in [3, 40] {

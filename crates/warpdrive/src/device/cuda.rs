@@ -853,7 +853,8 @@ impl CudaDevice {
     /// Launches `f` on `stream`. With `programmatic` (Hopper and later; ignored before
     /// compute capability 9.0) it is a programmatic dependent launch: the kernel's blocks may
     /// start while the stream's previous kernel finishes (in a captured graph, a programmatic
-    /// edge).
+    /// edge). With `cluster` > 1 every `cluster` consecutive blocks along x form a
+    /// thread-block cluster (compute capability 9.0 and later; at most 8, dividing grid.x).
     ///
     /// # Safety
     /// `params` must point at values whose types and order match the kernel's parameters,
@@ -872,6 +873,7 @@ impl CudaDevice {
         shared_mem_bytes: u32,
         params: &mut [*mut c_void],
         programmatic: bool,
+        cluster: u32,
     ) -> Result<()> {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 || block.0 == 0 || block.1 == 0 || block.2 == 0
         {
@@ -879,16 +881,37 @@ impl CudaDevice {
                 "empty launch: grid {grid:?}, block {block:?}"
             )));
         }
+        if cluster > 1 && (self.compute_capability().0 < 9 || cluster > 8 || grid.0 % cluster != 0)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "clusters of {cluster} blocks: need compute capability 9.0 (have {:?}), at most 8 \
+                 blocks and a grid.x ({}) they divide",
+                self.compute_capability(),
+                grid.0
+            )));
+        }
         // The lean path: no cuCtxGetCurrent when this thread already bound this context,
         // no events (warpdrive orders streams explicitly where it must).
         let t = activity::begin();
-        if programmatic && self.compute_capability().0 >= 9 {
+        let programmatic = programmatic && self.compute_capability().0 >= 9;
+        if programmatic || cluster > 1 {
             // SAFETY: an all-zero CUlaunchAttribute is a valid value (plain integers and a
-            // union of them); the id and value are set right after.
-            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-            attr.id =
-                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-            attr.value.programmaticStreamSerializationAllowed = 1;
+            // union of them); ids and values are set right after.
+            let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+            let mut n = 0;
+            if programmatic {
+                attrs[n].id =
+                    sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+                attrs[n].value.programmaticStreamSerializationAllowed = 1;
+                n += 1;
+            }
+            if cluster > 1 {
+                attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+                attrs[n].value.clusterDim.x = cluster;
+                attrs[n].value.clusterDim.y = 1;
+                attrs[n].value.clusterDim.z = 1;
+                n += 1;
+            }
             let config = sys::CUlaunchConfig {
                 gridDimX: grid.0,
                 gridDimY: grid.1,
@@ -898,11 +921,11 @@ impl CudaDevice {
                 blockDimZ: block.2,
                 sharedMemBytes: shared_mem_bytes,
                 hStream: stream.cu_stream(),
-                attrs: &mut attr,
-                numAttrs: 1,
+                attrs: attrs.as_mut_ptr(),
+                numAttrs: n as u32,
             };
             self.lean("cuLaunchKernelEx", || {
-                // SAFETY: forwarded from this function's contract; `config` and `attr` live
+                // SAFETY: forwarded from this function's contract; `config` and `attrs` live
                 // across the call; the function handle is alive (its module is held by `f`).
                 unsafe {
                     sys::cuLaunchKernelEx(
@@ -1355,7 +1378,7 @@ impl CudaDevice {
         let f = self.function(&kernels::BASIC, "empty_kernel")?;
         let launch = || {
             // SAFETY: `empty_kernel` takes no parameters.
-            unsafe { self.launch(stream, &f, (1, 1, 1), (32, 1, 1), 0, &mut [], false) }
+            unsafe { self.launch(stream, &f, (1, 1, 1), (32, 1, 1), 0, &mut [], false, 1) }
         };
         launch()?;
         self.synchronize_stream(stream)?;

@@ -173,6 +173,7 @@ pub unsafe fn launch(
             config.shared_mem_bytes,
             params,
             config.programmatic,
+            1,
         )
     }
 }

@@ -121,19 +121,22 @@ extern "C" __global__ void __launch_bounds__(128) moe_route_sigmoid_grouped(
 // layer's output does not. Shared memory: 2·E words. ----
 
 // The dispatch on one block (any multiple of 32 threads); `cnt` and `cursor` are E words of
-// shared memory each.
+// shared memory each. With L2 the expert ids are read through L2 (other blocks wrote them
+// in the same kernel); without, they are in this block's shared memory.
 #define MOE_DISPATCH_HELD 4
+template <bool L2>
 __device__ void moe_dispatch_block(const u32* expert_of_slot, u32 slots, u32 experts, u32 k,
                                    u32 bm, u32* counts, u32* offsets, u32* order, u32* token_of,
                                    u32* slot_pos, u32* work, u32* n_items, u32* cnt, u32* cursor) {
     for (u32 e = threadIdx.x; e < experts; e += blockDim.x) cnt[e] = 0;
-    // Through L2: the router's other blocks wrote these ids in the same kernel. A thread's
-    // first MOE_DISPATCH_HELD ids are loaded at once and kept for the placement below.
+    const auto id = [&](u32 i) { return L2 ? __ldcg(expert_of_slot + i) : expert_of_slot[i]; };
+    // A thread's first MOE_DISPATCH_HELD ids are loaded at once and kept for the placement
+    // below.
     u32 held[MOE_DISPATCH_HELD];
 #pragma unroll
     for (int h = 0; h < MOE_DISPATCH_HELD; ++h) {
         const u32 i = threadIdx.x + h * blockDim.x;
-        held[h] = i < slots ? __ldcg(expert_of_slot + i) : 0xffffffffu;
+        held[h] = i < slots ? id(i) : 0xffffffffu;
     }
     const u32 rest = MOE_DISPATCH_HELD * blockDim.x;
     __syncthreads();
@@ -141,7 +144,7 @@ __device__ void moe_dispatch_block(const u32* expert_of_slot, u32 slots, u32 exp
     for (int h = 0; h < MOE_DISPATCH_HELD; ++h)
         if (held[h] < experts) atomicAdd(&cnt[held[h]], 1u);
     for (u32 i = threadIdx.x + rest; i < slots; i += blockDim.x) {
-        const u32 e = __ldcg(expert_of_slot + i);
+        const u32 e = id(i);
         if (e < experts) atomicAdd(&cnt[e], 1u);
     }
     __syncthreads();
@@ -177,7 +180,7 @@ __device__ void moe_dispatch_block(const u32* expert_of_slot, u32 slots, u32 exp
     };
 #pragma unroll
     for (int h = 0; h < MOE_DISPATCH_HELD; ++h) place(threadIdx.x + h * blockDim.x, held[h]);
-    for (u32 i = threadIdx.x + rest; i < slots; i += blockDim.x) place(i, __ldcg(expert_of_slot + i));
+    for (u32 i = threadIdx.x + rest; i < slots; i += blockDim.x) place(i, id(i));
 }
 
 extern "C" __global__ void __launch_bounds__(1024) moe_dispatch(
@@ -186,7 +189,7 @@ extern "C" __global__ void __launch_bounds__(1024) moe_dispatch(
     u32* __restrict__ token_of, u32* __restrict__ slot_pos, u32* __restrict__ work,
     u32* __restrict__ n_items) {
     extern __shared__ u32 moe_dispatch_smem[];
-    moe_dispatch_block(expert_of_slot, slots, experts, k, bm, counts, offsets, order, token_of,
+    moe_dispatch_block<true>(expert_of_slot, slots, experts, k, bm, counts, offsets, order, token_of,
                        slot_pos, work, n_items, moe_dispatch_smem, moe_dispatch_smem + experts);
 }
 
@@ -199,35 +202,41 @@ __device__ __forceinline__ u32 moe_order_key(float x) {
     if (x != x) return 0xffffffffu;
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
-__device__ void moe_route_row(const float* row, u32 e, u32 k, int renorm, float* w_out,
-                              u32* i_out) {
+// The logit of an order key (the inverse of moe_order_key; NaN keys give a NaN).
+__device__ __forceinline__ float moe_key_value(u32 key) {
+    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+// J keys per lane (J·32 >= e): rows of at most 128 experts take half the work per pick.
+template <int J>
+__device__ u32 moe_route_row_j(const float* row, u32 e, u32 k, int renorm, float* w_out,
+                               u32* i_out) {
     const u32 lane = threadIdx.x & 31u;
     // Keys of this lane's logits (index lane + 32j); 0 = absent (every real key is at least
     // 0x007fffff). Taken ones are marked in a bit mask, not cleared, so `key` stays in
     // registers (a store at a computed index would move it to local memory).
-    u32 key[8];
+    u32 key[J];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < J; ++j) {
         const u32 i = lane + 32 * j;
         key[j] = i < e ? moe_order_key(row[i]) : 0u;
     }
-    u32 taken = 0, my_idx = 0;
-    float my_val = 0.0f, top = 0.0f;
+    u32 taken = 0, my_idx = 0, my_key = 0, top_key = 0;
+#pragma unroll 1
     for (u32 r = 0; r < k; ++r) {
         u32 local = 0;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) local = max(local, ((taken >> j) & 1u) ? 0u : key[j]);
+        for (int j = 0; j < J; ++j) local = max(local, ((taken >> j) & 1u) ? 0u : key[j]);
         const u32 best = __reduce_max_sync(0xffffffffu, local);
         u32 cand = 0xffffffffu;
 #pragma unroll
-        for (int j = 7; j >= 0; --j)
+        for (int j = J - 1; j >= 0; --j)
             if (key[j] == best && !((taken >> j) & 1u)) cand = lane + 32 * j;
         const u32 bi = __reduce_min_sync(0xffffffffu, cand);
         if ((bi & 31u) == lane) taken |= 1u << (bi >> 5);
-        const float v = row[bi];
-        if (r == 0) top = v;
-        if (lane == r) { my_idx = bi; my_val = v; }
+        if (r == 0) top_key = best;
+        if (lane == r) { my_idx = bi; my_key = best; }
     }
+    const float top = moe_key_value(top_key), my_val = moe_key_value(my_key);
     float denom;
     if (renorm) {
         denom = warp_sum(lane < k ? __expf(my_val - top) : 0.0f);
@@ -240,6 +249,14 @@ __device__ void moe_route_row(const float* row, u32 e, u32 k, int renorm, float*
         w_out[lane] = __expf(my_val - top) / denom;
         i_out[lane] = my_idx;
     }
+    return my_idx;
+}
+__device__ void moe_route_row(const float* row, u32 e, u32 k, int renorm, float* w_out,
+                              u32* i_out) {
+    if (e <= 128)
+        moe_route_row_j<4>(row, e, k, renorm, w_out, i_out);
+    else
+        moe_route_row_j<8>(row, e, k, renorm, w_out, i_out);
 }
 
 // ---- the grouped GEMM: out[p, n] = Σ_k A[row(p), k] · W_e[n, k] for the permuted rows p of
@@ -678,7 +695,7 @@ __device__ void moe_router(const MoeRouter& p) {
     if (gridDim.y > 1 && !moe_arrive_last(&p.tickets[gridDim.y], gridDim.y)) return;
     if (gridDim.y == 1) __syncthreads();
     __shared__ u32 dsm[2 * 256];
-    moe_dispatch_block(p.chosen, p.tokens * p.top_k, p.experts, p.top_k, p.bm, p.counts,
+    moe_dispatch_block<true>(p.chosen, p.tokens * p.top_k, p.experts, p.top_k, p.bm, p.counts,
                        p.offsets, p.order, p.token_of, p.slot_pos, p.work, p.n_items, dsm,
                        dsm + 256);
 }
@@ -693,6 +710,130 @@ MOE_ROUTER(bf16, 4, 2)
 MOE_ROUTER(f16, 1, 8)
 MOE_ROUTER(f16, 2, 4)
 MOE_ROUTER(f16, 4, 2)
+
+// ---- the clustered router (Softmax over at most 128 experts, row tiles of at most 16
+// tokens): a row tile's blocks form one thread-block cluster (grid.x = the cluster, one
+// block per 16 experts, the whole K each). Every block writes its logits into the shared
+// memory of the cluster's first block and all meet at the cluster barrier, so the first
+// block routes its rows from shared memory: no tile ticket and no round trip of the logits
+// through L2. With one row tile it dispatches from shared memory too (top_k <= 16, so at
+// most 256 slots); with more, the last routed tile dispatches (a ticket at
+// tickets[row tiles], as in moe_router). ----
+#define MOE_CLUSTER_NG 2
+#define MOE_CLUSTER_BN (8 * MOE_CLUSTER_NG)
+#define MOE_CLUSTER_MAX_EXPERTS 128
+#define MOE_CLUSTER_MAX_SLOTS 256  // 16 tokens × top_k <= 16
+
+__device__ __forceinline__ u32 moe_cluster_rank() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+// Stores `v` at the address that `local` (this block's shared memory) has in the shared
+// memory of the cluster's block `rank`.
+__device__ __forceinline__ void moe_store_cluster(float* local, u32 rank, float v) {
+    u32 addr, remote;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(addr) : "l"(local));
+    asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(remote), "f"(v) : "memory");
+}
+__device__ __forceinline__ void moe_cluster_arrive_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void moe_cluster_arrive() {
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void moe_cluster_wait() {
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+template <typename T, int U>
+__device__ void moe_router_cluster(const MoeRouter& p) {
+    release_next_grid();
+    // First cluster barrier phase: no block writes into the first block's shared memory
+    // before that block is running (waited for just before the writes, long after).
+    moe_cluster_arrive_relaxed();
+    const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const u32 g = lane >> 2, q = lane & 3u;
+    const u32 col0 = blockIdx.x * MOE_CLUSTER_BN;
+    const u32 row0 = blockIdx.y * p.tile_rows;
+    const u32 rows = min(p.tile_rows, p.tokens - row0);
+    const u32 steps = (p.k + 31) / 32;
+    const u32 per_warp = (steps + MOE_RWARPS - 1) / MOE_RWARPS;
+    const u32 k_begin = min(p.k, warp * per_warp * 32);
+    const u32 k_end = min(p.k, (warp + 1) * per_warp * 32);
+    const T* x = reinterpret_cast<const T*>(p.x);
+    const T* a_ptr[1][2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const u32 r = h * 8 + g;
+        a_ptr[0][h] = r < rows ? x + (u64)(row0 + r) * p.k : nullptr;
+    }
+    const T* w_ptr[MOE_CLUSTER_NG];
+#pragma unroll
+    for (int ng = 0; ng < MOE_CLUSTER_NG; ++ng) {
+        const u32 n = col0 + ng * 8 + g;
+        w_ptr[ng] = n < p.experts ? reinterpret_cast<const T*>(p.w) + (u64)n * p.k : nullptr;
+    }
+    float acc[1][MOE_CLUSTER_NG][4];
+    moe_mma_range<T, 1, MOE_CLUSTER_NG, U>(acc, a_ptr, w_ptr, k_begin, k_end, q);
+    // Sum the warps' partial tiles (in warp order) straight into the first block's rows.
+    // Accumulator i of group ng: row g + 8·(i / 2), column ng·8 + 2q + i % 2.
+    __shared__ float red[MOE_RWARPS][16][MOE_CLUSTER_BN];
+    __shared__ float tile[16][MOE_CLUSTER_MAX_EXPERTS];  // the first block's: the tile's logits
+#pragma unroll
+    for (int ng = 0; ng < MOE_CLUSTER_NG; ++ng)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) red[warp][g + 8 * (i / 2)][ng * 8 + 2 * q + i % 2] = acc[0][ng][i];
+    moe_cluster_wait();
+    __syncthreads();
+    if (threadIdx.x < 16 * MOE_CLUSTER_BN) {
+        const u32 r = threadIdx.x / MOE_CLUSTER_BN, c = threadIdx.x % MOE_CLUSTER_BN;
+        const u32 col = col0 + c;
+        if (r < rows && col < p.experts) {
+            float sum = 0.0f;
+#pragma unroll
+            for (int wi = 0; wi < MOE_RWARPS; ++wi) sum += red[wi][r][c];
+            moe_store_cluster(&tile[r][col], 0, sum + (p.bias ? p.bias[col] : 0.0f));
+        }
+    }
+    // The other blocks leave once their stores are released (only the first block's shared
+    // memory is written); the first waits for them all.
+    moe_cluster_arrive();
+    if (moe_cluster_rank() != 0) return;
+    moe_cluster_wait();
+
+    __shared__ u32 chosen[MOE_CLUSTER_MAX_SLOTS];  // one row tile: the dispatch reads these
+    const bool local = gridDim.y == 1;
+    for (u32 r = warp; r < rows; r += MOE_RWARPS) {
+        const u64 t = row0 + r;
+        const u32 e = moe_route_row_j<4>(tile[r], p.experts, p.top_k, p.renorm,
+                                         p.weights + t * p.top_k, p.chosen + t * p.top_k);
+        if (local && lane < p.top_k) chosen[t * p.top_k + lane] = e;
+    }
+    __shared__ u32 dsm[2 * MOE_CLUSTER_MAX_EXPERTS];
+    if (local) {
+        __syncthreads();
+        moe_dispatch_block<false>(chosen, p.tokens * p.top_k, p.experts, p.top_k, p.bm,
+                                  p.counts, p.offsets, p.order, p.token_of, p.slot_pos, p.work,
+                                  p.n_items, dsm, dsm + MOE_CLUSTER_MAX_EXPERTS);
+        return;
+    }
+    if (!moe_arrive_last(&p.tickets[gridDim.y], gridDim.y)) return;
+    moe_dispatch_block<true>(p.chosen, p.tokens * p.top_k, p.experts, p.top_k, p.bm, p.counts,
+                             p.offsets, p.order, p.token_of, p.slot_pos, p.work, p.n_items, dsm,
+                             dsm + MOE_CLUSTER_MAX_EXPERTS);
+}
+// Clusters need sm_90; the host launches this kernel only there.
+#if __CUDA_ARCH__ >= 900
+#define MOE_ROUTER_CLUSTER_BODY(T) moe_router_cluster<T, 8>(p);
+#else
+#define MOE_ROUTER_CLUSTER_BODY(T) __trap();
+#endif
+#define MOE_ROUTER_CLUSTER(T) \
+    extern "C" __global__ void __launch_bounds__(MOE_RWARPS * 32, 1) moe_router_cluster_##T(MoeRouter p) { MOE_ROUTER_CLUSTER_BODY(T) }
+MOE_ROUTER_CLUSTER(bf16)
+MOE_ROUTER_CLUSTER(f16)
 
 // ---- SwiGLU of the cuBLAS path: h [rows, 2I] with interleaved gate/up blocks of 8 columns
 // (the w13 layout) -> act [rows, I]. ----

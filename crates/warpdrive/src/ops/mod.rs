@@ -141,6 +141,7 @@ pub(crate) unsafe fn launch_as(
             shared_bytes,
             &mut params,
             programmatic,
+            1,
         )
     }
 }
@@ -380,7 +381,7 @@ mod tests {
             .expect("the empty kernel");
         for (grid, block) in [((0, 1, 1), (32, 1, 1)), ((1, 1, 1), (0, 1, 1))] {
             // SAFETY: `empty_kernel` takes no parameters.
-            let r = unsafe { d.launch(s, &f, grid, block, 0, &mut [], false) };
+            let r = unsafe { d.launch(s, &f, grid, block, 0, &mut [], false, 1) };
             assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
         }
         // The device is still usable afterwards.
