@@ -308,6 +308,10 @@ struct MoeGemm {
     // written two kernels back), and the block prefetches the first `early_k` k of its
     // weights into L2 while it waits.
     u32 early_k;
+    // Non-zero: blocks take the tiles n block by n block, the work items fastest, so an
+    // expert's several row tiles read the same weights at about the same time (all but the
+    // first from L2); zero: item by item.
+    u32 items_fastest;
     int epilogue;
     void* out;
     const float* slot_weight;  // epilogue 2
@@ -414,7 +418,9 @@ __device__ void moe_gemm(const MoeGemm& p) {
     const u32 n_blocks = (p.n + MOE_BN - 1) / MOE_BN;
     const u32 split = blockIdx.x % p.splits;
     const u32 tile = blockIdx.x / p.splits;  // (item, n block)
-    const u32 nb = tile % n_blocks, item = tile / n_blocks;
+    const u32 items_cap = gridDim.x / (p.splits * n_blocks);  // the grid's bound on items
+    const u32 nb = p.items_fastest ? tile / items_cap : tile % n_blocks;
+    const u32 item = p.items_fastest ? tile % items_cap : tile / n_blocks;
     const u32 bm = 16 * MT;
     if (!p.early_k) wait_prior_grid();
     // Through L2: under a programmatic launch these may be read before the wait.

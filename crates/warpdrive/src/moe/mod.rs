@@ -288,6 +288,9 @@ struct GemmShape {
     items: usize,
     splits: usize,
     k_split: usize,
+    /// Blocks take the tiles n block by n block, the work items fastest (`items_fastest` of
+    /// `MoeGemm`), instead of item by item.
+    items_fastest: bool,
 }
 
 impl GemmShape {
@@ -328,6 +331,7 @@ impl GemmShape {
             items,
             splits: k.div_ceil(k_split).max(1),
             k_split,
+            items_fastest: false,
         }
     }
     fn n_blocks(&self) -> usize {
@@ -466,6 +470,11 @@ impl Plan {
         let mt = m_tiles(slots.div_ceil(active));
         let bm = 16 * mt;
         let items = active + slots / bm;
+        // Where experts average a full tile of rows or more, most take several tiles that
+        // stream the same weights: run those tiles side by side so all but the first read
+        // from L2 (on the H200, mixtral 256 tokens 2003 → 1802 µs per forward; item by item
+        // stays faster where most experts take one tile: qwen3 64 tokens 253.6 vs 262.2).
+        let items_fastest = slots >= bm * active;
         let down = GemmShape::new(
             c.hidden,
             c.intermediate,
@@ -474,20 +483,27 @@ impl Plan {
             256,
             sms,
         );
+        let down = GemmShape {
+            items_fastest,
+            ..down
+        };
         Plan {
             tokens,
             slots,
             bm,
             router: RouterShape::new(c, tokens, sms, clusters),
             down_early_k: down_prefetch(c, &down, active, l2_bytes, sms),
-            up: GemmShape::new(
-                2 * c.intermediate,
-                c.hidden,
-                (mt, gemm_bn(mt)),
-                (items, active),
-                256,
-                sms,
-            ),
+            up: GemmShape {
+                items_fastest,
+                ..GemmShape::new(
+                    2 * c.intermediate,
+                    c.hidden,
+                    (mt, gemm_bn(mt)),
+                    (items, active),
+                    256,
+                    sms,
+                )
+            },
             down,
         }
     }
@@ -1550,6 +1566,7 @@ struct GemmParams {
     rows_cap: u32,
     tickets: u64,
     early_k: u32,
+    items_fastest: u32,
     epilogue: i32,
     out: u64,
     slot_weight: u64,
@@ -1892,6 +1909,7 @@ impl Launcher {
         p.k = u32_of(shape.k, "GEMM depth")?;
         p.splits = shape.splits as u32;
         p.k_split = u32_of(shape.k_split, "GEMM split")?;
+        p.items_fastest = u32::from(shape.items_fastest);
         let mt = match shape.mt {
             1 => 0,
             2 => 1,
