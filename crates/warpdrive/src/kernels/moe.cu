@@ -566,15 +566,18 @@ __device__ void moe_gemm(const MoeGemm& p) {
 // steps of W deep (LATE_A; with GemmShape's one wave, against 4 steps with A held: qwen3 1
 // token 44.5 → 37.8 µs per forward, its gate/up GEMM 24.6 → 19.6 µs on the H200); the prefill
 // tile reuses each A fragment over 4 groups and each W fragment over 4 m-tiles (measured on
-// the H200 against NG 2 / U 1-2 / 2 blocks: 25% faster at 256 tokens of mixtral).
+// the H200 against NG 2 / U 1-2 / 2 blocks: 25% faster at 256 tokens of mixtral) and keeps 4
+// steps of W in flight with A loaded late (an L1 hit; mixtral 256 tokens per forward on the
+// H200, A/B in one run: 1794 µs with 2 steps and A held, 1616 with 3 late, 1571 with 4 late
+// (about 100 bytes of spills at 255 registers), 1630 with 5, 1882 with 8).
 #define MOE_GEMM(T, MT, NG, U, LATE_A, B) \
     extern "C" __global__ void __launch_bounds__(256, B) moe_gemm_##T##_m##MT(MoeGemm p) { moe_gemm<T, MT, NG, U, LATE_A>(p); }
 MOE_GEMM(bf16, 1, 2, 8, true, 2)
 MOE_GEMM(bf16, 2, 2, 2, false, 2)
-MOE_GEMM(bf16, 4, 4, 2, false, 1)
+MOE_GEMM(bf16, 4, 4, 4, true, 1)
 MOE_GEMM(f16, 1, 2, 8, true, 2)
 MOE_GEMM(f16, 2, 2, 2, false, 2)
-MOE_GEMM(f16, 4, 4, 2, false, 1)
+MOE_GEMM(f16, 4, 4, 4, true, 1)
 
 // ---- the router: logits [tokens, E] (f32) = x · gateᵀ (+ bias). A block of 16 warps
 // computes a tile of up to 16·MT rows × 8 columns over one of `splits` K ranges (grid: column
