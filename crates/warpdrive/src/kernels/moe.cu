@@ -569,14 +569,17 @@ __device__ void moe_gemm(const MoeGemm& p) {
 // the H200 against NG 2 / U 1-2 / 2 blocks: 25% faster at 256 tokens of mixtral) and keeps 4
 // steps of W in flight with A loaded late (an L1 hit; mixtral 256 tokens per forward on the
 // H200, A/B in one run: 1794 µs with 2 steps and A held, 1616 with 3 late, 1571 with 4 late
-// (about 100 bytes of spills at 255 registers), 1630 with 5, 1882 with 8).
+// (about 100 bytes of spills at 255 registers), 1630 with 5, 1882 with 8). The middle tile
+// (2 m16 tiles, two blocks per SM) keeps 3 steps in flight with A held (124 registers; per
+// forward on the H200 against 2 steps: qwen3 256 tokens 406 → 382 µs, deepseek 256 666 → 632,
+// gpt-oss 256 893 → 839, mixtral 64 833 → 794; 4 or 6 steps with A late no better overall).
 #define MOE_GEMM(T, MT, NG, U, LATE_A, B) \
     extern "C" __global__ void __launch_bounds__(256, B) moe_gemm_##T##_m##MT(MoeGemm p) { moe_gemm<T, MT, NG, U, LATE_A>(p); }
 MOE_GEMM(bf16, 1, 2, 8, true, 2)
-MOE_GEMM(bf16, 2, 2, 2, false, 2)
+MOE_GEMM(bf16, 2, 2, 3, false, 2)
 MOE_GEMM(bf16, 4, 4, 4, true, 1)
 MOE_GEMM(f16, 1, 2, 8, true, 2)
-MOE_GEMM(f16, 2, 2, 2, false, 2)
+MOE_GEMM(f16, 2, 2, 3, false, 2)
 MOE_GEMM(f16, 4, 4, 4, true, 1)
 
 // ---- the router: logits [tokens, E] (f32) = x · gateᵀ (+ bias). A block of 16 warps
