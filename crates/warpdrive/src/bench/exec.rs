@@ -95,6 +95,9 @@ impl Plan {
 
 /// Runs every case; a case that fails is reported and the others still run (the first
 /// error is returned at the end).
+/// The case of the launch-cost rows.
+const LAUNCH_CASE: &str = "tiny-launches";
+
 pub(super) fn run_cases(ctx: &mut Ctx) -> Result<()> {
     let plan = Plan::new(ctx.scale());
     let mut first = None;
@@ -280,7 +283,7 @@ fn host_samples(
 }
 
 fn launches(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
-    const CASE: &str = "tiny-launches";
+    const CASE: &str = LAUNCH_CASE;
     const SYNC_CASE: &str = "launch-sync";
     let s = ctx.stream().clone();
     let count = plan.launches;
@@ -361,48 +364,20 @@ fn launches(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
             || launch_with(&s, config),
             || s.synchronize(),
         )?;
-        let row = ctx.record_time(
-            CASE,
-            count as u64,
-            variant,
-            &mut eager,
-            Some(Ceiling::Launch),
-        )?;
-        note(row, api, timer);
-        row.extra
+        launch_row(ctx, count, variant, &mut eager, api, timer)?
+            .extra
             .insert("enqueue_us".into(), median(&eager_enqueue).into());
     }
 
     let (mut replay, replay_enqueue) =
         graph_replays(&s, count, plan.launch_samples, |s| launch_with(s, chained))?;
-    let variant = ctx.record_time(
-        CASE,
-        count as u64,
-        "warpdrive",
-        &mut replay,
-        Some(Ceiling::Launch),
-    )?;
-    note(
-        variant,
-        "one graph of the launches (programmatic edges), replayed",
-        timer,
-    );
-    variant
+    let api = "one graph of the launches (programmatic edges), replayed";
+    launch_row(ctx, count, "warpdrive", &mut replay, api, timer)?
         .extra
         .insert("graph_launch_us".into(), median(&replay_enqueue).into());
     let (mut replay, _) = graph_replays(&s, count, plan.launch_samples, |s| launch_with(s, plain))?;
-    let variant = ctx.record_time(
-        CASE,
-        count as u64,
-        "warpdrive-plain-edges",
-        &mut replay,
-        Some(Ceiling::Launch),
-    )?;
-    note(
-        variant,
-        "one graph of the launches (plain edges), replayed",
-        timer,
-    );
+    let api = "one graph of the launches (plain edges), replayed";
+    launch_row(ctx, count, "warpdrive-plain-edges", &mut replay, api, timer)?;
 
     // The same graph of empty kernels: separates the graph's per-node cost from the work of
     // the fill kernel itself.
@@ -411,18 +386,15 @@ fn launches(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         // SAFETY: `empty_kernel` takes no parameters.
         unsafe { exec::launch(s, &empty, chained, &mut []) }
     })?;
-    let variant = ctx.record_time(
-        CASE,
-        count as u64,
+    let api = "one graph of empty kernels (programmatic edges), replayed: the graph's own cost";
+    launch_row(
+        ctx,
+        count,
         "warpdrive-empty-kernels",
         &mut replay,
-        Some(Ceiling::Launch),
-    )?;
-    note(
-        variant,
-        "one graph of empty kernels (programmatic edges), replayed: the graph's own cost",
+        api,
         timer,
-    );
+    )?;
     let mut sync = host_samples(plan.launch_samples, plan.round_trips, || {
         for _ in 0..plan.round_trips {
             launch_with(&s, plain)?;
@@ -465,25 +437,21 @@ fn launches(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
             "cuLaunchKernel, no bind, no checks",
         ),
     ] {
-        let row = ctx.record_time(CASE, count as u64, variant, samples, Some(Ceiling::Launch))?;
-        note(row, api, timer);
-        row.extra
+        launch_row(ctx, count, variant, samples, api, timer)?
+            .extra
             .insert("enqueue_us".into(), median(enqueue).into());
     }
     let (mut replay, _) =
         graph_replays(&s, count, plan.launch_samples, |s| launch_with(s, chained))?;
-    let variant = ctx.record_time(
-        CASE,
-        count as u64,
+    let api = "the `warpdrive` graph again, after the references ran kernels on a second stream";
+    launch_row(
+        ctx,
+        count,
         "warpdrive-after-second-stream",
         &mut replay,
-        Some(Ceiling::Launch),
-    )?;
-    note(
-        variant,
-        "the `warpdrive` graph again, after the references ran kernels on a second stream",
+        api,
         timer,
-    );
+    )?;
 
     let variant = ctx.record_time(
         SYNC_CASE,
@@ -500,6 +468,27 @@ fn launches(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Records a [`LAUNCH_CASE`] row of `count` launches against the launch ceiling, with its
+/// notes.
+fn launch_row<'a>(
+    ctx: &'a mut Ctx,
+    count: usize,
+    variant: &str,
+    samples_us: &mut [f64],
+    api: &str,
+    timer: &str,
+) -> Result<&'a mut super::Row> {
+    let row = ctx.record_time(
+        LAUNCH_CASE,
+        count as u64,
+        variant,
+        samples_us,
+        Some(Ceiling::Launch),
+    )?;
+    note(row, api, timer);
+    Ok(row)
 }
 
 /// Names the API and the timer of a launch row.
