@@ -303,6 +303,12 @@ impl GemmShape {
         sms: usize,
     ) -> Self {
         let n_blocks = n.div_ceil(bn);
+        // The work list holds `busy` experts' first tiles plus one per further full tile of
+        // rows: from twice as many items, most experts take several tiles that stream the
+        // same weights, so those run side by side and all but the first read from L2 (on
+        // the H200, mixtral 256 tokens 2003 → 1802 µs per forward; item by item stays faster
+        // where most experts take one tile: qwen3 64 tokens 253.6 vs 262.2).
+        let items_fastest = items >= 2 * busy;
         // At most one wave of blocks (two per SM) over the tiles likely to be busy, each
         // split at least `min_depth` deep, so that a few experts still stream their weights
         // at full bandwidth without paying for more split-K fix-ups than the bandwidth needs
@@ -331,7 +337,7 @@ impl GemmShape {
             items,
             splits: k.div_ceil(k_split).max(1),
             k_split,
-            items_fastest: false,
+            items_fastest,
         }
     }
     fn n_blocks(&self) -> usize {
@@ -470,11 +476,6 @@ impl Plan {
         let mt = m_tiles(slots.div_ceil(active));
         let bm = 16 * mt;
         let items = active + slots / bm;
-        // Where experts average a full tile of rows or more, most take several tiles that
-        // stream the same weights: run those tiles side by side so all but the first read
-        // from L2 (on the H200, mixtral 256 tokens 2003 → 1802 µs per forward; item by item
-        // stays faster where most experts take one tile: qwen3 64 tokens 253.6 vs 262.2).
-        let items_fastest = slots >= bm * active;
         let down = GemmShape::new(
             c.hidden,
             c.intermediate,
@@ -483,27 +484,20 @@ impl Plan {
             256,
             sms,
         );
-        let down = GemmShape {
-            items_fastest,
-            ..down
-        };
         Plan {
             tokens,
             slots,
             bm,
             router: RouterShape::new(c, tokens, sms, clusters),
             down_early_k: down_prefetch(c, &down, active, l2_bytes, sms),
-            up: GemmShape {
-                items_fastest,
-                ..GemmShape::new(
-                    2 * c.intermediate,
-                    c.hidden,
-                    (mt, gemm_bn(mt)),
-                    (items, active),
-                    256,
-                    sms,
-                )
-            },
+            up: GemmShape::new(
+                2 * c.intermediate,
+                c.hidden,
+                (mt, gemm_bn(mt)),
+                (items, active),
+                256,
+                sms,
+            ),
             down,
         }
     }
@@ -1005,17 +999,14 @@ impl<T: Float> MoeLayer<T> {
     /// The plan for `tokens`, with a workspace large enough (reallocated, dropping every
     /// graph, when it is not).
     fn prepare(&mut self, tokens: usize, cublas: bool) -> Result<Plan> {
-        let gpu = match self.stream.cuda() {
-            Some((d, _)) => Gpu {
-                sms: self.sms(),
-                l2_bytes: d.l2_cache_bytes()?,
-                clusters: d.compute_capability().0 >= 9,
-            },
-            None => Gpu {
-                sms: self.sms(),
-                l2_bytes: 0,
-                clusters: false,
-            },
+        let (l2_bytes, clusters) = match self.stream.cuda() {
+            Some((d, _)) => (d.l2_cache_bytes()?, d.compute_capability().0 >= 9),
+            None => (0, false),
+        };
+        let gpu = Gpu {
+            sms: self.sms(),
+            l2_bytes,
+            clusters,
         };
         let plan = Plan::new(&self.config, tokens, gpu);
         let fits = self.ws.as_ref().is_some_and(|w| {
