@@ -550,14 +550,20 @@ fn assert_few_flips(r: Compared, what: &str) {
     );
 }
 
+/// [`cuda_vs_cpu`] at each of `tokens`, each with few flips.
+fn few_flips_at(tokens: &[usize], c: MoeConfig, path: MoePath, graphs: bool, s: u64, what: &str) {
+    for &t in tokens {
+        assert_few_flips(cuda_vs_cpu(c, t, path, graphs, s), what);
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_smem_moe_matches_cpu() {
     let s = seed("gpu_smem_moe_matches_cpu");
     let small = config(72, 40, 7, 3, Router::Softmax, DTypeKind::BF16);
-    for tokens in [1, 5, 37, GRAPH_MAX_TOKENS, GRAPH_MAX_TOKENS + 45] {
-        assert_few_flips(cuda_vs_cpu(small, tokens, MoePath::Auto, true, s), "small");
-    }
+    let tokens = [1, 5, 37, GRAPH_MAX_TOKENS, GRAPH_MAX_TOKENS + 45];
+    few_flips_at(&tokens, small, MoePath::Auto, true, s, "small");
     // Above the graph sizes Auto takes cuBLAS; the device kernels there (eager, 4 m-tiles).
     assert_few_flips(
         cuda_vs_cpu(small, GRAPH_MAX_TOKENS + 45, MoePath::Device, true, s),
@@ -565,53 +571,51 @@ fn gpu_smem_moe_matches_cpu() {
     );
     // Split-K (deep rows, few tokens) and several m-tiles per expert (many tokens, 8 experts).
     let deep = config(1024, 256, 8, 2, Router::Softmax, DTypeKind::BF16);
-    for tokens in [1, 3, 256] {
-        assert_few_flips(
-            cuda_vs_cpu(deep, tokens, MoePath::Device, false, s + 1),
-            "deep",
-        );
-    }
+    few_flips_at(&[1, 3, 256], deep, MoePath::Device, false, s + 1, "deep");
     // A deep router (hidden >= 2 × 1024): its K splits summed by the routing block; one
     // tile, half tiles and full tiles of tokens.
     let deep_router = config(3072, 64, 24, 3, Router::Softmax, DTypeKind::BF16);
-    for tokens in [1, 40, 200] {
-        assert_few_flips(
-            cuda_vs_cpu(deep_router, tokens, MoePath::Auto, true, s + 4),
-            "deep router",
-        );
-    }
+    few_flips_at(
+        &[1, 40, 200],
+        deep_router,
+        MoePath::Auto,
+        true,
+        s + 4,
+        "deep router",
+    );
     // The clustered router (Hopper, up to 64 tokens over at most 128 experts): a full
     // cluster of 8 blocks; one row tile (dispatched from shared memory) and several; a
     // last block with 4 of its 16 experts and the most slots a tile can hold (16 × 16).
     let clustered = config(256, 32, 128, 8, Router::Softmax, DTypeKind::BF16);
-    for tokens in [1, 16, 64] {
-        assert_few_flips(
-            cuda_vs_cpu(clustered, tokens, MoePath::Auto, true, s + 5),
-            "clustered",
-        );
-    }
+    few_flips_at(
+        &[1, 16, 64],
+        clustered,
+        MoePath::Auto,
+        true,
+        s + 5,
+        "clustered",
+    );
     let partial = config(64, 32, 100, 16, Router::Softmax, DTypeKind::BF16);
-    for tokens in [16, 50] {
-        assert_few_flips(
-            cuda_vs_cpu(partial, tokens, MoePath::Auto, true, s + 6),
-            "clustered, partial block",
-        );
-    }
+    few_flips_at(
+        &[16, 50],
+        partial,
+        MoePath::Auto,
+        true,
+        s + 6,
+        "clustered, partial block",
+    );
     // More experts than one router block routes: the separate softmax top-k kernel.
     let wide = config(64, 32, 300, 4, Router::Softmax, DTypeKind::BF16);
-    for tokens in [3, 40] {
-        assert_few_flips(
-            cuda_vs_cpu(wide, tokens, MoePath::Auto, true, s + 3),
-            "wide",
-        );
-    }
+    few_flips_at(&[3, 40], wide, MoePath::Auto, true, s + 3, "wide");
     let grouped = config(64, 48, 32, 4, GROUPED, DTypeKind::BF16);
-    for tokens in [1, 29, 200] {
-        assert_few_flips(
-            cuda_vs_cpu(grouped, tokens, MoePath::Auto, true, s + 2),
-            "grouped",
-        );
-    }
+    few_flips_at(
+        &[1, 29, 200],
+        grouped,
+        MoePath::Auto,
+        true,
+        s + 2,
+        "grouped",
+    );
 }
 
 #[test]
@@ -619,9 +623,7 @@ fn gpu_smem_moe_matches_cpu() {
 fn gpu_smem_moe_cublas_path_matches_cpu() {
     let s = seed("gpu_smem_moe_cublas_path_matches_cpu");
     let c = config(96, 64, 9, 2, Router::Softmax, DTypeKind::BF16);
-    for tokens in [1, 33, 300] {
-        assert_few_flips(cuda_vs_cpu(c, tokens, MoePath::Cublas, false, s), "cublas");
-    }
+    few_flips_at(&[1, 33, 300], c, MoePath::Cublas, false, s, "cublas");
 }
 
 #[test]
