@@ -25,6 +25,9 @@ use crate::kernels::{self, KernelSource};
 use super::activity::{self, ActivityKind};
 use super::{DeviceInfo, LibraryStatus};
 
+/// Dynamic shared memory a launch may ask for without opting its function in (48 KiB).
+const DEFAULT_DYNAMIC_SHARED: u32 = 48 * 1024;
+
 /// Which dynamically loaded CUDA libraries can be opened on this machine. Checked once.
 pub(crate) struct Libraries {
     pub driver: bool,
@@ -893,6 +896,16 @@ impl CudaDevice {
         // The lean path: no cuCtxGetCurrent when this thread already bound this context,
         // no events (warpdrive orders streams explicitly where it must).
         let t = activity::begin();
+        if shared_mem_bytes > DEFAULT_DYNAMIC_SHARED {
+            // Above the default limit a function must opt in to its dynamic shared memory
+            // (a host-side attribute; cheap, and allowed while a stream is captured).
+            self.lean("cuFuncSetAttribute", || {
+                f.set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    shared_mem_bytes as i32,
+                )
+            })?;
+        }
         let programmatic = programmatic && self.compute_capability().0 >= 9;
         if programmatic || cluster > 1 {
             // SAFETY: an all-zero CUlaunchAttribute is a valid value (plain integers and a

@@ -260,12 +260,13 @@ __device__ void moe_route_row(const float* row, u32 e, u32 k, int renorm, float*
 }
 
 // ---- the grouped GEMM: out[p, n] = Σ_k A[row(p), k] · W_e[n, k] for the permuted rows p of
-// each expert e (the work list's tiles). A block of 8 warps computes a tile
-// of 16·MT rows × 64·NG columns (each warp NG n8 groups; NG even) over one K split
-// (moe_mma_range). With splits > 1 each block stores its partial tile (f32) and the last block of a tile to
-// finish (a ticket per tile) sums the partials in split order, so results are deterministic.
-// Epilogues: 1 = SwiGLU of the interleaved gate/up columns into T act [rows, n/2], 2 = f32
-// out scaled by the routing weight of the row's slot. ----
+// each expert e (the work list's tiles). A block of 8 warps computes a tile over one K split:
+// the decode and middle tiles (16·MT rows × 64·NG columns, moe_gemm) load their fragments
+// straight from global memory; the prefill tile (64 × 128, moe_gemm_staged) stages A and W
+// through shared memory. With splits > 1 each block stores its partial tile (f32) and the
+// last block of a tile to finish (a ticket per tile) sums the partials in split order, so
+// results are deterministic. Epilogues: 1 = SwiGLU of the interleaved gate/up columns into T
+// act [rows, n/2], 2 = f32 out scaled by the routing weight of the row's slot. ----
 #define MOE_WARPS 8
 
 __device__ __forceinline__ void moe_prefetch_l2(const void* p) {
@@ -411,31 +412,152 @@ __device__ __forceinline__ void moe_mma_range(float (&acc)[MT][NG][4], const T* 
     }
 }
 
+// A block's tile of the work list: (item, n block) and K split from blockIdx.x, the item's
+// expert and rows. Without early_k it first waits for the previous kernel; false when the
+// grid's bound on items exceeds this pass's work list.
+struct MoeTile {
+    u32 split, tile, nb, expert, rows, row0, k_begin, k_end;
+};
+__device__ __forceinline__ bool moe_gemm_tile(const MoeGemm& p, u32 bm, u32 bn, MoeTile& t) {
+    const u32 n_blocks = (p.n + bn - 1) / bn;
+    t.split = blockIdx.x % p.splits;
+    t.tile = blockIdx.x / p.splits;  // (item, n block)
+    const u32 items_cap = gridDim.x / (p.splits * n_blocks);  // the grid's bound on items
+    t.nb = p.items_fastest ? t.tile / items_cap : t.tile % n_blocks;
+    const u32 item = p.items_fastest ? t.tile % items_cap : t.tile / n_blocks;
+    if (!p.early_k) wait_prior_grid();
+    // Through L2: under a programmatic launch these may be read before the wait.
+    if (item >= __ldcg(p.n_items)) return false;
+    t.expert = __ldcg(p.work + 2 * item);
+    const u32 m0 = __ldcg(p.work + 2 * item + 1);
+    t.rows = min(bm, __ldcg(p.counts + t.expert) - m0);
+    t.row0 = __ldcg(p.offsets + t.expert) + m0;
+    t.k_begin = t.split * p.k_split;
+    t.k_end = min(p.k, t.k_begin + p.k_split);
+    return true;
+}
+
+// The rest of a block's tile once its warps hold their accumulators: with splits > 1 the
+// partial tile goes to `partial` and the tile's last block sums them; then the epilogue. The
+// block is WM × WN warps (WM = 8 / WN), each MT m16 tiles × NG n8 groups: accumulator i of
+// (mt, ng) of warp w is row (w / WN)·16·MT + mt·16 + g + 8·(i / 2), column
+// nb·BN + (w % WN)·8·NG + ng·8 + 2q + i % 2 (BN = WN·8·NG). `red` holds 16·BN floats.
+template <typename T, int MT, int NG, int WN>
+__device__ void moe_gemm_finish(const MoeGemm& p, const MoeTile& t, float (&acc)[MT][NG][4],
+                                float* red) {
+    constexpr u32 BN = WN * NG * 8, WM = MOE_WARPS / WN;
+    const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const u32 g = lane >> 2, q = lane & 3u;
+    const u32 wrow = (warp / WN) * 16 * MT;
+    const u32 col0 = t.nb * BN + (warp % WN) * (NG * 8);
+    if (p.splits > 1) {
+        // Store this split's partial tile, then let the tile's last block reduce.
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const u32 r = wrow + mt * 16 + h * 8 + g;
+                if (r >= t.rows) continue;
+                float* dst = p.partial + ((u64)t.split * p.rows_cap + t.row0 + r) * p.n;
+#pragma unroll
+                for (int ng = 0; ng < NG; ++ng) {
+                    const u32 c = col0 + ng * 8 + 2 * q;
+                    // Scalar stores: an odd n leaves rows 4-byte aligned only.
+                    if (c < p.n) dst[c] = acc[mt][ng][2 * h];
+                    if (c + 1 < p.n) dst[c + 1] = acc[mt][ng][2 * h + 1];
+                }
+            }
+        if (!moe_arrive_last(&p.tickets[t.tile], p.splits)) return;
+        // The whole block sums the tile's partials (coalesced, 8 loads in flight per thread,
+        // added in split order), 16 rows at a time through shared memory back into the
+        // accumulator layout.
+        const u32 n_base = t.nb * BN;
+        const u64 stride = (u64)p.rows_cap * p.n;
+        for (u32 wm = 0; wm < WM; ++wm) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                const u32 r16 = wm * 16 * MT + mt * 16;
+                if (r16 >= t.rows) break;  // the same for every thread
+                for (u32 i = threadIdx.x; i < 16 * BN; i += blockDim.x) {
+                    const u32 r = i / BN, c = i % BN;
+                    float sum = 0.0f;
+                    if (r16 + r < t.rows && n_base + c < p.n) {
+                        const float* src = p.partial + ((u64)t.row0 + r16 + r) * p.n + n_base + c;
+                        u32 sp = 0;
+                        for (; sp + 8 <= p.splits; sp += 8) {
+                            float v[8];
+#pragma unroll
+                            for (int j = 0; j < 8; ++j) v[j] = __ldcg(src + (sp + j) * stride);
+#pragma unroll
+                            for (int j = 0; j < 8; ++j) sum += v[j];
+                        }
+                        for (; sp < p.splits; ++sp) sum += __ldcg(src + sp * stride);
+                    }
+                    red[i] = sum;
+                }
+                __syncthreads();
+                if (warp / WN == wm) {
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+#pragma unroll
+                        for (int ng = 0; ng < NG; ++ng) {
+                            const u32 c = (warp % WN) * (NG * 8) + ng * 8 + 2 * q;
+                            acc[mt][ng][2 * h] = red[(h * 8 + g) * BN + c];
+                            acc[mt][ng][2 * h + 1] = red[(h * 8 + g) * BN + c + 1];
+                        }
+                }
+                __syncthreads();
+            }
+        }
+    }
+
+    // Epilogue.
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const u32 r = wrow + mt * 16 + h * 8 + g;
+            if (r >= t.rows) continue;
+            const u32 prow = t.row0 + r;
+            if (p.epilogue == 1) {
+                // Group pair (2j, 2j + 1) of this warp = (gate, up) of act columns
+                // (col0 + 16j)/2 + 2q + {0, 1}.
+                const u32 half_n = p.n >> 1;
+#pragma unroll
+                for (int j = 0; j < NG / 2; ++j) {
+                    const u32 c = ((col0 + 16 * j) >> 1) + 2 * q;
+                    if (c < half_n) {
+                        T* dst = reinterpret_cast<T*>(p.out) + (u64)prow * half_n + c;
+                        dst[0] = from_f32<T>(moe_silu(acc[mt][2 * j][2 * h]) * acc[mt][2 * j + 1][2 * h]);
+                        dst[1] = from_f32<T>(moe_silu(acc[mt][2 * j][2 * h + 1]) * acc[mt][2 * j + 1][2 * h + 1]);
+                    }
+                }
+            } else {
+                const float scale = p.slot_weight[p.order[prow]];
+                float* dst = reinterpret_cast<float*>(p.out) + (u64)prow * p.n;
+#pragma unroll
+                for (int ng = 0; ng < NG; ++ng) {
+                    const u32 c = col0 + ng * 8 + 2 * q;
+                    if (c < p.n) dst[c] = acc[mt][ng][2 * h] * scale;
+                    if (c + 1 < p.n) dst[c + 1] = acc[mt][ng][2 * h + 1] * scale;
+                }
+            }
+        }
+}
+
+// The decode and middle tiles: 16·MT rows × 64·NG columns, each warp MT m16 tiles × NG n8
+// groups side by side, fragments straight from global memory (moe_mma_range).
 template <typename T, int MT, int MOE_NG, int U, bool LATE_A>
 __device__ void moe_gemm(const MoeGemm& p) {
     constexpr u32 MOE_BN = MOE_WARPS * MOE_NG * 8;
     const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-    const u32 n_blocks = (p.n + MOE_BN - 1) / MOE_BN;
-    const u32 split = blockIdx.x % p.splits;
-    const u32 tile = blockIdx.x / p.splits;  // (item, n block)
-    const u32 items_cap = gridDim.x / (p.splits * n_blocks);  // the grid's bound on items
-    const u32 nb = p.items_fastest ? tile / items_cap : tile % n_blocks;
-    const u32 item = p.items_fastest ? tile % items_cap : tile / n_blocks;
-    const u32 bm = 16 * MT;
-    if (!p.early_k) wait_prior_grid();
-    // Through L2: under a programmatic launch these may be read before the wait.
-    if (item >= __ldcg(p.n_items)) return;
-    const u32 expert = __ldcg(p.work + 2 * item);
-    const u32 m0 = __ldcg(p.work + 2 * item + 1);
-    const u32 rows = min(bm, __ldcg(p.counts + expert) - m0);
-    const u32 row0 = __ldcg(p.offsets + expert) + m0;
-    __shared__ float red[16][MOE_BN];  // split-K sums
-    const T* w = reinterpret_cast<const T*>(p.w) + (u64)expert * p.w_stride;
+    MoeTile t;
+    if (!moe_gemm_tile(p, 16 * MT, MOE_BN, t)) return;
+    __shared__ float red[16 * MOE_BN];  // split-K sums
+    const T* w = reinterpret_cast<const T*>(p.w) + (u64)t.expert * p.w_stride;
     const T* a = reinterpret_cast<const T*>(p.a);
     const u32 g = lane >> 2, q = lane & 3u;
-    const u32 col0 = nb * MOE_BN + warp * (MOE_NG * 8);
-    const u32 k_begin = split * p.k_split;
-    const u32 k_end = min(p.k, k_begin + p.k_split);
+    const u32 col0 = t.nb * MOE_BN + warp * (MOE_NG * 8);
 
     // This lane's A rows (g and g + 8 of each m16 tile) and W rows (column g of each n8 group).
     const T* a_ptr[MT][2];
@@ -445,8 +567,8 @@ __device__ void moe_gemm(const MoeGemm& p) {
         for (int h = 0; h < 2; ++h) {
             const u32 r = mt * 16 + h * 8 + g;
             a_ptr[mt][h] = nullptr;
-            if (r < rows) {
-                const u32 prow = row0 + r;
+            if (r < t.rows) {
+                const u32 prow = t.row0 + r;
                 const u32 src = p.a_rows ? __ldcg(p.a_rows + prow) : prow;
                 a_ptr[mt][h] = a + (u64)src * p.k;
             }
@@ -460,127 +582,193 @@ __device__ void moe_gemm(const MoeGemm& p) {
     if (p.early_k) {
         // The first early_k of this block's weights into L2 (the four lanes of a row take
         // every fourth 128-byte line) while the previous kernel finishes.
-        const u32 k_pf = min(k_end, k_begin + p.early_k);
+        const u32 k_pf = min(t.k_end, t.k_begin + p.early_k);
 #pragma unroll
         for (int ng = 0; ng < MOE_NG; ++ng)
             if (w_ptr[ng])
-                for (u32 kc = k_begin + q * 64; kc < k_pf; kc += 256) moe_prefetch_l2(w_ptr[ng] + kc);
+                for (u32 kc = t.k_begin + q * 64; kc < k_pf; kc += 256) moe_prefetch_l2(w_ptr[ng] + kc);
         wait_prior_grid();
     }
     release_next_grid();
 
     float acc[MT][MOE_NG][4];
-    moe_mma_range<T, MT, MOE_NG, U, LATE_A>(acc, a_ptr, w_ptr, k_begin, k_end, q);
+    moe_mma_range<T, MT, MOE_NG, U, LATE_A>(acc, a_ptr, w_ptr, t.k_begin, t.k_end, q);
+    moe_gemm_finish<T, MT, MOE_NG, MOE_WARPS>(p, t, acc, red);
+}
 
-    if (p.splits > 1) {
-        // Store this split's partial tile, then let the tile's last block reduce.
+// ---- the prefill tile: 64 rows × 128 columns, 8 warps as 2 (rows) × 4 (columns) of 32 × 32
+// (2 m16 tiles × 4 n8 groups). A and W pass through a MOE_STAGES-deep ring of cp.async
+// stages in dynamic shared memory, 64 k each (128-byte rows whose 16-byte chunks are XOR-
+// swizzled by row, so ldmatrix reads are conflict-free), and reach the tensor cores through
+// ldmatrix: the loads of the next stages stay in flight while the warps compute, instead of
+// each warp waiting on its own global loads. W of the first stages is requested before the
+// wait for the previous kernel (weights only; through L2). ----
+#define MOE_STAGES 4
+#define MOE_SBK 64
+#define MOE_SBM 64
+#define MOE_SBN 128
+#define MOE_STAGE_BYTES ((MOE_SBM + MOE_SBN) * MOE_SBK * 2)
+#define MOE_STAGED_SMEM (MOE_STAGES * MOE_STAGE_BYTES)
+
+__device__ __forceinline__ void moe_cp_async16(u32 dst, const void* src, u32 bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void moe_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void moe_cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
+__device__ __forceinline__ void moe_ldmatrix4(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
+
+template <typename T>
+__device__ void moe_gemm_staged(const MoeGemm& p) {
+    constexpr int MT = 2, NG = 4, WN = 4;
+    constexpr u32 A_BYTES = MOE_SBM * MOE_SBK * 2;
+    static_assert(WN * NG * 8 == MOE_SBN && (MOE_WARPS / WN) * MT * 16 == MOE_SBM, "tile");
+    extern __shared__ __align__(128) unsigned char moe_smem[];
+    MoeTile t;
+    if (!moe_gemm_tile(p, MOE_SBM, MOE_SBN, t)) return;
+    const T* w = reinterpret_cast<const T*>(p.w) + (u64)t.expert * p.w_stride;
+    const T* a = reinterpret_cast<const T*>(p.a);
+    const u32 tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
+    const u32 smem = (u32)__cvta_generic_to_shared(moe_smem);
+
+    // Loads: thread tid moves 16-byte chunk c = tid % 8 of tile rows r, r + 32, ... (r = tid / 8)
+    // each stage: 2 rows of A, 4 of W. Rows past the tile's rows or n, and k past k_end, are
+    // zero-filled.
+    const u32 c = tid & 7u, r = tid >> 3;
+    const u32 swz = (c ^ (r & 7u)) << 4;
+    const T* a_src[2];
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const u32 r = mt * 16 + h * 8 + g;
-                if (r >= rows) continue;
-                float* dst = p.partial + ((u64)split * p.rows_cap + row0 + r) * p.n;
-#pragma unroll
-                for (int ng = 0; ng < MOE_NG; ++ng) {
-                    const u32 c = col0 + ng * 8 + 2 * q;
-                    // Scalar stores: an odd n leaves rows 4-byte aligned only.
-                    if (c < p.n) dst[c] = acc[mt][ng][2 * h];
-                    if (c + 1 < p.n) dst[c + 1] = acc[mt][ng][2 * h + 1];
-                }
-            }
-        if (!moe_arrive_last(&p.tickets[tile], p.splits)) return;
-        // The whole block sums the tile's partials (coalesced, 8 loads in flight per thread,
-        // added in split order), one m16 tile at a time through shared memory back into the
-        // accumulator layout.
-        const u32 n_base = nb * MOE_BN;
-        const u64 stride = (u64)p.rows_cap * p.n;
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-            for (u32 i = threadIdx.x; i < 16 * MOE_BN; i += blockDim.x) {
-                const u32 r = i / MOE_BN, c = i % MOE_BN;
-                float sum = 0.0f;
-                if (mt * 16 + r < rows && n_base + c < p.n) {
-                    const float* src = p.partial + ((u64)row0 + mt * 16 + r) * p.n + n_base + c;
-                    u32 sp = 0;
-                    for (; sp + 8 <= p.splits; sp += 8) {
-                        float v[8];
-#pragma unroll
-                        for (int j = 0; j < 8; ++j) v[j] = __ldcg(src + (sp + j) * stride);
-#pragma unroll
-                        for (int j = 0; j < 8; ++j) sum += v[j];
-                    }
-                    for (; sp < p.splits; ++sp) sum += __ldcg(src + sp * stride);
-                }
-                red[r][c] = sum;
-            }
-            __syncthreads();
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-#pragma unroll
-                for (int ng = 0; ng < MOE_NG; ++ng) {
-                    const u32 c = warp * (MOE_NG * 8) + ng * 8 + 2 * q;
-                    acc[mt][ng][2 * h] = red[h * 8 + g][c];
-                    acc[mt][ng][2 * h + 1] = red[h * 8 + g][c + 1];
-                }
-            __syncthreads();
+    for (int i = 0; i < 2; ++i) {
+        const u32 row = r + 32 * i;
+        a_src[i] = nullptr;
+        if (row < t.rows) {
+            const u32 prow = t.row0 + row;
+            a_src[i] = a + (u64)(p.a_rows ? __ldcg(p.a_rows + prow) : prow) * p.k;
         }
     }
+    const T* w_src[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const u32 n = t.nb * MOE_SBN + r + 32 * i;
+        w_src[i] = n < p.n ? w + (u64)n * p.k : nullptr;
+    }
+    const u32 k_tiles = (t.k_end - t.k_begin + MOE_SBK - 1) / MOE_SBK;
+    auto load_w = [&](u32 kt) {
+        const u32 kc = t.k_begin + kt * MOE_SBK + c * 8;
+        const u32 dst = smem + (kt % MOE_STAGES) * MOE_STAGE_BYTES + A_BYTES + r * 128 + swz;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const bool ok = w_src[i] && kc < t.k_end;
+            moe_cp_async16(dst + i * 32 * 128, ok ? w_src[i] + kc : w, ok ? 16 : 0);
+        }
+    };
+    auto load_a = [&](u32 kt) {
+        const u32 kc = t.k_begin + kt * MOE_SBK + c * 8;
+        const u32 dst = smem + (kt % MOE_STAGES) * MOE_STAGE_BYTES + r * 128 + swz;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const bool ok = a_src[i] && kc < t.k_end;
+            moe_cp_async16(dst + i * 32 * 128, ok ? a_src[i] + kc : a, ok ? 16 : 0);
+        }
+    };
 
-    // Epilogue. Accumulator i of (mt, ng): row mt·16 + g + 8·(i / 2), column col0 + ng·8 + 2q + i % 2.
+    if (p.early_k) {
+        // The first early_k of this block's weights into L2 (the 8 threads of a row take
+        // every eighth 128-byte line) while the previous kernel finishes.
+        const u32 k_pf = min(t.k_end, t.k_begin + p.early_k);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            if (w_src[i])
+                for (u32 kc = t.k_begin + c * 64; kc < k_pf; kc += 512) moe_prefetch_l2(w_src[i] + kc);
+    }
+    // W of the first stages before the wait, A after it; stage s's data is then in groups
+    // 0..s, so waiting until at most MOE_STAGES - 2 groups are pending covers stage kt.
+#pragma unroll
+    for (u32 s = 0; s < MOE_STAGES - 1; ++s)
+        if (s < k_tiles) load_w(s);
+    if (p.early_k) wait_prior_grid();
+    release_next_grid();
+#pragma unroll
+    for (u32 s = 0; s < MOE_STAGES - 1; ++s) {
+        if (s < k_tiles) load_a(s);
+        moe_cp_async_commit();
+    }
+
+    // ldmatrix addresses: lane l feeds row l % 8 of matrix l / 8. A (m16 × k16): matrices
+    // (rows +0, k +0), (+8, +0), (+0, +8), (+8, +8) = a0..a3; W (n16 × k16): (n +0, k +0),
+    // (+0, +8), (+8, +0), (+8, +8) = b0, b1 of group 2j and of group 2j + 1.
+    const u32 wm = warp / WN, wn = warp % WN, mi = lane >> 3, l7 = lane & 7u;
+    u32 a_row[MT], w_row[NG / 2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) a_row[mt] = (wm * 32 + mt * 16 + (mi & 1u) * 8 + l7) * 128;
+#pragma unroll
+    for (int j = 0; j < NG / 2; ++j) w_row[j] = A_BYTES + (wn * 32 + j * 16 + (mi >> 1) * 8 + l7) * 128;
+    const u32 a_chunk = mi >> 1, w_chunk = mi & 1u;
+
+    float acc[MT][NG][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const u32 r = mt * 16 + h * 8 + g;
-            if (r >= rows) continue;
-            const u32 prow = row0 + r;
-            if (p.epilogue == 1) {
-                // Group pair (2j, 2j + 1) of this warp = (gate, up) of act columns
-                // (col0 + 16j)/2 + 2q + {0, 1}.
-                const u32 half_n = p.n >> 1;
+        for (int ng = 0; ng < NG; ++ng)
 #pragma unroll
-                for (int j = 0; j < MOE_NG / 2; ++j) {
-                    const u32 c = ((col0 + 16 * j) >> 1) + 2 * q;
-                    if (c < half_n) {
-                        T* dst = reinterpret_cast<T*>(p.out) + (u64)prow * half_n + c;
-                        dst[0] = from_f32<T>(moe_silu(acc[mt][2 * j][2 * h]) * acc[mt][2 * j + 1][2 * h]);
-                        dst[1] = from_f32<T>(moe_silu(acc[mt][2 * j][2 * h + 1]) * acc[mt][2 * j + 1][2 * h + 1]);
-                    }
-                }
-            } else {
-                const float scale = p.slot_weight[p.order[prow]];
-                float* dst = reinterpret_cast<float*>(p.out) + (u64)prow * p.n;
-#pragma unroll
-                for (int ng = 0; ng < MOE_NG; ++ng) {
-                    const u32 c = col0 + ng * 8 + 2 * q;
-                    if (c < p.n) dst[c] = acc[mt][ng][2 * h] * scale;
-                    if (c + 1 < p.n) dst[c + 1] = acc[mt][ng][2 * h + 1] * scale;
-                }
-            }
+            for (int i = 0; i < 4; ++i) acc[mt][ng][i] = 0.0f;
+
+    for (u32 kt = 0; kt < k_tiles; ++kt) {
+        moe_cp_async_wait<MOE_STAGES - 2>();
+        __syncthreads();  // stage kt landed for every thread; stage kt - 1 is free
+        const u32 next = kt + MOE_STAGES - 1;
+        if (next < k_tiles) {
+            load_w(next);
+            load_a(next);
         }
+        moe_cp_async_commit();
+        const u32 stage = smem + (kt % MOE_STAGES) * MOE_STAGE_BYTES;
+#pragma unroll
+        for (u32 kk = 0; kk < MOE_SBK / 16; ++kk) {
+            u32 af[MT][4], bf[NG / 2][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+                moe_ldmatrix4(af[mt], stage + a_row[mt] + (((kk * 2 + a_chunk) ^ l7) << 4));
+#pragma unroll
+            for (int j = 0; j < NG / 2; ++j)
+                moe_ldmatrix4(bf[j], stage + w_row[j] + (((kk * 2 + w_chunk) ^ l7) << 4));
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int ng = 0; ng < NG; ++ng)
+                    MoeMma<T>::run(acc[mt][ng], af[mt][0], af[mt][1], af[mt][2], af[mt][3],
+                                   bf[ng / 2][(ng & 1) * 2], bf[ng / 2][(ng & 1) * 2 + 1]);
+        }
+    }
+    moe_cp_async_wait<0>();
+    __syncthreads();  // the ring is free for the split-K sums
+    moe_gemm_finish<T, MT, NG, WN>(p, t, acc, reinterpret_cast<float*>(moe_smem));
 }
 
 // (MT m16 tiles, NG n8 groups per warp, U k-steps of loads in flight, LATE_A, blocks per SM):
 // two resident blocks keep 16 warps' loads in flight per SM for the decode tiles, each 8
 // steps of W deep (LATE_A; with GemmShape's one wave, against 4 steps with A held: qwen3 1
-// token 44.5 → 37.8 µs per forward, its gate/up GEMM 24.6 → 19.6 µs on the H200); the prefill
-// tile reuses each A fragment over 4 groups and each W fragment over 4 m-tiles (measured on
-// the H200 against NG 2 / U 1-2 / 2 blocks: 25% faster at 256 tokens of mixtral) and keeps 4
-// steps of W in flight with A loaded late (an L1 hit; mixtral 256 tokens per forward on the
-// H200, A/B in one run: 1794 µs with 2 steps and A held, 1616 with 3 late, 1571 with 4 late
-// (about 100 bytes of spills at 255 registers), 1630 with 5, 1882 with 8). The middle tile
-// (2 m16 tiles, two blocks per SM) keeps 3 steps in flight with A held (124 registers; per
-// forward on the H200 against 2 steps: qwen3 256 tokens 406 → 382 µs, deepseek 256 666 → 632,
-// gpt-oss 256 893 → 839, mixtral 64 833 → 794; 4 or 6 steps with A late no better overall).
+// token 44.5 → 37.8 µs per forward, its gate/up GEMM 24.6 → 19.6 µs on the H200). The middle
+// tile (2 m16 tiles, two blocks per SM) keeps 3 steps in flight with A held (per forward on
+// the H200 against 2 steps: qwen3 256 tokens 406 → 382 µs, deepseek 256 666 → 632, gpt-oss
+// 256 893 → 839, mixtral 64 833 → 794; 4 or 6 steps with A late no better overall). The
+// prefill tile used to be this kernel with 4 m16 tiles × 4 groups per warp (one block per SM
+// by registers, each warp stalled on its own loads): the staged tile took mixtral 256 tokens
+// from 1571 to 958 µs per forward on the H200.
 #define MOE_GEMM(T, MT, NG, U, LATE_A, B) \
     extern "C" __global__ void __launch_bounds__(256, B) moe_gemm_##T##_m##MT(MoeGemm p) { moe_gemm<T, MT, NG, U, LATE_A>(p); }
 MOE_GEMM(bf16, 1, 2, 8, true, 2)
 MOE_GEMM(bf16, 2, 2, 3, false, 2)
-MOE_GEMM(bf16, 4, 4, 4, true, 1)
 MOE_GEMM(f16, 1, 2, 8, true, 2)
 MOE_GEMM(f16, 2, 2, 3, false, 2)
-MOE_GEMM(f16, 4, 4, 4, true, 1)
+// The prefill tile (m4): two blocks per SM (96 KB of shared memory each).
+#define MOE_GEMM_STAGED(T) \
+    extern "C" __global__ void __launch_bounds__(256, 2) moe_gemm_##T##_m4(MoeGemm p) { moe_gemm_staged<T>(p); }
+MOE_GEMM_STAGED(bf16)
+MOE_GEMM_STAGED(f16)
 
 // ---- the router: logits [tokens, E] (f32) = x · gateᵀ (+ bias). A block of 16 warps
 // computes a tile of up to 16·MT rows × 8 columns over one of `splits` K ranges (grid: column

@@ -87,13 +87,16 @@ fn fused_route(c: &MoeConfig) -> bool {
     c.router == Router::Softmax && c.experts <= ROUTER_ROUTES_MAX
 }
 
-/// Columns per block of the grouped GEMM for `mt` m16 tiles (`MOE_BN` = 8 warps × NG n8
-/// groups, as the kernels are instantiated in `moe.cu`).
-fn gemm_bn(mt: usize) -> usize {
+/// Columns per block of the grouped GEMM (as the kernels are instantiated in `moe.cu`: 8
+/// warps × 2 n8 groups for m1 / m2, `MOE_SBN` for the staged prefill tile m4).
+const GEMM_BN: usize = 128;
+/// Dynamic shared memory of the grouped GEMM for `mt` m16 tiles (`MOE_STAGED_SMEM`: 4 stages
+/// of 64 × 64 A and 128 × 64 W for m4; none for m1 / m2).
+fn gemm_shared_bytes(mt: usize) -> u32 {
     if mt >= 4 {
-        256
+        4 * (64 + 128) * 64 * 2
     } else {
-        128
+        0
     }
 }
 /// Warps (tokens) per block of the grouped sigmoid router.
@@ -479,7 +482,7 @@ impl Plan {
         let down = GemmShape::new(
             c.hidden,
             c.intermediate,
-            (mt, gemm_bn(mt)),
+            (mt, GEMM_BN),
             (items, active),
             256,
             sms,
@@ -493,7 +496,7 @@ impl Plan {
             up: GemmShape::new(
                 2 * c.intermediate,
                 c.hidden,
-                (mt, gemm_bn(mt)),
+                (mt, GEMM_BN),
                 (items, active),
                 256,
                 sms,
@@ -1908,6 +1911,7 @@ impl Launcher {
         };
         let f = d.function(&MOE, GEMM_NAMES[self.dtype_index()?][mt])?;
         let grid = u32_of(shape.grid(), "GEMM blocks")?;
+        let shared = gemm_shared_bytes(shape.mt);
         let mut params = [&mut p as *mut GemmParams as *mut c_void];
         // SAFETY: moe_gemm_T_mMT(MoeGemm p): GemmParams is MoeGemm's C layout; `a` holds the
         // rows the work list names (row indices from the dispatch), `w` one n×k matrix per
@@ -1921,7 +1925,7 @@ impl Launcher {
                 &f,
                 (grid, 1, 1),
                 (GEMM_BLOCK, 1, 1),
-                0,
+                shared,
                 &mut params,
                 true,
                 1,
