@@ -68,8 +68,9 @@ enum Command {
         #[arg(short = 'o', long = "out", value_name = "DIR")]
         out: Option<PathBuf>,
     },
-    /// Run one MoE layer forward pass (bf16, seeded random weights, N(0,1) inputs) and print
-    /// the time of each stage, then the time of a whole pass as `forward` runs it.
+    /// Run one MoE layer forward pass (bf16; the `moe` bench suite's seeded weights and N(0,1)
+    /// input for that preset and token count) and print the time of each stage, then the time
+    /// of a whole pass as `forward` runs it.
     Moe {
         /// Layer shape: mixtral-8x7b, qwen3-30b-a3b, deepseek-v3-slice or gpt-oss-120b.
         #[arg(long, value_name = "NAME")]
@@ -150,21 +151,18 @@ fn main() -> Result<()> {
 }
 
 fn moe(preset: &str, tokens: usize, path: &str, device: &DeviceOpt) -> Result<()> {
-    use warpdrive::moe::{MoeConfig, MoeLayer, MoePath, MoeWeights};
+    use warpdrive::moe::{MoeLayer, MoePath};
     let path = match path {
         "auto" => MoePath::Auto,
         "device" => MoePath::Device,
         "cublas" => MoePath::Cublas,
         other => bail!("--path {other}: expected auto, device or cublas"),
     };
-    let config = MoeConfig::preset(preset)?;
+    let (config, weights, x) = bench::moe::case(preset, tokens)?;
     let device = device.open()?;
     let stream = device.new_stream()?;
-    let mut layer = MoeLayer::<half::bf16>::new(&stream, config, MoeWeights::Random { seed: 1 })?;
+    let mut layer = MoeLayer::<half::bf16>::new(&stream, config, weights)?;
     layer.set_path(path);
-    let x: Vec<half::bf16> = (0..tokens * config.hidden)
-        .map(|i| half::bf16::from_f32(((i * 7919 % 2000) as f32 / 1000.0) - 1.0))
-        .collect();
     let x = warpdrive::Buffer::from_host(&stream, &x)?;
     let mut y = warpdrive::Buffer::<half::bf16>::uninit(&stream, x.len())?;
     // Warm-up (kernel loads), then the staged pass.

@@ -17,7 +17,7 @@ mod derived;
 mod exec;
 mod kernels;
 pub mod memory;
-mod moe;
+pub mod moe;
 mod peers;
 mod report;
 mod results;

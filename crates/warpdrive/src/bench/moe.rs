@@ -95,6 +95,14 @@ impl Plan {
     }
 }
 
+/// The suite's pass of `preset`'s layer over `tokens` tokens: its seeded random weights and
+/// its N(0, 1) input (`warpdrive moe` runs the same pass, so its figures match the rows).
+pub fn case(preset: &str, tokens: usize) -> Result<(MoeConfig, MoeWeights, Vec<bf16>)> {
+    let config = MoeConfig::preset(preset)?;
+    let x = normal_bf16(SEED ^ tokens as u64, tokens * config.hidden);
+    Ok((config, MoeWeights::Random { seed: SEED }, x))
+}
+
 /// `n` bf16 values from N(0, 1) (Box–Muller), seeded.
 fn normal_bf16(seed: u64, n: usize) -> Vec<bf16> {
     let mut r = rand::rngs::StdRng::seed_from_u64(seed);

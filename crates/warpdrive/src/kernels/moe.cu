@@ -597,19 +597,13 @@ __device__ void moe_gemm(const MoeGemm& p) {
 }
 
 // ---- the prefill tile: 64 rows × 128 columns, 8 warps as 2 (rows) × 4 (columns) of 32 × 32
-// (2 m16 tiles × 4 n8 groups). A and W pass through a MOE_STAGES-deep ring of cp.async
-// stages in dynamic shared memory, 64 k each (128-byte rows whose 16-byte chunks are XOR-
-// swizzled by row, so ldmatrix reads are conflict-free), and reach the tensor cores through
-// ldmatrix: the loads of the next stages stay in flight while the warps compute, instead of
-// each warp waiting on its own global loads. W of the first stages is requested before the
-// wait for the previous kernel (weights only; through L2). ----
-#define MOE_STAGES 4
+// (2 m16 tiles × 4 n8 groups). A and W pass through a STAGES-deep ring of cp.async stages in
+// dynamic shared memory, 64 k each (128-byte rows whose 16-byte chunks are XOR-swizzled by
+// row, so ldmatrix reads are conflict-free), and reach the tensor cores through ldmatrix: the
+// loads of the next stages stay in flight while the warps compute, instead of each warp
+// waiting on its own global loads. W of the first stages is requested before the wait for
+// the previous kernel (weights only; through L2). ----
 #define MOE_SBK 64
-#define MOE_SBM 64
-#define MOE_SBN 128
-#define MOE_STAGE_BYTES ((MOE_SBM + MOE_SBN) * MOE_SBK * 2)
-#define MOE_STAGED_SMEM (MOE_STAGES * MOE_STAGE_BYTES)
-
 __device__ __forceinline__ void moe_cp_async16(u32 dst, const void* src, u32 bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(bytes) : "memory");
 }
@@ -621,57 +615,82 @@ __device__ __forceinline__ void moe_ldmatrix4(u32 (&r)[4], u32 addr) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
 }
 
-template <typename T>
+// One stage (64 k) of a warp's MMAs over its first LIVE m16 tiles (ldmatrix addresses as
+// set up in moe_gemm_staged).
+template <typename T, int LIVE, int MT, int NG>
+__device__ __forceinline__ void moe_staged_mma(float (&acc)[MT][NG][4], u32 stage, const u32 (&a_row)[MT],
+                                               const u32 (&w_row)[NG / 2], u32 a_chunk, u32 w_chunk, u32 l7) {
+#pragma unroll
+    for (u32 kk = 0; kk < MOE_SBK / 16; ++kk) {
+        u32 af[LIVE][4], bf[NG / 2][4];
+#pragma unroll
+        for (int mt = 0; mt < LIVE; ++mt)
+            moe_ldmatrix4(af[mt], stage + a_row[mt] + (((kk * 2 + a_chunk) ^ l7) << 4));
+#pragma unroll
+        for (int j = 0; j < NG / 2; ++j)
+            moe_ldmatrix4(bf[j], stage + w_row[j] + (((kk * 2 + w_chunk) ^ l7) << 4));
+#pragma unroll
+        for (int mt = 0; mt < LIVE; ++mt)
+#pragma unroll
+            for (int ng = 0; ng < NG; ++ng)
+                MoeMma<T>::run(acc[mt][ng], af[mt][0], af[mt][1], af[mt][2], af[mt][3],
+                               bf[ng / 2][(ng & 1) * 2], bf[ng / 2][(ng & 1) * 2 + 1]);
+    }
+}
+
+template <typename T, int MT, int NG, int WN, int STAGES>
 __device__ void moe_gemm_staged(const MoeGemm& p) {
-    constexpr int MT = 2, NG = 4, WN = 4;
-    constexpr u32 A_BYTES = MOE_SBM * MOE_SBK * 2;
-    static_assert(WN * NG * 8 == MOE_SBN && (MOE_WARPS / WN) * MT * 16 == MOE_SBM, "tile");
+    constexpr u32 BM = (MOE_WARPS / WN) * MT * 16, BN = WN * NG * 8;
+    constexpr u32 A_BYTES = BM * MOE_SBK * 2, STAGE_BYTES = (BM + BN) * MOE_SBK * 2;
     extern __shared__ __align__(128) unsigned char moe_smem[];
     MoeTile t;
-    if (!moe_gemm_tile(p, MOE_SBM, MOE_SBN, t)) return;
+    if (!moe_gemm_tile(p, BM, BN, t)) return;
     const T* w = reinterpret_cast<const T*>(p.w) + (u64)t.expert * p.w_stride;
     const T* a = reinterpret_cast<const T*>(p.a);
     const u32 tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
     const u32 smem = (u32)__cvta_generic_to_shared(moe_smem);
 
-    // Loads: thread tid moves 16-byte chunk c = tid % 8 of tile rows r, r + 32, ... (r = tid / 8)
-    // each stage: 2 rows of A, 4 of W. Rows past the tile's rows or n, and k past k_end, are
-    // zero-filled.
+    // Loads: thread tid moves 16-byte chunk c = tid % 8 of tile rows r, r + P, ... (r = tid / 8,
+    // P = threads / 8) each stage: BM / P rows of A, BN / P of W. Rows past the tile's rows or
+    // n, and k past k_end, are zero-filled.
+    constexpr u32 P = MOE_WARPS * 4;
+    constexpr int AR = BM / P, WR = BN / P;
+    static_assert(AR * P == BM && WR * P == BN, "whole rows per thread");
     const u32 c = tid & 7u, r = tid >> 3;
     const u32 swz = (c ^ (r & 7u)) << 4;
-    const T* a_src[2];
+    const T* a_src[AR];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const u32 row = r + 32 * i;
+    for (int i = 0; i < AR; ++i) {
+        const u32 row = r + P * i;
         a_src[i] = nullptr;
         if (row < t.rows) {
             const u32 prow = t.row0 + row;
             a_src[i] = a + (u64)(p.a_rows ? __ldcg(p.a_rows + prow) : prow) * p.k;
         }
     }
-    const T* w_src[4];
+    const T* w_src[WR];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const u32 n = t.nb * MOE_SBN + r + 32 * i;
+    for (int i = 0; i < WR; ++i) {
+        const u32 n = t.nb * BN + r + P * i;
         w_src[i] = n < p.n ? w + (u64)n * p.k : nullptr;
     }
     const u32 k_tiles = (t.k_end - t.k_begin + MOE_SBK - 1) / MOE_SBK;
     auto load_w = [&](u32 kt) {
         const u32 kc = t.k_begin + kt * MOE_SBK + c * 8;
-        const u32 dst = smem + (kt % MOE_STAGES) * MOE_STAGE_BYTES + A_BYTES + r * 128 + swz;
+        const u32 dst = smem + (kt % STAGES) * STAGE_BYTES + A_BYTES + r * 128 + swz;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
+        for (int i = 0; i < WR; ++i) {
             const bool ok = w_src[i] && kc < t.k_end;
-            moe_cp_async16(dst + i * 32 * 128, ok ? w_src[i] + kc : w, ok ? 16 : 0);
+            moe_cp_async16(dst + i * P * 128, ok ? w_src[i] + kc : w, ok ? 16 : 0);
         }
     };
     auto load_a = [&](u32 kt) {
         const u32 kc = t.k_begin + kt * MOE_SBK + c * 8;
-        const u32 dst = smem + (kt % MOE_STAGES) * MOE_STAGE_BYTES + r * 128 + swz;
+        const u32 dst = smem + (kt % STAGES) * STAGE_BYTES + r * 128 + swz;
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
+        for (int i = 0; i < AR; ++i) {
             const bool ok = a_src[i] && kc < t.k_end;
-            moe_cp_async16(dst + i * 32 * 128, ok ? a_src[i] + kc : a, ok ? 16 : 0);
+            moe_cp_async16(dst + i * P * 128, ok ? a_src[i] + kc : a, ok ? 16 : 0);
         }
     };
 
@@ -680,19 +699,19 @@ __device__ void moe_gemm_staged(const MoeGemm& p) {
         // every eighth 128-byte line) while the previous kernel finishes.
         const u32 k_pf = min(t.k_end, t.k_begin + p.early_k);
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
+        for (int i = 0; i < WR; ++i)
             if (w_src[i])
                 for (u32 kc = t.k_begin + c * 64; kc < k_pf; kc += 512) moe_prefetch_l2(w_src[i] + kc);
     }
     // W of the first stages before the wait, A after it; stage s's data is then in groups
-    // 0..s, so waiting until at most MOE_STAGES - 2 groups are pending covers stage kt.
+    // 0..s, so waiting until at most STAGES - 2 groups are pending covers stage kt.
 #pragma unroll
-    for (u32 s = 0; s < MOE_STAGES - 1; ++s)
+    for (u32 s = 0; s < STAGES - 1; ++s)
         if (s < k_tiles) load_w(s);
     if (p.early_k) wait_prior_grid();
     release_next_grid();
 #pragma unroll
-    for (u32 s = 0; s < MOE_STAGES - 1; ++s) {
+    for (u32 s = 0; s < STAGES - 1; ++s) {
         if (s < k_tiles) load_a(s);
         moe_cp_async_commit();
     }
@@ -703,11 +722,14 @@ __device__ void moe_gemm_staged(const MoeGemm& p) {
     const u32 wm = warp / WN, wn = warp % WN, mi = lane >> 3, l7 = lane & 7u;
     u32 a_row[MT], w_row[NG / 2];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) a_row[mt] = (wm * 32 + mt * 16 + (mi & 1u) * 8 + l7) * 128;
+    for (int mt = 0; mt < MT; ++mt) a_row[mt] = (wm * MT * 16 + mt * 16 + (mi & 1u) * 8 + l7) * 128;
 #pragma unroll
-    for (int j = 0; j < NG / 2; ++j) w_row[j] = A_BYTES + (wn * 32 + j * 16 + (mi >> 1) * 8 + l7) * 128;
+    for (int j = 0; j < NG / 2; ++j) w_row[j] = A_BYTES + (wn * NG * 8 + j * 16 + (mi >> 1) * 8 + l7) * 128;
     const u32 a_chunk = mi >> 1, w_chunk = mi & 1u;
 
+    static_assert(MT == 2, "live m16 tiles: MT or 1");
+    const u32 wr0 = wm * MT * 16;
+    const u32 live = t.rows > wr0 ? min((u32)MT, (t.rows - wr0 + 15) / 16) : 0;
     float acc[MT][NG][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -717,31 +739,20 @@ __device__ void moe_gemm_staged(const MoeGemm& p) {
             for (int i = 0; i < 4; ++i) acc[mt][ng][i] = 0.0f;
 
     for (u32 kt = 0; kt < k_tiles; ++kt) {
-        moe_cp_async_wait<MOE_STAGES - 2>();
+        moe_cp_async_wait<STAGES - 2>();
         __syncthreads();  // stage kt landed for every thread; stage kt - 1 is free
-        const u32 next = kt + MOE_STAGES - 1;
+        const u32 next = kt + STAGES - 1;
         if (next < k_tiles) {
             load_w(next);
             load_a(next);
         }
         moe_cp_async_commit();
-        const u32 stage = smem + (kt % MOE_STAGES) * MOE_STAGE_BYTES;
-#pragma unroll
-        for (u32 kk = 0; kk < MOE_SBK / 16; ++kk) {
-            u32 af[MT][4], bf[NG / 2][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-                moe_ldmatrix4(af[mt], stage + a_row[mt] + (((kk * 2 + a_chunk) ^ l7) << 4));
-#pragma unroll
-            for (int j = 0; j < NG / 2; ++j)
-                moe_ldmatrix4(bf[j], stage + w_row[j] + (((kk * 2 + w_chunk) ^ l7) << 4));
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int ng = 0; ng < NG; ++ng)
-                    MoeMma<T>::run(acc[mt][ng], af[mt][0], af[mt][1], af[mt][2], af[mt][3],
-                                   bf[ng / 2][(ng & 1) * 2], bf[ng / 2][(ng & 1) * 2 + 1]);
-        }
+        const u32 stage = smem + (kt % STAGES) * STAGE_BYTES;
+        // Only the m16 tiles that hold rows: a tile's last few rows cost a quarter of the MMAs.
+        if (live == MT)
+            moe_staged_mma<T, MT, MT, NG>(acc, stage, a_row, w_row, a_chunk, w_chunk, l7);
+        else if (live == 1)
+            moe_staged_mma<T, 1, MT, NG>(acc, stage, a_row, w_row, a_chunk, w_chunk, l7);
     }
     moe_cp_async_wait<0>();
     __syncthreads();  // the ring is free for the split-K sums
@@ -757,7 +768,12 @@ __device__ void moe_gemm_staged(const MoeGemm& p) {
 // 256 893 → 839, mixtral 64 833 → 794; 4 or 6 steps with A late no better overall). The
 // prefill tile used to be this kernel with 4 m16 tiles × 4 groups per warp (one block per SM
 // by registers, each warp stalled on its own loads): the staged tile took mixtral 256 tokens
-// from 1571 to 958 µs per forward on the H200.
+// from 1685 to 1190 µs per forward in the moe suite on the H200. Measured against it there
+// (per CLI forward, mixtral 256 tokens): 3 stages +1%, 5 stages (one block per SM) +25%,
+// 64 × 256 tiles of 32 × 64 per warp (one block per SM by registers) +6%, 128 × 128 tiles of
+// 16 warps (each expert's rows in one tile, W read once) +2%; ncu there: the gate/up GEMM at
+// 86% of L2 throughput (A re-read by every column block, tail tiles' W from L2), the down
+// projection's second wave only partly full.
 #define MOE_GEMM(T, MT, NG, U, LATE_A, B) \
     extern "C" __global__ void __launch_bounds__(256, B) moe_gemm_##T##_m##MT(MoeGemm p) { moe_gemm<T, MT, NG, U, LATE_A>(p); }
 MOE_GEMM(bf16, 1, 2, 8, true, 2)
@@ -766,7 +782,7 @@ MOE_GEMM(f16, 1, 2, 8, true, 2)
 MOE_GEMM(f16, 2, 2, 3, false, 2)
 // The prefill tile (m4): two blocks per SM (96 KB of shared memory each).
 #define MOE_GEMM_STAGED(T) \
-    extern "C" __global__ void __launch_bounds__(256, 2) moe_gemm_##T##_m4(MoeGemm p) { moe_gemm_staged<T>(p); }
+    extern "C" __global__ void __launch_bounds__(256, 2) moe_gemm_##T##_m4(MoeGemm p) { moe_gemm_staged<T, 2, 4, 4, 4>(p); }
 MOE_GEMM_STAGED(bf16)
 MOE_GEMM_STAGED(f16)
 
