@@ -298,6 +298,13 @@ impl CudaDevice {
             .max(0) as usize)
     }
 
+    /// The most shared memory one block may use once its function opts in (bytes).
+    pub fn shared_per_block_optin(&self) -> Result<usize> {
+        Ok(self
+            .attribute(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
+            .max(0) as usize)
+    }
+
     /// Turns a driver result into warpdrive's, marking the device lost on a sticky fault.
     pub(crate) fn check<T>(
         &self,
