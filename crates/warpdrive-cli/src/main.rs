@@ -81,6 +81,11 @@ enum Command {
         /// Implementation on CUDA: auto, device or cublas.
         #[arg(long, value_name = "PATH", default_value = "auto")]
         path: String,
+        /// Back-to-back passes the whole-pass time averages over (many show how the pass
+        /// holds up under sustained load).
+        #[arg(long, value_name = "N", default_value_t = 20,
+              value_parser = clap::value_parser!(u32).range(1..))]
+        reps: u32,
         #[command(flatten)]
         device: DeviceOpt,
     },
@@ -145,12 +150,13 @@ fn main() -> Result<()> {
             preset,
             tokens,
             path,
+            reps,
             device,
-        } => moe(&preset, tokens, &path, &device),
+        } => moe(&preset, tokens, &path, reps, &device),
     }
 }
 
-fn moe(preset: &str, tokens: usize, path: &str, device: &DeviceOpt) -> Result<()> {
+fn moe(preset: &str, tokens: usize, path: &str, reps: u32, device: &DeviceOpt) -> Result<()> {
     use warpdrive::moe::{MoeLayer, MoePath};
     let path = match path {
         "auto" => MoePath::Auto,
@@ -179,7 +185,6 @@ fn moe(preset: &str, tokens: usize, path: &str, device: &DeviceOpt) -> Result<()
     println!("  {:<16} {total:>10.1} us (eager, staged)", "sum");
     layer.forward_into(&x, &mut y)?;
     stream.synchronize()?;
-    let reps = 20;
     let t = std::time::Instant::now();
     for _ in 0..reps {
         layer.forward_into(&x, &mut y)?;
@@ -187,9 +192,9 @@ fn moe(preset: &str, tokens: usize, path: &str, device: &DeviceOpt) -> Result<()
     stream.synchronize()?;
     let stats = layer.last_stats();
     println!(
-        "  {:<16} {:>10.1} us per pass as forward runs it (graph: {}, host syncs: {}, launches: {})",
+        "  {:<16} {:>10.1} us per pass as forward runs it, {reps} back to back (graph: {}, host syncs: {}, launches: {})",
         "forward",
-        t.elapsed().as_secs_f64() * 1e6 / reps as f64,
+        t.elapsed().as_secs_f64() * 1e6 / f64::from(reps),
         stats.graph,
         stats.host_syncs,
         stats.launches
@@ -502,6 +507,36 @@ mod tests {
 
         let cli = parse(&["bench", "--list"]).unwrap();
         assert!(matches!(cli.command, Command::Bench { list: true, .. }));
+    }
+
+    #[test]
+    fn moe_args() {
+        let cli = parse(&["moe", "--preset", "mixtral-8x7b"]).unwrap();
+        let Command::Moe {
+            preset,
+            tokens,
+            path,
+            reps,
+            ..
+        } = cli.command
+        else {
+            panic!("not moe");
+        };
+        assert_eq!(
+            (preset.as_str(), tokens, path.as_str(), reps),
+            ("mixtral-8x7b", 1, "auto", 20)
+        );
+        let cli = parse(&["moe", "--preset", "q", "--tokens", "64", "--reps", "500"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Moe {
+                tokens: 64,
+                reps: 500,
+                ..
+            }
+        ));
+        assert!(parse(&["moe", "--preset", "q", "--reps", "0"]).is_err());
+        assert!(parse(&["moe"]).is_err());
     }
 
     #[test]
