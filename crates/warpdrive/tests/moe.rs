@@ -12,7 +12,7 @@
 mod common;
 
 use common::{cuda, random_f32, rng, seed};
-use half::bf16;
+use half::{bf16, f16};
 use warpdrive::moe::{
     HostWeights, MoeConfig, MoeLayer, MoePath, MoeWeights, Router, Routing, GRAPH_MAX_TOKENS,
 };
@@ -237,6 +237,13 @@ fn cpu_forward_matches_f64_reference() {
         None,
         3e-2,
         s + 50,
+    );
+    cpu_matches_reference::<f16>(
+        config(40, 24, 8, 2, Router::Softmax, DTypeKind::F16),
+        19,
+        None,
+        4e-3,
+        s + 60,
     );
 }
 
@@ -484,26 +491,40 @@ struct Compared {
     slots: usize,
 }
 
-/// CUDA vs CPU for one config and token count, same seeded weights and inputs. Tokens whose
-/// expert sets match are compared elementwise (bf16 tolerance); the others are counted.
+/// CUDA vs CPU for one config and token count, same seeded weights and inputs, in the
+/// config's element type (bf16 or f16). Tokens whose expert sets match are compared
+/// elementwise (bf16 tolerance, which bounds f16 too); the others are counted.
 fn cuda_vs_cpu(c: MoeConfig, tokens: usize, path: MoePath, graphs: bool, s: u64) -> Compared {
+    match c.dtype {
+        DTypeKind::F16 => cuda_vs_cpu_as::<f16>(c, tokens, path, graphs, s),
+        _ => cuda_vs_cpu_as::<bf16>(c, tokens, path, graphs, s),
+    }
+}
+
+fn cuda_vs_cpu_as<T: Float>(
+    c: MoeConfig,
+    tokens: usize,
+    path: MoePath,
+    graphs: bool,
+    s: u64,
+) -> Compared {
     let gpu = cuda();
     let gs = gpu.new_stream().unwrap();
     let cs = Device::cpu().new_stream().unwrap();
     let weights = MoeWeights::Random { seed: s };
-    let mut g = MoeLayer::<bf16>::new(&gs, c, weights.clone()).unwrap();
+    let mut g = MoeLayer::<T>::new(&gs, c, weights.clone()).unwrap();
     g.set_path(path);
     g.set_graphs(graphs);
-    let mut h = MoeLayer::<bf16>::new(&cs, c, weights).unwrap();
+    let mut h = MoeLayer::<T>::new(&cs, c, weights).unwrap();
     let hw = h.host_weights().unwrap();
     assert!(
         g.host_weights().unwrap() == hw,
         "weights differ between backends"
     );
-    let x: Vec<bf16> = narrow(&random_f32(&mut rng(s + 7), tokens * c.hidden));
+    let x: Vec<T> = narrow(&random_f32(&mut rng(s + 7), tokens * c.hidden));
     let xg = Buffer::from_host(&gs, &x).unwrap();
     let xc = Buffer::from_host(&cs, &x).unwrap();
-    let nan = vec![bf16::NAN; x.len()];
+    let nan = vec![T::from_f64(f64::NAN); x.len()];
     let mut yg = Buffer::from_host(&gs, &nan).unwrap();
     g.forward_into(&xg, &mut yg).unwrap();
     // Twice: the second pass replays the graph where there is one.
@@ -604,6 +625,10 @@ fn gpu_smem_moe_matches_cpu() {
         s + 6,
         "clustered, partial block",
     );
+    // f16 weights and activations: the decode, middle and prefill tiles and the clustered
+    // router (bf16 everywhere else).
+    let half = config(72, 40, 7, 3, Router::Softmax, DTypeKind::F16);
+    few_flips_at(&[1, 37, 301], half, MoePath::Device, true, s + 7, "f16");
     // More experts than one router block routes: the separate softmax top-k kernel.
     let wide = config(64, 32, 300, 4, Router::Softmax, DTypeKind::BF16);
     few_flips_at(&[3, 40], wide, MoePath::Auto, true, s + 3, "wide");
