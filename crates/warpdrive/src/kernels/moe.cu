@@ -597,12 +597,12 @@ __device__ void moe_gemm(const MoeGemm& p) {
 }
 
 // ---- the prefill tiles: 32·MT rows × 128 columns, 8 warps as 2 (rows) × 4 (columns) of
-// 16·MT × 32 (MT m16 tiles × 4 n8 groups). A and W pass through a STAGES-deep ring of cp.async stages in
-// dynamic shared memory, 64 k each (128-byte rows whose 16-byte chunks are XOR-swizzled by
-// row, so ldmatrix reads are conflict-free), and reach the tensor cores through ldmatrix: the
-// loads of the next stages stay in flight while the warps compute, instead of each warp
-// waiting on its own global loads. W of the first stages is requested before the wait for
-// the previous kernel (weights only; through L2). ----
+// 16·MT × 32 (MT m16 tiles × 4 n8 groups). A and W pass through a STAGES-deep ring of
+// cp.async stages in dynamic shared memory, 64 k each (128-byte rows whose 16-byte chunks are
+// XOR-swizzled by row, so ldmatrix reads are conflict-free), and reach the tensor cores
+// through ldmatrix: the loads of the next stages stay in flight while the warps compute,
+// instead of each warp waiting on its own global loads. W of the first stages is requested
+// before the wait for the previous kernel (weights only; through L2). ----
 #define MOE_SBK 64
 __device__ __forceinline__ void moe_cp_async16(u32 dst, const void* src, u32 bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(bytes) : "memory");
@@ -783,9 +783,9 @@ MOE_GEMM(bf16, 2, 2, 3, false, 2)
 MOE_GEMM(f16, 1, 2, 8, true, 2)
 MOE_GEMM(f16, 2, 2, 3, false, 2)
 // The prefill tiles: m4 = 64 rows (2 m16 tiles per warp, 96 KB of shared memory), m6 = 96
-// rows (3 per warp, 112 KB), two blocks per SM either way. The 96-row tile holds a whole
-// expert of up to 1.5× the average where experts average over 32 rows, so no tail tile reads
-// the weights again: on the H200, per CLI forward, mixtral 256 tokens 1058 → 773 µs (its down
+// rows (3 per warp, 112 KB), two blocks per SM either way. Where experts average over 32
+// rows the 96-row tile holds most experts whole, so fewer tail tiles read the weights again:
+// on the H200, per CLI forward, mixtral 256 tokens 1058 → 773 µs (its down
 // projection 417 → 262), qwen3 1024 (device path) 528 → 474; deepseek / gpt-oss 1024 (32
 // rows on average) 1% / 0.4% slower than with m4.
 #define MOE_GEMM_STAGED(T, NAME, MT) \
