@@ -273,6 +273,20 @@ __device__ __forceinline__ void moe_prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
 }
 
+// The first `early_k` k (from k_begin, below k_end) of a block's weight rows `rows` (null:
+// none) into L2 while the previous kernel finishes: this thread takes every `stride`-th
+// 128-byte line of each row from line `first` (the threads sharing a row split its lines).
+template <typename T, int R>
+__device__ __forceinline__ void moe_prefetch_rows_l2(const T* const (&rows)[R], u32 k_begin, u32 k_end,
+                                                     u32 early_k, u32 first, u32 stride) {
+    constexpr u32 LINE = 128 / sizeof(T);
+    const u32 k_pf = min(k_end, k_begin + early_k);
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+        if (rows[i])
+            for (u32 kc = k_begin + first * LINE; kc < k_pf; kc += stride * LINE) moe_prefetch_l2(rows[i] + kc);
+}
+
 // One arrival at a ticket shared by `arrivals` blocks; true in the last block to arrive,
 // which resets the ticket for the next launch. Every thread's writes before the call are
 // visible to the last block after it (a barrier, then thread 0's acq_rel atomic at GPU
@@ -580,13 +594,8 @@ __device__ void moe_gemm(const MoeGemm& p) {
         w_ptr[ng] = n < p.n ? w + (u64)n * p.k : nullptr;
     }
     if (p.early_k) {
-        // The first early_k of this block's weights into L2 (the four lanes of a row take
-        // every fourth 128-byte line) while the previous kernel finishes.
-        const u32 k_pf = min(t.k_end, t.k_begin + p.early_k);
-#pragma unroll
-        for (int ng = 0; ng < MOE_NG; ++ng)
-            if (w_ptr[ng])
-                for (u32 kc = t.k_begin + q * 64; kc < k_pf; kc += 256) moe_prefetch_l2(w_ptr[ng] + kc);
+        // The four lanes of a row split its lines.
+        moe_prefetch_rows_l2(w_ptr, t.k_begin, t.k_end, p.early_k, q, 4);
         wait_prior_grid();
     }
     release_next_grid();
@@ -694,15 +703,8 @@ __device__ void moe_gemm_staged(const MoeGemm& p) {
         }
     };
 
-    if (p.early_k) {
-        // The first early_k of this block's weights into L2 (the 8 threads of a row take
-        // every eighth 128-byte line) while the previous kernel finishes.
-        const u32 k_pf = min(t.k_end, t.k_begin + p.early_k);
-#pragma unroll
-        for (int i = 0; i < WR; ++i)
-            if (w_src[i])
-                for (u32 kc = t.k_begin + c * 64; kc < k_pf; kc += 512) moe_prefetch_l2(w_src[i] + kc);
-    }
+    // The 8 threads of a row split its lines.
+    if (p.early_k) moe_prefetch_rows_l2(w_src, t.k_begin, t.k_end, p.early_k, c, 8);
     // W of the first stages before the wait, A after it; stage s's data is then in groups
     // 0..s, so waiting until at most STAGES - 2 groups are pending covers stage kt.
 #pragma unroll

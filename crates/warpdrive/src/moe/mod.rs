@@ -430,7 +430,7 @@ impl RouterShape {
     }
 }
 
-/// What the launch shapes depend on in the device.
+/// What the launch shapes depend on in the device (read once per layer).
 #[derive(Debug, Clone, Copy)]
 struct Gpu {
     sms: usize,
@@ -439,6 +439,25 @@ struct Gpu {
     clusters: bool,
     /// The most shared memory a block may use (bytes, opted in).
     shared_per_block: usize,
+}
+
+impl Gpu {
+    fn of(stream: &Stream) -> Result<Gpu> {
+        Ok(match stream.cuda() {
+            Some((d, _)) => Gpu {
+                sms: d.sm_count() as usize,
+                l2_bytes: d.l2_cache_bytes()?,
+                clusters: d.compute_capability().0 >= 9,
+                shared_per_block: d.shared_per_block_optin()?,
+            },
+            None => Gpu {
+                sms: 1,
+                l2_bytes: 0,
+                clusters: false,
+                shared_per_block: 0,
+            },
+        })
+    }
 }
 
 /// The launch shapes of a forward pass over `tokens` tokens on the device path.
@@ -646,6 +665,7 @@ pub struct MoeLayer<T: Float> {
     path: MoePath,
     use_graphs: bool,
     last: ForwardStats,
+    gpu: Gpu,
 }
 
 impl<T: Float> std::fmt::Debug for MoeLayer<T> {
@@ -730,6 +750,7 @@ impl<T: Float> MoeLayer<T> {
             path: MoePath::Auto,
             use_graphs: true,
             last: ForwardStats::default(),
+            gpu: Gpu::of(stream)?,
         })
     }
 
@@ -1004,31 +1025,10 @@ impl<T: Float> MoeLayer<T> {
             .ok_or_else(|| Error::InvalidArgument("MoE workspace missing".into()))
     }
 
-    fn sms(&self) -> usize {
-        self.stream
-            .cuda()
-            .map(|(d, _)| d.sm_count() as usize)
-            .unwrap_or(1)
-    }
-
     /// The plan for `tokens`, with a workspace large enough (reallocated, dropping every
     /// graph, when it is not).
     fn prepare(&mut self, tokens: usize, cublas: bool) -> Result<Plan> {
-        let (l2_bytes, clusters, shared_per_block) = match self.stream.cuda() {
-            Some((d, _)) => (
-                d.l2_cache_bytes()?,
-                d.compute_capability().0 >= 9,
-                d.shared_per_block_optin()?,
-            ),
-            None => (0, false, 0),
-        };
-        let gpu = Gpu {
-            sms: self.sms(),
-            l2_bytes,
-            clusters,
-            shared_per_block,
-        };
-        let plan = Plan::new(&self.config, tokens, gpu);
+        let plan = Plan::new(&self.config, tokens, self.gpu);
         let fits = self.ws.as_ref().is_some_and(|w| {
             w.tokens >= tokens
                 && (!cublas || w.cublas.is_some())
@@ -1046,10 +1046,10 @@ impl<T: Float> MoeLayer<T> {
             };
             let cap = cap.max(self.ws.as_ref().map_or(0, |w| w.tokens));
             let mut plans: Vec<Plan> = (1..=cap.min(GRAPH_MAX_TOKENS))
-                .map(|t| Plan::new(&self.config, t, gpu))
+                .map(|t| Plan::new(&self.config, t, self.gpu))
                 .collect();
             plans.push(plan);
-            plans.push(Plan::new(&self.config, cap, gpu));
+            plans.push(Plan::new(&self.config, cap, self.gpu));
             let keep_cublas = self.ws.as_ref().is_some_and(|w| w.cublas.is_some());
             self.graphs.clear();
             self.ws = None;
