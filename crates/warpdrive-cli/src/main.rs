@@ -86,6 +86,10 @@ enum Command {
         #[arg(long, value_name = "N", default_value_t = 20,
               value_parser = clap::value_parser!(u32).range(1..))]
         reps: u32,
+        /// Keep the prefill tiles on the mma.sync kernels (what GPUs before Hopper run) where
+        /// Hopper's warpgroup MMA would take them.
+        #[arg(long)]
+        no_wgmma: bool,
         #[command(flatten)]
         device: DeviceOpt,
     },
@@ -151,12 +155,20 @@ fn main() -> Result<()> {
             tokens,
             path,
             reps,
+            no_wgmma,
             device,
-        } => moe(&preset, tokens, &path, reps, &device),
+        } => moe(&preset, tokens, &path, reps, !no_wgmma, &device),
     }
 }
 
-fn moe(preset: &str, tokens: usize, path: &str, reps: u32, device: &DeviceOpt) -> Result<()> {
+fn moe(
+    preset: &str,
+    tokens: usize,
+    path: &str,
+    reps: u32,
+    wgmma: bool,
+    device: &DeviceOpt,
+) -> Result<()> {
     use warpdrive::moe::{MoeLayer, MoePath};
     let path = match path {
         "auto" => MoePath::Auto,
@@ -169,14 +181,16 @@ fn moe(preset: &str, tokens: usize, path: &str, reps: u32, device: &DeviceOpt) -
     let stream = device.new_stream()?;
     let mut layer = MoeLayer::<half::bf16>::new(&stream, config, weights)?;
     layer.set_path(path);
+    layer.set_warpgroup_mma(wgmma);
     let x = warpdrive::Buffer::from_host(&stream, &x)?;
     let mut y = warpdrive::Buffer::<half::bf16>::uninit(&stream, x.len())?;
     // Warm-up (kernel loads), then the staged pass.
     layer.profile(&x, &mut y)?;
     let stages = layer.profile(&x, &mut y)?;
     println!(
-        "{preset}, {tokens} tokens on {} ({path:?}):",
-        device.label()
+        "{preset}, {tokens} tokens on {} ({path:?}{}):",
+        device.label(),
+        if wgmma { "" } else { ", no wgmma" }
     );
     let total: f64 = stages.iter().map(|(_, us)| us).sum();
     for (name, us) in &stages {
@@ -517,14 +531,15 @@ mod tests {
             tokens,
             path,
             reps,
+            no_wgmma,
             ..
         } = cli.command
         else {
             panic!("not moe");
         };
         assert_eq!(
-            (preset.as_str(), tokens, path.as_str(), reps),
-            ("mixtral-8x7b", 1, "auto", 20)
+            (preset.as_str(), tokens, path.as_str(), reps, no_wgmma),
+            ("mixtral-8x7b", 1, "auto", 20, false)
         );
         let cli = parse(&["moe", "--preset", "q", "--tokens", "64", "--reps", "500"]).unwrap();
         assert!(matches!(
@@ -535,6 +550,8 @@ mod tests {
                 ..
             }
         ));
+        let cli = parse(&["moe", "--preset", "q", "--no-wgmma"]).unwrap();
+        assert!(matches!(cli.command, Command::Moe { no_wgmma: true, .. }));
         assert!(parse(&["moe", "--preset", "q", "--reps", "0"]).is_err());
         assert!(parse(&["moe"]).is_err());
     }

@@ -491,30 +491,42 @@ struct Compared {
     slots: usize,
 }
 
-/// CUDA vs CPU for one config and token count, same seeded weights and inputs, in the
-/// config's element type (bf16 or f16). Tokens whose expert sets match are compared
-/// elementwise (bf16 tolerance, which bounds f16 too); the others are counted.
-fn cuda_vs_cpu(c: MoeConfig, tokens: usize, path: MoePath, graphs: bool, s: u64) -> Compared {
-    match c.dtype {
-        DTypeKind::F16 => cuda_vs_cpu_as::<f16>(c, tokens, path, graphs, s),
-        _ => cuda_vs_cpu_as::<bf16>(c, tokens, path, graphs, s),
+/// How the CUDA layer runs: its path, graphs on or off, and whether the prefill tiles may
+/// take Hopper's warpgroup MMA (off: the mma.sync kernels of older GPUs).
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    path: MoePath,
+    graphs: bool,
+    wgmma: bool,
+}
+
+const fn run(path: MoePath, graphs: bool) -> Run {
+    Run {
+        path,
+        graphs,
+        wgmma: true,
     }
 }
 
-fn cuda_vs_cpu_as<T: Float>(
-    c: MoeConfig,
-    tokens: usize,
-    path: MoePath,
-    graphs: bool,
-    s: u64,
-) -> Compared {
+/// CUDA vs CPU for one config and token count, same seeded weights and inputs, in the
+/// config's element type (bf16 or f16). Tokens whose expert sets match are compared
+/// elementwise (bf16 tolerance, which bounds f16 too); the others are counted.
+fn cuda_vs_cpu(c: MoeConfig, tokens: usize, r: Run, s: u64) -> Compared {
+    match c.dtype {
+        DTypeKind::F16 => cuda_vs_cpu_as::<f16>(c, tokens, r, s),
+        _ => cuda_vs_cpu_as::<bf16>(c, tokens, r, s),
+    }
+}
+
+fn cuda_vs_cpu_as<T: Float>(c: MoeConfig, tokens: usize, r: Run, s: u64) -> Compared {
     let gpu = cuda();
     let gs = gpu.new_stream().unwrap();
     let cs = Device::cpu().new_stream().unwrap();
     let weights = MoeWeights::Random { seed: s };
     let mut g = MoeLayer::<T>::new(&gs, c, weights.clone()).unwrap();
-    g.set_path(path);
-    g.set_graphs(graphs);
+    g.set_path(r.path);
+    g.set_graphs(r.graphs);
+    g.set_warpgroup_mma(r.wgmma);
     let mut h = MoeLayer::<T>::new(&cs, c, weights).unwrap();
     let hw = h.host_weights().unwrap();
     assert!(
@@ -551,7 +563,7 @@ fn cuda_vs_cpu_as<T: Float>(
             let bound = 3e-2 * mag[o] + 1e-3;
             assert!(
                 (vg - vc).abs() <= bound,
-                "token {t} col {o}: cuda {vg} cpu {vc} (bound {bound}) {c:?} tokens {tokens} {path:?}"
+                "token {t} col {o}: cuda {vg} cpu {vc} (bound {bound}) {c:?} tokens {tokens} {r:?}"
             );
         }
     }
@@ -572,9 +584,9 @@ fn assert_few_flips(r: Compared, what: &str) {
 }
 
 /// [`cuda_vs_cpu`] at each of `tokens`, each with few flips.
-fn few_flips_at(tokens: &[usize], c: MoeConfig, path: MoePath, graphs: bool, s: u64, what: &str) {
+fn few_flips_at(tokens: &[usize], c: MoeConfig, r: Run, s: u64, what: &str) {
     for &t in tokens {
-        assert_few_flips(cuda_vs_cpu(c, t, path, graphs, s), what);
+        assert_few_flips(cuda_vs_cpu(c, t, r, s), what);
     }
 }
 
@@ -584,23 +596,22 @@ fn gpu_smem_moe_matches_cpu() {
     let s = seed("gpu_smem_moe_matches_cpu");
     let small = config(72, 40, 7, 3, Router::Softmax, DTypeKind::BF16);
     let tokens = [1, 5, 37, GRAPH_MAX_TOKENS, GRAPH_MAX_TOKENS + 45];
-    few_flips_at(&tokens, small, MoePath::Auto, true, s, "small");
+    few_flips_at(&tokens, small, run(MoePath::Auto, true), s, "small");
     // Above the graph sizes Auto takes cuBLAS; the device kernels there (eager, 4 m-tiles).
     assert_few_flips(
-        cuda_vs_cpu(small, GRAPH_MAX_TOKENS + 45, MoePath::Device, true, s),
+        cuda_vs_cpu(small, GRAPH_MAX_TOKENS + 45, run(MoePath::Device, true), s),
         "small, device path",
     );
     // Split-K (deep rows, few tokens) and several m-tiles per expert (many tokens, 8 experts).
     let deep = config(1024, 256, 8, 2, Router::Softmax, DTypeKind::BF16);
-    few_flips_at(&[1, 3, 256], deep, MoePath::Device, false, s + 1, "deep");
+    few_flips_at(&[1, 3, 256], deep, run(MoePath::Device, false), s + 1, "deep");
     // A deep router (hidden >= 2 × 1024): its K splits summed by the routing block; one
     // tile, half tiles and full tiles of tokens.
     let deep_router = config(3072, 64, 24, 3, Router::Softmax, DTypeKind::BF16);
     few_flips_at(
         &[1, 40, 200],
         deep_router,
-        MoePath::Auto,
-        true,
+        run(MoePath::Auto, true),
         s + 4,
         "deep router",
     );
@@ -611,8 +622,7 @@ fn gpu_smem_moe_matches_cpu() {
     few_flips_at(
         &[1, 16, 64],
         clustered,
-        MoePath::Auto,
-        true,
+        run(MoePath::Auto, true),
         s + 5,
         "clustered",
     );
@@ -620,27 +630,45 @@ fn gpu_smem_moe_matches_cpu() {
     few_flips_at(
         &[16, 50],
         partial,
-        MoePath::Auto,
-        true,
+        run(MoePath::Auto, true),
         s + 6,
         "clustered, partial block",
     );
     // f16 weights and activations: the decode, middle and prefill tiles and the clustered
     // router (bf16 everywhere else).
     let half = config(72, 40, 7, 3, Router::Softmax, DTypeKind::F16);
-    few_flips_at(&[1, 37, 301], half, MoePath::Device, true, s + 7, "f16");
+    few_flips_at(&[1, 37, 301], half, run(MoePath::Device, true), s + 7, "f16");
     // More experts than one router block routes: the separate softmax top-k kernel.
     let wide = config(64, 32, 300, 4, Router::Softmax, DTypeKind::BF16);
-    few_flips_at(&[3, 40], wide, MoePath::Auto, true, s + 3, "wide");
+    few_flips_at(&[3, 40], wide, run(MoePath::Auto, true), s + 3, "wide");
     let grouped = config(64, 48, 32, 4, GROUPED, DTypeKind::BF16);
     few_flips_at(
         &[1, 29, 200],
         grouped,
-        MoePath::Auto,
-        true,
+        run(MoePath::Auto, true),
         s + 2,
         "grouped",
     );
+}
+
+/// The prefill tiles on mma.sync (what GPUs before Hopper run) where Hopper takes wgmma:
+/// the 96-row tile with split-K gate/up (deep, 256 tokens), the 64-row tile (grouped, 200),
+/// f16 (301) and the eager device path above the graph sizes.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_smem_moe_mma_sync_prefill_matches_cpu() {
+    let s = seed("gpu_smem_moe_mma_sync_prefill_matches_cpu");
+    let sync = |graphs| Run {
+        path: MoePath::Device,
+        graphs,
+        wgmma: false,
+    };
+    let deep = config(1024, 256, 8, 2, Router::Softmax, DTypeKind::BF16);
+    few_flips_at(&[256], deep, sync(false), s, "deep, mma.sync");
+    let grouped = config(64, 48, 32, 4, GROUPED, DTypeKind::BF16);
+    few_flips_at(&[200], grouped, sync(true), s + 1, "grouped, mma.sync");
+    let half = config(72, 40, 7, 3, Router::Softmax, DTypeKind::F16);
+    few_flips_at(&[301], half, sync(true), s + 2, "f16, mma.sync");
 }
 
 #[test]
@@ -648,7 +676,7 @@ fn gpu_smem_moe_matches_cpu() {
 fn gpu_smem_moe_cublas_path_matches_cpu() {
     let s = seed("gpu_smem_moe_cublas_path_matches_cpu");
     let c = config(96, 64, 9, 2, Router::Softmax, DTypeKind::BF16);
-    few_flips_at(&[1, 33, 300], c, MoePath::Cublas, false, s, "cublas");
+    few_flips_at(&[1, 33, 300], c, run(MoePath::Cublas, false), s, "cublas");
 }
 
 #[test]

@@ -104,6 +104,13 @@ pub struct Arch {
 }
 
 impl Arch {
+    /// Hopper's architecture-specific target (`wgmma`).
+    pub const SM_90A: Arch = Arch {
+        major: 9,
+        minor: 0,
+        specific: true,
+    };
+
     /// The target for a device of this compute capability: `sm_90a` on Hopper (so its own
     /// instructions are available), `sm_XY` elsewhere.
     pub fn from_compute_capability(major: u32, minor: u32) -> Arch {

@@ -291,18 +291,19 @@ __device__ __forceinline__ void moe_prefetch_rows_l2(const T* const (&rows)[R], 
 // which resets the ticket for the next launch. Every thread's writes before the call are
 // visible to the last block after it (a barrier, then thread 0's acq_rel atomic at GPU
 // scope: cheaper than a sequentially consistent __threadfence); that block reads them
-// through L2 (__ldcg), not through its possibly stale L1.
+// through L2 (__ldcg), not through its possibly stale L1. The answer reaches the block
+// through the barrier (__syncthreads_or), not a static shared word: the wgmma prefill tile
+// needs every byte of its shared memory (two blocks of 113 KB per SM).
 __device__ __forceinline__ bool moe_arrive_last(u32* ticket, u32 arrivals) {
-    __shared__ u32 last;
     __syncthreads();
+    int last = 0;
     if (threadIdx.x == 0) {
         u32 old;
         asm volatile("atom.add.acq_rel.gpu.u32 %0, [%1], 1;" : "=r"(old) : "l"(ticket) : "memory");
         last = old == arrivals - 1;
         if (last) *ticket = 0;
     }
-    __syncthreads();
-    return last;
+    return __syncthreads_or(last) != 0;
 }
 
 struct MoeGemm {
@@ -624,6 +625,91 @@ __device__ __forceinline__ void moe_ldmatrix4(u32 (&r)[4], u32 addr) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
 }
 
+// The cp.async loads of a prefill tile, BM rows of A and BN rows of W per 64-k stage into a
+// STAGES-deep ring (stage: A then W, 128-byte rows): thread tid moves 16-byte chunk
+// c = tid % 8 of tile rows r, r + P, ... (r = tid / 8, P = threads / 8), XOR-swizzled by row
+// (chunk c ^ r % 8). Rows past the tile's rows or n, and k past k_end, are zero-filled.
+template <typename T, u32 BM, u32 BN, u32 STAGES>
+struct MoeStageLoads {
+    static constexpr u32 P = MOE_WARPS * 4;
+    static constexpr int AR = BM / P, WR = BN / P;
+    static constexpr u32 A_BYTES = BM * MOE_SBK * 2, STAGE_BYTES = (BM + BN) * MOE_SBK * 2;
+    static_assert(AR * P == BM && WR * P == BN, "whole rows per thread");
+    const T* a;
+    const T* w;
+    const T* a_src[AR];
+    const T* w_src[WR];
+    u32 c, dst, k_begin, k_end, k_tiles;
+
+    __device__ __forceinline__ MoeStageLoads(const MoeGemm& p, const MoeTile& t, u32 smem) {
+        a = reinterpret_cast<const T*>(p.a);
+        w = reinterpret_cast<const T*>(p.w) + (u64)t.expert * p.w_stride;
+        c = threadIdx.x & 7u;
+        const u32 r = threadIdx.x >> 3;
+        dst = smem + r * 128 + ((c ^ (r & 7u)) << 4);
+#pragma unroll
+        for (int i = 0; i < AR; ++i) {
+            const u32 row = r + P * i;
+            a_src[i] = nullptr;
+            if (row < t.rows) {
+                const u32 prow = t.row0 + row;
+                a_src[i] = a + (u64)(p.a_rows ? __ldcg(p.a_rows + prow) : prow) * p.k;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < WR; ++i) {
+            const u32 n = t.nb * BN + r + P * i;
+            w_src[i] = n < p.n ? w + (u64)n * p.k : nullptr;
+        }
+        k_begin = t.k_begin;
+        k_end = t.k_end;
+        k_tiles = (k_end - k_begin + MOE_SBK - 1) / MOE_SBK;
+    }
+    __device__ __forceinline__ void load_w(u32 kt) const {
+        const u32 kc = k_begin + kt * MOE_SBK + c * 8, d = dst + (kt % STAGES) * STAGE_BYTES + A_BYTES;
+#pragma unroll
+        for (int i = 0; i < WR; ++i) {
+            const bool ok = w_src[i] && kc < k_end;
+            moe_cp_async16(d + i * P * 128, ok ? w_src[i] + kc : w, ok ? 16 : 0);
+        }
+    }
+    __device__ __forceinline__ void load_a(u32 kt) const {
+        const u32 kc = k_begin + kt * MOE_SBK + c * 8, d = dst + (kt % STAGES) * STAGE_BYTES;
+#pragma unroll
+        for (int i = 0; i < AR; ++i) {
+            const bool ok = a_src[i] && kc < k_end;
+            moe_cp_async16(d + i * P * 128, ok ? a_src[i] + kc : a, ok ? 16 : 0);
+        }
+    }
+    // The first STAGES - 1 stages: W (and the early-k L2 prefetch, the 8 threads of a row
+    // splitting its lines) before the wait for the previous kernel, A after it. Stage s's
+    // data is then in commit groups 0..s, so waiting until at most STAGES - 2 groups are
+    // pending covers stage kt; each later stage commits one group.
+    __device__ __forceinline__ void start(const MoeGemm& p) const {
+        if (p.early_k) moe_prefetch_rows_l2(w_src, k_begin, k_end, p.early_k, c, 8);
+#pragma unroll
+        for (u32 s = 0; s < STAGES - 1; ++s)
+            if (s < k_tiles) load_w(s);
+        if (p.early_k) wait_prior_grid();
+        release_next_grid();
+#pragma unroll
+        for (u32 s = 0; s < STAGES - 1; ++s) {
+            if (s < k_tiles) load_a(s);
+            moe_cp_async_commit();
+        }
+    }
+    // Requests stage kt + STAGES - 1 (or commits an empty group) once every thread is past
+    // stage kt - 1, whose slot it reuses.
+    __device__ __forceinline__ void next(u32 kt) const {
+        const u32 n = kt + STAGES - 1;
+        if (n < k_tiles) {
+            load_w(n);
+            load_a(n);
+        }
+        moe_cp_async_commit();
+    }
+};
+
 // One stage (64 k) of a warp's MMAs over its first LIVE m16 tiles (ldmatrix addresses as
 // set up in moe_gemm_staged).
 template <typename T, int LIVE, int MT, int NG>
@@ -650,73 +736,15 @@ __device__ __forceinline__ void moe_staged_mma(float (&acc)[MT][NG][4], u32 stag
 template <typename T, int MT, int NG, int WN, int STAGES>
 __device__ void moe_gemm_staged(const MoeGemm& p) {
     constexpr u32 BM = (MOE_WARPS / WN) * MT * 16, BN = WN * NG * 8;
-    constexpr u32 A_BYTES = BM * MOE_SBK * 2, STAGE_BYTES = (BM + BN) * MOE_SBK * 2;
+    using Loads = MoeStageLoads<T, BM, BN, STAGES>;
+    constexpr u32 A_BYTES = Loads::A_BYTES, STAGE_BYTES = Loads::STAGE_BYTES;
     extern __shared__ __align__(128) unsigned char moe_smem[];
     MoeTile t;
     if (!moe_gemm_tile(p, BM, BN, t)) return;
-    const T* w = reinterpret_cast<const T*>(p.w) + (u64)t.expert * p.w_stride;
-    const T* a = reinterpret_cast<const T*>(p.a);
-    const u32 tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
+    const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
     const u32 smem = (u32)__cvta_generic_to_shared(moe_smem);
-
-    // Loads: thread tid moves 16-byte chunk c = tid % 8 of tile rows r, r + P, ... (r = tid / 8,
-    // P = threads / 8) each stage: BM / P rows of A, BN / P of W. Rows past the tile's rows or
-    // n, and k past k_end, are zero-filled.
-    constexpr u32 P = MOE_WARPS * 4;
-    constexpr int AR = BM / P, WR = BN / P;
-    static_assert(AR * P == BM && WR * P == BN, "whole rows per thread");
-    const u32 c = tid & 7u, r = tid >> 3;
-    const u32 swz = (c ^ (r & 7u)) << 4;
-    const T* a_src[AR];
-#pragma unroll
-    for (int i = 0; i < AR; ++i) {
-        const u32 row = r + P * i;
-        a_src[i] = nullptr;
-        if (row < t.rows) {
-            const u32 prow = t.row0 + row;
-            a_src[i] = a + (u64)(p.a_rows ? __ldcg(p.a_rows + prow) : prow) * p.k;
-        }
-    }
-    const T* w_src[WR];
-#pragma unroll
-    for (int i = 0; i < WR; ++i) {
-        const u32 n = t.nb * BN + r + P * i;
-        w_src[i] = n < p.n ? w + (u64)n * p.k : nullptr;
-    }
-    const u32 k_tiles = (t.k_end - t.k_begin + MOE_SBK - 1) / MOE_SBK;
-    auto load_w = [&](u32 kt) {
-        const u32 kc = t.k_begin + kt * MOE_SBK + c * 8;
-        const u32 dst = smem + (kt % STAGES) * STAGE_BYTES + A_BYTES + r * 128 + swz;
-#pragma unroll
-        for (int i = 0; i < WR; ++i) {
-            const bool ok = w_src[i] && kc < t.k_end;
-            moe_cp_async16(dst + i * P * 128, ok ? w_src[i] + kc : w, ok ? 16 : 0);
-        }
-    };
-    auto load_a = [&](u32 kt) {
-        const u32 kc = t.k_begin + kt * MOE_SBK + c * 8;
-        const u32 dst = smem + (kt % STAGES) * STAGE_BYTES + r * 128 + swz;
-#pragma unroll
-        for (int i = 0; i < AR; ++i) {
-            const bool ok = a_src[i] && kc < t.k_end;
-            moe_cp_async16(dst + i * P * 128, ok ? a_src[i] + kc : a, ok ? 16 : 0);
-        }
-    };
-
-    // The 8 threads of a row split its lines.
-    if (p.early_k) moe_prefetch_rows_l2(w_src, t.k_begin, t.k_end, p.early_k, c, 8);
-    // W of the first stages before the wait, A after it; stage s's data is then in groups
-    // 0..s, so waiting until at most STAGES - 2 groups are pending covers stage kt.
-#pragma unroll
-    for (u32 s = 0; s < STAGES - 1; ++s)
-        if (s < k_tiles) load_w(s);
-    if (p.early_k) wait_prior_grid();
-    release_next_grid();
-#pragma unroll
-    for (u32 s = 0; s < STAGES - 1; ++s) {
-        if (s < k_tiles) load_a(s);
-        moe_cp_async_commit();
-    }
+    const Loads loads(p, t, smem);
+    loads.start(p);
 
     // ldmatrix addresses: lane l feeds row l % 8 of matrix l / 8. A (m16 × k16): matrices
     // (rows +0, k +0), (+8, +0), (+0, +8), (+8, +8) = a0..a3; W (n16 × k16): (n +0, k +0),
@@ -740,15 +768,10 @@ __device__ void moe_gemm_staged(const MoeGemm& p) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) acc[mt][ng][i] = 0.0f;
 
-    for (u32 kt = 0; kt < k_tiles; ++kt) {
+    for (u32 kt = 0; kt < loads.k_tiles; ++kt) {
         moe_cp_async_wait<STAGES - 2>();
         __syncthreads();  // stage kt landed for every thread; stage kt - 1 is free
-        const u32 next = kt + STAGES - 1;
-        if (next < k_tiles) {
-            load_w(next);
-            load_a(next);
-        }
-        moe_cp_async_commit();
+        loads.next(kt);
         const u32 stage = smem + (kt % STAGES) * STAGE_BYTES;
         // Only the m16 tiles that hold rows: a tile's last few rows cost a quarter of the MMAs.
         if (live == MT)
@@ -796,6 +819,255 @@ MOE_GEMM_STAGED(bf16, m4, 2)
 MOE_GEMM_STAGED(bf16, m6, 3)
 MOE_GEMM_STAGED(f16, m4, 2)
 MOE_GEMM_STAGED(f16, m6, 3)
+
+// ---- warpgroup MMA (sm_90a): D (64 × N, f32, N / 2 registers per thread) += A · Bᵀ with A
+// (64 × 16) and B (N × 16) K-major in shared memory behind 128-byte-swizzle descriptors. ----
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+template <typename T, int N> struct MoeWgmma;
+template <> struct MoeWgmma<bf16, 16> {
+    static __device__ __forceinline__ void run(float* d, u64 da, u64 db) {
+        asm volatile("{ .reg .pred p; setp.eq.u32 p, 1, 1; wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0; }"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                     : "l"(da), "l"(db));
+    }
+};
+template <> struct MoeWgmma<bf16, 32> {
+    static __device__ __forceinline__ void run(float* d, u64 da, u64 db) {
+        asm volatile("{ .reg .pred p; setp.eq.u32 p, 1, 1; wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0; }"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                     : "l"(da), "l"(db));
+    }
+};
+template <> struct MoeWgmma<bf16, 48> {
+    static __device__ __forceinline__ void run(float* d, u64 da, u64 db) {
+        asm volatile("{ .reg .pred p; setp.eq.u32 p, 1, 1; wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, %24, %25, p, 1, 1, 0, 0; }"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+                     : "l"(da), "l"(db));
+    }
+};
+template <> struct MoeWgmma<bf16, 64> {
+    static __device__ __forceinline__ void run(float* d, u64 da, u64 db) {
+        asm volatile("{ .reg .pred p; setp.eq.u32 p, 1, 1; wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0; }"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                     : "l"(da), "l"(db));
+    }
+};
+template <> struct MoeWgmma<bf16, 80> {
+    static __device__ __forceinline__ void run(float* d, u64 da, u64 db) {
+        asm volatile("{ .reg .pred p; setp.eq.u32 p, 1, 1; wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, %40, %41, p, 1, 1, 0, 0; }"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
+                     : "l"(da), "l"(db));
+    }
+};
+template <> struct MoeWgmma<bf16, 96> {
+    static __device__ __forceinline__ void run(float* d, u64 da, u64 db) {
+        asm volatile("{ .reg .pred p; setp.eq.u32 p, 1, 1; wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, %48, %49, p, 1, 1, 0, 0; }"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+                     : "l"(da), "l"(db));
+    }
+};
+template <> struct MoeWgmma<f16, 16> {
+    static __device__ __forceinline__ void run(float* d, u64 da, u64 db) {
+        asm volatile("{ .reg .pred p; setp.eq.u32 p, 1, 1; wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0; }"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                     : "l"(da), "l"(db));
+    }
+};
+template <> struct MoeWgmma<f16, 32> {
+    static __device__ __forceinline__ void run(float* d, u64 da, u64 db) {
+        asm volatile("{ .reg .pred p; setp.eq.u32 p, 1, 1; wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0; }"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                     : "l"(da), "l"(db));
+    }
+};
+template <> struct MoeWgmma<f16, 48> {
+    static __device__ __forceinline__ void run(float* d, u64 da, u64 db) {
+        asm volatile("{ .reg .pred p; setp.eq.u32 p, 1, 1; wgmma.mma_async.sync.aligned.m64n48k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, %24, %25, p, 1, 1, 0, 0; }"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+                     : "l"(da), "l"(db));
+    }
+};
+template <> struct MoeWgmma<f16, 64> {
+    static __device__ __forceinline__ void run(float* d, u64 da, u64 db) {
+        asm volatile("{ .reg .pred p; setp.eq.u32 p, 1, 1; wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0; }"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                     : "l"(da), "l"(db));
+    }
+};
+template <> struct MoeWgmma<f16, 80> {
+    static __device__ __forceinline__ void run(float* d, u64 da, u64 db) {
+        asm volatile("{ .reg .pred p; setp.eq.u32 p, 1, 1; wgmma.mma_async.sync.aligned.m64n80k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, %40, %41, p, 1, 1, 0, 0; }"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
+                     : "l"(da), "l"(db));
+    }
+};
+template <> struct MoeWgmma<f16, 96> {
+    static __device__ __forceinline__ void run(float* d, u64 da, u64 db) {
+        asm volatile("{ .reg .pred p; setp.eq.u32 p, 1, 1; wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, %48, %49, p, 1, 1, 0, 0; }"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+                     : "l"(da), "l"(db));
+    }
+};
+#endif
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Shared-memory descriptor of a K-major operand tile whose 128-byte rows are stored in the
+// 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8); tile base 1024-aligned):
+// leading byte offset unused (1), stride 1024 bytes between 8-row groups, layout 1 (SW128).
+__device__ __forceinline__ u64 moe_sw128_desc(u32 addr) {
+    return (u64)((addr & 0x3FFFFu) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
+__device__ __forceinline__ void moe_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void moe_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void moe_wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+__device__ __forceinline__ void moe_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// One 64-k stage of a warpgroup's MMAs: its 64 weight rows (A, at `wa`) times the tile's first
+// N token rows (B, at `xb`), 4 k16 steps (32 bytes along the swizzled rows each).
+template <typename T, int N, int NMAX>
+__device__ __forceinline__ void moe_wgmma_stage(float (&acc)[NMAX / 2], u32 wa, u32 xb) {
+#pragma unroll
+    for (u32 kk = 0; kk < MOE_SBK / 16; ++kk)
+        MoeWgmma<T, N>::run(acc, moe_sw128_desc(wa + kk * 32), moe_sw128_desc(xb + kk * 32));
+}
+
+// A prefill tile's k loop on wgmma for its first N token rows (one instance per N, so the
+// accumulators keep their registers across the asynchronous MMAs): the warpgroup's 64
+// weight rows start `wa` bytes into each stage.
+template <typename T, int N, int NMAX, u32 STAGES, typename Loads>
+__device__ __forceinline__ void moe_wgmma_k_loop(float (&acc)[NMAX / 2], const Loads& loads, u32 smem, u32 wa) {
+    for (u32 kt = 0; kt < loads.k_tiles; ++kt) {
+        moe_cp_async_wait<STAGES - 2>();
+        moe_fence_proxy_async();  // this thread's cp.async data, visible to the async proxy
+        __syncthreads();          // every thread's; and stage kt - 1's MMAs are done
+        loads.next(kt);
+        const u32 stage = smem + (kt % STAGES) * Loads::STAGE_BYTES;
+        moe_wgmma_fence();
+        moe_wgmma_stage<T, N, NMAX>(acc, stage + wa, stage);
+        moe_wgmma_commit();
+        moe_wgmma_wait0();
+    }
+}
+
+// The wgmma tile's results (accumulator i of a thread, warp w of its warpgroup, lane g·4 + q:
+// weight row 16w + g + 8·(i % 4 / 2), token row 8·(i / 4) + 2q + i % 2) go through shared
+// memory `c` (the free ring) to whole rows, so the split-K partials, their sums and the
+// epilogues move float4s along rows instead of scattered words (n % 8 == 0 on CUDA).
+// Partials are summed in split order by the tile's last block: results stay deterministic.
+template <typename T, u32 BM>
+__device__ void moe_wgmma_finish(const MoeGemm& p, const MoeTile& t, const float (&acc)[BM / 2], float* c) {
+    constexpr u32 BN = 128, LD = BN + 4;  // padded rows: the scattered writes hit 32 banks
+    const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3u;
+    const u32 nl = (warp >> 2) * 64 + (warp & 3u) * 16 + g;
+    __syncthreads();  // every warpgroup is done with the ring
+#pragma unroll
+    for (int i = 0; i < (int)BM / 2; ++i)
+        c[(8u * (i / 4) + 2u * q + i % 2) * LD + nl + 8u * ((i % 4) / 2)] = acc[i];
+    __syncthreads();
+    // Thread: float4 column `col` of rows r0, r0 + 8, ... (one warp per row).
+    const u32 col = lane * 4, r0 = warp, n = t.nb * BN + col;
+    const bool in_n = n < p.n;
+    if (p.splits > 1) {
+        for (u32 r = r0; r < t.rows; r += MOE_WARPS)
+            if (in_n)
+                *reinterpret_cast<float4*>(p.partial + ((u64)t.split * p.rows_cap + t.row0 + r) * p.n + n) =
+                    *reinterpret_cast<const float4*>(c + r * LD + col);
+        if (!moe_arrive_last(&p.tickets[t.tile], p.splits)) return;
+        const u64 stride = (u64)p.rows_cap * p.n;
+        for (u32 r = r0; r < t.rows; r += MOE_WARPS) {
+            if (!in_n) continue;
+            const float* src = p.partial + ((u64)t.row0 + r) * p.n + n;
+            float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (u32 sp = 0; sp < p.splits; ++sp) {
+                const float4 v = __ldcg(reinterpret_cast<const float4*>(src + sp * stride));
+                sum.x += v.x;
+                sum.y += v.y;
+                sum.z += v.z;
+                sum.w += v.w;
+            }
+            *reinterpret_cast<float4*>(c + r * LD + col) = sum;
+        }
+        __syncthreads();
+    }
+    if (p.epilogue == 1) {
+        // Weight rows 16m + j (gate) and 16m + 8 + j (up) make act column 8m + j: thread
+        // (16 per row) takes act columns 4·j4 .. 4·j4 + 3 of rows r, r + 16, ...
+        const u32 half_n = p.n >> 1, j4 = threadIdx.x & 15u, gate = (j4 >> 1) * 16 + (j4 & 1u) * 4;
+        const u32 act = (t.nb * BN >> 1) + 4 * j4;
+        if (act >= half_n) return;
+        for (u32 r = threadIdx.x >> 4; r < t.rows; r += 16) {
+            const float4 gv = *reinterpret_cast<const float4*>(c + r * LD + gate);
+            const float4 uv = *reinterpret_cast<const float4*>(c + r * LD + gate + 8);
+            const float o[4] = {moe_silu(gv.x) * uv.x, moe_silu(gv.y) * uv.y, moe_silu(gv.z) * uv.z,
+                                moe_silu(gv.w) * uv.w};
+            store_vec<T, 4>(reinterpret_cast<T*>(p.out) + (u64)(t.row0 + r) * half_n + act, pack_vec<T, 4>(o));
+        }
+    } else {
+        if (!in_n) return;
+        for (u32 r = r0; r < t.rows; r += MOE_WARPS) {
+            const u32 prow = t.row0 + r;
+            const float scale = p.slot_weight[p.order[prow]];
+            float4 v = *reinterpret_cast<const float4*>(c + r * LD + col);
+            v.x *= scale;
+            v.y *= scale;
+            v.z *= scale;
+            v.w *= scale;
+            *reinterpret_cast<float4*>(reinterpret_cast<float*>(p.out) + (u64)prow * p.n + n) = v;
+        }
+    }
+}
+
+// The prefill tile on Hopper's warpgroup MMA: the same work list, stages, loads and swizzled
+// shared memory as moe_gemm_staged (BM = 32·MT token rows × 128 weight rows, STAGES deep),
+// but the two warpgroups each multiply 64 weight rows (wgmma M) by the tile's live token rows
+// (wgmma N, rounded up to 16) straight from shared memory: no ldmatrix round trips through
+// registers, no MMAs on rows past the tile's rows. Accumulator i of a thread (warp w of its
+// warpgroup, lane g·4 + q): weight row 16w + g + 8·(i % 4 / 2), token row 8·(i / 4) + 2q + i % 2.
+template <typename T, int MT, int STAGES>
+__device__ void moe_gemm_wgmma(const MoeGemm& p) {
+    constexpr u32 BM = 32 * MT, BN = 128, NMAX = BM;
+    using Loads = MoeStageLoads<T, BM, BN, STAGES>;
+    constexpr u32 A_BYTES = Loads::A_BYTES, STAGE_BYTES = Loads::STAGE_BYTES;
+    static_assert(A_BYTES % 1024 == 0 && STAGE_BYTES % 1024 == 0, "SW128 tiles need 1024-byte alignment");
+    extern __shared__ __align__(128) unsigned char moe_smem[];
+    MoeTile t;
+    if (!moe_gemm_tile(p, BM, BN, t)) return;
+    const u32 warp = threadIdx.x >> 5;
+    // The stages from the first 1024-byte boundary (the launch asks for 1 KB more): an
+    // __align__(1024) declaration would pad every kernel's static shared memory instead.
+    const u32 base = (u32)__cvta_generic_to_shared(moe_smem), smem = (base + 1023u) & ~1023u;
+    const Loads loads(p, t, smem);
+    loads.start(p);
+
+    const u32 wg = warp >> 2;           // warpgroup: weight rows 64·wg ..
+    const u32 live16 = (t.rows + 15) / 16;  // token rows the MMAs cover, in 16s
+    float acc[NMAX / 2];
+#pragma unroll
+    for (int i = 0; i < NMAX / 2; ++i) acc[i] = 0.0f;
+
+    const u32 wa = A_BYTES + wg * 64 * 128;
+    switch (live16) {
+        case 1: moe_wgmma_k_loop<T, 16, NMAX, STAGES>(acc, loads, smem, wa); break;
+        case 2: moe_wgmma_k_loop<T, 32, NMAX, STAGES>(acc, loads, smem, wa); break;
+        case 3: moe_wgmma_k_loop<T, 48, NMAX, STAGES>(acc, loads, smem, wa); break;
+        case 4: moe_wgmma_k_loop<T, (NMAX >= 64 ? 64 : 16), NMAX, STAGES>(acc, loads, smem, wa); break;
+        case 5: moe_wgmma_k_loop<T, (NMAX >= 80 ? 80 : 16), NMAX, STAGES>(acc, loads, smem, wa); break;
+        default: moe_wgmma_k_loop<T, NMAX, NMAX, STAGES>(acc, loads, smem, wa); break;
+    }
+    moe_cp_async_wait<0>();
+    moe_wgmma_finish<T, BM>(p, t, acc, reinterpret_cast<float*>(moe_smem + (smem - base)));
+}
+
+#define MOE_GEMM_WGMMA(T, NAME, MT) \
+    extern "C" __global__ void __launch_bounds__(256, 2) moe_gemm_##T##_##NAME##w(MoeGemm p) { moe_gemm_wgmma<T, MT, 4>(p); }
+#else
+#define MOE_GEMM_WGMMA(T, NAME, MT) \
+    extern "C" __global__ void __launch_bounds__(256, 2) moe_gemm_##T##_##NAME##w(MoeGemm p) { __trap(); }
+#endif
+MOE_GEMM_WGMMA(bf16, m4, 2)
+MOE_GEMM_WGMMA(bf16, m6, 3)
+MOE_GEMM_WGMMA(f16, m4, 2)
+MOE_GEMM_WGMMA(f16, m6, 3)
 
 // ---- the router: logits [tokens, E] (f32) = x · gateᵀ (+ bias). A block of 16 warps
 // computes a tile of up to 16·MT rows × 8 columns over one of `splits` K ranges (grid: column

@@ -40,7 +40,7 @@ use crate::device::{cpu, GemmCall, Stream};
 use crate::dtype::{DType, DTypeKind, Float};
 use crate::error::{Error, Result};
 use crate::exec::graph::Graph;
-use crate::kernels::MOE;
+use crate::kernels::{Arch, MOE};
 use crate::memory::Buffer;
 use crate::ops::{self, Route};
 
@@ -91,10 +91,11 @@ fn fused_route(c: &MoeConfig) -> bool {
 /// warps × 2 n8 groups for m1 / m2, `MOE_SBN` for the staged prefill tile m4).
 const GEMM_BN: usize = 128;
 /// Dynamic shared memory of the grouped GEMM for `mt` m16 tiles: the staged prefill tiles (m4,
-/// m6) keep 4 stages of 16·mt × 64 A and [`GEMM_BN`] × 64 W (bf16 / f16); m1 / m2 none.
-fn gemm_shared_bytes(mt: usize) -> u32 {
+/// m6) keep 4 stages of 16·mt × 64 A and [`GEMM_BN`] × 64 W (bf16 / f16), on `wgmma` from a
+/// 1024-byte boundary (1 KB more to find it); m1 / m2 none.
+fn gemm_shared_bytes(mt: usize, wgmma: bool) -> u32 {
     if mt >= 4 {
-        (4 * (16 * mt + GEMM_BN) * 64 * 2) as u32
+        (4 * (16 * mt + GEMM_BN) * 64 * 2 + if wgmma { 1024 } else { 0 }) as u32
     } else {
         0
     }
@@ -294,6 +295,8 @@ struct GemmShape {
     /// Blocks take the tiles n block by n block, the work items fastest (`items_fastest` of
     /// `MoeGemm`), instead of item by item.
     items_fastest: bool,
+    /// A prefill tile (mt 4 or 6) on the warpgroup-MMA kernel (`moe_gemm_wgmma`).
+    wgmma: bool,
 }
 
 impl GemmShape {
@@ -341,6 +344,7 @@ impl GemmShape {
             splits: k.div_ceil(k_split).max(1),
             k_split,
             items_fastest,
+            wgmma: false,
         }
     }
     fn n_blocks(&self) -> usize {
@@ -439,6 +443,9 @@ struct Gpu {
     clusters: bool,
     /// The most shared memory a block may use (bytes, opted in).
     shared_per_block: usize,
+    /// The prefill tiles run on Hopper's warpgroup MMA (the MoE kernels are built for
+    /// sm_90a there), unless [`MoeLayer::set_warpgroup_mma`] turned it off.
+    wgmma: bool,
 }
 
 impl Gpu {
@@ -449,12 +456,14 @@ impl Gpu {
                 l2_bytes: d.l2_cache_bytes()?,
                 clusters: d.compute_capability().0 >= 9,
                 shared_per_block: d.shared_per_block_optin()?,
+                wgmma: MOE.arch_for(d.arch())? == Arch::SM_90A,
             },
             None => Gpu {
                 sms: 1,
                 l2_bytes: 0,
                 clusters: false,
                 shared_per_block: 0,
+                wgmma: false,
             },
         })
     }
@@ -499,39 +508,47 @@ impl Plan {
             l2_bytes,
             clusters,
             shared_per_block,
+            wgmma,
         } = gpu;
         let slots = tokens * c.top_k;
         let active = c.experts.min(slots).max(1);
         let mut mt = m_tiles(slots.div_ceil(active));
         // A prefill tile whose stages do not fit the device's shared memory (before compute
         // capability 9.0 many GPUs allow about 100 KB per block) gives way to a smaller one.
-        while mt >= 4 && gemm_shared_bytes(mt) as usize > shared_per_block {
+        while mt >= 4 && gemm_shared_bytes(mt, wgmma) as usize > shared_per_block {
             mt = if mt > 4 { 4 } else { 2 };
         }
+        let wgmma = wgmma && mt >= 4;
         let bm = 16 * mt;
         let items = active + slots / bm;
-        let down = GemmShape::new(
-            c.hidden,
-            c.intermediate,
-            (mt, GEMM_BN),
-            (items, active),
-            256,
-            sms,
-        );
+        let down = GemmShape {
+            wgmma,
+            ..GemmShape::new(
+                c.hidden,
+                c.intermediate,
+                (mt, GEMM_BN),
+                (items, active),
+                256,
+                sms,
+            )
+        };
         Plan {
             tokens,
             slots,
             bm,
             router: RouterShape::new(c, tokens, sms, clusters),
             down_early_k: down_prefetch(c, &down, active, l2_bytes, sms),
-            up: GemmShape::new(
-                2 * c.intermediate,
-                c.hidden,
-                (mt, GEMM_BN),
-                (items, active),
-                256,
-                sms,
-            ),
+            up: GemmShape {
+                wgmma,
+                ..GemmShape::new(
+                    2 * c.intermediate,
+                    c.hidden,
+                    (mt, GEMM_BN),
+                    (items, active),
+                    256,
+                    sms,
+                )
+            },
             down,
         }
     }
@@ -664,6 +681,8 @@ pub struct MoeLayer<T: Float> {
     w2: Buffer<T>,
     path: MoePath,
     use_graphs: bool,
+    /// The prefill tiles may take the warpgroup-MMA kernels (where `gpu.wgmma`).
+    warpgroup_mma: bool,
     last: ForwardStats,
     gpu: Gpu,
 }
@@ -749,6 +768,7 @@ impl<T: Float> MoeLayer<T> {
             w2,
             path: MoePath::Auto,
             use_graphs: true,
+            warpgroup_mma: true,
             last: ForwardStats::default(),
             gpu: Gpu::of(stream)?,
         })
@@ -770,6 +790,16 @@ impl<T: Float> MoeLayer<T> {
     /// Turns graph capture and replay on (the default) or off (every pass eager).
     pub fn set_graphs(&mut self, on: bool) {
         self.use_graphs = on;
+    }
+
+    /// Lets the prefill tiles (more than 16 rows per expert on average) run on Hopper's
+    /// warpgroup MMA (`wgmma`, the default where the GPU has it) or keeps them on the
+    /// `mma.sync` kernels every other GPU runs. Drops the captured graphs.
+    pub fn set_warpgroup_mma(&mut self, on: bool) {
+        if on != self.warpgroup_mma {
+            self.warpgroup_mma = on;
+            self.graphs.clear();
+        }
     }
 
     /// What the last forward pass cost the host.
@@ -1019,6 +1049,14 @@ impl<T: Float> MoeLayer<T> {
 
     // ---- the device path ----
 
+    /// The device as the plans see it (wgmma only where allowed).
+    fn plan_gpu(&self) -> Gpu {
+        Gpu {
+            wgmma: self.gpu.wgmma && self.warpgroup_mma,
+            ..self.gpu
+        }
+    }
+
     fn workspace(&self) -> Result<&Workspace<T>> {
         self.ws
             .as_ref()
@@ -1028,7 +1066,7 @@ impl<T: Float> MoeLayer<T> {
     /// The plan for `tokens`, with a workspace large enough (reallocated, dropping every
     /// graph, when it is not).
     fn prepare(&mut self, tokens: usize, cublas: bool) -> Result<Plan> {
-        let plan = Plan::new(&self.config, tokens, self.gpu);
+        let plan = Plan::new(&self.config, tokens, self.plan_gpu());
         let fits = self.ws.as_ref().is_some_and(|w| {
             w.tokens >= tokens
                 && (!cublas || w.cublas.is_some())
@@ -1046,10 +1084,10 @@ impl<T: Float> MoeLayer<T> {
             };
             let cap = cap.max(self.ws.as_ref().map_or(0, |w| w.tokens));
             let mut plans: Vec<Plan> = (1..=cap.min(GRAPH_MAX_TOKENS))
-                .map(|t| Plan::new(&self.config, t, self.gpu))
+                .map(|t| Plan::new(&self.config, t, self.plan_gpu()))
                 .collect();
             plans.push(plan);
-            plans.push(Plan::new(&self.config, cap, self.gpu));
+            plans.push(Plan::new(&self.config, cap, self.plan_gpu()));
             let keep_cublas = self.ws.as_ref().is_some_and(|w| w.cublas.is_some());
             self.graphs.clear();
             self.ws = None;
@@ -1629,6 +1667,13 @@ const ROUTER_NAMES: [[&str; 3]; 2] = [
 
 const ROUTER_CLUSTER_NAMES: [&str; 2] = ["moe_router_cluster_f16", "moe_router_cluster_bf16"];
 
+/// The prefill tiles on Hopper's warpgroup MMA (`moe_gemm_wgmma`; m4, m6), where the module
+/// is built for sm_90a.
+const GEMM_WGMMA_NAMES: [[&str; 2]; 2] = [
+    ["moe_gemm_f16_m4w", "moe_gemm_f16_m6w"],
+    ["moe_gemm_bf16_m4w", "moe_gemm_bf16_m6w"],
+];
+
 const GEMM_NAMES: [[&str; 4]; 2] = [
     [
         "moe_gemm_f16_m1",
@@ -1937,9 +1982,15 @@ impl Launcher {
             4 => 2,
             _ => 3,
         };
-        let f = d.function(&MOE, GEMM_NAMES[self.dtype_index()?][mt])?;
+        let t = self.dtype_index()?;
+        let name = if shape.wgmma {
+            GEMM_WGMMA_NAMES[t][mt - 2]
+        } else {
+            GEMM_NAMES[t][mt]
+        };
+        let f = d.function(&MOE, name)?;
         let grid = u32_of(shape.grid(), "GEMM blocks")?;
-        let shared = gemm_shared_bytes(shape.mt);
+        let shared = gemm_shared_bytes(shape.mt, shape.wgmma);
         let mut params = [&mut p as *mut GemmParams as *mut c_void];
         // SAFETY: moe_gemm_T_mMT(MoeGemm p): GemmParams is MoeGemm's C layout; `a` holds the
         // rows the work list names (row indices from the dispatch), `w` one n×k matrix per
