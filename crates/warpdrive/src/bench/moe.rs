@@ -3,8 +3,9 @@
 //!
 //! - case = preset name (`mixtral-8x7b`, `qwen3-30b-a3b`, `deepseek-v3-slice`,
 //!   `gpt-oss-120b`), size = tokens (1, 4, 16, 64, 256, 1024, 4096 on CUDA). Variants
-//!   `warpdrive` (device-driven grouped GEMMs in one CUDA graph up to 256 tokens, the cuBLAS
-//!   path above) and `warpdrive-cublas` (counts read back once, then cuBLAS: one grouped call
+//!   `warpdrive` (`MoePath::Auto`: device-driven grouped GEMMs, in one CUDA graph up to 256
+//!   tokens; above, eagerly, or the cuBLAS path where the experts' GEMMs are large, see
+//!   `AUTO_CUBLAS_MIN_FLOPS`) and `warpdrive-cublas` (counts read back once, then cuBLAS: one grouped call
 //!   per projection or one GEMM per expert, see `CUBLAS_GROUPED_MAX_FLOPS`; at every size);
 //!   the peer adds `torch-hf-eager` and `torch-grouped-mm`. Median / p10 / p90
 //!   in µs per forward over ≥ 200 passes. GB/s counts the bytes of the distinct experts the

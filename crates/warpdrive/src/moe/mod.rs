@@ -13,11 +13,14 @@
 //! by its routing weight; and the combine back to token order. The grouped GEMM
 //! (`kernels/moe.cu`) reads the per-expert counts from device memory, so for up to
 //! [`GRAPH_MAX_TOKENS`] tokens the whole layer is captured once per token count (and
-//! input/output buffer pair) as a CUDA graph and replayed. Above that, the default path reads
-//! the counts back once and runs the experts through cuBLAS: one grouped call per
-//! projection for many small experts, one GEMM per expert for large ones ([`CUBLAS_GROUPED_MAX_FLOPS`];
-//! [`MoeLayer::uses_cublas`]; [`MoePath::Cublas`] forces that path at every size for
-//! comparison).
+//! input/output buffer pair) as a CUDA graph and replayed. Above that, the default path runs
+//! the same kernels eagerly, or, where each expert's GEMMs are large
+//! ([`AUTO_CUBLAS_MIN_FLOPS`]; [`MoeLayer::uses_cublas`]), reads the counts back once and
+//! runs the experts through cuBLAS: one grouped call per projection for many small experts,
+//! one GEMM per expert for large ones ([`CUBLAS_GROUPED_MAX_FLOPS`]; [`MoePath::Cublas`]
+//! forces that path at every size for comparison). On Hopper the prefill tiles (more than 16
+//! rows per expert) run on the warpgroup MMA (`wgmma`) from the same shared-memory stages
+//! ([`MoeLayer::set_warpgroup_mma`]).
 //!
 //! On Hopper the grouped GEMMs and the combine are programmatic dependent launches: each
 //! starts while the kernel before it finishes and waits (`griddepcontrol.wait`) before it
@@ -53,6 +56,23 @@ pub const GRAPH_MAX_TOKENS: usize = 256;
 /// 1326 → 1098 (1.1); but gpt-oss 4096 2119 → 3402 (4.2) and mixtral 1024 1360 → 3028 (60):
 /// the grouped kernels lose to cuBLAS's per-shape choice once each GEMM is large.
 pub const CUBLAS_GROUPED_MAX_FLOPS: f64 = 2.5e9;
+/// Above [`GRAPH_MAX_TOKENS`] tokens, [`MoePath::Auto`] runs the experts through cuBLAS when
+/// the average expert's gate/up GEMM (its expected share of the routed rows) does more FLOPs
+/// than this, else the device kernels (eagerly, still without a host sync). Forward µs on the
+/// H200, device (wgmma) vs cuBLAS: mixtral 512 1241 vs 993 (30 GFLOP per expert), 1024 1936
+/// vs 1429 (60); but qwen3 1024 425 vs 558 (0.4), 4096 1184 vs 1497 (1.6), gpt-oss 1024 1614
+/// vs 1841 (1.1), 4096 3302 vs 3386 (4.2), deepseek 1024 1011 vs 1078 (0.2), 4096 2552 vs
+/// 2478 (0.9).
+pub const AUTO_CUBLAS_MIN_FLOPS: f64 = 8e9;
+
+/// [`MoePath::Auto`]'s choice of the cuBLAS path for `tokens` tokens.
+fn auto_takes_cublas(c: &MoeConfig, tokens: usize) -> bool {
+    let slots = tokens * c.top_k;
+    let rows = slots as f64 / c.experts.min(slots).max(1) as f64;
+    tokens > GRAPH_MAX_TOKENS
+        && 2.0 * rows * (2 * c.intermediate) as f64 * c.hidden as f64 > AUTO_CUBLAS_MIN_FLOPS
+}
+
 /// Graphs kept per layer (least recently used dropped first).
 const GRAPH_CACHE: usize = 32;
 /// Threads of the dispatch kernel (its `__launch_bounds__(1024)`).
@@ -242,8 +262,8 @@ impl MoeConfig {
 /// Which implementation a CUDA forward pass takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum MoePath {
-    /// The device-driven grouped GEMMs (graphs up to [`GRAPH_MAX_TOKENS`] tokens), cuBLAS
-    /// above.
+    /// The device-driven grouped GEMMs (graphs up to [`GRAPH_MAX_TOKENS`] tokens); above,
+    /// cuBLAS where the experts' GEMMs are large ([`AUTO_CUBLAS_MIN_FLOPS`]).
     #[default]
     Auto,
     /// The device-driven grouped GEMMs at every size (graphs up to [`GRAPH_MAX_TOKENS`]).
@@ -872,14 +892,13 @@ impl<T: Float> MoeLayer<T> {
 
     /// Whether a CUDA pass over `tokens` takes the cuBLAS path: always with
     /// [`MoePath::Cublas`], never with [`MoePath::Device`]; with [`MoePath::Auto`] above
-    /// [`GRAPH_MAX_TOKENS`] tokens (there one host sync is cheap, and on the H200 cuBLAS ran
-    /// every preset at 1024 and 4096 tokens at least as fast as the device kernels: qwen3
-    /// 1024 550 vs 837 µs, deepseek 1024 1058 vs 1534).
+    /// [`GRAPH_MAX_TOKENS`] tokens when the experts' GEMMs are large
+    /// ([`AUTO_CUBLAS_MIN_FLOPS`]).
     pub fn uses_cublas(&self, tokens: usize) -> bool {
         match self.path {
             MoePath::Cublas => true,
             MoePath::Device => false,
-            MoePath::Auto => tokens > GRAPH_MAX_TOKENS,
+            MoePath::Auto => auto_takes_cublas(&self.config, tokens),
         }
     }
 
@@ -2040,5 +2059,23 @@ impl Launcher {
         // and weights slots entries, out tokens·hidden; hidden % 8 == 0. It waits for the
         // previous kernel before it reads or writes anything.
         unsafe { ops::launch_as(d, cs, (&MOE, name), grid, 256, 0, args, true) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_path_takes_cublas_for_large_experts_above_the_graph_sizes() {
+        let p = |name| MoeConfig::preset(name).unwrap();
+        // The graph sizes stay on the device kernels whatever the experts.
+        assert!(!auto_takes_cublas(&p("mixtral-8x7b"), GRAPH_MAX_TOKENS));
+        assert!(auto_takes_cublas(&p("mixtral-8x7b"), GRAPH_MAX_TOKENS + 1));
+        assert!(auto_takes_cublas(&p("mixtral-8x7b"), 4096));
+        for name in ["qwen3-30b-a3b", "deepseek-v3-slice", "gpt-oss-120b"] {
+            assert!(!auto_takes_cublas(&p(name), 1024), "{name}");
+            assert!(!auto_takes_cublas(&p(name), 4096), "{name}");
+        }
     }
 }
