@@ -86,8 +86,8 @@ enum Command {
         #[arg(long, value_name = "N", default_value_t = 20,
               value_parser = clap::value_parser!(u32).range(1..))]
         reps: u32,
-        /// Keep the prefill tiles on the mma.sync kernels (what GPUs before Hopper run) where
-        /// Hopper's warpgroup MMA would take them.
+        /// Keep every GEMM tile on the mma.sync kernels (what GPUs before Hopper run) instead
+        /// of Hopper's warpgroup MMA.
         #[arg(long)]
         no_wgmma: bool,
         #[command(flatten)]

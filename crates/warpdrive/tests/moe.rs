@@ -606,6 +606,16 @@ fn gpu_smem_moe_matches_cpu() {
     // Split-K (deep rows, few tokens) and several m-tiles per expert (many tokens, 8 experts).
     let deep = config(1024, 256, 8, 2, Router::Softmax, DTypeKind::BF16);
     few_flips_at(&[1, 3, 256], deep, run(MoePath::Device, false), s + 1, "deep");
+    // Deep experts (intermediate >= 1024): on Hopper one row per expert takes the staged
+    // wgmma tile, its down projection split over K.
+    let deep_experts = config(256, 1024, 8, 2, Router::Softmax, DTypeKind::BF16);
+    few_flips_at(
+        &[1, 3, 40],
+        deep_experts,
+        run(MoePath::Device, true),
+        s + 8,
+        "deep experts",
+    );
     // A deep router (hidden >= 2 × 1024): its K splits summed by the routing block; one
     // tile, half tiles and full tiles of tokens.
     let deep_router = config(3072, 64, 24, 3, Router::Softmax, DTypeKind::BF16);
@@ -652,24 +662,28 @@ fn gpu_smem_moe_matches_cpu() {
     );
 }
 
-/// The prefill tiles on mma.sync (what GPUs before Hopper run) where Hopper takes wgmma:
-/// the 96-row tile with split-K gate/up (deep, 256 tokens), the 64-row tile (grouped, 200),
-/// f16 (301) and the eager device path above the graph sizes.
+/// Every tile on mma.sync (what GPUs before Hopper run; on Hopper the staged wgmma tiles
+/// take over from 2 rows per expert): the decode and middle tiles (small: 5 tokens put 3
+/// rows on each expert, 37 put 16), the 96-row tile with split-K gate/up (deep, 256
+/// tokens), the 64-row tile (grouped, 200), f16, and the eager device path above the graph
+/// sizes.
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn gpu_smem_moe_mma_sync_prefill_matches_cpu() {
-    let s = seed("gpu_smem_moe_mma_sync_prefill_matches_cpu");
+fn gpu_smem_moe_mma_sync_tiles_match_cpu() {
+    let s = seed("gpu_smem_moe_mma_sync_tiles_match_cpu");
     let sync = |graphs| Run {
         path: MoePath::Device,
         graphs,
         wgmma: false,
     };
+    let small = config(72, 40, 7, 3, Router::Softmax, DTypeKind::BF16);
+    few_flips_at(&[1, 5, 37, 301], small, sync(true), s + 3, "small, mma.sync");
     let deep = config(1024, 256, 8, 2, Router::Softmax, DTypeKind::BF16);
-    few_flips_at(&[256], deep, sync(false), s, "deep, mma.sync");
+    few_flips_at(&[3, 256], deep, sync(false), s, "deep, mma.sync");
     let grouped = config(64, 48, 32, 4, GROUPED, DTypeKind::BF16);
     few_flips_at(&[200], grouped, sync(true), s + 1, "grouped, mma.sync");
     let half = config(72, 40, 7, 3, Router::Softmax, DTypeKind::F16);
-    few_flips_at(&[301], half, sync(true), s + 2, "f16, mma.sync");
+    few_flips_at(&[1, 37, 301], half, sync(true), s + 2, "f16, mma.sync");
 }
 
 #[test]

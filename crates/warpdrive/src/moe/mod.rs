@@ -18,9 +18,9 @@
 //! ([`AUTO_CUBLAS_MIN_FLOPS`]; [`MoeLayer::uses_cublas`]), reads the counts back once and
 //! runs the experts through cuBLAS: one grouped call per projection for many small experts,
 //! one GEMM per expert for large ones ([`CUBLAS_GROUPED_MAX_FLOPS`]; [`MoePath::Cublas`]
-//! forces that path at every size for comparison). On Hopper the prefill tiles (more than 16
-//! rows per expert) run on the warpgroup MMA (`wgmma`) from the same shared-memory stages
-//! ([`MoeLayer::set_warpgroup_mma`]).
+//! forces that path at every size for comparison). On Hopper the staged tiles run on the
+//! warpgroup MMA (`wgmma`) from the same shared-memory stages and take over from the decode
+//! tiles at 2 rows per expert ([`MoeLayer::set_warpgroup_mma`]).
 //!
 //! On Hopper the grouped GEMMs and the combine are programmatic dependent launches: each
 //! starts while the kernel before it finishes and waits (`griddepcontrol.wait`) before it
@@ -72,6 +72,10 @@ fn auto_takes_cublas(c: &MoeConfig, tokens: usize) -> bool {
     tokens > GRAPH_MAX_TOKENS
         && 2.0 * rows * (2 * c.intermediate) as f64 * c.hidden as f64 > AUTO_CUBLAS_MIN_FLOPS
 }
+
+/// The least intermediate size at which one routed row per expert takes the staged wgmma
+/// tile (see `m_tiles`).
+const WGMMA_ONE_ROW_MIN_INTERMEDIATE: usize = 1024;
 
 /// Graphs kept per layer (least recently used dropped first).
 const GRAPH_CACHE: usize = 32;
@@ -463,7 +467,7 @@ struct Gpu {
     clusters: bool,
     /// The most shared memory a block may use (bytes, opted in).
     shared_per_block: usize,
-    /// The prefill tiles run on Hopper's warpgroup MMA (the MoE kernels are built for
+    /// The staged tiles run on Hopper's warpgroup MMA (the MoE kernels are built for
     /// sm_90a there), unless [`MoeLayer::set_warpgroup_mma`] turned it off.
     wgmma: bool,
 }
@@ -512,9 +516,21 @@ struct Plan {
 /// 32 rows on average the 96-row tile holds most groups whole — mixtral at 256 tokens puts
 /// 54–72 rows on each expert — where 64-row tiles left tail tiles: on the H200, 1058 → 773 µs
 /// per forward).
-fn m_tiles(rows: usize) -> usize {
+///
+/// With `wgmma` the staged 64-row tile (its MMAs cover only the live rows, its 4-stage ring
+/// keeps more weight bytes in flight than the decode tiles' register fragments) replaces
+/// the decode and middle tiles from 2 rows per expert, and at 1 row where the experts'
+/// `intermediate` depth keeps the ring busy. Forward µs on the H200, decode / middle tile →
+/// staged: qwen3 256 tokens (16 rows) 388 → 329, deepseek 256 (8) 916 → 789, gpt-oss 256
+/// (8) 1852 → 1519, mixtral 64 (16) 815 → 683, gpt-oss 64 (2) 1386 → 1277, mixtral 8 (2) 473
+/// → 439; at 1 row mixtral (14336) 195 → 180.5, gpt-oss 16 tokens (2880) 649 → 601, but
+/// deepseek (256) 38.8 → 42.0 and qwen3 (768) 35.6 → 36.1.
+fn m_tiles(rows: usize, wgmma: bool, intermediate: usize) -> usize {
     match rows {
-        0..=6 => 1,
+        0..=1 if wgmma && intermediate >= WGMMA_ONE_ROW_MIN_INTERMEDIATE => 4,
+        0..=1 => 1,
+        2..=32 if wgmma => 4,
+        2..=6 => 1,
         7..=16 => 2,
         17..=32 => 4,
         _ => 6,
@@ -532,7 +548,7 @@ impl Plan {
         } = gpu;
         let slots = tokens * c.top_k;
         let active = c.experts.min(slots).max(1);
-        let mut mt = m_tiles(slots.div_ceil(active));
+        let mut mt = m_tiles(slots.div_ceil(active), wgmma, c.intermediate);
         // A prefill tile whose stages do not fit the device's shared memory (before compute
         // capability 9.0 many GPUs allow about 100 KB per block) gives way to a smaller one.
         while mt >= 4 && gemm_shared_bytes(mt, wgmma) as usize > shared_per_block {
@@ -701,7 +717,7 @@ pub struct MoeLayer<T: Float> {
     w2: Buffer<T>,
     path: MoePath,
     use_graphs: bool,
-    /// The prefill tiles may take the warpgroup-MMA kernels (where `gpu.wgmma`).
+    /// The staged tiles may take the warpgroup-MMA kernels (where `gpu.wgmma`).
     warpgroup_mma: bool,
     last: ForwardStats,
     gpu: Gpu,
@@ -812,9 +828,10 @@ impl<T: Float> MoeLayer<T> {
         self.use_graphs = on;
     }
 
-    /// Lets the prefill tiles (more than 16 rows per expert on average) run on Hopper's
-    /// warpgroup MMA (`wgmma`, the default where the GPU has it) or keeps them on the
-    /// `mma.sync` kernels every other GPU runs. Drops the captured graphs.
+    /// Lets the staged tiles run on Hopper's warpgroup MMA (`wgmma`, the default where the
+    /// GPU has it; they then also take batches from 2 rows per expert, or 1 with deep experts,
+    /// from the decode tiles) or keeps every tile on the `mma.sync` kernels other GPUs run.
+    /// Drops the captured graphs.
     pub fn set_warpgroup_mma(&mut self, on: bool) {
         if on != self.warpgroup_mma {
             self.warpgroup_mma = on;
@@ -1686,7 +1703,7 @@ const ROUTER_NAMES: [[&str; 3]; 2] = [
 
 const ROUTER_CLUSTER_NAMES: [&str; 2] = ["moe_router_cluster_f16", "moe_router_cluster_bf16"];
 
-/// The prefill tiles on Hopper's warpgroup MMA (`moe_gemm_wgmma`; m4, m6), where the module
+/// The staged tiles on Hopper's warpgroup MMA (`moe_gemm_wgmma`; m4, m6), where the module
 /// is built for sm_90a.
 const GEMM_WGMMA_NAMES: [[&str; 2]; 2] = [
     ["moe_gemm_f16_m4w", "moe_gemm_f16_m6w"],
