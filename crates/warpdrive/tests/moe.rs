@@ -605,7 +605,13 @@ fn gpu_smem_moe_matches_cpu() {
     );
     // Split-K (deep rows, few tokens) and several m-tiles per expert (many tokens, 8 experts).
     let deep = config(1024, 256, 8, 2, Router::Softmax, DTypeKind::BF16);
-    few_flips_at(&[1, 3, 256], deep, run(MoePath::Device, false), s + 1, "deep");
+    few_flips_at(
+        &[1, 3, 256],
+        deep,
+        run(MoePath::Device, false),
+        s + 1,
+        "deep",
+    );
     // Deep experts (intermediate >= 1024): on Hopper one row per expert takes the staged
     // wgmma tile, its down projection split over K.
     let deep_experts = config(256, 1024, 8, 2, Router::Softmax, DTypeKind::BF16);
@@ -648,7 +654,13 @@ fn gpu_smem_moe_matches_cpu() {
     // f16 weights and activations: the decode, middle and prefill tiles and the clustered
     // router (bf16 everywhere else).
     let half = config(72, 40, 7, 3, Router::Softmax, DTypeKind::F16);
-    few_flips_at(&[1, 37, 301], half, run(MoePath::Device, true), s + 7, "f16");
+    few_flips_at(
+        &[1, 37, 301],
+        half,
+        run(MoePath::Device, true),
+        s + 7,
+        "f16",
+    );
     // More experts than one router block routes: the separate softmax top-k kernel.
     let wide = config(64, 32, 300, 4, Router::Softmax, DTypeKind::BF16);
     few_flips_at(&[3, 40], wide, run(MoePath::Auto, true), s + 3, "wide");
@@ -677,7 +689,13 @@ fn gpu_smem_moe_mma_sync_tiles_match_cpu() {
         wgmma: false,
     };
     let small = config(72, 40, 7, 3, Router::Softmax, DTypeKind::BF16);
-    few_flips_at(&[1, 5, 37, 301], small, sync(true), s + 3, "small, mma.sync");
+    few_flips_at(
+        &[1, 5, 37, 301],
+        small,
+        sync(true),
+        s + 3,
+        "small, mma.sync",
+    );
     let deep = config(1024, 256, 8, 2, Router::Softmax, DTypeKind::BF16);
     few_flips_at(&[3, 256], deep, sync(false), s, "deep, mma.sync");
     let grouped = config(64, 48, 32, 4, GROUPED, DTypeKind::BF16);
