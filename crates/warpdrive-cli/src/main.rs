@@ -90,6 +90,10 @@ enum Command {
         /// of Hopper's warpgroup MMA.
         #[arg(long)]
         no_wgmma: bool,
+        /// Run a one-token pass on the router, GEMM and combine kernels of larger batches
+        /// instead of the one-kernel decode.
+        #[arg(long)]
+        no_decode_kernel: bool,
         #[command(flatten)]
         device: DeviceOpt,
     },
@@ -156,8 +160,16 @@ fn main() -> Result<()> {
             path,
             reps,
             no_wgmma,
+            no_decode_kernel,
             device,
-        } => moe(&preset, tokens, &path, reps, !no_wgmma, &device),
+        } => moe(
+            &preset,
+            tokens,
+            &path,
+            reps,
+            (!no_wgmma, !no_decode_kernel),
+            &device,
+        ),
     }
 }
 
@@ -166,7 +178,7 @@ fn moe(
     tokens: usize,
     path: &str,
     reps: u32,
-    wgmma: bool,
+    (wgmma, decode): (bool, bool),
     device: &DeviceOpt,
 ) -> Result<()> {
     use warpdrive::moe::{MoeLayer, MoePath};
@@ -182,15 +194,17 @@ fn moe(
     let mut layer = MoeLayer::<half::bf16>::new(&stream, config, weights)?;
     layer.set_path(path);
     layer.set_warpgroup_mma(wgmma);
+    layer.set_decode_kernel(decode);
     let x = warpdrive::Buffer::from_host(&stream, &x)?;
     let mut y = warpdrive::Buffer::<half::bf16>::uninit(&stream, x.len())?;
     // Warm-up (kernel loads), then the staged pass.
     layer.profile(&x, &mut y)?;
     let stages = layer.profile(&x, &mut y)?;
     println!(
-        "{preset}, {tokens} tokens on {} ({path:?}{}):",
+        "{preset}, {tokens} tokens on {} ({path:?}{}{}):",
         device.label(),
-        if wgmma { "" } else { ", no wgmma" }
+        if wgmma { "" } else { ", no wgmma" },
+        if decode { "" } else { ", no decode kernel" }
     );
     let total: f64 = stages.iter().map(|(_, us)| us).sum();
     for (name, us) in &stages {
@@ -552,6 +566,15 @@ mod tests {
         ));
         let cli = parse(&["moe", "--preset", "q", "--no-wgmma"]).unwrap();
         assert!(matches!(cli.command, Command::Moe { no_wgmma: true, .. }));
+        let cli = parse(&["moe", "--preset", "q", "--no-decode-kernel"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Moe {
+                no_decode_kernel: true,
+                no_wgmma: false,
+                ..
+            }
+        ));
         assert!(parse(&["moe", "--preset", "q", "--reps", "0"]).is_err());
         assert!(parse(&["moe"]).is_err());
     }

@@ -491,13 +491,15 @@ struct Compared {
     slots: usize,
 }
 
-/// How the CUDA layer runs: its path, graphs on or off, and whether the prefill tiles may
-/// take Hopper's warpgroup MMA (off: the mma.sync kernels of older GPUs).
+/// How the CUDA layer runs: its path, graphs on or off, whether the prefill tiles may take
+/// Hopper's warpgroup MMA (off: the mma.sync kernels of older GPUs) and one-token passes
+/// the decode kernel (off: the kernels of larger batches).
 #[derive(Debug, Clone, Copy)]
 struct Run {
     path: MoePath,
     graphs: bool,
     wgmma: bool,
+    decode: bool,
 }
 
 const fn run(path: MoePath, graphs: bool) -> Run {
@@ -505,6 +507,7 @@ const fn run(path: MoePath, graphs: bool) -> Run {
         path,
         graphs,
         wgmma: true,
+        decode: true,
     }
 }
 
@@ -527,6 +530,7 @@ fn cuda_vs_cpu_as<T: Float>(c: MoeConfig, tokens: usize, r: Run, s: u64) -> Comp
     g.set_path(r.path);
     g.set_graphs(r.graphs);
     g.set_warpgroup_mma(r.wgmma);
+    g.set_decode_kernel(r.decode);
     let mut h = MoeLayer::<T>::new(&cs, c, weights).unwrap();
     let hw = h.host_weights().unwrap();
     assert!(
@@ -687,6 +691,7 @@ fn gpu_smem_moe_mma_sync_tiles_match_cpu() {
         path: MoePath::Device,
         graphs,
         wgmma: false,
+        decode: false,
     };
     let small = config(72, 40, 7, 3, Router::Softmax, DTypeKind::BF16);
     few_flips_at(
@@ -702,6 +707,68 @@ fn gpu_smem_moe_mma_sync_tiles_match_cpu() {
     few_flips_at(&[200], grouped, sync(true), s + 1, "grouped, mma.sync");
     let half = config(72, 40, 7, 3, Router::Softmax, DTypeKind::F16);
     few_flips_at(&[1, 37, 301], half, sync(true), s + 2, "f16, mma.sync");
+}
+
+/// The one-token decode kernel: more experts than warps per gate row (router segments),
+/// 256 experts with k = 16, k = E with act rows of two chunks (the down rows of several
+/// ranks in one lane step) and long gate rows (hidden 9008), act rows of 16384 (k = 1) and
+/// 8192 (k = 3; on Hopper these deep experts take the staged wgmma tile, so they run with
+/// wgmma off), f16 without renormalization; each also on the kernels of larger batches.
+/// The eager pass is one launch.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_smem_moe_decode_kernel_matches_cpu() {
+    let s = seed("gpu_smem_moe_decode_kernel_matches_cpu");
+    let cases = [
+        (
+            config(2056, 40, 200, 8, Router::Softmax, DTypeKind::BF16),
+            "200 experts",
+        ),
+        (
+            config(256, 32, 256, 16, Router::Softmax, DTypeKind::BF16),
+            "256 experts",
+        ),
+        (
+            config(9008, 16, 6, 6, Router::Softmax, DTypeKind::BF16),
+            "k = E, act rows of 16",
+        ),
+        (
+            config(64, 16384, 3, 1, Router::Softmax, DTypeKind::BF16),
+            "intermediate 16384",
+        ),
+        (
+            config(64, 8192, 4, 3, Router::Softmax, DTypeKind::BF16),
+            "act rows of 8192",
+        ),
+        (
+            MoeConfig {
+                renormalize: false,
+                ..config(72, 40, 7, 3, Router::Softmax, DTypeKind::F16)
+            },
+            "f16, not renormalized",
+        ),
+    ];
+    for (i, (c, what)) in cases.iter().enumerate() {
+        for decode in [true, false] {
+            let r = Run {
+                decode,
+                wgmma: c.intermediate < 1024,
+                ..run(MoePath::Auto, true)
+            };
+            assert_few_flips(cuda_vs_cpu(*c, 1, r, s + i as u64), what);
+        }
+    }
+    let st = cuda().new_stream().unwrap();
+    let (c, _) = cases[0];
+    let mut layer = MoeLayer::<bf16>::new(&st, c, MoeWeights::Random { seed: s }).unwrap();
+    layer.set_graphs(false);
+    let x: Vec<bf16> = narrow(&random_f32(&mut rng(s), c.hidden));
+    let x = Buffer::from_host(&st, &x).unwrap();
+    layer.forward(&x).unwrap();
+    assert_eq!(layer.last_stats().launches, 1);
+    layer.set_decode_kernel(false);
+    layer.forward(&x).unwrap();
+    assert!(layer.last_stats().launches > 1);
 }
 
 #[test]

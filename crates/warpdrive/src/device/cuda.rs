@@ -832,6 +832,15 @@ impl CudaDevice {
         }
         let f = self.function(source, name)?;
         self.bind()?;
+        if shared_bytes > DEFAULT_DYNAMIC_SHARED {
+            // The calculator counts no block that asks for more than the function is opted
+            // in to (what a launch of this size sets anyway).
+            let r = f.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                shared_bytes as i32,
+            );
+            self.check("cuFuncSetAttribute", r)?;
+        }
         let r =
             f.occupancy_max_active_blocks_per_multiprocessor(block, shared_bytes as usize, None);
         let n = self
@@ -860,16 +869,12 @@ impl CudaDevice {
         Ok(module)
     }
 
-    /// Launches `f` on `stream`. With `programmatic` (Hopper and later; ignored before
-    /// compute capability 9.0) it is a programmatic dependent launch: the kernel's blocks may
-    /// start while the stream's previous kernel finishes (in a captured graph, a programmatic
-    /// edge). With `cluster` > 1 every `cluster` consecutive blocks along x form a
-    /// thread-block cluster (compute capability 9.0 and later; at most 8, dividing grid.x).
+    /// Launches `f` on `stream` as `mode` says (see [`LaunchMode`]).
     ///
     /// # Safety
     /// `params` must point at values whose types and order match the kernel's parameters,
     /// and every device pointer among them must cover what the kernel reads and writes
-    /// for this grid. With `programmatic`, the kernel must execute `griddepcontrol.wait`
+    /// for this grid. With `mode.programmatic`, the kernel must execute `griddepcontrol.wait`
     /// before it reads anything earlier work on the stream writes, or writes anything that
     /// work reads (before the wait it may only read data no earlier work writes, such as
     /// weights, and only through L2).
@@ -882,9 +887,13 @@ impl CudaDevice {
         block: (u32, u32, u32),
         shared_mem_bytes: u32,
         params: &mut [*mut c_void],
-        programmatic: bool,
-        cluster: u32,
+        mode: LaunchMode,
     ) -> Result<()> {
+        let LaunchMode {
+            programmatic,
+            cluster,
+            cooperative,
+        } = mode;
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 || block.0 == 0 || block.1 == 0 || block.2 == 0
         {
             return Err(Error::InvalidArgument(format!(
@@ -914,10 +923,10 @@ impl CudaDevice {
             })?;
         }
         let programmatic = programmatic && self.compute_capability().0 >= 9;
-        if programmatic || cluster > 1 {
+        if programmatic || cluster > 1 || cooperative {
             // SAFETY: an all-zero CUlaunchAttribute is a valid value (plain integers and a
             // union of them); ids and values are set right after.
-            let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+            let mut attrs: [sys::CUlaunchAttribute; 3] = unsafe { std::mem::zeroed() };
             let mut n = 0;
             if programmatic {
                 attrs[n].id =
@@ -930,6 +939,11 @@ impl CudaDevice {
                 attrs[n].value.clusterDim.x = cluster;
                 attrs[n].value.clusterDim.y = 1;
                 attrs[n].value.clusterDim.z = 1;
+                n += 1;
+            }
+            if cooperative {
+                attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+                attrs[n].value.cooperative = 1;
                 n += 1;
             }
             let config = sys::CUlaunchConfig {
@@ -1398,7 +1412,17 @@ impl CudaDevice {
         let f = self.function(&kernels::BASIC, "empty_kernel")?;
         let launch = || {
             // SAFETY: `empty_kernel` takes no parameters.
-            unsafe { self.launch(stream, &f, (1, 1, 1), (32, 1, 1), 0, &mut [], false, 1) }
+            unsafe {
+                self.launch(
+                    stream,
+                    &f,
+                    (1, 1, 1),
+                    (32, 1, 1),
+                    0,
+                    &mut [],
+                    LaunchMode::default(),
+                )
+            }
         };
         launch()?;
         self.synchronize_stream(stream)?;
@@ -1915,4 +1939,19 @@ pub(crate) fn library_statuses() -> Vec<LibraryStatus> {
         status("nccl", libs.nccl, nccl_version.flatten()),
         status("cufile", libs.cufile, cufile_version.flatten()),
     ]
+}
+
+/// How [`CudaDevice::launch`] starts a kernel beyond its shape. The default is a plain launch.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct LaunchMode {
+    /// A programmatic dependent launch (Hopper and later; ignored before compute capability
+    /// 9.0): the kernel's blocks may start while the stream's previous kernel finishes (in a
+    /// captured graph, a programmatic edge).
+    pub programmatic: bool,
+    /// Above 1, every `cluster` consecutive blocks along x form a thread-block cluster
+    /// (compute capability 9.0 and later; at most 8, dividing grid.x).
+    pub cluster: u32,
+    /// A cooperative launch: every block is resident at once (the driver refuses a grid
+    /// that cannot be), so blocks may wait for each other.
+    pub cooperative: bool,
 }

@@ -22,6 +22,7 @@ use crate::error::{Error, Result};
 pub(crate) use cuda::AsyncMemPool;
 pub use cuda::CudaDevice;
 pub(crate) use cuda::GemmCall;
+pub(crate) use cuda::LaunchMode;
 
 /// The environment variable that overrides [`Device::best`]: `cpu`, `cuda` or `cuda:N`.
 pub const DEVICE_ENV: &str = "WARPDRIVE_DEVICE";

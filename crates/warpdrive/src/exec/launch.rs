@@ -15,7 +15,7 @@ use std::ffi::c_void;
 
 use cudarc::driver::CudaFunction;
 
-use crate::device::{CudaDevice, Device, Stream};
+use crate::device::{CudaDevice, Device, LaunchMode, Stream};
 use crate::error::{Error, Result};
 use crate::kernels::KernelSource;
 
@@ -172,8 +172,10 @@ pub unsafe fn launch(
             config.block,
             config.shared_mem_bytes,
             params,
-            config.programmatic,
-            1,
+            LaunchMode {
+                programmatic: config.programmatic,
+                ..LaunchMode::default()
+            },
         )
     }
 }

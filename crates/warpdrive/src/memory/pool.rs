@@ -447,7 +447,18 @@ mod tests {
         // u32* status): `flag` is a live pinned word (device-visible under unified
         // addressing), `out` holds n u32s and stays allocated (pending in the pool) until
         // the kernel is done, `status` holds one u32.
-        unsafe { d.launch(cs2, &f, (1, 1, 1), (256, 1, 1), 0, &mut params, false, 1) }.unwrap();
+        unsafe {
+            d.launch(
+                cs2,
+                &f,
+                (1, 1, 1),
+                (256, 1, 1),
+                0,
+                &mut params,
+                crate::device::LaunchMode::default(),
+            )
+        }
+        .unwrap();
         a.record_stream(&s2).unwrap();
         drop(a);
         assert_eq!(pool.stats().unwrap().pending, (n * 4) as u64);

@@ -31,7 +31,7 @@ pub use topk::{topk_rows, MAX_K};
 
 use std::ffi::c_void;
 
-use crate::device::{CudaDevice, Stream};
+use crate::device::{CudaDevice, LaunchMode, Stream};
 use crate::dtype::{DType, DTypeKind, Float};
 use crate::error::{Error, Result};
 use crate::kernels::{KernelSource, BASIC};
@@ -140,8 +140,10 @@ pub(crate) unsafe fn launch_as(
             (block, 1, 1),
             shared_bytes,
             &mut params,
-            programmatic,
-            1,
+            LaunchMode {
+                programmatic,
+                ..LaunchMode::default()
+            },
         )
     }
 }
@@ -381,7 +383,7 @@ mod tests {
             .expect("the empty kernel");
         for (grid, block) in [((0, 1, 1), (32, 1, 1)), ((1, 1, 1), (0, 1, 1))] {
             // SAFETY: `empty_kernel` takes no parameters.
-            let r = unsafe { d.launch(s, &f, grid, block, 0, &mut [], false, 1) };
+            let r = unsafe { d.launch(s, &f, grid, block, 0, &mut [], LaunchMode::default()) };
             assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
         }
         // The device is still usable afterwards.
