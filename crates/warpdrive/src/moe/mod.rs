@@ -134,7 +134,8 @@ fn gemm_shared_bytes(mt: usize, wgmma: bool) -> u32 {
 }
 /// Threads of the decode kernel (`MOE_DEC_WARPS` warps).
 const DECODE_BLOCK: u32 = 256;
-/// Blocks of the decode kernel per SM at most (its registers allow two).
+/// Blocks of the decode kernel per SM at most (its registers allow two; the launch takes as
+/// many as fit).
 const DECODE_BLOCKS_PER_SM: usize = 2;
 /// K segments per gate row of the decode kernel's router at most (`MOE_DEC_MAX_SEGS`).
 const DECODE_MAX_SEGS: usize = 16;
@@ -486,8 +487,6 @@ struct DecodeShape {
     router_segs: usize,
     /// Bytes of the down rows the warps prefetch into L2 while the gate/up units finish.
     prefetch_bytes: usize,
-    /// Blocks per SM at most (the launch takes as many as fit, so all are resident).
-    blocks_per_sm: usize,
     sms: usize,
 }
 
@@ -512,8 +511,7 @@ impl DecodeShape {
         if shared > gpu.shared_per_block {
             return None;
         }
-        let blocks_per_sm = DECODE_BLOCKS_PER_SM;
-        let warps = gpu.sms * blocks_per_sm * (DECODE_BLOCK as usize / 32);
+        let warps = gpu.sms * DECODE_BLOCKS_PER_SM * (DECODE_BLOCK as usize / 32);
         // About one task per warp, each at least one 16-byte chunk per lane (qwen3's router
         // at one row per warp, 8 loads per lane, took 3.1 µs; in 8 segments 2.0).
         let router_segs = (warps / c.experts)
@@ -522,7 +520,6 @@ impl DecodeShape {
         Some(DecodeShape {
             router_segs,
             prefetch_bytes: gpu.l2_bytes / 2,
-            blocks_per_sm,
             sms: gpu.sms,
         })
     }
@@ -2172,7 +2169,8 @@ impl Launcher {
         let f = d.function(&MOE, name)?;
         let shared = u32_of(DecodeShape::shared_bytes(c), "decode shared memory")?;
         let resident = d.resident_blocks(&MOE, name, DECODE_BLOCK, shared)? as usize;
-        let grid = shape.sms * resident.min(shape.blocks_per_sm);
+        // As many blocks per SM as fit, at most DECODE_BLOCKS_PER_SM: all are resident.
+        let grid = shape.sms * resident.min(DECODE_BLOCKS_PER_SM);
         let mut args = [&mut params as *mut DecodeParams as *mut c_void];
         // SAFETY: moe_decode_T(MoeDecode p): DecodeParams is MoeDecode's C layout; x holds
         // hidden elements and y as many, the gate experts·hidden (+ bias experts f32 or
@@ -2311,10 +2309,13 @@ mod tests {
         };
         // Shallow experts: one kernel at one token, router segments of at least one load
         // per lane, about one task per warp (2112 warps).
-        let qwen3 = shape("qwen3-30b-a3b", 1, hopper)?.expect("qwen3 on the decode kernel");
+        let on_decode = |name: &str| -> Result<DecodeShape> {
+            shape(name, 1, hopper)?
+                .ok_or_else(|| Error::InvalidArgument(format!("{name} not on the decode kernel")))
+        };
+        let qwen3 = on_decode("qwen3-30b-a3b")?;
         assert_eq!(qwen3.router_segs, 8);
-        let deepseek =
-            shape("deepseek-v3-slice", 1, hopper)?.expect("deepseek on the decode kernel");
+        let deepseek = on_decode("deepseek-v3-slice")?;
         assert_eq!(deepseek.router_segs, 8);
         assert_eq!(
             Plan::new(&MoeConfig::preset("qwen3-30b-a3b")?, 1, hopper)
