@@ -769,6 +769,20 @@ fn gpu_smem_moe_decode_kernel_matches_cpu() {
     layer.set_decode_kernel(false);
     layer.forward(&x).unwrap();
     assert!(layer.last_stats().launches > 1);
+    // Pass after pass on new inputs, eager and replayed: each reads only its own act rows
+    // (the kernel tags them with the launch), so an input that comes back gives the same bits.
+    layer.set_decode_kernel(true);
+    let x2: Vec<bf16> = narrow(&random_f32(&mut rng(s + 99), c.hidden));
+    let x2 = Buffer::from_host(&st, &x2).unwrap();
+    for graphs in [false, true] {
+        layer.set_graphs(graphs);
+        let y1 = layer.forward(&x).unwrap().to_host(&st).unwrap();
+        let y2 = layer.forward(&x2).unwrap().to_host(&st).unwrap();
+        let y1_again = layer.forward(&x).unwrap().to_host(&st).unwrap();
+        assert_eq!(layer.last_stats().launches, 1);
+        assert_ne!(y1, y2);
+        assert_eq!(y1, y1_again, "graphs {graphs}");
+    }
 }
 
 #[test]

@@ -81,6 +81,37 @@ where
     Ok(out)
 }
 
+/// Times `variants` kinds of host work side by side: `work(i)` runs variant `i`. After
+/// `warmup` untimed rounds, each of `reps` rounds times every variant once, starting one
+/// variant later each round, so a slow stretch of the machine lands on all of them rather
+/// than on whichever ran then. Returns µs per rep for each variant.
+pub fn time_host_rounds<F>(
+    warmup: usize,
+    reps: usize,
+    variants: usize,
+    mut work: F,
+) -> Result<Vec<Vec<f64>>>
+where
+    F: FnMut(usize) -> Result<()>,
+{
+    check_reps(reps)?;
+    for _ in 0..warmup {
+        for i in 0..variants {
+            work(i)?;
+        }
+    }
+    let mut out = vec![Vec::with_capacity(reps); variants];
+    for round in 0..reps {
+        for k in 0..variants {
+            let i = (round + k) % variants;
+            let t = Instant::now();
+            work(i)?;
+            out[i].push(t.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,6 +143,27 @@ mod tests {
             Err(Error::InvalidArgument("boom".into()))
         });
         assert!(matches!(r, Err(Error::InvalidArgument(m)) if m == "boom"));
+    }
+
+    #[test]
+    fn time_host_rounds_times_every_variant_every_round_in_rotating_order() {
+        let mut order = Vec::new();
+        let t = time_host_rounds(1, 3, 3, |i| {
+            order.push(i);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(t.iter().map(Vec::len).collect::<Vec<_>>(), [3, 3, 3]);
+        assert_eq!(order, [0, 1, 2, 0, 1, 2, 1, 2, 0, 2, 0, 1]);
+        assert!(time_host_rounds(0, 0, 2, |_| Ok(())).is_err());
+        let failing = time_host_rounds(0, 2, 2, |i| {
+            if i == 1 {
+                Err(Error::InvalidArgument("variant 1 fails".into()))
+            } else {
+                Ok(())
+            }
+        });
+        assert!(failing.is_err());
     }
 
     #[test]
