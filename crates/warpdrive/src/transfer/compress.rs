@@ -139,14 +139,20 @@ fn upload_auto(stream: &Stream, dst: &mut Buffer<f32>, src: &[f32], c: Compressi
 
 /// Narrows `s` into `d`; false when a finite value became ±inf (beyond f16's range). A
 /// quick look at the f16 exponents clears almost every piece; only pieces holding inf or
-/// NaN are compared with the source.
+/// NaN are compared with the source. The look follows the conversion block by block, while
+/// the block is still in L1 (a second pass over a whole piece read it back from memory:
+/// Auto's f16 ran below plain f16 where the host's conversion bounds the upload).
 fn narrow_f16_checked(d: &mut [f16], s: &[f32]) -> bool {
-    d.convert_from_f32_slice(s);
-    // The largest exponent field, as a max over the bits (vectorises; `any` would not).
-    let top = d
-        .reinterpret_cast()
-        .iter()
-        .fold(0u16, |m, &b| m.max(b & 0x7c00));
+    const BLOCK: usize = 4096;
+    let mut top = 0u16;
+    for (db, sb) in d.chunks_mut(BLOCK).zip(s.chunks(BLOCK)) {
+        db.convert_from_f32_slice(sb);
+        // The largest exponent field, as a max over the bits (vectorises; `any` would not).
+        top = db
+            .reinterpret_cast()
+            .iter()
+            .fold(top, |m, &b| m.max(b & 0x7c00));
+    }
     top != 0x7c00
         || d.iter()
             .zip(s)
@@ -288,6 +294,17 @@ mod tests {
             let mut d = vec![f16::NAN; s.len()];
             assert!(!narrow_f16_checked(&mut d, s), "{s:?}");
         }
+        // Several blocks: in range throughout, then out of range in the last partial block
+        // only; every element narrowed either way.
+        let mut long: Vec<f32> = (0..3 * 4096 + 5)
+            .map(|i| (i % 613) as f32 - 300.0)
+            .collect();
+        let mut d = vec![f16::NAN; long.len()];
+        assert!(narrow_f16_checked(&mut d, &long));
+        assert!(d.iter().zip(&long).all(|(h, v)| h.to_f32() == *v));
+        long[3 * 4096 + 2] = 1.0e6;
+        assert!(!narrow_f16_checked(&mut d, &long));
+        assert_eq!(d[3 * 4096 + 4].to_f32(), long[3 * 4096 + 4]);
     }
 
     /// `Auto` having picked f16 sends data beyond f16's range uncompressed (exactly).
