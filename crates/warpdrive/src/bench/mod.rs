@@ -5,7 +5,8 @@
 //!   [`Row`]s. [`run_suites`] always runs the `ceilings` suite first, so later rows can cite
 //!   the measured [`Ceilings`] in `pct_of_ceiling`.
 //! - [`time_gpu`] times stream work with events (GPU events on CUDA, host instants on the
-//!   CPU backend); [`time_host`] times host work; [`Stats`] summarises the samples.
+//!   CPU backend); [`time_host`] times host work, [`time_host_rounds`] several kinds of it
+//!   side by side; [`Stats`] summarises the samples.
 //! - [`measure_ceilings`]: the doctor's measurements.
 //! - [`run_peers`]: rows of the PyTorch/CuPy scripts in `bench/peers/`.
 //! - [`Results`]: the results file, [`print_table`] its plain-text view.
@@ -45,7 +46,7 @@ pub use results::{
     DeviceRecord, Metric, Results, Row, SCHEMA,
 };
 pub use stats::Stats;
-pub use timing::{time_gpu, time_host};
+pub use timing::{time_gpu, time_host, time_host_rounds};
 
 /// How large the benchmark inputs are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -26,8 +26,7 @@ use crate::ops;
 use crate::transfer::{self, Batch, Compression, Pipeline};
 
 use super::ceilings::{random_bytes, random_f32};
-use super::timing::time_host_rounds;
-use super::{time_gpu, time_host, Ceiling, Ctx, Scale};
+use super::{time_gpu, time_host, time_host_rounds, Ceiling, Ctx, Scale};
 
 pub(crate) const SUITE: &str = "transfer";
 
