@@ -369,6 +369,20 @@ impl CudaDevice {
         Ok(false)
     }
 
+    /// Above the default limit a function must opt in to its dynamic shared memory (a
+    /// host-side attribute; cheap, and allowed while a stream is captured).
+    fn opt_in_dynamic_shared(&self, f: &CudaFunction, bytes: u32) -> Result<()> {
+        if bytes <= DEFAULT_DYNAMIC_SHARED {
+            return Ok(());
+        }
+        self.lean("cuFuncSetAttribute", || {
+            f.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+        })
+    }
+
     /// Runs a launch-like driver call on the lean path: cached bind, then on failure (other
     /// than a sticky fault) one full bind and a retry.
     fn lean<T>(
@@ -832,15 +846,9 @@ impl CudaDevice {
         }
         let f = self.function(source, name)?;
         self.bind()?;
-        if shared_bytes > DEFAULT_DYNAMIC_SHARED {
-            // The calculator counts no block that asks for more than the function is opted
-            // in to (what a launch of this size sets anyway).
-            let r = f.set_attribute(
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                shared_bytes as i32,
-            );
-            self.check("cuFuncSetAttribute", r)?;
-        }
+        // The calculator counts no block that asks for more than the function is opted in
+        // to (what a launch of this size sets anyway).
+        self.opt_in_dynamic_shared(&f, shared_bytes)?;
         let r =
             f.occupancy_max_active_blocks_per_multiprocessor(block, shared_bytes as usize, None);
         let n = self
@@ -912,16 +920,7 @@ impl CudaDevice {
         // The lean path: no cuCtxGetCurrent when this thread already bound this context,
         // no events (warpdrive orders streams explicitly where it must).
         let t = activity::begin();
-        if shared_mem_bytes > DEFAULT_DYNAMIC_SHARED {
-            // Above the default limit a function must opt in to its dynamic shared memory
-            // (a host-side attribute; cheap, and allowed while a stream is captured).
-            self.lean("cuFuncSetAttribute", || {
-                f.set_attribute(
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    shared_mem_bytes as i32,
-                )
-            })?;
-        }
+        self.opt_in_dynamic_shared(f, shared_mem_bytes)?;
         let programmatic = programmatic && self.compute_capability().0 >= 9;
         if programmatic || cluster > 1 || cooperative {
             // SAFETY: an all-zero CUlaunchAttribute is a valid value (plain integers and a

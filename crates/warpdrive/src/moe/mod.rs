@@ -766,7 +766,8 @@ impl<T: Float> Workspace<T> {
             // The decode kernel keeps k act rows in f32 there.
             act: Buffer::uninit(
                 stream,
-                (slots * c.intermediate).max(2 * c.top_k * c.intermediate),
+                (slots * c.intermediate)
+                    .max((4 * c.top_k * c.intermediate).div_ceil(std::mem::size_of::<T>())),
             )?,
             y: Buffer::uninit(stream, slots * c.hidden)?,
             cublas: if cublas {
