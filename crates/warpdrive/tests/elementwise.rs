@@ -185,6 +185,55 @@ const BINARY_OPS: [BinaryOp; 6] = [
     BinaryOp::SwiGlu,
 ];
 
+/// f16 → f32 with the ±inf count: random bit patterns (NaN, ±inf, subnormals) with extra
+/// infinities sprinkled in, at every size; the widened values exact, the count added to
+/// what the counter held.
+fn widen_counting_inf_body(dev: &Device, seed: u64) {
+    let s = dev.new_stream().unwrap();
+    let mut r = rng(seed);
+    for n in SIZES.into_iter().chain([8, 4096 * 8 + 7]) {
+        let xs: Vec<f16> = (0..n)
+            .map(|_| match r.random_range(0..8) {
+                0 => f16::INFINITY,
+                1 => f16::NEG_INFINITY,
+                _ => f16::from_bits(r.random()),
+            })
+            .collect();
+        let x = Buffer::from_host(&s, &xs).unwrap();
+        let mut y = poisoned::<f32>(&s, n, f32::NAN);
+        let start: u32 = r.random_range(1..1000);
+        let mut infs = Buffer::from_host(&s, &[start, 7]).unwrap();
+        ops::widen_f16_counting_inf(&s, &x, &mut y, &mut infs).unwrap();
+        let got = y.to_host(&s).unwrap();
+        for (i, (g, w)) in got.iter().zip(&xs).enumerate() {
+            assert!(
+                if w.is_nan() {
+                    g.is_nan()
+                } else {
+                    g.to_bits() == w.to_f32().to_bits()
+                },
+                "n={n} i={i}: {w} -> {g}"
+            );
+        }
+        let want = xs.iter().filter(|v| v.is_infinite()).count() as u32;
+        assert_eq!(infs.to_host(&s).unwrap(), [start + want, 7], "n={n}");
+    }
+    // Bad arguments are errors.
+    let x = Buffer::<f16>::zeros(&s, 3).unwrap();
+    let mut y = Buffer::<f32>::zeros(&s, 4).unwrap();
+    let mut infs = Buffer::<u32>::zeros(&s, 1).unwrap();
+    assert!(matches!(
+        ops::widen_f16_counting_inf(&s, &x, &mut y, &mut infs),
+        Err(Error::LengthMismatch { .. })
+    ));
+    let mut y = Buffer::<f32>::zeros(&s, 3).unwrap();
+    let mut none = Buffer::<u32>::zeros(&s, 0).unwrap();
+    assert!(matches!(
+        ops::widen_f16_counting_inf(&s, &x, &mut y, &mut none),
+        Err(Error::InvalidArgument(_))
+    ));
+}
+
 fn binary_ref(op: BinaryOp, a: f64, b: f64) -> (f64, f64) {
     // (value, magnitude of its terms)
     match op {
@@ -320,6 +369,11 @@ fn cpu_cast_is_exact() {
 }
 
 #[test]
+fn cpu_widen_f16_counting_inf() {
+    widen_counting_inf_body(&Device::cpu(), seed("cpu_widen_counting_inf"));
+}
+
+#[test]
 fn cpu_binary() {
     let sd = seed("cpu_binary");
     binary_body::<f32>(&Device::cpu(), sd);
@@ -401,6 +455,12 @@ fn gpu_map_every_type_pair_matches_cpu() {
 #[ignore = "needs a CUDA GPU"]
 fn gpu_cast_is_exact() {
     cast_body(&cuda(), seed("gpu_cast"));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_widen_f16_counting_inf() {
+    widen_counting_inf_body(&cuda(), seed("gpu_widen_counting_inf"));
 }
 
 #[test]

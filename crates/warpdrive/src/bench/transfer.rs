@@ -5,7 +5,8 @@
 //!   pinned block, events; the ceiling), `warpdrive` (the pageable fast path
 //!   `transfer::upload`; D2H `transfer::to_host` into a fresh `Vec` each time, as
 //!   `tensor.cpu()` does) and, for D2H, `warpdrive-reuse` (`transfer::download` into a
-//!   reused `Vec`). `extra.x_driver_pageable` = driver-pageable median / this median.
+//!   reused `Vec`). `extra.x_driver_pageable` = driver-pageable median / this median; the
+//!   pageable variants of a direction are timed in interleaved rounds (`time_host_rounds`).
 //!   Peers: `torch-pageable`, `torch-pinned-nonblocking`, `torch-cpu`.
 //! - `host-copy-rate` (size = threads), `ceiling`: µs to copy 1 GiB between two touched host
 //!   buffers on the copy threads.
@@ -18,12 +19,13 @@
 //!   compute / wall; CUDA only) and the stage totals.
 //! - Rows citing a bandwidth ceiling carry `extra.bandwidth_utilization` (see `derived`).
 //! - `compressed-h2d` (size = f32 bytes): `warpdrive` (uncompressed), `warpdrive-bf16`,
-//!   `warpdrive-f16`, `warpdrive-auto`, timed in interleaved rounds (`time_host_rounds`).
+//!   `warpdrive-f16`, `warpdrive-auto`, timed in interleaved rounds (`time_host_rounds`);
+//!   `extra.auto_pick` on the `warpdrive-auto` row: what `Auto` chose for that size.
 
 use crate::error::Result;
 use crate::memory::{Buffer, PinnedBuf};
 use crate::ops;
-use crate::transfer::{self, Batch, Compression, Pipeline};
+use crate::transfer::{self, Batch, Compression, Direction, Pipeline};
 
 use super::ceilings::{random_bytes, random_f32};
 use super::{time_gpu, time_host, time_host_rounds, Ceiling, Ctx, Scale};
@@ -72,19 +74,7 @@ fn copies(ctx: &mut Ctx, bytes: usize) -> Result<()> {
     let reps = reps(bytes);
     let mut host = random_bytes(bytes, 0x7a);
     let mut dev = Buffer::<u8>::uninit(&s, bytes)?;
-    let cuda = s.device().is_cuda();
-    // H2D.
-    let mut base = time_host(1, reps, || dev.copy_from_host(&s, &host))?;
-    let base_med = super::Stats::from_samples(&mut base.clone())?.median;
-    ctx.record_bytes(
-        "h2d",
-        bytes as u64,
-        "driver-pageable",
-        &mut base,
-        bytes as f64,
-        Some(Ceiling::H2dPinned),
-    )?;
-    if cuda {
+    if s.device().is_cuda() {
         let mut pinned = PinnedBuf::<u8>::from_slice(s.device(), &host)?;
         let mut us = time_gpu(&s, 1, reps, |s| dev.copy_from_pinned(s, &mut pinned))?;
         ctx.record_bytes(
@@ -95,32 +85,6 @@ fn copies(ctx: &mut Ctx, bytes: usize) -> Result<()> {
             bytes as f64,
             Some(Ceiling::H2dPinned),
         )?;
-    }
-    let mut us = time_host(1, reps, || transfer::upload(&s, &mut dev, &host))?;
-    let med = super::Stats::from_samples(&mut us.clone())?.median;
-    ctx.record_bytes(
-        "h2d",
-        bytes as u64,
-        "warpdrive",
-        &mut us,
-        bytes as f64,
-        Some(Ceiling::H2dPinned),
-    )?
-    .extra
-    .insert("x_driver_pageable".into(), (base_med / med).into());
-    // D2H.
-    let mut base = time_host(1, reps, || dev.copy_to_host(&s, &mut host))?;
-    let base_med = super::Stats::from_samples(&mut base.clone())?.median;
-    ctx.record_bytes(
-        "d2h",
-        bytes as u64,
-        "driver-pageable",
-        &mut base,
-        bytes as f64,
-        Some(Ceiling::D2hPinned),
-    )?;
-    if cuda {
-        let mut pinned = PinnedBuf::<u8>::new(s.device(), bytes)?;
         let mut us = time_gpu(&s, 1, reps, |s| dev.copy_to_pinned(s, &mut pinned))?;
         ctx.record_bytes(
             "d2h",
@@ -131,30 +95,33 @@ fn copies(ctx: &mut Ctx, bytes: usize) -> Result<()> {
             Some(Ceiling::D2hPinned),
         )?;
     }
-    let mut us = time_host(1, reps, || transfer::to_host(&s, &dev).map(drop))?;
-    let med = super::Stats::from_samples(&mut us.clone())?.median;
-    ctx.record_bytes(
-        "d2h",
-        bytes as u64,
-        "warpdrive",
-        &mut us,
-        bytes as f64,
-        Some(Ceiling::D2hPinned),
-    )?
-    .extra
-    .insert("x_driver_pageable".into(), (base_med / med).into());
-    let mut us = time_host(1, reps, || transfer::download(&s, &dev, &mut host))?;
-    let med = super::Stats::from_samples(&mut us.clone())?.median;
-    ctx.record_bytes(
-        "d2h",
-        bytes as u64,
-        "warpdrive-reuse",
-        &mut us,
-        bytes as f64,
-        Some(Ceiling::D2hPinned),
-    )?
-    .extra
-    .insert("x_driver_pageable".into(), (base_med / med).into());
+    // The pageable variants in interleaved rounds: below a few MiB they are the same driver
+    // copy (or differ by a page fault), closer than this host drifts between blocks of reps.
+    let mut h2d = time_host_rounds(1, reps, 2, |i| match i {
+        0 => dev.copy_from_host(&s, &host),
+        _ => transfer::upload(&s, &mut dev, &host),
+    })?;
+    let mut d2h = time_host_rounds(1, reps, 3, |i| match i {
+        0 => dev.copy_to_host(&s, &mut host),
+        1 => transfer::to_host(&s, &dev).map(drop),
+        _ => transfer::download(&s, &dev, &mut host),
+    })?;
+    for (case, samples, ceiling) in [
+        ("h2d", &mut h2d, Ceiling::H2dPinned),
+        ("d2h", &mut d2h, Ceiling::D2hPinned),
+    ] {
+        let base_med = super::Stats::from_samples(&mut samples[0].clone())?.median;
+        let variants = ["driver-pageable", "warpdrive", "warpdrive-reuse"];
+        for (variant, us) in variants.iter().zip(samples.iter_mut()) {
+            let med = super::Stats::from_samples(&mut us.clone())?.median;
+            let row =
+                ctx.record_bytes(case, bytes as u64, variant, us, bytes as f64, Some(ceiling))?;
+            if *variant != "driver-pageable" {
+                row.extra
+                    .insert("x_driver_pageable".into(), (base_med / med).into());
+            }
+        }
+    }
     Ok(())
 }
 
@@ -320,8 +287,9 @@ fn compressed(ctx: &mut Ctx) -> Result<()> {
         let mut samples = time_host_rounds(1, reps(bytes).max(10), variants.len(), |i| {
             transfer::upload_f32(&s, &mut dev, &host, variants[i].1)
         })?;
-        for ((variant, _), us) in variants.iter().zip(samples.iter_mut()) {
-            ctx.record_bytes(
+        let pick = transfer::auto_choice(&s, Direction::H2d, bytes);
+        for ((variant, c), us) in variants.iter().zip(samples.iter_mut()) {
+            let row = ctx.record_bytes(
                 "compressed-h2d",
                 bytes as u64,
                 variant,
@@ -329,6 +297,9 @@ fn compressed(ctx: &mut Ctx) -> Result<()> {
                 bytes as f64,
                 Some(Ceiling::H2dPinned),
             )?;
+            if let (Compression::Auto, Some(p)) = (c, pick) {
+                row.extra.insert("auto_pick".into(), p.to_string().into());
+            }
         }
     }
     Ok(())

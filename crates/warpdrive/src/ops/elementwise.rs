@@ -5,6 +5,7 @@
 //!   touch memory (the fused chain `a·x + b` → activation → cast). [`cast`] is the identity
 //!   map: round to nearest even, NaN stays NaN, -0.0 stays -0.0, f16 overflow becomes ±inf.
 //! - [`binary`]: `out = op(a, b)` for add, sub, mul, max, min and SwiGLU (`silu(a) · b`).
+//! - [`widen_f16_counting_inf`]: the f16 → f32 cast that also counts the ±inf inputs.
 //!
 //! Kernels give each lane 16 bytes of the wider type per access (4 f32 or 8 f16/bf16; the
 //! narrower side of a cast moves 8 bytes), so every access instruction of a warp covers one
@@ -13,8 +14,10 @@
 //! measured baseline.
 
 use crate::device::Stream;
+use half::f16;
+
 use crate::dtype::Float;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::kernels::ELEMENTWISE;
 use crate::memory::{check_len, Buffer};
 
@@ -218,6 +221,48 @@ pub fn map<I: Float, O: Float>(
 /// Converts `x` into `y`'s element type (f32 / f16 / bf16): the identity [`map`].
 pub fn cast<I: Float, O: Float>(stream: &Stream, x: &Buffer<I>, y: &mut Buffer<O>) -> Result<()> {
     map(stream, &Map::IDENTITY, x, y)
+}
+
+/// [`cast`] from f16 to f32 that also adds the number of ±inf values in `x` to `infs[0]`
+/// (on the GPU: one atomic per warp that meets any), so data narrowed to f16 on the host
+/// can be checked for overflow on the device instead of by another host pass over it
+/// (`transfer::Compression::Auto`). `infs` must hold at least one element.
+pub fn widen_f16_counting_inf(
+    stream: &Stream,
+    x: &Buffer<f16>,
+    y: &mut Buffer<f32>,
+    infs: &mut Buffer<u32>,
+) -> Result<()> {
+    const OP: &str = "widen_f16_counting_inf";
+    x.check_stream(stream, OP)?;
+    y.check_stream(stream, OP)?;
+    infs.check_stream(stream, OP)?;
+    check_len(OP, x.len(), y.len())?;
+    if infs.is_empty() {
+        return Err(Error::InvalidArgument(format!(
+            "{OP}: the count buffer is empty"
+        )));
+    }
+    if x.is_empty() {
+        return Ok(());
+    }
+    let Some((d, s)) = stream.cuda() else {
+        let mut found = 0u32;
+        for (yo, &xi) in y.host_view_mut()?.iter_mut().zip(x.host_view()?) {
+            found += u32::from(xi.is_infinite());
+            *yo = xi.to_f32();
+        }
+        let count = &mut infs.host_view_mut()?[0];
+        *count = count.wrapping_add(found);
+        return Ok(());
+    };
+    const NAME: &str = "widen_f16_count_inf";
+    let n = x.len() as u64;
+    let grid = fill_grid(d, (&ELEMENTWISE, NAME), n, BLOCK as u64 * 8)?;
+    let args = Args::new().buf(x).buf(y).u64(n).buf(infs);
+    // SAFETY: widen_f16_count_inf(const f16* x, float* y, u64 n, u32* infs): x and y hold n
+    // elements, infs at least one.
+    unsafe { launch(d, s, (&ELEMENTWISE, NAME), grid, BLOCK, 0, args) }
 }
 
 /// An elementwise operation of two buffers.

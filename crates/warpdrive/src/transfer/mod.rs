@@ -27,7 +27,8 @@ mod pipeline;
 
 pub use batch::{Batch, Handle, Packed};
 pub use compress::{
-    download_f32, upload_f32, Compression, BF16_REL_ERROR, F16_ABS_ERROR, F16_REL_ERROR,
+    auto_choice, download_f32, upload_f32, Compression, BF16_REL_ERROR, F16_ABS_ERROR,
+    F16_REL_ERROR,
 };
 pub use pipeline::{Pipeline, PipelineStats};
 
