@@ -50,6 +50,21 @@ fn round_trip_body(dev: &Device) {
             .iter()
             .zip(&floats)
             .all(|(a, b)| a.to_bits() == b.to_bits()));
+        // The default path from and into unaligned slices (under ALWAYS_DIRECT: one pinned
+        // block).
+        let mut padded = vec![f32::NAN; n + 1];
+        transfer::download(&s, &buf, &mut padded[1..]).unwrap();
+        assert!(padded[1..]
+            .iter()
+            .zip(&floats)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        let mut again = Buffer::<u8>::uninit(&s, n).unwrap();
+        transfer::upload(&s, &mut again, src).unwrap();
+        assert_eq!(
+            again.to_host(&s).unwrap(),
+            src,
+            "default upload of {n} bytes"
+        );
     }
     // bf16 elements through a chunk that is not a multiple of the element count.
     let halves: Vec<bf16> = random_f32(&mut r, 100_003)

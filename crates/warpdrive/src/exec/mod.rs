@@ -2,7 +2,7 @@
 //! the recovery policy. Above `device`, `kernels` and `memory`; beside `ops`.
 //!
 //! - [`graph`]: [`Graph::capture`] / [`Graph::launch`], following DESIGN.md's capture rules.
-//! - [`launch`]: [`Kernel`] handles and the lean [`launch`](launch::launch) path; block
+//! - [`launch`](mod@launch): [`Kernel`] handles and the lean [`launch`](launch::launch) path; block
 //!   sizes from the occupancy API.
 //! - [`tune`]: [`autotune`] with a persisted TOML cache, and the batch-size knee.
 //! - [`recovery`]: [`run_with_backoff`], the opt-in CPU fallback, and device loss.

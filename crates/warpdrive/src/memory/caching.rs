@@ -75,8 +75,9 @@ impl Fence for crate::device::Event {
 #[derive(Debug, Clone, PartialEq)]
 pub struct PoolConfig {
     /// Blocks larger than this are never split (PyTorch's `max_split_size`), and are handed
-    /// only to requests above it within [`OVERSIZE_SLACK`] of their size. `usize::MAX` (the
-    /// default) lets every block split; values under [`MID_SEGMENT`] count as that.
+    /// only to requests above it within `OVERSIZE_SLACK` (20 MiB) of their size. `usize::MAX`
+    /// (the default) lets every block split; values under `MID_SEGMENT` (20 MiB) count as
+    /// that.
     pub max_split_bytes: usize,
     /// Before a new segment would raise the reserved high-water mark, return fully free
     /// cached segments to the driver first (default on: it costs driver frees only on

@@ -1,6 +1,6 @@
 //! The allocation profiler: opt-in recording of every [`Buffer`](super::Buffer) allocation
 //! and free from a device pool (tag, bytes, stream, time), a JSON [`snapshot`], and a
-//! [`report`] with totals by tag, the peak, size percentiles and fragmentation.
+//! [`report`](Snapshot::report) with totals by tag, the peak, size percentiles and fragmentation.
 //!
 //! Recording is off by default and costs one relaxed atomic load per allocation then. When
 //! on, each event is pushed to a per-thread buffer behind its own (uncontended) lock, so

@@ -30,7 +30,7 @@ pub enum MoeWeights {
 pub struct HostWeights {
     /// `gate.weight` [E, H].
     pub gate: Vec<f32>,
-    /// `gate.bias` [E] (the Softmax router adds it to the logits; the SigmoidGrouped router
+    /// `gate.bias` \[E\] (the Softmax router adds it to the logits; the SigmoidGrouped router
     /// uses it for selection only, as DeepSeek-V3's `e_score_correction_bias`).
     pub gate_bias: Option<Vec<f32>>,
     /// gate_proj [E, I, H].
@@ -100,7 +100,7 @@ impl MoeWeights {
     /// prefix ending in `.` before them is allowed, e.g. `model.layers.3.mlp.`): stacked
     /// `gate.weight` [E, H], `experts.w1` / `experts.w3` [E, I, H], `experts.w2` [E, H, I], or
     /// per expert `experts.{e}.w1.weight` (or `.gate_proj.weight`), `w3` (`up_proj`), `w2`
-    /// (`down_proj`) stacked here; optional `gate.bias` [E]. f32, f16 and bf16 tensors are
+    /// (`down_proj`) stacked here; optional `gate.bias` \[E\]. f32, f16 and bf16 tensors are
     /// converted. A missing or mis-shaped tensor is an error naming it.
     pub fn from_safetensors(path: &Path, config: &MoeConfig) -> Result<HostWeights> {
         let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
