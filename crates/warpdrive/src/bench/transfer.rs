@@ -16,7 +16,7 @@
 //! - `pipeline` (size = bytes streamed): a balanced workload (per chunk, device copies
 //!   taking about as long as the chunk's upload) on `streams-1/2/3`;
 //!   `extra.overlap_efficiency`, `extra.transfer_overhead` (wall time not covered by the
-//!   compute / wall; CUDA only) and the stage totals.
+//!   compute / wall; CUDA only), the stage totals and `stager_wait_s` (see `PipelineStats`).
 //! - Rows citing a bandwidth ceiling carry `extra.bandwidth_utilization` (see `derived`).
 //! - `compressed-h2d` (size = f32 bytes): `warpdrive` (uncompressed), `warpdrive-bf16`,
 //!   `warpdrive-f16`, `warpdrive-auto`, timed in interleaved rounds (`time_host_rounds`);
@@ -250,6 +250,7 @@ fn pipeline(ctx: &mut Ctx) -> Result<()> {
         for (k, v) in [
             ("wall_s", st.wall_s),
             ("host_s", st.host_s),
+            ("stager_wait_s", st.wait_s),
             ("h2d_s", st.h2d_s),
             ("compute_s", st.compute_s),
             ("d2h_s", st.d2h_s),

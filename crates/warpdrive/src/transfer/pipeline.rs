@@ -19,6 +19,10 @@ pub struct PipelineStats {
     pub wall_s: f64,
     /// Host copies between the caller's slices and the pinned blocks.
     pub host_s: f64,
+    /// Time the staging thread sat waiting, for a chunk's download to complete or for the
+    /// calling thread to enqueue (of `wall_s − host_s`, the rest is its bookkeeping:
+    /// pinned blocks, events, channels).
+    pub wait_s: f64,
     /// Time the H2D copies kept the link busy (union of their intervals).
     pub h2d_s: f64,
     pub compute_s: f64,
@@ -169,11 +173,12 @@ impl Pipeline {
                 .unwrap_or_else(|p| std::panic::resume_unwind(p));
             (host, enqueued)
         });
-        let (host_s, intervals) = host?;
+        let (host_s, wait_s, intervals) = host?;
         enqueued?;
         let mut stats = PipelineStats {
             chunks: n,
             host_s,
+            wait_s,
             ..PipelineStats::default()
         };
         stats.wall_s = start.elapsed().as_secs_f64();
@@ -221,7 +226,8 @@ impl Pipeline {
 
     /// The staging thread: fills pinned blocks from `input` and sends them to the calling
     /// thread; empties the enqueued chunks it gets back into `output`, oldest first, as
-    /// their D2H completes. Returns the host copy time and each chunk's stage intervals.
+    /// their D2H completes. Returns the host copy time, the time spent waiting and each
+    /// chunk's stage intervals.
     fn stage<T: DType, U: DType>(
         &self,
         input: &[T],
@@ -229,13 +235,13 @@ impl Pipeline {
         t0: &Event,
         staged: mpsc::Sender<Staged<T>>,
         enqueued: mpsc::Receiver<InFlight<T, U>>,
-    ) -> Result<(f64, StageIntervals)> {
+    ) -> Result<(f64, f64, StageIntervals)> {
         let workers = workers(&self.device);
         let threads = workers.threads();
         let chunk = self.chunk_len;
         let n = input.len().div_ceil(chunk);
         let window = self.streams.len() * self.buffering;
-        let mut host_s = 0.0;
+        let (mut host_s, mut wait_s) = (0.0, 0.0);
         let mut intervals = StageIntervals::default();
         let mut pending: VecDeque<InFlight<T, U>> = VecDeque::new();
         let (mut next, mut drained) = (0, 0);
@@ -252,7 +258,9 @@ impl Pipeline {
                 };
                 let lo = f.index * chunk;
                 let piece = &mut output[lo..(lo + chunk).min(input.len())];
+                let t = Instant::now();
                 let host = f.out.as_slice()?;
+                wait_s += t.elapsed().as_secs_f64();
                 let t = Instant::now();
                 par_copy(workers, threads, piece, &host[..piece.len()]);
                 host_s += t.elapsed().as_secs_f64();
@@ -285,13 +293,16 @@ impl Pipeline {
                 next += 1;
             } else {
                 // Everything staged is with the calling thread: wait for it.
-                match enqueued.recv() {
+                let t = Instant::now();
+                let got = enqueued.recv();
+                wait_s += t.elapsed().as_secs_f64();
+                match got {
                     Ok(f) => pending.push_back(f),
                     Err(_) => break,
                 }
             }
         }
-        Ok((host_s, intervals))
+        Ok((host_s, wait_s, intervals))
     }
 }
 
@@ -334,6 +345,7 @@ mod tests {
             h2d_s: 1.0,
             compute_s: 1.0,
             d2h_s: 0.0,
+            wait_s: 0.0,
             chunks: 3,
         };
         assert!((s.overlap_efficiency() - 1.0).abs() < 1e-12);
