@@ -258,7 +258,8 @@ pub fn widen_f16_counting_inf(
     };
     const NAME: &str = "widen_f16_count_inf";
     let n = x.len() as u64;
-    let grid = fill_grid(d, (&ELEMENTWISE, NAME), n, BLOCK as u64 * 8)?;
+    // 4 packs of 8 per thread per pass, as the map kernels.
+    let grid = fill_grid(d, (&ELEMENTWISE, NAME), n, BLOCK as u64 * 32)?;
     let args = Args::new().buf(x).buf(y).u64(n).buf(infs);
     // SAFETY: widen_f16_count_inf(const f16* x, float* y, u64 n, u32* infs): x and y hold n
     // elements, infs at least one.
