@@ -5,8 +5,9 @@
 //!   pinned block, events; the ceiling), `warpdrive` (the pageable fast path
 //!   `transfer::upload`; D2H `transfer::to_host` into a fresh `Vec` each time, as
 //!   `tensor.cpu()` does) and, for D2H, `warpdrive-reuse` (`transfer::download` into a
-//!   reused `Vec`). `extra.x_driver_pageable` = driver-pageable median / this median; the
-//!   pageable variants of a direction are timed in interleaved rounds (`time_host_rounds`).
+//!   reused `Vec`). `extra.x_driver_pageable` = driver-pageable median / this median,
+//!   `extra.config` the fast path's tuned configuration; the pageable variants of a
+//!   direction are timed in interleaved rounds (`time_host_rounds`).
 //!   Peers: `torch-pageable`, `torch-pinned-nonblocking`, `torch-cpu`.
 //! - `host-copy-rate` (size = threads), `ceiling`: µs to copy 1 GiB between two touched host
 //!   buffers on the copy threads.
@@ -106,10 +107,19 @@ fn copies(ctx: &mut Ctx, bytes: usize) -> Result<()> {
         1 => transfer::to_host(&s, &dev).map(drop),
         _ => transfer::download(&s, &dev, &mut host),
     })?;
-    for (case, samples, ceiling) in [
-        ("h2d", &mut h2d, Ceiling::H2dPinned),
-        ("d2h", &mut d2h, Ceiling::D2hPinned),
+    for (case, samples, ceiling, dir) in [
+        ("h2d", &mut h2d, Ceiling::H2dPinned, Direction::H2d),
+        ("d2h", &mut d2h, Ceiling::D2hPinned, Direction::D2h),
     ] {
+        // The configuration the fast path tuned (or was given) in this process.
+        let cfg = transfer::config(&s, dir)?;
+        let cfg = format!(
+            "chunk {} KiB, {} threads, depth {}, direct under {} KiB",
+            cfg.chunk_bytes / KIB,
+            cfg.threads,
+            cfg.depth,
+            cfg.direct_below / KIB
+        );
         let base_med = super::Stats::from_samples(&mut samples[0].clone())?.median;
         let variants = ["driver-pageable", "warpdrive", "warpdrive-reuse"];
         for (variant, us) in variants.iter().zip(samples.iter_mut()) {
@@ -119,6 +129,7 @@ fn copies(ctx: &mut Ctx, bytes: usize) -> Result<()> {
             if *variant != "driver-pageable" {
                 row.extra
                     .insert("x_driver_pageable".into(), (base_med / med).into());
+                row.extra.insert("config".into(), cfg.clone().into());
             }
         }
     }

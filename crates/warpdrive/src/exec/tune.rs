@@ -216,14 +216,16 @@ impl Autotuner {
             }
         }
         // Rounds that time every candidate once, so a slow stretch of the machine lands on
-        // all of them rather than on one; the median per candidate decides.
+        // all of them rather than on one (each after every other equally often); the median
+        // per candidate decides.
         let device = stream.device();
         let (start, end) = (device.new_event()?, device.new_event()?);
         let rounds = tune_rounds(warm.elapsed().as_secs_f64());
         let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(rounds); alive.len()];
         let mut failed = vec![false; alive.len()];
-        for _ in 0..rounds {
-            for (i, c) in alive.iter().enumerate() {
+        for round in 0..rounds {
+            for i in round_order(round, alive.len()) {
+                let c = alive[i];
                 if failed[i] {
                     continue;
                 }
@@ -315,6 +317,26 @@ pub fn autotune<C: Display + Clone>(
 ) -> Result<C> {
     let key = TuneKey::new(stream.device(), kernel, dtype, size)?;
     Autotuner::global().tune(stream, &key, size, candidates, run)
+}
+
+/// The order of `round` among `n` variants (or candidates): a Williams design, rows of a Latin square in
+/// which each variant directly follows each other one once per `n` rounds (even `n`), or
+/// once per `2n` with the rows also reversed (odd `n`).
+pub fn round_order(round: usize, n: usize) -> Vec<usize> {
+    // 0, 1, n-1, 2, n-2, ...: consecutive differences cover every nonzero step once.
+    let base = (0..n).map(|j| {
+        if j % 2 == 1 {
+            j.div_ceil(2)
+        } else {
+            (n - j / 2) % n
+        }
+    });
+    let row = round % n.max(1);
+    let mut order: Vec<usize> = base.map(|b| (b + row) % n).collect();
+    if n % 2 == 1 && (round / n) % 2 == 1 {
+        order.reverse();
+    }
+    order
 }
 
 /// Timing rounds for candidates whose warm-up round took `warm_s` seconds.
@@ -437,6 +459,32 @@ pub fn batch_knee(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rounds_balance_positions_and_predecessors() {
+        for n in 1..=6 {
+            let rounds = if n % 2 == 0 { n } else { 2 * n };
+            let mut first = vec![0; n];
+            let mut follows = vec![vec![0; n]; n];
+            for r in 0..rounds {
+                let o = round_order(r, n);
+                let mut sorted = o.clone();
+                sorted.sort();
+                assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "n={n} round {r}: {o:?}");
+                first[o[0]] += 1;
+                for w in o.windows(2) {
+                    follows[w[0]][w[1]] += 1;
+                }
+            }
+            assert!(first.iter().all(|&f| f == rounds / n), "n={n}: {first:?}");
+            for (a, row) in follows.iter().enumerate() {
+                for (b, &c) in row.iter().enumerate() {
+                    let want = if a == b { 0 } else { rounds / n };
+                    assert_eq!(c, want, "n={n}: {b} after {a}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn quick_candidates_get_more_rounds_within_bounds() {
