@@ -12,6 +12,7 @@ mod common;
 use common::{cuda, nan, poisoned, random_in, rng, same_or_both_nan, seed, TestFloat};
 use half::{bf16, f16};
 use rand::Rng;
+use warpdrive::memory::PinnedBuf;
 use warpdrive::ops::{self, Activation, BinaryOp, Loads, Map};
 use warpdrive::{Buffer, Device, Error};
 
@@ -185,51 +186,71 @@ const BINARY_OPS: [BinaryOp; 6] = [
     BinaryOp::SwiGlu,
 ];
 
-/// f16 → f32 with the ±inf count: random bit patterns (NaN, ±inf, subnormals) with extra
-/// infinities sprinkled in, at every size; the widened values exact, the count added to
-/// what the counter held.
-fn widen_counting_inf_body(dev: &Device, seed: u64) {
+/// f16 → f32 with the ±inf flag: random bit patterns (NaN, subnormals, ±inf sprinkled in
+/// or kept out) at every size; the widened values exact, the flag set exactly when an
+/// infinity is there (also when it is the only one, in the scalar tail or the first
+/// vector), and never cleared.
+fn widen_flagging_inf_body(dev: &Device, seed: u64) {
     let s = dev.new_stream().unwrap();
     let mut r = rng(seed);
-    for n in SIZES.into_iter().chain([8, 4096 * 8 + 7]) {
-        let xs: Vec<f16> = (0..n)
-            .map(|_| match r.random_range(0..8) {
-                0 => f16::INFINITY,
-                1 => f16::NEG_INFINITY,
-                _ => f16::from_bits(r.random()),
-            })
-            .collect();
-        let x = Buffer::from_host(&s, &xs).unwrap();
-        let mut y = poisoned::<f32>(&s, n, f32::NAN);
-        let start: u32 = r.random_range(1..1000);
-        let mut infs = Buffer::from_host(&s, &[start, 7]).unwrap();
-        ops::widen_f16_counting_inf(&s, &x, &mut y, &mut infs).unwrap();
-        let got = y.to_host(&s).unwrap();
-        for (i, (g, w)) in got.iter().zip(&xs).enumerate() {
-            assert!(
-                if w.is_nan() {
-                    g.is_nan()
-                } else {
-                    g.to_bits() == w.to_f32().to_bits()
-                },
-                "n={n} i={i}: {w} -> {g}"
-            );
+    let finite = |r: &mut rand::rngs::StdRng| loop {
+        let v = f16::from_bits(r.random());
+        if !v.is_infinite() {
+            return v;
         }
-        let want = xs.iter().filter(|v| v.is_infinite()).count() as u32;
-        assert_eq!(infs.to_host(&s).unwrap(), [start + want, 7], "n={n}");
+    };
+    for n in SIZES.into_iter().chain([8, 4096 * 8 + 7]) {
+        for case in 0..4 {
+            let mut xs: Vec<f16> = (0..n).map(|_| finite(&mut r)).collect();
+            match case {
+                1 if n > 0 => xs[n - 1] = f16::NEG_INFINITY,
+                2 if n > 0 => xs[0] = f16::INFINITY,
+                3 => {
+                    for v in xs.iter_mut() {
+                        if r.random_range(0..8) == 0 {
+                            *v = f16::INFINITY;
+                        }
+                    }
+                }
+                _ => {}
+            }
+            let x = Buffer::from_host(&s, &xs).unwrap();
+            let mut y = poisoned::<f32>(&s, n, f32::NAN);
+            let mut flag = PinnedBuf::<u32>::new(dev, 2).unwrap();
+            flag.as_mut_slice().unwrap().copy_from_slice(&[0, 7]);
+            ops::widen_f16_flagging_inf(&s, &x, &mut y, &mut flag).unwrap();
+            s.synchronize().unwrap();
+            let got = y.to_host(&s).unwrap();
+            for (i, (g, w)) in got.iter().zip(&xs).enumerate() {
+                assert!(
+                    if w.is_nan() {
+                        g.is_nan()
+                    } else {
+                        g.to_bits() == w.to_f32().to_bits()
+                    },
+                    "n={n} i={i}: {w} -> {g}"
+                );
+            }
+            let want = u32::from(xs.iter().any(|v| v.is_infinite()));
+            assert_eq!(flag.as_slice().unwrap(), [want, 7], "n={n} case {case}");
+            // A set flag stays set.
+            flag.as_mut_slice().unwrap()[0] = 1;
+            ops::widen_f16_flagging_inf(&s, &x, &mut y, &mut flag).unwrap();
+            assert_eq!(flag.as_slice().unwrap(), [1, 7], "n={n} case {case}");
+        }
     }
     // Bad arguments are errors.
     let x = Buffer::<f16>::zeros(&s, 3).unwrap();
     let mut y = Buffer::<f32>::zeros(&s, 4).unwrap();
-    let mut infs = Buffer::<u32>::zeros(&s, 1).unwrap();
+    let mut flag = PinnedBuf::<u32>::new(dev, 1).unwrap();
     assert!(matches!(
-        ops::widen_f16_counting_inf(&s, &x, &mut y, &mut infs),
+        ops::widen_f16_flagging_inf(&s, &x, &mut y, &mut flag),
         Err(Error::LengthMismatch { .. })
     ));
     let mut y = Buffer::<f32>::zeros(&s, 3).unwrap();
-    let mut none = Buffer::<u32>::zeros(&s, 0).unwrap();
+    let mut none = PinnedBuf::<u32>::new(dev, 0).unwrap();
     assert!(matches!(
-        ops::widen_f16_counting_inf(&s, &x, &mut y, &mut none),
+        ops::widen_f16_flagging_inf(&s, &x, &mut y, &mut none),
         Err(Error::InvalidArgument(_))
     ));
 }
@@ -369,8 +390,8 @@ fn cpu_cast_is_exact() {
 }
 
 #[test]
-fn cpu_widen_f16_counting_inf() {
-    widen_counting_inf_body(&Device::cpu(), seed("cpu_widen_counting_inf"));
+fn cpu_widen_f16_flagging_inf() {
+    widen_flagging_inf_body(&Device::cpu(), seed("cpu_widen_flagging_inf"));
 }
 
 #[test]
@@ -459,8 +480,8 @@ fn gpu_cast_is_exact() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn gpu_widen_f16_counting_inf() {
-    widen_counting_inf_body(&cuda(), seed("gpu_widen_counting_inf"));
+fn gpu_widen_f16_flagging_inf() {
+    widen_flagging_inf_body(&cuda(), seed("gpu_widen_flagging_inf"));
 }
 
 #[test]

@@ -340,7 +340,9 @@ impl<T: DType> PinnedBuf<T> {
     }
 
     /// Records that work enqueued on `stream` so far uses this buffer.
-    fn record_use(&mut self, stream: &Stream) -> Result<()> {
+    /// Records that work enqueued on `stream` so far uses the buffer: host access and reuse
+    /// wait for it.
+    pub(crate) fn record_use(&mut self, stream: &Stream) -> Result<()> {
         let event = self.pool.event()?;
         stream.record(&event)?;
         self.events.push(event);

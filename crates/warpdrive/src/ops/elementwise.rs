@@ -5,7 +5,7 @@
 //!   touch memory (the fused chain `a·x + b` → activation → cast). [`cast`] is the identity
 //!   map: round to nearest even, NaN stays NaN, -0.0 stays -0.0, f16 overflow becomes ±inf.
 //! - [`binary`]: `out = op(a, b)` for add, sub, mul, max, min and SwiGLU (`silu(a) · b`).
-//! - [`widen_f16_counting_inf`]: the f16 → f32 cast that also counts the ±inf inputs.
+//! - [`widen_f16_flagging_inf`]: the f16 → f32 cast that also flags a ±inf input.
 //!
 //! Kernels give each lane 16 bytes of the wider type per access (4 f32 or 8 f16/bf16; the
 //! narrower side of a cast moves 8 bytes), so every access instruction of a warp covers one
@@ -19,7 +19,7 @@ use half::f16;
 use crate::dtype::Float;
 use crate::error::{Error, Result};
 use crate::kernels::ELEMENTWISE;
-use crate::memory::{check_len, Buffer};
+use crate::memory::{check_len, Buffer, PinnedBuf};
 
 use super::{by_float, fill_grid, float_index, launch, Args, BLOCK};
 
@@ -223,47 +223,53 @@ pub fn cast<I: Float, O: Float>(stream: &Stream, x: &Buffer<I>, y: &mut Buffer<O
     map(stream, &Map::IDENTITY, x, y)
 }
 
-/// [`cast`] from f16 to f32 that also adds the number of ±inf values in `x` to `infs[0]`
-/// (on the GPU: one atomic per warp that meets any), so data narrowed to f16 on the host
-/// can be checked for overflow on the device instead of by another host pass over it
-/// (`transfer::Compression::Auto`). `infs` must hold at least one element.
-pub fn widen_f16_counting_inf(
+/// [`cast`] from f16 to f32 that also sets `any_inf[0]` to 1 when `x` holds a ±inf (and
+/// leaves it alone otherwise). The flag lives in pinned host memory, which the kernel
+/// writes through unified addressing: once the stream's work is done the host reads it
+/// with no copy back, so data narrowed to f16 on the host is checked for overflow on the
+/// device instead of by another host pass (`transfer::Compression::Auto`). `any_inf` must
+/// hold at least one element.
+pub fn widen_f16_flagging_inf(
     stream: &Stream,
     x: &Buffer<f16>,
     y: &mut Buffer<f32>,
-    infs: &mut Buffer<u32>,
+    any_inf: &mut PinnedBuf<u32>,
 ) -> Result<()> {
-    const OP: &str = "widen_f16_counting_inf";
+    const OP: &str = "widen_f16_flagging_inf";
     x.check_stream(stream, OP)?;
     y.check_stream(stream, OP)?;
-    infs.check_stream(stream, OP)?;
+    any_inf.device().same_as(stream.device(), OP)?;
     check_len(OP, x.len(), y.len())?;
-    if infs.is_empty() {
+    if any_inf.is_empty() {
         return Err(Error::InvalidArgument(format!(
-            "{OP}: the count buffer is empty"
+            "{OP}: the flag buffer is empty"
         )));
     }
     if x.is_empty() {
         return Ok(());
     }
     let Some((d, s)) = stream.cuda() else {
-        let mut found = 0u32;
         for (yo, &xi) in y.host_view_mut()?.iter_mut().zip(x.host_view()?) {
-            found += u32::from(xi.is_infinite());
             *yo = xi.to_f32();
         }
-        let count = &mut infs.host_view_mut()?[0];
-        *count = count.wrapping_add(found);
+        if x.host_view()?.iter().any(|v| v.is_infinite()) {
+            any_inf.as_mut_slice()?[0] = 1;
+        }
         return Ok(());
     };
-    const NAME: &str = "widen_f16_count_inf";
+    const NAME: &str = "widen_f16_flag_inf";
     let n = x.len() as u64;
     // 4 packs of 8 per thread per pass, as the map kernels.
     let grid = fill_grid(d, (&ELEMENTWISE, NAME), n, BLOCK as u64 * 32)?;
-    let args = Args::new().buf(x).buf(y).u64(n).buf(infs);
-    // SAFETY: widen_f16_count_inf(const f16* x, float* y, u64 n, u32* infs): x and y hold n
-    // elements, infs at least one.
-    unsafe { launch(d, s, (&ELEMENTWISE, NAME), grid, BLOCK, 0, args) }
+    // The host may still be writing the flag through a copy: wait for those first.
+    any_inf.as_mut_slice()?;
+    let args = Args::new().buf(x).buf(y).u64(n).u64(any_inf.host_ptr());
+    // SAFETY: widen_f16_flag_inf(const f16* x, float* y, u64 n, volatile u32* any_inf): x
+    // and y hold n elements; any_inf is a live pinned block of at least one u32, addressable
+    // from the device at its host address (unified addressing), kept from host access and
+    // reuse until the event recorded below completes.
+    unsafe { launch(d, s, (&ELEMENTWISE, NAME), grid, BLOCK, 0, args)? };
+    any_inf.record_use(stream)
 }
 
 /// An elementwise operation of two buffers.

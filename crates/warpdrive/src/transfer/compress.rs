@@ -41,11 +41,12 @@ pub enum Compression {
     /// timed once on the caller's data and kept in the autotune cache (`exec::tune`).
     /// Uploads may pick `F16`, but data with a finite value beyond f16's range goes
     /// uncompressed instead (the copy is redone), so every value is within
-    /// [`BF16_REL_ERROR`] relative or [`F16_ABS_ERROR`] absolute. The device counts the
-    /// infinities while it widens and the host looks at the source only when there are
-    /// some, so the check costs the host nothing (a host-side check added about a fifth to
-    /// the narrowing work: 0.93-0.95 of plain `F16` at 16 MiB on the H200 host). Downloads
-    /// pick `None` or `Bf16` (their narrowing runs on the device, unchecked).
+    /// [`BF16_REL_ERROR`] relative or [`F16_ABS_ERROR`] absolute. The device flags an
+    /// infinity while it widens (into pinned memory the host reads without a copy back) and
+    /// the host looks at the source only when there is one, so the check costs the host
+    /// nothing (a host-side check added about a fifth to the narrowing work: 0.93-0.95 of
+    /// plain `F16` at 16 MiB on the H200 host). Downloads pick `None` or `Bf16` (their
+    /// narrowing runs on the device, unchecked).
     Auto,
 }
 
@@ -126,20 +127,19 @@ pub fn upload_f32(
 }
 
 /// An upload `Auto` chose `c` for: as `c`, except that `F16` falls back to `None` when
-/// some finite value lies beyond f16's range. The device counts the ±inf values while it
-/// widens; only when it finds some does the host look at the source (an inf that was one
-/// already is exact), so the common case costs the host nothing beyond plain `F16`.
+/// some finite value lies beyond f16's range. The device flags a ±inf while it widens;
+/// only when it finds one does the host look at the source (an inf that was one already is
+/// exact), so the common case costs the host nothing beyond plain `F16`.
 fn upload_auto(stream: &Stream, dst: &mut Buffer<f32>, src: &[f32], c: Compression) -> Result<()> {
     if c != Compression::F16 {
         return upload_f32(stream, dst, src, c);
     }
-    let mut infs = Buffer::<u32>::zeros(stream, 1)?;
-    let mut seen = PinnedBuf::<u32>::new(stream.device(), 1)?;
+    let mut any_inf = PinnedBuf::<u32>::new(stream.device(), 1)?;
+    any_inf.as_mut_slice()?[0] = 0;
     upload_narrow::<f16>(stream, dst, src, |s, wire, dst| {
-        crate::ops::widen_f16_counting_inf(s, wire, dst, &mut infs)?;
-        infs.copy_to_pinned(s, &mut seen)
+        crate::ops::widen_f16_flagging_inf(s, wire, dst, &mut any_inf)
     })?;
-    if seen.as_slice()?[0] == 0 || !overflows_f16(src) {
+    if any_inf.as_slice()?[0] == 0 || !overflows_f16(src) {
         return Ok(());
     }
     tracing::debug!("transfer: data beyond f16's range; sending it uncompressed");
