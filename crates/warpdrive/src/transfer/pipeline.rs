@@ -61,6 +61,8 @@ pub struct Pipeline {
     chunk_len: usize,
     /// Chunks in flight per stream (2: double buffering, 3: triple).
     buffering: usize,
+    /// Copy threads per host copy (the staging thread's included); None: all of them.
+    copy_threads: Option<usize>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -115,7 +117,15 @@ impl Pipeline {
                 .collect::<Result<_>>()?,
             chunk_len,
             buffering,
+            copy_threads: None,
         })
+    }
+
+    /// This pipeline with its host copies on at most `threads` copy threads (at least one;
+    /// by default all of them).
+    pub fn with_copy_threads(mut self, threads: usize) -> Pipeline {
+        self.copy_threads = Some(threads.max(1));
+        self
     }
 
     pub fn streams(&self) -> &[Stream] {
@@ -152,13 +162,38 @@ impl Pipeline {
             let (enqueued_tx, enqueued_rx) = mpsc::channel::<InFlight<T, U>>();
             let stager = scope.spawn(move || self.stage(input, output, t0, staged_tx, enqueued_rx));
             let mut enqueue_all = || -> Result<()> {
+                // Device buffers per in-flight slot, made at first use and reused by every
+                // chunk of that slot: slot k always runs on stream k % streams (the window
+                // is a multiple of the streams), so reuse is ordered on one stream. (A pair
+                // per chunk from the pool let one stream's allocation wait for another's
+                // free: the stages ran one after another, wall 1.6x the slowest.)
+                let window = self.streams.len() * self.buffering;
+                let mut slots: Vec<Option<(Buffer<T>, Buffer<U>)>> =
+                    (0..window.min(n)).map(|_| None).collect();
                 for index in 0..n {
                     // A closed channel means the staging thread failed: its error wins.
                     let Ok(Staged { index: got, input }) = staged_rx.recv() else {
                         return Ok(());
                     };
                     debug_assert_eq!(got, index);
-                    let f = self.enqueue(index, input, &mut compute)?;
+                    let stream = &self.streams[index % self.streams.len()];
+                    let len = input.len();
+                    let f = if len == self.chunk_len {
+                        let slot = &mut slots[index % window];
+                        let (d_in, d_out) = match slot.take() {
+                            Some(pair) => slot.insert(pair),
+                            None => slot.insert((
+                                Buffer::uninit(stream, len)?,
+                                Buffer::uninit(stream, len)?,
+                            )),
+                        };
+                        self.enqueue(index, input, d_in, d_out, &mut compute)?
+                    } else {
+                        // The shorter last chunk: buffers of its own length.
+                        let (mut d_in, mut d_out) =
+                            (Buffer::uninit(stream, len)?, Buffer::uninit(stream, len)?);
+                        self.enqueue(index, input, &mut d_in, &mut d_out, &mut compute)?
+                    };
                     if enqueued_tx.send(f).is_err() {
                         return Ok(());
                     }
@@ -191,11 +226,14 @@ impl Pipeline {
         Ok(stats)
     }
 
-    /// Enqueues chunk `index`'s H2D, compute and D2H on its stream (on the calling thread).
+    /// Enqueues chunk `index`'s H2D, compute and D2H on its stream (on the calling thread),
+    /// through `d_in` and `d_out` (the chunk's length, used on that stream only).
     fn enqueue<T: DType, U: DType>(
         &self,
         index: usize,
         mut input: PinnedBuf<T>,
+        d_in: &mut Buffer<T>,
+        d_out: &mut Buffer<U>,
         compute: &mut impl FnMut(&Stream, &Buffer<T>, &mut Buffer<U>) -> Result<()>,
     ) -> Result<InFlight<T, U>> {
         let stream = &self.streams[index % self.streams.len()];
@@ -206,12 +244,10 @@ impl Pipeline {
             self.device.new_event()?,
             self.device.new_event()?,
         ];
-        let mut d_in = Buffer::<T>::uninit(stream, len)?;
-        let mut d_out = Buffer::<U>::uninit(stream, len)?;
         stream.record(&events[0])?;
         d_in.copy_from_pinned(stream, &mut input)?;
         stream.record(&events[1])?;
-        compute(stream, &d_in, &mut d_out)?;
+        compute(stream, d_in, d_out)?;
         stream.record(&events[2])?;
         let mut out = PinnedBuf::<U>::new(&self.device, len)?;
         d_out.copy_to_pinned(stream, &mut out)?;
@@ -237,7 +273,9 @@ impl Pipeline {
         enqueued: mpsc::Receiver<InFlight<T, U>>,
     ) -> Result<(f64, f64, StageIntervals)> {
         let workers = workers(&self.device);
-        let threads = workers.threads();
+        let threads = self
+            .copy_threads
+            .map_or(workers.threads(), |t| t.min(workers.threads()));
         let chunk = self.chunk_len;
         let n = input.len().div_ceil(chunk);
         let window = self.streams.len() * self.buffering;
