@@ -174,10 +174,7 @@ fn batch_body(dev: &Device) {
 fn pipeline_body(dev: &Device) {
     let mut r = rng(seed("pipeline"));
     for (streams, chunk, buffering) in [(1, 1000, 2), (2, 777, 2), (3, 4096, 3)] {
-        let mut p = Pipeline::new(dev, streams, chunk, buffering).unwrap();
-        if streams == 2 {
-            p = p.with_copy_threads(2);
-        }
+        let p = Pipeline::new(dev, streams, chunk, buffering).unwrap();
         let input = random_f32(&mut r, 20 * chunk + 13);
         let mut output = vec![f32::NAN; input.len()];
         let delays: Vec<u64> = (0..25).map(|_| r.random_range(0..4)).collect();

@@ -321,9 +321,9 @@ pub fn autotune<C: Display + Clone>(
     Autotuner::global().tune(stream, &key, size, candidates, run)
 }
 
-/// The order of `round` among `n` variants (or candidates): a Williams design, rows of a Latin square in
-/// which each variant directly follows each other one once per `n` rounds (even `n`), or
-/// once per `2n` with the rows also reversed (odd `n`).
+/// The order of `round` among `n` variants (or candidates): a Williams design, rows of a
+/// Latin square in which each variant directly follows each other one once per `n` rounds
+/// (even `n`), or once per `2n` with the rows also reversed (odd `n`).
 pub fn round_order(round: usize, n: usize) -> Vec<usize> {
     // 0, 1, n-1, 2, n-2, ...: consecutive differences cover every nonzero step once.
     let base = (0..n).map(|j| {

@@ -110,6 +110,14 @@ MAP(bf16, bf16, bf16, bf16)
 __device__ __forceinline__ u32 infs_in_pair(u32 two_halves) {
     return ((two_halves & 0x7fffu) == 0x7c00u) + (((two_halves >> 16) & 0x7fffu) == 0x7c00u);
 }
+// Widens one pack into y (16-byte aligned); returns its number of ±inf.
+__device__ __forceinline__ u32 widen_pack(const Pack8<f16>& p, float* __restrict__ y) {
+    const uint4 w = p.w[0];
+    float v[8];
+    unpack8(p, v);
+    store_pack8(y, pack8<float>(v));
+    return infs_in_pair(w.x) + infs_in_pair(w.y) + infs_in_pair(w.z) + infs_in_pair(w.w);
+}
 extern "C" __global__ void __launch_bounds__(256) widen_f16_flag_inf(const f16* __restrict__ x, float* __restrict__ y, u64 n, volatile u32* any_inf) {
     const u64 stride = (u64)gridDim.x * blockDim.x;
     const u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;
@@ -125,22 +133,9 @@ extern "C" __global__ void __launch_bounds__(256) widen_f16_flag_inf(const f16* 
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) p[u] = load_pack8(x + (i + u * stride) * 8);
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                const uint4 w = p[u].w[0];
-                found += infs_in_pair(w.x) + infs_in_pair(w.y) + infs_in_pair(w.z) + infs_in_pair(w.w);
-                float v[8];
-                unpack8(p[u], v);
-                store_pack8(y + (i + u * stride) * 8, pack8<float>(v));
-            }
+            for (int u = 0; u < UNROLL; ++u) found += widen_pack(p[u], y + (i + u * stride) * 8);
         }
-        for (; i < packs; i += stride) {
-            const Pack8<f16> p = load_pack8(x + i * 8);
-            const uint4 w = p.w[0];
-            found += infs_in_pair(w.x) + infs_in_pair(w.y) + infs_in_pair(w.z) + infs_in_pair(w.w);
-            float v[8];
-            unpack8(p, v);
-            store_pack8(y + i * 8, pack8<float>(v));
-        }
+        for (; i < packs; i += stride) found += widen_pack(load_pack8(x + i * 8), y + i * 8);
         head = packs * 8;
     }
     for (u64 i = head + tid; i < n; i += stride) {

@@ -13,9 +13,9 @@
 //! blocks; [`Loads::Scalar`] selects the one-element-per-access kernel instead, kept as the
 //! measured baseline.
 
-use crate::device::Stream;
 use half::f16;
 
+use crate::device::Stream;
 use crate::dtype::Float;
 use crate::error::{Error, Result};
 use crate::kernels::ELEMENTWISE;
@@ -249,10 +249,12 @@ pub fn widen_f16_flagging_inf(
         return Ok(());
     }
     let Some((d, s)) = stream.cuda() else {
+        let mut found = false;
         for (yo, &xi) in y.host_view_mut()?.iter_mut().zip(x.host_view()?) {
+            found |= xi.is_infinite();
             *yo = xi.to_f32();
         }
-        if x.host_view()?.iter().any(|v| v.is_infinite()) {
+        if found {
             any_inf.as_mut_slice()?[0] = 1;
         }
         return Ok(());

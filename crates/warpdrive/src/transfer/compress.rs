@@ -120,8 +120,8 @@ pub fn upload_f32(
     };
     match (compression, c) {
         (Compression::Auto, c) => upload_auto(stream, dst, src, c),
-        (_, Compression::Bf16) => upload_narrow::<bf16>(stream, dst, src, widen),
-        (_, Compression::F16) => upload_narrow::<f16>(stream, dst, src, widen),
+        (_, Compression::Bf16) => upload_narrow::<bf16>(stream, dst, src, crate::ops::cast),
+        (_, Compression::F16) => upload_narrow::<f16>(stream, dst, src, crate::ops::cast),
         _ => super::upload(stream, dst, src),
     }
 }
@@ -183,11 +183,6 @@ pub fn download_f32(
 fn chunking(len: usize, cfg: &TransferConfig) -> usize {
     // Chunks of the configured size in f32 bytes.
     super::chunk_len::<f32>(len, cfg)
-}
-
-/// The device side of a narrowed upload: the wire widened into the destination.
-fn widen<H: Float>(stream: &Stream, wire: &Buffer<H>, dst: &mut Buffer<f32>) -> Result<()> {
-    crate::ops::cast(stream, wire, dst)
 }
 
 /// Sends `src` narrowed to `H` (on the copy threads, chunk by chunk) and has `widen` turn

@@ -6,9 +6,9 @@
 //!   pool while the DMA engine moves earlier chunks ([`TransferConfig::depth`] in flight, an
 //!   event per chunk guarding each block's reuse). Copies under
 //!   [`TransferConfig::direct_below`] take one DMA: through one pinned block this thread
-//!   fills or reads under [`ALWAYS_DIRECT`], else the driver's own pageable copy. Chunk size and thread
-//!   count are tuned at the first large copy on a device and kept in the autotune cache
-//!   (`exec::tune`); [`set_config`] overrides them.
+//!   fills or reads under [`ALWAYS_DIRECT`], else the driver's own pageable copy. Chunk
+//!   size and thread count are tuned at the first large copy on a device and kept in the
+//!   autotune cache (`exec::tune`); [`set_config`] overrides them.
 //!   `Buffer::copy_from_host`/`copy_to_host` stay the plain driver copy: `memory` sits below
 //!   this floor and must not depend on it, and one explicit fast entry point is simpler
 //!   than injecting a hook into `memory`. [`to_host`] fills a fresh `Vec` never zeroed first,

@@ -61,8 +61,6 @@ pub struct Pipeline {
     chunk_len: usize,
     /// Chunks in flight per stream (2: double buffering, 3: triple).
     buffering: usize,
-    /// Copy threads per host copy (the staging thread's included); None: all of them.
-    copy_threads: Option<usize>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -117,15 +115,7 @@ impl Pipeline {
                 .collect::<Result<_>>()?,
             chunk_len,
             buffering,
-            copy_threads: None,
         })
-    }
-
-    /// This pipeline with its host copies on at most `threads` copy threads (at least one;
-    /// by default all of them).
-    pub fn with_copy_threads(mut self, threads: usize) -> Pipeline {
-        self.copy_threads = Some(threads.max(1));
-        self
     }
 
     pub fn streams(&self) -> &[Stream] {
@@ -162,34 +152,35 @@ impl Pipeline {
             let (enqueued_tx, enqueued_rx) = mpsc::channel::<InFlight<T, U>>();
             let stager = scope.spawn(move || self.stage(input, output, t0, staged_tx, enqueued_rx));
             let mut enqueue_all = || -> Result<()> {
-                // Device buffers per in-flight slot, made at first use and reused by every
-                // chunk of that slot: slot k always runs on stream k % streams (the window
-                // is a multiple of the streams), so reuse is ordered on one stream. (A pair
-                // per chunk from the pool let one stream's allocation wait for another's
-                // free: the stages ran one after another, wall 1.6x the slowest.)
+                // Device buffers per in-flight slot, reused by every full chunk of that slot:
+                // slot k always runs on stream k % streams (the window is a multiple of the
+                // streams), so reuse is ordered on one stream. (A pair per chunk from the
+                // pool let one stream's allocation wait for another's free: the stages ran
+                // one after another, wall 1.6x the slowest.)
                 let window = self.streams.len() * self.buffering;
-                let mut slots: Vec<Option<(Buffer<T>, Buffer<U>)>> =
-                    (0..window.min(n)).map(|_| None).collect();
+                let full = input.len() / self.chunk_len;
+                let mut slots = (0..window.min(full))
+                    .map(|k| {
+                        let s = &self.streams[k % self.streams.len()];
+                        Ok((
+                            Buffer::<T>::uninit(s, self.chunk_len)?,
+                            Buffer::<U>::uninit(s, self.chunk_len)?,
+                        ))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
                 for index in 0..n {
                     // A closed channel means the staging thread failed: its error wins.
                     let Ok(Staged { index: got, input }) = staged_rx.recv() else {
                         return Ok(());
                     };
                     debug_assert_eq!(got, index);
-                    let stream = &self.streams[index % self.streams.len()];
-                    let len = input.len();
-                    let f = if len == self.chunk_len {
-                        let slot = &mut slots[index % window];
-                        let (d_in, d_out) = match slot.take() {
-                            Some(pair) => slot.insert(pair),
-                            None => slot.insert((
-                                Buffer::uninit(stream, len)?,
-                                Buffer::uninit(stream, len)?,
-                            )),
-                        };
+                    let f = if index < full {
+                        let (d_in, d_out) = &mut slots[index % window];
                         self.enqueue(index, input, d_in, d_out, &mut compute)?
                     } else {
                         // The shorter last chunk: buffers of its own length.
+                        let stream = &self.streams[index % self.streams.len()];
+                        let len = input.len();
                         let (mut d_in, mut d_out) =
                             (Buffer::uninit(stream, len)?, Buffer::uninit(stream, len)?);
                         self.enqueue(index, input, &mut d_in, &mut d_out, &mut compute)?
@@ -273,9 +264,7 @@ impl Pipeline {
         enqueued: mpsc::Receiver<InFlight<T, U>>,
     ) -> Result<(f64, f64, StageIntervals)> {
         let workers = workers(&self.device);
-        let threads = self
-            .copy_threads
-            .map_or(workers.threads(), |t| t.min(workers.threads()));
+        let threads = workers.threads();
         let chunk = self.chunk_len;
         let n = input.len().div_ceil(chunk);
         let window = self.streams.len() * self.buffering;
