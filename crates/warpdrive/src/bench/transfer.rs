@@ -24,6 +24,7 @@
 //!   `warpdrive-f16`, `warpdrive-auto`, timed in interleaved rounds (`time_host_rounds`);
 //!   `extra.auto_pick` on the `warpdrive-auto` row: what `Auto` chose for that size.
 
+use crate::device::workers::PAGE;
 use crate::error::Result;
 use crate::memory::{Buffer, PinnedBuf};
 use crate::ops;
@@ -144,20 +145,27 @@ fn host_copy_rate(ctx: &mut Ctx) -> Result<()> {
     let workers = transfer::workers(ctx.device());
     for threads in [1, 2, 4, 8, 16] {
         ctx.step(format!("host-copy-rate {threads} threads"));
-        let mut us = time_host(1, 5, || {
-            transfer::par_copy(workers, threads, &mut dst, &src);
+        // The ceiling is the staged copies' own (non-temporal) copy; `memcpy` shows what
+        // `copy_from_slice` reaches on the same threads.
+        let mut samples = time_host_rounds(1, 5, 2, |v| {
+            match v {
+                0 => transfer::par_copy(workers, threads, &mut dst, &src),
+                _ => workers.map(threads, PAGE, &mut dst, &src, |d, s| d.copy_from_slice(s)),
+            }
             Ok(())
         })?;
-        ctx.record_bytes(
-            "host-copy-rate",
-            threads as u64,
-            "ceiling",
-            &mut us,
-            bytes as f64,
-            Some(Ceiling::HostMemcpy),
-        )?
-        .extra
-        .insert("threads_available".into(), workers.threads().into());
+        for (variant, us) in ["ceiling", "memcpy"].iter().zip(samples.iter_mut()) {
+            ctx.record_bytes(
+                "host-copy-rate",
+                threads as u64,
+                variant,
+                us,
+                bytes as f64,
+                Some(Ceiling::HostMemcpy),
+            )?
+            .extra
+            .insert("threads_available".into(), workers.threads().into());
+        }
     }
     Ok(())
 }

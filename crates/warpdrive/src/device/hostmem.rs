@@ -186,6 +186,92 @@ fn advise_huge_pages<T>(mem: &mut [MaybeUninit<T>]) {
     }
 }
 
+/// `dst.copy_from_slice(src)` with non-temporal stores where the CPU has them (x86-64):
+/// each destination cache line is written whole without first being read, so a large copy
+/// moves its bytes through host memory twice instead of three times and leaves the cache to
+/// others. For copies whose destination is read next by a DMA engine or not soon (staging
+/// blocks, large downloads): on the H200 host, 1 GiB on 16 threads ran at 53 GB/s against
+/// 35 for `copy_from_slice`, and staged uploads at 42-45 GB/s against 34-38. Ends with a
+/// store fence, so the bytes are visible to every agent once it returns.
+pub fn stream_copy<T: Copy>(dst: &mut [T], src: &[T]) {
+    let n = std::mem::size_of_val(dst).min(std::mem::size_of_val(src));
+    let (d, s) = (dst.as_mut_ptr().cast::<u8>(), src.as_ptr().cast::<u8>());
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: both ranges hold `n` bytes, `&mut` excludes overlap, and the CPU has
+            // AVX2 (checked just above).
+            unsafe { stream_bytes_avx2(d, s, n) };
+        } else {
+            // SAFETY: as above; SSE2 is part of x86-64.
+            unsafe { stream_bytes_sse2(d, s, n) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    // SAFETY: both ranges hold `n` bytes and `&mut` excludes overlap.
+    unsafe {
+        std::ptr::copy_nonoverlapping(s, d, n)
+    };
+}
+
+/// Bytes per streamed line (the cache line).
+#[cfg(target_arch = "x86_64")]
+const LINE: usize = 64;
+
+/// [`stream_copy`]'s body: plain copies for the head up to the first line boundary of `dst`
+/// and for the tail, whole lines streamed in between (32-byte loads and stores).
+///
+/// # Safety
+/// `src` readable and `dst` writable for `n` bytes, not overlapping; the CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn stream_bytes_avx2(dst: *mut u8, src: *const u8, n: usize) {
+    use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_stream_si256, _mm_sfence};
+    let head = dst.align_offset(LINE).min(n);
+    // SAFETY: every access stays inside the `n` bytes the caller vouches for, and the
+    // streamed stores go to line-aligned (so 32-byte-aligned) addresses.
+    unsafe {
+        std::ptr::copy_nonoverlapping(src, dst, head);
+        let mut i = head;
+        while i + LINE <= n {
+            let s = src.add(i).cast::<__m256i>();
+            let d = dst.add(i).cast::<__m256i>();
+            let (a, b) = (_mm256_loadu_si256(s), _mm256_loadu_si256(s.add(1)));
+            _mm256_stream_si256(d, a);
+            _mm256_stream_si256(d.add(1), b);
+            i += LINE;
+        }
+        std::ptr::copy_nonoverlapping(src.add(i), dst.add(i), n - i);
+        // Streamed stores are weakly ordered: fence them before anyone hears they are done.
+        _mm_sfence();
+    }
+}
+
+/// [`stream_bytes_avx2`] with 16-byte loads and stores (every x86-64 CPU).
+///
+/// # Safety
+/// `src` readable and `dst` writable for `n` bytes, not overlapping.
+#[cfg(target_arch = "x86_64")]
+unsafe fn stream_bytes_sse2(dst: *mut u8, src: *const u8, n: usize) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+    let head = dst.align_offset(LINE).min(n);
+    // SAFETY: as in `stream_bytes_avx2`; line-aligned stores are 16-byte aligned.
+    unsafe {
+        std::ptr::copy_nonoverlapping(src, dst, head);
+        let mut i = head;
+        while i + LINE <= n {
+            let s = src.add(i).cast::<__m128i>();
+            let d = dst.add(i).cast::<__m128i>();
+            for k in 0..4 {
+                _mm_stream_si128(d.add(k), _mm_loadu_si128(s.add(k)));
+            }
+            i += LINE;
+        }
+        std::ptr::copy_nonoverlapping(src.add(i), dst.add(i), n - i);
+        _mm_sfence();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,5 +300,48 @@ mod tests {
         let mut empty = FreshVec::<u8>::with_capacity(0);
         empty.extend_par(&w, 3, &[]).unwrap();
         assert!(empty.into_vec().is_empty());
+    }
+
+    #[test]
+    fn stream_copy_copies_every_byte_at_odd_offsets_and_lengths() {
+        let src: Vec<u8> = (0..70_001u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        for (at, len) in [
+            (0, 0),
+            (0, 1),
+            (3, 63),
+            (1, 64),
+            (5, 65),
+            (17, 4_099),
+            (0, 70_001),
+            (7, 69_990),
+        ] {
+            for dst_at in [0, 1, 33] {
+                let mut dst = vec![0xa5u8; len + dst_at + 8];
+                stream_copy(&mut dst[dst_at..dst_at + len], &src[at..at + len]);
+                assert_eq!(
+                    &dst[dst_at..dst_at + len],
+                    &src[at..at + len],
+                    "{at}+{len} at {dst_at}"
+                );
+                assert!(dst[..dst_at]
+                    .iter()
+                    .chain(&dst[dst_at + len..])
+                    .all(|&b| b == 0xa5));
+            }
+        }
+        // The SSE2 body too (the AVX2 one runs above where the CPU has AVX2).
+        #[cfg(target_arch = "x86_64")]
+        for (at, len) in [(0, 1), (3, 127), (5, 4_099)] {
+            let mut dst = vec![0xa5u8; len + 1];
+            // SAFETY: `dst[1..]` and `src[at..]` hold `len` bytes each, apart.
+            unsafe { stream_bytes_sse2(dst[1..].as_mut_ptr(), src[at..].as_ptr(), len) };
+            assert_eq!(&dst[1..], &src[at..at + len]);
+        }
+        let wide: Vec<u32> = (0..1_001).map(|i| i * 7 + 1).collect();
+        let mut out = vec![0u32; 1_001];
+        stream_copy(&mut out, &wide);
+        assert_eq!(out, wide);
     }
 }

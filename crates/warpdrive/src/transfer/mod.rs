@@ -39,7 +39,7 @@ use std::mem::size_of_val;
 
 use parking_lot::Mutex;
 
-use crate::device::hostmem::{FreshVec, HUGE_FROM, HUGE_PAGE};
+use crate::device::hostmem::{stream_copy, FreshVec, HUGE_FROM, HUGE_PAGE};
 use crate::device::workers::{Workers, PAGE};
 use crate::device::{Device, Stream};
 use crate::dtype::{DType, DTypeKind};
@@ -472,12 +472,14 @@ fn staged_d2h_with<T: DType>(
     Ok(())
 }
 
-/// `dst.copy_from_slice(src)` in up to `threads` page-aligned pieces on the copy threads.
+/// `dst.copy_from_slice(src)` in up to `threads` page-aligned pieces on the copy threads,
+/// with non-temporal stores (`stream_copy`: `dst` is next read by the DMA engine, or is
+/// large enough that the cache would not keep it anyway).
 pub fn par_copy<T: Copy + Send + Sync>(
     workers: &Workers,
     threads: usize,
     dst: &mut [T],
     src: &[T],
 ) {
-    workers.map(threads, PAGE, dst, src, |d, s| d.copy_from_slice(s));
+    workers.map(threads, PAGE, dst, src, stream_copy);
 }
