@@ -4,32 +4,55 @@
 //! GPU's NUMA node. It lives here (the backend floor) because lending a borrowed closure to
 //! long-lived threads needs `unsafe`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-/// A job: a borrowed closure with its lifetime erased (see [`Workers::run`]).
-#[derive(Clone, Copy)]
-struct RawJob(*const (dyn Fn(usize) + Sync));
+/// The job being run: a borrowed closure with its lifetime erased, on the stack of the
+/// [`Workers::run`] call that posted it.
+struct Posted(*const (dyn Fn(usize) + Sync));
 
-// SAFETY: the pointee is `Sync` and outlives every use (see `Workers::run`).
-unsafe impl Send for RawJob {}
+/// The current job's ticket in one word, so that taking a part (a compare-exchange) fails
+/// once the job it was read with is over: generation (32 bits), parts (16), next part (16).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Ticket(u64);
 
-#[derive(Default)]
-struct State {
-    generation: u64,
-    job: Option<RawJob>,
-    parts: usize,
-    next: usize,
-    left: usize,
+impl Ticket {
+    fn new(generation: u64, parts: usize) -> Ticket {
+        Ticket((generation << 32) | ((parts as u64) << 16))
+    }
+    fn generation(self) -> u64 {
+        self.0 >> 32
+    }
+    fn parts(self) -> usize {
+        ((self.0 >> 16) & 0xffff) as usize
+    }
+    fn next(self) -> usize {
+        (self.0 & 0xffff) as usize
+    }
+    /// The same job with parts up to `next` taken.
+    fn taken(self, next: usize) -> Ticket {
+        Ticket((self.0 & !0xffff) | next as u64)
+    }
 }
 
+/// The most parts one posted job has (the ticket's 16 bits); [`Workers::run`] posts more
+/// as several jobs.
+const MAX_PARTS: usize = 0xffff;
+
 struct Shared {
-    /// `State::generation`, readable without the lock (for spinning workers).
-    posted: AtomicU64,
-    state: Mutex<State>,
+    /// The current job's [`Ticket`].
+    ticket: AtomicU64,
+    /// The current job (valid while a part of it is taken and unfinished).
+    job: AtomicPtr<Posted>,
+    /// Parts of the current job not yet finished.
+    left: AtomicUsize,
+    /// Workers asleep on `work`; guards the sleeps on both condition variables.
+    sleepers: Mutex<usize>,
+    /// `*sleepers` readable without the lock (the poster skips the lock when nobody sleeps).
+    asleep: AtomicUsize,
     work: Condvar,
     done: Condvar,
 }
@@ -65,8 +88,11 @@ impl Workers {
     /// `threads` threads in all (the caller counts as one), pinned to `cpus` when given.
     pub fn new(threads: usize, cpus: Option<Vec<usize>>) -> Workers {
         let shared = Arc::new(Shared {
-            posted: AtomicU64::new(0),
-            state: Mutex::new(State::default()),
+            ticket: AtomicU64::new(0),
+            job: AtomicPtr::new(std::ptr::null_mut()),
+            left: AtomicUsize::new(0),
+            sleepers: Mutex::new(0),
+            asleep: AtomicUsize::new(0),
             work: Condvar::new(),
             done: Condvar::new(),
         });
@@ -171,26 +197,45 @@ impl Workers {
             return;
         }
         let _one = self.run.lock();
-        // SAFETY: the lifetime is erased only while this call runs: `Finish` (also on
-        // unwinding) waits until every part has returned and clears the job before `f`'s
-        // borrow ends, and workers read the job only under the lock while it is set.
-        let raw = RawJob(unsafe {
+        for first in (0..parts).step_by(MAX_PARTS) {
+            let n = MAX_PARTS.min(parts - first);
+            if first == 0 {
+                self.post(n, f);
+            } else {
+                self.post(n, &|i| f(first + i));
+            }
+        }
+    }
+
+    /// Posts one job of `parts` (at most [`MAX_PARTS`]) parts, works on it, and returns
+    /// when every part is done. The caller holds `self.run`.
+    fn post(&self, parts: usize, f: &(dyn Fn(usize) + Sync)) {
+        let shared = &*self.shared;
+        // SAFETY: the lifetime is erased only while this call runs: a worker calls `f` only
+        // for a part whose ticket it took (so the job is not over), `Finish` (also on
+        // unwinding) waits until every taken part has returned, and `posted` outlives it.
+        let posted = Posted(unsafe {
             std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), *const (dyn Fn(usize) + Sync)>(
                 f as *const _,
             )
         });
-        {
-            let mut st = self.shared.state.lock();
-            st.generation += 1;
-            st.job = Some(raw);
-            st.parts = parts;
-            st.next = 0;
-            st.left = parts;
-            self.shared.posted.store(st.generation, Ordering::Release);
+        let generation = Ticket(shared.ticket.load(Ordering::Relaxed)).generation() + 1;
+        shared.left.store(parts, Ordering::Relaxed);
+        shared
+            .job
+            .store(&posted as *const Posted as *mut Posted, Ordering::Relaxed);
+        // Publishes `left` and `job` with it; SeqCst against a worker going to sleep (it
+        // counts itself in `asleep`, then rereads the ticket).
+        shared.ticket.store(
+            Ticket::new(generation & 0xffff_ffff, parts).0,
+            Ordering::SeqCst,
+        );
+        if shared.asleep.load(Ordering::SeqCst) > 0 {
+            let _sleepers = shared.sleepers.lock();
+            shared.work.notify_all();
         }
-        self.shared.work.notify_all();
-        let _finish = Finish(&self.shared);
-        work_on(&self.shared);
+        let _finish = Finish(shared);
+        work_on(shared);
     }
 }
 
@@ -218,70 +263,133 @@ fn cuts(base: usize, elem: usize, len: usize, parts: usize, align: usize) -> Vec
     out
 }
 
-/// Waits for every part of the current job, then clears it.
+/// Marks the current job's untaken parts done (parts nobody took when the caller unwinds),
+/// then waits until every taken part has returned: spinning first (parts take µs), then
+/// asleep on `done`.
 struct Finish<'a>(&'a Shared);
 
 impl Drop for Finish<'_> {
     fn drop(&mut self) {
-        let mut st = self.0.state.lock();
-        // Parts nobody took (the caller unwound) are dropped; taken ones finish.
-        let untaken = st.parts - st.next;
-        st.next = st.parts;
-        st.left -= untaken;
-        while st.left > 0 {
-            self.0.done.wait(&mut st);
+        let shared = self.0;
+        let mut t = Ticket(shared.ticket.load(Ordering::Acquire));
+        while t.next() < t.parts() {
+            match shared.ticket.compare_exchange_weak(
+                t.0,
+                t.taken(t.parts()).0,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    shared
+                        .left
+                        .fetch_sub(t.parts() - t.next(), Ordering::AcqRel);
+                    break;
+                }
+                Err(now) => t = Ticket(now),
+            }
         }
-        st.job = None;
+        let until = Instant::now() + FINISH_SPIN;
+        while shared.left.load(Ordering::Acquire) > 0 {
+            if Instant::now() >= until {
+                let mut sleepers = shared.sleepers.lock();
+                while shared.left.load(Ordering::Acquire) > 0 {
+                    shared.done.wait(&mut sleepers);
+                }
+                break;
+            }
+            std::hint::spin_loop();
+        }
     }
 }
 
-/// Takes parts of the current job until none is left. The job is read under the lock
-/// together with the part, so a part is never run with another job's closure.
+/// How long [`Finish`] spins before it sleeps.
+const FINISH_SPIN: Duration = Duration::from_micros(200);
+
+/// True when the current job has a part nobody took. (SeqCst: a worker going to sleep reads
+/// this after counting itself in `asleep`.)
+fn has_work(shared: &Shared) -> bool {
+    let t = Ticket(shared.ticket.load(Ordering::SeqCst));
+    t.next() < t.parts()
+}
+
+/// Takes parts of the current job until none is left.
 fn work_on(shared: &Shared) {
-    loop {
-        let (job, i) = {
-            let mut st = shared.state.lock();
-            match st.job {
-                Some(job) if st.next < st.parts => {
-                    st.next += 1;
-                    (job, st.next - 1)
-                }
-                _ => return,
+    let mut t = Ticket(shared.ticket.load(Ordering::Acquire));
+    while t.next() < t.parts() {
+        let i = t.next();
+        match shared.ticket.compare_exchange_weak(
+            t.0,
+            t.taken(i + 1).0,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => {
+                // The ticket was this job's with part `i` untaken, so the job is not over
+                // and `job` (stored before the ticket was published) is its own.
+                let posted = shared.job.load(Ordering::Acquire);
+                let _done = PartDone(shared);
+                // SAFETY: `posted` and its closure stay alive until `left` reaches 0, which
+                // cannot happen before `_done` counts this part (see `Workers::post`).
+                unsafe { (*(*posted).0)(i) };
+                drop(_done);
+                t = Ticket(shared.ticket.load(Ordering::Acquire));
             }
-        };
-        // SAFETY: the job is live until `left` reaches 0 (see `Workers::run`), which cannot
-        // happen before this part is counted below.
-        unsafe { (*job.0)(i) };
-        let mut st = shared.state.lock();
-        st.left -= 1;
-        if st.left == 0 {
-            shared.done.notify_all();
+            Err(now) => t = Ticket(now),
+        }
+    }
+}
+
+/// Counts a taken part finished when dropped (also when the part unwinds, so `Finish` never
+/// waits for it forever), waking the caller after the last one.
+struct PartDone<'a>(&'a Shared);
+
+impl Drop for PartDone<'_> {
+    fn drop(&mut self) {
+        if self.0.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let _sleepers = self.0.sleepers.lock();
+            self.0.done.notify_all();
         }
     }
 }
 
 /// How long an idle worker keeps looking for the next job before it sleeps: jobs often
 /// come in quick succession (chunk after chunk, a DMA apart), and waking a sleeping thread
-/// costs tens of µs. It yields while looking, so runnable threads keep their CPUs.
+/// costs tens of µs (on the H200 host a job of 16 empty parts took 80 µs while the workers
+/// took turns on one lock and slept between jobs). It yields now and then while looking,
+/// so runnable threads keep their CPUs.
 const SPIN: Duration = Duration::from_micros(250);
 
 fn worker(shared: &Shared) {
-    let mut seen = 0u64;
     loop {
         let until = Instant::now() + SPIN;
-        while shared.posted.load(Ordering::Acquire) == seen && Instant::now() < until {
-            std::thread::yield_now();
-        }
-        {
-            let mut st = shared.state.lock();
-            while st.generation == seen || st.job.is_none() || st.next >= st.parts {
-                seen = st.generation;
-                shared.work.wait(&mut st);
+        let mut polls = 0u32;
+        while !has_work(shared) {
+            polls += 1;
+            if polls % 64 == 0 {
+                if Instant::now() >= until {
+                    sleep_until_work(shared);
+                    break;
+                }
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
             }
-            seen = st.generation;
         }
         work_on(shared);
     }
+}
+
+/// Sleeps on `work` until a job with an untaken part is posted.
+fn sleep_until_work(shared: &Shared) {
+    let mut sleepers = shared.sleepers.lock();
+    *sleepers += 1;
+    shared.asleep.store(*sleepers, Ordering::SeqCst);
+    // Reread after counting in (SeqCst, against `post`'s ticket store and `asleep` load).
+    while !has_work(shared) {
+        shared.work.wait(&mut sleepers);
+    }
+    *sleepers -= 1;
+    shared.asleep.store(*sleepers, Ordering::SeqCst);
 }
 
 #[cfg(test)]
@@ -330,5 +438,55 @@ mod tests {
             });
             assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
         }
+        // More parts than one ticket holds, after the workers have gone to sleep.
+        std::thread::sleep(SPIN * 4);
+        let parts = MAX_PARTS * 2 + 3;
+        let hits: Vec<AtomicUsize> = (0..parts).map(|_| AtomicUsize::new(0)).collect();
+        w.run(parts, &|i| {
+            hits[i].fetch_add(1, Ordering::Relaxed);
+        });
+        assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+    }
+
+    #[test]
+    fn callers_on_several_threads_each_get_their_own_job() {
+        let w = Workers::new(4, None);
+        std::thread::scope(|s| {
+            for caller in 0..3u64 {
+                let w = &w;
+                s.spawn(move || {
+                    for round in 0..300u64 {
+                        let parts = (round % 9) as usize + 1;
+                        let sum = AtomicU64::new(0);
+                        w.run(parts, &|i| {
+                            sum.fetch_add(caller * 1000 + i as u64, Ordering::Relaxed);
+                        });
+                        let want: u64 = (0..parts as u64).map(|i| caller * 1000 + i).sum();
+                        assert_eq!(sum.load(Ordering::Relaxed), want);
+                    }
+                });
+            }
+        });
+    }
+
+    #[test]
+    fn a_panicking_part_on_the_caller_leaves_the_pool_usable() {
+        let w = Workers::new(3, None);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            w.run(64, &|_| {
+                // Only on the caller (the copy threads are named), which takes parts too.
+                let name = std::thread::current().name().map(str::to_owned);
+                if !name.is_some_and(|n| n.starts_with("warpdrive-copy")) {
+                    panic!("a part on the caller");
+                }
+                std::thread::sleep(Duration::from_micros(50));
+            })
+        }));
+        assert!(r.is_err());
+        let hits = AtomicUsize::new(0);
+        w.run(8, &|_| {
+            hits.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(hits.load(Ordering::Relaxed), 8);
     }
 }
