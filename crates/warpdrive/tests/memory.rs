@@ -391,6 +391,48 @@ fn gpu_pinned_buffers_round_trip_and_are_reused() {
     pinned_body(&cuda(), seed("pinned_gpu"));
 }
 
+/// One pinned block read back chunk after chunk over two streams (a staged download's
+/// pattern): each host view shows its own chunk, though the block forgets the finished
+/// uses of earlier chunks as it records new ones.
+fn pinned_reuse_body(dev: &Device, seed: u64) {
+    let mut r = rng(seed);
+    let streams = [dev.new_stream().unwrap(), dev.new_stream().unwrap()];
+    let chunk = 4_099;
+    let data: Vec<f32> = (0..chunk * 97).map(|_| r.random_range(-1e3..1e3)).collect();
+    let mut src = Buffer::<f32>::uninit(&streams[0], data.len()).unwrap();
+    src.copy_from_host(&streams[0], &data).unwrap();
+    streams[0].synchronize().unwrap();
+    let mut block = PinnedBuf::<f32>::new(dev, chunk).unwrap();
+    block.as_mut_slice().unwrap().fill(f32::NAN);
+    for k in 0..97 {
+        let s = &streams[r.random_range(0..2)];
+        src.copy_to_pinned_at(s, k * chunk, &mut block, chunk)
+            .unwrap();
+        if r.random_bool(0.3) {
+            // Two uses in flight on different streams: the view waits for both.
+            let o = &streams[r.random_range(0..2)];
+            src.copy_to_pinned_at(o, k * chunk, &mut block, chunk)
+                .unwrap();
+        }
+        assert_eq!(
+            block.as_slice().unwrap(),
+            &data[k * chunk..(k + 1) * chunk],
+            "chunk {k}"
+        );
+    }
+}
+
+#[test]
+fn pinned_block_reused_chunk_after_chunk() {
+    pinned_reuse_body(&Device::cpu(), seed("pinned_reuse_cpu"));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_pinned_block_reused_chunk_after_chunk() {
+    pinned_reuse_body(&cuda(), seed("pinned_reuse_gpu"));
+}
+
 /// Heavy churn over two streams (some buffers written on the other stream and marked with
 /// `record_stream`): every live buffer, filled by a kernel with its own pattern, still
 /// holds it at the end.

@@ -339,10 +339,22 @@ impl<T: DType> PinnedBuf<T> {
         Ok(unsafe { cpu::view_mut(self.ptr, self.len) })
     }
 
-    /// Records that work enqueued on `stream` so far uses this buffer.
     /// Records that work enqueued on `stream` so far uses the buffer: host access and reuse
-    /// wait for it.
+    /// wait for it. Uses already finished are forgotten first, so a block that a download
+    /// reuses chunk after chunk holds one or two events, not one per chunk so far (every
+    /// host view waited on each of them: at 1 MiB chunks a 256 MiB staged download ran at
+    /// 7 GB/s on the H200 host).
     pub(crate) fn record_use(&mut self, stream: &Stream) -> Result<()> {
+        let mut done = Vec::new();
+        let mut i = 0;
+        while i < self.events.len() {
+            if self.events[i].query()? {
+                done.push(self.events.swap_remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        self.pool.recycle(done);
         let event = self.pool.event()?;
         stream.record(&event)?;
         self.events.push(event);
