@@ -148,6 +148,28 @@ pub fn parse_cpulist(text: &str) -> Option<Vec<usize>> {
     Some(cpus)
 }
 
+/// The largest CPU cache of CPU 0 in bytes (the last level), from
+/// `/sys/devices/system/cpu/cpu0/cache/index*/size` under `root`.
+pub fn last_level_cache_bytes(root: &Path) -> Option<usize> {
+    let dir = root.join("devices/system/cpu/cpu0/cache");
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("size")).ok())
+        .filter_map(|s| parse_size(s.trim()))
+        .max()
+}
+
+/// `307200K`, `2048K`, `32M`, `512` (bytes).
+fn parse_size(text: &str) -> Option<usize> {
+    let (num, unit) = match text.char_indices().last()? {
+        (i, 'K') => (&text[..i], 1 << 10),
+        (i, 'M') => (&text[..i], 1 << 20),
+        (i, 'G') => (&text[..i], 1 << 30),
+        _ => (text, 1),
+    };
+    num.parse::<usize>().ok()?.checked_mul(unit)
+}
+
 /// PCIe generation for a per-lane transfer rate in GT/s.
 pub fn pcie_generation(gts: f64) -> Option<u32> {
     const RATES: [(f64, u32); 7] = [
@@ -182,6 +204,23 @@ pub fn nvidia_driver_version() -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finds_the_largest_cache() {
+        let root = std::env::temp_dir().join(format!("wd-llc-{}", std::process::id()));
+        for (i, size) in ["48K", "2048K", "307200K", "32K"].iter().enumerate() {
+            let d = root.join(format!("devices/system/cpu/cpu0/cache/index{i}"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("size"), format!("{size}\n")).unwrap();
+        }
+        assert_eq!(last_level_cache_bytes(&root), Some(307_200 << 10));
+        assert_eq!(last_level_cache_bytes(&root.join("absent")), None);
+        std::fs::remove_dir_all(&root).unwrap();
+        assert_eq!(parse_size("32M"), Some(32 << 20));
+        assert_eq!(parse_size("512"), Some(512));
+        assert_eq!(parse_size("K"), None);
+        assert_eq!(parse_size("x1K"), None);
+    }
 
     #[test]
     fn reads_a_fake_tree() {
