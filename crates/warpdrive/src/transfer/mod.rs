@@ -5,8 +5,9 @@
 //!   ([`Workers`], pinned to the GPU's NUMA node) fill pinned staging blocks from the pinned
 //!   pool while the DMA engine moves earlier chunks ([`TransferConfig::depth`] in flight, an
 //!   event per chunk guarding each block's reuse). Copies under
-//!   [`TransferConfig::direct_below`] take one DMA: through one pinned block this thread
-//!   fills or reads under [`ALWAYS_DIRECT`], else the driver's own pageable copy. Chunk
+//!   [`TransferConfig::direct_below`] take one DMA: through one pinned block (uploads from
+//!   64 KiB, downloads under [`ALWAYS_DIRECT`], and [`to_host`] with the copy threads
+//!   faulting its fresh pages in during the DMA), else the driver's own pageable copy. Chunk
 //!   size and thread count are tuned at the first large copy on a device and kept in the
 //!   autotune cache (`exec::tune`); [`set_config`] overrides them.
 //!   `Buffer::copy_from_host`/`copy_to_host` stay the plain driver copy: `memory` sits below
@@ -60,8 +61,8 @@ pub struct TransferConfig {
     pub threads: usize,
     /// Staging blocks in flight.
     pub depth: usize,
-    /// Copies of fewer bytes take one DMA without the copy threads (under [`ALWAYS_DIRECT`]
-    /// through one pinned block, else the driver's pageable copy).
+    /// Copies of fewer bytes take one DMA without chunks (uploads through one pinned
+    /// block, downloads under [`ALWAYS_DIRECT`] too, larger downloads the driver's copy).
     pub direct_below: usize,
 }
 
@@ -193,9 +194,9 @@ fn tune(stream: &Stream, dir: Direction) -> Result<TransferConfig> {
     ] {
         let h = &mut host[..bytes];
         let mut part = Buffer::<u8>::uninit(stream, bytes)?;
-        let driver = fastest(|| match dir {
-            Direction::H2d => part.copy_from_host(stream, h),
-            Direction::D2h => part.copy_to_host(stream, h),
+        let direct = fastest(|| match dir {
+            Direction::H2d => direct_h2d(stream, &mut part, h),
+            Direction::D2h => direct_d2h(stream, &part, h),
         })?;
         let staged = fastest(|| match dir {
             Direction::H2d => staged_h2d(stream, &mut part, h, &best),
@@ -203,7 +204,7 @@ fn tune(stream: &Stream, dir: Direction) -> Result<TransferConfig> {
         })?;
         // A clear win only: these few timings drift by about a tenth on a busy host, and a
         // staged copy chosen on noise ran at 0.81 of the driver's speed at 4 MiB (H200 host).
-        if staged * 1.1 >= driver {
+        if staged * 1.1 >= direct {
             break;
         }
         best.direct_below = bytes;
@@ -321,27 +322,33 @@ pub fn from_host<T: DType>(stream: &Stream, src: &[T]) -> Result<Buffer<T>> {
     Ok(buf)
 }
 
-/// Copies under this many bytes never take the staged path (and never tune): they go
-/// through one pinned block from the pool that the calling thread fills or reads.
+/// Copies under this many bytes never take the staged path (and never tune): one DMA
+/// through a pinned block from the pool that the calling thread fills or reads (uploads
+/// under 64 KiB: the driver's copy).
 pub const ALWAYS_DIRECT: usize = 256 * KIB;
 
-/// Uploads from this many bytes (under [`ALWAYS_DIRECT`]) go through one pinned block.
+/// Uploads from this many bytes go through one pinned block (smaller ones: the driver).
 const PINNED_H2D_FROM: usize = 64 * KIB;
 
-/// One DMA without the copy threads: from [`PINNED_H2D_FROM`] to [`ALWAYS_DIRECT`] through
-/// one pinned block from the pool that this thread fills, else the driver's pageable copy.
-/// The driver stages pageable copies through pinned memory of its own too, but took longer
-/// at 64 KiB on the H200 host (25.4 µs against 13.8 in one run, 14.2 against 12.7 in
-/// another); at 4-16 KiB it was as fast or 0.2-0.3 µs faster (it can carry a few KiB in
-/// its command stream), and from 1 MiB one thread's memcpy makes the pinned block the
-/// slower (4 MiB: 475 µs against 330).
+/// One DMA, without chunks: from [`PINNED_H2D_FROM`] through one pinned block from the pool
+/// (filled by this thread under [`ALWAYS_DIRECT`], by the copy threads from there), else
+/// the driver's pageable copy. The driver stages pageable copies through pinned memory of
+/// its own too, but took longer at 64 KiB on the H200 host (25.4 µs against 13.8 in one
+/// run, 14.2 against 12.7 in another); at 4-16 KiB it was as fast or 0.2-0.3 µs faster (it
+/// can carry a few KiB in its command stream). One thread's memcpy made the block the
+/// slower from 1 MiB (4 MiB: 475 µs against 330), hence the copy threads there.
 fn direct_h2d<T: DType>(stream: &Stream, dst: &mut Buffer<T>, src: &[T]) -> Result<()> {
     let bytes = size_of_val(src);
-    if !stream.device().is_cuda() || !(PINNED_H2D_FROM..ALWAYS_DIRECT).contains(&bytes) {
+    if !stream.device().is_cuda() || bytes < PINNED_H2D_FROM {
         return dst.copy_from_host(stream, src);
     }
     let mut stage = PinnedBuf::<T>::new(stream.device(), src.len())?;
-    stage.as_mut_slice()?.copy_from_slice(src);
+    if bytes < ALWAYS_DIRECT {
+        stage.as_mut_slice()?.copy_from_slice(src);
+    } else {
+        let workers = workers(stream.device());
+        par_copy(workers, workers.threads(), stage.as_mut_slice()?, src);
+    }
     dst.copy_from_pinned(stream, &mut stage)?;
     stream.synchronize()
 }
