@@ -33,10 +33,18 @@ fn round_trip_body(dev: &Device) {
     let mut r = rng(seed("round_trip"));
     let s = dev.new_stream().unwrap();
     let cfg = small_chunks();
-    for n in [0, 1, 1023, 3 * 64 * KIB + 5, (1 << 20) + 3] {
+    // Every copy one DMA, without chunks (a pinned block the copy threads fill from 256 KiB).
+    let direct = TransferConfig {
+        direct_below: usize::MAX,
+        ..cfg
+    };
+    // 70_001 f32 lie between ALWAYS_DIRECT and the usual crossover: `to_host`'s single DMA.
+    for n in [0, 1, 1023, 70_001, 3 * 64 * KIB + 5, (1 << 20) + 3] {
         let data = random_bytes(&mut r, n + 1);
         let src = &data[1..]; // unaligned
         let mut buf = Buffer::<u8>::uninit(&s, n).unwrap();
+        upload_with(&s, &mut buf, src, &direct).unwrap();
+        assert_eq!(buf.to_host(&s).unwrap(), src, "direct upload of {n} bytes");
         upload_with(&s, &mut buf, src, &cfg).unwrap();
         assert_eq!(buf.to_host(&s).unwrap(), src, "upload of {n} bytes");
         let mut back = vec![0xffu8; n + 3];
