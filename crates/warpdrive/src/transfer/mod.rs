@@ -5,9 +5,9 @@
 //!   ([`Workers`], pinned to the GPU's NUMA node) fill pinned staging blocks from the pinned
 //!   pool while the DMA engine moves earlier chunks ([`TransferConfig::depth`] in flight, an
 //!   event per chunk guarding each block's reuse). Copies under
-//!   [`TransferConfig::direct_below`] take one DMA: through one pinned block (uploads from
-//!   64 KiB, downloads under [`ALWAYS_DIRECT`], and [`to_host`] with the copy threads
-//!   faulting its fresh pages in during the DMA), else the driver's own pageable copy. Chunk
+//!   [`TransferConfig::direct_below`] take one DMA through one pinned block (filled or read
+//!   by the copy threads from [`ALWAYS_DIRECT`]; [`to_host`]'s threads fault its fresh
+//!   pages in during the DMA), except uploads under 64 KiB: the driver's own copy. Chunk
 //!   size and thread count are tuned at the first large copy on a device and kept in the
 //!   autotune cache (`exec::tune`); [`set_config`] overrides them.
 //!   `Buffer::copy_from_host`/`copy_to_host` stay the plain driver copy: `memory` sits below
@@ -61,8 +61,8 @@ pub struct TransferConfig {
     pub threads: usize,
     /// Staging blocks in flight.
     pub depth: usize,
-    /// Copies of fewer bytes take one DMA without chunks (uploads through one pinned
-    /// block, downloads under [`ALWAYS_DIRECT`] too, larger downloads the driver's copy).
+    /// Copies of fewer bytes take one DMA without chunks, through one pinned block
+    /// (uploads under 64 KiB: the driver's copy).
     pub direct_below: usize,
 }
 
@@ -324,7 +324,7 @@ pub fn from_host<T: DType>(stream: &Stream, src: &[T]) -> Result<Buffer<T>> {
 
 /// Copies under this many bytes never take the staged path (and never tune): one DMA
 /// through a pinned block from the pool that the calling thread fills or reads (uploads
-/// under 64 KiB: the driver's copy).
+/// under 64 KiB: the driver's copy); from here the copy threads fill or read it.
 pub const ALWAYS_DIRECT: usize = 256 * KIB;
 
 /// Uploads from this many bytes go through one pinned block (smaller ones: the driver).
@@ -353,20 +353,21 @@ fn direct_h2d<T: DType>(stream: &Stream, dst: &mut Buffer<T>, src: &[T]) -> Resu
     stream.synchronize()
 }
 
-/// The reverse of [`direct_h2d`], under [`ALWAYS_DIRECT`] at every size (the driver's copy
-/// against the pinned block on the H200 host: 4 KiB 8.2 / 6.8 µs and 7.2 / 6.7, 16 KiB 10.1
-/// / 7.2, 64 KiB 21.6 / 16.3 and 16.0 / 10.3).
+/// The reverse of [`direct_h2d`] at every size: one DMA into a pinned block from the pool,
+/// read by this thread under [`ALWAYS_DIRECT`] and by the copy threads from there (the
+/// driver's copy against the pinned block on the H200 host: 4 KiB 8.2 / 6.8 µs and 7.2 /
+/// 6.7, 16 KiB 10.1 / 7.2, 64 KiB 21.6 / 16.3 and 16.0 / 10.3).
 fn direct_d2h<T: DType>(stream: &Stream, src: &Buffer<T>, dst: &mut [T]) -> Result<()> {
-    if size_of_val(dst) >= ALWAYS_DIRECT {
+    let Some(stage) = pinned_d2h(stream, src)? else {
         return src.copy_to_host(stream, dst);
+    };
+    if size_of_val(dst) < ALWAYS_DIRECT {
+        dst.copy_from_slice(stage.as_slice()?);
+    } else {
+        let workers = workers(stream.device());
+        par_copy(workers, workers.threads(), dst, stage.as_slice()?);
     }
-    match pinned_d2h(stream, src)? {
-        Some(stage) => {
-            dst.copy_from_slice(stage.as_slice()?);
-            Ok(())
-        }
-        None => src.copy_to_host(stream, dst),
-    }
+    Ok(())
 }
 
 /// `src` copied into a pinned block from the pool (its host view waits for the copy); None
