@@ -282,7 +282,12 @@ pub fn to_host<T: DType>(stream: &Stream, src: &Buffer<T>) -> Result<Vec<T>> {
             src.append_to_host(stream, &mut out)?;
             return Ok(out.into_vec());
         };
-        out.prefault(workers, workers.threads(), src.len());
+        // One faulting thread per 2 MiB: faults inside one 2 MiB region take turns on its
+        // page-table lock (H200 host: 1 MiB faulted and copied in 102 µs on 16 threads, 61
+        // on one; 4 MiB 456 against 209), separate regions fault in parallel (16 MiB: 847
+        // µs on 16 threads, 1135 on one).
+        let faulting = bytes.div_ceil(HUGE_PAGE).min(workers.threads());
+        out.prefault(workers, faulting, src.len());
         out.extend_par(workers, workers.threads(), stage.as_slice()?)?;
         return Ok(out.into_vec());
     }
