@@ -6,8 +6,8 @@
 //!   pool while the DMA engine moves earlier chunks ([`TransferConfig::depth`] in flight, an
 //!   event per chunk guarding each block's reuse). Copies under
 //!   [`TransferConfig::direct_below`] take one DMA through one pinned block (filled or read
-//!   by the copy threads from [`ALWAYS_DIRECT`]; [`to_host`]'s threads fault its fresh
-//!   pages in during the DMA), except uploads under 64 KiB: the driver's own copy. Chunk
+//!   by the copy threads from [`ALWAYS_DIRECT`]; [`to_host`] faults its fresh pages in
+//!   during the DMA), except uploads under 64 KiB: the driver's own copy. Chunk
 //!   size and thread count are tuned at the first large copy on a device and kept in the
 //!   autotune cache (`exec::tune`); [`set_config`] overrides them.
 //!   `Buffer::copy_from_host`/`copy_to_host` stay the plain driver copy: `memory` sits below
@@ -258,7 +258,8 @@ pub fn download<T: DType>(stream: &Stream, src: &Buffer<T>, dst: &mut [T]) -> Re
 
 /// The buffer's contents in a new `Vec`, as `tensor.cpu()` gives. The `Vec` is never zeroed
 /// first: copies under the crossover go through one pinned block (from [`ALWAYS_DIRECT`]
-/// with the copy threads faulting the pages in during the DMA and then copying), large
+/// with one thread per 2 MiB faulting the pages in during the DMA, then the copy threads
+/// copying), large
 /// ones through the staged path with every copy thread writing (and so taking the page
 /// faults of) whole pages of its own, on transparent huge pages from 32 MiB.
 pub fn to_host<T: DType>(stream: &Stream, src: &Buffer<T>) -> Result<Vec<T>> {
@@ -275,9 +276,9 @@ pub fn to_host<T: DType>(stream: &Stream, src: &Buffer<T>) -> Result<Vec<T>> {
     let cfg = config(stream, Direction::D2h)?;
     let workers = workers(stream.device());
     if bytes < cfg.direct_below {
-        // One DMA into a pinned block while the copy threads fault the fresh pages in, then
-        // a parallel copy (the driver's copy into unfaulted pages ran 0.95x its copy into
-        // touched ones at 256 KiB and 1 MiB on the H200 host).
+        // One DMA into a pinned block while the fresh pages are faulted in, then a parallel
+        // copy (the driver's own copy, faulting as it writes, ran 0.95x its copy into
+        // touched pages at 256 KiB and 1 MiB on the H200 host).
         let Some(stage) = pinned_d2h(stream, src)? else {
             src.append_to_host(stream, &mut out)?;
             return Ok(out.into_vec());
