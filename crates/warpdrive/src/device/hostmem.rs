@@ -198,13 +198,26 @@ pub fn stream_copy<T: Copy>(dst: &mut [T], src: &[T]) {
     let (d, s) = (dst.as_mut_ptr().cast::<u8>(), src.as_ptr().cast::<u8>());
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: both ranges hold `n` bytes, `&mut` excludes overlap, and the CPU has
-            // AVX2 (checked just above).
-            unsafe { stream_bytes_avx2(d, s, n) };
-        } else {
-            // SAFETY: as above; SSE2 is part of x86-64.
-            unsafe { stream_bytes_sse2(d, s, n) };
+        // Plain copies up to the first line boundary of `dst` and for the tail; whole lines
+        // streamed in between.
+        let head = d.align_offset(LINE).min(n);
+        let lines = (n - head) / LINE * LINE;
+        // SAFETY: both ranges hold `n` bytes and `&mut` excludes overlap; `d + head` is
+        // line-aligned and `lines` a multiple of LINE, as the line copies need; AVX2 is
+        // checked just before its use, SSE2 is part of x86-64.
+        unsafe {
+            std::ptr::copy_nonoverlapping(s, d, head);
+            let (ld, ls) = (d.add(head), s.add(head));
+            if std::arch::is_x86_feature_detected!("avx2") {
+                stream_lines_avx2(ld, ls, lines);
+            } else {
+                stream_lines_sse2(ld, ls, lines);
+            }
+            let tail = head + lines;
+            std::ptr::copy_nonoverlapping(s.add(tail), d.add(tail), n - tail);
+            // Streamed stores are weakly ordered: fence them before anyone hears they are
+            // done.
+            std::arch::x86_64::_mm_sfence();
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -218,57 +231,44 @@ pub fn stream_copy<T: Copy>(dst: &mut [T], src: &[T]) {
 #[cfg(target_arch = "x86_64")]
 const LINE: usize = 64;
 
-/// [`stream_copy`]'s body: plain copies for the head up to the first line boundary of `dst`
-/// and for the tail, whole lines streamed in between (32-byte loads and stores).
+/// Streams `n` bytes of whole lines with 32-byte loads and non-temporal stores.
 ///
 /// # Safety
-/// `src` readable and `dst` writable for `n` bytes, not overlapping; the CPU has AVX2.
+/// `src` readable and `dst` writable for `n` bytes, not overlapping; `dst` line-aligned and
+/// `n` a multiple of [`LINE`]; the CPU has AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn stream_bytes_avx2(dst: *mut u8, src: *const u8, n: usize) {
-    use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_stream_si256, _mm_sfence};
-    let head = dst.align_offset(LINE).min(n);
-    // SAFETY: every access stays inside the `n` bytes the caller vouches for, and the
-    // streamed stores go to line-aligned (so 32-byte-aligned) addresses.
-    unsafe {
-        std::ptr::copy_nonoverlapping(src, dst, head);
-        let mut i = head;
-        while i + LINE <= n {
+unsafe fn stream_lines_avx2(dst: *mut u8, src: *const u8, n: usize) {
+    use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_stream_si256};
+    for i in (0..n).step_by(LINE) {
+        // SAFETY: the line lies inside the `n` bytes the caller vouches for, and `dst + i`
+        // is line-aligned (so 32-byte-aligned).
+        unsafe {
             let s = src.add(i).cast::<__m256i>();
             let d = dst.add(i).cast::<__m256i>();
             let (a, b) = (_mm256_loadu_si256(s), _mm256_loadu_si256(s.add(1)));
             _mm256_stream_si256(d, a);
             _mm256_stream_si256(d.add(1), b);
-            i += LINE;
         }
-        std::ptr::copy_nonoverlapping(src.add(i), dst.add(i), n - i);
-        // Streamed stores are weakly ordered: fence them before anyone hears they are done.
-        _mm_sfence();
     }
 }
 
-/// [`stream_bytes_avx2`] with 16-byte loads and stores (every x86-64 CPU).
+/// [`stream_lines_avx2`] with 16-byte loads and stores (every x86-64 CPU).
 ///
 /// # Safety
-/// `src` readable and `dst` writable for `n` bytes, not overlapping.
+/// As for [`stream_lines_avx2`], AVX2 aside.
 #[cfg(target_arch = "x86_64")]
-unsafe fn stream_bytes_sse2(dst: *mut u8, src: *const u8, n: usize) {
-    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
-    let head = dst.align_offset(LINE).min(n);
-    // SAFETY: as in `stream_bytes_avx2`; line-aligned stores are 16-byte aligned.
-    unsafe {
-        std::ptr::copy_nonoverlapping(src, dst, head);
-        let mut i = head;
-        while i + LINE <= n {
+unsafe fn stream_lines_sse2(dst: *mut u8, src: *const u8, n: usize) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+    for i in (0..n).step_by(LINE) {
+        // SAFETY: as in `stream_lines_avx2`; line-aligned stores are 16-byte aligned.
+        unsafe {
             let s = src.add(i).cast::<__m128i>();
             let d = dst.add(i).cast::<__m128i>();
             for k in 0..4 {
                 _mm_stream_si128(d.add(k), _mm_loadu_si128(s.add(k)));
             }
-            i += LINE;
         }
-        std::ptr::copy_nonoverlapping(src.add(i), dst.add(i), n - i);
-        _mm_sfence();
     }
 }
 
@@ -331,13 +331,16 @@ mod tests {
                     .all(|&b| b == 0xa5));
             }
         }
-        // The SSE2 body too (the AVX2 one runs above where the CPU has AVX2).
+        // The SSE2 lines too (the AVX2 ones run above where the CPU has AVX2).
         #[cfg(target_arch = "x86_64")]
-        for (at, len) in [(0, 1), (3, 127), (5, 4_099)] {
-            let mut dst = vec![0xa5u8; len + 1];
-            // SAFETY: `dst[1..]` and `src[at..]` hold `len` bytes each, apart.
-            unsafe { stream_bytes_sse2(dst[1..].as_mut_ptr(), src[at..].as_ptr(), len) };
-            assert_eq!(&dst[1..], &src[at..at + len]);
+        for (at, len) in [(0, 64), (3, 128), (5, 4_096)] {
+            let mut buf = vec![0xa5u8; len + LINE];
+            let off = buf.as_ptr().align_offset(LINE);
+            let dst = &mut buf[off..off + len];
+            // SAFETY: `dst` (line-aligned) and `src[at..]` hold `len` bytes each, apart, and
+            // `len` is a multiple of LINE.
+            unsafe { stream_lines_sse2(dst.as_mut_ptr(), src[at..].as_ptr(), len) };
+            assert_eq!(&*dst, &src[at..at + len]);
         }
         let wide: Vec<u32> = (0..1_001).map(|i| i * 7 + 1).collect();
         let mut out = vec![0u32; 1_001];
