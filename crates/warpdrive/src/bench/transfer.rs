@@ -10,7 +10,8 @@
 //!   direction are timed in interleaved rounds (`time_host_rounds`).
 //!   Peers: `torch-pageable`, `torch-pinned-nonblocking`, `torch-cpu`.
 //! - `host-copy-rate` (size = threads), `ceiling`: µs to copy 1 GiB between two touched host
-//!   buffers on the copy threads.
+//!   buffers on the copy threads with the staged copies' non-temporal stores; `memcpy`: the
+//!   same with `copy_from_slice`, in interleaved rounds.
 //! - `coalesce-1000x4KiB`: `baseline` (1000 driver copies from pageable slices) vs
 //!   `warpdrive` (one [`Batch`]); `extra.speedup`, `extra.memory_efficiency` (the slices'
 //!   bytes / those plus the offsets table).

@@ -291,18 +291,14 @@ impl Pipeline {
                 let lo = f.index * chunk;
                 let piece = &mut output[lo..(lo + chunk).min(input.len())];
                 let t = Instant::now();
-                while !f.out.ready()? {
-                    let Some(events) = finished.pop_front() else {
-                        break;
-                    };
-                    read_intervals(t0, &events, &mut intervals)?;
-                }
+                while !f.out.ready()? && read_next(t0, &mut finished, &mut intervals)? {}
                 let host = f.out.as_slice()?;
                 wait_s += t.elapsed().as_secs_f64();
                 let t = Instant::now();
                 par_copy(workers, threads, piece, &host[..piece.len()]);
                 host_s += t.elapsed().as_secs_f64();
-                // Read after the loop: four driver calls a chunk stay off the host stage.
+                // Read later, while waiting: four driver calls a chunk stay off the host
+                // stage.
                 finished.push_back(f.events);
                 drained += 1;
             } else if next < n && in_flight < window {
@@ -325,42 +321,45 @@ impl Pipeline {
                 // Everything staged is with the calling thread: wait for it.
                 let t = Instant::now();
                 let mut got = enqueued.try_recv();
-                while matches!(got, Err(mpsc::TryRecvError::Empty)) {
-                    let Some(events) = finished.pop_front() else {
-                        break;
-                    };
-                    read_intervals(t0, &events, &mut intervals)?;
+                while matches!(got, Err(mpsc::TryRecvError::Empty))
+                    && read_next(t0, &mut finished, &mut intervals)?
+                {
                     got = enqueued.try_recv();
                 }
                 let got = match got {
-                    Err(mpsc::TryRecvError::Empty) => enqueued.recv().map_err(|_| ()),
-                    other => other.map_err(|_| ()),
+                    Err(mpsc::TryRecvError::Empty) => enqueued.recv().ok(),
+                    other => other.ok(),
                 };
                 wait_s += t.elapsed().as_secs_f64();
                 match got {
-                    Ok(f) => pending.push_back(f),
-                    Err(_) => break,
+                    Some(f) => pending.push_back(f),
+                    None => break,
                 }
             }
         }
-        for events in &finished {
-            read_intervals(t0, events, &mut intervals)?;
-        }
+        while read_next(t0, &mut finished, &mut intervals)? {}
         Ok((host_s, wait_s, intervals))
     }
 }
 
-/// Adds a finished chunk's H2D, compute and D2H intervals (seconds from `t0`), from its
-/// four events.
-fn read_intervals(t0: &Event, events: &[Event; 4], intervals: &mut StageIntervals) -> Result<()> {
+/// Adds the oldest unread finished chunk's H2D, compute and D2H intervals (seconds from
+/// `t0`) from its four events; false when none is left.
+fn read_next(
+    t0: &Event,
+    finished: &mut VecDeque<[Event; 4]>,
+    intervals: &mut StageIntervals,
+) -> Result<bool> {
+    let Some(events) = finished.pop_front() else {
+        return Ok(false);
+    };
     let mut ts = [0.0; 4];
-    for (t, e) in ts.iter_mut().zip(events) {
+    for (t, e) in ts.iter_mut().zip(&events) {
         *t = f64::from(t0.elapsed_ms(e)?) * 1e-3;
     }
     for (k, iv) in intervals.iter_mut().enumerate() {
         iv.push((ts[k], ts[k + 1]));
     }
-    Ok(())
+    Ok(true)
 }
 
 /// Total length covered by a set of intervals.
