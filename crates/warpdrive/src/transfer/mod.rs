@@ -349,12 +349,7 @@ fn direct_h2d<T: DType>(stream: &Stream, dst: &mut Buffer<T>, src: &[T]) -> Resu
         return dst.copy_from_host(stream, src);
     }
     let mut stage = PinnedBuf::<T>::new(stream.device(), src.len())?;
-    if bytes < ALWAYS_DIRECT {
-        stage.as_mut_slice()?.copy_from_slice(src);
-    } else {
-        let workers = workers(stream.device());
-        par_copy(workers, workers.threads(), stage.as_mut_slice()?, src);
-    }
+    block_copy(stream, stage.as_mut_slice()?, src);
     dst.copy_from_pinned(stream, &mut stage)?;
     stream.synchronize()
 }
@@ -367,13 +362,19 @@ fn direct_d2h<T: DType>(stream: &Stream, src: &Buffer<T>, dst: &mut [T]) -> Resu
     let Some(stage) = pinned_d2h(stream, src)? else {
         return src.copy_to_host(stream, dst);
     };
-    if size_of_val(dst) < ALWAYS_DIRECT {
-        dst.copy_from_slice(stage.as_slice()?);
+    block_copy(stream, dst, stage.as_slice()?);
+    Ok(())
+}
+
+/// The host side of a single-DMA copy: on this thread under [`ALWAYS_DIRECT`], else on
+/// every copy thread.
+fn block_copy<T: DType>(stream: &Stream, dst: &mut [T], src: &[T]) {
+    if size_of_val(src) < ALWAYS_DIRECT {
+        dst.copy_from_slice(src);
     } else {
         let workers = workers(stream.device());
-        par_copy(workers, workers.threads(), dst, stage.as_slice()?);
+        par_copy(workers, workers.threads(), dst, src);
     }
-    Ok(())
 }
 
 /// `src` copied into a pinned block from the pool (its host view waits for the copy); None
