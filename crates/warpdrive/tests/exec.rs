@@ -417,6 +417,56 @@ fn autotune_files_of_older_versions_load_and_corrupt_files_are_ignored() {
 }
 
 #[test]
+fn autotune_records_from_another_host_are_not_reused_and_are_kept() {
+    let path = temp_file("hosts");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let key = TuneKey::new(&Device::cpu(), "copy", DTypeKind::U8, 1 << 20).unwrap();
+    assert_eq!(key.host, exec::tune::host_fingerprint());
+    assert!(!key.host.is_empty());
+    // The same kernel, dtype, bucket and device, tuned on a machine with other CPUs (a cache
+    // that travelled with a home directory).
+    std::fs::write(
+        &path,
+        "version = 1\n[[records]]\nkernel = \"copy\"\ndtype = \"u8\"\nbucket = 20\n\
+         device = \"cpu\"\nhost = \"Some Other CPU x3\"\nwinner = \"4\"\n",
+    )
+    .unwrap();
+    let tuner = Autotuner::at(&path);
+    assert_eq!(tuner.records().len(), 1);
+    assert!(tuner.get(&key).is_none());
+    let s = Device::cpu().new_stream().unwrap();
+    let mut runs = 0;
+    let best = tuner
+        .tune(&s, &key, 1 << 20, &[4u32, 16], |_, &c| {
+            runs += 1;
+            // 16 is the clear winner here; the other host's 4 must not be taken.
+            std::thread::sleep(std::time::Duration::from_micros(if c == 4 {
+                2000
+            } else {
+                1
+            }));
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!((best, tuner.tunings()), (16, 1));
+    assert!(runs > 2);
+    // Both hosts' records stay in the file, each found by its own host.
+    let again = Autotuner::at(&path);
+    assert_eq!(again.records().len(), 2);
+    let mine = again.get(&key).unwrap();
+    assert_eq!(
+        (mine.winner.as_str(), mine.host.as_str()),
+        ("16", key.host.as_str())
+    );
+    let other = TuneKey {
+        host: "Some Other CPU x3".into(),
+        ..key.clone()
+    };
+    assert_eq!(again.get(&other).unwrap().winner, "4");
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
+#[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_autotune_times_launch_configs_with_events() {
     let dev = cuda();

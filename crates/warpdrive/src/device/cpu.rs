@@ -132,7 +132,8 @@ fn meminfo_kib(key: &str) -> Option<u64> {
         .ok()
 }
 
-fn cpu_model() -> String {
+/// The CPU's model name from `/proc/cpuinfo` (the architecture where that is unreadable).
+pub(crate) fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|t| {

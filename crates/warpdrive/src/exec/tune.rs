@@ -1,7 +1,8 @@
 //! Launch autotuning with a persisted cache, and the batch-size knee.
 //!
 //! [`Autotuner::tune`] times each candidate configuration of a kernel once per
-//! [`TuneKey`] — (kernel, dtype, power-of-two bucket of the main dimension, device) — and
+//! [`TuneKey`] — (kernel, dtype, power-of-two bucket of the main dimension, device, host)
+//! — and
 //! keeps every candidate's time and the winner in a TOML file under the cache directory
 //! (`$XDG_CACHE_HOME/warpdrive/autotune.toml`, fallback `~/.cache/...`), read on the next
 //! start. Every field has a default, so files written by older versions still load; a file
@@ -48,6 +49,10 @@ pub struct TuneKey {
     pub bucket: u32,
     /// The device's name and architecture (`NVIDIA H200 sm_90a`), or `cpu`.
     pub device: String,
+    /// The host's CPU model and thread count ([`host_fingerprint`]): the tunings so far
+    /// (copy threads and chunks, compression) depend on the host as much as on the GPU, and
+    /// a cache file can travel with a home directory or container image to another machine.
+    pub host: String,
 }
 
 impl TuneKey {
@@ -65,8 +70,19 @@ impl TuneKey {
             dtype: dtype.name().to_string(),
             bucket: size_bucket(size),
             device,
+            host: host_fingerprint().to_string(),
         })
     }
+}
+
+/// This host as tunings key it: the CPU model and the threads available to the process
+/// (`Intel(R) Xeon(R) Processor x16`); read once.
+pub fn host_fingerprint() -> &'static str {
+    static HOST: OnceLock<String> = OnceLock::new();
+    HOST.get_or_init(|| {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        format!("{} x{threads}", crate::device::cpu_model())
+    })
 }
 
 /// `ceil(log2(size))`: sizes in (2ᵇ⁻¹, 2ᵇ] share bucket `b`.
@@ -92,6 +108,9 @@ pub struct TuneRecord {
     pub dtype: String,
     pub bucket: u32,
     pub device: String,
+    /// The host it was tuned on (empty in files from before hosts were recorded: those
+    /// records serve any host until retuned).
+    pub host: String,
     /// The size the candidates were timed at.
     pub size: u64,
     pub winner: String,
@@ -106,6 +125,7 @@ impl TuneRecord {
             && self.dtype == key.dtype
             && self.bucket == key.bucket
             && self.device == key.device
+            && (self.host.is_empty() || self.host == key.host)
     }
 }
 
@@ -266,6 +286,7 @@ impl Autotuner {
             dtype: key.dtype.clone(),
             bucket: key.bucket,
             device: key.device.clone(),
+            host: key.host.clone(),
             size: size as u64,
             winner: best.to_string(),
             candidates: times
