@@ -132,19 +132,7 @@ pub fn config(stream: &Stream, dir: Direction) -> Result<TransferConfig> {
 /// device and direction; the winner is kept in the autotune cache).
 fn tune(stream: &Stream, dir: Direction) -> Result<TransferConfig> {
     let max_threads = workers(stream.device()).threads();
-    let mut candidates = Vec::new();
-    for chunk_mib in [4, 8, 16] {
-        for threads in [4, 8, 16] {
-            if threads <= max_threads || threads == 4 {
-                candidates.push(TransferConfig {
-                    chunk_bytes: chunk_mib * MIB,
-                    threads: threads.min(max_threads),
-                    ..TransferConfig::default()
-                });
-            }
-        }
-    }
-    candidates.dedup();
+    let candidates = tune_candidates(max_threads);
     // Each timed copy uses the next TUNE_BYTES window of a span twice the CPU's last-level
     // cache, so its host side comes from memory, as a large copy's does: on the H200 host
     // (300 MB of L3) a cache-resident source made 4 copy threads look as fast as 16 at 64
@@ -214,6 +202,23 @@ fn tune(stream: &Stream, dir: Direction) -> Result<TransferConfig> {
         best.direct_below
     );
     Ok(best)
+}
+
+/// The configurations the tune times: 4, 8 and 16 MiB chunks on 4, 8, 16 and 32 copy
+/// threads, capped at the `max_threads` the pool has (every one of them is a candidate).
+fn tune_candidates(max_threads: usize) -> Vec<TransferConfig> {
+    let mut candidates = Vec::new();
+    for chunk_mib in [4, 8, 16] {
+        for threads in [4, 8, 16, 32] {
+            candidates.push(TransferConfig {
+                chunk_bytes: chunk_mib * MIB,
+                threads: threads.min(max_threads.max(1)),
+                ..TransferConfig::default()
+            });
+        }
+    }
+    candidates.dedup();
+    candidates
 }
 
 /// How many [`TUNE_BYTES`] windows the tune cycles through: enough to span twice a
@@ -532,6 +537,26 @@ pub fn par_copy<T: Copy + Send + Sync>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tune_tries_every_thread_count_up_to_the_pools() {
+        let threads = |max| {
+            let c = tune_candidates(max);
+            assert!(c
+                .iter()
+                .all(|c| c.chunk_bytes >= 4 * MIB && c.threads <= max.max(1)));
+            let mut t: Vec<usize> = c.iter().map(|c| c.threads).collect();
+            t.sort_unstable();
+            t.dedup();
+            (c.len(), t)
+        };
+        assert_eq!(threads(16), (9, vec![4, 8, 16]));
+        assert_eq!(threads(12), (9, vec![4, 8, 12]));
+        assert_eq!(threads(24), (12, vec![4, 8, 16, 24]));
+        assert_eq!(threads(32), (12, vec![4, 8, 16, 32]));
+        assert_eq!(threads(2), (3, vec![2]));
+        assert_eq!(threads(0), (3, vec![1]));
+    }
 
     #[test]
     fn the_tune_spans_twice_the_last_level_cache() {
