@@ -21,6 +21,7 @@ fn small_chunks() -> TransferConfig {
         threads: 3,
         depth: 2,
         direct_below: 0,
+        cached: false,
     }
 }
 
@@ -87,6 +88,41 @@ fn round_trip_body(dev: &Device) {
         .iter()
         .zip(&halves)
         .all(|(a, b)| a.to_bits() == b.to_bits()));
+}
+
+/// Uploads through the staging ring with several parts per chunk, a ring shorter than the
+/// chunk count (so parts wait for earlier DMAs), cached and streaming stores, and a
+/// default-path upload past `LARGE_UPLOAD` (its own tuned configuration), are bit-exact.
+fn ring_upload_body(dev: &Device) {
+    let mut r = rng(seed("ring_upload"));
+    let s = dev.new_stream().unwrap();
+    for cached in [false, true] {
+        let cfg = TransferConfig {
+            chunk_bytes: 1 << 20,
+            threads: 4,
+            depth: 2,
+            direct_below: 0,
+            cached,
+        };
+        for n in [(9 << 20) / 4 + 7, (1 << 20) / 4 - 1, 3] {
+            let data: Vec<u32> = (0..n).map(|_| r.random()).collect();
+            let mut buf = Buffer::<u32>::uninit(&s, n).unwrap();
+            ops::fill(&s, &mut buf, 0xdead_beef).unwrap();
+            upload_with(&s, &mut buf, &data, &cfg).unwrap();
+            assert!(buf.to_host(&s).unwrap() == data, "{n} u32, cached {cached}");
+        }
+    }
+    if !dev.is_cuda() {
+        // The CPU backend takes no large-upload tuning; 256 MiB would only slow CI.
+        return;
+    }
+    let n = transfer::LARGE_UPLOAD + 4099;
+    let data = random_bytes(&mut r, n);
+    let mut buf = Buffer::<u8>::uninit(&s, n).unwrap();
+    transfer::upload(&s, &mut buf, &data).unwrap();
+    assert!(buf.to_host(&s).unwrap() == data, "large upload");
+    let large = transfer::large_upload_config(&s).unwrap();
+    assert!(large.threads >= 1 && large.chunk_bytes >= 1, "{large:?}");
 }
 
 /// `to_host` into a fresh `Vec` past the huge-page threshold (32 MiB), at an odd length and
@@ -287,6 +323,10 @@ fn round_trips() {
     round_trip_body(&Device::cpu());
 }
 #[test]
+fn ring_uploads() {
+    ring_upload_body(&Device::cpu());
+}
+#[test]
 fn fresh_downloads() {
     fresh_download_body(&Device::cpu());
 }
@@ -315,6 +355,11 @@ fn compression() {
 #[ignore = "needs a CUDA GPU"]
 fn gpu_transfer_round_trips() {
     round_trip_body(&cuda());
+}
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_transfer_ring_uploads() {
+    ring_upload_body(&cuda());
 }
 #[test]
 #[ignore = "needs a CUDA GPU"]

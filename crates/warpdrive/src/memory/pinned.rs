@@ -186,14 +186,14 @@ impl PinnedPool {
         }
     }
 
-    fn event(&self) -> Result<Event> {
+    pub(super) fn event(&self) -> Result<Event> {
         match self.state.lock().events.pop() {
             Some(e) => Ok(e),
             None => self.device.new_sync_event(),
         }
     }
 
-    fn recycle(&self, events: Vec<Event>) {
+    pub(super) fn recycle(&self, events: Vec<Event>) {
         self.state.lock().events.extend(events);
     }
 }
@@ -232,8 +232,8 @@ pub fn pinned_pool(device: &Device) -> Result<&'static Arc<PinnedPool>> {
 /// Host access ([`PinnedBuf::as_slice`], [`PinnedBuf::as_mut_slice`]) first waits for the
 /// async copies that use the buffer, so the host never sees a half-done copy.
 pub struct PinnedBuf<T: DType> {
-    pool: Arc<PinnedPool>,
-    ptr: u64,
+    pub(super) pool: Arc<PinnedPool>,
+    pub(super) ptr: u64,
     len: usize,
     class: usize,
     /// Events recorded after the copies that use this buffer.

@@ -16,7 +16,7 @@ use crate::device::Stream;
 use crate::dtype::{DTypeKind, Float};
 use crate::error::Result;
 use crate::exec::tune::{autotune, size_bucket};
-use crate::memory::{Buffer, PinnedBuf};
+use crate::memory::{ring_upload, Buffer, PinnedBuf};
 
 /// Bound on |sent − x| / |x| for finite `x` sent as bf16 (round to nearest, 8 significant
 /// bits; f32's whole range, subnormals aside).
@@ -198,23 +198,14 @@ where
 {
     let cfg = config(stream, Direction::H2d)?;
     let workers = workers(stream.device());
-    let chunk = chunking(src.len(), &cfg);
-    let n = src.len().div_ceil(chunk);
     let mut wire = Buffer::<H>::uninit(stream, src.len())?;
-    let mut slots = (0..cfg.depth.clamp(1, n.max(1)))
-        .map(|_| PinnedBuf::<H>::new(stream.device(), chunk))
-        .collect::<Result<Vec<_>>>()?;
-    let depth = slots.len();
-    for (i, piece) in src.chunks(chunk).enumerate() {
-        let stage = &mut slots[i % depth];
-        workers.map(
-            cfg.threads,
-            PAGE,
-            &mut stage.as_mut_slice()?[..piece.len()],
-            piece,
-            |d, s| d.convert_from_f32_slice(s),
-        );
-        wire.copy_from_pinned_at(stream, i * chunk, stage, piece.len())?;
+    let narrow = |d: &mut [H], s: &[f32]| d.convert_from_f32_slice(s);
+    if stream.device().is_cuda() {
+        // Chunks of the configured size in f32 bytes, through the staging ring.
+        let plan = super::ring_plan::<f32>(src.len(), &cfg);
+        ring_upload(stream, workers, &mut wire, src, &plan, narrow)?;
+    } else {
+        workers.map(cfg.threads, PAGE, wire.host_view_mut()?, src, narrow);
     }
     widen(stream, &wire, dst)?;
     stream.synchronize()

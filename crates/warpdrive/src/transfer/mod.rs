@@ -45,7 +45,7 @@ use crate::device::workers::{Workers, PAGE};
 use crate::device::{Device, Stream};
 use crate::dtype::{DType, DTypeKind};
 use crate::error::Result;
-use crate::memory::{check_len, Buffer, PinnedBuf};
+use crate::memory::{check_len, ring_upload, Buffer, PinnedBuf, RingPlan};
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
@@ -64,6 +64,12 @@ pub struct TransferConfig {
     /// Copies of fewer bytes take one DMA without chunks, through one pinned block
     /// (uploads under 64 KiB: the driver's copy).
     pub direct_below: usize,
+    /// Uploads write their staging blocks with plain (cached) stores rather than
+    /// non-temporal ones. On the H200 host a 32 MiB staging ring written this way stays in
+    /// the last-level cache and the DMA engine reads it from there: 45-50 GB/s from 256 MiB
+    /// on, against 42-44 with non-temporal stores; below that (the ring's first pass reads
+    /// every line from memory first) non-temporal stores win. Downloads ignore it.
+    pub cached: bool,
 }
 
 impl Default for TransferConfig {
@@ -73,13 +79,18 @@ impl Default for TransferConfig {
             threads: 8,
             depth: 3,
             direct_below: MIB,
+            cached: false,
         }
     }
 }
 
 impl fmt::Display for TransferConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}KiBx{}", self.chunk_bytes / KIB, self.threads)
+        write!(f, "{}KiBx{}", self.chunk_bytes / KIB, self.threads)?;
+        if self.cached {
+            write!(f, "-cached")?;
+        }
+        Ok(())
     }
 }
 
@@ -92,6 +103,20 @@ pub enum Direction {
 
 static OVERRIDE: Mutex<Option<TransferConfig>> = Mutex::new(None);
 static TUNED: Mutex<Option<HashMap<(String, Direction), TransferConfig>>> = Mutex::new(None);
+static TUNED_LARGE: Mutex<Option<HashMap<String, TransferConfig>>> = Mutex::new(None);
+
+/// Uploads of at least this many bytes use a configuration of their own
+/// ([`large_upload_config`]), tuned at this size when the first one comes: whether cached
+/// staging stores pay depends on how many times a copy goes round the staging ring.
+pub const LARGE_UPLOAD: usize = 256 * MIB;
+
+/// Bytes of staging blocks an upload keeps in flight (the ring: `depth` blocks of
+/// `chunk_bytes`): on the H200 host 32 MiB made the fastest uploads with either kind of
+/// store (16 MiB rings ran 5-15% slower, 64 MiB ones 2-8%).
+const UPLOAD_RING: usize = 32 * MIB;
+
+/// Elements each copy thread takes at a time in an upload (its part of a chunk).
+const UPLOAD_PART: usize = 256 * KIB;
 
 /// Uses `config` for every later copy (instead of the tuned one); `None` goes back to tuning.
 pub fn set_config(config: Option<TransferConfig>) {
@@ -128,23 +153,87 @@ pub fn config(stream: &Stream, dir: Direction) -> Result<TransferConfig> {
     Ok(tuned)
 }
 
+/// The configuration uploads of [`LARGE_UPLOAD`] bytes or more use on the stream's
+/// device: the override, else the one tuned for them (tuned now on a CUDA device's first
+/// such upload: the uploads' own configuration against cached-store variants), else the
+/// default.
+pub fn large_upload_config(stream: &Stream) -> Result<TransferConfig> {
+    if let Some(c) = *OVERRIDE.lock() {
+        return Ok(c);
+    }
+    let base = config(stream, Direction::H2d)?;
+    if !stream.device().is_cuda() {
+        return Ok(base);
+    }
+    let key = stream.device().label();
+    if let Some(c) = TUNED_LARGE.lock().as_ref().and_then(|m| m.get(&key)) {
+        return Ok(*c);
+    }
+    let mut candidates = vec![
+        base,
+        TransferConfig {
+            cached: true,
+            ..base
+        },
+        TransferConfig {
+            chunk_bytes: 4 * MIB,
+            depth: UPLOAD_RING / (4 * MIB),
+            cached: true,
+            ..base
+        },
+    ];
+    candidates.dedup();
+    let mut host = tune_host(stream, LARGE_UPLOAD);
+    let mut dev = Buffer::<u8>::uninit(stream, LARGE_UPLOAD)?;
+    let windows = host.len() / LARGE_UPLOAD;
+    let mut next = 0usize;
+    let tuned = crate::exec::tune::autotune(
+        stream,
+        "transfer.h2d.large",
+        DTypeKind::U8,
+        LARGE_UPLOAD,
+        &candidates,
+        |s, c| {
+            let at = next % windows * LARGE_UPLOAD;
+            next += 1;
+            staged_h2d(s, &mut dev, &host[at..at + LARGE_UPLOAD], c)
+        },
+    )?;
+    drop(dev);
+    host.clear();
+    tracing::debug!("transfer uploads from {LARGE_UPLOAD} bytes: {tuned}");
+    TUNED_LARGE
+        .lock()
+        .get_or_insert_with(HashMap::new)
+        .insert(key, tuned);
+    Ok(tuned)
+}
+
+/// Host memory for timing copies of `window` bytes: whole windows spanning twice the CPU's
+/// last-level cache (at least two), so each timed copy's host side comes from memory, as a
+/// large copy's does (on the H200 host, 300 MB of L3, a cache-resident source made 4 copy
+/// threads look as fast as 16 at 64 MiB, 46 GB/s, and the 4 chosen then ran 23-28 GB/s on
+/// copies from memory). Written on every copy thread: untouched pages would all read as
+/// the kernel's one shared zero page (always cached) and fault inside the timings.
+fn tune_host(stream: &Stream, window: usize) -> Vec<u8> {
+    let llc = crate::device::sysfs::last_level_cache_bytes(std::path::Path::new("/sys"));
+    let mut host = vec![0u8; tune_windows(llc.unwrap_or(0), window) * window];
+    let workers = workers(stream.device());
+    let units = vec![(); host.len()];
+    workers.map(workers.threads(), PAGE, &mut host, &units, |d, _| {
+        d.fill(0x5a)
+    });
+    host
+}
+
 /// Times the candidate chunk sizes and thread counts on a [`TUNE_BYTES`] copy (once per
 /// device and direction; the winner is kept in the autotune cache).
 fn tune(stream: &Stream, dir: Direction) -> Result<TransferConfig> {
     let max_threads = workers(stream.device()).threads();
-    let candidates = tune_candidates(max_threads);
-    // Each timed copy uses the next TUNE_BYTES window of a span twice the CPU's last-level
-    // cache, so its host side comes from memory, as a large copy's does: on the H200 host
-    // (300 MB of L3) a cache-resident source made 4 copy threads look as fast as 16 at 64
-    // MiB (46 GB/s), and the 4 chosen then ran 23-28 GB/s on copies from memory.
-    let windows = tune_windows(
-        crate::device::sysfs::last_level_cache_bytes(std::path::Path::new("/sys")).unwrap_or(0),
-    );
-    let mut host = vec![0u8; windows * TUNE_BYTES];
-    // Written on every copy thread: untouched pages would all read as the kernel's one
-    // shared zero page (always cached) and fault inside the timings.
-    let units = vec![(); host.len()];
-    workers(stream.device()).map(max_threads, PAGE, &mut host, &units, |d, _| d.fill(0x5a));
+    let candidates = tune_candidates(dir, max_threads);
+    // Each timed copy uses the next TUNE_BYTES window of the host span.
+    let mut host = tune_host(stream, TUNE_BYTES);
+    let windows = host.len() / TUNE_BYTES;
     let mut dev = Buffer::<u8>::uninit(stream, TUNE_BYTES)?;
     let mut next = 0usize;
     let kernel = match dir {
@@ -204,15 +293,26 @@ fn tune(stream: &Stream, dir: Direction) -> Result<TransferConfig> {
     Ok(best)
 }
 
-/// The configurations the tune times: 4, 8 and 16 MiB chunks on 4, 8, 16 and 32 copy
-/// threads, capped at the `max_threads` the pool has (every one of them is a candidate).
-fn tune_candidates(max_threads: usize) -> Vec<TransferConfig> {
+/// The configurations the tune times on 4, 8, 16 and 32 copy threads, capped at the
+/// `max_threads` the pool has (every one of them is a candidate): uploads 1, 2, 4 and 8 MiB
+/// chunks, as many in flight as fill [`UPLOAD_RING`]; downloads 4, 8 and 16 MiB chunks,
+/// three in flight.
+fn tune_candidates(dir: Direction, max_threads: usize) -> Vec<TransferConfig> {
+    let chunks: &[usize] = match dir {
+        Direction::H2d => &[1, 2, 4, 8],
+        Direction::D2h => &[4, 8, 16],
+    };
     let mut candidates = Vec::new();
-    for chunk_mib in [4, 8, 16] {
+    for &chunk_mib in chunks {
         for threads in [4, 8, 16, 32] {
+            let chunk_bytes = chunk_mib * MIB;
             candidates.push(TransferConfig {
-                chunk_bytes: chunk_mib * MIB,
+                chunk_bytes,
                 threads: threads.min(max_threads.max(1)),
+                depth: match dir {
+                    Direction::H2d => UPLOAD_RING / chunk_bytes,
+                    Direction::D2h => 3,
+                },
                 ..TransferConfig::default()
             });
         }
@@ -221,10 +321,11 @@ fn tune_candidates(max_threads: usize) -> Vec<TransferConfig> {
     candidates
 }
 
-/// How many [`TUNE_BYTES`] windows the tune cycles through: enough to span twice a
-/// last-level cache of `llc` bytes (at least one, at most 16).
-fn tune_windows(llc: usize) -> usize {
-    (2 * llc).div_ceil(TUNE_BYTES).clamp(1, 16)
+/// How many `window`-byte windows a tune cycles through: enough to span twice a last-level
+/// cache of `llc` bytes (at least two, so no copy reads what the one before left cached;
+/// at most 16).
+fn tune_windows(llc: usize, window: usize) -> usize {
+    (2 * llc).div_ceil(window.max(1)).clamp(2, 16)
 }
 
 /// The fastest of five host-clock runs after a warm-up, in seconds.
@@ -243,10 +344,15 @@ fn fastest(mut run: impl FnMut() -> Result<()>) -> Result<f64> {
 /// the copy has completed. Large copies take the staged fast path.
 pub fn upload<T: DType>(stream: &Stream, dst: &mut Buffer<T>, src: &[T]) -> Result<()> {
     check_len("transfer::upload", dst.len(), src.len())?;
-    if std::mem::size_of_val(src) < ALWAYS_DIRECT {
+    let bytes = std::mem::size_of_val(src);
+    if bytes < ALWAYS_DIRECT {
         return direct_h2d(stream, dst, src);
     }
-    let cfg = config(stream, Direction::H2d)?;
+    let cfg = if bytes >= LARGE_UPLOAD {
+        large_upload_config(stream)?
+    } else {
+        config(stream, Direction::H2d)?
+    };
     upload_with(stream, dst, src, &cfg)
 }
 
@@ -463,24 +569,25 @@ fn staged_h2d<T: DType>(
         par_copy(workers, cfg.threads, dst.host_view_mut()?, src);
         return Ok(());
     }
-    let chunk = chunk_len::<T>(src.len(), cfg);
-    let n = src.len().div_ceil(chunk);
-    let mut slots = (0..cfg.depth.clamp(1, n.max(1)))
-        .map(|_| PinnedBuf::<T>::new(stream.device(), chunk))
-        .collect::<Result<Vec<_>>>()?;
-    let depth = slots.len();
-    for (i, piece) in src.chunks(chunk).enumerate() {
-        let stage = &mut slots[i % depth];
-        // Waits for the DMA that last read this block.
-        par_copy(
-            workers,
-            cfg.threads,
-            &mut stage.as_mut_slice()?[..piece.len()],
-            piece,
-        );
-        dst.copy_from_pinned_at(stream, i * chunk, stage, piece.len())?;
+    let plan = ring_plan::<T>(src.len(), cfg);
+    if cfg.cached {
+        ring_upload(stream, workers, dst, src, &plan, |d, s| {
+            d.copy_from_slice(s)
+        })
+    } else {
+        ring_upload(stream, workers, dst, src, &plan, stream_copy)
     }
-    stream.synchronize()
+}
+
+/// How an upload of `len` elements of `T` runs through the staging ring.
+fn ring_plan<T>(len: usize, cfg: &TransferConfig) -> RingPlan {
+    let size = std::mem::size_of::<T>().max(1);
+    RingPlan {
+        chunk_len: chunk_len::<T>(len, cfg),
+        slots: cfg.depth.max(1),
+        part_len: (UPLOAD_PART / size).max(1),
+        threads: cfg.threads,
+    }
 }
 
 /// Copies `src` to the host in chunks through pinned staging blocks, handing each chunk to
@@ -540,30 +647,51 @@ mod tests {
 
     #[test]
     fn the_tune_tries_every_thread_count_up_to_the_pools() {
-        let threads = |max| {
-            let c = tune_candidates(max);
-            assert!(c
-                .iter()
-                .all(|c| c.chunk_bytes >= 4 * MIB && c.threads <= max.max(1)));
-            let mut t: Vec<usize> = c.iter().map(|c| c.threads).collect();
-            t.sort_unstable();
-            t.dedup();
-            (c.len(), t)
-        };
-        assert_eq!(threads(16), (9, vec![4, 8, 16]));
-        assert_eq!(threads(12), (9, vec![4, 8, 12]));
-        assert_eq!(threads(24), (12, vec![4, 8, 16, 24]));
-        assert_eq!(threads(32), (12, vec![4, 8, 16, 32]));
-        assert_eq!(threads(2), (3, vec![2]));
-        assert_eq!(threads(0), (3, vec![1]));
+        for (dir, chunks, min_chunk) in [(Direction::H2d, 4, MIB), (Direction::D2h, 3, 4 * MIB)] {
+            let threads = |max: usize| {
+                let c = tune_candidates(dir, max);
+                assert!(c
+                    .iter()
+                    .all(|c| c.chunk_bytes >= min_chunk && c.threads <= max.max(1) && !c.cached));
+                // Uploads keep a 32 MiB ring in flight, downloads three chunks.
+                assert!(c.iter().all(|c| match dir {
+                    Direction::H2d => c.depth * c.chunk_bytes == UPLOAD_RING,
+                    Direction::D2h => c.depth == 3,
+                }));
+                let mut t: Vec<usize> = c.iter().map(|c| c.threads).collect();
+                t.sort_unstable();
+                t.dedup();
+                (c.len(), t)
+            };
+            assert_eq!(threads(16), (3 * chunks, vec![4, 8, 16]));
+            assert_eq!(threads(12), (3 * chunks, vec![4, 8, 12]));
+            assert_eq!(threads(24), (4 * chunks, vec![4, 8, 16, 24]));
+            assert_eq!(threads(32), (4 * chunks, vec![4, 8, 16, 32]));
+            assert_eq!(threads(2), (chunks, vec![2]));
+            assert_eq!(threads(0), (chunks, vec![1]));
+        }
     }
 
     #[test]
     fn the_tune_spans_twice_the_last_level_cache() {
-        assert_eq!(tune_windows(0), 1);
-        assert_eq!(tune_windows(32 * MIB), 1);
-        assert_eq!(tune_windows(300 * 1000 * 1000), 9);
-        assert_eq!(tune_windows(307_200 * KIB), 10);
-        assert_eq!(tune_windows(usize::MAX / 4), 16);
+        assert_eq!(tune_windows(0, TUNE_BYTES), 2);
+        assert_eq!(tune_windows(32 * MIB, TUNE_BYTES), 2);
+        assert_eq!(tune_windows(300 * 1000 * 1000, TUNE_BYTES), 9);
+        assert_eq!(tune_windows(307_200 * KIB, TUNE_BYTES), 10);
+        assert_eq!(tune_windows(usize::MAX / 4, TUNE_BYTES), 16);
+        assert_eq!(tune_windows(300 * 1000 * 1000, LARGE_UPLOAD), 3);
+        assert_eq!(tune_windows(0, LARGE_UPLOAD), 2);
+    }
+
+    #[test]
+    fn the_cached_variant_has_a_name_of_its_own() {
+        let c = TransferConfig {
+            chunk_bytes: 4 * MIB,
+            threads: 16,
+            ..TransferConfig::default()
+        };
+        assert_eq!(c.to_string(), "4096KiBx16");
+        let cached = TransferConfig { cached: true, ..c };
+        assert_eq!(cached.to_string(), "4096KiBx16-cached");
     }
 }
