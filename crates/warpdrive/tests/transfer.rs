@@ -7,8 +7,8 @@ use common::{cuda, random_f32, rng, seed};
 use half::bf16;
 use rand::Rng;
 use warpdrive::transfer::{
-    self, download_f32, upload_f32, upload_with, Batch, Compression, Pipeline, TransferConfig,
-    BF16_REL_ERROR, F16_ABS_ERROR, F16_REL_ERROR,
+    self, download_f32, upload_f32, upload_with, Batch, Compression, Pipeline, StagingStores,
+    TransferConfig, BF16_REL_ERROR, F16_ABS_ERROR, F16_REL_ERROR,
 };
 use warpdrive::{ops, Buffer, Device, Error};
 
@@ -21,7 +21,7 @@ fn small_chunks() -> TransferConfig {
         threads: 3,
         depth: 2,
         direct_below: 0,
-        cached: false,
+        stores: StagingStores::NonTemporal,
     }
 }
 
@@ -91,38 +91,36 @@ fn round_trip_body(dev: &Device) {
 }
 
 /// Uploads through the staging ring with several parts per chunk, a ring shorter than the
-/// chunk count (so parts wait for earlier DMAs), cached and streaming stores, and a
-/// default-path upload past `LARGE_UPLOAD` (its own tuned configuration), are bit-exact.
+/// chunk count (so parts wait for earlier DMAs) and either kind of staging store, and a
+/// default-path upload of many chunks, are bit-exact.
 fn ring_upload_body(dev: &Device) {
     let mut r = rng(seed("ring_upload"));
     let s = dev.new_stream().unwrap();
-    for cached in [false, true] {
+    for stores in [StagingStores::NonTemporal, StagingStores::Demoted] {
         let cfg = TransferConfig {
             chunk_bytes: 1 << 20,
             threads: 4,
             depth: 2,
             direct_below: 0,
-            cached,
+            stores,
         };
         for n in [(9 << 20) / 4 + 7, (1 << 20) / 4 - 1, 3] {
             let data: Vec<u32> = (0..n).map(|_| r.random()).collect();
             let mut buf = Buffer::<u32>::uninit(&s, n).unwrap();
             ops::fill(&s, &mut buf, 0xdead_beef).unwrap();
             upload_with(&s, &mut buf, &data, &cfg).unwrap();
-            assert!(buf.to_host(&s).unwrap() == data, "{n} u32, cached {cached}");
+            assert!(buf.to_host(&s).unwrap() == data, "{n} u32, {stores:?}");
         }
     }
-    if !dev.is_cuda() {
-        // The CPU backend takes no large-upload tuning; 256 MiB would only slow CI.
-        return;
-    }
-    let n = transfer::LARGE_UPLOAD + 4099;
+    let n = (16 << 20) + 4099;
     let data = random_bytes(&mut r, n);
     let mut buf = Buffer::<u8>::uninit(&s, n).unwrap();
+    ops::fill(&s, &mut buf, 0x5a).unwrap();
     transfer::upload(&s, &mut buf, &data).unwrap();
-    assert!(buf.to_host(&s).unwrap() == data, "large upload");
-    let large = transfer::large_upload_config(&s).unwrap();
-    assert!(large.threads >= 1 && large.chunk_bytes >= 1, "{large:?}");
+    assert!(
+        buf.to_host(&s).unwrap() == data,
+        "default upload of {n} bytes"
+    );
 }
 
 /// `to_host` into a fresh `Vec` past the huge-page threshold (32 MiB), at an odd length and

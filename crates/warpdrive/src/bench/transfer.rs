@@ -114,19 +114,19 @@ fn copies(ctx: &mut Ctx, bytes: usize) -> Result<()> {
         ("h2d", &mut h2d, Ceiling::H2dPinned, Direction::H2d),
         ("d2h", &mut d2h, Ceiling::D2hPinned, Direction::D2h),
     ] {
-        // The configuration the fast path tuned (or was given) in this process for this size.
-        let cfg = if dir == Direction::H2d && bytes >= transfer::LARGE_UPLOAD {
-            transfer::large_upload_config(&s)?
-        } else {
-            transfer::config(&s, dir)?
-        };
+        // The configuration the fast path tuned (or was given) in this process.
+        let cfg = transfer::config(&s, dir)?;
         let cfg = format!(
             "chunk {} KiB, {} threads, depth {}, direct under {} KiB{}",
             cfg.chunk_bytes / KIB,
             cfg.threads,
             cfg.depth,
             cfg.direct_below / KIB,
-            if cfg.cached { ", cached stores" } else { "" }
+            if dir == Direction::H2d && cfg.stores == transfer::StagingStores::Demoted {
+                ", demoted stores"
+            } else {
+                ""
+            }
         );
         let base_med = super::Stats::from_samples(&mut samples[0].clone())?.median;
         let variants = ["driver-pageable", "warpdrive", "warpdrive-reuse"];

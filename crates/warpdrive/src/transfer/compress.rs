@@ -12,6 +12,7 @@ use half::{bf16, f16};
 use parking_lot::Mutex;
 
 use super::{check_len, config, workers, Direction, TransferConfig, PAGE};
+use crate::device::hostmem::demote_lines;
 use crate::device::Stream;
 use crate::dtype::{DTypeKind, Float};
 use crate::error::Result;
@@ -200,10 +201,16 @@ where
     let workers = workers(stream.device());
     let mut wire = Buffer::<H>::uninit(stream, src.len())?;
     let narrow = |d: &mut [H], s: &[f32]| d.convert_from_f32_slice(s);
+    // Converted with plain stores, so the ring is best read from the shared cache (see
+    // `StagingStores::Demoted`).
+    let narrow_demoted = |d: &mut [H], s: &[f32]| {
+        narrow(d, s);
+        demote_lines(d);
+    };
     if stream.device().is_cuda() {
         // Chunks of the configured size in f32 bytes, through the staging ring.
         let plan = super::ring_plan::<f32>(src.len(), &cfg);
-        ring_upload(stream, workers, &mut wire, src, &plan, narrow)?;
+        ring_upload(stream, workers, &mut wire, src, &plan, narrow_demoted)?;
     } else {
         workers.map(cfg.threads, PAGE, wire.host_view_mut()?, src, narrow);
     }

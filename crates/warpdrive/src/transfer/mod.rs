@@ -4,7 +4,8 @@
 //!   copy from or to an ordinary slice is split into chunks; the persistent copy threads
 //!   ([`Workers`], pinned to the GPU's NUMA node) fill pinned staging blocks from the pinned
 //!   pool while the DMA engine moves earlier chunks ([`TransferConfig::depth`] in flight, an
-//!   event per chunk guarding each block's reuse). Copies under
+//!   event per chunk guarding each block's reuse). Uploads go through a ring without a
+//!   barrier per chunk (`memory::staging`), its blocks written as [`StagingStores`] says. Copies under
 //!   [`TransferConfig::direct_below`] take one DMA through one pinned block (filled or read
 //!   by the copy threads from [`ALWAYS_DIRECT`]; [`to_host`] faults its fresh pages in
 //!   during the DMA), except uploads under 64 KiB: the driver's own copy. Chunk
@@ -40,7 +41,7 @@ use std::mem::size_of_val;
 
 use parking_lot::Mutex;
 
-use crate::device::hostmem::{stream_copy, FreshVec, HUGE_FROM, HUGE_PAGE};
+use crate::device::hostmem::{demote_copy, stream_copy, FreshVec, HUGE_FROM, HUGE_PAGE};
 use crate::device::workers::{Workers, PAGE};
 use crate::device::{Device, Stream};
 use crate::dtype::{DType, DTypeKind};
@@ -64,12 +65,22 @@ pub struct TransferConfig {
     /// Copies of fewer bytes take one DMA without chunks, through one pinned block
     /// (uploads under 64 KiB: the driver's copy).
     pub direct_below: usize,
-    /// Uploads write their staging blocks with plain (cached) stores rather than
-    /// non-temporal ones. On the H200 host a 32 MiB staging ring written this way stays in
-    /// the last-level cache and the DMA engine reads it from there: 45-50 GB/s from 256 MiB
-    /// on, against 42-44 with non-temporal stores; below that (the ring's first pass reads
-    /// every line from memory first) non-temporal stores win. Downloads ignore it.
-    pub cached: bool,
+    /// How uploads write their staging blocks (downloads ignore it).
+    pub stores: StagingStores,
+}
+
+/// How the copy threads write an upload's staging blocks, which the DMA engine reads next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StagingStores {
+    /// Non-temporal stores (`stream_copy`): each line goes to memory, and the DMA engine
+    /// reads it back from there.
+    #[default]
+    NonTemporal,
+    /// Plain stores, then each line pushed to the shared last-level cache (`demote_copy`):
+    /// the DMA engine reads the staging ring from the cache. On the H200 host, with a 32
+    /// MiB ring, uploads ran 47 / 50 / 51 GB/s at 64 MiB / 256 MiB / 1 GiB against 45 / 46
+    /// / 48 non-temporal (and 23-50 with plain stores left in the writing cores' caches).
+    Demoted,
 }
 
 impl Default for TransferConfig {
@@ -79,7 +90,7 @@ impl Default for TransferConfig {
             threads: 8,
             depth: 3,
             direct_below: MIB,
-            cached: false,
+            stores: StagingStores::NonTemporal,
         }
     }
 }
@@ -87,8 +98,8 @@ impl Default for TransferConfig {
 impl fmt::Display for TransferConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}KiBx{}", self.chunk_bytes / KIB, self.threads)?;
-        if self.cached {
-            write!(f, "-cached")?;
+        if self.stores == StagingStores::Demoted {
+            write!(f, "-demoted")?;
         }
         Ok(())
     }
@@ -103,16 +114,9 @@ pub enum Direction {
 
 static OVERRIDE: Mutex<Option<TransferConfig>> = Mutex::new(None);
 static TUNED: Mutex<Option<HashMap<(String, Direction), TransferConfig>>> = Mutex::new(None);
-static TUNED_LARGE: Mutex<Option<HashMap<String, TransferConfig>>> = Mutex::new(None);
-
-/// Uploads of at least this many bytes use a configuration of their own
-/// ([`large_upload_config`]), tuned at this size when the first one comes: whether cached
-/// staging stores pay depends on how many times a copy goes round the staging ring.
-pub const LARGE_UPLOAD: usize = 256 * MIB;
-
 /// Bytes of staging blocks an upload keeps in flight (the ring: `depth` blocks of
 /// `chunk_bytes`): on the H200 host 32 MiB made the fastest uploads with either kind of
-/// store (16 MiB rings ran 5-15% slower, 64 MiB ones 2-8%).
+/// store (8-16 MiB rings ran up to 30% slower, 64 MiB ones 2-8%).
 const UPLOAD_RING: usize = 32 * MIB;
 
 /// Elements each copy thread takes at a time in an upload (its part of a chunk).
@@ -147,62 +151,6 @@ pub fn config(stream: &Stream, dir: Direction) -> Result<TransferConfig> {
     }
     let tuned = tune(stream, dir)?;
     TUNED
-        .lock()
-        .get_or_insert_with(HashMap::new)
-        .insert(key, tuned);
-    Ok(tuned)
-}
-
-/// The configuration uploads of [`LARGE_UPLOAD`] bytes or more use on the stream's
-/// device: the override, else the one tuned for them (tuned now on a CUDA device's first
-/// such upload: the uploads' own configuration against cached-store variants), else the
-/// default.
-pub fn large_upload_config(stream: &Stream) -> Result<TransferConfig> {
-    if let Some(c) = *OVERRIDE.lock() {
-        return Ok(c);
-    }
-    let base = config(stream, Direction::H2d)?;
-    if !stream.device().is_cuda() {
-        return Ok(base);
-    }
-    let key = stream.device().label();
-    if let Some(c) = TUNED_LARGE.lock().as_ref().and_then(|m| m.get(&key)) {
-        return Ok(*c);
-    }
-    let mut candidates = vec![
-        base,
-        TransferConfig {
-            cached: true,
-            ..base
-        },
-        TransferConfig {
-            chunk_bytes: 4 * MIB,
-            depth: UPLOAD_RING / (4 * MIB),
-            cached: true,
-            ..base
-        },
-    ];
-    candidates.dedup();
-    let mut host = tune_host(stream, LARGE_UPLOAD);
-    let mut dev = Buffer::<u8>::uninit(stream, LARGE_UPLOAD)?;
-    let windows = host.len() / LARGE_UPLOAD;
-    let mut next = 0usize;
-    let tuned = crate::exec::tune::autotune(
-        stream,
-        "transfer.h2d.large",
-        DTypeKind::U8,
-        LARGE_UPLOAD,
-        &candidates,
-        |s, c| {
-            let at = next % windows * LARGE_UPLOAD;
-            next += 1;
-            staged_h2d(s, &mut dev, &host[at..at + LARGE_UPLOAD], c)
-        },
-    )?;
-    drop(dev);
-    host.clear();
-    tracing::debug!("transfer uploads from {LARGE_UPLOAD} bytes: {tuned}");
-    TUNED_LARGE
         .lock()
         .get_or_insert_with(HashMap::new)
         .insert(key, tuned);
@@ -294,27 +242,34 @@ fn tune(stream: &Stream, dir: Direction) -> Result<TransferConfig> {
 }
 
 /// The configurations the tune times on 4, 8, 16 and 32 copy threads, capped at the
-/// `max_threads` the pool has (every one of them is a candidate): uploads 1, 2, 4 and 8 MiB
-/// chunks, as many in flight as fill [`UPLOAD_RING`]; downloads 4, 8 and 16 MiB chunks,
-/// three in flight.
+/// `max_threads` the pool has (every one of them is a candidate): uploads 1, 2 and 4 MiB
+/// chunks, as many in flight as fill [`UPLOAD_RING`], with either kind of staging store
+/// (which wins depends on the CPU: `cldemote` is a no-op where it is missing); downloads
+/// 4, 8 and 16 MiB chunks, three in flight.
 fn tune_candidates(dir: Direction, max_threads: usize) -> Vec<TransferConfig> {
-    let chunks: &[usize] = match dir {
-        Direction::H2d => &[1, 2, 4, 8],
-        Direction::D2h => &[4, 8, 16],
+    let (chunks, stores): (&[usize], &[StagingStores]) = match dir {
+        Direction::H2d => (
+            &[1, 2, 4],
+            &[StagingStores::NonTemporal, StagingStores::Demoted],
+        ),
+        Direction::D2h => (&[4, 8, 16], &[StagingStores::NonTemporal]),
     };
     let mut candidates = Vec::new();
-    for &chunk_mib in chunks {
-        for threads in [4, 8, 16, 32] {
-            let chunk_bytes = chunk_mib * MIB;
-            candidates.push(TransferConfig {
-                chunk_bytes,
-                threads: threads.min(max_threads.max(1)),
-                depth: match dir {
-                    Direction::H2d => UPLOAD_RING / chunk_bytes,
-                    Direction::D2h => 3,
-                },
-                ..TransferConfig::default()
-            });
+    for &stores in stores {
+        for &chunk_mib in chunks {
+            for threads in [4, 8, 16, 32] {
+                let chunk_bytes = chunk_mib * MIB;
+                candidates.push(TransferConfig {
+                    chunk_bytes,
+                    threads: threads.min(max_threads.max(1)),
+                    depth: match dir {
+                        Direction::H2d => UPLOAD_RING / chunk_bytes,
+                        Direction::D2h => 3,
+                    },
+                    stores,
+                    ..TransferConfig::default()
+                });
+            }
         }
     }
     candidates.dedup();
@@ -344,15 +299,10 @@ fn fastest(mut run: impl FnMut() -> Result<()>) -> Result<f64> {
 /// the copy has completed. Large copies take the staged fast path.
 pub fn upload<T: DType>(stream: &Stream, dst: &mut Buffer<T>, src: &[T]) -> Result<()> {
     check_len("transfer::upload", dst.len(), src.len())?;
-    let bytes = std::mem::size_of_val(src);
-    if bytes < ALWAYS_DIRECT {
+    if std::mem::size_of_val(src) < ALWAYS_DIRECT {
         return direct_h2d(stream, dst, src);
     }
-    let cfg = if bytes >= LARGE_UPLOAD {
-        large_upload_config(stream)?
-    } else {
-        config(stream, Direction::H2d)?
-    };
+    let cfg = config(stream, Direction::H2d)?;
     upload_with(stream, dst, src, &cfg)
 }
 
@@ -570,12 +520,9 @@ fn staged_h2d<T: DType>(
         return Ok(());
     }
     let plan = ring_plan::<T>(src.len(), cfg);
-    if cfg.cached {
-        ring_upload(stream, workers, dst, src, &plan, |d, s| {
-            d.copy_from_slice(s)
-        })
-    } else {
-        ring_upload(stream, workers, dst, src, &plan, stream_copy)
+    match cfg.stores {
+        StagingStores::NonTemporal => ring_upload(stream, workers, dst, src, &plan, stream_copy),
+        StagingStores::Demoted => ring_upload(stream, workers, dst, src, &plan, demote_copy),
     }
 }
 
@@ -647,12 +594,13 @@ mod tests {
 
     #[test]
     fn the_tune_tries_every_thread_count_up_to_the_pools() {
-        for (dir, chunks, min_chunk) in [(Direction::H2d, 4, MIB), (Direction::D2h, 3, 4 * MIB)] {
+        // Uploads: three chunk sizes with each of two store kinds; downloads: three chunks.
+        for (dir, chunks, min_chunk) in [(Direction::H2d, 6, MIB), (Direction::D2h, 3, 4 * MIB)] {
             let threads = |max: usize| {
                 let c = tune_candidates(dir, max);
                 assert!(c
                     .iter()
-                    .all(|c| c.chunk_bytes >= min_chunk && c.threads <= max.max(1) && !c.cached));
+                    .all(|c| c.chunk_bytes >= min_chunk && c.threads <= max.max(1)));
                 // Uploads keep a 32 MiB ring in flight, downloads three chunks.
                 assert!(c.iter().all(|c| match dir {
                     Direction::H2d => c.depth * c.chunk_bytes == UPLOAD_RING,
@@ -679,19 +627,21 @@ mod tests {
         assert_eq!(tune_windows(300 * 1000 * 1000, TUNE_BYTES), 9);
         assert_eq!(tune_windows(307_200 * KIB, TUNE_BYTES), 10);
         assert_eq!(tune_windows(usize::MAX / 4, TUNE_BYTES), 16);
-        assert_eq!(tune_windows(300 * 1000 * 1000, LARGE_UPLOAD), 3);
-        assert_eq!(tune_windows(0, LARGE_UPLOAD), 2);
+        assert_eq!(tune_windows(300 * 1000 * 1000, 256 * MIB), 3);
     }
 
     #[test]
-    fn the_cached_variant_has_a_name_of_its_own() {
+    fn the_demoted_variant_has_a_name_of_its_own() {
         let c = TransferConfig {
             chunk_bytes: 4 * MIB,
             threads: 16,
             ..TransferConfig::default()
         };
         assert_eq!(c.to_string(), "4096KiBx16");
-        let cached = TransferConfig { cached: true, ..c };
-        assert_eq!(cached.to_string(), "4096KiBx16-cached");
+        let demoted = TransferConfig {
+            stores: StagingStores::Demoted,
+            ..c
+        };
+        assert_eq!(demoted.to_string(), "4096KiBx16-demoted");
     }
 }
