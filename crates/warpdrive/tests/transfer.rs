@@ -90,9 +90,9 @@ fn round_trip_body(dev: &Device) {
         .all(|(a, b)| a.to_bits() == b.to_bits()));
 }
 
-/// Uploads through the staging ring with several parts per chunk, a ring shorter than the
-/// chunk count (so parts wait for earlier DMAs) and either kind of staging store, and a
-/// default-path upload of many chunks, are bit-exact.
+/// Uploads and downloads through the staging ring with several parts per chunk, a ring
+/// shorter than the chunk count (so parts wait for earlier DMAs) and either kind of staging
+/// store, and a default-path upload of many chunks, are bit-exact.
 fn ring_upload_body(dev: &Device) {
     let mut r = rng(seed("ring_upload"));
     let s = dev.new_stream().unwrap();
@@ -110,6 +110,10 @@ fn ring_upload_body(dev: &Device) {
             ops::fill(&s, &mut buf, 0xdead_beef).unwrap();
             upload_with(&s, &mut buf, &data, &cfg).unwrap();
             assert!(buf.to_host(&s).unwrap() == data, "{n} u32, {stores:?}");
+            // And back through the download ring, into an unaligned slice.
+            let mut back = vec![0u32; n + 1];
+            transfer::download_with(&s, &buf, &mut back[1..], &cfg).unwrap();
+            assert!(back[1..] == data[..], "download of {n} u32");
         }
     }
     let n = (16 << 20) + 4099;

@@ -60,6 +60,22 @@ impl<T: Copy + Send + Sync> FreshVec<T> {
         Ok(())
     }
 
+    /// The next `n` spare elements, to be written before [`FreshVec::add_len`] counts them.
+    pub(crate) fn spare_mut(&mut self, n: usize) -> Result<&mut [MaybeUninit<T>]> {
+        self.check_room(n)?;
+        Ok(&mut self.vec.spare_capacity_mut()[..n])
+    }
+
+    /// Counts the next `n` spare elements as part of the `Vec`.
+    ///
+    /// # Safety
+    /// All `n` of them (within the room) have been written.
+    pub(crate) unsafe fn add_len(&mut self, n: usize) {
+        debug_assert!(n <= self.room());
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.vec.set_len(self.vec.len() + n) };
+    }
+
     /// Appends a copy of `src` on one thread.
     pub fn extend_from_slice(&mut self, src: &[T]) -> Result<()> {
         self.check_room(src.len())?;
@@ -130,7 +146,7 @@ impl<T: Copy + Send + Sync> FreshVec<T> {
 }
 
 /// `dst.copy_from_slice(src)` into uninitialised memory.
-fn write_copy<T: Copy>(dst: &mut [MaybeUninit<T>], src: &[T]) {
+pub(crate) fn write_copy<T: Copy>(dst: &mut [MaybeUninit<T>], src: &[T]) {
     let n = dst.len().min(src.len());
     // SAFETY: both ranges hold `n` elements, `&mut` excludes overlap, and `MaybeUninit<T>`
     // has `T`'s layout.
@@ -139,7 +155,7 @@ fn write_copy<T: Copy>(dst: &mut [MaybeUninit<T>], src: &[T]) {
 
 /// Faults in the whole pages inside `mem` writable in one call (`MADV_POPULATE_WRITE`,
 /// Linux 5.14+); false where that is unavailable (the caller's writes fault them instead).
-fn populate<T>(mem: &mut [MaybeUninit<T>]) -> bool {
+pub(crate) fn populate<T>(mem: &mut [MaybeUninit<T>]) -> bool {
     let start = (mem.as_mut_ptr() as usize).next_multiple_of(PAGE);
     let end = (mem.as_mut_ptr() as usize + std::mem::size_of_val(mem)) / PAGE * PAGE;
     if end <= start {

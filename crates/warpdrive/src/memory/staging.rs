@@ -1,26 +1,32 @@
-//! Staged uploads through a ring of pinned blocks, with no barrier per chunk.
+//! Staged copies through a ring of pinned blocks, with no barrier per chunk.
 //!
-//! The copy threads take the copy's parts in order from one ticket; a part lands in its
-//! chunk's ring slot, and the thread that writes a chunk's last part enqueues the chunk's
-//! DMA and records the slot's event. A part whose slot an earlier chunk's DMA may still be
-//! reading first waits for that chunk's event. No thread waits for the others at a chunk's
-//! end, so a slow thread holds back one chunk's DMA rather than every thread, and the link
-//! is fed while the threads keep copying: on the H200 host a fork/join per 4 MiB chunk
-//! moved 38-44 GB/s, this 40-51 (a copy on 16 threads and the DMA engine together move 52 +
-//! 53 GB/s there, so the barrier, not host memory, was the limit).
+//! The copy threads take the copy's parts in order from one ticket. Uploads: a part lands in
+//! its chunk's ring slot, and the thread that writes a chunk's last part enqueues the
+//! chunk's DMA and records the slot's event; a part whose slot an earlier chunk's DMA may
+//! still be reading first waits for that chunk's event. Downloads the other way round: a
+//! part waits for its chunk's DMA into the slot, copies out, and the thread that copies a
+//! chunk's last part enqueues the DMA of the chunk that reuses the slot. No thread waits
+//! for the others at a chunk's end, so a slow thread holds back one chunk rather than every
+//! thread, and the link is fed while the threads keep copying: on the H200 host a
+//! fork/join per 4 MiB chunk uploaded 38-44 GB/s, this 40-51 (a copy on 16 threads and the
+//! DMA engine together move 52 + 53 GB/s there, so the barrier, not host memory, was the
+//! limit).
 
+use std::mem::MaybeUninit;
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
+use crate::device::hostmem::{populate, write_copy, FreshVec, HUGE_PAGE};
 use crate::device::workers::Workers;
-use crate::device::{cpu, Event, Stream};
+use crate::device::{cpu, CudaDevice, Event, Stream};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 use super::{check_len, Buffer, PinnedBuf};
 
-/// How a ring upload runs.
+/// How a ring copy runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RingPlan {
     /// Elements per chunk (one DMA and one ring slot each).
@@ -31,12 +37,169 @@ pub struct RingPlan {
     pub part_len: usize,
     /// Copy threads (the caller's included).
     pub threads: usize,
+    /// Downloads: the byte boundary the host side of every part but the first starts on.
+    pub host_align: usize,
+}
+
+/// Where a ring copy's chunks and parts lie: chunks of `chunk` elements, after a shorter
+/// first one of `lead` elements when `lead > 0` (so the host side of every later chunk, and
+/// of its parts, starts on an alignment boundary), each cut into parts of `part`.
+struct Grid {
+    n: usize,
+    lead: usize,
+    chunk: usize,
+    part: usize,
+}
+
+impl Grid {
+    fn new(n: usize, plan: &RingPlan, lead: usize) -> Grid {
+        let chunk = plan.chunk_len.clamp(1, n.max(1));
+        Grid {
+            n,
+            lead: if lead < n && lead <= chunk { lead } else { 0 },
+            chunk,
+            part: plan.part_len.clamp(1, chunk),
+        }
+    }
+
+    fn chunks(&self) -> usize {
+        usize::from(self.lead > 0) + (self.n - self.lead).div_ceil(self.chunk)
+    }
+
+    fn chunk_range(&self, c: usize) -> Range<usize> {
+        if self.lead > 0 && c == 0 {
+            return 0..self.lead;
+        }
+        let i = c - usize::from(self.lead > 0);
+        let start = self.lead + i * self.chunk;
+        start..(start + self.chunk).min(self.n)
+    }
+
+    fn parts_in(&self, c: usize) -> usize {
+        self.chunk_range(c).len().div_ceil(self.part)
+    }
+
+    fn total_parts(&self) -> usize {
+        (0..self.chunks()).map(|c| self.parts_in(c)).sum()
+    }
+
+    /// Part `p` of the whole copy: (its chunk, its element range).
+    fn part(&self, p: usize) -> (usize, Range<usize>) {
+        let first = if self.lead > 0 { self.parts_in(0) } else { 0 };
+        let (c, k) = if p < first {
+            (0, p)
+        } else {
+            let per = self.chunk.div_ceil(self.part);
+            let q = p - first;
+            (usize::from(self.lead > 0) + q / per, q % per)
+        };
+        let range = self.chunk_range(c);
+        let start = range.start + k * self.part;
+        (c, start..(start + self.part).min(range.end))
+    }
+}
+
+/// The ring of one copy: pinned blocks (waited free), their host addresses and an event
+/// per slot.
+struct Ring<T: DType> {
+    blocks: Vec<PinnedBuf<T>>,
+    bases: Vec<u64>,
+    events: Vec<Event>,
+}
+
+impl<T: DType> Ring<T> {
+    fn new(stream: &Stream, slots: usize, chunk: usize) -> Result<Ring<T>> {
+        let mut blocks = (0..slots.max(1))
+            .map(|_| PinnedBuf::<T>::new(stream.device(), chunk))
+            .collect::<Result<Vec<_>>>()?;
+        // Waits for any earlier copy still using the blocks; from here on this copy owns
+        // them.
+        let mut bases = Vec::with_capacity(blocks.len());
+        for block in &mut blocks {
+            block.as_mut_slice()?;
+            bases.push(block.ptr);
+        }
+        let events = blocks
+            .iter()
+            .map(|block| block.pool.event())
+            .collect::<Result<Vec<Event>>>()?;
+        Ok(Ring {
+            blocks,
+            bases,
+            events,
+        })
+    }
+
+    fn slots(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Ends the copy: the blocks go back to the pool only once every DMA enqueued on
+    /// `stream` has finished with them; the events are reused once the stream is done.
+    fn finish(mut self, stream: &Stream, error: Option<Error>) -> Result<()> {
+        for block in &mut self.blocks {
+            block.record_use(stream)?;
+        }
+        if let Some(e) = error {
+            return Err(e);
+        }
+        stream.synchronize()?;
+        self.blocks[0]
+            .pool
+            .recycle(std::mem::take(&mut self.events));
+        Ok(())
+    }
+}
+
+/// The CUDA device and stream of a ring copy (the CPU backend has no DMA to feed).
+fn cuda_of<'s>(
+    stream: &'s Stream,
+    op: &str,
+) -> Result<(&'s CudaDevice, &'s cudarc::driver::CudaStream)> {
+    stream
+        .cuda()
+        .ok_or_else(|| Error::Unsupported(format!("{op} needs a CUDA stream")))
+}
+
+/// Spins (yielding now and then) until `flag` is set; false when `failed` is set first.
+fn wait_for(flag: &AtomicBool, failed: &AtomicBool) -> bool {
+    let mut spins = 0u32;
+    while !flag.load(Ordering::Acquire) {
+        if failed.load(Ordering::Relaxed) {
+            return false;
+        }
+        spins = spins.wrapping_add(1);
+        if spins % 1024 == 0 {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    true
+}
+
+/// Runs `work` on up to `threads` copy threads; the first error stops the others (through
+/// `failed`) and is returned.
+fn run_parts(
+    workers: &Workers,
+    threads: usize,
+    failed: &AtomicBool,
+    work: impl Fn() -> Result<()> + Sync,
+) -> Option<Error> {
+    let error: Mutex<Option<Error>> = Mutex::new(None);
+    workers.run(threads.clamp(1, workers.threads()), &|_| {
+        if let Err(e) = work() {
+            failed.store(true, Ordering::Relaxed);
+            error.lock().get_or_insert(e);
+        }
+    });
+    error.into_inner()
 }
 
 /// Sends `src` into `dst` (same length) through a ring of pinned blocks on `stream`: up to
 /// `plan.threads` copy threads each run `fill(ring piece, matching src piece)` on parts of
 /// the copy (a plain or streaming copy, or a conversion); returns once every DMA has
-/// completed. A CUDA stream only (the CPU backend has no DMA to feed).
+/// completed. A CUDA stream only.
 pub(crate) fn ring_upload<S: Sync, T: DType>(
     stream: &Stream,
     workers: &Workers,
@@ -47,120 +210,257 @@ pub(crate) fn ring_upload<S: Sync, T: DType>(
 ) -> Result<()> {
     check_len("ring_upload", dst.len(), src.len())?;
     dst.device().same_as(stream.device(), "ring_upload")?;
-    let Some((device, cu_stream)) = stream.cuda() else {
-        return Err(Error::Unsupported(
-            "ring_upload needs a CUDA stream".to_string(),
-        ));
-    };
-    let n = src.len();
-    if n == 0 {
+    let (device, cu_stream) = cuda_of(stream, "ring_upload")?;
+    if src.is_empty() {
         return Ok(());
     }
     let size = std::mem::size_of::<T>();
-    let chunk = plan.chunk_len.clamp(1, n);
-    let part = plan.part_len.clamp(1, chunk);
-    let chunks = n.div_ceil(chunk);
-    let parts_per_chunk = chunk.div_ceil(part);
-    let chunk_len = |c: usize| chunk.min(n - c * chunk);
-    let total_parts = (chunks - 1) * parts_per_chunk + chunk_len(chunks - 1).div_ceil(part);
-    let mut ring = (0..plan.slots.clamp(1, chunks))
-        .map(|_| PinnedBuf::<T>::new(stream.device(), chunk))
-        .collect::<Result<Vec<_>>>()?;
-    // Waits for any earlier copy still using the blocks; from here on this call owns them.
-    let mut bases = Vec::with_capacity(ring.len());
-    for block in &mut ring {
-        block.as_mut_slice()?;
-        bases.push(block.ptr);
-    }
-    let events = ring
-        .iter()
-        .map(|block| block.pool.event())
-        .collect::<Result<Vec<Event>>>()?;
-    let slots = ring.len();
-    let dev_base = dst.device_ptr();
-
+    let grid = Grid::new(src.len(), plan, 0);
+    let chunks = grid.chunks();
+    let ring = Ring::<T>::new(stream, plan.slots.min(chunks), grid.chunk)?;
+    let (slots, dev_base) = (ring.slots(), dst.device_ptr());
     let ticket = AtomicUsize::new(0);
+    let total = grid.total_parts();
     let left: Vec<AtomicUsize> = (0..chunks)
-        .map(|c| AtomicUsize::new(chunk_len(c).div_ceil(part)))
+        .map(|c| AtomicUsize::new(grid.parts_in(c)))
         .collect();
     let sent: Vec<AtomicBool> = (0..chunks).map(|_| AtomicBool::new(false)).collect();
     let failed = AtomicBool::new(false);
-    let error: Mutex<Option<Error>> = Mutex::new(None);
 
-    // One thread's share: parts from the ticket until none are left (or another failed).
-    let work = || -> Result<()> {
-        loop {
-            if failed.load(Ordering::Relaxed) {
-                return Ok(());
-            }
-            let p = ticket.fetch_add(1, Ordering::Relaxed);
-            if p >= total_parts {
-                return Ok(());
-            }
-            let (c, k) = (p / parts_per_chunk, p % parts_per_chunk);
-            let slot = c % slots;
-            if c >= slots {
-                // The slot's last DMA is chunk c - slots's: wait until it is enqueued (its
-                // event recorded), then for the event. Nothing records the event again
-                // before this part is written (that takes all of chunk c).
-                let mut spins = 0u32;
-                while !sent[c - slots].load(Ordering::Acquire) {
-                    if failed.load(Ordering::Relaxed) {
-                        return Ok(());
-                    }
-                    spins += 1;
-                    if spins % 1024 == 0 {
-                        std::thread::yield_now();
-                    } else {
-                        std::hint::spin_loop();
-                    }
-                }
-                events[slot].synchronize()?;
-            }
-            let start = c * chunk + k * part;
-            let len = part.min(c * chunk + chunk_len(c) - start);
-            // SAFETY: the slot's block holds `chunk` elements and `k * part + len <= chunk`;
-            // the ticket hands part p to this thread alone, so no one else writes these
-            // elements now, and the DMA that last read them has completed (waited for
-            // above, or the slot is on its first use after `as_mut_slice` waited).
-            let piece = unsafe { cpu::view_mut::<T>(bases[slot] + (k * part * size) as u64, len) };
-            fill(piece, &src[start..start + len]);
-            // The last part written sends the chunk (AcqRel: the others' writes happen
-            // before the DMA is enqueued).
-            if left[c].fetch_sub(1, Ordering::AcqRel) == 1 {
-                let bytes = chunk_len(c) * size;
-                // SAFETY: the slot's block holds the chunk's `bytes`, and `dst` (borrowed
-                // mutably for this call) holds `n` elements from `dev_base`, the chunk's
-                // range among them; every part of the chunk is written, and no thread
-                // writes the slot again before the event recorded next completes.
-                unsafe {
-                    device.copy_raw_async(
-                        cu_stream,
-                        true,
-                        bases[slot] as *mut u8,
-                        dev_base + (c * chunk * size) as u64,
-                        bytes,
-                    )?
-                };
-                stream.record(&events[slot])?;
-                sent[c].store(true, Ordering::Release);
-            }
+    let error = run_parts(workers, plan.threads, &failed, || loop {
+        let p = ticket.fetch_add(1, Ordering::Relaxed);
+        if p >= total || failed.load(Ordering::Relaxed) {
+            return Ok(());
         }
-    };
-    workers.run(plan.threads.clamp(1, workers.threads()), &|_| {
-        if let Err(e) = work() {
-            failed.store(true, Ordering::Relaxed);
-            error.lock().get_or_insert(e);
+        let (c, range) = grid.part(p);
+        let slot = c % slots;
+        if c >= slots {
+            // The slot's last DMA is chunk c - slots's: wait until it is enqueued (its event
+            // recorded), then for the event. Nothing records the event again before this
+            // part is written (that takes all of chunk c).
+            if !wait_for(&sent[c - slots], &failed) {
+                return Ok(());
+            }
+            ring.events[slot].synchronize()?;
+        }
+        let at = range.start - grid.chunk_range(c).start;
+        // SAFETY: the slot's block holds `grid.chunk` elements and the part lies within its
+        // chunk's first `chunk_range(c).len() <= grid.chunk`; the ticket hands part p to this
+        // thread alone, and the DMA that last read the slot has completed (waited for above,
+        // or the slot is on its first use after `Ring::new` waited).
+        let piece =
+            unsafe { cpu::view_mut::<T>(ring.bases[slot] + (at * size) as u64, range.len()) };
+        fill(piece, &src[range]);
+        // The last part written sends the chunk (AcqRel: the others' writes happen before
+        // the DMA is enqueued).
+        if left[c].fetch_sub(1, Ordering::AcqRel) == 1 {
+            let chunk = grid.chunk_range(c);
+            // SAFETY: the slot's block holds the chunk, and `dst` (borrowed mutably for this
+            // call) holds every element of it from `dev_base`; every part of the chunk is
+            // written, and no thread writes the slot again before the event recorded next
+            // completes.
+            unsafe {
+                device.copy_raw_async(
+                    cu_stream,
+                    true,
+                    ring.bases[slot] as *mut u8,
+                    dev_base + (chunk.start * size) as u64,
+                    chunk.len() * size,
+                )?
+            };
+            stream.record(&ring.events[slot])?;
+            sent[c].store(true, Ordering::Release);
         }
     });
-    // The blocks return to the pool only once every DMA enqueued above has read them.
-    for block in &mut ring {
-        block.record_use(stream)?;
+    ring.finish(stream, error)
+}
+
+/// Copies `src` into `dst` (same length) through a ring of pinned blocks on `stream`: up to
+/// `plan.threads` copy threads each run `prepare(dst piece)` (while the piece's DMA may
+/// still run), then `fill(dst piece, matching ring piece)`, on parts of the copy whose
+/// host side starts on `plan.host_align`-byte boundaries (but the first). On `Ok`, `fill`
+/// has run on every element of `dst`. A CUDA stream only.
+pub(crate) fn ring_download<T: DType, D: Send>(
+    stream: &Stream,
+    workers: &Workers,
+    src: &Buffer<T>,
+    dst: &mut [D],
+    plan: &RingPlan,
+    prepare: impl Fn(&mut [D]) + Sync,
+    fill: impl Fn(&mut [D], &[T]) + Sync,
+) -> Result<()> {
+    check_len("ring_download", src.len(), dst.len())?;
+    src.device().same_as(stream.device(), "ring_download")?;
+    let (device, cu_stream) = cuda_of(stream, "ring_download")?;
+    if dst.is_empty() {
+        return Ok(());
     }
-    if let Some(e) = error.into_inner() {
-        return Err(e);
+    let size = std::mem::size_of::<T>();
+    let dsize = std::mem::size_of::<D>().max(1);
+    let host = dst.as_mut_ptr() as usize;
+    let to_boundary = host.next_multiple_of(plan.host_align.max(1)) - host;
+    let lead = if to_boundary % dsize == 0 {
+        to_boundary / dsize
+    } else {
+        0
+    };
+    let grid = Grid::new(dst.len(), plan, lead);
+    let chunks = grid.chunks();
+    let ring = Ring::<T>::new(stream, plan.slots.min(chunks), grid.chunk)?;
+    let (slots, dev_base) = (ring.slots(), src.device_ptr());
+    let send = |c: usize| -> Result<()> {
+        let chunk = grid.chunk_range(c);
+        let slot = c % slots;
+        // SAFETY: the slot's block holds `grid.chunk >= chunk.len()` elements and `src`
+        // (borrowed for this call) holds the chunk from `dev_base`; no thread reads the
+        // slot until this DMA's event completes, and none still reads it for an earlier
+        // chunk (the caller sends chunk c only once chunk c - slots is all copied out).
+        unsafe {
+            device.copy_raw_async(
+                cu_stream,
+                false,
+                ring.bases[slot] as *mut u8,
+                dev_base + (chunk.start * size) as u64,
+                chunk.len() * size,
+            )?
+        };
+        stream.record(&ring.events[slot])
+    };
+    let sent: Vec<AtomicBool> = (0..chunks).map(|_| AtomicBool::new(false)).collect();
+    for (c, sent) in sent.iter().enumerate().take(slots) {
+        send(c)?;
+        sent.store(true, Ordering::Release);
     }
-    stream.synchronize()?;
-    ring[0].pool.recycle(events);
+    let ticket = AtomicUsize::new(0);
+    let total = grid.total_parts();
+    let left: Vec<AtomicUsize> = (0..chunks)
+        .map(|c| AtomicUsize::new(grid.parts_in(c)))
+        .collect();
+    let failed = AtomicBool::new(false);
+
+    let error = run_parts(workers, plan.threads, &failed, || loop {
+        let p = ticket.fetch_add(1, Ordering::Relaxed);
+        if p >= total || failed.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let (c, range) = grid.part(p);
+        let slot = c % slots;
+        // SAFETY: the range lies within `dst` (borrowed mutably for this call, `host` its
+        // start), and the ticket hands part p, so this range, to this thread alone.
+        let out = unsafe {
+            std::slice::from_raw_parts_mut((host as *mut D).add(range.start), range.len())
+        };
+        prepare(out);
+        // The chunk's DMA: enqueued (its event recorded for it, and not again before this
+        // part is copied out), then done.
+        if !wait_for(&sent[c], &failed) {
+            return Ok(());
+        }
+        ring.events[slot].synchronize()?;
+        let at = range.start - grid.chunk_range(c).start;
+        // SAFETY: within the slot's block as in `ring_upload`; the chunk's DMA into it has
+        // completed and no DMA writes the slot again before every part of it is copied out.
+        let piece = unsafe { cpu::view::<T>(ring.bases[slot] + (at * size) as u64, range.len()) };
+        fill(out, piece);
+        // The last part copied out frees the slot for the chunk that reuses it.
+        if left[c].fetch_sub(1, Ordering::AcqRel) == 1 && c + slots < chunks {
+            send(c + slots)?;
+            sent[c + slots].store(true, Ordering::Release);
+        }
+    });
+    ring.finish(stream, error)
+}
+
+/// [`ring_download`] of all of `src` appended to `out`'s spare room, its fresh pages
+/// faulted in part by part on the copy threads while the DMAs run: parts are whole 2 MiB
+/// regions of `out` (one thread faults each huge page, or each page table of 4 KiB pages,
+/// whose faults take turns on one lock).
+pub(crate) fn ring_download_fresh<T: DType>(
+    stream: &Stream,
+    workers: &Workers,
+    src: &Buffer<T>,
+    out: &mut FreshVec<T>,
+    plan: &RingPlan,
+) -> Result<()> {
+    let n = src.len();
+    let spare = out.spare_mut(n)?;
+    let size = std::mem::size_of::<T>().max(1);
+    let plan = RingPlan {
+        part_len: (HUGE_PAGE / size).max(1),
+        chunk_len: plan.chunk_len.next_multiple_of((HUGE_PAGE / size).max(1)),
+        host_align: HUGE_PAGE,
+        ..*plan
+    };
+    ring_download(
+        stream,
+        workers,
+        src,
+        spare,
+        &plan,
+        |d: &mut [MaybeUninit<T>]| {
+            populate(d);
+        },
+        write_copy,
+    )?;
+    // SAFETY: `ring_download` returned Ok, so `write_copy` ran on every one of the first
+    // `n` spare elements, writing each.
+    unsafe { out.add_len(n) };
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(chunk_len: usize, part_len: usize) -> RingPlan {
+        RingPlan {
+            chunk_len,
+            slots: 2,
+            part_len,
+            threads: 4,
+            host_align: 1,
+        }
+    }
+
+    #[test]
+    fn the_grid_covers_every_element_once_in_order_with_aligned_parts() {
+        for (n, chunk, part, lead) in [
+            (1, 8, 4, 0),
+            (100, 8, 3, 0),
+            (100, 8, 3, 5),
+            (100, 16, 4, 12),
+            (64, 16, 16, 0),
+            (10, 16, 4, 7),
+            (10, 4, 4, 30),
+            (1000, 1000, 64, 0),
+        ] {
+            let g = Grid::new(n, &plan(chunk, part), lead);
+            let mut next = 0;
+            let mut chunks = vec![0usize; g.chunks()];
+            for p in 0..g.total_parts() {
+                let (c, r) = g.part(p);
+                assert_eq!(r.start, next, "{n} {chunk} {part} {lead}: part {p}");
+                assert!(!r.is_empty() && r.len() <= g.part);
+                let cr = g.chunk_range(c);
+                assert!(cr.start <= r.start && r.end <= cr.end && cr.len() <= g.chunk);
+                // Parts start a whole number of parts into their chunk, and chunks past the
+                // lead a whole number of chunks past it (so chunk and part sizes that are
+                // multiples of an alignment keep every part past the lead aligned).
+                assert_eq!((r.start - cr.start) % g.part, 0);
+                if g.lead == 0 || c > 0 {
+                    assert_eq!(
+                        (cr.start - g.lead) % g.chunk,
+                        0,
+                        "{n} {chunk} {part} {lead}"
+                    );
+                } else {
+                    assert_eq!(cr, 0..g.lead);
+                }
+                chunks[c] += 1;
+                next = r.end;
+            }
+            assert_eq!(next, n);
+            assert!((0..g.chunks()).all(|c| chunks[c] == g.parts_in(c)));
+        }
+    }
 }

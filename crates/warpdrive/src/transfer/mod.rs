@@ -4,8 +4,8 @@
 //!   copy from or to an ordinary slice is split into chunks; the persistent copy threads
 //!   ([`Workers`], pinned to the GPU's NUMA node) fill pinned staging blocks from the pinned
 //!   pool while the DMA engine moves earlier chunks ([`TransferConfig::depth`] in flight, an
-//!   event per chunk guarding each block's reuse). Uploads go through a ring without a
-//!   barrier per chunk (`memory::staging`), its blocks written as [`StagingStores`] says. Copies under
+//!   event per chunk guarding each block's reuse), as a ring without a barrier per chunk
+//!   (`memory::staging`); uploads write its blocks as [`StagingStores`] says. Copies under
 //!   [`TransferConfig::direct_below`] take one DMA through one pinned block (filled or read
 //!   by the copy threads from [`ALWAYS_DIRECT`]; [`to_host`] faults its fresh pages in
 //!   during the DMA), except uploads under 64 KiB: the driver's own copy. Chunk
@@ -41,12 +41,14 @@ use std::mem::size_of_val;
 
 use parking_lot::Mutex;
 
-use crate::device::hostmem::{demote_copy, stream_copy, FreshVec, HUGE_FROM, HUGE_PAGE};
+use crate::device::hostmem::{demote_copy, stream_copy, FreshVec, HUGE_PAGE};
 use crate::device::workers::{Workers, PAGE};
 use crate::device::{Device, Stream};
 use crate::dtype::{DType, DTypeKind};
 use crate::error::Result;
-use crate::memory::{check_len, ring_upload, Buffer, PinnedBuf, RingPlan};
+use crate::memory::{
+    check_len, ring_download, ring_download_fresh, ring_upload, Buffer, PinnedBuf, RingPlan,
+};
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
@@ -122,8 +124,9 @@ const UPLOAD_RING: usize = 32 * MIB;
 /// The upload size the two kinds of staging store are compared at (see [`tune`]).
 const STORES_TUNE_BYTES: usize = 256 * MIB;
 
-/// Elements each copy thread takes at a time in an upload (its part of a chunk).
-const UPLOAD_PART: usize = 256 * KIB;
+/// Bytes each copy thread takes at a time in a staged copy (its part of a chunk; copies
+/// into fresh memory take whole 2 MiB regions).
+const RING_PART: usize = 256 * KIB;
 
 /// Uses `config` for every later copy (instead of the tuned one); `None` goes back to tuning.
 pub fn set_config(config: Option<TransferConfig>) {
@@ -357,9 +360,9 @@ pub fn download<T: DType>(stream: &Stream, src: &Buffer<T>, dst: &mut [T]) -> Re
 /// The buffer's contents in a new `Vec`, as `tensor.cpu()` gives. The `Vec` is never zeroed
 /// first: copies under the crossover go through one pinned block (from [`ALWAYS_DIRECT`]
 /// with one thread per 2 MiB faulting the pages in during the DMA, then the copy threads
-/// copying), large
-/// ones through the staged path with every copy thread writing (and so taking the page
-/// faults of) whole pages of its own, on transparent huge pages from 32 MiB.
+/// copying), large ones through the download ring in parts of whole 2 MiB regions, each
+/// thread faulting its part's pages in while the part's DMA may still run (transparent
+/// huge pages from 32 MiB).
 pub fn to_host<T: DType>(stream: &Stream, src: &Buffer<T>) -> Result<Vec<T>> {
     src.device().same_as(stream.device(), "transfer::to_host")?;
     let mut out = FreshVec::with_capacity(src.len());
@@ -390,31 +393,28 @@ pub fn to_host<T: DType>(stream: &Stream, src: &Buffer<T>) -> Result<Vec<T>> {
         out.extend_par(workers, workers.threads(), stage.as_slice()?)?;
         return Ok(out.into_vec());
     }
-    let fresh = fresh_config(workers, bytes, &cfg);
-    let out = std::cell::RefCell::new(out);
-    staged_d2h_with(
+    let fresh = fresh_config(workers, &cfg);
+    if !stream.device().is_cuda() {
+        out.extend_par(workers, fresh.threads, src.host_view()?)?;
+        return Ok(out.into_vec());
+    }
+    ring_download_fresh(
         stream,
+        workers,
         src,
-        &fresh,
-        |_, piece| out.borrow_mut().extend_par(workers, fresh.threads, piece),
-        |n| out.borrow_mut().prefault(workers, fresh.threads, n),
+        &mut out,
+        &ring_plan::<T>(src.len(), &fresh),
     )?;
-    Ok(out.into_inner().into_vec())
+    Ok(out.into_vec())
 }
 
 /// The staged configuration for copies into fresh memory: page faults, not the memory
-/// bus, bound them, so every copy thread helps. On huge pages each chunk gives every thread
-/// a huge page of its own (two chunks in flight are enough: faulting and copying a chunk
-/// takes longer than its DMA, and fewer, larger chunks keep every thread busy).
-fn fresh_config(workers: &Workers, bytes: usize, cfg: &TransferConfig) -> TransferConfig {
-    let threads = workers.threads();
-    if bytes < HUGE_FROM {
-        return TransferConfig { threads, ..*cfg };
-    }
+/// bus, bound them, so every copy thread helps, and a third chunk in flight keeps the DMA
+/// engine busy while the threads fault the pages of the next one.
+fn fresh_config(workers: &Workers, cfg: &TransferConfig) -> TransferConfig {
     TransferConfig {
-        chunk_bytes: cfg.chunk_bytes.max(threads * HUGE_PAGE),
-        threads,
-        depth: 2,
+        threads: workers.threads(),
+        depth: cfg.depth.max(3),
         ..*cfg
     }
 }
@@ -524,16 +524,12 @@ fn staged_d2h<T: DType>(
     cfg: &TransferConfig,
 ) -> Result<()> {
     let workers = workers(stream.device());
-    staged_d2h_with(
-        stream,
-        src,
-        cfg,
-        |at, piece| {
-            par_copy(workers, cfg.threads, &mut dst[at..at + piece.len()], piece);
-            Ok(())
-        },
-        |_| {},
-    )
+    if !stream.device().is_cuda() {
+        par_copy(workers, cfg.threads, dst, src.host_view()?);
+        return Ok(());
+    }
+    let plan = ring_plan::<T>(dst.len(), cfg);
+    ring_download(stream, workers, src, dst, &plan, |_| {}, stream_copy)
 }
 
 /// Elements per chunk: the configured chunk, but at least `depth` chunks for copies of a
@@ -563,54 +559,16 @@ fn staged_h2d<T: DType>(
     }
 }
 
-/// How an upload of `len` elements of `T` runs through the staging ring.
+/// How a staged copy of `len` elements of `T` runs through the staging ring.
 fn ring_plan<T>(len: usize, cfg: &TransferConfig) -> RingPlan {
     let size = std::mem::size_of::<T>().max(1);
     RingPlan {
         chunk_len: chunk_len::<T>(len, cfg),
         slots: cfg.depth.max(1),
-        part_len: (UPLOAD_PART / size).max(1),
+        part_len: (RING_PART / size).max(1),
         threads: cfg.threads,
+        host_align: PAGE,
     }
-}
-
-/// Copies `src` to the host in chunks through pinned staging blocks, handing each chunk to
-/// `put(element offset, chunk)` in order while the DMA engine fills the next blocks. When a
-/// chunk's DMA is still running, `idle(chunk length)` runs first (work done ahead).
-fn staged_d2h_with<T: DType>(
-    stream: &Stream,
-    src: &Buffer<T>,
-    cfg: &TransferConfig,
-    mut put: impl FnMut(usize, &[T]) -> Result<()>,
-    mut idle: impl FnMut(usize),
-) -> Result<()> {
-    if !stream.device().is_cuda() {
-        return put(0, src.host_view()?);
-    }
-    let len = src.len();
-    let chunk = chunk_len::<T>(len, cfg);
-    let n = len.div_ceil(chunk);
-    let mut slots = (0..cfg.depth.clamp(1, n.max(1)))
-        .map(|_| PinnedBuf::<T>::new(stream.device(), chunk))
-        .collect::<Result<Vec<_>>>()?;
-    let depth = slots.len();
-    let piece_len = |i: usize| chunk.min(len - i * chunk);
-    for (i, stage) in slots.iter_mut().enumerate() {
-        src.copy_to_pinned_at(stream, i * chunk, stage, piece_len(i))?;
-    }
-    for i in 0..n {
-        let stage = &mut slots[i % depth];
-        if !stage.ready()? {
-            idle(piece_len(i));
-        }
-        // Waits for this chunk's DMA.
-        put(i * chunk, &stage.as_slice()?[..piece_len(i)])?;
-        let next = i + depth;
-        if next < n {
-            src.copy_to_pinned_at(stream, next * chunk, stage, piece_len(next))?;
-        }
-    }
-    Ok(())
 }
 
 /// `dst.copy_from_slice(src)` in up to `threads` page-aligned pieces on the copy threads,
