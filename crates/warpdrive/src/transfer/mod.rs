@@ -124,6 +124,12 @@ const UPLOAD_RING: usize = 32 * MIB;
 /// The upload size the two kinds of staging store are compared at (see [`tune`]).
 const STORES_TUNE_BYTES: usize = 256 * MIB;
 
+/// Bytes of staging blocks a download keeps in flight: a block is refilled only once all
+/// of its chunk is copied out, so the ring must hold the DMA's lead as well as the chunks
+/// being copied. On the H200 host three 16 MiB blocks downloaded 37-46 GB/s, 48-96 MiB
+/// rings of 4-8 MiB blocks 50-54 (and `to_host` 24-41 against 40-49).
+const DOWNLOAD_RING: usize = 64 * MIB;
+
 /// Bytes each copy thread takes at a time in a staged copy (its part of a chunk; copies
 /// into fresh memory take whole 2 MiB regions).
 const RING_PART: usize = 256 * KIB;
@@ -285,7 +291,7 @@ fn tune(stream: &Stream, dir: Direction) -> Result<TransferConfig> {
 /// `max_threads` the pool has (every one of them is a candidate): uploads 1, 2 and 4 MiB
 /// chunks, as many in flight as fill [`UPLOAD_RING`], with either kind of staging store
 /// (which wins depends on the CPU: `cldemote` is a no-op where it is missing); downloads
-/// 4, 8 and 16 MiB chunks, three in flight.
+/// 4, 8 and 16 MiB chunks, as many as fill [`DOWNLOAD_RING`].
 fn tune_candidates(dir: Direction, max_threads: usize) -> Vec<TransferConfig> {
     let (chunks, stores): (&[usize], &[StagingStores]) = match dir {
         Direction::H2d => (
@@ -304,7 +310,7 @@ fn tune_candidates(dir: Direction, max_threads: usize) -> Vec<TransferConfig> {
                     threads: threads.min(max_threads.max(1)),
                     depth: match dir {
                         Direction::H2d => UPLOAD_RING / chunk_bytes,
-                        Direction::D2h => 3,
+                        Direction::D2h => DOWNLOAD_RING / chunk_bytes,
                     },
                     stores,
                     ..TransferConfig::default()
@@ -409,12 +415,10 @@ pub fn to_host<T: DType>(stream: &Stream, src: &Buffer<T>) -> Result<Vec<T>> {
 }
 
 /// The staged configuration for copies into fresh memory: page faults, not the memory
-/// bus, bound them, so every copy thread helps, and a third chunk in flight keeps the DMA
-/// engine busy while the threads fault the pages of the next one.
+/// bus, bound them, so every copy thread helps.
 fn fresh_config(workers: &Workers, cfg: &TransferConfig) -> TransferConfig {
     TransferConfig {
         threads: workers.threads(),
-        depth: cfg.depth.max(3),
         ..*cfg
     }
 }
@@ -596,10 +600,10 @@ mod tests {
                 assert!(c
                     .iter()
                     .all(|c| c.chunk_bytes >= min_chunk && c.threads <= max.max(1)));
-                // Uploads keep a 32 MiB ring in flight, downloads three chunks.
+                // Uploads keep a 32 MiB ring in flight, downloads a 64 MiB one.
                 assert!(c.iter().all(|c| match dir {
                     Direction::H2d => c.depth * c.chunk_bytes == UPLOAD_RING,
-                    Direction::D2h => c.depth == 3,
+                    Direction::D2h => c.depth * c.chunk_bytes == DOWNLOAD_RING,
                 }));
                 let mut t: Vec<usize> = c.iter().map(|c| c.threads).collect();
                 t.sort_unstable();
