@@ -261,8 +261,8 @@ pub fn widen_f16_flagging_inf(
     };
     const NAME: &str = "widen_f16_flag_inf";
     let n = x.len() as u64;
-    // 4 packs of 8 per thread per pass, as the map kernels.
-    let grid = fill_grid(d, (&ELEMENTWISE, NAME), n, BLOCK as u64 * 32)?;
+    // 4 vectors of 4 per thread per pass, as the f16 -> f32 map.
+    let grid = fill_grid(d, (&ELEMENTWISE, NAME), n, BLOCK as u64 * 16)?;
     // The host may still be writing the flag through a copy: wait for those first.
     any_inf.as_mut_slice()?;
     let args = Args::new().buf(x).buf(y).u64(n).u64(any_inf.host_ptr());
