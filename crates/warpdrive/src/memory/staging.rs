@@ -134,6 +134,39 @@ impl<T: DType> Ring<T> {
         self.blocks.len()
     }
 
+    /// Enqueues on `stream` the DMA of `grid`'s chunk `c` between its slot (`c % slots`) and
+    /// the device buffer at `dev_base` (to the device when `to_device`), then records the
+    /// slot's event.
+    ///
+    /// # Safety
+    /// `dev_base` holds every element of the chunk until the stream is done with it, the
+    /// ring's blocks hold `grid.chunk` elements, and no host thread touches the slot before
+    /// the event recorded here completes (nor still does, for an earlier chunk).
+    unsafe fn send(
+        &self,
+        stream: &Stream,
+        to_device: bool,
+        grid: &Grid,
+        c: usize,
+        dev_base: u64,
+    ) -> Result<()> {
+        let (device, cu_stream) = cuda_of(stream, "ring copy")?;
+        let size = std::mem::size_of::<T>();
+        let slot = c % self.slots();
+        let chunk = grid.chunk_range(c);
+        // SAFETY: forwarded from this function's contract.
+        unsafe {
+            device.copy_raw_async(
+                cu_stream,
+                to_device,
+                self.bases[slot] as *mut u8,
+                dev_base + (chunk.start * size) as u64,
+                chunk.len() * size,
+            )?
+        };
+        stream.record(&self.events[slot])
+    }
+
     /// Ends the copy: waits for every DMA enqueued on `stream`, so the blocks go back to the
     /// pool free, with no event recorded per block (a driver call each, 16 a copy with a
     /// 16-slot ring). When the copy failed, or the wait does, each block instead records
@@ -167,39 +200,82 @@ fn cuda_of<'s>(
         .ok_or_else(|| Error::Unsupported(format!("{op} needs a CUDA stream")))
 }
 
-/// Spins (yielding now and then) until `flag` is set; false when `failed` is set first.
-fn wait_for(flag: &AtomicBool, failed: &AtomicBool) -> bool {
-    let mut spins = 0u32;
-    while !flag.load(Ordering::Acquire) {
-        if failed.load(Ordering::Relaxed) {
-            return false;
-        }
-        spins = spins.wrapping_add(1);
-        if spins % 1024 == 0 {
-            std::thread::yield_now();
-        } else {
-            std::hint::spin_loop();
-        }
-    }
-    true
+/// One ring copy's progress, shared by its threads: the ticket handing out parts, the
+/// parts left per chunk, which chunks' DMAs are enqueued, and whether a thread failed.
+struct Flow {
+    ticket: AtomicUsize,
+    total: usize,
+    left: Vec<AtomicUsize>,
+    sent: Vec<AtomicBool>,
+    failed: AtomicBool,
 }
 
-/// Runs `work` on up to `threads` copy threads; the first error stops the others (through
-/// `failed`) and is returned.
-fn run_parts(
-    workers: &Workers,
-    threads: usize,
-    failed: &AtomicBool,
-    work: impl Fn() -> Result<()> + Sync,
-) -> Option<Error> {
-    let error: Mutex<Option<Error>> = Mutex::new(None);
-    workers.run(threads.clamp(1, workers.threads()), &|_| {
-        if let Err(e) = work() {
-            failed.store(true, Ordering::Relaxed);
-            error.lock().get_or_insert(e);
+impl Flow {
+    fn new(grid: &Grid) -> Flow {
+        let chunks = grid.chunks();
+        Flow {
+            ticket: AtomicUsize::new(0),
+            total: grid.total_parts(),
+            left: (0..chunks)
+                .map(|c| AtomicUsize::new(grid.parts_in(c)))
+                .collect(),
+            sent: (0..chunks).map(|_| AtomicBool::new(false)).collect(),
+            failed: AtomicBool::new(false),
         }
-    });
-    error.into_inner()
+    }
+
+    /// The next part to work on; `None` once all are handed out or a thread failed.
+    fn next(&self) -> Option<usize> {
+        let p = self.ticket.fetch_add(1, Ordering::Relaxed);
+        (p < self.total && !self.failed.load(Ordering::Relaxed)).then_some(p)
+    }
+
+    /// Marks chunk `c`'s DMA enqueued (its event recorded).
+    fn sent(&self, c: usize) {
+        self.sent[c].store(true, Ordering::Release);
+    }
+
+    /// Spins (yielding now and then) until chunk `c`'s DMA is enqueued; false when a
+    /// thread fails first.
+    fn wait_sent(&self, c: usize) -> bool {
+        let mut spins = 0u32;
+        while !self.sent[c].load(Ordering::Acquire) {
+            if self.failed.load(Ordering::Relaxed) {
+                return false;
+            }
+            spins = spins.wrapping_add(1);
+            if spins % 1024 == 0 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        true
+    }
+
+    /// Counts one part of chunk `c` done; true for its last (AcqRel: the others' work on
+    /// the chunk happens before whatever the last one does next).
+    fn part_done(&self, c: usize) -> bool {
+        self.left[c].fetch_sub(1, Ordering::AcqRel) == 1
+    }
+
+    /// Runs `work` on up to `threads` copy threads; the first error stops the others and
+    /// is returned.
+    fn run(
+        &self,
+        workers: &Workers,
+        threads: usize,
+        work: impl Fn() -> Result<()> + Sync,
+    ) -> Option<Error> {
+        let error: Mutex<Option<Error>> = Mutex::new(None);
+        workers.run(threads.clamp(1, workers.threads()), &|_| {
+            if let Err(e) = work() {
+                self.failed.store(true, Ordering::Relaxed);
+                error.lock().get_or_insert(e);
+            }
+        });
+        error.into_inner()
+    }
 }
 
 /// Sends `src` into `dst` (same length) through a ring of pinned blocks on `stream`: up to
@@ -216,67 +292,47 @@ pub(crate) fn ring_upload<S: Sync, T: DType>(
 ) -> Result<()> {
     check_len("ring_upload", dst.len(), src.len())?;
     dst.device().same_as(stream.device(), "ring_upload")?;
-    let (device, cu_stream) = cuda_of(stream, "ring_upload")?;
+    cuda_of(stream, "ring_upload")?;
     if src.is_empty() {
         return Ok(());
     }
     let size = std::mem::size_of::<T>();
     let grid = Grid::new(src.len(), plan, 0);
-    let chunks = grid.chunks();
-    let ring = Ring::<T>::new(stream, plan.slots.min(chunks), grid.chunk)?;
+    let ring = Ring::<T>::new(stream, plan.slots.min(grid.chunks()), grid.chunk)?;
     let (slots, dev_base) = (ring.slots(), dst.device_ptr());
-    let ticket = AtomicUsize::new(0);
-    let total = grid.total_parts();
-    let left: Vec<AtomicUsize> = (0..chunks)
-        .map(|c| AtomicUsize::new(grid.parts_in(c)))
-        .collect();
-    let sent: Vec<AtomicBool> = (0..chunks).map(|_| AtomicBool::new(false)).collect();
-    let failed = AtomicBool::new(false);
+    let flow = Flow::new(&grid);
 
-    let error = run_parts(workers, plan.threads, &failed, || loop {
-        let p = ticket.fetch_add(1, Ordering::Relaxed);
-        if p >= total || failed.load(Ordering::Relaxed) {
-            return Ok(());
-        }
-        let (c, range) = grid.part(p);
-        let slot = c % slots;
-        if c >= slots {
-            // The slot's last DMA is chunk c - slots's: wait until it is enqueued (its event
-            // recorded), then for the event. Nothing records the event again before this
-            // part is written (that takes all of chunk c).
-            if !wait_for(&sent[c - slots], &failed) {
-                return Ok(());
+    let error = flow.run(workers, plan.threads, || {
+        while let Some(p) = flow.next() {
+            let (c, range) = grid.part(p);
+            let slot = c % slots;
+            if c >= slots {
+                // The slot's last DMA is chunk c - slots's: wait until it is enqueued (its
+                // event recorded), then for the event. Nothing records the event again
+                // before this part is written (that takes all of chunk c).
+                if !flow.wait_sent(c - slots) {
+                    return Ok(());
+                }
+                ring.events[slot].synchronize()?;
             }
-            ring.events[slot].synchronize()?;
+            let at = range.start - grid.chunk_range(c).start;
+            // SAFETY: the slot's block holds `grid.chunk` elements and the part lies within
+            // its chunk's first `chunk_range(c).len() <= grid.chunk`; the ticket hands part p
+            // to this thread alone, and the DMA that last read the slot has completed
+            // (waited for above, or the slot is on its first use after `Ring::new` waited).
+            let piece =
+                unsafe { cpu::view_mut::<T>(ring.bases[slot] + (at * size) as u64, range.len()) };
+            fill(piece, &src[range]);
+            // The last part written sends the chunk.
+            if flow.part_done(c) {
+                // SAFETY: `dst` (borrowed mutably for this call) holds the chunk from
+                // `dev_base`; every part of it is written, and no thread writes the slot
+                // again before the event recorded next completes.
+                unsafe { ring.send(stream, true, &grid, c, dev_base)? };
+                flow.sent(c);
+            }
         }
-        let at = range.start - grid.chunk_range(c).start;
-        // SAFETY: the slot's block holds `grid.chunk` elements and the part lies within its
-        // chunk's first `chunk_range(c).len() <= grid.chunk`; the ticket hands part p to this
-        // thread alone, and the DMA that last read the slot has completed (waited for above,
-        // or the slot is on its first use after `Ring::new` waited).
-        let piece =
-            unsafe { cpu::view_mut::<T>(ring.bases[slot] + (at * size) as u64, range.len()) };
-        fill(piece, &src[range]);
-        // The last part written sends the chunk (AcqRel: the others' writes happen before
-        // the DMA is enqueued).
-        if left[c].fetch_sub(1, Ordering::AcqRel) == 1 {
-            let chunk = grid.chunk_range(c);
-            // SAFETY: the slot's block holds the chunk, and `dst` (borrowed mutably for this
-            // call) holds every element of it from `dev_base`; every part of the chunk is
-            // written, and no thread writes the slot again before the event recorded next
-            // completes.
-            unsafe {
-                device.copy_raw_async(
-                    cu_stream,
-                    true,
-                    ring.bases[slot] as *mut u8,
-                    dev_base + (chunk.start * size) as u64,
-                    chunk.len() * size,
-                )?
-            };
-            stream.record(&ring.events[slot])?;
-            sent[c].store(true, Ordering::Release);
-        }
+        Ok(())
     });
     ring.finish(stream, error)
 }
@@ -297,7 +353,7 @@ pub(crate) fn ring_download<T: DType, D: Send>(
 ) -> Result<()> {
     check_len("ring_download", src.len(), dst.len())?;
     src.device().same_as(stream.device(), "ring_download")?;
-    let (device, cu_stream) = cuda_of(stream, "ring_download")?;
+    cuda_of(stream, "ring_download")?;
     if dst.is_empty() {
         return Ok(());
     }
@@ -314,65 +370,49 @@ pub(crate) fn ring_download<T: DType, D: Send>(
     let chunks = grid.chunks();
     let ring = Ring::<T>::new(stream, plan.slots.min(chunks), grid.chunk)?;
     let (slots, dev_base) = (ring.slots(), src.device_ptr());
-    let send = |c: usize| -> Result<()> {
-        let chunk = grid.chunk_range(c);
-        let slot = c % slots;
-        // SAFETY: the slot's block holds `grid.chunk >= chunk.len()` elements and `src`
-        // (borrowed for this call) holds the chunk from `dev_base`; no thread reads the
-        // slot until this DMA's event completes, and none still reads it for an earlier
-        // chunk (the caller sends chunk c only once chunk c - slots is all copied out).
-        unsafe {
-            device.copy_raw_async(
-                cu_stream,
-                false,
-                ring.bases[slot] as *mut u8,
-                dev_base + (chunk.start * size) as u64,
-                chunk.len() * size,
-            )?
-        };
-        stream.record(&ring.events[slot])
-    };
-    let sent: Vec<AtomicBool> = (0..chunks).map(|_| AtomicBool::new(false)).collect();
-    for (c, sent) in sent.iter().enumerate().take(slots) {
-        send(c)?;
-        sent.store(true, Ordering::Release);
+    let flow = Flow::new(&grid);
+    for c in 0..slots {
+        // SAFETY: `src` (borrowed for this call) holds the chunk from `dev_base`; no thread
+        // reads the slot until this DMA's event completes, and none still reads it for an
+        // earlier chunk (chunk c is sent only once chunk c - slots is all copied out).
+        if let Err(e) = unsafe { ring.send(stream, false, &grid, c, dev_base) } {
+            // Through `finish`, so the blocks of the DMAs already enqueued wait for them.
+            return ring.finish(stream, Some(e));
+        }
+        flow.sent(c);
     }
-    let ticket = AtomicUsize::new(0);
-    let total = grid.total_parts();
-    let left: Vec<AtomicUsize> = (0..chunks)
-        .map(|c| AtomicUsize::new(grid.parts_in(c)))
-        .collect();
-    let failed = AtomicBool::new(false);
 
-    let error = run_parts(workers, plan.threads, &failed, || loop {
-        let p = ticket.fetch_add(1, Ordering::Relaxed);
-        if p >= total || failed.load(Ordering::Relaxed) {
-            return Ok(());
+    let error = flow.run(workers, plan.threads, || {
+        while let Some(p) = flow.next() {
+            let (c, range) = grid.part(p);
+            let slot = c % slots;
+            // SAFETY: the range lies within `dst` (borrowed mutably for this call, `host` its
+            // start), and the ticket hands part p, so this range, to this thread alone.
+            let out = unsafe {
+                std::slice::from_raw_parts_mut((host as *mut D).add(range.start), range.len())
+            };
+            prepare(out);
+            // The chunk's DMA: enqueued (its event recorded for it, and not again before
+            // this part is copied out), then done.
+            if !flow.wait_sent(c) {
+                return Ok(());
+            }
+            ring.events[slot].synchronize()?;
+            let at = range.start - grid.chunk_range(c).start;
+            // SAFETY: within the slot's block as in `ring_upload`; the chunk's DMA into it
+            // has completed and no DMA writes the slot again before every part of it is
+            // copied out.
+            let piece =
+                unsafe { cpu::view::<T>(ring.bases[slot] + (at * size) as u64, range.len()) };
+            fill(out, piece);
+            // The last part copied out frees the slot for the chunk that reuses it.
+            if flow.part_done(c) && c + slots < chunks {
+                // SAFETY: as for the first sends above.
+                unsafe { ring.send(stream, false, &grid, c + slots, dev_base)? };
+                flow.sent(c + slots);
+            }
         }
-        let (c, range) = grid.part(p);
-        let slot = c % slots;
-        // SAFETY: the range lies within `dst` (borrowed mutably for this call, `host` its
-        // start), and the ticket hands part p, so this range, to this thread alone.
-        let out = unsafe {
-            std::slice::from_raw_parts_mut((host as *mut D).add(range.start), range.len())
-        };
-        prepare(out);
-        // The chunk's DMA: enqueued (its event recorded for it, and not again before this
-        // part is copied out), then done.
-        if !wait_for(&sent[c], &failed) {
-            return Ok(());
-        }
-        ring.events[slot].synchronize()?;
-        let at = range.start - grid.chunk_range(c).start;
-        // SAFETY: within the slot's block as in `ring_upload`; the chunk's DMA into it has
-        // completed and no DMA writes the slot again before every part of it is copied out.
-        let piece = unsafe { cpu::view::<T>(ring.bases[slot] + (at * size) as u64, range.len()) };
-        fill(out, piece);
-        // The last part copied out frees the slot for the chunk that reuses it.
-        if left[c].fetch_sub(1, Ordering::AcqRel) == 1 && c + slots < chunks {
-            send(c + slots)?;
-            sent[c + slots].store(true, Ordering::Release);
-        }
+        Ok(())
     });
     ring.finish(stream, error)
 }
