@@ -399,7 +399,11 @@ pub fn to_host<T: DType>(stream: &Stream, src: &Buffer<T>) -> Result<Vec<T>> {
         out.extend_par(workers, workers.threads(), stage.as_slice()?)?;
         return Ok(out.into_vec());
     }
-    let fresh = fresh_config(workers, &cfg);
+    // Page faults, not the memory bus, bound copies into fresh memory: every thread helps.
+    let fresh = TransferConfig {
+        threads: workers.threads(),
+        ..cfg
+    };
     if !stream.device().is_cuda() {
         out.extend_par(workers, fresh.threads, src.host_view()?)?;
         return Ok(out.into_vec());
@@ -412,15 +416,6 @@ pub fn to_host<T: DType>(stream: &Stream, src: &Buffer<T>) -> Result<Vec<T>> {
         &ring_plan::<T>(src.len(), &fresh),
     )?;
     Ok(out.into_vec())
-}
-
-/// The staged configuration for copies into fresh memory: page faults, not the memory
-/// bus, bound them, so every copy thread helps.
-fn fresh_config(workers: &Workers, cfg: &TransferConfig) -> TransferConfig {
-    TransferConfig {
-        threads: workers.threads(),
-        ..*cfg
-    }
 }
 
 /// A new buffer holding `src` (through [`upload`]).
