@@ -29,73 +29,141 @@ use super::{check_len, Buffer, PinnedBuf};
 /// How a ring copy runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RingPlan {
-    /// Elements per chunk (one DMA and one ring slot each).
+    /// Elements per chunk (one DMA and one ring slot each) in the middle of the copy; the
+    /// ramp at either end takes smaller ones.
     pub chunk_len: usize,
     /// Ring slots (chunks in flight).
     pub slots: usize,
-    /// Elements per part (one thread's piece of a chunk).
+    /// The most elements per part (one thread's piece of a chunk).
     pub part_len: usize,
     /// Copy threads (the caller's included).
     pub threads: usize,
-    /// Downloads: the byte boundary the host side of every part but the first starts on.
+    /// The byte boundary the host side of every part starts on (downloads: but the first,
+    /// which ends at the first boundary of `dst`).
     pub host_align: usize,
 }
 
-/// Where a ring copy's chunks and parts lie: chunks of `chunk` elements, after a shorter
-/// first one of `lead` elements when `lead > 0` (so the host side of every later chunk, and
-/// of its parts, starts on an alignment boundary), each cut into parts of `part`.
+/// Where a ring copy's chunks and parts lie. Chunks are `plan.chunk_len` elements in the
+/// middle, after a shorter first one of `lead` elements when `0 < lead <= chunk` (so the
+/// host side of every later chunk and part starts on an alignment boundary), with a ramp at
+/// both ends: chunks of 1/8, 1/4 and 1/2 of that (while the copy has room for them at
+/// both ends), so the DMA starts (uploads) or the copy-out starts (downloads) after a small
+/// first chunk, and the last one leaves little to do after it. Each chunk is cut into
+/// parts of about its length over `plan.threads`, between the alignment and
+/// `plan.part_len`, so every thread helps with the small chunks too.
 struct Grid {
-    n: usize,
+    /// Chunk `c` covers `bounds[c]..bounds[c + 1]`.
+    bounds: Vec<usize>,
+    /// Elements per part in chunk `c`.
+    part: Vec<usize>,
+    /// Parts before chunk `c`; the last entry counts all of them.
+    first_part: Vec<usize>,
+    /// Elements of the short first chunk (0: none).
+    #[cfg(test)]
     lead: usize,
-    chunk: usize,
-    part: usize,
 }
 
+/// `align` bytes in elements of `size` bytes (1 where it is no whole number of them).
+fn align_elems(align: usize, size: usize) -> usize {
+    let size = size.max(1);
+    if align % size == 0 {
+        (align / size).max(1)
+    } else {
+        1
+    }
+}
+
+/// Ramp chunks at each end of a ring copy, as fractions of a chunk: 1/8, 1/4, 1/2.
+const RAMP: [u32; 3] = [3, 2, 1];
+
 impl Grid {
-    fn new(n: usize, plan: &RingPlan, lead: usize) -> Grid {
-        let chunk = plan.chunk_len.clamp(1, n.max(1));
+    /// `align`: elements the host side of every part past the lead starts a multiple of.
+    fn new(n: usize, plan: &RingPlan, lead: usize, align: usize) -> Grid {
+        let align = align.max(1);
+        // Chunks and parts in whole alignment units (a chunk at least one unit).
+        let chunk = plan.chunk_len.clamp(1, n.max(1)).next_multiple_of(align);
+        let lead = if lead < n && lead <= chunk { lead } else { 0 };
+        let mut left = n - lead;
+        let (mut head, mut tail) = (Vec::new(), Vec::new());
+        for shift in RAMP {
+            let size = (chunk >> shift).next_multiple_of(align);
+            if size >= chunk || left < 2 * size + chunk {
+                continue;
+            }
+            head.push(size);
+            tail.push(size);
+            left -= 2 * size;
+        }
+        let mut sizes = Vec::new();
+        if lead > 0 {
+            sizes.push(lead);
+        }
+        sizes.extend(head);
+        // Whole chunks, then the rest: its aligned part as a chunk of its own, what is left
+        // under one unit joining the last chunk.
+        sizes.extend(std::iter::repeat_n(chunk, left / chunk));
+        let rest = left % chunk;
+        if rest >= align {
+            sizes.push(rest - rest % align);
+        }
+        sizes.extend(tail.into_iter().rev());
+        match sizes.last_mut() {
+            Some(last) => *last += rest % align,
+            None => sizes.push(n),
+        }
+        let threads = plan.threads.max(1);
+        let part_cap = plan.part_len.max(1).next_multiple_of(align);
+        let (mut bounds, mut part, mut first_part) = (vec![0], Vec::new(), vec![0]);
+        for size in sizes {
+            let p = size
+                .div_ceil(threads)
+                .next_multiple_of(align)
+                .min(part_cap)
+                .max(1);
+            bounds.push(bounds[bounds.len() - 1] + size);
+            first_part.push(first_part[first_part.len() - 1] + size.div_ceil(p));
+            part.push(p);
+        }
         Grid {
-            n,
-            lead: if lead < n && lead <= chunk { lead } else { 0 },
-            chunk,
-            part: plan.part_len.clamp(1, chunk),
+            bounds,
+            part,
+            first_part,
+            #[cfg(test)]
+            lead,
         }
     }
 
     fn chunks(&self) -> usize {
-        usize::from(self.lead > 0) + (self.n - self.lead).div_ceil(self.chunk)
+        self.part.len()
+    }
+
+    /// The longest chunk (what a ring slot holds).
+    fn max_chunk(&self) -> usize {
+        self.bounds
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .max()
+            .unwrap_or(0)
     }
 
     fn chunk_range(&self, c: usize) -> Range<usize> {
-        if self.lead > 0 && c == 0 {
-            return 0..self.lead;
-        }
-        let i = c - usize::from(self.lead > 0);
-        let start = self.lead + i * self.chunk;
-        start..(start + self.chunk).min(self.n)
+        self.bounds[c]..self.bounds[c + 1]
     }
 
     fn parts_in(&self, c: usize) -> usize {
-        self.chunk_range(c).len().div_ceil(self.part)
+        self.first_part[c + 1] - self.first_part[c]
     }
 
     fn total_parts(&self) -> usize {
-        (0..self.chunks()).map(|c| self.parts_in(c)).sum()
+        self.first_part[self.chunks()]
     }
 
     /// Part `p` of the whole copy: (its chunk, its element range).
     fn part(&self, p: usize) -> (usize, Range<usize>) {
-        let first = if self.lead > 0 { self.parts_in(0) } else { 0 };
-        let (c, k) = if p < first {
-            (0, p)
-        } else {
-            let per = self.chunk.div_ceil(self.part);
-            let q = p - first;
-            (usize::from(self.lead > 0) + q / per, q % per)
-        };
+        let c = self.first_part.partition_point(|&f| f <= p) - 1;
         let range = self.chunk_range(c);
-        let start = range.start + k * self.part;
-        (c, start..(start + self.part).min(range.end))
+        let start = range.start + (p - self.first_part[c]) * self.part[c];
+        (c, start..(start + self.part[c]).min(range.end))
     }
 }
 
@@ -140,8 +208,8 @@ impl<T: DType> Ring<T> {
     ///
     /// # Safety
     /// `dev_base` holds every element of the chunk until the stream is done with it, the
-    /// ring's blocks hold `grid.chunk` elements, and no host thread touches the slot before
-    /// the event recorded here completes (nor still does, for an earlier chunk).
+    /// ring's blocks hold `grid.max_chunk()` elements, and no host thread touches the slot
+    /// before the event recorded here completes (nor still does, for an earlier chunk).
     unsafe fn send(
         &self,
         stream: &Stream,
@@ -297,8 +365,8 @@ pub(crate) fn ring_upload<S: Sync, T: DType>(
         return Ok(());
     }
     let size = std::mem::size_of::<T>();
-    let grid = Grid::new(src.len(), plan, 0);
-    let ring = Ring::<T>::new(stream, plan.slots.min(grid.chunks()), grid.chunk)?;
+    let grid = Grid::new(src.len(), plan, 0, align_elems(plan.host_align, size));
+    let ring = Ring::<T>::new(stream, plan.slots.min(grid.chunks()), grid.max_chunk())?;
     let (slots, dev_base) = (ring.slots(), dst.device_ptr());
     let flow = Flow::new(&grid);
 
@@ -316,8 +384,8 @@ pub(crate) fn ring_upload<S: Sync, T: DType>(
                 ring.events[slot].synchronize()?;
             }
             let at = range.start - grid.chunk_range(c).start;
-            // SAFETY: the slot's block holds `grid.chunk` elements and the part lies within
-            // its chunk's first `chunk_range(c).len() <= grid.chunk`; the ticket hands part p
+            // SAFETY: the slot's block holds `grid.max_chunk()` elements and the part lies
+            // within its chunk's first `chunk_range(c).len()`; the ticket hands part p
             // to this thread alone, and the DMA that last read the slot has completed
             // (waited for above, or the slot is on its first use after `Ring::new` waited).
             let piece =
@@ -366,9 +434,9 @@ pub(crate) fn ring_download<T: DType, D: Send>(
     } else {
         0
     };
-    let grid = Grid::new(dst.len(), plan, lead);
+    let grid = Grid::new(dst.len(), plan, lead, align_elems(plan.host_align, dsize));
     let chunks = grid.chunks();
-    let ring = Ring::<T>::new(stream, plan.slots.min(chunks), grid.chunk)?;
+    let ring = Ring::<T>::new(stream, plan.slots.min(chunks), grid.max_chunk())?;
     let (slots, dev_base) = (ring.slots(), src.device_ptr());
     let flow = Flow::new(&grid);
     for c in 0..slots {
@@ -470,43 +538,92 @@ mod tests {
 
     #[test]
     fn the_grid_covers_every_element_once_in_order_with_aligned_parts() {
-        for (n, chunk, part, lead) in [
-            (1, 8, 4, 0),
-            (100, 8, 3, 0),
-            (100, 8, 3, 5),
-            (100, 16, 4, 12),
-            (64, 16, 16, 0),
-            (10, 16, 4, 7),
-            (10, 4, 4, 30),
-            (1000, 1000, 64, 0),
+        for (n, chunk, part, lead, align) in [
+            (1, 8, 4, 0, 1),
+            (100, 8, 3, 0, 1),
+            (100, 8, 3, 5, 1),
+            (100, 16, 4, 12, 4),
+            (64, 16, 16, 0, 1),
+            (10, 16, 4, 7, 1),
+            (10, 4, 4, 30, 1),
+            (1000, 1000, 64, 0, 1),
+            (1000, 64, 64, 0, 8),
+            (4099, 256, 64, 0, 16),
+            (4099, 256, 64, 13, 16),
+            (7, 256, 64, 3, 16),
+            (64 << 10, 4 << 10, 256, 0, 16),
+            (100_003, 2048, 512, 100, 512),
         ] {
-            let g = Grid::new(n, &plan(chunk, part), lead);
+            let g = Grid::new(n, &plan(chunk, part), lead, align);
+            let what = format!("n {n} chunk {chunk} part {part} lead {lead} align {align}");
             let mut next = 0;
             let mut chunks = vec![0usize; g.chunks()];
             for p in 0..g.total_parts() {
                 let (c, r) = g.part(p);
-                assert_eq!(r.start, next, "{n} {chunk} {part} {lead}: part {p}");
-                assert!(!r.is_empty() && r.len() <= g.part);
+                assert_eq!(r.start, next, "{what}: part {p}");
+                assert!(
+                    !r.is_empty() && r.len() <= part.next_multiple_of(align),
+                    "{what}"
+                );
                 let cr = g.chunk_range(c);
-                assert!(cr.start <= r.start && r.end <= cr.end && cr.len() <= g.chunk);
-                // Parts start a whole number of parts into their chunk, and chunks past the
-                // lead a whole number of chunks past it (so chunk and part sizes that are
-                // multiples of an alignment keep every part past the lead aligned).
-                assert_eq!((r.start - cr.start) % g.part, 0);
-                if g.lead == 0 || c > 0 {
-                    assert_eq!(
-                        (cr.start - g.lead) % g.chunk,
-                        0,
-                        "{n} {chunk} {part} {lead}"
-                    );
+                assert!(cr.start <= r.start && r.end <= cr.end, "{what}");
+                // A ring slot holds a whole chunk: a middle chunk, or the last one with the
+                // few elements under one alignment unit that end the copy.
+                assert!(
+                    cr.len() <= chunk.next_multiple_of(align) + align,
+                    "{what}: chunk {c} {cr:?}"
+                );
+                // Past the lead, every part starts on an alignment boundary.
+                if g.lead > 0 && c == 0 {
+                    // The lead (and, for a copy shorter than one unit past it, the rest).
+                    assert!(cr.start == 0 && cr.len() >= g.lead, "{what}");
                 } else {
-                    assert_eq!(cr, 0..g.lead);
+                    assert_eq!((r.start - g.lead) % align, 0, "{what}: part {p} {r:?}");
                 }
                 chunks[c] += 1;
                 next = r.end;
             }
-            assert_eq!(next, n);
+            assert_eq!(next, n, "{what}");
             assert!((0..g.chunks()).all(|c| chunks[c] == g.parts_in(c)));
+            assert!(
+                g.max_chunk() <= chunk.next_multiple_of(align) + align,
+                "{what}"
+            );
         }
+    }
+
+    #[test]
+    fn the_grid_ramps_up_and_down_and_spreads_small_chunks_over_the_threads() {
+        // 64 MiB of bytes in 4 MiB chunks, 256 KiB parts at most, 16 threads, 4 KiB units.
+        let (mib, kib) = (1usize << 20, 1usize << 10);
+        let plan = RingPlan {
+            chunk_len: 4 * mib,
+            slots: 8,
+            part_len: 256 * kib,
+            threads: 16,
+            host_align: 4 * kib,
+        };
+        let g = Grid::new(64 * mib, &plan, 0, 4 * kib);
+        let sizes: Vec<usize> = (0..g.chunks())
+            .map(|c| g.chunk_range(c).len() / kib)
+            .collect();
+        // 64 MiB less the two ramps (3.5 MiB each): 14 whole chunks and 1 MiB.
+        let mut want = vec![512, 1024, 2048];
+        want.extend([4096; 14]);
+        want.extend([1024, 2048, 1024, 512]);
+        assert_eq!(sizes, want);
+        // The first chunk's 16 parts: one per thread.
+        assert_eq!(g.parts_in(0), 16);
+        assert_eq!(g.part(0).1.len(), 32 * kib);
+        assert_eq!(g.parts_in(5), 16);
+        assert_eq!(g.part(g.first_part[5]).1.len(), 256 * kib);
+        // The ramp steps that leave room for a whole chunk between them.
+        let g = Grid::new(8 * mib, &plan, 0, 4 * kib);
+        let sizes: Vec<usize> = (0..g.chunks())
+            .map(|c| g.chunk_range(c).len() / kib)
+            .collect();
+        assert_eq!(sizes, [512, 1024, 4096, 1024, 1024, 512]);
+        let g = Grid::new(4 * mib, &plan, 0, 4 * kib);
+        assert_eq!(g.chunks(), 1);
     }
 }
