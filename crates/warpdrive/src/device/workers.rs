@@ -243,11 +243,19 @@ impl Workers {
             Ticket::new(generation & 0xffff_ffff, parts).0,
             Ordering::SeqCst,
         );
-        if shared.asleep.load(Ordering::SeqCst) > 0 {
+        // Wakes as many sleepers as there are parts besides the caller's: each wake is a
+        // system call on this thread (~1.6 µs on the H200 host), and waking all 15 for a
+        // two-part copy made a 256 KiB upload 13 µs slower.
+        let mut wanted = parts - 1;
+        if wanted > 0 && shared.asleep.load(Ordering::SeqCst) > 0 {
             for sleeper in &shared.sleepers {
+                if wanted == 0 {
+                    break;
+                }
                 if sleeper.asleep.load(Ordering::SeqCst) {
                     if let Some(thread) = sleeper.thread.get() {
                         thread.unpark();
+                        wanted -= 1;
                     }
                 }
             }
