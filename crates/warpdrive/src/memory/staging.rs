@@ -10,7 +10,8 @@
 //! thread, and the link is fed while the threads keep copying: on the H200 host a
 //! fork/join per 4 MiB chunk uploaded 38-44 GB/s, this 40-51 (a copy on 16 threads and the
 //! DMA engine together move 52 + 53 GB/s there, so the barrier, not host memory, was the
-//! limit).
+//! limit). Chunks ramp up at the start and down at the end ([`Grid`]), so the first DMA
+//! (upload) or copy-out (download) starts after a small chunk that every thread helps with.
 
 use std::mem::MaybeUninit;
 use std::ops::Range;
