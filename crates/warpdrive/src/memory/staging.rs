@@ -619,8 +619,21 @@ mod tests {
             (64 << 10, 4 << 10, 256, 0, 16),
             (100_003, 2048, 512, 100, 512),
         ] {
-            let g = Grid::new(n, &plan(chunk, part), lead, align);
-            let what = format!("n {n} chunk {chunk} part {part} lead {lead} align {align}");
+            check_grid(n, &plan(chunk, part), lead, align);
+        }
+    }
+
+    /// Every element in exactly one part, in order; parts within their chunks and at most
+    /// `plan.part_len` (in whole units); chunks no longer than a slot holds; every part past
+    /// the lead on an alignment boundary.
+    fn check_grid(n: usize, plan: &RingPlan, lead: usize, align: usize) {
+        let (chunk, part) = (plan.chunk_len, plan.part_len);
+        {
+            let g = Grid::new(n, plan, lead, align);
+            let what = format!(
+                "n {n} chunk {chunk} part {part} lead {lead} align {align} threads {}",
+                plan.threads
+            );
             let mut next = 0;
             let mut chunks = vec![0usize; g.chunks()];
             for p in 0..g.total_parts() {
@@ -654,6 +667,23 @@ mod tests {
                 g.max_chunk() <= chunk.next_multiple_of(align) + align,
                 "{what}"
             );
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn random_grids_keep_the_invariants(
+            n in 0usize..200_000,
+            chunk in 1usize..20_000,
+            part in 1usize..3_000,
+            lead in 0usize..5_000,
+            align_log2 in 0u32..10,
+            threads in 1usize..40,
+        ) {
+            let plan = RingPlan { threads, ..plan(chunk, part) };
+            check_grid(n, &plan, lead, 1 << align_log2);
         }
     }
 

@@ -117,9 +117,12 @@ pub enum Direction {
 static OVERRIDE: Mutex<Option<TransferConfig>> = Mutex::new(None);
 static TUNED: Mutex<Option<HashMap<(String, Direction), TransferConfig>>> = Mutex::new(None);
 /// Bytes of staging blocks an upload keeps in flight (the ring: `depth` blocks of
-/// `chunk_bytes`): on the H200 host 32 MiB made the fastest uploads with either kind of
-/// store (8-16 MiB rings ran up to 30% slower, 64 MiB ones 2-8%).
-const UPLOAD_RING: usize = 32 * MIB;
+/// `chunk_bytes`). On the H200 host, with demoted stores and one driver query per chunk, a
+/// 16 MiB ring uploaded 64 MiB in 1420-1454 us (1587-1611 after the driver's own copy) and
+/// 256 MiB in 5203-5455, a 32 MiB one in 1444-1520 (1632-1733) and 5442-6067, 64 MiB in
+/// 1682 and 5756: the smaller ring stays in the shared cache, where the DMA engine reads
+/// it. (When every part asked the driver for its slot's event, 32 MiB was fastest.)
+const UPLOAD_RING: usize = 16 * MIB;
 
 /// The upload size the two kinds of staging store are compared at (see [`tune`]).
 const STORES_TUNE_BYTES: usize = 256 * MIB;
@@ -598,7 +601,7 @@ mod tests {
                 assert!(c
                     .iter()
                     .all(|c| c.chunk_bytes >= min_chunk && c.threads <= max.max(1)));
-                // Uploads keep a 32 MiB ring in flight, downloads a 64 MiB one.
+                // Uploads keep a 16 MiB ring in flight, downloads a 64 MiB one.
                 assert!(c.iter().all(|c| match dir {
                     Direction::H2d => c.depth * c.chunk_bytes == UPLOAD_RING,
                     Direction::D2h => c.depth * c.chunk_bytes == DOWNLOAD_RING,
