@@ -47,9 +47,9 @@ pub struct RingPlan {
 /// Where a ring copy's chunks and parts lie. Chunks are `plan.chunk_len` elements in the
 /// middle, after a shorter first one of `lead` elements when `0 < lead <= chunk` (so the
 /// host side of every later chunk and part starts on an alignment boundary), with a ramp at
-/// both ends: chunks of 1/8, 1/4 and 1/2 of that (while the copy has room for them at
-/// both ends), so the DMA starts (uploads) or the copy-out starts (downloads) after a small
-/// first chunk, and the last one leaves little to do after it. Each chunk is cut into
+/// both ends: chunks of 1/32, 1/16, 1/8, 1/4 and 1/2 of that (while the copy has room for
+/// them at both ends), so the DMA starts (uploads) or the copy-out starts (downloads) after
+/// a small first chunk, and the last one leaves little to do after it. Each chunk is cut into
 /// parts of about its length over `plan.threads`, between the alignment and
 /// `plan.part_len`, so every thread helps with the small chunks too.
 struct Grid {
@@ -74,8 +74,11 @@ fn align_elems(align: usize, size: usize) -> usize {
     }
 }
 
-/// Ramp chunks at each end of a ring copy, as fractions of a chunk: 1/8, 1/4, 1/2.
-const RAMP: [u32; 3] = [3, 2, 1];
+/// Ramp chunks at each end of a ring copy, as fractions of a chunk: 1/32 to 1/2. After the
+/// copy threads idled, the caller writes most of the first chunk alone while they wake
+/// (they joined 33-100 us into a 64 MiB upload on the H200 host, whose first 512 KiB chunk
+/// went out at 80-110 us against 35-45 back-to-back).
+const RAMP: [u32; 5] = [5, 4, 3, 2, 1];
 
 impl Grid {
     /// `align`: elements the host side of every part past the lead starts a multiple of.
@@ -702,14 +705,14 @@ mod tests {
         let sizes: Vec<usize> = (0..g.chunks())
             .map(|c| g.chunk_range(c).len() / kib)
             .collect();
-        // 64 MiB less the two ramps (3.5 MiB each): 14 whole chunks and 1 MiB.
-        let mut want = vec![512, 1024, 2048];
+        // 64 MiB less the two ramps (3.875 MiB each): 14 whole chunks and 256 KiB.
+        let mut want = vec![128, 256, 512, 1024, 2048];
         want.extend([4096; 14]);
-        want.extend([1024, 2048, 1024, 512]);
+        want.extend([256, 2048, 1024, 512, 256, 128]);
         assert_eq!(sizes, want);
         // The first chunk's 16 parts: one per thread.
         assert_eq!(g.parts_in(0), 16);
-        assert_eq!(g.part(0).1.len(), 32 * kib);
+        assert_eq!(g.part(0).1.len(), 8 * kib);
         assert_eq!(g.parts_in(5), 16);
         assert_eq!(g.part(g.first_part[5]).1.len(), 256 * kib);
         // The ramp steps that leave room for a whole chunk between them.
@@ -717,7 +720,7 @@ mod tests {
         let sizes: Vec<usize> = (0..g.chunks())
             .map(|c| g.chunk_range(c).len() / kib)
             .collect();
-        assert_eq!(sizes, [512, 1024, 4096, 1024, 1024, 512]);
+        assert_eq!(sizes, [128, 256, 512, 1024, 4096, 256, 1024, 512, 256, 128]);
         let g = Grid::new(4 * mib, &plan, 0, 4 * kib);
         assert_eq!(g.chunks(), 1);
     }
