@@ -4,8 +4,7 @@
 //! GPU's NUMA node. It lives here (the backend floor) because lending a borrowed closure to
 //! long-lived threads needs `unsafe`.
 
-use std::sync::atomic::AtomicBool;
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::Thread;
 use std::time::{Duration, Instant};

@@ -88,21 +88,21 @@ impl Grid {
         let chunk = plan.chunk_len.clamp(1, n.max(1)).next_multiple_of(align);
         let lead = if lead < n && lead <= chunk { lead } else { 0 };
         let mut left = n - lead;
-        let (mut head, mut tail) = (Vec::new(), Vec::new());
+        // The ramp's chunks, taken at both ends.
+        let mut ramp = Vec::new();
         for shift in RAMP {
             let size = (chunk >> shift).next_multiple_of(align);
             if size >= chunk || left < 2 * size + chunk {
                 continue;
             }
-            head.push(size);
-            tail.push(size);
+            ramp.push(size);
             left -= 2 * size;
         }
         let mut sizes = Vec::new();
         if lead > 0 {
             sizes.push(lead);
         }
-        sizes.extend(head);
+        sizes.extend(&ramp);
         // Whole chunks, then the rest: its aligned part as a chunk of its own, what is left
         // under one unit joining the last chunk.
         sizes.extend(std::iter::repeat_n(chunk, left / chunk));
@@ -110,7 +110,7 @@ impl Grid {
         if rest >= align {
             sizes.push(rest - rest % align);
         }
-        sizes.extend(tail.into_iter().rev());
+        sizes.extend(ramp.iter().rev());
         match sizes.last_mut() {
             Some(last) => *last += rest % align,
             None => sizes.push(n),
@@ -318,8 +318,13 @@ impl Flow {
     /// Spins (yielding now and then) until chunk `c`'s DMA is enqueued; false when a
     /// thread fails first.
     fn wait_sent(&self, c: usize) -> bool {
+        self.spin_until(|| self.sent[c].load(Ordering::Acquire))
+    }
+
+    /// Spins (yielding now and then) until `done()`; false when a thread fails first.
+    fn spin_until(&self, done: impl Fn() -> bool) -> bool {
         let mut spins = 0u32;
-        while !self.sent[c].load(Ordering::Acquire) {
+        while !done() {
             if self.failed.load(Ordering::Relaxed) {
                 return false;
             }
@@ -343,33 +348,15 @@ impl Flow {
         if !self.wait_sent(c) {
             return Ok(false);
         }
-        let mut spins = 0u32;
-        loop {
-            match self.landed[c].compare_exchange(
-                UNKNOWN,
-                ASKING,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => {
-                    event.synchronize()?;
-                    self.landed[c].store(LANDED, Ordering::Release);
-                    return Ok(true);
-                }
-                Err(LANDED) => return Ok(true),
-                Err(_) => {
-                    if self.failed.load(Ordering::Relaxed) {
-                        return Ok(false);
-                    }
-                    spins = spins.wrapping_add(1);
-                    if spins % 1024 == 0 {
-                        std::thread::yield_now();
-                    } else {
-                        std::hint::spin_loop();
-                    }
-                }
-            }
+        let ask =
+            self.landed[c].compare_exchange(UNKNOWN, ASKING, Ordering::AcqRel, Ordering::Acquire);
+        if ask.is_err() {
+            // Another thread asks (or has asked); if it fails, `failed` ends the wait.
+            return Ok(self.spin_until(|| self.landed[c].load(Ordering::Acquire) == LANDED));
         }
+        event.synchronize()?;
+        self.landed[c].store(LANDED, Ordering::Release);
+        Ok(true)
     }
 
     /// Counts one part of chunk `c` done; true for its last (AcqRel: the others' work on
@@ -631,46 +618,44 @@ mod tests {
     /// the lead on an alignment boundary.
     fn check_grid(n: usize, plan: &RingPlan, lead: usize, align: usize) {
         let (chunk, part) = (plan.chunk_len, plan.part_len);
-        {
-            let g = Grid::new(n, plan, lead, align);
-            let what = format!(
-                "n {n} chunk {chunk} part {part} lead {lead} align {align} threads {}",
-                plan.threads
-            );
-            let mut next = 0;
-            let mut chunks = vec![0usize; g.chunks()];
-            for p in 0..g.total_parts() {
-                let (c, r) = g.part(p);
-                assert_eq!(r.start, next, "{what}: part {p}");
-                assert!(
-                    !r.is_empty() && r.len() <= part.next_multiple_of(align),
-                    "{what}"
-                );
-                let cr = g.chunk_range(c);
-                assert!(cr.start <= r.start && r.end <= cr.end, "{what}");
-                // A ring slot holds a whole chunk: a middle chunk, or the last one with the
-                // few elements under one alignment unit that end the copy.
-                assert!(
-                    cr.len() <= chunk.next_multiple_of(align) + align,
-                    "{what}: chunk {c} {cr:?}"
-                );
-                // Past the lead, every part starts on an alignment boundary.
-                if g.lead > 0 && c == 0 {
-                    // The lead (and, for a copy shorter than one unit past it, the rest).
-                    assert!(cr.start == 0 && cr.len() >= g.lead, "{what}");
-                } else {
-                    assert_eq!((r.start - g.lead) % align, 0, "{what}: part {p} {r:?}");
-                }
-                chunks[c] += 1;
-                next = r.end;
-            }
-            assert_eq!(next, n, "{what}");
-            assert!((0..g.chunks()).all(|c| chunks[c] == g.parts_in(c)));
+        let g = Grid::new(n, plan, lead, align);
+        let what = format!(
+            "n {n} chunk {chunk} part {part} lead {lead} align {align} threads {}",
+            plan.threads
+        );
+        let mut next = 0;
+        let mut chunks = vec![0usize; g.chunks()];
+        for p in 0..g.total_parts() {
+            let (c, r) = g.part(p);
+            assert_eq!(r.start, next, "{what}: part {p}");
             assert!(
-                g.max_chunk() <= chunk.next_multiple_of(align) + align,
+                !r.is_empty() && r.len() <= part.next_multiple_of(align),
                 "{what}"
             );
+            let cr = g.chunk_range(c);
+            assert!(cr.start <= r.start && r.end <= cr.end, "{what}");
+            // A ring slot holds a whole chunk: a middle chunk, or the last one with the
+            // few elements under one alignment unit that end the copy.
+            assert!(
+                cr.len() <= chunk.next_multiple_of(align) + align,
+                "{what}: chunk {c} {cr:?}"
+            );
+            // Past the lead, every part starts on an alignment boundary.
+            if g.lead > 0 && c == 0 {
+                // The lead (and, for a copy shorter than one unit past it, the rest).
+                assert!(cr.start == 0 && cr.len() >= g.lead, "{what}");
+            } else {
+                assert_eq!((r.start - g.lead) % align, 0, "{what}: part {p} {r:?}");
+            }
+            chunks[c] += 1;
+            next = r.end;
         }
+        assert_eq!(next, n, "{what}");
+        assert!((0..g.chunks()).all(|c| chunks[c] == g.parts_in(c)));
+        assert!(
+            g.max_chunk() <= chunk.next_multiple_of(align) + align,
+            "{what}"
+        );
     }
 
     proptest::proptest! {
