@@ -1,21 +1,23 @@
-//! Staged copies through a ring of pinned blocks, with no barrier per chunk.
+//! Staged copies through a ring of pinned memory, with no barrier per chunk.
 //!
-//! The copy threads take the copy's parts in order from one ticket. Uploads: a part lands in
-//! its chunk's ring slot, and the thread that writes a chunk's last part enqueues the
-//! chunk's DMA and records the slot's event; a part whose slot an earlier chunk's DMA may
-//! still be reading first waits for that chunk's event. Downloads the other way round: a
-//! part waits for its chunk's DMA into the slot, copies out, and the thread that copies a
-//! chunk's last part enqueues the DMA of the chunk that reuses the slot. No thread waits
-//! for the others at a chunk's end, so a slow thread holds back one chunk rather than every
-//! thread, and the link is fed while the threads keep copying: on the H200 host a
-//! fork/join per 4 MiB chunk uploaded 38-44 GB/s, this 40-51 (a copy on 16 threads and the
-//! DMA engine together move 52 + 53 GB/s there, so the barrier, not host memory, was the
-//! limit). Chunks ramp up at the start and down at the end ([`Grid`]), so the first DMA
-//! (upload) or copy-out (download) starts after a small chunk that every thread helps with.
+//! The copy threads take the copy's parts in order from one ticket. Uploads ([`Feed`]): a
+//! part is written into the ring (after the DMA that read its room a ring's length back has
+//! completed), and the thread that writes one may send everything written in order since
+//! the last DMA as the next one, sized to keep the DMA engine fed. Downloads: a chunk's DMA
+//! fills its ring slot, each part waits for its chunk's DMA and copies out, and the thread
+//! that copies a chunk's last part enqueues the DMA of the chunk that reuses the slot. No
+//! thread waits for the others at a chunk's end, so a slow thread holds back one chunk
+//! rather than every thread, and the link is fed while the threads keep copying: on the
+//! H200 host a fork/join per 4 MiB chunk uploaded 38-44 GB/s, this 40-51 (a copy on 16
+//! threads and the DMA engine together move 52 + 53 GB/s there, so the barrier, not host
+//! memory, was the limit). Parts are small at the start and the end ([`Grid`]'s ramp), so
+//! the first DMA (upload) or copy-out (download) starts after a little of the copy that
+//! every thread helps with.
 
 use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -28,7 +30,7 @@ use crate::error::{Error, Result};
 use super::{check_len, Buffer, PinnedBuf};
 
 /// How a ring copy runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RingPlan {
     /// Elements per chunk (one DMA and one ring slot each) in the middle of the copy; the
     /// ramp at either end takes smaller ones.
@@ -42,7 +44,13 @@ pub struct RingPlan {
     /// The byte boundary the host side of every part starts on (downloads: but the first,
     /// which ends at the first boundary of `dst`).
     pub host_align: usize,
+    /// Bytes per second the link moves host to device (uploads: when the DMA engine is due
+    /// to run dry); not positive: [`FALLBACK_RATE`].
+    pub h2d_rate: f64,
 }
+
+/// The link rate an upload assumes when given none: PCIe 4.0 x16's, about.
+pub const FALLBACK_RATE: f64 = 25e9;
 
 /// Where a ring copy's chunks and parts lie. Chunks are `plan.chunk_len` elements in the
 /// middle, after a shorter first one of `lead` elements when `0 < lead <= chunk` (so the
@@ -171,8 +179,8 @@ impl Grid {
     }
 }
 
-/// The ring of one copy: pinned blocks (waited free), their host addresses and an event
-/// per slot.
+/// The ring of one copy: pinned blocks (waited free), their host addresses, and events for
+/// its DMAs (downloads: one per block).
 struct Ring<T: DType> {
     blocks: Vec<PinnedBuf<T>>,
     bases: Vec<u64>,
@@ -180,7 +188,7 @@ struct Ring<T: DType> {
 }
 
 impl<T: DType> Ring<T> {
-    fn new(stream: &Stream, slots: usize, chunk: usize) -> Result<Ring<T>> {
+    fn new(stream: &Stream, slots: usize, chunk: usize, events: usize) -> Result<Ring<T>> {
         let mut blocks = (0..slots.max(1))
             .map(|_| PinnedBuf::<T>::new(stream.device(), chunk))
             .collect::<Result<Vec<_>>>()?;
@@ -191,9 +199,8 @@ impl<T: DType> Ring<T> {
             block.as_mut_slice()?;
             bases.push(block.ptr);
         }
-        let events = blocks
-            .iter()
-            .map(|block| block.pool.event())
+        let events = (0..events)
+            .map(|_| blocks[0].pool.event())
             .collect::<Result<Vec<Event>>>()?;
         Ok(Ring {
             blocks,
@@ -206,23 +213,15 @@ impl<T: DType> Ring<T> {
         self.blocks.len()
     }
 
-    /// Enqueues on `stream` the DMA of `grid`'s chunk `c` between its slot (`c % slots`) and
-    /// the device buffer at `dev_base` (to the device when `to_device`), then records the
-    /// slot's event.
+    /// Enqueues on `stream` the DMA of `grid`'s chunk `c` from the device buffer at
+    /// `dev_base` into its slot (`c % slots`), then records the slot's event.
     ///
     /// # Safety
     /// `dev_base` holds every element of the chunk until the stream is done with it, the
     /// ring's blocks hold `grid.max_chunk()` elements, and no host thread touches the slot
     /// before the event recorded here completes (nor still does, for an earlier chunk).
-    unsafe fn send(
-        &self,
-        stream: &Stream,
-        to_device: bool,
-        grid: &Grid,
-        c: usize,
-        dev_base: u64,
-    ) -> Result<()> {
-        let (device, cu_stream) = cuda_of(stream, "ring copy")?;
+    unsafe fn send(&self, stream: &Stream, grid: &Grid, c: usize, dev_base: u64) -> Result<()> {
+        let (device, cu_stream) = cuda_of(stream, "ring_download")?;
         let size = std::mem::size_of::<T>();
         let slot = c % self.slots();
         let chunk = grid.chunk_range(c);
@@ -230,7 +229,7 @@ impl<T: DType> Ring<T> {
         unsafe {
             device.copy_raw_async(
                 cu_stream,
-                to_device,
+                false,
                 self.bases[slot] as *mut u8,
                 dev_base + (chunk.start * size) as u64,
                 chunk.len() * size,
@@ -272,9 +271,9 @@ fn cuda_of<'s>(
         .ok_or_else(|| Error::Unsupported(format!("{op} needs a CUDA stream")))
 }
 
-/// One ring copy's progress, shared by its threads: the ticket handing out parts, the
-/// parts left per chunk, which chunks' DMAs are enqueued and which are known complete,
-/// and whether a thread failed.
+/// One download's progress, shared by its threads: the ticket handing out parts, the parts
+/// left per chunk, which chunks' DMAs are enqueued and which are known complete, and
+/// whether a thread failed.
 struct Flow {
     ticket: AtomicUsize,
     total: usize,
@@ -323,19 +322,7 @@ impl Flow {
 
     /// Spins (yielding now and then) until `done()`; false when a thread fails first.
     fn spin_until(&self, done: impl Fn() -> bool) -> bool {
-        let mut spins = 0u32;
-        while !done() {
-            if self.failed.load(Ordering::Relaxed) {
-                return false;
-            }
-            spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
-        }
-        true
+        spin_until(&self.failed, done)
     }
 
     /// Waits until chunk `c`'s DMA, recorded by `event`, is enqueued and complete; false
@@ -364,30 +351,268 @@ impl Flow {
     fn part_done(&self, c: usize) -> bool {
         self.left[c].fetch_sub(1, Ordering::AcqRel) == 1
     }
+}
 
-    /// Runs `work` on up to `threads` copy threads; the first error stops the others and
-    /// is returned.
-    fn run(
-        &self,
-        workers: &Workers,
-        threads: usize,
-        work: impl Fn() -> Result<()> + Sync,
-    ) -> Option<Error> {
-        let error: Mutex<Option<Error>> = Mutex::new(None);
-        workers.run(threads.clamp(1, workers.threads()), &|_| {
-            if let Err(e) = work() {
-                self.failed.store(true, Ordering::Relaxed);
-                error.lock().get_or_insert(e);
+/// Spins (yielding now and then) until `done()`; false once `failed` is set first.
+fn spin_until(failed: &AtomicBool, done: impl Fn() -> bool) -> bool {
+    let mut spins = 0u32;
+    while !done() {
+        if failed.load(Ordering::Relaxed) {
+            return false;
+        }
+        spins = spins.wrapping_add(1);
+        if spins % 1024 == 0 {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    true
+}
+
+/// Runs `work` on up to `threads` copy threads; the first error sets `failed` (which stops
+/// the others) and is returned.
+fn run_parts(
+    workers: &Workers,
+    threads: usize,
+    failed: &AtomicBool,
+    work: impl Fn() -> Result<()> + Sync,
+) -> Option<Error> {
+    let error: Mutex<Option<Error>> = Mutex::new(None);
+    workers.run(threads.clamp(1, workers.threads()), &|_| {
+        if let Err(e) = work() {
+            failed.store(true, Ordering::Relaxed);
+            error.lock().get_or_insert(e);
+        }
+    });
+    error.into_inner()
+}
+
+/// DMA slots an upload's feed cycles through (one event each): more than an upload keeps in
+/// flight at once in practice, so the sender seldom waits for one to come free.
+const FEED_EVENTS: usize = 32;
+
+/// Engine time each DMA costs besides its bytes: on the H200 host one 64 MiB pinned DMA took
+/// 1214 µs, as 16 DMAs 1256 and as 64 1386 (2.7 µs each).
+const DMA_COST: Duration = Duration::from_micros(3);
+
+/// How long before the DMA engine is due to run dry a thread finishing a part sends what
+/// is ready: the time a send takes to enqueue, and a little to the next part's end.
+const DRY_SLACK: Duration = Duration::from_micros(10);
+
+/// An upload's DMAs. The copy threads write parts, in the order of one ticket, into a ring
+/// of pinned memory; the thread that finishes a part then may send everything written in
+/// order and not yet sent as one DMA: when a chunk's worth is ready, when the engine is due
+/// to run dry (predicted from the bytes sent and the link's rate) and a ramp chunk's worth is
+/// ready, or when a thread needs the ring room it holds. So the engine starts after the
+/// first few parts and is kept fed, in DMAs that grow when the copy runs ahead of the link
+/// (each costs the engine ~3 µs): a fixed schedule of chunks either left it idle while the
+/// next, larger chunk was written or sent many small ones.
+struct Feed<'g> {
+    grid: &'g Grid,
+    /// Elements in the ring.
+    ring_len: usize,
+    ticket: AtomicUsize,
+    written: Vec<AtomicBool>,
+    failed: AtomicBool,
+    sender: Mutex<Sender>,
+    /// DMAs enqueued: DMA `d` covers elements up to `ends[d]` from where the one before
+    /// ended, its event `events[d % FEED_EVENTS]`.
+    sent: AtomicUsize,
+    ends: Vec<AtomicUsize>,
+    landed: Vec<AtomicU8>,
+    /// Elements known to have landed (every DMA up to one that ends there has completed).
+    landed_to: AtomicUsize,
+}
+
+/// What the sending thread keeps: the first part not known written, the elements sent, and
+/// when the DMA engine is due to finish what it has been given.
+struct Sender {
+    next_part: usize,
+    sent_to: usize,
+    busy_until: Instant,
+}
+
+/// The stream, ring and device side of an upload, for [`Feed::pump`].
+struct Wire<'a> {
+    stream: &'a Stream,
+    ring: u64,
+    dev_base: u64,
+    events: &'a [Event],
+    /// Bytes per element.
+    size: usize,
+    /// Elements per DMA at most, and the fewest sent because the engine is due to run dry.
+    max_dma: usize,
+    min_dma: usize,
+    /// The link's rate in bytes per second.
+    rate: f64,
+}
+
+impl<'g> Feed<'g> {
+    fn new(grid: &'g Grid, n: usize, ring_len: usize, max_dma: usize) -> Feed<'g> {
+        // DMA ends only grow, and each is a part's end, the ring's end or `max_dma` past the
+        // one before.
+        let most = grid.total_parts() + n / ring_len.max(1) + n / max_dma.max(1) + 2;
+        Feed {
+            grid,
+            ring_len,
+            ticket: AtomicUsize::new(0),
+            written: (0..grid.total_parts())
+                .map(|_| AtomicBool::new(false))
+                .collect(),
+            failed: AtomicBool::new(false),
+            sender: Mutex::new(Sender {
+                next_part: 0,
+                sent_to: 0,
+                busy_until: Instant::now(),
+            }),
+            sent: AtomicUsize::new(0),
+            ends: (0..most).map(|_| AtomicUsize::new(0)).collect(),
+            landed: (0..most).map(|_| AtomicU8::new(UNKNOWN)).collect(),
+            landed_to: AtomicUsize::new(0),
+        }
+    }
+
+    fn n(&self) -> usize {
+        self.grid.bounds[self.grid.chunks()]
+    }
+
+    /// The next part to write; `None` once all are handed out or a thread failed.
+    fn next(&self) -> Option<usize> {
+        let p = self.ticket.fetch_add(1, Ordering::Relaxed);
+        (p < self.written.len() && !self.failed.load(Ordering::Relaxed)).then_some(p)
+    }
+
+    /// Sends what is ready by the rules in [`Feed`]'s doc, and at least up to element `need`
+    /// when that much is written (0: no need). Without a need, returns at once while another
+    /// thread sends.
+    fn pump(&self, wire: &Wire, need: usize) -> Result<()> {
+        let mut s = if need > 0 {
+            self.sender.lock()
+        } else {
+            match self.sender.try_lock() {
+                Some(s) => s,
+                None => return Ok(()),
             }
-        });
-        error.into_inner()
+        };
+        let parts = self.written.len();
+        while s.next_part < parts && self.written[s.next_part].load(Ordering::Acquire) {
+            s.next_part += 1;
+        }
+        let frontier = match s.next_part {
+            p if p == parts => self.n(),
+            p => self.grid.part(p).1.start,
+        };
+        loop {
+            let ready = frontier - s.sent_to;
+            if ready == 0 {
+                return Ok(());
+            }
+            let now = Instant::now();
+            let go = frontier == self.n()
+                || ready >= wire.max_dma
+                || (s.sent_to < need && frontier >= need)
+                || (ready >= wire.min_dma && now + DRY_SLACK >= s.busy_until);
+            if !go {
+                return Ok(());
+            }
+            let at = s.sent_to % self.ring_len;
+            let len = ready.min(wire.max_dma).min(self.ring_len - at);
+            let d = self.sent.load(Ordering::Relaxed);
+            // The event slot's last DMA must be done before its event is recorded again.
+            if d >= FEED_EVENTS && !self.wait_dma(d - FEED_EVENTS, wire.events)? {
+                return Ok(());
+            }
+            let (device, cu_stream) = cuda_of(wire.stream, "ring_upload")?;
+            let size = wire.size;
+            // SAFETY: the ring holds `ring_len` elements from `wire.ring`, and the range
+            // lies within it (it stops at the ring's end); every part in it is written
+            // (their flags read with Acquire) and no thread writes it again before this
+            // DMA's event completes (`wait_room`). `dst` holds every element from
+            // `dev_base` until `ring_upload` returns, after the stream is done.
+            unsafe {
+                device.copy_raw_async(
+                    cu_stream,
+                    true,
+                    (wire.ring + (at * size) as u64) as *mut u8,
+                    wire.dev_base + (s.sent_to * size) as u64,
+                    len * size,
+                )?
+            };
+            wire.stream.record(&wire.events[d % FEED_EVENTS])?;
+            s.sent_to += len;
+            self.ends[d].store(s.sent_to, Ordering::Relaxed);
+            self.sent.store(d + 1, Ordering::Release);
+            s.busy_until = now.max(s.busy_until)
+                + DMA_COST
+                + Duration::from_secs_f64((len * size) as f64 / wire.rate);
+        }
+    }
+
+    /// Waits for DMA `d` (enqueued) to complete: one thread asks the driver, the others watch
+    /// for its answer (a driver call per part took turns on the driver's lock with the
+    /// thread enqueueing DMAs: 64 KiB parts made uploads run at 28 GB/s on the H200 host
+    /// instead of 51). False when a thread fails first.
+    fn wait_dma(&self, d: usize, events: &[Event]) -> Result<bool> {
+        let ask =
+            self.landed[d].compare_exchange(UNKNOWN, ASKING, Ordering::AcqRel, Ordering::Acquire);
+        if ask.is_err() {
+            // Another thread asks (or has asked); if it fails, `failed` ends the wait.
+            return Ok(self.spin_until(|| self.landed[d].load(Ordering::Acquire) == LANDED));
+        }
+        events[d % FEED_EVENTS].synchronize()?;
+        self.landed_to
+            .fetch_max(self.ends[d].load(Ordering::Relaxed), Ordering::AcqRel);
+        self.landed[d].store(LANDED, Ordering::Release);
+        Ok(true)
+    }
+
+    /// Waits until every element before `upto` has landed (so the ring room it held may be
+    /// written again), sending it first when it is written but not yet sent. False when a
+    /// thread fails first.
+    fn wait_room(&self, wire: &Wire, upto: usize) -> Result<bool> {
+        loop {
+            if self.landed_to.load(Ordering::Acquire) >= upto {
+                return Ok(true);
+            }
+            if self.failed.load(Ordering::Relaxed) {
+                return Ok(false);
+            }
+            let sent = self.sent.load(Ordering::Acquire);
+            // The first DMA that ends at or past `upto`.
+            let (mut lo, mut hi) = (0, sent);
+            while lo < hi {
+                let mid = (lo + hi) / 2;
+                if self.ends[mid].load(Ordering::Relaxed) < upto {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+            if lo < sent {
+                if !self.wait_dma(lo, wire.events)? {
+                    return Ok(false);
+                }
+            } else {
+                // Not sent: send it once written (an earlier part may still be in hand).
+                self.pump(wire, upto)?;
+                if self.sent.load(Ordering::Acquire) == sent {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+    }
+
+    /// Spins (yielding now and then) until `done()`; false when a thread fails first.
+    fn spin_until(&self, done: impl Fn() -> bool) -> bool {
+        spin_until(&self.failed, done)
     }
 }
 
-/// Sends `src` into `dst` (same length) through a ring of pinned blocks on `stream`: up to
-/// `plan.threads` copy threads each run `fill(ring piece, matching src piece)` on parts of
-/// the copy (a plain or streaming copy, or a conversion); returns once every DMA has
-/// completed. A CUDA stream only.
+/// Sends `src` into `dst` (same length) through a ring of pinned memory on `stream` (see
+/// [`Feed`]): up to `plan.threads` copy threads each run `fill(ring piece, matching src
+/// piece)` on parts of the copy (a plain or streaming copy, or a conversion); returns once
+/// every DMA has completed. A CUDA stream only.
 pub(crate) fn ring_upload<S: Sync, T: DType>(
     stream: &Stream,
     workers: &Workers,
@@ -402,43 +627,61 @@ pub(crate) fn ring_upload<S: Sync, T: DType>(
     if src.is_empty() {
         return Ok(());
     }
-    let size = std::mem::size_of::<T>();
-    let grid = Grid::new(src.len(), plan, 0, align_elems(plan.host_align, size));
-    let ring = Ring::<T>::new(stream, plan.slots.min(grid.chunks()), grid.max_chunk())?;
-    let (slots, dev_base) = (ring.slots(), dst.device_ptr());
-    let flow = Flow::new(&grid);
+    let (n, size) = (src.len(), std::mem::size_of::<T>());
+    let grid = Grid::new(n, plan, 0, align_elems(plan.host_align, size));
+    let ring_len = (plan.slots.max(1) * grid.max_chunk()).min(n);
+    let ring = Ring::<T>::new(stream, 1, ring_len, FEED_EVENTS)?;
+    let max_dma = plan.chunk_len.clamp(1, ring_len);
+    let feed = Feed::new(&grid, n, ring_len, max_dma);
+    let wire = Wire {
+        stream,
+        ring: ring.bases[0],
+        dev_base: dst.device_ptr(),
+        events: &ring.events,
+        size,
+        max_dma,
+        min_dma: (max_dma >> RAMP[0]).max(1),
+        rate: if plan.h2d_rate > 0.0 {
+            plan.h2d_rate
+        } else {
+            FALLBACK_RATE
+        },
+    };
 
-    let error = flow.run(workers, plan.threads, || {
-        while let Some(p) = flow.next() {
-            let (c, range) = grid.part(p);
-            let slot = c % slots;
-            if c >= slots {
-                // The slot's last DMA is chunk c - slots's: wait until it is enqueued (its
-                // event recorded), then for the event. Nothing records the event again
-                // before this part is written (that takes all of chunk c).
-                if !flow.wait_landed(c - slots, &ring.events[slot])? {
-                    return Ok(());
+    let error = run_parts(workers, plan.threads, &feed.failed, || {
+        while let Some(p) = feed.next() {
+            let (_, range) = grid.part(p);
+            // The room this part takes held elements a ring's length back.
+            if range.end > ring_len && !feed.wait_room(&wire, range.end - ring_len)? {
+                return Ok(());
+            }
+            // Up to the ring's end, then from its start.
+            let at = range.start % ring_len;
+            let head = range.len().min(ring_len - at);
+            for (at, from, len) in [
+                (at, range.start, head),
+                (0, range.start + head, range.len() - head),
+            ] {
+                if len == 0 {
+                    continue;
                 }
+                // SAFETY: the ring's block holds `ring_len` elements and `at + len` is at most
+                // that; the ticket hands part p to this thread alone, and the DMAs that read
+                // this room for earlier elements have completed (`wait_room`), or it is on
+                // its first use after `Ring::new` waited for earlier users.
+                let piece = unsafe { cpu::view_mut::<T>(wire.ring + (at * size) as u64, len) };
+                fill(piece, &src[from..from + len]);
             }
-            let at = range.start - grid.chunk_range(c).start;
-            // SAFETY: the slot's block holds `grid.max_chunk()` elements and the part lies
-            // within its chunk's first `chunk_range(c).len()`; the ticket hands part p
-            // to this thread alone, and the DMA that last read the slot has completed
-            // (waited for above, or the slot is on its first use after `Ring::new` waited).
-            let piece =
-                unsafe { cpu::view_mut::<T>(ring.bases[slot] + (at * size) as u64, range.len()) };
-            fill(piece, &src[range]);
-            // The last part written sends the chunk.
-            if flow.part_done(c) {
-                // SAFETY: `dst` (borrowed mutably for this call) holds the chunk from
-                // `dev_base`; every part of it is written, and no thread writes the slot
-                // again before the event recorded next completes.
-                unsafe { ring.send(stream, true, &grid, c, dev_base)? };
-                flow.sent(c);
-            }
+            feed.written[p].store(true, Ordering::Release);
+            feed.pump(&wire, 0)?;
         }
         Ok(())
     });
+    // Every part is written unless a thread failed: send what is left.
+    let error = match error {
+        None => feed.pump(&wire, n).err(),
+        e => e,
+    };
     ring.finish(stream, error)
 }
 
@@ -473,7 +716,8 @@ pub(crate) fn ring_download<T: DType, D: Send>(
     };
     let grid = Grid::new(dst.len(), plan, lead, align_elems(plan.host_align, dsize));
     let chunks = grid.chunks();
-    let ring = Ring::<T>::new(stream, plan.slots.min(chunks), grid.max_chunk())?;
+    let slots = plan.slots.min(chunks);
+    let ring = Ring::<T>::new(stream, slots, grid.max_chunk(), slots)?;
     let (slots, dev_base) = (ring.slots(), src.device_ptr());
     let flow = Flow::new(&grid);
     // The first chunk of each slot goes out as the threads reach it (one chunk ahead), not
@@ -494,7 +738,7 @@ pub(crate) fn ring_download<T: DType, D: Send>(
                 // SAFETY: `src` (borrowed for this call) holds the chunk from `dev_base`;
                 // the slot is on its first use (`Ring::new` waited for earlier users), and no
                 // thread reads it before this DMA's event completes.
-                unsafe { ring.send(stream, false, &grid, k, dev_base)? };
+                unsafe { ring.send(stream, &grid, k, dev_base)? };
                 flow.sent(k);
             }
         }
@@ -503,7 +747,7 @@ pub(crate) fn ring_download<T: DType, D: Send>(
         return ring.finish(stream, Some(e));
     }
 
-    let error = flow.run(workers, plan.threads, || {
+    let error = run_parts(workers, plan.threads, &flow.failed, || {
         while let Some(p) = flow.next() {
             let (c, range) = grid.part(p);
             let slot = c % slots;
@@ -531,7 +775,7 @@ pub(crate) fn ring_download<T: DType, D: Send>(
                 // SAFETY: `src` holds the chunk as above; every part of chunk c is copied out
                 // of the slot, and no thread reads it again before this DMA's event
                 // completes.
-                unsafe { ring.send(stream, false, &grid, c + slots, dev_base)? };
+                unsafe { ring.send(stream, &grid, c + slots, dev_base)? };
                 flow.sent(c + slots);
             }
         }
@@ -588,6 +832,7 @@ mod tests {
             part_len,
             threads: 4,
             host_align: 1,
+            h2d_rate: 0.0,
         }
     }
 
@@ -685,6 +930,7 @@ mod tests {
             part_len: 256 * kib,
             threads: 16,
             host_align: 4 * kib,
+            h2d_rate: 0.0,
         };
         let g = Grid::new(64 * mib, &plan, 0, 4 * kib);
         let sizes: Vec<usize> = (0..g.chunks())

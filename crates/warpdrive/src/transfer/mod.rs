@@ -116,12 +116,12 @@ pub enum Direction {
 
 static OVERRIDE: Mutex<Option<TransferConfig>> = Mutex::new(None);
 static TUNED: Mutex<Option<HashMap<(String, Direction), TransferConfig>>> = Mutex::new(None);
-/// Bytes of staging blocks an upload keeps in flight (the ring: `depth` blocks of
-/// `chunk_bytes`). On the H200 host, with demoted stores and one driver query per chunk, a
-/// 16 MiB ring uploaded 64 MiB in 1420-1454 us (1587-1611 after the driver's own copy) and
-/// 256 MiB in 5203-5455, a 32 MiB one in 1444-1520 (1632-1733) and 5442-6067, 64 MiB in
-/// 1682 and 5756: the smaller ring stays in the shared cache, where the DMA engine reads
-/// it. (When every part asked the driver for its slot's event, 32 MiB was fastest.)
+/// Bytes of pinned ring an upload keeps in flight (`depth` chunks of `chunk_bytes`; a chunk is
+/// an upload's longest DMA). On the H200 host, with demoted stores and one driver query per
+/// chunk, a 16 MiB ring uploaded 64 MiB in 1420-1454 us (1587-1611 after the driver's own
+/// copy) and 256 MiB in 5203-5455, a 32 MiB one in 1444-1520 (1632-1733) and 5442-6067, 64
+/// MiB in 1682 and 5756: the smaller ring stays in the shared cache, where the DMA engine
+/// reads it. (When every part asked the driver for its slot's event, 32 MiB was fastest.)
 const UPLOAD_RING: usize = 16 * MIB;
 
 /// The upload size the two kinds of staging store are compared at (see [`tune`]).
@@ -294,14 +294,14 @@ fn tune(stream: &Stream, dir: Direction) -> Result<TransferConfig> {
 }
 
 /// The configurations the tune times on 4, 8, 16 and 32 copy threads, capped at the
-/// `max_threads` the pool has (every one of them is a candidate): uploads 1, 2 and 4 MiB
-/// chunks, as many in flight as fill [`UPLOAD_RING`], with either kind of staging store
-/// (which wins depends on the CPU: `cldemote` is a no-op where it is missing); downloads
-/// 4, 8 and 16 MiB chunks, as many as fill [`DOWNLOAD_RING`].
+/// `max_threads` the pool has (every one of them is a candidate): uploads 1, 2, 4 and 8
+/// MiB chunks (an upload's longest DMA), as many as fill [`UPLOAD_RING`], with either kind
+/// of staging store (which wins depends on the CPU: `cldemote` is a no-op where it is
+/// missing); downloads 4, 8 and 16 MiB chunks, as many as fill [`DOWNLOAD_RING`].
 fn tune_candidates(dir: Direction, max_threads: usize) -> Vec<TransferConfig> {
     let (chunks, stores): (&[usize], &[StagingStores]) = match dir {
         Direction::H2d => (
-            &[1, 2, 4],
+            &[1, 2, 4, 8],
             &[StagingStores::NonTemporal, StagingStores::Demoted],
         ),
         Direction::D2h => (&[4, 8, 16], &[StagingStores::NonTemporal]),
@@ -419,7 +419,7 @@ pub fn to_host<T: DType>(stream: &Stream, src: &Buffer<T>) -> Result<Vec<T>> {
         workers,
         src,
         &mut out,
-        &ring_plan::<T>(src.len(), &fresh),
+        &ring_plan::<T>(stream, src.len(), &fresh)?,
     )?;
     Ok(out.into_vec())
 }
@@ -533,7 +533,7 @@ fn staged_d2h<T: DType>(
         par_copy(workers, cfg.threads, dst, src.host_view()?);
         return Ok(());
     }
-    let plan = ring_plan::<T>(dst.len(), cfg);
+    let plan = ring_plan::<T>(stream, dst.len(), cfg)?;
     ring_download(stream, workers, src, dst, &plan, |_| {}, stream_copy)
 }
 
@@ -557,23 +557,64 @@ fn staged_h2d<T: DType>(
         par_copy(workers, cfg.threads, dst.host_view_mut()?, src);
         return Ok(());
     }
-    let plan = ring_plan::<T>(src.len(), cfg);
+    let plan = ring_plan::<T>(stream, src.len(), cfg)?;
     match cfg.stores {
         StagingStores::NonTemporal => ring_upload(stream, workers, dst, src, &plan, stream_copy),
         StagingStores::Demoted => ring_upload(stream, workers, dst, src, &plan, demote_copy),
     }
 }
 
-/// How a staged copy of `len` elements of `T` runs through the staging ring.
-fn ring_plan<T>(len: usize, cfg: &TransferConfig) -> RingPlan {
+/// How a staged copy of `len` elements of `T` runs through the staging ring on `stream`.
+fn ring_plan<T>(stream: &Stream, len: usize, cfg: &TransferConfig) -> Result<RingPlan> {
     let size = std::mem::size_of::<T>().max(1);
-    RingPlan {
+    Ok(RingPlan {
         chunk_len: chunk_len::<T>(len, cfg),
         slots: cfg.depth.max(1),
         part_len: (RING_PART / size).max(1),
         threads: cfg.threads,
         host_align: PAGE,
+        h2d_rate: h2d_rate(stream)?,
+    })
+}
+
+/// Bytes a link-rate probe sends, and the shorter copy its time is taken against.
+const PROBE_BYTES: usize = 16 * MIB;
+const PROBE_SHORT: usize = 4 * MIB;
+
+static RATES: Mutex<Option<HashMap<String, f64>>> = Mutex::new(None);
+
+/// The stream's device's host-to-device link rate in bytes per second, from pinned
+/// memory: the difference of two DMAs' fastest times, so the fixed cost of a copy and of
+/// waiting for it drops out (measured on first use per device; 0 on the CPU backend).
+fn h2d_rate(stream: &Stream) -> Result<f64> {
+    let device = stream.device();
+    if !device.is_cuda() {
+        return Ok(0.0);
     }
+    let key = device.label();
+    if let Some(r) = RATES.lock().as_ref().and_then(|m| m.get(&key)) {
+        return Ok(*r);
+    }
+    let mut pinned = PinnedBuf::<u8>::new(device, PROBE_BYTES)?;
+    pinned.as_mut_slice()?.fill(0x5a);
+    let mut dev = Buffer::<u8>::uninit(stream, PROBE_BYTES)?;
+    let mut time = |bytes: usize| {
+        fastest(|| {
+            dev.copy_from_pinned_at(stream, 0, &mut pinned, bytes)?;
+            stream.synchronize()
+        })
+    };
+    let (long, short) = (time(PROBE_BYTES)?, time(PROBE_SHORT)?);
+    let rate = if long > short {
+        (PROBE_BYTES - PROBE_SHORT) as f64 / (long - short)
+    } else {
+        PROBE_BYTES as f64 / long
+    };
+    RATES
+        .lock()
+        .get_or_insert_with(HashMap::new)
+        .insert(key, rate);
+    Ok(rate)
 }
 
 /// `dst.copy_from_slice(src)` in up to `threads` page-aligned pieces on the copy threads,
@@ -594,8 +635,8 @@ mod tests {
 
     #[test]
     fn the_tune_tries_every_thread_count_up_to_the_pools() {
-        // Uploads: three chunk sizes with each of two store kinds; downloads: three chunks.
-        for (dir, chunks, min_chunk) in [(Direction::H2d, 6, MIB), (Direction::D2h, 3, 4 * MIB)] {
+        // Uploads: four chunk sizes with each of two store kinds; downloads: three chunks.
+        for (dir, chunks, min_chunk) in [(Direction::H2d, 8, MIB), (Direction::D2h, 3, 4 * MIB)] {
             let threads = |max: usize| {
                 let c = tune_candidates(dir, max);
                 assert!(c
