@@ -21,7 +21,7 @@ pub mod softmax;
 pub mod topk;
 
 pub use elementwise::{
-    binary, cast, map, widen_f16_flagging_inf, Activation, BinaryOp, Loads, Map,
+    binary, cast, map, widen_f16_checking_inf, Activation, BinaryOp, Loads, Map,
 };
 pub use permute::{
     exclusive_scan, gather_rows, histogram, scatter_rows, sort_by_key, KeySort, MAX_BINS,

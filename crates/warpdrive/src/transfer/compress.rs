@@ -135,12 +135,12 @@ fn upload_auto(stream: &Stream, dst: &mut Buffer<f32>, src: &[f32], c: Compressi
     if c != Compression::F16 {
         return upload_f32(stream, dst, src, c);
     }
-    let mut any_inf = PinnedBuf::<u32>::new(stream.device(), 1)?;
-    any_inf.as_mut_slice()?[0] = 0;
+    let mut any_inf = false;
     upload_narrow::<f16>(stream, dst, src, |s, wire, dst| {
-        crate::ops::widen_f16_flagging_inf(s, wire, dst, &mut any_inf)
+        any_inf = crate::ops::widen_f16_checking_inf(s, wire, dst)?;
+        Ok(())
     })?;
-    if any_inf.as_slice()?[0] == 0 || !overflows_f16(src) {
+    if !any_inf || !overflows_f16(src) {
         return Ok(());
     }
     tracing::debug!("transfer: data beyond f16's range; sending it uncompressed");
