@@ -764,9 +764,10 @@ pub(crate) fn ring_download<T: DType, D: Send>(
                 return Ok(());
             }
             let at = range.start - grid.chunk_range(c).start;
-            // SAFETY: within the slot's block as in `ring_upload`; the chunk's DMA into it
-            // has completed and no DMA writes the slot again before every part of it is
-            // copied out.
+            // SAFETY: the slot's block holds `grid.max_chunk()` elements and the part lies
+            // within its chunk's first `chunk_range(c).len()`; the chunk's DMA into it has
+            // completed and no DMA writes the slot again before every part of it is copied
+            // out.
             let piece =
                 unsafe { cpu::view::<T>(ring.bases[slot] + (at * size) as u64, range.len()) };
             fill(out, piece);
