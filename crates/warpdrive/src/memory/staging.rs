@@ -283,7 +283,8 @@ struct Flow {
     failed: AtomicBool,
 }
 
-/// [`Flow::landed`] states: nobody asked the driver yet, a thread is waiting in it, done.
+/// States of a DMA's `landed` flag: nobody asked the driver yet, a thread is waiting in it,
+/// done.
 const UNKNOWN: u8 = 0;
 const ASKING: u8 = 1;
 const LANDED: u8 = 2;
@@ -317,33 +318,17 @@ impl Flow {
     /// Spins (yielding now and then) until chunk `c`'s DMA is enqueued; false when a
     /// thread fails first.
     fn wait_sent(&self, c: usize) -> bool {
-        self.spin_until(|| self.sent[c].load(Ordering::Acquire))
+        spin_until(&self.failed, || self.sent[c].load(Ordering::Acquire))
     }
 
-    /// Spins (yielding now and then) until `done()`; false when a thread fails first.
-    fn spin_until(&self, done: impl Fn() -> bool) -> bool {
-        spin_until(&self.failed, done)
-    }
-
-    /// Waits until chunk `c`'s DMA, recorded by `event`, is enqueued and complete; false
-    /// when a thread fails first. One thread asks the driver and the others watch for its
-    /// answer: a driver call per part took turns on the driver's lock with the thread
-    /// enqueueing DMAs (64 KiB parts, 64 waits a 4 MiB chunk, made uploads run at 28 GB/s
-    /// on the H200 host instead of 51). `event` must not be recorded again before every
-    /// part waiting here for chunk `c` has returned.
+    /// Waits until chunk `c`'s DMA, recorded by `event`, is enqueued and complete (see
+    /// [`wait_event_once`]); false when a thread fails first. `event` must not be recorded
+    /// again before every part waiting here for chunk `c` has returned.
     fn wait_landed(&self, c: usize, event: &Event) -> Result<bool> {
         if !self.wait_sent(c) {
             return Ok(false);
         }
-        let ask =
-            self.landed[c].compare_exchange(UNKNOWN, ASKING, Ordering::AcqRel, Ordering::Acquire);
-        if ask.is_err() {
-            // Another thread asks (or has asked); if it fails, `failed` ends the wait.
-            return Ok(self.spin_until(|| self.landed[c].load(Ordering::Acquire) == LANDED));
-        }
-        event.synchronize()?;
-        self.landed[c].store(LANDED, Ordering::Release);
-        Ok(true)
+        wait_event_once(&self.landed[c], &self.failed, event, || {})
     }
 
     /// Counts one part of chunk `c` done; true for its last (AcqRel: the others' work on
@@ -368,6 +353,30 @@ fn spin_until(failed: &AtomicBool, done: impl Fn() -> bool) -> bool {
         }
     }
     true
+}
+
+/// Waits for `event` (recorded) to complete, whose state `landed` holds, running `then` before
+/// marking it landed; false when `failed` is set first. One thread asks the driver and the
+/// others watch for its answer: a driver call per part took turns on the driver's lock with
+/// the thread enqueueing DMAs (64 KiB parts, 64 waits a 4 MiB chunk, made uploads run at 28
+/// GB/s on the H200 host instead of 51).
+fn wait_event_once(
+    landed: &AtomicU8,
+    failed: &AtomicBool,
+    event: &Event,
+    then: impl FnOnce(),
+) -> Result<bool> {
+    let ask = landed.compare_exchange(UNKNOWN, ASKING, Ordering::AcqRel, Ordering::Acquire);
+    if ask.is_err() {
+        // Another thread asks (or has asked); if it fails, `failed` ends the wait.
+        return Ok(spin_until(failed, || {
+            landed.load(Ordering::Acquire) == LANDED
+        }));
+    }
+    event.synchronize()?;
+    then();
+    landed.store(LANDED, Ordering::Release);
+    Ok(true)
 }
 
 /// Runs `work` on up to `threads` copy threads; the first error sets `failed` (which stops
@@ -436,6 +445,8 @@ struct Sender {
 /// The stream, ring and device side of an upload, for [`Feed::pump`].
 struct Wire<'a> {
     stream: &'a Stream,
+    device: &'a CudaDevice,
+    cu_stream: &'a cudarc::driver::CudaStream,
     ring: u64,
     dev_base: u64,
     events: &'a [Event],
@@ -523,7 +534,6 @@ impl<'g> Feed<'g> {
             if d >= FEED_EVENTS && !self.wait_dma(d - FEED_EVENTS, wire.events)? {
                 return Ok(());
             }
-            let (device, cu_stream) = cuda_of(wire.stream, "ring_upload")?;
             let size = wire.size;
             // SAFETY: the ring holds `ring_len` elements from `wire.ring`, and the range
             // lies within it (it stops at the ring's end); every part in it is written
@@ -531,8 +541,8 @@ impl<'g> Feed<'g> {
             // DMA's event completes (`wait_room`). `dst` holds every element from
             // `dev_base` until `ring_upload` returns, after the stream is done.
             unsafe {
-                device.copy_raw_async(
-                    cu_stream,
+                wire.device.copy_raw_async(
+                    wire.cu_stream,
                     true,
                     (wire.ring + (at * size) as u64) as *mut u8,
                     wire.dev_base + (s.sent_to * size) as u64,
@@ -549,22 +559,18 @@ impl<'g> Feed<'g> {
         }
     }
 
-    /// Waits for DMA `d` (enqueued) to complete: one thread asks the driver, the others watch
-    /// for its answer (a driver call per part took turns on the driver's lock with the
-    /// thread enqueueing DMAs: 64 KiB parts made uploads run at 28 GB/s on the H200 host
-    /// instead of 51). False when a thread fails first.
+    /// Waits for DMA `d` (enqueued) to complete (see [`wait_event_once`]); false when a
+    /// thread fails first.
     fn wait_dma(&self, d: usize, events: &[Event]) -> Result<bool> {
-        let ask =
-            self.landed[d].compare_exchange(UNKNOWN, ASKING, Ordering::AcqRel, Ordering::Acquire);
-        if ask.is_err() {
-            // Another thread asks (or has asked); if it fails, `failed` ends the wait.
-            return Ok(self.spin_until(|| self.landed[d].load(Ordering::Acquire) == LANDED));
-        }
-        events[d % FEED_EVENTS].synchronize()?;
-        self.landed_to
-            .fetch_max(self.ends[d].load(Ordering::Relaxed), Ordering::AcqRel);
-        self.landed[d].store(LANDED, Ordering::Release);
-        Ok(true)
+        wait_event_once(
+            &self.landed[d],
+            &self.failed,
+            &events[d % FEED_EVENTS],
+            || {
+                self.landed_to
+                    .fetch_max(self.ends[d].load(Ordering::Relaxed), Ordering::AcqRel);
+            },
+        )
     }
 
     /// Waits until every element before `upto` has landed (so the ring room it held may be
@@ -580,15 +586,7 @@ impl<'g> Feed<'g> {
             }
             let sent = self.sent.load(Ordering::Acquire);
             // The first DMA that ends at or past `upto`.
-            let (mut lo, mut hi) = (0, sent);
-            while lo < hi {
-                let mid = (lo + hi) / 2;
-                if self.ends[mid].load(Ordering::Relaxed) < upto {
-                    lo = mid + 1;
-                } else {
-                    hi = mid;
-                }
-            }
+            let lo = self.ends[..sent].partition_point(|e| e.load(Ordering::Relaxed) < upto);
             if lo < sent {
                 if !self.wait_dma(lo, wire.events)? {
                     return Ok(false);
@@ -601,11 +599,6 @@ impl<'g> Feed<'g> {
                 }
             }
         }
-    }
-
-    /// Spins (yielding now and then) until `done()`; false when a thread fails first.
-    fn spin_until(&self, done: impl Fn() -> bool) -> bool {
-        spin_until(&self.failed, done)
     }
 }
 
@@ -623,7 +616,7 @@ pub(crate) fn ring_upload<S: Sync, T: DType>(
 ) -> Result<()> {
     check_len("ring_upload", dst.len(), src.len())?;
     dst.device().same_as(stream.device(), "ring_upload")?;
-    cuda_of(stream, "ring_upload")?;
+    let (device, cu_stream) = cuda_of(stream, "ring_upload")?;
     if src.is_empty() {
         return Ok(());
     }
@@ -635,6 +628,8 @@ pub(crate) fn ring_upload<S: Sync, T: DType>(
     let feed = Feed::new(&grid, n, ring_len, max_dma);
     let wire = Wire {
         stream,
+        device,
+        cu_stream,
         ring: ring.bases[0],
         dev_base: dst.device_ptr(),
         events: &ring.events,
