@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::sync::mpsc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::{par_copy, workers};
 use crate::device::{Device, Event, Stream};
@@ -20,9 +20,8 @@ pub struct PipelineStats {
     /// Host copies between the caller's slices and the pinned blocks.
     pub host_s: f64,
     /// Time the staging thread had no host copy to do, waiting for a chunk's download to
-    /// complete or for the calling thread to enqueue (reading finished chunks' stage
-    /// timings meanwhile); of `wall_s − host_s`, the rest is its bookkeeping: pinned
-    /// blocks, events, channels.
+    /// complete or for the calling thread to enqueue; of `wall_s − host_s`, the rest is
+    /// its bookkeeping (pinned blocks, channels) and reading the last chunk's timings.
     pub wait_s: f64,
     /// Time the H2D copies kept the link busy (union of their intervals).
     pub h2d_s: f64,
@@ -147,11 +146,30 @@ impl Pipeline {
         }
         let n = input.len().div_ceil(self.chunk_len);
         let t0 = &t0;
-        let (host, enqueued) = std::thread::scope(|scope| {
+        let mut intervals = StageIntervals::default();
+        let (host, enqueued, timed) = std::thread::scope(|scope| {
             // Made here, so unwinding drops them and the staging thread stops.
             let (staged_tx, staged_rx) = mpsc::channel::<Staged<T>>();
             let (enqueued_tx, enqueued_rx) = mpsc::channel::<InFlight<T, U>>();
-            let stager = scope.spawn(move || self.stage(input, output, t0, staged_tx, enqueued_rx));
+            let (finished_tx, finished_rx) = mpsc::channel::<[Event; 4]>();
+            let stager =
+                scope.spawn(move || self.stage(input, output, staged_tx, enqueued_rx, finished_tx));
+            // Each finished chunk's stage events, read on this thread between its launches
+            // (four reads a chunk, about 5 µs each on the H200 host: 0.7 ms for 32 chunks,
+            // which on the staging thread sat on the slowest stage or after it).
+            let mut read_finished = |wait: bool| -> Result<()> {
+                let next = |wait| {
+                    if wait {
+                        finished_rx.recv().ok()
+                    } else {
+                        finished_rx.try_recv().ok()
+                    }
+                };
+                while let Some(events) = next(wait) {
+                    read_intervals(t0, &events, &mut intervals)?;
+                }
+                Ok(())
+            };
             let mut enqueue_all = || -> Result<()> {
                 // Device buffers per in-flight slot, reused by every full chunk of that slot:
                 // slot k always runs on stream k % streams (the window is a multiple of the
@@ -189,19 +207,23 @@ impl Pipeline {
                     if enqueued_tx.send(f).is_err() {
                         return Ok(());
                     }
+                    read_finished(false)?;
                 }
                 Ok(())
             };
             let enqueued = enqueue_all();
             // Stops the staging thread early when this one failed.
             drop((enqueued_tx, staged_rx));
+            // Until the staging thread is done and drops its sender.
+            let timed = read_finished(true);
             let host = stager
                 .join()
                 .unwrap_or_else(|p| std::panic::resume_unwind(p));
-            (host, enqueued)
+            (host, enqueued, timed)
         });
-        let (host_s, wait_s, intervals) = host?;
+        let (host_s, wait_s) = host?;
         enqueued?;
+        timed?;
         let mut stats = PipelineStats {
             chunks: n,
             host_s,
@@ -254,27 +276,22 @@ impl Pipeline {
 
     /// The staging thread: fills pinned blocks from `input` and sends them to the calling
     /// thread; empties the enqueued chunks it gets back into `output`, oldest first, as
-    /// their D2H completes. Returns the host copy time, the time spent waiting and each
-    /// chunk's stage intervals.
+    /// their D2H completes, and sends their stage events back to be read. Returns the host
+    /// copy time and the time spent waiting.
     fn stage<T: DType, U: DType>(
         &self,
         input: &[T],
         output: &mut [U],
-        t0: &Event,
         staged: mpsc::Sender<Staged<T>>,
         enqueued: mpsc::Receiver<InFlight<T, U>>,
-    ) -> Result<(f64, f64, StageIntervals)> {
+        finished: mpsc::Sender<[Event; 4]>,
+    ) -> Result<(f64, f64)> {
         let workers = workers(&self.device);
         let threads = workers.threads();
         let chunk = self.chunk_len;
         let n = input.len().div_ceil(chunk);
         let window = self.streams.len() * self.buffering;
         let (mut host_s, mut wait_s) = (0.0, 0.0);
-        let mut intervals = StageIntervals::default();
-        // Each finished chunk's stage events, read (about 5 µs a call on the H200 host, four
-        // a chunk: 0.7 ms for 32 chunks) while this thread would otherwise wait, the rest
-        // after the loop.
-        let mut finished: VecDeque<[Event; 4]> = VecDeque::with_capacity(n);
         let mut pending: VecDeque<InFlight<T, U>> = VecDeque::new();
         let (mut next, mut drained) = (0, 0);
         while drained < n {
@@ -291,15 +308,16 @@ impl Pipeline {
                 let lo = f.index * chunk;
                 let piece = &mut output[lo..(lo + chunk).min(input.len())];
                 let t = Instant::now();
-                while !f.out.ready()? && read_next(t0, &mut finished, &mut intervals)? {}
+                while !f.out.ready()? {
+                    std::hint::spin_loop();
+                }
                 let host = f.out.as_slice()?;
                 wait_s += t.elapsed().as_secs_f64();
                 let t = Instant::now();
                 par_copy(workers, threads, piece, &host[..piece.len()]);
                 host_s += t.elapsed().as_secs_f64();
-                // Read later, while waiting: four driver calls a chunk stay off the host
-                // stage.
-                finished.push_back(f.events);
+                // A closed channel means the calling thread stopped (its error is returned).
+                let _ = finished.send(f.events);
                 drained += 1;
             } else if next < n && in_flight < window {
                 let piece = &input[next * chunk..((next + 1) * chunk).min(input.len())];
@@ -318,18 +336,11 @@ impl Pipeline {
                 }
                 next += 1;
             } else {
-                // Everything staged is with the calling thread: wait for it.
+                // Everything staged is with the calling thread: wait for it, spinning first
+                // (it enqueues within tens of µs; a sleeping thread takes about as long to
+                // wake on the H200 host).
                 let t = Instant::now();
-                let mut got = enqueued.try_recv();
-                while matches!(got, Err(mpsc::TryRecvError::Empty))
-                    && read_next(t0, &mut finished, &mut intervals)?
-                {
-                    got = enqueued.try_recv();
-                }
-                let got = match got {
-                    Err(mpsc::TryRecvError::Empty) => enqueued.recv().ok(),
-                    other => other.ok(),
-                };
+                let got = recv_soon(&enqueued, RECV_SPIN);
                 wait_s += t.elapsed().as_secs_f64();
                 match got {
                     Some(f) => pending.push_back(f),
@@ -337,29 +348,38 @@ impl Pipeline {
                 }
             }
         }
-        while read_next(t0, &mut finished, &mut intervals)? {}
-        Ok((host_s, wait_s, intervals))
+        Ok((host_s, wait_s))
     }
 }
 
-/// Adds the oldest unread finished chunk's H2D, compute and D2H intervals (seconds from
-/// `t0`) from its four events; false when none is left.
-fn read_next(
-    t0: &Event,
-    finished: &mut VecDeque<[Event; 4]>,
-    intervals: &mut StageIntervals,
-) -> Result<bool> {
-    let Some(events) = finished.pop_front() else {
-        return Ok(false);
-    };
+/// How long the staging thread spins for an enqueued chunk before it sleeps.
+const RECV_SPIN: Duration = Duration::from_micros(200);
+
+/// The next message, looked for during `spin` before sleeping on it; `None` once the
+/// sender is gone.
+fn recv_soon<M>(rx: &mpsc::Receiver<M>, spin: Duration) -> Option<M> {
+    let until = Instant::now() + spin;
+    while Instant::now() < until {
+        match rx.try_recv() {
+            Ok(m) => return Some(m),
+            Err(mpsc::TryRecvError::Disconnected) => return None,
+            Err(mpsc::TryRecvError::Empty) => std::hint::spin_loop(),
+        }
+    }
+    rx.recv().ok()
+}
+
+/// Adds a finished chunk's H2D, compute and D2H intervals (seconds from `t0`) from its
+/// four events.
+fn read_intervals(t0: &Event, events: &[Event; 4], intervals: &mut StageIntervals) -> Result<()> {
     let mut ts = [0.0; 4];
-    for (t, e) in ts.iter_mut().zip(&events) {
+    for (t, e) in ts.iter_mut().zip(events) {
         *t = f64::from(t0.elapsed_ms(e)?) * 1e-3;
     }
     for (k, iv) in intervals.iter_mut().enumerate() {
         iv.push((ts[k], ts[k + 1]));
     }
-    Ok(true)
+    Ok(())
 }
 
 /// Total length covered by a set of intervals.
