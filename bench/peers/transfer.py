@@ -31,7 +31,7 @@ def sizes(quick):
 
 
 def reps(n):
-    return 5 if n >= 256 * MIB else 10 if n >= 16 * MIB else 30
+    return 9 if n >= 256 * MIB else 10 if n >= 16 * MIB else 30
 
 
 def row(case, size, variant, samples, ceiling):
