@@ -121,8 +121,8 @@ pub fn upload_f32(
     };
     match (compression, c) {
         (Compression::Auto, c) => upload_auto(stream, dst, src, c),
-        (_, Compression::Bf16) => upload_narrow::<bf16>(stream, dst, src, crate::ops::cast),
-        (_, Compression::F16) => upload_narrow::<f16>(stream, dst, src, crate::ops::cast),
+        (_, Compression::Bf16) => upload_narrow::<bf16>(stream, dst, src, cast_and_wait),
+        (_, Compression::F16) => upload_narrow::<f16>(stream, dst, src, cast_and_wait),
         _ => super::upload(stream, dst, src),
     }
 }
@@ -136,6 +136,7 @@ fn upload_auto(stream: &Stream, dst: &mut Buffer<f32>, src: &[f32], c: Compressi
         return upload_f32(stream, dst, src, c);
     }
     let mut any_inf = false;
+    // The checking widen waits for the stream itself.
     upload_narrow::<f16>(stream, dst, src, |s, wire, dst| {
         any_inf = crate::ops::widen_f16_checking_inf(s, wire, dst)?;
         Ok(())
@@ -186,8 +187,16 @@ fn chunking(len: usize, cfg: &TransferConfig) -> usize {
     super::chunk_len::<f32>(len, cfg)
 }
 
+/// The plain widening on the device, waited for.
+fn cast_and_wait<H: Float>(stream: &Stream, wire: &Buffer<H>, dst: &mut Buffer<f32>) -> Result<()> {
+    crate::ops::cast(stream, wire, dst)?;
+    stream.synchronize()
+}
+
 /// Sends `src` narrowed to `H` (on the copy threads, chunk by chunk) and has `widen` turn
-/// the wire into `dst` on the device; returns when all of it is done.
+/// the wire into `dst` on the device and wait for it (Auto's checking widen waits inside
+/// it: a second wait on the idle stream would be a driver call Auto pays and plain F16 does
+/// not); returns when all of it is done.
 fn upload_narrow<H: Float>(
     stream: &Stream,
     dst: &mut Buffer<f32>,
@@ -214,8 +223,7 @@ where
     } else {
         workers.map(cfg.threads, PAGE, wire.host_view_mut()?, src, narrow);
     }
-    widen(stream, &wire, dst)?;
-    stream.synchronize()
+    widen(stream, &wire, dst)
 }
 
 fn download_narrow<H: Float>(
