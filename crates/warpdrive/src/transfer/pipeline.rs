@@ -126,7 +126,8 @@ impl Pipeline {
     /// enqueues work on `stream` and must fill the output) into the same chunk of
     /// `output` (as long as `input`); returns when all is done.
     ///
-    /// The calling thread only enqueues work (H2D, `compute`, D2H). A staging thread does
+    /// The calling thread enqueues work (H2D, `compute`, D2H) and reads finished chunks'
+    /// stage timings. A staging thread does
     /// every host copy on the copy threads at the same time: it fills the next chunk's
     /// pinned block and empties finished ones into `output` (oldest first), keeping up to
     /// streams × buffering chunks in flight, so host copies overlap the GPU's work and the
