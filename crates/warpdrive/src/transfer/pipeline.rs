@@ -127,11 +127,10 @@ impl Pipeline {
     /// `output` (as long as `input`); returns when all is done.
     ///
     /// The calling thread enqueues work (H2D, `compute`, D2H) and reads finished chunks'
-    /// stage timings. A staging thread does
-    /// every host copy on the copy threads at the same time: it fills the next chunk's
-    /// pinned block and empties finished ones into `output` (oldest first), keeping up to
-    /// streams × buffering chunks in flight, so host copies overlap the GPU's work and the
-    /// calling thread's launches.
+    /// stage timings. A staging thread does every host copy on the copy threads at the same
+    /// time: it fills the next chunk's pinned block and empties finished ones into `output`
+    /// (oldest first), keeping up to streams × buffering chunks in flight, so host copies
+    /// overlap the GPU's work and the calling thread's launches.
     pub fn run<T: DType, U: DType>(
         &self,
         input: &[T],
