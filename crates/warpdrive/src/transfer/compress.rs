@@ -218,7 +218,7 @@ where
     };
     if stream.device().is_cuda() {
         // Chunks of the configured size in f32 bytes, through the staging ring.
-        let plan = super::ring_plan::<f32>(stream, src.len(), &cfg)?;
+        let plan = super::upload_plan::<f32>(stream, src.len(), &cfg)?;
         ring_upload(stream, workers, &mut wire, src, &plan, narrow_demoted)?;
     } else {
         workers.map(cfg.threads, PAGE, wire.host_view_mut()?, src, narrow);

@@ -423,7 +423,7 @@ pub fn to_host<T: DType>(stream: &Stream, src: &Buffer<T>) -> Result<Vec<T>> {
         workers,
         src,
         &mut out,
-        &ring_plan::<T>(stream, src.len(), &fresh)?,
+        &ring_plan::<T>(src.len(), &fresh),
     )?;
     Ok(out.into_vec())
 }
@@ -537,7 +537,7 @@ fn staged_d2h<T: DType>(
         par_copy(workers, cfg.threads, dst, src.host_view()?);
         return Ok(());
     }
-    let plan = ring_plan::<T>(stream, dst.len(), cfg)?;
+    let plan = ring_plan::<T>(dst.len(), cfg);
     ring_download(stream, workers, src, dst, &plan, |_| {}, stream_copy)
 }
 
@@ -561,23 +561,33 @@ fn staged_h2d<T: DType>(
         par_copy(workers, cfg.threads, dst.host_view_mut()?, src);
         return Ok(());
     }
-    let plan = ring_plan::<T>(stream, src.len(), cfg)?;
+    let plan = upload_plan::<T>(stream, src.len(), cfg)?;
     match cfg.stores {
         StagingStores::NonTemporal => ring_upload(stream, workers, dst, src, &plan, stream_copy),
         StagingStores::Demoted => ring_upload(stream, workers, dst, src, &plan, demote_copy),
     }
 }
 
-/// How a staged copy of `len` elements of `T` runs through the staging ring on `stream`.
-fn ring_plan<T>(stream: &Stream, len: usize, cfg: &TransferConfig) -> Result<RingPlan> {
+/// How a staged copy of `len` elements of `T` runs through the staging ring (no link rate:
+/// downloads need none; uploads take [`upload_plan`]).
+fn ring_plan<T>(len: usize, cfg: &TransferConfig) -> RingPlan {
     let size = std::mem::size_of::<T>().max(1);
-    Ok(RingPlan {
+    RingPlan {
         chunk_len: chunk_len::<T>(len, cfg),
         slots: cfg.depth.max(1),
         part_len: (RING_PART / size).max(1),
         threads: cfg.threads,
         host_align: PAGE,
+        h2d_rate: 0.0,
+    }
+}
+
+/// [`ring_plan`] for an upload on `stream`, with the device's link rate (which paces the
+/// feed's DMAs).
+fn upload_plan<T>(stream: &Stream, len: usize, cfg: &TransferConfig) -> Result<RingPlan> {
+    Ok(RingPlan {
         h2d_rate: h2d_rate(stream)?,
+        ..ring_plan::<T>(len, cfg)
     })
 }
 

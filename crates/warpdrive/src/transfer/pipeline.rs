@@ -157,19 +157,7 @@ impl Pipeline {
             // Each finished chunk's stage events, read on this thread between its launches
             // (four reads a chunk, about 5 µs each on the H200 host: 0.7 ms for 32 chunks,
             // which on the staging thread sat on the slowest stage or after it).
-            let mut read_finished = |wait: bool| -> Result<()> {
-                let next = |wait| {
-                    if wait {
-                        finished_rx.recv().ok()
-                    } else {
-                        finished_rx.try_recv().ok()
-                    }
-                };
-                while let Some(events) = next(wait) {
-                    read_intervals(t0, &events, &mut intervals)?;
-                }
-                Ok(())
-            };
+            let mut read = |events: [Event; 4]| read_intervals(t0, &events, &mut intervals);
             let mut enqueue_all = || -> Result<()> {
                 // Device buffers per in-flight slot, reused by every full chunk of that slot:
                 // slot k always runs on stream k % streams (the window is a multiple of the
@@ -207,7 +195,7 @@ impl Pipeline {
                     if enqueued_tx.send(f).is_err() {
                         return Ok(());
                     }
-                    read_finished(false)?;
+                    finished_rx.try_iter().try_for_each(&mut read)?;
                 }
                 Ok(())
             };
@@ -215,7 +203,7 @@ impl Pipeline {
             // Stops the staging thread early when this one failed.
             drop((enqueued_tx, staged_rx));
             // Until the staging thread is done and drops its sender.
-            let timed = read_finished(true);
+            let timed = finished_rx.iter().try_for_each(&mut read);
             let host = stager
                 .join()
                 .unwrap_or_else(|p| std::panic::resume_unwind(p));
