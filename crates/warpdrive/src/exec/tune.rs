@@ -212,6 +212,20 @@ impl Autotuner {
         key: &TuneKey,
         size: usize,
         candidates: &[C],
+        run: impl FnMut(&Stream, &C) -> Result<()>,
+    ) -> Result<C> {
+        self.tune_within(stream, key, size, candidates, TUNE_BUDGET_S, run)
+    }
+
+    /// [`Autotuner::tune`] with `budget_s` seconds of timing rounds instead of
+    /// [`TUNE_BUDGET_S`]: for host-bound candidates whose times scatter on a busy host.
+    pub fn tune_within<C: Display + Clone>(
+        &self,
+        stream: &Stream,
+        key: &TuneKey,
+        size: usize,
+        candidates: &[C],
+        budget_s: f64,
         mut run: impl FnMut(&Stream, &C) -> Result<()>,
     ) -> Result<C> {
         if candidates.is_empty() {
@@ -244,7 +258,7 @@ impl Autotuner {
         // per candidate decides.
         let device = stream.device();
         let (start, end) = (device.new_event()?, device.new_event()?);
-        let rounds = tune_rounds(warm.elapsed().as_secs_f64());
+        let rounds = tune_rounds(budget_s, warm.elapsed().as_secs_f64());
         let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(rounds); alive.len()];
         let mut failed = vec![false; alive.len()];
         for round in 0..rounds {
@@ -340,8 +354,21 @@ pub fn autotune<C: Display + Clone>(
     candidates: &[C],
     run: impl FnMut(&Stream, &C) -> Result<()>,
 ) -> Result<C> {
+    autotune_within(stream, kernel, dtype, size, candidates, TUNE_BUDGET_S, run)
+}
+
+/// [`autotune`] with `budget_s` seconds of timing rounds (see [`Autotuner::tune_within`]).
+pub fn autotune_within<C: Display + Clone>(
+    stream: &Stream,
+    kernel: &str,
+    dtype: DTypeKind,
+    size: usize,
+    candidates: &[C],
+    budget_s: f64,
+    run: impl FnMut(&Stream, &C) -> Result<()>,
+) -> Result<C> {
     let key = TuneKey::new(stream.device(), kernel, dtype, size)?;
-    Autotuner::global().tune(stream, &key, size, candidates, run)
+    Autotuner::global().tune_within(stream, &key, size, candidates, budget_s, run)
 }
 
 /// The order of `round` among `n` variants (or candidates): a Williams design, rows of a
@@ -364,9 +391,9 @@ pub fn round_order(round: usize, n: usize) -> Vec<usize> {
     order
 }
 
-/// Timing rounds for candidates whose warm-up round took `warm_s` seconds.
-fn tune_rounds(warm_s: f64) -> usize {
-    let fit = TUNE_BUDGET_S / warm_s.max(1e-9);
+/// Timing rounds within `budget_s` for candidates whose warm-up round took `warm_s` seconds.
+fn tune_rounds(budget_s: f64, warm_s: f64) -> usize {
+    let fit = budget_s / warm_s.max(1e-9);
     (fit.min(TUNE_REPS_MAX as f64).round() as usize).clamp(TUNE_REPS, TUNE_REPS_MAX)
 }
 
@@ -513,10 +540,11 @@ mod tests {
 
     #[test]
     fn quick_candidates_get_more_rounds_within_bounds() {
-        assert_eq!(tune_rounds(1.0), TUNE_REPS);
-        assert_eq!(tune_rounds(TUNE_BUDGET_S / 10.0), 10);
-        assert_eq!(tune_rounds(1e-7), TUNE_REPS_MAX);
-        assert_eq!(tune_rounds(0.0), TUNE_REPS_MAX);
+        assert_eq!(tune_rounds(TUNE_BUDGET_S, 1.0), TUNE_REPS);
+        assert_eq!(tune_rounds(TUNE_BUDGET_S, TUNE_BUDGET_S / 10.0), 10);
+        assert_eq!(tune_rounds(TUNE_BUDGET_S, 1e-7), TUNE_REPS_MAX);
+        assert_eq!(tune_rounds(TUNE_BUDGET_S, 0.0), TUNE_REPS_MAX);
+        assert_eq!(tune_rounds(1.0, 0.04), 25);
     }
 
     #[test]

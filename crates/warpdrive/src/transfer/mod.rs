@@ -127,6 +127,11 @@ const UPLOAD_RING: usize = 16 * MIB;
 /// The upload size the two kinds of staging store are compared at (see [`tune`]).
 const STORES_TUNE_BYTES: usize = 256 * MIB;
 
+/// Seconds of timing rounds each stage of the copy tune takes (the default's quarter second
+/// gave 5-6 rounds: on a busy H100 VM, whose copies scattered 2x between p10 and p90, the
+/// tune then picked 8 copy threads, which ran 25-40% behind 16 on two other VMs of that kind).
+const COPY_TUNE_BUDGET_S: f64 = 1.0;
+
 /// Bytes of staging blocks a download keeps in flight: a block is refilled only once all
 /// of its chunk is copied out, so the ring must hold the DMA's lead as well as the chunks
 /// being copied. On the H200 host three 16 MiB blocks downloaded 37-46 GB/s, 48-96 MiB
@@ -217,12 +222,13 @@ fn tune(stream: &Stream, dir: Direction) -> Result<TransferConfig> {
     };
     let mut dev = Buffer::<u8>::uninit(stream, TUNE_BYTES)?;
     let mut best = match dir {
-        Direction::D2h => crate::exec::tune::autotune(
+        Direction::D2h => crate::exec::tune::autotune_within(
             stream,
             "transfer.d2h",
             DTypeKind::U8,
             TUNE_BYTES,
             &tune_candidates(dir, max_threads),
+            COPY_TUNE_BUDGET_S,
             |s, c| staged_d2h(s, &dev, &mut host[window(TUNE_BYTES)], c),
         )?,
         Direction::H2d => {
@@ -235,23 +241,25 @@ fn tune(stream: &Stream, dir: Direction) -> Result<TransferConfig> {
                     .into_iter()
                     .filter(|c| c.stores == stores)
                     .collect();
-                winners.push(crate::exec::tune::autotune(
+                winners.push(crate::exec::tune::autotune_within(
                     stream,
                     kernel,
                     DTypeKind::U8,
                     TUNE_BYTES,
                     &candidates,
+                    COPY_TUNE_BUDGET_S,
                     |s, c| staged_h2d(s, &mut dev, &host[window(TUNE_BYTES)], c),
                 )?);
             }
             drop(dev);
             dev = Buffer::<u8>::uninit(stream, STORES_TUNE_BYTES)?;
-            crate::exec::tune::autotune(
+            crate::exec::tune::autotune_within(
                 stream,
                 "transfer.h2d.stores",
                 DTypeKind::U8,
                 STORES_TUNE_BYTES,
                 &winners,
+                COPY_TUNE_BUDGET_S,
                 |s, c| staged_h2d(s, &mut dev, &host[window(STORES_TUNE_BYTES)], c),
             )?
         }
