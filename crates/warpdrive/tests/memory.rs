@@ -398,8 +398,8 @@ struct Parcel {
 /// buffer back, overwrite it (work still queued when they drop it, marked with
 /// `record_stream`) and free it. Every buffer arrives holding its own data (no block handed
 /// out again while another stream still used it); at the end every allocation was counted
-/// once and none is in use. Returns the number of buffers.
-fn cross_thread_body(dev: &Device, pool: &Arc<DevicePool>, seed: u64) -> u64 {
+/// once and none is in use.
+fn cross_thread_body(dev: &Device, pool: &Arc<DevicePool>, seed: u64) {
     const PRODUCERS: usize = 3;
     const CONSUMERS: usize = 3;
     const PER_PRODUCER: usize = 150;
@@ -412,6 +412,7 @@ fn cross_thread_body(dev: &Device, pool: &Arc<DevicePool>, seed: u64) -> u64 {
         spawn_reporting(&done_tx, move || {
             let mut r = rng(seed ^ p as u64);
             let s = dev.new_stream().unwrap();
+            let mut sent = 0u64;
             for _ in 0..PER_PRODUCER {
                 let len = match r.random_range(0..100) {
                     0..=4 => r.random_range(SMALL_MAX / 4..=2 * SMALL_MAX),
@@ -429,9 +430,12 @@ fn cross_thread_body(dev: &Device, pool: &Arc<DevicePool>, seed: u64) -> u64 {
                     buf,
                     written,
                 };
-                assert!(inboxes[to].send(parcel).is_ok(), "consumer {to} is gone");
+                if inboxes[to].send(parcel).is_err() {
+                    break; // That consumer panicked: its report is the one to read.
+                }
+                sent += 1;
             }
-            (PER_PRODUCER as u64, 0)
+            (sent, 0)
         });
     }
     drop(inboxes);
@@ -475,7 +479,6 @@ fn cross_thread_body(dev: &Device, pool: &Arc<DevicePool>, seed: u64) -> u64 {
     let st = pool.stats().unwrap();
     assert_eq!(st.allocations - allocations_before, sent, "{st:?}");
     assert_eq!(st.in_use, 0, "{st:?}");
-    sent
 }
 
 /// Caching pool: after the cross-thread run, every byte is back in the cache (the pending

@@ -148,7 +148,7 @@ fn gpu_a_refused_request_waits_for_blocks_pending_on_another_stream() {
     let free_at_start = dev.mem_info().unwrap().0;
     let mut live = Vec::new();
     fill_card(&pool, &s1, &mut live);
-    assert!(live.len() > 4, "a card of fewer than 3 GiB");
+    assert!(live.len() > 4, "room for only {} chunks", live.len());
 
     // (1) Three chunks pending behind the gate; 1 GiB is more than the driver has left and
     // than any cached block.
