@@ -126,7 +126,9 @@ fn free_while_used_on(s2: &Stream, mut chunk: Buffer<u32>) -> u64 {
     // Nothing on the allocating stream touched it, so s2 needs no wait before writing.
     ops::fill(s2, &mut chunk, 0xC0DE_C0DE).unwrap();
     chunk.record_stream(s2).unwrap();
-    chunk.device_ptr()
+    let addr = chunk.device_ptr();
+    drop(chunk);
+    addr
 }
 
 /// The card full of live buffers and of buffers freed while another stream may still use
