@@ -5,7 +5,9 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::{mpsc, Arc};
+use std::time::Duration;
 
 use common::{cuda, rng, seed};
 use parking_lot::Mutex;
@@ -15,7 +17,7 @@ use warpdrive::memory::{
     device_pool, pinned_class, DevicePool, PinnedBuf, PinnedPool, PoolConfig, PoolStrategy,
     SMALL_MAX,
 };
-use warpdrive::{ops, Buffer, Device, Error, Stream};
+use warpdrive::{ops, Buffer, Device, Error, Event, Stream};
 
 const MIB: usize = 1 << 20;
 
@@ -357,6 +359,154 @@ fn eight_threads_never_share_or_lose_a_block() {
     assert_eq!(pool.stats().unwrap().reserved, 0);
 }
 
+/// How long a test waits for one of its threads before calling it hung.
+const THREAD_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Runs `f` on a new thread; its result, or its panic, arrives on `done`.
+fn spawn_reporting<T: Send + 'static>(
+    done: &mpsc::Sender<std::thread::Result<T>>,
+    f: impl FnOnce() -> T + Send + 'static,
+) {
+    let done = done.clone();
+    std::thread::spawn(move || {
+        let _ = done.send(std::panic::catch_unwind(AssertUnwindSafe(f)));
+    });
+}
+
+/// The results of `n` threads started with [`spawn_reporting`]; a panic in one is re-raised
+/// here, and a thread silent for [`THREAD_TIMEOUT`] fails the test.
+fn results<T>(done: mpsc::Receiver<std::thread::Result<T>>, n: usize) -> Vec<T> {
+    (0..n)
+        .map(|_| match done.recv_timeout(THREAD_TIMEOUT) {
+            Ok(Ok(v)) => v,
+            Ok(Err(panic)) => std::panic::resume_unwind(panic),
+            Err(e) => panic!("a test thread hung ({e})"),
+        })
+        .collect()
+}
+
+/// A buffer on its way from the thread that allocated and wrote it to the one that frees it.
+struct Parcel {
+    expected: Vec<u32>,
+    buf: Buffer<u32>,
+    /// Recorded on the producer's stream after its write.
+    written: Event,
+}
+
+/// RMM's `test_allocate_free_different_threads`: producer threads allocate on streams of
+/// their own and write fresh random data; consumer threads, on other streams, read each
+/// buffer back, overwrite it (work still queued when they drop it, marked with
+/// `record_stream`) and free it. Every buffer arrives holding its own data (no block handed
+/// out again while another stream still used it); at the end every allocation was counted
+/// once and none is in use.
+fn cross_thread_body(dev: &Device, pool: &Arc<DevicePool>, seed: u64) {
+    const PRODUCERS: usize = 3;
+    const CONSUMERS: usize = 3;
+    const PER_PRODUCER: usize = 150;
+    let allocations_before = pool.stats().unwrap().allocations;
+    let (inboxes, outboxes): (Vec<_>, Vec<_>) =
+        (0..CONSUMERS).map(|_| mpsc::channel::<Parcel>()).unzip();
+    let (done_tx, done_rx) = mpsc::channel();
+    for p in 0..PRODUCERS {
+        let (dev, pool, inboxes) = (dev.clone(), pool.clone(), inboxes.clone());
+        spawn_reporting(&done_tx, move || {
+            let mut r = rng(seed ^ p as u64);
+            let s = dev.new_stream().unwrap();
+            let mut sent = 0u64;
+            for _ in 0..PER_PRODUCER {
+                let len = match r.random_range(0..100) {
+                    0..=4 => r.random_range(SMALL_MAX / 4..=2 * SMALL_MAX),
+                    5..=29 => r.random_range(1025..=64 * 1024),
+                    _ => r.random_range(1..=1024),
+                };
+                let expected: Vec<u32> = (0..len).map(|_| r.random()).collect();
+                let mut buf = Buffer::<u32>::uninit_in(&pool, &s, len).unwrap();
+                buf.copy_from_host(&s, &expected).unwrap();
+                let written = dev.new_sync_event().unwrap();
+                s.record(&written).unwrap();
+                let to = r.random_range(0..CONSUMERS);
+                let parcel = Parcel {
+                    expected,
+                    buf,
+                    written,
+                };
+                if inboxes[to].send(parcel).is_err() {
+                    break; // That consumer panicked: its report is the one to read.
+                }
+                sent += 1;
+            }
+            (sent, 0)
+        });
+    }
+    drop(inboxes);
+    for outbox in outboxes {
+        let dev = dev.clone();
+        spawn_reporting(&done_tx, move || {
+            let s = dev.new_stream().unwrap();
+            let mut received = 0u64;
+            loop {
+                let Parcel {
+                    expected,
+                    mut buf,
+                    written,
+                } = match outbox.recv_timeout(THREAD_TIMEOUT) {
+                    Ok(parcel) => parcel,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return (0, received),
+                    Err(e) => panic!("no buffer from the producers ({e})"),
+                };
+                s.wait(&written).unwrap();
+                let got = buf.to_host(&s).unwrap();
+                assert!(
+                    got == expected,
+                    "a buffer of {} elements lost its data on the way",
+                    expected.len()
+                );
+                // Still queued when the buffer is dropped: its block must wait for this.
+                ops::fill(&s, &mut buf, 0xDEAD_BEEF).unwrap();
+                buf.record_stream(&s).unwrap();
+                drop(buf);
+                received += 1;
+            }
+        });
+    }
+    drop(done_tx);
+    // (sent, received) by each thread, in the order they finished.
+    let counts = results(done_rx, PRODUCERS + CONSUMERS);
+    let sent: u64 = counts.iter().map(|c| c.0).sum();
+    let received: u64 = counts.iter().map(|c| c.1).sum();
+    assert_eq!((sent, received), ((PRODUCERS * PER_PRODUCER) as u64, sent));
+    dev.synchronize().unwrap();
+    let st = pool.stats().unwrap();
+    assert_eq!(st.allocations - allocations_before, sent, "{st:?}");
+    assert_eq!(st.in_use, 0, "{st:?}");
+}
+
+/// Caching pool: after the cross-thread run, every byte is back in the cache (the pending
+/// ones once trim has waited for their streams) and trims to nothing.
+fn cross_thread_caching_body(dev: &Device, seed: u64) {
+    let pool = caching_pool(dev);
+    cross_thread_body(dev, &pool, seed);
+    let st = pool.stats().unwrap();
+    assert_eq!(
+        st.in_use + st.pending + st.total_free,
+        st.reserved,
+        "{st:?}"
+    );
+    assert_eq!(st.driver_allocs - st.driver_frees, st.segments, "{st:?}");
+    assert_eq!(pool.trim().unwrap(), st.reserved);
+    let st = pool.stats().unwrap();
+    assert_eq!(
+        (st.reserved, st.pending, st.total_free),
+        (0, 0, 0),
+        "{st:?}"
+    );
+}
+
+#[test]
+fn buffers_allocated_and_freed_on_different_threads_on_cpu() {
+    cross_thread_caching_body(&Device::cpu(), seed("cross_thread_cpu"));
+}
+
 // ---- GPU ----
 
 #[test]
@@ -504,5 +654,20 @@ fn gpu_the_async_strategy_keeps_patterns_through_churn() {
     assert_eq!(pool.strategy_name(), "cuda-async");
     churn_body(&dev, &pool, seed("gpu_async_churn"));
     assert!(pool.stats().unwrap().peak_reserved > 0);
+    pool.trim().unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_buffers_allocated_and_freed_on_different_threads() {
+    cross_thread_caching_body(&cuda(), seed("cross_thread_gpu"));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_the_async_strategy_frees_buffers_on_other_threads() {
+    let dev = cuda();
+    let pool = DevicePool::new(&dev, PoolStrategy::CudaAsync).unwrap();
+    cross_thread_body(&dev, &pool, seed("cross_thread_gpu_async"));
     pool.trim().unwrap();
 }

@@ -17,8 +17,10 @@
 //!   blocks the pool already holds, never the driver; those blocks (and every block freed on
 //!   that stream meanwhile) stay reserved for the graph until [`Core::release_graph`].
 //! - On a miss the pool asks the driver for a segment. If that would raise the reserved
-//!   high-water mark, fully free cached segments are returned first; when the driver refuses,
-//!   every free segment is returned and the request tried once more before `OutOfMemory`.
+//!   high-water mark, fully free cached segments are returned first. When the driver refuses,
+//!   the pool waits for the device (every pending block completes) and serves the request
+//!   from its cache if a block now fits; else every free segment is returned and the driver
+//!   asked once more before `OutOfMemory`.
 //!   A request beyond the device's total memory fails at once (the driver is not asked).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -251,7 +253,28 @@ impl<R: RawAlloc, F: Fence> Core<R, F> {
             }
         }
         let seg_bytes = segment_size(rounded);
-        let addr = self.grow(bytes, seg_bytes)?;
+        let addr = match self.grow(bytes, seg_bytes)? {
+            Some(addr) => addr,
+            None => {
+                // Refused: wait for the device, so that every pending block completes (one
+                // may fit, though its segment holds live blocks and cannot go back); else
+                // return every free segment and ask once more.
+                self.raw.synchronize()?;
+                self.poll(true)?;
+                if let Some(idx) = self.find(stream, small, rounded) {
+                    return Ok(self.take(idx, rounded, 0));
+                }
+                self.release_segments(u64::MAX)?;
+                match self.raw.alloc(seg_bytes) {
+                    Ok(addr) => addr,
+                    Err(Error::OutOfMemory { .. }) => {
+                        let why = format!("the driver refused {seg_bytes} bytes");
+                        return Err(self.oom(bytes, &why));
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        };
         let idx = self.add_segment(addr, seg_bytes, stream, small);
         Ok(self.take(idx, rounded, 0))
     }
@@ -396,8 +419,10 @@ impl<R: RawAlloc, F: Fence> Core<R, F> {
         Ok(s.size as u64)
     }
 
-    /// A fresh segment of `seg_bytes` from the driver, making room first as the config says.
-    fn grow(&mut self, bytes: usize, seg_bytes: usize) -> Result<u64> {
+    /// A fresh segment of `seg_bytes` from the driver, making room first as the config says;
+    /// `None` when the driver refused and the caller may wait for the device and retry (no
+    /// capture is on).
+    fn grow(&mut self, bytes: usize, seg_bytes: usize) -> Result<Option<u64>> {
         if self.raw.capacity().is_some_and(|cap| seg_bytes > cap) {
             return Err(self.oom(bytes, "more than the device's total memory"));
         }
@@ -415,19 +440,8 @@ impl<R: RawAlloc, F: Fence> Core<R, F> {
             }
         }
         match self.raw.alloc(seg_bytes) {
-            Ok(addr) => Ok(addr),
-            Err(Error::OutOfMemory { .. }) if !capturing => {
-                self.raw.synchronize()?;
-                self.poll(true)?;
-                self.release_segments(u64::MAX)?;
-                match self.raw.alloc(seg_bytes) {
-                    Ok(addr) => Ok(addr),
-                    Err(Error::OutOfMemory { .. }) => {
-                        Err(self.oom(bytes, &format!("the driver refused {seg_bytes} bytes")))
-                    }
-                    Err(e) => Err(e),
-                }
-            }
+            Ok(addr) => Ok(Some(addr)),
+            Err(Error::OutOfMemory { .. }) if !capturing => Ok(None),
             Err(Error::OutOfMemory { .. }) => Err(self.oom(
                 bytes,
                 &format!("the driver refused {seg_bytes} bytes during a graph capture"),

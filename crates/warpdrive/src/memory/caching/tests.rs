@@ -19,6 +19,8 @@ struct FakeRaw {
     cap: usize,
     live: BTreeMap<u64, usize>,
     syncs: usize,
+    /// Fences that a device-wide wait completes (the work they mark has finished then).
+    done_by_sync: Vec<Flag>,
 }
 
 impl FakeRaw {
@@ -57,6 +59,7 @@ impl RawAlloc for FakeRaw {
     }
     fn synchronize(&mut self) -> Result<()> {
         self.syncs += 1;
+        self.done_by_sync.drain(..).for_each(|f| f.0.set(true));
         Ok(())
     }
     fn mem_info(&self) -> Option<(usize, usize)> {
@@ -275,6 +278,33 @@ fn oom_releases_cached_segments_and_retries_once_then_reports() {
     );
     assert_eq!(c3.raw().syncs, 1, "waited for the device before releasing");
     c3.free(live.block, vec![]).unwrap();
+}
+
+/// PyTorch's record_stream OOM case: the driver refuses, the pool waits for the device,
+/// and a block that was pending on another stream is handed out although its segment cannot
+/// go back to the driver (other blocks in it are live).
+#[test]
+fn oom_waits_for_pending_blocks_and_reuses_one_that_fits() {
+    let mut c = core(24 * MIB);
+    // One 20 MiB segment on stream 1, full: 6 + 6 + 8 MiB.
+    let a = c.alloc(6 * MIB, 1).unwrap();
+    let b = c.alloc(6 * MIB, 1).unwrap();
+    let d = c.alloc(8 * MIB, 1).unwrap();
+    assert_eq!(c.stats().segments, 1);
+    // `a` was used on another stream whose work is still queued.
+    let fence = Flag::default();
+    c.free(a.block, vec![fence.clone()]).unwrap();
+    c.raw.done_by_sync.push(fence);
+    // A second 20 MiB segment does not fit in 24 MiB: only the wait frees a block.
+    let again = c.alloc(6 * MIB, 1).unwrap();
+    assert_eq!(again.addr, a.addr, "the block the wait completed is reused");
+    let s = c.stats();
+    assert_eq!((s.pending, s.segments, c.raw().syncs), (0, 1, 1));
+    assert_eq!(s.in_use, 20 * MIB as u64);
+    for g in [again, b, d] {
+        c.free(g.block, vec![]).unwrap();
+    }
+    assert_eq!(c.trim().unwrap(), MID_SEGMENT as u64);
 }
 
 #[test]
