@@ -236,3 +236,51 @@ proptest! {
         }
     }
 }
+
+/// An allocation trace from a file (`warpdrive bench memory --replay`): ids and byte counts
+/// from the file size nothing by themselves.
+#[test]
+fn replay_traces_with_huge_ids_or_bytes_are_refused_or_saturate() {
+    use warpdrive::bench::memory::{Trace, TRACE_FORMAT};
+    let trace = |ops: &str| format!("{{\"format\": \"{TRACE_FORMAT}\", \"ops\": [{ops}]}}");
+    for id in [u64::MAX, 1 << 40] {
+        let err = Trace::from_json(&trace(&format!("[\"a\", {id}, 8]"))).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    }
+    let big = Trace::from_json(&trace(&format!(
+        "[\"a\", 0, {m}], [\"a\", 1, {m}], [\"f\", 0], [\"f\", 1]",
+        m = u64::MAX
+    )))
+    .unwrap();
+    assert_eq!(big.peak_live_bytes(), u64::MAX);
+}
+
+/// CUDA's stream-ordered pool, like the caching one, refuses a request beyond the device's
+/// total memory without asking the driver.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_async_pool_refuses_more_than_the_device_holds() {
+    use warpdrive::memory::{DevicePool, PoolStrategy};
+    let dev = cuda();
+    let s = dev.new_stream().unwrap();
+    let pool = DevicePool::new(&dev, PoolStrategy::CudaAsync).unwrap();
+    let (_, total) = dev.mem_info().unwrap();
+    let err = Buffer::<u8>::uninit_in(&pool, &s, total + 1).unwrap_err();
+    assert!(
+        matches!(err, Error::OutOfMemory { ref detail, .. } if detail.contains("total memory")),
+        "{err}"
+    );
+    assert!(Buffer::<u8>::uninit_in(&pool, &s, 1 << 20).is_ok());
+}
+
+/// A pipeline's stream count sizes its stream list and, times the buffering, its window.
+#[test]
+fn pipelines_with_absurd_stream_counts_are_refused() {
+    use warpdrive::transfer::Pipeline;
+    let dev = Device::cpu();
+    for (streams, buffering) in [(usize::MAX, 2), (1 << 62, 1), (usize::MAX / 2, 3)] {
+        let err = Pipeline::new(&dev, streams, 1, buffering).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    }
+    assert_eq!(Pipeline::new(&dev, 2, 1, 2).unwrap().streams().len(), 2);
+}
