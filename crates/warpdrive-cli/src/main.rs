@@ -75,7 +75,8 @@ enum Command {
         /// Layer shape: mixtral-8x7b, qwen3-30b-a3b, deepseek-v3-slice or gpt-oss-120b.
         #[arg(long, value_name = "NAME")]
         preset: String,
-        /// Tokens in the batch.
+        /// Tokens in the batch (at least 1; more than the host or device can hold is an
+        /// error).
         #[arg(long, value_name = "N", default_value_t = 1)]
         tokens: usize,
         /// Implementation on CUDA: auto, device or cublas.
@@ -188,6 +189,10 @@ fn moe(
         "cublas" => MoePath::Cublas,
         other => bail!("--path {other}: expected auto, device or cublas"),
     };
+    // No tokens is no pass to time: refused rather than an empty profile.
+    if tokens == 0 {
+        bail!("--tokens 0: a pass needs at least one token");
+    }
     let (config, weights, x) = bench::moe::case(preset, tokens)?;
     let device = device.open()?;
     let stream = device.new_stream()?;

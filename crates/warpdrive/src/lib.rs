@@ -18,6 +18,7 @@ pub mod kernels;
 pub mod memory;
 pub mod moe;
 pub mod ops;
+pub(crate) mod size;
 pub mod telemetry;
 pub mod transfer;
 

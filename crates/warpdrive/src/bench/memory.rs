@@ -70,7 +70,7 @@ impl Trace {
     }
 
     /// The most requested bytes live at once (the trace's own figure, the same for every
-    /// allocator that replays it).
+    /// allocator that replays it; `u64::MAX` where a trace from a file holds more).
     pub fn peak_live_bytes(&self) -> u64 {
         let mut sizes = vec![0usize; self.allocations()];
         let (mut live, mut peak) = (0u64, 0u64);
@@ -80,10 +80,12 @@ impl Trace {
                     if let Some(s) = sizes.get_mut(id) {
                         *s = bytes;
                     }
-                    live += bytes as u64;
+                    live = live.saturating_add(bytes as u64);
                     peak = peak.max(live);
                 }
-                TraceOp::Free { id } => live -= sizes.get(id).copied().unwrap_or(0) as u64,
+                TraceOp::Free { id } => {
+                    live = live.saturating_sub(sizes.get(id).copied().unwrap_or(0) as u64)
+                }
             }
         }
         peak
@@ -113,7 +115,8 @@ impl Trace {
     }
 
     /// Parses the JSON form, checking that every id is allocated once before it is freed,
-    /// and freed at most once.
+    /// and freed at most once, and that ids are below the number of ops (`0..allocations`
+    /// in a well-formed trace), so a stray id cannot size the parser's tables.
     pub fn from_json(text: &str) -> Result<Trace> {
         let bad = |m: String| Error::InvalidArgument(format!("allocation trace: {m}"));
         let v: Value = serde_json::from_str(text).map_err(|e| bad(format!("not JSON: {e}")))?;
@@ -143,6 +146,12 @@ impl Trace {
                     })
             };
             let id = num(1)?;
+            if id >= list.len() {
+                return Err(bad(format!(
+                    "op {i}: id {id} is not below the trace's {} ops",
+                    list.len()
+                )));
+            }
             if id >= state.len() {
                 state.resize(id + 1, 0);
             }

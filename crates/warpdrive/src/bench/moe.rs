@@ -28,6 +28,7 @@
 use half::bf16;
 use rand::{Rng, SeedableRng};
 
+use crate::device::hostmem::host_vec;
 use crate::device::Stream;
 use crate::error::Result;
 use crate::exec::graph::Graph;
@@ -98,16 +99,19 @@ impl Plan {
 
 /// The suite's pass of `preset`'s layer over `tokens` tokens: its seeded random weights and
 /// its N(0, 1) input (`warpdrive moe` runs the same pass, so its figures match the rows).
+/// An input whose size overflows or exceeds the host's memory is `InvalidArgument`.
 pub fn case(preset: &str, tokens: usize) -> Result<(MoeConfig, MoeWeights, Vec<bf16>)> {
     let config = MoeConfig::preset(preset)?;
-    let x = normal_bf16(SEED ^ tokens as u64, tokens * config.hidden);
+    let what = format!("MoE input of {tokens} tokens × hidden {}", config.hidden);
+    let n = crate::size::product(&what, &[tokens, config.hidden])?;
+    let x = normal_bf16(&what, SEED ^ tokens as u64, n)?;
     Ok((config, MoeWeights::Random { seed: SEED }, x))
 }
 
-/// `n` bf16 values from N(0, 1) (Box–Muller), seeded.
-fn normal_bf16(seed: u64, n: usize) -> Vec<bf16> {
+/// `n` bf16 values from N(0, 1) (Box–Muller), seeded; `what` names them in an error.
+fn normal_bf16(what: &str, seed: u64, n: usize) -> Result<Vec<bf16>> {
     let mut r = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut out = Vec::with_capacity(n);
+    let mut out = host_vec(what, n)?;
     while out.len() < n {
         let u1: f64 = r.random_range(f64::MIN_POSITIVE..1.0);
         let u2: f64 = r.random_range(0.0..1.0);
@@ -118,7 +122,7 @@ fn normal_bf16(seed: u64, n: usize) -> Vec<bf16> {
             out.push(bf16::from_f64(m * a.sin()));
         }
     }
-    out
+    Ok(out)
 }
 
 /// Median µs of one streaming read of `bytes` (a sum over bf16), rotating over three
@@ -153,12 +157,12 @@ fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {
     let mut layer = MoeLayer::<bf16>::new(&stream, config, MoeWeights::Random { seed: SEED })?;
     for &tokens in plan.tokens {
         ctx.step(format!("{SUITE}: {preset} tokens {tokens}"));
-        let xh = normal_bf16(SEED ^ tokens as u64, tokens * config.hidden);
+        let xh = normal_bf16("MoE input", SEED ^ tokens as u64, tokens * config.hidden)?;
         let x = Buffer::from_host(&stream, &xh)?;
         let mut y = Buffer::<bf16>::uninit(&stream, xh.len())?;
         let routing = layer.route(&x)?;
         let distinct = routing.distinct_experts();
-        let bytes = distinct * config.expert_bytes() + config.router_bytes();
+        let bytes = distinct * config.expert_bytes()? + config.router_bytes()?;
         let k = config.top_k;
         let reference = layer.reference_token(
             &xh[..config.hidden],
@@ -234,7 +238,7 @@ fn router_permute(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         ctx.step(format!("{SUITE}: {CASE} tokens {tokens}"));
         let x = Buffer::from_host(
             &stream,
-            &normal_bf16(SEED ^ tokens as u64, tokens * config.hidden),
+            &normal_bf16("MoE input", SEED ^ tokens as u64, tokens * config.hidden)?,
         )?;
         // As the layer runs these stages: inside its graph (first pass eager: workspace and
         // kernels).

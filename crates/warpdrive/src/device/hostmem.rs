@@ -5,6 +5,7 @@
 //! and asks for transparent huge pages on large allocations (one fault per 2 MiB).
 
 use std::mem::MaybeUninit;
+use std::sync::OnceLock;
 
 use super::workers::{Workers, PAGE};
 use super::CudaDevice;
@@ -31,17 +32,18 @@ impl<T> std::fmt::Debug for FreshVec<T> {
 }
 
 impl<T: Copy + Send + Sync> FreshVec<T> {
-    /// Room for `len` elements, untouched (huge pages advised from [`HUGE_FROM`] bytes).
-    pub fn with_capacity(len: usize) -> Self {
-        let mut vec = Vec::with_capacity(len);
+    /// Room for `len` elements, untouched (huge pages advised from [`HUGE_FROM`] bytes);
+    /// refused as [`host_vec`] refuses.
+    pub fn with_capacity(len: usize) -> Result<Self> {
+        let mut vec = host_vec("host copy", len)?;
         let huge = std::mem::size_of_val(vec.spare_capacity_mut()) >= HUGE_FROM;
         if huge {
             advise_huge_pages(vec.spare_capacity_mut());
         }
-        FreshVec {
+        Ok(FreshVec {
             vec,
             align: if huge { HUGE_PAGE } else { PAGE },
-        }
+        })
     }
 
     /// Elements that still fit.
@@ -143,6 +145,46 @@ impl<T: Copy + Send + Sync> FreshVec<T> {
     pub fn into_vec(self) -> Vec<T> {
         self.vec
     }
+}
+
+/// The host's total memory in bytes (`MemTotal`, read once; 0 where unknown).
+fn host_total_bytes() -> usize {
+    static TOTAL: OnceLock<usize> = OnceLock::new();
+    *TOTAL.get_or_init(|| super::cpu::mem_info().1)
+}
+
+/// Refuses `bytes` of host memory for `what` (`InvalidArgument`) when they overflow or the
+/// machine has less memory in total: such a request can never be met, and trying it aborts
+/// the process (a `Vec`) or wakes the OOM killer.
+pub(crate) fn check_host_bytes(what: &str, bytes: usize) -> Result<()> {
+    let total = host_total_bytes();
+    if total > 0 && bytes > total {
+        return Err(Error::InvalidArgument(format!(
+            "{what}: {bytes} bytes, more than this host's {total} bytes of memory"
+        )));
+    }
+    Ok(())
+}
+
+/// An empty `Vec` with room for `len` elements of `T`, sized from caller input: refused
+/// before it is tried as [`check_host_bytes`] says, and `OutOfMemory` when the allocator
+/// refuses — an error value where `Vec::with_capacity` would abort the process.
+pub(crate) fn host_vec<T>(what: &str, len: usize) -> Result<Vec<T>> {
+    let bytes = crate::size::bytes_of::<T>(what, len)?;
+    check_host_bytes(what, bytes)?;
+    let mut vec = Vec::new();
+    vec.try_reserve_exact(len).map_err(|e| Error::OutOfMemory {
+        requested: bytes,
+        detail: format!("{what}: the host allocator refused ({e})"),
+    })?;
+    Ok(vec)
+}
+
+/// `len` copies of `value` in a [`host_vec`] (the fallible `vec![value; len]`).
+pub(crate) fn host_filled<T: Clone>(what: &str, len: usize, value: T) -> Result<Vec<T>> {
+    let mut vec = host_vec(what, len)?;
+    vec.resize(len, value);
+    Ok(vec)
 }
 
 /// `dst.copy_from_slice(src)` into uninitialised memory.
@@ -330,7 +372,7 @@ mod tests {
         let src: Vec<u32> = (0..n as u32)
             .map(|i| i.wrapping_mul(2_654_435_761))
             .collect();
-        let mut v = FreshVec::with_capacity(n);
+        let mut v = FreshVec::with_capacity(n).unwrap();
         let half = n / 2 + 3;
         v.prefault(&w, 3, half);
         v.extend_par(&w, 3, &src[..half]).unwrap();
@@ -343,7 +385,7 @@ mod tests {
             Err(Error::LengthMismatch { .. })
         ));
         assert_eq!(v.into_vec(), src);
-        let mut empty = FreshVec::<u8>::with_capacity(0);
+        let mut empty = FreshVec::<u8>::with_capacity(0).unwrap();
         empty.extend_par(&w, 3, &[]).unwrap();
         assert!(empty.into_vec().is_empty());
     }
@@ -397,5 +439,24 @@ mod tests {
         let mut out = vec![0u32; 1_001];
         stream_copy(&mut out, &wide);
         assert_eq!(out, wide);
+    }
+
+    #[test]
+    fn host_vecs_beyond_the_machine_are_errors_not_aborts() {
+        for len in [usize::MAX, usize::MAX / 8, 1 << 60] {
+            let err = host_vec::<u64>("test", len).unwrap_err();
+            assert!(matches!(err, Error::InvalidArgument(_)), "{len}: {err}");
+            assert!(
+                err.to_string().starts_with("invalid argument: test:"),
+                "{err}"
+            );
+            assert!(FreshVec::<u64>::with_capacity(len).is_err());
+        }
+        let total = host_total_bytes();
+        if total > 0 {
+            assert!(host_vec::<u8>("test", total + 1).is_err());
+        }
+        assert_eq!(host_filled("test", 3, 7u16).unwrap(), [7, 7, 7]);
+        assert!(host_vec::<u32>("test", 1000).unwrap().capacity() >= 1000);
     }
 }

@@ -87,9 +87,13 @@ pub fn host_fingerprint() -> &'static str {
     })
 }
 
-/// `ceil(log2(size))`: sizes in (2ᵇ⁻¹, 2ᵇ] share bucket `b`.
+/// `ceil(log2(size))`: sizes in (2ᵇ⁻¹, 2ᵇ] share bucket `b`; exact up to `usize::MAX`
+/// (bucket 64 on 64-bit hosts), where rounding up to a power of two would overflow.
 pub fn size_bucket(size: usize) -> u32 {
-    size.max(1).next_power_of_two().trailing_zeros()
+    match size {
+        0 | 1 => 0,
+        n => usize::BITS - (n - 1).leading_zeros(),
+    }
 }
 
 /// One candidate's time.

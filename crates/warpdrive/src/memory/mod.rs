@@ -61,9 +61,9 @@ impl<T: DType> std::fmt::Debug for Buffer<T> {
     }
 }
 
+/// Bytes of a buffer of `len` elements of `T`, checked.
 fn bytes_for<T: DType>(len: usize) -> Result<usize> {
-    len.checked_mul(std::mem::size_of::<T>())
-        .ok_or_else(|| Error::InvalidArgument(format!("{len} elements overflow the address space")))
+    crate::size::bytes_of::<T>("buffer", len)
 }
 
 impl<T: DType> Buffer<T> {
@@ -192,7 +192,7 @@ impl<T: DType> Buffer<T> {
 
     /// The contents as a `Vec`, waiting for the stream.
     pub fn to_host(&self, stream: &Stream) -> Result<Vec<T>> {
-        let mut out = FreshVec::with_capacity(self.len);
+        let mut out = FreshVec::with_capacity(self.len)?;
         self.append_to_host(stream, &mut out)?;
         Ok(out.into_vec())
     }

@@ -261,9 +261,8 @@ impl<T: DType> PinnedBuf<T> {
 
     /// As [`PinnedBuf::new`], from `pool`.
     pub fn new_in(pool: &Arc<PinnedPool>, len: usize) -> Result<Self> {
-        let bytes = len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
-            Error::InvalidArgument(format!("{len} elements overflow the address space"))
-        })?;
+        let bytes = crate::size::bytes_of::<T>("pinned buffer", len)?;
+        crate::device::hostmem::check_host_bytes("pinned buffer", bytes)?;
         let (ptr, class) = if bytes == 0 {
             (0, 0)
         } else {

@@ -95,6 +95,9 @@ enum Kind {
 
 struct AsyncStrategy {
     pool: AsyncMemPool,
+    /// Total device memory (0: unknown): larger requests fail without asking the driver, as
+    /// the caching core's do.
+    total: usize,
     /// Events for cross-stream frees, reused.
     events: Mutex<Vec<Event>>,
     allocations: AtomicU64,
@@ -136,6 +139,7 @@ impl DevicePool {
             PoolStrategy::CudaAsync => match device {
                 Device::Cuda(d) => Kind::Async(AsyncStrategy {
                     pool: d.new_async_pool()?,
+                    total: d.mem_info()?.1,
                     events: Mutex::new(Vec::new()),
                     allocations: AtomicU64::new(0),
                     in_use: AtomicU64::new(0),
@@ -181,6 +185,12 @@ impl DevicePool {
                 let (_, s) = stream
                     .cuda()
                     .ok_or_else(|| Error::Unsupported("async pool on a CPU stream".into()))?;
+                if a.total > 0 && bytes > a.total {
+                    return Err(Error::OutOfMemory {
+                        requested: bytes,
+                        detail: format!("more than the device's total memory ({} bytes)", a.total),
+                    });
+                }
                 let ptr = a.pool.alloc(s, bytes)?;
                 a.allocations.fetch_add(1, Ordering::Relaxed);
                 let now = a.in_use.fetch_add(bytes as u64, Ordering::Relaxed) + bytes as u64;

@@ -57,20 +57,28 @@ impl<T: DType> UnifiedBuffer<T> {
     /// stream's device pool.
     #[track_caller]
     pub fn from_host(stream: &Stream, data: &[T]) -> Result<Self> {
-        let device = Buffer::uninit(stream, data.len())?;
-        let mut host = PinnedBuf::new(stream.device(), data.len())?;
-        host.as_mut_slice()?.copy_from_slice(data);
+        Self::host_newer(stream, data.len(), |host| host.copy_from_slice(data))
+    }
+
+    /// `len` elements, all zero on the host side (host newer).
+    #[track_caller]
+    pub fn zeros(stream: &Stream, len: usize) -> Result<Self> {
+        Self::host_newer(stream, len, |host| host.fill(T::default()))
+    }
+
+    /// `len` elements whose host side `fill` writes (the device side allocated first, so a
+    /// length beyond the device fails before any host memory is touched).
+    #[track_caller]
+    fn host_newer(stream: &Stream, len: usize, fill: impl FnOnce(&mut [T])) -> Result<Self> {
+        let device = Buffer::uninit(stream, len)?;
+        let mut host = PinnedBuf::new(stream.device(), len)?;
+        fill(host.as_mut_slice()?);
         Ok(UnifiedBuffer {
             host,
             device,
             state: Coherence::HostNewer,
             order: Mutex::new((stream.clone(), stream.device().new_sync_event()?)),
         })
-    }
-
-    /// `len` elements, all zero on the host side (host newer).
-    pub fn zeros(stream: &Stream, len: usize) -> Result<Self> {
-        Self::from_host(stream, &vec![T::default(); len])
     }
 
     pub fn len(&self) -> usize {

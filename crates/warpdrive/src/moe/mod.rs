@@ -47,6 +47,7 @@ pub use weights::{HostWeights, MoeWeights};
 
 use std::ffi::c_void;
 
+use crate::device::hostmem::{host_filled, host_vec};
 use crate::device::{cpu, GemmCall, LaunchMode, Stream};
 use crate::dtype::{DType, DTypeKind, Float};
 use crate::error::{Error, Result};
@@ -54,6 +55,7 @@ use crate::exec::graph::Graph;
 use crate::kernels::{Arch, MOE};
 use crate::memory::Buffer;
 use crate::ops::{self, Route};
+use crate::size;
 
 /// The most tokens whose forward pass runs as a captured CUDA graph with no host sync.
 pub const GRAPH_MAX_TOKENS: usize = 256;
@@ -75,7 +77,8 @@ pub const AUTO_CUBLAS_MIN_FLOPS: f64 = 8e9;
 
 /// [`MoePath::Auto`]'s choice of the cuBLAS path for `tokens` tokens.
 fn auto_takes_cublas(c: &MoeConfig, tokens: usize) -> bool {
-    let slots = tokens * c.top_k;
+    // Saturating: only a comparison reads it, and any count a pass can hold is exact.
+    let slots = tokens.saturating_mul(c.top_k);
     let rows = slots as f64 / c.experts.min(slots).max(1) as f64;
     tokens > GRAPH_MAX_TOKENS
         && 2.0 * rows * (2 * c.intermediate) as f64 * c.hidden as f64 > AUTO_CUBLAS_MIN_FLOPS
@@ -269,17 +272,42 @@ impl MoeConfig {
                 return bad(format!("routed_scaling = {routed_scaling}"));
             }
         }
+        // Every size the layer derives from the shape alone is bounded by these.
+        self.expert_bytes()?;
+        self.router_bytes()?;
+        self.weight_bytes()?;
         Ok(())
     }
 
-    /// Bytes of one expert's three matrices.
-    pub fn expert_bytes(&self) -> usize {
-        3 * self.hidden * self.intermediate * self.dtype.size()
+    /// Bytes of one expert's three matrices (`InvalidArgument` where that overflows `usize`;
+    /// never where [`MoeConfig::validate`] passed).
+    pub fn expert_bytes(&self) -> Result<usize> {
+        size::product(
+            "MoE config: one expert's bytes (3 × hidden × intermediate × dtype)",
+            &[3, self.hidden, self.intermediate, self.dtype.size()],
+        )
     }
 
-    /// Bytes of the router's weight.
-    pub fn router_bytes(&self) -> usize {
-        self.experts * self.hidden * self.dtype.size()
+    /// Bytes of the router's weight (`InvalidArgument` as [`MoeConfig::expert_bytes`]).
+    pub fn router_bytes(&self) -> Result<usize> {
+        size::product(
+            "MoE config: router bytes (experts × hidden × dtype)",
+            &[self.experts, self.hidden, self.dtype.size()],
+        )
+    }
+
+    /// Bytes of every weight as a layer keeps them on its device: the router [E, H], w1 and
+    /// w3 interleaved [E, 2·I, H] with I rounded up to a multiple of 8, and w2 [E, H, I]
+    /// (without the optional router bias; `InvalidArgument` as [`MoeConfig::expert_bytes`]).
+    pub fn weight_bytes(&self) -> Result<usize> {
+        let what = "MoE config: weight bytes (experts × hidden × (1 + 2·pad8(intermediate) \
+                    + intermediate) × dtype)";
+        let (h, i, e) = (self.hidden, self.intermediate, self.experts);
+        let gate = size::product(what, &[e, h])?;
+        let w13 = size::product(what, &[e, 2, i.div_ceil(8), 8, h])?;
+        let w2 = size::product(what, &[e, h, i])?;
+        let elements = size::sum(what, size::sum(what, gate, w13)?, w2)?;
+        size::product(what, &[elements, self.dtype.size()])
     }
 }
 
@@ -365,7 +393,7 @@ impl GemmShape {
         // (rounding up left a few blocks to a second wave: 288 blocks for 264 places).
         let busy = (busy * n_blocks).max(1);
         let places = 2 * sms.max(1);
-        let max_splits = (k / min_depth.max(32)).clamp(1, 64);
+        let max_splits = (k / min_depth.max(32)).clamp(1, GEMM_MAX_SPLITS);
         let mut splits = (places / busy).clamp(1, max_splits);
         // Tiles that fill more than a wave but leave the last one mostly idle (384 tiles in
         // 2 × 264 places) are split until the waves come out nearly full.
@@ -523,9 +551,13 @@ impl DecodeShape {
             sms: gpu.sms,
         })
     }
-    /// Dynamic shared memory: x and the k act rows (f32).
+    /// Dynamic shared memory: x and the k act rows (f32). Saturating: it is only compared
+    /// with the block's limit.
     fn shared_bytes(c: &MoeConfig) -> usize {
-        4 * (c.hidden + c.top_k * c.intermediate)
+        c.top_k
+            .saturating_mul(c.intermediate)
+            .saturating_add(c.hidden)
+            .saturating_mul(4)
     }
 }
 
@@ -711,6 +743,22 @@ fn down_prefetch(
     (per_row / line * line).min(down.k_split)
 }
 
+/// The most K splits a grouped GEMM takes (see `GemmShape::new`).
+const GEMM_MAX_SPLITS: usize = 64;
+
+/// Fails with `InvalidArgument` unless every size a pass over `tokens` tokens derives (plans,
+/// workspace, the CPU backend's f64 rows) fits `usize`: each is at most slots × the widest
+/// row (hidden, 2 × padded intermediate, or experts) × [`GEMM_MAX_SPLITS`] elements of at
+/// most 8 bytes. Passes past that bound could never be allocated anyway.
+fn check_pass(c: &MoeConfig, tokens: usize) -> Result<()> {
+    let widest = c.hidden.max(2 * inter_pad(c.intermediate)).max(c.experts);
+    size::product(
+        format_args!("MoE pass of {tokens} tokens (tokens × top_k × widest row × splits × 8)"),
+        &[tokens, c.top_k, widest, GEMM_MAX_SPLITS, 8],
+    )
+    .map(|_| ())
+}
+
 /// Device memory of the forward passes, sized for `tokens` tokens (graphs of smaller
 /// counts share it, since they replay one at a time on the layer's stream).
 struct Workspace<T: Float> {
@@ -744,6 +792,7 @@ impl<T: Float> Workspace<T> {
         plans: &[Plan],
         cublas: bool,
     ) -> Result<Self> {
+        // Every length below is within `check_pass(c, tokens)`, which `prepare` checked.
         let slots = tokens * c.top_k;
         let max = |f: &dyn Fn(&Plan) -> usize| plans.iter().map(f).max().unwrap_or(0).max(1);
         // Zero once: each GEMM's last block per tile resets its ticket.
@@ -834,9 +883,26 @@ impl<T: Float> MoeLayer<T> {
     /// A layer on `stream`'s device with `weights`. Errors: an invalid config, `T` not the
     /// config's dtype, weights of the wrong shape (naming the tensor), or (CUDA) a dtype or
     /// shape the device kernels do not take: f32 runs on the CPU backend only, and hidden and
-    /// intermediate must be multiples of 8 (16-byte rows).
+    /// intermediate must be multiples of 8 (16-byte rows). Weights larger than the device's
+    /// total memory ([`MoeConfig::weight_bytes`]; the host's on the CPU backend) are
+    /// `OutOfMemory` before anything is read or allocated.
     pub fn new(stream: &Stream, config: MoeConfig, weights: MoeWeights) -> Result<Self> {
         config.validate()?;
+        let bytes = config.weight_bytes()?;
+        let (_, total) = stream.device().mem_info()?;
+        if total > 0 && bytes > total {
+            return Err(Error::OutOfMemory {
+                requested: bytes,
+                detail: format!(
+                    "MoE weights ({} experts × hidden {} × intermediate {} of {}) exceed the \
+                     device's total {total} bytes",
+                    config.experts,
+                    config.hidden,
+                    config.intermediate,
+                    config.dtype.name()
+                ),
+            });
+        }
         if T::KIND != config.dtype {
             return Err(Error::InvalidArgument(format!(
                 "MoE layer of {} with a config of {}",
@@ -957,8 +1023,8 @@ impl<T: Float> MoeLayer<T> {
             self.config.experts,
         );
         let w13 = widen(&self.w13)?;
-        let mut w1 = vec![0f32; e * i * h];
-        let mut w3 = vec![0f32; e * i * h];
+        let mut w1 = host_filled("MoE host weights (w1)", e * i * h, 0f32)?;
+        let mut w3 = host_filled("MoE host weights (w3)", e * i * h, 0f32)?;
         for (row, src) in w13.chunks_exact(h).enumerate() {
             let (is_w3, e, r) = weights::w13_source(row, inter_pad(i));
             if r >= i {
@@ -976,9 +1042,12 @@ impl<T: Float> MoeLayer<T> {
         })
     }
 
+    /// The rows of `x`, as tokens of a pass whose sizes fit (`check_pass`).
     fn tokens_of(&self, x: &Buffer<T>) -> Result<usize> {
         x.check_stream(&self.stream, "MoE forward")?;
-        ops::rows_of("MoE forward", x.len(), self.config.hidden)
+        let tokens = ops::rows_of("MoE forward", x.len(), self.config.hidden)?;
+        check_pass(&self.config, tokens)?;
+        Ok(tokens)
     }
 
     /// `y = layer(x)` for `x` and `y` of [tokens, hidden]. Up to [`GRAPH_MAX_TOKENS`]
@@ -1223,6 +1292,7 @@ impl<T: Float> MoeLayer<T> {
                 tokens
             };
             let cap = cap.max(self.ws.as_ref().map_or(0, |w| w.tokens));
+            check_pass(&self.config, cap)?;
             let mut plans: Vec<Plan> = (1..=cap.min(GRAPH_MAX_TOKENS))
                 .map(|t| Plan::new(&self.config, t, self.plan_gpu()))
                 .collect();
@@ -1474,7 +1544,7 @@ impl<T: Float> MoeLayer<T> {
             Some(b) => Some(b.host_view()?),
             None => None,
         };
-        let mut logits = vec![0f32; tokens * e];
+        let mut logits = host_filled("MoE router logits (CPU)", tokens * e, 0f32)?;
         for t in 0..tokens {
             let xr = &xs[t * h..(t + 1) * h];
             for j in 0..e {
@@ -1509,8 +1579,8 @@ impl<T: Float> MoeLayer<T> {
                 topk_group,
                 routed_scaling,
             } => {
-                let mut w = Vec::with_capacity(tokens * k);
-                let mut idx = Vec::with_capacity(tokens * k);
+                let mut w = host_vec("MoE routing weights (CPU)", tokens * k)?;
+                let mut idx = host_vec("MoE routing experts (CPU)", tokens * k)?;
                 for row in logits.chunks_exact(e) {
                     let (rw, ri) = sigmoid_grouped(
                         row,
@@ -1534,7 +1604,8 @@ impl<T: Float> MoeLayer<T> {
         let wide = 2 * inter_pad(inter);
         let tokens = ops::rows_of("MoE forward", x.len(), h)?;
         let (weights, experts) = self.route_host(x, tokens)?;
-        let xs: Vec<f32> = x.host_view()?.iter().map(|v| v.to_f64() as f32).collect();
+        let mut xs = host_vec("MoE input as f32 (CPU)", x.len())?;
+        xs.extend(x.host_view()?.iter().map(|v| v.to_f64() as f32));
         let (w13_all, w2_all) = (self.w13.host_view()?, self.w2.host_view()?);
         let widen = |v: &[T]| -> Vec<f32> { v.iter().map(|x| x.to_f64() as f32).collect() };
         let mut by_expert: Vec<Vec<usize>> = vec![Vec::new(); c.experts];
@@ -1543,21 +1614,21 @@ impl<T: Float> MoeLayer<T> {
                 list.push(slot);
             }
         }
-        let mut out = vec![0f64; tokens * h];
+        let mut out = host_filled("MoE output as f64 (CPU)", tokens * h, 0f64)?;
         for (e, slots) in by_expert.iter().enumerate() {
             if slots.is_empty() {
                 continue;
             }
             let m = slots.len();
-            let mut a = Vec::with_capacity(m * h);
+            let mut a = host_vec("MoE expert input (CPU)", m * h)?;
             for &s in slots {
                 a.extend_from_slice(&xs[(s / k) * h..(s / k + 1) * h]);
             }
-            let mut hbuf = vec![0f32; m * wide];
+            let mut hbuf = host_filled("MoE gate/up output (CPU)", m * wide, 0f32)?;
             let b = widen(&w13_all[e * wide * h..(e + 1) * wide * h]);
             cpu::gemm_f32(&a, &b, &mut hbuf, (m, wide, h), (false, true))?;
             // SwiGLU on the interleaved columns, rounded to T as the device path stores it.
-            let mut act = vec![0f32; m * inter];
+            let mut act = host_filled("MoE activations (CPU)", m * inter, 0f32)?;
             for r in 0..m {
                 for col in 0..inter {
                     let base = (col / 8) * 16 + col % 8;
@@ -1566,7 +1637,7 @@ impl<T: Float> MoeLayer<T> {
                     act[r * inter + col] = T::from_f64(g / (1.0 + (-g).exp()) * u).to_f64() as f32;
                 }
             }
-            let mut yb = vec![0f32; m * h];
+            let mut yb = host_filled("MoE down output (CPU)", m * h, 0f32)?;
             let b2 = widen(&w2_all[e * h * inter..(e + 1) * h * inter]);
             cpu::gemm_f32(&act, &b2, &mut yb, (m, h, inter), (false, true))?;
             for (r, &s) in slots.iter().enumerate() {
@@ -1661,10 +1732,12 @@ fn random_buffer<T: Float>(
 ) -> Result<Buffer<T>> {
     let scale = weights::random_scale(fan_in);
     let Some((d, s)) = stream.cuda() else {
-        let host: Vec<T> = (0..len as u64)
-            .map(|i| T::from_f64(weights::random_value(seed, i, scale) as f64))
-            .collect();
-        return Buffer::from_host(stream, &host);
+        // Filled in place: a host copy first would need the memory twice.
+        let mut buf = Buffer::<T>::uninit(stream, len)?;
+        for (i, v) in buf.host_view_mut()?.iter_mut().enumerate() {
+            *v = T::from_f64(weights::random_value(seed, i as u64, scale) as f64);
+        }
+        return Ok(buf);
     };
     let buf = Buffer::<T>::uninit(stream, len)?;
     let name = ops::by_float!("moe_init_random")[ops::float_index::<T>("MoE init")?];
@@ -1690,7 +1763,7 @@ fn upload_weights<T: Float>(
     let (h, i) = (c.hidden, c.intermediate);
     let narrow = |v: &[f32]| -> Vec<T> { v.iter().map(|&x| T::from_f64(x as f64)).collect() };
     let ip = inter_pad(i);
-    let mut w13 = Vec::with_capacity(c.experts * 2 * ip * h);
+    let mut w13 = host_vec("MoE weights (w13)", c.experts * 2 * ip * h)?;
     for row in 0..c.experts * 2 * ip {
         let (is_w3, e, r) = weights::w13_source(row, ip);
         let src = if is_w3 { &w.w3 } else { &w.w1 };

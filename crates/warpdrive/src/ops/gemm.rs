@@ -16,6 +16,7 @@
 
 use half::{bf16, f16};
 
+use crate::device::hostmem::{host_filled, host_vec};
 use crate::device::{cpu, GemmCall, Stream};
 use crate::dtype::{DType, DTypeKind};
 use crate::error::{Error, Result};
@@ -55,9 +56,7 @@ impl GemmOptions {
 }
 
 fn elems(what: &str, dims: &[usize]) -> Result<usize> {
-    dims.iter()
-        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-        .ok_or_else(|| Error::InvalidArgument(format!("matmul: {what} shape {dims:?} overflows")))
+    crate::size::product(format_args!("matmul: {what} shape"), dims)
 }
 
 fn check_len<T: DType>(buf: &Buffer<T>, what: &str, dims: &[usize]) -> Result<()> {
@@ -224,8 +223,8 @@ fn run<T: DType>(
         return unsafe { d.gemm(s, calls) };
     }
     let size = std::mem::size_of::<T>() as u64;
-    let (a32, b32) = (widen(a.host_view()?), widen(b.host_view()?));
-    let mut c32 = vec![0f32; c.len()];
+    let (a32, b32) = (widen(a.host_view()?)?, widen(b.host_view()?)?);
+    let mut c32 = host_filled("matmul (CPU): c as f32", c.len(), 0f32)?;
     let offset = |ptr: u64, base: u64| ((ptr - base) / size) as usize;
     for call in calls {
         for i in 0..call.batch.max(1) {
@@ -248,8 +247,11 @@ fn run<T: DType>(
     Ok(())
 }
 
-fn widen<T: DType>(values: &[T]) -> Vec<f32> {
-    values.iter().map(|&v| to_f32(v)).collect()
+/// The values as f32, in a host `Vec` that may be larger than the buffer (checked).
+fn widen<T: DType>(values: &[T]) -> Result<Vec<f32>> {
+    let mut out = host_vec("matmul (CPU): an operand as f32", values.len())?;
+    out.extend(values.iter().map(|&v| to_f32(v)));
+    Ok(out)
 }
 
 /// A float element as f32 (NaN for non-float types, which the ops reject first).

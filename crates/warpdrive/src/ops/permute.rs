@@ -145,16 +145,19 @@ pub fn gather_rows<T: DType>(
     idx.check_stream(stream, "gather_rows")?;
     dst.check_stream(stream, "gather_rows")?;
     let src_rows = rows_of("gather_rows", src.len(), cols)?;
-    check_len("gather_rows (output rows)", dst.len(), idx.len() * cols)?;
+    let dst_len = crate::size::product("gather_rows (output rows × cols)", &[idx.len(), cols])?;
+    check_len("gather_rows (output rows)", dst.len(), dst_len)?;
     if idx.is_empty() {
         return Ok(());
     }
     let Some((d, s)) = stream.cuda() else {
         let (sv, iv) = (src.host_view()?, idx.host_view()?);
         for (out, &i) in dst.host_view_mut()?.chunks_exact_mut(cols).zip(iv) {
-            match sv.get(i as usize * cols..(i as usize + 1) * cols) {
-                Some(row) if (i as usize) < src_rows => out.copy_from_slice(row),
-                _ => out.fill(T::from_bits_u64(0)),
+            // The index is checked before it scales: past src's rows, i · cols may overflow.
+            let i = i as usize;
+            match (i < src_rows).then(|| &sv[i * cols..(i + 1) * cols]) {
+                Some(row) => out.copy_from_slice(row),
+                None => out.fill(T::from_bits_u64(0)),
             }
         }
         return Ok(());
@@ -226,7 +229,8 @@ pub fn scatter_rows<T: DType>(
     idx.check_stream(stream, "scatter_rows")?;
     dst.check_stream(stream, "scatter_rows")?;
     let dst_rows = rows_of("scatter_rows", dst.len(), cols)?;
-    check_len("scatter_rows (input rows)", src.len(), idx.len() * cols)?;
+    let src_len = crate::size::product("scatter_rows (input rows × cols)", &[idx.len(), cols])?;
+    check_len("scatter_rows (input rows)", src.len(), src_len)?;
     if idx.is_empty() {
         return Ok(());
     }

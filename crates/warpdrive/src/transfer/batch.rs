@@ -6,6 +6,7 @@ use std::ops::Range;
 use parking_lot::Mutex;
 
 use super::workers;
+use crate::device::hostmem::host_vec;
 use crate::device::workers::{Workers, MIN_PIECE_BYTES};
 use crate::device::{Device, Stream};
 use crate::dtype::DType;
@@ -48,13 +49,16 @@ impl<'a, T: DType> Batch<'a, T> {
     }
 
     /// An empty batch with room for `elements` in `slices` slices before it grows.
+    /// Counts beyond the host's memory fail before anything is allocated.
     pub fn with_capacity(device: &Device, elements: usize, slices: usize) -> Result<Self> {
+        let offsets = crate::size::sum("Batch offsets", slices, 1)?;
+        let slices = host_vec("Batch slices", slices)?;
         Ok(Batch {
             device: device.clone(),
             data: PinnedBuf::new(device, elements)?,
-            offsets: PinnedBuf::new(device, slices + 1)?,
+            offsets: PinnedBuf::new(device, offsets)?,
             starts: vec![0],
-            slices: Vec::with_capacity(slices),
+            slices,
         })
     }
 

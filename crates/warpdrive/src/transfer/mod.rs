@@ -389,7 +389,7 @@ pub fn download<T: DType>(stream: &Stream, src: &Buffer<T>, dst: &mut [T]) -> Re
 /// huge pages from 32 MiB).
 pub fn to_host<T: DType>(stream: &Stream, src: &Buffer<T>) -> Result<Vec<T>> {
     src.device().same_as(stream.device(), "transfer::to_host")?;
-    let mut out = FreshVec::with_capacity(src.len());
+    let mut out = FreshVec::with_capacity(src.len())?;
     let bytes = src.size_bytes();
     if bytes < ALWAYS_DIRECT {
         match pinned_d2h(stream, src)? {

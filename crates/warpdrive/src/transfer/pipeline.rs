@@ -7,6 +7,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use super::{par_copy, workers};
+use crate::device::hostmem::host_vec;
 use crate::device::{Device, Event, Stream};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -108,11 +109,15 @@ impl Pipeline {
                  (need ≥ 1 stream, chunks ≥ 1, buffering 1..=3)"
             )));
         }
+        // Chunks in flight (streams × buffering) must count, and the streams' list fit.
+        crate::size::product("Pipeline chunks in flight", &[streams, buffering])?;
+        let mut list = host_vec("Pipeline streams", streams)?;
+        for _ in 0..streams {
+            list.push(device.new_stream()?);
+        }
         Ok(Pipeline {
             device: device.clone(),
-            streams: (0..streams)
-                .map(|_| device.new_stream())
-                .collect::<Result<_>>()?,
+            streams: list,
             chunk_len,
             buffering,
         })
