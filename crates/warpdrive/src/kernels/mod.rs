@@ -321,11 +321,8 @@ impl PtxCache {
             "cached PTX of kernel {} for {arch} did not load ({cached}); compiling it anew",
             source.name
         );
+        // Replaces the rejected entry in memory and on disk.
         let key = self.key(source, arch)?;
-        self.memory.lock().remove(&key);
-        if let Some(file) = self.file(&key) {
-            let _ = std::fs::remove_file(file);
-        }
         let again = self
             .compile_and_keep(source, arch, &key)
             .and_then(|ptx| load(&ptx));
