@@ -66,6 +66,19 @@ pub enum Error {
         log: String,
     },
 
+    /// A kernel module did not load: PTX from the cache was rejected, and so was the PTX
+    /// compiled anew in its place (or the compile failed); both attempts' errors.
+    #[error(
+        "kernel {kernel} for {arch} did not load: from the PTX cache: {cached}; \
+         compiled anew: {recompiled}"
+    )]
+    ModuleLoad {
+        kernel: String,
+        arch: String,
+        cached: String,
+        recompiled: String,
+    },
+
     /// Something a stream capture does not allow (a driver allocation, an event query or
     /// synchronise, a copy from pageable memory) was asked for while the calling thread or
     /// the stream was capturing a graph; the call was refused before reaching the driver.

@@ -466,6 +466,82 @@ fn autotune_records_from_another_host_are_not_reused_and_are_kept() {
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }
 
+/// Set in the children of the test below: `<file>|<child index>`.
+const TUNE_CHILD_ENV: &str = "WARPDRIVE_TEST_TUNE_CHILD";
+const TUNE_PROCESSES: usize = 4;
+const TUNE_KEYS_EACH: usize = 40;
+
+/// The keys child `child` tunes.
+fn child_keys(child: usize) -> Vec<TuneKey> {
+    (0..TUNE_KEYS_EACH)
+        .map(|k| {
+            TuneKey::new(
+                &Device::cpu(),
+                &format!("p{child}-k{k}"),
+                DTypeKind::F32,
+                64,
+            )
+        })
+        .collect::<Result<_>>()
+        .unwrap()
+}
+
+#[test]
+fn autotune_records_of_concurrent_processes_all_reach_the_file() {
+    const NAME: &str = "autotune_records_of_concurrent_processes_all_reach_the_file";
+    if let Ok(spec) = std::env::var(TUNE_CHILD_ENV) {
+        // A child: tune (and so save) each of its keys, one after another.
+        let (path, child) = spec.rsplit_once('|').unwrap();
+        let tuner = Autotuner::at(path);
+        let s = Device::cpu().new_stream().unwrap();
+        for key in child_keys(child.parse().unwrap()) {
+            tuner.tune(&s, &key, 64, &[1u32, 2], |_, _| Ok(())).unwrap();
+        }
+        return;
+    }
+    let path = temp_file("processes");
+    let exe = std::env::current_exe().unwrap();
+    let (done, results) = std::sync::mpsc::channel();
+    for child in 0..TUNE_PROCESSES {
+        let process = std::process::Command::new(&exe)
+            .args(["--exact", NAME, "--test-threads=1"])
+            .env(TUNE_CHILD_ENV, format!("{}|{child}", path.display()))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let done = done.clone();
+        std::thread::spawn(move || done.send((child, process.wait_with_output())));
+    }
+    for _ in 0..TUNE_PROCESSES {
+        // A bound on a hang, not a timing assertion.
+        let (child, output) = results
+            .recv_timeout(std::time::Duration::from_secs(300))
+            .expect("a child process did not finish");
+        let output = output.unwrap();
+        assert!(
+            output.status.success(),
+            "child {child}: {}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let file = Autotuner::at(&path);
+    let missing: Vec<String> = (0..TUNE_PROCESSES)
+        .flat_map(child_keys)
+        .filter(|k| file.get(k).is_none())
+        .map(|k| k.kernel)
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {} records lost: {missing:?}",
+        missing.len(),
+        TUNE_PROCESSES * TUNE_KEYS_EACH
+    );
+    assert_eq!(file.records().len(), TUNE_PROCESSES * TUNE_KEYS_EACH);
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_autotune_times_launch_configs_with_events() {

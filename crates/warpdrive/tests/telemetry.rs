@@ -377,15 +377,9 @@ print(json.dumps(out))
 "#;
 
 #[test]
+#[ignore = "needs chromium and python3 (apt-get install chromium; .ci/run does)"]
 fn report_renders_in_headless_chromium() {
-    let Some(bin) = find_chromium() else {
-        assert!(
-            std::env::var("CI").is_err(),
-            "CI must install chromium (.ci/run does): the report's rendering is untested"
-        );
-        eprintln!("skipped: no chromium on PATH (apt-get install chromium)");
-        return;
-    };
+    let bin = find_chromium().expect("no chromium on PATH (apt-get install chromium)");
     let dir = tempdir("report");
     let html = write_report(&sample_results(), &dir).unwrap();
     let page = std::fs::read_to_string(&html).unwrap();

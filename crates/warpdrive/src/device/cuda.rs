@@ -863,13 +863,14 @@ impl CudaDevice {
             return Ok(m.clone());
         }
         let arch = source.arch_for(self.arch())?;
-        let ptx = kernels::PtxCache::global().ptx(source, arch)?;
-        self.bind()?;
-        let r = self
-            .inner
-            .ctx
-            .load_module(cudarc::nvrtc::Ptx::from_src(ptx.to_string()));
-        let module = self.check("cuModuleLoadData", r)?;
+        let module = kernels::PtxCache::global().load(source, arch, |ptx| {
+            self.bind()?;
+            let r = self
+                .inner
+                .ctx
+                .load_module(cudarc::nvrtc::Ptx::from_src(ptx.to_string()));
+            self.check("cuModuleLoadData", r)
+        })?;
         self.inner
             .modules
             .lock()
@@ -1466,12 +1467,13 @@ impl CudaDevice {
         // cudarc's builder on its own context handle (tracking on) and stream.
         let ctx = CudaContext::new(self.inner.ordinal).map_err(|e| Error::NoDriver(describe(e)))?;
         let builder_stream = self.check("cuStreamCreate", ctx.new_stream())?;
-        let ptx = kernels::PtxCache::global()
-            .ptx(&kernels::BASIC, kernels::BASIC.arch_for(self.arch())?)?;
-        let module = self.check(
-            "cuModuleLoadData",
-            ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx.to_string())),
-        )?;
+        let arch = kernels::BASIC.arch_for(self.arch())?;
+        let module = kernels::PtxCache::global().load(&kernels::BASIC, arch, |ptx| {
+            self.check(
+                "cuModuleLoadData",
+                ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx.to_string())),
+            )
+        })?;
         let f = self.check("cuModuleGetFunction", module.load_function("fill_u32"))?;
         let mut slice = self.check("cuMemAllocAsync", builder_stream.alloc_zeros::<u32>(1))?;
         let mut builder_launch = || {

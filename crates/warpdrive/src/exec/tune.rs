@@ -6,8 +6,11 @@
 //! keeps every candidate's time and the winner in a TOML file under the cache directory
 //! (`$XDG_CACHE_HOME/warpdrive/autotune.toml`, fallback `~/.cache/...`), read on the next
 //! start. Every field has a default, so files written by older versions still load; a file
-//! that does not parse is ignored with a warning (and replaced on the next save). Files are
-//! written atomically (temp file + rename).
+//! that does not parse is ignored with a warning (and replaced on the next save). A save
+//! holds an exclusive lock on `autotune.toml.lock` beside the file (waiting at most
+//! [`SAVE_LOCK_TIMEOUT`]), merges with what the file holds then (the newer record of a key
+//! wins), and writes atomically (temp file + rename), so processes tuning at the same time
+//! keep each other's records.
 //!
 //! [`batch_knee`] sweeps batch sizes and returns the knee: the smallest batch whose
 //! throughput reaches [`KNEE_FRACTION`] of the best measured.
@@ -16,6 +19,7 @@ use std::fmt::Display;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -38,6 +42,9 @@ pub const TUNE_REPS_MAX: usize = 101;
 /// once per device, kernel and size bucket and is kept, so a pick made on a noisy stretch
 /// costs every later call.
 pub const TUNE_BUDGET_S: f64 = 0.25;
+/// How long a save waits for another process's save (which holds the file's lock for the
+/// few milliseconds of a read and a write) before giving up on this one.
+pub const SAVE_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 /// The knee of a batch sweep: the smallest batch reaching this fraction of the best
 /// throughput.
 pub const KNEE_FRACTION: f64 = 0.95;
@@ -133,6 +140,33 @@ impl TuneRecord {
             && self.device == key.device
             && (self.host.is_empty() || self.host == key.host)
     }
+
+    /// True when `self` stands for `other` in the file: the same kernel, dtype, bucket and
+    /// device, tuned on the same host or `other` serves any host (as [`Autotuner::tune`]
+    /// replaces what `matches` its key).
+    fn covers(&self, other: &TuneRecord) -> bool {
+        self.kernel == other.kernel
+            && self.dtype == other.dtype
+            && self.bucket == other.bucket
+            && self.device == other.device
+            && (self.host == other.host || other.host.is_empty())
+    }
+}
+
+/// `disk` with `ours` merged in: of two records for one key, the newer stays (ours on a tie).
+fn merge(disk: Vec<TuneRecord>, ours: Vec<TuneRecord>) -> Vec<TuneRecord> {
+    let mut merged = disk;
+    for r in ours {
+        if merged
+            .iter()
+            .any(|m| m.covers(&r) && m.tuned_unix > r.tuned_unix)
+        {
+            continue;
+        }
+        merged.retain(|m| !(r.covers(m) && r.tuned_unix >= m.tuned_unix));
+        merged.push(r);
+    }
+    merged
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -333,14 +367,25 @@ impl Autotuner {
         Ok(best)
     }
 
-    /// Writes every record to the file (nothing without a file).
+    /// Writes every record to the file (nothing without a file), merged with the records
+    /// other processes saved there since (which this tuner then keeps too). Holds the file's
+    /// lock meanwhile; fails when another process held it for [`SAVE_LOCK_TIMEOUT`].
     pub fn save(&self) -> Result<()> {
         let Some(path) = &self.path else {
             return Ok(());
         };
+        let dir = path.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let _lock = lock_exclusive(&lock_path(path), SAVE_LOCK_TIMEOUT)?;
+        let on_disk = read_file(path);
+        let records = {
+            let mut records = self.records.lock();
+            *records = merge(on_disk, std::mem::take(&mut *records));
+            records.clone()
+        };
         let file = TuneFile {
             version: FILE_VERSION,
-            records: self.records(),
+            records,
         };
         let text = toml::to_string(&file)
             .map_err(|e| Error::InvalidArgument(format!("autotune file: {e}")))?;
@@ -423,6 +468,44 @@ fn read_file(path: &Path) -> Vec<TuneRecord> {
                 path.display()
             );
             Vec::new()
+        }
+    }
+}
+
+/// The lock file of the tune file `path`: `<path>.lock` (the file itself is replaced by each
+/// save, so a lock on it would not be seen by the next opener).
+fn lock_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".lock");
+    path.with_file_name(name)
+}
+
+/// An exclusive lock on `path` (created if absent), held until the returned file is dropped;
+/// waits at most `timeout` for another process or thread. `None` where the file system does
+/// not support locks (the save then goes ahead unlocked, merging all the same).
+fn lock_exclusive(path: &Path, timeout: Duration) -> Result<Option<std::fs::File>> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(Some(file)),
+            Err(std::fs::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let held = format!("held by another process or thread for over {timeout:?}");
+                let e = std::io::Error::new(std::io::ErrorKind::TimedOut, held);
+                return Err(Error::io(path, e));
+            }
+            Err(std::fs::TryLockError::Error(e)) if e.kind() == std::io::ErrorKind::Unsupported => {
+                return Ok(None)
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(path, e)),
         }
     }
 }
@@ -549,6 +632,56 @@ mod tests {
         assert_eq!(tune_rounds(TUNE_BUDGET_S, 1e-7), TUNE_REPS_MAX);
         assert_eq!(tune_rounds(TUNE_BUDGET_S, 0.0), TUNE_REPS_MAX);
         assert_eq!(tune_rounds(1.0, 0.04), 25);
+    }
+
+    #[test]
+    fn a_held_lock_times_out_and_a_released_one_is_taken() {
+        let dir = std::env::temp_dir().join(format!("wd-tune-lock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = lock_path(&dir.join("autotune.toml"));
+        assert_eq!(path, dir.join("autotune.toml.lock"));
+        let holder = lock_exclusive(&path, SAVE_LOCK_TIMEOUT).unwrap().unwrap();
+        let err = lock_exclusive(&path, Duration::from_millis(20)).unwrap_err();
+        assert!(
+            matches!(&err, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::TimedOut),
+            "{err}"
+        );
+        drop(holder);
+        assert!(lock_exclusive(&path, SAVE_LOCK_TIMEOUT).unwrap().is_some());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn merging_keeps_the_newer_record_of_a_key_and_every_other_key() {
+        let record = |kernel: &str, host: &str, winner: &str, tuned_unix: u64| TuneRecord {
+            kernel: kernel.into(),
+            host: host.into(),
+            winner: winner.into(),
+            tuned_unix,
+            ..TuneRecord::default()
+        };
+        let disk = vec![
+            record("a", "h", "disk", 10),
+            record("b", "h", "disk", 10),
+            record("c", "", "old file", 1),
+        ];
+        let ours = vec![
+            record("a", "h", "ours", 5),
+            record("b", "h", "ours", 10),
+            record("c", "h", "ours", 2),
+            record("d", "h", "ours", 1),
+        ];
+        let mut merged: Vec<(String, String)> = merge(disk, ours)
+            .into_iter()
+            .map(|r| (r.kernel, r.winner))
+            .collect();
+        merged.sort();
+        let want = [("a", "disk"), ("b", "ours"), ("c", "ours"), ("d", "ours")];
+        let want: Vec<(String, String)> = want
+            .iter()
+            .map(|(k, w)| (k.to_string(), w.to_string()))
+            .collect();
+        assert_eq!(merged, want);
     }
 
     #[test]

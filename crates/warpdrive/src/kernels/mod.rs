@@ -10,11 +10,14 @@
 //! The cache lives under `$XDG_CACHE_HOME/warpdrive/ptx/` (fallback `~/.cache/warpdrive/ptx/`),
 //! one file per source hash + arch + NVRTC version, written atomically (temp file + rename);
 //! each file carries a checksum of its body, so a corrupt file is detected and recompiled.
+//! PTX read from disk that the driver then rejects is discarded and compiled anew, once
+//! ([`PtxCache::load`]). A folder that cannot be written is reported once (a warning) and the
+//! cache keeps compiled PTX in memory only.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
@@ -231,8 +234,17 @@ const HEADER: &str = "// warpdrive-ptx v1";
 /// Compiled PTX, in memory and on disk.
 pub struct PtxCache {
     dir: Option<PathBuf>,
-    memory: Mutex<HashMap<String, Arc<str>>>,
+    memory: Mutex<HashMap<String, Entry>>,
     compiles: AtomicUsize,
+    /// Set when a write to `dir` failed (and was reported): later compiles stay in memory.
+    unwritable: AtomicBool,
+}
+
+/// PTX held in memory, and whether this cache compiled it (else it came from disk).
+#[derive(Clone)]
+struct Entry {
+    ptx: Arc<str>,
+    compiled_here: bool,
 }
 
 impl PtxCache {
@@ -252,6 +264,7 @@ impl PtxCache {
             dir,
             memory: Mutex::new(HashMap::new()),
             compiles: AtomicUsize::new(0),
+            unwritable: AtomicBool::new(false),
         }
     }
 
@@ -263,7 +276,11 @@ impl PtxCache {
     /// The file a source compiled for `arch` is cached in.
     pub fn path_for(&self, source: &KernelSource, arch: Arch) -> Result<Option<PathBuf>> {
         let key = self.key(source, arch)?;
-        Ok(self.dir.as_ref().map(|d| d.join(format!("{key}.ptx"))))
+        Ok(self.file(&key))
+    }
+
+    fn file(&self, key: &str) -> Option<PathBuf> {
+        self.dir.as_ref().map(|d| d.join(format!("{key}.ptx")))
     }
 
     fn key(&self, source: &KernelSource, arch: Arch) -> Result<String> {
@@ -281,24 +298,88 @@ impl PtxCache {
 
     /// PTX for `source` built for `arch`: from memory, else disk, else NVRTC (then stored).
     pub fn ptx(&self, source: &KernelSource, arch: Arch) -> Result<Arc<str>> {
-        let key = self.key(source, arch)?;
-        if let Some(p) = self.memory.lock().get(&key) {
-            return Ok(p.clone());
-        }
-        let file = self.dir.as_ref().map(|d| d.join(format!("{key}.ptx")));
-        let ptx: Arc<str> = match file.as_deref().and_then(read_cached) {
-            Some(p) => p.into(),
-            None => {
-                let p = self.compile(source, arch)?;
-                if let Some(file) = &file {
-                    if let Err(e) = write_atomic(file, &p) {
-                        tracing::warn!("could not cache PTX: {e}");
-                    }
-                }
-                p.into()
-            }
+        Ok(self.entry(source, arch)?.ptx)
+    }
+
+    /// `load` (the driver's module load) applied to the PTX of `source` built for `arch`.
+    /// PTX this cache did not compile (it came from disk) that `load` rejects is discarded,
+    /// compiled anew and loaded once more; when that fails too, [`Error::ModuleLoad`] holds
+    /// both errors. A lost device is returned as it is (nothing to retry on).
+    pub fn load<M>(
+        &self,
+        source: &KernelSource,
+        arch: Arch,
+        mut load: impl FnMut(&str) -> Result<M>,
+    ) -> Result<M> {
+        let entry = self.entry(source, arch)?;
+        let cached = match load(&entry.ptx) {
+            Ok(module) => return Ok(module),
+            Err(e) if entry.compiled_here || e.is_device_lost() => return Err(e),
+            Err(e) => e,
         };
-        self.memory.lock().insert(key, ptx.clone());
+        tracing::warn!(
+            "cached PTX of kernel {} for {arch} did not load ({cached}); compiling it anew",
+            source.name
+        );
+        // Replaces the rejected entry in memory and on disk.
+        let key = self.key(source, arch)?;
+        let again = self
+            .compile_and_keep(source, arch, &key)
+            .and_then(|ptx| load(&ptx));
+        again.map_err(|e| {
+            if e.is_device_lost() {
+                return e;
+            }
+            Error::ModuleLoad {
+                kernel: source.name.into(),
+                arch: arch.name(),
+                cached: cached.to_string(),
+                recompiled: e.to_string(),
+            }
+        })
+    }
+
+    fn entry(&self, source: &KernelSource, arch: Arch) -> Result<Entry> {
+        let key = self.key(source, arch)?;
+        if let Some(e) = self.memory.lock().get(&key) {
+            return Ok(e.clone());
+        }
+        if let Some(ptx) = self.file(&key).as_deref().and_then(read_cached) {
+            let entry = Entry {
+                ptx: ptx.into(),
+                compiled_here: false,
+            };
+            self.memory.lock().insert(key, entry.clone());
+            return Ok(entry);
+        }
+        let ptx = self.compile_and_keep(source, arch, &key)?;
+        Ok(Entry {
+            ptx,
+            compiled_here: true,
+        })
+    }
+
+    /// Compiles, then keeps the PTX in memory and (unless the folder proved unwritable) on
+    /// disk; the first failed write is reported and ends the disk writes of this cache.
+    fn compile_and_keep(&self, source: &KernelSource, arch: Arch, key: &str) -> Result<Arc<str>> {
+        let ptx: Arc<str> = self.compile(source, arch)?.into();
+        let file = self
+            .file(key)
+            .filter(|_| !self.unwritable.load(Ordering::Relaxed));
+        if let Some(file) = file {
+            if let Err(e) = write_atomic(&file, &ptx) {
+                if !self.unwritable.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "PTX cache folder cannot be written ({e}); compiled kernels stay in memory"
+                    );
+                }
+            }
+        }
+        let entry = Entry {
+            ptx: ptx.clone(),
+            compiled_here: true,
+        };
+        self.memory.lock().insert(key.to_string(), entry);
         Ok(ptx)
     }
 
