@@ -146,6 +146,11 @@ pub(crate) fn cpu_model() -> String {
 }
 
 /// (available, total) bytes of host memory; zeros when /proc/meminfo cannot be read.
+/// Swap space in bytes (`SwapTotal`; 0 where unknown).
+pub(crate) fn swap_total_bytes() -> usize {
+    meminfo_kib("SwapTotal:").unwrap_or(0) as usize * 1024
+}
+
 pub(crate) fn mem_info() -> (usize, usize) {
     let kib = |key| meminfo_kib(key).unwrap_or(0) as usize * 1024;
     (kib("MemAvailable:"), kib("MemTotal:"))

@@ -5,7 +5,7 @@
 //! and asks for transparent huge pages on large allocations (one fault per 2 MiB).
 
 use std::mem::MaybeUninit;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::workers::{Workers, PAGE};
 use super::CudaDevice;
@@ -147,20 +147,34 @@ impl<T: Copy + Send + Sync> FreshVec<T> {
     }
 }
 
-/// The host's total memory in bytes (`MemTotal`, read once; 0 where unknown).
-fn host_total_bytes() -> usize {
-    static TOTAL: OnceLock<usize> = OnceLock::new();
-    *TOTAL.get_or_init(|| super::cpu::mem_info().1)
+/// The host's memory and swap in bytes (`MemTotal` + `SwapTotal`; 0 where unknown): the
+/// kernel's own bound on one allocation under its default overcommit policy. Kept from the
+/// last read; [`check_host_bytes`] reads again before refusing, since a VM's memory can
+/// grow while it runs (Firecracker VMs start small).
+fn host_total_bytes(fresh: bool) -> usize {
+    static TOTAL: AtomicUsize = AtomicUsize::new(usize::MAX);
+    let kept = TOTAL.load(Ordering::Relaxed);
+    if !fresh && kept != usize::MAX {
+        return kept;
+    }
+    let total = super::cpu::mem_info()
+        .1
+        .saturating_add(super::cpu::swap_total_bytes());
+    TOTAL.store(total, Ordering::Relaxed);
+    total
 }
 
-/// Refuses `bytes` of host memory for `what` (`InvalidArgument`) when they overflow or the
-/// machine has less memory in total: such a request can never be met, and trying it aborts
-/// the process (a `Vec`) or wakes the OOM killer.
+/// Refuses `bytes` of host memory for `what` (`InvalidArgument`) when the machine has less
+/// memory and swap in total: the kernel would refuse such a request too, and trying it with
+/// a `Vec` aborts the process.
 pub(crate) fn check_host_bytes(what: &str, bytes: usize) -> Result<()> {
-    let total = host_total_bytes();
+    if bytes <= host_total_bytes(false) {
+        return Ok(());
+    }
+    let total = host_total_bytes(true);
     if total > 0 && bytes > total {
         return Err(Error::InvalidArgument(format!(
-            "{what}: {bytes} bytes, more than this host's {total} bytes of memory"
+            "{what}: {bytes} bytes, more than this host's {total} bytes of memory and swap"
         )));
     }
     Ok(())
@@ -452,7 +466,7 @@ mod tests {
             );
             assert!(FreshVec::<u64>::with_capacity(len).is_err());
         }
-        let total = host_total_bytes();
+        let total = host_total_bytes(true);
         if total > 0 {
             assert!(host_vec::<u8>("test", total + 1).is_err());
         }
