@@ -183,6 +183,22 @@ fn a_single_block_loads_without_a_prefix() {
     assert_eq!(WeightsFile::new(&dir.0).load(&c).unwrap(), w);
     let err = WeightsFile::new(dir.join("nothing-here")).load(&c);
     assert!(matches!(err, Err(Error::Io { .. })), "{err:?}");
+
+    // Mixtral's per-expert names (`w1.weight` ...) and DeepSeek-V3's router bias name.
+    let renamed: Vec<Tensor> = per_expert("model.layers.5.block_sparse_moe.", &c, &w)
+        .into_iter()
+        .map(|(n, s, v)| {
+            let n = n
+                .replace("gate.bias", "gate.e_score_correction_bias")
+                .replace("gate_proj", "w1")
+                .replace("up_proj", "w3")
+                .replace("down_proj", "w2");
+            (n, s, v)
+        })
+        .collect();
+    let path = dir.join("mixtral.safetensors");
+    write(&path, &renamed);
+    assert_eq!(WeightsFile::new(&path).layer(5).load(&c).unwrap(), w);
 }
 
 fn write_index(path: &Path, map: &[(&str, &str)]) {
