@@ -4,8 +4,8 @@
 //! - `warpdrive bench [SUITES...]`: runs benchmark suites (and their peers) and writes a
 //!   results file (`BENCH.md`); `--trace out.json` records a Chrome trace of the run.
 //! - `warpdrive report RESULTS.json [-o DIR]`: the table, SVG charts and one HTML page.
-//! - `warpdrive moe --preset NAME --tokens N`: one MoE layer forward pass with per-stage
-//!   timing.
+//! - `warpdrive moe --preset NAME --tokens N [--weights PATH --layer N]`: one MoE layer
+//!   forward pass with per-stage timing, on seeded weights or one layer of a checkpoint.
 
 use std::path::{Path, PathBuf};
 
@@ -13,6 +13,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use serde_json::Value;
 use warpdrive::bench::{self, Results, Scale};
+use warpdrive::moe::WeightsFile;
 use warpdrive::{telemetry, Device, DeviceInfo};
 
 /// The results file `bench` writes when `--json` is not given.
@@ -68,9 +69,10 @@ enum Command {
         #[arg(short = 'o', long = "out", value_name = "DIR")]
         out: Option<PathBuf>,
     },
-    /// Run one MoE layer forward pass (bf16; the `moe` bench suite's seeded weights and N(0,1)
-    /// input for that preset and token count) and print the time of each stage, then the time
-    /// of a whole pass as `forward` runs it.
+    /// Run one MoE layer forward pass (bf16; the `moe` bench suite's seeded weights, or one
+    /// layer of a checkpoint with `--weights`, and N(0,1) input for that preset and token
+    /// count) and print the time of each stage, then the time of a whole pass as `forward`
+    /// runs it.
     Moe {
         /// Layer shape: mixtral-8x7b, qwen3-30b-a3b, deepseek-v3-slice or gpt-oss-120b.
         #[arg(long, value_name = "NAME")]
@@ -96,8 +98,49 @@ enum Command {
         #[arg(long)]
         no_decode_kernel: bool,
         #[command(flatten)]
+        weights: WeightsOpt,
+        #[command(flatten)]
         device: DeviceOpt,
     },
+}
+
+/// Where the MoE layer's weights come from.
+#[derive(Debug, Args)]
+struct WeightsOpt {
+    /// Read the layer's weights from a safetensors checkpoint (a file, a sharded checkpoint's
+    /// model.safetensors.index.json, or the folder holding it) instead of seeded random ones;
+    /// the preset still gives the shape, which the tensors must match.
+    #[arg(long, value_name = "PATH")]
+    weights: Option<PathBuf>,
+    /// The MoE block to read, by the prefix of its tensor names (e.g. model.layers.3.mlp.);
+    /// needed when the checkpoint holds several.
+    #[arg(
+        long,
+        value_name = "PREFIX",
+        requires = "weights",
+        conflicts_with = "layer"
+    )]
+    prefix: Option<String>,
+    /// The MoE block to read, by layer index (the block whose prefix has N as one part).
+    #[arg(long, value_name = "N", requires = "weights")]
+    layer: Option<usize>,
+    /// Refuse weights that hold NaN or infinity (by default each such tensor is a warning).
+    #[arg(long, requires = "weights")]
+    strict: bool,
+}
+
+impl WeightsOpt {
+    /// The checkpoint to read, when `--weights` names one.
+    fn file(&self) -> Option<WeightsFile> {
+        let mut file = WeightsFile::new(self.weights.as_ref()?).strict(self.strict);
+        if let Some(prefix) = &self.prefix {
+            file = file.prefix(prefix.as_str());
+        }
+        if let Some(layer) = self.layer {
+            file = file.layer(layer);
+        }
+        Some(file)
+    }
 }
 
 /// Which device to run on.
@@ -162,6 +205,7 @@ fn main() -> Result<()> {
             reps,
             no_wgmma,
             no_decode_kernel,
+            weights,
             device,
         } => moe(
             &preset,
@@ -169,6 +213,7 @@ fn main() -> Result<()> {
             &path,
             reps,
             (!no_wgmma, !no_decode_kernel),
+            weights.file(),
             &device,
         ),
     }
@@ -180,9 +225,10 @@ fn moe(
     path: &str,
     reps: u32,
     (wgmma, decode): (bool, bool),
+    file: Option<WeightsFile>,
     device: &DeviceOpt,
 ) -> Result<()> {
-    use warpdrive::moe::{MoeLayer, MoePath};
+    use warpdrive::moe::{MoeLayer, MoePath, MoeWeights};
     let path = match path {
         "auto" => MoePath::Auto,
         "device" => MoePath::Device,
@@ -193,10 +239,19 @@ fn moe(
     if tokens == 0 {
         bail!("--tokens 0: a pass needs at least one token");
     }
-    let (config, weights, x) = bench::moe::case(preset, tokens)?;
+    let (config, mut weights, x) = bench::moe::case(preset, tokens)?;
+    let source = match file {
+        Some(file) => {
+            let source = file.path().display().to_string();
+            weights = MoeWeights::File(file);
+            source
+        }
+        None => "seeded weights".into(),
+    };
     let device = device.open()?;
     let stream = device.new_stream()?;
-    let mut layer = MoeLayer::<half::bf16>::new(&stream, config, weights)?;
+    let mut layer = MoeLayer::<half::bf16>::new(&stream, config, weights)
+        .with_context(|| format!("loading the {preset} layer from {source}"))?;
     layer.set_path(path);
     layer.set_warpgroup_mma(wgmma);
     layer.set_decode_kernel(decode);
@@ -206,7 +261,7 @@ fn moe(
     layer.profile(&x, &mut y)?;
     let stages = layer.profile(&x, &mut y)?;
     println!(
-        "{preset}, {tokens} tokens on {} ({path:?}{}{}):",
+        "{preset}, {tokens} tokens on {} ({source}, {path:?}{}{}):",
         device.label(),
         if wgmma { "" } else { ", no wgmma" },
         if decode { "" } else { ", no decode kernel" }
@@ -582,6 +637,37 @@ mod tests {
         ));
         assert!(parse(&["moe", "--preset", "q", "--reps", "0"]).is_err());
         assert!(parse(&["moe"]).is_err());
+    }
+
+    #[test]
+    fn moe_weights_args() {
+        let weights = |args: &[&str]| {
+            let mut all = vec!["moe", "--preset", "q"];
+            all.extend(args);
+            match parse(&all)?.command {
+                Command::Moe { weights, .. } => Ok::<_, clap::Error>(weights.file()),
+                _ => panic!("not moe"),
+            }
+        };
+        assert_eq!(weights(&[]).unwrap(), None);
+        assert_eq!(
+            weights(&["--weights", "ckpt", "--layer", "3", "--strict"]).unwrap(),
+            Some(WeightsFile::new("ckpt").layer(3).strict(true))
+        );
+        assert_eq!(
+            weights(&[
+                "--weights",
+                "a.safetensors",
+                "--prefix",
+                "model.layers.1.mlp"
+            ])
+            .unwrap(),
+            Some(WeightsFile::new("a.safetensors").prefix("model.layers.1.mlp."))
+        );
+        // A layer or prefix needs --weights, and only one of them names the block.
+        assert!(weights(&["--layer", "3"]).is_err());
+        assert!(weights(&["--strict"]).is_err());
+        assert!(weights(&["--weights", "c", "--layer", "1", "--prefix", "p."]).is_err());
     }
 
     #[test]

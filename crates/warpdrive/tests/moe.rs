@@ -14,7 +14,8 @@ mod common;
 use common::{cuda, random_f32, rng, seed};
 use half::{bf16, f16};
 use warpdrive::moe::{
-    HostWeights, MoeConfig, MoeLayer, MoePath, MoeWeights, Router, Routing, GRAPH_MAX_TOKENS,
+    HostWeights, MoeConfig, MoeLayer, MoePath, MoeWeights, Router, Routing, WeightsFile,
+    GRAPH_MAX_TOKENS,
 };
 use warpdrive::{Buffer, DTypeKind, Device, Error, Float};
 
@@ -441,8 +442,8 @@ fn safetensors_stacked_and_per_expert_names_load() {
     }
     write_safetensors(&per_expert, tensors);
     let st = Device::cpu().new_stream().unwrap();
-    let a = MoeLayer::<bf16>::new(&st, c, MoeWeights::File(stacked.clone())).unwrap();
-    let b = MoeLayer::<bf16>::new(&st, c, MoeWeights::File(per_expert)).unwrap();
+    let a = MoeLayer::<bf16>::new(&st, c, MoeWeights::File(WeightsFile::new(&stacked))).unwrap();
+    let b = MoeLayer::<bf16>::new(&st, c, MoeWeights::File(WeightsFile::new(per_expert))).unwrap();
     let hw = MoeLayer::<bf16>::new(&st, c, MoeWeights::Host(w.clone())).unwrap();
     let want = hw.host_weights().unwrap();
     assert!(
@@ -464,7 +465,8 @@ fn safetensors_stacked_and_per_expert_names_load() {
             ("experts.w2".into(), vec![e, h, i], w.w2.clone()),
         ],
     );
-    let err = MoeLayer::<bf16>::new(&st, c, MoeWeights::File(missing)).unwrap_err();
+    let err =
+        MoeLayer::<bf16>::new(&st, c, MoeWeights::File(WeightsFile::new(missing))).unwrap_err();
     assert!(err.to_string().contains("w3"), "{err}");
     let shaped = dir.join("shaped.safetensors");
     write_safetensors(
@@ -476,10 +478,11 @@ fn safetensors_stacked_and_per_expert_names_load() {
             ("experts.w2".into(), vec![e, h, i], w.w2.clone()),
         ],
     );
-    let err = MoeLayer::<bf16>::new(&st, c, MoeWeights::File(shaped)).unwrap_err();
+    let err =
+        MoeLayer::<bf16>::new(&st, c, MoeWeights::File(WeightsFile::new(shaped))).unwrap_err();
     assert!(err.to_string().contains("gate.weight"), "{err}");
-    let err = MoeLayer::<bf16>::new(&st, c, MoeWeights::File(dir.join("absent.safetensors")))
-        .unwrap_err();
+    let absent = WeightsFile::new(dir.join("absent.safetensors"));
+    let err = MoeLayer::<bf16>::new(&st, c, MoeWeights::File(absent)).unwrap_err();
     assert!(matches!(err, Error::Io { .. }), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }

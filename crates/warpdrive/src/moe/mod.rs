@@ -43,7 +43,7 @@
 
 pub mod weights;
 
-pub use weights::{HostWeights, MoeWeights};
+pub use weights::{HostWeights, MoeWeights, WeightsFile};
 
 use std::ffi::c_void;
 
@@ -938,11 +938,7 @@ impl<T: Float> MoeLayer<T> {
                 )?,
                 random_buffer(stream, e * h * i, seed ^ weights::SEED_W2, i)?,
             ),
-            MoeWeights::File(path) => upload_weights(
-                stream,
-                &config,
-                &MoeWeights::from_safetensors(&path, &config)?,
-            )?,
+            MoeWeights::File(file) => upload_weights(stream, &config, &file.load(&config)?)?,
             MoeWeights::Host(w) => {
                 w.check(&config)?;
                 upload_weights(stream, &config, &w)?

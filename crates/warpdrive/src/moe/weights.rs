@@ -1,12 +1,10 @@
 //! Where a layer's weights come from: a seeded random init (computed on the device, the same
-//! bits on both backends) or tensors (from a safetensors file or the caller), and the host
-//! copy of them ([`HostWeights`]) that tests and tools compare against.
+//! bits on both backends) or tensors (from a safetensors checkpoint, [`WeightsFile`], or the
+//! caller), and the host copy of them ([`HostWeights`]) that tests and tools compare against.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+mod checkpoint;
 
-use half::{bf16, f16};
-use safetensors::{Dtype, SafeTensors};
+pub use checkpoint::{WeightsFile, INDEX_FILE};
 
 use crate::error::{Error, Result};
 
@@ -19,8 +17,8 @@ pub enum MoeWeights {
     /// (1/fan_in), from a counter-based generator keyed by `seed`: the same values on both
     /// backends and on every run. No router bias.
     Random { seed: u64 },
-    /// Tensors read from a safetensors file (names: [`MoeWeights::from_safetensors`]).
-    File(PathBuf),
+    /// Tensors of one layer read from a safetensors file or sharded checkpoint.
+    File(WeightsFile),
     /// Tensors given by the caller.
     Host(HostWeights),
 }
@@ -46,8 +44,9 @@ impl HostWeights {
     pub fn check(&self, config: &MoeConfig) -> Result<()> {
         let (h, i, e) = (config.hidden, config.intermediate, config.experts);
         let want = |name: &str, len: usize, dims: &[usize]| -> Result<()> {
-            let need: usize = dims.iter().product();
-            if len != need {
+            let need = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+            if need != Some(len) {
+                let need = need.map_or("more than fit in memory".into(), |n| n.to_string());
                 return Err(Error::InvalidArgument(format!(
                     "MoE weights: `{name}` has {len} elements, shape {dims:?} needs {need}"
                 )));
@@ -95,114 +94,6 @@ pub(crate) fn w13_source(row: usize, inter: usize) -> (bool, usize, usize) {
     (r % 16 >= 8, e, (r / 16) * 8 + r % 8)
 }
 
-impl MoeWeights {
-    /// Reads the tensors `config` needs from a safetensors file. Accepted names (an optional
-    /// prefix ending in `.` before them is allowed, e.g. `model.layers.3.mlp.`): stacked
-    /// `gate.weight` [E, H], `experts.w1` / `experts.w3` [E, I, H], `experts.w2` [E, H, I], or
-    /// per expert `experts.{e}.w1.weight` (or `.gate_proj.weight`), `w3` (`up_proj`), `w2`
-    /// (`down_proj`) stacked here; optional `gate.bias` \[E\]. f32, f16 and bf16 tensors are
-    /// converted. A missing or mis-shaped tensor is an error naming it.
-    pub fn from_safetensors(path: &Path, config: &MoeConfig) -> Result<HostWeights> {
-        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-        let file = SafeTensors::deserialize(&bytes).map_err(|e| {
-            Error::InvalidArgument(format!("{}: not a safetensors file: {e}", path.display()))
-        })?;
-        let names: HashMap<String, String> = file
-            .names()
-            .into_iter()
-            .map(|full| {
-                let short = strip_prefix(full);
-                (short.to_string(), full.to_string())
-            })
-            .collect();
-        let (h, i, e) = (config.hidden, config.intermediate, config.experts);
-        let read = |name: &str, dims: &[usize]| -> Result<Option<Vec<f32>>> {
-            let Some(full) = names.get(name) else {
-                return Ok(None);
-            };
-            let view = file.tensor(full).map_err(|err| {
-                Error::InvalidArgument(format!("{}: `{full}`: {err}", path.display()))
-            })?;
-            if view.shape() != dims {
-                return Err(Error::InvalidArgument(format!(
-                    "{}: `{full}` has shape {:?}, {dims:?} expected",
-                    path.display(),
-                    view.shape()
-                )));
-            }
-            to_f32(view.dtype(), view.data())
-                .map(Some)
-                .map_err(|m| Error::InvalidArgument(format!("{}: `{full}`: {m}", path.display())))
-        };
-        let missing = |name: &str| {
-            Error::InvalidArgument(format!(
-                "{}: tensor `{name}` is missing (MoE weights need gate.weight and the experts' \
-                 w1, w3, w2)",
-                path.display()
-            ))
-        };
-        let gate = read("gate.weight", &[e, h])?.ok_or_else(|| missing("gate.weight"))?;
-        let gate_bias = read("gate.bias", &[e])?;
-        let stacked = |which: &str, alts: &[&str], dims: [usize; 2]| -> Result<Vec<f32>> {
-            if let Some(v) = read(&format!("experts.{which}"), &[e, dims[0], dims[1]])? {
-                return Ok(v);
-            }
-            let mut out = Vec::with_capacity(e * dims[0] * dims[1]);
-            for x in 0..e {
-                let mut found = None;
-                for alt in std::iter::once(&which).chain(alts) {
-                    if let Some(v) = read(&format!("experts.{x}.{alt}.weight"), &dims)? {
-                        found = Some(v);
-                        break;
-                    }
-                }
-                out.extend(found.ok_or_else(|| missing(&format!("experts.{x}.{which}.weight")))?);
-            }
-            Ok(out)
-        };
-        let w1 = stacked("w1", &["gate_proj"], [i, h])?;
-        let w3 = stacked("w3", &["up_proj"], [i, h])?;
-        let w2 = stacked("w2", &["down_proj"], [h, i])?;
-        let weights = HostWeights {
-            gate,
-            gate_bias,
-            w1,
-            w3,
-            w2,
-        };
-        weights.check(config)?;
-        Ok(weights)
-    }
-}
-
-/// `name` without a leading `prefix.` that ends right before `gate.` or `experts.`.
-fn strip_prefix(name: &str) -> &str {
-    for key in ["gate.", "experts."] {
-        if name.starts_with(key) {
-            return name;
-        }
-        if let Some(at) = name.find(&format!(".{key}")) {
-            return &name[at + 1..];
-        }
-    }
-    name
-}
-
-fn to_f32(dtype: Dtype, data: &[u8]) -> std::result::Result<Vec<f32>, String> {
-    let pairs = data
-        .chunks_exact(2)
-        .map(|b| u16::from_le_bytes([b[0], b[1]]));
-    match dtype {
-        Dtype::F32 => Ok(data
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect()),
-        Dtype::F16 => Ok(pairs.map(|u| f16::from_bits(u).to_f32()).collect()),
-        Dtype::BF16 => Ok(pairs.map(|u| bf16::from_bits(u).to_f32()).collect()),
-        other => Err(format!("dtype {other:?} is not f32, f16 or bf16")),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,15 +117,5 @@ mod tests {
         let mean = v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64;
         assert!(mean.abs() < 0.02, "mean {mean}");
         assert_ne!(random_value(7, 1, s), random_value(8, 1, s));
-    }
-
-    #[test]
-    fn prefixes_are_stripped() {
-        assert_eq!(strip_prefix("gate.weight"), "gate.weight");
-        assert_eq!(
-            strip_prefix("model.layers.3.mlp.experts.0.w1.weight"),
-            "experts.0.w1.weight"
-        );
-        assert_eq!(strip_prefix("block_sparse_moe.gate.weight"), "gate.weight");
     }
 }
