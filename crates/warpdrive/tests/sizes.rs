@@ -67,7 +67,9 @@ fn absurd_layer_body(dev: &Device) {
     let bytes = c.weight_bytes().unwrap();
     for weights in [
         MoeWeights::Random { seed: 1 },
-        MoeWeights::File("/nonexistent/weights.safetensors".into()),
+        MoeWeights::File(warpdrive::moe::WeightsFile::new(
+            "/nonexistent/weights.safetensors",
+        )),
     ] {
         let err = MoeLayer::<half::bf16>::new(&s, c, weights).unwrap_err();
         assert!(
