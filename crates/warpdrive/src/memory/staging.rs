@@ -379,8 +379,8 @@ fn wait_event_once(
     Ok(true)
 }
 
-/// Runs `work` on up to `threads` copy threads; the first error sets `failed` (which stops
-/// the others) and is returned.
+/// Runs `work` on up to `threads` copy threads; the first error (or panic) sets `failed`
+/// (which stops the others) and is returned.
 fn run_parts(
     workers: &Workers,
     threads: usize,
@@ -388,13 +388,27 @@ fn run_parts(
     work: impl Fn() -> Result<()> + Sync,
 ) -> Option<Error> {
     let error: Mutex<Option<Error>> = Mutex::new(None);
-    workers.run(threads.clamp(1, workers.threads()), &|_| {
+    let ran = workers.run(threads.clamp(1, workers.threads()), &|_| {
+        // A thread that panics stops the others too: they may be waiting for a DMA it was
+        // to send.
+        let _stop = FailOnPanic(failed);
         if let Err(e) = work() {
             failed.store(true, Ordering::Relaxed);
             error.lock().get_or_insert(e);
         }
     });
-    error.into_inner()
+    error.into_inner().or(ran.err())
+}
+
+/// Sets its flag when dropped during a panic.
+struct FailOnPanic<'a>(&'a AtomicBool);
+
+impl Drop for FailOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
 }
 
 /// DMA slots an upload's feed cycles through (one event each): more than an upload keeps in

@@ -181,15 +181,15 @@ pub fn config(stream: &Stream, dir: Direction) -> Result<TransferConfig> {
 /// threads look as fast as 16 at 64 MiB, 46 GB/s, and the 4 chosen then ran 23-28 GB/s on
 /// copies from memory). Written on every copy thread: untouched pages would all read as
 /// the kernel's one shared zero page (always cached) and fault inside the timings.
-fn tune_host(stream: &Stream, window: usize) -> Vec<u8> {
+fn tune_host(stream: &Stream, window: usize) -> Result<Vec<u8>> {
     let llc = crate::device::sysfs::last_level_cache_bytes(std::path::Path::new("/sys"));
     let mut host = vec![0u8; tune_windows(llc.unwrap_or(0), window) * window];
     let workers = workers(stream.device());
     let units = vec![(); host.len()];
     workers.map(workers.threads(), PAGE, &mut host, &units, |d, _| {
         d.fill(0x5a)
-    });
-    host
+    })?;
+    Ok(host)
 }
 
 /// Times the candidate chunk sizes and thread counts on a [`TUNE_BYTES`] copy (once per
@@ -207,7 +207,7 @@ fn tune(stream: &Stream, dir: Direction) -> Result<TransferConfig> {
             Direction::H2d => STORES_TUNE_BYTES,
             Direction::D2h => TUNE_BYTES,
         },
-    );
+    )?;
     let (span, mut next) = (host.len(), 0usize);
     let mut window = |bytes: usize| {
         let windows = span / bytes;
@@ -405,7 +405,7 @@ pub fn to_host<T: DType>(stream: &Stream, src: &Buffer<T>) -> Result<Vec<T>> {
         // on one; 4 MiB 456 against 209), separate regions fault in parallel (16 MiB: 847
         // µs on 16 threads, 1135 on one).
         let faulting = bytes.div_ceil(HUGE_PAGE).min(workers.threads());
-        out.prefault(workers, faulting, src.len());
+        out.prefault(workers, faulting, src.len())?;
         out.extend_par(workers, workers.threads(), stage.as_slice()?)?;
         return Ok(out.into_vec());
     }
@@ -456,7 +456,7 @@ fn direct_h2d<T: DType>(stream: &Stream, dst: &mut Buffer<T>, src: &[T]) -> Resu
         return dst.copy_from_host(stream, src);
     }
     let mut stage = PinnedBuf::<T>::new(stream.device(), src.len())?;
-    block_copy(stream, stage.as_mut_slice()?, src);
+    block_copy(stream, stage.as_mut_slice()?, src)?;
     dst.copy_from_pinned(stream, &mut stage)?;
     stream.synchronize()
 }
@@ -469,18 +469,18 @@ fn direct_d2h<T: DType>(stream: &Stream, src: &Buffer<T>, dst: &mut [T]) -> Resu
     let Some(stage) = pinned_d2h(stream, src)? else {
         return src.copy_to_host(stream, dst);
     };
-    block_copy(stream, dst, stage.as_slice()?);
-    Ok(())
+    block_copy(stream, dst, stage.as_slice()?)
 }
 
 /// The host side of a single-DMA copy: on this thread under [`ALWAYS_DIRECT`], else on
 /// every copy thread.
-fn block_copy<T: DType>(stream: &Stream, dst: &mut [T], src: &[T]) {
+fn block_copy<T: DType>(stream: &Stream, dst: &mut [T], src: &[T]) -> Result<()> {
     if size_of_val(src) < ALWAYS_DIRECT {
         dst.copy_from_slice(src);
+        Ok(())
     } else {
         let workers = workers(stream.device());
-        par_copy(workers, workers.threads(), dst, src);
+        par_copy(workers, workers.threads(), dst, src)
     }
 }
 
@@ -534,8 +534,7 @@ fn staged_d2h<T: DType>(
 ) -> Result<()> {
     let workers = workers(stream.device());
     if !stream.device().is_cuda() {
-        par_copy(workers, cfg.threads, dst, src.host_view()?);
-        return Ok(());
+        return par_copy(workers, cfg.threads, dst, src.host_view()?);
     }
     let plan = ring_plan::<T>(dst.len(), cfg);
     ring_download(stream, workers, src, dst, &plan, |_| {}, stream_copy)
@@ -558,8 +557,7 @@ fn staged_h2d<T: DType>(
 ) -> Result<()> {
     let workers = workers(stream.device());
     if !stream.device().is_cuda() {
-        par_copy(workers, cfg.threads, dst.host_view_mut()?, src);
-        return Ok(());
+        return par_copy(workers, cfg.threads, dst.host_view_mut()?, src);
     }
     let plan = upload_plan::<T>(stream, src.len(), cfg)?;
     match cfg.stores {
@@ -639,8 +637,8 @@ pub fn par_copy<T: Copy + Send + Sync>(
     threads: usize,
     dst: &mut [T],
     src: &[T],
-) {
-    workers.map(threads, PAGE, dst, src, stream_copy);
+) -> Result<()> {
+    workers.map(threads, PAGE, dst, src, stream_copy)
 }
 
 #[cfg(test)]
