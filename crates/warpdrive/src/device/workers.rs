@@ -167,8 +167,9 @@ impl Workers {
     /// `f(dst piece, src piece)` over matching pieces of two equally long slices, on up to
     /// `threads` threads (one piece each). Pieces are at least [`MIN_PIECE_BYTES`] (waking a
     /// thread costs µs) and `dst`'s pieces start at `align`-byte addresses (pages; huge pages
-    /// for fresh memory, so no two threads fault the same one). A piece whose `f` panics
-    /// makes this an [`Error::WorkerPanicked`] (the other pieces may or may not have run).
+    /// for fresh memory, so no two threads fault the same one). Slices of different lengths
+    /// are an [`Error::LengthMismatch`]; a piece whose `f` panics, an
+    /// [`Error::WorkerPanicked`] (the other pieces may or may not have run).
     pub fn map<S: Sync, D: Send>(
         &self,
         threads: usize,
@@ -177,8 +178,14 @@ impl Workers {
         src: &[S],
         f: impl Fn(&mut [D], &[S]) + Sync,
     ) -> Result<()> {
-        debug_assert_eq!(dst.len(), src.len());
-        let len = dst.len().min(src.len());
+        if dst.len() != src.len() {
+            return Err(Error::LengthMismatch {
+                op: "Workers::map",
+                left: dst.len(),
+                right: src.len(),
+            });
+        }
+        let len = dst.len();
         let size = std::mem::size_of::<D>()
             .max(std::mem::size_of::<S>())
             .max(1);
@@ -498,6 +505,22 @@ mod tests {
         })
         .unwrap();
         assert!(dst.iter().zip(&src).all(|(d, s)| *d == u64::from(*s) * 3));
+    }
+
+    #[test]
+    fn map_refuses_slices_of_different_lengths() {
+        let w = Workers::new(4, None);
+        let src = vec![7u8; 1 << 20];
+        for dst_len in [(1 << 20) - 1, (1 << 20) + 1, 0] {
+            let mut dst = vec![0u8; dst_len];
+            let r = w.map(4, PAGE, &mut dst, &src, |d, s| d.copy_from_slice(s));
+            assert!(
+                matches!(r, Err(Error::LengthMismatch { left, right, .. })
+                    if left == dst_len && right == src.len()),
+                "{r:?}"
+            );
+            assert!(dst.iter().all(|&b| b == 0), "nothing copied");
+        }
     }
 
     #[test]

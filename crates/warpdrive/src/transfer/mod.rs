@@ -475,6 +475,7 @@ fn direct_d2h<T: DType>(stream: &Stream, src: &Buffer<T>, dst: &mut [T]) -> Resu
 /// The host side of a single-DMA copy: on this thread under [`ALWAYS_DIRECT`], else on
 /// every copy thread.
 fn block_copy<T: DType>(stream: &Stream, dst: &mut [T], src: &[T]) -> Result<()> {
+    check_len("transfer::block_copy", dst.len(), src.len())?;
     if size_of_val(src) < ALWAYS_DIRECT {
         dst.copy_from_slice(src);
         Ok(())
@@ -631,13 +632,15 @@ fn h2d_rate(stream: &Stream) -> Result<f64> {
 
 /// `dst.copy_from_slice(src)` in up to `threads` page-aligned pieces on the copy threads,
 /// with non-temporal stores (`stream_copy`: `dst` is next read by the DMA engine, or is
-/// large enough that the cache would not keep it anyway).
+/// large enough that the cache would not keep it anyway). Slices of different lengths are
+/// an [`Error::LengthMismatch`](crate::Error::LengthMismatch), nothing copied.
 pub fn par_copy<T: Copy + Send + Sync>(
     workers: &Workers,
     threads: usize,
     dst: &mut [T],
     src: &[T],
 ) -> Result<()> {
+    check_len("transfer::par_copy", dst.len(), src.len())?;
     workers.map(threads, PAGE, dst, src, stream_copy)
 }
 
@@ -681,6 +684,25 @@ mod tests {
         assert_eq!(tune_windows(307_200 * KIB, TUNE_BYTES), 10);
         assert_eq!(tune_windows(usize::MAX / 4, TUNE_BYTES), 16);
         assert_eq!(tune_windows(300 * 1000 * 1000, 256 * MIB), 3);
+    }
+
+    #[test]
+    fn par_copy_refuses_slices_of_different_lengths_in_every_build() {
+        let workers = Workers::new(4, None);
+        let src: Vec<u32> = (0..300_000).collect();
+        for n in [src.len() - 1, src.len() + 1, 0] {
+            let mut dst = vec![7u32; n];
+            let r = par_copy(&workers, 4, &mut dst, &src);
+            assert!(
+                matches!(r, Err(crate::Error::LengthMismatch { op: "transfer::par_copy", left, right })
+                    if left == n && right == src.len()),
+                "{r:?}"
+            );
+            assert!(dst.iter().all(|&x| x == 7), "nothing copied");
+        }
+        let mut dst = vec![7u32; src.len()];
+        par_copy(&workers, 4, &mut dst, &src).unwrap();
+        assert!(dst == src);
     }
 
     #[test]
