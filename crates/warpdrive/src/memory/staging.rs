@@ -13,6 +13,11 @@
 //! memory, was the limit). Parts are small at the start and the end ([`Grid`]'s ramp), so
 //! the first DMA (upload) or copy-out (download) starts after a little of the copy that
 //! every thread helps with.
+//!
+//! The DMAs go through the stream's [`Dma`] engine: the GPU's copy engine on CUDA, the
+//! calling thread's copy on the CPU backend (complete when enqueued), under the same
+//! protocol of events, so the ring's ordering and every byte it moves are checked without
+//! a GPU too.
 
 use std::mem::MaybeUninit;
 use std::ops::Range;
@@ -21,9 +26,10 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use crate::device::dma::Dma;
 use crate::device::hostmem::{populate, write_copy, FreshVec, HUGE_PAGE};
 use crate::device::workers::Workers;
-use crate::device::{cpu, CudaDevice, Event, Stream};
+use crate::device::{cpu, Event, Stream};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -221,14 +227,13 @@ impl<T: DType> Ring<T> {
     /// ring's blocks hold `grid.max_chunk()` elements, and no host thread touches the slot
     /// before the event recorded here completes (nor still does, for an earlier chunk).
     unsafe fn send(&self, stream: &Stream, grid: &Grid, c: usize, dev_base: u64) -> Result<()> {
-        let (device, cu_stream) = cuda_of(stream, "ring_download")?;
+        let dma = Dma::of(stream);
         let size = std::mem::size_of::<T>();
         let slot = c % self.slots();
         let chunk = grid.chunk_range(c);
         // SAFETY: forwarded from this function's contract.
         unsafe {
-            device.copy_raw_async(
-                cu_stream,
+            dma.copy(
                 false,
                 self.bases[slot] as *mut u8,
                 dev_base + (chunk.start * size) as u64,
@@ -259,16 +264,6 @@ impl<T: DType> Ring<T> {
             .recycle(std::mem::take(&mut self.events));
         Ok(())
     }
-}
-
-/// The CUDA device and stream of a ring copy (the CPU backend has no DMA to feed).
-fn cuda_of<'s>(
-    stream: &'s Stream,
-    op: &str,
-) -> Result<(&'s CudaDevice, &'s cudarc::driver::CudaStream)> {
-    stream
-        .cuda()
-        .ok_or_else(|| Error::Unsupported(format!("{op} needs a CUDA stream")))
 }
 
 /// One download's progress, shared by its threads: the ticket handing out parts, the parts
@@ -459,8 +454,7 @@ struct Sender {
 /// The stream, ring and device side of an upload, for [`Feed::pump`].
 struct Wire<'a> {
     stream: &'a Stream,
-    device: &'a CudaDevice,
-    cu_stream: &'a cudarc::driver::CudaStream,
+    dma: Dma<'a>,
     ring: u64,
     dev_base: u64,
     events: &'a [Event],
@@ -555,8 +549,7 @@ impl<'g> Feed<'g> {
             // DMA's event completes (`wait_room`). `dst` holds every element from
             // `dev_base` until `ring_upload` returns, after the stream is done.
             unsafe {
-                wire.device.copy_raw_async(
-                    wire.cu_stream,
+                wire.dma.copy(
                     true,
                     (wire.ring + (at * size) as u64) as *mut u8,
                     wire.dev_base + (s.sent_to * size) as u64,
@@ -619,7 +612,7 @@ impl<'g> Feed<'g> {
 /// Sends `src` into `dst` (same length) through a ring of pinned memory on `stream` (see
 /// [`Feed`]): up to `plan.threads` copy threads each run `fill(ring piece, matching src
 /// piece)` on parts of the copy (a plain or streaming copy, or a conversion); returns once
-/// every DMA has completed. A CUDA stream only.
+/// every DMA has completed.
 pub(crate) fn ring_upload<S: Sync, T: DType>(
     stream: &Stream,
     workers: &Workers,
@@ -630,7 +623,6 @@ pub(crate) fn ring_upload<S: Sync, T: DType>(
 ) -> Result<()> {
     check_len("ring_upload", dst.len(), src.len())?;
     dst.device().same_as(stream.device(), "ring_upload")?;
-    let (device, cu_stream) = cuda_of(stream, "ring_upload")?;
     if src.is_empty() {
         return Ok(());
     }
@@ -642,8 +634,7 @@ pub(crate) fn ring_upload<S: Sync, T: DType>(
     let feed = Feed::new(&grid, n, ring_len, max_dma);
     let wire = Wire {
         stream,
-        device,
-        cu_stream,
+        dma: Dma::of(stream),
         ring: ring.bases[0],
         dev_base: dst.device_ptr(),
         events: &ring.events,
@@ -698,7 +689,7 @@ pub(crate) fn ring_upload<S: Sync, T: DType>(
 /// `plan.threads` copy threads each run `prepare(dst piece)` (while the piece's DMA may
 /// still run), then `fill(dst piece, matching ring piece)`, on parts of the copy whose
 /// host side starts on `plan.host_align`-byte boundaries (but the first). On `Ok`, `fill`
-/// has run on every element of `dst`. A CUDA stream only.
+/// has run on every element of `dst`.
 pub(crate) fn ring_download<T: DType, D: Send>(
     stream: &Stream,
     workers: &Workers,
@@ -710,7 +701,6 @@ pub(crate) fn ring_download<T: DType, D: Send>(
 ) -> Result<()> {
     check_len("ring_download", src.len(), dst.len())?;
     src.device().same_as(stream.device(), "ring_download")?;
-    cuda_of(stream, "ring_download")?;
     if dst.is_empty() {
         return Ok(());
     }

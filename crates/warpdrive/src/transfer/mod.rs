@@ -11,6 +11,9 @@
 //!   during the DMA), except uploads under 64 KiB: the driver's own copy. Chunk
 //!   size and thread count are tuned at the first large copy on a device and kept in the
 //!   autotune cache (`exec::tune`); [`set_config`] overrides them.
+//!   On the CPU backend the staged copies run through the same ring, the CPU's own copy
+//!   standing in for the DMA engine (`device::dma`), so the ring is checked without a GPU;
+//!   single-DMA copies there are the backend's plain copy.
 //!   `Buffer::copy_from_host`/`copy_to_host` stay the plain driver copy: `memory` sits below
 //!   this floor and must not depend on it, and one explicit fast entry point is simpler
 //!   than injecting a hook into `memory`. [`to_host`] fills a fresh `Vec` never zeroed first,
@@ -414,10 +417,6 @@ pub fn to_host<T: DType>(stream: &Stream, src: &Buffer<T>) -> Result<Vec<T>> {
         threads: workers.threads(),
         ..cfg
     };
-    if !stream.device().is_cuda() {
-        out.extend_par(workers, fresh.threads, src.host_view()?)?;
-        return Ok(out.into_vec());
-    }
     ring_download_fresh(
         stream,
         workers,
@@ -534,9 +533,6 @@ fn staged_d2h<T: DType>(
     cfg: &TransferConfig,
 ) -> Result<()> {
     let workers = workers(stream.device());
-    if !stream.device().is_cuda() {
-        return par_copy(workers, cfg.threads, dst, src.host_view()?);
-    }
     let plan = ring_plan::<T>(dst.len(), cfg);
     ring_download(stream, workers, src, dst, &plan, |_| {}, stream_copy)
 }
@@ -557,9 +553,6 @@ fn staged_h2d<T: DType>(
     cfg: &TransferConfig,
 ) -> Result<()> {
     let workers = workers(stream.device());
-    if !stream.device().is_cuda() {
-        return par_copy(workers, cfg.threads, dst.host_view_mut()?, src);
-    }
     let plan = upload_plan::<T>(stream, src.len(), cfg)?;
     match cfg.stores {
         StagingStores::NonTemporal => ring_upload(stream, workers, dst, src, &plan, stream_copy),
