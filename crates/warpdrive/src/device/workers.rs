@@ -252,8 +252,6 @@ impl Workers {
             )
         });
         let generation = Ticket(shared.ticket.load(Ordering::Relaxed)).generation() + 1;
-        // No part of this job runs before the ticket below is published.
-        *shared.panicked.lock() = None;
         shared.left.store(parts, Ordering::Relaxed);
         shared
             .job
@@ -285,7 +283,8 @@ impl Workers {
             let _finish = Finish(shared);
             work_on(shared);
         }
-        // Every part has returned (`Finish`), its panic recorded before it counted itself.
+        // Every part has returned (`Finish`), its panic recorded before it counted itself;
+        // taking it leaves `panicked` empty for the next job.
         match shared.panicked.lock().take() {
             Some(e) => Err(e),
             None => Ok(()),
