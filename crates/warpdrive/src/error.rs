@@ -89,6 +89,11 @@ pub enum Error {
     #[error("cuBLAS call {call} failed: {message}")]
     Blas { call: &'static str, message: String },
 
+    /// A part of a job on the host copy threads panicked (a bug in the work it ran): the
+    /// job's output is incomplete. The thread that ran it stays in the pool.
+    #[error("a part of a job on the copy threads panicked: {0}")]
+    WorkerPanicked(String),
+
     /// A file could not be read or written.
     #[error("I/O error on {}: {source}", path.display())]
     Io {

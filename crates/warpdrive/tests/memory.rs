@@ -572,6 +572,95 @@ fn pinned_reuse_body(dev: &Device, seed: u64) {
     }
 }
 
+/// 8 threads on one pinned pool, each holding several buffers of mixed size classes at
+/// once: every buffer taken gets a pattern of its own thread and take, checked before it
+/// goes back (so no block is with two holders at once, nor comes back with another's
+/// bytes); some go to the device and back first, and are dropped while that copy may still
+/// run (the block waits for it before reuse). At the end every block is back in the cache.
+fn pinned_stress_body(dev: &Device, seed: u64) {
+    const THREADS: u64 = 8;
+    const ROUNDS: u64 = 2_000;
+    let pool = PinnedPool::new(dev);
+    let pattern = |tag: u64, len: usize| (0..len as u64).map(move |i| tag ^ i.wrapping_mul(0x9e37));
+    std::thread::scope(|scope| {
+        for t in 0..THREADS {
+            let pool = &pool;
+            scope.spawn(move || {
+                let mut r = rng(seed ^ t);
+                let s = dev.new_stream().unwrap();
+                let mut held: Vec<(u64, PinnedBuf<u64>)> = Vec::new();
+                let check = |tag: u64, b: &PinnedBuf<u64>| {
+                    let ok = b
+                        .as_slice()
+                        .unwrap()
+                        .iter()
+                        .copied()
+                        .eq(pattern(tag, b.len()));
+                    assert!(
+                        ok,
+                        "thread {t}: a {}-element block lost its pattern",
+                        b.len()
+                    );
+                };
+                for round in 0..ROUNDS {
+                    if held.is_empty() || (held.len() < 6 && r.random_bool(0.55)) {
+                        let len = match r.random_range(0..6) {
+                            0 => 1,
+                            1 => 511,
+                            2 => 4_099,
+                            3 => 65_537,
+                            _ => r.random_range(1..20_000),
+                        };
+                        let mut b = PinnedBuf::<u64>::new_in(pool, len).unwrap();
+                        let tag = (t << 56) | (round << 24);
+                        for (x, v) in b.as_mut_slice().unwrap().iter_mut().zip(pattern(tag, len)) {
+                            *x = v;
+                        }
+                        held.push((tag, b));
+                    } else {
+                        let (tag, mut b) = held.swap_remove(r.random_range(0..held.len()));
+                        check(tag, &b);
+                        if round % 16 == 0 {
+                            // To the device and back; the source goes back to the pool at
+                            // once, its copy perhaps still running.
+                            let mut d = Buffer::<u64>::uninit(&s, b.len()).unwrap();
+                            d.copy_from_pinned(&s, &mut b).unwrap();
+                            drop(b);
+                            let mut back = PinnedBuf::<u64>::new_in(pool, d.len()).unwrap();
+                            d.copy_to_pinned(&s, &mut back).unwrap();
+                            check(tag, &back);
+                        }
+                    }
+                }
+                for (tag, b) in &held {
+                    check(*tag, b);
+                }
+                drop(held);
+                s.synchronize().unwrap();
+            });
+        }
+    });
+    let st = pool.stats();
+    assert_eq!((st.in_use, st.pending), (0, 0), "{st:?}");
+    assert!(
+        st.driver_allocs < st.allocations,
+        "blocks were reused: {st:?}"
+    );
+    assert_eq!(pool.trim().unwrap(), st.reserved);
+    assert_eq!(pool.stats().reserved, 0);
+}
+
+#[test]
+fn eight_threads_share_one_pinned_pool_without_mixing_contents() {
+    pinned_stress_body(&Device::cpu(), seed("pinned_stress_cpu"));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_eight_threads_share_one_pinned_pool_without_mixing_contents() {
+    pinned_stress_body(&cuda(), seed("pinned_stress_gpu"));
+}
+
 #[test]
 fn pinned_block_reused_chunk_after_chunk() {
     pinned_reuse_body(&Device::cpu(), seed("pinned_reuse_cpu"));

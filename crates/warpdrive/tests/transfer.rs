@@ -1,18 +1,93 @@
 //! The transfer floor on both backends: the pageable fast path, the coalescer, the
-//! pipeline and wire compression. GPU tests (`gpu_*`) are ignored without a GPU.
+//! pipeline and wire compression. GPU tests (`gpu_*`) are ignored without a GPU. Every
+//! destination lies between guard regions of poison that are checked untouched.
 
 mod common;
 
+use std::fmt::Debug;
+use std::sync::Arc;
+
 use common::{cuda, random_f32, rng, seed};
 use half::bf16;
+use rand::distr::{Distribution, StandardUniform};
 use rand::Rng;
+use warpdrive::memory::{round_size, DevicePool, PinnedBuf, PoolConfig, PoolStrategy, SMALL_MAX};
 use warpdrive::transfer::{
     self, download_f32, upload_f32, upload_with, Batch, Compression, Pipeline, StagingStores,
     TransferConfig, BF16_REL_ERROR, F16_ABS_ERROR, F16_REL_ERROR,
 };
-use warpdrive::{ops, Buffer, Device, Error};
+use warpdrive::{ops, Buffer, DType, Device, Error, Stream};
 
 const KIB: usize = 1 << 10;
+
+/// Poisoned elements before and after every destination (odd, and over a page of bytes).
+const GUARD: usize = 4099;
+
+/// Asserts that `v` holds `poison` everywhere but `v[at..at + n]`.
+fn assert_guards<T: PartialEq + Copy + Debug>(v: &[T], at: usize, n: usize, poison: T, what: &str) {
+    let before = v[..at].iter().rposition(|x| *x != poison);
+    let after = v[at + n..].iter().position(|x| *x != poison);
+    assert!(
+        before.is_none() && after.is_none(),
+        "{what}: wrote outside its destination ({before:?} before it, {after:?} past it)"
+    );
+}
+
+/// A device destination of `n` elements between two guard buffers, all three back to
+/// back in one segment of a fresh caching pool (which splits a segment in address order),
+/// so a copy that runs over either end of its destination (beyond the destination
+/// block's own rounding to 512 bytes) lands in a guard. Destinations from 10 MiB get
+/// segments of their own and cannot be guarded so.
+struct DeviceGuarded<T: DType> {
+    before: Buffer<T>,
+    dst: Buffer<T>,
+    after: Buffer<T>,
+    _pool: Arc<DevicePool>,
+}
+
+impl<T: DType + PartialEq + Debug> DeviceGuarded<T> {
+    fn new(s: &Stream, n: usize, poison: T) -> DeviceGuarded<T> {
+        let pool =
+            DevicePool::new(s.device(), PoolStrategy::Caching(PoolConfig::default())).unwrap();
+        let size = std::mem::size_of::<T>();
+        // Guards from the destination's own kind of segment: small ones up to SMALL_MAX.
+        let guard = if n * size <= SMALL_MAX {
+            GUARD
+        } else {
+            SMALL_MAX / size + GUARD
+        };
+        let poisoned = |len: usize| {
+            let mut b = Buffer::<T>::uninit_in(&pool, s, len).unwrap();
+            b.copy_from_host(s, &vec![poison; len]).unwrap();
+            b
+        };
+        let (before, dst, after) = (poisoned(guard), poisoned(n), poisoned(guard));
+        let end = |b: &Buffer<T>| b.device_ptr() + round_size(b.size_bytes()).unwrap() as u64;
+        if n > 0 {
+            assert!(
+                dst.device_ptr() == end(&before) && after.device_ptr() == end(&dst),
+                "the pool no longer places blocks back to back: the guards need another layout"
+            );
+        }
+        DeviceGuarded {
+            before,
+            dst,
+            after,
+            _pool: pool,
+        }
+    }
+
+    fn check_guards(&self, s: &Stream, poison: T, what: &str) {
+        for (side, g) in [("before", &self.before), ("past", &self.after)] {
+            let v = g.to_host(s).unwrap();
+            let bad = v.iter().position(|x| *x != poison);
+            assert!(
+                bad.is_none(),
+                "{what}: wrote {side} its device destination ({bad:?})"
+            );
+        }
+    }
+}
 
 /// Small chunks, so modest sizes still take many chunks through every path.
 fn small_chunks() -> TransferConfig {
@@ -27,6 +102,142 @@ fn small_chunks() -> TransferConfig {
 
 fn random_bytes(rng: &mut impl Rng, n: usize) -> Vec<u8> {
     (0..n).map(|_| rng.random()).collect()
+}
+
+/// Uploads into device destinations and downloads into host destinations at odd offsets,
+/// every one between guards, at sizes around the chunk and ring boundaries (the small
+/// configuration's 64 KiB chunks, two or three a ring) and odd numbers of chunks, on the
+/// direct, staged and default paths: bit-exact, and no guard touched.
+fn guarded_body(dev: &Device) {
+    let mut r = rng(seed("guarded"));
+    let s = dev.new_stream().unwrap();
+    let staged = small_chunks();
+    let configs = [
+        Some(TransferConfig {
+            direct_below: usize::MAX,
+            ..staged
+        }),
+        Some(staged),
+        Some(TransferConfig {
+            threads: 4,
+            depth: 3,
+            stores: StagingStores::Demoted,
+            ..staged
+        }),
+        None,
+    ];
+    let chunk = staged.chunk_bytes;
+    let mut sizes = vec![
+        0,
+        1,
+        3,
+        4095,
+        4097,
+        3 * chunk + 5,
+        7 * chunk - 3,
+        (3 << 20) + 7,
+    ];
+    for edge in [chunk, 2 * chunk, 3 * chunk, 6 * chunk] {
+        sizes.extend([edge - 1, edge, edge + 1]);
+    }
+    for cfg in &configs {
+        for &bytes in &sizes {
+            let what = format!("{bytes} bytes with {cfg:?}");
+            guarded_copies::<u8>(&s, cfg.as_ref(), &mut r, bytes, 0xa5, &what);
+            let n = bytes.div_ceil(4);
+            guarded_copies::<u32>(&s, cfg.as_ref(), &mut r, n, 0xa5a5_5a5a, &what);
+        }
+    }
+}
+
+fn guarded_copies<T>(
+    s: &Stream,
+    cfg: Option<&TransferConfig>,
+    r: &mut impl Rng,
+    n: usize,
+    poison: T,
+    what: &str,
+) where
+    T: DType + PartialEq + Debug,
+    StandardUniform: Distribution<T>,
+{
+    let what = format!("{what}, {n} {}", T::KIND.name());
+    let data: Vec<T> = (0..n).map(|_| r.random()).collect();
+    let mut d = DeviceGuarded::new(s, n, poison);
+    match cfg {
+        Some(cfg) => upload_with(s, &mut d.dst, &data, cfg).unwrap(),
+        None => transfer::upload(s, &mut d.dst, &data).unwrap(),
+    }
+    assert!(d.dst.to_host(s).unwrap() == data, "{what}: upload");
+    d.check_guards(s, poison, &what);
+    for skew in [0, 1, 3] {
+        let at = GUARD + skew;
+        let mut host = vec![poison; at + n + GUARD];
+        let dst = &mut host[at..at + n];
+        match cfg {
+            Some(cfg) => transfer::download_with(s, &d.dst, dst, cfg).unwrap(),
+            None => transfer::download(s, &d.dst, dst).unwrap(),
+        }
+        assert!(host[at..at + n] == data[..], "{what}: download at +{skew}");
+        assert_guards(
+            &host,
+            at,
+            n,
+            poison,
+            &format!("{what}: download at +{skew}"),
+        );
+    }
+    assert!(
+        transfer::to_host(s, &d.dst).unwrap() == data,
+        "{what}: to_host"
+    );
+}
+
+/// Pinned copies at device offsets other than 0, both ways, write their own range only:
+/// the device buffer around it and the pinned block past it keep their poison.
+fn device_offsets_body(dev: &Device) {
+    const POISON: u32 = 0xdead_beef;
+    let mut r = rng(seed("device_offsets"));
+    let s = dev.new_stream().unwrap();
+    let n = 10_007;
+    let data: Vec<u32> = (0..n).map(|_| r.random()).collect();
+    let full = Buffer::from_host(&s, &data).unwrap();
+    for (offset, len) in [
+        (0, n),
+        (1, n - 1),
+        (7, 1),
+        (3, 4096),
+        (n - 5, 5),
+        (n / 2 + 1, n / 2 - 3),
+        (n, 0),
+    ] {
+        let what = format!("{len} u32 at device offset {offset}");
+        let mut dst = Buffer::from_host(&s, &vec![POISON; n]).unwrap();
+        let mut src = PinnedBuf::<u32>::new(dev, len + GUARD).unwrap();
+        src.as_mut_slice().unwrap()[..len].copy_from_slice(&data[..len]);
+        dst.copy_from_pinned_at(&s, offset, &mut src, len).unwrap();
+        let got = dst.to_host(&s).unwrap();
+        assert!(
+            got[offset..offset + len] == data[..len],
+            "{what}: to the device"
+        );
+        assert_guards(&got, offset, len, POISON, &format!("{what}: to the device"));
+        let mut back = PinnedBuf::<u32>::new(dev, len + GUARD).unwrap();
+        back.as_mut_slice().unwrap().fill(POISON);
+        full.copy_to_pinned_at(&s, offset, &mut back, len).unwrap();
+        let back = back.as_slice().unwrap();
+        assert!(
+            back[..len] == data[offset..offset + len],
+            "{what}: to the host"
+        );
+        assert_guards(back, 0, len, POISON, &format!("{what}: to the host"));
+    }
+    // A range past the buffer's end is an error, and writes nothing.
+    let mut dst = Buffer::from_host(&s, &vec![POISON; n]).unwrap();
+    let mut src = PinnedBuf::<u32>::from_slice(dev, &data[..2]).unwrap();
+    let res = dst.copy_from_pinned_at(&s, n - 1, &mut src, 2);
+    assert!(matches!(res, Err(Error::InvalidArgument(_))), "{res:?}");
+    assert!(dst.to_host(&s).unwrap().iter().all(|&x| x == POISON));
 }
 
 /// Staged and direct round trips are bit-exact at odd sizes and from unaligned sub-slices.
@@ -158,22 +369,34 @@ fn wrong_length_body(dev: &Device) {
     assert!(matches!(res, Err(Error::LengthMismatch { .. })), "{res:?}");
 }
 
-/// Copies from several threads at once, each on its own stream, stay intact.
+/// Copies from several threads at once, each on its own stream, stay intact and inside
+/// their destinations, at sizes around the ring's length and random ones.
 fn concurrent_body(dev: &Device) {
     let base = seed("concurrent");
+    // The small configuration's ring: two 64 KiB chunks, in f32.
+    let ring = 2 * small_chunks().chunk_bytes / 4;
     std::thread::scope(|scope| {
         for t in 0..4u64 {
             scope.spawn(move || {
                 let mut r = rng(base + t);
                 let s = dev.new_stream().unwrap();
-                for _ in 0..3 {
-                    let n = r.random_range(200_000..400_000);
+                for round in 0..6 {
+                    let n = match round % 3 {
+                        0 => ring - 1 + (t as usize % 3),
+                        1 => 3 * ring + 1,
+                        _ => r.random_range(200_000..400_000),
+                    };
                     let data = random_f32(&mut r, n);
                     let mut buf = Buffer::uninit(&s, n).unwrap();
                     upload_with(&s, &mut buf, &data, &small_chunks()).unwrap();
-                    let mut out = vec![f32::NAN; n];
-                    transfer::download_with(&s, &buf, &mut out, &small_chunks()).unwrap();
-                    assert_eq!(out, data);
+                    let at = GUARD + t as usize;
+                    let mut out = vec![f32::NAN; at + n + GUARD];
+                    transfer::download_with(&s, &buf, &mut out[at..at + n], &small_chunks())
+                        .unwrap();
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert!(bits(&out[at..at + n]) == bits(&data), "thread {t}: {n} f32");
+                    let out = bits(&out);
+                    assert_guards(&out, at, n, f32::NAN.to_bits(), &format!("thread {t}"));
                 }
             });
         }
@@ -265,6 +488,41 @@ fn pipeline_body(dev: &Device) {
     );
 }
 
+/// The pipeline at sizes 0, 1, chunk - 1, chunk, chunk + 1 and odd numbers of chunks
+/// (more than it keeps in flight) writes every output element, its own input's result,
+/// and nothing outside the output.
+fn pipeline_sizes_body(dev: &Device) {
+    let mut r = rng(seed("pipeline_sizes"));
+    let poison = f32::from_bits(0x7fc0_dead);
+    for (streams, chunk, buffering) in [(1, 1000, 1), (2, 777, 2), (3, 4096, 3)] {
+        let p = Pipeline::new(dev, streams, chunk, buffering).unwrap();
+        for n in [
+            0,
+            1,
+            chunk - 1,
+            chunk,
+            chunk + 1,
+            3 * chunk,
+            7 * chunk - 1,
+            13 * chunk + 5,
+        ] {
+            let what = format!("{n} f32 in chunks of {chunk} on {streams} streams");
+            let input = random_f32(&mut r, n);
+            let mut out = vec![poison; GUARD + n + GUARD];
+            let stats = p
+                .run(&input, &mut out[GUARD..GUARD + n], |s, x, y| {
+                    ops::map(s, &ops::Map::affine(2.0, 1.0), x, y)
+                })
+                .unwrap();
+            assert_eq!(stats.chunks, n.div_ceil(chunk), "{what}");
+            let want: Vec<u32> = input.iter().map(|v| (v * 2.0 + 1.0).to_bits()).collect();
+            let out: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
+            assert!(out[GUARD..GUARD + n] == want[..], "{what}");
+            assert_guards(&out, GUARD, n, poison.to_bits(), &what);
+        }
+    }
+}
+
 /// Compressed transfers stay within their documented bounds; `None` stays exact.
 fn compression_body(dev: &Device) {
     let mut r = rng(seed("compression"));
@@ -321,6 +579,18 @@ fn compression_body(dev: &Device) {
 }
 
 #[test]
+fn guarded_copies_at_chunk_and_ring_boundaries() {
+    guarded_body(&Device::cpu());
+}
+#[test]
+fn device_offsets() {
+    device_offsets_body(&Device::cpu());
+}
+#[test]
+fn pipeline_sizes() {
+    pipeline_sizes_body(&Device::cpu());
+}
+#[test]
 fn round_trips() {
     round_trip_body(&Device::cpu());
 }
@@ -353,6 +623,21 @@ fn compression() {
     compression_body(&Device::cpu());
 }
 
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_transfer_guarded_copies_at_chunk_and_ring_boundaries() {
+    guarded_body(&cuda());
+}
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_transfer_device_offsets() {
+    device_offsets_body(&cuda());
+}
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_transfer_pipeline_sizes() {
+    pipeline_sizes_body(&cuda());
+}
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_transfer_round_trips() {

@@ -155,12 +155,9 @@ fn host_copy_rate(ctx: &mut Ctx) -> Result<()> {
         ctx.step(format!("host-copy-rate {threads} threads"));
         // The ceiling is the staged copies' own (non-temporal) copy; `memcpy` shows what
         // `copy_from_slice` reaches on the same threads.
-        let mut samples = time_host_rounds(1, 5, 2, |v| {
-            match v {
-                0 => transfer::par_copy(workers, threads, &mut dst, &src),
-                _ => workers.map(threads, PAGE, &mut dst, &src, |d, s| d.copy_from_slice(s)),
-            }
-            Ok(())
+        let mut samples = time_host_rounds(1, 5, 2, |v| match v {
+            0 => transfer::par_copy(workers, threads, &mut dst, &src),
+            _ => workers.map(threads, PAGE, &mut dst, &src, |d, s| d.copy_from_slice(s)),
         })?;
         for (variant, us) in ["ceiling", "memcpy"].iter().zip(samples.iter_mut()) {
             ctx.record_bytes(

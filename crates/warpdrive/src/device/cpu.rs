@@ -122,6 +122,25 @@ pub(crate) unsafe fn view_mut<'a, T>(ptr: u64, len: usize) -> &'a mut [T] {
     unsafe { std::slice::from_raw_parts_mut(ptr as *mut T, len) }
 }
 
+/// The CPU backend's "DMA": copies `bytes` from host memory at `host` into this backend's
+/// memory at `dev` (`to_device`), or back, on the calling thread.
+///
+/// # Safety
+/// `host` and `dev` each hold `bytes` bytes, the two ranges do not overlap, and no other
+/// thread writes either of them (nor reads the one written) during the call.
+pub(crate) unsafe fn copy_raw(to_device: bool, host: *mut u8, dev: u64, bytes: usize) {
+    if bytes == 0 {
+        return;
+    }
+    let (src, dst) = if to_device {
+        (host as *const u8, dev as *mut u8)
+    } else {
+        (dev as *const u8, host)
+    };
+    // SAFETY: forwarded from this function's contract.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, bytes) }
+}
+
 fn meminfo_kib(key: &str) -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     text.lines()

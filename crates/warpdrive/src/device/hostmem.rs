@@ -97,8 +97,8 @@ impl<T: Copy + Send + Sync> FreshVec<T> {
                 populate(d);
             }
             write_copy(d, s);
-        });
-        // SAFETY: `map` called `write_copy` on pieces covering all of `spare`, which wrote
+        })?;
+        // SAFETY: `map` returned Ok, so it called `write_copy` on pieces covering all of `spare`, which wrote
         // every one of its elements; they follow the initialised ones directly.
         unsafe { self.vec.set_len(self.vec.len() + src.len()) };
         Ok(())
@@ -106,7 +106,7 @@ impl<T: Copy + Send + Sync> FreshVec<T> {
 
     /// Faults in the pages of the next `n` spare elements (at most the room) on up to
     /// `threads` copy threads, without appending anything: work done ahead while waiting.
-    pub fn prefault(&mut self, workers: &Workers, threads: usize, n: usize) {
+    pub fn prefault(&mut self, workers: &Workers, threads: usize, n: usize) -> Result<()> {
         let n = n.min(self.room());
         let stride = (PAGE / std::mem::size_of::<T>().max(1)).max(1);
         // Zero-sized stand-ins for a source: `map` only needs matching lengths.
@@ -118,7 +118,7 @@ impl<T: Copy + Send + Sync> FreshVec<T> {
                     *x = MaybeUninit::zeroed();
                 }
             }
-        });
+        })
     }
 
     /// Appends `n` elements that `device` copies from device address `src` on `stream`
@@ -388,9 +388,9 @@ mod tests {
             .collect();
         let mut v = FreshVec::with_capacity(n).unwrap();
         let half = n / 2 + 3;
-        v.prefault(&w, 3, half);
+        v.prefault(&w, 3, half).unwrap();
         v.extend_par(&w, 3, &src[..half]).unwrap();
-        v.prefault(&w, 3, usize::MAX);
+        v.prefault(&w, 3, usize::MAX).unwrap();
         v.extend_from_slice(&src[half..half + 5]).unwrap();
         v.extend_par(&w, 3, &src[half + 5..]).unwrap();
         assert_eq!(v.room(), 0);

@@ -6,6 +6,7 @@
 pub mod activity;
 pub(crate) mod cpu;
 pub(crate) mod cuda;
+pub(crate) mod dma;
 pub(crate) mod hostmem;
 pub mod sysfs;
 pub mod workers;

@@ -3,13 +3,19 @@
 //! chunk costs tens of µs each; these are made once, optionally pinned to the CPUs of the
 //! GPU's NUMA node. It lives here (the backend floor) because lending a borrowed closure to
 //! long-lived threads needs `unsafe`.
+//!
+//! A part that panics fails its job with [`Error::WorkerPanicked`]: the panic is caught
+//! where the part runs, so the thread that ran it lives on and the pool keeps every thread.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
+
+use crate::error::{Error, Result};
 
 /// The job being run: a borrowed closure with its lifetime erased, on the stack of the
 /// [`Workers::run`] call that posted it.
@@ -57,6 +63,8 @@ struct Shared {
     /// The caller's sleep until every part is done.
     done_lock: Mutex<()>,
     done: Condvar,
+    /// The error of the current job's first part that panicked.
+    panicked: Mutex<Option<Error>>,
 }
 
 /// A copy thread's parking place. The poster unparks each sleeping thread itself: a
@@ -107,6 +115,7 @@ impl Workers {
             asleep: AtomicUsize::new(0),
             done_lock: Mutex::new(()),
             done: Condvar::new(),
+            panicked: Mutex::new(None),
         });
         let threads = threads.max(1);
         let mut started = 1;
@@ -158,7 +167,9 @@ impl Workers {
     /// `f(dst piece, src piece)` over matching pieces of two equally long slices, on up to
     /// `threads` threads (one piece each). Pieces are at least [`MIN_PIECE_BYTES`] (waking a
     /// thread costs µs) and `dst`'s pieces start at `align`-byte addresses (pages; huge pages
-    /// for fresh memory, so no two threads fault the same one).
+    /// for fresh memory, so no two threads fault the same one). Slices of different lengths
+    /// are an [`Error::LengthMismatch`]; a piece whose `f` panics, an
+    /// [`Error::WorkerPanicked`] (the other pieces may or may not have run).
     pub fn map<S: Sync, D: Send>(
         &self,
         threads: usize,
@@ -166,9 +177,15 @@ impl Workers {
         dst: &mut [D],
         src: &[S],
         f: impl Fn(&mut [D], &[S]) + Sync,
-    ) {
-        debug_assert_eq!(dst.len(), src.len());
-        let len = dst.len().min(src.len());
+    ) -> Result<()> {
+        if dst.len() != src.len() {
+            return Err(Error::LengthMismatch {
+                op: "Workers::map",
+                left: dst.len(),
+                right: src.len(),
+            });
+        }
+        let len = dst.len();
         let size = std::mem::size_of::<D>()
             .max(std::mem::size_of::<S>())
             .max(1);
@@ -177,8 +194,7 @@ impl Workers {
             .min(len.div_ceil((MIN_PIECE_BYTES / size).max(1)))
             .max(1);
         if parts == 1 {
-            f(dst, src);
-            return;
+            return guarded(|| f(dst, src));
         }
         let cuts = cuts(
             dst.as_ptr() as usize,
@@ -199,29 +215,33 @@ impl Workers {
             let mut job = jobs[i].lock();
             let (d, s) = &mut *job;
             f(d, s);
-        });
+        })
     }
 
     /// Runs `f(0)`, ..., `f(parts - 1)` spread over the threads; returns when all are done.
-    pub fn run(&self, parts: usize, f: &(dyn Fn(usize) + Sync)) {
+    /// A part that panics (on any thread, the caller's included) makes this an
+    /// [`Error::WorkerPanicked`] with the panic's message once the parts in progress have
+    /// returned (others may or may not have run); every thread stays in the pool.
+    pub fn run(&self, parts: usize, f: &(dyn Fn(usize) + Sync)) -> Result<()> {
         if parts <= 1 || self.threads == 1 {
-            (0..parts).for_each(f);
-            return;
+            return (0..parts).try_for_each(|i| guarded(|| f(i)));
         }
         let _one = self.run.lock();
         for first in (0..parts).step_by(MAX_PARTS) {
             let n = MAX_PARTS.min(parts - first);
             if first == 0 {
-                self.post(n, f);
+                self.post(n, f)?;
             } else {
-                self.post(n, &|i| f(first + i));
+                self.post(n, &|i| f(first + i))?;
             }
         }
+        Ok(())
     }
 
     /// Posts one job of `parts` (at most [`MAX_PARTS`]) parts, works on it, and returns
-    /// when every part is done. The caller holds `self.run`.
-    fn post(&self, parts: usize, f: &(dyn Fn(usize) + Sync)) {
+    /// when every part is done: an error when one of them panicked. The caller holds
+    /// `self.run`.
+    fn post(&self, parts: usize, f: &(dyn Fn(usize) + Sync)) -> Result<()> {
         let shared = &*self.shared;
         // SAFETY: the lifetime is erased only while this call runs: a worker calls `f` only
         // for a part whose ticket it took (so the job is not over), `Finish` (also on
@@ -259,8 +279,32 @@ impl Workers {
                 }
             }
         }
-        let _finish = Finish(shared);
-        work_on(shared);
+        {
+            let _finish = Finish(shared);
+            work_on(shared);
+        }
+        // Every part has returned (`Finish`), its panic recorded before it counted itself;
+        // taking it leaves `panicked` empty for the next job.
+        match shared.panicked.lock().take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Runs one part, a panic in it turned into [`Error::WorkerPanicked`].
+fn guarded(part: impl FnOnce()) -> Result<()> {
+    catch_unwind(AssertUnwindSafe(part)).map_err(|p| Error::WorkerPanicked(panic_message(&*p)))
+}
+
+/// The message a panic was raised with (`panic!`'s formatted text, when it has one).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a part panicked with a non-string payload".to_string()
     }
 }
 
@@ -288,7 +332,7 @@ fn cuts(base: usize, elem: usize, len: usize, parts: usize, align: usize) -> Vec
     out
 }
 
-/// Marks the current job's untaken parts done (parts nobody took when the caller unwinds),
+/// Marks the current job's untaken parts done (parts nobody took, should the caller unwind),
 /// then waits until every taken part has returned: spinning first (parts take µs), then
 /// asleep on `done`.
 struct Finish<'a>(&'a Shared);
@@ -353,9 +397,12 @@ fn work_on(shared: &Shared) {
                 // and `job` (stored before the ticket was published) is its own.
                 let posted = shared.job.load(Ordering::Acquire);
                 let _done = PartDone(shared);
+                // A panic stays in the part: the thread lives on, and the job fails.
                 // SAFETY: `posted` and its closure stay alive until `left` reaches 0, which
                 // cannot happen before `_done` counts this part (see `Workers::post`).
-                unsafe { (*(*posted).0)(i) };
+                if let Err(e) = guarded(|| unsafe { (*(*posted).0)(i) }) {
+                    shared.panicked.lock().get_or_insert(e);
+                }
                 drop(_done);
                 t = Ticket(shared.ticket.load(Ordering::Acquire));
             }
@@ -364,8 +411,7 @@ fn work_on(shared: &Shared) {
     }
 }
 
-/// Counts a taken part finished when dropped (also when the part unwinds, so `Finish` never
-/// waits for it forever), waking the caller after the last one.
+/// Counts a taken part finished when dropped, waking the caller after the last one.
 struct PartDone<'a>(&'a Shared);
 
 impl Drop for PartDone<'_> {
@@ -455,8 +501,25 @@ mod tests {
             for (d, s) in d.iter_mut().zip(s) {
                 *d = u64::from(*s) * 3;
             }
-        });
+        })
+        .unwrap();
         assert!(dst.iter().zip(&src).all(|(d, s)| *d == u64::from(*s) * 3));
+    }
+
+    #[test]
+    fn map_refuses_slices_of_different_lengths() {
+        let w = Workers::new(4, None);
+        let src = vec![7u8; 1 << 20];
+        for dst_len in [(1 << 20) - 1, (1 << 20) + 1, 0] {
+            let mut dst = vec![0u8; dst_len];
+            let r = w.map(4, PAGE, &mut dst, &src, |d, s| d.copy_from_slice(s));
+            assert!(
+                matches!(r, Err(Error::LengthMismatch { left, right, .. })
+                    if left == dst_len && right == src.len()),
+                "{r:?}"
+            );
+            assert!(dst.iter().all(|&b| b == 0), "nothing copied");
+        }
     }
 
     #[test]
@@ -466,7 +529,8 @@ mod tests {
             let hits: Vec<AtomicUsize> = (0..parts).map(|_| AtomicUsize::new(0)).collect();
             w.run(parts, &|i| {
                 hits[i].fetch_add(1, Ordering::Relaxed);
-            });
+            })
+            .unwrap();
             assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
         }
         // More parts than one ticket holds, after the workers have gone to sleep.
@@ -475,8 +539,34 @@ mod tests {
         let hits: Vec<AtomicUsize> = (0..parts).map(|_| AtomicUsize::new(0)).collect();
         w.run(parts, &|i| {
             hits[i].fetch_add(1, Ordering::Relaxed);
-        });
+        })
+        .unwrap();
         assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+    }
+
+    /// Runs one part per thread, each waiting until all have started, then `then()`; the
+    /// parts that saw every thread at work at once (all of them when every thread is alive
+    /// and awake; the bound only stops a lost thread from hanging the test).
+    fn all_at_once(w: &Workers, then: impl Fn() + Sync) -> (Result<()>, usize) {
+        let (started, met) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let r = w.run(w.threads(), &|_| {
+            started.fetch_add(1, Ordering::SeqCst);
+            while started.load(Ordering::SeqCst) < w.threads() && Instant::now() < deadline {
+                std::hint::spin_loop();
+            }
+            if started.load(Ordering::SeqCst) == w.threads() {
+                met.fetch_add(1, Ordering::SeqCst);
+            }
+            then();
+        });
+        (r, met.load(Ordering::SeqCst))
+    }
+
+    fn on_copy_thread() -> bool {
+        // The copy threads are named; the caller, which takes parts too, is not.
+        let name = std::thread::current().name().map(str::to_owned);
+        name.is_some_and(|n| n.starts_with("warpdrive-copy"))
     }
 
     #[test]
@@ -485,17 +575,9 @@ mod tests {
         for _ in 0..20 {
             // Past the spin, so that every copy thread has gone to sleep.
             std::thread::sleep(SPIN * 2);
-            // Each part waits for all the others to start: every thread must be awake at once
-            // (the bound only stops a lost wake-up from hanging the test).
-            let started = AtomicUsize::new(0);
-            let deadline = Instant::now() + Duration::from_secs(30);
-            w.run(w.threads(), &|_| {
-                started.fetch_add(1, Ordering::SeqCst);
-                while started.load(Ordering::SeqCst) < w.threads() && Instant::now() < deadline {
-                    std::hint::spin_loop();
-                }
-            });
-            assert_eq!(started.load(Ordering::SeqCst), w.threads());
+            let (r, met) = all_at_once(&w, || {});
+            r.unwrap();
+            assert_eq!(met, w.threads());
         }
     }
 
@@ -511,7 +593,8 @@ mod tests {
                         let sum = AtomicU64::new(0);
                         w.run(parts, &|i| {
                             sum.fetch_add(caller * 1000 + i as u64, Ordering::Relaxed);
-                        });
+                        })
+                        .unwrap();
                         let want: u64 = (0..parts as u64).map(|i| caller * 1000 + i).sum();
                         assert_eq!(sum.load(Ordering::Relaxed), want);
                     }
@@ -521,23 +604,57 @@ mod tests {
     }
 
     #[test]
-    fn a_panicking_part_on_the_caller_leaves_the_pool_usable() {
+    fn a_panicking_part_on_the_caller_fails_the_job_and_leaves_the_pool_usable() {
         let w = Workers::new(3, None);
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            w.run(64, &|_| {
-                // Only on the caller (the copy threads are named), which takes parts too.
-                let name = std::thread::current().name().map(str::to_owned);
-                if !name.is_some_and(|n| n.starts_with("warpdrive-copy")) {
-                    panic!("a part on the caller");
-                }
-                std::thread::sleep(Duration::from_micros(50));
-            })
-        }));
-        assert!(r.is_err());
+        let r = w.run(64, &|_| {
+            if !on_copy_thread() {
+                panic!("a part on the caller");
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        });
+        assert!(
+            matches!(&r, Err(Error::WorkerPanicked(m)) if m == "a part on the caller"),
+            "{r:?}"
+        );
         let hits = AtomicUsize::new(0);
         w.run(8, &|_| {
             hits.fetch_add(1, Ordering::Relaxed);
-        });
+        })
+        .unwrap();
         assert_eq!(hits.load(Ordering::Relaxed), 8);
+    }
+
+    #[test]
+    fn a_panicking_part_on_a_copy_thread_fails_the_job_and_the_pool_keeps_every_thread() {
+        let w = Workers::new(4, None);
+        // Every copy thread takes a part (each waits for all), and each panics.
+        let (r, _) = all_at_once(&w, || {
+            if on_copy_thread() {
+                panic!("a part on a copy thread");
+            }
+        });
+        assert!(
+            matches!(&r, Err(Error::WorkerPanicked(m)) if m == "a part on a copy thread"),
+            "{r:?}"
+        );
+        // The next jobs run every part, on every thread at once.
+        for _ in 0..3 {
+            let (r, met) = all_at_once(&w, || {});
+            r.unwrap();
+            assert_eq!(met, w.threads());
+        }
+        // A single part (run on the caller) and `map` fail the same way.
+        let r = w.run(1, &|_| panic!("{}", "formatted"));
+        assert!(
+            matches!(&r, Err(Error::WorkerPanicked(m)) if m == "formatted"),
+            "{r:?}"
+        );
+        let src = vec![1u8; 4 * MIN_PIECE_BYTES];
+        let mut dst = vec![0u8; src.len()];
+        let r = w.map(4, PAGE, &mut dst, &src, |_, _| panic!("every piece"));
+        assert!(
+            matches!(&r, Err(Error::WorkerPanicked(m)) if m == "every piece"),
+            "{r:?}"
+        );
     }
 }

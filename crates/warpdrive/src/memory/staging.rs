@@ -13,6 +13,11 @@
 //! memory, was the limit). Parts are small at the start and the end ([`Grid`]'s ramp), so
 //! the first DMA (upload) or copy-out (download) starts after a little of the copy that
 //! every thread helps with.
+//!
+//! The DMAs go through the stream's [`Dma`] engine: the GPU's copy engine on CUDA, the
+//! calling thread's copy on the CPU backend (complete when enqueued), under the same
+//! protocol of events, so the ring's ordering and every byte it moves are checked without
+//! a GPU too.
 
 use std::mem::MaybeUninit;
 use std::ops::Range;
@@ -21,9 +26,10 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use crate::device::dma::Dma;
 use crate::device::hostmem::{populate, write_copy, FreshVec, HUGE_PAGE};
 use crate::device::workers::Workers;
-use crate::device::{cpu, CudaDevice, Event, Stream};
+use crate::device::{cpu, Event, Stream};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -56,10 +62,10 @@ pub const FALLBACK_RATE: f64 = 25e9;
 /// middle, after a shorter first one of `lead` elements when `0 < lead <= chunk` (so the
 /// host side of every later chunk and part starts on an alignment boundary), with a ramp at
 /// both ends: chunks of 1/32, 1/16, 1/8, 1/4 and 1/2 of that (while the copy has room for
-/// them at both ends), so the DMA starts (uploads) or the copy-out starts (downloads) after
-/// a small first chunk, and the last one leaves little to do after it. Each chunk is cut into
-/// parts of about its length over `plan.threads`, between the alignment and
-/// `plan.part_len`, so every thread helps with the small chunks too.
+/// them at both ends, and none empty), so the DMA starts (uploads) or the copy-out starts
+/// (downloads) after a small first chunk, and the last one leaves little to do after it.
+/// Each chunk is cut into parts of about its length over `plan.threads`, between the
+/// alignment and `plan.part_len`, so every thread helps with the small chunks too.
 struct Grid {
     /// Chunk `c` covers `bounds[c]..bounds[c + 1]`.
     bounds: Vec<usize>,
@@ -100,7 +106,9 @@ impl Grid {
         let mut ramp = Vec::new();
         for shift in RAMP {
             let size = (chunk >> shift).next_multiple_of(align);
-            if size >= chunk || left < 2 * size + chunk {
+            // Not for chunks of under 32 elements, whose small steps round to nothing: an
+            // empty chunk has no last part to send the DMA a ring after it.
+            if size == 0 || size >= chunk || left < 2 * size + chunk {
                 continue;
             }
             ramp.push(size);
@@ -221,14 +229,13 @@ impl<T: DType> Ring<T> {
     /// ring's blocks hold `grid.max_chunk()` elements, and no host thread touches the slot
     /// before the event recorded here completes (nor still does, for an earlier chunk).
     unsafe fn send(&self, stream: &Stream, grid: &Grid, c: usize, dev_base: u64) -> Result<()> {
-        let (device, cu_stream) = cuda_of(stream, "ring_download")?;
+        let dma = Dma::of(stream);
         let size = std::mem::size_of::<T>();
         let slot = c % self.slots();
         let chunk = grid.chunk_range(c);
         // SAFETY: forwarded from this function's contract.
         unsafe {
-            device.copy_raw_async(
-                cu_stream,
+            dma.copy(
                 false,
                 self.bases[slot] as *mut u8,
                 dev_base + (chunk.start * size) as u64,
@@ -259,16 +266,6 @@ impl<T: DType> Ring<T> {
             .recycle(std::mem::take(&mut self.events));
         Ok(())
     }
-}
-
-/// The CUDA device and stream of a ring copy (the CPU backend has no DMA to feed).
-fn cuda_of<'s>(
-    stream: &'s Stream,
-    op: &str,
-) -> Result<(&'s CudaDevice, &'s cudarc::driver::CudaStream)> {
-    stream
-        .cuda()
-        .ok_or_else(|| Error::Unsupported(format!("{op} needs a CUDA stream")))
 }
 
 /// One download's progress, shared by its threads: the ticket handing out parts, the parts
@@ -379,8 +376,8 @@ fn wait_event_once(
     Ok(true)
 }
 
-/// Runs `work` on up to `threads` copy threads; the first error sets `failed` (which stops
-/// the others) and is returned.
+/// Runs `work` on up to `threads` copy threads; the first error (or panic) sets `failed`
+/// (which stops the others) and is returned.
 fn run_parts(
     workers: &Workers,
     threads: usize,
@@ -388,13 +385,27 @@ fn run_parts(
     work: impl Fn() -> Result<()> + Sync,
 ) -> Option<Error> {
     let error: Mutex<Option<Error>> = Mutex::new(None);
-    workers.run(threads.clamp(1, workers.threads()), &|_| {
+    let ran = workers.run(threads.clamp(1, workers.threads()), &|_| {
+        // A thread that panics stops the others too: they may be waiting for a DMA it was
+        // to send.
+        let _stop = FailOnPanic(failed);
         if let Err(e) = work() {
             failed.store(true, Ordering::Relaxed);
             error.lock().get_or_insert(e);
         }
     });
-    error.into_inner()
+    error.into_inner().or(ran.err())
+}
+
+/// Sets its flag when dropped during a panic.
+struct FailOnPanic<'a>(&'a AtomicBool);
+
+impl Drop for FailOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
 }
 
 /// DMA slots an upload's feed cycles through (one event each): more than an upload keeps in
@@ -445,8 +456,7 @@ struct Sender {
 /// The stream, ring and device side of an upload, for [`Feed::pump`].
 struct Wire<'a> {
     stream: &'a Stream,
-    device: &'a CudaDevice,
-    cu_stream: &'a cudarc::driver::CudaStream,
+    dma: Dma<'a>,
     ring: u64,
     dev_base: u64,
     events: &'a [Event],
@@ -541,8 +551,7 @@ impl<'g> Feed<'g> {
             // DMA's event completes (`wait_room`). `dst` holds every element from
             // `dev_base` until `ring_upload` returns, after the stream is done.
             unsafe {
-                wire.device.copy_raw_async(
-                    wire.cu_stream,
+                wire.dma.copy(
                     true,
                     (wire.ring + (at * size) as u64) as *mut u8,
                     wire.dev_base + (s.sent_to * size) as u64,
@@ -605,7 +614,7 @@ impl<'g> Feed<'g> {
 /// Sends `src` into `dst` (same length) through a ring of pinned memory on `stream` (see
 /// [`Feed`]): up to `plan.threads` copy threads each run `fill(ring piece, matching src
 /// piece)` on parts of the copy (a plain or streaming copy, or a conversion); returns once
-/// every DMA has completed. A CUDA stream only.
+/// every DMA has completed.
 pub(crate) fn ring_upload<S: Sync, T: DType>(
     stream: &Stream,
     workers: &Workers,
@@ -616,7 +625,6 @@ pub(crate) fn ring_upload<S: Sync, T: DType>(
 ) -> Result<()> {
     check_len("ring_upload", dst.len(), src.len())?;
     dst.device().same_as(stream.device(), "ring_upload")?;
-    let (device, cu_stream) = cuda_of(stream, "ring_upload")?;
     if src.is_empty() {
         return Ok(());
     }
@@ -628,8 +636,7 @@ pub(crate) fn ring_upload<S: Sync, T: DType>(
     let feed = Feed::new(&grid, n, ring_len, max_dma);
     let wire = Wire {
         stream,
-        device,
-        cu_stream,
+        dma: Dma::of(stream),
         ring: ring.bases[0],
         dev_base: dst.device_ptr(),
         events: &ring.events,
@@ -684,7 +691,7 @@ pub(crate) fn ring_upload<S: Sync, T: DType>(
 /// `plan.threads` copy threads each run `prepare(dst piece)` (while the piece's DMA may
 /// still run), then `fill(dst piece, matching ring piece)`, on parts of the copy whose
 /// host side starts on `plan.host_align`-byte boundaries (but the first). On `Ok`, `fill`
-/// has run on every element of `dst`. A CUDA stream only.
+/// has run on every element of `dst`.
 pub(crate) fn ring_download<T: DType, D: Send>(
     stream: &Stream,
     workers: &Workers,
@@ -696,7 +703,6 @@ pub(crate) fn ring_download<T: DType, D: Send>(
 ) -> Result<()> {
     check_len("ring_download", src.len(), dst.len())?;
     src.device().same_as(stream.device(), "ring_download")?;
-    cuda_of(stream, "ring_download")?;
     if dst.is_empty() {
         return Ok(());
     }
@@ -820,6 +826,8 @@ pub(crate) fn ring_download_fresh<T: DType>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::device::hostmem::stream_copy;
+    use crate::device::Device;
 
     fn plan(chunk_len: usize, part_len: usize) -> RingPlan {
         RingPlan {
@@ -849,14 +857,18 @@ mod tests {
             (7, 256, 64, 3, 16),
             (64 << 10, 4 << 10, 256, 0, 16),
             (100_003, 2048, 512, 100, 512),
+            // Chunks under 32 elements, whose smallest ramp steps round to nothing.
+            (100, 7, 3, 0, 1),
+            (1000, 20, 4, 0, 1),
         ] {
             check_grid(n, &plan(chunk, part), lead, align);
         }
     }
 
     /// Every element in exactly one part, in order; parts within their chunks and at most
-    /// `plan.part_len` (in whole units); chunks no longer than a slot holds; every part past
-    /// the lead on an alignment boundary.
+    /// `plan.part_len` (in whole units); no empty chunk (a download sends a chunk's DMA
+    /// from the last part of the chunk a ring before it); chunks no longer than a slot
+    /// holds; every part past the lead on an alignment boundary.
     fn check_grid(n: usize, plan: &RingPlan, lead: usize, align: usize) {
         let (chunk, part) = (plan.chunk_len, plan.part_len);
         let g = Grid::new(n, plan, lead, align);
@@ -893,6 +905,8 @@ mod tests {
         }
         assert_eq!(next, n, "{what}");
         assert!((0..g.chunks()).all(|c| chunks[c] == g.parts_in(c)));
+        let empty = (0..g.chunks()).find(|&c| g.chunk_range(c).is_empty());
+        assert_eq!(empty, None, "{what}: an empty chunk");
         assert!(
             g.max_chunk() <= chunk.next_multiple_of(align) + align,
             "{what}"
@@ -950,5 +964,165 @@ mod tests {
         assert_eq!(sizes, [128, 256, 512, 1024, 4096, 256, 1024, 512, 256, 128]);
         let g = Grid::new(4 * mib, &plan, 0, 4 * kib);
         assert_eq!(g.chunks(), 1);
+    }
+
+    /// Bytes that differ from their neighbours and from one copy to the next.
+    fn pattern(n: usize, salt: u32) -> Vec<u8> {
+        (0..n as u32)
+            .map(|i| (i.wrapping_add(salt).wrapping_mul(2_654_435_761) >> 11) as u8)
+            .collect()
+    }
+
+    /// Sizes around the parts, the chunks, and the ring (`slots` chunks) of a plan.
+    fn sizes_around(plan: &RingPlan) -> Vec<usize> {
+        let ring = plan.slots * plan.chunk_len;
+        let mut sizes = vec![0, 1, 2];
+        for edge in [
+            plan.part_len,
+            plan.chunk_len,
+            ring,
+            2 * ring,
+            3 * ring + plan.chunk_len,
+        ] {
+            sizes.extend([edge.saturating_sub(1), edge, edge + 1]);
+        }
+        // An odd number of chunks, and a copy long enough for the ramp at both ends.
+        sizes.extend([7 * plan.chunk_len + 3, 64 * plan.chunk_len + 5]);
+        sizes.sort_unstable();
+        sizes.dedup();
+        sizes
+    }
+
+    /// Tiny chunks and parts, so a few KiB go round the ring many times: more DMAs than the
+    /// feed has events, parts that wait for the room a ring's length back, lead chunks.
+    fn tiny_plans() -> Vec<RingPlan> {
+        let p = |chunk_len, slots, part_len, threads, host_align| RingPlan {
+            chunk_len,
+            slots,
+            part_len,
+            threads,
+            host_align,
+            h2d_rate: 0.0,
+        };
+        vec![
+            p(7, 2, 3, 4, 1),
+            p(64, 3, 16, 3, 16),
+            p(1000, 2, 128, 4, 64),
+            p(4096, 1, 512, 2, 4096),
+        ]
+    }
+
+    /// The ring on the CPU backend (the CPU's copy as the DMA engine) moves every byte of
+    /// uploads and downloads at sizes around its part, chunk and ring boundaries, into
+    /// destinations at odd offsets, and writes nothing outside them.
+    #[test]
+    fn the_ring_moves_every_byte_on_the_cpu_at_every_boundary() {
+        const GUARD: usize = 4099;
+        let s = Device::cpu().new_stream().unwrap();
+        let workers = Workers::new(4, None);
+        for plan in tiny_plans() {
+            for n in sizes_around(&plan) {
+                let what = format!("{n} bytes, {plan:?}");
+                let src = pattern(n, n as u32);
+                let mut dev = Buffer::<u8>::from_host(&s, &vec![0xa5; n]).unwrap();
+                ring_upload(&s, &workers, &mut dev, &src, &plan, stream_copy).unwrap();
+                assert!(dev.to_host(&s).unwrap() == src, "upload of {what}");
+                for at in [GUARD, GUARD + 1, GUARD + 3] {
+                    let mut host = vec![0x5au8; at + n + GUARD];
+                    ring_download(
+                        &s,
+                        &workers,
+                        &dev,
+                        &mut host[at..at + n],
+                        &plan,
+                        |_| {},
+                        stream_copy,
+                    )
+                    .unwrap();
+                    assert!(host[at..at + n] == src, "download of {what} at {at}");
+                    assert!(
+                        host[..at].iter().chain(&host[at + n..]).all(|&b| b == 0x5a),
+                        "download of {what} at {at} wrote outside its destination"
+                    );
+                }
+                let mut out = FreshVec::with_capacity(n);
+                ring_download_fresh(&s, &workers, &dev, &mut out, &plan).unwrap();
+                assert!(out.into_vec() == src, "fresh download of {what}");
+            }
+        }
+    }
+
+    /// Several threads copying through rings at once, each on its own stream, one pool of
+    /// copy threads between them (their jobs queue): every copy stays intact.
+    #[test]
+    fn concurrent_rings_on_the_cpu_stay_intact() {
+        let workers = Workers::new(4, None);
+        std::thread::scope(|scope| {
+            for t in 0..4u32 {
+                let workers = &workers;
+                scope.spawn(move || {
+                    let s = Device::cpu().new_stream().unwrap();
+                    let plans = tiny_plans();
+                    for round in 0..24u32 {
+                        let plan = plans[(t + round) as usize % plans.len()];
+                        let n = 3 * plan.slots * plan.chunk_len + (round * 37 + t) as usize;
+                        let src = pattern(n, t << 16 | round);
+                        let mut dev = Buffer::<u8>::from_host(&s, &vec![0; n]).unwrap();
+                        ring_upload(&s, workers, &mut dev, &src, &plan, stream_copy).unwrap();
+                        let mut back = vec![0u8; n];
+                        ring_download(&s, workers, &dev, &mut back, &plan, |_| {}, stream_copy)
+                            .unwrap();
+                        assert!(back == src, "thread {t} round {round}: {n} bytes");
+                    }
+                });
+            }
+        });
+    }
+
+    /// A part that panics while filling or copying out fails the copy with an error (the
+    /// other threads stop rather than wait for DMAs it was to send), and the next copy on
+    /// the same threads is whole.
+    #[test]
+    fn a_panicking_part_fails_the_ring_copy_without_hanging() {
+        let s = Device::cpu().new_stream().unwrap();
+        let workers = Workers::new(4, None);
+        let plan = tiny_plans()[1];
+        let n = 40 * plan.chunk_len + 3;
+        let src = pattern(n, 1);
+        let mut dev = Buffer::<u8>::from_host(&s, &vec![0; n]).unwrap();
+        let calls = AtomicUsize::new(0);
+        let r = ring_upload(&s, &workers, &mut dev, &src, &plan, |d, x| {
+            if calls.fetch_add(1, Ordering::Relaxed) == 5 {
+                panic!("fill failed on purpose");
+            }
+            d.copy_from_slice(x);
+        });
+        assert!(
+            matches!(&r, Err(Error::WorkerPanicked(m)) if m.contains("on purpose")),
+            "{r:?}"
+        );
+        calls.store(0, Ordering::Relaxed);
+        let mut back = vec![0u8; n];
+        let r = ring_download(
+            &s,
+            &workers,
+            &dev,
+            &mut back,
+            &plan,
+            |_| {},
+            |d, x| {
+                if calls.fetch_add(1, Ordering::Relaxed) == 5 {
+                    panic!("copy-out failed on purpose");
+                }
+                d.copy_from_slice(x);
+            },
+        );
+        assert!(
+            matches!(&r, Err(Error::WorkerPanicked(m)) if m.contains("on purpose")),
+            "{r:?}"
+        );
+        ring_upload(&s, &workers, &mut dev, &src, &plan, stream_copy).unwrap();
+        ring_download(&s, &workers, &dev, &mut back, &plan, |_| {}, stream_copy).unwrap();
+        assert!(back == src);
     }
 }

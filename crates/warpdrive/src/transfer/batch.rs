@@ -106,7 +106,7 @@ impl<'a, T: DType> Batch<'a, T> {
             &mut self.data.as_mut_slice()?[..len],
             &self.starts,
             &self.slices,
-        );
+        )?;
         let mut data = Buffer::uninit(stream, len)?;
         data.copy_from_pinned_at(stream, 0, &mut self.data, len)?;
         let mut offsets = Buffer::uninit(stream, n + 1)?;
@@ -121,7 +121,12 @@ impl<'a, T: DType> Batch<'a, T> {
 
 /// Copies `slices` (slice `i` at `starts[i]..starts[i + 1]`) back to back into `dst`,
 /// which is split into equal pieces, one per copy thread.
-fn gather<T: DType>(workers: &Workers, dst: &mut [T], starts: &[u64], slices: &[&[T]]) {
+fn gather<T: DType>(
+    workers: &Workers,
+    dst: &mut [T],
+    starts: &[u64],
+    slices: &[&[T]],
+) -> Result<()> {
     let total = dst.len();
     let parts = pieces::<T>(workers, total);
     let piece = total.div_ceil(parts).max(1);
@@ -148,7 +153,7 @@ fn gather<T: DType>(workers: &Workers, dst: &mut [T], starts: &[u64], slices: &[
             }
             i += 1;
         }
-    });
+    })
 }
 
 /// How many pieces to split `elements` into on the copy threads.
@@ -228,7 +233,7 @@ impl<T: DType> Packed<T> {
                 let (a, b) = (self.starts[*first + i], self.starts[*first + i + 1]);
                 v.extend_from_slice(&all[a as usize..b as usize]);
             }
-        });
+        })?;
         Ok(out)
     }
 }

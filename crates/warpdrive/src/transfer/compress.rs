@@ -221,7 +221,7 @@ where
         let plan = super::upload_plan::<f32>(stream, src.len(), &cfg)?;
         ring_upload(stream, workers, &mut wire, src, &plan, narrow_demoted)?;
     } else {
-        workers.map(cfg.threads, PAGE, wire.host_view_mut()?, src, narrow);
+        workers.map(cfg.threads, PAGE, wire.host_view_mut()?, src, narrow)?;
     }
     widen(stream, &wire, dst)
 }
@@ -254,7 +254,7 @@ fn download_narrow<H: Float>(
             piece,
             &stage.as_slice()?[..piece.len()],
             &widen,
-        );
+        )?;
         let next = i + depth;
         if next < n {
             wire.copy_to_pinned_at(stream, next * chunk, stage, chunk.min(total - next * chunk))?;

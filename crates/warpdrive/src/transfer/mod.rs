@@ -11,6 +11,9 @@
 //!   during the DMA), except uploads under 64 KiB: the driver's own copy. Chunk
 //!   size and thread count are tuned at the first large copy on a device and kept in the
 //!   autotune cache (`exec::tune`); [`set_config`] overrides them.
+//!   On the CPU backend the staged copies run through the same ring, the CPU's own copy
+//!   standing in for the DMA engine (`device::dma`), so the ring is checked without a GPU;
+//!   single-DMA copies there are the backend's plain copy.
 //!   `Buffer::copy_from_host`/`copy_to_host` stay the plain driver copy: `memory` sits below
 //!   this floor and must not depend on it, and one explicit fast entry point is simpler
 //!   than injecting a hook into `memory`. [`to_host`] fills a fresh `Vec` never zeroed first,
@@ -186,15 +189,15 @@ pub fn config(stream: &Stream, dir: Direction) -> Result<TransferConfig> {
 /// threads look as fast as 16 at 64 MiB, 46 GB/s, and the 4 chosen then ran 23-28 GB/s on
 /// copies from memory). Written on every copy thread: untouched pages would all read as
 /// the kernel's one shared zero page (always cached) and fault inside the timings.
-fn tune_host(stream: &Stream, window: usize) -> Vec<u8> {
+fn tune_host(stream: &Stream, window: usize) -> Result<Vec<u8>> {
     let llc = crate::device::sysfs::last_level_cache_bytes(std::path::Path::new("/sys"));
     let mut host = vec![0u8; tune_windows(llc.unwrap_or(0), window) * window];
     let workers = workers(stream.device());
     let units = vec![(); host.len()];
     workers.map(workers.threads(), PAGE, &mut host, &units, |d, _| {
         d.fill(0x5a)
-    });
-    host
+    })?;
+    Ok(host)
 }
 
 /// Times the candidate chunk sizes and thread counts on a [`TUNE_BYTES`] copy (once per
@@ -212,7 +215,7 @@ fn tune(stream: &Stream, dir: Direction) -> Result<TransferConfig> {
             Direction::H2d => STORES_TUNE_BYTES,
             Direction::D2h => TUNE_BYTES,
         },
-    );
+    )?;
     let (span, mut next) = (host.len(), 0usize);
     let mut window = |bytes: usize| {
         let windows = span / bytes;
@@ -413,7 +416,7 @@ pub fn to_host<T: DType>(stream: &Stream, src: &Buffer<T>) -> Result<Vec<T>> {
         // on one; 4 MiB 456 against 209), separate regions fault in parallel (16 MiB: 847
         // µs on 16 threads, 1135 on one).
         let faulting = bytes.div_ceil(HUGE_PAGE).min(workers.threads());
-        out.prefault(workers, faulting, src.len());
+        out.prefault(workers, faulting, src.len())?;
         out.extend_par(workers, workers.threads(), stage.as_slice()?)?;
         return Ok(out.into_vec());
     }
@@ -422,10 +425,6 @@ pub fn to_host<T: DType>(stream: &Stream, src: &Buffer<T>) -> Result<Vec<T>> {
         threads: workers.threads(),
         ..cfg
     };
-    if !stream.device().is_cuda() {
-        out.extend_par(workers, fresh.threads, src.host_view()?)?;
-        return Ok(out.into_vec());
-    }
     ring_download_fresh(
         stream,
         workers,
@@ -464,7 +463,7 @@ fn direct_h2d<T: DType>(stream: &Stream, dst: &mut Buffer<T>, src: &[T]) -> Resu
         return dst.copy_from_host(stream, src);
     }
     let mut stage = PinnedBuf::<T>::new(stream.device(), src.len())?;
-    block_copy(stream, stage.as_mut_slice()?, src);
+    block_copy(stream, stage.as_mut_slice()?, src)?;
     dst.copy_from_pinned(stream, &mut stage)?;
     stream.synchronize()
 }
@@ -477,18 +476,19 @@ fn direct_d2h<T: DType>(stream: &Stream, src: &Buffer<T>, dst: &mut [T]) -> Resu
     let Some(stage) = pinned_d2h(stream, src)? else {
         return src.copy_to_host(stream, dst);
     };
-    block_copy(stream, dst, stage.as_slice()?);
-    Ok(())
+    block_copy(stream, dst, stage.as_slice()?)
 }
 
 /// The host side of a single-DMA copy: on this thread under [`ALWAYS_DIRECT`], else on
 /// every copy thread.
-fn block_copy<T: DType>(stream: &Stream, dst: &mut [T], src: &[T]) {
+fn block_copy<T: DType>(stream: &Stream, dst: &mut [T], src: &[T]) -> Result<()> {
+    check_len("transfer::block_copy", dst.len(), src.len())?;
     if size_of_val(src) < ALWAYS_DIRECT {
         dst.copy_from_slice(src);
+        Ok(())
     } else {
         let workers = workers(stream.device());
-        par_copy(workers, workers.threads(), dst, src);
+        par_copy(workers, workers.threads(), dst, src)
     }
 }
 
@@ -541,10 +541,6 @@ fn staged_d2h<T: DType>(
     cfg: &TransferConfig,
 ) -> Result<()> {
     let workers = workers(stream.device());
-    if !stream.device().is_cuda() {
-        par_copy(workers, cfg.threads, dst, src.host_view()?);
-        return Ok(());
-    }
     let plan = ring_plan::<T>(dst.len(), cfg);
     ring_download(stream, workers, src, dst, &plan, |_| {}, stream_copy)
 }
@@ -565,10 +561,6 @@ fn staged_h2d<T: DType>(
     cfg: &TransferConfig,
 ) -> Result<()> {
     let workers = workers(stream.device());
-    if !stream.device().is_cuda() {
-        par_copy(workers, cfg.threads, dst.host_view_mut()?, src);
-        return Ok(());
-    }
     let plan = upload_plan::<T>(stream, src.len(), cfg)?;
     match cfg.stores {
         StagingStores::NonTemporal => ring_upload(stream, workers, dst, src, &plan, stream_copy),
@@ -641,14 +633,16 @@ fn h2d_rate(stream: &Stream) -> Result<f64> {
 
 /// `dst.copy_from_slice(src)` in up to `threads` page-aligned pieces on the copy threads,
 /// with non-temporal stores (`stream_copy`: `dst` is next read by the DMA engine, or is
-/// large enough that the cache would not keep it anyway).
+/// large enough that the cache would not keep it anyway). Slices of different lengths are
+/// an [`Error::LengthMismatch`](crate::Error::LengthMismatch), nothing copied.
 pub fn par_copy<T: Copy + Send + Sync>(
     workers: &Workers,
     threads: usize,
     dst: &mut [T],
     src: &[T],
-) {
-    workers.map(threads, PAGE, dst, src, stream_copy);
+) -> Result<()> {
+    check_len("transfer::par_copy", dst.len(), src.len())?;
+    workers.map(threads, PAGE, dst, src, stream_copy)
 }
 
 #[cfg(test)]
@@ -691,6 +685,25 @@ mod tests {
         assert_eq!(tune_windows(307_200 * KIB, TUNE_BYTES), 10);
         assert_eq!(tune_windows(usize::MAX / 4, TUNE_BYTES), 16);
         assert_eq!(tune_windows(300 * 1000 * 1000, 256 * MIB), 3);
+    }
+
+    #[test]
+    fn par_copy_refuses_slices_of_different_lengths_in_every_build() {
+        let workers = Workers::new(4, None);
+        let src: Vec<u32> = (0..300_000).collect();
+        for n in [src.len() - 1, src.len() + 1, 0] {
+            let mut dst = vec![7u32; n];
+            let r = par_copy(&workers, 4, &mut dst, &src);
+            assert!(
+                matches!(r, Err(crate::Error::LengthMismatch { op: "transfer::par_copy", left, right })
+                    if left == n && right == src.len()),
+                "{r:?}"
+            );
+            assert!(dst.iter().all(|&x| x == 7), "nothing copied");
+        }
+        let mut dst = vec![7u32; src.len()];
+        par_copy(&workers, 4, &mut dst, &src).unwrap();
+        assert!(dst == src);
     }
 
     #[test]

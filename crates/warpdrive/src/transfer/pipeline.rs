@@ -307,7 +307,7 @@ impl Pipeline {
                 let host = f.out.as_slice()?;
                 wait_s += t.elapsed().as_secs_f64();
                 let t = Instant::now();
-                par_copy(workers, threads, piece, &host[..piece.len()]);
+                par_copy(workers, threads, piece, &host[..piece.len()])?;
                 host_s += t.elapsed().as_secs_f64();
                 // A closed channel means the calling thread stopped (its error is returned).
                 let _ = finished.send(f.events);
@@ -316,7 +316,7 @@ impl Pipeline {
                 let piece = &input[next * chunk..((next + 1) * chunk).min(input.len())];
                 let mut block = PinnedBuf::<T>::new(&self.device, piece.len())?;
                 let t = Instant::now();
-                par_copy(workers, threads, block.as_mut_slice()?, piece);
+                par_copy(workers, threads, block.as_mut_slice()?, piece)?;
                 host_s += t.elapsed().as_secs_f64();
                 if staged
                     .send(Staged {
