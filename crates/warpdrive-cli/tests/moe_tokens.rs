@@ -3,9 +3,11 @@
 
 use std::process::Command;
 
+mod common;
+
 /// Runs `warpdrive moe --preset qwen3-30b-a3b --device cpu --tokens TOKENS`: (status, stderr).
 fn moe_tokens(tokens: &str) -> (Option<i32>, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_warpdrive"))
+    let out = Command::new(common::warpdrive_bin())
         .args(["moe", "--preset", "qwen3-30b-a3b", "--device", "cpu"])
         .args(["--tokens", tokens])
         .output()

@@ -1045,7 +1045,7 @@ mod tests {
                         "download of {what} at {at} wrote outside its destination"
                     );
                 }
-                let mut out = FreshVec::with_capacity(n);
+                let mut out = FreshVec::with_capacity(n).unwrap();
                 ring_download_fresh(&s, &workers, &dev, &mut out, &plan).unwrap();
                 assert!(out.into_vec() == src, "fresh download of {what}");
             }

@@ -1,0 +1,12 @@
+//! Shared by the CLI's integration tests.
+
+use std::path::PathBuf;
+
+/// The `warpdrive` binary under test: `WARPDRIVE_CLI` where set (the GPU bundle's `run.sh`
+/// points it at the bundle's copy: cargo's path does not exist on that host), else the one
+/// cargo built for these tests.
+pub fn warpdrive_bin() -> PathBuf {
+    std::env::var_os("WARPDRIVE_CLI")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_warpdrive")))
+}
