@@ -100,6 +100,15 @@ fn default_pool_body(dev: &Device) {
             Err(Error::DeviceMismatch { .. })
         ));
     }
+    // Handing the cache back keeps what is in use and leaves the pool serving.
+    drop(Buffer::<u8>::uninit(&s, 3 << 20).unwrap());
+    s.synchronize().unwrap();
+    warpdrive::memory::release_cached().unwrap();
+    assert_eq!(x.to_host(&s).unwrap(), [1.5, 2.5, -3.0]);
+    assert_eq!(
+        Buffer::from_host(&s, &[7u32]).unwrap().to_host(&s).unwrap(),
+        [7]
+    );
 }
 
 /// Capture mode: allocations on the capturing stream come only from held blocks.

@@ -1880,6 +1880,35 @@ impl Drop for PinnedHost {
 }
 
 /// Whether each CUDA library loads here, and its version when it does.
+/// Functions run when the process exits normally ([`at_exit`]).
+static EXIT_HOOKS: Mutex<Vec<fn()>> = Mutex::new(Vec::new());
+
+extern "C" fn run_exit_hooks() {
+    let hooks = std::mem::take(&mut *EXIT_HOOKS.lock());
+    for hook in hooks {
+        // A panic must not unwind into C's exit.
+        let _ = std::panic::catch_unwind(hook);
+    }
+}
+
+/// Runs `hook` when the process exits normally, before the CUDA driver's own teardown (the
+/// driver registered its handler at `cuInit`, earlier, and C runs these in reverse order).
+/// A hook registered more than once runs once.
+pub(crate) fn at_exit(hook: fn()) {
+    static REGISTERED: OnceLock<()> = OnceLock::new();
+    REGISTERED.get_or_init(|| {
+        // SAFETY: `run_exit_hooks` is a plain `extern "C" fn()` that never unwinds; atexit
+        // only stores the pointer.
+        unsafe {
+            libc::atexit(run_exit_hooks);
+        }
+    });
+    let mut hooks = EXIT_HOOKS.lock();
+    if !hooks.iter().any(|h| std::ptr::fn_addr_eq(*h, hook)) {
+        hooks.push(hook);
+    }
+}
+
 pub(crate) fn library_statuses() -> Vec<LibraryStatus> {
     let libs = libraries();
     let status = |name: &'static str, loaded: bool, version: Option<String>| LibraryStatus {

@@ -21,6 +21,7 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 
 pub(crate) use cpu::cpu_model;
+pub(crate) use cuda::at_exit;
 pub(crate) use cuda::AsyncMemPool;
 pub use cuda::CudaDevice;
 pub(crate) use cuda::GemmCall;

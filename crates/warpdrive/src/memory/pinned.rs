@@ -222,6 +222,15 @@ const MAX_DEVICES: usize = 65;
 static POOLS: [OnceLock<Arc<PinnedPool>>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
 
 /// The device's default pinned pool, created on first use; [`PinnedBuf::new`] uses it.
+/// Trims every default pinned pool made so far (see [`super::release_cached`]).
+pub(super) fn trim_default_pools() -> Result<u64> {
+    let mut released = 0u64;
+    for pool in POOLS.iter().filter_map(OnceLock::get) {
+        released = released.saturating_add(pool.trim()?);
+    }
+    Ok(released)
+}
+
 pub fn pinned_pool(device: &Device) -> Result<&'static Arc<PinnedPool>> {
     let slot = super::pool::device_slot(device)?;
     Ok(POOLS[slot].get_or_init(|| PinnedPool::new(device)))

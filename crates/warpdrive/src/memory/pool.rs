@@ -396,12 +396,37 @@ pub(crate) fn device_slot(device: &Device) -> Result<usize> {
     }
 }
 
+/// With this variable set to `1`, the default pools hand their cached memory back to the
+/// driver when the process exits, so `compute-sanitizer --leak-check full` reports only
+/// memory that something still holds (the GPU bundle's `run.sh --sanitize` sets it).
+pub const RELEASE_AT_EXIT: &str = "WARPDRIVE_RELEASE_AT_EXIT";
+
+/// Hands the cached memory of every default device and pinned pool back to the driver
+/// (what [`DevicePool::trim`] and [`PinnedPool::trim`](super::PinnedPool::trim) free);
+/// memory in use stays. Returns the bytes released.
+pub fn release_cached() -> Result<u64> {
+    let mut released = 0u64;
+    for pool in POOLS.iter().filter_map(OnceLock::get) {
+        released = released.saturating_add(pool.trim()?);
+    }
+    Ok(released.saturating_add(super::pinned::trim_default_pools()?))
+}
+
+fn release_at_exit() {
+    if let Err(e) = release_cached() {
+        eprintln!("warpdrive: releasing cached memory at exit: {e}");
+    }
+}
+
 /// The device's default pool (the caching strategy with the default config), created on
 /// first use. Every [`Buffer`](super::Buffer) comes from it unless it was made with
 /// [`Buffer::uninit_in`](super::Buffer::uninit_in).
 pub fn device_pool(device: &Device) -> Result<&'static Arc<DevicePool>> {
     let slot = device_slot(device)?;
     Ok(POOLS[slot].get_or_init(|| {
+        if device.is_cuda() && std::env::var_os(RELEASE_AT_EXIT).is_some_and(|v| v == "1") {
+            crate::device::at_exit(release_at_exit);
+        }
         Arc::new(DevicePool {
             device: device.clone(),
             kind: Kind::Caching(Mutex::new(Core::new(
