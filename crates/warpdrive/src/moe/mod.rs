@@ -1158,11 +1158,11 @@ impl<T: Float> MoeLayer<T> {
         };
         self.enqueue_router(&pass)?;
         let ws = self.workspace()?;
-        let experts = ws.experts.to_host(&self.stream)?;
-        let weights = ws.weights.to_host(&self.stream)?;
+        // Only this pass's slots: the rest of the workspace was never written.
+        let slots = crate::size::product("MoE routing", &[tokens, k])?;
         Ok(Routing {
-            experts: experts[..tokens * k].to_vec(),
-            weights: weights[..tokens * k].to_vec(),
+            experts: ws.experts.prefix_to_host(&self.stream, slots)?,
+            weights: ws.weights.prefix_to_host(&self.stream, slots)?,
         })
     }
 
