@@ -290,7 +290,8 @@ fn moe(
     Ok(())
 }
 
-/// `bench`, recording a trace (and sampling NVML when it is there) with `--trace`.
+/// `bench`, recording a trace (and sampling NVML when it is there) with `--trace`. The
+/// suites, the output paths and the replay trace are checked before anything runs.
 fn bench_traced(
     names: &[String],
     device: &DeviceOpt,
@@ -298,8 +299,24 @@ fn bench_traced(
     options: &bench::Options,
     trace: Option<&Path>,
 ) -> Result<()> {
+    let suites = bench::select_suites(names)?;
+    if let Some(replay) = &options.memory_trace {
+        if !suites.iter().any(|s| s.name == "memory") {
+            bail!(
+                "--replay {} is for the memory suite, which is not selected",
+                replay.display()
+            );
+        }
+        options
+            .check()
+            .with_context(|| format!("--replay {}", replay.display()))?;
+    }
+    check_output(path)?;
+    if let Some(trace_path) = trace {
+        check_output(trace_path)?;
+    }
     let Some(trace_path) = trace else {
-        return bench_cmd(names, device, path, options);
+        return bench_cmd(&suites, device, path, options);
     };
     telemetry::start_trace();
     let sampler = match telemetry::Sampler::start(0, std::time::Duration::from_millis(100)) {
@@ -309,7 +326,7 @@ fn bench_traced(
             None
         }
     };
-    let ran = bench_cmd(names, device, path, options);
+    let ran = bench_cmd(&suites, device, path, options);
     drop(sampler);
     let recorded = telemetry::finish_trace();
     recorded
@@ -356,6 +373,9 @@ fn list_suites() {
 }
 
 fn doctor(device: &DeviceOpt, json: Option<&Path>) -> Result<()> {
+    if let Some(path) = json {
+        check_output(path)?;
+    }
     println!(
         "warpdrive {} (git {})",
         env!("CARGO_PKG_VERSION"),
@@ -396,10 +416,10 @@ fn doctor(device: &DeviceOpt, json: Option<&Path>) -> Result<()> {
         "{}",
         indent(&bench::format_ceilings(&outcome.results.ceilings))
     );
-    if let Some(path) = json {
-        write_results(&outcome.results, path)?;
+    match json {
+        Some(path) => save_results(&outcome.results, &outcome.failed, path),
+        None => fail_on(&outcome.failed),
     }
-    fail_on(&outcome.failed)
 }
 
 /// Every field of `info`, one per line, then the libraries.
@@ -447,20 +467,11 @@ fn indent(text: &str) -> String {
 }
 
 fn bench_cmd(
-    names: &[String],
+    suites: &[&'static bench::Suite],
     device: &DeviceOpt,
     path: &Path,
     options: &bench::Options,
 ) -> Result<()> {
-    let suites = bench::select_suites(names)?;
-    if let Some(trace) = &options.memory_trace {
-        if !suites.iter().any(|s| s.name == "memory") {
-            bail!(
-                "--replay {} is for the memory suite, which is not selected",
-                trace.display()
-            );
-        }
-    }
     let device = device.open()?;
     let scale = Scale::for_device(&device);
     println!(
@@ -476,7 +487,7 @@ fn bench_cmd(
         ran,
         failed,
         peer_env,
-    } = bench::run_suites_with(&device, &suites, scale, options)?;
+    } = bench::run_suites_with(&device, suites, scale, options)?;
     let peer_rows = bench::run_peers(&ran, &device, &peer_env);
     if !peer_rows.is_empty() {
         println!(
@@ -489,24 +500,63 @@ fn bench_cmd(
     println!();
     bench::print_table(&results);
     println!();
-    write_results(&results, path)?;
-    fail_on(&failed)
+    save_results(&results, &failed, path)
 }
 
-fn write_results(results: &Results, path: &Path) -> Result<()> {
-    results
-        .write_json(path)
-        .with_context(|| format!("writing {}", path.display()))?;
-    println!("results written to {}", path.display());
-    Ok(())
+/// Fails, naming `path` and why, when the results or trace file could not be written there:
+/// checked before a run, so a bad path never costs the run.
+fn check_output(path: &Path) -> Result<()> {
+    warpdrive::files::check_writable(path)
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// Writes `results` to `path` when every suite succeeded. After a failure they go to a
+/// `.partial` file beside it instead (see [`partial_path`]), so a failed run never replaces
+/// a good results file, and the run fails naming the suites.
+fn save_results(results: &Results, failed: &[(&str, warpdrive::Error)], path: &Path) -> Result<()> {
+    if failed.is_empty() {
+        return write_results(results, path);
+    }
+    let partial = partial_path(path);
+    write_results(results, &partial)?;
+    bail!(
+        "{}; the results so far are in {} ({} was left as it was)",
+        failures(failed),
+        partial.display(),
+        path.display()
+    )
 }
 
 fn fail_on(failed: &[(&str, warpdrive::Error)]) -> Result<()> {
     if failed.is_empty() {
         return Ok(());
     }
+    bail!("{}", failures(failed))
+}
+
+/// `N suite(s) failed: suite: error; ...`.
+fn failures(failed: &[(&str, warpdrive::Error)]) -> String {
     let list: Vec<String> = failed.iter().map(|(s, e)| format!("{s}: {e}")).collect();
-    bail!("{} suite(s) failed: {}", failed.len(), list.join("; "))
+    format!("{} suite(s) failed: {}", failed.len(), list.join("; "))
+}
+
+/// `dir/name.partial.json` for `dir/name.json` (`name.partial` without an extension).
+fn partial_path(path: &Path) -> PathBuf {
+    let stem = path.file_stem().unwrap_or_default().to_string_lossy();
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}.partial.{}", ext.to_string_lossy()),
+        None => format!("{stem}.partial"),
+    };
+    path.with_file_name(name)
+}
+
+/// Writes `results` atomically (a failed write leaves the file that was there whole).
+fn write_results(results: &Results, path: &Path) -> Result<()> {
+    results
+        .write_json(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    println!("results written to {}", path.display());
+    Ok(())
 }
 
 #[cfg(test)]
@@ -677,6 +727,40 @@ mod tests {
         assert!(parse(&["doctor", "--json"]).is_err());
         assert!(parse(&["bench", "--nope"]).is_err());
         assert!(parse(&["doctor", "extra"]).is_err());
+    }
+
+    #[test]
+    fn a_failed_run_keeps_the_good_results_file() {
+        let dir = std::env::temp_dir().join(format!("wd-cli-save-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("r.json");
+        std::fs::write(&path, "good").unwrap();
+        let info = Device::cpu().info().unwrap();
+        let results = Results::new(&info, bench::Ceilings::default(), Vec::new());
+        let failed = [("memory", warpdrive::Error::InvalidArgument("boom".into()))];
+        let err = save_results(&results, &failed, &path)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "good");
+        let partial = dir.join("r.partial.json");
+        assert!(
+            err.contains("memory") && err.contains(&*partial.to_string_lossy()),
+            "{err}"
+        );
+        assert_eq!(Results::read_json(&partial).unwrap().rows, results.rows);
+        // A run without failures replaces it.
+        save_results(&results, &[], &path).unwrap();
+        assert!(Results::read_json(&path).is_ok());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn partial_paths_sit_beside_the_results_file() {
+        assert_eq!(
+            partial_path(Path::new("out/r.json")),
+            Path::new("out/r.partial.json")
+        );
+        assert_eq!(partial_path(Path::new("r")), Path::new("r.partial"));
     }
 
     #[test]

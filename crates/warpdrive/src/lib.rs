@@ -14,6 +14,7 @@ pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod exec;
+pub mod files;
 pub mod kernels;
 pub mod memory;
 pub mod moe;

@@ -174,9 +174,13 @@ impl Trace {
         Ok(Trace { seed, ops })
     }
 
+    /// Reads and parses a trace file; every error names the file.
     pub fn read(path: &Path) -> Result<Trace> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        Trace::from_json(&text)
+        Trace::from_json(&text).map_err(|e| match e {
+            Error::InvalidArgument(m) => Error::InvalidArgument(format!("{}: {m}", path.display())),
+            other => other,
+        })
     }
 
     pub fn write(&self, path: &Path) -> Result<()> {

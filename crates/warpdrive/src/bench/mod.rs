@@ -153,6 +153,17 @@ pub struct Options {
     pub memory_trace: Option<PathBuf>,
 }
 
+impl Options {
+    /// Reads and checks the files these options name (the `memory_trace`), so a missing or
+    /// malformed one fails before any suite runs; the error names the file and why.
+    pub fn check(&self) -> Result<()> {
+        if let Some(path) = &self.memory_trace {
+            memory::Trace::read(path)?;
+        }
+        Ok(())
+    }
+}
+
 /// Every registered suite, in run order.
 pub fn suites() -> &'static [Suite] {
     SUITES
@@ -369,7 +380,8 @@ pub struct Outcome {
 /// Runs the `ceilings` suite and then `suites` (in order, `ceilings` once) on `device` at
 /// `scale`, with a progress bar on stderr when stderr is a terminal. A suite that fails is
 /// reported in [`Outcome::failed`] and the others still run; it fails outright only when no
-/// stream or device information can be had.
+/// stream or device information can be had, or (before any suite runs) when
+/// [`Options::check`] fails.
 pub fn run_suites(device: &Device, suites: &[&'static Suite], scale: Scale) -> Result<Outcome> {
     run_suites_with(device, suites, scale, &Options::default())
 }
@@ -381,6 +393,7 @@ pub fn run_suites_with(
     scale: Scale,
     options: &Options,
 ) -> Result<Outcome> {
+    options.check()?;
     let mut order: Vec<&'static Suite> = Vec::with_capacity(suites.len() + 1);
     if let Some(c) = find_suite(ceilings::SUITE) {
         order.push(c);

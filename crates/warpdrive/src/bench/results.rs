@@ -436,15 +436,13 @@ impl Results {
         Ok(results)
     }
 
-    /// Writes the file (creating missing parent folders).
+    /// Writes the file atomically (a temporary file beside it renamed into place, see
+    /// [`crate::files::write_atomic`]), creating missing parent folders; on failure the file
+    /// that was there is left whole.
     pub fn write_json(&self, path: impl AsRef<Path>) -> Result<()> {
-        let path = path.as_ref();
         let mut text = self.to_json()?;
         text.push('\n');
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
-        }
-        std::fs::write(path, text).map_err(|e| Error::io(path, e))
+        crate::files::write_atomic(path.as_ref(), text.as_bytes())
     }
 
     /// Reads a file written by [`Results::write_json`].
@@ -789,6 +787,23 @@ mod tests {
         let r = sample_results();
         r.write_json(&path).unwrap();
         same(&Results::read_json(&path).unwrap(), &r);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn write_json_replaces_the_file_instead_of_writing_into_it() {
+        let dir = std::env::temp_dir().join(format!("wd-results-atomic-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("r.json");
+        std::fs::write(&path, "good").unwrap();
+        // Another name for the old file: it keeps its text unless the write went into it.
+        let old = dir.join("old.json");
+        let _ = std::fs::remove_file(&old);
+        std::fs::hard_link(&path, &old).unwrap();
+        let r = sample_results();
+        r.write_json(&path).unwrap();
+        same(&Results::read_json(&path).unwrap(), &r);
+        assert_eq!(std::fs::read_to_string(&old).unwrap(), "good");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

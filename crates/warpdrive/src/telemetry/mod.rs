@@ -21,7 +21,7 @@ mod trace;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 pub use nvml::{NvmlReading, Sampler};
-pub use prometheus::{serve_prometheus, PrometheusServer};
+pub use prometheus::{serve_prometheus, serve_prometheus_with, EndpointLimits, PrometheusServer};
 pub use span::{
     collect_spans, discard_spans, gpu_events_recorded, span, GpuTime, PendingGpu, Span, SpanRecord,
     SHARE_WINDOW,

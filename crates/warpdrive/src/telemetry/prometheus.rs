@@ -1,11 +1,16 @@
 //! The Prometheus endpoint: installs `metrics-exporter-prometheus` as the process's metrics
 //! recorder and serves its text format over a small HTTP listener of our own (plain std
 //! networking, so an ephemeral port works and no async runtime is pulled in).
+//!
+//! Each connection gets its own thread, up to a cap; one over the cap is answered `503` and
+//! closed at once. A connection is closed at most a deadline after it was accepted, however
+//! slowly its client sends or reads, so idle or trickling clients cannot starve scrapes.
 
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::OnceLock;
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
@@ -30,6 +35,28 @@ fn handle() -> Result<&'static PrometheusHandle> {
         .map_err(|e| Error::Unsupported(format!("the Prometheus recorder is unavailable: {e}")))
 }
 
+/// How many connections the endpoint serves at once and how long each may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EndpointLimits {
+    /// Connections served at once (default 256); one more is answered `503` and closed.
+    pub max_connections: usize,
+    /// How long after it is accepted a connection is closed, whether or not its request
+    /// arrived and its answer was read (default 2 s).
+    pub deadline: Duration,
+}
+
+impl Default for EndpointLimits {
+    fn default() -> Self {
+        EndpointLimits {
+            max_connections: 256,
+            deadline: Duration::from_secs(2),
+        }
+    }
+}
+
+/// The most bytes of a request head read; the answer does not depend on the rest.
+const MAX_HEAD: usize = 64 * 1024;
+
 /// A running endpoint; it serves until the process ends.
 #[derive(Debug, Clone, Copy)]
 pub struct PrometheusServer {
@@ -39,7 +66,24 @@ pub struct PrometheusServer {
 
 /// Installs the Prometheus recorder and serves `GET /metrics` (any path answers) on `addr`,
 /// or on `127.0.0.1:9464` when `None`: loopback unless the caller names another address.
+/// [`EndpointLimits::default`] bounds the connections.
 pub fn serve_prometheus(addr: Option<SocketAddr>) -> Result<PrometheusServer> {
+    serve_prometheus_with(addr, EndpointLimits::default())
+}
+
+/// [`serve_prometheus`] with other [`EndpointLimits`]; a zero cap, a zero deadline or one
+/// too far to represent is an `InvalidArgument`.
+pub fn serve_prometheus_with(
+    addr: Option<SocketAddr>,
+    limits: EndpointLimits,
+) -> Result<PrometheusServer> {
+    let deadline_fits = Instant::now().checked_add(limits.deadline).is_some();
+    if limits.max_connections == 0 || limits.deadline.is_zero() || !deadline_fits {
+        return Err(Error::InvalidArgument(format!(
+            "Prometheus endpoint limits need at least one connection and a non-zero, \
+             representable deadline (got {limits:?})"
+        )));
+    }
     let handle = handle()?;
     let addr = addr.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 9464)));
     let io = |source| Error::Io {
@@ -50,35 +94,132 @@ pub fn serve_prometheus(addr: Option<SocketAddr>) -> Result<PrometheusServer> {
     let bound = listener.local_addr().map_err(io)?;
     std::thread::Builder::new()
         .name("warpdrive-prometheus".into())
-        .spawn(move || {
-            for conn in listener.incoming().flatten() {
-                if let Err(e) = answer(conn, handle) {
-                    tracing::debug!("prometheus endpoint: {e}");
-                }
-            }
-        })
+        .spawn(move || accept_loop(listener, handle, limits))
         .map_err(io)?;
     Ok(PrometheusServer { addr: bound })
 }
 
-fn answer(mut conn: TcpStream, handle: &PrometheusHandle) -> std::io::Result<()> {
-    conn.set_read_timeout(Some(Duration::from_secs(2)))?;
-    // Read the request head (we answer every request the same way).
-    let mut buf = [0u8; 4096];
-    let mut got = Vec::new();
-    while !got.windows(4).any(|w| w == b"\r\n\r\n") && got.len() < 64 * 1024 {
-        let n = conn.read(&mut buf)?;
-        if n == 0 {
-            break;
+fn accept_loop(listener: TcpListener, handle: &'static PrometheusHandle, limits: EndpointLimits) {
+    let active = Arc::new(AtomicUsize::new(0));
+    for conn in listener.incoming() {
+        let conn = match conn {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!("prometheus endpoint: accept failed: {e}");
+                // Out of file descriptors fails again at once: back off instead of spinning.
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        // Only this thread adds, so the count cannot pass the cap between check and add.
+        let deadline = Instant::now().checked_add(limits.deadline);
+        let (Some(deadline), true) = (
+            deadline,
+            active.load(Ordering::Acquire) < limits.max_connections,
+        ) else {
+            refuse(conn);
+            continue;
+        };
+        let slot = Slot::take(&active);
+        let spawned = std::thread::Builder::new()
+            .name("warpdrive-prometheus-conn".into())
+            .spawn(move || {
+                let _slot = slot;
+                if let Err(e) = answer(conn, handle, deadline) {
+                    tracing::debug!("prometheus endpoint: {e}");
+                }
+            });
+        // On failure the closure, with its slot and connection, is dropped: both released.
+        if let Err(e) = spawned {
+            tracing::debug!("prometheus endpoint: no thread for a connection: {e}");
         }
-        got.extend_from_slice(&buf[..n]);
     }
+}
+
+/// One served connection, counted in the endpoint's active count while it lives.
+struct Slot(Arc<AtomicUsize>);
+
+impl Slot {
+    fn take(active: &Arc<AtomicUsize>) -> Slot {
+        active.fetch_add(1, Ordering::AcqRel);
+        Slot(Arc::clone(active))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Answers `503` without ever blocking the accept loop (a client that does not read simply
+/// gets the connection closed), then closes.
+fn refuse(mut conn: TcpStream) {
+    let _ = conn.set_nonblocking(true);
+    let _ = conn.write_all(
+        b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\n\
+          Connection: close\r\n\r\n",
+    );
+}
+
+/// Time left until `deadline`, or a `TimedOut` error when none is.
+fn remaining(deadline: Instant) -> std::io::Result<Duration> {
+    deadline
+        .checked_duration_since(Instant::now())
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| std::io::Error::new(ErrorKind::TimedOut, "the request deadline passed"))
+}
+
+fn answer(
+    mut conn: TcpStream,
+    handle: &PrometheusHandle,
+    deadline: Instant,
+) -> std::io::Result<()> {
+    read_head(&mut conn, deadline)?;
     handle.run_upkeep();
     let body = handle.render();
-    write!(
-        conn,
+    let head = format!(
         "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\
-         Connection: close\r\n\r\n{body}",
+         Connection: close\r\n\r\n",
         body.len()
-    )
+    );
+    write_by(&mut conn, head.as_bytes(), deadline)?;
+    write_by(&mut conn, body.as_bytes(), deadline)
+}
+
+/// Reads until the end of the request head, the client's end of stream or [`MAX_HEAD`]
+/// bytes (we answer every request the same way); fails once `deadline` passes.
+fn read_head(conn: &mut TcpStream, deadline: Instant) -> std::io::Result<()> {
+    let mut buf = [0u8; 4096];
+    let mut got = Vec::new();
+    while got.len() < MAX_HEAD {
+        conn.set_read_timeout(Some(remaining(deadline)?))?;
+        let n = match conn.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        // Only the new bytes (and the three before them) can complete the blank line.
+        let from = got.len().saturating_sub(3);
+        got.extend_from_slice(&buf[..n]);
+        if got[from..].windows(4).any(|w| w == b"\r\n\r\n") {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// Writes all of `bytes`, failing once `deadline` passes.
+fn write_by(conn: &mut TcpStream, mut bytes: &[u8], deadline: Instant) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        conn.set_write_timeout(Some(remaining(deadline)?))?;
+        match conn.write(bytes) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }

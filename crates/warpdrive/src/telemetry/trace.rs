@@ -180,15 +180,12 @@ impl Trace {
         json!({ "traceEvents": self.events, "displayTimeUnit": "ms" })
     }
 
-    /// Writes the Chrome trace JSON to `path`.
+    /// Writes the Chrome trace JSON to `path` atomically (see
+    /// [`crate::files::write_atomic`]), creating missing parent folders.
     pub fn write(&self, path: impl AsRef<Path>) -> Result<()> {
-        let path = path.as_ref();
         let text = serde_json::to_string(&self.to_json())
             .map_err(|e| Error::InvalidArgument(format!("trace serialisation failed: {e}")))?;
-        std::fs::write(path, text).map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })
+        crate::files::write_atomic(path.as_ref(), text.as_bytes())
     }
 
     /// The number of complete slices.
