@@ -5,6 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+mod common;
+
 fn tempdir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("wd-cli-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -14,7 +16,7 @@ fn tempdir(name: &str) -> PathBuf {
 
 /// Runs `warpdrive ARGS` in `dir` on the CPU backend.
 fn warpdrive(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_warpdrive"))
+    Command::new(common::warpdrive_bin())
         .current_dir(dir)
         .env("WARPDRIVE_DEVICE", "cpu")
         .args(args)

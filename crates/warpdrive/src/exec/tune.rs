@@ -389,7 +389,7 @@ impl Autotuner {
         };
         let text = toml::to_string(&file)
             .map_err(|e| Error::InvalidArgument(format!("autotune file: {e}")))?;
-        write_atomic(path, &text)
+        crate::files::write_atomic(path, text.as_bytes())
     }
 }
 
@@ -508,23 +508,6 @@ fn lock_exclusive(path: &Path, timeout: Duration) -> Result<Option<std::fs::File
             Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(path, e)),
         }
     }
-}
-
-fn write_atomic(path: &Path, text: &str) -> Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        path.file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("autotune"),
-        std::process::id()
-    ));
-    std::fs::write(&tmp, text).map_err(|e| Error::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        Error::io(path, e)
-    })
 }
 
 /// One point of a batch sweep.

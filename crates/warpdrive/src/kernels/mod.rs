@@ -445,27 +445,12 @@ fn read_cached(path: &Path) -> Option<String> {
 /// Writes `ptx` with its checksum header to a temp file and renames it into place, so a
 /// reader never sees half a file.
 fn write_atomic(path: &Path, ptx: &str) -> Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let tmp = dir.join(format!(
-        ".{}.{}.{nanos}.tmp",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("ptx"),
-        std::process::id()
-    ));
     let text = format!(
         "{HEADER} fnv={:016x} len={}\n{ptx}",
         fnv1a(&[ptx.as_bytes()]),
         ptx.len()
     );
-    std::fs::write(&tmp, text).map_err(|e| Error::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        Error::io(path, e)
-    })
+    crate::files::write_atomic(path, text.as_bytes())
 }
 
 #[cfg(test)]
