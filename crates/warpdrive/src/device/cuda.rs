@@ -1087,6 +1087,10 @@ impl CudaDevice {
                 message: format!("{e:?}"),
             })?;
             *guard = Some(BlasHandle(h));
+            if release_at_exit() {
+                BLAS_OWNERS.lock().push(Arc::downgrade(&self.inner));
+                at_exit(release_blas_handles);
+            }
         }
         let Some(handle) = guard.as_ref().map(|h| h.0) else {
             return Err(Error::Blas {
@@ -1880,6 +1884,32 @@ impl Drop for PinnedHost {
 }
 
 /// Whether each CUDA library loads here, and its version when it does.
+/// With this variable set to `1`, what warpdrive caches for the process's life (the default
+/// pools' memory, the cuBLAS handles) is handed back when the process exits, so
+/// `compute-sanitizer --leak-check full` reports only memory something still holds (the GPU
+/// bundle's `run.sh` sets it).
+pub const RELEASE_AT_EXIT: &str = "WARPDRIVE_RELEASE_AT_EXIT";
+
+/// Whether [`RELEASE_AT_EXIT`] is set to `1` (read once).
+pub(crate) fn release_at_exit() -> bool {
+    static SET: OnceLock<bool> = OnceLock::new();
+    *SET.get_or_init(|| std::env::var_os(RELEASE_AT_EXIT).is_some_and(|v| v == "1"))
+}
+
+/// Devices holding a cuBLAS handle, for [`release_blas_handles`].
+static BLAS_OWNERS: Mutex<Vec<std::sync::Weak<Inner>>> = Mutex::new(Vec::new());
+
+/// Destroys every device's cuBLAS handle (an exit hook under [`RELEASE_AT_EXIT`]).
+fn release_blas_handles() {
+    // Taken first: a handle's lock is never waited for while holding this list's.
+    let owners = std::mem::take(&mut *BLAS_OWNERS.lock());
+    for owner in owners {
+        if let Some(inner) = owner.upgrade() {
+            drop(inner.blas.lock().take());
+        }
+    }
+}
+
 /// Functions run when the process exits normally ([`at_exit`]).
 static EXIT_HOOKS: Mutex<Vec<fn()>> = Mutex::new(Vec::new());
 

@@ -21,11 +21,12 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 
 pub(crate) use cpu::cpu_model;
-pub(crate) use cuda::at_exit;
 pub(crate) use cuda::AsyncMemPool;
 pub use cuda::CudaDevice;
 pub(crate) use cuda::GemmCall;
 pub(crate) use cuda::LaunchMode;
+pub use cuda::RELEASE_AT_EXIT;
+pub(crate) use cuda::{at_exit, release_at_exit};
 
 /// The environment variable that overrides [`Device::best`]: `cpu`, `cuda` or `cuda:N`.
 pub const DEVICE_ENV: &str = "WARPDRIVE_DEVICE";

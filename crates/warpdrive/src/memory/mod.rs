@@ -20,9 +20,7 @@ mod unified;
 
 pub use caching::{round_size, segment_size, PoolConfig, PoolStats, ROUND, SMALL_MAX};
 pub use pinned::{pinned_class, pinned_pool, PinnedBuf, PinnedPool, PinnedStats};
-pub use pool::{
-    device_pool, release_cached, DevicePool, GraphMemory, PoolStrategy, RELEASE_AT_EXIT,
-};
+pub use pool::{device_pool, release_cached, DevicePool, GraphMemory, PoolStrategy};
 pub use staging::RingPlan;
 pub(crate) use staging::{ring_download, ring_download_fresh, ring_upload};
 pub use unified::{Advice, Coherence, Location, ManagedBuffer, UnifiedBuffer};

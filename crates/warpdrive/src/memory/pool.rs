@@ -129,6 +129,19 @@ impl std::fmt::Debug for DevicePool {
     }
 }
 
+/// A pool hands its cached segments back to the driver when its last handle goes (no
+/// buffer is left then: each holds the pool), so a pool made for one job does not keep the
+/// device's memory until the process ends. A failure is logged: a drop cannot return it.
+impl Drop for DevicePool {
+    fn drop(&mut self) {
+        if let Kind::Caching(core) = &self.kind {
+            if let Err(e) = core.lock().trim() {
+                tracing::warn!("a dropped device pool could not free its cache: {e}");
+            }
+        }
+    }
+}
+
 impl DevicePool {
     /// A new pool on `device`. `CudaAsync` needs a CUDA device.
     pub fn new(device: &Device, strategy: PoolStrategy) -> Result<Arc<DevicePool>> {
@@ -396,11 +409,6 @@ pub(crate) fn device_slot(device: &Device) -> Result<usize> {
     }
 }
 
-/// With this variable set to `1`, the default pools hand their cached memory back to the
-/// driver when the process exits, so `compute-sanitizer --leak-check full` reports only
-/// memory that something still holds (the GPU bundle's `run.sh --sanitize` sets it).
-pub const RELEASE_AT_EXIT: &str = "WARPDRIVE_RELEASE_AT_EXIT";
-
 /// Hands the cached memory of every default device and pinned pool back to the driver
 /// (what [`DevicePool::trim`] and [`PinnedPool::trim`](super::PinnedPool::trim) free);
 /// memory in use stays. Returns the bytes released.
@@ -424,7 +432,7 @@ fn release_at_exit() {
 pub fn device_pool(device: &Device) -> Result<&'static Arc<DevicePool>> {
     let slot = device_slot(device)?;
     Ok(POOLS[slot].get_or_init(|| {
-        if device.is_cuda() && std::env::var_os(RELEASE_AT_EXIT).is_some_and(|v| v == "1") {
+        if device.is_cuda() && crate::device::release_at_exit() {
             crate::device::at_exit(release_at_exit);
         }
         Arc::new(DevicePool {
