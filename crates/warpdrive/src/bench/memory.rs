@@ -70,7 +70,7 @@ impl Trace {
     }
 
     /// The most requested bytes live at once (the trace's own figure, the same for every
-    /// allocator that replays it; `u64::MAX` where a trace from a file holds more).
+    /// allocator that replays it).
     pub fn peak_live_bytes(&self) -> u64 {
         let mut sizes = vec![0usize; self.allocations()];
         let (mut live, mut peak) = (0u64, 0u64);
@@ -80,6 +80,7 @@ impl Trace {
                     if let Some(s) = sizes.get_mut(id) {
                         *s = bytes;
                     }
+                    // Saturating: a trace read from a file may ask for more than u64 holds.
                     live = live.saturating_add(bytes as u64);
                     peak = peak.max(live);
                 }
@@ -114,9 +115,8 @@ impl Trace {
         out
     }
 
-    /// Parses the JSON form, checking that every id is allocated once before it is freed,
-    /// and freed at most once, and that ids are below the number of ops (`0..allocations`
-    /// in a well-formed trace), so a stray id cannot size the parser's tables.
+    /// Parses the JSON form, checking that the ids are `0..allocations`, each allocated once
+    /// before it is freed, and freed at most once.
     pub fn from_json(text: &str) -> Result<Trace> {
         let bad = |m: String| Error::InvalidArgument(format!("allocation trace: {m}"));
         let v: Value = serde_json::from_str(text).map_err(|e| bad(format!("not JSON: {e}")))?;
@@ -130,15 +130,19 @@ impl Trace {
         let list = v["ops"]
             .as_array()
             .ok_or_else(|| bad("no `ops` array".into()))?;
+        let allocations = list
+            .iter()
+            .filter(|op| op.get(0).and_then(Value::as_str) == Some("a"))
+            .count();
         let mut ops = Vec::with_capacity(list.len());
-        let mut state: Vec<u8> = Vec::new(); // 0 unseen, 1 live, 2 freed
+        let mut state = vec![0u8; allocations]; // 0 unseen, 1 live, 2 freed
         for (i, op) in list.iter().enumerate() {
             let parts = op.as_array().map(Vec::as_slice).unwrap_or(&[]);
             let num = |j: usize| {
                 parts
                     .get(j)
                     .and_then(Value::as_u64)
-                    .map(|n| n as usize)
+                    .and_then(|n| usize::try_from(n).ok())
                     .ok_or_else(|| {
                         bad(format!(
                             "op {i}: expected [\"a\", id, bytes] or [\"f\", id]"
@@ -146,14 +150,10 @@ impl Trace {
                     })
             };
             let id = num(1)?;
-            if id >= list.len() {
+            if id >= allocations {
                 return Err(bad(format!(
-                    "op {i}: id {id} is not below the trace's {} ops",
-                    list.len()
+                    "op {i}: id {id} is not below the trace's {allocations} allocations"
                 )));
-            }
-            if id >= state.len() {
-                state.resize(id + 1, 0);
             }
             match parts.first().and_then(Value::as_str) {
                 Some("a") if parts.len() == 3 && state[id] == 0 => {
@@ -576,6 +576,8 @@ mod tests {
             r#"{"format": "warpdrive-alloc-trace/1", "ops": [["a",0,1],["a",0,1]]}"#,
             r#"{"format": "warpdrive-alloc-trace/1", "ops": [["a",0,1],["f",0],["f",0]]}"#,
             r#"{"format": "warpdrive-alloc-trace/1", "ops": [["x",0]]}"#,
+            r#"{"format": "warpdrive-alloc-trace/1", "ops": [["a",1,1],["f",1]]}"#,
+            r#"{"format": "warpdrive-alloc-trace/1", "ops": [["a",18446744073709551615,1]]}"#,
         ] {
             assert!(Trace::from_json(bad).is_err(), "{bad}");
         }

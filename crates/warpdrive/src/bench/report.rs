@@ -32,6 +32,23 @@ fn chart_error(e: impl std::fmt::Display) -> Error {
     Error::InvalidArgument(format!("chart rendering failed: {e}"))
 }
 
+/// `lo..hi` when an axis can span it: finite, increasing and, on a log axis, positive with a
+/// finite `hi / lo` (plotters never finishes placing the ticks of a log axis without one).
+fn axis(lo: f64, hi: f64, log: bool) -> Result<std::ops::Range<f64>> {
+    let spans = if log {
+        lo > 0.0 && (hi / lo).is_finite()
+    } else {
+        true
+    };
+    if lo.is_finite() && hi.is_finite() && lo < hi && spans {
+        Ok(lo..hi)
+    } else {
+        Err(chart_error(format!(
+            "the values span {lo:e}..{hi:e}, which no axis can draw"
+        )))
+    }
+}
+
 /// Renders the table, the charts and the page of `results`.
 pub fn render_report(results: &Results) -> Result<Report> {
     let mut charts = Vec::new();
@@ -123,7 +140,11 @@ fn bandwidth_chart(results: &Results, rows: &[&Row], title: &str) -> Result<Stri
             .or_default()
             .push((r.size.max(1) as f64, g));
         if let Some(c) = r.named_ceiling().filter(|c| c.unit() == "GB/s") {
-            if let Some(v) = results.ceilings.get(c) {
+            if let Some(v) = results
+                .ceilings
+                .get(c)
+                .filter(|v| v.is_finite() && *v > 0.0)
+            {
                 ceilings.insert(c.key(), v);
             }
         }
@@ -158,7 +179,10 @@ fn bandwidth_chart(results: &Results, rows: &[&Row], title: &str) -> Result<Stri
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(60)
-            .build_cartesian_2d((x0..x1).log_scale(), (y0 / 1.5..y1 * 1.5).log_scale())
+            .build_cartesian_2d(
+                axis(x0, x1, true)?.log_scale(),
+                axis(y0 / 1.5, y1 * 1.5, true)?.log_scale(),
+            )
             .map_err(chart_error)?;
         chart
             .configure_mesh()
@@ -277,7 +301,7 @@ fn bar_chart(bars: &[(String, f64)], title: &str, log: bool, mark: Option<f64>) 
         if log {
             let (a, b) = (lo / 2.0, hi * 2.0);
             let mut chart = builder
-                .build_cartesian_2d((a..b).log_scale(), (0..n).into_segmented())
+                .build_cartesian_2d(axis(a, b, true)?.log_scale(), (0..n).into_segmented())
                 .map_err(chart_error)?;
             chart
                 .configure_mesh()
@@ -290,7 +314,7 @@ fn bar_chart(bars: &[(String, f64)], title: &str, log: bool, mark: Option<f64>) 
                 .map_err(chart_error)?;
         } else {
             let mut chart = builder
-                .build_cartesian_2d(0.0..hi * 1.15, (0..n).into_segmented())
+                .build_cartesian_2d(axis(0.0, hi * 1.15, false)?, (0..n).into_segmented())
                 .map_err(chart_error)?;
             chart
                 .configure_mesh()
