@@ -1910,32 +1910,33 @@ fn release_blas_handles() {
     }
 }
 
-/// Functions run when the process exits normally ([`at_exit`]).
+/// Functions run when the process exits normally ([`at_exit`]), in registration order.
 static EXIT_HOOKS: Mutex<Vec<fn()>> = Mutex::new(Vec::new());
 
-extern "C" fn run_exit_hooks() {
-    let hooks = std::mem::take(&mut *EXIT_HOOKS.lock());
-    for hook in hooks {
+/// Runs the latest hook not yet run: C calls one of these per [`at_exit`], newest first.
+extern "C" fn run_latest_exit_hook() {
+    let hook = EXIT_HOOKS.lock().pop();
+    if let Some(hook) = hook {
         // A panic must not unwind into C's exit.
         let _ = std::panic::catch_unwind(hook);
     }
 }
 
-/// Runs `hook` when the process exits normally, before the CUDA driver's own teardown (the
-/// driver registered its handler at `cuInit`, earlier, and C runs these in reverse order).
-/// A hook registered more than once runs once.
+/// Runs `hook` when the process exits normally. Each registration is its own C `atexit`
+/// entry, so a hook runs before the teardown of whatever was loaded before it registered
+/// (the CUDA driver registers at `cuInit`; cuBLAS when it loads). A hook registered more
+/// than once runs once.
 pub(crate) fn at_exit(hook: fn()) {
-    static REGISTERED: OnceLock<()> = OnceLock::new();
-    REGISTERED.get_or_init(|| {
-        // SAFETY: `run_exit_hooks` is a plain `extern "C" fn()` that never unwinds; atexit
-        // only stores the pointer.
-        unsafe {
-            libc::atexit(run_exit_hooks);
-        }
-    });
     let mut hooks = EXIT_HOOKS.lock();
-    if !hooks.iter().any(|h| std::ptr::fn_addr_eq(*h, hook)) {
-        hooks.push(hook);
+    if hooks.iter().any(|h| std::ptr::fn_addr_eq(*h, hook)) {
+        return;
+    }
+    hooks.push(hook);
+    // SAFETY: `run_latest_exit_hook` is a plain `extern "C" fn()` that never unwinds;
+    // atexit only stores the pointer.
+    if unsafe { libc::atexit(run_latest_exit_hook) } != 0 {
+        hooks.pop();
+        tracing::warn!("atexit refused a hook: it will not run at exit");
     }
 }
 
