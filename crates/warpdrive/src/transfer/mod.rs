@@ -130,9 +130,8 @@ const UPLOAD_RING: usize = 16 * MIB;
 /// The upload size the two kinds of staging store are compared at (see [`tune`]).
 const STORES_TUNE_BYTES: usize = 256 * MIB;
 
-/// Seconds of timing rounds each stage of the copy tune takes (the default's quarter second
-/// gave 5-6 rounds: on a busy H100 VM, whose copies scattered 2x between p10 and p90, the
-/// tune then picked 8 copy threads, which ran 25-40% behind 16 on two other VMs of that kind).
+/// Seconds of timing rounds each stage of the copy tune takes: host-bound copies scatter on
+/// a busy VM, and the default quarter second gave them 5-6 rounds (bench/NOTES.md).
 const COPY_TUNE_BUDGET_S: f64 = 1.0;
 
 /// Bytes of staging blocks a download keeps in flight: a block is refilled only once all
