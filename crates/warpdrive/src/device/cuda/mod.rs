@@ -1,0 +1,28 @@
+//! The CUDA backend: every call into the driver, NVRTC, cuBLAS, NCCL and cuFile goes through
+//! this folder, so this is where warpdrive's `unsafe` lives (besides kernel launch sites).
+//!
+//! Libraries are loaded at run time (cudarc's `dynamic-loading`); cudarc panics when a call
+//! reaches a library that is absent, so each library's presence is checked once, before its
+//! first call, and reported as an [`Error`] instead.
+
+use super::{cpu, sysfs};
+
+mod blas;
+mod context;
+mod exit;
+mod graph;
+mod info;
+mod launch;
+mod libraries;
+mod memory;
+mod stream;
+mod timing;
+
+pub(crate) use blas::GemmCall;
+pub(crate) use context::thread_is_capturing;
+pub use context::CudaDevice;
+pub use exit::RELEASE_AT_EXIT;
+pub(crate) use exit::{at_exit, release_at_exit};
+pub(crate) use launch::LaunchMode;
+pub(crate) use libraries::{device_count, library_statuses, nvrtc_version};
+pub(crate) use memory::AsyncMemPool;
