@@ -4,7 +4,6 @@ use std::sync::OnceLock;
 
 use parking_lot::Mutex;
 
-/// Whether each CUDA library loads here, and its version when it does.
 /// With this variable set to `1`, what warpdrive caches for the process's life (the default
 /// pools' memory, the cuBLAS handles) is handed back when the process exits, so
 /// `compute-sanitizer --leak-check full` reports only memory something still holds (the GPU

@@ -58,6 +58,7 @@ pub(crate) fn device_count() -> Result<usize> {
     Ok(n.max(0) as usize)
 }
 
+/// Whether each CUDA library loads here, and its version when it does.
 pub(crate) fn library_statuses() -> Vec<LibraryStatus> {
     let libs = libraries();
     let status = |name: &'static str, loaded: bool, version: Option<String>| LibraryStatus {
