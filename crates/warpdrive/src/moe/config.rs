@@ -1,0 +1,509 @@
+use crate::dtype::DTypeKind;
+use crate::error::{Error, Result};
+use crate::{ops, size};
+
+use super::plan::{m_tiles, Gpu, GEMM_MAX_SPLITS};
+
+/// The most tokens whose forward pass runs as a captured CUDA graph with no host sync.
+pub const GRAPH_MAX_TOKENS: usize = 256;
+/// The cuBLAS path runs each projection as one `cublasGemmGroupedBatchedEx` call when the
+/// average routed expert's gate/up GEMM does fewer FLOPs than this, else one `cublasGemmEx`
+/// per expert. Measured on the H200 (forward µs, per-expert calls → grouped): qwen3 at 4096
+/// tokens 2161 → 1486 (1.6 GFLOP per expert), deepseek 4096 3196 → 2315 (0.9), gpt-oss 1024
+/// 1326 → 1098 (1.1); but gpt-oss 4096 2119 → 3402 (4.2) and mixtral 1024 1360 → 3028 (60):
+/// the grouped kernels lose to cuBLAS's per-shape choice once each GEMM is large.
+pub const CUBLAS_GROUPED_MAX_FLOPS: f64 = 2.5e9;
+/// Above [`GRAPH_MAX_TOKENS`] tokens, [`MoePath::Auto`] runs the experts through cuBLAS when
+/// the average expert's gate/up GEMM (its expected share of the routed rows) does more FLOPs
+/// than this, else the device kernels (eagerly, still without a host sync). Forward µs on the
+/// H200, device (wgmma) vs cuBLAS: mixtral 512 1241 vs 993 (30 GFLOP per expert), 1024 1936
+/// vs 1429 (60); but qwen3 1024 425 vs 558 (0.4), 4096 1184 vs 1497 (1.6), gpt-oss 1024 1614
+/// vs 1841 (1.1), 4096 3302 vs 3386 (4.2), deepseek 1024 1011 vs 1078 (0.2), 4096 2552 vs
+/// 2478 (0.9).
+pub const AUTO_CUBLAS_MIN_FLOPS: f64 = 8e9;
+
+/// [`MoePath::Auto`]'s choice of the cuBLAS path for `tokens` tokens.
+pub(super) fn auto_takes_cublas(c: &MoeConfig, tokens: usize) -> bool {
+    // Saturating: only a comparison reads it, and any count a pass can hold is exact.
+    let slots = tokens.saturating_mul(c.top_k);
+    let rows = slots as f64 / c.experts.min(slots).max(1) as f64;
+    tokens > GRAPH_MAX_TOKENS
+        && 2.0 * rows * (2 * c.intermediate) as f64 * c.hidden as f64 > AUTO_CUBLAS_MIN_FLOPS
+}
+
+/// The least intermediate size at which one routed row per expert takes the staged wgmma
+/// tile (see `m_tiles`).
+pub(super) const WGMMA_ONE_ROW_MIN_INTERMEDIATE: usize = 1024;
+
+/// Graphs kept per layer (least recently used dropped first).
+pub(super) const GRAPH_CACHE: usize = 32;
+/// Threads of the dispatch kernel (its `__launch_bounds__(1024)`).
+pub(super) const DISPATCH_BLOCK: u32 = 1024;
+/// Threads of the grouped GEMM (8 warps).
+pub(super) const GEMM_BLOCK: u32 = 256;
+
+/// Columns per block of the router kernels (`moe_router_*`: one n8 group, K split over
+/// 16 warps).
+const ROUTER_BN: usize = 8;
+/// Threads of the router kernels (16 warps).
+pub(super) const ROUTER_BLOCK: u32 = 512;
+/// The least K per split of the router kernel (two 32-wide steps per warp).
+const ROUTER_MIN_DEPTH: usize = 1024;
+/// The most K splits of the router kernel (`MOE_ROUTER_MAX_SPLITS`: the routing block
+/// loads every split of a row at once).
+const ROUTER_MAX_SPLITS: usize = 8;
+/// The most experts the router kernel routes itself (softmax top-k by one warp per row).
+const ROUTER_ROUTES_MAX: usize = 256;
+/// Experts per block of the clustered router (`MOE_CLUSTER_BN`: two n8 groups).
+const ROUTER_CLUSTER_BN: usize = 16;
+/// The most experts the clustered router takes (`MOE_CLUSTER_MAX_EXPERTS`: a row tile's
+/// logits in one block's shared memory, at most 8 blocks per cluster).
+const ROUTER_CLUSTER_MAX_EXPERTS: usize = 128;
+/// The most slots (16 tokens × top_k) of the clustered router's one row tile
+/// (`MOE_CLUSTER_MAX_SLOTS`: its choices in shared memory for the dispatch).
+const ROUTER_CLUSTER_MAX_SLOTS: usize = 256;
+
+/// Whether the router kernel also routes and dispatches (Softmax over at most
+/// [`ROUTER_ROUTES_MAX`] experts) instead of leaving logits to separate kernels.
+pub(super) fn fused_route(c: &MoeConfig) -> bool {
+    c.router == Router::Softmax && c.experts <= ROUTER_ROUTES_MAX
+}
+
+/// Columns per block of the grouped GEMM (as the kernels are instantiated in `moe.cu`: 8
+/// warps × 2 n8 groups for m1 / m2, `MOE_SBN` for the staged prefill tile m4).
+pub(super) const GEMM_BN: usize = 128;
+/// Dynamic shared memory of the grouped GEMM for `mt` m16 tiles: the staged prefill tiles (m4,
+/// m6) keep 4 stages of 16·mt × 64 A and [`GEMM_BN`] × 64 W (bf16 / f16), on `wgmma` from a
+/// 1024-byte boundary (1 KB more to find it); m1 / m2 none.
+pub(super) fn gemm_shared_bytes(mt: usize, wgmma: bool) -> u32 {
+    if mt >= 4 {
+        (4 * (16 * mt + GEMM_BN) * 64 * 2 + if wgmma { 1024 } else { 0 }) as u32
+    } else {
+        0
+    }
+}
+/// Threads of the decode kernel (`MOE_DEC_WARPS` warps).
+pub(super) const DECODE_BLOCK: u32 = 256;
+/// Blocks of the decode kernel per SM at most (its registers allow two; the launch takes as
+/// many as fit).
+pub(super) const DECODE_BLOCKS_PER_SM: usize = 2;
+/// K segments per gate row of the decode kernel's router at most (`MOE_DEC_MAX_SEGS`).
+const DECODE_MAX_SEGS: usize = 16;
+/// The most top-k the decode kernel routes (`MOE_DEC_MAX_K`).
+const DECODE_MAX_K: usize = 32;
+/// A bound on the decode kernel's static shared memory (its logits and routing).
+const DECODE_STATIC_SHARED: usize = 2048;
+
+/// Warps (tokens) per block of the grouped sigmoid router.
+pub(super) const ROUTER_WARPS: u32 = 4;
+
+/// How tokens choose experts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Router {
+    /// Softmax over the experts' logits (plus `gate.bias` when present), top-k; with
+    /// `renormalize` the k weights are divided by their sum (Mixtral).
+    Softmax,
+    /// DeepSeek-V3: sigmoid scores; experts are selected by score + `gate.bias` among the best
+    /// `topk_group` of `n_group` equal groups of experts (a group's score is the sum of its
+    /// two best); the weights are the chosen scores without bias, renormalized when asked,
+    /// times `routed_scaling`.
+    SigmoidGrouped {
+        n_group: usize,
+        topk_group: usize,
+        routed_scaling: f32,
+    },
+}
+
+/// The shape of a layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MoeConfig {
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub experts: usize,
+    pub top_k: usize,
+    /// Element type of activations and weights: bf16 or f16 on CUDA; f32 too on the CPU.
+    pub dtype: DTypeKind,
+    pub router: Router,
+    pub renormalize: bool,
+}
+
+/// The presets `MoeConfig::preset` knows (all with the Softmax router, renormalized, bf16).
+pub const PRESETS: [&str; 4] = [
+    "mixtral-8x7b",
+    "qwen3-30b-a3b",
+    "deepseek-v3-slice",
+    "gpt-oss-120b",
+];
+
+impl MoeConfig {
+    /// A named shape: `mixtral-8x7b` (4096, 14336, 8 experts, top-2), `qwen3-30b-a3b` (2048,
+    /// 768, 128, top-8), `deepseek-v3-slice` (7168, 256, 256, top-8), `gpt-oss-120b` (2880,
+    /// 2880, 128, top-4).
+    pub fn preset(name: &str) -> Result<MoeConfig> {
+        let (hidden, intermediate, experts, top_k) = match name {
+            "mixtral-8x7b" => (4096, 14336, 8, 2),
+            "qwen3-30b-a3b" => (2048, 768, 128, 8),
+            "deepseek-v3-slice" => (7168, 256, 256, 8),
+            "gpt-oss-120b" => (2880, 2880, 128, 4),
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "unknown MoE preset `{other}`; known: {}",
+                    PRESETS.join(", ")
+                )))
+            }
+        };
+        Ok(MoeConfig {
+            hidden,
+            intermediate,
+            experts,
+            top_k,
+            dtype: DTypeKind::BF16,
+            router: Router::Softmax,
+            renormalize: true,
+        })
+    }
+
+    /// Fails with `InvalidArgument` on a shape the layer cannot run.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::InvalidArgument(format!("MoE config: {m}")));
+        if self.hidden == 0 || self.intermediate == 0 || self.experts == 0 {
+            return bad(format!(
+                "hidden {}, intermediate {}, experts {}: all must be positive",
+                self.hidden, self.intermediate, self.experts
+            ));
+        }
+        if self.experts > ops::MAX_BINS {
+            return bad(format!(
+                "{} experts, at most {}",
+                self.experts,
+                ops::MAX_BINS
+            ));
+        }
+        if self.top_k == 0 || self.top_k > self.experts || self.top_k > ops::MAX_K {
+            return bad(format!(
+                "top_k = {} with {} experts: must be 1..={}",
+                self.top_k,
+                self.experts,
+                self.experts.min(ops::MAX_K)
+            ));
+        }
+        if !matches!(
+            self.dtype,
+            DTypeKind::F32 | DTypeKind::F16 | DTypeKind::BF16
+        ) {
+            return bad(format!("dtype {} (f32, f16 or bf16)", self.dtype.name()));
+        }
+        if let Router::SigmoidGrouped {
+            n_group,
+            topk_group,
+            routed_scaling,
+        } = self.router
+        {
+            if n_group == 0 || n_group > 32 || self.experts % n_group != 0 {
+                return bad(format!(
+                    "n_group = {n_group}: must be 1..=32 and divide {} experts",
+                    self.experts
+                ));
+            }
+            if topk_group == 0 || topk_group > n_group {
+                return bad(format!("topk_group = {topk_group} of {n_group} groups"));
+            }
+            if self.top_k > topk_group * (self.experts / n_group) {
+                return bad(format!(
+                    "top_k = {} exceeds the {} experts of the {topk_group} kept groups",
+                    self.top_k,
+                    topk_group * (self.experts / n_group)
+                ));
+            }
+            if !routed_scaling.is_finite() {
+                return bad(format!("routed_scaling = {routed_scaling}"));
+            }
+        }
+        // Every size the layer derives from the shape alone is bounded by these.
+        self.expert_bytes()?;
+        self.router_bytes()?;
+        self.weight_bytes()?;
+        Ok(())
+    }
+
+    /// Bytes of one expert's three matrices (`InvalidArgument` where that overflows `usize`;
+    /// never where [`MoeConfig::validate`] passed).
+    pub fn expert_bytes(&self) -> Result<usize> {
+        size::product(
+            "MoE config: one expert's bytes (3 × hidden × intermediate × dtype)",
+            &[3, self.hidden, self.intermediate, self.dtype.size()],
+        )
+    }
+
+    /// Bytes of the router's weight (`InvalidArgument` as [`MoeConfig::expert_bytes`]).
+    pub fn router_bytes(&self) -> Result<usize> {
+        size::product(
+            "MoE config: router bytes (experts × hidden × dtype)",
+            &[self.experts, self.hidden, self.dtype.size()],
+        )
+    }
+
+    /// Bytes of every weight as a layer keeps them on its device: the router [E, H], w1 and
+    /// w3 interleaved [E, 2·I, H] with I rounded up to a multiple of 8, and w2 [E, H, I]
+    /// (without the optional router bias; `InvalidArgument` as [`MoeConfig::expert_bytes`]).
+    pub fn weight_bytes(&self) -> Result<usize> {
+        let what = "MoE config: weight bytes (experts × hidden × (1 + 2·pad8(intermediate) \
+                    + intermediate) × dtype)";
+        let (h, i, e) = (self.hidden, self.intermediate, self.experts);
+        let gate = size::product(what, &[e, h])?;
+        let w13 = size::product(what, &[e, 2, i.div_ceil(8), 8, h])?;
+        let w2 = size::product(what, &[e, h, i])?;
+        let elements = size::sum(what, size::sum(what, gate, w13)?, w2)?;
+        size::product(what, &[elements, self.dtype.size()])
+    }
+}
+
+/// Which implementation a CUDA forward pass takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MoePath {
+    /// The device-driven grouped GEMMs (graphs up to [`GRAPH_MAX_TOKENS`] tokens); above,
+    /// cuBLAS where the experts' GEMMs are large ([`AUTO_CUBLAS_MIN_FLOPS`]).
+    #[default]
+    Auto,
+    /// The device-driven grouped GEMMs at every size (graphs up to [`GRAPH_MAX_TOKENS`]).
+    Device,
+    /// Counts read back once, then cuBLAS (grouped or per expert, see
+    /// [`CUBLAS_GROUPED_MAX_FLOPS`]), at every size.
+    Cublas,
+}
+
+/// The experts and weights the router chose, slot `t·k + r` for token `t`'s `r`-th expert.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Routing {
+    pub experts: Vec<u32>,
+    pub weights: Vec<f32>,
+}
+
+impl Routing {
+    /// How many distinct experts the batch uses.
+    pub fn distinct_experts(&self) -> usize {
+        let mut seen: Vec<u32> = self.experts.clone();
+        seen.sort_unstable();
+        seen.dedup();
+        seen.len()
+    }
+}
+
+/// What the last forward pass cost the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ForwardStats {
+    /// Times the host waited for the device.
+    pub host_syncs: u32,
+    /// Kernel and graph launches (a graph replay counts once).
+    pub launches: u32,
+    /// True when the pass replayed a captured graph.
+    pub graph: bool,
+}
+
+/// One grouped GEMM's launch shape.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct GemmShape {
+    pub(super) n: usize,
+    pub(super) k: usize,
+    pub(super) mt: usize,
+    /// Columns per block of the kernel that runs it.
+    pub(super) bn: usize,
+    pub(super) items: usize,
+    pub(super) splits: usize,
+    pub(super) k_split: usize,
+    /// Blocks take the tiles n block by n block, the work items fastest (`items_fastest` of
+    /// `MoeGemm`), instead of item by item.
+    pub(super) items_fastest: bool,
+    /// A prefill tile (mt 4 or 6) on the warpgroup-MMA kernel (`moe_gemm_wgmma`).
+    pub(super) wgmma: bool,
+}
+
+impl GemmShape {
+    pub(super) fn new(
+        n: usize,
+        k: usize,
+        (mt, bn): (usize, usize),
+        (items, busy): (usize, usize),
+        min_depth: usize,
+        sms: usize,
+    ) -> Self {
+        let n_blocks = n.div_ceil(bn);
+        // The work list holds `busy` experts' first tiles plus one per further full tile of
+        // rows: from twice as many items, most experts take several tiles that stream the
+        // same weights, so those run side by side and all but the first read from L2 (on
+        // the H200, mixtral 256 tokens 2003 → 1802 µs per forward; item by item stays faster
+        // where most experts take one tile: qwen3 64 tokens 253.6 vs 262.2).
+        let items_fastest = items >= 2 * busy;
+        // At most one wave of blocks (two per SM) over the tiles likely to be busy, each
+        // split at least `min_depth` deep, so that a few experts still stream their weights
+        // at full bandwidth without paying for more split-K fix-ups than the bandwidth needs
+        // (rounding up left a few blocks to a second wave: 288 blocks for 264 places).
+        let busy = (busy * n_blocks).max(1);
+        let places = 2 * sms.max(1);
+        let max_splits = (k / min_depth.max(32)).clamp(1, GEMM_MAX_SPLITS);
+        let mut splits = (places / busy).clamp(1, max_splits);
+        // Tiles that fill more than a wave but leave the last one mostly idle (384 tiles in
+        // 2 × 264 places) are split until the waves come out nearly full.
+        let fill = |s: usize| {
+            let blocks = busy * s;
+            blocks as f64 / (blocks.div_ceil(places) * places) as f64
+        };
+        if busy >= places && fill(1) < 0.8 {
+            if let Some(s) = (2..=max_splits).find(|&s| fill(s) >= 0.9) {
+                splits = s;
+            }
+        }
+        let k_split = k.div_ceil(splits).div_ceil(32) * 32;
+        GemmShape {
+            n,
+            k,
+            mt,
+            bn,
+            items,
+            splits: k.div_ceil(k_split).max(1),
+            k_split,
+            items_fastest,
+            wgmma: false,
+        }
+    }
+    pub(super) fn n_blocks(&self) -> usize {
+        self.n.div_ceil(self.bn)
+    }
+    pub(super) fn tiles(&self) -> usize {
+        self.items * self.n_blocks()
+    }
+    pub(super) fn grid(&self) -> usize {
+        self.tiles() * self.splits
+    }
+    pub(super) fn partial_len(&self, rows: usize) -> usize {
+        if self.splits > 1 {
+            self.splits * rows * self.n
+        } else {
+            0
+        }
+    }
+}
+
+/// The router kernel's launch shape: row tiles of `tile_rows` (at most 16·mt) tokens ×
+/// column blocks of [`ROUTER_BN`] experts × `splits` K ranges of `k_split`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RouterShape {
+    /// The clustered router (`moe_router_cluster_*`): each row tile's `col_blocks` blocks
+    /// (16 experts each, the whole K) form one thread-block cluster.
+    pub(super) cluster: bool,
+    pub(super) mt: usize,
+    pub(super) tile_rows: usize,
+    pub(super) row_tiles: usize,
+    pub(super) col_blocks: usize,
+    pub(super) splits: usize,
+    pub(super) k_split: usize,
+}
+
+impl RouterShape {
+    /// `clusters`: the device runs thread-block clusters (compute capability 9.0).
+    pub(super) fn new(c: &MoeConfig, tokens: usize, sms: usize, clusters: bool) -> Self {
+        // Small tiles while tokens are few (more blocks streaming the gate), larger ones
+        // reuse each gate fragment over more rows.
+        let mt = match tokens {
+            0..=64 => 1,
+            65..=256 => 2,
+            _ => 4,
+        };
+        // Up to 64 tokens over at most 128 experts, a cluster per row tile passes the logits
+        // through shared memory instead of L2 and a ticket (on the H200, the qwen3 router
+        // and dispatch at 1 / 64 tokens: 9.4 / 11.4 → 8.0 / 9.7 µs per graph replay).
+        let cluster = clusters
+            && mt == 1
+            && fused_route(c)
+            && c.experts <= ROUTER_CLUSTER_MAX_EXPERTS
+            && 16 * c.top_k <= ROUTER_CLUSTER_MAX_SLOTS;
+        let col_blocks = c.experts.div_ceil(if cluster {
+            ROUTER_CLUSTER_BN
+        } else {
+            ROUTER_BN
+        });
+        // A tile's last block routes its rows one per warp: above one tile, half tiles
+        // spread that over twice the SMs while the grid still fits one wave.
+        let tile_rows = if tokens > 16 * mt && tokens.div_ceil(8 * mt) * col_blocks <= sms {
+            8 * mt
+        } else {
+            16 * mt
+        };
+        let row_tiles = tokens.div_ceil(tile_rows).max(1);
+        // Split K (only where the kernel routes, and so sums the splits itself) while every
+        // block still has an SM of its own (one wave), each split at least
+        // ROUTER_MIN_DEPTH deep.
+        let splits = if fused_route(c) && !cluster {
+            (sms / (row_tiles * col_blocks))
+                .min(c.hidden / ROUTER_MIN_DEPTH)
+                .clamp(1, ROUTER_MAX_SPLITS)
+        } else {
+            1
+        };
+        let k_split = c.hidden.div_ceil(splits).div_ceil(32) * 32;
+        RouterShape {
+            cluster,
+            mt,
+            tile_rows,
+            row_tiles,
+            col_blocks,
+            splits: c.hidden.div_ceil(k_split).max(1),
+            k_split,
+        }
+    }
+}
+
+/// The one-token decode kernel's launch shape (`moe_decode_*`: router, routing, both expert
+/// projections and the combine in one kernel whose warps stream their weight rows and meet
+/// at grid counters).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct DecodeShape {
+    /// K segments per gate row (router tasks = experts × segments, about one per warp).
+    pub(super) router_segs: usize,
+    /// Bytes of the down rows the warps prefetch into L2 while the gate/up units finish.
+    pub(super) prefetch_bytes: usize,
+    pub(super) sms: usize,
+}
+
+impl DecodeShape {
+    /// The shape for `tokens` tokens, or None where the decode kernel does not apply: more
+    /// than one token, one routed row per expert that the staged wgmma tile takes (deep
+    /// experts on Hopper: there the split kernels were faster — gpt-oss 66.0 vs 70.9 µs,
+    /// mixtral 175 vs 213 on the H200 — where the decode kernel's warps, each summing whole
+    /// rows of a few KB, keep too few bytes in flight), a router the kernel does not run (it
+    /// routes by Softmax over at most [`ROUTER_ROUTES_MAX`] experts), top-k above
+    /// [`DECODE_MAX_K`], or x and the k act rows (f32) beyond a block's shared memory.
+    pub(super) fn new(c: &MoeConfig, tokens: usize, gpu: Gpu) -> Option<Self> {
+        if !gpu.decode
+            || tokens != 1
+            || m_tiles(1, gpu.wgmma, c.intermediate) != 1
+            || !fused_route(c)
+            || c.top_k > DECODE_MAX_K
+        {
+            return None;
+        }
+        let shared = Self::shared_bytes(c) + DECODE_STATIC_SHARED;
+        if shared > gpu.shared_per_block {
+            return None;
+        }
+        let warps = gpu.sms * DECODE_BLOCKS_PER_SM * (DECODE_BLOCK as usize / 32);
+        // About one task per warp, each at least one 16-byte chunk per lane (qwen3's router
+        // at one row per warp, 8 loads per lane, took 3.1 µs; in 8 segments 2.0).
+        let router_segs = (warps / c.experts)
+            .min(c.hidden / (8 * 32))
+            .clamp(1, DECODE_MAX_SEGS);
+        Some(DecodeShape {
+            router_segs,
+            prefetch_bytes: gpu.l2_bytes / 2,
+            sms: gpu.sms,
+        })
+    }
+    /// Dynamic shared memory: x and the k act rows (f32). Saturating: it is only compared
+    /// with the block's limit.
+    pub(super) fn shared_bytes(c: &MoeConfig) -> usize {
+        c.top_k
+            .saturating_mul(c.intermediate)
+            .saturating_add(c.hidden)
+            .saturating_mul(4)
+    }
+}

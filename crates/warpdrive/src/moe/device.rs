@@ -1,0 +1,146 @@
+use crate::dtype::Float;
+use crate::error::{Error, Result};
+use crate::exec::graph::Graph;
+
+use super::config::{fused_route, ForwardStats, GRAPH_CACHE, GRAPH_MAX_TOKENS};
+use super::launcher::Launcher;
+use super::layer::{MoeLayer, Pass};
+use super::plan::{check_pass, Gpu, Plan, Workspace};
+
+impl<T: Float> MoeLayer<T> {
+    // ---- the device path ----
+
+    /// The device as the plans see it (wgmma only where allowed).
+    fn plan_gpu(&self) -> Gpu {
+        Gpu {
+            wgmma: self.gpu.wgmma && self.warpgroup_mma,
+            decode: self.gpu.decode && self.decode_kernel,
+            ..self.gpu
+        }
+    }
+
+    pub(super) fn workspace(&self) -> Result<&Workspace<T>> {
+        self.ws
+            .as_ref()
+            .ok_or_else(|| Error::InvalidArgument("MoE workspace missing".into()))
+    }
+
+    /// The plan for `tokens`, with a workspace large enough (reallocated, dropping every
+    /// graph, when it is not).
+    pub(super) fn prepare(&mut self, tokens: usize, cublas: bool) -> Result<Plan> {
+        let plan = Plan::new(&self.config, tokens, self.plan_gpu());
+        let fits = self.ws.as_ref().is_some_and(|w| {
+            w.tokens >= tokens
+                && (!cublas || w.cublas.is_some())
+                && w.partial.len() >= plan.partial_len()
+                && w.logits.len() >= plan.logits_len(&self.config)
+                && w.tickets.len() >= plan.tickets_len()
+                && w.work.len() >= 2 * plan.up.items
+        });
+        if !fits {
+            // Graph-sized passes share one workspace sized for all of them.
+            let cap = if tokens <= GRAPH_MAX_TOKENS {
+                GRAPH_MAX_TOKENS
+            } else {
+                tokens
+            };
+            let cap = cap.max(self.ws.as_ref().map_or(0, |w| w.tokens));
+            check_pass(&self.config, cap)?;
+            let mut plans: Vec<Plan> = (1..=cap.min(GRAPH_MAX_TOKENS))
+                .map(|t| Plan::new(&self.config, t, self.plan_gpu()))
+                .collect();
+            plans.push(plan);
+            plans.push(Plan::new(&self.config, cap, self.plan_gpu()));
+            let keep_cublas = self.ws.as_ref().is_some_and(|w| w.cublas.is_some());
+            self.graphs.clear();
+            self.ws = None;
+            self.ws = Some(Workspace::new(
+                &self.stream,
+                &self.config,
+                cap,
+                &plans,
+                cublas || keep_cublas,
+            )?);
+        }
+        Ok(plan)
+    }
+
+    pub(super) fn forward_graph(&mut self, tokens: usize, x: u64, y: u64) -> Result<()> {
+        let key = (tokens, x, y);
+        if let Some(at) = self.graphs.iter().position(|(k, _)| *k == key) {
+            let entry = self.graphs.remove(at);
+            self.graphs.push(entry);
+            if let Some((_, g)) = self.graphs.last_mut() {
+                g.launch()?;
+            }
+            self.last = ForwardStats {
+                host_syncs: 0,
+                launches: 1,
+                graph: true,
+            };
+            return Ok(());
+        }
+        // First pass at this key: run eagerly (loads every kernel, checks the pass), then
+        // capture the same launches.
+        let plan = self.prepare(tokens, false)?;
+        let pass = Pass { plan, x, y };
+        let launches = self.enqueue_device(&pass, &mut |_| Ok(()))?;
+        let launcher = self.launcher()?;
+        let graph = Graph::capture(&self.stream, move |s| launcher.enqueue(s, &pass))?;
+        graph.upload()?;
+        if self.graphs.len() >= GRAPH_CACHE {
+            self.graphs.remove(0);
+        }
+        self.graphs.push((key, graph));
+        self.last = ForwardStats {
+            host_syncs: 0,
+            launches,
+            graph: false,
+        };
+        Ok(())
+    }
+
+    /// Everything a device pass needs, as plain addresses (`Copy`, owned by a graph's body).
+    pub(super) fn launcher(&self) -> Result<Launcher> {
+        let ws = self.workspace()?;
+        Ok(Launcher {
+            config: self.config,
+            dtype: T::KIND,
+            gate: self.gate.device_ptr(),
+            gate_bias: self.gate_bias.as_ref().map_or(0, |b| b.device_ptr()),
+            w13: self.w13.device_ptr(),
+            w2: self.w2.device_ptr(),
+            logits: ws.logits.device_ptr(),
+            weights: ws.weights.device_ptr(),
+            experts: ws.experts.device_ptr(),
+            counts: ws.counts.device_ptr(),
+            offsets: ws.offsets.device_ptr(),
+            order: ws.order.device_ptr(),
+            token_of: ws.token_of.device_ptr(),
+            slot_pos: ws.slot_pos.device_ptr(),
+            work: ws.work.device_ptr(),
+            n_items: ws.n_items.device_ptr(),
+            tickets: ws.tickets.device_ptr(),
+            partial: ws.partial.device_ptr(),
+            act: ws.act.device_ptr(),
+            y_rows: ws.y.device_ptr(),
+        })
+    }
+
+    pub(super) fn enqueue_device(
+        &self,
+        pass: &Pass,
+        mark: &mut dyn FnMut(&'static str) -> Result<()>,
+    ) -> Result<u32> {
+        self.launcher()?.enqueue_marked(&self.stream, pass, mark)
+    }
+
+    pub(super) fn enqueue_router(&self, pass: &Pass) -> Result<()> {
+        let l = self.launcher()?;
+        l.router(&self.stream, pass)?;
+        if !fused_route(&self.config) {
+            l.route(&self.stream, pass)?;
+        }
+        Ok(())
+    }
+}

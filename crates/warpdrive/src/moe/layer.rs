@@ -1,0 +1,503 @@
+use crate::device::hostmem::{host_filled, host_vec};
+use crate::device::Stream;
+use crate::dtype::{DType, DTypeKind, Float};
+use crate::error::{Error, Result};
+use crate::exec::graph::Graph;
+use crate::kernels::MOE;
+use crate::memory::Buffer;
+use crate::ops;
+
+use super::config::{
+    auto_takes_cublas, ForwardStats, MoeConfig, MoePath, Routing, GRAPH_MAX_TOKENS,
+};
+use super::plan::{check_pass, Gpu, Plan, Workspace};
+use super::{weights, HostWeights, MoeWeights};
+
+type GraphKey = (usize, u64, u64);
+
+/// A Mixture-of-Experts layer on one stream.
+pub struct MoeLayer<T: Float> {
+    // Declaration order is drop order: the graphs go before the workspace they point into.
+    pub(super) graphs: Vec<(GraphKey, Graph<'static, ()>)>,
+    pub(super) ws: Option<Workspace<T>>,
+    pub(super) stream: Stream,
+    pub(super) config: MoeConfig,
+    pub(super) gate: Buffer<T>,
+    pub(super) gate_bias: Option<Buffer<f32>>,
+    /// w1 and w3 interleaved in blocks of 8 rows: [E, 2I, H].
+    pub(super) w13: Buffer<T>,
+    pub(super) w2: Buffer<T>,
+    path: MoePath,
+    use_graphs: bool,
+    /// The staged tiles may take the warpgroup-MMA kernels (where `gpu.wgmma`).
+    pub(super) warpgroup_mma: bool,
+    /// One-token passes may take the decode kernel (where `gpu.decode`).
+    pub(super) decode_kernel: bool,
+    pub(super) last: ForwardStats,
+    pub(super) gpu: Gpu,
+}
+
+impl<T: Float> std::fmt::Debug for MoeLayer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MoeLayer")
+            .field("config", &self.config)
+            .field("path", &self.path)
+            .field("graphs", &self.graphs.len())
+            .finish()
+    }
+}
+
+/// Raw addresses and sizes of one forward pass (what a captured graph bakes in).
+#[derive(Clone, Copy)]
+pub(super) struct Pass {
+    pub(super) plan: Plan,
+    pub(super) x: u64,
+    pub(super) y: u64,
+}
+
+impl<T: Float> MoeLayer<T> {
+    /// A layer on `stream`'s device with `weights`. Errors: an invalid config, `T` not the
+    /// config's dtype, weights of the wrong shape (naming the tensor), or (CUDA) a dtype or
+    /// shape the device kernels do not take: f32 runs on the CPU backend only, and hidden and
+    /// intermediate must be multiples of 8 (16-byte rows). Weights larger than the device's
+    /// total memory ([`MoeConfig::weight_bytes`]; the host's on the CPU backend) are
+    /// `OutOfMemory` before anything is read or allocated.
+    pub fn new(stream: &Stream, config: MoeConfig, weights: MoeWeights) -> Result<Self> {
+        config.validate()?;
+        let bytes = config.weight_bytes()?;
+        let (_, total) = stream.device().mem_info()?;
+        if total > 0 && bytes > total {
+            return Err(Error::OutOfMemory {
+                requested: bytes,
+                detail: format!(
+                    "MoE weights ({} experts × hidden {} × intermediate {} of {}) exceed the \
+                     device's total {total} bytes",
+                    config.experts,
+                    config.hidden,
+                    config.intermediate,
+                    config.dtype.name()
+                ),
+            });
+        }
+        if T::KIND != config.dtype {
+            return Err(Error::InvalidArgument(format!(
+                "MoE layer of {} with a config of {}",
+                T::KIND.name(),
+                config.dtype.name()
+            )));
+        }
+        if stream.cuda().is_some() {
+            if !matches!(T::KIND, DTypeKind::BF16 | DTypeKind::F16) {
+                return Err(Error::Unsupported(format!(
+                    "MoE layer on CUDA takes bf16 or f16, not {} (f32 runs on the CPU backend)",
+                    T::KIND.name()
+                )));
+            }
+            if config.hidden % 8 != 0 || config.intermediate % 8 != 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "MoE layer on CUDA: hidden {} and intermediate {} must be multiples of 8 \
+                     (16-byte rows)",
+                    config.hidden, config.intermediate
+                )));
+            }
+        }
+        let (h, i, e) = (config.hidden, config.intermediate, config.experts);
+        let (gate, gate_bias, w13, w2) = match weights {
+            MoeWeights::Random { seed } => (
+                random_buffer(stream, e * h, seed ^ weights::SEED_GATE, h)?,
+                None,
+                random_buffer(
+                    stream,
+                    e * 2 * inter_pad(i) * h,
+                    seed ^ weights::SEED_W13,
+                    h,
+                )?,
+                random_buffer(stream, e * h * i, seed ^ weights::SEED_W2, i)?,
+            ),
+            MoeWeights::File(file) => upload_weights(stream, &config, &file.load(&config)?)?,
+            MoeWeights::Host(w) => {
+                w.check(&config)?;
+                upload_weights(stream, &config, &w)?
+            }
+        };
+        Ok(MoeLayer {
+            graphs: Vec::new(),
+            ws: None,
+            stream: stream.clone(),
+            config,
+            gate,
+            gate_bias,
+            w13,
+            w2,
+            path: MoePath::Auto,
+            use_graphs: true,
+            warpgroup_mma: true,
+            decode_kernel: true,
+            last: ForwardStats::default(),
+            gpu: Gpu::of(stream)?,
+        })
+    }
+
+    pub fn config(&self) -> &MoeConfig {
+        &self.config
+    }
+
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// Chooses the CUDA implementation (ignored on the CPU backend).
+    pub fn set_path(&mut self, path: MoePath) {
+        self.path = path;
+    }
+
+    /// Turns graph capture and replay on (the default) or off (every pass eager).
+    pub fn set_graphs(&mut self, on: bool) {
+        self.use_graphs = on;
+    }
+
+    /// Lets the staged tiles run on Hopper's warpgroup MMA (`wgmma`, the default where the
+    /// GPU has it; they then also take batches from 2 rows per expert, or 1 with deep experts,
+    /// from the decode tiles) or keeps every tile on the `mma.sync` kernels other GPUs run.
+    /// Drops the captured graphs.
+    pub fn set_warpgroup_mma(&mut self, on: bool) {
+        if on != self.warpgroup_mma {
+            self.warpgroup_mma = on;
+            self.graphs.clear();
+        }
+    }
+
+    /// Lets one-token passes run on the decode kernel (the default where the config allows
+    /// it: a Softmax router over at most 256 experts, top-k at most 32) or keeps them on the
+    /// router, grouped GEMM and combine kernels of larger batches. Drops the captured
+    /// graphs.
+    pub fn set_decode_kernel(&mut self, on: bool) {
+        if on != self.decode_kernel {
+            self.decode_kernel = on;
+            self.graphs.clear();
+        }
+    }
+
+    /// What the last forward pass cost the host.
+    pub fn last_stats(&self) -> ForwardStats {
+        self.last
+    }
+
+    /// The weights as f32 on the host, in `nn.Linear` layout (w1 and w3 separate).
+    pub fn host_weights(&self) -> Result<HostWeights> {
+        let s = &self.stream;
+        let widen = |b: &Buffer<T>| -> Result<Vec<f32>> {
+            Ok(b.to_host(s)?.iter().map(|v| v.to_f64() as f32).collect())
+        };
+        let (h, i, e) = (
+            self.config.hidden,
+            self.config.intermediate,
+            self.config.experts,
+        );
+        let w13 = widen(&self.w13)?;
+        let mut w1 = host_filled("MoE host weights (w1)", e * i * h, 0f32)?;
+        let mut w3 = host_filled("MoE host weights (w3)", e * i * h, 0f32)?;
+        for (row, src) in w13.chunks_exact(h).enumerate() {
+            let (is_w3, e, r) = weights::w13_source(row, inter_pad(i));
+            if r >= i {
+                continue; // padding
+            }
+            let dst = if is_w3 { &mut w3 } else { &mut w1 };
+            dst[(e * i + r) * h..(e * i + r + 1) * h].copy_from_slice(src);
+        }
+        Ok(HostWeights {
+            gate: widen(&self.gate)?,
+            gate_bias: self.gate_bias.as_ref().map(|b| b.to_host(s)).transpose()?,
+            w1,
+            w3,
+            w2: widen(&self.w2)?,
+        })
+    }
+
+    /// The rows of `x`, as tokens of a pass whose sizes fit (`check_pass`).
+    fn tokens_of(&self, x: &Buffer<T>) -> Result<usize> {
+        x.check_stream(&self.stream, "MoE forward")?;
+        let tokens = ops::rows_of("MoE forward", x.len(), self.config.hidden)?;
+        check_pass(&self.config, tokens)?;
+        Ok(tokens)
+    }
+
+    /// `y = layer(x)` for `x` and `y` of [tokens, hidden]. Up to [`GRAPH_MAX_TOKENS`]
+    /// tokens on CUDA, the first pass with a given (tokens, x, y) runs eagerly and captures a
+    /// graph; later ones replay it. Errors: `x` not whole rows, `y` not the same length,
+    /// buffers on another device.
+    pub fn forward_into(&mut self, x: &Buffer<T>, y: &mut Buffer<T>) -> Result<()> {
+        let tokens = self.tokens_of(x)?;
+        y.check_stream(&self.stream, "MoE forward")?;
+        crate::memory::check_len("MoE forward (output)", y.len(), x.len())?;
+        self.last = ForwardStats::default();
+        if tokens == 0 {
+            return Ok(());
+        }
+        if self.stream.cuda().is_none() {
+            return self.forward_host(x, y);
+        }
+        if self.uses_cublas(tokens) {
+            return self.forward_cublas(tokens, x.device_ptr(), y.device_ptr(), &mut |_| Ok(()));
+        }
+        if self.use_graphs && tokens <= GRAPH_MAX_TOKENS {
+            return self.forward_graph(tokens, x.device_ptr(), y.device_ptr());
+        }
+        let pass = self.prepare(tokens, false)?;
+        let launches = self.enqueue_device(&pass_with(pass, x, y), &mut |_| Ok(()))?;
+        self.last.launches = launches;
+        Ok(())
+    }
+
+    /// Whether a CUDA pass over `tokens` takes the cuBLAS path: always with
+    /// [`MoePath::Cublas`], never with [`MoePath::Device`]; with [`MoePath::Auto`] above
+    /// [`GRAPH_MAX_TOKENS`] tokens when the experts' GEMMs are large
+    /// ([`AUTO_CUBLAS_MIN_FLOPS`](super::AUTO_CUBLAS_MIN_FLOPS)).
+    pub fn uses_cublas(&self, tokens: usize) -> bool {
+        match self.path {
+            MoePath::Cublas => true,
+            MoePath::Device => false,
+            MoePath::Auto => auto_takes_cublas(&self.config, tokens),
+        }
+    }
+
+    /// [`forward_into`](Self::forward_into) into a new buffer.
+    pub fn forward(&mut self, x: &Buffer<T>) -> Result<Buffer<T>> {
+        let mut y = Buffer::uninit(&self.stream, x.len())?;
+        self.forward_into(x, &mut y)?;
+        Ok(y)
+    }
+
+    /// Runs one eager forward pass and returns the time of each stage in µs (CUDA events
+    /// between stages; the host clock on the CPU backend, as one stage).
+    pub fn profile(&mut self, x: &Buffer<T>, y: &mut Buffer<T>) -> Result<Vec<(String, f64)>> {
+        let tokens = self.tokens_of(x)?;
+        crate::memory::check_len("MoE forward (output)", y.len(), x.len())?;
+        if tokens == 0 {
+            return Ok(Vec::new());
+        }
+        if self.stream.cuda().is_none() {
+            let t0 = std::time::Instant::now();
+            self.forward_host(x, y)?;
+            return Ok(vec![(
+                "forward".to_string(),
+                t0.elapsed().as_secs_f64() * 1e6,
+            )]);
+        }
+        let dev = self.stream.device().clone();
+        let stream = self.stream.clone();
+        let mut marks: Vec<(&'static str, crate::device::Event)> = Vec::new();
+        let start = dev.new_event()?;
+        stream.record(&start)?;
+        let mut mark = |name: &'static str| -> Result<()> {
+            let e = dev.new_event()?;
+            stream.record(&e)?;
+            marks.push((name, e));
+            Ok(())
+        };
+        if self.uses_cublas(tokens) {
+            self.forward_cublas(tokens, x.device_ptr(), y.device_ptr(), &mut mark)?;
+        } else {
+            let pass = self.prepare(tokens, false)?;
+            self.enqueue_device(&pass_with(pass, x, y), &mut mark)?;
+        }
+        let mut out = Vec::with_capacity(marks.len());
+        let mut prev = &start;
+        for (name, e) in &marks {
+            out.push((name.to_string(), prev.elapsed_ms(e)? as f64 * 1e3));
+            prev = e;
+        }
+        Ok(out)
+    }
+
+    /// The router's choice for each token of `x` (computed as the forward pass does, by the
+    /// router kernels; a one-token pass on the decode kernel sums the logits in another
+    /// order, so a near-tie may go the other way there).
+    pub fn route(&mut self, x: &Buffer<T>) -> Result<Routing> {
+        let tokens = self.tokens_of(x)?;
+        if tokens == 0 {
+            return Ok(Routing {
+                experts: Vec::new(),
+                weights: Vec::new(),
+            });
+        }
+        let k = self.config.top_k;
+        if self.stream.cuda().is_none() {
+            let (weights, experts) = self.route_host(x, tokens)?;
+            return Ok(Routing { experts, weights });
+        }
+        let pass = self.prepare(tokens, false)?;
+        let pass = Pass {
+            plan: pass,
+            x: x.device_ptr(),
+            y: 0,
+        };
+        self.enqueue_router(&pass)?;
+        let ws = self.workspace()?;
+        // Only this pass's slots: the rest of the workspace was never written.
+        let slots = crate::size::product("MoE routing", &[tokens, k])?;
+        Ok(Routing {
+            experts: ws.experts.prefix_to_host(&self.stream, slots)?,
+            weights: ws.weights.prefix_to_host(&self.stream, slots)?,
+        })
+    }
+
+    /// Runs the router and the permutation (dispatch) stages alone, without the experts
+    /// (device path on CUDA, no host sync; the host router on the CPU backend). For
+    /// benchmarks and profiling of those stages.
+    pub fn route_and_permute(&mut self, x: &Buffer<T>) -> Result<()> {
+        let tokens = self.tokens_of(x)?;
+        if tokens == 0 {
+            return Ok(());
+        }
+        if self.stream.cuda().is_none() {
+            self.route_host(x, tokens)?;
+            return Ok(());
+        }
+        let plan = self.prepare(tokens, false)?;
+        let pass = Pass {
+            plan,
+            x: x.device_ptr(),
+            y: 0,
+        };
+        self.launcher()?
+            .front(&self.stream, &pass, &mut |_| Ok(()))
+            .map(|_| ())
+    }
+
+    /// One token through the layer in f64 with the given routing (its `top_k` experts and
+    /// weights), reading the weights the layer holds: the reference the forward pass is
+    /// checked against. The expert activations are not rounded.
+    pub fn reference_token(&self, x: &[T], experts: &[u32], weights: &[f32]) -> Result<Vec<f64>> {
+        let c = &self.config;
+        let (h, i) = (c.hidden, c.intermediate);
+        crate::memory::check_len("MoE reference (token)", x.len(), h)?;
+        crate::memory::check_len("MoE reference (weights)", weights.len(), experts.len())?;
+        let wide = 2 * inter_pad(i);
+        let x: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+        let mut out = vec![0f64; h];
+        for (&e, &wr) in experts.iter().zip(weights) {
+            let e = e as usize;
+            if e >= c.experts {
+                return Err(Error::InvalidArgument(format!(
+                    "MoE reference: expert {e} of {}",
+                    c.experts
+                )));
+            }
+            let w13 = self.slice_to_host(&self.w13, e * wide * h, wide * h)?;
+            let w2 = self.slice_to_host(&self.w2, e * h * i, h * i)?;
+            let dot = |row: &[T]| -> f64 { row.iter().zip(&x).map(|(a, b)| a.to_f64() * b).sum() };
+            let act: Vec<f64> = (0..i)
+                .map(|col| {
+                    let base = (col / 8) * 16 + col % 8;
+                    let g = dot(&w13[base * h..(base + 1) * h]);
+                    let u = dot(&w13[(base + 8) * h..(base + 9) * h]);
+                    g / (1.0 + (-g).exp()) * u
+                })
+                .collect();
+            for (o, dst) in out.iter_mut().enumerate() {
+                let row = &w2[o * i..(o + 1) * i];
+                let v: f64 = row.iter().zip(&act).map(|(a, b)| a.to_f64() * b).sum();
+                *dst += wr as f64 * v;
+            }
+        }
+        Ok(out)
+    }
+
+    /// `len` elements of `buf` from `offset`, on the host.
+    fn slice_to_host(&self, buf: &Buffer<T>, offset: usize, len: usize) -> Result<Vec<T>> {
+        if offset.checked_add(len).is_none_or(|end| end > buf.len()) {
+            return Err(Error::InvalidArgument(format!(
+                "MoE weight slice {offset}..+{len} of {} elements",
+                buf.len()
+            )));
+        }
+        let s = &self.stream;
+        let Some((d, cs)) = s.cuda() else {
+            return Ok(buf.host_view()?[offset..offset + len].to_vec());
+        };
+        let tmp = Buffer::<T>::uninit(s, len)?;
+        let size = std::mem::size_of::<T>();
+        d.copy_d2d(
+            cs,
+            tmp.device_ptr(),
+            buf.device_ptr() + (offset * size) as u64,
+            len * size,
+        )?;
+        tmp.to_host(s)
+    }
+}
+
+fn pass_with<T: DType>(plan: Plan, x: &Buffer<T>, y: &Buffer<T>) -> Pass {
+    Pass {
+        plan,
+        x: x.device_ptr(),
+        y: y.device_ptr(),
+    }
+}
+
+/// The intermediate size rounded up to the 8-row blocks of the w13 interleave (the CUDA
+/// path requires it to be a multiple of 8 already; the CPU backend pads with zero rows).
+pub(super) fn inter_pad(intermediate: usize) -> usize {
+    intermediate.div_ceil(8) * 8
+}
+
+/// A random tensor of `len` elements (see [`MoeWeights::Random`]).
+fn random_buffer<T: Float>(
+    stream: &Stream,
+    len: usize,
+    seed: u64,
+    fan_in: usize,
+) -> Result<Buffer<T>> {
+    let scale = weights::random_scale(fan_in);
+    let Some((d, s)) = stream.cuda() else {
+        // Filled in place: a host copy first would need the memory twice.
+        let mut buf = Buffer::<T>::uninit(stream, len)?;
+        for (i, v) in buf.host_view_mut()?.iter_mut().enumerate() {
+            *v = T::from_f64(weights::random_value(seed, i as u64, scale) as f64);
+        }
+        return Ok(buf);
+    };
+    let buf = Buffer::<T>::uninit(stream, len)?;
+    let name = ops::by_float!("moe_init_random")[ops::float_index::<T>("MoE init")?];
+    let grid = ops::fill_grid(d, (&MOE, name), len as u64, 256)?;
+    let args = ops::Args::new()
+        .buf(&buf)
+        .u64(len as u64)
+        .u64(seed)
+        .f32(scale);
+    // SAFETY: moe_init_random_T(T* out, u64 n, u64 seed, float scale): buf holds len elements.
+    unsafe { ops::launch(d, s, (&MOE, name), grid, 256, 0, args)? };
+    Ok(buf)
+}
+
+type Uploaded<T> = (Buffer<T>, Option<Buffer<f32>>, Buffer<T>, Buffer<T>);
+
+/// The host tensors on the device, w1 and w3 interleaved into w13.
+fn upload_weights<T: Float>(
+    stream: &Stream,
+    c: &MoeConfig,
+    w: &HostWeights,
+) -> Result<Uploaded<T>> {
+    let (h, i) = (c.hidden, c.intermediate);
+    let narrow = |v: &[f32]| -> Vec<T> { v.iter().map(|&x| T::from_f64(x as f64)).collect() };
+    let ip = inter_pad(i);
+    let mut w13 = host_vec("MoE weights (w13)", c.experts * 2 * ip * h)?;
+    for row in 0..c.experts * 2 * ip {
+        let (is_w3, e, r) = weights::w13_source(row, ip);
+        let src = if is_w3 { &w.w3 } else { &w.w1 };
+        match src.get((e * i + r) * h..(e * i + r + 1) * h) {
+            Some(vals) if r < i => w13.extend(vals.iter().map(|&x| T::from_f64(x as f64))),
+            _ => w13.extend(std::iter::repeat_n(T::default(), h)), // padding
+        }
+    }
+    Ok((
+        Buffer::from_host(stream, &narrow(&w.gate))?,
+        w.gate_bias
+            .as_ref()
+            .map(|b| Buffer::from_host(stream, b))
+            .transpose()?,
+        Buffer::from_host(stream, &w13)?,
+        Buffer::from_host(stream, &narrow(&w.w2))?,
+    ))
+}

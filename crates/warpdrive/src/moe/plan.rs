@@ -1,0 +1,288 @@
+use crate::device::Stream;
+use crate::dtype::Float;
+use crate::error::Result;
+use crate::kernels::{Arch, MOE};
+use crate::memory::Buffer;
+use crate::size;
+
+use super::config::{
+    gemm_shared_bytes, DecodeShape, GemmShape, MoeConfig, RouterShape, GEMM_BN,
+    WGMMA_ONE_ROW_MIN_INTERMEDIATE,
+};
+use super::layer::inter_pad;
+
+/// What the launch shapes depend on in the device (read once per layer).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Gpu {
+    pub(super) sms: usize,
+    pub(super) l2_bytes: usize,
+    /// Thread-block clusters (compute capability 9.0 and later).
+    pub(super) clusters: bool,
+    /// The most shared memory a block may use (bytes, opted in).
+    pub(super) shared_per_block: usize,
+    /// The staged tiles run on Hopper's warpgroup MMA (the MoE kernels are built for
+    /// sm_90a there), unless [`MoeLayer::set_warpgroup_mma`] turned it off.
+    pub(super) wgmma: bool,
+    /// One-token passes may take the decode kernel, unless
+    /// [`MoeLayer::set_decode_kernel`] turned it off.
+    pub(super) decode: bool,
+}
+
+impl Gpu {
+    pub(super) fn of(stream: &Stream) -> Result<Gpu> {
+        Ok(match stream.cuda() {
+            Some((d, _)) => Gpu {
+                sms: d.sm_count() as usize,
+                l2_bytes: d.l2_cache_bytes()?,
+                clusters: d.compute_capability().0 >= 9,
+                shared_per_block: d.shared_per_block_optin()?,
+                wgmma: MOE.arch_for(d.arch()).is_ok_and(|a| a == Arch::SM_90A),
+                decode: true,
+            },
+            None => Gpu {
+                sms: 1,
+                l2_bytes: 0,
+                clusters: false,
+                shared_per_block: 0,
+                wgmma: false,
+                decode: false,
+            },
+        })
+    }
+}
+
+/// The launch shapes of a forward pass over `tokens` tokens on the device path.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Plan {
+    pub(super) tokens: usize,
+    pub(super) slots: usize,
+    /// Rows per expert tile of the dispatch's work list (16 · gate.mt).
+    pub(super) bm: usize,
+    pub(super) router: RouterShape,
+    pub(super) up: GemmShape,
+    pub(super) down: GemmShape,
+    /// The down projection's blocks prefetch the first `down_early_k` k of their weights
+    /// into L2 while the gate/up GEMM finishes (0: none): all of them when the experts the
+    /// pass likely touches fit in half the L2; while one wave of blocks covers the pass, the
+    /// share of each block's slice that fits in half the L2 together (more would be evicted
+    /// before use and read twice); otherwise none (later waves start after the wait).
+    pub(super) down_early_k: usize,
+    /// One token on the decode kernel instead of the router, GEMM and combine kernels.
+    pub(super) decode: Option<DecodeShape>,
+}
+
+/// m16 tiles per block for groups of `rows` rows on average: the busiest groups hold
+/// about twice the average, and each extra tile of a group streams its weights again (above
+/// 32 rows on average the 96-row tile holds most groups whole — mixtral at 256 tokens puts
+/// 54–72 rows on each expert — where 64-row tiles left tail tiles: on the H200, 1058 → 773 µs
+/// per forward).
+///
+/// With `wgmma` the staged 64-row tile (its MMAs cover only the live rows, its 4-stage ring
+/// keeps more weight bytes in flight than the decode tiles' register fragments) replaces
+/// the decode and middle tiles from 2 rows per expert, and at 1 row where the experts'
+/// `intermediate` depth keeps the ring busy. Forward µs on the H200, decode / middle tile →
+/// staged: qwen3 256 tokens (16 rows) 388 → 329, deepseek 256 (8) 916 → 789, gpt-oss 256
+/// (8) 1852 → 1519, mixtral 64 (16) 815 → 683, gpt-oss 64 (2) 1386 → 1277, mixtral 8 (2) 473
+/// → 439; at 1 row mixtral (14336) 195 → 180.5, gpt-oss 16 tokens (2880) 649 → 601, but
+/// deepseek (256) 38.8 → 42.0 and qwen3 (768) 35.6 → 36.1.
+pub(super) fn m_tiles(rows: usize, wgmma: bool, intermediate: usize) -> usize {
+    match rows {
+        0..=1 if wgmma && intermediate >= WGMMA_ONE_ROW_MIN_INTERMEDIATE => 4,
+        0..=1 => 1,
+        2..=32 if wgmma => 4,
+        2..=6 => 1,
+        7..=16 => 2,
+        17..=32 => 4,
+        _ => 6,
+    }
+}
+
+impl Plan {
+    pub(super) fn new(c: &MoeConfig, tokens: usize, gpu: Gpu) -> Plan {
+        let Gpu {
+            sms,
+            l2_bytes,
+            clusters,
+            shared_per_block,
+            wgmma,
+            ..
+        } = gpu;
+        let slots = tokens * c.top_k;
+        let active = c.experts.min(slots).max(1);
+        let mut mt = m_tiles(slots.div_ceil(active), wgmma, c.intermediate);
+        // A prefill tile whose stages do not fit the device's shared memory (before compute
+        // capability 9.0 many GPUs allow about 100 KB per block) gives way to a smaller one.
+        while mt >= 4 && gemm_shared_bytes(mt, wgmma) as usize > shared_per_block {
+            mt = if mt > 4 { 4 } else { 2 };
+        }
+        let wgmma = wgmma && mt >= 4;
+        let bm = 16 * mt;
+        let items = active + slots / bm;
+        let down = GemmShape {
+            wgmma,
+            ..GemmShape::new(
+                c.hidden,
+                c.intermediate,
+                (mt, GEMM_BN),
+                (items, active),
+                256,
+                sms,
+            )
+        };
+        Plan {
+            tokens,
+            slots,
+            bm,
+            router: RouterShape::new(c, tokens, sms, clusters),
+            decode: DecodeShape::new(c, tokens, gpu),
+            down_early_k: down_prefetch(c, &down, active, l2_bytes, sms),
+            up: GemmShape {
+                wgmma,
+                ..GemmShape::new(
+                    2 * c.intermediate,
+                    c.hidden,
+                    (mt, GEMM_BN),
+                    (items, active),
+                    256,
+                    sms,
+                )
+            },
+            down,
+        }
+    }
+    pub(super) fn partial_len(&self) -> usize {
+        self.up
+            .partial_len(self.slots)
+            .max(self.down.partial_len(self.slots))
+    }
+    /// Logits of the router (one set per K split).
+    pub(super) fn logits_len(&self, c: &MoeConfig) -> usize {
+        (self.router.splits * self.tokens * c.experts)
+            .max(self.decode.map_or(0, |d| d.router_segs * c.experts))
+    }
+    pub(super) fn tickets_len(&self) -> usize {
+        // The router: one per row tile and one for the dispatch; the decode kernel: 3.
+        (self.router.row_tiles + 1)
+            .max(3)
+            .max(self.up.tiles())
+            .max(self.down.tiles())
+    }
+}
+
+/// [`Plan::down_early_k`] of the down projection `down` for a pass that likely touches
+/// `active` experts.
+fn down_prefetch(
+    c: &MoeConfig,
+    down: &GemmShape,
+    active: usize,
+    l2_bytes: usize,
+    sms: usize,
+) -> usize {
+    let budget = l2_bytes / 2;
+    let dtype = c.dtype.size();
+    if active * c.hidden * c.intermediate * dtype <= budget {
+        return down.k_split;
+    }
+    let blocks = (active * down.n_blocks() * down.splits).max(1);
+    if blocks > 2 * sms {
+        return 0;
+    }
+    // Whole 128-byte lines of each of the block's rows.
+    let per_row = budget / blocks / (down.bn * dtype);
+    let line = 128 / dtype;
+    (per_row / line * line).min(down.k_split)
+}
+
+/// The most K splits a grouped GEMM takes (see `GemmShape::new`).
+pub(super) const GEMM_MAX_SPLITS: usize = 64;
+
+/// Fails with `InvalidArgument` unless every size a pass over `tokens` tokens derives (plans,
+/// workspace, the CPU backend's f64 rows) fits `usize`: each is at most slots × the widest
+/// row (hidden, 2 × padded intermediate, or experts) × [`GEMM_MAX_SPLITS`] elements of at
+/// most 8 bytes. Passes past that bound could never be allocated anyway.
+pub(super) fn check_pass(c: &MoeConfig, tokens: usize) -> Result<()> {
+    let widest = c.hidden.max(2 * inter_pad(c.intermediate)).max(c.experts);
+    size::product(
+        format_args!("MoE pass of {tokens} tokens (tokens × top_k × widest row × splits × 8)"),
+        &[tokens, c.top_k, widest, GEMM_MAX_SPLITS, 8],
+    )
+    .map(|_| ())
+}
+
+/// Device memory of the forward passes, sized for `tokens` tokens (graphs of smaller
+/// counts share it, since they replay one at a time on the layer's stream).
+pub(super) struct Workspace<T: Float> {
+    pub(super) tokens: usize,
+    pub(super) logits: Buffer<f32>,
+    pub(super) weights: Buffer<f32>,
+    pub(super) experts: Buffer<u32>,
+    pub(super) counts: Buffer<u32>,
+    pub(super) offsets: Buffer<u32>,
+    pub(super) order: Buffer<u32>,
+    pub(super) token_of: Buffer<u32>,
+    pub(super) slot_pos: Buffer<u32>,
+    pub(super) work: Buffer<u32>,
+    pub(super) n_items: Buffer<u32>,
+    pub(super) tickets: Buffer<u32>,
+    pub(super) partial: Buffer<f32>,
+    pub(super) act: Buffer<T>,
+    /// Device path: the weighted down projection per permuted row (f32).
+    pub(super) y: Buffer<f32>,
+    /// cuBLAS path: gathered inputs, gate/up output, down output (T).
+    pub(super) cublas: Option<[Buffer<T>; 3]>,
+    /// cuBLAS path: the device pointer arrays of its two grouped GEMMs (6 words per expert).
+    pub(super) gemm_pointers: Option<Buffer<u64>>,
+}
+
+impl<T: Float> Workspace<T> {
+    pub(super) fn new(
+        stream: &Stream,
+        c: &MoeConfig,
+        tokens: usize,
+        plans: &[Plan],
+        cublas: bool,
+    ) -> Result<Self> {
+        // Every length below is within `check_pass(c, tokens)`, which `prepare` checked.
+        let slots = tokens * c.top_k;
+        let max = |f: &dyn Fn(&Plan) -> usize| plans.iter().map(f).max().unwrap_or(0).max(1);
+        // Zero once: each GEMM's last block per tile resets its ticket.
+        let tickets = Buffer::zeros(stream, max(&|p| p.tickets_len()))?;
+        let items = max(&|p| p.up.items);
+        Ok(Workspace {
+            tokens,
+            logits: Buffer::uninit(stream, max(&|p| p.logits_len(c)))?,
+            weights: Buffer::uninit(stream, slots)?,
+            experts: Buffer::uninit(stream, slots)?,
+            counts: Buffer::uninit(stream, c.experts)?,
+            offsets: Buffer::uninit(stream, c.experts + 1)?,
+            order: Buffer::uninit(stream, slots)?,
+            token_of: Buffer::uninit(stream, slots)?,
+            slot_pos: Buffer::uninit(stream, slots)?,
+            work: Buffer::uninit(stream, 2 * items)?,
+            n_items: Buffer::uninit(stream, 1)?,
+            tickets,
+            partial: Buffer::uninit(stream, max(&|p| p.partial_len()))?,
+            // The decode kernel keeps k act rows in f32 there.
+            act: Buffer::uninit(
+                stream,
+                (slots * c.intermediate)
+                    .max((4 * c.top_k * c.intermediate).div_ceil(std::mem::size_of::<T>())),
+            )?,
+            y: Buffer::uninit(stream, slots * c.hidden)?,
+            cublas: if cublas {
+                Some([
+                    Buffer::uninit(stream, slots * c.hidden)?,
+                    Buffer::uninit(stream, slots * 2 * c.intermediate)?,
+                    Buffer::uninit(stream, slots * c.hidden)?,
+                ])
+            } else {
+                None
+            },
+            gemm_pointers: if cublas {
+                Some(Buffer::uninit(stream, 6 * c.experts)?)
+            } else {
+                None
+            },
+        })
+    }
+}
