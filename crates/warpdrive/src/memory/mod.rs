@@ -192,36 +192,39 @@ impl<T: DType> Buffer<T> {
 
     /// The contents as a `Vec`, waiting for the stream.
     pub fn to_host(&self, stream: &Stream) -> Result<Vec<T>> {
-        let mut out = FreshVec::with_capacity(self.len)?;
-        self.append_to_host(stream, &mut out)?;
-        Ok(out.into_vec())
+        self.prefix_to_host(stream, self.len)
     }
 
     /// The first `len` elements as a `Vec`, waiting for the stream (for buffers sized for a
     /// capacity of which a pass wrote a prefix: the rest is never read).
     pub(crate) fn prefix_to_host(&self, stream: &Stream, len: usize) -> Result<Vec<T>> {
-        self.check_stream(stream, "prefix_to_host")?;
-        if len > self.len {
-            return Err(Error::InvalidArgument(format!(
-                "prefix_to_host: {len} elements of a buffer of {}",
-                self.len
-            )));
-        }
         let mut out = FreshVec::with_capacity(len)?;
-        match stream.cuda() {
-            Some((d, s)) => out.extend_d2h(d, s, self.ptr, len)?,
-            None => out.extend_from_slice(&self.host_view()?[..len])?,
-        }
+        self.append_prefix_to_host(stream, &mut out, len)?;
         Ok(out.into_vec())
     }
 
     /// Appends the contents to `out` (straight into its spare capacity, no zeroing first),
     /// waiting for the stream.
     pub(crate) fn append_to_host(&self, stream: &Stream, out: &mut FreshVec<T>) -> Result<()> {
-        self.check_stream(stream, "append_to_host")?;
+        self.append_prefix_to_host(stream, out, self.len)
+    }
+
+    fn append_prefix_to_host(
+        &self,
+        stream: &Stream,
+        out: &mut FreshVec<T>,
+        len: usize,
+    ) -> Result<()> {
+        self.check_stream(stream, "to_host")?;
+        if len > self.len {
+            return Err(Error::InvalidArgument(format!(
+                "to_host: {len} elements of a buffer of {}",
+                self.len
+            )));
+        }
         match stream.cuda() {
-            Some((d, s)) => out.extend_d2h(d, s, self.ptr, self.len),
-            None => out.extend_from_slice(self.host_view()?),
+            Some((d, s)) => out.extend_d2h(d, s, self.ptr, len),
+            None => out.extend_from_slice(&self.host_view()?[..len]),
         }
     }
 
