@@ -420,7 +420,7 @@ pub fn release_cached() -> Result<u64> {
     Ok(released.saturating_add(super::pinned::trim_default_pools()?))
 }
 
-fn release_at_exit() {
+fn release_cached_at_exit() {
     if let Err(e) = release_cached() {
         eprintln!("warpdrive: releasing cached memory at exit: {e}");
     }
@@ -433,7 +433,7 @@ pub fn device_pool(device: &Device) -> Result<&'static Arc<DevicePool>> {
     let slot = device_slot(device)?;
     Ok(POOLS[slot].get_or_init(|| {
         if device.is_cuda() && crate::device::release_at_exit() {
-            crate::device::at_exit(release_at_exit);
+            crate::device::at_exit(release_cached_at_exit);
         }
         Arc::new(DevicePool {
             device: device.clone(),
