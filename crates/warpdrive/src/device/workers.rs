@@ -60,6 +60,9 @@ struct Shared {
     sleepers: Vec<Sleeper>,
     /// Copy threads asleep or about to be (the poster skips the wake-ups when none is).
     asleep: AtomicUsize,
+    /// Sleeping threads still to wake: the poster wakes one, and every thread that joins a
+    /// job wakes more while this is above zero (see [`pass_wakes`]).
+    to_wake: AtomicUsize,
     /// The caller's sleep until every part is done.
     done_lock: Mutex<()>,
     done: Condvar,
@@ -67,13 +70,16 @@ struct Shared {
     panicked: Mutex<Option<Error>>,
 }
 
-/// A copy thread's parking place. The poster unparks each sleeping thread itself: a
-/// condition variable's `notify_all` woke them in a chain, each woken thread taking the
-/// lock before the next one woke (on the H200 host, after 5 ms idle, the k-th of 16
-/// threads joined a job ~60 µs after the (k-1)-th: the last at ~0.9 ms).
+/// A copy thread's parking place. Sleepers are unparked one by one (a condition variable's
+/// `notify_all` woke them in a chain, each woken thread taking the lock before the next
+/// one woke: on the H200 host, after 5 ms idle, the k-th of 16 threads joined a job ~60 µs
+/// after the (k-1)-th), and the waking is shared: the poster unparks one and starts on the
+/// job, each thread that joins unparks more ([`pass_wakes`]). On an H100 VM the poster's
+/// 15 unparks took 45-90 µs before it took its first part (bench/NOTES.md).
 #[derive(Default)]
 struct Sleeper {
     thread: OnceLock<Thread>,
+    /// Set by the thread as it goes to sleep; cleared by whoever claims its wake-up.
     asleep: AtomicBool,
 }
 
@@ -113,6 +119,7 @@ impl Workers {
             left: AtomicUsize::new(0),
             sleepers: (0..threads.max(1)).map(|_| Sleeper::default()).collect(),
             asleep: AtomicUsize::new(0),
+            to_wake: AtomicUsize::new(0),
             done_lock: Mutex::new(()),
             done: Condvar::new(),
             panicked: Mutex::new(None),
@@ -162,6 +169,13 @@ impl Workers {
     /// Threads in all, the caller's included.
     pub fn threads(&self) -> usize {
         self.threads
+    }
+
+    /// Wakes up to `threads - 1` sleeping copy threads now, ahead of a job about to be
+    /// posted, so that their wake-up overlaps the caller's setup: woken, they look for work
+    /// for a while before they sleep again.
+    pub fn wake(&self, threads: usize) {
+        wake(&self.shared, threads.min(self.threads).saturating_sub(1));
     }
 
     /// `f(dst piece, src piece)` over matching pieces of two equally long slices, on up to
@@ -262,23 +276,9 @@ impl Workers {
             Ticket::new(generation & 0xffff_ffff, parts).0,
             Ordering::SeqCst,
         );
-        // Wakes as many sleepers as there are parts besides the caller's: each wake is a
-        // system call on this thread (~1.6 µs on the H200 host), and waking all 15 for a
-        // two-part copy made a 256 KiB upload 13 µs slower.
-        let mut wanted = parts - 1;
-        if wanted > 0 && shared.asleep.load(Ordering::SeqCst) > 0 {
-            for sleeper in &shared.sleepers {
-                if wanted == 0 {
-                    break;
-                }
-                if sleeper.asleep.load(Ordering::SeqCst) {
-                    if let Some(thread) = sleeper.thread.get() {
-                        thread.unpark();
-                        wanted -= 1;
-                    }
-                }
-            }
-        }
+        // Wakes as many sleepers as there are parts besides the caller's (waking all 15
+        // for a two-part copy made a 256 KiB upload 13 µs slower on the H200 host).
+        wake(shared, parts - 1);
         {
             let _finish = Finish(shared);
             work_on(shared);
@@ -454,19 +454,72 @@ fn worker(shared: &Shared, i: usize) {
     }
 }
 
-/// Parks until a job with an untaken part is posted. The flag and the count go up before
-/// the ticket is reread (all SeqCst, against `post`'s ticket store and its reads of them):
-/// either this sees the job or the poster sees the flag and unparks this thread (an unpark
+/// Parks until a job with an untaken part is posted or another thread claims this one's
+/// wake-up ([`wake`]), then passes wake-ups on. The flag and the count go up before the
+/// ticket is reread (all SeqCst, against `post`'s ticket store and its reads of them):
+/// either this sees the job or the poster sees the flag and a wake-up is claimed (an unpark
 /// before the park makes the park return at once). Parks can also end spuriously, hence the
 /// loop.
 fn sleep_until_work(shared: &Shared, me: &Sleeper) {
-    me.asleep.store(true, Ordering::SeqCst);
-    shared.asleep.fetch_add(1, Ordering::SeqCst);
-    while !has_work(shared) {
-        std::thread::park();
+    loop {
+        me.asleep.store(true, Ordering::SeqCst);
+        shared.asleep.fetch_add(1, Ordering::SeqCst);
+        let work = has_work(shared);
+        if !work {
+            std::thread::park();
+        }
+        // Still flagged: nobody claimed this wake-up, so the count is this thread's to take.
+        let claimed = !me.asleep.swap(false, Ordering::SeqCst);
+        if !claimed {
+            shared.asleep.fetch_sub(1, Ordering::SeqCst);
+        }
+        if work || claimed || has_work(shared) {
+            break;
+        }
     }
-    shared.asleep.fetch_sub(1, Ordering::SeqCst);
-    me.asleep.store(false, Ordering::SeqCst);
+    pass_wakes(shared);
+}
+
+/// Asks for `n` sleeping threads to be woken: unparks one here and leaves the rest to the
+/// threads that wake ([`pass_wakes`]), so that this thread gets on with its own work.
+fn wake(shared: &Shared, n: usize) {
+    if n == 0 || shared.asleep.load(Ordering::SeqCst) == 0 {
+        return;
+    }
+    shared.to_wake.store(n, Ordering::SeqCst);
+    take_wake(shared);
+}
+
+/// Wakes sleeping threads while wake-ups are wanted (each woken thread does the same, so
+/// the wake-ups spread as a tree rather than a chain of system calls on one thread).
+fn pass_wakes(shared: &Shared) {
+    while take_wake(shared) {}
+}
+
+/// Claims one wanted wake-up and unparks a sleeping thread for it; false when none is
+/// wanted or none sleeps.
+fn take_wake(shared: &Shared) -> bool {
+    let claimed = shared
+        .to_wake
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+    if claimed.is_err() {
+        return false;
+    }
+    for sleeper in &shared.sleepers {
+        if sleeper
+            .asleep
+            .compare_exchange(true, false, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            shared.asleep.fetch_sub(1, Ordering::SeqCst);
+            if let Some(thread) = sleeper.thread.get() {
+                thread.unpark();
+            }
+            return true;
+        }
+    }
+    shared.to_wake.store(0, Ordering::SeqCst);
+    false
 }
 
 #[cfg(test)]
@@ -575,6 +628,22 @@ mod tests {
         for _ in 0..20 {
             // Past the spin, so that every copy thread has gone to sleep.
             std::thread::sleep(SPIN * 2);
+            let (r, met) = all_at_once(&w, || {});
+            r.unwrap();
+            assert_eq!(met, w.threads());
+        }
+    }
+
+    #[test]
+    fn waking_ahead_of_jobs_loses_no_thread() {
+        let w = Workers::new(6, None);
+        for round in 0..40 {
+            // Woken early, some or all: the threads look for work for a while, then sleep
+            // again; every job still gets every thread.
+            w.wake(round % 8);
+            if round % 2 == 0 {
+                w.wake(w.threads());
+            }
             let (r, met) = all_at_once(&w, || {});
             r.unwrap();
             assert_eq!(met, w.threads());

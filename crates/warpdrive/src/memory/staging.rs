@@ -628,6 +628,8 @@ pub(crate) fn ring_upload<S: Sync, T: DType>(
     if src.is_empty() {
         return Ok(());
     }
+    // The copy threads wake while the ring is set up.
+    workers.wake(plan.threads);
     let (n, size) = (src.len(), std::mem::size_of::<T>());
     let grid = Grid::new(n, plan, 0, align_elems(plan.host_align, size));
     let ring_len = (plan.slots.max(1) * grid.max_chunk()).min(n);
@@ -706,6 +708,7 @@ pub(crate) fn ring_download<T: DType, D: Send>(
     if dst.is_empty() {
         return Ok(());
     }
+    workers.wake(plan.threads);
     let size = std::mem::size_of::<T>();
     let dsize = std::mem::size_of::<D>().max(1);
     let host = dst.as_mut_ptr() as usize;
