@@ -33,6 +33,7 @@ fn a_broken_kernel_returns_the_nvrtc_log() {
         name: "broken",
         code:
             "// archs: sm_90\nextern \"C\" __global__ void k(float* x) { x[0] = undefined_name; }\n",
+        shared: None,
     };
     let cache = PtxCache::at(temp_cache("broken"));
     let arch = BROKEN.archs().unwrap()[0];

@@ -2,7 +2,8 @@
 //! disk as PTX.
 //!
 //! Sources are self-contained: they include no CUDA headers (a host with only the driver and
-//! NVRTC has none). [`PRELUDE`] is prepended to every source. Each source declares the
+//! NVRTC has none). [`PRELUDE`] is prepended to every source, then the source's shared
+//! fragment if it has one (the MoE sources share [`MOE_SHARED`]). Each source declares the
 //! architectures it supports on a line `// archs: sm_80 sm_90 sm_90a`; it is compiled for the
 //! device's own architecture when declared, else for the highest declared one the device can
 //! run (PTX is forward compatible; `a` targets such as `sm_90a` are not).
@@ -34,55 +35,109 @@ pub struct KernelSource {
     pub name: &'static str,
     /// The CUDA C text, without the prelude.
     pub code: &'static str,
+    /// Definitions shared with sibling sources, prepended after the prelude: a fragment (no
+    /// `// archs:` line, not in [`SOURCES`]) whose `name` labels its lines in compile logs.
+    pub shared: Option<&'static KernelSource>,
 }
 
 /// `fill` and `axpy` behind the foundation ops, and the empty kernel the doctor times.
 pub static BASIC: KernelSource = KernelSource {
     name: "basic",
     code: include_str!("basic.cu"),
+    shared: None,
 };
 
 /// Test kernels of the exec floor (a trapping kernel for the device-loss test).
 pub static EXEC: KernelSource = KernelSource {
     name: "exec",
     code: include_str!("exec.cu"),
+    shared: None,
 };
 
 /// Fused maps (`act(a·x + b)` → cast), binary ops and SwiGLU.
 pub static ELEMENTWISE: KernelSource = KernelSource {
     name: "elementwise",
     code: include_str!("elementwise.cu"),
+    shared: None,
 };
 
 /// Deterministic sum / max / mean, whole buffer (two passes) and per row.
 pub static REDUCE: KernelSource = KernelSource {
     name: "reduce",
     code: include_str!("reduce.cu"),
+    shared: None,
 };
 
 /// Row softmax.
 pub static SOFTMAX: KernelSource = KernelSource {
     name: "softmax",
     code: include_str!("softmax.cu"),
+    shared: None,
 };
 
 /// Row top-k and the fused MoE router.
 pub static TOPK: KernelSource = KernelSource {
     name: "topk",
     code: include_str!("topk.cu"),
+    shared: None,
 };
 
 /// Histogram, exclusive scan, stable sort by key, gather / scatter rows.
 pub static PERMUTE: KernelSource = KernelSource {
     name: "permute",
     code: include_str!("permute.cu"),
+    shared: None,
 };
 
-/// The MoE layer's kernels: seeded weights, grouped sigmoid router, dispatch, the
-/// device-driven grouped GEMM on tensor cores, SwiGLU and combine.
+/// What the MoE sources share (dispatch block, row top-k, the grouped GEMM's parameters,
+/// tiles, MMA loop and stage loads, the routers' parameters): prepended to each of them.
+pub static MOE_SHARED: KernelSource = KernelSource {
+    name: "moe_shared",
+    code: include_str!("moe_shared.cu"),
+    shared: None,
+};
+
+/// The MoE layer's seeded weights, the SwiGLU of its cuBLAS path and its combine.
 pub static MOE: KernelSource = KernelSource {
     name: "moe",
     code: include_str!("moe.cu"),
+    shared: Some(&MOE_SHARED),
+};
+
+/// The MoE routing: grouped sigmoid router, dispatch, and the router (logits, softmax top-k
+/// and dispatch in one kernel).
+pub static MOE_ROUTER: KernelSource = KernelSource {
+    name: "moe_router",
+    code: include_str!("moe_router.cu"),
+    shared: Some(&MOE_SHARED),
+};
+
+/// The MoE router on thread-block clusters (sm_90 and later only).
+pub static MOE_ROUTER_CLUSTER: KernelSource = KernelSource {
+    name: "moe_router_cluster",
+    code: include_str!("moe_router_cluster.cu"),
+    shared: Some(&MOE_SHARED),
+};
+
+/// The MoE device-driven grouped GEMM on tensor cores (mma.sync).
+pub static MOE_GEMM: KernelSource = KernelSource {
+    name: "moe_gemm",
+    code: include_str!("moe_gemm.cu"),
+    shared: Some(&MOE_SHARED),
+};
+
+/// The MoE prefill tiles on Hopper's warpgroup MMA (sm_90a only).
+pub static MOE_WGMMA: KernelSource = KernelSource {
+    name: "moe_wgmma",
+    code: include_str!("moe_wgmma.cu"),
+    shared: Some(&MOE_SHARED),
+};
+
+/// The one-token MoE decode kernel (the whole layer in one launch).
+pub static MOE_DECODE: KernelSource = KernelSource {
+    name: "moe_decode",
+    code: include_str!("moe_decode.cu"),
+    shared: Some(&MOE_SHARED),
 };
 
 /// Every embedded source (the compile test builds each for each declared architecture).
@@ -94,6 +149,11 @@ pub static SOURCES: &[&KernelSource] = &[
     &TOPK,
     &PERMUTE,
     &MOE,
+    &MOE_ROUTER,
+    &MOE_ROUTER_CLUSTER,
+    &MOE_GEMM,
+    &MOE_WGMMA,
+    &MOE_DECODE,
     &EXEC,
 ];
 
@@ -285,11 +345,11 @@ impl PtxCache {
 
     fn key(&self, source: &KernelSource, arch: Arch) -> Result<String> {
         let (major, minor) = nvrtc_version()?;
-        let hash = fnv1a(&[
-            PRELUDE.as_bytes(),
-            source.code.as_bytes(),
-            compile_options(arch).join(" ").as_bytes(),
-        ]);
+        let options = compile_options(arch).join(" ");
+        let mut parts = vec![PRELUDE.as_bytes()];
+        parts.extend(source.shared.map(|f| f.code.as_bytes()));
+        parts.extend([source.code.as_bytes(), options.as_bytes()]);
+        let hash = fnv1a(&parts);
         Ok(format!(
             "{}-{hash:016x}-{arch}-nvrtc{major}.{minor}",
             source.name
@@ -387,7 +447,14 @@ impl PtxCache {
     pub fn compile(&self, source: &KernelSource, arch: Arch) -> Result<String> {
         nvrtc_version()?;
         self.compiles.fetch_add(1, Ordering::Relaxed);
-        let text = format!("{PRELUDE}\n#line 1 \"{}.cu\"\n{}", source.name, source.code);
+        let shared = source
+            .shared
+            .map(|f| format!("#line 1 \"{}.cu\"\n{}\n", f.name, f.code))
+            .unwrap_or_default();
+        let text = format!(
+            "{PRELUDE}\n{shared}#line 1 \"{}.cu\"\n{}",
+            source.name, source.code
+        );
         if text.contains('\0') {
             return Err(Error::Compile {
                 kernel: source.name.into(),
@@ -473,12 +540,28 @@ mod tests {
         static SRC: KernelSource = KernelSource {
             name: "t",
             code: "// archs: sm_80 sm_90a\n",
+            shared: None,
         };
         let pick = |s: &str| SRC.arch_for(Arch::parse(s).unwrap()).map(|a| a.name());
         assert_eq!(pick("sm_90a").unwrap(), "sm_90a");
         assert_eq!(pick("sm_89").unwrap(), "sm_80");
         assert_eq!(pick("sm_100").unwrap(), "sm_80");
         assert!(pick("sm_75").is_err());
+    }
+
+    #[test]
+    fn wgmma_and_cluster_sources_build_only_where_they_run() {
+        let pick = |src: &KernelSource, s: &str| src.arch_for(Arch::parse(s).unwrap());
+        // Off sm_90a the plan sees no arch for the wgmma source and takes moe_gemm's tiles; a
+        // load there is refused with a message naming the source.
+        assert_eq!(pick(&MOE_WGMMA, "sm_90a").unwrap(), Arch::SM_90A);
+        for s in ["sm_80", "sm_90", "sm_100"] {
+            let e = pick(&MOE_WGMMA, s).unwrap_err().to_string();
+            assert!(e.contains("moe_wgmma"), "{e}");
+        }
+        assert!(pick(&MOE_ROUTER_CLUSTER, "sm_89").is_err());
+        assert_eq!(pick(&MOE_ROUTER_CLUSTER, "sm_100").unwrap().name(), "sm_90");
+        assert_eq!(pick(&MOE_GEMM, "sm_89").unwrap().name(), "sm_80");
     }
 
     #[test]

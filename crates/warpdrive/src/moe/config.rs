@@ -69,7 +69,7 @@ pub(super) fn fused_route(c: &MoeConfig) -> bool {
     c.router == Router::Softmax && c.experts <= ROUTER_ROUTES_MAX
 }
 
-/// Columns per block of the grouped GEMM (as the kernels are instantiated in `moe.cu`: 8
+/// Columns per block of the grouped GEMM (as the kernels are instantiated in `moe_gemm.cu`: 8
 /// warps × 2 n8 groups for m1 / m2, `MOE_SBN` for the staged prefill tile m4).
 pub(super) const GEMM_BN: usize = 128;
 /// Dynamic shared memory of the grouped GEMM for `mt` m16 tiles: the staged prefill tiles (m4,

@@ -3,7 +3,7 @@ use std::ffi::c_void;
 use crate::device::{LaunchMode, Stream};
 use crate::dtype::DTypeKind;
 use crate::error::{Error, Result};
-use crate::kernels::MOE;
+use crate::kernels::{MOE, MOE_DECODE, MOE_GEMM, MOE_ROUTER, MOE_ROUTER_CLUSTER, MOE_WGMMA};
 use crate::ops::{self, Route};
 
 use super::config::{
@@ -37,7 +37,7 @@ pub(super) struct Launcher {
     pub(super) y_rows: u64,
 }
 
-/// `MoeGemm` of `kernels/moe.cu`, field for field (C layout).
+/// `MoeGemm` of `kernels/moe_shared.cu`, field for field (C layout).
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 struct GemmParams {
@@ -64,7 +64,7 @@ struct GemmParams {
     order: u64,
 }
 
-/// `MoeDecode` of `kernels/moe.cu`, field for field (C layout).
+/// `MoeDecode` of `kernels/moe_decode.cu`, field for field (C layout).
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 struct DecodeParams {
@@ -90,7 +90,7 @@ struct DecodeParams {
 
 const DECODE_NAMES: [&str; 2] = ["moe_decode_f16", "moe_decode_bf16"];
 
-/// `MoeRouter` of `kernels/moe.cu`, field for field (C layout).
+/// `MoeRouter` of `kernels/moe_shared.cu`, field for field (C layout).
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 struct RouterParams {
@@ -135,8 +135,8 @@ const ROUTER_NAMES: [[&str; 3]; 2] = [
 
 const ROUTER_CLUSTER_NAMES: [&str; 2] = ["moe_router_cluster_f16", "moe_router_cluster_bf16"];
 
-/// The staged tiles on Hopper's warpgroup MMA (`moe_gemm_wgmma`; m4, m6), where the module
-/// is built for sm_90a.
+/// The staged tiles on Hopper's warpgroup MMA (`moe_gemm_wgmma`; m4, m6), in the `moe_wgmma`
+/// source (built for sm_90a only).
 const GEMM_WGMMA_NAMES: [[&str; 2]; 2] = [
     ["moe_gemm_f16_m4w", "moe_gemm_f16_m6w"],
     ["moe_gemm_bf16_m4w", "moe_gemm_bf16_m6w"],
@@ -303,12 +303,15 @@ impl Launcher {
             2 => 1,
             _ => 2,
         };
-        let name = if shape.cluster {
-            ROUTER_CLUSTER_NAMES[self.dtype_index()?]
+        let (source, name) = if shape.cluster {
+            (
+                &MOE_ROUTER_CLUSTER,
+                ROUTER_CLUSTER_NAMES[self.dtype_index()?],
+            )
         } else {
-            ROUTER_NAMES[self.dtype_index()?][mt]
+            (&MOE_ROUTER, ROUTER_NAMES[self.dtype_index()?][mt])
         };
-        let f = d.function(&MOE, name)?;
+        let f = d.function(source, name)?;
         let grid = (
             u32_of(shape.col_blocks * shape.splits, "router column blocks")?,
             u32_of(shape.row_tiles, "router row tiles")?,
@@ -401,7 +404,17 @@ impl Launcher {
                 // int renorm, float scaling, float* weights, u32* indices): logits hold
                 // tokens·E, bias E (or null), weights/indices tokens·k; E floats of shared
                 // memory per warp; k <= 16 and n_group <= 32 (validated).
-                unsafe { ops::launch(d, cs, (&MOE, name), grid, ROUTER_WARPS * 32, smem, args) }
+                unsafe {
+                    ops::launch(
+                        d,
+                        cs,
+                        (&MOE_ROUTER, name),
+                        grid,
+                        ROUTER_WARPS * 32,
+                        smem,
+                        args,
+                    )
+                }
             }
         }
     }
@@ -433,7 +446,7 @@ impl Launcher {
             ops::launch(
                 d,
                 cs,
-                (&MOE, "moe_dispatch"),
+                (&MOE_ROUTER, "moe_dispatch"),
                 1,
                 DISPATCH_BLOCK,
                 (2 * c.experts * 4) as u32,
@@ -469,9 +482,9 @@ impl Launcher {
             out: pass.y,
         };
         let name = DECODE_NAMES[self.dtype_index()?];
-        let f = d.function(&MOE, name)?;
+        let f = d.function(&MOE_DECODE, name)?;
         let shared = u32_of(DecodeShape::shared_bytes(c), "decode shared memory")?;
-        let resident = d.resident_blocks(&MOE, name, DECODE_BLOCK, shared)? as usize;
+        let resident = d.resident_blocks(&MOE_DECODE, name, DECODE_BLOCK, shared)? as usize;
         // As many blocks per SM as fit, at most DECODE_BLOCKS_PER_SM: all are resident.
         let grid = shape.sms * resident.min(DECODE_BLOCKS_PER_SM);
         let mut args = [&mut params as *mut DecodeParams as *mut c_void];
@@ -515,12 +528,12 @@ impl Launcher {
             _ => 3,
         };
         let t = self.dtype_index()?;
-        let name = if shape.wgmma {
-            GEMM_WGMMA_NAMES[t][mt - 2]
+        let (source, name) = if shape.wgmma {
+            (&MOE_WGMMA, GEMM_WGMMA_NAMES[t][mt - 2])
         } else {
-            GEMM_NAMES[t][mt]
+            (&MOE_GEMM, GEMM_NAMES[t][mt])
         };
-        let f = d.function(&MOE, name)?;
+        let f = d.function(source, name)?;
         let grid = u32_of(shape.grid(), "GEMM blocks")?;
         let shared = gemm_shared_bytes(shape.mt, shape.wgmma);
         let mut params = [&mut p as *mut GemmParams as *mut c_void];

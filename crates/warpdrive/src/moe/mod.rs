@@ -11,7 +11,7 @@
 //! router and wider layers route and dispatch in two more kernels); the gate/up projection as a grouped GEMM over the permuted tokens with SwiGLU
 //! fused into its epilogue; the down projection as a second grouped GEMM that scales each row
 //! by its routing weight; and the combine back to token order. The grouped GEMM
-//! (`kernels/moe.cu`) reads the per-expert counts from device memory, so for up to
+//! (`kernels/moe_gemm.cu`) reads the per-expert counts from device memory, so for up to
 //! [`GRAPH_MAX_TOKENS`] tokens the whole layer is captured once per token count (and
 //! input/output buffer pair) as a CUDA graph and replayed. Above that, the default path runs
 //! the same kernels eagerly, or, where each expert's GEMMs are large

@@ -1,7 +1,7 @@
 use crate::device::Stream;
 use crate::dtype::Float;
 use crate::error::Result;
-use crate::kernels::{Arch, MOE};
+use crate::kernels::MOE_WGMMA;
 use crate::memory::Buffer;
 use crate::size;
 
@@ -20,8 +20,8 @@ pub(super) struct Gpu {
     pub(super) clusters: bool,
     /// The most shared memory a block may use (bytes, opted in).
     pub(super) shared_per_block: usize,
-    /// The staged tiles run on Hopper's warpgroup MMA (the MoE kernels are built for
-    /// sm_90a there), unless [`MoeLayer::set_warpgroup_mma`] turned it off.
+    /// The staged tiles run on Hopper's warpgroup MMA (where the `moe_wgmma` source, sm_90a
+    /// only, builds), unless [`MoeLayer::set_warpgroup_mma`] turned it off.
     pub(super) wgmma: bool,
     /// One-token passes may take the decode kernel, unless
     /// [`MoeLayer::set_decode_kernel`] turned it off.
@@ -36,7 +36,8 @@ impl Gpu {
                 l2_bytes: d.l2_cache_bytes()?,
                 clusters: d.compute_capability().0 >= 9,
                 shared_per_block: d.shared_per_block_optin()?,
-                wgmma: MOE.arch_for(d.arch()).is_ok_and(|a| a == Arch::SM_90A),
+                // The wgmma source declares sm_90a only: elsewhere it has no arch to build for.
+                wgmma: MOE_WGMMA.arch_for(d.arch()).is_ok(),
                 decode: true,
             },
             None => Gpu {

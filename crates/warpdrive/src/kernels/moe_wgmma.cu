@@ -1,0 +1,194 @@
+// archs: sm_90a
+// The MoE prefill tiles on Hopper's warpgroup MMA (module `moe_wgmma`), built for sm_90a only:
+// elsewhere the plan takes the mma.sync tiles of moe_gemm and never loads this module.
+
+// ---- warpgroup MMA (sm_90a): D (64 × N, f32, N / 2 registers per thread) += A · Bᵀ with A
+// (64 × 16) and B (N × 16) K-major in shared memory behind 128-byte-swizzle descriptors. ----
+template <typename T, int N> struct MoeWgmma;
+// The accumulator operands of m64nNk16: N / 2 registers, named 8 per 16 columns, then the
+// two descriptors (%N/2, %N/2 + 1).
+#define MOE_WGMMA_R16 "%0, %1, %2, %3, %4, %5, %6, %7"
+#define MOE_WGMMA_R32 MOE_WGMMA_R16 ", %8, %9, %10, %11, %12, %13, %14, %15"
+#define MOE_WGMMA_R48 MOE_WGMMA_R32 ", %16, %17, %18, %19, %20, %21, %22, %23"
+#define MOE_WGMMA_R64 MOE_WGMMA_R48 ", %24, %25, %26, %27, %28, %29, %30, %31"
+#define MOE_WGMMA_R80 MOE_WGMMA_R64 ", %32, %33, %34, %35, %36, %37, %38, %39"
+#define MOE_WGMMA_R96 MOE_WGMMA_R80 ", %40, %41, %42, %43, %44, %45, %46, %47"
+#define MOE_WGMMA_D16(o) "+f"(d[o]), "+f"(d[o + 1]), "+f"(d[o + 2]), "+f"(d[o + 3]), "+f"(d[o + 4]), "+f"(d[o + 5]), "+f"(d[o + 6]), "+f"(d[o + 7])
+#define MOE_WGMMA(T, TY, N, DESC, ...)                                                              \
+    template <> struct MoeWgmma<T, N> {                                                               \
+        static __device__ __forceinline__ void run(float* d, u64 da, u64 db) {                        \
+            asm volatile("{ .reg .pred p; setp.eq.u32 p, 1, 1; wgmma.mma_async.sync.aligned.m64n" #N  \
+                         "k16.f32." TY "." TY " {" MOE_WGMMA_R##N "}, " DESC ", p, 1, 1, 0, 0; }"       \
+                         : __VA_ARGS__                                                                \
+                         : "l"(da), "l"(db));                                                         \
+        }                                                                                             \
+    };
+#define MOE_WGMMA_ALL(T, TY) \
+    MOE_WGMMA(T, TY, 16, "%8, %9", MOE_WGMMA_D16(0)) \
+    MOE_WGMMA(T, TY, 32, "%16, %17", MOE_WGMMA_D16(0), MOE_WGMMA_D16(8)) \
+    MOE_WGMMA(T, TY, 48, "%24, %25", MOE_WGMMA_D16(0), MOE_WGMMA_D16(8), MOE_WGMMA_D16(16)) \
+    MOE_WGMMA(T, TY, 64, "%32, %33", MOE_WGMMA_D16(0), MOE_WGMMA_D16(8), MOE_WGMMA_D16(16), MOE_WGMMA_D16(24)) \
+    MOE_WGMMA(T, TY, 80, "%40, %41", MOE_WGMMA_D16(0), MOE_WGMMA_D16(8), MOE_WGMMA_D16(16), MOE_WGMMA_D16(24), MOE_WGMMA_D16(32)) \
+    MOE_WGMMA(T, TY, 96, "%48, %49", MOE_WGMMA_D16(0), MOE_WGMMA_D16(8), MOE_WGMMA_D16(16), MOE_WGMMA_D16(24), MOE_WGMMA_D16(32), MOE_WGMMA_D16(40))
+MOE_WGMMA_ALL(bf16, "bf16")
+MOE_WGMMA_ALL(f16, "f16")
+
+// Shared-memory descriptor of a K-major operand tile whose 128-byte rows are stored in the
+// 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8); tile base 1024-aligned):
+// leading byte offset unused (1), stride 1024 bytes between 8-row groups, layout 1 (SW128).
+__device__ __forceinline__ u64 moe_sw128_desc(u32 addr) {
+    return (u64)((addr & 0x3FFFFu) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
+__device__ __forceinline__ void moe_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void moe_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void moe_wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+__device__ __forceinline__ void moe_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// One 64-k stage of a warpgroup's MMAs: its 64 weight rows (A, at `wa`) times the tile's first
+// N token rows (B, at `xb`), 4 k16 steps (32 bytes along the swizzled rows each).
+template <typename T, int N, int NMAX>
+__device__ __forceinline__ void moe_wgmma_stage(float (&acc)[NMAX / 2], u32 wa, u32 xb) {
+#pragma unroll
+    for (u32 kk = 0; kk < MOE_SBK / 16; ++kk)
+        MoeWgmma<T, N>::run(acc, moe_sw128_desc(wa + kk * 32), moe_sw128_desc(xb + kk * 32));
+}
+
+// A prefill tile's k loop on wgmma for its first N token rows (one instance per N, so the
+// accumulators keep their registers across the asynchronous MMAs): the warpgroup's 64
+// weight rows start `wa` bytes into each stage.
+template <typename T, int N, int NMAX, u32 STAGES, typename Loads>
+__device__ __forceinline__ void moe_wgmma_k_loop(float (&acc)[NMAX / 2], const Loads& loads, u32 smem, u32 wa) {
+    for (u32 kt = 0; kt < loads.k_tiles; ++kt) {
+        moe_cp_async_wait<STAGES - 2>();
+        moe_fence_proxy_async();  // this thread's cp.async data, visible to the async proxy
+        __syncthreads();          // every thread's; and stage kt - 1's MMAs are done
+        loads.next(kt);
+        const u32 stage = smem + (kt % STAGES) * Loads::STAGE_BYTES;
+        moe_wgmma_fence();
+        moe_wgmma_stage<T, N, NMAX>(acc, stage + wa, stage);
+        moe_wgmma_commit();
+        moe_wgmma_wait0();
+    }
+}
+
+// The wgmma tile's results (accumulator i of a thread, warp w of its warpgroup, lane g·4 + q:
+// weight row 16w + g + 8·(i % 4 / 2), token row 8·(i / 4) + 2q + i % 2) go through shared
+// memory `c` (the free ring) to whole rows, so the split-K partials, their sums and the
+// epilogues move float4s along rows instead of scattered words (n % 8 == 0 on CUDA).
+// Partials are summed in split order by the tile's last block: results stay deterministic.
+template <typename T, u32 BM>
+__device__ void moe_wgmma_finish(const MoeGemm& p, const MoeTile& t, const float (&acc)[BM / 2], float* c) {
+    constexpr u32 BN = 128, LD = BN + 4;  // padded rows: the scattered writes hit 32 banks
+    const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3u;
+    const u32 nl = (warp >> 2) * 64 + (warp & 3u) * 16 + g;
+    __syncthreads();  // every warpgroup is done with the ring
+#pragma unroll
+    for (int i = 0; i < (int)BM / 2; ++i)
+        c[(8u * (i / 4) + 2u * q + i % 2) * LD + nl + 8u * ((i % 4) / 2)] = acc[i];
+    __syncthreads();
+    // Thread: float4 column `col` of rows r0, r0 + 8, ... (one warp per row).
+    const u32 col = lane * 4, r0 = warp, n = t.nb * BN + col;
+    const bool in_n = n < p.n;
+    if (p.splits > 1) {
+        for (u32 r = r0; r < t.rows; r += MOE_WARPS)
+            if (in_n)
+                *reinterpret_cast<float4*>(p.partial + ((u64)t.split * p.rows_cap + t.row0 + r) * p.n + n) =
+                    *reinterpret_cast<const float4*>(c + r * LD + col);
+        if (!moe_arrive_last(&p.tickets[t.tile], p.splits)) return;
+        const u64 stride = (u64)p.rows_cap * p.n;
+        for (u32 r = r0; r < t.rows; r += MOE_WARPS) {
+            if (!in_n) continue;
+            const float* src = p.partial + ((u64)t.row0 + r) * p.n + n;
+            float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (u32 sp = 0; sp < p.splits; ++sp) {
+                const float4 v = __ldcg(reinterpret_cast<const float4*>(src + sp * stride));
+                sum.x += v.x;
+                sum.y += v.y;
+                sum.z += v.z;
+                sum.w += v.w;
+            }
+            *reinterpret_cast<float4*>(c + r * LD + col) = sum;
+        }
+        __syncthreads();
+    }
+    if (p.epilogue == 1) {
+        // Weight rows 16m + j (gate) and 16m + 8 + j (up) make act column 8m + j: thread
+        // (16 per row) takes act columns 4·j4 .. 4·j4 + 3 of rows r, r + 16, ...
+        const u32 half_n = p.n >> 1, j4 = threadIdx.x & 15u, gate = (j4 >> 1) * 16 + (j4 & 1u) * 4;
+        const u32 act = (t.nb * BN >> 1) + 4 * j4;
+        if (act >= half_n) return;
+        for (u32 r = threadIdx.x >> 4; r < t.rows; r += 16) {
+            const float4 gv = *reinterpret_cast<const float4*>(c + r * LD + gate);
+            const float4 uv = *reinterpret_cast<const float4*>(c + r * LD + gate + 8);
+            const float o[4] = {moe_silu(gv.x) * uv.x, moe_silu(gv.y) * uv.y, moe_silu(gv.z) * uv.z,
+                                moe_silu(gv.w) * uv.w};
+            store_vec<T, 4>(reinterpret_cast<T*>(p.out) + (u64)(t.row0 + r) * half_n + act, pack_vec<T, 4>(o));
+        }
+    } else {
+        if (!in_n) return;
+        for (u32 r = r0; r < t.rows; r += MOE_WARPS) {
+            const u32 prow = t.row0 + r;
+            const float scale = p.slot_weight[p.order[prow]];
+            float4 v = *reinterpret_cast<const float4*>(c + r * LD + col);
+            v.x *= scale;
+            v.y *= scale;
+            v.z *= scale;
+            v.w *= scale;
+            *reinterpret_cast<float4*>(reinterpret_cast<float*>(p.out) + (u64)prow * p.n + n) = v;
+        }
+    }
+}
+
+// The prefill tile on Hopper's warpgroup MMA: the same work list, stages, loads and swizzled
+// shared memory as moe_gemm_staged (BM = 32·MT token rows × 128 weight rows, STAGES deep),
+// but the two warpgroups each multiply 64 weight rows (wgmma M) by the tile's live token rows
+// (wgmma N, rounded up to 16) straight from shared memory: no ldmatrix round trips through
+// registers, no MMAs on rows past the tile's rows. Accumulator i of a thread (warp w of its
+// warpgroup, lane g·4 + q): weight row 16w + g + 8·(i % 4 / 2), token row 8·(i / 4) + 2q + i % 2.
+template <typename T, int MT, int STAGES>
+__device__ void moe_gemm_wgmma(const MoeGemm& p) {
+    constexpr u32 BM = 32 * MT, BN = 128, NMAX = BM;
+    using Loads = MoeStageLoads<T, BM, BN, STAGES>;
+    constexpr u32 A_BYTES = Loads::A_BYTES, STAGE_BYTES = Loads::STAGE_BYTES;
+    static_assert(A_BYTES % 1024 == 0 && STAGE_BYTES % 1024 == 0, "SW128 tiles need 1024-byte alignment");
+    extern __shared__ __align__(128) unsigned char moe_smem[];
+    MoeTile t;
+    if (!moe_gemm_tile(p, BM, BN, t)) return;
+    const u32 warp = threadIdx.x >> 5;
+    // The stages from the first 1024-byte boundary (the launch asks for 1 KB more): an
+    // __align__(1024) declaration would pad every kernel's static shared memory instead.
+    const u32 base = (u32)__cvta_generic_to_shared(moe_smem), smem = (base + 1023u) & ~1023u;
+    const Loads loads(p, t, smem);
+    loads.start(p);
+
+    const u32 wg = warp >> 2;           // warpgroup: weight rows 64·wg ..
+    const u32 live16 = (t.rows + 15) / 16;  // token rows the MMAs cover, in 16s
+    float acc[NMAX / 2];
+#pragma unroll
+    for (int i = 0; i < NMAX / 2; ++i) acc[i] = 0.0f;
+
+    const u32 wa = A_BYTES + wg * 64 * 128;
+    switch (live16) {
+        case 1: moe_wgmma_k_loop<T, 16, NMAX, STAGES>(acc, loads, smem, wa); break;
+        case 2: moe_wgmma_k_loop<T, 32, NMAX, STAGES>(acc, loads, smem, wa); break;
+        case 3: moe_wgmma_k_loop<T, 48, NMAX, STAGES>(acc, loads, smem, wa); break;
+        case 4: moe_wgmma_k_loop<T, (NMAX >= 64 ? 64 : 16), NMAX, STAGES>(acc, loads, smem, wa); break;
+        case 5: moe_wgmma_k_loop<T, (NMAX >= 80 ? 80 : 16), NMAX, STAGES>(acc, loads, smem, wa); break;
+        default: moe_wgmma_k_loop<T, NMAX, NMAX, STAGES>(acc, loads, smem, wa); break;
+    }
+    moe_cp_async_wait<0>();
+    moe_wgmma_finish<T, BM>(p, t, acc, reinterpret_cast<float*>(moe_smem + (smem - base)));
+}
+
+#define MOE_GEMM_WGMMA(T, NAME, MT) \
+    extern "C" __global__ void __launch_bounds__(256, 2) moe_gemm_##T##_##NAME##w(MoeGemm p) { moe_gemm_wgmma<T, MT, 4>(p); }
+// Two blocks per SM at either size (m6: 112 KB of stages + 1 KB to align them, no static
+// shared memory). Against the mma.sync staged tiles on the H200 (CLI forward, device path):
+// mixtral 256 tokens 733.5 vs 890.4 µs over 3000 back-to-back passes (the mma.sync tile ran
+// at the 700 W power cap, SM clock ~1700 MHz), qwen3 1024 418.6 vs 470.1, mixtral 1024 1965
+// vs 2609; and, taking over from the decode and middle tiles at 2 rows per expert, gpt-oss
+// 256 1852 → 1519, deepseek 256 916 → 789.
+MOE_GEMM_WGMMA(bf16, m4, 2)
+MOE_GEMM_WGMMA(bf16, m6, 3)
+MOE_GEMM_WGMMA(f16, m4, 2)
+MOE_GEMM_WGMMA(f16, m6, 3)
