@@ -8,6 +8,7 @@ pub(crate) mod cpu;
 pub(crate) mod cuda;
 pub(crate) mod dma;
 pub(crate) mod hostmem;
+pub mod probe;
 pub mod sysfs;
 pub mod workers;
 
@@ -21,6 +22,7 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 
 pub(crate) use cpu::cpu_model;
+pub use hostmem::{host_vec, stream_copy};
 pub(crate) use cuda::AsyncMemPool;
 pub use cuda::CudaDevice;
 pub(crate) use cuda::GemmCall;
@@ -240,7 +242,8 @@ impl Device {
         }
     }
 
-    pub(crate) fn same_as(&self, other: &Device, op: &'static str) -> Result<()> {
+    /// `Error::DeviceMismatch` naming `op` unless `other` is this device.
+    pub fn same_as(&self, other: &Device, op: &'static str) -> Result<()> {
         if self == other {
             Ok(())
         } else {

@@ -34,8 +34,8 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::device::{Device, DeviceInfo, Stream};
-use crate::error::{Error, Result};
+use warpdrive::device::{Device, DeviceInfo, Stream};
+use warpdrive::error::{Error, Result};
 
 pub use ceilings::{measure_ceilings, measure_ceilings_at};
 pub use derived::{format_derived, Derived};
@@ -412,7 +412,7 @@ pub fn run_suites_with(
         ctx.suite = suite.name;
         ctx.step(suite.name);
         // A span per suite on the bench stream (recorded only while telemetry is on).
-        let span = crate::telemetry::span(suite.name, &ctx.stream);
+        let span = warpdrive::telemetry::span(suite.name, &ctx.stream);
         let ran = (suite.run)(&mut ctx);
         drop(span);
         if let Err(e) = ran {
