@@ -1,5 +1,5 @@
-//! The exec floor's cases (registered for now as suite `kernels-exec`; their case names
-//! are the `kernels` suite's, where they will be folded in):
+//! The exec floor's cases, run as part of the `kernels` suite (after its streaming and
+//! router cases; rows carry the running suite's name):
 //!
 //! - `gemm-bf16-8192` (size = n): an n³ bf16 GEMM through `ops::gemm::matmul`
 //!   (`warpdrive`); TFLOP/s and `pct_of_ceiling` against `gemm_bf16_tflops`. Peer:
@@ -32,17 +32,15 @@ use half::bf16;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+use warpdrive::device::probe::ReferenceLaunches;
 use warpdrive::device::Stream;
 use warpdrive::error::{Error, Result};
-use warpdrive::device::probe::ReferenceLaunches;
 use warpdrive::exec::probe::LaunchProbe;
 use warpdrive::exec::{Graph, LaunchConfig};
 use warpdrive::memory::Buffer;
 use warpdrive::ops::{self, gemm};
 
 use super::{time_gpu, Ceiling, Ctx, Scale};
-
-pub(crate) const SUITE: &str = super::kernels::SUITE;
 
 /// Sizes and repetitions at one scale.
 struct Plan {
@@ -109,9 +107,10 @@ pub(super) fn run_cases(ctx: &mut Ctx) -> Result<()> {
         ("40x256-gemm", batched),
         ("tiny-launches / launch-sync", launches),
     ] {
-        ctx.step(format!("{SUITE}: {name}"));
+        let suite = ctx.suite();
+        ctx.step(format!("{suite}: {name}"));
         if let Err(e) = case(ctx, &plan) {
-            ctx.warn(&format!("{SUITE}: case {name} failed: {e}"));
+            ctx.warn(&format!("{suite}: case {name} failed: {e}"));
             first.get_or_insert(e);
         }
     }
@@ -370,9 +369,8 @@ fn launches(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
 
     // The same graph of empty kernels: separates the graph's per-node cost from the work of
     // the fill kernel itself.
-    let (mut replay, _) = graph_replays(&s, count, plan.launch_samples, |s| {
-        probe.empty(s, chained)
-    })?;
+    let (mut replay, _) =
+        graph_replays(&s, count, plan.launch_samples, |s| probe.empty(s, chained))?;
     let api = "one graph of empty kernels (programmatic edges), replayed: the graph's own cost";
     launch_row(
         ctx,
@@ -559,7 +557,7 @@ mod tests {
     #[test]
     fn tiny_exec_cases_on_the_cpu_record_their_rows() {
         let mut ctx = Ctx::new(&Device::cpu(), Scale::Tiny).unwrap();
-        ctx.suite = SUITE;
+        ctx.suite = "kernels";
         run_cases(&mut ctx).unwrap();
         let find = |case: &str, variant: &str| {
             ctx.rows()
@@ -574,7 +572,7 @@ mod tests {
         assert_eq!(find("tiny-launches", "warpdrive"), 1);
         assert_eq!(find("launch-sync", "warpdrive-eager"), 1);
         for r in ctx.rows() {
-            assert_eq!(r.suite, SUITE);
+            assert_eq!(r.suite, "kernels");
             assert!(r.p10 <= r.median && r.median <= r.p90, "{r:?}");
         }
         let gemm = ctx.rows().iter().find(|r| r.case == "40x256-gemm").unwrap();

@@ -91,9 +91,7 @@ pub fn size_label(bytes: usize) -> String {
 pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
     let plan = Plan::new(ctx.scale());
     streaming(ctx, &plan)?;
-    router(ctx, &plan)?;
-    // GEMM and launch cases (issue: GEMM, graphs, lean launch) share this suite.
-    super::exec::run_cases(ctx)
+    router(ctx, &plan)
 }
 
 /// `scale-*` and `sum-*`.

@@ -22,13 +22,13 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 
 pub(crate) use cpu::cpu_model;
-pub use hostmem::{host_vec, stream_copy};
 pub(crate) use cuda::AsyncMemPool;
 pub use cuda::CudaDevice;
 pub(crate) use cuda::GemmCall;
 pub(crate) use cuda::LaunchMode;
 pub use cuda::RELEASE_AT_EXIT;
 pub(crate) use cuda::{at_exit, release_at_exit};
+pub use hostmem::{host_vec, stream_copy};
 
 /// The environment variable that overrides [`Device::best`]: `cpu`, `cuda` or `cuda:N`.
 pub const DEVICE_ENV: &str = "WARPDRIVE_DEVICE";
