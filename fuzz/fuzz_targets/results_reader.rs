@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use warpdrive::bench::{format_derived, format_table, render_report, Results};
+use warpdrive_bench::{format_derived, format_table, render_report, Results};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {

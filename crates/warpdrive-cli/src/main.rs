@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use serde_json::Value;
-use warpdrive::bench::{self, Results, Scale};
 use warpdrive::moe::WeightsFile;
 use warpdrive::{telemetry, Device, DeviceInfo};
+use warpdrive_bench::{self as bench, Results, Scale};
 
 /// The results file `bench` writes when `--json` is not given.
 const DEFAULT_RESULTS: &str = "warpdrive-results.json";

@@ -7,9 +7,9 @@
 //! backend is the reference every kernel is tested against.
 //!
 //! Floors (nothing imports upward): `device` + `kernels` → `memory` → `ops`, `exec`,
-//! `transfer` → `telemetry` → `moe` → `bench`.
+//! `transfer` → `telemetry` → `moe`. The benchmark harness lives in the `warpdrive-bench`
+//! crate, above this one.
 
-pub mod bench;
 pub mod device;
 pub mod dtype;
 pub mod error;
@@ -19,7 +19,7 @@ pub mod kernels;
 pub mod memory;
 pub mod moe;
 pub mod ops;
-pub(crate) mod size;
+pub mod size;
 pub mod telemetry;
 pub mod transfer;
 

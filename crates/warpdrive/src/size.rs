@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 /// The product of `dims` (a shape's elements; with an element size last, its bytes), or
 /// `InvalidArgument` naming `what` and the shape when it overflows `usize`. `what` is
 /// formatted only on failure (`format_args!` costs nothing on a hot path).
-pub(crate) fn product(what: impl Display, dims: &[usize]) -> Result<usize> {
+pub fn product(what: impl Display, dims: &[usize]) -> Result<usize> {
     dims.iter()
         .try_fold(1usize, |acc, &d| acc.checked_mul(d))
         .ok_or_else(|| {

@@ -8,6 +8,7 @@ pub(crate) mod cpu;
 pub(crate) mod cuda;
 pub(crate) mod dma;
 pub(crate) mod hostmem;
+pub mod probe;
 pub mod sysfs;
 pub mod workers;
 
@@ -27,6 +28,7 @@ pub(crate) use cuda::GemmCall;
 pub(crate) use cuda::LaunchMode;
 pub use cuda::RELEASE_AT_EXIT;
 pub(crate) use cuda::{at_exit, release_at_exit};
+pub use hostmem::{host_vec, stream_copy};
 
 /// The environment variable that overrides [`Device::best`]: `cpu`, `cuda` or `cuda:N`.
 pub const DEVICE_ENV: &str = "WARPDRIVE_DEVICE";
@@ -240,7 +242,8 @@ impl Device {
         }
     }
 
-    pub(crate) fn same_as(&self, other: &Device, op: &'static str) -> Result<()> {
+    /// `Error::DeviceMismatch` naming `op` unless `other` is this device.
+    pub fn same_as(&self, other: &Device, op: &'static str) -> Result<()> {
         if self == other {
             Ok(())
         } else {

@@ -4,11 +4,13 @@
 //! - [`graph`]: [`Graph::capture`] / [`Graph::launch`], following DESIGN.md's capture rules.
 //! - [`launch`](mod@launch): [`Kernel`] handles and the lean [`launch`](launch::launch) path; block
 //!   sizes from the occupancy API.
+//! - [`probe`]: [`probe::LaunchProbe`], the launch benchmarks' kernels behind a safe API.
 //! - [`tune`]: [`autotune`] with a persisted TOML cache, and the batch-size knee.
 //! - [`recovery`]: [`run_with_backoff`], the opt-in CPU fallback, and device loss.
 
 pub mod graph;
 pub mod launch;
+pub mod probe;
 pub mod recovery;
 pub mod tune;
 

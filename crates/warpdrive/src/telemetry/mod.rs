@@ -10,17 +10,26 @@
 //!   a span costs one branch.
 //! - [`start_trace`] / [`finish_trace`]: spans, kernel launches and copies as a [`Trace`]
 //!   that exports Chrome trace JSON (opens in Perfetto).
-//! - [`serve_prometheus`]: the metrics on an HTTP endpoint (loopback unless told otherwise).
-//! - [`Sampler`]: NVML readings into gauges and trace counter tracks.
+//! - `serve_prometheus`: the metrics on an HTTP endpoint (loopback unless told otherwise);
+//!   with the `prometheus` cargo feature (on by default).
+//! - `Sampler`: NVML readings into gauges and trace counter tracks; with the `nvml` cargo
+//!   feature (on by default).
+//!
+//! Without a feature its API is absent (not a stub that fails at run time), so a build
+//! that needs it fails to compile instead of at run time.
 
+#[cfg(feature = "nvml")]
 mod nvml;
+#[cfg(feature = "prometheus")]
 mod prometheus;
 mod span;
 mod trace;
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
+#[cfg(feature = "nvml")]
 pub use nvml::{NvmlReading, Sampler};
+#[cfg(feature = "prometheus")]
 pub use prometheus::{serve_prometheus, serve_prometheus_with, EndpointLimits, PrometheusServer};
 pub use span::{
     collect_spans, discard_spans, gpu_events_recorded, span, GpuTime, PendingGpu, Span, SpanRecord,

@@ -40,7 +40,9 @@ fn sink(activity: Activity) {
     });
 }
 
-/// Adds a counter sample (`name` = value at `ts_us` since the epoch) to the timeline.
+/// Adds a counter sample (`name` = value at `ts_us` since the epoch) to the timeline (the
+/// NVML sampler's readings).
+#[cfg(feature = "nvml")]
 pub(crate) fn push_counter(name: &'static str, ts_us: f64, value: f64) {
     COUNTERS.push((name, ts_us, value));
 }

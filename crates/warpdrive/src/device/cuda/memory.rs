@@ -335,7 +335,7 @@ fn location(device: Option<usize>) -> sys::CUmemLocation {
 /// A CUDA stream-ordered memory pool (`cuMemPoolCreate`), destroyed on drop (the driver
 /// releases its memory once every allocation from it has been freed).
 pub(crate) struct AsyncMemPool {
-    device: CudaDevice,
+    pub(super) device: CudaDevice,
     pool: sys::CUmemoryPool,
 }
 

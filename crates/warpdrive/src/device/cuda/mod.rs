@@ -15,8 +15,8 @@ mod info;
 mod launch;
 mod libraries;
 mod memory;
+mod probe;
 mod stream;
-mod timing;
 
 pub(crate) use blas::GemmCall;
 pub(crate) use context::thread_is_capturing;
@@ -26,3 +26,4 @@ pub(crate) use exit::{at_exit, release_at_exit};
 pub(crate) use launch::LaunchMode;
 pub(crate) use libraries::{device_count, library_statuses, nvrtc_version};
 pub(crate) use memory::AsyncMemPool;
+pub use probe::ReferenceLaunches;

@@ -25,9 +25,10 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 
-use crate::device::{Device, Stream};
-use crate::error::{Error, Result};
-use crate::memory::{Buffer, DevicePool, PinnedBuf, PinnedPool, PoolStrategy};
+use warpdrive::device::probe::{self, DriverPool};
+use warpdrive::device::{Device, Stream};
+use warpdrive::error::{Error, Result};
+use warpdrive::memory::{Buffer, DevicePool, PinnedBuf, PinnedPool, PoolStrategy};
 
 use super::{Ctx, Row, Scale};
 
@@ -352,29 +353,29 @@ fn alloc_free(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
     };
     for &size in sizes(ctx.scale()) {
         ctx.step(format!("{SUITE}: {CASE} at {size} B"));
-        let (driver_name, mut driver) = match (&device, stream.cuda()) {
-            (Device::Cuda(_), Some((d, _))) => (
-                "driver-cuMemAlloc",
-                samples(plan.repeats, || d.time_alloc_free(size, plan.driver_pairs))?,
-            ),
-            _ => (
-                "baseline",
-                samples(plan.repeats, || {
-                    per_pair(plan.driver_pairs, || {
-                        let p = device.alloc_raw(size)?;
-                        device.free_raw(p, size)
-                    })
-                })?,
-            ),
+        let driver_name = if device.is_cuda() {
+            "driver-cuMemAlloc"
+        } else {
+            "baseline"
         };
+        let mut driver = samples(plan.repeats, || {
+            per_pair(plan.driver_pairs, || probe::alloc_free_pair(&device, size))
+        })?;
         let row = ctx.record_time(CASE, size as u64, driver_name, &mut driver, None)?;
         let driver_median = with_timer(row, plan.driver_pairs).median;
 
         let mut async_median = None;
-        if let (Some((d, s)), Some(_)) = (stream.cuda(), &async_pool) {
-            let raw = d.new_async_pool()?;
+        if async_pool.is_some() {
+            let raw = DriverPool::new(&device)?;
+            // Host clock over the pairs and one stream synchronise at the end.
             let mut t = samples(plan.repeats, || {
-                d.time_async_alloc_free(&raw, s, size, plan.async_pairs)
+                let pairs = plan.async_pairs.max(1);
+                let t = Instant::now();
+                for _ in 0..pairs {
+                    raw.alloc_free_pair(&stream, size)?;
+                }
+                stream.synchronize()?;
+                Ok(t.elapsed().as_secs_f64() * 1e6 / pairs as f64)
             })?;
             let row = ctx.record_time(CASE, size as u64, "driver-async-pool", &mut t, None)?;
             async_median = Some(with_timer(row, plan.async_pairs).median);
@@ -498,21 +499,13 @@ fn pinned(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         } else {
             plan.host_pinned_pairs
         };
-        let (name, mut t) = match &device {
-            Device::Cuda(d) => (
-                "driver-cuMemHostAlloc",
-                samples(plan.repeats.min(5), || d.time_host_alloc_free(size, pairs))?,
-            ),
-            Device::Cpu => (
-                "baseline",
-                samples(plan.repeats, || {
-                    per_pair(pairs, || {
-                        let p = device.alloc_pinned_raw(size, None)?;
-                        device.free_pinned_raw(p, size, None)
-                    })
-                })?,
-            ),
+        let (name, repeats) = match &device {
+            Device::Cuda(_) => ("driver-cuMemHostAlloc", plan.repeats.min(5)),
+            Device::Cpu => ("baseline", plan.repeats),
         };
+        let mut t = samples(repeats, || {
+            per_pair(pairs, || probe::pinned_alloc_free_pair(&device, size))
+        })?;
         let row = ctx.record_time(CASE, size as u64, name, &mut t, None)?;
         let driver_median = with_timer(row, pairs).median;
         let mut t = samples(plan.repeats, || {

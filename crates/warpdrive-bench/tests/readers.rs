@@ -7,9 +7,9 @@
 
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
-use warpdrive::bench::memory::{generate_trace, Trace, TraceOp, TRACE_FORMAT};
-use warpdrive::bench::{format_derived, format_table, render_report, Results, Row};
 use warpdrive::Device;
+use warpdrive_bench::memory::{generate_trace, Trace, TraceOp, TRACE_FORMAT};
+use warpdrive_bench::{format_derived, format_table, render_report, Results, Row};
 
 /// Numbers a reader must survive: edges, huge, small.
 fn number() -> impl Strategy<Value = u64> {
@@ -150,7 +150,7 @@ fn built_results() -> impl Strategy<Value = String> {
         proptest::option::of(float()),
     )
         .prop_map(move |(rows, h2d)| {
-            let ceilings = warpdrive::bench::Ceilings {
+            let ceilings = warpdrive_bench::Ceilings {
                 h2d_pinned_gbps: h2d,
                 ..Default::default()
             };
@@ -179,7 +179,7 @@ fn a_report_whose_values_no_axis_can_span_is_an_error() {
             "h2d",
             size,
             "warpdrive",
-            warpdrive::bench::Stats {
+            warpdrive_bench::Stats {
                 median: 1.0,
                 p10: 1.0,
                 p90: 1.0,

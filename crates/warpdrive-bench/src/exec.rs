@@ -1,5 +1,5 @@
-//! The exec floor's cases (registered for now as suite `kernels-exec`; their case names
-//! are the `kernels` suite's, where they will be folded in):
+//! The exec floor's cases, run as part of the `kernels` suite (after its streaming and
+//! router cases; rows carry the running suite's name):
 //!
 //! - `gemm-bf16-8192` (size = n): an n³ bf16 GEMM through `ops::gemm::matmul`
 //!   (`warpdrive`); TFLOP/s and `pct_of_ceiling` against `gemm_bf16_tflops`. Peer:
@@ -26,23 +26,21 @@
 //! On the CPU backend sizes shrink and the launch cases time `ops::fill` on one element
 //! (eager, and replayed from a recorded graph).
 
-use std::ffi::c_void;
 use std::time::Instant;
 
 use half::bf16;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::device::Stream;
-use crate::error::{Error, Result};
-use crate::exec::{self, Graph, Kernel, LaunchConfig};
-use crate::kernels::BASIC;
-use crate::memory::Buffer;
-use crate::ops::{self, gemm};
+use warpdrive::device::probe::ReferenceLaunches;
+use warpdrive::device::Stream;
+use warpdrive::error::{Error, Result};
+use warpdrive::exec::probe::LaunchProbe;
+use warpdrive::exec::{Graph, LaunchConfig};
+use warpdrive::memory::Buffer;
+use warpdrive::ops::{self, gemm};
 
 use super::{time_gpu, Ceiling, Ctx, Scale};
-
-pub(crate) const SUITE: &str = super::kernels::SUITE;
 
 /// Sizes and repetitions at one scale.
 struct Plan {
@@ -109,9 +107,10 @@ pub(super) fn run_cases(ctx: &mut Ctx) -> Result<()> {
         ("40x256-gemm", batched),
         ("tiny-launches / launch-sync", launches),
     ] {
-        ctx.step(format!("{SUITE}: {name}"));
+        let suite = ctx.suite();
+        ctx.step(format!("{suite}: {name}"));
         if let Err(e) = case(ctx, &plan) {
-            ctx.warn(&format!("{SUITE}: case {name} failed: {e}"));
+            ctx.warn(&format!("{suite}: case {name} failed: {e}"));
             first.get_or_insert(e);
         }
     }
@@ -287,11 +286,11 @@ fn launches(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
     const SYNC_CASE: &str = "launch-sync";
     let s = ctx.stream().clone();
     let count = plan.launches;
-    let mut buf = Buffer::<u32>::zeros(&s, 1)?;
     let timer = "host clock, one synchronise per sample";
 
-    let Some((d, cs)) = s.cuda() else {
+    if !s.device().is_cuda() {
         // The CPU backend: the same shape of work through ops.
+        let mut buf = Buffer::<u32>::zeros(&s, 1)?;
         let mut eager = host_samples(plan.launch_samples, count, || {
             for i in 0..count {
                 ops::fill(&s, &mut buf, i as u32)?;
@@ -320,32 +319,21 @@ fn launches(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         })?;
         ctx.record_time(SYNC_CASE, 1, "warpdrive-eager", &mut sync, None)?;
         return Ok(());
-    };
+    }
 
     // warpdrive's variants run first: the reference launches below put kernels on a second
     // stream, and once a process has run cuBLAS's large GEMMs (the ceilings suite did) and
     // kernels on two streams, the driver costs more per launch for the rest of the process
     // (reproduced with raw driver calls and no warpdrive: +0.18 µs per graph node, +0.6 µs
     // per eager launch). The programmatic graph is timed again after them to show it.
-    let kernel = Kernel::new(ctx.device(), &BASIC, "fill_u32")?;
+    let probe = LaunchProbe::new(&s)?;
     let plain = LaunchConfig::linear(1, 32);
     let chained = LaunchConfig {
         programmatic: true,
         ..plain
     };
-    let ptr = buf.device_ptr();
-    let launch_with = |s: &Stream, config: LaunchConfig| -> Result<()> {
-        let (mut out, mut value, mut n) = (ptr, 7u32, 1u64);
-        let mut params = [
-            &mut out as *mut u64 as *mut c_void,
-            &mut value as *mut u32 as *mut c_void,
-            &mut n as *mut u64 as *mut c_void,
-        ];
-        // SAFETY: fill_u32(u32* out, u32 value, u64 n): `out` is `buf`'s one element, which
-        // outlives every launch (the stream is synchronised before it is dropped); the fill
-        // waits for the previous kernel before it writes (programmatic launches).
-        unsafe { exec::launch(s, &kernel, config, &mut params) }
-    };
+    // The fill waits for the previous kernel before it writes (programmatic launches).
+    let launch_with = |s: &Stream, config: LaunchConfig| probe.fill(s, 7, config);
     for (variant, config, api) in [
         (
             "warpdrive-eager",
@@ -381,11 +369,8 @@ fn launches(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
 
     // The same graph of empty kernels: separates the graph's per-node cost from the work of
     // the fill kernel itself.
-    let empty = Kernel::new(ctx.device(), &BASIC, "empty_kernel")?;
-    let (mut replay, _) = graph_replays(&s, count, plan.launch_samples, |s| {
-        // SAFETY: `empty_kernel` takes no parameters.
-        unsafe { exec::launch(s, &empty, chained, &mut []) }
-    })?;
+    let (mut replay, _) =
+        graph_replays(&s, count, plan.launch_samples, |s| probe.empty(s, chained))?;
     let api = "one graph of empty kernels (programmatic edges), replayed: the graph's own cost";
     launch_row(
         ctx,
@@ -416,7 +401,7 @@ fn launches(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
     let mut builder_sync = Vec::new();
     let (mut raw, mut raw_enqueue) = (Vec::new(), Vec::new());
     for _ in 0..plan.launch_samples {
-        let r = d.time_reference_launches(cs, count, plan.round_trips / 4)?;
+        let r = time_reference_launches(&s, count, plan.round_trips / 4)?;
         builder.push(r.builder);
         builder_enqueue.push(r.builder_enqueue);
         builder_sync.push(r.builder_round_trip);
@@ -462,12 +447,79 @@ fn launches(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
     )?;
     note(variant, "cudarc launch_builder + synchronize", "host clock");
     s.synchronize()?;
-    if buf.to_host(&s)? != [7] {
+    if probe.value(&s)? != 7 {
         return Err(Error::InvalidArgument(
             "tiny-launches: the fill kernel did not write its element".into(),
         ));
     }
     Ok(())
+}
+
+/// What [`time_reference_launches`] measured (host-clock µs).
+#[derive(Debug, Clone, Copy)]
+struct ReferenceFigures {
+    /// Per launch through cudarc's builder, enqueued back to back (the final synchronise
+    /// included).
+    builder: f64,
+    /// The same, up to the last launch's return (no synchronise).
+    builder_enqueue: f64,
+    /// Per builder launch + stream synchronise.
+    builder_round_trip: f64,
+    /// Per raw `cuLaunchKernel`, enqueued back to back (the final synchronise included).
+    raw: f64,
+    /// The same, up to the last launch's return.
+    raw_enqueue: f64,
+}
+
+/// Reference launch costs of `basic.cu`'s `fill_u32` on one element ([`ReferenceLaunches`]:
+/// cudarc's launch builder as a cudarc user gets it, and raw `cuLaunchKernel` calls with no
+/// bind and no checks on `stream`). Each figure is host-clock µs: per launch over `count`
+/// launches enqueued back to back with one synchronise at the end, or per launch +
+/// synchronise over `round_trips`.
+fn time_reference_launches(
+    stream: &Stream,
+    count: usize,
+    round_trips: usize,
+) -> Result<ReferenceFigures> {
+    let (count, round_trips) = (count.max(1), round_trips.max(1));
+    let per = |t: Instant, n: usize| t.elapsed().as_secs_f64() * 1e6 / n as f64;
+    let mut r = ReferenceLaunches::new(stream)?;
+
+    // cudarc's builder on its own context handle (tracking on) and stream.
+    r.builder_launch()?;
+    r.builder_synchronize()?;
+    let t = Instant::now();
+    for _ in 0..count {
+        r.builder_launch()?;
+    }
+    let builder_enqueue = per(t, count);
+    r.builder_synchronize()?;
+    let builder = per(t, count);
+    let t = Instant::now();
+    for _ in 0..round_trips {
+        r.builder_launch()?;
+        r.builder_synchronize()?;
+    }
+    let builder_round_trip = per(t, round_trips);
+
+    // Raw cuLaunchKernel on warpdrive's context and `stream`.
+    r.bind()?;
+    r.raw_launch()?;
+    stream.synchronize()?;
+    let t = Instant::now();
+    for _ in 0..count {
+        r.raw_launch()?;
+    }
+    let raw_enqueue = per(t, count);
+    stream.synchronize()?;
+    let raw = per(t, count);
+    Ok(ReferenceFigures {
+        builder,
+        builder_enqueue,
+        builder_round_trip,
+        raw,
+        raw_enqueue,
+    })
 }
 
 /// Records a [`LAUNCH_CASE`] row of `count` launches against the launch ceiling, with its
@@ -500,12 +552,12 @@ fn note(row: &mut super::Row, api: &str, timer: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::Device;
+    use warpdrive::device::Device;
 
     #[test]
     fn tiny_exec_cases_on_the_cpu_record_their_rows() {
         let mut ctx = Ctx::new(&Device::cpu(), Scale::Tiny).unwrap();
-        ctx.suite = SUITE;
+        ctx.suite = "kernels";
         run_cases(&mut ctx).unwrap();
         let find = |case: &str, variant: &str| {
             ctx.rows()
@@ -520,7 +572,7 @@ mod tests {
         assert_eq!(find("tiny-launches", "warpdrive"), 1);
         assert_eq!(find("launch-sync", "warpdrive-eager"), 1);
         for r in ctx.rows() {
-            assert_eq!(r.suite, SUITE);
+            assert_eq!(r.suite, "kernels");
             assert!(r.p10 <= r.median && r.median <= r.p90, "{r:?}");
         }
         let gemm = ctx.rows().iter().find(|r| r.case == "40x256-gemm").unwrap();

@@ -12,7 +12,7 @@ use plotters::prelude::*;
 
 use super::derived::format_derived;
 use super::results::{format_table, Results, Row};
-use crate::error::{Error, Result};
+use warpdrive::error::{Error, Result};
 
 const W: u32 = 900;
 const H: u32 = 480;

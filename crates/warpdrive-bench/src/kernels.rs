@@ -19,9 +19,9 @@ use half::bf16;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::error::Result;
-use crate::memory::Buffer;
-use crate::ops::{self, Loads, Map, Reduce, ReduceOp, Route, Scratch, REDUCE_SCRATCH_BYTES};
+use warpdrive::error::Result;
+use warpdrive::memory::Buffer;
+use warpdrive::ops::{self, Loads, Map, Reduce, ReduceOp, Route, Scratch, REDUCE_SCRATCH_BYTES};
 
 use super::ceilings::random_f32;
 use super::results::Ceiling;
@@ -91,9 +91,7 @@ pub fn size_label(bytes: usize) -> String {
 pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
     let plan = Plan::new(ctx.scale());
     streaming(ctx, &plan)?;
-    router(ctx, &plan)?;
-    // GEMM and launch cases (issue: GEMM, graphs, lean launch) share this suite.
-    super::exec::run_cases(ctx)
+    router(ctx, &plan)
 }
 
 /// `scale-*` and `sum-*`.
@@ -241,7 +239,7 @@ fn router(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::Device;
+    use warpdrive::device::Device;
 
     #[test]
     fn size_labels() {

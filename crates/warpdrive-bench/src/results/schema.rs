@@ -6,8 +6,8 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::device::DeviceInfo;
-use crate::error::{Error, Result};
+use warpdrive::device::DeviceInfo;
+use warpdrive::error::{Error, Result};
 
 use super::super::stats::Stats;
 use super::ceiling_model::{Ceiling, Ceilings};
@@ -185,7 +185,7 @@ pub struct Results {
     pub schema: String,
     /// UTC, RFC 3339, whole seconds (`2026-11-22T03:00:00Z`).
     pub date: String,
-    /// [`crate::GIT_REV`] of the build that ran.
+    /// [`warpdrive::GIT_REV`] of the build that ran.
     pub git_rev: String,
     pub device: DeviceRecord,
     pub ceilings: Ceilings,
@@ -198,7 +198,7 @@ impl Results {
         Results {
             schema: SCHEMA.into(),
             date: now_rfc3339(),
-            git_rev: crate::GIT_REV.into(),
+            git_rev: warpdrive::GIT_REV.into(),
             device: DeviceRecord::from_info(info),
             ceilings,
             rows,
@@ -242,12 +242,12 @@ impl Results {
     }
 
     /// Writes the file atomically (a temporary file beside it renamed into place, see
-    /// [`crate::files::write_atomic`]), creating missing parent folders; on failure the file
+    /// [`warpdrive::files::write_atomic`]), creating missing parent folders; on failure the file
     /// that was there is left whole.
     pub fn write_json(&self, path: impl AsRef<Path>) -> Result<()> {
         let mut text = self.to_json()?;
         text.push('\n');
-        crate::files::write_atomic(path.as_ref(), text.as_bytes())
+        warpdrive::files::write_atomic(path.as_ref(), text.as_bytes())
     }
 
     /// Reads a file written by [`Results::write_json`].

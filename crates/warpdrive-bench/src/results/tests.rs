@@ -39,7 +39,7 @@ fn same(a: &Results, b: &Results) {
 }
 
 fn sample_results() -> Results {
-    let info = crate::Device::cpu().info().unwrap();
+    let info = warpdrive::Device::cpu().info().unwrap();
     let ceilings = Ceilings {
         host_memcpy_gbps: Some(39.6),
         ..Ceilings::default()
@@ -66,7 +66,7 @@ fn json_has_exactly_the_bench_md_keys_and_nulls() {
         set(&["schema", "date", "git_rev", "device", "ceilings", "rows"])
     );
     assert_eq!(v["schema"], "warpdrive-bench/1");
-    assert_eq!(v["git_rev"], crate::GIT_REV);
+    assert_eq!(v["git_rev"], warpdrive::GIT_REV);
     assert_eq!(
         keys(&v["device"]),
         set(&[

@@ -1,16 +1,20 @@
 //! The doctor: the machine's ceilings, measured in the same invocation as the benchmarks
 //! that cite them, and the `ceilings` suite that reports them as rows.
 
+use std::sync::Arc;
+
 use half::bf16;
 use indicatif::ProgressBar;
 use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng};
 
-use crate::device::hostmem::stream_copy;
-use crate::device::{Device, Stream};
-use crate::error::{Error, Result};
-use crate::memory::Buffer;
-use crate::ops;
+use warpdrive::device::stream_copy;
+use warpdrive::device::{Device, Stream};
+use warpdrive::error::{Error, Result};
+use warpdrive::exec::probe::LaunchProbe;
+use warpdrive::exec::LaunchConfig;
+use warpdrive::memory::{Buffer, PinnedBuf, PinnedPool};
+use warpdrive::ops;
 
 use super::results::{Ceiling, Ceilings, Row};
 use super::timing::{time_gpu, time_host};
@@ -259,12 +263,98 @@ fn host_copy(
     bytes: usize,
     reps: usize,
 ) -> Result<Row> {
-    let (d, s) = stream.cuda().ok_or_else(|| not_cuda("host copy"))?;
-    let seconds = d.time_host_copies(s, to_device, pinned, bytes, reps)?;
+    if !stream.device().is_cuda() {
+        return Err(not_cuda("host copy"));
+    }
+    let seconds = time_host_copies(stream, to_device, pinned, bytes, reps)?;
     let mut us: Vec<f64> = seconds.into_iter().map(|t| t * 1e6).collect();
     Ok(ceiling_row(key, bytes, &mut us)?
         .with_bytes(bytes as f64)
         .with_extra("timer", if pinned { "cuda events" } else { "host clock" }))
+}
+
+/// Seconds per copy of `bytes` between host and device, `reps` times, after one warm-up.
+/// Pinned host memory (flags 0, no NUMA binding) is timed with events on `stream`;
+/// pageable memory (an ordinary, pre-touched `Vec`) with the host clock around each
+/// synchronous copy.
+fn time_host_copies(
+    stream: &Stream,
+    to_device: bool,
+    pinned: bool,
+    bytes: usize,
+    reps: usize,
+) -> Result<Vec<f64>> {
+    let bytes = bytes.max(1);
+    let device = stream.device();
+    let mut dev = Buffer::<u8>::uninit(stream, bytes)?;
+    if pinned {
+        // A pool of its own, trimmed after (a pool frees nothing itself): the memory is
+        // pinned afresh for this measurement, as `cuMemHostAlloc` gives it.
+        let pool = PinnedPool::on_node(device, None);
+        let timed = time_pinned_copies(stream, &pool, &mut dev, to_device, reps);
+        let trimmed = pool.trim();
+        let times = timed?;
+        trimmed?;
+        return Ok(times);
+    }
+    let mut times = Vec::with_capacity(reps);
+    let mut host = vec![0u8; bytes];
+    fill_pattern(&mut host);
+    for rep in 0..=reps {
+        let t = std::time::Instant::now();
+        if to_device {
+            dev.copy_from_host(stream, &host)?;
+        } else {
+            dev.copy_to_host(stream, &mut host)?;
+        }
+        if rep > 0 {
+            times.push(t.elapsed().as_secs_f64());
+        }
+    }
+    Ok(times)
+}
+
+/// Seconds per copy between `dev` and pinned memory from `pool`, event-timed, `reps` times
+/// after one warm-up.
+fn time_pinned_copies(
+    stream: &Stream,
+    pool: &Arc<PinnedPool>,
+    dev: &mut Buffer<u8>,
+    to_device: bool,
+    reps: usize,
+) -> Result<Vec<f64>> {
+    let device = stream.device();
+    let mut host = PinnedBuf::<u8>::new_in(pool, dev.len())?;
+    fill_pattern(host.as_mut_slice()?);
+    let (start, end) = (device.new_event()?, device.new_event()?);
+    let mut times = Vec::with_capacity(reps);
+    for rep in 0..=reps {
+        stream.record(&start)?;
+        if to_device {
+            dev.copy_from_pinned(stream, &mut host)?;
+        } else {
+            dev.copy_to_pinned(stream, &mut host)?;
+        }
+        stream.record(&end)?;
+        let ms = start.elapsed_ms(&end).inspect_err(|_| {
+            let _ = stream.synchronize();
+        })?;
+        if rep > 0 {
+            times.push(ms as f64 / 1e3);
+        }
+    }
+    Ok(times)
+}
+
+/// Bytes that are not all zero (copies are never timed on zeros).
+fn fill_pattern(bytes: &mut [u8]) {
+    let mut x: u32 = 0x9e37_79b9;
+    for b in bytes.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        *b = x as u8;
+    }
 }
 
 /// `ops::copy` of `bytes` random bytes between two device buffers; GB/s counts the bytes
@@ -304,10 +394,13 @@ fn gemm_bf16(stream: &Stream, n: usize, reps: usize) -> Result<Row> {
 
 /// Empty-kernel launch costs, `samples` times over `count` launches each.
 fn launches(stream: &Stream, count: usize, samples: usize) -> Result<Vec<(Ceiling, Row)>> {
-    let (d, s) = stream.cuda().ok_or_else(|| not_cuda("launch timing"))?;
+    if !stream.device().is_cuda() {
+        return Err(not_cuda("launch timing"));
+    }
+    let probe = LaunchProbe::new(stream)?;
     let (mut enqueued, mut round_trip) = (Vec::new(), Vec::new());
     for _ in 0..samples.max(1) {
-        let (e, r) = d.time_empty_launches(s, count)?;
+        let (e, r) = time_empty_launches(stream, &probe, count)?;
         enqueued.push(e);
         round_trip.push(r);
     }
@@ -324,6 +417,30 @@ fn launches(stream: &Stream, count: usize, samples: usize) -> Result<Vec<(Ceilin
                 .with_extra("round_trips_per_sample", round_trips),
         ),
     ])
+}
+
+/// Launch cost of an empty kernel (1 block of 32, a plain launch): (µs per launch when
+/// `count` are enqueued back to back with one synchronise at the end, µs for one launch +
+/// synchronise round trip).
+fn time_empty_launches(stream: &Stream, probe: &LaunchProbe, count: usize) -> Result<(f64, f64)> {
+    let launch = || probe.empty(stream, LaunchConfig::linear(1, 32));
+    launch()?;
+    stream.synchronize()?;
+    let count = count.max(1);
+    let t = std::time::Instant::now();
+    for _ in 0..count {
+        launch()?;
+    }
+    stream.synchronize()?;
+    let enqueued = t.elapsed().as_secs_f64() * 1e6 / count as f64;
+    let round_trips = (count / 10).max(1);
+    let t = std::time::Instant::now();
+    for _ in 0..round_trips {
+        launch()?;
+        stream.synchronize()?;
+    }
+    let round_trip = t.elapsed().as_secs_f64() * 1e6 / round_trips as f64;
+    Ok((enqueued, round_trip))
 }
 
 /// The thread counts the host memcpy tries: 1, 2, 4, 8, 16, capped at the cores available.

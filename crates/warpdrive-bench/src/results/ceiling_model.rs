@@ -1,6 +1,6 @@
 //! The ceilings model of a results file: which limits there are ([`Ceiling`]), what each
 //! is measured in ([`Metric`]) and the measured values ([`Ceilings`]). The doctor measures
-//! them in `bench/ceilings.rs`.
+//! them in `ceilings.rs`.
 
 use serde::{Deserialize, Serialize};
 

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use warpdrive::error::{Error, Result};
 
 /// Median and spread of a set of timing samples (µs, like the samples).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

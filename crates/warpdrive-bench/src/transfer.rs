@@ -25,11 +25,11 @@
 //!   `warpdrive-f16`, `warpdrive-auto`, timed in interleaved rounds (`time_host_rounds`);
 //!   `extra.auto_pick` on the `warpdrive-auto` row: what `Auto` chose for that size.
 
-use crate::device::workers::PAGE;
-use crate::error::Result;
-use crate::memory::{Buffer, PinnedBuf};
-use crate::ops;
-use crate::transfer::{self, Batch, Compression, Direction, Pipeline};
+use warpdrive::device::workers::PAGE;
+use warpdrive::error::Result;
+use warpdrive::memory::{Buffer, PinnedBuf};
+use warpdrive::ops;
+use warpdrive::transfer::{self, Batch, Compression, Direction, Pipeline};
 
 use super::ceilings::{random_bytes, random_f32};
 use super::{time_gpu, time_host, time_host_rounds, Ceiling, Ctx, Scale};

@@ -15,9 +15,9 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use super::{Ctx, Stats};
-use crate::device::Stream;
-use crate::error::Result;
-use crate::telemetry;
+use warpdrive::device::Stream;
+use warpdrive::error::Result;
+use warpdrive::telemetry;
 
 pub(super) const SUITE: &str = "telemetry";
 

@@ -205,7 +205,7 @@ mod tests {
         let mut pipe = Row::from_samples("s", "pipeline", 8, "streams-2", &mut [10.0]).unwrap();
         pipe.set_overlap_efficiency(&[1.0, 1.0], 1.5)
             .set_transfer_overhead(0.5, 1.5);
-        let info = crate::device::Device::cpu().info().unwrap();
+        let info = warpdrive::device::Device::cpu().info().unwrap();
         let mut results = Results::new(&info, ceilings, vec![copy]);
         assert_eq!(format_derived(&results), "");
         results.add_rows([pipe]);
@@ -224,8 +224,8 @@ mod tests {
     /// CPU backend measures none): their rows carry the figures where they apply.
     #[test]
     fn suite_rows_carry_the_derived_figures() {
-        use crate::bench::{find_suite, Ctx, Scale};
-        let mut ctx = Ctx::new(&crate::device::Device::cpu(), Scale::Tiny).unwrap();
+        use crate::{find_suite, Ctx, Scale};
+        let mut ctx = Ctx::new(&warpdrive::device::Device::cpu(), Scale::Tiny).unwrap();
         ctx.set_ceilings(Ceilings {
             h2d_pinned_gbps: Some(50.0),
             d2h_pinned_gbps: Some(50.0),

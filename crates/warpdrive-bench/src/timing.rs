@@ -3,9 +3,9 @@
 
 use std::time::Instant;
 
-use crate::device::Stream;
-use crate::error::{Error, Result};
-use crate::exec::tune::round_order;
+use warpdrive::device::Stream;
+use warpdrive::error::{Error, Result};
+use warpdrive::exec::tune::round_order;
 
 fn check_reps(reps: usize) -> Result<()> {
     if reps == 0 {
@@ -21,8 +21,8 @@ fn check_reps(reps: usize) -> Result<()> {
 /// in order.
 ///
 /// One code path for both backends: it records timing events
-/// ([`Device::new_event`](crate::Device::new_event), [`Stream::record`],
-/// [`Event::elapsed_ms`](crate::Event::elapsed_ms)) between reps. On CUDA they are GPU
+/// ([`Device::new_event`](warpdrive::Device::new_event), [`Stream::record`],
+/// [`Event::elapsed_ms`](warpdrive::Event::elapsed_ms)) between reps. On CUDA they are GPU
 /// events, so a rep's time is the GPU's time from the end of the previous rep to the end of
 /// this one; on the CPU backend they record host instants and work runs synchronously.
 ///
@@ -128,7 +128,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{ops, Buffer, Device};
+    use warpdrive::{ops, Buffer, Device};
 
     #[test]
     fn time_gpu_on_the_cpu_backend_runs_every_rep_and_returns_times() {

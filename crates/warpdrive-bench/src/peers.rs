@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use indicatif::ProgressBar;
 use serde_json::Value;
 
-use crate::device::Device;
-use crate::error::{Error, Result};
+use warpdrive::device::Device;
+use warpdrive::error::{Error, Result};
 
 use super::results::Row;
 use super::{warn, Scale};

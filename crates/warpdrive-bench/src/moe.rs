@@ -28,13 +28,13 @@
 use half::bf16;
 use rand::{Rng, SeedableRng};
 
-use crate::device::hostmem::host_vec;
-use crate::device::Stream;
-use crate::error::Result;
-use crate::exec::graph::Graph;
-use crate::memory::Buffer;
-use crate::moe::{MoeConfig, MoeLayer, MoePath, MoeWeights, PRESETS};
-use crate::ops::{reduce_into, ReduceOp, Scratch, REDUCE_SCRATCH_BYTES};
+use warpdrive::device::host_vec;
+use warpdrive::device::Stream;
+use warpdrive::error::Result;
+use warpdrive::exec::graph::Graph;
+use warpdrive::memory::Buffer;
+use warpdrive::moe::{MoeConfig, MoeLayer, MoePath, MoeWeights, PRESETS};
+use warpdrive::ops::{reduce_into, ReduceOp, Scratch, REDUCE_SCRATCH_BYTES};
 
 use super::results::Ceiling;
 use super::stats::Stats;
@@ -103,7 +103,7 @@ impl Plan {
 pub fn case(preset: &str, tokens: usize) -> Result<(MoeConfig, MoeWeights, Vec<bf16>)> {
     let config = MoeConfig::preset(preset)?;
     let what = format!("MoE input of {tokens} tokens × hidden {}", config.hidden);
-    let n = crate::size::product(&what, &[tokens, config.hidden])?;
+    let n = warpdrive::size::product(&what, &[tokens, config.hidden])?;
     let x = normal_bf16(&what, SEED ^ tokens as u64, n)?;
     Ok((config, MoeWeights::Random { seed: SEED }, x))
 }

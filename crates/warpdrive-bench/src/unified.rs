@@ -17,9 +17,9 @@
 
 use std::time::Instant;
 
-use crate::error::Result;
-use crate::memory::{profiler, Buffer, ManagedBuffer, PinnedBuf, UnifiedBuffer};
-use crate::ops::{self, Reduce, ReduceOp, Scratch, REDUCE_SCRATCH_BYTES};
+use warpdrive::error::Result;
+use warpdrive::memory::{profiler, Buffer, ManagedBuffer, PinnedBuf, UnifiedBuffer};
+use warpdrive::ops::{self, Reduce, ReduceOp, Scratch, REDUCE_SCRATCH_BYTES};
 
 use super::kernels::size_label;
 use super::results::Ceiling;
@@ -99,8 +99,8 @@ fn first_touch(ctx: &mut Ctx, plan: &Plan, bytes: usize) -> Result<()> {
     let mut total = Buffer::<f32>::uninit(&stream, 1)?;
     let sum = Reduce::from(ReduceOp::Sum);
     let ordinal = match ctx.device() {
-        crate::Device::Cuda(d) => d.ordinal(),
-        crate::Device::Cpu => 0,
+        warpdrive::Device::Cuda(d) => d.ordinal(),
+        warpdrive::Device::Cpu => 0,
     };
     let mut rows: Vec<(&str, Vec<f64>)> = Vec::new();
     {
@@ -118,7 +118,7 @@ fn first_touch(ctx: &mut Ctx, plan: &Plan, bytes: usize) -> Result<()> {
                 || {
                     let m = cell.borrow();
                     if prefetch {
-                        m.prefetch(0..n, crate::memory::Location::Device(ordinal), &stream)?;
+                        m.prefetch(0..n, warpdrive::memory::Location::Device(ordinal), &stream)?;
                     }
                     ops::reduce_into(&stream, sum, m.as_buffer(), &mut total, &scratch)
                 },
