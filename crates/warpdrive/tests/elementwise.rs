@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{cuda, nan, poisoned, random_in, rng, same_or_both_nan, seed, TestFloat};
+use common::{cuda, device_test, nan, poisoned, random_in, rng, same_or_both_nan, seed, TestFloat};
 use half::{bf16, f16};
 use rand::Rng;
 use warpdrive::ops::{self, Activation, BinaryOp, Loads, Map};
@@ -369,15 +369,16 @@ fn cpu_map_every_type_pair() {
     let _ = each_pair!(map_body, &Device::cpu(), seed("cpu_map"));
 }
 
-#[test]
-fn cpu_cast_is_exact() {
-    cast_body(&Device::cpu(), seed("cpu_cast"));
-}
+device_test!(cpu_cast_is_exact, gpu_cast_is_exact, |dev| cast_body(
+    dev,
+    seed("cast")
+));
 
-#[test]
-fn cpu_widen_f16_checking_inf() {
-    widen_checking_inf_body(&Device::cpu(), seed("cpu_widen_checking_inf"));
-}
+device_test!(
+    cpu_widen_f16_checking_inf,
+    gpu_widen_f16_checking_inf,
+    |dev| widen_checking_inf_body(dev, seed("widen_checking_inf"))
+);
 
 #[test]
 fn cpu_binary() {
@@ -455,18 +456,6 @@ fn gpu_map_every_type_pair_matches_cpu() {
     close_all("bf16->f32", &g.6, &c.6);
     close_all("bf16->f16", &g.7, &c.7);
     close_all("bf16->bf16", &g.8, &c.8);
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_cast_is_exact() {
-    cast_body(&cuda(), seed("gpu_cast"));
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_widen_f16_checking_inf() {
-    widen_checking_inf_body(&cuda(), seed("gpu_widen_checking_inf"));
 }
 
 #[test]

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{cuda, random_f32, rng, seed};
+use common::{cuda, device_test, random_f32, rng, seed};
 use half::{bf16, f16};
 use warpdrive::ops::gemm::{matmul_batched, matmul_grouped, matmul_with, GemmOptions};
 use warpdrive::{Buffer, DType, Device, Error, Stream};
@@ -263,10 +263,7 @@ fn cpu_gemm_bf16() {
     every_body::<bf16>(&Device::cpu(), "cpu_gemm bf16");
 }
 
-#[test]
-fn cpu_gemm_shape_errors() {
-    shape_errors(&Device::cpu());
-}
+device_test!(cpu_gemm_shape_errors, gpu_gemm_shape_errors, shape_errors);
 
 // ---- CUDA against the f64 reference and the CPU backend ----
 
@@ -304,10 +301,4 @@ fn gpu_gemm_bf16() {
 fn gpu_gemm_tf32_is_opt_in_and_within_its_bound() {
     // TF32 rounds inputs to 10-bit mantissas: about 1e-3 of Σ|a·b|.
     matmul_body::<f32>(&cuda(), seed("gpu_gemm tf32"), true, 2e-3);
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_gemm_shape_errors() {
-    shape_errors(&cuda());
 }

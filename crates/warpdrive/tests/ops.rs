@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{cuda, random_f32, random_f64, rng, seed, SIZES};
+use common::{cuda, device_test, random_f32, random_f64, rng, seed, SIZES};
 use warpdrive::{ops, Buffer, Device, Error, Float};
 
 trait Tol: Float {
@@ -131,17 +131,15 @@ fn sum_body<T: Tol>(dev: &Device, seed: u64) -> Vec<T> {
 
 // ---- CPU backend ----
 
-#[test]
-fn cpu_fill() {
-    fill_body::<f32>(&Device::cpu(), seed("cpu_fill f32"));
-    fill_body::<f64>(&Device::cpu(), seed("cpu_fill f64"));
-}
+device_test!(cpu_fill, gpu_fill, |dev| {
+    fill_body::<f32>(dev, seed("fill f32"));
+    fill_body::<f64>(dev, seed("fill f64"));
+});
 
-#[test]
-fn cpu_copy() {
-    copy_body::<f32>(&Device::cpu(), seed("cpu_copy f32"));
-    copy_body::<f64>(&Device::cpu(), seed("cpu_copy f64"));
-}
+device_test!(cpu_copy, gpu_copy, |dev| {
+    copy_body::<f32>(dev, seed("copy f32"));
+    copy_body::<f64>(dev, seed("copy f64"));
+});
 
 #[test]
 fn cpu_axpy() {
@@ -228,13 +226,6 @@ fn empty_buffers_are_no_ops() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn gpu_fill() {
-    fill_body::<f32>(&cuda(), seed("gpu_fill f32"));
-    fill_body::<f64>(&cuda(), seed("gpu_fill f64"));
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
 fn gpu_fill_every_width() {
     use half::bf16;
     let s = cuda().new_stream().unwrap();
@@ -249,13 +240,6 @@ fn gpu_fill_every_width() {
     assert_eq!(w.to_host(&s).unwrap(), vec![u64::MAX - 5; 33]);
     let z = Buffer::<f32>::zeros(&s, 77).unwrap();
     assert_eq!(z.to_host(&s).unwrap(), vec![0.0; 77]);
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_copy() {
-    copy_body::<f32>(&cuda(), seed("gpu_copy f32"));
-    copy_body::<f64>(&cuda(), seed("gpu_copy f64"));
 }
 
 fn axpy_matches_cpu<T: Tol>(test: &str) {

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{cuda, poisoned, rng, seed};
+use common::{cuda, device_test, poisoned, rng, seed};
 use half::bf16;
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -278,10 +278,7 @@ fn cpu_gather_scatter() {
     gather_scatter_body(&Device::cpu(), seed("cpu_gather_scatter"));
 }
 
-#[test]
-fn cpu_permute_errors() {
-    errors_body(&Device::cpu());
-}
+device_test!(cpu_permute_errors, gpu_permute_errors, errors_body);
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -309,10 +306,4 @@ fn gpu_gather_scatter_matches_cpu() {
         gather_scatter_body(&cuda(), sd),
         gather_scatter_body(&Device::cpu(), sd)
     );
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_permute_errors() {
-    errors_body(&cuda());
 }

@@ -11,7 +11,7 @@ mod common;
 
 use std::cmp::Ordering;
 
-use common::{cuda, nan, poisoned, random_in, rng, seed, TestFloat};
+use common::{cuda, device_test, nan, poisoned, random_in, rng, seed, TestFloat};
 use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -356,10 +356,7 @@ fn cpu_route() {
     route_body::<f32>(&Device::cpu(), sd);
 }
 
-#[test]
-fn cpu_row_op_errors() {
-    errors_body(&Device::cpu());
-}
+device_test!(cpu_row_op_errors, gpu_row_op_errors, errors_body);
 
 // ---- CUDA against the CPU backend ----
 
@@ -429,10 +426,4 @@ fn gpu_route_matches_cpu() {
     route_matches::<bf16>(sd);
     route_matches::<f16>(sd);
     route_matches::<f32>(sd);
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_row_op_errors() {
-    errors_body(&cuda());
 }
