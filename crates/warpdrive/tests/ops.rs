@@ -332,44 +332,19 @@ fn matmul_body<T: warpdrive::DType>(
     assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
 }
 
-#[test]
-fn cpu_matmul() {
-    matmul_body::<f32>(
-        &Device::cpu(),
-        seed("cpu_matmul f32"),
-        1e-6,
-        |v| v,
-        |v| v as f64,
-    );
-    matmul_body::<half::bf16>(
-        &Device::cpu(),
-        seed("cpu_matmul bf16"),
-        1e-2,
-        half::bf16::from_f32,
-        |v| v.to_f64(),
-    );
+/// f32 (full f32 on CUDA: cuBLAS uses TF32 only when asked), bf16 and f16.
+fn matmul_every_type_body(dev: &Device) {
+    let f32_tol = if dev.is_cuda() { 1e-5 } else { 1e-6 };
+    matmul_body::<f32>(dev, seed("matmul f32"), f32_tol, |v| v, |v| v as f64);
+    matmul_body::<half::bf16>(dev, seed("matmul bf16"), 1e-2, half::bf16::from_f32, |v| {
+        v.to_f64()
+    });
+    matmul_body::<half::f16>(dev, seed("matmul f16"), 1e-3, half::f16::from_f32, |v| {
+        v.to_f64()
+    });
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_matmul() {
-    // cuBLAS may use TF32 for f32 only when asked; the default is full f32.
-    matmul_body::<f32>(&cuda(), seed("gpu_matmul f32"), 1e-5, |v| v, |v| v as f64);
-    matmul_body::<half::bf16>(
-        &cuda(),
-        seed("gpu_matmul bf16"),
-        1e-2,
-        half::bf16::from_f32,
-        |v| v.to_f64(),
-    );
-    matmul_body::<half::f16>(
-        &cuda(),
-        seed("gpu_matmul f16"),
-        1e-3,
-        half::f16::from_f32,
-        |v| v.to_f64(),
-    );
-}
+device_test!(cpu_matmul, gpu_matmul, matmul_every_type_body);
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
