@@ -129,7 +129,7 @@ fn sum_body<T: Tol>(dev: &Device, seed: u64) -> Vec<T> {
     sums
 }
 
-// ---- CPU backend ----
+// ---- both backends ----
 
 device_test!(cpu_fill, gpu_fill, |dev| {
     fill_body::<f32>(dev, seed("fill f32"));
@@ -140,18 +140,6 @@ device_test!(cpu_copy, gpu_copy, |dev| {
     copy_body::<f32>(dev, seed("copy f32"));
     copy_body::<f64>(dev, seed("copy f64"));
 });
-
-#[test]
-fn cpu_axpy() {
-    axpy_body::<f32>(&Device::cpu(), seed("cpu_axpy f32"));
-    axpy_body::<f64>(&Device::cpu(), seed("cpu_axpy f64"));
-}
-
-#[test]
-fn cpu_sum() {
-    sum_body::<f32>(&Device::cpu(), seed("cpu_sum f32"));
-    sum_body::<f64>(&Device::cpu(), seed("cpu_sum f64"));
-}
 
 #[test]
 fn cpu_fill_every_dtype() {
@@ -242,11 +230,15 @@ fn gpu_fill_every_width() {
     assert_eq!(z.to_host(&s).unwrap(), vec![0.0; 77]);
 }
 
-fn axpy_matches_cpu<T: Tol>(test: &str) {
-    // Same inputs on both backends: CUDA must match the CPU backend element for element
-    // (FMA contraction may differ by rounding, within the elementwise bound).
+/// axpy of `T` on `dev` (checked in the body). On CUDA, the same inputs on the CPU backend:
+/// CUDA must match it element for element (FMA contraction may differ by rounding, within
+/// the elementwise bound).
+fn axpy_checked<T: Tol>(dev: &Device, test: &str) {
     let seed = seed(test);
-    let gpu = axpy_body::<T>(&cuda(), seed);
+    let gpu = axpy_body::<T>(dev, seed);
+    if !dev.is_cuda() {
+        return;
+    }
     let cpu = axpy_body::<T>(&Device::cpu(), seed);
     for (g, c) in gpu.iter().zip(&cpu) {
         assert_eq!(g.len(), c.len());
@@ -257,18 +249,14 @@ fn axpy_matches_cpu<T: Tol>(test: &str) {
     }
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_axpy_matches_cpu() {
-    axpy_matches_cpu::<f32>("gpu_axpy f32");
-    axpy_matches_cpu::<f64>("gpu_axpy f64");
-}
-
-fn sum_matches_cpu<T: Tol>(test: &str) {
-    // Same inputs on both backends; each is checked against the f64 reference in the body,
-    // and the two must agree within the same bound.
+/// Sums of `T` on `dev`, checked against the f64 reference in the body. On CUDA, the same
+/// inputs on the CPU backend too: the two must agree within the same bound.
+fn sum_checked<T: Tol>(dev: &Device, test: &str) {
     let seed = seed(test);
-    let gpu = sum_body::<T>(&cuda(), seed);
+    let gpu = sum_body::<T>(dev, seed);
+    if !dev.is_cuda() {
+        return;
+    }
     let cpu = sum_body::<T>(&Device::cpu(), seed);
     let mut r = rng(seed);
     for ((g, c), n) in gpu.iter().zip(&cpu).zip(SIZES) {
@@ -283,12 +271,15 @@ fn sum_matches_cpu<T: Tol>(test: &str) {
     }
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_smem_sum_matches_cpu() {
-    sum_matches_cpu::<f32>("gpu_sum f32");
-    sum_matches_cpu::<f64>("gpu_sum f64");
-}
+device_test!(cpu_axpy, gpu_axpy_matches_cpu, |dev| {
+    axpy_checked::<f32>(dev, "axpy f32");
+    axpy_checked::<f64>(dev, "axpy f64");
+});
+
+device_test!(cpu_sum, gpu_smem_sum_matches_cpu, |dev| {
+    sum_checked::<f32>(dev, "sum f32");
+    sum_checked::<f64>(dev, "sum f64");
+});
 
 /// Row-major matmul on `dev` against an f64 reference, bound relative to Σ|a·b| per element.
 fn matmul_body<T: warpdrive::DType>(
