@@ -11,8 +11,9 @@ use warpdrive::Device;
 /// One test body on both backends, in the manner of candle's `test_device!`:
 /// `device_test!(cpu_name, gpu_name, body)` defines the test `cpu_name`, which runs
 /// `body(&Device::cpu())`, and `gpu_name`, ignored without a GPU, which runs `body(&cuda())`.
-/// `body` is a `fn(&Device)`: a function, or a closure that captures nothing. The names are
-/// spelled out (stable Rust cannot join identifiers), so the GPU runner can select `gpu_*`.
+/// `body` is a `fn(&Device)`: a function, or a closure that captures nothing. Both names are
+/// spelled out, as stable Rust cannot build an identifier from parts; the GPU one starts with
+/// `gpu_` (the bundle's `run.sh` sanitizes `gpu_*`, and `gpu_smem_*` for shared memory too).
 #[allow(unused_macros)] // not every test file has a body for both backends
 macro_rules! device_test {
     ($(#[$attr:meta])* $cpu:ident, $gpu:ident, $body:expr $(,)?) => {
