@@ -5,6 +5,8 @@
 //!
 //! The same readers are cargo-fuzz targets under `fuzz/` (`trace_reader`, `results_reader`).
 
+mod common;
+
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 use warpdrive::Device;

@@ -21,6 +21,8 @@ pub mod moe;
 pub mod ops;
 pub mod size;
 pub mod telemetry;
+#[cfg(test)]
+mod test_support;
 pub mod transfer;
 
 pub use device::{Device, DeviceInfo, Event, Stream};

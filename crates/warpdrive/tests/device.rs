@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::cuda;
+use common::{cuda, device_test};
 use warpdrive::{Buffer, Device, Error};
 
 #[test]
@@ -37,10 +37,11 @@ fn best_always_gives_a_device() {
     assert_eq!(d.is_cuda(), Device::cuda_count() > 0);
 }
 
-#[test]
-fn buffers_round_trip_every_dtype_on_cpu() {
-    round_trip(&Device::cpu());
-}
+device_test!(
+    buffers_round_trip_every_dtype_on_cpu,
+    gpu_buffers_round_trip_every_dtype,
+    round_trip
+);
 
 fn round_trip(dev: &Device) {
     use half::{bf16, f16};
@@ -106,12 +107,6 @@ fn gpu_info_is_plausible() {
     let lib = |n: &str| info.libraries.iter().find(|l| l.name == n).unwrap();
     assert!(lib("driver").loaded && lib("driver").version.is_some());
     assert!(lib("nvrtc").loaded, "NVRTC must load on the GPU host");
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_buffers_round_trip_every_dtype() {
-    round_trip(&cuda());
 }
 
 #[test]

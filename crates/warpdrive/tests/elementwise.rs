@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{cuda, nan, poisoned, random_in, rng, same_or_both_nan, seed, TestFloat};
+use common::{cuda, device_test, nan, poisoned, random_in, rng, same_or_both_nan, seed, TestFloat};
 use half::{bf16, f16};
 use rand::Rng;
 use warpdrive::ops::{self, Activation, BinaryOp, Loads, Map};
@@ -345,54 +345,18 @@ fn axpy_half_body<T: TestFloat>(dev: &Device, seed: u64) -> Vec<Vec<T>> {
     outs
 }
 
-macro_rules! each_pair {
-    ($f:ident, $dev:expr, $seed:expr) => {{
-        let (d, s) = ($dev, $seed);
-        (
-            $f::<f32, f32>(d, s),
-            $f::<f32, f16>(d, s),
-            $f::<f32, bf16>(d, s),
-            $f::<f16, f32>(d, s),
-            $f::<f16, f16>(d, s),
-            $f::<f16, bf16>(d, s),
-            $f::<bf16, f32>(d, s),
-            $f::<bf16, f16>(d, s),
-            $f::<bf16, bf16>(d, s),
-        )
-    }};
-}
+// ---- both backends ----
 
-// ---- CPU backend ----
+device_test!(cpu_cast_is_exact, gpu_cast_is_exact, |dev| cast_body(
+    dev,
+    seed("cast")
+));
 
-#[test]
-fn cpu_map_every_type_pair() {
-    let _ = each_pair!(map_body, &Device::cpu(), seed("cpu_map"));
-}
-
-#[test]
-fn cpu_cast_is_exact() {
-    cast_body(&Device::cpu(), seed("cpu_cast"));
-}
-
-#[test]
-fn cpu_widen_f16_checking_inf() {
-    widen_checking_inf_body(&Device::cpu(), seed("cpu_widen_checking_inf"));
-}
-
-#[test]
-fn cpu_binary() {
-    let sd = seed("cpu_binary");
-    binary_body::<f32>(&Device::cpu(), sd);
-    binary_body::<f16>(&Device::cpu(), sd);
-    binary_body::<bf16>(&Device::cpu(), sd);
-}
-
-#[test]
-fn cpu_axpy_16_bit() {
-    let sd = seed("cpu_axpy_16_bit");
-    axpy_half_body::<f16>(&Device::cpu(), sd);
-    axpy_half_body::<bf16>(&Device::cpu(), sd);
-}
+device_test!(
+    cpu_widen_f16_checking_inf,
+    gpu_widen_f16_checking_inf,
+    |dev| widen_checking_inf_body(dev, seed("widen_checking_inf"))
+);
 
 #[test]
 fn elementwise_errors() {
@@ -419,7 +383,7 @@ fn elementwise_errors() {
     ));
 }
 
-// ---- CUDA against the CPU backend ----
+// ---- both backends; on CUDA also against the CPU backend ----
 
 fn close_all<T: TestFloat>(what: &str, g: &[Vec<T>], c: &[Vec<T>]) {
     assert_eq!(g.len(), c.len());
@@ -440,71 +404,46 @@ fn close_all<T: TestFloat>(what: &str, g: &[Vec<T>], c: &[Vec<T>]) {
     }
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_map_every_type_pair_matches_cpu() {
-    let sd = seed("gpu_map");
-    let g = each_pair!(map_body, &cuda(), sd);
-    let c = each_pair!(map_body, &Device::cpu(), sd);
-    close_all("f32->f32", &g.0, &c.0);
-    close_all("f32->f16", &g.1, &c.1);
-    close_all("f32->bf16", &g.2, &c.2);
-    close_all("f16->f32", &g.3, &c.3);
-    close_all("f16->f16", &g.4, &c.4);
-    close_all("f16->bf16", &g.5, &c.5);
-    close_all("bf16->f32", &g.6, &c.6);
-    close_all("bf16->f16", &g.7, &c.7);
-    close_all("bf16->bf16", &g.8, &c.8);
+/// `body` on `dev` (checked against the f64 reference inside); on CUDA also on the CPU
+/// backend with the same seed, and the two close.
+fn checked<T: TestFloat>(what: &str, dev: &Device, sd: u64, body: fn(&Device, u64) -> Vec<Vec<T>>) {
+    let got = body(dev, sd);
+    if dev.is_cuda() {
+        close_all(what, &got, &body(&Device::cpu(), sd));
+    }
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_cast_is_exact() {
-    cast_body(&cuda(), seed("gpu_cast"));
+fn map_every_type_pair_body(dev: &Device) {
+    let sd = seed("map");
+    checked("f32->f32", dev, sd, map_body::<f32, f32>);
+    checked("f32->f16", dev, sd, map_body::<f32, f16>);
+    checked("f32->bf16", dev, sd, map_body::<f32, bf16>);
+    checked("f16->f32", dev, sd, map_body::<f16, f32>);
+    checked("f16->f16", dev, sd, map_body::<f16, f16>);
+    checked("f16->bf16", dev, sd, map_body::<f16, bf16>);
+    checked("bf16->f32", dev, sd, map_body::<bf16, f32>);
+    checked("bf16->f16", dev, sd, map_body::<bf16, f16>);
+    checked("bf16->bf16", dev, sd, map_body::<bf16, bf16>);
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_widen_f16_checking_inf() {
-    widen_checking_inf_body(&cuda(), seed("gpu_widen_checking_inf"));
-}
+device_test!(
+    cpu_map_every_type_pair,
+    gpu_map_every_type_pair_matches_cpu,
+    map_every_type_pair_body
+);
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_binary_matches_cpu() {
-    let sd = seed("gpu_binary");
-    close_all(
-        "binary",
-        &binary_body::<f32>(&cuda(), sd),
-        &binary_body::<f32>(&Device::cpu(), sd),
-    );
-    close_all(
-        "binary",
-        &binary_body::<f16>(&cuda(), sd),
-        &binary_body::<f16>(&Device::cpu(), sd),
-    );
-    close_all(
-        "binary",
-        &binary_body::<bf16>(&cuda(), sd),
-        &binary_body::<bf16>(&Device::cpu(), sd),
-    );
-}
+device_test!(cpu_binary, gpu_binary_matches_cpu, |dev| {
+    let sd = seed("binary");
+    checked("binary", dev, sd, binary_body::<f32>);
+    checked("binary", dev, sd, binary_body::<f16>);
+    checked("binary", dev, sd, binary_body::<bf16>);
+});
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_axpy_16_bit_matches_cpu() {
-    let sd = seed("gpu_axpy_16_bit");
-    close_all(
-        "axpy",
-        &axpy_half_body::<f16>(&cuda(), sd),
-        &axpy_half_body::<f16>(&Device::cpu(), sd),
-    );
-    close_all(
-        "axpy",
-        &axpy_half_body::<bf16>(&cuda(), sd),
-        &axpy_half_body::<bf16>(&Device::cpu(), sd),
-    );
-}
+device_test!(cpu_axpy_16_bit, gpu_axpy_16_bit_matches_cpu, |dev| {
+    let sd = seed("axpy_16_bit");
+    checked("axpy", dev, sd, axpy_half_body::<f16>);
+    checked("axpy", dev, sd, axpy_half_body::<bf16>);
+});
 
 #[test]
 #[ignore = "needs a CUDA GPU"]

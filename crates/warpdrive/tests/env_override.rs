@@ -1,5 +1,7 @@
 //! `WARPDRIVE_DEVICE` read from the environment (its own test binary: it sets the variable).
 
+mod common;
+
 use warpdrive::{Device, Error};
 
 #[test]

@@ -8,7 +8,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{cuda, random_f32, rng, seed};
+use common::{cuda, device_test, random_f32, rng, seed};
 use warpdrive::exec::{
     self, run_with_fallback, Autotuner, Fallback, Graph, Kernel, LaunchConfig, TuneKey,
 };
@@ -101,16 +101,11 @@ fn graph_replay_body(dev: &Device, seed: u64) {
     assert_eq!(other.is_err(), dev.is_cuda(), "{other:?}");
 }
 
-#[test]
-fn cpu_graph_replay_equals_eager_bit_for_bit() {
-    graph_replay_body(&Device::cpu(), seed("cpu_graph_replay"));
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_graph_replay_equals_eager_bit_for_bit() {
-    graph_replay_body(&cuda(), seed("gpu_graph_replay"));
-}
+device_test!(
+    cpu_graph_replay_equals_eager_bit_for_bit,
+    gpu_graph_replay_equals_eager_bit_for_bit,
+    |dev| graph_replay_body(dev, seed("graph_replay"))
+);
 
 /// A closure-only graph: capture records, each launch replays.
 fn graph_counts_body(dev: &Device) {
@@ -135,16 +130,11 @@ fn graph_counts_body(dev: &Device) {
     empty.launch().unwrap();
 }
 
-#[test]
-fn cpu_graph_records_the_closure_and_replays_it() {
-    graph_counts_body(&Device::cpu());
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_graph_captures_once_and_replays() {
-    graph_counts_body(&cuda());
-}
+device_test!(
+    cpu_graph_records_the_closure_and_replays_it,
+    gpu_graph_captures_once_and_replays,
+    graph_counts_body
+);
 
 #[test]
 fn cpu_graph_errors_come_at_launch() {
@@ -309,13 +299,9 @@ fn temp_file(name: &str) -> PathBuf {
     dir.join("autotune.toml")
 }
 
-/// Candidate work on the CPU backend: `128` is much cheaper than the others.
+/// Candidate work on the CPU backend: each candidate fills the buffer with itself.
 fn cpu_work(s: &Stream, buf: &mut Buffer<f32>, c: u32) -> Result<()> {
-    let reps = if c == 128 { 1 } else { 200 };
-    for _ in 0..reps {
-        ops::fill(s, buf, c as f32)?;
-    }
-    Ok(())
+    ops::fill(s, buf, c as f32)
 }
 
 #[test]
@@ -333,10 +319,12 @@ fn autotune_keeps_every_time_and_the_winner_and_reads_them_back() {
             cpu_work(s, &mut buf, c)
         })
         .unwrap();
-    assert_eq!(best, 128);
+    // Which candidate is fastest is a measurement (the choice among given times is tested in
+    // exec::tune's unit tests); what matters here is what is kept.
+    assert!(candidates.contains(&best));
     assert_eq!(tuner.tunings(), 1);
     let record = tuner.get(&key).unwrap();
-    assert_eq!(record.winner, "128");
+    assert_eq!(record.winner, best.to_string());
     assert_eq!(record.size, 1000);
     let configs: Vec<&str> = record
         .candidates
@@ -354,13 +342,13 @@ fn autotune_keeps_every_time_and_the_winner_and_reads_them_back() {
     assert_eq!(again.get(&key), Some(record.clone()));
     let mut runs = 0;
     let same_bucket = TuneKey::new(&Device::cpu(), "demo", DTypeKind::F32, 900).unwrap();
-    let best = again
+    let again_best = again
         .tune(&s, &same_bucket, 900, &candidates, |_, _| {
             runs += 1;
             Ok(())
         })
         .unwrap();
-    assert_eq!((best, runs, again.tunings()), (128, 0, 0));
+    assert_eq!((again_best, runs, again.tunings()), (best, 0, 0));
     // Another bucket, dtype or kernel is tuned anew; so is a winner no longer offered.
     let other = TuneKey::new(&Device::cpu(), "demo", DTypeKind::F32, 5000).unwrap();
     again
@@ -368,10 +356,9 @@ fn autotune_keeps_every_time_and_the_winner_and_reads_them_back() {
             cpu_work(s, &mut buf, c)
         })
         .unwrap();
+    let others: Vec<u32> = candidates.into_iter().filter(|&c| c != best).collect();
     again
-        .tune(&s, &key, 1000, &[64u32, 256], |s, &c| {
-            cpu_work(s, &mut buf, c)
-        })
+        .tune(&s, &key, 1000, &others, |s, &c| cpu_work(s, &mut buf, c))
         .unwrap();
     assert_eq!(again.tunings(), 2);
     assert_eq!(Autotuner::at(&path).records().len(), 2);
@@ -439,13 +426,12 @@ fn autotune_records_from_another_host_are_not_reused_and_are_kept() {
     let best = tuner
         .tune(&s, &key, 1 << 20, &[4u32, 16], |_, &c| {
             runs += 1;
-            // 16 is the clear winner here; the other host's 4 must not be taken.
-            std::thread::sleep(std::time::Duration::from_micros(if c == 4 {
-                2000
-            } else {
-                1
-            }));
-            Ok(())
+            // 4 fails here, so a tune can only pick 16; the other host's 4, taken as it is,
+            // would come back without a run.
+            match c {
+                4 => Err(Error::Unsupported("candidate 4 on this host".into())),
+                _ => Ok(()),
+            }
         })
         .unwrap();
     assert_eq!((best, tuner.tunings()), (16, 1));
@@ -464,6 +450,17 @@ fn autotune_records_from_another_host_are_not_reused_and_are_kept() {
     };
     assert_eq!(again.get(&other).unwrap().winner, "4");
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
+#[test]
+fn the_autotune_file_of_a_test_run_is_in_its_private_cache() {
+    let home = common::cache_home::private_cache_home();
+    assert_eq!(
+        std::env::var_os("XDG_CACHE_HOME"),
+        Some(home.clone().into())
+    );
+    let file = exec::tune::default_path().unwrap();
+    assert!(file.starts_with(&home), "{}", file.display());
 }
 
 /// Set in the children of the test below: `<file>|<child index>`.

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{cuda, random_f32, rng, seed};
+use common::{cuda, device_test, random_f32, rng, seed};
 use half::{bf16, f16};
 use warpdrive::ops::gemm::{matmul_batched, matmul_grouped, matmul_with, GemmOptions};
 use warpdrive::{Buffer, DType, Device, Error, Stream};
@@ -246,68 +246,31 @@ fn shape_errors(dev: &Device) {
     }
 }
 
-// ---- CPU backend ----
+// ---- both backends: against the f64 reference, and CUDA against the CPU backend ----
 
-#[test]
-fn cpu_gemm_f32() {
-    every_body::<f32>(&Device::cpu(), "cpu_gemm f32");
-}
-
-#[test]
-fn cpu_gemm_f16() {
-    every_body::<f16>(&Device::cpu(), "cpu_gemm f16");
-}
-
-#[test]
-fn cpu_gemm_bf16() {
-    every_body::<bf16>(&Device::cpu(), "cpu_gemm bf16");
-}
-
-#[test]
-fn cpu_gemm_shape_errors() {
-    shape_errors(&Device::cpu());
-}
-
-// ---- CUDA against the f64 reference and the CPU backend ----
-
-/// CUDA and the CPU backend on the same inputs: each within the bound of the f64
-/// reference (checked in the bodies), so within twice it of each other; NaN never.
-fn gpu_matches_cpu<T: Elem>(test: &str) {
-    let gpu = every_body::<T>(&cuda(), test);
-    let cpu = every_body::<T>(&Device::cpu(), test);
-    for (g, c) in gpu.iter().flatten().zip(cpu.iter().flatten()) {
-        assert_eq!(g.len(), c.len());
-        assert!(g.iter().all(|v| !v.to_f64().is_nan()), "{test}: NaN left");
+/// Every GEMM entry point on `dev`, each within the bound of the f64 reference (checked in
+/// the body). On CUDA the CPU backend runs too: both within the bound, so within twice it of
+/// each other; NaN never.
+fn gemm_body<T: Elem>(dev: &Device) {
+    let test = format!("gemm {}", std::any::type_name::<T>());
+    let got = every_body::<T>(dev, &test);
+    if dev.is_cuda() {
+        let cpu = every_body::<T>(&Device::cpu(), &test);
+        for (g, c) in got.iter().flatten().zip(cpu.iter().flatten()) {
+            assert_eq!(g.len(), c.len());
+            assert!(g.iter().all(|v| !v.to_f64().is_nan()), "{test}: NaN left");
+        }
     }
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_gemm_f32() {
-    gpu_matches_cpu::<f32>("gpu_gemm f32");
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_gemm_f16() {
-    gpu_matches_cpu::<f16>("gpu_gemm f16");
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_gemm_bf16() {
-    gpu_matches_cpu::<bf16>("gpu_gemm bf16");
-}
+device_test!(cpu_gemm_f32, gpu_gemm_f32, gemm_body::<f32>);
+device_test!(cpu_gemm_f16, gpu_gemm_f16, gemm_body::<f16>);
+device_test!(cpu_gemm_bf16, gpu_gemm_bf16, gemm_body::<bf16>);
+device_test!(cpu_gemm_shape_errors, gpu_gemm_shape_errors, shape_errors);
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_gemm_tf32_is_opt_in_and_within_its_bound() {
     // TF32 rounds inputs to 10-bit mantissas: about 1e-3 of Σ|a·b|.
     matmul_body::<f32>(&cuda(), seed("gpu_gemm tf32"), true, 2e-3);
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_gemm_shape_errors() {
-    shape_errors(&cuda());
 }

@@ -2,6 +2,8 @@
 //! and the disk cache serves a second start. Needs NVRTC (no GPU): ignored without it, run by
 //! `.ci/run` with `--include-ignored` after `scripts/setup-nvrtc`.
 
+mod common;
+
 use warpdrive::kernels::{KernelSource, PtxCache, SOURCES};
 
 fn temp_cache(tag: &str) -> std::path::PathBuf {

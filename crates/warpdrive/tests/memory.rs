@@ -9,7 +9,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use common::{cuda, rng, seed};
+use common::{cuda, device_test, rng, seed};
 use parking_lot::Mutex;
 use proptest::prelude::*;
 use rand::Rng;
@@ -140,7 +140,14 @@ fn capture_body(dev: &Device) {
 }
 
 /// More than the device has is `OutOfMemory` with the figures; the pool works afterwards.
-fn oom_body(dev: &Device, request: usize) {
+fn oom_body(dev: &Device) {
+    let request = if dev.is_cuda() {
+        let total = dev.info().unwrap().memory_total as usize;
+        total + total / 2
+    } else {
+        // More than any address space: the host allocator refuses it.
+        1 << 50
+    };
     let pool = caching_pool(dev);
     let s = dev.new_stream().unwrap();
     let keep = Buffer::<u8>::uninit_in(&pool, &s, MIB).unwrap();
@@ -211,31 +218,35 @@ fn pinned_body(dev: &Device, seed: u64) {
     assert!(PinnedBuf::<u8>::new(dev, 0).unwrap().is_empty());
 }
 
-#[test]
-fn buffers_come_from_the_pool_and_are_reused_on_cpu() {
-    reuse_body(&Device::cpu());
-}
+device_test!(
+    buffers_come_from_the_pool_and_are_reused_on_cpu,
+    gpu_buffers_come_from_the_pool_and_are_reused,
+    reuse_body
+);
 
-#[test]
-fn the_default_pool_serves_buffers_on_cpu() {
-    default_pool_body(&Device::cpu());
-}
+device_test!(
+    the_default_pool_serves_buffers_on_cpu,
+    gpu_the_default_pool_serves_buffers,
+    default_pool_body
+);
 
-#[test]
-fn capture_mode_uses_only_held_blocks_on_cpu() {
-    capture_body(&Device::cpu());
-}
+device_test!(
+    capture_mode_uses_only_held_blocks_on_cpu,
+    gpu_capture_mode_uses_only_held_blocks,
+    capture_body
+);
 
-#[test]
-fn oom_is_an_error_and_the_pool_recovers_on_cpu() {
-    // More than any address space: the host allocator refuses it.
-    oom_body(&Device::cpu(), 1 << 50);
-}
+device_test!(
+    oom_is_an_error_and_the_pool_recovers_on_cpu,
+    gpu_more_than_the_card_has_is_out_of_memory_and_the_pool_recovers,
+    oom_body
+);
 
-#[test]
-fn pinned_buffers_round_trip_and_are_reused_on_cpu() {
-    pinned_body(&Device::cpu(), seed("pinned_cpu"));
-}
+device_test!(
+    pinned_buffers_round_trip_and_are_reused_on_cpu,
+    gpu_pinned_buffers_round_trip_and_are_reused,
+    |dev| pinned_body(dev, seed("pinned"))
+);
 
 #[test]
 fn the_async_strategy_needs_cuda() {
@@ -511,44 +522,13 @@ fn cross_thread_caching_body(dev: &Device, seed: u64) {
     );
 }
 
-#[test]
-fn buffers_allocated_and_freed_on_different_threads_on_cpu() {
-    cross_thread_caching_body(&Device::cpu(), seed("cross_thread_cpu"));
-}
+device_test!(
+    buffers_allocated_and_freed_on_different_threads_on_cpu,
+    gpu_buffers_allocated_and_freed_on_different_threads,
+    |dev| cross_thread_caching_body(dev, seed("cross_thread"))
+);
 
 // ---- GPU ----
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_buffers_come_from_the_pool_and_are_reused() {
-    reuse_body(&cuda());
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_the_default_pool_serves_buffers() {
-    default_pool_body(&cuda());
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_capture_mode_uses_only_held_blocks() {
-    capture_body(&cuda());
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_more_than_the_card_has_is_out_of_memory_and_the_pool_recovers() {
-    let dev = cuda();
-    let total = dev.info().unwrap().memory_total as usize;
-    oom_body(&dev, total + total / 2);
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_pinned_buffers_round_trip_and_are_reused() {
-    pinned_body(&cuda(), seed("pinned_gpu"));
-}
 
 /// One pinned block read back chunk after chunk over two streams (a staged download's
 /// pattern): each host view shows its own chunk, though the block forgets the finished
@@ -659,27 +639,17 @@ fn pinned_stress_body(dev: &Device, seed: u64) {
     assert_eq!(pool.stats().reserved, 0);
 }
 
-#[test]
-fn eight_threads_share_one_pinned_pool_without_mixing_contents() {
-    pinned_stress_body(&Device::cpu(), seed("pinned_stress_cpu"));
-}
+device_test!(
+    eight_threads_share_one_pinned_pool_without_mixing_contents,
+    gpu_eight_threads_share_one_pinned_pool_without_mixing_contents,
+    |dev| pinned_stress_body(dev, seed("pinned_stress"))
+);
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_eight_threads_share_one_pinned_pool_without_mixing_contents() {
-    pinned_stress_body(&cuda(), seed("pinned_stress_gpu"));
-}
-
-#[test]
-fn pinned_block_reused_chunk_after_chunk() {
-    pinned_reuse_body(&Device::cpu(), seed("pinned_reuse_cpu"));
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_pinned_block_reused_chunk_after_chunk() {
-    pinned_reuse_body(&cuda(), seed("pinned_reuse_gpu"));
-}
+device_test!(
+    pinned_block_reused_chunk_after_chunk,
+    gpu_pinned_block_reused_chunk_after_chunk,
+    |dev| pinned_reuse_body(dev, seed("pinned_reuse"))
+);
 
 /// Heavy churn over two streams (some buffers written on the other stream and marked with
 /// `record_stream`): every live buffer, filled by a kernel with its own pattern, still
@@ -753,12 +723,6 @@ fn gpu_the_async_strategy_keeps_patterns_through_churn() {
     churn_body(&dev, &pool, seed("gpu_async_churn"));
     assert!(pool.stats().unwrap().peak_reserved > 0);
     pool.trim().unwrap();
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_buffers_allocated_and_freed_on_different_threads() {
-    cross_thread_caching_body(&cuda(), seed("cross_thread_gpu"));
 }
 
 #[test]

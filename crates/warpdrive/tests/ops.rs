@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{cuda, random_f32, random_f64, rng, seed, SIZES};
+use common::{cuda, device_test, random_f32, random_f64, rng, seed, SIZES};
 use warpdrive::{ops, Buffer, Device, Error, Float};
 
 trait Tol: Float {
@@ -129,31 +129,17 @@ fn sum_body<T: Tol>(dev: &Device, seed: u64) -> Vec<T> {
     sums
 }
 
-// ---- CPU backend ----
+// ---- both backends ----
 
-#[test]
-fn cpu_fill() {
-    fill_body::<f32>(&Device::cpu(), seed("cpu_fill f32"));
-    fill_body::<f64>(&Device::cpu(), seed("cpu_fill f64"));
-}
+device_test!(cpu_fill, gpu_fill, |dev| {
+    fill_body::<f32>(dev, seed("fill f32"));
+    fill_body::<f64>(dev, seed("fill f64"));
+});
 
-#[test]
-fn cpu_copy() {
-    copy_body::<f32>(&Device::cpu(), seed("cpu_copy f32"));
-    copy_body::<f64>(&Device::cpu(), seed("cpu_copy f64"));
-}
-
-#[test]
-fn cpu_axpy() {
-    axpy_body::<f32>(&Device::cpu(), seed("cpu_axpy f32"));
-    axpy_body::<f64>(&Device::cpu(), seed("cpu_axpy f64"));
-}
-
-#[test]
-fn cpu_sum() {
-    sum_body::<f32>(&Device::cpu(), seed("cpu_sum f32"));
-    sum_body::<f64>(&Device::cpu(), seed("cpu_sum f64"));
-}
+device_test!(cpu_copy, gpu_copy, |dev| {
+    copy_body::<f32>(dev, seed("copy f32"));
+    copy_body::<f64>(dev, seed("copy f64"));
+});
 
 #[test]
 fn cpu_fill_every_dtype() {
@@ -228,13 +214,6 @@ fn empty_buffers_are_no_ops() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn gpu_fill() {
-    fill_body::<f32>(&cuda(), seed("gpu_fill f32"));
-    fill_body::<f64>(&cuda(), seed("gpu_fill f64"));
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
 fn gpu_fill_every_width() {
     use half::bf16;
     let s = cuda().new_stream().unwrap();
@@ -251,18 +230,15 @@ fn gpu_fill_every_width() {
     assert_eq!(z.to_host(&s).unwrap(), vec![0.0; 77]);
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_copy() {
-    copy_body::<f32>(&cuda(), seed("gpu_copy f32"));
-    copy_body::<f64>(&cuda(), seed("gpu_copy f64"));
-}
-
-fn axpy_matches_cpu<T: Tol>(test: &str) {
-    // Same inputs on both backends: CUDA must match the CPU backend element for element
-    // (FMA contraction may differ by rounding, within the elementwise bound).
+/// axpy of `T` on `dev` (checked in the body). On CUDA, the same inputs on the CPU backend:
+/// CUDA must match it element for element (FMA contraction may differ by rounding, within
+/// the elementwise bound).
+fn axpy_checked<T: Tol>(dev: &Device, test: &str) {
     let seed = seed(test);
-    let gpu = axpy_body::<T>(&cuda(), seed);
+    let gpu = axpy_body::<T>(dev, seed);
+    if !dev.is_cuda() {
+        return;
+    }
     let cpu = axpy_body::<T>(&Device::cpu(), seed);
     for (g, c) in gpu.iter().zip(&cpu) {
         assert_eq!(g.len(), c.len());
@@ -273,18 +249,14 @@ fn axpy_matches_cpu<T: Tol>(test: &str) {
     }
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_axpy_matches_cpu() {
-    axpy_matches_cpu::<f32>("gpu_axpy f32");
-    axpy_matches_cpu::<f64>("gpu_axpy f64");
-}
-
-fn sum_matches_cpu<T: Tol>(test: &str) {
-    // Same inputs on both backends; each is checked against the f64 reference in the body,
-    // and the two must agree within the same bound.
+/// Sums of `T` on `dev`, checked against the f64 reference in the body. On CUDA, the same
+/// inputs on the CPU backend too: the two must agree within the same bound.
+fn sum_checked<T: Tol>(dev: &Device, test: &str) {
     let seed = seed(test);
-    let gpu = sum_body::<T>(&cuda(), seed);
+    let gpu = sum_body::<T>(dev, seed);
+    if !dev.is_cuda() {
+        return;
+    }
     let cpu = sum_body::<T>(&Device::cpu(), seed);
     let mut r = rng(seed);
     for ((g, c), n) in gpu.iter().zip(&cpu).zip(SIZES) {
@@ -299,12 +271,15 @@ fn sum_matches_cpu<T: Tol>(test: &str) {
     }
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_smem_sum_matches_cpu() {
-    sum_matches_cpu::<f32>("gpu_sum f32");
-    sum_matches_cpu::<f64>("gpu_sum f64");
-}
+device_test!(cpu_axpy, gpu_axpy_matches_cpu, |dev| {
+    axpy_checked::<f32>(dev, "axpy f32");
+    axpy_checked::<f64>(dev, "axpy f64");
+});
+
+device_test!(cpu_sum, gpu_smem_sum_matches_cpu, |dev| {
+    sum_checked::<f32>(dev, "sum f32");
+    sum_checked::<f64>(dev, "sum f64");
+});
 
 /// Row-major matmul on `dev` against an f64 reference, bound relative to Σ|a·b| per element.
 fn matmul_body<T: warpdrive::DType>(
@@ -348,44 +323,19 @@ fn matmul_body<T: warpdrive::DType>(
     assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
 }
 
-#[test]
-fn cpu_matmul() {
-    matmul_body::<f32>(
-        &Device::cpu(),
-        seed("cpu_matmul f32"),
-        1e-6,
-        |v| v,
-        |v| v as f64,
-    );
-    matmul_body::<half::bf16>(
-        &Device::cpu(),
-        seed("cpu_matmul bf16"),
-        1e-2,
-        half::bf16::from_f32,
-        |v| v.to_f64(),
-    );
+/// f32 (full f32 on CUDA: cuBLAS uses TF32 only when asked), bf16 and f16.
+fn matmul_every_type_body(dev: &Device) {
+    let f32_tol = if dev.is_cuda() { 1e-5 } else { 1e-6 };
+    matmul_body::<f32>(dev, seed("matmul f32"), f32_tol, |v| v, |v| v as f64);
+    matmul_body::<half::bf16>(dev, seed("matmul bf16"), 1e-2, half::bf16::from_f32, |v| {
+        v.to_f64()
+    });
+    matmul_body::<half::f16>(dev, seed("matmul f16"), 1e-3, half::f16::from_f32, |v| {
+        v.to_f64()
+    });
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_matmul() {
-    // cuBLAS may use TF32 for f32 only when asked; the default is full f32.
-    matmul_body::<f32>(&cuda(), seed("gpu_matmul f32"), 1e-5, |v| v, |v| v as f64);
-    matmul_body::<half::bf16>(
-        &cuda(),
-        seed("gpu_matmul bf16"),
-        1e-2,
-        half::bf16::from_f32,
-        |v| v.to_f64(),
-    );
-    matmul_body::<half::f16>(
-        &cuda(),
-        seed("gpu_matmul f16"),
-        1e-3,
-        half::f16::from_f32,
-        |v| v.to_f64(),
-    );
-}
+device_test!(cpu_matmul, gpu_matmul, matmul_every_type_body);
 
 #[test]
 #[ignore = "needs a CUDA GPU"]

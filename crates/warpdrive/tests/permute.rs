@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{cuda, poisoned, rng, seed};
+use common::{device_test, poisoned, rng, seed};
 use half::bf16;
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -261,58 +261,43 @@ fn errors_body(dev: &Device) {
     ));
 }
 
-#[test]
-fn cpu_histogram_and_scan() {
-    let sd = seed("cpu_histogram_and_scan");
-    histogram_body(&Device::cpu(), sd);
-    scan_body(&Device::cpu(), sd);
+// Each on `dev`, checked in its body; on CUDA the CPU backend runs it on the same inputs and
+// gives bit-identical results.
+
+fn histogram_and_scan_test(dev: &Device) {
+    let sd = seed("histogram_and_scan");
+    let (histograms, scans) = (histogram_body(dev, sd), scan_body(dev, sd));
+    if dev.is_cuda() {
+        assert_eq!(histograms, histogram_body(&Device::cpu(), sd));
+        assert_eq!(scans, scan_body(&Device::cpu(), sd));
+    }
 }
 
-#[test]
-fn cpu_sort_by_key() {
-    sort_body(&Device::cpu(), seed("cpu_sort_by_key"));
+fn sort_test(dev: &Device) {
+    let sd = seed("sort_by_key");
+    let sorted = sort_body(dev, sd);
+    if dev.is_cuda() {
+        assert_eq!(sorted, sort_body(&Device::cpu(), sd));
+    }
 }
 
-#[test]
-fn cpu_gather_scatter() {
-    gather_scatter_body(&Device::cpu(), seed("cpu_gather_scatter"));
+fn gather_scatter_test(dev: &Device) {
+    let sd = seed("gather_scatter");
+    let moved = gather_scatter_body(dev, sd);
+    if dev.is_cuda() {
+        assert_eq!(moved, gather_scatter_body(&Device::cpu(), sd));
+    }
 }
 
-#[test]
-fn cpu_permute_errors() {
-    errors_body(&Device::cpu());
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_smem_histogram_and_scan_match_cpu() {
-    let sd = seed("gpu_histogram_and_scan");
-    assert_eq!(
-        histogram_body(&cuda(), sd),
-        histogram_body(&Device::cpu(), sd)
-    );
-    assert_eq!(scan_body(&cuda(), sd), scan_body(&Device::cpu(), sd));
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_smem_sort_by_key_matches_cpu() {
-    let sd = seed("gpu_sort_by_key");
-    assert_eq!(sort_body(&cuda(), sd), sort_body(&Device::cpu(), sd));
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_gather_scatter_matches_cpu() {
-    let sd = seed("gpu_gather_scatter");
-    assert_eq!(
-        gather_scatter_body(&cuda(), sd),
-        gather_scatter_body(&Device::cpu(), sd)
-    );
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_permute_errors() {
-    errors_body(&cuda());
-}
+device_test!(
+    cpu_histogram_and_scan,
+    gpu_smem_histogram_and_scan_match_cpu,
+    histogram_and_scan_test
+);
+device_test!(cpu_sort_by_key, gpu_smem_sort_by_key_matches_cpu, sort_test);
+device_test!(
+    cpu_gather_scatter,
+    gpu_gather_scatter_matches_cpu,
+    gather_scatter_test
+);
+device_test!(cpu_permute_errors, gpu_permute_errors, errors_body);

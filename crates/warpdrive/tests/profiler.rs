@@ -1,6 +1,8 @@
 //! The allocation profiler, in its own binary: recording is process-wide, so no other test
 //! may allocate while this one counts.
 
+mod common;
+
 use warpdrive::memory::{profiler, round_size, DevicePool, PoolConfig, PoolStrategy};
 use warpdrive::{Buffer, Device, Error};
 

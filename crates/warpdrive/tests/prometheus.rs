@@ -5,6 +5,8 @@
 //!
 //! The endpoint installs a process-wide recorder; each test serves on its own port.
 
+mod common;
+
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};

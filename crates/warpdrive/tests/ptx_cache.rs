@@ -3,6 +3,8 @@
 //! folder that cannot be written is reported once and compiled around. The same fallback on
 //! a real driver is `ptx_cache_gpu.rs`.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -48,6 +50,15 @@ fn plant_foreign_ptx(dir: &Path, arch: Arch) {
         other.path_for(&BASIC, arch).unwrap().unwrap(),
     )
     .unwrap();
+}
+
+#[test]
+#[ignore = "needs NVRTC: eval $(scripts/setup-nvrtc)"]
+fn the_global_ptx_cache_of_a_test_run_is_in_its_private_cache() {
+    let home = common::cache_home::private_cache_home();
+    let slot = PtxCache::global().path_for(&BASIC, Arch::SM_90A).unwrap();
+    let slot = slot.expect("the global cache has a folder");
+    assert!(slot.starts_with(&home), "{}", slot.display());
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! A cached module the driver rejects is discarded and compiled anew, on a real device (its
-//! own test binary: it points `XDG_CACHE_HOME` at a fresh folder before the process-wide
-//! PTX cache opens). The decision logic, with a stand-in driver, is tested in `ptx_cache.rs`.
+//! own test binary: the process-wide PTX cache in its private `XDG_CACHE_HOME` holds only
+//! what this test puts there). The decision logic, with a stand-in driver, is tested in
+//! `ptx_cache.rs`.
 
 mod common;
 
@@ -11,9 +12,7 @@ use warpdrive::{ops, Buffer, Device};
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_a_cached_module_the_driver_rejects_is_compiled_anew() {
-    let home = std::env::temp_dir().join(format!("wd-ptxcache-gpu-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&home);
-    std::env::set_var("XDG_CACHE_HOME", &home);
+    let home = common::cache_home::private_cache_home();
     let dev = cuda();
     let Device::Cuda(d) = &dev else {
         unreachable!("cuda() returns a CUDA device")

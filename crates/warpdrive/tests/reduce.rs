@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{cuda, poisoned, random_in, rng, same_or_both_nan, seed, TestFloat};
+use common::{cuda, device_test, poisoned, random_in, rng, same_or_both_nan, seed, TestFloat};
 use half::{bf16, f16};
 use warpdrive::ops::{self, Loads, Reduce, ReduceOp, Scratch, REDUCE_SCRATCH_BYTES};
 use warpdrive::{Buffer, Device, Error, Float};
@@ -161,10 +161,29 @@ fn run_all(dev: &Device, sd: u64) -> Vec<(f64, f64)> {
     out
 }
 
-#[test]
-fn cpu_reductions() {
-    run_all(&Device::cpu(), seed("cpu_reductions"));
+/// Every reduction on `dev` (each checked against the f64 reference in the bodies). On
+/// CUDA the CPU backend runs the same inputs: the two agree within the sum of both bounds.
+fn reductions_body(dev: &Device) {
+    let sd = seed("reductions");
+    let g = run_all(dev, sd);
+    if !dev.is_cuda() {
+        return;
+    }
+    let c = run_all(&Device::cpu(), sd);
+    assert_eq!(g.len(), c.len());
+    for (i, ((a, ba), (b, bb))) in g.iter().zip(&c).enumerate() {
+        assert!(
+            same_or_both_nan(*a, *b) || (a - b).abs() <= ba + bb,
+            "result {i}: cuda {a} vs cpu {b}"
+        );
+    }
 }
+
+device_test!(
+    cpu_reductions,
+    gpu_smem_reductions_match_cpu,
+    reductions_body
+);
 
 #[test]
 fn reduction_errors() {
@@ -194,23 +213,6 @@ fn reduction_errors() {
         ops::reduce_rows(&s, ReduceOp::Max, &x, 4, &mut two),
         Err(Error::LengthMismatch { .. })
     ));
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_smem_reductions_match_cpu() {
-    let sd = seed("gpu_reductions");
-    let g = run_all(&cuda(), sd);
-    let c = run_all(&Device::cpu(), sd);
-    // Same inputs; each result is within its bound of the f64 reference (checked in the
-    // bodies), so CUDA and the CPU backend agree within the sum of both bounds.
-    assert_eq!(g.len(), c.len());
-    for (i, ((a, ba), (b, bb))) in g.iter().zip(&c).enumerate() {
-        assert!(
-            same_or_both_nan(*a, *b) || (a - b).abs() <= ba + bb,
-            "result {i}: cuda {a} vs cpu {b}"
-        );
-    }
 }
 
 #[test]

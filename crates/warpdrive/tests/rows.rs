@@ -11,7 +11,7 @@ mod common;
 
 use std::cmp::Ordering;
 
-use common::{cuda, nan, poisoned, random_in, rng, seed, TestFloat};
+use common::{device_test, nan, poisoned, random_in, rng, seed, TestFloat};
 use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -330,41 +330,14 @@ fn errors_body(dev: &Device) {
     ));
 }
 
-// ---- CPU backend ----
+// ---- both backends; CUDA also against the CPU backend on the same inputs ----
 
-#[test]
-fn cpu_softmax() {
-    let sd = seed("cpu_softmax");
-    softmax_body::<f32>(&Device::cpu(), sd);
-    softmax_body::<f16>(&Device::cpu(), sd);
-    softmax_body::<bf16>(&Device::cpu(), sd);
-}
-
-#[test]
-fn cpu_topk() {
-    let sd = seed("cpu_topk");
-    topk_body::<f32>(&Device::cpu(), sd);
-    topk_body::<f16>(&Device::cpu(), sd);
-    topk_body::<bf16>(&Device::cpu(), sd);
-}
-
-#[test]
-fn cpu_route() {
-    let sd = seed("cpu_route");
-    route_body::<bf16>(&Device::cpu(), sd);
-    route_body::<f16>(&Device::cpu(), sd);
-    route_body::<f32>(&Device::cpu(), sd);
-}
-
-#[test]
-fn cpu_row_op_errors() {
-    errors_body(&Device::cpu());
-}
-
-// ---- CUDA against the CPU backend ----
-
-fn softmax_matches<T: TestFloat>(sd: u64) {
-    let g = softmax_body::<T>(&cuda(), sd);
+/// Softmax of `T` on `dev` (checked in the body); on CUDA, within the bound of the CPU's.
+fn softmax_checked<T: TestFloat>(dev: &Device, sd: u64) {
+    let g = softmax_body::<T>(dev, sd);
+    if !dev.is_cuda() {
+        return;
+    }
     let c = softmax_body::<T>(&Device::cpu(), sd);
     for ((gv, cv), (_, cols)) in g.iter().zip(&c).zip(SOFTMAX_SHAPES) {
         let rel = 2.0 * T::TOL * (1.0 + (cols as f64).log2());
@@ -378,35 +351,35 @@ fn softmax_matches<T: TestFloat>(sd: u64) {
     }
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_smem_softmax_matches_cpu() {
-    let sd = seed("gpu_softmax");
-    softmax_matches::<f32>(sd);
-    softmax_matches::<f16>(sd);
-    softmax_matches::<bf16>(sd);
+fn softmax_test(dev: &Device) {
+    let sd = seed("softmax");
+    softmax_checked::<f32>(dev, sd);
+    softmax_checked::<f16>(dev, sd);
+    softmax_checked::<bf16>(dev, sd);
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_topk_matches_cpu_exactly() {
-    let sd = seed("gpu_topk");
-    assert_eq!(
-        topk_body::<f32>(&cuda(), sd),
-        topk_body::<f32>(&Device::cpu(), sd)
-    );
-    assert_eq!(
-        topk_body::<f16>(&cuda(), sd),
-        topk_body::<f16>(&Device::cpu(), sd)
-    );
-    assert_eq!(
-        topk_body::<bf16>(&cuda(), sd),
-        topk_body::<bf16>(&Device::cpu(), sd)
-    );
+/// Top-k of `T` on `dev` (checked in the body); on CUDA, exactly the CPU's.
+fn topk_checked<T: TestFloat>(dev: &Device, sd: u64) {
+    let got = topk_body::<T>(dev, sd);
+    if dev.is_cuda() {
+        assert_eq!(got, topk_body::<T>(&Device::cpu(), sd), "topk {}", T::NAME);
+    }
 }
 
-fn route_matches<T: TestFloat>(sd: u64) {
-    let g = route_body::<T>(&cuda(), sd);
+fn topk_test(dev: &Device) {
+    let sd = seed("topk");
+    topk_checked::<f32>(dev, sd);
+    topk_checked::<f16>(dev, sd);
+    topk_checked::<bf16>(dev, sd);
+}
+
+/// Routing of `T` on `dev` (checked in the body); on CUDA, the CPU's experts, and weights
+/// within the bound of the CPU's.
+fn route_checked<T: TestFloat>(dev: &Device, sd: u64) {
+    let g = route_body::<T>(dev, sd);
+    if !dev.is_cuda() {
+        return;
+    }
     let c = route_body::<T>(&Device::cpu(), sd);
     for ((gw, gi), (cw, ci)) in g.iter().zip(&c) {
         assert_eq!(gi, ci, "router indices {}", T::NAME);
@@ -422,17 +395,14 @@ fn route_matches<T: TestFloat>(sd: u64) {
     }
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_route_matches_cpu() {
-    let sd = seed("gpu_route");
-    route_matches::<bf16>(sd);
-    route_matches::<f16>(sd);
-    route_matches::<f32>(sd);
+fn route_test(dev: &Device) {
+    let sd = seed("route");
+    route_checked::<bf16>(dev, sd);
+    route_checked::<f16>(dev, sd);
+    route_checked::<f32>(dev, sd);
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_row_op_errors() {
-    errors_body(&cuda());
-}
+device_test!(cpu_softmax, gpu_smem_softmax_matches_cpu, softmax_test);
+device_test!(cpu_topk, gpu_topk_matches_cpu_exactly, topk_test);
+device_test!(cpu_route, gpu_route_matches_cpu, route_test);
+device_test!(cpu_row_op_errors, gpu_row_op_errors, errors_body);

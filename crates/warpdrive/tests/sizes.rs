@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::cuda;
+use common::{cuda, device_test};
 use proptest::prelude::*;
 use warpdrive::exec::tune::size_bucket;
 use warpdrive::exec::{Autotuner, TuneKey};
@@ -79,16 +79,11 @@ fn absurd_layer_body(dev: &Device) {
     }
 }
 
-#[test]
-fn cpu_moe_layer_refuses_weights_beyond_the_host() {
-    absurd_layer_body(&Device::cpu());
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_moe_layer_refuses_weights_beyond_the_device() {
-    absurd_layer_body(&cuda());
-}
+device_test!(
+    cpu_moe_layer_refuses_weights_beyond_the_host,
+    gpu_moe_layer_refuses_weights_beyond_the_device,
+    absurd_layer_body
+);
 
 /// Rows of `cols` elements where `idx.len() · cols` overflows: an error, not a panic.
 fn gather_scatter_huge_cols_body(dev: &Device) {
@@ -104,16 +99,11 @@ fn gather_scatter_huge_cols_body(dev: &Device) {
     }
 }
 
-#[test]
-fn cpu_gather_scatter_with_huge_cols_is_invalid_argument() {
-    gather_scatter_huge_cols_body(&Device::cpu());
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_gather_scatter_with_huge_cols_is_invalid_argument() {
-    gather_scatter_huge_cols_body(&cuda());
-}
+device_test!(
+    cpu_gather_scatter_with_huge_cols_is_invalid_argument,
+    gpu_gather_scatter_with_huge_cols_is_invalid_argument,
+    gather_scatter_huge_cols_body
+);
 
 /// Size buckets are `ceil(log2(size))` up to `usize::MAX` (it used to overflow there:
 /// a panic in debug builds, bucket 0 in release).
@@ -144,16 +134,11 @@ fn unified_zeros_huge_body(dev: &Device) {
     assert_eq!(u.host().unwrap(), &[0.0; 5]);
 }
 
-#[test]
-fn cpu_unified_zeros_beyond_memory_is_an_error() {
-    unified_zeros_huge_body(&Device::cpu());
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_unified_zeros_beyond_memory_is_an_error() {
-    unified_zeros_huge_body(&cuda());
-}
+device_test!(
+    cpu_unified_zeros_beyond_memory_is_an_error,
+    gpu_unified_zeros_beyond_memory_is_an_error,
+    unified_zeros_huge_body
+);
 
 #[test]
 fn batch_with_capacity_for_huge_counts_is_an_error() {

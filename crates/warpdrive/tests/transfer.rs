@@ -7,7 +7,7 @@ mod common;
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use common::{cuda, random_f32, rng, seed};
+use common::{device_test, random_f32, rng, seed};
 use half::bf16;
 use rand::distr::{Distribution, StandardUniform};
 use rand::Rng;
@@ -452,13 +452,9 @@ fn pipeline_body(dev: &Device) {
             .run(&input, &mut output, |s, x, y| {
                 let d = delays[i % delays.len()];
                 i += 1;
-                if s.device().is_cuda() {
-                    // A random number of extra passes makes each chunk's compute differ.
-                    for _ in 0..d * 20 {
-                        ops::copy(s, x, y)?;
-                    }
-                } else {
-                    std::thread::sleep(std::time::Duration::from_millis(d));
+                // A random number of extra passes makes each chunk's compute differ.
+                for _ in 0..d * 20 {
+                    ops::copy(s, x, y)?;
                 }
                 ops::map(s, &ops::Map::affine(2.0, 0.0), x, y)
             })
@@ -578,103 +574,34 @@ fn compression_body(dev: &Device) {
     }
 }
 
-#[test]
-fn guarded_copies_at_chunk_and_ring_boundaries() {
-    guarded_body(&Device::cpu());
-}
-#[test]
-fn device_offsets() {
-    device_offsets_body(&Device::cpu());
-}
-#[test]
-fn pipeline_sizes() {
-    pipeline_sizes_body(&Device::cpu());
-}
-#[test]
-fn round_trips() {
-    round_trip_body(&Device::cpu());
-}
-#[test]
-fn ring_uploads() {
-    ring_upload_body(&Device::cpu());
-}
-#[test]
-fn fresh_downloads() {
-    fresh_download_body(&Device::cpu());
-}
-#[test]
-fn wrong_length() {
-    wrong_length_body(&Device::cpu());
-}
-#[test]
-fn concurrent_copies() {
-    concurrent_body(&Device::cpu());
-}
-#[test]
-fn batches() {
-    batch_body(&Device::cpu());
-}
-#[test]
-fn pipeline_order() {
-    pipeline_body(&Device::cpu());
-}
-#[test]
-fn compression() {
-    compression_body(&Device::cpu());
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_transfer_guarded_copies_at_chunk_and_ring_boundaries() {
-    guarded_body(&cuda());
-}
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_transfer_device_offsets() {
-    device_offsets_body(&cuda());
-}
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_transfer_pipeline_sizes() {
-    pipeline_sizes_body(&cuda());
-}
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_transfer_round_trips() {
-    round_trip_body(&cuda());
-}
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_transfer_ring_uploads() {
-    ring_upload_body(&cuda());
-}
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_transfer_fresh_downloads() {
-    fresh_download_body(&cuda());
-}
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_transfer_wrong_length() {
-    wrong_length_body(&cuda());
-}
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_transfer_concurrent_copies() {
-    concurrent_body(&cuda());
-}
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_transfer_batches() {
-    batch_body(&cuda());
-}
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_transfer_pipeline_order() {
-    pipeline_body(&cuda());
-}
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_transfer_compression() {
-    compression_body(&cuda());
-}
+device_test!(
+    guarded_copies_at_chunk_and_ring_boundaries,
+    gpu_transfer_guarded_copies_at_chunk_and_ring_boundaries,
+    guarded_body
+);
+device_test!(
+    device_offsets,
+    gpu_transfer_device_offsets,
+    device_offsets_body
+);
+device_test!(
+    pipeline_sizes,
+    gpu_transfer_pipeline_sizes,
+    pipeline_sizes_body
+);
+device_test!(round_trips, gpu_transfer_round_trips, round_trip_body);
+device_test!(ring_uploads, gpu_transfer_ring_uploads, ring_upload_body);
+device_test!(
+    fresh_downloads,
+    gpu_transfer_fresh_downloads,
+    fresh_download_body
+);
+device_test!(wrong_length, gpu_transfer_wrong_length, wrong_length_body);
+device_test!(
+    concurrent_copies,
+    gpu_transfer_concurrent_copies,
+    concurrent_body
+);
+device_test!(batches, gpu_transfer_batches, batch_body);
+device_test!(pipeline_order, gpu_transfer_pipeline_order, pipeline_body);
+device_test!(compression, gpu_transfer_compression, compression_body);

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{cuda, random_f32, rng, seed};
+use common::{cuda, device_test, random_f32, rng, seed};
 use proptest::prelude::*;
 use rand::Rng;
 use warpdrive::memory::{Advice, Coherence, Location, ManagedBuffer, UnifiedBuffer};
@@ -204,10 +204,19 @@ fn managed_body(dev: &Device, seed: u64, len: usize) {
     ));
 }
 
-#[test]
-fn managed_round_trip_on_cpu() {
-    managed_body(&Device::cpu(), seed("managed_cpu"), 1023);
+/// [`managed_body`] at one, an odd and a large odd length.
+fn managed_lengths_body(dev: &Device) {
+    let s = seed("managed");
+    for len in [1, 1023, (1 << 20) + 3] {
+        managed_body(dev, s, len);
+    }
 }
+
+device_test!(
+    managed_round_trip_on_cpu,
+    gpu_managed_advised_and_prefetched_gives_the_same_data,
+    managed_lengths_body
+);
 
 /// More than the device reports free is refused before any allocation.
 fn over_allocation_body(dev: &Device) {
@@ -223,25 +232,11 @@ fn over_allocation_body(dev: &Device) {
     }
 }
 
-#[test]
-fn managed_over_allocation_is_refused_on_cpu() {
-    over_allocation_body(&Device::cpu());
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_managed_over_allocation_is_refused() {
-    over_allocation_body(&cuda());
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_managed_advised_and_prefetched_gives_the_same_data() {
-    let s = seed("managed_gpu");
-    for len in [1, 1023, (1 << 20) + 3] {
-        managed_body(&cuda(), s, len);
-    }
-}
+device_test!(
+    managed_over_allocation_is_refused_on_cpu,
+    gpu_managed_over_allocation_is_refused,
+    over_allocation_body
+);
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -281,16 +276,11 @@ fn numa_pool_body(dev: &Device, seed: u64) {
     assert!(PinnedBuf::<f32>::new_in(&missing, 16).is_err());
 }
 
-#[test]
-fn numa_bound_pinned_pool_on_cpu() {
-    numa_pool_body(&Device::cpu(), seed("numa_cpu"));
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_numa_bound_pinned_pool_round_trips() {
-    numa_pool_body(&cuda(), seed("numa_gpu"));
-}
+device_test!(
+    numa_bound_pinned_pool_on_cpu,
+    gpu_numa_bound_pinned_pool_round_trips,
+    |dev| numa_pool_body(dev, seed("numa"))
+);
 
 #[test]
 fn cpu_backend_reports_numa_placement_as_a_no_op() {

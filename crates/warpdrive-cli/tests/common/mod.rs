@@ -1,4 +1,5 @@
-//! Shared by the CLI's integration tests.
+//! Shared by the CLI's integration tests: the binary under test, and (by being included) a
+//! private `XDG_CACHE_HOME`.
 
 use std::path::PathBuf;
 
@@ -10,3 +11,8 @@ pub fn warpdrive_bin() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_warpdrive")))
 }
+
+/// The tests, and the CLI they start (which inherits it), use a private `XDG_CACHE_HOME`.
+#[path = "../../../warpdrive/tests/common/cache_home.rs"]
+#[allow(dead_code)] // private_cache_home: for a test that looks into the cache
+pub mod cache_home;

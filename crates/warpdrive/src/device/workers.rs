@@ -587,7 +587,7 @@ mod tests {
             assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
         }
         // More parts than one ticket holds, after the workers have gone to sleep.
-        std::thread::sleep(SPIN * 4);
+        wait_until_every_copy_thread_sleeps(&w);
         let parts = MAX_PARTS * 2 + 3;
         let hits: Vec<AtomicUsize> = (0..parts).map(|_| AtomicUsize::new(0)).collect();
         w.run(parts, &|i| {
@@ -595,6 +595,19 @@ mod tests {
         })
         .unwrap();
         assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+    }
+
+    /// Returns once every copy thread has counted itself asleep (it parks unless work came
+    /// meanwhile); the bound only stops a lost thread from hanging the test.
+    fn wait_until_every_copy_thread_sleeps(w: &Workers) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while w.shared.asleep.load(Ordering::SeqCst) < w.threads() - 1 {
+            assert!(
+                Instant::now() < deadline,
+                "the copy threads never went to sleep"
+            );
+            std::thread::yield_now();
+        }
     }
 
     /// Runs one part per thread, each waiting until all have started, then `then()`; the
@@ -626,8 +639,7 @@ mod tests {
     fn every_sleeping_thread_wakes_for_a_job() {
         let w = Workers::new(6, None);
         for _ in 0..20 {
-            // Past the spin, so that every copy thread has gone to sleep.
-            std::thread::sleep(SPIN * 2);
+            wait_until_every_copy_thread_sleeps(&w);
             let (r, met) = all_at_once(&w, || {});
             r.unwrap();
             assert_eq!(met, w.threads());
@@ -675,11 +687,18 @@ mod tests {
     #[test]
     fn a_panicking_part_on_the_caller_fails_the_job_and_leaves_the_pool_usable() {
         let w = Workers::new(3, None);
+        let caller_took_one = AtomicBool::new(false);
+        let deadline = Instant::now() + Duration::from_secs(10);
         let r = w.run(64, &|_| {
             if !on_copy_thread() {
+                caller_took_one.store(true, Ordering::SeqCst);
                 panic!("a part on the caller");
             }
-            std::thread::sleep(Duration::from_micros(50));
+            // Copy threads hold their parts until the caller has one (bounded against a
+            // hang), so they cannot take every part first.
+            while !caller_took_one.load(Ordering::SeqCst) && Instant::now() < deadline {
+                std::hint::spin_loop();
+            }
         });
         assert!(
             matches!(&r, Err(Error::WorkerPanicked(m)) if m == "a part on the caller"),

@@ -325,12 +325,9 @@ impl Autotuner {
             .zip(samples)
             .zip(&failed)
             .filter(|(_, &f)| !f)
-            .map(|((c, mut us), _)| {
-                us.sort_by(f64::total_cmp);
-                (*c, us[us.len() / 2])
-            })
+            .map(|((c, us), _)| (*c, median(us)))
             .collect();
-        let Some(&(best, _)) = times.iter().min_by(|a, b| a.1.total_cmp(&b.1)) else {
+        let Some(best) = fastest(&times) else {
             return Err(last_error.unwrap_or_else(|| {
                 Error::InvalidArgument(format!("autotune {}: nothing timed", key.kernel))
             }));
@@ -441,6 +438,20 @@ pub fn round_order(round: usize, n: usize) -> Vec<usize> {
 }
 
 /// Timing rounds within `budget_s` for candidates whose warm-up round took `warm_s` seconds.
+/// The middle sample (the upper one of an even count); `samples` is not empty.
+fn median(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+/// The candidate with the least time (the first of equals); `None` when none was timed.
+fn fastest<C: Copy>(times: &[(C, f64)]) -> Option<C> {
+    times
+        .iter()
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|&(c, _)| c)
+}
+
 fn tune_rounds(budget_s: f64, warm_s: f64) -> usize {
     let fit = budget_s / warm_s.max(1e-9);
     (fit.min(TUNE_REPS_MAX as f64).round() as usize).clamp(TUNE_REPS, TUNE_REPS_MAX)
@@ -606,6 +617,21 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_candidate_with_the_least_median_time_wins() {
+        // One slow stretch (an outlier) does not cost 64 the win; 256's steady times do not
+        // win it either.
+        let times = [
+            (64u32, median(vec![9.0, 1.0, 1.1, 1.0, 1.2])),
+            (128, median(vec![2.0, 2.1, 1.9, 2.0, 2.2])),
+            (256, median(vec![1.5, 1.5, 1.5, 1.5, 1.5])),
+        ];
+        assert_eq!(times.map(|t| t.1), [1.1, 2.0, 1.5]);
+        assert_eq!(fastest(&times), Some(64));
+        assert_eq!(fastest(&[(1u32, 3.0), (2, 3.0)]), Some(1));
+        assert_eq!(fastest::<u32>(&[]), None);
     }
 
     #[test]

@@ -267,6 +267,7 @@ fn download_narrow<H: Float>(
 mod tests {
     use super::*;
     use crate::device::Device;
+    use crate::test_support::device_test;
 
     #[test]
     fn f16_overflow_check() {
@@ -319,14 +320,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn auto_f16_falls_back_to_exact() {
-        auto_f16_falls_back_to_exact_body(&Device::cpu());
-    }
-
-    #[test]
-    #[ignore = "needs a CUDA GPU"]
-    fn gpu_auto_f16_falls_back_to_exact() {
-        auto_f16_falls_back_to_exact_body(&Device::cuda(0).expect("a CUDA device"));
-    }
+    device_test!(
+        auto_f16_falls_back_to_exact,
+        gpu_auto_f16_falls_back_to_exact,
+        auto_f16_falls_back_to_exact_body
+    );
 }

@@ -1,9 +1,40 @@
-//! Shared by the integration tests: devices, fresh random inputs, tolerances.
+//! Shared by the integration tests: devices, the macro that runs a body on both backends,
+//! fresh random inputs, tolerances, and (by being included) a private `XDG_CACHE_HOME`.
 #![allow(dead_code)]
+
+pub mod cache_home;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use warpdrive::Device;
+
+/// One test body on both backends, in the manner of candle's `test_device!`:
+/// `device_test!(cpu_name, gpu_name, body)` defines the test `cpu_name`, which runs
+/// `body(&Device::cpu())`, and `gpu_name`, ignored without a GPU, which runs `body(&cuda())`.
+/// `body` is a `fn(&Device)`: a function, or a closure that captures nothing. Both names are
+/// spelled out, as stable Rust cannot build an identifier from parts; the GPU one starts with
+/// `gpu_` (the bundle's `run.sh` sanitizes `gpu_*`, and `gpu_smem_*` for shared memory too).
+#[allow(unused_macros)] // not every test file has a body for both backends
+macro_rules! device_test {
+    ($(#[$attr:meta])* $cpu:ident, $gpu:ident, $body:expr $(,)?) => {
+        $(#[$attr])*
+        #[test]
+        fn $cpu() {
+            let body: fn(&::warpdrive::Device) = $body;
+            body(&::warpdrive::Device::cpu());
+        }
+
+        $(#[$attr])*
+        #[test]
+        #[ignore = "needs a CUDA GPU"]
+        fn $gpu() {
+            let body: fn(&::warpdrive::Device) = $body;
+            body(&$crate::common::cuda());
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use device_test;
 
 /// The sizes every op is checked at: empty, one, odd, and a large odd size.
 pub const SIZES: [usize; 4] = [0, 1, 1023, (1 << 20) + 3];
