@@ -2,6 +2,8 @@
 //! case's input and replayed allocation traces fail with an error value, never a wrapped
 //! size, an overflow panic or an allocation abort.
 
+mod common;
+
 use warpdrive::Error;
 
 /// `warpdrive moe --tokens N`'s input: N · hidden bf16 values on the host.

@@ -1,6 +1,8 @@
 //! The HTML report: charts and no network fetches, and (with Chromium) every chart renders
 //! with ink in it.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
