@@ -228,7 +228,7 @@ fn graph_replays(
         }
         Ok(())
     })?;
-    graph.upload()?;
+    graph.prepare()?;
     let (mut replay, enqueue) = launch_samples(samples, 1, || graph.launch(), || s.synchronize())?;
     for v in replay.iter_mut() {
         *v /= count.max(1) as f64;

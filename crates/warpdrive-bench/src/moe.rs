@@ -244,7 +244,7 @@ fn router_permute(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         // kernels).
         layer.route_and_permute(&x)?;
         let mut graph = Graph::capture(&stream, |_| layer.route_and_permute(&x))?;
-        graph.upload()?;
+        graph.prepare()?;
         let mut us = time_gpu(&stream, 3, plan.reps.max(3), |_| graph.launch())?;
         drop(graph);
         let row = ctx.record_time(CASE, tokens as u64, "warpdrive", &mut us, None)?;

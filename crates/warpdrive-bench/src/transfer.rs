@@ -204,7 +204,7 @@ fn coalesce(ctx: &mut Ctx) -> Result<()> {
         for x in &slices {
             batch.push(x);
         }
-        let packed = batch.upload(&s)?;
+        let packed = batch.pack(&s)?;
         s.synchronize()?;
         drop(packed);
         Ok(())

@@ -80,7 +80,7 @@ fn graph_replay_body(dev: &Device, seed: u64) {
     s.synchronize().unwrap();
 
     let mut graph = Graph::capture_with(&s, &mut st, pipeline).unwrap();
-    graph.upload().unwrap();
+    graph.prepare().unwrap();
     for round in 0..3 {
         let fresh = inputs();
         write(&s, &mut st, &fresh);
@@ -126,7 +126,7 @@ fn graph_counts_body(dev: &Device) {
     assert_eq!(acc.to_host(&s).unwrap(), [6.0; 3]);
     // An empty capture is a graph too.
     let mut empty = Graph::capture(&s, |_| Ok(())).unwrap();
-    empty.upload().unwrap();
+    empty.prepare().unwrap();
     empty.launch().unwrap();
 }
 
@@ -283,7 +283,7 @@ fn gpu_programmatic_launches_keep_stream_order() {
     enqueue(&s, 300).unwrap();
     assert!(buf.to_host(&s).unwrap().iter().all(|&v| v == 300));
     let mut graph = Graph::capture(&s, |s| enqueue(s, 500)).unwrap();
-    graph.upload().unwrap();
+    graph.prepare().unwrap();
     for _ in 0..3 {
         buf.copy_from_host(&s, &vec![0u32; n]).unwrap();
         graph.launch().unwrap();

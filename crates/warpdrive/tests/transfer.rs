@@ -426,7 +426,7 @@ fn batch_body(dev: &Device) {
         assert!(batch.is_empty() && batch.slices() == 0);
         let handles: Vec<_> = slices.iter().map(|x| batch.push(x)).collect();
         assert_eq!(batch.len(), slices.iter().map(Vec::len).sum::<usize>());
-        let packed = batch.upload(&s).unwrap();
+        let packed = batch.pack(&s).unwrap();
         let all = packed.buffer().to_host(&s).unwrap();
         let table = packed.offsets().to_host(&s).unwrap();
         assert_eq!(table.len(), slices.len() + 1);

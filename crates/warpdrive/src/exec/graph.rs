@@ -210,9 +210,9 @@ impl<'a, S: GraphState> Graph<'a, S> {
         self.stream.device()
     }
 
-    /// Uploads the graph to the device, so its first launch does no setup work (a no-op on
-    /// the CPU backend).
-    pub fn upload(&self) -> Result<()> {
+    /// Prepares the graph on the device (the driver's graph upload), so its first launch does
+    /// no setup work (a no-op on the CPU backend).
+    pub fn prepare(&self) -> Result<()> {
         match (&self.exec, self.stream.cuda()) {
             (
                 Exec::Cuda {

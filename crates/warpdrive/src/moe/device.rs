@@ -87,7 +87,7 @@ impl<T: Float> MoeLayer<T> {
         let launches = self.enqueue_device(&pass, &mut |_| Ok(()))?;
         let launcher = self.launcher()?;
         let graph = Graph::capture(&self.stream, move |s| launcher.enqueue(s, &pass))?;
-        graph.upload()?;
+        graph.prepare()?;
         if self.graphs.len() >= GRAPH_CACHE {
             self.graphs.remove(0);
         }

@@ -18,7 +18,7 @@ use crate::memory::{Buffer, PinnedBuf};
 pub struct Handle(pub usize);
 
 /// Small slices to send with one DMA. [`Batch::push`] only notes a slice (it stays borrowed
-/// until [`Batch::upload`]), so the gather into pinned memory runs once, split over the copy
+/// until [`Batch::pack`]), so the gather into pinned memory runs once, split over the copy
 /// threads. Keeps its pinned blocks across [`Batch::clear`], so a reused batch pins nothing
 /// new.
 pub struct Batch<'a, T: DType> {
@@ -82,7 +82,7 @@ impl<'a, T: DType> Batch<'a, T> {
         self.starts.truncate(1);
     }
 
-    /// Adds `data` (borrowed until [`Batch::upload`] copies it); its place in the batch.
+    /// Adds `data` (borrowed until [`Batch::pack`] copies it); its place in the batch.
     pub fn push(&mut self, data: &'a [T]) -> Handle {
         self.starts.push((self.len() + data.len()) as u64);
         self.slices.push(data);
@@ -92,7 +92,7 @@ impl<'a, T: DType> Batch<'a, T> {
     /// Gathers every slice into the pinned block on the copy threads, then enqueues one
     /// copy of it and one of the offsets table on `stream` and returns at once (the
     /// batch's blocks are reused only after the copies complete).
-    pub fn upload(&mut self, stream: &Stream) -> Result<Packed<T>> {
+    pub fn pack(&mut self, stream: &Stream) -> Result<Packed<T>> {
         let (len, n) = (self.len(), self.slices());
         if len > self.data.len() {
             self.data = PinnedBuf::new(&self.device, len.max(2 * self.data.len()))?;
@@ -202,7 +202,7 @@ impl<T: DType> Packed<T> {
         Some(a as usize..b as usize)
     }
 
-    /// The reverse of [`Batch::upload`]: one copy of the whole buffer to the host, split
+    /// The reverse of [`Batch::pack`]: one copy of the whole buffer to the host, split
     /// back into the slices on the copy threads.
     pub fn download(&self, stream: &Stream) -> Result<Vec<Vec<T>>> {
         let mut host = PinnedBuf::new(stream.device(), self.data.len())?;
