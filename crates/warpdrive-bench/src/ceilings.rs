@@ -303,9 +303,9 @@ fn time_host_copies(
     for rep in 0..=reps {
         let t = std::time::Instant::now();
         if to_device {
-            dev.copy_from_host(stream, &host)?;
+            dev.driver_copy_from_host(stream, &host)?;
         } else {
-            dev.copy_to_host(stream, &mut host)?;
+            dev.driver_copy_to_host(stream, &mut host)?;
         }
         if rep > 0 {
             times.push(t.elapsed().as_secs_f64());

@@ -104,11 +104,11 @@ fn copies(ctx: &mut Ctx, bytes: usize) -> Result<()> {
     // The pageable variants in interleaved rounds: below a few MiB they are the same driver
     // copy (or differ by a page fault), closer than this host drifts between blocks of reps.
     let mut h2d = time_host_rounds(1, reps, 2, |i| match i {
-        0 => dev.copy_from_host(&s, &host),
+        0 => dev.driver_copy_from_host(&s, &host),
         _ => transfer::upload(&s, &mut dev, &host),
     })?;
     let mut d2h = time_host_rounds(1, reps, 3, |i| match i {
-        0 => dev.copy_to_host(&s, &mut host),
+        0 => dev.driver_copy_to_host(&s, &mut host),
         1 => transfer::to_host(&s, &dev).map(drop),
         _ => transfer::download(&s, &dev, &mut host),
     })?;
@@ -185,7 +185,7 @@ fn coalesce(ctx: &mut Ctx) -> Result<()> {
     let bytes = 1000.0 * 4.0 * KIB as f64;
     let mut base = time_host(1, 10, || {
         for (b, x) in bufs.iter_mut().zip(&slices) {
-            b.copy_from_host(&s, x)?;
+            b.driver_copy_from_host(&s, x)?;
         }
         Ok(())
     })?;

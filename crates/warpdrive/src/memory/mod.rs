@@ -127,14 +127,6 @@ impl<T: DType> Buffer<T> {
         &self.pool
     }
 
-    /// A copy of `data` on the stream's device; returns when `data` may be reused.
-    #[track_caller]
-    pub fn from_host(stream: &Stream, data: &[T]) -> Result<Self> {
-        let mut buf = Self::uninit(stream, data.len())?;
-        buf.copy_from_host(stream, data)?;
-        Ok(buf)
-    }
-
     /// `len` elements, all bits zero.
     #[track_caller]
     pub fn zeros(stream: &Stream, len: usize) -> Result<Self> {
@@ -164,10 +156,13 @@ impl<T: DType> Buffer<T> {
         self.ptr
     }
 
-    /// Overwrites the buffer with `src` (same length); returns when `src` may be reused.
-    pub fn copy_from_host(&mut self, stream: &Stream, src: &[T]) -> Result<()> {
-        self.check_stream(stream, "copy_from_host")?;
-        check_len("copy_from_host", self.len, src.len())?;
+    /// The driver's own copy of `src` (same length) into the buffer, through its pageable
+    /// staging; returns when `src` may be reused. [`Buffer::copy_from_host`] (the transfer
+    /// floor's fast path, this copy under its crossover) is the one to use; this one is for
+    /// baselines and for that path's own small copies.
+    pub fn driver_copy_from_host(&mut self, stream: &Stream, src: &[T]) -> Result<()> {
+        self.check_stream(stream, "driver_copy_from_host")?;
+        check_len("driver_copy_from_host", self.len, src.len())?;
         match stream.cuda() {
             Some((d, s)) => d.copy_h2d(s, self.ptr, src),
             None => {
@@ -177,10 +172,11 @@ impl<T: DType> Buffer<T> {
         }
     }
 
-    /// Copies the buffer into `dst` (same length), waiting for the stream.
-    pub fn copy_to_host(&self, stream: &Stream, dst: &mut [T]) -> Result<()> {
-        self.check_stream(stream, "copy_to_host")?;
-        check_len("copy_to_host", self.len, dst.len())?;
+    /// The driver's own copy of the buffer into `dst` (same length), waiting for the stream:
+    /// the baseline of [`Buffer::copy_to_host`], which is the one to use.
+    pub fn driver_copy_to_host(&self, stream: &Stream, dst: &mut [T]) -> Result<()> {
+        self.check_stream(stream, "driver_copy_to_host")?;
+        check_len("driver_copy_to_host", self.len, dst.len())?;
         match stream.cuda() {
             Some((d, s)) => d.copy_d2h(s, dst, self.ptr),
             None => {
@@ -188,11 +184,6 @@ impl<T: DType> Buffer<T> {
                 Ok(())
             }
         }
-    }
-
-    /// The contents as a `Vec`, waiting for the stream.
-    pub fn to_host(&self, stream: &Stream) -> Result<Vec<T>> {
-        self.prefix_to_host(stream, self.len)
     }
 
     /// The first `len` elements as a `Vec`, waiting for the stream (for buffers sized for a

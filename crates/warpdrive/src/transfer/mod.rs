@@ -14,9 +14,9 @@
 //!   On the CPU backend the staged copies run through the same ring, the CPU's own copy
 //!   standing in for the DMA engine (`device::dma`), so the ring is checked without a GPU;
 //!   single-DMA copies there are the backend's plain copy.
-//!   `Buffer::copy_from_host`/`copy_to_host` stay the plain driver copy: `memory` sits below
-//!   this floor and must not depend on it, and one explicit fast entry point is simpler
-//!   than injecting a hook into `memory`. [`to_host`] fills a fresh `Vec` never zeroed first,
+//!   [`Buffer`]'s host copies (`from_host`, `copy_from_host`, `copy_to_host`, `to_host`) are
+//!   these functions, defined on this floor (`buffer.rs`: `memory` sits below it); the
+//!   driver's own copy stays as `Buffer::driver_copy_*`. [`to_host`] fills a fresh `Vec` never zeroed first,
 //!   all copy threads taking its page faults in parallel (huge pages from 32 MiB).
 //! - [`Batch`]: many small slices gathered (at upload, on the copy threads) into one pinned
 //!   block, one DMA, and a device offsets table; [`Packed::download`] is the reverse.
@@ -28,6 +28,7 @@
 //!   [`Compression::Auto`] picks per size bucket.
 
 mod batch;
+mod buffer;
 mod compress;
 mod pipeline;
 
@@ -435,6 +436,7 @@ pub fn to_host<T: DType>(stream: &Stream, src: &Buffer<T>) -> Result<Vec<T>> {
 }
 
 /// A new buffer holding `src` (through [`upload`]).
+#[track_caller]
 pub fn from_host<T: DType>(stream: &Stream, src: &[T]) -> Result<Buffer<T>> {
     let mut buf = Buffer::uninit(stream, src.len())?;
     upload(stream, &mut buf, src)?;
@@ -459,7 +461,7 @@ const PINNED_H2D_FROM: usize = 64 * KIB;
 fn direct_h2d<T: DType>(stream: &Stream, dst: &mut Buffer<T>, src: &[T]) -> Result<()> {
     let bytes = size_of_val(src);
     if !stream.device().is_cuda() || bytes < PINNED_H2D_FROM {
-        return dst.copy_from_host(stream, src);
+        return dst.driver_copy_from_host(stream, src);
     }
     let mut stage = PinnedBuf::<T>::new(stream.device(), src.len())?;
     block_copy(stream, stage.as_mut_slice()?, src)?;
@@ -473,7 +475,7 @@ fn direct_h2d<T: DType>(stream: &Stream, dst: &mut Buffer<T>, src: &[T]) -> Resu
 /// 6.7, 16 KiB 10.1 / 7.2, 64 KiB 21.6 / 16.3 and 16.0 / 10.3).
 fn direct_d2h<T: DType>(stream: &Stream, src: &Buffer<T>, dst: &mut [T]) -> Result<()> {
     let Some(stage) = pinned_d2h(stream, src)? else {
-        return src.copy_to_host(stream, dst);
+        return src.driver_copy_to_host(stream, dst);
     };
     block_copy(stream, dst, stage.as_slice()?)
 }
