@@ -468,8 +468,8 @@ fn host_memcpy(bytes: usize, threads: usize, reps: usize) -> Result<Row> {
 }
 
 /// `dst.copy_from_slice(src)` in `threads` page-aligned pieces, one scoped thread each, with
-/// the non-temporal stores of the staged copies (`stream_copy`: 53 GB/s on 16 threads on the
-/// H200 host against 35 for `copy_from_slice`, whose `rep movsb` reads each line first).
+/// the non-temporal stores of the staged copies (`stream_copy`, faster than `copy_from_slice`,
+/// whose `rep movsb` reads each line first; bench/NOTES.md, staging stores).
 fn parallel_copy(src: &[u8], dst: &mut [u8], threads: usize) -> Result<()> {
     if src.len() != dst.len() {
         return Err(Error::LengthMismatch {

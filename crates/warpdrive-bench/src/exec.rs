@@ -324,8 +324,8 @@ fn launches(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
     // warpdrive's variants run first: the reference launches below put kernels on a second
     // stream, and once a process has run cuBLAS's large GEMMs (the ceilings suite did) and
     // kernels on two streams, the driver costs more per launch for the rest of the process
-    // (reproduced with raw driver calls and no warpdrive: +0.18 µs per graph node, +0.6 µs
-    // per eager launch). The programmatic graph is timed again after them to show it.
+    // (reproduced with raw driver calls and no warpdrive; bench/NOTES.md, kernel
+    // launches). The programmatic graph is timed again after them to show it.
     let probe = LaunchProbe::new(&s)?;
     let plain = LaunchConfig::linear(1, 32);
     let chained = LaunchConfig {

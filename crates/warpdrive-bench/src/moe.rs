@@ -16,8 +16,8 @@
 //!   `warpdrive` up to 16 tokens also carry `read_floor_us`: the time of one streaming read
 //!   of the same bytes (`ops::reduce_into` sum over memory that is not in L2) in the same
 //!   run, and `pct_of_read_floor` = that / median · 100. Streaming a few tens of MB does not
-//!   reach the copy ceiling (on the H200 a 50 MiB read takes ~20 µs, ~60% of it), so this is
-//!   the floor a pass that only read its weights would hit.
+//!   reach the copy ceiling (bench/NOTES.md, bench suites), so this is the floor a pass
+//!   that only read its weights would hit.
 //! - `router-permute` (size = tokens 1, 64, 256, 4096; the qwen3-30b-a3b shape): the router
 //!   logits, softmax/top-k and the permutation (counts, offsets, order) alone, replayed as a
 //!   captured graph as the layer runs them.

@@ -86,15 +86,12 @@ where
 /// `warmup` untimed rounds, each of `reps` rounds times every variant once, so a slow
 /// stretch of the machine lands on all of them rather than on whichever ran then; the
 /// rounds' orders ([`round_order`]) also give every variant every other one as its
-/// predecessor equally often (what one leaves in caches and pools may slow the next: under
-/// a plain rotation, where one variant always followed the same other, two variants
-/// running the same code came out up to 9% apart). Each round starts with an untimed run
-/// of its own first variant, so every variant follows itself once per round of rounds:
-/// otherwise the last of one round precedes the first of the next, pairs the rounds'
-/// orders leave unbalanced (with four variants, Auto followed the uncompressed upload twice
-/// as often as F16 did and measured 4-7% under F16 on F16's own code), and a fixed variant
-/// run there instead favours whichever it slows least (after the driver's pageable copy a
-/// download into fresh memory ran up to 18% slower). Returns µs per rep for each variant.
+/// predecessor equally often (what one leaves in caches and pools may slow the next). Each
+/// round starts with an untimed run of its own first variant, so every variant follows
+/// itself once per round of rounds: otherwise the last of one round precedes the first of
+/// the next, pairs the rounds' orders leave unbalanced, and a fixed variant run there
+/// instead favours whichever it slows least (bench/NOTES.md, bench sampling). Returns µs per
+/// rep for each variant.
 pub fn time_host_rounds<F>(
     warmup: usize,
     reps: usize,

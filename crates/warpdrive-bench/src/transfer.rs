@@ -50,8 +50,8 @@ fn sizes(scale: Scale) -> Vec<usize> {
         .collect()
 }
 
-/// Samples per variant: 9 from 256 MiB (with 5, a 1 GiB upload's p10 and p90 lay 12% apart
-/// on the H200 host); the peer script takes as many.
+/// Samples per variant: 9 from 256 MiB (5 left a 1 GiB upload's p10 and p90 far apart;
+/// bench/NOTES.md, bench sampling); the peer script takes as many.
 fn reps(bytes: usize) -> usize {
     if bytes >= 256 * MIB {
         9
@@ -317,9 +317,8 @@ fn compressed(ctx: &mut Ctx) -> Result<()> {
         ];
         // In rounds: Auto is judged against the best of the others within a few percent,
         // closer than this host drifts between blocks of reps (and than the medians of 10
-        // rounds agreed: Auto as f16 and plain f16 up to 8% apart). Up to 64 MiB the
-        // compressed uploads spread widely (p10-p90 45-68 GB/s at 64 MiB on the H200 host,
-        // and 20 rounds put Auto and F16, the same path, 11% apart), so 60 rounds there.
+        // rounds agreed). Up to 64 MiB the compressed uploads spread widely, so 60 rounds
+        // there (bench/NOTES.md, bench sampling).
         let rounds = if bytes <= 64 * MIB { 60 } else { 20 };
         let mut samples = time_host_rounds(1, reps(bytes).max(rounds), variants.len(), |i| {
             transfer::upload_f32(&s, &mut dev, &host, variants[i].1)

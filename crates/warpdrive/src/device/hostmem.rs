@@ -1,8 +1,8 @@
 //! Filling fresh host memory fast. A copy into just-allocated memory is bound by its page
-//! faults (one per 4 KiB page, about 1.5 GB/s per thread), and `vec![0; n]` adds a zeroing
-//! pass on one thread where the allocator recycles memory. [`FreshVec`] grows a `Vec` in
-//! place without zeroing it first, on the copy threads (each faulting the pages it writes),
-//! and asks for transparent huge pages on large allocations (one fault per 2 MiB).
+//! faults (one per 4 KiB page), and `vec![0; n]` adds a zeroing pass on one thread where
+//! the allocator recycles memory. [`FreshVec`] grows a `Vec` in place without zeroing it
+//! first, on the copy threads (each faulting the pages it writes), and asks for transparent
+//! huge pages on large allocations (one fault per 2 MiB).
 
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -87,7 +87,7 @@ impl<T: Copy + Send + Sync> FreshVec<T> {
 
     /// Appends a copy of `src` on up to `threads` copy threads, each writing (and so
     /// faulting) whole pages of its own; on huge pages each first populates its piece in
-    /// one call (measured 5–25% faster on the H200 host than faulting while copying).
+    /// one call (faster than faulting while copying; bench/NOTES.md, fresh memory).
     pub fn extend_par(&mut self, workers: &Workers, threads: usize, src: &[T]) -> Result<()> {
         self.check_room(src.len())?;
         let huge = self.align == HUGE_PAGE;
@@ -262,9 +262,8 @@ fn advise_huge_pages<T>(mem: &mut [MaybeUninit<T>]) {
 /// each destination cache line is written whole without first being read, so a large copy
 /// moves its bytes through host memory twice instead of three times and leaves the cache to
 /// others. For copies whose destination is read next by a DMA engine or not soon (staging
-/// blocks, large downloads): on the H200 host, 1 GiB on 16 threads ran at 53 GB/s against
-/// 35 for `copy_from_slice`, and staged uploads at 42-45 GB/s against 34-38. Ends with a
-/// store fence, so the bytes are visible to every agent once it returns.
+/// blocks, large downloads; bench/NOTES.md, staging stores). Ends with a store fence, so
+/// the bytes are visible to every agent once it returns.
 pub fn stream_copy<T: Copy>(dst: &mut [T], src: &[T]) {
     let n = std::mem::size_of_val(dst).min(std::mem::size_of_val(src));
     let (d, s) = (dst.as_mut_ptr().cast::<u8>(), src.as_ptr().cast::<u8>());
@@ -303,9 +302,9 @@ pub fn stream_copy<T: Copy>(dst: &mut [T], src: &[T]) {
 /// last-level cache (`cldemote`, a hint: a no-op on CPUs without it, whose encoding is a
 /// NOP there), where another agent reads them without asking this core for them. For a
 /// staging block the DMA engine reads next: written with plain stores, its lines sit
-/// modified in the writing core's L2, and the engine's reads of them ran at 22-45 GB/s on
-/// the H200 host; demoted, the same 32 MiB ring fed uploads at 47-51 GB/s, past
-/// non-temporal stores (41-48), which send every line to memory and back.
+/// modified in the writing core's L2, where the engine reads them slowly; demoted, the ring
+/// feeds uploads faster than non-temporal stores, which send every line to memory and back
+/// (bench/NOTES.md, staging stores).
 pub fn demote_lines<T>(mem: &[T]) {
     #[cfg(target_arch = "x86_64")]
     {

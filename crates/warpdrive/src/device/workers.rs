@@ -72,10 +72,9 @@ struct Shared {
 
 /// A copy thread's parking place. Sleepers are unparked one by one (a condition variable's
 /// `notify_all` woke them in a chain, each woken thread taking the lock before the next
-/// one woke: on the H200 host, after 5 ms idle, the k-th of 16 threads joined a job ~60 µs
-/// after the (k-1)-th), and the waking is shared: the poster unparks one and starts on the
-/// job, each thread that joins unparks more ([`pass_wakes`]). On an H100 VM the poster's
-/// 15 unparks took 45-90 µs before it took its first part (bench/NOTES.md).
+/// one woke), and the waking is shared: the poster unparks one and starts on the job, each
+/// thread that joins unparks more ([`pass_wakes`]), so the poster does not spend its start
+/// unparking every sleeper (bench/NOTES.md, copy-thread wake-ups).
 #[derive(Default)]
 struct Sleeper {
     thread: OnceLock<Thread>,
@@ -276,8 +275,8 @@ impl Workers {
             Ticket::new(generation & 0xffff_ffff, parts).0,
             Ordering::SeqCst,
         );
-        // Wakes as many sleepers as there are parts besides the caller's (waking all 15
-        // for a two-part copy made a 256 KiB upload 13 µs slower on the H200 host).
+        // Wakes as many sleepers as there are parts besides the caller's: waking all of them
+        // for a two-part copy slowed small uploads (bench/NOTES.md, copy-thread wake-ups).
         wake(shared, parts - 1);
         {
             let _finish = Finish(shared);
@@ -425,8 +424,7 @@ impl Drop for PartDone<'_> {
 
 /// How long an idle worker keeps looking for the next job before it sleeps: jobs often
 /// come in quick succession (chunk after chunk, a DMA apart), and waking a sleeping thread
-/// costs tens of µs (on the H200 host a job of 16 empty parts took 80 µs while the workers
-/// took turns on one lock and slept between jobs). It yields now and then while looking,
+/// costs tens of µs (bench/NOTES.md, copy-thread wake-ups). It yields now and then while looking,
 /// so runnable threads keep their CPUs.
 const SPIN: Duration = Duration::from_micros(250);
 

@@ -28,8 +28,8 @@ pub struct LaunchConfig {
     /// A programmatic dependent launch on Hopper and later (a plain launch before): the
     /// kernel may start while the stream's previous kernel finishes, so it must execute
     /// `wait_prior_grid()` (prelude.cu) before touching anything earlier work writes or
-    /// reads. In a captured graph this becomes a programmatic edge (measured on the H200:
-    /// 0.41 instead of 0.61 µs per node for a graph of one-element fills).
+    /// reads. In a captured graph this becomes a programmatic edge, cheaper per node than a
+    /// full dependency (bench/NOTES.md, kernel launches).
     pub programmatic: bool,
 }
 

@@ -33,10 +33,8 @@ pub const FILE_VERSION: u32 = 1;
 /// Timed runs per candidate at least (after one warm-up run); the median is kept.
 pub const TUNE_REPS: usize = 5;
 /// Timed runs per candidate at most: quick candidates get more rounds, up to about
-/// [`TUNE_BUDGET_S`] of timing, since their medians drift more between few runs (host-bound
-/// copies of a few MiB: 5 rounds picked bf16 where f16 ran 7% faster, and 25 rounds did
-/// again, with f16 6% faster over the bench's 60: 0.36 ms a round at 4 MiB, so 101 rounds
-/// take 36 ms once).
+/// [`TUNE_BUDGET_S`] of timing, since their medians drift more between few runs (few rounds
+/// picked the slower of two compressions; bench/NOTES.md, autotuning).
 pub const TUNE_REPS_MAX: usize = 101;
 /// The timing a tuning aims for (seconds), as measured by the warm-up round: a tuning runs
 /// once per device, kernel and size bucket and is kept, so a pick made on a noisy stretch

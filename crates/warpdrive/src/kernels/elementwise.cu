@@ -118,8 +118,8 @@ __device__ __forceinline__ u32 widen_vec(const Vec<f16, 4>& v, float* __restrict
     return infs_in_pair(v.raw.x) + infs_in_pair(v.raw.y);
 }
 // The f16 -> f32 map's own access pattern (8-byte loads, 16-byte stores, UNROLL in flight,
-// the same grid): with 16-byte loads of eight halves and half the blocks it ran 50 µs
-// against the cast's 33 at 64 MiB of f32 (H200).
+// the same grid): 16-byte loads of eight halves with half the blocks ran well behind the
+// cast (bench/NOTES.md, compressed transfers).
 extern "C" __global__ void __launch_bounds__(256) widen_f16_flag_inf(const f16* __restrict__ x, float* __restrict__ y, u64 n, volatile u32* any_inf) {
     constexpr int W = 4;
     const u64 stride = (u64)gridDim.x * blockDim.x;

@@ -9,7 +9,7 @@
 // counters instead of kernel boundaries: separate kernels cost a ramp of the memory stream
 // each and the tail of the one before. (A first version streamed through a ring of bulk
 // copies into shared memory: its per-stage block barriers left the warps issuing one
-// instruction in 15 cycles, qwen3 49 µs against 36 for the separate kernels.)
+// instruction in 15 cycles, slower than the separate kernels; bench/NOTES.md, MoE decode.)
 //   (1) x into shared memory; the gate's rows as (expert, K segment) tasks over the warps,
 // partial logits to global; every block arrives at counter 0. (2) Every block waits for all
 // and routes the token itself (the segments summed in order, softmax top-k). (3) Gate/up:

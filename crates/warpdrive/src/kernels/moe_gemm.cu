@@ -242,19 +242,11 @@ __device__ void moe_gemm_staged(const MoeGemm& p) {
 
 // (MT m16 tiles, NG n8 groups per warp, U k-steps of loads in flight, LATE_A, blocks per SM):
 // two resident blocks keep 16 warps' loads in flight per SM for the decode tiles, each 8
-// steps of W deep (LATE_A; with GemmShape's one wave, against 4 steps with A held: qwen3 1
-// token 44.5 → 37.8 µs per forward, its gate/up GEMM 24.6 → 19.6 µs on the H200). The middle
-// tile (2 m16 tiles, two blocks per SM) keeps 3 steps in flight with A held (per forward on
-// the H200 against 2 steps: qwen3 256 tokens 406 → 382 µs, deepseek 256 666 → 632, gpt-oss
-// 256 893 → 839, mixtral 64 833 → 794; 4 or 6 steps with A late no better overall). The
-// prefill tile used to be this kernel with 4 m16 tiles × 4 groups per warp (one block per SM
-// by registers, each warp stalled on its own loads): the staged tile took mixtral 256 tokens
-// from 1685 to 1190 µs per forward in the moe suite on the H200. Measured against it there
-// (per CLI forward, mixtral 256 tokens): 3 stages +1%, 5 stages (one block per SM) +25%,
-// 64 × 256 tiles of 32 × 64 per warp (one block per SM by registers) +6%, 128 × 128 tiles of
-// 16 warps (each expert's rows in one tile, W read once) +2%; ncu there: the gate/up GEMM at
-// 86% of L2 throughput (A re-read by every column block, tail tiles' W from L2), the down
-// projection's second wave only partly full.
+// steps of W deep (LATE_A; faster than 4 steps with A held). The middle tile (2 m16 tiles,
+// two blocks per SM) keeps 3 steps in flight with A held (faster than 2; 4 or 6 steps with A
+// late no better overall). The prefill tile used to be this kernel with 4 m16 tiles × 4
+// groups per warp (one block per SM by registers, each warp stalled on its own loads); the
+// staged tile replaced it. The variants measured: bench/NOTES.md, MoE grouped GEMM.
 #define MOE_GEMM(T, MT, NG, U, LATE_A, B) \
     extern "C" __global__ void __launch_bounds__(256, B) moe_gemm_##T##_m##MT(MoeGemm p) { moe_gemm<T, MT, NG, U, LATE_A>(p); }
 MOE_GEMM(bf16, 1, 2, 8, true, 2)
@@ -263,10 +255,8 @@ MOE_GEMM(f16, 1, 2, 8, true, 2)
 MOE_GEMM(f16, 2, 2, 3, false, 2)
 // The prefill tiles: m4 = 64 rows (2 m16 tiles per warp, 96 KB of shared memory), m6 = 96
 // rows (3 per warp, 112 KB), two blocks per SM either way. Where experts average over 32
-// rows the 96-row tile holds most experts whole, so fewer tail tiles read the weights again:
-// on the H200, per CLI forward, mixtral 256 tokens 1058 → 773 µs (its down
-// projection 417 → 262), qwen3 1024 (device path) 528 → 474; deepseek / gpt-oss 1024 (32
-// rows on average) 1% / 0.4% slower than with m4.
+// rows the 96-row tile holds most experts whole, so fewer tail tiles read the weights again
+// (bench/NOTES.md, MoE grouped GEMM).
 #define MOE_GEMM_STAGED(T, NAME, MT) \
     extern "C" __global__ void __launch_bounds__(256, 2) moe_gemm_##T##_##NAME(MoeGemm p) { moe_gemm_staged<T, MT, 4, 4, 4>(p); }
 MOE_GEMM_STAGED(bf16, m4, 2)

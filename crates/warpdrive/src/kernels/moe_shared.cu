@@ -253,7 +253,7 @@ __device__ __forceinline__ float moe_silu(float g) { return g / (1.0f + __expf(-
 // the traffic) only the W loads of the U steps are in flight together and each step's A
 // fragment is loaded just before its MMAs (an L1 hit after the block's first warp): the
 // registers that held A hold twice as many W loads. (Double-buffering the W loads in halves
-// measured no faster on the H200.)
+// was no faster.)
 template <typename T, int MT, int NG, int U, bool LATE_A = false>
 __device__ __forceinline__ void moe_mma_range(float (&acc)[MT][NG][4], const T* const (&a_ptr)[MT][2],
                                               const T* const (&w_ptr)[NG], u32 k_begin, u32 k_end,

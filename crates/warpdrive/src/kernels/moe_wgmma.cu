@@ -183,11 +183,8 @@ __device__ void moe_gemm_wgmma(const MoeGemm& p) {
 #define MOE_GEMM_WGMMA(T, NAME, MT) \
     extern "C" __global__ void __launch_bounds__(256, 2) moe_gemm_##T##_##NAME##w(MoeGemm p) { moe_gemm_wgmma<T, MT, 4>(p); }
 // Two blocks per SM at either size (m6: 112 KB of stages + 1 KB to align them, no static
-// shared memory). Against the mma.sync staged tiles on the H200 (CLI forward, device path):
-// mixtral 256 tokens 733.5 vs 890.4 µs over 3000 back-to-back passes (the mma.sync tile ran
-// at the 700 W power cap, SM clock ~1700 MHz), qwen3 1024 418.6 vs 470.1, mixtral 1024 1965
-// vs 2609; and, taking over from the decode and middle tiles at 2 rows per expert, gpt-oss
-// 256 1852 → 1519, deepseek 256 916 → 789.
+// shared memory). Faster than the mma.sync staged tiles, and than the decode and middle
+// tiles from 2 rows per expert (bench/NOTES.md, MoE grouped GEMM).
 MOE_GEMM_WGMMA(bf16, m4, 2)
 MOE_GEMM_WGMMA(bf16, m6, 3)
 MOE_GEMM_WGMMA(f16, m4, 2)

@@ -350,8 +350,8 @@ impl<T: DType> PinnedBuf<T> {
     /// Records that work enqueued on `stream` so far uses the buffer: host access and reuse
     /// wait for it. Uses already finished are forgotten first, so a block that a download
     /// reuses chunk after chunk holds one or two events, not one per chunk so far (every
-    /// host view waited on each of them: at 1 MiB chunks a 256 MiB staged download ran at
-    /// 7 GB/s on the H200 host).
+    /// host view waited on each of them, which slowed chunked downloads several-fold;
+    /// bench/NOTES.md, staging ring).
     pub(crate) fn record_use(&mut self, stream: &Stream) -> Result<()> {
         let mut done = Vec::new();
         let mut i = 0;

@@ -7,10 +7,9 @@
 //! fills its ring slot, each part waits for its chunk's DMA and copies out, and the thread
 //! that copies a chunk's last part enqueues the DMA of the chunk that reuses the slot. No
 //! thread waits for the others at a chunk's end, so a slow thread holds back one chunk
-//! rather than every thread, and the link is fed while the threads keep copying: on the
-//! H200 host a fork/join per 4 MiB chunk uploaded 38-44 GB/s, this 40-51 (a copy on 16
-//! threads and the DMA engine together move 52 + 53 GB/s there, so the barrier, not host
-//! memory, was the limit). Parts are small at the start and the end ([`Grid`]'s ramp), so
+//! rather than every thread, and the link is fed while the threads keep copying (the
+//! per-chunk barrier, not host memory, limited the fork/join copy this replaced; see
+//! bench/NOTES.md, staging ring). Parts are small at the start and the end ([`Grid`]'s ramp), so
 //! the first DMA (upload) or copy-out (download) starts after a little of the copy that
 //! every thread helps with.
 //!
@@ -89,9 +88,8 @@ fn align_elems(align: usize, size: usize) -> usize {
 }
 
 /// Ramp chunks at each end of a ring copy, as fractions of a chunk: 1/32 to 1/2. After the
-/// copy threads idled, the caller writes most of the first chunk alone while they wake
-/// (they joined 33-100 us into a 64 MiB upload on the H200 host, whose first 512 KiB chunk
-/// went out at 80-110 us against 35-45 back-to-back).
+/// copy threads idled, the caller writes most of the first chunk alone while they wake, so
+/// a small first chunk starts the DMA engine sooner (bench/NOTES.md, staging ring).
 const RAMP: [u32; 5] = [5, 4, 3, 2, 1];
 
 impl Grid {
@@ -355,8 +353,8 @@ fn spin_until(failed: &AtomicBool, done: impl Fn() -> bool) -> bool {
 /// Waits for `event` (recorded) to complete, whose state `landed` holds, running `then` before
 /// marking it landed; false when `failed` is set first. One thread asks the driver and the
 /// others watch for its answer: a driver call per part took turns on the driver's lock with
-/// the thread enqueueing DMAs (64 KiB parts, 64 waits a 4 MiB chunk, made uploads run at 28
-/// GB/s on the H200 host instead of 51).
+/// the thread enqueueing DMAs, and small parts made uploads run at about half speed
+/// (bench/NOTES.md, staging ring).
 fn wait_event_once(
     landed: &AtomicU8,
     failed: &AtomicBool,
@@ -412,8 +410,8 @@ impl Drop for FailOnPanic<'_> {
 /// flight at once in practice, so the sender seldom waits for one to come free.
 const FEED_EVENTS: usize = 32;
 
-/// Engine time each DMA costs besides its bytes: on the H200 host one 64 MiB pinned DMA took
-/// 1214 µs, as 16 DMAs 1256 and as 64 1386 (2.7 µs each).
+/// Engine time each DMA costs besides its bytes, from one large pinned DMA timed against
+/// the same bytes as many (bench/NOTES.md, staging ring).
 const DMA_COST: Duration = Duration::from_micros(3);
 
 /// How long before the DMA engine is due to run dry a thread finishing a part sends what
@@ -426,7 +424,7 @@ const DRY_SLACK: Duration = Duration::from_micros(10);
 /// to run dry (predicted from the bytes sent and the link's rate) and a ramp chunk's worth is
 /// ready, or when a thread needs the ring room it holds. So the engine starts after the
 /// first few parts and is kept fed, in DMAs that grow when the copy runs ahead of the link
-/// (each costs the engine ~3 µs): a fixed schedule of chunks either left it idle while the
+/// (each costs the engine [`DMA_COST`]): a fixed schedule of chunks either left it idle while the
 /// next, larger chunk was written or sent many small ones.
 struct Feed<'g> {
     grid: &'g Grid,
@@ -725,8 +723,8 @@ pub(crate) fn ring_download<T: DType, D: Send>(
     let (slots, dev_base) = (ring.slots(), src.device_ptr());
     let flow = Flow::new(&grid);
     // The first chunk of each slot goes out as the threads reach it (one chunk ahead), not
-    // all before they start: each DMA and its event take several µs to enqueue (16 of
-    // them held the threads back 130 µs on the H200 host, with fresh pages to fault).
+    // all before they start: each DMA and its event take several µs to enqueue, and
+    // enqueueing them all first held the threads back (bench/NOTES.md, staging ring).
     let primed = AtomicUsize::new(0);
     let prime = |upto: usize| -> Result<()> {
         let upto = upto.min(slots - 1);

@@ -8,18 +8,14 @@ use super::plan::{m_tiles, Gpu, GEMM_MAX_SPLITS};
 pub const GRAPH_MAX_TOKENS: usize = 256;
 /// The cuBLAS path runs each projection as one `cublasGemmGroupedBatchedEx` call when the
 /// average routed expert's gate/up GEMM does fewer FLOPs than this, else one `cublasGemmEx`
-/// per expert. Measured on the H200 (forward µs, per-expert calls → grouped): qwen3 at 4096
-/// tokens 2161 → 1486 (1.6 GFLOP per expert), deepseek 4096 3196 → 2315 (0.9), gpt-oss 1024
-/// 1326 → 1098 (1.1); but gpt-oss 4096 2119 → 3402 (4.2) and mixtral 1024 1360 → 3028 (60):
-/// the grouped kernels lose to cuBLAS's per-shape choice once each GEMM is large.
+/// per expert: the grouped kernels win on many small GEMMs and lose to cuBLAS's per-shape
+/// choice once each GEMM is large (bench/NOTES.md, MoE paths).
 pub const CUBLAS_GROUPED_MAX_FLOPS: f64 = 2.5e9;
 /// Above [`GRAPH_MAX_TOKENS`] tokens, [`MoePath::Auto`] runs the experts through cuBLAS when
 /// the average expert's gate/up GEMM (its expected share of the routed rows) does more FLOPs
-/// than this, else the device kernels (eagerly, still without a host sync). Forward µs on the
-/// H200, device (wgmma) vs cuBLAS: mixtral 512 1241 vs 993 (30 GFLOP per expert), 1024 1936
-/// vs 1429 (60); but qwen3 1024 425 vs 558 (0.4), 4096 1184 vs 1497 (1.6), gpt-oss 1024 1614
-/// vs 1841 (1.1), 4096 3302 vs 3386 (4.2), deepseek 1024 1011 vs 1078 (0.2), 4096 2552 vs
-/// 2478 (0.9).
+/// than this, else the device kernels (eagerly, still without a host sync): the device
+/// kernels win up to a few GFLOP per expert, cuBLAS on large experts (bench/NOTES.md, MoE
+/// paths).
 pub const AUTO_CUBLAS_MIN_FLOPS: f64 = 8e9;
 
 /// [`MoePath::Auto`]'s choice of the cuBLAS path for `tokens` tokens.
@@ -330,9 +326,8 @@ impl GemmShape {
         let n_blocks = n.div_ceil(bn);
         // The work list holds `busy` experts' first tiles plus one per further full tile of
         // rows: from twice as many items, most experts take several tiles that stream the
-        // same weights, so those run side by side and all but the first read from L2 (on
-        // the H200, mixtral 256 tokens 2003 → 1802 µs per forward; item by item stays faster
-        // where most experts take one tile: qwen3 64 tokens 253.6 vs 262.2).
+        // same weights, so those run side by side and all but the first read from L2; item
+        // by item stays faster where most experts take one tile (bench/NOTES.md, MoE paths).
         let items_fastest = items >= 2 * busy;
         // At most one wave of blocks (two per SM) over the tiles likely to be busy, each
         // split at least `min_depth` deep, so that a few experts still stream their weights
@@ -410,8 +405,8 @@ impl RouterShape {
             _ => 4,
         };
         // Up to 64 tokens over at most 128 experts, a cluster per row tile passes the logits
-        // through shared memory instead of L2 and a ticket (on the H200, the qwen3 router
-        // and dispatch at 1 / 64 tokens: 9.4 / 11.4 → 8.0 / 9.7 µs per graph replay).
+        // through shared memory instead of L2 and a ticket, which is faster (bench/NOTES.md,
+        // MoE paths).
         let cluster = clusters
             && mt == 1
             && fused_route(c)
@@ -468,11 +463,11 @@ pub(super) struct DecodeShape {
 impl DecodeShape {
     /// The shape for `tokens` tokens, or None where the decode kernel does not apply: more
     /// than one token, one routed row per expert that the staged wgmma tile takes (deep
-    /// experts on Hopper: there the split kernels were faster — gpt-oss 66.0 vs 70.9 µs,
-    /// mixtral 175 vs 213 on the H200 — where the decode kernel's warps, each summing whole
-    /// rows of a few KB, keep too few bytes in flight), a router the kernel does not run (it
-    /// routes by Softmax over at most [`ROUTER_ROUTES_MAX`] experts), top-k above
-    /// [`DECODE_MAX_K`], or x and the k act rows (f32) beyond a block's shared memory.
+    /// experts on Hopper, where the split kernels were faster: the decode kernel's warps,
+    /// each summing whole rows of a few KB, keep too few bytes in flight; bench/NOTES.md,
+    /// MoE decode), a router the kernel does not run (it routes by Softmax over at most
+    /// [`ROUTER_ROUTES_MAX`] experts), top-k above [`DECODE_MAX_K`], or x and the k act rows
+    /// (f32) beyond a block's shared memory.
     pub(super) fn new(c: &MoeConfig, tokens: usize, gpu: Gpu) -> Option<Self> {
         if !gpu.decode
             || tokens != 1
@@ -487,8 +482,8 @@ impl DecodeShape {
             return None;
         }
         let warps = gpu.sms * DECODE_BLOCKS_PER_SM * (DECODE_BLOCK as usize / 32);
-        // About one task per warp, each at least one 16-byte chunk per lane (qwen3's router
-        // at one row per warp, 8 loads per lane, took 3.1 µs; in 8 segments 2.0).
+        // About one task per warp, each at least one 16-byte chunk per lane (segments beat
+        // one row per warp on qwen3's router; bench/NOTES.md, MoE decode).
         let router_segs = (warps / c.experts)
             .min(c.hidden / (8 * 32))
             .clamp(1, DECODE_MAX_SEGS);

@@ -27,8 +27,8 @@
 //! (`moe_decode_*`, [`MoeLayer::set_decode_kernel`]): its warps compute the router logits,
 //! every block routes the token itself, then the warps stream the chosen experts' gate/up
 //! rows and down rows straight from global memory, the phases meeting at grid counters
-//! (a cooperative launch) instead of kernel boundaries. In the `moe` suite on the H200 (µs,
-//! separate kernels → decode kernel): qwen3 38.2 → 33.2, deepseek-slice 40.5 → 38.6.
+//! (a cooperative launch) instead of kernel boundaries, which is faster than the separate
+//! kernels (bench/NOTES.md, MoE decode).
 //!
 //! On Hopper the grouped GEMMs and the combine are programmatic dependent launches: each
 //! starts while the kernel before it finishes and waits (`griddepcontrol.wait`) before it

@@ -75,17 +75,14 @@ pub(super) struct Plan {
 /// m16 tiles per block for groups of `rows` rows on average: the busiest groups hold
 /// about twice the average, and each extra tile of a group streams its weights again (above
 /// 32 rows on average the 96-row tile holds most groups whole — mixtral at 256 tokens puts
-/// 54–72 rows on each expert — where 64-row tiles left tail tiles: on the H200, 1058 → 773 µs
-/// per forward).
+/// 54–72 rows on each expert — where 64-row tiles left tail tiles; bench/NOTES.md, MoE
+/// grouped GEMM).
 ///
 /// With `wgmma` the staged 64-row tile (its MMAs cover only the live rows, its 4-stage ring
 /// keeps more weight bytes in flight than the decode tiles' register fragments) replaces
 /// the decode and middle tiles from 2 rows per expert, and at 1 row where the experts'
-/// `intermediate` depth keeps the ring busy. Forward µs on the H200, decode / middle tile →
-/// staged: qwen3 256 tokens (16 rows) 388 → 329, deepseek 256 (8) 916 → 789, gpt-oss 256
-/// (8) 1852 → 1519, mixtral 64 (16) 815 → 683, gpt-oss 64 (2) 1386 → 1277, mixtral 8 (2) 473
-/// → 439; at 1 row mixtral (14336) 195 → 180.5, gpt-oss 16 tokens (2880) 649 → 601, but
-/// deepseek (256) 38.8 → 42.0 and qwen3 (768) 35.6 → 36.1.
+/// `intermediate` depth keeps the ring busy (at 1 row it lost on shallow experts;
+/// bench/NOTES.md, MoE grouped GEMM).
 pub(super) fn m_tiles(rows: usize, wgmma: bool, intermediate: usize) -> usize {
     match rows {
         0..=1 if wgmma && intermediate >= WGMMA_ONE_ROW_MIN_INTERMEDIATE => 4,

@@ -230,7 +230,7 @@ pub fn cast<I: Float, O: Float>(stream: &Stream, x: &Buffer<I>, y: &mut Buffer<O
 /// f16 on the host is checked for overflow on the device instead of by another host pass
 /// (`transfer::Compression::Auto`). Waiting here, not recording an event for the flag,
 /// keeps the check within about a microsecond of the plain cast (an event on the flag
-/// block cost 3.5 us a call on the H200 host, 4% of a 4 MiB upload).
+/// block cost more; bench/NOTES.md, compressed transfers).
 pub fn widen_f16_checking_inf(
     stream: &Stream,
     x: &Buffer<f16>,

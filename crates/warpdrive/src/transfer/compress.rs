@@ -45,8 +45,8 @@ pub enum Compression {
     /// [`BF16_REL_ERROR`] relative or [`F16_ABS_ERROR`] absolute. The device flags an
     /// infinity while it widens (into pinned memory the host reads without a copy back) and
     /// the host looks at the source only when there is one, so the check costs the host
-    /// nothing (a host-side check added about a fifth to the narrowing work: 0.93-0.95 of
-    /// plain `F16` at 16 MiB on the H200 host). Downloads pick `None` or `Bf16` (their
+    /// nothing (a host-side check added about a fifth to the narrowing work; bench/NOTES.md,
+    /// compressed transfers). Downloads pick `None` or `Bf16` (their
     /// narrowing runs on the device, unchecked).
     Auto,
 }

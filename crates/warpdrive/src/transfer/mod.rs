@@ -83,9 +83,8 @@ pub enum StagingStores {
     #[default]
     NonTemporal,
     /// Plain stores, then each line pushed to the shared last-level cache (`demote_copy`):
-    /// the DMA engine reads the staging ring from the cache. On the H200 host, with a 32
-    /// MiB ring, uploads ran 47 / 50 / 51 GB/s at 64 MiB / 256 MiB / 1 GiB against 45 / 46
-    /// / 48 non-temporal (and 23-50 with plain stores left in the writing cores' caches).
+    /// the DMA engine reads the staging ring from the cache (faster than non-temporal stores
+    /// where the CPU has `cldemote`; bench/NOTES.md, staging stores).
     Demoted,
 }
 
@@ -121,11 +120,8 @@ pub enum Direction {
 static OVERRIDE: Mutex<Option<TransferConfig>> = Mutex::new(None);
 static TUNED: Mutex<Option<HashMap<(String, Direction), TransferConfig>>> = Mutex::new(None);
 /// Bytes of pinned ring an upload keeps in flight (`depth` chunks of `chunk_bytes`; a chunk is
-/// an upload's longest DMA). On the H200 host, with demoted stores and one driver query per
-/// chunk, a 16 MiB ring uploaded 64 MiB in 1420-1454 us (1587-1611 after the driver's own
-/// copy) and 256 MiB in 5203-5455, a 32 MiB one in 1444-1520 (1632-1733) and 5442-6067, 64
-/// MiB in 1682 and 5756: the smaller ring stays in the shared cache, where the DMA engine
-/// reads it. (When every part asked the driver for its slot's event, 32 MiB was fastest.)
+/// an upload's longest DMA): a 16 MiB ring stays in the shared last-level cache, where the
+/// DMA engine reads it, and beat 32 and 64 MiB ones (bench/NOTES.md, staging ring).
 const UPLOAD_RING: usize = 16 * MIB;
 
 /// The upload size the two kinds of staging store are compared at (see [`tune`]).
@@ -137,15 +133,13 @@ const COPY_TUNE_BUDGET_S: f64 = 1.0;
 
 /// Bytes of staging blocks a download keeps in flight: a block is refilled only once all
 /// of its chunk is copied out, so the ring must hold the DMA's lead as well as the chunks
-/// being copied. On the H200 host three 16 MiB blocks downloaded 37-46 GB/s, 48-96 MiB
-/// rings of 4-8 MiB blocks 50-54 (and `to_host` 24-41 against 40-49).
+/// being copied: 48-96 MiB rings of 4-8 MiB blocks beat three 16 MiB blocks
+/// (bench/NOTES.md, staging ring).
 const DOWNLOAD_RING: usize = 64 * MIB;
 
 /// The most bytes a copy thread takes at a time in a staged copy (its part of a chunk;
-/// copies into fresh memory take whole 2 MiB regions). On the H200 host, uploads of 256
-/// MiB with demoted stores ran 50.5 GB/s with 128 KiB parts against 48.5-49.3 with 256 KiB
-/// (and as fast or faster at 64 MiB); smaller parts were faster still at 256 MiB (32 KiB:
-/// 51.9-52.4) but slower at 64 MiB after the driver's own copy (37-41 against 42-44).
+/// copies into fresh memory take whole 2 MiB regions): 128 KiB beat 256 KiB, and smaller
+/// parts lost at 64 MiB after the driver's own copy (bench/NOTES.md, staging ring).
 const RING_PART: usize = 128 * KIB;
 
 /// Uses `config` for every later copy (instead of the tuned one); `None` goes back to tuning.
@@ -185,10 +179,10 @@ pub fn config(stream: &Stream, dir: Direction) -> Result<TransferConfig> {
 
 /// Host memory for timing copies of `window` bytes: whole windows spanning twice the CPU's
 /// last-level cache (at least two), so each timed copy's host side comes from memory, as a
-/// large copy's does (on the H200 host, 300 MB of L3, a cache-resident source made 4 copy
-/// threads look as fast as 16 at 64 MiB, 46 GB/s, and the 4 chosen then ran 23-28 GB/s on
-/// copies from memory). Written on every copy thread: untouched pages would all read as
-/// the kernel's one shared zero page (always cached) and fault inside the timings.
+/// large copy's does (a cache-resident source made 4 copy threads look as fast as 16, and
+/// the 4 chosen then ran at half speed from memory; bench/NOTES.md, copy tune). Written on
+/// every copy thread: untouched pages would all read as the kernel's one shared zero page
+/// (always cached) and fault inside the timings.
 fn tune_host(stream: &Stream, window: usize) -> Result<Vec<u8>> {
     let llc = crate::device::sysfs::last_level_cache_bytes(std::path::Path::new("/sys"));
     let mut host = vec![0u8; tune_windows(llc.unwrap_or(0), window) * window];
@@ -204,8 +198,7 @@ fn tune_host(stream: &Stream, window: usize) -> Result<Vec<u8>> {
 /// device and direction; the winners are kept in the autotune cache). Uploads tune each
 /// kind of staging store apart, then time the two winners on a [`STORES_TUNE_BYTES`]
 /// upload: the demoted ring's lead grows with the copy (it goes round the ring more often),
-/// and at 64 MiB the two tied on one H200 VM while demoted stores ran 51 GB/s against 48
-/// at 1 GiB.
+/// so the two can tie at 64 MiB and differ at 1 GiB (bench/NOTES.md, copy tune).
 fn tune(stream: &Stream, dir: Direction) -> Result<TransferConfig> {
     let max_threads = workers(stream.device()).threads();
     // Each timed copy uses the next window of the host span, sized for the largest timing.
@@ -291,7 +284,7 @@ fn tune(stream: &Stream, dir: Direction) -> Result<TransferConfig> {
             Direction::D2h => staged_d2h(stream, &part, h, &best),
         })?;
         // A clear win only: these few timings drift by about a tenth on a busy host, and a
-        // staged copy chosen on noise ran at 0.81 of the driver's speed at 4 MiB (H200 host).
+        // staged copy chosen on noise ran slower than the driver's (bench/NOTES.md, copy tune).
         if staged * 1.1 >= direct {
             break;
         }
@@ -308,11 +301,9 @@ fn tune(stream: &Stream, dir: Direction) -> Result<TransferConfig> {
 /// `max_threads` the pool has (every one of them is a candidate): uploads 1, 2 and 4 MiB
 /// chunks (an upload's longest DMA), as many as fill [`UPLOAD_RING`], with either kind of
 /// staging store (which wins depends on the CPU: `cldemote` is a no-op where it is
-/// missing); downloads 4, 8 and 16 MiB chunks, as many as fill [`DOWNLOAD_RING`]. (Two 8
-/// MiB upload chunks won the tune on an H200 host, whose bench then uploaded 256 MiB at
-/// 49.0 GB/s; on another, 256 MiB took 5276 / 5405 us with them (back-to-back / after the
-/// driver's copy) against 5145 / 5230 with four 4 MiB ones: the copy waits for a whole 8
-/// MiB DMA to land before it may reuse its room.)
+/// missing); downloads 4, 8 and 16 MiB chunks, as many as fill [`DOWNLOAD_RING`]. (No 8
+/// MiB upload chunks: the copy waits for a whole 8 MiB DMA to land before it may reuse its
+/// room, and they lost to 4 MiB ones; bench/NOTES.md, copy tune.)
 fn tune_candidates(dir: Direction, max_threads: usize) -> Vec<TransferConfig> {
     let (chunks, stores): (&[usize], &[StagingStores]) = match dir {
         Direction::H2d => (
@@ -405,16 +396,15 @@ pub fn to_host<T: DType>(stream: &Stream, src: &Buffer<T>) -> Result<Vec<T>> {
     let workers = workers(stream.device());
     if bytes < cfg.direct_below {
         // One DMA into a pinned block while the fresh pages are faulted in, then a parallel
-        // copy (the driver's own copy, faulting as it writes, ran 0.95x its copy into
-        // touched pages at 256 KiB and 1 MiB on the H200 host).
+        // copy (the driver's own copy, faulting as it writes, ran slower than into touched
+        // pages; bench/NOTES.md, fresh memory).
         let Some(stage) = pinned_d2h(stream, src)? else {
             src.append_to_host(stream, &mut out)?;
             return Ok(out.into_vec());
         };
         // One faulting thread per 2 MiB: faults inside one 2 MiB region take turns on its
-        // page-table lock (H200 host: 1 MiB faulted and copied in 102 µs on 16 threads, 61
-        // on one; 4 MiB 456 against 209), separate regions fault in parallel (16 MiB: 847
-        // µs on 16 threads, 1135 on one).
+        // page-table lock, separate regions fault in parallel (bench/NOTES.md, fresh
+        // memory).
         let faulting = bytes.div_ceil(HUGE_PAGE).min(workers.threads());
         out.prefault(workers, faulting, src.len())?;
         out.extend_par(workers, workers.threads(), stage.as_slice()?)?;
@@ -454,10 +444,9 @@ const PINNED_H2D_FROM: usize = 64 * KIB;
 /// One DMA, without chunks: from [`PINNED_H2D_FROM`] through one pinned block from the pool
 /// (filled by this thread under [`ALWAYS_DIRECT`], by the copy threads from there), else
 /// the driver's pageable copy. The driver stages pageable copies through pinned memory of
-/// its own too, but took longer at 64 KiB on the H200 host (25.4 µs against 13.8 in one
-/// run, 14.2 against 12.7 in another); at 4-16 KiB it was as fast or 0.2-0.3 µs faster (it
-/// can carry a few KiB in its command stream). One thread's memcpy made the block the
-/// slower from 1 MiB (4 MiB: 475 µs against 330), hence the copy threads there.
+/// its own too, but took longer at 64 KiB; at 4-16 KiB it was as fast or slightly faster
+/// (it can carry a few KiB in its command stream). One thread's memcpy made the block the
+/// slower from 1 MiB, hence the copy threads there (bench/NOTES.md, small copies).
 fn direct_h2d<T: DType>(stream: &Stream, dst: &mut Buffer<T>, src: &[T]) -> Result<()> {
     let bytes = size_of_val(src);
     if !stream.device().is_cuda() || bytes < PINNED_H2D_FROM {
@@ -471,8 +460,7 @@ fn direct_h2d<T: DType>(stream: &Stream, dst: &mut Buffer<T>, src: &[T]) -> Resu
 
 /// The reverse of [`direct_h2d`] at every size: one DMA into a pinned block from the pool,
 /// read by this thread under [`ALWAYS_DIRECT`] and by the copy threads from there (the
-/// driver's copy against the pinned block on the H200 host: 4 KiB 8.2 / 6.8 µs and 7.2 /
-/// 6.7, 16 KiB 10.1 / 7.2, 64 KiB 21.6 / 16.3 and 16.0 / 10.3).
+/// pinned block beat the driver's copy from 4 KiB; bench/NOTES.md, small copies).
 fn direct_d2h<T: DType>(stream: &Stream, src: &Buffer<T>, dst: &mut [T]) -> Result<()> {
     let Some(stage) = pinned_d2h(stream, src)? else {
         return src.driver_copy_to_host(stream, dst);

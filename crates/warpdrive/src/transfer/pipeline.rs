@@ -160,15 +160,15 @@ impl Pipeline {
             let stager =
                 scope.spawn(move || self.stage(input, output, staged_tx, enqueued_rx, finished_tx));
             // Each finished chunk's stage events, read on this thread between its launches
-            // (four reads a chunk, about 5 µs each on the H200 host: 0.7 ms for 32 chunks,
-            // which on the staging thread sat on the slowest stage or after it).
+            // (four reads a chunk, several µs each, which on the staging thread sat on the
+            // slowest stage or after it; bench/NOTES.md, pipeline).
             let mut read = |events: [Event; 4]| read_intervals(t0, &events, &mut intervals);
             let mut enqueue_all = || -> Result<()> {
                 // Device buffers per in-flight slot, reused by every full chunk of that slot:
                 // slot k always runs on stream k % streams (the window is a multiple of the
                 // streams), so reuse is ordered on one stream. (A pair per chunk from the
-                // pool let one stream's allocation wait for another's free: the stages ran
-                // one after another, wall 1.6x the slowest.)
+                // pool let one stream's allocation wait for another's free, and the stages
+                // ran one after another; bench/NOTES.md, pipeline.)
                 let window = self.streams.len() * self.buffering;
                 let full = input.len() / self.chunk_len;
                 let mut slots = (0..window.min(full))
@@ -331,7 +331,7 @@ impl Pipeline {
             } else {
                 // Everything staged is with the calling thread: wait for it, spinning first
                 // (it enqueues within tens of µs; a sleeping thread takes about as long to
-                // wake on the H200 host).
+                // wake).
                 let t = Instant::now();
                 let got = recv_soon(&enqueued, RECV_SPIN);
                 wait_s += t.elapsed().as_secs_f64();
