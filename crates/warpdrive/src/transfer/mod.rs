@@ -16,8 +16,9 @@
 //!   single-DMA copies there are the backend's plain copy.
 //!   [`Buffer`]'s host copies (`from_host`, `copy_from_host`, `copy_to_host`, `to_host`) are
 //!   these functions, defined on this floor (`buffer.rs`: `memory` sits below it); the
-//!   driver's own copy stays as `Buffer::driver_copy_*`. [`to_host`] fills a fresh `Vec` never zeroed first,
-//!   all copy threads taking its page faults in parallel (huge pages from 32 MiB).
+//!   driver's own copy stays as `Buffer::driver_copy_*`. [`to_host`] fills a fresh `Vec`
+//!   never zeroed first, all copy threads taking its page faults in parallel (huge pages
+//!   from 32 MiB).
 //! - [`Batch`]: many small slices gathered (at upload, on the copy threads) into one pinned
 //!   block, one DMA, and a device offsets table; [`Packed::download`] is the reverse.
 //! - [`Pipeline`]: chunks streamed through N streams (H2D, user compute, D2H overlapping; a
