@@ -12,6 +12,10 @@
 //! - `host-copy-rate` (size = threads), `ceiling`: µs to copy 1 GiB between two touched host
 //!   buffers on the copy threads with the staged copies' non-temporal stores; `memcpy`: the
 //!   same with `copy_from_slice`, in interleaved rounds.
+//! - `h2d-bound` (size = bytes; CUDA only): `copy-with-dma`, the copy threads' host copy (the
+//!   tuned upload's thread count, `extra.threads`) while the DMA engine sends pinned memory on
+//!   another stream; `dma-with-copy`, those DMAs while the threads copy; `extra.bound_gbps`,
+//!   the slower of the two medians: what a staged upload can reach on this host.
 //! - `coalesce-1000x4KiB`: `baseline` (1000 driver copies from pageable slices) vs
 //!   `warpdrive` (one [`Batch`]); `extra.speedup`, `extra.memory_efficiency` (the slices'
 //!   bytes / those plus the offsets table).
@@ -25,8 +29,11 @@
 //!   `warpdrive-f16`, `warpdrive-auto`, timed in interleaved rounds (`time_host_rounds`);
 //!   `extra.auto_pick` on the `warpdrive-auto` row: what `Auto` chose for that size.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
 use warpdrive::device::workers::PAGE;
-use warpdrive::error::Result;
+use warpdrive::error::{Error, Result};
 use warpdrive::memory::{Buffer, PinnedBuf};
 use warpdrive::ops;
 use warpdrive::transfer::{self, Batch, Compression, Direction, Pipeline};
@@ -68,6 +75,7 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
         copies(ctx, bytes)?;
     }
     host_copy_rate(ctx)?;
+    upload_bound(ctx)?;
     coalesce(ctx)?;
     pipeline(ctx)?;
     compressed(ctx)?;
@@ -172,6 +180,74 @@ fn host_copy_rate(ctx: &mut Ctx) -> Result<()> {
             .insert("threads_available".into(), workers.threads().into());
         }
     }
+    Ok(())
+}
+
+/// The bound of a staged upload on this host: the copy threads' host copy (as many threads
+/// as the tuned upload uses) timed while the DMA engine sends pinned memory, and those DMAs
+/// timed while the threads copy. Both use the host's memory; on contended VMs the DMAs ran
+/// ~39 GB/s under the copy against ~55 alone (bench/NOTES.md, ring profile).
+fn upload_bound(ctx: &mut Ctx) -> Result<()> {
+    if !ctx.device().is_cuda() {
+        return Ok(());
+    }
+    ctx.step("h2d-bound");
+    let bytes = if ctx.quick() { 16 * MIB } else { 256 * MIB };
+    let dma_bytes = bytes / 4;
+    let src = random_bytes(bytes, 0xb0);
+    let mut dst = random_bytes(bytes, 0xb1);
+    let workers = transfer::workers(ctx.device());
+    let threads = transfer::config(ctx.stream(), Direction::H2d)?.threads;
+    let device = ctx.device().clone();
+    let dma_stream = device.new_stream()?;
+    let mut pinned = PinnedBuf::<u8>::from_slice(&device, &src[..dma_bytes])?;
+    let mut dev = Buffer::<u8>::uninit(&dma_stream, dma_bytes)?;
+    let stop = AtomicBool::new(false);
+    let (copies, dmas) = std::thread::scope(|scope| {
+        let dmas = scope.spawn(|| -> Result<Vec<f64>> {
+            let mut us = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                dev.copy_from_pinned(&dma_stream, &mut pinned)?;
+                dma_stream.synchronize()?;
+                us.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+            Ok(us)
+        });
+        let copies = time_host(1, 5, || {
+            transfer::par_copy(workers, threads, &mut dst, &src)
+        });
+        stop.store(true, Ordering::Relaxed);
+        let dmas = dmas
+            .join()
+            .unwrap_or_else(|_| Err(Error::WorkerPanicked("the DMA thread panicked".into())));
+        (copies, dmas)
+    });
+    let (mut copies, mut dmas) = (copies?, dmas?);
+    let rate = |us: &[f64], b: usize| -> Result<f64> {
+        Ok(b as f64 / super::Stats::from_samples(&mut us.to_vec())?.median / 1e3)
+    };
+    let bound = rate(&copies, bytes)?.min(rate(&dmas, dma_bytes)?);
+    ctx.record_bytes(
+        "h2d-bound",
+        bytes as u64,
+        "copy-with-dma",
+        &mut copies,
+        bytes as f64,
+        Some(Ceiling::HostMemcpy),
+    )?
+    .extra
+    .insert("threads".into(), threads.into());
+    ctx.record_bytes(
+        "h2d-bound",
+        bytes as u64,
+        "dma-with-copy",
+        &mut dmas,
+        dma_bytes as f64,
+        Some(Ceiling::H2dPinned),
+    )?
+    .extra
+    .insert("bound_gbps".into(), bound.into());
     Ok(())
 }
 
