@@ -22,6 +22,10 @@
 //!   logits, softmax/top-k and the permutation (counts, offsets, order) alone, replayed as a
 //!   captured graph as the layer runs them.
 //!
+//! - `weights-load` (size = bytes of the file): one mixtral-8x7b layer (2.8 GB of bf16
+//!   experts at full scale) from a safetensors file in the page cache to a ready layer,
+//!   against `transfer::upload` of the same bytes in the same run (see `weights_load`).
+//!
 //! On the CPU backend (`--quick`): hidden and intermediate divided by 8 (rounded up to a
 //! multiple of 8), tokens 1, 16, 64, fewer passes.
 
@@ -40,6 +44,8 @@ use super::results::Ceiling;
 use super::stats::Stats;
 use super::timing::time_gpu;
 use super::{Ctx, Scale};
+
+mod weights_load;
 
 /// The suite name.
 pub const SUITE: &str = "moe";
@@ -147,7 +153,8 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
     for preset in PRESETS {
         preset_rows(ctx, &plan, preset)?;
     }
-    router_permute(ctx, &plan)
+    router_permute(ctx, &plan)?;
+    weights_load::weights_load(ctx, plan.config("mixtral-8x7b")?, plan.min_reps.min(5))
 }
 
 fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {

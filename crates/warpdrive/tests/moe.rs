@@ -3,7 +3,8 @@
 //! bad configs, shapes and weights; safetensors loading (stacked and per-expert names). GPU
 //! tests (`gpu_smem_*`, ignored without a GPU) compare CUDA with the CPU backend with bf16
 //! tolerances under identical routing (routing flips are counted and bounded separately),
-//! graph replay with eager, and the device path with the cuBLAS path.
+//! graph replay with eager, and the device path with the cuBLAS path. A layer loaded from a
+//! file computes what the layer built from the same weights in memory does (both backends).
 //!
 //! Tolerances: each output element within TOL × Σ_r |w_r| Σ_i |w2·act| (+ a small floor) of
 //! the f64 reference: f32 1e-5 (f32 GEMM accumulation), bf16 3e-2 (bf16 inputs, act and
@@ -11,7 +12,7 @@
 
 mod common;
 
-use common::{cuda, random_f32, rng, seed};
+use common::{cuda, device_test, random_f32, rng, seed};
 use half::{bf16, f16};
 use warpdrive::moe::{
     HostWeights, MoeConfig, MoeLayer, MoePath, MoeWeights, Router, Routing, WeightsFile,
@@ -486,6 +487,64 @@ fn safetensors_stacked_and_per_expert_names_load() {
     assert!(matches!(err, Error::Io { .. }), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+device_test!(
+    a_layer_from_a_file_computes_as_the_layer_from_memory,
+    gpu_a_layer_from_a_file_computes_as_the_layer_from_memory,
+    |dev| {
+        let s = seed("a_layer_from_a_file_computes_as_the_layer_from_memory");
+        let c = config(64, 32, 4, 2, Router::Softmax, DTypeKind::BF16);
+        let (h, i, e) = (64, 32, 4);
+        // bf16 values, so the file and the memory hold the same weights.
+        let round = |v: Vec<f32>| -> Vec<f32> {
+            v.into_iter().map(|x| bf16::from_f32(x).to_f32()).collect()
+        };
+        let w = host_weights(&c, s, Some(0.1));
+        let w = HostWeights {
+            gate: round(w.gate),
+            gate_bias: w.gate_bias.map(round),
+            w1: round(w.w1),
+            w3: round(w.w3),
+            w2: round(w.w2),
+        };
+        let dir = std::env::temp_dir().join(format!(
+            "wd-moe-file-{}-{}",
+            dev.label().replace(':', "-"),
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("layer.safetensors");
+        let mut tensors = vec![
+            ("gate.weight".to_string(), vec![e, h], w.gate.clone()),
+            (
+                "gate.bias".to_string(),
+                vec![e],
+                w.gate_bias.clone().unwrap(),
+            ),
+        ];
+        for x in 0..e {
+            let p = format!("experts.{x}");
+            let part = |v: &[f32], n: usize| v[x * n..(x + 1) * n].to_vec();
+            tensors.push((format!("{p}.w1.weight"), vec![i, h], part(&w.w1, i * h)));
+            tensors.push((format!("{p}.w3.weight"), vec![i, h], part(&w.w3, i * h)));
+            tensors.push((format!("{p}.w2.weight"), vec![h, i], part(&w.w2, h * i)));
+        }
+        write_safetensors(&path, tensors);
+        let st = dev.new_stream().unwrap();
+        let file = MoeWeights::File(WeightsFile::new(&path));
+        let mut from_file = MoeLayer::<bf16>::new(&st, c, file).unwrap();
+        let mut from_memory = MoeLayer::<bf16>::new(&st, c, MoeWeights::Host(w)).unwrap();
+        assert!(from_file.host_weights().unwrap() == from_memory.host_weights().unwrap());
+        let tokens = 5;
+        let x: Vec<bf16> = narrow(&random_f32(&mut rng(s ^ 3), tokens * h));
+        let x = Buffer::from_host(&st, &x).unwrap();
+        let a = from_file.forward(&x).unwrap().to_host(&st).unwrap();
+        let b = from_memory.forward(&x).unwrap().to_host(&st).unwrap();
+        let bits = |v: &[bf16]| v.iter().map(|y| y.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&a), bits(&b), "the layers' outputs differ");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+);
 
 // ---- CUDA against the CPU backend ----
 

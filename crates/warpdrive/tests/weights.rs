@@ -4,19 +4,23 @@
 //! error when strict), and malformed input: truncated files, bad header lengths, generated
 //! headers with absurd shapes, offsets and dtypes, bad JSON, broken indexes and absurd configs
 //! each give an error, never a panic or an abort (proptest, a bounded number of cases; the
-//! cargo-fuzz target in `fuzz/` runs the same loader without a bound).
+//! cargo-fuzz target in `fuzz/` runs the same loader without a bound). A layer built from a
+//! file (mapped, kept in the file's dtype where it is the layer's) holds the same bits as one
+//! built from what the host reader gives, for every pair of file and layer dtype, and every
+//! malformed case fails it as it fails the host reader.
 
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use common::{random_f32, rng, seed};
+use common::{device_test, random_f32, rng, seed};
+use half::{bf16, f16};
 use proptest::prelude::*;
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
-use warpdrive::moe::{HostWeights, MoeConfig, Router, WeightsFile};
-use warpdrive::{DTypeKind, Error};
+use warpdrive::moe::{HostWeights, MoeConfig, MoeLayer, MoeWeights, Router, WeightsFile};
+use warpdrive::{DTypeKind, Device, Error, Float, Stream};
 
 const PREFIX_0: &str = "model.layers.0.mlp.";
 const PREFIX_1: &str = "model.layers.1.mlp.";
@@ -63,15 +67,27 @@ impl Drop for TempDir {
 type Tensor = (String, Vec<usize>, Vec<f32>);
 
 fn serialize(tensors: &[Tensor]) -> Vec<u8> {
+    serialize_as(tensors, Dtype::F32)
+}
+
+/// The tensors as a safetensors file of `dtype` (f32, f16 or bf16; values rounded to it).
+fn serialize_as(tensors: &[Tensor], dtype: Dtype) -> Vec<u8> {
+    let encode = |x: f32| -> Vec<u8> {
+        match dtype {
+            Dtype::F16 => f16::from_f32(x).to_le_bytes().to_vec(),
+            Dtype::BF16 => bf16::from_f32(x).to_le_bytes().to_vec(),
+            _ => x.to_le_bytes().to_vec(),
+        }
+    };
     let bytes: Vec<Vec<u8>> = tensors
         .iter()
-        .map(|(_, _, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect())
+        .map(|(_, _, v)| v.iter().flat_map(|&x| encode(x)).collect())
         .collect();
     let views: Vec<(String, TensorView)> = tensors
         .iter()
         .zip(&bytes)
         .map(|((n, s, _), b)| {
-            let view = TensorView::new(Dtype::F32, s.clone(), b).unwrap();
+            let view = TensorView::new(dtype, s.clone(), b).unwrap();
             (n.clone(), view)
         })
         .collect();
@@ -421,11 +437,144 @@ fn valid_file() -> Vec<u8> {
     serialize(&stacked("", &c, &random_weights(&c, 7)))
 }
 
-/// Loads `bytes` as a safetensors file with `tiny()` (what every malformed case runs).
+/// Loads `bytes` as a safetensors file with `tiny()` (what every malformed case runs), by
+/// the host reader and into a layer on the CPU backend: both fail or neither does.
 fn load_bytes(dir: &TempDir, bytes: &[u8]) -> warpdrive::Result<HostWeights> {
     let path = dir.join("case.safetensors");
     std::fs::write(&path, bytes).unwrap();
-    WeightsFile::new(&path).load(&tiny())
+    let read = WeightsFile::new(&path).load(&tiny());
+    let stream = Device::cpu().new_stream().unwrap();
+    let layer = MoeLayer::<f32>::new(&stream, tiny(), MoeWeights::File(WeightsFile::new(&path)));
+    assert_eq!(
+        layer.as_ref().err().map(ToString::to_string),
+        read.as_ref().err().map(ToString::to_string),
+        "the layer's load and the host reader differ"
+    );
+    read
+}
+
+// ---- layers from files: the mapped upload against the host reader ----
+
+/// Every value's bits, tensor by tensor.
+fn bits(w: &HostWeights) -> Vec<Vec<u32>> {
+    let b = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect();
+    let mut out = vec![b(&w.gate), b(&w.w1), b(&w.w3), b(&w.w2)];
+    out.extend(w.gate_bias.as_deref().map(b));
+    out
+}
+
+/// A layer of `T` from `file` holds the bits of one built from what the host reader gives.
+fn same_as_host_reader<T: Float>(stream: &Stream, mut c: MoeConfig, file: &WeightsFile) {
+    c.dtype = T::KIND;
+    let mapped = MoeLayer::<T>::new(stream, c, MoeWeights::File(file.clone())).unwrap();
+    let read = MoeLayer::<T>::new(stream, c, MoeWeights::Host(file.load(&c).unwrap())).unwrap();
+    assert!(
+        bits(&mapped.host_weights().unwrap()) == bits(&read.host_weights().unwrap()),
+        "{} into a {} layer: other bits than the host reader's",
+        file.path().display(),
+        T::KIND.name()
+    );
+}
+
+device_test!(
+    layers_from_files_hold_the_host_readers_bits,
+    gpu_layers_from_files_hold_the_host_readers_bits,
+    |dev| {
+        let s = seed("layers_from_files_hold_the_host_readers_bits");
+        let stream = dev.new_stream().unwrap();
+        let dir = TempDir::new(&format!("dtypes-{}", dev.label()));
+        // CUDA takes multiples of 8; the CPU backend also pads an intermediate size of 6.
+        let mut shapes = vec![(16, 8, 3)];
+        if !dev.is_cuda() {
+            shapes.push((12, 6, 2));
+        }
+        for (h, i, e) in shapes {
+            let c = config(h, i, e);
+            let w = random_weights(&c, s);
+            for dtype in [Dtype::F32, Dtype::F16, Dtype::BF16] {
+                let names = [
+                    ("stacked", stacked("", &c, &w)),
+                    ("per-expert", per_expert(PREFIX_0, &c, &w)),
+                ];
+                for (name, tensors) in names {
+                    let path = dir.join(&format!("{name}-{h}-{dtype:?}.safetensors"));
+                    std::fs::write(&path, serialize_as(&tensors, dtype)).unwrap();
+                    let file = WeightsFile::new(&path);
+                    same_as_host_reader::<bf16>(&stream, c, &file);
+                    same_as_host_reader::<f16>(&stream, c, &file);
+                    if !dev.is_cuda() {
+                        same_as_host_reader::<f32>(&stream, c, &file);
+                    }
+                }
+            }
+        }
+        let c = config(16, 8, 3);
+        let (index, _, _) = sharded(&dir, &c, s);
+        for layer in [0, 1] {
+            same_as_host_reader::<bf16>(&stream, c, &WeightsFile::new(&index).layer(layer));
+        }
+        same_as_host_reader::<f16>(&stream, c, &WeightsFile::new(&dir.0).layer(1));
+    }
+);
+
+#[test]
+fn a_layer_from_a_file_warns_of_non_finite_values_or_fails_when_strict() {
+    let s = seed("a_layer_from_a_file_warns_of_non_finite_values_or_fails_when_strict");
+    let c = MoeConfig {
+        dtype: DTypeKind::BF16,
+        ..config(8, 4, 3)
+    };
+    let mut w = random_weights(&c, s);
+    let n = c.intermediate * c.hidden;
+    for v in &mut w.w2[2 * n..2 * n + 3] {
+        *v = f32::INFINITY; // expert 2's down_proj: 3 infinities
+    }
+    let dir = TempDir::new("layer-non-finite");
+    let path = dir.join("inf.safetensors");
+    std::fs::write(
+        &path,
+        serialize_as(&per_expert(PREFIX_0, &c, &w), Dtype::BF16),
+    )
+    .unwrap();
+    let stream = Device::cpu().new_stream().unwrap();
+    let layer = |strict: bool| {
+        let file = WeightsFile::new(&path).strict(strict);
+        MoeLayer::<bf16>::new(&stream, c, MoeWeights::File(file))
+    };
+    let (lenient, warned) = warnings(|| layer(false));
+    let held = lenient.unwrap().host_weights().unwrap();
+    assert_eq!(held.w2.iter().filter(|v| v.is_infinite()).count(), 3);
+    let expert = format!("{PREFIX_0}experts.2.down_proj.weight");
+    assert!(
+        warned.len() == 1 && warned[0].contains(&expert) && warned[0].contains(" 3 "),
+        "{warned:?}"
+    );
+    let err = layer(true).unwrap_err().to_string();
+    assert!(err.contains(&expert) && err.contains(" 3 "), "{err}");
+    // A stacked tensor is counted once, over all its experts.
+    let mut stacked_w = stacked("", &c, &w);
+    stacked_w[3].2[0] = f32::NAN;
+    std::fs::write(&path, serialize_as(&stacked_w, Dtype::F16)).unwrap();
+    let err = layer(true).unwrap_err().to_string();
+    assert!(err.contains("`experts.w2`") && err.contains(" 4 "), "{err}");
+}
+
+#[test]
+fn a_file_shorter_than_its_header_says_fails_the_layer_not_the_process() {
+    let dir = TempDir::new("short");
+    let full = valid_file();
+    // The header's last tensor ends past the end of the file.
+    let err = load_bytes(&dir, &full[..full.len() - 2])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("span"), "{err}");
+    // A header longer than the file.
+    let mut bytes = full.clone();
+    bytes[..8].copy_from_slice(&(full.len() as u64).to_le_bytes());
+    let err = load_bytes(&dir, &bytes).unwrap_err().to_string();
+    assert!(err.contains("header of"), "{err}");
+    assert!(load_bytes(&dir, &full[..5]).is_err());
+    assert!(load_bytes(&dir, &[]).is_err());
 }
 
 /// A header entry: a name the loader looks for (or not), a dtype string (valid or not), a

@@ -8,6 +8,7 @@ pub(crate) mod cpu;
 pub(crate) mod cuda;
 pub(crate) mod dma;
 pub(crate) mod hostmem;
+pub(crate) mod mapped;
 pub mod probe;
 pub mod sysfs;
 pub mod workers;

@@ -219,6 +219,59 @@ impl<T: DType> Buffer<T> {
         }
     }
 
+    /// Copies `rows` rows of `width` elements from `src` into this buffer, enqueued on
+    /// `stream`; each side's rows start at its `(first, pitch)`: the first row's element and
+    /// the elements between rows' starts. Rows out of either buffer are an error.
+    pub(crate) fn copy_rows_from(
+        &mut self,
+        stream: &Stream,
+        dst: (usize, usize),
+        src: (&Buffer<T>, usize, usize),
+        width: usize,
+        rows: usize,
+    ) -> Result<()> {
+        const OP: &str = "copy_rows_from";
+        let (from, src_first, src_pitch) = src;
+        self.check_stream(stream, OP)?;
+        from.check_stream(stream, OP)?;
+        if width == 0 || rows == 0 {
+            return Ok(());
+        }
+        let fits = |(first, pitch): (usize, usize), len: usize| {
+            (rows == 1 || pitch >= width)
+                && (rows - 1)
+                    .checked_mul(pitch)
+                    .and_then(|n| n.checked_add(first))
+                    .and_then(|n| n.checked_add(width))
+                    .is_some_and(|end| end <= len)
+        };
+        if !fits(dst, self.len) || !fits((src_first, src_pitch), from.len) {
+            return Err(Error::InvalidArgument(format!(
+                "{OP}: {rows} rows of {width} from {src_first} (pitch {src_pitch}) of {} \
+                 elements to {} (pitch {}) of {}",
+                from.len, dst.0, dst.1, self.len
+            )));
+        }
+        let size = std::mem::size_of::<T>();
+        match stream.cuda() {
+            Some((d, s)) => d.copy_d2d_rows(
+                s,
+                (self.ptr + (dst.0 * size) as u64, dst.1 * size),
+                (from.ptr + (src_first * size) as u64, src_pitch * size),
+                width * size,
+                rows,
+            ),
+            None => {
+                let (src_view, dst_view) = (from.host_view()?, self.host_view_mut()?);
+                for r in 0..rows {
+                    let (s, d) = (src_first + r * src_pitch, dst.0 + r * dst.1);
+                    dst_view[d..d + width].copy_from_slice(&src_view[s..s + width]);
+                }
+                Ok(())
+            }
+        }
+    }
+
     pub(crate) fn check_stream(&self, stream: &Stream, op: &'static str) -> Result<()> {
         self.device().same_as(stream.device(), op)
     }

@@ -114,7 +114,10 @@ impl<T: Float> MoeLayer<T> {
                 )?,
                 random_buffer(stream, e * h * i, seed ^ weights::SEED_W2, i)?,
             ),
-            MoeWeights::File(file) => upload_weights(stream, &config, &file.load(&config)?)?,
+            MoeWeights::File(file) => {
+                let t = file.upload::<T>(stream, &config)?;
+                (t.gate, t.gate_bias, t.w13, t.w2)
+            }
             MoeWeights::Host(w) => {
                 w.check(&config)?;
                 upload_weights(stream, &config, &w)?

@@ -3,6 +3,7 @@
 //! caller), and the host copy of them ([`HostWeights`]) that tests and tools compare against.
 
 mod checkpoint;
+mod upload;
 
 pub use checkpoint::{WeightsFile, INDEX_FILE};
 
@@ -17,7 +18,8 @@ pub enum MoeWeights {
     /// (1/fan_in), from a counter-based generator keyed by `seed`: the same values on both
     /// backends and on every run. No router bias.
     Random { seed: u64 },
-    /// Tensors of one layer read from a safetensors file or sharded checkpoint.
+    /// Tensors of one layer read from a safetensors file or sharded checkpoint (memory-mapped
+    /// and uploaded in their dtype where it is the layer's: see [`WeightsFile`]).
     File(WeightsFile),
     /// Tensors given by the caller.
     Host(HostWeights),

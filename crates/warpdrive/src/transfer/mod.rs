@@ -46,7 +46,7 @@ use std::mem::size_of_val;
 
 use parking_lot::Mutex;
 
-use crate::device::hostmem::{demote_copy, stream_copy, FreshVec, HUGE_PAGE};
+use crate::device::hostmem::{demote_copy, demote_lines, stream_copy, FreshVec, HUGE_PAGE};
 use crate::device::workers::{Workers, PAGE};
 use crate::device::{Device, Stream};
 use crate::dtype::{DType, DTypeKind};
@@ -432,6 +432,32 @@ pub fn from_host<T: DType>(stream: &Stream, src: &[T]) -> Result<Buffer<T>> {
     let mut buf = Buffer::uninit(stream, src.len())?;
     upload(stream, &mut buf, src)?;
     Ok(buf)
+}
+
+/// Copies `src` into `dst` (same length) as `convert` writes it, `convert` running on the
+/// copy threads over matching pieces (on CUDA, straight into the staging ring's blocks:
+/// a conversion on the way, as [`upload_f32`]'s narrowing); returns when done.
+pub(crate) fn upload_converted<S: Sync, T: DType>(
+    stream: &Stream,
+    dst: &mut Buffer<T>,
+    src: &[S],
+    convert: impl Fn(&mut [T], &[S]) + Sync,
+) -> Result<()> {
+    check_len("transfer::upload_converted", dst.len(), src.len())?;
+    dst.device()
+        .same_as(stream.device(), "transfer::upload_converted")?;
+    let cfg = config(stream, Direction::H2d)?;
+    let workers = workers(stream.device());
+    if !stream.device().is_cuda() {
+        return workers.map(cfg.threads, PAGE, dst.host_view_mut()?, src, convert);
+    }
+    // Chunks of the configured size in source bytes. Written with plain stores, so the
+    // ring is best read from the shared cache (see `StagingStores::Demoted`).
+    let plan = upload_plan::<S>(stream, src.len(), &cfg)?;
+    ring_upload(stream, workers, dst, src, &plan, |d: &mut [T], s: &[S]| {
+        convert(d, s);
+        demote_lines(d);
+    })
 }
 
 /// Copies under this many bytes never take the staged path (and never tune): one DMA

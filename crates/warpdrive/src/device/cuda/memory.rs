@@ -291,6 +291,48 @@ impl CudaDevice {
         Ok(())
     }
 
+    /// Enqueues a strided device-to-device copy on `stream`: `rows` rows of `width` bytes,
+    /// the first at `src` and `dst`, the next ones `src_pitch` and `dst_pitch` bytes further.
+    pub(crate) fn copy_d2d_rows(
+        &self,
+        stream: &CudaStream,
+        (dst, dst_pitch): (u64, usize),
+        (src, src_pitch): (u64, usize),
+        width: usize,
+        rows: usize,
+    ) -> Result<()> {
+        if width == 0 || rows == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        let t = activity::begin();
+        let copy = sys::CUDA_MEMCPY2D {
+            srcXInBytes: 0,
+            srcY: 0,
+            srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            srcHost: std::ptr::null(),
+            srcDevice: src,
+            srcArray: std::ptr::null_mut(),
+            srcPitch: src_pitch,
+            dstXInBytes: 0,
+            dstY: 0,
+            dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            dstHost: std::ptr::null_mut(),
+            dstDevice: dst,
+            dstArray: std::ptr::null_mut(),
+            dstPitch: dst_pitch,
+            WidthInBytes: width,
+            Height: rows,
+        };
+        // SAFETY: the caller guarantees both strided ranges lie in live device allocations;
+        // `copy` outlives the call, which reads it before returning.
+        let r = unsafe { sys::cuMemcpy2DAsync_v2(&copy, stream.cu_stream()).result() };
+        self.check("cuMemcpy2DAsync", r)?;
+        let bytes = width.saturating_mul(rows) as u64;
+        activity::end(t, ActivityKind::D2D, stream.cu_stream() as u64, bytes);
+        Ok(())
+    }
+
     /// Copies raw bytes host→device or device→host on `stream` without synchronising.
     ///
     /// # Safety

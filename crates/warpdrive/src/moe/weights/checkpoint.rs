@@ -1,17 +1,19 @@
 //! A layer's tensors from safetensors: one file, or a Hugging Face sharded checkpoint (shards
-//! beside a `model.safetensors.index.json` whose `weight_map` names each tensor's shard). Only
-//! headers and the chosen layer's tensors are read, and every size is checked against its
-//! file before anything is allocated, so no file can make the loader panic or abort.
+//! beside a `model.safetensors.index.json` whose `weight_map` names each tensor's shard). The
+//! files are memory-mapped: only headers and the chosen layer's tensors are read, and every
+//! size is checked against its file before anything is read or allocated, so no file can make
+//! the loader panic or abort.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
+use std::io::Read;
 use std::path::{Component, Path, PathBuf};
 
 use half::{bf16, f16};
 use safetensors::tensor::Metadata;
 use safetensors::Dtype;
 
+use crate::device::mapped::MappedFile;
 use crate::error::{Error, Result};
 use crate::moe::MoeConfig;
 
@@ -38,6 +40,13 @@ const MAX_HEADER_BYTES: u64 = 100_000_000;
 /// (`down_proj`), stacked here; and the optional router bias `gate.bias` (or DeepSeek-V3's
 /// `gate.e_score_correction_bias`) \[E\]. f32, f16 and bf16 tensors are converted. A missing
 /// or mis-shaped tensor is an error naming it.
+///
+/// The files are memory-mapped while they are read, and must not change meanwhile: a file
+/// truncated by another process during a load ends the process (SIGBUS), one rewritten
+/// loads whatever bytes it held when read. A [`MoeLayer`](crate::moe::MoeLayer) built from
+/// the file keeps its tensors' dtype from the mapping to the device (through the staging
+/// ring of `transfer::upload`), converting on the copy threads only where the file's dtype
+/// is not the layer's; [`load`](Self::load) gives them as f32 on the host.
 ///
 /// NaN and infinity are counted per tensor: by default each tensor holding any is logged
 /// with `tracing::warn!`; with [`strict`](Self::strict) the load fails naming the tensor.
@@ -98,8 +107,23 @@ impl WeightsFile {
         &self.path
     }
 
-    /// Reads the tensors `config` needs (see [`WeightsFile`]).
+    /// Reads the tensors `config` needs (see [`WeightsFile`]) as f32.
     pub fn load(&self, config: &MoeConfig) -> Result<HostWeights> {
+        let (ckpt, t) = self.locate(config)?;
+        let weights = HostWeights {
+            gate: self.read(&ckpt, std::slice::from_ref(&t.gate))?,
+            gate_bias: t.gate_bias.map(|b| self.read(&ckpt, &[b])).transpose()?,
+            w1: self.read(&ckpt, &t.w1)?,
+            w3: self.read(&ckpt, &t.w3)?,
+            w2: self.read(&ckpt, &t.w2)?,
+        };
+        weights.check(config)?;
+        Ok(weights)
+    }
+
+    /// The checkpoint (its shards opened) and where in it the tensors `config` needs are,
+    /// their shapes and dtypes checked.
+    pub(super) fn locate(&self, config: &MoeConfig) -> Result<(Checkpoint, LayerTensors)> {
         let mut ckpt = Checkpoint::open(&self.path)?;
         let prefix = self.choose(&ckpt.blocks())?;
         let (h, i, e) = (config.hidden, config.intermediate, config.experts);
@@ -143,15 +167,14 @@ impl WeightsFile {
         let w1 = stacked("w1", "gate_proj", [i, h])?;
         let w3 = stacked("w3", "up_proj", [i, h])?;
         let w2 = stacked("w2", "down_proj", [h, i])?;
-        let weights = HostWeights {
-            gate: self.read(&mut ckpt, &[gate])?,
-            gate_bias: gate_bias.map(|b| self.read(&mut ckpt, &[b])).transpose()?,
-            w1: self.read(&mut ckpt, &w1)?,
-            w3: self.read(&mut ckpt, &w3)?,
-            w2: self.read(&mut ckpt, &w2)?,
+        let tensors = LayerTensors {
+            gate,
+            gate_bias,
+            w1,
+            w3,
+            w2,
         };
-        weights.check(config)?;
-        Ok(weights)
+        Ok((ckpt, tensors))
     }
 
     /// The prefix of the block to read, from those the checkpoint holds.
@@ -204,7 +227,7 @@ impl WeightsFile {
 
     /// The values of `tensors`, one after another, as f32; non-finite values are counted per
     /// tensor and logged, or refused when strict.
-    fn read(&self, ckpt: &mut Checkpoint, tensors: &[Located]) -> Result<Vec<f32>> {
+    pub(super) fn read(&self, ckpt: &Checkpoint, tensors: &[Located]) -> Result<Vec<f32>> {
         let total = tensors
             .iter()
             .try_fold(0usize, |sum, t| sum.checked_add(t.elements))
@@ -219,36 +242,52 @@ impl WeightsFile {
         for t in tensors {
             let bytes = ckpt.bytes(t)?;
             let start = out.len();
-            extend_f32(&mut out, t.dtype, &bytes);
+            extend_f32(&mut out, t.dtype, bytes);
             let bad = out[start..].iter().filter(|v| !v.is_finite()).count();
-            if bad == 0 {
-                continue;
-            }
-            let what = format!(
-                "{}: `{}` holds {bad} non-finite values (NaN or infinity) of {}",
-                t.shard.display(),
-                t.name,
-                t.elements
-            );
-            if self.strict {
-                return Err(Error::InvalidArgument(what));
-            }
-            tracing::warn!("{what}; loading it anyway (strict loading refuses it)");
+            self.non_finite(t, bad)?;
         }
         Ok(out)
     }
+
+    /// Logs that `t` holds `bad` non-finite values, or refuses it when strict (nothing when
+    /// `bad` is 0).
+    pub(super) fn non_finite(&self, t: &Located, bad: usize) -> Result<()> {
+        if bad == 0 {
+            return Ok(());
+        }
+        let what = format!(
+            "{}: `{}` holds {bad} non-finite values (NaN or infinity) of {}",
+            t.shard.display(),
+            t.name,
+            t.elements
+        );
+        if self.strict {
+            return Err(Error::InvalidArgument(what));
+        }
+        tracing::warn!("{what}; loading it anyway (strict loading refuses it)");
+        Ok(())
+    }
+}
+
+/// Where a layer's tensors are: the expert weights as one stacked tensor or one per expert.
+pub(super) struct LayerTensors {
+    pub(super) gate: Located,
+    pub(super) gate_bias: Option<Located>,
+    pub(super) w1: Vec<Located>,
+    pub(super) w3: Vec<Located>,
+    pub(super) w2: Vec<Located>,
 }
 
 /// A tensor found in a checkpoint, its shape checked.
-struct Located {
-    name: String,
-    shard: PathBuf,
-    dtype: Dtype,
-    elements: usize,
+pub(super) struct Located {
+    pub(super) name: String,
+    pub(super) shard: PathBuf,
+    pub(super) dtype: Dtype,
+    pub(super) elements: usize,
 }
 
 /// A checkpoint's tensor names, the file holding each, and the files opened so far.
-struct Checkpoint {
+pub(super) struct Checkpoint {
     /// The index file (or the one file) that named the tensors: what messages cite.
     origin: PathBuf,
     shard_of: HashMap<String, PathBuf>,
@@ -395,18 +434,22 @@ impl Checkpoint {
             .ok_or_else(|| Error::InvalidArgument(format!("{}: shard not opened", path.display())))
     }
 
-    /// The bytes of a tensor [`find`](Self::find) located.
-    fn bytes(&mut self, t: &Located) -> Result<Vec<u8>> {
-        let shard = self.shard(&t.shard)?;
-        shard.read(&t.shard, &t.name)
+    /// The bytes of a tensor [`find`](Self::find) located, in the mapped file.
+    pub(super) fn bytes(&self, t: &Located) -> Result<&[u8]> {
+        self.open
+            .get(&t.shard)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!("{}: shard not opened", t.shard.display()))
+            })?
+            .bytes(&t.shard, &t.name)
     }
 }
 
-/// An open safetensors file: its parsed header and where its data starts.
+/// An open safetensors file: its mapping, parsed header and where its data starts.
 struct Shard {
-    file: File,
+    map: MappedFile,
     meta: Metadata,
-    data_start: u64,
+    data_start: usize,
 }
 
 impl Shard {
@@ -416,49 +459,44 @@ impl Shard {
         let bad = |m: String| {
             Error::InvalidArgument(format!("{}: not a safetensors file: {m}", path.display()))
         };
-        let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
-        let file_len = file.metadata().map_err(|e| Error::io(path, e))?.len();
-        if file_len < 8 {
+        let map = MappedFile::open(path)?;
+        let file = map.bytes();
+        let file_len = file.len() as u64;
+        let Some((n, rest)) = file.split_first_chunk::<8>() else {
             return Err(bad(format!(
                 "{file_len} bytes, shorter than the header's length"
             )));
-        }
-        let mut n = [0u8; 8];
-        file.read_exact(&mut n).map_err(|e| Error::io(path, e))?;
-        let header_len = u64::from_le_bytes(n);
+        };
+        let header_len = u64::from_le_bytes(*n);
         if header_len > MAX_HEADER_BYTES {
             return Err(bad(format!(
                 "a header of {header_len} bytes, over the format's {MAX_HEADER_BYTES}-byte limit"
             )));
         }
-        let data_start = 8 + header_len;
-        if data_start > file_len {
+        // Under the limit, so it fits a usize.
+        let Some(header) = rest.get(..header_len as usize) else {
             return Err(bad(format!(
                 "a header of {header_len} bytes in a file of {file_len}"
             )));
-        }
-        let mut header = Vec::new();
-        (&mut file)
-            .take(header_len)
-            .read_to_end(&mut header)
-            .map_err(|e| Error::io(path, e))?;
+        };
         let meta: Metadata =
-            serde_json::from_slice(&header).map_err(|e| bad(format!("header: {e}")))?;
-        let data_len = file_len - data_start;
-        if meta.data_len() as u64 != data_len {
+            serde_json::from_slice(header).map_err(|e| bad(format!("header: {e}")))?;
+        let data_start = 8 + header.len();
+        let data_len = file.len() - data_start;
+        if meta.data_len() != data_len {
             return Err(bad(format!(
                 "the header's tensors span {} bytes, the file holds {data_len} after the header",
                 meta.data_len()
             )));
         }
         Ok(Shard {
-            file,
+            map,
             meta,
             data_start,
         })
     }
 
-    fn read(&mut self, path: &Path, name: &str) -> Result<Vec<u8>> {
+    fn bytes(&self, path: &Path, name: &str) -> Result<&[u8]> {
         let (begin, end) = self
             .meta
             .info(name)
@@ -466,24 +504,17 @@ impl Shard {
             .ok_or_else(|| {
                 Error::InvalidArgument(format!("{}: no tensor `{name}`", path.display()))
             })?;
-        // `open` checked that every range lies inside the file.
-        let len = end.saturating_sub(begin);
-        let mut bytes = Vec::new();
-        reserve(&mut bytes, len, path)?;
-        self.file
-            .seek(SeekFrom::Start(self.data_start + begin as u64))
-            .map_err(|e| Error::io(path, e))?;
-        (&mut self.file)
-            .take(len as u64)
-            .read_to_end(&mut bytes)
-            .map_err(|e| Error::io(path, e))?;
-        if bytes.len() != len {
-            return Err(Error::InvalidArgument(format!(
-                "{}: `{name}` ends past the end of the file (it changed while read?)",
-                path.display()
-            )));
-        }
-        Ok(bytes)
+        // `open` checked that every range lies inside the file; checked again, not trusted.
+        self.data_start
+            .checked_add(begin)
+            .zip(self.data_start.checked_add(end))
+            .and_then(|(b, e)| self.map.bytes().get(b..e))
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "{}: `{name}` lies past the end of the file",
+                    path.display()
+                ))
+            })
     }
 }
 
