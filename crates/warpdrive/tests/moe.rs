@@ -204,7 +204,7 @@ fn cpu_forward_matches_f64_reference() {
         s,
     );
     cpu_matches_reference::<f32>(
-        config(13, 7, 9, 1, Router::Softmax, DTypeKind::F32),
+        config(56, 8, 9, 1, Router::Softmax, DTypeKind::F32),
         3,
         Some(0.5),
         1e-5,
@@ -341,6 +341,34 @@ fn bad_configs_and_shapes_are_errors() {
     for name in warpdrive::moe::PRESETS {
         MoeConfig::preset(name).unwrap().validate().unwrap();
     }
+    assert_eq!(
+        MoeConfig::preset(warpdrive::moe::TINY).unwrap(),
+        MoeConfig::tiny()
+    );
+    assert_eq!(MoeConfig::default(), MoeConfig::tiny());
+}
+
+/// What the CUDA kernels refuse (16-byte rows: hidden and intermediate multiples of 8) is
+/// refused on the CPU backend too, with the reason, so a config that runs in CI runs on a GPU.
+#[test]
+fn cpu_refuses_sizes_the_cuda_kernels_refuse() {
+    let st = Device::cpu().new_stream().unwrap();
+    for (h, i) in [(12, 8), (16, 7), (13, 7)] {
+        let c = config(h, i, 4, 2, Router::Softmax, DTypeKind::F32);
+        let err = c.validate().unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidArgument(ref m) if m.contains("multiples of 8")),
+            "{h}×{i}: {err}"
+        );
+        let err = MoeLayer::<f32>::new(&st, c, MoeWeights::Random { seed: 1 }).unwrap_err();
+        assert!(err.to_string().contains("multiples of 8"), "{h}×{i}: {err}");
+    }
+    MoeLayer::<f32>::new(
+        &st,
+        config(16, 8, 4, 2, Router::Softmax, DTypeKind::F32),
+        MoeWeights::Random { seed: 1 },
+    )
+    .unwrap();
 }
 
 #[test]

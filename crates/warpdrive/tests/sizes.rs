@@ -52,6 +52,10 @@ fn moe_config_whose_bytes_overflow_is_rejected_by_validate() {
     // intermediate is padded to a multiple of 8 inside the layer: that must not wrap either.
     let padded = moe_config(8, usize::MAX, 1, 1);
     assert!(matches!(padded.validate(), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        padded.weight_bytes(),
+        Err(Error::InvalidArgument(_))
+    ));
     let q = MoeConfig::preset("qwen3-30b-a3b").unwrap();
     assert_eq!(q.expert_bytes().unwrap(), 3 * 2048 * 768 * 2);
     assert_eq!(q.router_bytes().unwrap(), 128 * 2048 * 2);
@@ -201,7 +205,7 @@ proptest! {
             }
             Err(err) => {
                 prop_assert!(matches!(err, Error::InvalidArgument(_)), "{}", err);
-                let shape_ok = e <= 4096 && k as u128 <= e;
+                let shape_ok = e <= 4096 && k as u128 <= e && h % 8 == 0 && i % 8 == 0;
                 prop_assert!(
                     !(shape_ok && fits(expert) && fits(router) && fits(weights)),
                     "a shape whose sizes fit was refused: {}", err

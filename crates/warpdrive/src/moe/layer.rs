@@ -56,10 +56,10 @@ pub(super) struct Pass {
 }
 
 impl<T: Float> MoeLayer<T> {
-    /// A layer on `stream`'s device with `weights`. Errors: an invalid config, `T` not the
-    /// config's dtype, weights of the wrong shape (naming the tensor), or (CUDA) a dtype or
-    /// shape the device kernels do not take: f32 runs on the CPU backend only, and hidden and
-    /// intermediate must be multiples of 8 (16-byte rows). Weights larger than the device's
+    /// A layer on `stream`'s device with `weights`. Errors: an invalid config (see
+    /// [`MoeConfig::validate`]: hidden and intermediate must be multiples of 8 on both
+    /// backends), `T` not the config's dtype, weights of the wrong shape (naming the tensor),
+    /// or (CUDA) f32, which runs on the CPU backend only. Weights larger than the device's
     /// total memory ([`MoeConfig::weight_bytes`]; the host's on the CPU backend) are
     /// `OutOfMemory` before anything is read or allocated.
     pub fn new(stream: &Stream, config: MoeConfig, weights: MoeWeights) -> Result<Self> {
@@ -86,20 +86,11 @@ impl<T: Float> MoeLayer<T> {
                 config.dtype.name()
             )));
         }
-        if stream.cuda().is_some() {
-            if !matches!(T::KIND, DTypeKind::BF16 | DTypeKind::F16) {
-                return Err(Error::Unsupported(format!(
-                    "MoE layer on CUDA takes bf16 or f16, not {} (f32 runs on the CPU backend)",
-                    T::KIND.name()
-                )));
-            }
-            if config.hidden % 8 != 0 || config.intermediate % 8 != 0 {
-                return Err(Error::InvalidArgument(format!(
-                    "MoE layer on CUDA: hidden {} and intermediate {} must be multiples of 8 \
-                     (16-byte rows)",
-                    config.hidden, config.intermediate
-                )));
-            }
+        if stream.cuda().is_some() && !matches!(T::KIND, DTypeKind::BF16 | DTypeKind::F16) {
+            return Err(Error::Unsupported(format!(
+                "MoE layer on CUDA takes bf16 or f16, not {} (f32 runs on the CPU backend)",
+                T::KIND.name()
+            )));
         }
         let (h, i, e) = (config.hidden, config.intermediate, config.experts);
         let (gate, gate_bias, w13, w2) = match weights {
@@ -439,8 +430,8 @@ fn pass_with<T: DType>(plan: Plan, x: &Buffer<T>, y: &Buffer<T>) -> Pass {
     }
 }
 
-/// The intermediate size rounded up to the 8-row blocks of the w13 interleave (the CUDA
-/// path requires it to be a multiple of 8 already; the CPU backend pads with zero rows).
+/// The intermediate size rounded up to the 8-row blocks of the w13 interleave (a valid config
+/// has a multiple of 8 already; a loader's shapes are padded with zero rows all the same).
 pub(super) fn inter_pad(intermediate: usize) -> usize {
     intermediate.div_ceil(8) * 8
 }

@@ -54,7 +54,7 @@ pub mod weights;
 
 pub use config::{
     ForwardStats, MoeConfig, MoePath, Router, Routing, AUTO_CUBLAS_MIN_FLOPS,
-    CUBLAS_GROUPED_MAX_FLOPS, GRAPH_MAX_TOKENS, PRESETS,
+    CUBLAS_GROUPED_MAX_FLOPS, GRAPH_MAX_TOKENS, PRESETS, TINY,
 };
 pub use layer::MoeLayer;
 pub use weights::{HostWeights, MoeWeights, WeightsFile};
