@@ -181,7 +181,7 @@ pub(crate) fn check_host_bytes(what: &str, bytes: usize) -> Result<()> {
 }
 
 /// An empty `Vec` with room for `len` elements of `T`, sized from caller input: refused
-/// before it is tried as [`check_host_bytes`] says, and `OutOfMemory` when the allocator
+/// before it is tried as `check_host_bytes` says, and `OutOfMemory` when the allocator
 /// refuses — an error value where `Vec::with_capacity` would abort the process.
 pub fn host_vec<T>(what: &str, len: usize) -> Result<Vec<T>> {
     let bytes = crate::size::bytes_of::<T>(what, len)?;

@@ -50,7 +50,7 @@ pub struct RingPlan {
     /// which ends at the first boundary of `dst`).
     pub host_align: usize,
     /// Bytes per second the link moves host to device (uploads: when the DMA engine is due
-    /// to run dry); not positive: [`FALLBACK_RATE`].
+    /// to run dry); not positive: `FALLBACK_RATE`.
     pub h2d_rate: f64,
 }
 
