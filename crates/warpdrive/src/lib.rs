@@ -6,6 +6,35 @@
 //! Every public type works on two backends, [`Device::Cuda`] and [`Device::Cpu`]; the CPU
 //! backend is the reference every kernel is tested against.
 //!
+//! # Quick start
+//!
+//! Upload, one fused op, download, on the CPU backend (`Device::best()` picks the GPU where
+//! there is one):
+//!
+//! ```
+//! use warpdrive::ops::{self, Activation, Map};
+//! use warpdrive::{bf16, Buffer, Device};
+//!
+//! # fn main() -> warpdrive::Result<()> {
+//! let stream = Device::cpu().new_stream()?;
+//! let x = Buffer::from_host(&stream, &[-1.0f32, 0.0, 1.0, 2.0])?;
+//! let mut y = Buffer::<bf16>::zeros(&stream, x.len())?;
+//! // y = silu(2·x + 1), cast to bf16, in one pass.
+//! ops::map(&stream, &Map::affine(2.0, 1.0).then(Activation::Silu), &x, &mut y)?;
+//! let y = y.to_host(&stream)?;
+//! let silu = |v: f32| v / (1.0 + (-v).exp());
+//! for (got, v) in y.iter().zip([-1.0f32, 1.0, 3.0, 5.0]) {
+//!     assert!((got.to_f32() - silu(v)).abs() < 0.05);
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! More in `crates/warpdrive/examples/` (`cargo run -p warpdrive --example NAME`):
+//! `quickstart`, `pool_stats` (the caching pool and its statistics), `graph_replay` (capture
+//! once, replay), `pipeline` (a pipelined transfer), `trace` (spans and a Chrome trace) and
+//! `moe_safetensors` (an MoE layer from a safetensors file).
+//!
 //! Floors (nothing imports upward): `device` + `kernels` → `memory` → `ops`, `exec`,
 //! `transfer` → `telemetry` → `moe`. The benchmark harness lives in the `warpdrive-bench`
 //! crate, above this one.
@@ -28,6 +57,9 @@ pub mod transfer;
 pub use device::{Device, DeviceInfo, Event, Stream};
 pub use dtype::{DType, DTypeKind, Float};
 pub use error::{Error, Result};
+/// The 16-bit float types of `Buffer<bf16>`, `MoeLayer::<f16>` and so on (the `half` crate's),
+/// so a user needs no dependency of their own to name them.
+pub use half::{bf16, f16};
 pub use memory::Buffer;
 
 /// The git revision this build came from (baked in by `build.rs`; `unknown` without git).
