@@ -100,7 +100,7 @@ impl Plan {
     }
 }
 
-/// Measures the ceilings of `device` (see [`Ceilings`] and `BENCH.md`) with work on
+/// Measures the ceilings of `device` (see [`Ceilings`] and `docs/BENCH.md`) with work on
 /// `stream`, at full size or, with `quick`, smaller sizes.
 ///
 /// On CUDA: host↔device copies pinned and pageable (best over 256 MiB and 1 GiB), the

@@ -1,5 +1,5 @@
 //! The benchmark harness behind `warpdrive bench` and `warpdrive doctor` (method and file
-//! format: `BENCH.md`).
+//! format: `docs/BENCH.md`).
 //!
 //! - [`suites`]: the registered [`Suite`]s; each runs its cases on a [`Ctx`] and records
 //!   [`Row`]s. [`run_suites`] always runs the `ceilings` suite first, so later rows can cite
@@ -53,7 +53,7 @@ pub use timing::{time_gpu, time_host, time_host_rounds};
 /// How large the benchmark inputs are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scale {
-    /// The sizes `BENCH.md` and the issues name (1 GiB copies, 8192³ GEMM): CUDA.
+    /// The sizes `docs/BENCH.md` and the issues name (1 GiB copies, 8192³ GEMM): CUDA.
     Full,
     /// Smaller sizes, so a run finishes quickly: the CPU backend.
     Quick,

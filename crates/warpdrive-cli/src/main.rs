@@ -2,7 +2,7 @@
 //!
 //! - `warpdrive doctor`: lists the devices and measures the machine's ceilings.
 //! - `warpdrive bench [SUITES...]`: runs benchmark suites (and their peers) and writes a
-//!   results file (`BENCH.md`); `--trace out.json` records a Chrome trace of the run.
+//!   results file (`docs/BENCH.md`); `--trace out.json` records a Chrome trace of the run.
 //! - `warpdrive report RESULTS.json [-o DIR]`: the table, SVG charts and one HTML page.
 //! - `warpdrive moe --preset NAME --tokens N [--weights PATH --layer N]`: one MoE layer
 //!   forward pass with per-stage timing, on seeded weights or one layer of a checkpoint.

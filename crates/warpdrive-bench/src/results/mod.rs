@@ -1,4 +1,4 @@
-//! The results file (`schema: "warpdrive-bench/1"`, see `BENCH.md`): rows, ceilings, the
+//! The results file (`schema: "warpdrive-bench/1"`, see `docs/BENCH.md`): rows, ceilings, the
 //! device record, the date, and the plain-text table.
 
 mod ceiling_model;
