@@ -10,6 +10,11 @@
 //! - [`UnifiedBuffer<T>`] (host and device mirrors with explicit syncs) and
 //!   [`ManagedBuffer<T>`] (CUDA managed memory with hints and prefetch).
 //! - [`profiler`]: opt-in recording of every buffer allocation and free.
+//! - [`host_vec`]: host memory sized from caller input, refused as an error value when the
+//!   machine cannot hold it.
+//!
+//! The staging ring, the copy threads and the fresh-`Vec` helpers that use these sit one
+//! floor up, in `transfer`.
 
 mod caching;
 mod host;

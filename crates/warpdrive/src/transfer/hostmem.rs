@@ -2,7 +2,9 @@
 //! faults (one per 4 KiB page), and `vec![0; n]` adds a zeroing pass on one thread where
 //! the allocator recycles memory. [`FreshVec`] grows a `Vec` in place without zeroing it
 //! first, on the copy threads (each faulting the pages it writes), and asks for transparent
-//! huge pages on large allocations (one fault per 2 MiB).
+//! huge pages on large allocations (one fault per 2 MiB). Also the stores a staged copy
+//! writes host memory with: [`stream_copy`] (non-temporal) and [`demote_copy`] (plain, then
+//! pushed to the shared cache for the DMA engine).
 
 use std::mem::MaybeUninit;
 

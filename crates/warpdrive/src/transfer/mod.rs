@@ -5,7 +5,8 @@
 //!   ([`Workers`], pinned to the GPU's NUMA node) fill pinned staging blocks from the pinned
 //!   pool while the DMA engine moves earlier chunks ([`TransferConfig::depth`] in flight, an
 //!   event per chunk guarding each block's reuse), as a ring without a barrier per chunk
-//!   (`memory::staging`); uploads write its blocks as [`StagingStores`] says. Copies under
+//!   (`ring/`: the grid of parts, the upload feed, the download flow); uploads write its
+//!   blocks as [`StagingStores`] says. Copies under
 //!   [`TransferConfig::direct_below`] take one DMA through one pinned block (filled or read
 //!   by the copy threads from [`ALWAYS_DIRECT`]; [`to_host`] faults its fresh pages in
 //!   during the DMA), except uploads under 64 KiB: the driver's own copy. Chunk
@@ -18,7 +19,8 @@
 //!   these functions, defined on this floor (`buffer.rs`: `memory` sits below it); the
 //!   driver's own copy stays as `Buffer::driver_copy_*`. [`to_host`] fills a fresh `Vec`
 //!   never zeroed first, all copy threads taking its page faults in parallel (huge pages
-//!   from 32 MiB).
+//!   from 32 MiB; `hostmem.rs`: `FreshVec`, the streaming and demoting stores). The copy
+//!   threads are [`workers`] (`workers.rs`), made once per process.
 //! - [`Batch`]: many small slices gathered (at upload, on the copy threads) into one pinned
 //!   block, one DMA, and a device offsets table; [`Packed::download`] is the reverse.
 //! - [`Pipeline`]: chunks streamed through N streams (H2D, user compute, D2H overlapping; a

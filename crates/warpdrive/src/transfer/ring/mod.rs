@@ -1,22 +1,23 @@
 //! Staged copies through a ring of pinned memory, with no barrier per chunk.
 //!
-//! The copy threads take the copy's parts in order from one ticket. Uploads ([`Feed`]): a
+//! The copy threads take the copy's parts in order from one ticket. Uploads (`upload.rs`): a
 //! part is written into the ring (after the DMA that read its room a ring's length back has
 //! completed), and the thread that writes one may send everything written in order since
-//! the last DMA as the next one, sized to keep the DMA engine fed. Downloads: a chunk's DMA
-//! fills its ring slot, each part waits for its chunk's DMA and copies out, and the thread
-//! that copies a chunk's last part enqueues the DMA of the chunk that reuses the slot. No
-//! thread waits for the others at a chunk's end, so a slow thread holds back one chunk
-//! rather than every thread, and the link is fed while the threads keep copying (the
-//! per-chunk barrier, not host memory, limited the fork/join copy this replaced; see
-//! bench/NOTES.md, staging ring). Parts are small at the start and the end ([`Grid`]'s ramp), so
-//! the first DMA (upload) or copy-out (download) starts after a little of the copy that
-//! every thread helps with.
+//! the last DMA as the next one, sized to keep the DMA engine fed. Downloads
+//! (`download.rs`): a chunk's DMA fills its ring slot, each part waits for its chunk's DMA
+//! and copies out, and the thread that copies a chunk's last part enqueues the DMA of the
+//! chunk that reuses the slot. No thread waits for the others at a chunk's end, so a slow
+//! thread holds back one chunk rather than every thread, and the link is fed while the
+//! threads keep copying (the per-chunk barrier, not host memory, limited the fork/join copy
+//! this replaced; see bench/NOTES.md, staging ring). Parts are small at the start and the
+//! end (`grid.rs`, the ramp), so the first DMA (upload) or copy-out (download) starts after
+//! a little of the copy that every thread helps with.
 //!
-//! The DMAs go through the stream's [`Dma`] engine: the GPU's copy engine on CUDA, the
-//! calling thread's copy on the CPU backend (complete when enqueued), under the same
-//! protocol of events, so the ring's ordering and every byte it moves are checked without
-//! a GPU too.
+//! This file holds what both directions share: the [`RingPlan`], the ring of pinned blocks
+//! and the waits on its events. The DMAs go through the stream's `device::dma` engine: the
+//! GPU's copy engine on CUDA, the calling thread's copy on the CPU backend (complete when
+//! enqueued), under the same protocol of events, so the ring's ordering and every byte it
+//! moves are checked without a GPU too.
 
 mod download;
 mod grid;
