@@ -8,13 +8,13 @@ use indicatif::ProgressBar;
 use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng};
 
-use warpdrive::device::stream_copy;
 use warpdrive::device::{Device, Stream};
 use warpdrive::error::{Error, Result};
 use warpdrive::exec::probe::LaunchProbe;
 use warpdrive::exec::LaunchConfig;
 use warpdrive::memory::{Buffer, PinnedBuf, PinnedPool};
 use warpdrive::ops;
+use warpdrive::transfer::stream_copy;
 
 use super::results::{Ceiling, Ceilings, Row};
 use super::timing::{time_gpu, time_host};
@@ -325,7 +325,7 @@ fn time_pinned_copies(
 ) -> Result<Vec<f64>> {
     let device = stream.device();
     let mut host = PinnedBuf::<u8>::new_in(pool, dev.len())?;
-    fill_pattern(host.as_mut_slice()?);
+    fill_pattern(host.wait_slice_mut()?);
     let (start, end) = (device.new_event()?, device.new_event()?);
     let mut times = Vec::with_capacity(reps);
     for rep in 0..=reps {

@@ -32,10 +32,10 @@
 use half::bf16;
 use rand::{Rng, SeedableRng};
 
-use warpdrive::device::host_vec;
 use warpdrive::device::Stream;
 use warpdrive::error::Result;
 use warpdrive::exec::graph::Graph;
+use warpdrive::memory::host_vec;
 use warpdrive::memory::Buffer;
 use warpdrive::moe::{MoeConfig, MoeLayer, MoePath, MoeWeights, PRESETS};
 use warpdrive::ops::{reduce_into, ReduceOp, Scratch, REDUCE_SCRATCH_BYTES};

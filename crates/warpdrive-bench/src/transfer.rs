@@ -32,10 +32,10 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use warpdrive::device::workers::PAGE;
 use warpdrive::error::{Error, Result};
 use warpdrive::memory::{Buffer, PinnedBuf};
 use warpdrive::ops;
+use warpdrive::transfer::workers::PAGE;
 use warpdrive::transfer::{self, Batch, Compression, Direction, Pipeline};
 
 use super::ceilings::{random_bytes, random_f32};

@@ -151,7 +151,7 @@ fn first_touch(ctx: &mut Ctx, plan: &Plan, bytes: usize) -> Result<()> {
             ctx,
             plan.reps,
             |v| {
-                pinned.borrow_mut().as_mut_slice()?.fill(v);
+                pinned.borrow_mut().wait_slice_mut()?.fill(v);
                 Ok(())
             },
             || {

@@ -178,13 +178,13 @@ fn pinned_body(dev: &Device, seed: u64) {
     let mut r = rng(seed);
     let data: Vec<f32> = (0..100_003).map(|_| r.random_range(-1.0..1.0)).collect();
     let mut src = PinnedBuf::<f32>::new_in(&pool, data.len()).unwrap();
-    src.as_mut_slice().unwrap().copy_from_slice(&data);
+    src.wait_slice_mut().unwrap().copy_from_slice(&data);
     let mut dev_buf = Buffer::<f32>::from_host(&s, &vec![f32::NAN; data.len()]).unwrap();
     dev_buf.copy_from_pinned(&s, &mut src).unwrap();
     let mut dst = PinnedBuf::<f32>::new_in(&pool, data.len()).unwrap();
-    dst.as_mut_slice().unwrap().fill(f32::NAN);
+    dst.wait_slice_mut().unwrap().fill(f32::NAN);
     dev_buf.copy_to_pinned(&s, &mut dst).unwrap();
-    assert!(dst.as_slice().unwrap() == &data[..], "pinned round trip");
+    assert!(dst.wait_slice().unwrap() == &data[..], "pinned round trip");
     let st = pool.stats();
     let class = pinned_class(data.len() * 4) as u64;
     assert_eq!(
@@ -214,7 +214,7 @@ fn pinned_body(dev: &Device, seed: u64) {
     assert_eq!(pool.stats().reserved, 0);
     // The default pinned pool, and a mismatched device.
     let x = PinnedBuf::from_slice(dev, &[1u8, 2, 3]).unwrap();
-    assert_eq!(x.as_slice().unwrap(), [1, 2, 3]);
+    assert_eq!(x.wait_slice().unwrap(), [1, 2, 3]);
     assert!(PinnedBuf::<u8>::new(dev, 0).unwrap().is_empty());
 }
 
@@ -542,7 +542,7 @@ fn pinned_reuse_body(dev: &Device, seed: u64) {
     src.copy_from_host(&streams[0], &data).unwrap();
     streams[0].synchronize().unwrap();
     let mut block = PinnedBuf::<f32>::new(dev, chunk).unwrap();
-    block.as_mut_slice().unwrap().fill(f32::NAN);
+    block.wait_slice_mut().unwrap().fill(f32::NAN);
     for k in 0..97 {
         let s = &streams[r.random_range(0..2)];
         src.copy_to_pinned_at(s, k * chunk, &mut block, chunk)
@@ -554,7 +554,7 @@ fn pinned_reuse_body(dev: &Device, seed: u64) {
                 .unwrap();
         }
         assert_eq!(
-            block.as_slice().unwrap(),
+            block.wait_slice().unwrap(),
             &data[k * chunk..(k + 1) * chunk],
             "chunk {k}"
         );
@@ -580,7 +580,7 @@ fn pinned_stress_body(dev: &Device, seed: u64) {
                 let mut held: Vec<(u64, PinnedBuf<u64>)> = Vec::new();
                 let check = |tag: u64, b: &PinnedBuf<u64>| {
                     let ok = b
-                        .as_slice()
+                        .wait_slice()
                         .unwrap()
                         .iter()
                         .copied()
@@ -602,7 +602,12 @@ fn pinned_stress_body(dev: &Device, seed: u64) {
                         };
                         let mut b = PinnedBuf::<u64>::new_in(pool, len).unwrap();
                         let tag = (t << 56) | (round << 24);
-                        for (x, v) in b.as_mut_slice().unwrap().iter_mut().zip(pattern(tag, len)) {
+                        for (x, v) in b
+                            .wait_slice_mut()
+                            .unwrap()
+                            .iter_mut()
+                            .zip(pattern(tag, len))
+                        {
                             *x = v;
                         }
                         held.push((tag, b));

@@ -46,18 +46,18 @@ impl Gate {
         gate.launch();
         stream.synchronize().unwrap();
         assert_eq!(gate.status(), 1, "the warm-up run saw the flag");
-        gate.flag.as_mut_slice().unwrap()[0] = 0;
+        gate.flag.wait_slice_mut().unwrap()[0] = 0;
         gate
     }
 
     /// Enqueues a kernel that holds the stream for [`GATE_POLLS`] polls.
     fn close(&mut self) {
-        self.status.as_mut_slice().unwrap()[0] = 0;
+        self.status.wait_slice_mut().unwrap()[0] = 0;
         self.launch();
     }
 
     fn status(&self) -> u32 {
-        self.status.as_slice().unwrap()[0]
+        self.status.wait_slice().unwrap()[0]
     }
 
     fn launch(&mut self) {

@@ -214,7 +214,7 @@ fn device_offsets_body(dev: &Device) {
         let what = format!("{len} u32 at device offset {offset}");
         let mut dst = Buffer::from_host(&s, &vec![POISON; n]).unwrap();
         let mut src = PinnedBuf::<u32>::new(dev, len + GUARD).unwrap();
-        src.as_mut_slice().unwrap()[..len].copy_from_slice(&data[..len]);
+        src.wait_slice_mut().unwrap()[..len].copy_from_slice(&data[..len]);
         dst.copy_from_pinned_at(&s, offset, &mut src, len).unwrap();
         let got = dst.to_host(&s).unwrap();
         assert!(
@@ -223,9 +223,9 @@ fn device_offsets_body(dev: &Device) {
         );
         assert_guards(&got, offset, len, POISON, &format!("{what}: to the device"));
         let mut back = PinnedBuf::<u32>::new(dev, len + GUARD).unwrap();
-        back.as_mut_slice().unwrap().fill(POISON);
+        back.wait_slice_mut().unwrap().fill(POISON);
         full.copy_to_pinned_at(&s, offset, &mut back, len).unwrap();
-        let back = back.as_slice().unwrap();
+        let back = back.wait_slice().unwrap();
         assert!(
             back[..len] == data[offset..offset + len],
             "{what}: to the host"

@@ -261,13 +261,13 @@ fn numa_pool_body(dev: &Device, seed: u64) {
     let stream = dev.new_stream().unwrap();
     let data = random_f32(&mut rng(seed), 100_003);
     let mut src = PinnedBuf::<f32>::new_in(&pool, data.len()).unwrap();
-    src.as_mut_slice().unwrap().copy_from_slice(&data);
+    src.wait_slice_mut().unwrap().copy_from_slice(&data);
     let mut d = Buffer::<f32>::uninit(&stream, data.len()).unwrap();
     d.copy_from_pinned(&stream, &mut src).unwrap();
     let mut back = PinnedBuf::<f32>::new_in(&pool, data.len()).unwrap();
-    back.as_mut_slice().unwrap().fill(f32::NAN);
+    back.wait_slice_mut().unwrap().fill(f32::NAN);
     d.copy_to_pinned(&stream, &mut back).unwrap();
-    assert_eq!(back.as_slice().unwrap(), &data[..]);
+    assert_eq!(back.wait_slice().unwrap(), &data[..]);
     drop((src, back));
     assert_eq!(pool.stats().driver_allocs, 2);
     let class = warpdrive::memory::pinned_class(data.len() * 4) as u64;

@@ -1,7 +1,7 @@
 //! The copy engine a staged copy feeds through its pinned ring: the stream's DMA engine on
 //! CUDA; on the CPU backend the calling thread's own copy, complete when the call returns
 //! (work on a CPU stream runs at once), so the event recorded after it finds it done. The
-//! ring (`memory::staging`) runs the same protocol on both: enqueue a copy, record its
+//! ring (`transfer::ring`) runs the same protocol on both: enqueue a copy, record its
 //! event, reuse the ring's room only once that event has completed.
 
 use super::{cpu, CudaDevice, Stream};

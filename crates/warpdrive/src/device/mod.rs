@@ -7,11 +7,9 @@ pub mod activity;
 pub(crate) mod cpu;
 pub(crate) mod cuda;
 pub(crate) mod dma;
-pub(crate) mod hostmem;
 pub(crate) mod mapped;
 pub mod probe;
 pub mod sysfs;
-pub mod workers;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Once};
@@ -29,7 +27,6 @@ pub(crate) use cuda::GemmCall;
 pub(crate) use cuda::LaunchMode;
 pub use cuda::RELEASE_AT_EXIT;
 pub(crate) use cuda::{at_exit, release_at_exit};
-pub use hostmem::{host_vec, stream_copy};
 
 /// The environment variable that overrides [`Device::best`]: `cpu`, `cuda` or `cuda:N`.
 pub const DEVICE_ENV: &str = "WARPDRIVE_DEVICE";

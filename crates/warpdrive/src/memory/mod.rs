@@ -10,25 +10,30 @@
 //! - [`UnifiedBuffer<T>`] (host and device mirrors with explicit syncs) and
 //!   [`ManagedBuffer<T>`] (CUDA managed memory with hints and prefetch).
 //! - [`profiler`]: opt-in recording of every buffer allocation and free.
+//! - [`host_vec`]: host memory sized from caller input, refused as an error value when the
+//!   machine cannot hold it.
+//!
+//! The staging ring, the copy threads and the fresh-`Vec` helpers that use these sit one
+//! floor up, in `transfer`.
 
 mod caching;
+mod host;
 mod pinned;
 mod pool;
 pub mod profiler;
-mod staging;
 mod unified;
 
 pub use caching::{round_size, segment_size, PoolConfig, PoolStats, ROUND, SMALL_MAX};
+pub use host::host_vec;
+pub(crate) use host::{check_host_bytes, host_filled};
 pub use pinned::{pinned_class, pinned_pool, PinnedBuf, PinnedPool, PinnedStats};
 pub use pool::{device_pool, release_cached, DevicePool, GraphMemory, PoolStrategy};
-pub use staging::RingPlan;
-pub(crate) use staging::{ring_download, ring_download_fresh, ring_upload};
 pub use unified::{Advice, Coherence, Location, ManagedBuffer, UnifiedBuffer};
 
 use std::marker::PhantomData;
+use std::mem::{size_of_val, MaybeUninit};
 use std::sync::Arc;
 
-use crate::device::hostmem::FreshVec;
 use crate::device::{cpu, Device, Stream};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -186,27 +191,16 @@ impl<T: DType> Buffer<T> {
         }
     }
 
-    /// The first `len` elements as a `Vec`, waiting for the stream (for buffers sized for a
-    /// capacity of which a pass wrote a prefix: the rest is never read).
-    pub(crate) fn prefix_to_host(&self, stream: &Stream, len: usize) -> Result<Vec<T>> {
-        let mut out = FreshVec::with_capacity(len)?;
-        self.append_prefix_to_host(stream, &mut out, len)?;
-        Ok(out.into_vec())
-    }
-
-    /// Appends the contents to `out` (straight into its spare capacity, no zeroing first),
-    /// waiting for the stream.
-    pub(crate) fn append_to_host(&self, stream: &Stream, out: &mut FreshVec<T>) -> Result<()> {
-        self.append_prefix_to_host(stream, out, self.len)
-    }
-
-    fn append_prefix_to_host(
+    /// The driver's own copy of the first `dst.len()` elements into `dst`, waiting for the
+    /// stream; on `Ok` every element of `dst` is written (the fresh-`Vec` downloads of the
+    /// transfer floor write straight into a `Vec`'s spare capacity through it).
+    pub(crate) fn driver_copy_prefix_to_uninit(
         &self,
         stream: &Stream,
-        out: &mut FreshVec<T>,
-        len: usize,
+        dst: &mut [MaybeUninit<T>],
     ) -> Result<()> {
         self.check_stream(stream, "to_host")?;
+        let len = dst.len();
         if len > self.len {
             return Err(Error::InvalidArgument(format!(
                 "to_host: {len} elements of a buffer of {}",
@@ -214,8 +208,17 @@ impl<T: DType> Buffer<T> {
             )));
         }
         match stream.cuda() {
-            Some((d, s)) => out.extend_d2h(d, s, self.ptr, len),
-            None => out.extend_from_slice(&self.host_view()?[..len]),
+            // SAFETY: `dst` holds `len` elements, borrowed mutably for the whole
+            // (synchronous) copy, and the buffer holds at least `len` from `ptr`.
+            Some((d, s)) => unsafe {
+                d.copy_d2h_raw(s, dst.as_mut_ptr().cast::<u8>(), self.ptr, size_of_val(dst))
+            },
+            None => {
+                for (d, s) in dst.iter_mut().zip(&self.host_view()?[..len]) {
+                    d.write(*s);
+                }
+                Ok(())
+            }
         }
     }
 

@@ -186,14 +186,17 @@ impl PinnedPool {
         }
     }
 
-    pub(super) fn event(&self) -> Result<Event> {
+    /// An event to record a use of its blocks with: a recycled one, or a new one.
+    pub(crate) fn take_event(&self) -> Result<Event> {
         match self.state.lock().events.pop() {
             Some(e) => Ok(e),
             None => self.device.new_sync_event(),
         }
     }
 
-    pub(super) fn recycle(&self, events: Vec<Event>) {
+    /// Keeps `events` (their uses complete, none to be waited on again) for
+    /// [`PinnedPool::take_event`].
+    pub(crate) fn recycle_events(&self, events: Vec<Event>) {
         self.state.lock().events.extend(events);
     }
 }
@@ -238,11 +241,11 @@ pub fn pinned_pool(device: &Device) -> Result<&'static Arc<PinnedPool>> {
 
 /// `len` elements of `T` in page-locked host memory, from a [`PinnedPool`].
 ///
-/// Host access ([`PinnedBuf::as_slice`], [`PinnedBuf::as_mut_slice`]) first waits for the
+/// Host access ([`PinnedBuf::wait_slice`], [`PinnedBuf::wait_slice_mut`]) first waits for the
 /// async copies that use the buffer, so the host never sees a half-done copy.
 pub struct PinnedBuf<T: DType> {
-    pub(super) pool: Arc<PinnedPool>,
-    pub(super) ptr: u64,
+    pool: Arc<PinnedPool>,
+    ptr: u64,
     len: usize,
     class: usize,
     /// Events recorded after the copies that use this buffer.
@@ -271,7 +274,7 @@ impl<T: DType> PinnedBuf<T> {
     /// As [`PinnedBuf::new`], from `pool`.
     pub fn new_in(pool: &Arc<PinnedPool>, len: usize) -> Result<Self> {
         let bytes = crate::size::bytes_of::<T>("pinned buffer", len)?;
-        crate::device::hostmem::check_host_bytes("pinned buffer", bytes)?;
+        super::check_host_bytes("pinned buffer", bytes)?;
         let (ptr, class) = if bytes == 0 {
             (0, 0)
         } else {
@@ -290,7 +293,7 @@ impl<T: DType> PinnedBuf<T> {
     /// A pinned copy of `data`.
     pub fn from_slice(device: &Device, data: &[T]) -> Result<Self> {
         let mut buf = Self::new(device, data.len())?;
-        buf.as_mut_slice()?.copy_from_slice(data);
+        buf.wait_slice_mut()?.copy_from_slice(data);
         Ok(buf)
     }
 
@@ -310,6 +313,11 @@ impl<T: DType> PinnedBuf<T> {
         self.pool.device()
     }
 
+    /// The pool this buffer came from (and goes back to).
+    pub fn pool(&self) -> &Arc<PinnedPool> {
+        &self.pool
+    }
+
     /// The host address (also the device's address for it, under unified addressing).
     pub fn host_ptr(&self) -> u64 {
         self.ptr
@@ -325,8 +333,8 @@ impl<T: DType> PinnedBuf<T> {
         Ok(true)
     }
 
-    /// The elements, once the copies that use the buffer have completed.
-    pub fn as_slice(&self) -> Result<&[T]> {
+    /// The elements, after waiting for the copies that use the buffer to complete.
+    pub fn wait_slice(&self) -> Result<&[T]> {
         for e in &self.events {
             e.synchronize()?;
         }
@@ -336,14 +344,14 @@ impl<T: DType> PinnedBuf<T> {
         Ok(unsafe { cpu::view(self.ptr, self.len) })
     }
 
-    /// The elements, mutably, once the copies that use the buffer have completed.
-    pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
+    /// The elements, mutably, after waiting for the copies that use the buffer to complete.
+    pub fn wait_slice_mut(&mut self) -> Result<&mut [T]> {
         for e in &self.events {
             e.synchronize()?;
         }
         let done = std::mem::take(&mut self.events);
-        self.pool.recycle(done);
-        // SAFETY: as in `as_slice`; `&mut self` makes this the only reference.
+        self.pool.recycle_events(done);
+        // SAFETY: as in `wait_slice`; `&mut self` makes this the only reference.
         Ok(unsafe { cpu::view_mut(self.ptr, self.len) })
     }
 
@@ -362,8 +370,8 @@ impl<T: DType> PinnedBuf<T> {
                 i += 1;
             }
         }
-        self.pool.recycle(done);
-        let event = self.pool.event()?;
+        self.pool.recycle_events(done);
+        let event = self.pool.take_event()?;
         stream.record(&event)?;
         self.events.push(event);
         Ok(())
@@ -389,7 +397,7 @@ impl<T: DType> Drop for PinnedBuf<T> {
                 }
             }
         }
-        self.pool.recycle(done);
+        self.pool.recycle_events(done);
         self.pool.release(self.ptr, self.class, waiting);
     }
 }
@@ -439,7 +447,7 @@ impl<T: DType> Buffer<T> {
                 src.record_use(stream)
             }
             None => {
-                let data = &src.as_slice()?[..len];
+                let data = &src.wait_slice()?[..len];
                 self.host_view_mut()?[offset..offset + len].copy_from_slice(data);
                 Ok(())
             }
@@ -477,7 +485,7 @@ impl<T: DType> Buffer<T> {
             }
             None => {
                 let src = &self.host_view()?[offset..offset + len];
-                dst.as_mut_slice()?[..len].copy_from_slice(src);
+                dst.wait_slice_mut()?[..len].copy_from_slice(src);
                 Ok(())
             }
         }

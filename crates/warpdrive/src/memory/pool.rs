@@ -462,7 +462,7 @@ mod tests {
         let pool = DevicePool::new(&dev, PoolStrategy::default()).unwrap();
         let (s1, s2) = (dev.new_stream().unwrap(), dev.new_stream().unwrap());
         let mut flag = PinnedBuf::<u32>::new(&dev, 1).unwrap();
-        flag.as_mut_slice().unwrap()[0] = 0;
+        flag.wait_slice_mut().unwrap()[0] = 0;
         let status = Buffer::<u32>::from_host(&s2, &[0]).unwrap();
         let n = 1usize << 20;
         let mut a = Buffer::<u32>::uninit_in(&pool, &s1, n).unwrap();
@@ -515,7 +515,7 @@ mod tests {
         );
         assert_eq!(pool.stats().unwrap().pending, (n * 4) as u64);
 
-        flag.as_mut_slice().unwrap()[0] = 1;
+        flag.wait_slice_mut().unwrap()[0] = 1;
         s2.synchronize().unwrap();
         assert_eq!(status.to_host(&s2).unwrap(), [1], "the kernel saw the flag");
         drop(b);

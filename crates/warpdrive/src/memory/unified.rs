@@ -72,7 +72,7 @@ impl<T: DType> UnifiedBuffer<T> {
     fn host_newer(stream: &Stream, len: usize, fill: impl FnOnce(&mut [T])) -> Result<Self> {
         let device = Buffer::uninit(stream, len)?;
         let mut host = PinnedBuf::new(stream.device(), len)?;
-        fill(host.as_mut_slice()?);
+        fill(host.wait_slice_mut()?);
         Ok(UnifiedBuffer {
             host,
             device,
@@ -97,14 +97,14 @@ impl<T: DType> UnifiedBuffer<T> {
     /// newer (call [`UnifiedBuffer::sync_to_host`] first).
     pub fn host(&self) -> Result<&[T]> {
         self.require_not(Coherence::DeviceNewer, "host")?;
-        self.host.as_slice()
+        self.host.wait_slice()
     }
 
     /// The host mirror for writing (the host side becomes newer), once copies that use it
     /// have completed; refused while the device side is newer.
     pub fn host_mut(&mut self) -> Result<&mut [T]> {
         self.require_not(Coherence::DeviceNewer, "host_mut")?;
-        let slice = self.host.as_mut_slice()?;
+        let slice = self.host.wait_slice_mut()?;
         self.state = Coherence::HostNewer;
         Ok(slice)
     }

@@ -1,8 +1,7 @@
 use crate::device::cpu;
-use crate::device::hostmem::{host_filled, host_vec};
 use crate::dtype::Float;
 use crate::error::Result;
-use crate::memory::Buffer;
+use crate::memory::{host_filled, host_vec, Buffer};
 use crate::ops::{self, Route};
 
 use super::config::{ForwardStats, Router};

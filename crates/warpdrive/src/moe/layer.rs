@@ -1,10 +1,9 @@
-use crate::device::hostmem::{host_filled, host_vec};
 use crate::device::Stream;
 use crate::dtype::{DType, DTypeKind, Float};
 use crate::error::{Error, Result};
 use crate::exec::graph::Graph;
 use crate::kernels::MOE;
-use crate::memory::Buffer;
+use crate::memory::{host_filled, host_vec, Buffer};
 use crate::ops;
 
 use super::config::{

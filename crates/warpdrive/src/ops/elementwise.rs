@@ -256,7 +256,7 @@ pub fn widen_f16_checking_inf(
     // 4 vectors of 4 per thread per pass, as the f16 -> f32 map.
     let grid = fill_grid(d, (&ELEMENTWISE, NAME), n, BLOCK as u64 * 16)?;
     let mut flag = PinnedBuf::<u32>::new(stream.device(), 1)?;
-    flag.as_mut_slice()?[0] = 0;
+    flag.wait_slice_mut()?[0] = 0;
     let args = Args::new().buf(x).buf(y).u64(n).u64(flag.host_ptr());
     // SAFETY: widen_f16_flag_inf(const f16* x, float* y, u64 n, volatile u32* any_inf): x
     // and y hold n elements; the flag is a live pinned block of one u32, addressable from
@@ -269,7 +269,7 @@ pub fn widen_f16_checking_inf(
         let _ = flag.record_use(stream);
         return Err(e);
     }
-    Ok(flag.as_slice()?[0] != 0)
+    Ok(flag.wait_slice()?[0] != 0)
 }
 
 /// An elementwise operation of two buffers.

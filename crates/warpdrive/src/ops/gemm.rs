@@ -16,11 +16,10 @@
 
 use half::{bf16, f16};
 
-use crate::device::hostmem::{host_filled, host_vec};
 use crate::device::{cpu, GemmCall, Stream};
 use crate::dtype::{DType, DTypeKind};
 use crate::error::{Error, Result};
-use crate::memory::Buffer;
+use crate::memory::{host_filled, host_vec, Buffer};
 
 /// How a GEMM reads its operands and computes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

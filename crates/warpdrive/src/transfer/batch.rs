@@ -6,12 +6,11 @@ use std::ops::Range;
 use parking_lot::Mutex;
 
 use super::workers;
-use crate::device::hostmem::host_vec;
-use crate::device::workers::{Workers, MIN_PIECE_BYTES};
+use super::workers::{Workers, MIN_PIECE_BYTES};
 use crate::device::{Device, Stream};
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::memory::{Buffer, PinnedBuf};
+use crate::memory::{host_vec, Buffer, PinnedBuf};
 
 /// One slice pushed into a [`Batch`]: its index in the batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -100,10 +99,10 @@ impl<'a, T: DType> Batch<'a, T> {
         if n + 1 > self.offsets.len() {
             self.offsets = PinnedBuf::new(&self.device, (n + 1).max(2 * self.offsets.len()))?;
         }
-        self.offsets.as_mut_slice()?[..=n].copy_from_slice(&self.starts);
+        self.offsets.wait_slice_mut()?[..=n].copy_from_slice(&self.starts);
         gather(
             workers(&self.device),
-            &mut self.data.as_mut_slice()?[..len],
+            &mut self.data.wait_slice_mut()?[..len],
             &self.starts,
             &self.slices,
         )?;
@@ -207,7 +206,7 @@ impl<T: DType> Packed<T> {
     pub fn download(&self, stream: &Stream) -> Result<Vec<Vec<T>>> {
         let mut host = PinnedBuf::new(stream.device(), self.data.len())?;
         self.data.copy_to_pinned(stream, &mut host)?;
-        let all = host.as_slice()?;
+        let all = host.wait_slice()?;
         let mut out: Vec<Vec<T>> = self
             .starts
             .windows(2)

@@ -2,6 +2,7 @@
 //! own copy below its crossover, so a user knows one API. (`memory` sits below this floor;
 //! the driver's copy stays there as `Buffer::driver_copy_from_host` / `driver_copy_to_host`.)
 
+use super::hostmem::FreshVec;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::memory::Buffer;
@@ -31,5 +32,21 @@ impl<T: DType> Buffer<T> {
     /// is never zeroed first).
     pub fn to_host(&self, stream: &Stream) -> Result<Vec<T>> {
         super::to_host(stream, self)
+    }
+}
+
+impl<T: DType> Buffer<T> {
+    /// The first `len` elements as a `Vec`, waiting for the stream (for buffers sized for a
+    /// capacity of which a pass wrote a prefix: the rest is never read).
+    pub(crate) fn prefix_to_host(&self, stream: &Stream, len: usize) -> Result<Vec<T>> {
+        let mut out = FreshVec::with_capacity(len)?;
+        out.extend_from_device(stream, self, len)?;
+        Ok(out.into_vec())
+    }
+
+    /// Appends the contents to `out` (straight into its spare capacity, no zeroing first),
+    /// waiting for the stream.
+    pub(crate) fn append_to_host(&self, stream: &Stream, out: &mut FreshVec<T>) -> Result<()> {
+        out.extend_from_device(stream, self, self.len())
     }
 }

@@ -11,13 +11,14 @@ use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use parking_lot::Mutex;
 
+use super::hostmem::demote_lines;
+use super::ring::ring_upload;
 use super::{check_len, config, workers, Direction, TransferConfig, PAGE};
-use crate::device::hostmem::demote_lines;
 use crate::device::Stream;
 use crate::dtype::{DTypeKind, Float};
 use crate::error::Result;
 use crate::exec::tune::{autotune, size_bucket};
-use crate::memory::{ring_upload, Buffer, PinnedBuf};
+use crate::memory::{Buffer, PinnedBuf};
 
 /// Bound on |sent − x| / |x| for finite `x` sent as bf16 (round to nearest, 8 significant
 /// bits; f32's whole range, subnormals aside).
@@ -252,7 +253,7 @@ fn download_narrow<H: Float>(
             cfg.threads,
             PAGE,
             piece,
-            &stage.as_slice()?[..piece.len()],
+            &stage.wait_slice()?[..piece.len()],
             &widen,
         )?;
         let next = i + depth;

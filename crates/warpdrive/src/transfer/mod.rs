@@ -5,7 +5,8 @@
 //!   ([`Workers`], pinned to the GPU's NUMA node) fill pinned staging blocks from the pinned
 //!   pool while the DMA engine moves earlier chunks ([`TransferConfig::depth`] in flight, an
 //!   event per chunk guarding each block's reuse), as a ring without a barrier per chunk
-//!   (`memory::staging`); uploads write its blocks as [`StagingStores`] says. Copies under
+//!   (`ring/`: the grid of parts, the upload feed, the download flow); uploads write its
+//!   blocks as [`StagingStores`] says. Copies under
 //!   [`TransferConfig::direct_below`] take one DMA through one pinned block (filled or read
 //!   by the copy threads from [`ALWAYS_DIRECT`]; [`to_host`] faults its fresh pages in
 //!   during the DMA), except uploads under 64 KiB: the driver's own copy. Chunk
@@ -18,7 +19,8 @@
 //!   these functions, defined on this floor (`buffer.rs`: `memory` sits below it); the
 //!   driver's own copy stays as `Buffer::driver_copy_*`. [`to_host`] fills a fresh `Vec`
 //!   never zeroed first, all copy threads taking its page faults in parallel (huge pages
-//!   from 32 MiB).
+//!   from 32 MiB; `hostmem.rs`: `FreshVec`, the streaming and demoting stores). The copy
+//!   threads are [`Workers`] (`workers.rs`), made once per process.
 //! - [`Batch`]: many small slices gathered (at upload, on the copy threads) into one pinned
 //!   block, one DMA, and a device offsets table; [`Packed::download`] is the reverse.
 //! - [`Pipeline`]: chunks streamed through N streams (H2D, user compute, D2H overlapping; a
@@ -31,14 +33,20 @@
 mod batch;
 mod buffer;
 mod compress;
+mod hostmem;
 mod pipeline;
+mod ring;
+pub mod workers;
 
 pub use batch::{Batch, Handle, Packed};
 pub use compress::{
     auto_choice, download_f32, upload_f32, Compression, BF16_REL_ERROR, F16_ABS_ERROR,
     F16_REL_ERROR,
 };
+pub use hostmem::stream_copy;
 pub use pipeline::{Pipeline, PipelineStats};
+pub use ring::RingPlan;
+pub use workers::Workers;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -46,14 +54,13 @@ use std::mem::size_of_val;
 
 use parking_lot::Mutex;
 
-use crate::device::hostmem::{demote_copy, demote_lines, stream_copy, FreshVec, HUGE_PAGE};
-use crate::device::workers::{Workers, PAGE};
 use crate::device::{Device, Stream};
 use crate::dtype::{DType, DTypeKind};
 use crate::error::Result;
-use crate::memory::{
-    check_len, ring_download, ring_download_fresh, ring_upload, Buffer, PinnedBuf, RingPlan,
-};
+use crate::memory::{check_len, Buffer, PinnedBuf};
+use hostmem::{demote_copy, demote_lines, FreshVec, HUGE_PAGE};
+use ring::{ring_download, ring_download_fresh, ring_upload};
+use workers::PAGE;
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
@@ -388,7 +395,7 @@ pub fn to_host<T: DType>(stream: &Stream, src: &Buffer<T>) -> Result<Vec<T>> {
     let bytes = src.size_bytes();
     if bytes < ALWAYS_DIRECT {
         match pinned_d2h(stream, src)? {
-            Some(stage) => out.extend_from_slice(stage.as_slice()?)?,
+            Some(stage) => out.extend_from_slice(stage.wait_slice()?)?,
             None => src.append_to_host(stream, &mut out)?,
         }
         return Ok(out.into_vec());
@@ -408,7 +415,7 @@ pub fn to_host<T: DType>(stream: &Stream, src: &Buffer<T>) -> Result<Vec<T>> {
         // memory).
         let faulting = bytes.div_ceil(HUGE_PAGE).min(workers.threads());
         out.prefault(workers, faulting, src.len())?;
-        out.extend_par(workers, workers.threads(), stage.as_slice()?)?;
+        out.extend_par(workers, workers.threads(), stage.wait_slice()?)?;
         return Ok(out.into_vec());
     }
     // Page faults, not the memory bus, bound copies into fresh memory: every thread helps.
@@ -480,7 +487,7 @@ fn direct_h2d<T: DType>(stream: &Stream, dst: &mut Buffer<T>, src: &[T]) -> Resu
         return dst.driver_copy_from_host(stream, src);
     }
     let mut stage = PinnedBuf::<T>::new(stream.device(), src.len())?;
-    block_copy(stream, stage.as_mut_slice()?, src)?;
+    block_copy(stream, stage.wait_slice_mut()?, src)?;
     dst.copy_from_pinned(stream, &mut stage)?;
     stream.synchronize()
 }
@@ -492,7 +499,7 @@ fn direct_d2h<T: DType>(stream: &Stream, src: &Buffer<T>, dst: &mut [T]) -> Resu
     let Some(stage) = pinned_d2h(stream, src)? else {
         return src.driver_copy_to_host(stream, dst);
     };
-    block_copy(stream, dst, stage.as_slice()?)
+    block_copy(stream, dst, stage.wait_slice()?)
 }
 
 /// The host side of a single-DMA copy: on this thread under [`ALWAYS_DIRECT`], else on
@@ -626,7 +633,7 @@ fn h2d_rate(stream: &Stream) -> Result<f64> {
         return Ok(*r);
     }
     let mut pinned = PinnedBuf::<u8>::new(device, PROBE_BYTES)?;
-    pinned.as_mut_slice()?.fill(0x5a);
+    pinned.wait_slice_mut()?.fill(0x5a);
     let mut dev = Buffer::<u8>::uninit(stream, PROBE_BYTES)?;
     let mut time = |bytes: usize| {
         fastest(|| {

@@ -7,11 +7,10 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use super::{par_copy, workers};
-use crate::device::hostmem::host_vec;
 use crate::device::{Device, Event, Stream};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::memory::{check_len, Buffer, PinnedBuf};
+use crate::memory::{check_len, host_vec, Buffer, PinnedBuf};
 
 /// Busy time per stage and the wall time of one [`Pipeline::run`].
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -304,7 +303,7 @@ impl Pipeline {
                 while !f.out.ready()? {
                     std::hint::spin_loop();
                 }
-                let host = f.out.as_slice()?;
+                let host = f.out.wait_slice()?;
                 wait_s += t.elapsed().as_secs_f64();
                 let t = Instant::now();
                 par_copy(workers, threads, piece, &host[..piece.len()])?;
@@ -316,7 +315,7 @@ impl Pipeline {
                 let piece = &input[next * chunk..((next + 1) * chunk).min(input.len())];
                 let mut block = PinnedBuf::<T>::new(&self.device, piece.len())?;
                 let t = Instant::now();
-                par_copy(workers, threads, block.as_mut_slice()?, piece)?;
+                par_copy(workers, threads, block.wait_slice_mut()?, piece)?;
                 host_s += t.elapsed().as_secs_f64();
                 if staged
                     .send(Staged {

@@ -2,14 +2,17 @@
 //! faults (one per 4 KiB page), and `vec![0; n]` adds a zeroing pass on one thread where
 //! the allocator recycles memory. [`FreshVec`] grows a `Vec` in place without zeroing it
 //! first, on the copy threads (each faulting the pages it writes), and asks for transparent
-//! huge pages on large allocations (one fault per 2 MiB).
+//! huge pages on large allocations (one fault per 2 MiB). Also the stores a staged copy
+//! writes host memory with: [`stream_copy`] (non-temporal) and [`demote_copy`] (plain, then
+//! pushed to the shared cache for the DMA engine).
 
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::workers::{Workers, PAGE};
-use super::CudaDevice;
+use crate::device::Stream;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::memory::{host_vec, Buffer};
 
 /// The transparent huge page size on x86-64 and most aarch64 kernels.
 pub const HUGE_PAGE: usize = 2 << 20;
@@ -121,84 +124,26 @@ impl<T: Copy + Send + Sync> FreshVec<T> {
         })
     }
 
-    /// Appends `n` elements that `device` copies from device address `src` on `stream`
-    /// (the driver's own pageable copy, straight into the spare capacity); waits for it.
-    pub(crate) fn extend_d2h(
-        &mut self,
-        device: &CudaDevice,
-        stream: &cudarc::driver::CudaStream,
-        src: u64,
-        n: usize,
-    ) -> Result<()> {
-        self.check_room(n)?;
-        let dst = self.vec.spare_capacity_mut().as_mut_ptr().cast::<u8>();
-        // SAFETY: `dst` starts at least `n` spare elements of this `Vec`, which `&mut self`
-        // keeps untouched and alive for the whole (synchronous) copy; the caller vouches
-        // that `src` covers them.
-        unsafe { device.copy_d2h_raw(stream, dst, src, n * std::mem::size_of::<T>())? };
-        // SAFETY: the copy completed without error, so all `n` elements are written.
-        unsafe { self.vec.set_len(self.vec.len() + n) };
-        Ok(())
-    }
-
     /// The filled `Vec`.
     pub fn into_vec(self) -> Vec<T> {
         self.vec
     }
 }
 
-/// The host's memory and swap in bytes (`MemTotal` + `SwapTotal`; 0 where unknown): the
-/// kernel's own bound on one allocation under its default overcommit policy. Kept from the
-/// last read; [`check_host_bytes`] reads again before refusing, since a VM's memory can
-/// grow while it runs (Firecracker VMs start small).
-fn host_total_bytes(fresh: bool) -> usize {
-    static TOTAL: AtomicUsize = AtomicUsize::new(usize::MAX);
-    let kept = TOTAL.load(Ordering::Relaxed);
-    if !fresh && kept != usize::MAX {
-        return kept;
+impl<T: DType> FreshVec<T> {
+    /// Appends the first `n` elements of `src` through the driver's own copy (straight into
+    /// the spare capacity), waiting for the stream.
+    pub(crate) fn extend_from_device(
+        &mut self,
+        stream: &Stream,
+        src: &Buffer<T>,
+        n: usize,
+    ) -> Result<()> {
+        src.driver_copy_prefix_to_uninit(stream, self.spare_mut(n)?)?;
+        // SAFETY: the copy returned Ok, so it wrote all `n` spare elements.
+        unsafe { self.add_len(n) };
+        Ok(())
     }
-    let total = super::cpu::mem_info()
-        .1
-        .saturating_add(super::cpu::swap_total_bytes());
-    TOTAL.store(total, Ordering::Relaxed);
-    total
-}
-
-/// Refuses `bytes` of host memory for `what` (`InvalidArgument`) when the machine has less
-/// memory and swap in total: the kernel would refuse such a request too, and trying it with
-/// a `Vec` aborts the process.
-pub(crate) fn check_host_bytes(what: &str, bytes: usize) -> Result<()> {
-    if bytes <= host_total_bytes(false) {
-        return Ok(());
-    }
-    let total = host_total_bytes(true);
-    if total > 0 && bytes > total {
-        return Err(Error::InvalidArgument(format!(
-            "{what}: {bytes} bytes, more than this host's {total} bytes of memory and swap"
-        )));
-    }
-    Ok(())
-}
-
-/// An empty `Vec` with room for `len` elements of `T`, sized from caller input: refused
-/// before it is tried as `check_host_bytes` says, and `OutOfMemory` when the allocator
-/// refuses — an error value where `Vec::with_capacity` would abort the process.
-pub fn host_vec<T>(what: &str, len: usize) -> Result<Vec<T>> {
-    let bytes = crate::size::bytes_of::<T>(what, len)?;
-    check_host_bytes(what, bytes)?;
-    let mut vec = Vec::new();
-    vec.try_reserve_exact(len).map_err(|e| Error::OutOfMemory {
-        requested: bytes,
-        detail: format!("{what}: the host allocator refused ({e})"),
-    })?;
-    Ok(vec)
-}
-
-/// `len` copies of `value` in a [`host_vec`] (the fallible `vec![value; len]`).
-pub(crate) fn host_filled<T: Clone>(what: &str, len: usize, value: T) -> Result<Vec<T>> {
-    let mut vec = host_vec(what, len)?;
-    vec.resize(len, value);
-    Ok(vec)
 }
 
 /// `dst.copy_from_slice(src)` into uninitialised memory.
@@ -455,21 +400,9 @@ mod tests {
     }
 
     #[test]
-    fn host_vecs_beyond_the_machine_are_errors_not_aborts() {
+    fn fresh_vecs_beyond_the_machine_are_errors_not_aborts() {
         for len in [usize::MAX, usize::MAX / 8, 1 << 60] {
-            let err = host_vec::<u64>("test", len).unwrap_err();
-            assert!(matches!(err, Error::InvalidArgument(_)), "{len}: {err}");
-            assert!(
-                err.to_string().starts_with("invalid argument: test:"),
-                "{err}"
-            );
             assert!(FreshVec::<u64>::with_capacity(len).is_err());
         }
-        let total = host_total_bytes(true);
-        if total > 0 {
-            assert!(host_vec::<u8>("test", total + 1).is_err());
-        }
-        assert_eq!(host_filled("test", 3, 7u16).unwrap(), [7, 7, 7]);
-        assert!(host_vec::<u32>("test", 1000).unwrap().capacity() >= 1000);
     }
 }

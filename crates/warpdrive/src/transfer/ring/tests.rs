@@ -1,6 +1,10 @@
+use std::sync::atomic::AtomicUsize;
+
+use super::grid::Grid;
 use super::*;
-use crate::device::hostmem::stream_copy;
 use crate::device::Device;
+use crate::memory::Buffer;
+use crate::transfer::hostmem::{stream_copy, FreshVec};
 
 fn plan(chunk_len: usize, part_len: usize) -> RingPlan {
     RingPlan {

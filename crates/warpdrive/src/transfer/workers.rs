@@ -1,8 +1,9 @@
 //! A persistent pool of host threads that runs one job's parts in parallel: the copy
 //! threads behind `transfer`'s staged copies and host conversions. Spawning threads per
 //! chunk costs tens of µs each; these are made once, optionally pinned to the CPUs of the
-//! GPU's NUMA node. It lives here (the backend floor) because lending a borrowed closure to
-//! long-lived threads needs `unsafe`.
+//! GPU's NUMA node. Lending a borrowed closure to long-lived threads needs `unsafe` (one
+//! lifetime erasure in [`Workers::run`]'s post, one call through it per part), kept here
+//! next to the protocol that makes it sound.
 //!
 //! A part that panics fails its job with [`Error::WorkerPanicked`]: the panic is caught
 //! where the part runs, so the thread that ran it lives on and the pool keeps every thread.
@@ -100,11 +101,11 @@ impl std::fmt::Debug for Workers {
 pub fn node_cpus(node: i32) -> Option<Vec<usize>> {
     let text =
         std::fs::read_to_string(format!("/sys/devices/system/node/node{node}/cpulist")).ok()?;
-    super::sysfs::parse_cpulist(text.trim()).filter(|cpus| !cpus.is_empty())
+    crate::device::sysfs::parse_cpulist(text.trim()).filter(|cpus| !cpus.is_empty())
 }
 
 fn pin_to(cpus: &[usize]) {
-    if let Err(e) = super::sysfs::pin_current_thread_to(cpus) {
+    if let Err(e) = crate::device::sysfs::pin_current_thread_to(cpus) {
         tracing::debug!("could not pin a copy thread to CPUs {cpus:?}: {e}");
     }
 }
