@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use half::bf16;
-use indicatif::ProgressBar;
 use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng};
 
@@ -18,7 +17,7 @@ use warpdrive::ops;
 
 use super::results::{Ceiling, Ceilings, Row};
 use super::timing::{time_gpu, time_host};
-use super::{step, warn, Ctx, Scale};
+use super::{Ctx, Progress, Scale};
 
 /// The suite name of the ceiling rows.
 pub const SUITE: &str = "ceilings";
@@ -100,6 +99,12 @@ impl Plan {
     }
 }
 
+/// Bytes of the host memcpy ceiling's copies at `scale`: copies smaller than this may stay in
+/// the CPU caches and outrun `host_memcpy_gbps`, which is measured from memory.
+pub(crate) fn memcpy_bytes(scale: Scale) -> usize {
+    Plan::new(scale, false).memcpy_bytes
+}
+
 /// Measures the ceilings of `device` (see [`Ceilings`] and `BENCH.md`) with work on
 /// `stream`, at full size or, with `quick`, smaller sizes.
 ///
@@ -119,7 +124,7 @@ pub fn measure_ceilings(device: &Device, stream: &Stream, quick: bool) -> Result
 /// [`measure_ceilings`] at an explicit [`Scale`] (`Scale::Tiny` for tests).
 pub fn measure_ceilings_at(device: &Device, stream: &Stream, scale: Scale) -> Result<Ceilings> {
     device.same_as(stream.device(), "measure_ceilings")?;
-    Ok(measure(stream, scale, &ProgressBar::hidden()).0)
+    Ok(measure(stream, scale, &Progress::hidden()).0)
 }
 
 /// The `ceilings` suite: fills the context's ceilings and adds one row per measured key.
@@ -133,15 +138,15 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
 }
 
 /// Every measurement, each guarded: the ceilings and the best row of each measured key.
-fn measure(stream: &Stream, scale: Scale, progress: &ProgressBar) -> (Ceilings, Vec<Row>) {
+fn measure(stream: &Stream, scale: Scale, progress: &Progress) -> (Ceilings, Vec<Row>) {
     let cuda = stream.device().is_cuda();
     let plan = Plan::new(scale, cuda);
     let mut found: Vec<(Ceiling, Row)> = Vec::new();
     let mut attempt = |what: String, f: &mut dyn FnMut() -> Result<Vec<(Ceiling, Row)>>| {
-        step(progress, format!("{SUITE}: {what}"));
+        progress.step(format!("{SUITE}: {what}"));
         match f() {
             Ok(rows) => found.extend(rows),
-            Err(e) => warn(progress, &format!("ceiling {what} not measured: {e}")),
+            Err(e) => progress.warn(&format!("ceiling {what} not measured: {e}")),
         }
     };
 
