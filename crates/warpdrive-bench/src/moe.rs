@@ -118,11 +118,27 @@ impl Plan {
 /// its N(0, 1) input (`warpdrive moe` runs the same pass, so its figures match the rows).
 /// An input whose size overflows or exceeds the host's memory is `InvalidArgument`.
 pub fn case(preset: &str, tokens: usize) -> Result<(MoeConfig, MoeWeights, Vec<bf16>)> {
-    let config = MoeConfig::preset(preset)?;
+    case_at(preset, tokens, Scale::Full)
+}
+
+/// [`case`] with the layer at `scale` as the suite shrinks it (hidden and intermediate
+/// divided by 8 at `Quick`); [`case_name`] names it.
+pub fn case_at(
+    preset: &str,
+    tokens: usize,
+    scale: Scale,
+) -> Result<(MoeConfig, MoeWeights, Vec<bf16>)> {
+    let config = Plan::new(scale).config(preset)?;
     let what = format!("MoE input of {tokens} tokens × hidden {}", config.hidden);
     let n = warpdrive::size::product(&what, &[tokens, config.hidden])?;
     let x = normal_bf16(&what, SEED ^ tokens as u64, n)?;
     Ok((config, MoeWeights::Random { seed: SEED }, x))
+}
+
+/// The suite's case for `preset` at `scale`: the preset's name, or `PRESET/8` where its
+/// hidden and intermediate sizes are divided by 8.
+pub fn case_name(preset: &str, scale: Scale) -> String {
+    Plan::new(scale).case(preset)
 }
 
 /// `n` bf16 values from N(0, 1) (Box–Muller), seeded; `what` names them in an error.

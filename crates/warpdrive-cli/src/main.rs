@@ -7,7 +7,10 @@
 //! - `warpdrive moe --preset NAME --tokens N [--weights PATH --layer N]`: one MoE layer
 //!   forward pass with per-stage timing, on seeded weights or one layer of a checkpoint.
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -19,9 +22,10 @@ use warpdrive_bench::{self as bench, Results, Scale};
 /// The results file `bench` writes when `--json` is not given.
 const DEFAULT_RESULTS: &str = "warpdrive-results.json";
 
-/// warpdrive: GPU performance runtime — device checks and benchmarks.
+/// warpdrive: GPU performance runtime. `doctor` checks the machine, `bench` benchmarks
+/// it, `report` renders a results file, `moe` runs one MoE layer.
 #[derive(Debug, Parser)]
-#[command(name = "warpdrive", version, about, long_about = None)]
+#[command(name = "warpdrive", version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -34,6 +38,8 @@ enum Command {
     Doctor {
         #[command(flatten)]
         device: DeviceOpt,
+        #[command(flatten)]
+        scale: ScaleOpt,
         #[command(flatten)]
         output: OutputOpt,
     },
@@ -57,6 +63,8 @@ enum Command {
         #[command(flatten)]
         device: DeviceOpt,
         #[command(flatten)]
+        scale: ScaleOpt,
+        #[command(flatten)]
         output: OutputOpt,
     },
     /// Render a results file: the table on stdout, SVG charts and one self-contained HTML
@@ -71,8 +79,8 @@ enum Command {
     },
     /// Run one MoE layer forward pass (bf16; the `moe` bench suite's seeded weights, or one
     /// layer of a checkpoint with `--weights`, and N(0,1) input for that preset and token
-    /// count) and print the time of each stage, then the time of a whole pass as `forward`
-    /// runs it.
+    /// count) and print the time of each stage of one staged pass and their sum, then the
+    /// time per pass of `--reps` passes as `forward` runs them.
     Moe {
         /// Layer shape: mixtral-8x7b, qwen3-30b-a3b, deepseek-v3-slice or gpt-oss-120b.
         #[arg(long, value_name = "NAME")]
@@ -97,6 +105,12 @@ enum Command {
         /// instead of the one-kernel decode.
         #[arg(long)]
         no_decode_kernel: bool,
+        /// Layer size: `full` (the preset's shape, the default), `quick` or `tiny` (hidden
+        /// and intermediate divided by 8 or 16, as the `moe` bench suite runs on the CPU; the
+        /// output names the layer PRESET/8 or PRESET/16).
+        #[arg(long, value_name = "SCALE", default_value = "full",
+              value_parser = ["full", "quick", "tiny"])]
+        scale: String,
         #[command(flatten)]
         weights: WeightsOpt,
         #[command(flatten)]
@@ -155,11 +169,43 @@ struct DeviceOpt {
 impl DeviceOpt {
     fn open(&self) -> Result<Device> {
         match &self.device {
-            Some(spec) => {
-                Device::from_spec(spec).with_context(|| format!("opening --device {spec}"))
-            }
+            // The library's message names WARPDRIVE_DEVICE, which this value did not come from.
+            Some(spec) => Device::from_spec(spec).map_err(|e| match e {
+                warpdrive::Error::BadDeviceSpec { .. } => anyhow::anyhow!(
+                    "--device {spec:?} is not a device: expected `cpu`, `cuda` or `cuda:N`"
+                ),
+                e => anyhow::Error::new(e).context(format!("opening --device {spec}")),
+            }),
             None => Device::best().context("choosing a device"),
         }
+    }
+}
+
+/// How large the benchmark inputs are.
+#[derive(Debug, Args)]
+struct ScaleOpt {
+    /// Input sizes: `full` (the sizes BENCH.md names; the default on CUDA), `quick` (smaller;
+    /// the default on the CPU) or `tiny` (just enough to run every case once: a smoke test).
+    #[arg(long, value_name = "SCALE", value_parser = ["full", "quick", "tiny"])]
+    scale: Option<String>,
+}
+
+impl ScaleOpt {
+    /// The scale asked for, else the device's default.
+    fn on(&self, device: &Device) -> Scale {
+        match self.scale.as_deref() {
+            Some(name) => scale_named(name),
+            None => Scale::for_device(device),
+        }
+    }
+}
+
+/// The scale clap accepted by name (`full`, `quick` or `tiny`).
+fn scale_named(name: &str) -> Scale {
+    match name {
+        "quick" => Scale::Quick,
+        "tiny" => Scale::Tiny,
+        _ => Scale::Full,
     }
 }
 
@@ -172,17 +218,48 @@ struct OutputOpt {
     json: Option<PathBuf>,
 }
 
-fn main() -> Result<()> {
+fn main() -> ExitCode {
     init_logging();
-    let cli = Cli::parse();
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", error_line(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// An error and its causes on one line, `what: why: ...`, leaving out a cause whose text
+/// the line already holds (library errors repeat their source's message), and no backtrace.
+fn error_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
+fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Doctor { device, output } => doctor(&device, output.json.as_deref()),
+        Command::Doctor {
+            device,
+            scale,
+            output,
+        } => doctor(&device, &scale, output.json.as_deref()),
         Command::Bench {
             suites,
             list,
             replay,
             trace,
             device,
+            scale,
             output,
         } => {
             if list {
@@ -195,7 +272,13 @@ fn main() -> Result<()> {
             let options = bench::Options {
                 memory_trace: replay,
             };
-            bench_traced(&suites, &device, &path, &options, trace.as_deref())
+            bench_traced(
+                &suites,
+                (&device, &scale),
+                &path,
+                &options,
+                trace.as_deref(),
+            )
         }
         Command::Report { results, out } => report(&results, out.as_deref()),
         Command::Moe {
@@ -205,10 +288,11 @@ fn main() -> Result<()> {
             reps,
             no_wgmma,
             no_decode_kernel,
+            scale,
             weights,
             device,
         } => moe(
-            &preset,
+            (&preset, scale_named(&scale)),
             tokens,
             &path,
             reps,
@@ -220,7 +304,7 @@ fn main() -> Result<()> {
 }
 
 fn moe(
-    preset: &str,
+    (preset, scale): (&str, Scale),
     tokens: usize,
     path: &str,
     reps: u32,
@@ -239,7 +323,9 @@ fn moe(
     if tokens == 0 {
         bail!("--tokens 0: a pass needs at least one token");
     }
-    let (config, mut weights, x) = bench::moe::case(preset, tokens)?;
+    let progress = bench::Progress::lines();
+    let (config, mut weights, x) = bench::moe::case_at(preset, tokens, scale)?;
+    let layer_name = bench::moe::case_name(preset, scale);
     let source = match file {
         Some(file) => {
             let source = file.path().display().to_string();
@@ -250,39 +336,50 @@ fn moe(
     };
     let device = device.open()?;
     let stream = device.new_stream()?;
+    progress.step(format!(
+        "loading the {layer_name} layer on {} ({source})",
+        device.label()
+    ));
     let mut layer = MoeLayer::<half::bf16>::new(&stream, config, weights)
-        .with_context(|| format!("loading the {preset} layer from {source}"))?;
+        .with_context(|| format!("loading the {layer_name} layer from {source}"))?;
     layer.set_path(path);
     layer.set_warpgroup_mma(wgmma);
     layer.set_decode_kernel(decode);
     let x = warpdrive::Buffer::from_host(&stream, &x)?;
     let mut y = warpdrive::Buffer::<half::bf16>::uninit(&stream, x.len())?;
-    // Warm-up (kernel loads), then the staged pass.
+    progress.step("warm-up pass (kernel loads)".into());
     layer.profile(&x, &mut y)?;
+    progress.step("one pass timed stage by stage".into());
     let stages = layer.profile(&x, &mut y)?;
-    println!(
-        "{preset}, {tokens} tokens on {} ({source}, {path:?}{}{}):",
-        device.label(),
-        if wgmma { "" } else { ", no wgmma" },
-        if decode { "" } else { ", no decode kernel" }
-    );
-    let total: f64 = stages.iter().map(|(_, us)| us).sum();
-    for (name, us) in &stages {
-        println!("  {name:<16} {us:>10.1} us");
-    }
-    println!("  {:<16} {total:>10.1} us (eager, staged)", "sum");
+    progress.step(format!("{reps} passes as forward runs them"));
     layer.forward_into(&x, &mut y)?;
     stream.synchronize()?;
-    let t = std::time::Instant::now();
+    let t = Instant::now();
     for _ in 0..reps {
         layer.forward_into(&x, &mut y)?;
     }
     stream.synchronize()?;
+    let per_pass = t.elapsed().as_secs_f64() * 1e6 / f64::from(reps);
     let stats = layer.last_stats();
     println!(
-        "  {:<16} {:>10.1} us per pass as forward runs it, {reps} back to back (graph: {}, host syncs: {}, launches: {})",
-        "forward",
-        t.elapsed().as_secs_f64() * 1e6 / f64::from(reps),
+        "{layer_name} (hidden {}, intermediate {}), {tokens} tokens on {} ({source}, {path:?}{}{}):",
+        config.hidden,
+        config.intermediate,
+        device.label(),
+        if wgmma { "" } else { ", no wgmma" },
+        if decode { "" } else { ", no decode kernel" }
+    );
+    for (name, us) in &stages {
+        println!("  {name:<16} {us:>10.1} us");
+    }
+    let total: f64 = stages.iter().map(|(_, us)| us).sum();
+    println!(
+        "  {:<16} {total:>10.1} us (one eager pass, timed stage by stage)",
+        "stages total"
+    );
+    println!(
+        "  {:<16} {per_pass:>10.1} us per pass as forward runs it, {reps} back to back (graph: {}, host syncs: {}, launches: {})",
+        "whole pass",
         stats.graph,
         stats.host_syncs,
         stats.launches
@@ -294,7 +391,7 @@ fn moe(
 /// suites, the output paths and the replay trace are checked before anything runs.
 fn bench_traced(
     names: &[String],
-    device: &DeviceOpt,
+    device: (&DeviceOpt, &ScaleOpt),
     path: &Path,
     options: &bench::Options,
     trace: Option<&Path>,
@@ -334,7 +431,7 @@ fn bench_traced(
         .with_context(|| format!("writing {}", trace_path.display()))?;
     println!(
         "trace written to {} ({} slices)",
-        trace_path.display(),
+        absolute(trace_path).display(),
         recorded.slices()
     );
     ran
@@ -358,6 +455,8 @@ fn init_logging() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour codes only for a terminal: in a log file or a pipe they are noise.
+        .with_ansi(std::io::stderr().is_terminal())
         .try_init();
 }
 
@@ -372,10 +471,12 @@ fn list_suites() {
     }
 }
 
-fn doctor(device: &DeviceOpt, json: Option<&Path>) -> Result<()> {
+fn doctor(device: &DeviceOpt, scale: &ScaleOpt, json: Option<&Path>) -> Result<()> {
     if let Some(path) = json {
         check_output(path)?;
     }
+    // Opened first: a bad --device fails before the report starts.
+    let device = device.open()?;
     println!(
         "warpdrive {} (git {})",
         env!("CARGO_PKG_VERSION"),
@@ -397,8 +498,7 @@ fn doctor(device: &DeviceOpt, json: Option<&Path>) -> Result<()> {
         }
     }
 
-    let device = device.open()?;
-    let scale = Scale::for_device(&device);
+    let scale = scale.on(&device);
     println!();
     println!(
         "measuring ceilings on {} ({} sizes)...",
@@ -406,7 +506,10 @@ fn doctor(device: &DeviceOpt, json: Option<&Path>) -> Result<()> {
         scale.name()
     );
     if scale.quick() {
-        println!("note: the CPU backend uses smaller sizes than a GPU run");
+        println!(
+            "note: {} sizes are smaller than a full GPU run's",
+            scale.name()
+        );
     }
     let ceilings = bench::select_suites(&["ceilings"])?;
     let outcome = bench::run_suites(&device, &ceilings, scale)?;
@@ -417,7 +520,11 @@ fn doctor(device: &DeviceOpt, json: Option<&Path>) -> Result<()> {
         indent(&bench::format_ceilings(&outcome.results.ceilings))
     );
     match json {
-        Some(path) => save_results(&outcome.results, &outcome.failed, path),
+        Some(path) => {
+            let saved = save_results(&outcome.results, &outcome.failed, path)?;
+            println!("results written to {}", saved.display());
+            Ok(())
+        }
         None => fail_on(&outcome.failed),
     }
 }
@@ -432,6 +539,7 @@ fn print_info(info: &DeviceInfo) {
         "pcie".into(),
         info.pcie().map_or(Value::Null, Value::String),
     );
+    fields.insert("numa".into(), Value::String(numa_line(&info.numa)));
     let width = fields.keys().map(String::len).max().unwrap_or(0);
     for (key, value) in &fields {
         if key == "libraries" {
@@ -447,9 +555,37 @@ fn print_info(info: &DeviceInfo) {
         .max()
         .unwrap_or(0);
     for lib in &info.libraries {
-        let state = if lib.loaded { "loaded" } else { "missing" };
-        let version = lib.version.as_deref().unwrap_or("-");
-        println!("    {:<lib_width$}  {state:<7}  {version}", lib.name);
+        let state = match (lib.loaded, lib.version.as_deref()) {
+            (true, Some(version)) => format!("loaded   {version}"),
+            (true, None) => "loaded   (version not reported)".into(),
+            (false, _) => format!("missing  ({})", missing_library(lib.name)),
+        };
+        println!("    {:<lib_width$}  {state}", lib.name);
+    }
+}
+
+/// Where host memory and staging threads go, in words.
+fn numa_line(numa: &warpdrive::device::sysfs::NumaPlacement) -> String {
+    let nodes = format!("{} node(s) on this machine", numa.nodes);
+    match numa.node {
+        Some(node) => format!(
+            "node {node} ({} CPUs; {nodes}): host memory and staging threads go there",
+            numa.cpus.len()
+        ),
+        None => format!("no placement ({nodes}, or none named for this device)"),
+    }
+}
+
+/// Why a CUDA library is missing and what goes without it.
+fn missing_library(name: &str) -> &'static str {
+    match name {
+        "driver" => "libcuda.so could not be loaded: no NVIDIA driver; no CUDA device",
+        "nvrtc" => "libnvrtc.so could not be loaded: no CUDA toolkit; kernels cannot compile",
+        "cublas" => "libcublas.so could not be loaded: GEMMs through cuBLAS unavailable",
+        "cublaslt" => "libcublasLt.so could not be loaded: cuBLASLt GEMMs unavailable",
+        "nccl" => "libnccl.so could not be loaded: multi-GPU collectives unavailable",
+        "cufile" => "libcufile.so could not be loaded: GPUDirect Storage unavailable",
+        _ => "could not be loaded",
     }
 }
 
@@ -468,19 +604,24 @@ fn indent(text: &str) -> String {
 
 fn bench_cmd(
     suites: &[&'static bench::Suite],
-    device: &DeviceOpt,
+    (device, scale): (&DeviceOpt, &ScaleOpt),
     path: &Path,
     options: &bench::Options,
 ) -> Result<()> {
+    let started = Instant::now();
     let device = device.open()?;
-    let scale = Scale::for_device(&device);
+    let scale = scale.on(&device);
     println!(
         "benchmarking on {} ({} sizes)",
         device.label(),
         scale.name()
     );
     if scale.quick() {
-        println!("note: the CPU backend uses smaller sizes than a GPU run (quick mode)");
+        println!(
+            "note: {} sizes are smaller than a full GPU run's; MoE cases named PRESET/N have \
+             the preset's hidden and intermediate sizes divided by N",
+            scale.name()
+        );
     }
     let bench::Outcome {
         mut results,
@@ -500,7 +641,15 @@ fn bench_cmd(
     println!();
     bench::print_table(&results);
     println!();
-    save_results(&results, &failed, path)
+    let saved = save_results(&results, &failed, path);
+    // What ran, how long it took and where the results are: the last lines of a run.
+    println!(
+        "ran {} in {:.1} s",
+        ran.join(", "),
+        started.elapsed().as_secs_f64()
+    );
+    println!("results written to {}", saved?.display());
+    Ok(())
 }
 
 /// Fails, naming `path` and why, when the results or trace file could not be written there:
@@ -513,11 +662,17 @@ fn check_output(path: &Path) -> Result<()> {
 /// Writes `results` to `path` when every suite succeeded. After a failure they go to a
 /// `.partial` file beside it instead (see [`partial_path`]), so a failed run never replaces
 /// a good results file, and the run fails naming the suites.
-fn save_results(results: &Results, failed: &[(&str, warpdrive::Error)], path: &Path) -> Result<()> {
+/// Returns the absolute path written.
+fn save_results(
+    results: &Results,
+    failed: &[(&str, warpdrive::Error)],
+    path: &Path,
+) -> Result<PathBuf> {
+    let path = absolute(path);
     if failed.is_empty() {
-        return write_results(results, path);
+        return write_results(results, &path);
     }
-    let partial = partial_path(path);
+    let partial = partial_path(&path);
     write_results(results, &partial)?;
     bail!(
         "{}; the results so far are in {} ({} was left as it was)",
@@ -525,6 +680,11 @@ fn save_results(results: &Results, failed: &[(&str, warpdrive::Error)], path: &P
         partial.display(),
         path.display()
     )
+}
+
+/// `path` from the filesystem root, so that the line naming it works from any folder.
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
 fn fail_on(failed: &[(&str, warpdrive::Error)]) -> Result<()> {
@@ -551,12 +711,11 @@ fn partial_path(path: &Path) -> PathBuf {
 }
 
 /// Writes `results` atomically (a failed write leaves the file that was there whole).
-fn write_results(results: &Results, path: &Path) -> Result<()> {
+fn write_results(results: &Results, path: &Path) -> Result<PathBuf> {
     results
         .write_json(path)
         .with_context(|| format!("writing {}", path.display()))?;
-    println!("results written to {}", path.display());
-    Ok(())
+    Ok(path.to_path_buf())
 }
 
 #[cfg(test)]
@@ -578,12 +737,22 @@ mod tests {
         let cli = parse(&["doctor"]).unwrap();
         assert!(matches!(
             cli.command,
-            Command::Doctor { ref device, ref output } if device.device.is_none() && output.json.is_none()
+            Command::Doctor { ref device, ref output, ref scale }
+                if device.device.is_none() && output.json.is_none() && scale.scale.is_none()
         ));
-        let cli = parse(&["doctor", "--json", "d.json", "--device", "cuda:1"]).unwrap();
-        let Command::Doctor { device, output } = cli.command else {
+        let cli = parse(&[
+            "doctor", "--json", "d.json", "--device", "cuda:1", "--scale", "tiny",
+        ])
+        .unwrap();
+        let Command::Doctor {
+            device,
+            output,
+            scale,
+        } = cli.command
+        else {
             panic!("not doctor")
         };
+        assert_eq!(scale.on(&Device::cpu()), Scale::Tiny);
         assert_eq!(device.device.as_deref(), Some("cuda:1"));
         assert_eq!(output.json, Some(PathBuf::from("d.json")));
     }
@@ -597,12 +766,16 @@ mod tests {
             replay,
             trace,
             device,
+            scale,
             output,
         } = cli.command
         else {
             panic!("not bench")
         };
         assert!(suites.is_empty() && !list && device.device.is_none() && output.json.is_none());
+        // The device's default scale: quick on the CPU.
+        assert_eq!(scale.on(&Device::cpu()), Scale::Quick);
+        assert!(parse(&["bench", "--scale", "huge"]).is_err());
         assert!(replay.is_none() && trace.is_none());
         let cli = parse(&["bench", "telemetry", "--trace", "out.json"]).unwrap();
         assert!(matches!(
@@ -744,7 +917,7 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "good");
         let partial = dir.join("r.partial.json");
         assert!(
-            err.contains("memory") && err.contains(&*partial.to_string_lossy()),
+            err.contains("memory") && err.contains(&*absolute(&partial).to_string_lossy()),
             "{err}"
         );
         assert_eq!(Results::read_json(&partial).unwrap().rows, results.rows);
@@ -752,6 +925,16 @@ mod tests {
         save_results(&results, &[], &path).unwrap();
         assert!(Results::read_json(&path).is_ok());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn an_error_line_says_each_cause_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "gone");
+        let lib = warpdrive::Error::io(Path::new("r.json"), io);
+        let e = anyhow::Error::new(lib).context("reading r.json");
+        let line = error_line(&e);
+        assert_eq!(line.matches("gone").count(), 1, "{line}");
+        assert!(line.starts_with("reading r.json: "), "{line}");
     }
 
     #[test]
