@@ -192,7 +192,7 @@ fn rows_say_what_they_measured() {
                 "{what}: {extra}"
             );
         }
-        if case == "host-copy-rate" && variant == "memcpy" {
+        if case == "host-copy-rate" {
             assert_eq!(r["extra"]["ceiling"], "host_memcpy_gbps", "{what}");
         }
         if let Some(n) = case.strip_prefix("gemm-bf16-") {
