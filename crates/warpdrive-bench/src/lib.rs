@@ -421,9 +421,10 @@ pub fn run_suites_with(
     ctx.set_progress(Progress::on_stderr(order.len() as u64));
     let mut failed = Vec::new();
     let ran: Vec<&'static str> = order.iter().map(|s| s.name).collect();
-    for suite in order {
+    let count = order.len();
+    for (i, suite) in order.into_iter().enumerate() {
         ctx.suite = suite.name;
-        ctx.step(suite.name);
+        ctx.step(format!("{} (suite {} of {count})", suite.name, i + 1));
         // A span per suite on the bench stream (recorded only while telemetry is on).
         let span = warpdrive::telemetry::span(suite.name, &ctx.stream);
         let ran = (suite.run)(&mut ctx);

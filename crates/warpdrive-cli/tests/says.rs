@@ -141,6 +141,8 @@ fn bench_ends_with_what_ran_and_where_the_results_are() {
     );
     // Progress in a pipe: a line per step, and no colour codes in the logs.
     for step in [
+        "ceilings (suite 1 of 2)",
+        "telemetry (suite 2 of 2)",
         "ceilings: host_memcpy_gbps",
         "ceilings: cpu_gemm_f32_gflops",
         "span-overhead disabled",
