@@ -42,8 +42,9 @@ pub(crate) fn moe(
     let device = device.open()?;
     let stream = device.new_stream()?;
     progress.step(format!(
-        "loading the {layer_name} layer on {} ({source})",
-        device.label()
+        "loading the {layer_name} layer on {} ({source}, {:.2} GB)",
+        device.label(),
+        config.weight_bytes()? as f64 / 1e9
     ));
     let mut layer = MoeLayer::<half::bf16>::new(&stream, config, weights)
         .with_context(|| format!("loading the {layer_name} layer from {source}"))?;
@@ -52,11 +53,12 @@ pub(crate) fn moe(
     layer.set_decode_kernel(decode);
     let x = warpdrive::Buffer::from_host(&stream, &x)?;
     let mut y = warpdrive::Buffer::<half::bf16>::uninit(&stream, x.len())?;
-    progress.step("warm-up pass (kernel loads)".into());
+    progress.step("warm-up pass".into());
     layer.profile(&x, &mut y)?;
     progress.step("one pass timed stage by stage".into());
     let stages = layer.profile(&x, &mut y)?;
-    progress.step(format!("{reps} passes as forward runs them"));
+    let passes = if reps == 1 { "pass" } else { "passes" };
+    progress.step(format!("{reps} {passes} as forward runs them"));
     layer.forward_into(&x, &mut y)?;
     stream.synchronize()?;
     let t = Instant::now();
