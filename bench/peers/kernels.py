@@ -5,7 +5,7 @@ Rows, with the case names and sizes warpdrive uses:
   scale-<size>  torch-mul            y = x * 1.5 into a preallocated y (bytes read + written)
   sum-<size>    torch-sum            torch.sum of the same f32 buffer into a preallocated scalar
                                      (bytes read)
-  gemm-bf16-8192, 40x256-gemm, tiny-launches  torch-matmul, torch-bmm, torch-graph
+  gemm-bf16-N, 40xN-gemm, tiny-launches  torch-matmul, torch-bmm, torch-graph
                                      (from kernels_exec.py)
   router-E<E>-k<k>  torch-softmax-topk  topk(softmax(x.float(), -1), k), then w / w.sum(-1)
                                      on bf16 logits; size = tokens
@@ -165,7 +165,7 @@ def main():
                              "routes_per_sample": batch}))
             del inputs
 
-    # GEMM and launch cases (gemm-bf16-8192, 40x256-gemm, tiny-launches) live beside this file.
+    # GEMM and launch cases (gemm-bf16-N, 40xN-gemm, tiny-launches) live beside this file.
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import kernels_exec
 

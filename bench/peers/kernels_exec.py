@@ -3,8 +3,8 @@
 calls `collect` (contract: bench/peers/README.md).
 
 Rows, with the case names and sizes warpdrive uses:
-  gemm-bf16-8192  torch-matmul  torch.matmul(a, b, out=c), bf16 n x n (size = n); TFLOP/s
-  40x256-gemm     torch-bmm     torch.bmm(A, B, out=C), 40 f32 n x n GEMMs (size = n, TF32
+  gemm-bf16-N     torch-matmul  torch.matmul(a, b, out=c), bf16 n x n (size = n); TFLOP/s
+  40xN-gemm       torch-bmm     torch.bmm(A, B, out=C), 40 f32 n x n GEMMs (size = n, TF32
                                 off), inputs rotated among 4 sets as warpdrive does; TFLOP/s
   tiny-launches   torch-graph   one replay of a CUDA graph of 1000 `x.fill_(7)` on a
                                 one-element int32 tensor; median = us per kernel, host clock
@@ -90,15 +90,15 @@ def collect(args):
     def rand(*shape, dtype=torch.float32):
         return (torch.rand(*shape, generator=gen) * 2 - 1).to(dtype).to(device)
 
-    log(f"gemm-bf16-8192 at n={gemm_n} on {device}")
+    log(f"gemm-bf16-{gemm_n} on {device}")
     a, b = rand(gemm_n, gemm_n, dtype=torch.bfloat16), rand(gemm_n, gemm_n, dtype=torch.bfloat16)
     c = torch.empty_like(a)
     us = timed(torch, cuda, lambda: torch.matmul(a, b, out=c), 3, gemm_reps)
-    rows.append(row("gemm-bf16-8192", gemm_n, "torch-matmul", us, 2.0 * gemm_n ** 3,
+    rows.append(row(f"gemm-bf16-{gemm_n}", gemm_n, "torch-matmul", us, 2.0 * gemm_n ** 3,
                     {"ceiling": "gemm_bf16_tflops", "dtype": "bf16"}))
     del a, b, c
 
-    log(f"40x256-gemm at n={batch_n}")
+    log(f"{BATCH}x{batch_n}-gemm")
     sets = [(rand(BATCH, batch_n, batch_n), rand(BATCH, batch_n, batch_n),
              torch.empty(BATCH, batch_n, batch_n, device=device)) for _ in range(SETS)]
     rep = [0]
@@ -109,7 +109,7 @@ def collect(args):
         torch.bmm(x, y, out=z)
 
     us = timed(torch, cuda, bmm, 3, batch_reps)
-    rows.append(row("40x256-gemm", batch_n, "torch-bmm", us, 2.0 * BATCH * batch_n ** 3,
+    rows.append(row(f"{BATCH}x{batch_n}-gemm", batch_n, "torch-bmm", us, 2.0 * BATCH * batch_n ** 3,
                     {"batch": BATCH, "dtype": "f32", "tf32": False}))
     del sets
 

@@ -23,7 +23,7 @@ x @ gate^T in bf16, softmax over the experts in f32, top-k, weights divided by t
                     linear, softmax/top-k/renormalize, argsort, counts, offsets, row gather).
 
 --quick (warpdrive ran on its CPU backend): hidden and intermediate / 8 (rounded up to a
-multiple of 8), experts and top_k as they are; tokens 1, 16, 64 (router-permute: 1, 64, on
+multiple of 8), experts and top_k as they are, cases named PRESET/8; tokens 1, 16, 64 (router-permute: 1, 64, on
 qwen3-30b-a3b's quick shape).
 
 Method (BENCH.md): weights N(0,1) / sqrt(fan_in) (the router's too), input N(0,1), seeded, one
@@ -95,16 +95,17 @@ def quick_dim(d):
 
 
 def presets(quick):
-    """[(case, hidden, intermediate, experts, top_k)] at the run's scale."""
+    """[(case, hidden, intermediate, experts, top_k)] at the run's scale; a --quick case
+    is named PRESET/8 as warpdrive names its shrunk layer."""
     if not quick:
         return list(PRESETS)
-    return [(c, quick_dim(h), quick_dim(i), e, k) for c, h, i, e, k in PRESETS]
+    return [(f"{c}/8", quick_dim(h), quick_dim(i), e, k) for c, h, i, e, k in PRESETS]
 
 
 def router_shape(quick):
     """(hidden, experts, top_k) of the router-permute case: qwen3-30b-a3b's at this scale."""
     for c, h, _, e, k in presets(quick):
-        if c == ROUTER_PRESET:
+        if c.split("/")[0] == ROUTER_PRESET:
             return h, e, k
     raise KeyError(ROUTER_PRESET)
 

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use half::bf16;
-use indicatif::ProgressBar;
 use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng};
 
@@ -18,7 +17,7 @@ use warpdrive::transfer::stream_copy;
 
 use super::results::{Ceiling, Ceilings, Row};
 use super::timing::{time_gpu, time_host};
-use super::{step, warn, Ctx, Scale};
+use super::{Ctx, Progress, Scale};
 
 /// The suite name of the ceiling rows.
 pub const SUITE: &str = "ceilings";
@@ -100,14 +99,20 @@ impl Plan {
     }
 }
 
+/// Bytes of the host memcpy ceiling's copies at `scale`: copies smaller than this may stay in
+/// the CPU caches and outrun `host_memcpy_gbps`, which is measured from memory.
+pub(crate) fn memcpy_bytes(scale: Scale) -> usize {
+    Plan::new(scale, false).memcpy_bytes
+}
+
 /// Measures the ceilings of `device` (see [`Ceilings`] and `docs/BENCH.md`) with work on
 /// `stream`, at full size or, with `quick`, smaller sizes.
 ///
 /// On CUDA: host↔device copies pinned and pageable (best over 256 MiB and 1 GiB), the
 /// device-to-device copy at 1 GiB counting bytes read + written, a bf16 GEMM at 8192³
 /// through cuBLAS, and the empty-kernel launch costs; on every backend also the host memcpy
-/// (best over thread counts, bytes copied once) and an f32 GEMM on the CPU backend
-/// (1024³, or 512³ with `quick`). The GPU keys stay `None` on the CPU backend.
+/// (best over thread counts and over non-temporal and plain stores, bytes copied once) and an
+/// f32 GEMM on the CPU backend (1024³, or 512³ with `quick`). The GPU keys stay `None` on the CPU backend.
 ///
 /// A measurement that fails does not abort the others: its key stays `None` and a warning
 /// naming the error is printed on stderr. Fails only when `stream` is not on `device`.
@@ -119,7 +124,7 @@ pub fn measure_ceilings(device: &Device, stream: &Stream, quick: bool) -> Result
 /// [`measure_ceilings`] at an explicit [`Scale`] (`Scale::Tiny` for tests).
 pub fn measure_ceilings_at(device: &Device, stream: &Stream, scale: Scale) -> Result<Ceilings> {
     device.same_as(stream.device(), "measure_ceilings")?;
-    Ok(measure(stream, scale, &ProgressBar::hidden()).0)
+    Ok(measure(stream, scale, &Progress::hidden()).0)
 }
 
 /// The `ceilings` suite: fills the context's ceilings and adds one row per measured key.
@@ -133,15 +138,15 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
 }
 
 /// Every measurement, each guarded: the ceilings and the best row of each measured key.
-fn measure(stream: &Stream, scale: Scale, progress: &ProgressBar) -> (Ceilings, Vec<Row>) {
+fn measure(stream: &Stream, scale: Scale, progress: &Progress) -> (Ceilings, Vec<Row>) {
     let cuda = stream.device().is_cuda();
     let plan = Plan::new(scale, cuda);
     let mut found: Vec<(Ceiling, Row)> = Vec::new();
     let mut attempt = |what: String, f: &mut dyn FnMut() -> Result<Vec<(Ceiling, Row)>>| {
-        step(progress, format!("{SUITE}: {what}"));
+        progress.step(format!("{SUITE}: {what}"));
         match f() {
             Ok(rows) => found.extend(rows),
-            Err(e) => warn(progress, &format!("ceiling {what} not measured: {e}")),
+            Err(e) => progress.warn(&format!("ceiling {what} not measured: {e}")),
         }
     };
 
@@ -180,17 +185,22 @@ fn measure(stream: &Stream, scale: Scale, progress: &ProgressBar) -> (Ceilings, 
             launches(stream, plan.launch_count, plan.launch_samples)
         });
     }
+    // Both stores, so the ceiling bounds every host copy that cites it: the staged copies'
+    // non-temporal stores and `copy_from_slice` (each is the faster on some hosts and builds).
     for threads in memcpy_thread_counts() {
-        attempt(
-            format!(
-                "host_memcpy_gbps at {} on {threads} thread(s)",
-                human(plan.memcpy_bytes)
-            ),
-            &mut || {
-                host_memcpy(plan.memcpy_bytes, threads, plan.memcpy_reps)
-                    .map(|r| vec![(Ceiling::HostMemcpy, r)])
-            },
-        );
+        for stores in [Stores::NonTemporal, Stores::Plain] {
+            attempt(
+                format!(
+                    "host_memcpy_gbps at {} on {threads} thread(s), {}",
+                    human(plan.memcpy_bytes),
+                    stores.name()
+                ),
+                &mut || {
+                    host_memcpy(plan.memcpy_bytes, threads, stores, plan.memcpy_reps)
+                        .map(|r| vec![(Ceiling::HostMemcpy, r)])
+                },
+            );
+        }
     }
     attempt(
         format!("cpu_gemm_f32_gflops at {}³", plan.cpu_gemm_n),
@@ -454,23 +464,44 @@ fn memcpy_thread_counts() -> Vec<usize> {
         .collect()
 }
 
+/// How a host copy stores its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stores {
+    /// The staged copies' `stream_copy`: whole lines written without being read first
+    /// (faster than `copy_from_slice`, whose `rep movsb` reads each line first, in release
+    /// builds; bench/NOTES.md, staging stores).
+    NonTemporal,
+    /// `copy_from_slice`.
+    Plain,
+}
+
+impl Stores {
+    /// `extra.stores` of the ceiling row.
+    fn name(self) -> &'static str {
+        match self {
+            Stores::NonTemporal => "non-temporal",
+            Stores::Plain => "copy_from_slice",
+        }
+    }
+}
+
 /// Host memcpy of `bytes` between two pre-touched `Vec`s split over `threads` scoped
 /// threads. GB/s counts the bytes **copied once** (not read + write, unlike `d2d_copy`).
-fn host_memcpy(bytes: usize, threads: usize, reps: usize) -> Result<Row> {
+fn host_memcpy(bytes: usize, threads: usize, stores: Stores, reps: usize) -> Result<Row> {
     let src = random_bytes(bytes, 0x4d45_4d43);
     // A non-zero fill writes every page, so none is first touched inside the timing.
     let mut dst = vec![0xa5u8; bytes];
-    let mut us = time_host(1, reps, || parallel_copy(&src, &mut dst, threads))?;
+    let mut us = time_host(1, reps, || parallel_copy(&src, &mut dst, threads, stores))?;
     Ok(ceiling_row(Ceiling::HostMemcpy, bytes, &mut us)?
         .with_bytes(bytes as f64)
         .with_extra("threads", threads)
+        .with_extra("stores", stores.name())
         .with_extra("bytes_counted", "copied once"))
 }
 
 /// `dst.copy_from_slice(src)` in `threads` page-aligned pieces, one scoped thread each, with
-/// the non-temporal stores of the staged copies (`stream_copy`, faster than `copy_from_slice`,
-/// whose `rep movsb` reads each line first; bench/NOTES.md, staging stores).
-fn parallel_copy(src: &[u8], dst: &mut [u8], threads: usize) -> Result<()> {
+/// `stores`.
+fn parallel_copy(src: &[u8], dst: &mut [u8], threads: usize, stores: Stores) -> Result<()> {
     if src.len() != dst.len() {
         return Err(Error::LengthMismatch {
             op: "host memcpy",
@@ -478,8 +509,12 @@ fn parallel_copy(src: &[u8], dst: &mut [u8], threads: usize) -> Result<()> {
             right: dst.len(),
         });
     }
+    let copy = move |d: &mut [u8], s: &[u8]| match stores {
+        Stores::NonTemporal => stream_copy(d, s),
+        Stores::Plain => d.copy_from_slice(s),
+    };
     if threads <= 1 {
-        stream_copy(dst, src);
+        copy(dst, src);
         return Ok(());
     }
     let piece = src.len().div_ceil(threads).next_multiple_of(4096).max(1);
@@ -488,7 +523,7 @@ fn parallel_copy(src: &[u8], dst: &mut [u8], threads: usize) -> Result<()> {
         for (d, s) in dst.chunks_mut(piece).zip(src.chunks(piece)) {
             let h = std::thread::Builder::new()
                 .name("wd-memcpy".into())
-                .spawn_scoped(scope, move || stream_copy(d, s))
+                .spawn_scoped(scope, move || copy(d, s))
                 .map_err(|e| Error::Unsupported(format!("spawning a memcpy thread: {e}")))?;
             handles.push(h);
         }
@@ -546,12 +581,14 @@ mod tests {
     fn parallel_copy_copies_every_byte() {
         let src = random_bytes(3 * 4096 + 17, 1);
         for threads in [1, 2, 3, 8] {
-            let mut dst = vec![0u8; src.len()];
-            parallel_copy(&src, &mut dst, threads).unwrap();
-            assert_eq!(dst, src, "{threads} threads");
+            for stores in [Stores::NonTemporal, Stores::Plain] {
+                let mut dst = vec![0u8; src.len()];
+                parallel_copy(&src, &mut dst, threads, stores).unwrap();
+                assert_eq!(dst, src, "{threads} threads, {stores:?}");
+            }
         }
         let mut short = vec![0u8; 3];
-        assert!(parallel_copy(&src, &mut short, 2).is_err());
+        assert!(parallel_copy(&src, &mut short, 2, Stores::Plain).is_err());
     }
 
     #[test]

@@ -260,8 +260,7 @@ mod tests {
             );
         }
         for (case, variant) in [
-            ("h2d", "warpdrive"),
-            ("d2h", "warpdrive-reuse"),
+            ("host-copy-rate", "memcpy"),
             ("scale-1MiB", "warpdrive"),
             ("sum-1MiB", "warpdrive-scalar"),
         ] {
@@ -271,6 +270,14 @@ mod tests {
                     .is_some(),
                 "{case} {variant}"
             );
+        }
+        // On the CPU backend h2d and d2h are host memcpys small enough for the caches: no
+        // ceiling bounds them, and they say so.
+        for variant in ["driver-pageable", "warpdrive"] {
+            let r = find("h2d", variant);
+            assert_eq!(r.named_ceiling(), None, "{r:?}");
+            assert!(r.extra.contains_key("unbounded"), "{r:?}");
+            assert_eq!(Derived::BandwidthUtilization.of(r), None);
         }
         for streams in 1..=3 {
             let r = find("pipeline", &format!("streams-{streams}"));

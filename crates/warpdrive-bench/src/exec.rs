@@ -1,10 +1,10 @@
 //! The exec floor's cases, run as part of the `kernels` suite (after its streaming and
 //! router cases; rows carry the running suite's name):
 //!
-//! - `gemm-bf16-8192` (size = n): an n³ bf16 GEMM through `ops::gemm::matmul`
+//! - `gemm-bf16-N` (size = n: 8192 at full scale, so `gemm-bf16-8192`): an n³ bf16 GEMM through `ops::gemm::matmul`
 //!   (`warpdrive`); TFLOP/s and `pct_of_ceiling` against `gemm_bf16_tflops`. Peer:
 //!   `torch-matmul`.
-//! - `40x256-gemm` (size = n; `extra.batch` = 40): 40 f32 GEMMs of n³ (full f32, no TF32):
+//! - `40xN-gemm` (size = n: 256 at full scale; `extra.batch` = 40): 40 f32 GEMMs of n³ (full f32, no TF32):
 //!   `baseline` is a Rust loop of 40 cuBLAS calls, `warpdrive` one strided-batched call.
 //!   Inputs rotate among 4 sets (they fit in L2). Peer: `torch-bmm`.
 //! - `tiny-launches` (size = 1000 launches; median = µs per kernel, host clock over 1000
@@ -100,11 +100,8 @@ pub(super) fn run_cases(ctx: &mut Ctx) -> Result<()> {
     let plan = Plan::new(ctx.scale());
     let mut first = None;
     for (name, case) in [
-        (
-            "gemm-bf16-8192",
-            gemm_bf16 as fn(&mut Ctx, &Plan) -> Result<()>,
-        ),
-        ("40x256-gemm", batched),
+        ("gemm-bf16", gemm_bf16 as fn(&mut Ctx, &Plan) -> Result<()>),
+        ("batched gemm", batched),
         ("tiny-launches / launch-sync", launches),
     ] {
         let suite = ctx.suite();
@@ -125,9 +122,10 @@ fn random<T>(len: usize, seed: u64, cast: fn(f32) -> T) -> Vec<T> {
 }
 
 fn gemm_bf16(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
-    const CASE: &str = "gemm-bf16-8192";
     let s = ctx.stream().clone();
     let n = plan.gemm_n;
+    // The case names its size, which shrinks off full scale.
+    let case = format!("gemm-bf16-{n}");
     let a = Buffer::from_host(&s, &random(n * n, 0xa, bf16::from_f32))?;
     let b = Buffer::from_host(&s, &random(n * n, 0xb, bf16::from_f32))?;
     let mut c = Buffer::<bf16>::uninit(&s, n * n)?;
@@ -136,7 +134,7 @@ fn gemm_bf16(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
     })?;
     let flops = 2.0 * (n as f64).powi(3);
     ctx.record_flops(
-        CASE,
+        &case,
         n as u64,
         "warpdrive",
         &mut us,
@@ -152,10 +150,10 @@ fn gemm_bf16(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
 }
 
 fn batched(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
-    const CASE: &str = "40x256-gemm";
     const SETS: usize = 4;
     let s = ctx.stream().clone();
     let (batch, n) = (plan.batch, plan.batch_n);
+    let case = format!("{batch}x{n}-gemm");
     let one = n * n;
     let flops = 2.0 * batch as f64 * (n as f64).powi(3);
     // SETS rotating sets of contiguous batch×n×n operands; the loop uses views of the
@@ -189,7 +187,7 @@ fn batched(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         }
         Ok(())
     })?;
-    let row = ctx.record_flops(CASE, n as u64, "baseline", &mut loop_us, flops, None)?;
+    let row = ctx.record_flops(&case, n as u64, "baseline", &mut loop_us, flops, None)?;
     row.extra.insert("batch".into(), batch.into());
     row.extra
         .insert("api".into(), format!("{batch} x cublasGemmEx").into());
@@ -200,7 +198,7 @@ fn batched(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         let (a, b, c) = &mut sets[rep % SETS];
         gemm::matmul_batched(s, a, b, c, batch, (n, n, n), gemm::GemmOptions::default())
     })?;
-    let row = ctx.record_flops(CASE, n as u64, "warpdrive", &mut batched_us, flops, None)?;
+    let row = ctx.record_flops(&case, n as u64, "warpdrive", &mut batched_us, flops, None)?;
     row.extra.insert("batch".into(), batch.into());
     row.extra
         .insert("api".into(), "cublasGemmStridedBatchedEx".into());
@@ -565,9 +563,10 @@ mod tests {
                 .filter(|r| r.case == case && r.variant == variant)
                 .count()
         };
-        assert_eq!(find("gemm-bf16-8192", "warpdrive"), 1);
-        assert_eq!(find("40x256-gemm", "baseline"), 1);
-        assert_eq!(find("40x256-gemm", "warpdrive"), 1);
+        // The cases name the size they ran (Tiny: 64³ and 40 × 16³), as their rows' size.
+        assert_eq!(find("gemm-bf16-64", "warpdrive"), 1);
+        assert_eq!(find("40x16-gemm", "baseline"), 1);
+        assert_eq!(find("40x16-gemm", "warpdrive"), 1);
         assert_eq!(find("tiny-launches", "warpdrive-eager"), 1);
         assert_eq!(find("tiny-launches", "warpdrive"), 1);
         assert_eq!(find("launch-sync", "warpdrive-eager"), 1);
@@ -575,7 +574,7 @@ mod tests {
             assert_eq!(r.suite, "kernels");
             assert!(r.p10 <= r.median && r.median <= r.p90, "{r:?}");
         }
-        let gemm = ctx.rows().iter().find(|r| r.case == "40x256-gemm").unwrap();
+        let gemm = ctx.rows().iter().find(|r| r.case == "40x16-gemm").unwrap();
         assert!(gemm.tflops.unwrap() > 0.0);
     }
 }

@@ -22,6 +22,7 @@ mod kernels;
 pub mod memory;
 pub mod moe;
 mod peers;
+mod progress;
 mod report;
 mod results;
 mod stats;
@@ -30,11 +31,7 @@ mod timing;
 mod transfer;
 mod unified;
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
-use std::time::Duration;
-
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use warpdrive::device::{Device, DeviceInfo, Stream};
 use warpdrive::error::{Error, Result};
@@ -42,6 +39,7 @@ use warpdrive::error::{Error, Result};
 pub use ceilings::{measure_ceilings, measure_ceilings_at};
 pub use derived::{format_derived, Derived};
 pub use peers::{parse_peer_rows, peers_dir, run_peers, PEERS_DIR_ENV, PEER_TIMEOUT_ENV};
+pub use progress::Progress;
 pub use report::{render_report, write_report, Report};
 pub use results::{
     format_ceilings, format_table, now_rfc3339, print_table, rfc3339_utc, Ceiling, Ceilings,
@@ -206,14 +204,14 @@ pub fn select_suites<S: AsRef<str>>(names: &[S]) -> Result<Vec<&'static Suite>> 
 }
 
 /// What a suite runs with: the device and a stream on it, the measured ceilings, the size
-/// scale, a progress bar, and the rows recorded so far.
+/// scale, its [`Progress`], and the rows recorded so far.
 pub struct Ctx {
     device: Device,
     stream: Stream,
     info: DeviceInfo,
     scale: Scale,
     ceilings: Ceilings,
-    progress: ProgressBar,
+    progress: Progress,
     suite: &'static str,
     rows: Vec<Row>,
     options: Options,
@@ -229,7 +227,7 @@ impl Ctx {
             info: device.info()?,
             scale,
             ceilings: Ceilings::default(),
-            progress: ProgressBar::hidden(),
+            progress: Progress::hidden(),
             suite: "",
             rows: Vec::new(),
             options: Options::default(),
@@ -283,11 +281,11 @@ impl Ctx {
         self.ceilings = ceilings;
     }
 
-    pub fn progress(&self) -> &ProgressBar {
+    pub fn progress(&self) -> &Progress {
         &self.progress
     }
 
-    pub fn set_progress(&mut self, progress: ProgressBar) {
+    pub fn set_progress(&mut self, progress: Progress) {
         self.progress = progress;
     }
 
@@ -296,14 +294,14 @@ impl Ctx {
         self.suite
     }
 
-    /// Shows `message` as the current step on the progress bar.
+    /// Shows `message` as the current step (a line when stderr is not a terminal).
     pub fn step(&self, message: impl Into<String>) {
-        step(&self.progress, message.into());
+        self.progress.step(message.into());
     }
 
     /// Prints `warning: <message>` on stderr without breaking the progress bar.
     pub fn warn(&self, message: &str) {
-        warn(&self.progress, message);
+        self.progress.warn(message);
     }
 
     pub fn rows(&self) -> &[Row] {
@@ -361,8 +359,14 @@ impl Ctx {
         Ok(self.push(self.cite(row, ceiling)))
     }
 
+    /// `row` against `ceiling`. A suite's own `ceiling` row (the ceiling's work measured
+    /// again beside its cases) cites none, naming it in `extra.remeasures` instead: against
+    /// itself it would read 100 % by construction, or more on a fast run.
     fn cite(&self, row: Row, ceiling: Option<Ceiling>) -> Row {
         match ceiling {
+            Some(c) if row.variant == ceilings::VARIANT && self.suite != ceilings::SUITE => {
+                row.with_extra("remeasures", c.key())
+            }
             Some(c) => row.against(c, &self.ceilings),
             None => row,
         }
@@ -387,7 +391,7 @@ pub struct Outcome {
 }
 
 /// Runs the `ceilings` suite and then `suites` (in order, `ceilings` once) on `device` at
-/// `scale`, with a progress bar on stderr when stderr is a terminal. A suite that fails is
+/// `scale`, with a progress bar on stderr (a line per step when stderr is not a terminal). A suite that fails is
 /// reported in [`Outcome::failed`] and the others still run; it fails outright only when no
 /// stream or device information can be had, or (before any suite runs) when
 /// [`Options::check`] fails.
@@ -414,12 +418,13 @@ pub fn run_suites_with(
     }
     let mut ctx = Ctx::new(device, scale)?;
     ctx.options = options.clone();
-    ctx.set_progress(progress_bar(order.len() as u64));
+    ctx.set_progress(Progress::on_stderr(order.len() as u64));
     let mut failed = Vec::new();
     let ran: Vec<&'static str> = order.iter().map(|s| s.name).collect();
-    for suite in order {
+    let count = order.len();
+    for (i, suite) in order.into_iter().enumerate() {
         ctx.suite = suite.name;
-        ctx.step(suite.name);
+        ctx.step(format!("{} (suite {} of {count})", suite.name, i + 1));
         // A span per suite on the bench stream (recorded only while telemetry is on).
         let span = warpdrive::telemetry::span(suite.name, &ctx.stream);
         let ran = (suite.run)(&mut ctx);
@@ -428,9 +433,9 @@ pub fn run_suites_with(
             ctx.warn(&format!("suite {} failed: {e}", suite.name));
             failed.push((suite.name, e));
         }
-        ctx.progress.inc(1);
+        ctx.progress.inc();
     }
-    ctx.progress.finish_and_clear();
+    ctx.progress.finish();
     let peer_env = std::mem::take(&mut ctx.peer_env);
     Ok(Outcome {
         results: ctx.into_results(),
@@ -438,32 +443,6 @@ pub fn run_suites_with(
         failed,
         peer_env,
     })
-}
-
-/// A progress bar of `len` steps on stderr, hidden when stderr is not a terminal.
-pub fn progress_bar(len: u64) -> ProgressBar {
-    if !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
-    if let Ok(style) = ProgressStyle::with_template(
-        "{spinner} [{elapsed_precise}] {bar:24} {pos}/{len} {wide_msg}",
-    ) {
-        bar.set_style(style);
-    }
-    bar.enable_steady_tick(Duration::from_millis(120));
-    bar
-}
-
-/// Shows `message` as the bar's current step (and logs it at debug level).
-pub(crate) fn step(progress: &ProgressBar, message: String) {
-    tracing::debug!("bench: {message}");
-    progress.set_message(message);
-}
-
-/// `warning: <message>` on stderr, above the bar.
-pub(crate) fn warn(progress: &ProgressBar, message: &str) {
-    progress.suspend(|| eprintln!("warning: {message}"));
 }
 
 #[cfg(test)]
@@ -556,7 +535,22 @@ mod tests {
             .unwrap();
         assert_eq!(row.pct_of_ceiling, None);
         assert!(ctx.record_time("t", 1, "baseline", &mut [], None).is_err());
-        assert_eq!(ctx.rows().len(), 3);
-        assert_eq!(ctx.into_results().rows.len(), 3);
+        // A suite's own re-measurement of a ceiling does not cite it (it would read 100 % or
+        // more against itself): it names it instead.
+        let row = ctx
+            .record_bytes(
+                "copy",
+                5000,
+                "ceiling",
+                &mut [0.1],
+                5e3,
+                Some(Ceiling::HostMemcpy),
+            )
+            .unwrap();
+        assert_eq!(row.pct_of_ceiling, None);
+        assert_eq!(row.named_ceiling(), None);
+        assert_eq!(row.extra["remeasures"], "host_memcpy_gbps");
+        assert_eq!(ctx.rows().len(), 4);
+        assert_eq!(ctx.into_results().rows.len(), 4);
     }
 }

@@ -27,7 +27,8 @@
 //!   against `transfer::upload` of the same bytes in the same run (see `weights_load`).
 //!
 //! On the CPU backend (`--quick`): hidden and intermediate divided by 8 (rounded up to a
-//! multiple of 8), tokens 1, 16, 64, fewer passes.
+//! multiple of 8), and the case says so (`mixtral-8x7b/8`; `extra.hidden`,
+//! `extra.intermediate` give the shape), tokens 1, 16, 64, fewer passes.
 
 use half::bf16;
 use rand::{Rng, SeedableRng};
@@ -93,6 +94,16 @@ impl Plan {
         }
     }
 
+    /// The case of `preset`'s rows: `PRESET/8` where hidden and intermediate are divided by
+    /// 8 (the CPU backend), so no row passes a shrunk layer off as the preset.
+    fn case(&self, preset: &str) -> String {
+        if self.shrink > 1 {
+            format!("{preset}/{}", self.shrink)
+        } else {
+            preset.to_string()
+        }
+    }
+
     fn config(&self, preset: &str) -> Result<MoeConfig> {
         let mut c = MoeConfig::preset(preset)?;
         if self.shrink > 1 {
@@ -107,11 +118,27 @@ impl Plan {
 /// its N(0, 1) input (`warpdrive moe` runs the same pass, so its figures match the rows).
 /// An input whose size overflows or exceeds the host's memory is `InvalidArgument`.
 pub fn case(preset: &str, tokens: usize) -> Result<(MoeConfig, MoeWeights, Vec<bf16>)> {
-    let config = MoeConfig::preset(preset)?;
+    case_at(preset, tokens, Scale::Full)
+}
+
+/// [`case`] with the layer at `scale` as the suite shrinks it (hidden and intermediate
+/// divided by 8 at `Quick`); [`case_name`] names it.
+pub fn case_at(
+    preset: &str,
+    tokens: usize,
+    scale: Scale,
+) -> Result<(MoeConfig, MoeWeights, Vec<bf16>)> {
+    let config = Plan::new(scale).config(preset)?;
     let what = format!("MoE input of {tokens} tokens × hidden {}", config.hidden);
     let n = warpdrive::size::product(&what, &[tokens, config.hidden])?;
     let x = normal_bf16(&what, SEED ^ tokens as u64, n)?;
     Ok((config, MoeWeights::Random { seed: SEED }, x))
+}
+
+/// The suite's case for `preset` at `scale`: the preset's name, or `PRESET/8` where its
+/// hidden and intermediate sizes are divided by 8.
+pub fn case_name(preset: &str, scale: Scale) -> String {
+    Plan::new(scale).case(preset)
 }
 
 /// `n` bf16 values from N(0, 1) (Box–Muller), seeded; `what` names them in an error.
@@ -159,11 +186,12 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
 
 fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {
     let config = plan.config(preset)?;
-    ctx.step(format!("{SUITE}: {preset} (weights)"));
+    let case = plan.case(preset);
+    ctx.step(format!("{SUITE}: {case} (weights)"));
     let stream = ctx.stream().clone();
     let mut layer = MoeLayer::<bf16>::new(&stream, config, MoeWeights::Random { seed: SEED })?;
     for &tokens in plan.tokens {
-        ctx.step(format!("{SUITE}: {preset} tokens {tokens}"));
+        ctx.step(format!("{SUITE}: {case} tokens {tokens}"));
         let xh = normal_bf16("MoE input", SEED ^ tokens as u64, tokens * config.hidden)?;
         let x = Buffer::from_host(&stream, &xh)?;
         let mut y = Buffer::<bf16>::uninit(&stream, xh.len())?;
@@ -204,7 +232,7 @@ fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {
                 num.sqrt()
             };
             let row = ctx.record_bytes(
-                preset,
+                &case,
                 tokens as u64,
                 variant,
                 &mut us,
@@ -224,6 +252,8 @@ fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {
                 extra.insert("hbm_pct".into(), h.into());
             }
             extra.insert("dtype".into(), "bf16".into());
+            extra.insert("hidden".into(), config.hidden.into());
+            extra.insert("intermediate".into(), config.intermediate.into());
             if variant == "warpdrive" && tokens <= 16 && stream.device().is_cuda() {
                 let floor = read_floor(&stream, bytes, plan.min_reps.max(20))?;
                 let median = row.median;
@@ -255,7 +285,8 @@ fn router_permute(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         let mut us = time_gpu(&stream, 3, plan.reps.max(3), |_| graph.launch())?;
         drop(graph);
         let row = ctx.record_time(CASE, tokens as u64, "warpdrive", &mut us, None)?;
-        row.extra.insert("preset".into(), "qwen3-30b-a3b".into());
+        row.extra
+            .insert("preset".into(), plan.case("qwen3-30b-a3b").into());
         row.extra.insert(
             "stages".into(),
             "one router kernel: logits, softmax/top-k/renormalize and dispatch (counts, \

@@ -7,14 +7,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use indicatif::ProgressBar;
 use serde_json::Value;
 
 use warpdrive::device::Device;
 use warpdrive::error::{Error, Result};
 
 use super::results::Row;
-use super::{warn, Scale};
+use super::{Progress, Scale};
 
 /// Overrides the folder of the peer scripts (default `bench/peers`, relative to the cwd).
 pub const PEERS_DIR_ENV: &str = "WARPDRIVE_PEERS_DIR";
@@ -43,7 +42,8 @@ fn peer_timeout() -> Duration {
 /// Runs the peer script of each suite that has one, when `python3` can `import torch`, and
 /// returns their rows. Each script runs as
 /// `python3 <peers_dir>/<suite>.py --json --device <cpu|cuda:N> [--quick]`
-/// (`--quick` where warpdrive itself uses smaller sizes: the CPU backend).
+/// (`--quick` where warpdrive itself uses smaller sizes: the CPU backend), each shown as a
+/// step of the progress (a bar on a terminal, else a line on stderr).
 ///
 /// Never fails: a missing interpreter or torch, a script that exits non-zero, times out or
 /// prints something other than rows, and rows that break the contract, each become a
@@ -61,7 +61,10 @@ pub fn run_peers<S: AsRef<str>>(
         env: env.to_vec(),
     };
     let quick = Scale::for_device(device).quick();
-    peers.run(suite_names, &device.label(), quick, &ProgressBar::hidden())
+    let progress = Progress::on_stderr(suite_names.len() as u64);
+    let rows = peers.run(suite_names, &device.label(), quick, &progress);
+    progress.finish();
+    rows
 }
 
 /// How peer scripts are found and run.
@@ -81,7 +84,7 @@ impl Peers {
         suites: &[S],
         device_label: &str,
         quick: bool,
-        progress: &ProgressBar,
+        progress: &Progress,
     ) -> Vec<Row> {
         let mut rows = Vec::new();
         let mut ready: Option<bool> = None;
@@ -93,13 +96,14 @@ impl Peers {
             let ok = *ready.get_or_insert_with(|| match self.check_interpreter() {
                 Ok(()) => true,
                 Err(e) => {
-                    warn(progress, &format!("peer scripts skipped: {e}"));
+                    progress.warn(&format!("peer scripts skipped: {e}"));
                     false
                 }
             });
             if !ok {
                 break;
             }
+            progress.step(format!("peer {}", script.display()));
             let mut args = vec!["--json", "--device", device_label];
             if quick {
                 args.push("--quick");
@@ -109,7 +113,7 @@ impl Peers {
                 .and_then(|stdout| parse_peer_rows(&stdout));
             match out {
                 Ok(found) => rows.extend(accept_rows(suite, &script, found, progress)),
-                Err(e) => warn(progress, &format!("peer {}: {e}", script.display())),
+                Err(e) => progress.warn(&format!("peer {}: {e}", script.display())),
             }
         }
         rows
@@ -210,7 +214,7 @@ pub fn parse_peer_rows(stdout: &str) -> Result<Vec<Row>> {
 
 /// Keeps the rows that keep the contract (this suite, unit `us`, a tool's variant name);
 /// warns about the others.
-fn accept_rows(suite: &str, script: &Path, rows: Vec<Row>, progress: &ProgressBar) -> Vec<Row> {
+fn accept_rows(suite: &str, script: &Path, rows: Vec<Row>, progress: &Progress) -> Vec<Row> {
     rows.into_iter()
         .filter(|r| {
             let problem = if r.suite != suite {
@@ -226,15 +230,12 @@ fn accept_rows(suite: &str, script: &Path, rows: Vec<Row>, progress: &ProgressBa
                 None
             };
             if let Some(p) = &problem {
-                warn(
-                    progress,
-                    &format!(
-                        "peer {}: row {}/{} dropped: {p}",
-                        script.display(),
-                        r.case,
-                        r.variant
-                    ),
-                );
+                progress.warn(&format!(
+                    "peer {}: row {}/{} dropped: {p}",
+                    script.display(),
+                    r.case,
+                    r.variant
+                ));
             }
             problem.is_none()
         })
@@ -302,7 +303,7 @@ mod tests {
             "transfer",
             Path::new("transfer.py"),
             vec![good.clone(), other_suite, ours, ms],
-            &ProgressBar::hidden(),
+            &Progress::hidden(),
         );
         assert_eq!(kept, vec![good]);
     }
@@ -331,7 +332,7 @@ mod tests {
             &["ceilings", "broken", "transfer", "noisy"],
             "cuda:0",
             false,
-            &ProgressBar::hidden(),
+            &Progress::hidden(),
         );
         assert_eq!(rows.len(), 1);
         assert_eq!(rows[0].variant, "torch-pinned");
@@ -343,7 +344,7 @@ mod tests {
             rows[0].extra["argv"],
             serde_json::json!(["--json", "--device", "cuda:0"])
         );
-        let quick = peers.run(&["transfer"], "cpu", true, &ProgressBar::hidden());
+        let quick = peers.run(&["transfer"], "cpu", true, &Progress::hidden());
         assert_eq!(
             quick[0].extra["argv"],
             serde_json::json!(["--json", "--device", "cpu", "--quick"])
@@ -355,7 +356,7 @@ mod tests {
             ..peers
         };
         assert!(missing
-            .run(&["transfer"], "cpu", true, &ProgressBar::hidden())
+            .run(&["transfer"], "cpu", true, &Progress::hidden())
             .is_empty());
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -370,7 +371,7 @@ mod tests {
             env: Vec::new(),
         };
         assert!(peers
-            .run(&["ceilings"], "cpu", true, &ProgressBar::hidden())
+            .run(&["ceilings"], "cpu", true, &Progress::hidden())
             .is_empty());
     }
 }

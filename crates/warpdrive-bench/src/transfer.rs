@@ -9,9 +9,14 @@
 //!   `extra.config` the fast path's tuned configuration; the pageable variants of a
 //!   direction are timed in interleaved rounds (`time_host_rounds`).
 //!   Peers: `torch-pageable`, `torch-pinned-nonblocking`, `torch-cpu`.
-//! - `host-copy-rate` (size = threads), `ceiling`: µs to copy 1 GiB between two touched host
-//!   buffers on the copy threads with the staged copies' non-temporal stores; `memcpy`: the
-//!   same with `copy_from_slice`, in interleaved rounds.
+//! - `host-copy-rate` (size = threads; `extra.bytes` = the host memcpy ceiling's size, 1 GiB
+//!   at full scale), `staged-copy`: µs to copy between two touched host buffers on the copy
+//!   threads with the staged copies' non-temporal stores; `memcpy`: the same with
+//!   `copy_from_slice`, in interleaved rounds; both against `host_memcpy_gbps` (the better
+//!   of both stores at this size).
+//! - On the CPU backend `h2d` and `d2h` are host memcpys (`extra.copy`); they cite
+//!   `host_memcpy_gbps` at its size or above, and below it carry `extra.unbounded` instead
+//!   (cache-resident copies can outrun a ceiling measured from memory).
 //! - `h2d-bound` (size = bytes; CUDA only): `copy-with-dma`, the copy threads' host copy (the
 //!   tuned upload's thread count, `extra.threads`) while the DMA engine sends pinned memory on
 //!   another stream; `dma-with-copy`, those DMAs while the threads copy; `extra.bound_gbps`,
@@ -42,6 +47,9 @@ use super::ceilings::{random_bytes, random_f32};
 use super::{time_gpu, time_host, time_host_rounds, Ceiling, Ctx, Scale};
 
 pub(crate) const SUITE: &str = "transfer";
+
+/// What `h2d` and `d2h` are on the CPU backend (`extra.copy`).
+const CPU_COPY: &str = "host memcpy (CPU backend: no PCIe)";
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
@@ -120,10 +128,16 @@ fn copies(ctx: &mut Ctx, bytes: usize) -> Result<()> {
         1 => transfer::to_host(&s, &dev).map(drop),
         _ => transfer::download(&s, &dev, &mut host),
     })?;
+    // On the CPU backend both directions are host memcpys: bounded by the host memcpy
+    // ceiling only at its size or above (smaller copies can run from the CPU caches).
+    let cpu = !s.device().is_cuda();
+    let memcpy_bytes = super::ceilings::memcpy_bytes(ctx.scale());
+    let cpu_ceiling = (bytes >= memcpy_bytes).then_some(Ceiling::HostMemcpy);
     for (case, samples, ceiling, dir) in [
         ("h2d", &mut h2d, Ceiling::H2dPinned, Direction::H2d),
         ("d2h", &mut d2h, Ceiling::D2hPinned, Direction::D2h),
     ] {
+        let ceiling = if cpu { cpu_ceiling } else { Some(ceiling) };
         // The configuration the fast path tuned (or was given) in this process.
         let cfg = transfer::config(&s, dir)?;
         let cfg = format!(
@@ -142,8 +156,21 @@ fn copies(ctx: &mut Ctx, bytes: usize) -> Result<()> {
         let variants = ["driver-pageable", "warpdrive", "warpdrive-reuse"];
         for (variant, us) in variants.iter().zip(samples.iter_mut()) {
             let med = super::Stats::from_samples(&mut us.clone())?.median;
-            let row =
-                ctx.record_bytes(case, bytes as u64, variant, us, bytes as f64, Some(ceiling))?;
+            let row = ctx.record_bytes(case, bytes as u64, variant, us, bytes as f64, ceiling)?;
+            if cpu {
+                row.extra.insert("copy".into(), CPU_COPY.into());
+                if ceiling.is_none() {
+                    row.extra.insert(
+                        "unbounded".into(),
+                        format!(
+                            "below the host memcpy ceiling's {} MiB: can run from the CPU \
+                             caches, faster than host_memcpy_gbps",
+                            memcpy_bytes / MIB
+                        )
+                        .into(),
+                    );
+                }
+            }
             if *variant != "driver-pageable" {
                 row.extra
                     .insert("x_driver_pageable".into(), (base_med / med).into());
@@ -155,29 +182,33 @@ fn copies(ctx: &mut Ctx, bytes: usize) -> Result<()> {
 }
 
 fn host_copy_rate(ctx: &mut Ctx) -> Result<()> {
-    let bytes = if ctx.quick() { 16 * MIB } else { 1 << 30 };
+    // The host memcpy ceiling's size, so that `memcpy` is bounded by it (a smaller copy may
+    // run from the caches).
+    let bytes = super::ceilings::memcpy_bytes(ctx.scale());
     let src = random_bytes(bytes, 0xc0);
     let mut dst = random_bytes(bytes, 0xc1);
     let workers = transfer::workers(ctx.device());
     for threads in [1, 2, 4, 8, 16] {
         ctx.step(format!("host-copy-rate {threads} threads"));
-        // The ceiling is the staged copies' own (non-temporal) copy; `memcpy` shows what
-        // `copy_from_slice` reaches on the same threads.
+        // `staged-copy` is the staged copies' own (non-temporal) copy, `memcpy` what
+        // `copy_from_slice` reaches on the same threads; the ceiling is the better of both
+        // at this size, so it bounds each.
         let mut samples = time_host_rounds(1, 5, 2, |v| match v {
             0 => transfer::par_copy(workers, threads, &mut dst, &src),
             _ => workers.map(threads, PAGE, &mut dst, &src, |d, s| d.copy_from_slice(s)),
         })?;
-        for (variant, us) in ["ceiling", "memcpy"].iter().zip(samples.iter_mut()) {
-            ctx.record_bytes(
+        for (variant, us) in ["staged-copy", "memcpy"].iter().zip(samples.iter_mut()) {
+            let row = ctx.record_bytes(
                 "host-copy-rate",
                 threads as u64,
                 variant,
                 us,
                 bytes as f64,
                 Some(Ceiling::HostMemcpy),
-            )?
-            .extra
-            .insert("threads_available".into(), workers.threads().into());
+            )?;
+            row.extra
+                .insert("threads_available".into(), workers.threads().into());
+            row.extra.insert("bytes".into(), bytes.into());
         }
     }
     Ok(())

@@ -249,6 +249,34 @@ fn cpu_forward_matches_f64_reference() {
     );
 }
 
+device_test!(
+    /// `profile` times the pass stage by stage on every backend (the CPU once timed it as one
+    /// `forward` stage), and the stages add up to no more than the pass.
+    profile_times_each_stage,
+    gpu_profile_times_each_stage,
+    |dev| {
+        let s = seed("profile_times_each_stage");
+        let c = config(64, 32, 4, 2, Router::Softmax, DTypeKind::BF16);
+        let st = dev.new_stream().unwrap();
+        let mut layer = MoeLayer::<bf16>::new(&st, c, MoeWeights::Random { seed: s }).unwrap();
+        let x: Vec<bf16> = random_f32(&mut rng(s + 1), 5 * 64)
+            .into_iter()
+            .map(bf16::from_f32)
+            .collect();
+        let xb = Buffer::from_host(&st, &x).unwrap();
+        let mut y = Buffer::<bf16>::uninit(&st, x.len()).unwrap();
+        layer.profile(&xb, &mut y).unwrap();
+        let stages = layer.profile(&xb, &mut y).unwrap();
+        let names: Vec<&str> = stages.iter().map(|(n, _)| n.as_str()).collect();
+        assert!(stages.len() > 1, "{names:?}");
+        assert!(!names.contains(&"forward"), "{names:?}");
+        for want in ["experts-gate-up", "experts-down", "combine"] {
+            assert!(names.contains(&want), "{want} missing from {names:?}");
+        }
+        assert!(stages.iter().all(|(_, us)| *us >= 0.0), "{stages:?}");
+    }
+);
+
 #[test]
 fn all_tokens_on_one_expert() {
     let s = seed("all_tokens_on_one_expert");

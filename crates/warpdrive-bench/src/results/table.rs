@@ -104,7 +104,7 @@ pub fn format_table(results: &Results) -> String {
     aligned(&HEAD, &cells)
 }
 
-/// The ceilings, one per line: key, value and unit (`null` where not measured).
+/// The ceilings, one per line: key, value and unit (`not measured` where not measured).
 pub fn format_ceilings(ceilings: &Ceilings) -> String {
     let width = Ceiling::ALL
         .iter()
@@ -115,7 +115,9 @@ pub fn format_ceilings(ceilings: &Ceilings) -> String {
     for c in Ceiling::ALL {
         let value = match ceilings.get(c) {
             Some(v) => format!("{:>10} {}", num(Some(v)), c.unit()),
-            None => format!("{:>10}", "null"),
+            // Said in words: the doctor's reader is a person, not a JSON parser.
+            None if c.is_gpu() => format!("{:>10} (a GPU ceiling)", "not measured"),
+            None => format!("{:>10}", "not measured"),
         };
         out.push_str(&format!("{:<width$}  {value}\n", c.key()));
     }

@@ -73,12 +73,28 @@ impl<T: Float> MoeLayer<T> {
         }
     }
 
-    pub(super) fn forward_host(&mut self, x: &Buffer<T>, y: &mut Buffer<T>) -> Result<()> {
+    /// The pass on the host; returns µs per stage (host clock), named as the device path's
+    /// `profile` names them, each summed over the experts.
+    pub(super) fn forward_host(
+        &mut self,
+        x: &Buffer<T>,
+        y: &mut Buffer<T>,
+    ) -> Result<Vec<(String, f64)>> {
         let c = self.config;
         let (h, inter, k) = (c.hidden, c.intermediate, c.top_k);
         let wide = 2 * inter_pad(inter);
         let tokens = ops::rows_of("MoE forward", x.len(), h)?;
+        const STAGES: &[&str] = &[
+            "router",
+            "dispatch",
+            "experts-gate-up",
+            "swiglu",
+            "experts-down",
+            "combine",
+        ];
+        let mut stages = StageClock::new(STAGES);
         let (weights, experts) = self.route_host(x, tokens)?;
+        stages.lap(0);
         let mut xs = host_vec("MoE input as f32 (CPU)", x.len())?;
         xs.extend(x.host_view()?.iter().map(|v| v.to_f64() as f32));
         let (w13_all, w2_all) = (self.w13.host_view()?, self.w2.host_view()?);
@@ -99,9 +115,11 @@ impl<T: Float> MoeLayer<T> {
             for &s in slots {
                 a.extend_from_slice(&xs[(s / k) * h..(s / k + 1) * h]);
             }
+            stages.lap(1);
             let mut hbuf = host_filled("MoE gate/up output (CPU)", m * wide, 0f32)?;
             let b = widen(&w13_all[e * wide * h..(e + 1) * wide * h]);
             cpu::gemm_f32(&a, &b, &mut hbuf, (m, wide, h), (false, true))?;
+            stages.lap(2);
             // SwiGLU on the interleaved columns, rounded to T as the device path stores it.
             let mut act = host_filled("MoE activations (CPU)", m * inter, 0f32)?;
             for r in 0..m {
@@ -112,9 +130,11 @@ impl<T: Float> MoeLayer<T> {
                     act[r * inter + col] = T::from_f64(g / (1.0 + (-g).exp()) * u).to_f64() as f32;
                 }
             }
+            stages.lap(3);
             let mut yb = host_filled("MoE down output (CPU)", m * h, 0f32)?;
             let b2 = widen(&w2_all[e * h * inter..(e + 1) * h * inter]);
             cpu::gemm_f32(&act, &b2, &mut yb, (m, h, inter), (false, true))?;
+            stages.lap(4);
             for (r, &s) in slots.iter().enumerate() {
                 let wgt = weights[s] as f64;
                 let dst = &mut out[(s / k) * h..(s / k + 1) * h];
@@ -122,12 +142,48 @@ impl<T: Float> MoeLayer<T> {
                     *o += wgt * v as f64;
                 }
             }
+            stages.lap(5);
         }
         for (dst, v) in y.host_view_mut()?.iter_mut().zip(out) {
             *dst = T::from_f64(v);
         }
+        stages.lap(5);
         self.last = ForwardStats::default();
-        Ok(())
+        Ok(stages.into_us())
+    }
+}
+
+/// Host time per named stage, the time since the last lap going to the stage named there.
+struct StageClock {
+    names: &'static [&'static str],
+    us: Vec<f64>,
+    last: std::time::Instant,
+}
+
+impl StageClock {
+    fn new(names: &'static [&'static str]) -> StageClock {
+        StageClock {
+            names,
+            us: vec![0.0; names.len()],
+            last: std::time::Instant::now(),
+        }
+    }
+
+    /// Adds the time since the last lap to stage `i`.
+    fn lap(&mut self, i: usize) {
+        let now = std::time::Instant::now();
+        if let Some(t) = self.us.get_mut(i) {
+            *t += (now - self.last).as_secs_f64() * 1e6;
+        }
+        self.last = now;
+    }
+
+    fn into_us(self) -> Vec<(String, f64)> {
+        self.names
+            .iter()
+            .map(|n| n.to_string())
+            .zip(self.us)
+            .collect()
     }
 }
 

@@ -1,0 +1,391 @@
+//! The command line: the commands and their flags, each defined once with its docs.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use warpdrive::moe::WeightsFile;
+use warpdrive::Device;
+use warpdrive_bench::Scale;
+
+/// warpdrive: GPU performance runtime. `doctor` checks the machine, `bench` benchmarks
+/// it, `report` renders a results file, `moe` runs one MoE layer.
+#[derive(Debug, Parser)]
+#[command(name = "warpdrive", version)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// List the devices (identity, memory, PCIe, NUMA, library versions) and measure the
+    /// machine's ceilings on the chosen one.
+    Doctor {
+        #[command(flatten)]
+        device: DeviceOpt,
+        #[command(flatten)]
+        scale: ScaleOpt,
+        #[command(flatten)]
+        output: OutputOpt,
+    },
+    /// Run benchmark suites (all when none is named), after measuring the ceilings, with
+    /// their PyTorch/CuPy peers when available; print a table and write a results file.
+    Bench {
+        /// Suites to run (see `--list`); every registered suite when none is given.
+        #[arg(value_name = "SUITE")]
+        suites: Vec<String>,
+        /// List the registered suites and exit.
+        #[arg(long)]
+        list: bool,
+        /// Allocation trace for the `memory` suite to replay (the JSON form its peer reads,
+        /// see bench/peers/README.md) instead of its generated one.
+        #[arg(long, value_name = "TRACE.json")]
+        replay: Option<PathBuf>,
+        /// Record spans, kernel launches, copies and NVML counters of the run as a Chrome
+        /// trace (opens in Perfetto) at this path.
+        #[arg(long, value_name = "OUT.json")]
+        trace: Option<PathBuf>,
+        #[command(flatten)]
+        device: DeviceOpt,
+        #[command(flatten)]
+        scale: ScaleOpt,
+        #[command(flatten)]
+        output: OutputOpt,
+    },
+    /// Render a results file: the table on stdout, SVG charts and one self-contained HTML
+    /// page (`DIR/report.html`).
+    Report {
+        /// A `warpdrive-bench/1` results file.
+        #[arg(value_name = "RESULTS.json")]
+        results: PathBuf,
+        /// Output folder (default `warpdrive-report`).
+        #[arg(short = 'o', long = "out", value_name = "DIR")]
+        out: Option<PathBuf>,
+    },
+    /// Run one MoE layer forward pass (bf16; the `moe` bench suite's seeded weights, or one
+    /// layer of a checkpoint with `--weights`, and N(0,1) input for that preset and token
+    /// count) and print the time of each stage of one staged pass and their sum, then the
+    /// time per pass of `--reps` passes as `forward` runs them.
+    Moe {
+        /// Layer shape: mixtral-8x7b, qwen3-30b-a3b, deepseek-v3-slice or gpt-oss-120b.
+        #[arg(long, value_name = "NAME")]
+        preset: String,
+        /// Tokens in the batch (at least 1; more than the host or device can hold is an
+        /// error).
+        #[arg(long, value_name = "N", default_value_t = 1)]
+        tokens: usize,
+        /// Implementation on CUDA: auto, device or cublas.
+        #[arg(long, value_name = "PATH", default_value = "auto")]
+        path: String,
+        /// Back-to-back passes the whole-pass time averages over (many show how the pass
+        /// holds up under sustained load).
+        #[arg(long, value_name = "N", default_value_t = 20,
+              value_parser = clap::value_parser!(u32).range(1..))]
+        reps: u32,
+        /// Keep every GEMM tile on the mma.sync kernels (what GPUs before Hopper run) instead
+        /// of Hopper's warpgroup MMA.
+        #[arg(long)]
+        no_wgmma: bool,
+        /// Run a one-token pass on the router, GEMM and combine kernels of larger batches
+        /// instead of the one-kernel decode.
+        #[arg(long)]
+        no_decode_kernel: bool,
+        /// Layer size: `full` (the preset's shape, the default), `quick` or `tiny` (hidden
+        /// and intermediate divided by 8 or 16, as the `moe` bench suite runs on the CPU; the
+        /// output names the layer PRESET/8 or PRESET/16).
+        #[arg(long, value_name = "SCALE", default_value = "full",
+              value_parser = ["full", "quick", "tiny"])]
+        scale: String,
+        #[command(flatten)]
+        weights: WeightsOpt,
+        #[command(flatten)]
+        device: DeviceOpt,
+    },
+}
+
+/// Where the MoE layer's weights come from.
+#[derive(Debug, Args)]
+pub(crate) struct WeightsOpt {
+    /// Read the layer's weights from a safetensors checkpoint (a file, a sharded checkpoint's
+    /// model.safetensors.index.json, or the folder holding it) instead of seeded random ones;
+    /// the preset still gives the shape, which the tensors must match.
+    #[arg(long, value_name = "PATH")]
+    pub(crate) weights: Option<PathBuf>,
+    /// The MoE block to read, by the prefix of its tensor names (e.g. model.layers.3.mlp.);
+    /// needed when the checkpoint holds several.
+    #[arg(
+        long,
+        value_name = "PREFIX",
+        requires = "weights",
+        conflicts_with = "layer"
+    )]
+    pub(crate) prefix: Option<String>,
+    /// The MoE block to read, by layer index (the block whose prefix has N as one part).
+    #[arg(long, value_name = "N", requires = "weights")]
+    pub(crate) layer: Option<usize>,
+    /// Refuse weights that hold NaN or infinity (by default each such tensor is a warning).
+    #[arg(long, requires = "weights")]
+    pub(crate) strict: bool,
+}
+
+impl WeightsOpt {
+    /// The checkpoint to read, when `--weights` names one.
+    pub(crate) fn file(&self) -> Option<WeightsFile> {
+        let mut file = WeightsFile::new(self.weights.as_ref()?).strict(self.strict);
+        if let Some(prefix) = &self.prefix {
+            file = file.prefix(prefix.as_str());
+        }
+        if let Some(layer) = self.layer {
+            file = file.layer(layer);
+        }
+        Some(file)
+    }
+}
+
+/// Which device to run on.
+#[derive(Debug, Args)]
+pub(crate) struct DeviceOpt {
+    /// Device to use: `cpu`, `cuda` or `cuda:N` (default: `WARPDRIVE_DEVICE`, else CUDA
+    /// device 0 when present, else the CPU).
+    #[arg(long, value_name = "SPEC")]
+    pub(crate) device: Option<String>,
+}
+
+impl DeviceOpt {
+    pub(crate) fn open(&self) -> Result<Device> {
+        match &self.device {
+            // The library's message names WARPDRIVE_DEVICE, which this value did not come from.
+            Some(spec) => Device::from_spec(spec).map_err(|e| match e {
+                warpdrive::Error::BadDeviceSpec { .. } => anyhow::anyhow!(
+                    "--device {spec:?} is not a device: expected `cpu`, `cuda` or `cuda:N`"
+                ),
+                e => anyhow::Error::new(e).context(format!("opening --device {spec}")),
+            }),
+            None => Device::best().context("choosing a device"),
+        }
+    }
+}
+
+/// How large the benchmark inputs are.
+#[derive(Debug, Args)]
+pub(crate) struct ScaleOpt {
+    /// Input sizes: `full` (the sizes docs/BENCH.md names; the default on CUDA), `quick` (smaller;
+    /// the default on the CPU) or `tiny` (just enough to run every case once: a smoke test).
+    #[arg(long, value_name = "SCALE", value_parser = ["full", "quick", "tiny"])]
+    pub(crate) scale: Option<String>,
+}
+
+impl ScaleOpt {
+    /// The scale asked for, else the device's default.
+    pub(crate) fn on(&self, device: &Device) -> Scale {
+        match self.scale.as_deref() {
+            Some(name) => scale_named(name),
+            None => Scale::for_device(device),
+        }
+    }
+}
+
+/// The scale clap accepted by name (`full`, `quick` or `tiny`).
+pub(crate) fn scale_named(name: &str) -> Scale {
+    match name {
+        "quick" => Scale::Quick,
+        "tiny" => Scale::Tiny,
+        _ => Scale::Full,
+    }
+}
+
+/// Where to write the results file.
+#[derive(Debug, Args)]
+pub(crate) struct OutputOpt {
+    /// Write a results file (`warpdrive-bench/1` JSON) here; `bench` writes
+    /// `warpdrive-results.json` when this is not given.
+    #[arg(long, value_name = "PATH")]
+    pub(crate) json: Option<PathBuf>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+    use std::path::Path;
+
+    fn parse(args: &[&str]) -> std::result::Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("warpdrive").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn command_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn doctor_args() {
+        let cli = parse(&["doctor"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Doctor { ref device, ref output, ref scale }
+                if device.device.is_none() && output.json.is_none() && scale.scale.is_none()
+        ));
+        let cli = parse(&[
+            "doctor", "--json", "d.json", "--device", "cuda:1", "--scale", "tiny",
+        ])
+        .unwrap();
+        let Command::Doctor {
+            device,
+            output,
+            scale,
+        } = cli.command
+        else {
+            panic!("not doctor")
+        };
+        assert_eq!(scale.on(&Device::cpu()), Scale::Tiny);
+        assert_eq!(device.device.as_deref(), Some("cuda:1"));
+        assert_eq!(output.json, Some(PathBuf::from("d.json")));
+    }
+
+    #[test]
+    fn bench_args() {
+        let cli = parse(&["bench"]).unwrap();
+        let Command::Bench {
+            suites,
+            list,
+            replay,
+            trace,
+            device,
+            scale,
+            output,
+        } = cli.command
+        else {
+            panic!("not bench")
+        };
+        assert!(suites.is_empty() && !list && device.device.is_none() && output.json.is_none());
+        // The device's default scale: quick on the CPU.
+        assert_eq!(scale.on(&Device::cpu()), Scale::Quick);
+        assert!(parse(&["bench", "--scale", "huge"]).is_err());
+        assert!(replay.is_none() && trace.is_none());
+        let cli = parse(&["bench", "telemetry", "--trace", "out.json"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Bench { trace: Some(ref p), .. } if p == Path::new("out.json")
+        ));
+        let cli = parse(&["report", "r.json", "-o", "dir"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Report { ref results, out: Some(ref o) }
+                if results == Path::new("r.json") && o == Path::new("dir")
+        ));
+        let cli = parse(&["bench", "memory", "--replay", "t.json"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Bench { replay: Some(ref p), .. } if p == Path::new("t.json")
+        ));
+
+        let cli = parse(&[
+            "bench",
+            "ceilings",
+            "transfer",
+            "--json",
+            "out/r.json",
+            "--device=cpu",
+        ])
+        .unwrap();
+        let Command::Bench {
+            suites,
+            device,
+            output,
+            ..
+        } = cli.command
+        else {
+            panic!("not bench")
+        };
+        assert_eq!(suites, ["ceilings", "transfer"]);
+        assert_eq!(device.device.as_deref(), Some("cpu"));
+        assert_eq!(output.json, Some(PathBuf::from("out/r.json")));
+
+        let cli = parse(&["bench", "--list"]).unwrap();
+        assert!(matches!(cli.command, Command::Bench { list: true, .. }));
+    }
+
+    #[test]
+    fn moe_args() {
+        let cli = parse(&["moe", "--preset", "mixtral-8x7b"]).unwrap();
+        let Command::Moe {
+            preset,
+            tokens,
+            path,
+            reps,
+            no_wgmma,
+            ..
+        } = cli.command
+        else {
+            panic!("not moe");
+        };
+        assert_eq!(
+            (preset.as_str(), tokens, path.as_str(), reps, no_wgmma),
+            ("mixtral-8x7b", 1, "auto", 20, false)
+        );
+        let cli = parse(&["moe", "--preset", "q", "--tokens", "64", "--reps", "500"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Moe {
+                tokens: 64,
+                reps: 500,
+                ..
+            }
+        ));
+        let cli = parse(&["moe", "--preset", "q", "--no-wgmma"]).unwrap();
+        assert!(matches!(cli.command, Command::Moe { no_wgmma: true, .. }));
+        let cli = parse(&["moe", "--preset", "q", "--no-decode-kernel"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Moe {
+                no_decode_kernel: true,
+                no_wgmma: false,
+                ..
+            }
+        ));
+        assert!(parse(&["moe", "--preset", "q", "--reps", "0"]).is_err());
+        assert!(parse(&["moe"]).is_err());
+    }
+
+    #[test]
+    fn moe_weights_args() {
+        let weights = |args: &[&str]| {
+            let mut all = vec!["moe", "--preset", "q"];
+            all.extend(args);
+            match parse(&all)?.command {
+                Command::Moe { weights, .. } => Ok::<_, clap::Error>(weights.file()),
+                _ => panic!("not moe"),
+            }
+        };
+        assert_eq!(weights(&[]).unwrap(), None);
+        assert_eq!(
+            weights(&["--weights", "ckpt", "--layer", "3", "--strict"]).unwrap(),
+            Some(WeightsFile::new("ckpt").layer(3).strict(true))
+        );
+        assert_eq!(
+            weights(&[
+                "--weights",
+                "a.safetensors",
+                "--prefix",
+                "model.layers.1.mlp"
+            ])
+            .unwrap(),
+            Some(WeightsFile::new("a.safetensors").prefix("model.layers.1.mlp."))
+        );
+        // A layer or prefix needs --weights, and only one of them names the block.
+        assert!(weights(&["--layer", "3"]).is_err());
+        assert!(weights(&["--strict"]).is_err());
+        assert!(weights(&["--weights", "c", "--layer", "1", "--prefix", "p."]).is_err());
+    }
+
+    #[test]
+    fn bad_args_are_rejected() {
+        assert!(parse(&[]).is_err());
+        assert!(parse(&["frobnicate"]).is_err());
+        assert!(parse(&["doctor", "--json"]).is_err());
+        assert!(parse(&["bench", "--nope"]).is_err());
+        assert!(parse(&["doctor", "extra"]).is_err());
+    }
+}

@@ -1,0 +1,95 @@
+//! `warpdrive moe`: one MoE layer pass, timed stage by stage and as `forward` runs it.
+
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use warpdrive::moe::WeightsFile;
+use warpdrive_bench::{self as bench, Scale};
+
+use crate::flags::DeviceOpt;
+
+pub(crate) fn moe(
+    (preset, scale): (&str, Scale),
+    tokens: usize,
+    path: &str,
+    reps: u32,
+    (wgmma, decode): (bool, bool),
+    file: Option<WeightsFile>,
+    device: &DeviceOpt,
+) -> Result<()> {
+    use warpdrive::moe::{MoeLayer, MoePath, MoeWeights};
+    let path = match path {
+        "auto" => MoePath::Auto,
+        "device" => MoePath::Device,
+        "cublas" => MoePath::Cublas,
+        other => bail!("--path {other}: expected auto, device or cublas"),
+    };
+    // No tokens is no pass to time: refused rather than an empty profile.
+    if tokens == 0 {
+        bail!("--tokens 0: a pass needs at least one token");
+    }
+    let progress = bench::Progress::lines();
+    let (config, mut weights, x) = bench::moe::case_at(preset, tokens, scale)?;
+    let layer_name = bench::moe::case_name(preset, scale);
+    let source = match file {
+        Some(file) => {
+            let source = file.path().display().to_string();
+            weights = MoeWeights::File(file);
+            source
+        }
+        None => "seeded weights".into(),
+    };
+    let device = device.open()?;
+    let stream = device.new_stream()?;
+    progress.step(format!(
+        "loading the {layer_name} layer on {} ({source}, {:.2} GB)",
+        device.label(),
+        config.weight_bytes()? as f64 / 1e9
+    ));
+    let mut layer = MoeLayer::<half::bf16>::new(&stream, config, weights)
+        .with_context(|| format!("loading the {layer_name} layer from {source}"))?;
+    layer.set_path(path);
+    layer.set_warpgroup_mma(wgmma);
+    layer.set_decode_kernel(decode);
+    let x = warpdrive::Buffer::from_host(&stream, &x)?;
+    let mut y = warpdrive::Buffer::<half::bf16>::uninit(&stream, x.len())?;
+    progress.step("warm-up pass".into());
+    layer.profile(&x, &mut y)?;
+    progress.step("one pass timed stage by stage".into());
+    let stages = layer.profile(&x, &mut y)?;
+    let passes = if reps == 1 { "pass" } else { "passes" };
+    progress.step(format!("{reps} {passes} as forward runs them"));
+    layer.forward_into(&x, &mut y)?;
+    stream.synchronize()?;
+    let t = Instant::now();
+    for _ in 0..reps {
+        layer.forward_into(&x, &mut y)?;
+    }
+    stream.synchronize()?;
+    let per_pass = t.elapsed().as_secs_f64() * 1e6 / f64::from(reps);
+    let stats = layer.last_stats();
+    println!(
+        "{layer_name} (hidden {}, intermediate {}), {tokens} tokens on {} ({source}, {path:?}{}{}):",
+        config.hidden,
+        config.intermediate,
+        device.label(),
+        if wgmma { "" } else { ", no wgmma" },
+        if decode { "" } else { ", no decode kernel" }
+    );
+    for (name, us) in &stages {
+        println!("  {name:<16} {us:>10.1} us");
+    }
+    let total: f64 = stages.iter().map(|(_, us)| us).sum();
+    println!(
+        "  {:<16} {total:>10.1} us (one eager pass, timed stage by stage)",
+        "stages total"
+    );
+    println!(
+        "  {:<16} {per_pass:>10.1} us per pass as forward runs it, {reps} back to back (graph: {}, host syncs: {}, launches: {})",
+        "whole pass",
+        stats.graph,
+        stats.host_syncs,
+        stats.launches
+    );
+    Ok(())
+}
