@@ -132,11 +132,14 @@ impl<T: DType> Buffer<T> {
         &self.pool
     }
 
-    /// `len` elements, all bits zero.
+    /// `len` elements, all bits zero (a device memset on the stream).
     #[track_caller]
     pub fn zeros(stream: &Stream, len: usize) -> Result<Self> {
         let mut buf = Self::uninit(stream, len)?;
-        crate::ops::fill(stream, &mut buf, T::default())?;
+        match stream.cuda() {
+            Some((d, s)) => d.memset_zero(s, buf.ptr, buf.size_bytes())?,
+            None => buf.host_view_mut()?.fill(T::default()),
+        }
         Ok(buf)
     }
 

@@ -266,6 +266,18 @@ impl CudaDevice {
         Ok(())
     }
 
+    /// Enqueues setting `bytes` of device memory at `dst` to zero on `stream`.
+    pub(crate) fn memset_zero(&self, stream: &CudaStream, dst: u64, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the caller guarantees `dst` is a live device allocation of at least `bytes`
+        // used in `stream`'s order; zero bits are a valid value of every `DType`.
+        let r = unsafe { result::memset_d8_async(dst, 0, bytes, stream.cu_stream()) };
+        self.check("cuMemsetD8Async", r)
+    }
+
     /// Enqueues a device-to-device copy of `bytes` on `stream`.
     pub(crate) fn copy_d2d(
         &self,
