@@ -738,3 +738,27 @@ fn gpu_the_async_strategy_frees_buffers_on_other_threads() {
     cross_thread_body(&dev, &pool, seed("cross_thread_gpu_async"));
     pool.trim().unwrap();
 }
+
+/// `Buffer::zeros` at odd sizes of every width: all bits zero, also in a block the pool hands
+/// back after a poisoned buffer of the same size was dropped into it.
+fn zeros_body(dev: &Device) {
+    let s = dev.new_stream().unwrap();
+    fn check<T: warpdrive::DType + PartialEq + std::fmt::Debug>(s: &warpdrive::Stream, poison: T) {
+        for len in [1usize, 3, 1023, 4097, 262_147] {
+            drop(Buffer::from_host(s, &vec![poison; len]).unwrap());
+            let z = Buffer::<T>::zeros(s, len).unwrap();
+            let host = z.to_host(s).unwrap();
+            assert!(host.iter().all(|v| *v == T::default()), "{len} elements");
+        }
+    }
+    check::<u8>(&s, 0xa5);
+    check::<warpdrive::f16>(&s, warpdrive::f16::from_f32(-3.5));
+    check::<f32>(&s, -7.25);
+    check::<u64>(&s, u64::MAX);
+}
+
+device_test!(
+    zeros_are_zero_bits_on_cpu,
+    gpu_zeros_are_zero_bits,
+    zeros_body
+);
