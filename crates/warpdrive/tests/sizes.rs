@@ -11,7 +11,7 @@ use proptest::prelude::*;
 use warpdrive::exec::tune::size_bucket;
 use warpdrive::exec::{Autotuner, TuneKey};
 use warpdrive::memory::UnifiedBuffer;
-use warpdrive::moe::{MoeConfig, MoeLayer, MoeWeights, Router};
+use warpdrive::moe::{MoeConfig, MoeLayer, MoeWeights};
 use warpdrive::transfer::Batch;
 use warpdrive::{ops, Buffer, DTypeKind, Device, Error};
 
@@ -21,9 +21,7 @@ fn moe_config(hidden: usize, intermediate: usize, experts: usize, top_k: usize) 
         intermediate,
         experts,
         top_k,
-        dtype: DTypeKind::BF16,
-        router: Router::Softmax,
-        renormalize: true,
+        ..MoeConfig::default()
     }
 }
 

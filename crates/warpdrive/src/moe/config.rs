@@ -159,9 +159,10 @@ impl MoeConfig {
         }
     }
 
-    /// A named shape: `tiny` ([`MoeConfig::tiny`]), `mixtral-8x7b` (4096, 14336, 8 experts, top-2), `qwen3-30b-a3b` (2048,
-    /// 768, 128, top-8), `deepseek-v3-slice` (7168, 256, 256, top-8), `gpt-oss-120b` (2880,
-    /// 2880, 128, top-4).
+    /// A named shape, with the rest of [`MoeConfig::tiny`] (bf16, Softmax router,
+    /// renormalized): `tiny` itself, `mixtral-8x7b` (4096, 14336, 8 experts, top-2),
+    /// `qwen3-30b-a3b` (2048, 768, 128, top-8), `deepseek-v3-slice` (7168, 256, 256, top-8),
+    /// `gpt-oss-120b` (2880, 2880, 128, top-4).
     pub fn preset(name: &str) -> Result<MoeConfig> {
         let (hidden, intermediate, experts, top_k) = match name {
             "mixtral-8x7b" => (4096, 14336, 8, 2),
@@ -181,9 +182,7 @@ impl MoeConfig {
             intermediate,
             experts,
             top_k,
-            dtype: DTypeKind::BF16,
-            router: Router::Softmax,
-            renormalize: true,
+            ..MoeConfig::tiny()
         })
     }
 
