@@ -322,6 +322,16 @@ impl Stream {
         }
     }
 
+    /// Refuses `call` while this stream captures a graph: copies from or to pageable
+    /// memory cannot be captured, and the fast path would otherwise fail later, at a pinned
+    /// allocation, with a less helpful error.
+    pub(crate) fn refuse_if_capturing(&self, call: &'static str) -> Result<()> {
+        match self.cuda() {
+            Some((d, s)) => d.refuse_if_capturing(s, call),
+            None => Ok(()),
+        }
+    }
+
     /// Records `event` at this point of the stream.
     pub fn record(&self, event: &Event) -> Result<()> {
         match (&self.inner, &event.inner) {

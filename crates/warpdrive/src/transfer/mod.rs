@@ -361,10 +361,15 @@ fn fastest(mut run: impl FnMut() -> Result<()>) -> Result<f64> {
     Ok(best)
 }
 
+/// The capture errors of copies from and to pageable memory (the driver's own wording).
+const H2D_IN_CAPTURE: &str = "cuMemcpyHtoDAsync from pageable memory";
+const D2H_IN_CAPTURE: &str = "cuMemcpyDtoHAsync to pageable memory";
+
 /// Copies `src` into `dst` (same length) on `stream`; returns when `src` may be reused and
 /// the copy has completed. Large copies take the staged fast path.
 pub fn upload<T: DType>(stream: &Stream, dst: &mut Buffer<T>, src: &[T]) -> Result<()> {
     check_len("transfer::upload", dst.len(), src.len())?;
+    stream.refuse_if_capturing(H2D_IN_CAPTURE)?;
     if std::mem::size_of_val(src) < ALWAYS_DIRECT {
         return direct_h2d(stream, dst, src);
     }
@@ -376,6 +381,7 @@ pub fn upload<T: DType>(stream: &Stream, dst: &mut Buffer<T>, src: &[T]) -> Resu
 /// staged fast path.
 pub fn download<T: DType>(stream: &Stream, src: &Buffer<T>, dst: &mut [T]) -> Result<()> {
     check_len("transfer::download", src.len(), dst.len())?;
+    stream.refuse_if_capturing(D2H_IN_CAPTURE)?;
     if std::mem::size_of_val(dst) < ALWAYS_DIRECT {
         return direct_d2h(stream, src, dst);
     }
@@ -391,6 +397,7 @@ pub fn download<T: DType>(stream: &Stream, src: &Buffer<T>, dst: &mut [T]) -> Re
 /// huge pages from 32 MiB).
 pub fn to_host<T: DType>(stream: &Stream, src: &Buffer<T>) -> Result<Vec<T>> {
     src.device().same_as(stream.device(), "transfer::to_host")?;
+    stream.refuse_if_capturing(D2H_IN_CAPTURE)?;
     let mut out = FreshVec::with_capacity(src.len())?;
     let bytes = src.size_bytes();
     if bytes < ALWAYS_DIRECT {
@@ -451,6 +458,7 @@ pub(crate) fn upload_converted<S: Sync, T: DType>(
     convert: impl Fn(&mut [T], &[S]) + Sync,
 ) -> Result<()> {
     check_len("transfer::upload_converted", dst.len(), src.len())?;
+    stream.refuse_if_capturing(H2D_IN_CAPTURE)?;
     dst.device()
         .same_as(stream.device(), "transfer::upload_converted")?;
     let cfg = config(stream, Direction::H2d)?;

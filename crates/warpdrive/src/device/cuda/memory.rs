@@ -360,6 +360,7 @@ impl CudaDevice {
     ) -> Result<()> {
         self.bind()?;
         let s = stream.cu_stream();
+        let t = activity::begin();
         // SAFETY: forwarded from this function's contract.
         let r = unsafe {
             if to_device {
@@ -368,7 +369,16 @@ impl CudaDevice {
                 sys::cuMemcpyDtoHAsync_v2(host as *mut c_void, dev, bytes, s).result()
             }
         };
-        self.check("cuMemcpyAsync", r)
+        self.check("cuMemcpyAsync", r)?;
+        // Each DMA of a staged copy is reported, so traces and byte counters see the fast
+        // path as they see the driver's copies.
+        let kind = if to_device {
+            ActivityKind::H2D
+        } else {
+            ActivityKind::D2H
+        };
+        activity::end(t, kind, s as u64, bytes as u64);
+        Ok(())
     }
 }
 
