@@ -4,20 +4,20 @@
 //! ring (`transfer::ring`) runs the same protocol on both: enqueue a copy, record its
 //! event, reuse the ring's room only once that event has completed.
 
-use super::{cpu, CudaDevice, Stream};
+use super::{cpu, Gpu, GpuStream, Stream};
 use crate::error::Result;
 
 /// Where a stream's copies between pinned host memory and its device memory run.
 pub(crate) enum Dma<'s> {
-    Cuda(&'s CudaDevice, &'s cudarc::driver::CudaStream),
+    Gpu(&'s Gpu, &'s GpuStream),
     Cpu,
 }
 
 impl<'s> Dma<'s> {
     /// The engine of `stream` (one lookup per copy, not per DMA).
     pub(crate) fn of(stream: &'s Stream) -> Dma<'s> {
-        match stream.cuda() {
-            Some((device, cu_stream)) => Dma::Cuda(device, cu_stream),
+        match stream.queue() {
+            Some(q) => Dma::Gpu(q.gpu, q.stream),
             None => Dma::Cpu,
         }
     }
@@ -39,7 +39,7 @@ impl<'s> Dma<'s> {
     ) -> Result<()> {
         match self {
             // SAFETY: forwarded from this function's contract.
-            Dma::Cuda(device, cu_stream) => unsafe {
+            Dma::Gpu(device, cu_stream) => unsafe {
                 device.copy_raw_async(cu_stream, to_device, host, dev, bytes)
             },
             Dma::Cpu => {

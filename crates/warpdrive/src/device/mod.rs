@@ -4,6 +4,7 @@
 //! results as the CUDA kernels (it is their reference). Work on a CPU stream runs at once.
 
 pub mod activity;
+mod arch;
 pub(crate) mod cpu;
 pub(crate) mod cuda;
 pub(crate) mod dma;
@@ -20,11 +21,15 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 
+pub use arch::Arch;
 pub(crate) use cpu::cpu_model;
+pub(crate) use cuda::{compile_options, compile_ptx, nvrtc_version};
 pub(crate) use cuda::AsyncMemPool;
 pub use cuda::CudaDevice;
-pub(crate) use cuda::GemmCall;
-pub(crate) use cuda::LaunchMode;
+/// The GPU backends' device, as the floors above use it (the CUDA backend's today): its
+/// methods take and return only this floor's types.
+pub(crate) use cuda::CudaDevice as Gpu;
+pub(crate) use cuda::{Function, GemmCall, GpuStream, GraphExec, LaunchMode};
 pub use cuda::RELEASE_AT_EXIT;
 pub(crate) use cuda::{at_exit, release_at_exit};
 
@@ -89,6 +94,15 @@ impl Device {
                 let ordinal = n.parse::<usize>().map_err(|_| bad())?;
                 Device::cuda(ordinal)
             }
+        }
+    }
+
+    /// The GPU, for work only a GPU does; on the CPU backend `Error::Unsupported` naming
+    /// `what`.
+    pub(crate) fn gpu(&self, what: &str) -> Result<&Gpu> {
+        match self {
+            Device::Cuda(d) => Ok(d),
+            Device::Cpu => Err(Error::Unsupported(format!("{what} on the CPU backend"))),
         }
     }
 
@@ -269,7 +283,7 @@ enum StreamInner {
 }
 
 struct CudaStreamShared {
-    stream: Arc<cudarc::driver::CudaStream>,
+    stream: GpuStream,
     /// Bumped each time the driver handle is handed out (every enqueue goes through one of
     /// those accessors): see [`Stream::work_seq`].
     handed_out: AtomicU64,
@@ -326,10 +340,11 @@ impl Stream {
     /// memory cannot be captured, and the fast path would otherwise fail later, at a pinned
     /// allocation, with a less helpful error.
     pub(crate) fn refuse_if_capturing(&self, call: &'static str) -> Result<()> {
-        match self.cuda() {
-            Some((d, s)) => d.refuse_if_capturing(s, call),
-            None => Ok(()),
-        }
+        self.run(
+            (),
+            |()| Ok(()),
+            |(), q| q.gpu.refuse_if_capturing(q.stream, call),
+        )
     }
 
     /// Records `event` at this point of the stream.
@@ -371,18 +386,50 @@ impl Stream {
         self.handed_out().map_or(0, |s| s.stream.cu_stream() as u64)
     }
 
-    /// The CUDA device and the shared stream handle, when this is a CUDA stream.
-    pub(crate) fn cuda_arc(&self) -> Option<(&CudaDevice, &Arc<cudarc::driver::CudaStream>)> {
+    /// The GPU and its queue, when this is a GPU stream (being replaced by `run` and `gpu`).
+    pub(crate) fn cuda(&self) -> Option<(&Gpu, &GpuStream)> {
+        self.queue().map(|q| (q.gpu, q.stream))
+    }
+
+    /// The GPU queue; `None` on the CPU backend. The one place a stream tells its backend.
+    pub(super) fn queue(&self) -> Option<Queue<'_>> {
         match (&self.device, self.handed_out()) {
-            (Device::Cuda(d), Some(s)) => Some((d, &s.stream)),
+            (Device::Cuda(d), Some(s)) => Some(Queue {
+                gpu: d,
+                stream: &s.stream,
+            }),
             _ => None,
         }
     }
 
-    /// The CUDA device and stream, when this is a CUDA stream.
-    pub(crate) fn cuda(&self) -> Option<(&CudaDevice, &cudarc::driver::CudaStream)> {
-        self.cuda_arc().map(|(d, s)| (d, &**s))
+    /// The stream's GPU and queue, for work only a GPU runs (the CPU backend has no body
+    /// for it); on the CPU backend `Error::Unsupported` naming `what`.
+    pub(crate) fn gpu(&self, what: &str) -> Result<Queue<'_>> {
+        self.queue()
+            .ok_or_else(|| Error::Unsupported(format!("{what} on the CPU backend")))
     }
+
+    /// Runs one op on this stream: `host` on the CPU backend, where work runs at once (the
+    /// reference), `gpu` with the stream's queue on a GPU, where it is enqueued. `state`
+    /// (typically the op's outputs, borrowed mutably) goes to whichever body runs.
+    pub(crate) fn run<S, R>(
+        &self,
+        state: S,
+        host: impl FnOnce(S) -> Result<R>,
+        gpu: impl FnOnce(S, Queue<'_>) -> Result<R>,
+    ) -> Result<R> {
+        match self.queue() {
+            Some(q) => gpu(state, q),
+            None => host(state),
+        }
+    }
+}
+
+/// A stream's GPU and its queue: what an op's GPU body enqueues on.
+#[derive(Clone, Copy)]
+pub(crate) struct Queue<'s> {
+    pub(crate) gpu: &'s Gpu,
+    pub(crate) stream: &'s GpuStream,
 }
 
 /// A point in a stream; with two, the GPU time between them.
@@ -392,7 +439,7 @@ pub struct Event {
 
 enum EventInner {
     Cpu(Mutex<Option<Instant>>),
-    Cuda(CudaDevice, cudarc::driver::CudaEvent),
+    Cuda(CudaDevice, cuda::GpuEvent),
 }
 
 impl Event {

@@ -13,7 +13,7 @@
 //!   allocations, event queries, synchronisations and copies from pageable memory are
 //!   refused with `Error::Capture` before they reach the driver. An error inside the
 //!   closure ends the capture and is returned; the stream is usable afterwards.
-//! - warpdrive records no events on the captured stream (cudarc's event tracking is off).
+//! - warpdrive records no events on the captured stream (the backend's per-buffer event tracking is off).
 //!
 //! Replaying "with new contents in the same buffers" is the point of a graph, and Rust's
 //! borrows would forbid writing a buffer the closure holds. So the buffers can instead be
@@ -21,7 +21,7 @@
 //! [`Graph::launch_with`]): on CUDA a launch checks that the state holds the very buffers
 //! the graph was captured with (by address), on the CPU backend the closure runs on it.
 
-use crate::device::{Device, Stream};
+use crate::device::{Device, GraphExec, Stream};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::memory::{device_pool, Buffer, GraphMemory};
@@ -91,11 +91,11 @@ pub struct Graph<'a, S: GraphState = ()> {
 }
 
 enum Exec {
-    /// The CPU backend: launches run the body.
-    Cpu,
-    Cuda {
+    /// A stream that runs work at once (the CPU backend): launches run the body.
+    Recorded,
+    Captured {
         /// `None` when the capture enqueued nothing.
-        graph: Option<cudarc::driver::CudaGraph>,
+        graph: Option<GraphExec>,
         /// The state's addresses at capture.
         addresses: Vec<u64>,
         /// Reused for the check at each launch.
@@ -135,13 +135,11 @@ struct Capturing<'s> {
 }
 
 impl Capturing<'_> {
-    fn end(&mut self) -> Result<Option<cudarc::driver::CudaGraph>> {
+    fn end(&mut self) -> Result<Option<GraphExec>> {
         self.done = true;
         self.memory.end_capture();
-        match self.stream.cuda_arc() {
-            Some((d, s)) => d.end_capture(s),
-            None => Ok(None),
-        }
+        self.stream
+            .run((), |()| Ok(None), |(), q| q.gpu.end_capture(q.stream))
     }
 }
 
@@ -164,15 +162,16 @@ impl<'a, S: GraphState> Graph<'a, S> {
         body: impl FnMut(&Stream, &mut S) -> Result<()> + 'a,
     ) -> Result<Self> {
         let mut body: Body<'a, S> = Box::new(body);
-        let exec = match stream.cuda_arc() {
-            None => Exec::Cpu,
-            Some((d, s)) => {
+        let exec = stream.run(
+            (&mut body, state),
+            |_| Ok(Exec::Recorded),
+            |(body, state), q| {
                 let mut addresses = Vec::new();
                 state.addresses(&mut addresses);
                 // Creating the cuBLAS handle allocates: do it before the capture.
-                d.prepare_blas(s)?;
+                q.gpu.prepare_blas(q.stream)?;
                 let memory = device_pool(stream.device())?.begin_capture(stream)?;
-                if let Err(e) = d.begin_capture(s) {
+                if let Err(e) = q.gpu.begin_capture(q.stream) {
                     memory.end_capture();
                     return Err(e);
                 }
@@ -186,14 +185,14 @@ impl<'a, S: GraphState> Graph<'a, S> {
                 drop(capturing);
                 // The closure's error first: a broken capture is its consequence.
                 ran?;
-                Exec::Cuda {
+                Ok(Exec::Captured {
                     graph: ended?,
                     scratch: Vec::with_capacity(addresses.len()),
                     addresses,
                     _memory: memory,
-                }
-            }
-        };
+                })
+            },
+        )?;
         Ok(Graph {
             stream: stream.clone(),
             body,
@@ -213,13 +212,13 @@ impl<'a, S: GraphState> Graph<'a, S> {
     /// Prepares the graph on the device (the driver's graph upload), so its first launch does
     /// no setup work (a no-op on the CPU backend).
     pub fn prepare(&self) -> Result<()> {
-        match (&self.exec, self.stream.cuda()) {
-            (
-                Exec::Cuda {
-                    graph: Some(graph), ..
-                },
-                Some((d, s)),
-            ) => d.upload_graph(graph, s),
+        match &self.exec {
+            Exec::Captured {
+                graph: Some(graph), ..
+            } => {
+                let q = self.stream.gpu("a graph upload")?;
+                q.gpu.upload_graph(graph, q.stream)
+            }
             _ => Ok(()),
         }
     }
@@ -228,8 +227,8 @@ impl<'a, S: GraphState> Graph<'a, S> {
     /// was captured with (their contents may have changed).
     pub fn launch_with(&mut self, state: &mut S) -> Result<()> {
         match &mut self.exec {
-            Exec::Cpu => (self.body)(&self.stream, state),
-            Exec::Cuda {
+            Exec::Recorded => (self.body)(&self.stream, state),
+            Exec::Captured {
                 graph,
                 addresses,
                 scratch,
@@ -246,9 +245,12 @@ impl<'a, S: GraphState> Graph<'a, S> {
                         ));
                     }
                 }
-                match (graph, self.stream.cuda()) {
-                    (Some(g), Some((d, s))) => d.launch_graph(g, s),
-                    _ => Ok(()),
+                match graph {
+                    Some(g) => {
+                        let q = self.stream.gpu("a graph launch")?;
+                        q.gpu.launch_graph(g, q.stream)
+                    }
+                    None => Ok(()),
                 }
             }
         }

@@ -13,11 +13,9 @@
 
 use std::ffi::c_void;
 
-use cudarc::driver::CudaFunction;
-
-use crate::device::{CudaDevice, Device, LaunchMode, Stream};
+use crate::device::{Device, Function, LaunchMode, Stream};
 use crate::error::{Error, Result};
-use crate::kernels::KernelSource;
+use crate::kernels::{self, KernelSource};
 
 /// Grid, block and dynamic shared memory of one launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,8 +47,8 @@ impl LaunchConfig {
 /// figures: the handle [`launch`] takes. Cheap to clone.
 #[derive(Clone)]
 pub struct Kernel {
-    device: CudaDevice,
-    func: CudaFunction,
+    device: Device,
+    func: Function,
     name: &'static str,
     /// (smallest grid for full occupancy, block size), without dynamic shared memory.
     occupancy: (u32, u32),
@@ -73,16 +71,12 @@ impl Kernel {
         source: &'static KernelSource,
         name: &'static str,
     ) -> Result<Kernel> {
-        let Device::Cuda(d) = device else {
-            return Err(Error::Unsupported(format!(
-                "kernel {name}: the CPU backend runs ops, not kernels"
-            )));
-        };
-        let func = d.function(source, name)?;
+        let d = device.gpu(&format!("kernel {name} (the CPU backend runs ops, not kernels)"))?;
+        let func = kernels::function(d, source, name)?;
         let occupancy = d.occupancy_block_size(&func, 0)?;
         let max_block = d.max_block_threads(&func)?;
         Ok(Kernel {
-            device: d.clone(),
+            device: device.clone(),
             func,
             name,
             occupancy,
@@ -115,6 +109,7 @@ impl Kernel {
     /// memory per block.
     pub fn occupancy_with_shared(&self, shared_mem_bytes: usize) -> Result<(u32, u32)> {
         self.device
+            .gpu("kernel occupancy")?
             .occupancy_block_size(&self.func, shared_mem_bytes)
     }
 
@@ -140,20 +135,8 @@ pub unsafe fn launch(
     config: LaunchConfig,
     params: &mut [*mut c_void],
 ) -> Result<()> {
-    let Some((d, s)) = stream.cuda() else {
-        return Err(Error::DeviceMismatch {
-            op: "launch",
-            left: stream.device().label(),
-            right: format!("{:?}", kernel.device),
-        });
-    };
-    if *d != kernel.device {
-        return Err(Error::DeviceMismatch {
-            op: "launch",
-            left: stream.device().label(),
-            right: format!("{:?}", kernel.device),
-        });
-    }
+    kernel.device.same_as(stream.device(), "launch")?;
+    let q = stream.gpu("a kernel launch")?;
     let (x, y, z) = config.block;
     let threads = (x as u64) * (y as u64) * (z as u64);
     if threads > kernel.max_block as u64 {
@@ -165,8 +148,8 @@ pub unsafe fn launch(
     // SAFETY: forwarded from this function's contract (with `programmatic`, the caller
     // vouches that the kernel waits for the previous one).
     unsafe {
-        d.launch(
-            s,
+        q.gpu.launch(
+            q.stream,
             &kernel.func,
             config.grid,
             config.block,

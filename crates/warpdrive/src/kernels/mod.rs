@@ -16,13 +16,14 @@
 //! cache keeps compiled PTX in memory only.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
+pub use crate::device::Arch;
+use crate::device::{Function, Gpu};
 use crate::error::{Error, Result};
 
 /// Shared definitions prepended to every kernel source.
@@ -157,67 +158,6 @@ pub static SOURCES: &[&KernelSource] = &[
     &EXEC,
 ];
 
-/// A GPU architecture NVRTC compiles for: `sm_{major}{minor}`, with `a` for the
-/// architecture-specific target (`sm_90a`: `wgmma`, `setmaxnreg`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Arch {
-    pub major: u32,
-    pub minor: u32,
-    pub specific: bool,
-}
-
-impl Arch {
-    /// Hopper's architecture-specific target (`wgmma`).
-    pub const SM_90A: Arch = Arch {
-        major: 9,
-        minor: 0,
-        specific: true,
-    };
-
-    /// The target for a device of this compute capability: `sm_90a` on Hopper (so its own
-    /// instructions are available), `sm_XY` elsewhere.
-    pub fn from_compute_capability(major: u32, minor: u32) -> Arch {
-        Arch {
-            major,
-            minor,
-            specific: (major, minor) == (9, 0),
-        }
-    }
-
-    /// Parses `sm_90a`, `sm_80`, ...
-    pub fn parse(s: &str) -> Option<Arch> {
-        let digits = s.strip_prefix("sm_")?;
-        let (digits, specific) = match digits.strip_suffix('a') {
-            Some(d) => (d, true),
-            None => (digits, false),
-        };
-        if digits.len() < 2 || !digits.chars().all(|c| c.is_ascii_digit()) {
-            return None;
-        }
-        let (major, minor) = digits.split_at(digits.len() - 1);
-        Some(Arch {
-            major: major.parse().ok()?,
-            minor: minor.parse().ok()?,
-            specific,
-        })
-    }
-
-    pub fn name(&self) -> String {
-        format!(
-            "sm_{}{}{}",
-            self.major,
-            self.minor,
-            if self.specific { "a" } else { "" }
-        )
-    }
-}
-
-impl fmt::Display for Arch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.name())
-    }
-}
-
 impl KernelSource {
     /// The architectures this source declares on its `// archs:` line.
     pub fn archs(&self) -> Result<Vec<Arch>> {
@@ -263,14 +203,22 @@ impl KernelSource {
     }
 }
 
+/// Kernel `name` of `source` on `gpu`: compiled for its architecture through the PTX cache
+/// and loaded on first use, then from the device's own table.
+pub(crate) fn function(
+    gpu: &Gpu,
+    source: &'static KernelSource,
+    name: &'static str,
+) -> Result<Function> {
+    gpu.function(source.name, name, || {
+        let arch = source.arch_for(gpu.arch())?;
+        PtxCache::global().load(source, arch, |ptx| gpu.load_module(ptx))
+    })
+}
+
 /// NVRTC's version as `major.minor`, or an error saying how to make it available.
 pub fn nvrtc_version() -> Result<(i32, i32)> {
-    crate::device::cuda::nvrtc_version().ok_or_else(|| Error::LibraryMissing {
-        library: "NVRTC",
-        hint: "libnvrtc.so.13 not found; put CUDA's lib64 (or the folder from \
-               `eval \"$(scripts/setup-nvrtc)\"`) on LD_LIBRARY_PATH"
-            .into(),
-    })
+    crate::device::nvrtc_version()
 }
 
 /// FNV-1a, 64 bits: a stable hash (std's hasher may change between Rust releases, which
@@ -345,7 +293,7 @@ impl PtxCache {
 
     fn key(&self, source: &KernelSource, arch: Arch) -> Result<String> {
         let (major, minor) = nvrtc_version()?;
-        let options = compile_options(arch).join(" ");
+        let options = crate::device::compile_options(arch).join(" ");
         let mut parts = vec![PRELUDE.as_bytes()];
         parts.extend(source.shared.map(|f| f.code.as_bytes()));
         parts.extend([source.code.as_bytes(), options.as_bytes()]);
@@ -455,36 +403,8 @@ impl PtxCache {
             "{PRELUDE}\n{shared}#line 1 \"{}.cu\"\n{}",
             source.name, source.code
         );
-        if text.contains('\0') {
-            return Err(Error::Compile {
-                kernel: source.name.into(),
-                arch: arch.name(),
-                log: "source contains a NUL byte".into(),
-            });
-        }
-        let opts = cudarc::nvrtc::CompileOptions {
-            options: compile_options(arch),
-            name: Some(format!("{}.cu", source.name)),
-            ..Default::default()
-        };
-        match cudarc::nvrtc::compile_ptx_with_opts(text, opts) {
-            Ok(ptx) => Ok(ptx.to_src()),
-            Err(cudarc::nvrtc::CompileError::CompileError { log, .. }) => Err(Error::Compile {
-                kernel: source.name.into(),
-                arch: arch.name(),
-                log: log.to_string_lossy().into_owned(),
-            }),
-            Err(e) => Err(Error::Compile {
-                kernel: source.name.into(),
-                arch: arch.name(),
-                log: format!("{e:?}"),
-            }),
-        }
+        crate::device::compile_ptx(source.name, text, arch)
     }
-}
-
-fn compile_options(arch: Arch) -> Vec<String> {
-    vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()]
 }
 
 fn default_dir() -> Option<PathBuf> {

@@ -347,15 +347,22 @@ impl<T: DType> ManagedBuffer<T> {
                 self.len()
             )));
         }
-        let Some((d, s)) = stream.cuda() else {
-            return Ok(());
-        };
-        if range.is_empty() {
-            return Ok(());
-        }
-        let size = std::mem::size_of::<T>();
-        let ptr = self.view.ptr + (range.start * size) as u64;
-        d.mem_prefetch(s, ptr, range.len() * size, to.ordinal())
+        stream.run(
+            (),
+            |()| {
+                return Ok(());
+            },
+            |(), q| {
+                let d = q.gpu;
+                let s = q.stream;
+                if range.is_empty() {
+                    return Ok(());
+                }
+                let size = std::mem::size_of::<T>();
+                let ptr = self.view.ptr + (range.start * size) as u64;
+                d.mem_prefetch(s, ptr, range.len() * size, to.ordinal())
+            },
+        )
     }
 }
 

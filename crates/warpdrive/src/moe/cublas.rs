@@ -31,16 +31,13 @@ impl<T: Float> MoeLayer<T> {
             ));
         };
         let (hd, inter) = (self.config.hidden, self.config.intermediate);
-        let Some((d, cs)) = s.cuda() else {
-            return Err(Error::Unsupported("the cuBLAS path needs CUDA".into()));
-        };
+        let q = s.gpu("the cuBLAS path")?;
+        let d = q.gpu;
         let size = std::mem::size_of::<T>() as u64;
         // SAFETY: token_of holds `slots` row indices below `tokens` (the dispatch wrote them),
         // x holds tokens·hidden elements, xp slots·hidden.
         unsafe {
-            ops::permute::gather_rows_raw(
-                d,
-                cs,
+            ops::permute::gather_rows_raw(q,
                 x,
                 tokens,
                 hd * size as usize,
@@ -105,7 +102,7 @@ impl<T: Float> MoeLayer<T> {
         if grouped {
             let mut ptrs = crate::device::CudaDevice::grouped_gemm_pointers(&up);
             ptrs.extend(crate::device::CudaDevice::grouped_gemm_pointers(&down));
-            d.copy_h2d(cs, up_ptrs, &ptrs)?;
+            d.copy_h2d(q.stream, up_ptrs, &ptrs)?;
         }
         let run = |calls: &[GemmCall], ptrs: u64| -> Result<()> {
             // SAFETY: each call's rows lie inside xp / h / act / yt (offsets from the counts,
@@ -113,9 +110,9 @@ impl<T: Float> MoeLayer<T> {
             // expert); the pointer arrays (at most 6 words per expert) were copied above.
             unsafe {
                 if grouped {
-                    d.gemm_grouped(cs, calls, ptrs)
+                    d.gemm_grouped(q.stream, calls, ptrs)
                 } else {
-                    d.gemm(cs, calls)
+                    d.gemm(q.stream, calls)
                 }
             }
         };
@@ -130,7 +127,7 @@ impl<T: Float> MoeLayer<T> {
         let grid = ops::fill_grid(d, (&MOE, name), (plan.slots * inter) as u64, 256)?;
         // SAFETY: moe_swiglu_T(const T* h, u64 rows, u32 inter, T* act): h holds slots·2I,
         // act slots·I elements.
-        unsafe { ops::launch(d, cs, (&MOE, name), grid, 256, 0, args)? };
+        unsafe { ops::launch(q, (&MOE, name), grid, 256, 0, args)? };
         mark("swiglu")?;
         run(&down, down_ptrs)?;
         mark("experts-down")?;

@@ -3,7 +3,7 @@ use std::ffi::c_void;
 use crate::device::{LaunchMode, Stream};
 use crate::dtype::DTypeKind;
 use crate::error::{Error, Result};
-use crate::kernels::{MOE, MOE_DECODE, MOE_GEMM, MOE_ROUTER, MOE_ROUTER_CLUSTER, MOE_WGMMA};
+use crate::kernels::{self, MOE, MOE_DECODE, MOE_GEMM, MOE_ROUTER, MOE_ROUTER_CLUSTER, MOE_WGMMA};
 use crate::ops::{self, Route};
 
 use super::config::{
@@ -261,9 +261,8 @@ impl Launcher {
     /// The router kernel: f32 logits (+ bias for the Softmax router) and, when the config
     /// allows ([`fused_route`]), the softmax top-k into weights / experts and the dispatch.
     pub(super) fn router(&self, s: &Stream, pass: &Pass) -> Result<()> {
-        let Some((d, cs)) = s.cuda() else {
-            return Err(Error::Unsupported("MoE router kernel on the CPU".into()));
-        };
+        let q = s.gpu("MoE router kernel")?;
+        let d = q.gpu;
         let p = &pass.plan;
         let c = &self.config;
         let route = fused_route(c);
@@ -311,7 +310,7 @@ impl Launcher {
         } else {
             (&MOE_ROUTER, ROUTER_NAMES[self.dtype_index()?][mt])
         };
-        let f = d.function(source, name)?;
+        let f = kernels::function(d, source, name)?;
         let grid = (
             u32_of(shape.col_blocks * shape.splits, "router column blocks")?,
             u32_of(shape.row_tiles, "router row tiles")?,
@@ -335,7 +334,7 @@ impl Launcher {
         // tile of logits).
         unsafe {
             d.launch(
-                cs,
+                q.stream,
                 &f,
                 grid,
                 (ROUTER_BLOCK, 1, 1),
@@ -350,9 +349,7 @@ impl Launcher {
     }
 
     pub(super) fn route(&self, s: &Stream, pass: &Pass) -> Result<()> {
-        let Some((d, cs)) = s.cuda() else {
-            return Err(Error::Unsupported("MoE device router on the CPU".into()));
-        };
+        let q = s.gpu("MoE device router")?;
         let c = &self.config;
         let tokens = pass.plan.tokens;
         match c.router {
@@ -365,9 +362,7 @@ impl Launcher {
                 // SAFETY: logits hold tokens·E f32, weights and experts tokens·k each (the
                 // workspace is sized for at least `tokens`); k was validated with the config.
                 unsafe {
-                    ops::router::route_raw::<f32>(
-                        d,
-                        cs,
+                    ops::router::route_raw::<f32>(q,
                         &r,
                         self.logits,
                         tokens,
@@ -405,9 +400,7 @@ impl Launcher {
                 // tokens·E, bias E (or null), weights/indices tokens·k; E floats of shared
                 // memory per warp; k <= 16 and n_group <= 32 (validated).
                 unsafe {
-                    ops::launch(
-                        d,
-                        cs,
+                    ops::launch(q,
                         (&MOE_ROUTER, name),
                         grid,
                         ROUTER_WARPS * 32,
@@ -420,9 +413,7 @@ impl Launcher {
     }
 
     fn dispatch(&self, s: &Stream, pass: &Pass) -> Result<()> {
-        let Some((d, cs)) = s.cuda() else {
-            return Err(Error::Unsupported("MoE dispatch on the CPU".into()));
-        };
+        let q = s.gpu("MoE dispatch")?;
         let c = &self.config;
         let args = ops::Args::new()
             .ptr(self.experts)
@@ -443,9 +434,7 @@ impl Launcher {
         // E counts, E + 1 offsets, 2·items work words (items = the most tiles of `bm` rows
         // `slots` rows can need over E experts); 2·E words of shared memory (E <= 4096).
         unsafe {
-            ops::launch(
-                d,
-                cs,
+            ops::launch(q,
                 (&MOE_ROUTER, "moe_dispatch"),
                 1,
                 DISPATCH_BLOCK,
@@ -457,9 +446,8 @@ impl Launcher {
 
     /// The whole one-token pass in one kernel (see [`DecodeShape`]).
     fn decode(&self, s: &Stream, pass: &Pass, shape: &DecodeShape) -> Result<()> {
-        let Some((d, cs)) = s.cuda() else {
-            return Err(Error::Unsupported("MoE decode kernel on the CPU".into()));
-        };
+        let q = s.gpu("MoE decode kernel")?;
+        let d = q.gpu;
         let c = &self.config;
         let mut params = DecodeParams {
             x: pass.x,
@@ -482,9 +470,9 @@ impl Launcher {
             out: pass.y,
         };
         let name = DECODE_NAMES[self.dtype_index()?];
-        let f = d.function(&MOE_DECODE, name)?;
+        let f = kernels::function(d, &MOE_DECODE, name)?;
         let shared = u32_of(DecodeShape::shared_bytes(c), "decode shared memory")?;
-        let resident = d.resident_blocks(&MOE_DECODE, name, DECODE_BLOCK, shared)? as usize;
+        let resident = d.resident_blocks(&f, DECODE_BLOCK, shared)? as usize;
         // As many blocks per SM as fit, at most DECODE_BLOCKS_PER_SM: all are resident.
         let grid = shape.sms * resident.min(DECODE_BLOCKS_PER_SM);
         let mut args = [&mut params as *mut DecodeParams as *mut c_void];
@@ -498,7 +486,7 @@ impl Launcher {
         // blocks than fit at once, so the blocks that wait for each other are all resident.
         unsafe {
             d.launch(
-                cs,
+                q.stream,
                 &f,
                 (u32_of(grid, "decode blocks")?, 1, 1),
                 (DECODE_BLOCK, 1, 1),
@@ -513,9 +501,8 @@ impl Launcher {
     }
 
     fn gemm(&self, s: &Stream, shape: &GemmShape, mut p: GemmParams) -> Result<()> {
-        let Some((d, cs)) = s.cuda() else {
-            return Err(Error::Unsupported("MoE grouped GEMM on the CPU".into()));
-        };
+        let q = s.gpu("MoE grouped GEMM")?;
+        let d = q.gpu;
         p.n = u32_of(shape.n, "GEMM columns")?;
         p.k = u32_of(shape.k, "GEMM depth")?;
         p.splits = shape.splits as u32;
@@ -533,7 +520,7 @@ impl Launcher {
         } else {
             (&MOE_GEMM, GEMM_NAMES[t][mt])
         };
-        let f = d.function(source, name)?;
+        let f = kernels::function(d, source, name)?;
         let grid = u32_of(shape.grid(), "GEMM blocks")?;
         let shared = gemm_shared_bytes(shape.mt, shape.wgmma);
         let mut params = [&mut p as *mut GemmParams as *mut c_void];
@@ -545,7 +532,7 @@ impl Launcher {
         // (with early_k, written two kernels back) the work list, and before any write.
         unsafe {
             d.launch(
-                cs,
+                q.stream,
                 &f,
                 (grid, 1, 1),
                 (GEMM_BLOCK, 1, 1),
@@ -569,9 +556,8 @@ impl Launcher {
         weights: u64,
         typed: bool,
     ) -> Result<()> {
-        let Some((d, cs)) = s.cuda() else {
-            return Err(Error::Unsupported("MoE combine on the CPU".into()));
-        };
+        let q = s.gpu("MoE combine")?;
+        let d = q.gpu;
         let c = &self.config;
         let t = self.dtype_index()?;
         let name = if typed {
@@ -593,6 +579,6 @@ impl Launcher {
         // (nullable), u32 tokens, u32 k, u32 hidden, T* out): rows hold slots·hidden, slot_pos
         // and weights slots entries, out tokens·hidden; hidden % 8 == 0. It waits for the
         // previous kernel before it reads or writes anything.
-        unsafe { ops::launch_as(d, cs, (&MOE, name), grid, 256, 0, args, true) }
+        unsafe { ops::launch_as(q, (&MOE, name), grid, 256, 0, args, true) }
     }
 }

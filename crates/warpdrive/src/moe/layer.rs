@@ -401,18 +401,25 @@ impl<T: Float> MoeLayer<T> {
             )));
         }
         let s = &self.stream;
-        let Some((d, cs)) = s.cuda() else {
-            return Ok(buf.host_view()?[offset..offset + len].to_vec());
-        };
-        let tmp = Buffer::<T>::uninit(s, len)?;
-        let size = std::mem::size_of::<T>();
-        d.copy_d2d(
-            cs,
-            tmp.device_ptr(),
-            buf.device_ptr() + (offset * size) as u64,
-            len * size,
-        )?;
-        tmp.to_host(s)
+        s.run(
+            (),
+            |()| {
+                return Ok(buf.host_view()?[offset..offset + len].to_vec());
+            },
+            |(), q| {
+                let d = q.gpu;
+                let cs = q.stream;
+                let tmp = Buffer::<T>::uninit(s, len)?;
+                let size = std::mem::size_of::<T>();
+                d.copy_d2d(
+                    cs,
+                    tmp.device_ptr(),
+                    buf.device_ptr() + (offset * size) as u64,
+                    len * size,
+                )?;
+                tmp.to_host(s)
+            },
+        )
     }
 }
 
@@ -438,25 +445,31 @@ fn random_buffer<T: Float>(
     fan_in: usize,
 ) -> Result<Buffer<T>> {
     let scale = weights::random_scale(fan_in);
-    let Some((d, s)) = stream.cuda() else {
-        // Filled in place: a host copy first would need the memory twice.
-        let mut buf = Buffer::<T>::uninit(stream, len)?;
-        for (i, v) in buf.host_view_mut()?.iter_mut().enumerate() {
-            *v = T::from_f64(weights::random_value(seed, i as u64, scale) as f64);
-        }
-        return Ok(buf);
-    };
-    let buf = Buffer::<T>::uninit(stream, len)?;
-    let name = ops::by_float!("moe_init_random")[ops::float_index::<T>("MoE init")?];
-    let grid = ops::fill_grid(d, (&MOE, name), len as u64, 256)?;
-    let args = ops::Args::new()
-        .buf(&buf)
-        .u64(len as u64)
-        .u64(seed)
-        .f32(scale);
-    // SAFETY: moe_init_random_T(T* out, u64 n, u64 seed, float scale): buf holds len elements.
-    unsafe { ops::launch(d, s, (&MOE, name), grid, 256, 0, args)? };
-    Ok(buf)
+    stream.run(
+        (),
+        |()| {
+            // Filled in place: a host copy first would need the memory twice.
+            let mut buf = Buffer::<T>::uninit(stream, len)?;
+            for (i, v) in buf.host_view_mut()?.iter_mut().enumerate() {
+                *v = T::from_f64(weights::random_value(seed, i as u64, scale) as f64);
+            }
+            Ok(buf)
+        },
+        |(), q| {
+            let d = q.gpu;
+            let buf = Buffer::<T>::uninit(stream, len)?;
+            let name = ops::by_float!("moe_init_random")[ops::float_index::<T>("MoE init")?];
+            let grid = ops::fill_grid(d, (&MOE, name), len as u64, 256)?;
+            let args = ops::Args::new()
+                .buf(&buf)
+                .u64(len as u64)
+                .u64(seed)
+                .f32(scale);
+            // SAFETY: moe_init_random_T(T* out, u64 n, u64 seed, float scale): buf holds len elements.
+            unsafe { ops::launch(q, (&MOE, name), grid, 256, 0, args)? };
+            Ok(buf)
+        },
+    )
 }
 
 type Uploaded<T> = (Buffer<T>, Option<Buffer<f32>>, Buffer<T>, Buffer<T>);

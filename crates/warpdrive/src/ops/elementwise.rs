@@ -193,30 +193,36 @@ pub fn map<I: Float, O: Float>(
     if x.is_empty() {
         return Ok(());
     }
-    let Some((d, s)) = stream.cuda() else {
-        for (yo, &xi) in y.host_view_mut()?.iter_mut().zip(x.host_view()?) {
-            *yo = O::from_f64(m.apply(xi.to_f64()));
-        }
-        return Ok(());
-    };
-    // Without an activation, a leaner kernel (fewer registers: more threads per SM).
-    let (name, per_thread) = match (m.loads, m.act) {
-        (Loads::Vector, Activation::None) => (MAP[i][o], 16),
-        (Loads::Vector, _) => (MAP_ACT[i][o], 16),
-        (Loads::Scalar, _) => (MAP_SCALAR[i][o], 1),
-    };
-    let n = x.len() as u64;
-    let grid = fill_grid(d, (&ELEMENTWISE, name), n, BLOCK as u64 * per_thread)?;
-    let args = Args::new()
-        .buf(x)
-        .buf(y)
-        .u64(n)
-        .f32(m.scale)
-        .f32(m.shift)
-        .i32(m.act.code());
-    // SAFETY: map_<I>_<O>(const I* x, O* y, u64 n, float a, float b, int act) with I, O the
-    // buffers' element types; both hold n elements.
-    unsafe { launch(d, s, (&ELEMENTWISE, name), grid, BLOCK, 0, args) }
+    stream.run(
+        y,
+        |y| {
+            for (yo, &xi) in y.host_view_mut()?.iter_mut().zip(x.host_view()?) {
+                *yo = O::from_f64(m.apply(xi.to_f64()));
+            }
+            Ok(())
+        },
+        |y, q| {
+            let d = q.gpu;
+            // Without an activation, a leaner kernel (fewer registers: more threads per SM).
+            let (name, per_thread) = match (m.loads, m.act) {
+                (Loads::Vector, Activation::None) => (MAP[i][o], 16),
+                (Loads::Vector, _) => (MAP_ACT[i][o], 16),
+                (Loads::Scalar, _) => (MAP_SCALAR[i][o], 1),
+            };
+            let n = x.len() as u64;
+            let grid = fill_grid(d, (&ELEMENTWISE, name), n, BLOCK as u64 * per_thread)?;
+            let args = Args::new()
+                .buf(x)
+                .buf(y)
+                .u64(n)
+                .f32(m.scale)
+                .f32(m.shift)
+                .i32(m.act.code());
+            // SAFETY: map_<I>_<O>(const I* x, O* y, u64 n, float a, float b, int act) with I, O the
+            // buffers' element types; both hold n elements.
+            unsafe { launch(q, (&ELEMENTWISE, name), grid, BLOCK, 0, args) }
+        },
+    )
 }
 
 /// Converts `x` into `y`'s element type (f32 / f16 / bf16): the identity [`map`].
@@ -240,36 +246,42 @@ pub fn widen_f16_checking_inf(
     x.check_stream(stream, OP)?;
     y.check_stream(stream, OP)?;
     check_len(OP, x.len(), y.len())?;
-    let Some((d, s)) = stream.cuda() else {
-        let mut found = false;
-        for (yo, &xi) in y.host_view_mut()?.iter_mut().zip(x.host_view()?) {
-            found |= xi.is_infinite();
-            *yo = xi.to_f32();
-        }
-        return Ok(found);
-    };
-    if x.is_empty() {
-        return Ok(false);
-    }
-    const NAME: &str = "widen_f16_flag_inf";
-    let n = x.len() as u64;
-    // 4 vectors of 4 per thread per pass, as the f16 -> f32 map.
-    let grid = fill_grid(d, (&ELEMENTWISE, NAME), n, BLOCK as u64 * 16)?;
-    let mut flag = PinnedBuf::<u32>::new(stream.device(), 1)?;
-    flag.wait_slice_mut()?[0] = 0;
-    let args = Args::new().buf(x).buf(y).u64(n).u64(flag.host_ptr());
-    // SAFETY: widen_f16_flag_inf(const f16* x, float* y, u64 n, volatile u32* any_inf): x
-    // and y hold n elements; the flag is a live pinned block of one u32, addressable from
-    // the device at its host address (unified addressing), which this call alone holds and
-    // neither reads nor releases before the stream's work is done (or, when the wait
-    // fails, releases only after an event recorded behind the kernel).
-    unsafe { launch(d, s, (&ELEMENTWISE, NAME), grid, BLOCK, 0, args)? };
-    if let Err(e) = stream.synchronize() {
-        // Best effort: the wait's error is the one to report.
-        let _ = flag.record_use(stream);
-        return Err(e);
-    }
-    Ok(flag.wait_slice()?[0] != 0)
+    stream.run(
+        y,
+        |y| {
+            let mut found = false;
+            for (yo, &xi) in y.host_view_mut()?.iter_mut().zip(x.host_view()?) {
+                found |= xi.is_infinite();
+                *yo = xi.to_f32();
+            }
+            Ok(found)
+        },
+        |y, q| {
+            let d = q.gpu;
+            if x.is_empty() {
+                return Ok(false);
+            }
+            const NAME: &str = "widen_f16_flag_inf";
+            let n = x.len() as u64;
+            // 4 vectors of 4 per thread per pass, as the f16 -> f32 map.
+            let grid = fill_grid(d, (&ELEMENTWISE, NAME), n, BLOCK as u64 * 16)?;
+            let mut flag = PinnedBuf::<u32>::new(stream.device(), 1)?;
+            flag.wait_slice_mut()?[0] = 0;
+            let args = Args::new().buf(x).buf(y).u64(n).u64(flag.host_ptr());
+            // SAFETY: widen_f16_flag_inf(const f16* x, float* y, u64 n, volatile u32* any_inf): x
+            // and y hold n elements; the flag is a live pinned block of one u32, addressable from
+            // the device at its host address (unified addressing), which this call alone holds and
+            // neither reads nor releases before the stream's work is done (or, when the wait
+            // fails, releases only after an event recorded behind the kernel).
+            unsafe { launch(q, (&ELEMENTWISE, NAME), grid, BLOCK, 0, args)? };
+            if let Err(e) = stream.synchronize() {
+                // Best effort: the wait's error is the one to report.
+                let _ = flag.record_use(stream);
+                return Err(e);
+            }
+            Ok(flag.wait_slice()?[0] != 0)
+        },
+    )
 }
 
 /// An elementwise operation of two buffers.
@@ -342,19 +354,25 @@ pub fn binary<T: Float>(
     if a.is_empty() {
         return Ok(());
     }
-    let Some((d, s)) = stream.cuda() else {
-        let (av, bv) = (a.host_view()?, b.host_view()?);
-        for ((o, &x), &y) in out.host_view_mut()?.iter_mut().zip(av).zip(bv) {
-            *o = T::from_f64(op.apply(x.to_f64(), y.to_f64()));
-        }
-        return Ok(());
-    };
-    let n = a.len() as u64;
-    let grid = fill_grid(d, (&ELEMENTWISE, BINARY[t]), n, BLOCK as u64 * 16)?;
-    let args = Args::new().buf(a).buf(b).buf(out).u64(n).i32(op.code());
-    // SAFETY: binary_<T>(const T* a, const T* b, T* out, u64 n, int op); all three buffers
-    // hold n elements of T.
-    unsafe { launch(d, s, (&ELEMENTWISE, BINARY[t]), grid, BLOCK, 0, args) }
+    stream.run(
+        out,
+        |out| {
+            let (av, bv) = (a.host_view()?, b.host_view()?);
+            for ((o, &x), &y) in out.host_view_mut()?.iter_mut().zip(av).zip(bv) {
+                *o = T::from_f64(op.apply(x.to_f64(), y.to_f64()));
+            }
+            Ok(())
+        },
+        |out, q| {
+            let d = q.gpu;
+            let n = a.len() as u64;
+            let grid = fill_grid(d, (&ELEMENTWISE, BINARY[t]), n, BLOCK as u64 * 16)?;
+            let args = Args::new().buf(a).buf(b).buf(out).u64(n).i32(op.code());
+            // SAFETY: binary_<T>(const T* a, const T* b, T* out, u64 n, int op); all three buffers
+            // hold n elements of T.
+            unsafe { launch(q, (&ELEMENTWISE, BINARY[t]), grid, BLOCK, 0, args) }
+        },
+    )
 }
 
 #[cfg(test)]

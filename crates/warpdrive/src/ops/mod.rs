@@ -33,10 +33,10 @@ pub use topk::{topk_rows, MAX_K};
 
 use std::ffi::c_void;
 
-use crate::device::{CudaDevice, LaunchMode, Stream};
+use crate::device::{Gpu, LaunchMode, Queue, Stream};
 use crate::dtype::{DType, DTypeKind, Float};
 use crate::error::{Error, Result};
-use crate::kernels::{KernelSource, BASIC};
+use crate::kernels::{self, KernelSource, BASIC};
 use crate::memory::{check_len, Buffer};
 
 #[cfg(target_endian = "big")]
@@ -97,8 +97,7 @@ impl Args {
 /// `args` must match the kernel's parameters in number, order and width, and every address
 /// among them must cover what the kernel reads and writes for this grid.
 pub(crate) unsafe fn launch(
-    d: &CudaDevice,
-    s: &cudarc::driver::CudaStream,
+    q: Queue<'_>,
     kernel: (&'static KernelSource, &'static str),
     grid: u32,
     block: u32,
@@ -106,7 +105,7 @@ pub(crate) unsafe fn launch(
     args: Args,
 ) -> Result<()> {
     // SAFETY: forwarded from this function's contract.
-    unsafe { launch_as(d, s, kernel, grid, block, shared_bytes, args, false) }
+    unsafe { launch_as(q, kernel, grid, block, shared_bytes, args, false) }
 }
 
 /// [`launch`], as a programmatic dependent launch when `programmatic`
@@ -117,8 +116,7 @@ pub(crate) unsafe fn launch(
 /// touches what earlier work on the stream writes or reads.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn launch_as(
-    d: &CudaDevice,
-    s: &cudarc::driver::CudaStream,
+    q: Queue<'_>,
     (source, name): (&'static KernelSource, &'static str),
     grid: u32,
     block: u32,
@@ -126,7 +124,7 @@ pub(crate) unsafe fn launch_as(
     mut args: Args,
     programmatic: bool,
 ) -> Result<()> {
-    let f = d.function(source, name)?;
+    let f = kernels::function(q.gpu, source, name)?;
     let mut params: Vec<*mut c_void> = args
         .0
         .iter_mut()
@@ -135,8 +133,8 @@ pub(crate) unsafe fn launch_as(
     // SAFETY: forwarded from this function's contract; `args` outlives the call (the driver
     // copies the parameter values during the launch).
     unsafe {
-        d.launch(
-            s,
+        q.gpu.launch(
+            q.stream,
             &f,
             (grid, 1, 1),
             (block, 1, 1),
@@ -154,12 +152,13 @@ pub(crate) unsafe fn launch_as(
 /// iteration: enough blocks to fill every SM (SMs × resident blocks), never more than the
 /// work needs, at least 1.
 pub(crate) fn fill_grid(
-    d: &CudaDevice,
+    d: &Gpu,
     kernel: (&'static KernelSource, &'static str),
     items: u64,
     per_block: u64,
 ) -> Result<u32> {
-    let resident = d.resident_blocks(kernel.0, kernel.1, BLOCK, 0)?;
+    let f = kernels::function(d, kernel.0, kernel.1)?;
+    let resident = d.resident_blocks(&f, BLOCK, 0)?;
     let full = d.sm_count() as u64 * resident as u64;
     Ok(items.div_ceil(per_block.max(1)).clamp(1, full) as u32)
 }
@@ -267,27 +266,33 @@ pub fn fill<T: DType>(stream: &Stream, buf: &mut Buffer<T>, value: T) -> Result<
     if buf.is_empty() {
         return Ok(());
     }
-    let Some((d, s)) = stream.cuda() else {
-        buf.host_view_mut()?.fill(value);
-        return Ok(());
-    };
-    let name = match std::mem::size_of::<T>() {
-        1 => "fill_u8",
-        2 => "fill_u16",
-        4 => "fill_u32",
-        8 => "fill_u64",
-        _ => return Err(unsupported::<T>("fill")),
-    };
-    let grid = fill_grid(d, (&BASIC, name), buf.len() as u64, BLOCK as u64)?;
-    let args = Args::new()
-        .buf(buf)
-        .bits(value.to_bits_u64())
-        .u64(buf.len() as u64);
-    // A programmatic launch: it costs the host less than a plain one, and the fill waits
-    // for the previous kernel before it writes.
-    // SAFETY: fill_uN(uN* out, uN value, u64 n): the value's width matches the kernel picked
-    // by element size, and `out` holds `n` elements; the kernel runs wait_prior_grid() first.
-    unsafe { launch_as(d, s, (&BASIC, name), grid, BLOCK, 0, args, true) }
+    stream.run(
+        buf,
+        |buf| {
+            buf.host_view_mut()?.fill(value);
+            Ok(())
+        },
+        |buf, q| {
+            let d = q.gpu;
+            let name = match std::mem::size_of::<T>() {
+                1 => "fill_u8",
+                2 => "fill_u16",
+                4 => "fill_u32",
+                8 => "fill_u64",
+                _ => return Err(unsupported::<T>("fill")),
+            };
+            let grid = fill_grid(d, (&BASIC, name), buf.len() as u64, BLOCK as u64)?;
+            let args = Args::new()
+                .buf(buf)
+                .bits(value.to_bits_u64())
+                .u64(buf.len() as u64);
+            // A programmatic launch: it costs the host less than a plain one, and the fill waits
+            // for the previous kernel before it writes.
+            // SAFETY: fill_uN(uN* out, uN value, u64 n): the value's width matches the kernel picked
+            // by element size, and `out` holds `n` elements; the kernel runs wait_prior_grid() first.
+            unsafe { launch_as(q, (&BASIC, name), grid, BLOCK, 0, args, true) }
+        },
+    )
 }
 
 /// Copies `src` into `dst` (same length) on the device.
@@ -312,46 +317,42 @@ pub fn axpy<T: Float>(stream: &Stream, alpha: T, x: &Buffer<T>, y: &mut Buffer<T
     if x.is_empty() {
         return Ok(());
     }
-    let Some((d, s)) = stream.cuda() else {
-        let a = alpha.to_f64();
-        for (yi, &xi) in y.host_view_mut()?.iter_mut().zip(x.host_view()?) {
-            *yi = T::from_f64(a * xi.to_f64() + yi.to_f64());
-        }
-        return Ok(());
-    };
-    let (name, per_thread, args) = match T::KIND {
-        DTypeKind::F32 => (
-            "axpy_f32",
-            4,
-            Args::new().buf(x).buf(y).f32(alpha.to_f64() as f32),
-        ),
-        DTypeKind::F64 => ("axpy_f64", 2, Args::new().buf(x).buf(y).f64(alpha.to_f64())),
-        DTypeKind::F16 => (
-            "axpy_f16",
-            8,
-            Args::new().buf(x).buf(y).f32(alpha.to_f64() as f32),
-        ),
-        DTypeKind::BF16 => (
-            "axpy_bf16",
-            8,
-            Args::new().buf(x).buf(y).f32(alpha.to_f64() as f32),
-        ),
-        _ => return Err(unsupported::<T>("axpy")),
-    };
-    let grid = fill_grid(d, (&BASIC, name), x.len() as u64, BLOCK as u64 * per_thread)?;
-    // SAFETY: axpy_T(const T* x, T* y, A a, u64 n) with A = T for f32/f64 and f32 for the
-    // 16-bit types; both buffers hold `n` elements.
-    unsafe {
-        launch(
-            d,
-            s,
-            (&BASIC, name),
-            grid,
-            BLOCK,
-            0,
-            args.u64(x.len() as u64),
-        )
-    }
+    stream.run(
+        y,
+        |y| {
+            let a = alpha.to_f64();
+            for (yi, &xi) in y.host_view_mut()?.iter_mut().zip(x.host_view()?) {
+                *yi = T::from_f64(a * xi.to_f64() + yi.to_f64());
+            }
+            Ok(())
+        },
+        |y, q| {
+            let d = q.gpu;
+            let (name, per_thread, args) = match T::KIND {
+                DTypeKind::F32 => (
+                    "axpy_f32",
+                    4,
+                    Args::new().buf(x).buf(y).f32(alpha.to_f64() as f32),
+                ),
+                DTypeKind::F64 => ("axpy_f64", 2, Args::new().buf(x).buf(y).f64(alpha.to_f64())),
+                DTypeKind::F16 => (
+                    "axpy_f16",
+                    8,
+                    Args::new().buf(x).buf(y).f32(alpha.to_f64() as f32),
+                ),
+                DTypeKind::BF16 => (
+                    "axpy_bf16",
+                    8,
+                    Args::new().buf(x).buf(y).f32(alpha.to_f64() as f32),
+                ),
+                _ => return Err(unsupported::<T>("axpy")),
+            };
+            let grid = fill_grid(d, (&BASIC, name), x.len() as u64, BLOCK as u64 * per_thread)?;
+            // SAFETY: axpy_T(const T* x, T* y, A a, u64 n) with A = T for f32/f64 and f32 for the
+            // 16-bit types; both buffers hold `n` elements.
+            unsafe { launch(q, (&BASIC, name), grid, BLOCK, 0, args.u64(x.len() as u64)) }
+        },
+    )
 }
 
 /// Writes the sum of `x` into `out[0]` (`out.len() == 1`), deterministically (no atomics).

@@ -3,7 +3,7 @@
 //! [`sort_by_key`], a stable counting sort of small integer keys that yields the counts per
 //! key (tokens per expert), their offsets, the sorted order and its inverse.
 
-use crate::device::Stream;
+use crate::device::{Queue, Stream};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::PERMUTE;
@@ -44,38 +44,34 @@ pub fn histogram(stream: &Stream, keys: &Buffer<u32>, counts: &mut Buffer<u32>) 
     keys.check_stream(stream, "histogram")?;
     counts.check_stream(stream, "histogram")?;
     let bins = check_bins("histogram", counts.len())?;
-    let Some((d, s)) = stream.cuda() else {
-        let c = counts.host_view_mut()?;
-        c.fill(0);
-        for &k in keys.host_view()? {
-            if let Some(slot) = c.get_mut(k as usize) {
-                *slot += 1;
+    stream.run(
+        counts,
+        |counts| {
+            let c = counts.host_view_mut()?;
+            c.fill(0);
+            for &k in keys.host_view()? {
+                if let Some(slot) = c.get_mut(k as usize) {
+                    *slot += 1;
+                }
             }
-        }
-        return Ok(());
-    };
-    fill(stream, counts, 0)?;
-    if keys.is_empty() {
-        return Ok(());
-    }
-    let n = keys.len() as u64;
-    // Few blocks: each adds its whole shared histogram into the global one at the end.
-    let grid =
-        fill_grid(d, (&PERMUTE, "histogram_u32"), n, BLOCK as u64 * 16)?.min(2 * d.sm_count());
-    let args = Args::new().buf(keys).u64(n).u32(bins).buf(counts);
-    // SAFETY: histogram_u32(const u32* keys, u64 n, u32 bins, u32* counts) with `bins` words
-    // of dynamic shared memory: keys holds n, counts bins elements.
-    unsafe {
-        launch(
-            d,
-            s,
-            (&PERMUTE, "histogram_u32"),
-            grid,
-            BLOCK,
-            bins * 4,
-            args,
-        )
-    }
+            Ok(())
+        },
+        |counts, q| {
+            let d = q.gpu;
+            fill(stream, counts, 0)?;
+            if keys.is_empty() {
+                return Ok(());
+            }
+            let n = keys.len() as u64;
+            // Few blocks: each adds its whole shared histogram into the global one at the end.
+            let grid = fill_grid(d, (&PERMUTE, "histogram_u32"), n, BLOCK as u64 * 16)?
+                .min(2 * d.sm_count());
+            let args = Args::new().buf(keys).u64(n).u32(bins).buf(counts);
+            // SAFETY: histogram_u32(const u32* keys, u64 n, u32 bins, u32* counts) with `bins` words
+            // of dynamic shared memory: keys holds n, counts bins elements.
+            unsafe { launch(q, (&PERMUTE, "histogram_u32"), grid, BLOCK, bins * 4, args) }
+        },
+    )
 }
 
 /// `out[i] = x[0] + … + x[i-1]` for `i` in `0..=x.len()`: `out` has one more element than `x`
@@ -89,30 +85,25 @@ pub fn exclusive_scan(stream: &Stream, x: &Buffer<u32>, out: &mut Buffer<u32>) -
         out.len(),
         x.len() + 1,
     )?;
-    let Some((d, s)) = stream.cuda() else {
-        let o = out.host_view_mut()?;
-        let mut run = 0u32;
-        for (slot, &v) in o.iter_mut().zip(x.host_view()?) {
-            *slot = run;
-            run = run.wrapping_add(v);
-        }
-        o[x.len()] = run;
-        return Ok(());
-    };
-    let args = Args::new().buf(x).u64(x.len() as u64).buf(out);
-    // SAFETY: exclusive_scan_u32(const u32* x, u64 n, u32* out): x holds n elements and out
-    // n + 1 (checked above); one block.
-    unsafe {
-        launch(
-            d,
-            s,
-            (&PERMUTE, "exclusive_scan_u32"),
-            1,
-            WIDE_BLOCK,
-            0,
-            args,
-        )
-    }
+    stream.run(
+        out,
+        |out| {
+            let o = out.host_view_mut()?;
+            let mut run = 0u32;
+            for (slot, &v) in o.iter_mut().zip(x.host_view()?) {
+                *slot = run;
+                run = run.wrapping_add(v);
+            }
+            o[x.len()] = run;
+            Ok(())
+        },
+        |out, q| {
+            let args = Args::new().buf(x).u64(x.len() as u64).buf(out);
+            // SAFETY: exclusive_scan_u32(const u32* x, u64 n, u32* out): x holds n elements and out
+            // n + 1 (checked above); one block.
+            unsafe { launch(q, (&PERMUTE, "exclusive_scan_u32"), 1, WIDE_BLOCK, 0, args) }
+        },
+    )
 }
 
 /// The widest unit (16, 8, 4, 2 or 1 bytes) that divides a row of `row_bytes` and both
@@ -150,32 +141,35 @@ pub fn gather_rows<T: DType>(
     if idx.is_empty() {
         return Ok(());
     }
-    let Some((d, s)) = stream.cuda() else {
-        let (sv, iv) = (src.host_view()?, idx.host_view()?);
-        for (out, &i) in dst.host_view_mut()?.chunks_exact_mut(cols).zip(iv) {
-            // The index is checked before it scales: past src's rows, i · cols may overflow.
-            let i = i as usize;
-            match (i < src_rows).then(|| &sv[i * cols..(i + 1) * cols]) {
-                Some(row) => out.copy_from_slice(row),
-                None => out.fill(T::from_bits_u64(0)),
+    stream.run(
+        dst,
+        |dst| {
+            let (sv, iv) = (src.host_view()?, idx.host_view()?);
+            for (out, &i) in dst.host_view_mut()?.chunks_exact_mut(cols).zip(iv) {
+                // The index is checked before it scales: past src's rows, i · cols may overflow.
+                let i = i as usize;
+                match (i < src_rows).then(|| &sv[i * cols..(i + 1) * cols]) {
+                    Some(row) => out.copy_from_slice(row),
+                    None => out.fill(T::from_bits_u64(0)),
+                }
             }
-        }
-        return Ok(());
-    };
-    // SAFETY: src holds src_rows rows, idx idx.len() indices and dst idx.len() rows of
-    // `cols` elements (checked above).
-    unsafe {
-        gather_rows_raw(
-            d,
-            s,
-            src.device_ptr(),
-            src_rows,
-            cols * std::mem::size_of::<T>(),
-            idx.device_ptr(),
-            idx.len(),
-            dst.device_ptr(),
-        )
-    }
+            Ok(())
+        },
+        |dst, q| {
+            // SAFETY: src holds src_rows rows, idx idx.len() indices and dst idx.len() rows of
+            // `cols` elements (checked above).
+            unsafe {
+                gather_rows_raw(q,
+                    src.device_ptr(),
+                    src_rows,
+                    cols * std::mem::size_of::<T>(),
+                    idx.device_ptr(),
+                    idx.len(),
+                    dst.device_ptr(),
+                )
+            }
+        },
+    )
 }
 
 /// [`gather_rows`] on raw device addresses (for callers gathering within a larger
@@ -186,8 +180,7 @@ pub fn gather_rows<T: DType>(
 /// stream's device.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn gather_rows_raw(
-    d: &crate::device::CudaDevice,
-    s: &cudarc::driver::CudaStream,
+    q: Queue<'_>,
     src: u64,
     src_rows: usize,
     row_bytes: usize,
@@ -201,7 +194,7 @@ pub(crate) unsafe fn gather_rows_raw(
     let (unit, name, _) = unit_for(row_bytes, src, dst);
     let units = (row_bytes / unit) as u64;
     let m = m as u64;
-    let grid = fill_grid(d, (&PERMUTE, name), m * units, BLOCK as u64)?;
+    let grid = fill_grid(q.gpu, (&PERMUTE, name), m * units, BLOCK as u64)?;
     let args = Args::new()
         .ptr(src)
         .u64(src_rows as u64)
@@ -212,7 +205,7 @@ pub(crate) unsafe fn gather_rows_raw(
     // SAFETY: gather_rows_bU(const U* src, u64 src_rows, const u32* idx, u64 m, u64 units,
     // U* dst): src holds src_rows rows and dst m rows of `units` U-byte units each (U divides
     // the row size and both addresses); idx holds m indices, checked against src_rows.
-    unsafe { launch(d, s, (&PERMUTE, name), grid, BLOCK, 0, args) }
+    unsafe { launch(q, (&PERMUTE, name), grid, BLOCK, 0, args) }
 }
 
 /// `dst` row `idx[i]` = `src` row `i` (rows of `cols` elements): `src` holds `idx.len()` rows.
@@ -234,32 +227,38 @@ pub fn scatter_rows<T: DType>(
     if idx.is_empty() {
         return Ok(());
     }
-    let Some((d, s)) = stream.cuda() else {
-        let (sv, iv) = (src.host_view()?, idx.host_view()?);
-        let dv = dst.host_view_mut()?;
-        for (row, &i) in sv.chunks_exact(cols).zip(iv) {
-            if (i as usize) < dst_rows {
-                dv[i as usize * cols..(i as usize + 1) * cols].copy_from_slice(row);
+    stream.run(
+        dst,
+        |dst| {
+            let (sv, iv) = (src.host_view()?, idx.host_view()?);
+            let dv = dst.host_view_mut()?;
+            for (row, &i) in sv.chunks_exact(cols).zip(iv) {
+                if (i as usize) < dst_rows {
+                    dv[i as usize * cols..(i as usize + 1) * cols].copy_from_slice(row);
+                }
             }
-        }
-        return Ok(());
-    };
-    let row_bytes = cols * std::mem::size_of::<T>();
-    let (unit, _, name) = unit_for(row_bytes, src.device_ptr(), dst.device_ptr());
-    let units = (row_bytes / unit) as u64;
-    let m = idx.len() as u64;
-    let grid = fill_grid(d, (&PERMUTE, name), m * units, BLOCK as u64)?;
-    let args = Args::new()
-        .buf(src)
-        .buf(idx)
-        .u64(m)
-        .u64(units)
-        .buf(dst)
-        .u64(dst_rows as u64);
-    // SAFETY: scatter_rows_bU(const U* src, const u32* idx, u64 m, u64 units, U* dst,
-    // u64 dst_rows): src holds m rows and dst dst_rows rows of `units` U-byte units; indices
-    // are checked against dst_rows.
-    unsafe { launch(d, s, (&PERMUTE, name), grid, BLOCK, 0, args) }
+            Ok(())
+        },
+        |dst, q| {
+            let d = q.gpu;
+            let row_bytes = cols * std::mem::size_of::<T>();
+            let (unit, _, name) = unit_for(row_bytes, src.device_ptr(), dst.device_ptr());
+            let units = (row_bytes / unit) as u64;
+            let m = idx.len() as u64;
+            let grid = fill_grid(d, (&PERMUTE, name), m * units, BLOCK as u64)?;
+            let args = Args::new()
+                .buf(src)
+                .buf(idx)
+                .u64(m)
+                .u64(units)
+                .buf(dst)
+                .u64(dst_rows as u64);
+            // SAFETY: scatter_rows_bU(const U* src, const u32* idx, u64 m, u64 units, U* dst,
+            // u64 dst_rows): src holds m rows and dst dst_rows rows of `units` U-byte units; indices
+            // are checked against dst_rows.
+            unsafe { launch(q, (&PERMUTE, name), grid, BLOCK, 0, args) }
+        },
+    )
 }
 
 /// The outputs and scratch of a stable sort of `len` keys into `bins` buckets, allocated once
@@ -327,98 +326,91 @@ pub fn sort_by_key(stream: &Stream, keys: &Buffer<u32>, sort: &mut KeySort) -> R
     check_len("sort_by_key (keys)", keys.len(), sort.len())?;
     let n = keys.len();
     let bins = sort.bins;
-    let Some((d, s)) = stream.cuda() else {
-        let kv = keys.host_view()?;
-        let bucket = |k: u32| (k as usize).min(bins);
-        let mut totals = vec![0u32; bins + 1];
-        for &k in kv {
-            totals[bucket(k)] += 1;
-        }
-        let mut next = vec![0u32; bins + 1];
-        let mut run = 0u32;
-        for (b, &c) in totals.iter().enumerate() {
-            next[b] = run;
-            run += c;
-        }
-        sort.counts
-            .host_view_mut()?
-            .copy_from_slice(&totals[..bins]);
-        sort.offsets.host_view_mut()?.copy_from_slice(&next);
-        let order = sort.order.host_view_mut()?;
-        let mut ranks = vec![0u32; n];
-        for (i, &k) in kv.iter().enumerate() {
-            let b = bucket(k);
-            order[next[b] as usize] = i as u32;
-            ranks[i] = next[b];
-            next[b] += 1;
-        }
-        sort.rank.host_view_mut()?.copy_from_slice(&ranks);
-        return Ok(());
-    };
-    let tiles = n.div_ceil(SORT_TILE);
-    let shared = (bins as u32 + 1) * 4;
-    let (n64, bins32) = (n as u64, bins as u32);
-    if tiles > 0 {
-        let args = Args::new()
-            .buf(keys)
-            .u64(n64)
-            .u32(bins32)
-            .ptr(sort.scratch.ptr());
-        // SAFETY: sort_count(const u32* keys, u64 n, u32 bins, u32* tile_counts), one block
-        // per tile, bins + 1 words of shared memory: the scratch holds tiles·(bins + 1) words.
-        unsafe {
-            launch(
-                d,
-                s,
-                (&PERMUTE, "sort_count"),
-                tiles as u32,
-                BLOCK,
-                shared,
-                args,
-            )?
-        };
-    }
-    let args = Args::new()
-        .ptr(sort.scratch.ptr())
-        .u32(tiles as u32)
-        .u32(bins32)
-        .buf(&sort.counts)
-        .buf(&sort.offsets);
-    // SAFETY: sort_offsets(u32* tile_counts, u32 tiles, u32 bins, u32* counts, u32* offsets),
-    // one block, bins + 1 words of shared memory: counts holds bins words, offsets bins + 1.
-    unsafe {
-        launch(
-            d,
-            s,
-            (&PERMUTE, "sort_offsets"),
-            1,
-            WIDE_BLOCK,
-            shared,
-            args,
-        )?
-    };
-    if tiles == 0 {
-        return Ok(());
-    }
-    let args = Args::new()
-        .buf(keys)
-        .u64(n64)
-        .u32(bins32)
-        .ptr(sort.scratch.ptr())
-        .buf(&sort.order)
-        .buf(&sort.rank);
-    // SAFETY: sort_scatter(const u32* keys, u64 n, u32 bins, const u32* tile_counts,
-    // u32* order, u32* rank), one block per tile: order and rank hold n words, and every
-    // position written is below n (the offsets partition 0..n).
-    unsafe {
-        launch(
-            d,
-            s,
-            (&PERMUTE, "sort_scatter"),
-            tiles as u32,
-            BLOCK,
-            shared,
-            args,
-        )
-    }
+    stream.run(
+        sort,
+        |sort| {
+            let kv = keys.host_view()?;
+            let bucket = |k: u32| (k as usize).min(bins);
+            let mut totals = vec![0u32; bins + 1];
+            for &k in kv {
+                totals[bucket(k)] += 1;
+            }
+            let mut next = vec![0u32; bins + 1];
+            let mut run = 0u32;
+            for (b, &c) in totals.iter().enumerate() {
+                next[b] = run;
+                run += c;
+            }
+            sort.counts
+                .host_view_mut()?
+                .copy_from_slice(&totals[..bins]);
+            sort.offsets.host_view_mut()?.copy_from_slice(&next);
+            let order = sort.order.host_view_mut()?;
+            let mut ranks = vec![0u32; n];
+            for (i, &k) in kv.iter().enumerate() {
+                let b = bucket(k);
+                order[next[b] as usize] = i as u32;
+                ranks[i] = next[b];
+                next[b] += 1;
+            }
+            sort.rank.host_view_mut()?.copy_from_slice(&ranks);
+            Ok(())
+        },
+        |sort, q| {
+            let tiles = n.div_ceil(SORT_TILE);
+            let shared = (bins as u32 + 1) * 4;
+            let (n64, bins32) = (n as u64, bins as u32);
+            if tiles > 0 {
+                let args = Args::new()
+                    .buf(keys)
+                    .u64(n64)
+                    .u32(bins32)
+                    .ptr(sort.scratch.ptr());
+                // SAFETY: sort_count(const u32* keys, u64 n, u32 bins, u32* tile_counts), one block
+                // per tile, bins + 1 words of shared memory: the scratch holds tiles·(bins + 1) words.
+                unsafe {
+                    launch(
+                        q,
+                        (&PERMUTE, "sort_count"),
+                        tiles as u32,
+                        BLOCK,
+                        shared,
+                        args,
+                    )?
+                };
+            }
+            let args = Args::new()
+                .ptr(sort.scratch.ptr())
+                .u32(tiles as u32)
+                .u32(bins32)
+                .buf(&sort.counts)
+                .buf(&sort.offsets);
+            // SAFETY: sort_offsets(u32* tile_counts, u32 tiles, u32 bins, u32* counts, u32* offsets),
+            // one block, bins + 1 words of shared memory: counts holds bins words, offsets bins + 1.
+            unsafe { launch(q, (&PERMUTE, "sort_offsets"), 1, WIDE_BLOCK, shared, args)? };
+            if tiles == 0 {
+                return Ok(());
+            }
+            let args = Args::new()
+                .buf(keys)
+                .u64(n64)
+                .u32(bins32)
+                .ptr(sort.scratch.ptr())
+                .buf(&sort.order)
+                .buf(&sort.rank);
+            // SAFETY: sort_scatter(const u32* keys, u64 n, u32 bins, const u32* tile_counts,
+            // u32* order, u32* rank), one block per tile: order and rank hold n words, and every
+            // position written is below n (the offsets partition 0..n).
+            unsafe {
+                launch(
+                    q,
+                    (&PERMUTE, "sort_scatter"),
+                    tiles as u32,
+                    BLOCK,
+                    shared,
+                    args,
+                )
+            }
+        },
+    )
 }

@@ -132,35 +132,41 @@ pub fn reduce_into<T: Float>(
     check_len("reduce (output)", out.len(), 1)?;
     scratch.check(stream, "reduce", REDUCE_SCRATCH_BYTES)?;
     let t = type_index::<T>("reduce")?;
-    let Some((d, s)) = stream.cuda() else {
-        out.host_view_mut()?[0] = T::from_f64(op.apply(x.host_view()?));
-        return Ok(());
-    };
-    let f = op.family();
-    let n = x.len() as u64;
-    let (partial, per_thread) = match loads {
-        Loads::Vector => (PARTIAL[f][t], 16),
-        Loads::Scalar => (PARTIAL_SCALAR[f][t], 1),
-    };
-    let mut blocks = 0u32;
-    if n > 0 {
-        blocks = fill_grid(d, (&REDUCE, partial), n, BLOCK as u64 * per_thread)?
-            .min(MAX_PARTIALS as u32);
-        let args = Args::new().buf(x).u64(n).ptr(scratch.ptr());
-        // SAFETY: reduce_partial_*_<T>(const T* x, u64 n, A* partial): x holds n elements;
-        // the scratch holds MAX_PARTIALS >= blocks accumulators of 8 bytes or less.
-        unsafe { launch(d, s, (&REDUCE, partial), blocks, BLOCK, 0, args)? };
-    }
-    let mean = i32::from(op == ReduceOp::Mean);
-    let args = Args::new()
-        .ptr(scratch.ptr())
-        .u32(blocks)
-        .buf(out)
-        .u64(n)
-        .i32(mean);
-    // SAFETY: reduce_final_*_<T>(const A* partial, u32 count, T* out, u64 n, int mean): the
-    // scratch holds `blocks` partials written above (none read when 0) and `out` one element.
-    unsafe { launch(d, s, (&REDUCE, FINAL[f][t]), 1, FINAL_BLOCK, 0, args) }
+    stream.run(
+        out,
+        |out| {
+            out.host_view_mut()?[0] = T::from_f64(op.apply(x.host_view()?));
+            Ok(())
+        },
+        |out, q| {
+            let d = q.gpu;
+            let f = op.family();
+            let n = x.len() as u64;
+            let (partial, per_thread) = match loads {
+                Loads::Vector => (PARTIAL[f][t], 16),
+                Loads::Scalar => (PARTIAL_SCALAR[f][t], 1),
+            };
+            let mut blocks = 0u32;
+            if n > 0 {
+                blocks = fill_grid(d, (&REDUCE, partial), n, BLOCK as u64 * per_thread)?
+                    .min(MAX_PARTIALS as u32);
+                let args = Args::new().buf(x).u64(n).ptr(scratch.ptr());
+                // SAFETY: reduce_partial_*_<T>(const T* x, u64 n, A* partial): x holds n elements;
+                // the scratch holds MAX_PARTIALS >= blocks accumulators of 8 bytes or less.
+                unsafe { launch(q, (&REDUCE, partial), blocks, BLOCK, 0, args)? };
+            }
+            let mean = i32::from(op == ReduceOp::Mean);
+            let args = Args::new()
+                .ptr(scratch.ptr())
+                .u32(blocks)
+                .buf(out)
+                .u64(n)
+                .i32(mean);
+            // SAFETY: reduce_final_*_<T>(const A* partial, u32 count, T* out, u64 n, int mean): the
+            // scratch holds `blocks` partials written above (none read when 0) and `out` one element.
+            unsafe { launch(q, (&REDUCE, FINAL[f][t]), 1, FINAL_BLOCK, 0, args) }
+        },
+    )
 }
 
 /// Reduces each row of `x` (row-major, `cols` per row) into `out[row]`.
@@ -179,33 +185,38 @@ pub fn reduce_rows<T: Float>(
     if rows == 0 {
         return Ok(());
     }
-    let Some((d, s)) = stream.cuda() else {
-        let xs = x.host_view()?;
-        for (o, row) in out.host_view_mut()?.iter_mut().zip(xs.chunks_exact(cols)) {
-            *o = T::from_f64(op.apply(row));
-        }
-        return Ok(());
-    };
-    let f = op.family();
-    let (name, grid) = if cols <= WARP_ROW_MAX {
-        (
-            ROWS_WARP[f][t],
-            grid_for_rows(rows as u64, 8, "reduce_rows")?,
-        )
-    } else {
-        (
-            ROWS_BLOCK[f][t],
-            grid_for_rows(rows as u64, 1, "reduce_rows")?,
-        )
-    };
-    let mean = i32::from(op == ReduceOp::Mean);
-    let args = Args::new()
-        .buf(x)
-        .u64(rows as u64)
-        .u64(cols as u64)
-        .buf(out)
-        .i32(mean);
-    // SAFETY: reduce_rows_*_<T>(const T* x, u64 rows, u64 cols, T* out, int mean): x holds
-    // rows·cols elements, out `rows`; the grid covers the rows (8 per block, or 1).
-    unsafe { launch(d, s, (&REDUCE, name), grid, BLOCK, 0, args) }
+    stream.run(
+        out,
+        |out| {
+            let xs = x.host_view()?;
+            for (o, row) in out.host_view_mut()?.iter_mut().zip(xs.chunks_exact(cols)) {
+                *o = T::from_f64(op.apply(row));
+            }
+            Ok(())
+        },
+        |out, q| {
+            let f = op.family();
+            let (name, grid) = if cols <= WARP_ROW_MAX {
+                (
+                    ROWS_WARP[f][t],
+                    grid_for_rows(rows as u64, 8, "reduce_rows")?,
+                )
+            } else {
+                (
+                    ROWS_BLOCK[f][t],
+                    grid_for_rows(rows as u64, 1, "reduce_rows")?,
+                )
+            };
+            let mean = i32::from(op == ReduceOp::Mean);
+            let args = Args::new()
+                .buf(x)
+                .u64(rows as u64)
+                .u64(cols as u64)
+                .buf(out)
+                .i32(mean);
+            // SAFETY: reduce_rows_*_<T>(const T* x, u64 rows, u64 cols, T* out, int mean): x holds
+            // rows·cols elements, out `rows`; the grid covers the rows (8 per block, or 1).
+            unsafe { launch(q, (&REDUCE, name), grid, BLOCK, 0, args) }
+        },
+    )
 }

@@ -7,7 +7,7 @@
 //! the chosen experts' softmax probabilities over the whole row. Logits should be finite: a
 //! NaN or +inf in a row makes its weights NaN (as the softmax itself would).
 
-use crate::device::Stream;
+use crate::device::{Queue, Stream};
 use crate::dtype::Float;
 use crate::error::Result;
 use crate::memory::{check_len, Buffer};
@@ -51,42 +51,45 @@ pub fn route<T: Float>(
     if tokens == 0 {
         return Ok(());
     }
-    let Some((d, s)) = stream.cuda() else {
-        let xs = logits.host_view()?;
-        let w = weights.host_view_mut()?;
-        let idx = indices.host_view_mut()?;
-        for (r, row) in xs.chunks_exact(e).enumerate() {
-            let chosen = top_indices(row, k);
-            let m = row[chosen[0] as usize].to_f64();
-            let exps: Vec<f64> = chosen
-                .iter()
-                .map(|&i| (row[i as usize].to_f64() - m).exp())
-                .collect();
-            let denom: f64 = if route.renormalize {
-                exps.iter().sum()
-            } else {
-                row.iter().map(|v| (v.to_f64() - m).exp()).sum()
-            };
-            for (j, (&i, x)) in chosen.iter().zip(&exps).enumerate() {
-                w[r * k + j] = (x / denom) as f32;
-                idx[r * k + j] = i;
+    stream.run(
+        (indices, weights),
+        |(indices, weights)| {
+            let xs = logits.host_view()?;
+            let w = weights.host_view_mut()?;
+            let idx = indices.host_view_mut()?;
+            for (r, row) in xs.chunks_exact(e).enumerate() {
+                let chosen = top_indices(row, k);
+                let m = row[chosen[0] as usize].to_f64();
+                let exps: Vec<f64> = chosen
+                    .iter()
+                    .map(|&i| (row[i as usize].to_f64() - m).exp())
+                    .collect();
+                let denom: f64 = if route.renormalize {
+                    exps.iter().sum()
+                } else {
+                    row.iter().map(|v| (v.to_f64() - m).exp()).sum()
+                };
+                for (j, (&i, x)) in chosen.iter().zip(&exps).enumerate() {
+                    w[r * k + j] = (x / denom) as f32;
+                    idx[r * k + j] = i;
+                }
             }
-        }
-        return Ok(());
-    };
-    // SAFETY: logits hold tokens·experts elements of T, weights and indices tokens·k each
-    // (checked above).
-    unsafe {
-        route_raw::<T>(
-            d,
-            s,
-            route,
-            logits.device_ptr(),
-            tokens,
-            weights.device_ptr(),
-            indices.device_ptr(),
-        )
-    }
+            Ok(())
+        },
+        |(indices, weights), q| {
+            // SAFETY: logits hold tokens·experts elements of T, weights and indices tokens·k each
+            // (checked above).
+            unsafe {
+                route_raw::<T>(q,
+                    route,
+                    logits.device_ptr(),
+                    tokens,
+                    weights.device_ptr(),
+                    indices.device_ptr(),
+                )
+            }
+        },
+    )
 }
 
 /// [`route`] on raw device addresses, for callers that route part of a larger workspace
@@ -96,8 +99,7 @@ pub fn route<T: Float>(
 /// `logits` must hold `tokens·route.experts` elements of `T`, `weights` (f32) and `indices`
 /// (u32) `tokens·route.k` each, all live on the stream's device.
 pub(crate) unsafe fn route_raw<T: Float>(
-    d: &crate::device::CudaDevice,
-    s: &cudarc::driver::CudaStream,
+    q: Queue<'_>,
     route: &Route,
     logits: u64,
     tokens: usize,
@@ -117,5 +119,5 @@ pub(crate) unsafe fn route_raw<T: Float>(
         .ptr(indices);
     // SAFETY: route_*_<T>(const T* x, u64 rows, u32 cols, u32 k, int renorm, float* w,
     // u32* idx): sizes as this function's contract states.
-    unsafe { launch_rows(d, s, ROUTE_NAMES[v][t], tokens, per_block, args) }
+    unsafe { launch_rows(q, ROUTE_NAMES[v][t], tokens, per_block, args) }
 }

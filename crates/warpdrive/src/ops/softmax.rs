@@ -32,35 +32,40 @@ pub fn softmax_rows<T: Float>(
     if rows == 0 {
         return Ok(());
     }
-    let Some((d, s)) = stream.cuda() else {
-        let xs = x.host_view()?;
-        for (out, row) in y
-            .host_view_mut()?
-            .chunks_exact_mut(cols)
-            .zip(xs.chunks_exact(cols))
-        {
-            let m = row.iter().fold(f64::NEG_INFINITY, |m, v| {
-                let v = v.to_f64();
-                if m.is_nan() || m > v {
-                    m
-                } else {
-                    v
+    stream.run(
+        y,
+        |y| {
+            let xs = x.host_view()?;
+            for (out, row) in y
+                .host_view_mut()?
+                .chunks_exact_mut(cols)
+                .zip(xs.chunks_exact(cols))
+            {
+                let m = row.iter().fold(f64::NEG_INFINITY, |m, v| {
+                    let v = v.to_f64();
+                    if m.is_nan() || m > v {
+                        m
+                    } else {
+                        v
+                    }
+                });
+                let sum: f64 = row.iter().map(|v| (v.to_f64() - m).exp()).sum();
+                for (o, v) in out.iter_mut().zip(row) {
+                    *o = T::from_f64((v.to_f64() - m).exp() / sum);
                 }
-            });
-            let sum: f64 = row.iter().map(|v| (v.to_f64() - m).exp()).sum();
-            for (o, v) in out.iter_mut().zip(row) {
-                *o = T::from_f64((v.to_f64() - m).exp() / sum);
             }
-        }
-        return Ok(());
-    };
-    let (name, grid) = match cols {
-        0..=256 => (WARP8[t], grid_for_rows(rows as u64, 8, "softmax_rows")?),
-        257..=1024 => (WARP32[t], grid_for_rows(rows as u64, 8, "softmax_rows")?),
-        _ => (ROW_BLOCK[t], grid_for_rows(rows as u64, 1, "softmax_rows")?),
-    };
-    let args = Args::new().buf(x).u64(rows as u64).u32(cols32).buf(y);
-    // SAFETY: softmax_*_<T>(const T* x, u64 rows, u32 cols, T* y): x and y hold rows·cols
-    // elements of T; the grid covers the rows (8 per block, or 1).
-    unsafe { launch(d, s, (&SOFTMAX, name), grid, BLOCK, 0, args) }
+            Ok(())
+        },
+        |y, q| {
+            let (name, grid) = match cols {
+                0..=256 => (WARP8[t], grid_for_rows(rows as u64, 8, "softmax_rows")?),
+                257..=1024 => (WARP32[t], grid_for_rows(rows as u64, 8, "softmax_rows")?),
+                _ => (ROW_BLOCK[t], grid_for_rows(rows as u64, 1, "softmax_rows")?),
+            };
+            let args = Args::new().buf(x).u64(rows as u64).u32(cols32).buf(y);
+            // SAFETY: softmax_*_<T>(const T* x, u64 rows, u32 cols, T* y): x and y hold rows·cols
+            // elements of T; the grid covers the rows (8 per block, or 1).
+            unsafe { launch(q, (&SOFTMAX, name), grid, BLOCK, 0, args) }
+        },
+    )
 }

@@ -15,7 +15,7 @@
 //! registers; k rounds pick the best by xor shuffles. Wider rows: one warp per row, each lane
 //! keeping its 16 best while streaming the row, then k rounds over the lanes' heads (slower).
 
-use crate::device::{CudaDevice, Stream};
+use crate::device::{Queue, Stream};
 use crate::dtype::Float;
 use crate::error::{Error, Result};
 use crate::kernels::TOPK;
@@ -112,8 +112,7 @@ const TOPK_NAMES: [[&str; 3]; 9] = variants!("topk");
 /// `args` must match `(const T* x, u64 rows, u32 cols, u32 k, ...)` followed by the
 /// kernel's outputs, covering `rows` rows.
 pub(crate) unsafe fn launch_rows(
-    d: &CudaDevice,
-    s: &cudarc::driver::CudaStream,
+    q: Queue<'_>,
     name: &'static str,
     rows: usize,
     per_block: u64,
@@ -121,7 +120,7 @@ pub(crate) unsafe fn launch_rows(
 ) -> Result<()> {
     let grid = grid_for_rows(rows as u64, per_block, name)?;
     // SAFETY: forwarded from this function's contract.
-    unsafe { launch(d, s, (&TOPK, name), grid, BLOCK, 0, args) }
+    unsafe { launch(q, (&TOPK, name), grid, BLOCK, 0, args) }
 }
 
 /// The `k` largest elements of each row of `x` (row-major, `cols` per row), in the order of
@@ -149,29 +148,34 @@ pub fn topk_rows<T: Float>(
     if rows == 0 {
         return Ok(());
     }
-    let Some((d, s)) = stream.cuda() else {
-        let xs = x.host_view()?;
-        let vals = values.host_view_mut()?;
-        let idx = indices.host_view_mut()?;
-        for (r, row) in xs.chunks_exact(cols).enumerate() {
-            for (j, i) in top_indices(row, k).into_iter().enumerate() {
-                vals[r * k + j] = row[i as usize];
-                idx[r * k + j] = i;
+    stream.run(
+        (indices, values),
+        |(indices, values)| {
+            let xs = x.host_view()?;
+            let vals = values.host_view_mut()?;
+            let idx = indices.host_view_mut()?;
+            for (r, row) in xs.chunks_exact(cols).enumerate() {
+                for (j, i) in top_indices(row, k).into_iter().enumerate() {
+                    vals[r * k + j] = row[i as usize];
+                    idx[r * k + j] = i;
+                }
             }
-        }
-        return Ok(());
-    };
-    let (v, per_block) = variant(cols);
-    let args = Args::new()
-        .buf(x)
-        .u64(rows as u64)
-        .u32(cols32)
-        .u32(k as u32)
-        .buf(values)
-        .buf(indices);
-    // SAFETY: topk_*_<T>(const T* x, u64 rows, u32 cols, u32 k, T* vals, u32* idx): x holds
-    // rows·cols elements of T, values and indices rows·k each (checked above).
-    unsafe { launch_rows(d, s, TOPK_NAMES[v][t], rows, per_block, args) }
+            Ok(())
+        },
+        |(indices, values), q| {
+            let (v, per_block) = variant(cols);
+            let args = Args::new()
+                .buf(x)
+                .u64(rows as u64)
+                .u32(cols32)
+                .u32(k as u32)
+                .buf(values)
+                .buf(indices);
+            // SAFETY: topk_*_<T>(const T* x, u64 rows, u32 cols, u32 k, T* vals, u32* idx): x holds
+            // rows·cols elements of T, values and indices rows·k each (checked above).
+            unsafe { launch_rows(q, TOPK_NAMES[v][t], rows, per_block, args) }
+        },
+    )
 }
 
 #[cfg(test)]

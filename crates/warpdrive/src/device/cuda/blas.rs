@@ -3,7 +3,6 @@
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
-use cudarc::driver::CudaStream;
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
@@ -11,6 +10,7 @@ use crate::error::{Error, Result};
 use super::context::{no_alloc_in_capture, CudaDevice, Inner};
 use super::exit::{at_exit, release_at_exit};
 use super::libraries::libraries;
+use super::stream::GpuStream;
 
 /// One row-major GEMM (or a strided batch of them) for [`CudaDevice::gemm`]:
 /// `c = op(a) · op(b)` with `op(a)` m×k, `op(b)` k×n, `c` m×n; `trans_a` means `a` is stored
@@ -55,7 +55,7 @@ impl CudaDevice {
     /// Runs `body` with this device's cuBLAS handle bound to `stream`.
     pub(crate) fn with_blas<R>(
         &self,
-        stream: &CudaStream,
+        stream: &GpuStream,
         body: impl FnOnce(cudarc::cublas::sys::cublasHandle_t) -> Result<R>,
     ) -> Result<R> {
         if !libraries().cublas {
@@ -97,7 +97,7 @@ impl CudaDevice {
 
     /// Creates the cuBLAS handle now if cuBLAS is present (before a graph capture, where
     /// creating it would allocate). Without cuBLAS this does nothing.
-    pub(crate) fn prepare_blas(&self, stream: &CudaStream) -> Result<()> {
+    pub(crate) fn prepare_blas(&self, stream: &GpuStream) -> Result<()> {
         if !libraries().cublas {
             return Ok(());
         }
@@ -111,7 +111,7 @@ impl CudaDevice {
     /// For each call, `a`, `b`, `c` must be live device allocations covering `batch` items
     /// of m·k, k·n and m·n elements of `dtype` at the given strides, and `c` must not overlap
     /// `a` or `b`.
-    pub(crate) unsafe fn gemm(&self, stream: &CudaStream, calls: &[GemmCall]) -> Result<()> {
+    pub(crate) unsafe fn gemm(&self, stream: &GpuStream, calls: &[GemmCall]) -> Result<()> {
         use crate::dtype::DTypeKind;
         use cudarc::cublas::sys::{
             cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType,
@@ -257,7 +257,7 @@ impl CudaDevice {
     /// call in the stream's order and unchanged until the stream passes it.
     pub(crate) unsafe fn gemm_grouped(
         &self,
-        stream: &CudaStream,
+        stream: &GpuStream,
         calls: &[GemmCall],
         pointers: u64,
     ) -> Result<()> {

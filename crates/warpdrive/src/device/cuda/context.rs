@@ -9,6 +9,8 @@ use std::sync::{Arc, OnceLock};
 use cudarc::driver::result::DriverError;
 use cudarc::driver::sys::{self, CUdevice_attribute as Attr, CUresult};
 use cudarc::driver::{result, CudaContext, CudaFunction, CudaModule};
+
+use super::launch::Function;
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
@@ -128,7 +130,7 @@ pub(super) struct Inner {
     pub(super) compute_capability: (i32, i32),
     sm_count: u32,
     lost: Arc<AtomicBool>,
-    pub(super) functions: Mutex<HashMap<(&'static str, &'static str), CudaFunction>>,
+    pub(super) functions: Mutex<HashMap<(&'static str, &'static str), Function>>,
     pub(super) occupancy: Mutex<HashMap<OccupancyKey, u32>>,
     pub(super) modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     pub(super) blas: Mutex<Option<BlasHandle>>,

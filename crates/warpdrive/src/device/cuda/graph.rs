@@ -1,21 +1,23 @@
 //! CUDA graphs: capture, upload and launch.
 
-use std::sync::Arc;
-
 use cudarc::driver::sys;
-use cudarc::driver::{result, CudaGraph, CudaStream};
+use cudarc::driver::{result, CudaGraph};
 
 use crate::error::{Error, Result};
 
 use super::super::activity::{self, ActivityKind};
 use super::context::{lost_error, CudaDevice, BOUND, CAPTURING};
+use super::stream::GpuStream;
+
+/// An instantiated CUDA graph, as the floors above hold it.
+pub(crate) struct GraphExec(CudaGraph);
 
 impl CudaDevice {
     // ---- graphs ----
 
     /// Starts capturing `stream` (THREAD_LOCAL mode). Every successful call must be paired
     /// with [`end_capture`](Self::end_capture) on the same thread.
-    pub(crate) fn begin_capture(&self, stream: &CudaStream) -> Result<()> {
+    pub(crate) fn begin_capture(&self, stream: &GpuStream) -> Result<()> {
         if self.is_capturing(stream)? {
             return Err(Error::Capture {
                 call: "cuStreamBeginCapture",
@@ -31,30 +33,32 @@ impl CudaDevice {
     /// Ends the capture begun by [`begin_capture`](Self::begin_capture) and instantiates the
     /// graph (`None` when nothing was captured). The stream leaves capture mode even when
     /// this fails (for instance when the capture was invalidated).
-    pub(crate) fn end_capture(&self, stream: &Arc<CudaStream>) -> Result<Option<CudaGraph>> {
+    pub(crate) fn end_capture(&self, stream: &GpuStream) -> Result<Option<GraphExec>> {
         CAPTURING.with(|c| c.set(c.get().saturating_sub(1)));
         if self.is_lost() {
             return Err(lost_error());
         }
-        let r = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        let r = stream
+            .shared()
+            .end_capture(sys::CUgraphInstantiate_flags(0));
         BOUND.with(|b| b.set(self.ctx_key()));
-        self.check("cuStreamEndCapture", r)
+        Ok(self.check("cuStreamEndCapture", r)?.map(GraphExec))
     }
 
     /// Uploads `graph` to the device on `stream`, so its first launch does no setup.
-    pub(crate) fn upload_graph(&self, graph: &CudaGraph, stream: &CudaStream) -> Result<()> {
+    pub(crate) fn upload_graph(&self, graph: &GraphExec, stream: &GpuStream) -> Result<()> {
         self.lean("cuGraphUpload", || {
             // SAFETY: the executable graph is alive (borrowed) and belongs to this context.
-            unsafe { result::graph::upload(graph.cu_graph_exec(), stream.cu_stream()) }
+            unsafe { result::graph::upload(graph.0.cu_graph_exec(), stream.cu_stream()) }
         })
     }
 
     /// Launches `graph` on `stream` (the lean path, as kernel launches).
-    pub(crate) fn launch_graph(&self, graph: &CudaGraph, stream: &CudaStream) -> Result<()> {
+    pub(crate) fn launch_graph(&self, graph: &GraphExec, stream: &GpuStream) -> Result<()> {
         let t = activity::begin();
         self.lean("cuGraphLaunch", || {
             // SAFETY: the executable graph is alive (borrowed) and belongs to this context.
-            unsafe { result::graph::launch(graph.cu_graph_exec(), stream.cu_stream()) }
+            unsafe { result::graph::launch(graph.0.cu_graph_exec(), stream.cu_stream()) }
         })?;
         activity::end(t, ActivityKind::GraphLaunch, stream.cu_stream() as u64, 0);
         Ok(())

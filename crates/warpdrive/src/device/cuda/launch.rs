@@ -4,62 +4,96 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::driver::sys;
-use cudarc::driver::{result, CudaFunction, CudaModule, CudaStream};
+use cudarc::driver::{result, CudaFunction, CudaModule};
 
+use crate::device::Arch;
 use crate::error::{Error, Result};
-use crate::kernels::{self, KernelSource};
 
 use super::super::activity::{self, ActivityKind};
 use super::context::CudaDevice;
+use super::stream::GpuStream;
+
+/// A kernel loaded on a GPU: what launches take. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Function {
+    f: CudaFunction,
+    /// (module, kernel) names: the key of the occupancy cache.
+    key: (&'static str, &'static str),
+}
+
+impl std::ops::Deref for Function {
+    type Target = CudaFunction;
+    fn deref(&self) -> &CudaFunction {
+        &self.f
+    }
+}
+
+/// PTX loaded on a GPU: where [`CudaDevice::function`] finds its kernels.
+pub(crate) struct Module(Arc<CudaModule>);
 
 impl CudaDevice {
     // ---- kernels ----
 
-    /// The NVRTC architecture this device compiles for.
-    pub(crate) fn arch(&self) -> kernels::Arch {
+    /// The architecture this device compiles for.
+    pub(crate) fn arch(&self) -> Arch {
         let (major, minor) = self.inner.compute_capability;
-        kernels::Arch::from_compute_capability(major as u32, minor as u32)
+        Arch::from_compute_capability(major as u32, minor as u32)
     }
 
-    /// Loads (compiling through the disk cache on first use) kernel `name` of `source`.
+    /// Kernel `name` of module `module`, loaded on first use: `load` gives the module the
+    /// first time one of its kernels is asked for (the kernel floor compiles it through its
+    /// cache and [`load_module`](Self::load_module)).
     pub(crate) fn function(
         &self,
-        source: &'static KernelSource,
+        module: &'static str,
         name: &'static str,
-    ) -> Result<CudaFunction> {
-        if let Some(f) = self.inner.functions.lock().get(&(source.name, name)) {
+        load: impl FnOnce() -> Result<Module>,
+    ) -> Result<Function> {
+        let key = (module, name);
+        if let Some(f) = self.inner.functions.lock().get(&key) {
             return Ok(f.clone());
         }
-        let module = self.module(source)?;
+        let cached = self.inner.modules.lock().get(module).cloned();
+        let m = match cached {
+            Some(m) => m,
+            None => {
+                let m = load()?.0;
+                self.inner.modules.lock().insert(module, m.clone());
+                m
+            }
+        };
         self.bind()?;
-        let r = module.load_function(name);
-        let f = self.check("cuModuleGetFunction", r)?;
-        self.inner
-            .functions
-            .lock()
-            .insert((source.name, name), f.clone());
+        let r = m.load_function(name);
+        let f = Function {
+            f: self.check("cuModuleGetFunction", r)?,
+            key,
+        };
+        self.inner.functions.lock().insert(key, f.clone());
         Ok(f)
     }
 
+    /// Loads `ptx` on this device.
+    pub(crate) fn load_module(&self, ptx: &str) -> Result<Module> {
+        self.bind()?;
+        let r = self
+            .inner
+            .ctx
+            .load_module(cudarc::nvrtc::Ptx::from_src(ptx.to_string()));
+        self.check("cuModuleLoadData", r).map(Module)
+    }
+
     /// How many blocks of `block` threads (with `shared_bytes` of dynamic shared memory) of
-    /// kernel `name` fit on one SM at once (at least 1), from the driver's occupancy
-    /// calculator; cached per kernel and shape. Grid-stride kernels launch SMs × this.
-    pub(crate) fn resident_blocks(
-        &self,
-        source: &'static KernelSource,
-        name: &'static str,
-        block: u32,
-        shared_bytes: u32,
-    ) -> Result<u32> {
-        let key = (source.name, name, block, shared_bytes);
+    /// `f` fit on one SM at once (at least 1), from the driver's occupancy calculator;
+    /// cached per kernel and shape. Grid-stride kernels launch SMs × this.
+    pub(crate) fn resident_blocks(&self, f: &Function, block: u32, shared_bytes: u32) -> Result<u32> {
+        let key = (f.key.0, f.key.1, block, shared_bytes);
         if let Some(&n) = self.inner.occupancy.lock().get(&key) {
             return Ok(n);
         }
-        let f = self.function(source, name)?;
         self.bind()?;
         // The calculator counts no block that asks for more than the function is opted in
         // to (what a launch of this size sets anyway).
-        self.opt_in_dynamic_shared(&f, shared_bytes)?;
+        self.opt_in_dynamic_shared(f, shared_bytes)?;
         let r =
             f.occupancy_max_active_blocks_per_multiprocessor(block, shared_bytes as usize, None);
         let n = self
@@ -67,26 +101,6 @@ impl CudaDevice {
             .max(1);
         self.inner.occupancy.lock().insert(key, n);
         Ok(n)
-    }
-
-    fn module(&self, source: &'static KernelSource) -> Result<Arc<CudaModule>> {
-        if let Some(m) = self.inner.modules.lock().get(source.name) {
-            return Ok(m.clone());
-        }
-        let arch = source.arch_for(self.arch())?;
-        let module = kernels::PtxCache::global().load(source, arch, |ptx| {
-            self.bind()?;
-            let r = self
-                .inner
-                .ctx
-                .load_module(cudarc::nvrtc::Ptx::from_src(ptx.to_string()));
-            self.check("cuModuleLoadData", r)
-        })?;
-        self.inner
-            .modules
-            .lock()
-            .insert(source.name, module.clone());
-        Ok(module)
     }
 
     /// Launches `f` on `stream` as `mode` says (see [`LaunchMode`]).
@@ -101,8 +115,8 @@ impl CudaDevice {
     #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn launch(
         &self,
-        stream: &CudaStream,
-        f: &CudaFunction,
+        stream: &GpuStream,
+        f: &Function,
         grid: (u32, u32, u32),
         block: (u32, u32, u32),
         shared_mem_bytes: u32,
@@ -207,7 +221,7 @@ impl CudaDevice {
     /// that reaches it: (min grid, block).
     pub(crate) fn occupancy_block_size(
         &self,
-        f: &CudaFunction,
+        f: &Function,
         shared_mem_bytes: usize,
     ) -> Result<(u32, u32)> {
         self.bind()?;
@@ -221,7 +235,7 @@ impl CudaDevice {
 
     /// The most threads per block `f` can be launched with (its `__launch_bounds__`, or
     /// what its registers allow).
-    pub(crate) fn max_block_threads(&self, f: &CudaFunction) -> Result<u32> {
+    pub(crate) fn max_block_threads(&self, f: &Function) -> Result<u32> {
         let r = f.get_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
         Ok(self.check("cuFuncGetAttribute", r)?.max(1) as u32)
     }

@@ -35,17 +35,6 @@ pub(crate) fn libraries() -> &'static Libraries {
     })
 }
 
-/// NVRTC's version, or `None` when libnvrtc cannot be loaded.
-pub(crate) fn nvrtc_version() -> Option<(i32, i32)> {
-    if !libraries().nvrtc {
-        return None;
-    }
-    let (mut major, mut minor) = (0, 0);
-    // SAFETY: libnvrtc is loaded (checked above); both out-pointers are valid locals.
-    let status = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
-    (status == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS).then_some((major, minor))
-}
-
 /// Initialises the driver and returns the number of CUDA devices.
 pub(crate) fn device_count() -> Result<usize> {
     if !libraries().driver {
@@ -112,7 +101,7 @@ pub(crate) fn library_statuses() -> Vec<LibraryStatus> {
         status(
             "nvrtc",
             libs.nvrtc,
-            nvrtc_version().map(|(a, b)| format!("{a}.{b}")),
+            super::nvrtc::nvrtc_version().ok().map(|(a, b)| format!("{a}.{b}")),
         ),
         status("cublas", libs.cublas, cublas_version.flatten()),
         status("cublaslt", libs.cublaslt, cublaslt_version.flatten()),

@@ -4,13 +4,14 @@
 use std::ffi::{c_int, c_void};
 
 use cudarc::driver::sys::{self, CUresult};
-use cudarc::driver::{result, CudaStream};
+use cudarc::driver::result;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 use super::super::activity::{self, ActivityKind};
 use super::context::{describe, no_alloc_in_capture, CudaDevice};
+use super::stream::GpuStream;
 
 impl CudaDevice {
     // ---- raw memory ----
@@ -136,7 +137,7 @@ impl CudaDevice {
     /// `cuMemPrefetchAsync` of managed memory to `device` (`None`: the host) on `stream`.
     pub(crate) fn mem_prefetch(
         &self,
-        stream: &CudaStream,
+        stream: &GpuStream,
         ptr: u64,
         bytes: usize,
         device: Option<usize>,
@@ -199,7 +200,7 @@ impl CudaDevice {
     /// Copies `src` into device memory at `dst` on `stream`; returns when `src` may be reused.
     pub(crate) fn copy_h2d<T: DType>(
         &self,
-        stream: &CudaStream,
+        stream: &GpuStream,
         dst: u64,
         src: &[T],
     ) -> Result<()> {
@@ -222,7 +223,7 @@ impl CudaDevice {
     /// Copies device memory at `src` into `dst` on `stream` and waits for it.
     pub(crate) fn copy_d2h<T: DType>(
         &self,
-        stream: &CudaStream,
+        stream: &GpuStream,
         dst: &mut [T],
         src: u64,
     ) -> Result<()> {
@@ -240,7 +241,7 @@ impl CudaDevice {
     /// returns, and `src` must cover `bytes`.
     pub(crate) unsafe fn copy_d2h_raw(
         &self,
-        stream: &CudaStream,
+        stream: &GpuStream,
         dst: *mut u8,
         src: u64,
         bytes: usize,
@@ -267,7 +268,7 @@ impl CudaDevice {
     }
 
     /// Enqueues setting `bytes` of device memory at `dst` to zero on `stream`.
-    pub(crate) fn memset_zero(&self, stream: &CudaStream, dst: u64, bytes: usize) -> Result<()> {
+    pub(crate) fn memset_zero(&self, stream: &GpuStream, dst: u64, bytes: usize) -> Result<()> {
         if bytes == 0 {
             return Ok(());
         }
@@ -281,7 +282,7 @@ impl CudaDevice {
     /// Enqueues a device-to-device copy of `bytes` on `stream`.
     pub(crate) fn copy_d2d(
         &self,
-        stream: &CudaStream,
+        stream: &GpuStream,
         dst: u64,
         src: u64,
         bytes: usize,
@@ -307,7 +308,7 @@ impl CudaDevice {
     /// the first at `src` and `dst`, the next ones `src_pitch` and `dst_pitch` bytes further.
     pub(crate) fn copy_d2d_rows(
         &self,
-        stream: &CudaStream,
+        stream: &GpuStream,
         (dst, dst_pitch): (u64, usize),
         (src, src_pitch): (u64, usize),
         width: usize,
@@ -352,7 +353,7 @@ impl CudaDevice {
     /// `dev` must cover `bytes`.
     pub(crate) unsafe fn copy_raw_async(
         &self,
-        stream: &CudaStream,
+        stream: &GpuStream,
         to_device: bool,
         host: *mut u8,
         dev: u64,
@@ -418,7 +419,7 @@ pub(crate) struct AsyncPoolUsage {
 
 impl AsyncMemPool {
     /// `bytes > 0` from the pool, ordered on `stream` (usable by work enqueued after it).
-    pub(crate) fn alloc(&self, stream: &CudaStream, bytes: usize) -> Result<u64> {
+    pub(crate) fn alloc(&self, stream: &GpuStream, bytes: usize) -> Result<u64> {
         self.device.bind()?;
         // SAFETY: pool and stream are valid; the memory is uninitialised device memory owned
         // by the caller, who frees it with `free`.
@@ -436,7 +437,7 @@ impl AsyncMemPool {
     /// # Safety
     /// `ptr` came from `alloc` on this pool, is freed once, and no work enqueued after this
     /// point on any stream (without waiting on `stream`) uses it.
-    pub(crate) unsafe fn free(&self, ptr: u64, stream: &CudaStream) -> Result<()> {
+    pub(crate) unsafe fn free(&self, ptr: u64, stream: &GpuStream) -> Result<()> {
         self.device.bind()?;
         // SAFETY: forwarded from this function's contract.
         let r = unsafe { result::free_async(ptr, stream.cu_stream()) };

@@ -11,10 +11,11 @@ use cudarc::driver::{result, CudaContext, CudaFunction, CudaSlice, CudaStream};
 
 use crate::device::Stream;
 use crate::error::{Error, Result};
-use crate::kernels;
 
 use super::context::{describe, CudaDevice};
+use super::launch::Function;
 use super::memory::AsyncMemPool;
+use super::stream::GpuStream;
 
 impl CudaDevice {
     /// One `cuMemAlloc` + `cuMemFree` pair of `bytes` (at least 1).
@@ -78,8 +79,8 @@ pub struct ReferenceLaunches {
     builder_stream: Arc<CudaStream>,
     builder_fn: CudaFunction,
     slice: CudaSlice<u32>,
-    stream: Arc<CudaStream>,
-    raw_fn: CudaFunction,
+    stream: GpuStream,
+    raw_fn: Function,
     out: DeviceAlloc,
     _not_send: PhantomData<*const ()>,
 }
@@ -98,24 +99,21 @@ fn one_block() -> cudarc::driver::LaunchConfig {
 impl ReferenceLaunches {
     /// Loads `fill_u32` on a new cudarc context handle and stream (the builder's) and on
     /// warpdrive's context (the raw launches', which go to `stream`). CUDA only.
-    pub fn new(stream: &Stream) -> Result<ReferenceLaunches> {
-        let Some((d, s)) = stream.cuda_arc() else {
+    pub fn new(stream: &Stream, ptx: &str) -> Result<ReferenceLaunches> {
+        let Some((d, s)) = stream.cuda() else {
             return Err(Error::Unsupported(
                 "reference launches need a CUDA stream".into(),
             ));
         };
         let ctx = CudaContext::new(d.inner.ordinal).map_err(|e| Error::NoDriver(describe(e)))?;
         let builder_stream = d.check("cuStreamCreate", ctx.new_stream())?;
-        let arch = kernels::BASIC.arch_for(d.arch())?;
-        let module = kernels::PtxCache::global().load(&kernels::BASIC, arch, |ptx| {
-            d.check(
-                "cuModuleLoadData",
-                ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx.to_string())),
-            )
-        })?;
+        let module = d.check(
+            "cuModuleLoadData",
+            ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx.to_string())),
+        )?;
         let builder_fn = d.check("cuModuleGetFunction", module.load_function("fill_u32"))?;
         let slice = d.check("cuMemAllocAsync", builder_stream.alloc_zeros::<u32>(1))?;
-        let raw_fn = d.function(&kernels::BASIC, "fill_u32")?;
+        let raw_fn = d.function("reference-launches", "fill_u32", || d.load_module(ptx))?;
         let out = DeviceAlloc::new(d, 4)?;
         Ok(ReferenceLaunches {
             device: d.clone(),

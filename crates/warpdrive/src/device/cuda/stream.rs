@@ -9,16 +9,45 @@ use crate::error::{Error, Result};
 
 use super::context::{no_sync_in_capture, CudaDevice};
 
+/// A CUDA stream as the floors above hold it: opaque to them, the driver's stream to this
+/// backend. Cheap to clone (the same stream).
+#[derive(Clone)]
+pub(crate) struct GpuStream(Arc<CudaStream>);
+
+impl std::ops::Deref for GpuStream {
+    type Target = CudaStream;
+    fn deref(&self) -> &CudaStream {
+        &self.0
+    }
+}
+
+impl GpuStream {
+    /// The shared driver stream (graph capture ends on it).
+    pub(super) fn shared(&self) -> &Arc<CudaStream> {
+        &self.0
+    }
+}
+
+/// A CUDA event as the floors above hold it.
+pub(crate) struct GpuEvent(CudaEvent);
+
+impl std::ops::Deref for GpuEvent {
+    type Target = CudaEvent;
+    fn deref(&self) -> &CudaEvent {
+        &self.0
+    }
+}
+
 impl CudaDevice {
     // ---- streams and events ----
 
-    pub(crate) fn new_stream(&self) -> Result<Arc<CudaStream>> {
+    pub(crate) fn new_stream(&self) -> Result<GpuStream> {
         self.bind()?;
         let r = self.inner.ctx.new_stream();
-        self.check("cuStreamCreate", r)
+        self.check("cuStreamCreate", r).map(GpuStream)
     }
 
-    pub(crate) fn synchronize_stream(&self, stream: &CudaStream) -> Result<()> {
+    pub(crate) fn synchronize_stream(&self, stream: &GpuStream) -> Result<()> {
         // This thread's captures are refused here; a capture begun on another thread makes
         // the driver return an error (not worth a cuStreamIsCapturing on every sync).
         no_sync_in_capture("cuStreamSynchronize")?;
@@ -27,7 +56,7 @@ impl CudaDevice {
     }
 
     /// True while `stream` is capturing a graph (begun on any thread).
-    pub(crate) fn is_capturing(&self, stream: &CudaStream) -> Result<bool> {
+    pub(crate) fn is_capturing(&self, stream: &GpuStream) -> Result<bool> {
         self.bind()?;
         // SAFETY: the stream is alive (borrowed) and its context is bound.
         let r = unsafe { result::stream::is_capturing(stream.cu_stream()) };
@@ -39,7 +68,7 @@ impl CudaDevice {
     /// capturing a graph.
     pub(crate) fn refuse_if_capturing(
         &self,
-        stream: &CudaStream,
+        stream: &GpuStream,
         call: &'static str,
     ) -> Result<()> {
         no_sync_in_capture(call)?;
@@ -53,24 +82,24 @@ impl CudaDevice {
     }
 
     /// A timing-enabled event (`CU_EVENT_DEFAULT`).
-    pub(crate) fn new_timing_event(&self) -> Result<CudaEvent> {
+    pub(crate) fn new_timing_event(&self) -> Result<GpuEvent> {
         self.bind()?;
         let r = self
             .inner
             .ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT));
-        self.check("cuEventCreate", r)
+        self.check("cuEventCreate", r).map(GpuEvent)
     }
 
     /// An event for ordering only (timing disabled).
-    pub(crate) fn new_sync_event(&self) -> Result<CudaEvent> {
+    pub(crate) fn new_sync_event(&self) -> Result<GpuEvent> {
         self.bind()?;
         let r = self.inner.ctx.new_event(None);
-        self.check("cuEventCreate", r)
+        self.check("cuEventCreate", r).map(GpuEvent)
     }
 
     /// True when the work before `event` has finished; never waits.
-    pub(crate) fn event_query(&self, event: &CudaEvent) -> Result<bool> {
+    pub(crate) fn event_query(&self, event: &GpuEvent) -> Result<bool> {
         no_sync_in_capture("cuEventQuery")?;
         self.bind()?;
         self.check("cuEventQuery", event.try_is_complete())
@@ -85,7 +114,7 @@ impl CudaDevice {
 
     /// Records `event` on `stream` (both of this device) on the lean path: spans record one
     /// per boundary, where two context reads per call would show.
-    pub(crate) fn record_event(&self, event: &CudaEvent, stream: &CudaStream) -> Result<()> {
+    pub(crate) fn record_event(&self, event: &GpuEvent, stream: &GpuStream) -> Result<()> {
         self.lean("cuEventRecord", || {
             // SAFETY: the event and the stream are alive (borrowed) and belong to this
             // device's context (the caller checked the device), which `lean` bound.
@@ -93,18 +122,18 @@ impl CudaDevice {
         })
     }
 
-    pub(crate) fn event_synchronize(&self, event: &CudaEvent) -> Result<()> {
+    pub(crate) fn event_synchronize(&self, event: &GpuEvent) -> Result<()> {
         no_sync_in_capture("cuEventSynchronize")?;
         self.bind()?;
         self.check("cuEventSynchronize", event.synchronize())
     }
 
-    pub(crate) fn event_elapsed_ms(&self, start: &CudaEvent, end: &CudaEvent) -> Result<f32> {
+    pub(crate) fn event_elapsed_ms(&self, start: &GpuEvent, end: &GpuEvent) -> Result<f32> {
         self.bind()?;
         self.check("cuEventElapsedTime", start.elapsed_ms(end))
     }
 
-    pub(crate) fn stream_wait_event(&self, stream: &CudaStream, event: &CudaEvent) -> Result<()> {
+    pub(crate) fn stream_wait_event(&self, stream: &GpuStream, event: &GpuEvent) -> Result<()> {
         self.bind()?;
         self.check("cuStreamWaitEvent", stream.wait(event))
     }
