@@ -1,9 +1,9 @@
-//! warpdrive: a GPU performance runtime between raw CUDA bindings (`cudarc`) and an
+//! warpdrive: a GPU performance runtime between raw CUDA bindings and an
 //! application. It keeps data on the GPU, moves it at the link's speed, never pays for an
 //! allocation twice, launches work without overhead, and measures each claim against the
 //! machine's physical limits.
 //!
-//! Every public type works on two backends, [`Device::Cuda`] and [`Device::Cpu`]; the CPU
+//! Every public type works on two backends, CUDA ([`Device::cuda`]) and the CPU ([`Device::cpu`]); the CPU
 //! backend is the reference every kernel is tested against.
 //!
 //! # Quick start

@@ -23,15 +23,15 @@ use crate::error::{Error, Result};
 
 pub use arch::Arch;
 pub(crate) use cpu::cpu_model;
-pub(crate) use cuda::{compile_options, compile_ptx, nvrtc_version};
 pub(crate) use cuda::AsyncMemPool;
 pub use cuda::CudaDevice;
 /// The GPU backends' device, as the floors above use it (the CUDA backend's today): its
 /// methods take and return only this floor's types.
 pub(crate) use cuda::CudaDevice as Gpu;
-pub(crate) use cuda::{Function, GemmCall, GpuStream, GraphExec, LaunchMode};
 pub use cuda::RELEASE_AT_EXIT;
 pub(crate) use cuda::{at_exit, release_at_exit};
+pub(crate) use cuda::{compile_options, compile_ptx, nvrtc_version};
+pub(crate) use cuda::{Function, GemmCall, GpuStream, GraphExec, LaunchMode};
 
 /// The environment variable that overrides [`Device::best`]: `cpu`, `cuda` or `cuda:N`.
 pub const DEVICE_ENV: &str = "WARPDRIVE_DEVICE";
@@ -103,6 +103,76 @@ impl Device {
         match self {
             Device::Cuda(d) => Ok(d),
             Device::Cpu => Err(Error::Unsupported(format!("{what} on the CPU backend"))),
+        }
+    }
+
+    /// `Error::DeviceLost` once the device had a sticky fault (never on the CPU backend).
+    pub(crate) fn check_usable(&self) -> Result<()> {
+        match self {
+            Device::Cpu => Ok(()),
+            Device::Cuda(d) => d.check_usable(),
+        }
+    }
+
+    /// Runs `release` when the process exits normally, where this device's backend asks
+    /// for cached memory to be handed back before it tears down (CUDA with
+    /// [`RELEASE_AT_EXIT`] set); nothing otherwise.
+    pub(crate) fn release_at_exit(&self, release: fn()) {
+        if matches!(self, Device::Cuda(_)) && release_at_exit() {
+            at_exit(release);
+        }
+    }
+
+    /// `bytes > 0` of managed memory, reachable from the host and the device (host memory on
+    /// the CPU backend); free it with [`Device::free_managed`].
+    pub(crate) fn alloc_managed(&self, bytes: usize) -> Result<u64> {
+        match self {
+            Device::Cpu => cpu::alloc(bytes),
+            Device::Cuda(d) => d.alloc_managed(bytes),
+        }
+    }
+
+    /// Frees memory from [`Device::alloc_managed`] (on CUDA after the work that may use it).
+    pub(crate) fn free_managed(&self, ptr: u64, bytes: usize) -> Result<()> {
+        match self {
+            Device::Cpu => {
+                cpu::free(ptr, bytes);
+                Ok(())
+            }
+            Device::Cuda(d) => d.free(ptr),
+        }
+    }
+
+    /// A hint for the managed range `ptr..ptr + bytes`, about device `at` (`None`: the
+    /// host); nothing on the CPU backend.
+    pub(crate) fn mem_advise(
+        &self,
+        ptr: u64,
+        bytes: usize,
+        advice: MemAdvice,
+        at: Option<usize>,
+    ) -> Result<()> {
+        match self {
+            Device::Cpu => Ok(()),
+            Device::Cuda(d) => d.mem_advise(ptr, bytes, advice, at),
+        }
+    }
+
+    /// True when this device's memory is host memory (the CPU backend): a copy to or from
+    /// it is a host copy, with no link to stage through.
+    pub fn is_host_memory(&self) -> bool {
+        matches!(self, Device::Cpu)
+    }
+
+    /// What a measurement on this device is valid for: `cpu`, or the GPU's name and compute
+    /// capability (`NVIDIA H100 80GB HBM3 cc9.0`).
+    pub fn model(&self) -> Result<String> {
+        match self {
+            Device::Cpu => Ok("cpu".into()),
+            Device::Cuda(d) => {
+                let (major, minor) = d.compute_capability();
+                Ok(format!("{} cc{major}.{minor}", d.name()?))
+            }
         }
     }
 
@@ -268,6 +338,14 @@ impl Device {
     }
 }
 
+/// A hint about managed memory (the driver's `cuMemAdvise` kinds warpdrive uses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MemAdvice {
+    ReadMostly,
+    PreferredLocation,
+    AccessedBy,
+}
+
 /// An ordered queue of work on one device. Clones are the same stream (same [`Stream::id`]).
 #[derive(Clone)]
 pub struct Stream {
@@ -384,11 +462,6 @@ impl Stream {
     /// device floor's [`activity`] records name.
     pub fn cu_stream(&self) -> u64 {
         self.handed_out().map_or(0, |s| s.stream.cu_stream() as u64)
-    }
-
-    /// The GPU and its queue, when this is a GPU stream (being replaced by `run` and `gpu`).
-    pub(crate) fn cuda(&self) -> Option<(&Gpu, &GpuStream)> {
-        self.queue().map(|q| (q.gpu, q.stream))
     }
 
     /// The GPU queue; `None` on the CPU backend. The one place a stream tells its backend.

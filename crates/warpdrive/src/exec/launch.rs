@@ -1,9 +1,9 @@
 //! The lean launch path and launch configuration.
 //!
-//! cudarc's launch builder binds the context (`cuCtxGetCurrent`), collects its arguments in
-//! fresh vectors, and, with event tracking on, waits on and records an event per slice
-//! argument on every launch. warpdrive's launches ([`launch`], and every op, through
-//! `CudaDevice::launch`) skip all of that: the context is bound once per thread (a
+//! The bindings' launch builder binds the context (`cuCtxGetCurrent`), collects its
+//! arguments in fresh vectors, and, with event tracking on, waits on and records an event per
+//! slice argument on every launch. warpdrive's launches ([`launch`], and every op and the
+//! MoE layer, through the backend's one launch call) skip all of that: the context is bound once per thread (a
 //! thread-local remembers which context this thread last bound; a launch that finds
 //! another one current fails and is retried after a full bind), no events are recorded
 //! (streams are ordered explicitly where needed), and a lost device is one atomic load.
@@ -71,7 +71,9 @@ impl Kernel {
         source: &'static KernelSource,
         name: &'static str,
     ) -> Result<Kernel> {
-        let d = device.gpu(&format!("kernel {name} (the CPU backend runs ops, not kernels)"))?;
+        let d = device.gpu(&format!(
+            "kernel {name} (the CPU backend runs ops, not kernels)"
+        ))?;
         let func = kernels::function(d, source, name)?;
         let occupancy = d.occupancy_block_size(&func, 0)?;
         let max_block = d.max_block_threads(&func)?;

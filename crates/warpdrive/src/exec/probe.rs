@@ -4,9 +4,10 @@
 
 use std::ffi::c_void;
 
+use crate::device::probe::ReferenceLaunches;
 use crate::device::Stream;
 use crate::error::{Error, Result};
-use crate::kernels::BASIC;
+use crate::kernels::{PtxCache, BASIC};
 use crate::memory::Buffer;
 
 use super::launch::{launch, Kernel, LaunchConfig};
@@ -78,5 +79,15 @@ impl LaunchProbe {
                 self.stream_id
             )))
         }
+    }
+}
+
+impl ReferenceLaunches {
+    /// Loads `basic.cu`'s `fill_u32` for both references on `stream`'s device (see
+    /// [`ReferenceLaunches`]). CUDA only.
+    pub fn new(stream: &Stream) -> Result<ReferenceLaunches> {
+        let gpu = stream.device().gpu("reference launches")?;
+        let ptx = PtxCache::global().ptx(&BASIC, BASIC.arch_for(gpu.arch())?)?;
+        ReferenceLaunches::with_ptx(stream, &ptx)
     }
 }

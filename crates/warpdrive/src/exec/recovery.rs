@@ -109,7 +109,7 @@ impl Fallback {
         match device {
             Err(e) if self == Fallback::Cpu && recoverable_on_cpu(&e) => {
                 tracing::warn!("{e}; falling back to the CPU backend");
-                Ok(Device::Cpu)
+                Ok(Device::cpu())
             }
             other => other,
         }
@@ -130,12 +130,12 @@ pub fn run_with_fallback<T>(
             value,
             fell_back: None,
         }),
-        Err(e) if policy == Fallback::Cpu && device.is_cuda() && recoverable_on_cpu(&e) => {
+        Err(e) if policy == Fallback::Cpu && !device.is_host_memory() && recoverable_on_cpu(&e) => {
             tracing::warn!(
                 "{} failed ({e}); running it on the CPU backend",
                 device.label()
             );
-            let cpu = Device::Cpu.new_stream()?;
+            let cpu = Device::cpu().new_stream()?;
             Ok(Recovered {
                 value: op(&cpu)?,
                 fell_back: Some(e),
@@ -210,7 +210,7 @@ mod tests {
             Fallback::Cpu
                 .device(Err(Error::NoDriver("none".into())))
                 .unwrap(),
-            Device::Cpu
+            Device::cpu()
         );
         assert!(Fallback::Never
             .device(Err(Error::NoDriver("none".into())))
@@ -219,7 +219,8 @@ mod tests {
 
     #[test]
     fn work_on_the_cpu_runs_once_where_asked() {
-        let r = run_with_fallback(&Device::Cpu, Fallback::Cpu, |s| Ok(s.device().label())).unwrap();
+        let r =
+            run_with_fallback(&Device::cpu(), Fallback::Cpu, |s| Ok(s.device().label())).unwrap();
         assert_eq!(r.value, "cpu");
         assert!(r.fell_back.is_none());
     }

@@ -65,13 +65,7 @@ pub struct TuneKey {
 impl TuneKey {
     /// The key of `kernel` on `dtype` at main dimension `size` on `device`.
     pub fn new(device: &Device, kernel: &str, dtype: DTypeKind, size: usize) -> Result<TuneKey> {
-        let device = match device {
-            Device::Cpu => "cpu".to_string(),
-            Device::Cuda(d) => {
-                let (major, minor) = d.compute_capability();
-                format!("{} cc{major}.{minor}", d.name()?)
-            }
-        };
+        let device = device.model()?;
         Ok(TuneKey {
             kernel: kernel.to_string(),
             dtype: dtype.name().to_string(),

@@ -1,7 +1,7 @@
 //! Typed device memory and the pools behind it.
 //!
 //! - [`Buffer<T>`] holds a raw device address (a host address on the CPU backend) rather than
-//!   a cudarc `CudaSlice`, so the pool can hand out sub-ranges of its segments. Every buffer
+//!   the bindings' owning slice type, so the pool can hand out sub-ranges of its segments. Every buffer
 //!   comes from its device's [`DevicePool`] ([`device_pool`]) unless made with
 //!   [`Buffer::uninit_in`], and returns to it on drop, tagged with its stream.
 //! - [`DevicePool`]: the caching allocator (policy in `caching`, backend-free) or CUDA's
@@ -135,12 +135,18 @@ impl<T: DType> Buffer<T> {
     /// `len` elements, all bits zero (a device memset on the stream).
     #[track_caller]
     pub fn zeros(stream: &Stream, len: usize) -> Result<Self> {
-        let mut buf = Self::uninit(stream, len)?;
-        match stream.cuda() {
-            Some((d, s)) => d.memset_zero(s, buf.ptr, buf.size_bytes())?,
-            None => buf.host_view_mut()?.fill(T::default()),
-        }
-        Ok(buf)
+        let buf = Self::uninit(stream, len)?;
+        stream.run(
+            buf,
+            |mut buf| {
+                buf.host_view_mut()?.fill(T::default());
+                Ok(buf)
+            },
+            |buf, q| {
+                q.gpu.memset_zero(q.stream, buf.ptr, buf.size_bytes())?;
+                Ok(buf)
+            },
+        )
     }
 
     pub fn len(&self) -> usize {
@@ -171,13 +177,14 @@ impl<T: DType> Buffer<T> {
     pub fn driver_copy_from_host(&mut self, stream: &Stream, src: &[T]) -> Result<()> {
         self.check_stream(stream, "driver_copy_from_host")?;
         check_len("driver_copy_from_host", self.len, src.len())?;
-        match stream.cuda() {
-            Some((d, s)) => d.copy_h2d(s, self.ptr, src),
-            None => {
-                self.host_view_mut()?.copy_from_slice(src);
+        stream.run(
+            self,
+            |b| {
+                b.host_view_mut()?.copy_from_slice(src);
                 Ok(())
-            }
-        }
+            },
+            |b, q| q.gpu.copy_h2d(q.stream, b.ptr, src),
+        )
     }
 
     /// The driver's own copy of the buffer into `dst` (same length), waiting for the stream:
@@ -185,13 +192,14 @@ impl<T: DType> Buffer<T> {
     pub fn driver_copy_to_host(&self, stream: &Stream, dst: &mut [T]) -> Result<()> {
         self.check_stream(stream, "driver_copy_to_host")?;
         check_len("driver_copy_to_host", self.len, dst.len())?;
-        match stream.cuda() {
-            Some((d, s)) => d.copy_d2h(s, dst, self.ptr),
-            None => {
+        stream.run(
+            dst,
+            |dst| {
                 dst.copy_from_slice(self.host_view()?);
                 Ok(())
-            }
-        }
+            },
+            |dst, q| q.gpu.copy_d2h(q.stream, dst, self.ptr),
+        )
     }
 
     /// The driver's own copy of the first `dst.len()` elements into `dst`, waiting for the
@@ -210,19 +218,25 @@ impl<T: DType> Buffer<T> {
                 self.len
             )));
         }
-        match stream.cuda() {
-            // SAFETY: `dst` holds `len` elements, borrowed mutably for the whole
-            // (synchronous) copy, and the buffer holds at least `len` from `ptr`.
-            Some((d, s)) => unsafe {
-                d.copy_d2h_raw(s, dst.as_mut_ptr().cast::<u8>(), self.ptr, size_of_val(dst))
-            },
-            None => {
+        stream.run(
+            dst,
+            |dst| {
                 for (d, s) in dst.iter_mut().zip(&self.host_view()?[..len]) {
                     d.write(*s);
                 }
                 Ok(())
-            }
-        }
+            },
+            // SAFETY: `dst` holds `len` elements, borrowed mutably for the whole
+            // (synchronous) copy, and the buffer holds at least `len` from `ptr`.
+            |dst, q| unsafe {
+                q.gpu.copy_d2h_raw(
+                    q.stream,
+                    dst.as_mut_ptr().cast::<u8>(),
+                    self.ptr,
+                    size_of_val(dst),
+                )
+            },
+        )
     }
 
     /// Copies `rows` rows of `width` elements from `src` into this buffer, enqueued on
@@ -259,23 +273,26 @@ impl<T: DType> Buffer<T> {
             )));
         }
         let size = std::mem::size_of::<T>();
-        match stream.cuda() {
-            Some((d, s)) => d.copy_d2d_rows(
-                s,
-                (self.ptr + (dst.0 * size) as u64, dst.1 * size),
-                (from.ptr + (src_first * size) as u64, src_pitch * size),
-                width * size,
-                rows,
-            ),
-            None => {
-                let (src_view, dst_view) = (from.host_view()?, self.host_view_mut()?);
+        stream.run(
+            self,
+            |to| {
+                let (src_view, dst_view) = (from.host_view()?, to.host_view_mut()?);
                 for r in 0..rows {
                     let (s, d) = (src_first + r * src_pitch, dst.0 + r * dst.1);
                     dst_view[d..d + width].copy_from_slice(&src_view[s..s + width]);
                 }
                 Ok(())
-            }
-        }
+            },
+            |to, q| {
+                q.gpu.copy_d2d_rows(
+                    q.stream,
+                    (to.ptr + (dst.0 * size) as u64, dst.1 * size),
+                    (from.ptr + (src_first * size) as u64, src_pitch * size),
+                    width * size,
+                    rows,
+                )
+            },
+        )
     }
 
     pub(crate) fn check_stream(&self, stream: &Stream, op: &'static str) -> Result<()> {
@@ -298,14 +315,7 @@ impl<T: DType> Buffer<T> {
     }
 
     fn require_cpu(&self) -> Result<()> {
-        match self.device() {
-            Device::Cpu => Ok(()),
-            d => Err(Error::DeviceMismatch {
-                op: "host view",
-                left: d.label(),
-                right: "cpu".into(),
-            }),
-        }
+        self.device().same_as(&Device::cpu(), "host view")
     }
 }
 

@@ -16,6 +16,7 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::Mutex;
 use serde::Serialize;
 
+use crate::device::dma::Dma;
 use crate::device::{cpu, Device, Event, Stream};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -433,25 +434,16 @@ impl<T: DType> Buffer<T> {
             src.len(),
             len,
         )?;
-        match stream.cuda() {
-            Some((d, s)) => {
-                if len == 0 {
-                    return Ok(());
-                }
-                let bytes = len * std::mem::size_of::<T>();
-                let dev = self.device_ptr() + (offset * std::mem::size_of::<T>()) as u64;
-                // SAFETY: the ranges were checked above to lie within both allocations; `src`
-                // cannot be touched by the host nor reused until the event recorded below
-                // has completed.
-                unsafe { d.copy_raw_async(s, true, src.ptr as *mut u8, dev, bytes)? };
-                src.record_use(stream)
-            }
-            None => {
-                let data = &src.wait_slice()?[..len];
-                self.host_view_mut()?[offset..offset + len].copy_from_slice(data);
-                Ok(())
-            }
+        if len == 0 {
+            return Ok(());
         }
+        let bytes = len * std::mem::size_of::<T>();
+        let dev = self.device_ptr() + (offset * std::mem::size_of::<T>()) as u64;
+        // SAFETY: the ranges were checked above to lie within both allocations; `src`
+        // cannot be touched by the host nor reused until the event recorded below
+        // has completed.
+        unsafe { Dma::of(stream).copy(true, src.ptr as *mut u8, dev, bytes)? };
+        src.record_use(stream)
     }
 
     /// As [`Buffer::copy_to_pinned`] for `self[offset..offset + len]` into `dst[..len]`.
@@ -470,25 +462,16 @@ impl<T: DType> Buffer<T> {
             dst.len(),
             len,
         )?;
-        match stream.cuda() {
-            Some((d, s)) => {
-                if len == 0 {
-                    return Ok(());
-                }
-                let bytes = len * std::mem::size_of::<T>();
-                let dev = self.device_ptr() + (offset * std::mem::size_of::<T>()) as u64;
-                // SAFETY: the ranges were checked above to lie within both allocations; `dst`
-                // cannot be touched by the host nor reused until the event recorded below
-                // has completed.
-                unsafe { d.copy_raw_async(s, false, dst.ptr as *mut u8, dev, bytes)? };
-                dst.record_use(stream)
-            }
-            None => {
-                let src = &self.host_view()?[offset..offset + len];
-                dst.wait_slice_mut()?[..len].copy_from_slice(src);
-                Ok(())
-            }
+        if len == 0 {
+            return Ok(());
         }
+        let bytes = len * std::mem::size_of::<T>();
+        let dev = self.device_ptr() + (offset * std::mem::size_of::<T>()) as u64;
+        // SAFETY: the ranges were checked above to lie within both allocations; `dst`
+        // cannot be touched by the host nor reused until the event recorded below
+        // has completed.
+        unsafe { Dma::of(stream).copy(false, dst.ptr as *mut u8, dev, bytes)? };
+        dst.record_use(stream)
     }
 
     /// Checks the device, stream and range of a pinned copy of `len` elements at `offset`.

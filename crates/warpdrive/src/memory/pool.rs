@@ -149,21 +149,17 @@ impl DevicePool {
             PoolStrategy::Caching(config) => {
                 Kind::Caching(Mutex::new(Core::new(DeviceRaw::new(device), config)))
             }
-            PoolStrategy::CudaAsync => match device {
-                Device::Cuda(d) => Kind::Async(AsyncStrategy {
+            PoolStrategy::CudaAsync => {
+                let d = device.gpu("the CUDA stream-ordered pool strategy")?;
+                Kind::Async(AsyncStrategy {
                     pool: d.new_async_pool()?,
                     total: d.mem_info()?.1,
                     events: Mutex::new(Vec::new()),
                     allocations: AtomicU64::new(0),
                     in_use: AtomicU64::new(0),
                     peak_in_use: AtomicU64::new(0),
-                }),
-                Device::Cpu => {
-                    return Err(Error::Unsupported(
-                        "the CUDA stream-ordered pool strategy on the CPU backend".into(),
-                    ))
-                }
-            },
+                })
+            }
         };
         Ok(Arc::new(DevicePool {
             device: device.clone(),
@@ -186,25 +182,21 @@ impl DevicePool {
     /// `bytes > 0` for work on `stream`; returns the address and the handle to free it with.
     pub(crate) fn alloc(&self, stream: &Stream, bytes: usize) -> Result<(u64, Allocation)> {
         self.device.same_as(stream.device(), "pool allocation")?;
-        if let Device::Cuda(d) = &self.device {
-            d.check_usable()?;
-        }
+        self.device.check_usable()?;
         match &self.kind {
             Kind::Caching(core) => {
                 let g = core.lock().alloc(bytes, stream.id())?;
                 Ok((g.addr, Allocation::Cached { block: g.block }))
             }
             Kind::Async(a) => {
-                let (_, s) = stream
-                    .cuda()
-                    .ok_or_else(|| Error::Unsupported("async pool on a CPU stream".into()))?;
+                let q = stream.gpu("the async pool")?;
                 if a.total > 0 && bytes > a.total {
                     return Err(Error::OutOfMemory {
                         requested: bytes,
                         detail: format!("more than the device's total memory ({} bytes)", a.total),
                     });
                 }
-                let ptr = a.pool.alloc(s, bytes)?;
+                let ptr = a.pool.alloc(q.stream, bytes)?;
                 a.allocations.fetch_add(1, Ordering::Relaxed);
                 let now = a.in_use.fetch_add(bytes as u64, Ordering::Relaxed) + bytes as u64;
                 a.peak_in_use.fetch_max(now, Ordering::Relaxed);
@@ -245,9 +237,7 @@ impl DevicePool {
                 core.free(block, fences)
             }
             (Kind::Async(a), Allocation::Async { stream, bytes }) => {
-                let (_, s) = stream
-                    .cuda()
-                    .ok_or_else(|| Error::Unsupported("async pool on a CPU stream".into()))?;
+                let q = stream.gpu("the async pool")?;
                 for u in uses {
                     let event = match a.events.lock().pop() {
                         Some(e) => e,
@@ -261,7 +251,7 @@ impl DevicePool {
                 a.in_use.fetch_sub(bytes as u64, Ordering::Relaxed);
                 // SAFETY: `ptr` came from this pool on `stream`; the buffer that owned it is
                 // gone, and work on the other streams it was used on is waited for above.
-                unsafe { a.pool.free(ptr, s) }
+                unsafe { a.pool.free(ptr, q.stream) }
             }
             _ => Err(Error::InvalidArgument(
                 "an allocation returned to a pool of another strategy".into(),
@@ -399,12 +389,11 @@ static POOLS: [OnceLock<Arc<DevicePool>>; MAX_DEVICES + 1] =
     [const { OnceLock::new() }; MAX_DEVICES + 1];
 
 pub(crate) fn device_slot(device: &Device) -> Result<usize> {
-    match device {
-        Device::Cpu => Ok(0),
-        Device::Cuda(d) if d.ordinal() < MAX_DEVICES => Ok(1 + d.ordinal()),
-        Device::Cuda(d) => Err(Error::Unsupported(format!(
-            "device pools for more than {MAX_DEVICES} devices (cuda:{})",
-            d.ordinal()
+    match device.ordinal() {
+        None => Ok(0),
+        Some(n) if n < MAX_DEVICES => Ok(1 + n),
+        Some(n) => Err(Error::Unsupported(format!(
+            "device pools for more than {MAX_DEVICES} devices (cuda:{n})"
         ))),
     }
 }
@@ -432,9 +421,7 @@ fn release_cached_at_exit() {
 pub fn device_pool(device: &Device) -> Result<&'static Arc<DevicePool>> {
     let slot = device_slot(device)?;
     Ok(POOLS[slot].get_or_init(|| {
-        if device.is_cuda() && crate::device::release_at_exit() {
-            crate::device::at_exit(release_cached_at_exit);
-        }
+        device.release_at_exit(release_cached_at_exit);
         Arc::new(DevicePool {
             device: device.clone(),
             kind: Kind::Caching(Mutex::new(Core::new(
@@ -468,8 +455,9 @@ mod tests {
         let mut a = Buffer::<u32>::uninit_in(&pool, &s1, n).unwrap();
         let a_ptr = a.device_ptr();
 
-        let (d, cs2) = s2.cuda().unwrap();
-        let f = d.function(&BASIC, "wait_flag_then_fill").unwrap();
+        let q = s2.gpu("the test").unwrap();
+        let (d, cs2) = (q.gpu, q.stream);
+        let f = crate::kernels::function(d, &BASIC, "wait_flag_then_fill").unwrap();
         let (mut fp, mut out, mut value, mut len, mut limit, mut st) = (
             flag.host_ptr(),
             a_ptr,

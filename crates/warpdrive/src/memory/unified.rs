@@ -12,7 +12,7 @@ use std::ops::Range;
 
 use parking_lot::Mutex;
 
-use crate::device::{cpu, Device, Event, Stream};
+use crate::device::{cpu, Device, Event, MemAdvice, Stream};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -259,10 +259,9 @@ impl<T: DType> ManagedBuffer<T> {
                 ),
             });
         }
-        let ptr = match (bytes, device) {
-            (0, _) => 0,
-            (_, Device::Cpu) => cpu::alloc(bytes)?,
-            (_, Device::Cuda(d)) => d.alloc_managed(bytes)?,
+        let ptr = match bytes {
+            0 => 0,
+            _ => device.alloc_managed(bytes)?,
         };
         Ok(ManagedBuffer {
             view: Buffer {
@@ -323,19 +322,16 @@ impl<T: DType> ManagedBuffer<T> {
 
     /// Applies `advice` to the whole buffer.
     pub fn advise(&self, advice: Advice) -> Result<()> {
-        use cudarc::driver::sys::CUmem_advise as A;
-        let Device::Cuda(d) = self.device() else {
-            return Ok(());
-        };
         if self.is_empty() {
             return Ok(());
         }
+        let device = self.device();
         let (what, at) = match advice {
-            Advice::ReadMostly => (A::CU_MEM_ADVISE_SET_READ_MOSTLY, Some(d.ordinal())),
-            Advice::PreferredLocation(l) => (A::CU_MEM_ADVISE_SET_PREFERRED_LOCATION, l.ordinal()),
-            Advice::AccessedBy(l) => (A::CU_MEM_ADVISE_SET_ACCESSED_BY, l.ordinal()),
+            Advice::ReadMostly => (MemAdvice::ReadMostly, device.ordinal()),
+            Advice::PreferredLocation(l) => (MemAdvice::PreferredLocation, l.ordinal()),
+            Advice::AccessedBy(l) => (MemAdvice::AccessedBy, l.ordinal()),
         };
-        d.mem_advise(self.view.ptr, self.size_bytes(), what, at)
+        device.mem_advise(self.view.ptr, self.size_bytes(), what, at)
     }
 
     /// Enqueues a migration of elements `range` to `to` on `stream`.
@@ -349,9 +345,7 @@ impl<T: DType> ManagedBuffer<T> {
         }
         stream.run(
             (),
-            |()| {
-                return Ok(());
-            },
+            |()| Ok(()),
             |(), q| {
                 let d = q.gpu;
                 let s = q.stream;
@@ -372,15 +366,7 @@ impl<T: DType> Drop for ManagedBuffer<T> {
             return;
         }
         let bytes = self.size_bytes();
-        let r = match self.device() {
-            Device::Cpu => {
-                cpu::free(self.view.ptr, bytes);
-                Ok(())
-            }
-            // cuMemFree waits for the work that may still use it.
-            Device::Cuda(d) => d.free(self.view.ptr),
-        };
-        if let Err(e) = r {
+        if let Err(e) = self.device().free_managed(self.view.ptr, bytes) {
             tracing::warn!("freeing managed memory failed: {e}");
         }
     }

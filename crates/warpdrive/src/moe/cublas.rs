@@ -37,7 +37,8 @@ impl<T: Float> MoeLayer<T> {
         // SAFETY: token_of holds `slots` row indices below `tokens` (the dispatch wrote them),
         // x holds tokens·hidden elements, xp slots·hidden.
         unsafe {
-            ops::permute::gather_rows_raw(q,
+            ops::permute::gather_rows_raw(
+                q,
                 x,
                 tokens,
                 hd * size as usize,
@@ -100,8 +101,8 @@ impl<T: Float> MoeLayer<T> {
             pointers.device_ptr() + (3 * up.len() * 8) as u64,
         );
         if grouped {
-            let mut ptrs = crate::device::CudaDevice::grouped_gemm_pointers(&up);
-            ptrs.extend(crate::device::CudaDevice::grouped_gemm_pointers(&down));
+            let mut ptrs = crate::device::Gpu::grouped_gemm_pointers(&up);
+            ptrs.extend(crate::device::Gpu::grouped_gemm_pointers(&down));
             d.copy_h2d(q.stream, up_ptrs, &ptrs)?;
         }
         let run = |calls: &[GemmCall], ptrs: u64| -> Result<()> {

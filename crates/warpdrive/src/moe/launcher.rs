@@ -362,7 +362,8 @@ impl Launcher {
                 // SAFETY: logits hold tokens·E f32, weights and experts tokens·k each (the
                 // workspace is sized for at least `tokens`); k was validated with the config.
                 unsafe {
-                    ops::router::route_raw::<f32>(q,
+                    ops::router::route_raw::<f32>(
+                        q,
                         &r,
                         self.logits,
                         tokens,
@@ -399,15 +400,7 @@ impl Launcher {
                 // int renorm, float scaling, float* weights, u32* indices): logits hold
                 // tokens·E, bias E (or null), weights/indices tokens·k; E floats of shared
                 // memory per warp; k <= 16 and n_group <= 32 (validated).
-                unsafe {
-                    ops::launch(q,
-                        (&MOE_ROUTER, name),
-                        grid,
-                        ROUTER_WARPS * 32,
-                        smem,
-                        args,
-                    )
-                }
+                unsafe { ops::launch(q, (&MOE_ROUTER, name), grid, ROUTER_WARPS * 32, smem, args) }
             }
         }
     }
@@ -434,7 +427,8 @@ impl Launcher {
         // E counts, E + 1 offsets, 2·items work words (items = the most tiles of `bm` rows
         // `slots` rows can need over E experts); 2·E words of shared memory (E <= 4096).
         unsafe {
-            ops::launch(q,
+            ops::launch(
+                q,
                 (&MOE_ROUTER, "moe_dispatch"),
                 1,
                 DISPATCH_BLOCK,

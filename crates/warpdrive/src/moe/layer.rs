@@ -85,12 +85,18 @@ impl<T: Float> MoeLayer<T> {
                 config.dtype.name()
             )));
         }
-        if stream.cuda().is_some() && !matches!(T::KIND, DTypeKind::BF16 | DTypeKind::F16) {
-            return Err(Error::Unsupported(format!(
-                "MoE layer on CUDA takes bf16 or f16, not {} (f32 runs on the CPU backend)",
-                T::KIND.name()
-            )));
-        }
+        let half = matches!(T::KIND, DTypeKind::BF16 | DTypeKind::F16);
+        stream.run(
+            (),
+            |()| Ok(()),
+            |(), _| match half {
+                true => Ok(()),
+                false => Err(Error::Unsupported(format!(
+                    "MoE layer on CUDA takes bf16 or f16, not {} (f32 runs on the CPU backend)",
+                    T::KIND.name()
+                ))),
+            },
+        )?;
         let (h, i, e) = (config.hidden, config.intermediate, config.experts);
         let (gate, gate_bias, w13, w2) = match weights {
             MoeWeights::Random { seed } => (
@@ -227,19 +233,24 @@ impl<T: Float> MoeLayer<T> {
         if tokens == 0 {
             return Ok(());
         }
-        if self.stream.cuda().is_none() {
-            return self.forward_host(x, y).map(drop);
-        }
-        if self.uses_cublas(tokens) {
-            return self.forward_cublas(tokens, x.device_ptr(), y.device_ptr(), &mut |_| Ok(()));
-        }
-        if self.use_graphs && tokens <= GRAPH_MAX_TOKENS {
-            return self.forward_graph(tokens, x.device_ptr(), y.device_ptr());
-        }
-        let pass = self.prepare(tokens, false)?;
-        let launches = self.enqueue_device(&pass_with(pass, x, y), &mut |_| Ok(()))?;
-        self.last.launches = launches;
-        Ok(())
+        let stream = self.stream.clone();
+        stream.run(
+            (self, y),
+            |(l, y)| l.forward_host(x, y).map(drop),
+            |(l, y), _| {
+                if l.uses_cublas(tokens) {
+                    return l
+                        .forward_cublas(tokens, x.device_ptr(), y.device_ptr(), &mut |_| Ok(()));
+                }
+                if l.use_graphs && tokens <= GRAPH_MAX_TOKENS {
+                    return l.forward_graph(tokens, x.device_ptr(), y.device_ptr());
+                }
+                let pass = l.prepare(tokens, false)?;
+                let launches = l.enqueue_device(&pass_with(pass, x, y), &mut |_| Ok(()))?;
+                l.last.launches = launches;
+                Ok(())
+            },
+        )
     }
 
     /// Whether a CUDA pass over `tokens` takes the cuBLAS path: always with
@@ -269,33 +280,37 @@ impl<T: Float> MoeLayer<T> {
         if tokens == 0 {
             return Ok(Vec::new());
         }
-        if self.stream.cuda().is_none() {
-            return self.forward_host(x, y);
-        }
-        let dev = self.stream.device().clone();
         let stream = self.stream.clone();
-        let mut marks: Vec<(&'static str, crate::device::Event)> = Vec::new();
-        let start = dev.new_event()?;
-        stream.record(&start)?;
-        let mut mark = |name: &'static str| -> Result<()> {
-            let e = dev.new_event()?;
-            stream.record(&e)?;
-            marks.push((name, e));
-            Ok(())
-        };
-        if self.uses_cublas(tokens) {
-            self.forward_cublas(tokens, x.device_ptr(), y.device_ptr(), &mut mark)?;
-        } else {
-            let pass = self.prepare(tokens, false)?;
-            self.enqueue_device(&pass_with(pass, x, y), &mut mark)?;
-        }
-        let mut out = Vec::with_capacity(marks.len());
-        let mut prev = &start;
-        for (name, e) in &marks {
-            out.push((name.to_string(), prev.elapsed_ms(e)? as f64 * 1e3));
-            prev = e;
-        }
-        Ok(out)
+        stream.run(
+            (self, y),
+            |(l, y)| l.forward_host(x, y),
+            |(l, y), _| {
+                let dev = l.stream.device().clone();
+                let stream = l.stream.clone();
+                let mut marks: Vec<(&'static str, crate::device::Event)> = Vec::new();
+                let start = dev.new_event()?;
+                stream.record(&start)?;
+                let mut mark = |name: &'static str| -> Result<()> {
+                    let e = dev.new_event()?;
+                    stream.record(&e)?;
+                    marks.push((name, e));
+                    Ok(())
+                };
+                if l.uses_cublas(tokens) {
+                    l.forward_cublas(tokens, x.device_ptr(), y.device_ptr(), &mut mark)?;
+                } else {
+                    let pass = l.prepare(tokens, false)?;
+                    l.enqueue_device(&pass_with(pass, x, y), &mut mark)?;
+                }
+                let mut out = Vec::with_capacity(marks.len());
+                let mut prev = &start;
+                for (name, e) in &marks {
+                    out.push((name.to_string(), prev.elapsed_ms(e)? as f64 * 1e3));
+                    prev = e;
+                }
+                Ok(out)
+            },
+        )
     }
 
     /// The router's choice for each token of `x` (computed as the forward pass does, by the
@@ -310,24 +325,30 @@ impl<T: Float> MoeLayer<T> {
             });
         }
         let k = self.config.top_k;
-        if self.stream.cuda().is_none() {
-            let (weights, experts) = self.route_host(x, tokens)?;
-            return Ok(Routing { experts, weights });
-        }
-        let pass = self.prepare(tokens, false)?;
-        let pass = Pass {
-            plan: pass,
-            x: x.device_ptr(),
-            y: 0,
-        };
-        self.enqueue_router(&pass)?;
-        let ws = self.workspace()?;
-        // Only this pass's slots: the rest of the workspace was never written.
-        let slots = crate::size::product("MoE routing", &[tokens, k])?;
-        Ok(Routing {
-            experts: ws.experts.prefix_to_host(&self.stream, slots)?,
-            weights: ws.weights.prefix_to_host(&self.stream, slots)?,
-        })
+        let stream = self.stream.clone();
+        stream.run(
+            self,
+            |l| {
+                let (weights, experts) = l.route_host(x, tokens)?;
+                Ok(Routing { experts, weights })
+            },
+            |l, _| {
+                let pass = l.prepare(tokens, false)?;
+                let pass = Pass {
+                    plan: pass,
+                    x: x.device_ptr(),
+                    y: 0,
+                };
+                l.enqueue_router(&pass)?;
+                let ws = l.workspace()?;
+                // Only this pass's slots: the rest of the workspace was never written.
+                let slots = crate::size::product("MoE routing", &[tokens, k])?;
+                Ok(Routing {
+                    experts: ws.experts.prefix_to_host(&l.stream, slots)?,
+                    weights: ws.weights.prefix_to_host(&l.stream, slots)?,
+                })
+            },
+        )
     }
 
     /// Runs the router and the permutation (dispatch) stages alone, without the experts
@@ -338,19 +359,22 @@ impl<T: Float> MoeLayer<T> {
         if tokens == 0 {
             return Ok(());
         }
-        if self.stream.cuda().is_none() {
-            self.route_host(x, tokens)?;
-            return Ok(());
-        }
-        let plan = self.prepare(tokens, false)?;
-        let pass = Pass {
-            plan,
-            x: x.device_ptr(),
-            y: 0,
-        };
-        self.launcher()?
-            .front(&self.stream, &pass, &mut |_| Ok(()))
-            .map(|_| ())
+        let stream = self.stream.clone();
+        stream.run(
+            self,
+            |l| l.route_host(x, tokens).map(drop),
+            |l, _| {
+                let plan = l.prepare(tokens, false)?;
+                let pass = Pass {
+                    plan,
+                    x: x.device_ptr(),
+                    y: 0,
+                };
+                l.launcher()?
+                    .front(&l.stream, &pass, &mut |_| Ok(()))
+                    .map(|_| ())
+            },
+        )
     }
 
     /// One token through the layer in f64 with the given routing (its `top_k` experts and
@@ -403,9 +427,7 @@ impl<T: Float> MoeLayer<T> {
         let s = &self.stream;
         s.run(
             (),
-            |()| {
-                return Ok(buf.host_view()?[offset..offset + len].to_vec());
-            },
+            |()| Ok(buf.host_view()?[offset..offset + len].to_vec()),
             |(), q| {
                 let d = q.gpu;
                 let cs = q.stream;

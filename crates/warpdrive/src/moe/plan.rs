@@ -30,25 +30,32 @@ pub(super) struct Gpu {
 
 impl Gpu {
     pub(super) fn of(stream: &Stream) -> Result<Gpu> {
-        Ok(match stream.cuda() {
-            Some((d, _)) => Gpu {
-                sms: d.sm_count() as usize,
-                l2_bytes: d.l2_cache_bytes()?,
-                clusters: d.compute_capability().0 >= 9,
-                shared_per_block: d.shared_per_block_optin()?,
-                // The wgmma source declares sm_90a only: elsewhere it has no arch to build for.
-                wgmma: MOE_WGMMA.arch_for(d.arch()).is_ok(),
-                decode: true,
+        stream.run(
+            (),
+            |()| {
+                Ok(Gpu {
+                    sms: 1,
+                    l2_bytes: 0,
+                    clusters: false,
+                    shared_per_block: 0,
+                    wgmma: false,
+                    decode: false,
+                })
             },
-            None => Gpu {
-                sms: 1,
-                l2_bytes: 0,
-                clusters: false,
-                shared_per_block: 0,
-                wgmma: false,
-                decode: false,
+            |(), q| {
+                let d = q.gpu;
+                Ok(Gpu {
+                    sms: d.sm_count() as usize,
+                    l2_bytes: d.l2_cache_bytes()?,
+                    clusters: d.compute_capability().0 >= 9,
+                    shared_per_block: d.shared_per_block_optin()?,
+                    // The wgmma source declares sm_90a only: elsewhere it has no arch to
+                    // build for.
+                    wgmma: MOE_WGMMA.arch_for(d.arch()).is_ok(),
+                    decode: true,
+                })
             },
-        })
+        )
     }
 }
 

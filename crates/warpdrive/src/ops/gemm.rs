@@ -215,12 +215,23 @@ fn run<T: DType>(
     c: &mut Buffer<T>,
     calls: &[GemmCall],
 ) -> Result<()> {
-    if let Some((d, s)) = stream.cuda() {
+    stream.run(
+        c,
+        |c| gemm_on_host(a, b, c, calls),
         // SAFETY: every call's operands lie inside `a`, `b` and `c` (shapes checked against
         // the buffers' lengths by the callers, offsets computed from those shapes), which are
         // live device buffers; `c` is borrowed mutably, so it overlaps neither input.
-        return unsafe { d.gemm(s, calls) };
-    }
+        |_, q| unsafe { q.gpu.gemm(q.stream, calls) },
+    )
+}
+
+/// The CPU backend's body of [`run`]: f32 products of the widened operands.
+fn gemm_on_host<T: DType>(
+    a: &Buffer<T>,
+    b: &Buffer<T>,
+    c: &mut Buffer<T>,
+    calls: &[GemmCall],
+) -> Result<()> {
     let size = std::mem::size_of::<T>() as u64;
     let (a32, b32) = (widen(a.host_view()?)?, widen(b.host_view()?)?);
     let mut c32 = host_filled("matmul (CPU): c as f32", c.len(), 0f32)?;

@@ -109,7 +109,7 @@ pub(crate) unsafe fn launch(
 }
 
 /// [`launch`], as a programmatic dependent launch when `programmatic`
-/// ([`CudaDevice::launch`]).
+/// (the backend's launch).
 ///
 /// # Safety
 /// As [`launch`]; with `programmatic`, the kernel runs `griddepcontrol.wait` before it
@@ -300,13 +300,21 @@ pub fn copy<T: DType>(stream: &Stream, src: &Buffer<T>, dst: &mut Buffer<T>) -> 
     src.check_stream(stream, "copy")?;
     dst.check_stream(stream, "copy")?;
     check_len("copy", src.len(), dst.len())?;
-    match stream.cuda() {
-        Some((d, s)) => d.copy_d2d(s, dst.device_ptr(), src.device_ptr(), src.size_bytes()),
-        None => {
+    stream.run(
+        dst,
+        |dst| {
             dst.host_view_mut()?.copy_from_slice(src.host_view()?);
             Ok(())
-        }
-    }
+        },
+        |dst, q| {
+            q.gpu.copy_d2d(
+                q.stream,
+                dst.device_ptr(),
+                src.device_ptr(),
+                src.size_bytes(),
+            )
+        },
+    )
 }
 
 /// `y = alpha * x + y`, elementwise (f32, f64, f16, bf16; 16-bit types in f32 arithmetic).
@@ -380,13 +388,14 @@ mod tests {
     fn gpu_a_raw_launch_with_an_empty_grid_is_an_error() {
         let dev = Device::cuda(0).expect("a CUDA device");
         let stream = dev.new_stream().expect("a stream");
-        let (d, s) = stream.cuda().expect("a CUDA stream");
-        let f = d
-            .function(&BASIC, "empty_kernel")
-            .expect("the empty kernel");
+        let q = stream.gpu("the test").expect("a CUDA stream");
+        let f = kernels::function(q.gpu, &BASIC, "empty_kernel").expect("the empty kernel");
         for (grid, block) in [((0, 1, 1), (32, 1, 1)), ((1, 1, 1), (0, 1, 1))] {
             // SAFETY: `empty_kernel` takes no parameters.
-            let r = unsafe { d.launch(s, &f, grid, block, 0, &mut [], LaunchMode::default()) };
+            let r = unsafe {
+                q.gpu
+                    .launch(q.stream, &f, grid, block, 0, &mut [], LaunchMode::default())
+            };
             assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
         }
         // The device is still usable afterwards.

@@ -159,7 +159,8 @@ pub fn gather_rows<T: DType>(
             // SAFETY: src holds src_rows rows, idx idx.len() indices and dst idx.len() rows of
             // `cols` elements (checked above).
             unsafe {
-                gather_rows_raw(q,
+                gather_rows_raw(
+                    q,
                     src.device_ptr(),
                     src_rows,
                     cols * std::mem::size_of::<T>(),

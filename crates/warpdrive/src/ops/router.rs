@@ -80,7 +80,8 @@ pub fn route<T: Float>(
             // SAFETY: logits hold tokens·experts elements of T, weights and indices tokens·k each
             // (checked above).
             unsafe {
-                route_raw::<T>(q,
+                route_raw::<T>(
+                    q,
                     route,
                     logits.device_ptr(),
                     tokens,

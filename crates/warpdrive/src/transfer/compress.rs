@@ -217,7 +217,7 @@ where
         narrow(d, s);
         demote_lines(d);
     };
-    if stream.device().is_cuda() {
+    if !stream.device().is_host_memory() {
         // Chunks of the configured size in f32 bytes, through the staging ring.
         let plan = super::upload_plan::<f32>(stream, src.len(), &cfg)?;
         ring_upload(stream, workers, &mut wire, src, &plan, narrow_demoted)?;

@@ -157,10 +157,7 @@ pub fn set_config(config: Option<TransferConfig>) {
 
 /// The copy threads for `device` (pinned to its NUMA node when known).
 pub fn workers(device: &Device) -> &'static Workers {
-    Workers::global(|| match device {
-        Device::Cuda(_) => device.info().ok().and_then(|i| i.numa_node),
-        Device::Cpu => None,
-    })
+    Workers::global(|| device.info().ok().and_then(|i| i.numa_node))
 }
 
 /// The configuration copies in `dir` use on the stream's device: the override, else the
@@ -170,7 +167,7 @@ pub fn config(stream: &Stream, dir: Direction) -> Result<TransferConfig> {
         return Ok(c);
     }
     let device = stream.device();
-    if !device.is_cuda() {
+    if device.is_host_memory() {
         return Ok(TransferConfig::default());
     }
     let key = (device.label(), dir);
@@ -463,7 +460,7 @@ pub(crate) fn upload_converted<S: Sync, T: DType>(
         .same_as(stream.device(), "transfer::upload_converted")?;
     let cfg = config(stream, Direction::H2d)?;
     let workers = workers(stream.device());
-    if !stream.device().is_cuda() {
+    if stream.device().is_host_memory() {
         return workers.map(cfg.threads, PAGE, dst.host_view_mut()?, src, convert);
     }
     // Chunks of the configured size in source bytes. Written with plain stores, so the
@@ -491,7 +488,7 @@ const PINNED_H2D_FROM: usize = 64 * KIB;
 /// slower from 1 MiB, hence the copy threads there (bench/NOTES.md, small copies).
 fn direct_h2d<T: DType>(stream: &Stream, dst: &mut Buffer<T>, src: &[T]) -> Result<()> {
     let bytes = size_of_val(src);
-    if !stream.device().is_cuda() || bytes < PINNED_H2D_FROM {
+    if stream.device().is_host_memory() || bytes < PINNED_H2D_FROM {
         return dst.driver_copy_from_host(stream, src);
     }
     let mut stage = PinnedBuf::<T>::new(stream.device(), src.len())?;
@@ -526,7 +523,7 @@ fn block_copy<T: DType>(stream: &Stream, dst: &mut [T], src: &[T]) -> Result<()>
 /// `src` copied into a pinned block from the pool (its host view waits for the copy); None
 /// where that does not apply (empty, or the CPU backend).
 fn pinned_d2h<T: DType>(stream: &Stream, src: &Buffer<T>) -> Result<Option<PinnedBuf<T>>> {
-    if src.is_empty() || !stream.device().is_cuda() {
+    if src.is_empty() || stream.device().is_host_memory() {
         return Ok(None);
     }
     let mut stage = PinnedBuf::<T>::new(stream.device(), src.len())?;
@@ -633,7 +630,7 @@ static RATES: Mutex<Option<HashMap<String, f64>>> = Mutex::new(None);
 /// waiting for it drops out (measured on first use per device; 0 on the CPU backend).
 fn h2d_rate(stream: &Stream) -> Result<f64> {
     let device = stream.device();
-    if !device.is_cuda() {
+    if device.is_host_memory() {
         return Ok(0.0);
     }
     let key = device.label();

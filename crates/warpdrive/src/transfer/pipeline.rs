@@ -223,7 +223,7 @@ impl Pipeline {
             ..PipelineStats::default()
         };
         stats.wall_s = start.elapsed().as_secs_f64();
-        if self.device.is_cuda() {
+        if !self.device.is_host_memory() {
             let [h2d, compute, d2h] = intervals.map(union_length);
             stats.h2d_s = h2d;
             stats.compute_s = compute;

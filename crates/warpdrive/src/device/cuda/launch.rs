@@ -85,7 +85,12 @@ impl CudaDevice {
     /// How many blocks of `block` threads (with `shared_bytes` of dynamic shared memory) of
     /// `f` fit on one SM at once (at least 1), from the driver's occupancy calculator;
     /// cached per kernel and shape. Grid-stride kernels launch SMs × this.
-    pub(crate) fn resident_blocks(&self, f: &Function, block: u32, shared_bytes: u32) -> Result<u32> {
+    pub(crate) fn resident_blocks(
+        &self,
+        f: &Function,
+        block: u32,
+        shared_bytes: u32,
+    ) -> Result<u32> {
         let key = (f.key.0, f.key.1, block, shared_bytes);
         if let Some(&n) = self.inner.occupancy.lock().get(&key) {
             return Ok(n);

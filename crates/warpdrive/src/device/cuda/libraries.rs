@@ -101,7 +101,9 @@ pub(crate) fn library_statuses() -> Vec<LibraryStatus> {
         status(
             "nvrtc",
             libs.nvrtc,
-            super::nvrtc::nvrtc_version().ok().map(|(a, b)| format!("{a}.{b}")),
+            super::nvrtc::nvrtc_version()
+                .ok()
+                .map(|(a, b)| format!("{a}.{b}")),
         ),
         status("cublas", libs.cublas, cublas_version.flatten()),
         status("cublaslt", libs.cublaslt, cublaslt_version.flatten()),

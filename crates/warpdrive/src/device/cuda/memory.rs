@@ -3,9 +3,10 @@
 
 use std::ffi::{c_int, c_void};
 
-use cudarc::driver::sys::{self, CUresult};
 use cudarc::driver::result;
+use cudarc::driver::sys::{self, CUresult};
 
+use crate::device::MemAdvice;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -118,15 +119,20 @@ impl CudaDevice {
         }
     }
 
-    /// `cuMemAdvise` on managed memory: `advice` 1..=6 as `CUmem_advise`, `device` the
-    /// location (`None`: the host).
+    /// `cuMemAdvise` on managed memory, about `device` (`None`: the host).
     pub(crate) fn mem_advise(
         &self,
         ptr: u64,
         bytes: usize,
-        advice: sys::CUmem_advise,
+        advice: MemAdvice,
         device: Option<usize>,
     ) -> Result<()> {
+        use sys::CUmem_advise as A;
+        let advice = match advice {
+            MemAdvice::ReadMostly => A::CU_MEM_ADVISE_SET_READ_MOSTLY,
+            MemAdvice::PreferredLocation => A::CU_MEM_ADVISE_SET_PREFERRED_LOCATION,
+            MemAdvice::AccessedBy => A::CU_MEM_ADVISE_SET_ACCESSED_BY,
+        };
         self.bind()?;
         // SAFETY: `ptr..ptr+bytes` lies in a live managed allocation (callers check the
         // range); advice never moves or frees memory.
@@ -198,12 +204,7 @@ impl CudaDevice {
     }
 
     /// Copies `src` into device memory at `dst` on `stream`; returns when `src` may be reused.
-    pub(crate) fn copy_h2d<T: DType>(
-        &self,
-        stream: &GpuStream,
-        dst: u64,
-        src: &[T],
-    ) -> Result<()> {
+    pub(crate) fn copy_h2d<T: DType>(&self, stream: &GpuStream, dst: u64, src: &[T]) -> Result<()> {
         if src.is_empty() {
             return Ok(());
         }

@@ -49,7 +49,7 @@ impl AsyncMemPool {
     /// One `cuMemAllocFromPoolAsync` + `cuMemFreeAsync` pair of `bytes` (at least 1) on
     /// `stream`, which must be on the pool's device; the memory is never used.
     pub(crate) fn alloc_free_pair(&self, stream: &Stream, bytes: usize) -> Result<()> {
-        match stream.cuda() {
+        match stream.queue().map(|q| (q.gpu, q.stream)) {
             Some((d, s)) if *d == self.device => {
                 let ptr = self.alloc(s, bytes.max(1))?;
                 // SAFETY: `ptr` was just allocated on `s` and is never used.
@@ -97,14 +97,12 @@ fn one_block() -> cudarc::driver::LaunchConfig {
 }
 
 impl ReferenceLaunches {
-    /// Loads `fill_u32` on a new cudarc context handle and stream (the builder's) and on
-    /// warpdrive's context (the raw launches', which go to `stream`). CUDA only.
-    pub fn new(stream: &Stream, ptx: &str) -> Result<ReferenceLaunches> {
-        let Some((d, s)) = stream.cuda() else {
-            return Err(Error::Unsupported(
-                "reference launches need a CUDA stream".into(),
-            ));
-        };
+    /// Loads `fill_u32` of `ptx` (`basic.cu` built for the device) on a new cudarc context
+    /// handle and stream (the builder's) and on warpdrive's context (the raw launches', which
+    /// go to `stream`). CUDA only.
+    pub(crate) fn with_ptx(stream: &Stream, ptx: &str) -> Result<ReferenceLaunches> {
+        let q = stream.gpu("reference launches")?;
+        let (d, s) = (q.gpu, q.stream);
         let ctx = CudaContext::new(d.inner.ordinal).map_err(|e| Error::NoDriver(describe(e)))?;
         let builder_stream = d.check("cuStreamCreate", ctx.new_stream())?;
         let module = d.check(

@@ -66,11 +66,7 @@ impl CudaDevice {
 
     /// Binds, then refuses `call` (a synchronising one) when this thread or `stream` is
     /// capturing a graph.
-    pub(crate) fn refuse_if_capturing(
-        &self,
-        stream: &GpuStream,
-        call: &'static str,
-    ) -> Result<()> {
+    pub(crate) fn refuse_if_capturing(&self, stream: &GpuStream, call: &'static str) -> Result<()> {
         no_sync_in_capture(call)?;
         if self.is_capturing(stream)? {
             return Err(Error::Capture {
