@@ -664,4 +664,3 @@ fn the_backends_stay_behind_the_seam() {
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
-
