@@ -26,7 +26,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::Value;
 
 use warpdrive::device::probe::{self, DriverPool};
-use warpdrive::device::{Device, Stream};
+use warpdrive::device::Stream;
 use warpdrive::error::{Error, Result};
 use warpdrive::memory::{Buffer, DevicePool, PinnedBuf, PinnedPool, PoolStrategy};
 
@@ -347,9 +347,9 @@ fn alloc_free(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
     let device = ctx.device().clone();
     let stream = ctx.stream().clone();
     let pool = DevicePool::new(&device, PoolStrategy::default())?;
-    let async_pool = match &device {
-        Device::Cuda(_) => Some(DevicePool::new(&device, PoolStrategy::CudaAsync)?),
-        Device::Cpu => None,
+    let async_pool = match device.is_cuda() {
+        true => Some(DevicePool::new(&device, PoolStrategy::CudaAsync)?),
+        false => None,
     };
     for &size in sizes(ctx.scale()) {
         ctx.step(format!("{SUITE}: {CASE} at {size} B"));
@@ -499,9 +499,9 @@ fn pinned(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         } else {
             plan.host_pinned_pairs
         };
-        let (name, repeats) = match &device {
-            Device::Cuda(_) => ("driver-cuMemHostAlloc", plan.repeats.min(5)),
-            Device::Cpu => ("baseline", plan.repeats),
+        let (name, repeats) = match device.is_cuda() {
+            true => ("driver-cuMemHostAlloc", plan.repeats.min(5)),
+            false => ("baseline", plan.repeats),
         };
         let mut t = samples(repeats, || {
             per_pair(pairs, || probe::pinned_alloc_free_pair(&device, size))
@@ -578,7 +578,7 @@ mod tests {
 
     #[test]
     fn tiny_memory_suite_on_the_cpu_records_every_case() {
-        let mut ctx = Ctx::new(&Device::cpu(), Scale::Tiny).unwrap();
+        let mut ctx = Ctx::new(&warpdrive::Device::cpu(), Scale::Tiny).unwrap();
         ctx.suite = SUITE;
         run_suite(&mut ctx).unwrap();
         let rows = ctx.rows();

@@ -98,10 +98,7 @@ fn first_touch(ctx: &mut Ctx, plan: &Plan, bytes: usize) -> Result<()> {
     let scratch = Scratch::new(&stream, REDUCE_SCRATCH_BYTES)?;
     let mut total = Buffer::<f32>::uninit(&stream, 1)?;
     let sum = Reduce::from(ReduceOp::Sum);
-    let ordinal = match ctx.device() {
-        warpdrive::Device::Cuda(d) => d.ordinal(),
-        warpdrive::Device::Cpu => 0,
-    };
+    let ordinal = ctx.device().ordinal().unwrap_or(0);
     let mut rows: Vec<(&str, Vec<f64>)> = Vec::new();
     {
         let mut m = ManagedBuffer::<f32>::new(&stream, n)?;

@@ -171,10 +171,7 @@ fn managed_body(dev: &Device, seed: u64, len: usize) {
     let data = random_f32(&mut rng(seed), len);
     let mut m = ManagedBuffer::<f32>::new(&stream, len).unwrap();
     m.host_mut().unwrap().copy_from_slice(&data);
-    let ordinal = match dev {
-        Device::Cuda(d) => d.ordinal(),
-        Device::Cpu => 0,
-    };
+    let ordinal = dev.ordinal().unwrap_or(0);
     m.advise(Advice::ReadMostly).unwrap();
     m.advise(Advice::PreferredLocation(Location::Device(ordinal)))
         .unwrap();

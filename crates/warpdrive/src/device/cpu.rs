@@ -260,3 +260,9 @@ pub(crate) fn gemm_f32(
     }
     Ok(())
 }
+
+/// The CPU backend's per-device state (there is one CPU device per process).
+pub(super) fn state() -> &'static super::DeviceState {
+    static STATE: super::DeviceState = super::DeviceState::new();
+    &STATE
+}

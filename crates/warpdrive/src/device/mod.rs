@@ -10,6 +10,7 @@ pub(crate) mod cuda;
 pub(crate) mod dma;
 pub(crate) mod mapped;
 pub mod probe;
+mod state;
 pub mod sysfs;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,12 +33,17 @@ pub use cuda::RELEASE_AT_EXIT;
 pub(crate) use cuda::{at_exit, release_at_exit};
 pub(crate) use cuda::{compile_options, compile_ptx, nvrtc_version};
 pub(crate) use cuda::{Function, GemmCall, GpuStream, GraphExec, LaunchMode};
+use state::DeviceState;
+pub(crate) use state::Slot;
 
 /// The environment variable that overrides [`Device::best`]: `cpu`, `cuda` or `cuda:N`.
 pub const DEVICE_ENV: &str = "WARPDRIVE_DEVICE";
 
-/// Where buffers live and work runs. Cheap to clone.
+/// Where buffers live and work runs. Cheap to clone; every handle of one device shares its
+/// state (kernels loaded, pools, tuned configurations). More backends may come: match with a
+/// wildcard arm.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum Device {
     /// Host memory and host threads: the reference backend.
     Cpu,
@@ -174,6 +180,38 @@ impl Device {
                 Ok(format!("{} cc{major}.{minor}", d.name()?))
             }
         }
+    }
+
+    /// The per-device state of the floors above in `slot`, made by `make` on first use (see
+    /// [`Slot`]); every handle of this device gets the same value.
+    pub(crate) fn state<T: std::any::Any + Send + Sync>(
+        &self,
+        slot: Slot,
+        make: impl FnOnce() -> Result<T>,
+    ) -> Result<&'static T> {
+        self.state_holder().get_or_make(slot, make)
+    }
+
+    /// The state in `slot` when it was made.
+    pub(crate) fn state_if_made<T: std::any::Any + Send + Sync>(
+        &self,
+        slot: Slot,
+    ) -> Result<Option<&'static T>> {
+        self.state_holder().get(slot)
+    }
+
+    fn state_holder(&self) -> &DeviceState {
+        match self {
+            Device::Cpu => cpu::state(),
+            Device::Cuda(d) => d.state(),
+        }
+    }
+
+    /// Every device this process has opened, the CPU backend first.
+    pub(crate) fn opened() -> Vec<Device> {
+        let mut all = vec![Device::Cpu];
+        all.extend(cuda::opened().into_iter().map(Device::Cuda));
+        all
     }
 
     /// Number of CUDA devices (0 when there is no driver).

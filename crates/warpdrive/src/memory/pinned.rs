@@ -11,13 +11,13 @@
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use serde::Serialize;
 
 use crate::device::dma::Dma;
-use crate::device::{cpu, Device, Event, Stream};
+use crate::device::{cpu, Device, Event, Slot, Stream};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -222,22 +222,20 @@ fn poll(st: &mut State) -> Result<()> {
     Ok(())
 }
 
-const MAX_DEVICES: usize = 65;
-static POOLS: [OnceLock<Arc<PinnedPool>>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
-
 /// The device's default pinned pool, created on first use; [`PinnedBuf::new`] uses it.
 /// Trims every default pinned pool made so far (see [`super::release_cached`]).
 pub(super) fn trim_default_pools() -> Result<u64> {
     let mut released = 0u64;
-    for pool in POOLS.iter().filter_map(OnceLock::get) {
-        released = released.saturating_add(pool.trim()?);
+    for device in Device::opened() {
+        if let Some(pool) = device.state_if_made::<Arc<PinnedPool>>(Slot::PinnedPool)? {
+            released = released.saturating_add(pool.trim()?);
+        }
     }
     Ok(released)
 }
 
 pub fn pinned_pool(device: &Device) -> Result<&'static Arc<PinnedPool>> {
-    let slot = super::pool::device_slot(device)?;
-    Ok(POOLS[slot].get_or_init(|| PinnedPool::new(device)))
+    device.state(Slot::PinnedPool, || Ok(PinnedPool::new(device)))
 }
 
 /// `len` elements of `T` in page-locked host memory, from a [`PinnedPool`].

@@ -14,11 +14,11 @@
 //! complete (the async strategy makes the allocating stream wait on them instead).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::device::{AsyncMemPool, Device, Event, Stream};
+use crate::device::{AsyncMemPool, Device, Event, Slot, Stream};
 use crate::error::{Error, Result};
 
 use super::caching::{Core, PoolConfig, PoolStats, RawAlloc};
@@ -383,28 +383,15 @@ impl Drop for GraphMemory {
     }
 }
 
-/// Pools by device: slot 0 is the CPU, slot 1 + n CUDA device n.
-const MAX_DEVICES: usize = 64;
-static POOLS: [OnceLock<Arc<DevicePool>>; MAX_DEVICES + 1] =
-    [const { OnceLock::new() }; MAX_DEVICES + 1];
-
-pub(crate) fn device_slot(device: &Device) -> Result<usize> {
-    match device.ordinal() {
-        None => Ok(0),
-        Some(n) if n < MAX_DEVICES => Ok(1 + n),
-        Some(n) => Err(Error::Unsupported(format!(
-            "device pools for more than {MAX_DEVICES} devices (cuda:{n})"
-        ))),
-    }
-}
-
 /// Hands the cached memory of every default device and pinned pool back to the driver
 /// (what [`DevicePool::trim`] and [`PinnedPool::trim`](super::PinnedPool::trim) free);
 /// memory in use stays. Returns the bytes released.
 pub fn release_cached() -> Result<u64> {
     let mut released = 0u64;
-    for pool in POOLS.iter().filter_map(OnceLock::get) {
-        released = released.saturating_add(pool.trim()?);
+    for device in Device::opened() {
+        if let Some(pool) = device.state_if_made::<Arc<DevicePool>>(Slot::DevicePool)? {
+            released = released.saturating_add(pool.trim()?);
+        }
     }
     Ok(released.saturating_add(super::pinned::trim_default_pools()?))
 }
@@ -419,17 +406,16 @@ fn release_cached_at_exit() {
 /// first use. Every [`Buffer`](super::Buffer) comes from it unless it was made with
 /// [`Buffer::uninit_in`](super::Buffer::uninit_in).
 pub fn device_pool(device: &Device) -> Result<&'static Arc<DevicePool>> {
-    let slot = device_slot(device)?;
-    Ok(POOLS[slot].get_or_init(|| {
+    device.state(Slot::DevicePool, || {
         device.release_at_exit(release_cached_at_exit);
-        Arc::new(DevicePool {
+        Ok(Arc::new(DevicePool {
             device: device.clone(),
             kind: Kind::Caching(Mutex::new(Core::new(
                 DeviceRaw::new(device),
                 PoolConfig::default(),
             ))),
-        })
-    }))
+        }))
+    })
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use crossbeam_queue::SegQueue;
 use parking_lot::Mutex;
 
-use crate::device::{Device, Event, Stream};
+use crate::device::{Device, Event, Slot, Stream};
 use crate::exec;
 use crate::memory::{device_pool, DevicePool};
 
@@ -175,22 +175,16 @@ pub struct DeviceClock {
     free: Mutex<Vec<Event>>,
 }
 
-const MAX_DEVICES: usize = 64;
-
 fn clock(device: &Device) -> Option<&'static DeviceClock> {
-    static CLOCKS: [OnceLock<Option<DeviceClock>>; MAX_DEVICES] =
-        [const { OnceLock::new() }; MAX_DEVICES];
-    let ordinal = device.ordinal()?;
-    CLOCKS
-        .get(ordinal)?
-        .get_or_init(|| match new_clock(device) {
-            Ok(c) => Some(c),
-            Err(e) => {
-                tracing::warn!("telemetry: no GPU times on {}: {e}", device.label());
-                None
-            }
-        })
-        .as_ref()
+    device.ordinal()?;
+    let clock = device.state(Slot::SpanClock, || match new_clock(device) {
+        Ok(c) => Ok(Some(c)),
+        Err(e) => {
+            tracing::warn!("telemetry: no GPU times on {}: {e}", device.label());
+            Ok(None)
+        }
+    });
+    clock.ok()?.as_ref()
 }
 
 fn new_clock(device: &Device) -> crate::Result<DeviceClock> {

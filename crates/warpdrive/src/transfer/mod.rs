@@ -48,13 +48,12 @@ pub use pipeline::{Pipeline, PipelineStats};
 pub use ring::RingPlan;
 pub use workers::Workers;
 
-use std::collections::HashMap;
 use std::fmt;
 use std::mem::size_of_val;
 
 use parking_lot::Mutex;
 
-use crate::device::{Device, Stream};
+use crate::device::{Device, Slot, Stream};
 use crate::dtype::{DType, DTypeKind};
 use crate::error::Result;
 use crate::memory::{check_len, Buffer, PinnedBuf};
@@ -126,7 +125,18 @@ pub enum Direction {
 }
 
 static OVERRIDE: Mutex<Option<TransferConfig>> = Mutex::new(None);
-static TUNED: Mutex<Option<HashMap<(String, Direction), TransferConfig>>> = Mutex::new(None);
+
+/// What the transfer floor measures once per device: the tuned configuration of each
+/// direction and the link's rate (the device's [`Slot::Transfer`]).
+#[derive(Default)]
+struct Measured {
+    tuned: Mutex<[Option<TransferConfig>; 2]>,
+    h2d_rate: Mutex<Option<f64>>,
+}
+
+fn measured(device: &Device) -> Result<&'static Measured> {
+    device.state(Slot::Transfer, || Ok(Measured::default()))
+}
 /// Bytes of pinned ring an upload keeps in flight (`depth` chunks of `chunk_bytes`; a chunk is
 /// an upload's longest DMA): a 16 MiB ring stays in the shared last-level cache, where the
 /// DMA engine reads it, and beat 32 and 64 MiB ones (bench/NOTES.md, staging ring).
@@ -170,15 +180,12 @@ pub fn config(stream: &Stream, dir: Direction) -> Result<TransferConfig> {
     if device.is_host_memory() {
         return Ok(TransferConfig::default());
     }
-    let key = (device.label(), dir);
-    if let Some(c) = TUNED.lock().as_ref().and_then(|m| m.get(&key)) {
-        return Ok(*c);
+    let measured = measured(device)?;
+    if let Some(c) = measured.tuned.lock()[dir as usize] {
+        return Ok(c);
     }
     let tuned = tune(stream, dir)?;
-    TUNED
-        .lock()
-        .get_or_insert_with(HashMap::new)
-        .insert(key, tuned);
+    measured.tuned.lock()[dir as usize] = Some(tuned);
     Ok(tuned)
 }
 
@@ -623,8 +630,6 @@ fn upload_plan<T>(stream: &Stream, len: usize, cfg: &TransferConfig) -> Result<R
 const PROBE_BYTES: usize = 16 * MIB;
 const PROBE_SHORT: usize = 4 * MIB;
 
-static RATES: Mutex<Option<HashMap<String, f64>>> = Mutex::new(None);
-
 /// The stream's device's host-to-device link rate in bytes per second, from pinned
 /// memory: the difference of two DMAs' fastest times, so the fixed cost of a copy and of
 /// waiting for it drops out (measured on first use per device; 0 on the CPU backend).
@@ -633,9 +638,9 @@ fn h2d_rate(stream: &Stream) -> Result<f64> {
     if device.is_host_memory() {
         return Ok(0.0);
     }
-    let key = device.label();
-    if let Some(r) = RATES.lock().as_ref().and_then(|m| m.get(&key)) {
-        return Ok(*r);
+    let measured = measured(device)?;
+    if let Some(r) = *measured.h2d_rate.lock() {
+        return Ok(r);
     }
     let mut pinned = PinnedBuf::<u8>::new(device, PROBE_BYTES)?;
     pinned.wait_slice_mut()?.fill(0x5a);
@@ -652,10 +657,7 @@ fn h2d_rate(stream: &Stream) -> Result<f64> {
     } else {
         PROBE_BYTES as f64 / long
     };
-    RATES
-        .lock()
-        .get_or_insert_with(HashMap::new)
-        .insert(key, rate);
+    *measured.h2d_rate.lock() = Some(rate);
     Ok(rate)
 }
 

@@ -11,6 +11,7 @@ use cudarc::driver::sys::{self, CUdevice_attribute as Attr, CUresult};
 use cudarc::driver::{result, CudaContext, CudaFunction, CudaModule};
 
 use super::launch::Function;
+use crate::device::state::DeviceState;
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
@@ -134,6 +135,22 @@ pub(super) struct Inner {
     pub(super) occupancy: Mutex<HashMap<OccupancyKey, u32>>,
     pub(super) modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     pub(super) blas: Mutex<Option<BlasHandle>>,
+    /// The floors above's per-device state (pools, tuned configurations, clocks).
+    state: DeviceState,
+}
+
+/// Every CUDA device this process opened, by ordinal: the handles of one device share its
+/// loaded kernels, its per-device state and its lost flag.
+fn opened_devices() -> &'static Mutex<HashMap<usize, CudaDevice>> {
+    static OPEN: OnceLock<Mutex<HashMap<usize, CudaDevice>>> = OnceLock::new();
+    OPEN.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// The CUDA devices opened so far, by ordinal.
+pub(crate) fn opened() -> Vec<CudaDevice> {
+    let mut all: Vec<CudaDevice> = opened_devices().lock().values().cloned().collect();
+    all.sort_by_key(CudaDevice::ordinal);
+    all
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -159,6 +176,10 @@ impl CudaDevice {
         if lost.load(Ordering::Acquire) {
             return Err(lost_error());
         }
+        let mut open = opened_devices().lock();
+        if let Some(d) = open.get(&ordinal) {
+            return Ok(d.clone());
+        }
         let ctx = CudaContext::new(ordinal).map_err(|e| Error::NoDriver(describe(e)))?;
         // warpdrive never hands out `CudaSlice`s, so cudarc's per-slice event tracking is pure
         // overhead; ordering across streams is recorded explicitly where it is needed.
@@ -171,7 +192,7 @@ impl CudaDevice {
             .attribute(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| Error::NoDriver(describe(e)))?
             .max(1) as u32;
-        Ok(CudaDevice {
+        let device = CudaDevice {
             inner: Arc::new(Inner {
                 ctx,
                 ordinal,
@@ -182,8 +203,16 @@ impl CudaDevice {
                 occupancy: Mutex::new(HashMap::new()),
                 modules: Mutex::new(HashMap::new()),
                 blas: Mutex::new(None),
+                state: DeviceState::new(),
             }),
-        })
+        };
+        open.insert(ordinal, device.clone());
+        Ok(device)
+    }
+
+    /// The floors above's per-device state.
+    pub(crate) fn state(&self) -> &DeviceState {
+        &self.inner.state
     }
 
     pub fn ordinal(&self) -> usize {

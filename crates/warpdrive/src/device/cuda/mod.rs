@@ -20,6 +20,7 @@ mod probe;
 mod stream;
 
 pub(crate) use blas::GemmCall;
+pub(crate) use context::opened;
 pub(crate) use context::thread_is_capturing;
 pub use context::CudaDevice;
 pub use exit::RELEASE_AT_EXIT;
