@@ -42,6 +42,41 @@ fn disabled_spans_record_nothing() {
 }
 
 #[test]
+fn captured_spans_stay_with_their_caller() {
+    let _g = lock();
+    telemetry::set_enabled(false);
+    let s = Device::cpu().new_stream().unwrap();
+    let (inner, outer) = telemetry::capture_spans(|| {
+        let a = telemetry::span("t.captured.a", &s);
+        assert!(a.is_recording(), "a capture records with telemetry off");
+        drop(a);
+        // A nested capture takes its own spans.
+        let ((), inner) = telemetry::capture_spans(|| {
+            drop(telemetry::span("t.captured.inner", &s));
+            Ok(())
+        })?;
+        drop(telemetry::span("t.captured.b", &s));
+        Ok(inner)
+    })
+    .unwrap();
+    let names = |v: &[SpanRecord]| v.iter().map(|r| r.name).collect::<Vec<_>>();
+    assert_eq!(names(&outer), ["t.captured.a", "t.captured.b"]);
+    assert_eq!(names(&inner), ["t.captured.inner"]);
+    assert!(outer.iter().all(|r| matches!(r.gpu, GpuTime::None)));
+    // Nothing reached the global queue, and spans are off again after the capture.
+    assert!(telemetry::collect_spans(true)
+        .iter()
+        .all(|r| !r.name.starts_with("t.captured.")));
+    assert!(!telemetry::span("t.captured.after", &s).is_recording());
+    // An error from the body is returned, the capture ended all the same.
+    let r = telemetry::capture_spans(|| -> warpdrive::Result<()> {
+        Err(Error::InvalidArgument("t".into()))
+    });
+    assert!(matches!(r, Err(Error::InvalidArgument(_))));
+    assert!(!telemetry::span("t.captured.after", &s).is_recording());
+}
+
+#[test]
 fn spans_close_in_order_also_when_unwinding() {
     let _g = lock();
     telemetry::set_enabled(true);

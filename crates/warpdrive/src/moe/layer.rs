@@ -5,12 +5,16 @@ use crate::exec::graph::Graph;
 use crate::kernels::MOE;
 use crate::memory::{host_filled, host_vec, Buffer};
 use crate::ops;
+use crate::telemetry;
 
 use super::config::{
     auto_takes_cublas, ForwardStats, MoeConfig, MoePath, Routing, GRAPH_MAX_TOKENS,
 };
 use super::plan::{check_pass, Gpu, Plan, Workspace};
 use super::{weights, HostWeights, MoeWeights};
+
+/// The span [`MoeLayer::profile`] opens around each stage.
+const STAGE_SPAN: &str = "moe.stage";
 
 type GraphKey = (usize, u64, u64);
 
@@ -272,8 +276,9 @@ impl<T: Float> MoeLayer<T> {
         Ok(y)
     }
 
-    /// Runs one eager forward pass and returns the time of each stage in µs (CUDA events
-    /// between stages; the host clock on the CPU backend, each stage summed over the experts).
+    /// Runs one eager forward pass and returns the time of each stage in µs (the GPU times of
+    /// telemetry spans around the stages, captured for this call alone; the host clock on the
+    /// CPU backend, each stage summed over the experts).
     pub fn profile(&mut self, x: &Buffer<T>, y: &mut Buffer<T>) -> Result<Vec<(String, f64)>> {
         let tokens = self.tokens_of(x)?;
         crate::memory::check_len("MoE forward (output)", y.len(), x.len())?;
@@ -285,30 +290,36 @@ impl<T: Float> MoeLayer<T> {
             (self, y),
             |(l, y)| l.forward_host(x, y),
             |(l, y), _| {
-                let dev = l.stream.device().clone();
-                let stream = l.stream.clone();
-                let mut marks: Vec<(&'static str, crate::device::Event)> = Vec::new();
-                let start = dev.new_event()?;
-                stream.record(&start)?;
-                let mut mark = |name: &'static str| -> Result<()> {
-                    let e = dev.new_event()?;
-                    stream.record(&e)?;
-                    marks.push((name, e));
-                    Ok(())
-                };
-                if l.uses_cublas(tokens) {
-                    l.forward_cublas(tokens, x.device_ptr(), y.device_ptr(), &mut mark)?;
-                } else {
-                    let pass = l.prepare(tokens, false)?;
-                    l.enqueue_device(&pass_with(pass, x, y), &mut mark)?;
-                }
-                let mut out = Vec::with_capacity(marks.len());
-                let mut prev = &start;
-                for (name, e) in &marks {
-                    out.push((name.to_string(), prev.elapsed_ms(e)? as f64 * 1e3));
-                    prev = e;
-                }
-                Ok(out)
+                // One span per stage, each closed where the stage ends (the next one opens
+                // on the same stream point, so a boundary costs one event).
+                let (names, spans) = telemetry::capture_spans(|| {
+                    let stream = l.stream.clone();
+                    let mut names = Vec::new();
+                    let mut stage = Some(telemetry::span(STAGE_SPAN, &stream));
+                    let mut mark = |name: &'static str| -> Result<()> {
+                        drop(stage.take());
+                        names.push(name);
+                        stage = Some(telemetry::span(STAGE_SPAN, &stream));
+                        Ok(())
+                    };
+                    if l.uses_cublas(tokens) {
+                        l.forward_cublas(tokens, x.device_ptr(), y.device_ptr(), &mut mark)?;
+                    } else {
+                        let pass = l.prepare(tokens, false)?;
+                        l.enqueue_device(&pass_with(pass, x, y), &mut mark)?;
+                    }
+                    Ok(names)
+                })?;
+                names
+                    .iter()
+                    .zip(&spans)
+                    .map(|(name, span)| {
+                        let us = span.gpu_us().ok_or_else(|| {
+                            Error::Unsupported(format!("MoE profile: no GPU time for {name}"))
+                        })?;
+                        Ok((name.to_string(), us))
+                    })
+                    .collect()
             },
         )
     }

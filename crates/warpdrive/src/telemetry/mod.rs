@@ -32,8 +32,8 @@ pub use nvml::{NvmlReading, Sampler};
 #[cfg(feature = "prometheus")]
 pub use prometheus::{serve_prometheus, serve_prometheus_with, EndpointLimits, PrometheusServer};
 pub use span::{
-    collect_spans, discard_spans, gpu_events_recorded, span, GpuTime, PendingGpu, Span, SpanRecord,
-    SHARE_WINDOW,
+    capture_spans, collect_spans, discard_spans, gpu_events_recorded, span, GpuTime, PendingGpu,
+    Span, SpanRecord, SHARE_WINDOW,
 };
 pub use trace::{finish_trace, start_trace, Trace};
 

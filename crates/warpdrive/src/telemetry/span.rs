@@ -104,7 +104,7 @@ struct Open {
 /// Opens a span named `name` on `stream` (a no-op costing one branch while telemetry is off).
 #[inline]
 pub fn span(name: &'static str, stream: &Stream) -> Span {
-    if !super::enabled() {
+    if !super::enabled() && !capturing_here() {
         return Span { open: None };
     }
     Span {
@@ -142,6 +142,8 @@ thread_local! {
     static DEPTH: Cell<u32> = const { Cell::new(0) };
     /// This thread's last recorded boundary, which the next one may share.
     static LAST: RefCell<Option<LastMark>> = const { RefCell::new(None) };
+    /// Spans this thread closes while [`capture_spans`] runs: kept here, not queued.
+    static CAPTURED: RefCell<Option<Vec<SpanRecord>>> = const { RefCell::new(None) };
 }
 
 /// The process epoch all timeline times count from.
@@ -351,7 +353,7 @@ fn close(open: Open) {
     let (thread, thread_name) = thread_id();
     let secs = host_end.duration_since(open.host_start).as_secs_f64();
     metrics::histogram!("warpdrive_span_seconds", "span" => open.name).record(secs);
-    SPANS.push(SpanRecord {
+    let record = SpanRecord {
         name: open.name,
         thread,
         thread_name,
@@ -363,9 +365,54 @@ fn close(open: Open) {
         pool_in_use_open: open.pool_in_use_open,
         pool_in_use_close: pool_in_use(open.pool),
         gpu,
+    };
+    let kept = CAPTURED.try_with(|c| match c.borrow_mut().as_mut() {
+        Some(spans) => {
+            spans.push(record);
+            None
+        }
+        None => Some(record),
     });
+    match kept {
+        Ok(Some(record)) => SPANS.push(record),
+        Ok(None) => {}
+        // The thread is exiting: nothing is capturing on it.
+        Err(_) => {}
+    }
     #[cfg(feature = "nvtx")]
     nvtx::range_pop!();
+}
+
+fn capturing_here() -> bool {
+    CAPTURED.try_with(|c| c.borrow().is_some()).unwrap_or(false)
+}
+
+/// Runs `body` with spans on for this thread alone and returns the spans it closed on this
+/// thread, GPU times resolved (waited for), in closing order; they do not reach
+/// [`collect_spans`]. Telemetry's global switch is not touched, so a caller's own spans
+/// elsewhere are unaffected. Captures nest: an inner capture takes its own spans.
+pub fn capture_spans<R>(
+    body: impl FnOnce() -> crate::Result<R>,
+) -> crate::Result<(R, Vec<SpanRecord>)> {
+    /// Puts the outer capture back, also when `body` unwinds.
+    struct Restore(Option<Option<Vec<SpanRecord>>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            if let Some(outer) = self.0.take() {
+                let _ = CAPTURED.try_with(|c| *c.borrow_mut() = outer);
+            }
+        }
+    }
+    let mut restore = Restore(Some(CAPTURED.with(|c| c.borrow_mut().replace(Vec::new()))));
+    let r = body();
+    let outer = restore.0.take().unwrap_or_default();
+    let mut spans = CAPTURED
+        .with(|c| std::mem::replace(&mut *c.borrow_mut(), outer))
+        .unwrap_or_default();
+    for s in &mut spans {
+        resolve(s, true);
+    }
+    Ok((r?, spans))
 }
 
 /// Takes every closed span. GPU times are resolved for spans whose end event has completed;
