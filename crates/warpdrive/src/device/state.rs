@@ -17,13 +17,16 @@ pub(crate) enum Slot {
     DevicePool,
     /// `memory`: the default pinned host pool.
     PinnedPool,
-    /// `transfer`: the tuned copy configurations and the link's rate.
+    /// `transfer`: the tuned copy configurations, `Auto` compression's choices and the
+    /// link's rate.
     Transfer,
+    /// `transfer`: the copy threads (shared by the devices of one NUMA node).
+    CopyWorkers,
     /// `telemetry`: the clock that maps GPU events to the host timeline.
     SpanClock,
 }
 
-const SLOTS: usize = 4;
+const SLOTS: usize = 5;
 
 type Value = &'static (dyn Any + Send + Sync);
 

@@ -3,13 +3,11 @@
 //! the device widens with the cast kernel. Downloads narrow on the device and widen on the
 //! host. Lossy, opt-in: see [`BF16_REL_ERROR`] and [`F16_REL_ERROR`].
 
-use std::collections::HashMap;
 use std::fmt;
 use std::mem::size_of_val;
 
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
-use parking_lot::Mutex;
 
 use super::hostmem::demote_lines;
 use super::ring::ring_upload;
@@ -63,10 +61,6 @@ impl fmt::Display for Compression {
     }
 }
 
-type AutoKey = (String, Direction, u32);
-/// `Auto`'s choices in this process, in front of the autotune cache (which keys by name).
-static AUTO: Mutex<Option<HashMap<AutoKey, Compression>>> = Mutex::new(None);
-
 /// What `Auto` picks for `bytes` of f32 in `dir` on the stream's device: the kept choice for
 /// the size's bucket, else the fastest of the candidates timed now by `run`.
 fn resolve_auto(
@@ -78,7 +72,7 @@ fn resolve_auto(
     if let Some(c) = auto_choice(stream, dir, bytes) {
         return Ok(c);
     }
-    let key = (stream.device().label(), dir, size_bucket(bytes));
+    let key = (dir, size_bucket(bytes));
     let (kernel, candidates): (_, &[Compression]) = match dir {
         Direction::H2d => (
             "transfer.h2d.compression",
@@ -90,8 +84,9 @@ fn resolve_auto(
         ),
     };
     let best = autotune(stream, kernel, DTypeKind::F32, bytes, candidates, run)?;
-    AUTO.lock()
-        .get_or_insert_with(HashMap::new)
+    super::measured(stream.device())?
+        .auto
+        .lock()
         .insert(key, best);
     Ok(best)
 }
@@ -99,8 +94,10 @@ fn resolve_auto(
 /// What `Auto` has picked for `bytes` of f32 in `dir` on the stream's device in this
 /// process (None: not yet asked for that size bucket).
 pub fn auto_choice(stream: &Stream, dir: Direction, bytes: usize) -> Option<Compression> {
-    let key = (stream.device().label(), dir, size_bucket(bytes));
-    AUTO.lock().as_ref().and_then(|m| m.get(&key)).copied()
+    let key = (dir, size_bucket(bytes));
+    let measured = super::measured(stream.device()).ok()?;
+    let choice = measured.auto.lock().get(&key).copied();
+    choice
 }
 
 /// Copies `src` into `dst` (same length) as `compression` says; returns when done.

@@ -132,6 +132,9 @@ static OVERRIDE: Mutex<Option<TransferConfig>> = Mutex::new(None);
 struct Measured {
     tuned: Mutex<[Option<TransferConfig>; 2]>,
     h2d_rate: Mutex<Option<f64>>,
+    /// `Compression::Auto`'s choices by direction and size bucket, in front of the autotune
+    /// cache (which keys by name).
+    auto: Mutex<std::collections::HashMap<(Direction, u32), compress::Compression>>,
 }
 
 fn measured(device: &Device) -> Result<&'static Measured> {
@@ -167,7 +170,12 @@ pub fn set_config(config: Option<TransferConfig>) {
 
 /// The copy threads for `device` (pinned to its NUMA node when known).
 pub fn workers(device: &Device) -> &'static Workers {
-    Workers::global(|| device.info().ok().and_then(|i| i.numa_node))
+    let numa = || device.info().ok().and_then(|i| i.numa_node);
+    match device.state(Slot::CopyWorkers, || Ok(Workers::for_node(numa()))) {
+        Ok(w) => w,
+        // Only a slot holding another type fails: unplaced threads still copy.
+        Err(_) => Workers::for_node(None),
+    }
 }
 
 /// The configuration copies in `dir` use on the stream's device: the override, else the

@@ -152,18 +152,23 @@ impl Workers {
         }
     }
 
-    /// The process-wide pool: one thread per available CPU (at most 32), pinned to the
-    /// CPUs of NUMA node `numa()` (asked once, by the first caller) when it is known.
-    pub fn global(numa: impl FnOnce() -> Option<i32>) -> &'static Workers {
-        static POOL: OnceLock<Workers> = OnceLock::new();
-        POOL.get_or_init(|| {
-            let cpus = numa().and_then(node_cpus);
-            let n = cpus.as_ref().map_or_else(
-                || std::thread::available_parallelism().map_or(1, |n| n.get()),
-                Vec::len,
-            );
-            Workers::new(n.min(32), cpus)
-        })
+    /// The pool of NUMA node `node` (`None`: unplaced), made on first use and shared by
+    /// every device on that node: one thread per CPU of the node (of the machine when
+    /// unplaced or the node's CPUs are unknown), at most 32, pinned to the node's CPUs.
+    pub fn for_node(node: Option<i32>) -> &'static Workers {
+        static POOLS: Mutex<Vec<(Option<i32>, &'static Workers)>> = Mutex::new(Vec::new());
+        let mut pools = POOLS.lock();
+        if let Some((_, w)) = pools.iter().find(|(n, _)| *n == node) {
+            return w;
+        }
+        let cpus = node.and_then(node_cpus);
+        let n = cpus.as_ref().map_or_else(
+            || std::thread::available_parallelism().map_or(1, |n| n.get()),
+            Vec::len,
+        );
+        let w: &'static Workers = Box::leak(Box::new(Workers::new(n.min(32), cpus)));
+        pools.push((node, w));
+        w
     }
 
     /// Threads in all, the caller's included.
