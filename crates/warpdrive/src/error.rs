@@ -94,6 +94,14 @@ pub enum Error {
     #[error("a part of a job on the copy threads panicked: {0}")]
     WorkerPanicked(String),
 
+    /// Stored data failed its checksum or its framing: it is never returned.
+    #[error("corrupt data for {key}: {detail}")]
+    Corrupt { key: String, detail: String },
+
+    /// No such key in a store.
+    #[error("no entry {key}")]
+    NotFound { key: String },
+
     /// A file could not be read or written.
     #[error("I/O error on {}: {source}", path.display())]
     Io {

@@ -52,6 +52,7 @@ pub mod size;
 pub mod telemetry;
 #[cfg(test)]
 mod test_support;
+pub mod tier;
 pub mod transfer;
 
 pub use device::{Device, DeviceInfo, Event, Stream};

@@ -1,0 +1,15 @@
+//! The tiered store: blocks kept on the GPU, in pinned host memory and on disk, moved between
+//! them at the link's and the disk's speed, compressed and checksummed on disk, and never
+//! lost once a put is acknowledged as durable.
+//!
+//! - [`codec`]: how a block is stored on disk — an optional byte-shuffle filter for 16-bit
+//!   floats, lz4 or zstd (or raw when that does not shrink it), framed with an xxh3 checksum
+//!   that every read verifies.
+//! - [`disk`]: the file-system seam: the operating system's files, or a simulated disk that
+//!   loses every write not yet synced on a power loss (the crash tests' disk).
+//! - [`log`]: the index, an append-only log of checksummed records replayed on open (a torn
+//!   tail is dropped) and compacted when mostly dead.
+
+pub mod codec;
+pub mod disk;
+pub mod log;
