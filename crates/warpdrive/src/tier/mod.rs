@@ -9,7 +9,10 @@
 //!   loses every write not yet synced on a power loss (the crash tests' disk).
 //! - [`log`]: the index, an append-only log of checksummed records replayed on open (a torn
 //!   tail is dropped) and compacted when mostly dead.
+//! - [`policy`]: each tier's byte budget and watermarks, and CLOCK eviction that respects
+//!   pins.
 
 pub mod codec;
 pub mod disk;
 pub mod log;
+pub mod policy;
