@@ -1,6 +1,30 @@
-//! How a block is stored on disk (to be written: see issue 34, item 3).
+//! How a block is stored on disk: an optional byte-shuffle filter, lz4 or zstd (or the raw
+//! bytes when that does not shrink them), framed by a fixed header whose xxh3 checksum covers
+//! the header and the payload, verified on every read.
+//!
+//! # Frame layout
+//!
+//! A stored block is a [`HEADER_BYTES`] (32) byte header followed by the payload. Integers are
+//! little-endian.
+//!
+//! | offset | bytes | field                                                             |
+//! |-------:|------:|-------------------------------------------------------------------|
+//! | 0      | 4     | magic `b"WDBK"`                                                   |
+//! | 4      | 1     | format version (1)                                                |
+//! | 5      | 1     | codec actually used: 0 none (raw), 1 lz4 block, 2 zstd            |
+//! | 6      | 1     | zstd level as `i8` (0 for the other codecs)                       |
+//! | 7      | 1     | filter: 0 none, `w` ≥ 1 byte-shuffle by element width `w`        |
+//! | 8      | 8     | raw length: bytes of the block as the caller gave them (`u64`)    |
+//! | 16     | 8     | payload length: bytes after the header (`u64`)                    |
+//! | 24     | 8     | xxh3-64 of header bytes 0..24 followed by the payload            |
+//!
+//! The payload is the raw bytes (codec 0, filter 0), or the lz4 block-format (no size prefix)
+//! or zstd-frame compression of the data after the filter. A block whose compressed payload
+//! would not be smaller than the data is stored raw. Raw lengths above [`MAX_RAW_BYTES`] are
+//! refused on both sides.
 
 use serde::{Deserialize, Serialize};
+use xxhash_rust::xxh3::Xxh3;
 
 use crate::error::{Error, Result};
 
@@ -9,7 +33,8 @@ use crate::error::{Error, Result};
 pub enum Compression {
     None,
     Lz4,
-    /// zstd at `level` (1..=22; negative levels are zstd's fast modes).
+    /// zstd at `level` (1..=22; negative levels are zstd's fast modes, down to -128 here since
+    /// the frame records the level in one byte).
     Zstd {
         level: i32,
     },
@@ -20,7 +45,8 @@ pub enum Compression {
 pub enum Filter {
     None,
     /// Byte-shuffle by element width (2 for bf16 / f16): the i-th bytes of every element
-    /// together, so exponents sit next to exponents.
+    /// together, so exponents sit next to exponents. Width 0 is refused; width 1 changes
+    /// nothing.
     Shuffle {
         width: u8,
     },
@@ -29,16 +55,229 @@ pub enum Filter {
 /// Bytes of the frame around a stored block's payload.
 pub const HEADER_BYTES: usize = 32;
 
+/// The largest block (raw length) a frame may hold: 1 GiB, above the store's 256 MiB blocks,
+/// so a corrupt length can never make a read allocate without bound.
+pub const MAX_RAW_BYTES: u64 = 1 << 30;
+
+const MAGIC: [u8; 4] = *b"WDBK";
+const VERSION: u8 = 1;
+const CODEC_NONE: u8 = 0;
+const CODEC_LZ4: u8 = 1;
+const CODEC_ZSTD: u8 = 2;
+/// Header bytes before the checksum field: what the checksum covers, with the payload.
+const CHECKED_HEADER: usize = 24;
+
 /// `data` framed as a stored block (header with the codec actually used, lengths and an
 /// xxh3 checksum, then the payload); stored raw when compression does not shrink it.
 pub fn encode_block(data: &[u8], compression: Compression, filter: Filter) -> Result<Vec<u8>> {
-    let _ = (data, compression, filter);
-    Err(Error::Unsupported("tier codec: not built yet".into()))
+    if data.len() as u64 > MAX_RAW_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "tier block of {} bytes is over the {MAX_RAW_BYTES}-byte limit",
+            data.len()
+        )));
+    }
+    let filter_byte = match filter {
+        Filter::None => 0,
+        Filter::Shuffle { width: 0 } => {
+            return Err(Error::InvalidArgument(
+                "tier block: shuffle filter of width 0".into(),
+            ))
+        }
+        Filter::Shuffle { width } => width,
+    };
+    let level_byte = match compression {
+        Compression::Zstd { level } => zstd_level_byte(level)?,
+        _ => 0,
+    };
+
+    let filtered;
+    let input = if filter_byte > 1 && compression != Compression::None {
+        let mut out = Vec::new();
+        shuffle(data, usize::from(filter_byte), &mut out);
+        filtered = out;
+        &filtered[..]
+    } else {
+        data
+    };
+    let compressed = match compression {
+        Compression::None => None,
+        Compression::Lz4 => Some((CODEC_LZ4, lz4_flex::block::compress(input))),
+        Compression::Zstd { level } => {
+            let payload = zstd::bulk::compress(input, level)
+                .map_err(|e| Error::InvalidArgument(format!("tier block: zstd failed: {e}")))?;
+            Some((CODEC_ZSTD, payload))
+        }
+    };
+
+    match compressed {
+        Some((codec, payload)) if payload.len() < data.len() => {
+            Ok(frame(codec, level_byte, filter_byte, data.len(), &payload))
+        }
+        _ => Ok(frame(CODEC_NONE, 0, 0, data.len(), data)),
+    }
 }
 
 /// The data of a stored block, its checksum and framing verified; `key` names the block in
 /// `Error::Corrupt`.
 pub fn decode_block(stored: &[u8], key: &str) -> Result<Vec<u8>> {
-    let _ = (stored, key);
-    Err(Error::Unsupported("tier codec: not built yet".into()))
+    let corrupt = |detail: String| Error::Corrupt {
+        key: key.to_string(),
+        detail,
+    };
+    let Some((header, payload)) = stored.split_first_chunk::<HEADER_BYTES>() else {
+        return Err(corrupt(format!(
+            "{} bytes, shorter than the {HEADER_BYTES}-byte block header",
+            stored.len()
+        )));
+    };
+    let magic = [header[0], header[1], header[2], header[3]];
+    if magic != MAGIC {
+        return Err(corrupt(format!("bad magic {magic:02x?}")));
+    }
+    let (version, codec, level, filter) = (header[4], header[5], header[6] as i8, header[7]);
+    if version != VERSION {
+        return Err(corrupt(format!("unknown format version {version}")));
+    }
+    let raw_len = u64_at(header, 8);
+    let payload_len = u64_at(header, 16);
+    if payload_len != payload.len() as u64 {
+        return Err(corrupt(format!(
+            "header says a {payload_len}-byte payload, {} bytes follow it",
+            payload.len()
+        )));
+    }
+    if raw_len > MAX_RAW_BYTES {
+        return Err(corrupt(format!(
+            "raw length {raw_len} over the {MAX_RAW_BYTES}-byte limit"
+        )));
+    }
+    let expected = u64_at(header, CHECKED_HEADER);
+    let actual = checksum(header, payload);
+    if actual != expected {
+        return Err(corrupt(format!(
+            "checksum mismatch: stored {expected:#018x}, computed {actual:#018x}"
+        )));
+    }
+    // Below the checksum, a bad field means a writer bug rather than a flipped bit; still an
+    // error, never a panic.
+    let raw_len = usize::try_from(raw_len)
+        .map_err(|_| corrupt(format!("raw length {raw_len} does not fit in memory")))?;
+    if codec != CODEC_ZSTD && level != 0 {
+        return Err(corrupt(format!("level {level} recorded for codec {codec}")));
+    }
+    let data = match codec {
+        CODEC_NONE => {
+            if filter != 0 || payload.len() != raw_len {
+                return Err(corrupt(format!(
+                    "raw block with filter {filter}, {} payload bytes for raw length {raw_len}",
+                    payload.len()
+                )));
+            }
+            return Ok(payload.to_vec());
+        }
+        CODEC_LZ4 => {
+            let mut out = vec![0u8; raw_len];
+            let n = lz4_flex::block::decompress_into(payload, &mut out)
+                .map_err(|e| corrupt(format!("lz4: {e}")))?;
+            if n != raw_len {
+                return Err(corrupt(format!(
+                    "lz4 gave {n} bytes, raw length is {raw_len}"
+                )));
+            }
+            out
+        }
+        CODEC_ZSTD => {
+            let out = zstd::bulk::decompress(payload, raw_len)
+                .map_err(|e| corrupt(format!("zstd: {e}")))?;
+            if out.len() != raw_len {
+                return Err(corrupt(format!(
+                    "zstd gave {} bytes, raw length is {raw_len}",
+                    out.len()
+                )));
+            }
+            out
+        }
+        other => return Err(corrupt(format!("unknown codec id {other}"))),
+    };
+    if filter > 1 {
+        let mut out = Vec::new();
+        unshuffle(&data, usize::from(filter), &mut out);
+        return Ok(out);
+    }
+    Ok(data)
+}
+
+/// Byte-shuffle `data` by element `width` into `out` (cleared first): every element's first
+/// byte, then every second byte, and so on; a tail shorter than one element is copied last as
+/// it is. Widths 0 and 1 copy.
+pub fn shuffle(data: &[u8], width: usize, out: &mut Vec<u8>) {
+    out.clear();
+    out.reserve(data.len());
+    let width = width.max(1);
+    let body = data.len() - data.len() % width;
+    for byte in 0..width {
+        out.extend(
+            data[..body]
+                .chunks_exact(width)
+                .map(|element| element[byte]),
+        );
+    }
+    out.extend_from_slice(&data[body..]);
+}
+
+/// The inverse of [`shuffle`] with the same `width`, into `out` (cleared first).
+pub fn unshuffle(data: &[u8], width: usize, out: &mut Vec<u8>) {
+    out.clear();
+    out.resize(data.len(), 0);
+    let width = width.max(1);
+    let elements = data.len() / width;
+    let body = elements * width;
+    for (byte, plane) in data[..body].chunks_exact(elements.max(1)).enumerate() {
+        for (element, &value) in out[..body].chunks_exact_mut(width).zip(plane) {
+            element[byte] = value;
+        }
+    }
+    out[body..].copy_from_slice(&data[body..]);
+}
+
+/// The frame's one-byte record of a zstd level, refusing levels zstd lacks or one byte cannot
+/// hold.
+fn zstd_level_byte(level: i32) -> Result<u8> {
+    match i8::try_from(level) {
+        Ok(byte) if zstd::compression_level_range().contains(&level) => Ok(byte as u8),
+        _ => Err(Error::InvalidArgument(format!(
+            "tier block: zstd level {level} outside -128..={}",
+            zstd::compression_level_range().end()
+        ))),
+    }
+}
+
+fn frame(codec: u8, level: u8, filter: u8, raw_len: usize, payload: &[u8]) -> Vec<u8> {
+    let mut header = [0u8; HEADER_BYTES];
+    header[..4].copy_from_slice(&MAGIC);
+    header[4] = VERSION;
+    header[5] = codec;
+    header[6] = level;
+    header[7] = filter;
+    header[8..16].copy_from_slice(&(raw_len as u64).to_le_bytes());
+    header[16..24].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+    let sum = checksum(&header, payload);
+    header[24..32].copy_from_slice(&sum.to_le_bytes());
+    let mut stored = Vec::with_capacity(HEADER_BYTES + payload.len());
+    stored.extend_from_slice(&header);
+    stored.extend_from_slice(payload);
+    stored
+}
+
+fn checksum(header: &[u8; HEADER_BYTES], payload: &[u8]) -> u64 {
+    let mut hasher = Xxh3::new();
+    hasher.update(&header[..CHECKED_HEADER]);
+    hasher.update(payload);
+    hasher.digest()
+}
+
+fn u64_at(header: &[u8; HEADER_BYTES], at: usize) -> u64 {
+    let mut bytes = [0u8; 8];
+    bytes.copy_from_slice(&header[at..at + 8]);
+    u64::from_le_bytes(bytes)
 }
