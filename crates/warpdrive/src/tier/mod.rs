@@ -11,8 +11,11 @@
 //!   tail is dropped) and compacted when mostly dead.
 //! - [`policy`]: each tier's byte budget and watermarks, and CLOCK eviction that respects
 //!   pins.
+//! - [`prefetch`]: sequential, strided and random access told apart from the positions of
+//!   recent gets, and the positions a pattern predicts.
 
 pub mod codec;
 pub mod disk;
 pub mod log;
 pub mod policy;
+pub mod prefetch;
