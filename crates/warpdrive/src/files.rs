@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::error::{Error, Result};
 
 /// The folder `path` goes in (`.` for a bare file name).
-fn folder(path: &Path) -> &Path {
+pub(crate) fn folder(path: &Path) -> &Path {
     match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
