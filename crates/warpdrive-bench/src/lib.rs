@@ -27,6 +27,7 @@ mod report;
 mod results;
 mod stats;
 mod telemetry;
+mod tier;
 mod timing;
 mod transfer;
 mod unified;
@@ -134,6 +135,13 @@ static SUITES: &[Suite] = &[
         about: "span overhead on the host: telemetry disabled (one branch) and enabled (GPU \
                 events shared between span boundaries, pool bytes, histogram)",
         run: telemetry::run_suite,
+    },
+    Suite {
+        name: tier::SUITE,
+        about: "the tiered store: lz4 / zstd with and without the bf16 byte shuffle (GB/s per \
+                core, ratio) on weights, activations and text; block migrations between GPU, \
+                pinned host and disk (p50 / p99)",
+        run: tier::run_suite,
     },
     Suite {
         name: moe::SUITE,

@@ -19,3 +19,6 @@ pub mod disk;
 pub mod log;
 pub mod policy;
 pub mod prefetch;
+mod store;
+
+pub use store::{Durability, Tier, TierConfig, TierStats, TierStore, MAX_BLOCK, MAX_KEY};

@@ -1,0 +1,261 @@
+//! The `tier` suite: what the tiered store's disk codec and migrations cost.
+//!
+//! - `compress-DATA` / `decompress-DATA` (size = block bytes): one core encoding (decoding)
+//!   one block, µs per block and GB/s of raw data; variants `lz4`, `zstd-1`, and both after
+//!   the 2-byte shuffle (`lz4-shuffle`, `zstd-1-shuffle`); `extra.ratio` = raw / stored.
+//!   DATA: `bf16-weights` (Gaussian), `bf16-activations` (ReLU'd Gaussian: half zeros) and
+//!   `text` (words of English).
+//! - `migrate-FROM-TO` (size = block bytes): µs per [`TierStore::migrate`] of one block
+//!   between tiers (GPU, pinned host, disk through the page cache), the stream synchronised
+//!   at the end; `extra.p99_us`. GPU pairs run on a GPU only.
+
+use std::time::Instant;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use warpdrive::error::{Error, Result};
+use warpdrive::tier::codec::{decode_block, encode_block, Compression, Filter};
+use warpdrive::tier::{Durability, Tier, TierConfig, TierStore};
+use warpdrive::bf16;
+
+use super::{Ctx, Scale};
+
+pub(crate) const SUITE: &str = "tier";
+
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+
+pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
+    codec_cases(ctx)?;
+    migrate_cases(ctx)
+}
+
+fn reps(scale: Scale) -> usize {
+    match scale {
+        Scale::Full => 30,
+        Scale::Quick => 10,
+        Scale::Tiny => 3,
+    }
+}
+
+/// Gaussian values as bf16 bytes; with `relu`, negatives are zero.
+fn bf16_bytes(r: &mut SmallRng, bytes: usize, relu: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes);
+    while out.len() + 2 <= bytes {
+        // Box-Muller.
+        let (u, v): (f64, f64) = (r.random_range(1e-12..1.0), r.random());
+        let mut x = ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32 * 0.02;
+        if relu && x < 0.0 {
+            x = 0.0;
+        }
+        out.extend_from_slice(&bf16::from_f32(x).to_bits().to_le_bytes());
+    }
+    out.resize(bytes, 0);
+    out
+}
+
+fn text_bytes(r: &mut SmallRng, bytes: usize) -> Vec<u8> {
+    const WORDS: [&str; 24] = [
+        "the", "of", "and", "a", "to", "in", "is", "you", "that", "it", "he", "was", "for", "on",
+        "are", "as", "with", "his", "they", "at", "memory", "device", "transfer", "tier",
+    ];
+    let mut out = Vec::with_capacity(bytes + 16);
+    while out.len() < bytes {
+        out.extend_from_slice(WORDS[r.random_range(0..WORDS.len())].as_bytes());
+        out.push(if r.random_range(0..12) == 0 {
+            b'\n'
+        } else {
+            b' '
+        });
+    }
+    out.truncate(bytes);
+    out
+}
+
+fn codec_cases(ctx: &mut Ctx) -> Result<()> {
+    let size = if ctx.quick() { MIB } else { 4 * MIB };
+    let mut r = SmallRng::seed_from_u64(0x71e2);
+    let data = [
+        ("bf16-weights", bf16_bytes(&mut r, size, false)),
+        ("bf16-activations", bf16_bytes(&mut r, size, true)),
+        ("text", text_bytes(&mut r, size)),
+    ];
+    let variants = [
+        ("lz4", Compression::Lz4, Filter::None),
+        ("zstd-1", Compression::Zstd { level: 1 }, Filter::None),
+        (
+            "lz4-shuffle",
+            Compression::Lz4,
+            Filter::Shuffle { width: 2 },
+        ),
+        (
+            "zstd-1-shuffle",
+            Compression::Zstd { level: 1 },
+            Filter::Shuffle { width: 2 },
+        ),
+    ];
+    let reps = reps(ctx.scale());
+    for (name, raw) in &data {
+        for (variant, c, f) in variants {
+            ctx.step(format!("{SUITE}: compress {name} {variant}"));
+            let stored = encode_block(raw, c, f)?;
+            let ratio = raw.len() as f64 / stored.len() as f64;
+            let mut enc = time(reps, || encode_block(raw, c, f).map(drop))?;
+            ctx.record_bytes(
+                &format!("compress-{name}"),
+                size as u64,
+                variant,
+                &mut enc,
+                raw.len() as f64,
+                None,
+            )?
+            .extra
+            .insert("ratio".into(), ratio.into());
+            let mut dec = time(reps, || {
+                let back = decode_block(&stored, name)?;
+                match back.len() == raw.len() {
+                    true => Ok(()),
+                    false => Err(Error::Corrupt {
+                        key: name.to_string(),
+                        detail: "decoded to another length".into(),
+                    }),
+                }
+            })?;
+            ctx.record_bytes(
+                &format!("decompress-{name}"),
+                size as u64,
+                variant,
+                &mut dec,
+                raw.len() as f64,
+                None,
+            )?
+            .extra
+            .insert("ratio".into(), ratio.into());
+        }
+    }
+    Ok(())
+}
+
+/// µs of each of `reps` runs of `work`, after one warm-up.
+fn time(reps: usize, mut work: impl FnMut() -> Result<()>) -> Result<Vec<f64>> {
+    work()?;
+    let mut out = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let t = Instant::now();
+        work()?;
+        out.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok(out)
+}
+
+fn migrate_cases(ctx: &mut Ctx) -> Result<()> {
+    let sizes: &[usize] = match ctx.scale() {
+        Scale::Full => &[64 * KIB, 4 * MIB, 64 * MIB],
+        Scale::Quick => &[64 * KIB, 4 * MIB],
+        Scale::Tiny => &[64 * KIB],
+    };
+    let gpu = !ctx.device().is_host_memory();
+    let pairs: Vec<(Tier, Tier)> = [
+        (Tier::Gpu, Tier::Host),
+        (Tier::Host, Tier::Gpu),
+        (Tier::Host, Tier::Disk),
+        (Tier::Disk, Tier::Host),
+        (Tier::Disk, Tier::Gpu),
+        (Tier::Gpu, Tier::Disk),
+    ]
+    .into_iter()
+    .filter(|(a, b)| gpu || (*a != Tier::Gpu && *b != Tier::Gpu))
+    .collect();
+    let dir = std::env::temp_dir().join(format!("warpdrive-bench-tier-{}", std::process::id()));
+    let stream = ctx.stream().clone();
+    let reps = reps(ctx.scale());
+    let result = (|| -> Result<()> {
+        for &size in sizes {
+            let budget = (4 * size) as u64;
+            let mut config = TierConfig::new(if gpu { budget } else { 0 }, budget);
+            config.disk_compression = Compression::None;
+            let store = TierStore::open(&dir, config, &stream)?;
+            let mut r = SmallRng::seed_from_u64(size as u64);
+            let block = bf16_bytes(&mut r, size, false);
+            for &(from, to) in &pairs {
+                let case = format!("migrate-{}-{}", name(from), name(to));
+                ctx.step(format!("{SUITE}: {case} at {size} B"));
+                let key = format!("{case}-{size}");
+                store.put(&key, &block, Durability::Disk)?;
+                let mut t = Vec::with_capacity(reps);
+                for i in 0..=reps {
+                    if to == Tier::Disk {
+                        // A write each time: the block must not be on disk already.
+                        store.remove(&key)?;
+                        store.put(&key, &block, Durability::Memory)?;
+                    }
+                    store.migrate(&key, from)?;
+                    stream.synchronize()?;
+                    let start = Instant::now();
+                    store.migrate(&key, to)?;
+                    stream.synchronize()?;
+                    if i > 0 {
+                        t.push(start.elapsed().as_secs_f64() * 1e6);
+                    }
+                }
+                let p99 = percentile(&t, 0.99);
+                ctx.record_bytes(&case, size as u64, "warpdrive", &mut t, size as f64, None)?
+                    .extra
+                    .insert("p99_us".into(), p99.into());
+                store.remove(&key)?;
+            }
+        }
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn name(t: Tier) -> &'static str {
+    match t {
+        Tier::Gpu => "gpu",
+        Tier::Host => "host",
+        Tier::Disk => "disk",
+    }
+}
+
+fn percentile(samples: &[f64], q: f64) -> f64 {
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => 0.0,
+        n => s[((n - 1) as f64 * q).round() as usize],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiny_run_on_the_cpu_records_codec_and_migration_rows() {
+        let mut ctx = Ctx::new(&warpdrive::Device::cpu(), Scale::Tiny).unwrap();
+        ctx.suite = SUITE;
+        run_suite(&mut ctx).unwrap();
+        let cases: Vec<&str> = ctx.rows().iter().map(|r| r.case.as_str()).collect();
+        for want in [
+            "compress-bf16-weights",
+            "decompress-text",
+            "migrate-host-disk",
+            "migrate-disk-host",
+        ] {
+            assert!(cases.contains(&want), "{want} missing: {cases:?}");
+        }
+        assert!(
+            !cases.iter().any(|c| c.contains("gpu")),
+            "no GPU pairs on the CPU"
+        );
+        let shuffled = ctx
+            .rows()
+            .iter()
+            .find(|r| r.case == "compress-bf16-weights" && r.variant == "zstd-1-shuffle")
+            .unwrap();
+        let ratio = shuffled.extra["ratio"].as_f64().unwrap();
+        assert!(ratio > 1.0, "shuffled bf16 compresses: {ratio}");
+    }
+}

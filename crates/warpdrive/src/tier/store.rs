@@ -1,0 +1,645 @@
+//! [`TierStore`]: blocks by key on the GPU, in pinned host memory and on disk.
+//!
+//! A put lands in the highest tier with room (the GPU, then pinned host memory); a tier
+//! that would fill past its high watermark first moves unpinned blocks one tier down, in
+//! CLOCK order, until it is back at its low one: GPU → host is a DMA into a pinned block,
+//! host → disk an encoded block appended to the current data segment (unless the block is on
+//! disk already). A get promotes what it finds to the GPU. Durability is per put:
+//! `Memory` blocks reach the disk only when evicted, `Disk` ones are written at once,
+//! `Sync` ones are synced (data, then the index record) before the put returns.
+//!
+//! On disk: data segments `data-<n>.seg` (blocks framed by [`codec`](super::codec), each
+//! checksummed and verified on every read) and the index log ([`IndexLog`]). A reopened store
+//! starts a new segment and drops index entries whose bytes run past their segment's end
+//! (a crash between a block's write and its sync).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::device::Stream;
+use crate::error::{Error, Result};
+use crate::memory::{Buffer, PinnedBuf};
+use crate::ops;
+
+use super::codec::{self, Compression, Filter};
+use super::disk::{Disk, OsDisk};
+use super::log::{IndexLog, Location, Record};
+use super::policy::{Budget, Clock};
+use super::prefetch::{Detector, Prefetch};
+
+/// The largest block a store takes.
+pub const MAX_BLOCK: usize = 256 << 20;
+/// The longest key.
+pub const MAX_KEY: usize = 1024;
+
+/// How a store is laid out.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TierConfig {
+    /// Device memory for blocks (0: no GPU tier).
+    pub gpu: Budget,
+    /// Pinned host memory for blocks (0: no host tier).
+    pub host: Budget,
+    /// How blocks are compressed on disk (the seed: lz4, zstd for cold data).
+    pub disk_compression: Compression,
+    pub disk_filter: Filter,
+    /// Gets of keys ending in a number (`layer.7`, `kv-000123`) are watched per prefix;
+    /// sequential or strided runs bring the next blocks up to the GPU.
+    pub prefetch: Prefetch,
+}
+
+impl TierConfig {
+    /// `gpu` and `host` bytes with the default watermarks; lz4 on disk, no filter.
+    pub fn new(gpu: u64, host: u64) -> TierConfig {
+        TierConfig {
+            gpu: Budget::new(gpu),
+            host: Budget::new(host),
+            disk_compression: Compression::Lz4,
+            disk_filter: Filter::None,
+            prefetch: Prefetch::Auto { distance: 4 },
+        }
+    }
+}
+
+/// How far a put must get before it returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// In memory; written to disk only when evicted there. Lost on a crash.
+    Memory,
+    /// Written to disk (the operating system's cache) before the put returns.
+    Disk,
+    /// Written and synced, data and index, before the put returns: survives power loss.
+    Sync,
+}
+
+/// Where a block was found or is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    Gpu,
+    Host,
+    Disk,
+}
+
+/// Counts since the store opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TierStats {
+    pub gpu_hits: u64,
+    pub host_hits: u64,
+    pub disk_hits: u64,
+    pub misses: u64,
+    pub gpu_evictions: u64,
+    pub host_evictions: u64,
+    pub disk_bytes_written: u64,
+    pub disk_bytes_read: u64,
+    /// Blocks the prefetcher brought up, and gets that found one of them there.
+    pub prefetched: u64,
+    pub prefetch_hits: u64,
+}
+
+/// Blocks by key on three tiers. All methods take `&self`; one lock orders them.
+pub struct TierStore {
+    stream: Stream,
+    disk: Arc<dyn Disk>,
+    dir: PathBuf,
+    config: TierConfig,
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    gpu: Clock<String>,
+    gpu_blocks: HashMap<String, Buffer<u8>>,
+    host: Clock<String>,
+    host_blocks: HashMap<String, PinnedBuf<u8>>,
+    /// Blocks on disk.
+    index: BTreeMap<String, Location>,
+    log: IndexLog,
+    /// The segment new blocks are appended to.
+    segment: u64,
+    /// Whether that segment's name is durable (its folder synced since it was created).
+    segment_named: bool,
+    stats: TierStats,
+    /// The prefetcher's detectors, by key prefix (a few: the oldest is forgotten).
+    detectors: Vec<(String, Detector)>,
+    /// Keys the prefetcher brought up that no get has asked for yet.
+    prefetched: std::collections::HashSet<String>,
+}
+
+/// Detectors kept at once (key prefixes watched).
+const DETECTORS: usize = 16;
+
+/// `key` as (prefix, number, digits) when it ends in a decimal number.
+fn numbered(key: &str) -> Option<(&str, i64, usize)> {
+    let digits = key.bytes().rev().take_while(u8::is_ascii_digit).count();
+    if digits == 0 || digits > 18 {
+        return None;
+    }
+    let (prefix, number) = key.split_at(key.len() - digits);
+    Some((prefix, number.parse().ok()?, digits))
+}
+
+impl std::fmt::Debug for TierStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TierStore({})", self.dir.display())
+    }
+}
+
+fn segment_name(n: u64) -> String {
+    format!("data-{n}.seg")
+}
+
+fn segment_number(path: &Path) -> Option<u64> {
+    let name = path.file_name()?.to_str()?;
+    name.strip_prefix("data-")?
+        .strip_suffix(".seg")?
+        .parse()
+        .ok()
+}
+
+fn check_key(key: &str) -> Result<()> {
+    if key.is_empty() || key.len() > MAX_KEY {
+        return Err(Error::InvalidArgument(format!(
+            "tier store: a key of {} bytes (1 to {MAX_KEY})",
+            key.len()
+        )));
+    }
+    Ok(())
+}
+
+impl TierStore {
+    /// Opens (or creates) the store in `dir` on the operating system's files; blocks in
+    /// memory tiers live on `stream`'s device and its pinned pool.
+    pub fn open(dir: impl AsRef<Path>, config: TierConfig, stream: &Stream) -> Result<TierStore> {
+        TierStore::open_on(Arc::new(OsDisk), dir, config, stream)
+    }
+
+    /// [`open`](Self::open) on any [`Disk`] (a simulated one in crash tests).
+    pub fn open_on(
+        disk: Arc<dyn Disk>,
+        dir: impl AsRef<Path>,
+        config: TierConfig,
+        stream: &Stream,
+    ) -> Result<TierStore> {
+        config.gpu.check("gpu")?;
+        config.host.check("host")?;
+        let dir = dir.as_ref().to_path_buf();
+        disk.create_dir_all(&dir)?;
+        let (log, mut index) = IndexLog::open(disk.clone(), &dir)?;
+        let mut last = 0u64;
+        let mut lens = HashMap::new();
+        for path in disk.list(&dir)? {
+            if let Some(n) = segment_number(&path) {
+                last = last.max(n);
+                lens.insert(n, disk.len(&path)?.unwrap_or(0));
+            }
+        }
+        // Entries whose bytes never reached their segment (a crash before the data sync).
+        index.retain(|_, at| {
+            lens.get(&at.segment)
+                .is_some_and(|&len| at.offset.saturating_add(at.len) <= len)
+        });
+        Ok(TierStore {
+            stream: stream.clone(),
+            disk,
+            dir,
+            config,
+            inner: Mutex::new(Inner {
+                gpu: Clock::new(config.gpu),
+                gpu_blocks: HashMap::new(),
+                host: Clock::new(config.host),
+                host_blocks: HashMap::new(),
+                index,
+                log,
+                segment: last + 1,
+                segment_named: false,
+                stats: TierStats::default(),
+                detectors: Vec::new(),
+                prefetched: Default::default(),
+            }),
+        })
+    }
+
+    pub fn config(&self) -> TierConfig {
+        self.config
+    }
+
+    pub fn stats(&self) -> TierStats {
+        self.inner.lock().stats
+    }
+
+    /// The tiers that hold `key`, highest first.
+    pub fn tiers_of(&self, key: &str) -> Vec<Tier> {
+        let g = self.inner.lock();
+        let mut out = Vec::new();
+        if g.gpu.contains(&key.to_string()) {
+            out.push(Tier::Gpu);
+        }
+        if g.host.contains(&key.to_string()) {
+            out.push(Tier::Host);
+        }
+        if g.index.contains_key(key) {
+            out.push(Tier::Disk);
+        }
+        out
+    }
+
+    /// Stores `data` under `key` (replacing what it held), as durable as `durability` says.
+    pub fn put(&self, key: &str, data: &[u8], durability: Durability) -> Result<()> {
+        check_key(key)?;
+        if data.is_empty() || data.len() > MAX_BLOCK {
+            return Err(Error::InvalidArgument(format!(
+                "tier store: a block of {} bytes (1 to {MAX_BLOCK})",
+                data.len()
+            )));
+        }
+        let key = key.to_string();
+        let mut g = self.inner.lock();
+        self.drop_from_memory(&mut g, &key);
+        let on_disk = durability != Durability::Memory;
+        if on_disk {
+            self.write_to_disk(&mut g, &key, data, durability == Durability::Sync)?;
+        } else if g.index.remove(&key).is_some() {
+            // The disk copy is stale now.
+            g.log.append(&Record::Remove { key: key.clone() }, false)?;
+        }
+        let bytes = data.len() as u64;
+        if g.gpu.fits(bytes) {
+            self.make_room_on_gpu(&mut g, bytes)?;
+            let buf = Buffer::from_host(&self.stream, data)?;
+            g.gpu.insert(key.clone(), bytes);
+            g.gpu_blocks.insert(key, buf);
+        } else if g.host.fits(bytes) {
+            self.make_room_on_host(&mut g, bytes)?;
+            let mut pinned = PinnedBuf::<u8>::new(self.stream.device(), data.len())?;
+            pinned.wait_slice_mut()?.copy_from_slice(data);
+            g.host.insert(key.clone(), bytes);
+            g.host_blocks.insert(key, pinned);
+        } else if !on_disk {
+            self.write_to_disk(&mut g, &key, data, false)?;
+        }
+        Ok(())
+    }
+
+    /// The block under `key` on the stream's device, promoted to the GPU tier when it came
+    /// from below.
+    pub fn get(&self, key: &str) -> Result<Buffer<u8>> {
+        check_key(key)?;
+        let key = key.to_string();
+        let mut g = self.inner.lock();
+        let out = match g.gpu_blocks.get(&key) {
+            Some(src) => {
+                let mut out = Buffer::<u8>::uninit(&self.stream, src.len())?;
+                ops::copy(&self.stream, src, &mut out)?;
+                self.gpu_hit(&mut g, &key);
+                out
+            }
+            None => {
+                let data = self.load_below_gpu(&mut g, &key)?;
+                let out = Buffer::from_host(&self.stream, &data)?;
+                self.promote(&mut g, &key, &data)?;
+                out
+            }
+        };
+        self.prefetch_after(&mut g, &key)?;
+        Ok(out)
+    }
+
+    /// The block under `key` in host memory.
+    pub fn get_host(&self, key: &str) -> Result<Vec<u8>> {
+        check_key(key)?;
+        let key = key.to_string();
+        let mut g = self.inner.lock();
+        let data = match g.gpu_blocks.get(&key) {
+            Some(src) => {
+                let data = src.to_host(&self.stream)?;
+                self.gpu_hit(&mut g, &key);
+                data
+            }
+            None => {
+                let data = self.load_below_gpu(&mut g, &key)?;
+                self.promote(&mut g, &key, &data)?;
+                data
+            }
+        };
+        self.prefetch_after(&mut g, &key)?;
+        Ok(data)
+    }
+
+    /// Brings `keys` up to the GPU tier ahead of their gets (absent keys are skipped).
+    pub fn prefetch(&self, keys: &[&str]) -> Result<()> {
+        for key in keys {
+            check_key(key)?;
+            let key = key.to_string();
+            let mut g = self.inner.lock();
+            if g.gpu.contains(&key) {
+                continue;
+            }
+            match self.load_below_gpu(&mut g, &key) {
+                Ok(data) => self.promote(&mut g, &key, &data)?,
+                Err(Error::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves the block under `key` to tier `to`: up to the GPU or the host (making room
+    /// there as a put does), or down to the disk (written there unless it is already, then
+    /// dropped from the memory tiers). A pinned block does not move down.
+    pub fn migrate(&self, key: &str, to: Tier) -> Result<()> {
+        check_key(key)?;
+        let key = key.to_string();
+        let mut g = self.inner.lock();
+        let pinned = g.gpu.is_pinned(&key) || g.host.is_pinned(&key);
+        match to {
+            Tier::Gpu => {
+                if g.gpu.contains(&key) {
+                    return Ok(());
+                }
+                let data = self.load_below_gpu(&mut g, &key)?;
+                if !g.gpu.fits(data.len() as u64) {
+                    return Err(Error::InvalidArgument(format!(
+                        "tier store: {key} ({} bytes) does not fit the GPU tier's budget",
+                        data.len()
+                    )));
+                }
+                self.promote(&mut g, &key, &data)
+            }
+            Tier::Host => {
+                if g.host.contains(&key) {
+                    return Ok(());
+                }
+                if pinned {
+                    return Err(Error::InvalidArgument(format!(
+                        "tier store: {key} is pinned"
+                    )));
+                }
+                let bytes;
+                let pinned_copy = match g.gpu_blocks.get(&key) {
+                    Some(buf) => {
+                        bytes = buf.len() as u64;
+                        let mut p = PinnedBuf::<u8>::new(self.stream.device(), buf.len())?;
+                        buf.copy_to_pinned(&self.stream, &mut p)?;
+                        p
+                    }
+                    None => {
+                        let data = self.load_below_gpu(&mut g, &key)?;
+                        bytes = data.len() as u64;
+                        let mut p = PinnedBuf::<u8>::new(self.stream.device(), data.len())?;
+                        p.wait_slice_mut()?.copy_from_slice(&data);
+                        p
+                    }
+                };
+                if !g.host.fits(bytes) {
+                    return Err(Error::InvalidArgument(format!(
+                        "tier store: {key} ({bytes} bytes) does not fit the host tier's budget"
+                    )));
+                }
+                self.make_room_on_host(&mut g, bytes)?;
+                g.gpu.remove(&key);
+                g.gpu_blocks.remove(&key);
+                g.host.insert(key.clone(), bytes);
+                g.host_blocks.insert(key, pinned_copy);
+                Ok(())
+            }
+            Tier::Disk => {
+                if pinned {
+                    return Err(Error::InvalidArgument(format!(
+                        "tier store: {key} is pinned"
+                    )));
+                }
+                if !g.index.contains_key(&key) {
+                    let data = match g.gpu_blocks.get(&key) {
+                        Some(buf) => buf.to_host(&self.stream)?,
+                        None => match g.host_blocks.get(&key) {
+                            Some(p) => p.wait_slice()?.to_vec(),
+                            None => return Err(Error::NotFound { key }),
+                        },
+                    };
+                    self.write_to_disk(&mut g, &key, &data, false)?;
+                }
+                self.drop_from_memory(&mut g, &key);
+                Ok(())
+            }
+        }
+    }
+
+    /// Keeps `key` in the memory tier that holds it until as many [`unpin`](Self::unpin)s;
+    /// `NotFound` when no memory tier holds it (a `get` or `prefetch` brings it up).
+    pub fn pin(&self, key: &str) -> Result<()> {
+        let key = key.to_string();
+        let mut g = self.inner.lock();
+        if g.gpu.pin(&key) || g.host.pin(&key) {
+            return Ok(());
+        }
+        Err(Error::NotFound { key })
+    }
+
+    /// Undoes one [`pin`](Self::pin).
+    pub fn unpin(&self, key: &str) -> Result<()> {
+        let key = key.to_string();
+        let mut g = self.inner.lock();
+        if g.gpu.unpin(&key) || g.host.unpin(&key) {
+            return Ok(());
+        }
+        Err(Error::InvalidArgument(format!(
+            "tier store: {key} is not pinned"
+        )))
+    }
+
+    /// Removes `key` from every tier; `NotFound` when no tier held it.
+    pub fn remove(&self, key: &str) -> Result<()> {
+        check_key(key)?;
+        let key = key.to_string();
+        let mut g = self.inner.lock();
+        let in_memory = self.drop_from_memory(&mut g, &key);
+        let on_disk = g.index.remove(&key).is_some();
+        if on_disk {
+            g.log.append(&Record::Remove { key: key.clone() }, false)?;
+        }
+        if !(in_memory || on_disk) {
+            return Err(Error::NotFound { key });
+        }
+        Ok(())
+    }
+
+    /// Makes every write so far durable (data segments, then the index).
+    pub fn sync(&self) -> Result<()> {
+        let mut g = self.inner.lock();
+        let segment = self.dir.join(segment_name(g.segment));
+        if self.disk.len(&segment)?.is_some() {
+            self.disk.sync(&segment)?;
+            self.disk.sync_dir(&self.dir)?;
+            g.segment_named = true;
+        }
+        g.log.sync()
+    }
+
+    fn gpu_hit(&self, g: &mut Inner, key: &String) {
+        g.gpu.touch(key);
+        g.stats.gpu_hits += 1;
+        if g.prefetched.remove(key) {
+            g.stats.prefetch_hits += 1;
+        }
+    }
+
+    /// Notes a get of `key` and brings up what its prefix's pattern predicts.
+    fn prefetch_after(&self, g: &mut Inner, key: &str) -> Result<()> {
+        let Prefetch::Auto { distance } = self.config.prefetch else {
+            return Ok(());
+        };
+        let Some((prefix, n, digits)) = numbered(key) else {
+            return Ok(());
+        };
+        let i = match g.detectors.iter().position(|(p, _)| p == prefix) {
+            Some(i) => i,
+            None => {
+                if g.detectors.len() == DETECTORS {
+                    g.detectors.remove(0);
+                }
+                g.detectors.push((prefix.to_string(), Detector::new(4)));
+                g.detectors.len() - 1
+            }
+        };
+        g.detectors[i].1.record(n);
+        for next in g.detectors[i].1.predict(distance) {
+            if next < 0 {
+                continue;
+            }
+            let key = format!("{prefix}{next:0digits$}");
+            if g.gpu.contains(&key) || !(g.host.contains(&key) || g.index.contains_key(&key)) {
+                continue;
+            }
+            let data = self.load_below_gpu(g, &key)?;
+            if g.gpu.fits(data.len() as u64) {
+                self.promote(g, &key, &data)?;
+                g.stats.prefetched += 1;
+                g.prefetched.insert(key);
+            }
+        }
+        Ok(())
+    }
+
+    fn drop_from_memory(&self, g: &mut Inner, key: &String) -> bool {
+        let gpu = g.gpu.remove(key).is_some();
+        g.gpu_blocks.remove(key);
+        let host = g.host.remove(key).is_some();
+        g.host_blocks.remove(key);
+        gpu || host
+    }
+
+    /// Appends `data` as an encoded block to the current segment and records it.
+    fn write_to_disk(&self, g: &mut Inner, key: &str, data: &[u8], sync: bool) -> Result<()> {
+        let block =
+            codec::encode_block(data, self.config.disk_compression, self.config.disk_filter)?;
+        let path = self.dir.join(segment_name(g.segment));
+        let offset = self.disk.append(&path, &block)?;
+        if sync {
+            self.disk.sync(&path)?;
+            if !g.segment_named {
+                self.disk.sync_dir(&self.dir)?;
+                g.segment_named = true;
+            }
+        }
+        let at = Location {
+            segment: g.segment,
+            offset,
+            len: block.len() as u64,
+        };
+        g.log.append(
+            &Record::Put {
+                key: key.to_string(),
+                at,
+            },
+            sync,
+        )?;
+        g.index.insert(key.to_string(), at);
+        g.stats.disk_bytes_written += block.len() as u64;
+        Ok(())
+    }
+
+    /// The block from the host tier or the disk (checksum verified).
+    fn load_below_gpu(&self, g: &mut Inner, key: &String) -> Result<Vec<u8>> {
+        if let Some(p) = g.host_blocks.get(key) {
+            let data = p.wait_slice()?.to_vec();
+            g.host.touch(key);
+            g.stats.host_hits += 1;
+            return Ok(data);
+        }
+        let Some(at) = g.index.get(key).copied() else {
+            g.stats.misses += 1;
+            return Err(Error::NotFound { key: key.clone() });
+        };
+        let path = self.dir.join(segment_name(at.segment));
+        let len = usize::try_from(at.len).map_err(|_| Error::Corrupt {
+            key: key.clone(),
+            detail: format!("a block of {} bytes", at.len),
+        })?;
+        let stored = self.disk.read_at(&path, at.offset, len)?;
+        if stored.len() != len {
+            return Err(Error::Corrupt {
+                key: key.clone(),
+                detail: format!("{} of {len} bytes on disk", stored.len()),
+            });
+        }
+        let data = codec::decode_block(&stored, key)?;
+        g.stats.disk_hits += 1;
+        g.stats.disk_bytes_read += at.len;
+        Ok(data)
+    }
+
+    /// Puts a block found below the GPU into the GPU tier (when it fits there).
+    fn promote(&self, g: &mut Inner, key: &String, data: &[u8]) -> Result<()> {
+        let bytes = data.len() as u64;
+        if !g.gpu.fits(bytes) {
+            return Ok(());
+        }
+        self.make_room_on_gpu(g, bytes)?;
+        let buf = Buffer::from_host(&self.stream, data)?;
+        if g.host.remove(key).is_some() {
+            g.host_blocks.remove(key);
+        }
+        g.gpu.insert(key.clone(), bytes);
+        g.gpu_blocks.insert(key.clone(), buf);
+        Ok(())
+    }
+
+    /// Moves GPU victims down to the host tier (or the disk) before `incoming` bytes arrive.
+    fn make_room_on_gpu(&self, g: &mut Inner, incoming: u64) -> Result<()> {
+        for (key, bytes) in g.gpu.victims(incoming) {
+            let Some(buf) = g.gpu_blocks.remove(&key) else {
+                continue;
+            };
+            g.gpu.remove(&key);
+            g.stats.gpu_evictions += 1;
+            if g.host.fits(bytes) {
+                self.make_room_on_host(g, bytes)?;
+                let mut pinned = PinnedBuf::<u8>::new(self.stream.device(), buf.len())?;
+                buf.copy_to_pinned(&self.stream, &mut pinned)?;
+                g.host.insert(key.clone(), bytes);
+                g.host_blocks.insert(key, pinned);
+            } else if !g.index.contains_key(&key) {
+                let data = buf.to_host(&self.stream)?;
+                self.write_to_disk(g, &key, &data, false)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves host victims to the disk (unless already there) before `incoming` bytes arrive.
+    fn make_room_on_host(&self, g: &mut Inner, incoming: u64) -> Result<()> {
+        for (key, _) in g.host.victims(incoming) {
+            let Some(pinned) = g.host_blocks.remove(&key) else {
+                continue;
+            };
+            g.host.remove(&key);
+            g.stats.host_evictions += 1;
+            if !g.index.contains_key(&key) {
+                let data = pinned.wait_slice()?.to_vec();
+                self.write_to_disk(g, &key, &data, false)?;
+            }
+        }
+        Ok(())
+    }
+}

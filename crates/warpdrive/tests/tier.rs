@@ -1,0 +1,395 @@
+//! The tiered store on both backends: blocks move GPU → host → disk as budgets fill and come
+//! back on get; durable puts survive simulated power losses; corrupt blocks are never
+//! returned; a full disk is a clean error; bad keys, sizes and watermarks are refused.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use common::{device_test, rng, seed};
+use rand::{Rng, RngCore};
+use warpdrive::tier::codec::{Compression, Filter};
+use warpdrive::tier::disk::{Disk, SimDisk};
+use warpdrive::tier::policy::Budget;
+use warpdrive::tier::{Durability, Tier, TierConfig, TierStore};
+use warpdrive::{Device, Error};
+
+fn block(r: &mut impl RngCore, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    r.fill_bytes(&mut v);
+    // Half the blocks compressible: runs of zeros.
+    if len % 2 == 0 {
+        for x in v.iter_mut().step_by(3) {
+            *x = 0;
+        }
+    }
+    v
+}
+
+fn dir(name: &str) -> PathBuf {
+    PathBuf::from(format!("/store/{name}"))
+}
+
+device_test!(
+    cpu_blocks_move_down_as_tiers_fill_and_come_back,
+    gpu_blocks_move_down_as_tiers_fill_and_come_back,
+    |dev| moves_body(dev)
+);
+
+fn moves_body(dev: &Device) {
+    let s = dev.new_stream().unwrap();
+    let disk = Arc::new(SimDisk::new());
+    // Room for ~4 blocks of 4 KiB on the GPU and ~4 more on the host.
+    let config = TierConfig::new(18 << 10, 18 << 10);
+    let store = TierStore::open_on(disk, dir("moves"), config, &s).unwrap();
+    let mut r = rng(seed("tier moves"));
+    let blocks: Vec<Vec<u8>> = (0..16).map(|i| block(&mut r, 4096 + i)).collect();
+    for (i, b) in blocks.iter().enumerate() {
+        store.put(&format!("k{i}"), b, Durability::Memory).unwrap();
+    }
+    let where_: Vec<Vec<Tier>> = (0..16).map(|i| store.tiers_of(&format!("k{i}"))).collect();
+    assert!(where_.iter().all(|t| !t.is_empty()), "{where_:?}");
+    assert!(
+        where_[15].contains(&Tier::Gpu),
+        "the newest block is on the GPU"
+    );
+    assert!(
+        where_[0].contains(&Tier::Disk),
+        "the oldest went to disk: {where_:?}"
+    );
+    let stats = store.stats();
+    assert!(
+        stats.gpu_evictions > 0 && stats.host_evictions > 0,
+        "{stats:?}"
+    );
+    for (i, b) in blocks.iter().enumerate() {
+        let got = store.get(&format!("k{i}")).unwrap().to_host(&s).unwrap();
+        assert_eq!(&got, b, "block {i}");
+        assert_eq!(&store.get_host(&format!("k{i}")).unwrap(), b, "block {i}");
+    }
+    let stats = store.stats();
+    assert!(stats.disk_hits > 0 && stats.gpu_hits > 0, "{stats:?}");
+    // Replace, remove, and a missing key.
+    store.put("k3", &blocks[4], Durability::Sync).unwrap();
+    assert_eq!(store.get_host("k3").unwrap(), blocks[4]);
+    store.remove("k3").unwrap();
+    assert!(matches!(store.get_host("k3"), Err(Error::NotFound { .. })));
+    assert!(matches!(store.remove("k3"), Err(Error::NotFound { .. })));
+}
+
+device_test!(
+    cpu_pinned_blocks_stay_in_their_tier,
+    gpu_pinned_blocks_stay_in_their_tier,
+    |dev| {
+        let s = dev.new_stream().unwrap();
+        let config = TierConfig::new(18 << 10, 0);
+        let store = TierStore::open_on(Arc::new(SimDisk::new()), dir("pins"), config, &s).unwrap();
+        let mut r = rng(seed("tier pins"));
+        let first = block(&mut r, 4096);
+        store.put("first", &first, Durability::Memory).unwrap();
+        store.pin("first").unwrap();
+        for i in 0..12 {
+            store
+                .put(
+                    &format!("other{i}"),
+                    &block(&mut r, 4096),
+                    Durability::Memory,
+                )
+                .unwrap();
+        }
+        assert_eq!(store.tiers_of("first"), vec![Tier::Gpu]);
+        store.unpin("first").unwrap();
+        assert!(store.unpin("first").is_err(), "not pinned any more");
+        for i in 12..24 {
+            store
+                .put(
+                    &format!("other{i}"),
+                    &block(&mut r, 4096),
+                    Durability::Memory,
+                )
+                .unwrap();
+        }
+        assert!(!store.tiers_of("first").contains(&Tier::Gpu));
+        assert_eq!(store.get_host("first").unwrap(), first);
+        assert!(matches!(store.pin("nothing"), Err(Error::NotFound { .. })));
+    }
+);
+
+/// Random puts and removes with random durability, a power loss at a random point, a
+/// reopen: every block acknowledged as `Sync` is back, byte for byte, and nothing returned
+/// is wrong; 200 rounds.
+#[test]
+fn durable_puts_survive_power_losses() {
+    let dev = Device::cpu();
+    let s = dev.new_stream().unwrap();
+    let mut r = rng(seed("tier power losses"));
+    let disk = Arc::new(SimDisk::new());
+    let config = TierConfig::new(0, 32 << 10);
+    let mut durable: std::collections::HashMap<String, Vec<u8>> = Default::default();
+    let mut lost = 0usize;
+    for round in 0..200 {
+        let store = TierStore::open_on(disk.clone(), dir("power"), config, &s).unwrap();
+        for (key, want) in &durable {
+            match store.get_host(key) {
+                Ok(got) if &got == want => {}
+                other => {
+                    lost += 1;
+                    eprintln!("round {round}: {key} came back as {other:?}");
+                }
+            }
+        }
+        for _ in 0..r.random_range(1..8) {
+            let key = format!("k{}", r.random_range(0..24));
+            match r.random_range(0..4) {
+                0 => {
+                    if store.remove(&key).is_ok() {
+                        // An unsynced remove may be undone by the power loss: the block
+                        // is no longer promised either way.
+                        durable.remove(&key);
+                    }
+                }
+                n => {
+                    let len = r.random_range(1..6000);
+                    let data = block(&mut r, len);
+                    let d = [Durability::Memory, Durability::Disk, Durability::Sync][n - 1];
+                    store.put(&key, &data, d).unwrap();
+                    if d == Durability::Sync {
+                        durable.insert(key, data);
+                    } else {
+                        durable.remove(&key);
+                    }
+                }
+            }
+        }
+        drop(store);
+        disk.power_loss();
+    }
+    assert_eq!(lost, 0, "acknowledged blocks lost");
+}
+
+#[test]
+fn a_flipped_byte_on_disk_is_an_error_naming_the_key() {
+    let s = Device::cpu().new_stream().unwrap();
+    let disk = Arc::new(SimDisk::new());
+    let mut config = TierConfig::new(0, 0);
+    config.disk_compression = Compression::Zstd { level: 1 };
+    config.disk_filter = Filter::Shuffle { width: 2 };
+    let store = TierStore::open_on(disk.clone(), dir("flip"), config, &s).unwrap();
+    let mut r = rng(seed("tier flip"));
+    let data = block(&mut r, 10_000);
+    store.put("victim", &data, Durability::Sync).unwrap();
+    assert_eq!(store.get_host("victim").unwrap(), data);
+    let segment = dir("flip").join("data-1.seg");
+    for offset in [0u64, 7, 40, 1000] {
+        disk.flip_byte(&segment, offset).unwrap();
+        match store.get_host("victim") {
+            Err(Error::Corrupt { key, .. }) => assert_eq!(key, "victim"),
+            other => panic!("offset {offset}: {other:?}"),
+        }
+        disk.flip_byte(&segment, offset).unwrap();
+        assert_eq!(store.get_host("victim").unwrap(), data);
+    }
+}
+
+#[test]
+fn a_full_disk_is_a_clean_error_and_the_store_stays_usable() {
+    let s = Device::cpu().new_stream().unwrap();
+    let disk = Arc::new(SimDisk::new());
+    let store = TierStore::open_on(disk.clone(), dir("full"), TierConfig::new(0, 0), &s).unwrap();
+    let mut r = rng(seed("tier full"));
+    let small = block(&mut r, 1000);
+    store.put("small", &small, Durability::Sync).unwrap();
+    let used: u64 = ["data-1.seg", "index.log"]
+        .iter()
+        .map(|f| disk.len(&dir("full").join(f)).unwrap().unwrap_or(0))
+        .sum();
+    disk.set_capacity(Some(used + 100));
+    let big = block(&mut r, 50_000);
+    assert!(matches!(
+        store.put("big", &big, Durability::Sync),
+        Err(Error::Io { .. })
+    ));
+    assert_eq!(store.get_host("small").unwrap(), small);
+    disk.set_capacity(None);
+    store.put("big", &big, Durability::Sync).unwrap();
+    assert_eq!(store.get_host("big").unwrap(), big);
+}
+
+#[test]
+fn bad_keys_sizes_and_watermarks_are_refused() {
+    let s = Device::cpu().new_stream().unwrap();
+    let store = TierStore::open_on(
+        Arc::new(SimDisk::new()),
+        dir("bad"),
+        TierConfig::new(1, 1),
+        &s,
+    )
+    .unwrap();
+    let long = "k".repeat(2000);
+    for key in ["", long.as_str()] {
+        assert!(matches!(
+            store.put(key, &[1], Durability::Memory),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            store.get_host(key),
+            Err(Error::InvalidArgument(_))
+        ));
+    }
+    assert!(matches!(
+        store.put("empty", &[], Durability::Memory),
+        Err(Error::InvalidArgument(_))
+    ));
+    // Budgets smaller than a block: the block goes to disk.
+    store
+        .put("tiny-budgets", &[7; 64], Durability::Memory)
+        .unwrap();
+    assert_eq!(store.tiers_of("tiny-budgets"), vec![Tier::Disk]);
+    assert_eq!(store.get_host("tiny-budgets").unwrap(), vec![7; 64]);
+    let mut config = TierConfig::new(1 << 20, 1 << 20);
+    config.host = Budget {
+        bytes: 1 << 20,
+        high: 0.5,
+        low: 0.9,
+    };
+    assert!(matches!(
+        TierStore::open_on(Arc::new(SimDisk::new()), dir("bad2"), config, &s),
+        Err(Error::InvalidArgument(_))
+    ));
+}
+
+/// The block the kill test's child writes under key `i` (the parent checks the same bytes).
+fn child_block(i: u64) -> Vec<u8> {
+    let mut r = rng(i);
+    let len = r.random_range(1..8000);
+    block(&mut r, len)
+}
+
+const CHILD_DIR_ENV: &str = "WARPDRIVE_TIER_CHILD_DIR";
+const CHILD_FIRST_ENV: &str = "WARPDRIVE_TIER_CHILD_FIRST";
+
+/// The writer the kill test runs as a child process: `Sync` puts of keys from
+/// `CHILD_FIRST_ENV` on, printing each key once its put returned, until killed.
+#[test]
+#[ignore = "the child process of kill_9_loses_no_acknowledged_block; does nothing alone"]
+fn tier_writer_child() {
+    let (Ok(dir), Ok(first)) = (std::env::var(CHILD_DIR_ENV), std::env::var(CHILD_FIRST_ENV))
+    else {
+        return;
+    };
+    let first: u64 = first.parse().unwrap();
+    let s = Device::cpu().new_stream().unwrap();
+    let store = TierStore::open(&dir, TierConfig::new(0, 16 << 10), &s).unwrap();
+    for i in first.. {
+        store
+            .put(&format!("k{i}"), &child_block(i), Durability::Sync)
+            .unwrap();
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "acked {i}").unwrap();
+        out.flush().unwrap();
+    }
+}
+
+/// 200 times: a child process writes durable blocks and is killed (`SIGKILL`) after a
+/// random number of acknowledgements; every acknowledged block is back after a reopen.
+#[test]
+fn kill_9_loses_no_acknowledged_block() {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    let dir = std::env::temp_dir().join(format!("warpdrive-tier-kill-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let exe = std::env::current_exe().unwrap();
+    let mut r = rng(seed("tier kill"));
+    let mut acked = 0u64;
+    for round in 0..200 {
+        let mut child = Command::new(&exe)
+            .args(["--exact", "tier_writer_child", "--ignored", "--nocapture"])
+            .env(CHILD_DIR_ENV, &dir)
+            .env(CHILD_FIRST_ENV, acked.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Some(n) = line.strip_prefix("acked ") {
+                    if tx.send(n.parse::<u64>().unwrap()).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        let wanted = r.random_range(1..6);
+        for _ in 0..wanted {
+            match rx.recv_timeout(Duration::from_secs(60)) {
+                Ok(n) => acked = acked.max(n + 1),
+                Err(e) => panic!("round {round}: the child stopped acknowledging: {e}"),
+            }
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // Acknowledgements already in the pipe count too.
+        reader.join().unwrap();
+        while let Ok(n) = rx.try_recv() {
+            acked = acked.max(n + 1);
+        }
+        let s = Device::cpu().new_stream().unwrap();
+        let store = TierStore::open(&dir, TierConfig::new(0, 0), &s).unwrap();
+        for i in 0..acked {
+            assert_eq!(
+                store.get_host(&format!("k{i}")).unwrap(),
+                child_block(i),
+                "round {round}: k{i}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+device_test!(
+    cpu_sequential_and_strided_gets_are_prefetched,
+    gpu_sequential_and_strided_gets_are_prefetched,
+    |dev| {
+        let s = dev.new_stream().unwrap();
+        let config = TierConfig::new(64 << 10, 0);
+        let store =
+            TierStore::open_on(Arc::new(SimDisk::new()), dir("prefetch"), config, &s).unwrap();
+        let mut r = rng(seed("tier prefetch"));
+        let blocks: Vec<Vec<u8>> = (0..200).map(|_| block(&mut r, 1000)).collect();
+        for (i, b) in blocks.iter().enumerate() {
+            let key = format!("kv-{i:04}");
+            store.put(&key, b, Durability::Disk).unwrap();
+            store.migrate(&key, Tier::Disk).unwrap();
+        }
+        let hit_rate = |order: &[usize]| {
+            let before = store.stats();
+            for &i in order {
+                let got = store.get_host(&format!("kv-{i:04}")).unwrap();
+                assert_eq!(got, blocks[i]);
+            }
+            let after = store.stats();
+            (after.prefetch_hits - before.prefetch_hits) as f64 / order.len() as f64
+        };
+        let sequential: Vec<usize> = (0..100).collect();
+        let strided: Vec<usize> = (100..200).step_by(3).collect();
+        let seq = hit_rate(&sequential);
+        let str_ = hit_rate(&strided);
+        assert!(seq >= 0.9, "sequential hit rate {seq}");
+        assert!(str_ >= 0.85, "strided hit rate {str_}");
+        let random: Vec<usize> = (0..60).map(|_| r.random_range(0..200)).collect();
+        let before = store.stats().prefetched;
+        hit_rate(&random);
+        assert!(
+            store.stats().prefetched - before <= 8,
+            "random gets prefetch little"
+        );
+    }
+);
