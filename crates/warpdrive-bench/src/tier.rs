@@ -13,10 +13,10 @@ use std::time::Instant;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use warpdrive::bf16;
 use warpdrive::error::{Error, Result};
 use warpdrive::tier::codec::{decode_block, encode_block, Compression, Filter};
 use warpdrive::tier::{Durability, Tier, TierConfig, TierStore};
-use warpdrive::bf16;
 
 use super::{Ctx, Scale};
 
@@ -178,7 +178,7 @@ fn migrate_cases(ctx: &mut Ctx) -> Result<()> {
             let mut r = SmallRng::seed_from_u64(size as u64);
             let block = bf16_bytes(&mut r, size, false);
             for &(from, to) in &pairs {
-                let case = format!("migrate-{}-{}", name(from), name(to));
+                let case = format!("migrate-{}-{}", from.name(), to.name());
                 ctx.step(format!("{SUITE}: {case} at {size} B"));
                 let key = format!("{case}-{size}");
                 store.put(&key, &block, Durability::Disk)?;
@@ -209,14 +209,6 @@ fn migrate_cases(ctx: &mut Ctx) -> Result<()> {
     })();
     let _ = std::fs::remove_dir_all(&dir);
     result
-}
-
-fn name(t: Tier) -> &'static str {
-    match t {
-        Tier::Gpu => "gpu",
-        Tier::Host => "host",
-        Tier::Disk => "disk",
-    }
 }
 
 fn percentile(samples: &[f64], q: f64) -> f64 {

@@ -82,6 +82,17 @@ pub enum Tier {
     Disk,
 }
 
+impl Tier {
+    /// `gpu`, `host` or `disk` (metric labels, benchmark case names).
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Gpu => "gpu",
+            Tier::Host => "host",
+            Tier::Disk => "disk",
+        }
+    }
+}
+
 /// Counts since the store opened.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TierStats {
@@ -124,6 +135,12 @@ struct Inner {
     detectors: Vec<(String, Detector)>,
     /// Keys the prefetcher brought up that no get has asked for yet.
     prefetched: std::collections::HashSet<String>,
+}
+
+/// The bytes each memory tier holds, as gauges (`warpdrive_tier_bytes{tier}`).
+fn publish_occupancy(g: &Inner) {
+    metrics::gauge!("warpdrive_tier_bytes", "tier" => "gpu").set(g.gpu.used() as f64);
+    metrics::gauge!("warpdrive_tier_bytes", "tier" => "host").set(g.host.used() as f64);
 }
 
 /// Detectors kept at once (key prefixes watched).
@@ -278,6 +295,7 @@ impl TierStore {
         } else if !on_disk {
             self.write_to_disk(&mut g, &key, data, false)?;
         }
+        publish_occupancy(&g);
         Ok(())
     }
 
@@ -349,7 +367,22 @@ impl TierStore {
     /// dropped from the memory tiers). A pinned block does not move down.
     pub fn migrate(&self, key: &str, to: Tier) -> Result<()> {
         check_key(key)?;
-        let key = key.to_string();
+        let started = std::time::Instant::now();
+        let from = self.tiers_of(key).first().copied();
+        let r = self.migrate_locked(key.to_string(), to);
+        if let (Ok(()), Some(from)) = (&r, from) {
+            metrics::histogram!(
+                "warpdrive_tier_migration_seconds",
+                "from" => from.name(),
+                "to" => to.name()
+            )
+            .record(started.elapsed().as_secs_f64());
+        }
+        publish_occupancy(&self.inner.lock());
+        r
+    }
+
+    fn migrate_locked(&self, key: String, to: Tier) -> Result<()> {
         let mut g = self.inner.lock();
         let pinned = g.gpu.is_pinned(&key) || g.host.is_pinned(&key);
         match to {
@@ -479,6 +512,7 @@ impl TierStore {
     fn gpu_hit(&self, g: &mut Inner, key: &String) {
         g.gpu.touch(key);
         g.stats.gpu_hits += 1;
+        metrics::counter!("warpdrive_tier_hits_total", "tier" => "gpu").increment(1);
         if g.prefetched.remove(key) {
             g.stats.prefetch_hits += 1;
         }
@@ -565,10 +599,12 @@ impl TierStore {
             let data = p.wait_slice()?.to_vec();
             g.host.touch(key);
             g.stats.host_hits += 1;
+            metrics::counter!("warpdrive_tier_hits_total", "tier" => "host").increment(1);
             return Ok(data);
         }
         let Some(at) = g.index.get(key).copied() else {
             g.stats.misses += 1;
+            metrics::counter!("warpdrive_tier_misses_total").increment(1);
             return Err(Error::NotFound { key: key.clone() });
         };
         let path = self.dir.join(segment_name(at.segment));
@@ -585,6 +621,7 @@ impl TierStore {
         }
         let data = codec::decode_block(&stored, key)?;
         g.stats.disk_hits += 1;
+        metrics::counter!("warpdrive_tier_hits_total", "tier" => "disk").increment(1);
         g.stats.disk_bytes_read += at.len;
         Ok(data)
     }
@@ -613,6 +650,7 @@ impl TierStore {
             };
             g.gpu.remove(&key);
             g.stats.gpu_evictions += 1;
+            metrics::counter!("warpdrive_tier_evictions_total", "tier" => "gpu").increment(1);
             if g.host.fits(bytes) {
                 self.make_room_on_host(g, bytes)?;
                 let mut pinned = PinnedBuf::<u8>::new(self.stream.device(), buf.len())?;
@@ -635,6 +673,7 @@ impl TierStore {
             };
             g.host.remove(&key);
             g.stats.host_evictions += 1;
+            metrics::counter!("warpdrive_tier_evictions_total", "tier" => "host").increment(1);
             if !g.index.contains_key(&key) {
                 let data = pinned.wait_slice()?.to_vec();
                 self.write_to_disk(g, &key, &data, false)?;
