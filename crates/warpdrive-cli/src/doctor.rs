@@ -79,6 +79,7 @@ pub(crate) fn print_info(info: &DeviceInfo) {
         info.pcie().map_or(Value::Null, Value::String),
     );
     fields.insert("numa".into(), Value::String(numa_line(&info.numa)));
+    fields.insert("gpudirect_storage".into(), Value::String(gds_line().into()));
     let width = fields.keys().map(String::len).max().unwrap_or(0);
     for (key, value) in &fields {
         if key == "libraries" {
@@ -100,6 +101,17 @@ pub(crate) fn print_info(info: &DeviceInfo) {
             (false, _) => format!("missing  ({})", missing_library(lib.name)),
         };
         println!("    {:<lib_width$}  {state}", lib.name);
+    }
+}
+
+/// What GPUDirect Storage would do here, in words.
+fn gds_line() -> &'static str {
+    match warpdrive::device::gds_mode() {
+        warpdrive::device::GdsMode::Absent => "absent (no libcufile): POSIX I/O",
+        warpdrive::device::GdsMode::Compatibility => {
+            "compatibility mode (libcufile without the nvidia-fs driver: host bounce buffers)"
+        }
+        warpdrive::device::GdsMode::Direct => "direct (libcufile and the nvidia-fs driver)",
     }
 }
 

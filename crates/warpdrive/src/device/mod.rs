@@ -600,6 +600,30 @@ impl Event {
     }
 }
 
+/// How GPUDirect Storage (cuFile) would move data between files and GPU memory here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum GdsMode {
+    /// No cuFile library: POSIX I/O through host memory.
+    Absent,
+    /// cuFile without the `nvidia-fs` kernel driver: it reads through host bounce buffers
+    /// (no faster than POSIX I/O plus a copy; warpdrive claims no speed for it).
+    Compatibility,
+    /// cuFile with the kernel driver: DMA between the storage and GPU memory.
+    Direct,
+}
+
+/// What this machine offers for GPUDirect Storage.
+pub fn gds_mode() -> GdsMode {
+    match (
+        cuda::cufile_loads(),
+        sysfs::gds_kernel_driver(std::path::Path::new("/")),
+    ) {
+        (false, _) => GdsMode::Absent,
+        (true, false) => GdsMode::Compatibility,
+        (true, true) => GdsMode::Direct,
+    }
+}
+
 /// Whether a CUDA library loads on this machine, and its version.
 #[derive(Debug, Clone, Serialize)]
 pub struct LibraryStatus {

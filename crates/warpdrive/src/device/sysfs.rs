@@ -203,6 +203,20 @@ pub fn nvidia_driver_version() -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_gds_driver_is_found_under_either_path() {
+        let root = std::env::temp_dir().join(format!("warpdrive-gds-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        assert!(!gds_kernel_driver(&root));
+        std::fs::create_dir_all(root.join("sys/module/nvidia_fs")).unwrap();
+        assert!(gds_kernel_driver(&root));
+        std::fs::remove_dir_all(root.join("sys")).unwrap();
+        std::fs::create_dir_all(root.join("proc/driver/nvidia-fs")).unwrap();
+        assert!(gds_kernel_driver(&root));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
     use super::*;
 
     #[test]
@@ -286,4 +300,11 @@ mod tests {
         assert_eq!(pcie_generation(8.0), Some(3));
         assert_eq!(pcie_generation(3.0), None);
     }
+}
+
+/// Whether the GPUDirect Storage kernel driver (`nvidia-fs`) is loaded under `root` (`/` on
+/// a live system): without it cuFile runs in compatibility mode, reading through host
+/// bounce buffers.
+pub fn gds_kernel_driver(root: &Path) -> bool {
+    root.join("proc/driver/nvidia-fs").exists() || root.join("sys/module/nvidia_fs").exists()
 }

@@ -111,3 +111,8 @@ pub(crate) fn library_statuses() -> Vec<LibraryStatus> {
         status("cufile", libs.cufile, cufile_version.flatten()),
     ]
 }
+
+/// Whether libcufile loads here.
+pub(crate) fn cufile_loads() -> bool {
+    libraries().cufile
+}

@@ -27,7 +27,7 @@ pub use exit::RELEASE_AT_EXIT;
 pub(crate) use exit::{at_exit, release_at_exit};
 pub(crate) use graph::GraphExec;
 pub(crate) use launch::{Function, LaunchMode};
-pub(crate) use libraries::{device_count, library_statuses};
+pub(crate) use libraries::{cufile_loads, device_count, library_statuses};
 pub(crate) use memory::AsyncMemPool;
 pub(crate) use nvrtc::{compile_options, compile_ptx, nvrtc_version};
 pub use probe::ReferenceLaunches;
