@@ -201,6 +201,13 @@ pub fn nvidia_driver_version() -> Option<String> {
         .map(str::to_string)
 }
 
+/// Whether the GPUDirect Storage kernel driver (`nvidia-fs`) is loaded under `root` (`/` on
+/// a live system): without it cuFile runs in compatibility mode, reading through host
+/// bounce buffers.
+pub fn gds_kernel_driver(root: &Path) -> bool {
+    root.join("proc/driver/nvidia-fs").exists() || root.join("sys/module/nvidia_fs").exists()
+}
+
 #[cfg(test)]
 mod tests {
 
@@ -300,11 +307,4 @@ mod tests {
         assert_eq!(pcie_generation(8.0), Some(3));
         assert_eq!(pcie_generation(3.0), None);
     }
-}
-
-/// Whether the GPUDirect Storage kernel driver (`nvidia-fs`) is loaded under `root` (`/` on
-/// a live system): without it cuFile runs in compatibility mode, reading through host
-/// bounce buffers.
-pub fn gds_kernel_driver(root: &Path) -> bool {
-    root.join("proc/driver/nvidia-fs").exists() || root.join("sys/module/nvidia_fs").exists()
 }
