@@ -393,3 +393,73 @@ device_test!(
         );
     }
 );
+
+/// A mostly dead segment is rewritten into the current one and removed; its live blocks
+/// come back after a compaction, a power loss and a reopen.
+#[test]
+fn compaction_frees_dead_segments_and_keeps_live_blocks() {
+    let s = Device::cpu().new_stream().unwrap();
+    let disk = Arc::new(SimDisk::new());
+    let config = TierConfig::new(0, 0);
+    let mut r = rng(seed("tier compaction"));
+    let blocks: Vec<Vec<u8>> = (0..40).map(|_| block(&mut r, 3000)).collect();
+    {
+        let store = TierStore::open_on(disk.clone(), dir("compact"), config, &s).unwrap();
+        for (i, b) in blocks.iter().enumerate() {
+            store.put(&format!("b{i}"), b, Durability::Disk).unwrap();
+        }
+        for i in 10..40 {
+            store.remove(&format!("b{i}")).unwrap();
+        }
+        store.sync().unwrap();
+    }
+    let store = TierStore::open_on(disk.clone(), dir("compact"), config, &s).unwrap();
+    let old = dir("compact").join("data-1.seg");
+    let before = disk.len(&old).unwrap().unwrap();
+    assert_eq!(store.compact().unwrap(), before);
+    assert_eq!(disk.len(&old).unwrap(), None, "the dead segment is gone");
+    assert_eq!(store.compact().unwrap(), 0, "nothing left to compact");
+    for i in 0..10 {
+        assert_eq!(store.get_host(&format!("b{i}")).unwrap(), blocks[i]);
+    }
+    drop(store);
+    disk.power_loss();
+    let store = TierStore::open_on(disk.clone(), dir("compact"), config, &s).unwrap();
+    for i in 0..10 {
+        assert_eq!(store.get_host(&format!("b{i}")).unwrap(), blocks[i]);
+    }
+    for i in 10..40 {
+        assert!(matches!(
+            store.get_host(&format!("b{i}")),
+            Err(Error::NotFound { .. })
+        ));
+    }
+}
+
+/// A corrupt block in a segment being compacted stops the compaction: the segment stays,
+/// and the block is still refused, never copied on as good.
+#[test]
+fn compaction_does_not_carry_a_corrupt_block() {
+    let s = Device::cpu().new_stream().unwrap();
+    let disk = Arc::new(SimDisk::new());
+    let config = TierConfig::new(0, 0);
+    let mut r = rng(seed("tier compaction corrupt"));
+    {
+        let store = TierStore::open_on(disk.clone(), dir("compact-bad"), config, &s).unwrap();
+        for i in 0..10 {
+            store
+                .put(&format!("b{i}"), &block(&mut r, 2000), Durability::Sync)
+                .unwrap();
+        }
+        for i in 1..10 {
+            store.remove(&format!("b{i}")).unwrap();
+        }
+        store.sync().unwrap();
+    }
+    let seg = dir("compact-bad").join("data-1.seg");
+    disk.flip_byte(&seg, 40).unwrap();
+    let store = TierStore::open_on(disk.clone(), dir("compact-bad"), config, &s).unwrap();
+    assert!(matches!(store.compact(), Err(Error::Corrupt { .. })));
+    assert!(disk.len(&seg).unwrap().is_some());
+    assert!(matches!(store.get_host("b0"), Err(Error::Corrupt { .. })));
+}

@@ -135,12 +135,26 @@ struct Inner {
     detectors: Vec<(String, Detector)>,
     /// Keys the prefetcher brought up that no get has asked for yet.
     prefetched: std::collections::HashSet<String>,
+    /// Per data segment: (bytes of blocks the index still points at, bytes written).
+    segments: HashMap<u64, (u64, u64)>,
 }
+
+/// A closed segment whose live bytes fall under this share of its size is rewritten.
+const SEGMENT_LIVE_MIN: f64 = 0.5;
+/// The index log is compacted once it holds this many records and mostly dead ones.
+const LOG_COMPACT_RECORDS: u64 = 4096;
 
 /// The bytes each memory tier holds, as gauges (`warpdrive_tier_bytes{tier}`).
 fn publish_occupancy(g: &Inner) {
     metrics::gauge!("warpdrive_tier_bytes", "tier" => "gpu").set(g.gpu.used() as f64);
     metrics::gauge!("warpdrive_tier_bytes", "tier" => "host").set(g.host.used() as f64);
+}
+
+/// Takes a block the index no longer points at off its segment's live bytes.
+fn forget(g: &mut Inner, at: Location) {
+    if let Some(s) = g.segments.get_mut(&at.segment) {
+        s.0 = s.0.saturating_sub(at.len);
+    }
 }
 
 /// Detectors kept at once (key prefixes watched).
@@ -216,6 +230,21 @@ impl TierStore {
             lens.get(&at.segment)
                 .is_some_and(|&len| at.offset.saturating_add(at.len) <= len)
         });
+        let mut segments: HashMap<u64, (u64, u64)> =
+            lens.iter().map(|(&n, &len)| (n, (0, len))).collect();
+        for at in index.values() {
+            if let Some(s) = segments.get_mut(&at.segment) {
+                s.0 += at.len;
+            }
+        }
+        // Segments nothing points at (emptied by a compaction that crashed before removing
+        // them, or by removes) go now.
+        for (&n, &(live, _)) in &segments {
+            if live == 0 {
+                disk.remove(&dir.join(segment_name(n)))?;
+            }
+        }
+        segments.retain(|_, s| s.0 > 0);
         Ok(TierStore {
             stream: stream.clone(),
             disk,
@@ -233,6 +262,7 @@ impl TierStore {
                 stats: TierStats::default(),
                 detectors: Vec::new(),
                 prefetched: Default::default(),
+                segments,
             }),
         })
     }
@@ -276,8 +306,9 @@ impl TierStore {
         let on_disk = durability != Durability::Memory;
         if on_disk {
             self.write_to_disk(&mut g, &key, data, durability == Durability::Sync)?;
-        } else if g.index.remove(&key).is_some() {
+        } else if let Some(old) = g.index.remove(&key) {
             // The disk copy is stale now.
+            forget(&mut g, old);
             g.log.append(&Record::Remove { key: key.clone() }, false)?;
         }
         let bytes = data.len() as u64;
@@ -487,14 +518,90 @@ impl TierStore {
         let key = key.to_string();
         let mut g = self.inner.lock();
         let in_memory = self.drop_from_memory(&mut g, &key);
-        let on_disk = g.index.remove(&key).is_some();
-        if on_disk {
-            g.log.append(&Record::Remove { key: key.clone() }, false)?;
-        }
+        let on_disk = match g.index.remove(&key) {
+            Some(old) => {
+                forget(&mut g, old);
+                g.log.append(&Record::Remove { key: key.clone() }, false)?;
+                true
+            }
+            None => false,
+        };
         if !(in_memory || on_disk) {
             return Err(Error::NotFound { key });
         }
         Ok(())
+    }
+
+    /// Rewrites the closed data segments that are mostly dead (live blocks under half their
+    /// bytes) into the current one and removes them, then compacts the index log when most
+    /// of its records are dead; returns the disk bytes freed. Crash-safe: the moved blocks
+    /// and their index records are synced before an old segment is removed, and a reopen
+    /// removes segments nothing points at.
+    pub fn compact(&self) -> Result<u64> {
+        let mut g = self.inner.lock();
+        let current = g.segment;
+        let mut sparse: Vec<u64> = g
+            .segments
+            .iter()
+            .filter(|(&n, &(live, total))| {
+                n != current && (live as f64) < SEGMENT_LIVE_MIN * total as f64
+            })
+            .map(|(&n, _)| n)
+            .collect();
+        sparse.sort_unstable();
+        let mut freed = 0u64;
+        for n in sparse {
+            let moving: Vec<(String, Location)> = g
+                .index
+                .iter()
+                .filter(|(_, at)| at.segment == n)
+                .map(|(k, at)| (k.clone(), *at))
+                .collect();
+            let from = self.dir.join(segment_name(n));
+            let to = self.dir.join(segment_name(current));
+            for (key, at) in &moving {
+                let len = usize::try_from(at.len).map_err(|_| Error::Corrupt {
+                    key: key.clone(),
+                    detail: format!("a block of {} bytes", at.len),
+                })?;
+                let stored = self.disk.read_at(&from, at.offset, len)?;
+                // Verified before it moves: a corrupt block is not copied on as good.
+                codec::decode_block(&stored, key)?;
+                let offset = self.disk.append(&to, &stored)?;
+                let moved = Location {
+                    segment: current,
+                    offset,
+                    len: at.len,
+                };
+                g.log.append(
+                    &Record::Put {
+                        key: key.clone(),
+                        at: moved,
+                    },
+                    false,
+                )?;
+                g.index.insert(key.clone(), moved);
+                let seg = g.segments.entry(current).or_insert((0, 0));
+                seg.0 += at.len;
+                seg.1 = offset + at.len;
+            }
+            if self.disk.len(&to)?.is_some() {
+                self.disk.sync(&to)?;
+                self.disk.sync_dir(&self.dir)?;
+                g.segment_named = true;
+            }
+            g.log.sync()?;
+            let total = g.segments.remove(&n).map_or(0, |s| s.1);
+            self.disk.remove(&from)?;
+            self.disk.sync_dir(&self.dir)?;
+            freed += total;
+        }
+        let live = g.index.len();
+        if g.log.records() >= LOG_COMPACT_RECORDS && g.log.dead_ratio(live) > 0.5 {
+            let index = g.index.clone();
+            g.log.compact(&index)?;
+        }
+        Ok(freed)
     }
 
     /// Makes every write so far durable (data segments, then the index).
@@ -588,7 +695,12 @@ impl TierStore {
             },
             sync,
         )?;
-        g.index.insert(key.to_string(), at);
+        let segment = g.segments.entry(at.segment).or_insert((0, 0));
+        segment.0 += at.len;
+        segment.1 = at.offset + at.len;
+        if let Some(old) = g.index.insert(key.to_string(), at) {
+            forget(g, old);
+        }
         g.stats.disk_bytes_written += block.len() as u64;
         Ok(())
     }
