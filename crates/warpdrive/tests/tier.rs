@@ -419,14 +419,14 @@ fn compaction_frees_dead_segments_and_keeps_live_blocks() {
     assert_eq!(store.compact().unwrap(), before);
     assert_eq!(disk.len(&old).unwrap(), None, "the dead segment is gone");
     assert_eq!(store.compact().unwrap(), 0, "nothing left to compact");
-    for i in 0..10 {
-        assert_eq!(store.get_host(&format!("b{i}")).unwrap(), blocks[i]);
+    for (i, b) in blocks.iter().enumerate().take(10) {
+        assert_eq!(&store.get_host(&format!("b{i}")).unwrap(), b);
     }
     drop(store);
     disk.power_loss();
     let store = TierStore::open_on(disk.clone(), dir("compact"), config, &s).unwrap();
-    for i in 0..10 {
-        assert_eq!(store.get_host(&format!("b{i}")).unwrap(), blocks[i]);
+    for (i, b) in blocks.iter().enumerate().take(10) {
+        assert_eq!(&store.get_host(&format!("b{i}")).unwrap(), b);
     }
     for i in 10..40 {
         assert!(matches!(
