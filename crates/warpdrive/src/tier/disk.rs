@@ -43,6 +43,66 @@ pub trait Disk: Send + Sync + 'static {
     fn sync_dir(&self, dir: &Path) -> Result<()>;
     /// The files in `dir`, sorted.
     fn list(&self, dir: &Path) -> Result<Vec<PathBuf>>;
+
+    /// Appends `bytes` for direct I/O: at an offset aligned to [`DIRECT_ALIGN`], zeros after
+    /// them up to the next alignment; returns their offset. The default pads and appends
+    /// through [`append`](Self::append); [`OsDisk`] writes with `O_DIRECT` where the file
+    /// system allows it (no page cache in the way).
+    fn append_aligned(&self, path: &Path, bytes: &[u8]) -> Result<u64> {
+        default_append_aligned(self, path, bytes)
+    }
+
+    /// `len` bytes at `offset` of a file [`append_aligned`](Self::append_aligned) wrote;
+    /// fewer only at its end. [`OsDisk`] reads with `O_DIRECT` where it can.
+    fn read_aligned(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {
+        self.read_at(path, offset, len)
+    }
+}
+
+/// The alignment of direct I/O: offsets, lengths and buffers (the file systems' 4 KiB).
+pub const DIRECT_ALIGN: u64 = 4096;
+
+/// Bytes from `n` to the next multiple of [`DIRECT_ALIGN`].
+pub fn pad_to_align(n: u64) -> u64 {
+    (DIRECT_ALIGN - n % DIRECT_ALIGN) % DIRECT_ALIGN
+}
+
+/// A zeroed buffer of `len` bytes (a multiple of [`DIRECT_ALIGN`]) whose start is aligned:
+/// the backing vector and the range of it to use.
+fn aligned_buffer(len: usize) -> Result<(Vec<u8>, std::ops::Range<usize>)> {
+    let align = DIRECT_ALIGN as usize;
+    let total = len
+        .checked_add(align)
+        .ok_or_else(|| Error::InvalidArgument(format!("a direct I/O of {len} bytes")))?;
+    let buf = vec![0u8; total];
+    let start = (align - buf.as_ptr() as usize % align) % align;
+    Ok((buf, start..start + len))
+}
+
+/// Opens `path` with `O_DIRECT` added to `options`; `None` where the file system refuses it
+/// (`EINVAL`: tmpfs and some others), so the caller goes through the page cache instead.
+fn open_direct(options: &mut OpenOptions, path: &Path) -> Result<Option<File>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match options.custom_flags(libc::O_DIRECT).open(path) {
+        Ok(f) => Ok(Some(f)),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(None),
+        Err(e) => Err(Error::io(path, e)),
+    }
+}
+
+/// [`Disk::append_aligned`]'s default body, for [`OsDisk`] where `O_DIRECT` is refused.
+fn default_append_aligned<D: Disk + ?Sized>(disk: &D, path: &Path, bytes: &[u8]) -> Result<u64> {
+    let len = disk.len(path)?.unwrap_or(0);
+    let head = pad_to_align(len);
+    if head > 0 {
+        disk.append(path, &vec![0; head as usize])?;
+    }
+    let offset = disk.append(path, bytes)?;
+    let tail = pad_to_align(bytes.len() as u64);
+    if tail > 0 {
+        disk.append(path, &vec![0; tail as usize])?;
+    }
+    Ok(offset)
 }
 
 /// The operating system's files through `std::fs`. Every error is an [`Error::Io`] naming
@@ -97,6 +157,49 @@ impl Disk for OsDisk {
 
     fn read_all(&self, path: &Path) -> Result<Vec<u8>> {
         std::fs::read(path).map_err(|e| Error::io(path, e))
+    }
+
+    fn append_aligned(&self, path: &Path, bytes: &[u8]) -> Result<u64> {
+        let Some(file) = open_direct(OpenOptions::new().write(true).create(true), path)? else {
+            return default_append_aligned(self, path, bytes);
+        };
+        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        let offset = len + pad_to_align(len);
+        let padded = bytes.len() as u64 + pad_to_align(bytes.len() as u64);
+        let padded = usize::try_from(padded)
+            .map_err(|_| Error::InvalidArgument(format!("a block of {} bytes", bytes.len())))?;
+        let (mut buf, range) = aligned_buffer(padded)?;
+        buf[range.start..range.start + bytes.len()].copy_from_slice(bytes);
+        file.write_all_at(&buf[range], offset)
+            .map_err(|e| Error::io(path, e))?;
+        Ok(offset)
+    }
+
+    fn read_aligned(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let Some(file) = open_direct(OpenOptions::new().read(true), path)? else {
+            return self.read_at(path, offset, len);
+        };
+        let start = offset - offset % DIRECT_ALIGN;
+        let end = offset
+            .checked_add(len as u64)
+            .ok_or_else(|| Error::InvalidArgument(format!("read past 2^64 in {path:?}")))?;
+        let span = end - start + pad_to_align(end - start);
+        let span = usize::try_from(span)
+            .map_err(|_| Error::InvalidArgument(format!("a read of {len} bytes")))?;
+        let (mut buf, range) = aligned_buffer(span)?;
+        let window = &mut buf[range.clone()];
+        let mut filled = 0;
+        while filled < span {
+            match file.read_at(&mut window[filled..], start + filled as u64) {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::io(path, e)),
+            }
+        }
+        let skip = (offset - start) as usize;
+        let got = filled.saturating_sub(skip).min(len);
+        Ok(window[skip..skip + got].to_vec())
     }
 
     fn len(&self, path: &Path) -> Result<Option<u64>> {

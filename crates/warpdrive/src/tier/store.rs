@@ -25,7 +25,7 @@ use crate::memory::{Buffer, PinnedBuf};
 use crate::ops;
 
 use super::codec::{self, Compression, Filter};
-use super::disk::{Disk, OsDisk};
+use super::disk::{pad_to_align, Disk, OsDisk};
 use super::log::{IndexLog, Location, Record};
 use super::policy::{Budget, Clock};
 use super::prefetch::{Detector, Prefetch};
@@ -564,10 +564,10 @@ impl TierStore {
                     key: key.clone(),
                     detail: format!("a block of {} bytes", at.len),
                 })?;
-                let stored = self.disk.read_at(&from, at.offset, len)?;
+                let stored = self.disk.read_aligned(&from, at.offset, len)?;
                 // Verified before it moves: a corrupt block is not copied on as good.
                 codec::decode_block(&stored, key)?;
-                let offset = self.disk.append(&to, &stored)?;
+                let offset = self.disk.append_aligned(&to, &stored)?;
                 let moved = Location {
                     segment: current,
                     offset,
@@ -583,7 +583,7 @@ impl TierStore {
                 g.index.insert(key.clone(), moved);
                 let seg = g.segments.entry(current).or_insert((0, 0));
                 seg.0 += at.len;
-                seg.1 = offset + at.len;
+                seg.1 = offset + at.len + pad_to_align(at.len);
             }
             if self.disk.len(&to)?.is_some() {
                 self.disk.sync(&to)?;
@@ -675,7 +675,7 @@ impl TierStore {
         let block =
             codec::encode_block(data, self.config.disk_compression, self.config.disk_filter)?;
         let path = self.dir.join(segment_name(g.segment));
-        let offset = self.disk.append(&path, &block)?;
+        let offset = self.disk.append_aligned(&path, &block)?;
         if sync {
             self.disk.sync(&path)?;
             if !g.segment_named {
@@ -697,7 +697,7 @@ impl TierStore {
         )?;
         let segment = g.segments.entry(at.segment).or_insert((0, 0));
         segment.0 += at.len;
-        segment.1 = at.offset + at.len;
+        segment.1 = at.offset + at.len + pad_to_align(at.len);
         if let Some(old) = g.index.insert(key.to_string(), at) {
             forget(g, old);
         }
@@ -724,7 +724,7 @@ impl TierStore {
             key: key.clone(),
             detail: format!("a block of {} bytes", at.len),
         })?;
-        let stored = self.disk.read_at(&path, at.offset, len)?;
+        let stored = self.disk.read_aligned(&path, at.offset, len)?;
         if stored.len() != len {
             return Err(Error::Corrupt {
                 key: key.clone(),
