@@ -8,6 +8,12 @@
 //! - `migrate-FROM-TO` (size = block bytes): µs per [`TierStore::migrate`] of one block
 //!   between tiers (GPU, pinned host, disk through the page cache), the stream synchronised
 //!   at the end; `extra.p99_us`. GPU pairs run on a GPU only.
+//! - `disk-write` / `disk-read` (size = block bytes): one block at a time (queue depth 1)
+//!   in the system's temporary folder: `raw-odirect` (our own loop of aligned `pwrite` /
+//!   `pread` on one `O_DIRECT` file) vs `warpdrive` (a disk-only store's `put` with
+//!   `Durability::Disk` and `get_host`: frame, checksum, the write, the index record);
+//!   `extra.direct` says whether the file system took `O_DIRECT`, `extra.pct_of_raw` the
+//!   store's rate against the raw loop's.
 
 use std::time::Instant;
 
@@ -16,6 +22,7 @@ use rand::{Rng, SeedableRng};
 use warpdrive::bf16;
 use warpdrive::error::{Error, Result};
 use warpdrive::tier::codec::{decode_block, encode_block, Compression, Filter};
+use warpdrive::tier::disk::{AlignedBuf, DirectFile};
 use warpdrive::tier::{Durability, Tier, TierConfig, TierStore};
 
 use super::{Ctx, Scale};
@@ -27,6 +34,7 @@ const MIB: usize = 1 << 20;
 
 pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
     codec_cases(ctx)?;
+    disk_cases(ctx)?;
     migrate_cases(ctx)
 }
 
@@ -148,6 +156,80 @@ fn time(reps: usize, mut work: impl FnMut() -> Result<()>) -> Result<Vec<f64>> {
     Ok(out)
 }
 
+fn disk_cases(ctx: &mut Ctx) -> Result<()> {
+    let sizes: &[usize] = match ctx.scale() {
+        Scale::Full => &[64 * KIB, 4 * MIB, 64 * MIB],
+        Scale::Quick => &[64 * KIB, 4 * MIB],
+        Scale::Tiny => &[64 * KIB],
+    };
+    let reps = reps(ctx.scale());
+    let dir = std::env::temp_dir().join(format!("warpdrive-bench-disk-{}", std::process::id()));
+    let stream = ctx.stream().clone();
+    let result = (|| -> Result<()> {
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        for &size in sizes {
+            let mut r = SmallRng::seed_from_u64(size as u64 ^ 0xd15c);
+            let block = bf16_bytes(&mut r, size, false);
+            // Raw: one file, aligned buffers, offsets one block apart.
+            ctx.step(format!("{SUITE}: disk raw O_DIRECT at {size} B"));
+            let raw_path = dir.join(format!("raw-{size}"));
+            let file = DirectFile::open(&raw_path)?;
+            let mut buf = AlignedBuf::new(size)?;
+            buf.as_mut_slice()[..size].copy_from_slice(&block);
+            let stride = buf.as_slice().len() as u64;
+            let mut i = 0u64;
+            let mut raw_w = time(reps, || {
+                i += 1;
+                file.write_at(&buf, i * stride)
+            })?;
+            let mut j = 0u64;
+            let mut raw_r = time(reps, || {
+                j = j % i + 1;
+                file.read_at(&mut buf, j * stride).map(drop)
+            })?;
+            let direct = file.is_direct();
+            drop(file);
+            let _ = std::fs::remove_file(&raw_path);
+            // The store: disk only, no compression.
+            ctx.step(format!("{SUITE}: disk store at {size} B"));
+            let mut config = TierConfig::new(0, 0);
+            config.disk_compression = Compression::None;
+            config.prefetch = warpdrive::tier::prefetch::Prefetch::Off;
+            let store = TierStore::open(dir.join(format!("store-{size}")), config, &stream)?;
+            let mut k = 0u64;
+            let mut ours_w = time(reps, || {
+                k += 1;
+                store.put(&format!("b{k}"), &block, Durability::Disk)
+            })?;
+            let mut m = 0u64;
+            let mut ours_r = time(reps, || {
+                m = m % k + 1;
+                store.get_host(&format!("b{m}")).map(drop)
+            })?;
+            drop(store);
+            for (case, raw, ours) in [
+                ("disk-write", &mut raw_w, &mut ours_w),
+                ("disk-read", &mut raw_r, &mut ours_r),
+            ] {
+                let raw_row =
+                    ctx.record_bytes(case, size as u64, "raw-odirect", raw, size as f64, None)?;
+                raw_row.extra.insert("direct".into(), direct.into());
+                let raw_gbps = raw_row.gbps;
+                let row =
+                    ctx.record_bytes(case, size as u64, "warpdrive", ours, size as f64, None)?;
+                row.extra.insert("direct".into(), direct.into());
+                if let (Some(a), Some(b)) = (row.gbps, raw_gbps) {
+                    row.extra
+                        .insert("pct_of_raw".into(), (100.0 * a / b).into());
+                }
+            }
+        }
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
 fn migrate_cases(ctx: &mut Ctx) -> Result<()> {
     let sizes: &[usize] = match ctx.scale() {
         Scale::Full => &[64 * KIB, 4 * MIB, 64 * MIB],
@@ -235,6 +317,8 @@ mod tests {
             "decompress-text",
             "migrate-host-disk",
             "migrate-disk-host",
+            "disk-write",
+            "disk-read",
         ] {
             assert!(cases.contains(&want), "{want} missing: {cases:?}");
         }

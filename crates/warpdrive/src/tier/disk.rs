@@ -67,26 +67,109 @@ pub fn pad_to_align(n: u64) -> u64 {
     (DIRECT_ALIGN - n % DIRECT_ALIGN) % DIRECT_ALIGN
 }
 
-/// A zeroed buffer of `len` bytes (a multiple of [`DIRECT_ALIGN`]) whose start is aligned:
-/// the backing vector and the range of it to use.
-fn aligned_buffer(len: usize) -> Result<(Vec<u8>, std::ops::Range<usize>)> {
-    let align = DIRECT_ALIGN as usize;
-    let total = len
-        .checked_add(align)
-        .ok_or_else(|| Error::InvalidArgument(format!("a direct I/O of {len} bytes")))?;
-    let buf = vec![0u8; total];
-    let start = (align - buf.as_ptr() as usize % align) % align;
-    Ok((buf, start..start + len))
+/// A zeroed buffer whose start and length are multiples of [`DIRECT_ALIGN`]: what direct
+/// I/O reads into and writes from.
+pub struct AlignedBuf {
+    buf: Vec<u8>,
+    start: usize,
+    len: usize,
 }
 
-/// Opens `path` with `O_DIRECT` added to `options`; `None` where the file system refuses it
-/// (`EINVAL`: tmpfs and some others), so the caller goes through the page cache instead.
-fn open_direct(options: &mut OpenOptions, path: &Path) -> Result<Option<File>> {
-    use std::os::unix::fs::OpenOptionsExt;
-    match options.custom_flags(libc::O_DIRECT).open(path) {
-        Ok(f) => Ok(Some(f)),
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(None),
-        Err(e) => Err(Error::io(path, e)),
+impl AlignedBuf {
+    /// `len` bytes rounded up to the alignment.
+    pub fn new(len: usize) -> Result<AlignedBuf> {
+        let align = DIRECT_ALIGN as usize;
+        let len = len
+            .checked_add(align - 1)
+            .map(|n| n / align * align)
+            .ok_or_else(|| Error::InvalidArgument(format!("a direct I/O of {len} bytes")))?;
+        let total = len
+            .checked_add(align)
+            .ok_or_else(|| Error::InvalidArgument(format!("a direct I/O of {len} bytes")))?;
+        let buf = vec![0u8; total];
+        let start = (align - buf.as_ptr() as usize % align) % align;
+        Ok(AlignedBuf { buf, start, len })
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        &self.buf[self.start..self.start + self.len]
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.buf[self.start..self.start + self.len]
+    }
+}
+
+/// A file opened for direct I/O (`O_DIRECT`), or through the page cache where the file
+/// system refuses it (`EINVAL`: tmpfs and others); [`DirectFile::is_direct`] says which.
+pub struct DirectFile {
+    file: File,
+    path: PathBuf,
+    direct: bool,
+}
+
+impl DirectFile {
+    /// Opens `path` for reading and writing, created when absent.
+    pub fn open(path: &Path) -> Result<DirectFile> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut options = OpenOptions::new();
+        options.read(true).write(true).create(true);
+        let (file, direct) = match options.clone().custom_flags(libc::O_DIRECT).open(path) {
+            Ok(f) => (f, true),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                (options.open(path).map_err(|e| Error::io(path, e))?, false)
+            }
+            Err(e) => return Err(Error::io(path, e)),
+        };
+        Ok(DirectFile {
+            file,
+            path: path.to_path_buf(),
+            direct,
+        })
+    }
+
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    /// The file's length in bytes.
+    pub fn size(&self) -> Result<u64> {
+        Ok(self
+            .file
+            .metadata()
+            .map_err(|e| Error::io(&self.path, e))?
+            .len())
+    }
+
+    /// Writes all of `buf` at `offset` (a multiple of [`DIRECT_ALIGN`]).
+    pub fn write_at(&self, buf: &AlignedBuf, offset: u64) -> Result<()> {
+        self.file
+            .write_all_at(buf.as_slice(), offset)
+            .map_err(|e| Error::io(&self.path, e))
+    }
+
+    /// Fills `buf` from `offset` (a multiple of [`DIRECT_ALIGN`]); returns the bytes read,
+    /// fewer only at the end of the file.
+    pub fn read_at(&self, buf: &mut AlignedBuf, offset: u64) -> Result<usize> {
+        let window = buf.as_mut_slice();
+        let mut filled = 0;
+        while filled < window.len() {
+            match self
+                .file
+                .read_at(&mut window[filled..], offset + filled as u64)
+            {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::io(&self.path, e)),
+            }
+        }
+        Ok(filled)
+    }
+
+    /// Makes the file's data durable.
+    pub fn sync(&self) -> Result<()> {
+        self.file.sync_data().map_err(|e| Error::io(&self.path, e))
     }
 }
 
@@ -160,46 +243,31 @@ impl Disk for OsDisk {
     }
 
     fn append_aligned(&self, path: &Path, bytes: &[u8]) -> Result<u64> {
-        let Some(file) = open_direct(OpenOptions::new().write(true).create(true), path)? else {
-            return default_append_aligned(self, path, bytes);
-        };
-        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        let file = DirectFile::open(path)?;
+        let len = file.size()?;
         let offset = len + pad_to_align(len);
-        let padded = bytes.len() as u64 + pad_to_align(bytes.len() as u64);
-        let padded = usize::try_from(padded)
-            .map_err(|_| Error::InvalidArgument(format!("a block of {} bytes", bytes.len())))?;
-        let (mut buf, range) = aligned_buffer(padded)?;
-        buf[range.start..range.start + bytes.len()].copy_from_slice(bytes);
-        file.write_all_at(&buf[range], offset)
-            .map_err(|e| Error::io(path, e))?;
+        let mut buf = AlignedBuf::new(bytes.len())?;
+        buf.as_mut_slice()[..bytes.len()].copy_from_slice(bytes);
+        file.write_at(&buf, offset)?;
         Ok(offset)
     }
 
     fn read_aligned(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {
-        let Some(file) = open_direct(OpenOptions::new().read(true), path)? else {
-            return self.read_at(path, offset, len);
-        };
+        if !path.exists() {
+            return Err(Error::io(path, std::io::Error::from(ErrorKind::NotFound)));
+        }
+        let file = DirectFile::open(path)?;
         let start = offset - offset % DIRECT_ALIGN;
         let end = offset
             .checked_add(len as u64)
             .ok_or_else(|| Error::InvalidArgument(format!("read past 2^64 in {path:?}")))?;
-        let span = end - start + pad_to_align(end - start);
-        let span = usize::try_from(span)
+        let span = usize::try_from(end - start)
             .map_err(|_| Error::InvalidArgument(format!("a read of {len} bytes")))?;
-        let (mut buf, range) = aligned_buffer(span)?;
-        let window = &mut buf[range.clone()];
-        let mut filled = 0;
-        while filled < span {
-            match file.read_at(&mut window[filled..], start + filled as u64) {
-                Ok(0) => break,
-                Ok(n) => filled += n,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(Error::io(path, e)),
-            }
-        }
+        let mut buf = AlignedBuf::new(span)?;
+        let filled = file.read_at(&mut buf, start)?;
         let skip = (offset - start) as usize;
         let got = filled.saturating_sub(skip).min(len);
-        Ok(window[skip..skip + got].to_vec())
+        Ok(buf.as_slice()[skip..skip + got].to_vec())
     }
 
     fn len(&self, path: &Path) -> Result<Option<u64>> {
