@@ -57,6 +57,19 @@ pub trait Disk: Send + Sync + 'static {
     fn read_aligned(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {
         self.read_at(path, offset, len)
     }
+
+    /// Hands `len` bytes at `offset` of a file [`append_aligned`](Self::append_aligned)
+    /// wrote (fewer only at its end) to `use_bytes`, without a copy of its own where it can
+    /// ([`OsDisk`] passes its direct-I/O buffer).
+    fn with_aligned(
+        &self,
+        path: &Path,
+        offset: u64,
+        len: usize,
+        use_bytes: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        use_bytes(&self.read_aligned(path, offset, len)?)
+    }
 }
 
 /// The alignment of direct I/O: offsets, lengths and buffers (the file systems' 4 KiB).
@@ -95,9 +108,55 @@ impl AlignedBuf {
         &self.buf[self.start..self.start + self.len]
     }
 
+    /// The most bytes this buffer can hold.
+    pub fn capacity(&self) -> usize {
+        self.buf.len() - self.start
+    }
+
+    /// Uses `len` bytes (rounded up to the alignment) of the buffer: `false`, unchanged,
+    /// when that is more than its capacity.
+    pub fn set_len(&mut self, len: usize) -> bool {
+        let align = DIRECT_ALIGN as usize;
+        match len.checked_add(align - 1).map(|n| n / align * align) {
+            Some(n) if n <= self.capacity() => {
+                self.len = n;
+                true
+            }
+            _ => false,
+        }
+    }
+
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         &mut self.buf[self.start..self.start + self.len]
     }
+}
+
+/// The largest aligned buffer a thread keeps between direct I/Os.
+const SCRATCH_KEEP: usize = 64 << 20;
+
+thread_local! {
+    /// This thread's aligned buffer for [`OsDisk`]'s direct I/O: a fresh one per call would
+    /// be zeroed memory straight from the kernel, faulted in page by page, which cost more
+    /// than the I/O itself at 4 MiB (bench/NOTES.md, the tier store's disk).
+    static SCRATCH: std::cell::RefCell<Option<AlignedBuf>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` on an aligned buffer of `len` bytes (rounded up): this thread's kept one when
+/// it is large enough, else a new one (kept when at most [`SCRATCH_KEEP`]).
+fn with_scratch<R>(len: usize, f: impl FnOnce(&mut AlignedBuf) -> Result<R>) -> Result<R> {
+    let kept = SCRATCH.try_with(|s| s.borrow_mut().take()).ok().flatten();
+    let mut buf = match kept {
+        Some(b) => b,
+        None => AlignedBuf::new(len)?,
+    };
+    if !buf.set_len(len) {
+        buf = AlignedBuf::new(len)?;
+    }
+    let r = f(&mut buf);
+    if buf.capacity() <= SCRATCH_KEEP {
+        let _ = SCRATCH.try_with(|s| *s.borrow_mut() = Some(buf));
+    }
+    r
 }
 
 /// A file opened for direct I/O (`O_DIRECT`), or through the page cache where the file
@@ -246,13 +305,32 @@ impl Disk for OsDisk {
         let file = DirectFile::open(path)?;
         let len = file.size()?;
         let offset = len + pad_to_align(len);
-        let mut buf = AlignedBuf::new(bytes.len())?;
-        buf.as_mut_slice()[..bytes.len()].copy_from_slice(bytes);
-        file.write_at(&buf, offset)?;
+        with_scratch(bytes.len(), |buf| {
+            let window = buf.as_mut_slice();
+            window[..bytes.len()].copy_from_slice(bytes);
+            // The padding: zeros, not what the buffer held before.
+            window[bytes.len()..].fill(0);
+            file.write_at(buf, offset)
+        })?;
         Ok(offset)
     }
 
     fn read_aligned(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        self.with_aligned(path, offset, len, &mut |bytes| {
+            out = bytes.to_vec();
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    fn with_aligned(
+        &self,
+        path: &Path,
+        offset: u64,
+        len: usize,
+        use_bytes: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
         if !path.exists() {
             return Err(Error::io(path, std::io::Error::from(ErrorKind::NotFound)));
         }
@@ -263,11 +341,12 @@ impl Disk for OsDisk {
             .ok_or_else(|| Error::InvalidArgument(format!("read past 2^64 in {path:?}")))?;
         let span = usize::try_from(end - start)
             .map_err(|_| Error::InvalidArgument(format!("a read of {len} bytes")))?;
-        let mut buf = AlignedBuf::new(span)?;
-        let filled = file.read_at(&mut buf, start)?;
-        let skip = (offset - start) as usize;
-        let got = filled.saturating_sub(skip).min(len);
-        Ok(buf.as_slice()[skip..skip + got].to_vec())
+        with_scratch(span, |buf| {
+            let filled = file.read_at(buf, start)?;
+            let skip = (offset - start) as usize;
+            let got = filled.saturating_sub(skip).min(len);
+            use_bytes(&buf.as_slice()[skip..skip + got])
+        })
     }
 
     fn len(&self, path: &Path) -> Result<Option<u64>> {

@@ -724,14 +724,18 @@ impl TierStore {
             key: key.clone(),
             detail: format!("a block of {} bytes", at.len),
         })?;
-        let stored = self.disk.read_aligned(&path, at.offset, len)?;
-        if stored.len() != len {
-            return Err(Error::Corrupt {
-                key: key.clone(),
-                detail: format!("{} of {len} bytes on disk", stored.len()),
-            });
-        }
-        let data = codec::decode_block(&stored, key)?;
+        let mut data = Vec::new();
+        self.disk
+            .with_aligned(&path, at.offset, len, &mut |stored| {
+                if stored.len() != len {
+                    return Err(Error::Corrupt {
+                        key: key.clone(),
+                        detail: format!("{} of {len} bytes on disk", stored.len()),
+                    });
+                }
+                data = codec::decode_block(stored, key)?;
+                Ok(())
+            })?;
         g.stats.disk_hits += 1;
         metrics::counter!("warpdrive_tier_hits_total", "tier" => "disk").increment(1);
         g.stats.disk_bytes_read += at.len;
