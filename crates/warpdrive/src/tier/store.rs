@@ -474,14 +474,19 @@ impl TierStore {
                     )));
                 }
                 if !g.index.contains_key(&key) {
-                    let data = match g.gpu_blocks.get(&key) {
-                        Some(buf) => buf.to_host(&self.stream)?,
-                        None => match g.host_blocks.get(&key) {
-                            Some(p) => p.wait_slice()?.to_vec(),
-                            None => return Err(Error::NotFound { key }),
-                        },
-                    };
-                    self.write_to_disk(&mut g, &key, &data, false)?;
+                    // Encoded straight from the pinned block when the host holds it.
+                    if let Some(p) = g.host_blocks.remove(&key) {
+                        let written = self.write_to_disk(&mut g, &key, p.wait_slice()?, false);
+                        if written.is_err() {
+                            g.host_blocks.insert(key.clone(), p);
+                        }
+                        written?;
+                    } else if let Some(buf) = g.gpu_blocks.get(&key) {
+                        let data = buf.to_host(&self.stream)?;
+                        self.write_to_disk(&mut g, &key, &data, false)?;
+                    } else {
+                        return Err(Error::NotFound { key });
+                    }
                 }
                 self.drop_from_memory(&mut g, &key);
                 Ok(())
@@ -791,8 +796,7 @@ impl TierStore {
             g.stats.host_evictions += 1;
             metrics::counter!("warpdrive_tier_evictions_total", "tier" => "host").increment(1);
             if !g.index.contains_key(&key) {
-                let data = pinned.wait_slice()?.to_vec();
-                self.write_to_disk(g, &key, &data, false)?;
+                self.write_to_disk(g, &key, pinned.wait_slice()?, false)?;
             }
         }
         Ok(())
