@@ -236,6 +236,27 @@ fn a_failed_sync_writes_the_records_in_doubt_again() {
 }
 
 #[test]
+fn unsynced_records_are_synced_once_a_mebibyte_gathers() {
+    let disk = sim();
+    let (mut log, _) = open(&disk);
+    let mut n = 0;
+    while log.bytes() < 3 << 20 {
+        log.append(&put(&format!("key{n:08}"), n), false).unwrap();
+        n += 1;
+    }
+    drop(log);
+    disk.power_loss();
+    let (log, index) = open(&disk);
+    assert!(log.bytes() >= 2 << 20, "{} bytes kept", log.bytes());
+    // A prefix: the first keys, in order.
+    assert_eq!(index.len() as u64, log.records());
+    assert_eq!(
+        index.keys().last(),
+        Some(&format!("key{:08}", index.len() - 1))
+    );
+}
+
+#[test]
 fn keys_longer_than_4_kib_are_refused_and_the_log_goes_on() {
     let disk = sim();
     let (mut log, _) = open(&disk);
