@@ -416,8 +416,11 @@ impl Disk for OsDisk {
 ///
 /// Faults: [`set_capacity`](Self::set_capacity) (writes past it fail with `ENOSPC`, whole
 /// or, with [`set_short_writes`](Self::set_short_writes), after writing what fits),
-/// [`flip_byte`](Self::flip_byte) (damage on the medium) and
-/// [`crash_after`](Self::crash_after) (the process dies after that many more changes).
+/// [`fail_next_sync`](Self::fail_next_sync) (a failed `fsync` that drops the writes it
+/// failed to write back), [`flip_byte`](Self::flip_byte) (damage on the medium) and
+/// [`crash_after`](Self::crash_after) (the process dies after that many more changes; then
+/// [`restart`](Self::restart) is a `kill -9` and [`power_loss`](Self::power_loss) a power
+/// cut).
 #[derive(Debug, Default)]
 pub struct SimDisk {
     state: Mutex<SimState>,
@@ -433,6 +436,8 @@ struct SimState {
     short_writes: bool,
     /// Changes left before the simulated process dies; `Some(0)`: dead.
     changes_left: Option<u64>,
+    /// The next `sync` fails.
+    fail_next_sync: bool,
 }
 
 #[derive(Debug, Default)]
@@ -445,6 +450,20 @@ struct SimFolder {
 struct SimFile {
     current: Vec<u8>,
     durable: Vec<u8>,
+    /// Bytes whose write-back failed: the cache holds them, clean, so no later sync writes
+    /// them (as Linux does after a failed `fsync`); they read as zeros after a power loss.
+    lost: Option<std::ops::Range<usize>>,
+}
+
+impl SimFile {
+    /// The bytes a sync would leave on the medium.
+    fn written_back(&self) -> Vec<u8> {
+        let mut data = self.current.clone();
+        if let Some(lost) = &self.lost {
+            data[lost.clone()].fill(0);
+        }
+        data
+    }
 }
 
 fn not_found(path: &Path) -> Error {
@@ -547,7 +566,8 @@ impl SimDisk {
 
     /// Reverts every file and folder to its durable state, as after a power cut: data not
     /// synced, and names not made durable by `sync_dir`, are lost. Also revives the process
-    /// killed by [`crash_after`](Self::crash_after).
+    /// killed by [`crash_after`](Self::crash_after) and clears a pending
+    /// [`fail_next_sync`](Self::fail_next_sync).
     pub fn power_loss(&self) {
         let mut s = self.state.lock();
         for folder in s.folders.values_mut() {
@@ -555,9 +575,11 @@ impl SimDisk {
         }
         for file in s.files.values_mut() {
             file.current = file.durable.clone();
+            file.lost = None;
         }
         s.collect_garbage();
         s.changes_left = None;
+        s.fail_next_sync = false;
     }
 
     /// Limits the bytes of all files together; `None` lifts the limit. Writes past it fail
@@ -577,6 +599,19 @@ impl SimDisk {
     /// them fails, writing nothing, until [`power_loss`](Self::power_loss).
     pub fn crash_after(&self, changes: u64) {
         self.state.lock().changes_left = Some(changes);
+    }
+
+    /// Starts the process [`crash_after`](Self::crash_after) killed again with every write
+    /// kept, synced or not: a `kill -9`, whose writes the page cache still holds.
+    pub fn restart(&self) {
+        self.state.lock().changes_left = None;
+    }
+
+    /// The next `sync` fails with `EIO`, and the file's writes since its last sync are lost
+    /// to the medium though still read back until a power loss: a later sync does not
+    /// write them, only writing them again does (Linux's behaviour after a failed `fsync`).
+    pub fn fail_next_sync(&self) {
+        self.state.lock().fail_next_sync = true;
     }
 
     /// Inverts the byte at `offset` of `path`, in its current and its durable data alike
@@ -659,15 +694,40 @@ impl Disk for SimDisk {
         s.step(path, true)?;
         let len = usize::try_from(len)
             .map_err(|_| Error::InvalidArgument(format!("length {len} past the address space")))?;
-        s.file_mut(path)?.current.resize(len, 0);
+        let file = s.file_mut(path)?;
+        file.current.resize(len, 0);
+        if let Some(lost) = &mut file.lost {
+            lost.end = lost.end.min(len);
+            if lost.start >= lost.end {
+                file.lost = None;
+            }
+        }
         Ok(())
     }
 
     fn sync(&self, path: &Path) -> Result<()> {
         let mut s = self.state.lock();
         s.step(path, true)?;
+        let fail = std::mem::take(&mut s.fail_next_sync);
         let file = s.file_mut(path)?;
-        file.durable = file.current.clone();
+        if fail {
+            let first_dirty = file
+                .current
+                .iter()
+                .zip(&file.durable)
+                .position(|(c, d)| c != d)
+                .unwrap_or(file.current.len().min(file.durable.len()));
+            let start = file
+                .lost
+                .as_ref()
+                .map_or(first_dirty, |l| l.start.min(first_dirty));
+            file.lost = Some(start..file.current.len());
+            return Err(Error::io(
+                path,
+                std::io::Error::from_raw_os_error(libc::EIO),
+            ));
+        }
+        file.durable = file.written_back();
         Ok(())
     }
 
@@ -685,6 +745,7 @@ impl Disk for SimDisk {
         }
         let inode = s.open_or_create(path)?;
         let file = s.files.get_mut(&inode).ok_or_else(|| not_found(path))?;
+        file.lost = None;
         if fits {
             file.current = bytes.to_vec();
             Ok(())
@@ -877,9 +938,50 @@ mod tests {
         assert!(disk.sync_dir(&dir).is_err());
         assert!(disk.append(&f, b"cd").is_err());
         assert!(disk.read_all(&f).is_err(), "a dead process reads nothing");
+        disk.restart();
+        assert_eq!(
+            disk.read_all(&f).unwrap(),
+            b"ab",
+            "a kill keeps every write"
+        );
+        disk.crash_after(0);
+        assert!(disk.len(&f).is_err());
         disk.power_loss();
         assert_eq!(disk.len(&f).unwrap(), None, "the name was never durable");
         disk.append(&f, b"ab").unwrap();
+    }
+
+    #[test]
+    fn writes_a_failed_sync_dropped_are_lost_until_written_again() {
+        let (disk, dir) = sim();
+        let f = dir.join("a");
+        disk.append(&f, b"ab").unwrap();
+        disk.sync(&f).unwrap();
+        disk.sync_dir(&dir).unwrap();
+        disk.append(&f, b"cd").unwrap();
+        disk.fail_next_sync();
+        let e = disk.sync(&f).unwrap_err();
+        assert!(matches!(&e, Error::Io { source, .. } if source.raw_os_error() == Some(libc::EIO)));
+        assert_eq!(disk.read_all(&f).unwrap(), b"abcd", "still cached");
+        disk.append(&f, b"ef").unwrap();
+        disk.sync(&f).unwrap();
+        disk.power_loss();
+        assert_eq!(
+            disk.read_all(&f).unwrap(),
+            b"ab\0\0ef",
+            "never written back"
+        );
+
+        // Written again, they reach the medium.
+        disk.truncate(&f, 2).unwrap();
+        disk.append(&f, b"cd").unwrap();
+        disk.fail_next_sync();
+        assert!(disk.sync(&f).is_err());
+        disk.truncate(&f, 2).unwrap();
+        disk.append(&f, b"CD").unwrap();
+        disk.sync(&f).unwrap();
+        disk.power_loss();
+        assert_eq!(disk.read_all(&f).unwrap(), b"abCD");
     }
 
     #[test]

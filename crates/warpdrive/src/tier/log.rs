@@ -149,8 +149,10 @@ impl IndexLog {
         Ok((log, index))
     }
 
-    /// Appends `record`; with `sync` it is durable when this returns `Ok`. Keys longer than
-    /// [`MAX_KEY_BYTES`] are refused. After an error (a full disk) the log stays usable:
+    /// Appends `record`; with `sync` it is durable when this returns `Ok`. Without, it is
+    /// durable after a later [`sync`](Self::sync), or once 1 MiB of unsynced records has
+    /// gathered (the log then syncs on its own). Keys longer than [`MAX_KEY_BYTES`] are
+    /// refused. After an error (a full disk) the log stays usable:
     /// the next call first cuts off whatever part of the record reached the file.
     pub fn append(&mut self, record: &Record, sync: bool) -> Result<()> {
         let mut frame = Vec::new();
