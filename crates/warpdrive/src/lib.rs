@@ -36,7 +36,7 @@
 //! `moe_safetensors` (an MoE layer from a safetensors file).
 //!
 //! Floors (nothing imports upward): `device` + `kernels` → `memory` → `ops`, `exec`,
-//! `transfer` → `telemetry` → `moe`. The benchmark harness lives in the `warpdrive-bench`
+//! `transfer` → `telemetry` → `moe`, `tier`. The benchmark harness lives in the `warpdrive-bench`
 //! crate, above this one.
 
 pub mod device;
