@@ -212,6 +212,20 @@ pub fn decode_block(stored: &[u8], key: &str) -> Result<Vec<u8>> {
 /// it is. Widths 0 and 1 copy.
 pub fn shuffle(data: &[u8], width: usize, out: &mut Vec<u8>) {
     out.clear();
+    if width == 2 {
+        // bf16 / f16: one pass that the compiler vectorizes (the general loop below gathers
+        // a byte at a time: 0.43 GB/s on the build VM).
+        let n = data.len() / 2;
+        out.resize(data.len(), 0);
+        let (low, rest) = out.split_at_mut(n);
+        let (high, tail) = rest.split_at_mut(n);
+        for ((pair, l), h) in data.chunks_exact(2).zip(low).zip(high.iter_mut()) {
+            *l = pair[0];
+            *h = pair[1];
+        }
+        tail.copy_from_slice(&data[2 * n..]);
+        return;
+    }
     out.reserve(data.len());
     let width = width.max(1);
     let body = data.len() - data.len() % width;
@@ -229,6 +243,17 @@ pub fn shuffle(data: &[u8], width: usize, out: &mut Vec<u8>) {
 pub fn unshuffle(data: &[u8], width: usize, out: &mut Vec<u8>) {
     out.clear();
     out.resize(data.len(), 0);
+    if width == 2 {
+        let n = data.len() / 2;
+        let (low, rest) = data.split_at(n);
+        let (high, tail) = rest.split_at(n);
+        for ((pair, &l), &h) in out.chunks_exact_mut(2).zip(low).zip(high) {
+            pair[0] = l;
+            pair[1] = h;
+        }
+        out[2 * n..].copy_from_slice(tail);
+        return;
+    }
     let width = width.max(1);
     let elements = data.len() / width;
     let body = elements * width;
