@@ -14,7 +14,13 @@
 //!   `Durability::Disk` and `get_host`: frame, checksum, the write, the index record);
 //!   `extra.direct` says whether the file system took `O_DIRECT`, `extra.pct_of_raw` the
 //!   store's rate against the raw loop's.
+//! - `prefetch-TRACE` (size = gets): gets of 4 KiB blocks that start on a simulated disk,
+//!   a GPU tier with room for a quarter of them; `warpdrive` (the prefetcher on) vs `lru`
+//!   (off: CLOCK alone); `extra.hit_rate` = gets served from the GPU tier / gets. TRACE:
+//!   `sequential`, `strided` (stride 3), `random`, `mixed` (runs of 8 in order between
+//!   random jumps); µs per get.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use rand::rngs::SmallRng;
@@ -22,7 +28,8 @@ use rand::{Rng, SeedableRng};
 use warpdrive::bf16;
 use warpdrive::error::{Error, Result};
 use warpdrive::tier::codec::{decode_block, encode_block, Compression, Filter};
-use warpdrive::tier::disk::{AlignedBuf, DirectFile};
+use warpdrive::tier::disk::{AlignedBuf, DirectFile, SimDisk};
+use warpdrive::tier::prefetch::Prefetch;
 use warpdrive::tier::{Durability, Tier, TierConfig, TierStore};
 
 use super::{Ctx, Scale};
@@ -35,6 +42,7 @@ const MIB: usize = 1 << 20;
 pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
     codec_cases(ctx)?;
     disk_cases(ctx)?;
+    prefetch_cases(ctx)?;
     migrate_cases(ctx)
 }
 
@@ -194,7 +202,7 @@ fn disk_cases(ctx: &mut Ctx) -> Result<()> {
             ctx.step(format!("{SUITE}: disk store at {size} B"));
             let mut config = TierConfig::new(0, 0);
             config.disk_compression = Compression::None;
-            config.prefetch = warpdrive::tier::prefetch::Prefetch::Off;
+            config.prefetch = Prefetch::Off;
             let store = TierStore::open(dir.join(format!("store-{size}")), config, &stream)?;
             let mut k = 0u64;
             let mut ours_w = time(reps, || {
@@ -228,6 +236,68 @@ fn disk_cases(ctx: &mut Ctx) -> Result<()> {
     })();
     let _ = std::fs::remove_dir_all(&dir);
     result
+}
+
+fn prefetch_cases(ctx: &mut Ctx) -> Result<()> {
+    const BLOCKS: usize = 256;
+    const BLOCK: usize = 4 * KIB;
+    let gets = match ctx.scale() {
+        Scale::Full => 4000,
+        Scale::Quick => 1000,
+        Scale::Tiny => 200,
+    };
+    let mut r = SmallRng::seed_from_u64(0xfe7c);
+    let mut mixed = Vec::with_capacity(gets);
+    while mixed.len() < gets {
+        let start = r.random_range(0..BLOCKS);
+        mixed.extend((start..start + 8).map(|i| i % BLOCKS));
+    }
+    mixed.truncate(gets);
+    let traces: [(&str, Vec<usize>); 4] = [
+        ("sequential", (0..gets).map(|i| i % BLOCKS).collect()),
+        ("strided", (0..gets).map(|i| (3 * i) % BLOCKS).collect()),
+        (
+            "random",
+            (0..gets).map(|_| r.random_range(0..BLOCKS)).collect(),
+        ),
+        ("mixed", mixed),
+    ];
+    let stream = ctx.stream().clone();
+    let data = bf16_bytes(&mut r, BLOCK, false);
+    for (name, trace) in &traces {
+        for (variant, prefetch) in [
+            ("warpdrive", Prefetch::Auto { distance: 4 }),
+            ("lru", Prefetch::Off),
+        ] {
+            ctx.step(format!("{SUITE}: prefetch {name} {variant}"));
+            let mut config = TierConfig::new((BLOCKS * BLOCK / 4) as u64, 0);
+            config.prefetch = prefetch;
+            let store = TierStore::open_on(Arc::new(SimDisk::new()), "/bench", config, &stream)?;
+            for i in 0..BLOCKS {
+                let key = format!("blk-{i:04}");
+                store.put(&key, &data, Durability::Disk)?;
+                store.migrate(&key, Tier::Disk)?;
+            }
+            let before = store.stats().gpu_hits;
+            let mut t = Vec::with_capacity(trace.len());
+            for &i in trace {
+                let start = Instant::now();
+                store.get_host(&format!("blk-{i:04}"))?;
+                t.push(start.elapsed().as_secs_f64() * 1e6);
+            }
+            let hit_rate = (store.stats().gpu_hits - before) as f64 / trace.len() as f64;
+            ctx.record_time(
+                &format!("prefetch-{name}"),
+                trace.len() as u64,
+                variant,
+                &mut t,
+                None,
+            )?
+            .extra
+            .insert("hit_rate".into(), hit_rate.into());
+        }
+    }
+    Ok(())
 }
 
 fn migrate_cases(ctx: &mut Ctx) -> Result<()> {
@@ -319,6 +389,7 @@ mod tests {
             "migrate-disk-host",
             "disk-write",
             "disk-read",
+            "prefetch-mixed",
         ] {
             assert!(cases.contains(&want), "{want} missing: {cases:?}");
         }
