@@ -1,0 +1,166 @@
+//! Direct I/O: buffers aligned for `O_DIRECT`, kept per thread, and files opened with it
+//! (or through the page cache where the file system refuses it).
+
+use std::fs::{File, OpenOptions};
+use std::io::ErrorKind;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+use super::DIRECT_ALIGN;
+
+/// A zeroed buffer whose start and length are multiples of [`DIRECT_ALIGN`]: what direct
+/// I/O reads into and writes from.
+pub struct AlignedBuf {
+    buf: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    /// `len` bytes rounded up to the alignment.
+    pub fn new(len: usize) -> Result<AlignedBuf> {
+        let align = DIRECT_ALIGN as usize;
+        let len = len
+            .checked_add(align - 1)
+            .map(|n| n / align * align)
+            .ok_or_else(|| Error::InvalidArgument(format!("a direct I/O of {len} bytes")))?;
+        let total = len
+            .checked_add(align)
+            .ok_or_else(|| Error::InvalidArgument(format!("a direct I/O of {len} bytes")))?;
+        let buf = vec![0u8; total];
+        let start = (align - buf.as_ptr() as usize % align) % align;
+        Ok(AlignedBuf { buf, start, len })
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        &self.buf[self.start..self.start + self.len]
+    }
+
+    /// The most bytes this buffer can hold.
+    pub fn capacity(&self) -> usize {
+        self.buf.len() - self.start
+    }
+
+    /// Uses `len` bytes (rounded up to the alignment) of the buffer: `false`, unchanged,
+    /// when that is more than its capacity.
+    pub fn set_len(&mut self, len: usize) -> bool {
+        let align = DIRECT_ALIGN as usize;
+        match len.checked_add(align - 1).map(|n| n / align * align) {
+            Some(n) if n <= self.capacity() => {
+                self.len = n;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.buf[self.start..self.start + self.len]
+    }
+}
+
+/// The largest aligned buffer a thread keeps between direct I/Os.
+const SCRATCH_KEEP: usize = 64 << 20;
+
+thread_local! {
+    /// This thread's aligned buffer for [`OsDisk`]'s direct I/O: a fresh one per call would
+    /// be zeroed memory straight from the kernel, faulted in page by page, which cost more
+    /// than the I/O itself at 4 MiB (bench/NOTES.md, the tier store's disk).
+    static SCRATCH: std::cell::RefCell<Option<AlignedBuf>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` on an aligned buffer of `len` bytes (rounded up): this thread's kept one when
+/// it is large enough, else a new one (kept when at most [`SCRATCH_KEEP`]).
+pub(super) fn with_scratch<R>(
+    len: usize,
+    f: impl FnOnce(&mut AlignedBuf) -> Result<R>,
+) -> Result<R> {
+    let kept = SCRATCH.try_with(|s| s.borrow_mut().take()).ok().flatten();
+    let mut buf = match kept {
+        Some(b) => b,
+        None => AlignedBuf::new(len)?,
+    };
+    if !buf.set_len(len) {
+        buf = AlignedBuf::new(len)?;
+    }
+    let r = f(&mut buf);
+    if buf.capacity() <= SCRATCH_KEEP {
+        let _ = SCRATCH.try_with(|s| *s.borrow_mut() = Some(buf));
+    }
+    r
+}
+
+/// A file opened for direct I/O (`O_DIRECT`), or through the page cache where the file
+/// system refuses it (`EINVAL`: tmpfs and others); [`DirectFile::is_direct`] says which.
+pub struct DirectFile {
+    file: File,
+    path: PathBuf,
+    direct: bool,
+}
+
+impl DirectFile {
+    /// Opens `path` for reading and writing, created when absent.
+    pub fn open(path: &Path) -> Result<DirectFile> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut options = OpenOptions::new();
+        options.read(true).write(true).create(true);
+        let (file, direct) = match options.clone().custom_flags(libc::O_DIRECT).open(path) {
+            Ok(f) => (f, true),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                (options.open(path).map_err(|e| Error::io(path, e))?, false)
+            }
+            Err(e) => return Err(Error::io(path, e)),
+        };
+        Ok(DirectFile {
+            file,
+            path: path.to_path_buf(),
+            direct,
+        })
+    }
+
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    /// The file's length in bytes.
+    pub fn size(&self) -> Result<u64> {
+        Ok(self
+            .file
+            .metadata()
+            .map_err(|e| Error::io(&self.path, e))?
+            .len())
+    }
+
+    /// Writes all of `buf` at `offset` (a multiple of [`DIRECT_ALIGN`]).
+    pub fn write_at(&self, buf: &AlignedBuf, offset: u64) -> Result<()> {
+        self.file
+            .write_all_at(buf.as_slice(), offset)
+            .map_err(|e| Error::io(&self.path, e))
+    }
+
+    /// Fills `buf` from `offset` (a multiple of [`DIRECT_ALIGN`]); returns the bytes read,
+    /// fewer only at the end of the file.
+    pub fn read_at(&self, buf: &mut AlignedBuf, offset: u64) -> Result<usize> {
+        let window = buf.as_mut_slice();
+        let mut filled = 0;
+        while filled < window.len() {
+            match self
+                .file
+                .read_at(&mut window[filled..], offset + filled as u64)
+            {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::io(&self.path, e)),
+            }
+        }
+        Ok(filled)
+    }
+
+    /// Makes the file's data durable.
+    pub fn sync(&self) -> Result<()> {
+        self.file.sync_data().map_err(|e| Error::io(&self.path, e))
+    }
+}

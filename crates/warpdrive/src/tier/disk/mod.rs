@@ -1,0 +1,312 @@
+//! The file-system seam of the tiered store: [`OsDisk`], the operating system's files, and
+//! [`SimDisk`], an in-memory file system that loses every write not yet synced on a
+//! [`SimDisk::power_loss`] (the crash tests' disk), with injected faults (a full disk, short
+//! writes, flipped bytes, a process that dies after a given number of writes). The direct
+//! I/O (`O_DIRECT`) under [`OsDisk`]'s aligned calls is in `direct`, the simulator in `sim`.
+
+mod direct;
+mod sim;
+
+use std::fs::{File, OpenOptions};
+use std::io::{ErrorKind, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::files::folder;
+
+use direct::with_scratch;
+pub use direct::{AlignedBuf, DirectFile};
+pub use sim::SimDisk;
+
+/// What the store needs of a file system. Writes are durable only once synced: `sync`
+/// makes a file's data durable, `sync_dir` makes the names created, renamed or removed in
+/// a folder durable.
+pub trait Disk: Send + Sync + 'static {
+    /// Creates `dir` and its parents; the folders created are durable when it returns.
+    fn create_dir_all(&self, dir: &Path) -> Result<()>;
+    /// Appends `bytes` to `path` (created when absent); returns the offset they start at.
+    fn append(&self, path: &Path, bytes: &[u8]) -> Result<u64>;
+    /// `len` bytes of `path` from `offset`; fewer only at the end of the file.
+    fn read_at(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>>;
+    /// The whole of `path`.
+    fn read_all(&self, path: &Path) -> Result<Vec<u8>>;
+    /// The length of `path`, `None` when it does not exist.
+    fn len(&self, path: &Path) -> Result<Option<u64>>;
+    /// Cuts `path` to `len` bytes.
+    fn truncate(&self, path: &Path, len: u64) -> Result<()>;
+    /// Makes `path`'s data durable.
+    fn sync(&self, path: &Path) -> Result<()>;
+    /// Creates or replaces `path` with `bytes` (not synced).
+    fn write_new(&self, path: &Path, bytes: &[u8]) -> Result<()>;
+    /// Renames `from` to `to`, replacing `to`.
+    fn rename(&self, from: &Path, to: &Path) -> Result<()>;
+    /// Removes `path` (absent is not an error).
+    fn remove(&self, path: &Path) -> Result<()>;
+    /// Makes the names in `dir` durable.
+    fn sync_dir(&self, dir: &Path) -> Result<()>;
+    /// The files in `dir`, sorted.
+    fn list(&self, dir: &Path) -> Result<Vec<PathBuf>>;
+
+    /// Appends `bytes` for direct I/O: at an offset aligned to [`DIRECT_ALIGN`], zeros after
+    /// them up to the next alignment; returns their offset. The default pads and appends
+    /// through [`append`](Self::append); [`OsDisk`] writes with `O_DIRECT` where the file
+    /// system allows it (no page cache in the way).
+    fn append_aligned(&self, path: &Path, bytes: &[u8]) -> Result<u64> {
+        default_append_aligned(self, path, bytes)
+    }
+
+    /// `len` bytes at `offset` of a file [`append_aligned`](Self::append_aligned) wrote;
+    /// fewer only at its end. [`OsDisk`] reads with `O_DIRECT` where it can.
+    fn read_aligned(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {
+        self.read_at(path, offset, len)
+    }
+
+    /// Hands `len` bytes at `offset` of a file [`append_aligned`](Self::append_aligned)
+    /// wrote (fewer only at its end) to `use_bytes`, without a copy of its own where it can
+    /// ([`OsDisk`] passes its direct-I/O buffer).
+    fn with_aligned(
+        &self,
+        path: &Path,
+        offset: u64,
+        len: usize,
+        use_bytes: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        use_bytes(&self.read_aligned(path, offset, len)?)
+    }
+}
+
+/// The alignment of direct I/O: offsets, lengths and buffers (the file systems' 4 KiB).
+pub const DIRECT_ALIGN: u64 = 4096;
+
+/// Bytes from `n` to the next multiple of [`DIRECT_ALIGN`].
+pub fn pad_to_align(n: u64) -> u64 {
+    (DIRECT_ALIGN - n % DIRECT_ALIGN) % DIRECT_ALIGN
+}
+
+/// [`Disk::append_aligned`]'s default body, for [`OsDisk`] where `O_DIRECT` is refused.
+fn default_append_aligned<D: Disk + ?Sized>(disk: &D, path: &Path, bytes: &[u8]) -> Result<u64> {
+    let len = disk.len(path)?.unwrap_or(0);
+    let head = pad_to_align(len);
+    if head > 0 {
+        disk.append(path, &vec![0; head as usize])?;
+    }
+    let offset = disk.append(path, bytes)?;
+    let tail = pad_to_align(bytes.len() as u64);
+    if tail > 0 {
+        disk.append(path, &vec![0; tail as usize])?;
+    }
+    Ok(offset)
+}
+
+/// The operating system's files through `std::fs`. Every error is an [`Error::Io`] naming
+/// the path, a full disk included (`ENOSPC`, after which the file may hold part of the
+/// write: callers cut it back).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct OsDisk;
+
+impl Disk for OsDisk {
+    fn create_dir_all(&self, dir: &Path) -> Result<()> {
+        // The folders about to be created: each one's name is made durable in its parent.
+        let missing: Vec<&Path> = dir
+            .ancestors()
+            .take_while(|a| !a.as_os_str().is_empty() && !a.exists())
+            .collect();
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        for created in missing.iter().rev() {
+            self.sync_dir(folder(created))?;
+        }
+        Ok(())
+    }
+
+    fn append(&self, path: &Path, bytes: &[u8]) -> Result<u64> {
+        let mut file = OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(path)
+            .map_err(|e| Error::io(path, e))?;
+        let offset = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        file.write_all(bytes).map_err(|e| Error::io(path, e))?;
+        Ok(offset)
+    }
+
+    fn read_at(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let mut out = vec![0u8; len];
+        let mut filled = 0;
+        while filled < len {
+            let at = offset
+                .checked_add(filled as u64)
+                .ok_or_else(|| Error::InvalidArgument(format!("read past 2^64 in {path:?}")))?;
+            match file.read_at(&mut out[filled..], at) {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::io(path, e)),
+            }
+        }
+        out.truncate(filled);
+        Ok(out)
+    }
+
+    fn read_all(&self, path: &Path) -> Result<Vec<u8>> {
+        std::fs::read(path).map_err(|e| Error::io(path, e))
+    }
+
+    fn append_aligned(&self, path: &Path, bytes: &[u8]) -> Result<u64> {
+        let file = DirectFile::open(path)?;
+        let len = file.size()?;
+        let offset = len + pad_to_align(len);
+        with_scratch(bytes.len(), |buf| {
+            let window = buf.as_mut_slice();
+            window[..bytes.len()].copy_from_slice(bytes);
+            // The padding: zeros, not what the buffer held before.
+            window[bytes.len()..].fill(0);
+            file.write_at(buf, offset)
+        })?;
+        Ok(offset)
+    }
+
+    fn read_aligned(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        self.with_aligned(path, offset, len, &mut |bytes| {
+            out = bytes.to_vec();
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    fn with_aligned(
+        &self,
+        path: &Path,
+        offset: u64,
+        len: usize,
+        use_bytes: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        if !path.exists() {
+            return Err(Error::io(path, std::io::Error::from(ErrorKind::NotFound)));
+        }
+        let file = DirectFile::open(path)?;
+        let start = offset - offset % DIRECT_ALIGN;
+        let end = offset
+            .checked_add(len as u64)
+            .ok_or_else(|| Error::InvalidArgument(format!("read past 2^64 in {path:?}")))?;
+        let span = usize::try_from(end - start)
+            .map_err(|_| Error::InvalidArgument(format!("a read of {len} bytes")))?;
+        with_scratch(span, |buf| {
+            let filled = file.read_at(buf, start)?;
+            let skip = (offset - start) as usize;
+            let got = filled.saturating_sub(skip).min(len);
+            use_bytes(&buf.as_slice()[skip..skip + got])
+        })
+    }
+
+    fn len(&self, path: &Path) -> Result<Option<u64>> {
+        match std::fs::metadata(path) {
+            Ok(m) => Ok(Some(m.len())),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::io(path, e)),
+        }
+    }
+
+    fn truncate(&self, path: &Path, len: u64) -> Result<()> {
+        OpenOptions::new()
+            .write(true)
+            .open(path)
+            .and_then(|f| f.set_len(len))
+            .map_err(|e| Error::io(path, e))
+    }
+
+    fn sync(&self, path: &Path) -> Result<()> {
+        File::open(path)
+            .and_then(|f| f.sync_data())
+            .map_err(|e| Error::io(path, e))
+    }
+
+    fn write_new(&self, path: &Path, bytes: &[u8]) -> Result<()> {
+        File::create(path)
+            .and_then(|mut f| f.write_all(bytes))
+            .map_err(|e| Error::io(path, e))
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> Result<()> {
+        std::fs::rename(from, to).map_err(|e| Error::io(from, e))
+    }
+
+    fn remove(&self, path: &Path) -> Result<()> {
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != ErrorKind::NotFound => Err(Error::io(path, e)),
+            _ => Ok(()),
+        }
+    }
+
+    fn sync_dir(&self, dir: &Path) -> Result<()> {
+        File::open(dir)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| Error::io(dir, e))
+    }
+
+    fn list(&self, dir: &Path) -> Result<Vec<PathBuf>> {
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+            let entry = entry.map_err(|e| Error::io(dir, e))?;
+            if entry.file_type().map_err(|e| Error::io(dir, e))?.is_file() {
+                files.push(entry.path());
+            }
+        }
+        files.sort();
+        Ok(files)
+    }
+}
+
+/// A full disk's error, as both disks report it (the tests of each).
+#[cfg(test)]
+fn is_no_space(e: &Error) -> bool {
+    matches!(e, Error::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tempdir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("wd-disk-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn os_disk_does_what_the_trait_says() {
+        let dir = tempdir("os");
+        let disk = OsDisk;
+        disk.create_dir_all(&dir.join("sub")).unwrap();
+        let (a, b) = (dir.join("a"), dir.join("b"));
+        assert_eq!(disk.len(&a).unwrap(), None);
+        assert_eq!(disk.append(&a, b"abc").unwrap(), 0);
+        assert_eq!(disk.append(&a, b"def").unwrap(), 3);
+        disk.sync(&a).unwrap();
+        assert_eq!(disk.read_at(&a, 2, 10).unwrap(), b"cdef");
+        disk.truncate(&a, 4).unwrap();
+        assert_eq!(disk.read_all(&a).unwrap(), b"abcd");
+        disk.write_new(&b, b"xy").unwrap();
+        disk.write_new(&b, b"z").unwrap();
+        assert_eq!(disk.len(&b).unwrap(), Some(1));
+        assert_eq!(disk.list(&dir).unwrap(), vec![a.clone(), b.clone()]);
+        disk.rename(&b, &a).unwrap();
+        disk.sync_dir(&dir).unwrap();
+        assert_eq!(disk.read_all(&a).unwrap(), b"z");
+        disk.remove(&b).unwrap();
+        disk.remove(&a).unwrap();
+        assert_eq!(disk.list(&dir).unwrap(), Vec::<PathBuf>::new());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn os_disk_reports_a_full_disk_as_enospc() {
+        // /dev/full fails every write with ENOSPC.
+        let full = Path::new("/dev/full");
+        let e = OsDisk.append(full, b"x").unwrap_err();
+        assert!(is_no_space(&e), "{e}");
+        assert!(e.to_string().contains("/dev/full"), "{e}");
+    }
+}
