@@ -336,19 +336,27 @@ impl TierStore {
         check_key(key)?;
         let key = key.to_string();
         let mut g = self.inner.lock();
-        let out = match g.gpu_blocks.get(&key) {
-            Some(src) => {
+        let loaded = match g.gpu_blocks.contains_key(&key) {
+            true => {
+                self.gpu_hit(&mut g, &key);
+                None
+            }
+            false => {
+                let data = self.load_below_gpu(&mut g, &key)?;
+                self.promote(&mut g, &key, &data)?;
+                Some(data)
+            }
+        };
+        // From the GPU tier's block when it holds one (a block promoted just now crossed the
+        // link once); else (too large for the tier) the one upload is the caller's copy.
+        let out = match (g.gpu_blocks.get(&key), loaded) {
+            (Some(src), _) => {
                 let mut out = Buffer::<u8>::uninit(&self.stream, src.len())?;
                 ops::copy(&self.stream, src, &mut out)?;
-                self.gpu_hit(&mut g, &key);
                 out
             }
-            None => {
-                let data = self.load_below_gpu(&mut g, &key)?;
-                let out = Buffer::from_host(&self.stream, &data)?;
-                self.promote(&mut g, &key, &data)?;
-                out
-            }
+            (None, Some(data)) => Buffer::from_host(&self.stream, &data)?,
+            (None, None) => return Err(Error::NotFound { key }),
         };
         self.prefetch_after(&mut g, &key)?;
         Ok(out)

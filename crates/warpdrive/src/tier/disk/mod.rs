@@ -53,7 +53,17 @@ pub trait Disk: Send + Sync + 'static {
     /// through [`append`](Self::append); [`OsDisk`] writes with `O_DIRECT` where the file
     /// system allows it (no page cache in the way).
     fn append_aligned(&self, path: &Path, bytes: &[u8]) -> Result<u64> {
-        default_append_aligned(self, path, bytes)
+        let len = self.len(path)?.unwrap_or(0);
+        let head = pad_to_align(len);
+        if head > 0 {
+            self.append(path, &vec![0; head as usize])?;
+        }
+        let offset = self.append(path, bytes)?;
+        let tail = pad_to_align(bytes.len() as u64);
+        if tail > 0 {
+            self.append(path, &vec![0; tail as usize])?;
+        }
+        Ok(offset)
     }
 
     /// `len` bytes at `offset` of a file [`append_aligned`](Self::append_aligned) wrote;
@@ -82,21 +92,6 @@ pub const DIRECT_ALIGN: u64 = 4096;
 /// Bytes from `n` to the next multiple of [`DIRECT_ALIGN`].
 pub fn pad_to_align(n: u64) -> u64 {
     (DIRECT_ALIGN - n % DIRECT_ALIGN) % DIRECT_ALIGN
-}
-
-/// [`Disk::append_aligned`]'s default body, for [`OsDisk`] where `O_DIRECT` is refused.
-fn default_append_aligned<D: Disk + ?Sized>(disk: &D, path: &Path, bytes: &[u8]) -> Result<u64> {
-    let len = disk.len(path)?.unwrap_or(0);
-    let head = pad_to_align(len);
-    if head > 0 {
-        disk.append(path, &vec![0; head as usize])?;
-    }
-    let offset = disk.append(path, bytes)?;
-    let tail = pad_to_align(bytes.len() as u64);
-    if tail > 0 {
-        disk.append(path, &vec![0; tail as usize])?;
-    }
-    Ok(offset)
 }
 
 /// The operating system's files through `std::fs`. Every error is an [`Error::Io`] naming
