@@ -32,6 +32,7 @@ use warpdrive::tier::disk::{AlignedBuf, DirectFile, SimDisk};
 use warpdrive::tier::prefetch::Prefetch;
 use warpdrive::tier::{Durability, Tier, TierConfig, TierStore};
 
+use super::timing::time_host;
 use super::{Ctx, Scale};
 
 pub(crate) const SUITE: &str = "tier";
@@ -116,7 +117,7 @@ fn codec_cases(ctx: &mut Ctx) -> Result<()> {
             ctx.step(format!("{SUITE}: compress {name} {variant}"));
             let stored = encode_block(raw, c, f)?;
             let ratio = raw.len() as f64 / stored.len() as f64;
-            let mut enc = time(reps, || encode_block(raw, c, f).map(drop))?;
+            let mut enc = time_host(1, reps, || encode_block(raw, c, f).map(drop))?;
             ctx.record_bytes(
                 &format!("compress-{name}"),
                 size as u64,
@@ -127,7 +128,7 @@ fn codec_cases(ctx: &mut Ctx) -> Result<()> {
             )?
             .extra
             .insert("ratio".into(), ratio.into());
-            let mut dec = time(reps, || {
+            let mut dec = time_host(1, reps, || {
                 let back = decode_block(&stored, name)?;
                 match back.len() == raw.len() {
                     true => Ok(()),
@@ -152,18 +153,6 @@ fn codec_cases(ctx: &mut Ctx) -> Result<()> {
     Ok(())
 }
 
-/// µs of each of `reps` runs of `work`, after one warm-up.
-fn time(reps: usize, mut work: impl FnMut() -> Result<()>) -> Result<Vec<f64>> {
-    work()?;
-    let mut out = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let t = Instant::now();
-        work()?;
-        out.push(t.elapsed().as_secs_f64() * 1e6);
-    }
-    Ok(out)
-}
-
 fn disk_cases(ctx: &mut Ctx) -> Result<()> {
     let sizes: &[usize] = match ctx.scale() {
         Scale::Full => &[64 * KIB, 4 * MIB, 64 * MIB],
@@ -186,12 +175,12 @@ fn disk_cases(ctx: &mut Ctx) -> Result<()> {
             buf.as_mut_slice()[..size].copy_from_slice(&block);
             let stride = buf.as_slice().len() as u64;
             let mut i = 0u64;
-            let mut raw_w = time(reps, || {
+            let mut raw_w = time_host(1, reps, || {
                 i += 1;
                 file.write_at(&buf, i * stride)
             })?;
             let mut j = 0u64;
-            let mut raw_r = time(reps, || {
+            let mut raw_r = time_host(1, reps, || {
                 j = j % i + 1;
                 file.read_at(&mut buf, j * stride).map(drop)
             })?;
@@ -205,12 +194,12 @@ fn disk_cases(ctx: &mut Ctx) -> Result<()> {
             config.prefetch = Prefetch::Off;
             let store = TierStore::open(dir.join(format!("store-{size}")), config, &stream)?;
             let mut k = 0u64;
-            let mut ours_w = time(reps, || {
+            let mut ours_w = time_host(1, reps, || {
                 k += 1;
                 store.put(&format!("b{k}"), &block, Durability::Disk)
             })?;
             let mut m = 0u64;
-            let mut ours_r = time(reps, || {
+            let mut ours_r = time_host(1, reps, || {
                 m = m % k + 1;
                 store.get_host(&format!("b{m}")).map(drop)
             })?;
