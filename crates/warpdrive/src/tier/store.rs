@@ -144,6 +144,17 @@ const SEGMENT_LIVE_MIN: f64 = 0.5;
 /// The index log is compacted once it holds this many records and mostly dead ones.
 const LOG_COMPACT_RECORDS: u64 = 4096;
 
+/// The highest tier holding `key`.
+fn highest_tier(g: &Inner, key: &String) -> Option<Tier> {
+    if g.gpu.contains(key) {
+        Some(Tier::Gpu)
+    } else if g.host.contains(key) {
+        Some(Tier::Host)
+    } else {
+        g.index.contains_key(key).then_some(Tier::Disk)
+    }
+}
+
 /// The bytes each memory tier holds, as gauges (`warpdrive_tier_bytes{tier}`).
 fn publish_occupancy(g: &Inner) {
     metrics::gauge!("warpdrive_tier_bytes", "tier" => "gpu").set(g.gpu.used() as f64);
@@ -407,8 +418,10 @@ impl TierStore {
     pub fn migrate(&self, key: &str, to: Tier) -> Result<()> {
         check_key(key)?;
         let started = std::time::Instant::now();
-        let from = self.tiers_of(key).first().copied();
-        let r = self.migrate_locked(key.to_string(), to);
+        let key = key.to_string();
+        let mut g = self.inner.lock();
+        let from = highest_tier(&g, &key);
+        let r = self.migrate_locked(&mut g, key, to);
         if let (Ok(()), Some(from)) = (&r, from) {
             metrics::histogram!(
                 "warpdrive_tier_migration_seconds",
@@ -417,26 +430,25 @@ impl TierStore {
             )
             .record(started.elapsed().as_secs_f64());
         }
-        publish_occupancy(&self.inner.lock());
+        publish_occupancy(&g);
         r
     }
 
-    fn migrate_locked(&self, key: String, to: Tier) -> Result<()> {
-        let mut g = self.inner.lock();
+    fn migrate_locked(&self, g: &mut Inner, key: String, to: Tier) -> Result<()> {
         let pinned = g.gpu.is_pinned(&key) || g.host.is_pinned(&key);
         match to {
             Tier::Gpu => {
                 if g.gpu.contains(&key) {
                     return Ok(());
                 }
-                let data = self.load_below_gpu(&mut g, &key)?;
+                let data = self.load_below_gpu(g, &key)?;
                 if !g.gpu.fits(data.len() as u64) {
                     return Err(Error::InvalidArgument(format!(
                         "tier store: {key} ({} bytes) does not fit the GPU tier's budget",
                         data.len()
                     )));
                 }
-                self.promote(&mut g, &key, &data)
+                self.promote(g, &key, &data)
             }
             Tier::Host => {
                 if g.host.contains(&key) {
@@ -456,7 +468,7 @@ impl TierStore {
                         p
                     }
                     None => {
-                        let data = self.load_below_gpu(&mut g, &key)?;
+                        let data = self.load_below_gpu(g, &key)?;
                         bytes = data.len() as u64;
                         let mut p = PinnedBuf::<u8>::new(self.stream.device(), data.len())?;
                         p.wait_slice_mut()?.copy_from_slice(&data);
@@ -468,7 +480,7 @@ impl TierStore {
                         "tier store: {key} ({bytes} bytes) does not fit the host tier's budget"
                     )));
                 }
-                self.make_room_on_host(&mut g, bytes)?;
+                self.make_room_on_host(g, bytes)?;
                 g.gpu.remove(&key);
                 g.gpu_blocks.remove(&key);
                 g.host.insert(key.clone(), bytes);
@@ -484,19 +496,19 @@ impl TierStore {
                 if !g.index.contains_key(&key) {
                     // Encoded straight from the pinned block when the host holds it.
                     if let Some(p) = g.host_blocks.remove(&key) {
-                        let written = self.write_to_disk(&mut g, &key, p.wait_slice()?, false);
+                        let written = self.write_to_disk(g, &key, p.wait_slice()?, false);
                         if written.is_err() {
                             g.host_blocks.insert(key.clone(), p);
                         }
                         written?;
                     } else if let Some(buf) = g.gpu_blocks.get(&key) {
                         let data = buf.to_host(&self.stream)?;
-                        self.write_to_disk(&mut g, &key, &data, false)?;
+                        self.write_to_disk(g, &key, &data, false)?;
                     } else {
                         return Err(Error::NotFound { key });
                     }
                 }
-                self.drop_from_memory(&mut g, &key);
+                self.drop_from_memory(g, &key);
                 Ok(())
             }
         }
