@@ -6,9 +6,8 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-use parking_lot::Mutex;
+use common::warnings_during;
 use warpdrive::kernels::{Arch, PtxCache, BASIC, EXEC};
 use warpdrive::Error;
 
@@ -133,30 +132,6 @@ fn freshly_compiled_ptx_and_a_lost_device_are_not_retried() {
     assert_eq!((calls, cache.compiles()), (1, 0));
     assert!(err.is_device_lost(), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// `tracing` output written while `f` runs on this thread.
-fn warnings_during(f: impl FnOnce()) -> String {
-    #[derive(Clone, Default)]
-    struct Captured(Arc<Mutex<Vec<u8>>>);
-    impl std::io::Write for Captured {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    tracing::subscriber::with_default(subscriber, f);
-    let text = captured.0.lock().clone();
-    String::from_utf8_lossy(&text).into_owned()
 }
 
 #[test]

@@ -1,10 +1,13 @@
 //! The tiered store's index log on the simulated disk (power loss, crashes at every step,
 //! a full disk, torn and damaged files) and on the operating system's files.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use common::warnings_during;
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -114,30 +117,6 @@ fn append(log: &mut IndexLog, history: &mut History, record: &Record, sync: bool
     let ok = log.append(record, sync).is_ok();
     history.record(record, ok && sync);
     ok
-}
-
-/// Warnings logged while `f` runs.
-fn warnings_during(f: impl FnOnce()) -> String {
-    #[derive(Clone, Default)]
-    struct Captured(Arc<Mutex<Vec<u8>>>);
-    impl std::io::Write for Captured {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    tracing::subscriber::with_default(subscriber, f);
-    let text = captured.0.lock().unwrap().clone();
-    String::from_utf8_lossy(&text).into_owned()
 }
 
 /// One body for both disks: records survive a reopen, compaction keeps the live ones.

@@ -127,3 +127,27 @@ pub fn nan<T: TestFloat>() -> T {
 pub fn same_or_both_nan(a: f64, b: f64) -> bool {
     a == b || (a.is_nan() && b.is_nan())
 }
+
+/// `tracing` output written while `f` runs on this thread.
+pub fn warnings_during(f: impl FnOnce()) -> String {
+    #[derive(Clone, Default)]
+    struct Captured(std::sync::Arc<parking_lot::Mutex<Vec<u8>>>);
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, f);
+    let text = captured.0.lock().clone();
+    String::from_utf8_lossy(&text).into_owned()
+}
