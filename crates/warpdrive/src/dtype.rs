@@ -50,7 +50,7 @@ mod sealed {
 /// A plain-old-data element type: every bit pattern is a valid value and it has no padding,
 /// so it can be copied byte-for-byte between host and device. Sealed: only the types below.
 pub trait DType:
-    sealed::Sealed + Copy + Send + Sync + Default + PartialEq + std::fmt::Debug + 'static
+    sealed::Sealed + bytemuck::Pod + Send + Sync + Default + PartialEq + std::fmt::Debug + 'static
 {
     const KIND: DTypeKind;
     /// The value's bits, zero-extended (kernels that only move data take these).

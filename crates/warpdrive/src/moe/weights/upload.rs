@@ -172,6 +172,44 @@ fn upload_bytes<T: Float>(
     Ok(bad.into_inner())
 }
 
+/// How many of the little-endian `dtype` elements in `src` are NaN or infinite (all exponent
+/// bits set), counted in runs short enough for a 16-bit tally.
+fn non_finite<const W: usize>(dtype: Dtype, src: &[[u8; W]]) -> usize {
+    const RUN: usize = 1 << 15;
+    let bytes = src.as_flattened();
+    match dtype {
+        Dtype::F32 => {
+            let exponent = 0x7f80_0000u32;
+            let words = bytes.as_chunks::<4>().0;
+            words
+                .chunks(RUN)
+                .map(|run| {
+                    let mut n = 0u16;
+                    for w in run {
+                        n += u16::from(u32::from_le_bytes(*w) & exponent == exponent);
+                    }
+                    usize::from(n)
+                })
+                .sum()
+        }
+        Dtype::F16 | Dtype::BF16 => {
+            let exponent: u16 = if dtype == Dtype::F16 { 0x7c00 } else { 0x7f80 };
+            let halves = bytes.as_chunks::<2>().0;
+            halves
+                .chunks(RUN)
+                .map(|run| {
+                    let mut n = 0u16;
+                    for h in run {
+                        n += u16::from(u16::from_le_bytes(*h) & exponent == exponent);
+                    }
+                    usize::from(n)
+                })
+                .sum()
+        }
+        _ => 0,
+    }
+}
+
 /// The layer dtype a file dtype is, if any.
 fn kind_of(dtype: Dtype) -> Option<DTypeKind> {
     match dtype {
@@ -195,21 +233,14 @@ pub(super) fn decode<T: Float, const W: usize>(
         b[..W].copy_from_slice(s);
         u64::from_le_bytes(b)
     };
-    let mut bad = 0;
-    if kind_of(dtype) == Some(T::KIND) {
-        // All exponent bits set: infinity or NaN.
-        let exponent: u64 = match dtype {
-            Dtype::F32 => 0x7f80_0000,
-            Dtype::F16 => 0x7c00,
-            _ => 0x7f80,
-        };
-        for (d, s) in dst.iter_mut().zip(src) {
-            let b = bits(s);
-            bad += usize::from(b & exponent == exponent);
-            *d = T::from_bits_u64(b);
-        }
+    if kind_of(dtype) == Some(T::KIND) && size_of::<T>() == W && dst.len() == src.len() {
+        // The file's bits are the layer's: a byte copy, and a count the compiler
+        // vectorizes (the per-element path below ran at half the copy threads' rate).
+        let bad = non_finite(dtype, src);
+        bytemuck::cast_slice_mut::<T, u8>(dst).copy_from_slice(src.as_flattened());
         return bad;
     }
+    let mut bad = 0;
     for (d, s) in dst.iter_mut().zip(src) {
         let b = bits(s);
         let v = match dtype {
@@ -221,4 +252,63 @@ pub(super) fn decode<T: Float, const W: usize>(
         *d = T::from_f64(v as f64);
     }
     bad
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// The vectorized count and byte copy give what the per-element conversion gives, over
+    /// more than one counting run, with NaNs and infinities sprinkled in.
+    #[test]
+    fn same_dtype_decode_matches_the_per_element_reference() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let n = (1 << 16) + 77;
+        let mut b16 = vec![[0u8; 2]; n];
+        let mut b32 = vec![[0u8; 4]; n];
+        for (h, w) in b16.iter_mut().zip(b32.iter_mut()) {
+            let special = rng.random_range(0..50) == 0;
+            *h = if special {
+                [
+                    0x80 | rng.random_range(0..2u8),
+                    0x7f | 0x80 * rng.random_range(0..2u8),
+                ]
+            } else {
+                rng.random::<u16>().to_le_bytes()
+            };
+            *w = rng.random::<u32>().to_le_bytes();
+        }
+        let expect16 = |exp: u16| {
+            b16.iter()
+                .filter(|h| u16::from_le_bytes(**h) & exp == exp)
+                .count()
+        };
+        let expect32 = b32
+            .iter()
+            .filter(|w| !f32::from_le_bytes(**w).is_finite())
+            .count();
+
+        let mut out = vec![bf16::from_f32(3.0); n];
+        assert_eq!(decode(Dtype::BF16, &mut out, &b16), expect16(0x7f80));
+        assert!(out
+            .iter()
+            .zip(&b16)
+            .all(|(o, h)| o.to_bits() == u16::from_le_bytes(*h)));
+        let mut out = vec![f16::from_f32(3.0); n];
+        assert_eq!(decode(Dtype::F16, &mut out, &b16), expect16(0x7c00));
+        assert!(out
+            .iter()
+            .zip(&b16)
+            .all(|(o, h)| o.to_bits() == u16::from_le_bytes(*h)));
+        let mut out = vec![3.0f32; n];
+        assert_eq!(decode(Dtype::F32, &mut out, &b32), expect32);
+        assert!(out
+            .iter()
+            .zip(&b32)
+            .all(|(o, w)| o.to_bits() == u32::from_le_bytes(*w)));
+        // A converting decode counts the same values.
+        let mut out = vec![3.0f32; n];
+        assert_eq!(decode(Dtype::BF16, &mut out, &b16), expect16(0x7f80));
+    }
 }
