@@ -70,6 +70,25 @@ fn moves_body(dev: &Device) {
     }
     let stats = store.stats();
     assert!(stats.disk_hits > 0 && stats.gpu_hits > 0, "{stats:?}");
+    // Every move keeps the bytes: host → GPU is one DMA from the pinned block.
+    for (i, b) in blocks.iter().enumerate().take(6) {
+        let key = format!("k{i}");
+        for to in [
+            Tier::Host,
+            Tier::Gpu,
+            Tier::Disk,
+            Tier::Host,
+            Tier::Disk,
+            Tier::Gpu,
+        ] {
+            store.migrate(&key, to).unwrap();
+            assert!(store.tiers_of(&key).contains(&to), "{key} in {to:?}");
+        }
+        store.migrate(&key, Tier::Host).unwrap();
+        assert_eq!(&store.get(&key).unwrap().to_host(&s).unwrap(), b, "{key}");
+        store.migrate(&key, Tier::Host).unwrap();
+        assert_eq!(&store.get_host(&key).unwrap(), b, "{key}");
+    }
     // Replace, remove, and a missing key.
     store.put("k3", &blocks[4], Durability::Sync).unwrap();
     assert_eq!(store.get_host("k3").unwrap(), blocks[4]);
@@ -77,6 +96,29 @@ fn moves_body(dev: &Device) {
     assert!(matches!(store.get_host("k3"), Err(Error::NotFound { .. })));
     assert!(matches!(store.remove("k3"), Err(Error::NotFound { .. })));
 }
+
+device_test!(
+    cpu_host_blocks_too_large_for_the_gpu_tier_are_read_from_the_host,
+    gpu_host_blocks_too_large_for_the_gpu_tier_are_read_from_the_host,
+    |dev| {
+        let s = dev.new_stream().unwrap();
+        let config = TierConfig::new(6 << 10, 64 << 10);
+        let store = TierStore::open_on(Arc::new(SimDisk::new()), dir("large"), config, &s).unwrap();
+        let mut r = rng(seed("tier large"));
+        let big = block(&mut r, 9000);
+        store.put("big", &big, Durability::Memory).unwrap();
+        assert_eq!(store.tiers_of("big"), vec![Tier::Host]);
+        for _ in 0..3 {
+            assert_eq!(store.get("big").unwrap().to_host(&s).unwrap(), big);
+            assert_eq!(store.tiers_of("big"), vec![Tier::Host]);
+        }
+        assert!(
+            store.migrate("big", Tier::Gpu).is_err(),
+            "over the GPU tier's budget"
+        );
+        assert_eq!(store.get_host("big").unwrap(), big);
+    }
+);
 
 device_test!(
     cpu_pinned_blocks_stay_in_their_tier,

@@ -149,6 +149,36 @@ fn compressible_data_shrinks_and_random_bytes_are_stored_raw() {
     }
 }
 
+/// From 256 KiB a probe of spread windows decides before the whole block is compressed:
+/// large random blocks are stored raw, large compressible ones (bf16 weights shuffled for
+/// zstd, activations, text) still shrink as the whole-block codec makes them.
+#[test]
+fn large_blocks_are_probed_before_compression() {
+    let mut rng = StdRng::seed_from_u64(2);
+    let n = (1 << 20) + 3;
+    let random = random_bytes(&mut rng, n);
+    for compression in COMPRESSIONS {
+        let stored = encode_block(&random, compression, Filter::None).unwrap();
+        assert_eq!(stored.len(), n + HEADER_BYTES, "{compression:?}");
+        assert_eq!(stored[5], 0, "codec none recorded");
+    }
+    let zstd = Compression::Zstd { level: 1 };
+    let shuffle = Filter::Shuffle { width: 2 };
+    for (name, data, filter) in [
+        ("bf16 weights", bf16_weights(&mut rng, n), shuffle),
+        ("activations", relu_activations(&mut rng, n), Filter::None),
+        ("text", text(&mut rng, n), Filter::None),
+    ] {
+        let stored = encode_block(&data, zstd, filter).unwrap();
+        assert!(
+            stored.len() * 10 < data.len() * 9,
+            "{name}: {} of {n}",
+            stored.len()
+        );
+        assert_eq!(decode_block(&stored, "k").unwrap(), data, "{name}");
+    }
+}
+
 #[test]
 fn shuffle_groups_bytes_by_position_and_keeps_the_tail() {
     let data = [1, 2, 3, 11, 12, 13, 21, 22, 23, 31, 32];

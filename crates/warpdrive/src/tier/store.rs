@@ -353,9 +353,9 @@ impl TierStore {
                 None
             }
             false => {
-                let data = self.load_below_gpu(&mut g, &key)?;
-                self.promote(&mut g, &key, &data)?;
-                Some(data)
+                let from_disk = self.find_below_gpu(&mut g, &key)?;
+                self.promote(&mut g, &key, from_disk.as_deref())?;
+                Some(from_disk)
             }
         };
         // From the GPU tier's block when it holds one (a block promoted just now crossed the
@@ -366,7 +366,11 @@ impl TierStore {
                 ops::copy(&self.stream, src, &mut out)?;
                 out
             }
-            (None, Some(data)) => Buffer::from_host(&self.stream, &data)?,
+            (None, Some(Some(data))) => Buffer::from_host(&self.stream, &data)?,
+            (None, Some(None)) => match g.host_blocks.get_mut(&key) {
+                Some(p) => self.upload_pinned(p)?,
+                None => return Err(Error::NotFound { key }),
+            },
             (None, None) => return Err(Error::NotFound { key }),
         };
         self.prefetch_after(&mut g, &key)?;
@@ -384,11 +388,20 @@ impl TierStore {
                 self.gpu_hit(&mut g, &key);
                 data
             }
-            None => {
-                let data = self.load_below_gpu(&mut g, &key)?;
-                self.promote(&mut g, &key, &data)?;
-                data
-            }
+            None => match self.find_below_gpu(&mut g, &key)? {
+                Some(data) => {
+                    self.promote(&mut g, &key, Some(&data))?;
+                    data
+                }
+                None => {
+                    let data = match g.host_blocks.get(&key) {
+                        Some(p) => p.wait_slice()?.to_vec(),
+                        None => return Err(Error::NotFound { key }),
+                    };
+                    self.promote(&mut g, &key, None)?;
+                    data
+                }
+            },
         };
         self.prefetch_after(&mut g, &key)?;
         Ok(data)
@@ -403,8 +416,10 @@ impl TierStore {
             if g.gpu.contains(&key) {
                 continue;
             }
-            match self.load_below_gpu(&mut g, &key) {
-                Ok(data) => self.promote(&mut g, &key, &data)?,
+            match self.find_below_gpu(&mut g, &key) {
+                Ok(from_disk) => {
+                    self.promote(&mut g, &key, from_disk.as_deref())?;
+                }
                 Err(Error::NotFound { .. }) => {}
                 Err(e) => return Err(e),
             }
@@ -441,14 +456,17 @@ impl TierStore {
                 if g.gpu.contains(&key) {
                     return Ok(());
                 }
-                let data = self.load_below_gpu(g, &key)?;
-                if !g.gpu.fits(data.len() as u64) {
+                let from_disk = self.find_below_gpu(g, &key)?;
+                if !self.promote(g, &key, from_disk.as_deref())? {
+                    let bytes = from_disk.map_or_else(
+                        || g.host_blocks.get(&key).map_or(0, |p| p.len()),
+                        |d| d.len(),
+                    );
                     return Err(Error::InvalidArgument(format!(
-                        "tier store: {key} ({} bytes) does not fit the GPU tier's budget",
-                        data.len()
+                        "tier store: {key} ({bytes} bytes) does not fit the GPU tier's budget"
                     )));
                 }
-                self.promote(g, &key, &data)
+                Ok(())
             }
             Tier::Host => {
                 if g.host.contains(&key) {
@@ -468,7 +486,9 @@ impl TierStore {
                         p
                     }
                     None => {
-                        let data = self.load_below_gpu(g, &key)?;
+                        let Some(data) = self.find_below_gpu(g, &key)? else {
+                            return Err(Error::NotFound { key });
+                        };
                         bytes = data.len() as u64;
                         let mut p = PinnedBuf::<u8>::new(self.stream.device(), data.len())?;
                         p.wait_slice_mut()?.copy_from_slice(&data);
@@ -677,9 +697,8 @@ impl TierStore {
             if g.gpu.contains(&key) || !(g.host.contains(&key) || g.index.contains_key(&key)) {
                 continue;
             }
-            let data = self.load_below_gpu(g, &key)?;
-            if g.gpu.fits(data.len() as u64) {
-                self.promote(g, &key, &data)?;
+            let from_disk = self.find_below_gpu(g, &key)?;
+            if self.promote(g, &key, from_disk.as_deref())? {
                 g.stats.prefetched += 1;
                 g.prefetched.insert(key);
             }
@@ -730,14 +749,14 @@ impl TierStore {
         Ok(())
     }
 
-    /// The block from the host tier or the disk (checksum verified).
-    fn load_below_gpu(&self, g: &mut Inner, key: &String) -> Result<Vec<u8>> {
-        if let Some(p) = g.host_blocks.get(key) {
-            let data = p.wait_slice()?.to_vec();
+    /// Finds the block below the GPU tier: `None` when the host tier holds it (its pinned
+    /// block stays there), else its bytes read from the disk (checksum verified).
+    fn find_below_gpu(&self, g: &mut Inner, key: &String) -> Result<Option<Vec<u8>>> {
+        if g.host_blocks.contains_key(key) {
             g.host.touch(key);
             g.stats.host_hits += 1;
             metrics::counter!("warpdrive_tier_hits_total", "tier" => "host").increment(1);
-            return Ok(data);
+            return Ok(None);
         }
         let Some(at) = g.index.get(key).copied() else {
             g.stats.misses += 1;
@@ -764,23 +783,56 @@ impl TierStore {
         g.stats.disk_hits += 1;
         metrics::counter!("warpdrive_tier_hits_total", "tier" => "disk").increment(1);
         g.stats.disk_bytes_read += at.len;
-        Ok(data)
+        Ok(Some(data))
     }
 
-    /// Puts a block found below the GPU into the GPU tier (when it fits there).
-    fn promote(&self, g: &mut Inner, key: &String, data: &[u8]) -> Result<()> {
-        let bytes = data.len() as u64;
+    /// Puts a block found below the GPU into the GPU tier when it fits there: `from_disk`'s
+    /// bytes by an upload, or (`None`) the host tier's pinned block by one DMA, after which
+    /// the host tier lets it go. False when it does not fit (nothing moves).
+    fn promote(&self, g: &mut Inner, key: &String, from_disk: Option<&[u8]>) -> Result<bool> {
+        let bytes = match from_disk {
+            Some(data) => data.len() as u64,
+            None => match g.host_blocks.get(key) {
+                Some(p) => p.len() as u64,
+                None => return Ok(false),
+            },
+        };
         if !g.gpu.fits(bytes) {
-            return Ok(());
+            return Ok(false);
         }
-        self.make_room_on_gpu(g, bytes)?;
-        let buf = Buffer::from_host(&self.stream, data)?;
-        if g.host.remove(key).is_some() {
-            g.host_blocks.remove(key);
-        }
+        // Out of the host tier first, so that making room there cannot evict it; back in
+        // if the move fails.
+        let mut host_block = g.host_blocks.remove(key);
+        let moved = match self.make_room_on_gpu(g, bytes) {
+            Err(e) => Err(e),
+            Ok(()) => match (from_disk, host_block.as_mut()) {
+                (Some(data), _) => Buffer::from_host(&self.stream, data),
+                (None, Some(p)) => self.upload_pinned(p),
+                (None, None) => Err(Error::NotFound { key: key.clone() }),
+            },
+        };
+        let buf = match moved {
+            Ok(buf) => buf,
+            Err(e) => {
+                if let Some(p) = host_block {
+                    g.host_blocks.insert(key.clone(), p);
+                }
+                return Err(e);
+            }
+        };
+        // The pinned block goes back to its pool, which reuses it once the DMA is done.
+        drop(host_block);
+        g.host.remove(key);
         g.gpu.insert(key.clone(), bytes);
         g.gpu_blocks.insert(key.clone(), buf);
-        Ok(())
+        Ok(true)
+    }
+
+    /// A device copy of a pinned block: one DMA on the store's stream, no host copy.
+    fn upload_pinned(&self, p: &mut PinnedBuf<u8>) -> Result<Buffer<u8>> {
+        let mut buf = Buffer::<u8>::uninit(&self.stream, p.len())?;
+        buf.copy_from_pinned(&self.stream, p)?;
+        Ok(buf)
     }
 
     /// Moves GPU victims down to the host tier (or the disk) before `incoming` bytes arrive.

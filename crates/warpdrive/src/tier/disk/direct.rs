@@ -61,8 +61,9 @@ impl AlignedBuf {
     }
 }
 
-/// The largest aligned buffer a thread keeps between direct I/Os.
-const SCRATCH_KEEP: usize = 64 << 20;
+/// The largest aligned buffer a thread keeps between direct I/Os: a 64 MiB block with its
+/// frame header and alignment (larger blocks get a buffer of their own each time).
+const SCRATCH_KEEP: usize = (64 << 20) + (64 << 10);
 
 thread_local! {
     /// This thread's aligned buffer for [`OsDisk`]'s direct I/O: a fresh one per call would
