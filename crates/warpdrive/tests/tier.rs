@@ -521,7 +521,7 @@ fn the_os_disk_round_trips_aligned_blocks() {
     let mut written = Vec::new();
     for len in [1usize, 4095, 4096, 4097, 100_000, 1 << 20] {
         let data = block(&mut r, len);
-        let offset = disk.append_aligned(&path, &data).unwrap();
+        let offset = disk.append_aligned(&path, &[&data]).unwrap();
         assert_eq!(offset % DIRECT_ALIGN, 0);
         written.push((offset, data));
     }

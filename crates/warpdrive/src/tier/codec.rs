@@ -71,6 +71,34 @@ const CHECKED_HEADER: usize = 24;
 /// xxh3 checksum, then the payload); stored raw when compression does not shrink it, or,
 /// from 256 KiB, when a probe of four 16 KiB windows shrinks by under 3%.
 pub fn encode_block(data: &[u8], compression: Compression, filter: Filter) -> Result<Vec<u8>> {
+    Ok(encode(data, compression, filter)?.to_vec())
+}
+
+/// A stored block as its two parts: the header and the payload (`data` itself when stored
+/// raw), for writers that copy them straight into their I/O buffer.
+pub struct Encoded<'a> {
+    pub header: [u8; HEADER_BYTES],
+    pub payload: std::borrow::Cow<'a, [u8]>,
+}
+
+impl Encoded<'_> {
+    /// Bytes of the stored block.
+    pub fn len(&self) -> usize {
+        HEADER_BYTES + self.payload.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The stored block in one buffer.
+    pub fn to_vec(&self) -> Vec<u8> {
+        [&self.header[..], &self.payload].concat()
+    }
+}
+
+/// [`encode_block`] without joining header and payload.
+pub fn encode(data: &[u8], compression: Compression, filter: Filter) -> Result<Encoded<'_>> {
     if data.len() as u64 > MAX_RAW_BYTES {
         return Err(Error::InvalidArgument(format!(
             "tier block of {} bytes is over the {MAX_RAW_BYTES}-byte limit",
@@ -92,7 +120,7 @@ pub fn encode_block(data: &[u8], compression: Compression, filter: Filter) -> Re
     };
 
     if !worth_compressing(data, compression, usize::from(filter_byte))? {
-        return Ok(frame(CODEC_NONE, 0, 0, data.len(), data));
+        return Ok(frame(CODEC_NONE, 0, 0, data.len(), data.into()));
     }
     let filtered;
     let input = if filter_byte > 1 && compression != Compression::None {
@@ -106,10 +134,14 @@ pub fn encode_block(data: &[u8], compression: Compression, filter: Filter) -> Re
     let compressed = compress(input, compression)?;
 
     match compressed {
-        Some((codec, payload)) if payload.len() < data.len() => {
-            Ok(frame(codec, level_byte, filter_byte, data.len(), &payload))
-        }
-        _ => Ok(frame(CODEC_NONE, 0, 0, data.len(), data)),
+        Some((codec, payload)) if payload.len() < data.len() => Ok(frame(
+            codec,
+            level_byte,
+            filter_byte,
+            data.len(),
+            payload.into(),
+        )),
+        _ => Ok(frame(CODEC_NONE, 0, 0, data.len(), data.into())),
     }
 }
 
@@ -319,7 +351,13 @@ fn zstd_level_byte(level: i32) -> Result<u8> {
     }
 }
 
-fn frame(codec: u8, level: u8, filter: u8, raw_len: usize, payload: &[u8]) -> Vec<u8> {
+fn frame<'a>(
+    codec: u8,
+    level: u8,
+    filter: u8,
+    raw_len: usize,
+    payload: std::borrow::Cow<'a, [u8]>,
+) -> Encoded<'a> {
     let mut header = [0u8; HEADER_BYTES];
     header[..4].copy_from_slice(&MAGIC);
     header[4] = VERSION;
@@ -328,12 +366,9 @@ fn frame(codec: u8, level: u8, filter: u8, raw_len: usize, payload: &[u8]) -> Ve
     header[7] = filter;
     header[8..16].copy_from_slice(&(raw_len as u64).to_le_bytes());
     header[16..24].copy_from_slice(&(payload.len() as u64).to_le_bytes());
-    let sum = checksum(&header, payload);
+    let sum = checksum(&header, &payload);
     header[24..32].copy_from_slice(&sum.to_le_bytes());
-    let mut stored = Vec::with_capacity(HEADER_BYTES + payload.len());
-    stored.extend_from_slice(&header);
-    stored.extend_from_slice(payload);
-    stored
+    Encoded { header, payload }
 }
 
 fn checksum(header: &[u8; HEADER_BYTES], payload: &[u8]) -> u64 {

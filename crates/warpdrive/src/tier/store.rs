@@ -612,7 +612,7 @@ impl TierStore {
                 let stored = self.disk.read_aligned(&from, at.offset, len)?;
                 // Verified before it moves: a corrupt block is not copied on as good.
                 codec::decode_block(&stored, key)?;
-                let offset = self.disk.append_aligned(&to, &stored)?;
+                let offset = self.disk.append_aligned(&to, &[&stored])?;
                 let moved = Location {
                     segment: current,
                     offset,
@@ -716,10 +716,11 @@ impl TierStore {
 
     /// Appends `data` as an encoded block to the current segment and records it.
     fn write_to_disk(&self, g: &mut Inner, key: &str, data: &[u8], sync: bool) -> Result<()> {
-        let block =
-            codec::encode_block(data, self.config.disk_compression, self.config.disk_filter)?;
+        let block = codec::encode(data, self.config.disk_compression, self.config.disk_filter)?;
         let path = self.dir.join(segment_name(g.segment));
-        let offset = self.disk.append_aligned(&path, &block)?;
+        let offset = self
+            .disk
+            .append_aligned(&path, &[&block.header, &block.payload])?;
         if sync {
             self.disk.sync(&path)?;
             if !g.segment_named {

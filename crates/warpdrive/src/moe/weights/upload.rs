@@ -270,10 +270,9 @@ mod tests {
         for (h, w) in b16.iter_mut().zip(b32.iter_mut()) {
             let special = rng.random_range(0..50) == 0;
             *h = if special {
-                [
-                    0x80 | rng.random_range(0..2u8),
-                    0x7f | 0x80 * rng.random_range(0..2u8),
-                ]
+                // Every exponent bit set (infinity or NaN in bf16 and f16), either sign.
+                let sign = u16::from(rng.random::<bool>()) << 15;
+                (sign | 0x7f80 | rng.random_range(0..2u16)).to_le_bytes()
             } else {
                 rng.random::<u16>().to_le_bytes()
             };

@@ -48,17 +48,19 @@ pub trait Disk: Send + Sync + 'static {
     /// The files in `dir`, sorted.
     fn list(&self, dir: &Path) -> Result<Vec<PathBuf>>;
 
-    /// Appends `bytes` for direct I/O: at an offset aligned to [`DIRECT_ALIGN`], zeros after
-    /// them up to the next alignment; returns their offset. The default pads and appends
+    /// Appends `parts` one after another (a block's header and payload) for direct I/O: at
+    /// an offset aligned to [`DIRECT_ALIGN`], zeros after them up to the next alignment;
+    /// returns their offset. The default pads and appends
     /// through [`append`](Self::append); [`OsDisk`] writes with `O_DIRECT` where the file
     /// system allows it (no page cache in the way).
-    fn append_aligned(&self, path: &Path, bytes: &[u8]) -> Result<u64> {
+    fn append_aligned(&self, path: &Path, parts: &[&[u8]]) -> Result<u64> {
+        let bytes = parts.concat();
         let len = self.len(path)?.unwrap_or(0);
         let head = pad_to_align(len);
         if head > 0 {
             self.append(path, &vec![0; head as usize])?;
         }
-        let offset = self.append(path, bytes)?;
+        let offset = self.append(path, &bytes)?;
         let tail = pad_to_align(bytes.len() as u64);
         if tail > 0 {
             self.append(path, &vec![0; tail as usize])?;
@@ -148,15 +150,23 @@ impl Disk for OsDisk {
         std::fs::read(path).map_err(|e| Error::io(path, e))
     }
 
-    fn append_aligned(&self, path: &Path, bytes: &[u8]) -> Result<u64> {
+    fn append_aligned(&self, path: &Path, parts: &[&[u8]]) -> Result<u64> {
         let file = DirectFile::open(path)?;
         let len = file.size()?;
         let offset = len + pad_to_align(len);
-        with_scratch(bytes.len(), |buf| {
-            let window = buf.as_mut_slice();
-            window[..bytes.len()].copy_from_slice(bytes);
+        let total = parts
+            .iter()
+            .try_fold(0usize, |n, p| n.checked_add(p.len()))
+            .ok_or_else(|| Error::InvalidArgument("an append past usize::MAX".into()))?;
+        with_scratch(total, |buf| {
+            let mut window = buf.as_mut_slice();
+            for part in parts {
+                let (to, rest) = window.split_at_mut(part.len());
+                to.copy_from_slice(part);
+                window = rest;
+            }
             // The padding: zeros, not what the buffer held before.
-            window[bytes.len()..].fill(0);
+            window.fill(0);
             file.write_at(buf, offset)
         })?;
         Ok(offset)
