@@ -8,10 +8,11 @@
 //! - `migrate-FROM-TO` (size = block bytes): µs per [`TierStore::migrate`] of one block
 //!   between tiers (GPU, pinned host, disk through the page cache), the stream synchronised
 //!   at the end; `extra.p99_us`. GPU pairs run on a GPU only.
-//! - `disk-write` / `disk-read` (size = block bytes): one block at a time (queue depth 1)
-//!   in the system's temporary folder: `raw-odirect` (our own loop of aligned `pwrite` /
-//!   `pread` on one `O_DIRECT` file) vs `warpdrive` (a disk-only store's `put` with
-//!   `Durability::Disk` and `get_host`: frame, checksum, the write, the index record);
+//! - `disk-write` / `disk-read` (size = block bytes): one block at a time in the system's
+//!   temporary folder: `raw-odirect` (our own loop of aligned `pwrite` / `pread` on one
+//!   `O_DIRECT` file) vs `warpdrive` (a disk-only store's `put` with `Durability::Disk` and
+//!   `get_host`: frame, checksum, the write, the index record), both at the queue depth the
+//!   store gives the size (`extra.queue_depth`: 1, or 4 pieces in flight from 16 MiB);
 //!   `extra.direct` says whether the file system took `O_DIRECT`, `extra.pct_of_raw` the
 //!   store's rate against the raw loop's.
 //! - `prefetch-TRACE` (size = gets): gets of 4 KiB blocks that start on a simulated disk,
@@ -28,7 +29,7 @@ use rand::{Rng, SeedableRng};
 use warpdrive::bf16;
 use warpdrive::error::{Error, Result};
 use warpdrive::tier::codec::{decode_block, encode_block, Compression, Filter};
-use warpdrive::tier::disk::{AlignedBuf, DirectFile, SimDisk};
+use warpdrive::tier::disk::{queue_depth, AlignedBuf, DirectFile, SimDisk};
 use warpdrive::tier::prefetch::Prefetch;
 use warpdrive::tier::{Durability, Tier, TierConfig, TierStore};
 
@@ -167,7 +168,9 @@ fn disk_cases(ctx: &mut Ctx) -> Result<()> {
         for &size in sizes {
             let mut r = SmallRng::seed_from_u64(size as u64 ^ 0xd15c);
             let block = bf16_bytes(&mut r, size, false);
-            // Raw: one file, aligned buffers, offsets one block apart.
+            // Raw: one file, aligned buffers, offsets one block apart, at the queue depth the
+            // store gives a block of this size.
+            let depth = queue_depth(size);
             ctx.step(format!("{SUITE}: disk raw O_DIRECT at {size} B"));
             let raw_path = dir.join(format!("raw-{size}"));
             let file = DirectFile::open(&raw_path)?;
@@ -177,12 +180,12 @@ fn disk_cases(ctx: &mut Ctx) -> Result<()> {
             let mut i = 0u64;
             let mut raw_w = time_host(1, reps, || {
                 i += 1;
-                file.write_at(&buf, i * stride)
+                file.write_at_depth(&buf, i * stride, depth)
             })?;
             let mut j = 0u64;
             let mut raw_r = time_host(1, reps, || {
                 j = j % i + 1;
-                file.read_at(&mut buf, j * stride).map(drop)
+                file.read_at_depth(&mut buf, j * stride, depth).map(drop)
             })?;
             let direct = file.is_direct();
             drop(file);
@@ -211,10 +214,12 @@ fn disk_cases(ctx: &mut Ctx) -> Result<()> {
                 let raw_row =
                     ctx.record_bytes(case, size as u64, "raw-odirect", raw, size as f64, None)?;
                 raw_row.extra.insert("direct".into(), direct.into());
+                raw_row.extra.insert("queue_depth".into(), depth.into());
                 let raw_gbps = raw_row.gbps;
                 let row =
                     ctx.record_bytes(case, size as u64, "warpdrive", ours, size as f64, None)?;
                 row.extra.insert("direct".into(), direct.into());
+                row.extra.insert("queue_depth".into(), depth.into());
                 if let (Some(a), Some(b)) = (row.gbps, raw_gbps) {
                     row.extra
                         .insert("pct_of_raw".into(), (100.0 * a / b).into());

@@ -519,7 +519,18 @@ fn the_os_disk_round_trips_aligned_blocks() {
     let path = root.join("data-1.seg");
     let mut r = rng(seed("tier os disk"));
     let mut written = Vec::new();
-    for len in [1usize, 4095, 4096, 4097, 100_000, 1 << 20] {
+    // Up to blocks split into pieces in flight at once (from 16 MiB), one of them last in
+    // the file, so its final piece reads short at the end.
+    for len in [
+        1usize,
+        4095,
+        4096,
+        4097,
+        100_000,
+        1 << 20,
+        (17 << 20) + 5,
+        16 << 20,
+    ] {
         let data = block(&mut r, len);
         let offset = disk.append_aligned(&path, &[&data]).unwrap();
         assert_eq!(offset % DIRECT_ALIGN, 0);
@@ -531,6 +542,14 @@ fn the_os_disk_round_trips_aligned_blocks() {
             &disk.read_aligned(&path, *offset, data.len()).unwrap(),
             data
         );
+        // Reads past the file's end give what there is.
+        let tail = disk
+            .read_aligned(&path, *offset, data.len() + (9 << 20))
+            .unwrap();
+        assert_eq!(&tail[..data.len()], &data[..]);
+        if Some(offset) == written.last().map(|(o, _)| o) {
+            assert_eq!(tail.len(), data.len(), "the last block ends the file");
+        }
         // Unaligned reads inside a block work too.
         let part = disk
             .read_aligned(&path, offset + 1, data.len() - 1)

@@ -93,6 +93,55 @@ pub(super) fn with_scratch<R>(
     r
 }
 
+/// Direct I/Os from this many bytes are split into pieces in flight at once: a virtual disk
+/// serves large blocks faster at a queue depth above one.
+pub const SPLIT_FROM: usize = 16 << 20;
+/// The pieces of a split I/O.
+const PIECE: usize = 4 << 20;
+/// Pieces of a split I/O in flight at once.
+pub const QUEUE_DEPTH: usize = 4;
+
+/// The queue depth [`OsDisk`](super::OsDisk) gives a direct I/O of `len` bytes.
+pub fn queue_depth(len: usize) -> usize {
+    if len >= SPLIT_FROM {
+        QUEUE_DEPTH
+    } else {
+        1
+    }
+}
+
+/// Runs `io(k)` for every piece `k` of `pieces` on up to `depth` threads, each taking the
+/// next piece; the results in piece order, or the first error.
+fn in_flight(
+    depth: usize,
+    pieces: usize,
+    io: impl Fn(usize) -> Result<usize> + Sync,
+) -> Result<Vec<usize>> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let done = parking_lot::Mutex::new(vec![0usize; pieces]);
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..depth.min(pieces))
+            .map(|_| {
+                scope.spawn(|| -> Result<()> {
+                    loop {
+                        let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if k >= pieces {
+                            return Ok(());
+                        }
+                        let n = io(k)?;
+                        done.lock()[k] = n;
+                    }
+                })
+            })
+            .collect();
+        threads.into_iter().try_for_each(|t| {
+            t.join()
+                .unwrap_or_else(|_| Err(Error::WorkerPanicked("a direct I/O thread".into())))
+        })
+    })?;
+    Ok(done.into_inner())
+}
+
 /// A file opened for direct I/O (`O_DIRECT`), or through the page cache where the file
 /// system refuses it (`EINVAL`: tmpfs and others); [`DirectFile::is_direct`] says which.
 pub struct DirectFile {
@@ -144,7 +193,53 @@ impl DirectFile {
     /// Fills `buf` from `offset` (a multiple of [`DIRECT_ALIGN`]); returns the bytes read,
     /// fewer only at the end of the file.
     pub fn read_at(&self, buf: &mut AlignedBuf, offset: u64) -> Result<usize> {
-        let window = buf.as_mut_slice();
+        self.fill(buf.as_mut_slice(), offset)
+    }
+
+    /// As [`write_at`](Self::write_at) with up to `depth` pieces of the buffer in flight at
+    /// once (one thread each), where the buffer spans more than one piece.
+    pub fn write_at_depth(&self, buf: &AlignedBuf, offset: u64, depth: usize) -> Result<()> {
+        let data = buf.as_slice();
+        if depth <= 1 || data.len() <= PIECE {
+            return self.write_at(buf, offset);
+        }
+        let pieces: Vec<&[u8]> = data.chunks(PIECE).collect();
+        in_flight(depth, pieces.len(), |k| {
+            self.file
+                .write_all_at(pieces[k], offset + (k * PIECE) as u64)
+                .map_err(|e| Error::io(&self.path, e))
+                .map(|()| pieces[k].len())
+        })
+        .map(drop)
+    }
+
+    /// As [`read_at`](Self::read_at) with up to `depth` pieces in flight at once.
+    pub fn read_at_depth(&self, buf: &mut AlignedBuf, offset: u64, depth: usize) -> Result<usize> {
+        if depth <= 1 || buf.as_slice().len() <= PIECE {
+            return self.read_at(buf, offset);
+        }
+        let pieces: Vec<parking_lot::Mutex<&mut [u8]>> = buf
+            .as_mut_slice()
+            .chunks_mut(PIECE)
+            .map(parking_lot::Mutex::new)
+            .collect();
+        let filled = in_flight(depth, pieces.len(), |k| {
+            let mut piece = pieces[k].lock();
+            self.fill(&mut piece, offset + (k * PIECE) as u64)
+        })?;
+        // Bytes up to the first short piece: the end of the file.
+        let mut total = 0;
+        for (n, piece) in filled.iter().zip(&pieces) {
+            total += n;
+            if *n < piece.lock().len() {
+                break;
+            }
+        }
+        Ok(total)
+    }
+
+    /// Reads into `window` from `offset` until it is full or the file ends; the bytes read.
+    fn fill(&self, window: &mut [u8], offset: u64) -> Result<usize> {
         let mut filled = 0;
         while filled < window.len() {
             match self

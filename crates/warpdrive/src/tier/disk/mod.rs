@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::files::folder;
 
 use direct::with_scratch;
+pub use direct::{queue_depth, QUEUE_DEPTH, SPLIT_FROM};
 pub use direct::{AlignedBuf, DirectFile};
 pub use sim::SimDisk;
 
@@ -167,7 +168,7 @@ impl Disk for OsDisk {
             }
             // The padding: zeros, not what the buffer held before.
             window.fill(0);
-            file.write_at(buf, offset)
+            file.write_at_depth(buf, offset, queue_depth(total))
         })?;
         Ok(offset)
     }
@@ -199,7 +200,7 @@ impl Disk for OsDisk {
         let span = usize::try_from(end - start)
             .map_err(|_| Error::InvalidArgument(format!("a read of {len} bytes")))?;
         with_scratch(span, |buf| {
-            let filled = file.read_at(buf, start)?;
+            let filled = file.read_at_depth(buf, start, queue_depth(span))?;
             let skip = (offset - start) as usize;
             let got = filled.saturating_sub(skip).min(len);
             use_bytes(&buf.as_slice()[skip..skip + got])
