@@ -194,91 +194,145 @@ fn worth_compressing(data: &[u8], compression: Compression, width: usize) -> Res
 /// The data of a stored block, its checksum and framing verified; `key` names the block in
 /// `Error::Corrupt`.
 pub fn decode_block(stored: &[u8], key: &str) -> Result<Vec<u8>> {
-    let corrupt = |detail: String| Error::Corrupt {
-        key: key.to_string(),
-        detail,
-    };
-    let Some((header, payload)) = stored.split_first_chunk::<HEADER_BYTES>() else {
-        return Err(corrupt(format!(
-            "{} bytes, shorter than the {HEADER_BYTES}-byte block header",
-            stored.len()
-        )));
-    };
-    let magic = [header[0], header[1], header[2], header[3]];
-    if magic != MAGIC {
-        return Err(corrupt(format!("bad magic {magic:02x?}")));
+    let frame = Frame::verify(stored, key)?;
+    if frame.codec == CODEC_NONE {
+        return Ok(frame.payload.to_vec());
     }
-    let (version, codec, level, filter) = (header[4], header[5], header[6] as i8, header[7]);
-    if version != VERSION {
-        return Err(corrupt(format!("unknown format version {version}")));
-    }
-    let raw_len = u64_at(header, 8);
-    let payload_len = u64_at(header, 16);
-    if payload_len != payload.len() as u64 {
-        return Err(corrupt(format!(
-            "header says a {payload_len}-byte payload, {} bytes follow it",
-            payload.len()
-        )));
-    }
-    if raw_len > MAX_RAW_BYTES {
-        return Err(corrupt(format!(
-            "raw length {raw_len} over the {MAX_RAW_BYTES}-byte limit"
-        )));
-    }
-    let expected = u64_at(header, CHECKED_HEADER);
-    let actual = checksum(header, payload);
-    if actual != expected {
-        return Err(corrupt(format!(
-            "checksum mismatch: stored {expected:#018x}, computed {actual:#018x}"
-        )));
-    }
-    // Below the checksum, a bad field means a writer bug rather than a flipped bit; still an
-    // error, never a panic.
-    let raw_len = usize::try_from(raw_len)
-        .map_err(|_| corrupt(format!("raw length {raw_len} does not fit in memory")))?;
-    if codec != CODEC_ZSTD && level != 0 {
-        return Err(corrupt(format!("level {level} recorded for codec {codec}")));
-    }
-    let data = match codec {
-        CODEC_NONE => {
-            if filter != 0 || payload.len() != raw_len {
-                return Err(corrupt(format!(
-                    "raw block with filter {filter}, {} payload bytes for raw length {raw_len}",
-                    payload.len()
-                )));
-            }
-            return Ok(payload.to_vec());
+    let mut out = vec![0u8; frame.raw_len];
+    frame.decode_into(&mut out)?;
+    Ok(out)
+}
+
+/// A stored block whose header and checksum are verified: its data is `raw_len` bytes that
+/// [`decode_into`](Self::decode_into) writes where the caller wants them (a pinned block on
+/// its way to the GPU, say).
+pub struct Frame<'a> {
+    key: &'a str,
+    codec: u8,
+    filter: u8,
+    raw_len: usize,
+    payload: &'a [u8],
+}
+
+impl<'a> Frame<'a> {
+    /// Checks `stored`'s framing and checksum; `key` names the block in `Error::Corrupt`.
+    pub fn verify(stored: &'a [u8], key: &'a str) -> Result<Frame<'a>> {
+        let corrupt = |detail: String| Error::Corrupt {
+            key: key.to_string(),
+            detail,
+        };
+        let Some((header, payload)) = stored.split_first_chunk::<HEADER_BYTES>() else {
+            return Err(corrupt(format!(
+                "{} bytes, shorter than the {HEADER_BYTES}-byte block header",
+                stored.len()
+            )));
+        };
+        let magic = [header[0], header[1], header[2], header[3]];
+        if magic != MAGIC {
+            return Err(corrupt(format!("bad magic {magic:02x?}")));
         }
-        CODEC_LZ4 => {
-            let mut out = vec![0u8; raw_len];
-            let n = lz4_flex::block::decompress_into(payload, &mut out)
-                .map_err(|e| corrupt(format!("lz4: {e}")))?;
-            if n != raw_len {
-                return Err(corrupt(format!(
-                    "lz4 gave {n} bytes, raw length is {raw_len}"
-                )));
-            }
-            out
+        let (version, codec, level, filter) = (header[4], header[5], header[6] as i8, header[7]);
+        if version != VERSION {
+            return Err(corrupt(format!("unknown format version {version}")));
         }
-        CODEC_ZSTD => {
-            let out = zstd::bulk::decompress(payload, raw_len)
-                .map_err(|e| corrupt(format!("zstd: {e}")))?;
-            if out.len() != raw_len {
-                return Err(corrupt(format!(
-                    "zstd gave {} bytes, raw length is {raw_len}",
-                    out.len()
-                )));
-            }
-            out
+        let raw_len = u64_at(header, 8);
+        let payload_len = u64_at(header, 16);
+        if payload_len != payload.len() as u64 {
+            return Err(corrupt(format!(
+                "header says a {payload_len}-byte payload, {} bytes follow it",
+                payload.len()
+            )));
         }
-        other => return Err(corrupt(format!("unknown codec id {other}"))),
-    };
-    if filter > 1 {
-        let mut out = Vec::new();
-        unshuffle(&data, usize::from(filter), &mut out);
-        return Ok(out);
+        if raw_len > MAX_RAW_BYTES {
+            return Err(corrupt(format!(
+                "raw length {raw_len} over the {MAX_RAW_BYTES}-byte limit"
+            )));
+        }
+        let expected = u64_at(header, CHECKED_HEADER);
+        let actual = checksum(header, payload);
+        if actual != expected {
+            return Err(corrupt(format!(
+                "checksum mismatch: stored {expected:#018x}, computed {actual:#018x}"
+            )));
+        }
+        // Below the checksum, a bad field means a writer bug rather than a flipped bit;
+        // still an error, never a panic.
+        let raw_len = usize::try_from(raw_len)
+            .map_err(|_| corrupt(format!("raw length {raw_len} does not fit in memory")))?;
+        if codec != CODEC_ZSTD && level != 0 {
+            return Err(corrupt(format!("level {level} recorded for codec {codec}")));
+        }
+        match codec {
+            CODEC_NONE if filter != 0 || payload.len() != raw_len => Err(corrupt(format!(
+                "raw block with filter {filter}, {} payload bytes for raw length {raw_len}",
+                payload.len()
+            ))),
+            CODEC_NONE | CODEC_LZ4 | CODEC_ZSTD => Ok(Frame {
+                key,
+                codec,
+                filter,
+                raw_len,
+                payload,
+            }),
+            other => Err(corrupt(format!("unknown codec id {other}"))),
+        }
     }
-    Ok(data)
+
+    /// Bytes of the block's data.
+    pub fn raw_len(&self) -> usize {
+        self.raw_len
+    }
+
+    /// Writes the block's data into `out` (exactly [`raw_len`](Self::raw_len) bytes).
+    pub fn decode_into(&self, out: &mut [u8]) -> Result<()> {
+        let corrupt = |detail: String| Error::Corrupt {
+            key: self.key.to_string(),
+            detail,
+        };
+        if out.len() != self.raw_len {
+            return Err(Error::LengthMismatch {
+                op: "tier block decode",
+                left: out.len(),
+                right: self.raw_len,
+            });
+        }
+        let raw_len = self.raw_len;
+        // A filtered block decompresses into a buffer of its own, then unshuffles into `out`.
+        let mut filtered = Vec::new();
+        let target: &mut [u8] = if self.filter > 1 {
+            filtered.resize(raw_len, 0);
+            &mut filtered
+        } else {
+            &mut *out
+        };
+        match self.codec {
+            CODEC_NONE => target.copy_from_slice(self.payload),
+            CODEC_LZ4 => {
+                let n = lz4_flex::block::decompress_into(self.payload, target)
+                    .map_err(|e| corrupt(format!("lz4: {e}")))?;
+                if n != raw_len {
+                    return Err(corrupt(format!(
+                        "lz4 gave {n} bytes, raw length is {raw_len}"
+                    )));
+                }
+            }
+            _ => {
+                let n = zstd::bulk::decompress_to_buffer(self.payload, target)
+                    .map_err(|e| corrupt(format!("zstd: {e}")))?;
+                if n != raw_len {
+                    return Err(corrupt(format!(
+                        "zstd gave {n} bytes, raw length is {raw_len}"
+                    )));
+                }
+            }
+        }
+        if self.filter > 1 {
+            let mut plain = Vec::new();
+            unshuffle(&filtered, usize::from(self.filter), &mut plain);
+            out.copy_from_slice(&plain);
+        }
+        Ok(())
+    }
 }
 
 /// Byte-shuffle `data` by element `width` into `out` (cleared first): every element's first

@@ -145,6 +145,14 @@ const SEGMENT_LIVE_MIN: f64 = 0.5;
 const LOG_COMPACT_RECORDS: u64 = 4096;
 
 /// The highest tier holding `key`.
+/// Where a block below the GPU tier was found.
+enum Below {
+    /// The host tier holds it (its pinned block stays there until the block moves up).
+    Host,
+    /// Read from the disk into a pinned block of its own.
+    Disk(PinnedBuf<u8>),
+}
+
 fn highest_tier(g: &Inner, key: &String) -> Option<Tier> {
     if g.gpu.contains(key) {
         Some(Tier::Gpu)
@@ -353,9 +361,8 @@ impl TierStore {
                 None
             }
             false => {
-                let from_disk = self.find_below_gpu(&mut g, &key)?;
-                self.promote(&mut g, &key, from_disk.as_deref())?;
-                Some(from_disk)
+                let below = self.find_below_gpu(&mut g, &key)?;
+                self.promote(&mut g, &key, below)?
             }
         };
         // From the GPU tier's block when it holds one (a block promoted just now crossed the
@@ -366,8 +373,8 @@ impl TierStore {
                 ops::copy(&self.stream, src, &mut out)?;
                 out
             }
-            (None, Some(Some(data))) => Buffer::from_host(&self.stream, &data)?,
-            (None, Some(None)) => match g.host_blocks.get_mut(&key) {
+            (None, Some(Below::Disk(mut p))) => self.upload_pinned(&mut p)?,
+            (None, Some(Below::Host)) => match g.host_blocks.get_mut(&key) {
                 Some(p) => self.upload_pinned(p)?,
                 None => return Err(Error::NotFound { key }),
             },
@@ -388,20 +395,15 @@ impl TierStore {
                 self.gpu_hit(&mut g, &key);
                 data
             }
-            None => match self.find_below_gpu(&mut g, &key)? {
-                Some(data) => {
-                    self.promote(&mut g, &key, Some(&data))?;
-                    data
-                }
-                None => {
-                    let data = match g.host_blocks.get(&key) {
-                        Some(p) => p.wait_slice()?.to_vec(),
-                        None => return Err(Error::NotFound { key }),
-                    };
-                    self.promote(&mut g, &key, None)?;
-                    data
-                }
-            },
+            None => {
+                let below = self.find_below_gpu(&mut g, &key)?;
+                let data = match (&below, g.host_blocks.get(&key)) {
+                    (Below::Disk(p), _) | (Below::Host, Some(p)) => p.wait_slice()?.to_vec(),
+                    (Below::Host, None) => return Err(Error::NotFound { key }),
+                };
+                self.promote(&mut g, &key, below)?;
+                data
+            }
         };
         self.prefetch_after(&mut g, &key)?;
         Ok(data)
@@ -417,8 +419,8 @@ impl TierStore {
                 continue;
             }
             match self.find_below_gpu(&mut g, &key) {
-                Ok(from_disk) => {
-                    self.promote(&mut g, &key, from_disk.as_deref())?;
+                Ok(below) => {
+                    self.promote(&mut g, &key, below)?;
                 }
                 Err(Error::NotFound { .. }) => {}
                 Err(e) => return Err(e),
@@ -456,12 +458,12 @@ impl TierStore {
                 if g.gpu.contains(&key) {
                     return Ok(());
                 }
-                let from_disk = self.find_below_gpu(g, &key)?;
-                if !self.promote(g, &key, from_disk.as_deref())? {
-                    let bytes = from_disk.map_or_else(
-                        || g.host_blocks.get(&key).map_or(0, |p| p.len()),
-                        |d| d.len(),
-                    );
+                let below = self.find_below_gpu(g, &key)?;
+                if let Some(below) = self.promote(g, &key, below)? {
+                    let bytes = match below {
+                        Below::Disk(p) => p.len(),
+                        Below::Host => g.host_blocks.get(&key).map_or(0, |p| p.len()),
+                    };
                     return Err(Error::InvalidArgument(format!(
                         "tier store: {key} ({bytes} bytes) does not fit the GPU tier's budget"
                     )));
@@ -485,15 +487,13 @@ impl TierStore {
                         buf.copy_to_pinned(&self.stream, &mut p)?;
                         p
                     }
-                    None => {
-                        let Some(data) = self.find_below_gpu(g, &key)? else {
-                            return Err(Error::NotFound { key });
-                        };
-                        bytes = data.len() as u64;
-                        let mut p = PinnedBuf::<u8>::new(self.stream.device(), data.len())?;
-                        p.wait_slice_mut()?.copy_from_slice(&data);
-                        p
-                    }
+                    None => match self.find_below_gpu(g, &key)? {
+                        Below::Disk(p) => {
+                            bytes = p.len() as u64;
+                            p
+                        }
+                        Below::Host => return Ok(()),
+                    },
                 };
                 if !g.host.fits(bytes) {
                     return Err(Error::InvalidArgument(format!(
@@ -697,8 +697,8 @@ impl TierStore {
             if g.gpu.contains(&key) || !(g.host.contains(&key) || g.index.contains_key(&key)) {
                 continue;
             }
-            let from_disk = self.find_below_gpu(g, &key)?;
-            if self.promote(g, &key, from_disk.as_deref())? {
+            let below = self.find_below_gpu(g, &key)?;
+            if self.promote(g, &key, below)?.is_none() {
                 g.stats.prefetched += 1;
                 g.prefetched.insert(key);
             }
@@ -750,14 +750,14 @@ impl TierStore {
         Ok(())
     }
 
-    /// Finds the block below the GPU tier: `None` when the host tier holds it (its pinned
-    /// block stays there), else its bytes read from the disk (checksum verified).
-    fn find_below_gpu(&self, g: &mut Inner, key: &String) -> Result<Option<Vec<u8>>> {
+    /// Finds the block below the GPU tier: in the host tier (its pinned block stays there),
+    /// else read from the disk, checksum verified, into a pinned block of its own.
+    fn find_below_gpu(&self, g: &mut Inner, key: &String) -> Result<Below> {
         if g.host_blocks.contains_key(key) {
             g.host.touch(key);
             g.stats.host_hits += 1;
             metrics::counter!("warpdrive_tier_hits_total", "tier" => "host").increment(1);
-            return Ok(None);
+            return Ok(Below::Host);
         }
         let Some(at) = g.index.get(key).copied() else {
             g.stats.misses += 1;
@@ -765,68 +765,75 @@ impl TierStore {
             return Err(Error::NotFound { key: key.clone() });
         };
         let path = self.dir.join(segment_name(at.segment));
-        let len = usize::try_from(at.len).map_err(|_| Error::Corrupt {
+        let corrupt = |detail: String| Error::Corrupt {
             key: key.clone(),
-            detail: format!("a block of {} bytes", at.len),
-        })?;
-        let mut data = Vec::new();
+            detail,
+        };
+        let len =
+            usize::try_from(at.len).map_err(|_| corrupt(format!("a block of {} bytes", at.len)))?;
+        let mut block = None;
         self.disk
             .with_aligned(&path, at.offset, len, &mut |stored| {
                 if stored.len() != len {
-                    return Err(Error::Corrupt {
-                        key: key.clone(),
-                        detail: format!("{} of {len} bytes on disk", stored.len()),
-                    });
+                    return Err(corrupt(format!("{} of {len} bytes on disk", stored.len())));
                 }
-                data = codec::decode_block(stored, key)?;
+                let frame = codec::Frame::verify(stored, key)?;
+                let mut p = PinnedBuf::<u8>::new(self.stream.device(), frame.raw_len())?;
+                frame.decode_into(p.wait_slice_mut()?)?;
+                block = Some(p);
                 Ok(())
             })?;
+        let block = block.ok_or_else(|| corrupt("the disk handed back no bytes".into()))?;
         g.stats.disk_hits += 1;
         metrics::counter!("warpdrive_tier_hits_total", "tier" => "disk").increment(1);
         g.stats.disk_bytes_read += at.len;
-        Ok(Some(data))
+        Ok(Below::Disk(block))
     }
 
-    /// Puts a block found below the GPU into the GPU tier when it fits there: `from_disk`'s
-    /// bytes by an upload, or (`None`) the host tier's pinned block by one DMA, after which
-    /// the host tier lets it go. False when it does not fit (nothing moves).
-    fn promote(&self, g: &mut Inner, key: &String, from_disk: Option<&[u8]>) -> Result<bool> {
-        let bytes = match from_disk {
-            Some(data) => data.len() as u64,
-            None => match g.host_blocks.get(key) {
+    /// Puts a block found below the GPU into the GPU tier when it fits there, by one DMA from
+    /// its pinned block (the host tier lets its copy go); gives the block back when it does
+    /// not fit (nothing moves).
+    fn promote(&self, g: &mut Inner, key: &String, below: Below) -> Result<Option<Below>> {
+        let bytes = match &below {
+            Below::Disk(p) => p.len() as u64,
+            Below::Host => match g.host_blocks.get(key) {
                 Some(p) => p.len() as u64,
-                None => return Ok(false),
+                None => return Ok(Some(below)),
             },
         };
         if !g.gpu.fits(bytes) {
-            return Ok(false);
+            return Ok(Some(below));
         }
         // Out of the host tier first, so that making room there cannot evict it; back in
         // if the move fails.
-        let mut host_block = g.host_blocks.remove(key);
-        let moved = match self.make_room_on_gpu(g, bytes) {
-            Err(e) => Err(e),
-            Ok(()) => match (from_disk, host_block.as_mut()) {
-                (Some(data), _) => Buffer::from_host(&self.stream, data),
-                (None, Some(p)) => self.upload_pinned(p),
-                (None, None) => Err(Error::NotFound { key: key.clone() }),
+        let from_host_tier = matches!(below, Below::Host);
+        let mut source = match below {
+            Below::Disk(p) => p,
+            Below::Host => match g.host_blocks.remove(key) {
+                Some(p) => p,
+                None => return Ok(Some(Below::Host)),
             },
         };
+        let moved = self
+            .make_room_on_gpu(g, bytes)
+            .and_then(|()| self.upload_pinned(&mut source));
         let buf = match moved {
             Ok(buf) => buf,
             Err(e) => {
-                if let Some(p) = host_block {
-                    g.host_blocks.insert(key.clone(), p);
+                if from_host_tier {
+                    g.host_blocks.insert(key.clone(), source);
                 }
                 return Err(e);
             }
         };
         // The pinned block goes back to its pool, which reuses it once the DMA is done.
-        drop(host_block);
-        g.host.remove(key);
+        drop(source);
+        if from_host_tier {
+            g.host.remove(key);
+        }
         g.gpu.insert(key.clone(), bytes);
         g.gpu_blocks.insert(key.clone(), buf);
-        Ok(true)
+        Ok(None)
     }
 
     /// A device copy of a pinned block: one DMA on the store's stream, no host copy.
