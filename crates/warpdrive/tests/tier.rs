@@ -629,3 +629,38 @@ fn a_crash_at_any_disk_step_loses_no_acknowledged_put() {
         assert!(finished, "a run with no crash in reach");
     }
 }
+
+/// Sequential gets of blocks the GPU tier cannot hold read each block once: the prefetcher
+/// skips what it could not promote (it used to read four blocks ahead and drop them).
+#[test]
+fn prefetch_skips_blocks_the_gpu_tier_cannot_take() {
+    let s = Device::cpu().new_stream().unwrap();
+    let store = TierStore::open_on(
+        Arc::new(SimDisk::new()),
+        dir("skip"),
+        TierConfig::new(0, 0),
+        &s,
+    )
+    .unwrap();
+    let mut r = rng(seed("tier prefetch skip"));
+    let blocks: Vec<Vec<u8>> = (0..12).map(|_| block(&mut r, 10_000)).collect();
+    for (i, b) in blocks.iter().enumerate() {
+        store
+            .put(&format!("blk{i:03}"), b, Durability::Disk)
+            .unwrap();
+    }
+    for (i, b) in blocks.iter().enumerate() {
+        assert_eq!(&store.get_host(&format!("blk{i:03}")).unwrap(), b);
+        assert_eq!(
+            &store
+                .get(&format!("blk{i:03}"))
+                .unwrap()
+                .to_host(&s)
+                .unwrap(),
+            b
+        );
+    }
+    let stats = store.stats();
+    assert_eq!(stats.disk_hits, 24, "{stats:?}");
+    assert_eq!(stats.prefetched, 0, "{stats:?}");
+}

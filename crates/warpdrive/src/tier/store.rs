@@ -395,6 +395,14 @@ impl TierStore {
                 self.gpu_hit(&mut g, &key);
                 data
             }
+            None if !g.host_blocks.contains_key(&key) && !self.may_fit_gpu(&g, &key) => {
+                // Straight into the caller's Vec: the GPU tier could not take it anyway.
+                self.read_disk(&mut g, &key, |frame| {
+                    let mut data = vec![0u8; frame.raw_len()];
+                    frame.decode_into(&mut data)?;
+                    Ok(data)
+                })?
+            }
             None => {
                 let below = self.find_below_gpu(&mut g, &key)?;
                 let data = match (&below, g.host_blocks.get(&key)) {
@@ -415,16 +423,12 @@ impl TierStore {
             check_key(key)?;
             let key = key.to_string();
             let mut g = self.inner.lock();
-            if g.gpu.contains(&key) {
+            // Absent keys and blocks the GPU tier cannot take are skipped.
+            if g.gpu.contains(&key) || !self.may_fit_gpu(&g, &key) {
                 continue;
             }
-            match self.find_below_gpu(&mut g, &key) {
-                Ok(below) => {
-                    self.promote(&mut g, &key, below)?;
-                }
-                Err(Error::NotFound { .. }) => {}
-                Err(e) => return Err(e),
-            }
+            let below = self.find_below_gpu(&mut g, &key)?;
+            self.promote(&mut g, &key, below)?;
         }
         Ok(())
     }
@@ -694,7 +698,7 @@ impl TierStore {
                 continue;
             }
             let key = format!("{prefix}{next:0digits$}");
-            if g.gpu.contains(&key) || !(g.host.contains(&key) || g.index.contains_key(&key)) {
+            if g.gpu.contains(&key) || !self.may_fit_gpu(g, &key) {
                 continue;
             }
             let below = self.find_below_gpu(g, &key)?;
@@ -759,6 +763,21 @@ impl TierStore {
             metrics::counter!("warpdrive_tier_hits_total", "tier" => "host").increment(1);
             return Ok(Below::Host);
         }
+        self.read_disk(g, key, |frame| {
+            let mut p = PinnedBuf::<u8>::new(self.stream.device(), frame.raw_len())?;
+            frame.decode_into(p.wait_slice_mut()?)?;
+            Ok(Below::Disk(p))
+        })
+    }
+
+    /// Reads `key`'s block from the disk, verifies it and hands it to `land` (which decodes
+    /// it where the caller wants it).
+    fn read_disk<R>(
+        &self,
+        g: &mut Inner,
+        key: &String,
+        land: impl FnOnce(&codec::Frame) -> Result<R>,
+    ) -> Result<R> {
         let Some(at) = g.index.get(key).copied() else {
             g.stats.misses += 1;
             metrics::counter!("warpdrive_tier_misses_total").increment(1);
@@ -771,23 +790,35 @@ impl TierStore {
         };
         let len =
             usize::try_from(at.len).map_err(|_| corrupt(format!("a block of {} bytes", at.len)))?;
-        let mut block = None;
+        let mut land = Some(land);
+        let mut landed = None;
         self.disk
             .with_aligned(&path, at.offset, len, &mut |stored| {
                 if stored.len() != len {
                     return Err(corrupt(format!("{} of {len} bytes on disk", stored.len())));
                 }
                 let frame = codec::Frame::verify(stored, key)?;
-                let mut p = PinnedBuf::<u8>::new(self.stream.device(), frame.raw_len())?;
-                frame.decode_into(p.wait_slice_mut()?)?;
-                block = Some(p);
+                if let Some(land) = land.take() {
+                    landed = Some(land(&frame)?);
+                }
                 Ok(())
             })?;
-        let block = block.ok_or_else(|| corrupt("the disk handed back no bytes".into()))?;
+        let landed = landed.ok_or_else(|| corrupt("the disk handed back no bytes".into()))?;
         g.stats.disk_hits += 1;
         metrics::counter!("warpdrive_tier_hits_total", "tier" => "disk").increment(1);
         g.stats.disk_bytes_read += at.len;
-        Ok(Below::Disk(block))
+        Ok(landed)
+    }
+
+    /// Whether the GPU tier could take `key`'s block, judged by the bytes it holds below
+    /// (a compressed block's data may still turn out larger).
+    fn may_fit_gpu(&self, g: &Inner, key: &String) -> bool {
+        let below = match (g.host_blocks.get(key), g.index.get(key)) {
+            (Some(p), _) => p.len() as u64,
+            (None, Some(at)) => at.len.saturating_sub(codec::HEADER_BYTES as u64),
+            (None, None) => return false,
+        };
+        g.gpu.fits(below)
     }
 
     /// Puts a block found below the GPU into the GPU tier when it fits there, by one DMA from
