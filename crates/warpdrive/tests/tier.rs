@@ -514,7 +514,7 @@ fn the_os_disk_round_trips_aligned_blocks() {
     use warpdrive::tier::disk::{OsDisk, DIRECT_ALIGN};
     let root = std::env::temp_dir().join(format!("warpdrive-tier-os-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
-    let disk = OsDisk;
+    let disk = OsDisk::new();
     disk.create_dir_all(&root).unwrap();
     let path = root.join("data-1.seg");
     let mut r = rng(seed("tier os disk"));

@@ -171,7 +171,7 @@ fn records_round_trip_on_the_simulated_disk() {
 fn records_round_trip_on_os_files() {
     let dir = std::env::temp_dir().join(format!("wd-tier-log-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    round_trip(Arc::new(OsDisk), &dir.join("store"));
+    round_trip(Arc::new(OsDisk::new()), &dir.join("store"));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -221,7 +221,7 @@ impl TierStore {
     /// Opens (or creates) the store in `dir` on the operating system's files; blocks in
     /// memory tiers live on `stream`'s device and its pinned pool.
     pub fn open(dir: impl AsRef<Path>, config: TierConfig, stream: &Stream) -> Result<TierStore> {
-        TierStore::open_on(Arc::new(OsDisk), dir, config, stream)
+        TierStore::open_on(Arc::new(OsDisk::new()), dir, config, stream)
     }
 
     /// [`open`](Self::open) on any [`Disk`] (a simulated one in crash tests).

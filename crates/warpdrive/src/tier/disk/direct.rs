@@ -144,6 +144,7 @@ fn in_flight(
 
 /// A file opened for direct I/O (`O_DIRECT`), or through the page cache where the file
 /// system refuses it (`EINVAL`: tmpfs and others); [`DirectFile::is_direct`] says which.
+#[derive(Debug)]
 pub struct DirectFile {
     file: File,
     path: PathBuf,

@@ -8,6 +8,9 @@ mod direct;
 mod sim;
 
 use std::fs::{File, OpenOptions};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::io::{ErrorKind, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -99,9 +102,48 @@ pub fn pad_to_align(n: u64) -> u64 {
 
 /// The operating system's files through `std::fs`. Every error is an [`Error::Io`] naming
 /// the path, a full disk included (`ENOSPC`, after which the file may hold part of the
-/// write: callers cut it back).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct OsDisk;
+/// write: callers cut it back). The files it appends to and reads blocks from stay open
+/// between calls (a few of each), so a small block costs its I/O rather than an open and a
+/// close; removing, renaming, replacing or cutting a file closes its handles first.
+#[derive(Debug, Default)]
+pub struct OsDisk {
+    appending: Mutex<Vec<(PathBuf, Arc<File>)>>,
+    direct: Mutex<Vec<(PathBuf, Arc<DirectFile>)>>,
+}
+
+/// Handles [`OsDisk`] keeps open per kind.
+const KEEP_OPEN: usize = 8;
+
+/// The handle for `path` in `cache`, opened by `open` when absent (the oldest handle is
+/// closed when the cache is full).
+fn kept<F>(
+    cache: &Mutex<Vec<(PathBuf, Arc<F>)>>,
+    path: &Path,
+    open: impl FnOnce() -> Result<F>,
+) -> Result<Arc<F>> {
+    let mut cache = cache.lock();
+    if let Some((_, f)) = cache.iter().find(|(p, _)| p == path) {
+        return Ok(f.clone());
+    }
+    let f = Arc::new(open()?);
+    if cache.len() == KEEP_OPEN {
+        cache.remove(0);
+    }
+    cache.push((path.to_path_buf(), f.clone()));
+    Ok(f)
+}
+
+impl OsDisk {
+    pub fn new() -> OsDisk {
+        OsDisk::default()
+    }
+
+    /// Closes the handles kept for `path`.
+    fn forget(&self, path: &Path) {
+        self.appending.lock().retain(|(p, _)| p != path);
+        self.direct.lock().retain(|(p, _)| p != path);
+    }
+}
 
 impl Disk for OsDisk {
     fn create_dir_all(&self, dir: &Path) -> Result<()> {
@@ -118,13 +160,15 @@ impl Disk for OsDisk {
     }
 
     fn append(&self, path: &Path, bytes: &[u8]) -> Result<u64> {
-        let mut file = OpenOptions::new()
-            .append(true)
-            .create(true)
-            .open(path)
-            .map_err(|e| Error::io(path, e))?;
+        let file = kept(&self.appending, path, || {
+            OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(path)
+                .map_err(|e| Error::io(path, e))
+        })?;
         let offset = file.metadata().map_err(|e| Error::io(path, e))?.len();
-        file.write_all(bytes).map_err(|e| Error::io(path, e))?;
+        (&*file).write_all(bytes).map_err(|e| Error::io(path, e))?;
         Ok(offset)
     }
 
@@ -152,7 +196,7 @@ impl Disk for OsDisk {
     }
 
     fn append_aligned(&self, path: &Path, parts: &[&[u8]]) -> Result<u64> {
-        let file = DirectFile::open(path)?;
+        let file = kept(&self.direct, path, || DirectFile::open(path))?;
         let len = file.size()?;
         let offset = len + pad_to_align(len);
         let total = parts
@@ -189,10 +233,13 @@ impl Disk for OsDisk {
         len: usize,
         use_bytes: &mut dyn FnMut(&[u8]) -> Result<()>,
     ) -> Result<()> {
-        if !path.exists() {
-            return Err(Error::io(path, std::io::Error::from(ErrorKind::NotFound)));
-        }
-        let file = DirectFile::open(path)?;
+        let file = kept(&self.direct, path, || {
+            // Opening for direct I/O creates the file: a read of a missing one is an error.
+            if !path.exists() {
+                return Err(Error::io(path, std::io::Error::from(ErrorKind::NotFound)));
+            }
+            DirectFile::open(path)
+        })?;
         let start = offset - offset % DIRECT_ALIGN;
         let end = offset
             .checked_add(len as u64)
@@ -216,6 +263,7 @@ impl Disk for OsDisk {
     }
 
     fn truncate(&self, path: &Path, len: u64) -> Result<()> {
+        self.forget(path);
         OpenOptions::new()
             .write(true)
             .open(path)
@@ -230,16 +278,20 @@ impl Disk for OsDisk {
     }
 
     fn write_new(&self, path: &Path, bytes: &[u8]) -> Result<()> {
+        self.forget(path);
         File::create(path)
             .and_then(|mut f| f.write_all(bytes))
             .map_err(|e| Error::io(path, e))
     }
 
     fn rename(&self, from: &Path, to: &Path) -> Result<()> {
+        self.forget(from);
+        self.forget(to);
         std::fs::rename(from, to).map_err(|e| Error::io(from, e))
     }
 
     fn remove(&self, path: &Path) -> Result<()> {
+        self.forget(path);
         match std::fs::remove_file(path) {
             Err(e) if e.kind() != ErrorKind::NotFound => Err(Error::io(path, e)),
             _ => Ok(()),
@@ -284,7 +336,7 @@ mod tests {
     #[test]
     fn os_disk_does_what_the_trait_says() {
         let dir = tempdir("os");
-        let disk = OsDisk;
+        let disk = OsDisk::new();
         disk.create_dir_all(&dir.join("sub")).unwrap();
         let (a, b) = (dir.join("a"), dir.join("b"));
         assert_eq!(disk.len(&a).unwrap(), None);
@@ -307,11 +359,45 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// The handles kept open never outlive what they name: a file cut, replaced, renamed
+    /// over or removed and made again is appended to and read as the new file.
+    #[test]
+    fn kept_handles_follow_the_files() {
+        let dir = tempdir("kept");
+        let disk = OsDisk::new();
+        disk.create_dir_all(&dir).unwrap();
+        let (a, b) = (dir.join("a"), dir.join("b"));
+        disk.append(&a, b"12345").unwrap();
+        disk.truncate(&a, 2).unwrap();
+        assert_eq!(disk.append(&a, b"x").unwrap(), 2);
+        assert_eq!(disk.read_all(&a).unwrap(), b"12x");
+        disk.write_new(&a, b"").unwrap();
+        assert_eq!(disk.append(&a, b"y").unwrap(), 0);
+        disk.remove(&a).unwrap();
+        assert_eq!(
+            disk.append(&a, b"z").unwrap(),
+            0,
+            "a new file after the removal"
+        );
+        assert_eq!(disk.read_all(&a).unwrap(), b"z");
+
+        let first = disk.append_aligned(&b, &[b"old", b"er"]).unwrap();
+        assert_eq!(disk.read_aligned(&b, first, 5).unwrap(), b"older");
+        disk.remove(&b).unwrap();
+        assert!(disk.read_aligned(&b, 0, 5).is_err(), "removed: not found");
+        assert_eq!(disk.append_aligned(&b, &[b"new"]).unwrap(), 0);
+        assert_eq!(disk.read_aligned(&b, 0, 3).unwrap(), b"new");
+        let at = disk.append_aligned(&a, &[b"moved"]).unwrap();
+        disk.rename(&a, &b).unwrap();
+        assert_eq!(disk.read_aligned(&b, at, 5).unwrap(), b"moved");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn os_disk_reports_a_full_disk_as_enospc() {
         // /dev/full fails every write with ENOSPC.
         let full = Path::new("/dev/full");
-        let e = OsDisk.append(full, b"x").unwrap_err();
+        let e = OsDisk::new().append(full, b"x").unwrap_err();
         assert!(is_no_space(&e), "{e}");
         assert!(e.to_string().contains("/dev/full"), "{e}");
     }
