@@ -25,7 +25,7 @@ use crate::memory::{Buffer, PinnedBuf};
 use crate::ops;
 
 use super::codec::{self, Compression, Filter};
-use super::disk::{pad_to_align, Disk, OsDisk};
+use super::disk::{pad_to_align, Disk, OsDisk, DIRECT_ALIGN};
 use super::log::{IndexLog, Location, Record};
 use super::policy::{Budget, Clock};
 use super::prefetch::{Detector, Prefetch};
@@ -145,6 +145,11 @@ const SEGMENT_LIVE_MIN: f64 = 0.5;
 const LOG_COMPACT_RECORDS: u64 = 4096;
 
 /// The highest tier holding `key`.
+/// Blocks under this size that go down to the disk together share one write...
+const BATCH_BELOW: usize = 64 << 10;
+/// ...of about this many bytes.
+const BATCH_BYTES: usize = 1 << 20;
+
 /// Where a block below the GPU tier was found.
 enum Below {
     /// The host tier holds it (its pinned block stays there until the block moves up).
@@ -720,11 +725,39 @@ impl TierStore {
 
     /// Appends `data` as an encoded block to the current segment and records it.
     fn write_to_disk(&self, g: &mut Inner, key: &str, data: &[u8], sync: bool) -> Result<()> {
-        let block = codec::encode(data, self.config.disk_compression, self.config.disk_filter)?;
+        self.write_many_to_disk(g, &[(key, data)], sync)
+    }
+
+    /// Appends `blocks` as encoded blocks to the current segment in one write (each at an
+    /// aligned offset) and records them.
+    fn write_many_to_disk(
+        &self,
+        g: &mut Inner,
+        blocks: &[(&str, &[u8])],
+        sync: bool,
+    ) -> Result<()> {
+        const ZEROS: [u8; DIRECT_ALIGN as usize] = [0; DIRECT_ALIGN as usize];
+        let encoded = blocks
+            .iter()
+            .map(|(_, data)| {
+                codec::encode(data, self.config.disk_compression, self.config.disk_filter)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(3 * encoded.len());
+        let mut starts = Vec::with_capacity(encoded.len());
+        let mut at = 0u64;
+        for (i, block) in encoded.iter().enumerate() {
+            starts.push(at);
+            parts.push(&block.header);
+            parts.push(&block.payload);
+            let pad = pad_to_align(block.len() as u64);
+            if i + 1 < encoded.len() && pad > 0 {
+                parts.push(&ZEROS[..pad as usize]);
+            }
+            at += block.len() as u64 + pad;
+        }
         let path = self.dir.join(segment_name(g.segment));
-        let offset = self
-            .disk
-            .append_aligned(&path, &[&block.header, &block.payload])?;
+        let base = self.disk.append_aligned(&path, &parts)?;
         if sync {
             self.disk.sync(&path)?;
             if !g.segment_named {
@@ -732,25 +765,27 @@ impl TierStore {
                 g.segment_named = true;
             }
         }
-        let at = Location {
-            segment: g.segment,
-            offset,
-            len: block.len() as u64,
-        };
-        g.log.append(
-            &Record::Put {
-                key: key.to_string(),
-                at,
-            },
-            sync,
-        )?;
-        let segment = g.segments.entry(at.segment).or_insert((0, 0));
-        segment.0 += at.len;
-        segment.1 = at.offset + at.len + pad_to_align(at.len);
-        if let Some(old) = g.index.insert(key.to_string(), at) {
-            forget(g, old);
+        for (((key, _), block), start) in blocks.iter().zip(&encoded).zip(starts) {
+            let at = Location {
+                segment: g.segment,
+                offset: base + start,
+                len: block.len() as u64,
+            };
+            g.log.append(
+                &Record::Put {
+                    key: key.to_string(),
+                    at,
+                },
+                sync,
+            )?;
+            let segment = g.segments.entry(at.segment).or_insert((0, 0));
+            segment.0 += at.len;
+            segment.1 = at.offset + at.len + pad_to_align(at.len);
+            if let Some(old) = g.index.insert(key.to_string(), at) {
+                forget(g, old);
+            }
+            g.stats.disk_bytes_written += block.len() as u64;
         }
-        g.stats.disk_bytes_written += block.len() as u64;
         Ok(())
     }
 
@@ -899,6 +934,10 @@ impl TierStore {
 
     /// Moves host victims to the disk (unless already there) before `incoming` bytes arrive.
     fn make_room_on_host(&self, g: &mut Inner, incoming: u64) -> Result<()> {
+        // Victims not on disk yet go down together: small ones gathered into writes of
+        // about `BATCH_BYTES`, large ones one write each.
+        let mut batch: Vec<(String, PinnedBuf<u8>)> = Vec::new();
+        let mut batched = 0;
         for (key, _) in g.host.victims(incoming) {
             let Some(pinned) = g.host_blocks.remove(&key) else {
                 continue;
@@ -906,10 +945,41 @@ impl TierStore {
             g.host.remove(&key);
             g.stats.host_evictions += 1;
             metrics::counter!("warpdrive_tier_evictions_total", "tier" => "host").increment(1);
-            if !g.index.contains_key(&key) {
-                self.write_to_disk(g, &key, pinned.wait_slice()?, false)?;
+            if g.index.contains_key(&key) {
+                continue;
+            }
+            if pinned.len() >= BATCH_BELOW {
+                self.write_batch(g, &mut vec![(key, pinned)])?;
+                continue;
+            }
+            batched += pinned.len();
+            batch.push((key, pinned));
+            if batched >= BATCH_BYTES {
+                self.write_batch(g, &mut batch)?;
+                batched = 0;
             }
         }
-        Ok(())
+        self.write_batch(g, &mut batch)
+    }
+
+    /// Writes evicted blocks in one I/O and empties `batch`; when the write fails they go
+    /// back to the host tier (over its budget for now) rather than being lost.
+    fn write_batch(&self, g: &mut Inner, batch: &mut Vec<(String, PinnedBuf<u8>)>) -> Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let written = batch
+            .iter()
+            .map(|(key, p)| Ok((key.as_str(), p.wait_slice()?)))
+            .collect::<Result<Vec<_>>>()
+            .and_then(|blocks| self.write_many_to_disk(g, &blocks, false));
+        if written.is_err() {
+            for (key, p) in batch.drain(..) {
+                g.host.insert(key.clone(), p.len() as u64);
+                g.host_blocks.insert(key, p);
+            }
+        }
+        batch.clear();
+        written
     }
 }

@@ -46,6 +46,8 @@ struct SimState {
     changes_left: Option<u64>,
     /// The next `sync` fails.
     fail_next_sync: bool,
+    /// Calls of `append` so far.
+    appends: u64,
 }
 
 #[derive(Debug, Default)]
@@ -222,6 +224,11 @@ impl SimDisk {
         self.state.lock().fail_next_sync = true;
     }
 
+    /// How many appends (writes at a file's end) the disk has served.
+    pub fn appends(&self) -> u64 {
+        self.state.lock().appends
+    }
+
     /// Inverts the byte at `offset` of `path`, in its current and its durable data alike
     /// (damage on the medium).
     pub fn flip_byte(&self, path: &Path, offset: u64) -> Result<()> {
@@ -258,6 +265,7 @@ impl Disk for SimDisk {
     fn append(&self, path: &Path, bytes: &[u8]) -> Result<u64> {
         let mut s = self.state.lock();
         s.step(path, true)?;
+        s.appends += 1;
         let free = s.free(None);
         let short = s.short_writes;
         let inode = s.open_or_create(path)?;
