@@ -83,12 +83,8 @@ pub struct Encoded<'a> {
 
 impl Encoded<'_> {
     /// Bytes of the stored block.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         HEADER_BYTES + self.payload.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        false
     }
 
     /// The stored block in one buffer.
