@@ -102,9 +102,11 @@ struct State {
     arrivals: [Vec<Option<Arrival>>; 2],
     /// Why the group was aborted; every call from then on fails with it.
     abort: Option<String>,
-    /// How each rank that dropped its `Comm` left: collectives fail from then on, and so do
-    /// sends to it and receives from it once its sent messages are taken.
-    left: Vec<Option<&'static str>>,
+    /// Each rank that dropped its `Comm`: in which order it left, and how. Collectives fail
+    /// from then on, and so do sends to it and receives from it once its messages are taken.
+    left: Vec<Option<(usize, &'static str)>>,
+    /// Ranks that have left.
+    departures: usize,
     /// Messages sent and not yet received, at `from * world + to`.
     mail: Vec<VecDeque<Message>>,
     /// Received messages' storage, for the next sends.
@@ -151,6 +153,7 @@ impl Group {
                 arrivals: [vec_of(world, |_| None)?, vec_of(world, |_| None)?],
                 abort: None,
                 left: vec_of(world, |_| None)?,
+                departures: 0,
                 mail: vec_of(pairs, |_| VecDeque::new())?,
                 spare: Vec::new(),
             }),
@@ -191,7 +194,8 @@ impl Group {
             "(its thread finished or let it go)"
         };
         let mut state = self.state.lock();
-        state.left[rank] = Some(how);
+        state.left[rank] = Some((state.departures, how));
+        state.departures += 1;
         if panicked {
             self.abort(&mut state, Self::left_detail(rank, how));
         }
@@ -202,17 +206,21 @@ impl Group {
         format!("rank {rank} left the group: its Comm was dropped {how}")
     }
 
-    /// The error of a call that needs one of `ranks` after it left, or of any call after the
-    /// group was aborted.
+    /// The error of a call that needs one of `ranks` after it left (the first of them to
+    /// leave: the others may have left because of it), or of any call after the group was
+    /// aborted.
     fn broken(
         state: &State,
         op: &'static str,
-        mut ranks: impl Iterator<Item = usize>,
+        ranks: impl Iterator<Item = usize>,
     ) -> Option<Error> {
         if let Some(reason) = &state.abort {
             return Some(Self::aborted(op, reason));
         }
-        ranks.find_map(|q| state.left[q].map(|how| failed(op, Self::left_detail(q, how))))
+        ranks
+            .filter_map(|q| state.left[q].map(|(order, how)| (order, q, how)))
+            .min()
+            .map(|(_, q, how)| failed(op, Self::left_detail(q, how)))
     }
 
     fn aborted(op: &'static str, reason: &str) -> Error {
