@@ -91,6 +91,10 @@ fn check_reduced<T: TestFloat>(
     }
 }
 
+/// The bound of a sum or average relative to the terms' magnitudes (0: exact).
+trait TestFloatTol: TestFloat {
+    const SUM_TOL: f64;
+}
 impl TestFloatTol for f32 {
     const SUM_TOL: f64 = 1e-6;
 }
@@ -99,9 +103,6 @@ impl TestFloatTol for f16 {
 }
 impl TestFloatTol for bf16 {
     const SUM_TOL: f64 = 0.0;
-}
-trait TestFloatTol: TestFloat {
-    const SUM_TOL: f64;
 }
 
 fn all_reduce_case<T: TestFloatTol>(rng: &mut StdRng, world: usize, len: usize, op: ReduceOp) {
