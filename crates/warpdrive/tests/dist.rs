@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{random_in, rng, seed, TestFloat};
 use rand::rngs::StdRng;
@@ -423,7 +423,6 @@ fn a_rank_that_drops_its_comm_aborts_the_group_at_once() {
     const WORLD: usize = 3;
     let mut comms = group(WORLD, PATIENT);
     let leaver = comms.pop().expect("rank 2");
-    let start = Instant::now();
     let outs = std::thread::scope(|s| {
         s.spawn(move || drop(leaver));
         each_rank(comms, |comm, stream| {
@@ -435,7 +434,7 @@ fn a_rank_that_drops_its_comm_aborts_the_group_at_once() {
             (first, later)
         })
     });
-    let elapsed = start.elapsed();
+    // An abort that names the rank, not a timeout (whose error says so).
     for (rank, (first, later)) in outs.iter().enumerate() {
         for e in [first, later] {
             assert!(
@@ -444,8 +443,6 @@ fn a_rank_that_drops_its_comm_aborts_the_group_at_once() {
             );
         }
     }
-    // An abort, not a timeout: well inside the group's timeout.
-    assert!(elapsed < PATIENT, "{elapsed:?}");
 }
 
 #[test]
