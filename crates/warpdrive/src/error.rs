@@ -102,6 +102,11 @@ pub enum Error {
     #[error("no entry {key}")]
     NotFound { key: String },
 
+    /// A collective or point-to-point call of a `dist` communicator group failed: ranks
+    /// that disagree on the call, a rank that did not arrive in time, a rank that left.
+    #[error("collective {op} failed: {detail}")]
+    Collective { op: &'static str, detail: String },
+
     /// A file could not be read or written.
     #[error("I/O error on {}: {source}", path.display())]
     Io {

@@ -36,10 +36,11 @@
 //! `moe_safetensors` (an MoE layer from a safetensors file).
 //!
 //! Floors (nothing imports upward): `device` + `kernels` → `memory` → `ops`, `exec`,
-//! `transfer` → `telemetry` → `moe`, `tier`. The benchmark harness lives in the `warpdrive-bench`
-//! crate, above this one.
+//! `transfer` → `telemetry` → `moe`, `tier`, `dist`. The benchmark harness lives in the
+//! `warpdrive-bench` crate, above this one.
 
 pub mod device;
+pub mod dist;
 pub mod dtype;
 pub mod error;
 pub mod exec;

@@ -1,0 +1,667 @@
+//! The in-process group behind [`Comm::local_group`](super::Comm::local_group): shared slots
+//! that each rank deposits its input in, barriers with generation counts and timeouts, and
+//! per-pair mailboxes for send / receive.
+//!
+//! A collective is a step: the rank deposits its input in its slot for the step's parity,
+//! arrives at a barrier with a description of its call, compares every rank's description,
+//! then reads the other ranks' slots (and, for all-reduce, reduces its slice, meets the
+//! others at a second barrier and copies their reduced slices). Slots alternate by step
+//! parity: a rank writes its slot of parity `p` again only at step `s + 2`, after the first
+//! barrier of step `s + 1`, which every rank reaches only once done reading step `s`.
+
+use std::cell::Cell;
+use std::collections::VecDeque;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
+
+use super::ReduceOp;
+use crate::dtype::{DType, DTypeKind, Float};
+use crate::error::{Error, Result};
+
+/// What one rank asked for at a step; every rank's must be equal.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Call {
+    op: &'static str,
+    dtype: DTypeKind,
+    input: usize,
+    output: usize,
+    root: Option<usize>,
+    reduce: Option<ReduceOp>,
+}
+
+impl Call {
+    pub(super) fn new<T: DType>(op: &'static str, input: usize, output: usize) -> Call {
+        Call {
+            op,
+            dtype: T::KIND,
+            input,
+            output,
+            root: None,
+            reduce: None,
+        }
+    }
+
+    pub(super) fn rooted(self, root: usize) -> Call {
+        Call {
+            root: Some(root),
+            ..self
+        }
+    }
+
+    pub(super) fn reducing(self, op: ReduceOp) -> Call {
+        Call {
+            reduce: Some(op),
+            ..self
+        }
+    }
+}
+
+impl fmt::Display for Call {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}({} × {}", self.op, self.dtype.name(), self.input)?;
+        if self.output != self.input {
+            write!(f, " → {}", self.output)?;
+        }
+        if let Some(root) = self.root {
+            write!(f, ", root {root}")?;
+        }
+        if let Some(op) = self.reduce {
+            write!(f, ", {op:?}")?;
+        }
+        write!(f, ")")
+    }
+}
+
+/// A rank's arrival at a step's first barrier.
+#[derive(Debug, Clone)]
+enum Arrival {
+    Call(Call),
+    /// The call failed its own checks (the reason); the rank takes no further part.
+    Refused(String),
+}
+
+/// One rank's part in the step protocol: its rank and its step counter.
+pub(super) struct Member<'c> {
+    pub(super) rank: usize,
+    pub(super) step: &'c Cell<u64>,
+}
+
+/// A message between two ranks.
+struct Message {
+    dtype: DTypeKind,
+    len: usize,
+    data: Vec<u64>,
+}
+
+struct State {
+    /// Barriers each rank has arrived at.
+    ticks: Vec<u64>,
+    /// Each rank's arrival at the first barrier of the last step of each parity.
+    arrivals: [Vec<Option<Arrival>>; 2],
+    /// Why the group was aborted; every call from then on fails with it.
+    abort: Option<String>,
+    /// Each rank that dropped its `Comm`: in which order it left, and how. Collectives fail
+    /// from then on, and so do sends to it and receives from it once its messages are taken.
+    left: Vec<Option<(usize, &'static str)>>,
+    /// Ranks that have left.
+    departures: usize,
+    /// Messages sent and not yet received, at `from * world + to`.
+    mail: Vec<VecDeque<Message>>,
+    /// Received messages' storage, for the next sends.
+    spare: Vec<Vec<u64>>,
+}
+
+/// The shared state of an in-process group.
+pub(super) struct Group {
+    world: usize,
+    timeout: Duration,
+    state: Mutex<State>,
+    changed: Condvar,
+    /// Each rank's deposit, per step parity (u64 words so any element type aligns).
+    deposits: Vec<[RwLock<Vec<u64>>; 2]>,
+    /// Each rank's reduced slice of an all-reduce, per step parity.
+    reduced: Vec<[RwLock<Vec<u64>>; 2]>,
+}
+
+fn failed(op: &'static str, detail: String) -> Error {
+    Error::Collective { op, detail }
+}
+
+/// A vector of `n` values from `f`, or an error when the host cannot hold it.
+fn vec_of<V>(n: usize, f: impl FnMut(usize) -> V) -> Result<Vec<V>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| {
+        Error::InvalidArgument(format!(
+            "Comm::local_group: no memory for the state of {n} ranks"
+        ))
+    })?;
+    v.extend((0..n).map(f));
+    Ok(v)
+}
+
+impl Group {
+    pub(super) fn new(world: usize, timeout: Duration) -> Result<Group> {
+        let pairs = crate::size::product("Comm::local_group: rank pairs", &[world, world])?;
+        let slots = |_| [RwLock::new(Vec::new()), RwLock::new(Vec::new())];
+        Ok(Group {
+            world,
+            timeout,
+            state: Mutex::new(State {
+                ticks: vec_of(world, |_| 0)?,
+                arrivals: [vec_of(world, |_| None)?, vec_of(world, |_| None)?],
+                abort: None,
+                left: vec_of(world, |_| None)?,
+                departures: 0,
+                mail: vec_of(pairs, |_| VecDeque::new())?,
+                spare: Vec::new(),
+            }),
+            changed: Condvar::new(),
+            deposits: vec_of(world, slots)?,
+            reduced: vec_of(world, slots)?,
+        })
+    }
+
+    pub(super) fn world(&self) -> usize {
+        self.world
+    }
+
+    pub(super) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// When a call entered now gives up (`None`: the timeout is too long to be a time).
+    fn deadline(&self) -> Option<Instant> {
+        Instant::now().checked_add(self.timeout)
+    }
+
+    /// Aborts the group (the first reason stays) and wakes every waiting rank.
+    fn abort(&self, state: &mut State, reason: String) {
+        if state.abort.is_none() {
+            state.abort = Some(reason);
+        }
+        self.changed.notify_all();
+    }
+
+    /// The rank's `Comm` was dropped: the others' collectives fail from now on; a rank that
+    /// panicked aborts the whole group.
+    pub(super) fn leave(&self, rank: usize) {
+        let panicked = std::thread::panicking();
+        let how = if panicked {
+            "while its thread panicked"
+        } else {
+            "(its thread finished or let it go)"
+        };
+        let mut state = self.state.lock();
+        state.left[rank] = Some((state.departures, how));
+        state.departures += 1;
+        if panicked {
+            self.abort(&mut state, Self::left_detail(rank, how));
+        }
+        self.changed.notify_all();
+    }
+
+    fn left_detail(rank: usize, how: &str) -> String {
+        format!("rank {rank} left the group: its Comm was dropped {how}")
+    }
+
+    /// The error of a call that needs one of `ranks` after it left (the first of them to
+    /// leave: the others may have left because of it), or of any call after the group was
+    /// aborted.
+    fn broken(
+        state: &State,
+        op: &'static str,
+        ranks: impl Iterator<Item = usize>,
+    ) -> Option<Error> {
+        if let Some(reason) = &state.abort {
+            return Some(Self::aborted(op, reason));
+        }
+        ranks
+            .filter_map(|q| state.left[q].map(|(order, how)| (order, q, how)))
+            .min()
+            .map(|(_, q, how)| failed(op, Self::left_detail(q, how)))
+    }
+
+    fn aborted(op: &'static str, reason: &str) -> Error {
+        failed(op, format!("the group is aborted: {reason}"))
+    }
+
+    /// Arrives at the rank's next barrier and waits for every rank to arrive there. A rank
+    /// still missing at `deadline` aborts the group.
+    fn barrier(
+        &self,
+        state: &mut MutexGuard<'_, State>,
+        who: &Member<'_>,
+        op: &'static str,
+        deadline: Option<Instant>,
+    ) -> Result<()> {
+        let tick = state.ticks[who.rank] + 1;
+        state.ticks[who.rank] = tick;
+        self.changed.notify_all();
+        loop {
+            if state.ticks.iter().all(|&t| t >= tick) {
+                return Ok(());
+            }
+            let missing = (0..self.world).filter(|&q| state.ticks[q] < tick);
+            if let Some(e) = Self::broken(state, op, missing) {
+                return Err(e);
+            }
+            let timed_out = match deadline {
+                Some(deadline) => self.changed.wait_until(state, deadline).timed_out(),
+                None => {
+                    self.changed.wait(state);
+                    false
+                }
+            };
+            if timed_out && !state.ticks.iter().all(|&t| t >= tick) {
+                let missing: Vec<usize> =
+                    (0..self.world).filter(|&q| state.ticks[q] < tick).collect();
+                let step = who.step.get().saturating_sub(1);
+                let reason = format!(
+                    "rank {} waited {:?} in {op} (step {step}) for ranks {missing:?}, which did \
+                     not arrive",
+                    who.rank, self.timeout
+                );
+                self.abort(state, reason.clone());
+                return Err(failed(op, format!("{reason}; the group is aborted")));
+            }
+        }
+    }
+
+    /// Starts a step: deposits `data` (when given) in the rank's slot, arrives with `call`
+    /// and checks that every rank asked for the same. Returns the step's parity.
+    fn open<T: DType>(
+        &self,
+        who: &Member<'_>,
+        op: &'static str,
+        arrival: std::result::Result<Call, String>,
+        data: Option<&[T]>,
+    ) -> Result<usize> {
+        let deadline = self.deadline();
+        if let Some(e) = Self::broken(&self.state.lock(), op, 0..self.world) {
+            return Err(e);
+        }
+        let step = who.step.get();
+        who.step.set(step + 1);
+        let parity = (step % 2) as usize;
+        let mut arrival = match arrival {
+            Ok(call) => Arrival::Call(call),
+            Err(why) => Arrival::Refused(why),
+        };
+        if let (Arrival::Call(_), Some(data)) = (&arrival, data) {
+            if let Err(e) = store(&mut self.deposits[who.rank][parity].write(), data) {
+                arrival = Arrival::Refused(e.to_string());
+            }
+        }
+        let mut state = self.state.lock();
+        state.arrivals[parity][who.rank] = Some(arrival);
+        self.barrier(&mut state, who, op, deadline)?;
+        let arrivals = &state.arrivals[parity];
+        for (q, arrival) in arrivals.iter().enumerate() {
+            if let Some(Arrival::Refused(why)) = arrival {
+                let whose = if q == who.rank {
+                    "this rank's".to_string()
+                } else {
+                    format!("rank {q}'s")
+                };
+                return Err(failed(
+                    op,
+                    format!("{whose} call at step {step} was refused: {why}"),
+                ));
+            }
+        }
+        let calls: Vec<&Call> = arrivals
+            .iter()
+            .filter_map(|a| match a {
+                Some(Arrival::Call(call)) => Some(call),
+                _ => None,
+            })
+            .collect();
+        if calls.len() != self.world || calls.iter().any(|c| *c != calls[0]) {
+            let each: Vec<String> = calls
+                .iter()
+                .enumerate()
+                .map(|(q, c)| format!("rank {q}: {c}"))
+                .collect();
+            return Err(failed(
+                op,
+                format!("the ranks disagree at step {step}: {}", each.join("; ")),
+            ));
+        }
+        Ok(parity)
+    }
+
+    /// A call that failed its own checks still takes its step, so the other ranks learn of it
+    /// at once and the steps stay in line; returns `error`.
+    pub(super) fn refuse(&self, who: Member<'_>, op: &'static str, error: Error) -> Result<()> {
+        // The step's outcome is known here whatever the others did: this call's own error.
+        let _ = self.open::<u8>(&who, op, Err(error.to_string()), None);
+        Err(error)
+    }
+
+    /// Aborts the group when `result` (the rest of a step, after its first barrier) failed:
+    /// the other ranks would otherwise wait for this one.
+    fn or_abort<R>(&self, who: &Member<'_>, op: &'static str, result: Result<R>) -> Result<R> {
+        if let Err(e) = &result {
+            let mut state = self.state.lock();
+            self.abort(&mut state, format!("rank {} failed in {op}: {e}", who.rank));
+        }
+        result
+    }
+
+    /// The ranks' deposits of a step, read-locked.
+    fn read_deposits(&self, parity: usize) -> Vec<parking_lot::RwLockReadGuard<'_, Vec<u64>>> {
+        self.deposits.iter().map(|d| d[parity].read()).collect()
+    }
+
+    pub(super) fn all_reduce<T: Float>(
+        &self,
+        who: Member<'_>,
+        call: Call,
+        data: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        const OP: &str = "all_reduce";
+        let deadline = self.deadline();
+        let parity = self.open(&who, OP, Ok(call), Some(&*data))?;
+        let len = data.len();
+        let result = (|| {
+            {
+                let (start, end) = slice_of(len, self.world, who.rank);
+                let deposits = self.read_deposits(parity);
+                let inputs = deposits
+                    .iter()
+                    .map(|d| Ok(&view::<T>(d, len)?[start..end]))
+                    .collect::<Result<Vec<&[T]>>>()?;
+                let mut out = self.reduced[who.rank][parity].write();
+                reduce(op, &inputs, resized::<T>(&mut out, end - start)?);
+            }
+            self.barrier(&mut self.state.lock(), &who, OP, deadline)?;
+            for q in 0..self.world {
+                let (start, end) = slice_of(len, self.world, q);
+                let reduced = self.reduced[q][parity].read();
+                data[start..end].copy_from_slice(view::<T>(&reduced, end - start)?);
+            }
+            Ok(())
+        })();
+        self.or_abort(&who, OP, result)
+    }
+
+    pub(super) fn broadcast<T: DType>(
+        &self,
+        who: Member<'_>,
+        call: Call,
+        data: &mut [T],
+        root: usize,
+    ) -> Result<()> {
+        const OP: &str = "broadcast";
+        let mine = (who.rank == root).then_some(&*data);
+        let parity = self.open(&who, OP, Ok(call), mine)?;
+        if who.rank == root {
+            return Ok(());
+        }
+        let len = data.len();
+        let result = view::<T>(&self.deposits[root][parity].read(), len)
+            .map(|from| data.copy_from_slice(from));
+        self.or_abort(&who, OP, result)
+    }
+
+    pub(super) fn all_gather<T: DType>(
+        &self,
+        who: Member<'_>,
+        call: Call,
+        input: &[T],
+        output: &mut [T],
+    ) -> Result<()> {
+        const OP: &str = "all_gather";
+        let parity = self.open(&who, OP, Ok(call), Some(input))?;
+        let n = input.len();
+        let result = (|| {
+            for (q, chunk) in output.chunks_exact_mut(n.max(1)).enumerate() {
+                if q == who.rank {
+                    chunk.copy_from_slice(input);
+                } else {
+                    chunk.copy_from_slice(view::<T>(&self.deposits[q][parity].read(), n)?);
+                }
+            }
+            Ok(())
+        })();
+        self.or_abort(&who, OP, result)
+    }
+
+    pub(super) fn reduce_scatter<T: Float>(
+        &self,
+        who: Member<'_>,
+        call: Call,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        const OP: &str = "reduce_scatter";
+        let parity = self.open(&who, OP, Ok(call), Some(input))?;
+        let (len, m) = (input.len(), output.len());
+        let result = (|| {
+            let deposits = self.read_deposits(parity);
+            let start = who.rank * m;
+            let inputs = deposits
+                .iter()
+                .map(|d| Ok(&view::<T>(d, len)?[start..start + m]))
+                .collect::<Result<Vec<&[T]>>>()?;
+            reduce(op, &inputs, output);
+            Ok(())
+        })();
+        self.or_abort(&who, OP, result)
+    }
+
+    pub(super) fn all_to_all<T: DType>(
+        &self,
+        who: Member<'_>,
+        call: Call,
+        input: &[T],
+        output: &mut [T],
+    ) -> Result<()> {
+        const OP: &str = "all_to_all";
+        let parity = self.open(&who, OP, Ok(call), Some(input))?;
+        let len = input.len();
+        let c = len / self.world;
+        let mine = who.rank * c..(who.rank + 1) * c;
+        let result = (|| {
+            for (q, chunk) in output.chunks_exact_mut(c.max(1)).enumerate() {
+                if q == who.rank {
+                    chunk.copy_from_slice(&input[mine.clone()]);
+                } else {
+                    let deposit = self.deposits[q][parity].read();
+                    chunk.copy_from_slice(&view::<T>(&deposit, len)?[mine.clone()]);
+                }
+            }
+            Ok(())
+        })();
+        self.or_abort(&who, OP, result)
+    }
+
+    pub(super) fn send<T: DType>(&self, from: usize, to: usize, data: &[T]) -> Result<()> {
+        const OP: &str = "send";
+        let mut storage = {
+            let mut state = self.state.lock();
+            if let Some(e) = Self::broken(&state, OP, std::iter::once(to)) {
+                return Err(e);
+            }
+            state.spare.pop().unwrap_or_default()
+        };
+        store(&mut storage, data)?;
+        let mut state = self.state.lock();
+        if let Some(e) = Self::broken(&state, OP, std::iter::once(to)) {
+            return Err(e);
+        }
+        state.mail[from * self.world + to].push_back(Message {
+            dtype: T::KIND,
+            len: data.len(),
+            data: storage,
+        });
+        self.changed.notify_all();
+        Ok(())
+    }
+
+    pub(super) fn recv<T: DType>(&self, to: usize, from: usize, data: &mut [T]) -> Result<()> {
+        const OP: &str = "recv";
+        let deadline = self.deadline();
+        let mut state = self.state.lock();
+        let message = loop {
+            // Messages sent before the group was aborted (a sender that finished) still arrive.
+            if let Some(message) = state.mail[from * self.world + to].pop_front() {
+                break message;
+            }
+            if let Some(e) = Self::broken(&state, OP, std::iter::once(from)) {
+                return Err(e);
+            }
+            let timed_out = match deadline {
+                Some(deadline) => self.changed.wait_until(&mut state, deadline).timed_out(),
+                None => {
+                    self.changed.wait(&mut state);
+                    false
+                }
+            };
+            if timed_out && state.mail[from * self.world + to].is_empty() {
+                let reason = format!(
+                    "rank {to} waited {:?} in recv for a message from rank {from}",
+                    self.timeout
+                );
+                self.abort(&mut state, reason.clone());
+                return Err(failed(OP, format!("{reason}; the group is aborted")));
+            }
+        };
+        drop(state);
+        let result = if message.dtype != T::KIND || message.len != data.len() {
+            Err(format!(
+                "rank {to} received {} × {} from rank {from} into a buffer of {} × {}",
+                message.dtype.name(),
+                message.len,
+                T::KIND.name(),
+                data.len()
+            ))
+        } else {
+            view::<T>(&message.data, message.len)
+                .map(|from| data.copy_from_slice(from))
+                .map_err(|e| e.to_string())
+        };
+        let mut state = self.state.lock();
+        if state.spare.len() < self.world {
+            state.spare.push(message.data);
+        }
+        result.map_err(|reason| {
+            self.abort(&mut state, reason.clone());
+            failed(OP, format!("{reason}; the group is aborted"))
+        })
+    }
+}
+
+/// Rank `r`'s slice `[start, end)` of `len` elements split over `world` ranks as evenly as
+/// can be (the first `len % world` slices one longer).
+fn slice_of(len: usize, world: usize, r: usize) -> (usize, usize) {
+    let (base, extra) = (len / world, len % world);
+    let start = r * base + r.min(extra);
+    (start, start + base + usize::from(r < extra))
+}
+
+/// Reduces element-wise over `inputs` into `out`: in f64, in rank order, rounded once.
+fn reduce<T: Float>(op: ReduceOp, inputs: &[&[T]], out: &mut [T]) {
+    let Some((first, rest)) = inputs.split_first() else {
+        return;
+    };
+    let world = inputs.len() as f64;
+    for (i, o) in out.iter_mut().enumerate() {
+        let mut acc = first[i].to_f64();
+        for input in rest {
+            let v = input[i].to_f64();
+            acc = match op {
+                ReduceOp::Sum | ReduceOp::Average => acc + v,
+                ReduceOp::Max if v > acc || v.is_nan() => v,
+                ReduceOp::Min if v < acc || v.is_nan() => v,
+                ReduceOp::Max | ReduceOp::Min => acc,
+            };
+        }
+        if op == ReduceOp::Average {
+            acc /= world;
+        }
+        *o = T::from_f64(acc);
+    }
+}
+
+/// The bytes of `len` elements of `T`, checked.
+fn bytes_of<T: DType>(len: usize) -> Result<usize> {
+    crate::size::bytes_of::<T>("dist slot", len)
+}
+
+/// `slot` resized (its storage reused) to hold `len` elements of `T`, viewed as those.
+fn resized<T: DType>(slot: &mut Vec<u64>, len: usize) -> Result<&mut [T]> {
+    let bytes = bytes_of::<T>(len)?;
+    let words = bytes.div_ceil(8);
+    if slot.len() < words {
+        slot.try_reserve(words - slot.len())
+            .map_err(|_| Error::OutOfMemory {
+                requested: bytes,
+                detail: "host memory for a dist slot".into(),
+            })?;
+        slot.resize(words, 0);
+    } else {
+        slot.truncate(words);
+    }
+    let bytes_view = &mut bytemuck::cast_slice_mut::<u64, u8>(slot)[..bytes];
+    bytemuck::try_cast_slice_mut(bytes_view)
+        .map_err(|e| Error::InvalidArgument(format!("dist slot view: {e}")))
+}
+
+/// Copies `data` into `slot`, reusing its storage.
+fn store<T: DType>(slot: &mut Vec<u64>, data: &[T]) -> Result<()> {
+    resized::<T>(slot, data.len())?.copy_from_slice(data);
+    Ok(())
+}
+
+/// The first `len` elements of `T` in `slot`.
+fn view<T: DType>(slot: &[u64], len: usize) -> Result<&[T]> {
+    let bytes = bytes_of::<T>(len)?;
+    bytemuck::cast_slice::<u64, u8>(slot)
+        .get(..bytes)
+        .and_then(|b| bytemuck::try_cast_slice(b).ok())
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "dist slot holds {} bytes, not {len} × {}",
+                slot.len() * 8,
+                T::KIND.name()
+            ))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_cover_the_length_in_order() {
+        for len in [0, 1, 7, 8, 1003] {
+            for world in 1..=5 {
+                let mut next = 0;
+                for r in 0..world {
+                    let (start, end) = slice_of(len, world, r);
+                    assert_eq!(start, next);
+                    assert!(end - start <= len / world + 1);
+                    next = end;
+                }
+                assert_eq!(next, len);
+            }
+        }
+    }
+
+    #[test]
+    fn slots_hold_any_element_type_and_reuse_their_storage() {
+        let mut slot = Vec::new();
+        store(&mut slot, &[1.5f64, -2.0, 3.25]).unwrap();
+        assert_eq!(view::<f64>(&slot, 3).unwrap(), [1.5, -2.0, 3.25]);
+        let capacity = slot.capacity();
+        store(&mut slot, &[7u8, 8, 9]).unwrap();
+        assert_eq!(view::<u8>(&slot, 3).unwrap(), [7, 8, 9]);
+        assert_eq!(slot.capacity(), capacity);
+        assert!(view::<u8>(&slot, 9).is_err());
+    }
+}

@@ -1,0 +1,653 @@
+//! The in-process communicator group (`dist`): every collective against a scalar reference
+//! computed here, on one thread per rank, for world sizes 1 to 4 and odd lengths; back-to-back
+//! steps; ranks that disagree, leave, panic or never arrive; send / receive; bad arguments.
+//!
+//! Tolerances: f32 and f64 sums and averages within 1e-6 (f32) / 1e-12 (f64) of the sum of
+//! the terms' magnitudes; everything else (f16, bf16, max, min, data movement) exact against
+//! the f64-accumulate-then-round reference.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{random_in, rng, seed, TestFloat};
+use rand::rngs::StdRng;
+use rand::Rng;
+use warpdrive::dist::{Comm, ReduceOp};
+use warpdrive::{bf16, f16, Buffer, DType, Device, Error, Float, Stream};
+
+/// Long enough never to be reached by a healthy call.
+const PATIENT: Duration = Duration::from_secs(30);
+const OPS: [ReduceOp; 4] = [
+    ReduceOp::Sum,
+    ReduceOp::Max,
+    ReduceOp::Min,
+    ReduceOp::Average,
+];
+
+fn group(world: usize, timeout: Duration) -> Vec<Comm> {
+    Comm::local_group(world, timeout).expect("a local group")
+}
+
+/// Runs `body` on one thread per rank, each with its own CPU stream; results in rank order.
+fn each_rank<R: Send>(comms: Vec<Comm>, body: impl Fn(&Comm, &Stream) -> R + Sync) -> Vec<R> {
+    std::thread::scope(|s| {
+        let body = &body;
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                s.spawn(move || {
+                    let stream = Device::cpu().new_stream().expect("a CPU stream");
+                    body(&comm, &stream)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
+}
+
+/// The reduction of `values` (in rank order) as the reference computes it: f64, rounded once.
+fn reduced<T: Float>(op: ReduceOp, values: impl Iterator<Item = T>) -> T {
+    let values: Vec<f64> = values.map(Float::to_f64).collect();
+    let n = values.len() as f64;
+    let v = match op {
+        ReduceOp::Sum => values.iter().sum(),
+        ReduceOp::Average => values.iter().sum::<f64>() / n,
+        ReduceOp::Max => values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        ReduceOp::Min => values.iter().copied().fold(f64::INFINITY, f64::min),
+    };
+    T::from_f64(v)
+}
+
+/// Checks `got` against the reference reduction of `inputs` (one slice per rank) at each
+/// element, `offset` elements into the inputs.
+fn check_reduced<T: TestFloat>(
+    what: &str,
+    op: ReduceOp,
+    inputs: &[Vec<T>],
+    offset: usize,
+    got: &[T],
+    tol: f64,
+) {
+    for (i, &g) in got.iter().enumerate() {
+        let terms = inputs.iter().map(|x| x[offset + i]);
+        let want = reduced(op, terms.clone()).to_f64();
+        let g = g.to_f64();
+        let exact =
+            T::NAME != "f32" && T::NAME != "f64" || matches!(op, ReduceOp::Max | ReduceOp::Min);
+        let bound = if exact {
+            0.0
+        } else {
+            tol * terms.map(|t| t.to_f64().abs()).sum::<f64>()
+        };
+        assert!(
+            (g - want).abs() <= bound,
+            "{what} {} {op:?} element {i}: got {g}, want {want} (bound {bound})",
+            T::NAME
+        );
+    }
+}
+
+/// The bound of a sum or average relative to the terms' magnitudes (0: exact).
+trait TestFloatTol: TestFloat {
+    const SUM_TOL: f64;
+}
+impl TestFloatTol for f32 {
+    const SUM_TOL: f64 = 1e-6;
+}
+impl TestFloatTol for f16 {
+    const SUM_TOL: f64 = 0.0;
+}
+impl TestFloatTol for bf16 {
+    const SUM_TOL: f64 = 0.0;
+}
+
+fn all_reduce_case<T: TestFloatTol>(rng: &mut StdRng, world: usize, len: usize, op: ReduceOp) {
+    let inputs: Vec<Vec<T>> = (0..world)
+        .map(|_| random_in::<T>(rng, len, -1.0, 1.0))
+        .collect();
+    let outs = each_rank(group(world, PATIENT), |comm, stream| {
+        let mut buf = Buffer::from_host(stream, &inputs[comm.rank()]).unwrap();
+        comm.all_reduce(stream, &mut buf, op).unwrap();
+        buf.to_host(stream).unwrap()
+    });
+    let what = format!("all_reduce world {world} len {len}");
+    for out in &outs {
+        assert_eq!(out.len(), len);
+        assert!(
+            out.iter()
+                .zip(&outs[0])
+                .all(|(a, b)| a.to_bits_u64() == b.to_bits_u64()),
+            "{what}: ranks' results differ"
+        );
+    }
+    check_reduced(&what, op, &inputs, 0, &outs[0], T::SUM_TOL);
+}
+
+#[test]
+fn all_reduce_matches_the_reference_for_every_op_and_type() {
+    let mut rng = rng(seed("all_reduce"));
+    for world in 1..=4 {
+        for len in [1, 7, 1003] {
+            for op in OPS {
+                all_reduce_case::<f32>(&mut rng, world, len, op);
+                all_reduce_case::<f16>(&mut rng, world, len, op);
+                all_reduce_case::<bf16>(&mut rng, world, len, op);
+            }
+        }
+        all_reduce_case::<f32>(&mut rng, world, 1_000_003, ReduceOp::Sum);
+    }
+}
+
+#[test]
+fn all_reduce_of_f64_is_within_the_f64_bound() {
+    let mut rng = rng(seed("all_reduce_f64"));
+    for world in 1..=4 {
+        for op in OPS {
+            let len = 1001;
+            let inputs: Vec<Vec<f64>> = (0..world)
+                .map(|_| (0..len).map(|_| rng.random_range(-1.0..1.0)).collect())
+                .collect();
+            let outs = each_rank(group(world, PATIENT), |comm, stream| {
+                let mut buf = Buffer::from_host(stream, &inputs[comm.rank()]).unwrap();
+                comm.all_reduce(stream, &mut buf, op).unwrap();
+                buf.to_host(stream).unwrap()
+            });
+            for out in outs {
+                for (i, g) in out.iter().enumerate() {
+                    let terms = inputs.iter().map(|x| x[i]);
+                    let want = reduced(op, terms.clone());
+                    let bound = 1e-12 * terms.map(f64::abs).sum::<f64>();
+                    assert!((g - want).abs() <= bound, "{op:?} [{i}]: {g} vs {want}");
+                }
+            }
+        }
+    }
+}
+
+/// A value with random bits and the low bit set (so never the poison, whose low bit is 0).
+fn random_bits<T: DType>(rng: &mut StdRng) -> T {
+    T::from_bits_u64(rng.random::<u64>() | 1)
+}
+
+fn poison<T: DType>() -> T {
+    T::from_bits_u64(0xa5a5_a5a5_a5a5_a5a4)
+}
+
+fn bits<T: DType>(v: &[T]) -> Vec<u64> {
+    v.iter().map(|x| x.to_bits_u64()).collect()
+}
+
+fn broadcast_case<T: DType>(rng: &mut StdRng, world: usize, len: usize, root: usize) {
+    let data: Vec<T> = (0..len).map(|_| random_bits(rng)).collect();
+    let outs = each_rank(group(world, PATIENT), |comm, stream| {
+        let init = if comm.rank() == root {
+            data.clone()
+        } else {
+            vec![poison::<T>(); len]
+        };
+        let mut buf = Buffer::from_host(stream, &init).unwrap();
+        comm.broadcast(stream, &mut buf, root).unwrap();
+        buf.to_host(stream).unwrap()
+    });
+    for (rank, out) in outs.iter().enumerate() {
+        assert_eq!(
+            bits(out),
+            bits(&data),
+            "broadcast {} world {world} len {len} root {root}: rank {rank}",
+            T::KIND.name()
+        );
+    }
+}
+
+#[test]
+fn broadcast_copies_the_root_to_every_rank() {
+    let mut rng = rng(seed("broadcast"));
+    for world in 1..=4 {
+        for root in 0..world {
+            for len in [0, 1, 7, 1003] {
+                broadcast_case::<u8>(&mut rng, world, len, root);
+                broadcast_case::<i64>(&mut rng, world, len, root);
+                broadcast_case::<f32>(&mut rng, world, len, root);
+                broadcast_case::<bf16>(&mut rng, world, len, root);
+            }
+        }
+    }
+}
+
+fn all_gather_case<T: DType>(rng: &mut StdRng, world: usize, len: usize) {
+    let inputs: Vec<Vec<T>> = (0..world)
+        .map(|_| (0..len).map(|_| random_bits(rng)).collect())
+        .collect();
+    let outs = each_rank(group(world, PATIENT), |comm, stream| {
+        let input = Buffer::from_host(stream, &inputs[comm.rank()]).unwrap();
+        let mut output = Buffer::from_host(stream, &vec![poison::<T>(); world * len]).unwrap();
+        comm.all_gather(stream, &input, &mut output).unwrap();
+        output.to_host(stream).unwrap()
+    });
+    let want: Vec<T> = inputs.concat();
+    for (rank, out) in outs.iter().enumerate() {
+        assert_eq!(
+            bits(out),
+            bits(&want),
+            "all_gather {} world {world} len {len}: rank {rank}",
+            T::KIND.name()
+        );
+    }
+}
+
+#[test]
+fn all_gather_concatenates_in_rank_order() {
+    let mut rng = rng(seed("all_gather"));
+    for world in 1..=4 {
+        for len in [0, 1, 7, 1003] {
+            all_gather_case::<f32>(&mut rng, world, len);
+            all_gather_case::<u32>(&mut rng, world, len);
+            all_gather_case::<f16>(&mut rng, world, len);
+        }
+    }
+}
+
+fn reduce_scatter_case<T: TestFloatTol>(rng: &mut StdRng, world: usize, m: usize, op: ReduceOp) {
+    let inputs: Vec<Vec<T>> = (0..world)
+        .map(|_| random_in::<T>(rng, world * m, -1.0, 1.0))
+        .collect();
+    let outs = each_rank(group(world, PATIENT), |comm, stream| {
+        let input = Buffer::from_host(stream, &inputs[comm.rank()]).unwrap();
+        let mut output = Buffer::from_host(stream, &vec![common::nan::<T>(); m]).unwrap();
+        comm.reduce_scatter(stream, &input, &mut output, op)
+            .unwrap();
+        output.to_host(stream).unwrap()
+    });
+    for (rank, out) in outs.iter().enumerate() {
+        assert_eq!(out.len(), m);
+        let what = format!("reduce_scatter world {world} m {m} rank {rank}");
+        check_reduced(&what, op, &inputs, rank * m, out, T::SUM_TOL);
+    }
+}
+
+#[test]
+fn reduce_scatter_gives_each_rank_its_reduced_slice() {
+    let mut rng = rng(seed("reduce_scatter"));
+    for world in 1..=4 {
+        for m in [1, 7, 333] {
+            for op in OPS {
+                reduce_scatter_case::<f32>(&mut rng, world, m, op);
+                reduce_scatter_case::<bf16>(&mut rng, world, m, op);
+            }
+        }
+    }
+}
+
+fn all_to_all_case<T: DType>(rng: &mut StdRng, world: usize, chunk: usize) {
+    let inputs: Vec<Vec<T>> = (0..world)
+        .map(|_| (0..world * chunk).map(|_| random_bits(rng)).collect())
+        .collect();
+    let outs = each_rank(group(world, PATIENT), |comm, stream| {
+        let input = Buffer::from_host(stream, &inputs[comm.rank()]).unwrap();
+        let mut output = Buffer::from_host(stream, &vec![poison::<T>(); world * chunk]).unwrap();
+        comm.all_to_all(stream, &input, &mut output).unwrap();
+        output.to_host(stream).unwrap()
+    });
+    for (j, out) in outs.iter().enumerate() {
+        // Chunk i of rank j's output is chunk j of rank i's input.
+        let want: Vec<T> = (0..world)
+            .flat_map(|i| inputs[i][j * chunk..(j + 1) * chunk].iter().copied())
+            .collect();
+        assert_eq!(
+            bits(out),
+            bits(&want),
+            "all_to_all {} world {world} chunk {chunk}: rank {j}",
+            T::KIND.name()
+        );
+    }
+}
+
+#[test]
+fn all_to_all_sends_chunk_j_of_rank_i_to_chunk_i_of_rank_j() {
+    let mut rng = rng(seed("all_to_all"));
+    for world in 1..=4 {
+        for chunk in [0, 1, 7, 101] {
+            all_to_all_case::<u64>(&mut rng, world, chunk);
+            all_to_all_case::<f16>(&mut rng, world, chunk);
+        }
+    }
+}
+
+#[test]
+fn back_to_back_all_reduces_and_broadcasts_never_mix() {
+    const WORLD: usize = 4;
+    const STEPS: usize = 200;
+    let mut rng = rng(seed("back_to_back"));
+    // Step i: its length differs from its neighbours', so a step that read another's data
+    // would fail on length or on values.
+    let inputs: Vec<Vec<Vec<f32>>> = (0..STEPS)
+        .map(|i| {
+            let len = 1 + (i * 7) % 31;
+            (0..WORLD)
+                .map(|_| common::random_f32(&mut rng, len))
+                .collect()
+        })
+        .collect();
+    let outs = each_rank(group(WORLD, PATIENT), |comm, stream| {
+        let mut outs = Vec::with_capacity(STEPS);
+        for (i, step) in inputs.iter().enumerate() {
+            let mut buf = Buffer::from_host(stream, &step[comm.rank()]).unwrap();
+            if i % 2 == 0 {
+                comm.all_reduce(stream, &mut buf, OPS[(i / 2) % 4]).unwrap();
+            } else {
+                comm.broadcast(stream, &mut buf, i % WORLD).unwrap();
+            }
+            outs.push(buf.to_host(stream).unwrap());
+        }
+        outs
+    });
+    for (rank, outs) in outs.iter().enumerate() {
+        for (i, got) in outs.iter().enumerate() {
+            if i % 2 == 0 {
+                let what = format!("step {i} rank {rank}");
+                check_reduced(&what, OPS[(i / 2) % 4], &inputs[i], 0, got, 1e-6);
+            } else {
+                assert_eq!(got, &inputs[i][i % WORLD], "broadcast step {i} rank {rank}");
+            }
+        }
+    }
+}
+
+fn is_collective(e: &Error, needle: &str) -> bool {
+    matches!(e, Error::Collective { .. }) && e.to_string().contains(needle)
+}
+
+#[test]
+fn ranks_that_disagree_fail_on_every_rank_and_the_group_goes_on() {
+    const WORLD: usize = 3;
+    let mut rng = rng(seed("disagree"));
+    let data: Vec<Vec<f32>> = (0..WORLD)
+        .map(|_| common::random_f32(&mut rng, 7))
+        .collect();
+    let outs = each_rank(group(WORLD, PATIENT), |comm, stream| {
+        let r = comm.rank();
+        let mut errors = Vec::new();
+        // A different length on rank 1.
+        let mut buf = Buffer::from_host(stream, &vec![1.0f32; if r == 1 { 8 } else { 7 }]).unwrap();
+        errors.push(
+            comm.all_reduce(stream, &mut buf, ReduceOp::Sum)
+                .unwrap_err(),
+        );
+        // A different op on rank 2.
+        let mut buf = Buffer::from_host(stream, &[1.0f32; 7]).unwrap();
+        let op = if r == 2 { ReduceOp::Max } else { ReduceOp::Sum };
+        errors.push(comm.all_reduce(stream, &mut buf, op).unwrap_err());
+        // A different collective on rank 0.
+        let result = if r == 0 {
+            comm.broadcast(stream, &mut buf, 0)
+        } else {
+            comm.all_reduce(stream, &mut buf, ReduceOp::Sum)
+        };
+        errors.push(result.unwrap_err());
+        // A different root on rank 1; a different element type on rank 2.
+        errors.push(
+            comm.broadcast(stream, &mut buf, usize::from(r == 1))
+                .unwrap_err(),
+        );
+        let result = if r == 2 {
+            let mut ints = Buffer::from_host(stream, &[1u32; 7]).unwrap();
+            comm.broadcast(stream, &mut ints, 0)
+        } else {
+            comm.broadcast(stream, &mut buf, 0)
+        };
+        errors.push(result.unwrap_err());
+        // Then a call they agree on works.
+        let mut buf = Buffer::from_host(stream, &data[r]).unwrap();
+        comm.all_reduce(stream, &mut buf, ReduceOp::Sum).unwrap();
+        (errors, buf.to_host(stream).unwrap())
+    });
+    for (rank, (errors, out)) in outs.iter().enumerate() {
+        for e in errors {
+            assert!(is_collective(e, "the ranks disagree"), "rank {rank}: {e}");
+        }
+        check_reduced("after the errors", ReduceOp::Sum, &data, 0, out, 1e-6);
+    }
+    let first = outs[0].0[0].to_string();
+    assert!(
+        first.contains("rank 1: all_reduce(f32 × 8, Sum)"),
+        "{first}"
+    );
+}
+
+#[test]
+fn a_rank_that_drops_its_comm_aborts_the_group_at_once() {
+    const WORLD: usize = 3;
+    let mut comms = group(WORLD, PATIENT);
+    let leaver = comms.pop().expect("rank 2");
+    let outs = std::thread::scope(|s| {
+        s.spawn(move || drop(leaver));
+        each_rank(comms, |comm, stream| {
+            let mut buf = Buffer::from_host(stream, &[1.0f32, 2.0, 3.0]).unwrap();
+            let first = comm
+                .all_reduce(stream, &mut buf, ReduceOp::Sum)
+                .unwrap_err();
+            let later = comm.broadcast(stream, &mut buf, 0).unwrap_err();
+            (first, later)
+        })
+    });
+    // An abort that names the rank, not a timeout (whose error says so).
+    for (rank, (first, later)) in outs.iter().enumerate() {
+        for e in [first, later] {
+            assert!(
+                is_collective(e, "rank 2 left the group"),
+                "rank {rank}: {e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_rank_that_panics_aborts_the_group() {
+    let mut comms = group(2, PATIENT);
+    let doomed = comms.pop().expect("rank 1");
+    let panicker = std::thread::spawn(move || {
+        let _comm = doomed;
+        panic!("rank 1 fails on purpose (dist test)");
+    });
+    let outs = each_rank(comms, |comm, stream| {
+        let mut buf = Buffer::from_host(stream, &[1.0f32; 5]).unwrap();
+        comm.all_reduce(stream, &mut buf, ReduceOp::Sum)
+            .unwrap_err()
+    });
+    assert!(panicker.join().is_err());
+    assert!(
+        is_collective(&outs[0], "rank 1 left the group"),
+        "{}",
+        outs[0]
+    );
+    assert!(outs[0].to_string().contains("panicked"), "{}", outs[0]);
+}
+
+#[test]
+fn a_rank_that_never_calls_times_the_others_out() {
+    let timeout = Duration::from_millis(200);
+    let mut comms = group(3, timeout);
+    let absent = comms.pop().expect("rank 2");
+    let outs = each_rank(comms, |comm, stream| {
+        let mut buf = Buffer::from_host(stream, &[1.0f32; 9]).unwrap();
+        comm.all_reduce(stream, &mut buf, ReduceOp::Sum)
+            .unwrap_err()
+    });
+    for (rank, e) in outs.iter().enumerate() {
+        let text = e.to_string();
+        assert!(
+            is_collective(e, "did not arrive")
+                && text.contains("all_reduce")
+                && text.contains("2]"),
+            "rank {rank}: {text}"
+        );
+    }
+    // The group is aborted: the latecomer fails at once too.
+    let stream = Device::cpu().new_stream().unwrap();
+    let mut buf = Buffer::from_host(&stream, &[1.0f32; 9]).unwrap();
+    let e = absent
+        .all_reduce(&stream, &mut buf, ReduceOp::Sum)
+        .unwrap_err();
+    assert!(is_collective(&e, "the group is aborted"), "{e}");
+}
+
+#[test]
+fn send_and_recv_pass_messages_around_a_ring_in_order() {
+    let mut rng = rng(seed("ring"));
+    for world in 2..=4 {
+        // Three messages per rank to its right neighbour, of different lengths.
+        let messages: Vec<Vec<Vec<f32>>> = (0..world)
+            .map(|_| {
+                [3, 1, 1001]
+                    .iter()
+                    .map(|&n| common::random_f32(&mut rng, n))
+                    .collect()
+            })
+            .collect();
+        let outs = each_rank(group(world, PATIENT), |comm, stream| {
+            let (r, w) = (comm.rank(), comm.world());
+            for m in &messages[r] {
+                let buf = Buffer::from_host(stream, m).unwrap();
+                comm.send(stream, &buf, (r + 1) % w).unwrap();
+            }
+            let left = (r + w - 1) % w;
+            messages[left]
+                .iter()
+                .map(|m| {
+                    let mut buf = Buffer::from_host(stream, &vec![f32::NAN; m.len()]).unwrap();
+                    comm.recv(stream, &mut buf, left).unwrap();
+                    buf.to_host(stream).unwrap()
+                })
+                .collect::<Vec<_>>()
+        });
+        for (r, got) in outs.iter().enumerate() {
+            assert_eq!(
+                got,
+                &messages[(r + world - 1) % world],
+                "world {world} rank {r}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_recv_of_another_length_fails_and_aborts_the_group() {
+    let outs = each_rank(group(2, PATIENT), |comm, stream| {
+        if comm.rank() == 0 {
+            let buf = Buffer::from_host(stream, &[1.0f32; 5]).unwrap();
+            comm.send(stream, &buf, 1).unwrap();
+            let mut back = Buffer::from_host(stream, &[0.0f32; 5]).unwrap();
+            comm.recv(stream, &mut back, 1).unwrap_err()
+        } else {
+            let mut buf = Buffer::from_host(stream, &[0.0f32; 6]).unwrap();
+            comm.recv(stream, &mut buf, 0).unwrap_err()
+        }
+    });
+    assert!(is_collective(&outs[1], "received f32 × 5"), "{}", outs[1]);
+    assert!(
+        is_collective(&outs[0], "the group is aborted"),
+        "{}",
+        outs[0]
+    );
+}
+
+fn is_invalid(result: warpdrive::Result<()>, needle: &str) -> bool {
+    matches!(&result, Err(Error::InvalidArgument(m)) if m.contains(needle))
+}
+
+#[test]
+fn invalid_arguments_are_refused() {
+    assert!(matches!(
+        Comm::local_group(0, PATIENT),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        Comm::local_group(2, Duration::ZERO),
+        Err(Error::InvalidArgument(_))
+    ));
+
+    let comm = group(1, PATIENT).pop().unwrap();
+    assert_eq!((comm.rank(), comm.world(), comm.timeout()), (0, 1, PATIENT));
+    let stream = Device::cpu().new_stream().unwrap();
+    let seven = Buffer::from_host(&stream, &[1.0f32; 7]).unwrap();
+    let mut out = Buffer::from_host(&stream, &[0.0f32; 2]).unwrap();
+    let mut buf = Buffer::from_host(&stream, &[1.0f32; 7]).unwrap();
+    assert!(is_invalid(
+        comm.broadcast(&stream, &mut buf, 1),
+        "root 1 is out of range"
+    ));
+    assert!(is_invalid(comm.send(&stream, &seven, 0), "itself"));
+    assert!(is_invalid(
+        comm.send(&stream, &seven, 3),
+        "peer 3 is out of range"
+    ));
+    assert!(is_invalid(comm.recv(&stream, &mut buf, 0), "itself"));
+    assert!(is_invalid(
+        comm.all_gather(&stream, &seven, &mut out),
+        "need 7"
+    ));
+    assert!(is_invalid(
+        comm.reduce_scatter(&stream, &seven, &mut out, ReduceOp::Sum),
+        "need 2"
+    ));
+    assert!(is_invalid(
+        comm.all_to_all(&stream, &seven, &mut out),
+        "the same number"
+    ));
+    // The refused steps left the group usable.
+    comm.all_reduce(&stream, &mut buf, ReduceOp::Sum).unwrap();
+    assert_eq!(buf.to_host(&stream).unwrap(), [1.0f32; 7]);
+
+    // Lengths that do not divide, on every rank: each gets its own argument error.
+    let outs = each_rank(group(3, PATIENT), |comm, stream| {
+        let input = Buffer::from_host(stream, &[1.0f32; 7]).unwrap();
+        let mut output = Buffer::from_host(stream, &[0.0f32; 7]).unwrap();
+        let refused = comm.all_to_all(stream, &input, &mut output);
+        let mut ok = Buffer::from_host(stream, &[1.0f32; 3]).unwrap();
+        (refused, comm.all_reduce(stream, &mut ok, ReduceOp::Sum))
+    });
+    for (refused, then) in outs {
+        assert!(is_invalid(refused, "divisible"));
+        then.unwrap();
+    }
+
+    // A bad root on one rank: its argument error there, a refusal naming it on the others.
+    let outs = each_rank(group(2, PATIENT), |comm, stream| {
+        let mut buf = Buffer::from_host(stream, &[1.0f32; 4]).unwrap();
+        let root = if comm.rank() == 0 { 5 } else { 0 };
+        comm.broadcast(stream, &mut buf, root)
+    });
+    let mut outs = outs.into_iter();
+    assert!(is_invalid(outs.next().unwrap(), "root 5"));
+    let other = outs.next().unwrap().unwrap_err();
+    assert!(
+        is_collective(&other, "rank 0's call at step 0 was refused"),
+        "{other}"
+    );
+}
+
+#[test]
+fn comm_moves_between_threads() {
+    fn is_send<T: Send>() {}
+    is_send::<Comm>();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_buffers_are_unsupported_until_nccl() {
+    let device = common::cuda();
+    let stream = device.new_stream().unwrap();
+    let comm = group(1, PATIENT).pop().unwrap();
+    let mut buf = Buffer::from_host(&stream, &[1.0f32; 4]).unwrap();
+    let e = comm
+        .all_reduce(&stream, &mut buf, ReduceOp::Sum)
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::Unsupported(m) if m.contains("NCCL")),
+        "{e}"
+    );
+}
