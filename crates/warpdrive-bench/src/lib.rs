@@ -17,6 +17,7 @@
 
 mod ceilings;
 mod derived;
+mod dist;
 mod exec;
 mod kernels;
 pub mod memory;
@@ -142,6 +143,13 @@ static SUITES: &[Suite] = &[
                 core, ratio) on weights, activations and text; block migrations between GPU, \
                 pinned host and disk (p50 / p99)",
         run: tier::run_suite,
+    },
+    Suite {
+        name: dist::SUITE,
+        about: "collectives of the CPU backend's in-process group: all-reduce of f32 over 4 \
+                ranks (1 MiB to 256 MiB), algorithm and bus bandwidth, share of the \
+                minimal-traffic bound from the host memcpy ceiling",
+        run: dist::run_suite,
     },
     Suite {
         name: moe::SUITE,
