@@ -154,12 +154,17 @@ fn codec_cases(ctx: &mut Ctx) -> Result<()> {
     Ok(())
 }
 
-fn disk_cases(ctx: &mut Ctx) -> Result<()> {
-    let sizes: &[usize] = match ctx.scale() {
+/// The block sizes of the disk and migration cases.
+fn block_sizes(scale: Scale) -> &'static [usize] {
+    match scale {
         Scale::Full => &[64 * KIB, 4 * MIB, 64 * MIB],
         Scale::Quick => &[64 * KIB, 4 * MIB],
         Scale::Tiny => &[64 * KIB],
-    };
+    }
+}
+
+fn disk_cases(ctx: &mut Ctx) -> Result<()> {
+    let sizes = block_sizes(ctx.scale());
     let reps = reps(ctx.scale());
     let dir = std::env::temp_dir().join(format!("warpdrive-bench-disk-{}", std::process::id()));
     let stream = ctx.stream().clone();
@@ -295,11 +300,7 @@ fn prefetch_cases(ctx: &mut Ctx) -> Result<()> {
 }
 
 fn migrate_cases(ctx: &mut Ctx) -> Result<()> {
-    let sizes: &[usize] = match ctx.scale() {
-        Scale::Full => &[64 * KIB, 4 * MIB, 64 * MIB],
-        Scale::Quick => &[64 * KIB, 4 * MIB],
-        Scale::Tiny => &[64 * KIB],
-    };
+    let sizes = block_sizes(ctx.scale());
     let gpu = !ctx.device().is_host_memory();
     let pairs: Vec<(Tier, Tier)> = [
         (Tier::Gpu, Tier::Host),

@@ -227,6 +227,18 @@ impl Group {
         failed(op, format!("the group is aborted: {reason}"))
     }
 
+    /// Waits for a change to the group's state until `deadline` (none: for as long as it
+    /// takes); true when it timed out.
+    fn wait(&self, state: &mut MutexGuard<'_, State>, deadline: Option<Instant>) -> bool {
+        match deadline {
+            Some(deadline) => self.changed.wait_until(state, deadline).timed_out(),
+            None => {
+                self.changed.wait(state);
+                false
+            }
+        }
+    }
+
     /// Arrives at the rank's next barrier and waits for every rank to arrive there. A rank
     /// still missing at `deadline` aborts the group.
     fn barrier(
@@ -247,13 +259,7 @@ impl Group {
             if let Some(e) = Self::broken(state, op, missing) {
                 return Err(e);
             }
-            let timed_out = match deadline {
-                Some(deadline) => self.changed.wait_until(state, deadline).timed_out(),
-                None => {
-                    self.changed.wait(state);
-                    false
-                }
-            };
+            let timed_out = self.wait(state, deadline);
             if timed_out && !state.ticks.iter().all(|&t| t >= tick) {
                 let missing: Vec<usize> =
                     (0..self.world).filter(|&q| state.ticks[q] < tick).collect();
@@ -416,17 +422,7 @@ impl Group {
     ) -> Result<()> {
         const OP: &str = "all_gather";
         let parity = self.open(&who, OP, Ok(call), Some(input))?;
-        let n = input.len();
-        let result = (|| {
-            for (q, chunk) in output.chunks_exact_mut(n.max(1)).enumerate() {
-                if q == who.rank {
-                    chunk.copy_from_slice(input);
-                } else {
-                    chunk.copy_from_slice(view::<T>(&self.deposits[q][parity].read(), n)?);
-                }
-            }
-            Ok(())
-        })();
+        let result = self.gather(&who, parity, input, 0..input.len(), output);
         self.or_abort(&who, OP, result)
     }
 
@@ -463,21 +459,36 @@ impl Group {
     ) -> Result<()> {
         const OP: &str = "all_to_all";
         let parity = self.open(&who, OP, Ok(call), Some(input))?;
-        let len = input.len();
-        let c = len / self.world;
-        let mine = who.rank * c..(who.rank + 1) * c;
-        let result = (|| {
-            for (q, chunk) in output.chunks_exact_mut(c.max(1)).enumerate() {
-                if q == who.rank {
-                    chunk.copy_from_slice(&input[mine.clone()]);
-                } else {
-                    let deposit = self.deposits[q][parity].read();
-                    chunk.copy_from_slice(&view::<T>(&deposit, len)?[mine.clone()]);
-                }
-            }
-            Ok(())
-        })();
+        let c = input.len() / self.world;
+        let result = self.gather(
+            &who,
+            parity,
+            input,
+            who.rank * c..(who.rank + 1) * c,
+            output,
+        );
         self.or_abort(&who, OP, result)
+    }
+
+    /// Fills chunk `q` of `output` with `part` of rank `q`'s deposit (this rank's own
+    /// `input` for its chunk): all-gather takes whole deposits, all-to-all one chunk of each.
+    fn gather<T: DType>(
+        &self,
+        who: &Member<'_>,
+        parity: usize,
+        input: &[T],
+        part: std::ops::Range<usize>,
+        output: &mut [T],
+    ) -> Result<()> {
+        for (q, chunk) in output.chunks_exact_mut(part.len().max(1)).enumerate() {
+            if q == who.rank {
+                chunk.copy_from_slice(&input[part.clone()]);
+            } else {
+                let deposit = self.deposits[q][parity].read();
+                chunk.copy_from_slice(&view::<T>(&deposit, input.len())?[part.clone()]);
+            }
+        }
+        Ok(())
     }
 
     pub(super) fn send<T: DType>(&self, from: usize, to: usize, data: &[T]) -> Result<()> {
@@ -515,13 +526,7 @@ impl Group {
             if let Some(e) = Self::broken(&state, OP, std::iter::once(from)) {
                 return Err(e);
             }
-            let timed_out = match deadline {
-                Some(deadline) => self.changed.wait_until(&mut state, deadline).timed_out(),
-                None => {
-                    self.changed.wait(&mut state);
-                    false
-                }
-            };
+            let timed_out = self.wait(&mut state, deadline);
             if timed_out && state.mail[from * self.world + to].is_empty() {
                 let reason = format!(
                     "rank {to} waited {:?} in recv for a message from rank {from}",

@@ -173,41 +173,36 @@ fn upload_bytes<T: Float>(
 }
 
 /// How many of the little-endian `dtype` elements in `src` are NaN or infinite (all exponent
-/// bits set), counted in runs short enough for a 16-bit tally.
+/// bits set).
 fn non_finite<const W: usize>(dtype: Dtype, src: &[[u8; W]]) -> usize {
-    const RUN: usize = 1 << 15;
     let bytes = src.as_flattened();
     match dtype {
-        Dtype::F32 => {
-            let exponent = 0x7f80_0000u32;
-            let words = bytes.as_chunks::<4>().0;
-            words
-                .chunks(RUN)
-                .map(|run| {
-                    let mut n = 0u16;
-                    for w in run {
-                        n += u16::from(u32::from_le_bytes(*w) & exponent == exponent);
-                    }
-                    usize::from(n)
-                })
-                .sum()
-        }
-        Dtype::F16 | Dtype::BF16 => {
-            let exponent: u16 = if dtype == Dtype::F16 { 0x7c00 } else { 0x7f80 };
-            let halves = bytes.as_chunks::<2>().0;
-            halves
-                .chunks(RUN)
-                .map(|run| {
-                    let mut n = 0u16;
-                    for h in run {
-                        n += u16::from(u16::from_le_bytes(*h) & exponent == exponent);
-                    }
-                    usize::from(n)
-                })
-                .sum()
-        }
+        Dtype::F32 => count(bytes.as_chunks::<4>().0, |w| {
+            u32::from_le_bytes(*w) & 0x7f80_0000 == 0x7f80_0000
+        }),
+        Dtype::F16 => count(bytes.as_chunks::<2>().0, |h| {
+            u16::from_le_bytes(*h) & 0x7c00 == 0x7c00
+        }),
+        Dtype::BF16 => count(bytes.as_chunks::<2>().0, |h| {
+            u16::from_le_bytes(*h) & 0x7f80 == 0x7f80
+        }),
         _ => 0,
     }
+}
+
+/// How many of `items` satisfy `hit`, tallied in runs short enough for 16 bits (a loop the
+/// compiler vectorizes).
+fn count<I>(items: &[I], hit: impl Fn(&I) -> bool) -> usize {
+    items
+        .chunks(1 << 15)
+        .map(|run| {
+            let mut n = 0u16;
+            for item in run {
+                n += u16::from(hit(item));
+            }
+            usize::from(n)
+        })
+        .sum()
 }
 
 /// The layer dtype a file dtype is, if any.

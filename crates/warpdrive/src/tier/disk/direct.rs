@@ -230,9 +230,9 @@ impl DirectFile {
         })?;
         // Bytes up to the first short piece: the end of the file.
         let mut total = 0;
-        for (n, piece) in filled.iter().zip(&pieces) {
+        for n in filled {
             total += n;
-            if *n < piece.lock().len() {
+            if n < PIECE {
                 break;
             }
         }
