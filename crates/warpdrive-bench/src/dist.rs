@@ -1,5 +1,5 @@
-//! The `dist` suite: collectives of the CPU backend's in-process group (the NCCL path comes
-//! with its communicators).
+//! The `dist` suite: collectives of the CPU backend's in-process group and, on a GPU host,
+//! of NCCL over every GPU (one rank a GPU, a thread each).
 //!
 //! - `all-reduce-w4` (size = bytes of f32 per rank): a sum over four ranks, each a thread of
 //!   this process; µs per call, the slowest rank's time of each round. `gbps` is the
@@ -7,12 +7,20 @@
 //!   nccl-tests convention (× 2(n−1)/n), `extra.pct_of_bound` the share of the
 //!   minimal-traffic bound: in shared memory every rank's input must be read once and its
 //!   output written once, n × bytes copied at the host memcpy ceiling.
+//! - `nccl-all-reduce` (size = bytes of f32 per rank; GPU hosts): an in-place sum over every
+//!   GPU, µs per call from events around a run of calls (the slowest rank's, each round);
+//!   variant `warpdrive` (`Comm::all_reduce`) against `nccl-direct` (the same communicator's
+//!   bare NCCL call) in alternating rounds. `extra.bus_gbps` as above (none for one rank),
+//!   `extra.x_direct` the direct call's median over warpdrive's.
+//! - `nccl-call` (size 8 B): host µs per call of a run of 8-byte all-reduces enqueued back to
+//!   back, the cost of the call itself; `extra.overhead_us` warpdrive's minus the direct
+//!   call's (the bar: at most 1 µs).
 
 use std::time::{Duration, Instant};
 
 use warpdrive::dist::{Comm, ReduceOp};
 use warpdrive::error::{Error, Result};
-use warpdrive::{Buffer, Device};
+use warpdrive::{Buffer, Device, Stream};
 
 use super::ceilings::random_f32;
 use super::{Ceiling, Ctx, Scale};
@@ -22,6 +30,9 @@ pub(crate) const SUITE: &str = "dist";
 const WORLD: usize = 4;
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
+const GIB: usize = 1 << 30;
+/// Longer than any healthy call of the suite takes.
+const TIMEOUT: Duration = Duration::from_secs(120);
 
 pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
     let (sizes, rounds): (&[usize], usize) = match ctx.scale() {
@@ -53,7 +64,213 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
                 .insert("pct_of_bound".into(), (100.0 * bound_us / median).into());
         }
     }
+    if ctx.device().is_cuda() {
+        nccl_rows(ctx)?;
+    }
     Ok(())
+}
+
+/// How one timed call is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    Warpdrive,
+    Direct,
+}
+
+impl Via {
+    fn name(self) -> &'static str {
+        match self {
+            Via::Warpdrive => "warpdrive",
+            Via::Direct => "nccl-direct",
+        }
+    }
+
+    fn all_reduce(self, comm: &Comm, stream: &Stream, buf: &mut Buffer<f32>) -> Result<()> {
+        match self {
+            Via::Warpdrive => comm.all_reduce(stream, buf, ReduceOp::Sum),
+            Via::Direct => comm.direct_all_reduce(stream, buf, ReduceOp::Sum),
+        }
+    }
+}
+
+/// One measurement: all-reduces of `bytes`, `calls` a round, GPU-timed (`host` false) or
+/// host-timed per call (`host` true).
+#[derive(Debug, Clone, Copy)]
+struct Job {
+    bytes: usize,
+    calls: usize,
+    host: bool,
+    via: Via,
+}
+
+fn nccl_rows(ctx: &mut Ctx) -> Result<()> {
+    let (sizes, rounds): (&[usize], usize) = match ctx.scale() {
+        Scale::Full => (
+            &[8, KIB, 64 * KIB, MIB, 16 * MIB, 64 * MIB, 256 * MIB, GIB],
+            10,
+        ),
+        Scale::Quick => (&[8, 64 * KIB, 16 * MIB], 3),
+        Scale::Tiny => (&[8, 64 * KIB], 2),
+    };
+    let world = Device::cuda_count().max(1);
+    ctx.step(format!(
+        "{SUITE}: NCCL all-reduce over {world} GPU(s), {} sizes",
+        sizes.len()
+    ));
+    let mut jobs = Vec::new();
+    for via in [Via::Warpdrive, Via::Direct] {
+        jobs.push(Job {
+            bytes: 8,
+            calls: 1000,
+            host: true,
+            via,
+        });
+    }
+    for &bytes in sizes {
+        for via in [Via::Warpdrive, Via::Direct] {
+            jobs.push(Job {
+                bytes,
+                calls: (64 * MIB / bytes).clamp(1, 20),
+                host: false,
+                via,
+            });
+        }
+    }
+    let times = nccl_jobs(world, &jobs, rounds)?;
+    for pair in jobs.chunks(2).zip(times.chunks(2)) {
+        let ([ours, direct], [ours_us, direct_us]) = pair else {
+            continue;
+        };
+        let case = if ours.host {
+            "nccl-call"
+        } else {
+            "nccl-all-reduce"
+        };
+        let bytes = ours.bytes;
+        let mut direct_us = direct_us.clone();
+        let direct_median = ctx
+            .record_bytes(
+                case,
+                bytes as u64,
+                direct.via.name(),
+                &mut direct_us,
+                bytes as f64,
+                None,
+            )?
+            .median;
+        let mut ours_us = ours_us.clone();
+        let row = ctx.record_bytes(
+            case,
+            bytes as u64,
+            ours.via.name(),
+            &mut ours_us,
+            bytes as f64,
+            None,
+        )?;
+        row.extra.insert("ranks".into(), world.into());
+        if ours.host {
+            row.extra
+                .insert("overhead_us".into(), (row.median - direct_median).into());
+        } else {
+            row.extra
+                .insert("x_direct".into(), (direct_median / row.median).into());
+            if world > 1 {
+                let bus =
+                    bytes as f64 / (row.median * 1e3) * 2.0 * (world - 1) as f64 / world as f64;
+                row.extra.insert("bus_gbps".into(), bus.into());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs every job `rounds` times (the jobs of a round in order) on one thread per GPU; µs
+/// per call of each job and round, the slowest rank's.
+fn nccl_jobs(world: usize, jobs: &[Job], rounds: usize) -> Result<Vec<Vec<f64>>> {
+    let devices = (0..world).map(Device::cuda).collect::<Result<Vec<_>>>()?;
+    let comms = Comm::nccl_group(&devices, TIMEOUT)?;
+    // A CPU group beside it: its all-reduce is the ranks' barrier (with a timeout) and the
+    // maximum over their times.
+    let sync = Comm::local_group(world, TIMEOUT)?;
+    let per_rank: Vec<Result<Vec<Vec<f64>>>> = std::thread::scope(|s| {
+        let ranks: Vec<_> = comms
+            .into_iter()
+            .zip(sync)
+            .zip(devices)
+            .map(|((comm, sync), device)| {
+                s.spawn(move || nccl_rank(&comm, &sync, &device, jobs, rounds))
+            })
+            .collect();
+        ranks
+            .into_iter()
+            .map(|r| {
+                r.join().unwrap_or_else(|_| {
+                    Err(Error::WorkerPanicked("a rank of the dist suite".into()))
+                })
+            })
+            .collect()
+    });
+    let mut per_rank = per_rank.into_iter();
+    per_rank
+        .next()
+        .ok_or_else(|| Error::InvalidArgument("no GPU rank ran".into()))?
+}
+
+/// One rank's part of [`nccl_jobs`]: its times, already the maximum over the ranks.
+fn nccl_rank(
+    comm: &Comm,
+    sync: &Comm,
+    device: &Device,
+    jobs: &[Job],
+    rounds: usize,
+) -> Result<Vec<Vec<f64>>> {
+    let stream = device.new_stream()?;
+    let host = Device::cpu().new_stream()?;
+    let largest = jobs.iter().map(|j| j.bytes).max().unwrap_or(8);
+    let data = random_f32(largest / 4, 0xd157 + comm.rank() as u64);
+    let mut bufs: Vec<Buffer<f32>> = Vec::new();
+    for job in jobs {
+        if !bufs.iter().any(|b| b.len() == job.bytes / 4) {
+            bufs.push(Buffer::from_host(&stream, &data[..job.bytes / 4])?);
+        }
+    }
+    let (start, end) = (device.new_event()?, device.new_event()?);
+    let mut out = vec![Vec::with_capacity(rounds); jobs.len()];
+    // One warm-up round, then the timed ones.
+    for round in 0..=rounds {
+        for (job, times) in jobs.iter().zip(out.iter_mut()) {
+            let buf = bufs
+                .iter_mut()
+                .find(|b| b.len() == job.bytes / 4)
+                .ok_or_else(|| Error::InvalidArgument("no buffer for a job".into()))?;
+            // Every rank starts the job together.
+            let mut barrier = Buffer::from_host(&host, &[0.0f32])?;
+            sync.all_reduce(&host, &mut barrier, ReduceOp::Max)?;
+            let us = if job.host {
+                let t = Instant::now();
+                for _ in 0..job.calls {
+                    job.via.all_reduce(comm, &stream, buf)?;
+                }
+                let us = t.elapsed().as_secs_f64() * 1e6 / job.calls as f64;
+                comm.wait(&stream)?;
+                us
+            } else {
+                stream.record(&start)?;
+                for _ in 0..job.calls {
+                    job.via.all_reduce(comm, &stream, buf)?;
+                }
+                stream.record(&end)?;
+                comm.wait(&stream)?;
+                f64::from(start.elapsed_ms(&end)?) * 1e3 / job.calls as f64
+            };
+            let mut slowest = Buffer::from_host(&host, &[us as f32])?;
+            sync.all_reduce(&host, &mut slowest, ReduceOp::Max)?;
+            if round > 0 {
+                times.push(f64::from(slowest.to_host(&host)?[0]));
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// µs of each of `rounds` all-reduces of `len` f32 (after one warm-up), the slowest rank's.

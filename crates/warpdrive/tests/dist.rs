@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::{random_in, rng, seed, TestFloat};
 use rand::rngs::StdRng;
 use rand::Rng;
-use warpdrive::dist::{Comm, ReduceOp};
+use warpdrive::dist::{Comm, LaunchEnv, NcclId, ReduceOp};
 use warpdrive::{bf16, f16, Buffer, DType, Device, Error, Float, Stream};
 
 /// Long enough never to be reached by a healthy call.
@@ -49,6 +49,87 @@ fn each_rank<R: Send>(comms: Vec<Comm>, body: impl Fn(&Comm, &Stream) -> R + Syn
     })
 }
 
+/// Where a test body's ranks run: the in-process CPU group, or NCCL with one GPU a rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Cpu,
+    Nccl,
+}
+
+impl Backend {
+    /// The world sizes this backend runs here: 1 to 4 on the CPU; on NCCL 1 to the number of
+    /// GPUs (at most 4), each rank on its own GPU.
+    fn worlds(self) -> std::ops::RangeInclusive<usize> {
+        match self {
+            Backend::Cpu => 1..=4,
+            Backend::Nccl => 1..=Device::cuda_count().clamp(1, 4),
+        }
+    }
+
+    fn ranks(self, world: usize) -> Vec<(Comm, Device)> {
+        match self {
+            Backend::Cpu => group(world, PATIENT)
+                .into_iter()
+                .map(|c| (c, Device::cpu()))
+                .collect(),
+            Backend::Nccl => {
+                let devices: Vec<Device> = (0..world)
+                    .map(|i| Device::cuda(i).expect("a GPU per rank"))
+                    .collect();
+                let comms = Comm::nccl_group(&devices, PATIENT).expect("an NCCL group");
+                comms.into_iter().zip(devices).collect()
+            }
+        }
+    }
+}
+
+/// Runs `body` on one thread per rank of a `world`-rank group of `backend`, each with a
+/// stream of its rank's device; waits for each rank's calls (`Comm::wait`) after the body.
+fn each_rank_on<R: Send>(
+    backend: Backend,
+    world: usize,
+    body: impl Fn(&Comm, &Stream) -> R + Sync,
+) -> Vec<R> {
+    std::thread::scope(|s| {
+        let body = &body;
+        let handles: Vec<_> = backend
+            .ranks(world)
+            .into_iter()
+            .map(|(comm, device)| {
+                s.spawn(move || {
+                    let stream = device.new_stream().expect("a stream");
+                    let out = body(&comm, &stream);
+                    comm.wait(&stream).expect("the rank's calls finish");
+                    out
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
+}
+
+/// One test body on both backends: `$cpu` runs it on the CPU group, `$gpu` (ignored without
+/// a GPU) on NCCL.
+macro_rules! both_backends {
+    ($cpu:ident, $gpu:ident, $body:expr) => {
+        #[test]
+        fn $cpu() {
+            let body: fn(Backend) = $body;
+            body(Backend::Cpu);
+        }
+
+        #[test]
+        #[ignore = "needs a CUDA GPU (and NCCL)"]
+        fn $gpu() {
+            let body: fn(Backend) = $body;
+            body(Backend::Nccl);
+        }
+    };
+}
+
 /// The reduction of `values` (in rank order) as the reference computes it: f64, rounded once.
 fn reduced<T: Float>(op: ReduceOp, values: impl Iterator<Item = T>) -> T {
     let values: Vec<f64> = values.map(Float::to_f64).collect();
@@ -71,13 +152,22 @@ fn check_reduced<T: TestFloat>(
     offset: usize,
     got: &[T],
     tol: f64,
+    backend: Backend,
 ) {
+    // NCCL rounds a half-precision sum at every hop of its ring: exact against the one
+    // rounding of the reference only up to two ranks; beyond, within the type's tolerance.
+    let hops = backend == Backend::Nccl && inputs.len() > 2;
     for (i, &g) in got.iter().enumerate() {
         let terms = inputs.iter().map(|x| x[offset + i]);
         let want = reduced(op, terms.clone()).to_f64();
         let g = g.to_f64();
-        let exact =
-            T::NAME != "f32" && T::NAME != "f64" || matches!(op, ReduceOp::Max | ReduceOp::Min);
+        let minmax = matches!(op, ReduceOp::Max | ReduceOp::Min);
+        let exact = (T::NAME != "f32" && T::NAME != "f64" && !hops) || minmax;
+        let tol = if T::NAME != "f32" && T::NAME != "f64" {
+            T::TOL
+        } else {
+            tol
+        };
         let bound = if exact {
             0.0
         } else {
@@ -105,11 +195,17 @@ impl TestFloatTol for bf16 {
     const SUM_TOL: f64 = 0.0;
 }
 
-fn all_reduce_case<T: TestFloatTol>(rng: &mut StdRng, world: usize, len: usize, op: ReduceOp) {
+fn all_reduce_case<T: TestFloatTol>(
+    backend: Backend,
+    rng: &mut StdRng,
+    world: usize,
+    len: usize,
+    op: ReduceOp,
+) {
     let inputs: Vec<Vec<T>> = (0..world)
         .map(|_| random_in::<T>(rng, len, -1.0, 1.0))
         .collect();
-    let outs = each_rank(group(world, PATIENT), |comm, stream| {
+    let outs = each_rank_on(backend, world, |comm, stream| {
         let mut buf = Buffer::from_host(stream, &inputs[comm.rank()]).unwrap();
         comm.all_reduce(stream, &mut buf, op).unwrap();
         buf.to_host(stream).unwrap()
@@ -124,23 +220,26 @@ fn all_reduce_case<T: TestFloatTol>(rng: &mut StdRng, world: usize, len: usize, 
             "{what}: ranks' results differ"
         );
     }
-    check_reduced(&what, op, &inputs, 0, &outs[0], T::SUM_TOL);
+    check_reduced(&what, op, &inputs, 0, &outs[0], T::SUM_TOL, backend);
 }
 
-#[test]
-fn all_reduce_matches_the_reference_for_every_op_and_type() {
-    let mut rng = rng(seed("all_reduce"));
-    for world in 1..=4 {
-        for len in [1, 7, 1003] {
-            for op in OPS {
-                all_reduce_case::<f32>(&mut rng, world, len, op);
-                all_reduce_case::<f16>(&mut rng, world, len, op);
-                all_reduce_case::<bf16>(&mut rng, world, len, op);
+both_backends!(
+    all_reduce_matches_the_reference_for_every_op_and_type,
+    gpu_nccl_all_reduce_matches_the_reference_for_every_op_and_type,
+    |backend| {
+        let mut rng = rng(seed("all_reduce"));
+        for world in backend.worlds() {
+            for len in [1, 7, 1003] {
+                for op in OPS {
+                    all_reduce_case::<f32>(backend, &mut rng, world, len, op);
+                    all_reduce_case::<f16>(backend, &mut rng, world, len, op);
+                    all_reduce_case::<bf16>(backend, &mut rng, world, len, op);
+                }
             }
+            all_reduce_case::<f32>(backend, &mut rng, world, 1_000_003, ReduceOp::Sum);
         }
-        all_reduce_case::<f32>(&mut rng, world, 1_000_003, ReduceOp::Sum);
     }
-}
+);
 
 #[test]
 fn all_reduce_of_f64_is_within_the_f64_bound() {
@@ -181,9 +280,15 @@ fn bits<T: DType>(v: &[T]) -> Vec<u64> {
     v.iter().map(|x| x.to_bits_u64()).collect()
 }
 
-fn broadcast_case<T: DType>(rng: &mut StdRng, world: usize, len: usize, root: usize) {
+fn broadcast_case<T: DType>(
+    backend: Backend,
+    rng: &mut StdRng,
+    world: usize,
+    len: usize,
+    root: usize,
+) {
     let data: Vec<T> = (0..len).map(|_| random_bits(rng)).collect();
-    let outs = each_rank(group(world, PATIENT), |comm, stream| {
+    let outs = each_rank_on(backend, world, |comm, stream| {
         let init = if comm.rank() == root {
             data.clone()
         } else {
@@ -203,26 +308,29 @@ fn broadcast_case<T: DType>(rng: &mut StdRng, world: usize, len: usize, root: us
     }
 }
 
-#[test]
-fn broadcast_copies_the_root_to_every_rank() {
-    let mut rng = rng(seed("broadcast"));
-    for world in 1..=4 {
-        for root in 0..world {
-            for len in [0, 1, 7, 1003] {
-                broadcast_case::<u8>(&mut rng, world, len, root);
-                broadcast_case::<i64>(&mut rng, world, len, root);
-                broadcast_case::<f32>(&mut rng, world, len, root);
-                broadcast_case::<bf16>(&mut rng, world, len, root);
+both_backends!(
+    broadcast_copies_the_root_to_every_rank,
+    gpu_nccl_broadcast_copies_the_root_to_every_rank,
+    |backend| {
+        let mut rng = rng(seed("broadcast"));
+        for world in backend.worlds() {
+            for root in 0..world {
+                for len in [0, 1, 7, 1003] {
+                    broadcast_case::<u8>(backend, &mut rng, world, len, root);
+                    broadcast_case::<i64>(backend, &mut rng, world, len, root);
+                    broadcast_case::<f32>(backend, &mut rng, world, len, root);
+                    broadcast_case::<bf16>(backend, &mut rng, world, len, root);
+                }
             }
         }
     }
-}
+);
 
-fn all_gather_case<T: DType>(rng: &mut StdRng, world: usize, len: usize) {
+fn all_gather_case<T: DType>(backend: Backend, rng: &mut StdRng, world: usize, len: usize) {
     let inputs: Vec<Vec<T>> = (0..world)
         .map(|_| (0..len).map(|_| random_bits(rng)).collect())
         .collect();
-    let outs = each_rank(group(world, PATIENT), |comm, stream| {
+    let outs = each_rank_on(backend, world, |comm, stream| {
         let input = Buffer::from_host(stream, &inputs[comm.rank()]).unwrap();
         let mut output = Buffer::from_host(stream, &vec![poison::<T>(); world * len]).unwrap();
         comm.all_gather(stream, &input, &mut output).unwrap();
@@ -239,23 +347,32 @@ fn all_gather_case<T: DType>(rng: &mut StdRng, world: usize, len: usize) {
     }
 }
 
-#[test]
-fn all_gather_concatenates_in_rank_order() {
-    let mut rng = rng(seed("all_gather"));
-    for world in 1..=4 {
-        for len in [0, 1, 7, 1003] {
-            all_gather_case::<f32>(&mut rng, world, len);
-            all_gather_case::<u32>(&mut rng, world, len);
-            all_gather_case::<f16>(&mut rng, world, len);
+both_backends!(
+    all_gather_concatenates_in_rank_order,
+    gpu_nccl_all_gather_concatenates_in_rank_order,
+    |backend| {
+        let mut rng = rng(seed("all_gather"));
+        for world in backend.worlds() {
+            for len in [0, 1, 7, 1003] {
+                all_gather_case::<f32>(backend, &mut rng, world, len);
+                all_gather_case::<u32>(backend, &mut rng, world, len);
+                all_gather_case::<f16>(backend, &mut rng, world, len);
+            }
         }
     }
-}
+);
 
-fn reduce_scatter_case<T: TestFloatTol>(rng: &mut StdRng, world: usize, m: usize, op: ReduceOp) {
+fn reduce_scatter_case<T: TestFloatTol>(
+    backend: Backend,
+    rng: &mut StdRng,
+    world: usize,
+    m: usize,
+    op: ReduceOp,
+) {
     let inputs: Vec<Vec<T>> = (0..world)
         .map(|_| random_in::<T>(rng, world * m, -1.0, 1.0))
         .collect();
-    let outs = each_rank(group(world, PATIENT), |comm, stream| {
+    let outs = each_rank_on(backend, world, |comm, stream| {
         let input = Buffer::from_host(stream, &inputs[comm.rank()]).unwrap();
         let mut output = Buffer::from_host(stream, &vec![common::nan::<T>(); m]).unwrap();
         comm.reduce_scatter(stream, &input, &mut output, op)
@@ -265,28 +382,31 @@ fn reduce_scatter_case<T: TestFloatTol>(rng: &mut StdRng, world: usize, m: usize
     for (rank, out) in outs.iter().enumerate() {
         assert_eq!(out.len(), m);
         let what = format!("reduce_scatter world {world} m {m} rank {rank}");
-        check_reduced(&what, op, &inputs, rank * m, out, T::SUM_TOL);
+        check_reduced(&what, op, &inputs, rank * m, out, T::SUM_TOL, backend);
     }
 }
 
-#[test]
-fn reduce_scatter_gives_each_rank_its_reduced_slice() {
-    let mut rng = rng(seed("reduce_scatter"));
-    for world in 1..=4 {
-        for m in [1, 7, 333] {
-            for op in OPS {
-                reduce_scatter_case::<f32>(&mut rng, world, m, op);
-                reduce_scatter_case::<bf16>(&mut rng, world, m, op);
+both_backends!(
+    reduce_scatter_gives_each_rank_its_reduced_slice,
+    gpu_nccl_reduce_scatter_gives_each_rank_its_reduced_slice,
+    |backend| {
+        let mut rng = rng(seed("reduce_scatter"));
+        for world in backend.worlds() {
+            for m in [1, 7, 333] {
+                for op in OPS {
+                    reduce_scatter_case::<f32>(backend, &mut rng, world, m, op);
+                    reduce_scatter_case::<bf16>(backend, &mut rng, world, m, op);
+                }
             }
         }
     }
-}
+);
 
-fn all_to_all_case<T: DType>(rng: &mut StdRng, world: usize, chunk: usize) {
+fn all_to_all_case<T: DType>(backend: Backend, rng: &mut StdRng, world: usize, chunk: usize) {
     let inputs: Vec<Vec<T>> = (0..world)
         .map(|_| (0..world * chunk).map(|_| random_bits(rng)).collect())
         .collect();
-    let outs = each_rank(group(world, PATIENT), |comm, stream| {
+    let outs = each_rank_on(backend, world, |comm, stream| {
         let input = Buffer::from_host(stream, &inputs[comm.rank()]).unwrap();
         let mut output = Buffer::from_host(stream, &vec![poison::<T>(); world * chunk]).unwrap();
         comm.all_to_all(stream, &input, &mut output).unwrap();
@@ -306,16 +426,19 @@ fn all_to_all_case<T: DType>(rng: &mut StdRng, world: usize, chunk: usize) {
     }
 }
 
-#[test]
-fn all_to_all_sends_chunk_j_of_rank_i_to_chunk_i_of_rank_j() {
-    let mut rng = rng(seed("all_to_all"));
-    for world in 1..=4 {
-        for chunk in [0, 1, 7, 101] {
-            all_to_all_case::<u64>(&mut rng, world, chunk);
-            all_to_all_case::<f16>(&mut rng, world, chunk);
+both_backends!(
+    all_to_all_sends_chunk_j_of_rank_i_to_chunk_i_of_rank_j,
+    gpu_nccl_all_to_all_sends_chunk_j_of_rank_i_to_chunk_i_of_rank_j,
+    |backend| {
+        let mut rng = rng(seed("all_to_all"));
+        for world in backend.worlds() {
+            for chunk in [0, 1, 7, 101] {
+                all_to_all_case::<u64>(backend, &mut rng, world, chunk);
+                all_to_all_case::<f16>(backend, &mut rng, world, chunk);
+            }
         }
     }
-}
+);
 
 #[test]
 fn back_to_back_all_reduces_and_broadcasts_never_mix() {
@@ -349,7 +472,15 @@ fn back_to_back_all_reduces_and_broadcasts_never_mix() {
         for (i, got) in outs.iter().enumerate() {
             if i % 2 == 0 {
                 let what = format!("step {i} rank {rank}");
-                check_reduced(&what, OPS[(i / 2) % 4], &inputs[i], 0, got, 1e-6);
+                check_reduced(
+                    &what,
+                    OPS[(i / 2) % 4],
+                    &inputs[i],
+                    0,
+                    got,
+                    1e-6,
+                    Backend::Cpu,
+                );
             } else {
                 assert_eq!(got, &inputs[i][i % WORLD], "broadcast step {i} rank {rank}");
             }
@@ -409,7 +540,15 @@ fn ranks_that_disagree_fail_on_every_rank_and_the_group_goes_on() {
         for e in errors {
             assert!(is_collective(e, "the ranks disagree"), "rank {rank}: {e}");
         }
-        check_reduced("after the errors", ReduceOp::Sum, &data, 0, out, 1e-6);
+        check_reduced(
+            "after the errors",
+            ReduceOp::Sum,
+            &data,
+            0,
+            out,
+            1e-6,
+            Backend::Cpu,
+        );
     }
     let first = outs[0].0[0].to_string();
     assert!(
@@ -638,7 +777,7 @@ fn comm_moves_between_threads() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn gpu_buffers_are_unsupported_until_nccl() {
+fn gpu_buffers_on_a_cpu_group_are_refused() {
     let device = common::cuda();
     let stream = device.new_stream().unwrap();
     let comm = group(1, PATIENT).pop().unwrap();
@@ -647,7 +786,238 @@ fn gpu_buffers_are_unsupported_until_nccl() {
         .all_reduce(&stream, &mut buf, ReduceOp::Sum)
         .unwrap_err();
     assert!(
-        matches!(&e, Error::Unsupported(m) if m.contains("NCCL")),
+        matches!(&e, Error::Unsupported(m) if m.contains("NCCL communicator")),
         "{e}"
     );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU (and NCCL)"]
+fn gpu_nccl_refuses_buffers_of_another_device_and_cpu_streams() {
+    let device = common::cuda();
+    let comm = Comm::nccl_group(std::slice::from_ref(&device), PATIENT)
+        .unwrap()
+        .pop()
+        .unwrap();
+    let cpu = Device::cpu().new_stream().unwrap();
+    let mut host = Buffer::from_host(&cpu, &[1.0f32; 4]).unwrap();
+    let e = comm.all_reduce(&cpu, &mut host, ReduceOp::Sum).unwrap_err();
+    assert!(matches!(e, Error::DeviceMismatch { .. }), "{e}");
+    let stream = device.new_stream().unwrap();
+    let mut buf = Buffer::from_host(&stream, &[1.0f32; 6]).unwrap();
+    let mut out = Buffer::from_host(&stream, &[0.0f32; 5]).unwrap();
+    let e = comm.all_gather(&stream, &buf, &mut out).unwrap_err();
+    assert!(is_invalid(Err(e), "output holds 5"));
+    // The refused calls left the communicator usable.
+    comm.all_reduce(&stream, &mut buf, ReduceOp::Max).unwrap();
+    comm.wait(&stream).unwrap();
+    assert_eq!(buf.to_host(&stream).unwrap(), [1.0f32; 6]);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU (and NCCL)"]
+fn gpu_nccl_rank_from_a_shared_id_and_a_rank_that_never_joins() {
+    let device = common::cuda();
+    // One rank of one: joins at once.
+    let id = NcclId::new().unwrap();
+    let comm = Comm::nccl_rank(&device, &id, 1, 0, PATIENT).unwrap();
+    let stream = device.new_stream().unwrap();
+    let mut buf = Buffer::from_host(&stream, &[2.5f32, -1.0, 3.0]).unwrap();
+    comm.all_reduce(&stream, &mut buf, ReduceOp::Average)
+        .unwrap();
+    comm.wait(&stream).unwrap();
+    assert_eq!(buf.to_host(&stream).unwrap(), [2.5f32, -1.0, 3.0]);
+    // Rank 0 of two, and rank 1 never comes: an error within the timeout, not a hang.
+    let id = NcclId::new().unwrap();
+    let start = std::time::Instant::now();
+    let e = Comm::nccl_rank(&device, &id, 2, 0, Duration::from_secs(3)).unwrap_err();
+    assert!(is_collective(&e, "never joined"), "{e}");
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+#[ignore = "needs two CUDA GPUs (and NCCL)"]
+fn gpu_nccl_two_ranks_send_recv_and_a_rank_that_never_calls() {
+    if Device::cuda_count() < 2 {
+        eprintln!(
+            "SKIPPED: needs two CUDA GPUs, this host has {}",
+            Device::cuda_count()
+        );
+        return;
+    }
+    // Rank 0 sends then receives, rank 1 the other way round: NCCL runs each send when the
+    // peer's stream reaches the matching receive.
+    let outs = each_rank_on(Backend::Nccl, 2, |comm, stream| {
+        let mine = vec![comm.rank() as f32 + 1.0; 1001];
+        let out = Buffer::from_host(stream, &mine).unwrap();
+        let mut got = Buffer::from_host(stream, &[f32::NAN; 1001]).unwrap();
+        let peer = 1 - comm.rank();
+        if comm.rank() == 0 {
+            comm.send(stream, &out, peer).unwrap();
+            comm.recv(stream, &mut got, peer).unwrap();
+        } else {
+            comm.recv(stream, &mut got, peer).unwrap();
+            comm.send(stream, &out, peer).unwrap();
+        }
+        comm.wait(stream).unwrap();
+        got.to_host(stream).unwrap()
+    });
+    assert_eq!(outs[0], vec![2.0f32; 1001]);
+    assert_eq!(outs[1], vec![1.0f32; 1001]);
+
+    // Rank 1 never calls: rank 0's wait fails within the timeout and aborts its side.
+    let devices = [Device::cuda(0).unwrap(), Device::cuda(1).unwrap()];
+    let mut comms = Comm::nccl_group(&devices, Duration::from_secs(3)).unwrap();
+    let idle = comms.pop().unwrap();
+    let comm = comms.pop().unwrap();
+    let stream = devices[0].new_stream().unwrap();
+    let mut buf = Buffer::from_host(&stream, &[1.0f32; 1 << 16]).unwrap();
+    comm.all_reduce(&stream, &mut buf, ReduceOp::Sum).unwrap();
+    let start = std::time::Instant::now();
+    let e = comm.wait(&stream).unwrap_err();
+    assert!(is_collective(&e, "did not finish"), "{e}");
+    assert!(start.elapsed() < Duration::from_secs(20));
+    let again = comm
+        .all_reduce(&stream, &mut buf, ReduceOp::Sum)
+        .unwrap_err();
+    assert!(is_collective(&again, "aborted"), "{again}");
+    drop(idle);
+}
+
+#[test]
+fn launch_env_reads_torchrun_variables_and_names_what_is_wrong() {
+    let env = |vars: &'static [(&'static str, &'static str)]| {
+        LaunchEnv::from_lookup(move |k| {
+            vars.iter()
+                .find(|(name, _)| *name == k)
+                .map(|(_, v)| v.to_string())
+        })
+    };
+    let ok = env(&[
+        ("RANK", "2"),
+        ("WORLD_SIZE", "4"),
+        ("MASTER_ADDR", "10.0.0.1"),
+        ("MASTER_PORT", "29500"),
+    ])
+    .unwrap();
+    assert_eq!(
+        (ok.rank, ok.world, ok.local_rank, ok.master_port),
+        (2, 4, 2, 29500)
+    );
+    let bad = |vars, needle: &str| {
+        let e = env(vars).unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument(m) if m.contains(needle)),
+            "{e}"
+        );
+    };
+    bad(&[("RANK", "0")], "WORLD_SIZE is not set");
+    bad(
+        &[
+            ("RANK", "x"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "1"),
+        ],
+        "RANK=\"x\"",
+    );
+    bad(
+        &[
+            ("RANK", "2"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "1"),
+        ],
+        "out of range",
+    );
+    bad(
+        &[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "99999"),
+        ],
+        "MASTER_PORT",
+    );
+}
+
+/// A port nothing listens on now (bound, then released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn launch(rank: usize, world: usize, port: u16) -> LaunchEnv {
+    LaunchEnv {
+        rank,
+        world,
+        local_rank: rank,
+        master_addr: "127.0.0.1".into(),
+        master_port: port,
+    }
+}
+
+#[test]
+fn every_rank_gets_rank_zeros_id_over_tcp() {
+    let port = free_port();
+    let mut bytes = [0u8; 128];
+    bytes
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, b)| *b = (i * 7 + 3) as u8);
+    let id = NcclId::from_bytes(bytes);
+    // Ranks start in any order: the others retry until rank 0 listens.
+    let got: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .rev()
+            .map(|rank| {
+                s.spawn(move || {
+                    let mine = (rank == 0).then_some(id);
+                    launch(rank, 4, port).share_id(mine, PATIENT)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for g in got {
+        assert_eq!(g.unwrap(), id);
+    }
+}
+
+#[test]
+fn a_wrong_port_or_a_missing_rank_fails_within_the_timeout() {
+    let (port, wrong) = (free_port(), free_port());
+    let id = NcclId::from_bytes([9u8; 128]);
+    let timeout = Duration::from_millis(800);
+    let start = std::time::Instant::now();
+    let (zero, one) = std::thread::scope(|s| {
+        let zero = s.spawn(move || launch(0, 2, port).share_id(Some(id), timeout));
+        let one = s.spawn(move || launch(1, 2, wrong).share_id(None, timeout));
+        (zero.join().unwrap(), one.join().unwrap())
+    });
+    assert!(start.elapsed() < Duration::from_secs(10));
+    let zero = zero.unwrap_err();
+    assert!(is_collective(&zero, "ranks [1] never came"), "{zero}");
+    let one = one.unwrap_err();
+    assert!(is_collective(&one, "MASTER_PORT"), "{one}");
+}
+
+#[test]
+fn ranks_that_disagree_on_the_world_size_are_refused() {
+    let port = free_port();
+    let id = NcclId::from_bytes([1u8; 128]);
+    let (zero, one) = std::thread::scope(|s| {
+        let zero = s.spawn(move || launch(0, 2, port).share_id(Some(id), PATIENT));
+        let one = s.spawn(move || launch(1, 3, port).share_id(None, PATIENT));
+        (zero.join().unwrap(), one.join().unwrap())
+    });
+    assert!(is_collective(&zero.unwrap_err(), "WORLD_SIZE=3"));
+    assert!(is_collective(&one.unwrap_err(), "refused"));
 }

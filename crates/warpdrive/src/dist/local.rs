@@ -163,14 +163,6 @@ impl Group {
         })
     }
 
-    pub(super) fn world(&self) -> usize {
-        self.world
-    }
-
-    pub(super) fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
     /// When a call entered now gives up (`None`: the timeout is too long to be a time).
     fn deadline(&self) -> Option<Instant> {
         Instant::now().checked_add(self.timeout)

@@ -19,24 +19,34 @@
 //! the group stays usable. A call with an invalid argument takes its step too (the others
 //! learn of it at once) and returns the argument error on its own rank.
 //!
-//! Not yet: NCCL communicators through the CUDA backend (a CUDA buffer is
-//! [`Error::Unsupported`] today), process groups bootstrapped across processes and hosts as
-//! torchrun does, the gradient Reducer (buckets all-reduced while the backward pass runs) and
-//! compressed collectives.
+//! On GPUs the same `Comm` runs on NCCL ([`Comm::nccl_group`]: one process driving several
+//! GPUs, one thread per rank; [`Comm::nccl_rank`] and [`Comm::from_env`]: one process per
+//! GPU, bootstrapped as `torchrun` does). Calls are enqueued on the caller's stream and
+//! return at once; [`Comm::wait`] waits for them with the communicator's timeout, and a rank
+//! that dies, never calls or calls with other arguments makes the others' `wait` fail with
+//! [`Error::Collective`] (the communicator is aborted: NCCL's kernels stop) instead of hanging.
+//! NCCL does not compare the ranks' arguments: a mismatch is that timeout, not an early error.
+//!
+//! Not yet: CPU groups across processes, the gradient Reducer (buckets all-reduced while the
+//! backward pass runs) and compressed collectives.
 
+mod bootstrap;
 mod local;
+mod nccl;
 
 use std::cell::Cell;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::device::{Device, Stream};
+use crate::device::{Device, NcclCall, Stream};
 use crate::dtype::{DType, Float};
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
 
+pub use bootstrap::{LaunchEnv, NcclId};
 use local::{Call, Group};
+use nccl::NcclLink;
 
 /// How a reduction combines the ranks' elements. NaN in any input gives NaN for every op.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -54,19 +64,30 @@ pub enum ReduceOp {
 /// rank leave: the others' collectives fail from then on (see the module docs).
 pub struct Comm {
     rank: usize,
-    group: Arc<Group>,
-    /// Collectives this rank has entered: the step of the next one.
-    step: Cell<u64>,
+    world: usize,
+    timeout: Duration,
+    link: Link,
+}
+
+/// How this rank reaches the others.
+enum Link {
+    /// The in-process CPU group.
+    Host {
+        group: Arc<Group>,
+        /// Collectives this rank has entered: the step of the next one.
+        step: Cell<u64>,
+    },
+    /// An NCCL communicator.
+    Nccl(NcclLink),
 }
 
 impl fmt::Debug for Comm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Comm(rank {} of {}, in process)",
-            self.rank,
-            self.group.world()
-        )
+        let how = match &self.link {
+            Link::Host { .. } => "in process".to_string(),
+            Link::Nccl(n) => format!("NCCL on {}", n.device().label()),
+        };
+        write!(f, "Comm(rank {} of {}, {how})", self.rank, self.world)
     }
 }
 
@@ -80,11 +101,7 @@ impl Comm {
                 "Comm::local_group: a group needs at least one rank (world 0)".into(),
             ));
         }
-        if timeout.is_zero() {
-            return Err(Error::InvalidArgument(
-                "Comm::local_group: the timeout must be longer than zero".into(),
-            ));
-        }
+        check_timeout("Comm::local_group", timeout)?;
         let group = Arc::new(Group::new(world, timeout)?);
         let mut comms = Vec::new();
         comms.try_reserve_exact(world).map_err(|_| {
@@ -94,10 +111,72 @@ impl Comm {
         })?;
         comms.extend((0..world).map(|rank| Comm {
             rank,
-            group: group.clone(),
-            step: Cell::new(0),
+            world,
+            timeout,
+            link: Link::Host {
+                group: group.clone(),
+                step: Cell::new(0),
+            },
         }));
         Ok(comms)
+    }
+
+    /// One NCCL rank per device, all in this process (rank `i` on `devices[i]`, each a
+    /// distinct GPU): move each `Comm` to its own thread. Every wait gives up after `timeout`.
+    pub fn nccl_group(devices: &[Device], timeout: Duration) -> Result<Vec<Comm>> {
+        check_timeout("Comm::nccl_group", timeout)?;
+        if devices.is_empty() {
+            return Err(Error::InvalidArgument(
+                "Comm::nccl_group: a group needs at least one device".into(),
+            ));
+        }
+        let links = NcclLink::for_devices(devices, timeout)?;
+        let world = devices.len();
+        Ok(links
+            .into_iter()
+            .enumerate()
+            .map(|(rank, link)| Comm {
+                rank,
+                world,
+                timeout,
+                link: Link::Nccl(link),
+            })
+            .collect())
+    }
+
+    /// Rank `rank` of a `world`-rank NCCL communicator on `device`, every rank starting from
+    /// the same `id` (made by one of them with [`NcclId::new`] and handed to the others).
+    /// Returns once every rank has joined, or fails after `timeout`.
+    pub fn nccl_rank(
+        device: &Device,
+        id: &NcclId,
+        world: usize,
+        rank: usize,
+        timeout: Duration,
+    ) -> Result<Comm> {
+        check_timeout("Comm::nccl_rank", timeout)?;
+        let link = NcclLink::for_rank(device, id, world, rank, timeout)?;
+        Ok(Comm {
+            rank,
+            world,
+            timeout,
+            link: Link::Nccl(link),
+        })
+    }
+
+    /// This process's rank as `torchrun` starts it (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`,
+    /// `MASTER_PORT`; see [`LaunchEnv`]): rank 0 makes the NCCL id and serves it over TCP at
+    /// the master address, the others fetch it; then [`Comm::nccl_rank`] on `device`.
+    pub fn from_env(device: &Device, timeout: Duration) -> Result<Comm> {
+        check_timeout("Comm::from_env", timeout)?;
+        let env = LaunchEnv::from_env()?;
+        let mine = if env.rank == 0 {
+            Some(NcclId::new()?)
+        } else {
+            None
+        };
+        let id = env.share_id(mine, timeout)?;
+        Comm::nccl_rank(device, &id, env.world, env.rank, timeout)
     }
 
     /// This rank, in `0..world()`.
@@ -107,12 +186,22 @@ impl Comm {
 
     /// The number of ranks in the group.
     pub fn world(&self) -> usize {
-        self.group.world()
+        self.world
     }
 
     /// How long any one call waits for the other ranks before it fails.
     pub fn timeout(&self) -> Duration {
-        self.group.timeout()
+        self.timeout
+    }
+
+    /// Waits until this rank's calls enqueued on `stream` have finished, up to the timeout.
+    /// The CPU group's calls finish before they return; on NCCL a timeout or an error
+    /// reported by NCCL aborts the communicator and fails every later call.
+    pub fn wait(&self, stream: &Stream) -> Result<()> {
+        match &self.link {
+            Link::Host { .. } => stream.synchronize(),
+            Link::Nccl(n) => n.wait(stream),
+        }
     }
 
     /// Reduces `buf` over all ranks with `op`; every rank's `buf` ends holding the result.
@@ -125,11 +214,50 @@ impl Comm {
     ) -> Result<()> {
         const OP: &str = "all_reduce";
         let len = buf.len();
+        let (group, me) = match &self.link {
+            Link::Nccl(n) => {
+                let ptr = buf.device_ptr();
+                return n.enqueue::<T>(stream, &[buf.device()], OP, || {
+                    Ok(NcclCall::AllReduce {
+                        send: ptr,
+                        recv: ptr,
+                        count: len,
+                        op: op.into(),
+                    })
+                });
+            }
+            Link::Host { group, step } => (group, self.member(step)),
+        };
         let call = Call::new::<T>(OP, len, len).reducing(op);
         match on_host(stream, buf.device(), OP).and_then(|()| buf.host_view_mut()) {
-            Ok(data) => self.group.all_reduce(self.member(), call, data, op),
-            Err(e) => self.group.refuse(self.member(), OP, e),
+            Ok(data) => group.all_reduce(me, call, data, op),
+            Err(e) => group.refuse(me, OP, e),
         }
+    }
+
+    /// NCCL's all-reduce of `buf` in place with none of [`all_reduce`](Comm::all_reduce)'s
+    /// checks but the buffer's device: what calling NCCL directly costs, for the `dist`
+    /// bench's `nccl-direct` rows (which measure the checks' cost). `Unsupported` on a CPU
+    /// group.
+    #[doc(hidden)]
+    pub fn direct_all_reduce<T: Float>(
+        &self,
+        stream: &Stream,
+        buf: &mut Buffer<T>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let Link::Nccl(n) = &self.link else {
+            return Err(Error::Unsupported(
+                "direct_all_reduce: a CPU group has no NCCL to call".into(),
+            ));
+        };
+        let call = NcclCall::AllReduce {
+            send: buf.device_ptr(),
+            recv: buf.device_ptr(),
+            count: buf.len(),
+            op: op.into(),
+        };
+        n.enqueue_direct::<T>(stream, buf.device(), call)
     }
 
     /// Copies `buf` of rank `root` into `buf` of every other rank. Lengths and `root` must
@@ -142,13 +270,28 @@ impl Comm {
     ) -> Result<()> {
         const OP: &str = "broadcast";
         let len = buf.len();
+        let (group, me) = match &self.link {
+            Link::Nccl(n) => {
+                let ptr = buf.device_ptr();
+                return n.enqueue::<T>(stream, &[buf.device()], OP, || {
+                    self.check_rank(OP, "root", root)?;
+                    Ok(NcclCall::Broadcast {
+                        send: ptr,
+                        recv: ptr,
+                        count: len,
+                        root,
+                    })
+                });
+            }
+            Link::Host { group, step } => (group, self.member(step)),
+        };
         let call = Call::new::<T>(OP, len, len).rooted(root);
         let checked = on_host(stream, buf.device(), OP)
             .and_then(|()| self.check_rank(OP, "root", root))
             .and_then(|()| buf.host_view_mut());
         match checked {
-            Ok(data) => self.group.broadcast(self.member(), call, data, root),
-            Err(e) => self.group.refuse(self.member(), OP, e),
+            Ok(data) => group.broadcast(me, call, data, root),
+            Err(e) => group.refuse(me, OP, e),
         }
     }
 
@@ -161,22 +304,37 @@ impl Comm {
         output: &mut Buffer<T>,
     ) -> Result<()> {
         const OP: &str = "all_gather";
-        let call = Call::new::<T>(OP, input.len(), output.len());
-        let checked = self.check_pair(stream, input, output, OP).and_then(|()| {
-            let want = self.times_world(OP, input.len())?;
-            if output.len() != want {
+        let (in_len, out_len) = (input.len(), output.len());
+        let check = move || {
+            let want = self.times_world(OP, in_len)?;
+            if out_len != want {
                 return Err(Error::InvalidArgument(format!(
                     "{OP}: the output holds {} elements; {} ranks × {} input elements need {want}",
-                    output.len(),
+                    out_len,
                     self.world(),
-                    input.len()
+                    in_len
                 )));
             }
+            Ok(())
+        };
+        let (group, me) = match &self.link {
+            Link::Nccl(n) => {
+                let (send, recv, count) = (input.device_ptr(), output.device_ptr(), input.len());
+                return n.enqueue::<T>(stream, &[input.device(), output.device()], OP, || {
+                    check()?;
+                    Ok(NcclCall::AllGather { send, recv, count })
+                });
+            }
+            Link::Host { group, step } => (group, self.member(step)),
+        };
+        let call = Call::new::<T>(OP, input.len(), output.len());
+        let checked = self.check_pair(stream, input, output, OP).and_then(|()| {
+            check()?;
             Ok((input.host_view()?, output.host_view_mut()?))
         });
         match checked {
-            Ok((input, output)) => self.group.all_gather(self.member(), call, input, output),
-            Err(e) => self.group.refuse(self.member(), OP, e),
+            Ok((input, output)) => group.all_gather(me, call, input, output),
+            Err(e) => group.refuse(me, OP, e),
         }
     }
 
@@ -190,25 +348,42 @@ impl Comm {
         op: ReduceOp,
     ) -> Result<()> {
         const OP: &str = "reduce_scatter";
-        let call = Call::new::<T>(OP, input.len(), output.len()).reducing(op);
-        let checked = self.check_pair(stream, input, output, OP).and_then(|()| {
-            let want = self.times_world(OP, output.len())?;
-            if input.len() != want {
+        let (in_len, out_len) = (input.len(), output.len());
+        let check = move || {
+            let want = self.times_world(OP, out_len)?;
+            if in_len != want {
                 return Err(Error::InvalidArgument(format!(
                     "{OP}: the input holds {} elements; {} ranks × {} output elements need {want}",
-                    input.len(),
+                    in_len,
                     self.world(),
-                    output.len()
+                    out_len
                 )));
             }
+            Ok(())
+        };
+        let (group, me) = match &self.link {
+            Link::Nccl(n) => {
+                let (send, recv, count) = (input.device_ptr(), output.device_ptr(), output.len());
+                return n.enqueue::<T>(stream, &[input.device(), output.device()], OP, || {
+                    check()?;
+                    Ok(NcclCall::ReduceScatter {
+                        send,
+                        recv,
+                        count,
+                        op: op.into(),
+                    })
+                });
+            }
+            Link::Host { group, step } => (group, self.member(step)),
+        };
+        let call = Call::new::<T>(OP, input.len(), output.len()).reducing(op);
+        let checked = self.check_pair(stream, input, output, OP).and_then(|()| {
+            check()?;
             Ok((input.host_view()?, output.host_view_mut()?))
         });
         match checked {
-            Ok((input, output)) => {
-                self.group
-                    .reduce_scatter(self.member(), call, input, output, op)
-            }
-            Err(e) => self.group.refuse(self.member(), OP, e),
+            Ok((input, output)) => group.reduce_scatter(me, call, input, output, op),
+            Err(e) => group.refuse(me, OP, e),
         }
     }
 
@@ -222,22 +397,38 @@ impl Comm {
         output: &mut Buffer<T>,
     ) -> Result<()> {
         const OP: &str = "all_to_all";
-        let call = Call::new::<T>(OP, input.len(), output.len());
-        let checked = self.check_pair(stream, input, output, OP).and_then(|()| {
-            if input.len() != output.len() || input.len() % self.world() != 0 {
+        let (in_len, out_len) = (input.len(), output.len());
+        let check = move || {
+            if in_len != out_len || in_len % self.world() != 0 {
                 return Err(Error::InvalidArgument(format!(
                     "{OP}: input and output must hold the same number of elements, divisible \
                      by the {} ranks: {} and {}",
                     self.world(),
-                    input.len(),
-                    output.len()
+                    in_len,
+                    out_len
                 )));
             }
+            Ok(())
+        };
+        let (group, me) = match &self.link {
+            Link::Nccl(n) => {
+                let (send, recv) = (input.device_ptr(), output.device_ptr());
+                let count = input.len() / self.world();
+                return n.enqueue::<T>(stream, &[input.device(), output.device()], OP, || {
+                    check()?;
+                    Ok(NcclCall::AllToAll { send, recv, count })
+                });
+            }
+            Link::Host { group, step } => (group, self.member(step)),
+        };
+        let call = Call::new::<T>(OP, input.len(), output.len());
+        let checked = self.check_pair(stream, input, output, OP).and_then(|()| {
+            check()?;
             Ok((input.host_view()?, output.host_view_mut()?))
         });
         match checked {
-            Ok((input, output)) => self.group.all_to_all(self.member(), call, input, output),
-            Err(e) => self.group.refuse(self.member(), OP, e),
+            Ok((input, output)) => group.all_to_all(me, call, input, output),
+            Err(e) => group.refuse(me, OP, e),
         }
     }
 
@@ -247,9 +438,23 @@ impl Comm {
     /// by receives does not deadlock.
     pub fn send<T: DType>(&self, stream: &Stream, buf: &Buffer<T>, peer: usize) -> Result<()> {
         const OP: &str = "send";
-        on_host(stream, buf.device(), OP)?;
         self.check_peer(OP, peer)?;
-        self.group.send(self.rank, peer, buf.host_view()?)
+        match &self.link {
+            Link::Nccl(n) => {
+                let (ptr, count) = (buf.device_ptr(), buf.len());
+                n.enqueue::<T>(stream, &[buf.device()], OP, || {
+                    Ok(NcclCall::Send {
+                        buf: ptr,
+                        count,
+                        peer,
+                    })
+                })
+            }
+            Link::Host { group, .. } => {
+                on_host(stream, buf.device(), OP)?;
+                group.send(self.rank, peer, buf.host_view()?)
+            }
+        }
     }
 
     /// Receives into `buf` the next message rank `peer` sent to this rank; waits up to the
@@ -257,16 +462,30 @@ impl Comm {
     /// aborts the group (the pair's messages no longer match).
     pub fn recv<T: DType>(&self, stream: &Stream, buf: &mut Buffer<T>, peer: usize) -> Result<()> {
         const OP: &str = "recv";
-        on_host(stream, buf.device(), OP)?;
         self.check_peer(OP, peer)?;
-        self.group.recv(self.rank, peer, buf.host_view_mut()?)
+        match &self.link {
+            Link::Nccl(n) => {
+                let (ptr, count) = (buf.device_ptr(), buf.len());
+                n.enqueue::<T>(stream, &[buf.device()], OP, || {
+                    Ok(NcclCall::Recv {
+                        buf: ptr,
+                        count,
+                        peer,
+                    })
+                })
+            }
+            Link::Host { group, .. } => {
+                on_host(stream, buf.device(), OP)?;
+                group.recv(self.rank, peer, buf.host_view_mut()?)
+            }
+        }
     }
 
-    /// This rank's part in the group's step protocol.
-    fn member(&self) -> local::Member<'_> {
+    /// This rank's part in the CPU group's step protocol.
+    fn member<'c>(&self, step: &'c Cell<u64>) -> local::Member<'c> {
         local::Member {
             rank: self.rank,
-            step: &self.step,
+            step,
         }
     }
 
@@ -313,8 +532,19 @@ impl Comm {
 
 impl Drop for Comm {
     fn drop(&mut self) {
-        self.group.leave(self.rank);
+        if let Link::Host { group, .. } = &self.link {
+            group.leave(self.rank);
+        }
     }
+}
+
+fn check_timeout(op: &str, timeout: Duration) -> Result<()> {
+    if timeout.is_zero() {
+        return Err(Error::InvalidArgument(format!(
+            "{op}: the timeout must be longer than zero"
+        )));
+    }
+    Ok(())
 }
 
 /// `DeviceMismatch` unless `device` is the stream's; `Unsupported` unless that is host memory.
@@ -324,9 +554,20 @@ fn on_host(stream: &Stream, device: &Device, op: &'static str) -> Result<()> {
         Ok(())
     } else {
         Err(Error::Unsupported(format!(
-            "{op} on {}: dist has the in-process CPU group only; NCCL communicators for GPU \
-             buffers come in a later step",
+            "{op} on {}: a CPU group's buffers live in host memory; GPU buffers go through an \
+             NCCL communicator (Comm::nccl_group, Comm::nccl_rank, Comm::from_env)",
             device.label()
         )))
+    }
+}
+
+impl From<ReduceOp> for crate::device::NcclReduce {
+    fn from(op: ReduceOp) -> Self {
+        match op {
+            ReduceOp::Sum => Self::Sum,
+            ReduceOp::Max => Self::Max,
+            ReduceOp::Min => Self::Min,
+            ReduceOp::Average => Self::Average,
+        }
     }
 }

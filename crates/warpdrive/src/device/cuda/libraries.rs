@@ -83,11 +83,9 @@ pub(crate) fn library_statuses() -> Vec<LibraryStatus> {
         Some(format!("{}.{}.{}", v / 10000, (v % 10000) / 100, v % 100))
     });
     let nccl_version = libs.nccl.then(|| {
-        let mut v = 0;
-        // SAFETY: libnccl is loaded; the out-pointer is a valid local.
-        let ok = unsafe { cudarc::nccl::sys::ncclGetVersion(&mut v) }
-            == cudarc::nccl::sys::ncclResult_t::ncclSuccess;
-        ok.then(|| format!("{}.{}.{}", v / 10000, (v % 10000) / 100, v % 100))
+        super::nccl::nccl_version_code()
+            .ok()
+            .map(|v| format!("{}.{}.{}", v / 10000, (v % 10000) / 100, v % 100))
     });
     let cufile_version = libs.cufile.then(|| {
         let mut v = 0;

@@ -1,0 +1,546 @@
+//! NCCL communicators. Every communicator is created non-blocking, so no NCCL call can hang
+//! the caller: each call that NCCL leaves in progress is polled with
+//! `ncclCommGetAsyncError` until it settles or the communicator's timeout passes, and then
+//! the communicator is aborted (which also stops its kernels, so a stream waiting on a peer
+//! that died drains). `wait` does the same for the work a stream holds.
+
+use std::ffi::{c_int, c_void, CStr};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::sys as drv;
+use cudarc::nccl::sys;
+use cudarc::nccl::sys::ncclResult_t as R;
+
+use crate::dtype::DTypeKind;
+use crate::error::{Error, Result};
+
+use super::context::CudaDevice;
+use super::libraries::libraries;
+use super::stream::GpuStream;
+
+/// Bytes of an NCCL unique id, the token every rank of a communicator starts from.
+pub(crate) const NCCL_ID_BYTES: usize = 128;
+
+/// How a reduction combines the ranks' elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NcclReduce {
+    Sum,
+    Max,
+    Min,
+    Average,
+}
+
+/// One collective or point-to-point call. Addresses are device pointers; counts are
+/// elements of `dtype`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum NcclCall {
+    AllReduce {
+        send: u64,
+        recv: u64,
+        count: usize,
+        op: NcclReduce,
+    },
+    Broadcast {
+        send: u64,
+        recv: u64,
+        count: usize,
+        root: usize,
+    },
+    /// `count` elements from each rank.
+    AllGather {
+        send: u64,
+        recv: u64,
+        count: usize,
+    },
+    /// `count` elements to each rank.
+    ReduceScatter {
+        send: u64,
+        recv: u64,
+        count: usize,
+        op: NcclReduce,
+    },
+    /// `count` elements to and from each rank, as one group of sends and receives.
+    AllToAll {
+        send: u64,
+        recv: u64,
+        count: usize,
+    },
+    Send {
+        buf: u64,
+        count: usize,
+        peer: usize,
+    },
+    Recv {
+        buf: u64,
+        count: usize,
+        peer: usize,
+    },
+}
+
+/// One rank's NCCL communicator on one GPU.
+pub(crate) struct NcclComm {
+    raw: sys::ncclComm_t,
+    device: CudaDevice,
+    rank: usize,
+    world: usize,
+    timeout: Duration,
+    /// Set once aborted: every later call fails, and drop does not finalize.
+    aborted: Option<String>,
+}
+
+// SAFETY: an NCCL communicator may be used from any thread as long as calls on it do not
+// overlap; `NcclComm` is `Send` but not `Sync`, and every call takes `&mut self` or runs on
+// the one thread that holds it.
+unsafe impl Send for NcclComm {}
+
+impl std::fmt::Debug for NcclComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "NcclComm(rank {} of {} on cuda:{})",
+            self.rank,
+            self.world,
+            self.device.ordinal()
+        )
+    }
+}
+
+/// `LibraryMissing` unless libnccl loads here.
+fn require_nccl() -> Result<()> {
+    if libraries().nccl {
+        Ok(())
+    } else {
+        Err(Error::LibraryMissing {
+            library: "NCCL",
+            hint: "libnccl.so.2 not found on the library path".into(),
+        })
+    }
+}
+
+/// NCCL's version code (e.g. 22803 for 2.28.3).
+pub(crate) fn nccl_version_code() -> Result<i32> {
+    require_nccl()?;
+    let mut v: c_int = 0;
+    // SAFETY: the library is loaded; the out-pointer is a valid local.
+    let r = unsafe { sys::ncclGetVersion(&mut v) };
+    ok("ncclGetVersion", r, None)?;
+    Ok(v)
+}
+
+/// A fresh unique id (rank 0 makes it and hands it to the others).
+pub(crate) fn nccl_unique_id() -> Result<[u8; NCCL_ID_BYTES]> {
+    require_nccl()?;
+    let mut id = sys::ncclUniqueId {
+        internal: [0; NCCL_ID_BYTES],
+    };
+    // SAFETY: the library is loaded; the out-pointer is a valid local.
+    let r = unsafe { sys::ncclGetUniqueId(&mut id) };
+    ok("ncclGetUniqueId", r, None)?;
+    Ok(id.internal.map(|c| c as u8))
+}
+
+impl NcclComm {
+    /// One communicator per device, all in this process (rank `i` on `devices[i]`), made
+    /// together in one NCCL group; each is then used from its own thread.
+    pub(crate) fn for_devices(devices: &[CudaDevice], timeout: Duration) -> Result<Vec<NcclComm>> {
+        require_nccl()?;
+        let world = devices.len();
+        let id = nccl_unique_id()?;
+        let mut comms = Vec::with_capacity(world);
+        // SAFETY: group start / end bracket the init calls, made on this thread.
+        ok("ncclGroupStart", unsafe { sys::ncclGroupStart() }, None)?;
+        let mut first_error = None;
+        for (rank, device) in devices.iter().enumerate() {
+            match init_rank(device, &id, world, rank) {
+                Ok(raw) => comms.push(NcclComm {
+                    raw,
+                    device: device.clone(),
+                    rank,
+                    world,
+                    timeout,
+                    aborted: None,
+                }),
+                Err(e) => {
+                    first_error = Some(e);
+                    break;
+                }
+            }
+        }
+        // SAFETY: closes the group opened above; non-blocking comms may leave it in progress.
+        let end = unsafe { sys::ncclGroupEnd() };
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        if end != R::ncclInProgress {
+            ok("ncclGroupEnd", end, None)?;
+        }
+        for c in &mut comms {
+            c.settle("ncclCommInitRankConfig")?;
+        }
+        Ok(comms)
+    }
+
+    /// This process's rank of a communicator of `world` ranks that all start from `id`.
+    pub(crate) fn for_rank(
+        device: &CudaDevice,
+        id: &[u8; NCCL_ID_BYTES],
+        world: usize,
+        rank: usize,
+        timeout: Duration,
+    ) -> Result<NcclComm> {
+        require_nccl()?;
+        let raw = init_rank(device, id, world, rank)?;
+        let mut comm = NcclComm {
+            raw,
+            device: device.clone(),
+            rank,
+            world,
+            timeout,
+            aborted: None,
+        };
+        comm.settle("ncclCommInitRankConfig")?;
+        Ok(comm)
+    }
+
+    /// Enqueues `call` on `stream` (its context bound), then polls until NCCL has taken it.
+    pub(crate) fn enqueue(
+        &mut self,
+        stream: &GpuStream,
+        dtype: DTypeKind,
+        call: NcclCall,
+    ) -> Result<()> {
+        self.check_open()?;
+        // No context bind: NCCL selects its communicator's device itself.
+        let ty = nccl_type(dtype)?;
+        let elem = dtype.size();
+        let s = stream.cu_stream() as sys::cudaStream_t;
+        let c = self.raw;
+        let p = |a: u64| a as *mut c_void;
+        // SAFETY (every arm): the caller passes device addresses of live buffers on this
+        // communicator's device holding at least the counts named (checked in `dist`), the
+        // stream belongs to that device, and this thread has its context bound.
+        let (name, r) = unsafe {
+            match call {
+                NcclCall::AllReduce {
+                    send,
+                    recv,
+                    count,
+                    op,
+                } => (
+                    "ncclAllReduce",
+                    sys::ncclAllReduce(p(send), p(recv), count, ty, red(op), c, s),
+                ),
+                NcclCall::Broadcast {
+                    send,
+                    recv,
+                    count,
+                    root,
+                } => (
+                    "ncclBroadcast",
+                    sys::ncclBroadcast(p(send), p(recv), count, ty, root as c_int, c, s),
+                ),
+                NcclCall::AllGather { send, recv, count } => (
+                    "ncclAllGather",
+                    sys::ncclAllGather(p(send), p(recv), count, ty, c, s),
+                ),
+                NcclCall::ReduceScatter {
+                    send,
+                    recv,
+                    count,
+                    op,
+                } => (
+                    "ncclReduceScatter",
+                    sys::ncclReduceScatter(p(send), p(recv), count, ty, red(op), c, s),
+                ),
+                NcclCall::Send { buf, count, peer } => (
+                    "ncclSend",
+                    sys::ncclSend(p(buf), count, ty, peer as c_int, c, s),
+                ),
+                NcclCall::Recv { buf, count, peer } => (
+                    "ncclRecv",
+                    sys::ncclRecv(p(buf), count, ty, peer as c_int, c, s),
+                ),
+                NcclCall::AllToAll { send, recv, count } => {
+                    let chunk = (count * elem) as u64;
+                    let mut r = sys::ncclGroupStart();
+                    for peer in 0..self.world {
+                        if r != R::ncclSuccess {
+                            break;
+                        }
+                        let off = peer as u64 * chunk;
+                        r = sys::ncclSend(p(send + off), count, ty, peer as c_int, c, s);
+                        if r == R::ncclSuccess {
+                            r = sys::ncclRecv(p(recv + off), count, ty, peer as c_int, c, s);
+                        }
+                    }
+                    let end = sys::ncclGroupEnd();
+                    (
+                        "ncclAlltoAll (grouped send/recv)",
+                        if r == R::ncclSuccess { end } else { r },
+                    )
+                }
+            }
+        };
+        self.after(name, r)
+    }
+
+    /// Waits until the work enqueued on `stream` so far has finished, polling the
+    /// communicator's asynchronous error; aborts it when that reports an error or the
+    /// timeout passes (a peer that died or never called), and returns the error.
+    pub(crate) fn wait(&mut self, stream: &GpuStream) -> Result<()> {
+        self.check_open()?;
+        self.device.bind()?;
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            // SAFETY: the stream is alive (borrowed) and its context bound.
+            match unsafe { drv::cuStreamQuery(stream.cu_stream()) } {
+                drv::CUresult::CUDA_SUCCESS => return Ok(()),
+                drv::CUresult::CUDA_ERROR_NOT_READY => {}
+                e => return self.device.check("cuStreamQuery", e.result()),
+            }
+            let state = self.async_state()?;
+            if state != R::ncclSuccess && state != R::ncclInProgress {
+                return Err(self.fail("wait", describe(state, Some(self.raw))));
+            }
+            if Instant::now() >= deadline {
+                return Err(self.fail(
+                    "wait",
+                    format!(
+                        "the stream's collectives did not finish within {:?} (a rank that \
+                         never called, called with other arguments, or died); the \
+                         communicator is aborted",
+                        self.timeout
+                    ),
+                ));
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Aborts the communicator: its kernels stop, every later call fails.
+    pub(crate) fn abort(&mut self, why: &str) {
+        if self.aborted.is_none() {
+            // SAFETY: `raw` is a live communicator, aborted at most once (`aborted` is set).
+            let r = unsafe { sys::ncclCommAbort(self.raw) };
+            if r != R::ncclSuccess && r != R::ncclInProgress {
+                tracing::warn!("ncclCommAbort failed: {r:?}");
+            }
+            self.aborted = Some(why.to_string());
+        }
+    }
+
+    fn check_open(&self) -> Result<()> {
+        match &self.aborted {
+            None => Ok(()),
+            Some(why) => Err(Error::Collective {
+                op: "nccl",
+                detail: format!("the communicator was aborted earlier: {why}"),
+            }),
+        }
+    }
+
+    fn async_state(&self) -> Result<R> {
+        let mut state = R::ncclSuccess;
+        // SAFETY: `raw` is a live communicator; the out-pointer is a valid local.
+        let r = unsafe { sys::ncclCommGetAsyncError(self.raw, &mut state) };
+        ok("ncclCommGetAsyncError", r, Some(self.raw))?;
+        Ok(state)
+    }
+
+    /// After a call: success, or in progress (polled until it settles), or an error.
+    fn after(&mut self, name: &'static str, r: R) -> Result<()> {
+        match r {
+            R::ncclSuccess => Ok(()),
+            R::ncclInProgress => self.settle(name),
+            e => Err(self.fail(name, describe(e, Some(self.raw)))),
+        }
+    }
+
+    /// Polls the asynchronous state until it leaves `ncclInProgress`, up to the timeout.
+    fn settle(&mut self, name: &'static str) -> Result<()> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            match self.async_state()? {
+                R::ncclSuccess => return Ok(()),
+                R::ncclInProgress => {}
+                e => return Err(self.fail(name, describe(e, Some(self.raw)))),
+            }
+            if Instant::now() >= deadline {
+                return Err(self.fail(
+                    name,
+                    format!(
+                        "still in progress after {:?} (a rank that never joined?); the \
+                         communicator is aborted",
+                        self.timeout
+                    ),
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    fn fail(&mut self, op: &'static str, detail: String) -> Error {
+        self.abort(&detail);
+        Error::Collective {
+            op,
+            detail: format!("rank {} of {}: {detail}", self.rank, self.world),
+        }
+    }
+}
+
+impl Drop for NcclComm {
+    fn drop(&mut self) {
+        if self.aborted.is_some() {
+            return;
+        }
+        if self.device.bind().is_err() {
+            self.abort("dropped on a lost device");
+            return;
+        }
+        // Finalize flushes this rank's outstanding work (and in non-blocking mode may stay in
+        // progress); a peer that is gone would keep it there, so it is bounded like any wait.
+        // SAFETY: `raw` is a live communicator, finalized and destroyed once, here.
+        let r = unsafe { sys::ncclCommFinalize(self.raw) };
+        let settled = match r {
+            R::ncclSuccess => Ok(()),
+            R::ncclInProgress => self.settle("ncclCommFinalize"),
+            e => Err(self.fail("ncclCommFinalize", describe(e, Some(self.raw)))),
+        };
+        if settled.is_err() || self.aborted.is_some() {
+            return;
+        }
+        // SAFETY: finalized above; destroyed exactly once.
+        let r = unsafe { sys::ncclCommDestroy(self.raw) };
+        if r != R::ncclSuccess {
+            tracing::warn!("ncclCommDestroy failed: {r:?}");
+        }
+    }
+}
+
+/// Starts one rank's non-blocking init on `device` (bound to this thread).
+fn init_rank(
+    device: &CudaDevice,
+    id: &[u8; NCCL_ID_BYTES],
+    world: usize,
+    rank: usize,
+) -> Result<sys::ncclComm_t> {
+    let n = c_int::try_from(world).map_err(|_| {
+        Error::InvalidArgument(format!(
+            "NCCL: a communicator of {world} ranks is too large"
+        ))
+    })?;
+    if rank >= world {
+        return Err(Error::InvalidArgument(format!(
+            "NCCL: rank {rank} is out of range for {world} ranks"
+        )));
+    }
+    device.bind()?;
+    let mut config = nonblocking_config()?;
+    let unique = sys::ncclUniqueId {
+        internal: id.map(|b| b as std::ffi::c_char),
+    };
+    let mut raw: sys::ncclComm_t = std::ptr::null_mut();
+    // SAFETY: the context is bound; `raw` and `config` are valid locals that outlive the call
+    // (NCCL copies the config).
+    let r = unsafe { sys::ncclCommInitRankConfig(&mut raw, n, unique, rank as c_int, &mut config) };
+    match r {
+        R::ncclSuccess | R::ncclInProgress if !raw.is_null() => Ok(raw),
+        R::ncclSuccess | R::ncclInProgress => Err(Error::Collective {
+            op: "ncclCommInitRankConfig",
+            detail: "NCCL returned no communicator".into(),
+        }),
+        e => Err(Error::Collective {
+            op: "ncclCommInitRankConfig",
+            detail: describe(e, None),
+        }),
+    }
+}
+
+/// NCCL's `NCCL_CONFIG_INITIALIZER` with `blocking = 0`: every other field undefined (NCCL's
+/// defaults and environment apply). The size told is what the loaded library knows: fields
+/// appended after 2.28 are left out for an older library.
+fn nonblocking_config() -> Result<sys::ncclConfig_t> {
+    const UNDEF: c_int = c_int::MIN;
+    let version = nccl_version_code()?;
+    let size = if version >= 22900 {
+        std::mem::size_of::<sys::ncclConfig_t>()
+    } else {
+        std::mem::offset_of!(sys::ncclConfig_t, graphUsageMode)
+    };
+    Ok(sys::ncclConfig_t {
+        size,
+        magic: 0xcafe_beef,
+        version: version as u32,
+        blocking: 0,
+        cgaClusterSize: UNDEF,
+        minCTAs: UNDEF,
+        maxCTAs: UNDEF,
+        netName: std::ptr::null(),
+        splitShare: UNDEF,
+        trafficClass: UNDEF,
+        commName: std::ptr::null(),
+        collnetEnable: UNDEF,
+        CTAPolicy: UNDEF,
+        shrinkShare: UNDEF,
+        nvlsCTAs: UNDEF,
+        nChannelsPerNetPeer: UNDEF,
+        nvlinkCentricSched: UNDEF,
+        graphUsageMode: UNDEF,
+        numRmaCtx: UNDEF,
+        maxP2pPeers: UNDEF,
+    })
+}
+
+fn nccl_type(dtype: DTypeKind) -> Result<sys::ncclDataType_t> {
+    use sys::ncclDataType_t as T;
+    Ok(match dtype {
+        DTypeKind::F32 => T::ncclFloat32,
+        DTypeKind::F64 => T::ncclFloat64,
+        DTypeKind::F16 => T::ncclFloat16,
+        DTypeKind::BF16 => T::ncclBfloat16,
+        DTypeKind::I32 => T::ncclInt32,
+        DTypeKind::U32 => T::ncclUint32,
+        DTypeKind::I64 => T::ncclInt64,
+        DTypeKind::U64 => T::ncclUint64,
+        DTypeKind::U8 => T::ncclUint8,
+    })
+}
+
+fn red(op: NcclReduce) -> sys::ncclRedOp_t {
+    match op {
+        NcclReduce::Sum => sys::ncclRedOp_t::ncclSum,
+        NcclReduce::Max => sys::ncclRedOp_t::ncclMax,
+        NcclReduce::Min => sys::ncclRedOp_t::ncclMin,
+        NcclReduce::Average => sys::ncclRedOp_t::ncclAvg,
+    }
+}
+
+fn ok(call: &'static str, r: R, comm: Option<sys::ncclComm_t>) -> Result<()> {
+    if r == R::ncclSuccess {
+        Ok(())
+    } else {
+        Err(Error::Collective {
+            op: call,
+            detail: describe(r, comm),
+        })
+    }
+}
+
+/// NCCL's words for `r`, with the communicator's last error message when there is one.
+fn describe(r: R, comm: Option<sys::ncclComm_t>) -> String {
+    let text = |p: *const std::ffi::c_char| {
+        // SAFETY: `p` is non-null and came from NCCL, which returns NUL-terminated strings
+        // that live as long as the library (or the communicator, until its next call).
+        (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+    };
+    // SAFETY: the library is loaded (a communicator or an error code came from it).
+    let what = text(unsafe { sys::ncclGetErrorString(r) }).unwrap_or_default();
+    let last = comm
+        // SAFETY: `c` is a live communicator of this library.
+        .and_then(|c| text(unsafe { sys::ncclGetLastError(c) }))
+        .filter(|s| !s.is_empty());
+    match last {
+        Some(last) => format!("{r:?} ({what}): {last}"),
+        None => format!("{r:?} ({what})"),
+    }
+}
