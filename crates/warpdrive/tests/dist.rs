@@ -1021,3 +1021,118 @@ fn ranks_that_disagree_on_the_world_size_are_refused() {
     assert!(is_collective(&zero.unwrap_err(), "WORLD_SIZE=3"));
     assert!(is_collective(&one.unwrap_err(), "refused"));
 }
+
+/// Set in the environment of a rank this test binary spawns as a separate process: what the
+/// rank does (`id`: fetch rank 0's id; `nccl`: an all-reduce over `Comm::from_env`).
+const SPAWNED: &str = "WARPDRIVE_DIST_SPAWNED";
+
+/// The body of a spawned rank (see the two tests below); without `WARPDRIVE_DIST_SPAWNED`
+/// it has nothing to do.
+#[test]
+fn spawned_rank_body() {
+    let Ok(mode) = std::env::var(SPAWNED) else {
+        return;
+    };
+    let env = LaunchEnv::from_env().unwrap();
+    match mode.as_str() {
+        "id" => {
+            let mine = (env.rank == 0).then(|| NcclId::from_bytes([0x5a; 128]));
+            let id = env.share_id(mine, PATIENT).unwrap();
+            println!(
+                "\nID {:?} {}",
+                id,
+                id.as_bytes().iter().map(|&b| b as u32).sum::<u32>()
+            );
+        }
+        "nccl" => {
+            let device = Device::cuda(env.local_rank).unwrap();
+            let comm = Comm::from_env(&device, PATIENT).unwrap();
+            let stream = device.new_stream().unwrap();
+            let mut buf = Buffer::from_host(&stream, &vec![env.rank as f32 + 1.0; 1001]).unwrap();
+            comm.all_reduce(&stream, &mut buf, ReduceOp::Sum).unwrap();
+            comm.wait(&stream).unwrap();
+            let out = buf.to_host(&stream).unwrap();
+            assert!(out.iter().all(|&x| x == out[0]));
+            println!("\nSUM {}", out[0]);
+        }
+        other => panic!("{SPAWNED}={other}?"),
+    }
+}
+
+/// Runs `world` copies of this test binary's `spawned_rank_body`, one a rank, as torchrun
+/// would start them; the stdout of each, in rank order. Each is killed after two minutes.
+fn spawn_ranks(world: usize, mode: &str) -> Vec<String> {
+    use std::process::{Command, Stdio};
+    let port = free_port().to_string();
+    let exe = std::env::current_exe().unwrap();
+    let mut children: Vec<_> = (0..world)
+        .map(|rank| {
+            Command::new(&exe)
+                .args([
+                    "spawned_rank_body",
+                    "--exact",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(SPAWNED, mode)
+                .env("RANK", rank.to_string())
+                .env("LOCAL_RANK", rank.to_string())
+                .env("WORLD_SIZE", world.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", &port)
+                .env("NCCL_NVLS_ENABLE", "0")
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    for child in &mut children {
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    children
+        .into_iter()
+        .map(|c| {
+            let out = c.wait_with_output().unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            assert!(out.status.success(), "a spawned rank failed: {text}");
+            text
+        })
+        .collect()
+}
+
+#[test]
+fn ranks_in_separate_processes_get_rank_zeros_id() {
+    let outs = spawn_ranks(3, "id");
+    let ids: Vec<&str> = outs
+        .iter()
+        .map(|o| o.lines().find(|l| l.starts_with("ID ")).unwrap_or("none"))
+        .collect();
+    assert_eq!(
+        ids[0],
+        format!("ID {:?} {}", NcclId::from_bytes([0x5a; 128]), 0x5a * 128)
+    );
+    assert!(ids.iter().all(|id| *id == ids[0]), "{ids:?}");
+}
+
+#[test]
+#[ignore = "needs two CUDA GPUs (and NCCL)"]
+fn gpu_nccl_ranks_in_separate_processes_all_reduce() {
+    if Device::cuda_count() < 2 {
+        eprintln!(
+            "SKIPPED: needs two CUDA GPUs, this host has {}",
+            Device::cuda_count()
+        );
+        return;
+    }
+    let outs = spawn_ranks(2, "nccl");
+    for out in outs {
+        assert!(out.lines().any(|l| l == "SUM 3"), "{out}");
+    }
+}
