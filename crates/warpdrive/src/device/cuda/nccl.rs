@@ -357,8 +357,15 @@ impl NcclComm {
     }
 
     /// Polls the asynchronous state until it leaves `ncclInProgress`, up to the timeout.
+    /// A non-blocking communicator hands every call to NCCL's own thread and reports it in
+    /// progress until that thread has enqueued it: microseconds in the steady state, so the
+    /// poll spins first (a 50 µs sleep between polls made every call cost ~130 µs on an
+    /// H200 pair; bench/NOTES.md, NCCL), and sleeps only once the wait is long (a peer
+    /// connecting, or never coming).
     fn settle(&mut self, name: &'static str) -> Result<()> {
-        let deadline = Instant::now() + self.timeout;
+        const SPIN: Duration = Duration::from_millis(2);
+        let start = Instant::now();
+        let deadline = start + self.timeout;
         loop {
             match self.async_state()? {
                 R::ncclSuccess => return Ok(()),
@@ -375,7 +382,11 @@ impl NcclComm {
                     ),
                 ));
             }
-            std::thread::sleep(Duration::from_micros(50));
+            if start.elapsed() < SPIN {
+                std::hint::spin_loop();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
         }
     }
 
