@@ -1,8 +1,12 @@
-//! NCCL communicators. Every communicator is created non-blocking, so no NCCL call can hang
-//! the caller: each call that NCCL leaves in progress is polled with
-//! `ncclCommGetAsyncError` until it settles or the communicator's timeout passes, and then
-//! the communicator is aborted (which also stops its kernels, so a stream waiting on a peer
-//! that died drains). `wait` does the same for the work a stream holds.
+//! NCCL communicators. A rank's communicator is made non-blocking, so joining cannot hang:
+//! NCCL reports the join in progress and it is polled with `ncclCommGetAsyncError` until it
+//! settles or the timeout passes, and then aborted. Calls then go through a blocking
+//! communicator split from it and connected to every peer before it is handed out (a
+//! non-blocking communicator hands each call to a new NCCL thread, ~60 µs a call on an
+//! H200 pair against a few for a blocking one; bench/NOTES.md, NCCL): once connected, a
+//! blocking call only enqueues work, so it cannot wait on a peer either. `wait` polls the
+//! stream and the asynchronous error up to the timeout and aborts the communicator on
+//! either (which also stops its kernels, so a stream waiting on a peer that died drains).
 
 use std::ffi::{c_int, c_void, CStr};
 use std::time::{Duration, Instant};
@@ -79,7 +83,10 @@ pub(crate) enum NcclCall {
 
 /// One rank's NCCL communicator on one GPU.
 pub(crate) struct NcclComm {
-    raw: sys::ncclComm_t,
+    /// The non-blocking communicator the rank joined with.
+    guard: sys::ncclComm_t,
+    /// The blocking communicator split from `guard` that calls go through (null until made).
+    fast: sys::ncclComm_t,
     device: CudaDevice,
     rank: usize,
     world: usize,
@@ -152,8 +159,9 @@ impl NcclComm {
         let mut first_error = None;
         for (rank, device) in devices.iter().enumerate() {
             match init_rank(device, &id, world, rank) {
-                Ok(raw) => comms.push(NcclComm {
-                    raw,
+                Ok(guard) => comms.push(NcclComm {
+                    guard,
+                    fast: std::ptr::null_mut(),
                     device: device.clone(),
                     rank,
                     world,
@@ -175,8 +183,9 @@ impl NcclComm {
             ok("ncclGroupEnd", end, None)?;
         }
         for c in &mut comms {
-            c.settle("ncclCommInitRankConfig")?;
+            c.settle(c.guard, "ncclCommInitRankConfig")?;
         }
+        connect_fast(&mut comms)?;
         Ok(comms)
     }
 
@@ -189,16 +198,18 @@ impl NcclComm {
         timeout: Duration,
     ) -> Result<NcclComm> {
         require_nccl()?;
-        let raw = init_rank(device, id, world, rank)?;
+        let guard = init_rank(device, id, world, rank)?;
         let mut comm = NcclComm {
-            raw,
+            guard,
+            fast: std::ptr::null_mut(),
             device: device.clone(),
             rank,
             world,
             timeout,
             aborted: None,
         };
-        comm.settle("ncclCommInitRankConfig")?;
+        comm.settle(comm.guard, "ncclCommInitRankConfig")?;
+        connect_fast(std::slice::from_mut(&mut comm))?;
         Ok(comm)
     }
 
@@ -214,7 +225,7 @@ impl NcclComm {
         let ty = nccl_type(dtype)?;
         let elem = dtype.size();
         let s = stream.cu_stream() as sys::cudaStream_t;
-        let c = self.raw;
+        let c = self.hot();
         let p = |a: u64| a as *mut c_void;
         // SAFETY (every arm): the caller passes device addresses of live buffers on this
         // communicator's device holding at least the counts named (checked in `dist`), the
@@ -298,9 +309,9 @@ impl NcclComm {
                 drv::CUresult::CUDA_ERROR_NOT_READY => {}
                 e => return self.device.check("cuStreamQuery", e.result()),
             }
-            let state = self.async_state()?;
+            let state = self.async_state(self.hot())?;
             if state != R::ncclSuccess && state != R::ncclInProgress {
-                return Err(self.fail("wait", describe(state, Some(self.raw))));
+                return Err(self.fail("wait", describe(state, Some(self.hot()))));
             }
             if Instant::now() >= deadline {
                 return Err(self.fail(
@@ -320,10 +331,15 @@ impl NcclComm {
     /// Aborts the communicator: its kernels stop, every later call fails.
     pub(crate) fn abort(&mut self, why: &str) {
         if self.aborted.is_none() {
-            // SAFETY: `raw` is a live communicator, aborted at most once (`aborted` is set).
-            let r = unsafe { sys::ncclCommAbort(self.raw) };
-            if r != R::ncclSuccess && r != R::ncclInProgress {
-                tracing::warn!("ncclCommAbort failed: {r:?}");
+            for c in [self.fast, self.guard] {
+                if c.is_null() {
+                    continue;
+                }
+                // SAFETY: `c` is a live communicator, aborted at most once (`aborted` is set).
+                let r = unsafe { sys::ncclCommAbort(c) };
+                if r != R::ncclSuccess && r != R::ncclInProgress {
+                    tracing::warn!("ncclCommAbort failed: {r:?}");
+                }
             }
             self.aborted = Some(why.to_string());
         }
@@ -339,11 +355,21 @@ impl NcclComm {
         }
     }
 
-    fn async_state(&self) -> Result<R> {
+    /// The communicator calls go through: the blocking one once made.
+    fn hot(&self) -> sys::ncclComm_t {
+        if self.fast.is_null() {
+            self.guard
+        } else {
+            self.fast
+        }
+    }
+
+    fn async_state(&self, comm: sys::ncclComm_t) -> Result<R> {
         let mut state = R::ncclSuccess;
-        // SAFETY: `raw` is a live communicator; the out-pointer is a valid local.
-        let r = unsafe { sys::ncclCommGetAsyncError(self.raw, &mut state) };
-        ok("ncclCommGetAsyncError", r, Some(self.raw))?;
+        // SAFETY: `comm` is one of this rank's live communicators; the out-pointer is a
+        // valid local.
+        let r = unsafe { sys::ncclCommGetAsyncError(comm, &mut state) };
+        ok("ncclCommGetAsyncError", r, Some(comm))?;
         Ok(state)
     }
 
@@ -351,8 +377,8 @@ impl NcclComm {
     fn after(&mut self, name: &'static str, r: R) -> Result<()> {
         match r {
             R::ncclSuccess => Ok(()),
-            R::ncclInProgress => self.settle(name),
-            e => Err(self.fail(name, describe(e, Some(self.raw)))),
+            R::ncclInProgress => self.settle(self.hot(), name),
+            e => Err(self.fail(name, describe(e, Some(self.hot())))),
         }
     }
 
@@ -362,15 +388,15 @@ impl NcclComm {
     /// poll spins first (a 50 µs sleep between polls made every call cost ~130 µs on an
     /// H200 pair; bench/NOTES.md, NCCL), and sleeps only once the wait is long (a peer
     /// connecting, or never coming).
-    fn settle(&mut self, name: &'static str) -> Result<()> {
+    fn settle(&mut self, comm: sys::ncclComm_t, name: &'static str) -> Result<()> {
         const SPIN: Duration = Duration::from_millis(2);
         let start = Instant::now();
         let deadline = start + self.timeout;
         loop {
-            match self.async_state()? {
+            match self.async_state(comm)? {
                 R::ncclSuccess => return Ok(()),
                 R::ncclInProgress => {}
-                e => return Err(self.fail(name, describe(e, Some(self.raw)))),
+                e => return Err(self.fail(name, describe(e, Some(comm)))),
             }
             if Instant::now() >= deadline {
                 return Err(self.fail(
@@ -404,28 +430,149 @@ impl Drop for NcclComm {
         if self.aborted.is_some() {
             return;
         }
+        // The blocking communicator is aborted, not finalized: finalizing waits for its
+        // outstanding work, which a peer that is gone would hold forever.
+        if !self.fast.is_null() {
+            // SAFETY: `fast` is live and released once, here.
+            let r = unsafe { sys::ncclCommAbort(self.fast) };
+            if r != R::ncclSuccess {
+                tracing::warn!("ncclCommAbort failed: {r:?}");
+            }
+            self.fast = std::ptr::null_mut();
+        }
         if self.device.bind().is_err() {
             self.abort("dropped on a lost device");
             return;
         }
-        // Finalize flushes this rank's outstanding work (and in non-blocking mode may stay in
+        // Finalize flushes the rank's outstanding work (and in non-blocking mode may stay in
         // progress); a peer that is gone would keep it there, so it is bounded like any wait.
-        // SAFETY: `raw` is a live communicator, finalized and destroyed once, here.
-        let r = unsafe { sys::ncclCommFinalize(self.raw) };
+        // SAFETY: `guard` is a live communicator, finalized and destroyed once, here.
+        let r = unsafe { sys::ncclCommFinalize(self.guard) };
         let settled = match r {
             R::ncclSuccess => Ok(()),
-            R::ncclInProgress => self.settle("ncclCommFinalize"),
-            e => Err(self.fail("ncclCommFinalize", describe(e, Some(self.raw)))),
+            R::ncclInProgress => self.settle(self.guard, "ncclCommFinalize"),
+            e => Err(self.fail("ncclCommFinalize", describe(e, Some(self.guard)))),
         };
         if settled.is_err() || self.aborted.is_some() {
             return;
         }
         // SAFETY: finalized above; destroyed exactly once.
-        let r = unsafe { sys::ncclCommDestroy(self.raw) };
+        let r = unsafe { sys::ncclCommDestroy(self.guard) };
         if r != R::ncclSuccess {
             tracing::warn!("ncclCommDestroy failed: {r:?}");
         }
     }
+}
+
+/// Splits a blocking communicator off each rank's (all of this process's ranks, in one
+/// NCCL group), then connects it to every peer with one tiny all-reduce, all-gather and
+/// send / receive pair each (NCCL connects lazily, on a call's first use of a path: the
+/// blocking call that did so would wait for the peer), bounded by the timeout.
+fn connect_fast(comms: &mut [NcclComm]) -> Result<()> {
+    let Some(first) = comms.first() else {
+        return Ok(());
+    };
+    let world = first.world;
+    let mut config = nccl_config(1)?;
+    let mut failed = None;
+    // SAFETY: group start / end bracket this thread's split calls.
+    ok("ncclGroupStart", unsafe { sys::ncclGroupStart() }, None)?;
+    for c in comms.iter_mut() {
+        if let Err(e) = c.device.bind() {
+            failed = Some(e);
+            break;
+        }
+        // SAFETY: `guard` is live and settled; `fast` and `config` outlive the call.
+        let r =
+            unsafe { sys::ncclCommSplit(c.guard, 0, c.rank as c_int, &mut c.fast, &mut config) };
+        if r != R::ncclSuccess && r != R::ncclInProgress {
+            failed = Some(Error::Collective {
+                op: "ncclCommSplit",
+                detail: describe(r, Some(c.guard)),
+            });
+            break;
+        }
+    }
+    // SAFETY: closes the group opened above.
+    let end = unsafe { sys::ncclGroupEnd() };
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    if end != R::ncclInProgress {
+        ok("ncclGroupEnd", end, None)?;
+    }
+    for c in comms.iter_mut() {
+        let settling = if c.fast.is_null() { c.guard } else { c.fast };
+        c.settle(settling, "ncclCommSplit")?;
+        if c.fast.is_null() {
+            return Err(c.fail("ncclCommSplit", "NCCL returned no communicator".into()));
+        }
+    }
+    // Scratch for the connecting calls: one f32 to all-reduce, one to gather `world` of,
+    // and a slot a peer for the send / receive pairs. Its contents do not matter.
+    let floats = 2 + 2 * world;
+    let mut scratch = Vec::with_capacity(comms.len());
+    for c in comms.iter() {
+        let stream = c.device.new_stream()?;
+        let ptr = c.device.alloc(floats * 4)?;
+        scratch.push((stream, ptr));
+    }
+    let mut outcome = connect_calls(comms, &scratch, world);
+    for (c, (stream, ptr)) in comms.iter_mut().zip(&scratch) {
+        outcome = outcome.and_then(|()| c.wait(stream));
+        if outcome.is_err() {
+            // Stops any of its kernels still waiting on a peer before the scratch goes.
+            c.abort("its connecting calls failed");
+        }
+        if let Err(e) = c.device.free(*ptr) {
+            tracing::warn!("freeing NCCL's connection scratch: {e}");
+        }
+    }
+    outcome
+}
+
+/// The grouped calls of [`connect_fast`] on each rank's blocking communicator.
+fn connect_calls(comms: &mut [NcclComm], scratch: &[(GpuStream, u64)], world: usize) -> Result<()> {
+    let f = sys::ncclDataType_t::ncclFloat32;
+    for p2p in [false, true] {
+        if p2p && world == 1 {
+            break;
+        }
+        // SAFETY: group start / end bracket this thread's calls below.
+        ok("ncclGroupStart", unsafe { sys::ncclGroupStart() }, None)?;
+        let mut r = R::ncclSuccess;
+        for (c, (stream, ptr)) in comms.iter().zip(scratch) {
+            let s = stream.cu_stream() as sys::cudaStream_t;
+            let at = |i: usize| (ptr + 4 * i as u64) as *mut c_void;
+            // SAFETY: `at(i)` lies in the rank's scratch of 2 + 2·world floats on its own
+            // device; the stream is that device's; the communicator is live.
+            unsafe {
+                if !p2p {
+                    r = sys::ncclAllReduce(at(0), at(0), 1, f, red(NcclReduce::Sum), c.fast, s);
+                    if r == R::ncclSuccess {
+                        r = sys::ncclAllGather(at(1), at(2), 1, f, c.fast, s);
+                    }
+                } else {
+                    for peer in (0..world).filter(|&p| p != c.rank) {
+                        if r == R::ncclSuccess {
+                            r = sys::ncclSend(at(0), 1, f, peer as c_int, c.fast, s);
+                        }
+                        if r == R::ncclSuccess {
+                            r = sys::ncclRecv(at(2 + world + peer), 1, f, peer as c_int, c.fast, s);
+                        }
+                    }
+                }
+            }
+            if r != R::ncclSuccess {
+                break;
+            }
+        }
+        // SAFETY: closes the group opened above.
+        let end = unsafe { sys::ncclGroupEnd() };
+        ok("NCCL connecting call", r, None)?;
+        ok("ncclGroupEnd", end, None)?;
+    }
+    Ok(())
 }
 
 /// Starts one rank's non-blocking init on `device` (bound to this thread).
@@ -446,7 +593,7 @@ fn init_rank(
         )));
     }
     device.bind()?;
-    let mut config = nonblocking_config()?;
+    let mut config = nccl_config(0)?;
     let unique = sys::ncclUniqueId {
         internal: id.map(|b| b as std::ffi::c_char),
     };
@@ -467,10 +614,10 @@ fn init_rank(
     }
 }
 
-/// NCCL's `NCCL_CONFIG_INITIALIZER` with `blocking = 0`: every other field undefined (NCCL's
+/// NCCL's `NCCL_CONFIG_INITIALIZER` with `blocking` set: every other field undefined (NCCL's
 /// defaults and environment apply). The size told is what the loaded library knows: fields
 /// appended after 2.28 are left out for an older library.
-fn nonblocking_config() -> Result<sys::ncclConfig_t> {
+fn nccl_config(blocking: c_int) -> Result<sys::ncclConfig_t> {
     const UNDEF: c_int = c_int::MIN;
     let version = nccl_version_code()?;
     let size = if version >= 22900 {
@@ -482,7 +629,7 @@ fn nonblocking_config() -> Result<sys::ncclConfig_t> {
         size,
         magic: 0xcafe_beef,
         version: version as u32,
-        blocking: 0,
+        blocking,
         cgaClusterSize: UNDEF,
         minCTAs: UNDEF,
         maxCTAs: UNDEF,
