@@ -66,6 +66,9 @@ impl Backend {
         }
     }
 
+    /// A group of `world` ranks, each with its device: a new one on the CPU; on NCCL one
+    /// that an earlier case gave back when there is one (making and connecting a
+    /// communicator takes far longer than a small case).
     fn ranks(self, world: usize) -> Vec<(Comm, Device)> {
         match self {
             Backend::Cpu => group(world, PATIENT)
@@ -73,6 +76,11 @@ impl Backend {
                 .map(|c| (c, Device::cpu()))
                 .collect(),
             Backend::Nccl => {
+                let mut pool = NCCL_POOL.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(i) = pool.iter().position(|g| g.len() == world) {
+                    return pool.swap_remove(i);
+                }
+                drop(pool);
                 let devices: Vec<Device> = (0..world)
                     .map(|i| Device::cuda(i).expect("a GPU per rank"))
                     .collect();
@@ -81,7 +89,20 @@ impl Backend {
             }
         }
     }
+
+    /// Keeps a group whose ranks all finished their case cleanly, for the next case.
+    fn give_back(self, ranks: Vec<(Comm, Device)>) {
+        if self == Backend::Nccl {
+            NCCL_POOL
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(ranks);
+        }
+    }
 }
+
+/// NCCL groups given back by finished cases, for the next case of their size.
+static NCCL_POOL: std::sync::Mutex<Vec<Vec<(Comm, Device)>>> = std::sync::Mutex::new(Vec::new());
 
 /// Runs `body` on one thread per rank of a `world`-rank group of `backend`, each with a
 /// stream of its rank's device; waits for each rank's calls (`Comm::wait`) after the body.
@@ -90,7 +111,7 @@ fn each_rank_on<R: Send>(
     world: usize,
     body: impl Fn(&Comm, &Stream) -> R + Sync,
 ) -> Vec<R> {
-    std::thread::scope(|s| {
+    let (outs, ranks): (Vec<R>, Vec<(Comm, Device)>) = std::thread::scope(|s| {
         let body = &body;
         let handles: Vec<_> = backend
             .ranks(world)
@@ -100,15 +121,17 @@ fn each_rank_on<R: Send>(
                     let stream = device.new_stream().expect("a stream");
                     let out = body(&comm, &stream);
                     comm.wait(&stream).expect("the rank's calls finish");
-                    out
+                    (out, (comm, device))
                 })
             })
             .collect();
         handles
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect()
-    })
+            .unzip()
+    });
+    backend.give_back(ranks);
+    outs
 }
 
 /// One test body on both backends: `$cpu` runs it on the CPU group, `$gpu` (ignored without
