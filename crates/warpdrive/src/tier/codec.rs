@@ -280,6 +280,11 @@ impl<'a> Frame<'a> {
     }
 
     /// Writes the block's data into `out` (exactly [`raw_len`](Self::raw_len) bytes).
+    /// The stored bytes when they are the block itself (neither compressed nor filtered).
+    pub fn plain_payload(&self) -> Option<&[u8]> {
+        (self.codec == CODEC_NONE && self.filter <= 1).then_some(self.payload)
+    }
+
     pub fn decode_into(&self, out: &mut [u8]) -> Result<()> {
         let corrupt = |detail: String| Error::Corrupt {
             key: self.key.to_string(),

@@ -23,6 +23,7 @@ use crate::device::Stream;
 use crate::error::{Error, Result};
 use crate::memory::{Buffer, PinnedBuf};
 use crate::ops;
+use crate::transfer;
 
 use super::codec::{self, Compression, Filter};
 use super::disk::{pad_to_align, Disk, OsDisk, DIRECT_ALIGN};
@@ -402,16 +403,22 @@ impl TierStore {
             }
             None if !g.host_blocks.contains_key(&key) && !self.may_fit_gpu(&g, &key) => {
                 // Straight into the caller's Vec: the GPU tier could not take it anyway.
-                self.read_disk(&mut g, &key, |frame| {
-                    let mut data = vec![0u8; frame.raw_len()];
-                    frame.decode_into(&mut data)?;
-                    Ok(data)
+                let device = self.stream.device();
+                self.read_disk(&mut g, &key, |frame| match frame.plain_payload() {
+                    Some(bytes) => transfer::fresh_copy(device, bytes),
+                    None => {
+                        let mut data = transfer::fresh_zeroed(device, frame.raw_len())?;
+                        frame.decode_into(&mut data)?;
+                        Ok(data)
+                    }
                 })?
             }
             None => {
                 let below = self.find_below_gpu(&mut g, &key)?;
                 let data = match (&below, g.host_blocks.get(&key)) {
-                    (Below::Disk(p), _) | (Below::Host, Some(p)) => p.wait_slice()?.to_vec(),
+                    (Below::Disk(p), _) | (Below::Host, Some(p)) => {
+                        transfer::fresh_copy(self.stream.device(), p.wait_slice()?)?
+                    }
                     (Below::Host, None) => return Err(Error::NotFound { key }),
                 };
                 self.promote(&mut g, &key, below)?;

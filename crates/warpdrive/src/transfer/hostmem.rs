@@ -107,6 +107,29 @@ impl<T: Copy + Send + Sync> FreshVec<T> {
         Ok(())
     }
 
+    /// Appends `n` zeros on up to `threads` copy threads, each faulting and writing whole
+    /// pages of its own (a buffer to decode into).
+    pub fn extend_zeroed_par(&mut self, workers: &Workers, threads: usize, n: usize) -> Result<()>
+    where
+        T: DType,
+    {
+        self.check_room(n)?;
+        let huge = self.align == HUGE_PAGE;
+        let units = vec![(); n];
+        let spare = &mut self.vec.spare_capacity_mut()[..n];
+        workers.map(threads, self.align, spare, &units, |d, _| {
+            if huge {
+                populate(d);
+            }
+            d.iter_mut().for_each(|x| {
+                x.write(T::zeroed());
+            });
+        })?;
+        // SAFETY: `map` returned Ok, so every piece of `spare` had each element written.
+        unsafe { self.vec.set_len(self.vec.len() + n) };
+        Ok(())
+    }
+
     /// Faults in the pages of the next `n` spare elements (at most the room) on up to
     /// `threads` copy threads, without appending anything: work done ahead while waiting.
     pub fn prefault(&mut self, workers: &Workers, threads: usize, n: usize) -> Result<()> {
@@ -346,6 +369,25 @@ mod tests {
         let mut empty = FreshVec::<u8>::with_capacity(0).unwrap();
         empty.extend_par(&w, 3, &[]).unwrap();
         assert!(empty.into_vec().is_empty());
+    }
+
+    #[test]
+    fn zero_fills_in_parallel_after_what_is_there() {
+        let w = Workers::new(3, None);
+        for n in [0, 1, 4097, HUGE_FROM + 12_345] {
+            let mut v = FreshVec::<u8>::with_capacity(n + 3).unwrap();
+            v.extend_from_slice(&[7, 8, 9]).unwrap();
+            v.extend_zeroed_par(&w, 3, n).unwrap();
+            assert_eq!(v.room(), 0);
+            assert!(matches!(
+                v.extend_zeroed_par(&w, 3, 1),
+                Err(Error::LengthMismatch { .. })
+            ));
+            let v = v.into_vec();
+            assert_eq!(&v[..3], &[7, 8, 9]);
+            assert_eq!(v.len(), n + 3);
+            assert!(v[3..].iter().all(|&b| b == 0), "n {n}");
+        }
     }
 
     #[test]
