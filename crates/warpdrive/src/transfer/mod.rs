@@ -168,22 +168,32 @@ pub fn set_config(config: Option<TransferConfig>) {
     *OVERRIDE.lock() = config;
 }
 
-/// A new `Vec` holding `src`, written on `device`'s copy threads: fresh pages fault in
-/// parallel (huge pages from 32 MiB) where `to_vec` faults them one by one on one thread
-/// (a 64 MiB `to_vec` took 30-40 ms on the build VM).
+/// A new `Vec` holding `src`; from [`HUGE_FROM`] bytes written on `device`'s copy threads,
+/// each faulting its own huge pages, where `to_vec` faults 4 KiB pages one by one on one
+/// thread (a 64 MiB `to_vec` took 30-40 ms on the build VM). Below that, waking the copy
+/// threads cost more than they saved (a 4 MiB disk read 0.5 ms slower; bench/NOTES.md).
 pub fn fresh_copy<T: DType>(device: &Device, src: &[T]) -> Result<Vec<T>> {
     let mut out = FreshVec::with_capacity(src.len())?;
     let workers = workers(device);
-    out.extend_par(workers, workers.threads(), src)?;
+    out.extend_par(workers, fresh_threads::<T>(workers, src.len()), src)?;
     Ok(out.into_vec())
 }
 
-/// A new `Vec` of `len` zeros, written on `device`'s copy threads (as [`fresh_copy`]).
+/// A new `Vec` of `len` zeros, written as [`fresh_copy`] writes.
 pub fn fresh_zeroed<T: DType>(device: &Device, len: usize) -> Result<Vec<T>> {
     let mut out = FreshVec::with_capacity(len)?;
     let workers = workers(device);
-    out.extend_zeroed_par(workers, workers.threads(), len)?;
+    out.extend_zeroed_par(workers, fresh_threads::<T>(workers, len), len)?;
     Ok(out.into_vec())
+}
+
+/// The copy threads [`fresh_copy`] uses for `len` elements.
+fn fresh_threads<T>(workers: &Workers, len: usize) -> usize {
+    if len.saturating_mul(std::mem::size_of::<T>()) >= hostmem::HUGE_FROM {
+        workers.threads()
+    } else {
+        1
+    }
 }
 
 /// The copy threads for `device` (pinned to its NUMA node when known).
