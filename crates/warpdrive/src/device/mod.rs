@@ -8,6 +8,7 @@ mod arch;
 pub(crate) mod cpu;
 pub(crate) mod cuda;
 pub(crate) mod dma;
+pub(crate) mod lending;
 pub(crate) mod mapped;
 pub mod probe;
 mod state;

@@ -4,10 +4,11 @@
 //!
 //! A collective is a step: the rank deposits its input in its slot for the step's parity,
 //! arrives at a barrier with a description of its call, compares every rank's description,
-//! then reads the other ranks' slots (and, for all-reduce, reduces its slice, meets the
-//! others at a second barrier and copies their reduced slices). Slots alternate by step
-//! parity: a rank writes its slot of parity `p` again only at step `s + 2`, after the first
-//! barrier of step `s + 1`, which every rank reaches only once done reading step `s`.
+//! then reads the other ranks' slots. All-reduce deposits nothing: the ranks lend their
+//! buffers to one another ([`Lending`]) and rank `r` reduces slice `r` of every buffer in
+//! place, each element read once and written once a rank. Slots alternate by step parity: a
+//! rank writes its slot of parity `p` again only at step `s + 2`, after the first barrier of
+//! step `s + 1`, which every rank reaches only once done reading step `s`.
 
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -17,6 +18,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 
 use super::ReduceOp;
+use crate::device::lending::{LendError, Lending};
 use crate::dtype::{DType, DTypeKind, Float};
 use crate::error::{Error, Result};
 
@@ -121,8 +123,8 @@ pub(super) struct Group {
     changed: Condvar,
     /// Each rank's deposit, per step parity (u64 words so any element type aligns).
     deposits: Vec<[RwLock<Vec<u64>>; 2]>,
-    /// Each rank's reduced slice of an all-reduce, per step parity.
-    reduced: Vec<[RwLock<Vec<u64>>; 2]>,
+    /// The ranks' buffers lent to one another during an all-reduce.
+    lending: Lending,
 }
 
 fn failed(op: &'static str, detail: String) -> Error {
@@ -159,7 +161,7 @@ impl Group {
             }),
             changed: Condvar::new(),
             deposits: vec_of(world, slots)?,
-            reduced: vec_of(world, slots)?,
+            lending: Lending::new(world),
         })
     }
 
@@ -362,27 +364,25 @@ impl Group {
     ) -> Result<()> {
         const OP: &str = "all_reduce";
         let deadline = self.deadline();
-        let parity = self.open(&who, OP, Ok(call), Some(&*data))?;
-        let len = data.len();
-        let result = (|| {
-            {
-                let (start, end) = slice_of(len, self.world, who.rank);
-                let deposits = self.read_deposits(parity);
-                let inputs = deposits
-                    .iter()
-                    .map(|d| Ok(&view::<T>(d, len)?[start..end]))
-                    .collect::<Result<Vec<&[T]>>>()?;
-                let mut out = self.reduced[who.rank][parity].write();
-                reduce(op, &inputs, resized::<T>(&mut out, end - start)?);
-            }
-            self.barrier(&mut self.state.lock(), &who, OP, deadline)?;
-            for q in 0..self.world {
-                let (start, end) = slice_of(len, self.world, q);
-                let reduced = self.reduced[q][parity].read();
-                data[start..end].copy_from_slice(view::<T>(&reduced, end - start)?);
-            }
-            Ok(())
-        })();
+        self.open::<T>(&who, OP, Ok(call), None)?;
+        let result = self
+            .lending
+            .lend(who.rank, data, deadline, |parts| reduce_in_place(op, parts))
+            .map_err(|e| {
+                failed(
+                    OP,
+                    match e {
+                        LendError::Missing(ranks) => format!(
+                            "ranks {ranks:?} did not lend their buffers within {:?}",
+                            self.timeout
+                        ),
+                        LendError::Mismatch(lens) => {
+                            format!("the ranks lent buffers of (elements, bytes each) {lens:?}")
+                        }
+                        LendError::BadRank(r) => format!("rank {r} is outside the group"),
+                    },
+                )
+            });
         self.or_abort(&who, OP, result)
     }
 
@@ -553,14 +553,6 @@ impl Group {
     }
 }
 
-/// Rank `r`'s slice `[start, end)` of `len` elements split over `world` ranks as evenly as
-/// can be (the first `len % world` slices one longer).
-fn slice_of(len: usize, world: usize, r: usize) -> (usize, usize) {
-    let (base, extra) = (len / world, len % world);
-    let start = r * base + r.min(extra);
-    (start, start + base + usize::from(r < extra))
-}
-
 /// Reduces element-wise over `inputs` into `out`: in f64, in rank order, rounded once.
 fn reduce<T: Float>(op: ReduceOp, inputs: &[&[T]], out: &mut [T]) {
     // Block by block, one input at a time into an f64 accumulator, each op its own loop:
@@ -600,6 +592,24 @@ fn reduce<T: Float>(op: ReduceOp, inputs: &[&[T]], out: &mut [T]) {
         }
         for (o, a) in out.iter_mut().zip(acc.iter()) {
             *o = T::from_f64(*a);
+        }
+    }
+}
+
+/// Reduces element-wise over `parts` (the same range of every rank's buffer, in rank order)
+/// and writes the result into every part: in f64, in rank order, rounded once.
+fn reduce_in_place<T: Float>(op: ReduceOp, parts: &mut [&mut [T]]) {
+    const BLOCK: usize = 2048;
+    let len = parts.first().map_or(0, |p| p.len());
+    let mut out = [T::from_f64(0.0); BLOCK];
+    for start in (0..len).step_by(BLOCK) {
+        let end = (start + BLOCK).min(len);
+        {
+            let inputs: Vec<&[T]> = parts.iter().map(|p| &p[start..end]).collect();
+            reduce(op, &inputs, &mut out[..end - start]);
+        }
+        for p in parts.iter_mut() {
+            p[start..end].copy_from_slice(&out[..end - start]);
         }
     }
 }
@@ -659,7 +669,7 @@ mod tests {
             for world in 1..=5 {
                 let mut next = 0;
                 for r in 0..world {
-                    let (start, end) = slice_of(len, world, r);
+                    let (start, end) = crate::device::lending::share(len, world, r);
                     assert_eq!(start, next);
                     assert!(end - start <= len / world + 1);
                     next = end;
