@@ -168,7 +168,7 @@ pub fn set_config(config: Option<TransferConfig>) {
     *OVERRIDE.lock() = config;
 }
 
-/// A new `Vec` holding `src`; from [`HUGE_FROM`] bytes written on `device`'s copy threads,
+/// A new `Vec` holding `src`; from 32 MiB written on `device`'s copy threads,
 /// each faulting its own huge pages, where `to_vec` faults 4 KiB pages one by one on one
 /// thread (a 64 MiB `to_vec` took 30-40 ms on the build VM). Below that, waking the copy
 /// threads cost more than they saved (a 4 MiB disk read 0.5 ms slower; bench/NOTES.md).
