@@ -463,6 +463,89 @@ both_backends!(
     }
 );
 
+fn all_to_all_v_case<T: DType>(backend: Backend, rng: &mut StdRng, world: usize) {
+    // counts[i][j]: what rank i sends to rank j (zero included).
+    let counts: Vec<Vec<usize>> = (0..world)
+        .map(|_| (0..world).map(|_| rng.random_range(0..6)).collect())
+        .collect();
+    let inputs: Vec<Vec<T>> = counts
+        .iter()
+        .map(|row| {
+            (0..row.iter().sum::<usize>())
+                .map(|_| random_bits(rng))
+                .collect()
+        })
+        .collect();
+    let outs = each_rank_on(backend, world, |comm, stream| {
+        let me = comm.rank();
+        let send = &counts[me];
+        let recv: Vec<usize> = (0..world).map(|i| counts[i][me]).collect();
+        let input = Buffer::from_host(stream, &inputs[me]).unwrap();
+        let total = recv.iter().sum::<usize>();
+        let mut output = Buffer::from_host(stream, &vec![poison::<T>(); total]).unwrap();
+        comm.all_to_all_v(stream, &input, send, &mut output, &recv)
+            .unwrap();
+        output.to_host(stream).unwrap()
+    });
+    for (j, out) in outs.iter().enumerate() {
+        let want: Vec<T> = (0..world)
+            .flat_map(|i| {
+                let from: usize = counts[i][..j].iter().sum();
+                inputs[i][from..from + counts[i][j]].iter().copied()
+            })
+            .collect();
+        assert_eq!(
+            bits(out),
+            bits(&want),
+            "all_to_all_v {} world {world} counts {counts:?}: rank {j}",
+            T::KIND.name()
+        );
+    }
+}
+
+both_backends!(
+    all_to_all_v_moves_each_ranks_counts,
+    gpu_nccl_all_to_all_v_moves_each_ranks_counts,
+    |backend| {
+        let mut rng = rng(seed("all_to_all_v"));
+        for world in backend.worlds() {
+            for _ in 0..5 {
+                all_to_all_v_case::<f32>(backend, &mut rng, world);
+                all_to_all_v_case::<u8>(backend, &mut rng, world);
+            }
+        }
+    }
+);
+
+#[test]
+fn all_to_all_v_counts_that_disagree_fail_on_every_rank() {
+    // Rank 0 expects 3 elements from rank 1, which sends 2: every rank is told, and the
+    // group goes on.
+    let outs = each_rank(group(2, PATIENT), |comm, stream| {
+        let (send, recv) = if comm.rank() == 0 {
+            ([1, 1], [1, 3])
+        } else {
+            ([1, 2], [1, 1])
+        };
+        let input = Buffer::from_host(stream, &vec![1.0f32; send.iter().sum()]).unwrap();
+        let mut output = Buffer::from_host(stream, &vec![0.0f32; recv.iter().sum()]).unwrap();
+        let refused = comm.all_to_all_v(stream, &input, &send, &mut output, &recv);
+        let bad = comm.all_to_all_v(stream, &input, &send[..1], &mut output, &recv);
+        let mut ok = Buffer::from_host(stream, &[1.0f32; 3]).unwrap();
+        (
+            refused,
+            bad,
+            comm.all_reduce(stream, &mut ok, ReduceOp::Sum),
+        )
+    });
+    for (refused, bad, then) in outs {
+        let e = refused.unwrap_err();
+        assert!(is_collective(&e, "disagree"), "{e}");
+        assert!(is_invalid(bad, "2 send and receive counts needed"));
+        then.unwrap();
+    }
+}
+
 #[test]
 fn back_to_back_all_reduces_and_broadcasts_never_mix() {
     const WORLD: usize = 4;

@@ -31,6 +31,8 @@ pub(super) struct Call {
     output: usize,
     root: Option<usize>,
     reduce: Option<ReduceOp>,
+    /// All-to-all with per-rank counts: what this rank sends to and receives from each rank.
+    counts: Option<(Vec<usize>, Vec<usize>)>,
 }
 
 impl Call {
@@ -42,7 +44,37 @@ impl Call {
             output,
             root: None,
             reduce: None,
+            counts: None,
         }
+    }
+
+    pub(super) fn counting(self, send: &[usize], recv: &[usize]) -> Call {
+        Call {
+            counts: Some((send.to_vec(), recv.to_vec())),
+            ..self
+        }
+    }
+
+    /// Whether every rank's call fits the others': equal calls, or for per-rank counts the
+    /// same op and type with what rank `i` sends to `j` what `j` receives from `i`.
+    fn agree(calls: &[&Call]) -> bool {
+        let Some(first) = calls.first() else {
+            return true;
+        };
+        if first.counts.is_none() {
+            return calls.iter().all(|c| *c == *first);
+        }
+        let rows: Option<Vec<&(Vec<usize>, Vec<usize>)>> =
+            calls.iter().map(|c| c.counts.as_ref()).collect();
+        let Some(rows) = rows else {
+            return false;
+        };
+        let n = calls.len();
+        calls
+            .iter()
+            .all(|c| c.op == first.op && c.dtype == first.dtype)
+            && rows.iter().all(|(s, r)| s.len() == n && r.len() == n)
+            && (0..n).all(|i| (0..n).all(|j| rows[i].0[j] == rows[j].1[i]))
     }
 
     pub(super) fn rooted(self, root: usize) -> Call {
@@ -71,6 +103,9 @@ impl fmt::Display for Call {
         }
         if let Some(op) = self.reduce {
             write!(f, ", {op:?}")?;
+        }
+        if let Some((send, recv)) = &self.counts {
+            write!(f, ", sends {send:?}, receives {recv:?}")?;
         }
         write!(f, ")")
     }
@@ -318,7 +353,7 @@ impl Group {
                 _ => None,
             })
             .collect();
-        if calls.len() != self.world || calls.iter().any(|c| *c != calls[0]) {
+        if calls.len() != self.world || !Call::agree(&calls) {
             let each: Vec<String> = calls
                 .iter()
                 .enumerate()
@@ -459,6 +494,50 @@ impl Group {
             who.rank * c..(who.rank + 1) * c,
             output,
         );
+        self.or_abort(&who, OP, result)
+    }
+
+    /// All-to-all with per-rank counts: rank `q`'s chunk for this rank (its offset the sum
+    /// of what it sends to the ranks before this one) lands at this rank's offset for `q`.
+    pub(super) fn all_to_all_v<T: DType>(
+        &self,
+        who: Member<'_>,
+        call: Call,
+        input: &[T],
+        output: &mut [T],
+    ) -> Result<()> {
+        const OP: &str = "all_to_all_v";
+        let parity = self.open(&who, OP, Ok(call), Some(input))?;
+        let result = (|| {
+            let rows: Vec<(Vec<usize>, usize)> = {
+                let state = self.state.lock();
+                state.arrivals[parity]
+                    .iter()
+                    .map(|a| match a {
+                        Some(Arrival::Call(Call {
+                            counts: Some((send, _)),
+                            input,
+                            ..
+                        })) => Ok((send.clone(), *input)),
+                        _ => Err(failed(OP, "a rank's counts went missing".into())),
+                    })
+                    .collect::<Result<_>>()?
+            };
+            let mut at = 0;
+            for (q, (send, len)) in rows.iter().enumerate() {
+                let from: usize = send[..who.rank].iter().sum();
+                let n = send[who.rank];
+                let chunk = &mut output[at..at + n];
+                if q == who.rank {
+                    chunk.copy_from_slice(&input[from..from + n]);
+                } else {
+                    let deposit = self.deposits[q][parity].read();
+                    chunk.copy_from_slice(&view::<T>(&deposit, *len)?[from..from + n]);
+                }
+                at += n;
+            }
+            Ok(())
+        })();
         self.or_abort(&who, OP, result)
     }
 

@@ -27,8 +27,8 @@
 //! [`Error::Collective`] (the communicator is aborted: NCCL's kernels stop) instead of hanging.
 //! NCCL does not compare the ranks' arguments: a mismatch is that timeout, not an early error.
 //!
-//! Not yet: CPU groups across processes, the gradient Reducer (buckets all-reduced while the
-//! backward pass runs) and compressed collectives.
+//! Not yet: CPU groups across processes, grouped calls, the gradient Reducer (buckets
+//! all-reduced while the backward pass runs) and compressed collectives.
 
 mod bootstrap;
 mod local;
@@ -413,10 +413,15 @@ impl Comm {
         let (group, me) = match &self.link {
             Link::Nccl(n) => {
                 let (send, recv) = (input.device_ptr(), output.device_ptr());
-                let count = input.len() / self.world();
+                let counts = vec![input.len() / self.world(); self.world()];
                 return n.enqueue::<T>(stream, &[input.device(), output.device()], OP, || {
                     check()?;
-                    Ok(NcclCall::AllToAll { send, recv, count })
+                    Ok(NcclCall::AllToAll {
+                        send,
+                        recv,
+                        send_counts: &counts,
+                        recv_counts: &counts,
+                    })
                 });
             }
             Link::Host { group, step } => (group, self.member(step)),
@@ -428,6 +433,72 @@ impl Comm {
         });
         match checked {
             Ok((input, output)) => group.all_to_all(me, call, input, output),
+            Err(e) => group.refuse(me, OP, e),
+        }
+    }
+
+    /// All-to-all with per-rank counts: `input` holds `send_counts[j]` elements for rank `j`
+    /// and `output` receives `recv_counts[i]` elements from rank `i`, both in rank order.
+    /// What rank `i` sends to `j` must be what `j` receives from `i`: the CPU group checks
+    /// the whole table (an error on every rank); NCCL does not (a mismatch ends in `wait`'s
+    /// timeout).
+    pub fn all_to_all_v<T: DType>(
+        &self,
+        stream: &Stream,
+        input: &Buffer<T>,
+        send_counts: &[usize],
+        output: &mut Buffer<T>,
+        recv_counts: &[usize],
+    ) -> Result<()> {
+        const OP: &str = "all_to_all_v";
+        let (in_len, out_len, world) = (input.len(), output.len(), self.world());
+        let check = move || {
+            let total = |counts: &[usize]| {
+                counts
+                    .iter()
+                    .try_fold(0usize, |a, &c| a.checked_add(c))
+                    .ok_or_else(|| {
+                        Error::InvalidArgument(format!("{OP}: the counts {counts:?} overflow"))
+                    })
+            };
+            if send_counts.len() != world || recv_counts.len() != world {
+                return Err(Error::InvalidArgument(format!(
+                    "{OP}: {world} send and receive counts needed, got {} and {}",
+                    send_counts.len(),
+                    recv_counts.len()
+                )));
+            }
+            let (sent, received) = (total(send_counts)?, total(recv_counts)?);
+            if sent != in_len || received != out_len {
+                return Err(Error::InvalidArgument(format!(
+                    "{OP}: the send counts add up to {sent} and the receive counts to \
+                     {received}; the input holds {in_len} elements and the output {out_len}"
+                )));
+            }
+            Ok(())
+        };
+        let (group, me) = match &self.link {
+            Link::Nccl(n) => {
+                let (send, recv) = (input.device_ptr(), output.device_ptr());
+                return n.enqueue::<T>(stream, &[input.device(), output.device()], OP, || {
+                    check()?;
+                    Ok(NcclCall::AllToAll {
+                        send,
+                        recv,
+                        send_counts,
+                        recv_counts,
+                    })
+                });
+            }
+            Link::Host { group, step } => (group, self.member(step)),
+        };
+        let call = Call::new::<T>(OP, in_len, out_len).counting(send_counts, recv_counts);
+        let checked = self.check_pair(stream, input, output, OP).and_then(|()| {
+            check()?;
+            Ok((input.host_view()?, output.host_view_mut()?))
+        });
+        match checked {
+            Ok((input, output)) => group.all_to_all_v(me, call, input, output),
             Err(e) => group.refuse(me, OP, e),
         }
     }

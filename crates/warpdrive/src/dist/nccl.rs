@@ -53,12 +53,12 @@ impl NcclLink {
 
     /// Checks that the stream and every buffer are on this rank's device, then enqueues the
     /// call `make` describes (after its own argument checks).
-    pub(super) fn enqueue<T: DType>(
+    pub(super) fn enqueue<'c, T: DType>(
         &self,
         stream: &Stream,
         buffers: &[&Device],
         op: &'static str,
-        make: impl FnOnce() -> Result<NcclCall>,
+        make: impl FnOnce() -> Result<NcclCall<'c>>,
     ) -> Result<()> {
         stream.device().same_as(&self.device, op)?;
         for b in buffers {
@@ -75,7 +75,7 @@ impl NcclLink {
         &self,
         stream: &Stream,
         device: &Device,
-        call: NcclCall,
+        call: NcclCall<'_>,
     ) -> Result<()> {
         if device.ordinal() != self.device.ordinal() {
             return Err(Error::DeviceMismatch {

@@ -37,7 +37,7 @@ pub(crate) enum NcclReduce {
 /// One collective or point-to-point call. Addresses are device pointers; counts are
 /// elements of `dtype`.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum NcclCall {
+pub(crate) enum NcclCall<'a> {
     AllReduce {
         send: u64,
         recv: u64,
@@ -63,11 +63,13 @@ pub(crate) enum NcclCall {
         count: usize,
         op: NcclReduce,
     },
-    /// `count` elements to and from each rank, as one group of sends and receives.
+    /// `send_counts[j]` elements to rank `j` (in rank order from `send`), `recv_counts[i]`
+    /// from rank `i` (in rank order into `recv`), as one group of sends and receives.
     AllToAll {
         send: u64,
         recv: u64,
-        count: usize,
+        send_counts: &'a [usize],
+        recv_counts: &'a [usize],
     },
     Send {
         buf: u64,
@@ -218,7 +220,7 @@ impl NcclComm {
         &mut self,
         stream: &GpuStream,
         dtype: DTypeKind,
-        call: NcclCall,
+        call: NcclCall<'_>,
     ) -> Result<()> {
         self.check_open()?;
         // No context bind: NCCL selects its communicator's device itself.
@@ -228,8 +230,9 @@ impl NcclComm {
         let c = self.hot();
         let p = |a: u64| a as *mut c_void;
         // SAFETY (every arm): the caller passes device addresses of live buffers on this
-        // communicator's device holding at least the counts named (checked in `dist`), the
-        // stream belongs to that device, and this thread has its context bound.
+        // communicator's device holding at least the counts named (checked in `dist`: for
+        // all-to-all, the counts sum to the buffers' lengths), and the stream belongs to
+        // that device; NCCL selects the device itself.
         let (name, r) = unsafe {
             match call {
                 NcclCall::AllReduce {
@@ -271,18 +274,25 @@ impl NcclComm {
                     "ncclRecv",
                     sys::ncclRecv(p(buf), count, ty, peer as c_int, c, s),
                 ),
-                NcclCall::AllToAll { send, recv, count } => {
-                    let chunk = (count * elem) as u64;
+                NcclCall::AllToAll {
+                    send,
+                    recv,
+                    send_counts,
+                    recv_counts,
+                } => {
+                    let (mut send_at, mut recv_at) = (send, recv);
                     let mut r = sys::ncclGroupStart();
                     for peer in 0..self.world {
-                        if r != R::ncclSuccess {
-                            break;
+                        let out = send_counts.get(peer).copied().unwrap_or(0);
+                        let inc = recv_counts.get(peer).copied().unwrap_or(0);
+                        if r == R::ncclSuccess && out > 0 {
+                            r = sys::ncclSend(p(send_at), out, ty, peer as c_int, c, s);
                         }
-                        let off = peer as u64 * chunk;
-                        r = sys::ncclSend(p(send + off), count, ty, peer as c_int, c, s);
-                        if r == R::ncclSuccess {
-                            r = sys::ncclRecv(p(recv + off), count, ty, peer as c_int, c, s);
+                        if r == R::ncclSuccess && inc > 0 {
+                            r = sys::ncclRecv(p(recv_at), inc, ty, peer as c_int, c, s);
                         }
+                        send_at += (out * elem) as u64;
+                        recv_at += (inc * elem) as u64;
                     }
                     let end = sys::ncclGroupEnd();
                     (
