@@ -61,7 +61,9 @@ pub enum ReduceOp {
 /// One rank's handle of a communicator group. `Send`, not `Sync`: move each rank's `Comm` to
 /// the thread that runs that rank. Collectives must be called in the same order on every
 /// rank; send / receive pairs match in order per pair of ranks. Dropping a `Comm` makes the
-/// rank leave: the others' collectives fail from then on (see the module docs).
+/// rank leave: the others' collectives fail from then on (see the module docs). On NCCL,
+/// dropping aborts the communicator, which stops calls still running: [`wait`](Comm::wait)
+/// for them first.
 pub struct Comm {
     rank: usize,
     world: usize,

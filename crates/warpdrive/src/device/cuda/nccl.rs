@@ -311,7 +311,8 @@ impl NcclComm {
     pub(crate) fn wait(&mut self, stream: &GpuStream) -> Result<()> {
         self.check_open()?;
         self.device.bind()?;
-        let deadline = Instant::now() + self.timeout;
+        let start = Instant::now();
+        let deadline = start + self.timeout;
         loop {
             // SAFETY: the stream is alive (borrowed) and its context bound.
             match unsafe { drv::cuStreamQuery(stream.cu_stream()) } {
@@ -334,7 +335,13 @@ impl NcclComm {
                     ),
                 ));
             }
-            std::thread::yield_now();
+            // Collectives finish in microseconds to milliseconds: poll closely at first, then
+            // let the core go while a long wait (queued compute, a slow peer) runs out.
+            if start.elapsed() < Duration::from_millis(2) {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
         }
     }
 
