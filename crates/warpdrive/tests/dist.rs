@@ -517,6 +517,44 @@ both_backends!(
     }
 );
 
+both_backends!(
+    a_group_runs_a_ring_exchange_and_collectives_together,
+    gpu_nccl_a_group_runs_a_ring_exchange_and_collectives_together,
+    |backend| {
+        for world in backend.worlds() {
+            let outs = each_rank_on(backend, world, |comm, stream| {
+                let me = comm.rank();
+                let mine = Buffer::from_host(stream, &vec![me as f32 + 1.0; 999]).unwrap();
+                let mut got = Buffer::from_host(stream, &[f32::NAN; 999]).unwrap();
+                let mut a = Buffer::from_host(stream, &[1.0f32; 5]).unwrap();
+                let mut b = Buffer::from_host(stream, &[me as f32; 3]).unwrap();
+                comm.group(|c| {
+                    // Every rank sends to the next and receives from the one before: on
+                    // NCCL only a group lets these run (each send waits for its receive).
+                    if world > 1 {
+                        c.send(stream, &mine, (me + 1) % world)?;
+                        c.recv(stream, &mut got, (me + world - 1) % world)?;
+                    }
+                    c.all_reduce(stream, &mut a, ReduceOp::Sum)?;
+                    c.all_reduce(stream, &mut b, ReduceOp::Max)
+                })
+                .unwrap();
+                comm.wait(stream).unwrap();
+                let got = (world > 1).then(|| got.to_host(stream).unwrap());
+                (got, a.to_host(stream).unwrap(), b.to_host(stream).unwrap())
+            });
+            for (r, (got, a, b)) in outs.into_iter().enumerate() {
+                if let Some(got) = got {
+                    let from = (r + world - 1) % world;
+                    assert_eq!(got, vec![from as f32 + 1.0; 999], "world {world} rank {r}");
+                }
+                assert_eq!(a, vec![world as f32; 5]);
+                assert_eq!(b, vec![(world - 1) as f32; 3]);
+            }
+        }
+    }
+);
+
 #[test]
 fn all_to_all_v_counts_that_disagree_fail_on_every_rank() {
     // Rank 0 expects 3 elements from rank 1, which sends 2: every rank is told, and the

@@ -27,7 +27,7 @@
 //! [`Error::Collective`] (the communicator is aborted: NCCL's kernels stop) instead of hanging.
 //! NCCL does not compare the ranks' arguments: a mismatch is that timeout, not an early error.
 //!
-//! Not yet: CPU groups across processes, grouped calls, the gradient Reducer (buckets
+//! Not yet: CPU groups across processes, the gradient Reducer (buckets
 //! all-reduced while the backward pass runs) and compressed collectives.
 
 mod bootstrap;
@@ -234,6 +234,17 @@ impl Comm {
         match on_host(stream, buf.device(), OP).and_then(|()| buf.host_view_mut()) {
             Ok(data) => group.all_reduce(me, call, data, op),
             Err(e) => group.refuse(me, OP, e),
+        }
+    }
+
+    /// Runs `calls` (this rank's calls on this `Comm`) as one group: on NCCL they launch
+    /// together, so a rank may receive before it sends (a ring exchange, a pipeline step)
+    /// without waiting on a peer that does the same. The CPU group runs them as made, where
+    /// a send never waits but a receive does: there, put each rank's sends first.
+    pub fn group<R>(&self, calls: impl FnOnce(&Comm) -> Result<R>) -> Result<R> {
+        match &self.link {
+            Link::Host { .. } => calls(self),
+            Link::Nccl(n) => n.group(|| calls(self)),
         }
     }
 

@@ -148,6 +148,20 @@ pub(crate) fn nccl_unique_id() -> Result<[u8; NCCL_ID_BYTES]> {
     Ok(id.internal.map(|c| c as u8))
 }
 
+/// Opens a group of NCCL calls on this thread: they are launched together at
+/// [`nccl_group_end`], so sends and receives that would wait on each other in turn run.
+pub(crate) fn nccl_group_start() -> Result<()> {
+    require_nccl()?;
+    // SAFETY: the library is loaded; a group is per thread and takes no arguments.
+    ok("ncclGroupStart", unsafe { sys::ncclGroupStart() }, None)
+}
+
+/// Closes the group [`nccl_group_start`] opened on this thread, launching its calls.
+pub(crate) fn nccl_group_end() -> Result<()> {
+    // SAFETY: as for `nccl_group_start`; NCCL reports a group end without a start.
+    ok("ncclGroupEnd", unsafe { sys::ncclGroupEnd() }, None)
+}
+
 impl NcclComm {
     /// One communicator per device, all in this process (rank `i` on `devices[i]`), made
     /// together in one NCCL group; each is then used from its own thread.
