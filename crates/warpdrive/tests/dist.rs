@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::{random_in, rng, seed, TestFloat};
 use rand::rngs::StdRng;
 use rand::Rng;
-use warpdrive::dist::{Comm, LaunchEnv, NcclId, ReduceOp};
+use warpdrive::dist::{Comm, LaunchEnv, NcclId, ReduceOp, Reducer};
 use warpdrive::{bf16, f16, Buffer, DType, Device, Error, Float, Stream};
 
 /// Long enough never to be reached by a healthy call.
@@ -554,6 +554,63 @@ both_backends!(
         }
     }
 );
+
+both_backends!(
+    the_reducer_averages_gradients_bucket_by_bucket,
+    gpu_nccl_the_reducer_averages_gradients_bucket_by_bucket,
+    |backend| {
+        // 16 KiB buckets of f32: [1, 1000], [5000], [3], [70000] (larger than a bucket:
+        // its own), [7].
+        const SIZES: [usize; 6] = [1, 1000, 5000, 3, 70_000, 7];
+        let mut rng = rng(seed("reducer"));
+        for world in backend.worlds() {
+            let grads: Vec<Vec<Vec<f32>>> = (0..world)
+                .map(|_| {
+                    SIZES
+                        .iter()
+                        .map(|&n| common::random_f32(&mut rng, n))
+                        .collect()
+                })
+                .collect();
+            let outs = each_rank_on(backend, world, |comm, stream| {
+                let device = stream.device();
+                let mut reducer = Reducer::new(device, 16 << 10).unwrap();
+                let mut bufs: Vec<Buffer<f32>> = grads[comm.rank()]
+                    .iter()
+                    .map(|g| Buffer::from_host(stream, g).unwrap())
+                    .collect();
+                let events: Vec<_> = bufs
+                    .iter()
+                    .map(|_| {
+                        let e = device.new_event().unwrap();
+                        stream.record(&e).unwrap();
+                        e
+                    })
+                    .collect();
+                let mut pairs: Vec<_> = bufs.iter_mut().zip(&events).collect();
+                let stats = reducer.all_reduce(comm, stream, &mut pairs).unwrap();
+                comm.wait(reducer.stream()).unwrap();
+                let out: Vec<Vec<f32>> = bufs.iter().map(|b| b.to_host(stream).unwrap()).collect();
+                (stats, out)
+            });
+            for (rank, (stats, out)) in outs.iter().enumerate() {
+                assert_eq!(stats.buckets, 5);
+                assert_eq!(stats.bytes, SIZES.iter().sum::<usize>() * 4);
+                for (g, got) in out.iter().enumerate() {
+                    let inputs: Vec<Vec<f32>> = grads.iter().map(|r| r[g].clone()).collect();
+                    let what = format!("reducer world {world} rank {rank} grad {g}");
+                    check_reduced(&what, ReduceOp::Average, &inputs, 0, got, 1e-6, backend);
+                }
+            }
+        }
+    }
+);
+
+#[test]
+fn a_reducer_needs_buckets_of_some_size() {
+    let e = Reducer::new(&Device::cpu(), 0).err().unwrap();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+}
 
 #[test]
 fn all_to_all_v_counts_that_disagree_fail_on_every_rank() {

@@ -27,12 +27,15 @@
 //! [`Error::Collective`] (the communicator is aborted: NCCL's kernels stop) instead of hanging.
 //! NCCL does not compare the ranks' arguments: a mismatch is that timeout, not an early error.
 //!
-//! Not yet: CPU groups across processes, the gradient Reducer (buckets
-//! all-reduced while the backward pass runs) and compressed collectives.
+//! [`Reducer`] averages gradients in buckets as they become ready, on a stream of its own.
+//!
+//! Not yet: CPU groups across processes, the Reducer's per-topology bucket tuning and overlap
+//! report, and compressed collectives.
 
 mod bootstrap;
 mod local;
 mod nccl;
+mod reducer;
 
 use std::cell::Cell;
 use std::fmt;
@@ -47,6 +50,7 @@ use crate::memory::Buffer;
 pub use bootstrap::{LaunchEnv, NcclId};
 use local::{Call, Group};
 use nccl::NcclLink;
+pub use reducer::{Reducer, ReducerStats, DEFAULT_BUCKET_BYTES};
 
 /// How a reduction combines the ranks' elements. NaN in any input gives NaN for every op.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
