@@ -7,7 +7,8 @@ use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use warpdrive::tier::codec::{
-    decode_block, encode_block, shuffle, unshuffle, Compression, Filter, HEADER_BYTES,
+    decode_block, encode_block, shuffle, unshuffle, Compression, Filter, Frame, HEADER_BYTES,
+    OVERLAP_FROM,
 };
 use warpdrive::Error;
 
@@ -445,5 +446,33 @@ proptest! {
             }
             Err(other) => prop_assert!(false, "wrong error {:?}", other),
         }
+    }
+}
+
+#[test]
+fn large_blocks_checked_beside_their_landing_still_catch_every_flip() {
+    // From OVERLAP_FROM stored bytes the checksum runs beside `land`: a flipped bit must
+    // still make the read fail, whatever `land` did with the bytes.
+    let mut rng = StdRng::seed_from_u64(0x0e21);
+    let data = random_bytes(&mut rng, OVERLAP_FROM + 4099);
+    let stored = encode_block(&data, Compression::None, Filter::None).unwrap();
+    let landed =
+        Frame::verify_then(&stored, "k", |f| Ok(f.plain_payload().map(<[u8]>::to_vec))).unwrap();
+    assert_eq!(landed.as_deref(), Some(&data[..]));
+    for at in [
+        0,
+        5,
+        HEADER_BYTES - 1,
+        HEADER_BYTES,
+        stored.len() / 2,
+        stored.len() - 1,
+    ] {
+        let mut bad = stored.clone();
+        bad[at] ^= 0x10;
+        let got = Frame::verify_then(&bad, "k", |f| Ok(f.raw_len()));
+        assert!(
+            matches!(got, Err(Error::Corrupt { .. })),
+            "flip at {at}: {got:?}"
+        );
     }
 }

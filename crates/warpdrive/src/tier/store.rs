@@ -839,9 +839,8 @@ impl TierStore {
                 if stored.len() != len {
                     return Err(corrupt(format!("{} of {len} bytes on disk", stored.len())));
                 }
-                let frame = codec::Frame::verify(stored, key)?;
                 if let Some(land) = land.take() {
-                    landed = Some(land(&frame)?);
+                    landed = Some(codec::Frame::verify_then(stored, key, land)?);
                 }
                 Ok(())
             })?;
