@@ -606,6 +606,71 @@ both_backends!(
     }
 );
 
+both_backends!(
+    split_groups_ranks_by_color_in_key_order,
+    gpu_nccl_split_groups_ranks_by_color_in_key_order,
+    |backend| {
+        for world in backend.worlds() {
+            let outs = each_rank_on(backend, world, |comm, stream| {
+                // Two colors (even and odd ranks), keys reversing the order.
+                let sub = comm.split(comm.rank() % 2, world - comm.rank()).unwrap();
+                let mut buf = Buffer::from_host(stream, &[comm.rank() as f32 + 1.0; 4]).unwrap();
+                sub.all_reduce(stream, &mut buf, ReduceOp::Sum).unwrap();
+                sub.wait(stream).unwrap();
+                (sub.rank(), sub.world(), buf.to_host(stream).unwrap()[0])
+            });
+            for (r, (sub_rank, sub_world, sum)) in outs.into_iter().enumerate() {
+                let same: Vec<usize> = (0..world).filter(|q| q % 2 == r % 2).collect();
+                assert_eq!(sub_world, same.len(), "world {world} rank {r}");
+                // Keys world - rank: the highest rank first.
+                let want_rank = same.iter().rev().position(|&q| q == r).unwrap();
+                assert_eq!(sub_rank, want_rank, "world {world} rank {r}");
+                let want_sum: f32 = same.iter().map(|&q| q as f32 + 1.0).sum();
+                assert_eq!(sum, want_sum, "world {world} rank {r}");
+            }
+        }
+    }
+);
+
+both_backends!(
+    a_hierarchical_all_reduce_matches_the_flat_one,
+    gpu_nccl_a_hierarchical_all_reduce_matches_the_flat_one,
+    |backend| {
+        let mut rng = rng(seed("hierarchical"));
+        for world in backend.worlds() {
+            for per_node in (1..=world).filter(|p| world % p == 0) {
+                for len in [1, 7, 1001] {
+                    for op in OPS {
+                        let inputs: Vec<Vec<f32>> = (0..world)
+                            .map(|_| common::random_f32(&mut rng, len))
+                            .collect();
+                        let outs = each_rank_on(backend, world, |comm, stream| {
+                            let h = comm.hierarchy(per_node).unwrap();
+                            let mut buf = Buffer::from_host(stream, &inputs[comm.rank()]).unwrap();
+                            h.all_reduce(stream, &mut buf, op).unwrap();
+                            h.wait(stream).unwrap();
+                            buf.to_host(stream).unwrap()
+                        });
+                        for (r, out) in outs.iter().enumerate() {
+                            let what =
+                                format!("world {world} nodes of {per_node} len {len} rank {r}");
+                            check_reduced(&what, op, &inputs, 0, out, 1e-6, backend);
+                        }
+                    }
+                }
+            }
+        }
+    }
+);
+
+#[test]
+fn a_hierarchy_needs_nodes_that_divide_the_world() {
+    let outs = each_rank(group(3, PATIENT), |comm, _| comm.hierarchy(2).err());
+    for e in outs {
+        assert!(matches!(e, Some(Error::InvalidArgument(_))), "{e:?}");
+    }
+}
+
 #[test]
 fn a_reducer_needs_buckets_of_some_size() {
     let e = Reducer::new(&Device::cpu(), 0).err().unwrap();

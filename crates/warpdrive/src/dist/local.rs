@@ -11,8 +11,9 @@
 //! step `s + 1`, which every rank reaches only once done reading step `s`.
 
 use std::cell::Cell;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
@@ -160,6 +161,9 @@ pub(super) struct Group {
     deposits: Vec<[RwLock<Vec<u64>>; 2]>,
     /// The ranks' buffers lent to one another during an all-reduce.
     lending: Lending,
+    /// Subgroups being made by a split, by (step, color): the group and how many of its
+    /// ranks have yet to take it.
+    splits: Mutex<HashMap<(u64, u64), (Arc<Group>, usize)>>,
 }
 
 fn failed(op: &'static str, detail: String) -> Error {
@@ -197,6 +201,7 @@ impl Group {
             changed: Condvar::new(),
             deposits: vec_of(world, slots)?,
             lending: Lending::new(world),
+            splits: Mutex::new(HashMap::new()),
         })
     }
 
@@ -438,6 +443,25 @@ impl Group {
         let result = view::<T>(&self.deposits[root][parity].read(), len)
             .map(|from| data.copy_from_slice(from));
         self.or_abort(&who, OP, result)
+    }
+
+    /// The subgroup of `color` made by the split at step `at` (`world` ranks): the first of
+    /// its ranks to ask makes it, the others take the same one.
+    pub(super) fn subgroup(&self, at: u64, color: u64, world: usize) -> Result<Arc<Group>> {
+        let mut splits = self.splits.lock();
+        if let Some((group, waiting)) = splits.get_mut(&(at, color)) {
+            let group = group.clone();
+            *waiting -= 1;
+            if *waiting == 0 {
+                splits.remove(&(at, color));
+            }
+            return Ok(group);
+        }
+        let group = Arc::new(Group::new(world, self.timeout)?);
+        if world > 1 {
+            splits.insert((at, color), (group.clone(), world - 1));
+        }
+        Ok(group)
     }
 
     pub(super) fn all_gather<T: DType>(

@@ -29,10 +29,15 @@
 //!
 //! [`Reducer`] averages gradients in buckets as they become ready, on a stream of its own.
 //!
+//! [`Comm::split`] makes sub-communicators; [`Comm::hierarchy`] the two a hierarchical
+//! all-reduce runs on ([`Hierarchy`]).
+//!
 //! Not yet: CPU groups across processes, the Reducer's per-topology bucket tuning and overlap
-//! report, and compressed collectives.
+//! report, choosing the hierarchical all-reduce by itself when ranks span hosts, and
+//! compressed collectives.
 
 mod bootstrap;
+mod hierarchy;
 mod local;
 mod nccl;
 mod reducer;
@@ -48,6 +53,7 @@ use crate::error::{Error, Result};
 use crate::memory::Buffer;
 
 pub use bootstrap::{LaunchEnv, NcclId};
+pub use hierarchy::Hierarchy;
 use local::{Call, Group};
 use nccl::NcclLink;
 pub use reducer::{Reducer, ReducerStats, DEFAULT_BUCKET_BYTES};
@@ -238,6 +244,53 @@ impl Comm {
         match on_host(stream, buf.device(), OP).and_then(|()| buf.host_view_mut()) {
             Ok(data) => group.all_reduce(me, call, data, op),
             Err(e) => group.refuse(me, OP, e),
+        }
+    }
+
+    /// This rank's `Comm` among the ranks that pass the same `color`, ranked by `key` (then
+    /// by rank here); every rank of this group calls it (a collective step). The new `Comm`
+    /// has this one's timeout and backend.
+    pub fn split(&self, color: usize, key: usize) -> Result<Comm> {
+        match &self.link {
+            Link::Nccl(n) => {
+                let (link, rank, world) = n.split(color, key)?;
+                Ok(Comm {
+                    rank,
+                    world,
+                    timeout: self.timeout,
+                    link: Link::Nccl(link),
+                })
+            }
+            Link::Host { group, step } => {
+                let host = Device::cpu().new_stream()?;
+                let mine = Buffer::from_host(&host, &[color as u64, key as u64])?;
+                let mut all = Buffer::from_host(&host, &vec![0u64; 2 * self.world])?;
+                self.all_gather(&host, &mine, &mut all)?;
+                // Every rank is now past the same step: it names this split.
+                let at = step.get();
+                let all = all.to_host(&host)?;
+                let mut members: Vec<(u64, usize)> = (0..self.world)
+                    .filter(|&q| all[2 * q] == color as u64)
+                    .map(|q| (all[2 * q + 1], q))
+                    .collect();
+                members.sort_unstable();
+                let rank = members
+                    .iter()
+                    .position(|&(_, q)| q == self.rank)
+                    .ok_or_else(|| Error::Collective {
+                        op: "split",
+                        detail: "this rank is missing from its own color".into(),
+                    })?;
+                Ok(Comm {
+                    rank,
+                    world: members.len(),
+                    timeout: self.timeout,
+                    link: Link::Host {
+                        group: group.subgroup(at, color as u64, members.len())?,
+                        step: Cell::new(0),
+                    },
+                })
+            }
         }
     }
 

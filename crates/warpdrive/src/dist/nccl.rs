@@ -47,6 +47,20 @@ impl NcclLink {
         })
     }
 
+    /// This rank's link among the ranks of the same `color`, and its rank and world there.
+    pub(super) fn split(&self, color: usize, key: usize) -> Result<(NcclLink, usize, usize)> {
+        let comm = self.comm_mut("Comm::split")?.split(color, key)?;
+        let (rank, world) = comm.place();
+        Ok((
+            NcclLink {
+                device: self.device.clone(),
+                comm: RefCell::new(comm),
+            },
+            rank,
+            world,
+        ))
+    }
+
     pub(super) fn device(&self) -> &Device {
         &self.device
     }

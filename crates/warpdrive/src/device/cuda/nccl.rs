@@ -229,6 +229,56 @@ impl NcclComm {
         Ok(comm)
     }
 
+    /// This rank's communicator among the ranks that pass the same `color` (every rank of
+    /// this one calls, each from its own thread), ordered by `key` then rank; joined and
+    /// connected as a new one is.
+    pub(crate) fn split(&mut self, color: usize, key: usize) -> Result<NcclComm> {
+        self.check_open()?;
+        let as_int = |what: &str, v: usize| {
+            c_int::try_from(v).map_err(|_| {
+                Error::InvalidArgument(format!("NCCL split: the {what} {v} is too large"))
+            })
+        };
+        let (color, key) = (as_int("color", color)?, as_int("key", key)?);
+        self.device.bind()?;
+        let mut config = nccl_config(0)?;
+        let mut guard: sys::ncclComm_t = std::ptr::null_mut();
+        // SAFETY: `guard` (ours) is live and settled; the out-pointer and config are valid
+        // locals that outlive the call.
+        let r = unsafe { sys::ncclCommSplit(self.guard, color, key, &mut guard, &mut config) };
+        if r != R::ncclSuccess && r != R::ncclInProgress {
+            return Err(self.fail("ncclCommSplit", describe(r, Some(self.guard))));
+        }
+        self.settle(self.guard, "ncclCommSplit")?;
+        if guard.is_null() {
+            return Err(self.fail("ncclCommSplit", "NCCL returned no communicator".into()));
+        }
+        let (mut rank, mut world): (c_int, c_int) = (0, 0);
+        // SAFETY: `guard` is the live communicator just made; the out-pointers are locals.
+        let r = unsafe { sys::ncclCommUserRank(guard, &mut rank) };
+        ok("ncclCommUserRank", r, Some(guard))?;
+        // SAFETY: as above.
+        let r = unsafe { sys::ncclCommCount(guard, &mut world) };
+        ok("ncclCommCount", r, Some(guard))?;
+        let mut child = NcclComm {
+            guard,
+            fast: std::ptr::null_mut(),
+            device: self.device.clone(),
+            rank: usize::try_from(rank).unwrap_or(0),
+            world: usize::try_from(world).unwrap_or(0),
+            timeout: self.timeout,
+            aborted: None,
+        };
+        child.settle(child.guard, "ncclCommSplit")?;
+        connect_fast(std::slice::from_mut(&mut child))?;
+        Ok(child)
+    }
+
+    /// The rank and the number of ranks.
+    pub(crate) fn place(&self) -> (usize, usize) {
+        (self.rank, self.world)
+    }
+
     /// Enqueues `call` on `stream` (its context bound), then polls until NCCL has taken it.
     pub(crate) fn enqueue(
         &mut self,
