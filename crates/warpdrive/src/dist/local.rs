@@ -161,10 +161,12 @@ pub(super) struct Group {
     deposits: Vec<[RwLock<Vec<u64>>; 2]>,
     /// The ranks' buffers lent to one another during an all-reduce.
     lending: Lending,
-    /// Subgroups being made by a split, by (step, color): the group and how many of its
-    /// ranks have yet to take it.
-    splits: Mutex<HashMap<(u64, u64), (Arc<Group>, usize)>>,
+    /// Subgroups being made by a split, by (step, color).
+    splits: Mutex<HashMap<(u64, u64), Subgroup>>,
 }
+
+/// A subgroup a split made, and how many of its ranks have yet to take it.
+type Subgroup = (Arc<Group>, usize);
 
 fn failed(op: &'static str, detail: String) -> Error {
     Error::Collective { op, detail }
