@@ -4,7 +4,7 @@
 use std::cell::RefCell;
 use std::time::Duration;
 
-use crate::device::{nccl_group_end, nccl_group_start, Device, NcclCall, NcclComm, Stream};
+use crate::device::{nccl_group, Device, NcclCall, NcclComm, Stream};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -106,15 +106,14 @@ impl NcclLink {
     /// Runs `calls` inside one NCCL group; an error at the group's end aborts the
     /// communicator (its calls' state is unknown).
     pub(super) fn group<R>(&self, calls: impl FnOnce() -> Result<R>) -> Result<R> {
-        nccl_group_start()?;
-        let made = calls();
-        let ended = nccl_group_end();
-        if let Err(e) = &ended {
-            self.comm_mut("Comm::group")?
-                .abort(&format!("its group of calls failed to launch: {e}"));
+        match nccl_group(calls) {
+            Ok(made) => made,
+            Err(e) => {
+                self.comm_mut("Comm::group")?
+                    .abort(&format!("its group of calls failed to launch: {e}"));
+                Err(e)
+            }
         }
-        ended?;
-        made
     }
 
     pub(super) fn wait(&self, stream: &Stream) -> Result<()> {

@@ -148,18 +148,22 @@ pub(crate) fn nccl_unique_id() -> Result<[u8; NCCL_ID_BYTES]> {
     Ok(id.internal.map(|c| c as u8))
 }
 
-/// Opens a group of NCCL calls on this thread: they are launched together at
-/// [`nccl_group_end`], so sends and receives that would wait on each other in turn run.
-pub(crate) fn nccl_group_start() -> Result<()> {
+/// Runs `calls` (NCCL calls made on this thread) between `ncclGroupStart` and
+/// `ncclGroupEnd`, so NCCL launches them together: sends and receives that would wait on
+/// each other in turn run. The group is closed whatever `calls` returned. The outer error
+/// is the group's own (its start or end failed); the inner result is `calls`'s. An end left
+/// in progress (non-blocking communicators) is for the caller to settle.
+pub(crate) fn nccl_group<V>(calls: impl FnOnce() -> Result<V>) -> Result<Result<V>> {
     require_nccl()?;
     // SAFETY: the library is loaded; a group is per thread and takes no arguments.
-    ok("ncclGroupStart", unsafe { sys::ncclGroupStart() }, None)
-}
-
-/// Closes the group [`nccl_group_start`] opened on this thread, launching its calls.
-pub(crate) fn nccl_group_end() -> Result<()> {
-    // SAFETY: as for `nccl_group_start`; NCCL reports a group end without a start.
-    ok("ncclGroupEnd", unsafe { sys::ncclGroupEnd() }, None)
+    ok("ncclGroupStart", unsafe { sys::ncclGroupStart() }, None)?;
+    let made = calls();
+    // SAFETY: closes the group opened above, on the same thread.
+    let end = unsafe { sys::ncclGroupEnd() };
+    if end != R::ncclInProgress {
+        ok("ncclGroupEnd", end, None)?;
+    }
+    Ok(made)
 }
 
 impl NcclComm {
@@ -170,34 +174,20 @@ impl NcclComm {
         let world = devices.len();
         let id = nccl_unique_id()?;
         let mut comms = Vec::with_capacity(world);
-        // SAFETY: group start / end bracket the init calls, made on this thread.
-        ok("ncclGroupStart", unsafe { sys::ncclGroupStart() }, None)?;
-        let mut first_error = None;
-        for (rank, device) in devices.iter().enumerate() {
-            match init_rank(device, &id, world, rank) {
-                Ok(guard) => comms.push(NcclComm {
-                    guard,
+        nccl_group(|| {
+            for (rank, device) in devices.iter().enumerate() {
+                comms.push(NcclComm {
+                    guard: init_rank(device, &id, world, rank)?,
                     fast: std::ptr::null_mut(),
                     device: device.clone(),
                     rank,
                     world,
                     timeout,
                     aborted: None,
-                }),
-                Err(e) => {
-                    first_error = Some(e);
-                    break;
-                }
+                });
             }
-        }
-        // SAFETY: closes the group opened above; non-blocking comms may leave it in progress.
-        let end = unsafe { sys::ncclGroupEnd() };
-        if let Some(e) = first_error {
-            return Err(e);
-        }
-        if end != R::ncclInProgress {
-            ok("ncclGroupEnd", end, None)?;
-        }
+            Ok(())
+        })??;
         for c in &mut comms {
             c.settle(c.guard, "ncclCommInitRankConfig")?;
         }
@@ -344,25 +334,30 @@ impl NcclComm {
                     send_counts,
                     recv_counts,
                 } => {
+                    // A group of sends and receives (NCCL's own all-to-all takes equal
+                    // counts only, and older libraries lack it).
                     let (mut send_at, mut recv_at) = (send, recv);
-                    let mut r = sys::ncclGroupStart();
-                    for peer in 0..self.world {
-                        let out = send_counts.get(peer).copied().unwrap_or(0);
-                        let inc = recv_counts.get(peer).copied().unwrap_or(0);
-                        if r == R::ncclSuccess && out > 0 {
-                            r = sys::ncclSend(p(send_at), out, ty, peer as c_int, c, s);
+                    let grouped = nccl_group(|| {
+                        for peer in 0..self.world {
+                            let out = send_counts.get(peer).copied().unwrap_or(0);
+                            let inc = recv_counts.get(peer).copied().unwrap_or(0);
+                            if out > 0 {
+                                let r = sys::ncclSend(p(send_at), out, ty, peer as c_int, c, s);
+                                ok("ncclSend", r, Some(c))?;
+                            }
+                            if inc > 0 {
+                                let r = sys::ncclRecv(p(recv_at), inc, ty, peer as c_int, c, s);
+                                ok("ncclRecv", r, Some(c))?;
+                            }
+                            send_at += (out * elem) as u64;
+                            recv_at += (inc * elem) as u64;
                         }
-                        if r == R::ncclSuccess && inc > 0 {
-                            r = sys::ncclRecv(p(recv_at), inc, ty, peer as c_int, c, s);
-                        }
-                        send_at += (out * elem) as u64;
-                        recv_at += (inc * elem) as u64;
-                    }
-                    let end = sys::ncclGroupEnd();
-                    (
-                        "ncclAlltoAll (grouped send/recv)",
-                        if r == R::ncclSuccess { end } else { r },
-                    )
+                        Ok(())
+                    });
+                    return match grouped.and_then(|made| made) {
+                        Ok(()) => Ok(()),
+                        Err(e) => Err(self.fail("ncclAlltoAll (grouped send/recv)", e.to_string())),
+                    };
                 }
             }
         };
@@ -555,33 +550,19 @@ fn connect_fast(comms: &mut [NcclComm]) -> Result<()> {
     };
     let world = first.world;
     let mut config = nccl_config(1)?;
-    let mut failed = None;
-    // SAFETY: group start / end bracket this thread's split calls.
-    ok("ncclGroupStart", unsafe { sys::ncclGroupStart() }, None)?;
-    for c in comms.iter_mut() {
-        if let Err(e) = c.device.bind() {
-            failed = Some(e);
-            break;
+    nccl_group(|| {
+        for c in comms.iter_mut() {
+            c.device.bind()?;
+            // SAFETY: `guard` is live and settled; `fast` and `config` outlive the call.
+            let r = unsafe {
+                sys::ncclCommSplit(c.guard, 0, c.rank as c_int, &mut c.fast, &mut config)
+            };
+            if r != R::ncclInProgress {
+                ok("ncclCommSplit", r, Some(c.guard))?;
+            }
         }
-        // SAFETY: `guard` is live and settled; `fast` and `config` outlive the call.
-        let r =
-            unsafe { sys::ncclCommSplit(c.guard, 0, c.rank as c_int, &mut c.fast, &mut config) };
-        if r != R::ncclSuccess && r != R::ncclInProgress {
-            failed = Some(Error::Collective {
-                op: "ncclCommSplit",
-                detail: describe(r, Some(c.guard)),
-            });
-            break;
-        }
-    }
-    // SAFETY: closes the group opened above.
-    let end = unsafe { sys::ncclGroupEnd() };
-    if let Some(e) = failed {
-        return Err(e);
-    }
-    if end != R::ncclInProgress {
-        ok("ncclGroupEnd", end, None)?;
-    }
+        Ok(())
+    })??;
     for c in comms.iter_mut() {
         let settling = if c.fast.is_null() { c.guard } else { c.fast };
         c.settle(settling, "ncclCommSplit")?;
@@ -619,39 +600,30 @@ fn connect_calls(comms: &mut [NcclComm], scratch: &[(GpuStream, u64)], world: us
         if p2p && world == 1 {
             break;
         }
-        // SAFETY: group start / end bracket this thread's calls below.
-        ok("ncclGroupStart", unsafe { sys::ncclGroupStart() }, None)?;
-        let mut r = R::ncclSuccess;
-        for (c, (stream, ptr)) in comms.iter().zip(scratch) {
-            let s = stream.cu_stream() as sys::cudaStream_t;
-            let at = |i: usize| (ptr + 4 * i as u64) as *mut c_void;
-            // SAFETY: `at(i)` lies in the rank's scratch of 2 + 2·world floats on its own
-            // device; the stream is that device's; the communicator is live.
-            unsafe {
+        nccl_group(|| {
+            for (c, (stream, ptr)) in comms.iter().zip(scratch) {
+                let s = stream.cu_stream() as sys::cudaStream_t;
+                let at = |i: usize| (ptr + 4 * i as u64) as *mut c_void;
+                let (sum, fast) = (red(NcclReduce::Sum), c.fast);
+                // SAFETY (each call): `at(i)` lies in the rank's scratch of 2 + 2·world
+                // floats on its own device; the stream is that device's; `fast` is live.
                 if !p2p {
-                    r = sys::ncclAllReduce(at(0), at(0), 1, f, red(NcclReduce::Sum), c.fast, s);
-                    if r == R::ncclSuccess {
-                        r = sys::ncclAllGather(at(1), at(2), 1, f, c.fast, s);
-                    }
-                } else {
-                    for peer in (0..world).filter(|&p| p != c.rank) {
-                        if r == R::ncclSuccess {
-                            r = sys::ncclSend(at(0), 1, f, peer as c_int, c.fast, s);
-                        }
-                        if r == R::ncclSuccess {
-                            r = sys::ncclRecv(at(2 + world + peer), 1, f, peer as c_int, c.fast, s);
-                        }
-                    }
+                    let r = unsafe { sys::ncclAllReduce(at(0), at(0), 1, f, sum, fast, s) };
+                    ok("ncclAllReduce", r, Some(fast))?;
+                    let r = unsafe { sys::ncclAllGather(at(1), at(2), 1, f, fast, s) };
+                    ok("ncclAllGather", r, Some(fast))?;
+                    continue;
+                }
+                for peer in (0..world).filter(|&p| p != c.rank) {
+                    let r = unsafe { sys::ncclSend(at(0), 1, f, peer as c_int, fast, s) };
+                    ok("ncclSend", r, Some(fast))?;
+                    let into = at(2 + world + peer);
+                    let r = unsafe { sys::ncclRecv(into, 1, f, peer as c_int, fast, s) };
+                    ok("ncclRecv", r, Some(fast))?;
                 }
             }
-            if r != R::ncclSuccess {
-                break;
-            }
-        }
-        // SAFETY: closes the group opened above.
-        let end = unsafe { sys::ncclGroupEnd() };
-        ok("NCCL connecting call", r, None)?;
-        ok("ncclGroupEnd", end, None)?;
+            Ok(())
+        })??;
     }
     Ok(())
 }
