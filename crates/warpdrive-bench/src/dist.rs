@@ -130,29 +130,15 @@ fn reducer_rows(
         sizes.len()
     ));
     let sync = Comm::local_group(world, TIMEOUT)?;
-    let per_rank: Vec<Result<[Vec<f64>; 3]>> = std::thread::scope(|s| {
-        let sizes = &sizes;
-        let ranks: Vec<_> = comms
-            .into_iter()
-            .zip(sync)
-            .zip(devices)
-            .map(|((comm, sync), device)| {
-                s.spawn(move || reducer_rank(&comm, &sync, &device, sizes, side, rounds))
-            })
-            .collect();
-        ranks
-            .into_iter()
-            .map(|r| {
-                r.join().unwrap_or_else(|_| {
-                    Err(Error::WorkerPanicked("a rank of the dist suite".into()))
-                })
-            })
-            .collect()
-    });
+    let ranks = comms.into_iter().zip(sync).zip(devices).collect();
+    let per_rank = on_rank_threads(ranks, |_, ((comm, sync), device)| {
+        reducer_rank(&comm, &sync, &device, &sizes, side, rounds)
+    })?;
+    // Every rank holds the slowest rank's times.
     let [mut step, backward, reduce] = per_rank
         .into_iter()
         .next()
-        .ok_or_else(|| Error::InvalidArgument("no rank ran".into()))??;
+        .ok_or_else(|| Error::InvalidArgument("no rank ran".into()))?;
     let median = |v: &[f64]| {
         let mut v = v.to_vec();
         v.sort_by(f64::total_cmp);
@@ -350,28 +336,15 @@ fn nccl_jobs(world: usize, jobs: &[Job], rounds: usize) -> Result<Vec<Vec<f64>>>
     // A CPU group beside it: its all-reduce is the ranks' barrier (with a timeout) and the
     // maximum over their times.
     let sync = Comm::local_group(world, TIMEOUT)?;
-    let per_rank: Vec<Result<Vec<Vec<f64>>>> = std::thread::scope(|s| {
-        let ranks: Vec<_> = comms
-            .into_iter()
-            .zip(sync)
-            .zip(devices)
-            .map(|((comm, sync), device)| {
-                s.spawn(move || nccl_rank(&comm, &sync, &device, jobs, rounds))
-            })
-            .collect();
-        ranks
-            .into_iter()
-            .map(|r| {
-                r.join().unwrap_or_else(|_| {
-                    Err(Error::WorkerPanicked("a rank of the dist suite".into()))
-                })
-            })
-            .collect()
-    });
-    let mut per_rank = per_rank.into_iter();
+    let ranks = comms.into_iter().zip(sync).zip(devices).collect();
+    let per_rank = on_rank_threads(ranks, |_, ((comm, sync), device)| {
+        nccl_rank(&comm, &sync, &device, jobs, rounds)
+    })?;
+    // Every rank holds the slowest rank's times.
     per_rank
+        .into_iter()
         .next()
-        .ok_or_else(|| Error::InvalidArgument("no GPU rank ran".into()))?
+        .ok_or_else(|| Error::InvalidArgument("no GPU rank ran".into()))
 }
 
 /// One rank's part of [`nccl_jobs`]: its times, already the maximum over the ranks.
@@ -434,39 +407,46 @@ fn nccl_rank(
 /// µs of each of `rounds` all-reduces of `len` f32 (after one warm-up), the slowest rank's.
 fn all_reduce_rounds(len: usize, rounds: usize) -> Result<Vec<f64>> {
     let comms = Comm::local_group(WORLD, Duration::from_secs(120))?;
-    let per_rank: Vec<Result<Vec<f64>>> = std::thread::scope(|s| {
-        let ranks: Vec<_> = comms
+    let per_rank = on_rank_threads(comms, |rank, comm| -> Result<Vec<f64>> {
+        let stream = Device::cpu().new_stream()?;
+        let input = random_f32(len, 0xd157 + rank as u64);
+        let mut buf = Buffer::from_host(&stream, &input)?;
+        comm.all_reduce(&stream, &mut buf, ReduceOp::Sum)?;
+        (0..rounds)
+            .map(|_| {
+                let start = Instant::now();
+                comm.all_reduce(&stream, &mut buf, ReduceOp::Sum)?;
+                Ok(start.elapsed().as_secs_f64() * 1e6)
+            })
+            .collect()
+    })?;
+    Ok((0..rounds)
+        .map(|i| per_rank.iter().map(|t| t[i]).fold(0.0, f64::max))
+        .collect())
+}
+
+/// Runs `rank(i, ranks[i])` on a thread each; their results in rank order, or the first
+/// rank's error (a panic as `WorkerPanicked`).
+fn on_rank_threads<I: Send, R: Send>(
+    ranks: Vec<I>,
+    rank: impl Fn(usize, I) -> Result<R> + Sync,
+) -> Result<Vec<R>> {
+    std::thread::scope(|s| {
+        let rank = &rank;
+        let handles: Vec<_> = ranks
             .into_iter()
             .enumerate()
-            .map(|(rank, comm)| {
-                s.spawn(move || -> Result<Vec<f64>> {
-                    let stream = Device::cpu().new_stream()?;
-                    let input = random_f32(len, 0xd157 + rank as u64);
-                    let mut buf = Buffer::from_host(&stream, &input)?;
-                    comm.all_reduce(&stream, &mut buf, ReduceOp::Sum)?;
-                    (0..rounds)
-                        .map(|_| {
-                            let start = Instant::now();
-                            comm.all_reduce(&stream, &mut buf, ReduceOp::Sum)?;
-                            Ok(start.elapsed().as_secs_f64() * 1e6)
-                        })
-                        .collect()
-                })
-            })
+            .map(|(i, item)| s.spawn(move || rank(i, item)))
             .collect();
-        ranks
+        handles
             .into_iter()
-            .map(|r| {
-                r.join().unwrap_or_else(|_| {
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
                     Err(Error::WorkerPanicked("a rank of the dist suite".into()))
                 })
             })
             .collect()
-    });
-    let per_rank = per_rank.into_iter().collect::<Result<Vec<_>>>()?;
-    Ok((0..rounds)
-        .map(|i| per_rank.iter().map(|t| t[i]).fold(0.0, f64::max))
-        .collect())
+    })
 }
 
 #[cfg(test)]
