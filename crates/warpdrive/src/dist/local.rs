@@ -658,64 +658,73 @@ impl Group {
     }
 }
 
+/// Elements a reduction works on at once: its f64 accumulator stays in the L1 cache.
+const BLOCK: usize = 2048;
+
 /// Reduces element-wise over `inputs` into `out`: in f64, in rank order, rounded once.
 fn reduce<T: Float>(op: ReduceOp, inputs: &[&[T]], out: &mut [T]) {
-    // Block by block, one input at a time into an f64 accumulator, each op its own loop:
-    // loops the compiler vectorizes (an op matched per element ran far below memory speed).
-    const BLOCK: usize = 2048;
-    let Some((first, rest)) = inputs.split_first() else {
-        return;
-    };
-    let world = inputs.len() as f64;
-    let mut acc = [0.0f64; BLOCK];
     for (b, out) in out.chunks_mut(BLOCK).enumerate() {
         let range = b * BLOCK..b * BLOCK + out.len();
-        let acc = &mut acc[..out.len()];
-        for (a, x) in acc.iter_mut().zip(&first[range.clone()]) {
-            *a = x.to_f64();
-        }
-        for input in rest {
-            let xs = acc.iter_mut().zip(&input[range.clone()]);
-            match op {
-                ReduceOp::Sum | ReduceOp::Average => xs.for_each(|(a, x)| *a += x.to_f64()),
-                ReduceOp::Max => xs.for_each(|(a, x)| {
-                    let v = x.to_f64();
-                    if v > *a || v.is_nan() {
-                        *a = v;
-                    }
-                }),
-                ReduceOp::Min => xs.for_each(|(a, x)| {
-                    let v = x.to_f64();
-                    if v < *a || v.is_nan() {
-                        *a = v;
-                    }
-                }),
-            }
-        }
-        if op == ReduceOp::Average {
-            acc.iter_mut().for_each(|a| *a /= world);
-        }
-        for (o, a) in out.iter_mut().zip(acc.iter()) {
-            *o = T::from_f64(*a);
-        }
+        reduce_block(op, inputs.iter().map(|x| &x[range.clone()]), out);
     }
 }
 
 /// Reduces element-wise over `parts` (the same range of every rank's buffer, in rank order)
 /// and writes the result into every part: in f64, in rank order, rounded once.
 fn reduce_in_place<T: Float>(op: ReduceOp, parts: &mut [&mut [T]]) {
-    const BLOCK: usize = 2048;
     let len = parts.first().map_or(0, |p| p.len());
     let mut out = [T::from_f64(0.0); BLOCK];
     for start in (0..len).step_by(BLOCK) {
         let end = (start + BLOCK).min(len);
-        {
-            let inputs: Vec<&[T]> = parts.iter().map(|p| &p[start..end]).collect();
-            reduce(op, &inputs, &mut out[..end - start]);
-        }
+        let out = &mut out[..end - start];
+        reduce_block(op, parts.iter().map(|p| &p[start..end]), out);
         for p in parts.iter_mut() {
-            p[start..end].copy_from_slice(&out[..end - start]);
+            p[start..end].copy_from_slice(out);
         }
+    }
+}
+
+/// One block (at most [`BLOCK`] elements) of a reduction: one input at a time into an f64
+/// accumulator, each op its own loop, so the loops vectorize (an op matched per element ran
+/// far below memory speed).
+fn reduce_block<'s, T: Float + 's>(
+    op: ReduceOp,
+    mut inputs: impl Iterator<Item = &'s [T]>,
+    out: &mut [T],
+) {
+    let Some(first) = inputs.next() else {
+        return;
+    };
+    let mut acc = [0.0f64; BLOCK];
+    let acc = &mut acc[..out.len()];
+    for (a, x) in acc.iter_mut().zip(first) {
+        *a = x.to_f64();
+    }
+    let mut count = 1.0;
+    for input in inputs {
+        count += 1.0;
+        let xs = acc.iter_mut().zip(input);
+        match op {
+            ReduceOp::Sum | ReduceOp::Average => xs.for_each(|(a, x)| *a += x.to_f64()),
+            ReduceOp::Max => xs.for_each(|(a, x)| {
+                let v = x.to_f64();
+                if v > *a || v.is_nan() {
+                    *a = v;
+                }
+            }),
+            ReduceOp::Min => xs.for_each(|(a, x)| {
+                let v = x.to_f64();
+                if v < *a || v.is_nan() {
+                    *a = v;
+                }
+            }),
+        }
+    }
+    if op == ReduceOp::Average {
+        acc.iter_mut().for_each(|a| *a /= count);
+    }
+    for (o, a) in out.iter_mut().zip(acc.iter()) {
+        *o = T::from_f64(*a);
     }
 }
 
