@@ -36,6 +36,44 @@ macro_rules! device_test {
 #[allow(unused_imports)]
 pub(crate) use device_test;
 
+/// An in-process CPU group of `world` ranks (the `dist` tests).
+pub fn group(world: usize, timeout: std::time::Duration) -> Vec<warpdrive::dist::Comm> {
+    warpdrive::dist::Comm::local_group(world, timeout).expect("a local group")
+}
+
+/// Runs `body` on one thread per rank, each with its own CPU stream; results in rank order.
+pub fn each_rank<R: Send>(
+    comms: Vec<warpdrive::dist::Comm>,
+    body: impl Fn(&warpdrive::dist::Comm, &warpdrive::Stream) -> R + Sync,
+) -> Vec<R> {
+    std::thread::scope(|s| {
+        let body = &body;
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                s.spawn(move || {
+                    let stream = Device::cpu().new_stream().expect("a CPU stream");
+                    body(&comm, &stream)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
+}
+
+/// Whether `e` is a collective's error whose message holds `needle`.
+pub fn is_collective(e: &warpdrive::Error, needle: &str) -> bool {
+    matches!(e, warpdrive::Error::Collective { .. }) && e.to_string().contains(needle)
+}
+
+/// Whether `result` is an `InvalidArgument` whose message holds `needle`.
+pub fn is_invalid(result: warpdrive::Result<()>, needle: &str) -> bool {
+    matches!(&result, Err(warpdrive::Error::InvalidArgument(m)) if m.contains(needle))
+}
+
 /// The sizes every op is checked at: empty, one, odd, and a large odd size.
 pub const SIZES: [usize; 4] = [0, 1, 1023, (1 << 20) + 3];
 
