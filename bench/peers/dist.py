@@ -19,7 +19,7 @@ import socket
 import sys
 import time
 
-from peer_stats import percentile
+from peer_stats import percentile, timed_row
 
 SUITE = "dist"
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
@@ -34,22 +34,7 @@ def log(msg):
 
 
 def row(case, size, samples, extra):
-    s = sorted(samples)
-    median = percentile(s, 0.5)
-    return {
-        "suite": SUITE,
-        "case": case,
-        "size": int(size),
-        "variant": "torch-distributed",
-        "median": median,
-        "p10": percentile(s, 0.1),
-        "p90": percentile(s, 0.9),
-        "unit": "us",
-        "gbps": size / (median * 1e3) if median > 0 else None,
-        "tflops": None,
-        "pct_of_ceiling": None,
-        "extra": extra,
-    }
+    return timed_row(SUITE, case, size, "torch-distributed", samples, extra)
 
 
 def rank_main(rank, world, port, sizes, rounds, out_path):

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from peer_stats import percentile
+from peer_stats import timed_row
 
 SUITE = "tier"
 KIB, MIB = 1 << 10, 1 << 20
@@ -36,22 +36,7 @@ def log(msg):
 
 
 def row(size, samples, extra):
-    s = sorted(samples)
-    median = percentile(s, 0.5)
-    return {
-        "suite": SUITE,
-        "case": "migrate-disk-gpu",
-        "size": int(size),
-        "variant": "kvikio",
-        "median": median,
-        "p10": percentile(s, 0.1),
-        "p90": percentile(s, 0.9),
-        "unit": "us",
-        "gbps": size / (median * 1e3) if median > 0 else None,
-        "tflops": None,
-        "pct_of_ceiling": None,
-        "extra": extra,
-    }
+    return timed_row(SUITE, "migrate-disk-gpu", size, "kvikio", samples, extra)
 
 
 def drop_pages(path):
