@@ -18,6 +18,8 @@ pub struct Reducer {
     bucket_bytes: usize,
     /// Where packing, the all-reduces and unpacking run.
     stream: Stream,
+    /// Recorded after the last unpack; the compute stream waits for it.
+    done: Event,
 }
 
 /// What one [`Reducer::all_reduce`] did.
@@ -41,6 +43,7 @@ impl Reducer {
         Ok(Reducer {
             bucket_bytes,
             stream: device.new_stream()?,
+            done: device.new_event()?,
         })
     }
 
@@ -99,9 +102,8 @@ impl Reducer {
             stats.bytes += elems * std::mem::size_of::<T>();
             start = end;
         }
-        let done = device.new_event()?;
-        self.stream.record(&done)?;
-        compute.wait(&done)?;
+        self.stream.record(&self.done)?;
+        compute.wait(&self.done)?;
         Ok(stats)
     }
 }
