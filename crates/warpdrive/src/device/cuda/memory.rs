@@ -318,6 +318,13 @@ impl CudaDevice {
         if width == 0 || rows == 0 {
             return Ok(());
         }
+        // Contiguous rows are one plain copy: the 2D copy is for strided rows.
+        if rows == 1 || (src_pitch == width && dst_pitch == width) {
+            let bytes = width.checked_mul(rows).ok_or_else(|| {
+                Error::InvalidArgument(format!("copy_d2d_rows: {rows} rows of {width} bytes"))
+            })?;
+            return self.copy_d2d(stream, dst, src, bytes);
+        }
         self.bind()?;
         let t = activity::begin();
         let copy = sys::CUDA_MEMCPY2D {
