@@ -250,8 +250,10 @@ fn round_trip_body(dev: &Device) {
         direct_below: usize::MAX,
         ..cfg
     };
-    // 70_001 f32 lie between ALWAYS_DIRECT and the usual crossover: `to_host`'s single DMA.
-    for n in [0, 1, 1023, 70_001, 3 * 64 * KIB + 5, (1 << 20) + 3] {
+    // 70_001 and 140_001 f32 lie between ALWAYS_DIRECT and the usual crossover: `to_host`'s
+    // single DMA, read into the new Vec by the caller (under FRESH_THREADS_FROM) or by the
+    // copy threads.
+    for n in [0, 1, 1023, 70_001, 140_001, 3 * 64 * KIB + 5, (1 << 20) + 3] {
         let data = random_bytes(&mut r, n + 1);
         let src = &data[1..]; // unaligned
         let mut buf = Buffer::<u8>::uninit(&s, n).unwrap();

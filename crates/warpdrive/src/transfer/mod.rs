@@ -430,17 +430,17 @@ pub fn download<T: DType>(stream: &Stream, src: &Buffer<T>, dst: &mut [T]) -> Re
 }
 
 /// The buffer's contents in a new `Vec`, as `tensor.cpu()` gives. The `Vec` is never zeroed
-/// first: copies under the crossover go through one pinned block (from [`ALWAYS_DIRECT`]
-/// with one thread per 2 MiB faulting the pages in during the DMA, then the copy threads
-/// copying), large ones through the download ring in parts of whole 2 MiB regions, each
-/// thread faulting its part's pages in while the part's DMA may still run (transparent
-/// huge pages from 32 MiB).
+/// first: copies under the crossover go through one pinned block (read by this thread,
+/// faulting the pages in as it writes, under [`FRESH_THREADS_FROM`]; from there one thread
+/// per 2 MiB faults the pages in during the DMA, then the copy threads copy), large ones
+/// through the download ring in parts of whole 2 MiB regions, each thread faulting its
+/// part's pages in while the part's DMA may still run (transparent huge pages from 32 MiB).
 pub fn to_host<T: DType>(stream: &Stream, src: &Buffer<T>) -> Result<Vec<T>> {
     src.device().same_as(stream.device(), "transfer::to_host")?;
     stream.refuse_if_capturing(D2H_IN_CAPTURE)?;
     let mut out = FreshVec::with_capacity(src.len())?;
     let bytes = src.size_bytes();
-    if bytes < ALWAYS_DIRECT {
+    if bytes < FRESH_THREADS_FROM {
         match pinned_d2h(stream, src)? {
             Some(stage) => out.extend_from_slice(stage.wait_slice()?)?,
             None => src.append_to_host(stream, &mut out)?,
@@ -519,6 +519,12 @@ pub(crate) fn upload_converted<S: Sync, T: DType>(
 /// through a pinned block from the pool that the calling thread fills or reads (uploads
 /// under 64 KiB: the driver's copy); from here the copy threads fill or read it.
 pub const ALWAYS_DIRECT: usize = 256 * KIB;
+
+/// Downloads into a new `Vec` from this many bytes fault its pages in ahead and copy on the
+/// copy threads; smaller ones are read by the calling thread, which faults the pages in as
+/// it writes (waking a copy thread and faulting ahead cost more than they saved at 256 KiB;
+/// bench/NOTES.md, fresh memory).
+pub const FRESH_THREADS_FROM: usize = 512 * KIB;
 
 /// Uploads from this many bytes go through one pinned block (smaller ones: the driver).
 const PINNED_H2D_FROM: usize = 64 * KIB;
