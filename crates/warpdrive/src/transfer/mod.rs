@@ -264,7 +264,9 @@ fn tune(stream: &Stream, dir: Direction) -> Result<TransferConfig> {
         next += 1;
         at..at + bytes
     };
-    let mut dev = Buffer::<u8>::uninit(stream, TUNE_BYTES)?;
+    // Zeroed, as the crossover's buffers below: the downloads read it, and a copy of memory
+    // nothing wrote is what compute-sanitizer's initcheck reports.
+    let mut dev = Buffer::<u8>::zeros(stream, TUNE_BYTES)?;
     let mut best = match dir {
         Direction::D2h => crate::exec::tune::autotune_within(
             stream,
@@ -322,7 +324,7 @@ fn tune(stream: &Stream, dir: Direction) -> Result<TransferConfig> {
         ALWAYS_DIRECT,
     ] {
         let h = &mut host[..bytes];
-        let mut part = Buffer::<u8>::uninit(stream, bytes)?;
+        let mut part = Buffer::<u8>::zeros(stream, bytes)?;
         let direct = fastest(|| match dir {
             Direction::H2d => direct_h2d(stream, &mut part, h),
             Direction::D2h => direct_d2h(stream, &part, h),
