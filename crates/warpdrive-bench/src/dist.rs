@@ -19,6 +19,14 @@
 //!   rank's; `extra.backward_us` and `extra.reduce_us` alone, `extra.overlap` =
 //!   (backward + reduce − step) / the shorter of the two (1: fully hidden), on GPUs (two
 //!   or more) only: the CPU group (four ranks) runs calls as made, nothing overlaps.
+//! - `int8-codec` (size = bytes of f32; on the suite's device): µs of one int8 quantization
+//!   with error feedback and one dequantization (what an `Int8Reducer` adds to its
+//!   all-gather); `extra.ratio` = f32 bytes / wire bytes.
+//! - `int8-all-reduce` (size = bytes of f32 per rank; GPU hosts, from 64 KiB): an
+//!   `Int8Reducer`'s average over every GPU, timed as `nccl-all-reduce`; `extra.x_plain` =
+//!   the plain all-reduce's median over this one (above 1: compression wins here),
+//!   `extra.wins_below_gbps` the link rate below which it would win, from the codec's time
+//!   (none where the all-gather alone moves more than the ring: one rank, or n > 2·ratio).
 //! - `nccl-call` (size 8 B): host µs per call of a run of 8-byte all-reduces enqueued back to
 //!   back, the cost of the call itself; `extra.overhead_us` warpdrive's minus the direct
 //!   call's (the bar: at most 1 µs).
@@ -27,9 +35,10 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use warpdrive::dist::{Comm, ReduceOp, Reducer, DEFAULT_BUCKET_BYTES};
+use warpdrive::dist::{Comm, Int8Reducer, ReduceOp, Reducer, DEFAULT_BUCKET_BYTES};
 use warpdrive::error::{Error, Result};
 use warpdrive::ops::gemm::matmul;
+use warpdrive::ops::quant::{dequantize_int8, quant_blocks, quantize_int8_ef, QUANT_BLOCK};
 use warpdrive::{Buffer, Device, Stream};
 
 use super::ceilings::random_f32;
@@ -74,6 +83,7 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
                 .insert("pct_of_bound".into(), (100.0 * bound_us / median).into());
         }
     }
+    let codecs = codec_rows(ctx)?;
     let cpu_ranks = (0..WORLD).map(|_| Device::cpu()).collect();
     reducer_rows(
         ctx,
@@ -82,7 +92,7 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
         "warpdrive-cpu",
     )?;
     if ctx.device().is_cuda() {
-        nccl_rows(ctx)?;
+        nccl_rows(ctx, &codecs)?;
         let world = Device::cuda_count();
         if world >= 2 {
             let devices = (0..world).map(Device::cuda).collect::<Result<Vec<_>>>()?;
@@ -219,6 +229,8 @@ fn reducer_rank(
 enum Via {
     Warpdrive,
     Direct,
+    /// An [`Int8Reducer`]'s compressed average.
+    Int8,
 }
 
 impl Via {
@@ -226,13 +238,32 @@ impl Via {
         match self {
             Via::Warpdrive => "warpdrive",
             Via::Direct => "nccl-direct",
+            Via::Int8 => "warpdrive-int8",
         }
     }
 
-    fn all_reduce(self, comm: &Comm, stream: &Stream, buf: &mut Buffer<f32>) -> Result<()> {
+    /// One call on `buf`; `int8` holds the rank's [`Int8Reducer`]s, one per length, made on
+    /// first use.
+    fn all_reduce(
+        self,
+        comm: &Comm,
+        stream: &Stream,
+        buf: &mut Buffer<f32>,
+        int8: &mut Vec<Int8Reducer>,
+    ) -> Result<()> {
         match self {
             Via::Warpdrive => comm.all_reduce(stream, buf, ReduceOp::Sum),
             Via::Direct => comm.direct_all_reduce(stream, buf, ReduceOp::Sum),
+            Via::Int8 => {
+                let at = match int8.iter().position(|r| r.len() == buf.len()) {
+                    Some(at) => at,
+                    None => {
+                        int8.push(Int8Reducer::new(comm, stream, buf.len())?);
+                        int8.len() - 1
+                    }
+                };
+                int8[at].all_reduce(comm, stream, buf)
+            }
         }
     }
 }
@@ -247,7 +278,30 @@ struct Job {
     via: Via,
 }
 
-fn nccl_rows(ctx: &mut Ctx) -> Result<()> {
+/// The smallest all-reduce the `int8-all-reduce` rows time.
+const INT8_FROM: usize = 64 * KIB;
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// The link rate (bus bandwidth, GB/s) below which an [`Int8Reducer`]'s all-gather of
+/// `bytes` of f32 over `world` ranks beats a ring all-reduce, given its quantize and
+/// dequantize time `codec_us`: the ring moves 2(n−1)/n·B over the link, the all-gather
+/// (n−1)·B/r (r ≈ 3.94, int8 plus a scale per 256), so compression wins while
+/// `codec + (n−1)·B/(r·L) < 2(n−1)/n·B/L`, i.e. `L < (n−1)·B·(2/n − 1/r) / codec`. None for
+/// one rank, or where the all-gather alone moves more than the ring (n > 2r).
+fn int8_wins_below(bytes: usize, world: usize, codec_us: f64) -> Option<f64> {
+    let n = world as f64;
+    let elems = bytes / 4;
+    let r = bytes as f64 / (elems + 4 * elems.div_ceil(QUANT_BLOCK)) as f64;
+    let saved = (n - 1.0) * bytes as f64 * (2.0 / n - 1.0 / r);
+    (world > 1 && saved > 0.0 && codec_us > 0.0).then(|| saved / (codec_us * 1e3))
+}
+
+fn nccl_rows(ctx: &mut Ctx, codecs: &[(usize, f64)]) -> Result<()> {
     let (sizes, rounds): (&[usize], usize) = match ctx.scale() {
         Scale::Full => (
             &[8, KIB, 64 * KIB, MIB, 16 * MIB, 64 * MIB, 256 * MIB, GIB],
@@ -280,8 +334,43 @@ fn nccl_rows(ctx: &mut Ctx) -> Result<()> {
             });
         }
     }
+    let pairs = jobs.len();
+    for &bytes in sizes.iter().filter(|&&b| b >= INT8_FROM) {
+        jobs.push(Job {
+            bytes,
+            calls: (64 * MIB / bytes).clamp(1, 20),
+            host: false,
+            via: Via::Int8,
+        });
+    }
     let times = nccl_jobs(world, &jobs, rounds)?;
-    for pair in jobs.chunks(2).zip(times.chunks(2)) {
+    let plain: Vec<(usize, f64)> = jobs[..pairs]
+        .chunks(2)
+        .zip(times.chunks(2))
+        .filter(|(j, _)| !j[0].host)
+        .map(|(j, t)| (j[0].bytes, median(&t[0])))
+        .collect();
+    for (job, us) in jobs[pairs..].iter().zip(&times[pairs..]) {
+        let mut us = us.clone();
+        let row = ctx.record_bytes(
+            "int8-all-reduce",
+            job.bytes as u64,
+            job.via.name(),
+            &mut us,
+            job.bytes as f64,
+            None,
+        )?;
+        row.extra.insert("ranks".into(), world.into());
+        if let Some((_, p)) = plain.iter().find(|(b, _)| *b == job.bytes) {
+            row.extra.insert("x_plain".into(), (p / row.median).into());
+        }
+        if let Some(codec_us) = codecs.iter().find(|(b, _)| *b == job.bytes).map(|c| c.1) {
+            if let Some(gbps) = int8_wins_below(job.bytes, world, codec_us) {
+                row.extra.insert("wins_below_gbps".into(), gbps.into());
+            }
+        }
+    }
+    for pair in jobs[..pairs].chunks(2).zip(times[..pairs].chunks(2)) {
         let ([ours, direct], [ours_us, direct_us]) = pair else {
             continue;
         };
@@ -366,6 +455,7 @@ fn nccl_rank(
         }
     }
     let (start, end) = (device.new_event()?, device.new_event()?);
+    let mut int8 = Vec::new();
     let mut out = vec![Vec::with_capacity(rounds); jobs.len()];
     // One warm-up round, then the timed ones.
     for round in 0..=rounds {
@@ -380,7 +470,7 @@ fn nccl_rank(
             let us = if job.host {
                 let t = Instant::now();
                 for _ in 0..job.calls {
-                    job.via.all_reduce(comm, &stream, buf)?;
+                    job.via.all_reduce(comm, &stream, buf, &mut int8)?;
                 }
                 let us = t.elapsed().as_secs_f64() * 1e6 / job.calls as f64;
                 comm.wait(&stream)?;
@@ -388,7 +478,7 @@ fn nccl_rank(
             } else {
                 stream.record(&start)?;
                 for _ in 0..job.calls {
-                    job.via.all_reduce(comm, &stream, buf)?;
+                    job.via.all_reduce(comm, &stream, buf, &mut int8)?;
                 }
                 stream.record(&end)?;
                 comm.wait(&stream)?;
@@ -427,6 +517,59 @@ fn all_reduce_rounds(len: usize, rounds: usize) -> Result<Vec<f64>> {
 
 /// Runs `rank(i, ranks[i])` on a thread each; their results in rank order, or the first
 /// rank's error (a panic as `WorkerPanicked`).
+/// The `int8-codec` rows on the suite's device: µs of one [`quantize_int8_ef`] and one
+/// [`dequantize_int8`] of a payload (an [`Int8Reducer`]'s work besides its all-gather),
+/// events around a run of calls; `gbps` is f32 bytes in per µs, `extra.ratio` f32 bytes over
+/// wire bytes. Returns (bytes, median µs) per size for the `int8-all-reduce` model.
+fn codec_rows(ctx: &mut Ctx) -> Result<Vec<(usize, f64)>> {
+    let (sizes, rounds, calls): (&[usize], usize, usize) =
+        match (ctx.scale(), ctx.device().is_cuda()) {
+            (Scale::Full, true) => (&[64 * KIB, MIB, 16 * MIB, 64 * MIB, 256 * MIB, GIB], 10, 10),
+            (Scale::Full | Scale::Quick, _) => (&[64 * KIB, MIB, 16 * MIB], 5, 3),
+            (Scale::Tiny, _) => (&[64 * KIB], 2, 1),
+        };
+    let stream = ctx.stream().clone();
+    let device = stream.device().clone();
+    let (start, end) = (device.new_event()?, device.new_event()?);
+    let mut out = Vec::new();
+    for &bytes in sizes {
+        ctx.step(format!("{SUITE}: int8 codec of {bytes} B"));
+        let n = bytes / 4;
+        let grad = Buffer::from_host(&stream, &random_f32(n, 0xc0de))?;
+        let mut error = Buffer::zeros(&stream, n)?;
+        let mut q = Buffer::<u8>::zeros(&stream, n)?;
+        let mut scales = Buffer::zeros(&stream, quant_blocks(n))?;
+        let mut back = Buffer::zeros(&stream, n)?;
+        let mut us = Vec::with_capacity(rounds);
+        for round in 0..=rounds {
+            stream.record(&start)?;
+            for _ in 0..calls {
+                quantize_int8_ef(&stream, &grad, &mut error, &mut q, &mut scales)?;
+                dequantize_int8(&stream, &q, &scales, 1, 1.0, &mut back)?;
+            }
+            stream.record(&end)?;
+            stream.synchronize()?;
+            if round > 0 {
+                us.push(f64::from(start.elapsed_ms(&end)?) * 1e3 / calls as f64);
+            }
+        }
+        let row = ctx.record_bytes(
+            "int8-codec",
+            bytes as u64,
+            "warpdrive",
+            &mut us,
+            bytes as f64,
+            None,
+        )?;
+        row.extra.insert(
+            "ratio".into(),
+            (bytes as f64 / (n + 4 * quant_blocks(n)) as f64).into(),
+        );
+        out.push((bytes, row.median));
+    }
+    Ok(out)
+}
+
 fn on_rank_threads<I: Send, R: Send>(
     ranks: Vec<I>,
     rank: impl Fn(usize, I) -> Result<R> + Sync,
@@ -468,5 +611,22 @@ mod tests {
             .expect("the reducer's row");
         assert!(!reducer.extra.contains_key("overlap"));
         assert!(reducer.extra["reduce_us"].as_f64().unwrap() > 0.0);
+        let codec = ctx
+            .rows()
+            .iter()
+            .find(|r| r.case == "int8-codec")
+            .expect("the int8 codec's row");
+        let ratio = codec.extra["ratio"].as_f64().unwrap();
+        assert!((3.9..4.0).contains(&ratio), "{ratio}");
+    }
+
+    #[test]
+    fn int8_compression_wins_only_on_links_slower_than_its_codec_and_below_2r_ranks() {
+        // 2 ranks, 1 GiB, a 1 ms codec: (2/2 − 1/r)·1 GiB / 1 ms ≈ 0.746 × 1074 GB/s.
+        let gbps = int8_wins_below(GIB, 2, 1000.0).unwrap();
+        assert!((795.0..805.0).contains(&gbps), "{gbps}");
+        assert_eq!(int8_wins_below(GIB, 1, 1000.0), None);
+        assert_eq!(int8_wins_below(GIB, 8, 1000.0), None);
+        assert!(int8_wins_below(GIB, 4, 1000.0).unwrap() < gbps * 2.0);
     }
 }

@@ -892,3 +892,78 @@ fn gpu_nccl_two_ranks_send_recv_and_a_rank_that_never_calls() {
     assert!(is_collective(&again, "aborted"), "{again}");
     drop(idle);
 }
+
+/// The rank-order average of every rank's int8-quantized gradient (zero carried error), as
+/// the CPU backend's ops compute it.
+fn int8_reference(grads: &[Vec<f32>]) -> Vec<f32> {
+    use warpdrive::ops::quant::{dequantize_int8, quant_blocks, quantize_int8_ef};
+    let s = Device::cpu().new_stream().unwrap();
+    let n = grads[0].len();
+    let (mut all_q, mut all_s) = (Vec::new(), Vec::new());
+    for g in grads {
+        let g = Buffer::from_host(&s, g).unwrap();
+        let mut e = Buffer::from_host(&s, &vec![0.0f32; n]).unwrap();
+        let mut q = Buffer::from_host(&s, &vec![0u8; n]).unwrap();
+        let mut scales = Buffer::from_host(&s, &vec![0.0f32; quant_blocks(n)]).unwrap();
+        quantize_int8_ef(&s, &g, &mut e, &mut q, &mut scales).unwrap();
+        all_q.extend(q.to_host(&s).unwrap());
+        all_s.extend(scales.to_host(&s).unwrap());
+    }
+    let q = Buffer::from_host(&s, &all_q).unwrap();
+    let scales = Buffer::from_host(&s, &all_s).unwrap();
+    let mut out = Buffer::from_host(&s, &vec![f32::NAN; n]).unwrap();
+    let ranks = grads.len();
+    dequantize_int8(&s, &q, &scales, ranks, 1.0 / ranks as f32, &mut out).unwrap();
+    out.to_host(&s).unwrap()
+}
+
+both_backends!(
+    the_int8_reducer_averages_every_ranks_quantized_gradient,
+    gpu_nccl_the_int8_reducer_averages_every_ranks_quantized_gradient,
+    |backend| {
+        let mut rng = rng(seed("int8_reducer"));
+        for world in backend.worlds() {
+            for len in [1, 257, 70_001] {
+                let grads: Vec<Vec<f32>> = (0..world)
+                    .map(|_| common::random_f32(&mut rng, len))
+                    .collect();
+                let outs = each_rank_on(backend, world, |comm, stream| {
+                    let mut reducer = warpdrive::dist::Int8Reducer::new(comm, stream, len).unwrap();
+                    assert_eq!(reducer.wire_bytes(), len + 4 * len.div_ceil(256));
+                    let mut buf = Buffer::from_host(stream, &grads[comm.rank()]).unwrap();
+                    reducer.all_reduce(comm, stream, &mut buf).unwrap();
+                    let first = buf.to_host(stream).unwrap();
+                    // A second step carries each rank's error: still one answer on every rank.
+                    let mut buf = Buffer::from_host(stream, &grads[comm.rank()]).unwrap();
+                    reducer.all_reduce(comm, stream, &mut buf).unwrap();
+                    let mut short = Buffer::from_host(stream, &vec![0.0f32; len + 1]).unwrap();
+                    let wrong = reducer.all_reduce(comm, stream, &mut short);
+                    assert!(
+                        matches!(wrong, Err(Error::LengthMismatch { .. })),
+                        "{wrong:?}"
+                    );
+                    (first, buf.to_host(stream).unwrap())
+                });
+                let want = int8_reference(&grads);
+                let exact: Vec<f32> = (0..len)
+                    .map(|i| grads.iter().map(|g| g[i]).sum::<f32>() / world as f32)
+                    .collect();
+                for (r, (first, second)) in outs.iter().enumerate() {
+                    let what = format!("world {world} len {len} rank {r}");
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(first), bits(&want), "{what}: first step");
+                    assert_eq!(bits(second), bits(&outs[0].1), "{what}: second step");
+                    // Inputs in [-1, 1): the first step is off by half a step (1/127) at most;
+                    // the second, which adds the first's error and keeps its own, by a step.
+                    for (i, ((&a, &b), &c)) in first.iter().zip(second).zip(&exact).enumerate() {
+                        assert!(
+                            (a - c).abs() <= 0.5 / 127.0 + 1e-6,
+                            "{what} i={i}: {a} vs {c}"
+                        );
+                        assert!((b - c).abs() <= 1.01 / 127.0, "{what} i={i}: {b} vs {c}");
+                    }
+                }
+            }
+        }
+    }
+);

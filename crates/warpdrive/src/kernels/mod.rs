@@ -76,6 +76,13 @@ pub static SOFTMAX: KernelSource = KernelSource {
     shared: None,
 };
 
+/// Gradient compression: int8 block quantization with error feedback.
+pub static QUANT: KernelSource = KernelSource {
+    name: "quant",
+    code: include_str!("quant.cu"),
+    shared: None,
+};
+
 /// Row top-k and the fused MoE router.
 pub static TOPK: KernelSource = KernelSource {
     name: "topk",
@@ -148,6 +155,7 @@ pub static SOURCES: &[&KernelSource] = &[
     &REDUCE,
     &SOFTMAX,
     &TOPK,
+    &QUANT,
     &PERMUTE,
     &MOE,
     &MOE_ROUTER,

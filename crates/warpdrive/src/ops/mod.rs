@@ -10,11 +10,13 @@
 //! - [`reduce`]: deterministic sum / max / mean over a buffer or per row;
 //! - [`softmax`], [`topk`], [`router`]: row softmax, row top-k, the fused MoE router;
 //! - [`permute`]: histogram, exclusive scan, gather / scatter rows, stable sort by key;
-//! - [`gemm`]: matrix products.
+//! - [`gemm`]: matrix products;
+//! - [`quant`]: int8 block quantization with error feedback (gradient compression).
 
 pub mod elementwise;
 pub mod gemm;
 pub mod permute;
+pub mod quant;
 pub mod reduce;
 pub mod router;
 pub mod softmax;
