@@ -692,3 +692,92 @@ fn small_evictions_are_batched_into_one_write() {
         assert_eq!(&store.get_host(&format!("s{i}")).unwrap(), b, "block {i}");
     }
 }
+
+/// Blocks from 16 MiB up come off the OS disk in pieces, each copied into its destination
+/// (the caller's `Vec`, or the pinned block a GPU get lands in) and checksummed in order as
+/// it lands: such a block (and a compressible one, which is read whole) comes back intact by
+/// both ways, and a byte flipped anywhere in the stored block — the header, the first piece,
+/// a later piece, the last byte — is `Error::Corrupt`, never data.
+fn large_blocks_body(dev: &Device) {
+    use std::os::unix::fs::FileExt;
+    let s = dev.new_stream().unwrap();
+    let root = std::env::temp_dir().join(format!(
+        "warpdrive-tier-large-{}-{}",
+        std::process::id(),
+        dev.is_cuda()
+    ));
+    // Room on the GPU for one large block: gets come up from the disk through a pinned block.
+    let mut config = TierConfig::new(24 << 20, 0);
+    config.prefetch = warpdrive::tier::prefetch::Prefetch::Off;
+    let store = TierStore::open(&root, config, &s).unwrap();
+    let mut r = rng(seed("tier large"));
+    let n = (20 << 20) + 12_345;
+    let mut plain = vec![0u8; n];
+    r.fill_bytes(&mut plain);
+    let zeros = vec![0u8; 17 << 20];
+    store.put("plain", &plain, Durability::Sync).unwrap();
+    store.put("zeros", &zeros, Durability::Sync).unwrap();
+    let by_both = |key: &str| -> warpdrive::Result<(Vec<u8>, Vec<u8>)> {
+        store.migrate(key, Tier::Disk)?;
+        let host = store.get_host(key)?;
+        store.migrate(key, Tier::Disk)?;
+        let gpu = store.get(key)?.to_host(&s)?;
+        Ok((host, gpu))
+    };
+    for (key, want) in [("plain", &plain), ("zeros", &zeros)] {
+        let (host, gpu) = by_both(key).unwrap();
+        assert!(host == *want && gpu == *want, "{key}");
+    }
+    // Where the plain block lies: its first 64 data bytes, 32 bytes (the header) in.
+    let segment = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "seg"))
+        .expect("a segment file");
+    let stored = std::fs::read(&segment).unwrap();
+    let data_at = stored
+        .windows(64)
+        .position(|w| w == &plain[..64])
+        .expect("the block in its segment");
+    let header_at = data_at - 32;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&segment)
+        .unwrap();
+    for at in [
+        header_at + 5,
+        header_at + 30,
+        data_at + 7,
+        data_at + (4 << 20) + 100,
+        data_at + n - 1,
+    ] {
+        let mut byte = [0u8];
+        file.read_exact_at(&mut byte, at as u64).unwrap();
+        file.write_all_at(&[byte[0] ^ 0x10], at as u64).unwrap();
+        file.sync_data().unwrap();
+        store.migrate("plain", Tier::Disk).unwrap();
+        for way in ["host", "gpu"] {
+            let got = match way {
+                "host" => store.get_host("plain").map(drop),
+                _ => store.get("plain").map(drop),
+            };
+            assert!(
+                matches!(got, Err(Error::Corrupt { ref key, .. }) if key == "plain"),
+                "byte {at}, {way}: {got:?}"
+            );
+        }
+        file.write_all_at(&byte, at as u64).unwrap();
+        file.sync_data().unwrap();
+        let (host, gpu) = by_both("plain").unwrap();
+        assert!(host == plain && gpu == plain, "byte {at} restored");
+    }
+    drop(store);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+device_test!(
+    cpu_large_blocks_land_in_pieces_and_a_flipped_byte_anywhere_is_caught,
+    gpu_large_blocks_land_in_pieces_and_a_flipped_byte_anywhere_is_caught,
+    large_blocks_body
+);

@@ -51,6 +51,14 @@ pub fn host_vec<T>(what: &str, len: usize) -> Result<Vec<T>> {
     Ok(vec)
 }
 
+/// `len` zero bytes, refused as [`host_vec`] refuses: large ones come from the allocator as
+/// fresh zero pages (`calloc`), faulted in by whoever first writes them, with no zeroing
+/// pass of their own (a buffer for a read to land in, page by page, on several threads).
+pub(crate) fn host_zeroed(what: &str, len: usize) -> Result<Vec<u8>> {
+    check_host_bytes(what, len)?;
+    Ok(vec![0u8; len])
+}
+
 /// `len` copies of `value` in a [`host_vec`] (the fallible `vec![value; len]`).
 pub(crate) fn host_filled<T: Clone>(what: &str, len: usize, value: T) -> Result<Vec<T>> {
     let mut vec = host_vec(what, len)?;

@@ -25,7 +25,7 @@ mod unified;
 
 pub use caching::{round_size, segment_size, PoolConfig, PoolStats, ROUND, SMALL_MAX};
 pub use host::host_vec;
-pub(crate) use host::{check_host_bytes, host_filled};
+pub(crate) use host::{check_host_bytes, host_filled, host_zeroed};
 pub use pinned::{pinned_class, pinned_pool, PinnedBuf, PinnedPool, PinnedStats};
 pub use pool::{device_pool, release_cached, DevicePool, GraphMemory, PoolStrategy};
 pub use unified::{Advice, Coherence, Location, ManagedBuffer, UnifiedBuffer};

@@ -260,6 +260,109 @@ impl<'a> Frame<'a> {
     }
 }
 
+/// A block header's fields, checked against the payload length that follows it.
+struct Head {
+    codec: u8,
+    level: i8,
+    filter: u8,
+    raw_len: u64,
+}
+
+impl Head {
+    fn parse(header: &[u8; HEADER_BYTES], payload_len: usize, key: &str) -> Result<Head> {
+        let corrupt = |detail: String| Error::Corrupt {
+            key: key.to_string(),
+            detail,
+        };
+        let magic = [header[0], header[1], header[2], header[3]];
+        if magic != MAGIC {
+            return Err(corrupt(format!("bad magic {magic:02x?}")));
+        }
+        let (version, codec, level, filter) = (header[4], header[5], header[6] as i8, header[7]);
+        if version != VERSION {
+            return Err(corrupt(format!("unknown format version {version}")));
+        }
+        let raw_len = u64_at(header, 8);
+        let said = u64_at(header, 16);
+        if said != payload_len as u64 {
+            return Err(corrupt(format!(
+                "header says a {said}-byte payload, {payload_len} bytes follow it"
+            )));
+        }
+        if raw_len > MAX_RAW_BYTES {
+            return Err(corrupt(format!(
+                "raw length {raw_len} over the {MAX_RAW_BYTES}-byte limit"
+            )));
+        }
+        Ok(Head {
+            codec,
+            level,
+            filter,
+            raw_len,
+        })
+    }
+}
+
+/// The checksum of a plain block (neither compressed nor filtered: its payload is its data)
+/// taken as its payload arrives in order, so a large block is verified while it is read:
+/// [`start`](Self::start) checks the header, [`update`](Self::update) takes the payload's
+/// pieces in order, [`finish`](Self::finish) compares. A flipped bit anywhere is
+/// `Error::Corrupt`, as [`Frame::verify`]'s.
+pub struct PlainStream {
+    key: String,
+    expected: u64,
+    hasher: Xxh3,
+    raw_len: usize,
+}
+
+impl PlainStream {
+    /// The stream of a block stored as `header` and `payload_len` bytes after it; `None`
+    /// when the block is not plain (the caller reads it whole and decodes it).
+    pub fn start(
+        header: &[u8; HEADER_BYTES],
+        payload_len: usize,
+        key: &str,
+    ) -> Result<Option<PlainStream>> {
+        let head = Head::parse(header, payload_len, key)?;
+        if head.codec != CODEC_NONE || head.filter != 0 || head.raw_len != payload_len as u64 {
+            return Ok(None);
+        }
+        let mut hasher = Xxh3::new();
+        hasher.update(&header[..CHECKED_HEADER]);
+        Ok(Some(PlainStream {
+            key: key.to_string(),
+            expected: u64_at(header, CHECKED_HEADER),
+            hasher,
+            raw_len: payload_len,
+        }))
+    }
+
+    /// Bytes of the block's data (its payload).
+    pub fn raw_len(&self) -> usize {
+        self.raw_len
+    }
+
+    /// The next bytes of the payload.
+    pub fn update(&mut self, payload: &[u8]) {
+        self.hasher.update(payload);
+    }
+
+    /// Compares the checksum of everything given to [`update`](Self::update).
+    pub fn finish(self) -> Result<()> {
+        let actual = self.hasher.digest();
+        if actual != self.expected {
+            return Err(Error::Corrupt {
+                key: self.key,
+                detail: format!(
+                    "checksum mismatch: stored {:#018x}, computed {actual:#018x}",
+                    self.expected
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// A stored block whose framing was read but whose checksum is not yet checked.
 struct Framed<'a> {
     key: &'a str,
@@ -282,27 +385,12 @@ impl<'a> Framed<'a> {
                 stored.len()
             )));
         };
-        let magic = [header[0], header[1], header[2], header[3]];
-        if magic != MAGIC {
-            return Err(corrupt(format!("bad magic {magic:02x?}")));
-        }
-        let (version, codec, level, filter) = (header[4], header[5], header[6] as i8, header[7]);
-        if version != VERSION {
-            return Err(corrupt(format!("unknown format version {version}")));
-        }
-        let raw_len = u64_at(header, 8);
-        let payload_len = u64_at(header, 16);
-        if payload_len != payload.len() as u64 {
-            return Err(corrupt(format!(
-                "header says a {payload_len}-byte payload, {} bytes follow it",
-                payload.len()
-            )));
-        }
-        if raw_len > MAX_RAW_BYTES {
-            return Err(corrupt(format!(
-                "raw length {raw_len} over the {MAX_RAW_BYTES}-byte limit"
-            )));
-        }
+        let Head {
+            codec,
+            level,
+            filter,
+            raw_len,
+        } = Head::parse(header, payload.len(), key)?;
 
         // Below the checksum, a bad field means a writer bug rather than a flipped bit;
         // still an error, never a panic.

@@ -21,12 +21,12 @@ use parking_lot::Mutex;
 
 use crate::device::Stream;
 use crate::error::{Error, Result};
-use crate::memory::{Buffer, PinnedBuf};
+use crate::memory::{self, Buffer, PinnedBuf};
 use crate::ops;
 use crate::transfer;
 
 use super::codec::{self, Compression, Filter};
-use super::disk::{pad_to_align, Disk, OsDisk, DIRECT_ALIGN};
+use super::disk::{pad_to_align, Disk, OsDisk, DIRECT_ALIGN, PIECE_BYTES, SPLIT_FROM};
 use super::log::{IndexLog, Location, Record};
 use super::policy::{Budget, Clock};
 use super::prefetch::{Detector, Prefetch};
@@ -403,6 +403,13 @@ impl TierStore {
             }
             None if !g.host_blocks.contains_key(&key) && !self.may_fit_gpu(&g, &key) => {
                 // Straight into the caller's Vec: the GPU tier could not take it anyway.
+                let fresh = |len| memory::host_zeroed("tier block", len);
+                let streamed =
+                    self.read_disk_streamed(&mut g, &key, fresh, |v| Ok(v.as_mut_slice()));
+                if let Some(data) = streamed? {
+                    self.prefetch_after(&mut g, &key)?;
+                    return Ok(data);
+                }
                 let device = self.stream.device();
                 self.read_disk(&mut g, &key, |frame| match frame.plain_payload() {
                     Some(bytes) => transfer::fresh_copy(device, bytes),
@@ -805,6 +812,10 @@ impl TierStore {
             metrics::counter!("warpdrive_tier_hits_total", "tier" => "host").increment(1);
             return Ok(Below::Host);
         }
+        let pinned = |len| PinnedBuf::<u8>::new(self.stream.device(), len);
+        if let Some(p) = self.read_disk_streamed(g, key, pinned, |p| p.wait_slice_mut())? {
+            return Ok(Below::Disk(p));
+        }
         self.read_disk(g, key, |frame| {
             let mut p = PinnedBuf::<u8>::new(self.stream.device(), frame.raw_len())?;
             frame.decode_into(p.wait_slice_mut()?)?;
@@ -849,6 +860,118 @@ impl TierStore {
         metrics::counter!("warpdrive_tier_hits_total", "tier" => "disk").increment(1);
         g.stats.disk_bytes_read += at.len;
         Ok(landed)
+    }
+
+    /// A large plain block read from the disk straight into the destination `make` gives for
+    /// its length (a new `Vec`, a pinned block; `view` is its bytes), each piece of the read
+    /// copied in and checksummed in order as it lands, so the copying and hashing overlap
+    /// the reads of the later pieces; `None` where that does not apply (a block under
+    /// [`SPLIT_FROM`], or compressed or filtered: [`read_disk`](Self::read_disk) reads those).
+    fn read_disk_streamed<D>(
+        &self,
+        g: &mut Inner,
+        key: &String,
+        make: impl FnOnce(usize) -> Result<D>,
+        view: impl FnOnce(&mut D) -> Result<&mut [u8]>,
+    ) -> Result<Option<D>> {
+        let Some(at) = g.index.get(key).copied() else {
+            return Ok(None);
+        };
+        let corrupt = |detail: String| Error::Corrupt {
+            key: key.clone(),
+            detail,
+        };
+        let len =
+            usize::try_from(at.len).map_err(|_| corrupt(format!("a block of {} bytes", at.len)))?;
+        if len < SPLIT_FROM {
+            return Ok(None);
+        }
+        let path = self.dir.join(segment_name(at.segment));
+        let first = self
+            .disk
+            .read_aligned(&path, at.offset, codec::HEADER_BYTES)?;
+        let header: &[u8; codec::HEADER_BYTES] = first
+            .first_chunk()
+            .ok_or_else(|| corrupt(format!("{} of {len} bytes on disk", first.len())))?;
+        let payload_len = len - codec::HEADER_BYTES;
+        let Some(stream) = codec::PlainStream::start(header, payload_len, key)? else {
+            return Ok(None);
+        };
+        let mut dest = make(stream.raw_len())?;
+        let data = view(&mut dest)?;
+        if data.len() != stream.raw_len() {
+            return Err(Error::LengthMismatch {
+                op: "tier disk read",
+                left: data.len(),
+                right: stream.raw_len(),
+            });
+        }
+        // One part of `data` per piece of the read (piece k: stored bytes from k·PIECE_BYTES,
+        // the header inside the first), each landed by the thread that read it; the one that
+        // lands the next part in order hashes forward.
+        let mut parts = Vec::new();
+        let mut rest = data;
+        let mut end = PIECE_BYTES - codec::HEADER_BYTES;
+        while !rest.is_empty() {
+            let n = end.min(rest.len());
+            let (part, tail) = std::mem::take(&mut rest).split_at_mut(n);
+            parts.push(Mutex::new((part, 0usize)));
+            rest = tail;
+            end = PIECE_BYTES;
+        }
+        let starts: Vec<usize> = (0..parts.len())
+            .map(|k| (k * PIECE_BYTES).saturating_sub(codec::HEADER_BYTES))
+            .collect();
+        let order = Mutex::new((0usize, Some(stream)));
+        let land = |at: usize, bytes: &[u8]| -> Result<()> {
+            // Stored bytes at..at + len: the header's, then payload bytes from `at − HEADER`.
+            let skip = codec::HEADER_BYTES.saturating_sub(at).min(bytes.len());
+            if skip > 0 && bytes[..skip] != header[at..at + skip] {
+                return Err(corrupt("the header changed between two reads".into()));
+            }
+            let mut from = (at + skip).saturating_sub(codec::HEADER_BYTES);
+            let mut bytes = &bytes[skip..];
+            while !bytes.is_empty() {
+                let k = starts.partition_point(|&s| s <= from) - 1;
+                let mut part = parts[k].lock();
+                let (dst, landed) = &mut *part;
+                let off = from - starts[k];
+                let n = bytes.len().min(dst.len() - off);
+                dst[off..off + n].copy_from_slice(&bytes[..n]);
+                *landed += n;
+                drop(part);
+                (from, bytes) = (from + n, &bytes[n..]);
+            }
+            let mut order = order.lock();
+            let (next, stream) = &mut *order;
+            while let Some(part) = parts.get(*next) {
+                let part = part.lock();
+                if part.1 < part.0.len() {
+                    break;
+                }
+                if let Some(s) = stream.as_mut() {
+                    s.update(part.0);
+                }
+                *next += 1;
+            }
+            Ok(())
+        };
+        let got = self.disk.read_aligned_each(&path, at.offset, len, &land)?;
+        if got != len {
+            return Err(corrupt(format!("{got} of {len} bytes on disk")));
+        }
+        let (hashed, stream) = order.into_inner();
+        if hashed != parts.len() {
+            return Err(corrupt("parts of the block never landed".into()));
+        }
+        drop(parts);
+        stream
+            .ok_or_else(|| corrupt("no checksum".into()))?
+            .finish()?;
+        g.stats.disk_hits += 1;
+        metrics::counter!("warpdrive_tier_hits_total", "tier" => "disk").increment(1);
+        g.stats.disk_bytes_read += at.len;
+        Ok(Some(dest))
     }
 
     /// Whether the GPU tier could take `key`'s block, judged by the bytes it holds below

@@ -98,6 +98,8 @@ pub(super) fn with_scratch<R>(
 pub const SPLIT_FROM: usize = 16 << 20;
 /// The pieces of a split I/O.
 const PIECE: usize = 4 << 20;
+/// The pieces of [`DirectFile::read_at_depth_each`].
+pub const PIECE_BYTES: usize = PIECE;
 /// Pieces of a split I/O in flight at once.
 pub const QUEUE_DEPTH: usize = 4;
 
@@ -229,6 +231,38 @@ impl DirectFile {
             self.fill(&mut piece, offset + (k * PIECE) as u64)
         })?;
         // Bytes up to the first short piece: the end of the file.
+        let mut total = 0;
+        for n in filled {
+            total += n;
+            if n < PIECE {
+                break;
+            }
+        }
+        Ok(total)
+    }
+
+    /// As [`read_at_depth`](Self::read_at_depth), handing each piece to `each(k, bytes)` on
+    /// the thread that read it as soon as it is in (piece `k` starts `k ×` [`PIECE_BYTES`]
+    /// into `buf`; `bytes` ends early only at the end of the file), so the caller's work on
+    /// a piece overlaps the reads of the later ones. Returns the bytes read, as `read_at`.
+    pub fn read_at_depth_each(
+        &self,
+        buf: &mut AlignedBuf,
+        offset: u64,
+        depth: usize,
+        each: &(dyn Fn(usize, &[u8]) -> Result<()> + Sync),
+    ) -> Result<usize> {
+        let pieces: Vec<parking_lot::Mutex<&mut [u8]>> = buf
+            .as_mut_slice()
+            .chunks_mut(PIECE)
+            .map(parking_lot::Mutex::new)
+            .collect();
+        let filled = in_flight(depth.max(1), pieces.len(), |k| {
+            let mut piece = pieces[k].lock();
+            let n = self.fill(&mut piece, offset + (k * PIECE) as u64)?;
+            each(k, &piece[..n])?;
+            Ok(n)
+        })?;
         let mut total = 0;
         for n in filled {
             total += n;

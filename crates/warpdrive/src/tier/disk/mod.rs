@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::files::folder;
 
 use direct::with_scratch;
-pub use direct::{queue_depth, QUEUE_DEPTH, SPLIT_FROM};
+pub use direct::{queue_depth, PIECE_BYTES, QUEUE_DEPTH, SPLIT_FROM};
 pub use direct::{AlignedBuf, DirectFile};
 pub use sim::SimDisk;
 
@@ -90,6 +90,24 @@ pub trait Disk: Send + Sync + 'static {
     ) -> Result<()> {
         use_bytes(&self.read_aligned(path, offset, len)?)
     }
+
+    /// Reads `len` bytes at `offset` of a file [`append_aligned`](Self::append_aligned) wrote
+    /// and hands them to `each(at, bytes)` in disjoint pieces covering `0..len` (`at` counted
+    /// from `offset`), possibly from several threads at once and in any order, each as soon as
+    /// it is in; returns the bytes handed over (fewer only at the file's end). The default
+    /// reads everything, then hands it over as one piece; [`OsDisk`] hands over the pieces of
+    /// its split direct I/O as they land, so the caller's work overlaps the reading.
+    fn read_aligned_each(
+        &self,
+        path: &Path,
+        offset: u64,
+        len: usize,
+        each: &(dyn Fn(usize, &[u8]) -> Result<()> + Sync),
+    ) -> Result<usize> {
+        let bytes = self.read_aligned(path, offset, len)?;
+        each(0, &bytes)?;
+        Ok(bytes.len())
+    }
 }
 
 /// The alignment of direct I/O: offsets, lengths and buffers (the file systems' 4 KiB).
@@ -133,7 +151,30 @@ fn kept<F>(
     Ok(f)
 }
 
+/// The aligned start of a read of `len` bytes at `offset` and the bytes from there to the
+/// read's end.
+fn aligned_span(path: &Path, offset: u64, len: usize) -> Result<(u64, usize)> {
+    let start = offset - offset % DIRECT_ALIGN;
+    let end = offset
+        .checked_add(len as u64)
+        .ok_or_else(|| Error::InvalidArgument(format!("read past 2^64 in {path:?}")))?;
+    let span = usize::try_from(end - start)
+        .map_err(|_| Error::InvalidArgument(format!("a read of {len} bytes")))?;
+    Ok((start, span))
+}
+
 impl OsDisk {
+    /// `path` opened for direct I/O (kept): opening creates the file, so a missing one is
+    /// an error here.
+    fn kept_for_read(&self, path: &Path) -> Result<Arc<DirectFile>> {
+        kept(&self.direct, path, || {
+            if !path.exists() {
+                return Err(Error::io(path, std::io::Error::from(ErrorKind::NotFound)));
+            }
+            DirectFile::open(path)
+        })
+    }
+
     pub fn new() -> OsDisk {
         OsDisk::default()
     }
@@ -233,24 +274,41 @@ impl Disk for OsDisk {
         len: usize,
         use_bytes: &mut dyn FnMut(&[u8]) -> Result<()>,
     ) -> Result<()> {
-        let file = kept(&self.direct, path, || {
-            // Opening for direct I/O creates the file: a read of a missing one is an error.
-            if !path.exists() {
-                return Err(Error::io(path, std::io::Error::from(ErrorKind::NotFound)));
-            }
-            DirectFile::open(path)
-        })?;
-        let start = offset - offset % DIRECT_ALIGN;
-        let end = offset
-            .checked_add(len as u64)
-            .ok_or_else(|| Error::InvalidArgument(format!("read past 2^64 in {path:?}")))?;
-        let span = usize::try_from(end - start)
-            .map_err(|_| Error::InvalidArgument(format!("a read of {len} bytes")))?;
+        let file = self.kept_for_read(path)?;
+        let (start, span) = aligned_span(path, offset, len)?;
         with_scratch(span, |buf| {
             let filled = file.read_at_depth(buf, start, queue_depth(span))?;
             let skip = (offset - start) as usize;
             let got = filled.saturating_sub(skip).min(len);
             use_bytes(&buf.as_slice()[skip..skip + got])
+        })
+    }
+
+    fn read_aligned_each(
+        &self,
+        path: &Path,
+        offset: u64,
+        len: usize,
+        each: &(dyn Fn(usize, &[u8]) -> Result<()> + Sync),
+    ) -> Result<usize> {
+        let file = self.kept_for_read(path)?;
+        let (start, span) = aligned_span(path, offset, len)?;
+        let skip = (offset - start) as usize;
+        with_scratch(span, |buf| {
+            // Piece k holds span bytes k·PIECE_BYTES.., the caller's `at` = that − skip,
+            // clipped to 0..len.
+            let clip = |k: usize, bytes: &[u8]| -> Result<()> {
+                let first = k * PIECE_BYTES;
+                let from = skip.saturating_sub(first).min(bytes.len());
+                let at = (first + from).saturating_sub(skip);
+                let to = bytes.len().min((len + skip).saturating_sub(first));
+                if from < to {
+                    each(at, &bytes[from..to])?;
+                }
+                Ok(())
+            };
+            let filled = file.read_at_depth_each(buf, start, queue_depth(span), &clip)?;
+            Ok(filled.saturating_sub(skip).min(len))
         })
     }
 
