@@ -82,7 +82,7 @@ fn quantize_body(dev: &Device) {
                 for (k, i) in at.enumerate() {
                     assert_eq!(q[i], 0, "n={n} block {b}");
                     assert!(
-                        e2[i].to_bits() == x[k].to_bits(),
+                        e2[i].to_bits() == x[k].to_bits() || (e2[i].is_nan() && x[k].is_nan()),
                         "n={n} block {b}: the error keeps x"
                     );
                 }

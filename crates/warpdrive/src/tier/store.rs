@@ -21,7 +21,7 @@ use parking_lot::Mutex;
 
 use crate::device::Stream;
 use crate::error::{Error, Result};
-use crate::memory::{self, Buffer, PinnedBuf};
+use crate::memory::{Buffer, PinnedBuf};
 use crate::ops;
 use crate::transfer;
 
@@ -403,7 +403,7 @@ impl TierStore {
             }
             None if !g.host_blocks.contains_key(&key) && !self.may_fit_gpu(&g, &key) => {
                 // Straight into the caller's Vec: the GPU tier could not take it anyway.
-                let fresh = |len| memory::host_zeroed("tier block", len);
+                let fresh = transfer::fresh_landing;
                 let streamed =
                     self.read_disk_streamed(&mut g, &key, fresh, |v| Ok(v.as_mut_slice()));
                 if let Some(data) = streamed? {

@@ -205,7 +205,7 @@ pub(crate) fn populate<T>(mem: &mut [MaybeUninit<T>]) -> bool {
 
 /// Asks the kernel to back the whole huge pages inside `mem` with transparent huge pages
 /// (`MADV_HUGEPAGE`); a hint, so failure (no THP, another OS) is ignored.
-fn advise_huge_pages<T>(mem: &mut [MaybeUninit<T>]) {
+pub(crate) fn advise_huge_pages<T>(mem: &mut [T]) {
     let start = (mem.as_mut_ptr() as usize).next_multiple_of(HUGE_PAGE);
     let end = (mem.as_mut_ptr() as usize + std::mem::size_of_val(mem)) / HUGE_PAGE * HUGE_PAGE;
     if end <= start {

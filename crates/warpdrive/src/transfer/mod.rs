@@ -187,6 +187,17 @@ pub fn fresh_zeroed<T: DType>(device: &Device, len: usize) -> Result<Vec<T>> {
     Ok(out.into_vec())
 }
 
+/// A new `Vec` of `len` zero bytes whose pages nobody has touched yet (fresh from the
+/// allocator, transparent huge pages asked for from 32 MiB): a buffer for a read to land in
+/// piece by piece on several threads, each faulting in its own pages, with no zeroing pass.
+pub fn fresh_landing(len: usize) -> Result<Vec<u8>> {
+    let mut v = crate::memory::host_zeroed("a new Vec", len)?;
+    if len >= hostmem::HUGE_FROM {
+        hostmem::advise_huge_pages(&mut v);
+    }
+    Ok(v)
+}
+
 /// The copy threads [`fresh_copy`] uses for `len` elements.
 fn fresh_threads<T>(workers: &Workers, len: usize) -> usize {
     if len.saturating_mul(std::mem::size_of::<T>()) >= hostmem::HUGE_FROM {
