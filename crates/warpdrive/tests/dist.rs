@@ -652,7 +652,7 @@ fn a_hierarchy_needs_nodes_that_divide_the_world() {
 
 #[test]
 fn a_reducer_needs_buckets_of_some_size() {
-    let e = Reducer::new(&Device::cpu(), 0).err().unwrap();
+    let e = Reducer::<f32>::new(&Device::cpu(), 0).err().unwrap();
     assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
 }
 

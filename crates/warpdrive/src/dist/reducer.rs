@@ -7,19 +7,25 @@ use crate::device::{Device, Event, Stream};
 use crate::dtype::Float;
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
+use crate::ops::segments::{pack_segments, unpack_segments, SegmentTable};
 
 use super::{Comm, ReduceOp};
 
 /// PyTorch DDP's default bucket size.
 pub const DEFAULT_BUCKET_BYTES: usize = 25 << 20;
 
-/// Averages gradients over a group in buckets (see the module docs). One per rank.
-pub struct Reducer {
+/// Averages gradients of element type `T` over a group in buckets (see the module docs).
+/// One per rank.
+pub struct Reducer<T: Float = f32> {
     bucket_bytes: usize,
     /// Where packing, the all-reduces and unpacking run.
     stream: Stream,
     /// Recorded after the last unpack; the compute stream waits for it.
     done: Event,
+    /// The buckets, kept from call to call (each reused while its length holds), with the
+    /// tables their packing and unpacking read (uploaded again only when the gradients are
+    /// other buffers): a step allocates and uploads nothing once the first has run.
+    buckets: Vec<(Buffer<T>, SegmentTable, SegmentTable)>,
 }
 
 /// What one [`Reducer::all_reduce`] did.
@@ -31,10 +37,10 @@ pub struct ReducerStats {
     pub bytes: usize,
 }
 
-impl Reducer {
+impl<T: Float> Reducer<T> {
     /// A reducer for gradients on `device` with buckets of about `bucket_bytes` (a gradient
     /// larger than that gets a bucket of its own). `bucket_bytes` 0 is `InvalidArgument`.
-    pub fn new(device: &Device, bucket_bytes: usize) -> Result<Reducer> {
+    pub fn new(device: &Device, bucket_bytes: usize) -> Result<Reducer<T>> {
         if bucket_bytes == 0 {
             return Err(Error::InvalidArgument(
                 "Reducer::new: buckets must hold at least one byte".into(),
@@ -44,6 +50,7 @@ impl Reducer {
             bucket_bytes,
             stream: device.new_stream()?,
             done: device.new_event()?,
+            buckets: Vec::new(),
         })
     }
 
@@ -60,7 +67,7 @@ impl Reducer {
     /// gradients of the same lengths in the same order. Returns once all is enqueued (on
     /// the CPU backend, once done); `comm.wait(reducer.stream())` waits for it with the
     /// group's timeout.
-    pub fn all_reduce<T: Float>(
+    pub fn all_reduce(
         &mut self,
         comm: &Comm,
         compute: &Stream,
@@ -84,20 +91,26 @@ impl Reducer {
                 end += 1;
             }
             let members = &mut grads[start..end];
-            let mut bucket = Buffer::<T>::uninit(&self.stream, elems)?;
-            let mut at = 0;
-            for (grad, ready) in members.iter() {
+            let b = stats.buckets;
+            if self.buckets.get(b).is_none_or(|k| k.0.len() != elems) {
+                let fresh = Buffer::<T>::uninit(&self.stream, elems)?;
+                match self.buckets.get_mut(b) {
+                    Some(kept) => kept.0 = fresh,
+                    None => self
+                        .buckets
+                        .push((fresh, SegmentTable::new(), SegmentTable::new())),
+                }
+            }
+            let (bucket, pack, unpack) = &mut self.buckets[b];
+            for (_, ready) in members.iter() {
                 self.stream.wait(ready)?;
-                bucket.copy_rows_from(&self.stream, (at, 0), (grad, 0, 0), grad.len(), 1)?;
-                at += grad.len();
             }
-            comm.all_reduce(&self.stream, &mut bucket, ReduceOp::Average)?;
-            let mut at = 0;
-            for (grad, _) in members.iter_mut() {
-                let n = grad.len();
-                grad.copy_rows_from(&self.stream, (0, 0), (&bucket, at, 0), n, 1)?;
-                at += n;
-            }
+            let parts: Vec<&Buffer<T>> = members.iter().map(|(g, _)| &**g).collect();
+            pack_segments(&self.stream, &parts, bucket, pack)?;
+            comm.all_reduce(&self.stream, bucket, ReduceOp::Average)?;
+            let mut parts: Vec<&mut Buffer<T>> =
+                members.iter_mut().map(|(g, _)| &mut **g).collect();
+            unpack_segments(&self.stream, bucket, &mut parts, unpack)?;
             stats.buckets += 1;
             stats.bytes += elems * std::mem::size_of::<T>();
             start = end;

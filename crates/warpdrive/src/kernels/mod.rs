@@ -76,6 +76,13 @@ pub static SOFTMAX: KernelSource = KernelSource {
     shared: None,
 };
 
+/// Many buffers packed into one and unpacked back, one launch each.
+pub static SEGMENTS: KernelSource = KernelSource {
+    name: "segments",
+    code: include_str!("segments.cu"),
+    shared: None,
+};
+
 /// Gradient compression: int8 block quantization with error feedback.
 pub static QUANT: KernelSource = KernelSource {
     name: "quant",
@@ -156,6 +163,7 @@ pub static SOURCES: &[&KernelSource] = &[
     &SOFTMAX,
     &TOPK,
     &QUANT,
+    &SEGMENTS,
     &PERMUTE,
     &MOE,
     &MOE_ROUTER,

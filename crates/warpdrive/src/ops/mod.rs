@@ -11,7 +11,8 @@
 //! - [`softmax`], [`topk`], [`router`]: row softmax, row top-k, the fused MoE router;
 //! - [`permute`]: histogram, exclusive scan, gather / scatter rows, stable sort by key;
 //! - [`gemm`]: matrix products;
-//! - [`quant`]: int8 block quantization with error feedback (gradient compression).
+//! - [`quant`]: int8 block quantization with error feedback (gradient compression);
+//! - [`segments`]: many buffers packed into one and back, one launch each way.
 
 pub mod elementwise;
 pub mod gemm;
@@ -19,6 +20,7 @@ pub mod permute;
 pub mod quant;
 pub mod reduce;
 pub mod router;
+pub mod segments;
 pub mod softmax;
 pub mod topk;
 
