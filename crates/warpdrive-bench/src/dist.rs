@@ -145,7 +145,11 @@ fn reducer_rows(
         reducer_rank(&comm, &sync, &device, &sizes, side, rounds)
     })?;
     // Every rank holds the slowest rank's times.
-    let [mut step, backward, reduce] = per_rank
+    let ReducerTimes {
+        backward,
+        reduce,
+        mut step,
+    } = per_rank
         .into_iter()
         .next()
         .ok_or_else(|| Error::InvalidArgument("no rank ran".into()))?;
@@ -170,8 +174,8 @@ fn reducer_rows(
     Ok(())
 }
 
-/// One rank of [`reducer_rows`]: µs of the step, the backward alone and the reduction alone,
-/// each round's slowest rank.
+/// One rank of [`reducer_rows`]: µs of the backward alone, the reduction alone and both
+/// (the step), each round's slowest rank.
 fn reducer_rank(
     comm: &Comm,
     sync: &Comm,
@@ -179,7 +183,7 @@ fn reducer_rank(
     sizes: &[usize],
     side: usize,
     rounds: usize,
-) -> Result<[Vec<f64>; 3]> {
+) -> Result<ReducerTimes> {
     let compute = device.new_stream()?;
     let host = Device::cpu().new_stream()?;
     let square = random_f32(side * side, 0x5e51 + comm.rank() as u64);
@@ -194,20 +198,20 @@ fn reducer_rank(
         .map(|_| device.new_event())
         .collect::<Result<Vec<_>>>()?;
     let mut reducer = Reducer::new(device, DEFAULT_BUCKET_BYTES)?;
-    let mut out: [Vec<f64>; 3] = Default::default();
-    // Phase 0: the backward alone, 1: the reduction alone, 2: both (one warm-up round).
+    let mut out = ReducerTimes::default();
+    // One warm-up round, then the timed ones.
     for round in 0..=rounds {
-        for (phase, times) in out.iter_mut().enumerate() {
+        for phase in [Phase::Backward, Phase::Reduce, Phase::Both] {
             let mut barrier = Buffer::from_host(&host, &[0.0f32])?;
             sync.all_reduce(&host, &mut barrier, ReduceOp::Max)?;
             let t = Instant::now();
             for e in &events {
-                if phase != 1 {
+                if phase != Phase::Reduce {
                     matmul(&compute, &a, &a, &mut c, (side, side, side))?;
                 }
                 compute.record(e)?;
             }
-            if phase != 0 {
+            if phase != Phase::Backward {
                 let mut pairs: Vec<_> = grads.iter_mut().zip(&events).collect();
                 reducer.all_reduce(comm, &compute, &mut pairs)?;
                 comm.wait(reducer.stream())?;
@@ -217,11 +221,35 @@ fn reducer_rank(
             let mut slowest = Buffer::from_host(&host, &[us as f32])?;
             sync.all_reduce(&host, &mut slowest, ReduceOp::Max)?;
             if round > 0 {
+                let times = match phase {
+                    Phase::Backward => &mut out.backward,
+                    Phase::Reduce => &mut out.reduce,
+                    Phase::Both => &mut out.step,
+                };
                 times.push(f64::from(slowest.to_host(&host)?[0]));
             }
         }
     }
     Ok(out)
+}
+
+/// What one timed pass of [`reducer_rank`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// The stand-in backward pass alone.
+    Backward,
+    /// The Reducer alone (every gradient ready at once).
+    Reduce,
+    /// Both: the Reducer overlapping the backward pass.
+    Both,
+}
+
+/// µs of each timed round of [`reducer_rank`]'s passes, the slowest rank's.
+#[derive(Debug, Default)]
+struct ReducerTimes {
+    backward: Vec<f64>,
+    reduce: Vec<f64>,
+    step: Vec<f64>,
 }
 
 /// How one timed call is made.
