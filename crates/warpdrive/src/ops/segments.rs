@@ -25,6 +25,13 @@ impl SegmentTable {
         SegmentTable::default()
     }
 
+    /// The table on the device ([`prepare`](Self::prepare) made it).
+    fn uploaded(&self) -> Result<&Buffer<u64>> {
+        self.device
+            .as_ref()
+            .ok_or_else(|| Error::InvalidArgument("segments: no table on the device".into()))
+    }
+
     /// The device table for parts at `ptrs` of `lens` elements, uploaded on `stream` when it
     /// changed; the total element count.
     fn prepare(&mut self, stream: &Stream, ptrs: &[u64], lens: &[usize]) -> Result<u64> {
@@ -55,13 +62,13 @@ impl SegmentTable {
     }
 }
 
-/// The kernel suffix for `T`'s size, or Unsupported.
-fn width<T: DType>(op: &str) -> Result<&'static str> {
+/// The pack and unpack kernels for `T`'s size, or Unsupported.
+fn kernels<T: DType>(op: &str) -> Result<(&'static str, &'static str)> {
     match std::mem::size_of::<T>() {
-        1 => Ok("u8"),
-        2 => Ok("u16"),
-        4 => Ok("u32"),
-        8 => Ok("u64"),
+        1 => Ok(("segments_pack_u8", "segments_unpack_u8")),
+        2 => Ok(("segments_pack_u16", "segments_unpack_u16")),
+        4 => Ok(("segments_pack_u32", "segments_unpack_u32")),
+        8 => Ok(("segments_pack_u64", "segments_unpack_u64")),
         n => Err(Error::Unsupported(format!("{op}: {n}-byte elements"))),
     }
 }
@@ -118,17 +125,9 @@ pub fn pack_segments<T: DType>(
         },
         |packed, q| {
             let total = table.prepare(stream, &ptrs, &lens)?;
-            let name = match width::<T>(OP)? {
-                "u8" => "segments_pack_u8",
-                "u16" => "segments_pack_u16",
-                "u32" => "segments_pack_u32",
-                _ => "segments_pack_u64",
-            };
+            let name = kernels::<T>(OP)?.0;
             let grid = fill_grid(q.gpu, (&SEGMENTS, name), total, BLOCK as u64 * 4)?;
-            let device = table
-                .device
-                .as_ref()
-                .ok_or_else(|| Error::InvalidArgument("no table".into()))?;
+            let device = table.uploaded()?;
             let args = Args::new()
                 .buf(device)
                 .u32(ptrs.len() as u32)
@@ -168,17 +167,9 @@ pub fn unpack_segments<T: DType>(
         },
         |_parts, q| {
             let total = table.prepare(stream, &ptrs, &lens)?;
-            let name = match width::<T>(OP)? {
-                "u8" => "segments_unpack_u8",
-                "u16" => "segments_unpack_u16",
-                "u32" => "segments_unpack_u32",
-                _ => "segments_unpack_u64",
-            };
+            let name = kernels::<T>(OP)?.1;
             let grid = fill_grid(q.gpu, (&SEGMENTS, name), total, BLOCK as u64 * 4)?;
-            let device = table
-                .device
-                .as_ref()
-                .ok_or_else(|| Error::InvalidArgument("no table".into()))?;
+            let device = table.uploaded()?;
             let args = Args::new()
                 .buf(device)
                 .u32(ptrs.len() as u32)
