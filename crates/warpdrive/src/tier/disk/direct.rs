@@ -216,6 +216,33 @@ impl DirectFile {
         .map(drop)
     }
 
+    /// As [`write_at_depth`](Self::write_at_depth), each piece first written into `buf` by
+    /// `fill(k, piece)` on the thread that then sends it (piece `k` starts `k ×`
+    /// [`PIECE_BYTES`] into `buf`), so filling the later pieces overlaps the writes of the
+    /// earlier ones.
+    pub fn write_at_depth_filled(
+        &self,
+        buf: &mut AlignedBuf,
+        offset: u64,
+        depth: usize,
+        fill: &(dyn Fn(usize, &mut [u8]) + Sync),
+    ) -> Result<()> {
+        let pieces: Vec<parking_lot::Mutex<&mut [u8]>> = buf
+            .as_mut_slice()
+            .chunks_mut(PIECE)
+            .map(parking_lot::Mutex::new)
+            .collect();
+        in_flight(depth.max(1), pieces.len(), |k| {
+            let mut piece = pieces[k].lock();
+            fill(k, &mut piece);
+            self.file
+                .write_all_at(&piece, offset + (k * PIECE) as u64)
+                .map_err(|e| Error::io(&self.path, e))
+                .map(|()| piece.len())
+        })
+        .map(drop)
+    }
+
     /// As [`read_at`](Self::read_at) with up to `depth` pieces in flight at once.
     pub fn read_at_depth(&self, buf: &mut AlignedBuf, offset: u64, depth: usize) -> Result<usize> {
         if depth <= 1 || buf.as_slice().len() <= PIECE {

@@ -151,6 +151,25 @@ fn kept<F>(
     Ok(f)
 }
 
+/// Writes bytes `from..from + out.len()` of `parts` laid one after another, zeros past
+/// their end (the padding, not what the buffer held before), into `out`.
+fn fill_from(parts: &[&[u8]], from: usize, out: &mut [u8]) {
+    let mut at = 0; // where the current part starts in the concatenation
+    let mut done = 0; // bytes of `out` written
+    for part in parts {
+        let end = at + part.len();
+        let want = from + done;
+        if want < end && done < out.len() {
+            let src = &part[want - at..];
+            let n = src.len().min(out.len() - done);
+            out[done..done + n].copy_from_slice(&src[..n]);
+            done += n;
+        }
+        at = end;
+    }
+    out[done..].fill(0);
+}
+
 /// The aligned start of a read of `len` bytes at `offset` and the bytes from there to the
 /// read's end.
 fn aligned_span(path: &Path, offset: u64, len: usize) -> Result<(u64, usize)> {
@@ -245,15 +264,15 @@ impl Disk for OsDisk {
             .try_fold(0usize, |n, p| n.checked_add(p.len()))
             .ok_or_else(|| Error::InvalidArgument("an append past usize::MAX".into()))?;
         with_scratch(total, |buf| {
-            let mut window = buf.as_mut_slice();
-            for part in parts {
-                let (to, rest) = window.split_at_mut(part.len());
-                to.copy_from_slice(part);
-                window = rest;
+            let depth = queue_depth(total);
+            if depth <= 1 {
+                fill_from(parts, 0, buf.as_mut_slice());
+                return file.write_at_depth(buf, offset, depth);
             }
-            // The padding: zeros, not what the buffer held before.
-            window.fill(0);
-            file.write_at_depth(buf, offset, queue_depth(total))
+            // Each writing thread copies its own piece in first: the copying of the later
+            // pieces overlaps the writes of the earlier ones.
+            let fill = |k: usize, piece: &mut [u8]| fill_from(parts, k * PIECE_BYTES, piece);
+            file.write_at_depth_filled(buf, offset, depth, &fill)
         })?;
         Ok(offset)
     }
@@ -389,6 +408,26 @@ mod tests {
         let d = std::env::temp_dir().join(format!("wd-disk-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         d
+    }
+
+    #[test]
+    fn fill_from_copies_any_window_of_the_parts_then_zeros() {
+        let (a, b) = (
+            (0..37u8).collect::<Vec<_>>(),
+            (100..=250u8).collect::<Vec<_>>(),
+        );
+        let parts: [&[u8]; 3] = [&a, &[], &b];
+        let whole: Vec<u8> = [a.clone(), b.clone()].concat();
+        for from in [0, 1, 36, 37, 38, 100, 187, 188, 300] {
+            for len in [0, 1, 5, 64, 400] {
+                let mut out = vec![0xeeu8; len];
+                fill_from(&parts, from, &mut out);
+                let want: Vec<u8> = (from..from + len)
+                    .map(|i| whole.get(i).copied().unwrap_or(0))
+                    .collect();
+                assert_eq!(out, want, "from {from} len {len}");
+            }
+        }
     }
 
     #[test]
