@@ -99,26 +99,7 @@ impl Encoded<'_> {
 
 /// [`encode_block`] without joining header and payload.
 pub fn encode(data: &[u8], compression: Compression, filter: Filter) -> Result<Encoded<'_>> {
-    if data.len() as u64 > MAX_RAW_BYTES {
-        return Err(Error::InvalidArgument(format!(
-            "tier block of {} bytes is over the {MAX_RAW_BYTES}-byte limit",
-            data.len()
-        )));
-    }
-    let filter_byte = match filter {
-        Filter::None => 0,
-        Filter::Shuffle { width: 0 } => {
-            return Err(Error::InvalidArgument(
-                "tier block: shuffle filter of width 0".into(),
-            ))
-        }
-        Filter::Shuffle { width } => width,
-    };
-    let level_byte = match compression {
-        Compression::Zstd { level } => zstd_level_byte(level)?,
-        _ => 0,
-    };
-
+    let (filter_byte, level_byte) = check_args(data, compression, filter)?;
     if !worth_compressing(data, compression, usize::from(filter_byte))? {
         return Ok(frame(CODEC_NONE, 0, 0, data.len(), data.into()));
     }
@@ -143,6 +124,45 @@ pub fn encode(data: &[u8], compression: Compression, filter: Filter) -> Result<E
         )),
         _ => Ok(frame(CODEC_NONE, 0, 0, data.len(), data.into())),
     }
+}
+
+/// [`encode`]'s checks of its arguments; the filter and level bytes of the header.
+fn check_args(data: &[u8], compression: Compression, filter: Filter) -> Result<(u8, u8)> {
+    if data.len() as u64 > MAX_RAW_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "tier block of {} bytes is over the {MAX_RAW_BYTES}-byte limit",
+            data.len()
+        )));
+    }
+    let filter_byte = match filter {
+        Filter::None => 0,
+        Filter::Shuffle { width: 0 } => {
+            return Err(Error::InvalidArgument(
+                "tier block: shuffle filter of width 0".into(),
+            ))
+        }
+        Filter::Shuffle { width } => width,
+    };
+    let level_byte = match compression {
+        Compression::Zstd { level } => zstd_level_byte(level)?,
+        _ => 0,
+    };
+    Ok((filter_byte, level_byte))
+}
+
+/// Whether [`encode`] stores `data` as it is without trying a compression (no compression
+/// asked for, or the probe says it would not shrink), its arguments checked as `encode`
+/// checks them; then [`plain_header`] is its header.
+pub fn stores_plain(data: &[u8], compression: Compression, filter: Filter) -> Result<bool> {
+    let (filter_byte, _) = check_args(data, compression, filter)?;
+    Ok(compression == Compression::None
+        || !worth_compressing(data, compression, usize::from(filter_byte))?)
+}
+
+/// The header [`encode`] gives `data` stored as it is, with the checksum of all of `data`:
+/// a pass over the data that a large write can run while the data is on its way out.
+pub fn plain_header(data: &[u8]) -> [u8; HEADER_BYTES] {
+    frame(CODEC_NONE, 0, 0, data.len(), data.into()).header
 }
 
 /// `input` compressed by `compression` with its codec byte (`None` for no compression).

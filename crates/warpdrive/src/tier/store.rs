@@ -751,27 +751,40 @@ impl TierStore {
         sync: bool,
     ) -> Result<()> {
         const ZEROS: [u8; DIRECT_ALIGN as usize] = [0; DIRECT_ALIGN as usize];
-        let encoded = blocks
-            .iter()
-            .map(|(_, data)| {
-                codec::encode(data, self.config.disk_compression, self.config.disk_filter)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let mut parts: Vec<&[u8]> = Vec::with_capacity(3 * encoded.len());
-        let mut starts = Vec::with_capacity(encoded.len());
-        let mut at = 0u64;
-        for (i, block) in encoded.iter().enumerate() {
-            starts.push(at);
-            parts.push(&block.header);
-            parts.push(&block.payload);
-            let pad = pad_to_align(block.len() as u64);
-            if i + 1 < encoded.len() && pad > 0 {
-                parts.push(&ZEROS[..pad as usize]);
-            }
-            at += block.len() as u64 + pad;
-        }
         let path = self.dir.join(segment_name(g.segment));
-        let base = self.disk.append_aligned(&path, &parts)?;
+        let (compression, filter) = (self.config.disk_compression, self.config.disk_filter);
+        // (offset in the write, stored length) of each block.
+        let mut placed = Vec::with_capacity(blocks.len());
+        let base = match blocks {
+            // A large block stored as it is: its checksum runs while its later pieces go out.
+            [(_, data)]
+                if data.len() >= SPLIT_FROM && codec::stores_plain(data, compression, filter)? =>
+            {
+                placed.push((0, (codec::HEADER_BYTES + data.len()) as u64));
+                let header = || codec::plain_header(data).to_vec();
+                self.disk
+                    .append_aligned_late(&path, codec::HEADER_BYTES, data, &header)?
+            }
+            _ => {
+                let encoded = blocks
+                    .iter()
+                    .map(|(_, data)| codec::encode(data, compression, filter))
+                    .collect::<Result<Vec<_>>>()?;
+                let mut parts: Vec<&[u8]> = Vec::with_capacity(3 * encoded.len());
+                let mut at = 0u64;
+                for (i, block) in encoded.iter().enumerate() {
+                    placed.push((at, block.len() as u64));
+                    parts.push(&block.header);
+                    parts.push(&block.payload);
+                    let pad = pad_to_align(block.len() as u64);
+                    if i + 1 < encoded.len() && pad > 0 {
+                        parts.push(&ZEROS[..pad as usize]);
+                    }
+                    at += block.len() as u64 + pad;
+                }
+                self.disk.append_aligned(&path, &parts)?
+            }
+        };
         if sync {
             self.disk.sync(&path)?;
             if !g.segment_named {
@@ -779,11 +792,11 @@ impl TierStore {
                 g.segment_named = true;
             }
         }
-        for (((key, _), block), start) in blocks.iter().zip(&encoded).zip(starts) {
+        for ((key, _), (start, len)) in blocks.iter().zip(placed) {
             let at = Location {
                 segment: g.segment,
                 offset: base + start,
-                len: block.len() as u64,
+                len,
             };
             g.log.append(
                 &Record::Put {
@@ -798,7 +811,7 @@ impl TierStore {
             if let Some(old) = g.index.insert(key.to_string(), at) {
                 forget(g, old);
             }
-            g.stats.disk_bytes_written += block.len() as u64;
+            g.stats.disk_bytes_written += len;
         }
         Ok(())
     }

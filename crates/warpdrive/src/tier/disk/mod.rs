@@ -72,6 +72,21 @@ pub trait Disk: Send + Sync + 'static {
         Ok(offset)
     }
 
+    /// As [`append_aligned`](Self::append_aligned) for a header of `header_len` bytes and a
+    /// body, the header made by `header()` (a checksum of the body, say): [`OsDisk`] runs it
+    /// on the thread that writes the first piece while the body's later pieces go out. The
+    /// default makes the header first. A header of another length is `InvalidArgument`.
+    fn append_aligned_late(
+        &self,
+        path: &Path,
+        header_len: usize,
+        body: &[u8],
+        header: &(dyn Fn() -> Vec<u8> + Sync),
+    ) -> Result<u64> {
+        let head = checked_header(header_len, header())?;
+        self.append_aligned(path, &[&head, body])
+    }
+
     /// `len` bytes at `offset` of a file [`append_aligned`](Self::append_aligned) wrote;
     /// fewer only at its end. [`OsDisk`] reads with `O_DIRECT` where it can.
     fn read_aligned(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {
@@ -149,6 +164,17 @@ fn kept<F>(
     }
     cache.push((path.to_path_buf(), f.clone()));
     Ok(f)
+}
+
+/// `head` when it is `len` bytes long, else `InvalidArgument`.
+fn checked_header(len: usize, head: Vec<u8>) -> Result<Vec<u8>> {
+    if head.len() != len {
+        return Err(Error::InvalidArgument(format!(
+            "append_aligned_late: a {}-byte header where {len} were announced",
+            head.len()
+        )));
+    }
+    Ok(head)
 }
 
 /// Writes bytes `from..from + out.len()` of `parts` laid one after another, zeros past
@@ -274,6 +300,51 @@ impl Disk for OsDisk {
             let fill = |k: usize, piece: &mut [u8]| fill_from(parts, k * PIECE_BYTES, piece);
             file.write_at_depth_filled(buf, offset, depth, &fill)
         })?;
+        Ok(offset)
+    }
+
+    fn append_aligned_late(
+        &self,
+        path: &Path,
+        header_len: usize,
+        body: &[u8],
+        header: &(dyn Fn() -> Vec<u8> + Sync),
+    ) -> Result<u64> {
+        let total = header_len
+            .checked_add(body.len())
+            .ok_or_else(|| Error::InvalidArgument("an append past usize::MAX".into()))?;
+        let depth = queue_depth(total);
+        if depth <= 1 || header_len > PIECE_BYTES {
+            let head = checked_header(header_len, header())?;
+            return self.append_aligned(path, &[&head, body]);
+        }
+        let file = kept(&self.direct, path, || DirectFile::open(path))?;
+        let len = file.size()?;
+        let offset = len + pad_to_align(len);
+        // The first piece's thread makes the header, then writes its piece; the others
+        // write the body's later pieces meanwhile (their bytes need no header).
+        let head = parking_lot::Mutex::new(None::<Result<Vec<u8>>>);
+        let blank = vec![0u8; header_len];
+        with_scratch(total, |buf| {
+            let fill = |k: usize, piece: &mut [u8]| {
+                if k == 0 {
+                    let made = checked_header(header_len, header());
+                    match &made {
+                        Ok(h) => fill_from(&[h, body], 0, piece),
+                        Err(_) => piece.fill(0),
+                    }
+                    *head.lock() = Some(made);
+                } else {
+                    fill_from(&[&blank, body], k * PIECE_BYTES, piece);
+                }
+            };
+            file.write_at_depth_filled(buf, offset, depth, &fill)
+        })?;
+        // A header of the wrong length: its piece went out without it; the block is not
+        // recorded anywhere, so the bytes are dead space in the segment.
+        head.into_inner().ok_or_else(|| {
+            Error::InvalidArgument("append_aligned_late: no header made".into())
+        })??;
         Ok(offset)
     }
 
@@ -428,6 +499,31 @@ mod tests {
                 assert_eq!(out, want, "from {from} len {len}");
             }
         }
+    }
+
+    #[test]
+    fn a_late_header_lands_before_its_body_and_a_wrong_one_is_refused() {
+        let dir = tempdir("late");
+        let body: Vec<u8> = (0..(SPLIT_FROM + 12_345))
+            .map(|i| (i * 7 % 251) as u8)
+            .collect();
+        let disks: [Arc<dyn Disk>; 2] = [Arc::new(OsDisk::new()), Arc::new(SimDisk::new())];
+        for disk in disks {
+            disk.create_dir_all(&dir).unwrap();
+            let path = dir.join("late.seg");
+            disk.append_aligned(&path, &[b"x"]).unwrap();
+            let header = || b"HEADER-32-BYTES-OF-SOMETHING-ok!".to_vec();
+            let at = disk.append_aligned_late(&path, 32, &body, &header).unwrap();
+            assert_eq!(at % DIRECT_ALIGN, 0);
+            let back = disk.read_aligned(&path, at, 32 + body.len()).unwrap();
+            assert_eq!(&back[..32], b"HEADER-32-BYTES-OF-SOMETHING-ok!");
+            assert!(back[32..] == body[..]);
+            let short = || b"short".to_vec();
+            let r = disk.append_aligned_late(&path, 32, &body, &short);
+            assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+            disk.remove(&path).unwrap();
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
