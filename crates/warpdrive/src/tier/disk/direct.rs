@@ -248,24 +248,7 @@ impl DirectFile {
         if depth <= 1 || buf.as_slice().len() <= PIECE {
             return self.read_at(buf, offset);
         }
-        let pieces: Vec<parking_lot::Mutex<&mut [u8]>> = buf
-            .as_mut_slice()
-            .chunks_mut(PIECE)
-            .map(parking_lot::Mutex::new)
-            .collect();
-        let filled = in_flight(depth, pieces.len(), |k| {
-            let mut piece = pieces[k].lock();
-            self.fill(&mut piece, offset + (k * PIECE) as u64)
-        })?;
-        // Bytes up to the first short piece: the end of the file.
-        let mut total = 0;
-        for n in filled {
-            total += n;
-            if n < PIECE {
-                break;
-            }
-        }
-        Ok(total)
+        self.read_at_depth_each(buf, offset, depth, &|_, _| Ok(()))
     }
 
     /// As [`read_at_depth`](Self::read_at_depth), handing each piece to `each(k, bytes)` on
