@@ -4,6 +4,7 @@
 //! addresses from a [`SegmentTable`], uploaded only when the parts change.
 
 use super::{fill_grid, launch, Args, BLOCK};
+use crate::device::Queue;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::SEGMENTS;
@@ -25,16 +26,14 @@ impl SegmentTable {
         SegmentTable::default()
     }
 
-    /// The table on the device ([`prepare`](Self::prepare) made it).
-    fn uploaded(&self) -> Result<&Buffer<u64>> {
-        self.device
-            .as_ref()
-            .ok_or_else(|| Error::InvalidArgument("segments: no table on the device".into()))
-    }
-
-    /// The device table for parts at `ptrs` of `lens` elements, uploaded on `stream` when it
-    /// changed; the total element count.
-    fn prepare(&mut self, stream: &Stream, ptrs: &[u64], lens: &[usize]) -> Result<u64> {
+    /// The total element count and the device table for parts at `ptrs` of `lens`
+    /// elements, uploaded on `stream` when it changed.
+    fn prepare(
+        &mut self,
+        stream: &Stream,
+        ptrs: &[u64],
+        lens: &[usize],
+    ) -> Result<(u64, &Buffer<u64>)> {
         let mut table = Vec::with_capacity(2 * ptrs.len() + 1);
         table.extend_from_slice(ptrs);
         let mut total = 0u64;
@@ -45,20 +44,19 @@ impl SegmentTable {
             })?;
             table.push(total);
         }
-        let fresh = self
-            .device
-            .as_ref()
-            .is_none_or(|d| d.len() != table.len() || d.device() != stream.device());
-        if fresh {
-            self.device = Some(Buffer::uninit(stream, table.len())?);
-        }
-        if fresh || self.host != table {
-            if let Some(d) = self.device.as_mut() {
-                d.driver_copy_from_host(stream, &table)?;
+        let device = match self.device.take() {
+            Some(d) if d.len() == table.len() && d.device() == stream.device() => d,
+            _ => {
+                self.host.clear();
+                Buffer::uninit(stream, table.len())?
             }
+        };
+        let device = self.device.insert(device);
+        if self.host != table {
+            device.driver_copy_from_host(stream, &table)?;
             self.host = table;
         }
-        Ok(total)
+        Ok((total, device))
     }
 }
 
@@ -100,6 +98,30 @@ fn check_parts<'a, T: DType>(
     Ok((ptrs, lens))
 }
 
+/// Launches segment kernel `name` over `packed` and the parts at `ptrs` of `lens` elements,
+/// their table uploaded first when it changed.
+fn launch_segments<T: DType>(
+    q: Queue<'_>,
+    stream: &Stream,
+    table: &mut SegmentTable,
+    (ptrs, lens): (&[u64], &[usize]),
+    packed: &Buffer<T>,
+    name: &'static str,
+) -> Result<()> {
+    let (total, device) = table.prepare(stream, ptrs, lens)?;
+    let grid = fill_grid(q.gpu, (&SEGMENTS, name), total, BLOCK as u64 * 4)?;
+    let args = Args::new()
+        .buf(device)
+        .u32(ptrs.len() as u32)
+        .buf(packed)
+        .u64(total);
+    // SAFETY: segments_{pack,unpack}_T(const u64* table, u32 k, T* packed, u64 total): the
+    // table holds k addresses of live, disjoint buffers of the checked lengths (unpack's
+    // borrowed mutably for the call) and k + 1 offsets ending at total = packed's length,
+    // all on this stream's device.
+    unsafe { launch(q, (&SEGMENTS, name), grid, BLOCK, 0, args) }
+}
+
 /// Writes `parts` one after another into `packed` (as long as all of them together).
 pub fn pack_segments<T: DType>(
     stream: &Stream,
@@ -124,19 +146,14 @@ pub fn pack_segments<T: DType>(
             Ok(())
         },
         |packed, q| {
-            let total = table.prepare(stream, &ptrs, &lens)?;
-            let name = kernels::<T>(OP)?.0;
-            let grid = fill_grid(q.gpu, (&SEGMENTS, name), total, BLOCK as u64 * 4)?;
-            let device = table.uploaded()?;
-            let args = Args::new()
-                .buf(device)
-                .u32(ptrs.len() as u32)
-                .buf(packed)
-                .u64(total);
-            // SAFETY: segments_pack_T(const u64* table, u32 k, T* packed, u64 total): the table
-            // holds k addresses of live buffers of the checked lengths and k + 1 offsets
-            // ending at total = packed's length, all on this stream's device.
-            unsafe { launch(q, (&SEGMENTS, name), grid, BLOCK, 0, args) }
+            launch_segments(
+                q,
+                stream,
+                table,
+                (&ptrs, &lens),
+                packed,
+                kernels::<T>(OP)?.0,
+            )
         },
     )
 }
@@ -166,19 +183,14 @@ pub fn unpack_segments<T: DType>(
             Ok(())
         },
         |_parts, q| {
-            let total = table.prepare(stream, &ptrs, &lens)?;
-            let name = kernels::<T>(OP)?.1;
-            let grid = fill_grid(q.gpu, (&SEGMENTS, name), total, BLOCK as u64 * 4)?;
-            let device = table.uploaded()?;
-            let args = Args::new()
-                .buf(device)
-                .u32(ptrs.len() as u32)
-                .buf(packed)
-                .u64(total);
-            // SAFETY: segments_unpack_T(const u64* table, u32 k, const T* packed, u64 total):
-            // the table holds the k parts' addresses (live, mutably borrowed for this call,
-            // disjoint buffers) and k + 1 offsets ending at total = packed's length.
-            unsafe { launch(q, (&SEGMENTS, name), grid, BLOCK, 0, args) }
+            launch_segments(
+                q,
+                stream,
+                table,
+                (&ptrs, &lens),
+                packed,
+                kernels::<T>(OP)?.1,
+            )
         },
     )
 }
