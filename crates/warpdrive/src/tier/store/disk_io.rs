@@ -1,0 +1,270 @@
+//! The store's disk side: blocks encoded and appended to the current segment with their
+//! index records, and read back verified (large plain blocks landing piece by piece).
+
+use parking_lot::Mutex;
+
+use crate::error::{Error, Result};
+use crate::memory::PinnedBuf;
+
+use super::super::codec;
+use super::super::disk::{pad_to_align, DIRECT_ALIGN, PIECE_BYTES, SPLIT_FROM};
+use super::super::log::{Location, Record};
+use super::{forget, segment_name, Below, Inner, TierStore};
+
+impl TierStore {
+    /// Appends `data` as an encoded block to the current segment and records it.
+    pub(super) fn write_to_disk(
+        &self,
+        g: &mut Inner,
+        key: &str,
+        data: &[u8],
+        sync: bool,
+    ) -> Result<()> {
+        self.write_many_to_disk(g, &[(key, data)], sync)
+    }
+
+    /// Appends `blocks` as encoded blocks to the current segment in one write (each at an
+    /// aligned offset) and records them.
+    pub(super) fn write_many_to_disk(
+        &self,
+        g: &mut Inner,
+        blocks: &[(&str, &[u8])],
+        sync: bool,
+    ) -> Result<()> {
+        const ZEROS: [u8; DIRECT_ALIGN as usize] = [0; DIRECT_ALIGN as usize];
+        let path = self.dir.join(segment_name(g.segment));
+        let (compression, filter) = (self.config.disk_compression, self.config.disk_filter);
+        // (offset in the write, stored length) of each block.
+        let mut placed = Vec::with_capacity(blocks.len());
+        let base = match blocks {
+            // A large block stored as it is: its checksum runs while its later pieces go out.
+            [(_, data)]
+                if data.len() >= SPLIT_FROM && codec::stores_plain(data, compression, filter)? =>
+            {
+                placed.push((0, (codec::HEADER_BYTES + data.len()) as u64));
+                let header = || codec::plain_header(data).to_vec();
+                self.disk
+                    .append_aligned_late(&path, codec::HEADER_BYTES, data, &header)?
+            }
+            _ => {
+                let encoded = blocks
+                    .iter()
+                    .map(|(_, data)| codec::encode(data, compression, filter))
+                    .collect::<Result<Vec<_>>>()?;
+                let mut parts: Vec<&[u8]> = Vec::with_capacity(3 * encoded.len());
+                let mut at = 0u64;
+                for (i, block) in encoded.iter().enumerate() {
+                    placed.push((at, block.len() as u64));
+                    parts.push(&block.header);
+                    parts.push(&block.payload);
+                    let pad = pad_to_align(block.len() as u64);
+                    if i + 1 < encoded.len() && pad > 0 {
+                        parts.push(&ZEROS[..pad as usize]);
+                    }
+                    at += block.len() as u64 + pad;
+                }
+                self.disk.append_aligned(&path, &parts)?
+            }
+        };
+        if sync {
+            self.disk.sync(&path)?;
+            if !g.segment_named {
+                self.disk.sync_dir(&self.dir)?;
+                g.segment_named = true;
+            }
+        }
+        for ((key, _), (start, len)) in blocks.iter().zip(placed) {
+            let at = Location {
+                segment: g.segment,
+                offset: base + start,
+                len,
+            };
+            g.log.append(
+                &Record::Put {
+                    key: key.to_string(),
+                    at,
+                },
+                sync,
+            )?;
+            let segment = g.segments.entry(at.segment).or_insert((0, 0));
+            segment.0 += at.len;
+            segment.1 = at.offset + at.len + pad_to_align(at.len);
+            if let Some(old) = g.index.insert(key.to_string(), at) {
+                forget(g, old);
+            }
+            g.stats.disk_bytes_written += len;
+        }
+        Ok(())
+    }
+
+    /// Finds the block below the GPU tier: in the host tier (its pinned block stays there),
+    /// else read from the disk, checksum verified, into a pinned block of its own.
+    pub(super) fn find_below_gpu(&self, g: &mut Inner, key: &String) -> Result<Below> {
+        if g.host_blocks.contains_key(key) {
+            g.host.touch(key);
+            g.stats.host_hits += 1;
+            metrics::counter!("warpdrive_tier_hits_total", "tier" => "host").increment(1);
+            return Ok(Below::Host);
+        }
+        let pinned = |len| PinnedBuf::<u8>::new(self.stream.device(), len);
+        if let Some(p) = self.read_disk_streamed(g, key, pinned, |p| p.wait_slice_mut())? {
+            return Ok(Below::Disk(p));
+        }
+        self.read_disk(g, key, |frame| {
+            let mut p = PinnedBuf::<u8>::new(self.stream.device(), frame.raw_len())?;
+            frame.decode_into(p.wait_slice_mut()?)?;
+            Ok(Below::Disk(p))
+        })
+    }
+
+    /// Reads `key`'s block from the disk, verifies it and hands it to `land` (which decodes
+    /// it where the caller wants it).
+    pub(super) fn read_disk<R>(
+        &self,
+        g: &mut Inner,
+        key: &String,
+        land: impl FnOnce(&codec::Frame) -> Result<R>,
+    ) -> Result<R> {
+        let Some(at) = g.index.get(key).copied() else {
+            g.stats.misses += 1;
+            metrics::counter!("warpdrive_tier_misses_total").increment(1);
+            return Err(Error::NotFound { key: key.clone() });
+        };
+        let path = self.dir.join(segment_name(at.segment));
+        let corrupt = |detail: String| Error::Corrupt {
+            key: key.clone(),
+            detail,
+        };
+        let len =
+            usize::try_from(at.len).map_err(|_| corrupt(format!("a block of {} bytes", at.len)))?;
+        let mut land = Some(land);
+        let mut landed = None;
+        self.disk
+            .with_aligned(&path, at.offset, len, &mut |stored| {
+                if stored.len() != len {
+                    return Err(corrupt(format!("{} of {len} bytes on disk", stored.len())));
+                }
+                if let Some(land) = land.take() {
+                    landed = Some(codec::Frame::verify_then(stored, key, land)?);
+                }
+                Ok(())
+            })?;
+        let landed = landed.ok_or_else(|| corrupt("the disk handed back no bytes".into()))?;
+        g.stats.disk_hits += 1;
+        metrics::counter!("warpdrive_tier_hits_total", "tier" => "disk").increment(1);
+        g.stats.disk_bytes_read += at.len;
+        Ok(landed)
+    }
+
+    /// A large plain block read from the disk straight into the destination `make` gives for
+    /// its length (a new `Vec`, a pinned block; `view` is its bytes), each piece of the read
+    /// copied in and checksummed in order as it lands, so the copying and hashing overlap
+    /// the reads of the later pieces; `None` where that does not apply (a block under
+    /// [`SPLIT_FROM`], or compressed or filtered: [`read_disk`](Self::read_disk) reads those).
+    pub(super) fn read_disk_streamed<D>(
+        &self,
+        g: &mut Inner,
+        key: &String,
+        make: impl FnOnce(usize) -> Result<D>,
+        view: impl FnOnce(&mut D) -> Result<&mut [u8]>,
+    ) -> Result<Option<D>> {
+        let Some(at) = g.index.get(key).copied() else {
+            return Ok(None);
+        };
+        let corrupt = |detail: String| Error::Corrupt {
+            key: key.clone(),
+            detail,
+        };
+        let len =
+            usize::try_from(at.len).map_err(|_| corrupt(format!("a block of {} bytes", at.len)))?;
+        if len < SPLIT_FROM {
+            return Ok(None);
+        }
+        let path = self.dir.join(segment_name(at.segment));
+        let first = self
+            .disk
+            .read_aligned(&path, at.offset, codec::HEADER_BYTES)?;
+        let header: &[u8; codec::HEADER_BYTES] = first
+            .first_chunk()
+            .ok_or_else(|| corrupt(format!("{} of {len} bytes on disk", first.len())))?;
+        let payload_len = len - codec::HEADER_BYTES;
+        let Some(stream) = codec::PlainStream::start(header, payload_len, key)? else {
+            return Ok(None);
+        };
+        let mut dest = make(stream.raw_len())?;
+        let data = view(&mut dest)?;
+        if data.len() != stream.raw_len() {
+            return Err(Error::LengthMismatch {
+                op: "tier disk read",
+                left: data.len(),
+                right: stream.raw_len(),
+            });
+        }
+        // One part of `data` per piece of the read (piece k: stored bytes from k·PIECE_BYTES,
+        // the header inside the first), each landed by the thread that read it; the one that
+        // lands the next part in order hashes forward.
+        let mut parts = Vec::new();
+        let mut rest = data;
+        let mut end = PIECE_BYTES - codec::HEADER_BYTES;
+        while !rest.is_empty() {
+            let n = end.min(rest.len());
+            let (part, tail) = std::mem::take(&mut rest).split_at_mut(n);
+            parts.push(Mutex::new((part, 0usize)));
+            rest = tail;
+            end = PIECE_BYTES;
+        }
+        let starts: Vec<usize> = (0..parts.len())
+            .map(|k| (k * PIECE_BYTES).saturating_sub(codec::HEADER_BYTES))
+            .collect();
+        let order = Mutex::new((0usize, Some(stream)));
+        let land = |at: usize, bytes: &[u8]| -> Result<()> {
+            // Stored bytes at..at + len: the header's, then payload bytes from `at − HEADER`.
+            let skip = codec::HEADER_BYTES.saturating_sub(at).min(bytes.len());
+            if skip > 0 && bytes[..skip] != header[at..at + skip] {
+                return Err(corrupt("the header changed between two reads".into()));
+            }
+            let mut from = (at + skip).saturating_sub(codec::HEADER_BYTES);
+            let mut bytes = &bytes[skip..];
+            while !bytes.is_empty() {
+                let k = starts.partition_point(|&s| s <= from) - 1;
+                let mut part = parts[k].lock();
+                let (dst, landed) = &mut *part;
+                let off = from - starts[k];
+                let n = bytes.len().min(dst.len() - off);
+                dst[off..off + n].copy_from_slice(&bytes[..n]);
+                *landed += n;
+                drop(part);
+                (from, bytes) = (from + n, &bytes[n..]);
+            }
+            let mut order = order.lock();
+            let (next, stream) = &mut *order;
+            while let Some(part) = parts.get(*next) {
+                let part = part.lock();
+                if part.1 < part.0.len() {
+                    break;
+                }
+                if let Some(s) = stream.as_mut() {
+                    s.update(part.0);
+                }
+                *next += 1;
+            }
+            Ok(())
+        };
+        let got = self.disk.read_aligned_each(&path, at.offset, len, &land)?;
+        if got != len {
+            return Err(corrupt(format!("{got} of {len} bytes on disk")));
+        }
+        let (hashed, stream) = order.into_inner();
+        if hashed != parts.len() {
+            return Err(corrupt("parts of the block never landed".into()));
+        }
+        drop(parts);
+        stream
+            .ok_or_else(|| corrupt("no checksum".into()))?
+            .finish()?;
+        g.stats.disk_hits += 1;
+        metrics::counter!("warpdrive_tier_hits_total", "tier" => "disk").increment(1);
+        g.stats.disk_bytes_read += at.len;
+        Ok(Some(dest))
+    }
+}
