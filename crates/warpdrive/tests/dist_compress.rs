@@ -1,0 +1,242 @@
+//! The compressed all-reduce (`Int8Reducer`) and the training check of data parallelism, one
+//! test body on the in-process CPU group and on NCCL (`common::ranks`).
+
+mod common;
+
+use common::ranks::{both_backends, each_rank_on, Backend};
+use common::{rng, seed};
+use warpdrive::dist::ReduceOp;
+use warpdrive::{Buffer, Device, Error};
+
+/// The rank-order average of every rank's int8-quantized gradient (zero carried error), as
+/// the CPU backend's ops compute it.
+fn int8_reference(grads: &[Vec<f32>]) -> Vec<f32> {
+    use warpdrive::ops::quant::{dequantize_int8, quant_blocks, quantize_int8_ef};
+    let s = Device::cpu().new_stream().unwrap();
+    let n = grads[0].len();
+    let (mut all_q, mut all_s) = (Vec::new(), Vec::new());
+    for g in grads {
+        let g = Buffer::from_host(&s, g).unwrap();
+        let mut e = Buffer::from_host(&s, &vec![0.0f32; n]).unwrap();
+        let mut q = Buffer::from_host(&s, &vec![0u8; n]).unwrap();
+        let mut scales = Buffer::from_host(&s, &vec![0.0f32; quant_blocks(n)]).unwrap();
+        quantize_int8_ef(&s, &g, &mut e, &mut q, &mut scales).unwrap();
+        all_q.extend(q.to_host(&s).unwrap());
+        all_s.extend(scales.to_host(&s).unwrap());
+    }
+    let q = Buffer::from_host(&s, &all_q).unwrap();
+    let scales = Buffer::from_host(&s, &all_s).unwrap();
+    let mut out = Buffer::from_host(&s, &vec![f32::NAN; n]).unwrap();
+    let ranks = grads.len();
+    dequantize_int8(&s, &q, &scales, ranks, 1.0 / ranks as f32, &mut out).unwrap();
+    out.to_host(&s).unwrap()
+}
+
+both_backends!(
+    the_int8_reducer_averages_every_ranks_quantized_gradient,
+    gpu_nccl_the_int8_reducer_averages_every_ranks_quantized_gradient,
+    |backend| {
+        let mut rng = rng(seed("int8_reducer"));
+        for world in backend.worlds() {
+            for len in [1, 257, 70_001] {
+                let grads: Vec<Vec<f32>> = (0..world)
+                    .map(|_| common::random_f32(&mut rng, len))
+                    .collect();
+                let outs = each_rank_on(backend, world, |comm, stream| {
+                    let mut reducer = warpdrive::dist::Int8Reducer::new(comm, stream, len).unwrap();
+                    assert_eq!(reducer.wire_bytes(), len + 4 * len.div_ceil(256));
+                    let mut buf = Buffer::from_host(stream, &grads[comm.rank()]).unwrap();
+                    reducer.all_reduce(comm, stream, &mut buf).unwrap();
+                    let first = buf.to_host(stream).unwrap();
+                    // A second step carries each rank's error: still one answer on every rank.
+                    let mut buf = Buffer::from_host(stream, &grads[comm.rank()]).unwrap();
+                    reducer.all_reduce(comm, stream, &mut buf).unwrap();
+                    let mut short = Buffer::from_host(stream, &vec![0.0f32; len + 1]).unwrap();
+                    let wrong = reducer.all_reduce(comm, stream, &mut short);
+                    assert!(
+                        matches!(wrong, Err(Error::LengthMismatch { .. })),
+                        "{wrong:?}"
+                    );
+                    (first, buf.to_host(stream).unwrap())
+                });
+                let want = int8_reference(&grads);
+                let exact: Vec<f32> = (0..len)
+                    .map(|i| grads.iter().map(|g| g[i]).sum::<f32>() / world as f32)
+                    .collect();
+                for (r, (first, second)) in outs.iter().enumerate() {
+                    let what = format!("world {world} len {len} rank {r}");
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(first), bits(&want), "{what}: first step");
+                    assert_eq!(bits(second), bits(&outs[0].1), "{what}: second step");
+                    // Inputs in [-1, 1): the first step is off by half a step (1/127) at most;
+                    // the second, which adds the first's error and keeps its own, by a step.
+                    for (i, ((&a, &b), &c)) in first.iter().zip(second).zip(&exact).enumerate() {
+                        assert!(
+                            (a - c).abs() <= 0.5 / 127.0 + 1e-6,
+                            "{what} i={i}: {a} vs {c}"
+                        );
+                        assert!((b - c).abs() <= 1.01 / 127.0, "{what} i={i}: {b} vs {c}");
+                    }
+                }
+            }
+        }
+    }
+);
+
+/// A small MLP (16 → 32 tanh → 1, squared error) trained by SGD, its parameters flattened as
+/// [W1 (32×16), b1, W2, b2]; the host computes forward and backward, the group averages the
+/// gradients: the training check of data parallelism.
+mod mlp {
+    pub const D: usize = 16;
+    pub const H: usize = 32;
+    pub const PARAMS: usize = H * D + H + H + 1;
+    pub const SAMPLES: usize = 256;
+    pub const BATCH: usize = 64;
+    pub const LR: f32 = 0.1;
+
+    /// A fixed regression task: x uniform in [-1, 1)^16, y = sin(x · w*) + 0.1·x0.
+    pub fn data(seed: u64) -> (Vec<[f32; D]>, Vec<f32>) {
+        use rand::{Rng, SeedableRng};
+        let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+        let w: Vec<f32> = (0..D).map(|_| r.random_range(-1.0f32..1.0)).collect();
+        let xs: Vec<[f32; D]> = (0..SAMPLES)
+            .map(|_| std::array::from_fn(|_| r.random_range(-1.0f32..1.0)))
+            .collect();
+        let ys = xs
+            .iter()
+            .map(|x| x.iter().zip(&w).map(|(a, b)| a * b).sum::<f32>().sin() + 0.1 * x[0])
+            .collect();
+        (xs, ys)
+    }
+
+    pub fn init(seed: u64) -> Vec<f32> {
+        use rand::{Rng, SeedableRng};
+        let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+        (0..PARAMS).map(|_| r.random_range(-0.3f32..0.3)).collect()
+    }
+
+    fn forward(p: &[f32], x: &[f32; D]) -> ([f32; H], f32) {
+        let (w1, rest) = p.split_at(H * D);
+        let (b1, rest) = rest.split_at(H);
+        let (w2, b2) = rest.split_at(H);
+        let a: [f32; H] = std::array::from_fn(|j| {
+            let z: f32 = w1[j * D..(j + 1) * D]
+                .iter()
+                .zip(x)
+                .map(|(w, x)| w * x)
+                .sum();
+            (z + b1[j]).tanh()
+        });
+        let y = a.iter().zip(w2).map(|(a, w)| a * w).sum::<f32>() + b2[0];
+        (a, y)
+    }
+
+    /// The mean squared error / 2 over `idx` and its gradient (mean over `idx`).
+    pub fn grad(p: &[f32], xs: &[[f32; D]], ys: &[f32], idx: &[usize]) -> (f32, Vec<f32>) {
+        let mut g = vec![0.0f32; PARAMS];
+        let mut loss = 0.0f32;
+        let inv = 1.0 / idx.len() as f32;
+        for &i in idx {
+            let (a, yh) = forward(p, &xs[i]);
+            let dy = (yh - ys[i]) * inv;
+            loss += 0.5 * (yh - ys[i]) * (yh - ys[i]) * inv;
+            let w2 = &p[H * D + H..H * D + 2 * H];
+            for j in 0..H {
+                let dz = dy * w2[j] * (1.0 - a[j] * a[j]);
+                for k in 0..D {
+                    g[j * D + k] += dz * xs[i][k];
+                }
+                g[H * D + j] += dz;
+                g[H * D + H + j] += dy * a[j];
+            }
+            g[PARAMS - 1] += dy;
+        }
+        (loss, g)
+    }
+
+    /// Sample indices of step `t`'s global batch.
+    pub fn batch(t: usize) -> Vec<usize> {
+        (0..BATCH).map(|k| (t * BATCH + k) % SAMPLES).collect()
+    }
+
+    pub fn full_loss(p: &[f32], xs: &[[f32; D]], ys: &[f32]) -> f32 {
+        grad(p, xs, ys, &(0..SAMPLES).collect::<Vec<_>>()).0
+    }
+}
+
+both_backends!(
+    data_parallel_training_matches_one_rank_and_int8_ends_within_two_percent,
+    gpu_nccl_data_parallel_training_matches_one_rank_and_int8_ends_within_two_percent,
+    |backend| {
+        let steps = 40;
+        let sd = seed("training");
+        let (xs, ys) = mlp::data(sd);
+        // One rank, the whole batch: the reference, parameters after every step.
+        let mut p = mlp::init(sd ^ 1);
+        let mut reference = Vec::new();
+        for t in 0..steps {
+            let (_, g) = mlp::grad(&p, &xs, &ys, &mlp::batch(t));
+            p.iter_mut().zip(&g).for_each(|(p, g)| *p -= mlp::LR * g);
+            reference.push(p.clone());
+        }
+        let plain_loss = mlp::full_loss(&p, &xs, &ys);
+        let start_loss = mlp::full_loss(&mlp::init(sd ^ 1), &xs, &ys);
+        assert!(
+            plain_loss < 0.7 * start_loss,
+            "training learns: {start_loss} → {plain_loss}"
+        );
+        for world in backend.worlds().filter(|w| mlp::BATCH % w == 0) {
+            for int8 in [false, true] {
+                let outs = each_rank_on(backend, world, |comm, stream| {
+                    let mut p = mlp::init(sd ^ 1);
+                    let mut reducer =
+                        warpdrive::dist::Int8Reducer::new(comm, stream, mlp::PARAMS).unwrap();
+                    let mut trace = Vec::new();
+                    for t in 0..steps {
+                        let b = mlp::batch(t);
+                        let share = mlp::BATCH / world;
+                        let mine = &b[comm.rank() * share..(comm.rank() + 1) * share];
+                        let (_, g) = mlp::grad(&p, &xs, &ys, mine);
+                        let mut buf = Buffer::from_host(stream, &g).unwrap();
+                        if int8 {
+                            reducer.all_reduce(comm, stream, &mut buf).unwrap();
+                        } else {
+                            comm.all_reduce(stream, &mut buf, ReduceOp::Average)
+                                .unwrap();
+                        }
+                        comm.wait(stream).unwrap();
+                        let g = buf.to_host(stream).unwrap();
+                        p.iter_mut().zip(&g).for_each(|(p, g)| *p -= mlp::LR * g);
+                        trace.push(p.clone());
+                    }
+                    trace
+                });
+                for (r, trace) in outs.iter().enumerate() {
+                    assert_eq!(
+                        trace, &outs[0],
+                        "world {world} int8 {int8}: rank {r} differs"
+                    );
+                }
+                if int8 {
+                    let loss = mlp::full_loss(&outs[0][steps - 1], &xs, &ys);
+                    assert!(
+                        (loss - plain_loss).abs() <= 0.02 * plain_loss,
+                        "world {world}: int8 + error feedback ends at {loss}, plain {plain_loss}"
+                    );
+                } else {
+                    // 1e-5 relative to the parameters' scale (their largest magnitude): NCCL
+                    // averages in f32, the one-rank run sums the batch in another order.
+                    for (t, (got, want)) in outs[0].iter().zip(&reference).enumerate() {
+                        let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                        for (i, (a, b)) in got.iter().zip(want).enumerate() {
+                            assert!(
+                                (a - b).abs() <= 1e-5 * scale,
+                                "world {world} step {t} param {i}: {a} vs {b} (scale {scale})"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+);
