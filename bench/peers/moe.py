@@ -55,7 +55,7 @@ import os
 import sys
 import time
 
-from peer_stats import percentile
+from peer_stats import percentile, timed_row
 
 SUITE = "moe"
 # (case, hidden, intermediate, experts, top_k)
@@ -145,22 +145,11 @@ def layer_bytes(hidden, intermediate, experts, experts_hit):
 
 
 def row(case, size, variant, samples, nbytes, extra):
-    s = sorted(samples)
-    median = percentile(s, 0.5)
-    return {
-        "suite": SUITE,
-        "case": case,
-        "size": int(size),
-        "variant": variant,
-        "median": median,
-        "p10": percentile(s, 0.1),
-        "p90": percentile(s, 0.9),
-        "unit": "us",
-        "gbps": (nbytes / (median * 1e3)) if nbytes and median > 0 else None,
-        "tflops": None,
-        "pct_of_ceiling": None,
-        "extra": dict({"ceiling": "d2d_copy_gbps", "bytes": int(nbytes)}, **extra),
-    }
+    """peer_stats.timed_row with the bandwidth of `nbytes` (the bytes the case must move)."""
+    r = timed_row(SUITE, case, size, variant, samples,
+                  dict({"ceiling": "d2d_copy_gbps", "bytes": int(nbytes)}, **extra))
+    r["gbps"] = (nbytes / (r["median"] * 1e3)) if nbytes and r["median"] > 0 else None
+    return r
 
 
 def table(rows):
