@@ -94,17 +94,21 @@ mod mlp {
     pub const BATCH: usize = 64;
     pub const LR: f32 = 0.1;
 
-    /// A fixed regression task: x uniform in [-1, 1)^16, y = sin(x · w*) + 0.1·x0.
-    pub fn data(seed: u64) -> (Vec<[f32; D]>, Vec<f32>) {
+    /// A fixed regression task of `samples`: x uniform in [-1, 1)^16, y = sin(x · w*) + 0.1·x0
+    /// + noise uniform in [-noise, noise).
+    pub fn data(seed: u64, samples: usize, noise: f32) -> (Vec<[f32; D]>, Vec<f32>) {
         use rand::{Rng, SeedableRng};
         let mut r = rand::rngs::StdRng::seed_from_u64(seed);
         let w: Vec<f32> = (0..D).map(|_| r.random_range(-1.0f32..1.0)).collect();
-        let xs: Vec<[f32; D]> = (0..SAMPLES)
+        let xs: Vec<[f32; D]> = (0..samples)
             .map(|_| std::array::from_fn(|_| r.random_range(-1.0f32..1.0)))
             .collect();
         let ys = xs
             .iter()
-            .map(|x| x.iter().zip(&w).map(|(a, b)| a * b).sum::<f32>().sin() + 0.1 * x[0])
+            .map(|x| {
+                let clean = x.iter().zip(&w).map(|(a, b)| a * b).sum::<f32>().sin() + 0.1 * x[0];
+                clean + noise * r.random_range(-1.0f32..1.0)
+            })
             .collect();
         (xs, ys)
     }
@@ -154,14 +158,51 @@ mod mlp {
         (loss, g)
     }
 
-    /// Sample indices of step `t`'s global batch.
-    pub fn batch(t: usize) -> Vec<usize> {
-        (0..BATCH).map(|k| (t * BATCH + k) % SAMPLES).collect()
+    /// Sample indices of step `t`'s global batch out of `samples`.
+    pub fn batch(t: usize, samples: usize) -> Vec<usize> {
+        (0..BATCH).map(|k| (t * BATCH + k) % samples).collect()
     }
 
     pub fn full_loss(p: &[f32], xs: &[[f32; D]], ys: &[f32]) -> f32 {
-        grad(p, xs, ys, &(0..SAMPLES).collect::<Vec<_>>()).0
+        grad(p, xs, ys, &(0..xs.len()).collect::<Vec<_>>()).0
     }
+}
+
+/// How the training check averages its gradients.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Averaging {
+    Plain,
+    Int8,
+}
+
+/// One rank trains on the whole batch for `steps` of SGD with `momentum` (heavy ball,
+/// `m = momentum·m + g`, `p -= lr·m`): the parameters after every step.
+fn one_rank(
+    xs: &[[f32; mlp::D]],
+    ys: &[f32],
+    sd: u64,
+    steps: usize,
+    lr: f32,
+    momentum: f32,
+) -> Vec<Vec<f32>> {
+    let mut p = mlp::init(sd);
+    let mut m = vec![0.0f32; mlp::PARAMS];
+    (0..steps)
+        .map(|t| {
+            let (_, g) = mlp::grad(&p, xs, ys, &mlp::batch(t, xs.len()));
+            m.iter_mut()
+                .zip(&g)
+                .for_each(|(m, g)| *m = momentum * *m + g);
+            p.iter_mut().zip(&m).for_each(|(p, m)| *p -= lr * m);
+            p.clone()
+        })
+        .collect()
+}
+
+/// The rows of this rank's share of step `t`'s global batch.
+fn my_share(comm: &warpdrive::dist::Comm, t: usize, samples: usize) -> Vec<usize> {
+    let share = mlp::BATCH / comm.world();
+    mlp::batch(t, samples)[comm.rank() * share..(comm.rank() + 1) * share].to_vec()
 }
 
 both_backends!(
@@ -170,39 +211,29 @@ both_backends!(
     |backend| {
         let steps = 40;
         let sd = seed("training");
-        let (xs, ys) = mlp::data(sd);
-        // One rank, the whole batch: the reference, parameters after every step.
-        let mut p = mlp::init(sd ^ 1);
-        let mut reference = Vec::new();
-        for t in 0..steps {
-            let (_, g) = mlp::grad(&p, &xs, &ys, &mlp::batch(t));
-            p.iter_mut().zip(&g).for_each(|(p, g)| *p -= mlp::LR * g);
-            reference.push(p.clone());
-        }
-        let plain_loss = mlp::full_loss(&p, &xs, &ys);
+        let (xs, ys) = mlp::data(sd, mlp::SAMPLES, 0.0);
+        let reference = one_rank(&xs, &ys, sd ^ 1, steps, mlp::LR, 0.0);
+        let plain_loss = mlp::full_loss(&reference[steps - 1], &xs, &ys);
         let start_loss = mlp::full_loss(&mlp::init(sd ^ 1), &xs, &ys);
         assert!(
             plain_loss < 0.7 * start_loss,
             "training learns: {start_loss} → {plain_loss}"
         );
         for world in backend.worlds().filter(|w| mlp::BATCH % w == 0) {
-            for int8 in [false, true] {
+            for mode in [Averaging::Plain, Averaging::Int8] {
                 let outs = each_rank_on(backend, world, |comm, stream| {
                     let mut p = mlp::init(sd ^ 1);
                     let mut reducer =
                         warpdrive::dist::Int8Reducer::new(comm, stream, mlp::PARAMS).unwrap();
                     let mut trace = Vec::new();
                     for t in 0..steps {
-                        let b = mlp::batch(t);
-                        let share = mlp::BATCH / world;
-                        let mine = &b[comm.rank() * share..(comm.rank() + 1) * share];
-                        let (_, g) = mlp::grad(&p, &xs, &ys, mine);
+                        let (_, g) = mlp::grad(&p, &xs, &ys, &my_share(comm, t, xs.len()));
                         let mut buf = Buffer::from_host(stream, &g).unwrap();
-                        if int8 {
-                            reducer.all_reduce(comm, stream, &mut buf).unwrap();
-                        } else {
-                            comm.all_reduce(stream, &mut buf, ReduceOp::Average)
-                                .unwrap();
+                        match mode {
+                            Averaging::Plain => comm
+                                .all_reduce(stream, &mut buf, ReduceOp::Average)
+                                .unwrap(),
+                            Averaging::Int8 => reducer.all_reduce(comm, stream, &mut buf).unwrap(),
                         }
                         comm.wait(stream).unwrap();
                         let g = buf.to_host(stream).unwrap();
@@ -212,12 +243,9 @@ both_backends!(
                     trace
                 });
                 for (r, trace) in outs.iter().enumerate() {
-                    assert_eq!(
-                        trace, &outs[0],
-                        "world {world} int8 {int8}: rank {r} differs"
-                    );
+                    assert_eq!(trace, &outs[0], "world {world} {mode:?}: rank {r} differs");
                 }
-                if int8 {
+                if mode == Averaging::Int8 {
                     let loss = mlp::full_loss(&outs[0][steps - 1], &xs, &ys);
                     assert!(
                         (loss - plain_loss).abs() <= 0.02 * plain_loss,
@@ -237,6 +265,55 @@ both_backends!(
                     }
                 }
             }
+        }
+    }
+);
+
+/// DGC's training: top-k of 1% per block with error feedback, against one rank's SGD over as
+/// many steps, on a task with label noise as real data has (uniform ±0.5: the loss ends near
+/// the noise's floor, 0.042, not at zero). At 1% a parameter moves about once in a hundred
+/// steps (~6 of the MLP's 577 a step), so the run is long. Over eight seeds the top-k loss
+/// ended −1.9% to +1.1% from plain; on tasks whose loss keeps falling toward zero the gap is
+/// larger (bench/NOTES.md, compressed all-reduce).
+const TOPK_STEPS: usize = 6000;
+const NOISY_SAMPLES: usize = 16384;
+const NOISE: f32 = 0.5;
+
+both_backends!(
+    data_parallel_training_with_topk_and_error_feedback_ends_within_two_percent,
+    gpu_nccl_data_parallel_training_with_topk_and_error_feedback_ends_within_two_percent,
+    |backend| {
+        use warpdrive::ops::sparse::Sparsity;
+        let sd = seed("training");
+        let (xs, ys) = mlp::data(sd, NOISY_SAMPLES, NOISE);
+        let reference = one_rank(&xs, &ys, sd ^ 1, TOPK_STEPS, mlp::LR, 0.0);
+        let plain_loss = mlp::full_loss(&reference[TOPK_STEPS - 1], &xs, &ys);
+        for world in backend.worlds().filter(|w| mlp::BATCH % w == 0) {
+            let outs = each_rank_on(backend, world, |comm, stream| {
+                let mut p = mlp::init(sd ^ 1);
+                let sparsity = Sparsity::new(0.01).unwrap();
+                let mut reducer =
+                    warpdrive::dist::TopkReducer::new(comm, stream, mlp::PARAMS, sparsity, 0.0)
+                        .unwrap();
+                for t in 0..TOPK_STEPS {
+                    let (_, g) = mlp::grad(&p, &xs, &ys, &my_share(comm, t, xs.len()));
+                    let mut buf = Buffer::from_host(stream, &g).unwrap();
+                    reducer.all_reduce(comm, stream, &mut buf).unwrap();
+                    comm.wait(stream).unwrap();
+                    let g = buf.to_host(stream).unwrap();
+                    p.iter_mut().zip(&g).for_each(|(p, g)| *p -= mlp::LR * g);
+                }
+                p
+            });
+            for (r, p) in outs.iter().enumerate() {
+                assert_eq!(p, &outs[0], "world {world}: rank {r} differs");
+            }
+            let loss = mlp::full_loss(&outs[0], &xs, &ys);
+            eprintln!("world {world}: top-k 1% ends at {loss}, plain {plain_loss}");
+            assert!(
+                (loss - plain_loss).abs() <= 0.02 * plain_loss,
+                "world {world}: top-k 1% + error feedback ends at {loss}, plain {plain_loss}"
+            );
         }
     }
 );

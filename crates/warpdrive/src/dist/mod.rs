@@ -32,11 +32,12 @@
 //! [`Comm::split`] makes sub-communicators; [`Comm::hierarchy`] the two a hierarchical
 //! all-reduce runs on ([`Hierarchy`]).
 //!
-//! [`Int8Reducer`] averages a gradient through int8 block quantization with error feedback.
+//! [`Int8Reducer`] averages a gradient through int8 block quantization with error feedback,
+//! [`TopkReducer`] through top-k sparsification with error feedback and momentum (DGC).
 //!
 //! Not yet: CPU groups across processes, the Reducer's per-topology bucket tuning and overlap
-//! report, choosing the hierarchical all-reduce by itself when ranks span hosts, top-k and
-//! PowerSGD compression.
+//! report, choosing the hierarchical all-reduce by itself when ranks span hosts, PowerSGD
+//! compression.
 
 mod bootstrap;
 mod compress;
@@ -56,7 +57,7 @@ use crate::error::{Error, Result};
 use crate::memory::Buffer;
 
 pub use bootstrap::{LaunchEnv, NcclId};
-pub use compress::Int8Reducer;
+pub use compress::{Int8Reducer, TopkReducer};
 pub use hierarchy::Hierarchy;
 use local::{Call, Group};
 use nccl::NcclLink;

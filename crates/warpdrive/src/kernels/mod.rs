@@ -90,6 +90,13 @@ pub static QUANT: KernelSource = KernelSource {
     shared: None,
 };
 
+/// Gradient compression: top-k per block with error feedback and momentum (DGC).
+pub static SPARSE: KernelSource = KernelSource {
+    name: "sparse",
+    code: include_str!("sparse.cu"),
+    shared: None,
+};
+
 /// Row top-k and the fused MoE router.
 pub static TOPK: KernelSource = KernelSource {
     name: "topk",
@@ -163,6 +170,7 @@ pub static SOURCES: &[&KernelSource] = &[
     &SOFTMAX,
     &TOPK,
     &QUANT,
+    &SPARSE,
     &SEGMENTS,
     &PERMUTE,
     &MOE,

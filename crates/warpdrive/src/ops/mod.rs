@@ -22,6 +22,7 @@ pub mod reduce;
 pub mod router;
 pub mod segments;
 pub mod softmax;
+pub mod sparse;
 pub mod topk;
 
 pub use elementwise::{
