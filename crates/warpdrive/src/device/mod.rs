@@ -10,6 +10,7 @@ pub(crate) mod cuda;
 pub(crate) mod dma;
 pub(crate) mod lending;
 pub(crate) mod mapped;
+mod peer;
 pub mod probe;
 mod state;
 pub mod sysfs;

@@ -34,6 +34,7 @@ mod batch;
 mod buffer;
 mod compress;
 mod hostmem;
+mod peer;
 mod pipeline;
 mod ring;
 pub mod workers;
@@ -44,6 +45,7 @@ pub use compress::{
     F16_REL_ERROR,
 };
 pub use hostmem::stream_copy;
+pub use peer::{copy_peer, copy_peer_staged, PeerPath};
 pub use pipeline::{Pipeline, PipelineStats};
 pub use ring::RingPlan;
 pub use workers::Workers;

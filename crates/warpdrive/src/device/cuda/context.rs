@@ -2,7 +2,7 @@
 //! ("lost") tracking, the lean launch path and the graph-capture guards.
 
 use std::cell::Cell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -135,6 +135,8 @@ pub(super) struct Inner {
     pub(super) occupancy: Mutex<HashMap<OccupancyKey, u32>>,
     pub(super) modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     pub(super) blas: Mutex<Option<BlasHandle>>,
+    /// Ordinals of the devices this one's peer access is on for.
+    pub(super) peers: Mutex<HashSet<usize>>,
     /// The floors above's per-device state (pools, tuned configurations, clocks).
     state: DeviceState,
 }
@@ -203,6 +205,7 @@ impl CudaDevice {
                 occupancy: Mutex::new(HashMap::new()),
                 modules: Mutex::new(HashMap::new()),
                 blas: Mutex::new(None),
+                peers: Mutex::new(HashSet::new()),
                 state: DeviceState::new(),
             }),
         };

@@ -17,6 +17,7 @@ mod libraries;
 mod memory;
 mod nccl;
 mod nvrtc;
+mod peer;
 mod probe;
 mod stream;
 
