@@ -9,6 +9,9 @@ NCCL_NVLS_ENABLE=0), variant `torch-distributed`:
   nccl-tests convention (none for one rank).
 - nccl-call (size 8 B): host µs per `dist.all_reduce` of a run of 8-byte calls enqueued back
   to back.
+- peer-copy (size = bytes; two GPUs or more), variant `torch-copy`: `Tensor.copy_` from
+  cuda:0 into a tensor on cuda:1, µs per copy from events on cuda:1's stream around a run of
+  copies (PyTorch turns peer access on where the GPUs have it).
 Without a GPU the script prints no rows and says why on stderr.
 """
 
@@ -135,7 +138,35 @@ def main():
             )
             with open(out) as f:
                 rows = json.load(f)
+        if world >= 2:
+            rows += peer_copy_rows(torch, args.quick)
     print(json.dumps(rows))
+
+
+def peer_copy_rows(torch, quick):
+    sizes = [MIB, 64 * MIB] if quick else [MIB, 64 * MIB, 256 * MIB, GIB]
+    rounds = QUICK_ROUNDS if quick else ROUNDS
+    rows = []
+    for size in sizes:
+        src = torch.rand(size // 4, device="cuda:0")
+        dst = torch.empty(size // 4, device="cuda:1")
+        calls = max(1, min(20, 256 * MIB // size))
+        with torch.cuda.device(1):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            us = []
+            for r in range(rounds + 1):
+                start.record()
+                for _ in range(calls):
+                    dst.copy_(src, non_blocking=True)
+                end.record()
+                end.synchronize()
+                if r > 0:
+                    us.append(start.elapsed_time(end) * 1e3 / calls)
+        if not torch.equal(dst.cpu(), src.cpu()):
+            raise SystemExit("peer-copy: torch's copy differs from its source")
+        rows.append(timed_row(SUITE, "peer-copy", size, "torch-copy", us, {}))
+    return rows
 
 
 if __name__ == "__main__":

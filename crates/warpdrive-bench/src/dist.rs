@@ -27,6 +27,17 @@
 //!   the plain all-reduce's median over this one (above 1: compression wins here),
 //!   `extra.wins_below_gbps` the link rate below which it would win, from the codec's time
 //!   (none where the all-gather alone moves more than the ring: one rank, or n > 2·ratio).
+//! - `topk-codec` (size = bytes of f32; on the suite's device): µs of one DGC top-k at 1%
+//!   (`ops::sparse::topk_ef`: momentum, accumulation and selection) and one `densify` of its
+//!   payload (a `TopkReducer`'s work besides its all-gather); `extra.ratio` = f32 bytes / wire
+//!   bytes.
+//! - `topk-all-reduce` (size = bytes of f32 per rank; GPU hosts, from 64 KiB): a
+//!   `TopkReducer`'s (1%) average over every GPU, timed as `nccl-all-reduce`; `extra.x_plain`
+//!   as for int8.
+//! - `peer-copy` (size = bytes; hosts with two GPUs or more): GPU 0 to GPU 1, GB/s from events
+//!   around a run of copies on GPU 1's stream: `warpdrive` (`copy_peer`: direct where the
+//!   GPUs have peer access, `extra.path`) and `warpdrive-staged` (`copy_peer_staged`, through
+//!   pinned host memory); the `torch-copy` peer row is `Tensor.copy_` across the GPUs.
 //! - `nccl-call` (size 8 B): host µs per call of a run of 8-byte all-reduces enqueued back to
 //!   back, the cost of the call itself; `extra.overhead_us` warpdrive's minus the direct
 //!   call's (the bar: at most 1 µs).
@@ -35,10 +46,12 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use warpdrive::dist::{Comm, Int8Reducer, ReduceOp, Reducer, DEFAULT_BUCKET_BYTES};
+use warpdrive::dist::{Comm, Int8Reducer, ReduceOp, Reducer, TopkReducer, DEFAULT_BUCKET_BYTES};
 use warpdrive::error::{Error, Result};
 use warpdrive::ops::gemm::matmul;
 use warpdrive::ops::quant::{dequantize_int8, quant_blocks, quantize_int8_ef, QUANT_BLOCK};
+use warpdrive::ops::sparse::{densify, topk_ef, Sparsity};
+use warpdrive::transfer::{copy_peer, copy_peer_staged};
 use warpdrive::{Buffer, Device, Stream};
 
 use super::ceilings::random_f32;
@@ -95,6 +108,7 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
         nccl_rows(ctx, &codecs)?;
         let world = Device::cuda_count();
         if world >= 2 {
+            peer_copy_rows(ctx)?;
             let devices = (0..world).map(Device::cuda).collect::<Result<Vec<_>>>()?;
             let comms = Comm::nccl_group(&devices, TIMEOUT)?;
             reducer_rows(ctx, comms, devices, "warpdrive")?;
@@ -259,6 +273,18 @@ enum Via {
     Direct,
     /// An [`Int8Reducer`]'s compressed average.
     Int8,
+    /// A [`TopkReducer`]'s (density [`TOPK_DENSITY`]).
+    Topk,
+}
+
+/// The density of the `topk-*` rows (DGC's 99% sparsity is the check).
+const TOPK_DENSITY: f64 = 0.01;
+
+/// A rank's compressing reducers, one per gradient length, made on first use.
+#[derive(Default)]
+struct Compressors {
+    int8: Vec<Int8Reducer>,
+    topk: Vec<TopkReducer>,
 }
 
 impl Via {
@@ -267,30 +293,49 @@ impl Via {
             Via::Warpdrive => "warpdrive",
             Via::Direct => "nccl-direct",
             Via::Int8 => "warpdrive-int8",
+            Via::Topk => "warpdrive-topk",
         }
     }
 
-    /// One call on `buf`; `int8` holds the rank's [`Int8Reducer`]s, one per length, made on
-    /// first use.
+    /// The row case of a compressed call's timings.
+    fn compressed_case(self) -> &'static str {
+        match self {
+            Via::Topk => "topk-all-reduce",
+            _ => "int8-all-reduce",
+        }
+    }
+
+    /// One call on `buf`, with the rank's compressing reducers in `c`.
     fn all_reduce(
         self,
         comm: &Comm,
         stream: &Stream,
         buf: &mut Buffer<f32>,
-        int8: &mut Vec<Int8Reducer>,
+        c: &mut Compressors,
     ) -> Result<()> {
+        let n = buf.len();
         match self {
             Via::Warpdrive => comm.all_reduce(stream, buf, ReduceOp::Sum),
             Via::Direct => comm.direct_all_reduce(stream, buf, ReduceOp::Sum),
             Via::Int8 => {
-                let at = match int8.iter().position(|r| r.len() == buf.len()) {
-                    Some(at) => at,
-                    None => {
-                        int8.push(Int8Reducer::new(comm, stream, buf.len())?);
-                        int8.len() - 1
-                    }
-                };
-                int8[at].all_reduce(comm, stream, buf)
+                if !c.int8.iter().any(|r| r.len() == n) {
+                    c.int8.push(Int8Reducer::new(comm, stream, n)?);
+                }
+                match c.int8.iter_mut().find(|r| r.len() == n) {
+                    Some(r) => r.all_reduce(comm, stream, buf),
+                    None => Err(Error::InvalidArgument("no int8 reducer".into())),
+                }
+            }
+            Via::Topk => {
+                if !c.topk.iter().any(|r| r.len() == n) {
+                    let sparsity = Sparsity::new(TOPK_DENSITY)?;
+                    c.topk
+                        .push(TopkReducer::new(comm, stream, n, sparsity, 0.0)?);
+                }
+                match c.topk.iter_mut().find(|r| r.len() == n) {
+                    Some(r) => r.all_reduce(comm, stream, buf),
+                    None => Err(Error::InvalidArgument("no top-k reducer".into())),
+                }
             }
         }
     }
@@ -363,13 +408,15 @@ fn nccl_rows(ctx: &mut Ctx, codecs: &[(usize, f64)]) -> Result<()> {
         }
     }
     let pairs = jobs.len();
-    for &bytes in sizes.iter().filter(|&&b| b >= INT8_FROM) {
-        jobs.push(Job {
-            bytes,
-            calls: (64 * MIB / bytes).clamp(1, 20),
-            host: false,
-            via: Via::Int8,
-        });
+    for via in [Via::Int8, Via::Topk] {
+        for &bytes in sizes.iter().filter(|&&b| b >= INT8_FROM) {
+            jobs.push(Job {
+                bytes,
+                calls: (64 * MIB / bytes).clamp(1, 20),
+                host: false,
+                via,
+            });
+        }
     }
     let times = nccl_jobs(world, &jobs, rounds)?;
     let plain: Vec<(usize, f64)> = jobs[..pairs]
@@ -381,7 +428,7 @@ fn nccl_rows(ctx: &mut Ctx, codecs: &[(usize, f64)]) -> Result<()> {
     for (job, us) in jobs[pairs..].iter().zip(&times[pairs..]) {
         let mut us = us.clone();
         let row = ctx.record_bytes(
-            "int8-all-reduce",
+            job.via.compressed_case(),
             job.bytes as u64,
             job.via.name(),
             &mut us,
@@ -392,7 +439,10 @@ fn nccl_rows(ctx: &mut Ctx, codecs: &[(usize, f64)]) -> Result<()> {
         if let Some((_, p)) = plain.iter().find(|(b, _)| *b == job.bytes) {
             row.extra.insert("x_plain".into(), (p / row.median).into());
         }
-        if let Some(codec_us) = codecs.iter().find(|(b, _)| *b == job.bytes).map(|c| c.1) {
+        let codec = codecs
+            .iter()
+            .find(|(b, _)| *b == job.bytes && job.via == Via::Int8);
+        if let Some(codec_us) = codec.map(|c| c.1) {
             if let Some(gbps) = int8_wins_below(job.bytes, world, codec_us) {
                 row.extra.insert("wins_below_gbps".into(), gbps.into());
             }
@@ -483,7 +533,7 @@ fn nccl_rank(
         }
     }
     let (start, end) = (device.new_event()?, device.new_event()?);
-    let mut int8 = Vec::new();
+    let mut compressors = Compressors::default();
     let mut out = vec![Vec::with_capacity(rounds); jobs.len()];
     // One warm-up round, then the timed ones.
     for round in 0..=rounds {
@@ -498,7 +548,7 @@ fn nccl_rank(
             let us = if job.host {
                 let t = Instant::now();
                 for _ in 0..job.calls {
-                    job.via.all_reduce(comm, &stream, buf, &mut int8)?;
+                    job.via.all_reduce(comm, &stream, buf, &mut compressors)?;
                 }
                 let us = t.elapsed().as_secs_f64() * 1e6 / job.calls as f64;
                 comm.wait(&stream)?;
@@ -506,7 +556,7 @@ fn nccl_rank(
             } else {
                 stream.record(&start)?;
                 for _ in 0..job.calls {
-                    job.via.all_reduce(comm, &stream, buf, &mut int8)?;
+                    job.via.all_reduce(comm, &stream, buf, &mut compressors)?;
                 }
                 stream.record(&end)?;
                 comm.wait(&stream)?;
@@ -594,8 +644,96 @@ fn codec_rows(ctx: &mut Ctx) -> Result<Vec<(usize, f64)>> {
             (bytes as f64 / (n + 4 * quant_blocks(n)) as f64).into(),
         );
         out.push((bytes, row.median));
+
+        let sparsity = Sparsity::new(TOPK_DENSITY)?;
+        let slots = sparsity.slots(n)?;
+        let (mut u, mut v) = (Buffer::zeros(&stream, n)?, Buffer::zeros(&stream, n)?);
+        let mut idx = Buffer::<u32>::zeros(&stream, slots)?;
+        let mut val = Buffer::zeros(&stream, slots)?;
+        let mut us = Vec::with_capacity(rounds);
+        for round in 0..=rounds {
+            stream.record(&start)?;
+            for _ in 0..calls {
+                topk_ef(
+                    &stream, &grad, &mut u, &mut v, 0.0, sparsity, &mut idx, &mut val,
+                )?;
+                densify(&stream, &idx, &val, 1, 1.0, &mut back)?;
+            }
+            stream.record(&end)?;
+            stream.synchronize()?;
+            if round > 0 {
+                us.push(f64::from(start.elapsed_ms(&end)?) * 1e3 / calls as f64);
+            }
+        }
+        let row = ctx.record_bytes(
+            "topk-codec",
+            bytes as u64,
+            "warpdrive",
+            &mut us,
+            bytes as f64,
+            None,
+        )?;
+        row.extra
+            .insert("ratio".into(), (bytes as f64 / (8 * slots) as f64).into());
     }
     Ok(out)
+}
+
+/// The `peer-copy` rows: GPU 0 to GPU 1 by [`copy_peer`] and [`copy_peer_staged`], events
+/// around a run of copies on GPU 1's stream.
+fn peer_copy_rows(ctx: &mut Ctx) -> Result<()> {
+    let (sizes, rounds): (&[usize], usize) = match ctx.scale() {
+        Scale::Full => (&[MIB, 64 * MIB, 256 * MIB, GIB], 10),
+        Scale::Quick | Scale::Tiny => (&[MIB, 64 * MIB], 3),
+    };
+    let (a, b) = (Device::cuda(0)?, Device::cuda(1)?);
+    let (sa, sb) = (a.new_stream()?, b.new_stream()?);
+    let peer = b.can_access_peer(&a)?;
+    let (start, end) = (b.new_event()?, b.new_event()?);
+    for &bytes in sizes {
+        ctx.step(format!("{SUITE}: peer copy of {bytes} B, cuda:0 to cuda:1"));
+        let src = Buffer::from_host(&sa, &random_f32(bytes / 4, 0x9ee4))?;
+        sa.synchronize()?;
+        let mut dst = Buffer::<f32>::zeros(&sb, bytes / 4)?;
+        let calls = (256 * MIB / bytes).clamp(1, 20);
+        for staged in [false, true] {
+            let mut us = Vec::with_capacity(rounds);
+            let mut path = None;
+            for round in 0..=rounds {
+                sb.record(&start)?;
+                for _ in 0..calls {
+                    if staged {
+                        copy_peer_staged(&sb, &src, &mut dst)?;
+                    } else {
+                        path = Some(copy_peer(&sb, &src, &mut dst)?);
+                    }
+                }
+                sb.record(&end)?;
+                sb.synchronize()?;
+                if round > 0 {
+                    us.push(f64::from(start.elapsed_ms(&end)?) * 1e3 / calls as f64);
+                }
+            }
+            let variant = if staged {
+                "warpdrive-staged"
+            } else {
+                "warpdrive"
+            };
+            let row = ctx.record_bytes(
+                "peer-copy",
+                bytes as u64,
+                variant,
+                &mut us,
+                bytes as f64,
+                None,
+            )?;
+            row.extra.insert("peer_access".into(), peer.into());
+            if let Some(path) = path {
+                row.extra.insert("path".into(), format!("{path:?}").into());
+            }
+        }
+    }
+    Ok(())
 }
 
 fn on_rank_threads<I: Send, R: Send>(
@@ -646,6 +784,14 @@ mod tests {
             .expect("the int8 codec's row");
         let ratio = codec.extra["ratio"].as_f64().unwrap();
         assert!((3.9..4.0).contains(&ratio), "{ratio}");
+        // Top-k at 1%: 21 pairs of 8 bytes per 2048 f32 (8 KiB).
+        let topk = ctx
+            .rows()
+            .iter()
+            .find(|r| r.case == "topk-codec")
+            .expect("the top-k codec's row");
+        let ratio = topk.extra["ratio"].as_f64().unwrap();
+        assert!((48.0..49.0).contains(&ratio), "{ratio}");
     }
 
     #[test]
