@@ -1,9 +1,8 @@
 //! `ops::sparse`: DGC's top-k per block with error feedback and momentum, and the densify
 //! that sums the ranks' payloads, one body on each backend. The GPU must give the CPU
 //! reference's bits (NaNs may differ in payload only); on either backend the outputs keep the
-//! format's promises: each block sends ⌈len·keep/2048⌉ distinct indices of its own, in rank
-//! order (|v| descending, ties to the lower index), none smaller in |v| than any entry left
-//! behind; sent entries leave `u` and `v` at zero; and over many steps what was sent plus what
+//! format's promises: each block sends ⌈len·keep/2048⌉ distinct indices of its own, in index
+//! order, none smaller in |v| than any entry left behind (ties to the lower index); sent entries leave `u` and `v` at zero; and over many steps what was sent plus what
 //! is still held equals the sum of the gradients (nothing is lost).
 
 mod common;
@@ -100,8 +99,7 @@ fn topk_ef_body(dev: &Device) {
                     assert!(x.to_bits() == acc_v[i].to_bits() || (x.is_nan() && acc_v[i].is_nan()));
                     assert_eq!((u2[i], v2[i]), (0.0, 0.0), "{what}: sent {i} cleared");
                     if j > 0 {
-                        let prev = slots[j - 1] as usize;
-                        assert!(key(prev) > key(i), "{what}: rank order at slot {j}");
+                        assert!(slots[j - 1] < slots[j], "{what}: index order at slot {j}");
                     }
                 }
                 let weakest = slots[..sent].iter().map(|&i| key(i as usize)).min();
@@ -113,6 +111,33 @@ fn topk_ef_body(dev: &Device) {
                 }
             }
         }
+    }
+}
+
+/// Every |v| equal: each block takes its first entries.
+fn ties_body(dev: &Device) {
+    let n = 5_000;
+    let sp = Sparsity::new(0.01).unwrap();
+    let g: Vec<f32> = (0..n)
+        .map(|i| if i % 2 == 0 { 0.5 } else { -0.5 })
+        .collect();
+    let zeros = vec![0.0f32; n];
+    let (_, v, idx, val) = step(dev, &g, &zeros, &zeros, 0.0, sp);
+    let keep = sp.keep();
+    for (b, start) in (0..n).step_by(SPARSE_BLOCK).enumerate() {
+        let len = (n - start).min(SPARSE_BLOCK);
+        let sent = (len * keep).div_ceil(SPARSE_BLOCK);
+        let want: Vec<u32> = (start..start + sent).map(|i| i as u32).collect();
+        assert_eq!(&idx[b * keep..b * keep + sent], &want[..], "block {b}");
+        for (j, &i) in want.iter().enumerate() {
+            assert_eq!(val[b * keep + j], g[i as usize]);
+            assert_eq!(v[i as usize], 0.0);
+        }
+        assert_eq!(
+            v[start + sent],
+            g[start + sent],
+            "block {b}: the next one stays"
+        );
     }
 }
 
@@ -230,8 +255,13 @@ fn errors_body(dev: &Device) {
 
 device_test!(
     topk_ef_sends_each_blocks_largest_and_keeps_the_rest,
-    gpu_topk_ef_sends_each_blocks_largest_and_keeps_the_rest,
+    gpu_smem_topk_ef_sends_each_blocks_largest_and_keeps_the_rest,
     topk_ef_body
+);
+device_test!(
+    topk_ef_breaks_ties_by_index,
+    gpu_smem_topk_ef_breaks_ties_by_index,
+    ties_body
 );
 device_test!(
     topk_ef_loses_nothing_over_many_steps,

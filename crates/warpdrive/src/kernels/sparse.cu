@@ -1,69 +1,129 @@
 // archs: sm_75 sm_80 sm_90 sm_90a
 // Gradient sparsification (DGC): momentum and error accumulation fused with a top-k per block
-// of SB elements (one CUDA block each, a bitonic sort of the block's ranks in shared memory),
-// and the scatter-add that densifies what the ranks sent (one launch per rank, in rank order). The arithmetic is spelled out
-// (explicit fmaf) so that the CPU reference in ops/sparse.rs gets the same bits.
+// of SB elements (one CUDA block each: a radix select of the kth largest |v|, then a scan),
+// and the scatter-add that densifies what the ranks sent (one launch per rank, in rank
+// order). The arithmetic is spelled out (explicit fmaf) so that the CPU reference in
+// ops/sparse.rs gets the same bits.
 
 #define SB 2048
 #define ST 256
+#define PER (SB / ST)  // elements a thread holds: a contiguous run, so index order is thread order
 
-// Larger first: |v| by its bits (NaN first), then the lower index.
-__device__ __forceinline__ u64 sparse_rank(float v, u32 j) {
+// |v| by its bits, NaN above every number: larger keys rank first.
+__device__ __forceinline__ u32 sparse_key(float v) {
     const float a = fabsf(v);
-    const u32 key = (a != a) ? 0xffffffffu : (__float_as_uint(a) | 0x80000000u);
-    return ((u64)key << 32) | (u64)(0xffffffffu - j);
+    return (a != a) ? 0xffffffffu : (__float_as_uint(a) | 0x80000000u);
 }
 
-// Per element: u = momentum * u + g, v = v + u. Per block of SB: the `kb` elements of largest
-// |v| (kb = ceil(len * keep / SB) for a block of len elements) go out as (index, value) in rank
-// order into slots [block * keep, block * keep + keep) (unused slots: index 0xffffffff, value
-// 0), and their u and v become 0 (momentum factor masking; what is not sent stays in v).
+// Per element: u = momentum * u + g, v = v + u. Per block of SB: the kb entries of largest |v|
+// (kb = ceil(len * keep / SB) for a block of len elements; ties to the lower index) go out as
+// (index, value) in index order into slots [block * keep, block * keep + keep) (unused slots:
+// index 0xffffffff, value 0), and their u and v become 0 (momentum factor masking; what is not
+// sent stays in v). The kb-th largest key comes from a radix select (four passes of 8 bits,
+// a histogram in shared memory each, warp-aggregated counts); one block scan then places the
+// chosen entries.
 extern "C" __global__ void __launch_bounds__(ST) topk_ef(const float* __restrict__ g, float* __restrict__ u, float* __restrict__ v, float momentum, u32 keep, u32* __restrict__ idx, float* __restrict__ val, u64 n) {
-    __shared__ u64 ranks[SB];
+    __shared__ u32 hist[256];
+    __shared__ u32 pick[2];  // the digit chosen, and how many keys equal to the prefix are still to take
     const u64 base = (u64)blockIdx.x * SB;
     const u32 len = (u32)min((u64)SB, n - base);
-    for (u32 j = threadIdx.x; j < SB; j += ST) {
-        u64 r = 0;  // padding ranks last
+    const u32 first = threadIdx.x * PER;
+    const u32 lane = threadIdx.x & 31u;
+    u32 key[PER];
+    float val_[PER];
+#pragma unroll
+    for (int e = 0; e < PER; ++e) {
+        const u32 j = first + e;
+        key[e] = 0u;  // padding ranks last and is never taken (kb <= len)
+        val_[e] = 0.0f;
         if (j < len) {
             const u64 i = base + j;
             const float uu = fmaf(momentum, u[i], g[i]);
             const float vv = v[i] + uu;
             u[i] = uu;
             v[i] = vv;
-            r = sparse_rank(vv, j);
+            key[e] = sparse_key(vv);
+            val_[e] = vv;
         }
-        ranks[j] = r;
     }
-    // Bitonic sort, descending.
-    for (u32 k = 2; k <= SB; k <<= 1) {
-        for (u32 s = k >> 1; s > 0; s >>= 1) {
-            __syncthreads();
-            for (u32 t = threadIdx.x; t < SB; t += ST) {
-                const u32 p = t ^ s;
-                if (p > t) {
-                    const u64 a = ranks[t], b = ranks[p];
-                    if (((t & k) == 0) == (a < b)) {
-                        ranks[t] = b;
-                        ranks[p] = a;
+    const u32 kb = (u32)(((u64)len * keep + SB - 1) / SB);
+    // Radix select of the kb-th largest key: `prefix` holds its bits above `shift` + 8.
+    u32 prefix = 0u, remaining = kb;
+#pragma unroll 1
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        hist[threadIdx.x] = 0u;  // ST == 256 bins
+        __syncthreads();
+        const u32 above = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
+#pragma unroll
+        for (int e = 0; e < PER; ++e) {
+            const bool in = (key[e] & above) == prefix;
+            const u32 digit = (key[e] >> shift) & 255u;
+            const u32 same = __match_any_sync(0xffffffffu, in ? digit : 0x100u + lane);
+            if (in && lane == (u32)(__ffs(same) - 1)) atomicAdd(&hist[digit], (u32)__popc(same));
+        }
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            // Lane l sums bins 255 - 8l down to 248 - 8l; a scan from the top finds the bin
+            // where the count of larger keys reaches `remaining`.
+            u32 c[8], sum = 0u;
+#pragma unroll
+            for (int b = 0; b < 8; ++b) {
+                c[b] = hist[255 - 8 * lane - b];
+                sum += c[b];
+            }
+            u32 incl = sum;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const u32 t = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= (u32)o) incl += t;
+            }
+            const u32 before = incl - sum;
+            if (before < remaining && remaining <= incl) {
+                u32 acc = before;
+#pragma unroll
+                for (int b = 0; b < 8; ++b) {
+                    if (acc < remaining && remaining <= acc + c[b]) {
+                        pick[0] = 255u - 8u * lane - (u32)b;
+                        pick[1] = remaining - acc;
                     }
+                    acc += c[b];
                 }
             }
         }
+        __syncthreads();
+        prefix |= pick[0] << shift;
+        remaining = pick[1];
     }
-    __syncthreads();
-    const u32 kb = (u32)(((u64)len * keep + SB - 1) / SB);
-    for (u32 j = threadIdx.x; j < keep; j += ST) {
-        const u64 o = (u64)blockIdx.x * keep + j;
-        if (j < kb) {
-            const u64 i = base + (0xffffffffu - (u32)ranks[j]);
+    // `prefix` is the kb-th largest key; take every larger key and the first `remaining` keys
+    // equal to it, in index order.
+    u32 gt = 0u, eq = 0u;
+#pragma unroll
+    for (int e = 0; e < PER; ++e) {
+        gt += key[e] > prefix;
+        eq += key[e] == prefix;
+    }
+    u32 total;
+    const u32 packed = block_exclusive_scan<u32>((gt << 16) | eq, &total);
+    u32 gt_before = packed >> 16, eq_before = packed & 0xffffu;
+#pragma unroll
+    for (int e = 0; e < PER; ++e) {
+        const bool take = key[e] > prefix || (key[e] == prefix && eq_before < remaining);
+        if (take) {
+            const u32 slot = gt_before + min(eq_before, remaining);
+            const u64 o = (u64)blockIdx.x * keep + slot;
+            const u64 i = base + first + e;
             idx[o] = (u32)i;
-            val[o] = v[i];
+            val[o] = val_[e];
             v[i] = 0.0f;
             u[i] = 0.0f;
-        } else {
-            idx[o] = 0xffffffffu;
-            val[o] = 0.0f;
         }
+        gt_before += key[e] > prefix;
+        eq_before += key[e] == prefix;
+    }
+    for (u32 j = kb + threadIdx.x; j < keep; j += ST) {
+        const u64 o = (u64)blockIdx.x * keep + j;
+        idx[o] = 0xffffffffu;
+        val[o] = 0.0f;
     }
 }
 

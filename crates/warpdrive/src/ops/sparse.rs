@@ -7,7 +7,7 @@
 //! size (an all-gather, no count exchange) and needs no global selection pass.
 //!
 //! Both backends give the same bits: the kernels spell out their arithmetic (explicit fused
-//! multiply-adds) and rank ties by index, as the CPU reference does here.
+//! multiply-adds) and break ties by index, as the CPU reference does here.
 
 use super::{fill_grid, grid_for_rows, launch, Args, BLOCK};
 use crate::error::{Error, Result};
@@ -61,8 +61,9 @@ impl Sparsity {
 }
 
 /// One step of DGC on a gradient `g`: `u = momentum·u + g`, `v = v + u` per element; then per
-/// block of [`SPARSE_BLOCK`] the [`Sparsity::kept`] entries of largest |v| (NaN first, ties to
-/// the lower index) go into the block's slots of `idx` / `val` in that order, unused slots get
+/// block of [`SPARSE_BLOCK`] the [`Sparsity::kept`] entries of largest |v| (NaN above every
+/// number, ties to the lower index) go into the block's slots of `idx` / `val` in index order,
+/// unused slots get
 /// [`UNUSED`] and 0, and the sent entries of `u` and `v` become 0. `g`, `u` and `v` are equally
 /// long (at most `u32::MAX` elements); `idx` and `val` hold [`Sparsity::slots`]. `momentum` 0
 /// is plain error feedback (then `u` is only scratch).
@@ -166,26 +167,35 @@ fn select_block(
         *u = momentum.mul_add(*u, g);
         *v += *u;
     }
-    let rank = |j: usize| {
-        let a = v[j].abs();
-        let key = if a.is_nan() {
+    // |v| by its bits, NaN above every number.
+    let key = |x: f32| {
+        let a = x.abs();
+        if a.is_nan() {
             u32::MAX
         } else {
             a.to_bits() | 0x8000_0000
-        };
-        ((key as u64) << 32) | (u32::MAX - j as u32) as u64
+        }
     };
-    let mut order: Vec<usize> = (0..v.len()).collect();
-    if sent < order.len() {
-        order.select_nth_unstable_by_key(sent, |&j| std::cmp::Reverse(rank(j)));
-    }
-    let top = &mut order[..sent];
-    top.sort_unstable_by_key(|&j| std::cmp::Reverse(rank(j)));
-    for (slot, &j) in top.iter().enumerate() {
+    let keys: Vec<u32> = v.iter().map(|&x| key(x)).collect();
+    // The sent-th largest key (sent ≥ 1: a block holds an element); every larger key goes,
+    // and the first equal ones in index order until `sent` are taken.
+    let mut order = keys.clone();
+    let (_, &mut cut, _) = order.select_nth_unstable_by(sent - 1, |a, b| b.cmp(a));
+    let mut equal = sent - keys.iter().filter(|&&k| k > cut).count();
+    let mut slot = 0;
+    for (j, &k) in keys.iter().enumerate() {
+        let take = k > cut || (k == cut && equal > 0);
+        if !take {
+            continue;
+        }
+        if k == cut {
+            equal -= 1;
+        }
         idx[slot] = start + j as u32;
         val[slot] = v[j];
         v[j] = 0.0;
         u[j] = 0.0;
+        slot += 1;
     }
     idx[sent..].fill(UNUSED);
     val[sent..].fill(0.0);
