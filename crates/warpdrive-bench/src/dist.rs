@@ -33,7 +33,7 @@
 //!   bytes.
 //! - `topk-all-reduce` (size = bytes of f32 per rank; GPU hosts, from 64 KiB): a
 //!   `TopkReducer`'s (1%) average over every GPU, timed as `nccl-all-reduce`; `extra.x_plain`
-//!   as for int8.
+//!   and `extra.wins_below_gbps` as for int8 (ratio ≈ 48.8).
 //! - `peer-copy` (size = bytes; hosts with two GPUs or more): GPU 0 to GPU 1, GB/s from events
 //!   around a run of copies on GPU 1's stream: `warpdrive` (`copy_peer`: direct where the
 //!   GPUs have peer access, `extra.path`) and `warpdrive-staged` (`copy_peer_staged`, through
@@ -360,21 +360,31 @@ fn median(v: &[f64]) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-/// The link rate (bus bandwidth, GB/s) below which an [`Int8Reducer`]'s all-gather of
-/// `bytes` of f32 over `world` ranks beats a ring all-reduce, given its quantize and
-/// dequantize time `codec_us`: the ring moves 2(n−1)/n·B over the link, the all-gather
-/// (n−1)·B/r (r ≈ 3.94, int8 plus a scale per 256), so compression wins while
-/// `codec + (n−1)·B/(r·L) < 2(n−1)/n·B/L`, i.e. `L < (n−1)·B·(2/n − 1/r) / codec`. None for
-/// one rank, or where the all-gather alone moves more than the ring (n > 2r).
-fn int8_wins_below(bytes: usize, world: usize, codec_us: f64) -> Option<f64> {
+/// The link rate (bus bandwidth, GB/s) below which a compressed all-reduce (an all-gather of
+/// each rank's payload, `ratio` times smaller than its `bytes` of f32) beats a ring all-reduce,
+/// given its codec time `codec_us`: the ring moves 2(n−1)/n·B over the link, the all-gather
+/// (n−1)·B/r, so compression wins while `codec + (n−1)·B/(r·L) < 2(n−1)/n·B/L`, i.e.
+/// `L < (n−1)·B·(2/n − 1/r) / codec`. None for one rank, or where the all-gather alone moves
+/// more than the ring (n > 2r).
+fn compressed_wins_below(bytes: usize, ratio: f64, world: usize, codec_us: f64) -> Option<f64> {
     let n = world as f64;
-    let elems = bytes / 4;
-    let r = bytes as f64 / (elems + 4 * elems.div_ceil(QUANT_BLOCK)) as f64;
-    let saved = (n - 1.0) * bytes as f64 * (2.0 / n - 1.0 / r);
+    let saved = (n - 1.0) * bytes as f64 * (2.0 / n - 1.0 / ratio);
     (world > 1 && saved > 0.0 && codec_us > 0.0).then(|| saved / (codec_us * 1e3))
 }
 
-fn nccl_rows(ctx: &mut Ctx, codecs: &[(usize, f64)]) -> Result<()> {
+/// The int8 payload's ratio: f32 bytes over int8 values plus an f32 scale per block.
+fn int8_ratio(bytes: usize) -> f64 {
+    let elems = bytes / 4;
+    bytes as f64 / (elems + 4 * elems.div_ceil(QUANT_BLOCK)) as f64
+}
+
+/// The top-k payload's ratio: f32 bytes over an index and a value per slot.
+fn topk_ratio(bytes: usize) -> Result<f64> {
+    let slots = Sparsity::new(TOPK_DENSITY)?.slots(bytes / 4)?;
+    Ok(bytes as f64 / (8 * slots.max(1)) as f64)
+}
+
+fn nccl_rows(ctx: &mut Ctx, codecs: &[(usize, Via, f64)]) -> Result<()> {
     let (sizes, rounds): (&[usize], usize) = match ctx.scale() {
         Scale::Full => (
             &[8, KIB, 64 * KIB, MIB, 16 * MIB, 64 * MIB, 256 * MIB, GIB],
@@ -439,11 +449,13 @@ fn nccl_rows(ctx: &mut Ctx, codecs: &[(usize, f64)]) -> Result<()> {
         if let Some((_, p)) = plain.iter().find(|(b, _)| *b == job.bytes) {
             row.extra.insert("x_plain".into(), (p / row.median).into());
         }
-        let codec = codecs
-            .iter()
-            .find(|(b, _)| *b == job.bytes && job.via == Via::Int8);
-        if let Some(codec_us) = codec.map(|c| c.1) {
-            if let Some(gbps) = int8_wins_below(job.bytes, world, codec_us) {
+        let codec = codecs.iter().find(|c| c.0 == job.bytes && c.1 == job.via);
+        let ratio = match job.via {
+            Via::Topk => topk_ratio(job.bytes)?,
+            _ => int8_ratio(job.bytes),
+        };
+        if let Some(&(_, _, codec_us)) = codec {
+            if let Some(gbps) = compressed_wins_below(job.bytes, ratio, world, codec_us) {
                 row.extra.insert("wins_below_gbps".into(), gbps.into());
             }
         }
@@ -598,8 +610,9 @@ fn all_reduce_rounds(len: usize, rounds: usize) -> Result<Vec<f64>> {
 /// The `int8-codec` rows on the suite's device: µs of one [`quantize_int8_ef`] and one
 /// [`dequantize_int8`] of a payload (an [`Int8Reducer`]'s work besides its all-gather),
 /// events around a run of calls; `gbps` is f32 bytes in per µs, `extra.ratio` f32 bytes over
-/// wire bytes. Returns (bytes, median µs) per size for the `int8-all-reduce` model.
-fn codec_rows(ctx: &mut Ctx) -> Result<Vec<(usize, f64)>> {
+/// wire bytes; and the `topk-codec` rows alike. Returns (bytes, which, median µs) per size and
+/// codec for the compressed rows' model.
+fn codec_rows(ctx: &mut Ctx) -> Result<Vec<(usize, Via, f64)>> {
     let (sizes, rounds, calls): (&[usize], usize, usize) =
         match (ctx.scale(), ctx.device().is_cuda()) {
             (Scale::Full, true) => (&[64 * KIB, MIB, 16 * MIB, 64 * MIB, 256 * MIB, GIB], 10, 10),
@@ -639,11 +652,8 @@ fn codec_rows(ctx: &mut Ctx) -> Result<Vec<(usize, f64)>> {
             bytes as f64,
             None,
         )?;
-        row.extra.insert(
-            "ratio".into(),
-            (bytes as f64 / (n + 4 * quant_blocks(n)) as f64).into(),
-        );
-        out.push((bytes, row.median));
+        row.extra.insert("ratio".into(), int8_ratio(bytes).into());
+        out.push((bytes, Via::Int8, row.median));
 
         let sparsity = Sparsity::new(TOPK_DENSITY)?;
         let slots = sparsity.slots(n)?;
@@ -675,6 +685,7 @@ fn codec_rows(ctx: &mut Ctx) -> Result<Vec<(usize, f64)>> {
         )?;
         row.extra
             .insert("ratio".into(), (bytes as f64 / (8 * slots) as f64).into());
+        out.push((bytes, Via::Topk, row.median));
     }
     Ok(out)
 }
@@ -797,10 +808,10 @@ mod tests {
     #[test]
     fn int8_compression_wins_only_on_links_slower_than_its_codec_and_below_2r_ranks() {
         // 2 ranks, 1 GiB, a 1 ms codec: (2/2 − 1/r)·1 GiB / 1 ms ≈ 0.746 × 1074 GB/s.
-        let gbps = int8_wins_below(GIB, 2, 1000.0).unwrap();
+        let gbps = compressed_wins_below(GIB, int8_ratio(GIB), 2, 1000.0).unwrap();
         assert!((795.0..805.0).contains(&gbps), "{gbps}");
-        assert_eq!(int8_wins_below(GIB, 1, 1000.0), None);
-        assert_eq!(int8_wins_below(GIB, 8, 1000.0), None);
-        assert!(int8_wins_below(GIB, 4, 1000.0).unwrap() < gbps * 2.0);
+        assert_eq!(compressed_wins_below(GIB, int8_ratio(GIB), 1, 1000.0), None);
+        assert_eq!(compressed_wins_below(GIB, int8_ratio(GIB), 8, 1000.0), None);
+        assert!(compressed_wins_below(GIB, int8_ratio(GIB), 4, 1000.0).unwrap() < gbps * 2.0);
     }
 }
