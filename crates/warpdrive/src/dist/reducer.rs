@@ -48,7 +48,9 @@ impl<T: Float> Reducer<T> {
         }
         Ok(Reducer {
             bucket_bytes,
-            stream: device.new_stream()?,
+            // High priority: the buckets' all-reduces must start while the backward pass's
+            // kernels still fill the GPU (bench/NOTES.md, Reducer).
+            stream: device.new_priority_stream()?,
             done: device.new_event()?,
             buckets: Vec::new(),
         })

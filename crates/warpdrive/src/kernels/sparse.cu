@@ -31,19 +31,47 @@ extern "C" __global__ void __launch_bounds__(ST) topk_ef(const float* __restrict
     const u32 lane = threadIdx.x & 31u;
     u32 key[PER];
     float val_[PER];
+    // A full block with 16-byte aligned rows reads and writes four floats at a time.
+    const bool vec = len == SB && (((u64)g | (u64)u | (u64)v) & 15u) == 0u;
+    if (vec) {
 #pragma unroll
-    for (int e = 0; e < PER; ++e) {
-        const u32 j = first + e;
-        key[e] = 0u;  // padding ranks last and is never taken (kb <= len)
-        val_[e] = 0.0f;
-        if (j < len) {
-            const u64 i = base + j;
-            const float uu = fmaf(momentum, u[i], g[i]);
-            const float vv = v[i] + uu;
-            u[i] = uu;
-            v[i] = vv;
-            key[e] = sparse_key(vv);
-            val_[e] = vv;
+        for (int h = 0; h < PER / 4; ++h) {
+            const u64 i = base + first + 4 * h;
+            const float4 gg = *reinterpret_cast<const float4*>(g + i);
+            float4 uu = *reinterpret_cast<const float4*>(u + i);
+            float4 vv = *reinterpret_cast<const float4*>(v + i);
+            uu.x = fmaf(momentum, uu.x, gg.x);
+            uu.y = fmaf(momentum, uu.y, gg.y);
+            uu.z = fmaf(momentum, uu.z, gg.z);
+            uu.w = fmaf(momentum, uu.w, gg.w);
+            vv.x += uu.x;
+            vv.y += uu.y;
+            vv.z += uu.z;
+            vv.w += uu.w;
+            *reinterpret_cast<float4*>(u + i) = uu;
+            *reinterpret_cast<float4*>(v + i) = vv;
+            val_[4 * h] = vv.x;
+            val_[4 * h + 1] = vv.y;
+            val_[4 * h + 2] = vv.z;
+            val_[4 * h + 3] = vv.w;
+        }
+#pragma unroll
+        for (int e = 0; e < PER; ++e) key[e] = sparse_key(val_[e]);
+    } else {
+#pragma unroll
+        for (int e = 0; e < PER; ++e) {
+            const u32 j = first + e;
+            key[e] = 0u;  // padding ranks last and is never taken (kb <= len)
+            val_[e] = 0.0f;
+            if (j < len) {
+                const u64 i = base + j;
+                const float uu = fmaf(momentum, u[i], g[i]);
+                const float vv = v[i] + uu;
+                u[i] = uu;
+                v[i] = vv;
+                key[e] = sparse_key(vv);
+                val_[e] = vv;
+            }
         }
     }
     const u32 kb = (u32)(((u64)len * keep + SB - 1) / SB);
