@@ -250,25 +250,10 @@ impl Device {
 
     /// A new stream on this device.
     pub fn new_stream(&self) -> Result<Stream> {
-        self.stream_of_priority(false)
-    }
-
-    /// A new stream of the device's highest priority: on a GPU its kernels are dispatched
-    /// ahead of other streams' as SMs come free (for collectives that must overlap long
-    /// compute kernels); on the CPU backend, a stream like any other.
-    pub fn new_priority_stream(&self) -> Result<Stream> {
-        self.stream_of_priority(true)
-    }
-
-    fn stream_of_priority(&self, high: bool) -> Result<Stream> {
         let inner = match self {
             Device::Cpu => StreamInner::Cpu,
             Device::Cuda(d) => StreamInner::Cuda(Arc::new(CudaStreamShared {
-                stream: if high {
-                    d.new_priority_stream()?
-                } else {
-                    d.new_stream()?
-                },
+                stream: d.new_stream()?,
                 handed_out: AtomicU64::new(0),
             })),
         };

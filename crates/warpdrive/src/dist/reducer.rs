@@ -48,9 +48,7 @@ impl<T: Float> Reducer<T> {
         }
         Ok(Reducer {
             bucket_bytes,
-            // High priority: the buckets' all-reduces must start while the backward pass's
-            // kernels still fill the GPU (bench/NOTES.md, Reducer).
-            stream: device.new_priority_stream()?,
+            stream: device.new_stream()?,
             done: device.new_event()?,
             buckets: Vec::new(),
         })

@@ -47,19 +47,6 @@ impl CudaDevice {
         self.check("cuStreamCreate", r).map(GpuStream)
     }
 
-    /// A stream of the device's highest priority: its kernels' blocks are dispatched ahead of
-    /// those of ordinary streams as SMs come free (a collective's kernels start while a long
-    /// compute kernel still runs).
-    pub(crate) fn new_priority_stream(&self) -> Result<GpuStream> {
-        self.bind()?;
-        let (_, greatest) = self.check(
-            "cuCtxGetStreamPriorityRange",
-            result::stream::get_priority_range(),
-        )?;
-        let r = self.inner.ctx.new_stream_with_priority(greatest);
-        self.check("cuStreamCreateWithPriority", r).map(GpuStream)
-    }
-
     pub(crate) fn synchronize_stream(&self, stream: &GpuStream) -> Result<()> {
         // This thread's captures are refused here; a capture begun on another thread makes
         // the driver return an error (not worth a cuStreamIsCapturing on every sync).
