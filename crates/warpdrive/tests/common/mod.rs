@@ -167,26 +167,41 @@ pub fn same_or_both_nan(a: f64, b: f64) -> bool {
     a == b || (a.is_nan() && b.is_nan())
 }
 
-/// `tracing` output written while `f` runs on this thread.
+/// `tracing` output written while `f` runs on this thread. One process-wide subscriber writes
+/// each event into the capture of the thread that emits it (none: dropped): a subscriber
+/// scoped to the thread lost events now and then to tracing's interest cache, which other
+/// tests' threads fill concurrently.
 pub fn warnings_during(f: impl FnOnce()) -> String {
-    #[derive(Clone, Default)]
-    struct Captured(std::sync::Arc<parking_lot::Mutex<Vec<u8>>>);
-    impl std::io::Write for Captured {
+    use std::cell::RefCell;
+    use std::sync::Once;
+    thread_local! {
+        static CAPTURE: RefCell<Option<Vec<u8>>> = const { RefCell::new(None) };
+    }
+    struct ThisThread;
+    impl std::io::Write for ThisThread {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().extend_from_slice(buf);
+            CAPTURE.with(|c| {
+                if let Some(out) = c.borrow_mut().as_mut() {
+                    out.extend_from_slice(buf);
+                }
+            });
             Ok(buf.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
     }
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    tracing::subscriber::with_default(subscriber, f);
-    let text = captured.0.lock().clone();
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(|| ThisThread)
+            .finish();
+        tracing::subscriber::set_global_default(subscriber)
+            .expect("no other global tracing subscriber in a test binary");
+    });
+    CAPTURE.with(|c| *c.borrow_mut() = Some(Vec::new()));
+    f();
+    let text = CAPTURE.with(|c| c.borrow_mut().take()).unwrap_or_default();
     String::from_utf8_lossy(&text).into_owned()
 }
