@@ -788,3 +788,50 @@ fn gpu_nccl_two_ranks_send_recv_and_a_rank_that_never_calls() {
     assert!(is_collective(&again, "aborted"), "{again}");
     drop(idle);
 }
+
+both_backends!(
+    collectives_captured_in_a_graph_replay_on_new_data,
+    gpu_nccl_collectives_captured_in_a_graph_replay_on_new_data,
+    |backend| {
+        use warpdrive::exec::Graph;
+        let len = 1001;
+        for world in backend.worlds() {
+            let outs = each_rank_on(backend, world, |comm, stream| {
+                let mut bufs = [
+                    Buffer::from_host(stream, &vec![0.0f32; len]).unwrap(),
+                    Buffer::from_host(stream, &vec![0.0f32; len * world]).unwrap(),
+                ];
+                // An all-reduce, then an all-gather of its result, captured once.
+                let mut graph = Graph::capture_with(stream, &mut bufs, |s, [sum, all]| {
+                    comm.all_reduce(s, sum, ReduceOp::Sum)?;
+                    comm.all_gather(s, sum, all)
+                })
+                .unwrap();
+                (0..3)
+                    .map(|step| {
+                        let mine: Vec<f32> = (0..len)
+                            .map(|i| (comm.rank() * 7 + i + 100 * step) as f32)
+                            .collect();
+                        warpdrive::transfer::upload(stream, &mut bufs[0], &mine).unwrap();
+                        graph.launch_with(&mut bufs).unwrap();
+                        comm.wait(stream).unwrap();
+                        (
+                            bufs[0].to_host(stream).unwrap(),
+                            bufs[1].to_host(stream).unwrap(),
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            });
+            for (r, steps) in outs.iter().enumerate() {
+                for (step, (sum, all)) in steps.iter().enumerate() {
+                    let want: Vec<f32> = (0..len)
+                        .map(|i| (0..world).map(|q| (q * 7 + i + 100 * step) as f32).sum())
+                        .collect();
+                    assert_eq!(sum, &want, "world {world} rank {r} step {step}: sum");
+                    let gathered: Vec<f32> = (0..world).flat_map(|_| want.clone()).collect();
+                    assert_eq!(all, &gathered, "world {world} rank {r} step {step}: gather");
+                }
+            }
+        }
+    }
+);

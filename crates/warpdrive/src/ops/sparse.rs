@@ -60,13 +60,13 @@ impl Sparsity {
     }
 }
 
-/// One step of DGC on a gradient `g`: `u = momentum·u + g`, `v = v + u` per element; then per
-/// block of [`SPARSE_BLOCK`] the [`Sparsity::kept`] entries of largest |v| (NaN above every
-/// number, ties to the lower index) go into the block's slots of `idx` / `val` in index order,
-/// unused slots get
-/// [`UNUSED`] and 0, and the sent entries of `u` and `v` become 0. `g`, `u` and `v` are equally
-/// long (at most `u32::MAX` elements); `idx` and `val` hold [`Sparsity::slots`]. `momentum` 0
-/// is plain error feedback (then `u` is only scratch).
+/// One step of DGC on a gradient `g`: `u = momentum·u + g`, `v = v + u` per element; then
+/// each block of [`SPARSE_BLOCK`] (its last one `len` long) sends its ⌈len · keep / 2048⌉
+/// entries of largest |v| (NaN above every number, ties to the lower index) into its slots of
+/// `idx` / `val` in index order, unused slots get [`UNUSED`] and 0, and the sent entries of `u`
+/// and `v` become 0. `g`, `u` and `v` are equally long (at most `u32::MAX` elements); `idx` and
+/// `val` hold [`Sparsity::slots`]. `momentum` 0 is plain error feedback (then `u` is only
+/// scratch).
 #[allow(clippy::too_many_arguments)]
 pub fn topk_ef(
     stream: &Stream,
