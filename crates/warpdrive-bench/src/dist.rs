@@ -38,6 +38,10 @@
 //!   around a run of copies on GPU 1's stream: `warpdrive` (`copy_peer`: direct where the
 //!   GPUs have peer access, `extra.path`) and `warpdrive-staged` (`copy_peer_staged`, through
 //!   pinned host memory); the `torch-copy` peer row is `Tensor.copy_` across the GPUs.
+//! - `nccl-graph` (size = bytes of f32 per rank, 8 B and 1 KiB; GPU hosts): µs per
+//!   all-reduce of a CUDA graph holding a run of them, replayed (events around each replay,
+//!   the slowest rank's); `extra.eager_us` the same run's eager `nccl-all-reduce` median and
+//!   `extra.x_eager` eager over graph.
 //! - `nccl-call` (size 8 B): host µs per call of a run of 8-byte all-reduces enqueued back to
 //!   back, the cost of the call itself; `extra.overhead_us` warpdrive's minus the direct
 //!   call's (the bar: at most 1 µs).
@@ -48,6 +52,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use warpdrive::dist::{Comm, Int8Reducer, ReduceOp, Reducer, TopkReducer, DEFAULT_BUCKET_BYTES};
 use warpdrive::error::{Error, Result};
+use warpdrive::exec::Graph;
 use warpdrive::ops::gemm::matmul;
 use warpdrive::ops::quant::{dequantize_int8, quant_blocks, quantize_int8_ef, QUANT_BLOCK};
 use warpdrive::ops::sparse::{densify, topk_ef, Sparsity};
@@ -106,6 +111,7 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
     )?;
     if ctx.device().is_cuda() {
         nccl_rows(ctx, &codecs)?;
+        graph_rows(ctx)?;
         let world = Device::cuda_count();
         if world >= 2 {
             peer_copy_rows(ctx)?;
@@ -603,6 +609,84 @@ fn all_reduce_rounds(len: usize, rounds: usize) -> Result<Vec<f64>> {
     Ok((0..rounds)
         .map(|i| per_rank.iter().map(|t| t[i]).fold(0.0, f64::max))
         .collect())
+}
+
+/// All-reduces a graph of the `nccl-graph` rows holds.
+const GRAPH_CALLS: usize = 100;
+
+/// The `nccl-graph` rows: a graph of [`GRAPH_CALLS`] all-reduces captured once per rank and
+/// size, replayed; µs per all-reduce.
+fn graph_rows(ctx: &mut Ctx) -> Result<()> {
+    let rounds = match ctx.scale() {
+        Scale::Full => 10,
+        Scale::Quick | Scale::Tiny => 3,
+    };
+    let sizes = [8usize, KIB];
+    let world = Device::cuda_count().max(1);
+    ctx.step(format!(
+        "{SUITE}: all-reduces replayed from a graph over {world} GPU(s)"
+    ));
+    let devices = (0..world).map(Device::cuda).collect::<Result<Vec<_>>>()?;
+    let comms = Comm::nccl_group(&devices, TIMEOUT)?;
+    let sync = Comm::local_group(world, TIMEOUT)?;
+    let ranks = comms.into_iter().zip(sync).zip(devices).collect();
+    let per_rank = on_rank_threads(ranks, |_, ((comm, sync), device)| {
+        let stream = device.new_stream()?;
+        let host = Device::cpu().new_stream()?;
+        let (start, end) = (device.new_event()?, device.new_event()?);
+        let mut out = Vec::new();
+        for &bytes in &sizes {
+            let mut buf = Buffer::from_host(&stream, &random_f32(bytes / 4, 0x9a4f))?;
+            let mut graph = Graph::capture_with(&stream, &mut buf, |s, b| {
+                (0..GRAPH_CALLS).try_for_each(|_| comm.all_reduce(s, b, ReduceOp::Sum))
+            })?;
+            let mut us = Vec::with_capacity(rounds);
+            for round in 0..=rounds {
+                let mut barrier = Buffer::from_host(&host, &[0.0f32])?;
+                sync.all_reduce(&host, &mut barrier, ReduceOp::Max)?;
+                stream.record(&start)?;
+                graph.launch_with(&mut buf)?;
+                stream.record(&end)?;
+                comm.wait(&stream)?;
+                let t = f64::from(start.elapsed_ms(&end)?) * 1e3 / GRAPH_CALLS as f64;
+                let mut slowest = Buffer::from_host(&host, &[t as f32])?;
+                sync.all_reduce(&host, &mut slowest, ReduceOp::Max)?;
+                if round > 0 {
+                    us.push(f64::from(slowest.to_host(&host)?[0]));
+                }
+            }
+            out.push(us);
+        }
+        Ok(out)
+    })?;
+    let times = per_rank
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::InvalidArgument("no GPU rank ran".into()))?;
+    for (&bytes, mut us) in sizes.iter().zip(times) {
+        let eager = ctx
+            .rows()
+            .iter()
+            .find(|r| {
+                r.case == "nccl-all-reduce" && r.variant == "warpdrive" && r.size == bytes as u64
+            })
+            .map(|r| r.median);
+        let row = ctx.record_bytes(
+            "nccl-graph",
+            bytes as u64,
+            "warpdrive-graph",
+            &mut us,
+            bytes as f64,
+            None,
+        )?;
+        row.extra.insert("ranks".into(), world.into());
+        if let Some(eager) = eager {
+            row.extra.insert("eager_us".into(), eager.into());
+            row.extra
+                .insert("x_eager".into(), (eager / row.median).into());
+        }
+    }
+    Ok(())
 }
 
 /// Runs `rank(i, ranks[i])` on a thread each; their results in rank order, or the first
