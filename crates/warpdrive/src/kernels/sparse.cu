@@ -24,7 +24,7 @@ __device__ __forceinline__ u32 sparse_key(float v) {
 // chosen entries.
 extern "C" __global__ void __launch_bounds__(ST) topk_ef(const float* __restrict__ g, float* __restrict__ u, float* __restrict__ v, float momentum, u32 keep, u32* __restrict__ idx, float* __restrict__ val, u64 n) {
     __shared__ u32 hist[256];
-    __shared__ u32 pick[2];  // the digit chosen, and how many keys equal to the prefix are still to take
+    __shared__ u32 pick[3];  // the digit chosen, the keys of its bin still to take, the bin's count
     const u64 base = (u64)blockIdx.x * SB;
     const u32 len = (u32)min((u64)SB, n - base);
     const u32 first = threadIdx.x * PER;
@@ -75,17 +75,23 @@ extern "C" __global__ void __launch_bounds__(ST) topk_ef(const float* __restrict
         }
     }
     const u32 kb = (u32)(((u64)len * keep + SB - 1) / SB);
-    // Radix select of the kb-th largest key: `prefix` holds its bits above `shift` + 8.
-    u32 prefix = 0u, remaining = kb;
+    // Radix select of the kb-th largest key. Bit 31 is set in every key but padding's, so the
+    // digits are bits 30-23 (the exponent), 22-15, 14-7 and 6-0; `prefix` holds the bits
+    // chosen so far. Once the chosen bin holds exactly the keys still to take, all of it goes
+    // and the lower bits need no pass (`low`: the bits left unresolved).
+    u32 prefix = 0x80000000u, remaining = kb, low = 0u;
 #pragma unroll 1
-    for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int p = 0; p < 4; ++p) {
+        const int shift = p == 0 ? 23 : p == 1 ? 15 : p == 2 ? 7 : 0;
+        const int width = p == 3 ? 7 : 8;
+        const u32 digits = (1u << width) - 1u;
+        const u32 above = 0xffffffffu << (shift + width);
         hist[threadIdx.x] = 0u;  // ST == 256 bins
         __syncthreads();
-        const u32 above = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
 #pragma unroll
         for (int e = 0; e < PER; ++e) {
             const bool in = (key[e] & above) == prefix;
-            const u32 digit = (key[e] >> shift) & 255u;
+            const u32 digit = (key[e] >> shift) & digits;
             const u32 same = __match_any_sync(0xffffffffu, in ? digit : 0x100u + lane);
             if (in && lane == (u32)(__ffs(same) - 1)) atomicAdd(&hist[digit], (u32)__popc(same));
         }
@@ -113,6 +119,7 @@ extern "C" __global__ void __launch_bounds__(ST) topk_ef(const float* __restrict
                     if (acc < remaining && remaining <= acc + c[b]) {
                         pick[0] = 255u - 8u * lane - (u32)b;
                         pick[1] = remaining - acc;
+                        pick[2] = c[b];
                     }
                     acc += c[b];
                 }
@@ -121,21 +128,27 @@ extern "C" __global__ void __launch_bounds__(ST) topk_ef(const float* __restrict
         __syncthreads();
         prefix |= pick[0] << shift;
         remaining = pick[1];
+        if (pick[2] == remaining) {
+            low = (u32)shift;
+            break;
+        }
     }
-    // `prefix` is the kb-th largest key; take every larger key and the first `remaining` keys
-    // equal to it, in index order.
+    // Take every key above the threshold `prefix` (compared on its resolved bits) and the
+    // first `remaining` keys equal to it, in index order.
+    const u32 cut = prefix >> low;
     u32 gt = 0u, eq = 0u;
 #pragma unroll
     for (int e = 0; e < PER; ++e) {
-        gt += key[e] > prefix;
-        eq += key[e] == prefix;
+        gt += (key[e] >> low) > cut;
+        eq += (key[e] >> low) == cut;
     }
     u32 total;
     const u32 packed = block_exclusive_scan<u32>((gt << 16) | eq, &total);
     u32 gt_before = packed >> 16, eq_before = packed & 0xffffu;
 #pragma unroll
     for (int e = 0; e < PER; ++e) {
-        const bool take = key[e] > prefix || (key[e] == prefix && eq_before < remaining);
+        const u32 k = key[e] >> low;
+        const bool take = k > cut || (k == cut && eq_before < remaining);
         if (take) {
             const u32 slot = gt_before + min(eq_before, remaining);
             const u64 o = (u64)blockIdx.x * keep + slot;
@@ -145,8 +158,8 @@ extern "C" __global__ void __launch_bounds__(ST) topk_ef(const float* __restrict
             v[i] = 0.0f;
             u[i] = 0.0f;
         }
-        gt_before += key[e] > prefix;
-        eq_before += key[e] == prefix;
+        gt_before += k > cut;
+        eq_before += k == cut;
     }
     for (u32 j = kb + threadIdx.x; j < keep; j += ST) {
         const u64 o = (u64)blockIdx.x * keep + j;
