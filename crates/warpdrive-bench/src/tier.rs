@@ -33,7 +33,7 @@ use warpdrive::tier::disk::{queue_depth, AlignedBuf, DirectFile, SimDisk};
 use warpdrive::tier::prefetch::Prefetch;
 use warpdrive::tier::{Durability, Tier, TierConfig, TierStore};
 
-use super::timing::time_host;
+use super::timing::{time_host, time_host_rounds};
 use super::{Ctx, Scale};
 
 pub(crate) const SUITE: &str = "tier";
@@ -174,44 +174,53 @@ fn disk_cases(ctx: &mut Ctx) -> Result<()> {
             let mut r = SmallRng::seed_from_u64(size as u64 ^ 0xd15c);
             let block = bf16_bytes(&mut r, size, false);
             // Raw: one file, aligned buffers, offsets one block apart, at the queue depth the
-            // store gives a block of this size.
+            // store gives a block of this size. The store: disk only, no compression. The two
+            // alternate round by round (`time_host_rounds`): this disk's speed depends on what
+            // ran just before, so timing one after the other compared two states of the disk
+            // (bench/NOTES.md, tier store at 67f5c67).
             let depth = queue_depth(size);
-            ctx.step(format!("{SUITE}: disk raw O_DIRECT at {size} B"));
+            ctx.step(format!(
+                "{SUITE}: disk raw O_DIRECT and the store at {size} B"
+            ));
             let raw_path = dir.join(format!("raw-{size}"));
             let file = DirectFile::open(&raw_path)?;
             let mut buf = AlignedBuf::new(size)?;
             buf.as_mut_slice()[..size].copy_from_slice(&block);
             let stride = buf.as_slice().len() as u64;
-            let mut i = 0u64;
-            let mut raw_w = time_host(1, reps, || {
-                i += 1;
-                file.write_at_depth(&buf, i * stride, depth)
-            })?;
-            let mut j = 0u64;
-            let mut raw_r = time_host(1, reps, || {
-                j = j % i + 1;
-                file.read_at_depth(&mut buf, j * stride, depth).map(drop)
-            })?;
-            let direct = file.is_direct();
-            drop(file);
-            let _ = std::fs::remove_file(&raw_path);
-            // The store: disk only, no compression.
-            ctx.step(format!("{SUITE}: disk store at {size} B"));
             let mut config = TierConfig::new(0, 0);
             config.disk_compression = Compression::None;
             config.prefetch = Prefetch::Off;
             let store = TierStore::open(dir.join(format!("store-{size}")), config, &stream)?;
-            let mut k = 0u64;
-            let mut ours_w = time_host(1, reps, || {
-                k += 1;
-                store.put(&format!("b{k}"), &block, Durability::Disk)
+            let (mut i, mut k) = (0u64, 0u64);
+            let writes = time_host_rounds(1, reps, 2, |v| {
+                if v == 0 {
+                    i += 1;
+                    file.write_at_depth(&buf, i * stride, depth)
+                } else {
+                    k += 1;
+                    store.put(&format!("b{k}"), &block, Durability::Disk)
+                }
             })?;
-            let mut m = 0u64;
-            let mut ours_r = time_host(1, reps, || {
-                m = m % k + 1;
-                store.get_host(&format!("b{m}")).map(drop)
+            let (mut j, mut m) = (0u64, 0u64);
+            let reads = time_host_rounds(1, reps, 2, |v| {
+                if v == 0 {
+                    j = j % i + 1;
+                    file.read_at_depth(&mut buf, j * stride, depth).map(drop)
+                } else {
+                    m = m % k + 1;
+                    store.get_host(&format!("b{m}")).map(drop)
+                }
             })?;
+            let direct = file.is_direct();
             drop(store);
+            drop(file);
+            let _ = std::fs::remove_file(&raw_path);
+            let two = |v: Vec<Vec<f64>>| -> Result<[Vec<f64>; 2]> {
+                v.try_into()
+                    .map_err(|_| Error::InvalidArgument("disk cases: two variants expected".into()))
+            };
+            let [mut raw_w, mut ours_w] = two(writes)?;
+            let [mut raw_r, mut ours_r] = two(reads)?;
             for (case, raw, ours) in [
                 ("disk-write", &mut raw_w, &mut ours_w),
                 ("disk-read", &mut raw_r, &mut ours_r),
