@@ -318,3 +318,85 @@ both_backends!(
         }
     }
 );
+
+both_backends!(
+    powersgd_at_full_rank_is_the_average_and_its_error_keeps_the_rest,
+    gpu_nccl_powersgd_at_full_rank_is_the_average_and_its_error_keeps_the_rest,
+    |backend| {
+        use warpdrive::dist::PowerSgdReducer;
+        let mut rng = rng(seed("powersgd"));
+        let (rows, cols) = (7, 33);
+        for world in backend.worlds() {
+            let grads: Vec<Vec<Vec<f32>>> = (0..4)
+                .map(|_| {
+                    (0..world)
+                        .map(|_| common::random_f32(&mut rng, rows * cols))
+                        .collect()
+                })
+                .collect();
+            for rank in [rows, 2] {
+                let outs = each_rank_on(backend, world, |comm, stream| {
+                    let mut reducer = PowerSgdReducer::new(stream, rows, cols, rank).unwrap();
+                    assert_eq!(reducer.wire_values(), (rows + cols) * rank);
+                    let mut outputs = Vec::new();
+                    for step in &grads {
+                        let mut buf = Buffer::from_host(stream, &step[comm.rank()]).unwrap();
+                        reducer.all_reduce(comm, stream, &mut buf).unwrap();
+                        comm.wait(stream).unwrap();
+                        outputs.push(buf.to_host(stream).unwrap());
+                    }
+                    let mut short = Buffer::from_host(stream, &[0.0f32; 3]).unwrap();
+                    let wrong = reducer.all_reduce(comm, stream, &mut short);
+                    assert!(
+                        matches!(wrong, Err(Error::LengthMismatch { .. })),
+                        "{wrong:?}"
+                    );
+                    (outputs, reducer.carried().to_host(stream).unwrap())
+                });
+                for (r, (out, _)) in outs.iter().enumerate() {
+                    assert_eq!(
+                        out, &outs[0].0,
+                        "world {world} rank {rank}: rank {r} differs"
+                    );
+                }
+                let avg = |s: usize, i: usize| -> f64 {
+                    grads[s].iter().map(|g| f64::from(g[i])).sum::<f64>() / world as f64
+                };
+                for i in 0..rows * cols {
+                    // Nothing lost: what was sent plus the ranks' mean carried error is the
+                    // sum of the steps' averages.
+                    let sent: f64 = outs[0].0.iter().map(|o| f64::from(o[i])).sum();
+                    let held: f64 =
+                        outs.iter().map(|(_, e)| f64::from(e[i])).sum::<f64>() / world as f64;
+                    let want: f64 = (0..grads.len()).map(|s| avg(s, i)).sum();
+                    assert!(
+                        (sent + held - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                        "world {world} rank {rank} i={i}: {sent} + {held} vs {want}"
+                    );
+                }
+                if rank == rows {
+                    // P̂ spans every row: each step is the exact average, to rounding.
+                    for (s, out) in outs[0].0.iter().enumerate() {
+                        for (i, &x) in out.iter().enumerate() {
+                            let want = avg(s, i);
+                            assert!(
+                                (f64::from(x) - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                                "world {world} step {s} i={i}: {x} vs {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+);
+
+#[test]
+fn powersgd_refuses_ranks_outside_its_matrix() {
+    use warpdrive::dist::PowerSgdReducer;
+    let s = Device::cpu().new_stream().unwrap();
+    for rank in [0, 8] {
+        let e = PowerSgdReducer::new(&s, 7, 33, rank);
+        assert!(matches!(e, Err(Error::InvalidArgument(_))), "rank {rank}");
+    }
+}

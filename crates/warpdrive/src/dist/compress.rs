@@ -2,6 +2,8 @@
 //! feedback ([`Int8Reducer`], [`ops::quant`](crate::ops::quant)) or through top-k with error
 //! feedback and momentum correction ([`TopkReducer`], [`ops::sparse`](crate::ops::sparse)).
 //!
+//! Low rank: [`PowerSgdReducer`] (PowerSGD with error feedback).
+//!
 //! Int8: each rank quantizes its gradient plus the
 //! error it carries, the int8 payloads and their scales are all-gathered, and every rank
 //! dequantizes the average of all of them in rank order, so every rank holds the same result.
@@ -15,7 +17,7 @@ use crate::ops::quant::{dequantize_int8, quant_blocks, quantize_int8_ef};
 use crate::ops::sparse::{densify, topk_ef, Sparsity};
 use crate::Stream;
 
-use super::Comm;
+use super::{Comm, ReduceOp};
 
 /// Averages gradients of one length over a group through int8 (see the module docs); one per
 /// rank and gradient, holding that rank's carried error and the exchange's buffers.
@@ -216,4 +218,169 @@ impl TopkReducer {
             grad,
         )
     }
+}
+
+/// Averages a gradient viewed as an `rows × cols` matrix through PowerSGD at rank `r`
+/// (Vogels et al. 2019) with error feedback: each rank's `M = grad + error` is projected as
+/// `P = M·Q`, the `P`s are averaged and orthonormalized, `Q = Mᵀ·P̂` is averaged, and every
+/// rank returns the same `P̂·Qᵀ`; what that misses of `M` stays in the rank's error. A rank
+/// sends `(rows + cols)·r` values instead of `rows·cols`. `Q` carries over from step to step
+/// (one power iteration a step), starting from the same seeded values on every rank. The
+/// orthonormalization is a shifted Cholesky QR done three times: `PᵀP` (r×r) comes to the
+/// host each time, which waits for the stream there.
+pub struct PowerSgdReducer {
+    rows: usize,
+    cols: usize,
+    rank: usize,
+    error: Buffer<f32>,
+    p: Buffer<f32>,
+    p_hat: Buffer<f32>,
+    q: Buffer<f32>,
+    gram: Buffer<f32>,
+    inv: Buffer<f32>,
+}
+
+impl PowerSgdReducer {
+    /// A reducer for `rows × cols` gradients at rank `rank` (1 ≤ rank ≤ min(rows, cols)),
+    /// its error zero, its `Q` seeded, its buffers on `stream`'s device.
+    pub fn new(stream: &Stream, rows: usize, cols: usize, rank: usize) -> Result<PowerSgdReducer> {
+        if rank == 0 || rank > rows.min(cols) {
+            return Err(Error::InvalidArgument(format!(
+                "PowerSgdReducer::new: rank {rank} for a {rows}×{cols} gradient (1 to {})",
+                rows.min(cols)
+            )));
+        }
+        let len = |a: usize, b: usize| {
+            a.checked_mul(b).ok_or_else(|| {
+                Error::InvalidArgument(format!("PowerSgdReducer::new: {a}×{b} overflows"))
+            })
+        };
+        // Seeded, identical on every rank; any full-rank start works.
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let q0: Vec<f32> = (0..len(cols, rank)?)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+            })
+            .collect();
+        Ok(PowerSgdReducer {
+            rows,
+            cols,
+            rank,
+            error: Buffer::zeros(stream, len(rows, cols)?)?,
+            p: Buffer::uninit(stream, len(rows, rank)?)?,
+            p_hat: Buffer::uninit(stream, len(rows, rank)?)?,
+            q: Buffer::from_host(stream, &q0)?,
+            gram: Buffer::uninit(stream, rank * rank)?,
+            inv: Buffer::uninit(stream, rank * rank)?,
+        })
+    }
+
+    /// Values one rank sends per call: `P` and `Q`.
+    pub fn wire_values(&self) -> usize {
+        (self.rows + self.cols) * self.rank
+    }
+
+    /// The error carried to the next call: what this rank's gradients so far have not
+    /// delivered.
+    pub fn carried(&self) -> &Buffer<f32> {
+        &self.error
+    }
+
+    /// Forgets the carried error.
+    pub fn reset(&mut self, stream: &Stream) -> Result<()> {
+        crate::ops::fill(stream, &mut self.error, 0.0)
+    }
+
+    /// Replaces `grad` (`rows × cols`, row-major) with the rank-`r` average described in the
+    /// type's docs. Every rank calls it with gradients of the same shape.
+    pub fn all_reduce(
+        &mut self,
+        comm: &Comm,
+        stream: &Stream,
+        grad: &mut Buffer<f32>,
+    ) -> Result<()> {
+        use crate::ops::gemm::{matmul, matmul_with, GemmOptions};
+        if grad.len() != self.error.len() {
+            return Err(Error::LengthMismatch {
+                op: "PowerSgdReducer::all_reduce",
+                left: self.error.len(),
+                right: grad.len(),
+            });
+        }
+        let (n, m, r) = (self.rows, self.cols, self.rank);
+        // M = grad + error, kept in `error`.
+        crate::ops::axpy(stream, 1.0, grad, &mut self.error)?;
+        matmul(stream, &self.error, &self.q, &mut self.p, (n, r, m))?;
+        comm.all_reduce(stream, &mut self.p, ReduceOp::Average)?;
+        // Shifted Cholesky QR, then twice unshifted (sCholeskyQR3): PᵀP (+ shift) = L·Lᵀ,
+        // P ← P·L⁻ᵀ. One pass in f32 breaks down once P's condition number nears 1e4 (its
+        // square is the Gram matrix's); the shift bounds the first pass's, the next two make
+        // the columns orthonormal.
+        let t = GemmOptions::default().trans_a();
+        comm.wait(stream)?;
+        for pass in 0..3 {
+            matmul_with(stream, &self.p, &self.p, &mut self.gram, (r, r, n), t)?;
+            let mut gram = self.gram.to_host(stream)?;
+            if pass == 0 {
+                let trace: f32 = (0..r).map(|i| gram[i * r + i]).sum();
+                (0..r).for_each(|i| gram[i * r + i] += 1e-5 * trace);
+            }
+            let inv = inverse_cholesky_transposed(&gram, r);
+            crate::transfer::upload(stream, &mut self.inv, &inv)?;
+            matmul(stream, &self.p, &self.inv, &mut self.p_hat, (n, r, r))?;
+            std::mem::swap(&mut self.p, &mut self.p_hat);
+        }
+        std::mem::swap(&mut self.p, &mut self.p_hat);
+        matmul_with(stream, &self.error, &self.p_hat, &mut self.q, (m, r, n), t)?;
+        comm.all_reduce(stream, &mut self.q, ReduceOp::Average)?;
+        let tb = GemmOptions::default().trans_b();
+        matmul_with(stream, &self.p_hat, &self.q, grad, (n, m, r), tb)?;
+        // error = M − P̂·Qᵀ.
+        crate::ops::axpy(stream, -1.0, grad, &mut self.error)
+    }
+}
+
+/// `L⁻ᵀ` (r×r, row-major) for the Cholesky factor `L` of the symmetric `gram`, in f64; a
+/// pivot that is not clearly positive (a rank-deficient `P`: zero gradients, say) gets a
+/// floor, so the columns it would have normalized come out zero-ish rather than infinite.
+fn inverse_cholesky_transposed(gram: &[f32], r: usize) -> Vec<f32> {
+    let g = |i: usize, j: usize| f64::from(gram[i * r + j]);
+    let scale = (0..r)
+        .map(|i| g(i, i))
+        .fold(0.0f64, f64::max)
+        .max(f64::MIN_POSITIVE);
+    let floor = scale * 1e-12;
+    let mut l = vec![0.0f64; r * r];
+    for j in 0..r {
+        let d = g(j, j) - (0..j).map(|k| l[j * r + k] * l[j * r + k]).sum::<f64>();
+        let pivot = if d > floor { d.sqrt() } else { f64::INFINITY };
+        l[j * r + j] = pivot;
+        for i in j + 1..r {
+            let s = g(i, j) - (0..j).map(|k| l[i * r + k] * l[j * r + k]).sum::<f64>();
+            l[i * r + j] = if pivot.is_finite() { s / pivot } else { 0.0 };
+        }
+    }
+    // Invert the lower-triangular L by forward substitution, column by column.
+    let mut inv = vec![0.0f64; r * r];
+    for c in 0..r {
+        for i in c..r {
+            let s: f64 = (c..i).map(|k| l[i * r + k] * inv[k * r + c]).sum();
+            let rhs = if i == c { 1.0 } else { 0.0 };
+            inv[i * r + c] = (rhs - s) / l[i * r + i];
+        }
+    }
+    // L⁻ᵀ: element (i, j) = L⁻¹(j, i).
+    (0..r * r)
+        .map(|x| {
+            let v = inv[(x % r) * r + x / r];
+            if v.is_finite() {
+                v as f32
+            } else {
+                0.0
+            }
+        })
+        .collect()
 }

@@ -33,11 +33,11 @@
 //! all-reduce runs on ([`Hierarchy`]).
 //!
 //! [`Int8Reducer`] averages a gradient through int8 block quantization with error feedback,
-//! [`TopkReducer`] through top-k sparsification with error feedback and momentum (DGC).
+//! [`TopkReducer`] through top-k sparsification with error feedback and momentum (DGC),
+//! [`PowerSgdReducer`] through a rank-r PowerSGD approximation with error feedback.
 //!
 //! Not yet: CPU groups across processes, the Reducer's per-topology bucket tuning and overlap
-//! report, choosing the hierarchical all-reduce by itself when ranks span hosts, PowerSGD
-//! compression.
+//! report, choosing the hierarchical all-reduce by itself when ranks span hosts.
 
 mod bootstrap;
 mod compress;
@@ -57,7 +57,7 @@ use crate::error::{Error, Result};
 use crate::memory::Buffer;
 
 pub use bootstrap::{LaunchEnv, NcclId};
-pub use compress::{Int8Reducer, TopkReducer};
+pub use compress::{Int8Reducer, PowerSgdReducer, TopkReducer};
 pub use hierarchy::Hierarchy;
 use local::{Call, Group};
 use nccl::NcclLink;
