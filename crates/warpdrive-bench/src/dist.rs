@@ -34,6 +34,9 @@
 //! - `topk-all-reduce` (size = bytes of f32 per rank; GPU hosts, from 64 KiB): a
 //!   `TopkReducer`'s (1%) average over every GPU, timed as `nccl-all-reduce`; `extra.x_plain`
 //!   and `extra.wins_below_gbps` as for int8 (ratio ≈ 48.8).
+//! - `powersgd-all-reduce` (size = bytes of f32 per rank; GPU hosts, from 64 KiB): a
+//!   `PowerSgdReducer`'s average (rank 4, the gradient as rows × 1024), timed as
+//!   `nccl-all-reduce`; `extra.x_plain` and `extra.ratio` (f32 values over values sent).
 //! - `peer-copy` (size = bytes; hosts with two GPUs or more): GPU 0 to GPU 1, GB/s from events
 //!   around a run of copies on GPU 1's stream: `warpdrive` (`copy_peer`: direct where the
 //!   GPUs have peer access, `extra.path`) and `warpdrive-staged` (`copy_peer_staged`, through
@@ -50,7 +53,9 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use warpdrive::dist::{Comm, Int8Reducer, ReduceOp, Reducer, TopkReducer, DEFAULT_BUCKET_BYTES};
+use warpdrive::dist::{
+    Comm, Int8Reducer, PowerSgdReducer, ReduceOp, Reducer, TopkReducer, DEFAULT_BUCKET_BYTES,
+};
 use warpdrive::error::{Error, Result};
 use warpdrive::exec::Graph;
 use warpdrive::ops::gemm::matmul;
@@ -281,7 +286,13 @@ enum Via {
     Int8,
     /// A [`TopkReducer`]'s (density [`TOPK_DENSITY`]).
     Topk,
+    /// A [`PowerSgdReducer`]'s (rank [`POWERSGD_RANK`], [`POWERSGD_COLS`] columns).
+    PowerSgd,
 }
+
+/// The rank and the matrix width of the `powersgd-all-reduce` rows.
+const POWERSGD_RANK: usize = 4;
+const POWERSGD_COLS: usize = 1024;
 
 /// The density of the `topk-*` rows (DGC's 99% sparsity is the check).
 const TOPK_DENSITY: f64 = 0.01;
@@ -291,6 +302,7 @@ const TOPK_DENSITY: f64 = 0.01;
 struct Compressors {
     int8: Vec<Int8Reducer>,
     topk: Vec<TopkReducer>,
+    powersgd: Vec<(usize, PowerSgdReducer)>,
 }
 
 impl Via {
@@ -300,6 +312,7 @@ impl Via {
             Via::Direct => "nccl-direct",
             Via::Int8 => "warpdrive-int8",
             Via::Topk => "warpdrive-topk",
+            Via::PowerSgd => "warpdrive-powersgd",
         }
     }
 
@@ -307,6 +320,7 @@ impl Via {
     fn compressed_case(self) -> &'static str {
         match self {
             Via::Topk => "topk-all-reduce",
+            Via::PowerSgd => "powersgd-all-reduce",
             _ => "int8-all-reduce",
         }
     }
@@ -341,6 +355,17 @@ impl Via {
                 match c.topk.iter_mut().find(|r| r.len() == n) {
                     Some(r) => r.all_reduce(comm, stream, buf),
                     None => Err(Error::InvalidArgument("no top-k reducer".into())),
+                }
+            }
+            Via::PowerSgd => {
+                if !c.powersgd.iter().any(|(len, _)| *len == n) {
+                    let rows = n / POWERSGD_COLS;
+                    let r = PowerSgdReducer::new(stream, rows, POWERSGD_COLS, POWERSGD_RANK)?;
+                    c.powersgd.push((n, r));
+                }
+                match c.powersgd.iter_mut().find(|(len, _)| *len == n) {
+                    Some((_, r)) => r.all_reduce(comm, stream, buf),
+                    None => Err(Error::InvalidArgument("no PowerSGD reducer".into())),
                 }
             }
         }
@@ -424,7 +449,7 @@ fn nccl_rows(ctx: &mut Ctx, codecs: &[(usize, Via, f64)]) -> Result<()> {
         }
     }
     let pairs = jobs.len();
-    for via in [Via::Int8, Via::Topk] {
+    for via in [Via::Int8, Via::Topk, Via::PowerSgd] {
         for &bytes in sizes.iter().filter(|&&b| b >= INT8_FROM) {
             jobs.push(Job {
                 bytes,
@@ -458,8 +483,13 @@ fn nccl_rows(ctx: &mut Ctx, codecs: &[(usize, Via, f64)]) -> Result<()> {
         let codec = codecs.iter().find(|c| c.0 == job.bytes && c.1 == job.via);
         let ratio = match job.via {
             Via::Topk => topk_ratio(job.bytes)?,
+            Via::PowerSgd => {
+                let (rows, cols) = (job.bytes / 4 / POWERSGD_COLS, POWERSGD_COLS);
+                (rows * cols) as f64 / ((rows + cols) * POWERSGD_RANK) as f64
+            }
             _ => int8_ratio(job.bytes),
         };
+        row.extra.insert("ratio".into(), ratio.into());
         if let Some(&(_, _, codec_us)) = codec {
             if let Some(gbps) = compressed_wins_below(job.bytes, ratio, world, codec_us) {
                 row.extra.insert("wins_below_gbps".into(), gbps.into());
