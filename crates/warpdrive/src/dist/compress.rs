@@ -11,10 +11,14 @@
 //! 2(n−1)/n of them: it pays off where the link, not the memory, is the bottleneck (the
 //! `dist` bench's `int8-all-reduce` rows give the link rate below which it wins).
 
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
 use crate::error::{Error, Result};
-use crate::memory::Buffer;
+use crate::memory::{check_len, Buffer};
 use crate::ops::quant::{dequantize_int8, quant_blocks, quantize_int8_ef};
 use crate::ops::sparse::{densify, topk_ef, Sparsity};
+use crate::size::product;
 use crate::Stream;
 
 use super::{Comm, ReduceOp};
@@ -33,21 +37,14 @@ impl Int8Reducer {
     /// A reducer for gradients of `len` elements on `comm` (its error starts at zero), with
     /// its buffers on `stream`'s device.
     pub fn new(comm: &Comm, stream: &Stream, len: usize) -> Result<Int8Reducer> {
-        let world = comm.world();
         let blocks = quant_blocks(len);
-        let times = |n: usize| {
-            n.checked_mul(world).ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "Int8Reducer::new: {world} ranks × {n} elements overflow"
-                ))
-            })
-        };
+        let all = |n: usize| product("Int8Reducer::new: ranks × elements", &[comm.world(), n]);
         Ok(Int8Reducer {
             error: Buffer::zeros(stream, len)?,
             q: Buffer::uninit(stream, len)?,
             scales: Buffer::uninit(stream, blocks)?,
-            all_q: Buffer::uninit(stream, times(len)?)?,
-            all_scales: Buffer::uninit(stream, times(blocks)?)?,
+            all_q: Buffer::uninit(stream, all(len)?)?,
+            all_scales: Buffer::uninit(stream, all(blocks)?)?,
         })
     }
 
@@ -81,13 +78,7 @@ impl Int8Reducer {
         stream: &Stream,
         grad: &mut Buffer<f32>,
     ) -> Result<()> {
-        if grad.len() != self.len() {
-            return Err(Error::LengthMismatch {
-                op: "Int8Reducer::all_reduce",
-                left: self.len(),
-                right: grad.len(),
-            });
-        }
+        check_len("Int8Reducer::all_reduce", self.len(), grad.len())?;
         quantize_int8_ef(stream, grad, &mut self.error, &mut self.q, &mut self.scales)?;
         comm.group(|comm| {
             comm.all_gather(stream, &self.q, &mut self.all_q)?;
@@ -139,12 +130,7 @@ impl TopkReducer {
             )));
         }
         let slots = sparsity.slots(len)?;
-        let all = slots.checked_mul(comm.world()).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "TopkReducer::new: {} ranks × {slots} pairs overflow",
-                comm.world()
-            ))
-        })?;
+        let all = product("TopkReducer::new: ranks × pairs", &[comm.world(), slots])?;
         Ok(TopkReducer {
             sparsity,
             momentum,
@@ -187,13 +173,7 @@ impl TopkReducer {
         stream: &Stream,
         grad: &mut Buffer<f32>,
     ) -> Result<()> {
-        if grad.len() != self.len() {
-            return Err(Error::LengthMismatch {
-                op: "TopkReducer::all_reduce",
-                left: self.len(),
-                right: grad.len(),
-            });
-        }
+        check_len("TopkReducer::all_reduce", self.len(), grad.len())?;
         topk_ef(
             stream,
             grad,
@@ -250,20 +230,11 @@ impl PowerSgdReducer {
                 rows.min(cols)
             )));
         }
-        let len = |a: usize, b: usize| {
-            a.checked_mul(b).ok_or_else(|| {
-                Error::InvalidArgument(format!("PowerSgdReducer::new: {a}×{b} overflows"))
-            })
-        };
+        let len = |a: usize, b: usize| product("PowerSgdReducer::new", &[a, b]);
         // Seeded, identical on every rank; any full-rank start works.
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rng = StdRng::seed_from_u64(0x9e37_79b9_7f4a_7c15);
         let q0: Vec<f32> = (0..len(cols, rank)?)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-            })
+            .map(|_| rng.random_range(-0.5f32..0.5))
             .collect();
         Ok(PowerSgdReducer {
             rows,
@@ -303,13 +274,7 @@ impl PowerSgdReducer {
         grad: &mut Buffer<f32>,
     ) -> Result<()> {
         use crate::ops::gemm::{matmul, matmul_with, GemmOptions};
-        if grad.len() != self.error.len() {
-            return Err(Error::LengthMismatch {
-                op: "PowerSgdReducer::all_reduce",
-                left: self.error.len(),
-                right: grad.len(),
-            });
-        }
+        check_len("PowerSgdReducer::all_reduce", self.error.len(), grad.len())?;
         let (n, m, r) = (self.rows, self.cols, self.rank);
         // M = grad + error, kept in `error`.
         crate::ops::axpy(stream, 1.0, grad, &mut self.error)?;
