@@ -19,8 +19,9 @@ impl Device {
 
 impl Stream {
     /// Enqueues a direct copy of `bytes` from `src` in `from`'s memory to `dst` in this
-    /// stream's device memory, turning peer access on first (once per pair). Fails with
-    /// `Unsupported` where [`Device::can_access_peer`] is false.
+    /// stream's device memory, turning peer access on first (once per pair). Call it where
+    /// [`Device::can_access_peer`] is true: otherwise turning access on fails (a driver
+    /// error), and between the CPU backend and a GPU it is `Unsupported`.
     ///
     /// # Safety
     /// `src` holds `bytes` on `from`, `dst` holds `bytes` on this stream's device, both stay
@@ -34,7 +35,7 @@ impl Stream {
         bytes: usize,
     ) -> Result<()> {
         match (self.queue(), from) {
-            (Some(q), Device::Cuda(peer)) if q.gpu.can_access_peer(peer)? => {
+            (Some(q), Device::Cuda(peer)) => {
                 q.gpu.enable_peer_access(peer)?;
                 // SAFETY: forwarded from this function's contract.
                 unsafe { q.gpu.copy_from_peer(q.stream, dst, peer, src, bytes) }

@@ -11,9 +11,10 @@ use super::context::CudaDevice;
 use super::stream::GpuStream;
 
 impl CudaDevice {
-    /// Whether this device can read and write `peer`'s memory directly.
+    /// Whether this device can read and write `peer`'s memory directly (no driver call once
+    /// its access is on).
     pub(crate) fn can_access_peer(&self, peer: &CudaDevice) -> Result<bool> {
-        if peer == self {
+        if peer == self || self.inner.peers.lock().contains(&peer.ordinal()) {
             return Ok(true);
         }
         self.bind()?;
