@@ -49,6 +49,8 @@
 //!   back, the cost of the call itself; `extra.overhead_us` warpdrive's minus the direct
 //!   call's (the bar: at most 1 µs).
 
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use rand::rngs::SmallRng;
@@ -65,6 +67,7 @@ use warpdrive::transfer::{copy_peer, copy_peer_staged};
 use warpdrive::{Buffer, Device, Stream};
 
 use super::ceilings::random_f32;
+use super::timing::time_gpu;
 use super::{Ceiling, Ctx, Scale};
 
 pub(crate) const SUITE: &str = "dist";
@@ -300,9 +303,21 @@ const TOPK_DENSITY: f64 = 0.01;
 /// A rank's compressing reducers, one per gradient length, made on first use.
 #[derive(Default)]
 struct Compressors {
-    int8: Vec<Int8Reducer>,
-    topk: Vec<TopkReducer>,
-    powersgd: Vec<(usize, PowerSgdReducer)>,
+    int8: HashMap<usize, Int8Reducer>,
+    topk: HashMap<usize, TopkReducer>,
+    powersgd: HashMap<usize, PowerSgdReducer>,
+}
+
+/// The reducer in `made` for gradients of `n` elements, made by `make` the first time.
+fn reducer_for<R>(
+    made: &mut HashMap<usize, R>,
+    n: usize,
+    make: impl FnOnce() -> Result<R>,
+) -> Result<&mut R> {
+    Ok(match made.entry(n) {
+        Entry::Occupied(e) => e.into_mut(),
+        Entry::Vacant(e) => e.insert(make()?),
+    })
 }
 
 impl Via {
@@ -337,37 +352,16 @@ impl Via {
         match self {
             Via::Warpdrive => comm.all_reduce(stream, buf, ReduceOp::Sum),
             Via::Direct => comm.direct_all_reduce(stream, buf, ReduceOp::Sum),
-            Via::Int8 => {
-                if !c.int8.iter().any(|r| r.len() == n) {
-                    c.int8.push(Int8Reducer::new(comm, stream, n)?);
-                }
-                match c.int8.iter_mut().find(|r| r.len() == n) {
-                    Some(r) => r.all_reduce(comm, stream, buf),
-                    None => Err(Error::InvalidArgument("no int8 reducer".into())),
-                }
-            }
-            Via::Topk => {
-                if !c.topk.iter().any(|r| r.len() == n) {
-                    let sparsity = Sparsity::new(TOPK_DENSITY)?;
-                    c.topk
-                        .push(TopkReducer::new(comm, stream, n, sparsity, 0.0)?);
-                }
-                match c.topk.iter_mut().find(|r| r.len() == n) {
-                    Some(r) => r.all_reduce(comm, stream, buf),
-                    None => Err(Error::InvalidArgument("no top-k reducer".into())),
-                }
-            }
-            Via::PowerSgd => {
-                if !c.powersgd.iter().any(|(len, _)| *len == n) {
-                    let rows = n / POWERSGD_COLS;
-                    let r = PowerSgdReducer::new(stream, rows, POWERSGD_COLS, POWERSGD_RANK)?;
-                    c.powersgd.push((n, r));
-                }
-                match c.powersgd.iter_mut().find(|(len, _)| *len == n) {
-                    Some((_, r)) => r.all_reduce(comm, stream, buf),
-                    None => Err(Error::InvalidArgument("no PowerSGD reducer".into())),
-                }
-            }
+            Via::Int8 => reducer_for(&mut c.int8, n, || Int8Reducer::new(comm, stream, n))?
+                .all_reduce(comm, stream, buf),
+            Via::Topk => reducer_for(&mut c.topk, n, || {
+                TopkReducer::new(comm, stream, n, Sparsity::new(TOPK_DENSITY)?, 0.0)
+            })?
+            .all_reduce(comm, stream, buf),
+            Via::PowerSgd => reducer_for(&mut c.powersgd, n, || {
+                PowerSgdReducer::new(stream, n / POWERSGD_COLS, POWERSGD_COLS, POWERSGD_RANK)
+            })?
+            .all_reduce(comm, stream, buf),
         }
     }
 }
@@ -734,30 +728,19 @@ fn codec_rows(ctx: &mut Ctx) -> Result<Vec<(usize, Via, f64)>> {
             (Scale::Tiny, _) => (&[64 * KIB], 2, 1),
         };
     let stream = ctx.stream().clone();
-    let device = stream.device().clone();
-    let (start, end) = (device.new_event()?, device.new_event()?);
     let mut out = Vec::new();
     for &bytes in sizes {
-        ctx.step(format!("{SUITE}: int8 codec of {bytes} B"));
+        ctx.step(format!("{SUITE}: int8 and top-k codecs of {bytes} B"));
         let n = bytes / 4;
         let grad = Buffer::from_host(&stream, &random_f32(n, 0xc0de))?;
         let mut error = Buffer::zeros(&stream, n)?;
         let mut q = Buffer::<u8>::zeros(&stream, n)?;
         let mut scales = Buffer::zeros(&stream, quant_blocks(n))?;
         let mut back = Buffer::zeros(&stream, n)?;
-        let mut us = Vec::with_capacity(rounds);
-        for round in 0..=rounds {
-            stream.record(&start)?;
-            for _ in 0..calls {
-                quantize_int8_ef(&stream, &grad, &mut error, &mut q, &mut scales)?;
-                dequantize_int8(&stream, &q, &scales, 1, 1.0, &mut back)?;
-            }
-            stream.record(&end)?;
-            stream.synchronize()?;
-            if round > 0 {
-                us.push(f64::from(start.elapsed_ms(&end)?) * 1e3 / calls as f64);
-            }
-        }
+        let mut us = time_per_call(&stream, rounds, calls, |s| {
+            quantize_int8_ef(s, &grad, &mut error, &mut q, &mut scales)?;
+            dequantize_int8(s, &q, &scales, 1, 1.0, &mut back)
+        })?;
         let row = ctx.record_bytes(
             "int8-codec",
             bytes as u64,
@@ -774,21 +757,10 @@ fn codec_rows(ctx: &mut Ctx) -> Result<Vec<(usize, Via, f64)>> {
         let (mut u, mut v) = (Buffer::zeros(&stream, n)?, Buffer::zeros(&stream, n)?);
         let mut idx = Buffer::<u32>::zeros(&stream, slots)?;
         let mut val = Buffer::zeros(&stream, slots)?;
-        let mut us = Vec::with_capacity(rounds);
-        for round in 0..=rounds {
-            stream.record(&start)?;
-            for _ in 0..calls {
-                topk_ef(
-                    &stream, &grad, &mut u, &mut v, 0.0, sparsity, &mut idx, &mut val,
-                )?;
-                densify(&stream, &idx, &val, 1, 1.0, &mut back)?;
-            }
-            stream.record(&end)?;
-            stream.synchronize()?;
-            if round > 0 {
-                us.push(f64::from(start.elapsed_ms(&end)?) * 1e3 / calls as f64);
-            }
-        }
+        let mut us = time_per_call(&stream, rounds, calls, |s| {
+            topk_ef(s, &grad, &mut u, &mut v, 0.0, sparsity, &mut idx, &mut val)?;
+            densify(s, &idx, &val, 1, 1.0, &mut back)
+        })?;
         let row = ctx.record_bytes(
             "topk-codec",
             bytes as u64,
@@ -797,11 +769,22 @@ fn codec_rows(ctx: &mut Ctx) -> Result<Vec<(usize, Via, f64)>> {
             bytes as f64,
             None,
         )?;
-        row.extra
-            .insert("ratio".into(), (bytes as f64 / (8 * slots) as f64).into());
+        row.extra.insert("ratio".into(), topk_ratio(bytes)?.into());
         out.push((bytes, Via::Topk, row.median));
     }
     Ok(out)
+}
+
+/// µs per call of `work`, `calls` of them a round, over `rounds` rounds after a warm-up one
+/// (GPU-timed on a GPU stream, see [`time_gpu`]).
+fn time_per_call(
+    stream: &Stream,
+    rounds: usize,
+    calls: usize,
+    mut work: impl FnMut(&Stream) -> Result<()>,
+) -> Result<Vec<f64>> {
+    let us = time_gpu(stream, 1, rounds, |s| (0..calls).try_for_each(|_| work(s)))?;
+    Ok(us.into_iter().map(|t| t / calls.max(1) as f64).collect())
 }
 
 /// The `peer-copy` rows: GPU 0 to GPU 1 by [`copy_peer`] and [`copy_peer_staged`], events
@@ -814,7 +797,6 @@ fn peer_copy_rows(ctx: &mut Ctx) -> Result<()> {
     let (a, b) = (Device::cuda(0)?, Device::cuda(1)?);
     let (sa, sb) = (a.new_stream()?, b.new_stream()?);
     let peer = b.can_access_peer(&a)?;
-    let (start, end) = (b.new_event()?, b.new_event()?);
     for &bytes in sizes {
         ctx.step(format!("{SUITE}: peer copy of {bytes} B, cuda:0 to cuda:1"));
         let src = Buffer::from_host(&sa, &random_f32(bytes / 4, 0x9ee4))?;
@@ -822,23 +804,15 @@ fn peer_copy_rows(ctx: &mut Ctx) -> Result<()> {
         let mut dst = Buffer::<f32>::zeros(&sb, bytes / 4)?;
         let calls = (256 * MIB / bytes).clamp(1, 20);
         for staged in [false, true] {
-            let mut us = Vec::with_capacity(rounds);
             let mut path = None;
-            for round in 0..=rounds {
-                sb.record(&start)?;
-                for _ in 0..calls {
-                    if staged {
-                        copy_peer_staged(&sb, &src, &mut dst)?;
-                    } else {
-                        path = Some(copy_peer(&sb, &src, &mut dst)?);
-                    }
+            let mut us = time_per_call(&sb, rounds, calls, |s| {
+                if staged {
+                    copy_peer_staged(s, &src, &mut dst)
+                } else {
+                    path = Some(copy_peer(s, &src, &mut dst)?);
+                    Ok(())
                 }
-                sb.record(&end)?;
-                sb.synchronize()?;
-                if round > 0 {
-                    us.push(f64::from(start.elapsed_ms(&end)?) * 1e3 / calls as f64);
-                }
-            }
+            })?;
             let variant = if staged {
                 "warpdrive-staged"
             } else {
