@@ -115,6 +115,7 @@ pub fn topk_ef(
             let (u, v) = (u.host_view_mut()?, v.host_view_mut()?);
             let (idx, val) = (idx.host_view_mut()?, val.host_view_mut()?);
             let keep = sparsity.keep();
+            let mut order = Vec::with_capacity(SPARSE_BLOCK);
             for (b, start) in (0..n).step_by(SPARSE_BLOCK).enumerate() {
                 let at = start..(start + SPARSE_BLOCK).min(n);
                 let slots = b * keep..(b + 1) * keep;
@@ -128,6 +129,7 @@ pub fn topk_ef(
                     sent,
                     &mut idx[slots.clone()],
                     &mut val[slots],
+                    &mut order,
                 );
             }
             Ok(())
@@ -162,6 +164,7 @@ fn select_block(
     sent: usize,
     idx: &mut [u32],
     val: &mut [f32],
+    order: &mut Vec<u32>,
 ) {
     for ((&g, u), v) in g.iter().zip(u.iter_mut()).zip(v.iter_mut()) {
         *u = momentum.mul_add(*u, g);
@@ -176,14 +179,15 @@ fn select_block(
             a.to_bits() | 0x8000_0000
         }
     };
-    let keys: Vec<u32> = v.iter().map(|&x| key(x)).collect();
     // The sent-th largest key (sent ≥ 1: a block holds an element); every larger key goes,
     // and the first equal ones in index order until `sent` are taken.
-    let mut order = keys.clone();
+    order.clear();
+    order.extend(v.iter().map(|&x| key(x)));
     let (_, &mut cut, _) = order.select_nth_unstable_by(sent - 1, |a, b| b.cmp(a));
-    let mut equal = sent - keys.iter().filter(|&&k| k > cut).count();
+    let mut equal = sent - v.iter().filter(|&&x| key(x) > cut).count();
     let mut slot = 0;
-    for (j, &k) in keys.iter().enumerate() {
+    for j in 0..v.len() {
+        let k = key(v[j]);
         let take = k > cut || (k == cut && equal > 0);
         if !take {
             continue;
