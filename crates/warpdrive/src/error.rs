@@ -107,6 +107,22 @@ pub enum Error {
     #[error("collective {op} failed: {detail}")]
     Collective { op: &'static str, detail: String },
 
+    /// An actor's inbox is full and its backpressure policy is `Reject`.
+    #[error("actor {actor}: inbox lane {lane} is full ({capacity} messages)")]
+    QueueFull {
+        actor: String,
+        lane: usize,
+        capacity: usize,
+    },
+
+    /// A wait ran out of time.
+    #[error("{what}: no answer within {after_ms} ms")]
+    Timeout { what: String, after_ms: u64 },
+
+    /// An actor or its system cannot do what was asked: not started, terminated, hung.
+    #[error("actor {actor}: {detail}")]
+    Actor { actor: String, detail: String },
+
     /// A file could not be read or written.
     #[error("I/O error on {}: {source}", path.display())]
     Io {

@@ -39,6 +39,7 @@
 //! `transfer` → `telemetry` → `moe`, `tier`, `dist`. The benchmark harness lives in the
 //! `warpdrive-bench` crate, above this one.
 
+pub mod actor;
 pub mod device;
 pub mod dist;
 pub mod dtype;

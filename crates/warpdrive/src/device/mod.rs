@@ -12,6 +12,7 @@ pub(crate) mod lending;
 pub(crate) mod mapped;
 mod peer;
 pub mod probe;
+mod shared_words;
 mod state;
 pub mod sysfs;
 
@@ -35,7 +36,8 @@ pub use cuda::RELEASE_AT_EXIT;
 pub(crate) use cuda::{at_exit, release_at_exit};
 pub(crate) use cuda::{compile_options, compile_ptx, nvrtc_version};
 pub(crate) use cuda::{nccl_group, nccl_unique_id, NcclCall, NcclComm, NcclReduce, NCCL_ID_BYTES};
-pub(crate) use cuda::{Function, GemmCall, GpuStream, GraphExec, LaunchMode};
+pub(crate) use cuda::{Function, GemmCall, GpuStream, GraphExec, LaunchMode, ResidentGuard};
+pub(crate) use shared_words::SharedWords;
 use state::DeviceState;
 pub(crate) use state::Slot;
 

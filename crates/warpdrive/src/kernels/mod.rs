@@ -97,6 +97,14 @@ pub static SPARSE: KernelSource = KernelSource {
     shared: None,
 };
 
+/// The resident actor loop: a fragment the actor floor completes with its handlers and
+/// compiles at run time (not in [`SOURCES`]).
+pub static ACTOR_LOOP: KernelSource = KernelSource {
+    name: "actor_loop",
+    code: include_str!("actor_loop.cu"),
+    shared: None,
+};
+
 /// Row top-k and the fused MoE router.
 pub static TOPK: KernelSource = KernelSource {
     name: "topk",
@@ -240,6 +248,24 @@ pub(crate) fn function(
     })
 }
 
+/// Loads every embedded source the device can run, and every kernel in it, now: a kernel
+/// loaded lazily at its first launch may wait for the device to go idle, which it never
+/// does while a resident kernel (the actors) runs. Returns how many kernels were loaded.
+pub(crate) fn load_all_eagerly(gpu: &Gpu) -> Result<usize> {
+    let mut loaded = 0;
+    for source in SOURCES {
+        let Ok(arch) = source.arch_for(gpu.arch()) else {
+            continue;
+        };
+        let ptx = PtxCache::global().ptx(source, arch)?;
+        let module = gpu.module(source.name, || {
+            PtxCache::global().load(source, arch, |ptx| gpu.load_module(ptx))
+        })?;
+        loaded += gpu.load_module_eagerly(&module, &ptx)?;
+    }
+    Ok(loaded)
+}
+
 /// NVRTC's version as `major.minor`, or an error saying how to make it available.
 pub fn nvrtc_version() -> Result<(i32, i32)> {
     crate::device::nvrtc_version()
@@ -373,6 +399,11 @@ impl PtxCache {
 
     fn entry(&self, source: &KernelSource, arch: Arch) -> Result<Entry> {
         let key = self.key(source, arch)?;
+        self.entry_for(key, || self.compile(source, arch))
+    }
+
+    /// The entry under `key`: from memory, else disk, else `compile` (then stored).
+    fn entry_for(&self, key: String, compile: impl FnOnce() -> Result<String>) -> Result<Entry> {
         if let Some(e) = self.memory.lock().get(&key) {
             return Ok(e.clone());
         }
@@ -384,17 +415,21 @@ impl PtxCache {
             self.memory.lock().insert(key, entry.clone());
             return Ok(entry);
         }
-        let ptx = self.compile_and_keep(source, arch, &key)?;
+        let ptx = self.keep(&key, compile()?.into());
         Ok(Entry {
             ptx,
             compiled_here: true,
         })
     }
 
-    /// Compiles, then keeps the PTX in memory and (unless the folder proved unwritable) on
-    /// disk; the first failed write is reported and ends the disk writes of this cache.
+    /// Compiles, then keeps the PTX in memory and on disk.
     fn compile_and_keep(&self, source: &KernelSource, arch: Arch, key: &str) -> Result<Arc<str>> {
-        let ptx: Arc<str> = self.compile(source, arch)?.into();
+        Ok(self.keep(key, self.compile(source, arch)?.into()))
+    }
+
+    /// Keeps `ptx` in memory and (unless the folder proved unwritable) on disk; the first
+    /// failed write is reported and ends the disk writes of this cache.
+    fn keep(&self, key: &str, ptx: Arc<str>) -> Arc<str> {
         let file = self
             .file(key)
             .filter(|_| !self.unwritable.load(Ordering::Relaxed));
@@ -412,7 +447,22 @@ impl PtxCache {
             compiled_here: true,
         };
         self.memory.lock().insert(key.to_string(), entry);
-        Ok(ptx)
+        ptx
+    }
+
+    /// PTX of a source made at run time (`text`, without the prelude, which is prepended),
+    /// named `name` in its cache key and compile log; cached like the embedded sources.
+    pub fn generated(&self, name: &str, text: &str, arch: Arch) -> Result<Arc<str>> {
+        let (major, minor) = nvrtc_version()?;
+        let options = crate::device::compile_options(arch).join(" ");
+        let hash = fnv1a(&[PRELUDE.as_bytes(), text.as_bytes(), options.as_bytes()]);
+        let key = format!("{name}-{hash:016x}-{arch}-nvrtc{major}.{minor}");
+        let entry = self.entry_for(key, || {
+            self.compiles.fetch_add(1, Ordering::Relaxed);
+            let full = format!("{PRELUDE}\n#line 1 \"{name}.cu\"\n{text}");
+            crate::device::compile_ptx(name, full, arch)
+        })?;
+        Ok(entry.ptx)
     }
 
     /// Runs NVRTC; a rejected source returns its log.

@@ -139,6 +139,9 @@ pub(super) struct Inner {
     pub(super) peers: Mutex<HashSet<usize>>,
     /// The floors above's per-device state (pools, tuned configurations, clocks).
     state: DeviceState,
+    /// Resident (never-ending) kernels running now, and the frees they hold back: see
+    /// `resident.rs`.
+    pub(super) resident: super::resident::Resident,
 }
 
 /// Every CUDA device this process opened, by ordinal: the handles of one device share its
@@ -207,6 +210,7 @@ impl CudaDevice {
                 blas: Mutex::new(None),
                 peers: Mutex::new(HashSet::new()),
                 state: DeviceState::new(),
+                resident: Default::default(),
             }),
         };
         open.insert(ordinal, device.clone());

@@ -29,7 +29,7 @@ impl std::ops::Deref for Function {
 }
 
 /// PTX loaded on a GPU: where [`CudaDevice::function`] finds its kernels.
-pub(crate) struct Module(Arc<CudaModule>);
+pub(crate) struct Module(pub(super) Arc<CudaModule>);
 
 impl CudaDevice {
     // ---- kernels ----
@@ -53,15 +53,7 @@ impl CudaDevice {
         if let Some(f) = self.inner.functions.lock().get(&key) {
             return Ok(f.clone());
         }
-        let cached = self.inner.modules.lock().get(module).cloned();
-        let m = match cached {
-            Some(m) => m,
-            None => {
-                let m = load()?.0;
-                self.inner.modules.lock().insert(module, m.clone());
-                m
-            }
-        };
+        let m = self.module(module, load)?.0;
         self.bind()?;
         let r = m.load_function(name);
         let f = Function {
@@ -70,6 +62,33 @@ impl CudaDevice {
         };
         self.inner.functions.lock().insert(key, f.clone());
         Ok(f)
+    }
+
+    /// Module `module`, loaded by `load` the first time it is asked for.
+    pub(crate) fn module(
+        &self,
+        module: &'static str,
+        load: impl FnOnce() -> Result<Module>,
+    ) -> Result<Module> {
+        if let Some(m) = self.inner.modules.lock().get(module) {
+            return Ok(Module(m.clone()));
+        }
+        let m = load()?.0;
+        self.inner.modules.lock().insert(module, m.clone());
+        Ok(Module(m))
+    }
+
+    /// Kernel `name` of a module made at run time (not in the device's table), loaded now.
+    pub(crate) fn generated_function(&self, module: &Module, name: &str) -> Result<Function> {
+        self.bind()?;
+        let f = self.check("cuModuleGetFunction", module.0.load_function(name))?;
+        // SAFETY: the function handle is alive (its module is held by `module` and by `f`).
+        let r = unsafe { sys::cuFuncLoad(f.cu_function()).result() };
+        self.check("cuFuncLoad", r)?;
+        Ok(Function {
+            f,
+            key: ("generated", "generated"),
+        })
     }
 
     /// Loads `ptx` on this device.

@@ -63,6 +63,9 @@ impl CudaDevice {
     /// Frees memory from `alloc_host`; the caller has made sure no copy still uses it.
     pub(crate) fn free_host(&self, ptr: u64) -> Result<()> {
         no_alloc_in_capture("cuMemFreeHost")?;
+        if self.hold_host_free(ptr) {
+            return Ok(());
+        }
         self.bind()?;
         // SAFETY: `ptr` came from cuMemHostAlloc and its owner gives it up here.
         let r = unsafe { result::free_host(ptr as *mut c_void) };
@@ -176,6 +179,9 @@ impl CudaDevice {
     /// Frees memory from `alloc_host_on_node`; the caller has made sure no copy uses it.
     pub(crate) fn free_host_on_node(&self, ptr: u64, bytes: usize) -> Result<()> {
         no_alloc_in_capture("cuMemHostUnregister")?;
+        if self.hold_host_on_node_free(ptr, bytes) {
+            return Ok(());
+        }
         self.bind()?;
         // SAFETY: `ptr` was registered by `alloc_host_on_node` and is given up here.
         let r = unsafe { sys::cuMemHostUnregister(ptr as *mut c_void).result() };
@@ -196,6 +202,9 @@ impl CudaDevice {
     /// Frees memory returned by `alloc`.
     pub(crate) fn free(&self, ptr: u64) -> Result<()> {
         no_alloc_in_capture("cuMemFree")?;
+        if self.hold_device_free(ptr) {
+            return Ok(());
+        }
         self.bind()?;
         // SAFETY: `ptr` came from `alloc` on this context and its owner gives it up here;
         // cuMemFree waits for work that may still use it.

@@ -19,6 +19,7 @@ mod nccl;
 mod nvrtc;
 mod peer;
 mod probe;
+mod resident;
 mod stream;
 
 pub(crate) use blas::GemmCall;
@@ -34,4 +35,5 @@ pub(crate) use memory::AsyncMemPool;
 pub(crate) use nccl::{nccl_group, nccl_unique_id, NcclCall, NcclComm, NcclReduce, NCCL_ID_BYTES};
 pub(crate) use nvrtc::{compile_options, compile_ptx, nvrtc_version};
 pub use probe::ReferenceLaunches;
+pub(crate) use resident::{MappedWords, ResidentGuard};
 pub(crate) use stream::{GpuEvent, GpuStream};

@@ -104,6 +104,7 @@ impl CudaDevice {
     /// Waits for all work on this device.
     pub(crate) fn synchronize(&self) -> Result<()> {
         no_sync_in_capture("cuCtxSynchronize")?;
+        self.refuse_while_resident("cuCtxSynchronize")?;
         self.bind()?;
         self.check("cuCtxSynchronize", result::ctx::synchronize())
     }

@@ -1,0 +1,352 @@
+//! The host's side of one actor's rings: senders claiming inbox slots under the
+//! backpressure policy, and the collector taking replies from the outbox.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::ring::{self, ctrl, Found, Ring};
+use super::spec::{Backpressure, ErasedSpec};
+use crate::device::{Device, SharedWords};
+use crate::error::{Error, Result};
+
+/// One actor's block of shared words (control words, inbox lanes, outbox) and the host
+/// state around it.
+pub(crate) struct ActorShared {
+    pub(crate) index: usize,
+    pub(crate) name: String,
+    pub(crate) block: SharedWords,
+    pub(crate) lanes: Vec<Ring>,
+    pub(crate) outbox: Ring,
+    pub(crate) in_bytes: usize,
+    pub(crate) out_bytes: usize,
+    pub(crate) backpressure: Backpressure,
+    pub(crate) forwards: bool,
+    /// Sequence numbers claimed by senders, per lane.
+    tails: Vec<AtomicU64>,
+    next_correlation: AtomicU32,
+    pub(crate) rejected: AtomicU64,
+    /// Most messages waiting in one lane right after a claim.
+    pub(crate) max_depth: AtomicU64,
+    collector: Mutex<Collector>,
+}
+
+/// Replies taken from the outbox and not yet handed out.
+#[derive(Default)]
+struct Collector {
+    /// Replies taken so far (the outbox's head).
+    head: u64,
+    /// Correlation ids `request` calls wait for: their replies go to `claimed`.
+    waiting: HashSet<u32>,
+    claimed: HashMap<u32, Vec<u8>>,
+    /// Replies for `recv`, in order.
+    ready: VecDeque<(u32, Vec<u8>)>,
+}
+
+/// How long a sender waits for the previous lap's writer of a slot it overwrites.
+const OVERWRITE_WAIT: Duration = Duration::from_secs(5);
+
+impl ActorShared {
+    /// The block and host state of actor `index` of shape `spec` on `device`.
+    pub(crate) fn new(device: &Device, index: usize, spec: &ErasedSpec) -> Result<ActorShared> {
+        let (in_bytes, out_bytes) = (spec.in_bytes, spec.out_bytes);
+        let (capacity, lanes) = (spec.capacity, spec.lanes);
+        let in_words = ring::slot_words(in_bytes);
+        let out_words = ring::slot_words(out_bytes);
+        let mut base = ctrl::WORDS;
+        let mut rings = Vec::with_capacity(lanes);
+        for _ in 0..lanes {
+            let r = Ring {
+                base,
+                capacity,
+                slot_words: in_words,
+            };
+            base = base
+                .checked_add(r.words())
+                .ok_or_else(|| Error::InvalidArgument("actor rings overflow".into()))?;
+            rings.push(r);
+        }
+        let outbox = Ring {
+            base,
+            capacity,
+            slot_words: out_words,
+        };
+        let total = base
+            .checked_add(outbox.words())
+            .ok_or_else(|| Error::InvalidArgument("actor rings overflow".into()))?;
+        Ok(ActorShared {
+            index,
+            name: spec.name.clone(),
+            block: device.shared_words(total)?,
+            lanes: rings,
+            outbox,
+            in_bytes,
+            out_bytes,
+            backpressure: spec.backpressure,
+            forwards: spec.forward_to.is_some(),
+            tails: (0..lanes).map(|_| AtomicU64::new(0)).collect(),
+            next_correlation: AtomicU32::new(1),
+            rejected: AtomicU64::new(0),
+            max_depth: AtomicU64::new(0),
+            collector: Mutex::new(Collector::default()),
+        })
+    }
+
+    pub(crate) fn words(&self) -> &[AtomicU64] {
+        self.block.words()
+    }
+
+    pub(crate) fn word(&self, i: usize) -> u64 {
+        self.words()[i].load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_word(&self, i: usize, v: u64) {
+        self.words()[i].store(v, Ordering::Release)
+    }
+
+    /// Messages waiting in lane `lane` (claimed, not yet taken by the loop).
+    pub(crate) fn depth(&self, lane: usize) -> u64 {
+        let tail = self.tails[lane].load(Ordering::Acquire);
+        tail.saturating_sub(self.word(ctrl::IN_HEAD + lane))
+    }
+
+    /// Puts `bodies` (each `in_bytes` long) in lane `lane`, in order; returns the first
+    /// correlation id (the others follow it). `alive` is asked while a sender waits.
+    pub(crate) fn send(
+        &self,
+        lane: usize,
+        bodies: &[&[u8]],
+        alive: &dyn Fn() -> Result<()>,
+    ) -> Result<u32> {
+        self.send_inner(lane, bodies, false, alive)
+    }
+
+    /// Puts `body` in lane `lane` with its reply awaited by a `request` (registered before
+    /// the message can be handled); returns its correlation id.
+    pub(crate) fn send_awaited(
+        &self,
+        lane: usize,
+        body: &[u8],
+        alive: &dyn Fn() -> Result<()>,
+    ) -> Result<u32> {
+        self.send_inner(lane, &[body], true, alive)
+    }
+
+    fn send_inner(
+        &self,
+        lane: usize,
+        bodies: &[&[u8]],
+        awaited: bool,
+        alive: &dyn Fn() -> Result<()>,
+    ) -> Result<u32> {
+        let ring = *self.lanes.get(lane).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "actor {}: lane {lane} of {}",
+                self.name,
+                self.lanes.len()
+            ))
+        })?;
+        let n = bodies.len() as u64;
+        if n == 0 {
+            return Ok(self.next_correlation.load(Ordering::Relaxed));
+        }
+        let first = self.claim(lane, n, ring.capacity as u64, alive)?;
+        let correlation = self.next_correlation.fetch_add(n as u32, Ordering::Relaxed);
+        if awaited {
+            self.await_reply(correlation);
+        }
+        for (k, body) in bodies.iter().enumerate() {
+            let seq = first + k as u64;
+            if self.backpressure == Backpressure::DropOldest && seq >= ring.capacity as u64 {
+                self.wait_previous_lap(&ring, seq, alive)?;
+            }
+            let header = [correlation.wrapping_add(k as u32), lane as u32];
+            ring.write(self.words(), seq, header, body);
+        }
+        Ok(correlation)
+    }
+
+    /// Claims `n` sequence numbers of `lane` under the backpressure policy.
+    fn claim(
+        &self,
+        lane: usize,
+        n: u64,
+        capacity: u64,
+        alive: &dyn Fn() -> Result<()>,
+    ) -> Result<u64> {
+        let drop_oldest = self.backpressure == Backpressure::DropOldest;
+        if n > capacity && !drop_oldest {
+            return Err(Error::InvalidArgument(format!(
+                "actor {}: {n} messages at once into an inbox of {capacity}",
+                self.name
+            )));
+        }
+        let tail = &self.tails[lane];
+        let mut backoff = Backoff::new();
+        loop {
+            let t = tail.load(Ordering::Acquire);
+            let head = self.word(ctrl::IN_HEAD + lane);
+            if drop_oldest || t + n - head.min(t) <= capacity {
+                if tail
+                    .compare_exchange_weak(t, t + n, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    self.max_depth
+                        .fetch_max(t + n - head.min(t), Ordering::Relaxed);
+                    return Ok(t);
+                }
+                continue;
+            }
+            match self.backpressure {
+                Backpressure::Reject => {
+                    self.rejected.fetch_add(n, Ordering::Relaxed);
+                    return Err(Error::QueueFull {
+                        actor: self.name.clone(),
+                        lane,
+                        capacity: capacity as usize,
+                    });
+                }
+                Backpressure::Block { timeout } => {
+                    alive()?;
+                    if backoff.waited() > timeout {
+                        return Err(Error::Timeout {
+                            what: format!("actor {}: room in inbox lane {lane}", self.name),
+                            after_ms: timeout.as_millis() as u64,
+                        });
+                    }
+                    backoff.pause();
+                }
+                // Always has room (above).
+                Backpressure::DropOldest => continue,
+            }
+        }
+    }
+
+    /// Waits until the slot of `seq` holds the whole message one lap earlier (or later):
+    /// another sender may still be writing it, and two laps interleaved in one slot would
+    /// never read as whole.
+    fn wait_previous_lap(
+        &self,
+        ring: &Ring,
+        seq: u64,
+        alive: &dyn Fn() -> Result<()>,
+    ) -> Result<()> {
+        let previous = seq - ring.capacity as u64;
+        let mut backoff = Backoff::new();
+        while !ring.written_since(self.words(), previous) {
+            alive()?;
+            if backoff.waited() > OVERWRITE_WAIT {
+                return Err(Error::Timeout {
+                    what: format!("actor {}: a sender finishing message {previous}", self.name),
+                    after_ms: OVERWRITE_WAIT.as_millis() as u64,
+                });
+            }
+            backoff.pause();
+        }
+        Ok(())
+    }
+
+    /// The next reply for `recv`, if one has arrived.
+    pub(crate) fn try_recv(&self) -> Option<(u32, Vec<u8>)> {
+        let mut c = self.collector.lock();
+        if let Some(r) = c.ready.pop_front() {
+            return Some(r);
+        }
+        self.drain(&mut c, None);
+        c.ready.pop_front()
+    }
+
+    /// Registers `correlation` as awaited by a `request` (before its message is sent).
+    fn await_reply(&self, correlation: u32) {
+        self.collector.lock().waiting.insert(correlation);
+    }
+
+    /// Stops waiting for `correlation` (a request that gave up); a late reply is dropped.
+    pub(crate) fn forget_reply(&self, correlation: u32) {
+        let mut c = self.collector.lock();
+        c.waiting.remove(&correlation);
+        c.claimed.remove(&correlation);
+    }
+
+    /// The reply to `correlation` written into `out` if it has arrived (true).
+    pub(crate) fn take_reply(&self, correlation: u32, out: &mut [u8]) -> bool {
+        let mut c = self.collector.lock();
+        if let Some(bytes) = c.claimed.remove(&correlation) {
+            c.waiting.remove(&correlation);
+            out.copy_from_slice(&bytes);
+            return true;
+        }
+        let found = self.drain(&mut c, Some((correlation, out)));
+        if found {
+            c.waiting.remove(&correlation);
+        }
+        found
+    }
+
+    /// Takes every reply that has arrived: `want`'s straight into its buffer (true when
+    /// it came), awaited ones to `claimed`, the rest to `ready`.
+    fn drain(&self, c: &mut Collector, mut want: Option<(u32, &mut [u8])>) -> bool {
+        let mut header = [0u32; 2];
+        let mut body = [0u8; super::MAX_MESSAGE_BYTES];
+        let body = &mut body[..self.out_bytes];
+        let mut found = false;
+        let start = c.head;
+        while self.outbox.read(self.words(), c.head, &mut header, body) == Found::Ready {
+            c.head += 1;
+            let id = header[0];
+            match want.as_mut() {
+                Some((w, out)) if *w == id && !found => {
+                    out.copy_from_slice(body);
+                    found = true;
+                }
+                _ if c.waiting.contains(&id) => {
+                    c.claimed.insert(id, body.to_vec());
+                }
+                _ => c.ready.push_back((id, body.to_vec())),
+            }
+        }
+        if c.head != start {
+            self.set_word(ctrl::OUT_HEAD, c.head);
+        }
+        found
+    }
+}
+
+impl Ring {
+    /// True when every word of the slot of `seq` holds message `seq` or a later lap's.
+    pub(crate) fn written_since(&self, words: &[AtomicU64], seq: u64) -> bool {
+        let mut header = [0u32; 2];
+        !matches!(self.read(words, seq, &mut header, &mut []), Found::Empty)
+    }
+}
+
+/// Spin, then yield, then sleep: a waiter that answers fast when the wait is short and
+/// costs little when it is long.
+pub(crate) struct Backoff {
+    start: Instant,
+    rounds: u32,
+}
+
+impl Backoff {
+    pub(crate) fn new() -> Backoff {
+        Backoff {
+            start: Instant::now(),
+            rounds: 0,
+        }
+    }
+
+    pub(crate) fn waited(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    pub(crate) fn pause(&mut self) {
+        self.rounds = self.rounds.saturating_add(1);
+        match self.rounds {
+            0..=200 => std::hint::spin_loop(),
+            201..=400 => std::thread::yield_now(),
+            _ => std::thread::sleep(Duration::from_micros(50)),
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! The rings' format, shared by host threads, the CPU backend's loop and the resident
+//! kernel (`kernels/actor_loop.cu` holds the same layout in CUDA C).
+//!
+//! A slot is a run of 64-bit words, each 4 payload bytes (low half) and a flag (high half),
+//! as NCCL's LL protocol: a reader sees payload and validity in one load of each word, never
+//! a sequence number first and the payload after (a second round trip over PCIe). The flag
+//! of message `seq` is `seq as u32 | 1`: never 0 (fresh memory), and different from the
+//! flag of the message one lap earlier or later in the same slot, so a reader also tells a
+//! slot not written yet from one overwritten by a later lap (`DropOldest`).
+//!
+//! A slot's payload is an 8-byte header (correlation id, then the lane on the way in or 0
+//! on the way out) and the message.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Bytes of header before each message in a slot.
+pub(crate) const HEADER_BYTES: usize = 8;
+
+/// Words of one slot holding a message of `message_bytes` (an even count: readers load
+/// 16 bytes at a time).
+pub(crate) fn slot_words(message_bytes: usize) -> usize {
+    (HEADER_BYTES + message_bytes)
+        .div_ceil(4)
+        .next_multiple_of(2)
+}
+
+/// The flag of message `seq`.
+pub(crate) fn flag(seq: u64) -> u32 {
+    seq as u32 | 1
+}
+
+/// What a reader found in a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Found {
+    /// The message it expected, whole.
+    Ready,
+    /// Not written yet (or being written).
+    Empty,
+    /// Every word holds a later lap's message: the one expected was overwritten.
+    Overwritten,
+}
+
+/// Control words at the start of each actor's shared block (the kernel reads the same
+/// indices).
+pub(crate) mod ctrl {
+    /// Host → loop: 1 while the actor should process messages.
+    pub(crate) const COMMAND: usize = 0;
+    /// Loop → host: the command it last acted on (bit 0) and 2 while parked.
+    pub(crate) const STATUS: usize = 1;
+    /// Host → loop: replies the host has taken from the outbox.
+    pub(crate) const OUT_HEAD: usize = 2;
+    /// Loop → host: messages taken from inbox lane `l` are at `IN_HEAD + l`.
+    pub(crate) const IN_HEAD: usize = 3;
+    /// Loop → host counters.
+    pub(crate) const RECEIVED: usize = 8;
+    pub(crate) const PROCESSED: usize = 9;
+    pub(crate) const DROPPED: usize = 10;
+    pub(crate) const BUSY_NS: usize = 12;
+    pub(crate) const LOOPS: usize = 13;
+    /// Loop → host: replies written to the outbox.
+    pub(crate) const OUT_TAIL: usize = 14;
+    /// Loop → host: messages forwarded to the next actor.
+    pub(crate) const FORWARDED: usize = 15;
+    /// Loop → host: nanoseconds of the loop's clock when it started (telemetry).
+    pub(crate) const CLOCK_START: usize = 16;
+    /// Words of the control block.
+    pub(crate) const WORDS: usize = 32;
+}
+
+/// Control words of the whole system, in their own shared block.
+pub(crate) mod sys {
+    /// Host → loop: 1 to end the loop.
+    pub(crate) const COMMAND: usize = 0;
+    /// Host → loop: bumped by the host's watcher while the host is alive.
+    pub(crate) const HOST_BEAT: usize = 1;
+    /// Host → loop: nanoseconds without a host beat after which the loop parks.
+    pub(crate) const PARK_NS: usize = 2;
+    /// Loop → host: bumped while the loop runs.
+    pub(crate) const LOOP_BEAT: usize = 3;
+    /// Loop → host: 1 while parked for want of a host beat.
+    pub(crate) const PARKED: usize = 4;
+    /// Loop → host: workers (warps) that have ended.
+    pub(crate) const EXITED: usize = 5;
+    /// Words of the block.
+    pub(crate) const WORDS: usize = 16;
+}
+
+/// A ring of `capacity` slots of `slot_words` words at `base` in a block of words.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ring {
+    pub(crate) base: usize,
+    pub(crate) capacity: usize,
+    pub(crate) slot_words: usize,
+}
+
+impl Ring {
+    /// Words the ring takes.
+    pub(crate) fn words(&self) -> usize {
+        self.capacity * self.slot_words
+    }
+
+    fn slot(&self, seq: u64) -> usize {
+        self.base + (seq as usize & (self.capacity - 1)) * self.slot_words
+    }
+
+    /// Writes message `seq`: `header` and `body` (at most the slot's payload, zero padded).
+    pub(crate) fn write(&self, words: &[AtomicU64], seq: u64, header: [u32; 2], body: &[u8]) {
+        let f = (flag(seq) as u64) << 32;
+        let at = self.slot(seq);
+        for (i, w) in words[at..at + self.slot_words].iter().enumerate() {
+            let data = match i {
+                0 | 1 => header[i],
+                _ => {
+                    let from = (i - 2) * 4;
+                    let mut b = [0u8; 4];
+                    if from < body.len() {
+                        let n = (body.len() - from).min(4);
+                        b[..n].copy_from_slice(&body[from..from + n]);
+                    }
+                    u32::from_le_bytes(b)
+                }
+            };
+            w.store(f | data as u64, Ordering::Release);
+        }
+    }
+
+    /// Reads message `seq` into `header` and `body` (`body` as long as the message).
+    pub(crate) fn read(
+        &self,
+        words: &[AtomicU64],
+        seq: u64,
+        header: &mut [u32; 2],
+        body: &mut [u8],
+    ) -> Found {
+        let want = flag(seq);
+        let at = self.slot(seq);
+        let (mut older, mut newer) = (false, false);
+        for (i, w) in words[at..at + self.slot_words].iter().enumerate() {
+            let v = w.load(Ordering::Acquire);
+            let d = ((v >> 32) as u32).wrapping_sub(want) as i32;
+            if d < 0 {
+                older = true;
+            } else if d > 0 {
+                newer = true;
+            }
+            let data = (v as u32).to_le_bytes();
+            match i {
+                0 | 1 => header[i] = v as u32,
+                _ => {
+                    let from = (i - 2) * 4;
+                    if from < body.len() {
+                        let n = (body.len() - from).min(4);
+                        body[from..from + n].copy_from_slice(&data[..n]);
+                    }
+                }
+            }
+        }
+        match (older, newer) {
+            (false, false) => Found::Ready,
+            (false, true) => Found::Overwritten,
+            _ => Found::Empty,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(n: usize) -> Vec<AtomicU64> {
+        (0..n).map(|_| AtomicU64::new(0)).collect()
+    }
+
+    #[test]
+    fn slots_round_trip_and_tell_laps_apart() {
+        let ring = Ring {
+            base: 3,
+            capacity: 4,
+            slot_words: slot_words(9),
+        };
+        assert_eq!(ring.slot_words, 6);
+        let words = block(3 + ring.words());
+        let (mut h, mut b) = ([0u32; 2], [0u8; 9]);
+        assert_eq!(ring.read(&words, 1, &mut h, &mut b), Found::Empty);
+        let body: Vec<u8> = (1..=9).collect();
+        ring.write(&words, 1, [7, 2], &body);
+        assert_eq!(ring.read(&words, 1, &mut h, &mut b), Found::Ready);
+        assert_eq!((h, b.to_vec()), ([7, 2], body.clone()));
+        // The slot of seq 1 one lap later: not written yet, then overwritten for seq 1.
+        assert_eq!(ring.read(&words, 5, &mut h, &mut b), Found::Empty);
+        ring.write(&words, 5, [8, 0], &body);
+        assert_eq!(ring.read(&words, 1, &mut h, &mut b), Found::Overwritten);
+        assert_eq!(ring.read(&words, 5, &mut h, &mut b), Found::Ready);
+        // A half-written slot is not ready.
+        words[ring.slot(9) + 4].store((flag(9) as u64) << 32, Ordering::Relaxed);
+        assert_eq!(ring.read(&words, 9, &mut h, &mut b), Found::Empty);
+    }
+
+    #[test]
+    fn flags_survive_wrapping() {
+        let cap = 16u64;
+        for seq in [0u64, 1, u32::MAX as u64 - 3, u32::MAX as u64 + 5, 1 << 40] {
+            assert_ne!(flag(seq), 0);
+            let d = flag(seq + cap).wrapping_sub(flag(seq)) as i32;
+            assert!(d > 0, "{seq}");
+        }
+    }
+}

@@ -1,0 +1,570 @@
+//! The actor system: spawning, starting the loop, the typed handles, the watcher thread
+//! (liveness both ways) and termination.
+
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bytemuck::Pod;
+use parking_lot::Mutex;
+
+use super::host::{ActorShared, Backoff};
+use super::ring::{ctrl, sys};
+use super::spec::{ActorSpec, ErasedSpec};
+use crate::device::{Device, SharedWords};
+use crate::error::{Error, Result};
+
+/// How the system watches its loop and how the loop watches the host.
+#[derive(Debug, Clone, Copy)]
+pub struct SystemConfig {
+    /// The loop parks its actors when the host's watcher has not beaten for this long.
+    pub park_after: Duration,
+    /// A loop that has not beaten for this long is reported hung: every call fails.
+    pub hang_after: Duration,
+    /// How often the watcher beats and checks.
+    pub watch_every: Duration,
+    /// How long `terminate` waits for the loop to end (a handler may be mid-message).
+    pub terminate_timeout: Duration,
+}
+
+impl Default for SystemConfig {
+    fn default() -> Self {
+        SystemConfig {
+            park_after: Duration::from_millis(200),
+            hang_after: Duration::from_secs(2),
+            watch_every: Duration::from_millis(1),
+            terminate_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A running loop, on one backend.
+pub(crate) trait Loop: Send {
+    /// Tells the loop to end (the system block's command is set already) and waits for it
+    /// up to `timeout`: true when it ended.
+    fn join(&mut self, timeout: Duration) -> Result<bool>;
+    /// `Err` after a fault of the device; `Ok(false)` when the loop has ended.
+    fn running(&self) -> Result<bool>;
+    /// The state bytes of actor `actor`.
+    fn state(&self, actor: usize) -> Result<Vec<u8>>;
+}
+
+const BUILDING: u8 = 0;
+const RUNNING: u8 = 1;
+const TERMINATED: u8 = 2;
+const LOST: u8 = 3;
+const HUNG: u8 = 4;
+
+/// What the handles and the watcher share.
+pub(crate) struct Shared {
+    device: Device,
+    config: SystemConfig,
+    sys: Arc<SharedWords>,
+    phase: AtomicU8,
+    actors: Mutex<Vec<Arc<ActorShared>>>,
+    specs: Mutex<Vec<ErasedSpec>>,
+    running: Mutex<Option<Box<dyn Loop>>>,
+    watcher_stop: AtomicBool,
+}
+
+impl Shared {
+    fn sys_word(&self, i: usize) -> u64 {
+        self.sys.words()[i].load(Ordering::Acquire)
+    }
+
+    fn set_sys_word(&self, i: usize, v: u64) {
+        self.sys.words()[i].store(v, Ordering::Release)
+    }
+
+    /// `Ok` while calls may go on: not terminated, not lost, not hung.
+    fn alive(&self, actor: &str) -> Result<()> {
+        let detail = match self.phase.load(Ordering::Acquire) {
+            BUILDING | RUNNING => return Ok(()),
+            TERMINATED => "the system was terminated",
+            LOST => {
+                return Err(Error::DeviceLost {
+                    call: "actor loop",
+                    message: format!("the device faulted while actor {actor} ran"),
+                })
+            }
+            _ => "the loop stopped beating (hung); the system is unusable",
+        };
+        Err(Error::Actor {
+            actor: actor.into(),
+            detail: detail.into(),
+        })
+    }
+}
+
+/// A set of actors hosted by one resident loop on one device. Dropping it terminates them.
+pub struct ActorSystem {
+    shared: Arc<Shared>,
+    watcher: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for ActorSystem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ActorSystem({}, {} actors)",
+            self.shared.device.label(),
+            self.shared.actors.lock().len()
+        )
+    }
+}
+
+impl ActorSystem {
+    /// An empty system on `device` with the default [`SystemConfig`].
+    pub fn new(device: &Device) -> Result<ActorSystem> {
+        ActorSystem::with_config(device, SystemConfig::default())
+    }
+
+    /// An empty system on `device`.
+    pub fn with_config(device: &Device, config: SystemConfig) -> Result<ActorSystem> {
+        device.check_usable()?;
+        let sys = Arc::new(device.shared_words(sys::WORDS)?);
+        sys.words()[sys::PARK_NS].store(
+            config.park_after.as_nanos().min(u64::MAX as u128) as u64,
+            Ordering::Release,
+        );
+        Ok(ActorSystem {
+            shared: Arc::new(Shared {
+                device: device.clone(),
+                config,
+                sys,
+                phase: AtomicU8::new(BUILDING),
+                actors: Mutex::new(Vec::new()),
+                specs: Mutex::new(Vec::new()),
+                running: Mutex::new(None),
+                watcher_stop: AtomicBool::new(false),
+            }),
+            watcher: None,
+        })
+    }
+
+    /// The device the actors run on.
+    pub fn device(&self) -> &Device {
+        &self.shared.device
+    }
+
+    /// Adds an actor; allowed before [`start`](Self::start) only (the loop is compiled for
+    /// the actors it hosts). The handle sends and receives once the system runs.
+    pub fn spawn<In: Pod, Out: Pod, S: Pod>(
+        &self,
+        spec: ActorSpec<In, Out, S>,
+    ) -> Result<Actor<In, Out>> {
+        if self.shared.phase.load(Ordering::Acquire) != BUILDING {
+            return Err(Error::Actor {
+                actor: spec.name,
+                detail: "spawn before start: the loop is built for the actors it hosts".into(),
+            });
+        }
+        let spec = spec.erase()?;
+        let mut actors = self.shared.actors.lock();
+        let index = actors.len();
+        if let Some(next) = spec.forward_to {
+            let target = actors.get(next).ok_or_else(|| {
+                Error::InvalidArgument(format!("actor {}: forwards to an unknown actor", spec.name))
+            })?;
+            if target.in_bytes != spec.out_bytes {
+                return Err(Error::InvalidArgument(format!(
+                    "actor {}: Out is {} bytes, {}'s In {}",
+                    spec.name, spec.out_bytes, target.name, target.in_bytes
+                )));
+            }
+        }
+        let actor = Arc::new(ActorShared::new(&self.shared.device, index, &spec)?);
+        actors.push(actor.clone());
+        self.shared.specs.lock().push(spec);
+        Ok(Actor {
+            system: self.shared.clone(),
+            actor,
+            _types: PhantomData,
+        })
+    }
+
+    /// Compiles the CUDA loop of the actors spawned so far for `arch` (NVRTC only, no GPU):
+    /// a handler that does not compile is an `Error::Compile` with NVRTC's log.
+    pub fn check_compiles(&self, arch: crate::kernels::Arch) -> Result<()> {
+        super::gpu_loop::compile(&self.shared.specs.lock(), arch).map(|_| ())
+    }
+
+    /// Launches the loop with every actor inactive, and the watcher.
+    pub fn start(&mut self) -> Result<()> {
+        let shared = &self.shared;
+        if shared.phase.load(Ordering::Acquire) != BUILDING {
+            return Err(Error::Actor {
+                actor: "(system)".into(),
+                detail: "started twice".into(),
+            });
+        }
+        let specs = std::mem::take(&mut *shared.specs.lock());
+        if specs.is_empty() {
+            return Err(Error::InvalidArgument(
+                "an actor system with no actors".into(),
+            ));
+        }
+        let actors = shared.actors.lock().clone();
+        let running: Box<dyn Loop> = if shared.device.is_host_memory() {
+            Box::new(super::cpu_loop::start(&shared.sys, &actors, specs)?)
+        } else {
+            Box::new(super::gpu_loop::start(
+                &shared.device,
+                &shared.sys,
+                &actors,
+                specs,
+            )?)
+        };
+        *shared.running.lock() = Some(running);
+        shared.phase.store(RUNNING, Ordering::Release);
+        let weak = Arc::downgrade(shared);
+        let every = shared.config.watch_every;
+        let watcher = std::thread::Builder::new()
+            .name("warpdrive-actors".into())
+            .spawn(move || watch(weak, every))
+            .map_err(|e| Error::Actor {
+                actor: "(system)".into(),
+                detail: format!("the watcher thread did not start: {e}"),
+            })?;
+        self.watcher = Some(watcher);
+        Ok(())
+    }
+
+    /// Ends the loop and every actor; returns how long the loop took to end after being
+    /// told. Calls on the handles fail from then on.
+    pub fn terminate(&mut self) -> Result<Duration> {
+        let shared = &self.shared;
+        let was = shared.phase.swap(TERMINATED, Ordering::AcqRel);
+        shared.watcher_stop.store(true, Ordering::Release);
+        if let Some(w) = self.watcher.take() {
+            let _ = w.join();
+        }
+        let t0 = Instant::now();
+        shared.set_sys_word(sys::COMMAND, 1);
+        let mut running = shared.running.lock();
+        let Some(r) = running.as_mut() else {
+            return Ok(Duration::ZERO);
+        };
+        if was == LOST {
+            running.take();
+            return Err(Error::DeviceLost {
+                call: "actor loop",
+                message: "the device faulted; the loop's memory stays allocated".into(),
+            });
+        }
+        let ended = r.join(shared.config.terminate_timeout)?;
+        let took = t0.elapsed();
+        if !ended {
+            // The loop may still write to its memory: leak it rather than free it.
+            if let Some(r) = running.take() {
+                std::mem::forget(r);
+            }
+            std::mem::forget(shared.actors.lock().drain(..).collect::<Vec<_>>());
+            return Err(Error::Actor {
+                actor: "(system)".into(),
+                detail: format!("the loop did not end within {took:?}"),
+            });
+        }
+        running.take();
+        Ok(took)
+    }
+
+    /// True while the loop's host watcher finds it parked (no host beat for `park_after`).
+    pub fn is_parked(&self) -> bool {
+        self.shared.sys_word(sys::PARKED) == 1
+    }
+
+    /// Stops (`false`) or resumes (`true`) the watcher's beat, as a host that stopped
+    /// polling would: the loop parks after `park_after` (tests, demos).
+    pub fn set_host_beat(&self, on: bool) {
+        self.shared.watcher_stop.store(!on, Ordering::Release);
+    }
+}
+
+impl Drop for ActorSystem {
+    fn drop(&mut self) {
+        if self.shared.phase.load(Ordering::Acquire) != TERMINATED {
+            if let Err(e) = self.terminate() {
+                tracing::warn!("terminating the actor system on drop: {e}");
+            }
+        }
+    }
+}
+
+/// The watcher: beats for the host, checks the loop's beat and the device.
+fn watch(shared: Weak<Shared>, every: Duration) {
+    let mut last_beat = 0;
+    let mut last_change = Instant::now();
+    loop {
+        std::thread::sleep(every);
+        let Some(s) = shared.upgrade() else { return };
+        if s.phase.load(Ordering::Acquire) != RUNNING {
+            return;
+        }
+        if !s.watcher_stop.load(Ordering::Acquire) {
+            let beat = s.sys_word(sys::HOST_BEAT);
+            s.set_sys_word(sys::HOST_BEAT, beat.wrapping_add(1));
+        }
+        let state = s.running.lock().as_ref().map(|r| r.running());
+        match state {
+            Some(Err(e)) if e.is_device_lost() => {
+                tracing::error!("the actor loop faulted: {e}");
+                s.phase.store(LOST, Ordering::Release);
+                return;
+            }
+            Some(Ok(false)) | Some(Err(_)) => {
+                tracing::error!("the actor loop ended without being told to");
+                s.phase.store(HUNG, Ordering::Release);
+                return;
+            }
+            _ => {}
+        }
+        let beat = s.sys_word(sys::LOOP_BEAT);
+        if beat != last_beat || s.sys_word(sys::PARKED) == 1 {
+            last_beat = beat;
+            last_change = Instant::now();
+        } else if last_change.elapsed() > s.config.hang_after {
+            tracing::error!(
+                "the actor loop has not beaten for {:?}: reported hung",
+                s.config.hang_after
+            );
+            s.phase.store(HUNG, Ordering::Release);
+            return;
+        }
+    }
+}
+
+/// A reply taken by [`Actor::recv`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Reply<Out> {
+    /// The correlation id of the message it answers (what `send` returned).
+    pub correlation: u32,
+    pub value: Out,
+}
+
+/// What an actor has done, as its loop counts it (plus the host's rejections).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ActorStats {
+    /// Messages taken from the inboxes.
+    pub received: u64,
+    /// Messages handled.
+    pub processed: u64,
+    /// Messages overwritten before the loop saw them (`DropOldest`).
+    pub dropped: u64,
+    /// Messages refused with `QueueFull` (`Reject`).
+    pub rejected: u64,
+    /// Most messages waiting at once in one lane (as senders found it).
+    pub max_depth: u64,
+    /// Nanoseconds the loop spent in iterations that handled messages.
+    pub busy_ns: u64,
+    /// Loop iterations.
+    pub loops: u64,
+    /// Replies sent to the next actor.
+    pub forwarded: u64,
+}
+
+/// A typed handle on one actor: `In` goes in, `Out` comes back. Cheap to clone; usable
+/// from many threads at once.
+pub struct Actor<In, Out> {
+    system: Arc<Shared>,
+    actor: Arc<ActorShared>,
+    _types: PhantomData<fn(In) -> Out>,
+}
+
+impl<In, Out> Clone for Actor<In, Out> {
+    fn clone(&self) -> Self {
+        Actor {
+            system: self.system.clone(),
+            actor: self.actor.clone(),
+            _types: PhantomData,
+        }
+    }
+}
+
+impl<In, Out> std::fmt::Debug for Actor<In, Out> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Actor({} #{})", self.actor.name, self.actor.index)
+    }
+}
+
+impl<In, Out> Actor<In, Out> {
+    pub(crate) fn index(&self) -> usize {
+        self.actor.index
+    }
+}
+
+impl<In: Pod, Out: Pod> Actor<In, Out> {
+    /// The actor's name.
+    pub fn name(&self) -> &str {
+        &self.actor.name
+    }
+
+    fn alive(&self) -> Result<()> {
+        self.system.alive(&self.actor.name)
+    }
+
+    /// Lets the loop handle this actor's messages.
+    pub fn activate(&self) -> Result<()> {
+        self.set_active(true)
+    }
+
+    /// Stops handling (messages wait in the inbox) and returns once the loop has stopped.
+    pub fn deactivate(&self) -> Result<()> {
+        self.set_active(false)
+    }
+
+    fn set_active(&self, on: bool) -> Result<()> {
+        self.alive()?;
+        self.actor.set_word(ctrl::COMMAND, on as u64);
+        if self.system.phase.load(Ordering::Acquire) != RUNNING {
+            return Ok(());
+        }
+        let mut backoff = Backoff::new();
+        while self.actor.word(ctrl::STATUS) & 1 != on as u64 {
+            self.alive()?;
+            if self.system.sys_word(sys::PARKED) == 1 {
+                return Ok(());
+            }
+            if backoff.waited() > self.system.config.hang_after {
+                return Err(Error::Timeout {
+                    what: format!("actor {}: the loop acknowledging activation", self.name()),
+                    after_ms: self.system.config.hang_after.as_millis() as u64,
+                });
+            }
+            backoff.pause();
+        }
+        Ok(())
+    }
+
+    /// Puts `msg` in lane 0; returns its correlation id.
+    pub fn send(&self, msg: &In) -> Result<u32> {
+        self.send_lane(msg, 0)
+    }
+
+    /// Puts `msg` in priority lane `lane` (higher lanes are served first).
+    pub fn send_lane(&self, msg: &In, lane: usize) -> Result<u32> {
+        self.alive()?;
+        let alive = || self.alive();
+        self.actor.send(lane, &[bytemuck::bytes_of(msg)], &alive)
+    }
+
+    /// Puts `msgs` in lane `lane` in order, claiming their slots at once; returns the first
+    /// correlation id (the others follow it).
+    pub fn send_many(&self, msgs: &[In], lane: usize) -> Result<u32> {
+        self.alive()?;
+        let bodies: Vec<&[u8]> = msgs.iter().map(bytemuck::bytes_of).collect();
+        let alive = || self.alive();
+        self.actor.send(lane, &bodies, &alive)
+    }
+
+    fn refuse_forwarder(&self) -> Result<()> {
+        if self.actor.forwards {
+            return Err(Error::Actor {
+                actor: self.actor.name.clone(),
+                detail: "its replies go to the next actor, not to the host".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The next reply, if one has arrived.
+    pub fn try_recv(&self) -> Result<Option<Reply<Out>>> {
+        self.refuse_forwarder()?;
+        self.alive()?;
+        Ok(self.actor.try_recv().map(|(correlation, bytes)| Reply {
+            correlation,
+            value: bytemuck::pod_read_unaligned(&bytes),
+        }))
+    }
+
+    /// The next reply, waiting up to `timeout`.
+    pub fn recv(&self, timeout: Duration) -> Result<Reply<Out>> {
+        let mut backoff = Backoff::new();
+        loop {
+            if let Some(r) = self.try_recv()? {
+                return Ok(r);
+            }
+            if backoff.waited() > timeout {
+                return Err(Error::Timeout {
+                    what: format!("actor {}: a reply", self.name()),
+                    after_ms: timeout.as_millis() as u64,
+                });
+            }
+            backoff.pause();
+        }
+    }
+
+    /// Sends `msg` on lane `lane` and waits up to `timeout` for its reply (matched by
+    /// correlation id; other replies stay for `recv`).
+    pub fn request(&self, msg: &In, lane: usize, timeout: Duration) -> Result<Out> {
+        self.refuse_forwarder()?;
+        self.alive()?;
+        let alive = || self.alive();
+        let mut out = Out::zeroed();
+        // The id is known only once sent; the next one is reserved by registering after
+        // the send, and a reply that came first is found among `ready` by `take_reply`.
+        let id = self
+            .actor
+            .send_awaited(lane, bytemuck::bytes_of(msg), &alive)?;
+        let mut backoff = Backoff::new();
+        loop {
+            if self.actor.take_reply(id, bytemuck::bytes_of_mut(&mut out)) {
+                return Ok(out);
+            }
+            if let Err(e) = self.alive() {
+                self.actor.forget_reply(id);
+                return Err(e);
+            }
+            if backoff.waited() > timeout {
+                self.actor.forget_reply(id);
+                return Err(Error::Timeout {
+                    what: format!("actor {}: the reply to request {id}", self.name()),
+                    after_ms: timeout.as_millis() as u64,
+                });
+            }
+            backoff.pause();
+        }
+    }
+
+    /// What the actor has done so far.
+    pub fn stats(&self) -> ActorStats {
+        let w = |i| self.actor.word(i);
+        ActorStats {
+            received: w(ctrl::RECEIVED),
+            processed: w(ctrl::PROCESSED),
+            dropped: w(ctrl::DROPPED),
+            rejected: self.actor.rejected.load(Ordering::Relaxed),
+            max_depth: self.actor.max_depth.load(Ordering::Relaxed),
+            busy_ns: w(ctrl::BUSY_NS),
+            loops: w(ctrl::LOOPS),
+            forwarded: w(ctrl::FORWARDED),
+        }
+    }
+
+    /// Messages waiting in lane `lane`.
+    pub fn depth(&self, lane: usize) -> u64 {
+        self.actor
+            .depth(lane.min(self.actor.lanes.len().saturating_sub(1)))
+    }
+
+    /// The actor's state; deactivate it first for a value no handler is changing.
+    pub fn state<S: Pod>(&self) -> Result<S> {
+        self.alive()?;
+        let running = self.system.running.lock();
+        let r = running.as_ref().ok_or_else(|| Error::Actor {
+            actor: self.actor.name.clone(),
+            detail: "the system is not running".into(),
+        })?;
+        let bytes = r.state(self.actor.index)?;
+        bytemuck::try_pod_read_unaligned(&bytes).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "actor {}: state is {} bytes, asked for {}",
+                self.actor.name,
+                bytes.len(),
+                size_of::<S>()
+            ))
+        })
+    }
+}

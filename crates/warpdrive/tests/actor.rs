@@ -1,0 +1,539 @@
+//! Persistent actors (issue 32): one test body on both backends. The CPU backend runs each
+//! actor's host closure on the loop thread; the GPU runs its CUDA handler in the resident
+//! kernel, and must agree with the closure.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use bytemuck::{Pod, Zeroable};
+use common::device_test;
+use rand::{Rng, SeedableRng};
+use warpdrive::actor::{ActorCtx, ActorSpec, ActorSystem, Backpressure, SystemConfig};
+use warpdrive::{Device, Error};
+
+/// 64 bytes in: an id, a value, and how long the handler should stay busy.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+struct In {
+    id: u32,
+    value: u32,
+    busy_ns: u32,
+    pad: [u32; 13],
+}
+
+/// 64 bytes out: the id, 3·value + 1, how many messages the actor had handled before, the
+/// lane.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+struct Out {
+    id: u32,
+    value: u32,
+    seen: u64,
+    lane: u32,
+    pad: [u32; 11],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable, PartialEq)]
+struct State {
+    count: u64,
+    sum: u64,
+}
+
+const CUDA: &str = r#"
+struct In { u32 id; u32 value; u32 busy_ns; u32 pad[13]; };
+struct Out { u32 id; u32 value; u64 seen; u32 lane; u32 pad[11]; };
+struct State { u64 count; u64 sum; };
+__device__ void handle(const In* in, Out* out, State* s, ActorCtx* ctx) {
+    if (in->busy_ns) {
+        u64 t0, t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+        do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < in->busy_ns);
+    }
+    out->id = in->id;
+    out->value = in->value * 3u + 1u;
+    out->seen = s->count;
+    out->lane = ctx->lane;
+    s->count += 1;
+    s->sum += in->value;
+}
+"#;
+
+fn host(i: &In, o: &mut Out, s: &mut State, ctx: &mut ActorCtx) {
+    if i.busy_ns > 0 {
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_nanos(i.busy_ns as u64) {
+            std::hint::spin_loop();
+        }
+    }
+    o.id = i.id;
+    o.value = i.value.wrapping_mul(3).wrapping_add(1);
+    o.seen = s.count;
+    o.lane = ctx.lane;
+    s.count += 1;
+    s.sum += i.value as u64;
+}
+
+fn spec(name: &str) -> ActorSpec<In, Out, State> {
+    ActorSpec::new(name, State::default()).cuda(CUDA).host(host)
+}
+
+fn msg(id: u32, value: u32) -> In {
+    In {
+        id,
+        value,
+        busy_ns: 0,
+        pad: [0x5a5a_5a5a; 13],
+    }
+}
+
+const WAIT: Duration = Duration::from_secs(10);
+
+device_test!(
+    actors_answer_in_order,
+    gpu_smem_actors_answer_in_order,
+    |device: &Device| {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(common::seed("actors_answer_in_order"));
+        let mut system = ActorSystem::new(device).unwrap();
+        let a = system.spawn(spec("echo").batch(16)).unwrap();
+        system.start().unwrap();
+        a.activate().unwrap();
+        let values: Vec<u32> = (0..1000).map(|_| rng.random()).collect();
+        let mut expected_sum = 0u64;
+        for (k, &v) in values.iter().enumerate() {
+            let id = a.send(&msg(k as u32, v)).unwrap();
+            assert_eq!(id, k as u32 + 1, "correlation ids count from 1");
+            expected_sum += v as u64;
+        }
+        for (k, &v) in values.iter().enumerate() {
+            let r = a.recv(WAIT).unwrap();
+            assert_eq!(r.correlation, k as u32 + 1);
+            assert_eq!(r.value.id, k as u32);
+            assert_eq!(r.value.value, v.wrapping_mul(3).wrapping_add(1));
+            assert_eq!(r.value.seen, k as u64, "handled in order");
+        }
+        a.deactivate().unwrap();
+        let state: State = a.state().unwrap();
+        assert_eq!(
+            state,
+            State {
+                count: 1000,
+                sum: expected_sum
+            }
+        );
+        let stats = a.stats();
+        assert_eq!(
+            (stats.processed, stats.dropped, stats.rejected),
+            (1000, 0, 0)
+        );
+        let took = system.terminate().unwrap();
+        assert!(took < Duration::from_secs(1), "terminate took {took:?}");
+        assert!(matches!(a.send(&msg(0, 0)), Err(Error::Actor { .. })));
+    }
+);
+
+device_test!(
+    requests_from_many_threads_get_their_own_replies,
+    gpu_requests_from_many_threads,
+    |device: &Device| {
+        let mut system = ActorSystem::new(device).unwrap();
+        let a = system.spawn(spec("req")).unwrap();
+        system.start().unwrap();
+        a.activate().unwrap();
+        std::thread::scope(|s| {
+            for t in 0..4u32 {
+                let a = a.clone();
+                s.spawn(move || {
+                    for k in 0..300u32 {
+                        let v = t * 100_000 + k;
+                        let out = a.request(&msg(v, v), 0, WAIT).unwrap();
+                        assert_eq!((out.id, out.value), (v, v * 3 + 1));
+                    }
+                });
+            }
+        });
+        assert_eq!(a.stats().processed, 1200);
+        assert!(a.try_recv().unwrap().is_none(), "no reply left over");
+    }
+);
+
+device_test!(
+    higher_lanes_first_with_bounded_starvation,
+    gpu_higher_lanes_first,
+    |device: &Device| {
+        let mut system = ActorSystem::new(device).unwrap();
+        let a = system
+            .spawn(spec("lanes").lanes(2).batch(8).starvation_limit(4))
+            .unwrap();
+        system.start().unwrap();
+        for k in 0..20 {
+            a.send_lane(&msg(k, k), 0).unwrap();
+        }
+        for k in 0..20 {
+            a.send_lane(&msg(100 + k, k), 1).unwrap();
+        }
+        a.activate().unwrap();
+        let lanes: Vec<u32> = (0..40).map(|_| a.recv(WAIT).unwrap().value.lane).collect();
+        // Lane 1 first; while it has a backlog, lane 0 gets one message in every five.
+        let mut expected: Vec<u32> = (0..5).flat_map(|_| [1, 1, 1, 1, 0]).collect();
+        expected.extend([0; 15]);
+        assert_eq!(lanes, expected);
+    }
+);
+
+device_test!(
+    reject_refuses_exactly_what_does_not_fit,
+    gpu_reject_refuses,
+    |device: &Device| {
+        let mut system = ActorSystem::new(device).unwrap();
+        let a = system
+            .spawn(
+                spec("reject")
+                    .capacity(16)
+                    .backpressure(Backpressure::Reject),
+            )
+            .unwrap();
+        system.start().unwrap();
+        for k in 0..16 {
+            a.send(&msg(k, k)).unwrap();
+        }
+        for _ in 0..3 {
+            assert!(matches!(
+                a.send(&msg(99, 99)),
+                Err(Error::QueueFull { capacity: 16, .. })
+            ));
+        }
+        a.activate().unwrap();
+        for k in 0..16 {
+            assert_eq!(a.recv(WAIT).unwrap().value.id, k);
+        }
+        let stats = a.stats();
+        assert_eq!((stats.processed, stats.rejected, stats.dropped), (16, 3, 0));
+    }
+);
+
+device_test!(
+    block_loses_nothing_under_a_fast_producer,
+    gpu_block_loses_nothing,
+    |device: &Device| {
+        let mut system = ActorSystem::new(device).unwrap();
+        let a = system
+            .spawn(
+                spec("block")
+                    .capacity(16)
+                    .batch(4)
+                    .backpressure(Backpressure::Block {
+                        timeout: Duration::from_secs(10),
+                    }),
+            )
+            .unwrap();
+        system.start().unwrap();
+        a.activate().unwrap();
+        let n = 400u32;
+        std::thread::scope(|s| {
+            let producer = a.clone();
+            s.spawn(move || {
+                for k in 0..n {
+                    // 20 µs of handling a message, far slower than sending one.
+                    let mut m = msg(k, k);
+                    m.busy_ns = 20_000;
+                    producer.send(&m).unwrap();
+                }
+            });
+            for k in 0..n {
+                let r = a.recv(WAIT).unwrap();
+                assert_eq!(r.value.id, k);
+            }
+        });
+        let stats = a.stats();
+        assert_eq!(
+            (stats.processed, stats.rejected, stats.dropped),
+            (n as u64, 0, 0)
+        );
+        assert!(
+            stats.max_depth >= 8,
+            "the producer ran ahead: max depth {}",
+            stats.max_depth
+        );
+    }
+);
+
+device_test!(
+    drop_oldest_counts_what_never_arrived,
+    gpu_drop_oldest_counts,
+    |device: &Device| {
+        let mut system = ActorSystem::new(device).unwrap();
+        let a = system
+            .spawn(
+                spec("drop")
+                    .capacity(16)
+                    .backpressure(Backpressure::DropOldest),
+            )
+            .unwrap();
+        system.start().unwrap();
+        for k in 0..100 {
+            a.send(&msg(k, k)).unwrap();
+        }
+        a.activate().unwrap();
+        let got: Vec<u32> = (0..16).map(|_| a.recv(WAIT).unwrap().value.id).collect();
+        assert_eq!(got, (84..100).collect::<Vec<_>>(), "the newest 16 survive");
+        let t0 = Instant::now();
+        while a.stats().dropped < 84 && t0.elapsed() < WAIT {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let stats = a.stats();
+        assert_eq!((stats.processed, stats.dropped), (16, 84));
+        assert!(a.try_recv().unwrap().is_none());
+    }
+);
+
+device_test!(
+    terminate_during_traffic_ends_senders_cleanly,
+    gpu_terminate_during_traffic,
+    |device: &Device| {
+        let mut system = ActorSystem::new(device).unwrap();
+        let a = system.spawn(spec("busy").capacity(64)).unwrap();
+        system.start().unwrap();
+        a.activate().unwrap();
+        let producer = a.clone();
+        let sender = std::thread::spawn(move || {
+            let mut sent = 0u64;
+            loop {
+                match producer.send(&msg(0, 1)) {
+                    Ok(_) => sent += 1,
+                    Err(e) => return (sent, e),
+                }
+                while producer.try_recv().ok().flatten().is_some() {}
+            }
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        let took = system.terminate().unwrap();
+        let (sent, err) = sender.join().unwrap();
+        assert!(sent > 0);
+        assert!(matches!(err, Error::Actor { .. }), "{err}");
+        assert!(took < Duration::from_secs(1), "terminate took {took:?}");
+    }
+);
+
+device_test!(
+    a_host_that_stops_beating_parks_the_loop,
+    gpu_host_silence_parks,
+    |device: &Device| {
+        let config = SystemConfig {
+            park_after: Duration::from_millis(20),
+            ..SystemConfig::default()
+        };
+        let mut system = ActorSystem::with_config(device, config).unwrap();
+        let a = system.spawn(spec("park")).unwrap();
+        system.start().unwrap();
+        a.activate().unwrap();
+        assert_eq!(a.request(&msg(1, 1), 0, WAIT).unwrap().value, 4);
+        system.set_host_beat(false);
+        let t0 = Instant::now();
+        while !system.is_parked() {
+            assert!(t0.elapsed() < WAIT, "never parked");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        a.send(&msg(2, 2)).unwrap();
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(
+            a.try_recv().unwrap().is_none(),
+            "a parked loop handles nothing"
+        );
+        system.set_host_beat(true);
+        assert_eq!(a.recv(WAIT).unwrap().value.value, 7);
+        assert!(!system.is_parked());
+    }
+);
+
+device_test!(
+    a_loop_that_stops_beating_is_reported_hung,
+    gpu_hung_loop_reported,
+    |device: &Device| {
+        let config = SystemConfig {
+            hang_after: Duration::from_millis(100),
+            ..SystemConfig::default()
+        };
+        let mut system = ActorSystem::with_config(device, config).unwrap();
+        let a = system.spawn(spec("hang")).unwrap();
+        system.start().unwrap();
+        a.activate().unwrap();
+        // The handler stays 600 ms on one message: the loop stops beating meanwhile.
+        let mut m = msg(1, 1);
+        m.busy_ns = 600_000_000;
+        a.send(&m).unwrap();
+        let t0 = Instant::now();
+        let err = loop {
+            match a.send(&msg(2, 2)) {
+                Err(e) => break e,
+                Ok(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+            assert!(t0.elapsed() < WAIT, "never reported hung");
+        };
+        assert!(err.to_string().contains("hung"), "{err}");
+        // Once the handler returns, the loop ends when told.
+        system.terminate().unwrap();
+    }
+);
+
+device_test!(
+    a_device_pipeline_needs_no_host,
+    gpu_smem_device_pipeline,
+    |device: &Device| {
+        let mut system = ActorSystem::new(device).unwrap();
+        // Stage two takes stage one's output (an `Out` seen as the next `In`: same 64 bytes).
+        let second = system
+        .spawn(
+            ActorSpec::<Out, Out, State>::new("second", State::default())
+                .cuda(
+                    "struct In { u32 id; u32 value; u64 seen; u32 lane; u32 pad[11]; };\n\
+                     typedef In Out;\nstruct State { u64 count; u64 sum; };\n\
+                     __device__ void handle(const In* in, Out* out, State* s, ActorCtx*) {\n\
+                     *out = *in; out->value = in->value + 7u; out->seen = s->count; s->count += 1; }",
+                )
+                .host(|i: &Out, o: &mut Out, s: &mut State, _: &mut ActorCtx| {
+                    *o = *i;
+                    o.value = i.value.wrapping_add(7);
+                    o.seen = s.count;
+                    s.count += 1;
+                })
+                .capacity(32),
+        )
+        .unwrap();
+        let first = system.spawn(spec("first").forward_to(&second)).unwrap();
+        system.start().unwrap();
+        first.activate().unwrap();
+        second.activate().unwrap();
+        let n = 2000u32;
+        for k in 0..n {
+            first.send(&msg(k, k)).unwrap();
+        }
+        for k in 0..n {
+            let r = second.recv(WAIT).unwrap();
+            assert_eq!(
+                (r.value.id, r.value.value, r.value.seen),
+                (k, 3 * k + 1 + 7, k as u64)
+            );
+        }
+        assert_eq!(first.stats().forwarded, n as u64);
+        assert!(
+            first.try_recv().is_err(),
+            "a forwarding actor has no replies for the host"
+        );
+    }
+);
+
+device_test!(
+    other_gpu_work_runs_beside_the_actors,
+    gpu_other_work_beside_actors,
+    |device: &Device| {
+        use warpdrive::ops;
+        let mut system = ActorSystem::new(device).unwrap();
+        let a = system.spawn(spec("beside")).unwrap();
+        system.start().unwrap();
+        a.activate().unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let producer = a.clone();
+            let stop = &stop;
+            s.spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    producer.request(&msg(1, 1), 0, WAIT).unwrap();
+                }
+            });
+            let stream = device.new_stream().unwrap();
+            let host: Vec<f32> = (0..(1 << 20)).map(|i| (i % 977) as f32).collect();
+            for _ in 0..3 {
+                // A transfer, an op and a graph replay, each on streams of their own.
+                let x = warpdrive::Buffer::from_host(&stream, &host).unwrap();
+                let mut y = warpdrive::Buffer::<f32>::zeros(&stream, host.len()).unwrap();
+                ops::axpy(&stream, 2.0, &x, &mut y).unwrap();
+                let got = y.to_host(&stream).unwrap();
+                assert!(got.iter().zip(&host).all(|(g, h)| *g == 2.0 * h));
+                let mut graph =
+                    warpdrive::exec::Graph::capture(&stream, |s| ops::axpy(s, 1.0, &x, &mut y))
+                        .unwrap();
+                graph.launch().unwrap();
+                drop(graph);
+                let got = y.to_host(&stream).unwrap();
+                assert!(got.iter().zip(&host).all(|(g, h)| *g == 3.0 * h));
+            }
+            assert!(
+                device.synchronize().is_err() || device.is_host_memory(),
+                "a device-wide synchronize is refused while actors run"
+            );
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        assert!(a.stats().processed > 0);
+    }
+);
+
+#[test]
+fn bad_shapes_are_refused() {
+    let system = ActorSystem::new(&Device::cpu()).unwrap();
+    #[repr(C)]
+    #[derive(Clone, Copy, Pod, Zeroable)]
+    struct Big([u32; 64], u32);
+    let e = system
+        .spawn(ActorSpec::<Big, Out, ()>::new("big", ()))
+        .unwrap_err();
+    assert!(e.to_string().contains("260 bytes"), "{e}");
+    for bad in [
+        spec("c").capacity(100),
+        spec("c").capacity(8),
+        spec("l").lanes(5),
+        spec("b").batch(0),
+    ] {
+        assert!(matches!(system.spawn(bad), Err(Error::InvalidArgument(_))));
+    }
+    let mut empty = ActorSystem::new(&Device::cpu()).unwrap();
+    assert!(empty.start().is_err());
+}
+
+#[test]
+fn spawning_after_start_is_refused() {
+    let mut system = ActorSystem::new(&Device::cpu()).unwrap();
+    let _a = system.spawn(spec("a")).unwrap();
+    system.start().unwrap();
+    assert!(matches!(system.spawn(spec("b")), Err(Error::Actor { .. })));
+}
+
+#[test]
+#[ignore = "needs NVRTC: eval $(scripts/setup-nvrtc)"]
+fn handlers_compile_and_a_broken_one_returns_the_log() {
+    use warpdrive::kernels::Arch;
+    let system = ActorSystem::new(&Device::cpu()).unwrap();
+    let second = system
+        .spawn(ActorSpec::<Out, Out, State>::new("second", State::default()).cuda(
+            "struct In { u32 id; u32 value; u64 seen; u32 lane; u32 pad[11]; };\ntypedef In Out;\n\
+             struct State { u64 count; u64 sum; };\n\
+             __device__ void handle(const In* in, Out* out, State* s, ActorCtx*) { *out = *in; }",
+        ))
+        .unwrap();
+    let _first = system
+        .spawn(spec("first").lanes(3).forward_to(&second))
+        .unwrap();
+    for arch in ["sm_80", "sm_90a"] {
+        system.check_compiles(Arch::parse(arch).unwrap()).unwrap();
+    }
+    let broken = ActorSystem::new(&Device::cpu()).unwrap();
+    broken
+        .spawn(spec("broken").cuda(
+            "struct In { u32 x[16]; }; struct Out { u32 y[16]; }; struct State { u64 a, b; };\n\
+             __device__ void handle(const In* in, Out* out, State*, ActorCtx*) { out->y[0] = no_such_name; }",
+        ))
+        .unwrap();
+    let e = broken.check_compiles(Arch::SM_90A).unwrap_err();
+    assert!(matches!(e, Error::Compile { .. }), "{e}");
+    assert!(e.to_string().contains("no_such_name"), "{e}");
+    let sizes = ActorSystem::new(&Device::cpu()).unwrap();
+    sizes
+        .spawn(spec("sizes").cuda(
+            "struct In { u32 x; }; struct Out { u32 y[16]; }; struct State { u64 a, b; };\n\
+             __device__ void handle(const In*, Out*, State*, ActorCtx*) {}",
+        ))
+        .unwrap();
+    let e = sizes.check_compiles(Arch::SM_90A).unwrap_err();
+    assert!(e.to_string().contains("In is 64 bytes in Rust"), "{e}");
+}
