@@ -15,6 +15,7 @@
 
 #![forbid(unsafe_code)]
 
+mod actors;
 mod ceilings;
 mod derived;
 mod dist;
@@ -150,6 +151,13 @@ static SUITES: &[Suite] = &[
                 ranks (1 MiB to 256 MiB), algorithm and bus bandwidth, share of the \
                 minimal-traffic bound from the host memcpy ceiling",
         run: dist::run_suite,
+    },
+    Suite {
+        name: actors::SUITE,
+        about: "persistent actors: round trip (64 / 256 B) against a doorbell, a kernel and a \
+                graph per message; round trips under load; messages per second by batch and \
+                producers; a two-actor device pipeline; terminate",
+        run: actors::run_suite,
     },
     Suite {
         name: moe::SUITE,
@@ -322,6 +330,11 @@ impl Ctx {
 
     pub fn rows(&self) -> &[Row] {
         &self.rows
+    }
+
+    /// The last row recorded, to add to its `extra`.
+    pub fn rows_mut_last(&mut self) -> Option<&mut Row> {
+        self.rows.last_mut()
     }
 
     /// Records a row as it is.

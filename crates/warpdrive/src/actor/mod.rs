@@ -40,6 +40,7 @@
 mod cpu_loop;
 mod gpu_loop;
 mod host;
+pub mod probe;
 mod ring;
 mod spec;
 mod system;

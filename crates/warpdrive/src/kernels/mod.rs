@@ -105,6 +105,13 @@ pub static ACTOR_LOOP: KernelSource = KernelSource {
     shared: None,
 };
 
+/// The actors suite's baselines: a doorbell kernel and a one-message kernel.
+pub static ACTOR_PROBE: KernelSource = KernelSource {
+    name: "actor_probe",
+    code: include_str!("actor_probe.cu"),
+    shared: None,
+};
+
 /// Row top-k and the fused MoE router.
 pub static TOPK: KernelSource = KernelSource {
     name: "topk",
@@ -188,6 +195,7 @@ pub static SOURCES: &[&KernelSource] = &[
     &MOE_WGMMA,
     &MOE_DECODE,
     &EXEC,
+    &ACTOR_PROBE,
 ];
 
 impl KernelSource {

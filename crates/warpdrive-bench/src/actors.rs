@@ -1,0 +1,471 @@
+//! The `actors` suite (issue 32): persistent actors against the ways a user would answer a
+//! message without them, and against a doorbell, the ceiling of a round trip.
+//!
+//! - `round-trip` (size = message bytes, 64 and 256): host send → handler (`out = 3·in + 1`
+//!   per word for the baselines, the same on the value for the actor) → host sees the reply,
+//!   one message in flight; µs per message; `extra` has p99 / p99.9 and the ratio to the
+//!   doorbell. Variants `doorbell` (one GPU thread polling one mapped word, no queue),
+//!   `warpdrive` (`Actor::request`), `kernel-per-message` (write the message to mapped
+//!   memory, launch, synchronize, read), `graph-per-message` (the same kernel in a graph).
+//! - `round-trip-loaded` (size 64): `warpdrive` requests while another thread sends
+//!   messages that need no reply at 50% and 90% of the measured `throughput` of that actor
+//!   (`extra.load_fraction`).
+//! - `throughput` (size 64): messages handled per second, counted by the loop, by a sink
+//!   actor (no replies) with batch 1 / 16 / 256 and 1 or 4 host producers sending 256 at a
+//!   time; `pipeline`: a two-actor chain on the device (the first forwards, the second
+//!   sinks). Samples are ns per message over intervals; `extra.msgs_per_s` the median rate.
+//! - `terminate`: µs from `ActorSystem::terminate` to the loop's end.
+//!
+//! The `ringkernel` crate (a Rust ring-kernel framework on cudarc) is not measured here:
+//! it runs its kernels through its own cudarc context and CUDA C toolchain, not through a
+//! shared entry point a suite can time beside ours (see bench/NOTES.md).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use bytemuck::{Pod, Zeroable};
+use warpdrive::actor::probe::{Doorbell, OneShot};
+use warpdrive::actor::{Actor, ActorCtx, ActorSpec, ActorSystem, Backpressure};
+use warpdrive::error::{Error, Result};
+use warpdrive::exec::Graph;
+
+use super::{Ctx, Scale};
+
+/// The suite name.
+pub const SUITE: &str = "actors";
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// Messages of 64 and 256 bytes: word 0 the id, word 1 a value, word 2 1 when a reply is
+/// wanted.
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+#[repr(C)]
+struct Msg64([u32; 16]);
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+#[repr(C)]
+struct Msg256([u32; 64]);
+
+fn handler_source(words: usize) -> String {
+    format!(
+        "struct In {{ u32 w[{words}]; }};\ntypedef In Out;\nstruct State {{ u64 count; }};\n\
+         __device__ void handle(const In* in, Out* out, State* s, ActorCtx* ctx) {{\n\
+         out->w[0] = in->w[0]; out->w[1] = in->w[1] * 3u + 1u; s->count += 1;\n\
+         ctx->reply = in->w[2]; }}"
+    )
+}
+
+fn host_handler<M: Pod>(i: &M, o: &mut M, s: &mut u64, ctx: &mut ActorCtx) {
+    let (i, o) = (
+        bytemuck::cast_slice::<_, u32>(std::slice::from_ref(i)),
+        bytemuck::cast_slice_mut::<_, u32>(std::slice::from_mut(o)),
+    );
+    o[0] = i[0];
+    o[1] = i[1].wrapping_mul(3).wrapping_add(1);
+    *s += 1;
+    ctx.reply = i[2];
+}
+
+fn echo_spec<M: Pod>(name: &str, batch: usize) -> ActorSpec<M, M, u64> {
+    let words = size_of::<M>() / 4;
+    ActorSpec::new(name, 0u64)
+        .cuda(handler_source(words))
+        .host(host_handler::<M>)
+        .batch(batch)
+        .capacity(1 << 16)
+        .backpressure(Backpressure::Block { timeout: WAIT })
+}
+
+fn message<M: Pod>(id: u32, reply: bool) -> M {
+    let mut m = M::zeroed();
+    let w = bytemuck::cast_slice_mut::<_, u32>(std::slice::from_mut(&mut m));
+    w[0] = id;
+    w[1] = id.wrapping_mul(7);
+    w[2] = reply as u32;
+    m
+}
+
+struct Plan {
+    round_trips: usize,
+    baseline_trips: usize,
+    interval: Duration,
+    intervals: usize,
+    terminates: usize,
+}
+
+impl Plan {
+    fn new(scale: Scale) -> Plan {
+        match scale {
+            Scale::Full => Plan {
+                round_trips: 100_000,
+                baseline_trips: 20_000,
+                interval: Duration::from_millis(50),
+                intervals: 10,
+                terminates: 20,
+            },
+            Scale::Quick => Plan {
+                round_trips: 5_000,
+                baseline_trips: 2_000,
+                interval: Duration::from_millis(20),
+                intervals: 5,
+                terminates: 5,
+            },
+            Scale::Tiny => Plan {
+                round_trips: 200,
+                baseline_trips: 100,
+                interval: Duration::from_millis(5),
+                intervals: 3,
+                terminates: 2,
+            },
+        }
+    }
+}
+
+pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
+    let plan = Plan::new(ctx.scale());
+    round_trip::<Msg64>(ctx, &plan)?;
+    round_trip::<Msg256>(ctx, &plan)?;
+    let max = throughput(ctx, &plan)?;
+    loaded(ctx, &plan, max)?;
+    terminate(ctx, &plan)
+}
+
+/// p99 and p99.9 of samples (sorted here).
+fn tails(samples: &mut [f64]) -> (f64, f64) {
+    samples.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        let i = ((samples.len() as f64 - 1.0) * q).round() as usize;
+        samples.get(i).copied().unwrap_or(f64::NAN)
+    };
+    (at(0.99), at(0.999))
+}
+
+fn record_latency(
+    ctx: &mut Ctx,
+    case: &str,
+    bytes: usize,
+    variant: &str,
+    mut us: Vec<f64>,
+    doorbell: Option<f64>,
+) -> Result<f64> {
+    let (p99, p999) = tails(&mut us);
+    let n = us.len();
+    let row = ctx.record_time(case, bytes as u64, variant, &mut us, None)?;
+    row.extra.insert("p99_us".into(), p99.into());
+    row.extra.insert("p999_us".into(), p999.into());
+    row.extra.insert("messages".into(), n.into());
+    let median = row.median;
+    if let Some(d) = doorbell.filter(|d| *d > 0.0) {
+        row.extra
+            .insert("over_doorbell".into(), (median / d).into());
+    }
+    Ok(median)
+}
+
+fn round_trip<M: Pod>(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
+    const CASE: &str = "round-trip";
+    let bytes = size_of::<M>();
+    let device = ctx.device().clone();
+    ctx.step(format!("{SUITE}: {CASE} {bytes} B doorbell"));
+    let doorbell = {
+        let mut bell = Doorbell::start(&device)?;
+        for _ in 0..1000 {
+            bell.ring(WAIT)?;
+        }
+        let mut us = Vec::with_capacity(plan.round_trips);
+        for _ in 0..plan.round_trips {
+            let t = Instant::now();
+            bell.ring(WAIT)?;
+            us.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        record_latency(ctx, CASE, bytes, "doorbell", us, None)?
+    };
+    ctx.step(format!("{SUITE}: {CASE} {bytes} B warpdrive"));
+    {
+        let mut system = ActorSystem::new(&device)?;
+        let a = system.spawn(echo_spec::<M>("echo", 32))?;
+        system.start()?;
+        a.activate()?;
+        for k in 0..1000 {
+            a.request(&message::<M>(k, true), 0, WAIT)?;
+        }
+        let mut us = Vec::with_capacity(plan.round_trips);
+        for k in 0..plan.round_trips as u32 {
+            let m = message::<M>(k, true);
+            let t = Instant::now();
+            let out = a.request(&m, 0, WAIT)?;
+            us.push(t.elapsed().as_secs_f64() * 1e6);
+            check(&out, k)?;
+        }
+        system.terminate()?;
+        record_latency(ctx, CASE, bytes, "warpdrive", us, Some(doorbell))?;
+    }
+    ctx.step(format!(
+        "{SUITE}: {CASE} {bytes} B kernel/graph per message"
+    ));
+    let stream = ctx.stream().clone();
+    let shot = OneShot::new(&device, bytes)?;
+    let mut reply = vec![0u8; bytes];
+    let mut per_message = |launch: &mut dyn FnMut() -> Result<()>| -> Result<Vec<f64>> {
+        let mut us = Vec::with_capacity(plan.baseline_trips);
+        for k in 0..(plan.baseline_trips + 100) as u32 {
+            let m = message::<M>(k, true);
+            let t = Instant::now();
+            shot.write(bytemuck::bytes_of(&m));
+            launch()?;
+            stream.synchronize()?;
+            shot.read(&mut reply);
+            let e = t.elapsed().as_secs_f64() * 1e6;
+            let got: &[u32] = bytemuck::cast_slice(&reply);
+            if got[0] != k.wrapping_mul(3).wrapping_add(1) {
+                return Err(Error::InvalidArgument(format!(
+                    "one-shot reply {} for {k}",
+                    got[0]
+                )));
+            }
+            if k >= 100 {
+                us.push(e);
+            }
+        }
+        Ok(us)
+    };
+    let us = per_message(&mut || shot.enqueue(&stream))?;
+    record_latency(ctx, CASE, bytes, "kernel-per-message", us, Some(doorbell))?;
+    let mut graph = Graph::capture(&stream, |s| shot.enqueue(s))?;
+    let us = per_message(&mut || graph.launch())?;
+    drop(graph);
+    record_latency(ctx, CASE, bytes, "graph-per-message", us, Some(doorbell))?;
+    Ok(())
+}
+
+fn check<M: Pod>(out: &M, k: u32) -> Result<()> {
+    let w = bytemuck::cast_slice::<_, u32>(std::slice::from_ref(out));
+    if w[0] != k || w[1] != k.wrapping_mul(7).wrapping_mul(3).wrapping_add(1) {
+        return Err(Error::InvalidArgument(format!(
+            "actor reply {:?} for {k}",
+            &w[..2]
+        )));
+    }
+    Ok(())
+}
+
+/// Runs `producers` threads sending no-reply messages to `targets` (round robin) as fast
+/// as they can (or paced to `rate` messages per second in all), and samples the handled
+/// count of `counted` each interval: ns per message per interval.
+fn drive(
+    plan: &Plan,
+    targets: &[Actor<Msg64, Msg64>],
+    counted: &[Actor<Msg64, Msg64>],
+    producers: usize,
+    rate: Option<f64>,
+    during: impl FnOnce() -> Result<()>,
+) -> Result<Vec<f64>> {
+    let stop = AtomicBool::new(false);
+    let chunk: Vec<Msg64> = (0..256).map(|k| message(k, false)).collect();
+    std::thread::scope(|s| -> Result<Vec<f64>> {
+        let mut handles = Vec::new();
+        for p in 0..producers {
+            let a = targets[p % targets.len()].clone();
+            let (stop, chunk) = (&stop, &chunk);
+            let per_thread = rate.map(|r| r / producers as f64);
+            handles.push(s.spawn(move || -> Result<()> {
+                let t0 = Instant::now();
+                let mut sent = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    if let Some(r) = per_thread {
+                        let due = (t0.elapsed().as_secs_f64() * r) as u64;
+                        if due < sent + 16 {
+                            std::hint::spin_loop();
+                            continue;
+                        }
+                        let n = ((due - sent) as usize).min(chunk.len());
+                        a.send_many(&chunk[..n], 0)?;
+                        sent += n as u64;
+                    } else {
+                        a.send_many(chunk, 0)?;
+                        sent += chunk.len() as u64;
+                    }
+                }
+                Ok(())
+            }));
+        }
+        let count = || counted.iter().map(|a| a.stats().processed).sum::<u64>();
+        std::thread::sleep(plan.interval);
+        let mut ns = Vec::with_capacity(plan.intervals);
+        let measured = sample(plan, &count, &mut ns).and_then(|()| during());
+        stop.store(true, Ordering::Relaxed);
+        for h in handles {
+            h.join()
+                .map_err(|_| Error::WorkerPanicked("an actors producer".into()))??;
+        }
+        measured?;
+        if ns.is_empty() {
+            return Err(Error::InvalidArgument("no message was handled".into()));
+        }
+        Ok(ns)
+    })
+}
+
+/// ns per handled message over each of the plan's intervals.
+fn sample(plan: &Plan, count: &dyn Fn() -> u64, ns: &mut Vec<f64>) -> Result<()> {
+    for _ in 0..plan.intervals {
+        let (c0, t0) = (count(), Instant::now());
+        std::thread::sleep(plan.interval);
+        let (c1, dt) = (count(), t0.elapsed());
+        if c1 > c0 {
+            ns.push(dt.as_secs_f64() * 1e9 / (c1 - c0) as f64);
+        }
+    }
+    Ok(())
+}
+
+fn record_rate(ctx: &mut Ctx, case: &str, variant: &str, mut ns: Vec<f64>) -> Result<f64> {
+    let mut us: Vec<f64> = ns.iter().map(|v| v / 1e3).collect();
+    ns.sort_by(f64::total_cmp);
+    let rate = 1e9 / ns[ns.len() / 2];
+    let row = ctx.record_time(case, 64, variant, &mut us, None)?;
+    row.extra.insert("msgs_per_s".into(), rate.into());
+    row.extra
+        .insert("unit_of_samples".into(), "us per message".into());
+    Ok(rate)
+}
+
+/// The throughput rows; returns the 1-producer rate of batch 32 (the latency actor's).
+fn throughput(ctx: &mut Ctx, plan: &Plan) -> Result<f64> {
+    const CASE: &str = "throughput";
+    let device = ctx.device().clone();
+    let mut base = 0.0;
+    for batch in [1usize, 16, 32, 256] {
+        for producers in [1usize, 4] {
+            if batch == 32 && producers == 4 {
+                continue;
+            }
+            ctx.step(format!(
+                "{SUITE}: {CASE} batch {batch}, {producers} producers"
+            ));
+            let mut system = ActorSystem::new(&device)?;
+            let a = system.spawn(echo_spec::<Msg64>("sink", batch))?;
+            system.start()?;
+            a.activate()?;
+            let ns = drive(
+                plan,
+                std::slice::from_ref(&a),
+                std::slice::from_ref(&a),
+                producers,
+                None,
+                || Ok(()),
+            )?;
+            system.terminate()?;
+            let rate = record_rate(ctx, CASE, &format!("warpdrive-b{batch}-p{producers}"), ns)?;
+            if batch == 32 {
+                base = rate;
+            }
+        }
+    }
+    ctx.step(format!("{SUITE}: {CASE} 4 producers, 4 actors"));
+    {
+        let mut system = ActorSystem::new(&device)?;
+        let actors: Vec<_> = (0..4)
+            .map(|i| system.spawn(echo_spec::<Msg64>(&format!("sink{i}"), 256)))
+            .collect::<Result<_>>()?;
+        system.start()?;
+        for a in &actors {
+            a.activate()?;
+        }
+        let ns = drive(plan, &actors, &actors, 4, None, || Ok(()))?;
+        system.terminate()?;
+        record_rate(ctx, CASE, "warpdrive-b256-p4-a4", ns)?;
+    }
+    ctx.step(format!("{SUITE}: pipeline"));
+    {
+        let mut system = ActorSystem::new(&device)?;
+        let second = system.spawn(echo_spec::<Msg64>("second", 256))?;
+        // The first stage answers every message (to the second), which sinks them.
+        let first = system.spawn(
+            ActorSpec::<Msg64, Msg64, u64>::new("first", 0)
+                .cuda(
+                    "struct In { u32 w[16]; };\ntypedef In Out;\nstruct State { u64 count; };\n\
+                     __device__ void handle(const In* in, Out* out, State* s, ActorCtx*) {\n\
+                     *out = *in; out->w[1] = in->w[1] + 1u; s->count += 1; }",
+                )
+                .host(|i: &Msg64, o: &mut Msg64, s: &mut u64, _: &mut ActorCtx| {
+                    *o = *i;
+                    o.0[1] = i.0[1].wrapping_add(1);
+                    *s += 1;
+                })
+                .batch(256)
+                .capacity(1 << 16)
+                .forward_to(&second),
+        )?;
+        system.start()?;
+        first.activate()?;
+        second.activate()?;
+        let ns = drive(
+            plan,
+            std::slice::from_ref(&first),
+            std::slice::from_ref(&second),
+            4,
+            None,
+            || Ok(()),
+        )?;
+        system.terminate()?;
+        record_rate(ctx, "pipeline", "warpdrive-2-stages-p4", ns)?;
+    }
+    Ok(base)
+}
+
+/// Round trips under load at 50% and 90% of `max` messages per second.
+fn loaded(ctx: &mut Ctx, plan: &Plan, max: f64) -> Result<()> {
+    const CASE: &str = "round-trip-loaded";
+    let device = ctx.device().clone();
+    for fraction in [0.5, 0.9] {
+        ctx.step(format!("{SUITE}: {CASE} at {:.0}%", fraction * 100.0));
+        let mut system = ActorSystem::new(&device)?;
+        let a = system.spawn(echo_spec::<Msg64>("echo", 32))?;
+        system.start()?;
+        a.activate()?;
+        let trips = plan.round_trips / 5;
+        let mut us = Vec::with_capacity(trips);
+        let probe = a.clone();
+        drive(
+            plan,
+            std::slice::from_ref(&a),
+            std::slice::from_ref(&a),
+            1,
+            Some(max * fraction),
+            || {
+                for k in 0..trips as u32 {
+                    let m = message::<Msg64>(k, true);
+                    let t = Instant::now();
+                    probe.request(&m, 0, WAIT)?;
+                    us.push(t.elapsed().as_secs_f64() * 1e6);
+                }
+                Ok(())
+            },
+        )?;
+        system.terminate()?;
+        record_latency(ctx, CASE, 64, "warpdrive", us, None)?;
+        if let Some(row) = ctx.rows_mut_last() {
+            row.extra.insert("load_fraction".into(), fraction.into());
+            row.extra
+                .insert("load_msgs_per_s".into(), (max * fraction).into());
+        }
+    }
+    Ok(())
+}
+
+fn terminate(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
+    const CASE: &str = "terminate";
+    ctx.step(format!("{SUITE}: {CASE}"));
+    let device = ctx.device().clone();
+    let mut us = Vec::with_capacity(plan.terminates);
+    for _ in 0..plan.terminates {
+        let mut system = ActorSystem::new(&device)?;
+        let a = system.spawn(echo_spec::<Msg64>("echo", 32))?;
+        system.start()?;
+        a.activate()?;
+        a.request(&message::<Msg64>(1, true), 0, WAIT)?;
+        us.push(system.terminate()?.as_secs_f64() * 1e6);
+    }
+    ctx.record_time(CASE, 64, "warpdrive", &mut us, None)?;
+    Ok(())
+}
