@@ -67,6 +67,9 @@ pub(crate) enum Command {
     /// layer of a checkpoint with `--weights`, and N(0,1) input for that preset and token
     /// count) and print the time of each stage of one staged pass and their sum, then the
     /// time per pass of `--reps` passes as `forward` runs them.
+    /// Run persistent actors with live counters: echo actors in one resident loop, host
+    /// threads sending to them, then round trips and the time to terminate.
+    Actors(ActorsArgs),
     Moe {
         /// Layer shape: mixtral-8x7b, qwen3-30b-a3b, deepseek-v3-slice or gpt-oss-120b.
         #[arg(long, value_name = "NAME")]
@@ -102,6 +105,28 @@ pub(crate) enum Command {
         #[command(flatten)]
         device: DeviceOpt,
     },
+}
+
+/// What `warpdrive actors` runs.
+#[derive(Debug, Args)]
+pub(crate) struct ActorsArgs {
+    /// Echo actors hosted by the resident loop.
+    #[arg(long, value_name = "N", default_value_t = 4,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub(crate) actors: u32,
+    /// Host threads sending messages (round robin over the actors).
+    #[arg(long, value_name = "N", default_value_t = 2,
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub(crate) producers: u32,
+    /// Most messages each actor handles per loop iteration (1 to 256).
+    #[arg(long, value_name = "N", default_value_t = 64,
+          value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub(crate) batch: u32,
+    /// How long the demo runs, in seconds.
+    #[arg(long, value_name = "S", default_value_t = 3.0)]
+    pub(crate) seconds: f64,
+    #[command(flatten)]
+    pub(crate) device: DeviceOpt,
 }
 
 /// Where the MoE layer's weights come from.
@@ -305,6 +330,17 @@ mod tests {
 
         let cli = parse(&["bench", "--list"]).unwrap();
         assert!(matches!(cli.command, Command::Bench { list: true, .. }));
+    }
+
+    #[test]
+    fn actors_args() {
+        let cli = parse(&["actors"]).unwrap();
+        let Command::Actors(a) = cli.command else {
+            panic!("not actors");
+        };
+        assert_eq!((a.actors, a.producers, a.batch, a.seconds), (4, 2, 64, 3.0));
+        assert!(parse(&["actors", "--batch", "300"]).is_err());
+        assert!(parse(&["actors", "--actors", "0"]).is_err());
     }
 
     #[test]

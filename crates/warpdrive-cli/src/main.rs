@@ -7,10 +7,14 @@
 //! - `warpdrive moe --preset NAME --tokens N [--weights PATH --layer N]`: one MoE layer
 //!   forward pass with per-stage timing, on seeded weights or one layer of a checkpoint.
 //!
+//! - `warpdrive actors [--actors N --producers N --batch N --seconds S]`: persistent actors
+//!   with live counters, then round trips and the time to terminate.
+//!
 //! `flags` defines the commands and their flags; each command runs in its own module
 //! (`doctor`, `benchmark`, `moe`, `results_file` for `report` and the results files); this
 //! file dispatches and prints an error as one line.
 
+mod actors;
 mod benchmark;
 mod doctor;
 mod flags;
@@ -94,6 +98,7 @@ fn run(cli: Cli) -> Result<()> {
             )
         }
         Command::Report { results, out } => report(&results, out.as_deref()),
+        Command::Actors(args) => actors::actors(&args),
         Command::Moe {
             preset,
             tokens,
