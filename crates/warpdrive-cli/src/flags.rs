@@ -9,7 +9,8 @@ use warpdrive::Device;
 use warpdrive_bench::Scale;
 
 /// warpdrive: GPU performance runtime. `doctor` checks the machine, `bench` benchmarks
-/// it, `report` renders a results file, `moe` runs one MoE layer.
+/// it, `report` renders a results file, `moe` runs one MoE layer,
+/// `actors` runs persistent actors with live counters.
 #[derive(Debug, Parser)]
 #[command(name = "warpdrive", version)]
 pub(crate) struct Cli {
