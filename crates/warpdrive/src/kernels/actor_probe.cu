@@ -1,4 +1,4 @@
-// archs: sm_70 sm_80 sm_90
+// archs: sm_80 sm_90
 // The actors suite's baselines (actor/probe.rs): a doorbell, the least a resident kernel
 // can do per message, and a one-message kernel for the launch-per-message baselines.
 
