@@ -61,12 +61,19 @@ pub(crate) fn start(
     sys: &Arc<SharedWords>,
     actors: &[Arc<ActorShared>],
     specs: Vec<ErasedSpec>,
+    preload_all: bool,
 ) -> Result<GpuLoop> {
     let gpu = device.gpu("the actor loop")?;
+    let t0 = Instant::now();
     let ptx = compile(&specs, gpu.arch())?;
     let module = gpu.load_module(&ptx)?;
     let f = gpu.generated_function(&module, "actor_loop")?;
-    crate::kernels::load_all_eagerly(gpu)?;
+    tracing::debug!("actor loop: compiled and loaded in {:?}", t0.elapsed());
+    let n = crate::kernels::load_eagerly(gpu, preload_all)?;
+    tracing::debug!(
+        "actor loop: {n} kernels loaded eagerly by {:?}",
+        t0.elapsed()
+    );
 
     let side = device.new_stream()?;
     let targets: Vec<bool> = (0..specs.len())
@@ -129,6 +136,7 @@ pub(crate) fn start(
     }
     let descs = Buffer::from_host(&side, &descs)?;
     side.synchronize()?;
+    tracing::debug!("actor loop: memory ready by {:?}", t0.elapsed());
 
     let stream = device.new_stream()?;
     let done = device.new_sync_event()?;
@@ -171,6 +179,11 @@ pub(crate) fn start(
         });
     }
     stream.record(&done)?;
+    tracing::debug!(
+        "actor loop: {} actors launched ({shared_bytes} bytes of shared memory each) by {:?}",
+        specs.len(),
+        t0.elapsed()
+    );
     Ok(GpuLoop {
         side,
         done,

@@ -52,7 +52,7 @@ impl Doorbell {
         } else {
             let gpu = device.gpu("the doorbell")?;
             let f = kernels::function(gpu, &ACTOR_PROBE, "doorbell")?;
-            kernels::load_all_eagerly(gpu)?;
+            kernels::load_eagerly(gpu, false)?;
             let stream = device.new_stream()?;
             let done = device.new_sync_event()?;
             let guard = gpu.resident_guard();

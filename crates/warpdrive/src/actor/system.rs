@@ -27,6 +27,11 @@ pub struct SystemConfig {
     pub watch_every: Duration,
     /// How long `terminate` waits for the loop to end (a handler may be mid-message).
     pub terminate_timeout: Duration,
+    /// Load every kernel of the library before the loop starts, the MoE layer's too (slow
+    /// the first time on a machine, when each is compiled); otherwise the common ones and
+    /// those this process has loaded already. A kernel first loaded while the loop runs may
+    /// wait for the device to go idle, which it never does: preload what you will use.
+    pub preload_all: bool,
 }
 
 impl Default for SystemConfig {
@@ -36,6 +41,7 @@ impl Default for SystemConfig {
             hang_after: Duration::from_secs(2),
             watch_every: Duration::from_millis(1),
             terminate_timeout: Duration::from_secs(5),
+            preload_all: false,
         }
     }
 }
@@ -215,6 +221,7 @@ impl ActorSystem {
                 &shared.sys,
                 &actors,
                 specs,
+                shared.config.preload_all,
             )?)
         };
         *shared.running.lock() = Some(running);
@@ -301,6 +308,7 @@ fn watch(shared: Weak<Shared>, every: Duration) {
         std::thread::sleep(every);
         let Some(s) = shared.upgrade() else { return };
         if s.phase.load(Ordering::Acquire) != RUNNING {
+            tracing::debug!("actor watcher: the system stopped running");
             return;
         }
         if !s.watcher_stop.load(Ordering::Acquire) {

@@ -161,6 +161,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     __syncwarp();
 
     for (;;) {
+        __syncwarp();  // every lane has read the last iteration's ctl before lane 0 rewrites it
         if (lane == 0) {
             const u64 cmd = ld_word(sysw + S_COMMAND);
             const u64 beat = ld_word(sysw + S_HOST_BEAT);

@@ -256,15 +256,36 @@ pub(crate) fn function(
     })
 }
 
-/// Loads every embedded source the device can run, and every kernel in it, now: a kernel
-/// loaded lazily at its first launch may wait for the device to go idle, which it never
-/// does while a resident kernel (the actors) runs. Returns how many kernels were loaded.
-pub(crate) fn load_all_eagerly(gpu: &Gpu) -> Result<usize> {
+/// The sources the floors below the workloads use (fills, maps, reductions, softmax,
+/// segments, permutes, top-k, compression): what [`load_eagerly`] loads unless asked for all.
+pub static COMMON: &[&KernelSource] = &[
+    &BASIC,
+    &ELEMENTWISE,
+    &REDUCE,
+    &SOFTMAX,
+    &SEGMENTS,
+    &PERMUTE,
+    &TOPK,
+    &QUANT,
+    &SPARSE,
+];
+
+/// Loads kernels now rather than at their first launch: a kernel loaded lazily may wait for
+/// the device to go idle, which it never does while a resident kernel (the actors) runs.
+/// Loads every kernel of [`COMMON`] and of every source this device has loaded already, or
+/// with `all` of every embedded source the device can run (the MoE layer's too: slow the
+/// first time on a machine, when each is compiled). Returns how many kernels it loaded.
+pub(crate) fn load_eagerly(gpu: &Gpu, all: bool) -> Result<usize> {
     let mut loaded = 0;
     for source in SOURCES {
+        let wanted =
+            all || COMMON.iter().any(|c| c.name == source.name) || gpu.has_module(source.name);
         let Ok(arch) = source.arch_for(gpu.arch()) else {
             continue;
         };
+        if !wanted {
+            continue;
+        }
         let ptx = PtxCache::global().ptx(source, arch)?;
         let module = gpu.module(source.name, || {
             PtxCache::global().load(source, arch, |ptx| gpu.load_module(ptx))

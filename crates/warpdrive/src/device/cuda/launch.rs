@@ -78,6 +78,11 @@ impl CudaDevice {
         Ok(Module(m))
     }
 
+    /// True when module `module` is loaded on this device.
+    pub(crate) fn has_module(&self, module: &str) -> bool {
+        self.inner.modules.lock().contains_key(module)
+    }
+
     /// Kernel `name` of a module made at run time (not in the device's table), loaded now.
     pub(crate) fn generated_function(&self, module: &Module, name: &str) -> Result<Function> {
         self.bind()?;
