@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""PyTorch peer of warpdrive's `moe` suite (issue 9; contract: bench/peers/README.md).
+"""PyTorch and Triton peer of warpdrive's `moe` suite (issues 9, 40; contract:
+bench/peers/README.md).
 
 Cases (case = preset, size = tokens), bf16, each preset with the Softmax router: logits =
 x @ gate^T in bf16, softmax over the experts in f32, top-k, weights divided by their sum.
@@ -18,6 +19,26 @@ x @ gate^T in bf16, softmax over the experts in f32, top-k, weights divided by t
                     counts by histc, int32 offsets by cumsum (on the device), gathered rows,
                     three torch._grouped_mm calls on weights stored once as [E, H, I] (w1, w3)
                     and [E, I, H] (w2), weighted, index_add_ back to token order.
+  triton-fused-moe  vLLM's fused_moe design in our own Triton kernels (moe_triton.py): the same
+                    router (route(), torch ops); moe_align (one kernel: token slots sorted by
+                    expert, each expert's segment padded to BLOCK_M, the expert of each M-block,
+                    the padded length; worst-case buffer sizes, no host sync); grouped GEMM 1
+                    over (M-block, N-block) programs, x rows gathered through the sorted slots,
+                    times the block's expert's fused [w1; w3] ([E, 2I, H]), f32 accumulation,
+                    SiLU(gate) * up in the epilogue, bf16 h [padded slots, I]; grouped GEMM 2
+                    with w2 [E, H, I], the routing weight applied in the epilogue, bf16 per-slot
+                    rows; then a sum over each token's top_k rows. The whole layer (router to
+                    sum) is one CUDA graph, replayed in the timed loop (extra.graph; eager, with
+                    one warning, if capture fails). Block configs (BLOCK_M/N/K, GROUP_M, warps,
+                    stages; extra.config, e.g. BM64-BN128-BK64-G8-w4-s4) come from a sweep of
+                    about 7 candidates per (preset, tokens), picked by rows per expert and timed
+                    briefly as graphs (extra.sweep_us), cached by GPU name, preset and tokens in
+                    $XDG_CACHE_HOME/warpdrive/moe-triton-configs.json (else ~/.cache/...) for
+                    the same Triton version (extra.config_source: sweep or cache; set
+                    WARPDRIVE_MOE_RESWEEP=1 to sweep again). A row's sweep stops trying
+                    candidates after SWEEP_ROW_S (30 s, compiling included) or past the stop
+                    time below, and keeps the fastest so far uncached (extra.sweep_partial).
+                    GPU only: skipped with one line on stderr on the CPU (--quick).
   router-permute (qwen3-30b-a3b's shape; tokens 1, 64, 256, 4096), variant
   torch-router-permute: the router and permutation stages of torch-grouped-mm alone (router
                     linear, softmax/top-k/renormalize, argsort, counts, offsets, row gather).
@@ -34,8 +55,9 @@ No new case starts past 70% of $WARPDRIVE_PEER_TIMEOUT_S (default 900 s): a slow
 returns the rows it has instead of being killed with none.
 bytes = 3 * H * I * 2 per distinct expert the batch hits + the router weight E * H * 2
 (router-permute: the router weight only); gbps = bytes / median; ceiling d2d_copy_gbps.
-The grouped-mm row's extra holds rel_err_vs_hf_eager (same routing, both in bf16) as a check
-that the two peers compute the same layer.
+The grouped-mm and triton-fused-moe rows' extra holds rel_err_vs_hf_eager (same routing, all
+in bf16) as a check that the peers compute the same layer; a triton-fused-moe row over
+TRITON_TOL (5e-2) is left out with a warning (so is a sweep candidate that is).
 
 torch._grouped_mm (torch 2.11): bf16 operands, offs a 1-D int32 tensor on the operands'
 device with one entry per expert (the end of each group, last = rows), 16-byte aligned data
@@ -44,7 +66,11 @@ on sm90/sm100 with bf16 it runs a CUTLASS grouped GEMM without a host sync. Wher
 missing or fails a probe: skipped on a GPU (one warning), emulated by a loop of matmuls on
 the CPU (extra.emulated = true).
 
-`python3 moe.py --list` prints the cases without importing torch.
+`python3 moe.py --list` prints the cases without importing torch. `python3 moe.py --self-test`
+runs triton-fused-moe's kernels on small shapes (hidden 64, intermediate 48, 8 experts, top-2,
+1, 5 and 33 tokens, routed and skewed: experts with no tokens, one with all) through Triton's
+interpreter on the CPU (it sets TRITON_INTERPRET=1), checks the alignment buffers exactly and
+the output against an f32 reference and torch-hf-eager, and ends with 'N passed, N failed'.
 """
 
 import argparse
@@ -68,7 +94,9 @@ PRESETS = [
 TOKENS, QUICK_TOKENS = [1, 4, 16, 64, 256, 1024, 4096], [1, 16, 64]
 ROUTER_CASE, ROUTER_PRESET = "router-permute", "qwen3-30b-a3b"
 ROUTER_TOKENS, QUICK_ROUTER_TOKENS = [1, 64, 256, 4096], [1, 64]
-LAYER_VARIANTS = ["torch-hf-eager", "torch-grouped-mm"]
+TRITON_VARIANT = "triton-fused-moe"
+LAYER_VARIANTS = ["torch-hf-eager", "torch-grouped-mm", TRITON_VARIANT]
+GPU_ONLY_VARIANTS = {TRITON_VARIANT}  # Triton kernels need a CUDA device
 ROUTER_VARIANT = "torch-router-permute"
 
 BUDGET_S, QUICK_BUDGET_S = 1.5, 0.5  # timed work per row
@@ -79,6 +107,16 @@ WARMUP, PILOT = 3, 3
 TIMEOUT_ENV, DEFAULT_TIMEOUT_S, STOP_FRACTION = "WARPDRIVE_PEER_TIMEOUT_S", 900, 0.7
 SEED = 0x30E9
 BF16 = 2  # bytes
+# triton-fused-moe: a row whose output is off torch-hf-eager's by more than this (relative,
+# both bf16) is left out with a warning; a sweep candidate that is, is rejected
+TRITON_TOL = 5e-2
+# the block-config sweep: each candidate timed for about SWEEP_CAND_S (reps in
+# [SWEEP_MIN_REPS, SWEEP_MAX_REPS]); one row's sweep stops trying candidates after
+# SWEEP_ROW_S (compilation included) or once the run is past its stop time, and keeps the
+# fastest so far (a sweep cut short is not cached)
+SWEEP_CAND_S, SWEEP_MIN_REPS, SWEEP_MAX_REPS, SWEEP_ROW_S = 0.04, 5, 200, 30.0
+CACHE_FILE, CACHE_FORMAT = "moe-triton-configs.json", "warpdrive-moe-triton-configs/1"
+RESWEEP_ENV = "WARPDRIVE_MOE_RESWEEP"  # =1: ignore cached configs (and overwrite them)
 
 
 def log(msg):
@@ -110,14 +148,17 @@ def router_shape(quick):
     raise KeyError(ROUTER_PRESET)
 
 
-def plan(quick):
+def plan(quick, gpu=None):
     """Every (case, size, variant) this script reports, in run order (the cheap
-    router-permute first)."""
+    router-permute first). `gpu` (default: not quick) says whether the GPU-only variants
+    run: --quick means warpdrive ran on its CPU backend, where they are skipped."""
+    gpu = (not quick) if gpu is None else gpu
+    variants = [v for v in LAYER_VARIANTS if gpu or v not in GPU_ONLY_VARIANTS]
     out = [(ROUTER_CASE, t, ROUTER_VARIANT)
            for t in (QUICK_ROUTER_TOKENS if quick else ROUTER_TOKENS)]
     for c, *_ in presets(quick):
         for t in QUICK_TOKENS if quick else TOKENS:
-            out += [(c, t, v) for v in LAYER_VARIANTS]
+            out += [(c, t, v) for v in variants]
     return out
 
 
@@ -136,6 +177,90 @@ def plan_reps(est_us, budget_s):
     floor = SLOW_MIN_REPS if est_us > SLOW_US else MIN_REPS
     n = int(budget_s * 1e6 / max(est_us, 1e-3))
     return max(floor, min(MAX_REPS, n))
+
+
+# ---- triton-fused-moe block configs (pure Python) ----
+#
+# A config is (BM, BN, BK, GM, warps, stages): BM rows of sorted token slots per program (each
+# expert's segment is padded to a multiple of BM), BN output columns per program of the fused
+# [w1; w3] product (BN / 2 of gate and BN / 2 of up, i.e. BN / 2 intermediate columns) and of
+# the w2 product, BK the K step, GM the grouped program order (GM M-blocks share the N sweep,
+# for L2 reuse of the weight tiles), then num_warps and num_stages. Both GEMMs use the same
+# config (BM must match: the alignment is shared).
+
+# by rows per routed expert r = slots / min(experts, slots) (rows_per_expert): the first of
+# each list is the default (used alone when the run is out of time). Shared memory per stage
+# is (BM + BN) * BK * 2 bytes: at most 64 KB here, and at most 192 KB over all the stages
+# (sm90 has 227 KB a block).
+CANDIDATES = [
+    (8, [  # decode: a few rows per expert; reading the weights is the whole cost
+        (16, 64, 128, 1, 4, 4), (16, 64, 64, 1, 4, 4), (16, 128, 128, 1, 4, 3),
+        (16, 128, 64, 1, 4, 4), (16, 256, 64, 1, 8, 3), (16, 32, 128, 1, 4, 4),
+        (32, 64, 128, 1, 4, 3)]),
+    (16, [
+        (16, 64, 128, 1, 4, 4), (16, 128, 64, 1, 4, 4), (32, 64, 128, 8, 4, 4),
+        (32, 128, 64, 8, 4, 4), (32, 128, 128, 8, 4, 3), (32, 256, 64, 8, 8, 3),
+        (64, 128, 64, 8, 4, 4)]),
+    (128, [
+        (64, 128, 64, 8, 4, 4), (32, 128, 64, 8, 4, 4), (64, 64, 64, 8, 4, 4),
+        (64, 256, 64, 8, 8, 3), (128, 128, 64, 8, 8, 3), (128, 64, 64, 8, 4, 4),
+        (128, 256, 64, 8, 8, 4)]),
+    (None, [  # prefill: GEMMs big enough for 128-row tiles
+        (128, 128, 64, 8, 8, 3), (64, 128, 64, 8, 4, 4), (64, 256, 64, 8, 8, 3),
+        (128, 128, 64, 8, 4, 4), (128, 256, 64, 8, 8, 3), (128, 128, 128, 8, 8, 3),
+        (128, 256, 64, 8, 8, 4)]),
+]
+
+
+def rows_per_expert(tokens, top_k, experts):
+    """Mean token slots per routed expert, if the slots spread over as many experts as they
+    can."""
+    slots = tokens * top_k
+    return slots / min(experts, slots)
+
+
+def candidate_configs(tokens, top_k, experts):
+    """The sweep's candidates for one (preset, tokens), the default first."""
+    r = rows_per_expert(tokens, top_k, experts)
+    for bound, configs in CANDIDATES:
+        if bound is None or r <= bound:
+            return list(configs)
+    raise AssertionError("unreachable")
+
+
+def config_name(cfg):
+    """(64, 128, 64, 8, 4, 3) -> 'BM64-BN128-BK64-G8-w4-s3'."""
+    bm, bn, bk, gm, w, st = cfg
+    return f"BM{bm}-BN{bn}-BK{bk}-G{gm}-w{w}-s{st}"
+
+
+def parse_config(name):
+    """config_name's inverse; None when `name` is not one."""
+    parts = name.split("-") if isinstance(name, str) else []
+    keys = ["BM", "BN", "BK", "G", "w", "s"]
+    if len(parts) != len(keys) or not all(p.startswith(k) for p, k in zip(parts, keys)):
+        return None
+    try:
+        cfg = tuple(int(p[len(k):]) for p, k in zip(parts, keys))
+    except ValueError:
+        return None
+    bm, bn, bk, gm, w, st = cfg
+    pow2 = all(v > 0 and v & (v - 1) == 0 for v in (bm, bn, bk, w))
+    return cfg if pow2 and bm >= 16 and bn >= 32 and bk >= 16 and gm >= 1 and st >= 1 else None
+
+
+def padded_slots(slots, experts, block_m):
+    """Worst-case rows after padding each routed expert's segment to a multiple of block_m
+    (each of at most min(experts, slots) segments gains at most block_m - 1), rounded up to
+    whole blocks: the size of sorted_token_ids, known without reading the routing back."""
+    worst = slots + min(experts, slots) * (block_m - 1)
+    return -(-worst // block_m) * block_m
+
+
+def cache_path(env):
+    """$XDG_CACHE_HOME/warpdrive/CACHE_FILE, else ~/.cache/warpdrive/CACHE_FILE."""
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "warpdrive", CACHE_FILE)
 
 
 def layer_bytes(hidden, intermediate, experts, experts_hit):
@@ -264,6 +389,257 @@ def grouped_mm_for(torch, device):
     return None, False
 
 
+# ---- triton-fused-moe: the kernels are in moe_triton.py beside this file ----
+
+
+@functools.lru_cache(maxsize=None)
+def triton_kernels():
+    """moe_triton (its kernels: align, up, down; and `triton`), imported on first use: set
+    TRITON_INTERPRET=1 before this for the interpreter. Raises ImportError without Triton."""
+    import moe_triton
+
+    return moe_triton
+
+
+def first_line(e):
+    """An exception's message, its first line only (or its repr when it has none)."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else repr(e)
+
+
+def triton_for(device):
+    """(kernels, None) where triton-fused-moe can run, else (None, why)."""
+    if device.type != "cuda":
+        return None, f"Triton kernels need a CUDA GPU (--device {device})"
+    try:
+        return triton_kernels(), None
+    except Exception as e:  # noqa: BLE001 -- ImportError, or a Triton too old for the kernels
+        return None, f"Triton is not usable here: {first_line(e)}"
+
+
+class FusedMoe:
+    """triton-fused-moe at one (weights, tokens, config): its buffers, allocated once at
+    worst-case sizes, and the launches of one forward (no host sync, so a CUDA graph can hold
+    it). w13 [E, 2I, H] (w1's rows, then w3's), w2 [E, H, I], both [out, in] per expert."""
+
+    def __init__(self, torch, kern, gate, w13, w2, top_k, tokens, cfg, dot_f32=False):
+        n_exp, two_i, hidden = w13.shape
+        assert w13.is_contiguous() and w2.is_contiguous() and two_i % 2 == 0
+        assert tuple(w2.shape) == (n_exp, hidden, two_i // 2)
+        self.torch, self.kern, self.gate, self.w13, self.w2 = torch, kern, gate, w13, w2
+        self.experts, self.inter, self.hidden, self.k = n_exp, two_i // 2, hidden, top_k
+        self.tokens, self.slots, self.cfg, self.dot_f32 = tokens, tokens * top_k, cfg, dot_f32
+        bm = cfg[0]
+        self.rows = padded_slots(self.slots, n_exp, bm)
+        i32, dev, dt = torch.int32, w13.device, w13.dtype
+        self.sorted = torch.empty(self.rows, dtype=i32, device=dev)
+        self.block_expert = torch.empty(self.rows // bm, dtype=i32, device=dev)
+        self.num_post = torch.empty(1, dtype=i32, device=dev)
+        self.h = torch.empty((self.rows, self.inter), dtype=dt, device=dev)
+        self.y = torch.empty((self.slots, hidden), dtype=dt, device=dev)
+        self.out = torch.empty((tokens, hidden), dtype=dt, device=dev)
+        self.nbins = 1 << n_exp.bit_length()  # a power of two > experts (bin `experts`: none)
+        self.chunk = 128 if self.slots <= 128 else 1024
+
+    def experts_forward(self, x, weights, ids):
+        """The layer after the router: x [T, H], weights [T, k] f32 and ids [T, k] (int64 or
+        int32), all contiguous; returns self.out [T, H]."""
+        bm, bn, bk, gm, warps, stages = self.cfg
+        kern, n_m = self.kern, self.rows // bm
+        kern.align[(self.experts,)](
+            ids, self.sorted, self.block_expert, self.num_post, self.slots, self.experts,
+            BM=bm, NBINS=self.nbins, CHUNK=self.chunk, num_warps=4)
+        kern.up[(n_m * -(-self.inter // (bn // 2)),)](
+            x, self.w13, self.h, self.sorted, self.block_expert, self.num_post,
+            self.inter, self.hidden, self.rows, self.slots, self.k,
+            x.stride(0), self.w13.stride(0), self.w13.stride(1), self.h.stride(0),
+            BM=bm, BN=bn, BK=bk, GM=gm, EVEN_K=self.hidden % bk == 0, DOT_F32=self.dot_f32,
+            num_warps=warps, num_stages=stages)
+        kern.down[(n_m * -(-self.hidden // bn),)](
+            self.h, self.w2, self.y, weights, self.sorted, self.block_expert, self.num_post,
+            self.hidden, self.inter, self.rows, self.slots,
+            self.h.stride(0), self.w2.stride(0), self.w2.stride(1), self.y.stride(0),
+            BM=bm, BN=bn, BK=bk, GM=gm, EVEN_K=self.inter % bk == 0, DOT_F32=self.dot_f32,
+            num_warps=warps, num_stages=stages)
+        self.torch.sum(self.y.view(self.tokens, self.k, self.hidden), dim=1, out=self.out)
+        return self.out
+
+    def forward(self, x):
+        """The whole layer: the router (as route()), then experts_forward."""
+        weights, ids = route(self.torch, x, self.gate, self.k)
+        return self.experts_forward(x, weights, ids)
+
+
+class TritonTuner:
+    """triton-fused-moe's rows: picks a block config per (preset, tokens) (from the cache
+    file, else by a timed sweep of candidate_configs), captures the layer in a CUDA graph
+    and times its replays."""
+
+    def __init__(self, torch, kern, device, timer, late, env):
+        self.torch, self.kern, self.timer, self.late = torch, kern, timer, late
+        self.gpu = torch.cuda.get_device_name(device)
+        self.version = kern.triton.__version__
+        self.path = cache_path(env)
+        self.resweep = env.get(RESWEEP_ENV, "") == "1"
+        self.cache = self._load()
+        self.warned = set()
+
+    def warn_once(self, key, msg):
+        if key not in self.warned:
+            self.warned.add(key)
+            log(f"warning: {msg}")
+
+    def _load(self):
+        try:
+            with open(self.path) as f:
+                data = json.load(f)
+            if isinstance(data, dict) and data.get("format") == CACHE_FORMAT:
+                return data
+            log(f"warning: {self.path} is not a {CACHE_FORMAT} file; sweeping afresh")
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError) as e:
+            log(f"warning: cannot read {self.path} ({first_line(e)}); sweeping afresh")
+        return {"format": CACHE_FORMAT, "gpus": {}}
+
+    def _save(self):
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            tmp = f"{self.path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(self.cache, f, indent=1, sort_keys=True)
+            os.replace(tmp, self.path)
+        except OSError as e:
+            self.warn_once("save", f"cannot write {self.path} ({first_line(e)}); the swept "
+                           f"configs are not kept")
+
+    def cached(self, case, tokens):
+        """The cached config of (this GPU, case, tokens), if made by this Triton version."""
+        entry = self.cache.get("gpus", {}).get(self.gpu, {}).get(case, {}).get(str(tokens))
+        if self.resweep or not isinstance(entry, dict) or entry.get("triton") != self.version:
+            return None
+        return parse_config(entry.get("config"))
+
+    def remember(self, case, tokens, cfg, us):
+        per_case = self.cache.setdefault("gpus", {}).setdefault(self.gpu, {})
+        per_case.setdefault(case, {})[str(tokens)] = {
+            "config": config_name(cfg), "us": round(us, 2), "triton": self.version,
+            "torch": self.torch.__version__}
+        self._save()
+
+    def capture(self, fn):
+        """fn() captured in a CUDA graph (replayed once), or None with one warning a run."""
+        torch = self.torch
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                fn()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn()
+            graph.replay()
+            torch.cuda.synchronize()
+            return graph
+        except Exception as e:  # noqa: BLE001 -- any failure: time it eagerly instead
+            try:
+                torch.cuda.synchronize()
+            except Exception:  # noqa: BLE001 -- the eager path will say what is wrong
+                pass
+            self.warn_once("graph", f"{TRITON_VARIANT}: CUDA graph capture failed "
+                           f"({first_line(e)}); timing it eagerly (extra.graph = false)")
+            return None
+
+    def build(self, layer, x, ref, cfg):
+        """(fused, graph, rel_err) for cfg: one eager forward (compiles the kernels), its
+        output checked against ref, then the graph; raises when the config fails."""
+        fused = FusedMoe(self.torch, self.kern, *layer, x.shape[0], cfg)
+        err = rel_err(self.torch, fused.forward(x), ref)
+        if not err < TRITON_TOL:
+            raise ValueError(f"output off torch-hf-eager's by {err:.3g} (relative)")
+        graph = self.capture(lambda: fused.forward(x))
+        if graph is not None:
+            fused.out.fill_(float("nan"))
+            graph.replay()
+            err = rel_err(self.torch, fused.out, ref)
+            if not err < TRITON_TOL:
+                raise ValueError(f"graph replay's output off torch-hf-eager's by {err:.3g}")
+        return fused, graph, err
+
+    @staticmethod
+    def runner(fused, graph, x):
+        return graph.replay if graph is not None else (lambda: fused.forward(x))
+
+    def quick_time(self, fn):
+        """Median us of a short timing (the sweep's)."""
+        for _ in range(2):
+            fn()
+        est = percentile(sorted(self.timer(fn, 3)), 0.5)
+        reps = max(SWEEP_MIN_REPS, min(SWEEP_MAX_REPS, int(SWEEP_CAND_S * 1e6 / max(est, 1.0))))
+        return percentile(sorted(self.timer(fn, reps)), 0.5)
+
+    def choose(self, case, tokens, layer, x, ref):
+        """((fused, graph, err), cfg, extra) of the config this row runs."""
+        cfg = self.cached(case, tokens)
+        if cfg is not None:
+            try:
+                return self.build(layer, x, ref, cfg), cfg, {"config_source": "cache"}
+            except Exception as e:  # noqa: BLE001
+                log(f"warning: {case} T={tokens}: cached config {config_name(cfg)} failed "
+                    f"({first_line(e)}); sweeping")
+        top_k, n_exp = layer[3], layer[1].shape[0]
+        start, best, times, failed, cut = time.perf_counter(), None, {}, [], False
+        for i, cfg in enumerate(candidate_configs(tokens, top_k, n_exp)):
+            if i > 0 and (self.late() or time.perf_counter() - start > SWEEP_ROW_S):
+                cut = True
+                break
+            try:
+                built = self.build(layer, x, ref, cfg)
+                us = self.quick_time(self.runner(built[0], built[1], x))
+            except Exception as e:  # noqa: BLE001 -- out of resources, compile error, ...
+                failed.append(config_name(cfg))
+                self.warn_once(("cfg", config_name(cfg), first_line(e)),
+                               f"{TRITON_VARIANT} config {config_name(cfg)} failed "
+                               f"({first_line(e)})")
+                continue
+            times[config_name(cfg)] = round(us, 2)
+            if best is None or us < best[2]:
+                best = (built, cfg, us)
+            del built
+        if best is None:
+            raise RuntimeError(f"no candidate config ran ({', '.join(failed)} failed)")
+        built, cfg, us = best
+        extra = {"config_source": "sweep", "sweep_us": times,
+                 "sweep_s": round(time.perf_counter() - start, 2)}
+        if failed:
+            extra["sweep_failed"] = failed
+        if cut:
+            extra["sweep_partial"] = True
+        else:
+            self.remember(case, tokens, cfg, us)
+        return built, cfg, extra
+
+    def row(self, case, tokens, layer, x, ref, budget, nbytes, base):
+        """The triton-fused-moe row, or None (with a warning) when it cannot be had."""
+        torch = self.torch
+        try:
+            (fused, graph, _), cfg, how = self.choose(case, tokens, layer, x, ref)
+            samples, reps = self.timer.measure(self.runner(fused, graph, x), budget)
+            torch.cuda.synchronize()
+            err = rel_err(torch, fused.out, ref)  # the output of the replays just timed
+        except Exception as e:  # noqa: BLE001
+            log(f"warning: {case} T={tokens}: {TRITON_VARIANT} left out: {first_line(e)}")
+            return None
+        if not err < TRITON_TOL:
+            log(f"warning: {case} T={tokens}: {TRITON_VARIANT} left out: its output is off "
+                f"torch-hf-eager's by {err:.3g} (relative; the bound is {TRITON_TOL})")
+            return None
+        extra = dict(base, reps=reps, rel_err_vs_hf_eager=err, config=config_name(cfg),
+                     graph=graph is not None, triton=self.version, **how)
+        return row(case, tokens, TRITON_VARIANT, samples, nbytes, extra)
+
+
 # ---- timing ----
 
 
@@ -317,13 +693,14 @@ def normal(torch, gen, device, shape, scale=1.0):
 
 
 def run_preset(torch, device, index, preset, tokens_list, timer, gmm, emulated, budget,
-               out_of_time):
+               out_of_time, tuner=None):
     """Rows of one preset: its weights are built once here and die with this frame."""
     case, hidden, inter, n_exp, k = preset
     gen = torch.Generator(device=device).manual_seed(SEED + index)
     expert_gb = 3 * n_exp * hidden * inter * BF16 / 1e9
     log(f"{case}: H={hidden} I={inter} E={n_exp} top-{k}, experts {expert_gb:.2f} GB "
-        f"(held twice: grouped and per-expert layouts)")
+        f"(held twice: grouped and per-expert layouts"
+        f"{'; w1 and w3 a third time, fused for Triton' if tuner else ''})")
     gate = normal(torch, gen, device, (n_exp, hidden), 1 / math.sqrt(hidden))
     # _grouped_mm's layout, stored once: xp [M, H] @ w1[e] [H, I]; h [M, I] @ w2[e] [I, H]
     w1 = normal(torch, gen, device, (n_exp, hidden, inter), 1 / math.sqrt(hidden))
@@ -332,6 +709,8 @@ def run_preset(torch, device, index, preset, tokens_list, timer, gmm, emulated, 
     # the same values as nn.Linear weights [out, in], one contiguous tensor per expert
     hw1, hw3, hw2 = (w.transpose(1, 2).contiguous() for w in (w1, w3, w2))
     experts = [(hw1[e], hw3[e], hw2[e]) for e in range(n_exp)]
+    # triton-fused-moe: per expert [w1; w3] as one [2I, H] matrix, and w2 as [H, I]
+    layer = (gate, torch.cat([hw1, hw3], dim=1), hw2, k) if tuner else None
 
     rows = []
     for tokens in tokens_list:
@@ -351,21 +730,29 @@ def run_preset(torch, device, index, preset, tokens_list, timer, gmm, emulated, 
         rows.append(r)
         log(f"{case} T={tokens} torch-hf-eager: {r['median']:.1f} us ({reps} reps, "
             f"{hit} experts hit)")
-        if gmm is None:
-            continue
 
-        grouped = functools.partial(grouped_forward, torch, gmm, x, gate, w1, w3, w2, k)
-        err = rel_err(torch, grouped(), hf())
-        if not err < 5e-2:
-            log(f"warning: {case} T={tokens}: torch-grouped-mm differs from torch-hf-eager by "
-                f"{err:.3g} (relative)")
-        samples, reps = timer.measure(grouped, budget)
-        extra = dict(base, reps=reps, rel_err_vs_hf_eager=err)
-        if emulated:
-            extra["emulated"] = True
-        r = row(case, tokens, "torch-grouped-mm", samples, nbytes, extra)
-        rows.append(r)
-        log(f"{case} T={tokens} torch-grouped-mm: {r['median']:.1f} us ({reps} reps)")
+        if gmm is not None:
+            grouped = functools.partial(grouped_forward, torch, gmm, x, gate, w1, w3, w2, k)
+            err = rel_err(torch, grouped(), hf())
+            if not err < 5e-2:
+                log(f"warning: {case} T={tokens}: torch-grouped-mm differs from torch-hf-eager "
+                    f"by {err:.3g} (relative)")
+            samples, reps = timer.measure(grouped, budget)
+            extra = dict(base, reps=reps, rel_err_vs_hf_eager=err)
+            if emulated:
+                extra["emulated"] = True
+            r = row(case, tokens, "torch-grouped-mm", samples, nbytes, extra)
+            rows.append(r)
+            log(f"{case} T={tokens} torch-grouped-mm: {r['median']:.1f} us ({reps} reps)")
+
+        if tuner is not None:
+            r = tuner.row(case, tokens, layer, x, hf(), budget, nbytes, base)
+            if r is not None:
+                rows.append(r)
+                e = r["extra"]
+                log(f"{case} T={tokens} {TRITON_VARIANT}: {r['median']:.1f} us ({e['reps']} "
+                    f"reps, {e['config']} from {e['config_source']}, graph {e['graph']}, "
+                    f"rel_err {e['rel_err_vs_hf_eager']:.2g})")
     return rows
 
 
@@ -388,12 +775,157 @@ def run_router_permute(torch, device, quick, timer, budget):
     return rows
 
 
+# ---- --self-test: the Triton kernels through the interpreter, on the CPU ----
+
+
+def check_alignment(fused, ids):
+    """Problems (strings) in fused's moe_align outputs for the routing `ids`."""
+    bm = fused.cfg[0]
+    flat = ids.reshape(-1).tolist()
+    n_post = int(fused.num_post[0])
+    if n_post % bm or n_post > fused.rows:
+        return [f"num_post {n_post} not a multiple of {bm} in [0, {fused.rows}]"]
+    got = fused.sorted[:n_post].tolist()
+    blocks = fused.block_expert[:n_post // bm].tolist()
+    bad, pos = [], 0
+    for e in range(fused.experts):
+        mine = [s for s, x in enumerate(flat) if x == e]
+        span = -(-len(mine) // bm) * bm
+        if got[pos:pos + len(mine)] != mine:
+            bad.append(f"expert {e}: slots {got[pos:pos + len(mine)]}, expected {mine}")
+        if any(v != fused.slots for v in got[pos + len(mine):pos + span]):
+            bad.append(f"expert {e}: padding {got[pos + len(mine):pos + span]}")
+        if blocks[pos // bm:(pos + span) // bm] != [e] * (span // bm):
+            bad.append(f"expert {e}: block experts {blocks[pos // bm:(pos + span) // bm]}")
+        pos += span
+    if pos != n_post:
+        bad.append(f"num_post {n_post}, expected {pos}")
+    return bad
+
+
+def reference_experts(torch, x, w13, w2, weights, ids):
+    """The layer after the router in f32 from the same bf16 values, slot by slot."""
+    inter = w2.shape[2]
+    xf, out = x.float(), torch.zeros(x.shape, dtype=torch.float32)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            w = w13[e].float()
+            h = torch.nn.functional.silu(xf[t] @ w[:inter].T) * (xf[t] @ w[inter:].T)
+            out[t] += float(weights[t, j]) * (h @ w2[e].float().T)
+    return out
+
+
+def interpreter_numpy_shim():
+    """Triton's interpreter (3.6 at least) holds a scalar argument as a 1-element array and
+    takes a loop bound from it with int(array), which NumPy 2.4 refuses: make it take the
+    element. True when patched."""
+    import numpy as np
+
+    try:
+        int(np.array([1]))
+        return False
+    except TypeError:
+        pass
+    from triton.runtime import interpreter
+
+    orig = getattr(interpreter, "_patch_lang_tensor", None)
+    if orig is None:
+        return False
+
+    def patched(tensor, scope):
+        orig(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patched
+    return True
+
+
+def self_test():
+    """Runs the checks; returns the exit status (0: all passed)."""
+    os.environ["TRITON_INTERPRET"] = "1"  # before Triton builds the kernels
+    import torch
+
+    passed, failed = 0, 0
+
+    def report(ok, what):
+        nonlocal passed, failed
+        passed, failed = passed + ok, failed + (not ok)
+        print(f"{'ok  ' if ok else 'FAIL'} {what}", flush=True)
+
+    # the pure-Python side: every candidate names and parses back, every case has some
+    for c, _, _, e, k in presets(False) + presets(True):
+        for t in TOKENS:
+            cands = candidate_configs(t, k, e)
+            ok = len(cands) >= 6 and all(parse_config(config_name(x)) == x for x in cands)
+            if not ok:
+                report(False, f"candidates of {c} T={t}: {cands}")
+    report(True, "candidate configs of every preset and token count name and parse back")
+
+    try:
+        kern = triton_kernels()
+    except Exception as e:  # noqa: BLE001
+        report(False, f"Triton: {first_line(e)}")
+        print(f"{passed} passed, {failed} failed")
+        return 1
+    if interpreter_numpy_shim():
+        print("(NumPy >= 2.4: Triton's interpreter patched to read scalar arguments)")
+    hidden, inter, n_exp, k = 64, 48, 8, 2
+    torch.manual_seed(SEED)
+    gate = torch.randn(n_exp, hidden).div_(math.sqrt(hidden)).bfloat16()
+    w13 = torch.randn(n_exp, 2 * inter, hidden).div_(math.sqrt(hidden)).bfloat16()
+    w2 = torch.randn(n_exp, hidden, inter).div_(math.sqrt(inter)).bfloat16()
+    experts = [(w13[e, :inter], w13[e, inter:], w2[e]) for e in range(n_exp)]
+    # BK 32 over hidden 64: two K steps; over inter 48: a masked tail; BN / 2 = 32 over
+    # inter 48: a masked column tail
+    configs = [(16, 32, 32, 1, 4, 1), (32, 64, 32, 2, 4, 1), (16, 64, 64, 4, 4, 1)]
+    print(f"Triton {kern.triton.__version__} interpreter, torch {torch.__version__}: "
+          f"H={hidden} I={inter} E={n_exp} top_k={k}", flush=True)
+    for tokens in (1, 5, 33):
+        x = torch.randn(tokens, hidden).bfloat16()
+        routed_w, routed_ids = route(torch, x, gate, k)
+        # skewed: every token's first choice is expert 3, the second one of 4, 5, 6; experts
+        # 0, 1, 2 and 7 get no tokens
+        skew_ids = torch.stack([torch.full((tokens,), 3), 4 + torch.arange(tokens) % 3], 1)
+        skew_w = torch.rand(tokens, k) + 0.1
+        skew_w /= skew_w.sum(1, keepdim=True)
+        for name, weights, ids in (("router", routed_w, routed_ids),
+                                   ("skewed", skew_w, skew_ids)):
+            want = reference_experts(torch, x, w13, w2, weights, ids)
+            for cfg in configs:
+                what = f"T={tokens:<2} {name} {config_name(cfg)}"
+                fused = FusedMoe(torch, kern, gate, w13, w2, k, tokens, cfg, dot_f32=True)
+                for buf, poison in ((fused.sorted, -7), (fused.block_expert, -7),
+                                    (fused.h, float("nan")), (fused.y, float("nan")),
+                                    (fused.out, float("nan"))):
+                    buf.fill_(poison)
+                try:
+                    got = fused.experts_forward(x, weights.contiguous(), ids.contiguous())
+                except Exception as e:  # noqa: BLE001
+                    report(False, f"{what}: {type(e).__name__}: {first_line(e)}")
+                    continue
+                bad = check_alignment(fused, ids)
+                err = rel_err(torch, got, want)
+                report(not bad and err < 2e-2,
+                       f"{what}: alignment {'; '.join(bad) or 'ok'} (num_post "
+                       f"{int(fused.num_post[0])} of {fused.rows}), rel_err vs f32 {err:.2e}")
+        # the whole layer (router included) against torch-hf-eager, as the benchmark checks it
+        fused = FusedMoe(torch, kern, gate, w13, w2, k, tokens, configs[1], dot_f32=True)
+        err = rel_err(torch, fused.forward(x), hf_eager_forward(torch, x, gate, experts, k))
+        report(err < 2e-2, f"T={tokens:<2} layer vs torch-hf-eager (bf16): rel_err {err:.2e}")
+    print(f"{passed} passed, {failed} failed")
+    return 0 if failed == 0 else 1
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--list", action="store_true", help="print the cases and exit (no torch)")
+    ap.add_argument("--self-test", action="store_true",
+                    help=f"check {TRITON_VARIANT}'s kernels on small shapes on the CPU through "
+                         "Triton's interpreter (TRITON_INTERPRET=1) and exit")
     args = ap.parse_args()
 
     if args.list:
@@ -404,6 +936,8 @@ def main():
         for c, t, v in plan(args.quick):
             print(f"{c:>20} {t:>6} {v}")
         return
+    if args.self_test:
+        sys.exit(self_test())
 
     import torch
 
@@ -413,16 +947,26 @@ def main():
     log(f"torch {torch.__version__} on {device}{' (quick sizes)' if args.quick else ''}")
     start, stop_s, warned = time.perf_counter(), stop_after_s(os.environ), []
 
+    def late():
+        return time.perf_counter() - start > stop_s
+
     def out_of_time(what):
-        late = time.perf_counter() - start > stop_s
-        if late and not warned:
+        if late() and not warned:
             warned.append(what)
             log(f"warning: past {stop_s:.0f} s (of ${TIMEOUT_ENV}); {what} and the cases "
                 f"after it are left out")
-        return late
+        return late()
 
     timer = Timer(torch, device)
     gmm, emulated = grouped_mm_for(torch, device)
+    kern, why = triton_for(device)
+    tuner = None
+    if kern is None:
+        log(f"{TRITON_VARIANT} skipped: {why}")
+    else:
+        tuner = TritonTuner(torch, kern, device, timer, late, os.environ)
+        log(f"{TRITON_VARIANT}: Triton {tuner.version} on {tuner.gpu}; block configs cached "
+            f"in {tuner.path}{' (ignored: ' + RESWEEP_ENV + '=1)' if tuner.resweep else ''}")
     budget = QUICK_BUDGET_S if args.quick else BUDGET_S
     tokens_list = QUICK_TOKENS if args.quick else TOKENS
     with torch.inference_mode():
@@ -431,7 +975,7 @@ def main():
             if out_of_time(preset[0]):
                 break
             rows += run_preset(torch, device, i, preset, tokens_list, timer, gmm, emulated,
-                               budget, out_of_time)
+                               budget, out_of_time, tuner)
             if device.type == "cuda":
                 torch.cuda.empty_cache()  # the preset's weights are gone (gpt-oss holds 13 GB)
     log(f"{len(rows)} rows in {time.perf_counter() - start:.0f} s")

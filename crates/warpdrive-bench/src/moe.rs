@@ -7,7 +7,9 @@
 //!   tokens; above, eagerly, or the cuBLAS path where the experts' GEMMs are large, see
 //!   `AUTO_CUBLAS_MIN_FLOPS`) and `warpdrive-cublas` (counts read back once, then cuBLAS: one grouped call
 //!   per projection or one GEMM per expert, see `CUBLAS_GROUPED_MAX_FLOPS`; at every size);
-//!   the peer adds `torch-hf-eager` and `torch-grouped-mm`. Median / p10 / p90
+//!   the peer adds `torch-hf-eager`, `torch-grouped-mm` and `triton-fused-moe` (a fused-MoE
+//!   Triton kernel of the design serving engines ship, tiles from its own sweep per GPU, the
+//!   layer in one CUDA graph). Median / p10 / p90
 //!   in µs per forward over ≥ 200 passes. GB/s counts the bytes of the distinct experts the
 //!   batch routes to plus the router weight (`extra.bytes`), so `pct_of_ceiling` (also in
 //!   `extra.hbm_pct`) is against the device copy ceiling. `extra`: `host_syncs` and

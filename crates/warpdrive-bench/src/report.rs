@@ -230,7 +230,8 @@ fn bandwidth_chart(results: &Results, rows: &[&Row], title: &str) -> Result<Stri
 /// (label, peer median / warpdrive median) for each peer row with a warpdrive row of the
 /// same suite, case and size.
 fn peer_ratios(rows: &[Row]) -> Vec<(String, f64)> {
-    let peer = |v: &str| v.starts_with("torch-") || v.starts_with("cupy-");
+    let peer =
+        |v: &str| v.starts_with("torch-") || v.starts_with("cupy-") || v.starts_with("triton-");
     rows.iter()
         .filter(|r| peer(&r.variant))
         .filter_map(|p| {
