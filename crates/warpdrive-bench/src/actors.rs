@@ -469,3 +469,37 @@ fn terminate(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
     ctx.record_time(CASE, 64, "warpdrive", &mut us, None)?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiny_run_on_the_cpu_records_every_case() {
+        let mut ctx = Ctx::new(&warpdrive::Device::cpu(), Scale::Tiny).unwrap();
+        ctx.suite = SUITE;
+        run_suite(&mut ctx).unwrap();
+        let rows = ctx.rows();
+        for (case, variant) in [
+            ("round-trip", "doorbell"),
+            ("round-trip", "warpdrive"),
+            ("round-trip", "kernel-per-message"),
+            ("round-trip", "graph-per-message"),
+            ("throughput", "warpdrive-b256-p4"),
+            ("pipeline", "warpdrive-2-stages-p4"),
+            ("round-trip-loaded", "warpdrive"),
+            ("terminate", "warpdrive"),
+        ] {
+            assert!(
+                rows.iter().any(|r| r.case == case && r.variant == variant),
+                "{case} {variant} missing"
+            );
+        }
+        let warp = rows
+            .iter()
+            .find(|r| r.case == "round-trip" && r.variant == "warpdrive" && r.size == 64)
+            .unwrap();
+        assert!(warp.extra["p999_us"].as_f64().unwrap() >= warp.median);
+        assert!(warp.extra["over_doorbell"].as_f64().unwrap() > 0.0);
+    }
+}

@@ -257,7 +257,8 @@ pub(crate) fn function(
 }
 
 /// The sources the floors below the workloads use (fills, maps, reductions, softmax,
-/// segments, permutes, top-k, compression): what [`load_eagerly`] loads unless asked for all.
+/// segments, permutes, top-k, compression): what the actor loop loads before it starts
+/// (with those already loaded), unless asked for every source.
 pub static COMMON: &[&KernelSource] = &[
     &BASIC,
     &ELEMENTWISE,
