@@ -537,3 +537,90 @@ fn handlers_compile_and_a_broken_one_returns_the_log() {
     let e = sizes.check_compiles(Arch::SM_90A).unwrap_err();
     assert!(e.to_string().contains("In is 64 bytes in Rust"), "{e}");
 }
+
+/// Polls every future on this thread until all are done (no async runtime: the actor
+/// system's watcher does the waking).
+fn block_on_all<F: std::future::Future + Unpin>(mut futs: Vec<F>) -> Vec<F::Output> {
+    use std::task::{Context, Poll, Wake, Waker};
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut out: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
+    while out.iter().any(Option::is_none) {
+        for (f, o) in futs.iter_mut().zip(out.iter_mut()) {
+            if o.is_none() {
+                if let Poll::Ready(v) = std::pin::Pin::new(f).poll(&mut cx) {
+                    *o = Some(v);
+                }
+            }
+        }
+        std::thread::park_timeout(Duration::from_millis(50));
+    }
+    out.into_iter().flatten().collect()
+}
+
+device_test!(
+    async_requests_are_woken_without_a_runtime,
+    gpu_async_requests,
+    |device: &Device| {
+        let mut system = ActorSystem::new(device).unwrap();
+        let a = system.spawn(spec("async")).unwrap();
+        system.start().unwrap();
+        a.activate().unwrap();
+        let futs: Vec<_> = (0..50u32)
+            .map(|k| a.request_async(&msg(k, k), 0, WAIT))
+            .collect();
+        for (k, r) in block_on_all(futs).into_iter().enumerate() {
+            let out = r.unwrap();
+            assert_eq!((out.id, out.value), (k as u32, 3 * k as u32 + 1));
+        }
+        a.deactivate().unwrap();
+        let late = a.request_async(&msg(7, 7), 0, Duration::from_millis(30));
+        let e = block_on_all(vec![late]).pop().unwrap().unwrap_err();
+        assert!(matches!(e, Error::Timeout { .. }), "{e}");
+        a.activate().unwrap();
+        // The timed-out request's reply arrives and is discarded; nothing is left for recv.
+        let t0 = Instant::now();
+        while a.stats().processed < 51 && t0.elapsed() < WAIT {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(a.try_recv().unwrap().is_none());
+    }
+);
+
+#[test]
+fn counters_reach_the_prometheus_endpoint() {
+    use std::io::{Read, Write};
+    let server =
+        warpdrive::telemetry::serve_prometheus(Some("127.0.0.1:0".parse().unwrap())).unwrap();
+    let mut system = ActorSystem::new(&Device::cpu()).unwrap();
+    let a = system.spawn(spec("metered")).unwrap();
+    system.start().unwrap();
+    a.activate().unwrap();
+    for k in 0..10 {
+        a.request(&msg(k, k), 0, WAIT).unwrap();
+    }
+    let t0 = Instant::now();
+    loop {
+        let mut c = std::net::TcpStream::connect(server.addr).unwrap();
+        c.set_read_timeout(Some(WAIT)).unwrap();
+        write!(c, "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+        let mut text = String::new();
+        c.read_to_string(&mut text).unwrap();
+        if text.contains("warpdrive_actor_processed_total{actor=\"metered\"} 10") {
+            assert!(
+                text.contains("warpdrive_actor_busy_ratio{actor=\"metered\"}"),
+                "{text}"
+            );
+            break;
+        }
+        assert!(t0.elapsed() < WAIT, "no actor counters in:\n{text}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::task::Waker;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -31,6 +32,9 @@ pub(crate) struct ActorShared {
     /// Most messages waiting in one lane right after a claim.
     pub(crate) max_depth: AtomicU64,
     collector: Mutex<Collector>,
+    /// Futures waiting for replies (`Actor::request_async`), woken by the watcher.
+    wakers: Mutex<Vec<Waker>>,
+    started: Instant,
 }
 
 /// Replies taken from the outbox and not yet handed out.
@@ -41,6 +45,8 @@ struct Collector {
     /// Correlation ids `request` calls wait for: their replies go to `claimed`.
     waiting: HashSet<u32>,
     claimed: HashMap<u32, Vec<u8>>,
+    /// Requests that gave up: their replies are dropped when they come.
+    forgotten: HashSet<u32>,
     /// Replies for `recv`, in order.
     ready: VecDeque<(u32, Vec<u8>)>,
 }
@@ -91,6 +97,8 @@ impl ActorShared {
             rejected: AtomicU64::new(0),
             max_depth: AtomicU64::new(0),
             collector: Mutex::new(Collector::default()),
+            wakers: Mutex::new(Vec::new()),
+            started: Instant::now(),
         })
     }
 
@@ -104,6 +112,17 @@ impl ActorShared {
 
     pub(crate) fn set_word(&self, i: usize, v: u64) {
         self.words()[i].store(v, Ordering::Release)
+    }
+
+    /// The share of the loop's time since it started spent handling this actor's messages.
+    pub(crate) fn busy_ratio(&self) -> f64 {
+        let loops_ns = self.word(ctrl::BUSY_NS) as f64;
+        let since = self.started.elapsed().as_nanos() as f64;
+        if since > 0.0 {
+            (loops_ns / since).min(1.0)
+        } else {
+            0.0
+        }
     }
 
     /// Messages waiting in lane `lane` (claimed, not yet taken by the loop).
@@ -248,6 +267,24 @@ impl ActorShared {
         Ok(())
     }
 
+    /// Keeps `waker` until the watcher's next round wakes it.
+    pub(crate) fn park_waker(&self, waker: &Waker) {
+        let mut w = self.wakers.lock();
+        if !w.iter().any(|k| k.will_wake(waker)) {
+            w.push(waker.clone());
+        }
+    }
+
+    /// Wakes every parked future (they poll again); true when there were some.
+    pub(crate) fn wake_all(&self) -> bool {
+        let wakers = std::mem::take(&mut *self.wakers.lock());
+        let any = !wakers.is_empty();
+        for w in wakers {
+            w.wake();
+        }
+        any
+    }
+
     /// The next reply for `recv`, if one has arrived.
     pub(crate) fn try_recv(&self) -> Option<(u32, Vec<u8>)> {
         let mut c = self.collector.lock();
@@ -266,8 +303,9 @@ impl ActorShared {
     /// Stops waiting for `correlation` (a request that gave up); a late reply is dropped.
     pub(crate) fn forget_reply(&self, correlation: u32) {
         let mut c = self.collector.lock();
-        c.waiting.remove(&correlation);
-        c.claimed.remove(&correlation);
+        if c.waiting.remove(&correlation) && c.claimed.remove(&correlation).is_none() {
+            c.forgotten.insert(correlation);
+        }
     }
 
     /// The reply to `correlation` written into `out` if it has arrived (true).
@@ -304,6 +342,7 @@ impl ActorShared {
                 _ if c.waiting.contains(&id) => {
                     c.claimed.insert(id, body.to_vec());
                 }
+                _ if c.forgotten.remove(&id) => {}
                 _ => c.ready.push_back((id, body.to_vec())),
             }
         }

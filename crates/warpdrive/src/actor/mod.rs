@@ -46,7 +46,7 @@ mod spec;
 mod system;
 
 pub use spec::{ActorCtx, ActorSpec, Backpressure};
-pub use system::{Actor, ActorStats, ActorSystem, Reply, SystemConfig};
+pub use system::{Actor, ActorStats, ActorSystem, Reply, ReplyFuture, SystemConfig};
 
 /// Largest message (`In` or `Out`) an actor takes, in bytes.
 pub const MAX_MESSAGE_BYTES: usize = 256;

@@ -1,9 +1,12 @@
 //! The actor system: spawning, starting the loop, the typed handles, the watcher thread
 //! (liveness both ways) and termination.
 
+use std::future::Future;
 use std::marker::PhantomData;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -304,9 +307,25 @@ impl Drop for ActorSystem {
 fn watch(shared: Weak<Shared>, every: Duration) {
     let mut last_beat = 0;
     let mut last_change = Instant::now();
+    let mut last_metrics = Instant::now();
+    let mut waiting = false;
     loop {
-        std::thread::sleep(every);
+        // Futures waiting for replies are woken often; otherwise a beat per `every`.
+        std::thread::sleep(if waiting {
+            WAKE_EVERY.min(every)
+        } else {
+            every
+        });
         let Some(s) = shared.upgrade() else { return };
+        let actors = s.actors.lock().clone();
+        waiting = false;
+        for a in &actors {
+            waiting |= a.wake_all();
+        }
+        if last_metrics.elapsed() >= METRICS_EVERY {
+            last_metrics = Instant::now();
+            export_metrics(&actors);
+        }
         if s.phase.load(Ordering::Acquire) != RUNNING {
             tracing::debug!("actor watcher: the system stopped running");
             return;
@@ -340,6 +359,97 @@ fn watch(shared: Weak<Shared>, every: Duration) {
             );
             s.phase.store(HUNG, Ordering::Release);
             return;
+        }
+    }
+}
+
+/// How often the watcher wakes futures waiting for replies.
+const WAKE_EVERY: Duration = Duration::from_micros(20);
+/// How often the watcher exports the actors' counters as metrics.
+const METRICS_EVERY: Duration = Duration::from_millis(100);
+
+/// Each actor's counters as metrics, labelled by actor: `warpdrive_actor_processed_total`,
+/// `_dropped_total`, `_rejected_total`, `_forwarded_total`, and the gauges
+/// `warpdrive_actor_depth` (messages waiting, all lanes) and `warpdrive_actor_busy_ratio`
+/// (loop time spent handling since the start).
+fn export_metrics(actors: &[Arc<ActorShared>]) {
+    for a in actors {
+        let label = [("actor", a.name.clone())];
+        let w = |i| a.word(i);
+        metrics::counter!("warpdrive_actor_processed_total", &label).absolute(w(ctrl::PROCESSED));
+        metrics::counter!("warpdrive_actor_dropped_total", &label).absolute(w(ctrl::DROPPED));
+        metrics::counter!("warpdrive_actor_forwarded_total", &label).absolute(w(ctrl::FORWARDED));
+        metrics::counter!("warpdrive_actor_rejected_total", &label)
+            .absolute(a.rejected.load(Ordering::Relaxed));
+        let depth: u64 = (0..a.lanes.len()).map(|l| a.depth(l)).sum();
+        metrics::gauge!("warpdrive_actor_depth", &label).set(depth as f64);
+        metrics::gauge!("warpdrive_actor_busy_ratio", &label).set(a.busy_ratio());
+    }
+}
+
+/// A reply on its way ([`Actor::request_async`]): a future any executor can poll; the
+/// system's watcher thread wakes it (every 20 µs while some future waits), so no async
+/// runtime is needed. Dropping it stops waiting (a late reply is discarded).
+pub struct ReplyFuture<Out> {
+    system: Arc<Shared>,
+    actor: Arc<ActorShared>,
+    /// The request's correlation id, or why it was not sent.
+    id: std::result::Result<u32, Option<Error>>,
+    started: Instant,
+    timeout: Duration,
+    done: bool,
+    _out: PhantomData<fn() -> Out>,
+}
+
+impl<Out: Pod> Future for ReplyFuture<Out> {
+    type Output = Result<Out>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Out>> {
+        let this = self.get_mut();
+        let id = match &mut this.id {
+            Ok(id) => *id,
+            Err(e) => {
+                this.done = true;
+                return Poll::Ready(Err(e.take().unwrap_or_else(|| Error::Actor {
+                    actor: this.actor.name.clone(),
+                    detail: "a reply future polled after it finished".into(),
+                })));
+            }
+        };
+        let mut out = Out::zeroed();
+        for attempt in 0..2 {
+            if this.actor.take_reply(id, bytemuck::bytes_of_mut(&mut out)) {
+                this.done = true;
+                return Poll::Ready(Ok(out));
+            }
+            if attempt == 0 {
+                // Parked before the second look, so a reply landing in between still wakes it.
+                this.actor.park_waker(cx.waker());
+            }
+        }
+        let failed = match this.system.alive(&this.actor.name) {
+            Err(e) => Some(e),
+            Ok(()) if this.started.elapsed() > this.timeout => Some(Error::Timeout {
+                what: format!("actor {}: the reply to request {id}", this.actor.name),
+                after_ms: this.timeout.as_millis() as u64,
+            }),
+            Ok(()) => None,
+        };
+        match failed {
+            Some(e) => {
+                this.done = true;
+                this.actor.forget_reply(id);
+                Poll::Ready(Err(e))
+            }
+            None => Poll::Pending,
+        }
+    }
+}
+
+impl<Out> Drop for ReplyFuture<Out> {
+    fn drop(&mut self) {
+        if let (Ok(id), false) = (&self.id, self.done) {
+            self.actor.forget_reply(*id);
         }
     }
 }
@@ -533,6 +643,29 @@ impl<In: Pod, Out: Pod> Actor<In, Out> {
                 });
             }
             backoff.pause();
+        }
+    }
+
+    /// Sends `msg` on lane `lane` (as [`request`](Self::request): a full inbox blocks the
+    /// caller under `Block`) and returns a future of its reply, failing after `timeout`.
+    pub fn request_async(&self, msg: &In, lane: usize, timeout: Duration) -> ReplyFuture<Out> {
+        let alive = || self.alive();
+        let id = self
+            .refuse_forwarder()
+            .and_then(|()| self.alive())
+            .and_then(|()| {
+                self.actor
+                    .send_awaited(lane, bytemuck::bytes_of(msg), &alive)
+            })
+            .map_err(Some);
+        ReplyFuture {
+            system: self.system.clone(),
+            actor: self.actor.clone(),
+            id,
+            started: Instant::now(),
+            timeout,
+            done: false,
+            _out: PhantomData,
         }
     }
 
