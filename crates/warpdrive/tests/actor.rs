@@ -624,3 +624,47 @@ fn counters_reach_the_prometheus_endpoint() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+#[test]
+fn sampled_messages_show_on_the_actors_trace_track() {
+    let config = SystemConfig {
+        trace_every: 2,
+        ..SystemConfig::default()
+    };
+    let mut system = ActorSystem::with_config(&Device::cpu(), config).unwrap();
+    let a = system.spawn(spec("traced")).unwrap();
+    system.start().unwrap();
+    a.activate().unwrap();
+    warpdrive::telemetry::start_trace();
+    let t0 = Instant::now();
+    for k in 0..40 {
+        a.request(&msg(k, k), 0, WAIT).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    let trace = warpdrive::telemetry::finish_trace().to_json();
+    let events = trace["traceEvents"].as_array().unwrap();
+    let track = events
+        .iter()
+        .find(|e| e["ph"] == "M" && e["args"]["name"] == "traced")
+        .expect("a track named after the actor");
+    let slices: Vec<_> = events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["pid"] == track["pid"] && e["tid"] == track["tid"])
+        .collect();
+    assert!(slices.len() >= 10, "{} slices", slices.len());
+    for s in &slices {
+        assert_eq!(s["name"], "handle");
+        assert!(s["dur"].as_f64().unwrap() >= 0.0);
+        assert!(
+            s["args"]["correlation"].as_u64().unwrap() % 2 == 1,
+            "every second message"
+        );
+    }
+    // On the trace's clock: within this test's span, to a millisecond.
+    let span_us = t0.elapsed().as_secs_f64() * 1e6;
+    let ts: Vec<f64> = slices.iter().map(|s| s["ts"].as_f64().unwrap()).collect();
+    let (lo, hi) = ts
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(l, h), &t| (l.min(t), h.max(t)));
+    assert!(hi - lo <= span_us + 1000.0, "{lo}..{hi} over {span_us} µs");
+}

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::host::{ActorShared, Backoff};
-use super::ring::{ctrl, sys, Found};
+use super::ring::{ctrl, sys, Found, TRACE_SLOTS, TRACE_WORDS};
 use super::spec::{ActorCtx, ErasedSpec, HostFn};
 use super::system::Loop;
 use crate::device::SharedWords;
@@ -44,12 +44,16 @@ struct Worker {
     since_lower: u32,
     busy_ns: u64,
     forwarded: u64,
+    /// Every `trace_every`-th message handled gets a record in the trace ring (0: none).
+    trace_every: u32,
+    traced: u64,
 }
 
 pub(crate) fn start(
     sys: &Arc<SharedWords>,
     actors: &[Arc<ActorShared>],
     specs: Vec<ErasedSpec>,
+    trace_every: u32,
 ) -> Result<CpuLoop> {
     let mut workers = Vec::with_capacity(specs.len());
     let mut states = Vec::with_capacity(specs.len());
@@ -76,6 +80,8 @@ pub(crate) fn start(
             since_lower: 0,
             busy_ns: 0,
             forwarded: 0,
+            trace_every,
+            traced: 0,
         });
     }
     let states = Arc::new(states);
@@ -146,6 +152,11 @@ fn run(
         if get(sys::COMMAND) == 1 {
             break;
         }
+        let request = get(sys::CAL_REQ);
+        if request != get(sys::CAL_ACK) {
+            words[sys::CAL_NS].store(clock.elapsed().as_nanos() as u64, Ordering::Release);
+            words[sys::CAL_ACK].store(request, Ordering::Release);
+        }
         words[sys::LOOP_BEAT].fetch_add(1, Ordering::AcqRel);
         let beat = get(sys::HOST_BEAT);
         if beat != host_beat {
@@ -158,14 +169,13 @@ fn run(
         }
         let mut did = 0;
         for i in 0..workers.len() {
-            let now_ns = clock.elapsed().as_nanos() as u64;
             did += step(
                 &mut workers,
                 i,
                 &capacities,
                 &mut device_inboxes,
                 states,
-                now_ns,
+                clock,
             );
         }
         if did == 0 {
@@ -174,7 +184,6 @@ fn run(
             idle = Backoff::new();
         }
     }
-    words[sys::EXITED].fetch_add(workers.len() as u64, Ordering::AcqRel);
 }
 
 /// One iteration for actor `i`: read, pick by priority, handle, answer, publish. Returns
@@ -185,9 +194,11 @@ fn step(
     capacities: &[usize],
     device_inboxes: &mut [VecDeque<(u32, Vec<u8>)>],
     states: &[Mutex<Vec<u8>>],
-    now_ns: u64,
+    clock: Instant,
 ) -> usize {
     let t0 = Instant::now();
+    let now_ns = clock.elapsed().as_nanos() as u64;
+    let mut traced: Vec<(u64, u64)> = Vec::new();
     let w = &mut workers[i];
     let s = w.shared.clone();
     let command = s.word(ctrl::COMMAND) & 1;
@@ -295,6 +306,10 @@ fn step(
             now_ns,
         };
         out.fill(0);
+        if w.trace_every > 0 && w.handled % w.trace_every as u64 == 0 {
+            let id = correlation as u64 | (ctx.lane as u64) << 32;
+            traced.push((id, clock.elapsed().as_nanos() as u64));
+        }
         (w.handler)(&body, &mut out, &mut state, &mut ctx);
         w.handled += 1;
         handled += 1;
@@ -314,6 +329,17 @@ fn step(
         }
     }
     drop(state);
+    if !traced.is_empty() {
+        let done = clock.elapsed().as_nanos() as u64;
+        for (id, started) in traced {
+            let at = s.trace_base + (w.traced as usize % TRACE_SLOTS) * TRACE_WORDS;
+            for (k, v) in [id, now_ns, started, done].into_iter().enumerate() {
+                s.set_word(at + k, v);
+            }
+            w.traced += 1;
+        }
+        s.set_word(ctrl::TRACE_TAIL, w.traced);
+    }
     for (r, &n) in consumed.iter().enumerate().take(lanes) {
         if n > 0 {
             let lane = lanes - 1 - r;

@@ -37,6 +37,8 @@ const D_PICK_MAX: usize = 15;
 const D_LANE_BASE: usize = 16;
 const D_SYS: usize = 20;
 const D_IN_STAGE: usize = 21;
+const D_TRACE_BASE: usize = 22;
+const D_TRACE_EVERY: usize = 23;
 /// Words before a device ring's slots (its head, then padding to 16 bytes).
 const DEV_RING_SLOTS: usize = 2;
 /// Shared memory a block stages inputs and outputs in, at most (bytes).
@@ -62,6 +64,7 @@ pub(crate) fn start(
     actors: &[Arc<ActorShared>],
     specs: Vec<ErasedSpec>,
     preload_all: bool,
+    trace_every: u32,
 ) -> Result<GpuLoop> {
     let gpu = device.gpu("the actor loop")?;
     let t0 = Instant::now();
@@ -132,6 +135,8 @@ pub(crate) fn start(
         }
         d[D_SYS] = sys.device_ptr();
         d[D_IN_STAGE] = in_stage as u64;
+        d[D_TRACE_BASE] = actor.trace_base as u64;
+        d[D_TRACE_EVERY] = trace_every as u64;
         states.push(state);
     }
     let descs = Buffer::from_host(&side, &descs)?;

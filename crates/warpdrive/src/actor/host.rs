@@ -21,6 +21,9 @@ pub(crate) struct ActorShared {
     pub(crate) block: SharedWords,
     pub(crate) lanes: Vec<Ring>,
     pub(crate) outbox: Ring,
+    /// Where the loop writes sampled message records (`ring::TRACE_SLOTS` of them).
+    pub(crate) trace_base: usize,
+    trace_head: Mutex<u64>,
     pub(crate) in_bytes: usize,
     pub(crate) out_bytes: usize,
     pub(crate) backpressure: Backpressure,
@@ -79,15 +82,18 @@ impl ActorShared {
             capacity,
             slot_words: out_words,
         };
-        let total = base
+        let trace_base = base
             .checked_add(outbox.words())
             .ok_or_else(|| Error::InvalidArgument("actor rings overflow".into()))?;
+        let total = trace_base + ring::TRACE_SLOTS * ring::TRACE_WORDS;
         Ok(ActorShared {
             index,
             name: spec.name.clone(),
             block: device.shared_words(total)?,
             lanes: rings,
             outbox,
+            trace_base,
+            trace_head: Mutex::new(0),
             in_bytes,
             out_bytes,
             backpressure: spec.backpressure,
@@ -265,6 +271,22 @@ impl ActorShared {
             backoff.pause();
         }
         Ok(())
+    }
+
+    /// The sampled message records written since the last call (the oldest are lost when
+    /// more than the ring holds came in between).
+    pub(crate) fn take_trace(&self) -> Vec<[u64; ring::TRACE_WORDS]> {
+        let tail = self.word(ctrl::TRACE_TAIL);
+        let mut head = self.trace_head.lock();
+        let from = (*head).max(tail.saturating_sub(ring::TRACE_SLOTS as u64));
+        let records = (from..tail)
+            .map(|seq| {
+                let at = self.trace_base + (seq as usize % ring::TRACE_SLOTS) * ring::TRACE_WORDS;
+                std::array::from_fn(|i| self.word(at + i))
+            })
+            .collect();
+        *head = tail;
+        records
     }
 
     /// Keeps `waker` until the watcher's next round wakes it.

@@ -63,6 +63,8 @@ pub(crate) mod ctrl {
     pub(crate) const FORWARDED: usize = 15;
     /// Loop → host: nanoseconds of the loop's clock when it started (telemetry).
     pub(crate) const CLOCK_START: usize = 16;
+    /// Loop → host: sampled message records written to the trace ring.
+    pub(crate) const TRACE_TAIL: usize = 17;
     /// Words of the control block.
     pub(crate) const WORDS: usize = 32;
 }
@@ -79,11 +81,20 @@ pub(crate) mod sys {
     pub(crate) const LOOP_BEAT: usize = 3;
     /// Loop → host: 1 while parked for want of a host beat.
     pub(crate) const PARKED: usize = 4;
-    /// Loop → host: workers (warps) that have ended.
-    pub(crate) const EXITED: usize = 5;
+    /// Host → loop: a calibration request (a new number each time).
+    pub(crate) const CAL_REQ: usize = 6;
+    /// Loop → host: the request answered last, and the loop's clock when it answered
+    /// (written before the answer).
+    pub(crate) const CAL_ACK: usize = 7;
+    pub(crate) const CAL_NS: usize = 8;
     /// Words of the block.
     pub(crate) const WORDS: usize = 16;
 }
+
+/// Records in each actor's trace ring (a power of two), and words per record: correlation
+/// id and lane, then the loop's clock when the message was read, handled and answered.
+pub(crate) const TRACE_SLOTS: usize = 1024;
+pub(crate) const TRACE_WORDS: usize = 4;
 
 /// A ring of `capacity` slots of `slot_words` words at `base` in a block of words.
 #[derive(Debug, Clone, Copy)]

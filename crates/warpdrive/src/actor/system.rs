@@ -35,6 +35,10 @@ pub struct SystemConfig {
     /// those this process has loaded already. A kernel first loaded while the loop runs may
     /// wait for the device to go idle, which it never does: preload what you will use.
     pub preload_all: bool,
+    /// Every `trace_every`-th message an actor handles gets a record (the loop's clock —
+    /// `%globaltimer` on CUDA — when it was read, handled and answered), shown as a slice on
+    /// the actor's track of a Chrome trace (`telemetry::start_trace`); 0: none.
+    pub trace_every: u32,
 }
 
 impl Default for SystemConfig {
@@ -45,6 +49,7 @@ impl Default for SystemConfig {
             watch_every: Duration::from_millis(1),
             terminate_timeout: Duration::from_secs(5),
             preload_all: false,
+            trace_every: 0,
         }
     }
 }
@@ -217,7 +222,12 @@ impl ActorSystem {
         }
         let actors = shared.actors.lock().clone();
         let running: Box<dyn Loop> = if shared.device.is_host_memory() {
-            Box::new(super::cpu_loop::start(&shared.sys, &actors, specs)?)
+            Box::new(super::cpu_loop::start(
+                &shared.sys,
+                &actors,
+                specs,
+                shared.config.trace_every,
+            )?)
         } else {
             Box::new(super::gpu_loop::start(
                 &shared.device,
@@ -225,6 +235,7 @@ impl ActorSystem {
                 &actors,
                 specs,
                 shared.config.preload_all,
+                shared.config.trace_every,
             )?)
         };
         *shared.running.lock() = Some(running);
@@ -309,6 +320,9 @@ fn watch(shared: Weak<Shared>, every: Duration) {
     let mut last_change = Instant::now();
     let mut last_metrics = Instant::now();
     let mut waiting = false;
+    // µs to subtract from the loop's clock (in µs) to get the trace's, and when measured.
+    let mut offset: Option<(f64, Instant)> = None;
+    let mut request = 0;
     loop {
         // Futures waiting for replies are woken often; otherwise a beat per `every`.
         std::thread::sleep(if waiting {
@@ -325,6 +339,19 @@ fn watch(shared: Weak<Shared>, every: Duration) {
         if last_metrics.elapsed() >= METRICS_EVERY {
             last_metrics = Instant::now();
             export_metrics(&actors);
+        }
+        if s.config.trace_every > 0 && crate::telemetry::is_tracing() {
+            if offset.is_none_or(|(_, at)| at.elapsed() > CALIBRATE_EVERY) {
+                request += 1;
+                offset = calibrate(&s, request)
+                    .map(|o| (o, Instant::now()))
+                    .or(offset);
+            }
+            if let Some((off, _)) = offset {
+                for a in &actors {
+                    trace_records(a, off);
+                }
+            }
         }
         if s.phase.load(Ordering::Acquire) != RUNNING {
             tracing::debug!("actor watcher: the system stopped running");
@@ -384,6 +411,46 @@ fn export_metrics(actors: &[Arc<ActorShared>]) {
         let depth: u64 = (0..a.lanes.len()).map(|l| a.depth(l)).sum();
         metrics::gauge!("warpdrive_actor_depth", &label).set(depth as f64);
         metrics::gauge!("warpdrive_actor_busy_ratio", &label).set(a.busy_ratio());
+    }
+}
+
+/// How often the watcher maps the loop's clock onto the trace's while tracing.
+const CALIBRATE_EVERY: Duration = Duration::from_secs(1);
+/// How long a calibration waits for the loop's answer.
+const CALIBRATE_WAIT: Duration = Duration::from_millis(50);
+
+/// The offset (µs) from the trace's clock to the loop's: the loop's clock read while the
+/// host waited, against the middle of that wait. `None` when the loop did not answer.
+fn calibrate(s: &Shared, request: u64) -> Option<f64> {
+    let t0 = Instant::now();
+    s.set_sys_word(sys::CAL_REQ, request);
+    while s.sys_word(sys::CAL_ACK) != request {
+        if t0.elapsed() > CALIBRATE_WAIT {
+            return None;
+        }
+        std::hint::spin_loop();
+    }
+    let wait = t0.elapsed();
+    let loop_us = s.sys_word(sys::CAL_NS) as f64 / 1e3;
+    Some(loop_us - (crate::telemetry::host_us(t0) + wait.as_secs_f64() * 0.5e6))
+}
+
+/// The actor's sampled message records as slices of its trace track: `handle` from the
+/// handler's start to the answer, with the time it waited after being read.
+fn trace_records(a: &ActorShared, offset_us: f64) {
+    for [id, seen, started, done] in a.take_trace() {
+        let us = |ns: u64| ns as f64 / 1e3 - offset_us;
+        crate::telemetry::push_track_slice(
+            &a.name,
+            "handle",
+            us(started),
+            (done.saturating_sub(started)) as f64 / 1e3,
+            serde_json::json!({
+                "correlation": id as u32,
+                "lane": id >> 32,
+                "waited_us": started.saturating_sub(seen) as f64 / 1e3,
+            }),
+        );
     }
 }
 

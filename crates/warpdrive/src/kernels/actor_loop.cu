@@ -38,6 +38,8 @@ __device__ void actor_dispatch(u32 kind, const void* in, void* out, void* state,
 #define D_LANE_BASE 16
 #define D_SYS 20
 #define D_IN_STAGE 21
+#define D_TRACE_BASE 22
+#define D_TRACE_EVERY 23
 #define D_WORDS 32
 
 // Control words (actor/ring.rs `ctrl` and `sys`).
@@ -53,11 +55,19 @@ __device__ void actor_dispatch(u32 kind, const void* in, void* out, void* state,
 #define C_OUT_TAIL 14
 #define C_FORWARDED 15
 #define C_CLOCK_START 16
+#define C_TRACE_TAIL 17
 #define S_COMMAND 0
 #define S_HOST_BEAT 1
 #define S_PARK_NS 2
 #define S_LOOP_BEAT 3
 #define S_PARKED 4
+#define S_CAL_REQ 6
+#define S_CAL_ACK 7
+#define S_CAL_NS 8
+// Sampled message records: TRACE_SLOTS of TRACE_WORDS words (actor/ring.rs).
+#define TRACE_SLOTS 1024
+#define TRACE_WORDS 4
+#define MAX_TRACED 8
 
 #define MAX_RANKS 5
 #define MAX_WINDOW 256
@@ -125,6 +135,8 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     const u64 cap = d[D_CAPACITY], dev_cap = d[D_DEV_CAPACITY], fwd_cap = d[D_FWD_CAPACITY];
     const u32 batch = (u32)d[D_BATCH], starvation = (u32)d[D_STARVATION], kind = (u32)d[D_KIND];
     const u32 wmax = (u32)d[D_WMAX], pick_max = (u32)d[D_PICK_MAX];
+    const u64 trace_every = d[D_TRACE_EVERY];
+    u64* trace = blk + d[D_TRACE_BASE];
     const u32 ranks = lanes + (dev_ring ? 1u : 0u);
     const u32 in_vps = in_sw / 2;
 
@@ -143,6 +155,10 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     u64 out_tail = 0, out_head = 0, fwd_tail = 0, handled = 0, dropped = 0, busy = 0;
     u64 host_beat = 0, beat_time = 0, loops = 0, park_ns = 0, dropped_shown = 0;
     u32 since_lower = 0, status = 2, parked = 0;
+    u64 cal_seen = 0, traced = 0;
+    // Thread 0's sampled messages of this iteration: (correlation | lane << 32, start).
+    u64 tr_id[MAX_TRACED], tr_start[MAX_TRACED];
+    u32 n_tr = 0;
     if (lane == 0) {
         for (u32 r = 0; r < ranks; ++r) {
             head[r] = r < lanes ? ld_word(blk + C_IN_HEAD + (lanes - 1 - r)) : ld_word(dev_ring);
@@ -184,6 +200,16 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             }
             ++loops;
             if (a == 0) st_word(sysw + S_LOOP_BEAT, loops);
+            if (a == 0 && (loops & 63) == 0) {
+                // A clock calibration asked by the host: the time first, then the answer.
+                const u64 req = ld_word(sysw + S_CAL_REQ);
+                if (req != cal_seen) {
+                    cal_seen = req;
+                    st_word(sysw + S_CAL_NS, now_ns());
+                    __threadfence_system();
+                    st_word(sysw + S_CAL_ACK, req);
+                }
+            }
             if ((loops & 255) == 0) st_word(blk + C_LOOPS, loops);
             ctl[0] = cmd == 1;
             ctl[1] = act && !parked;
@@ -295,6 +321,11 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                 ctx.reply = 1;
                 ctx.seq = handled;
                 ctx.now_ns = now;
+                if (trace_every && handled % trace_every == 0 && n_tr < MAX_TRACED) {
+                    tr_id[n_tr] = (u64)in[0] | (u64)ctx.lane << 32;
+                    tr_start[n_tr] = now_ns();
+                    ++n_tr;
+                }
                 actor_dispatch(kind, in + 2, out + 2, state, &ctx);
                 ++handled;
                 ++picks;
@@ -324,6 +355,20 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                 write_window(blk + d[D_OUTBOX_BASE], cap, out_sw, __shfl_sync(0xffffffffu, out_tail, 0), outs,
                              out_stage);
             }
+        }
+        if (lane == 0 && n_tr) {
+            const u64 done = now_ns();
+            for (u32 k = 0; k < n_tr; ++k) {
+                u64* rec = trace + ((traced + k) & (TRACE_SLOTS - 1)) * TRACE_WORDS;
+                st_word(rec, tr_id[k]);
+                st_word(rec + 1, t_start);
+                st_word(rec + 2, tr_start[k]);
+                st_word(rec + 3, done);
+            }
+            traced += n_tr;
+            n_tr = 0;
+            __threadfence_system();  // the records before the tail that shows them
+            st_word(blk + C_TRACE_TAIL, traced);
         }
         if (lane == 0 && picks) {
             if (fwd_ring) {

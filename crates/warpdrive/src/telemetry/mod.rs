@@ -36,6 +36,7 @@ pub use span::{
     Span, SpanRecord, SHARE_WINDOW,
 };
 pub use trace::{finish_trace, start_trace, Trace};
+pub(crate) use trace::{host_us, is_tracing, push_track_slice};
 
 /// The environment variable that turns spans on (`1`, `true`, `on`).
 pub const PROFILE_ENV: &str = "WARPDRIVE_PROFILE";

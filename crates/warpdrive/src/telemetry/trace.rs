@@ -27,6 +27,47 @@ static ACTIVITIES: SegQueue<HostActivity> = SegQueue::new();
 const MAX_ACTIVITIES: usize = 200_000;
 static KEPT: AtomicUsize = AtomicUsize::new(0);
 static COUNTERS: SegQueue<(&'static str, f64, f64)> = SegQueue::new();
+/// Slices of the workloads' own tracks (one per actor): track, name, start, duration, args.
+static TRACKS: SegQueue<TrackSlice> = SegQueue::new();
+static TRACING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+struct TrackSlice {
+    track: String,
+    name: &'static str,
+    ts_us: f64,
+    dur_us: f64,
+    args: Value,
+}
+
+/// True between [`start_trace`] and [`finish_trace`].
+pub(crate) fn is_tracing() -> bool {
+    TRACING.load(Ordering::Relaxed)
+}
+
+/// Adds a slice to `track`, a timeline of its own (an actor's), at `ts_us` on the trace's
+/// clock ([`host_us`]) lasting `dur_us`; kept only while a trace is recorded.
+pub(crate) fn push_track_slice(
+    track: &str,
+    name: &'static str,
+    ts_us: f64,
+    dur_us: f64,
+    args: Value,
+) {
+    if is_tracing() && KEPT.fetch_add(1, Ordering::Relaxed) < MAX_ACTIVITIES {
+        TRACKS.push(TrackSlice {
+            track: track.to_string(),
+            name,
+            ts_us,
+            dur_us,
+            args,
+        });
+    }
+}
+
+/// `t` on the trace's clock: µs since the process's telemetry epoch.
+pub(crate) fn host_us(t: std::time::Instant) -> f64 {
+    us_since_epoch(t)
+}
 
 fn sink(activity: Activity) {
     if KEPT.fetch_add(1, Ordering::Relaxed) >= MAX_ACTIVITIES {
@@ -55,13 +96,16 @@ pub fn start_trace() {
     drop(collect_spans(false));
     while ACTIVITIES.pop().is_some() {}
     while COUNTERS.pop().is_some() {}
+    while TRACKS.pop().is_some() {}
     KEPT.store(0, Ordering::Relaxed);
     activity::set_recording(true);
+    TRACING.store(true, Ordering::Relaxed);
 }
 
 /// Stops recording and returns the timeline, waiting for the GPU times of open spans.
 pub fn finish_trace() -> Trace {
     activity::set_recording(false);
+    TRACING.store(false, Ordering::Relaxed);
     let spans = collect_spans(true);
     let mut activities = Vec::new();
     while let Some(a) = ACTIVITIES.pop() {
@@ -71,7 +115,11 @@ pub fn finish_trace() -> Trace {
     while let Some(c) = COUNTERS.pop() {
         counters.push(c);
     }
-    Trace::build(&spans, &activities, &counters)
+    let mut tracks = Vec::new();
+    while let Some(t) = TRACKS.pop() {
+        tracks.push(t);
+    }
+    Trace::build(&spans, &activities, &counters, &tracks)
 }
 
 /// A recorded timeline.
@@ -83,6 +131,7 @@ pub struct Trace {
 const HOST_PID: u64 = 1;
 const GPU_PID: u64 = 2;
 const COUNTER_PID: u64 = 3;
+const TRACK_PID: u64 = 4;
 
 /// A complete slice on one track.
 struct Slice {
@@ -99,6 +148,7 @@ impl Trace {
         spans: &[SpanRecord],
         activities: &[HostActivity],
         counters: &[(&'static str, f64, f64)],
+        tracks: &[TrackSlice],
     ) -> Trace {
         let mut slices = Vec::new();
         let mut threads: BTreeMap<u64, String> = BTreeMap::new();
@@ -148,6 +198,19 @@ impl Trace {
                               "bytes": a.activity.bytes }),
             });
         }
+        let mut track_ids: BTreeMap<&str, u64> = BTreeMap::new();
+        for t in tracks {
+            let next = track_ids.len() as u64 + 1;
+            let tid = *track_ids.entry(t.track.as_str()).or_insert(next);
+            slices.push(Slice {
+                pid: TRACK_PID,
+                tid,
+                name: t.name.to_string(),
+                ts: t.ts_us,
+                dur: t.dur_us,
+                args: t.args.clone(),
+            });
+        }
         let mut events = vec![
             meta(HOST_PID, None, "process_name", "host"),
             meta(GPU_PID, None, "process_name", "GPU streams (span events)"),
@@ -165,6 +228,12 @@ impl Trace {
         }
         if !counters.is_empty() {
             events.push(meta(COUNTER_PID, None, "process_name", "NVML"));
+        }
+        if !track_ids.is_empty() {
+            events.push(meta(TRACK_PID, None, "process_name", "actors"));
+        }
+        for (name, tid) in &track_ids {
+            events.push(meta(TRACK_PID, Some(*tid), "thread_name", name));
         }
         events.extend(nest(slices).into_iter().map(|s| {
             json!({ "name": s.name, "ph": "X", "pid": s.pid, "tid": s.tid,
