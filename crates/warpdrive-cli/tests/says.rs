@@ -310,3 +310,33 @@ fn moe_prints_each_stage_under_its_own_label() {
     unique.dedup();
     assert_eq!(unique.len(), labels.len(), "a label twice: {labels:?}");
 }
+
+#[test]
+fn actors_shows_live_counters_then_round_trips_and_terminate() {
+    let dir = tempdir("actors");
+    let out = warpdrive(
+        &dir,
+        &[
+            "actors",
+            "--device",
+            "cpu",
+            "--seconds",
+            "1",
+            "--actors",
+            "2",
+        ],
+    );
+    let (stdout, _) = succeeded(&out);
+    assert!(stdout.contains("2 actors on cpu"), "{stdout}");
+    assert!(
+        stdout.contains("M msg/s") && stdout.contains("dropped 0"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("round trip (64 B") && stdout.contains("p99.9"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("terminated in"), "{stdout}");
+    let bad = warpdrive(&dir, &["actors", "--device", "cpu", "--seconds", "0"]);
+    assert!(one_error_line(&bad).contains("--seconds 0"));
+}

@@ -67,7 +67,7 @@ __device__ void actor_dispatch(u32 kind, const void* in, void* out, void* state,
 // Sampled message records: TRACE_SLOTS of TRACE_WORDS words (actor/ring.rs).
 #define TRACE_SLOTS 1024
 #define TRACE_WORDS 4
-#define MAX_TRACED 8
+#define MAX_TRACED 256  // MAX_BATCH: with trace_every 1 every message is recorded
 
 #define MAX_RANKS 5
 #define MAX_WINDOW 256
