@@ -140,6 +140,16 @@ both_backends!(
 );
 
 #[test]
+fn large_slices_reduce_on_the_copy_threads_to_the_same_result() {
+    // Each rank's slice is over 4 MiB: the CPU group splits it over the host's copy threads
+    // (an odd length, so the last piece is short).
+    let mut rng = rng(seed("all_reduce_large"));
+    for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Average] {
+        all_reduce_case::<f32>(Backend::Cpu, &mut rng, 2, 2_500_003, op);
+    }
+}
+
+#[test]
 fn all_reduce_of_f64_is_within_the_f64_bound() {
     let mut rng = rng(seed("all_reduce_f64"));
     for world in 1..=4 {
