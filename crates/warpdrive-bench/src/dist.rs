@@ -45,6 +45,10 @@
 //!   all-reduce of a CUDA graph holding a run of them, replayed (events around each replay,
 //!   the slowest rank's); `extra.eager_us` the same run's eager `nccl-all-reduce` median and
 //!   `extra.x_eager` eager over graph.
+//! - `mlp-scaling` (size = ranks; hosts with two GPUs or more): µs per data-parallel step of
+//!   a bf16 MLP (width 8192, depth 4, 8192 rows a rank: `dist/mlp.rs`) on one GPU, two and
+//!   all of them, the Reducer averaging its gradients during the backward pass;
+//!   `extra.scaling` = one-GPU step / this one (weak scaling), `extra.tflops_per_rank`.
 //! - `nccl-call` (size 8 B): host µs per call of a run of 8-byte all-reduces enqueued back to
 //!   back, the cost of the call itself; `extra.overhead_us` warpdrive's minus the direct
 //!   call's (the bar: at most 1 µs).
@@ -65,6 +69,8 @@ use warpdrive::ops::quant::{dequantize_int8, quant_blocks, quantize_int8_ef, QUA
 use warpdrive::ops::sparse::{densify, topk_ef, Sparsity};
 use warpdrive::transfer::{copy_peer, copy_peer_staged};
 use warpdrive::{Buffer, Device, Stream};
+
+mod mlp;
 
 use super::ceilings::random_f32;
 use super::timing::time_gpu;
@@ -125,7 +131,60 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
             peer_copy_rows(ctx)?;
             let devices = (0..world).map(Device::cuda).collect::<Result<Vec<_>>>()?;
             let comms = Comm::nccl_group(&devices, TIMEOUT)?;
-            reducer_rows(ctx, comms, devices, "warpdrive")?;
+            reducer_rows(ctx, comms, devices.clone(), "warpdrive")?;
+            mlp_rows(ctx, &devices)?;
+        }
+    }
+    Ok(())
+}
+
+/// The `mlp-scaling` rows on the GPUs `devices`: one rank (the first GPU), then all of
+/// them (and two, when there are more).
+fn mlp_rows(ctx: &mut Ctx, devices: &[Device]) -> Result<()> {
+    let shape = match ctx.scale() {
+        Scale::Full => mlp::Shape {
+            width: 8192,
+            depth: 4,
+            batch: 8192,
+            rounds: 8,
+        },
+        _ => mlp::Shape {
+            width: 256,
+            depth: 2,
+            batch: 128,
+            rounds: 2,
+        },
+    };
+    let mut worlds = vec![1, devices.len()];
+    if devices.len() > 2 {
+        worlds.insert(1, 2);
+    }
+    let mut one = None;
+    for world in worlds {
+        ctx.step(format!(
+            "{SUITE}: MLP step (width {}, depth {}, batch {} bf16) on {world} GPUs",
+            shape.width, shape.depth, shape.batch
+        ));
+        let group = devices[..world].to_vec();
+        let comms = Comm::nccl_group(&group, TIMEOUT)?;
+        let mut us = mlp::step_times(comms, group, shape)?;
+        let row = ctx.record_time("mlp-scaling", world as u64, "warpdrive", &mut us, None)?;
+        let median = row.median;
+        for (k, v) in [
+            ("width", shape.width),
+            ("depth", shape.depth),
+            ("batch_per_rank", shape.batch),
+        ] {
+            row.extra.insert(k.into(), v.into());
+        }
+        row.extra.insert("dtype".into(), "bf16".into());
+        row.extra
+            .insert("tflops_per_rank".into(), mlp::tflops(shape, median).into());
+        match one {
+            None => one = Some(median),
+            Some(t1) => {
+                row.extra.insert("scaling".into(), (t1 / median).into());
+            }
         }
     }
     Ok(())

@@ -677,6 +677,9 @@ fn reduce<T: Float>(op: ReduceOp, inputs: &[&[T]], out: &mut [T]) {
 const POOLED_FROM_BYTES: usize = 4 << 20;
 const POOL_CHUNK_BYTES: usize = 1 << 20;
 
+/// One piece of every rank's share, and whether a copy thread has reduced it.
+type Piece<'a, T> = (bool, Vec<&'a mut [T]>);
+
 /// [`reduce_in_place`], split over the copy threads for large slices. A piece a worker did
 /// not finish (the pool could not run it) is reduced on this thread, so the result is whole.
 fn reduce_pooled<T: Float>(op: ReduceOp, parts: &mut [&mut [T]]) {
@@ -686,7 +689,7 @@ fn reduce_pooled<T: Float>(op: ReduceOp, parts: &mut [&mut [T]]) {
         return reduce_in_place(op, parts);
     }
     let chunk = (POOL_CHUNK_BYTES / size_of::<T>()).next_multiple_of(BLOCK);
-    let mut pieces: Vec<Mutex<(bool, Vec<&mut [T]>)>> = (0..len.div_ceil(chunk))
+    let mut pieces: Vec<Mutex<Piece<'_, T>>> = (0..len.div_ceil(chunk))
         .map(|_| Mutex::new((false, Vec::with_capacity(parts.len()))))
         .collect();
     for p in parts.iter_mut() {
