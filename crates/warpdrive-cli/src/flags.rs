@@ -10,7 +10,7 @@ use warpdrive_bench::Scale;
 
 /// warpdrive: GPU performance runtime. `doctor` checks the machine, `bench` benchmarks
 /// it, `report` renders a results file, `moe` runs one MoE layer,
-/// `actors` runs persistent actors with live counters.
+/// `actors` runs persistent actors with live counters, `serve` serves jobs over HTTP.
 #[derive(Debug, Parser)]
 #[command(name = "warpdrive", version)]
 pub(crate) struct Cli {
@@ -68,6 +68,9 @@ pub(crate) enum Command {
     /// layer of a checkpoint with `--weights`, and N(0,1) input for that preset and token
     /// count) and print the time of each stage of one staged pass and their sum, then the
     /// time per pass of `--reps` passes as `forward` runs them.
+    /// Serve jobs over HTTP (an MoE layer forward per job) with dynamic batching:
+    /// POST /v1/jobs, GET /health.
+    Serve(ServeArgs),
     /// Run persistent actors with live counters: echo actors in one resident loop, host
     /// threads sending to them, then round trips and the time to terminate.
     Actors(ActorsArgs),
@@ -106,6 +109,35 @@ pub(crate) enum Command {
         #[command(flatten)]
         device: DeviceOpt,
     },
+}
+
+/// What `warpdrive serve` serves.
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// The model: `moe:PRESET` (mixtral-8x7b, qwen3-30b-a3b, deepseek-v3-slice, gpt-oss-120b
+    /// or tiny) with seeded weights.
+    #[arg(long, value_name = "MODEL", default_value = "moe:qwen3-30b-a3b")]
+    pub(crate) model: String,
+    /// Where to listen (loopback unless told otherwise).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    pub(crate) addr: std::net::SocketAddr,
+    /// A batch closes at this many rows (tokens)...
+    #[arg(long, value_name = "N", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) max_batch_rows: u32,
+    /// ...or when its oldest job has waited this many milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 10)]
+    pub(crate) max_delay_ms: u64,
+    /// Stop after this many seconds (default: serve until killed).
+    #[arg(long, value_name = "S")]
+    pub(crate) seconds: Option<f64>,
+    /// Layer size: `full` (the preset's shape), `quick` or `tiny` (hidden and intermediate
+    /// divided by 8 or 16).
+    #[arg(long, value_name = "SCALE", default_value = "full",
+          value_parser = ["full", "quick", "tiny"])]
+    pub(crate) scale: String,
+    #[command(flatten)]
+    pub(crate) device: DeviceOpt,
 }
 
 /// What `warpdrive actors` runs.

@@ -9,6 +9,8 @@
 //!
 //! - `warpdrive actors [--actors N --producers N --batch N --seconds S]`: persistent actors
 //!   with live counters, then round trips and the time to terminate.
+//! - `warpdrive serve [--model moe:PRESET --addr ADDR ...]`: the job service
+//!   (`warpdrive-serve`).
 //!
 //! `flags` defines the commands and their flags; each command runs in its own module
 //! (`doctor`, `benchmark`, `moe`, `results_file` for `report` and the results files); this
@@ -20,6 +22,7 @@ mod doctor;
 mod flags;
 mod moe;
 mod results_file;
+mod serve;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -99,6 +102,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Report { results, out } => report(&results, out.as_deref()),
         Command::Actors(args) => actors::actors(&args),
+        Command::Serve(args) => serve::serve(&args),
         Command::Moe {
             preset,
             tokens,

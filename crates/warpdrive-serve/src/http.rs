@@ -1,0 +1,268 @@
+//! The HTTP side: a tokio runtime on a thread of its own accepting connections, hyper's
+//! HTTP/1.1 per connection, and the routes.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::TrySendError;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{oneshot, watch};
+use warpdrive::{Error, Result};
+
+use super::batcher::{self, Job, Queue, ServeConfig};
+use super::model::Model;
+
+/// A running service. Dropping it stops accepting, lets jobs in the queue finish and joins
+/// its threads.
+pub struct Server {
+    /// The address it listens on (the port the OS chose when asked for port 0).
+    pub addr: SocketAddr,
+    stop: Option<watch::Sender<bool>>,
+    http: Option<JoinHandle<()>>,
+    batcher: Option<JoinHandle<()>>,
+}
+
+struct State {
+    queue: Queue,
+    config: ServeConfig,
+}
+
+impl Server {
+    /// Serves the model `make` makes (on the batcher's thread) at `config.addr`.
+    pub fn start(
+        make: impl FnOnce() -> Result<Box<dyn Model>> + Send + 'static,
+        config: ServeConfig,
+    ) -> Result<Server> {
+        let listener = std::net::TcpListener::bind(config.addr)
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .map_err(|e| Error::InvalidArgument(format!("serve: binding {}: {e}", config.addr)))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| Error::InvalidArgument(format!("serve: local address: {e}")))?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("warpdrive-http")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::InvalidArgument(format!("serve: tokio runtime: {e}")))?;
+        let (queue, batcher) = batcher::start(Box::new(make), &config)?;
+        let state = Arc::new(State { queue, config });
+        let (stop, stopped) = watch::channel(false);
+        let http = std::thread::Builder::new()
+            .name("warpdrive-serve".into())
+            .spawn(move || runtime.block_on(accept(listener, state, stopped)))
+            .map_err(|e| Error::InvalidArgument(format!("serve: server thread: {e}")))?;
+        Ok(Server {
+            addr,
+            stop: Some(stop),
+            http: Some(http),
+            batcher: Some(batcher),
+        })
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(true);
+        }
+        if let Some(t) = self.http.take() {
+            let _ = t.join();
+        }
+        if let Some(t) = self.batcher.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+async fn accept(
+    listener: std::net::TcpListener,
+    state: Arc<State>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!("serve: listener: {e}");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let state = state.clone();
+                let header_timeout = state.config.body_timeout;
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| route(req, state.clone()));
+                    let conn = http1::Builder::new()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(header_timeout)
+                        .serve_connection(TokioIo::new(stream), service);
+                    if let Err(e) = conn.await {
+                        tracing::debug!("serve: connection ended: {e}");
+                    }
+                });
+            }
+            _ = stopped.changed() => return,
+        }
+    }
+}
+
+fn reply(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r
+}
+
+fn refuse(status: StatusCode, why: &str) -> Response<Full<Bytes>> {
+    reply(status, format!("{why}\n"))
+}
+
+async fn route(
+    req: Request<Incoming>,
+    state: Arc<State>,
+) -> std::result::Result<Response<Full<Bytes>>, Infallible> {
+    Ok(match (req.method(), req.uri().path()) {
+        (&Method::GET, "/health") => {
+            if state.queue.healthy.load(Ordering::Acquire) {
+                reply(StatusCode::OK, "ok\n")
+            } else {
+                refuse(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unhealthy: the device faulted",
+                )
+            }
+        }
+        (&Method::POST, "/v1/jobs") => submit(req, &state).await,
+        (_, "/health" | "/v1/jobs") => refuse(StatusCode::METHOD_NOT_ALLOWED, "method not allowed"),
+        _ => refuse(StatusCode::NOT_FOUND, "no such endpoint: /v1/jobs, /health"),
+    })
+}
+
+/// A job as a client sends it: `rows` rows of the model's width, flattened.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JobRequest {
+    rows: usize,
+    data: Vec<f32>,
+}
+
+#[derive(Serialize)]
+struct JobReply {
+    rows: usize,
+    data: Vec<f32>,
+    batch_rows: usize,
+    queue_us: f64,
+    run_us: f64,
+}
+
+async fn submit(req: Request<Incoming>, state: &State) -> Response<Full<Bytes>> {
+    let config = &state.config;
+    let body = Limited::new(req.into_body(), config.max_body_bytes);
+    let bytes = match tokio::time::timeout(config.body_timeout, body.collect()).await {
+        Err(_) => {
+            return refuse(
+                StatusCode::REQUEST_TIMEOUT,
+                "the body did not arrive in time",
+            )
+        }
+        Ok(Err(e))
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            return refuse(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("a body over {} bytes", config.max_body_bytes),
+            )
+        }
+        Ok(Err(e)) => return refuse(StatusCode::BAD_REQUEST, &format!("reading the body: {e}")),
+        Ok(Ok(b)) => b.to_bytes(),
+    };
+    let job: JobRequest = match serde_json::from_slice(&bytes) {
+        Ok(j) => j,
+        Err(e) => return refuse(StatusCode::BAD_REQUEST, &format!("not a job: {e}")),
+    };
+    let width = state.queue.width;
+    if job.rows == 0 || job.rows.checked_mul(width) != Some(job.data.len()) {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            &format!(
+                "{} values are not {} rows of {width} for {}",
+                job.data.len(),
+                job.rows,
+                state.queue.name
+            ),
+        );
+    }
+    if let Some(i) = job.data.iter().position(|v| !v.is_finite()) {
+        return refuse(StatusCode::BAD_REQUEST, &format!("value {i} is not finite"));
+    }
+    if !state.queue.healthy.load(Ordering::Acquire) {
+        return refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unhealthy: the device faulted",
+        );
+    }
+    let (tx, rx) = oneshot::channel();
+    let queued = Job {
+        data: job.data,
+        rows: job.rows,
+        arrived: Instant::now(),
+        reply: tx,
+    };
+    match state.queue.jobs.try_send(queued) {
+        Ok(()) => {}
+        Err(TrySendError::Full(_)) => {
+            return refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the queue is full; try again",
+            )
+        }
+        Err(TrySendError::Disconnected(_)) => {
+            return refuse(StatusCode::SERVICE_UNAVAILABLE, "the service is stopping")
+        }
+    }
+    match tokio::time::timeout(config.job_timeout, rx).await {
+        Err(_) => refuse(
+            StatusCode::GATEWAY_TIMEOUT,
+            "the job did not finish in time",
+        ),
+        Ok(Err(_)) => refuse(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the batcher dropped the job",
+        ),
+        Ok(Ok(Err(why))) => refuse(StatusCode::INTERNAL_SERVER_ERROR, &why),
+        Ok(Ok(Ok((data, stats)))) => {
+            let body = JobReply {
+                rows: job.rows,
+                data,
+                batch_rows: stats.batch_rows,
+                queue_us: stats.queue_us,
+                run_us: stats.run_us,
+            };
+            match serde_json::to_vec(&body) {
+                Ok(v) => {
+                    let mut r = reply(StatusCode::OK, v);
+                    r.headers_mut().insert(
+                        hyper::header::CONTENT_TYPE,
+                        hyper::header::HeaderValue::from_static("application/json"),
+                    );
+                    r
+                }
+                Err(e) => refuse(StatusCode::INTERNAL_SERVER_ERROR, &format!("encoding: {e}")),
+            }
+        }
+    }
+}

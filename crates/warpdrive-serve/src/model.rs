@@ -1,0 +1,86 @@
+//! What a job runs.
+
+use half::bf16;
+use warpdrive::moe::{MoeConfig, MoeLayer, MoeWeights};
+use warpdrive::{Buffer, Device, Error, Result, Stream};
+
+/// A model the service batches jobs for: rows of `width` values in, as many rows out. Made
+/// and run on the batcher's thread only (GPU state such as captured graphs stays there).
+pub trait Model: 'static {
+    /// The name jobs and errors use (`moe:qwen3-30b-a3b`).
+    fn name(&self) -> &str;
+    /// Values per row, in and out.
+    fn width(&self) -> usize;
+    /// `output = model(input)` for `input.len() / width` rows.
+    fn run(&mut self, input: &[f32], output: &mut Vec<f32>) -> Result<()>;
+    /// True once the model's device cannot run anything again (a sticky fault).
+    fn is_lost(&self) -> bool {
+        false
+    }
+}
+
+/// The MoE layer (bf16) as a [`Model`]: rows are tokens of `hidden` values.
+pub struct MoeModel {
+    name: String,
+    device: Device,
+    stream: Stream,
+    layer: MoeLayer<bf16>,
+    hidden: usize,
+    staging: Vec<bf16>,
+}
+
+impl MoeModel {
+    /// The layer `config` with `weights` on `device`, named `name`.
+    pub fn new(
+        name: &str,
+        device: &Device,
+        config: MoeConfig,
+        weights: MoeWeights,
+    ) -> Result<MoeModel> {
+        let stream = device.new_stream()?;
+        let hidden = config.hidden;
+        let layer = MoeLayer::new(&stream, config, weights)?;
+        Ok(MoeModel {
+            name: name.to_string(),
+            device: device.clone(),
+            stream,
+            layer,
+            hidden,
+            staging: Vec::new(),
+        })
+    }
+}
+
+impl Model for MoeModel {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn width(&self) -> usize {
+        self.hidden
+    }
+
+    fn run(&mut self, input: &[f32], output: &mut Vec<f32>) -> Result<()> {
+        if input.len() % self.hidden != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{}: {} values are not whole rows of {}",
+                self.name,
+                input.len(),
+                self.hidden
+            )));
+        }
+        self.staging.clear();
+        self.staging
+            .extend(input.iter().map(|&v| bf16::from_f32(v)));
+        let x = Buffer::from_host(&self.stream, &self.staging)?;
+        let y = self.layer.forward(&x)?;
+        let y = y.to_host(&self.stream)?;
+        output.clear();
+        output.extend(y.iter().map(|v| v.to_f32()));
+        Ok(())
+    }
+
+    fn is_lost(&self) -> bool {
+        self.device.is_lost()
+    }
+}
