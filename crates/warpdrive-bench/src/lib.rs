@@ -27,6 +27,7 @@ mod peers;
 mod progress;
 mod report;
 mod results;
+mod serve;
 mod stats;
 mod telemetry;
 mod tier;
@@ -158,6 +159,13 @@ static SUITES: &[Suite] = &[
                 graph per message; round trips under load; messages per second by batch and \
                 producers; a two-actor device pipeline; terminate",
         run: actors::run_suite,
+    },
+    Suite {
+        name: serve::SUITE,
+        about: "the job service over loopback HTTP: submission latency, and latency and \
+                throughput of one-row MoE jobs from 1 / 8 / 32 clients with batch-1 serving \
+                and dynamic batching",
+        run: serve::run_suite,
     },
     Suite {
         name: moe::SUITE,

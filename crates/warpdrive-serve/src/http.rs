@@ -164,11 +164,15 @@ struct JobReply {
     rows: usize,
     data: Vec<f32>,
     batch_rows: usize,
+    /// µs from the request's headers being read to the job being queued (body, parsing,
+    /// checks and the enqueue).
+    submit_us: f64,
     queue_us: f64,
     run_us: f64,
 }
 
 async fn submit(req: Request<Incoming>, state: &State) -> Response<Full<Bytes>> {
+    let accepted = Instant::now();
     let config = &state.config;
     let body = Limited::new(req.into_body(), config.max_body_bytes);
     let bytes = match tokio::time::timeout(config.body_timeout, body.collect()).await {
@@ -234,6 +238,7 @@ async fn submit(req: Request<Incoming>, state: &State) -> Response<Full<Bytes>> 
             return refuse(StatusCode::SERVICE_UNAVAILABLE, "the service is stopping")
         }
     }
+    let submit_us = accepted.elapsed().as_secs_f64() * 1e6;
     match tokio::time::timeout(config.job_timeout, rx).await {
         Err(_) => refuse(
             StatusCode::GATEWAY_TIMEOUT,
@@ -249,6 +254,7 @@ async fn submit(req: Request<Incoming>, state: &State) -> Response<Full<Bytes>> 
                 rows: job.rows,
                 data,
                 batch_rows: stats.batch_rows,
+                submit_us,
                 queue_us: stats.queue_us,
                 run_us: stats.run_us,
             };

@@ -8,7 +8,7 @@
 //! - [`Server::start`]: the service on an address, with [`ServeConfig`]'s limits; the model
 //!   is made on the batcher's thread, which alone runs it.
 //! - Endpoints: `POST /v1/jobs` (JSON `{"rows": R, "data": [R × width numbers]}` → `{"rows",
-//!   "data", "batch_rows", "queue_us", "run_us"}`), `GET /health` (`ok`, or 503 once the
+//!   "data", "batch_rows", "submit_us", "queue_us", "run_us"}`), `GET /health` (`ok`, or 503 once the
 //!   device is lost).
 //!
 //! Every bad request gets a 4xx with a one-line reason and the service keeps serving the
