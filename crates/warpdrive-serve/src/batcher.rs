@@ -4,7 +4,7 @@
 //! sticky fault every job gets an error and the service reports itself unhealthy.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -74,6 +74,8 @@ pub(crate) struct Job {
 /// ends once every clone of the sender is gone.
 pub(crate) struct Queue {
     pub(crate) jobs: SyncSender<Job>,
+    /// Jobs queued and not yet taken into a batch (the `warpdrive_serve_queue_jobs` gauge).
+    pub(crate) waiting: Arc<AtomicUsize>,
     pub(crate) healthy: Arc<AtomicBool>,
     pub(crate) width: usize,
     pub(crate) name: String,
@@ -91,7 +93,8 @@ pub(crate) fn start(make: MakeModel, config: &ServeConfig) -> Result<(Queue, Joi
     }
     let (jobs, queued) = sync_channel(config.queue_jobs);
     let healthy = Arc::new(AtomicBool::new(true));
-    let (h, cfg) = (healthy.clone(), config.clone());
+    let waiting = Arc::new(AtomicUsize::new(0));
+    let (h, cfg, w) = (healthy.clone(), config.clone(), waiting.clone());
     let (made_tx, made) = sync_channel(1);
     let thread = std::thread::Builder::new()
         .name("warpdrive-batcher".into())
@@ -104,7 +107,7 @@ pub(crate) fn start(make: MakeModel, config: &ServeConfig) -> Result<(Queue, Joi
                 }
             };
             let _ = made_tx.send(Ok((model.width(), model.name().to_string())));
-            run(model, queued, &cfg, &h)
+            run(model, queued, &cfg, &h, &w)
         })
         .map_err(|e| Error::InvalidArgument(format!("serve: batcher thread: {e}")))?;
     let (width, name) = made
@@ -116,6 +119,7 @@ pub(crate) fn start(make: MakeModel, config: &ServeConfig) -> Result<(Queue, Joi
     Ok((
         Queue {
             jobs,
+            waiting,
             healthy,
             width,
             name,
@@ -124,13 +128,24 @@ pub(crate) fn start(make: MakeModel, config: &ServeConfig) -> Result<(Queue, Joi
     ))
 }
 
-fn run(mut model: Box<dyn Model>, jobs: Receiver<Job>, config: &ServeConfig, healthy: &AtomicBool) {
+fn run(
+    mut model: Box<dyn Model>,
+    jobs: Receiver<Job>,
+    config: &ServeConfig,
+    healthy: &AtomicBool,
+    waiting: &AtomicUsize,
+) {
     let mut next: Option<Job> = None;
     loop {
+        // Jobs taken off the queue this round (for the queue gauge).
+        let mut received = 0;
         let first = match next.take() {
             Some(j) => j,
             None => match jobs.recv() {
-                Ok(j) => j,
+                Ok(j) => {
+                    received += 1;
+                    j
+                }
                 Err(_) => return,
             },
         };
@@ -141,16 +156,24 @@ fn run(mut model: Box<dyn Model>, jobs: Receiver<Job>, config: &ServeConfig, hea
             let wait = deadline.saturating_duration_since(Instant::now());
             match jobs.recv_timeout(wait) {
                 Ok(j) if rows + j.rows > config.max_batch_rows => {
+                    received += 1;
                     next = Some(j);
                     break;
                 }
                 Ok(j) => {
+                    received += 1;
                     rows += j.rows;
                     batch.push(j);
                 }
                 Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => break,
             }
         }
+        let left = waiting
+            .fetch_sub(received, Ordering::AcqRel)
+            .saturating_sub(received);
+        metrics::gauge!("warpdrive_serve_queue_jobs").set(left as f64);
+        metrics::counter!("warpdrive_serve_jobs_total").increment(batch.len() as u64);
+        metrics::histogram!("warpdrive_serve_batch_rows").record(rows as f64);
         run_batch(model.as_mut(), batch, healthy);
     }
 }

@@ -56,6 +56,11 @@ impl Server {
             .enable_all()
             .build()
             .map_err(|e| Error::InvalidArgument(format!("serve: tokio runtime: {e}")))?;
+        // Installs the metrics recorder now, so the service's counters count from the start
+        // (a process with a recorder of its own answers /metrics with 503).
+        if let Err(e) = warpdrive::telemetry::render_prometheus() {
+            tracing::warn!("serve: /metrics unavailable: {e}");
+        }
         let (queue, batcher) = batcher::start(Box::new(make), &config)?;
         let state = Arc::new(State { queue, config });
         let (stop, stopped) = watch::channel(false);
@@ -145,9 +150,32 @@ async fn route(
                 )
             }
         }
-        (&Method::POST, "/v1/jobs") => submit(req, &state).await,
-        (_, "/health" | "/v1/jobs") => refuse(StatusCode::METHOD_NOT_ALLOWED, "method not allowed"),
-        _ => refuse(StatusCode::NOT_FOUND, "no such endpoint: /v1/jobs, /health"),
+        (&Method::POST, "/v1/jobs") => {
+            let r = submit(req, &state).await;
+            if r.status() != StatusCode::OK {
+                let status = r.status().as_u16().to_string();
+                metrics::counter!("warpdrive_serve_refused_total", "status" => status).increment(1);
+            }
+            r
+        }
+        (&Method::GET, "/metrics") => match warpdrive::telemetry::render_prometheus() {
+            Ok(text) => {
+                let mut r = reply(StatusCode::OK, text);
+                r.headers_mut().insert(
+                    hyper::header::CONTENT_TYPE,
+                    hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
+                );
+                r
+            }
+            Err(e) => refuse(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+        },
+        (_, "/health" | "/v1/jobs" | "/metrics") => {
+            refuse(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
+        }
+        _ => refuse(
+            StatusCode::NOT_FOUND,
+            "no such endpoint: /v1/jobs, /health, /metrics",
+        ),
     })
 }
 
@@ -227,7 +255,9 @@ async fn submit(req: Request<Incoming>, state: &State) -> Response<Full<Bytes>> 
         reply: tx,
     };
     match state.queue.jobs.try_send(queued) {
-        Ok(()) => {}
+        Ok(()) => {
+            state.queue.waiting.fetch_add(1, Ordering::AcqRel);
+        }
         Err(TrySendError::Full(_)) => {
             return refuse(
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -9,7 +9,9 @@
 //!   is made on the batcher's thread, which alone runs it.
 //! - Endpoints: `POST /v1/jobs` (JSON `{"rows": R, "data": [R × width numbers]}` → `{"rows",
 //!   "data", "batch_rows", "submit_us", "queue_us", "run_us"}`), `GET /health` (`ok`, or 503 once the
-//!   device is lost).
+//!   device is lost), `GET /metrics` (Prometheus: `warpdrive_serve_jobs_total`,
+//!   `warpdrive_serve_batch_rows`, `warpdrive_serve_queue_jobs`,
+//!   `warpdrive_serve_refused_total{status}`, and every warpdrive metric).
 //!
 //! Every bad request gets a 4xx with a one-line reason and the service keeps serving the
 //! others: malformed JSON or shapes (400), a body over the limit (413), a body that does not

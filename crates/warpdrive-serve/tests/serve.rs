@@ -198,6 +198,16 @@ fn bad_requests_get_a_4xx_and_the_rest_are_served() {
     );
     assert_eq!(read_response(slow).0, 408);
     assert_eq!(http(a, "GET", "/health", "").0, 200);
+    let (status, metrics) = http(a, "GET", "/metrics", "");
+    assert_eq!(status, 200);
+    for name in [
+        "warpdrive_serve_jobs_total",
+        "warpdrive_serve_batch_rows",
+        "warpdrive_serve_refused_total{status=\"400\"}",
+        "warpdrive_serve_queue_jobs 0",
+    ] {
+        assert!(metrics.contains(name), "{name} missing:\n{metrics}");
+    }
 }
 
 #[test]

@@ -30,7 +30,9 @@ use std::sync::atomic::{AtomicU8, Ordering};
 #[cfg(feature = "nvml")]
 pub use nvml::{NvmlReading, Sampler};
 #[cfg(feature = "prometheus")]
-pub use prometheus::{serve_prometheus, serve_prometheus_with, EndpointLimits, PrometheusServer};
+pub use prometheus::{
+    render_prometheus, serve_prometheus, serve_prometheus_with, EndpointLimits, PrometheusServer,
+};
 pub use span::{
     capture_spans, collect_spans, discard_spans, gpu_events_recorded, span, GpuTime, PendingGpu,
     Span, SpanRecord, SHARE_WINDOW,

@@ -35,6 +35,14 @@ fn handle() -> Result<&'static PrometheusHandle> {
         .map_err(|e| Error::Unsupported(format!("the Prometheus recorder is unavailable: {e}")))
 }
 
+/// The metrics in Prometheus's text format, for a server of the caller's own to answer
+/// `/metrics` with (the recorder is installed on first use, as by [`serve_prometheus`]).
+pub fn render_prometheus() -> Result<String> {
+    let handle = handle()?;
+    handle.run_upkeep();
+    Ok(handle.render())
+}
+
 /// How many connections the endpoint serves at once and how long each may take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EndpointLimits {
