@@ -29,6 +29,7 @@ use warpdrive::actor::{Actor, ActorCtx, ActorSpec, ActorSystem, Backpressure};
 use warpdrive::error::{Error, Result};
 use warpdrive::exec::Graph;
 
+use super::stats::percentile;
 use super::{Ctx, Scale};
 
 /// The suite name.
@@ -129,16 +130,6 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
     terminate(ctx, &plan)
 }
 
-/// p99 and p99.9 of samples (sorted here).
-fn tails(samples: &mut [f64]) -> (f64, f64) {
-    samples.sort_by(f64::total_cmp);
-    let at = |q: f64| {
-        let i = ((samples.len() as f64 - 1.0) * q).round() as usize;
-        samples.get(i).copied().unwrap_or(f64::NAN)
-    };
-    (at(0.99), at(0.999))
-}
-
 fn record_latency(
     ctx: &mut Ctx,
     case: &str,
@@ -147,7 +138,7 @@ fn record_latency(
     mut us: Vec<f64>,
     doorbell: Option<f64>,
 ) -> Result<f64> {
-    let (p99, p999) = tails(&mut us);
+    let (p99, p999) = (percentile(&us, 0.99), percentile(&us, 0.999));
     let n = us.len();
     let row = ctx.record_time(case, bytes as u64, variant, &mut us, None)?;
     row.extra.insert("p99_us".into(), p99.into());

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use warpdrive::error::{Error, Result};
 use warpdrive_serve::{MoeModel, ServeConfig, Server};
 
+use super::stats::percentile;
 use super::{Ctx, Scale};
 
 /// The suite name.
@@ -126,14 +127,6 @@ fn field(reply: &[u8], key: &str) -> Result<f64> {
         .ok_or_else(|| Error::InvalidArgument(format!("serve reply has no {key}")))
 }
 
-fn p99(samples: &[f64]) -> f64 {
-    let mut s = samples.to_vec();
-    s.sort_by(f64::total_cmp);
-    s.get(((s.len() as f64 - 1.0) * 0.99).round() as usize)
-        .copied()
-        .unwrap_or(f64::NAN)
-}
-
 fn start(ctx: &Ctx, max_batch_rows: usize, max_delay: Duration) -> Result<(Server, usize)> {
     let scale = if ctx.device().is_cuda() {
         Scale::Full
@@ -175,14 +168,14 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
                     us.push(field(&reply, "submit_us")?);
                 }
             }
-            let tail = p99(&us);
+            let tail = percentile(&us, 0.99);
             let row = ctx.record_time("submit", 1, "warpdrive", &mut us, None)?;
             row.extra.insert("p99_us".into(), tail.into());
         }
         for &clients in plan.clients {
             let (mut us, batch_rows) = load(server.addr, &body, clients, plan.load_for)?;
             let jobs = us.len() as f64;
-            let tail = p99(&us);
+            let tail = percentile(&us, 0.99);
             let mean_batch = batch_rows / jobs.max(1.0);
             let row = ctx.record_time("load-1row", clients as u64, variant, &mut us, None)?;
             row.extra.insert(

@@ -42,6 +42,14 @@ impl Stats {
     }
 }
 
+/// Percentile `q` (0..=1) of `samples` by linear interpolation, as [`Stats`] computes its
+/// own (NaN for no samples): the tails rows report beside the median (p99, p99.9).
+pub(crate) fn percentile(samples: &[f64], q: f64) -> f64 {
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    percentile_sorted(&sorted, q)
+}
+
 /// Percentile `q` (0..=1) of non-empty, ascending `sorted`, by linear interpolation.
 fn percentile_sorted(sorted: &[f64], q: f64) -> f64 {
     let Some(&last) = sorted.last() else {

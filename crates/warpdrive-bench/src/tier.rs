@@ -33,6 +33,7 @@ use warpdrive::tier::disk::{queue_depth, AlignedBuf, DirectFile, SimDisk};
 use warpdrive::tier::prefetch::Prefetch;
 use warpdrive::tier::{Durability, Tier, TierConfig, TierStore};
 
+use super::stats::percentile;
 use super::timing::{time_host, time_host_rounds};
 use super::{Ctx, Scale};
 
@@ -365,15 +366,6 @@ fn migrate_cases(ctx: &mut Ctx) -> Result<()> {
     })();
     let _ = std::fs::remove_dir_all(&dir);
     result
-}
-
-fn percentile(samples: &[f64], q: f64) -> f64 {
-    let mut s = samples.to_vec();
-    s.sort_by(f64::total_cmp);
-    match s.len() {
-        0 => 0.0,
-        n => s[((n - 1) as f64 * q).round() as usize],
-    }
 }
 
 #[cfg(test)]
