@@ -289,8 +289,7 @@ fn reducer_rank(
     // One warm-up round, then the timed ones.
     for round in 0..=rounds {
         for phase in [Phase::Backward, Phase::Reduce, Phase::Both] {
-            let mut barrier = Buffer::from_host(&host, &[0.0f32])?;
-            sync.all_reduce(&host, &mut barrier, ReduceOp::Max)?;
+            barrier(sync, &host)?;
             let t = Instant::now();
             for e in &events {
                 if phase != Phase::Reduce {
@@ -304,16 +303,14 @@ fn reducer_rank(
                 comm.wait(reducer.stream())?;
             }
             compute.synchronize()?;
-            let us = t.elapsed().as_secs_f64() * 1e6;
-            let mut slowest = Buffer::from_host(&host, &[us as f32])?;
-            sync.all_reduce(&host, &mut slowest, ReduceOp::Max)?;
+            let us = slowest(sync, &host, t.elapsed().as_secs_f64() * 1e6)?;
             if round > 0 {
                 let times = match phase {
                     Phase::Backward => &mut out.backward,
                     Phase::Reduce => &mut out.reduce,
                     Phase::Both => &mut out.step,
                 };
-                times.push(f64::from(slowest.to_host(&host)?[0]));
+                times.push(us);
             }
         }
     }
@@ -644,8 +641,7 @@ fn nccl_rank(
                 .find(|b| b.len() == job.bytes / 4)
                 .ok_or_else(|| Error::InvalidArgument("no buffer for a job".into()))?;
             // Every rank starts the job together.
-            let mut barrier = Buffer::from_host(&host, &[0.0f32])?;
-            sync.all_reduce(&host, &mut barrier, ReduceOp::Max)?;
+            barrier(sync, &host)?;
             let us = if job.host {
                 let t = Instant::now();
                 for _ in 0..job.calls {
@@ -663,10 +659,9 @@ fn nccl_rank(
                 comm.wait(&stream)?;
                 f64::from(start.elapsed_ms(&end)?) * 1e3 / job.calls as f64
             };
-            let mut slowest = Buffer::from_host(&host, &[us as f32])?;
-            sync.all_reduce(&host, &mut slowest, ReduceOp::Max)?;
+            let us = slowest(sync, &host, us)?;
             if round > 0 {
-                times.push(f64::from(slowest.to_host(&host)?[0]));
+                times.push(us);
             }
         }
     }
@@ -725,17 +720,15 @@ fn graph_rows(ctx: &mut Ctx) -> Result<()> {
             })?;
             let mut us = Vec::with_capacity(rounds);
             for round in 0..=rounds {
-                let mut barrier = Buffer::from_host(&host, &[0.0f32])?;
-                sync.all_reduce(&host, &mut barrier, ReduceOp::Max)?;
+                barrier(&sync, &host)?;
                 stream.record(&start)?;
                 graph.launch_with(&mut buf)?;
                 stream.record(&end)?;
                 comm.wait(&stream)?;
                 let t = f64::from(start.elapsed_ms(&end)?) * 1e3 / GRAPH_CALLS as f64;
-                let mut slowest = Buffer::from_host(&host, &[t as f32])?;
-                sync.all_reduce(&host, &mut slowest, ReduceOp::Max)?;
+                let t = slowest(&sync, &host, t)?;
                 if round > 0 {
-                    us.push(f64::from(slowest.to_host(&host)?[0]));
+                    us.push(t);
                 }
             }
             out.push(us);
@@ -892,6 +885,20 @@ fn peer_copy_rows(ctx: &mut Ctx) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Waits until every rank of the host group `sync` is here, so timed work starts together.
+fn barrier(sync: &Comm, host: &Stream) -> Result<()> {
+    let mut flag = Buffer::from_host(host, &[0.0f32])?;
+    sync.all_reduce(host, &mut flag, ReduceOp::Max)
+}
+
+/// The largest of every rank's `us` over the host group `sync`: a round's time is its
+/// slowest rank's.
+fn slowest(sync: &Comm, host: &Stream, us: f64) -> Result<f64> {
+    let mut t = Buffer::from_host(host, &[us as f32])?;
+    sync.all_reduce(host, &mut t, ReduceOp::Max)?;
+    Ok(f64::from(t.to_host(host)?[0]))
 }
 
 fn on_rank_threads<I: Send, R: Send>(

@@ -14,12 +14,12 @@
 use std::time::Instant;
 
 use warpdrive::bf16;
-use warpdrive::dist::{Comm, ReduceOp, Reducer, DEFAULT_BUCKET_BYTES};
+use warpdrive::dist::{Comm, Reducer, DEFAULT_BUCKET_BYTES};
 use warpdrive::error::{Error, Result};
 use warpdrive::ops::gemm::{matmul, matmul_with, GemmOptions};
 use warpdrive::{Buffer, Device, Event, Stream};
 
-use super::{on_rank_threads, TIMEOUT};
+use super::{barrier, on_rank_threads, slowest, TIMEOUT};
 use crate::ceilings::random_f32;
 
 /// The MLP's shape and how many timed steps.
@@ -85,8 +85,7 @@ fn rank(comm: &Comm, sync: &Comm, device: &Device, shape: Shape) -> Result<Vec<f
     let mut reducer = Reducer::<bf16>::new(device, DEFAULT_BUCKET_BYTES)?;
     let mut times = Vec::with_capacity(rounds);
     for round in 0..=rounds {
-        let mut barrier = Buffer::from_host(&host, &[0.0f32])?;
-        sync.all_reduce(&host, &mut barrier, ReduceOp::Max)?;
+        barrier(sync, &host)?;
         let t = Instant::now();
         step(
             &compute,
@@ -103,10 +102,9 @@ fn rank(comm: &Comm, sync: &Comm, device: &Device, shape: Shape) -> Result<Vec<f
         comm.wait(reducer.stream())?;
         compute.synchronize()?;
         let us = t.elapsed().as_secs_f64() * 1e6;
-        let mut slowest = Buffer::from_host(&host, &[us as f32])?;
-        sync.all_reduce(&host, &mut slowest, ReduceOp::Max)?;
+        let us = slowest(sync, &host, us)?;
         if round > 0 {
-            times.push(f64::from(slowest.to_host(&host)?[0]));
+            times.push(us);
         }
     }
     Ok(times)
