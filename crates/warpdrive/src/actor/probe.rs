@@ -4,15 +4,15 @@
 //! synchronize, per message). On the CPU backend a host thread plays the doorbell and the
 //! kernel runs on the host.
 
-use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::device::{LaunchMode, ResidentGuard, SharedWords};
+use crate::device::{ResidentGuard, SharedWords};
 use crate::error::{Error, Result};
 use crate::kernels::{self, ACTOR_PROBE};
+use crate::ops::{self, Args};
 use crate::{Device, Event, Stream};
 
 const RING: usize = 0;
@@ -51,27 +51,17 @@ impl Doorbell {
             DoorbellRun::Host(Some(t))
         } else {
             let gpu = device.gpu("the doorbell")?;
-            let f = kernels::function(gpu, &ACTOR_PROBE, "doorbell")?;
+            // Loaded first, so the eager load below covers its module too.
+            kernels::function(gpu, &ACTOR_PROBE, "doorbell")?;
             kernels::load_eagerly(gpu, false)?;
             let stream = device.new_stream()?;
             let done = device.new_sync_event()?;
             let guard = gpu.resident_guard();
             let q = stream.gpu("the doorbell")?;
-            let mut arg = words.device_ptr();
-            let mut params = [&mut arg as *mut u64 as *mut c_void];
+            let args = Args::new().ptr(words.device_ptr());
             // SAFETY: the kernel takes (u64* words): four mapped words that live in `words`
             // until the kernel has ended (`Drop` waits for it, or leaks them).
-            unsafe {
-                q.gpu.launch(
-                    q.stream,
-                    &f,
-                    (1, 1, 1),
-                    (32, 1, 1),
-                    0,
-                    &mut params,
-                    LaunchMode::default(),
-                )?
-            };
+            unsafe { ops::launch(q, (&ACTOR_PROBE, "doorbell"), 1, 32, 0, args)? };
             stream.record(&done)?;
             DoorbellRun::Gpu {
                 done,
@@ -215,26 +205,14 @@ impl OneShot {
                 Ok(())
             },
             |_, q| {
-                let f = kernels::function(q.gpu, &ACTOR_PROBE, "echo_once")?;
-                let mut args = [self.input.device_ptr(), self.output.device_ptr(), n as u64];
-                let mut params: Vec<*mut c_void> = args
-                    .iter_mut()
-                    .map(|v| v as *mut u64 as *mut c_void)
-                    .collect();
+                let args = Args::new()
+                    .ptr(self.input.device_ptr())
+                    .ptr(self.output.device_ptr())
+                    .u32(n);
                 // SAFETY: the kernel takes (const u32* in, u32* out, u32 n): both blocks hold
                 // n u32 words and live as long as `self`, which the caller keeps past the
                 // stream's work (it synchronizes before reading).
-                unsafe {
-                    q.gpu.launch(
-                        q.stream,
-                        &f,
-                        (1, 1, 1),
-                        (32, 1, 1),
-                        0,
-                        &mut params,
-                        LaunchMode::default(),
-                    )
-                }
+                unsafe { ops::launch(q, (&ACTOR_PROBE, "echo_once"), 1, 32, 0, args) }
             },
         )
     }
