@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 
 use super::super::activity::{self, ActivityKind};
 use super::context::{describe, no_alloc_in_capture, CudaDevice};
+use super::resident::HeldFree;
 use super::stream::GpuStream;
 
 impl CudaDevice {
@@ -63,7 +64,7 @@ impl CudaDevice {
     /// Frees memory from `alloc_host`; the caller has made sure no copy still uses it.
     pub(crate) fn free_host(&self, ptr: u64) -> Result<()> {
         no_alloc_in_capture("cuMemFreeHost")?;
-        if self.hold_host_free(ptr) {
+        if self.hold_free(HeldFree::Host(ptr)) {
             return Ok(());
         }
         self.bind()?;
@@ -179,7 +180,7 @@ impl CudaDevice {
     /// Frees memory from `alloc_host_on_node`; the caller has made sure no copy uses it.
     pub(crate) fn free_host_on_node(&self, ptr: u64, bytes: usize) -> Result<()> {
         no_alloc_in_capture("cuMemHostUnregister")?;
-        if self.hold_host_on_node_free(ptr, bytes) {
+        if self.hold_free(HeldFree::HostOnNode(ptr, bytes)) {
             return Ok(());
         }
         self.bind()?;
@@ -202,7 +203,7 @@ impl CudaDevice {
     /// Frees memory returned by `alloc`.
     pub(crate) fn free(&self, ptr: u64) -> Result<()> {
         no_alloc_in_capture("cuMemFree")?;
-        if self.hold_device_free(ptr) {
+        if self.hold_free(HeldFree::Device(ptr)) {
             return Ok(());
         }
         self.bind()?;

@@ -21,7 +21,7 @@ use super::launch::Module;
 
 /// A free held back while a resident kernel runs.
 #[derive(Debug)]
-enum HeldFree {
+pub(super) enum HeldFree {
     Device(u64),
     Host(u64),
     HostOnNode(u64, usize),
@@ -81,24 +81,12 @@ impl CudaDevice {
     }
 
     /// Holds `free` back when a resident kernel runs (true), else leaves it to the caller.
-    fn hold_free(&self, free: HeldFree) -> bool {
+    pub(super) fn hold_free(&self, free: HeldFree) -> bool {
         if !self.has_resident() {
             return false;
         }
         self.inner.resident.held.lock().push(free);
         true
-    }
-
-    pub(super) fn hold_device_free(&self, ptr: u64) -> bool {
-        self.hold_free(HeldFree::Device(ptr))
-    }
-
-    pub(super) fn hold_host_free(&self, ptr: u64) -> bool {
-        self.hold_free(HeldFree::Host(ptr))
-    }
-
-    pub(super) fn hold_host_on_node_free(&self, ptr: u64, bytes: usize) -> bool {
-        self.hold_free(HeldFree::HostOnNode(ptr, bytes))
     }
 
     /// `Error::Unsupported` for `call` (a wait on the whole device) while a resident kernel
