@@ -353,7 +353,6 @@ fn step(
     if handled > 0 {
         w.busy_ns += t0.elapsed().as_nanos() as u64;
     }
-    s.set_word(ctrl::RECEIVED, w.handled);
     s.set_word(ctrl::PROCESSED, w.handled);
     s.set_word(ctrl::DROPPED, w.dropped);
     s.set_word(ctrl::BUSY_NS, w.busy_ns);

@@ -51,7 +51,6 @@ pub(crate) struct GpuLoop {
     side: Stream,
     done: Event,
     states: Vec<Option<Buffer<u8>>>,
-    state_bytes: Vec<usize>,
     _descs: Buffer<u64>,
     _dev_rings: Vec<Option<Buffer<u64>>>,
     _stream: Stream,
@@ -192,7 +191,6 @@ pub(crate) fn start(
     Ok(GpuLoop {
         side,
         done,
-        state_bytes: specs.iter().map(|s| s.state.len()).collect(),
         states,
         _descs: descs,
         _dev_rings: dev_rings,
@@ -221,7 +219,8 @@ impl Loop for GpuLoop {
     fn state(&self, actor: usize) -> Result<Vec<u8>> {
         match self.states.get(actor) {
             Some(Some(b)) => b.to_host(&self.side),
-            Some(None) => Ok(vec![0; self.state_bytes[actor]]),
+            // An actor without state bytes (`S = ()`) has no buffer.
+            Some(None) => Ok(Vec::new()),
             None => Err(Error::InvalidArgument(format!("no actor {actor}"))),
         }
     }

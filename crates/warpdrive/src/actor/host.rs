@@ -375,14 +375,6 @@ impl ActorShared {
     }
 }
 
-impl Ring {
-    /// True when every word of the slot of `seq` holds message `seq` or a later lap's.
-    pub(crate) fn written_since(&self, words: &[AtomicU64], seq: u64) -> bool {
-        let mut header = [0u32; 2];
-        !matches!(self.read(words, seq, &mut header, &mut []), Found::Empty)
-    }
-}
-
 /// Spin, then yield, then sleep: a waiter that answers fast when the wait is short and
 /// costs little when it is long.
 pub(crate) struct Backoff {

@@ -52,7 +52,6 @@ pub(crate) mod ctrl {
     /// Loop → host: messages taken from inbox lane `l` are at `IN_HEAD + l`.
     pub(crate) const IN_HEAD: usize = 3;
     /// Loop → host counters.
-    pub(crate) const RECEIVED: usize = 8;
     pub(crate) const PROCESSED: usize = 9;
     pub(crate) const DROPPED: usize = 10;
     pub(crate) const BUSY_NS: usize = 12;
@@ -171,6 +170,12 @@ impl Ring {
             (false, true) => Found::Overwritten,
             _ => Found::Empty,
         }
+    }
+
+    /// True when every word of the slot of `seq` holds message `seq` or a later lap's.
+    pub(crate) fn written_since(&self, words: &[AtomicU64], seq: u64) -> bool {
+        let mut header = [0u32; 2];
+        !matches!(self.read(words, seq, &mut header, &mut []), Found::Empty)
     }
 }
 

@@ -532,7 +532,8 @@ pub struct Reply<Out> {
 /// What an actor has done, as its loop counts it (plus the host's rejections).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ActorStats {
-    /// Messages taken from the inboxes.
+    /// Messages taken from the inboxes (the loop handles each in the iteration that takes
+    /// it, so this equals `processed`; dropped ones were never received).
     pub received: u64,
     /// Messages handled.
     pub processed: u64,
@@ -740,7 +741,7 @@ impl<In: Pod, Out: Pod> Actor<In, Out> {
     pub fn stats(&self) -> ActorStats {
         let w = |i| self.actor.word(i);
         ActorStats {
-            received: w(ctrl::RECEIVED),
+            received: w(ctrl::PROCESSED),
             processed: w(ctrl::PROCESSED),
             dropped: w(ctrl::DROPPED),
             rejected: self.actor.rejected.load(Ordering::Relaxed),

@@ -47,7 +47,6 @@ __device__ void actor_dispatch(u32 kind, const void* in, void* out, void* state,
 #define C_STATUS 1
 #define C_OUT_HEAD 2
 #define C_IN_HEAD 3
-#define C_RECEIVED 8
 #define C_PROCESSED 9
 #define C_DROPPED 10
 #define C_BUSY_NS 12
@@ -379,7 +378,6 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                 st_word(blk + C_OUT_TAIL, out_tail);
             }
             busy += now_ns() - t_start;
-            st_word(blk + C_RECEIVED, handled);
             st_word(blk + C_PROCESSED, handled);
             st_word(blk + C_BUSY_NS, busy);
         }
