@@ -250,6 +250,7 @@ impl ActorSystem {
                 detail: format!("the watcher thread did not start: {e}"),
             })?;
         self.watcher = Some(watcher);
+        tracing::debug!("actor system: started, the watcher running");
         Ok(())
     }
 
@@ -323,6 +324,7 @@ fn watch(shared: Weak<Shared>, every: Duration) {
     // µs to subtract from the loop's clock (in µs) to get the trace's, and when measured.
     let mut offset: Option<(f64, Instant)> = None;
     let mut request = 0;
+    let mut last_report = Instant::now();
     loop {
         // Futures waiting for replies are woken often; otherwise a beat per `every`.
         std::thread::sleep(if waiting {
@@ -376,6 +378,20 @@ fn watch(shared: Weak<Shared>, every: Duration) {
             _ => {}
         }
         let beat = s.sys_word(sys::LOOP_BEAT);
+        if last_report.elapsed() >= REPORT_EVERY && tracing::enabled!(tracing::Level::DEBUG) {
+            last_report = Instant::now();
+            for a in &actors {
+                tracing::debug!(
+                    "actor watcher: loop beat {beat}, parked {}; {}: status {}, processed {}, in head {}, out tail {}",
+                    s.sys_word(sys::PARKED),
+                    a.name,
+                    a.word(ctrl::STATUS),
+                    a.word(ctrl::PROCESSED),
+                    a.word(ctrl::IN_HEAD),
+                    a.word(ctrl::OUT_TAIL),
+                );
+            }
+        }
         if beat != last_beat || s.sys_word(sys::PARKED) == 1 {
             last_beat = beat;
             last_change = Instant::now();
@@ -392,6 +408,8 @@ fn watch(shared: Weak<Shared>, every: Duration) {
 
 /// How often the watcher wakes futures waiting for replies.
 const WAKE_EVERY: Duration = Duration::from_micros(20);
+/// How often the watcher reports the loop's words at debug level.
+const REPORT_EVERY: Duration = Duration::from_secs(1);
 /// How often the watcher exports the actors' counters as metrics.
 const METRICS_EVERY: Duration = Duration::from_millis(100);
 

@@ -79,7 +79,14 @@ pub fn is_invalid(result: warpdrive::Result<()>, needle: &str) -> bool {
 pub const SIZES: [usize; 4] = [0, 1, 1023, (1 << 20) + 3];
 
 /// CUDA device 0; GPU tests are `#[ignore]`d, so reaching here without one is a failure.
+/// Logs go to the test's output when `WARPDRIVE_LOG` is set (e.g. `warpdrive=debug`).
 pub fn cuda() -> Device {
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("WARPDRIVE_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_test_writer()
+            .try_init();
+    }
     match Device::cuda(0) {
         Ok(d) => d,
         Err(e) => panic!("GPU test run without a usable CUDA device: {e}"),
