@@ -55,6 +55,9 @@ pub(crate) struct GpuLoop {
     _dev_rings: Vec<Option<Buffer<u64>>>,
     _stream: Stream,
     guard: Option<ResidentGuard>,
+    /// The loop's kernel and its module, held while the loop may run: unloading a module
+    /// waits for its kernels, which this one never leaves on its own.
+    _kernel: crate::device::Function,
 }
 
 pub(crate) fn start(
@@ -196,6 +199,7 @@ pub(crate) fn start(
         _dev_rings: dev_rings,
         _stream: stream,
         guard: Some(guard),
+        _kernel: f,
     })
 }
 

@@ -6,7 +6,8 @@
 //! held back and done when the last guard goes, and a device-wide synchronize is refused
 //! with an error. Lazily loaded kernels may also need the device idle to load, so a guard
 //! is made only after every module this process will use is loaded eagerly
-//! ([`CudaDevice::load_module_eagerly`]).
+//! ([`CudaDevice::load_module_eagerly`]). Unloading a module waits for its kernels too: the
+//! device keeps every library module loaded, and the resident kernel holds its own.
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
