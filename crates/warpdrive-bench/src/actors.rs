@@ -11,8 +11,9 @@
 //!   messages that need no reply at 50% and 90% of the measured `throughput` of that actor
 //!   (`extra.load_fraction`).
 //! - `throughput` (size 64): messages handled per second, counted by the loop, by a sink
-//!   actor (no replies) with batch 1 / 16 / 256 and 1 or 4 host producers sending 256 at a
-//!   time; `pipeline`: a two-actor chain on the device (the first forwards, the second
+//!   actor (no replies, no state: the loop runs its handlers 32 at a time) with batch 1 / 16
+//!   / 256 and 1 or 4 host producers sending 256 at a time, and `warpdrive-b256-p4-stateful`
+//!   (a message counter as state: handlers one at a time); `pipeline`: a two-actor chain on the device (the first forwards, the second
 //!   sinks). Samples are ns per message over intervals; `extra.msgs_per_s` the median rate.
 //! - `terminate`: µs from `ActorSystem::terminate` to the loop's end.
 //!
@@ -46,31 +47,48 @@ struct Msg64([u32; 16]);
 #[repr(C)]
 struct Msg256([u32; 64]);
 
-fn handler_source(words: usize) -> String {
+/// The echo handler; without state (`S = ()`) the loop runs up to 32 at once.
+fn handler_source(words: usize, stateful: bool) -> String {
+    let (state, count) = if stateful {
+        ("struct State { u64 count; };", "s->count += 1;")
+    } else {
+        ("struct State {};", "")
+    };
     format!(
-        "struct In {{ u32 w[{words}]; }};\ntypedef In Out;\nstruct State {{ u64 count; }};\n\
+        "struct In {{ u32 w[{words}]; }};\ntypedef In Out;\n{state}\n\
          __device__ void handle(const In* in, Out* out, State* s, ActorCtx* ctx) {{\n\
-         out->w[0] = in->w[0]; out->w[1] = in->w[1] * 3u + 1u; s->count += 1;\n\
+         out->w[0] = in->w[0]; out->w[1] = in->w[1] * 3u + 1u; {count}\n\
          ctx->reply = in->w[2]; }}"
     )
 }
 
-fn host_handler<M: Pod>(i: &M, o: &mut M, s: &mut u64, ctx: &mut ActorCtx) {
+fn echo<M: Pod>(i: &M, o: &mut M, ctx: &mut ActorCtx) {
     let (i, o) = (
         bytemuck::cast_slice::<_, u32>(std::slice::from_ref(i)),
         bytemuck::cast_slice_mut::<_, u32>(std::slice::from_mut(o)),
     );
     o[0] = i[0];
     o[1] = i[1].wrapping_mul(3).wrapping_add(1);
-    *s += 1;
     ctx.reply = i[2];
 }
 
-fn echo_spec<M: Pod>(name: &str, batch: usize) -> ActorSpec<M, M, u64> {
-    let words = size_of::<M>() / 4;
+fn echo_spec<M: Pod>(name: &str, batch: usize) -> ActorSpec<M, M, ()> {
+    ActorSpec::new(name, ())
+        .cuda(handler_source(size_of::<M>() / 4, false))
+        .host(|i: &M, o: &mut M, _: &mut (), ctx: &mut ActorCtx| echo(i, o, ctx))
+        .batch(batch)
+        .capacity(1 << 16)
+        .backpressure(Backpressure::Block { timeout: WAIT })
+}
+
+/// The echo with a message counter as its state: its handlers run one at a time.
+fn counting_echo_spec(name: &str, batch: usize) -> ActorSpec<Msg64, Msg64, u64> {
     ActorSpec::new(name, 0u64)
-        .cuda(handler_source(words))
-        .host(host_handler::<M>)
+        .cuda(handler_source(16, true))
+        .host(|i: &Msg64, o: &mut Msg64, s: &mut u64, ctx: &mut ActorCtx| {
+            echo(i, o, ctx);
+            *s += 1;
+        })
         .batch(batch)
         .capacity(1 << 16)
         .backpressure(Backpressure::Block { timeout: WAIT })
@@ -357,6 +375,23 @@ fn throughput(ctx: &mut Ctx, plan: &Plan) -> Result<f64> {
             }
         }
     }
+    ctx.step(format!("{SUITE}: {CASE} batch 256, 4 producers, with state"));
+    {
+        let mut system = ActorSystem::new(&device)?;
+        let a = system.spawn(counting_echo_spec("counter", 256))?;
+        system.start()?;
+        a.activate()?;
+        let ns = drive(
+            plan,
+            std::slice::from_ref(&a),
+            std::slice::from_ref(&a),
+            4,
+            None,
+            || Ok(()),
+        )?;
+        system.terminate()?;
+        record_rate(ctx, CASE, "warpdrive-b256-p4-stateful", ns)?;
+    }
     ctx.step(format!("{SUITE}: {CASE} 4 producers, 4 actors"));
     {
         let mut system = ActorSystem::new(&device)?;
@@ -377,16 +412,15 @@ fn throughput(ctx: &mut Ctx, plan: &Plan) -> Result<f64> {
         let second = system.spawn(echo_spec::<Msg64>("second", 256))?;
         // The first stage answers every message (to the second), which sinks them.
         let first = system.spawn(
-            ActorSpec::<Msg64, Msg64, u64>::new("first", 0)
+            ActorSpec::<Msg64, Msg64, ()>::new("first", ())
                 .cuda(
-                    "struct In { u32 w[16]; };\ntypedef In Out;\nstruct State { u64 count; };\n\
-                     __device__ void handle(const In* in, Out* out, State* s, ActorCtx*) {\n\
-                     *out = *in; out->w[1] = in->w[1] + 1u; s->count += 1; }",
+                    "struct In { u32 w[16]; };\ntypedef In Out;\nstruct State {};\n\
+                     __device__ void handle(const In* in, Out* out, State*, ActorCtx*) {\n\
+                     *out = *in; out->w[1] = in->w[1] + 1u; }",
                 )
-                .host(|i: &Msg64, o: &mut Msg64, s: &mut u64, _: &mut ActorCtx| {
+                .host(|i: &Msg64, o: &mut Msg64, _: &mut (), _: &mut ActorCtx| {
                     *o = *i;
                     o.0[1] = i.0[1].wrapping_add(1);
-                    *s += 1;
                 })
                 .batch(256)
                 .capacity(1 << 16)

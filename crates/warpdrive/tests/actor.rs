@@ -90,6 +90,61 @@ fn msg(id: u32, value: u32) -> In {
 
 const WAIT: Duration = Duration::from_secs(10);
 
+/// A stateless echo (`S = ()`): on CUDA its handlers run one message per thread.
+fn stateless(name: &str) -> ActorSpec<In, Out, ()> {
+    ActorSpec::new(name, ())
+        .cuda(
+            "struct In { u32 id; u32 value; u32 busy_ns; u32 pad[13]; };\n\
+             struct Out { u32 id; u32 value; u64 seen; u32 lane; u32 pad[11]; };\n\
+             struct State {};\n\
+             __device__ void handle(const In* in, Out* out, State*, ActorCtx* ctx) {\n\
+             out->id = in->id; out->value = in->value * 3u + 1u; out->seen = ctx->seq;\n\
+             out->lane = ctx->lane; ctx->reply = in->id % 3 != 0; }",
+        )
+        .host(|i: &In, o: &mut Out, _: &mut (), ctx: &mut ActorCtx| {
+            o.id = i.id;
+            o.value = i.value.wrapping_mul(3).wrapping_add(1);
+            o.seen = ctx.seq;
+            o.lane = ctx.lane;
+            ctx.reply = u32::from(i.id % 3 != 0);
+        })
+}
+
+device_test!(
+    stateless_handlers_answer_in_order,
+    gpu_smem_stateless_answer_in_order,
+    |device: &Device| {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(common::seed("stateless_in_order"));
+        let mut system = ActorSystem::new(device).unwrap();
+        let a = system
+            .spawn(stateless("stateless").batch(256).capacity(8192))
+            .unwrap();
+        system.start().unwrap();
+        // Sent before activation, so the loop takes full batches.
+        let values: Vec<u32> = (0..4099).map(|_| rng.random()).collect();
+        let msgs: Vec<In> = values
+            .iter()
+            .enumerate()
+            .map(|(k, &v)| msg(k as u32, v))
+            .collect();
+        for chunk in msgs.chunks(1000) {
+            a.send_many(chunk, 0).unwrap();
+        }
+        a.activate().unwrap();
+        // Every message whose id is not a multiple of 3 answers, in order.
+        for (k, &v) in values.iter().enumerate().filter(|(k, _)| k % 3 != 0) {
+            let r = a.recv(WAIT).unwrap();
+            assert_eq!(r.value.id, k as u32);
+            assert_eq!(r.value.value, v.wrapping_mul(3).wrapping_add(1));
+            assert_eq!(r.value.seen, k as u64, "ctx.seq counts every message handled");
+        }
+        assert!(matches!(a.try_recv(), Ok(None)));
+        let stats = a.stats();
+        assert_eq!((stats.processed, stats.dropped), (4099, 0));
+        system.terminate().unwrap();
+    }
+);
+
 device_test!(
     actors_answer_in_order,
     gpu_smem_actors_answer_in_order,
@@ -434,9 +489,17 @@ device_test!(
         system.start().unwrap();
         a.activate().unwrap();
         let stop = std::sync::atomic::AtomicBool::new(false);
+        // Set on the way out, a failed assertion's too: the scope waits for the producer.
+        struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for StopOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
         std::thread::scope(|s| {
             let producer = a.clone();
             let stop = &stop;
+            let _stop = StopOnDrop(stop);
             s.spawn(move || {
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     producer.request(&msg(1, 1), 0, WAIT).unwrap();
@@ -463,7 +526,6 @@ device_test!(
                 device.synchronize().is_err() || device.is_host_memory(),
                 "a device-wide synchronize is refused while actors run"
             );
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
         });
         assert!(a.stats().processed > 0);
     }

@@ -22,8 +22,11 @@
 //! `struct Out`, `struct State` and `__device__ void handle(const In*, Out*, State*,
 //! ActorCtx*)`; each actor's source is compiled into the loop in a namespace of its own
 //! (NVRTC, cached like every kernel; a source that does not compile is an error with NVRTC's
-//! log). On the CPU backend the same actor runs a Rust closure of the same meaning, on a host
-//! thread that plays the loop: the reference the GPU handler is tested against.
+//! log). The handlers of an actor with state run on one thread in message order; those of
+//! an actor without state (`S = ()`: a handler is then a function of its message) run one
+//! message per thread of the actor's warp. On the CPU backend the same actor runs a Rust
+//! closure of the same meaning, on a host thread that plays the loop: the reference the GPU
+//! handler is tested against.
 //!
 //! **Lifecycle.** [`ActorSystem::spawn`] (before [`ActorSystem::start`]) → `start` launches
 //! the loop with every actor inactive → [`Actor::activate`] / [`Actor::deactivate`] →

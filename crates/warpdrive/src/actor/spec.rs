@@ -88,7 +88,9 @@ impl<In: Pod, Out: Pod, S: Pod> ActorSpec<In, Out, S> {
 
     /// The CUDA handler: source defining `In`, `Out`, `State` (sizes as the Rust types') and
     /// `__device__ void handle(const In*, Out*, State*, ActorCtx*)`. Self-contained: no
-    /// `#include`.
+    /// `#include`. With state (`S` not `()`) the handler sees the messages one at a time in
+    /// order; without, up to 32 run at once (one per thread), so it must not share memory
+    /// between messages other than through atomics.
     pub fn cuda(mut self, source: impl Into<String>) -> Self {
         self.cuda = Some(source.into());
         self

@@ -1,6 +1,8 @@
 // The resident actor loop (actor/gpu_loop.rs generates the rest: each actor's handler in a
-// namespace, then `actor_dispatch`). One 32-thread block per actor; thread 0 runs the
-// handlers in order, the whole warp reads and writes the rings.
+// namespace, then `actor_dispatch`). One 32-thread block per actor; the whole warp reads and
+// writes the rings; thread 0 picks the messages in priority order; the handlers of an actor
+// without state run one message per thread, those of an actor with state on thread 0 in
+// order (its state sees the messages one at a time, as on the CPU backend).
 //
 // Ring format (actor/ring.rs): 64-bit words, payload in the low half, flag `seq | 1` in the
 // high half; a slot is `sw` words, its payload an 8-byte header (correlation id, lane) and
@@ -40,6 +42,7 @@ __device__ void actor_dispatch(u32 kind, const void* in, void* out, void* state,
 #define D_IN_STAGE 21
 #define D_TRACE_BASE 22
 #define D_TRACE_EVERY 23
+#define D_PARALLEL 24
 #define D_WORDS 32
 
 // Control words (actor/ring.rs `ctrl` and `sys`).
@@ -66,7 +69,7 @@ __device__ void actor_dispatch(u32 kind, const void* in, void* out, void* state,
 // Sampled message records: TRACE_SLOTS of TRACE_WORDS words (actor/ring.rs).
 #define TRACE_SLOTS 1024
 #define TRACE_WORDS 4
-#define MAX_TRACED 256  // MAX_BATCH: with trace_every 1 every message is recorded
+#define MAX_BATCH 256
 
 #define MAX_RANKS 5
 #define MAX_WINDOW 256
@@ -86,11 +89,11 @@ __device__ __forceinline__ u64 ld_word(const u64* p) {
 __device__ __forceinline__ void st_word(u64* p, u64 v) {
     asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
+// No memory clobber: a window's loads go out back to back, each waited for at its first use.
 __device__ __forceinline__ void ll_load(const u64* p, u32& d0, u32& f0, u32& d1, u32& f1) {
     asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
                  : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
-                 : "l"(p)
-                 : "memory");
+                 : "l"(p));
 }
 __device__ __forceinline__ void ll_store(u64* p, u32 d0, u32 d1, u32 f) {
     asm volatile("st.volatile.global.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(d0), "r"(f), "r"(d1),
@@ -104,19 +107,24 @@ __device__ __forceinline__ u32 ll_cmp(u32 got, u32 want) {
     return d == 0 ? 0u : (d < 0 ? 1u : 2u);
 }
 
-// Writes `n` staged outputs (sw u32 each) to a ring from sequence `seq`, whole warp.
+// Writes the `n` staged outputs `order[0..n)` (sw u32 each) to a ring from sequence `seq`,
+// whole warp.
 __device__ __forceinline__ void write_window(u64* ring, u64 cap, u32 sw, u64 seq, u32 n,
-                                             const u32* stage) {
+                                             const u32* stage, const u16* order) {
     const u32 lane = threadIdx.x & 31u;
     const u32 vps = sw / 2;
     for (u32 i = lane; i < n * vps; i += 32) {
         const u32 k = i / vps, v = i % vps;
         const u64 s = seq + k;
+        const u32* src = stage + (u64)order[k] * sw + 2 * v;
         u64* p = ring + (s & (cap - 1)) * sw + 2 * v;
-        ll_store(p, stage[k * sw + 2 * v], stage[k * sw + 2 * v + 1], ll_flag(s));
+        ll_store(p, src[0], src[1], ll_flag(s));
     }
     __syncwarp();
 }
+
+// Loads in flight per thread while reading a window (each a PCIe round trip to host memory).
+#define LOADS_IN_FLIGHT 8
 
 // The loop: one block of 32 threads per actor, `n_actors` blocks (a cooperative launch, so
 // all are resident at once and a pipeline of actors cannot wait on one not running).
@@ -135,6 +143,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     const u32 batch = (u32)d[D_BATCH], starvation = (u32)d[D_STARVATION], kind = (u32)d[D_KIND];
     const u32 wmax = (u32)d[D_WMAX], pick_max = (u32)d[D_PICK_MAX];
     const u64 trace_every = d[D_TRACE_EVERY];
+    const bool parallel = d[D_PARALLEL] != 0;
     u64* trace = blk + d[D_TRACE_BASE];
     const u32 ranks = lanes + (dev_ring ? 1u : 0u);
     const u32 in_vps = in_sw / 2;
@@ -146,7 +155,10 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     __shared__ u32 win[MAX_RANKS];
     __shared__ u64 head[MAX_RANKS];
     __shared__ u32 ctl[3];  // terminate, run, parked
-    __shared__ u32 n_out, n_picks;
+    __shared__ u32 n_picks, n_out;
+    __shared__ u32 pick[MAX_BATCH];     // (rank << 16) | position in the rank's window
+    __shared__ u8 replied[MAX_BATCH];
+    __shared__ u16 order[MAX_BATCH];    // the picks that replied, in pick order
     __shared__ u64 state_dummy;
     void* state = d[D_STATE] ? (void*)d[D_STATE] : (void*)&state_dummy;
 
@@ -155,9 +167,6 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     u64 host_beat = 0, beat_time = 0, loops = 0, park_ns = 0, dropped_shown = 0;
     u32 since_lower = 0, status = 2, parked = 0;
     u64 cal_seen = 0, traced = 0;
-    // Thread 0's sampled messages of this iteration: (correlation | lane << 32, start).
-    u64 tr_id[MAX_TRACED], tr_start[MAX_TRACED];
-    u32 n_tr = 0;
     if (lane == 0) {
         for (u32 r = 0; r < ranks; ++r) {
             head[r] = r < lanes ? ld_word(blk + C_IN_HEAD + (lanes - 1 - r)) : ld_word(dev_ring);
@@ -172,15 +181,69 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         host_beat = ld_word(sysw + S_HOST_BEAT);
         beat_time = now_ns();
         st_word(blk + C_CLOCK_START, beat_time);
+        ctl[0] = 0;
+        ctl[1] = 0;
+        ctl[2] = 0;
     }
     __syncwarp();
 
     for (;;) {
+        // Whether the last iteration ran: then this one reads the windows while the control
+        // words are in flight (one round trip to host memory per iteration, not two).
+        const bool reading = ctl[1] != 0;
         __syncwarp();  // every lane has read the last iteration's ctl before lane 0 rewrites it
+        u64 cmd = 0, beat = 0, act = 0;
         if (lane == 0) {
-            const u64 cmd = ld_word(sysw + S_COMMAND);
-            const u64 beat = ld_word(sysw + S_HOST_BEAT);
-            const u32 act = (u32)(ld_word(blk + C_COMMAND) & 1);
+            cmd = ld_word(sysw + S_COMMAND);
+            beat = ld_word(sysw + S_HOST_BEAT);
+            act = ld_word(blk + C_COMMAND) & 1;
+        }
+        const u64 t_start = now_ns();
+        if (reading) {
+            u32 total = 0;
+            for (u32 r = 0; r < ranks; ++r) {
+                for (u32 k = lane; k < win[r]; k += 32) st[r][k] = 0;
+                total += win[r] * in_vps;
+            }
+            __syncwarp();
+            for (u32 base = 0; base < total; base += 32 * LOADS_IN_FLIGHT) {
+                u32 v0[LOADS_IN_FLIGHT], f0[LOADS_IN_FLIGHT], v1[LOADS_IN_FLIGHT], f1[LOADS_IN_FLIGHT];
+                u32 rk[LOADS_IN_FLIGHT], kk[LOADS_IN_FLIGHT], vv[LOADS_IN_FLIGHT];
+                u64 sq[LOADS_IN_FLIGHT];
+#pragma unroll
+                for (u32 j = 0; j < LOADS_IN_FLIGHT; ++j) {
+                    const u32 i = base + j * 32 + lane;
+                    rk[j] = MAX_RANKS;
+                    if (i >= total) continue;
+                    u32 r = 0, local = i;
+                    while (local >= win[r] * in_vps) {
+                        local -= win[r] * in_vps;
+                        ++r;
+                    }
+                    const u32 k = local / in_vps, v = local % in_vps;
+                    const u64 s = head[r] + k;
+                    const u64* ring = r < lanes ? blk + d[D_LANE_BASE + (lanes - 1 - r)]
+                                                : dev_ring + DEV_RING_SLOTS;
+                    const u64 rcap = r < lanes ? cap : dev_cap;
+                    ll_load(ring + (s & (rcap - 1)) * in_sw + 2 * v, v0[j], f0[j], v1[j], f1[j]);
+                    rk[j] = r;
+                    kk[j] = k;
+                    vv[j] = v;
+                    sq[j] = s;
+                }
+#pragma unroll
+                for (u32 j = 0; j < LOADS_IN_FLIGHT; ++j) {
+                    if (rk[j] == MAX_RANKS) continue;
+                    const u32 want = ll_flag(sq[j]);
+                    const u32 c = ll_cmp(f0[j], want) | ll_cmp(f1[j], want);
+                    if (c) atomicOr(&st[rk[j]][kk[j]], c);
+                    u32* stage = in_stage + ((u64)rk[j] * wmax + kk[j]) * in_sw;
+                    stage[2 * vv[j]] = v0[j];
+                    stage[2 * vv[j] + 1] = v1[j];
+                }
+            }
+        }
+        if (lane == 0) {
             const u64 t = now_ns();
             if (beat != host_beat) {
                 host_beat = beat;
@@ -193,8 +256,8 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                 parked = 1;
                 if (a == 0) st_word(sysw + S_PARKED, 1);
             }
-            if (act != status) {
-                status = act;
+            if ((u32)act != status) {
+                status = (u32)act;
                 st_word(blk + C_STATUS, act);
             }
             ++loops;
@@ -217,47 +280,12 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         __syncwarp();
         if (ctl[0]) break;
         if (!ctl[1]) {
+            // What was read stays in the rings (heads unchanged) for when the actor runs.
             __nanosleep(ctl[2] ? 100000 : 2000);
             continue;
         }
-        const u64 t_start = now_ns();
+        if (!reading) continue;  // just activated: read next iteration
 
-        // Read every rank's window in one pass: all loads in flight together.
-        u32 total = 0;
-        for (u32 r = 0; r < ranks; ++r) {
-            for (u32 k = lane; k < win[r]; k += 32) st[r][k] = 0;
-            total += win[r] * in_vps;
-        }
-        __syncwarp();
-        for (u32 i = lane; i < total; i += 32) {
-            u32 r = 0, local = i;
-            while (local >= win[r] * in_vps) {
-                local -= win[r] * in_vps;
-                ++r;
-            }
-            const u32 k = local / in_vps, v = local % in_vps;
-            const u64 s = head[r] + k;
-            const u64* ring;
-            u64 rcap;
-            if (r < lanes) {
-                ring = blk + d[D_LANE_BASE + (lanes - 1 - r)];
-                rcap = cap;
-            } else {
-                ring = dev_ring + DEV_RING_SLOTS;
-                rcap = dev_cap;
-            }
-            u32 d0, f0, d1, f1;
-            ll_load(ring + (s & (rcap - 1)) * in_sw + 2 * v, d0, f0, d1, f1);
-            const u32 want = ll_flag(s);
-            const u32 c = ll_cmp(f0, want) | ll_cmp(f1, want);
-            if (c) atomicOr(&st[r][k], c);
-            u32* stage = in_stage + ((u64)r * wmax + k) * in_sw;
-            stage[2 * v] = d0;
-            stage[2 * v + 1] = d1;
-        }
-        __syncwarp();
-
-        u32 picks = 0;
         if (lane == 0) {
             u32 count[MAX_RANKS], pos[MAX_RANKS];
             bool full[MAX_RANKS];
@@ -277,8 +305,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                 room = cap - (out_tail - out_head);
             }
             const u32 limit = (u32)min((u64)min(batch, pick_max), room);
-            const u64 now = now_ns();
-            u32 outs = 0;
+            u32 picks = 0;
             for (;;) {
                 for (u32 r = 0; r < ranks; ++r) {
                     while (pos[r] < count[r] && st[r][pos[r]] == 2) {
@@ -309,32 +336,9 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                 } else {
                     since_lower = lower != MAX_RANKS ? since_lower + 1 : 0;
                 }
-                const u32* in = in_stage + ((u64)r * wmax + pos[r]) * in_sw;
+                pick[picks++] = r << 16 | pos[r];
                 ++pos[r];
-                u32* out = out_stage + (u64)outs * out_sw;
-                for (u32 j = 2; j < out_sw; ++j) out[j] = 0;
-                ActorCtx ctx;
-                ctx.actor = a;
-                ctx.lane = r < lanes ? lanes - 1 - r : 0;
-                ctx.correlation = in[0];
-                ctx.reply = 1;
-                ctx.seq = handled;
-                ctx.now_ns = now;
-                if (trace_every && handled % trace_every == 0 && n_tr < MAX_TRACED) {
-                    tr_id[n_tr] = (u64)in[0] | (u64)ctx.lane << 32;
-                    tr_start[n_tr] = now_ns();
-                    ++n_tr;
-                }
-                actor_dispatch(kind, in + 2, out + 2, state, &ctx);
-                ++handled;
-                ++picks;
-                if (ctx.reply) {
-                    out[0] = in[0];
-                    out[1] = 0;
-                    ++outs;
-                }
             }
-            n_out = outs;
             for (u32 r = 0; r < ranks; ++r) {
                 if (!pos[r]) continue;
                 head[r] += pos[r];
@@ -344,32 +348,73 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             n_picks = picks;
         }
         __syncwarp();
-        picks = n_picks;
-        const u32 outs = n_out;
+        const u32 picks = n_picks;
+        const u64 t_handle = now_ns();
+        const u64 first = __shfl_sync(0xffffffffu, handled, 0);
+        // Stateless handlers one message per thread; with state, thread 0 in order.
+        const u32 step = parallel ? 32u : 1u;
+        if (parallel || lane == 0) {
+            for (u32 p = parallel ? lane : 0u; p < picks; p += step) {
+                const u32 r = pick[p] >> 16, k = pick[p] & 0xffffu;
+                const u32* in = in_stage + ((u64)r * wmax + k) * in_sw;
+                u32* out = out_stage + (u64)p * out_sw;
+                for (u32 j = 2; j < out_sw; ++j) out[j] = 0;
+                ActorCtx ctx;
+                ctx.actor = a;
+                ctx.lane = r < lanes ? lanes - 1 - r : 0;
+                ctx.correlation = in[0];
+                ctx.reply = 1;
+                ctx.seq = first + p;
+                ctx.now_ns = t_handle;
+                actor_dispatch(kind, in + 2, out + 2, state, &ctx);
+                out[0] = in[0];
+                out[1] = 0;
+                replied[p] = ctx.reply != 0;
+            }
+        }
+        __syncwarp();
+        // The replies in pick order: a ballot per 32 picks.
+        u32 outs = 0;
+        for (u32 b = 0; b < picks; b += 32) {
+            const u32 p = b + lane;
+            const bool yes = p < picks && replied[p];
+            const u32 m = __ballot_sync(0xffffffffu, yes);
+            if (yes) order[outs + __popc(m & ((1u << lane) - 1u))] = (u16)p;
+            outs += __popc(m);
+        }
+        __syncwarp();
         if (outs) {
             if (fwd_ring) {
                 write_window(fwd_ring + DEV_RING_SLOTS, fwd_cap, out_sw, __shfl_sync(0xffffffffu, fwd_tail, 0),
-                             outs, out_stage);
+                             outs, out_stage, order);
             } else {
                 write_window(blk + d[D_OUTBOX_BASE], cap, out_sw, __shfl_sync(0xffffffffu, out_tail, 0), outs,
-                             out_stage);
+                             out_stage, order);
             }
         }
-        if (lane == 0 && n_tr) {
+        if (lane == 0 && trace_every && picks) {
             const u64 done = now_ns();
-            for (u32 k = 0; k < n_tr; ++k) {
-                u64* rec = trace + ((traced + k) & (TRACE_SLOTS - 1)) * TRACE_WORDS;
-                st_word(rec, tr_id[k]);
+            u32 n_tr = 0;
+            for (u32 p = 0; p < picks; ++p) {
+                if ((first + p) % trace_every) continue;
+                const u32 r = pick[p] >> 16, k = pick[p] & 0xffffu;
+                const u32* in = in_stage + ((u64)r * wmax + k) * in_sw;
+                const u64 id = (u64)in[0] | (u64)(r < lanes ? lanes - 1 - r : 0) << 32;
+                u64* rec = trace + ((traced + n_tr) & (TRACE_SLOTS - 1)) * TRACE_WORDS;
+                st_word(rec, id);
                 st_word(rec + 1, t_start);
-                st_word(rec + 2, tr_start[k]);
+                st_word(rec + 2, t_handle);
                 st_word(rec + 3, done);
+                ++n_tr;
             }
-            traced += n_tr;
-            n_tr = 0;
-            __threadfence_system();  // the records before the tail that shows them
-            st_word(blk + C_TRACE_TAIL, traced);
+            if (n_tr) {
+                traced += n_tr;
+                __threadfence_system();  // the records before the tail that shows them
+                st_word(blk + C_TRACE_TAIL, traced);
+            }
         }
         if (lane == 0 && picks) {
+            handled += picks;
             if (fwd_ring) {
                 fwd_tail += outs;
                 st_word(blk + C_FORWARDED, fwd_tail);
