@@ -4,7 +4,7 @@
 //! - `round-trip` (size = message bytes, 64 and 256): host send → handler (`out = 3·in + 1`
 //!   per word for the baselines, the same on the value for the actor) → host sees the reply,
 //!   one message in flight; µs per message; `extra` has p99 / p99.9 and the ratio to the
-//!   doorbell. Variants `doorbell` (one GPU thread polling one mapped word, no queue),
+//!   doorbell (and for `warpdrive` the loop's mean iteration, `loop_ns`). Variants `doorbell` (one GPU thread polling one mapped word, no queue),
 //!   `warpdrive` (`Actor::request`), `kernel-per-message` (write the message to mapped
 //!   memory, launch, synchronize, read), `graph-per-message` (the same kernel in a graph).
 //! - `round-trip-loaded` (size 64): `warpdrive` requests while another thread sends
@@ -155,6 +155,7 @@ fn record_latency(
     variant: &str,
     mut us: Vec<f64>,
     doorbell: Option<f64>,
+    extra: &[(&str, f64)],
 ) -> Result<f64> {
     let (p99, p999) = (percentile(&us, 0.99), percentile(&us, 0.999));
     let n = us.len();
@@ -162,6 +163,9 @@ fn record_latency(
     row.extra.insert("p99_us".into(), p99.into());
     row.extra.insert("p999_us".into(), p999.into());
     row.extra.insert("messages".into(), n.into());
+    for (k, v) in extra {
+        row.extra.insert((*k).into(), (*v).into());
+    }
     let median = row.median;
     if let Some(d) = doorbell.filter(|d| *d > 0.0) {
         row.extra
@@ -186,7 +190,7 @@ fn round_trip<M: Pod>(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
             bell.ring(WAIT)?;
             us.push(t.elapsed().as_secs_f64() * 1e6);
         }
-        record_latency(ctx, CASE, bytes, "doorbell", us, None)?
+        record_latency(ctx, CASE, bytes, "doorbell", us, None, &[])?
     };
     ctx.step(format!("{SUITE}: {CASE} {bytes} B warpdrive"));
     {
@@ -198,6 +202,7 @@ fn round_trip<M: Pod>(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
             a.request(&message::<M>(k, true), 0, WAIT)?;
         }
         let mut us = Vec::with_capacity(plan.round_trips);
+        let (loops0, t0) = (a.stats().loops, Instant::now());
         for k in 0..plan.round_trips as u32 {
             let m = message::<M>(k, true);
             let t = Instant::now();
@@ -205,8 +210,11 @@ fn round_trip<M: Pod>(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
             us.push(t.elapsed().as_secs_f64() * 1e6);
             check(&out, k)?;
         }
+        // The loop's mean iteration while it answered (its counter is published every 256).
+        let loop_ns = t0.elapsed().as_nanos() as f64 / (a.stats().loops - loops0).max(1) as f64;
         system.terminate()?;
-        record_latency(ctx, CASE, bytes, "warpdrive", us, Some(doorbell))?;
+        let extra = [("loop_ns", loop_ns)];
+        record_latency(ctx, CASE, bytes, "warpdrive", us, Some(doorbell), &extra)?;
     }
     ctx.step(format!(
         "{SUITE}: {CASE} {bytes} B kernel/graph per message"
@@ -238,11 +246,11 @@ fn round_trip<M: Pod>(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         Ok(us)
     };
     let us = per_message(&mut || shot.enqueue(&stream))?;
-    record_latency(ctx, CASE, bytes, "kernel-per-message", us, Some(doorbell))?;
+    record_latency(ctx, CASE, bytes, "kernel-per-message", us, Some(doorbell), &[])?;
     let mut graph = Graph::capture(&stream, |s| shot.enqueue(s))?;
     let us = per_message(&mut || graph.launch())?;
     drop(graph);
-    record_latency(ctx, CASE, bytes, "graph-per-message", us, Some(doorbell))?;
+    record_latency(ctx, CASE, bytes, "graph-per-message", us, Some(doorbell), &[])?;
     Ok(())
 }
 
@@ -473,7 +481,7 @@ fn loaded(ctx: &mut Ctx, plan: &Plan, max: f64) -> Result<()> {
             },
         )?;
         system.terminate()?;
-        record_latency(ctx, CASE, 64, "warpdrive", us, None)?;
+        record_latency(ctx, CASE, 64, "warpdrive", us, None, &[])?;
         if let Some(row) = ctx.rows_mut_last() {
             row.extra.insert("load_fraction".into(), fraction.into());
             row.extra

@@ -359,6 +359,15 @@ impl Device {
         }
     }
 
+    /// True while a resident kernel (the actors' loop) runs on this device: a device-wide
+    /// wait would never return, and frees are held back until it ends.
+    pub fn has_resident_kernel(&self) -> bool {
+        match self {
+            Device::Cpu => false,
+            Device::Cuda(d) => d.has_resident(),
+        }
+    }
+
     /// Waits until all work on the device has finished.
     pub fn synchronize(&self) -> Result<()> {
         match self {

@@ -123,8 +123,9 @@ __device__ __forceinline__ void write_window(u64* ring, u64 cap, u32 sw, u64 seq
     __syncwarp();
 }
 
-// Loads in flight per thread while reading a window (each a PCIe round trip to host memory).
-#define LOADS_IN_FLIGHT 8
+// Loads in flight per thread while reading the windows (each a PCIe round trip to host
+// memory); the loop that issues them is unrolled, so they stay in registers.
+#define LOADS_IN_FLIGHT 16
 
 // The loop: one block of 32 threads per actor, `n_actors` blocks (a cooperative launch, so
 // all are resident at once and a pipeline of actors cannot wait on one not running).
@@ -156,7 +157,12 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     __shared__ u64 head[MAX_RANKS];
     __shared__ u32 ctl[3];  // terminate, run, parked
     __shared__ u32 n_picks, n_out;
-    __shared__ u32 pick[MAX_BATCH];     // (rank << 16) | position in the rank's window
+    __shared__ const u64* rbase[MAX_RANKS];  // each rank's ring: slots from here
+    __shared__ u64 rmask[MAX_RANKS];         // its capacity - 1
+    __shared__ u32 pre[MAX_RANKS + 1];       // 16-byte vectors read before each rank's window
+    __shared__ u32 cnt[MAX_RANKS], ndrop[MAX_RANKS];  // messages ready, dropped among them
+    __shared__ u32 fast;                     // picks are 0..n of rank 0 (`pick` unused)
+    __shared__ u32 pick[MAX_BATCH];          // (rank << 16) | position in the rank's window
     __shared__ u8 replied[MAX_BATCH];
     __shared__ u16 order[MAX_BATCH];    // the picks that replied, in pick order
     __shared__ u64 state_dummy;
@@ -171,6 +177,8 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         for (u32 r = 0; r < ranks; ++r) {
             head[r] = r < lanes ? ld_word(blk + C_IN_HEAD + (lanes - 1 - r)) : ld_word(dev_ring);
             win[r] = 1;
+            rbase[r] = r < lanes ? blk + d[D_LANE_BASE + (lanes - 1 - r)] : dev_ring + DEV_RING_SLOTS;
+            rmask[r] = (r < lanes ? cap : dev_cap) - 1;
         }
         out_tail = ld_word(blk + C_OUT_TAIL);
         out_head = ld_word(blk + C_OUT_HEAD);
@@ -200,46 +208,47 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         }
         const u64 t_start = now_ns();
         if (reading) {
-            u32 total = 0;
+            if (lane == 0) {
+                u32 acc = 0;
+                for (u32 r = 0; r < ranks; ++r) {
+                    pre[r] = acc;
+                    acc += win[r] * in_vps;
+                }
+                pre[ranks] = acc;
+            }
             for (u32 r = 0; r < ranks; ++r) {
                 for (u32 k = lane; k < win[r]; k += 32) st[r][k] = 0;
-                total += win[r] * in_vps;
             }
             __syncwarp();
+            const u32 total = pre[ranks];
             for (u32 base = 0; base < total; base += 32 * LOADS_IN_FLIGHT) {
                 u32 v0[LOADS_IN_FLIGHT], f0[LOADS_IN_FLIGHT], v1[LOADS_IN_FLIGHT], f1[LOADS_IN_FLIGHT];
-                u32 rk[LOADS_IN_FLIGHT], kk[LOADS_IN_FLIGHT], vv[LOADS_IN_FLIGHT];
-                u64 sq[LOADS_IN_FLIGHT];
+                u32 at[LOADS_IN_FLIGHT], want[LOADS_IN_FLIGHT];
 #pragma unroll
                 for (u32 j = 0; j < LOADS_IN_FLIGHT; ++j) {
                     const u32 i = base + j * 32 + lane;
-                    rk[j] = MAX_RANKS;
-                    if (i >= total) continue;
-                    u32 r = 0, local = i;
-                    while (local >= win[r] * in_vps) {
-                        local -= win[r] * in_vps;
-                        ++r;
+                    at[j] = ~0u;
+                    if (i < total) {
+                        u32 r = 0;
+#pragma unroll
+                        for (u32 q = 1; q < MAX_RANKS; ++q) r += (q < ranks && i >= pre[q]) ? 1u : 0u;
+                        const u32 local = i - pre[r];
+                        const u32 k = local / in_vps, v = local - k * in_vps;
+                        const u64 sq = head[r] + k;
+                        ll_load(rbase[r] + (sq & rmask[r]) * in_sw + 2 * v, v0[j], f0[j], v1[j], f1[j]);
+                        at[j] = r << 24 | k << 8 | v;
+                        want[j] = ll_flag(sq);
                     }
-                    const u32 k = local / in_vps, v = local % in_vps;
-                    const u64 s = head[r] + k;
-                    const u64* ring = r < lanes ? blk + d[D_LANE_BASE + (lanes - 1 - r)]
-                                                : dev_ring + DEV_RING_SLOTS;
-                    const u64 rcap = r < lanes ? cap : dev_cap;
-                    ll_load(ring + (s & (rcap - 1)) * in_sw + 2 * v, v0[j], f0[j], v1[j], f1[j]);
-                    rk[j] = r;
-                    kk[j] = k;
-                    vv[j] = v;
-                    sq[j] = s;
                 }
 #pragma unroll
                 for (u32 j = 0; j < LOADS_IN_FLIGHT; ++j) {
-                    if (rk[j] == MAX_RANKS) continue;
-                    const u32 want = ll_flag(sq[j]);
-                    const u32 c = ll_cmp(f0[j], want) | ll_cmp(f1[j], want);
-                    if (c) atomicOr(&st[rk[j]][kk[j]], c);
-                    u32* stage = in_stage + ((u64)rk[j] * wmax + kk[j]) * in_sw;
-                    stage[2 * vv[j]] = v0[j];
-                    stage[2 * vv[j] + 1] = v1[j];
+                    if (at[j] == ~0u) continue;
+                    const u32 r = at[j] >> 24, k = (at[j] >> 8) & 0xffffu, v = at[j] & 0xffu;
+                    const u32 c = ll_cmp(f0[j], want[j]) | ll_cmp(f1[j], want[j]);
+                    if (c) atomicOr(&st[r][k], c);
+                    u32* stage = in_stage + ((u64)r * wmax + k) * in_sw;
+                    stage[2 * v] = v0[j];
+                    stage[2 * v + 1] = v1[j];
                 }
             }
         }
@@ -286,12 +295,36 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         }
         if (!reading) continue;  // just activated: read next iteration
 
+        // Per rank: the messages ready (up to the first slot not yet written whole) and the
+        // dropped among them (overwritten by a later lap), a ballot per 32 slots.
+        __syncwarp();
+        for (u32 r = 0; r < ranks; ++r) {
+            const u32 w = win[r];
+            u32 n = w, drops = 0;
+            for (u32 b = 0; b < w; b += 32) {
+                const u32 k = b + lane;
+                const u32 sv = k < w ? st[r][k] : 1u;
+                const u32 stop = __ballot_sync(0xffffffffu, sv & 1u);
+                u32 dm = __ballot_sync(0xffffffffu, sv == 2u);
+                if (stop) {
+                    const u32 first = __ffs(stop) - 1;
+                    n = b + first;
+                    drops += __popc(dm & ((1u << first) - 1u));
+                    break;
+                }
+                drops += __popc(dm);
+            }
+            if (lane == 0) {
+                cnt[r] = n;
+                ndrop[r] = drops;
+            }
+        }
+        __syncwarp();
         if (lane == 0) {
             u32 count[MAX_RANKS], pos[MAX_RANKS];
             bool full[MAX_RANKS];
             for (u32 r = 0; r < ranks; ++r) {
-                u32 n = 0;
-                while (n < win[r] && (st[r][n] == 0 || st[r][n] == 2)) ++n;
+                const u32 n = cnt[r];
                 count[r] = n;
                 pos[r] = 0;
                 full[r] = n == win[r];  // more may wait beyond the window
@@ -306,7 +339,13 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             }
             const u32 limit = (u32)min((u64)min(batch, pick_max), room);
             u32 picks = 0;
-            for (;;) {
+            // One rank, nothing dropped: the picks are its first messages, in order.
+            fast = ranks == 1 && ndrop[0] == 0;
+            if (fast) {
+                picks = min(count[0], limit);
+                pos[0] = picks;
+            }
+            while (!fast) {
                 for (u32 r = 0; r < ranks; ++r) {
                     while (pos[r] < count[r] && st[r][pos[r]] == 2) {
                         ++pos[r];
@@ -349,13 +388,14 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         }
         __syncwarp();
         const u32 picks = n_picks;
+        const bool in_order = fast != 0;
         const u64 t_handle = now_ns();
         const u64 first = __shfl_sync(0xffffffffu, handled, 0);
         // Stateless handlers one message per thread; with state, thread 0 in order.
         const u32 step = parallel ? 32u : 1u;
         if (parallel || lane == 0) {
             for (u32 p = parallel ? lane : 0u; p < picks; p += step) {
-                const u32 r = pick[p] >> 16, k = pick[p] & 0xffffu;
+                const u32 r = in_order ? 0u : pick[p] >> 16, k = in_order ? p : pick[p] & 0xffffu;
                 const u32* in = in_stage + ((u64)r * wmax + k) * in_sw;
                 u32* out = out_stage + (u64)p * out_sw;
                 for (u32 j = 2; j < out_sw; ++j) out[j] = 0;
@@ -397,7 +437,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             u32 n_tr = 0;
             for (u32 p = 0; p < picks; ++p) {
                 if ((first + p) % trace_every) continue;
-                const u32 r = pick[p] >> 16, k = pick[p] & 0xffffu;
+                const u32 r = in_order ? 0u : pick[p] >> 16, k = in_order ? p : pick[p] & 0xffffu;
                 const u32* in = in_stage + ((u64)r * wmax + k) * in_sw;
                 const u64 id = (u64)in[0] | (u64)(r < lanes ? lanes - 1 - r : 0) << 32;
                 u64* rec = trace + ((traced + n_tr) & (TRACE_SLOTS - 1)) * TRACE_WORDS;

@@ -54,8 +54,10 @@ pub(crate) trait RawAlloc {
     fn alloc(&mut self, bytes: usize) -> Result<u64>;
     /// Returns a range from `alloc` (with its size).
     fn free(&mut self, addr: u64, bytes: usize) -> Result<()>;
-    /// Waits until no queued work can still use any memory (before segments are freed).
-    fn synchronize(&mut self) -> Result<()>;
+    /// Waits until no queued work can still use any memory (before segments are freed);
+    /// false when the device cannot be waited for (a resident kernel runs): then nothing is
+    /// released, as a free would be held back anyway.
+    fn synchronize(&mut self) -> Result<bool>;
     /// (free, total) bytes of the backend, for error messages.
     fn mem_info(&self) -> Option<(usize, usize)>;
     /// The backend's total bytes, when known: larger requests fail without asking it.
@@ -259,12 +261,14 @@ impl<R: RawAlloc, F: Fence> Core<R, F> {
                 // Refused: wait for the device, so that every pending block completes (one
                 // may fit, though its segment holds live blocks and cannot go back); else
                 // return every free segment and ask once more.
-                self.raw.synchronize()?;
+                let waited = self.raw.synchronize()?;
                 self.poll(true)?;
                 if let Some(idx) = self.find(stream, small, rounded) {
                     return Ok(self.take(idx, rounded, 0));
                 }
-                self.release_segments(u64::MAX)?;
+                if waited {
+                    self.release_segments(u64::MAX)?;
+                }
                 match self.raw.alloc(seg_bytes) {
                     Ok(addr) => addr,
                     Err(Error::OutOfMemory { .. }) => {
@@ -372,7 +376,9 @@ impl<R: RawAlloc, F: Fence> Core<R, F> {
         if !self.captures.is_empty() {
             return Ok(0);
         }
-        self.raw.synchronize()?;
+        if !self.raw.synchronize()? {
+            return Ok(0);
+        }
         self.poll(true)?;
         self.release_segments(u64::MAX)
     }
@@ -434,8 +440,7 @@ impl<R: RawAlloc, F: Fence> Core<R, F> {
             && reserved_after > self.stats.peak_reserved
         {
             let want = reserved_after - self.stats.peak_reserved;
-            if self.has_whole_free_segment() {
-                self.raw.synchronize()?;
+            if self.has_whole_free_segment() && self.raw.synchronize()? {
                 self.release_segments(want)?;
             }
         }

@@ -61,8 +61,11 @@ impl RawAlloc for DeviceRaw {
     fn free(&mut self, addr: u64, bytes: usize) -> Result<()> {
         self.device.free_raw(addr, bytes)
     }
-    fn synchronize(&mut self) -> Result<()> {
-        self.device.synchronize()
+    fn synchronize(&mut self) -> Result<bool> {
+        if self.device.has_resident_kernel() {
+            return Ok(false);
+        }
+        self.device.synchronize().map(|()| true)
     }
     fn mem_info(&self) -> Option<(usize, usize)> {
         self.device.mem_info().ok()
@@ -314,6 +317,8 @@ impl DevicePool {
     pub fn trim(&self) -> Result<u64> {
         match &self.kind {
             Kind::Caching(core) => core.lock().trim(),
+            // Nothing goes back while a resident kernel runs (see `RawAlloc::synchronize`).
+            Kind::Async(_) if self.device.has_resident_kernel() => Ok(0),
             Kind::Async(a) => {
                 let before = a.pool.usage()?.reserved;
                 self.device.synchronize()?;

@@ -57,10 +57,10 @@ impl RawAlloc for FakeRaw {
         );
         Ok(())
     }
-    fn synchronize(&mut self) -> Result<()> {
+    fn synchronize(&mut self) -> Result<bool> {
         self.syncs += 1;
         self.done_by_sync.drain(..).for_each(|f| f.0.set(true));
-        Ok(())
+        Ok(true)
     }
     fn mem_info(&self) -> Option<(usize, usize)> {
         Some((self.cap - self.used(), self.cap))
