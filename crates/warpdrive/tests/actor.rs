@@ -507,20 +507,30 @@ device_test!(
             });
             let stream = device.new_stream().unwrap();
             let host: Vec<f32> = (0..(1 << 20)).map(|i| (i % 977) as f32).collect();
-            for _ in 0..3 {
+            for round in 0..3 {
                 // A transfer, an op and a graph replay, each on streams of their own.
+                let step = |what: &str| eprintln!("beside the actors, round {round}: {what}");
+                step("upload");
                 let x = warpdrive::Buffer::from_host(&stream, &host).unwrap();
+                step("zeros");
                 let mut y = warpdrive::Buffer::<f32>::zeros(&stream, host.len()).unwrap();
+                step("axpy");
                 ops::axpy(&stream, 2.0, &x, &mut y).unwrap();
+                step("download");
                 let got = y.to_host(&stream).unwrap();
                 assert!(got.iter().zip(&host).all(|(g, h)| *g == 2.0 * h));
+                step("capture");
                 let mut graph =
                     warpdrive::exec::Graph::capture(&stream, |s| ops::axpy(s, 1.0, &x, &mut y))
                         .unwrap();
+                step("replay");
                 graph.launch().unwrap();
+                step("drop the graph");
                 drop(graph);
+                step("download");
                 let got = y.to_host(&stream).unwrap();
                 assert!(got.iter().zip(&host).all(|(g, h)| *g == 3.0 * h));
+                step("done");
             }
             assert!(
                 device.synchronize().is_err() || device.is_host_memory(),

@@ -376,17 +376,21 @@ impl ActorShared {
 }
 
 /// Spin, then yield, then sleep: a waiter that answers fast when the wait is short and
-/// costs little when it is long.
+/// costs little when it is long. By time, not rounds: a reply takes a few µs, and a spin
+/// round's length differs between CPUs.
 pub(crate) struct Backoff {
     start: Instant,
-    rounds: u32,
 }
+
+/// Spin this long, then yield until `YIELD_FOR`, then sleep `SLEEP` at a time.
+const SPIN_FOR: Duration = Duration::from_micros(50);
+const YIELD_FOR: Duration = Duration::from_millis(1);
+const SLEEP: Duration = Duration::from_micros(50);
 
 impl Backoff {
     pub(crate) fn new() -> Backoff {
         Backoff {
             start: Instant::now(),
-            rounds: 0,
         }
     }
 
@@ -395,11 +399,13 @@ impl Backoff {
     }
 
     pub(crate) fn pause(&mut self) {
-        self.rounds = self.rounds.saturating_add(1);
-        match self.rounds {
-            0..=200 => std::hint::spin_loop(),
-            201..=400 => std::thread::yield_now(),
-            _ => std::thread::sleep(Duration::from_micros(50)),
+        let waited = self.waited();
+        if waited < SPIN_FOR {
+            std::hint::spin_loop();
+        } else if waited < YIELD_FOR {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(SLEEP);
         }
     }
 }

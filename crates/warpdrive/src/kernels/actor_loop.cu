@@ -123,6 +123,23 @@ __device__ __forceinline__ void write_window(u64* ring, u64 cap, u32 sw, u64 seq
     __syncwarp();
 }
 
+#define MAX_PUBLISH 16
+// Thread 0 queues a word to publish; `flush` stores the queue, all threads at once.
+#define PUBLISH(p, v)            \
+    do {                         \
+        pub_at[n_pub] = (p);     \
+        pub_val[n_pub] = (v);    \
+        ++n_pub;                 \
+    } while (0)
+#define FLUSH()                                                   \
+    do {                                                          \
+        __syncwarp();                                             \
+        if (lane < n_pub) st_word(pub_at[lane], pub_val[lane]);   \
+        __syncwarp();                                             \
+        if (lane == 0) n_pub = 0;                                 \
+        __syncwarp();                                             \
+    } while (0)
+
 // Loads in flight per thread while reading the windows (each a PCIe round trip to host
 // memory); the loop that issues them is unrolled, so they stay in registers.
 #define LOADS_IN_FLIGHT 16
@@ -163,6 +180,11 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     __shared__ u32 cnt[MAX_RANKS], ndrop[MAX_RANKS];  // messages ready, dropped among them
     __shared__ u32 fast;                     // picks are 0..n of rank 0 (`pick` unused)
     __shared__ u32 pick[MAX_BATCH];          // (rank << 16) | position in the rank's window
+    // Words to publish at the end of the iteration, one per thread in a single store: a
+    // thread's stores to host memory one after another cost a round trip each.
+    __shared__ u64* pub_at[MAX_PUBLISH];
+    __shared__ u64 pub_val[MAX_PUBLISH];
+    __shared__ u32 n_pub;
     __shared__ u8 replied[MAX_BATCH];
     __shared__ u16 order[MAX_BATCH];    // the picks that replied, in pick order
     __shared__ u64 state_dummy;
@@ -192,6 +214,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         ctl[0] = 0;
         ctl[1] = 0;
         ctl[2] = 0;
+        n_pub = 0;
     }
     __syncwarp();
 
@@ -200,12 +223,9 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         // words are in flight (one round trip to host memory per iteration, not two).
         const bool reading = ctl[1] != 0;
         __syncwarp();  // every lane has read the last iteration's ctl before lane 0 rewrites it
-        u64 cmd = 0, beat = 0, act = 0;
-        if (lane == 0) {
-            cmd = ld_word(sysw + S_COMMAND);
-            beat = ld_word(sysw + S_HOST_BEAT);
-            act = ld_word(blk + C_COMMAND) & 1;
-        }
+        // The control words, one per thread (waited for after the windows' loads go out).
+        u64 word = 0;
+        if (lane < 3) word = ld_word(lane == 0 ? sysw + S_COMMAND : lane == 1 ? sysw + S_HOST_BEAT : blk + C_COMMAND);
         const u64 t_start = now_ns();
         if (reading) {
             if (lane == 0) {
@@ -252,6 +272,9 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                 }
             }
         }
+        const u64 cmd = __shfl_sync(0xffffffffu, word, 0);
+        const u64 beat = __shfl_sync(0xffffffffu, word, 1);
+        const u64 act = __shfl_sync(0xffffffffu, word, 2) & 1;
         if (lane == 0) {
             const u64 t = now_ns();
             if (beat != host_beat) {
@@ -259,18 +282,18 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                 beat_time = t;
                 if (parked) {
                     parked = 0;
-                    if (a == 0) st_word(sysw + S_PARKED, 0);
+                    if (a == 0) PUBLISH(sysw + S_PARKED, 0);
                 }
             } else if (!parked && t - beat_time > park_ns) {
                 parked = 1;
-                if (a == 0) st_word(sysw + S_PARKED, 1);
+                if (a == 0) PUBLISH(sysw + S_PARKED, 1);
             }
             if ((u32)act != status) {
                 status = (u32)act;
-                st_word(blk + C_STATUS, act);
+                PUBLISH(blk + C_STATUS, act);
             }
             ++loops;
-            if (a == 0) st_word(sysw + S_LOOP_BEAT, loops);
+            if (a == 0) PUBLISH(sysw + S_LOOP_BEAT, loops);
             if (a == 0 && (loops & 63) == 0) {
                 // A clock calibration asked by the host: the time first, then the answer.
                 const u64 req = ld_word(sysw + S_CAL_REQ);
@@ -281,19 +304,20 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                     st_word(sysw + S_CAL_ACK, req);
                 }
             }
-            if ((loops & 255) == 0) st_word(blk + C_LOOPS, loops);
+            if ((loops & 255) == 0) PUBLISH(blk + C_LOOPS, loops);
             ctl[0] = cmd == 1;
             ctl[1] = act && !parked;
             ctl[2] = parked;
         }
         __syncwarp();
         if (ctl[0]) break;
-        if (!ctl[1]) {
-            // What was read stays in the rings (heads unchanged) for when the actor runs.
-            __nanosleep(ctl[2] ? 100000 : 2000);
+        if (!ctl[1] || !reading) {
+            FLUSH();
+            // What was read stays in the rings (heads unchanged) for when the actor runs;
+            // one just activated reads next iteration.
+            if (!ctl[1]) __nanosleep(ctl[2] ? 100000 : 2000);
             continue;
         }
-        if (!reading) continue;  // just activated: read next iteration
 
         // Per rank: the messages ready (up to the first slot not yet written whole) and the
         // dropped among them (overwritten by a later lap), a ballot per 32 slots.
@@ -381,8 +405,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             for (u32 r = 0; r < ranks; ++r) {
                 if (!pos[r]) continue;
                 head[r] += pos[r];
-                if (r < lanes) st_word(blk + C_IN_HEAD + (lanes - 1 - r), head[r]);
-                else st_word(dev_ring, head[r]);
+                PUBLISH(r < lanes ? blk + C_IN_HEAD + (lanes - 1 - r) : dev_ring, head[r]);
             }
             n_picks = picks;
         }
@@ -457,20 +480,20 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             handled += picks;
             if (fwd_ring) {
                 fwd_tail += outs;
-                st_word(blk + C_FORWARDED, fwd_tail);
+                PUBLISH(blk + C_FORWARDED, fwd_tail);
             } else {
                 out_tail += outs;
-                st_word(blk + C_OUT_TAIL, out_tail);
+                PUBLISH(blk + C_OUT_TAIL, out_tail);
             }
             busy += now_ns() - t_start;
-            st_word(blk + C_PROCESSED, handled);
-            st_word(blk + C_BUSY_NS, busy);
+            PUBLISH(blk + C_PROCESSED, handled);
+            PUBLISH(blk + C_BUSY_NS, busy);
         }
         if (lane == 0 && dropped != dropped_shown) {
             dropped_shown = dropped;
-            st_word(blk + C_DROPPED, dropped);
+            PUBLISH(blk + C_DROPPED, dropped);
         }
-        __syncwarp();
+        FLUSH();
     }
     if (lane == 0) {
         st_word(blk + C_LOOPS, loops);
