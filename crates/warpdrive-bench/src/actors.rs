@@ -4,7 +4,8 @@
 //! - `round-trip` (size = message bytes, 64 and 256): host send → handler (`out = 3·in + 1`
 //!   per word for the baselines, the same on the value for the actor) → host sees the reply,
 //!   one message in flight; µs per message; `extra` has p99 / p99.9 and the ratio to the
-//!   doorbell (and for `warpdrive` the loop's mean iteration, `loop_ns`). Variants `doorbell` (one GPU thread polling one mapped word, no queue),
+//!   doorbell (and for `warpdrive` the loop's mean iteration while answering, `loop_ns`, and idle,
+//!   `idle_loop_ns`). Variants `doorbell` (one GPU thread polling one mapped word, no queue),
 //!   `warpdrive` (`Actor::request`), `kernel-per-message` (write the message to mapped
 //!   memory, launch, synchronize, read), `graph-per-message` (the same kernel in a graph).
 //! - `round-trip-loaded` (size 64): `warpdrive` requests while another thread sends
@@ -201,6 +202,10 @@ fn round_trip<M: Pod>(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         for k in 0..1000 {
             a.request(&message::<M>(k, true), 0, WAIT)?;
         }
+        // The loop's iteration with nothing to do, then while it answers.
+        let (idle0, t0) = (a.stats().loops, Instant::now());
+        std::thread::sleep(plan.interval);
+        let idle_loop_ns = t0.elapsed().as_nanos() as f64 / (a.stats().loops - idle0).max(1) as f64;
         let mut us = Vec::with_capacity(plan.round_trips);
         let (loops0, t0) = (a.stats().loops, Instant::now());
         for k in 0..plan.round_trips as u32 {
@@ -213,7 +218,7 @@ fn round_trip<M: Pod>(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         // The loop's mean iteration while it answered (its counter is published every 256).
         let loop_ns = t0.elapsed().as_nanos() as f64 / (a.stats().loops - loops0).max(1) as f64;
         system.terminate()?;
-        let extra = [("loop_ns", loop_ns)];
+        let extra = [("loop_ns", loop_ns), ("idle_loop_ns", idle_loop_ns)];
         record_latency(ctx, CASE, bytes, "warpdrive", us, Some(doorbell), &extra)?;
     }
     ctx.step(format!(

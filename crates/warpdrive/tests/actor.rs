@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use bytemuck::{Pod, Zeroable};
 use common::device_test;
 use rand::{Rng, SeedableRng};
-use warpdrive::actor::{ActorCtx, ActorSpec, ActorSystem, Backpressure, SystemConfig};
+use warpdrive::actor::{Actor, ActorCtx, ActorSpec, ActorSystem, Backpressure, SystemConfig};
 use warpdrive::{Device, Error};
 
 /// 64 bytes in: an id, a value, and how long the handler should stay busy.
@@ -90,6 +90,19 @@ fn msg(id: u32, value: u32) -> In {
 
 const WAIT: Duration = Duration::from_secs(10);
 
+/// The actor's stats once it has counted `processed` messages (and `dropped` dropped), or
+/// after `WAIT`: the loop publishes its counts just after its replies.
+fn settled(a: &Actor<In, Out>, processed: u64, dropped: u64) -> warpdrive::actor::ActorStats {
+    let t0 = Instant::now();
+    loop {
+        let s = a.stats();
+        if (s.processed >= processed && s.dropped >= dropped) || t0.elapsed() > WAIT {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// A stateless echo (`S = ()`): on CUDA its handlers run one message per thread.
 fn stateless(name: &str) -> ActorSpec<In, Out, ()> {
     ActorSpec::new(name, ())
@@ -139,7 +152,7 @@ device_test!(
             assert_eq!(r.value.seen, k as u64, "ctx.seq counts every message handled");
         }
         assert!(matches!(a.try_recv(), Ok(None)));
-        let stats = a.stats();
+        let stats = settled(&a, 4099, 0);
         assert_eq!((stats.processed, stats.dropped), (4099, 0));
         system.terminate().unwrap();
     }
@@ -177,7 +190,7 @@ device_test!(
                 sum: expected_sum
             }
         );
-        let stats = a.stats();
+        let stats = settled(&a, 1000, 0);
         assert_eq!(
             (stats.processed, stats.dropped, stats.rejected),
             (1000, 0, 0)
@@ -208,7 +221,7 @@ device_test!(
                 });
             }
         });
-        assert_eq!(a.stats().processed, 1200);
+        assert_eq!(settled(&a, 1200, 0).processed, 1200);
         assert!(a.try_recv().unwrap().is_none(), "no reply left over");
     }
 );
@@ -263,7 +276,7 @@ device_test!(
         for k in 0..16 {
             assert_eq!(a.recv(WAIT).unwrap().value.id, k);
         }
-        let stats = a.stats();
+        let stats = settled(&a, 16, 0);
         assert_eq!((stats.processed, stats.rejected, stats.dropped), (16, 3, 0));
     }
 );
@@ -301,7 +314,7 @@ device_test!(
                 assert_eq!(r.value.id, k);
             }
         });
-        let stats = a.stats();
+        let stats = settled(&a, n as u64, 0);
         assert_eq!(
             (stats.processed, stats.rejected, stats.dropped),
             (n as u64, 0, 0)
@@ -333,11 +346,7 @@ device_test!(
         a.activate().unwrap();
         let got: Vec<u32> = (0..16).map(|_| a.recv(WAIT).unwrap().value.id).collect();
         assert_eq!(got, (84..100).collect::<Vec<_>>(), "the newest 16 survive");
-        let t0 = Instant::now();
-        while a.stats().dropped < 84 && t0.elapsed() < WAIT {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let stats = a.stats();
+        let stats = settled(&a, 16, 84);
         assert_eq!((stats.processed, stats.dropped), (16, 84));
         assert!(a.try_recv().unwrap().is_none());
     }

@@ -76,12 +76,14 @@ pub(crate) fn start(
     let f = gpu.generated_function(&module, "actor_loop")?;
     tracing::debug!("actor loop: compiled and loaded in {:?}", t0.elapsed());
     let n = crate::kernels::load_eagerly(gpu, preload_all)?;
+    let side = device.new_stream()?;
+    // A graph capture makes the cuBLAS handle first; making it waits for the device.
+    gpu.prepare_blas(side.gpu("the actor loop")?.stream)?;
     tracing::debug!(
         "actor loop: {n} kernels loaded eagerly by {:?}",
         t0.elapsed()
     );
 
-    let side = device.new_stream()?;
     let targets: Vec<bool> = (0..specs.len())
         .map(|i| specs.iter().any(|s| s.forward_to == Some(i)))
         .collect();

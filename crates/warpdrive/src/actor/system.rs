@@ -547,7 +547,9 @@ pub struct Reply<Out> {
     pub value: Out,
 }
 
-/// What an actor has done, as its loop counts it (plus the host's rejections).
+/// What an actor has done, as its loop counts it (plus the host's rejections). The loop
+/// publishes its counts at the end of each iteration, after that iteration's replies: a
+/// reply can be received a moment before the counts that include it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ActorStats {
     /// Messages taken from the inboxes (the loop handles each in the iteration that takes
