@@ -4,8 +4,9 @@
 //! - `round-trip` (size = message bytes, 64 and 256): host send → handler (`out = 3·in + 1`
 //!   per word for the baselines, the same on the value for the actor) → host sees the reply,
 //!   one message in flight; µs per message; `extra` has p99 / p99.9 and the ratio to the
-//!   doorbell (and for `warpdrive` the loop's mean iteration while answering, `loop_ns`, and idle,
-//!   `idle_loop_ns`). Variants `doorbell` (one GPU thread polling one mapped word, no queue),
+//!   doorbell (and for `warpdrive` the loop's mean iteration and its phases, idle and while
+//!   answering: `idle_read_ns` … `idle_loop_ns`, `busy_read_ns` … `busy_loop_ns`, see
+//!   `ActorStats::phase_ns`). Variants `doorbell` (one GPU thread polling one mapped word, no queue),
 //!   `warpdrive` (`Actor::request`), `kernel-per-message` (write the message to mapped
 //!   memory, launch, synchronize, read), `graph-per-message` (the same kernel in a graph).
 //! - `round-trip-loaded` (size 64): `warpdrive` requests while another thread sends
@@ -27,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use bytemuck::{Pod, Zeroable};
 use warpdrive::actor::probe::{Doorbell, OneShot};
-use warpdrive::actor::{Actor, ActorCtx, ActorSpec, ActorSystem, Backpressure};
+use warpdrive::actor::{Actor, ActorCtx, ActorSpec, ActorStats, ActorSystem, Backpressure};
 use warpdrive::error::{Error, Result};
 use warpdrive::exec::Graph;
 
@@ -149,6 +150,20 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
     terminate(ctx, &plan)
 }
 
+/// The loop's phases (`ActorStats::phase_ns`), then the whole iteration.
+const PHASES: [&str; 5] = ["read", "control", "pick", "answer", "loop"];
+
+/// Mean ns per loop iteration between two stats of one actor: each phase, then the sum.
+fn per_iteration(from: &ActorStats, to: &ActorStats) -> [f64; 5] {
+    let loops = to.loops.saturating_sub(from.loops).max(1) as f64;
+    let mut ns = [0.0; 5];
+    for (i, v) in ns.iter_mut().take(4).enumerate() {
+        *v = to.phase_ns[i].saturating_sub(from.phase_ns[i]) as f64 / loops;
+    }
+    ns[4] = ns[..4].iter().sum();
+    ns
+}
+
 fn record_latency(
     ctx: &mut Ctx,
     case: &str,
@@ -202,12 +217,12 @@ fn round_trip<M: Pod>(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         for k in 0..1000 {
             a.request(&message::<M>(k, true), 0, WAIT)?;
         }
-        // The loop's iteration with nothing to do, then while it answers.
-        let (idle0, t0) = (a.stats().loops, Instant::now());
+        // The loop's iteration and its phases with nothing to do, then while it answers.
+        let idle0 = a.stats();
         std::thread::sleep(plan.interval);
-        let idle_loop_ns = t0.elapsed().as_nanos() as f64 / (a.stats().loops - idle0).max(1) as f64;
+        let idle = per_iteration(&idle0, &a.stats());
         let mut us = Vec::with_capacity(plan.round_trips);
-        let (loops0, t0) = (a.stats().loops, Instant::now());
+        let busy0 = a.stats();
         for k in 0..plan.round_trips as u32 {
             let m = message::<M>(k, true);
             let t = Instant::now();
@@ -215,10 +230,15 @@ fn round_trip<M: Pod>(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
             us.push(t.elapsed().as_secs_f64() * 1e6);
             check(&out, k)?;
         }
-        // The loop's mean iteration while it answered (its counter is published every 256).
-        let loop_ns = t0.elapsed().as_nanos() as f64 / (a.stats().loops - loops0).max(1) as f64;
+        let busy = per_iteration(&busy0, &a.stats());
         system.terminate()?;
-        let extra = [("loop_ns", loop_ns), ("idle_loop_ns", idle_loop_ns)];
+        let mut extra = Vec::new();
+        for (when, ns) in [("idle", idle), ("busy", busy)] {
+            for (phase, v) in PHASES.iter().zip(ns) {
+                extra.push((format!("{when}_{phase}_ns"), v));
+            }
+        }
+        let extra: Vec<(&str, f64)> = extra.iter().map(|(k, v)| (k.as_str(), *v)).collect();
         record_latency(ctx, CASE, bytes, "warpdrive", us, Some(doorbell), &extra)?;
     }
     ctx.step(format!(

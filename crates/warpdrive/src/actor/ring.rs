@@ -64,6 +64,9 @@ pub(crate) mod ctrl {
     pub(crate) const CLOCK_START: usize = 16;
     /// Loop → host: sampled message records written to the trace ring.
     pub(crate) const TRACE_TAIL: usize = 17;
+    /// Loop → host: nanoseconds spent in each phase of an iteration (`ActorStats::phase_ns`),
+    /// published with `LOOPS`.
+    pub(crate) const PHASE_NS: usize = 18;
     /// Words of the control block.
     pub(crate) const WORDS: usize = 32;
 }

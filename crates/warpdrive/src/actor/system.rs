@@ -569,6 +569,11 @@ pub struct ActorStats {
     pub loops: u64,
     /// Replies sent to the next actor.
     pub forwarded: u64,
+    /// Nanoseconds the loop spent, over all its iterations, reading the inboxes and the
+    /// control words (a round trip to host memory), acting on the control words, picking
+    /// messages, and handling and answering them. Published with `loops`, every 256
+    /// iterations (on the CPU backend, zeros).
+    pub phase_ns: [u64; 4],
 }
 
 /// A typed handle on one actor: `In` goes in, `Out` comes back. Cheap to clone; usable
@@ -769,6 +774,7 @@ impl<In: Pod, Out: Pod> Actor<In, Out> {
             busy_ns: w(ctrl::BUSY_NS),
             loops: w(ctrl::LOOPS),
             forwarded: w(ctrl::FORWARDED),
+            phase_ns: std::array::from_fn(|i| w(ctrl::PHASE_NS + i)),
         }
     }
 

@@ -58,6 +58,7 @@ __device__ void actor_dispatch(u32 kind, const void* in, void* out, void* state,
 #define C_FORWARDED 15
 #define C_CLOCK_START 16
 #define C_TRACE_TAIL 17
+#define C_PHASE_NS 18  // 4 words
 #define S_COMMAND 0
 #define S_HOST_BEAT 1
 #define S_PARK_NS 2
@@ -123,7 +124,7 @@ __device__ __forceinline__ void write_window(u64* ring, u64 cap, u32 sw, u64 seq
     __syncwarp();
 }
 
-#define MAX_PUBLISH 16
+#define MAX_PUBLISH 32
 // Thread 0 queues a word to publish; `flush` stores the queue, all threads at once.
 #define PUBLISH(p, v)            \
     do {                         \
@@ -195,6 +196,8 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     u64 host_beat = 0, beat_time = 0, loops = 0, park_ns = 0, dropped_shown = 0;
     u32 since_lower = 0, status = 2, parked = 0;
     u64 cal_seen = 0, traced = 0;
+    u64 phase[4] = {0, 0, 0, 0};  // read, control, pick, handle and answer (ns)
+    u64 t_read = 0, t_ctl = 0, t_pick = 0;
     if (lane == 0) {
         for (u32 r = 0; r < ranks; ++r) {
             head[r] = r < lanes ? ld_word(blk + C_IN_HEAD + (lanes - 1 - r)) : ld_word(dev_ring);
@@ -272,6 +275,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                 }
             }
         }
+        t_read = now_ns();
         const u64 cmd = __shfl_sync(0xffffffffu, word, 0);
         const u64 beat = __shfl_sync(0xffffffffu, word, 1);
         const u64 act = __shfl_sync(0xffffffffu, word, 2) & 1;
@@ -305,10 +309,16 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                     st_word(sysw + S_CAL_ACK, req);
                 }
             }
-            if ((loops & 255) == 0) PUBLISH(blk + C_LOOPS, loops);
+            if ((loops & 255) == 0) {
+                PUBLISH(blk + C_LOOPS, loops);
+                for (u32 q = 0; q < 4; ++q) PUBLISH(blk + C_PHASE_NS + q, phase[q]);
+            }
             ctl[0] = cmd == 1;
             ctl[1] = act && !parked;
             ctl[2] = parked;
+            t_ctl = now_ns();
+            phase[0] += t_read - t_start;
+            phase[1] += t_ctl - t_read;
         }
         __syncwarp();
         if (ctl[0]) break;
@@ -409,6 +419,8 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                 PUBLISH(r < lanes ? blk + C_IN_HEAD + (lanes - 1 - r) : dev_ring, head[r]);
             }
             n_picks = picks;
+            t_pick = now_ns();
+            phase[2] += t_pick - t_ctl;
         }
         __syncwarp();
         const u32 picks = n_picks;
@@ -495,6 +507,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             PUBLISH(blk + C_DROPPED, dropped);
         }
         FLUSH();
+        if (lane == 0) phase[3] += now_ns() - t_pick;
     }
     if (lane == 0) {
         st_word(blk + C_LOOPS, loops);
