@@ -125,6 +125,12 @@ __device__ __forceinline__ void write_window(u64* ring, u64 cap, u32 sw, u64 seq
 }
 
 #define MAX_PUBLISH 32
+// Clears the slot states of every rank's next window (all threads).
+#define CLEAR_ST()                                                          \
+    do {                                                                    \
+        for (u32 r_ = 0; r_ < ranks; ++r_)                                  \
+            for (u32 k_ = lane; k_ < win[r_]; k_ += 32) st[r_][k_] = 0;     \
+    } while (0)
 // Thread 0 queues a word to publish; `flush` stores the queue, all threads at once.
 #define PUBLISH(p, v)            \
     do {                         \
@@ -177,7 +183,6 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     __shared__ u32 n_picks, n_out;
     __shared__ const u64* rbase[MAX_RANKS];  // each rank's ring: slots from here
     __shared__ u64 rmask[MAX_RANKS];         // its capacity - 1
-    __shared__ u32 pre[MAX_RANKS + 1];       // 16-byte vectors read before each rank's window
     __shared__ u32 cnt[MAX_RANKS], ndrop[MAX_RANKS];  // messages ready, dropped among them
     __shared__ u32 fast;                     // picks are 0..n of rank 0 (`pick` unused)
     __shared__ u32 pick[MAX_BATCH];          // (rank << 16) | position in the rank's window
@@ -219,31 +224,26 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         ctl[2] = 0;
         n_pub = 0;
     }
+    for (u32 i = lane; i < MAX_RANKS * MAX_WINDOW; i += 32) st[i / MAX_WINDOW][i % MAX_WINDOW] = 0;
     __syncwarp();
 
     for (;;) {
         // Whether the last iteration ran: then this one reads the windows while the control
-        // words are in flight (one round trip to host memory per iteration, not two).
+        // words are in flight. Nothing may wait between the first load and the last (a
+        // __syncwarp waits for them): one round trip to host memory per iteration.
         const bool reading = ctl[1] != 0;
         __syncwarp();  // every lane has read the last iteration's ctl before lane 0 rewrites it
-        // The control words, one per thread (waited for after the windows' loads go out).
+        const u64 t_start = now_ns();
+        // The control words, one per thread.
         u64 word = 0;
         if (lane < 3) word = ld_word(lane == 0 ? sysw + S_COMMAND : lane == 1 ? sysw + S_HOST_BEAT : blk + C_COMMAND);
-        const u64 t_start = now_ns();
         if (reading) {
-            if (lane == 0) {
-                u32 acc = 0;
-                for (u32 r = 0; r < ranks; ++r) {
-                    pre[r] = acc;
-                    acc += win[r] * in_vps;
-                }
-                pre[ranks] = acc;
-            }
-            for (u32 r = 0; r < ranks; ++r) {
-                for (u32 k = lane; k < win[r]; k += 32) st[r][k] = 0;
-            }
-            __syncwarp();
-            const u32 total = pre[ranks];
+            // Each rank's first vector in the flat order (`st` was cleared for these windows).
+            u32 pre[MAX_RANKS + 1];
+            pre[0] = 0;
+#pragma unroll
+            for (u32 r = 0; r < MAX_RANKS; ++r) pre[r + 1] = pre[r] + (r < ranks ? win[r] * in_vps : 0u);
+            const u32 total = pre[MAX_RANKS];
             for (u32 base = 0; base < total; base += 32 * LOADS_IN_FLIGHT) {
                 u32 v0[LOADS_IN_FLIGHT], f0[LOADS_IN_FLIGHT], v1[LOADS_IN_FLIGHT], f1[LOADS_IN_FLIGHT];
                 u32 at[LOADS_IN_FLIGHT], want[LOADS_IN_FLIGHT];
@@ -252,10 +252,15 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                     const u32 i = base + j * 32 + lane;
                     at[j] = ~0u;
                     if (i < total) {
-                        u32 r = 0;
+                        u32 r = 0, first = 0;
 #pragma unroll
-                        for (u32 q = 1; q < MAX_RANKS; ++q) r += (q < ranks && i >= pre[q]) ? 1u : 0u;
-                        const u32 local = i - pre[r];
+                        for (u32 q = 1; q < MAX_RANKS; ++q) {
+                            if (q < ranks && i >= pre[q]) {
+                                r = q;
+                                first = pre[q];
+                            }
+                        }
+                        const u32 local = i - first;
                         const u32 k = local / in_vps, v = local - k * in_vps;
                         const u64 sq = head[r] + k;
                         ll_load(rbase[r] + (sq & rmask[r]) * in_sw + 2 * v, v0[j], f0[j], v1[j], f1[j]);
@@ -323,6 +328,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         __syncwarp();
         if (ctl[0]) break;
         if (!ctl[1] || !reading) {
+            CLEAR_ST();
             FLUSH();
             // What was read stays in the rings (heads unchanged) for when the actor runs;
             // one just activated reads next iteration.
@@ -356,15 +362,6 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         }
         __syncwarp();
         if (lane == 0) {
-            u32 count[MAX_RANKS], pos[MAX_RANKS];
-            bool full[MAX_RANKS];
-            for (u32 r = 0; r < ranks; ++r) {
-                const u32 n = cnt[r];
-                count[r] = n;
-                pos[r] = 0;
-                full[r] = n == win[r];  // more may wait beyond the window
-                win[r] = full[r] ? min(win[r] * 2, wmax) : (n == 0 ? 1 : win[r]);
-            }
             u64 room;
             if (fwd_ring) {
                 room = fwd_cap - (fwd_tail - ld_word(fwd_ring));
@@ -377,50 +374,74 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             // One rank, nothing dropped: the picks are its first messages, in order.
             fast = ranks == 1 && ndrop[0] == 0;
             if (fast) {
-                picks = min(count[0], limit);
-                pos[0] = picks;
-            }
-            while (!fast) {
+                const u32 n = cnt[0];
+                // A full window: more may wait beyond it.
+                win[0] = n == win[0] ? min(win[0] * 2, wmax) : (n == 0 ? 1 : win[0]);
+                picks = min(n, limit);
+                if (picks) {
+                    head[0] += picks;
+                    PUBLISH(lanes ? blk + C_IN_HEAD + (lanes - 1) : dev_ring, head[0]);
+                }
+            } else {
+                u32 count[MAX_RANKS], pos[MAX_RANKS];
+                bool full[MAX_RANKS];
                 for (u32 r = 0; r < ranks; ++r) {
-                    while (pos[r] < count[r] && st[r][pos[r]] == 2) {
-                        ++pos[r];
-                        ++dropped;
-                    }
+                    const u32 n = cnt[r];
+                    count[r] = n;
+                    pos[r] = 0;
+                    full[r] = n == win[r];  // more may wait beyond the window
+                    win[r] = full[r] ? min(win[r] * 2, wmax) : (n == 0 ? 1 : win[r]);
                 }
-                if (picks >= limit) break;
-                // The highest rank with messages, or with a full window used up (its next
-                // messages come first next iteration); then the next lower rank with some.
-                u32 top = MAX_RANKS, lower = MAX_RANKS;
+                for (;;) {
+                    for (u32 r = 0; r < ranks; ++r) {
+                        while (pos[r] < count[r] && st[r][pos[r]] == 2) {
+                            ++pos[r];
+                            ++dropped;
+                        }
+                    }
+                    if (picks >= limit) break;
+                    // The highest rank with messages, or with a full window used up (its
+                    // next messages come first next iteration); then the next lower rank
+                    // with some.
+                    u32 top = MAX_RANKS, lower = MAX_RANKS;
+                    for (u32 r = 0; r < ranks; ++r) {
+                        const bool has = pos[r] < count[r];
+                        if (top == MAX_RANKS) {
+                            if (has || full[r]) top = r;
+                        } else if (has) {
+                            lower = r;
+                            break;
+                        }
+                    }
+                    if (top == MAX_RANKS) break;
+                    const bool top_has = pos[top] < count[top];
+                    if (!top_has && !(lower != MAX_RANKS && since_lower >= starvation)) break;
+                    u32 r = top;
+                    if (lower != MAX_RANKS && since_lower >= starvation) {
+                        r = lower;
+                        since_lower = 0;
+                    } else {
+                        since_lower = lower != MAX_RANKS ? since_lower + 1 : 0;
+                    }
+                    pick[picks++] = r << 16 | pos[r];
+                    ++pos[r];
+                }
                 for (u32 r = 0; r < ranks; ++r) {
-                    const bool has = pos[r] < count[r];
-                    if (top == MAX_RANKS) {
-                        if (has || full[r]) top = r;
-                    } else if (has) {
-                        lower = r;
-                        break;
-                    }
+                    if (!pos[r]) continue;
+                    head[r] += pos[r];
+                    PUBLISH(r < lanes ? blk + C_IN_HEAD + (lanes - 1 - r) : dev_ring, head[r]);
                 }
-                if (top == MAX_RANKS) break;
-                const bool top_has = pos[top] < count[top];
-                if (!top_has && !(lower != MAX_RANKS && since_lower >= starvation)) break;
-                u32 r = top;
-                if (lower != MAX_RANKS && since_lower >= starvation) {
-                    r = lower;
-                    since_lower = 0;
-                } else {
-                    since_lower = lower != MAX_RANKS ? since_lower + 1 : 0;
-                }
-                pick[picks++] = r << 16 | pos[r];
-                ++pos[r];
-            }
-            for (u32 r = 0; r < ranks; ++r) {
-                if (!pos[r]) continue;
-                head[r] += pos[r];
-                PUBLISH(r < lanes ? blk + C_IN_HEAD + (lanes - 1 - r) : dev_ring, head[r]);
             }
             n_picks = picks;
             t_pick = now_ns();
             phase[2] += t_pick - t_ctl;
+        }
+        __syncwarp();
+        CLEAR_ST();  // for the next iteration's windows
+        if (n_picks == 0) {
+            FLUSH();
+            if (lane == 0) phase[3] += now_ns() - t_pick;
+            continue;
         }
         __syncwarp();
         const u32 picks = n_picks;
