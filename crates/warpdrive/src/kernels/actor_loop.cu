@@ -125,7 +125,6 @@ __device__ __forceinline__ void write_window(u64* ring, u64 cap, u32 sw, u64 seq
 }
 
 #define MAX_PUBLISH 32
-#define CONTROL_EVERY 8
 // Clears the slot states of every rank's next window (all threads).
 #define CLEAR_ST()                                                          \
     do {                                                                    \
@@ -182,7 +181,6 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     __shared__ u64 head[MAX_RANKS];
     __shared__ u32 ctl[3];  // terminate, run, parked
     __shared__ u32 n_picks, n_out;
-    __shared__ u32 n_loops;  // thread 0's iteration count, for every thread
     __shared__ const u64* rbase[MAX_RANKS];  // each rank's ring: slots from here
     __shared__ u64 rmask[MAX_RANKS];         // its capacity - 1
     __shared__ u32 cnt[MAX_RANKS], ndrop[MAX_RANKS];  // messages ready, dropped among them
@@ -205,7 +203,6 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     u64 cal_seen = 0, traced = 0;
     u64 phase[4] = {0, 0, 0, 0};  // read, control, pick, handle and answer (ns)
     u64 t_read = 0, t_ctl = 0, t_pick = 0;
-    u64 cmd = 0, beat = 0, act = 0;  // the control words as last read
     if (lane == 0) {
         for (u32 r = 0; r < ranks; ++r) {
             head[r] = r < lanes ? ld_word(blk + C_IN_HEAD + (lanes - 1 - r)) : ld_word(dev_ring);
@@ -226,7 +223,6 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         ctl[1] = 0;
         ctl[2] = 0;
         n_pub = 0;
-        n_loops = 0;
     }
     for (u32 i = lane; i < MAX_RANKS * MAX_WINDOW; i += 32) st[i / MAX_WINDOW][i % MAX_WINDOW] = 0;
     __syncwarp();
@@ -236,14 +232,11 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         // words are in flight. Nothing may wait between the first load and the last (a
         // __syncwarp waits for them): one round trip to host memory per iteration.
         const bool reading = ctl[1] != 0;
-        const u32 loops_seen = n_loops;
         __syncwarp();  // every lane has read the last iteration's ctl before lane 0 rewrites it
         const u64 t_start = now_ns();
-        // The control words, one per thread: every CONTROL_EVERY iterations while reading
-        // (a load from another allocation than the rings' costs a round trip more).
-        const bool control = !reading || (loops_seen & (CONTROL_EVERY - 1)) == 0;
+        // The control words, one per thread.
         u64 word = 0;
-        if (control && lane < 3) word = ld_word(lane == 0 ? sysw + S_COMMAND : lane == 1 ? sysw + S_HOST_BEAT : blk + C_COMMAND);
+        if (lane < 3) word = ld_word(lane == 0 ? sysw + S_COMMAND : lane == 1 ? sysw + S_HOST_BEAT : blk + C_COMMAND);
         if (reading) {
             // Each rank's first vector in the flat order (`st` was cleared for these windows).
             u32 pre[MAX_RANKS + 1];
@@ -288,16 +281,10 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             }
         }
         t_read = now_ns();
-        const u64 cmd_w = __shfl_sync(0xffffffffu, word, 0);
-        const u64 beat_w = __shfl_sync(0xffffffffu, word, 1);
-        const u64 act_w = __shfl_sync(0xffffffffu, word, 2) & 1;
+        const u64 cmd = __shfl_sync(0xffffffffu, word, 0);
+        const u64 beat = __shfl_sync(0xffffffffu, word, 1);
+        const u64 act = __shfl_sync(0xffffffffu, word, 2) & 1;
         if (lane == 0) {
-            // Without a fresh read, the words as last read.
-            if (control) {
-                cmd = cmd_w;
-                beat = beat_w;
-                act = act_w;
-            }
             const u64 t = now_ns();
             if (beat != host_beat) {
                 host_beat = beat;
@@ -315,7 +302,6 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                 PUBLISH(blk + C_STATUS, act);
             }
             ++loops;
-            n_loops = (u32)loops;
             // The beat every 64 iterations: an idle iteration stores nothing to host memory.
             if (a == 0 && (loops & 63) == 0) PUBLISH(sysw + S_LOOP_BEAT, loops);
             if (a == 0 && (loops & 63) == 0) {
