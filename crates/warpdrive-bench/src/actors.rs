@@ -87,10 +87,12 @@ fn echo_spec<M: Pod>(name: &str, batch: usize) -> ActorSpec<M, M, ()> {
 fn counting_echo_spec(name: &str, batch: usize) -> ActorSpec<Msg64, Msg64, u64> {
     ActorSpec::new(name, 0u64)
         .cuda(handler_source(16, true))
-        .host(|i: &Msg64, o: &mut Msg64, s: &mut u64, ctx: &mut ActorCtx| {
-            echo(i, o, ctx);
-            *s += 1;
-        })
+        .host(
+            |i: &Msg64, o: &mut Msg64, s: &mut u64, ctx: &mut ActorCtx| {
+                echo(i, o, ctx);
+                *s += 1;
+            },
+        )
         .batch(batch)
         .capacity(1 << 16)
         .backpressure(Backpressure::Block { timeout: WAIT })
@@ -271,11 +273,27 @@ fn round_trip<M: Pod>(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         Ok(us)
     };
     let us = per_message(&mut || shot.enqueue(&stream))?;
-    record_latency(ctx, CASE, bytes, "kernel-per-message", us, Some(doorbell), &[])?;
+    record_latency(
+        ctx,
+        CASE,
+        bytes,
+        "kernel-per-message",
+        us,
+        Some(doorbell),
+        &[],
+    )?;
     let mut graph = Graph::capture(&stream, |s| shot.enqueue(s))?;
     let us = per_message(&mut || graph.launch())?;
     drop(graph);
-    record_latency(ctx, CASE, bytes, "graph-per-message", us, Some(doorbell), &[])?;
+    record_latency(
+        ctx,
+        CASE,
+        bytes,
+        "graph-per-message",
+        us,
+        Some(doorbell),
+        &[],
+    )?;
     Ok(())
 }
 
@@ -408,7 +426,9 @@ fn throughput(ctx: &mut Ctx, plan: &Plan) -> Result<f64> {
             }
         }
     }
-    ctx.step(format!("{SUITE}: {CASE} batch 256, 4 producers, with state"));
+    ctx.step(format!(
+        "{SUITE}: {CASE} batch 256, 4 producers, with state"
+    ));
     {
         let mut system = ActorSystem::new(&device)?;
         let a = system.spawn(counting_echo_spec("counter", 256))?;

@@ -149,7 +149,10 @@ device_test!(
             let r = a.recv(WAIT).unwrap();
             assert_eq!(r.value.id, k as u32);
             assert_eq!(r.value.value, v.wrapping_mul(3).wrapping_add(1));
-            assert_eq!(r.value.seen, k as u64, "ctx.seq counts every message handled");
+            assert_eq!(
+                r.value.seen, k as u64,
+                "ctx.seq counts every message handled"
+            );
         }
         assert!(matches!(a.try_recv(), Ok(None)));
         let stats = settled(&a, 4099, 0);
