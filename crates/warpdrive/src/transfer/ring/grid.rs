@@ -74,7 +74,9 @@ impl Grid {
         sizes.extend(ramp.iter().rev());
         match sizes.last_mut() {
             Some(last) => *last += rest % align,
-            None => sizes.push(n),
+            // A copy of nothing has no chunks (an empty one would have no last part).
+            None if n > 0 => sizes.push(n),
+            None => {}
         }
         let threads = plan.threads.max(1);
         let part_cap = plan.part_len.max(1).next_multiple_of(align);

@@ -302,3 +302,12 @@ fn a_panicking_part_fails_the_ring_copy_without_hanging() {
     ring_download(&s, &workers, &dev, &mut back, &plan, |_| {}, stream_copy).unwrap();
     assert!(back == src);
 }
+
+#[test]
+fn a_copy_of_nothing_has_no_chunks() {
+    for lead in [0, 1, 1016] {
+        let g = Grid::new(0, &plan(5123, 2135), lead, 1);
+        assert_eq!((g.chunks(), g.total_parts()), (0, 0));
+        check_grid(0, &plan(5123, 2135), lead, 1);
+    }
+}
