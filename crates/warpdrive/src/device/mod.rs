@@ -361,7 +361,7 @@ impl Device {
 
     /// True while a resident kernel (the actors' loop) runs on this device: a device-wide
     /// wait would never return, and frees are held back until it ends.
-    pub fn has_resident_kernel(&self) -> bool {
+    pub(crate) fn has_resident_kernel(&self) -> bool {
         match self {
             Device::Cpu => false,
             Device::Cuda(d) => d.has_resident(),

@@ -147,6 +147,12 @@ __device__ __forceinline__ void write_window(u64* ring, u64 cap, u32 sw, u64 seq
         __syncwarp();                                             \
     } while (0)
 
+// A rank's next window: twice as wide after a full one (more may wait beyond it), one slot
+// after an empty one.
+__device__ __forceinline__ u32 next_window(u32 win, u32 ready, u32 wmax) {
+    return ready == win ? min(win * 2, wmax) : (ready == 0 ? 1u : win);
+}
+
 // Loads in flight per thread while reading the windows (each a PCIe round trip to host
 // memory); the loop that issues them is unrolled, so they stay in registers.
 #define LOADS_IN_FLIGHT 16
@@ -180,7 +186,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     __shared__ u32 win[MAX_RANKS];
     __shared__ u64 head[MAX_RANKS];
     __shared__ u32 ctl[3];  // terminate, run, parked
-    __shared__ u32 n_picks, n_out;
+    __shared__ u32 n_picks;
     __shared__ const u64* rbase[MAX_RANKS];  // each rank's ring: slots from here
     __shared__ u64 rmask[MAX_RANKS];         // its capacity - 1
     __shared__ u32 cnt[MAX_RANKS], ndrop[MAX_RANKS];  // messages ready, dropped among them
@@ -375,8 +381,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             fast = ranks == 1 && ndrop[0] == 0;
             if (fast) {
                 const u32 n = cnt[0];
-                // A full window: more may wait beyond it.
-                win[0] = n == win[0] ? min(win[0] * 2, wmax) : (n == 0 ? 1 : win[0]);
+                win[0] = next_window(win[0], n, wmax);
                 picks = min(n, limit);
                 if (picks) {
                     head[0] += picks;
@@ -390,7 +395,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                     count[r] = n;
                     pos[r] = 0;
                     full[r] = n == win[r];  // more may wait beyond the window
-                    win[r] = full[r] ? min(win[r] * 2, wmax) : (n == 0 ? 1 : win[r]);
+                    win[r] = next_window(win[r], n, wmax);
                 }
                 for (;;) {
                     for (u32 r = 0; r < ranks; ++r) {
