@@ -74,28 +74,31 @@ fn echo<M: Pod>(i: &M, o: &mut M, ctx: &mut ActorCtx) {
     ctx.reply = i[2];
 }
 
-fn echo_spec<M: Pod>(name: &str, batch: usize) -> ActorSpec<M, M, ()> {
-    ActorSpec::new(name, ())
-        .cuda(handler_source(size_of::<M>() / 4, false))
-        .host(|i: &M, o: &mut M, _: &mut (), ctx: &mut ActorCtx| echo(i, o, ctx))
-        .batch(batch)
+/// The suite's queue settings: `batch`, 64 Ki slots, producers blocked while full.
+fn sized<M: Pod, S: Pod>(spec: ActorSpec<M, M, S>, batch: usize) -> ActorSpec<M, M, S> {
+    spec.batch(batch)
         .capacity(1 << 16)
         .backpressure(Backpressure::Block { timeout: WAIT })
 }
 
+fn echo_spec<M: Pod>(name: &str, batch: usize) -> ActorSpec<M, M, ()> {
+    let spec = ActorSpec::new(name, ())
+        .cuda(handler_source(size_of::<M>() / 4, false))
+        .host(|i: &M, o: &mut M, _: &mut (), ctx: &mut ActorCtx| echo(i, o, ctx));
+    sized(spec, batch)
+}
+
 /// The echo with a message counter as its state: its handlers run one at a time.
 fn counting_echo_spec(name: &str, batch: usize) -> ActorSpec<Msg64, Msg64, u64> {
-    ActorSpec::new(name, 0u64)
+    let spec = ActorSpec::new(name, 0u64)
         .cuda(handler_source(16, true))
         .host(
             |i: &Msg64, o: &mut Msg64, s: &mut u64, ctx: &mut ActorCtx| {
                 echo(i, o, ctx);
                 *s += 1;
             },
-        )
-        .batch(batch)
-        .capacity(1 << 16)
-        .backpressure(Backpressure::Block { timeout: WAIT })
+        );
+    sized(spec, batch)
 }
 
 fn message<M: Pod>(id: u32, reply: bool) -> M {
@@ -407,19 +410,7 @@ fn throughput(ctx: &mut Ctx, plan: &Plan) -> Result<f64> {
             ctx.step(format!(
                 "{SUITE}: {CASE} batch {batch}, {producers} producers"
             ));
-            let mut system = ActorSystem::new(&device)?;
-            let a = system.spawn(echo_spec::<Msg64>("sink", batch))?;
-            system.start()?;
-            a.activate()?;
-            let ns = drive(
-                plan,
-                std::slice::from_ref(&a),
-                std::slice::from_ref(&a),
-                producers,
-                None,
-                || Ok(()),
-            )?;
-            system.terminate()?;
+            let ns = one_sink(&device, plan, echo_spec("sink", batch), producers)?;
             let rate = record_rate(ctx, CASE, &format!("warpdrive-b{batch}-p{producers}"), ns)?;
             if batch == 32 {
                 base = rate;
@@ -429,22 +420,8 @@ fn throughput(ctx: &mut Ctx, plan: &Plan) -> Result<f64> {
     ctx.step(format!(
         "{SUITE}: {CASE} batch 256, 4 producers, with state"
     ));
-    {
-        let mut system = ActorSystem::new(&device)?;
-        let a = system.spawn(counting_echo_spec("counter", 256))?;
-        system.start()?;
-        a.activate()?;
-        let ns = drive(
-            plan,
-            std::slice::from_ref(&a),
-            std::slice::from_ref(&a),
-            4,
-            None,
-            || Ok(()),
-        )?;
-        system.terminate()?;
-        record_rate(ctx, CASE, "warpdrive-b256-p4-stateful", ns)?;
-    }
+    let ns = one_sink(&device, plan, counting_echo_spec("counter", 256), 4)?;
+    record_rate(ctx, CASE, "warpdrive-b256-p4-stateful", ns)?;
     ctx.step(format!("{SUITE}: {CASE} 4 producers, 4 actors"));
     {
         let mut system = ActorSystem::new(&device)?;
@@ -494,6 +471,23 @@ fn throughput(ctx: &mut Ctx, plan: &Plan) -> Result<f64> {
         record_rate(ctx, "pipeline", "warpdrive-2-stages-p4", ns)?;
     }
     Ok(base)
+}
+
+/// ns per message handled by one sink actor of `spec` fed by `producers` threads.
+fn one_sink<S: Pod>(
+    device: &warpdrive::Device,
+    plan: &Plan,
+    spec: ActorSpec<Msg64, Msg64, S>,
+    producers: usize,
+) -> Result<Vec<f64>> {
+    let mut system = ActorSystem::new(device)?;
+    let a = system.spawn(spec)?;
+    system.start()?;
+    a.activate()?;
+    let targets = std::slice::from_ref(&a);
+    let ns = drive(plan, targets, targets, producers, None, || Ok(()))?;
+    system.terminate()?;
+    Ok(ns)
 }
 
 /// Round trips under load at 50% and 90% of `max` messages per second.
