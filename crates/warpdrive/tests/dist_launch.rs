@@ -1,14 +1,18 @@
 //! Starting ranks the way `torchrun` does (`dist`): `LaunchEnv` read from the environment and
 //! the NCCL id served over TCP (wrong port, missing rank, disagreeing world size), NCCL ranks
-//! from a shared id, and ranks as separate processes of this test binary.
+//! from a shared id, and ranks as separate processes of this test binary (also the training
+//! check, one process per GPU).
 
 mod common;
 
 use std::time::Duration;
 
-use common::is_collective;
+use common::{is_collective, mlp};
 use warpdrive::dist::{Comm, LaunchEnv, NcclId, ReduceOp};
 use warpdrive::{Buffer, Device, Error};
+
+/// Steps of the training check run by spawned ranks.
+const TRAIN_STEPS: usize = 40;
 
 /// Long enough never to be reached by a healthy call.
 const PATIENT: Duration = Duration::from_secs(30);
@@ -173,7 +177,8 @@ fn ranks_that_disagree_on_the_world_size_are_refused() {
 }
 
 /// Set in the environment of a rank this test binary spawns as a separate process: what the
-/// rank does (`id`: fetch rank 0's id; `nccl`: an all-reduce over `Comm::from_env`).
+/// rank does (`id`: fetch rank 0's id; `nccl`: an all-reduce over `Comm::from_env`;
+/// `train`: the training check, [`TRAIN_STEPS`] of data-parallel SGD over `Comm::from_env`).
 const SPAWNED: &str = "WARPDRIVE_DIST_SPAWNED";
 
 /// The body of a spawned rank (see the two tests below); without `WARPDRIVE_DIST_SPAWNED`
@@ -205,6 +210,25 @@ fn spawned_rank_body() {
             assert!(out.iter().all(|&x| x == out[0]));
             println!("\nSUM {}", out[0]);
         }
+        "train" => {
+            let device = Device::cuda(env.local_rank).unwrap();
+            let comm = Comm::from_env(&device, PATIENT).unwrap();
+            let stream = device.new_stream().unwrap();
+            let sd = common::seed("training");
+            let (xs, ys) = mlp::data(sd, mlp::SAMPLES, 0.0);
+            let mut p = mlp::init(sd ^ 1);
+            for t in 0..TRAIN_STEPS {
+                let (_, g) = mlp::grad(&p, &xs, &ys, &mlp::my_share(&comm, t, xs.len()));
+                let mut buf = Buffer::from_host(&stream, &g).unwrap();
+                comm.all_reduce(&stream, &mut buf, ReduceOp::Average)
+                    .unwrap();
+                comm.wait(&stream).unwrap();
+                let g = buf.to_host(&stream).unwrap();
+                p.iter_mut().zip(&g).for_each(|(p, g)| *p -= mlp::LR * g);
+            }
+            let bits: Vec<String> = p.iter().map(|v| format!("{:08x}", v.to_bits())).collect();
+            println!("\nPARAMS {}", bits.join(" "));
+        }
         other => panic!("{SPAWNED}={other}?"),
     }
 }
@@ -212,6 +236,11 @@ fn spawned_rank_body() {
 /// Runs `world` copies of this test binary's `spawned_rank_body`, one a rank, as torchrun
 /// would start them; the stdout of each, in rank order. Each is killed after two minutes.
 fn spawn_ranks(world: usize, mode: &str) -> Vec<String> {
+    spawn_ranks_with(world, mode, &[])
+}
+
+/// [`spawn_ranks`] with extra environment variables for every rank.
+fn spawn_ranks_with(world: usize, mode: &str, vars: &[(&str, String)]) -> Vec<String> {
     use std::process::{Command, Stdio};
     let port = free_port().to_string();
     let exe = std::env::current_exe().unwrap();
@@ -231,6 +260,7 @@ fn spawn_ranks(world: usize, mode: &str) -> Vec<String> {
                 .env("MASTER_ADDR", "127.0.0.1")
                 .env("MASTER_PORT", &port)
                 .env("NCCL_NVLS_ENABLE", "0")
+                .envs(vars.iter().map(|(k, v)| (*k, v.as_str())))
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .spawn()
@@ -285,4 +315,46 @@ fn gpu_nccl_ranks_in_separate_processes_all_reduce() {
     for out in outs {
         assert!(out.lines().any(|l| l == "SUM 3"), "{out}");
     }
+}
+
+/// The training check with one process per GPU, started as torchrun starts ranks: every
+/// rank ends with the same parameters, within 1e-5 of their scale of one rank's SGD over the
+/// whole batch (NCCL averages in f32, one rank sums the batch in another order).
+#[test]
+#[ignore = "needs two CUDA GPUs (and NCCL)"]
+fn gpu_nccl_training_with_one_process_per_gpu_matches_one_rank() {
+    let world = Device::cuda_count();
+    if world < 2 || mlp::BATCH % world != 0 {
+        eprintln!("SKIPPED: needs 2, 4 or 8 CUDA GPUs, this host has {world}");
+        return;
+    }
+    let sd = common::seed("training");
+    let outs = spawn_ranks_with(world, "train", &[("WARPDRIVE_TEST_SEED", sd.to_string())]);
+    let params: Vec<Vec<f32>> = outs
+        .iter()
+        .map(|out| {
+            let line = out.lines().find_map(|l| l.strip_prefix("PARAMS "));
+            let line = line.unwrap_or_else(|| panic!("a rank printed no parameters: {out}"));
+            line.split(' ')
+                .map(|h| f32::from_bits(u32::from_str_radix(h, 16).unwrap()))
+                .collect()
+        })
+        .collect();
+    for (r, p) in params.iter().enumerate() {
+        assert_eq!(p, &params[0], "world {world}: rank {r} differs from rank 0");
+    }
+    let (xs, ys) = mlp::data(sd, mlp::SAMPLES, 0.0);
+    let reference = mlp::one_rank(&xs, &ys, sd ^ 1, TRAIN_STEPS, mlp::LR, 0.0);
+    let want = &reference[TRAIN_STEPS - 1];
+    let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    for (i, (a, b)) in params[0].iter().zip(want).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-5 * scale,
+            "world {world} param {i}: {a} vs {b} (scale {scale})"
+        );
+    }
+    eprintln!(
+        "world {world}: {} ranks, one process each, match one rank",
+        params.len()
+    );
 }

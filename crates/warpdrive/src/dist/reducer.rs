@@ -2,6 +2,13 @@
 //! order given (the order a backward pass produces them) into buckets of about
 //! `bucket_bytes`, and each bucket's all-reduce starts as soon as its last gradient is ready,
 //! on a stream of its own, while the work before later gradients' ready events still runs.
+//!
+//! Two rules keep the step short: the last bucket holds at most `bucket_bytes / 16` (its
+//! all-reduce is the one nothing hides, so buckets are laid out from the end), and a
+//! gradient that fills a bucket alone is all-reduced where it lies, without a pack and an
+//! unpack (two extra passes over its bytes that would compete with the backward pass).
+
+use std::ops::Range;
 
 use crate::device::{Device, Event, Stream};
 use crate::dtype::Float;
@@ -25,7 +32,8 @@ pub struct Reducer<T: Float = f32> {
     /// The buckets, kept from call to call (each reused while its length holds), with the
     /// tables their packing and unpacking read (uploaded again only when the gradients are
     /// other buffers): a step allocates and uploads nothing once the first has run.
-    buckets: Vec<(Buffer<T>, SegmentTable, SegmentTable)>,
+    /// `None` for a bucket of one gradient (reduced in place).
+    buckets: Vec<Option<(Buffer<T>, SegmentTable, SegmentTable)>>,
 }
 
 /// What one [`Reducer::all_reduce`] did.
@@ -76,47 +84,91 @@ impl<T: Float> Reducer<T> {
         const OP: &str = "Reducer::all_reduce";
         let device = self.stream.device();
         compute.device().same_as(device, OP)?;
-        let bucket_elems = (self.bucket_bytes / std::mem::size_of::<T>()).max(1);
+        let size = std::mem::size_of::<T>();
+        let lens: Vec<usize> = grads.iter().map(|(g, _)| g.len()).collect();
+        let plan = plan_buckets(
+            &lens,
+            self.bucket_bytes / size,
+            self.bucket_bytes / 16 / size,
+        );
         let mut stats = ReducerStats {
             buckets: 0,
             bytes: 0,
         };
-        let mut start = 0;
-        while start < grads.len() {
-            // The gradients of this bucket: at least one, then as many as fit.
-            let mut end = start + 1;
-            let mut elems = grads[start].0.len();
-            while end < grads.len() && elems + grads[end].0.len() <= bucket_elems {
-                elems += grads[end].0.len();
-                end += 1;
-            }
-            let members = &mut grads[start..end];
-            let b = stats.buckets;
-            if self.buckets.get(b).is_none_or(|k| k.0.len() != elems) {
-                let fresh = Buffer::<T>::uninit(&self.stream, elems)?;
-                match self.buckets.get_mut(b) {
-                    Some(kept) => kept.0 = fresh,
-                    None => self
-                        .buckets
-                        .push((fresh, SegmentTable::new(), SegmentTable::new())),
-                }
-            }
-            let (bucket, pack, unpack) = &mut self.buckets[b];
+        if self.buckets.len() < plan.len() {
+            self.buckets.resize_with(plan.len(), || None);
+        }
+        for (b, range) in plan.into_iter().enumerate() {
+            let members = &mut grads[range];
             for (_, ready) in members.iter() {
                 self.stream.wait(ready)?;
             }
-            let parts: Vec<&Buffer<T>> = members.iter().map(|(g, _)| &**g).collect();
-            pack_segments(&self.stream, &parts, bucket, pack)?;
-            comm.all_reduce(&self.stream, bucket, ReduceOp::Average)?;
-            let mut parts: Vec<&mut Buffer<T>> =
-                members.iter_mut().map(|(g, _)| &mut **g).collect();
-            unpack_segments(&self.stream, bucket, &mut parts, unpack)?;
+            let elems: usize = members.iter().map(|(g, _)| g.len()).sum();
+            if let [(only, _)] = members {
+                comm.all_reduce(&self.stream, only, ReduceOp::Average)?;
+            } else {
+                let kept = &mut self.buckets[b];
+                if kept.as_ref().is_none_or(|k| k.0.len() != elems) {
+                    let fresh = Buffer::<T>::uninit(&self.stream, elems)?;
+                    *kept = Some((fresh, SegmentTable::new(), SegmentTable::new()));
+                }
+                if let Some((bucket, pack, unpack)) = kept.as_mut() {
+                    let parts: Vec<&Buffer<T>> = members.iter().map(|(g, _)| &**g).collect();
+                    pack_segments(&self.stream, &parts, bucket, pack)?;
+                    comm.all_reduce(&self.stream, bucket, ReduceOp::Average)?;
+                    let mut parts: Vec<&mut Buffer<T>> =
+                        members.iter_mut().map(|(g, _)| &mut **g).collect();
+                    unpack_segments(&self.stream, bucket, &mut parts, unpack)?;
+                }
+            }
             stats.buckets += 1;
-            stats.bytes += elems * std::mem::size_of::<T>();
-            start = end;
+            stats.bytes += elems * size;
         }
         self.stream.record(&self.done)?;
         compute.wait(&self.done)?;
         Ok(stats)
+    }
+}
+
+/// The buckets for gradients of lengths `lens` in ready order, as ranges of `lens`: laid out
+/// from the last gradient back, the last bucket up to `tail_elems`, each other up to
+/// `bucket_elems`, every bucket holding at least one gradient.
+fn plan_buckets(lens: &[usize], bucket_elems: usize, tail_elems: usize) -> Vec<Range<usize>> {
+    let mut plan = Vec::new();
+    let mut end = lens.len();
+    let mut cap = tail_elems.max(1);
+    while end > 0 {
+        let mut start = end - 1;
+        let mut elems = lens[start];
+        while start > 0 && elems.saturating_add(lens[start - 1]) <= cap {
+            start -= 1;
+            elems += lens[start];
+        }
+        plan.push(start..end);
+        end = start;
+        cap = bucket_elems.max(1);
+    }
+    plan.reverse();
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plan_buckets;
+
+    #[test]
+    fn buckets_are_laid_out_from_the_end_with_a_small_last_one() {
+        // Cap 10, tail 3, from the end: [2 1] [11] [1 9] [2 5] [4].
+        let plan = plan_buckets(&[4, 2, 5, 1, 9, 11, 2, 1], 10, 3);
+        assert_eq!(plan, vec![0..1, 1..3, 3..5, 5..6, 6..8]);
+        // Every gradient lands in exactly one bucket, in order, none empty.
+        for lens in [vec![], vec![7], vec![1; 40], vec![100, 1, 100, 1]] {
+            let plan = plan_buckets(&lens, 8, 2);
+            let flat: Vec<usize> = plan.iter().flat_map(|r| r.clone()).collect();
+            assert_eq!(flat, (0..lens.len()).collect::<Vec<_>>());
+            assert!(plan.iter().all(|r| !r.is_empty()));
+        }
+        // A zero cap (buckets smaller than one element) still makes progress.
+        assert_eq!(plan_buckets(&[3, 3], 0, 0), vec![0..1, 1..2]);
     }
 }
