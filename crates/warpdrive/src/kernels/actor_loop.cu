@@ -241,10 +241,12 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         __syncwarp();  // every lane has read the last iteration's ctl before lane 0 rewrites it
         const u64 t_start = now_ns();
         // The control words: lane 0 the system command, lane 1 the host's beat, the others the
-        // actor's command (one request for them all). Every lane loads: a load under `lane < 3`
-        // cost a second round trip to host memory (diag: 2.47 µs an iteration against 1.31).
+        // actor's command (one request for them all). Loaded after the first windows' loads
+        // are out: ptxas made the windows' first branch wait for a load issued before it, a
+        // second round trip to host memory.
         const u64* ctl_at = lane == 0 ? sysw + S_COMMAND : lane == 1 ? sysw + S_HOST_BEAT : blk + C_COMMAND;
-        const u64 word = ld_word(ctl_at);
+        u64 word = 0;
+        if (!reading) word = ld_word(ctl_at);
         if (reading) {
             // Each rank's first vector in the flat order (`st` was cleared for these windows).
             u32 pre[MAX_RANKS + 1];
@@ -276,6 +278,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                         want[j] = ll_flag(sq);
                     }
                 }
+                if (base == 0) word = ld_word(ctl_at);
 #pragma unroll
                 for (u32 j = 0; j < LOADS_IN_FLIGHT; ++j) {
                     if (at[j] == ~0u) continue;
