@@ -157,6 +157,60 @@ __device__ __forceinline__ u32 next_window(u32 win, u32 ready, u32 wmax) {
 // memory); the loop that issues them is unrolled, so they stay in registers.
 #define LOADS_IN_FLIGHT 16
 
+// What reading the windows needs: the flat order of the ranks' windows (`pre`), the rings,
+// and where the slot states and the staged slots go.
+struct RingView {
+    const u32* pre;
+    u32 ranks;
+    const u64* head;
+    const u64* const* rbase;
+    const u64* rmask;
+    u32 in_sw, in_vps, wmax;
+    u32* st;  // [MAX_RANKS][MAX_WINDOW]
+    u32* in_stage;
+};
+
+// Reads vectors `base + j * 32 + lane` (j < N) of the windows' flat order: all N loads go out,
+// then the control word (`ctl_at`, the first chunk only: a load before them made ptxas wait
+// for it at their first branch, a second round trip), then each slot's state and payload.
+template <u32 N>
+__device__ __forceinline__ void read_chunk(const RingView& rv, u32 base, u32 total, u32 lane,
+                                           const u64* ctl_at, u64& word) {
+    u32 v0[N], f0[N], v1[N], f1[N], at[N], want[N];
+#pragma unroll
+    for (u32 j = 0; j < N; ++j) {
+        const u32 i = base + j * 32 + lane;
+        at[j] = ~0u;
+        if (i < total) {
+            u32 r = 0, first = 0;
+#pragma unroll
+            for (u32 q = 1; q < MAX_RANKS; ++q) {
+                if (q < rv.ranks && i >= rv.pre[q]) {
+                    r = q;
+                    first = rv.pre[q];
+                }
+            }
+            const u32 local = i - first;
+            const u32 k = local / rv.in_vps, v = local - k * rv.in_vps;
+            const u64 sq = rv.head[r] + k;
+            ll_load(rv.rbase[r] + (sq & rv.rmask[r]) * rv.in_sw + 2 * v, v0[j], f0[j], v1[j], f1[j]);
+            at[j] = r << 24 | k << 8 | v;
+            want[j] = ll_flag(sq);
+        }
+    }
+    if (base == 0) word = ld_word(ctl_at);
+#pragma unroll
+    for (u32 j = 0; j < N; ++j) {
+        if (at[j] == ~0u) continue;
+        const u32 r = at[j] >> 24, k = (at[j] >> 8) & 0xffffu, v = at[j] & 0xffu;
+        const u32 c = ll_cmp(f0[j], want[j]) | ll_cmp(f1[j], want[j]);
+        if (c) atomicOr(&rv.st[r * MAX_WINDOW + k], c);
+        u32* stage = rv.in_stage + ((u64)r * rv.wmax + k) * rv.in_sw;
+        stage[2 * v] = v0[j];
+        stage[2 * v + 1] = v1[j];
+    }
+}
+
 // The loop: one block of 32 threads per actor, `n_actors` blocks (a cooperative launch, so
 // all are resident at once and a pipeline of actors cannot wait on one not running).
 extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restrict__ descs,
@@ -241,9 +295,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         __syncwarp();  // every lane has read the last iteration's ctl before lane 0 rewrites it
         const u64 t_start = now_ns();
         // The control words: lane 0 the system command, lane 1 the host's beat, the others the
-        // actor's command (one request for them all). Loaded after the first windows' loads
-        // are out: ptxas made the windows' first branch wait for a load issued before it, a
-        // second round trip to host memory.
+        // actor's command (one request for them all); with the windows' loads when reading.
         const u64* ctl_at = lane == 0 ? sysw + S_COMMAND : lane == 1 ? sysw + S_HOST_BEAT : blk + C_COMMAND;
         u64 word = 0;
         if (!reading) word = ld_word(ctl_at);
@@ -254,41 +306,14 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
 #pragma unroll
             for (u32 r = 0; r < MAX_RANKS; ++r) pre[r + 1] = pre[r] + (r < ranks ? win[r] * in_vps : 0u);
             const u32 total = pre[MAX_RANKS];
-            for (u32 base = 0; base < total; base += 32 * LOADS_IN_FLIGHT) {
-                u32 v0[LOADS_IN_FLIGHT], f0[LOADS_IN_FLIGHT], v1[LOADS_IN_FLIGHT], f1[LOADS_IN_FLIGHT];
-                u32 at[LOADS_IN_FLIGHT], want[LOADS_IN_FLIGHT];
-#pragma unroll
-                for (u32 j = 0; j < LOADS_IN_FLIGHT; ++j) {
-                    const u32 i = base + j * 32 + lane;
-                    at[j] = ~0u;
-                    if (i < total) {
-                        u32 r = 0, first = 0;
-#pragma unroll
-                        for (u32 q = 1; q < MAX_RANKS; ++q) {
-                            if (q < ranks && i >= pre[q]) {
-                                r = q;
-                                first = pre[q];
-                            }
-                        }
-                        const u32 local = i - first;
-                        const u32 k = local / in_vps, v = local - k * in_vps;
-                        const u64 sq = head[r] + k;
-                        ll_load(rbase[r] + (sq & rmask[r]) * in_sw + 2 * v, v0[j], f0[j], v1[j], f1[j]);
-                        at[j] = r << 24 | k << 8 | v;
-                        want[j] = ll_flag(sq);
-                    }
-                }
-                if (base == 0) word = ld_word(ctl_at);
-#pragma unroll
-                for (u32 j = 0; j < LOADS_IN_FLIGHT; ++j) {
-                    if (at[j] == ~0u) continue;
-                    const u32 r = at[j] >> 24, k = (at[j] >> 8) & 0xffffu, v = at[j] & 0xffu;
-                    const u32 c = ll_cmp(f0[j], want[j]) | ll_cmp(f1[j], want[j]);
-                    if (c) atomicOr(&st[r][k], c);
-                    u32* stage = in_stage + ((u64)r * wmax + k) * in_sw;
-                    stage[2 * v] = v0[j];
-                    stage[2 * v + 1] = v1[j];
-                }
+            // Small windows (an idle actor's are one slot) take the chunk of two loads a lane:
+            // a lone warp pays a few cycles for each instruction of the sixteen-load chunk.
+            const RingView rv{pre, ranks, head, rbase, rmask, in_sw, in_vps, wmax, &st[0][0], in_stage};
+            if (total <= 64) {
+                read_chunk<2>(rv, 0, total, lane, ctl_at, word);
+            } else {
+                for (u32 base = 0; base < total; base += 32 * LOADS_IN_FLIGHT)
+                    read_chunk<LOADS_IN_FLIGHT>(rv, base, total, lane, ctl_at, word);
             }
         }
         t_read = now_ns();
