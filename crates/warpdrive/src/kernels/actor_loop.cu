@@ -171,11 +171,11 @@ struct RingView {
 };
 
 // Reads vectors `base + j * 32 + lane` (j < N) of the windows' flat order: all N loads go out,
-// then the control word (`ctl_at`, the first chunk only: a load before them made ptxas wait
-// for it at their first branch, a second round trip), then each slot's state and payload.
+// then the control word (`ctl_at`, when `with_ctl`: a load before them made ptxas wait for it
+// at their first branch, a second round trip), then each slot's state and payload.
 template <u32 N>
 __device__ __forceinline__ void read_chunk(const RingView& rv, u32 base, u32 total, u32 lane,
-                                           const u64* ctl_at, u64& word) {
+                                           bool with_ctl, const u64* ctl_at, u64& word) {
     u32 v0[N], f0[N], v1[N], f1[N], at[N], want[N];
 #pragma unroll
     for (u32 j = 0; j < N; ++j) {
@@ -198,7 +198,7 @@ __device__ __forceinline__ void read_chunk(const RingView& rv, u32 base, u32 tot
             want[j] = ll_flag(sq);
         }
     }
-    if (base == 0) word = ld_word(ctl_at);
+    if (with_ctl) word = ld_word(ctl_at);
 #pragma unroll
     for (u32 j = 0; j < N; ++j) {
         if (at[j] == ~0u) continue;
@@ -241,6 +241,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     __shared__ u64 head[MAX_RANKS];
     __shared__ u32 ctl[3];  // terminate, run, parked
     __shared__ u32 n_picks;
+    __shared__ u32 drained;  // this iteration picked every message its windows held
     __shared__ const u64* rbase[MAX_RANKS];  // each rank's ring: slots from here
     __shared__ u64 rmask[MAX_RANKS];         // its capacity - 1
     __shared__ u32 cnt[MAX_RANKS], ndrop[MAX_RANKS];  // messages ready, dropped among them
@@ -287,6 +288,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     for (u32 i = lane; i < MAX_RANKS * MAX_WINDOW; i += 32) st[i / MAX_WINDOW][i % MAX_WINDOW] = 0;
     __syncwarp();
 
+    bool answered = false;  // the last iteration handled every message it saw
     for (;;) {
         // Whether the last iteration ran: then this one reads the windows while the control
         // words are in flight. Nothing may wait between the first load and the last (a
@@ -297,8 +299,13 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         // The control words: lane 0 the system command, lane 1 the host's beat, the others the
         // actor's command (one request for them all); with the windows' loads when reading.
         const u64* ctl_at = lane == 0 ? sysw + S_COMMAND : lane == 1 ? sysw + S_HOST_BEAT : blk + C_COMMAND;
+        // Right after answering all it saw, the control words go first, alone: a client that
+        // sends its next request on each answer is still writing it (a window read now would
+        // miss it, and the next read comes a whole iteration later).
         u64 word = 0;
-        if (!reading) word = ld_word(ctl_at);
+        const bool ctl_first = !reading || answered;
+        answered = false;
+        if (ctl_first) word = __shfl_sync(0xffffffffu, ld_word(ctl_at), lane);
         if (reading) {
             // Each rank's first vector in the flat order (`st` was cleared for these windows).
             u32 pre[MAX_RANKS + 1];
@@ -310,10 +317,10 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             // a lone warp pays a few cycles for each instruction of the sixteen-load chunk.
             const RingView rv{pre, ranks, head, rbase, rmask, in_sw, in_vps, wmax, &st[0][0], in_stage};
             if (total <= 64) {
-                read_chunk<2>(rv, 0, total, lane, ctl_at, word);
+                read_chunk<2>(rv, 0, total, lane, !ctl_first, ctl_at, word);
             } else {
                 for (u32 base = 0; base < total; base += 32 * LOADS_IN_FLIGHT)
-                    read_chunk<LOADS_IN_FLIGHT>(rv, base, total, lane, ctl_at, word);
+                    read_chunk<LOADS_IN_FLIGHT>(rv, base, total, lane, !ctl_first && base == 0, ctl_at, word);
             }
         }
         t_read = now_ns();
@@ -418,8 +425,10 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             fast = ranks == 1 && ndrop[0] == 0;
             if (fast) {
                 const u32 n = cnt[0];
+                drained = n < win[0];
                 win[0] = next_window(win[0], n, wmax);
                 picks = min(n, limit);
+                drained = drained && picks == n;
                 if (picks) {
                     head[0] += picks;
                     PUBLISH(lanes ? blk + C_IN_HEAD + (lanes - 1) : dev_ring, head[0]);
@@ -468,7 +477,9 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                     pick[picks++] = r << 16 | pos[r];
                     ++pos[r];
                 }
+                drained = 1;
                 for (u32 r = 0; r < ranks; ++r) {
+                    drained = drained && !full[r] && pos[r] == count[r];
                     if (!pos[r]) continue;
                     head[r] += pos[r];
                     PUBLISH(r < lanes ? blk + C_IN_HEAD + (lanes - 1 - r) : dev_ring, head[r]);
@@ -571,6 +582,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         }
         FLUSH();
         if (lane == 0) phase[3] += now_ns() - t_pick;
+        answered = drained != 0;
     }
     if (lane == 0) {
         st_word(blk + C_LOOPS, loops);
