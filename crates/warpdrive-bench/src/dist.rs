@@ -49,6 +49,8 @@
 //!   a bf16 MLP (width 8192, depth 4, 8192 rows a rank: `dist/mlp.rs`) on one GPU, two and
 //!   all of them, the Reducer averaging its gradients during the backward pass;
 //!   `extra.scaling` = one-GPU step / this one (weak scaling), `extra.tflops_per_rank`.
+//!   Variant `warpdrive-cta-efficiency` (here and in `reducer-resnet50` on GPUs): the Reducer
+//!   on a communicator of NCCL's CTA efficiency policy (`Comm::with_cta_policy`).
 //! - `nccl-call` (size 8 B): host µs per call of a run of 8-byte all-reduces enqueued back to
 //!   back, the cost of the call itself; `extra.overhead_us` warpdrive's minus the direct
 //!   call's (the bar: at most 1 µs).
@@ -60,7 +62,8 @@ use std::time::{Duration, Instant};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use warpdrive::dist::{
-    Comm, Int8Reducer, PowerSgdReducer, ReduceOp, Reducer, TopkReducer, DEFAULT_BUCKET_BYTES,
+    Comm, CtaPolicy, Int8Reducer, PowerSgdReducer, ReduceOp, Reducer, TopkReducer,
+    DEFAULT_BUCKET_BYTES,
 };
 use warpdrive::error::{Error, Result};
 use warpdrive::exec::Graph;
@@ -121,6 +124,7 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
         ctx,
         Comm::local_group(WORLD, TIMEOUT)?,
         cpu_ranks,
+        CtaPolicy::Default,
         "warpdrive-cpu",
     )?;
     if ctx.device().is_cuda() {
@@ -131,7 +135,10 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
             peer_copy_rows(ctx)?;
             let devices = (0..world).map(Device::cuda).collect::<Result<Vec<_>>>()?;
             let comms = Comm::nccl_group(&devices, TIMEOUT)?;
-            reducer_rows(ctx, comms, devices.clone(), "warpdrive")?;
+            reducer_rows(ctx, comms, devices.clone(), CtaPolicy::Default, "warpdrive")?;
+            let comms = Comm::nccl_group(&devices, TIMEOUT)?;
+            let variant = "warpdrive-cta-efficiency";
+            reducer_rows(ctx, comms, devices.clone(), CtaPolicy::Efficiency, variant)?;
             mlp_rows(ctx, &devices)?;
         }
     }
@@ -146,7 +153,7 @@ fn mlp_rows(ctx: &mut Ctx, devices: &[Device]) -> Result<()> {
             width: 8192,
             depth: 4,
             batch: 8192,
-            rounds: 8,
+            rounds: 12,
         },
         _ => mlp::Shape {
             width: 256,
@@ -161,29 +168,40 @@ fn mlp_rows(ctx: &mut Ctx, devices: &[Device]) -> Result<()> {
     }
     let mut one = None;
     for world in worlds {
-        ctx.step(format!(
-            "{SUITE}: MLP step (width {}, depth {}, batch {} bf16) on {world} GPUs",
-            shape.width, shape.depth, shape.batch
-        ));
-        let group = devices[..world].to_vec();
-        let comms = Comm::nccl_group(&group, TIMEOUT)?;
-        let mut us = mlp::step_times(comms, group, shape)?;
-        let row = ctx.record_time("mlp-scaling", world as u64, "warpdrive", &mut us, None)?;
-        let median = row.median;
-        for (k, v) in [
-            ("width", shape.width),
-            ("depth", shape.depth),
-            ("batch_per_rank", shape.batch),
-        ] {
-            row.extra.insert(k.into(), v.into());
-        }
-        row.extra.insert("dtype".into(), "bf16".into());
-        row.extra
-            .insert("tflops_per_rank".into(), mlp::tflops(shape, median).into());
-        match one {
-            None => one = Some(median),
-            Some(t1) => {
-                row.extra.insert("scaling".into(), (t1 / median).into());
+        // One GPU has nothing to reduce: the CTA policy matters from two.
+        let policies: &[(CtaPolicy, &str)] = if world == 1 {
+            &[(CtaPolicy::Default, "warpdrive")]
+        } else {
+            &[
+                (CtaPolicy::Default, "warpdrive"),
+                (CtaPolicy::Efficiency, "warpdrive-cta-efficiency"),
+            ]
+        };
+        for &(policy, variant) in policies {
+            ctx.step(format!(
+                "{SUITE}: MLP step (width {}, depth {}, batch {} bf16) on {world} GPUs, {policy:?} CTAs",
+                shape.width, shape.depth, shape.batch
+            ));
+            let group = devices[..world].to_vec();
+            let comms = Comm::nccl_group(&group, TIMEOUT)?;
+            let mut us = mlp::step_times(comms, group, shape, policy)?;
+            let row = ctx.record_time("mlp-scaling", world as u64, variant, &mut us, None)?;
+            let median = row.median;
+            for (k, v) in [
+                ("width", shape.width),
+                ("depth", shape.depth),
+                ("batch_per_rank", shape.batch),
+            ] {
+                row.extra.insert(k.into(), v.into());
+            }
+            row.extra.insert("dtype".into(), "bf16".into());
+            row.extra
+                .insert("tflops_per_rank".into(), mlp::tflops(shape, median).into());
+            match one {
+                None => one = Some(median),
+                Some(t1) => {
+                    row.extra.insert("scaling".into(), (t1 / median).into());
+                }
             }
         }
     }
@@ -206,11 +224,13 @@ fn gradient_sizes(n: usize, total: usize) -> Vec<usize> {
         .collect()
 }
 
-/// The `reducer-resnet50` row of one group (`comms[i]` on `devices[i]`, a thread each).
+/// The `reducer-resnet50` row of one group (`comms[i]` on `devices[i]`, a thread each), the
+/// Reducer on a communicator of `policy`.
 fn reducer_rows(
     ctx: &mut Ctx,
     comms: Vec<Comm>,
     devices: Vec<Device>,
+    policy: CtaPolicy,
     variant: &str,
 ) -> Result<()> {
     let gpu = devices.first().is_some_and(Device::is_cuda);
@@ -229,6 +249,10 @@ fn reducer_rows(
     let sync = Comm::local_group(world, TIMEOUT)?;
     let ranks = comms.into_iter().zip(sync).zip(devices).collect();
     let per_rank = on_rank_threads(ranks, |_, ((comm, sync), device)| {
+        let comm = match policy {
+            CtaPolicy::Default => comm,
+            other => comm.with_cta_policy(other)?,
+        };
         reducer_rank(&comm, &sync, &device, &sizes, side, rounds)
     })?;
     // Every rank holds the slowest rank's times.

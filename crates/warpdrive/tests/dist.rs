@@ -492,6 +492,37 @@ both_backends!(
 );
 
 both_backends!(
+    a_comm_of_another_cta_policy_keeps_the_ranks_and_reduces_alike,
+    gpu_nccl_a_comm_of_another_cta_policy_keeps_the_ranks_and_reduces_alike,
+    |backend| {
+        use warpdrive::dist::CtaPolicy;
+        for world in backend.worlds() {
+            let outs = each_rank_on(backend, world, |comm, stream| {
+                let lean = comm.with_cta_policy(CtaPolicy::Efficiency).unwrap();
+                let mut buf = Buffer::from_host(stream, &[comm.rank() as f32 + 1.0; 5]).unwrap();
+                lean.all_reduce(stream, &mut buf, ReduceOp::Sum).unwrap();
+                lean.wait(stream).unwrap();
+                // The first communicator still works beside the new one.
+                let mut again = Buffer::from_host(stream, &[1.0f32; 3]).unwrap();
+                comm.all_reduce(stream, &mut again, ReduceOp::Sum).unwrap();
+                comm.wait(stream).unwrap();
+                (
+                    (lean.rank(), lean.world()),
+                    buf.to_host(stream).unwrap(),
+                    again.to_host(stream).unwrap(),
+                )
+            });
+            let want: f32 = (1..=world).map(|r| r as f32).sum();
+            for (r, (place, sum, again)) in outs.into_iter().enumerate() {
+                assert_eq!(place, (r, world), "world {world}");
+                assert_eq!(sum, [want; 5], "world {world} rank {r}");
+                assert_eq!(again, [world as f32; 3], "world {world} rank {r}");
+            }
+        }
+    }
+);
+
+both_backends!(
     split_groups_ranks_by_color_in_key_order,
     gpu_nccl_split_groups_ranks_by_color_in_key_order,
     |backend| {

@@ -14,7 +14,7 @@
 use std::time::Instant;
 
 use warpdrive::bf16;
-use warpdrive::dist::{Comm, Reducer, DEFAULT_BUCKET_BYTES};
+use warpdrive::dist::{Comm, CtaPolicy, Reducer, DEFAULT_BUCKET_BYTES};
 use warpdrive::error::{Error, Result};
 use warpdrive::ops::gemm::{matmul, matmul_with, GemmOptions};
 use warpdrive::{Buffer, Device, Event, Stream};
@@ -37,12 +37,22 @@ impl Shape {
     }
 }
 
-/// µs per step (the slowest rank's, each round) of `comms[i]` on `devices[i]`.
-pub(super) fn step_times(comms: Vec<Comm>, devices: Vec<Device>, shape: Shape) -> Result<Vec<f64>> {
+/// µs per step (the slowest rank's, each round) of `comms[i]` on `devices[i]`, the gradients
+/// averaged over a communicator of `policy`.
+pub(super) fn step_times(
+    comms: Vec<Comm>,
+    devices: Vec<Device>,
+    shape: Shape,
+    policy: CtaPolicy,
+) -> Result<Vec<f64>> {
     let world = comms.len();
     let sync = Comm::local_group(world, TIMEOUT)?;
     let ranks = comms.into_iter().zip(sync).zip(devices).collect();
     let mut per_rank = on_rank_threads(ranks, |_, ((comm, sync), device)| {
+        let comm = match policy {
+            CtaPolicy::Default => comm,
+            other => comm.with_cta_policy(other)?,
+        };
         rank(&comm, &sync, &device, shape)
     })?;
     per_rank
@@ -171,7 +181,8 @@ mod tests {
             rounds: 2,
         };
         let comms = Comm::local_group(2, TIMEOUT).unwrap();
-        let us = step_times(comms, vec![Device::cpu(), Device::cpu()], shape).unwrap();
+        let cpus = vec![Device::cpu(), Device::cpu()];
+        let us = step_times(comms, cpus, shape, CtaPolicy::Efficiency).unwrap();
         assert_eq!(us.len(), 2);
         assert!(us.iter().all(|t| *t > 0.0));
         assert!(tflops(shape, us[0]) > 0.0);

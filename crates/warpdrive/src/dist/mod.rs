@@ -73,6 +73,15 @@ pub enum ReduceOp {
     Average,
 }
 
+/// How many of the GPU's SMs a communicator's NCCL kernels take (NCCL's CTA policy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CtaPolicy {
+    /// As many as give the most bandwidth (NCCL's default).
+    Default,
+    /// As few as give decent bandwidth, leaving the rest to kernels that run beside them.
+    Efficiency,
+}
+
 /// One rank's handle of a communicator group. `Send`, not `Sync`: move each rank's `Comm` to
 /// the thread that runs that rank. Collectives must be called in the same order on every
 /// rank; send / receive pairs match in order per pair of ranks. Dropping a `Comm` makes the
@@ -256,9 +265,21 @@ impl Comm {
     /// by rank here); every rank of this group calls it (a collective step). The new `Comm`
     /// has this one's timeout and backend.
     pub fn split(&self, color: usize, key: usize) -> Result<Comm> {
+        self.split_with(color, key, None)
+    }
+
+    /// A `Comm` over the same ranks in the same order whose NCCL kernels follow `policy`:
+    /// [`CtaPolicy::Efficiency`] for collectives that run beside compute (a [`Reducer`]'s
+    /// under a backward pass), which then keeps more of the GPU's SMs. Every rank calls it (a
+    /// collective step). The CPU group has no kernels: a new group of the same ranks.
+    pub fn with_cta_policy(&self, policy: CtaPolicy) -> Result<Comm> {
+        self.split_with(0, self.rank, Some(policy == CtaPolicy::Efficiency))
+    }
+
+    fn split_with(&self, color: usize, key: usize, efficient: Option<bool>) -> Result<Comm> {
         match &self.link {
             Link::Nccl(n) => {
-                let (link, rank, world) = n.split(color, key)?;
+                let (link, rank, world) = n.split(color, key, efficient)?;
                 Ok(Comm {
                     rank,
                     world,

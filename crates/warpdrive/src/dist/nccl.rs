@@ -47,9 +47,15 @@ impl NcclLink {
         })
     }
 
-    /// This rank's link among the ranks of the same `color`, and its rank and world there.
-    pub(super) fn split(&self, color: usize, key: usize) -> Result<(NcclLink, usize, usize)> {
-        let comm = self.comm_mut("Comm::split")?.split(color, key)?;
+    /// This rank's link among the ranks of the same `color`, and its rank and world there
+    /// (`efficient`: as `NcclComm::split`).
+    pub(super) fn split(
+        &self,
+        color: usize,
+        key: usize,
+        efficient: Option<bool>,
+    ) -> Result<(NcclLink, usize, usize)> {
+        let comm = self.comm_mut("Comm::split")?.split(color, key, efficient)?;
         let (rank, world) = comm.place();
         Ok((
             NcclLink {

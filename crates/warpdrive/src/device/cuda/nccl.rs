@@ -83,6 +83,9 @@ pub(crate) enum NcclCall<'a> {
     },
 }
 
+/// `NCCL_CONFIG_UNDEF_INT`: a config field NCCL sets itself.
+const UNDEF: c_int = c_int::MIN;
+
 /// One rank's NCCL communicator on one GPU.
 pub(crate) struct NcclComm {
     /// The non-blocking communicator the rank joined with.
@@ -95,6 +98,9 @@ pub(crate) struct NcclComm {
     timeout: Duration,
     /// Set once aborted: every later call fails, and drop does not finalize.
     aborted: Option<String>,
+    /// NCCL's CTA policy for this communicator's kernels (`NCCL_CONFIG_UNDEF_INT`: NCCL's
+    /// default), kept for the communicators split from it.
+    cta_policy: c_int,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread as long as calls on it do not
@@ -184,6 +190,7 @@ impl NcclComm {
                     world,
                     timeout,
                     aborted: None,
+                    cta_policy: UNDEF,
                 });
             }
             Ok(())
@@ -213,6 +220,7 @@ impl NcclComm {
             world,
             timeout,
             aborted: None,
+            cta_policy: UNDEF,
         };
         comm.settle(comm.guard, "ncclCommInitRankConfig")?;
         connect_fast(std::slice::from_mut(&mut comm))?;
@@ -221,8 +229,15 @@ impl NcclComm {
 
     /// This rank's communicator among the ranks that pass the same `color` (every rank of
     /// this one calls, each from its own thread), ordered by `key` then rank; joined and
-    /// connected as a new one is.
-    pub(crate) fn split(&mut self, color: usize, key: usize) -> Result<NcclComm> {
+    /// connected as a new one is. `efficient`: whether its kernels take as few SMs as give
+    /// decent bandwidth (NCCL's CTA efficiency policy) or as many as give the most; `None`:
+    /// as this communicator's do.
+    pub(crate) fn split(
+        &mut self,
+        color: usize,
+        key: usize,
+        efficient: Option<bool>,
+    ) -> Result<NcclComm> {
         self.check_open()?;
         let as_int = |what: &str, v: usize| {
             c_int::try_from(v).map_err(|_| {
@@ -231,7 +246,9 @@ impl NcclComm {
         };
         let (color, key) = (as_int("color", color)?, as_int("key", key)?);
         self.device.bind()?;
-        let mut config = nccl_config(0)?;
+        // NCCL_CTA_POLICY_EFFICIENCY and NCCL_CTA_POLICY_DEFAULT.
+        let cta_policy = efficient.map_or(self.cta_policy, |e| if e { 1 } else { 0 });
+        let mut config = nccl_config(0, cta_policy)?;
         let mut guard: sys::ncclComm_t = std::ptr::null_mut();
         // SAFETY: `guard` (ours) is live and settled; the out-pointer and config are valid
         // locals that outlive the call.
@@ -258,6 +275,7 @@ impl NcclComm {
             world: usize::try_from(world).unwrap_or(0),
             timeout: self.timeout,
             aborted: None,
+            cta_policy,
         };
         child.settle(child.guard, "ncclCommSplit")?;
         connect_fast(std::slice::from_mut(&mut child))?;
@@ -549,7 +567,7 @@ fn connect_fast(comms: &mut [NcclComm]) -> Result<()> {
         return Ok(());
     };
     let world = first.world;
-    let mut config = nccl_config(1)?;
+    let mut config = nccl_config(1, first.cta_policy)?;
     nccl_group(|| {
         for c in comms.iter_mut() {
             c.device.bind()?;
@@ -646,7 +664,7 @@ fn init_rank(
         )));
     }
     device.bind()?;
-    let mut config = nccl_config(0)?;
+    let mut config = nccl_config(0, UNDEF)?;
     let unique = sys::ncclUniqueId {
         internal: id.map(|b| b as std::ffi::c_char),
     };
@@ -670,8 +688,7 @@ fn init_rank(
 /// NCCL's `NCCL_CONFIG_INITIALIZER` with `blocking` set: every other field undefined (NCCL's
 /// defaults and environment apply). The size told is what the loaded library knows: fields
 /// appended after 2.28 are left out for an older library.
-fn nccl_config(blocking: c_int) -> Result<sys::ncclConfig_t> {
-    const UNDEF: c_int = c_int::MIN;
+fn nccl_config(blocking: c_int, cta_policy: c_int) -> Result<sys::ncclConfig_t> {
     let version = nccl_version_code()?;
     let size = if version >= 22900 {
         std::mem::size_of::<sys::ncclConfig_t>()
@@ -691,7 +708,7 @@ fn nccl_config(blocking: c_int) -> Result<sys::ncclConfig_t> {
         trafficClass: UNDEF,
         commName: std::ptr::null(),
         collnetEnable: UNDEF,
-        CTAPolicy: UNDEF,
+        CTAPolicy: cta_policy,
         shrinkShare: UNDEF,
         nvlsCTAs: UNDEF,
         nChannelsPerNetPeer: UNDEF,
