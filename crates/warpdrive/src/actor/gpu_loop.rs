@@ -113,7 +113,9 @@ pub(crate) fn start(
         let in_sw = ring::slot_words(spec.in_bytes);
         let out_sw = ring::slot_words(spec.out_bytes);
         let ranks = spec.lanes + targets[i] as usize;
-        let wmax = (IN_STAGE_BYTES / (ranks * in_sw * 4)).clamp(1, spec.batch);
+        // At least two slots even for a batch of one: the second tells the loop whether the
+        // ring is drained (actor_loop.cu, next_window).
+        let wmax = (IN_STAGE_BYTES / (ranks * in_sw * 4)).clamp(1, spec.batch.max(2));
         let pick_max = (OUT_STAGE_BYTES / (out_sw * 4)).clamp(1, spec.batch);
         let in_stage = ranks * wmax * in_sw;
         shared_bytes = shared_bytes.max((in_stage + pick_max * out_sw) * 4);

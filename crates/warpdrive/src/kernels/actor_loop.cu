@@ -147,10 +147,11 @@ __device__ __forceinline__ void write_window(u64* ring, u64 cap, u32 sw, u64 seq
         __syncwarp();                                             \
     } while (0)
 
-// A rank's next window: twice as wide after a full one (more may wait beyond it), one slot
+// A rank's next window: twice as wide after a full one (more may wait beyond it), the
+// smallest (two slots: one more than a lone message, so its iteration sees the ring drained)
 // after an empty one.
-__device__ __forceinline__ u32 next_window(u32 win, u32 ready, u32 wmax) {
-    return ready == win ? min(win * 2, wmax) : (ready == 0 ? 1u : win);
+__device__ __forceinline__ u32 next_window(u32 win, u32 ready, u32 wmin, u32 wmax) {
+    return ready == win ? min(win * 2, wmax) : (ready == 0 ? wmin : win);
 }
 
 // Loads in flight per thread while reading the windows (each a PCIe round trip to host
@@ -227,6 +228,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     const u64 cap = d[D_CAPACITY], dev_cap = d[D_DEV_CAPACITY], fwd_cap = d[D_FWD_CAPACITY];
     const u32 batch = (u32)d[D_BATCH], starvation = (u32)d[D_STARVATION], kind = (u32)d[D_KIND];
     const u32 wmax = (u32)d[D_WMAX], pick_max = (u32)d[D_PICK_MAX];
+    const u32 wmin = min(2u, wmax);
     const u64 trace_every = d[D_TRACE_EVERY];
     const bool parallel = d[D_PARALLEL] != 0;
     u64* trace = blk + d[D_TRACE_BASE];
@@ -267,7 +269,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     if (lane == 0) {
         for (u32 r = 0; r < ranks; ++r) {
             head[r] = r < lanes ? ld_word(blk + C_IN_HEAD + (lanes - 1 - r)) : ld_word(dev_ring);
-            win[r] = 1;
+            win[r] = wmin;
             rbase[r] = r < lanes ? blk + d[D_LANE_BASE + (lanes - 1 - r)] : dev_ring + DEV_RING_SLOTS;
             rmask[r] = (r < lanes ? cap : dev_cap) - 1;
         }
@@ -379,10 +381,10 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             continue;
         }
 
-        // Idle: every window one slot and none written yet: straight to the next read (the
-        // counting and picking below would find nothing and leave the windows as they are).
+        // Idle: every window the smallest and its first slot not written yet: straight to the
+        // next read (counting and picking would find nothing and leave the windows alone).
         __syncwarp();
-        if (!__any_sync(0xffffffffu, lane < ranks && (win[lane] != 1u || (st[lane][0] & 1u) == 0u))) {
+        if (!__any_sync(0xffffffffu, lane < ranks && (win[lane] != wmin || (st[lane][0] & 1u) == 0u))) {
             CLEAR_ST();
             FLUSH();
             continue;
@@ -426,7 +428,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             if (fast) {
                 const u32 n = cnt[0];
                 drained = n < win[0];
-                win[0] = next_window(win[0], n, wmax);
+                win[0] = next_window(win[0], n, wmin, wmax);
                 picks = min(n, limit);
                 drained = drained && picks == n;
                 if (picks) {
@@ -441,7 +443,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                     count[r] = n;
                     pos[r] = 0;
                     full[r] = n == win[r];  // more may wait beyond the window
-                    win[r] = next_window(win[r], n, wmax);
+                    win[r] = next_window(win[r], n, wmin, wmax);
                 }
                 for (;;) {
                     for (u32 r = 0; r < ranks; ++r) {
