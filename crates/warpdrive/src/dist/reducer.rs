@@ -7,6 +7,10 @@
 //! all-reduce is the one nothing hides, so buckets are laid out from the end), and a
 //! gradient that fills a bucket alone is all-reduced where it lies, without a pack and an
 //! unpack (two extra passes over its bytes that would compete with the backward pass).
+//! Its all-reduces run beside the backward pass's kernels: a communicator made with
+//! [`Comm::with_cta_policy`] and [`CtaPolicy::Efficiency`](super::CtaPolicy::Efficiency)
+//! leaves those more of the GPU (on 2×H100
+//! it took the MLP's weak scaling from 93% to 96%, bench/NOTES.md).
 
 use std::ops::Range;
 

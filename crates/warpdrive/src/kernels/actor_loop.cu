@@ -315,11 +315,12 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
 #pragma unroll
             for (u32 r = 0; r < MAX_RANKS; ++r) pre[r + 1] = pre[r] + (r < ranks ? win[r] * in_vps : 0u);
             const u32 total = pre[MAX_RANKS];
-            // Small windows (an idle actor's are one slot) take the chunk of two loads a lane:
-            // a lone warp pays a few cycles for each instruction of the sixteen-load chunk.
+            // Small windows (an idle actor's: two slots of up to 256 bytes) take the chunk of
+            // three loads a lane: a lone warp pays a few cycles for each instruction of the
+            // sixteen-load chunk.
             const RingView rv{pre, ranks, head, rbase, rmask, in_sw, in_vps, wmax, &st[0][0], in_stage};
-            if (total <= 64) {
-                read_chunk<2>(rv, 0, total, lane, !ctl_first, ctl_at, word);
+            if (total <= 96) {
+                read_chunk<3>(rv, 0, total, lane, !ctl_first, ctl_at, word);
             } else {
                 for (u32 base = 0; base < total; base += 32 * LOADS_IN_FLIGHT)
                     read_chunk<LOADS_IN_FLIGHT>(rv, base, total, lane, !ctl_first && base == 0, ctl_at, word);
