@@ -9,8 +9,7 @@
 //! unpack (two extra passes over its bytes that would compete with the backward pass).
 //! Its all-reduces run beside the backward pass's kernels: a communicator made with
 //! [`Comm::with_cta_policy`] and [`CtaPolicy::Efficiency`](super::CtaPolicy::Efficiency)
-//! leaves those more of the GPU (on 2×H100
-//! it took the MLP's weak scaling from 93% to 96%, bench/NOTES.md).
+//! leaves those more of the GPU (bench/NOTES.md: the MLP's weak scaling on 2×H100).
 
 use std::ops::Range;
 
