@@ -177,6 +177,15 @@ pub static MOE_DECODE: KernelSource = KernelSource {
     shared: Some(&MOE_SHARED),
 };
 
+/// The operations of the kernels the `fuse` module generates (max and min that keep NaN,
+/// select, activations, rounding casts): a fragment prepended to each of them, not in
+/// [`SOURCES`] (the fuse tests compile it with every generated kernel).
+pub static FUSE_OPS: KernelSource = KernelSource {
+    name: "fuse_ops",
+    code: include_str!("fuse.cu"),
+    shared: None,
+};
+
 /// Every embedded source (the compile test builds each for each declared architecture).
 pub static SOURCES: &[&KernelSource] = &[
     &BASIC,
