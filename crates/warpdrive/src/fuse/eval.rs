@@ -15,7 +15,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use crate::device::Stream;
 use crate::dtype::Float;
 use crate::error::{Error, Result};
-use crate::kernels::{Arch, KernelSource, PtxCache, FUSE_OPS};
+use crate::kernels::{self, Arch, KernelSource, PtxCache, FUSE_OPS};
 use crate::memory::{check_len, Buffer};
 use crate::ops::{fill_grid, float_index, launch, Args};
 
@@ -82,9 +82,27 @@ impl<'a> Expr<'a> {
     /// The PTX of this expression's kernel with output type `O`, compiled by NVRTC for `arch`
     /// through the kernel cache (memory, then disk, then NVRTC). Needs NVRTC, not a GPU.
     pub fn ptx<O: Float>(&self, arch: Arch) -> Result<Arc<str>> {
+        self.ptx_with::<O>(PtxCache::global(), arch)
+    }
+
+    /// [`ptx`](Self::ptx) through `cache` (a fresh [`PtxCache::at`] a folder behaves like a
+    /// new process: the benchmarks time a first compile and a start from disk with it).
+    pub fn ptx_with<O: Float>(&self, cache: &PtxCache, arch: Arch) -> Result<Arc<str>> {
         let prog = Program::new(self)?;
         float_index::<O>("fuse output")?;
-        PtxCache::global().ptx(kernel_source::<O>(&prog), arch)
+        cache.ptx(kernel_source::<O>(&prog), arch)
+    }
+
+    /// Compiles and loads this expression's kernel with output type `O` on the stream's
+    /// device now, so the first `eval` does not (a no-op on the CPU backend).
+    pub fn prepare<O: Float>(&self, stream: &Stream) -> Result<()> {
+        let prog = Program::new(self)?;
+        float_index::<O>("fuse output")?;
+        stream.run(
+            (),
+            |()| Ok(()),
+            |(), q| kernels::function(q.gpu, kernel_source::<O>(&prog), KERNEL).map(|_| ()),
+        )
     }
 
     /// The CUDA C of this expression's kernel with output type `O` (without the prelude and

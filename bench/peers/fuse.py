@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""PyTorch peer of warpdrive's `fuse` suite (contract: bench/peers/README.md).
+
+The same chains over the same inputs (two tensors x, y of `size` bytes each, seeded random
+in [-2, 2), one output), with the case names and sizes warpdrive uses:
+
+  chain2-<t>     1.5 (x y) + 0.25
+  chain5-<t>     leaky(1.5 max(x y + x, y) + 0.25), leaky(v) = where(v > 0, v, 0.1 v)
+  chain10-<t>    (0.5 (min(chain5, y) - x) - 1) y + x
+  gelu-silu-<t>  gelu_tanh(x) silu(y)       (two transcendental activations)
+
+t = f32 or bf16. Variants: `torch-eager` (one kernel per op, intermediates in memory) and
+`torch-compile` (`torch.compile(fullgraph=True)`, inductor: the chain as generated Triton on
+the GPU). GB/s counts 2 inputs read + 1 output written once (as warpdrive's rows), so rows
+pair with warpdrive's and cite `d2d_copy_gbps`. `compile-first` / `torch-compile`: the
+first call after `torch._dynamo.reset()` of the chain5 bf16 function (host time; inductor's
+on-disk caches may serve repeats, as warpdrive's kernel cache does for `compile-cached`).
+
+Sizes: 256 MiB per input; with --quick 4 MiB. Method as warpdrive's: warm-up (which
+includes inductor's compile), CUDA events, median and p10/p90 by linear interpolation.
+A variant that fails (e.g. inductor without a C++ compiler on the CPU) is logged on stderr
+and left out.
+"""
+
+import argparse
+import json
+import sys
+import time
+
+from peer_stats import percentile
+
+SUITE = "fuse"
+
+
+def log(msg):
+    print(f"fuse.py: {msg}", file=sys.stderr, flush=True)
+
+
+class Timer:
+    """Times `reps` samples of `fn` after `warmup` calls; microseconds per call. CUDA events on
+    a GPU, the host clock on the CPU."""
+
+    def __init__(self, torch, device):
+        self.torch = torch
+        self.cuda = device.type == "cuda"
+
+    def sync(self):
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def __call__(self, fn, warmup, reps):
+        for _ in range(warmup):
+            fn()
+        self.sync()
+        if self.cuda:
+            ev = [self.torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
+            ev[0].record()
+            for i in range(reps):
+                fn()
+                ev[i + 1].record()
+            ev[-1].synchronize()
+            return [ev[i].elapsed_time(ev[i + 1]) * 1e3 for i in range(reps)]
+        out = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t) * 1e6)
+        return out
+
+
+def row(case, size, variant, samples, moved, extra):
+    s = sorted(samples)
+    median = percentile(s, 0.5)
+    return {
+        "suite": SUITE,
+        "case": case,
+        "size": int(size),
+        "variant": variant,
+        "median": median,
+        "p10": percentile(s, 0.1),
+        "p90": percentile(s, 0.9),
+        "unit": "us",
+        "gbps": (moved / (median * 1e3)) if moved and median > 0 else None,
+        "tflops": None,
+        "pct_of_ceiling": None,
+        "extra": extra,
+    }
+
+
+def chains(torch):
+    F = torch.nn.functional
+
+    def leaky(v):
+        return torch.where(v > 0, v, v * 0.1)
+
+    def chain2(x, y):
+        return x * y * 1.5 + 0.25
+
+    def chain5(x, y):
+        return leaky(torch.maximum(x * y + x, y) * 1.5 + 0.25)
+
+    def chain10(x, y):
+        return ((torch.minimum(chain5(x, y), y) - x) * 0.5 - 1.0) * y + x
+
+    def gelu_silu(x, y):
+        return F.gelu(x, approximate="tanh") * F.silu(y)
+
+    return [
+        ("chain2", chain2, 2, "memory"),
+        ("chain5", chain5, 5, "memory"),
+        ("chain10", chain10, 10, "memory"),
+        ("gelu-silu", gelu_silu, 3, "compute"),
+    ]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+
+    import torch
+
+    device = torch.device(args.device)
+    timer = Timer(torch, device)
+    if args.quick:
+        size, warmup, reps = 4 << 20, 2, 5
+    else:
+        size, warmup, reps = 256 << 20, 5, 30
+    rows = []
+    for tname, dtype in [("f32", torch.float32), ("bf16", torch.bfloat16)]:
+        n = size // (4 if dtype == torch.float32 else 2)
+        gen = torch.Generator(device="cpu").manual_seed(0xF05E)
+        x = (torch.rand(n, generator=gen) * 4 - 2).to(dtype).to(device)
+        y = (torch.rand(n, generator=gen) * 4 - 2).to(dtype).to(device)
+        moved = 3 * size
+        for name, fn, ops, bound in chains(torch):
+            case = f"{name}-{tname}"
+            extra = {"ceiling": "d2d_copy_gbps", "dtype": tname, "ops": ops, "bound": bound,
+                     "bytes_counted": "2 inputs read + 1 output written"}
+            log(f"{case} eager on {device}")
+            try:
+                us = timer(lambda: fn(x, y), warmup, reps)
+                rows.append(row(case, size, "torch-eager", us, moved, dict(extra)))
+            except Exception as e:  # noqa: BLE001 - a peer never fails the run
+                log(f"{case} eager failed: {e}")
+            log(f"{case} torch.compile on {device}")
+            try:
+                compiled = torch.compile(fn, fullgraph=True)
+                us = timer(lambda: compiled(x, y), warmup, reps)
+                rows.append(row(case, size, "torch-compile", us, moved,
+                                dict(extra, backend="inductor")))
+            except Exception as e:  # noqa: BLE001
+                log(f"{case} torch.compile failed: {e}")
+        del x, y
+
+    # First compile of the chain5 bf16 function (host time of the first call after a reset).
+    try:
+        gen = torch.Generator(device="cpu").manual_seed(1)
+        x = (torch.rand(16, generator=gen) * 4 - 2).to(torch.bfloat16).to(device)
+        y = (torch.rand(16, generator=gen) * 4 - 2).to(torch.bfloat16).to(device)
+        fn = chains(torch)[1][1]
+        samples = []
+        for _ in range(3):
+            torch._dynamo.reset()
+            compiled = torch.compile(fn, fullgraph=True)
+            timer.sync()
+            t = time.perf_counter()
+            compiled(x, y)
+            timer.sync()
+            samples.append((time.perf_counter() - t) * 1e6)
+        rows.append(row("compile-first", 1, "torch-compile", samples, None,
+                        {"kernel": "chain5-bf16", "backend": "inductor",
+                         "what": "first call after torch._dynamo.reset() (compile + run)"}))
+    except Exception as e:  # noqa: BLE001
+        log(f"compile-first failed: {e}")
+
+    if args.json:
+        json.dump(rows, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        for r in rows:
+            print(f"{r['case']:>16} {r['size']:>12} {r['variant']:>14} {r['median']:12.2f} us")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,376 @@
+//! The `fuse` suite (issue 39): chains of elementwise ops fused into one generated kernel
+//! against the same chain as today's ops (one kernel per op) and the copy ceiling; PyTorch
+//! eager and `torch.compile` run the same cases in `bench/peers/fuse.py`.
+//!
+//! Every case reads two inputs `x`, `y` of `size` bytes each (random, seeded) and writes one
+//! output of the same type; GB/s counts those bytes read and written once (what a fused
+//! kernel moves), for every variant, so the unfused row's GB/s is the effective rate.
+//!
+//! - `chain2-<t>`: `1.5·(x·y) + 0.25` (mul, fma).
+//! - `chain5-<t>`: `leaky(1.5·max(x·y + x, y) + 0.25)`, `leaky(v) = v > 0 ? v : 0.1·v`
+//!   (mul, add, max, fma, compare/select).
+//! - `chain10-<t>`: chain5, then `min(·, y)`, `− x`, `0.5·(·) − 1`, `· y`, `+ x`.
+//! - `gelu-silu-<t>`: `gelu_tanh(x) · silu(y)`: two transcendental activations
+//!   (`extra.bound = "compute"`; the others are memory-bound).
+//!
+//! `t` is `f32` or `bf16` (arithmetic in f32 either way: a bf16 chain casts on every load and
+//! store). Variants: `warpdrive-fused` (one kernel), `warpdrive-unfused` (`ops::binary`,
+//! `ops::map` and, for compare/select, which no op has, a one-node fused kernel: one kernel
+//! per op, intermediates in memory), `ceiling` (`ops::copy` of the same bytes read + written).
+//!
+//! On CUDA, `compile-first` and `compile-cached` time the chain5 bf16 kernel's NVRTC compile
+//! into an empty kernel cache, and its start from that cache's disk files (a fresh cache, as
+//! a new process sees it: file read and checksum; the driver's load of the PTX is not in it).
+//!
+//! Sizes: 256 MiB per input on CUDA, 4 MiB on the CPU backend (`--quick` for the peer).
+
+use half::bf16;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use warpdrive::device::Stream;
+use warpdrive::error::Result;
+use warpdrive::fuse::Expr;
+use warpdrive::kernels::{Arch, PtxCache};
+use warpdrive::memory::Buffer;
+use warpdrive::ops::{self, Activation, BinaryOp, Map};
+use warpdrive::Float;
+
+use super::kernels::size_label;
+use super::results::Ceiling;
+use super::timing::{time_gpu, time_host};
+use super::{Ctx, Scale};
+
+/// The suite name.
+pub const SUITE: &str = "fuse";
+
+struct Plan {
+    bytes: usize,
+    warmup: usize,
+    reps: usize,
+}
+
+impl Plan {
+    fn new(scale: Scale) -> Plan {
+        match scale {
+            Scale::Full => Plan {
+                bytes: 256 << 20,
+                warmup: 5,
+                reps: 30,
+            },
+            Scale::Quick => Plan {
+                bytes: 4 << 20,
+                warmup: 1,
+                reps: 5,
+            },
+            Scale::Tiny => Plan {
+                bytes: 64 << 10,
+                warmup: 1,
+                reps: 2,
+            },
+        }
+    }
+}
+
+/// A chain of the suite.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Chain {
+    Two,
+    Five,
+    Ten,
+    GeluSilu,
+}
+
+impl Chain {
+    pub(crate) const ALL: [Chain; 4] = [Chain::Two, Chain::Five, Chain::Ten, Chain::GeluSilu];
+
+    fn name(self) -> &'static str {
+        match self {
+            Chain::Two => "chain2",
+            Chain::Five => "chain5",
+            Chain::Ten => "chain10",
+            Chain::GeluSilu => "gelu-silu",
+        }
+    }
+
+    /// Kernels of the unfused chain (= its ops).
+    fn ops(self) -> usize {
+        match self {
+            Chain::Two => 2,
+            Chain::Five => 5,
+            Chain::Ten => 10,
+            Chain::GeluSilu => 3,
+        }
+    }
+
+    fn formula(self) -> &'static str {
+        match self {
+            Chain::Two => "1.5 (x y) + 0.25",
+            Chain::Five => "leaky(1.5 max(x y + x, y) + 0.25)",
+            Chain::Ten => "(0.5 (min(leaky(1.5 max(x y + x, y) + 0.25), y) - x) - 1) y + x",
+            Chain::GeluSilu => "gelu_tanh(x) silu(y)",
+        }
+    }
+
+    /// The chain as one expression.
+    pub(crate) fn fused<'a>(self, x: &'a Expr<'a>, y: &'a Expr<'a>) -> Expr<'a> {
+        let leaky = |v: Expr<'a>| v.gt(0.0).select(&v, &v * 0.1);
+        let five = || leaky((x * y + x).max(y) * 1.5 + 0.25);
+        match self {
+            Chain::Two => x * y * 1.5 + 0.25,
+            Chain::Five => five(),
+            Chain::Ten => ((five().min(y) - x) * 0.5 - 1.0) * y + x,
+            Chain::GeluSilu => x.gelu_tanh() * y.silu(),
+        }
+    }
+}
+
+/// The chain as today's ops, one kernel each, through the temporaries `a` and `b`.
+pub(crate) fn unfused<T: Float>(
+    s: &Stream,
+    chain: Chain,
+    x: &Buffer<T>,
+    y: &Buffer<T>,
+    a: &mut Buffer<T>,
+    b: &mut Buffer<T>,
+    out: &mut Buffer<T>,
+) -> Result<()> {
+    let leaky = |s: &Stream, v: &Buffer<T>, out: &mut Buffer<T>| {
+        let e = Expr::input(v);
+        e.gt(0.0).select(&e, &e * 0.1).eval_into(s, out)
+    };
+    let affine = |s: &Stream, k: f32, c: f32, v: &Buffer<T>, out: &mut Buffer<T>| {
+        ops::map(s, &Map::affine(k, c), v, out)
+    };
+    match chain {
+        Chain::Two => {
+            ops::binary(s, BinaryOp::Mul, x, y, a)?;
+            affine(s, 1.5, 0.25, a, out)
+        }
+        Chain::Five | Chain::Ten => {
+            ops::binary(s, BinaryOp::Mul, x, y, a)?;
+            ops::binary(s, BinaryOp::Add, a, x, b)?;
+            ops::binary(s, BinaryOp::Max, b, y, a)?;
+            affine(s, 1.5, 0.25, a, b)?;
+            if chain == Chain::Five {
+                return leaky(s, b, out);
+            }
+            leaky(s, b, a)?;
+            ops::binary(s, BinaryOp::Min, a, y, b)?;
+            ops::binary(s, BinaryOp::Sub, b, x, a)?;
+            affine(s, 0.5, -1.0, a, b)?;
+            ops::binary(s, BinaryOp::Mul, b, y, a)?;
+            ops::binary(s, BinaryOp::Add, a, x, out)
+        }
+        Chain::GeluSilu => {
+            ops::map(s, &Map::activation(Activation::GeluTanh), x, a)?;
+            ops::map(s, &Map::activation(Activation::Silu), y, b)?;
+            ops::binary(s, BinaryOp::Mul, a, b, out)
+        }
+    }
+}
+
+pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
+    let plan = Plan::new(ctx.scale());
+    chains::<f32>(ctx, &plan, "f32")?;
+    chains::<bf16>(ctx, &plan, "bf16")?;
+    if ctx.device().is_cuda() {
+        compile_times(ctx, &plan)?;
+    }
+    Ok(())
+}
+
+/// Seeded values in [-2, 2) as `T`.
+fn random<T: Float>(n: usize, seed: u64) -> Vec<T> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| T::from_f64(rng.random_range(-2.0f64..2.0)))
+        .collect()
+}
+
+fn chains<T: Float>(ctx: &mut Ctx, plan: &Plan, tname: &str) -> Result<()> {
+    let bytes = plan.bytes;
+    let n = bytes / std::mem::size_of::<T>();
+    let stream = ctx.stream().clone();
+    let x = Buffer::from_host(&stream, &random::<T>(n, 0xf05e))?;
+    let y = Buffer::from_host(&stream, &random::<T>(n, 0xf05f))?;
+    let mut a = Buffer::<T>::uninit(&stream, n)?;
+    let mut b = Buffer::<T>::uninit(&stream, n)?;
+    let mut out = Buffer::<T>::uninit(&stream, n)?;
+    // Two inputs read and one output written, once.
+    let moved = 3.0 * bytes as f64;
+    // The ceiling: a copy of half those bytes (read + written = all of them).
+    let half = (3 * bytes / 2) / 4;
+    let src = Buffer::from_host(&stream, &random::<f32>(half, 0xc0b1))?;
+    let mut dst = Buffer::<f32>::uninit(&stream, half)?;
+    let (warm, reps) = (plan.warmup, plan.reps);
+    let copy_us = time_gpu(&stream, warm, reps, |s| ops::copy(s, &src, &mut dst))?;
+    let (ex, ey) = (Expr::input(&x), Expr::input(&y));
+    for chain in Chain::ALL {
+        let case = format!("{}-{tname}", chain.name());
+        ctx.step(format!("{SUITE}: {case} ({})", size_label(bytes)));
+        let fused = chain.fused(&ex, &ey);
+        fused.prepare::<T>(&stream)?;
+        let mut us = time_gpu(&stream, warm, reps, |s| fused.eval_into(s, &mut out))?;
+        let bound = if chain == Chain::GeluSilu {
+            "compute"
+        } else {
+            "memory"
+        };
+        let annotate = |row: &mut super::Row, kernels: usize| {
+            row.extra.insert("dtype".into(), tname.into());
+            row.extra.insert("op".into(), chain.formula().into());
+            row.extra.insert("ops".into(), chain.ops().into());
+            row.extra.insert("kernels".into(), kernels.into());
+            row.extra.insert("bound".into(), bound.into());
+            row.extra.insert(
+                "bytes_counted".into(),
+                "2 inputs read + 1 output written".into(),
+            );
+        };
+        let size = bytes as u64;
+        let row = ctx.record_bytes(
+            &case,
+            size,
+            "warpdrive-fused",
+            &mut us,
+            moved,
+            Some(Ceiling::D2dCopy),
+        )?;
+        annotate(row, 1);
+        let mut us = time_gpu(&stream, warm, reps, |s| {
+            unfused(s, chain, &x, &y, &mut a, &mut b, &mut out)
+        })?;
+        let row = ctx.record_bytes(
+            &case,
+            size,
+            "warpdrive-unfused",
+            &mut us,
+            moved,
+            Some(Ceiling::D2dCopy),
+        )?;
+        annotate(row, chain.ops());
+        let mut us = copy_us.clone();
+        let row = ctx.record_bytes(
+            &case,
+            size,
+            "ceiling",
+            &mut us,
+            moved,
+            Some(Ceiling::D2dCopy),
+        )?;
+        row.extra.insert(
+            "op".into(),
+            "ops::copy of 1.5 x size (device to device)".into(),
+        );
+        row.extra
+            .insert("bytes_counted".into(), "read+write".into());
+    }
+    Ok(())
+}
+
+/// `compile-first` and `compile-cached` (see the module docs).
+fn compile_times(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
+    ctx.step(format!("{SUITE}: first compile and cached start"));
+    let Some((major, minor)) = ctx
+        .info()
+        .compute_capability
+        .as_deref()
+        .and_then(|cc| cc.split_once('.'))
+        .and_then(|(a, b)| Some((a.parse::<u32>().ok()?, b.parse::<u32>().ok()?)))
+    else {
+        ctx.warn("fuse: no compute capability; compile rows skipped");
+        return Ok(());
+    };
+    let arch = Arch::from_compute_capability(major, minor);
+    let stream = ctx.stream().clone();
+    let x = Buffer::<bf16>::uninit(&stream, 16)?;
+    let y = Buffer::<bf16>::uninit(&stream, 16)?;
+    let (ex, ey) = (Expr::input(&x), Expr::input(&y));
+    let e = Chain::Five.fused(&ex, &ey);
+    let base = std::env::temp_dir().join(format!("warpdrive-fuse-bench-{}", std::process::id()));
+    let reps = plan.reps.clamp(3, 10);
+    let mut next = 0usize;
+    let mut first = time_host(0, reps, || {
+        next += 1;
+        let cache = PtxCache::at(base.join(format!("first-{next}")));
+        e.ptx_with::<bf16>(&cache, arch).map(|_| ())
+    })?;
+    let dir = base.join("first-1");
+    let mut cached = time_host(1, reps, || {
+        let cache = PtxCache::at(&dir);
+        e.ptx_with::<bf16>(&cache, arch).map(|_| ())
+    })?;
+    let _ = std::fs::remove_dir_all(&base);
+    let row = ctx.record_time("compile-first", 1, "warpdrive-fused", &mut first, None)?;
+    row.extra.insert("kernel".into(), "chain5-bf16".into());
+    row.extra.insert("arch".into(), arch.name().into());
+    row.extra.insert(
+        "what".into(),
+        "NVRTC compile into an empty kernel cache (PTX, written to disk)".into(),
+    );
+    let row = ctx.record_time("compile-cached", 1, "warpdrive-fused", &mut cached, None)?;
+    row.extra.insert("kernel".into(), "chain5-bf16".into());
+    row.extra.insert("arch".into(), arch.name().into());
+    row.extra.insert(
+        "what".into(),
+        "PTX from the disk cache in a fresh cache (file read + checksum; the driver's PTX JIT at load is not included)".into(),
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warpdrive::device::Device;
+
+    #[test]
+    fn tiny_run_on_the_cpu_has_every_case_and_variant() {
+        let mut ctx = Ctx::new(&Device::cpu(), Scale::Tiny).unwrap();
+        ctx.suite = SUITE;
+        run_suite(&mut ctx).unwrap();
+        let rows = ctx.rows();
+        for t in ["f32", "bf16"] {
+            for chain in Chain::ALL {
+                let case = format!("{}-{t}", chain.name());
+                for variant in ["warpdrive-fused", "warpdrive-unfused", "ceiling"] {
+                    let row = rows
+                        .iter()
+                        .find(|r| r.case == case && r.variant == variant)
+                        .unwrap_or_else(|| panic!("{case} {variant} missing"));
+                    assert_eq!(row.size, 64 << 10);
+                    assert!(row.gbps.is_some_and(|g| g > 0.0), "{case} {variant}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fused_and_unfused_chains_agree() {
+        let s = Device::cpu().new_stream().unwrap();
+        let n = 1001;
+        let x = Buffer::from_host(&s, &random::<f32>(n, 1)).unwrap();
+        let y = Buffer::from_host(&s, &random::<f32>(n, 2)).unwrap();
+        let (ex, ey) = (Expr::input(&x), Expr::input(&y));
+        let mut a = Buffer::<f32>::zeros(&s, n).unwrap();
+        let mut b = Buffer::<f32>::zeros(&s, n).unwrap();
+        let mut out = Buffer::<f32>::zeros(&s, n).unwrap();
+        for chain in Chain::ALL {
+            let fused = chain
+                .fused(&ex, &ey)
+                .eval::<f32>(&s)
+                .unwrap()
+                .to_host(&s)
+                .unwrap();
+            unfused(&s, chain, &x, &y, &mut a, &mut b, &mut out).unwrap();
+            let step = out.to_host(&s).unwrap();
+            for (i, (f, u)) in fused.iter().zip(&step).enumerate() {
+                // The unfused chain rounds to f32 between ops: a few ulps of the terms.
+                assert!(
+                    (f - u).abs() <= 1e-5 * (1.0 + f.abs()),
+                    "{chain:?} at {i}: fused {f}, unfused {u}"
+                );
+            }
+        }
+    }
+}
