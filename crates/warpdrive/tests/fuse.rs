@@ -620,7 +620,8 @@ device_test!(
             Buffer::from_host(&s, &b).unwrap(),
         );
         let (ea, eb) = (Expr::input(&xa), Expr::input(&xb));
-        let cases: Vec<(&str, Expr<'_>, fn(f64, f64) -> f64)> = vec![
+        type Case<'e> = (&'static str, Expr<'e>, fn(f64, f64) -> f64);
+        let cases: Vec<Case<'_>> = vec![
             ("add", &ea + &eb, |x, y| x + y),
             ("sub", &ea - &eb, |x, y| x - y),
             ("mul", &ea * &eb, |x, y| x * y),
@@ -745,8 +746,8 @@ fn generated_kernels_compile_with_nvrtc() {
     let n = 1024;
     let x = Buffer::from_host(&s, &vec![1.0f32; n]).unwrap();
     let h = Buffer::from_host(&s, &vec![bf16::ONE; n]).unwrap();
-    let row = Buffer::from_host(&s, &vec![f16::ONE; 32]).unwrap();
-    let col = Buffer::from_host(&s, &vec![1.0f32; 32]).unwrap();
+    let row = Buffer::from_host(&s, &[f16::ONE; 32]).unwrap();
+    let col = Buffer::from_host(&s, &[1.0f32; 32]).unwrap();
     let (ex, eh) = (Expr::input(&x), Expr::input(&h));
     let m = Expr::matrix(&x, 32, 32);
     let graphs = vec![

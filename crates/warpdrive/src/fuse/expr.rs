@@ -31,7 +31,7 @@ impl Shape {
     }
 
     /// Elements in this shape (`None` past `usize`).
-    pub fn len(self) -> Option<usize> {
+    pub fn elements(self) -> Option<usize> {
         self.rows.checked_mul(self.cols)
     }
 
@@ -75,7 +75,7 @@ impl Values<'_> {
 }
 
 /// A buffer an expression reads, with its element type erased.
-pub(crate) trait Operand {
+pub(crate) trait Operand: Send + Sync {
     fn kind(&self) -> DTypeKind;
     fn elements(&self) -> usize;
     fn device_ptr(&self) -> u64;
@@ -199,7 +199,7 @@ impl<'a> Expr<'a> {
     /// `buf` as a row-major `[rows, cols]` matrix; its length must be `rows · cols`.
     pub fn matrix<T: Float>(buf: &'a Buffer<T>, rows: usize, cols: usize) -> Expr<'a> {
         let shape = Shape::new(rows, cols);
-        let checked = match shape.len() {
+        let checked = match shape.elements() {
             Some(n) if n == buf.len() => Ok(shape),
             _ => Err(format!(
                 "fuse: a buffer of {} elements is not a matrix of shape {shape}",

@@ -91,7 +91,7 @@ impl<'a> Program<'a> {
     /// Flattens `root` (iteratively: a long chain does not grow the call stack).
     pub(crate) fn new(root: &Expr<'a>) -> Result<Program<'a>> {
         let shape = root.shape()?;
-        shape.len().ok_or_else(|| {
+        shape.elements().ok_or_else(|| {
             Error::InvalidArgument(format!("fuse: shape {shape} has more elements than usize"))
         })?;
         let mut prog = Program {
