@@ -1,26 +1,43 @@
-//! CUDA C for a program: one grid-stride kernel `fuse_map` that reads each input once and
-//! writes the result once, the whole graph in f32 registers in between.
+//! CUDA C for a program: the graph once as device functions of one element's values, and
+//! the kernel(s) of the program's mode around them.
 //!
-//! Shape of the kernel (the hand-written `elementwise.cu` maps', generalized): each lane
-//! takes `W` consecutive elements per access, `W` = 16 bytes of the widest type among the
-//! inputs and the output (4 with an f32 anywhere, else 8), `U` vectors in flight per thread
-//! (loads first, then the arithmetic), `__restrict__` pointers, `__launch_bounds__(256)`.
-//! The vector path runs when every streamed pointer is 16-byte aligned and, with a row or
-//! column broadcast, the row length is a multiple of `W` (then a vector never straddles two
-//! rows); a scalar loop covers the rest and the tail. Constants are kernel parameters.
+//! - `fz_final(...)`: the result from the inputs' values at an element, the column index, the
+//!   constants and the reductions' results; `fz_stage<L>(...)`: the same for the operands of
+//!   the level-`L` reductions, folded into their accumulators.
+//! - Map mode, `fuse_map`: a grid-stride loop (the hand-written `elementwise.cu` maps',
+//!   generalized): each lane takes `W` consecutive elements per access, `W` = 16 bytes of the
+//!   widest type among the inputs and the output (4 with an f32 anywhere, else 8), `U`
+//!   vectors in flight per thread (loads first, then the arithmetic).
+//! - Rows mode, `fuse_rows_warp` (a warp per row, rows up to [`WARP_ROW_MAX`]) and
+//!   `fuse_rows_block` (a block per row): per row, one pass over its elements per reduction
+//!   level (a level's reductions share the pass), each ending in a warp or block reduction,
+//!   then the result per element or per row.
+//! - All mode, `fuse_all`: a grid-stride pass folding every reduction, block results into
+//!   `partials`; the last block to finish (an atomic ticket) combines them in block order and
+//!   writes `fz_final`, then resets the ticket.
+//!
+//! Vector paths run when every streamed pointer is 16-byte aligned and, with a row or column
+//! broadcast (or per-row loops), the row length is a multiple of `W` (then a vector never
+//! straddles two rows); scalar loops cover the rest. Every kernel has `__restrict__` pointers
+//! and `__launch_bounds__(256)`; constants are kernel parameters.
 
 use std::fmt::Write;
 
 use crate::dtype::DTypeKind;
 use crate::ops::Activation;
 
-use super::expr::{Binary, Unary};
-use super::program::{Class, Op, Program};
+use super::expr::{Binary, Reduce, Unary};
+use super::program::{Class, Mode, Op, Program};
 
-/// Threads per block (the kernel's `__launch_bounds__`).
+/// Threads per block (every kernel's `__launch_bounds__`).
 pub(crate) const BLOCK: u32 = 256;
-/// The kernel's name in every generated module.
-pub(crate) const KERNEL: &str = "fuse_map";
+/// The kernels' names.
+pub(crate) const KERNEL_MAP: &str = "fuse_map";
+pub(crate) const KERNEL_ROWS_WARP: &str = "fuse_rows_warp";
+pub(crate) const KERNEL_ROWS_BLOCK: &str = "fuse_rows_block";
+pub(crate) const KERNEL_ALL: &str = "fuse_all";
+/// Rows at most this long get a warp each; longer ones a block.
+pub(crate) const WARP_ROW_MAX: usize = 1024;
 
 /// The architectures generated kernels are built for (as `elementwise.cu`).
 const ARCHS: &str = "// archs: sm_75 sm_80 sm_90 sm_90a";
@@ -47,61 +64,181 @@ pub(crate) fn width(prog: &Program<'_>, out: DTypeKind) -> u64 {
     16 / widest as u64
 }
 
-/// Vectors in flight per thread: fewer with more streamed inputs (bytes in flight and
-/// registers stay about those of the hand-written map).
+/// Vectors in flight per thread in the map kernel: fewer with more streamed inputs (bytes in
+/// flight and registers stay about those of the hand-written map).
 pub(crate) fn unroll(prog: &Program<'_>) -> u64 {
-    let streamed = prog
-        .inputs
-        .iter()
-        .filter(|i| matches!(i.class, Class::Full | Class::Row))
-        .count();
-    match streamed {
+    match streamed(prog).count() {
         0 | 1 => 4,
         2..=4 => 2,
         _ => 1,
     }
 }
 
+/// Inputs read per element (full or row class): loaded as vectors.
+fn streamed<'p>(prog: &'p Program<'_>) -> impl Iterator<Item = usize> + 'p {
+    prog.inputs
+        .iter()
+        .enumerate()
+        .filter(|(_, x)| matches!(x.class, Class::Full | Class::Row))
+        .map(|(i, _)| i)
+}
+
+fn combiner(r: Reduce) -> (&'static str, &'static str) {
+    match r {
+        Reduce::Sum => ("FzSum()", "0.0f"),
+        Reduce::Max => ("FzMax()", "fz_neg_inf()"),
+        Reduce::Min => ("FzMin()", "fz_pos_inf()"),
+    }
+}
+
+/// Where a function call finds its values: per input, the column index, then the constants
+/// and reduction results by name.
+struct Call<'s> {
+    inputs: Vec<String>,
+    col: &'s str,
+}
+
 /// The kernel source (without the prelude and the `fuse.cu` fragment, which the kernel cache
 /// prepends); `signature` goes in a comment.
 pub(crate) fn source(prog: &Program<'_>, out: DTypeKind, signature: &str) -> String {
-    let w = width(prog, out);
-    let u = unroll(prog);
-    let ot = ctype(out);
-    let mut s = String::with_capacity(4096);
+    let mut s = String::with_capacity(8192);
     let _ = writeln!(s, "{ARCHS}");
     let _ = writeln!(s, "// warpdrive fuse: {signature}");
-    // The graph, once, as a function of one element's input values and the constants.
-    let mut params: Vec<String> = (0..prog.inputs.len())
-        .map(|i| format!("float x{i}"))
+    let root = prog.ops.len().saturating_sub(1);
+    let all_reduces: Vec<usize> = (1..=prog.depth())
+        .flat_map(|l| prog.reductions_at(l))
         .collect();
-    params.extend((0..prog.consts.len()).map(|c| format!("float c{c}")));
+    // fz_final: the result.
     let _ = writeln!(
         s,
-        "__device__ __forceinline__ float fz_expr({}) {{",
-        params.join(", ")
+        "__device__ __forceinline__ float fz_final({}) {{",
+        params(prog, &all_reduces, &[]).join(", ")
     );
-    for (k, op) in prog.ops.iter().enumerate() {
-        let _ = writeln!(s, "    const float t{k} = {};", expr(op));
+    statements(&mut s, prog, &prog.needed(&[root]));
+    let _ = writeln!(s, "    return t{root};\n}}");
+    // fz_stage<L>: the level-L reductions' operands into their accumulators.
+    for level in 1..=prog.depth() {
+        let mine = prog.reductions_at(level);
+        let earlier: Vec<usize> = all_reduces
+            .iter()
+            .copied()
+            .filter(|&k| prog.levels[k] < level)
+            .collect();
+        let _ = writeln!(
+            s,
+            "__device__ __forceinline__ void fz_stage{level}({}) {{",
+            params(prog, &earlier, &mine).join(", ")
+        );
+        let operands: Vec<usize> = mine.iter().map(|&k| operand(prog, k)).collect();
+        statements(&mut s, prog, &prog.needed(&operands));
+        for &k in &mine {
+            if let Op::Reduce(r, _, a) = prog.ops[k] {
+                let _ = writeln!(s, "    a{k} = {}(a{k}, t{a});", combiner(r).0);
+            }
+        }
+        let _ = writeln!(s, "}}");
     }
-    let _ = writeln!(s, "    return t{};\n}}", prog.ops.len().saturating_sub(1));
+    match prog.mode {
+        Mode::Map => map_kernel(&mut s, prog, out),
+        Mode::Rows => rows_kernel(&mut s, prog, out, &all_reduces),
+        Mode::All => all_kernel(&mut s, prog, out, &all_reduces),
+    }
+    s
+}
 
-    // Kernel parameters: inputs, output, sizes, constants.
-    let mut kparams: Vec<String> = prog
+fn operand(prog: &Program<'_>, k: usize) -> usize {
+    match prog.ops[k] {
+        Op::Reduce(_, _, a) => a,
+        _ => k,
+    }
+}
+
+/// Parameters of a graph function: inputs, column index, constants, reduction results
+/// `results`, accumulators `accs` (by reference).
+fn params(prog: &Program<'_>, results: &[usize], accs: &[usize]) -> Vec<String> {
+    let mut p: Vec<String> = (0..prog.inputs.len())
+        .map(|i| format!("float x{i}"))
+        .collect();
+    p.push("float ci".into());
+    p.extend((0..prog.consts.len()).map(|c| format!("float c{c}")));
+    p.extend(results.iter().map(|k| format!("float r{k}")));
+    p.extend(accs.iter().map(|k| format!("float& a{k}")));
+    p
+}
+
+/// Arguments matching [`params`].
+fn args(prog: &Program<'_>, call: &Call<'_>, results: &[usize], accs: &[usize]) -> String {
+    let mut a = call.inputs.clone();
+    a.push(call.col.to_string());
+    a.extend((0..prog.consts.len()).map(|c| format!("c{c}")));
+    a.extend(results.iter().map(|k| format!("r{k}")));
+    a.extend(accs.iter().map(|k| format!("a{k}")));
+    a.join(", ")
+}
+
+fn statements(s: &mut String, prog: &Program<'_>, need: &[bool]) {
+    for (k, op) in prog.ops.iter().enumerate() {
+        if need[k] {
+            let _ = writeln!(s, "    const float t{k} = {};", expr(op, k));
+        }
+    }
+}
+
+/// Kernel parameters: inputs, output, then `middle`, then the constants.
+fn kernel_params(prog: &Program<'_>, out: DTypeKind, middle: &[&str]) -> String {
+    let mut p: Vec<String> = prog
         .inputs
         .iter()
         .enumerate()
         .map(|(i, x)| format!("const {}* __restrict__ in{i}", ctype(x.kind)))
         .collect();
-    kparams.push(format!("{ot}* __restrict__ out"));
-    kparams.push("u64 n".into());
-    kparams.push("u64 cols".into());
-    kparams.extend((0..prog.consts.len()).map(|c| format!("float c{c}")));
-    let consts: Vec<String> = (0..prog.consts.len()).map(|c| format!("c{c}")).collect();
+    p.push(format!("{}* __restrict__ out", ctype(out)));
+    p.extend(middle.iter().map(|m| m.to_string()));
+    p.extend((0..prog.consts.len()).map(|c| format!("float c{c}")));
+    p.join(", ")
+}
+
+/// `const float s<i>` for the scalar inputs (loaded once).
+fn scalar_loads(s: &mut String, prog: &Program<'_>, pad: &str) {
+    for (i, x) in prog.inputs.iter().enumerate() {
+        if x.class == Class::Scalar {
+            let _ = writeln!(s, "{pad}const float s{i} = to_f32(in{i}[0]);");
+        }
+    }
+}
+
+/// The vector-path condition: streamed pointers (and `out` when written per element)
+/// aligned, rows a multiple of `W` when indexed per row.
+fn vector_condition(prog: &Program<'_>, out_streamed: bool, per_row: bool) -> String {
+    let mut conds: Vec<String> = streamed(prog)
+        .map(|i| format!("aligned16(in{i})"))
+        .collect();
+    if out_streamed {
+        conds.push("aligned16(out)".into());
+    }
+    if per_row
+        || prog
+            .inputs
+            .iter()
+            .any(|x| matches!(x.class, Class::Row | Class::Col))
+    {
+        conds.push("cols % W == 0".into());
+    }
+    if conds.is_empty() {
+        "true".into()
+    } else {
+        conds.join(" && ")
+    }
+}
+
+fn map_kernel(s: &mut String, prog: &Program<'_>, out: DTypeKind) {
+    let w = width(prog, out);
+    let u = unroll(prog);
+    let ot = ctype(out);
     let _ = writeln!(
         s,
-        "extern \"C\" __global__ void __launch_bounds__({BLOCK}) {KERNEL}({}) {{",
-        kparams.join(", ")
+        "extern \"C\" __global__ void __launch_bounds__({BLOCK}) {KERNEL_MAP}({}) {{",
+        kernel_params(prog, out, &["u64 n", "u64 cols"])
     );
     let _ = writeln!(s, "    constexpr int W = {w};");
     let _ = writeln!(s, "    const u64 stride = (u64)gridDim.x * blockDim.x;");
@@ -110,29 +247,9 @@ pub(crate) fn source(prog: &Program<'_>, out: DTypeKind, signature: &str) -> Str
         "    const u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;"
     );
     let _ = writeln!(s, "    (void)cols;");
-    // Broadcast scalars: loaded once.
-    for (i, x) in prog.inputs.iter().enumerate() {
-        if x.class == Class::Scalar {
-            let _ = writeln!(s, "    const float s{i} = to_f32(in{i}[0]);");
-        }
-    }
-    let mut conds: Vec<String> = prog
-        .inputs
-        .iter()
-        .enumerate()
-        .filter(|(_, x)| matches!(x.class, Class::Full | Class::Row))
-        .map(|(i, _)| format!("aligned16(in{i})"))
-        .collect();
-    conds.push("aligned16(out)".into());
-    if prog
-        .inputs
-        .iter()
-        .any(|x| matches!(x.class, Class::Row | Class::Col))
-    {
-        conds.push("cols % W == 0".into());
-    }
+    scalar_loads(s, prog, "    ");
     let _ = writeln!(s, "    u64 head = 0;");
-    let _ = writeln!(s, "    if ({}) {{", conds.join(" && "));
+    let _ = writeln!(s, "    if ({}) {{", vector_condition(prog, true, false));
     let _ = writeln!(s, "        const u64 vecs = n / W;");
     let _ = writeln!(s, "        u64 i = tid;");
     let _ = writeln!(
@@ -140,38 +257,43 @@ pub(crate) fn source(prog: &Program<'_>, out: DTypeKind, signature: &str) -> Str
         "        for (; i + {} * stride < vecs; i += {u} * stride) {{",
         u - 1
     );
-    vector_body(&mut s, prog, ot, u, &consts);
+    map_vector_body(s, prog, ot, u);
     let _ = writeln!(s, "        }}");
     let _ = writeln!(s, "        for (; i < vecs; i += stride) {{");
-    vector_body(&mut s, prog, ot, 1, &consts);
+    map_vector_body(s, prog, ot, 1);
     let _ = writeln!(s, "        }}");
     let _ = writeln!(s, "        head = vecs * W;");
     let _ = writeln!(s, "    }}");
     // Scalar loop: unaligned pointers, rows not a multiple of W, and the tail.
-    let args: Vec<String> = prog
-        .inputs
+    let call = Call {
+        inputs: element_values(prog, "e", "e / cols", "e % cols"),
+        col: "(float)(e % cols)",
+    };
+    let _ = writeln!(
+        s,
+        "    for (u64 e = head + tid; e < n; e += stride) out[e] = from_f32<{ot}>(fz_final({}));",
+        args(prog, &call, &[], &[])
+    );
+    let _ = writeln!(s, "}}");
+}
+
+/// Scalar loads of every input at element `full` (row `row`, column `col`).
+fn element_values(prog: &Program<'_>, full: &str, row: &str, col: &str) -> Vec<String> {
+    prog.inputs
         .iter()
         .enumerate()
         .map(|(i, x)| match x.class {
-            Class::Full => format!("to_f32(in{i}[e])"),
-            Class::Row => format!("to_f32(in{i}[e % cols])"),
-            Class::Col => format!("to_f32(in{i}[e / cols])"),
+            Class::Full => format!("to_f32(in{i}[{full}])"),
+            Class::Row => format!("to_f32(in{i}[{col}])"),
+            Class::Col => format!("to_f32(in{i}[{row}])"),
             Class::Scalar => format!("s{i}"),
         })
-        .chain(consts.iter().cloned())
-        .collect();
-    let _ = writeln!(
-        s,
-        "    for (u64 e = head + tid; e < n; e += stride) out[e] = from_f32<{ot}>(fz_expr({}));",
-        args.join(", ")
-    );
-    let _ = writeln!(s, "}}");
-    s
+        .collect()
 }
 
-/// One iteration of the vector loop with `u` vectors per thread (`i`: the first vector's
-/// index).
-fn vector_body(s: &mut String, prog: &Program<'_>, ot: &str, u: u64, consts: &[String]) {
+/// One iteration of the map kernel's vector loop with `u` vectors per thread (`i`: the first
+/// vector's index).
+fn map_vector_body(s: &mut String, prog: &Program<'_>, ot: &str, u: u64) {
     let pad = "            ";
     let _ = writeln!(s, "{pad}u64 at[{u}];");
     let _ = writeln!(s, "#pragma unroll");
@@ -182,69 +304,365 @@ fn vector_body(s: &mut String, prog: &Program<'_>, ot: &str, u: u64, consts: &[S
     // Loads first: every vector of every input in flight before any arithmetic.
     for (i, x) in prog.inputs.iter().enumerate() {
         let t = ctype(x.kind);
-        match x.class {
-            Class::Full => {
-                let _ = writeln!(s, "{pad}Vec<{t}, W> v{i}[{u}];");
-                let _ = writeln!(s, "#pragma unroll");
-                let _ = writeln!(
-                    s,
-                    "{pad}for (int u = 0; u < {u}; ++u) v{i}[u] = load_vec<{t}, W>(in{i} + at[u]);"
-                );
-            }
-            Class::Row => {
-                let _ = writeln!(s, "{pad}Vec<{t}, W> v{i}[{u}];");
-                let _ = writeln!(s, "#pragma unroll");
-                let _ = writeln!(
-                    s,
-                    "{pad}for (int u = 0; u < {u}; ++u) v{i}[u] = load_vec<{t}, W>(in{i} + at[u] % cols);"
-                );
-            }
-            Class::Col => {
-                let _ = writeln!(s, "{pad}float r{i}[{u}];");
-                let _ = writeln!(s, "#pragma unroll");
-                let _ = writeln!(
-                    s,
-                    "{pad}for (int u = 0; u < {u}; ++u) r{i}[u] = to_f32(in{i}[at[u] / cols]);"
-                );
-            }
-            Class::Scalar => {}
-        }
+        let load = match x.class {
+            Class::Full => format!("v{i}[u] = load_vec<{t}, W>(in{i} + at[u])"),
+            Class::Row => format!("v{i}[u] = load_vec<{t}, W>(in{i} + at[u] % cols)"),
+            Class::Col => format!("v{i}[u] = to_f32(in{i}[at[u] / cols])"),
+            Class::Scalar => continue,
+        };
+        let decl = if x.class == Class::Col {
+            format!("float v{i}[{u}]")
+        } else {
+            format!("Vec<{t}, W> v{i}[{u}]")
+        };
+        let _ = writeln!(s, "{pad}{decl};");
+        let _ = writeln!(s, "#pragma unroll");
+        let _ = writeln!(s, "{pad}for (int u = 0; u < {u}; ++u) {load};");
     }
     let _ = writeln!(s, "#pragma unroll");
     let _ = writeln!(s, "{pad}for (int u = 0; u < {u}; ++u) {{");
-    for (i, x) in prog.inputs.iter().enumerate() {
-        if matches!(x.class, Class::Full | Class::Row) {
-            let _ = writeln!(s, "{pad}    float a{i}[W];");
-            let _ = writeln!(s, "{pad}    unpack_vec(v{i}[u], a{i});");
-        }
+    for i in streamed(prog) {
+        let _ = writeln!(s, "{pad}    float f{i}[W];");
+        let _ = writeln!(s, "{pad}    unpack_vec(v{i}[u], f{i});");
     }
-    let args: Vec<String> = prog
-        .inputs
-        .iter()
-        .enumerate()
-        .map(|(i, x)| match x.class {
-            Class::Full | Class::Row => format!("a{i}[k]"),
-            Class::Col => format!("r{i}[u]"),
-            Class::Scalar => format!("s{i}"),
-        })
-        .chain(consts.iter().cloned())
-        .collect();
+    let call = Call {
+        inputs: vector_values(prog, "v{i}[u]"),
+        col: "(float)((at[u] + k) % cols)",
+    };
     let _ = writeln!(s, "{pad}    float y[W];");
     let _ = writeln!(s, "#pragma unroll");
     let _ = writeln!(
         s,
-        "{pad}    for (int k = 0; k < W; ++k) y[k] = fz_expr({});",
-        args.join(", ")
+        "{pad}    for (int k = 0; k < W; ++k) y[k] = fz_final({});",
+        args(prog, &call, &[], &[])
     );
     let _ = writeln!(s, "{pad}    store_vec(out + at[u], pack_vec<{ot}, W>(y));");
     let _ = writeln!(s, "{pad}}}");
 }
 
-/// The C expression of one operation.
-fn expr(op: &Op) -> String {
+/// Values of every input inside a vector loop: element `k` of the unpacked vectors `f<i>`,
+/// `col` (with `{i}` for the input's index) for column inputs, `s<i>` for scalars.
+fn vector_values(prog: &Program<'_>, col: &str) -> Vec<String> {
+    prog.inputs
+        .iter()
+        .enumerate()
+        .map(|(i, x)| match x.class {
+            Class::Full | Class::Row => format!("f{i}[k]"),
+            Class::Col => col.replace("{i}", &i.to_string()),
+            Class::Scalar => format!("s{i}"),
+        })
+        .collect()
+}
+
+/// Vector loads of the streamed inputs at column `c` of row `row` (rows mode), unpacked into
+/// `f<i>`.
+fn row_vector_loads(s: &mut String, prog: &Program<'_>, pad: &str) {
+    for i in streamed(prog) {
+        let x = &prog.inputs[i];
+        let t = ctype(x.kind);
+        let at = if x.class == Class::Full {
+            "row * cols + c"
+        } else {
+            "c"
+        };
+        let _ = writeln!(s, "{pad}float f{i}[W];");
+        let _ = writeln!(s, "{pad}unpack_vec(load_vec<{t}, W>(in{i} + {at}), f{i});");
+    }
+}
+
+fn rows_kernel(s: &mut String, prog: &Program<'_>, out: DTypeKind, reduces: &[usize]) {
+    let w = width(prog, out);
+    let ot = ctype(out);
+    let per_element = prog.shape.cols != 1;
+    let kp = kernel_params(prog, out, &["u64 rows", "u64 cols"]);
+    let _ = writeln!(
+        s,
+        "template <bool WARP>\n__device__ __forceinline__ void fz_rows({kp}) {{"
+    );
+    let _ = writeln!(s, "    constexpr int W = {w};");
+    let _ = writeln!(
+        s,
+        "    const u64 lane = WARP ? (threadIdx.x & 31u) : threadIdx.x;"
+    );
+    let _ = writeln!(s, "    const u64 group = WARP ? 32u : blockDim.x;");
+    let _ = writeln!(s, "    const u64 first = WARP ? (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5) : (u64)blockIdx.x;");
+    let _ = writeln!(
+        s,
+        "    const u64 step = WARP ? (u64)gridDim.x * (blockDim.x >> 5) : (u64)gridDim.x;"
+    );
+    let _ = writeln!(
+        s,
+        "    const bool vec = {};",
+        vector_condition(prog, per_element, true)
+    );
+    scalar_loads(s, prog, "    ");
+    let _ = writeln!(s, "    for (u64 row = first; row < rows; row += step) {{");
+    for (i, x) in prog.inputs.iter().enumerate() {
+        if x.class == Class::Col {
+            let _ = writeln!(s, "        const float p{i} = to_f32(in{i}[row]);");
+        }
+    }
+    for &k in reduces {
+        let _ = writeln!(s, "        float r{k};");
+    }
+    let vec_call = Call {
+        inputs: vector_values(prog, "p{i}"),
+        col: "(float)(c + k)",
+    };
+    let scalar_call = Call {
+        inputs: element_values(prog, "row * cols + c", "row", "c")
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| {
+                if prog.inputs[i].class == Class::Col {
+                    format!("p{i}")
+                } else {
+                    v
+                }
+            })
+            .collect(),
+        col: "(float)c",
+    };
+    for level in 1..=prog.depth() {
+        let mine = prog.reductions_at(level);
+        let earlier: Vec<usize> = reduces
+            .iter()
+            .copied()
+            .filter(|&k| prog.levels[k] < level)
+            .collect();
+        let _ = writeln!(s, "        {{");
+        for &k in &mine {
+            if let Op::Reduce(r, _, _) = prog.ops[k] {
+                let _ = writeln!(s, "            float a{k} = {};", combiner(r).1);
+            }
+        }
+        let _ = writeln!(s, "            if (vec) {{");
+        let _ = writeln!(
+            s,
+            "                for (u64 c = lane * W; c < cols; c += group * W) {{"
+        );
+        row_vector_loads(s, prog, "                    ");
+        let _ = writeln!(s, "#pragma unroll");
+        let _ = writeln!(
+            s,
+            "                    for (int k = 0; k < W; ++k) fz_stage{level}({});",
+            args(prog, &vec_call, &earlier, &mine)
+        );
+        let _ = writeln!(s, "                }}");
+        let _ = writeln!(s, "            }} else {{");
+        let _ = writeln!(
+            s,
+            "                for (u64 c = lane; c < cols; c += group) fz_stage{level}({});",
+            args(prog, &scalar_call, &earlier, &mine)
+        );
+        let _ = writeln!(s, "            }}");
+        for &k in &mine {
+            if let Op::Reduce(r, _, _) = prog.ops[k] {
+                let (op, id) = combiner(r);
+                let _ = writeln!(
+                    s,
+                    "            r{k} = fz_group_reduce<WARP>(a{k}, {op}, {id});"
+                );
+            }
+        }
+        let _ = writeln!(s, "        }}");
+    }
+    if per_element {
+        let _ = writeln!(s, "        if (vec) {{");
+        let _ = writeln!(
+            s,
+            "            for (u64 c = lane * W; c < cols; c += group * W) {{"
+        );
+        row_vector_loads(s, prog, "                ");
+        let _ = writeln!(s, "                float y[W];");
+        let _ = writeln!(s, "#pragma unroll");
+        let _ = writeln!(
+            s,
+            "                for (int k = 0; k < W; ++k) y[k] = fz_final({});",
+            args(prog, &vec_call, reduces, &[])
+        );
+        let _ = writeln!(
+            s,
+            "                store_vec(out + row * cols + c, pack_vec<{ot}, W>(y));"
+        );
+        let _ = writeln!(s, "            }}");
+        let _ = writeln!(s, "        }} else {{");
+        let _ = writeln!(
+            s,
+            "            for (u64 c = lane; c < cols; c += group) out[row * cols + c] = from_f32<{ot}>(fz_final({}));",
+            args(prog, &scalar_call, reduces, &[])
+        );
+        let _ = writeln!(s, "        }}");
+    } else {
+        // One value per row: nothing per element is left (the result's shape has one column).
+        let call = Call {
+            inputs: per_row_values(prog, "p{i}"),
+            col: "0.0f",
+        };
+        let _ = writeln!(
+            s,
+            "        if (lane == 0) out[row] = from_f32<{ot}>(fz_final({}));",
+            args(prog, &call, reduces, &[])
+        );
+    }
+    let _ = writeln!(s, "    }}\n}}");
+    let names: Vec<String> = prog
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(i, _)| format!("in{i}"))
+        .chain(["out".into(), "rows".into(), "cols".into()])
+        .chain((0..prog.consts.len()).map(|c| format!("c{c}")))
+        .collect();
+    for (name, warp) in [(KERNEL_ROWS_WARP, "true"), (KERNEL_ROWS_BLOCK, "false")] {
+        let _ = writeln!(
+            s,
+            "extern \"C\" __global__ void __launch_bounds__({BLOCK}) {name}({kp}) {{ fz_rows<{warp}>({}); }}",
+            names.join(", ")
+        );
+    }
+}
+
+/// Input values where nothing varies per element: `col` for column inputs (with `{i}`),
+/// scalars, and 0 for the rest (the graph's result does not read them there).
+fn per_row_values(prog: &Program<'_>, col: &str) -> Vec<String> {
+    prog.inputs
+        .iter()
+        .enumerate()
+        .map(|(i, x)| match x.class {
+            Class::Col => col.replace("{i}", &i.to_string()),
+            Class::Scalar => format!("s{i}"),
+            _ => "0.0f".into(),
+        })
+        .collect()
+}
+
+fn all_kernel(s: &mut String, prog: &Program<'_>, out: DTypeKind, reduces: &[usize]) {
+    let w = width(prog, out);
+    let ot = ctype(out);
+    let _ = writeln!(
+        s,
+        "extern \"C\" __global__ void __launch_bounds__({BLOCK}) {KERNEL_ALL}({}) {{",
+        kernel_params(
+            prog,
+            out,
+            &["float* partials", "u32* ticket", "u64 n", "u64 cols"]
+        )
+    );
+    let _ = writeln!(s, "    constexpr int W = {w};");
+    let _ = writeln!(s, "    const u64 stride = (u64)gridDim.x * blockDim.x;");
+    let _ = writeln!(
+        s,
+        "    const u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;"
+    );
+    let _ = writeln!(s, "    (void)cols;");
+    scalar_loads(s, prog, "    ");
+    for &k in reduces {
+        if let Op::Reduce(r, _, _) = prog.ops[k] {
+            let _ = writeln!(s, "    float a{k} = {};", combiner(r).1);
+        }
+    }
+    let _ = writeln!(s, "    u64 head = 0;");
+    let _ = writeln!(s, "    if ({}) {{", vector_condition(prog, false, false));
+    let _ = writeln!(s, "        const u64 vecs = n / W;");
+    let _ = writeln!(s, "        for (u64 i = tid; i < vecs; i += stride) {{");
+    let _ = writeln!(s, "            const u64 e0 = i * W;");
+    for (i, x) in prog.inputs.iter().enumerate() {
+        let t = ctype(x.kind);
+        match x.class {
+            Class::Full => {
+                let _ = writeln!(s, "            float f{i}[W];");
+                let _ = writeln!(
+                    s,
+                    "            unpack_vec(load_vec<{t}, W>(in{i} + e0), f{i});"
+                );
+            }
+            Class::Row => {
+                let _ = writeln!(s, "            float f{i}[W];");
+                let _ = writeln!(
+                    s,
+                    "            unpack_vec(load_vec<{t}, W>(in{i} + e0 % cols), f{i});"
+                );
+            }
+            Class::Col => {
+                let _ = writeln!(
+                    s,
+                    "            const float p{i} = to_f32(in{i}[e0 / cols]);"
+                );
+            }
+            Class::Scalar => {}
+        }
+    }
+    let call = Call {
+        inputs: vector_values(prog, "p{i}"),
+        col: "(float)((e0 + k) % cols)",
+    };
+    let _ = writeln!(s, "#pragma unroll");
+    let _ = writeln!(
+        s,
+        "            for (int k = 0; k < W; ++k) fz_stage1({});",
+        args(prog, &call, &[], reduces)
+    );
+    let _ = writeln!(s, "        }}");
+    let _ = writeln!(s, "        head = vecs * W;");
+    let _ = writeln!(s, "    }}");
+    let call = Call {
+        inputs: element_values(prog, "e", "e / cols", "e % cols"),
+        col: "(float)(e % cols)",
+    };
+    let _ = writeln!(
+        s,
+        "    for (u64 e = head + tid; e < n; e += stride) fz_stage1({});",
+        args(prog, &call, &[], reduces)
+    );
+    // Each block's results, then the last block combines them in block order.
+    for (j, &k) in reduces.iter().enumerate() {
+        if let Op::Reduce(r, _, _) = prog.ops[k] {
+            let (op, id) = combiner(r);
+            let _ = writeln!(s, "    {{ const float b = block_allreduce(a{k}, {op}, {id}); if (threadIdx.x == 0) partials[{j}u * gridDim.x + blockIdx.x] = b; }}");
+        }
+    }
+    let _ = writeln!(s, "    __shared__ bool last;");
+    let _ = writeln!(s, "    __threadfence();");
+    let _ = writeln!(
+        s,
+        "    if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;"
+    );
+    let _ = writeln!(s, "    __syncthreads();");
+    let _ = writeln!(s, "    if (!last) return;");
+    let _ = writeln!(s, "    __threadfence();");
+    for (j, &k) in reduces.iter().enumerate() {
+        if let Op::Reduce(r, _, _) = prog.ops[k] {
+            let (op, id) = combiner(r);
+            let _ = writeln!(s, "    float q{k} = {id};");
+            let _ = writeln!(s, "    for (u32 b = threadIdx.x; b < gridDim.x; b += blockDim.x) q{k} = {op}(q{k}, fz_load_volatile(partials + {j}u * gridDim.x + b));");
+            let _ = writeln!(
+                s,
+                "    const float r{k} = block_allreduce(q{k}, {op}, {id});"
+            );
+        }
+    }
+    let call = Call {
+        inputs: per_row_values(prog, "0.0f"),
+        col: "0.0f",
+    };
+    let _ = writeln!(s, "    if (threadIdx.x == 0) {{");
+    let _ = writeln!(
+        s,
+        "        out[0] = from_f32<{ot}>(fz_final({}));",
+        args(prog, &call, reduces, &[])
+    );
+    let _ = writeln!(s, "        *ticket = 0u;");
+    let _ = writeln!(s, "    }}\n}}");
+}
+
+/// The C expression of operation `k`.
+fn expr(op: &Op, k: usize) -> String {
     match *op {
         Op::Input(i) => format!("x{i}"),
         Op::Const(c) => format!("c{c}"),
+        Op::ColIndex => "ci".into(),
+        Op::Reduce(..) => format!("r{k}"),
         Op::Unary(u, a) => {
             let a = format!("t{a}");
             match u {

@@ -1,20 +1,27 @@
 //! The CPU backend's evaluation of a program: every operation in f64, one rounding to the
 //! output type (casts inside the graph round where they stand). The reference the generated
 //! kernels are tested against; its operations mirror `kernels/fuse.cu`.
+//!
+//! Elementwise programs run in chunks of elements, operation by operation; programs with
+//! reductions run operation by operation over each operation's whole shape (broadcasting as
+//! the graph says), each value dropped after its last use.
 
 use half::{bf16, f16};
 
 use crate::dtype::{DTypeKind, Float};
 use crate::error::Result;
 
-use super::expr::{Binary, Unary, Values};
-use super::program::{Op, Program};
+use super::expr::{Axis, Binary, Reduce, Shape, Unary, Values};
+use super::program::{Mode, Op, Program};
 
 /// Elements evaluated together, operation by operation (the temporaries stay in cache).
 const CHUNK: usize = 2048;
 
 /// Evaluates `prog` into `out` (`prog.len()` elements).
 pub(crate) fn eval<O: Float>(prog: &Program<'_>, out: &mut [O]) -> Result<()> {
+    if prog.mode != Mode::Map {
+        return eval_whole(prog, out);
+    }
     let values: Vec<Values<'_>> = prog
         .inputs
         .iter()
@@ -32,12 +39,20 @@ pub(crate) fn eval<O: Float>(prog: &Program<'_>, out: &mut [O]) -> Result<()> {
             let t = |j: usize, e: usize| done[j * CHUNK + e];
             match *op {
                 Op::Input(slot) => {
-                    let input = &prog.inputs[slot];
+                    let s = prog.inputs[slot].shape;
                     let v = &values[slot];
                     for (e, d) in dst.iter_mut().enumerate() {
-                        *d = v.get(input.class.index(start + e, cols));
+                        let i = start + e;
+                        *d = v.get(at(s, i / cols.max(1), i % cols.max(1)));
                     }
                 }
+                Op::ColIndex => {
+                    for (e, d) in dst.iter_mut().enumerate() {
+                        *d = ((start + e) % cols.max(1)) as f64;
+                    }
+                }
+                // Map programs have none.
+                Op::Reduce(..) => dst.fill(f64::NAN),
                 Op::Const(c) => dst.fill(prog.consts[c] as f64),
                 Op::Unary(u, a) => {
                     for (e, d) in dst.iter_mut().enumerate() {
@@ -126,4 +141,78 @@ pub(crate) fn binary(b: Binary, x: f64, y: f64) -> f64 {
         Binary::Eq => flag(x == y),
         Binary::Ne => flag(x != y),
     }
+}
+
+/// The index into a value of shape `s` for element `(r, c)` of a shape it broadcasts to.
+fn at(s: Shape, r: usize, c: usize) -> usize {
+    let r = if s.rows == 1 { 0 } else { r };
+    let c = if s.cols == 1 { 0 } else { c };
+    r * s.cols + c
+}
+
+/// A reduction of `xs` in f64.
+fn fold(r: Reduce, xs: impl Iterator<Item = f64>) -> f64 {
+    match r {
+        Reduce::Sum => xs.sum(),
+        Reduce::Max => xs.fold(f64::NEG_INFINITY, |m, v| binary(Binary::Max, m, v)),
+        Reduce::Min => xs.fold(f64::INFINITY, |m, v| binary(Binary::Min, m, v)),
+    }
+}
+
+/// Evaluates a program with reductions, operation by operation over whole shapes.
+fn eval_whole<O: Float>(prog: &Program<'_>, out: &mut [O]) -> Result<()> {
+    let n_ops = prog.ops.len();
+    let mut last_use = vec![0usize; n_ops];
+    for (k, op) in prog.ops.iter().enumerate() {
+        for j in op.operands() {
+            last_use[j] = k;
+        }
+    }
+    let mut vals: Vec<Vec<f64>> = vec![Vec::new(); n_ops];
+    for (k, op) in prog.ops.iter().enumerate() {
+        let sh = prog.shapes[k];
+        let len = sh.rows.saturating_mul(sh.cols);
+        let cols = sh.cols.max(1);
+        let get = |j: usize, i: usize| vals[j][at(prog.shapes[j], i / cols, i % cols)];
+        let v: Vec<f64> = match *op {
+            Op::Input(slot) => {
+                let values = prog.inputs[slot].buf.values()?;
+                (0..len).map(|i| values.get(i)).collect()
+            }
+            Op::Const(c) => vec![prog.consts[c] as f64; len],
+            Op::ColIndex => (0..len).map(|i| (i % cols) as f64).collect(),
+            Op::Unary(u, a) => (0..len).map(|i| unary(u, get(a, i))).collect(),
+            Op::Binary(b, x, y) => (0..len).map(|i| binary(b, get(x, i), get(y, i))).collect(),
+            Op::Fma(a, b, c) => (0..len)
+                .map(|i| get(a, i).mul_add(get(b, i), get(c, i)))
+                .collect(),
+            Op::Select(c, a, b) => (0..len)
+                .map(|i| {
+                    if get(c, i) != 0.0 {
+                        get(a, i)
+                    } else {
+                        get(b, i)
+                    }
+                })
+                .collect(),
+            Op::Reduce(r, Axis::All, a) => vec![fold(r, vals[a].iter().copied())],
+            Op::Reduce(r, Axis::Rows, a) => {
+                let row = prog.shapes[a].cols;
+                (0..len)
+                    .map(|i| fold(r, vals[a][i * row..(i + 1) * row].iter().copied()))
+                    .collect()
+            }
+        };
+        vals[k] = v;
+        for j in op.operands() {
+            if last_use[j] == k {
+                vals[j] = Vec::new();
+            }
+        }
+    }
+    let root = vals.last().map(Vec::as_slice).unwrap_or(&[]);
+    for (o, &v) in out.iter_mut().zip(root) {
+        *o = O::from_f64(v);
+    }
+    Ok(())
 }

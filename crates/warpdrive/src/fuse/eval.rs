@@ -19,9 +19,11 @@ use crate::kernels::{self, Arch, KernelSource, PtxCache, FUSE_OPS};
 use crate::memory::{check_len, Buffer};
 use crate::ops::{fill_grid, float_index, launch, Args};
 
-use super::codegen::{self, BLOCK, KERNEL};
+use super::codegen::{
+    self, BLOCK, KERNEL_ALL, KERNEL_MAP, KERNEL_ROWS_BLOCK, KERNEL_ROWS_WARP, WARP_ROW_MAX,
+};
 use super::expr::Expr;
-use super::program::{Class, Program};
+use super::program::{Mode, Op, Program};
 
 /// Interned sources by signature, and the signature behind each module name (so two
 /// signatures whose hashes collide get different names).
@@ -101,7 +103,18 @@ impl<'a> Expr<'a> {
         stream.run(
             (),
             |()| Ok(()),
-            |(), q| kernels::function(q.gpu, kernel_source::<O>(&prog), KERNEL).map(|_| ()),
+            |(), q| {
+                let src = kernel_source::<O>(&prog);
+                let names: &[&'static str] = match prog.mode {
+                    Mode::Map => &[KERNEL_MAP],
+                    Mode::Rows => &[KERNEL_ROWS_WARP, KERNEL_ROWS_BLOCK],
+                    Mode::All => &[KERNEL_ALL],
+                };
+                for name in names {
+                    kernels::function(q.gpu, src, name)?;
+                }
+                Ok(())
+            },
         )
     }
 
@@ -120,20 +133,16 @@ fn run<O: Float>(prog: &Program<'_>, stream: &Stream, out: &mut Buffer<O>) -> Re
         input.buf.check_stream(stream)?;
     }
     out.check_stream(stream, "fuse")?;
-    let (n, cols) = (prog.len(), prog.shape.cols);
+    let n = prog.len();
     check_len("fuse (output)", out.len(), n)?;
     if n == 0 {
         return Ok(());
     }
+    let space = prog.space;
     for input in &prog.inputs {
         // What the kernel reads of it (the shapes were checked as the graph was built; this
         // keeps the launch's bounds a fact checked here).
-        let reads = match input.class {
-            Class::Full => n,
-            Class::Row => cols,
-            Class::Col => n / cols.max(1),
-            Class::Scalar => 1,
-        };
+        let reads = input.class.reads(space);
         if input.buf.elements() != reads {
             return Err(Error::InvalidArgument(format!(
                 "fuse: an input of {} elements where the graph reads {reads}",
@@ -146,23 +155,63 @@ fn run<O: Float>(prog: &Program<'_>, stream: &Stream, out: &mut Buffer<O>) -> Re
         |out| super::cpu::eval(prog, out.host_view_mut()?),
         |out, q| {
             let src = kernel_source::<O>(prog);
-            let n = prog.len() as u64;
-            let per_block = BLOCK as u64 * codegen::width(prog, O::KIND) * codegen::unroll(prog);
-            let grid = fill_grid(q.gpu, (src, KERNEL), n, per_block)?;
+            let w = codegen::width(prog, O::KIND);
+            let (rows, cols) = (space.rows as u64, space.cols as u64);
             let mut args = Args::new();
             for input in &prog.inputs {
                 args = args.ptr(input.buf.device_ptr());
             }
-            args = args.buf(out).u64(n).u64(prog.shape.cols as u64);
+            args = args.buf(out);
+            // Scratch of the whole-buffer reductions, alive until the kernel has run (the pool
+            // hands freed blocks out again in stream order).
+            let mut scratch = None;
+            let (kernel, grid) = match prog.mode {
+                Mode::Map => {
+                    let per_block = BLOCK as u64 * w * codegen::unroll(prog);
+                    let grid = fill_grid(q.gpu, (src, KERNEL_MAP), n as u64, per_block)?;
+                    args = args.u64(n as u64).u64(cols);
+                    (KERNEL_MAP, grid)
+                }
+                Mode::Rows => {
+                    let (kernel, per_block) = if space.cols <= WARP_ROW_MAX {
+                        (KERNEL_ROWS_WARP, (BLOCK / 32) as u64)
+                    } else {
+                        (KERNEL_ROWS_BLOCK, 1)
+                    };
+                    let grid = fill_grid(q.gpu, (src, kernel), rows, per_block)?;
+                    args = args.u64(rows).u64(cols);
+                    (kernel, grid)
+                }
+                Mode::All => {
+                    let items = rows.saturating_mul(cols);
+                    let grid = fill_grid(q.gpu, (src, KERNEL_ALL), items, BLOCK as u64 * w)?;
+                    let reductions = prog
+                        .ops
+                        .iter()
+                        .filter(|o| matches!(o, Op::Reduce(..)))
+                        .count();
+                    let partials = reductions.checked_mul(grid as usize).ok_or_else(|| {
+                        Error::InvalidArgument("fuse: too many reductions".into())
+                    })?;
+                    let p = Buffer::<f32>::uninit(stream, partials)?;
+                    let t = Buffer::<u32>::zeros(stream, 1)?;
+                    args = args.buf(&p).buf(&t).u64(items).u64(cols);
+                    scratch = Some((p, t));
+                    (KERNEL_ALL, grid)
+                }
+            };
             for &c in &prog.consts {
                 args = args.f32(c);
             }
-            // SAFETY: fuse_map(const I_k* in_k..., O* out, u64 n, u64 cols, float c_j...) as
-            // generated from this program: one pointer per input of its element type, each
-            // holding the elements its class reads for a [n / cols, cols] result (checked when
-            // the expression was built: full inputs n, rows cols, columns n / cols, scalars 1),
-            // `out` of type O holding n elements, then one float per constant.
-            unsafe { launch(q, (src, KERNEL), grid, BLOCK, 0, args) }
+            // SAFETY: the kernel's parameters as generated from this program (codegen.rs): one
+            // pointer per input of its element type, each holding what its class reads over the
+            // program's space (checked above), `out` of type O holding the result's n elements;
+            // then (n, cols) for a map, (rows, cols) for rows, or for a whole reduction the
+            // partials (one f32 per reduction and block of this grid), the zeroed ticket and
+            // (elements, cols); then one float per constant.
+            let launched = unsafe { launch(q, (src, kernel), grid, BLOCK, 0, args) };
+            drop(scratch);
+            launched
         },
     )
 }

@@ -148,6 +148,25 @@ pub(crate) enum Binary {
     Ne,
 }
 
+/// What a reduction computes (a mean is a sum divided by the count).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Reduce {
+    Sum,
+    /// NaN if any element is NaN; -inf over nothing.
+    Max,
+    /// NaN if any element is NaN; +inf over nothing.
+    Min,
+}
+
+/// What a reduction reduces over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Axis {
+    /// Each row: `[rows, cols]` → `[rows, 1]`.
+    Rows,
+    /// Everything: `[rows, cols]` → `[1, 1]`.
+    All,
+}
+
 pub(crate) enum Node<'a> {
     /// A buffer seen with `shape` (its length checked when the node was made).
     Input(&'a dyn Operand, Shape),
@@ -160,6 +179,10 @@ pub(crate) enum Node<'a> {
     Fma(Expr<'a>, Expr<'a>, Expr<'a>),
     /// `c ≠ 0 ? a : b` (NaN counts as true).
     Select(Expr<'a>, Expr<'a>, Expr<'a>),
+    /// A reduction of the operand.
+    Reduce(Reduce, Axis, Expr<'a>),
+    /// The column index of each element, `[1, cols]`.
+    ColIndex,
 }
 
 pub(crate) struct Inner<'a> {
@@ -220,6 +243,18 @@ impl<'a> Expr<'a> {
     /// A constant, `[1, 1]` (rounded to f32: the kernels compute in f32).
     pub fn constant(v: f32) -> Expr<'a> {
         Expr::make(Node::Const(v), Ok(Shape::new(1, 1)))
+    }
+
+    /// The column index of each element, `0 .. cols`, as a `[1, cols]` row (exact below
+    /// 2²⁴): with a comparison against a column of indices, it picks one element per row
+    /// (`col_index(n).equals(Expr::col(&labels)).select(&x, 0.0).sum_rows()` is
+    /// `x[row, labels[row]]`, fused into the same pass as the row's other reductions).
+    pub fn col_index(cols: usize) -> Expr<'a> {
+        if cols == 1 {
+            // Broadcast along columns it must stay 0.
+            return Expr::constant(0.0);
+        }
+        Expr::make(Node::ColIndex, Ok(Shape::new(1, cols)))
     }
 
     /// The shape of the result, or an error naming the shapes that do not broadcast.
@@ -296,6 +331,67 @@ impl<'a> Expr<'a> {
     /// is chosen at `eval`.
     pub fn cast<T: Float>(&self) -> Expr<'a> {
         self.unary(Unary::Cast(T::KIND))
+    }
+
+    fn reduce(&self, r: Reduce, axis: Axis) -> Expr<'a> {
+        let shape = match (&self.0.shape, axis) {
+            // A reduction of one element per group is the element itself.
+            (Ok(s), Axis::Rows) if s.cols == 1 => return self.clone(),
+            (Ok(s), Axis::All) if s.rows == 1 && s.cols == 1 => return self.clone(),
+            (Ok(s), Axis::Rows) => Ok(Shape::new(s.rows, 1)),
+            (Ok(_), Axis::All) => Ok(Shape::new(1, 1)),
+            (Err(e), _) => Err(e.clone()),
+        };
+        Expr::make(Node::Reduce(r, axis, self.clone()), shape)
+    }
+
+    /// The number of elements of this expression as f32 (1 where its shape is an error:
+    /// the error comes first anyway).
+    fn count(&self, axis: Axis) -> f64 {
+        match (&self.0.shape, axis) {
+            (Ok(s), Axis::Rows) => s.cols as f64,
+            (Ok(s), Axis::All) => s.rows as f64 * s.cols as f64,
+            (Err(_), _) => 1.0,
+        }
+    }
+
+    /// The sum of every element, `[1, 1]` (0 over nothing). On a GPU one kernel reads the
+    /// operands once: each block reduces its share, the last block to finish combines the
+    /// blocks' results in a fixed order (deterministic) and applies what follows.
+    pub fn sum(&self) -> Expr<'a> {
+        self.reduce(Reduce::Sum, Axis::All)
+    }
+    /// The largest element, `[1, 1]` (NaN if any is NaN; -inf over nothing).
+    pub fn reduce_max(&self) -> Expr<'a> {
+        self.reduce(Reduce::Max, Axis::All)
+    }
+    /// The smallest element, `[1, 1]` (NaN if any is NaN; +inf over nothing).
+    pub fn reduce_min(&self) -> Expr<'a> {
+        self.reduce(Reduce::Min, Axis::All)
+    }
+    /// The mean of every element, `[1, 1]` (NaN over nothing).
+    pub fn mean(&self) -> Expr<'a> {
+        let n = self.count(Axis::All);
+        self.sum() / n
+    }
+    /// The sum of each row, `[rows, 1]`. On a GPU one warp (rows up to 1024) or one block
+    /// per row; reductions that depend on each other run as passes over the row in the same
+    /// kernel, and what follows them (per row or per element) is applied there too.
+    pub fn sum_rows(&self) -> Expr<'a> {
+        self.reduce(Reduce::Sum, Axis::Rows)
+    }
+    /// The largest element of each row, `[rows, 1]`.
+    pub fn max_rows(&self) -> Expr<'a> {
+        self.reduce(Reduce::Max, Axis::Rows)
+    }
+    /// The smallest element of each row, `[rows, 1]`.
+    pub fn min_rows(&self) -> Expr<'a> {
+        self.reduce(Reduce::Min, Axis::Rows)
+    }
+    /// The mean of each row, `[rows, 1]`.
+    pub fn mean_rows(&self) -> Expr<'a> {
+        let n = self.count(Axis::Rows);
+        self.sum_rows() / n
     }
 
     /// The larger; NaN if either is NaN.

@@ -24,3 +24,21 @@ __device__ __noinline__ float fz_gelu_erf(float x) { return 0.5f * x * erfcf(-0.
 // Rounds to a narrower float type and back: the value a cast in the middle of a graph leaves.
 __device__ __forceinline__ float fz_round_f16(float x) { return to_f32(from_f32<f16>(x)); }
 __device__ __forceinline__ float fz_round_bf16(float x) { return to_f32(from_f32<bf16>(x)); }
+
+// Reductions: the combining operations (max and min keep NaN) and their identities.
+struct FzSum { __device__ __forceinline__ float operator()(float a, float b) const { return a + b; } };
+struct FzMax { __device__ __forceinline__ float operator()(float a, float b) const { return fz_max(a, b); } };
+struct FzMin { __device__ __forceinline__ float operator()(float a, float b) const { return fz_min(a, b); } };
+__device__ __forceinline__ float fz_pos_inf() { return __uint_as_float(0x7f800000u); }
+__device__ __forceinline__ float fz_neg_inf() { return __uint_as_float(0xff800000u); }
+
+// Reduction over a row's group of threads (a warp, or the whole block); every thread of the
+// group gets the result. Fixed order, so deterministic; the block form ends with a barrier.
+template <bool WARP, typename Op>
+__device__ __forceinline__ float fz_group_reduce(float v, Op op, float identity) {
+    if (WARP) return warp_reduce(v, op);
+    return block_allreduce(v, op, identity);
+}
+
+// A value another block wrote (after its fence and the atomic that ordered it): not from L1.
+__device__ __forceinline__ float fz_load_volatile(const float* p) { return *(const volatile float*)p; }
