@@ -8,6 +8,9 @@ in [-2, 2), one output), with the case names and sizes warpdrive uses:
   chain5-<t>     leaky(1.5 max(x y + x, y) + 0.25), leaky(v) = where(v > 0, v, 0.1 v)
   chain10-<t>    (0.5 (min(chain5, y) - x) - 1) y + x
   gelu-silu-<t>  gelu_tanh(x) silu(y)       (two transcendental activations)
+  softmax-xent-bf16  cross_entropy(x, labels, reduction="none") of bf16 logits
+                 [size / 2 / 32768, 32768] (GB/s: logits + labels + losses once; the
+                 compiled function upcasts to f32 inside, as warpdrive computes in f32)
 
 t = f32 or bf16. Variants: `torch-eager` (one kernel per op, intermediates in memory) and
 `torch-compile` (`torch.compile(fullgraph=True)`, inductor: the chain as generated Triton on
@@ -16,7 +19,7 @@ pair with warpdrive's and cite `d2d_copy_gbps`. `compile-first` / `torch-compile
 first call after `torch._dynamo.reset()` of the chain5 bf16 function (host time; inductor's
 on-disk caches may serve repeats, as warpdrive's kernel cache does for `compile-cached`).
 
-Sizes: 256 MiB per input; with --quick 4 MiB. Method as warpdrive's: warm-up (which
+Sizes: 256 MiB per input; with --quick 4 MiB (and a vocabulary of 4096 for softmax-xent). Method as warpdrive's: warm-up (which
 includes inductor's compile), CUDA events, median and p10/p90 by linear interpolation.
 A variant that fails (e.g. inductor without a C++ compiler on the CPU) is logged on stderr
 and left out.
@@ -154,6 +157,41 @@ def main():
             except Exception as e:  # noqa: BLE001
                 log(f"{case} torch.compile failed: {e}")
         del x, y
+
+    # Softmax cross-entropy per row.
+    vocab = 4096 if args.quick else 32768
+    rows_n = max(1, size // 2 // vocab)
+    case = "softmax-xent-bf16"
+    logits_bytes = rows_n * vocab * 2
+    moved = logits_bytes + 8 * rows_n
+    gen = torch.Generator(device="cpu").manual_seed(0x5E7)
+    x = (torch.rand(rows_n, vocab, generator=gen) * 4 - 2).to(torch.bfloat16).to(device)
+    labels = torch.randint(0, vocab, (rows_n,), generator=gen).to(device)
+    F = torch.nn.functional
+    extra = {"ceiling": "d2d_copy_gbps", "dtype": "bf16", "rows": rows_n, "cols": vocab,
+             "bytes_counted": "logits + labels + losses once"}
+
+    def xent_eager():
+        return F.cross_entropy(x, labels, reduction="none")
+
+    def xent_fn(x, labels):
+        return F.cross_entropy(x.float(), labels, reduction="none")
+
+    log(f"{case} eager on {device}")
+    try:
+        rows.append(row(case, logits_bytes, "torch-eager", timer(xent_eager, warmup, reps),
+                        moved, dict(extra)))
+    except Exception as e:  # noqa: BLE001
+        log(f"{case} eager failed: {e}")
+    log(f"{case} torch.compile on {device}")
+    try:
+        compiled = torch.compile(xent_fn, fullgraph=True)
+        rows.append(row(case, logits_bytes, "torch-compile",
+                        timer(lambda: compiled(x, labels), warmup, reps), moved,
+                        dict(extra, backend="inductor")))
+    except Exception as e:  # noqa: BLE001
+        log(f"{case} torch.compile failed: {e}")
+    del x, labels
 
     # First compile of the chain5 bf16 function (host time of the first call after a reset).
     try:

@@ -18,6 +18,13 @@
 //! `ops::map` and, for compare/select, which no op has, a one-node fused kernel: one kernel
 //! per op, intermediates in memory), `ceiling` (`ops::copy` of the same bytes read + written).
 //!
+//! `softmax-xent-bf16`: the softmax cross-entropy of each row of bf16 logits `[rows, 32768]`
+//! (`size` bytes of logits) against f32 class labels, `log Σ exp(x − max) + max − x[label]`,
+//! into one f32 per row: `warpdrive-fused` (one kernel: a warp or block per row, max and the
+//! label's logit in one pass over the row, the exponentials' sum in a second, from cache),
+//! `warpdrive-unfused` (max, `exp(x − max)` into a bf16 matrix, its row sums, the label's
+//! logit, the loss: five kernels), `ceiling`. GB/s counts the logits, labels and losses once.
+//!
 //! On CUDA, `compile-first` and `compile-cached` time the chain5 bf16 kernel's NVRTC compile
 //! into an empty kernel cache, and its start from that cache's disk files (a fresh cache, as
 //! a new process sees it: file read and checksum; the driver's load of the PTX is not in it).
@@ -174,6 +181,7 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
     let plan = Plan::new(ctx.scale());
     chains::<f32>(ctx, &plan, "f32")?;
     chains::<bf16>(ctx, &plan, "bf16")?;
+    softmax_xent(ctx, &plan)?;
     if ctx.device().is_cuda() {
         compile_times(ctx, &plan)?;
     }
@@ -269,6 +277,143 @@ fn chains<T: Float>(ctx: &mut Ctx, plan: &Plan, tname: &str) -> Result<()> {
     Ok(())
 }
 
+/// Columns of the softmax cross-entropy's logits (a vocabulary).
+fn vocab(scale: Scale) -> usize {
+    match scale {
+        Scale::Full => 32768,
+        Scale::Quick => 4096,
+        Scale::Tiny => 256,
+    }
+}
+
+/// The per-row loss, fused.
+pub(crate) fn xent<'a>(x: &'a Expr<'a>, labels: &'a Expr<'a>, cols: usize) -> Expr<'a> {
+    let m = x.max_rows();
+    let picked = Expr::col_index(cols)
+        .equals(labels)
+        .select(x, 0.0)
+        .sum_rows();
+    (x - &m).exp().sum_rows().log() + m - picked
+}
+
+/// The per-row loss as five kernels, intermediates in memory (`z`: the exponentials, bf16).
+pub(crate) struct XentSteps {
+    m: Buffer<f32>,
+    s: Buffer<f32>,
+    picked: Buffer<f32>,
+    z: Buffer<bf16>,
+}
+
+impl XentSteps {
+    pub(crate) fn new(stream: &Stream, rows: usize, cols: usize) -> Result<XentSteps> {
+        Ok(XentSteps {
+            m: Buffer::uninit(stream, rows)?,
+            s: Buffer::uninit(stream, rows)?,
+            picked: Buffer::uninit(stream, rows)?,
+            z: Buffer::uninit(stream, rows * cols)?,
+        })
+    }
+
+    pub(crate) fn run(
+        &mut self,
+        s: &Stream,
+        x: &Buffer<bf16>,
+        labels: &Buffer<f32>,
+        out: &mut Buffer<f32>,
+    ) -> Result<()> {
+        let rows = labels.len();
+        let cols = x.len() / rows.max(1);
+        let ex = Expr::matrix(x, rows, cols);
+        ex.max_rows().eval_into(s, &mut self.m)?;
+        (&ex - Expr::col(&self.m)).exp().eval_into(s, &mut self.z)?;
+        Expr::matrix(&self.z, rows, cols)
+            .sum_rows()
+            .eval_into(s, &mut self.s)?;
+        Expr::col_index(cols)
+            .equals(Expr::col(labels))
+            .select(&ex, 0.0)
+            .sum_rows()
+            .eval_into(s, &mut self.picked)?;
+        (Expr::input(&self.s).log() + Expr::input(&self.m) - Expr::input(&self.picked))
+            .eval_into(s, out)
+    }
+}
+
+/// `softmax-xent-bf16` (see the module docs).
+fn softmax_xent(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
+    let case = "softmax-xent-bf16";
+    let cols = vocab(ctx.scale());
+    let rows = (plan.bytes / 2 / cols).max(1);
+    let bytes = rows * cols * 2;
+    ctx.step(format!("{SUITE}: {case} ({rows} x {cols})"));
+    let stream = ctx.stream().clone();
+    let x = Buffer::from_host(&stream, &random::<bf16>(rows * cols, 0x5e7))?;
+    let mut rng = SmallRng::seed_from_u64(0x1abe1);
+    let labels: Vec<f32> = (0..rows)
+        .map(|_| rng.random_range(0..cols) as f32)
+        .collect();
+    let l = Buffer::from_host(&stream, &labels)?;
+    let mut out = Buffer::<f32>::uninit(&stream, rows)?;
+    let mut steps = XentSteps::new(&stream, rows, cols)?;
+    let moved = (bytes + 8 * rows) as f64;
+    let half = (bytes + 8 * rows) / 2 / 4;
+    let src = Buffer::from_host(&stream, &random::<f32>(half, 0xc0b2))?;
+    let mut dst = Buffer::<f32>::uninit(&stream, half)?;
+    let (warm, reps) = (plan.warmup, plan.reps);
+    let (ex, el) = (Expr::matrix(&x, rows, cols), Expr::col(&l));
+    let fused = xent(&ex, &el, cols);
+    fused.prepare::<f32>(&stream)?;
+    let size = bytes as u64;
+    let mut us = time_gpu(&stream, warm, reps, |s| fused.eval_into(s, &mut out))?;
+    let annotate = |row: &mut super::Row, kernels: usize| {
+        row.extra.insert("dtype".into(), "bf16".into());
+        row.extra.insert("rows".into(), rows.into());
+        row.extra.insert("cols".into(), cols.into());
+        row.extra.insert("kernels".into(), kernels.into());
+        row.extra.insert(
+            "op".into(),
+            "log sum exp(x - max) + max - x[label], per row".into(),
+        );
+        row.extra.insert(
+            "bytes_counted".into(),
+            "logits + labels + losses once".into(),
+        );
+    };
+    let row = ctx.record_bytes(
+        case,
+        size,
+        "warpdrive-fused",
+        &mut us,
+        moved,
+        Some(Ceiling::D2dCopy),
+    )?;
+    annotate(row, 1);
+    let mut us = time_gpu(&stream, warm, reps, |s| steps.run(s, &x, &l, &mut out))?;
+    let row = ctx.record_bytes(
+        case,
+        size,
+        "warpdrive-unfused",
+        &mut us,
+        moved,
+        Some(Ceiling::D2dCopy),
+    )?;
+    annotate(row, 5);
+    let mut us = time_gpu(&stream, warm, reps, |s| ops::copy(s, &src, &mut dst))?;
+    let row = ctx.record_bytes(
+        case,
+        size,
+        "ceiling",
+        &mut us,
+        moved,
+        Some(Ceiling::D2dCopy),
+    )?;
+    row.extra.insert(
+        "op".into(),
+        "ops::copy of half the bytes counted (device to device)".into(),
+    );
+    Ok(())
+}
+
 /// `compile-first` and `compile-cached` (see the module docs).
 fn compile_times(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
     ctx.step(format!("{SUITE}: first compile and cached start"));
@@ -342,6 +487,41 @@ mod tests {
                     assert!(row.gbps.is_some_and(|g| g > 0.0), "{case} {variant}");
                 }
             }
+        }
+        for variant in ["warpdrive-fused", "warpdrive-unfused", "ceiling"] {
+            assert!(
+                rows.iter()
+                    .any(|r| r.case == "softmax-xent-bf16" && r.variant == variant),
+                "softmax-xent {variant} missing"
+            );
+        }
+    }
+
+    #[test]
+    fn fused_and_unfused_cross_entropy_agree() {
+        let s = Device::cpu().new_stream().unwrap();
+        let (rows, cols) = (7, 300);
+        let x = Buffer::from_host(&s, &random::<bf16>(rows * cols, 3)).unwrap();
+        let labels: Vec<f32> = (0..rows).map(|i| (i * 41 % cols) as f32).collect();
+        let l = Buffer::from_host(&s, &labels).unwrap();
+        let (ex, el) = (Expr::matrix(&x, rows, cols), Expr::col(&l));
+        let fused = xent(&ex, &el, cols)
+            .eval::<f32>(&s)
+            .unwrap()
+            .to_host(&s)
+            .unwrap();
+        let mut out = Buffer::<f32>::zeros(&s, rows).unwrap();
+        XentSteps::new(&s, rows, cols)
+            .unwrap()
+            .run(&s, &x, &l, &mut out)
+            .unwrap();
+        let steps = out.to_host(&s).unwrap();
+        for (f, u) in fused.iter().zip(&steps) {
+            // The unfused chain keeps the exponentials in bf16.
+            assert!(
+                (f - u).abs() <= 1e-2 * (1.0 + f.abs()),
+                "fused {f}, unfused {u}"
+            );
         }
     }
 
