@@ -22,6 +22,48 @@ pub(crate) fn eval<O: Float>(prog: &Program<'_>, out: &mut [O]) -> Result<()> {
     if prog.mode != Mode::Map {
         return eval_whole(prog, out);
     }
+    let root = prog.roots.first().copied().unwrap_or(0) * CHUNK;
+    let n = out.len().min(prog.len());
+    chunks(prog, n, |start, len, temps| {
+        for (o, &v) in out[start..start + len]
+            .iter_mut()
+            .zip(&temps[root..root + len])
+        {
+            *o = O::from_f64(v);
+        }
+        Ok(())
+    })
+}
+
+/// Keeps the value (first root) where the predicate (second root) is not 0, in order, into
+/// `out`; returns how many were kept.
+pub(crate) fn filter<O: Float>(prog: &Program<'_>, out: &mut [O]) -> Result<usize> {
+    let (value, keep) = match prog.roots[..] {
+        [v, k] => (v * CHUNK, k * CHUNK),
+        _ => return Err(crate::error::Error::InvalidArgument("fuse: a filter needs a value and a predicate".into())),
+    };
+    let mut kept = 0;
+    chunks(prog, prog.len(), |_, len, temps| {
+        for e in 0..len {
+            if temps[keep + e] != 0.0 {
+                if let Some(o) = out.get_mut(kept) {
+                    *o = O::from_f64(temps[value + e]);
+                }
+                kept += 1;
+            }
+        }
+        Ok(())
+    })?;
+    Ok(kept)
+}
+
+/// Runs a map program over its first `n` elements in chunks, handing each chunk's
+/// temporaries (operation `k`'s at `k · CHUNK`) to `sink(start, len, temps)`.
+fn chunks(
+    prog: &Program<'_>,
+    n: usize,
+    mut sink: impl FnMut(usize, usize, &[f64]) -> Result<()>,
+) -> Result<()> {
     let values: Vec<Values<'_>> = prog
         .inputs
         .iter()
@@ -29,7 +71,6 @@ pub(crate) fn eval<O: Float>(prog: &Program<'_>, out: &mut [O]) -> Result<()> {
         .collect::<Result<_>>()?;
     let cols = prog.shape.cols;
     let mut temps = vec![0.0f64; prog.ops.len() * CHUNK];
-    let n = out.len().min(prog.len());
     let mut start = 0;
     while start < n {
         let len = CHUNK.min(n - start);
@@ -76,13 +117,7 @@ pub(crate) fn eval<O: Float>(prog: &Program<'_>, out: &mut [O]) -> Result<()> {
                 }
             }
         }
-        let last = prog.ops.len().saturating_sub(1) * CHUNK;
-        for (o, &v) in out[start..start + len]
-            .iter_mut()
-            .zip(&temps[last..last + len])
-        {
-            *o = O::from_f64(v);
-        }
+        sink(start, len, &temps)?;
         start += len;
     }
     Ok(())
@@ -168,6 +203,9 @@ fn eval_whole<O: Float>(prog: &Program<'_>, out: &mut [O]) -> Result<()> {
             last_use[j] = k;
         }
     }
+    for &r in &prog.roots {
+        last_use[r] = n_ops;
+    }
     let mut vals: Vec<Vec<f64>> = vec![Vec::new(); n_ops];
     for (k, op) in prog.ops.iter().enumerate() {
         let sh = prog.shapes[k];
@@ -210,7 +248,12 @@ fn eval_whole<O: Float>(prog: &Program<'_>, out: &mut [O]) -> Result<()> {
             }
         }
     }
-    let root = vals.last().map(Vec::as_slice).unwrap_or(&[]);
+    let root = prog
+        .roots
+        .first()
+        .and_then(|&r| vals.get(r))
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
     for (o, &v) in out.iter_mut().zip(root) {
         *o = O::from_f64(v);
     }

@@ -265,6 +265,25 @@ impl<'a> Expr<'a> {
             .map_err(|e| Error::InvalidArgument(e.to_string()))
     }
 
+    /// Whether a reduction is among this expression's nodes.
+    pub(crate) fn has_reduction(&self) -> bool {
+        let mut stack = vec![self];
+        let mut seen = std::collections::HashSet::new();
+        while let Some(e) = stack.pop() {
+            if !seen.insert(e.id()) {
+                continue;
+            }
+            match e.node() {
+                Node::Reduce(..) => return true,
+                Node::Input(..) | Node::Const(_) | Node::ColIndex => {}
+                Node::Unary(_, a) => stack.push(a),
+                Node::Binary(_, a, b) => stack.extend([a, b]),
+                Node::Fma(a, b, c) | Node::Select(a, b, c) => stack.extend([a, b, c]),
+            }
+        }
+        false
+    }
+
     pub(crate) fn node(&self) -> &Node<'a> {
         &self.0.node
     }

@@ -116,8 +116,10 @@ pub(crate) struct Program<'a> {
     pub(crate) mode: Mode,
     pub(crate) inputs: Vec<Input<'a>>,
     pub(crate) consts: Vec<f32>,
-    /// In dependency order; the last is the result.
+    /// In dependency order.
     pub(crate) ops: Vec<Op>,
+    /// The results: the value, and for a filter the predicate.
+    pub(crate) roots: Vec<usize>,
     /// Each operation's shape.
     pub(crate) shapes: Vec<Shape>,
     /// Each operation's reduction level: 0 without a reduction below it, else one more than
@@ -132,7 +134,29 @@ pub const MAX_OPS: usize = 4096;
 impl<'a> Program<'a> {
     /// Flattens `root` (iteratively: a long chain does not grow the call stack).
     pub(crate) fn new(root: &Expr<'a>) -> Result<Program<'a>> {
-        let shape = root.shape()?;
+        Program::with_roots(&[root])
+    }
+
+    /// Flattens several results over one space (their broadcast shape): a filter's value and
+    /// predicate.
+    pub(crate) fn with_roots(roots: &[&Expr<'a>]) -> Result<Program<'a>> {
+        let mut shape = Shape::new(1, 1);
+        let mut shapes = Vec::with_capacity(roots.len());
+        for r in roots {
+            let s = r.shape()?;
+            shapes.push(s.to_string());
+            shape = shape.broadcast(s).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "fuse: results of shapes {} do not broadcast",
+                    shapes.join(" and ")
+                ))
+            })?;
+        }
+        if roots.len() > 1 && roots.iter().any(|r| r.has_reduction()) {
+            return Err(Error::Unsupported(
+                "fuse: a filter of an expression that holds a reduction".into(),
+            ));
+        }
         shape.elements().ok_or_else(|| {
             Error::InvalidArgument(format!("fuse: shape {shape} has more elements than usize"))
         })?;
@@ -143,13 +167,14 @@ impl<'a> Program<'a> {
             inputs: Vec::new(),
             consts: Vec::new(),
             ops: Vec::new(),
+            roots: Vec::new(),
             shapes: Vec::new(),
             levels: Vec::new(),
         };
         let mut done: HashMap<usize, usize> = HashMap::new();
         // (buffer address, shape) -> input slot: a buffer seen the same way is loaded once.
         let mut slots: HashMap<(usize, Shape), usize> = HashMap::new();
-        let mut stack: Vec<(&Expr<'a>, bool)> = vec![(root, false)];
+        let mut stack: Vec<(&Expr<'a>, bool)> = roots.iter().rev().map(|r| (*r, false)).collect();
         while let Some((e, expanded)) = stack.pop() {
             if done.contains_key(&e.id()) {
                 continue;
@@ -212,6 +237,10 @@ impl<'a> Program<'a> {
             prog.ops.push(op);
             prog.shapes.push(e.shape()?);
             prog.levels.push(level);
+        }
+        for r in roots {
+            let k = done.get(&r.id()).copied().ok_or_else(internal)?;
+            prog.roots.push(k);
         }
         prog.plan()?;
         Ok(prog)
@@ -348,6 +377,7 @@ impl<'a> Program<'a> {
         for i in &self.inputs {
             let _ = write!(s, "{}{},", i.class.code(), i.kind.name());
         }
+        let _ = write!(s, ";r:{:?}", self.roots);
         s.push_str(";p:");
         for op in &self.ops {
             let _ = match op {
