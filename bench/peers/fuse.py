@@ -8,6 +8,9 @@ in [-2, 2), one output), with the case names and sizes warpdrive uses:
   chain5-<t>     leaky(1.5 max(x y + x, y) + 0.25), leaky(v) = where(v > 0, v, 0.1 v)
   chain10-<t>    (0.5 (min(chain5, y) - x) - 1) y + x
   gelu-silu-<t>  gelu_tanh(x) silu(y)       (two transcendental activations)
+  filter-<p>pct-f32  (1.5 x + 0.25)[x < t] over uniform f32 x, t keeping 1 % or 50 %
+                 (boolean-mask indexing: PyTorch learns the count on the host; GB/s: input
+                 read + kept values written; torch.compile with dynamic shapes, if it can)
   softmax-xent-bf16  cross_entropy(x, labels, reduction="none") of bf16 logits
                  [size / 2 / 32768, 32768] (GB/s: logits + labels + losses once; the
                  compiled function upcasts to f32 inside, as warpdrive computes in f32)
@@ -157,6 +160,36 @@ def main():
             except Exception as e:  # noqa: BLE001
                 log(f"{case} torch.compile failed: {e}")
         del x, y
+
+    # Filters (stream compaction) of a map.
+    n = size // 4
+    gen = torch.Generator(device="cpu").manual_seed(0xF11)
+    x = (torch.rand(n, generator=gen) * 4 - 2).to(device)
+
+    def filt(x, t):
+        return (x * 1.5 + 0.25)[x < t]
+
+    for pct, t in [(1, -1.96), (50, 0.0)]:
+        case = f"filter-{pct}pct-f32"
+        kept = int((x < t).sum().item())
+        moved = size + 4 * kept + 4
+        extra = {"ceiling": "d2d_copy_gbps", "dtype": "f32", "kept": kept,
+                 "selectivity_pct": pct}
+        log(f"{case} eager on {device}")
+        try:
+            rows.append(row(case, size, "torch-eager", timer(lambda: filt(x, t), warmup, reps),
+                            moved, dict(extra)))
+        except Exception as e:  # noqa: BLE001
+            log(f"{case} eager failed: {e}")
+        log(f"{case} torch.compile on {device}")
+        try:
+            compiled = torch.compile(filt, dynamic=True)
+            rows.append(row(case, size, "torch-compile",
+                            timer(lambda: compiled(x, t), warmup, reps), moved,
+                            dict(extra, backend="inductor", dynamic=True)))
+        except Exception as e:  # noqa: BLE001
+            log(f"{case} torch.compile failed: {e}")
+    del x
 
     # Softmax cross-entropy per row.
     vocab = 4096 if args.quick else 32768

@@ -25,6 +25,12 @@
 //! `warpdrive-unfused` (max, `exp(x − max)` into a bf16 matrix, its row sums, the label's
 //! logit, the loss: five kernels), `ceiling`. GB/s counts the logits, labels and losses once.
 //!
+//! `filter-1pct-f32`, `filter-50pct-f32`: `1.5·x + 0.25` where `x < t` (uniform x, `t` for
+//! 1 % or 50 % kept), compacted in order, over `size` bytes of f32, the count left on the
+//! device: `warpdrive-fused` (one kernel, a single-pass scan with decoupled look-back),
+//! `warpdrive-unfused` (`ops::map`, then the compaction of the mapped buffer: two kernels),
+//! `ceiling`. GB/s counts the input read and the kept values written once.
+//!
 //! On CUDA, `compile-first` and `compile-cached` time the chain5 bf16 kernel's NVRTC compile
 //! into an empty kernel cache, and its start from that cache's disk files (a fresh cache, as
 //! a new process sees it: file read and checksum; the driver's load of the PTX is not in it).
@@ -182,6 +188,7 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
     chains::<f32>(ctx, &plan, "f32")?;
     chains::<bf16>(ctx, &plan, "bf16")?;
     softmax_xent(ctx, &plan)?;
+    filters(ctx, &plan)?;
     if ctx.device().is_cuda() {
         compile_times(ctx, &plan)?;
     }
@@ -414,6 +421,86 @@ fn softmax_xent(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
     Ok(())
 }
 
+/// `filter-*` (see the module docs).
+fn filters(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
+    let bytes = plan.bytes;
+    let n = bytes / 4;
+    let stream = ctx.stream().clone();
+    let xs = random::<f32>(n, 0xf11);
+    let x = Buffer::from_host(&stream, &xs)?;
+    let mut mapped = Buffer::<f32>::uninit(&stream, n)?;
+    let mut out = Buffer::<f32>::uninit(&stream, n)?;
+    let mut count = Buffer::<u32>::zeros(&stream, 1)?;
+    let (warm, reps) = (plan.warmup, plan.reps);
+    let ex = Expr::input(&x);
+    // x is uniform in [-2, 2): x < t keeps (t + 2) / 4 of it.
+    for (pct, t) in [(1u32, -1.96f32), (50, 0.0)] {
+        let case = format!("filter-{pct}pct-f32");
+        ctx.step(format!("{SUITE}: {case} ({})", size_label(bytes)));
+        let kept = xs.iter().filter(|&&v| v < t).count();
+        let moved = (bytes + kept * 4 + 4) as f64;
+        let value = &ex * 1.5 + 0.25;
+        let keep = ex.lt(t);
+        let mut us = time_gpu(&stream, warm, reps, |s| {
+            value.filter_into(&keep, s, &mut out, &mut count)
+        })?;
+        let annotate = |row: &mut super::Row, kernels: usize| {
+            row.extra.insert("dtype".into(), "f32".into());
+            row.extra.insert("kept".into(), kept.into());
+            row.extra.insert("selectivity_pct".into(), pct.into());
+            row.extra.insert("kernels".into(), kernels.into());
+            row.extra
+                .insert("op".into(), format!("1.5 x + 0.25 where x < {t}").into());
+            row.extra.insert(
+                "bytes_counted".into(),
+                "input read + kept values written".into(),
+            );
+        };
+        let size = bytes as u64;
+        let row = ctx.record_bytes(
+            &case,
+            size,
+            "warpdrive-fused",
+            &mut us,
+            moved,
+            Some(Ceiling::D2dCopy),
+        )?;
+        annotate(row, 1);
+        let mut us = time_gpu(&stream, warm, reps, |s| {
+            ops::map(s, &Map::affine(1.5, 0.25), &x, &mut mapped)?;
+            // Kept where the input is below t: the mapped value is below 1.5 t + 0.25.
+            let m = Expr::input(&mapped);
+            m.filter_into(m.lt(1.5 * t + 0.25), s, &mut out, &mut count)
+        })?;
+        let row = ctx.record_bytes(
+            &case,
+            size,
+            "warpdrive-unfused",
+            &mut us,
+            moved,
+            Some(Ceiling::D2dCopy),
+        )?;
+        annotate(row, 2);
+        let half = ((moved as usize) / 2 / 4).max(1);
+        let src = Buffer::from_host(&stream, &random::<f32>(half, 0xc0b3))?;
+        let mut dst = Buffer::<f32>::uninit(&stream, half)?;
+        let mut us = time_gpu(&stream, warm, reps, |s| ops::copy(s, &src, &mut dst))?;
+        let row = ctx.record_bytes(
+            &case,
+            size,
+            "ceiling",
+            &mut us,
+            moved,
+            Some(Ceiling::D2dCopy),
+        )?;
+        row.extra.insert(
+            "op".into(),
+            "ops::copy of half the bytes counted (device to device)".into(),
+        );
+    }
+    Ok(())
+}
+
 /// `compile-first` and `compile-cached` (see the module docs).
 fn compile_times(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
     ctx.step(format!("{SUITE}: first compile and cached start"));
@@ -488,12 +575,13 @@ mod tests {
                 }
             }
         }
-        for variant in ["warpdrive-fused", "warpdrive-unfused", "ceiling"] {
-            assert!(
-                rows.iter()
-                    .any(|r| r.case == "softmax-xent-bf16" && r.variant == variant),
-                "softmax-xent {variant} missing"
-            );
+        for case in ["softmax-xent-bf16", "filter-1pct-f32", "filter-50pct-f32"] {
+            for variant in ["warpdrive-fused", "warpdrive-unfused", "ceiling"] {
+                assert!(
+                    rows.iter().any(|r| r.case == case && r.variant == variant),
+                    "{case} {variant} missing"
+                );
+            }
         }
     }
 
