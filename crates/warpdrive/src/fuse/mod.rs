@@ -14,6 +14,19 @@
 //!   [`select`](Expr::select), and [`cast`](Expr::cast)s that round mid-graph. Arithmetic is
 //!   f32 on the GPU (IEEE: NaN and infinities propagate as the formulas say) and f64 on the
 //!   CPU backend, the reference, with one rounding to the output type.
+//! - Reductions (MapReduce): [`sum`](Expr::sum), [`mean`](Expr::mean),
+//!   [`reduce_max`](Expr::reduce_max), [`reduce_min`](Expr::reduce_min) of everything, and
+//!   [`sum_rows`](Expr::sum_rows), [`mean_rows`](Expr::mean_rows),
+//!   [`max_rows`](Expr::max_rows), [`min_rows`](Expr::min_rows) per row, with the map before
+//!   them and what follows them (an epilogue) in the same kernel. Row reductions may depend
+//!   on each other (softmax: a max, then a sum of exponentials, then a result per element:
+//!   one pass over the row per level); whole reductions take reduction-free operands of one
+//!   shape and end in scalar arithmetic. [`Expr::col_index`] with a comparison picks one
+//!   element per row (a label's logit) inside a row's pass. Whole results are
+//!   deterministic (a fixed combining order; no float atomics).
+//! - Filters (TransformFilter): [`filter_into`](Expr::filter_into) keeps the elements where a
+//!   predicate holds, in order, and counts them, in one pass (a single-pass scan with
+//!   decoupled look-back), the count left on the device.
 //! - Code generation ([`Expr::source`] shows it): CUDA C with 16-byte vector accesses when
 //!   the pointers are aligned (a scalar loop for the rest), `__restrict__`,
 //!   `__launch_bounds__(256)`, a grid-stride loop over a grid that fills the chip.
@@ -39,6 +52,15 @@
 //!     assert!((got.to_f32() - want).abs() <= 0.01 * want.abs() + 1e-6);
 //! }
 //! assert!(e.source::<bf16>()?.contains("fuse_map"));
+//!
+//! // A softmax over each row: one kernel on a GPU, a warp per row.
+//! let m = Expr::matrix(&x, 2, 3);
+//! let z = (&m - m.max_rows()).exp();
+//! let p = (&z / z.sum_rows()).eval::<f32>(&stream)?.to_host(&stream)?;
+//! assert!((p[..3].iter().sum::<f32>() - 1.0).abs() < 1e-6);
+//! // The positive elements, doubled, in order; the count comes back with them.
+//! let (kept, n) = (Expr::input(&x) * 2.0).filter::<f32>(Expr::input(&x).gt(0.0), &stream)?;
+//! assert_eq!(kept.to_host(&stream)?[..n], [1.0, 4.0, 6.0]);
 //! # Ok(())
 //! # }
 //! ```
