@@ -11,6 +11,10 @@ in [-2, 2), one output), with the case names and sizes warpdrive uses:
   filter-<p>pct-f32  (1.5 x + 0.25)[x < t] over uniform f32 x, t keeping 1 % or 50 %
                  (boolean-mask indexing: PyTorch learns the count on the host; GB/s: input
                  read + kept values written; torch.compile with dynamic shapes, if it can)
+  gemm-bias-gelu-bf16, gemm-bias-gelu-residual-bf16  gelu_tanh(a b + bias) [+ r], bf16,
+                 m = n = k = size (4096; --quick 256): torch-eager, torch-compile, and
+                 torch-addmm-activation (torch._addmm_activation: cuBLASLt's own bias-GELU
+                 epilogue; + r as a second kernel). TFLOP/s of the GEMM's 2 m n k.
   softmax-xent-bf16  cross_entropy(x, labels, reduction="none") of bf16 logits
                  [size / 2 / 32768, 32768] (GB/s: logits + labels + losses once; the
                  compiled function upcasts to f32 inside, as warpdrive computes in f32)
@@ -225,6 +229,52 @@ def main():
     except Exception as e:  # noqa: BLE001
         log(f"{case} torch.compile failed: {e}")
     del x, labels
+
+    # GEMM + bias + GELU (+ residual).
+    d = 256 if args.quick else 4096
+    gen = torch.Generator(device="cpu").manual_seed(0x6E1)
+    a = (torch.rand(d, d, generator=gen) * 2 - 1).to(torch.bfloat16).to(device)
+    b = ((torch.rand(d, d, generator=gen) * 2 - 1) / d ** 0.5).to(torch.bfloat16).to(device)
+    bias = (torch.rand(d, generator=gen) * 2 - 1).to(torch.bfloat16).to(device)
+    res = (torch.rand(d, d, generator=gen) * 2 - 1).to(torch.bfloat16).to(device)
+    flops = 2.0 * d ** 3
+
+    def gemm_row(case, variant, samples, extra):
+        r = row(case, d, variant, samples, None, extra)
+        r["tflops"] = flops / (r["median"] * 1e6) if r["median"] > 0 else None
+        return r
+
+    def bias_gelu(a, b, bias):
+        return F.gelu(a @ b + bias, approximate="tanh")
+
+    def bias_gelu_res(a, b, bias, r):
+        return F.gelu(a @ b + bias, approximate="tanh") + r
+
+    for case, fn, fn_args, lt in [
+        ("gemm-bias-gelu-bf16", bias_gelu, (a, b, bias),
+         lambda: torch._addmm_activation(bias, a, b, use_gelu=True)),
+        ("gemm-bias-gelu-residual-bf16", bias_gelu_res, (a, b, bias, res),
+         lambda: torch._addmm_activation(bias, a, b, use_gelu=True) + res),
+    ]:
+        extra = {"ceiling": "gemm_bf16_tflops", "dtype": "bf16", "m": d, "n": d, "k": d}
+        for variant, call, note in [
+            ("torch-eager", lambda: fn(*fn_args), {}),
+            ("torch-addmm-activation", lt, {"epilogue": "cuBLASLt GELU_BIAS (tanh GELU)"}),
+        ]:
+            log(f"{case} {variant} on {device}")
+            try:
+                rows.append(gemm_row(case, variant, timer(call, warmup, reps), dict(extra, **note)))
+            except Exception as e:  # noqa: BLE001
+                log(f"{case} {variant} failed: {e}")
+        log(f"{case} torch.compile on {device}")
+        try:
+            compiled = torch.compile(fn, fullgraph=True)
+            rows.append(gemm_row(case, "torch-compile",
+                                 timer(lambda: compiled(*fn_args), warmup, reps),
+                                 dict(extra, backend="inductor")))
+        except Exception as e:  # noqa: BLE001
+            log(f"{case} torch.compile failed: {e}")
+    del a, b, bias, res
 
     # First compile of the chain5 bf16 function (host time of the first call after a reset).
     try:

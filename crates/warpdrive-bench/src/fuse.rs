@@ -31,6 +31,8 @@
 //! `warpdrive-unfused` (`ops::map`, then the compaction of the mapped buffer: two kernels),
 //! `ceiling`. GB/s counts the input read and the kept values written once.
 //!
+//! `gemm-bias-gelu-bf16` and `gemm-bias-gelu-residual-bf16`: see `fuse_gemm.rs`.
+//!
 //! On CUDA, `compile-first` and `compile-cached` time the chain5 bf16 kernel's start in a new
 //! process (`Expr::load_fresh`: a module of its own each time): NVRTC into an empty kernel
 //! cache (PTX and cubin), then from that cache's files (the cubin read and loaded, no JIT).
@@ -189,6 +191,7 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
     chains::<bf16>(ctx, &plan, "bf16")?;
     softmax_xent(ctx, &plan)?;
     filters(ctx, &plan)?;
+    super::fuse_gemm::run_cases(ctx, plan.warmup, plan.reps)?;
     if ctx.device().is_cuda() {
         compile_times(ctx, &plan)?;
     }

@@ -21,6 +21,7 @@ mod derived;
 mod dist;
 mod exec;
 mod fuse;
+mod fuse_gemm;
 mod kernels;
 pub mod memory;
 pub mod moe;
@@ -125,7 +126,8 @@ static SUITES: &[Suite] = &[
         about: "kernel fusion: chains of 2, 5 and 10 elementwise ops and two activations over \
                 256 MiB (f32, bf16) as one generated kernel vs one kernel per op vs the copy \
                 ceiling; first NVRTC compile and cached start (peer: torch eager and \
-                torch.compile)",
+                torch.compile); softmax cross-entropy; filters at 1 % and 50 %; \
+                bf16 4096³ GEMM + bias + GELU (+ residual) with a fused epilogue kernel",
         run: fuse::run_suite,
     },
     Suite {
