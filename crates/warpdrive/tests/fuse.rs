@@ -817,3 +817,33 @@ fn generated_kernels_compile_with_nvrtc() {
         panic!("{e}");
     }
 }
+
+// A tuned block size (each candidate its own kernel) computes what the default one does.
+device_test!(
+    tuned_blocks_compute_the_same,
+    gpu_tuned_blocks_compute_the_same,
+    |dev| {
+        let s = dev.new_stream().unwrap();
+        let mut r = rng(seed("tuned_blocks_compute_the_same"));
+        let n = (1 << 20) + 5;
+        let xs: Vec<bf16> = random_in(&mut r, n, -2.0, 2.0);
+        let x = Buffer::from_host(&s, &xs).unwrap();
+        let e = (Expr::input(&x) * 1.5 + 0.25).silu();
+        let block = e.tune::<f32>(&s).unwrap();
+        assert!(
+            warpdrive::fuse::BLOCK_CANDIDATES.contains(&block),
+            "{block}"
+        );
+        let mut out = poisoned::<f32>(&s, n, f32::NAN);
+        e.eval_into(&s, &mut out).unwrap();
+        for (i, (g, x)) in out.to_host(&s).unwrap().iter().zip(&xs).enumerate() {
+            let v = 1.5 * x.to_f64() + 0.25;
+            let want = v / (1.0 + (-v).exp());
+            let bound = 1e-6 * (want.abs() + 1.5 * x.to_f64().abs() + 0.25);
+            assert!(
+                (*g as f64 - want).abs() <= bound,
+                "block {block} at {i}: {g} vs {want}"
+            );
+        }
+    }
+);

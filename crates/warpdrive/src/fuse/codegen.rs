@@ -103,7 +103,7 @@ struct Call<'s> {
 
 /// The kernel source (without the prelude and the `fuse.cu` fragment, which the kernel cache
 /// prepends); `signature` goes in a comment.
-pub(crate) fn source(prog: &Program<'_>, out: DTypeKind, signature: &str) -> String {
+pub(crate) fn source(prog: &Program<'_>, out: DTypeKind, signature: &str, block: u32) -> String {
     let mut s = String::with_capacity(8192);
     let _ = writeln!(s, "{ARCHS}");
     let _ = writeln!(s, "// warpdrive fuse: {signature}");
@@ -154,7 +154,7 @@ pub(crate) fn source(prog: &Program<'_>, out: DTypeKind, signature: &str) -> Str
         return s;
     }
     match prog.mode {
-        Mode::Map => map_kernel(&mut s, prog, out),
+        Mode::Map => map_kernel(&mut s, prog, out, block),
         Mode::Rows => rows_kernel(&mut s, prog, out, &all_reduces),
         Mode::All => all_kernel(&mut s, prog, out, &all_reduces),
     }
@@ -246,13 +246,14 @@ fn vector_condition(prog: &Program<'_>, out_streamed: bool, per_row: bool) -> St
     }
 }
 
-fn map_kernel(s: &mut String, prog: &Program<'_>, out: DTypeKind) {
+/// The map kernel with `__launch_bounds__(block)` (the block it is launched with).
+fn map_kernel(s: &mut String, prog: &Program<'_>, out: DTypeKind, block: u32) {
     let w = width(prog, out);
     let u = unroll(prog);
     let ot = ctype(out);
     let _ = writeln!(
         s,
-        "extern \"C\" __global__ void __launch_bounds__({BLOCK}) {KERNEL_MAP}({}) {{",
+        "extern \"C\" __global__ void __launch_bounds__({block}) {KERNEL_MAP}({}) {{",
         kernel_params(prog, out, &["u64 n", "u64 cols"])
     );
     let _ = writeln!(s, "    constexpr int W = {w};");
@@ -683,12 +684,19 @@ fn filter_kernel(s: &mut String, prog: &Program<'_>, out: DTypeKind) {
     let _ = writeln!(
         s,
         "extern \"C\" __global__ void __launch_bounds__({BLOCK}) {KERNEL_FILTER}({}) {{",
-        kernel_params(prog, out, &["u64* tiles", "u32* count", "u64 n", "u64 cols"])
+        kernel_params(
+            prog,
+            out,
+            &["u64* tiles", "u32* count", "u64 n", "u64 cols"]
+        )
     );
     let _ = writeln!(s, "    constexpr int W = {w};");
     let _ = writeln!(s, "    constexpr int V = {FILTER_VECS};");
     let _ = writeln!(s, "    constexpr u64 TILE = {BLOCK}ull * V * W;");
-    let _ = writeln!(s, "    constexpr u64 AGG = 1ull << 62, PREFIX = 2ull << 62, VALUE = (1ull << 62) - 1;");
+    let _ = writeln!(
+        s,
+        "    constexpr u64 AGG = 1ull << 62, PREFIX = 2ull << 62, VALUE = (1ull << 62) - 1;"
+    );
     let _ = writeln!(s, "    (void)cols;");
     let _ = writeln!(s, "    __shared__ u64 tile_s, prefix_s;");
     let _ = writeln!(s, "    if (threadIdx.x == 0) tile_s = atomicAdd((unsigned long long*)(tiles + gridDim.x), 1ull);");
@@ -697,7 +705,10 @@ fn filter_kernel(s: &mut String, prog: &Program<'_>, out: DTypeKind) {
     scalar_loads(s, prog, "    ");
     let _ = writeln!(s, "    float val[V * W];");
     let _ = writeln!(s, "    bool keep[V * W];");
-    let _ = writeln!(s, "    const u64 first = tile * TILE + (u64)threadIdx.x * (V * W);");
+    let _ = writeln!(
+        s,
+        "    const u64 first = tile * TILE + (u64)threadIdx.x * (V * W);"
+    );
     let _ = writeln!(
         s,
         "    if (first + V * W <= n && {}) {{",
@@ -710,12 +721,22 @@ fn filter_kernel(s: &mut String, prog: &Program<'_>, out: DTypeKind) {
         let t = ctype(x.kind);
         match x.class {
             Class::Full | Class::Row => {
-                let at = if x.class == Class::Full { "e0" } else { "e0 % cols" };
+                let at = if x.class == Class::Full {
+                    "e0"
+                } else {
+                    "e0 % cols"
+                };
                 let _ = writeln!(s, "            float f{i}[W];");
-                let _ = writeln!(s, "            unpack_vec(load_vec<{t}, W>(in{i} + {at}), f{i});");
+                let _ = writeln!(
+                    s,
+                    "            unpack_vec(load_vec<{t}, W>(in{i} + {at}), f{i});"
+                );
             }
             Class::Col => {
-                let _ = writeln!(s, "            const float p{i} = to_f32(in{i}[e0 / cols]);");
+                let _ = writeln!(
+                    s,
+                    "            const float p{i} = to_f32(in{i}[e0 / cols]);"
+                );
             }
             Class::Scalar => {}
         }
@@ -739,14 +760,23 @@ fn filter_kernel(s: &mut String, prog: &Program<'_>, out: DTypeKind) {
     let _ = writeln!(s, "            const u64 e = first + j;");
     let _ = writeln!(s, "            keep[j] = false;");
     let _ = writeln!(s, "            val[j] = 0.0f;");
-    let _ = writeln!(s, "            if (e < n) {{ val[j] = fz_final({a}); keep[j] = fz_keep({a}) != 0.0f; }}");
+    let _ = writeln!(
+        s,
+        "            if (e < n) {{ val[j] = fz_final({a}); keep[j] = fz_keep({a}) != 0.0f; }}"
+    );
     let _ = writeln!(s, "        }}");
     let _ = writeln!(s, "    }}");
     let _ = writeln!(s, "    u32 mine = 0;");
     let _ = writeln!(s, "#pragma unroll");
-    let _ = writeln!(s, "    for (int j = 0; j < V * W; ++j) mine += keep[j] ? 1u : 0u;");
+    let _ = writeln!(
+        s,
+        "    for (int j = 0; j < V * W; ++j) mine += keep[j] ? 1u : 0u;"
+    );
     let _ = writeln!(s, "    u32 total;");
-    let _ = writeln!(s, "    const u32 before = block_exclusive_scan(mine, &total);");
+    let _ = writeln!(
+        s,
+        "    const u32 before = block_exclusive_scan(mine, &total);"
+    );
     let _ = writeln!(s, "    if (threadIdx.x == 0) {{");
     let _ = writeln!(s, "        volatile u64* state = (volatile u64*)tiles;");
     let _ = writeln!(s, "        u64 prefix = 0;");
@@ -754,19 +784,31 @@ fn filter_kernel(s: &mut String, prog: &Program<'_>, out: DTypeKind) {
     let _ = writeln!(s, "            state[tile] = AGG | total;");
     let _ = writeln!(s, "            for (u64 t = tile - 1;; --t) {{");
     let _ = writeln!(s, "                u64 word;");
-    let _ = writeln!(s, "                do {{ word = state[t]; }} while ((word >> 62) == 0);");
+    let _ = writeln!(
+        s,
+        "                do {{ word = state[t]; }} while ((word >> 62) == 0);"
+    );
     let _ = writeln!(s, "                prefix += word & VALUE;");
-    let _ = writeln!(s, "                if ((word & PREFIX) != 0 || t == 0) break;");
+    let _ = writeln!(
+        s,
+        "                if ((word & PREFIX) != 0 || t == 0) break;"
+    );
     let _ = writeln!(s, "            }}");
     let _ = writeln!(s, "        }}");
     let _ = writeln!(s, "        state[tile] = PREFIX | (prefix + total);");
     let _ = writeln!(s, "        prefix_s = prefix;");
-    let _ = writeln!(s, "        if (tile == gridDim.x - 1) *count = (u32)(prefix + total);");
+    let _ = writeln!(
+        s,
+        "        if (tile == gridDim.x - 1) *count = (u32)(prefix + total);"
+    );
     let _ = writeln!(s, "    }}");
     let _ = writeln!(s, "    __syncthreads();");
     let _ = writeln!(s, "    u64 at = prefix_s + before;");
     let _ = writeln!(s, "#pragma unroll");
-    let _ = writeln!(s, "    for (int j = 0; j < V * W; ++j) if (keep[j]) out[at++] = from_f32<{ot}>(val[j]);");
+    let _ = writeln!(
+        s,
+        "    for (int j = 0; j < V * W; ++j) if (keep[j]) out[at++] = from_f32<{ot}>(val[j]);"
+    );
     let _ = writeln!(s, "}}");
 }
 

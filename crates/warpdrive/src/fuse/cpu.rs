@@ -40,7 +40,11 @@ pub(crate) fn eval<O: Float>(prog: &Program<'_>, out: &mut [O]) -> Result<()> {
 pub(crate) fn filter<O: Float>(prog: &Program<'_>, out: &mut [O]) -> Result<usize> {
     let (value, keep) = match prog.roots[..] {
         [v, k] => (v * CHUNK, k * CHUNK),
-        _ => return Err(crate::error::Error::InvalidArgument("fuse: a filter needs a value and a predicate".into())),
+        _ => {
+            return Err(crate::error::Error::InvalidArgument(
+                "fuse: a filter needs a value and a predicate".into(),
+            ))
+        }
     };
     let mut kept = 0;
     chunks(prog, prog.len(), |_, len, temps| {

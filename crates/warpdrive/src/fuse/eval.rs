@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::device::Stream;
-use crate::dtype::Float;
+use crate::dtype::{DTypeKind, Float};
 use crate::error::{Error, Result};
 use crate::kernels::{self, Arch, KernelSource, PtxCache, FUSE_OPS};
 use crate::memory::{check_len, Buffer};
@@ -39,21 +39,36 @@ fn registry() -> &'static Mutex<Registry> {
     R.get_or_init(Default::default)
 }
 
-/// The interned source of `prog`'s kernel with output `O`.
+/// The interned source of `prog`'s kernel with output `O` (a map kernel for blocks of 256).
 pub(crate) fn kernel_source<O: Float>(prog: &Program<'_>) -> &'static KernelSource {
-    let sig = prog.signature(O::KIND);
+    kernel_source_for(prog, O::KIND, &prog.signature(O::KIND), BLOCK)
+}
+
+/// The interned source of `prog`'s kernel with output `out` whose signature is `sig`, its map
+/// kernel bounded for blocks of `block` threads.
+pub(crate) fn kernel_source_for(
+    prog: &Program<'_>,
+    out: DTypeKind,
+    sig: &str,
+    block: u32,
+) -> &'static KernelSource {
+    let key = if block == BLOCK {
+        sig.to_string()
+    } else {
+        format!("{sig};b:{block}")
+    };
     let mut reg = registry().lock();
-    if let Some(s) = reg.by_signature.get(&sig) {
+    if let Some(s) = reg.by_signature.get(&key) {
         return s;
     }
-    let hash = xxh3_64(sig.as_bytes());
+    let hash = xxh3_64(key.as_bytes());
     let mut name = format!("fuse-{hash:016x}");
     let mut n = 1;
     while reg.by_name.contains_key(name.as_str()) {
         n += 1;
         name = format!("fuse-{hash:016x}-{n}");
     }
-    let code = codegen::source(prog, O::KIND, &sig);
+    let code = codegen::source(prog, out, &key, block);
     // Interned for the process's life (see the module docs): one per distinct structure.
     let name: &'static str = Box::leak(name.into_boxed_str());
     let src: &'static KernelSource = Box::leak(Box::new(KernelSource {
@@ -61,8 +76,8 @@ pub(crate) fn kernel_source<O: Float>(prog: &Program<'_>) -> &'static KernelSour
         code: Box::leak(code.into_boxed_str()),
         shared: Some(&FUSE_OPS),
     }));
-    reg.by_name.insert(name, sig.clone());
-    reg.by_signature.insert(sig, src);
+    reg.by_name.insert(name, key.clone());
+    reg.by_signature.insert(key, src);
     src
 }
 
@@ -173,7 +188,13 @@ impl<'a> Expr<'a> {
             (),
             |()| Ok(()),
             |(), q| {
-                let src = kernel_source::<O>(&prog);
+                let src = if prog.mode == Mode::Map && prog.len() > 0 {
+                    let sig = prog.signature(O::KIND);
+                    let block = super::tune::block_for(stream, &sig, O::KIND, prog.len());
+                    kernel_source_for(&prog, O::KIND, &sig, block)
+                } else {
+                    kernel_source::<O>(&prog)
+                };
                 let names: &[&'static str] = match prog.mode {
                     Mode::Map => &[KERNEL_MAP],
                     Mode::Rows => &[KERNEL_ROWS_WARP, KERNEL_ROWS_BLOCK],
@@ -286,6 +307,63 @@ fn run_filter<O: Float>(
     )
 }
 
+/// A map program's launch with blocks of `block` threads (a tuning's candidate), after the
+/// checks `run` makes.
+pub(crate) fn run_with_block<O: Float>(
+    prog: &Program<'_>,
+    stream: &Stream,
+    out: &mut Buffer<O>,
+    block: u32,
+) -> Result<()> {
+    float_index::<O>("fuse output")?;
+    check_inputs(prog, stream)?;
+    out.check_stream(stream, "fuse")?;
+    check_len("fuse (output)", out.len(), prog.len())?;
+    if prog.len() == 0 || prog.mode != Mode::Map {
+        return Err(Error::InvalidArgument(
+            "fuse: a block size for a program that is not a non-empty map".into(),
+        ));
+    }
+    map_launch(prog, stream, out, &prog.signature(O::KIND), block)
+}
+
+/// Launches a checked, non-empty map program's kernel with blocks of `block` threads, its grid
+/// enough blocks to fill every SM (as `fill_grid`, for this block) and no more than the
+/// elements need.
+fn map_launch<O: Float>(
+    prog: &Program<'_>,
+    stream: &Stream,
+    out: &mut Buffer<O>,
+    sig: &str,
+    block: u32,
+) -> Result<()> {
+    let n = prog.len() as u64;
+    stream.run(
+        out,
+        |out| super::cpu::eval(prog, out.host_view_mut()?),
+        |out, q| {
+            let src = kernel_source_for(prog, O::KIND, sig, block);
+            let f = kernels::function_from_cubin(q.gpu, src, KERNEL_MAP)?;
+            let per_block = block as u64 * codegen::width(prog, O::KIND) * codegen::unroll(prog);
+            let full = q.gpu.sm_count() as u64 * q.gpu.resident_blocks(&f, block, 0)? as u64;
+            let grid = n.div_ceil(per_block.max(1)).clamp(1, full.max(1)) as u32;
+            let mut args = Args::new();
+            for input in &prog.inputs {
+                args = args.ptr(input.buf.device_ptr());
+            }
+            args = args.buf(out).u64(n).u64(prog.space.cols as u64);
+            for &c in &prog.consts {
+                args = args.f32(c);
+            }
+            // SAFETY: fuse_map(const I_k* in_k..., O* out, u64 n, u64 cols, float c_j...) as
+            // generated from this program with __launch_bounds__(block): one pointer per input of
+            // its element type holding what its class reads over the n-element space (checked
+            // by the caller), `out` holding n elements of O, one float per constant.
+            unsafe { launch(q, (src, KERNEL_MAP), grid, block, 0, args) }
+        },
+    )
+}
+
 fn run<O: Float>(prog: &Program<'_>, stream: &Stream, out: &mut Buffer<O>) -> Result<()> {
     float_index::<O>("fuse output")?;
     check_inputs(prog, stream)?;
@@ -294,6 +372,15 @@ fn run<O: Float>(prog: &Program<'_>, stream: &Stream, out: &mut Buffer<O>) -> Re
     check_len("fuse (output)", out.len(), n)?;
     if n == 0 {
         return Ok(());
+    }
+    if prog.mode == Mode::Map {
+        let sig = prog.signature(O::KIND);
+        let block = if stream.device().is_cuda() {
+            super::tune::block_for(stream, &sig, O::KIND, n)
+        } else {
+            BLOCK
+        };
+        return map_launch(prog, stream, out, &sig, block);
     }
     let space = prog.space;
     stream.run(
@@ -312,12 +399,11 @@ fn run<O: Float>(prog: &Program<'_>, stream: &Stream, out: &mut Buffer<O>) -> Re
             // hands freed blocks out again in stream order).
             let mut scratch = None;
             let (kernel, grid) = match prog.mode {
+                // Launched by map_launch (above).
                 Mode::Map => {
-                    kernels::function_from_cubin(q.gpu, src, KERNEL_MAP)?;
-                    let per_block = BLOCK as u64 * w * codegen::unroll(prog);
-                    let grid = fill_grid(q.gpu, (src, KERNEL_MAP), n as u64, per_block)?;
-                    args = args.u64(n as u64).u64(cols);
-                    (KERNEL_MAP, grid)
+                    return Err(Error::InvalidArgument(
+                        "fuse: a map program reached the reduction launch (a bug)".into(),
+                    ))
                 }
                 Mode::Rows => {
                     let (kernel, per_block) = if space.cols <= WARP_ROW_MAX {

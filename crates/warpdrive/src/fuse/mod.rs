@@ -70,6 +70,8 @@ mod cpu;
 mod eval;
 mod expr;
 mod program;
+mod tune;
 
 pub use expr::{Expr, Shape};
 pub use program::MAX_OPS;
+pub use tune::BLOCK_CANDIDATES;
