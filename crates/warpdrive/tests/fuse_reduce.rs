@@ -266,6 +266,57 @@ device_test!(
     }
 );
 
+// Argmax per row: random rows (warp and block rows), ties to the first, NaN winning, -inf
+// rows, empty rows; and fused with what follows (is the argmax the label?).
+device_test!(argmax_rows, gpu_argmax_rows, |dev| {
+    let s = dev.new_stream().unwrap();
+    let mut r = rng(seed("argmax_rows"));
+    for (rows, cols) in [(1, 1), (7, 5), (40, 64), (9, 1000), (5, 3001), (3, 0)] {
+        let mut xs: Vec<f32> = (0..rows * cols)
+            .map(|_| r.random_range(-4i32..4) as f32)
+            .collect();
+        if rows * cols > 20 {
+            xs[7] = f32::NAN;
+            xs[11] = f32::NAN;
+            let last = rows * cols - 1;
+            xs[last - cols.min(last)..]
+                .iter_mut()
+                .for_each(|v| *v = f32::NEG_INFINITY);
+        }
+        let x = Buffer::from_host(&s, &xs).unwrap();
+        let labels: Vec<f32> = (0..rows).map(|i| (i % cols.max(1)) as f32).collect();
+        let l = Buffer::from_host(&s, &labels).unwrap();
+        let m = Expr::matrix(&x, rows, cols);
+        let got = m
+            .argmax_rows()
+            .eval::<f32>(&s)
+            .unwrap()
+            .to_host(&s)
+            .unwrap();
+        let hit = m
+            .argmax_rows()
+            .equals(Expr::col(&l))
+            .eval::<f32>(&s)
+            .unwrap()
+            .to_host(&s)
+            .unwrap();
+        for i in 0..rows {
+            let row = &xs[i * cols..(i + 1) * cols];
+            let want = row.iter().position(|v| v.is_nan()).or_else(|| {
+                let mx = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                row.iter().position(|&v| v == mx)
+            });
+            match want {
+                None => assert!(got[i].is_nan(), "[{rows},{cols}] row {i}: {}", got[i]),
+                Some(w) => {
+                    assert_eq!(got[i], w as f32, "[{rows},{cols}] row {i}");
+                    assert_eq!(hit[i], (w as f32 == labels[i]) as u8 as f32, "row {i}");
+                }
+            }
+        }
+    }
+});
+
 #[test]
 fn unsupported_nestings_are_errors() {
     let s = Device::cpu().new_stream().unwrap();
@@ -302,6 +353,10 @@ fn reduction_kernels_compile_with_nvrtc() {
         ("softmax", &z / z.sum_rows()),
         ("xent", z.sum_rows().log() + &m - picked),
         ("rows", (&ex + Expr::input(&b)).mean_rows() * Expr::col(&l)),
+        (
+            "argmax",
+            ex.argmax_rows().equals(Expr::col(&l)) + ex.max_rows(),
+        ),
     ];
     for (name, e) in graphs {
         for ptx in [

@@ -86,12 +86,19 @@ fn streamed<'p>(prog: &'p Program<'_>) -> impl Iterator<Item = usize> + 'p {
         .map(|(i, _)| i)
 }
 
+/// The combining operation and identity of a reduction (argmax: its value's; its index
+/// travels beside it, see `fz_arg_step`).
 fn combiner(r: Reduce) -> (&'static str, &'static str) {
     match r {
         Reduce::Sum => ("FzSum()", "0.0f"),
         Reduce::Max => ("FzMax()", "fz_neg_inf()"),
         Reduce::Min => ("FzMin()", "fz_pos_inf()"),
+        Reduce::ArgMax => ("", "fz_neg_inf()"),
     }
+}
+
+fn is_argmax(prog: &Program<'_>, k: usize) -> bool {
+    matches!(prog.ops[k], Op::Reduce(Reduce::ArgMax, ..))
 }
 
 /// Where a function call finds its values: per input, the column index, then the constants
@@ -135,8 +142,14 @@ pub(crate) fn source(prog: &Program<'_>, out: DTypeKind, signature: &str, block:
         let operands: Vec<usize> = mine.iter().map(|&k| operand(prog, k)).collect();
         statements(&mut s, prog, &prog.needed(&operands));
         for &k in &mine {
-            if let Op::Reduce(r, _, a) = prog.ops[k] {
-                let _ = writeln!(s, "    a{k} = {}(a{k}, t{a});", combiner(r).0);
+            match prog.ops[k] {
+                Op::Reduce(Reduce::ArgMax, _, a) => {
+                    let _ = writeln!(s, "    fz_arg_step(a{k}, i{k}, t{a}, (u32)ci);");
+                }
+                Op::Reduce(r, _, a) => {
+                    let _ = writeln!(s, "    a{k} = {}(a{k}, t{a});", combiner(r).0);
+                }
+                _ => {}
             }
         }
         let _ = writeln!(s, "}}");
@@ -177,7 +190,12 @@ fn params(prog: &Program<'_>, results: &[usize], accs: &[usize]) -> Vec<String> 
     p.push("float ci".into());
     p.extend((0..prog.consts.len()).map(|c| format!("float c{c}")));
     p.extend(results.iter().map(|k| format!("float r{k}")));
-    p.extend(accs.iter().map(|k| format!("float& a{k}")));
+    for &k in accs {
+        p.push(format!("float& a{k}"));
+        if is_argmax(prog, k) {
+            p.push(format!("u32& i{k}"));
+        }
+    }
     p
 }
 
@@ -187,7 +205,12 @@ fn args(prog: &Program<'_>, call: &Call<'_>, results: &[usize], accs: &[usize]) 
     a.push(call.col.to_string());
     a.extend((0..prog.consts.len()).map(|c| format!("c{c}")));
     a.extend(results.iter().map(|k| format!("r{k}")));
-    a.extend(accs.iter().map(|k| format!("a{k}")));
+    for &k in accs {
+        a.push(format!("a{k}"));
+        if is_argmax(prog, k) {
+            a.push(format!("i{k}"));
+        }
+    }
     a.join(", ")
 }
 
@@ -450,6 +473,9 @@ fn rows_kernel(s: &mut String, prog: &Program<'_>, out: DTypeKind, reduces: &[us
         for &k in &mine {
             if let Op::Reduce(r, _, _) = prog.ops[k] {
                 let _ = writeln!(s, "            float a{k} = {};", combiner(r).1);
+                if r == Reduce::ArgMax {
+                    let _ = writeln!(s, "            u32 i{k} = FZ_NO_INDEX;");
+                }
             }
         }
         let _ = writeln!(s, "            if (vec) {{");
@@ -473,12 +499,18 @@ fn rows_kernel(s: &mut String, prog: &Program<'_>, out: DTypeKind, reduces: &[us
         );
         let _ = writeln!(s, "            }}");
         for &k in &mine {
-            if let Op::Reduce(r, _, _) = prog.ops[k] {
-                let (op, id) = combiner(r);
-                let _ = writeln!(
-                    s,
-                    "            r{k} = fz_group_reduce<WARP>(a{k}, {op}, {id});"
-                );
+            match prog.ops[k] {
+                Op::Reduce(Reduce::ArgMax, _, _) => {
+                    let _ = writeln!(s, "            r{k} = fz_group_argmax<WARP>(a{k}, i{k});");
+                }
+                Op::Reduce(r, _, _) => {
+                    let (op, id) = combiner(r);
+                    let _ = writeln!(
+                        s,
+                        "            r{k} = fz_group_reduce<WARP>(a{k}, {op}, {id});"
+                    );
+                }
+                _ => {}
             }
         }
         let _ = writeln!(s, "        }}");

@@ -195,6 +195,19 @@ fn fold(r: Reduce, xs: impl Iterator<Item = f64>) -> f64 {
         Reduce::Sum => xs.sum(),
         Reduce::Max => xs.fold(f64::NEG_INFINITY, |m, v| binary(Binary::Max, m, v)),
         Reduce::Min => xs.fold(f64::INFINITY, |m, v| binary(Binary::Min, m, v)),
+        Reduce::ArgMax => {
+            // (value, index): NaN beats numbers, then larger, then the first.
+            let best = xs
+                .enumerate()
+                .fold(None::<(f64, usize)>, |best, (i, v)| match best {
+                    None => Some((v, i)),
+                    Some((b, _)) if (v.is_nan() && !b.is_nan()) || (!b.is_nan() && v > b) => {
+                        Some((v, i))
+                    }
+                    keep => keep,
+                });
+            best.map_or(f64::NAN, |(_, i)| i as f64)
+        }
     }
 }
 

@@ -156,6 +156,10 @@ pub(crate) enum Reduce {
     Max,
     /// NaN if any element is NaN; +inf over nothing.
     Min,
+    /// The column of the largest element (rows only): NaN beats every number (the first NaN
+    /// wins), ties go to the first; NaN over nothing. The index as a float value, exact for
+    /// rows up to 2²⁴ columns.
+    ArgMax,
 }
 
 /// What a reduction reduces over.
@@ -407,6 +411,17 @@ impl<'a> Expr<'a> {
     pub fn min_rows(&self) -> Expr<'a> {
         self.reduce(Reduce::Min, Axis::Rows)
     }
+    /// The column index of each row's largest element, `[rows, 1]`, as a value (exact: rows
+    /// longer than 2²⁴ columns are refused). NaN counts as the largest (the first NaN wins, as
+    /// PyTorch's argmax); ties go to the first; an empty row gives NaN.
+    pub fn argmax_rows(&self) -> Expr<'a> {
+        let shape = self.0.shape.clone().map(|s| Shape::new(s.rows, 1));
+        Expr::make(
+            Node::Reduce(Reduce::ArgMax, Axis::Rows, self.clone()),
+            shape,
+        )
+    }
+
     /// The mean of each row, `[rows, 1]`.
     pub fn mean_rows(&self) -> Expr<'a> {
         let n = self.count(Axis::Rows);

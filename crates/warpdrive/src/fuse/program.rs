@@ -274,6 +274,16 @@ impl<'a> Program<'a> {
                         s.cols
                     ));
                 }
+                if cols > 1 << 24
+                    && self
+                        .ops
+                        .iter()
+                        .any(|op| matches!(op, Op::Reduce(Reduce::ArgMax, ..)))
+                {
+                    return refuse(format!(
+                        "an argmax over rows of {cols} columns (indices are exact up to 2^24)"
+                    ));
+                }
                 self.space = Shape::new(self.shape.rows, cols);
                 if let Some(s) = self.shapes.iter().find(|s| {
                     (s.cols != 1 && s.cols != cols) || (s.rows != 1 && s.rows != self.space.rows)

@@ -42,3 +42,50 @@ __device__ __forceinline__ float fz_group_reduce(float v, Op op, float identity)
 
 // A value another block wrote (after its fence and the atomic that ordered it): not from L1.
 __device__ __forceinline__ float fz_load_volatile(const float* p) { return *(const volatile float*)p; }
+
+// Argmax: (value, index) pairs; NaN beats every number (the first NaN wins, as torch's
+// argmax), then the larger value, then the smaller index. The identity is (-inf, none).
+#define FZ_NO_INDEX 0xffffffffu
+__device__ __forceinline__ bool fz_arg_better(float v, u32 i, float w, u32 j) {
+    const bool vn = v != v, wn = w != w;
+    if (vn != wn) return vn;
+    if (!vn && v != w) return v > w;
+    return i < j;
+}
+__device__ __forceinline__ void fz_arg_step(float& best, u32& at, float v, u32 i) {
+    if (fz_arg_better(v, i, best, at)) { best = v; at = i; }
+}
+// The winning index of a row's group (a warp, or the whole block) as a float (NaN when the
+// row is empty); every thread gets it. Ends with a barrier in the block form.
+template <bool WARP>
+__device__ __forceinline__ float fz_group_argmax(float v, u32 i) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float w = __shfl_xor_sync(0xffffffffu, v, o);
+        const u32 j = __shfl_xor_sync(0xffffffffu, i, o);
+        fz_arg_step(v, i, w, j);
+    }
+    if (!WARP) {
+        __shared__ float vals[32];
+        __shared__ u32 idxs[32];
+        __shared__ u32 result;
+        const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+        if (lane == 0) { vals[warp] = v; idxs[warp] = i; }
+        __syncthreads();
+        if (warp == 0) {
+            v = lane < (blockDim.x >> 5) ? vals[lane] : fz_neg_inf();
+            i = lane < (blockDim.x >> 5) ? idxs[lane] : FZ_NO_INDEX;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                const float w = __shfl_xor_sync(0xffffffffu, v, o);
+                const u32 j = __shfl_xor_sync(0xffffffffu, i, o);
+                fz_arg_step(v, i, w, j);
+            }
+            if (lane == 0) result = i;
+        }
+        __syncthreads();
+        i = result;
+        __syncthreads();
+    }
+    return i == FZ_NO_INDEX ? __uint_as_float(0x7fc00000u) : (float)i;
+}
