@@ -202,6 +202,10 @@ fn params(prog: &Program<'_>, results: &[usize], accs: &[usize]) -> Vec<String> 
 /// Arguments matching [`params`].
 fn args(prog: &Program<'_>, call: &Call<'_>, results: &[usize], accs: &[usize]) -> String {
     let mut a = call.inputs.clone();
+    for j in 0..prog.tables.len() {
+        a.push(format!("g{j}"));
+        a.push(format!("gl{j}"));
+    }
     a.push(call.col.to_string());
     a.extend((0..prog.consts.len()).map(|c| format!("c{c}")));
     a.extend(results.iter().map(|k| format!("r{k}")));
@@ -230,6 +234,10 @@ fn kernel_params(prog: &Program<'_>, out: DTypeKind, middle: &[&str]) -> String 
         .enumerate()
         .map(|(i, x)| format!("const {}* __restrict__ in{i}", ctype(x.kind)))
         .collect();
+    for (j, t) in prog.tables.iter().enumerate() {
+        p.push(format!("const {}* __restrict__ g{j}", ctype(t.kind)));
+        p.push(format!("u64 gl{j}"));
+    }
     p.push(format!("{}* __restrict__ out", ctype(out)));
     p.extend(middle.iter().map(|m| m.to_string()));
     p.extend((0..prog.consts.len()).map(|c| format!("float c{c}")));
@@ -559,6 +567,7 @@ fn rows_kernel(s: &mut String, prog: &Program<'_>, out: DTypeKind, reduces: &[us
         .iter()
         .enumerate()
         .map(|(i, _)| format!("in{i}"))
+        .chain((0..prog.tables.len()).flat_map(|j| [format!("g{j}"), format!("gl{j}")]))
         .chain(["out".into(), "rows".into(), "cols".into()])
         .chain((0..prog.consts.len()).map(|c| format!("c{c}")))
         .collect();
@@ -888,6 +897,7 @@ fn expr(op: &Op, k: usize) -> String {
                 Binary::Ne => format!("fz_bool({x} != {y})"),
             }
         }
+        Op::Gather(g, a) => format!("fz_gather(g{g}, gl{g}, t{a})"),
         Op::Fma(a, b, c) => format!("fmaf(t{a}, t{b}, t{c})"),
         Op::Select(c, a, b) => format!("fz_select(t{c}, t{a}, t{b})"),
     }

@@ -74,6 +74,11 @@ fn chunks(
         .map(|i| i.buf.values())
         .collect::<Result<_>>()?;
     let cols = prog.shape.cols;
+    let tables: Vec<Values<'_>> = prog
+        .tables
+        .iter()
+        .map(|t| t.buf.values())
+        .collect::<Result<_>>()?;
     let mut temps = vec![0.0f64; prog.ops.len() * CHUNK];
     let mut start = 0;
     while start < n {
@@ -98,6 +103,11 @@ fn chunks(
                 }
                 // Map programs have none.
                 Op::Reduce(..) => dst.fill(f64::NAN),
+                Op::Gather(g, a) => {
+                    for (e, d) in dst.iter_mut().enumerate() {
+                        *d = tables[g].at_index(t(a, e));
+                    }
+                }
                 Op::Const(c) => dst.fill(prog.consts[c] as f64),
                 Op::Unary(u, a) => {
                     for (e, d) in dst.iter_mut().enumerate() {
@@ -250,6 +260,10 @@ fn eval_whole<O: Float>(prog: &Program<'_>, out: &mut [O]) -> Result<()> {
                     }
                 })
                 .collect(),
+            Op::Gather(g, a) => {
+                let table = prog.tables[g].buf.values()?;
+                (0..len).map(|i| table.at_index(get(a, i))).collect()
+            }
             Op::Reduce(r, Axis::All, a) => vec![fold(r, vals[a].iter().copied())],
             Op::Reduce(r, Axis::Rows, a) => {
                 let row = prog.shapes[a].cols;

@@ -217,10 +217,26 @@ impl<'a> Expr<'a> {
     }
 }
 
+/// The kernel arguments every generated kernel starts with: its inputs, then each gather
+/// table and its length.
+fn input_args(prog: &Program<'_>) -> Args {
+    let mut args = Args::new();
+    for input in &prog.inputs {
+        args = args.ptr(input.buf.device_ptr());
+    }
+    for t in &prog.tables {
+        args = args.ptr(t.buf.device_ptr()).u64(t.buf.elements() as u64);
+    }
+    args
+}
+
 /// Checks the inputs against the program's space (streams, and the elements each class
 /// reads: the shapes were checked as the graph was built; this keeps the launch's bounds a
 /// fact checked here).
 fn check_inputs(prog: &Program<'_>, stream: &Stream) -> Result<()> {
+    for t in &prog.tables {
+        t.buf.check_stream(stream)?;
+    }
     for input in &prog.inputs {
         input.buf.check_stream(stream)?;
         let reads = input.class.reads(prog.space);
@@ -281,10 +297,7 @@ fn run_filter<O: Float>(
                 })?;
             // Tile states, then the next tile's number: zeroed.
             let states = Buffer::<u64>::zeros(stream, tiles as usize + 1)?;
-            let mut args = Args::new();
-            for input in &prog.inputs {
-                args = args.ptr(input.buf.device_ptr());
-            }
+            let mut args = input_args(prog);
             args = args
                 .buf(out)
                 .buf(&states)
@@ -294,7 +307,7 @@ fn run_filter<O: Float>(
             for &c in &prog.consts {
                 args = args.f32(c);
             }
-            // SAFETY: fuse_filter(inputs..., O* out, u64* tiles, u32* count, u64 n, u64 cols,
+            // SAFETY: fuse_filter(inputs..., tables..., O* out, u64* tiles, u32* count, u64 n, u64 cols,
             // consts...) as generated from this program: the inputs hold what their classes read
             // over the space of n elements (checked above), `out` at least n elements of O,
             // `tiles` one zeroed word per tile of this grid and one for the tile counter, `count`
@@ -347,15 +360,12 @@ fn map_launch<O: Float>(
             let per_block = block as u64 * codegen::width(prog, O::KIND) * codegen::unroll(prog);
             let full = q.gpu.sm_count() as u64 * q.gpu.resident_blocks(&f, block, 0)? as u64;
             let grid = n.div_ceil(per_block.max(1)).clamp(1, full.max(1)) as u32;
-            let mut args = Args::new();
-            for input in &prog.inputs {
-                args = args.ptr(input.buf.device_ptr());
-            }
+            let mut args = input_args(prog);
             args = args.buf(out).u64(n).u64(prog.space.cols as u64);
             for &c in &prog.consts {
                 args = args.f32(c);
             }
-            // SAFETY: fuse_map(const I_k* in_k..., O* out, u64 n, u64 cols, float c_j...) as
+            // SAFETY: fuse_map(const I_k* in_k..., (const T_j* g_j, u64 len_j)..., O* out, u64 n, u64 cols, float c_j...) as
             // generated from this program with __launch_bounds__(block): one pointer per input of
             // its element type holding what its class reads over the n-element space (checked
             // by the caller), `out` holding n elements of O, one float per constant.
@@ -390,10 +400,7 @@ fn run<O: Float>(prog: &Program<'_>, stream: &Stream, out: &mut Buffer<O>) -> Re
             let src = kernel_source::<O>(prog);
             let w = codegen::width(prog, O::KIND);
             let (rows, cols) = (space.rows as u64, space.cols as u64);
-            let mut args = Args::new();
-            for input in &prog.inputs {
-                args = args.ptr(input.buf.device_ptr());
-            }
+            let mut args = input_args(prog);
             args = args.buf(out);
             // Scratch of the whole-buffer reductions, alive until the kernel has run (the pool
             // hands freed blocks out again in stream order).
@@ -439,7 +446,8 @@ fn run<O: Float>(prog: &Program<'_>, stream: &Stream, out: &mut Buffer<O>) -> Re
                 args = args.f32(c);
             }
             // SAFETY: the kernel's parameters as generated from this program (codegen.rs): one
-            // pointer per input of its element type, each holding what its class reads over the
+            // pointer per input of its element type (then each gather table with its length, which
+            // the kernel checks every index against), each holding what its class reads over the
             // program's space (checked above), `out` of type O holding the result's n elements;
             // then (n, cols) for a map, (rows, cols) for rows, or for a whole reduction the
             // partials (one f32 per reduction and block of this grid), the zeroed ticket and

@@ -64,6 +64,23 @@ pub(crate) enum Values<'a> {
 }
 
 impl Values<'_> {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Values::F32(v) => v.len(),
+            Values::F16(v) => v.len(),
+            Values::BF16(v) => v.len(),
+        }
+    }
+
+    /// The element at a gather's index (truncated), NaN where the index is NaN, negative or
+    /// past the end.
+    pub(crate) fn at_index(&self, index: f64) -> f64 {
+        if index.is_nan() || index < 0.0 || index >= self.len() as f64 {
+            return f64::NAN;
+        }
+        self.get(index as usize)
+    }
+
     /// Element `i` widened exactly to f64 (`i` in bounds: the shapes were checked).
     pub(crate) fn get(&self, i: usize) -> f64 {
         match self {
@@ -187,6 +204,8 @@ pub(crate) enum Node<'a> {
     Reduce(Reduce, Axis, Expr<'a>),
     /// The column index of each element, `[1, cols]`.
     ColIndex,
+    /// `table[index]` per element of the index.
+    Gather(&'a dyn Operand, Expr<'a>),
 }
 
 pub(crate) struct Inner<'a> {
@@ -261,6 +280,17 @@ impl<'a> Expr<'a> {
         Expr::make(Node::ColIndex, Ok(Shape::new(1, cols)))
     }
 
+    /// `table[index]` for each element of `index` (its shape), the index's value truncated
+    /// toward zero; NaN where it is NaN, negative or past the table's end (no read outside the
+    /// table). Indices are computed in f32 on the GPU (f64 on the CPU backend): keep them
+    /// integers below 2²⁴ (exact in both), e.g. from an f32 buffer of indices, a
+    /// [`col_index`](Self::col_index), or an integer-valued product of them.
+    pub fn gather<T: Float>(table: &'a Buffer<T>, index: impl Into<Expr<'a>>) -> Expr<'a> {
+        let index = index.into();
+        let shape = index.0.shape.clone();
+        Expr::make(Node::Gather(table, index), shape)
+    }
+
     /// The shape of the result, or an error naming the shapes that do not broadcast.
     pub fn shape(&self) -> Result<Shape> {
         self.0
@@ -280,7 +310,7 @@ impl<'a> Expr<'a> {
             match e.node() {
                 Node::Reduce(..) => return true,
                 Node::Input(..) | Node::Const(_) | Node::ColIndex => {}
-                Node::Unary(_, a) => stack.push(a),
+                Node::Unary(_, a) | Node::Gather(_, a) => stack.push(a),
                 Node::Binary(_, a, b) => stack.extend([a, b]),
                 Node::Fma(a, b, c) | Node::Select(a, b, c) => stack.extend([a, b, c]),
             }

@@ -24,6 +24,8 @@
 //!   shape and end in scalar arithmetic. [`Expr::col_index`] with a comparison picks one
 //!   element per row (a label's logit) inside a row's pass. Whole results are
 //!   deterministic (a fixed combining order; no float atomics).
+//! - Gathers: [`Expr::gather`] reads a buffer at computed indices (an embedding row per
+//!   index; out-of-range indices give NaN, never a read outside the buffer).
 //! - Filters (TransformFilter): [`filter_into`](Expr::filter_into) keeps the elements where a
 //!   predicate holds, in order, and counts them, in one pass (a single-pass scan with
 //!   decoupled look-back), the count left on the device.

@@ -67,6 +67,12 @@ impl Class {
     }
 }
 
+/// A buffer read at computed indices (a gather's table).
+pub(crate) struct Table<'a> {
+    pub(crate) buf: &'a dyn Operand,
+    pub(crate) kind: DTypeKind,
+}
+
 pub(crate) struct Input<'a> {
     pub(crate) buf: &'a dyn Operand,
     pub(crate) kind: DTypeKind,
@@ -86,13 +92,15 @@ pub(crate) enum Op {
     Fma(usize, usize, usize),
     Select(usize, usize, usize),
     Reduce(Reduce, Axis, usize),
+    /// `tables[t][operand]`.
+    Gather(usize, usize),
 }
 
 impl Op {
     pub(crate) fn operands(&self) -> Vec<usize> {
         match *self {
             Op::Input(_) | Op::Const(_) | Op::ColIndex => Vec::new(),
-            Op::Unary(_, a) | Op::Reduce(_, _, a) => vec![a],
+            Op::Unary(_, a) | Op::Reduce(_, _, a) | Op::Gather(_, a) => vec![a],
             Op::Binary(_, a, b) => vec![a, b],
             Op::Fma(a, b, c) | Op::Select(a, b, c) => vec![a, b, c],
         }
@@ -115,6 +123,8 @@ pub(crate) struct Program<'a> {
     pub(crate) space: Shape,
     pub(crate) mode: Mode,
     pub(crate) inputs: Vec<Input<'a>>,
+    /// Gathers' tables, each buffer once.
+    pub(crate) tables: Vec<Table<'a>>,
     pub(crate) consts: Vec<f32>,
     /// In dependency order.
     pub(crate) ops: Vec<Op>,
@@ -165,6 +175,7 @@ impl<'a> Program<'a> {
             space: shape,
             mode: Mode::Map,
             inputs: Vec::new(),
+            tables: Vec::new(),
             consts: Vec::new(),
             ops: Vec::new(),
             roots: Vec::new(),
@@ -223,6 +234,25 @@ impl<'a> Program<'a> {
                 Node::Fma(a, b, c) => Op::Fma(at(a)?, at(b)?, at(c)?),
                 Node::Select(c, a, b) => Op::Select(at(c)?, at(a)?, at(b)?),
                 Node::Reduce(r, axis, a) => Op::Reduce(*r, *axis, at(a)?),
+                Node::Gather(buf, index) => {
+                    let kind = buf.kind();
+                    if !matches!(kind, DTypeKind::F32 | DTypeKind::F16 | DTypeKind::BF16) {
+                        return Err(unsupported(kind));
+                    }
+                    let addr = *buf as *const dyn Operand as *const u8 as usize;
+                    let slot = match prog
+                        .tables
+                        .iter()
+                        .position(|t| t.buf as *const dyn Operand as *const u8 as usize == addr)
+                    {
+                        Some(t) => t,
+                        None => {
+                            prog.tables.push(Table { buf: *buf, kind });
+                            prog.tables.len() - 1
+                        }
+                    };
+                    Op::Gather(slot, at(index)?)
+                }
             };
             let level = match op {
                 Op::Reduce(_, _, a) => prog.levels[a] + 1,
@@ -387,7 +417,10 @@ impl<'a> Program<'a> {
         for i in &self.inputs {
             let _ = write!(s, "{}{},", i.class.code(), i.kind.name());
         }
-        let _ = write!(s, ";r:{:?}", self.roots);
+        let _ = write!(s, ";r:{:?};g:", self.roots);
+        for t in &self.tables {
+            let _ = write!(s, "{},", t.kind.name());
+        }
         s.push_str(";p:");
         for op in &self.ops {
             let _ = match op {
@@ -399,6 +432,7 @@ impl<'a> Program<'a> {
                 Op::Fma(a, b, c) => write!(s, "fma({a},{b},{c})"),
                 Op::Select(c, a, b) => write!(s, "sel({c},{a},{b})"),
                 Op::Reduce(r, axis, a) => write!(s, "{r:?}{axis:?}({a})"),
+                Op::Gather(t, a) => write!(s, "g{t}({a})"),
             };
             s.push(';');
         }
@@ -426,7 +460,7 @@ pub(crate) fn act_name(a: Activation) -> &'static str {
 fn children<'r, 'a>(e: &'r Expr<'a>) -> Vec<&'r Expr<'a>> {
     match e.node() {
         Node::Input(..) | Node::Const(_) | Node::ColIndex => Vec::new(),
-        Node::Unary(_, a) | Node::Reduce(_, _, a) => vec![a],
+        Node::Unary(_, a) | Node::Reduce(_, _, a) | Node::Gather(_, a) => vec![a],
         Node::Binary(_, a, b) => vec![a, b],
         Node::Fma(a, b, c) | Node::Select(a, b, c) => vec![a, b, c],
     }

@@ -89,3 +89,12 @@ __device__ __forceinline__ float fz_group_argmax(float v, u32 i) {
     }
     return i == FZ_NO_INDEX ? __uint_as_float(0x7fc00000u) : (float)i;
 }
+
+// Gather: table[index] with the index truncated toward zero; NaN for a NaN, negative or
+// out-of-range index (the bounds are checked here, so no index reads outside the table).
+template <typename T>
+__device__ __forceinline__ float fz_gather(const T* __restrict__ table, u64 len, float index) {
+    if (!(index >= 0.0f) || !(index < 18446744073709551616.0f)) return __uint_as_float(0x7fc00000u);
+    const u64 k = (u64)index;
+    return k < len ? to_f32(table[k]) : __uint_as_float(0x7fc00000u);
+}
