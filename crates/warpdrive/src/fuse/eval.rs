@@ -1,85 +1,23 @@
-//! Evaluating an expression: the program on the CPU backend, or its generated kernel,
-//! compiled once per structure and launched on the lean path, on a GPU.
-//!
-//! Generated sources are interned for the life of the process, one per signature (a
-//! `KernelSource` must be `'static` to live in the device's kernel table and the occupancy
-//! cache like the embedded sources; its module stays loaded on the device anyway). The PTX
-//! goes through the kernel floor's cache, on disk too, so a later process skips NVRTC.
+//! Evaluating an expression: the program on the CPU backend, or its generated kernel on a
+//! GPU, compiled once per structure (`registry.rs`), loaded from its cubin (the kernel
+//! floor's cache, on disk too, so a later process skips NVRTC and the JIT) and launched on
+//! the lean path.
 
-use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
-
-use parking_lot::Mutex;
-use xxhash_rust::xxh3::xxh3_64;
+use std::sync::Arc;
 
 use crate::device::Stream;
-use crate::dtype::{DTypeKind, Float};
+use crate::dtype::Float;
 use crate::error::{Error, Result};
-use crate::kernels::{self, Arch, KernelSource, PtxCache, FUSE_OPS};
+use crate::kernels::{self, Arch, PtxCache};
 use crate::memory::{check_len, Buffer};
 use crate::ops::{fill_grid, float_index, launch, Args};
 
 use super::codegen::{
-    self, BLOCK, KERNEL_ALL, KERNEL_FILTER, KERNEL_MAP, KERNEL_ROWS_BLOCK, KERNEL_ROWS_WARP,
-    WARP_ROW_MAX,
+    self, BLOCK, KERNEL_ALL, KERNEL_MAP, KERNEL_ROWS_BLOCK, KERNEL_ROWS_WARP, WARP_ROW_MAX,
 };
 use super::expr::Expr;
 use super::program::{Mode, Op, Program};
-
-/// Interned sources by signature, and the signature behind each module name (so two
-/// signatures whose hashes collide get different names).
-#[derive(Default)]
-struct Registry {
-    by_signature: HashMap<String, &'static KernelSource>,
-    by_name: HashMap<&'static str, String>,
-}
-
-fn registry() -> &'static Mutex<Registry> {
-    static R: OnceLock<Mutex<Registry>> = OnceLock::new();
-    R.get_or_init(Default::default)
-}
-
-/// The interned source of `prog`'s kernel with output `O` (a map kernel for blocks of 256).
-pub(crate) fn kernel_source<O: Float>(prog: &Program<'_>) -> &'static KernelSource {
-    kernel_source_for(prog, O::KIND, &prog.signature(O::KIND), BLOCK)
-}
-
-/// The interned source of `prog`'s kernel with output `out` whose signature is `sig`, its map
-/// kernel bounded for blocks of `block` threads.
-pub(crate) fn kernel_source_for(
-    prog: &Program<'_>,
-    out: DTypeKind,
-    sig: &str,
-    block: u32,
-) -> &'static KernelSource {
-    let key = if block == BLOCK {
-        sig.to_string()
-    } else {
-        format!("{sig};b:{block}")
-    };
-    let mut reg = registry().lock();
-    if let Some(s) = reg.by_signature.get(&key) {
-        return s;
-    }
-    let hash = xxh3_64(key.as_bytes());
-    let mut name = format!("fuse-{hash:016x}");
-    let mut n = 1;
-    while reg.by_name.contains_key(name.as_str()) {
-        n += 1;
-        name = format!("fuse-{hash:016x}-{n}");
-    }
-    let code = codegen::source(prog, out, &key, block);
-    // Interned for the process's life (see the module docs): one per distinct structure.
-    let name: &'static str = Box::leak(name.into_boxed_str());
-    let src: &'static KernelSource = Box::leak(Box::new(KernelSource {
-        name,
-        code: Box::leak(code.into_boxed_str()),
-        shared: Some(&FUSE_OPS),
-    }));
-    reg.by_name.insert(name, key.clone());
-    reg.by_signature.insert(key, src);
-    src
-}
+use super::registry::{kernel_source, kernel_source_for};
 
 impl<'a> Expr<'a> {
     /// Evaluates into a new buffer of `O` (f32, f16 or bf16) with the expression's shape
@@ -115,54 +53,6 @@ impl<'a> Expr<'a> {
             |()| Ok(()),
             |(), q| kernels::load_cubin_fresh(q.gpu, cache, kernel_source::<O>(&prog), name),
         )
-    }
-
-    /// Stream compaction (TransformFilter): the elements of this expression (row-major over
-    /// the shape it and `keep` broadcast to) where `keep` is not 0 (NaN counts as not 0), in
-    /// order, into the front of `out`, and their number into `count[0]`, in one pass on a GPU
-    /// (a single-pass scan with decoupled look-back). `out` holds at least as many elements as
-    /// that shape; its elements past the count are left as they were.
-    pub fn filter_into<O: Float>(
-        &self,
-        keep: impl Into<Expr<'a>>,
-        stream: &Stream,
-        out: &mut Buffer<O>,
-        count: &mut Buffer<u32>,
-    ) -> Result<()> {
-        let keep = keep.into();
-        let prog = Program::with_roots(&[self, &keep])?;
-        run_filter(&prog, stream, out, count)
-    }
-
-    /// [`filter_into`](Self::filter_into) into a new buffer, waiting for the count: the kept
-    /// elements are the buffer's first `count`.
-    pub fn filter<O: Float>(
-        &self,
-        keep: impl Into<Expr<'a>>,
-        stream: &Stream,
-    ) -> Result<(Buffer<O>, usize)> {
-        let keep = keep.into();
-        let prog = Program::with_roots(&[self, &keep])?;
-        let mut out = Buffer::uninit(stream, prog.len())?;
-        let mut count = Buffer::<u32>::zeros(stream, 1)?;
-        run_filter(&prog, stream, &mut out, &mut count)?;
-        let n = count.to_host(stream)?.first().copied().unwrap_or(0);
-        Ok((out, n as usize))
-    }
-
-    /// The CUDA C of the kernel of [`filter_into`](Self::filter_into) with predicate `keep`.
-    pub fn filter_source<O: Float>(&self, keep: &Expr<'a>) -> Result<String> {
-        let prog = Program::with_roots(&[self, keep])?;
-        float_index::<O>("fuse output")?;
-        Ok(kernel_source::<O>(&prog).code.to_string())
-    }
-
-    /// The PTX of the kernel of [`filter_into`](Self::filter_into) with predicate `keep`,
-    /// compiled for `arch` through the kernel cache (needs NVRTC, not a GPU).
-    pub fn filter_ptx<O: Float>(&self, keep: &Expr<'a>, arch: Arch) -> Result<Arc<str>> {
-        let prog = Program::with_roots(&[self, keep])?;
-        float_index::<O>("fuse output")?;
-        PtxCache::global().ptx(kernel_source::<O>(&prog), arch)
     }
 
     /// The PTX of this expression's kernel with output type `O`, compiled by NVRTC for `arch`
@@ -219,7 +109,7 @@ impl<'a> Expr<'a> {
 
 /// The kernel arguments every generated kernel starts with: its inputs, then each gather
 /// table and its length.
-fn input_args(prog: &Program<'_>) -> Args {
+pub(super) fn input_args(prog: &Program<'_>) -> Args {
     let mut args = Args::new();
     for input in &prog.inputs {
         args = args.ptr(input.buf.device_ptr());
@@ -233,7 +123,7 @@ fn input_args(prog: &Program<'_>) -> Args {
 /// Checks the inputs against the program's space (streams, and the elements each class
 /// reads: the shapes were checked as the graph was built; this keeps the launch's bounds a
 /// fact checked here).
-fn check_inputs(prog: &Program<'_>, stream: &Stream) -> Result<()> {
+pub(super) fn check_inputs(prog: &Program<'_>, stream: &Stream) -> Result<()> {
     for t in &prog.tables {
         t.buf.check_stream(stream)?;
     }
@@ -248,76 +138,6 @@ fn check_inputs(prog: &Program<'_>, stream: &Stream) -> Result<()> {
         }
     }
     Ok(())
-}
-
-fn run_filter<O: Float>(
-    prog: &Program<'_>,
-    stream: &Stream,
-    out: &mut Buffer<O>,
-    count: &mut Buffer<u32>,
-) -> Result<()> {
-    float_index::<O>("fuse output")?;
-    check_inputs(prog, stream)?;
-    out.check_stream(stream, "fuse filter")?;
-    count.check_stream(stream, "fuse filter")?;
-    check_len("fuse filter (count)", count.len(), 1)?;
-    let n = prog.len();
-    if out.len() < n {
-        return Err(Error::InvalidArgument(format!(
-            "fuse filter: an output of {} elements for up to {n} kept",
-            out.len()
-        )));
-    }
-    if u32::try_from(n).is_err() {
-        return Err(Error::InvalidArgument(format!(
-            "fuse filter: {n} elements; the count is a u32"
-        )));
-    }
-    stream.run(
-        (out, count),
-        |(out, count)| {
-            let kept = super::cpu::filter(prog, out.host_view_mut()?)?;
-            count.host_view_mut()?[0] = kept as u32;
-            Ok(())
-        },
-        |(out, count), q| {
-            if n == 0 {
-                return crate::ops::fill(stream, count, 0u32);
-            }
-            let src = kernel_source::<O>(prog);
-            kernels::function_from_cubin(q.gpu, src, KERNEL_FILTER)?;
-            let w = codegen::width(prog, O::KIND);
-            let tile = BLOCK as u64 * codegen::FILTER_VECS * w;
-            let tiles = (n as u64).div_ceil(tile);
-            let grid = u32::try_from(tiles)
-                .ok()
-                .filter(|&g| g <= i32::MAX as u32)
-                .ok_or_else(|| {
-                    Error::InvalidArgument(format!("fuse filter: {n} elements need too many tiles"))
-                })?;
-            // Tile states, then the next tile's number: zeroed.
-            let states = Buffer::<u64>::zeros(stream, tiles as usize + 1)?;
-            let mut args = input_args(prog);
-            args = args
-                .buf(out)
-                .buf(&states)
-                .buf(count)
-                .u64(n as u64)
-                .u64(prog.space.cols as u64);
-            for &c in &prog.consts {
-                args = args.f32(c);
-            }
-            // SAFETY: fuse_filter(inputs..., tables..., O* out, u64* tiles, u32* count, u64 n, u64 cols,
-            // consts...) as generated from this program: the inputs hold what their classes read
-            // over the space of n elements (checked above), `out` at least n elements of O,
-            // `tiles` one zeroed word per tile of this grid and one for the tile counter, `count`
-            // one u32; one float per constant. The states stay alive until the kernel has run
-            // (the pool hands freed blocks out again in stream order).
-            let launched = unsafe { launch(q, (src, KERNEL_FILTER), grid, BLOCK, 0, args) };
-            drop(states);
-            launched
-        },
-    )
 }
 
 /// A map program's launch with blocks of `block` threads (a tuning's candidate), after the
@@ -337,24 +157,26 @@ pub(crate) fn run_with_block<O: Float>(
             "fuse: a block size for a program that is not a non-empty map".into(),
         ));
     }
-    map_launch(prog, stream, out, &prog.signature(O::KIND), block)
+    map_launch(prog, stream, out, &prog.signature(O::KIND), Some(block))
 }
 
-/// Launches a checked, non-empty map program's kernel with blocks of `block` threads, its grid
-/// enough blocks to fill every SM (as `fill_grid`, for this block) and no more than the
-/// elements need.
+/// Launches a checked, non-empty map program's kernel with blocks of `block` threads (by
+/// default the tuned block: `tune.rs`), its grid enough blocks to fill every SM (as
+/// `fill_grid`, for this block) and no more than the elements need.
 fn map_launch<O: Float>(
     prog: &Program<'_>,
     stream: &Stream,
     out: &mut Buffer<O>,
     sig: &str,
-    block: u32,
+    block: Option<u32>,
 ) -> Result<()> {
     let n = prog.len() as u64;
     stream.run(
         out,
         |out| super::cpu::eval(prog, out.host_view_mut()?),
         |out, q| {
+            let block =
+                block.unwrap_or_else(|| super::tune::block_for(stream, sig, O::KIND, n as usize));
             let src = kernel_source_for(prog, O::KIND, sig, block);
             let f = kernels::function_from_cubin(q.gpu, src, KERNEL_MAP)?;
             let per_block = block as u64 * codegen::width(prog, O::KIND) * codegen::unroll(prog);
@@ -384,13 +206,7 @@ fn run<O: Float>(prog: &Program<'_>, stream: &Stream, out: &mut Buffer<O>) -> Re
         return Ok(());
     }
     if prog.mode == Mode::Map {
-        let sig = prog.signature(O::KIND);
-        let block = if stream.device().is_cuda() {
-            super::tune::block_for(stream, &sig, O::KIND, n)
-        } else {
-            BLOCK
-        };
-        return map_launch(prog, stream, out, &sig, block);
+        return map_launch(prog, stream, out, &prog.signature(O::KIND), None);
     }
     let space = prog.space;
     stream.run(

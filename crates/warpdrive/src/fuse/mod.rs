@@ -71,7 +71,9 @@ mod codegen;
 mod cpu;
 mod eval;
 mod expr;
+mod filter;
 mod program;
+mod registry;
 mod tune;
 
 pub use expr::{Expr, Shape};

@@ -71,22 +71,29 @@ impl<'a> Expr<'a> {
     pub fn tune<O: Float>(&self, stream: &Stream) -> Result<u32> {
         let prog = Program::new(self)?;
         float_index::<O>("fuse output")?;
-        if prog.mode != Mode::Map || !stream.device().is_cuda() || prog.len() == 0 {
+        if prog.mode != Mode::Map || prog.len() == 0 {
             return Ok(BLOCK);
         }
         let n = prog.len();
         let sig = prog.signature(O::KIND);
-        let mut out = Buffer::<O>::uninit(stream, n)?;
-        let best = autotune(
-            stream,
-            &kernel_name(&sig),
-            O::KIND,
-            n,
-            &BLOCK_CANDIDATES,
-            |s, &block| super::eval::run_with_block(&prog, s, &mut out, block),
-        )?;
-        chosen().lock().insert(slot(&sig, n, stream), best);
-        Ok(best)
+        stream.run(
+            (),
+            // The CPU backend has no block size.
+            |()| Ok(BLOCK),
+            |(), _| {
+                let mut out = Buffer::<O>::uninit(stream, n)?;
+                let best = autotune(
+                    stream,
+                    &kernel_name(&sig),
+                    O::KIND,
+                    n,
+                    &BLOCK_CANDIDATES,
+                    |s, &block| super::eval::run_with_block(&prog, s, &mut out, block),
+                )?;
+                chosen().lock().insert(slot(&sig, n, stream), best);
+                Ok(best)
+            },
+        )
     }
 }
 
@@ -114,7 +121,8 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("wd-fuse-tune-{}", std::process::id()));
         let cache = PtxCache::at(&dir);
         for block in BLOCK_CANDIDATES {
-            let src = super::super::eval::kernel_source_for(&prog, DTypeKind::BF16, &sig, block);
+            let src =
+                super::super::registry::kernel_source_for(&prog, DTypeKind::BF16, &sig, block);
             assert!(src.code.contains(&format!("__launch_bounds__({block})")));
             let ptx = cache.ptx(src, Arch::SM_90A).unwrap();
             assert!(ptx.contains(&format!(".maxntid {block}")), "{block}");
