@@ -774,6 +774,14 @@ fn generated_kernels_compile_with_nvrtc() {
             true,
         ),
     ];
+    // Every declared architecture (a device picks its own or the highest below it).
+    for arch in ["sm_75", "sm_80", "sm_90"].map(|a| Arch::parse(a).expect("an arch name")) {
+        let e = &graphs[1].1;
+        let ptx = e
+            .ptx::<bf16>(arch)
+            .unwrap_or_else(|err| panic!("{arch}: {err}"));
+        assert!(ptx.contains(".entry fuse_map"), "{arch}");
+    }
     for (name, e, vector) in graphs {
         for out in [DTypeKind::F32, DTypeKind::F16, DTypeKind::BF16] {
             let ptx = match out {

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{device_test, poisoned, random_in, rng, seed, TestFloat};
-use half::bf16;
+use half::{bf16, f16};
 use warpdrive::fuse::Expr;
 use warpdrive::kernels::Arch;
 use warpdrive::{Buffer, Device, Error};
@@ -25,7 +25,10 @@ fn filter_body_as<T: TestFloat>(dev: &Device, seed: u64) {
             (&ex * 2.0 + 1.0)
                 .filter_into(ex.lt(t), &s, &mut out, &mut count)
                 .unwrap();
-            let (got, k) = (out.to_host(&s).unwrap(), count.to_host(&s).unwrap()[0] as usize);
+            let (got, k) = (
+                out.to_host(&s).unwrap(),
+                count.to_host(&s).unwrap()[0] as usize,
+            );
             let want: Vec<f64> = xs
                 .iter()
                 .map(|v| v.to_f64())
@@ -40,7 +43,11 @@ fn filter_body_as<T: TestFloat>(dev: &Device, seed: u64) {
                     T::NAME
                 );
             }
-            assert!(got[k..].iter().all(|&g| g == -7.0), "{} n={n} t={t}: wrote past the count", T::NAME);
+            assert!(
+                got[k..].iter().all(|&g| g == -7.0),
+                "{} n={n} t={t}: wrote past the count",
+                T::NAME
+            );
         }
     }
 }
@@ -53,32 +60,52 @@ device_test!(filter_keeps_in_order, gpu_filter_keeps_in_order, |dev| {
 
 // A matrix filtered by a per-row predicate (a column broadcast) and a per-column one (a row
 // broadcast); NaN counts as keep, as in select.
-device_test!(filter_broadcasts_and_nan, gpu_filter_broadcasts_and_nan, |dev| {
-    let s = dev.new_stream().unwrap();
-    let (rows, cols) = (37, 64);
-    let xs: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
-    let flags: Vec<f32> = (0..rows).map(|r| if r % 3 == 0 { 1.0 } else { 0.0 }).collect();
-    let colflags: Vec<f32> = (0..cols).map(|c| if c == 5 { f32::NAN } else if c % 2 == 0 { 1.0 } else { 0.0 }).collect();
-    let (x, f, g) = (
-        Buffer::from_host(&s, &xs).unwrap(),
-        Buffer::from_host(&s, &flags).unwrap(),
-        Buffer::from_host(&s, &colflags).unwrap(),
-    );
-    let m = Expr::matrix(&x, rows, cols);
-    let (got, k) = m.filter::<f32>(Expr::col(&f), &s).unwrap();
-    let want: Vec<f32> = xs.iter().copied().filter(|v| (*v as usize / cols) % 3 == 0).collect();
-    assert_eq!(got.to_host(&s).unwrap()[..k], want[..]);
-    let (got, k) = m.filter::<f32>(Expr::input(&g), &s).unwrap();
-    let want: Vec<f32> = xs
-        .iter()
-        .copied()
-        .filter(|v| {
-            let c = *v as usize % cols;
-            c == 5 || c % 2 == 0
-        })
-        .collect();
-    assert_eq!(got.to_host(&s).unwrap()[..k], want[..]);
-});
+device_test!(
+    filter_broadcasts_and_nan,
+    gpu_filter_broadcasts_and_nan,
+    |dev| {
+        let s = dev.new_stream().unwrap();
+        let (rows, cols) = (37, 64);
+        let xs: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
+        let flags: Vec<f32> = (0..rows)
+            .map(|r| if r % 3 == 0 { 1.0 } else { 0.0 })
+            .collect();
+        let colflags: Vec<f32> = (0..cols)
+            .map(|c| {
+                if c == 5 {
+                    f32::NAN
+                } else if c % 2 == 0 {
+                    1.0
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let (x, f, g) = (
+            Buffer::from_host(&s, &xs).unwrap(),
+            Buffer::from_host(&s, &flags).unwrap(),
+            Buffer::from_host(&s, &colflags).unwrap(),
+        );
+        let m = Expr::matrix(&x, rows, cols);
+        let (got, k) = m.filter::<f32>(Expr::col(&f), &s).unwrap();
+        let want: Vec<f32> = xs
+            .iter()
+            .copied()
+            .filter(|v| (*v as usize / cols) % 3 == 0)
+            .collect();
+        assert_eq!(got.to_host(&s).unwrap()[..k], want[..]);
+        let (got, k) = m.filter::<f32>(Expr::input(&g), &s).unwrap();
+        let want: Vec<f32> = xs
+            .iter()
+            .copied()
+            .filter(|v| {
+                let c = *v as usize % cols;
+                c == 5 || c % 2 == 0
+            })
+            .collect();
+        assert_eq!(got.to_host(&s).unwrap()[..k], want[..]);
+    }
+);
 
 #[test]
 fn filter_checks_its_outputs() {
@@ -94,8 +121,13 @@ fn filter_checks_its_outputs() {
     assert!(ex.filter_into(ex.gt(0.0), &s, &mut out, &mut two).is_err());
     let y = Buffer::from_host(&s, &[1.0f32; 4]).unwrap();
     let r = ex.filter_into(Expr::input(&y).gt(0.0), &s, &mut out, &mut count);
-    assert!(matches!(r, Err(Error::InvalidArgument(m)) if m.contains("[1, 10]") && m.contains("[1, 4]")));
-    assert!(matches!(ex.filter_into(ex.sum(), &s, &mut out, &mut count), Err(Error::Unsupported(_))));
+    assert!(
+        matches!(r, Err(Error::InvalidArgument(m)) if m.contains("[1, 10]") && m.contains("[1, 4]"))
+    );
+    assert!(matches!(
+        ex.filter_into(ex.sum(), &s, &mut out, &mut count),
+        Err(Error::Unsupported(_))
+    ));
 }
 
 #[test]
@@ -105,11 +137,20 @@ fn filter_kernels_compile_with_nvrtc() {
     let x = Buffer::from_host(&s, &[bf16::ONE; 64]).unwrap();
     let c = Buffer::from_host(&s, &[1.0f32; 8]).unwrap();
     let ex = Expr::matrix(&x, 8, 8);
-    for keep in [ex.gt(0.5), Expr::col(&c).gt(0.0), Expr::input(&c).equals(1.0)] {
+    for keep in [
+        ex.gt(0.5),
+        Expr::col(&c).gt(0.0),
+        Expr::input(&c).equals(1.0),
+    ] {
         let src = ex.filter_source::<bf16>(&keep).unwrap();
-        assert!(src.contains("fuse_filter") && src.contains("block_exclusive_scan"), "{src}");
+        assert!(
+            src.contains("fuse_filter") && src.contains("block_exclusive_scan"),
+            "{src}"
+        );
         let ptx = ex.filter_ptx::<f32>(&keep, Arch::SM_90A).unwrap();
         assert!(ptx.contains(".entry fuse_filter"));
         ex.filter_ptx::<bf16>(&keep, Arch::SM_90A).unwrap();
+        ex.filter_ptx::<f16>(&keep, Arch::parse("sm_80").expect("an arch name"))
+            .unwrap();
     }
 }

@@ -358,6 +358,11 @@ fn reduction_kernels_compile_with_nvrtc() {
             ex.argmax_rows().equals(Expr::col(&l)) + ex.max_rows(),
         ),
     ];
+    let sm80 = Arch::parse("sm_80").expect("an arch name");
+    for (name, e) in &graphs {
+        e.ptx::<bf16>(sm80)
+            .unwrap_or_else(|err| panic!("{name} for sm_80: {err}"));
+    }
     for (name, e) in graphs {
         for ptx in [
             e.ptx::<f32>(Arch::SM_90A),
