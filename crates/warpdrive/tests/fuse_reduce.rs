@@ -317,6 +317,79 @@ device_test!(argmax_rows, gpu_argmax_rows, |dev| {
     }
 });
 
+// A row's max and Σ exp(x − max) in one pass on a GPU (online log-sum-exp) give the
+// two-pass values in the special cases too: rows of only -inf, with +inf, with NaN; on warp
+// rows (3 columns) and block rows (1500, padded with -inf, which adds nothing).
+device_test!(
+    log_sum_exp_special_values,
+    gpu_log_sum_exp_special_values,
+    |dev| {
+        let s = dev.new_stream().unwrap();
+        let (inf, nan) = (f32::INFINITY, f32::NAN);
+        let rows: [[f32; 3]; 7] = [
+            [1.0, 2.0, 3.0],
+            [-inf, -inf, -inf],
+            [-inf, 0.0, 1.0],
+            [inf, 0.0, 1.0],
+            [nan, 0.0, 1.0],
+            [1.0, inf, inf],
+            [-80.0, 80.0, 0.5],
+        ];
+        for cols in [3usize, 1500] {
+            let mut xs = Vec::new();
+            for r in &rows {
+                xs.extend_from_slice(r);
+                xs.extend(std::iter::repeat_n(-inf, cols - 3));
+            }
+            let x = Buffer::from_host(&s, &xs).unwrap();
+            let m = Expr::matrix(&x, rows.len(), cols);
+            let mx = m.max_rows();
+            let z = (&m - &mx).exp();
+            let lse = (z.sum_rows().log() + &mx)
+                .eval::<f32>(&s)
+                .unwrap()
+                .to_host(&s)
+                .unwrap();
+            let soft = (&z / z.sum_rows())
+                .eval::<f32>(&s)
+                .unwrap()
+                .to_host(&s)
+                .unwrap();
+            for (i, r) in rows.iter().enumerate() {
+                let row: Vec<f64> = xs[i * cols..(i + 1) * cols]
+                    .iter()
+                    .map(|&v| v as f64)
+                    .collect();
+                let big = row.iter().copied().fold(f64::NEG_INFINITY, |a, v| {
+                    if a.is_nan() || v.is_nan() {
+                        f64::NAN
+                    } else {
+                        a.max(v)
+                    }
+                });
+                let total: f64 = row.iter().map(|v| (v - big).exp()).sum();
+                let want = total.ln() + big;
+                let got = lse[i] as f64;
+                assert!(
+                    (got.is_nan() && want.is_nan())
+                        || got == want
+                        || (got - want).abs() <= 1e-6 * (1.0 + want.abs()),
+                    "cols {cols}, row {r:?}: log-sum-exp {got} vs {want}"
+                );
+                for j in 0..cols {
+                    let want = (row[j] - big).exp() / total;
+                    let got = soft[i * cols + j] as f64;
+                    assert!(
+                        (got.is_nan() && want.is_nan())
+                            || (got - want).abs() <= 2e-6 * want.abs() + 1e-12,
+                        "cols {cols}, row {r:?}, col {j}: softmax {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+);
+
 #[test]
 fn unsupported_nestings_are_errors() {
     let s = Device::cpu().new_stream().unwrap();

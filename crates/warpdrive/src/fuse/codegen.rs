@@ -26,7 +26,7 @@ use std::fmt::Write;
 use crate::dtype::DTypeKind;
 use crate::ops::Activation;
 
-use super::expr::{Binary, Reduce, Unary};
+use super::expr::{Axis, Binary, Reduce, Unary};
 use super::program::{Class, Mode, Op, Program};
 
 /// Threads per block (every kernel's `__launch_bounds__`).
@@ -115,9 +115,8 @@ pub(crate) fn source(prog: &Program<'_>, out: DTypeKind, signature: &str, block:
     let _ = writeln!(s, "{ARCHS}");
     let _ = writeln!(s, "// warpdrive fuse: {signature}");
     let root = prog.roots.first().copied().unwrap_or(0);
-    let all_reduces: Vec<usize> = (1..=prog.depth())
-        .flat_map(|l| prog.reductions_at(l))
-        .collect();
+    let stages = Stages::new(prog);
+    let all_reduces = stages.all();
     // fz_final: the result.
     let _ = writeln!(
         s,
@@ -126,25 +125,32 @@ pub(crate) fn source(prog: &Program<'_>, out: DTypeKind, signature: &str, block:
     );
     statements(&mut s, prog, &prog.needed(&[root]));
     let _ = writeln!(s, "    return t{root};\n}}");
-    // fz_stage<L>: the level-L reductions' operands into their accumulators.
+    // fz_stage<L>: the operands of the reductions of pass L into their accumulators.
     for level in 1..=prog.depth() {
-        let mine = prog.reductions_at(level);
-        let earlier: Vec<usize> = all_reduces
-            .iter()
-            .copied()
-            .filter(|&k| prog.levels[k] < level)
-            .collect();
+        let mine = stages.at(level);
+        if mine.is_empty() {
+            continue;
+        }
         let _ = writeln!(
             s,
             "__device__ __forceinline__ void fz_stage{level}({}) {{",
-            params(prog, &earlier, &mine).join(", ")
+            params(prog, &stages.before(level), &mine).join(", ")
         );
-        let operands: Vec<usize> = mine.iter().map(|&k| operand(prog, k)).collect();
+        let operands: Vec<usize> = mine
+            .iter()
+            .filter(|&&k| !stages.is_online_sum(k))
+            .map(|&k| operand(prog, k))
+            .collect();
         statements(&mut s, prog, &prog.needed(&operands));
         for &k in &mine {
             match prog.ops[k] {
+                _ if stages.is_online_sum(k) => {}
                 Op::Reduce(Reduce::ArgMax, _, a) => {
                     let _ = writeln!(s, "    fz_arg_step(a{k}, i{k}, t{a}, (u32)ci);");
+                }
+                Op::Reduce(_, _, a) if stages.online_sum_of(k).is_some() => {
+                    let sum = stages.online_sum_of(k).unwrap_or(k);
+                    let _ = writeln!(s, "    fz_lse_step(a{k}, a{sum}, t{a});");
                 }
                 Op::Reduce(r, _, a) => {
                     let _ = writeln!(s, "    a{k} = {}(a{k}, t{a});", combiner(r).0);
@@ -172,6 +178,83 @@ pub(crate) fn source(prog: &Program<'_>, out: DTypeKind, signature: &str, block:
         Mode::All => all_kernel(&mut s, prog, out, &all_reduces),
     }
     s
+}
+
+/// Which pass computes each reduction: its level, except that a row sum of `exp(a − max(a))`
+/// joins the pass of that max (`max(a)` over the same operand): an online log-sum-exp
+/// (`fz_lse_step`) gives both in one pass over the row, so a softmax's or a cross-entropy's
+/// normalizer costs one read of the row, not two.
+struct Stages {
+    /// (max, sum) pairs computed online.
+    online: Vec<(usize, usize)>,
+    /// Reductions by pass (index = level).
+    passes: Vec<Vec<usize>>,
+}
+
+impl Stages {
+    fn new(prog: &Program<'_>) -> Stages {
+        let mut online: Vec<(usize, usize)> = Vec::new();
+        if prog.mode == Mode::Rows {
+            for (k, op) in prog.ops.iter().enumerate() {
+                let Op::Reduce(Reduce::Sum, Axis::Rows, e) = *op else {
+                    continue;
+                };
+                let Op::Unary(Unary::Exp, d) = prog.ops[e] else {
+                    continue;
+                };
+                let Op::Binary(Binary::Sub, a, m) = prog.ops[d] else {
+                    continue;
+                };
+                if prog.ops[m] == Op::Reduce(Reduce::Max, Axis::Rows, a)
+                    && !online.iter().any(|&(pm, _)| pm == m)
+                {
+                    online.push((m, k));
+                }
+            }
+        }
+        let mut passes = vec![Vec::new(); prog.depth() as usize + 1];
+        for (k, op) in prog.ops.iter().enumerate() {
+            if matches!(op, Op::Reduce(..)) {
+                let level = match online.iter().find(|&&(_, sum)| sum == k) {
+                    Some(&(max, _)) => prog.levels[max],
+                    None => prog.levels[k],
+                };
+                if let Some(p) = passes.get_mut(level as usize) {
+                    p.push(k);
+                }
+            }
+        }
+        Stages { online, passes }
+    }
+
+    /// The reductions of pass `level`.
+    fn at(&self, level: u32) -> Vec<usize> {
+        self.passes.get(level as usize).cloned().unwrap_or_default()
+    }
+
+    /// The reductions of the passes before `level`.
+    fn before(&self, level: u32) -> Vec<usize> {
+        self.passes
+            .iter()
+            .take(level as usize)
+            .flatten()
+            .copied()
+            .collect()
+    }
+
+    /// Every reduction, pass by pass.
+    fn all(&self) -> Vec<usize> {
+        self.passes.iter().flatten().copied().collect()
+    }
+
+    fn is_online_sum(&self, k: usize) -> bool {
+        self.online.iter().any(|&(_, sum)| sum == k)
+    }
+
+    /// The sum computed online with max `k`.
+    fn online_sum_of(&self, k: usize) -> Option<usize> {
+        self.online.iter().find(|&&(max, _)| max == k).map(|&(_, sum)| sum)
+    }
 }
 
 fn operand(prog: &Program<'_>, k: usize) -> usize {
@@ -470,13 +553,13 @@ fn rows_kernel(s: &mut String, prog: &Program<'_>, out: DTypeKind, reduces: &[us
             .collect(),
         col: "(float)c",
     };
+    let stages = Stages::new(prog);
     for level in 1..=prog.depth() {
-        let mine = prog.reductions_at(level);
-        let earlier: Vec<usize> = reduces
-            .iter()
-            .copied()
-            .filter(|&k| prog.levels[k] < level)
-            .collect();
+        let mine = stages.at(level);
+        if mine.is_empty() {
+            continue;
+        }
+        let earlier = stages.before(level);
         let _ = writeln!(s, "        {{");
         for &k in &mine {
             if let Op::Reduce(r, _, _) = prog.ops[k] {
@@ -508,6 +591,14 @@ fn rows_kernel(s: &mut String, prog: &Program<'_>, out: DTypeKind, reduces: &[us
         let _ = writeln!(s, "            }}");
         for &k in &mine {
             match prog.ops[k] {
+                _ if stages.is_online_sum(k) => {}
+                _ if stages.online_sum_of(k).is_some() => {
+                    let sum = stages.online_sum_of(k).unwrap_or(k);
+                    let _ = writeln!(
+                        s,
+                        "            fz_group_lse<WARP>(a{k}, a{sum}, cols); r{k} = a{k}; r{sum} = a{sum};"
+                    );
+                }
                 Op::Reduce(Reduce::ArgMax, _, _) => {
                     let _ = writeln!(s, "            r{k} = fz_group_argmax<WARP>(a{k}, i{k});");
                 }

@@ -402,13 +402,6 @@ impl<'a> Program<'a> {
         need
     }
 
-    /// The reductions of `level`.
-    pub(crate) fn reductions_at(&self, level: u32) -> Vec<usize> {
-        (0..self.ops.len())
-            .filter(|&k| matches!(self.ops[k], Op::Reduce(..)) && self.levels[k] == level)
-            .collect()
-    }
-
     /// The structural key of this program's kernel with output type `out`: equal for graphs
     /// that compile to the same kernel.
     pub(crate) fn signature(&self, out: DTypeKind) -> String {

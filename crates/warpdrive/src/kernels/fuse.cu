@@ -98,3 +98,62 @@ __device__ __forceinline__ float fz_gather(const T* __restrict__ table, u64 len,
     const u64 k = (u64)index;
     return k < len ? to_f32(table[k]) : __uint_as_float(0x7fc00000u);
 }
+
+// Online log-sum-exp: a row's max m and s = Σ exp(x - m) in one pass (a max and the sum of
+// exp(x - max) over the same operand fused), giving the two-pass values, special cases
+// included: any NaN makes both NaN; +inf makes m = inf and s = NaN (exp(inf - inf)); -inf
+// elements add nothing, and a non-empty row of only -inf gets s = NaN (fz_group_lse).
+__device__ __forceinline__ void fz_lse_step(float& m, float& s, float x) {
+    if (x != x) { m = x; s = x; return; }
+    if (x == fz_neg_inf()) return;
+    if (x > m) {  // false once m is NaN
+        s = (m == fz_neg_inf() ? 0.0f : s * expf(m - x)) + (x == fz_pos_inf() ? __uint_as_float(0x7fc00000u) : 1.0f);
+        m = x;
+    } else {
+        s += expf(x - m);
+    }
+}
+// (m, s) merged with (m2, s2); symmetric, so every lane of a butterfly gets the same result.
+__device__ __forceinline__ void fz_lse_merge(float& m, float& s, float m2, float s2) {
+    if (m != m || m2 != m2) { m = __uint_as_float(0x7fc00000u); s = m; return; }
+    const float mx = m > m2 ? m : m2;
+    if (mx == fz_neg_inf()) { s = s + s2; return; }
+    const float a = m == fz_neg_inf() ? 0.0f : s * expf(m - mx);
+    const float b = m2 == fz_neg_inf() ? 0.0f : s2 * expf(m2 - mx);
+    s = a + b;
+    m = mx;
+}
+// The row's (m, s) over its group (a warp, or the whole block) of `count` elements; every
+// thread gets it. Ends with a barrier in the block form.
+template <bool WARP>
+__device__ __forceinline__ void fz_group_lse(float& m, float& s, u64 count) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+        const float s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        fz_lse_merge(m, s, m2, s2);
+    }
+    if (!WARP) {
+        __shared__ float ms[32], ss[32];
+        __shared__ float rm, rs;
+        const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+        if (lane == 0) { ms[warp] = m; ss[warp] = s; }
+        __syncthreads();
+        if (warp == 0) {
+            m = lane < warps ? ms[lane] : fz_neg_inf();
+            s = lane < warps ? ss[lane] : 0.0f;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+                const float s2 = __shfl_xor_sync(0xffffffffu, s, o);
+                fz_lse_merge(m, s, m2, s2);
+            }
+            if (lane == 0) { rm = m; rs = s; }
+        }
+        __syncthreads();
+        m = rm;
+        s = rs;
+        __syncthreads();
+    }
+    if (m == fz_neg_inf() && count > 0) s = __uint_as_float(0x7fc00000u);
+}
