@@ -187,10 +187,12 @@ fn map_launch<O: Float>(
             for &c in &prog.consts {
                 args = args.f32(c);
             }
-            // SAFETY: fuse_map(const I_k* in_k..., (const T_j* g_j, u64 len_j)..., O* out, u64 n, u64 cols, float c_j...) as
-            // generated from this program with __launch_bounds__(block): one pointer per input of
-            // its element type holding what its class reads over the n-element space (checked
-            // by the caller), `out` holding n elements of O, one float per constant.
+            // SAFETY: fuse_map(const I_k* in_k..., (const T_j* g_j, u64 len_j)..., O* out, u64 n,
+            // u64 cols, float c_j...) as generated from this program with
+            // __launch_bounds__(block): one pointer per input of its element type holding what
+            // its class reads over the n-element space (checked by the caller), each gather table
+            // with its length (the kernel checks every index against it), `out` holding n
+            // elements of O, one float per constant.
             unsafe { launch(q, (src, KERNEL_MAP), grid, block, 0, args) }
         },
     )

@@ -124,9 +124,10 @@ fn run_filter<O: Float>(
             for &c in &prog.consts {
                 args = args.f32(c);
             }
-            // SAFETY: fuse_filter(inputs..., tables..., O* out, u64* tiles, u32* count, u64 n, u64 cols,
-            // consts...) as generated from this program: the inputs hold what their classes read
-            // over the space of n elements (checked above), `out` at least n elements of O,
+            // SAFETY: fuse_filter(inputs..., tables..., O* out, u64* tiles, u32* count, u64 n,
+            // u64 cols, consts...) as generated from this program: the inputs hold what their
+            // classes read over the space of n elements (checked above), each gather table comes
+            // with its length (the kernel checks indices), `out` at least n elements of O,
             // `tiles` one zeroed word per tile of this grid and one for the tile counter, `count`
             // one u32; one float per constant. The states stay alive until the kernel has run
             // (the pool hands freed blocks out again in stream order).
