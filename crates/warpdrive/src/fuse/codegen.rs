@@ -42,6 +42,34 @@ pub(crate) const FILTER_VECS: u64 = 2;
 /// Rows at most this long get a warp each; longer ones a block.
 pub(crate) const WARP_ROW_MAX: usize = 1024;
 
+/// Which kernels a generated source holds beyond its mode's: the map kernel's block (a tuned
+/// block size is its own source), or one of the two row kernels (a launch compiles only the
+/// one it needs; `Both`, for showing and compile tests, holds both).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Flavor {
+    /// Every kernel of the mode, the map kernel for blocks of [`BLOCK`].
+    Both,
+    /// The map kernel for blocks of this many threads.
+    MapBlock(u32),
+    /// Only `fuse_rows_warp`.
+    RowsWarp,
+    /// Only `fuse_rows_block`.
+    RowsBlock,
+}
+
+impl Flavor {
+    /// What the registry key adds to the signature (nothing for the default).
+    pub(crate) fn key(self) -> String {
+        match self {
+            Flavor::Both => String::new(),
+            Flavor::MapBlock(b) if b == BLOCK => String::new(),
+            Flavor::MapBlock(b) => format!(";b:{b}"),
+            Flavor::RowsWarp => ";rows:warp".into(),
+            Flavor::RowsBlock => ";rows:block".into(),
+        }
+    }
+}
+
 /// The architectures generated kernels are built for (as `elementwise.cu`).
 const ARCHS: &str = "// archs: sm_75 sm_80 sm_90 sm_90a";
 
@@ -110,7 +138,12 @@ struct Call<'s> {
 
 /// The kernel source (without the prelude and the `fuse.cu` fragment, which the kernel cache
 /// prepends); `signature` goes in a comment.
-pub(crate) fn source(prog: &Program<'_>, out: DTypeKind, signature: &str, block: u32) -> String {
+pub(crate) fn source(
+    prog: &Program<'_>,
+    out: DTypeKind,
+    signature: &str,
+    flavor: Flavor,
+) -> String {
     let mut s = String::with_capacity(8192);
     let _ = writeln!(s, "{ARCHS}");
     let _ = writeln!(s, "// warpdrive fuse: {signature}");
@@ -173,8 +206,14 @@ pub(crate) fn source(prog: &Program<'_>, out: DTypeKind, signature: &str, block:
         return s;
     }
     match prog.mode {
-        Mode::Map => map_kernel(&mut s, prog, out, block),
-        Mode::Rows => rows_kernel(&mut s, prog, out, &all_reduces),
+        Mode::Map => {
+            let block = match flavor {
+                Flavor::MapBlock(b) => b,
+                _ => BLOCK,
+            };
+            map_kernel(&mut s, prog, out, block)
+        }
+        Mode::Rows => rows_kernel(&mut s, prog, out, &all_reduces, flavor),
         Mode::All => all_kernel(&mut s, prog, out, &all_reduces),
     }
     s
@@ -253,7 +292,10 @@ impl Stages {
 
     /// The sum computed online with max `k`.
     fn online_sum_of(&self, k: usize) -> Option<usize> {
-        self.online.iter().find(|&&(max, _)| max == k).map(|&(_, sum)| sum)
+        self.online
+            .iter()
+            .find(|&&(max, _)| max == k)
+            .map(|&(_, sum)| sum)
     }
 }
 
@@ -500,7 +542,13 @@ fn row_vector_loads(s: &mut String, prog: &Program<'_>, pad: &str) {
     }
 }
 
-fn rows_kernel(s: &mut String, prog: &Program<'_>, out: DTypeKind, reduces: &[usize]) {
+fn rows_kernel(
+    s: &mut String,
+    prog: &Program<'_>,
+    out: DTypeKind,
+    reduces: &[usize],
+    flavor: Flavor,
+) {
     let w = width(prog, out);
     let ot = ctype(out);
     let per_element = prog.shape.cols != 1;
@@ -662,7 +710,12 @@ fn rows_kernel(s: &mut String, prog: &Program<'_>, out: DTypeKind, reduces: &[us
         .chain(["out".into(), "rows".into(), "cols".into()])
         .chain((0..prog.consts.len()).map(|c| format!("c{c}")))
         .collect();
-    for (name, warp) in [(KERNEL_ROWS_WARP, "true"), (KERNEL_ROWS_BLOCK, "false")] {
+    let kernels: &[(&str, &str)] = match flavor {
+        Flavor::RowsWarp => &[(KERNEL_ROWS_WARP, "true")],
+        Flavor::RowsBlock => &[(KERNEL_ROWS_BLOCK, "false")],
+        _ => &[(KERNEL_ROWS_WARP, "true"), (KERNEL_ROWS_BLOCK, "false")],
+    };
+    for &(name, warp) in kernels {
         let _ = writeln!(
             s,
             "extern \"C\" __global__ void __launch_bounds__({BLOCK}) {name}({kp}) {{ fz_rows<{warp}>({}); }}",

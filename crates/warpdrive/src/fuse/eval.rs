@@ -13,7 +13,7 @@ use crate::memory::{check_len, Buffer};
 use crate::ops::{fill_grid, float_index, launch, Args};
 
 use super::codegen::{
-    self, BLOCK, KERNEL_ALL, KERNEL_MAP, KERNEL_ROWS_BLOCK, KERNEL_ROWS_WARP, WARP_ROW_MAX,
+    self, Flavor, BLOCK, KERNEL_ALL, KERNEL_MAP, KERNEL_ROWS_BLOCK, KERNEL_ROWS_WARP, WARP_ROW_MAX,
 };
 use super::expr::Expr;
 use super::program::{Mode, Op, Program};
@@ -43,15 +43,12 @@ impl<'a> Expr<'a> {
     pub fn load_fresh<O: Float>(&self, stream: &Stream, cache: &PtxCache) -> Result<()> {
         let prog = Program::new(self)?;
         float_index::<O>("fuse output")?;
-        let name = match prog.mode {
-            Mode::Map => KERNEL_MAP,
-            Mode::Rows => KERNEL_ROWS_WARP,
-            Mode::All => KERNEL_ALL,
-        };
+        let (name, flavor) = launched(&prog);
+        let src = kernel_source_for(&prog, O::KIND, &prog.signature(O::KIND), flavor);
         stream.run(
             (),
             |()| Ok(()),
-            |(), q| kernels::load_cubin_fresh(q.gpu, cache, kernel_source::<O>(&prog), name),
+            |(), q| kernels::load_cubin_fresh(q.gpu, cache, src, name),
         )
     }
 
@@ -78,21 +75,19 @@ impl<'a> Expr<'a> {
             (),
             |()| Ok(()),
             |(), q| {
-                let src = if prog.mode == Mode::Map && prog.len() > 0 {
-                    let sig = prog.signature(O::KIND);
-                    let block = super::tune::block_for(stream, &sig, O::KIND, prog.len());
-                    kernel_source_for(&prog, O::KIND, &sig, block)
-                } else {
-                    kernel_source::<O>(&prog)
+                let sig = prog.signature(O::KIND);
+                let (name, flavor) = match launched(&prog) {
+                    (name, Flavor::Both) if prog.mode == Mode::Map && prog.len() > 0 => {
+                        let block = super::tune::block_for(stream, &sig, O::KIND, prog.len());
+                        (name, Flavor::MapBlock(block))
+                    }
+                    other => other,
                 };
-                let names: &[&'static str] = match prog.mode {
-                    Mode::Map => &[KERNEL_MAP],
-                    Mode::Rows => &[KERNEL_ROWS_WARP, KERNEL_ROWS_BLOCK],
-                    Mode::All => &[KERNEL_ALL],
-                };
-                for name in names {
-                    kernels::function_from_cubin(q.gpu, src, name)?;
-                }
+                kernels::function_from_cubin(
+                    q.gpu,
+                    kernel_source_for(&prog, O::KIND, &sig, flavor),
+                    name,
+                )?;
                 Ok(())
             },
         )
@@ -177,7 +172,7 @@ fn map_launch<O: Float>(
         |out, q| {
             let block =
                 block.unwrap_or_else(|| super::tune::block_for(stream, sig, O::KIND, n as usize));
-            let src = kernel_source_for(prog, O::KIND, sig, block);
+            let src = kernel_source_for(prog, O::KIND, sig, Flavor::MapBlock(block));
             let f = kernels::function_from_cubin(q.gpu, src, KERNEL_MAP)?;
             let per_block = block as u64 * codegen::width(prog, O::KIND) * codegen::unroll(prog);
             let full = q.gpu.sm_count() as u64 * q.gpu.resident_blocks(&f, block, 0)? as u64;
@@ -198,6 +193,17 @@ fn map_launch<O: Float>(
     )
 }
 
+/// The kernel a launch of `prog` runs and the source flavor that holds it (the map kernel's
+/// block is chosen at the launch).
+fn launched(prog: &Program<'_>) -> (&'static str, Flavor) {
+    match prog.mode {
+        Mode::Map => (KERNEL_MAP, Flavor::Both),
+        Mode::Rows if prog.space.cols <= WARP_ROW_MAX => (KERNEL_ROWS_WARP, Flavor::RowsWarp),
+        Mode::Rows => (KERNEL_ROWS_BLOCK, Flavor::RowsBlock),
+        Mode::All => (KERNEL_ALL, Flavor::Both),
+    }
+}
+
 fn run<O: Float>(prog: &Program<'_>, stream: &Stream, out: &mut Buffer<O>) -> Result<()> {
     float_index::<O>("fuse output")?;
     check_inputs(prog, stream)?;
@@ -215,7 +221,8 @@ fn run<O: Float>(prog: &Program<'_>, stream: &Stream, out: &mut Buffer<O>) -> Re
         out,
         |out| super::cpu::eval(prog, out.host_view_mut()?),
         |out, q| {
-            let src = kernel_source::<O>(prog);
+            let (_, flavor) = launched(prog);
+            let src = kernel_source_for(prog, O::KIND, &prog.signature(O::KIND), flavor);
             let w = codegen::width(prog, O::KIND);
             let (rows, cols) = (space.rows as u64, space.cols as u64);
             let mut args = input_args(prog);

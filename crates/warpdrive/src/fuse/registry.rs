@@ -13,7 +13,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use crate::dtype::{DTypeKind, Float};
 use crate::kernels::{KernelSource, FUSE_OPS};
 
-use super::codegen::{self, BLOCK};
+use super::codegen::{self, Flavor};
 use super::program::Program;
 
 /// Interned sources by signature, and the signature behind each module name (so two
@@ -29,24 +29,21 @@ fn registry() -> &'static Mutex<Registry> {
     R.get_or_init(Default::default)
 }
 
-/// The interned source of `prog`'s kernel with output `O` (a map kernel for blocks of 256).
+/// The interned source of every kernel of `prog` with output `O` (the map kernel for blocks
+/// of 256).
 pub(crate) fn kernel_source<O: Float>(prog: &Program<'_>) -> &'static KernelSource {
-    kernel_source_for(prog, O::KIND, &prog.signature(O::KIND), BLOCK)
+    kernel_source_for(prog, O::KIND, &prog.signature(O::KIND), Flavor::Both)
 }
 
-/// The interned source of `prog`'s kernel with output `out` whose signature is `sig`, its map
-/// kernel bounded for blocks of `block` threads.
+/// The interned source of the kernels `flavor` names of `prog` with output `out`, whose
+/// signature is `sig`.
 pub(crate) fn kernel_source_for(
     prog: &Program<'_>,
     out: DTypeKind,
     sig: &str,
-    block: u32,
+    flavor: Flavor,
 ) -> &'static KernelSource {
-    let key = if block == BLOCK {
-        sig.to_string()
-    } else {
-        format!("{sig};b:{block}")
-    };
+    let key = format!("{sig}{}", flavor.key());
     let mut reg = registry().lock();
     if let Some(s) = reg.by_signature.get(&key) {
         return s;
@@ -58,7 +55,7 @@ pub(crate) fn kernel_source_for(
         n += 1;
         name = format!("fuse-{hash:016x}-{n}");
     }
-    let code = codegen::source(prog, out, &key, block);
+    let code = codegen::source(prog, out, &key, flavor);
     // Interned for the process's life (see the module docs): one per distinct structure.
     let name: &'static str = Box::leak(name.into_boxed_str());
     let src: &'static KernelSource = Box::leak(Box::new(KernelSource {
@@ -69,4 +66,36 @@ pub(crate) fn kernel_source_for(
     reg.by_name.insert(name, key.clone());
     reg.by_signature.insert(key, src);
     src
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::Device;
+    use crate::fuse::Expr;
+    use crate::kernels::{Arch, PtxCache};
+    use crate::memory::Buffer;
+
+    #[test]
+    #[ignore = "needs NVRTC: eval $(scripts/setup-nvrtc)"]
+    fn each_row_kernel_compiles_alone() {
+        let s = Device::cpu().new_stream().unwrap();
+        let x = Buffer::from_host(&s, &[half::bf16::ONE; 64]).unwrap();
+        let m = Expr::matrix(&x, 8, 8);
+        let z = (&m - m.max_rows()).exp();
+        let prog = Program::new(&(&z / z.sum_rows())).unwrap();
+        let sig = prog.signature(DTypeKind::F32);
+        let dir = std::env::temp_dir().join(format!("wd-fuse-rows-{}", std::process::id()));
+        let cache = PtxCache::at(&dir);
+        for (flavor, mine, other) in [
+            (Flavor::RowsWarp, "fuse_rows_warp", "fuse_rows_block"),
+            (Flavor::RowsBlock, "fuse_rows_block", "fuse_rows_warp"),
+        ] {
+            let src = kernel_source_for(&prog, DTypeKind::F32, &sig, flavor);
+            let ptx = cache.ptx(src, Arch::SM_90A).unwrap();
+            assert!(ptx.contains(&format!(".entry {mine}")), "{flavor:?}");
+            assert!(!ptx.contains(&format!(".entry {other}")), "{flavor:?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

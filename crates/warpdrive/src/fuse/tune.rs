@@ -121,8 +121,12 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("wd-fuse-tune-{}", std::process::id()));
         let cache = PtxCache::at(&dir);
         for block in BLOCK_CANDIDATES {
-            let src =
-                super::super::registry::kernel_source_for(&prog, DTypeKind::BF16, &sig, block);
+            let src = super::super::registry::kernel_source_for(
+                &prog,
+                DTypeKind::BF16,
+                &sig,
+                super::super::codegen::Flavor::MapBlock(block),
+            );
             assert!(src.code.contains(&format!("__launch_bounds__({block})")));
             let ptx = cache.ptx(src, Arch::SM_90A).unwrap();
             assert!(ptx.contains(&format!(".maxntid {block}")), "{block}");
