@@ -4,12 +4,13 @@
 //!   m = n = k = `size` (4096 on CUDA).
 //! - `gemm-bias-gelu-residual-bf16`: the same `+ r` (an m×n residual).
 //!
-//! Variants: `warpdrive-fused` (the GEMM through cuBLAS into bf16, then the whole epilogue as
-//! one generated kernel: bias broadcast along rows, GELU, residual, one read and one write of
-//! the product), `warpdrive-unfused` (the GEMM, then one kernel per epilogue op). The
-//! epilogue is not inside the GEMM: cuBLASLt's own bias-GELU epilogue (where it exists) is
-//! the peer's `torch-addmm-activation` row (`torch._addmm_activation`), beside `torch-eager`
-//! and `torch-compile` (`bench/peers/fuse.py`). TFLOP/s count the GEMM's 2·m·n·k and cite
+//! Variants: `warpdrive-cublaslt` (no residual: `fuse::matmul_epilogue`, one cuBLASLt matmul
+//! with its GELU_BIAS epilogue inside the GEMM), `warpdrive-fused` (the GEMM through cuBLAS
+//! into bf16, then the whole epilogue as one generated kernel: bias broadcast along rows,
+//! GELU, residual, one read and one write of the product), `warpdrive-unfused` (the GEMM,
+//! then one kernel per epilogue op). The peer (`bench/peers/fuse.py`) gives `torch-eager`,
+//! `torch-compile` and `torch-addmm-activation` (`torch._addmm_activation`: cuBLASLt's own
+//! bias-GELU epilogue, as PyTorch calls it). TFLOP/s count the GEMM's 2·m·n·k and cite
 //! `gemm_bf16_tflops`.
 
 use half::bf16;
@@ -17,7 +18,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use warpdrive::error::Result;
-use warpdrive::fuse::Expr;
+use warpdrive::fuse::{matmul_epilogue, Epilogue, Expr};
 use warpdrive::memory::Buffer;
 use warpdrive::ops::{self, Activation, BinaryOp, Map};
 
@@ -83,6 +84,26 @@ pub(crate) fn run_cases(ctx: &mut Ctx, warmup: usize, reps: usize) -> Result<()>
             "epilogue".into(),
             "one generated kernel after the cuBLAS GEMM".into(),
         );
+        if !residual {
+            // The epilogue inside the GEMM: one cuBLASLt matmul (fuse::matmul_epilogue).
+            let epi = Epilogue::bias(&bias, Activation::GeluTanh);
+            let mut us = time_gpu(&stream, warmup, reps, |s| {
+                matmul_epilogue(s, &a, &b, (d, d, d), &epi, &mut out)
+            })?;
+            let row = ctx.record_flops(
+                case,
+                d as u64,
+                "warpdrive-cublaslt",
+                &mut us,
+                flops,
+                Some(Ceiling::GemmBf16),
+            )?;
+            row.extra.insert("kernels".into(), 1.into());
+            row.extra.insert(
+                "epilogue".into(),
+                "cuBLASLt GELU_BIAS inside the GEMM (fuse::matmul_epilogue)".into(),
+            );
+        }
         let mut us = time_gpu(&stream, warmup, reps, |s| {
             ops::gemm::matmul(s, &a, &b, &mut c, (d, d, d))?;
             (Expr::matrix(&c, d, d) + &bias).eval_into(s, &mut t)?;
@@ -128,5 +149,9 @@ mod tests {
                 assert!(row.tflops.is_some_and(|t| t > 0.0));
             }
         }
+        assert!(ctx
+            .rows()
+            .iter()
+            .any(|r| r.case == "gemm-bias-gelu-bf16" && r.variant == "warpdrive-cublaslt"));
     }
 }

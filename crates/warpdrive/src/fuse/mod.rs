@@ -29,6 +29,9 @@
 //! - Filters (TransformFilter): [`filter_into`](Expr::filter_into) keeps the elements where a
 //!   predicate holds, in order, and counts them, in one pass (a single-pass scan with
 //!   decoupled look-back), the count left on the device.
+//! - MatrixOps: [`matmul_epilogue`], a GEMM with its epilogue (bias, activation, residual):
+//!   inside one cuBLASLt matmul where cuBLASLt has the epilogue (bias with GELU or none, bf16
+//!   or f16), else the GEMM and one generated epilogue kernel.
 //! - Code generation ([`Expr::source`] shows it): CUDA C with 16-byte vector accesses when
 //!   the pointers are aligned (a scalar loop for the rest), `__restrict__`,
 //!   `__launch_bounds__(256)`, a grid-stride loop over a grid that fills the chip.
@@ -72,10 +75,12 @@ mod cpu;
 mod eval;
 mod expr;
 mod filter;
+mod matrix;
 mod program;
 mod registry;
 mod tune;
 
 pub use expr::{Expr, Shape};
+pub use matrix::{matmul_epilogue, Epilogue};
 pub use program::MAX_OPS;
 pub use tune::BLOCK_CANDIDATES;

@@ -8,6 +8,7 @@
 use super::{cpu, sysfs};
 
 mod blas;
+mod blaslt;
 mod context;
 mod exit;
 mod graph;
@@ -23,6 +24,7 @@ mod resident;
 mod stream;
 
 pub(crate) use blas::GemmCall;
+pub(crate) use blaslt::BiasGemm;
 pub(crate) use context::opened;
 pub(crate) use context::thread_is_capturing;
 pub use context::CudaDevice;
