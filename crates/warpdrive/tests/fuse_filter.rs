@@ -52,17 +52,21 @@ fn filter_body_as<T: TestFloat>(dev: &Device, seed: u64) {
     }
 }
 
-device_test!(filter_keeps_in_order, gpu_filter_keeps_in_order, |dev| {
-    let seed = seed("filter_keeps_in_order");
-    filter_body_as::<f32>(dev, seed);
-    filter_body_as::<bf16>(dev, seed);
-});
+device_test!(
+    filter_keeps_in_order,
+    gpu_smem_filter_keeps_in_order,
+    |dev| {
+        let seed = seed("filter_keeps_in_order");
+        filter_body_as::<f32>(dev, seed);
+        filter_body_as::<bf16>(dev, seed);
+    }
+);
 
 // A matrix filtered by a per-row predicate (a column broadcast) and a per-column one (a row
 // broadcast); NaN counts as keep, as in select.
 device_test!(
     filter_broadcasts_and_nan,
-    gpu_filter_broadcasts_and_nan,
+    gpu_smem_filter_broadcasts_and_nan,
     |dev| {
         let s = dev.new_stream().unwrap();
         let (rows, cols) = (37, 64);

@@ -90,7 +90,7 @@ fn whole_body_as<T: TestFloat>(dev: &Device, seed: u64) {
 
 device_test!(
     whole_reductions_with_epilogues,
-    gpu_whole_reductions_with_epilogues,
+    gpu_smem_whole_reductions_with_epilogues,
     |dev| {
         let seed = seed("whole_reductions_with_epilogues");
         whole_body_as::<f32>(dev, seed);
@@ -101,7 +101,7 @@ device_test!(
 
 device_test!(
     reductions_propagate_nan,
-    gpu_reductions_propagate_nan,
+    gpu_smem_reductions_propagate_nan,
     |dev| {
         let s = dev.new_stream().unwrap();
         let mut v: Vec<f32> = (0..5000).map(|i| (i % 17) as f32 - 8.0).collect();
@@ -204,7 +204,7 @@ fn rows_body(dev: &Device) {
     }
 }
 
-device_test!(row_reductions, gpu_row_reductions, rows_body);
+device_test!(row_reductions, gpu_smem_row_reductions, rows_body);
 
 /// Softmax over rows (two levels of reduction, a result per element) and the softmax
 /// cross-entropy per row with integer labels picked by column index, in bf16 and f32.
@@ -259,7 +259,7 @@ fn softmax_body_as<T: TestFloat>(dev: &Device) {
 
 device_test!(
     softmax_and_cross_entropy,
-    gpu_softmax_and_cross_entropy,
+    gpu_smem_softmax_and_cross_entropy,
     |dev| {
         softmax_body_as::<f32>(dev);
         softmax_body_as::<bf16>(dev);
@@ -268,7 +268,7 @@ device_test!(
 
 // Argmax per row: random rows (warp and block rows), ties to the first, NaN winning, -inf
 // rows, empty rows; and fused with what follows (is the argmax the label?).
-device_test!(argmax_rows, gpu_argmax_rows, |dev| {
+device_test!(argmax_rows, gpu_smem_argmax_rows, |dev| {
     let s = dev.new_stream().unwrap();
     let mut r = rng(seed("argmax_rows"));
     for (rows, cols) in [(1, 1), (7, 5), (40, 64), (9, 1000), (5, 3001), (3, 0)] {
@@ -322,7 +322,7 @@ device_test!(argmax_rows, gpu_argmax_rows, |dev| {
 // rows (3 columns) and block rows (1500, padded with -inf, which adds nothing).
 device_test!(
     log_sum_exp_special_values,
-    gpu_log_sum_exp_special_values,
+    gpu_smem_log_sum_exp_special_values,
     |dev| {
         let s = dev.new_stream().unwrap();
         let (inf, nan) = (f32::INFINITY, f32::NAN);
