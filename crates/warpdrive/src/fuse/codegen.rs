@@ -82,13 +82,22 @@ fn ctype(k: DTypeKind) -> &'static str {
     }
 }
 
-/// Elements per vector access: 16 bytes of the widest type.
+/// Elements per vector access: 16 bytes of the widest type among the streamed inputs and the
+/// output where it is written by vectors (a map's, a row result per element); a reduction's
+/// or a filter's output does not narrow the loads.
 pub(crate) fn width(prog: &Program<'_>, out: DTypeKind) -> u64 {
+    let out_streamed = prog.roots.len() == 1
+        && match prog.mode {
+            Mode::Map => true,
+            Mode::Rows => prog.shape.cols != 1,
+            Mode::All => false,
+        };
     let widest = prog
         .inputs
         .iter()
+        .filter(|i| matches!(i.class, Class::Full | Class::Row))
         .map(|i| i.kind.size())
-        .chain([out.size()])
+        .chain(out_streamed.then(|| out.size()))
         .max()
         .unwrap_or(4)
         .max(1);
