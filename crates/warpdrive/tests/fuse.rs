@@ -773,6 +773,16 @@ fn generated_kernels_compile_with_nvrtc() {
             ex.cast::<f16>().cast::<bf16>().cast::<f32>() + 1.0,
             true,
         ),
+        (
+            "gather",
+            Expr::gather(&h, (ex.abs() * 100.0).min(1000.0)) + &ex,
+            true,
+        ),
+        (
+            "gather-rows",
+            Expr::gather(&x, Expr::col(&col) * 32.0 + Expr::col_index(32)) * &m,
+            true,
+        ),
     ];
     // Every declared architecture (a device picks its own or the highest below it).
     for arch in ["sm_75", "sm_80", "sm_90"].map(|a| Arch::parse(a).expect("an arch name")) {

@@ -141,10 +141,12 @@ fn filter_kernels_compile_with_nvrtc() {
     let x = Buffer::from_host(&s, &[bf16::ONE; 64]).unwrap();
     let c = Buffer::from_host(&s, &[1.0f32; 8]).unwrap();
     let ex = Expr::matrix(&x, 8, 8);
+    let gathered = Expr::gather(&c, Expr::col_index(8)).gt(0.0);
     for keep in [
         ex.gt(0.5),
         Expr::col(&c).gt(0.0),
         Expr::input(&c).equals(1.0),
+        gathered,
     ] {
         let src = ex.filter_source::<bf16>(&keep).unwrap();
         assert!(

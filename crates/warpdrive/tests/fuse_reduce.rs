@@ -430,6 +430,14 @@ fn reduction_kernels_compile_with_nvrtc() {
             "argmax",
             ex.argmax_rows().equals(Expr::col(&l)) + ex.max_rows(),
         ),
+        (
+            "gather-rows",
+            Expr::gather(&b, Expr::col_index(8)).sum_rows() + Expr::gather(&x, Expr::col(&l)),
+        ),
+        (
+            "gather-all",
+            Expr::gather(&b, ex.abs() * 4.0).sum() / ex.reduce_max(),
+        ),
     ];
     let sm80 = Arch::parse("sm_80").expect("an arch name");
     for (name, e) in &graphs {

@@ -321,6 +321,10 @@ fn params(prog: &Program<'_>, results: &[usize], accs: &[usize]) -> Vec<String> 
     let mut p: Vec<String> = (0..prog.inputs.len())
         .map(|i| format!("float x{i}"))
         .collect();
+    for (j, t) in prog.tables.iter().enumerate() {
+        p.push(format!("const {}* __restrict__ g{j}", ctype(t.kind)));
+        p.push(format!("u64 gl{j}"));
+    }
     p.push("float ci".into());
     p.extend((0..prog.consts.len()).map(|c| format!("float c{c}")));
     p.extend(results.iter().map(|k| format!("float r{k}")));
