@@ -112,6 +112,15 @@ pub(super) fn filter_kernel(s: &mut String, prog: &Program<'_>, out: DTypeKind) 
         s,
         "    const u32 before = block_exclusive_scan(mine, &total);"
     );
+    // The kept values into shared memory in order (the scan ended with a barrier), so the
+    // tile's output is written by consecutive threads to consecutive addresses below.
+    let _ = writeln!(s, "    __shared__ {ot} staged[{BLOCK} * V * W];");
+    let _ = writeln!(s, "    u32 o = before;");
+    let _ = writeln!(s, "#pragma unroll");
+    let _ = writeln!(
+        s,
+        "    for (int j = 0; j < V * W; ++j) if (keep[j]) staged[o++] = from_f32<{ot}>(val[j]);"
+    );
     let _ = writeln!(s, "    if (threadIdx.x == 0) {{");
     let _ = writeln!(s, "        volatile u64* state = (volatile u64*)tiles;");
     let _ = writeln!(s, "        u64 prefix = 0;");
@@ -138,11 +147,9 @@ pub(super) fn filter_kernel(s: &mut String, prog: &Program<'_>, out: DTypeKind) 
     );
     let _ = writeln!(s, "    }}");
     let _ = writeln!(s, "    __syncthreads();");
-    let _ = writeln!(s, "    u64 at = prefix_s + before;");
-    let _ = writeln!(s, "#pragma unroll");
     let _ = writeln!(
         s,
-        "    for (int j = 0; j < V * W; ++j) if (keep[j]) out[at++] = from_f32<{ot}>(val[j]);"
+        "    for (u32 i = threadIdx.x; i < total; i += blockDim.x) out[prefix_s + i] = staged[i];"
     );
     let _ = writeln!(s, "}}");
 }
