@@ -114,6 +114,11 @@ pub(super) fn filter_kernel(s: &mut String, prog: &Program<'_>, out: DTypeKind) 
     );
     // The kept values into shared memory in order (the scan ended with a barrier), so the
     // tile's output is written by consecutive threads to consecutive addresses below.
+    // The tile's count first, so tiles behind it can look back past it while it stages.
+    let _ = writeln!(
+        s,
+        "    if (threadIdx.x == 0 && tile != 0) ((volatile u64*)tiles)[tile] = AGG | total;"
+    );
     let _ = writeln!(s, "    __shared__ {ot} staged[{BLOCK} * V * W];");
     let _ = writeln!(s, "    u32 o = before;");
     let _ = writeln!(s, "#pragma unroll");
@@ -125,7 +130,6 @@ pub(super) fn filter_kernel(s: &mut String, prog: &Program<'_>, out: DTypeKind) 
     let _ = writeln!(s, "        volatile u64* state = (volatile u64*)tiles;");
     let _ = writeln!(s, "        u64 prefix = 0;");
     let _ = writeln!(s, "        if (tile != 0) {{");
-    let _ = writeln!(s, "            state[tile] = AGG | total;");
     let _ = writeln!(s, "            for (u64 t = tile - 1;; --t) {{");
     let _ = writeln!(s, "                u64 word;");
     let _ = writeln!(
