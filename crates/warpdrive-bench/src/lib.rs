@@ -20,6 +20,8 @@ mod ceilings;
 mod derived;
 mod dist;
 mod exec;
+mod fuse;
+mod fuse_gemm;
 mod kernels;
 pub mod memory;
 pub mod moe;
@@ -118,6 +120,15 @@ static SUITES: &[Suite] = &[
                 16-byte loads), the fused MoE router (bf16), GEMM through cuBLAS (bf16 8192³; 40 \
                 f32 256³ looped vs strided-batched) and kernel launch cost (builder, lean, graph)",
         run: run_kernels_suite,
+    },
+    Suite {
+        name: fuse::SUITE,
+        about: "kernel fusion: chains of 2, 5 and 10 elementwise ops and two activations over \
+                256 MiB (f32, bf16) as one generated kernel vs one kernel per op vs the copy \
+                ceiling; first NVRTC compile and cached start (peer: torch eager and \
+                torch.compile); softmax cross-entropy; filters at 1 % and 50 %; \
+                bf16 4096³ GEMM + bias + GELU (+ residual) with a fused epilogue kernel",
+        run: fuse::run_suite,
     },
     Suite {
         name: transfer::SUITE,

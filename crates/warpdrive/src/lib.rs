@@ -36,7 +36,7 @@
 //! `moe_safetensors` (an MoE layer from a safetensors file).
 //!
 //! Floors (nothing imports upward): `device` + `kernels` → `memory` → `ops`, `exec`,
-//! `transfer` → `telemetry` → `moe`, `actor`, `tier`, `dist`. The benchmark harness lives in the
+//! `transfer` → `telemetry`, `fuse` → `moe`, `actor`, `tier`, `dist`. The benchmark harness lives in the
 //! `warpdrive-bench` crate, above this one.
 
 pub mod actor;
@@ -46,6 +46,7 @@ pub mod dtype;
 pub mod error;
 pub mod exec;
 pub mod files;
+pub mod fuse;
 pub mod kernels;
 pub mod memory;
 pub mod moe;

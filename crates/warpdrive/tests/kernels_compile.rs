@@ -78,3 +78,36 @@ fn the_disk_cache_serves_a_second_start_and_repairs_corruption() {
     assert_eq!(fourth.compiles(), 0, "repaired file was not rewritten");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+#[ignore = "needs NVRTC: eval $(scripts/setup-nvrtc)"]
+fn cubins_are_cached_on_disk_beside_the_ptx() {
+    let dir = temp_cache("cubin");
+    let source = SOURCES[0];
+    let arch = *source.archs().unwrap().last().unwrap();
+
+    let first = PtxCache::at(&dir);
+    let cubin = first.cubin(source, arch).unwrap();
+    assert_eq!(&cubin[..4], b"\x7fELF", "not machine code");
+    assert_eq!(first.compiles(), 1);
+    // The same compile gave the PTX.
+    first.ptx(source, arch).unwrap();
+    assert_eq!(first.compiles(), 1, "the PTX was compiled again");
+
+    // A new cache on the folder (a new process) reads the cubin, not NVRTC.
+    let second = PtxCache::at(&dir);
+    assert_eq!(*second.cubin(source, arch).unwrap(), *cubin);
+    assert_eq!(second.compiles(), 0, "second start compiled again");
+
+    // A corrupt file is detected and compiled anew.
+    let ptx_file = second.path_for(source, arch).unwrap().unwrap();
+    let file = ptx_file.with_extension("cubin");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x55;
+    std::fs::write(&file, &bytes).unwrap();
+    let third = PtxCache::at(&dir);
+    assert_eq!(*third.cubin(source, arch).unwrap(), *cubin);
+    assert_eq!(third.compiles(), 1, "corrupt cubin was not recompiled");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -34,9 +34,11 @@ pub use cuda::CudaDevice;
 pub(crate) use cuda::CudaDevice as Gpu;
 pub use cuda::RELEASE_AT_EXIT;
 pub(crate) use cuda::{at_exit, release_at_exit};
-pub(crate) use cuda::{compile_options, compile_ptx, nvrtc_version};
+pub(crate) use cuda::{compile_image, compile_options, compile_ptx, nvrtc_version};
 pub(crate) use cuda::{nccl_group, nccl_unique_id, NcclCall, NcclComm, NcclReduce, NCCL_ID_BYTES};
-pub(crate) use cuda::{Function, GemmCall, GpuStream, GraphExec, LaunchMode, ResidentGuard};
+pub(crate) use cuda::{
+    BiasGemm, Function, GemmCall, GpuStream, GraphExec, LaunchMode, ResidentGuard,
+};
 pub(crate) use shared_words::SharedWords;
 use state::DeviceState;
 pub(crate) use state::Slot;

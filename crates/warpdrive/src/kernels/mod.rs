@@ -177,6 +177,15 @@ pub static MOE_DECODE: KernelSource = KernelSource {
     shared: Some(&MOE_SHARED),
 };
 
+/// The operations of the kernels the `fuse` module generates (max and min that keep NaN,
+/// select, activations, rounding casts): a fragment prepended to each of them, not in
+/// [`SOURCES`] (the fuse tests compile it with every generated kernel).
+pub static FUSE_OPS: KernelSource = KernelSource {
+    name: "fuse_ops",
+    code: include_str!("fuse.cu"),
+    shared: None,
+};
+
 /// Every embedded source (the compile test builds each for each declared architecture).
 pub static SOURCES: &[&KernelSource] = &[
     &BASIC,
@@ -326,6 +335,8 @@ pub struct PtxCache {
     compiles: AtomicUsize,
     /// Set when a write to `dir` failed (and was reported): later compiles stay in memory.
     unwritable: AtomicBool,
+    /// Cubins (machine code for one architecture) by key, beside the PTX.
+    cubins: Mutex<HashMap<String, Arc<[u8]>>>,
 }
 
 /// PTX held in memory, and whether this cache compiled it (else it came from disk).
@@ -353,6 +364,7 @@ impl PtxCache {
             memory: Mutex::new(HashMap::new()),
             compiles: AtomicUsize::new(0),
             unwritable: AtomicBool::new(false),
+            cubins: Mutex::new(HashMap::new()),
         }
     }
 
@@ -495,19 +507,57 @@ impl PtxCache {
         Ok(entry.ptx)
     }
 
-    /// Runs NVRTC; a rejected source returns its log.
-    pub fn compile(&self, source: &KernelSource, arch: Arch) -> Result<String> {
+    /// The cubin of `source` for `arch` (machine code the driver loads without a JIT; only a
+    /// device of exactly `arch` runs it): from memory, else disk (`<key>.cubin` beside the
+    /// PTX, checksummed like it), else NVRTC, which gives the PTX too (kept as [`ptx`] would).
+    ///
+    /// [`ptx`]: Self::ptx
+    pub fn cubin(&self, source: &KernelSource, arch: Arch) -> Result<Arc<[u8]>> {
+        let key = self.key(source, arch)?;
+        if let Some(c) = self.cubins.lock().get(&key) {
+            return Ok(c.clone());
+        }
+        let file = self.dir.as_ref().map(|d| d.join(format!("{key}.cubin")));
+        if let Some(bytes) = file.as_deref().and_then(read_cached_bytes) {
+            let c: Arc<[u8]> = bytes.into();
+            self.cubins.lock().insert(key, c.clone());
+            return Ok(c);
+        }
         nvrtc_version()?;
         self.compiles.fetch_add(1, Ordering::Relaxed);
+        let (ptx, cubin) = crate::device::compile_image(source.name, self.full_text(source), arch)?;
+        self.keep(&key, ptx.into());
+        if let Some(file) = file.filter(|_| !self.unwritable.load(Ordering::Relaxed)) {
+            if let Err(e) = write_atomic_bytes(&file, &cubin) {
+                if !self.unwritable.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "kernel cache folder cannot be written ({e}); compiled kernels stay in memory"
+                    );
+                }
+            }
+        }
+        let c: Arc<[u8]> = cubin.into();
+        self.cubins.lock().insert(key, c.clone());
+        Ok(c)
+    }
+
+    /// The whole text NVRTC compiles for `source`: the prelude, its fragment, its code.
+    fn full_text(&self, source: &KernelSource) -> String {
         let shared = source
             .shared
             .map(|f| format!("#line 1 \"{}.cu\"\n{}\n", f.name, f.code))
             .unwrap_or_default();
-        let text = format!(
+        format!(
             "{PRELUDE}\n{shared}#line 1 \"{}.cu\"\n{}",
             source.name, source.code
-        );
-        crate::device::compile_ptx(source.name, text, arch)
+        )
+    }
+
+    /// Runs NVRTC; a rejected source returns its log.
+    pub fn compile(&self, source: &KernelSource, arch: Arch) -> Result<String> {
+        nvrtc_version()?;
+        self.compiles.fetch_add(1, Ordering::Relaxed);
+        crate::device::compile_ptx(source.name, self.full_text(source), arch)
     }
 }
 
@@ -531,6 +581,82 @@ fn read_cached(path: &Path) -> Option<String> {
         tracing::warn!("PTX cache file {} is corrupt; recompiling", path.display());
     }
     valid.then(|| body.to_string())
+}
+
+const CUBIN_HEADER: &str = "// warpdrive-cubin v1";
+
+/// A cached cubin's bytes when its header checksum matches; `None` (recompile) otherwise.
+fn read_cached_bytes(path: &Path) -> Option<Vec<u8>> {
+    let data = std::fs::read(path).ok()?;
+    let split = data.iter().position(|&b| b == b'\n')?;
+    let (header, body) = (
+        std::str::from_utf8(&data[..split]).ok()?,
+        &data[split + 1..],
+    );
+    let mut words = header.strip_prefix(CUBIN_HEADER)?.split_whitespace();
+    let sum = words.next()?.strip_prefix("fnv=")?;
+    let len: usize = words.next()?.strip_prefix("len=")?.parse().ok()?;
+    let valid = body.len() == len && sum == format!("{:016x}", fnv1a(&[body]));
+    if !valid {
+        tracing::warn!(
+            "cubin cache file {} is corrupt; recompiling",
+            path.display()
+        );
+    }
+    valid.then(|| body.to_vec())
+}
+
+/// Writes a cubin with its checksum header, atomically (as [`write_atomic`]).
+fn write_atomic_bytes(path: &Path, cubin: &[u8]) -> Result<()> {
+    let mut data = format!(
+        "{CUBIN_HEADER} fnv={:016x} len={}\n",
+        fnv1a(&[cubin]),
+        cubin.len()
+    )
+    .into_bytes();
+    data.extend_from_slice(cubin);
+    crate::files::write_atomic(path, &data)
+}
+
+/// Kernel `name` of `source` on `gpu`, loaded from its cubin (no JIT: the cubin is cached on
+/// disk, so a later process starts from it) when `source` is built for the device's own
+/// architecture, else, or when the cubin does not load, from PTX as [`function`].
+pub(crate) fn function_from_cubin(
+    gpu: &Gpu,
+    source: &'static KernelSource,
+    name: &'static str,
+) -> Result<Function> {
+    gpu.function(source.name, name, || {
+        let arch = source.arch_for(gpu.arch())?;
+        if arch == gpu.arch() {
+            match PtxCache::global()
+                .cubin(source, arch)
+                .and_then(|c| gpu.load_module_image(&c))
+            {
+                Ok(m) => return Ok(m),
+                Err(e) if e.is_device_lost() => return Err(e),
+                Err(e) => tracing::warn!(
+                    "the cubin of kernel {} did not load ({e}); loading its PTX",
+                    source.name
+                ),
+            }
+        }
+        PtxCache::global().load(source, arch, |ptx| gpu.load_module(ptx))
+    })
+}
+
+/// Loads `source`'s cubin for the device's architecture from `cache` into a module of its
+/// own (not the device's table), gets kernel `name` from it, and drops both: what a new
+/// process pays before its first launch of the kernel (NVRTC when `cache` has no cubin).
+pub(crate) fn load_cubin_fresh(
+    gpu: &Gpu,
+    cache: &PtxCache,
+    source: &KernelSource,
+    name: &str,
+) -> Result<()> {
+    let arch = source.arch_for(gpu.arch())?;
+    let module = gpu.load_module_image(&cache.cubin(source, arch)?)?;
+    gpu.generated_function(&module, name).map(|_| ())
 }
 
 /// Writes `ptx` with its checksum header to a temp file and renames it into place, so a

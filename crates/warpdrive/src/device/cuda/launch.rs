@@ -106,6 +106,17 @@ impl CudaDevice {
         self.check("cuModuleLoadData", r).map(Module)
     }
 
+    /// Loads a cubin (machine code built for this device's architecture) on this device: no
+    /// JIT, unlike PTX.
+    pub(crate) fn load_module_image(&self, cubin: &[u8]) -> Result<Module> {
+        self.bind()?;
+        let r = self
+            .inner
+            .ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin.to_vec()));
+        self.check("cuModuleLoadData", r).map(Module)
+    }
+
     /// How many blocks of `block` threads (with `shared_bytes` of dynamic shared memory) of
     /// `f` fit on one SM at once (at least 1), from the driver's occupancy calculator;
     /// cached per kernel and shape. Grid-stride kernels launch SMs × this.

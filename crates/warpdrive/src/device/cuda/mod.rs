@@ -8,6 +8,7 @@
 use super::{cpu, sysfs};
 
 mod blas;
+mod blaslt;
 mod context;
 mod exit;
 mod graph;
@@ -23,6 +24,7 @@ mod resident;
 mod stream;
 
 pub(crate) use blas::GemmCall;
+pub(crate) use blaslt::BiasGemm;
 pub(crate) use context::opened;
 pub(crate) use context::thread_is_capturing;
 pub use context::CudaDevice;
@@ -33,7 +35,7 @@ pub(crate) use launch::{Function, LaunchMode};
 pub(crate) use libraries::{cufile_loads, device_count, library_statuses};
 pub(crate) use memory::AsyncMemPool;
 pub(crate) use nccl::{nccl_group, nccl_unique_id, NcclCall, NcclComm, NcclReduce, NCCL_ID_BYTES};
-pub(crate) use nvrtc::{compile_options, compile_ptx, nvrtc_version};
+pub(crate) use nvrtc::{compile_image, compile_options, compile_ptx, nvrtc_version};
 pub use probe::ReferenceLaunches;
 pub(crate) use resident::{MappedWords, ResidentGuard};
 pub(crate) use stream::{GpuEvent, GpuStream};

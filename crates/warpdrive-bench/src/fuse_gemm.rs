@@ -1,0 +1,157 @@
+//! The `fuse` suite's MatrixOps cases: a bf16 GEMM with its epilogue.
+//!
+//! - `gemm-bias-gelu-bf16`: `gelu_tanh(a·b + bias)`, `a` m×k, `b` k×n, `bias` one per column,
+//!   m = n = k = `size` (4096 on CUDA).
+//! - `gemm-bias-gelu-residual-bf16`: the same `+ r` (an m×n residual).
+//!
+//! Variants: `warpdrive-cublaslt` (no residual: `fuse::matmul_epilogue`, one cuBLASLt matmul
+//! with its GELU_BIAS epilogue inside the GEMM), `warpdrive-fused` (the GEMM through cuBLAS
+//! into bf16, then the whole epilogue as one generated kernel: bias broadcast along rows,
+//! GELU, residual, one read and one write of the product), `warpdrive-unfused` (the GEMM,
+//! then one kernel per epilogue op). The peer (`bench/peers/fuse.py`) gives `torch-eager`,
+//! `torch-compile` and `torch-addmm-activation` (`torch._addmm_activation`: cuBLASLt's own
+//! bias-GELU epilogue, as PyTorch calls it). TFLOP/s count the GEMM's 2·m·n·k and cite
+//! `gemm_bf16_tflops`.
+
+use half::bf16;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use warpdrive::error::Result;
+use warpdrive::fuse::{matmul_epilogue, Epilogue, Expr};
+use warpdrive::memory::Buffer;
+use warpdrive::ops::{self, Activation, BinaryOp, Map};
+
+use super::results::Ceiling;
+use super::timing::time_gpu;
+use super::{Ctx, Scale};
+
+/// m = n = k of the cases.
+fn dim(scale: Scale) -> usize {
+    match scale {
+        Scale::Full => 4096,
+        Scale::Quick => 256,
+        Scale::Tiny => 32,
+    }
+}
+
+fn random(n: usize, seed: u64, scale: f32) -> Vec<bf16> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| bf16::from_f32(rng.random_range(-scale..scale)))
+        .collect()
+}
+
+pub(crate) fn run_cases(ctx: &mut Ctx, warmup: usize, reps: usize) -> Result<()> {
+    let d = dim(ctx.scale());
+    let stream = ctx.stream().clone();
+    // Entries of a·b stay O(1): k terms of size 1/sqrt(k).
+    let s = 1.0 / (d as f32).sqrt().max(1.0);
+    let a = Buffer::from_host(&stream, &random(d * d, 0x6e1, 1.0))?;
+    let b = Buffer::from_host(&stream, &random(d * d, 0x6e2, s))?;
+    let bias = Buffer::from_host(&stream, &random(d, 0x6e3, 1.0))?;
+    let r = Buffer::from_host(&stream, &random(d * d, 0x6e4, 1.0))?;
+    let mut c = Buffer::<bf16>::uninit(&stream, d * d)?;
+    let mut t = Buffer::<bf16>::uninit(&stream, d * d)?;
+    let mut out = Buffer::<bf16>::uninit(&stream, d * d)?;
+    let flops = 2.0 * (d as f64).powi(3);
+    for residual in [false, true] {
+        let case = if residual {
+            "gemm-bias-gelu-residual-bf16"
+        } else {
+            "gemm-bias-gelu-bf16"
+        };
+        ctx.step(format!("{}: {case} ({d}³)", super::fuse::SUITE));
+        let mut us = time_gpu(&stream, warmup, reps, |s| {
+            ops::gemm::matmul(s, &a, &b, &mut c, (d, d, d))?;
+            let act = (Expr::matrix(&c, d, d) + &bias).gelu_tanh();
+            if residual {
+                (act + Expr::matrix(&r, d, d)).eval_into(s, &mut out)
+            } else {
+                act.eval_into(s, &mut out)
+            }
+        })?;
+        let row = ctx.record_flops(
+            case,
+            d as u64,
+            "warpdrive-fused",
+            &mut us,
+            flops,
+            Some(Ceiling::GemmBf16),
+        )?;
+        row.extra.insert("kernels".into(), 2.into());
+        row.extra.insert(
+            "epilogue".into(),
+            "one generated kernel after the cuBLAS GEMM".into(),
+        );
+        if !residual {
+            // The epilogue inside the GEMM: one cuBLASLt matmul (fuse::matmul_epilogue).
+            let epi = Epilogue::bias(&bias, Activation::GeluTanh);
+            let mut us = time_gpu(&stream, warmup, reps, |s| {
+                matmul_epilogue(s, &a, &b, (d, d, d), &epi, &mut out)
+            })?;
+            let row = ctx.record_flops(
+                case,
+                d as u64,
+                "warpdrive-cublaslt",
+                &mut us,
+                flops,
+                Some(Ceiling::GemmBf16),
+            )?;
+            row.extra.insert("kernels".into(), 1.into());
+            row.extra.insert(
+                "epilogue".into(),
+                "cuBLASLt GELU_BIAS inside the GEMM (fuse::matmul_epilogue)".into(),
+            );
+        }
+        let mut us = time_gpu(&stream, warmup, reps, |s| {
+            ops::gemm::matmul(s, &a, &b, &mut c, (d, d, d))?;
+            (Expr::matrix(&c, d, d) + &bias).eval_into(s, &mut t)?;
+            if residual {
+                ops::map(s, &Map::activation(Activation::GeluTanh), &t, &mut c)?;
+                ops::binary(s, BinaryOp::Add, &c, &r, &mut out)
+            } else {
+                ops::map(s, &Map::activation(Activation::GeluTanh), &t, &mut out)
+            }
+        })?;
+        let row = ctx.record_flops(
+            case,
+            d as u64,
+            "warpdrive-unfused",
+            &mut us,
+            flops,
+            Some(Ceiling::GemmBf16),
+        )?;
+        row.extra
+            .insert("kernels".into(), (if residual { 4 } else { 3 }).into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warpdrive::device::Device;
+
+    #[test]
+    fn tiny_run_on_the_cpu_records_both_cases() {
+        let mut ctx = Ctx::new(&Device::cpu(), Scale::Tiny).unwrap();
+        ctx.suite = super::super::fuse::SUITE;
+        run_cases(&mut ctx, 1, 2).unwrap();
+        for case in ["gemm-bias-gelu-bf16", "gemm-bias-gelu-residual-bf16"] {
+            for variant in ["warpdrive-fused", "warpdrive-unfused"] {
+                let row = ctx
+                    .rows()
+                    .iter()
+                    .find(|r| r.case == case && r.variant == variant)
+                    .unwrap_or_else(|| panic!("{case} {variant} missing"));
+                assert_eq!(row.size, 32);
+                assert!(row.tflops.is_some_and(|t| t > 0.0));
+            }
+        }
+        assert!(ctx
+            .rows()
+            .iter()
+            .any(|r| r.case == "gemm-bias-gelu-bf16" && r.variant == "warpdrive-cublaslt"));
+    }
+}

@@ -1,0 +1,106 @@
+//! The map kernel, `fuse_map`: a grid-stride loop over the result's elements, `U` vectors of
+//! `W` elements in flight per thread (loads first, then the arithmetic), a scalar loop for
+//! unaligned pointers, rows that are not a multiple of `W`, and the tail.
+
+use std::fmt::Write;
+
+use crate::dtype::DTypeKind;
+
+use super::super::program::{Class, Program};
+use super::*;
+
+/// The map kernel with `__launch_bounds__(block)` (the block it is launched with).
+pub(super) fn map_kernel(s: &mut String, prog: &Program<'_>, out: DTypeKind, block: u32) {
+    let w = width(prog, out);
+    let u = unroll(prog);
+    let ot = ctype(out);
+    let _ = writeln!(
+        s,
+        "extern \"C\" __global__ void __launch_bounds__({block}) {KERNEL_MAP}({}) {{",
+        kernel_params(prog, out, &["u64 n", "u64 cols"])
+    );
+    let _ = writeln!(s, "    constexpr int W = {w};");
+    let _ = writeln!(s, "    const u64 stride = (u64)gridDim.x * blockDim.x;");
+    let _ = writeln!(
+        s,
+        "    const u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;"
+    );
+    let _ = writeln!(s, "    (void)cols;");
+    scalar_loads(s, prog, "    ");
+    let _ = writeln!(s, "    u64 head = 0;");
+    let _ = writeln!(s, "    if ({}) {{", vector_condition(prog, true, false));
+    let _ = writeln!(s, "        const u64 vecs = n / W;");
+    let _ = writeln!(s, "        u64 i = tid;");
+    let _ = writeln!(
+        s,
+        "        for (; i + {} * stride < vecs; i += {u} * stride) {{",
+        u - 1
+    );
+    map_vector_body(s, prog, ot, u);
+    let _ = writeln!(s, "        }}");
+    let _ = writeln!(s, "        for (; i < vecs; i += stride) {{");
+    map_vector_body(s, prog, ot, 1);
+    let _ = writeln!(s, "        }}");
+    let _ = writeln!(s, "        head = vecs * W;");
+    let _ = writeln!(s, "    }}");
+    // Scalar loop: unaligned pointers, rows not a multiple of W, and the tail.
+    let call = Call {
+        inputs: element_values(prog, "e", "e / cols", "e % cols"),
+        col: "(float)(e % cols)",
+    };
+    let _ = writeln!(
+        s,
+        "    for (u64 e = head + tid; e < n; e += stride) out[e] = from_f32<{ot}>(fz_final({}));",
+        args(prog, &call, &[], &[])
+    );
+    let _ = writeln!(s, "}}");
+}
+
+/// One iteration of the map kernel's vector loop with `u` vectors per thread (`i`: the first
+/// vector's index).
+fn map_vector_body(s: &mut String, prog: &Program<'_>, ot: &str, u: u64) {
+    let pad = "            ";
+    let _ = writeln!(s, "{pad}u64 at[{u}];");
+    let _ = writeln!(s, "#pragma unroll");
+    let _ = writeln!(
+        s,
+        "{pad}for (int u = 0; u < {u}; ++u) at[u] = (i + u * stride) * W;"
+    );
+    // Loads first: every vector of every input in flight before any arithmetic.
+    for (i, x) in prog.inputs.iter().enumerate() {
+        let t = ctype(x.kind);
+        let load = match x.class {
+            Class::Full => format!("v{i}[u] = load_vec<{t}, W>(in{i} + at[u])"),
+            Class::Row => format!("v{i}[u] = load_vec<{t}, W>(in{i} + at[u] % cols)"),
+            Class::Col => format!("v{i}[u] = to_f32(in{i}[at[u] / cols])"),
+            Class::Scalar => continue,
+        };
+        let decl = if x.class == Class::Col {
+            format!("float v{i}[{u}]")
+        } else {
+            format!("Vec<{t}, W> v{i}[{u}]")
+        };
+        let _ = writeln!(s, "{pad}{decl};");
+        let _ = writeln!(s, "#pragma unroll");
+        let _ = writeln!(s, "{pad}for (int u = 0; u < {u}; ++u) {load};");
+    }
+    let _ = writeln!(s, "#pragma unroll");
+    let _ = writeln!(s, "{pad}for (int u = 0; u < {u}; ++u) {{");
+    for i in streamed(prog) {
+        let _ = writeln!(s, "{pad}    float f{i}[W];");
+        let _ = writeln!(s, "{pad}    unpack_vec(v{i}[u], f{i});");
+    }
+    let call = Call {
+        inputs: vector_values(prog, "v{i}[u]"),
+        col: "(float)((at[u] + k) % cols)",
+    };
+    let _ = writeln!(s, "{pad}    float y[W];");
+    let _ = writeln!(s, "#pragma unroll");
+    let _ = writeln!(
+        s,
+        "{pad}    for (int k = 0; k < W; ++k) y[k] = fz_final({});",
+        args(prog, &call, &[], &[])
+    );
+    let _ = writeln!(s, "{pad}    store_vec(out + at[u], pack_vec<{ot}, W>(y));");
+    let _ = writeln!(s, "{pad}}}");
+}

@@ -1,0 +1,209 @@
+//! The row kernels, `fuse_rows_warp` (a warp per row) and `fuse_rows_block` (a block per
+//! row): per row, one pass over its elements per pass of reductions (`Stages`), each ending in
+//! a warp or block reduction, then the result per element or per row.
+
+use std::fmt::Write;
+
+use crate::dtype::DTypeKind;
+
+use super::super::expr::Reduce;
+use super::super::program::{Class, Op, Program};
+use super::*;
+
+/// Vector loads of the streamed inputs at column `c` of row `row` (rows mode), unpacked into
+/// `f<i>`.
+fn row_vector_loads(s: &mut String, prog: &Program<'_>, pad: &str) {
+    for i in streamed(prog) {
+        let x = &prog.inputs[i];
+        let t = ctype(x.kind);
+        let at = if x.class == Class::Full {
+            "row * cols + c"
+        } else {
+            "c"
+        };
+        let _ = writeln!(s, "{pad}float f{i}[W];");
+        let _ = writeln!(s, "{pad}unpack_vec(load_vec<{t}, W>(in{i} + {at}), f{i});");
+    }
+}
+
+pub(super) fn rows_kernel(
+    s: &mut String,
+    prog: &Program<'_>,
+    out: DTypeKind,
+    reduces: &[usize],
+    flavor: Flavor,
+) {
+    let w = width(prog, out);
+    let ot = ctype(out);
+    let per_element = prog.shape.cols != 1;
+    let kp = kernel_params(prog, out, &["u64 rows", "u64 cols"]);
+    let _ = writeln!(
+        s,
+        "template <bool WARP>\n__device__ __forceinline__ void fz_rows({kp}) {{"
+    );
+    let _ = writeln!(s, "    constexpr int W = {w};");
+    let _ = writeln!(
+        s,
+        "    const u64 lane = WARP ? (threadIdx.x & 31u) : threadIdx.x;"
+    );
+    let _ = writeln!(s, "    const u64 group = WARP ? 32u : blockDim.x;");
+    let _ = writeln!(s, "    const u64 first = WARP ? (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5) : (u64)blockIdx.x;");
+    let _ = writeln!(
+        s,
+        "    const u64 step = WARP ? (u64)gridDim.x * (blockDim.x >> 5) : (u64)gridDim.x;"
+    );
+    let _ = writeln!(
+        s,
+        "    const bool vec = {};",
+        vector_condition(prog, per_element, true)
+    );
+    scalar_loads(s, prog, "    ");
+    let _ = writeln!(s, "    for (u64 row = first; row < rows; row += step) {{");
+    for (i, x) in prog.inputs.iter().enumerate() {
+        if x.class == Class::Col {
+            let _ = writeln!(s, "        const float p{i} = to_f32(in{i}[row]);");
+        }
+    }
+    for &k in reduces {
+        let _ = writeln!(s, "        float r{k};");
+    }
+    let vec_call = Call {
+        inputs: vector_values(prog, "p{i}"),
+        col: "(float)(c + k)",
+    };
+    let scalar_call = Call {
+        inputs: element_values(prog, "row * cols + c", "row", "c")
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| {
+                if prog.inputs[i].class == Class::Col {
+                    format!("p{i}")
+                } else {
+                    v
+                }
+            })
+            .collect(),
+        col: "(float)c",
+    };
+    let stages = Stages::new(prog);
+    for level in 1..=prog.depth() {
+        let mine = stages.at(level);
+        if mine.is_empty() {
+            continue;
+        }
+        let earlier = stages.before(level);
+        let _ = writeln!(s, "        {{");
+        for &k in &mine {
+            if let Op::Reduce(r, _, _) = prog.ops[k] {
+                let _ = writeln!(s, "            float a{k} = {};", combiner(r).1);
+                if r == Reduce::ArgMax {
+                    let _ = writeln!(s, "            u32 i{k} = FZ_NO_INDEX;");
+                }
+            }
+        }
+        let _ = writeln!(s, "            if (vec) {{");
+        let _ = writeln!(
+            s,
+            "                for (u64 c = lane * W; c < cols; c += group * W) {{"
+        );
+        row_vector_loads(s, prog, "                    ");
+        let _ = writeln!(s, "#pragma unroll");
+        let _ = writeln!(
+            s,
+            "                    for (int k = 0; k < W; ++k) fz_stage{level}({});",
+            args(prog, &vec_call, &earlier, &mine)
+        );
+        let _ = writeln!(s, "                }}");
+        let _ = writeln!(s, "            }} else {{");
+        let _ = writeln!(
+            s,
+            "                for (u64 c = lane; c < cols; c += group) fz_stage{level}({});",
+            args(prog, &scalar_call, &earlier, &mine)
+        );
+        let _ = writeln!(s, "            }}");
+        for &k in &mine {
+            match prog.ops[k] {
+                _ if stages.is_online_sum(k) => {}
+                _ if stages.online_sum_of(k).is_some() => {
+                    let sum = stages.online_sum_of(k).unwrap_or(k);
+                    let _ = writeln!(
+                        s,
+                        "            fz_group_lse<WARP>(a{k}, a{sum}, cols); r{k} = a{k}; r{sum} = a{sum};"
+                    );
+                }
+                Op::Reduce(Reduce::ArgMax, _, _) => {
+                    let _ = writeln!(s, "            r{k} = fz_group_argmax<WARP>(a{k}, i{k});");
+                }
+                Op::Reduce(r, _, _) => {
+                    let (op, id) = combiner(r);
+                    let _ = writeln!(
+                        s,
+                        "            r{k} = fz_group_reduce<WARP>(a{k}, {op}, {id});"
+                    );
+                }
+                _ => {}
+            }
+        }
+        let _ = writeln!(s, "        }}");
+    }
+    if per_element {
+        let _ = writeln!(s, "        if (vec) {{");
+        let _ = writeln!(
+            s,
+            "            for (u64 c = lane * W; c < cols; c += group * W) {{"
+        );
+        row_vector_loads(s, prog, "                ");
+        let _ = writeln!(s, "                float y[W];");
+        let _ = writeln!(s, "#pragma unroll");
+        let _ = writeln!(
+            s,
+            "                for (int k = 0; k < W; ++k) y[k] = fz_final({});",
+            args(prog, &vec_call, reduces, &[])
+        );
+        let _ = writeln!(
+            s,
+            "                store_vec(out + row * cols + c, pack_vec<{ot}, W>(y));"
+        );
+        let _ = writeln!(s, "            }}");
+        let _ = writeln!(s, "        }} else {{");
+        let _ = writeln!(
+            s,
+            "            for (u64 c = lane; c < cols; c += group) out[row * cols + c] = from_f32<{ot}>(fz_final({}));",
+            args(prog, &scalar_call, reduces, &[])
+        );
+        let _ = writeln!(s, "        }}");
+    } else {
+        // One value per row: nothing per element is left (the result's shape has one column).
+        let call = Call {
+            inputs: per_row_values(prog, "p{i}"),
+            col: "0.0f",
+        };
+        let _ = writeln!(
+            s,
+            "        if (lane == 0) out[row] = from_f32<{ot}>(fz_final({}));",
+            args(prog, &call, reduces, &[])
+        );
+    }
+    let _ = writeln!(s, "    }}\n}}");
+    let names: Vec<String> = prog
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(i, _)| format!("in{i}"))
+        .chain((0..prog.tables.len()).flat_map(|j| [format!("g{j}"), format!("gl{j}")]))
+        .chain(["out".into(), "rows".into(), "cols".into()])
+        .chain((0..prog.consts.len()).map(|c| format!("c{c}")))
+        .collect();
+    let kernels: &[(&str, &str)] = match flavor {
+        Flavor::RowsWarp => &[(KERNEL_ROWS_WARP, "true")],
+        Flavor::RowsBlock => &[(KERNEL_ROWS_BLOCK, "false")],
+        _ => &[(KERNEL_ROWS_WARP, "true"), (KERNEL_ROWS_BLOCK, "false")],
+    };
+    for &(name, warp) in kernels {
+        let _ = writeln!(
+            s,
+            "extern \"C\" __global__ void __launch_bounds__({BLOCK}) {name}({kp}) {{ fz_rows<{warp}>({}); }}",
+            names.join(", ")
+        );
+    }
+}

@@ -1,0 +1,146 @@
+//! MatrixOps: a GEMM with its epilogue fused, `out = act(a · b + bias) + residual`.
+//!
+//! Where cuBLASLt has the epilogue (a bias, with GELU in its tanh form or none, no residual,
+//! bf16 or f16), the whole thing is one cuBLASLt matmul: the epilogue runs inside the GEMM
+//! kernel on its f32 accumulators (a shape cuBLASLt finds no algorithm for takes the other
+//! way). Otherwise the GEMM (cuBLAS) writes the product once and
+//! one generated kernel applies the whole epilogue (bias, activation, residual, cast) in a
+//! single read and write. The CPU backend computes the product (f32 accumulation) and the
+//! epilogue in f64.
+
+use crate::device::{BiasGemm, Stream};
+use crate::dtype::{DTypeKind, Float};
+use crate::error::{Error, Result};
+use crate::memory::{check_len, Buffer};
+use crate::ops::{gemm, Activation};
+
+use super::expr::Expr;
+
+/// What follows the product in [`matmul_epilogue`].
+#[derive(Debug, Clone, Copy)]
+pub struct Epilogue<'a, T: Float> {
+    /// One value per column of the product (n), added to every row.
+    pub bias: Option<&'a Buffer<T>>,
+    pub act: Activation,
+    /// An m×n matrix added after the activation.
+    pub residual: Option<&'a Buffer<T>>,
+}
+
+impl<'a, T: Float> Epilogue<'a, T> {
+    /// `act(x + bias)`.
+    pub fn bias(bias: &'a Buffer<T>, act: Activation) -> Epilogue<'a, T> {
+        Epilogue {
+            bias: Some(bias),
+            act,
+            residual: None,
+        }
+    }
+
+    /// This epilogue with `residual` added last.
+    pub fn with_residual(self, residual: &'a Buffer<T>) -> Epilogue<'a, T> {
+        Epilogue {
+            residual: Some(residual),
+            ..self
+        }
+    }
+
+    /// Whether cuBLASLt runs this epilogue inside the GEMM.
+    pub fn in_cublaslt(&self) -> bool {
+        self.bias.is_some()
+            && self.residual.is_none()
+            && matches!(self.act, Activation::None | Activation::GeluTanh)
+            && matches!(T::KIND, DTypeKind::BF16 | DTypeKind::F16)
+    }
+}
+
+/// `out = act(a · b + bias) + residual` for row-major `a` (m×k), `b` (k×n), `out` (m×n), with
+/// `mnk = (m, n, k)`: one cuBLASLt matmul where [`Epilogue::in_cublaslt`], else the GEMM and
+/// one fused epilogue kernel (the product in a buffer of the pool). f32, f16, bf16 (cuBLASLt
+/// for the 16-bit types).
+pub fn matmul_epilogue<T: Float>(
+    stream: &Stream,
+    a: &Buffer<T>,
+    b: &Buffer<T>,
+    (m, n, k): (usize, usize, usize),
+    epilogue: &Epilogue<'_, T>,
+    out: &mut Buffer<T>,
+) -> Result<()> {
+    let size = |what: &str, x: usize, y: usize| {
+        x.checked_mul(y).ok_or_else(|| {
+            Error::InvalidArgument(format!("matmul_epilogue: {what} {x}×{y} overflows"))
+        })
+    };
+    let (mk, kn, mn) = (size("a", m, k)?, size("b", k, n)?, size("out", m, n)?);
+    a.check_stream(stream, "matmul_epilogue")?;
+    b.check_stream(stream, "matmul_epilogue")?;
+    out.check_stream(stream, "matmul_epilogue")?;
+    check_len("matmul_epilogue (a)", a.len(), mk)?;
+    check_len("matmul_epilogue (b)", b.len(), kn)?;
+    check_len("matmul_epilogue (out)", out.len(), mn)?;
+    if let Some(bias) = epilogue.bias {
+        bias.check_stream(stream, "matmul_epilogue")?;
+        check_len("matmul_epilogue (bias)", bias.len(), n)?;
+    }
+    if let Some(r) = epilogue.residual {
+        r.check_stream(stream, "matmul_epilogue")?;
+        check_len("matmul_epilogue (residual)", r.len(), mn)?;
+    }
+    if mn == 0 {
+        return Ok(());
+    }
+    // cuBLASLt is not asked for an empty product (k = 0): the epilogue of zeros.
+    if !epilogue.in_cublaslt() || k == 0 {
+        return two_kernels(stream, a, b, (m, n, k), epilogue, out);
+    }
+    stream.run(
+        out,
+        |out| two_kernels(stream, a, b, (m, n, k), epilogue, out),
+        |out, q| {
+            let call = BiasGemm {
+                dtype: T::KIND,
+                m,
+                n,
+                k,
+                gelu: epilogue.act == Activation::GeluTanh,
+                a: a.device_ptr(),
+                b: b.device_ptr(),
+                bias: epilogue.bias.map_or(0, |b| b.device_ptr()),
+                d: out.device_ptr(),
+            };
+            // SAFETY: a, b, bias and out are live buffers of m·k, k·n, n and m·n elements of T
+            // (checked above; bias is present: in_cublaslt), and `out` is borrowed mutably, so
+            // it overlaps none of them.
+            match unsafe { q.gpu.gemm_bias(q.stream, &call) } {
+                // No cuBLASLt algorithm for this shape (odd leading dimensions, say): the GEMM
+                // and the generated epilogue instead.
+                Err(Error::Blas {
+                    call: "cublasLtMatmulAlgoGetHeuristic",
+                    ..
+                }) => two_kernels(stream, a, b, (m, n, k), epilogue, out),
+                r => r,
+            }
+        },
+    )
+}
+
+/// The GEMM into a pooled buffer, then the epilogue as one generated kernel.
+fn two_kernels<T: Float>(
+    stream: &Stream,
+    a: &Buffer<T>,
+    b: &Buffer<T>,
+    (m, n, k): (usize, usize, usize),
+    epilogue: &Epilogue<'_, T>,
+    out: &mut Buffer<T>,
+) -> Result<()> {
+    let mut product = Buffer::<T>::uninit(stream, out.len())?;
+    gemm::matmul(stream, a, b, &mut product, (m, n, k))?;
+    let mut e = Expr::matrix(&product, m, n);
+    if let Some(bias) = epilogue.bias {
+        e = e + Expr::input(bias);
+    }
+    e = e.activation(epilogue.act);
+    if let Some(r) = epilogue.residual {
+        e = e + Expr::matrix(r, m, n);
+    }
+    e.eval_into(stream, out)
+}

@@ -1,0 +1,101 @@
+//! Generated kernel sources, interned for the life of the process, one per signature (and
+//! map block size): a `KernelSource` must be `'static` to live in the device's kernel table
+//! and the occupancy cache like the embedded sources, and its module stays loaded on the
+//! device anyway. Module names are `fuse-<hash of the signature>`, made unique when two
+//! signatures' hashes collide.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use parking_lot::Mutex;
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::dtype::{DTypeKind, Float};
+use crate::kernels::{KernelSource, FUSE_OPS};
+
+use super::codegen::{self, Flavor};
+use super::program::Program;
+
+/// Interned sources by signature, and the signature behind each module name (so two
+/// signatures whose hashes collide get different names).
+#[derive(Default)]
+struct Registry {
+    by_signature: HashMap<String, &'static KernelSource>,
+    by_name: HashMap<&'static str, String>,
+}
+
+fn registry() -> &'static Mutex<Registry> {
+    static R: OnceLock<Mutex<Registry>> = OnceLock::new();
+    R.get_or_init(Default::default)
+}
+
+/// The interned source of every kernel of `prog` with output `O` (the map kernel for blocks
+/// of 256).
+pub(crate) fn kernel_source<O: Float>(prog: &Program<'_>) -> &'static KernelSource {
+    kernel_source_for(prog, O::KIND, &prog.signature(O::KIND), Flavor::Both)
+}
+
+/// The interned source of the kernels `flavor` names of `prog` with output `out`, whose
+/// signature is `sig`.
+pub(crate) fn kernel_source_for(
+    prog: &Program<'_>,
+    out: DTypeKind,
+    sig: &str,
+    flavor: Flavor,
+) -> &'static KernelSource {
+    let key = format!("{sig}{}", flavor.key());
+    let mut reg = registry().lock();
+    if let Some(s) = reg.by_signature.get(&key) {
+        return s;
+    }
+    let hash = xxh3_64(key.as_bytes());
+    let mut name = format!("fuse-{hash:016x}");
+    let mut n = 1;
+    while reg.by_name.contains_key(name.as_str()) {
+        n += 1;
+        name = format!("fuse-{hash:016x}-{n}");
+    }
+    let code = codegen::source(prog, out, &key, flavor);
+    // Interned for the process's life (see the module docs): one per distinct structure.
+    let name: &'static str = Box::leak(name.into_boxed_str());
+    let src: &'static KernelSource = Box::leak(Box::new(KernelSource {
+        name,
+        code: Box::leak(code.into_boxed_str()),
+        shared: Some(&FUSE_OPS),
+    }));
+    reg.by_name.insert(name, key.clone());
+    reg.by_signature.insert(key, src);
+    src
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::Device;
+    use crate::fuse::Expr;
+    use crate::kernels::{Arch, PtxCache};
+    use crate::memory::Buffer;
+
+    #[test]
+    #[ignore = "needs NVRTC: eval $(scripts/setup-nvrtc)"]
+    fn each_row_kernel_compiles_alone() {
+        let s = Device::cpu().new_stream().unwrap();
+        let x = Buffer::from_host(&s, &[half::bf16::ONE; 64]).unwrap();
+        let m = Expr::matrix(&x, 8, 8);
+        let z = (&m - m.max_rows()).exp();
+        let prog = Program::new(&(&z / z.sum_rows())).unwrap();
+        let sig = prog.signature(DTypeKind::F32);
+        let dir = std::env::temp_dir().join(format!("wd-fuse-rows-{}", std::process::id()));
+        let cache = PtxCache::at(&dir);
+        for (flavor, mine, other) in [
+            (Flavor::RowsWarp, "fuse_rows_warp", "fuse_rows_block"),
+            (Flavor::RowsBlock, "fuse_rows_block", "fuse_rows_warp"),
+        ] {
+            let src = kernel_source_for(&prog, DTypeKind::F32, &sig, flavor);
+            let ptx = cache.ptx(src, Arch::SM_90A).unwrap();
+            assert!(ptx.contains(&format!(".entry {mine}")), "{flavor:?}");
+            assert!(!ptx.contains(&format!(".entry {other}")), "{flavor:?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,154 @@
+//! MatrixOps (`fuse::matmul_epilogue`): a GEMM with its epilogue on both backends: bias and
+//! GELU (tanh) or none inside cuBLASLt's matmul for bf16 / f16 on a GPU, the GEMM and one
+//! generated epilogue kernel otherwise (a residual, another activation, f32).
+//!
+//! The reference is the product of the (rounded) inputs in f64 and the epilogue's formula;
+//! the bound is the type's tolerance (DESIGN.md) relative to the terms' magnitudes
+//! (Σ|a·b| + |bias|, times the activation's slope, + |residual|).
+
+mod common;
+
+use common::{device_test, nan, poisoned, random_in, rng, seed, TestFloat};
+use half::{bf16, f16};
+use warpdrive::fuse::{matmul_epilogue, Epilogue};
+use warpdrive::ops::Activation;
+use warpdrive::{Buffer, Device, Error};
+
+fn act_ref(act: Activation, x: f64) -> f64 {
+    let sig = |z: f64| 1.0 / (1.0 + (-z).exp());
+    match act {
+        Activation::None => x,
+        Activation::Silu => x * sig(x),
+        Activation::GeluTanh => {
+            0.5 * x
+                * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh())
+        }
+        Activation::GeluErf => unreachable!("not in these cases"),
+    }
+}
+
+fn body_as<T: TestFloat>(dev: &Device, seed: u64) {
+    let s = dev.new_stream().unwrap();
+    let mut r = rng(seed);
+    for (m, n, k) in [
+        (1, 1, 1),
+        (5, 7, 3),
+        (33, 40, 17),
+        (64, 64, 64),
+        (3, 4, 0),
+        (0, 3, 4),
+    ] {
+        let av: Vec<T> = random_in(&mut r, m * k, -1.0, 1.0);
+        let bv: Vec<T> = random_in(&mut r, k * n, -1.0, 1.0);
+        let biasv: Vec<T> = random_in(&mut r, n, -1.0, 1.0);
+        let resv: Vec<T> = random_in(&mut r, m * n, -1.0, 1.0);
+        let a = Buffer::from_host(&s, &av).unwrap();
+        let b = Buffer::from_host(&s, &bv).unwrap();
+        let bias = Buffer::from_host(&s, &biasv).unwrap();
+        let res = Buffer::from_host(&s, &resv).unwrap();
+        let cases = [
+            Epilogue::bias(&bias, Activation::GeluTanh),
+            Epilogue::bias(&bias, Activation::None),
+            Epilogue::bias(&bias, Activation::GeluTanh).with_residual(&res),
+            Epilogue {
+                bias: None,
+                act: Activation::Silu,
+                residual: Some(&res),
+            },
+        ];
+        for epi in cases {
+            let mut out = poisoned::<T>(&s, m * n, nan());
+            matmul_epilogue(&s, &a, &b, (m, n, k), &epi, &mut out).unwrap();
+            let got = out.to_host(&s).unwrap();
+            for i in 0..m {
+                for j in 0..n {
+                    let (mut x, mut terms) = (0.0f64, 0.0f64);
+                    for p in 0..k {
+                        let t = av[i * k + p].to_f64() * bv[p * n + j].to_f64();
+                        x += t;
+                        terms += t.abs();
+                    }
+                    if epi.bias.is_some() {
+                        x += biasv[j].to_f64();
+                        terms += biasv[j].to_f64().abs();
+                    }
+                    let mut want = act_ref(epi.act, x);
+                    let mut mag = 1.2 * terms;
+                    if epi.residual.is_some() {
+                        want += resv[i * n + j].to_f64();
+                        mag += resv[i * n + j].to_f64().abs();
+                    }
+                    let g = got[i * n + j].to_f64();
+                    let bound = T::TOL * (mag + want.abs()) + T::TINY;
+                    assert!(
+                        (g - want).abs() <= bound,
+                        "{} {m}x{n}x{k} {:?} cublaslt={} at ({i},{j}): got {g}, want {want}",
+                        T::NAME,
+                        epi.act,
+                        epi.in_cublaslt()
+                    );
+                }
+            }
+        }
+    }
+}
+
+device_test!(gemm_with_epilogues, gpu_gemm_with_epilogues, |dev| {
+    let seed = seed("gemm_with_epilogues");
+    body_as::<bf16>(dev, seed);
+    body_as::<f16>(dev, seed);
+    body_as::<f32>(dev, seed);
+});
+
+#[test]
+fn shapes_are_checked() {
+    let s = Device::cpu().new_stream().unwrap();
+    let a = Buffer::from_host(&s, &[bf16::ONE; 6]).unwrap();
+    let b = Buffer::from_host(&s, &[bf16::ONE; 6]).unwrap();
+    let short = Buffer::from_host(&s, &[bf16::ONE; 2]).unwrap();
+    let mut out = Buffer::<bf16>::zeros(&s, 4).unwrap();
+    // (m, n, k) = (2, 2, 3): a 2×3, b 3×2, out 2×2; the bias must have 2.
+    let ok = Buffer::from_host(&s, &[bf16::ONE; 2]).unwrap();
+    matmul_epilogue(
+        &s,
+        &a,
+        &b,
+        (2, 2, 3),
+        &Epilogue::bias(&ok, Activation::GeluTanh),
+        &mut out,
+    )
+    .unwrap();
+    let bad = Buffer::from_host(&s, &[bf16::ONE; 3]).unwrap();
+    let r = matmul_epilogue(
+        &s,
+        &a,
+        &b,
+        (2, 2, 3),
+        &Epilogue::bias(&bad, Activation::None),
+        &mut out,
+    );
+    assert!(matches!(r, Err(Error::LengthMismatch { .. })), "{r:?}");
+    let r = matmul_epilogue(
+        &s,
+        &a,
+        &b,
+        (2, 2, 3),
+        &Epilogue::bias(&ok, Activation::None).with_residual(&short),
+        &mut out,
+    );
+    assert!(matches!(r, Err(Error::LengthMismatch { .. })), "{r:?}");
+    let r = matmul_epilogue(
+        &s,
+        &a,
+        &b,
+        (3, 2, 3),
+        &Epilogue::bias(&ok, Activation::None),
+        &mut out,
+    );
+    assert!(r.is_err());
+    assert!(Epilogue::bias(&ok, Activation::GeluTanh).in_cublaslt());
+    assert!(!Epilogue::bias(&ok, Activation::Silu).in_cublaslt());
+    assert!(!Epilogue::bias(&ok, Activation::None)
+        .with_residual(&ok)
+        .in_cublaslt());
+}
