@@ -390,12 +390,78 @@ device_test!(
     }
 );
 
+// Whole reductions of per-row results in the row kernel: a batch's mean softmax
+// cross-entropy, its accuracy (argmax equals the label), the sum of the rows' maxima; warp and
+// block rows.
+device_test!(
+    whole_reductions_of_row_results,
+    gpu_smem_whole_reductions_of_row_results,
+    |dev| {
+        let s = dev.new_stream().unwrap();
+        let mut r = rng(seed("whole_reductions_of_row_results"));
+        for (rows, cols) in [(1, 5), (37, 64), (300, 100), (9, 2000)] {
+            let xs: Vec<bf16> = random_in(&mut r, rows * cols, -4.0, 4.0);
+            let labels: Vec<f32> = (0..rows).map(|_| r.random_range(0..cols) as f32).collect();
+            let x = Buffer::from_host(&s, &xs).unwrap();
+            let l = Buffer::from_host(&s, &labels).unwrap();
+            let (ex, el) = (Expr::matrix(&x, rows, cols), Expr::col(&l));
+            let m = ex.max_rows();
+            let picked = Expr::col_index(cols)
+                .equals(&el)
+                .select(&ex, 0.0)
+                .sum_rows();
+            let loss = (&ex - &m).exp().sum_rows().log() + &m - picked;
+            let one = |e: Expr<'_>| {
+                let mut out = poisoned::<f32>(&s, 1, f32::NAN);
+                e.eval_into(&s, &mut out).unwrap();
+                out.to_host(&s).unwrap()[0] as f64
+            };
+            let (mean_loss, accuracy, max_sum) = (
+                one(loss.mean()),
+                one(ex.argmax_rows().equals(&el).mean()),
+                one(m.sum() * 2.0),
+            );
+            let (mut want_loss, mut hits, mut want_max, mut mag) = (0.0f64, 0usize, 0.0f64, 0.0f64);
+            for i in 0..rows {
+                let row: Vec<f64> = (0..cols).map(|j| xs[i * cols + j].to_f64()).collect();
+                let mx = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let lse = row.iter().map(|v| (v - mx).exp()).sum::<f64>().ln() + mx;
+                want_loss += lse - row[labels[i] as usize];
+                mag += lse.abs() + row[labels[i] as usize].abs();
+                let arg = row.iter().position(|&v| v == mx).unwrap_or(0);
+                hits += (arg as f32 == labels[i]) as usize;
+                want_max += mx;
+            }
+            let n = rows as f64;
+            assert!(
+                (mean_loss - want_loss / n).abs() <= 1e-5 * mag / n,
+                "[{rows},{cols}] mean loss {mean_loss} vs {}",
+                want_loss / n
+            );
+            assert!(
+                (accuracy - hits as f64 / n).abs() <= 1e-6,
+                "[{rows},{cols}] accuracy {accuracy}"
+            );
+            assert!(
+                (max_sum - 2.0 * want_max).abs() <= 1e-5 * n * 8.0,
+                "[{rows},{cols}] {max_sum}"
+            );
+        }
+    }
+);
+
 #[test]
 fn unsupported_nestings_are_errors() {
     let s = Device::cpu().new_stream().unwrap();
     let x = Buffer::from_host(&s, &[1.0f32; 12]).unwrap();
     let m = Expr::matrix(&x, 3, 4);
-    for e in [m.sum_rows().sum(), (&m - m.sum()).sum(), &m - m.mean()] {
+    for e in [
+        (&m - m.sum()).sum(),
+        &m - m.mean(),
+        m.sum_rows().sum() + m.max_rows(),
+        (m.sum_rows() - m.sum_rows().sum()).max_rows(),
+        m.sum_rows().sum() + m.sum(),
+    ] {
         let r = e.eval::<f32>(&s);
         assert!(matches!(r, Err(Error::Unsupported(_))), "{r:?}");
     }
@@ -437,6 +503,10 @@ fn reduction_kernels_compile_with_nvrtc() {
         (
             "gather-all",
             Expr::gather(&b, ex.abs() * 4.0).sum() / ex.reduce_max(),
+        ),
+        (
+            "rows-then-whole",
+            (z.sum_rows().log() + &m).mean() + ex.argmax_rows().sum(),
         ),
     ];
     let sm80 = Arch::parse("sm_80").expect("an arch name");

@@ -15,6 +15,7 @@ use crate::ops::{fill_grid, float_index, launch, Args};
 use super::codegen::{
     self, Flavor, BLOCK, KERNEL_ALL, KERNEL_MAP, KERNEL_ROWS_BLOCK, KERNEL_ROWS_WARP, WARP_ROW_MAX,
 };
+use super::expr::Axis;
 use super::expr::Expr;
 use super::program::{Mode, Op, Program};
 use super::registry::{kernel_source, kernel_source_for};
@@ -198,8 +199,10 @@ fn map_launch<O: Float>(
 fn launched(prog: &Program<'_>) -> (&'static str, Flavor) {
     match prog.mode {
         Mode::Map => (KERNEL_MAP, Flavor::Both),
-        Mode::Rows if prog.space.cols <= WARP_ROW_MAX => (KERNEL_ROWS_WARP, Flavor::RowsWarp),
-        Mode::Rows => (KERNEL_ROWS_BLOCK, Flavor::RowsBlock),
+        Mode::Rows | Mode::RowsAll if prog.space.cols <= WARP_ROW_MAX => {
+            (KERNEL_ROWS_WARP, Flavor::RowsWarp)
+        }
+        Mode::Rows | Mode::RowsAll => (KERNEL_ROWS_BLOCK, Flavor::RowsBlock),
         Mode::All => (KERNEL_ALL, Flavor::Both),
     }
 }
@@ -237,7 +240,7 @@ fn run<O: Float>(prog: &Program<'_>, stream: &Stream, out: &mut Buffer<O>) -> Re
                         "fuse: a map program reached the reduction launch (a bug)".into(),
                     ))
                 }
-                Mode::Rows => {
+                Mode::Rows | Mode::RowsAll => {
                     let (kernel, per_block) = if space.cols <= WARP_ROW_MAX {
                         (KERNEL_ROWS_WARP, (BLOCK / 32) as u64)
                     } else {
@@ -245,6 +248,21 @@ fn run<O: Float>(prog: &Program<'_>, stream: &Stream, out: &mut Buffer<O>) -> Re
                     };
                     kernels::function_from_cubin(q.gpu, src, kernel)?;
                     let grid = fill_grid(q.gpu, (src, kernel), rows, per_block)?;
+                    if prog.mode == Mode::RowsAll {
+                        // The whole reductions' block results and ticket (as Mode::All).
+                        let wholes = prog
+                            .ops
+                            .iter()
+                            .filter(|o| matches!(o, Op::Reduce(_, Axis::All, _)))
+                            .count();
+                        let partials = wholes.checked_mul(grid as usize).ok_or_else(|| {
+                            Error::InvalidArgument("fuse: too many reductions".into())
+                        })?;
+                        let p = Buffer::<f32>::uninit(stream, partials)?;
+                        let t = Buffer::<u32>::zeros(stream, 1)?;
+                        args = args.buf(&p).buf(&t);
+                        scratch = Some((p, t));
+                    }
                     args = args.u64(rows).u64(cols);
                     (kernel, grid)
                 }
@@ -274,9 +292,10 @@ fn run<O: Float>(prog: &Program<'_>, stream: &Stream, out: &mut Buffer<O>) -> Re
             // pointer per input of its element type (then each gather table with its length, which
             // the kernel checks every index against), each holding what its class reads over the
             // program's space (checked above), `out` of type O holding the result's n elements;
-            // then (n, cols) for a map, (rows, cols) for rows, or for a whole reduction the
-            // partials (one f32 per reduction and block of this grid), the zeroed ticket and
-            // (elements, cols); then one float per constant.
+            // then (rows, cols) for rows (after the partials, one f32 per whole reduction and
+            // block of this grid, and the zeroed ticket, when whole reductions follow), or for a
+            // whole reduction the partials, the ticket and (elements, cols); then one float per
+            // constant.
             let launched = unsafe { launch(q, (src, kernel), grid, BLOCK, 0, args) };
             drop(scratch);
             launched

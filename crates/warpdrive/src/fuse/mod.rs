@@ -21,7 +21,8 @@
 //!   them and what follows them (an epilogue) in the same kernel. Row reductions may depend
 //!   on each other (softmax: a max, then a sum of exponentials, then a result per element:
 //!   one pass over the row per level); whole reductions take reduction-free operands of one
-//!   shape and end in scalar arithmetic. [`Expr::col_index`] with a comparison picks one
+//!   shape, or one value per row of a row program (a batch's mean loss, its accuracy), and
+//!   end in scalar arithmetic. [`Expr::col_index`] with a comparison picks one
 //!   element per row (a label's logit) inside a row's pass. Whole results are
 //!   deterministic (a fixed combining order; no float atomics).
 //! - Gathers: [`Expr::gather`] reads a buffer at computed indices (an embedding row per

@@ -11,6 +11,9 @@
 //!   row once per level of reduction, then writes the row's result (per element or per row).
 //! - [`Mode::All`]: whole reductions of operands without reductions, all of one shape, and
 //!   scalar arithmetic on their results; one pass, then the last block combines.
+//! - [`Mode::RowsAll`]: a row program whose per-row values (`[rows, 1]`) feed whole
+//!   reductions, then scalar arithmetic (a batch's mean loss): the row kernel, each row's
+//!   value folded into the whole reductions, the last block combining.
 
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -113,6 +116,8 @@ pub(crate) enum Mode {
     Map,
     Rows,
     All,
+    /// A row program whose per-row results feed whole reductions (then scalars).
+    RowsAll,
 }
 
 pub(crate) struct Program<'a> {
@@ -293,7 +298,7 @@ impl<'a> Program<'a> {
         match (rows, all) {
             (false, false) => {}
             (true, true) => {
-                return refuse("row and whole reductions in one expression".into());
+                self.plan_rows_then_whole(&reduces)?;
             }
             (true, false) => {
                 let cols = reduces[0].1.cols;
@@ -356,6 +361,78 @@ impl<'a> Program<'a> {
         for input in &mut self.inputs {
             input.class = Class::of(input.shape, space);
         }
+        Ok(())
+    }
+
+    /// Whole reductions of per-row results (a batch's mean loss): each whole reduction takes
+    /// a column of values per row of a row program, no row reduction depends on a whole one,
+    /// and only scalars follow them.
+    fn plan_rows_then_whole(&mut self, reduces: &[(Axis, Shape)]) -> Result<()> {
+        let refuse = |what: String| Err(Error::Unsupported(format!("fuse: {what}")));
+        let cols = reduces
+            .iter()
+            .find(|(a, _)| *a == Axis::Rows)
+            .map_or(1, |(_, s)| s.cols);
+        let rows = reduces
+            .iter()
+            .find(|(a, _)| *a == Axis::All)
+            .map_or(1, |(_, s)| s.rows);
+        for (axis, s) in reduces {
+            match axis {
+                Axis::Rows if s.cols != cols => {
+                    return refuse(format!(
+                        "row reductions over rows of different lengths ({cols} and {}) in one \
+                         expression",
+                        s.cols
+                    ))
+                }
+                Axis::All if s.cols != 1 || s.rows != rows => {
+                    return refuse(format!(
+                        "a whole reduction of shape {s} beside row reductions (whole reductions \
+                         there take one value per row, [{rows}, 1])"
+                    ))
+                }
+                _ => {}
+            }
+        }
+        if cols > 1 << 24 {
+            return refuse(format!(
+                "row reductions over {cols} columns beside whole ones"
+            ));
+        }
+        // Ops that depend on a whole reduction: the epilogue, scalars only.
+        let mut after_whole = vec![false; self.ops.len()];
+        for k in 0..self.ops.len() {
+            after_whole[k] = matches!(self.ops[k], Op::Reduce(_, Axis::All, _))
+                || self.ops[k].operands().iter().any(|&j| after_whole[j]);
+        }
+        for (k, op) in self.ops.iter().enumerate() {
+            if let Op::Reduce(_, _, a) = *op {
+                if after_whole[a] {
+                    return refuse(
+                        "a reduction of an expression that holds a whole reduction".into(),
+                    );
+                }
+            }
+            if after_whole[k] && self.shapes[k] != Shape::new(1, 1) {
+                return refuse(format!(
+                    "a result of shape {} after a whole reduction",
+                    self.shapes[k]
+                ));
+            }
+        }
+        self.space = Shape::new(rows, cols);
+        if let Some(s) = self
+            .shapes
+            .iter()
+            .find(|s| (s.cols != 1 && s.cols != cols) || (s.rows != 1 && s.rows != rows))
+        {
+            return refuse(format!(
+                "a result of shape {s} beside row reductions over {}",
+                self.space
+            ));
+        }
+        self.mode = Mode::RowsAll;
         Ok(())
     }
 
@@ -526,7 +603,12 @@ mod tests {
         let p = Program::new(&(x.sum() / x.reduce_max())).unwrap();
         assert_eq!((p.mode, p.depth()), (Mode::All, 1));
         let refused = |e: Expr<'_>| matches!(Program::new(&e), Err(Error::Unsupported(_)));
-        assert!(refused(x.sum_rows().sum()));
+        assert_eq!(
+            Program::new(&x.sum_rows().sum()).unwrap().mode,
+            Mode::RowsAll
+        );
+        assert!(refused(x.sum_rows().sum() + x.max_rows()));
+        assert!(refused((x.sum_rows() - x.sum_rows().sum()).max_rows()));
         assert!(refused((&x - x.sum()).sum()));
         assert!(refused(&x - x.sum()));
         assert!(refused(x.sum_rows() + Expr::matrix(&b, 3, 2).sum_rows()));

@@ -87,6 +87,15 @@ pub(super) fn all_kernel(s: &mut String, prog: &Program<'_>, out: DTypeKind, red
         "    for (u64 e = head + tid; e < n; e += stride) fz_stage1({});",
         args(prog, &call, &[], reduces)
     );
+    finish_whole(s, prog, ot, reduces);
+    let _ = writeln!(s, "}}");
+}
+
+/// The end of a kernel folding whole reductions (accumulators `a<k>` in every thread, the
+/// identity where a thread folded nothing): each block's results into `partials`, then the
+/// last block to take the ticket combines them in block order, writes `fz_final` (which reads
+/// only these reductions' results and scalars) into `out[0]` and resets the ticket.
+pub(super) fn finish_whole(s: &mut String, prog: &Program<'_>, ot: &str, reduces: &[usize]) {
     // Each block's results, then the last block combines them in block order.
     for (j, &k) in reduces.iter().enumerate() {
         if let Op::Reduce(r, _, _) = prog.ops[k] {
@@ -125,5 +134,5 @@ pub(super) fn all_kernel(s: &mut String, prog: &Program<'_>, out: DTypeKind, red
         args(prog, &call, reduces, &[])
     );
     let _ = writeln!(s, "        *ticket = 0u;");
-    let _ = writeln!(s, "    }}\n}}");
+    let _ = writeln!(s, "    }}");
 }

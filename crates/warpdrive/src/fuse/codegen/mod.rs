@@ -100,7 +100,7 @@ pub(crate) fn width(prog: &Program<'_>, out: DTypeKind) -> u64 {
         && match prog.mode {
             Mode::Map => true,
             Mode::Rows => prog.shape.cols != 1,
-            Mode::All => false,
+            Mode::All | Mode::RowsAll => false,
         };
     let widest = prog
         .inputs
@@ -169,14 +169,32 @@ pub(crate) fn source(
     let root = prog.roots.first().copied().unwrap_or(0);
     let stages = Stages::new(prog);
     let all_reduces = stages.all();
+    // A row program's whole reductions: the result reads only them.
+    let wholes = wholes_of_rows(prog);
+    let final_results = if prog.mode == Mode::RowsAll {
+        &wholes
+    } else {
+        &all_reduces
+    };
     // fz_final: the result.
     let _ = writeln!(
         s,
         "__device__ __forceinline__ float fz_final({}) {{",
-        params(prog, &all_reduces, &[]).join(", ")
+        params(prog, final_results, &[]).join(", ")
     );
     statements(&mut s, prog, &prog.needed(&[root]));
     let _ = writeln!(s, "    return t{root};\n}}");
+    // fz_rowval<k>: a row's value for whole reduction k, from the row's reductions.
+    for &k in &wholes {
+        let a = operand(prog, k);
+        let _ = writeln!(
+            s,
+            "__device__ __forceinline__ float fz_rowval{k}({}) {{",
+            params(prog, &all_reduces, &[]).join(", ")
+        );
+        statements(&mut s, prog, &prog.needed(&[a]));
+        let _ = writeln!(s, "    return t{a};\n}}");
+    }
     // fz_stage<L>: the operands of the reductions of pass L into their accumulators.
     for level in 1..=prog.depth() {
         let mine = stages.at(level);
@@ -232,7 +250,7 @@ pub(crate) fn source(
             };
             map_kernel(&mut s, prog, out, block)
         }
-        Mode::Rows => rows_kernel(&mut s, prog, out, &all_reduces, flavor),
+        Mode::Rows | Mode::RowsAll => rows_kernel(&mut s, prog, out, &all_reduces, &wholes, flavor),
         Mode::All => all_kernel(&mut s, prog, out, &all_reduces),
     }
     s
@@ -252,7 +270,7 @@ struct Stages {
 impl Stages {
     fn new(prog: &Program<'_>) -> Stages {
         let mut online: Vec<(usize, usize)> = Vec::new();
-        if prog.mode == Mode::Rows {
+        if matches!(prog.mode, Mode::Rows | Mode::RowsAll) {
             for (k, op) in prog.ops.iter().enumerate() {
                 let Op::Reduce(Reduce::Sum, Axis::Rows, e) = *op else {
                     continue;
@@ -272,7 +290,10 @@ impl Stages {
         }
         let mut passes = vec![Vec::new(); prog.depth() as usize + 1];
         for (k, op) in prog.ops.iter().enumerate() {
-            if matches!(op, Op::Reduce(..)) {
+            // A row program's whole reductions fold each row's value, outside the passes.
+            let whole_of_rows =
+                prog.mode == Mode::RowsAll && matches!(op, Op::Reduce(_, Axis::All, _));
+            if matches!(op, Op::Reduce(..)) && !whole_of_rows {
                 let level = match online.iter().find(|&&(_, sum)| sum == k) {
                     Some(&(max, _)) => prog.levels[max],
                     None => prog.levels[k],
@@ -316,6 +337,16 @@ impl Stages {
             .find(|&&(max, _)| max == k)
             .map(|&(_, sum)| sum)
     }
+}
+
+/// The whole reductions of a row program (none in the other modes).
+fn wholes_of_rows(prog: &Program<'_>) -> Vec<usize> {
+    if prog.mode != Mode::RowsAll {
+        return Vec::new();
+    }
+    (0..prog.ops.len())
+        .filter(|&k| matches!(prog.ops[k], Op::Reduce(_, Axis::All, _)))
+        .collect()
 }
 
 fn operand(prog: &Program<'_>, k: usize) -> usize {

@@ -31,12 +31,18 @@ pub(super) fn rows_kernel(
     prog: &Program<'_>,
     out: DTypeKind,
     reduces: &[usize],
+    wholes: &[usize],
     flavor: Flavor,
 ) {
     let w = width(prog, out);
     let ot = ctype(out);
     let per_element = prog.shape.cols != 1;
-    let kp = kernel_params(prog, out, &["u64 rows", "u64 cols"]);
+    let middle: &[&str] = if wholes.is_empty() {
+        &["u64 rows", "u64 cols"]
+    } else {
+        &["float* partials", "u32* ticket", "u64 rows", "u64 cols"]
+    };
+    let kp = kernel_params(prog, out, middle);
     let _ = writeln!(
         s,
         "template <bool WARP>\n__device__ __forceinline__ void fz_rows({kp}) {{"
@@ -58,6 +64,11 @@ pub(super) fn rows_kernel(
         vector_condition(prog, per_element, true)
     );
     scalar_loads(s, prog, "    ");
+    for &k in wholes {
+        if let Op::Reduce(r, _, _) = prog.ops[k] {
+            let _ = writeln!(s, "    float a{k} = {};", combiner(r).1);
+        }
+    }
     let _ = writeln!(s, "    for (u64 row = first; row < rows; row += step) {{");
     for (i, x) in prog.inputs.iter().enumerate() {
         if x.class == Class::Col {
@@ -178,20 +189,47 @@ pub(super) fn rows_kernel(
             inputs: per_row_values(prog, "p{i}"),
             col: "0.0f",
         };
-        let _ = writeln!(
-            s,
-            "        if (lane == 0) out[row] = from_f32<{ot}>(fz_final({}));",
-            args(prog, &call, reduces, &[])
-        );
+        if wholes.is_empty() {
+            let _ = writeln!(
+                s,
+                "        if (lane == 0) out[row] = from_f32<{ot}>(fz_final({}));",
+                args(prog, &call, reduces, &[])
+            );
+        } else {
+            // Each row's values folded into the whole reductions by its group's first thread.
+            let _ = writeln!(s, "        if (lane == 0) {{");
+            for &k in wholes {
+                if let Op::Reduce(r, _, _) = prog.ops[k] {
+                    let _ = writeln!(
+                        s,
+                        "            a{k} = {}(a{k}, fz_rowval{k}({}));",
+                        combiner(r).0,
+                        args(prog, &call, reduces, &[])
+                    );
+                }
+            }
+            let _ = writeln!(s, "        }}");
+        }
     }
-    let _ = writeln!(s, "    }}\n}}");
+    let _ = writeln!(s, "    }}");
+    if !wholes.is_empty() {
+        super::all::finish_whole(s, prog, ot, wholes);
+    }
+    let _ = writeln!(s, "}}");
     let names: Vec<String> = prog
         .inputs
         .iter()
         .enumerate()
         .map(|(i, _)| format!("in{i}"))
         .chain((0..prog.tables.len()).flat_map(|j| [format!("g{j}"), format!("gl{j}")]))
-        .chain(["out".into(), "rows".into(), "cols".into()])
+        .chain(["out".into()])
+        .chain(
+            (!wholes.is_empty())
+                .then(|| ["partials".to_string(), "ticket".to_string()])
+                .into_iter()
+                .flatten(),
+        )
+        .chain(["rows".into(), "cols".into()])
         .chain((0..prog.consts.len()).map(|c| format!("c{c}")))
         .collect();
     let kernels: &[(&str, &str)] = match flavor {
