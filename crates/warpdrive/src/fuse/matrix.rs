@@ -16,6 +16,11 @@ use crate::ops::{gemm, Activation};
 
 use super::expr::Expr;
 
+/// The workspace cuBLASLt may use for one GEMM: what torch gives it on Hopper (32 MiB), which
+/// lets its heuristic choose the kernels it chooses there (no workspace rules out split-K and
+/// some larger-tile kernels).
+const LT_WORKSPACE_BYTES: usize = 32 << 20;
+
 /// What follows the product in [`matmul_epilogue`].
 #[derive(Debug, Clone, Copy)]
 pub struct Epilogue<'a, T: Float> {
@@ -96,6 +101,10 @@ pub fn matmul_epilogue<T: Float>(
         out,
         |out| two_kernels(stream, a, b, (m, n, k), epilogue, out),
         |out, q| {
+            // cuBLASLt's workspace, from the pool (a cached block, stream-ordered, so one
+            // stream's GEMMs reuse it and no other stream's touch it until they are done);
+            // without the memory, none.
+            let workspace = Buffer::<u8>::uninit(stream, LT_WORKSPACE_BYTES).ok();
             let call = BiasGemm {
                 dtype: T::KIND,
                 m,
@@ -106,6 +115,8 @@ pub fn matmul_epilogue<T: Float>(
                 b: b.device_ptr(),
                 bias: epilogue.bias.map_or(0, |b| b.device_ptr()),
                 d: out.device_ptr(),
+                workspace: workspace.as_ref().map_or(0, |w| w.device_ptr()),
+                workspace_bytes: workspace.as_ref().map_or(0, |w| w.len()),
             };
             // SAFETY: a, b, bias and out are live buffers of m·k, k·n, n and m·n elements of T
             // (checked above; bias is present: in_cublaslt), and `out` is borrowed mutably, so

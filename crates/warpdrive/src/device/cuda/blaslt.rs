@@ -1,13 +1,17 @@
 //! cuBLASLt: a GEMM with its epilogue (bias, and GELU) inside the GEMM kernel, where cuBLASLt
 //! has one.
 
+use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::Arc;
 
 use cudarc::cublaslt::{result, sys};
+use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 
-use super::context::{no_alloc_in_capture, CudaDevice};
+use super::context::{no_alloc_in_capture, CudaDevice, Inner};
+use super::exit::{at_exit, release_at_exit};
 use super::libraries::libraries;
 use super::stream::GpuStream;
 
@@ -25,6 +29,58 @@ pub(crate) struct BiasGemm {
     pub b: u64,
     pub bias: u64,
     pub d: u64,
+    /// Scratch for cuBLASLt on this call's stream (0 for none) and its size in bytes: with
+    /// one, the heuristic may choose split-K and larger-tile kernels (torch gives 32 MiB on
+    /// Hopper).
+    pub workspace: u64,
+    pub workspace_bytes: usize,
+}
+
+/// What the heuristic's choice depends on: the problem, the workspace it may use and how
+/// the pointers are aligned (capped at 256 bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct AlgoKey {
+    ty: u32,
+    m: u64,
+    n: u64,
+    k: u64,
+    gelu: bool,
+    workspace_bytes: usize,
+    align: [u32; 5],
+}
+
+/// A device's cuBLASLt handle, kept for the process (made once, not per call), and the
+/// algorithm the heuristic chose for each problem, so a repeated GEMM skips the query.
+pub(crate) struct LtState {
+    handle: sys::cublasLtHandle_t,
+    algos: HashMap<AlgoKey, sys::cublasLtMatmulAlgo_t>,
+}
+
+// SAFETY: a cuBLASLt handle may be used from any thread; it lives behind the device's mutex,
+// which serialises every use.
+unsafe impl Send for LtState {}
+
+impl Drop for LtState {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from `create_handle` and is destroyed exactly once, here.
+        if let Err(e) = unsafe { result::destroy_handle(self.handle) } {
+            tracing::warn!("cublasLtDestroy failed: {e:?}");
+        }
+    }
+}
+
+/// Devices holding a cuBLASLt handle, for [`release_lt_handles`].
+static LT_OWNERS: Mutex<Vec<std::sync::Weak<Inner>>> = Mutex::new(Vec::new());
+
+/// Destroys every device's cuBLASLt handle (an exit hook under `RELEASE_AT_EXIT`).
+fn release_lt_handles() {
+    // Taken first: a handle's lock is never waited for while holding this list's.
+    let owners = std::mem::take(&mut *LT_OWNERS.lock());
+    for owner in owners {
+        if let Some(inner) = owner.upgrade() {
+            drop(inner.blaslt.lock().take());
+        }
+    }
 }
 
 fn lt_error(call: &'static str) -> impl Fn(result::CublasError) -> Error {
@@ -36,7 +92,6 @@ fn lt_error(call: &'static str) -> impl Fn(result::CublasError) -> Error {
 
 /// The cuBLASLt objects of one call, destroyed however the call ends.
 struct Objects {
-    handle: Option<sys::cublasLtHandle_t>,
     desc: Option<sys::cublasLtMatmulDesc_t>,
     layouts: Vec<sys::cublasLtMatrixLayout_t>,
     pref: Option<sys::cublasLtMatmulPreference_t>,
@@ -56,21 +111,21 @@ impl Drop for Objects {
             if let Some(d) = self.desc.take() {
                 let _ = result::destroy_matmul_desc(d);
             }
-            if let Some(h) = self.handle.take() {
-                let _ = result::destroy_handle(h);
-            }
         }
     }
 }
 
 impl CudaDevice {
     /// `d = act(a · b + bias)` as one cuBLASLt matmul with its bias (+ GELU) epilogue. The
-    /// handle and descriptors are made for the call (cuBLASLt's are light) and no workspace
-    /// is used, so nothing is allocated on the device; not for use while capturing a graph.
+    /// device's handle is made on first use and kept; the descriptors are made for the call
+    /// (cuBLASLt's are light); the heuristic's algorithm is kept per problem; the workspace
+    /// is the caller's; not for use while capturing a graph.
     ///
     /// # Safety
     /// `a`, `b`, `bias` and `d` must be live device allocations of m·k, k·n, n and m·n
-    /// elements of `call.dtype`, and `d` must not overlap the others.
+    /// elements of `call.dtype`, and `d` must not overlap the others; `call.workspace`, when
+    /// not 0, a live allocation of `call.workspace_bytes` used by nothing else until this
+    /// call's work on `stream` is done.
     pub(crate) unsafe fn gemm_bias(&self, stream: &GpuStream, call: &BiasGemm) -> Result<()> {
         use crate::dtype::DTypeKind;
         if !libraries().cublaslt {
@@ -98,14 +153,57 @@ impl CudaDevice {
         let (m, n, k) = (dim(call.m)?, dim(call.n)?, dim(call.k)?);
         no_alloc_in_capture("cublasLtCreate")?;
         self.bind()?;
+        let mut guard = self.inner.blaslt.lock();
+        if guard.is_none() {
+            let handle = result::create_handle().map_err(lt_error("cublasLtCreate"))?;
+            *guard = Some(LtState {
+                handle,
+                algos: HashMap::new(),
+            });
+            if release_at_exit() {
+                LT_OWNERS.lock().push(Arc::downgrade(&self.inner));
+                at_exit(release_lt_handles);
+            }
+        }
+        let Some(state) = guard.as_mut() else {
+            return Err(Error::Blas {
+                call: "cublasLtCreate",
+                message: "no handle".into(),
+            });
+        };
+        let handle = state.handle;
+        let (workspace_ptr, workspace) = if call.workspace == 0 {
+            (0u64, 0usize)
+        } else {
+            (call.workspace, call.workspace_bytes)
+        };
+        let align = |p: u64| {
+            if p == 0 {
+                256
+            } else {
+                1u32 << p.trailing_zeros().min(8)
+            }
+        };
+        let key = AlgoKey {
+            ty: ty as u32,
+            m,
+            n,
+            k,
+            gelu: call.gelu,
+            workspace_bytes: workspace,
+            align: [
+                align(call.a),
+                align(call.b),
+                align(call.bias),
+                align(call.d),
+                align(workspace_ptr),
+            ],
+        };
         let mut o = Objects {
-            handle: None,
             desc: None,
             layouts: Vec::new(),
             pref: None,
         };
-        let handle = result::create_handle().map_err(lt_error("cublasLtCreate"))?;
-        o.handle = Some(handle);
         let desc = result::create_matmul_desc(
             sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
             sys::cudaDataType::CUDA_R_32F,
@@ -145,28 +243,36 @@ impl CudaDevice {
             o.layouts.push(l);
         }
         let (la, lb, ld) = (o.layouts[0], o.layouts[1], o.layouts[2]);
-        let pref =
-            result::create_matmul_pref().map_err(lt_error("cublasLtMatmulPreferenceCreate"))?;
-        o.pref = Some(pref);
-        let workspace = 0usize;
-        // SAFETY: `pref` is live; the value is a local usize.
-        unsafe {
-            result::set_matmul_pref_attribute(
-                pref,
-                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                &workspace as *const usize as *const c_void,
-                std::mem::size_of::<usize>(),
-            )
-            .map_err(lt_error("cublasLtMatmulPreferenceSetAttribute"))?;
-        }
-        // SAFETY: every descriptor is live (held by `o`).
-        let heuristic =
-            unsafe { result::get_matmul_algo_heuristic(handle, desc, la, lb, ld, ld, pref) }
+        let algo = match state.algos.get(&key) {
+            Some(a) => *a,
+            None => {
+                let pref = result::create_matmul_pref()
+                    .map_err(lt_error("cublasLtMatmulPreferenceCreate"))?;
+                o.pref = Some(pref);
+                // SAFETY: `pref` is live; the value is a local usize.
+                unsafe {
+                    result::set_matmul_pref_attribute(
+                        pref,
+                        sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                        &workspace as *const usize as *const c_void,
+                        std::mem::size_of::<usize>(),
+                    )
+                    .map_err(lt_error("cublasLtMatmulPreferenceSetAttribute"))?;
+                }
+                // SAFETY: every descriptor is live (held by `o`).
+                let heuristic = unsafe {
+                    result::get_matmul_algo_heuristic(handle, desc, la, lb, ld, ld, pref)
+                }
                 .map_err(lt_error("cublasLtMatmulAlgoGetHeuristic"))?;
+                state.algos.insert(key, heuristic.algo);
+                heuristic.algo
+            }
+        };
         let (alpha, beta) = (1.0f32, 0.0f32);
         // SAFETY: the caller guarantees the four allocations and their sizes, which match the
-        // layouts; beta is 0, so C (given as D) is not read; alpha and beta are f32 locals (the
-        // scale type); no workspace; the stream is this device's, whose context is bound.
+        // layouts, and the workspace; beta is 0, so C (given as D) is not read; alpha and beta
+        // are f32 locals (the scale type); the stream is this device's, whose context is
+        // bound; the handle is used under the device's lock.
         let r = unsafe {
             result::matmul(
                 handle,
@@ -181,9 +287,9 @@ impl CudaDevice {
                 ld,
                 call.d as *mut c_void,
                 ld,
-                &heuristic.algo,
-                std::ptr::null_mut(),
-                0,
+                &algo,
+                workspace_ptr as *mut c_void,
+                workspace,
                 stream.cu_stream() as sys::cudaStream_t,
             )
         }

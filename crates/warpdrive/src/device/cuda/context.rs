@@ -135,6 +135,8 @@ pub(super) struct Inner {
     pub(super) occupancy: Mutex<HashMap<OccupancyKey, u32>>,
     pub(super) modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     pub(super) blas: Mutex<Option<BlasHandle>>,
+    /// The cuBLASLt handle and the algorithms its heuristic chose, made on first use.
+    pub(super) blaslt: Mutex<Option<super::blaslt::LtState>>,
     /// Ordinals of the devices this one's peer access is on for.
     pub(super) peers: Mutex<HashSet<usize>>,
     /// The floors above's per-device state (pools, tuned configurations, clocks).
@@ -208,6 +210,7 @@ impl CudaDevice {
                 occupancy: Mutex::new(HashMap::new()),
                 modules: Mutex::new(HashMap::new()),
                 blas: Mutex::new(None),
+                blaslt: Mutex::new(None),
                 peers: Mutex::new(HashSet::new()),
                 state: DeviceState::new(),
                 resident: Default::default(),
