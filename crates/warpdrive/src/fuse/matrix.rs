@@ -94,44 +94,86 @@ pub fn matmul_epilogue<T: Float>(
         return Ok(());
     }
     // cuBLASLt is not asked for an empty product (k = 0): the epilogue of zeros.
-    if !epilogue.in_cublaslt() || k == 0 {
+    if !lt_head(epilogue) || k == 0 {
         return two_kernels(stream, a, b, (m, n, k), epilogue, out);
     }
     stream.run(
         out,
         |out| two_kernels(stream, a, b, (m, n, k), epilogue, out),
         |out, q| {
-            // cuBLASLt's workspace, from the pool (a cached block, stream-ordered, so one
-            // stream's GEMMs reuse it and no other stream's touch it until they are done);
-            // without the memory, none.
-            let workspace = Buffer::<u8>::uninit(stream, LT_WORKSPACE_BYTES).ok();
-            let call = BiasGemm {
-                dtype: T::KIND,
-                m,
-                n,
-                k,
-                gelu: epilogue.act == Activation::GeluTanh,
-                a: a.device_ptr(),
-                b: b.device_ptr(),
-                bias: epilogue.bias.map_or(0, |b| b.device_ptr()),
-                d: out.device_ptr(),
-                workspace: workspace.as_ref().map_or(0, |w| w.device_ptr()),
-                workspace_bytes: workspace.as_ref().map_or(0, |w| w.len()),
+            let Some(residual) = epilogue.residual else {
+                return match lt_gemm(stream, q, a, b, (m, n, k), epilogue, out) {
+                    Err(e) if no_lt_algo(&e) => two_kernels(stream, a, b, (m, n, k), epilogue, out),
+                    r => r,
+                };
             };
-            // SAFETY: a, b, bias and out are live buffers of m·k, k·n, n and m·n elements of T
-            // (checked above; bias is present: in_cublaslt), and `out` is borrowed mutably, so
-            // it overlaps none of them.
-            match unsafe { q.gpu.gemm_bias(q.stream, &call) } {
-                // No cuBLASLt algorithm for this shape (odd leading dimensions, say): the GEMM
-                // and the generated epilogue instead.
-                Err(Error::Blas {
-                    call: "cublasLtMatmulAlgoGetHeuristic",
-                    ..
-                }) => two_kernels(stream, a, b, (m, n, k), epilogue, out),
-                r => r,
+            // A residual: cuBLASLt's GEMM with the bias and activation inside it (its faster
+            // GEMM, and the same bytes as cuBLAS's product and a whole epilogue kernel), then
+            // one kernel adds the residual.
+            let mut head = Buffer::<T>::uninit(stream, out.len())?;
+            match lt_gemm(stream, q, a, b, (m, n, k), epilogue, &mut head) {
+                Err(e) if no_lt_algo(&e) => two_kernels(stream, a, b, (m, n, k), epilogue, out),
+                Err(e) => Err(e),
+                Ok(()) => (Expr::matrix(&head, m, n) + Expr::matrix(residual, m, n))
+                    .eval_into(stream, out),
             }
         },
     )
+}
+
+/// Whether cuBLASLt can run the epilogue's bias and activation inside the GEMM (what
+/// [`Epilogue::in_cublaslt`] asks, less the residual, which a kernel after it adds).
+fn lt_head<T: Float>(epilogue: &Epilogue<'_, T>) -> bool {
+    Epilogue {
+        residual: None,
+        ..*epilogue
+    }
+    .in_cublaslt()
+}
+
+/// cuBLASLt found no algorithm for the shape (odd leading dimensions, say): the caller takes
+/// the GEMM and the generated epilogue instead.
+fn no_lt_algo(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Blas {
+            call: "cublasLtMatmulAlgoGetHeuristic",
+            ..
+        }
+    )
+}
+
+/// `out = act(a · b + bias)` as one cuBLASLt matmul (bias present, [`lt_head`]), k > 0.
+fn lt_gemm<T: Float>(
+    stream: &Stream,
+    q: crate::device::Queue<'_>,
+    a: &Buffer<T>,
+    b: &Buffer<T>,
+    (m, n, k): (usize, usize, usize),
+    epilogue: &Epilogue<'_, T>,
+    out: &mut Buffer<T>,
+) -> Result<()> {
+    // cuBLASLt's workspace, from the pool (a cached block, stream-ordered, so one stream's
+    // GEMMs reuse it and no other stream's touch it until they are done); without the
+    // memory, none.
+    let workspace = Buffer::<u8>::uninit(stream, LT_WORKSPACE_BYTES).ok();
+    let call = BiasGemm {
+        dtype: T::KIND,
+        m,
+        n,
+        k,
+        gelu: epilogue.act == Activation::GeluTanh,
+        a: a.device_ptr(),
+        b: b.device_ptr(),
+        bias: epilogue.bias.map_or(0, |b| b.device_ptr()),
+        d: out.device_ptr(),
+        workspace: workspace.as_ref().map_or(0, |w| w.device_ptr()),
+        workspace_bytes: workspace.as_ref().map_or(0, |w| w.len()),
+    };
+    // SAFETY: a, b, bias and out are live buffers of m·k, k·n, n and m·n elements of T
+    // (checked by the caller; bias is present: lt_head), and `out` is borrowed mutably, so
+    // it overlaps none of them; the workspace is this call's, on its stream.
+    unsafe { q.gpu.gemm_bias(q.stream, &call) }
 }
 
 /// The GEMM into a pooled buffer, then the epilogue as one generated kernel.
