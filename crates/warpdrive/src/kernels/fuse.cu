@@ -157,3 +157,18 @@ __device__ __forceinline__ void fz_group_lse(float& m, float& s, u64 count) {
     }
     if (m == fz_neg_inf() && count > 0) s = __uint_as_float(0x7fc00000u);
 }
+
+// Streaming vector loads and stores for data a kernel touches once (a map's full inputs and
+// its output, a row kernel's rows): load_vec / store_vec with the tag FZ_STREAM, cache-
+// streaming (`ld.global.cs` / `st.global.cs`, evict first), so a pass over more than L2 holds
+// does not evict lines still wanted; the values are those of the untagged forms.
+struct FzStream {};
+#define FZ_STREAM FzStream{}
+template <typename T, int W> __device__ __forceinline__ Vec<T, W> load_vec(const T* __restrict__ p, FzStream) {
+    Vec<T, W> v;
+    v.raw = __ldcs(reinterpret_cast<const typename RawBytes<W * sizeof(T)>::type*>(p));
+    return v;
+}
+template <typename T, int W> __device__ __forceinline__ void store_vec(T* __restrict__ p, const Vec<T, W>& v, FzStream) {
+    __stcs(reinterpret_cast<typename RawBytes<W * sizeof(T)>::type*>(p), v.raw);
+}

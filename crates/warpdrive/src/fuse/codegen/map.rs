@@ -57,7 +57,8 @@ pub(super) fn map_kernel(s: &mut String, prog: &Program<'_>, out: DTypeKind, blo
 }
 
 /// One iteration of the map kernel's vector loop with `u` vectors per thread (`i`: the first
-/// vector's index).
+/// vector's index). Full inputs and the output are read and written once: streaming loads and
+/// stores (a row-class input is reread by every row and stays cached).
 fn map_vector_body(s: &mut String, prog: &Program<'_>, ot: &str, u: u64) {
     let pad = "            ";
     let _ = writeln!(s, "{pad}u64 at[{u}];");
@@ -70,7 +71,7 @@ fn map_vector_body(s: &mut String, prog: &Program<'_>, ot: &str, u: u64) {
     for (i, x) in prog.inputs.iter().enumerate() {
         let t = ctype(x.kind);
         let load = match x.class {
-            Class::Full => format!("v{i}[u] = load_vec<{t}, W>(in{i} + at[u])"),
+            Class::Full => format!("v{i}[u] = load_vec<{t}, W>(in{i} + at[u], FZ_STREAM)"),
             Class::Row => format!("v{i}[u] = load_vec<{t}, W>(in{i} + at[u] % cols)"),
             Class::Col => format!("v{i}[u] = to_f32(in{i}[at[u] / cols])"),
             Class::Scalar => continue,
@@ -101,6 +102,6 @@ fn map_vector_body(s: &mut String, prog: &Program<'_>, ot: &str, u: u64) {
         "{pad}    for (int k = 0; k < W; ++k) y[k] = fz_final({});",
         args(prog, &call, &[], &[])
     );
-    let _ = writeln!(s, "{pad}    store_vec(out + at[u], pack_vec<{ot}, W>(y));");
+    let _ = writeln!(s, "{pad}    store_vec(out + at[u], pack_vec<{ot}, W>(y), FZ_STREAM);");
     let _ = writeln!(s, "{pad}}}");
 }
