@@ -102,6 +102,9 @@ fn map_vector_body(s: &mut String, prog: &Program<'_>, ot: &str, u: u64) {
         "{pad}    for (int k = 0; k < W; ++k) y[k] = fz_final({});",
         args(prog, &call, &[], &[])
     );
-    let _ = writeln!(s, "{pad}    store_vec(out + at[u], pack_vec<{ot}, W>(y), FZ_STREAM);");
+    let _ = writeln!(
+        s,
+        "{pad}    store_vec(out + at[u], pack_vec<{ot}, W>(y), FZ_STREAM);"
+    );
     let _ = writeln!(s, "{pad}}}");
 }

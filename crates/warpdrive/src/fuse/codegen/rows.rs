@@ -10,20 +10,68 @@ use super::super::expr::Reduce;
 use super::super::program::{Class, Op, Program};
 use super::*;
 
-/// Vector loads of the streamed inputs at column `c` of row `row` (rows mode), unpacked into
-/// `f<i>`.
-fn row_vector_loads(s: &mut String, prog: &Program<'_>, pad: &str) {
+/// Vector loads of the streamed inputs at column `c` of row `row` (rows mode) into `v<i><tag>`;
+/// `once`: the kernel reads each row once, so full inputs are loaded streaming (evict first).
+fn row_vector_fetch(s: &mut String, prog: &Program<'_>, pad: &str, tag: &str, c: &str, once: bool) {
     for i in streamed(prog) {
         let x = &prog.inputs[i];
         let t = ctype(x.kind);
-        let at = if x.class == Class::Full {
-            "row * cols + c"
+        let (at, hint) = if x.class == Class::Full {
+            (
+                format!("row * cols + {c}"),
+                if once { ", FZ_STREAM" } else { "" },
+            )
         } else {
-            "c"
+            (c.to_string(), "")
         };
-        let _ = writeln!(s, "{pad}float f{i}[W];");
-        let _ = writeln!(s, "{pad}unpack_vec(load_vec<{t}, W>(in{i} + {at}), f{i});");
+        let _ = writeln!(
+            s,
+            "{pad}const Vec<{t}, W> v{i}{tag} = load_vec<{t}, W>(in{i} + {at}{hint});"
+        );
     }
+}
+
+/// The loaded vectors `v<i><tag>` unpacked into `f<i>`.
+fn row_vector_unpack(s: &mut String, prog: &Program<'_>, pad: &str, tag: &str) {
+    for i in streamed(prog) {
+        let _ = writeln!(s, "{pad}float f{i}[W];");
+        let _ = writeln!(s, "{pad}unpack_vec(v{i}{tag}, f{i});");
+    }
+}
+
+/// A vector loop over a row's columns, `group * W` apart: two vectors per thread per
+/// iteration while both fit (both loaded before either is used, so two are in flight), then
+/// one. `body` writes the statements for one vector at column `c` from `f<i>`.
+fn row_vector_loop(
+    s: &mut String,
+    prog: &Program<'_>,
+    pad: &str,
+    once: bool,
+    body: &dyn Fn(&mut String, &str),
+) {
+    let inner = format!("{pad}        ");
+    let _ = writeln!(s, "{pad}u64 c = lane * W;");
+    let _ = writeln!(
+        s,
+        "{pad}for (; c + group * W < cols; c += 2 * group * W) {{"
+    );
+    // (Not c0, c1: the kernel's constants are c<n>.)
+    let _ = writeln!(s, "{pad}    const u64 col_0 = c, col_1 = c + group * W;");
+    row_vector_fetch(s, prog, &format!("{pad}    "), "_0", "col_0", once);
+    row_vector_fetch(s, prog, &format!("{pad}    "), "_1", "col_1", once);
+    for tag in ["0", "1"] {
+        let _ = writeln!(s, "{pad}    {{");
+        let _ = writeln!(s, "{inner}const u64 c = col_{tag};");
+        row_vector_unpack(s, prog, &inner, &format!("_{tag}"));
+        body(s, &inner);
+        let _ = writeln!(s, "{pad}    }}");
+    }
+    let _ = writeln!(s, "{pad}}}");
+    let _ = writeln!(s, "{pad}for (; c < cols; c += group * W) {{");
+    row_vector_fetch(s, prog, &format!("{pad}    "), "_0", "c", once);
+    row_vector_unpack(s, prog, &format!("{pad}    "), "_0");
+    body(s, &format!("{pad}    "));
+    let _ = writeln!(s, "{pad}}}");
 }
 
 pub(super) fn rows_kernel(
@@ -97,6 +145,14 @@ pub(super) fn rows_kernel(
         col: "(float)c",
     };
     let stages = Stages::new(prog);
+    // Whether each row is read once (one pass, its reductions, and nothing per element, or
+    // only the per-element pass): then its full inputs are loaded streaming; a row read again
+    // keeps its lines in L2 for the later pass.
+    let passes = (1..=prog.depth())
+        .filter(|&l| !stages.at(l).is_empty())
+        .count()
+        + usize::from(per_element);
+    let once = passes == 1;
     for level in 1..=prog.depth() {
         let mine = stages.at(level);
         if mine.is_empty() {
@@ -113,18 +169,14 @@ pub(super) fn rows_kernel(
             }
         }
         let _ = writeln!(s, "            if (vec) {{");
-        let _ = writeln!(
-            s,
-            "                for (u64 c = lane * W; c < cols; c += group * W) {{"
-        );
-        row_vector_loads(s, prog, "                    ");
-        let _ = writeln!(s, "#pragma unroll");
-        let _ = writeln!(
-            s,
-            "                    for (int k = 0; k < W; ++k) fz_stage{level}({});",
-            args(prog, &vec_call, &earlier, &mine)
-        );
-        let _ = writeln!(s, "                }}");
+        let stage_args = args(prog, &vec_call, &earlier, &mine);
+        row_vector_loop(s, prog, "                ", once, &|s, pad| {
+            let _ = writeln!(s, "#pragma unroll");
+            let _ = writeln!(
+                s,
+                "{pad}for (int k = 0; k < W; ++k) fz_stage{level}({stage_args});"
+            );
+        });
         let _ = writeln!(s, "            }} else {{");
         let _ = writeln!(
             s,
@@ -159,23 +211,19 @@ pub(super) fn rows_kernel(
     }
     if per_element {
         let _ = writeln!(s, "        if (vec) {{");
-        let _ = writeln!(
-            s,
-            "            for (u64 c = lane * W; c < cols; c += group * W) {{"
-        );
-        row_vector_loads(s, prog, "                ");
-        let _ = writeln!(s, "                float y[W];");
-        let _ = writeln!(s, "#pragma unroll");
-        let _ = writeln!(
-            s,
-            "                for (int k = 0; k < W; ++k) y[k] = fz_final({});",
-            args(prog, &vec_call, reduces, &[])
-        );
-        let _ = writeln!(
-            s,
-            "                store_vec(out + row * cols + c, pack_vec<{ot}, W>(y));"
-        );
-        let _ = writeln!(s, "            }}");
+        let final_args = args(prog, &vec_call, reduces, &[]);
+        row_vector_loop(s, prog, "            ", once, &|s, pad| {
+            let _ = writeln!(s, "{pad}float y[W];");
+            let _ = writeln!(s, "#pragma unroll");
+            let _ = writeln!(
+                s,
+                "{pad}for (int k = 0; k < W; ++k) y[k] = fz_final({final_args});"
+            );
+            let _ = writeln!(
+                s,
+                "{pad}store_vec(out + row * cols + c, pack_vec<{ot}, W>(y), FZ_STREAM);"
+            );
+        });
         let _ = writeln!(s, "        }} else {{");
         let _ = writeln!(
             s,
