@@ -31,8 +31,17 @@ fn row_vector_fetch(s: &mut String, prog: &Program<'_>, pad: &str, tag: &str, c:
     }
 }
 
-/// The loaded vectors `v<i><tag>` unpacked into `f<i>`.
+/// Whether the program reads the column index (`ci`).
+fn uses_col(prog: &Program<'_>) -> bool {
+    prog.ops.iter().any(|o| matches!(o, Op::ColIndex))
+}
+
+/// The loaded vectors `v<i><tag>` unpacked into `f<i>`, and the vector's first column as a
+/// float, `cf`: element k's column is `cf + k`, one add, not a 64-bit integer conversion per
+/// element (exact: where the index is read, the vector loop runs only for rows of at most
+/// 2^24 columns, so c + k and cf are integers a float holds; unread, it is dead code).
 fn row_vector_unpack(s: &mut String, prog: &Program<'_>, pad: &str, tag: &str) {
+    let _ = writeln!(s, "{pad}const float cf = (float)c;");
     for i in streamed(prog) {
         let _ = writeln!(s, "{pad}float f{i}[W];");
         let _ = writeln!(s, "{pad}unpack_vec(v{i}{tag}, f{i});");
@@ -108,8 +117,13 @@ pub(super) fn rows_kernel(
     );
     let _ = writeln!(
         s,
-        "    const bool vec = {};",
-        vector_condition(prog, per_element, true)
+        "    const bool vec = {}{};",
+        vector_condition(prog, per_element, true),
+        if uses_col(prog) {
+            " && cols <= 16777216ull"
+        } else {
+            ""
+        }
     );
     scalar_loads(s, prog, "    ");
     for &k in wholes {
@@ -128,7 +142,7 @@ pub(super) fn rows_kernel(
     }
     let vec_call = Call {
         inputs: vector_values(prog, "p{i}"),
-        col: "(float)(c + k)",
+        col: "(cf + (float)k)",
     };
     let scalar_call = Call {
         inputs: element_values(prog, "row * cols + c", "row", "c")
