@@ -106,12 +106,12 @@ __device__ __forceinline__ float fz_gather(const T* __restrict__ table, u64 len,
 __device__ __forceinline__ void fz_lse_step(float& m, float& s, float x) {
     if (x != x) { m = x; s = x; return; }
     if (x == fz_neg_inf()) return;
-    if (x > m) {  // false once m is NaN
-        s = (m == fz_neg_inf() ? 0.0f : s * expf(m - x)) + (x == fz_pos_inf() ? __uint_as_float(0x7fc00000u) : 1.0f);
-        m = x;
-    } else {
-        s += expf(x - m);
-    }
+    // One exp either way, no branch: a new max rescales s by exp(m - x) (0 when m is -inf,
+    // where s is still 0) and adds 1; otherwise exp(x - m) is added.
+    const bool up = x > m;  // false once m is NaN
+    const float e = expf(up ? m - x : x - m);
+    s = up ? s * e + (x == fz_pos_inf() ? __uint_as_float(0x7fc00000u) : 1.0f) : s + e;
+    m = up ? x : m;
 }
 // (m, s) merged with (m2, s2); symmetric, so every lane of a butterfly gets the same result.
 __device__ __forceinline__ void fz_lse_merge(float& m, float& s, float m2, float s2) {
