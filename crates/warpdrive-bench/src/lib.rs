@@ -49,7 +49,7 @@ pub use results::{
     format_ceilings, format_table, now_rfc3339, print_table, rfc3339_utc, Ceiling, Ceilings,
     DeviceRecord, Metric, Results, Row, SCHEMA,
 };
-pub use stats::Stats;
+pub use stats::{percentile, Stats};
 pub use timing::{time_gpu, time_host, time_host_rounds};
 
 /// How large the benchmark inputs are.

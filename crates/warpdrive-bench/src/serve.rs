@@ -1,5 +1,6 @@
 //! The `serve` suite (issue 37): the job service on this suite's device, driven over
-//! loopback HTTP by client threads of this process (keep-alive connections).
+//! loopback HTTP by `warpdrive-serve`'s load generator (pooled keep-alive connections) in
+//! this process.
 //!
 //! - `submit` (size = rows per job, 1): µs from the request's headers to the job being queued
 //!   (the service's own `submit_us`: body, parsing, checks, enqueue), one client sending
@@ -7,16 +8,23 @@
 //! - `load-1row` (size = concurrent clients, 1 / 8 / 32, each sending one-row jobs back to
 //!   back: a closed loop): µs per job as a client sees it; variants `warpdrive-batch-1`
 //!   (every job its own batch) and `warpdrive-dynamic` (batches close at 256 rows or 2 ms);
-//!   `extra.jobs_per_s`, `extra.p99_us`, `extra.mean_batch_rows`.
+//!   `extra.jobs_per_s`, `extra.p99_us`, `extra.p999_us`, `extra.mean_batch_rows`,
+//!   `extra.failed`.
+//! - `load-256row` (size = concurrent clients, 1 / 8): the same with 256-row jobs (the
+//!   device's work dominates).
+//! - `curve-1row` (size = offered jobs/s): open-loop Poisson arrivals of one-row jobs at
+//!   20 / 50 / 80 / 100 / 120 % of the variant's own closed-loop throughput at the most
+//!   clients; µs per job from the moment it was due; `extra.offered_per_s`,
+//!   `extra.load_fraction` and the `load-1row` extras.
 //!
 //! The model is the MoE layer of `qwen3-30b-a3b` (seeded weights): its full shape on CUDA,
 //! the `tiny` scale (hidden 128) on the CPU backend.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::time::{Duration, Instant};
+use std::net::SocketAddr;
+use std::time::Duration;
 
 use warpdrive::error::{Error, Result};
+use warpdrive_serve::load::{self, Arrivals, LoadConfig, LoadReport};
 use warpdrive_serve::{MoeModel, ServeConfig, Server};
 
 use super::stats::percentile;
@@ -29,9 +37,11 @@ const PRESET: &str = "qwen3-30b-a3b";
 const WAIT: Duration = Duration::from_secs(30);
 
 struct Plan {
-    submits: usize,
+    submits: u64,
     load_for: Duration,
     clients: &'static [usize],
+    clients_256: &'static [usize],
+    curve: &'static [f64],
 }
 
 impl Plan {
@@ -41,93 +51,48 @@ impl Plan {
                 submits: 5000,
                 load_for: Duration::from_secs(2),
                 clients: &[1, 8, 32],
+                clients_256: &[1, 8],
+                curve: &[0.2, 0.5, 0.8, 1.0, 1.2],
             },
             Scale::Quick => Plan {
                 submits: 1000,
                 load_for: Duration::from_millis(500),
                 clients: &[1, 8, 32],
+                clients_256: &[1, 8],
+                curve: &[0.2, 0.5, 0.8, 1.0],
             },
             Scale::Tiny => Plan {
                 submits: 30,
                 load_for: Duration::from_millis(100),
                 clients: &[1, 4],
+                clients_256: &[1],
+                curve: &[0.5],
             },
         }
     }
 }
 
-/// A keep-alive HTTP/1.1 connection that posts JSON.
-struct Client {
-    reader: BufReader<TcpStream>,
-    writer: TcpStream,
+/// A way of serving the suite compares.
+struct Variant {
+    name: &'static str,
+    max_batch_rows: usize,
+    max_delay: Duration,
 }
 
-impl Client {
-    fn connect(addr: SocketAddr) -> Result<Client> {
-        let io = |e: std::io::Error| Error::InvalidArgument(format!("serve client: {e}"));
-        let writer = TcpStream::connect_timeout(&addr, WAIT).map_err(io)?;
-        writer.set_read_timeout(Some(WAIT)).map_err(io)?;
-        writer.set_nodelay(true).map_err(io)?;
-        let reader = BufReader::new(writer.try_clone().map_err(io)?);
-        Ok(Client { reader, writer })
-    }
+const VARIANTS: &[Variant] = &[
+    Variant {
+        name: "warpdrive-batch-1",
+        max_batch_rows: 1,
+        max_delay: Duration::ZERO,
+    },
+    Variant {
+        name: "warpdrive-dynamic",
+        max_batch_rows: 256,
+        max_delay: Duration::from_millis(2),
+    },
+];
 
-    /// POSTs `body` to `path`; the status and the reply's body.
-    fn post(&mut self, path: &str, body: &[u8]) -> Result<(u16, Vec<u8>)> {
-        let io = |e: std::io::Error| Error::InvalidArgument(format!("serve client: {e}"));
-        write!(
-            self.writer,
-            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            body.len()
-        )
-        .and_then(|()| self.writer.write_all(body))
-        .map_err(io)?;
-        let mut line = String::new();
-        self.reader.read_line(&mut line).map_err(io)?;
-        let status = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| Error::InvalidArgument(format!("serve client: status line {line:?}")))?;
-        let mut length = 0usize;
-        loop {
-            line.clear();
-            self.reader.read_line(&mut line).map_err(io)?;
-            let l = line.trim_end();
-            if l.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = l.split_once(':') {
-                if k.eq_ignore_ascii_case("content-length") {
-                    length = v.trim().parse().unwrap_or(0);
-                }
-            }
-        }
-        let mut reply = vec![0u8; length];
-        self.reader.read_exact(&mut reply).map_err(io)?;
-        Ok((status, reply))
-    }
-}
-
-/// A one-row job of `width` values (the same values each time: the model's work does not
-/// depend on them).
-fn one_row(width: usize) -> Vec<u8> {
-    let data: Vec<f32> = (0..width).map(|i| ((i % 17) as f32 - 8.0) / 8.0).collect();
-    serde_json::json!({ "rows": 1, "data": data })
-        .to_string()
-        .into_bytes()
-}
-
-/// The reply's `key` as a number.
-fn field(reply: &[u8], key: &str) -> Result<f64> {
-    let v: serde_json::Value = serde_json::from_slice(reply)
-        .map_err(|e| Error::InvalidArgument(format!("serve reply: {e}")))?;
-    v[key]
-        .as_f64()
-        .ok_or_else(|| Error::InvalidArgument(format!("serve reply has no {key}")))
-}
-
-fn start(ctx: &Ctx, max_batch_rows: usize, max_delay: Duration) -> Result<(Server, usize)> {
+fn start(ctx: &Ctx, v: &Variant) -> Result<Server> {
     let scale = if ctx.device().is_cuda() {
         Scale::Full
     } else {
@@ -135,102 +100,105 @@ fn start(ctx: &Ctx, max_batch_rows: usize, max_delay: Duration) -> Result<(Serve
     };
     let (config, weights, _) = super::moe::case_at(PRESET, 1, scale)?;
     let device = ctx.device().clone();
-    let server = Server::start(
+    Server::start(
         move || Ok(Box::new(MoeModel::new(PRESET, &device, config, weights)?)),
         ServeConfig {
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            max_batch_rows,
-            max_delay,
+            max_batch_rows: v.max_batch_rows,
+            max_delay: v.max_delay,
             ..ServeConfig::default()
         },
-    )?;
-    Ok((server, config.hidden))
+    )
 }
 
-pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
-    let plan = Plan::new(ctx.scale());
-    for (variant, rows, delay) in [
-        ("warpdrive-batch-1", 1, Duration::ZERO),
-        ("warpdrive-dynamic", 256, Duration::from_millis(2)),
+/// Runs `config`; a run with a failed job is an error (the suite measures a service that
+/// answers everything).
+fn offer(config: &LoadConfig) -> Result<LoadReport> {
+    let r = load::run(config).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+    if r.answered() == 0 || r.failed() > 0 {
+        return Err(Error::InvalidArgument(format!(
+            "serve: {} of {} jobs failed ({:?}): {}",
+            r.failed(),
+            r.sent,
+            r.failures,
+            r.first_failure.as_deref().unwrap_or("none answered")
+        )));
+    }
+    Ok(r)
+}
+
+fn closed(addr: SocketAddr, clients: usize, rows: usize, time: Duration) -> LoadConfig {
+    LoadConfig {
+        rows,
+        timeout: WAIT,
+        ..LoadConfig::new(addr, Arrivals::Clients(clients), time)
+    }
+}
+
+/// Records `r` as a row of `case` at `size` with the load extras.
+fn record(ctx: &mut Ctx, case: &str, size: u64, variant: &str, r: &LoadReport) -> Result<()> {
+    let mut us = r.latency_us.clone();
+    let (p99, p999) = (percentile(&us, 0.99), percentile(&us, 0.999));
+    let row = ctx.record_time(case, size, variant, &mut us, None)?;
+    for (k, v) in [
+        ("jobs_per_s", r.jobs_per_s()),
+        ("p99_us", p99),
+        ("p999_us", p999),
+        ("mean_batch_rows", r.mean_batch_rows()),
+        ("failed", r.failed() as f64),
     ] {
-        ctx.step(format!("{SUITE}: {variant}"));
-        let (server, width) = start(ctx, rows, delay)?;
-        let body = one_row(width);
-        if variant == "warpdrive-batch-1" {
-            let mut client = Client::connect(server.addr)?;
-            let mut us = Vec::with_capacity(plan.submits);
-            for k in 0..plan.submits + 10 {
-                let (status, reply) = client.post("/v1/jobs", &body)?;
-                if status != 200 {
-                    return Err(Error::InvalidArgument(format!("serve: status {status}")));
-                }
-                if k >= 10 {
-                    us.push(field(&reply, "submit_us")?);
-                }
-            }
-            let tail = percentile(&us, 0.99);
-            let row = ctx.record_time("submit", 1, "warpdrive", &mut us, None)?;
-            row.extra.insert("p99_us".into(), tail.into());
-        }
-        for &clients in plan.clients {
-            let (mut us, batch_rows) = load(server.addr, &body, clients, plan.load_for)?;
-            let jobs = us.len() as f64;
-            let tail = percentile(&us, 0.99);
-            let mean_batch = batch_rows / jobs.max(1.0);
-            let row = ctx.record_time("load-1row", clients as u64, variant, &mut us, None)?;
-            row.extra.insert(
-                "jobs_per_s".into(),
-                (jobs / plan.load_for.as_secs_f64()).into(),
-            );
-            row.extra.insert("p99_us".into(), tail.into());
-            row.extra
-                .insert("mean_batch_rows".into(), mean_batch.into());
-        }
+        row.extra.insert(k.into(), v.into());
+    }
+    if let Some(o) = r.offered_per_s {
+        row.extra.insert("offered_per_s".into(), o.into());
     }
     Ok(())
 }
 
-/// `clients` threads posting `body` back to back for `time`: each job's µs as its client saw
-/// it, and the sum of the batch sizes the jobs ran in.
-fn load(addr: SocketAddr, body: &[u8], clients: usize, time: Duration) -> Result<(Vec<f64>, f64)> {
-    let per_client = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..clients)
-            .map(|_| {
-                s.spawn(move || -> Result<(Vec<f64>, f64)> {
-                    let mut client = Client::connect(addr)?;
-                    let (mut us, mut rows) = (Vec::new(), 0.0);
-                    let t0 = Instant::now();
-                    while t0.elapsed() < time {
-                        let t = Instant::now();
-                        let (status, reply) = client.post("/v1/jobs", body)?;
-                        if status != 200 {
-                            return Err(Error::InvalidArgument(format!("serve: status {status}")));
-                        }
-                        us.push(t.elapsed().as_secs_f64() * 1e6);
-                        rows += field(&reply, "batch_rows")?;
-                    }
-                    Ok((us, rows))
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .map_err(|_| Error::WorkerPanicked("a serve client".into()))?
-            })
-            .collect::<Result<Vec<_>>>()
-    })?;
-    let mut us = Vec::new();
-    let mut rows = 0.0;
-    for (u, r) in per_client {
-        us.extend(u);
-        rows += r;
+pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
+    let plan = Plan::new(ctx.scale());
+    for v in VARIANTS {
+        ctx.step(format!("{SUITE}: {}", v.name));
+        let server = start(ctx, v)?;
+        let addr = server.addr;
+        if v.max_batch_rows == 1 {
+            // Warm up, then one client back to back.
+            offer(&LoadConfig {
+                max_jobs: Some(10),
+                ..closed(addr, 1, 1, WAIT)
+            })?;
+            let r = offer(&LoadConfig {
+                max_jobs: Some(plan.submits),
+                ..closed(addr, 1, 1, WAIT)
+            })?;
+            let mut us = r.submit_us.clone();
+            let tail = percentile(&us, 0.99);
+            let row = ctx.record_time("submit", 1, "warpdrive", &mut us, None)?;
+            row.extra.insert("p99_us".into(), tail.into());
+        }
+        let mut most = 0.0f64;
+        for &clients in plan.clients {
+            let r = offer(&closed(addr, clients, 1, plan.load_for))?;
+            most = most.max(r.jobs_per_s());
+            record(ctx, "load-1row", clients as u64, v.name, &r)?;
+        }
+        for &clients in plan.clients_256 {
+            let r = offer(&closed(addr, clients, 256, plan.load_for))?;
+            record(ctx, "load-256row", clients as u64, v.name, &r)?;
+        }
+        for &fraction in plan.curve {
+            let rate = most * fraction;
+            let r = offer(&LoadConfig {
+                timeout: WAIT,
+                ..LoadConfig::new(addr, Arrivals::Poisson { per_s: rate }, plan.load_for)
+            })?;
+            record(ctx, "curve-1row", rate.round() as u64, v.name, &r)?;
+            if let Some(row) = ctx.rows_mut_last() {
+                row.extra.insert("load_fraction".into(), fraction.into());
+            }
+        }
     }
-    if us.is_empty() {
-        return Err(Error::InvalidArgument("serve: no job finished".into()));
-    }
-    Ok((us, rows))
+    Ok(())
 }
 
 #[cfg(test)]
@@ -248,6 +216,10 @@ mod tests {
             assert!(rows
                 .iter()
                 .any(|r| r.case == "load-1row" && r.variant == variant && r.size == 4));
+            assert!(rows
+                .iter()
+                .any(|r| r.case == "curve-1row" && r.variant == variant));
         }
+        assert!(rows.iter().any(|r| r.case == "load-256row"));
     }
 }

@@ -10,7 +10,8 @@ use warpdrive_bench::Scale;
 
 /// warpdrive: GPU performance runtime. `doctor` checks the machine, `bench` benchmarks
 /// it, `report` renders a results file, `moe` runs one MoE layer,
-/// `actors` runs persistent actors with live counters, `serve` serves jobs over HTTP.
+/// `actors` runs persistent actors with live counters, `serve` serves jobs over HTTP,
+/// `load` offers load to a running service.
 #[derive(Debug, Parser)]
 #[command(name = "warpdrive", version)]
 pub(crate) struct Cli {
@@ -71,6 +72,10 @@ pub(crate) enum Command {
     /// Serve jobs over HTTP (an MoE layer forward per job) with dynamic batching:
     /// POST /v1/jobs, GET /health.
     Serve(ServeArgs),
+    /// Offer load to a running `warpdrive serve` on this machine: Poisson arrivals at a rate
+    /// (open loop) or N clients each with one job outstanding (closed loop), bounded in jobs
+    /// and time; prints latency percentiles, throughput and failures by kind.
+    Load(LoadArgs),
     /// Run persistent actors with live counters: echo actors in one resident loop, host
     /// threads sending to them, then round trips and the time to terminate.
     Actors(ActorsArgs),
@@ -138,6 +143,51 @@ pub(crate) struct ServeArgs {
     pub(crate) scale: String,
     #[command(flatten)]
     pub(crate) device: DeviceOpt,
+}
+
+/// What `warpdrive load` offers.
+#[derive(Debug, Args)]
+pub(crate) struct LoadArgs {
+    /// The service (a loopback address).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    pub(crate) addr: std::net::SocketAddr,
+    /// Open loop: Poisson arrivals at this many jobs a second.
+    #[arg(long, value_name = "JOBS_PER_S", conflicts_with = "clients")]
+    pub(crate) rate: Option<f64>,
+    /// Closed loop: this many clients, each sending its next job when the last is answered
+    /// (the default, with 1, when no --rate is given).
+    #[arg(long, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(crate) clients: Option<u32>,
+    /// Rows (tokens) per job.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) rows: u32,
+    /// Send at most this many jobs.
+    #[arg(long, value_name = "N",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) jobs: Option<u64>,
+    /// Send jobs for this many seconds.
+    #[arg(long, value_name = "S", default_value_t = 10.0)]
+    pub(crate) seconds: f64,
+    /// Connections at most (open loop; a closed loop has one per client).
+    #[arg(long, value_name = "N", default_value_t = 64,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(crate) connections: u32,
+    /// Body format: json, f32 or bf16 (the binary tensor body).
+    #[arg(long, value_name = "FORMAT", default_value = "json",
+          value_parser = ["json", "f32", "bf16"])]
+    pub(crate) format: String,
+    /// Priority class of the jobs, 0 (lowest) to 3 (the service's default when not given).
+    #[arg(long, value_name = "P",
+          value_parser = clap::value_parser!(u8).range(0..=3))]
+    pub(crate) priority: Option<u8>,
+    /// Tenant the jobs are counted against (the service's budgets).
+    #[arg(long, value_name = "NAME")]
+    pub(crate) tenant: Option<String>,
+    /// The longest one job may take, in seconds.
+    #[arg(long, value_name = "S", default_value_t = 30.0)]
+    pub(crate) timeout: f64,
 }
 
 /// What `warpdrive actors` runs.

@@ -12,16 +12,17 @@ use std::time::Instant;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
+use hyper::header::HeaderValue;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, watch};
 use warpdrive::{Error, Result};
 
-use super::batcher::{self, Job, Queue, ServeConfig};
+use super::batcher::{self, BatchStats, Job, Queue, ServeConfig};
 use super::model::Model;
+use super::wire::{self, Format, JsonReply};
 
 /// A running service. Dropping it stops accepting, lets jobs in the queue finish and joins
 /// its threads.
@@ -169,39 +170,36 @@ async fn route(
             }
             Err(e) => refuse(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
         },
-        (_, "/health" | "/v1/jobs" | "/metrics") => {
+        (&Method::GET, "/v1/model") => {
+            let info = serde_json::json!({ "name": state.queue.name, "width": state.queue.width });
+            let mut r = reply(StatusCode::OK, info.to_string());
+            r.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                HeaderValue::from_static(wire::JSON_TYPE),
+            );
+            r
+        }
+        (_, "/health" | "/v1/jobs" | "/v1/model" | "/metrics") => {
             refuse(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
         }
         _ => refuse(
             StatusCode::NOT_FOUND,
-            "no such endpoint: /v1/jobs, /health, /metrics",
+            "no such endpoint: /v1/jobs, /v1/model, /health, /metrics",
         ),
     })
-}
-
-/// A job as a client sends it: `rows` rows of the model's width, flattened.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct JobRequest {
-    rows: usize,
-    data: Vec<f32>,
-}
-
-#[derive(Serialize)]
-struct JobReply {
-    rows: usize,
-    data: Vec<f32>,
-    batch_rows: usize,
-    /// µs from the request's headers being read to the job being queued (body, parsing,
-    /// checks and the enqueue).
-    submit_us: f64,
-    queue_us: f64,
-    run_us: f64,
 }
 
 async fn submit(req: Request<Incoming>, state: &State) -> Response<Full<Bytes>> {
     let accepted = Instant::now();
     let config = &state.config;
+    let content_type = req
+        .headers()
+        .get(hyper::header::CONTENT_TYPE)
+        .map(|v| v.to_str().unwrap_or("?"));
+    let format = match wire::format_of(content_type) {
+        Ok(f) => f,
+        Err(e) => return refuse(StatusCode::UNSUPPORTED_MEDIA_TYPE, &e.why),
+    };
     let body = Limited::new(req.into_body(), config.max_body_bytes);
     let bytes = match tokio::time::timeout(config.body_timeout, body.collect()).await {
         Err(_) => {
@@ -222,25 +220,16 @@ async fn submit(req: Request<Incoming>, state: &State) -> Response<Full<Bytes>> 
         Ok(Err(e)) => return refuse(StatusCode::BAD_REQUEST, &format!("reading the body: {e}")),
         Ok(Ok(b)) => b.to_bytes(),
     };
-    let job: JobRequest = match serde_json::from_slice(&bytes) {
-        Ok(j) => j,
-        Err(e) => return refuse(StatusCode::BAD_REQUEST, &format!("not a job: {e}")),
-    };
     let width = state.queue.width;
-    if job.rows == 0 || job.rows.checked_mul(width) != Some(job.data.len()) {
-        return refuse(
-            StatusCode::BAD_REQUEST,
-            &format!(
-                "{} values are not {} rows of {width} for {}",
-                job.data.len(),
-                job.rows,
-                state.queue.name
-            ),
-        );
-    }
-    if let Some(i) = job.data.iter().position(|v| !v.is_finite()) {
-        return refuse(StatusCode::BAD_REQUEST, &format!("value {i} is not finite"));
-    }
+    let job = match wire::decode(format, &bytes, width) {
+        Ok(t) => t,
+        Err(e) => {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                &format!("{} for {}", e.why, state.queue.name),
+            )
+        }
+    };
     if !state.queue.healthy.load(Ordering::Acquire) {
         return refuse(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -279,26 +268,52 @@ async fn submit(req: Request<Incoming>, state: &State) -> Response<Full<Bytes>> 
             "the batcher dropped the job",
         ),
         Ok(Ok(Err(why))) => refuse(StatusCode::INTERNAL_SERVER_ERROR, &why),
-        Ok(Ok(Ok((data, stats)))) => {
-            let body = JobReply {
-                rows: job.rows,
-                data,
-                batch_rows: stats.batch_rows,
-                submit_us,
-                queue_us: stats.queue_us,
-                run_us: stats.run_us,
-            };
-            match serde_json::to_vec(&body) {
-                Ok(v) => {
-                    let mut r = reply(StatusCode::OK, v);
-                    r.headers_mut().insert(
-                        hyper::header::CONTENT_TYPE,
-                        hyper::header::HeaderValue::from_static("application/json"),
-                    );
-                    r
-                }
-                Err(e) => refuse(StatusCode::INTERNAL_SERVER_ERROR, &format!("encoding: {e}")),
+        Ok(Ok(Ok((data, stats)))) => answer(format, job.rows, data, stats, submit_us),
+    }
+}
+
+/// The 200 reply of a job in its request's format.
+fn answer(
+    format: Format,
+    rows: usize,
+    data: Vec<f32>,
+    stats: BatchStats,
+    submit_us: f64,
+) -> Response<Full<Bytes>> {
+    let body = match format {
+        Format::Json => serde_json::to_vec(&JsonReply {
+            rows,
+            data,
+            batch_rows: stats.batch_rows,
+            submit_us,
+            queue_us: stats.queue_us,
+            run_us: stats.run_us,
+        })
+        .map_err(|e| e.to_string()),
+        Format::Binary(dtype) => wire::encode_binary(dtype, rows, &data)
+            .ok_or_else(|| format!("{rows} rows do not fit a tensor")),
+    };
+    let body = match body {
+        Ok(b) => b,
+        Err(e) => return refuse(StatusCode::INTERNAL_SERVER_ERROR, &format!("encoding: {e}")),
+    };
+    let mut r = reply(StatusCode::OK, body);
+    let h = r.headers_mut();
+    h.insert(
+        hyper::header::CONTENT_TYPE,
+        HeaderValue::from_static(format.content_type()),
+    );
+    if let Format::Binary(_) = format {
+        for (name, v) in [
+            (wire::BATCH_ROWS_HEADER, stats.batch_rows as f64),
+            (wire::SUBMIT_US_HEADER, submit_us),
+            (wire::QUEUE_US_HEADER, stats.queue_us),
+            (wire::RUN_US_HEADER, stats.run_us),
+        ] {
+            if let Ok(v) = HeaderValue::from_str(&format!("{v:.1}")) {
+                h.insert(name, v);
             }
         }
     }
+    r
 }

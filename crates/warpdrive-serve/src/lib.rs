@@ -18,9 +18,14 @@
 //! finish within the body timeout (408), a full queue (503).
 
 mod batcher;
+pub mod client;
 mod http;
+pub mod load;
 mod model;
+pub mod wire;
 
 pub use batcher::{BatchStats, MakeModel, ServeConfig};
+pub use client::{Client, ClientConfig, Failure, JobResult, JobSpec};
 pub use http::Server;
+pub use load::{Arrivals, LoadConfig, LoadReport};
 pub use model::{Model, MoeModel};

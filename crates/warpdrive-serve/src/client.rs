@@ -1,0 +1,332 @@
+//! A client of the service: keep-alive HTTP/1.1 connections from a pool with a cap, every
+//! wait bounded by a timeout, JSON or binary bodies.
+//!
+//! The pool is hyper's connection-level client (`hyper::client::conn::http1`) with a
+//! semaphore in front: at most `max_connections` connections exist, and a request waits for
+//! a free one (up to its timeout) rather than opening more. A connection goes back to the
+//! pool after its reply has been read in full, and one the server closed is dropped.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper::header::{HeaderValue, CONTENT_TYPE, HOST};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use parking_lot::Mutex;
+use serde::Deserialize;
+use tokio::sync::Semaphore;
+
+use super::wire::{self, Dtype, Format, JsonReply};
+
+/// The request headers that carry a job's class, tenant and deadline.
+pub const PRIORITY_HEADER: &str = "x-warpdrive-priority";
+pub const TENANT_HEADER: &str = "x-warpdrive-tenant";
+pub const DEADLINE_HEADER: &str = "x-warpdrive-deadline-ms";
+
+/// How a client connects.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Connections open at most (each carries one request at a time).
+    pub max_connections: usize,
+    /// The longest any step may take: waiting for a connection, connecting, the reply.
+    pub timeout: Duration,
+    /// How jobs are encoded.
+    pub format: Format,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            max_connections: 64,
+            timeout: Duration::from_secs(30),
+            format: Format::Json,
+        }
+    }
+}
+
+/// A job to submit: `rows` rows of the model's width in `data`, and how to queue it.
+#[derive(Debug, Clone, Default)]
+pub struct JobSpec {
+    pub rows: usize,
+    pub data: Vec<f32>,
+    /// Class 0 (lowest) to 3; the service's default when `None`.
+    pub priority: Option<u8>,
+    pub tenant: Option<String>,
+    /// The job must start running within this long of arriving.
+    pub deadline: Option<Duration>,
+}
+
+/// A job's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobResult {
+    pub rows: usize,
+    pub data: Vec<f32>,
+    pub batch_rows: usize,
+    pub submit_us: f64,
+    pub queue_us: f64,
+    pub run_us: f64,
+}
+
+/// Why a request failed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Failure {
+    /// The service answered with this status and reason.
+    Status(u16, String),
+    /// A step took longer than the client's timeout.
+    Timeout(&'static str),
+    /// Connecting, sending or reading failed.
+    Io(String),
+    /// A 200 reply that does not parse.
+    BadReply(String),
+}
+
+impl Failure {
+    /// A short key for counting failures by kind: the status (`503`), `timeout`, `io` or
+    /// `bad-reply`.
+    pub fn key(&self) -> String {
+        match self {
+            Failure::Status(s, _) => s.to_string(),
+            Failure::Timeout(_) => "timeout".into(),
+            Failure::Io(_) => "io".into(),
+            Failure::BadReply(_) => "bad-reply".into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Status(s, why) => write!(f, "status {s}: {}", why.trim_end()),
+            Failure::Timeout(what) => write!(f, "timed out {what}"),
+            Failure::Io(e) => write!(f, "{e}"),
+            Failure::BadReply(e) => write!(f, "a reply that does not parse: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for Failure {}
+
+/// What `GET /v1/model` says.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ModelInfo {
+    pub name: String,
+    pub width: usize,
+}
+
+/// A pooled client of one service. Clones share the pool.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    addr: SocketAddr,
+    host: HeaderValue,
+    config: ClientConfig,
+    idle: Mutex<Vec<SendRequest<Full<Bytes>>>>,
+    permits: Semaphore,
+}
+
+impl Client {
+    /// A client of the service at `addr` (no connection is made until the first request).
+    pub fn new(addr: SocketAddr, config: ClientConfig) -> Client {
+        let host = HeaderValue::from_str(&addr.to_string())
+            .unwrap_or_else(|_| HeaderValue::from_static("localhost"));
+        let permits = Semaphore::new(config.max_connections.max(1));
+        Client {
+            inner: Arc::new(Inner {
+                addr,
+                host,
+                config,
+                idle: Mutex::new(Vec::new()),
+                permits,
+            }),
+        }
+    }
+
+    /// The service's model.
+    pub async fn model(&self) -> Result<ModelInfo, Failure> {
+        let (status, _, body) = self
+            .request(Method::GET, "/v1/model", None, Vec::new(), &[])
+            .await?;
+        if status != StatusCode::OK {
+            return Err(status_failure(status, &body));
+        }
+        serde_json::from_slice(&body).map_err(|e| Failure::BadReply(e.to_string()))
+    }
+
+    /// The status and body of `GET path`.
+    pub async fn get(&self, path: &str) -> Result<(u16, Bytes), Failure> {
+        let (status, _, body) = self
+            .request(Method::GET, path, None, Vec::new(), &[])
+            .await?;
+        Ok((status.as_u16(), body))
+    }
+
+    /// Submits `job` and waits for its answer.
+    pub async fn submit(&self, job: &JobSpec) -> Result<JobResult, Failure> {
+        let format = self.inner.config.format;
+        let body = match format {
+            Format::Json => wire::encode_json(job.rows, &job.data),
+            Format::Binary(dtype) => wire::encode_binary(dtype, job.rows, &job.data)
+                .ok_or_else(|| Failure::Io(format!("{} rows do not fit a tensor", job.rows)))?,
+        };
+        let mut headers: Vec<(&'static str, String)> = Vec::new();
+        if let Some(p) = job.priority {
+            headers.push((PRIORITY_HEADER, p.to_string()));
+        }
+        if let Some(t) = &job.tenant {
+            headers.push((TENANT_HEADER, t.clone()));
+        }
+        if let Some(d) = job.deadline {
+            headers.push((DEADLINE_HEADER, d.as_millis().to_string()));
+        }
+        let (status, reply_headers, body) = self
+            .request(
+                Method::POST,
+                "/v1/jobs",
+                Some(format.content_type()),
+                body,
+                &headers,
+            )
+            .await?;
+        if status != StatusCode::OK {
+            return Err(status_failure(status, &body));
+        }
+        match format {
+            Format::Json => {
+                let r: JsonReply =
+                    serde_json::from_slice(&body).map_err(|e| Failure::BadReply(e.to_string()))?;
+                Ok(JobResult {
+                    rows: r.rows,
+                    data: r.data,
+                    batch_rows: r.batch_rows,
+                    submit_us: r.submit_us,
+                    queue_us: r.queue_us,
+                    run_us: r.run_us,
+                })
+            }
+            Format::Binary(_) => {
+                let width = job.data.len().checked_div(job.rows).unwrap_or(0);
+                let t = wire::decode(Format::Binary(Dtype::F32), &body, width)
+                    .map_err(|e| Failure::BadReply(e.why))?;
+                let num = |name: &str| -> f64 {
+                    reply_headers
+                        .get(name)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(f64::NAN)
+                };
+                Ok(JobResult {
+                    rows: t.rows,
+                    data: t.data,
+                    batch_rows: num(wire::BATCH_ROWS_HEADER) as usize,
+                    submit_us: num(wire::SUBMIT_US_HEADER),
+                    queue_us: num(wire::QUEUE_US_HEADER),
+                    run_us: num(wire::RUN_US_HEADER),
+                })
+            }
+        }
+    }
+
+    /// One request on a pooled connection: the reply's status, headers and whole body.
+    async fn request(
+        &self,
+        method: Method,
+        path: &str,
+        content_type: Option<&'static str>,
+        body: Vec<u8>,
+        headers: &[(&'static str, String)],
+    ) -> Result<(StatusCode, hyper::HeaderMap, Bytes), Failure> {
+        let inner = &self.inner;
+        let t = inner.config.timeout;
+        let _permit = tokio::time::timeout(t, inner.permits.acquire())
+            .await
+            .map_err(|_| Failure::Timeout("waiting for a connection"))?
+            .map_err(|e| Failure::Io(e.to_string()))?;
+        let mut sender = match self.idle_connection() {
+            Some(s) => s,
+            None => self.connect().await?,
+        };
+        let mut req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(HOST, inner.host.clone());
+        if let Some(ct) = content_type {
+            req = req.header(CONTENT_TYPE, ct);
+        }
+        for (k, v) in headers {
+            req = req.header(*k, v.as_str());
+        }
+        let req = req
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| Failure::Io(format!("building the request: {e}")))?;
+        let exchange = async {
+            sender
+                .ready()
+                .await
+                .map_err(|e| Failure::Io(format!("connection: {e}")))?;
+            let reply = sender
+                .send_request(req)
+                .await
+                .map_err(|e| Failure::Io(format!("sending: {e}")))?;
+            let (parts, body) = reply.into_parts();
+            let body = body
+                .collect()
+                .await
+                .map_err(|e| Failure::Io(format!("reading the reply: {e}")))?
+                .to_bytes();
+            Ok::<_, Failure>((parts.status, parts.headers, body))
+        };
+        let out = tokio::time::timeout(t, exchange)
+            .await
+            .map_err(|_| Failure::Timeout("waiting for the reply"))??;
+        if !sender.is_closed() {
+            inner.idle.lock().push(sender);
+        }
+        Ok(out)
+    }
+
+    fn idle_connection(&self) -> Option<SendRequest<Full<Bytes>>> {
+        let mut idle = self.inner.idle.lock();
+        while let Some(s) = idle.pop() {
+            if !s.is_closed() {
+                return Some(s);
+            }
+        }
+        None
+    }
+
+    async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, Failure> {
+        let inner = &self.inner;
+        let stream = tokio::time::timeout(
+            inner.config.timeout,
+            tokio::net::TcpStream::connect(inner.addr),
+        )
+        .await
+        .map_err(|_| Failure::Timeout("connecting"))?
+        .map_err(|e| Failure::Io(format!("connecting to {}: {e}", inner.addr)))?;
+        let _ = stream.set_nodelay(true);
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| Failure::Io(format!("handshake: {e}")))?;
+        // The connection's own task: it ends when either side closes it.
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!("serve client: connection ended: {e}");
+            }
+        });
+        Ok(sender)
+    }
+}
+
+fn status_failure(status: StatusCode, body: &[u8]) -> Failure {
+    Failure::Status(
+        status.as_u16(),
+        String::from_utf8_lossy(body).trim_end().to_string(),
+    )
+}
