@@ -1,0 +1,121 @@
+//! The service's life: stopping answers every job it accepted, the controller stops making
+//! a lone client wait, idle connections cost no one else a reply and past the cap are closed.
+
+mod common;
+
+use std::io::Read;
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::{config, double, gated, http, http_with, job, wait_until, WAIT};
+use warpdrive_serve::load::{self, Arrivals, LoadConfig};
+use warpdrive_serve::{ControllerConfig, ServeConfig};
+
+#[test]
+fn stopping_answers_every_accepted_job() {
+    let (server, open, seen) = gated(ServeConfig {
+        max_batch_rows: 1,
+        max_delay: Duration::ZERO,
+        ..config()
+    });
+    let a = server.addr;
+    std::thread::scope(|s| {
+        let jobs: Vec<_> = (0..5)
+            .map(|k| s.spawn(move || http_with(a, "/v1/jobs", "", job(1, &[k as f32]).as_bytes())))
+            .collect();
+        wait_until("one job running and four queued", || {
+            seen.lock().unwrap().len() == 1 && server.queued() == 4
+        });
+        let stopping = s.spawn(move || server.stop());
+        wait_until("the service to stop accepting", || {
+            TcpStream::connect(a).is_err()
+        });
+        for _ in 0..5 {
+            open.send(()).unwrap();
+        }
+        for j in jobs {
+            let (status, text) = j.join().unwrap();
+            assert_eq!(status, 200, "{text}");
+        }
+        stopping.join().unwrap();
+    });
+    assert_eq!(seen.lock().unwrap().len(), 5);
+}
+
+#[test]
+fn the_controller_stops_making_a_lone_client_wait() {
+    let server = double(
+        2,
+        Duration::ZERO,
+        ServeConfig {
+            max_delay: Duration::from_millis(20),
+            interval: Duration::from_millis(20),
+            controller: Some(ControllerConfig {
+                p99_target: Duration::from_millis(50),
+                max_batch_rows: 64,
+                max_delay: Duration::from_millis(20),
+            }),
+            ..config()
+        },
+    );
+    assert!(server.status().controller);
+    assert_eq!(server.status().delay_us, 20_000.0);
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(Ordering::Relaxed) {
+                let c = LoadConfig {
+                    max_jobs: Some(5),
+                    ..LoadConfig::new(server.addr, Arrivals::Clients(1), WAIT)
+                };
+                let r = load::run(&c).unwrap();
+                assert_eq!(r.failed(), 0, "{:?}", r.first_failure);
+            }
+        });
+        wait_until("the delay to reach 0", || server.status().delay_us == 0.0);
+        done.store(true, Ordering::Relaxed);
+    });
+    let s = server.status();
+    assert!(s.jobs_total > 0 && s.last.busy < 0.5, "{s:?}");
+}
+
+#[test]
+fn idle_connections_hold_up_no_one_and_past_the_cap_are_closed() {
+    let server = double(
+        2,
+        Duration::ZERO,
+        ServeConfig {
+            body_timeout: Duration::from_secs(10),
+            max_connections: 600,
+            ..config()
+        },
+    );
+    let a = server.addr;
+    let idle: Vec<TcpStream> = (0..500).map(|_| TcpStream::connect(a).unwrap()).collect();
+    assert_eq!(http(a, "POST", "/v1/jobs", &job(1, &[1.0, 2.0])).0, 200);
+    let more: Vec<TcpStream> = (0..200).map(|_| TcpStream::connect(a).unwrap()).collect();
+    // Some of the last ones were over the cap: closed without a word.
+    let closed = more
+        .into_iter()
+        .filter_map(|mut c| {
+            c.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+            let mut b = [0u8; 1];
+            matches!(c.read(&mut b), Ok(0)).then_some(())
+        })
+        .count();
+    assert!(closed >= 90, "{closed} of 200 closed");
+    drop(idle);
+    wait_until("a connection to be served again", || {
+        let mut c = TcpStream::connect(a).unwrap();
+        c.set_read_timeout(Some(WAIT)).unwrap();
+        use std::io::Write;
+        let _ = write!(
+            c,
+            "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        );
+        let mut text = String::new();
+        let _ = c.read_to_string(&mut text);
+        text.starts_with("HTTP/1.1 200")
+    });
+}
