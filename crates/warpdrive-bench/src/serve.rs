@@ -7,9 +7,12 @@
 //!   one-row jobs back to back; `extra.p99_us`.
 //! - `load-1row` (size = concurrent clients, 1 / 8 / 32, each sending one-row jobs back to
 //!   back: a closed loop): µs per job as a client sees it; variants `warpdrive-batch-1`
-//!   (every job its own batch) and `warpdrive-dynamic` (batches close at 256 rows or 2 ms);
-//!   `extra.jobs_per_s`, `extra.p99_us`, `extra.p999_us`, `extra.mean_batch_rows`,
-//!   `extra.failed`.
+//!   (every job its own batch), `warpdrive-dynamic` (batches close at 256 rows or 2 ms) and
+//!   `warpdrive-controller` (the same start, the controller steering rows up to 1024 and
+//!   the delay up to 2 ms toward a p99 of 10 ms); `extra.jobs_per_s`, `extra.p99_us`,
+//!   `extra.p999_us`, `extra.mean_batch_rows`, `extra.failed`, `extra.busy` (the fraction
+//!   of the run the model ran, from the service's status), and the knobs at the end
+//!   (`extra.batch_rows_knob`, `extra.delay_us_knob`).
 //! - `load-256row` (size = concurrent clients, 1 / 8): the same with 256-row jobs (the
 //!   device's work dominates).
 //! - `curve-1row` (size = offered jobs/s): open-loop Poisson arrivals of one-row jobs at
@@ -25,7 +28,7 @@ use std::time::Duration;
 
 use warpdrive::error::{Error, Result};
 use warpdrive_serve::load::{self, Arrivals, LoadConfig, LoadReport};
-use warpdrive_serve::{MoeModel, ServeConfig, Server};
+use warpdrive_serve::{ControllerConfig, MoeModel, ServeConfig, Server};
 
 use super::stats::percentile;
 use super::{Ctx, Scale};
@@ -77,6 +80,7 @@ struct Variant {
     name: &'static str,
     max_batch_rows: usize,
     max_delay: Duration,
+    controller: Option<ControllerConfig>,
 }
 
 const VARIANTS: &[Variant] = &[
@@ -84,13 +88,28 @@ const VARIANTS: &[Variant] = &[
         name: "warpdrive-batch-1",
         max_batch_rows: 1,
         max_delay: Duration::ZERO,
+        controller: None,
     },
     Variant {
         name: "warpdrive-dynamic",
         max_batch_rows: 256,
         max_delay: Duration::from_millis(2),
+        controller: None,
+    },
+    Variant {
+        name: "warpdrive-controller",
+        max_batch_rows: 256,
+        max_delay: Duration::from_millis(2),
+        controller: Some(ControllerConfig {
+            p99_target: Duration::from_millis(10),
+            max_batch_rows: 1024,
+            max_delay: Duration::from_millis(2),
+        }),
     },
 ];
+
+/// How often the service publishes its status here (the busy fraction's resolution).
+const INTERVAL: Duration = Duration::from_millis(50);
 
 fn start(ctx: &Ctx, v: &Variant) -> Result<Server> {
     let scale = if ctx.device().is_cuda() {
@@ -106,6 +125,8 @@ fn start(ctx: &Ctx, v: &Variant) -> Result<Server> {
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             max_batch_rows: v.max_batch_rows,
             max_delay: v.max_delay,
+            controller: v.controller,
+            interval: INTERVAL,
             ..ServeConfig::default()
         },
     )
@@ -135,8 +156,30 @@ fn closed(addr: SocketAddr, clients: usize, rows: usize, time: Duration) -> Load
     }
 }
 
+/// `config` offered to `server`, and the fraction of the run the model ran (from the
+/// service's busy total, once its status counts every answered job).
+fn offer_busy(server: &Server, config: &LoadConfig) -> Result<(LoadReport, f64)> {
+    let before = server.status();
+    let r = offer(config)?;
+    let want = before.jobs_total + r.answered();
+    let t0 = std::time::Instant::now();
+    let mut after = server.status();
+    while after.jobs_total < want && t0.elapsed() < 20 * INTERVAL {
+        std::thread::sleep(INTERVAL / 5);
+        after = server.status();
+    }
+    let busy = (after.busy_seconds_total - before.busy_seconds_total) / r.elapsed.as_secs_f64();
+    Ok((r, busy.clamp(0.0, 1.0)))
+}
+
 /// Records `r` as a row of `case` at `size` with the load extras.
-fn record(ctx: &mut Ctx, case: &str, size: u64, variant: &str, r: &LoadReport) -> Result<()> {
+fn record(
+    ctx: &mut Ctx,
+    case: &str,
+    size: u64,
+    variant: &str,
+    (r, busy, server): (&LoadReport, f64, &Server),
+) -> Result<()> {
     let mut us = r.latency_us.clone();
     let (p99, p999) = (percentile(&us, 0.99), percentile(&us, 0.999));
     let row = ctx.record_time(case, size, variant, &mut us, None)?;
@@ -146,6 +189,9 @@ fn record(ctx: &mut Ctx, case: &str, size: u64, variant: &str, r: &LoadReport) -
         ("p999_us", p999),
         ("mean_batch_rows", r.mean_batch_rows()),
         ("failed", r.failed() as f64),
+        ("busy", busy),
+        ("batch_rows_knob", server.status().batch_rows as f64),
+        ("delay_us_knob", server.status().delay_us),
     ] {
         row.extra.insert(k.into(), v.into());
     }
@@ -178,21 +224,42 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
         }
         let mut most = 0.0f64;
         for &clients in plan.clients {
-            let r = offer(&closed(addr, clients, 1, plan.load_for))?;
+            let (r, busy) = offer_busy(&server, &closed(addr, clients, 1, plan.load_for))?;
             most = most.max(r.jobs_per_s());
-            record(ctx, "load-1row", clients as u64, v.name, &r)?;
+            record(
+                ctx,
+                "load-1row",
+                clients as u64,
+                v.name,
+                (&r, busy, &server),
+            )?;
         }
         for &clients in plan.clients_256 {
-            let r = offer(&closed(addr, clients, 256, plan.load_for))?;
-            record(ctx, "load-256row", clients as u64, v.name, &r)?;
+            let (r, busy) = offer_busy(&server, &closed(addr, clients, 256, plan.load_for))?;
+            record(
+                ctx,
+                "load-256row",
+                clients as u64,
+                v.name,
+                (&r, busy, &server),
+            )?;
         }
         for &fraction in plan.curve {
             let rate = most * fraction;
-            let r = offer(&LoadConfig {
-                timeout: WAIT,
-                ..LoadConfig::new(addr, Arrivals::Poisson { per_s: rate }, plan.load_for)
-            })?;
-            record(ctx, "curve-1row", rate.round() as u64, v.name, &r)?;
+            let (r, busy) = offer_busy(
+                &server,
+                &LoadConfig {
+                    timeout: WAIT,
+                    ..LoadConfig::new(addr, Arrivals::Poisson { per_s: rate }, plan.load_for)
+                },
+            )?;
+            record(
+                ctx,
+                "curve-1row",
+                rate.round() as u64,
+                v.name,
+                (&r, busy, &server),
+            )?;
             if let Some(row) = ctx.rows_mut_last() {
                 row.extra.insert("load_fraction".into(), fraction.into());
             }
@@ -212,7 +279,11 @@ mod tests {
         run_suite(&mut ctx).unwrap();
         let rows = ctx.rows();
         assert!(rows.iter().any(|r| r.case == "submit"));
-        for variant in ["warpdrive-batch-1", "warpdrive-dynamic"] {
+        for variant in [
+            "warpdrive-batch-1",
+            "warpdrive-dynamic",
+            "warpdrive-controller",
+        ] {
             assert!(rows
                 .iter()
                 .any(|r| r.case == "load-1row" && r.variant == variant && r.size == 4));

@@ -69,8 +69,10 @@ pub(crate) enum Command {
     /// layer of a checkpoint with `--weights`, and N(0,1) input for that preset and token
     /// count) and print the time of each stage of one staged pass and their sum, then the
     /// time per pass of `--reps` passes as `forward` runs them.
-    /// Serve jobs over HTTP (an MoE layer forward per job) with dynamic batching:
-    /// POST /v1/jobs, GET /health.
+    /// Serve jobs over HTTP (an MoE layer forward per job) with dynamic batching, priority
+    /// classes, tenant budgets and an optional latency controller: POST /v1/jobs, GET /
+    /// (the dashboard), /v1/status, /v1/events, /v1/model, /health, /metrics. Ctrl-C or
+    /// SIGTERM stops it after answering every accepted job.
     Serve(ServeArgs),
     /// Offer load to a running `warpdrive serve` on this machine: Poisson arrivals at a rate
     /// (open loop) or N clients each with one job outstanding (closed loop), bounded in jobs
@@ -133,7 +135,36 @@ pub(crate) struct ServeArgs {
     /// ...or when its oldest job has waited this many milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 10)]
     pub(crate) max_delay_ms: u64,
-    /// Stop after this many seconds (default: serve until killed).
+    /// Turn the controller on: it steers the batch rows (up to --controller-max-rows) and
+    /// the delay (up to --max-delay-ms) to keep the p99 latency under this many milliseconds.
+    #[arg(long, value_name = "MS")]
+    pub(crate) p99_target_ms: Option<f64>,
+    /// The most rows the controller lets a batch hold.
+    #[arg(long, value_name = "N", default_value_t = 1024,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) controller_max_rows: u32,
+    /// Jobs waiting at most (past it, 503).
+    #[arg(long, value_name = "N", default_value_t = 4096,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) queue_jobs: u32,
+    /// Connections open at most (one past it is closed at once).
+    #[arg(long, value_name = "N", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) max_connections: u32,
+    /// Each tenant's (x-warpdrive-tenant) jobs in flight at most (past it, 429).
+    #[arg(long, value_name = "N", default_value_t = 4096,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) tenant_jobs: u32,
+    /// Each tenant's job data in flight at most, MiB (input and output as f32).
+    #[arg(long, value_name = "MIB", default_value_t = 4096,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) tenant_mib: u32,
+    /// Each tenant's jobs a second at most, with bursts of --tenant-burst (default: no limit).
+    #[arg(long, value_name = "JOBS_PER_S")]
+    pub(crate) tenant_rate: Option<f64>,
+    #[arg(long, value_name = "N", default_value_t = 16.0)]
+    pub(crate) tenant_burst: f64,
+    /// Stop after this many seconds (default: serve until Ctrl-C or SIGTERM).
     #[arg(long, value_name = "S")]
     pub(crate) seconds: Option<f64>,
     /// Layer size: `full` (the preset's shape), `quick` or `tiny` (hidden and intermediate

@@ -256,6 +256,7 @@ fn next_batch(shared: &Shared, knobs: Knobs, tick: Duration) -> Next {
 #[derive(Default)]
 struct Totals {
     jobs: u64,
+    busy: Duration,
     expired: u64,
     cancelled: u64,
     failed: u64,
@@ -293,6 +294,7 @@ fn run(mut model: Box<dyn Model>, shared: &Shared, config: &ServeConfig) {
         let now = Instant::now();
         if done || window.age(now) >= config.interval {
             let queued = shared.queue.lock().len();
+            totals.busy += window.busy();
             let seen = window.finish(now, queued);
             if let Some(c) = controller.as_mut() {
                 knobs = c.step(&seen);
@@ -326,6 +328,7 @@ fn publish(
     s.expired_total = totals.expired;
     s.cancelled_total = totals.cancelled;
     s.failed_total = totals.failed;
+    s.busy_seconds_total = totals.busy.as_secs_f64();
     s.pool_used_bytes = used;
     s.pool_reserved_bytes = reserved;
     metrics::gauge!("warpdrive_serve_busy_fraction").set(seen.busy);

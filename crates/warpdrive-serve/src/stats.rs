@@ -53,6 +53,11 @@ impl Window {
         }
     }
 
+    /// Time the model ran in this interval.
+    pub(crate) fn busy(&self) -> Duration {
+        self.busy
+    }
+
     pub(crate) fn age(&self, now: Instant) -> Duration {
         now.saturating_duration_since(self.started)
     }
@@ -125,6 +130,9 @@ pub struct Status {
     pub expired_total: u64,
     pub cancelled_total: u64,
     pub failed_total: u64,
+    /// Seconds the model has run since the start (the busy fraction over any span is the
+    /// change in this over the span's length).
+    pub busy_seconds_total: f64,
     /// Device memory the pools hold and use, bytes (0 on the CPU backend).
     pub pool_reserved_bytes: u64,
     pub pool_used_bytes: u64,
