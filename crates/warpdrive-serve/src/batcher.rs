@@ -229,7 +229,7 @@ enum Next {
 
 /// The next batch under `knobs`, waiting at most `tick` while nothing is queued.
 fn next_batch(shared: &Shared, knobs: Knobs, tick: Duration) -> Next {
-    let give_up = Instant::now() + tick;
+    let give_up = crate::later(Instant::now(), tick);
     let mut q = shared.queue.lock();
     loop {
         let now = Instant::now();
@@ -240,7 +240,7 @@ fn next_batch(shared: &Shared, knobs: Knobs, tick: Duration) -> Next {
                 shared.wake.wait_until(&mut q, give_up);
             }
             Some(oldest) => {
-                let due = oldest + knobs.delay;
+                let due = crate::later(oldest, knobs.delay);
                 if q.rows() >= knobs.batch_rows || q.is_closed() || now >= due {
                     let batch = q.take_batch(knobs.batch_rows);
                     metrics::gauge!("warpdrive_serve_queue_jobs").set(q.len() as f64);

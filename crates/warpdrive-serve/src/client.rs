@@ -71,6 +71,17 @@ pub struct JobResult {
     pub run_us: f64,
 }
 
+impl JobResult {
+    /// The batch facts alone (no rows), to build another result from.
+    pub(crate) fn clone_stats(&self) -> JobResult {
+        JobResult {
+            rows: 0,
+            data: Vec::new(),
+            ..*self
+        }
+    }
+}
+
 /// Why a request failed.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Failure {
@@ -82,6 +93,8 @@ pub enum Failure {
     Io(String),
     /// A 200 reply that does not parse.
     BadReply(String),
+    /// The job was refused before being sent (client-side batching's checks).
+    Invalid(String),
 }
 
 impl Failure {
@@ -93,6 +106,7 @@ impl Failure {
             Failure::Timeout(_) => "timeout".into(),
             Failure::Io(_) => "io".into(),
             Failure::BadReply(_) => "bad-reply".into(),
+            Failure::Invalid(_) => "invalid".into(),
         }
     }
 }
@@ -104,6 +118,7 @@ impl std::fmt::Display for Failure {
             Failure::Timeout(what) => write!(f, "timed out {what}"),
             Failure::Io(e) => write!(f, "{e}"),
             Failure::BadReply(e) => write!(f, "a reply that does not parse: {e}"),
+            Failure::Invalid(e) => write!(f, "{e}"),
         }
     }
 }
@@ -146,6 +161,11 @@ impl Client {
                 permits,
             }),
         }
+    }
+
+    /// The longest one step of a request may take.
+    pub fn timeout(&self) -> Duration {
+        self.inner.config.timeout
     }
 
     /// The service's model.
@@ -234,6 +254,11 @@ impl Client {
     }
 
     /// One request on a pooled connection: the reply's status, headers and whole body.
+    ///
+    /// A kept-alive connection the service has just closed (it closes idle ones) fails the
+    /// request that meets it before any reply; such a request is sent once more on a fresh
+    /// connection. A job is a pure function of its rows, so the worst a resend could do is
+    /// run it twice.
     async fn request(
         &self,
         method: Method,
@@ -248,47 +273,62 @@ impl Client {
             .await
             .map_err(|_| Failure::Timeout("waiting for a connection"))?
             .map_err(|e| Failure::Io(e.to_string()))?;
-        let mut sender = match self.idle_connection() {
-            Some(s) => s,
-            None => self.connect().await?,
+        let body = Bytes::from(body);
+        let build = || {
+            let mut req = Request::builder()
+                .method(method.clone())
+                .uri(path)
+                .header(HOST, inner.host.clone());
+            if let Some(ct) = content_type {
+                req = req.header(CONTENT_TYPE, ct);
+            }
+            for (k, v) in headers {
+                req = req.header(*k, v.as_str());
+            }
+            req.body(Full::new(body.clone()))
+                .map_err(|e| Failure::Io(format!("building the request: {e}")))
         };
-        let mut req = Request::builder()
-            .method(method)
-            .uri(path)
-            .header(HOST, inner.host.clone());
-        if let Some(ct) = content_type {
-            req = req.header(CONTENT_TYPE, ct);
+        let mut reused = self.idle_connection();
+        loop {
+            let retry = reused.is_some();
+            let mut sender = match reused.take() {
+                Some(s) => s,
+                None => self.connect().await?,
+            };
+            let req = build()?;
+            let exchange = async {
+                if let Err(e) = sender.ready().await {
+                    return Err((true, Failure::Io(format!("connection: {e}"))));
+                }
+                let reply = match sender.try_send_request(req).await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let stale = e.error().is_canceled()
+                            || e.error().is_incomplete_message()
+                            || e.error().is_closed();
+                        return Err((stale, Failure::Io(format!("sending: {}", e.error()))));
+                    }
+                };
+                let (parts, body) = reply.into_parts();
+                let body = body
+                    .collect()
+                    .await
+                    .map_err(|e| (false, Failure::Io(format!("reading the reply: {e}"))))?
+                    .to_bytes();
+                Ok((parts.status, parts.headers, body))
+            };
+            match tokio::time::timeout(t, exchange).await {
+                Err(_) => return Err(Failure::Timeout("waiting for the reply")),
+                Ok(Err((stale, _))) if stale && retry => continue,
+                Ok(Err((_, f))) => return Err(f),
+                Ok(Ok(out)) => {
+                    if !sender.is_closed() {
+                        inner.idle.lock().push(sender);
+                    }
+                    return Ok(out);
+                }
+            }
         }
-        for (k, v) in headers {
-            req = req.header(*k, v.as_str());
-        }
-        let req = req
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| Failure::Io(format!("building the request: {e}")))?;
-        let exchange = async {
-            sender
-                .ready()
-                .await
-                .map_err(|e| Failure::Io(format!("connection: {e}")))?;
-            let reply = sender
-                .send_request(req)
-                .await
-                .map_err(|e| Failure::Io(format!("sending: {e}")))?;
-            let (parts, body) = reply.into_parts();
-            let body = body
-                .collect()
-                .await
-                .map_err(|e| Failure::Io(format!("reading the reply: {e}")))?
-                .to_bytes();
-            Ok::<_, Failure>((parts.status, parts.headers, body))
-        };
-        let out = tokio::time::timeout(t, exchange)
-            .await
-            .map_err(|_| Failure::Timeout("waiting for the reply"))??;
-        if !sender.is_closed() {
-            inner.idle.lock().push(sender);
-        }
-        Ok(out)
     }
 
     fn idle_connection(&self) -> Option<SendRequest<Full<Bytes>>> {

@@ -432,7 +432,7 @@ async fn submit(req: Request<Incoming>, state: &State) -> Response<Body> {
         rows: job.rows,
         class: meta.class,
         arrived,
-        deadline: arrived + meta.deadline,
+        deadline: crate::later(arrived, meta.deadline),
         reply: tx,
     };
     match shared.submit(queued) {

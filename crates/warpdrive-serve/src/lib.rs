@@ -23,8 +23,9 @@
 //!   one job larger than the whole budget (413).
 //! - The [`Controller`] (optional): steers the batch rows and delay toward a p99 objective
 //!   from the busy fraction and latencies of each interval.
-//! - [`Client`] (pooled keep-alive connections under a cap) and [`load`] (open- and
-//!   closed-loop load) are what `warpdrive load` and the bench suite use.
+//! - [`Client`] (pooled keep-alive connections under a cap), [`Batching`] (client-side
+//!   batching: many small jobs as one request) and [`load`] (open- and closed-loop load,
+//!   what `warpdrive load` and the bench suite use).
 //!
 //! Every bad request gets a 4xx with a one-line reason and the service keeps serving the
 //! others: malformed JSON, tensors, shapes or headers (400), an unknown content type (415),
@@ -34,6 +35,7 @@
 //! `max_connections` are closed at once.
 
 mod batcher;
+pub mod batching;
 mod budget;
 pub mod client;
 mod controller;
@@ -46,6 +48,7 @@ mod stats;
 pub mod wire;
 
 pub use batcher::{BatchStats, MakeModel, ServeConfig};
+pub use batching::Batching;
 pub use budget::Budget;
 pub use client::{Client, ClientConfig, Failure, JobResult, JobSpec};
 pub use controller::{Controller, ControllerConfig, Knobs};
@@ -54,3 +57,12 @@ pub use load::{Arrivals, LoadConfig, LoadReport};
 pub use model::{Model, MoeModel};
 pub use queue::{CLASSES, DEFAULT_PRIORITY};
 pub use stats::{Seen, Status};
+
+/// `t + d`, or as late as an `Instant` can be near that when the sum overflows (a
+/// configured timeout of `Duration::MAX` means "never", not a panic).
+pub(crate) fn later(t: std::time::Instant, d: std::time::Duration) -> std::time::Instant {
+    const YEAR: std::time::Duration = std::time::Duration::from_secs(365 * 24 * 3600);
+    t.checked_add(d)
+        .or_else(|| t.checked_add(YEAR))
+        .unwrap_or(t)
+}

@@ -210,7 +210,7 @@ pub async fn run_async(config: &LoadConfig) -> Result<LoadReport, LoadError> {
     });
     let mut report = LoadReport::default();
     let start = Instant::now();
-    let stop = start + config.duration;
+    let stop = crate::later(start, config.duration);
     let max_jobs = config.max_jobs.unwrap_or(u64::MAX);
     let mut tasks = JoinSet::new();
     match config.arrivals {
@@ -220,7 +220,9 @@ pub async fn run_async(config: &LoadConfig) -> Result<LoadReport, LoadError> {
             while report.sent < max_jobs {
                 // Exponential gaps: -ln(1 - u) / rate, u in [0, 1).
                 let u: f64 = rng.random();
-                due += Duration::from_secs_f64(-(1.0 - u).ln() / per_s);
+                let gap =
+                    Duration::try_from_secs_f64(-(1.0 - u).ln() / per_s).unwrap_or(config.duration);
+                due = crate::later(due, gap);
                 if due >= stop {
                     break;
                 }
@@ -250,7 +252,7 @@ pub async fn run_async(config: &LoadConfig) -> Result<LoadReport, LoadError> {
                     mine
                 });
             }
-            let drain = stop + config.timeout;
+            let drain = crate::later(stop, config.timeout);
             loop {
                 match tokio::time::timeout_at(drain.into(), clients.join_next()).await {
                     Ok(Some(Ok(mine))) => merge(&mut report, mine),
@@ -269,7 +271,10 @@ pub async fn run_async(config: &LoadConfig) -> Result<LoadReport, LoadError> {
     }
     // The open loop's last jobs: each is bounded by the client's timeout; this bounds the
     // whole drain too.
-    let drain = Instant::now() + config.timeout + Duration::from_secs(1);
+    let drain = crate::later(
+        Instant::now(),
+        config.timeout.saturating_add(Duration::from_secs(1)),
+    );
     loop {
         match tokio::time::timeout_at(drain.into(), tasks.join_next()).await {
             Ok(Some(done)) => reap(&mut report, done),

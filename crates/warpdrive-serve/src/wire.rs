@@ -301,6 +301,28 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Any bytes decode to a job or a reason, never a panic; a decoded job is whole rows
+        /// of finite values.
+        #[test]
+        fn any_bytes_decode_or_say_why(
+            body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..96),
+            header in proptest::prelude::any::<bool>(),
+            width in 1usize..5,
+        ) {
+            let mut body = body;
+            if header && body.len() >= 4 {
+                body[..4].copy_from_slice(&MAGIC);
+            }
+            for format in [Format::Json, Format::Binary(Dtype::F32)] {
+                if let Ok(t) = decode(format, &body, width) {
+                    proptest::prop_assert_eq!(t.data.len(), t.rows * width);
+                    proptest::prop_assert!(t.data.iter().all(|v| v.is_finite()));
+                }
+            }
+        }
+    }
+
     #[test]
     fn content_types_pick_the_format() {
         assert_eq!(format_of(None).unwrap(), Format::Json);

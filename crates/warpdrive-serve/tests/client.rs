@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::{config, double};
 use warpdrive_serve::load::{self, Arrivals, LoadConfig};
 use warpdrive_serve::wire::{Dtype, Format};
-use warpdrive_serve::{Client, ClientConfig, Failure, JobSpec};
+use warpdrive_serve::{Batching, Client, ClientConfig, Failure, JobSpec};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -150,4 +150,54 @@ fn load_refuses_what_it_cannot_run() {
     c.timeout = Duration::from_secs(2);
     let e = load::run(&c).unwrap_err();
     assert!(e.0.contains("asking"), "{e}");
+}
+
+#[test]
+fn client_side_batching_sends_many_jobs_as_one_request() {
+    let server = double(2, Duration::ZERO, config());
+    let rt = runtime();
+    let results = rt.block_on(async {
+        let batching = Batching::new(
+            Client::new(server.addr, ClientConfig::default()),
+            2,
+            8,
+            Duration::from_secs(5),
+        );
+        let jobs: Vec<_> = (0..8)
+            .map(|k| {
+                let b = batching.clone();
+                tokio::spawn(async move {
+                    let data = vec![k as f32, -(k as f32)];
+                    let r = b
+                        .submit(JobSpec {
+                            rows: 1,
+                            data: data.clone(),
+                            ..JobSpec::default()
+                        })
+                        .await;
+                    (data, r)
+                })
+            })
+            .collect();
+        // A job of another width is refused on its own, before anything is sent.
+        let odd = batching
+            .submit(JobSpec {
+                rows: 1,
+                data: vec![1.0; 3],
+                ..JobSpec::default()
+            })
+            .await;
+        let mut out = Vec::new();
+        for j in jobs {
+            out.push(j.await.unwrap());
+        }
+        (out, odd)
+    });
+    let (out, odd) = results;
+    for (data, r) in out {
+        let r = r.unwrap();
+        assert_eq!(r.data, data.iter().map(|v| 2.0 * v).collect::<Vec<_>>());
+        assert_eq!((r.rows, r.batch_rows), (1, 8), "eight jobs, one request");
+    }
+    assert!(matches!(odd, Err(Failure::Invalid(_))), "{odd:?}");
 }
