@@ -272,6 +272,31 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// The Python peer's own check of its service, batching and clients (no torch needed),
+    /// where python3 is installed.
+    #[test]
+    fn the_python_peer_passes_its_self_test() {
+        let script =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/peers/serve.py");
+        let out = match std::process::Command::new("python3")
+            .arg(&script)
+            .arg("--self-test")
+            .output()
+        {
+            Ok(o) => o,
+            Err(e) => {
+                eprintln!("no python3 ({e}): the peer's self-test is skipped");
+                return;
+            }
+        };
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains(" 0 failed"),
+            "{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     #[test]
     fn tiny_run_on_the_cpu_records_every_case() {
         let mut ctx = Ctx::new(&warpdrive::Device::cpu(), Scale::Tiny).unwrap();
