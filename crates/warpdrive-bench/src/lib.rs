@@ -162,9 +162,10 @@ static SUITES: &[Suite] = &[
     },
     Suite {
         name: serve::SUITE,
-        about: "the job service over loopback HTTP: submission latency, and latency and \
-                throughput of one-row MoE jobs from 1 / 8 / 32 clients with batch-1 serving \
-                and dynamic batching",
+        about: "the job service over loopback HTTP: submission latency; latency, \
+                throughput and busy fraction of 1-row and 256-row MoE jobs from several \
+                clients and against offered load (open loop), with batch-1 serving, dynamic \
+                batching and the controller; an asyncio + PyTorch peer",
         run: serve::run_suite,
     },
     Suite {

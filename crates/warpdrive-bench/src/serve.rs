@@ -3,8 +3,8 @@
 //! this process.
 //!
 //! - `submit` (size = rows per job, 1): µs from the request's headers to the job being queued
-//!   (the service's own `submit_us`: body, parsing, checks, enqueue), one client sending
-//!   one-row jobs back to back; `extra.p99_us`.
+//!   (the service's own `submit_us`: body, parsing, checks, enqueue), one client (a
+//!   one-thread runtime) sending one-row jobs back to back; `extra.p99_us`.
 //! - `load-1row` (size = concurrent clients, 1 / 8 / 32, each sending one-row jobs back to
 //!   back: a closed loop): µs per job as a client sees it; variants `warpdrive-batch-1`
 //!   (every job its own batch), `warpdrive-dynamic` (batches close at 256 rows or 2 ms) and
@@ -215,6 +215,7 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
             })?;
             let r = offer(&LoadConfig {
                 max_jobs: Some(plan.submits),
+                threads: 1,
                 ..closed(addr, 1, 1, WAIT)
             })?;
             let mut us = r.submit_us.clone();

@@ -5,10 +5,11 @@
 //!
 //! The seed's "90 % utilization" read the way it matters: below capacity the device's busy
 //! fraction follows the load, and waiting for company only adds latency, so the delay
-//! shrinks when the objective is missed or the device is mostly idle, and grows (up to its
-//! cap) only while there is latency to spare and the device is busy enough for larger
-//! batches to save it work. The rows grow while batches close full (jobs waited for a later
-//! batch), and shrink when one batch alone runs past the objective. At saturation the
+//! shrinks when the objective is missed, the device is mostly idle, or batches hold one job
+//! each (no one came while it waited), and grows (up to its cap) only while there is
+//! latency to spare and the device is busy enough for larger batches to save it work. The
+//! rows grow while batches close full (jobs waited for a later batch), and shrink when a
+//! batch of several jobs alone runs past the objective. At saturation the
 //! batcher always has a full batch waiting, so the device stays busy; the knobs then only
 //! decide how large the batches are.
 //!
@@ -91,10 +92,13 @@ impl Controller {
             return self.knobs;
         }
         let target = self.config.p99_target.as_secs_f64() * 1e6;
+        // Jobs a batch held on average: the company waiting bought, and whether fewer rows
+        // could shorten a batch at all (one large job runs alone whatever the knob says).
+        let company = seen.jobs as f64 / seen.batches.max(1) as f64;
         let k = &mut self.knobs;
-        // Rows: a batch alone past the objective is too large; batches that close full
-        // leave jobs for a later batch, so let them hold more.
-        if seen.run_p99_us > target && k.batch_rows > 1 {
+        // Rows: a batch of several jobs past the objective is too large; batches that close
+        // full leave jobs for a later batch, so let them hold more.
+        if seen.run_p99_us > target && company >= 1.5 && k.batch_rows > 1 {
             k.batch_rows = (k.batch_rows / 2).max(1);
         } else if seen.full_batches > 0.5 && k.batch_rows < self.config.max_batch_rows {
             k.batch_rows = k
@@ -102,8 +106,9 @@ impl Controller {
                 .saturating_mul(2)
                 .min(self.config.max_batch_rows);
         }
-        // Delay: waiting pays only while there is latency to spare and a busy device to save.
-        if seen.p99_us > target || seen.busy < MOSTLY_IDLE {
+        // Delay: waiting pays only while there is latency to spare, a busy device to save,
+        // and company to be had (batches of one job mean no one came while it waited).
+        if seen.p99_us > target || seen.busy < MOSTLY_IDLE || company < 1.5 {
             k.delay /= 2;
             if k.delay < DELAY_FLOOR {
                 k.delay = Duration::ZERO;
@@ -186,6 +191,25 @@ mod tests {
             ..full
         };
         assert_eq!(c.step(&long).batch_rows, 128);
+    }
+
+    #[test]
+    fn batches_of_one_job_stop_the_wait_and_keep_their_rows() {
+        let mut c = controller();
+        let lone = Seen {
+            batches: 100,
+            run_p99_us: 20e3,
+            ..seen(0.8, 1.0)
+        };
+        for _ in 0..10 {
+            c.step(&lone);
+        }
+        assert_eq!(c.knobs().delay, Duration::ZERO, "no company came");
+        assert_eq!(
+            c.knobs().batch_rows,
+            32,
+            "fewer rows cannot shorten one job"
+        );
     }
 
     #[test]

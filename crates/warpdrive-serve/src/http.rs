@@ -131,8 +131,14 @@ impl Server {
                             None => std::future::pending().await,
                         }
                     };
+                    let interrupted = async {
+                        // A process that cannot watch for Ctrl-C waits for the rest.
+                        if tokio::signal::ctrl_c().await.is_err() {
+                            std::future::pending::<()>().await;
+                        }
+                    };
                     tokio::select! {
-                        _ = tokio::signal::ctrl_c() => {}
+                        _ = interrupted => {}
                         _ = terminated() => {}
                         _ = limit => {}
                     }

@@ -47,6 +47,9 @@ pub struct LoadConfig {
     pub tenant: Option<String>,
     /// Seeds the arrival times and the job values.
     pub seed: u64,
+    /// Threads of the generator's runtime ([`run`]; 1 keeps a one-client run off the
+    /// service's cores as far as it can).
+    pub threads: usize,
 }
 
 impl LoadConfig {
@@ -64,6 +67,7 @@ impl LoadConfig {
             priority: None,
             tenant: None,
             seed: 1,
+            threads: 2,
         }
     }
 }
@@ -143,7 +147,7 @@ impl std::error::Error for LoadError {}
 pub fn run(config: &LoadConfig) -> Result<LoadReport, LoadError> {
     check(config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(config.threads.clamp(1, 64))
         .thread_name("warpdrive-load")
         .enable_all()
         .build()

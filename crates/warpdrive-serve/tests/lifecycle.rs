@@ -80,22 +80,43 @@ fn the_controller_stops_making_a_lone_client_wait() {
     assert!(s.jobs_total > 0 && s.last.busy < 0.5, "{s:?}");
 }
 
+/// This process's soft limit on open files (1024 when /proc does not say).
+fn open_files_limit() -> usize {
+    std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("Max open files"))
+                .and_then(|l| l.split_whitespace().nth(3).map(str::to_string))
+        })
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1024)
+}
+
 #[test]
 fn idle_connections_hold_up_no_one_and_past_the_cap_are_closed() {
+    // Each connection costs this process two descriptors (both ends); other tests run
+    // beside this one, so stay well under the limit: up to 2000 idle ones.
+    let idle_n = ((open_files_limit().saturating_sub(400)) / 4).clamp(50, 2000);
+    let more_n = idle_n / 2;
     let server = double(
         2,
         Duration::ZERO,
         ServeConfig {
             body_timeout: Duration::from_secs(10),
-            max_connections: 600,
+            max_connections: idle_n + more_n / 2,
             ..config()
         },
     );
     let a = server.addr;
-    let idle: Vec<TcpStream> = (0..500).map(|_| TcpStream::connect(a).unwrap()).collect();
+    let idle: Vec<TcpStream> = (0..idle_n)
+        .map(|_| TcpStream::connect(a).unwrap())
+        .collect();
     assert_eq!(http(a, "POST", "/v1/jobs", &job(1, &[1.0, 2.0])).0, 200);
-    let more: Vec<TcpStream> = (0..200).map(|_| TcpStream::connect(a).unwrap()).collect();
-    // Some of the last ones were over the cap: closed without a word.
+    let more: Vec<TcpStream> = (0..more_n)
+        .map(|_| TcpStream::connect(a).unwrap())
+        .collect();
+    // Those past the cap were closed without a word.
     let closed = more
         .into_iter()
         .filter_map(|mut c| {
@@ -104,7 +125,10 @@ fn idle_connections_hold_up_no_one_and_past_the_cap_are_closed() {
             matches!(c.read(&mut b), Ok(0)).then_some(())
         })
         .count();
-    assert!(closed >= 90, "{closed} of 200 closed");
+    assert!(
+        closed + 10 >= more_n - more_n / 2,
+        "{closed} of {more_n} closed ({idle_n} idle)"
+    );
     drop(idle);
     wait_until("a connection to be served again", || {
         let mut c = TcpStream::connect(a).unwrap();
@@ -142,86 +166,4 @@ fn timeouts_of_forever_are_not_a_panic() {
     );
     assert_eq!(status, 200, "{text}");
     server.stop();
-}
-
-/// Resident memory of this process, bytes (Linux).
-fn rss_bytes() -> Option<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    Some(pages * 4096)
-}
-
-/// The soak: the MoE layer (tiny scale) on the CPU backend at 80 % of its measured maximum
-/// for `WARPDRIVE_SOAK_SECONDS` (600 by default), open loop, in 30-second legs: no job may
-/// fail and resident memory must stay flat (the last leg within 10 % + 16 MiB of the
-/// first). Outside CI's budget: `cargo test -p warpdrive-serve --release --test lifecycle
-/// soak -- --ignored --nocapture`.
-#[test]
-#[ignore = "a soak of 10 minutes (WARPDRIVE_SOAK_SECONDS): run by hand"]
-fn soak_at_80_percent_fails_nothing_and_holds_memory_flat() {
-    use warpdrive::moe::{MoeConfig, MoeWeights};
-    use warpdrive::Device;
-    use warpdrive_serve::{MoeModel, Server};
-    let seconds: u64 = std::env::var("WARPDRIVE_SOAK_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(600);
-    let device = Device::cpu();
-    let server = Server::start(
-        move || {
-            Ok(Box::new(MoeModel::new(
-                "moe:tiny",
-                &device,
-                MoeConfig::tiny(),
-                MoeWeights::Random { seed: 7 },
-            )?))
-        },
-        ServeConfig {
-            max_batch_rows: 256,
-            max_delay: Duration::from_millis(2),
-            ..config()
-        },
-    )
-    .unwrap();
-    let most = load::run(&LoadConfig::new(
-        server.addr,
-        Arrivals::Clients(32),
-        Duration::from_secs(5),
-    ))
-    .unwrap()
-    .jobs_per_s();
-    let rate = 0.8 * most;
-    eprintln!("soak: maximum {most:.0} jobs/s; offering {rate:.0} for {seconds} s");
-    let leg = Duration::from_secs(seconds.clamp(1, 30));
-    let legs = seconds.div_ceil(leg.as_secs()).max(1);
-    let mut rss = Vec::new();
-    for k in 0..legs {
-        let r = load::run(&LoadConfig::new(
-            server.addr,
-            Arrivals::Poisson { per_s: rate },
-            leg,
-        ))
-        .unwrap();
-        let mut lat = r.latency_us.clone();
-        lat.sort_by(f64::total_cmp);
-        let p99 = lat.get(lat.len() * 99 / 100).copied().unwrap_or(f64::NAN);
-        let now = rss_bytes().unwrap_or(0);
-        eprintln!(
-            "leg {k}: {} sent, {} answered, {} failed {:?}, {:.0} jobs/s, p99 {:.0} µs, rss {:.1} MiB",
-            r.sent,
-            r.answered(),
-            r.failed(),
-            r.failures,
-            r.jobs_per_s(),
-            p99,
-            now as f64 / 1048576.0
-        );
-        assert_eq!(r.failed(), 0, "{:?}: {:?}", r.failures, r.first_failure);
-        rss.push(now);
-    }
-    let (first, last) = (rss[0], *rss.last().unwrap());
-    assert!(
-        last <= first + first / 10 + (16 << 20),
-        "resident memory grew from {first} to {last} bytes"
-    );
 }
