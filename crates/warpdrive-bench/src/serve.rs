@@ -108,7 +108,7 @@ const VARIANTS: &[Variant] = &[
     },
 ];
 
-/// How often the service publishes its status here (the busy fraction's resolution).
+/// How often the service steps its controller and publishes its status here.
 const INTERVAL: Duration = Duration::from_millis(50);
 
 fn start(ctx: &Ctx, v: &Variant) -> Result<Server> {
@@ -157,18 +157,15 @@ fn closed(addr: SocketAddr, clients: usize, rows: usize, time: Duration) -> Load
 }
 
 /// `config` offered to `server`, and the fraction of the run the model ran (from the
-/// service's busy total, once its status counts every answered job).
+/// service's busy total, once every answered job's batch is in it).
 fn offer_busy(server: &Server, config: &LoadConfig) -> Result<(LoadReport, f64)> {
-    let before = server.status();
+    let (busy0, answered0) = (server.busy_seconds_total(), server.jobs_answered());
     let r = offer(config)?;
-    let want = before.jobs_total + r.answered();
     let t0 = std::time::Instant::now();
-    let mut after = server.status();
-    while after.jobs_total < want && t0.elapsed() < 20 * INTERVAL {
-        std::thread::sleep(INTERVAL / 5);
-        after = server.status();
+    while server.jobs_answered() < answered0 + r.answered() && t0.elapsed() < WAIT {
+        std::thread::yield_now();
     }
-    let busy = (after.busy_seconds_total - before.busy_seconds_total) / r.elapsed.as_secs_f64();
+    let busy = (server.busy_seconds_total() - busy0) / r.elapsed.as_secs_f64();
     Ok((r, busy.clamp(0.0, 1.0)))
 }
 

@@ -8,7 +8,7 @@
 //! ends: no queued job goes unanswered.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -139,6 +139,10 @@ pub(crate) struct Shared {
     queue: Mutex<Queue<Job>>,
     wake: Condvar,
     pub(crate) healthy: AtomicBool,
+    /// Nanoseconds the model has run, and jobs answered with rows, since the start: kept
+    /// after every batch (the busy total comes after its batch's replies).
+    pub(crate) busy_ns: AtomicU64,
+    pub(crate) answered: AtomicU64,
     pub(crate) width: usize,
     pub(crate) name: String,
     pub(crate) status: Mutex<Status>,
@@ -195,6 +199,8 @@ pub(crate) fn start(
                 queue: Mutex::new(Queue::new(cfg.queue_jobs, cfg.starvation_limit)),
                 wake: Condvar::new(),
                 healthy: AtomicBool::new(true),
+                busy_ns: AtomicU64::new(0),
+                answered: AtomicU64::new(0),
                 width: model.width(),
                 name: model.name().to_string(),
                 status: Mutex::new(Status {
@@ -256,7 +262,6 @@ fn next_batch(shared: &Shared, knobs: Knobs, tick: Duration) -> Next {
 #[derive(Default)]
 struct Totals {
     jobs: u64,
-    busy: Duration,
     expired: u64,
     cancelled: u64,
     failed: u64,
@@ -294,7 +299,6 @@ fn run(mut model: Box<dyn Model>, shared: &Shared, config: &ServeConfig) {
         let now = Instant::now();
         if done || window.age(now) >= config.interval {
             let queued = shared.queue.lock().len();
-            totals.busy += window.busy();
             let seen = window.finish(now, queued);
             if let Some(c) = controller.as_mut() {
                 knobs = c.step(&seen);
@@ -328,7 +332,7 @@ fn publish(
     s.expired_total = totals.expired;
     s.cancelled_total = totals.cancelled;
     s.failed_total = totals.failed;
-    s.busy_seconds_total = totals.busy.as_secs_f64();
+    s.busy_seconds_total = shared.busy_ns.load(Ordering::Acquire) as f64 * 1e-9;
     s.pool_used_bytes = used;
     s.pool_reserved_bytes = reserved;
     metrics::gauge!("warpdrive_serve_busy_fraction").set(seen.busy);
@@ -369,8 +373,15 @@ fn run_batch(
     metrics::counter!("warpdrive_serve_jobs_total").increment(live.len() as u64);
     metrics::histogram!("warpdrive_serve_batch_rows").record(rows as f64);
     let started = Instant::now();
+    let answered = totals.jobs;
     execute(model, live, shared, window, totals);
-    window.batch(rows, started.elapsed(), full);
+    let ran = started.elapsed();
+    window.batch(rows, ran, full);
+    let ns = u64::try_from(ran.as_nanos()).unwrap_or(u64::MAX);
+    shared.busy_ns.fetch_add(ns, Ordering::AcqRel);
+    shared
+        .answered
+        .fetch_add(totals.jobs - answered, Ordering::AcqRel);
 }
 
 /// Runs `batch` and answers each job; out of device memory, runs each half on its own.

@@ -108,6 +108,18 @@ impl Server {
         self.shared.status.lock().clone()
     }
 
+    /// Seconds the model has run since the start, up to the last batch that ended (exact,
+    /// unlike the status's copy, which is as of the last interval).
+    pub fn busy_seconds_total(&self) -> f64 {
+        self.shared.busy_ns.load(Ordering::Acquire) as f64 * 1e-9
+    }
+
+    /// Jobs answered with rows since the start (counted once their batch's run time is in
+    /// [`Server::busy_seconds_total`]).
+    pub fn jobs_answered(&self) -> u64 {
+        self.shared.answered.load(Ordering::Acquire)
+    }
+
     /// Jobs queued now (not yet taken into a batch).
     pub fn queued(&self) -> usize {
         self.shared.queued()

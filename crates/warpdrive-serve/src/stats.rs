@@ -53,11 +53,6 @@ impl Window {
         }
     }
 
-    /// Time the model ran in this interval.
-    pub(crate) fn busy(&self) -> Duration {
-        self.busy
-    }
-
     pub(crate) fn age(&self, now: Instant) -> Duration {
         now.saturating_duration_since(self.started)
     }
