@@ -70,8 +70,9 @@ pub(crate) enum Command {
     /// count) and print the time of each stage of one staged pass and their sum, then the
     /// time per pass of `--reps` passes as `forward` runs them.
     /// Serve jobs over HTTP (an MoE layer forward per job) with dynamic batching, priority
-    /// classes, tenant budgets and an optional latency controller: POST /v1/jobs, GET /
-    /// (the dashboard), /v1/status, /v1/events, /v1/model, /health, /metrics. Ctrl-C or
+    /// classes, tenant budgets and an optional latency controller: POST /v1/jobs
+    /// (?async=true: fetch later from GET /v1/jobs/ID), GET / (the dashboard), /v1/status,
+    /// /v1/events, /v1/model, /health, /metrics. Ctrl-C or
     /// SIGTERM stops it after answering every accepted job.
     Serve(ServeArgs),
     /// Offer load to a running `warpdrive serve` on this machine: Poisson arrivals at a rate

@@ -62,6 +62,10 @@ pub struct ServeConfig {
     pub start_timeout: Duration,
     /// How long stopping waits for the jobs in flight to be answered.
     pub drain_timeout: Duration,
+    /// Results of jobs submitted with `async=true` held at once (past it, 503), and how
+    /// long a ready one waits to be fetched.
+    pub result_slots: usize,
+    pub result_ttl: Duration,
 }
 
 impl Default for ServeConfig {
@@ -83,6 +87,8 @@ impl Default for ServeConfig {
             job_timeout: Duration::from_secs(60),
             start_timeout: Duration::from_secs(600),
             drain_timeout: Duration::from_secs(60),
+            result_slots: 4096,
+            result_ttl: Duration::from_secs(60),
         }
     }
 }

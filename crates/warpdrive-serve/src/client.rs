@@ -189,6 +189,45 @@ impl Client {
 
     /// Submits `job` and waits for its answer.
     pub async fn submit(&self, job: &JobSpec) -> Result<JobResult, Failure> {
+        let (status, headers, body) = self.post_job(job, "/v1/jobs").await?;
+        if status != StatusCode::OK {
+            return Err(status_failure(status, &body));
+        }
+        parse_result(&headers, &body)
+    }
+
+    /// Submits `job` without waiting (`POST /v1/jobs?async=true`): its id, for
+    /// [`Client::fetch`].
+    pub async fn submit_async(&self, job: &JobSpec) -> Result<u64, Failure> {
+        let (status, _, body) = self.post_job(job, "/v1/jobs?async=true").await?;
+        if status != StatusCode::ACCEPTED {
+            return Err(status_failure(status, &body));
+        }
+        serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["id"].as_u64())
+            .ok_or_else(|| Failure::BadReply("a 202 without an id".into()))
+    }
+
+    /// The answer of job `id` (from [`Client::submit_async`]), waiting up to `wait` (at most
+    /// a minute) for it: `None` while it is pending. An answer is handed out once.
+    pub async fn fetch(&self, id: u64, wait: Duration) -> Result<Option<JobResult>, Failure> {
+        let path = format!("/v1/jobs/{id}?wait_ms={}", wait.as_millis());
+        let (status, headers, body) = self
+            .request(Method::GET, &path, None, Vec::new(), &[])
+            .await?;
+        match status {
+            StatusCode::OK => parse_result(&headers, &body).map(Some),
+            StatusCode::ACCEPTED => Ok(None),
+            _ => Err(status_failure(status, &body)),
+        }
+    }
+
+    async fn post_job(
+        &self,
+        job: &JobSpec,
+        path: &str,
+    ) -> Result<(StatusCode, hyper::HeaderMap, Bytes), Failure> {
         let format = self.inner.config.format;
         let body = match format {
             Format::Json => wire::encode_json(job.rows, &job.data),
@@ -205,52 +244,14 @@ impl Client {
         if let Some(d) = job.deadline {
             headers.push((DEADLINE_HEADER, d.as_millis().to_string()));
         }
-        let (status, reply_headers, body) = self
-            .request(
-                Method::POST,
-                "/v1/jobs",
-                Some(format.content_type()),
-                body,
-                &headers,
-            )
-            .await?;
-        if status != StatusCode::OK {
-            return Err(status_failure(status, &body));
-        }
-        match format {
-            Format::Json => {
-                let r: JsonReply =
-                    serde_json::from_slice(&body).map_err(|e| Failure::BadReply(e.to_string()))?;
-                Ok(JobResult {
-                    rows: r.rows,
-                    data: r.data,
-                    batch_rows: r.batch_rows,
-                    submit_us: r.submit_us,
-                    queue_us: r.queue_us,
-                    run_us: r.run_us,
-                })
-            }
-            Format::Binary(_) => {
-                let width = job.data.len().checked_div(job.rows).unwrap_or(0);
-                let t = wire::decode(Format::Binary(Dtype::F32), &body, width)
-                    .map_err(|e| Failure::BadReply(e.why))?;
-                let num = |name: &str| -> f64 {
-                    reply_headers
-                        .get(name)
-                        .and_then(|v| v.to_str().ok())
-                        .and_then(|v| v.parse().ok())
-                        .unwrap_or(f64::NAN)
-                };
-                Ok(JobResult {
-                    rows: t.rows,
-                    data: t.data,
-                    batch_rows: num(wire::BATCH_ROWS_HEADER) as usize,
-                    submit_us: num(wire::SUBMIT_US_HEADER),
-                    queue_us: num(wire::QUEUE_US_HEADER),
-                    run_us: num(wire::RUN_US_HEADER),
-                })
-            }
-        }
+        self.request(
+            Method::POST,
+            path,
+            Some(format.content_type()),
+            body,
+            &headers,
+        )
+        .await
     }
 
     /// One request on a pooled connection: the reply's status, headers and whole body.
@@ -361,6 +362,46 @@ impl Client {
             }
         });
         Ok(sender)
+    }
+}
+
+/// A 200 reply's job result, in the format its content type names.
+fn parse_result(headers: &hyper::HeaderMap, body: &[u8]) -> Result<JobResult, Failure> {
+    let content_type = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok());
+    match wire::format_of(content_type).map_err(|e| Failure::BadReply(e.why))? {
+        Format::Json => {
+            let r: JsonReply =
+                serde_json::from_slice(body).map_err(|e| Failure::BadReply(e.to_string()))?;
+            Ok(JobResult {
+                rows: r.rows,
+                data: r.data,
+                batch_rows: r.batch_rows,
+                submit_us: r.submit_us,
+                queue_us: r.queue_us,
+                run_us: r.run_us,
+            })
+        }
+        Format::Binary(_) => {
+            let width = wire::tensor_width(body)
+                .ok_or_else(|| Failure::BadReply("a tensor reply without a header".into()))?;
+            let t = wire::decode(Format::Binary(Dtype::F32), body, width)
+                .map_err(|e| Failure::BadReply(e.why))?;
+            let num = |name: &str| -> f64 {
+                headers
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(f64::NAN)
+            };
+            Ok(JobResult {
+                rows: t.rows,
+                data: t.data,
+                batch_rows: num(wire::BATCH_ROWS_HEADER) as usize,
+                submit_us: num(wire::SUBMIT_US_HEADER),
+                queue_us: num(wire::QUEUE_US_HEADER),
+                run_us: num(wire::RUN_US_HEADER),
+            })
+        }
     }
 }
 

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderMap, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use hyper::header::{HeaderMap, HeaderValue, CONTENT_TYPE, LOCATION, RETRY_AFTER};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
@@ -28,6 +28,7 @@ use super::client::{DEADLINE_HEADER, PRIORITY_HEADER, TENANT_HEADER};
 use super::dashboard;
 use super::model::Model;
 use super::queue::{Refused, CLASSES, DEFAULT_PRIORITY};
+use super::results::{Fetched, Results};
 use super::stats::Status;
 use super::wire::{self, Format, JsonReply};
 
@@ -50,6 +51,7 @@ pub(crate) struct State {
     pub(crate) shared: Arc<Shared>,
     pub(crate) config: ServeConfig,
     budgets: Arc<Budgets>,
+    results: Arc<Results>,
     /// Set once the service is stopping (the dashboard's streams end).
     pub(crate) stopping: watch::Receiver<bool>,
 }
@@ -84,10 +86,12 @@ impl Server {
             config.max_tenants,
         ));
         let (stop, stopped) = watch::channel(false);
+        let results = Arc::new(Results::new(config.result_slots, config.result_ttl));
         let state = Arc::new(State {
             shared: shared.clone(),
             config,
             budgets,
+            results,
             stopping: stopped.clone(),
         });
         let http = std::thread::Builder::new()
@@ -274,7 +278,8 @@ fn typed(mut r: Response<Body>, content_type: &'static str) -> Response<Body> {
     r
 }
 
-const ENDPOINTS: &str = "/, /v1/jobs, /v1/model, /v1/status, /v1/events, /health, /metrics";
+const ENDPOINTS: &str =
+    "/, /v1/jobs, /v1/jobs/ID, /v1/model, /v1/status, /v1/events, /health, /metrics";
 
 async fn route(
     req: Request<Incoming>,
@@ -298,6 +303,12 @@ async fn route(
                 metrics::counter!("warpdrive_serve_refused_total", "status" => status).increment(1);
             }
             r
+        }
+        (&Method::GET, p) if p.starts_with("/v1/jobs/") => {
+            fetch(p, req.uri().query(), &state).await
+        }
+        (_, p) if p.starts_with("/v1/jobs/") => {
+            refuse(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
         }
         (&Method::GET, "/v1/model") => {
             let info =
@@ -389,6 +400,10 @@ async fn submit(req: Request<Incoming>, state: &State) -> Response<Body> {
         Ok(m) => m,
         Err(why) => return refuse(StatusCode::BAD_REQUEST, &why),
     };
+    let asynchronous = match asynchronous(parts.uri.query()) {
+        Ok(a) => a,
+        Err(why) => return refuse(StatusCode::BAD_REQUEST, &why),
+    };
     let body = Limited::new(body, config.max_body_bytes);
     let bytes = match tokio::time::timeout(config.body_timeout, body.collect()).await {
         Err(_) => {
@@ -431,7 +446,7 @@ async fn submit(req: Request<Incoming>, state: &State) -> Response<Body> {
         .data
         .len()
         .saturating_mul(2 * std::mem::size_of::<f32>());
-    let _grant = match state.budgets.admit(meta.tenant, held, Instant::now()) {
+    let grant = match state.budgets.admit(meta.tenant, held, Instant::now()) {
         Ok(g) => g,
         Err(over) => {
             let status =
@@ -443,6 +458,19 @@ async fn submit(req: Request<Incoming>, state: &State) -> Response<Body> {
             return r;
         }
     };
+    let slot = if asynchronous {
+        match state.results.reserve(Instant::now()) {
+            Some(id) => Some(id),
+            None => {
+                return refuse(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "too many results wait to be fetched; try again",
+                )
+            }
+        }
+    } else {
+        None
+    };
     let (tx, rx) = oneshot::channel();
     let arrived = Instant::now();
     let queued = Job {
@@ -453,22 +481,63 @@ async fn submit(req: Request<Incoming>, state: &State) -> Response<Body> {
         deadline: crate::later(arrived, meta.deadline),
         reply: tx,
     };
-    match shared.submit(queued) {
-        Ok(()) => {}
-        Err((Refused::Full, _)) => {
-            return refuse(
+    if let Err((refused, _)) = shared.submit(queued) {
+        if let Some(id) = slot {
+            state.results.release(id);
+        }
+        return match refused {
+            Refused::Full => refuse(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the queue is full; try again",
-            )
-        }
-        Err((Refused::Closed, _)) => {
-            return refuse(StatusCode::SERVICE_UNAVAILABLE, "the service is stopping")
-        }
+            ),
+            Refused::Closed => refuse(StatusCode::SERVICE_UNAVAILABLE, "the service is stopping"),
+        };
     }
     let submit_us = accepted.elapsed().as_secs_f64() * 1e6;
+    let (rows, deadline, job_timeout) = (job.rows, meta.deadline, config.job_timeout);
     // The job's own deadline bounds its wait for a batch, this the whole of it; past it the
-    // reply is dropped here and the batcher skips the job.
-    match tokio::time::timeout(config.job_timeout, rx).await {
+    // reply is dropped here and the batcher skips the job. The grant is held to the end.
+    let outcome = async move {
+        let answer = tokio::time::timeout(job_timeout, rx).await;
+        let reply = reply_of(answer, format, rows, deadline, submit_us);
+        drop(grant);
+        reply
+    };
+    match slot {
+        None => outcome.await,
+        Some(id) => {
+            let results = state.results.clone();
+            tokio::spawn(async move { results.fulfil(id, outcome.await) });
+            let body = serde_json::json!({
+                "id": id,
+                "status": "queued",
+                "location": format!("/v1/jobs/{id}"),
+                "submit_us": submit_us,
+            });
+            let mut r = typed(
+                reply(StatusCode::ACCEPTED, body.to_string()),
+                wire::JSON_TYPE,
+            );
+            if let Ok(v) = HeaderValue::from_str(&format!("/v1/jobs/{id}")) {
+                r.headers_mut().insert(LOCATION, v);
+            }
+            r
+        }
+    }
+}
+
+/// What a job's answer (or the wait for it) says to its client.
+fn reply_of(
+    got: std::result::Result<
+        std::result::Result<batcher::Answer, oneshot::error::RecvError>,
+        tokio::time::error::Elapsed,
+    >,
+    format: Format,
+    rows: usize,
+    deadline: Duration,
+    submit_us: f64,
+) -> Response<Body> {
+    match got {
         Err(_) => refuse(
             StatusCode::GATEWAY_TIMEOUT,
             "the job did not finish in time",
@@ -480,15 +549,61 @@ async fn submit(req: Request<Incoming>, state: &State) -> Response<Body> {
         Ok(Ok(Err(e))) => match e {
             JobError::Expired => refuse(
                 StatusCode::GATEWAY_TIMEOUT,
-                &format!(
-                    "the job's deadline of {:?} passed before it ran",
-                    meta.deadline
-                ),
+                &format!("the job's deadline of {deadline:?} passed before it ran"),
             ),
             JobError::Unhealthy(why) => refuse(StatusCode::SERVICE_UNAVAILABLE, &why),
             JobError::Failed(why) => refuse(StatusCode::INTERNAL_SERVER_ERROR, &why),
         },
-        Ok(Ok(Ok((data, stats)))) => answer(format, job.rows, data, stats, submit_us),
+        Ok(Ok(Ok((data, stats)))) => answer(format, rows, data, stats, submit_us),
+    }
+}
+
+/// Whether a submission asks not to wait (`async=true` in its query).
+fn asynchronous(query: Option<&str>) -> std::result::Result<bool, String> {
+    match query_value(query, "async") {
+        None | Some("false" | "0") => Ok(false),
+        Some("true" | "1") => Ok(true),
+        Some(v) => Err(format!("async={v}: expected true or false")),
+    }
+}
+
+fn query_value<'a>(query: Option<&'a str>, key: &str) -> Option<&'a str> {
+    query?
+        .split('&')
+        .filter_map(|p| p.split_once('='))
+        .find(|(k, _)| *k == key)
+        .map(|(_, v)| v)
+}
+
+/// The longest a fetch may wait for a result.
+const MAX_FETCH_WAIT: Duration = Duration::from_secs(60);
+
+/// `GET /v1/jobs/ID[?wait_ms=N]`: the reply of a job submitted with `async=true`, once.
+async fn fetch(path: &str, query: Option<&str>, state: &State) -> Response<Body> {
+    let Some(id) = path
+        .strip_prefix("/v1/jobs/")
+        .and_then(|i| i.parse::<u64>().ok())
+    else {
+        return refuse(StatusCode::NOT_FOUND, "a job id is a number: /v1/jobs/ID");
+    };
+    let wait = match query_value(query, "wait_ms").map(str::parse::<u64>) {
+        None => Duration::ZERO,
+        Some(Ok(ms)) => Duration::from_millis(ms).min(MAX_FETCH_WAIT),
+        Some(Err(_)) => return refuse(StatusCode::BAD_REQUEST, "wait_ms: expected milliseconds"),
+    };
+    match state.results.fetch(id, wait).await {
+        Fetched::Ready(r) => r,
+        Fetched::Pending => {
+            let body = serde_json::json!({ "id": id, "status": "pending" });
+            typed(
+                reply(StatusCode::ACCEPTED, body.to_string()),
+                wire::JSON_TYPE,
+            )
+        }
+        Fetched::Unknown => refuse(
+            StatusCode::NOT_FOUND,
+            &format!("no job {id} waiting to be fetched (unknown, fetched already, or expired)"),
+        ),
     }
 }
 

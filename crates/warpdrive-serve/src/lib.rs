@@ -11,7 +11,9 @@
 //!   accepting, refuses new jobs with 503 and answers every job already accepted.
 //! - Endpoints: `POST /v1/jobs` (a job in JSON or as a binary tensor, [`wire`]; optional
 //!   headers `x-warpdrive-priority: 0..3` (higher first, default 1), `x-warpdrive-tenant`,
-//!   `x-warpdrive-deadline-ms` (it must start running by then)), `GET /v1/model` (name,
+//!   `x-warpdrive-deadline-ms` (it must start running by then)); with `?async=true` it
+//!   answers 202 with an id at once, and `GET /v1/jobs/ID[?wait_ms=N]` fetches the reply
+//!   once (202 while pending, waiting up to N ms for it), `GET /v1/model` (name,
 //!   width), `GET /v1/status` ([`Status`]), `GET /` (the dashboard) and `GET /v1/events`
 //!   (its server-sent events), `GET /health` (`ok`, or 503 once the device is lost),
 //!   `GET /metrics` (Prometheus: `warpdrive_serve_jobs_total`, `_batch_rows`, `_queue_jobs`,
@@ -44,6 +46,7 @@ mod http;
 pub mod load;
 mod model;
 mod queue;
+mod results;
 mod stats;
 pub mod wire;
 

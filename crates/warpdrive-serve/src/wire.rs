@@ -229,6 +229,13 @@ fn decode_binary(body: &[u8], width: usize) -> Result<Tensor, BadBody> {
     })
 }
 
+/// The width a binary body's header names (`None` when the body is shorter than a header
+/// or lacks the magic).
+pub fn tensor_width(body: &[u8]) -> Option<usize> {
+    let h = body.get(..HEADER_BYTES)?;
+    (h[..4] == MAGIC).then(|| u32::from_le_bytes([h[12], h[13], h[14], h[15]]) as usize)
+}
+
 /// The binary body of `rows` rows of `data` as `dtype` (`None` when a size does not fit
 /// the header's u32 fields or `data` is not whole rows).
 pub fn encode_binary(dtype: Dtype, rows: usize, data: &[f32]) -> Option<Vec<u8>> {
