@@ -8,8 +8,9 @@
 //! - `load-1row` (size = concurrent clients, 1 / 8 / 32, each sending one-row jobs back to
 //!   back: a closed loop): µs per job as a client sees it; variants `warpdrive-batch-1`
 //!   (every job its own batch), `warpdrive-dynamic` (batches close at 256 rows or 2 ms) and
-//!   `warpdrive-controller` (the same start, the controller steering rows up to 1024 and
-//!   the delay up to 2 ms toward a p99 of 10 ms); `extra.jobs_per_s`, `extra.p99_us`,
+//!   `warpdrive-controller` (the batch sweep at start, then the controller steering rows
+//!   from the knee up to the best size found, at most 1024, and the delay up to 2 ms toward
+//!   a p99 of 10 ms; `extra.tuned_knee`, `extra.tuned_best`); `extra.jobs_per_s`, `extra.p99_us`,
 //!   `extra.p999_us`, `extra.mean_batch_rows`, `extra.failed`, `extra.busy` (the fraction
 //!   of the run the model ran, from the service's status), and the knobs at the end
 //!   (`extra.batch_rows_knob`, `extra.delay_us_knob`).
@@ -81,6 +82,7 @@ struct Variant {
     max_batch_rows: usize,
     max_delay: Duration,
     controller: Option<ControllerConfig>,
+    tune_batch: bool,
 }
 
 const VARIANTS: &[Variant] = &[
@@ -89,12 +91,14 @@ const VARIANTS: &[Variant] = &[
         max_batch_rows: 1,
         max_delay: Duration::ZERO,
         controller: None,
+        tune_batch: false,
     },
     Variant {
         name: "warpdrive-dynamic",
         max_batch_rows: 256,
         max_delay: Duration::from_millis(2),
         controller: None,
+        tune_batch: false,
     },
     Variant {
         name: "warpdrive-controller",
@@ -105,6 +109,7 @@ const VARIANTS: &[Variant] = &[
             max_batch_rows: 1024,
             max_delay: Duration::from_millis(2),
         }),
+        tune_batch: true,
     },
 ];
 
@@ -126,6 +131,7 @@ fn start(ctx: &Ctx, v: &Variant) -> Result<Server> {
             max_batch_rows: v.max_batch_rows,
             max_delay: v.max_delay,
             controller: v.controller,
+            tune_batch: v.tune_batch,
             interval: INTERVAL,
             ..ServeConfig::default()
         },
@@ -191,6 +197,15 @@ fn record(
         ("delay_us_knob", server.status().delay_us),
     ] {
         row.extra.insert(k.into(), v.into());
+    }
+    let status = server.status();
+    for (k, v) in [
+        ("tuned_knee", status.tuned_knee),
+        ("tuned_best", status.tuned_best),
+    ] {
+        if let Some(v) = v {
+            row.extra.insert(k.into(), (v as f64).into());
+        }
     }
     if let Some(o) = r.offered_per_s {
         row.extra.insert("offered_per_s".into(), o.into());

@@ -140,6 +140,10 @@ pub(crate) struct ServeArgs {
     /// the delay (up to --max-delay-ms) to keep the p99 latency under this many milliseconds.
     #[arg(long, value_name = "MS")]
     pub(crate) p99_target_ms: Option<f64>,
+    /// Time the layer on batches of 1, 2, 4, ... rows at start and prefer the sizes it runs
+    /// efficiently (batches stop at the best size; the controller starts at the knee).
+    #[arg(long)]
+    pub(crate) tune_batch: bool,
     /// The most rows the controller lets a batch hold.
     #[arg(long, value_name = "N", default_value_t = 1024,
           value_parser = clap::value_parser!(u32).range(1..))]

@@ -45,6 +45,7 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
             max_batch_rows: args.controller_max_rows as usize,
             max_delay,
         }),
+        tune_batch: args.tune_batch,
         queue_jobs: args.queue_jobs as usize,
         max_connections: args.max_connections as usize,
         budget: Budget {

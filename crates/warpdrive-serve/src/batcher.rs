@@ -22,6 +22,7 @@ use super::controller::{Controller, ControllerConfig, Knobs};
 use super::model::Model;
 use super::queue::{Queue, Queued, Refused};
 use super::stats::{Status, Window};
+use super::tune;
 
 /// The service's limits.
 #[derive(Debug, Clone)]
@@ -36,6 +37,10 @@ pub struct ServeConfig {
     pub max_delay: Duration,
     /// Steers the two knobs toward a p99 objective (`None`: they stay as set).
     pub controller: Option<ControllerConfig>,
+    /// Times the model on batches of 1, 2, 4, ... rows at start and prefers the sizes it
+    /// runs efficiently: batches close at the best size at most, and the controller starts
+    /// at the knee and stays at or under the best (see `Status::tuned_knee`).
+    pub tune_batch: bool,
     /// How often the batcher sums up an interval, publishes its status and steps the
     /// controller.
     pub interval: Duration,
@@ -75,6 +80,7 @@ impl Default for ServeConfig {
             max_batch_rows: 256,
             max_delay: Duration::from_millis(10),
             controller: None,
+            tune_batch: false,
             interval: Duration::from_millis(250),
             queue_jobs: 4096,
             starvation_limit: 8,
@@ -190,17 +196,28 @@ pub(crate) fn start(
         ));
     }
     let (made_tx, made) = std::sync::mpsc::sync_channel(1);
-    let cfg = config.clone();
+    let mut cfg = config.clone();
     let thread = std::thread::Builder::new()
         .name("warpdrive-batcher".into())
         .spawn(move || {
-            let model = match make() {
+            let mut model = match make() {
                 Ok(m) => m,
                 Err(e) => {
                     let _ = made_tx.send(Err(e));
                     return;
                 }
             };
+            let mut tuned = None;
+            if cfg.tune_batch {
+                match tune::sweep(model.as_mut(), tune::largest(&cfg)) {
+                    Ok(s) => {
+                        tracing::info!("serve: batch sizes: knee {}, best {}", s.knee, s.best);
+                        cfg = tune::prefer(cfg, &s);
+                        tuned = Some(s);
+                    }
+                    Err(e) => tracing::warn!("serve: the batch sweep failed ({e}); sizes as set"),
+                }
+            }
             let shared = Arc::new(Shared {
                 queue: Mutex::new(Queue::new(cfg.queue_jobs, cfg.starvation_limit)),
                 wake: Condvar::new(),
@@ -215,6 +232,8 @@ pub(crate) fn start(
                     batch_rows: cfg.max_batch_rows,
                     delay_us: cfg.max_delay.as_secs_f64() * 1e6,
                     controller: cfg.controller.is_some(),
+                    tuned_knee: tuned.as_ref().map(|s| s.knee),
+                    tuned_best: tuned.as_ref().map(|s| s.best),
                     ..Status::default()
                 }),
             });

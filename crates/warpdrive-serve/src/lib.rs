@@ -48,6 +48,7 @@ mod model;
 mod queue;
 mod results;
 mod stats;
+mod tune;
 pub mod wire;
 
 pub use batcher::{BatchStats, MakeModel, ServeConfig};

@@ -114,6 +114,10 @@ pub struct Status {
     pub delay_us: f64,
     /// Whether the controller sets the knobs.
     pub controller: bool,
+    /// The batch sweep at start (`ServeConfig::tune_batch`): the smallest batch within
+    /// 90 % of the best throughput, and the best.
+    pub tuned_knee: Option<usize>,
+    pub tuned_best: Option<usize>,
     /// The last interval.
     pub last: Seen,
     /// Jobs and rows a second over the last interval.
