@@ -65,15 +65,11 @@ pub(crate) enum Command {
         #[arg(short = 'o', long = "out", value_name = "DIR")]
         out: Option<PathBuf>,
     },
-    /// Run one MoE layer forward pass (bf16; the `moe` bench suite's seeded weights, or one
-    /// layer of a checkpoint with `--weights`, and N(0,1) input for that preset and token
-    /// count) and print the time of each stage of one staged pass and their sum, then the
-    /// time per pass of `--reps` passes as `forward` runs them.
     /// Serve jobs over HTTP (an MoE layer forward per job) with dynamic batching, priority
     /// classes, tenant budgets and an optional latency controller: POST /v1/jobs
     /// (?async=true: fetch later from GET /v1/jobs/ID), GET / (the dashboard), /v1/status,
-    /// /v1/events, /v1/model, /health, /metrics. Ctrl-C or
-    /// SIGTERM stops it after answering every accepted job.
+    /// /v1/events, /v1/model, /health, /metrics. Ctrl-C or SIGTERM stops it after answering
+    /// every accepted job.
     Serve(ServeArgs),
     /// Offer load to a running `warpdrive serve` on this machine: Poisson arrivals at a rate
     /// (open loop) or N clients each with one job outstanding (closed loop), bounded in jobs
@@ -82,6 +78,10 @@ pub(crate) enum Command {
     /// Run persistent actors with live counters: echo actors in one resident loop, host
     /// threads sending to them, then round trips and the time to terminate.
     Actors(ActorsArgs),
+    /// Run one MoE layer forward pass (bf16; the `moe` bench suite's seeded weights, or one
+    /// layer of a checkpoint with `--weights`, and N(0,1) input for that preset and token
+    /// count) and print the time of each stage of one staged pass and their sum, then the
+    /// time per pass of `--reps` passes as `forward` runs them.
     Moe {
         /// Layer shape: mixtral-8x7b, qwen3-30b-a3b, deepseek-v3-slice or gpt-oss-120b.
         #[arg(long, value_name = "NAME")]
