@@ -41,6 +41,10 @@ pub struct ServeConfig {
     /// runs efficiently: batches close at the best size at most, and the controller starts
     /// at the knee and stays at or under the best (see `Status::tuned_knee`).
     pub tune_batch: bool,
+    /// Batcher threads, each with a model of its own (its own stream and weights on a GPU),
+    /// taking batches off the one queue: one batch's copies and host work overlap
+    /// another's device work. More than 1 needs [`Server::start_workers`](crate::Server).
+    pub workers: usize,
     /// How often the batcher sums up an interval, publishes its status and steps the
     /// controller.
     pub interval: Duration,
@@ -81,6 +85,7 @@ impl Default for ServeConfig {
             max_delay: Duration::from_millis(10),
             controller: None,
             tune_batch: false,
+            workers: 1,
             interval: Duration::from_millis(250),
             queue_jobs: 4096,
             starvation_limit: 8,
@@ -158,6 +163,11 @@ pub(crate) struct Shared {
     pub(crate) width: usize,
     pub(crate) name: String,
     pub(crate) status: Mutex<Status>,
+    /// The knobs every batcher thread closes batches by (the first thread steers them).
+    knobs: Mutex<Knobs>,
+    /// What the other batcher threads saw since the first one last summed up an interval.
+    inbox: Mutex<(Window, Totals)>,
+    workers: usize,
 }
 
 impl Shared {
@@ -185,16 +195,74 @@ impl Shared {
 /// What makes the model, on the batcher's thread.
 pub type MakeModel = Box<dyn FnOnce() -> Result<Box<dyn Model>> + Send>;
 
-/// Starts the batcher's thread, which makes the model with `make` first.
+/// What makes a model for each batcher thread, on that thread.
+pub type MakeModels = Arc<dyn Fn() -> Result<Box<dyn Model>> + Send + Sync>;
+
+/// Starts the batcher's threads, each of which makes its model with `make` first; the
+/// first also sweeps batch sizes (when asked) and steers.
 pub(crate) fn start(
-    make: MakeModel,
+    make: MakeModels,
     config: &ServeConfig,
-) -> Result<(Arc<Shared>, JoinHandle<()>)> {
-    if config.max_batch_rows == 0 || config.queue_jobs == 0 || config.interval.is_zero() {
+) -> Result<(Arc<Shared>, Vec<JoinHandle<()>>)> {
+    if config.max_batch_rows == 0
+        || config.queue_jobs == 0
+        || config.interval.is_zero()
+        || config.workers == 0
+    {
         return Err(Error::InvalidArgument(
-            "serve: max_batch_rows, queue_jobs and interval must be more than 0".into(),
+            "serve: max_batch_rows, queue_jobs, workers and interval must be more than 0".into(),
         ));
     }
+    let (shared, first) = start_first(make.clone(), config)?;
+    let mut threads = vec![first];
+    let (ready_tx, ready) = std::sync::mpsc::channel();
+    for k in 1..config.workers {
+        let (make, mine, cfg, ready_tx) = (
+            make.clone(),
+            shared.clone(),
+            config.clone(),
+            ready_tx.clone(),
+        );
+        let spawned = std::thread::Builder::new()
+            .name(format!("warpdrive-batcher-{k}"))
+            .spawn(move || match make() {
+                Ok(model) => {
+                    let _ = ready_tx.send(Ok(()));
+                    follow(model, &mine, &cfg)
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                }
+            });
+        match spawned {
+            Ok(t) => threads.push(t),
+            Err(e) => {
+                shared.close();
+                return Err(Error::InvalidArgument(format!(
+                    "serve: batcher thread: {e}"
+                )));
+            }
+        }
+    }
+    let deadline = crate::later(Instant::now(), config.start_timeout);
+    for _ in 1..config.workers {
+        let wait = deadline.saturating_duration_since(Instant::now());
+        let made = ready.recv_timeout(wait).map_err(|e| Error::Timeout {
+            what: format!("serve: making a worker's model ({e})"),
+            after_ms: config.start_timeout.as_millis() as u64,
+        });
+        if let Err(e) = made.and_then(|r| r) {
+            // The threads already running end once the closed queue is empty.
+            shared.close();
+            return Err(e);
+        }
+    }
+    Ok((shared, threads))
+}
+
+/// Starts the first batcher thread: it makes its model, sweeps batch sizes when asked,
+/// makes what the threads share, and steers.
+fn start_first(make: MakeModels, config: &ServeConfig) -> Result<(Arc<Shared>, JoinHandle<()>)> {
     let (made_tx, made) = std::sync::mpsc::sync_channel(1);
     let mut cfg = config.clone();
     let thread = std::thread::Builder::new()
@@ -234,8 +302,15 @@ pub(crate) fn start(
                     controller: cfg.controller.is_some(),
                     tuned_knee: tuned.as_ref().map(|s| s.knee),
                     tuned_best: tuned.as_ref().map(|s| s.best),
+                    workers: cfg.workers,
                     ..Status::default()
                 }),
+                knobs: Mutex::new(Knobs {
+                    batch_rows: cfg.max_batch_rows,
+                    delay: cfg.max_delay,
+                }),
+                inbox: Mutex::new((Window::new(Instant::now()), Totals::default())),
+                workers: cfg.workers,
             });
             if made_tx.send(Ok(shared.clone())).is_err() {
                 return;
@@ -283,13 +358,50 @@ fn next_batch(shared: &Shared, knobs: Knobs, tick: Duration) -> Next {
     }
 }
 
-/// Counts of jobs that ended without running, since the start.
-#[derive(Default)]
-struct Totals {
+/// Counts of jobs answered, and of jobs that ended without running, since the start.
+#[derive(Debug, Default)]
+pub(crate) struct Totals {
     jobs: u64,
     expired: u64,
     cancelled: u64,
     failed: u64,
+}
+
+impl Totals {
+    fn add(&mut self, o: Totals) {
+        self.jobs += o.jobs;
+        self.expired += o.expired;
+        self.cancelled += o.cancelled;
+        self.failed += o.failed;
+    }
+}
+
+/// A batcher thread other than the first: batches under the knobs the first one sets, its
+/// samples left in the inbox for the first one to sum up.
+fn follow(mut model: Box<dyn Model>, shared: &Shared, config: &ServeConfig) {
+    loop {
+        let knobs = *shared.knobs.lock();
+        match next_batch(shared, knobs, config.interval) {
+            Next::Done => return,
+            Next::Idle => {}
+            Next::Batch(batch) => {
+                let full = batch.iter().map(|j| j.rows).sum::<usize>() >= knobs.batch_rows;
+                let mut window = Window::new(Instant::now());
+                let mut totals = Totals::default();
+                run_batch(
+                    model.as_mut(),
+                    batch,
+                    full,
+                    shared,
+                    &mut window,
+                    &mut totals,
+                );
+                let mut inbox = shared.inbox.lock();
+                inbox.0.merge(window);
+                inbox.1.add(totals);
+            }
+        }
+    }
 }
 
 fn run(mut model: Box<dyn Model>, shared: &Shared, config: &ServeConfig) {
@@ -301,6 +413,7 @@ fn run(mut model: Box<dyn Model>, shared: &Shared, config: &ServeConfig) {
     if let Some(c) = &controller {
         knobs = c.knobs();
     }
+    *shared.knobs.lock() = knobs;
     let mut window = Window::new(Instant::now());
     let mut totals = Totals::default();
     metrics::gauge!("warpdrive_serve_queue_jobs").set(0.0);
@@ -324,9 +437,16 @@ fn run(mut model: Box<dyn Model>, shared: &Shared, config: &ServeConfig) {
         let now = Instant::now();
         if done || window.age(now) >= config.interval {
             let queued = shared.queue.lock().len();
-            let seen = window.finish(now, queued);
+            {
+                let mut inbox = shared.inbox.lock();
+                let (w, t) = std::mem::replace(&mut *inbox, (Window::new(now), Totals::default()));
+                window.merge(w);
+                totals.add(t);
+            }
+            let seen = window.finish(now, queued, shared.workers);
             if let Some(c) = controller.as_mut() {
                 knobs = c.step(&seen);
+                *shared.knobs.lock() = knobs;
             }
             publish(model.as_ref(), shared, &seen, knobs, &totals);
             window = Window::new(now);

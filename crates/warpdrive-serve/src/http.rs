@@ -44,7 +44,7 @@ pub struct Server {
     shared: Arc<Shared>,
     stop: Option<watch::Sender<bool>>,
     http: Option<JoinHandle<()>>,
-    batcher: Option<JoinHandle<()>>,
+    batcher: Vec<JoinHandle<()>>,
 }
 
 pub(crate) struct State {
@@ -57,9 +57,33 @@ pub(crate) struct State {
 }
 
 impl Server {
-    /// Serves the model `make` makes (on the batcher's thread) at `config.addr`.
+    /// Serves the model `make` makes (on the batcher's thread) at `config.addr`, with one
+    /// batcher thread (`config.workers` must be 1; see [`Server::start_workers`]).
     pub fn start(
         make: impl FnOnce() -> Result<Box<dyn Model>> + Send + 'static,
+        config: ServeConfig,
+    ) -> Result<Server> {
+        if config.workers != 1 {
+            return Err(Error::InvalidArgument(format!(
+                "serve: {} workers need a model per worker: Server::start_workers",
+                config.workers
+            )));
+        }
+        let once = parking_lot::Mutex::new(Some(make));
+        Server::start_workers(
+            move || match once.lock().take() {
+                Some(make) => make(),
+                None => Err(Error::InvalidArgument(
+                    "serve: this model can be made once".into(),
+                )),
+            },
+            config,
+        )
+    }
+
+    /// Serves with `config.workers` batcher threads, each with the model `make` makes on it.
+    pub fn start_workers(
+        make: impl Fn() -> Result<Box<dyn Model>> + Send + Sync + 'static,
         config: ServeConfig,
     ) -> Result<Server> {
         let listener = std::net::TcpListener::bind(config.addr)
@@ -79,7 +103,7 @@ impl Server {
         if let Err(e) = warpdrive::telemetry::render_prometheus() {
             tracing::warn!("serve: /metrics unavailable: {e}");
         }
-        let (shared, batcher) = batcher::start(Box::new(make), &config)?;
+        let (shared, batcher) = batcher::start(Arc::new(make), &config)?;
         let budgets = Arc::new(Budgets::new(
             config.budget,
             config.tenant_budgets.clone(),
@@ -103,7 +127,7 @@ impl Server {
             shared,
             stop: Some(stop),
             http: Some(http),
-            batcher: Some(batcher),
+            batcher,
         })
     }
 
@@ -175,7 +199,7 @@ impl Server {
         }
         // The HTTP side closed the queue; this makes sure of it if that thread died.
         self.shared.close();
-        if let Some(t) = self.batcher.take() {
+        for t in self.batcher.drain(..) {
             let _ = t.join();
         }
     }

@@ -51,7 +51,7 @@ mod stats;
 mod tune;
 pub mod wire;
 
-pub use batcher::{BatchStats, MakeModel, ServeConfig};
+pub use batcher::{BatchStats, MakeModel, MakeModels, ServeConfig};
 pub use batching::Batching;
 pub use budget::Budget;
 pub use client::{Client, ClientConfig, Failure, JobResult, JobSpec};

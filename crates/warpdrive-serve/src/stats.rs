@@ -74,8 +74,20 @@ impl Window {
         }
     }
 
-    /// The interval up to `now`, summed up.
-    pub(crate) fn finish(&mut self, now: Instant, queue_jobs: usize) -> Seen {
+    /// Adds `other`'s samples (another batcher thread's) to this interval's.
+    pub(crate) fn merge(&mut self, other: Window) {
+        self.busy += other.busy;
+        self.rows = self.rows.saturating_add(other.rows);
+        self.full += other.full;
+        let room = MAX_SAMPLES.saturating_sub(self.latency_us.len());
+        self.latency_us
+            .extend(other.latency_us.into_iter().take(room));
+        let room = MAX_SAMPLES.saturating_sub(self.run_us.len());
+        self.run_us.extend(other.run_us.into_iter().take(room));
+    }
+
+    /// The interval up to `now`, summed up; busy is the mean over `workers` threads.
+    pub(crate) fn finish(&mut self, now: Instant, queue_jobs: usize, workers: usize) -> Seen {
         let seconds = self.age(now).as_secs_f64();
         let batches = self.run_us.len();
         Seen {
@@ -83,7 +95,7 @@ impl Window {
             jobs: self.latency_us.len(),
             rows: self.rows,
             batches,
-            busy: (self.busy.as_secs_f64() / seconds.max(1e-9)).min(1.0),
+            busy: (self.busy.as_secs_f64() / (seconds.max(1e-9) * workers.max(1) as f64)).min(1.0),
             p50_us: quantile(&mut self.latency_us, 0.5),
             p99_us: quantile(&mut self.latency_us, 0.99),
             run_p99_us: quantile(&mut self.run_us, 0.99),
@@ -114,6 +126,8 @@ pub struct Status {
     pub delay_us: f64,
     /// Whether the controller sets the knobs.
     pub controller: bool,
+    /// Batcher threads (each with its own model).
+    pub workers: usize,
     /// The batch sweep at start (`ServeConfig::tune_batch`): the smallest batch within
     /// 90 % of the best throughput, and the best.
     pub tuned_knee: Option<usize>,
@@ -150,7 +164,7 @@ mod tests {
         }
         w.batch(8, Duration::from_millis(10), true);
         w.batch(2, Duration::from_millis(20), false);
-        let s = w.finish(t0 + Duration::from_millis(100), 3);
+        let s = w.finish(t0 + Duration::from_millis(100), 3, 1);
         assert_eq!((s.jobs, s.rows, s.batches, s.queue_jobs), (100, 10, 2, 3));
         assert!((s.busy - 0.3).abs() < 1e-9, "{}", s.busy);
         assert_eq!((s.p50_us, s.p99_us), (51.0, 99.0));
@@ -161,7 +175,7 @@ mod tests {
     #[test]
     fn an_empty_interval_has_no_percentiles() {
         let t0 = Instant::now();
-        let s = Window::new(t0).finish(t0, 0);
+        let s = Window::new(t0).finish(t0, 0, 1);
         assert!(s.p99_us.is_nan() && s.busy == 0.0 && s.jobs == 0);
     }
 }
