@@ -10,9 +10,11 @@
 //!   (every job its own batch), `warpdrive-dynamic` (batches close at 256 rows or 2 ms) and
 //!   `warpdrive-controller` (the batch sweep at start, then the controller steering rows
 //!   from the knee up to the best size found, at most 1024, and the delay up to 2 ms toward
-//!   a p99 of 10 ms; `extra.tuned_knee`, `extra.tuned_best`); `extra.jobs_per_s`, `extra.p99_us`,
+//!   a p99 of 10 ms; `extra.tuned_knee`, `extra.tuned_best`) and `warpdrive-dynamic-2w`
+//!   (dynamic batching on two batcher threads, each with its own copy of the layer and its
+//!   own stream); `extra.jobs_per_s`, `extra.p99_us`,
 //!   `extra.p999_us`, `extra.mean_batch_rows`, `extra.failed`, `extra.busy` (the fraction
-//!   of the run the model ran, from the service's status), and the knobs at the end
+//!   of the run the model ran, per batcher thread, from the service's totals), and the knobs at the end
 //!   (`extra.batch_rows_knob`, `extra.delay_us_knob`).
 //! - `load-256row` (size = concurrent clients, 1 / 8): the same with 256-row jobs (the
 //!   device's work dominates).
@@ -83,6 +85,7 @@ struct Variant {
     max_delay: Duration,
     controller: Option<ControllerConfig>,
     tune_batch: bool,
+    workers: usize,
 }
 
 const VARIANTS: &[Variant] = &[
@@ -92,6 +95,7 @@ const VARIANTS: &[Variant] = &[
         max_delay: Duration::ZERO,
         controller: None,
         tune_batch: false,
+        workers: 1,
     },
     Variant {
         name: "warpdrive-dynamic",
@@ -99,6 +103,7 @@ const VARIANTS: &[Variant] = &[
         max_delay: Duration::from_millis(2),
         controller: None,
         tune_batch: false,
+        workers: 1,
     },
     Variant {
         name: "warpdrive-controller",
@@ -110,6 +115,15 @@ const VARIANTS: &[Variant] = &[
             max_delay: Duration::from_millis(2),
         }),
         tune_batch: true,
+        workers: 1,
+    },
+    Variant {
+        name: "warpdrive-dynamic-2w",
+        max_batch_rows: 256,
+        max_delay: Duration::from_millis(2),
+        controller: None,
+        tune_batch: false,
+        workers: 2,
     },
 ];
 
@@ -124,14 +138,22 @@ fn start(ctx: &Ctx, v: &Variant) -> Result<Server> {
     };
     let (config, weights, _) = super::moe::case_at(PRESET, 1, scale)?;
     let device = ctx.device().clone();
-    Server::start(
-        move || Ok(Box::new(MoeModel::new(PRESET, &device, config, weights)?)),
+    Server::start_workers(
+        move || {
+            Ok(Box::new(MoeModel::new(
+                PRESET,
+                &device,
+                config,
+                weights.clone(),
+            )?))
+        },
         ServeConfig {
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             max_batch_rows: v.max_batch_rows,
             max_delay: v.max_delay,
             controller: v.controller,
             tune_batch: v.tune_batch,
+            workers: v.workers,
             interval: INTERVAL,
             ..ServeConfig::default()
         },
@@ -171,7 +193,8 @@ fn offer_busy(server: &Server, config: &LoadConfig) -> Result<(LoadReport, f64)>
     while server.jobs_answered() < answered0 + r.answered() && t0.elapsed() < WAIT {
         std::thread::yield_now();
     }
-    let busy = (server.busy_seconds_total() - busy0) / r.elapsed.as_secs_f64();
+    let workers = server.status().workers.max(1) as f64;
+    let busy = (server.busy_seconds_total() - busy0) / (r.elapsed.as_secs_f64() * workers);
     Ok((r, busy.clamp(0.0, 1.0)))
 }
 
@@ -321,6 +344,7 @@ mod tests {
             "warpdrive-batch-1",
             "warpdrive-dynamic",
             "warpdrive-controller",
+            "warpdrive-dynamic-2w",
         ] {
             assert!(rows
                 .iter()

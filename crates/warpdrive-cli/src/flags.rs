@@ -140,6 +140,11 @@ pub(crate) struct ServeArgs {
     /// the delay (up to --max-delay-ms) to keep the p99 latency under this many milliseconds.
     #[arg(long, value_name = "MS")]
     pub(crate) p99_target_ms: Option<f64>,
+    /// Batcher threads, each with its own copy of the layer (its own stream and weights), so
+    /// one batch's copies overlap another's kernels.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub(crate) workers: u32,
     /// Time the layer on batches of 1, 2, 4, ... rows at start and prefer the sizes it runs
     /// efficiently (batches stop at the best size; the controller starts at the knee).
     #[arg(long)]

@@ -46,6 +46,7 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
             max_delay,
         }),
         tune_batch: args.tune_batch,
+        workers: args.workers as usize,
         queue_jobs: args.queue_jobs as usize,
         max_connections: args.max_connections as usize,
         budget: Budget {
@@ -57,8 +58,8 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
         ..ServeConfig::default()
     };
     let d = device.clone();
-    let server = Server::start(
-        move || Ok(Box::new(MoeModel::new(&name, &d, config, weights)?)),
+    let server = Server::start_workers(
+        move || Ok(Box::new(MoeModel::new(&name, &d, config, weights.clone())?)),
         serve_config,
     )
     .context("starting the service")?;
