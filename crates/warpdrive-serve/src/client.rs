@@ -257,9 +257,9 @@ impl Client {
     /// One request on a pooled connection: the reply's status, headers and whole body.
     ///
     /// A kept-alive connection the service has just closed (it closes idle ones) fails the
-    /// request that meets it before any reply; such a request is sent once more on a fresh
-    /// connection. A job is a pure function of its rows, so the worst a resend could do is
-    /// run it twice.
+    /// request that meets it before any reply (closed, reset or cut short); such a request is
+    /// sent once more on a fresh connection. A job is a pure function of its rows, so the
+    /// worst a resend could do is run it twice.
     async fn request(
         &self,
         method: Method,
@@ -303,10 +303,10 @@ impl Client {
                 }
                 let reply = match sender.try_send_request(req).await {
                     Ok(r) => r,
+                    // No reply came: on a kept-alive connection, whatever went wrong (closed,
+                    // reset, cut short) is the connection's, not the job's.
                     Err(e) => {
-                        let stale = e.error().is_canceled()
-                            || e.error().is_incomplete_message()
-                            || e.error().is_closed();
+                        let stale = !e.error().is_timeout();
                         return Err((stale, Failure::Io(format!("sending: {}", e.error()))));
                     }
                 };
