@@ -51,7 +51,7 @@ pub use results::{
     format_ceilings, format_table, now_rfc3339, print_table, rfc3339_utc, Ceiling, Ceilings,
     DeviceRecord, Metric, Results, Row, SCHEMA,
 };
-pub use stats::Stats;
+pub use stats::{percentile, Stats};
 pub use timing::{time_gpu, time_host, time_host_rounds};
 
 /// How large the benchmark inputs are.
@@ -173,9 +173,10 @@ static SUITES: &[Suite] = &[
     },
     Suite {
         name: serve::SUITE,
-        about: "the job service over loopback HTTP: submission latency, and latency and \
-                throughput of one-row MoE jobs from 1 / 8 / 32 clients with batch-1 serving \
-                and dynamic batching",
+        about: "the job service over loopback HTTP: submission latency; latency, \
+                throughput and busy fraction of 1-row and 256-row MoE jobs from several \
+                clients and against offered load (open loop), with batch-1 serving, dynamic \
+                batching, the controller and two workers; an asyncio + PyTorch peer",
         run: serve::run_suite,
     },
     Suite {

@@ -1,23 +1,37 @@
 //! The `serve` suite (issue 37): the job service on this suite's device, driven over
-//! loopback HTTP by client threads of this process (keep-alive connections).
+//! loopback HTTP by `warpdrive-serve`'s load generator (pooled keep-alive connections) in
+//! this process.
 //!
 //! - `submit` (size = rows per job, 1): µs from the request's headers to the job being queued
-//!   (the service's own `submit_us`: body, parsing, checks, enqueue), one client sending
-//!   one-row jobs back to back; `extra.p99_us`.
+//!   (the service's own `submit_us`: body, parsing, checks, enqueue), one client (a
+//!   one-thread runtime) sending one-row jobs back to back; `extra.p99_us`.
 //! - `load-1row` (size = concurrent clients, 1 / 8 / 32, each sending one-row jobs back to
 //!   back: a closed loop): µs per job as a client sees it; variants `warpdrive-batch-1`
-//!   (every job its own batch) and `warpdrive-dynamic` (batches close at 256 rows or 2 ms);
-//!   `extra.jobs_per_s`, `extra.p99_us`, `extra.mean_batch_rows`.
+//!   (every job its own batch), `warpdrive-dynamic` (batches close at 256 rows or 2 ms) and
+//!   `warpdrive-controller` (the batch sweep at start, then the controller steering rows
+//!   from the knee up to the best size found, at most 1024, and the delay up to 2 ms toward
+//!   a p99 of 10 ms; `extra.tuned_knee`, `extra.tuned_best`) and `warpdrive-dynamic-2w`
+//!   (dynamic batching on two batcher threads, each with its own copy of the layer and its
+//!   own stream); `extra.jobs_per_s`, `extra.p99_us`,
+//!   `extra.p999_us`, `extra.mean_batch_rows`, `extra.failed`, `extra.busy` (the fraction
+//!   of the run the model ran, per batcher thread, from the service's totals), and the knobs at the end
+//!   (`extra.batch_rows_knob`, `extra.delay_us_knob`).
+//! - `load-256row` (size = concurrent clients, 1 / 8): the same with 256-row jobs (the
+//!   device's work dominates).
+//! - `curve-1row` (size = offered jobs/s): open-loop Poisson arrivals of one-row jobs at
+//!   20 / 50 / 80 / 100 / 120 % of the variant's own closed-loop throughput at the most
+//!   clients; µs per job from the moment it was due; `extra.offered_per_s`,
+//!   `extra.load_fraction` and the `load-1row` extras.
 //!
 //! The model is the MoE layer of `qwen3-30b-a3b` (seeded weights): its full shape on CUDA,
 //! the `tiny` scale (hidden 128) on the CPU backend.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::time::{Duration, Instant};
+use std::net::SocketAddr;
+use std::time::Duration;
 
 use warpdrive::error::{Error, Result};
-use warpdrive_serve::{MoeModel, ServeConfig, Server};
+use warpdrive_serve::load::{self, Arrivals, LoadConfig, LoadReport};
+use warpdrive_serve::{ControllerConfig, MoeModel, ServeConfig, Server};
 
 use super::stats::percentile;
 use super::{Ctx, Scale};
@@ -29,9 +43,11 @@ const PRESET: &str = "qwen3-30b-a3b";
 const WAIT: Duration = Duration::from_secs(30);
 
 struct Plan {
-    submits: usize,
+    submits: u64,
     load_for: Duration,
     clients: &'static [usize],
+    clients_256: &'static [usize],
+    curve: &'static [f64],
 }
 
 impl Plan {
@@ -41,93 +57,80 @@ impl Plan {
                 submits: 5000,
                 load_for: Duration::from_secs(2),
                 clients: &[1, 8, 32],
+                clients_256: &[1, 8],
+                curve: &[0.2, 0.5, 0.8, 1.0, 1.2],
             },
             Scale::Quick => Plan {
                 submits: 1000,
                 load_for: Duration::from_millis(500),
                 clients: &[1, 8, 32],
+                clients_256: &[1, 8],
+                curve: &[0.2, 0.5, 0.8, 1.0],
             },
             Scale::Tiny => Plan {
                 submits: 30,
                 load_for: Duration::from_millis(100),
                 clients: &[1, 4],
+                clients_256: &[1],
+                curve: &[0.5],
             },
         }
     }
 }
 
-/// A keep-alive HTTP/1.1 connection that posts JSON.
-struct Client {
-    reader: BufReader<TcpStream>,
-    writer: TcpStream,
+/// A way of serving the suite compares.
+struct Variant {
+    name: &'static str,
+    max_batch_rows: usize,
+    max_delay: Duration,
+    controller: Option<ControllerConfig>,
+    tune_batch: bool,
+    workers: usize,
 }
 
-impl Client {
-    fn connect(addr: SocketAddr) -> Result<Client> {
-        let io = |e: std::io::Error| Error::InvalidArgument(format!("serve client: {e}"));
-        let writer = TcpStream::connect_timeout(&addr, WAIT).map_err(io)?;
-        writer.set_read_timeout(Some(WAIT)).map_err(io)?;
-        writer.set_nodelay(true).map_err(io)?;
-        let reader = BufReader::new(writer.try_clone().map_err(io)?);
-        Ok(Client { reader, writer })
-    }
+const VARIANTS: &[Variant] = &[
+    Variant {
+        name: "warpdrive-batch-1",
+        max_batch_rows: 1,
+        max_delay: Duration::ZERO,
+        controller: None,
+        tune_batch: false,
+        workers: 1,
+    },
+    Variant {
+        name: "warpdrive-dynamic",
+        max_batch_rows: 256,
+        max_delay: Duration::from_millis(2),
+        controller: None,
+        tune_batch: false,
+        workers: 1,
+    },
+    Variant {
+        name: "warpdrive-controller",
+        max_batch_rows: 256,
+        max_delay: Duration::from_millis(2),
+        controller: Some(ControllerConfig {
+            p99_target: Duration::from_millis(10),
+            max_batch_rows: 1024,
+            max_delay: Duration::from_millis(2),
+        }),
+        tune_batch: true,
+        workers: 1,
+    },
+    Variant {
+        name: "warpdrive-dynamic-2w",
+        max_batch_rows: 256,
+        max_delay: Duration::from_millis(2),
+        controller: None,
+        tune_batch: false,
+        workers: 2,
+    },
+];
 
-    /// POSTs `body` to `path`; the status and the reply's body.
-    fn post(&mut self, path: &str, body: &[u8]) -> Result<(u16, Vec<u8>)> {
-        let io = |e: std::io::Error| Error::InvalidArgument(format!("serve client: {e}"));
-        write!(
-            self.writer,
-            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            body.len()
-        )
-        .and_then(|()| self.writer.write_all(body))
-        .map_err(io)?;
-        let mut line = String::new();
-        self.reader.read_line(&mut line).map_err(io)?;
-        let status = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| Error::InvalidArgument(format!("serve client: status line {line:?}")))?;
-        let mut length = 0usize;
-        loop {
-            line.clear();
-            self.reader.read_line(&mut line).map_err(io)?;
-            let l = line.trim_end();
-            if l.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = l.split_once(':') {
-                if k.eq_ignore_ascii_case("content-length") {
-                    length = v.trim().parse().unwrap_or(0);
-                }
-            }
-        }
-        let mut reply = vec![0u8; length];
-        self.reader.read_exact(&mut reply).map_err(io)?;
-        Ok((status, reply))
-    }
-}
+/// How often the service steps its controller and publishes its status here.
+const INTERVAL: Duration = Duration::from_millis(50);
 
-/// A one-row job of `width` values (the same values each time: the model's work does not
-/// depend on them).
-fn one_row(width: usize) -> Vec<u8> {
-    let data: Vec<f32> = (0..width).map(|i| ((i % 17) as f32 - 8.0) / 8.0).collect();
-    serde_json::json!({ "rows": 1, "data": data })
-        .to_string()
-        .into_bytes()
-}
-
-/// The reply's `key` as a number.
-fn field(reply: &[u8], key: &str) -> Result<f64> {
-    let v: serde_json::Value = serde_json::from_slice(reply)
-        .map_err(|e| Error::InvalidArgument(format!("serve reply: {e}")))?;
-    v[key]
-        .as_f64()
-        .ok_or_else(|| Error::InvalidArgument(format!("serve reply has no {key}")))
-}
-
-fn start(ctx: &Ctx, max_batch_rows: usize, max_delay: Duration) -> Result<(Server, usize)> {
+fn start(ctx: &Ctx, v: &Variant) -> Result<Server> {
     let scale = if ctx.device().is_cuda() {
         Scale::Full
     } else {
@@ -135,107 +138,200 @@ fn start(ctx: &Ctx, max_batch_rows: usize, max_delay: Duration) -> Result<(Serve
     };
     let (config, weights, _) = super::moe::case_at(PRESET, 1, scale)?;
     let device = ctx.device().clone();
-    let server = Server::start(
-        move || Ok(Box::new(MoeModel::new(PRESET, &device, config, weights)?)),
+    Server::start_workers(
+        move || {
+            Ok(Box::new(MoeModel::new(
+                PRESET,
+                &device,
+                config,
+                weights.clone(),
+            )?))
+        },
         ServeConfig {
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            max_batch_rows,
-            max_delay,
+            max_batch_rows: v.max_batch_rows,
+            max_delay: v.max_delay,
+            controller: v.controller,
+            tune_batch: v.tune_batch,
+            workers: v.workers,
+            interval: INTERVAL,
             ..ServeConfig::default()
         },
-    )?;
-    Ok((server, config.hidden))
+    )
+}
+
+/// Runs `config`; a run with a failed job is an error (the suite measures a service that
+/// answers everything).
+fn offer(config: &LoadConfig) -> Result<LoadReport> {
+    let r = load::run(config).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+    if r.answered() == 0 || r.failed() > 0 {
+        return Err(Error::InvalidArgument(format!(
+            "serve: {} of {} jobs failed ({:?}): {}",
+            r.failed(),
+            r.sent,
+            r.failures,
+            r.first_failure.as_deref().unwrap_or("none answered")
+        )));
+    }
+    Ok(r)
+}
+
+fn closed(addr: SocketAddr, clients: usize, rows: usize, time: Duration) -> LoadConfig {
+    LoadConfig {
+        rows,
+        timeout: WAIT,
+        ..LoadConfig::new(addr, Arrivals::Clients(clients), time)
+    }
+}
+
+/// `config` offered to `server`, and the fraction of the run the model ran (from the
+/// service's busy total, once every answered job's batch is in it).
+fn offer_busy(server: &Server, config: &LoadConfig) -> Result<(LoadReport, f64)> {
+    let (busy0, answered0) = (server.busy_seconds_total(), server.jobs_answered());
+    let r = offer(config)?;
+    let t0 = std::time::Instant::now();
+    while server.jobs_answered() < answered0 + r.answered() && t0.elapsed() < WAIT {
+        std::thread::yield_now();
+    }
+    let workers = server.status().workers.max(1) as f64;
+    let busy = (server.busy_seconds_total() - busy0) / (r.elapsed.as_secs_f64() * workers);
+    Ok((r, busy.clamp(0.0, 1.0)))
+}
+
+/// Records `r` as a row of `case` at `size` with the load extras.
+fn record(
+    ctx: &mut Ctx,
+    case: &str,
+    size: u64,
+    variant: &str,
+    (r, busy, server): (&LoadReport, f64, &Server),
+) -> Result<()> {
+    let mut us = r.latency_us.clone();
+    let (p99, p999) = (percentile(&us, 0.99), percentile(&us, 0.999));
+    let row = ctx.record_time(case, size, variant, &mut us, None)?;
+    for (k, v) in [
+        ("jobs_per_s", r.jobs_per_s()),
+        ("p99_us", p99),
+        ("p999_us", p999),
+        ("mean_batch_rows", r.mean_batch_rows()),
+        ("failed", r.failed() as f64),
+        ("busy", busy),
+        ("batch_rows_knob", server.status().batch_rows as f64),
+        ("delay_us_knob", server.status().delay_us),
+    ] {
+        row.extra.insert(k.into(), v.into());
+    }
+    let status = server.status();
+    for (k, v) in [
+        ("tuned_knee", status.tuned_knee),
+        ("tuned_best", status.tuned_best),
+    ] {
+        if let Some(v) = v {
+            row.extra.insert(k.into(), (v as f64).into());
+        }
+    }
+    if let Some(o) = r.offered_per_s {
+        row.extra.insert("offered_per_s".into(), o.into());
+    }
+    Ok(())
 }
 
 pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
     let plan = Plan::new(ctx.scale());
-    for (variant, rows, delay) in [
-        ("warpdrive-batch-1", 1, Duration::ZERO),
-        ("warpdrive-dynamic", 256, Duration::from_millis(2)),
-    ] {
-        ctx.step(format!("{SUITE}: {variant}"));
-        let (server, width) = start(ctx, rows, delay)?;
-        let body = one_row(width);
-        if variant == "warpdrive-batch-1" {
-            let mut client = Client::connect(server.addr)?;
-            let mut us = Vec::with_capacity(plan.submits);
-            for k in 0..plan.submits + 10 {
-                let (status, reply) = client.post("/v1/jobs", &body)?;
-                if status != 200 {
-                    return Err(Error::InvalidArgument(format!("serve: status {status}")));
-                }
-                if k >= 10 {
-                    us.push(field(&reply, "submit_us")?);
-                }
-            }
+    for v in VARIANTS {
+        ctx.step(format!("{SUITE}: {}", v.name));
+        let server = start(ctx, v)?;
+        let addr = server.addr;
+        if v.max_batch_rows == 1 {
+            // Warm up, then one client back to back.
+            offer(&LoadConfig {
+                max_jobs: Some(10),
+                ..closed(addr, 1, 1, WAIT)
+            })?;
+            let r = offer(&LoadConfig {
+                max_jobs: Some(plan.submits),
+                threads: 1,
+                ..closed(addr, 1, 1, WAIT)
+            })?;
+            let mut us = r.submit_us.clone();
             let tail = percentile(&us, 0.99);
             let row = ctx.record_time("submit", 1, "warpdrive", &mut us, None)?;
             row.extra.insert("p99_us".into(), tail.into());
         }
+        let mut most = 0.0f64;
         for &clients in plan.clients {
-            let (mut us, batch_rows) = load(server.addr, &body, clients, plan.load_for)?;
-            let jobs = us.len() as f64;
-            let tail = percentile(&us, 0.99);
-            let mean_batch = batch_rows / jobs.max(1.0);
-            let row = ctx.record_time("load-1row", clients as u64, variant, &mut us, None)?;
-            row.extra.insert(
-                "jobs_per_s".into(),
-                (jobs / plan.load_for.as_secs_f64()).into(),
-            );
-            row.extra.insert("p99_us".into(), tail.into());
-            row.extra
-                .insert("mean_batch_rows".into(), mean_batch.into());
+            let (r, busy) = offer_busy(&server, &closed(addr, clients, 1, plan.load_for))?;
+            most = most.max(r.jobs_per_s());
+            record(
+                ctx,
+                "load-1row",
+                clients as u64,
+                v.name,
+                (&r, busy, &server),
+            )?;
+        }
+        for &clients in plan.clients_256 {
+            let (r, busy) = offer_busy(&server, &closed(addr, clients, 256, plan.load_for))?;
+            record(
+                ctx,
+                "load-256row",
+                clients as u64,
+                v.name,
+                (&r, busy, &server),
+            )?;
+        }
+        for &fraction in plan.curve {
+            let rate = most * fraction;
+            let (r, busy) = offer_busy(
+                &server,
+                &LoadConfig {
+                    timeout: WAIT,
+                    ..LoadConfig::new(addr, Arrivals::Poisson { per_s: rate }, plan.load_for)
+                },
+            )?;
+            record(
+                ctx,
+                "curve-1row",
+                rate.round() as u64,
+                v.name,
+                (&r, busy, &server),
+            )?;
+            if let Some(row) = ctx.rows_mut_last() {
+                row.extra.insert("load_fraction".into(), fraction.into());
+            }
         }
     }
     Ok(())
 }
 
-/// `clients` threads posting `body` back to back for `time`: each job's µs as its client saw
-/// it, and the sum of the batch sizes the jobs ran in.
-fn load(addr: SocketAddr, body: &[u8], clients: usize, time: Duration) -> Result<(Vec<f64>, f64)> {
-    let per_client = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..clients)
-            .map(|_| {
-                s.spawn(move || -> Result<(Vec<f64>, f64)> {
-                    let mut client = Client::connect(addr)?;
-                    let (mut us, mut rows) = (Vec::new(), 0.0);
-                    let t0 = Instant::now();
-                    while t0.elapsed() < time {
-                        let t = Instant::now();
-                        let (status, reply) = client.post("/v1/jobs", body)?;
-                        if status != 200 {
-                            return Err(Error::InvalidArgument(format!("serve: status {status}")));
-                        }
-                        us.push(t.elapsed().as_secs_f64() * 1e6);
-                        rows += field(&reply, "batch_rows")?;
-                    }
-                    Ok((us, rows))
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .map_err(|_| Error::WorkerPanicked("a serve client".into()))?
-            })
-            .collect::<Result<Vec<_>>>()
-    })?;
-    let mut us = Vec::new();
-    let mut rows = 0.0;
-    for (u, r) in per_client {
-        us.extend(u);
-        rows += r;
-    }
-    if us.is_empty() {
-        return Err(Error::InvalidArgument("serve: no job finished".into()));
-    }
-    Ok((us, rows))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The Python peer's own check of its service, batching and clients (no torch needed),
+    /// where python3 is installed.
+    #[test]
+    fn the_python_peer_passes_its_self_test() {
+        let script =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/peers/serve.py");
+        let out = match std::process::Command::new("python3")
+            .arg(&script)
+            .arg("--self-test")
+            .output()
+        {
+            Ok(o) => o,
+            Err(e) => {
+                eprintln!("no python3 ({e}): the peer's self-test is skipped");
+                return;
+            }
+        };
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains(" 0 failed"),
+            "{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 
     #[test]
     fn tiny_run_on_the_cpu_records_every_case() {
@@ -244,10 +340,19 @@ mod tests {
         run_suite(&mut ctx).unwrap();
         let rows = ctx.rows();
         assert!(rows.iter().any(|r| r.case == "submit"));
-        for variant in ["warpdrive-batch-1", "warpdrive-dynamic"] {
+        for variant in [
+            "warpdrive-batch-1",
+            "warpdrive-dynamic",
+            "warpdrive-controller",
+            "warpdrive-dynamic-2w",
+        ] {
             assert!(rows
                 .iter()
                 .any(|r| r.case == "load-1row" && r.variant == variant && r.size == 4));
+            assert!(rows
+                .iter()
+                .any(|r| r.case == "curve-1row" && r.variant == variant));
         }
+        assert!(rows.iter().any(|r| r.case == "load-256row"));
     }
 }

@@ -44,7 +44,7 @@ impl Stats {
 
 /// Percentile `q` (0..=1) of `samples` by linear interpolation, as [`Stats`] computes its
 /// own (NaN for no samples): the tails rows report beside the median (p99, p99.9).
-pub(crate) fn percentile(samples: &[f64], q: f64) -> f64 {
+pub fn percentile(samples: &[f64], q: f64) -> f64 {
     let mut sorted = samples.to_vec();
     sorted.sort_by(f64::total_cmp);
     percentile_sorted(&sorted, q)

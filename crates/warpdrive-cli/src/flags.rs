@@ -10,7 +10,8 @@ use warpdrive_bench::Scale;
 
 /// warpdrive: GPU performance runtime. `doctor` checks the machine, `bench` benchmarks
 /// it, `report` renders a results file, `moe` runs one MoE layer,
-/// `actors` runs persistent actors with live counters, `serve` serves jobs over HTTP.
+/// `actors` runs persistent actors with live counters, `serve` serves jobs over HTTP,
+/// `load` offers load to a running service.
 #[derive(Debug, Parser)]
 #[command(name = "warpdrive", version)]
 pub(crate) struct Cli {
@@ -64,16 +65,23 @@ pub(crate) enum Command {
         #[arg(short = 'o', long = "out", value_name = "DIR")]
         out: Option<PathBuf>,
     },
+    /// Serve jobs over HTTP (an MoE layer forward per job) with dynamic batching, priority
+    /// classes, tenant budgets and an optional latency controller: POST /v1/jobs
+    /// (?async=true: fetch later from GET /v1/jobs/ID), GET / (the dashboard), /v1/status,
+    /// /v1/events, /v1/model, /health, /metrics. Ctrl-C or SIGTERM stops it after answering
+    /// every accepted job.
+    Serve(ServeArgs),
+    /// Offer load to a running `warpdrive serve` on this machine: Poisson arrivals at a rate
+    /// (open loop) or N clients each with one job outstanding (closed loop), bounded in jobs
+    /// and time; prints latency percentiles, throughput and failures by kind.
+    Load(LoadArgs),
+    /// Run persistent actors with live counters: echo actors in one resident loop, host
+    /// threads sending to them, then round trips and the time to terminate.
+    Actors(ActorsArgs),
     /// Run one MoE layer forward pass (bf16; the `moe` bench suite's seeded weights, or one
     /// layer of a checkpoint with `--weights`, and N(0,1) input for that preset and token
     /// count) and print the time of each stage of one staged pass and their sum, then the
     /// time per pass of `--reps` passes as `forward` runs them.
-    /// Serve jobs over HTTP (an MoE layer forward per job) with dynamic batching:
-    /// POST /v1/jobs, GET /health.
-    Serve(ServeArgs),
-    /// Run persistent actors with live counters: echo actors in one resident loop, host
-    /// threads sending to them, then round trips and the time to terminate.
-    Actors(ActorsArgs),
     Moe {
         /// Layer shape: mixtral-8x7b, qwen3-30b-a3b, deepseek-v3-slice or gpt-oss-120b.
         #[arg(long, value_name = "NAME")]
@@ -128,7 +136,45 @@ pub(crate) struct ServeArgs {
     /// ...or when its oldest job has waited this many milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 10)]
     pub(crate) max_delay_ms: u64,
-    /// Stop after this many seconds (default: serve until killed).
+    /// Turn the controller on: it steers the batch rows (up to --controller-max-rows) and
+    /// the delay (up to --max-delay-ms) to keep the p99 latency under this many milliseconds.
+    #[arg(long, value_name = "MS")]
+    pub(crate) p99_target_ms: Option<f64>,
+    /// Batcher threads, each with its own copy of the layer (its own stream and weights), so
+    /// one batch's copies overlap another's kernels.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub(crate) workers: u32,
+    /// Time the layer on batches of 1, 2, 4, ... rows at start and prefer the sizes it runs
+    /// efficiently (batches stop at the best size; the controller starts at the knee).
+    #[arg(long)]
+    pub(crate) tune_batch: bool,
+    /// The most rows the controller lets a batch hold.
+    #[arg(long, value_name = "N", default_value_t = 1024,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) controller_max_rows: u32,
+    /// Jobs waiting at most (past it, 503).
+    #[arg(long, value_name = "N", default_value_t = 4096,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) queue_jobs: u32,
+    /// Connections open at most (one past it is closed at once).
+    #[arg(long, value_name = "N", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) max_connections: u32,
+    /// Each tenant's (x-warpdrive-tenant) jobs in flight at most (past it, 429).
+    #[arg(long, value_name = "N", default_value_t = 4096,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) tenant_jobs: u32,
+    /// Each tenant's job data in flight at most, MiB (input and output as f32).
+    #[arg(long, value_name = "MIB", default_value_t = 4096,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) tenant_mib: u32,
+    /// Each tenant's jobs a second at most, with bursts of --tenant-burst (default: no limit).
+    #[arg(long, value_name = "JOBS_PER_S")]
+    pub(crate) tenant_rate: Option<f64>,
+    #[arg(long, value_name = "N", default_value_t = 16.0)]
+    pub(crate) tenant_burst: f64,
+    /// Stop after this many seconds (default: serve until Ctrl-C or SIGTERM).
     #[arg(long, value_name = "S")]
     pub(crate) seconds: Option<f64>,
     /// Layer size: `full` (the preset's shape), `quick` or `tiny` (hidden and intermediate
@@ -138,6 +184,51 @@ pub(crate) struct ServeArgs {
     pub(crate) scale: String,
     #[command(flatten)]
     pub(crate) device: DeviceOpt,
+}
+
+/// What `warpdrive load` offers.
+#[derive(Debug, Args)]
+pub(crate) struct LoadArgs {
+    /// The service (a loopback address).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    pub(crate) addr: std::net::SocketAddr,
+    /// Open loop: Poisson arrivals at this many jobs a second.
+    #[arg(long, value_name = "JOBS_PER_S", conflicts_with = "clients")]
+    pub(crate) rate: Option<f64>,
+    /// Closed loop: this many clients, each sending its next job when the last is answered
+    /// (the default, with 1, when no --rate is given).
+    #[arg(long, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(crate) clients: Option<u32>,
+    /// Rows (tokens) per job.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) rows: u32,
+    /// Send at most this many jobs.
+    #[arg(long, value_name = "N",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) jobs: Option<u64>,
+    /// Send jobs for this many seconds.
+    #[arg(long, value_name = "S", default_value_t = 10.0)]
+    pub(crate) seconds: f64,
+    /// Connections at most (open loop; a closed loop has one per client).
+    #[arg(long, value_name = "N", default_value_t = 64,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(crate) connections: u32,
+    /// Body format: json, f32 or bf16 (the binary tensor body).
+    #[arg(long, value_name = "FORMAT", default_value = "json",
+          value_parser = ["json", "f32", "bf16"])]
+    pub(crate) format: String,
+    /// Priority class of the jobs, 0 (lowest) to 3 (the service's default when not given).
+    #[arg(long, value_name = "P",
+          value_parser = clap::value_parser!(u8).range(0..=3))]
+    pub(crate) priority: Option<u8>,
+    /// Tenant the jobs are counted against (the service's budgets).
+    #[arg(long, value_name = "NAME")]
+    pub(crate) tenant: Option<String>,
+    /// The longest one job may take, in seconds.
+    #[arg(long, value_name = "S", default_value_t = 30.0)]
+    pub(crate) timeout: f64,
 }
 
 /// What `warpdrive actors` runs.

@@ -11,6 +11,8 @@
 //!   with live counters, then round trips and the time to terminate.
 //! - `warpdrive serve [--model moe:PRESET --addr ADDR ...]`: the job service
 //!   (`warpdrive-serve`).
+//! - `warpdrive load [--addr ADDR] [--rate R | --clients N] ...`: load on a running service,
+//!   latency percentiles and throughput.
 //!
 //! `flags` defines the commands and their flags; each command runs in its own module
 //! (`doctor`, `benchmark`, `moe`, `results_file` for `report` and the results files); this
@@ -20,6 +22,7 @@ mod actors;
 mod benchmark;
 mod doctor;
 mod flags;
+mod load;
 mod moe;
 mod results_file;
 mod serve;
@@ -103,6 +106,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Report { results, out } => report(&results, out.as_deref()),
         Command::Actors(args) => actors::actors(&args),
         Command::Serve(args) => serve::serve(&args),
+        Command::Load(args) => load::load(&args),
         Command::Moe {
             preset,
             tokens,

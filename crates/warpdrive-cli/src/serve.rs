@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use warpdrive_bench::moe::case_at;
-use warpdrive_serve::{MoeModel, ServeConfig, Server};
+use warpdrive_serve::{Budget, ControllerConfig, MoeModel, ServeConfig, Server};
 
 use crate::flags::{scale_named, ServeArgs};
 
@@ -12,41 +12,66 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
     let Some(preset) = args.model.strip_prefix("moe:") else {
         bail!("--model {}: expected moe:PRESET", args.model);
     };
-    if let Some(s) = args.seconds {
-        if !(s.is_finite() && s > 0.0) {
-            bail!("--seconds {s}: expected more than 0");
+    let positive = |name: &str, v: f64| -> Result<()> {
+        if !(v.is_finite() && v > 0.0 && v < 1e9) {
+            bail!("{name} {v}: expected more than 0");
         }
+        Ok(())
+    };
+    if let Some(s) = args.seconds {
+        positive("--seconds", s)?;
+    }
+    if let Some(t) = args.p99_target_ms {
+        positive("--p99-target-ms", t)?;
+    }
+    if let Some(r) = args.tenant_rate {
+        positive("--tenant-rate", r)?;
+    }
+    positive("--tenant-burst", args.tenant_burst)?;
+    if args.max_delay_ms > 60_000 {
+        bail!("--max-delay-ms {}: at most 60000", args.max_delay_ms);
     }
     let device = args.device.open()?;
     let (config, weights, _) = case_at(preset, 1, scale_named(&args.scale))
         .with_context(|| format!("--model {}", args.model))?;
     let name = args.model.clone();
+    let max_delay = Duration::from_millis(args.max_delay_ms);
     let serve_config = ServeConfig {
         addr: args.addr,
         max_batch_rows: args.max_batch_rows as usize,
-        max_delay: Duration::from_millis(args.max_delay_ms),
+        max_delay,
+        controller: args.p99_target_ms.map(|t| ControllerConfig {
+            p99_target: Duration::from_secs_f64(t / 1e3),
+            max_batch_rows: args.controller_max_rows as usize,
+            max_delay,
+        }),
+        tune_batch: args.tune_batch,
+        workers: args.workers as usize,
+        queue_jobs: args.queue_jobs as usize,
+        max_connections: args.max_connections as usize,
+        budget: Budget {
+            jobs_in_flight: args.tenant_jobs as usize,
+            bytes_in_flight: (args.tenant_mib as usize).saturating_mul(1 << 20),
+            rate_per_s: args.tenant_rate.unwrap_or(f64::INFINITY),
+            burst: args.tenant_burst,
+        },
         ..ServeConfig::default()
     };
     let d = device.clone();
-    let server = Server::start(
-        move || Ok(Box::new(MoeModel::new(&name, &d, config, weights)?)),
+    let server = Server::start_workers(
+        move || Ok(Box::new(MoeModel::new(&name, &d, config, weights.clone())?)),
         serve_config,
     )
     .context("starting the service")?;
     println!(
-        "serving {} ({} wide rows) on http://{} with {}: POST /v1/jobs {{\"rows\": R, \"data\": [...]}}, GET /health",
+        "serving {} ({} wide rows) on http://{} with {}: POST /v1/jobs {{\"rows\": R, \"data\": [...]}}; dashboard at http://{}/",
         args.model,
         config.hidden,
         server.addr,
-        device.label()
+        device.label(),
+        server.addr,
     );
-    match args.seconds {
-        Some(s) => std::thread::sleep(Duration::from_secs_f64(s)),
-        None => loop {
-            std::thread::park();
-        },
-    }
-    drop(server);
+    server.run_until_stopped(args.seconds.map(Duration::from_secs_f64));
     println!("stopped");
     Ok(())
 }

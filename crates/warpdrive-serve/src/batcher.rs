@@ -1,39 +1,80 @@
-//! The batcher: one thread owns the model, takes jobs off a bounded queue, closes a batch at
-//! `max_batch_rows` or when its oldest job has waited `max_delay`, runs it and scatters the
-//! rows back. A batch the device runs out of memory for is halved and retried; after a
-//! sticky fault every job gets an error and the service reports itself unhealthy.
+//! The batcher: one thread owns the model, takes batches off the priority queue (closing one
+//! at the rows knob or when its oldest job has waited the delay knob), runs it and scatters
+//! the rows back. Before a batch runs, jobs whose client has gone are dropped and jobs past
+//! their deadline are answered 504. A batch the device runs out of memory for is halved and
+//! retried; after a sticky fault every job gets an error and the service reports itself
+//! unhealthy. Once an interval it sums up what it saw, lets the controller (when on) set the
+//! knobs, and publishes the [`Status`]. Once the queue is closed it runs what is left and
+//! ends: no queued job goes unanswered.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use parking_lot::{Condvar, Mutex};
 use tokio::sync::oneshot;
 use warpdrive::{Error, Result};
 
+use super::budget::Budget;
+use super::controller::{Controller, ControllerConfig, Knobs};
 use super::model::Model;
+use super::queue::{Queue, Queued, Refused};
+use super::stats::{Status, Window};
+use super::tune;
 
 /// The service's limits.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     /// Where to listen (loopback by default).
     pub addr: SocketAddr,
-    /// A batch closes once it holds this many rows (a larger job runs alone).
+    /// A batch closes once it holds this many rows (a larger job runs alone); with the
+    /// controller on, where its rows knob starts.
     pub max_batch_rows: usize,
-    /// ...or once its oldest job has waited this long.
+    /// ...or once its oldest job has waited this long; with the controller on, where its
+    /// delay knob starts.
     pub max_delay: Duration,
+    /// Steers the two knobs toward a p99 objective (`None`: they stay as set).
+    pub controller: Option<ControllerConfig>,
+    /// Times the model on batches of 1, 2, 4, ... rows at start and prefers the sizes it
+    /// runs efficiently: batches close at the best size at most, and the controller starts
+    /// at the knee and stays at or under the best (see `Status::tuned_knee`).
+    pub tune_batch: bool,
+    /// Batcher threads, each with a model of its own (its own stream and weights on a GPU),
+    /// taking batches off the one queue: one batch's copies and host work overlap
+    /// another's device work. More than 1 needs [`Server::start_workers`](crate::Server).
+    pub workers: usize,
+    /// How often the batcher sums up an interval, publishes its status and steps the
+    /// controller.
+    pub interval: Duration,
     /// Jobs waiting at most; past it a job is refused with 503.
     pub queue_jobs: usize,
+    /// A priority class with jobs waiting through this many batches in a row goes first in
+    /// the next one.
+    pub starvation_limit: u32,
+    /// Every tenant's budget, but for those in `tenant_budgets`.
+    pub budget: Budget,
+    pub tenant_budgets: std::collections::HashMap<String, Budget>,
+    /// Tenants tracked at once (idle ones are forgotten to make room); past it, 429.
+    pub max_tenants: usize,
+    /// Connections open at once; one past it is closed as soon as it is accepted.
+    pub max_connections: usize,
     /// The largest request body; past it, 413.
     pub max_body_bytes: usize,
     /// How long a client may take to send its headers and body; past it, 408.
     pub body_timeout: Duration,
-    /// How long a job may wait for its result; past it, 504.
+    /// How long a job may take from arrival to answer (and its deadline when it names
+    /// none); past it, 504.
     pub job_timeout: Duration,
     /// How long making the model may take (loading weights, compiling kernels).
     pub start_timeout: Duration,
+    /// How long stopping waits for the jobs in flight to be answered.
+    pub drain_timeout: Duration,
+    /// Results of jobs submitted with `async=true` held at once (past it, 503), and how
+    /// long a ready one waits to be fetched.
+    pub result_slots: usize,
+    pub result_ttl: Duration,
 }
 
 impl Default for ServeConfig {
@@ -42,11 +83,23 @@ impl Default for ServeConfig {
             addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
             max_batch_rows: 256,
             max_delay: Duration::from_millis(10),
+            controller: None,
+            tune_batch: false,
+            workers: 1,
+            interval: Duration::from_millis(250),
             queue_jobs: 4096,
+            starvation_limit: 8,
+            budget: Budget::default(),
+            tenant_budgets: Default::default(),
+            max_tenants: 10_000,
+            max_connections: 10_000,
             max_body_bytes: 64 << 20,
             body_timeout: Duration::from_secs(10),
             job_timeout: Duration::from_secs(60),
             start_timeout: Duration::from_secs(600),
+            drain_timeout: Duration::from_secs(60),
+            result_slots: 4096,
+            result_ttl: Duration::from_secs(60),
         }
     }
 }
@@ -62,126 +115,434 @@ pub struct BatchStats {
     pub run_us: f64,
 }
 
-/// A job: rows of the model's width, and where its answer goes.
+/// Why a queued job got no rows back.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum JobError {
+    /// Its deadline passed before it ran (504).
+    Expired,
+    /// The service's device faulted (503).
+    Unhealthy(String),
+    /// The model failed on its batch (500).
+    Failed(String),
+}
+
+pub(crate) type Answer = std::result::Result<(Vec<f32>, BatchStats), JobError>;
+
+/// A job: rows of the model's width, its class and deadline, and where its answer goes.
 pub(crate) struct Job {
     pub(crate) data: Vec<f32>,
     pub(crate) rows: usize,
+    pub(crate) class: usize,
     pub(crate) arrived: Instant,
-    pub(crate) reply: oneshot::Sender<std::result::Result<(Vec<f32>, BatchStats), String>>,
+    /// It must start running by then.
+    pub(crate) deadline: Instant,
+    pub(crate) reply: oneshot::Sender<Answer>,
 }
 
-/// The queue into the batcher and what handlers need to know of the model. The batcher
-/// ends once every clone of the sender is gone.
-pub(crate) struct Queue {
-    pub(crate) jobs: SyncSender<Job>,
-    /// Jobs queued and not yet taken into a batch (the `warpdrive_serve_queue_jobs` gauge).
-    pub(crate) waiting: Arc<AtomicUsize>,
-    pub(crate) healthy: Arc<AtomicBool>,
+impl Queued for Job {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+    fn class(&self) -> usize {
+        self.class
+    }
+    fn arrived(&self) -> Instant {
+        self.arrived
+    }
+}
+
+/// What the HTTP side and the batcher share.
+pub(crate) struct Shared {
+    queue: Mutex<Queue<Job>>,
+    wake: Condvar,
+    pub(crate) healthy: AtomicBool,
+    /// Nanoseconds the model has run, and jobs answered with rows, since the start: kept
+    /// after every batch (the busy total comes after its batch's replies).
+    pub(crate) busy_ns: AtomicU64,
+    pub(crate) answered: AtomicU64,
     pub(crate) width: usize,
     pub(crate) name: String,
+    pub(crate) status: Mutex<Status>,
+    /// The knobs every batcher thread closes batches by (the first thread steers them).
+    knobs: Mutex<Knobs>,
+    /// What the other batcher threads saw since the first one last summed up an interval.
+    inbox: Mutex<(Window, Totals)>,
+    workers: usize,
+}
+
+impl Shared {
+    /// Queues `job`, or gives it back with why not.
+    pub(crate) fn submit(&self, job: Job) -> std::result::Result<(), (Refused, Job)> {
+        let mut q = self.queue.lock();
+        q.push(job)?;
+        metrics::gauge!("warpdrive_serve_queue_jobs").set(q.len() as f64);
+        drop(q);
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    pub(crate) fn queued(&self) -> usize {
+        self.queue.lock().len()
+    }
+
+    /// Refuses jobs from now on; the batcher runs those queued and ends.
+    pub(crate) fn close(&self) {
+        self.queue.lock().close();
+        self.wake.notify_all();
+    }
 }
 
 /// What makes the model, on the batcher's thread.
 pub type MakeModel = Box<dyn FnOnce() -> Result<Box<dyn Model>> + Send>;
 
-/// Starts the batcher's thread, which makes the model with `make` first.
-pub(crate) fn start(make: MakeModel, config: &ServeConfig) -> Result<(Queue, JoinHandle<()>)> {
-    if config.max_batch_rows == 0 || config.queue_jobs == 0 {
+/// What makes a model for each batcher thread, on that thread.
+pub type MakeModels = Arc<dyn Fn() -> Result<Box<dyn Model>> + Send + Sync>;
+
+/// Starts the batcher's threads, each of which makes its model with `make` first; the
+/// first also sweeps batch sizes (when asked) and steers.
+pub(crate) fn start(
+    make: MakeModels,
+    config: &ServeConfig,
+) -> Result<(Arc<Shared>, Vec<JoinHandle<()>>)> {
+    if config.max_batch_rows == 0
+        || config.queue_jobs == 0
+        || config.interval.is_zero()
+        || config.workers == 0
+    {
         return Err(Error::InvalidArgument(
-            "serve: max_batch_rows and queue_jobs must be at least 1".into(),
+            "serve: max_batch_rows, queue_jobs, workers and interval must be more than 0".into(),
         ));
     }
-    let (jobs, queued) = sync_channel(config.queue_jobs);
-    let healthy = Arc::new(AtomicBool::new(true));
-    let waiting = Arc::new(AtomicUsize::new(0));
-    let (h, cfg, w) = (healthy.clone(), config.clone(), waiting.clone());
-    let (made_tx, made) = sync_channel(1);
+    let (shared, first) = start_first(make.clone(), config)?;
+    let mut threads = vec![first];
+    let (ready_tx, ready) = std::sync::mpsc::channel();
+    for k in 1..config.workers {
+        let (make, mine, cfg, ready_tx) = (
+            make.clone(),
+            shared.clone(),
+            config.clone(),
+            ready_tx.clone(),
+        );
+        let spawned = std::thread::Builder::new()
+            .name(format!("warpdrive-batcher-{k}"))
+            .spawn(move || match make() {
+                Ok(model) => {
+                    let _ = ready_tx.send(Ok(()));
+                    follow(model, &mine, &cfg)
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                }
+            });
+        match spawned {
+            Ok(t) => threads.push(t),
+            Err(e) => {
+                shared.close();
+                return Err(Error::InvalidArgument(format!(
+                    "serve: batcher thread: {e}"
+                )));
+            }
+        }
+    }
+    let deadline = crate::later(Instant::now(), config.start_timeout);
+    for _ in 1..config.workers {
+        let wait = deadline.saturating_duration_since(Instant::now());
+        let made = ready.recv_timeout(wait).map_err(|e| Error::Timeout {
+            what: format!("serve: making a worker's model ({e})"),
+            after_ms: config.start_timeout.as_millis() as u64,
+        });
+        if let Err(e) = made.and_then(|r| r) {
+            // The threads already running end once the closed queue is empty.
+            shared.close();
+            return Err(e);
+        }
+    }
+    Ok((shared, threads))
+}
+
+/// Starts the first batcher thread: it makes its model, sweeps batch sizes when asked,
+/// makes what the threads share, and steers.
+fn start_first(make: MakeModels, config: &ServeConfig) -> Result<(Arc<Shared>, JoinHandle<()>)> {
+    let (made_tx, made) = std::sync::mpsc::sync_channel(1);
+    let mut cfg = config.clone();
     let thread = std::thread::Builder::new()
         .name("warpdrive-batcher".into())
         .spawn(move || {
-            let model = match make() {
+            let mut model = match make() {
                 Ok(m) => m,
                 Err(e) => {
                     let _ = made_tx.send(Err(e));
                     return;
                 }
             };
-            let _ = made_tx.send(Ok((model.width(), model.name().to_string())));
-            run(model, queued, &cfg, &h, &w)
+            let mut tuned = None;
+            if cfg.tune_batch {
+                match tune::sweep(model.as_mut(), tune::largest(&cfg)) {
+                    Ok(s) => {
+                        tracing::info!("serve: batch sizes: knee {}, best {}", s.knee, s.best);
+                        cfg = tune::prefer(cfg, &s);
+                        tuned = Some(s);
+                    }
+                    Err(e) => tracing::warn!("serve: the batch sweep failed ({e}); sizes as set"),
+                }
+            }
+            let shared = Arc::new(Shared {
+                queue: Mutex::new(Queue::new(cfg.queue_jobs, cfg.starvation_limit)),
+                wake: Condvar::new(),
+                healthy: AtomicBool::new(true),
+                busy_ns: AtomicU64::new(0),
+                answered: AtomicU64::new(0),
+                width: model.width(),
+                name: model.name().to_string(),
+                status: Mutex::new(Status {
+                    model: model.name().to_string(),
+                    healthy: true,
+                    batch_rows: cfg.max_batch_rows,
+                    delay_us: cfg.max_delay.as_secs_f64() * 1e6,
+                    controller: cfg.controller.is_some(),
+                    tuned_knee: tuned.as_ref().map(|s| s.knee),
+                    tuned_best: tuned.as_ref().map(|s| s.best),
+                    workers: cfg.workers,
+                    ..Status::default()
+                }),
+                knobs: Mutex::new(Knobs {
+                    batch_rows: cfg.max_batch_rows,
+                    delay: cfg.max_delay,
+                }),
+                inbox: Mutex::new((Window::new(Instant::now()), Totals::default())),
+                workers: cfg.workers,
+            });
+            if made_tx.send(Ok(shared.clone())).is_err() {
+                return;
+            }
+            run(model, &shared, &cfg)
         })
         .map_err(|e| Error::InvalidArgument(format!("serve: batcher thread: {e}")))?;
-    let (width, name) = made
+    let shared = made
         .recv_timeout(config.start_timeout)
         .map_err(|e| Error::Timeout {
             what: format!("serve: making the model ({e})"),
             after_ms: config.start_timeout.as_millis() as u64,
         })??;
-    Ok((
-        Queue {
-            jobs,
-            waiting,
-            healthy,
-            width,
-            name,
-        },
-        thread,
-    ))
+    Ok((shared, thread))
 }
 
-fn run(
-    mut model: Box<dyn Model>,
-    jobs: Receiver<Job>,
-    config: &ServeConfig,
-    healthy: &AtomicBool,
-    waiting: &AtomicUsize,
-) {
-    let mut next: Option<Job> = None;
+enum Next {
+    Batch(Vec<Job>),
+    Idle,
+    Done,
+}
+
+/// The next batch under `knobs`, waiting at most `tick` while nothing is queued.
+fn next_batch(shared: &Shared, knobs: Knobs, tick: Duration) -> Next {
+    let give_up = crate::later(Instant::now(), tick);
+    let mut q = shared.queue.lock();
     loop {
-        // Jobs taken off the queue this round (for the queue gauge).
-        let mut received = 0;
-        let first = match next.take() {
-            Some(j) => j,
-            None => match jobs.recv() {
-                Ok(j) => {
-                    received += 1;
-                    j
+        let now = Instant::now();
+        match q.oldest() {
+            None if q.is_closed() => return Next::Done,
+            None if now >= give_up => return Next::Idle,
+            None => {
+                shared.wake.wait_until(&mut q, give_up);
+            }
+            Some(oldest) => {
+                let due = crate::later(oldest, knobs.delay);
+                if q.rows() >= knobs.batch_rows || q.is_closed() || now >= due {
+                    let batch = q.take_batch(knobs.batch_rows);
+                    metrics::gauge!("warpdrive_serve_queue_jobs").set(q.len() as f64);
+                    return Next::Batch(batch);
                 }
-                Err(_) => return,
-            },
-        };
-        let deadline = first.arrived + config.max_delay;
-        let mut rows = first.rows;
-        let mut batch = vec![first];
-        while rows < config.max_batch_rows {
-            let wait = deadline.saturating_duration_since(Instant::now());
-            match jobs.recv_timeout(wait) {
-                Ok(j) if rows + j.rows > config.max_batch_rows => {
-                    received += 1;
-                    next = Some(j);
-                    break;
-                }
-                Ok(j) => {
-                    received += 1;
-                    rows += j.rows;
-                    batch.push(j);
-                }
-                Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => break,
+                shared.wake.wait_until(&mut q, due);
             }
         }
-        let left = waiting
-            .fetch_sub(received, Ordering::AcqRel)
-            .saturating_sub(received);
-        metrics::gauge!("warpdrive_serve_queue_jobs").set(left as f64);
-        metrics::counter!("warpdrive_serve_jobs_total").increment(batch.len() as u64);
-        metrics::histogram!("warpdrive_serve_batch_rows").record(rows as f64);
-        run_batch(model.as_mut(), batch, healthy);
     }
 }
 
+/// Counts of jobs answered, and of jobs that ended without running, since the start.
+#[derive(Debug, Default)]
+pub(crate) struct Totals {
+    jobs: u64,
+    expired: u64,
+    cancelled: u64,
+    failed: u64,
+}
+
+impl Totals {
+    fn add(&mut self, o: Totals) {
+        self.jobs += o.jobs;
+        self.expired += o.expired;
+        self.cancelled += o.cancelled;
+        self.failed += o.failed;
+    }
+}
+
+/// A batcher thread other than the first: batches under the knobs the first one sets, its
+/// samples left in the inbox for the first one to sum up.
+fn follow(mut model: Box<dyn Model>, shared: &Shared, config: &ServeConfig) {
+    loop {
+        let knobs = *shared.knobs.lock();
+        match next_batch(shared, knobs, config.interval) {
+            Next::Done => return,
+            Next::Idle => {}
+            Next::Batch(batch) => {
+                let full = batch.iter().map(|j| j.rows).sum::<usize>() >= knobs.batch_rows;
+                let mut window = Window::new(Instant::now());
+                let mut totals = Totals::default();
+                run_batch(
+                    model.as_mut(),
+                    batch,
+                    full,
+                    shared,
+                    &mut window,
+                    &mut totals,
+                );
+                let mut inbox = shared.inbox.lock();
+                inbox.0.merge(window);
+                inbox.1.add(totals);
+            }
+        }
+    }
+}
+
+fn run(mut model: Box<dyn Model>, shared: &Shared, config: &ServeConfig) {
+    let mut knobs = Knobs {
+        batch_rows: config.max_batch_rows,
+        delay: config.max_delay,
+    };
+    let mut controller = config.controller.map(|c| Controller::new(c, knobs));
+    if let Some(c) = &controller {
+        knobs = c.knobs();
+    }
+    *shared.knobs.lock() = knobs;
+    let mut window = Window::new(Instant::now());
+    let mut totals = Totals::default();
+    metrics::gauge!("warpdrive_serve_queue_jobs").set(0.0);
+    loop {
+        let done = match next_batch(shared, knobs, config.interval) {
+            Next::Done => true,
+            Next::Idle => false,
+            Next::Batch(batch) => {
+                let full = batch.iter().map(|j| j.rows).sum::<usize>() >= knobs.batch_rows;
+                run_batch(
+                    model.as_mut(),
+                    batch,
+                    full,
+                    shared,
+                    &mut window,
+                    &mut totals,
+                );
+                false
+            }
+        };
+        let now = Instant::now();
+        if done || window.age(now) >= config.interval {
+            let queued = shared.queue.lock().len();
+            {
+                let mut inbox = shared.inbox.lock();
+                let (w, t) = std::mem::replace(&mut *inbox, (Window::new(now), Totals::default()));
+                window.merge(w);
+                totals.add(t);
+            }
+            let seen = window.finish(now, queued, shared.workers);
+            if let Some(c) = controller.as_mut() {
+                knobs = c.step(&seen);
+                *shared.knobs.lock() = knobs;
+            }
+            publish(model.as_ref(), shared, &seen, knobs, &totals);
+            window = Window::new(now);
+        }
+        if done {
+            return;
+        }
+    }
+}
+
+fn publish(
+    model: &dyn Model,
+    shared: &Shared,
+    seen: &super::stats::Seen,
+    knobs: Knobs,
+    totals: &Totals,
+) {
+    let per_s = |n: usize| n as f64 / seen.seconds.max(1e-9);
+    let (used, reserved) = model.pool_bytes();
+    let mut s = shared.status.lock();
+    s.healthy = shared.healthy.load(Ordering::Acquire);
+    s.batch_rows = knobs.batch_rows;
+    s.delay_us = knobs.delay.as_secs_f64() * 1e6;
+    s.last = *seen;
+    s.jobs_per_s = per_s(seen.jobs);
+    s.rows_per_s = per_s(seen.rows);
+    s.jobs_total = totals.jobs;
+    s.expired_total = totals.expired;
+    s.cancelled_total = totals.cancelled;
+    s.failed_total = totals.failed;
+    s.busy_seconds_total = shared.busy_ns.load(Ordering::Acquire) as f64 * 1e-9;
+    s.pool_used_bytes = used;
+    s.pool_reserved_bytes = reserved;
+    metrics::gauge!("warpdrive_serve_busy_fraction").set(seen.busy);
+    metrics::gauge!("warpdrive_serve_batch_rows_knob").set(knobs.batch_rows as f64);
+    metrics::gauge!("warpdrive_serve_delay_us_knob").set(s.delay_us);
+    if seen.jobs > 0 {
+        metrics::gauge!("warpdrive_serve_latency_p99_us").set(seen.p99_us);
+    }
+}
+
+/// Drops jobs whose client has gone, answers those past their deadline, runs the rest.
+fn run_batch(
+    model: &mut dyn Model,
+    batch: Vec<Job>,
+    full: bool,
+    shared: &Shared,
+    window: &mut Window,
+    totals: &mut Totals,
+) {
+    let now = Instant::now();
+    let mut live = Vec::with_capacity(batch.len());
+    for j in batch {
+        if j.reply.is_closed() {
+            totals.cancelled += 1;
+            metrics::counter!("warpdrive_serve_cancelled_total").increment(1);
+        } else if now > j.deadline {
+            totals.expired += 1;
+            metrics::counter!("warpdrive_serve_expired_total").increment(1);
+            let _ = j.reply.send(Err(JobError::Expired));
+        } else {
+            live.push(j);
+        }
+    }
+    if live.is_empty() {
+        return;
+    }
+    let rows: usize = live.iter().map(|j| j.rows).sum();
+    metrics::counter!("warpdrive_serve_jobs_total").increment(live.len() as u64);
+    metrics::histogram!("warpdrive_serve_batch_rows").record(rows as f64);
+    let started = Instant::now();
+    let answered = totals.jobs;
+    execute(model, live, shared, window, totals);
+    let ran = started.elapsed();
+    window.batch(rows, ran, full);
+    let ns = u64::try_from(ran.as_nanos()).unwrap_or(u64::MAX);
+    shared.busy_ns.fetch_add(ns, Ordering::AcqRel);
+    shared
+        .answered
+        .fetch_add(totals.jobs - answered, Ordering::AcqRel);
+}
+
 /// Runs `batch` and answers each job; out of device memory, runs each half on its own.
-fn run_batch(model: &mut dyn Model, batch: Vec<Job>, healthy: &AtomicBool) {
-    if !healthy.load(Ordering::Acquire) {
-        answer_all(batch, "the service is unhealthy: its device faulted");
+fn execute(
+    model: &mut dyn Model,
+    batch: Vec<Job>,
+    shared: &Shared,
+    window: &mut Window,
+    totals: &mut Totals,
+) {
+    if !shared.healthy.load(Ordering::Acquire) {
+        fail_all(
+            batch,
+            JobError::Unhealthy("the service is unhealthy: its device faulted".into()),
+            totals,
+        );
         return;
     }
     let rows: usize = batch.iter().map(|j| j.rows).sum();
@@ -202,19 +563,25 @@ fn run_batch(model: &mut dyn Model, batch: Vec<Job>, healthy: &AtomicBool) {
                     queue_us: started.duration_since(j.arrived).as_secs_f64() * 1e6,
                     run_us,
                 };
-                let _ = j.reply.send(Ok((output[at..at + n].to_vec(), stats)));
+                let answer = output
+                    .get(at..at + n)
+                    .map(<[f32]>::to_vec)
+                    .unwrap_or_default();
+                let _ = j.reply.send(Ok((answer, stats)));
+                window.job(j.arrived.elapsed());
+                totals.jobs += 1;
                 at += n;
             }
         }
-        Ok(()) => answer_all(
-            batch,
-            &format!(
+        Ok(()) => {
+            let why = format!(
                 "{}: {} values out for {} in",
                 model.name(),
                 output.len(),
                 input.len()
-            ),
-        ),
+            );
+            fail_all(batch, JobError::Failed(why), totals);
+        }
         Err(Error::OutOfMemory { .. }) if batch.len() > 1 => {
             tracing::warn!(
                 "{}: out of memory on {rows} rows; halving the batch",
@@ -222,20 +589,25 @@ fn run_batch(model: &mut dyn Model, batch: Vec<Job>, healthy: &AtomicBool) {
             );
             let mut first = batch;
             let second = first.split_off(first.len() / 2);
-            run_batch(model, first, healthy);
-            run_batch(model, second, healthy);
+            execute(model, first, shared, window, totals);
+            execute(model, second, shared, window, totals);
         }
         Err(e) => {
+            let why = e.to_string();
             if e.is_device_lost() || model.is_lost() {
-                healthy.store(false, Ordering::Release);
+                shared.healthy.store(false, Ordering::Release);
+                shared.status.lock().healthy = false;
+                fail_all(batch, JobError::Unhealthy(why), totals);
+            } else {
+                fail_all(batch, JobError::Failed(why), totals);
             }
-            answer_all(batch, &e.to_string());
         }
     }
 }
 
-fn answer_all(batch: Vec<Job>, why: &str) {
+fn fail_all(batch: Vec<Job>, why: JobError, totals: &mut Totals) {
+    totals.failed += batch.len() as u64;
     for j in batch {
-        let _ = j.reply.send(Err(why.to_string()));
+        let _ = j.reply.send(Err(why.clone()));
     }
 }

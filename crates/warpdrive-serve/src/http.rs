@@ -1,47 +1,89 @@
-//! The HTTP side: a tokio runtime on a thread of its own accepting connections, hyper's
-//! HTTP/1.1 per connection, and the routes.
+//! The HTTP side: a tokio runtime on a thread of its own accepting connections (at most
+//! `max_connections`), hyper's HTTP/1.1 per connection, the routes, and admission (body,
+//! shape, class, deadline, tenant budget) before a job is queued.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::TrySendError;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
+use hyper::header::{HeaderMap, HeaderValue, CONTENT_TYPE, LOCATION, RETRY_AFTER};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use serde::{Deserialize, Serialize};
-use tokio::sync::{oneshot, watch};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::sync::{oneshot, watch, Semaphore};
 use warpdrive::{Error, Result};
 
-use super::batcher::{self, Job, Queue, ServeConfig};
+use super::batcher::{self, BatchStats, Job, JobError, ServeConfig, Shared};
+use super::budget::{tenant_name, Budgets};
+use super::client::{DEADLINE_HEADER, PRIORITY_HEADER, TENANT_HEADER};
+use super::dashboard;
 use super::model::Model;
+use super::queue::{Refused, CLASSES, DEFAULT_PRIORITY};
+use super::results::{Fetched, Results};
+use super::stats::Status;
+use super::wire::{self, Format, JsonReply};
 
-/// A running service. Dropping it stops accepting, lets jobs in the queue finish and joins
-/// its threads.
+/// A reply's body: whole, or a stream (the dashboard's events).
+pub(crate) type Body = BoxBody<Bytes, Infallible>;
+
+/// A running service. Dropping it (or [`Server::stop`]) stops accepting, refuses new jobs
+/// with 503, answers every job already queued, waits up to `drain_timeout` for the replies
+/// to go out and joins its threads.
 pub struct Server {
     /// The address it listens on (the port the OS chose when asked for port 0).
     pub addr: SocketAddr,
+    shared: Arc<Shared>,
     stop: Option<watch::Sender<bool>>,
     http: Option<JoinHandle<()>>,
-    batcher: Option<JoinHandle<()>>,
+    batcher: Vec<JoinHandle<()>>,
 }
 
-struct State {
-    queue: Queue,
-    config: ServeConfig,
+pub(crate) struct State {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) config: ServeConfig,
+    budgets: Arc<Budgets>,
+    results: Arc<Results>,
+    /// Set once the service is stopping (the dashboard's streams end).
+    pub(crate) stopping: watch::Receiver<bool>,
 }
 
 impl Server {
-    /// Serves the model `make` makes (on the batcher's thread) at `config.addr`.
+    /// Serves the model `make` makes (on the batcher's thread) at `config.addr`, with one
+    /// batcher thread (`config.workers` must be 1; see [`Server::start_workers`]).
     pub fn start(
         make: impl FnOnce() -> Result<Box<dyn Model>> + Send + 'static,
+        config: ServeConfig,
+    ) -> Result<Server> {
+        if config.workers != 1 {
+            return Err(Error::InvalidArgument(format!(
+                "serve: {} workers need a model per worker: Server::start_workers",
+                config.workers
+            )));
+        }
+        let once = parking_lot::Mutex::new(Some(make));
+        Server::start_workers(
+            move || match once.lock().take() {
+                Some(make) => make(),
+                None => Err(Error::InvalidArgument(
+                    "serve: this model can be made once".into(),
+                )),
+            },
+            config,
+        )
+    }
+
+    /// Serves with `config.workers` batcher threads, each with the model `make` makes on it.
+    pub fn start_workers(
+        make: impl Fn() -> Result<Box<dyn Model>> + Send + Sync + 'static,
         config: ServeConfig,
     ) -> Result<Server> {
         let listener = std::net::TcpListener::bind(config.addr)
@@ -61,34 +103,128 @@ impl Server {
         if let Err(e) = warpdrive::telemetry::render_prometheus() {
             tracing::warn!("serve: /metrics unavailable: {e}");
         }
-        let (queue, batcher) = batcher::start(Box::new(make), &config)?;
-        let state = Arc::new(State { queue, config });
+        let (shared, batcher) = batcher::start(Arc::new(make), &config)?;
+        let budgets = Arc::new(Budgets::new(
+            config.budget,
+            config.tenant_budgets.clone(),
+            config.max_tenants,
+        ));
         let (stop, stopped) = watch::channel(false);
+        let results = Arc::new(Results::new(config.result_slots, config.result_ttl));
+        let state = Arc::new(State {
+            shared: shared.clone(),
+            config,
+            budgets,
+            results,
+            stopping: stopped.clone(),
+        });
         let http = std::thread::Builder::new()
             .name("warpdrive-serve".into())
             .spawn(move || runtime.block_on(accept(listener, state, stopped)))
             .map_err(|e| Error::InvalidArgument(format!("serve: server thread: {e}")))?;
         Ok(Server {
             addr,
+            shared,
             stop: Some(stop),
             http: Some(http),
-            batcher: Some(batcher),
+            batcher,
         })
     }
-}
 
-impl Drop for Server {
-    fn drop(&mut self) {
+    /// The status the batcher published last (`GET /v1/status`).
+    pub fn status(&self) -> Status {
+        self.shared.status.lock().clone()
+    }
+
+    /// Seconds the model has run since the start, up to the last batch that ended (exact,
+    /// unlike the status's copy, which is as of the last interval).
+    pub fn busy_seconds_total(&self) -> f64 {
+        self.shared.busy_ns.load(Ordering::Acquire) as f64 * 1e-9
+    }
+
+    /// Jobs answered with rows since the start (counted once their batch's run time is in
+    /// [`Server::busy_seconds_total`]).
+    pub fn jobs_answered(&self) -> u64 {
+        self.shared.answered.load(Ordering::Acquire)
+    }
+
+    /// Jobs queued now (not yet taken into a batch).
+    pub fn queued(&self) -> usize {
+        self.shared.queued()
+    }
+
+    /// Stops as dropping does, and returns once every thread has ended.
+    pub fn stop(mut self) {
+        self.shut_down();
+    }
+
+    /// Serves until Ctrl-C, SIGTERM or `limit` (when given), then stops.
+    pub fn run_until_stopped(self, limit: Option<Duration>) {
+        let waited = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map(|rt| {
+                rt.block_on(async {
+                    let limit = async {
+                        match limit {
+                            Some(l) => tokio::time::sleep(l).await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    let interrupted = async {
+                        // A process that cannot watch for Ctrl-C waits for the rest.
+                        if tokio::signal::ctrl_c().await.is_err() {
+                            std::future::pending::<()>().await;
+                        }
+                    };
+                    tokio::select! {
+                        _ = interrupted => {}
+                        _ = terminated() => {}
+                        _ = limit => {}
+                    }
+                })
+            });
+        if let Err(e) = waited {
+            tracing::error!("serve: waiting for a signal: {e}");
+        }
+        self.stop();
+    }
+
+    fn shut_down(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(true);
         }
         if let Some(t) = self.http.take() {
             let _ = t.join();
         }
-        if let Some(t) = self.batcher.take() {
+        // The HTTP side closed the queue; this makes sure of it if that thread died.
+        self.shared.close();
+        for t in self.batcher.drain(..) {
             let _ = t.join();
         }
     }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.shut_down();
+    }
+}
+
+#[cfg(unix)]
+async fn terminated() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut s) => {
+            s.recv().await;
+        }
+        Err(_) => std::future::pending().await,
+    }
+}
+
+#[cfg(not(unix))]
+async fn terminated() {
+    std::future::pending().await
 }
 
 async fn accept(
@@ -100,48 +236,82 @@ async fn accept(
         Ok(l) => l,
         Err(e) => {
             tracing::error!("serve: listener: {e}");
+            state.shared.close();
             return;
         }
     };
+    let graceful = GracefulShutdown::new();
+    let open = Arc::new(Semaphore::new(state.config.max_connections.max(1)));
     loop {
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
-                let state = state.clone();
-                let header_timeout = state.config.body_timeout;
+                let Ok(permit) = open.clone().try_acquire_owned() else {
+                    metrics::counter!("warpdrive_serve_connections_refused_total").increment(1);
+                    drop(stream);
+                    continue;
+                };
+                let _ = stream.set_nodelay(true);
+                let s = state.clone();
+                let conn = http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(state.config.body_timeout)
+                    .serve_connection(
+                        TokioIo::new(stream),
+                        service_fn(move |req| route(req, s.clone())),
+                    );
+                let conn = graceful.watch(conn);
                 tokio::spawn(async move {
-                    let service = service_fn(move |req| route(req, state.clone()));
-                    let conn = http1::Builder::new()
-                        .timer(TokioTimer::new())
-                        .header_read_timeout(header_timeout)
-                        .serve_connection(TokioIo::new(stream), service);
                     if let Err(e) = conn.await {
                         tracing::debug!("serve: connection ended: {e}");
                     }
+                    drop(permit);
                 });
             }
-            _ = stopped.changed() => return,
+            _ = stopped.changed() => break,
         }
+    }
+    drop(listener);
+    // New jobs get 503 from here on; the batcher answers every queued one, and each
+    // connection closes once its request in flight has its reply.
+    state.shared.close();
+    if tokio::time::timeout(state.config.drain_timeout, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "serve: connections still open after {:?}; closing them",
+            state.config.drain_timeout
+        );
     }
 }
 
-fn reply(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(body.into()));
+pub(crate) fn reply(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
+    let mut r = Response::new(Full::new(body.into()).boxed());
     *r.status_mut() = status;
     r
 }
 
-fn refuse(status: StatusCode, why: &str) -> Response<Full<Bytes>> {
+fn refuse(status: StatusCode, why: &str) -> Response<Body> {
     reply(status, format!("{why}\n"))
 }
+
+fn typed(mut r: Response<Body>, content_type: &'static str) -> Response<Body> {
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+const ENDPOINTS: &str =
+    "/, /v1/jobs, /v1/jobs/ID, /v1/model, /v1/status, /v1/events, /health, /metrics";
 
 async fn route(
     req: Request<Incoming>,
     state: Arc<State>,
-) -> std::result::Result<Response<Full<Bytes>>, Infallible> {
+) -> std::result::Result<Response<Body>, Infallible> {
     Ok(match (req.method(), req.uri().path()) {
         (&Method::GET, "/health") => {
-            if state.queue.healthy.load(Ordering::Acquire) {
+            if state.shared.healthy.load(Ordering::Acquire) {
                 reply(StatusCode::OK, "ok\n")
             } else {
                 refuse(
@@ -158,51 +328,107 @@ async fn route(
             }
             r
         }
-        (&Method::GET, "/metrics") => match warpdrive::telemetry::render_prometheus() {
-            Ok(text) => {
-                let mut r = reply(StatusCode::OK, text);
-                r.headers_mut().insert(
-                    hyper::header::CONTENT_TYPE,
-                    hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
-                );
-                r
-            }
-            Err(e) => refuse(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
-        },
-        (_, "/health" | "/v1/jobs" | "/metrics") => {
+        (&Method::GET, p) if p.starts_with("/v1/jobs/") => {
+            fetch(p, req.uri().query(), &state).await
+        }
+        (_, p) if p.starts_with("/v1/jobs/") => {
             refuse(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
         }
+        (&Method::GET, "/v1/model") => {
+            let info =
+                serde_json::json!({ "name": state.shared.name, "width": state.shared.width });
+            typed(reply(StatusCode::OK, info.to_string()), wire::JSON_TYPE)
+        }
+        (&Method::GET, "/v1/status") => {
+            let status = state.shared.status.lock().clone();
+            match serde_json::to_vec(&status) {
+                Ok(v) => typed(reply(StatusCode::OK, v), wire::JSON_TYPE),
+                Err(e) => refuse(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+            }
+        }
+        (&Method::GET, "/") => typed(
+            reply(StatusCode::OK, dashboard::PAGE),
+            "text/html; charset=utf-8",
+        ),
+        (&Method::GET, "/v1/events") => dashboard::events(&state, req.uri().query()),
+        (&Method::GET, "/metrics") => match warpdrive::telemetry::render_prometheus() {
+            Ok(text) => typed(reply(StatusCode::OK, text), "text/plain; version=0.0.4"),
+            Err(e) => refuse(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+        },
+        (
+            _,
+            "/" | "/health" | "/v1/jobs" | "/v1/model" | "/v1/status" | "/v1/events" | "/metrics",
+        ) => refuse(StatusCode::METHOD_NOT_ALLOWED, "method not allowed"),
         _ => refuse(
             StatusCode::NOT_FOUND,
-            "no such endpoint: /v1/jobs, /health, /metrics",
+            &format!("no such endpoint: {ENDPOINTS}"),
         ),
     })
 }
 
-/// A job as a client sends it: `rows` rows of the model's width, flattened.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct JobRequest {
-    rows: usize,
-    data: Vec<f32>,
+/// A job's class, tenant and deadline from its headers.
+struct Meta<'a> {
+    class: usize,
+    tenant: &'a str,
+    deadline: Duration,
 }
 
-#[derive(Serialize)]
-struct JobReply {
-    rows: usize,
-    data: Vec<f32>,
-    batch_rows: usize,
-    /// µs from the request's headers being read to the job being queued (body, parsing,
-    /// checks and the enqueue).
-    submit_us: f64,
-    queue_us: f64,
-    run_us: f64,
+fn meta<'a>(headers: &'a HeaderMap, config: &ServeConfig) -> std::result::Result<Meta<'a>, String> {
+    let text = |name: &str| headers.get(name).map(|v| v.to_str().unwrap_or("?"));
+    let class = match text(PRIORITY_HEADER) {
+        None => DEFAULT_PRIORITY as usize,
+        Some(p) => match p.trim().parse::<usize>() {
+            Ok(c) if c < CLASSES => c,
+            _ => {
+                return Err(format!(
+                    "{PRIORITY_HEADER}: {p:?}: expected 0 (lowest) to {}",
+                    CLASSES - 1
+                ))
+            }
+        },
+    };
+    let deadline = match text(DEADLINE_HEADER) {
+        None => config.job_timeout,
+        Some(d) => match d.trim().parse::<u64>() {
+            Ok(ms) if ms > 0 => Duration::from_millis(ms).min(config.job_timeout),
+            _ => {
+                return Err(format!(
+                    "{DEADLINE_HEADER}: {d:?}: expected milliseconds, 1 or more"
+                ))
+            }
+        },
+    };
+    let tenant = tenant_name(headers.get(TENANT_HEADER).map(HeaderValue::as_bytes))
+        .map_err(|e| format!("{TENANT_HEADER}: {e}"))?;
+    Ok(Meta {
+        class,
+        tenant,
+        deadline,
+    })
 }
 
-async fn submit(req: Request<Incoming>, state: &State) -> Response<Full<Bytes>> {
+async fn submit(req: Request<Incoming>, state: &State) -> Response<Body> {
     let accepted = Instant::now();
     let config = &state.config;
-    let body = Limited::new(req.into_body(), config.max_body_bytes);
+    let (parts, body) = req.into_parts();
+    let format = match wire::format_of(
+        parts
+            .headers
+            .get(CONTENT_TYPE)
+            .map(|v| v.to_str().unwrap_or("?")),
+    ) {
+        Ok(f) => f,
+        Err(e) => return refuse(StatusCode::UNSUPPORTED_MEDIA_TYPE, &e.why),
+    };
+    let meta = match meta(&parts.headers, config) {
+        Ok(m) => m,
+        Err(why) => return refuse(StatusCode::BAD_REQUEST, &why),
+    };
+    let asynchronous = match asynchronous(parts.uri.query()) {
+        Ok(a) => a,
+        Err(why) => return refuse(StatusCode::BAD_REQUEST, &why),
+    };
+    let body = Limited::new(body, config.max_body_bytes);
     let bytes = match tokio::time::timeout(config.body_timeout, body.collect()).await {
         Err(_) => {
             return refuse(
@@ -222,54 +448,120 @@ async fn submit(req: Request<Incoming>, state: &State) -> Response<Full<Bytes>> 
         Ok(Err(e)) => return refuse(StatusCode::BAD_REQUEST, &format!("reading the body: {e}")),
         Ok(Ok(b)) => b.to_bytes(),
     };
-    let job: JobRequest = match serde_json::from_slice(&bytes) {
-        Ok(j) => j,
-        Err(e) => return refuse(StatusCode::BAD_REQUEST, &format!("not a job: {e}")),
+    let shared = &state.shared;
+    let job = match wire::decode(format, &bytes, shared.width) {
+        Ok(t) => t,
+        Err(e) => {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                &format!("{} for {}", e.why, shared.name),
+            )
+        }
     };
-    let width = state.queue.width;
-    if job.rows == 0 || job.rows.checked_mul(width) != Some(job.data.len()) {
-        return refuse(
-            StatusCode::BAD_REQUEST,
-            &format!(
-                "{} values are not {} rows of {width} for {}",
-                job.data.len(),
-                job.rows,
-                state.queue.name
-            ),
-        );
-    }
-    if let Some(i) = job.data.iter().position(|v| !v.is_finite()) {
-        return refuse(StatusCode::BAD_REQUEST, &format!("value {i} is not finite"));
-    }
-    if !state.queue.healthy.load(Ordering::Acquire) {
+    drop(bytes);
+    if !shared.healthy.load(Ordering::Acquire) {
         return refuse(
             StatusCode::SERVICE_UNAVAILABLE,
             "unhealthy: the device faulted",
         );
     }
+    // What the job holds while in flight: its input and its output, as f32.
+    let held = job
+        .data
+        .len()
+        .saturating_mul(2 * std::mem::size_of::<f32>());
+    let grant = match state.budgets.admit(meta.tenant, held, Instant::now()) {
+        Ok(g) => g,
+        Err(over) => {
+            let status =
+                StatusCode::from_u16(over.status()).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
+            let mut r = refuse(status, &over.message(meta.tenant));
+            if let Some(s) = over.retry_after_s() {
+                r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(s));
+            }
+            return r;
+        }
+    };
+    let slot = if asynchronous {
+        match state.results.reserve(Instant::now()) {
+            Some(id) => Some(id),
+            None => {
+                return refuse(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "too many results wait to be fetched; try again",
+                )
+            }
+        }
+    } else {
+        None
+    };
     let (tx, rx) = oneshot::channel();
+    let arrived = Instant::now();
     let queued = Job {
         data: job.data,
         rows: job.rows,
-        arrived: Instant::now(),
+        class: meta.class,
+        arrived,
+        deadline: crate::later(arrived, meta.deadline),
         reply: tx,
     };
-    match state.queue.jobs.try_send(queued) {
-        Ok(()) => {
-            state.queue.waiting.fetch_add(1, Ordering::AcqRel);
+    if let Err((refused, _)) = shared.submit(queued) {
+        if let Some(id) = slot {
+            state.results.release(id);
         }
-        Err(TrySendError::Full(_)) => {
-            return refuse(
+        return match refused {
+            Refused::Full => refuse(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the queue is full; try again",
-            )
-        }
-        Err(TrySendError::Disconnected(_)) => {
-            return refuse(StatusCode::SERVICE_UNAVAILABLE, "the service is stopping")
-        }
+            ),
+            Refused::Closed => refuse(StatusCode::SERVICE_UNAVAILABLE, "the service is stopping"),
+        };
     }
     let submit_us = accepted.elapsed().as_secs_f64() * 1e6;
-    match tokio::time::timeout(config.job_timeout, rx).await {
+    let (rows, deadline, job_timeout) = (job.rows, meta.deadline, config.job_timeout);
+    // The job's own deadline bounds its wait for a batch, this the whole of it; past it the
+    // reply is dropped here and the batcher skips the job. The grant is held to the end.
+    let outcome = async move {
+        let answer = tokio::time::timeout(job_timeout, rx).await;
+        let reply = reply_of(answer, format, rows, deadline, submit_us);
+        drop(grant);
+        reply
+    };
+    match slot {
+        None => outcome.await,
+        Some(id) => {
+            let results = state.results.clone();
+            tokio::spawn(async move { results.fulfil(id, outcome.await) });
+            let body = serde_json::json!({
+                "id": id,
+                "status": "queued",
+                "location": format!("/v1/jobs/{id}"),
+                "submit_us": submit_us,
+            });
+            let mut r = typed(
+                reply(StatusCode::ACCEPTED, body.to_string()),
+                wire::JSON_TYPE,
+            );
+            if let Ok(v) = HeaderValue::from_str(&format!("/v1/jobs/{id}")) {
+                r.headers_mut().insert(LOCATION, v);
+            }
+            r
+        }
+    }
+}
+
+/// What a job's answer (or the wait for it) says to its client.
+fn reply_of(
+    got: std::result::Result<
+        std::result::Result<batcher::Answer, oneshot::error::RecvError>,
+        tokio::time::error::Elapsed,
+    >,
+    format: Format,
+    rows: usize,
+    deadline: Duration,
+    submit_us: f64,
+) -> Response<Body> {
+    match got {
         Err(_) => refuse(
             StatusCode::GATEWAY_TIMEOUT,
             "the job did not finish in time",
@@ -278,27 +570,105 @@ async fn submit(req: Request<Incoming>, state: &State) -> Response<Full<Bytes>> 
             StatusCode::INTERNAL_SERVER_ERROR,
             "the batcher dropped the job",
         ),
-        Ok(Ok(Err(why))) => refuse(StatusCode::INTERNAL_SERVER_ERROR, &why),
-        Ok(Ok(Ok((data, stats)))) => {
-            let body = JobReply {
-                rows: job.rows,
-                data,
-                batch_rows: stats.batch_rows,
-                submit_us,
-                queue_us: stats.queue_us,
-                run_us: stats.run_us,
-            };
-            match serde_json::to_vec(&body) {
-                Ok(v) => {
-                    let mut r = reply(StatusCode::OK, v);
-                    r.headers_mut().insert(
-                        hyper::header::CONTENT_TYPE,
-                        hyper::header::HeaderValue::from_static("application/json"),
-                    );
-                    r
-                }
-                Err(e) => refuse(StatusCode::INTERNAL_SERVER_ERROR, &format!("encoding: {e}")),
+        Ok(Ok(Err(e))) => match e {
+            JobError::Expired => refuse(
+                StatusCode::GATEWAY_TIMEOUT,
+                &format!("the job's deadline of {deadline:?} passed before it ran"),
+            ),
+            JobError::Unhealthy(why) => refuse(StatusCode::SERVICE_UNAVAILABLE, &why),
+            JobError::Failed(why) => refuse(StatusCode::INTERNAL_SERVER_ERROR, &why),
+        },
+        Ok(Ok(Ok((data, stats)))) => answer(format, rows, data, stats, submit_us),
+    }
+}
+
+/// Whether a submission asks not to wait (`async=true` in its query).
+fn asynchronous(query: Option<&str>) -> std::result::Result<bool, String> {
+    match query_value(query, "async") {
+        None | Some("false" | "0") => Ok(false),
+        Some("true" | "1") => Ok(true),
+        Some(v) => Err(format!("async={v}: expected true or false")),
+    }
+}
+
+fn query_value<'a>(query: Option<&'a str>, key: &str) -> Option<&'a str> {
+    query?
+        .split('&')
+        .filter_map(|p| p.split_once('='))
+        .find(|(k, _)| *k == key)
+        .map(|(_, v)| v)
+}
+
+/// The longest a fetch may wait for a result.
+const MAX_FETCH_WAIT: Duration = Duration::from_secs(60);
+
+/// `GET /v1/jobs/ID[?wait_ms=N]`: the reply of a job submitted with `async=true`, once.
+async fn fetch(path: &str, query: Option<&str>, state: &State) -> Response<Body> {
+    let Some(id) = path
+        .strip_prefix("/v1/jobs/")
+        .and_then(|i| i.parse::<u64>().ok())
+    else {
+        return refuse(StatusCode::NOT_FOUND, "a job id is a number: /v1/jobs/ID");
+    };
+    let wait = match query_value(query, "wait_ms").map(str::parse::<u64>) {
+        None => Duration::ZERO,
+        Some(Ok(ms)) => Duration::from_millis(ms).min(MAX_FETCH_WAIT),
+        Some(Err(_)) => return refuse(StatusCode::BAD_REQUEST, "wait_ms: expected milliseconds"),
+    };
+    match state.results.fetch(id, wait).await {
+        Fetched::Ready(r) => r,
+        Fetched::Pending => {
+            let body = serde_json::json!({ "id": id, "status": "pending" });
+            typed(
+                reply(StatusCode::ACCEPTED, body.to_string()),
+                wire::JSON_TYPE,
+            )
+        }
+        Fetched::Unknown => refuse(
+            StatusCode::NOT_FOUND,
+            &format!("no job {id} waiting to be fetched (unknown, fetched already, or expired)"),
+        ),
+    }
+}
+
+/// The 200 reply of a job in its request's format.
+fn answer(
+    format: Format,
+    rows: usize,
+    data: Vec<f32>,
+    stats: BatchStats,
+    submit_us: f64,
+) -> Response<Body> {
+    let body = match format {
+        Format::Json => serde_json::to_vec(&JsonReply {
+            rows,
+            data,
+            batch_rows: stats.batch_rows,
+            submit_us,
+            queue_us: stats.queue_us,
+            run_us: stats.run_us,
+        })
+        .map_err(|e| e.to_string()),
+        Format::Binary(dtype) => wire::encode_binary(dtype, rows, &data)
+            .ok_or_else(|| format!("{rows} rows do not fit a tensor")),
+    };
+    let body = match body {
+        Ok(b) => b,
+        Err(e) => return refuse(StatusCode::INTERNAL_SERVER_ERROR, &format!("encoding: {e}")),
+    };
+    let mut r = typed(reply(StatusCode::OK, body), format.content_type());
+    if let Format::Binary(_) = format {
+        let h = r.headers_mut();
+        for (name, v) in [
+            (wire::BATCH_ROWS_HEADER, stats.batch_rows as f64),
+            (wire::SUBMIT_US_HEADER, submit_us),
+            (wire::QUEUE_US_HEADER, stats.queue_us),
+            (wire::RUN_US_HEADER, stats.run_us),
+        ] {
+            if let Ok(v) = HeaderValue::from_str(&format!("{v:.1}")) {
+                h.insert(name, v);
             }
         }
     }
+    r
 }

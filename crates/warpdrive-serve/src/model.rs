@@ -17,6 +17,11 @@ pub trait Model: 'static {
     fn is_lost(&self) -> bool {
         false
     }
+    /// Bytes of device memory the model's pool has in use and holds (for the status and
+    /// the dashboard; zeros when it has none).
+    fn pool_bytes(&self) -> (u64, u64) {
+        (0, 0)
+    }
 }
 
 /// The MoE layer (bf16) as a [`Model`]: rows are tokens of `hidden` values.
@@ -82,5 +87,11 @@ impl Model for MoeModel {
 
     fn is_lost(&self) -> bool {
         self.device.is_lost()
+    }
+
+    fn pool_bytes(&self) -> (u64, u64) {
+        warpdrive::memory::device_pool(&self.device)
+            .and_then(|p| p.stats())
+            .map_or((0, 0), |s| (s.in_use, s.reserved))
     }
 }

@@ -1,77 +1,17 @@
 //! The job service on the CPU backend: batching that answers each job with its own rows,
 //! the MoE layer behind it, and bad input refused while everyone else is served.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::Write;
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use warpdrive::moe::{MoeConfig, MoeLayer, MoeWeights};
-use warpdrive::{bf16, Buffer, Device, Result};
-use warpdrive_serve::{Model, MoeModel, ServeConfig, Server};
+use warpdrive::{bf16, Buffer, Device};
+use warpdrive_serve::{MoeModel, ServeConfig, Server};
 
-const WAIT: Duration = Duration::from_secs(20);
+mod common;
 
-/// `out = 2 · in`, after `delay` per batch; counts the rows of the batches it ran.
-struct Double {
-    width: usize,
-    delay: Duration,
-}
-
-impl Model for Double {
-    fn name(&self) -> &str {
-        "double"
-    }
-    fn width(&self) -> usize {
-        self.width
-    }
-    fn run(&mut self, input: &[f32], output: &mut Vec<f32>) -> Result<()> {
-        std::thread::sleep(self.delay);
-        output.clear();
-        output.extend(input.iter().map(|v| 2.0 * v));
-        Ok(())
-    }
-}
-
-fn config() -> ServeConfig {
-    ServeConfig {
-        addr: "127.0.0.1:0".parse().unwrap(),
-        max_delay: Duration::from_millis(20),
-        body_timeout: Duration::from_millis(300),
-        ..ServeConfig::default()
-    }
-}
-
-/// (status, body) of one request on its own connection.
-fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut c = TcpStream::connect(addr).unwrap();
-    c.set_read_timeout(Some(WAIT)).unwrap();
-    write!(
-        c,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    read_response(c)
-}
-
-fn read_response(mut c: TcpStream) -> (u16, String) {
-    let mut text = String::new();
-    let _ = c.read_to_string(&mut text);
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_string();
-    (status, body)
-}
-
-fn job(rows: usize, data: &[f32]) -> String {
-    serde_json::json!({ "rows": rows, "data": data }).to_string()
-}
+use common::{config, http, job, read_response, Double, WAIT};
 
 #[test]
 fn each_job_gets_its_own_rows_back_from_shared_batches() {

@@ -1,0 +1,124 @@
+//! `warpdrive load`: the load generator of `warpdrive-serve` against a running service, and
+//! its summary (percentiles by `warpdrive-bench`'s interpolation, as the bench rows).
+
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use warpdrive_bench::percentile;
+use warpdrive_serve::load::{self, Arrivals, LoadConfig, LoadReport};
+use warpdrive_serve::wire::{Dtype, Format};
+
+use crate::flags::LoadArgs;
+
+pub(crate) fn load(args: &LoadArgs) -> Result<()> {
+    for (name, v) in [("--seconds", args.seconds), ("--timeout", args.timeout)] {
+        if !(v.is_finite() && v > 0.0 && v < 1e7) {
+            bail!("{name} {v}: expected more than 0");
+        }
+    }
+    let arrivals = match (args.rate, args.clients) {
+        (Some(r), _) if !(r.is_finite() && r > 0.0) => bail!("--rate {r}: expected more than 0"),
+        (Some(r), _) => Arrivals::Poisson { per_s: r },
+        (None, c) => Arrivals::Clients(c.unwrap_or(1) as usize),
+    };
+    let format = match args.format.as_str() {
+        "f32" => Format::Binary(Dtype::F32),
+        "bf16" => Format::Binary(Dtype::Bf16),
+        _ => Format::Json,
+    };
+    let config = LoadConfig {
+        rows: args.rows as usize,
+        max_jobs: args.jobs,
+        connections: args.connections as usize,
+        timeout: Duration::from_secs_f64(args.timeout),
+        format,
+        priority: args.priority,
+        tenant: args.tenant.clone(),
+        ..LoadConfig::new(args.addr, arrivals, Duration::from_secs_f64(args.seconds))
+    };
+    let report = load::run(&config)?;
+    print!("{}", summary(&report));
+    if report.answered() == 0 {
+        bail!(
+            "no job was answered: {}",
+            report.first_failure.as_deref().unwrap_or("none was sent")
+        );
+    }
+    Ok(())
+}
+
+/// The report in a few lines: jobs, throughput, latency percentiles, failures by kind.
+fn summary(r: &LoadReport) -> String {
+    let pct = |v: &[f64], q: f64| {
+        if v.is_empty() {
+            "-".to_string()
+        } else {
+            format!("{:.0}", percentile(v, q))
+        }
+    };
+    let mut out = String::new();
+    let offered = r
+        .offered_per_s
+        .map_or(String::new(), |o| format!(" (offered {o:.1} jobs/s)"));
+    out += &format!(
+        "jobs: {} sent, {} answered, {} failed in {:.2} s{offered}\n",
+        r.sent,
+        r.answered(),
+        r.failed(),
+        r.elapsed.as_secs_f64()
+    );
+    out += &format!(
+        "throughput: {:.1} jobs/s, {:.2} rows a batch on average\n",
+        r.jobs_per_s(),
+        r.mean_batch_rows()
+    );
+    let l = &r.latency_us;
+    out += &format!(
+        "latency µs: p50 {} p90 {} p99 {} p99.9 {} max {}\n",
+        pct(l, 0.5),
+        pct(l, 0.9),
+        pct(l, 0.99),
+        pct(l, 0.999),
+        pct(l, 1.0)
+    );
+    let s = &r.submit_us;
+    out += &format!(
+        "submission µs (service side): p50 {} p99 {}\n",
+        pct(s, 0.5),
+        pct(s, 0.99)
+    );
+    if !r.failures.is_empty() {
+        let kinds: Vec<String> = r
+            .failures
+            .iter()
+            .map(|(k, v)| format!("{k}: {v}"))
+            .collect();
+        out += &format!("failures: {}\n", kinds.join(", "));
+        if let Some(f) = &r.first_failure {
+            out += &format!("first failure: {f}\n");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_summary_names_percentiles_and_failures() {
+        let mut r = LoadReport {
+            latency_us: (1..=1000).map(f64::from).collect(),
+            sent: 1003,
+            elapsed: Duration::from_secs(2),
+            ..LoadReport::default()
+        };
+        r.failures.insert("503".into(), 3);
+        r.first_failure = Some("status 503: the queue is full".into());
+        let s = summary(&r);
+        assert!(s.contains("1003 sent, 1000 answered, 3 failed"), "{s}");
+        assert!(s.contains("500.0 jobs/s"), "{s}");
+        assert!(s.contains("p99 990"), "{s}");
+        assert!(s.contains("503: 3"), "{s}");
+    }
+}

@@ -1,0 +1,323 @@
+//! The load generator behind `warpdrive load` and the `serve` bench suite: jobs sent to a
+//! service on loopback through a pooled [`Client`], either open-loop (Poisson arrivals at a
+//! rate, each job timed from the moment it was due, so a slow service cannot slow the
+//! arrivals down and hide its own latency) or closed-loop (N clients, each sending its next
+//! job when the last one is answered). Bounded in jobs and in time; every job ends as an
+//! answer, a failure counted by kind, or a timeout.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::{Rng, SeedableRng};
+use tokio::task::JoinSet;
+
+use super::client::{Client, ClientConfig, Failure, JobResult, JobSpec};
+use super::wire::Format;
+
+/// How jobs arrive.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Arrivals {
+    /// Open loop: Poisson arrivals at this many jobs a second.
+    Poisson { per_s: f64 },
+    /// Closed loop: this many clients, each with one job outstanding.
+    Clients(usize),
+}
+
+/// A load to offer.
+#[derive(Debug, Clone)]
+pub struct LoadConfig {
+    /// The service (loopback only).
+    pub addr: SocketAddr,
+    pub arrivals: Arrivals,
+    /// Rows per job.
+    pub rows: usize,
+    /// Jobs sent at most (`None`: until `duration`).
+    pub max_jobs: Option<u64>,
+    /// How long jobs are sent for.
+    pub duration: Duration,
+    /// Connections at most (open loop; a closed loop opens one per client).
+    pub connections: usize,
+    /// The longest a job may take, and how long the run waits for the last ones.
+    pub timeout: Duration,
+    pub format: Format,
+    pub priority: Option<u8>,
+    pub tenant: Option<String>,
+    /// Seeds the arrival times and the job values.
+    pub seed: u64,
+    /// Threads of the generator's runtime ([`run`]; 1 keeps a one-client run off the
+    /// service's cores as far as it can).
+    pub threads: usize,
+}
+
+impl LoadConfig {
+    /// `arrivals` at `addr` for `duration`, one-row JSON jobs, 64 connections.
+    pub fn new(addr: SocketAddr, arrivals: Arrivals, duration: Duration) -> LoadConfig {
+        LoadConfig {
+            addr,
+            arrivals,
+            rows: 1,
+            max_jobs: None,
+            duration,
+            connections: 64,
+            timeout: Duration::from_secs(30),
+            format: Format::Json,
+            priority: None,
+            tenant: None,
+            seed: 1,
+            threads: 2,
+        }
+    }
+}
+
+/// What a load run saw.
+#[derive(Debug, Clone, Default)]
+pub struct LoadReport {
+    /// µs from each answered job being due (open loop) or sent (closed loop) to its answer.
+    pub latency_us: Vec<f64>,
+    /// The service's `submit_us` of each answered job.
+    pub submit_us: Vec<f64>,
+    /// The sum over answered jobs of the rows of the batch each ran in.
+    pub batch_rows_sum: f64,
+    /// Jobs sent.
+    pub sent: u64,
+    /// Failed jobs by kind (`Failure::key`: the status, `timeout`, `io`, ...).
+    pub failures: BTreeMap<String, u64>,
+    /// The first failure's text, for a message.
+    pub first_failure: Option<String>,
+    /// From the first job to the last answer.
+    pub elapsed: Duration,
+    /// Jobs a second offered (open loop: the rate asked for).
+    pub offered_per_s: Option<f64>,
+}
+
+impl LoadReport {
+    /// Answered jobs.
+    pub fn answered(&self) -> u64 {
+        self.latency_us.len() as u64
+    }
+
+    /// Failed jobs.
+    pub fn failed(&self) -> u64 {
+        self.failures.values().sum()
+    }
+
+    /// Answered jobs a second.
+    pub fn jobs_per_s(&self) -> f64 {
+        self.answered() as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// The mean size (rows) of the batches answered jobs ran in.
+    pub fn mean_batch_rows(&self) -> f64 {
+        self.batch_rows_sum / (self.answered().max(1) as f64)
+    }
+
+    fn record(&mut self, since: Instant, outcome: Result<JobResult, Failure>) {
+        match outcome {
+            Ok(r) => {
+                self.latency_us.push(since.elapsed().as_secs_f64() * 1e6);
+                self.submit_us.push(r.submit_us);
+                self.batch_rows_sum += r.batch_rows as f64;
+            }
+            Err(f) => {
+                if self.first_failure.is_none() {
+                    self.first_failure = Some(f.to_string());
+                }
+                *self.failures.entry(f.key()).or_insert(0) += 1;
+            }
+        }
+    }
+}
+
+/// Why a load could not run at all (a job's failure is counted in the report instead).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadError(pub String);
+
+impl std::fmt::Display for LoadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "load: {}", self.0)
+    }
+}
+
+impl std::error::Error for LoadError {}
+
+/// Runs `config` on a tokio runtime of its own (two threads) and reports.
+pub fn run(config: &LoadConfig) -> Result<LoadReport, LoadError> {
+    check(config)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.threads.clamp(1, 64))
+        .thread_name("warpdrive-load")
+        .enable_all()
+        .build()
+        .map_err(|e| LoadError(format!("tokio runtime: {e}")))?;
+    runtime.block_on(run_async(config))
+}
+
+fn check(config: &LoadConfig) -> Result<(), LoadError> {
+    if !config.addr.ip().is_loopback() {
+        return Err(LoadError(format!(
+            "{} is not a loopback address (load runs against this machine only)",
+            config.addr
+        )));
+    }
+    match config.arrivals {
+        Arrivals::Poisson { per_s } if !(per_s.is_finite() && per_s > 0.0) => {
+            return Err(LoadError(format!("a rate of {per_s} jobs/s")))
+        }
+        Arrivals::Clients(0) => return Err(LoadError("0 clients".into())),
+        _ => {}
+    }
+    if config.rows == 0 || config.connections == 0 || config.max_jobs == Some(0) {
+        return Err(LoadError(
+            "rows, connections and jobs must be at least 1".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The same as [`run`], on the caller's tokio runtime.
+pub async fn run_async(config: &LoadConfig) -> Result<LoadReport, LoadError> {
+    check(config)?;
+    let connections = match config.arrivals {
+        Arrivals::Clients(n) => n,
+        Arrivals::Poisson { .. } => config.connections,
+    };
+    let client = Client::new(
+        config.addr,
+        ClientConfig {
+            max_connections: connections,
+            timeout: config.timeout,
+            format: config.format,
+        },
+    );
+    let width = client
+        .model()
+        .await
+        .map_err(|e| LoadError(format!("asking {} for its model: {e}", config.addr)))?
+        .width;
+    let rows_values = config
+        .rows
+        .checked_mul(width)
+        .ok_or_else(|| LoadError(format!("{} rows of {width}", config.rows)))?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(config.seed);
+    let data: Vec<f32> = (0..rows_values)
+        .map(|_| rng.random_range(-1.0f32..1.0))
+        .collect();
+    let job = Arc::new(JobSpec {
+        rows: config.rows,
+        data,
+        priority: config.priority,
+        tenant: config.tenant.clone(),
+        deadline: None,
+    });
+    let mut report = LoadReport::default();
+    let start = Instant::now();
+    let stop = crate::later(start, config.duration);
+    let max_jobs = config.max_jobs.unwrap_or(u64::MAX);
+    let mut tasks = JoinSet::new();
+    match config.arrivals {
+        Arrivals::Poisson { per_s } => {
+            report.offered_per_s = Some(per_s);
+            let mut due = start;
+            while report.sent < max_jobs {
+                // Exponential gaps: -ln(1 - u) / rate, u in [0, 1).
+                let u: f64 = rng.random();
+                let gap =
+                    Duration::try_from_secs_f64(-(1.0 - u).ln() / per_s).unwrap_or(config.duration);
+                due = crate::later(due, gap);
+                if due >= stop {
+                    break;
+                }
+                tokio::time::sleep_until(due.into()).await;
+                report.sent += 1;
+                let (client, job) = (client.clone(), job.clone());
+                tasks.spawn(async move { (due, client.submit(&job).await) });
+                // Reap what has finished, so a long run holds no more than it must.
+                while let Some(done) = tasks.try_join_next() {
+                    reap(&mut report, done);
+                }
+            }
+        }
+        Arrivals::Clients(n) => {
+            let sent = Arc::new(AtomicU64::new(0));
+            let mut clients = JoinSet::new();
+            for _ in 0..n {
+                let (client, job, sent) = (client.clone(), job.clone(), sent.clone());
+                clients.spawn(async move {
+                    let mut mine = LoadReport::default();
+                    while Instant::now() < stop && sent.fetch_add(1, Ordering::Relaxed) < max_jobs {
+                        let t = Instant::now();
+                        mine.sent += 1;
+                        let outcome = client.submit(&job).await;
+                        mine.record(t, outcome);
+                    }
+                    mine
+                });
+            }
+            let drain = crate::later(stop, config.timeout);
+            loop {
+                match tokio::time::timeout_at(drain.into(), clients.join_next()).await {
+                    Ok(Some(Ok(mine))) => merge(&mut report, mine),
+                    Ok(Some(Err(e))) => count(&mut report, "panicked", e.to_string()),
+                    Ok(None) => break,
+                    Err(_) => {
+                        count(&mut report, "timeout", "the run's drain timed out".into());
+                        clients.abort_all();
+                        break;
+                    }
+                }
+            }
+            report.elapsed = start.elapsed();
+            return Ok(report);
+        }
+    }
+    // The open loop's last jobs: each is bounded by the client's timeout; this bounds the
+    // whole drain too.
+    let drain = crate::later(
+        Instant::now(),
+        config.timeout.saturating_add(Duration::from_secs(1)),
+    );
+    loop {
+        match tokio::time::timeout_at(drain.into(), tasks.join_next()).await {
+            Ok(Some(done)) => reap(&mut report, done),
+            Ok(None) => break,
+            Err(_) => {
+                let left = tasks.len() as u64;
+                *report.failures.entry("timeout".into()).or_insert(0) += left;
+                tasks.abort_all();
+                break;
+            }
+        }
+    }
+    report.elapsed = start.elapsed();
+    Ok(report)
+}
+
+type Done = Result<(Instant, Result<JobResult, Failure>), tokio::task::JoinError>;
+
+fn reap(report: &mut LoadReport, done: Done) {
+    match done {
+        Ok((due, outcome)) => report.record(due, outcome),
+        Err(e) => count(report, "panicked", e.to_string()),
+    }
+}
+
+fn count(report: &mut LoadReport, key: &str, why: String) {
+    *report.failures.entry(key.into()).or_insert(0) += 1;
+    report.first_failure.get_or_insert(why);
+}
+
+fn merge(report: &mut LoadReport, mine: LoadReport) {
+    report.latency_us.extend(mine.latency_us);
+    report.submit_us.extend(mine.submit_us);
+    report.batch_rows_sum += mine.batch_rows_sum;
+    report.sent += mine.sent;
+    for (k, v) in mine.failures {
+        *report.failures.entry(k).or_insert(0) += v;
+    }
+    if report.first_failure.is_none() {
+        report.first_failure = mine.first_failure;
+    }
+}

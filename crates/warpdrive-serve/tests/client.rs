@@ -1,0 +1,203 @@
+//! The client and the load generator against the service on the CPU backend: both body
+//! formats, the connection cap, open and closed loops that lose no job.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{config, double};
+use warpdrive_serve::load::{self, Arrivals, LoadConfig};
+use warpdrive_serve::wire::{Dtype, Format};
+use warpdrive_serve::{Batching, Client, ClientConfig, Failure, JobSpec};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn json_and_binary_jobs_come_back_doubled() {
+    let server = double(3, Duration::ZERO, config());
+    let rt = runtime();
+    for format in [
+        Format::Json,
+        Format::Binary(Dtype::F32),
+        Format::Binary(Dtype::Bf16),
+    ] {
+        let client = Client::new(
+            server.addr,
+            ClientConfig {
+                format,
+                ..ClientConfig::default()
+            },
+        );
+        let data: Vec<f32> = (0..6).map(|i| i as f32 * 0.5 - 1.0).collect();
+        let job = JobSpec {
+            rows: 2,
+            data: data.clone(),
+            ..JobSpec::default()
+        };
+        let r = rt.block_on(client.submit(&job)).unwrap();
+        assert_eq!(r.rows, 2, "{format:?}");
+        assert_eq!(r.data, data.iter().map(|v| 2.0 * v).collect::<Vec<_>>());
+        assert!(
+            r.batch_rows >= 2 && r.submit_us.is_finite(),
+            "{format:?}: {r:?}"
+        );
+        let info = rt.block_on(client.model()).unwrap();
+        assert_eq!((info.name.as_str(), info.width), ("double", 3));
+        // A job of the wrong width is the service's 400, with its reason.
+        let bad = JobSpec {
+            rows: 1,
+            data: vec![1.0; 4],
+            ..JobSpec::default()
+        };
+        match rt.block_on(client.submit(&bad)) {
+            Err(Failure::Status(400, why)) => assert!(!why.is_empty()),
+            other => panic!("{format:?}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn one_connection_means_one_job_at_a_time() {
+    let server = double(1, Duration::from_millis(2), config());
+    let rt = runtime();
+    let batch_rows = |connections: usize| -> Vec<usize> {
+        let client = Client::new(
+            server.addr,
+            ClientConfig {
+                max_connections: connections,
+                ..ClientConfig::default()
+            },
+        );
+        rt.block_on(async {
+            let jobs: Vec<_> = (0..8)
+                .map(|k| {
+                    let client = client.clone();
+                    tokio::spawn(async move {
+                        let job = JobSpec {
+                            rows: 1,
+                            data: vec![k as f32],
+                            ..JobSpec::default()
+                        };
+                        client.submit(&job).await.unwrap().batch_rows
+                    })
+                })
+                .collect();
+            let mut rows = Vec::new();
+            for j in jobs {
+                rows.push(j.await.unwrap());
+            }
+            rows
+        })
+    };
+    assert!(
+        batch_rows(1).iter().all(|&r| r == 1),
+        "a second connection was opened"
+    );
+    assert!(
+        batch_rows(8).iter().any(|&r| r > 1),
+        "eight connections never shared a batch"
+    );
+}
+
+#[test]
+fn open_and_closed_loops_answer_every_job() {
+    let server = double(4, Duration::from_millis(1), config());
+    let open = LoadConfig {
+        max_jobs: Some(60),
+        ..LoadConfig::new(
+            server.addr,
+            Arrivals::Poisson { per_s: 400.0 },
+            Duration::from_secs(10),
+        )
+    };
+    let r = load::run(&open).unwrap();
+    assert_eq!(r.sent, 60);
+    assert_eq!((r.answered(), r.failed()), (60, 0), "{:?}", r.first_failure);
+    assert!(r.jobs_per_s() > 0.0 && r.mean_batch_rows() >= 1.0);
+    let closed = LoadConfig {
+        max_jobs: Some(100),
+        format: Format::Binary(Dtype::Bf16),
+        rows: 3,
+        ..LoadConfig::new(server.addr, Arrivals::Clients(4), Duration::from_secs(10))
+    };
+    let r = load::run(&closed).unwrap();
+    assert_eq!((r.sent, r.answered(), r.failed()), (100, 100, 0));
+    assert_eq!(r.submit_us.len(), 100);
+}
+
+#[test]
+fn load_refuses_what_it_cannot_run() {
+    let remote = "10.1.2.3:80".parse().unwrap();
+    let e = load::run(&LoadConfig::new(
+        remote,
+        Arrivals::Clients(1),
+        Duration::from_secs(1),
+    ))
+    .unwrap_err();
+    assert!(e.0.contains("loopback"), "{e}");
+    let local = "127.0.0.1:9".parse().unwrap();
+    for arrivals in [Arrivals::Poisson { per_s: 0.0 }, Arrivals::Clients(0)] {
+        assert!(load::run(&LoadConfig::new(local, arrivals, Duration::from_secs(1))).is_err());
+    }
+    // Nothing listening: an error that says so, quickly.
+    let mut c = LoadConfig::new(local, Arrivals::Clients(1), Duration::from_secs(1));
+    c.timeout = Duration::from_secs(2);
+    let e = load::run(&c).unwrap_err();
+    assert!(e.0.contains("asking"), "{e}");
+}
+
+#[test]
+fn client_side_batching_sends_many_jobs_as_one_request() {
+    let server = double(2, Duration::ZERO, config());
+    let rt = runtime();
+    let results = rt.block_on(async {
+        let batching = Batching::new(
+            Client::new(server.addr, ClientConfig::default()),
+            2,
+            8,
+            Duration::from_secs(5),
+        );
+        let jobs: Vec<_> = (0..8)
+            .map(|k| {
+                let b = batching.clone();
+                tokio::spawn(async move {
+                    let data = vec![k as f32, -(k as f32)];
+                    let r = b
+                        .submit(JobSpec {
+                            rows: 1,
+                            data: data.clone(),
+                            ..JobSpec::default()
+                        })
+                        .await;
+                    (data, r)
+                })
+            })
+            .collect();
+        // A job of another width is refused on its own, before anything is sent.
+        let odd = batching
+            .submit(JobSpec {
+                rows: 1,
+                data: vec![1.0; 3],
+                ..JobSpec::default()
+            })
+            .await;
+        let mut out = Vec::new();
+        for j in jobs {
+            out.push(j.await.unwrap());
+        }
+        (out, odd)
+    });
+    let (out, odd) = results;
+    for (data, r) in out {
+        let r = r.unwrap();
+        assert_eq!(r.data, data.iter().map(|v| 2.0 * v).collect::<Vec<_>>());
+        assert_eq!((r.rows, r.batch_rows), (1, 8), "eight jobs, one request");
+    }
+    assert!(matches!(odd, Err(Failure::Invalid(_))), "{odd:?}");
+}
