@@ -40,6 +40,7 @@
 //! `warpdrive-bench` crate, above this one.
 
 pub mod actor;
+pub mod agents;
 pub mod device;
 pub mod dist;
 pub mod dtype;
