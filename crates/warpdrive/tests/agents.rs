@@ -263,7 +263,7 @@ fn majority_vote(dev: &Device) {
         }
     }
 }
-device_test!(cpu_majority_vote, gpu_majority_vote, majority_vote);
+device_test!(cpu_majority_vote, gpu_smem_majority_vote, majority_vote);
 
 fn temp_cache(tag: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("wd-agents-{tag}-{}", std::process::id()));

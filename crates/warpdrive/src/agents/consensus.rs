@@ -1,9 +1,12 @@
 //! A single vote across all agents: each agent's u32 (non-zero = yes), counted by warp
 //! ballots, block sums and one last block that adds the blocks' counts in a fixed order and
 //! writes the decision (a strict majority) — one kernel, no contended atomics (one ticket
-//! per block, not per agent).
+//! per block, not per agent). The decision lands in mapped host memory with the vote's
+//! round number written last, so the host sees it by polling one word, with no copy.
 
-use crate::device::Stream;
+use std::sync::atomic::Ordering;
+
+use crate::device::{SharedWords, Stream};
 use crate::error::{Error, Result};
 use crate::kernels::AGENTS;
 use crate::memory::Buffer;
@@ -23,9 +26,9 @@ pub struct Decision {
     pub passed: bool,
 }
 
-/// A majority vote's device state: per-block counts, the last block's ticket and the
-/// decision (`[yes, passed]`), allocated once so a vote allocates nothing (and can be
-/// captured in a graph).
+/// A majority vote's state: per-block counts and the last block's ticket on the device, and
+/// the decision (`[yes, passed, round]`) in mapped host memory (plain host memory on the CPU
+/// backend); allocated once, so a vote allocates nothing.
 ///
 /// ```
 /// use warpdrive::agents::Majority;
@@ -45,8 +48,9 @@ pub struct Decision {
 pub struct Majority {
     partials: Buffer<u64>,
     ticket: Buffer<u32>,
-    out: Buffer<u64>,
+    out: SharedWords,
     voters: u64,
+    round: u64,
 }
 
 impl Majority {
@@ -55,8 +59,9 @@ impl Majority {
         Ok(Majority {
             partials: Buffer::zeros(stream, MAX_BLOCKS)?,
             ticket: Buffer::zeros(stream, 1)?,
-            out: Buffer::zeros(stream, 2)?,
+            out: stream.device().shared_words(3)?,
             voters: 0,
+            round: 0,
         })
     }
 
@@ -65,13 +70,16 @@ impl Majority {
         votes.check_stream(stream, "agents vote")?;
         let n = votes.len();
         self.voters = n as u64;
+        self.round = self.round.wrapping_add(1).max(1);
+        let round = self.round;
         stream.run(
             self,
             |m| {
                 let yes = votes.host_view()?.iter().filter(|&&v| v != 0).count() as u64;
-                let out = m.out.host_view_mut()?;
-                out[0] = yes;
-                out[1] = u64::from(2 * yes > n as u64);
+                let out = m.out.words();
+                out[0].store(yes, Ordering::Relaxed);
+                out[1].store(u64::from(2 * yes > n as u64), Ordering::Relaxed);
+                out[2].store(round, Ordering::Release);
                 Ok(())
             },
             |m, q| {
@@ -82,28 +90,44 @@ impl Majority {
                     .u64(n as u64)
                     .buf(&m.partials)
                     .buf(&m.ticket)
-                    .buf(&m.out);
-                // SAFETY: agents_vote(const u32* votes, u64 n, u64* partials, u32* ticket, u64*
-                // out) with blocks of 256: votes holds n, partials MAX_BLOCKS >= grid, the ticket
-                // one word (zero: zeroed at creation, set back to zero by each vote's last
-                // block), out 2.
+                    .ptr(m.out.device_ptr())
+                    .u64(round);
+                // SAFETY: agents_vote(const u32* votes, u64 n, u64* partials, u32* ticket,
+                // volatile u64* out, u64 round) with blocks of 256: votes holds n, partials
+                // MAX_BLOCKS >= grid, the ticket one word (zero: zeroed at creation, set back to
+                // zero by each vote's last block), out 3 mapped words that live as long as self.
                 unsafe { launch(q, (&AGENTS, "agents_vote"), grid, 256, 0, args) }
             },
         )
     }
 
-    /// The last vote's decision, copied to the host (waits for the stream).
+    /// The last vote's decision, as soon as the host sees it in mapped memory: polls the
+    /// round word (no copy, no stream wait); after many polls without it, waits for the
+    /// stream (which reports a failed kernel) and reads once more.
     pub fn decision(&self, stream: &Stream) -> Result<Decision> {
-        let out = self.out.to_host(stream)?;
-        match out[..] {
-            [yes, passed] => Ok(Decision {
-                yes,
-                voters: self.voters,
-                passed: passed != 0,
-            }),
-            _ => Err(Error::InvalidArgument(
-                "agents: the vote's result buffer lost its length (a bug)".into(),
-            )),
+        let words = self.out.words();
+        let seen = |w: &[std::sync::atomic::AtomicU64]| w[2].load(Ordering::Acquire) == self.round;
+        let mut ready = seen(words);
+        let mut spins = 0u32;
+        while !ready && spins < 1 << 16 {
+            std::hint::spin_loop();
+            spins += 1;
+            ready = seen(words);
         }
+        if !ready {
+            stream.synchronize()?;
+            if !seen(words) {
+                return Err(Error::InvalidArgument(format!(
+                    "agents: vote round {} has no decision after its stream finished \
+                     (no vote run on this stream?)",
+                    self.round
+                )));
+            }
+        }
+        Ok(Decision {
+            yes: words[0].load(Ordering::Relaxed),
+            voters: self.voters,
+            passed: words[1].load(Ordering::Relaxed) != 0,
+        })
     }
 }

@@ -11,7 +11,7 @@
 //! - [`Circles`]: FLAME GPU 2's Circles benchmark model on that grid (what was matched: the
 //!   `circles` module's docs).
 //! - [`Majority`]: a single vote, warp ballots and block sums in one kernel, the decision
-//!   on the device.
+//!   written to mapped host memory (the host polls one word for it, no copy).
 //!
 //! Not yet: birth and death (compaction), the pinned-host tier, the persistent cooperative
 //! stepping kernel, brute-force and graph messages, weighted and iterative consensus, the

@@ -14,7 +14,9 @@
 //   agents_vote: block 256, grid-stride; yes votes counted per warp (__ballot_sync and
 //     __popc), per block (warp counts in shared memory), one u64 per block into partials,
 //     then the last block (a ticket: one atomic per block, not per agent) adds the partials
-//     in block order and writes (yes, decision) and the ticket back to 0 (graph replays).
+//     in block order, sets the ticket back to 0 (graph replays) and writes (yes, decision)
+//     to mapped host memory, then, after a system-wide fence, the vote's round number: the
+//     host polls that word and reads the decision without a copy.
 
 __device__ __forceinline__ u32 agents_axis(float p, float lo, float w, u32 dim) {
     // floorf then a saturating conversion (NaN -> 0), as the CPU reference's `as i32`.
@@ -103,7 +105,7 @@ extern "C" __global__ void __launch_bounds__(256) circles_move(
 
 extern "C" __global__ void __launch_bounds__(256) agents_vote(
     const u32* __restrict__ votes, u64 n, u64* __restrict__ partials, u32* __restrict__ ticket,
-    u64* __restrict__ out) {
+    volatile u64* __restrict__ out, u64 round) {
     __shared__ bool last;
     const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
     u64 mine = 0;
@@ -136,8 +138,10 @@ extern "C" __global__ void __launch_bounds__(256) agents_vote(
     for (u32 b = threadIdx.x; b < gridDim.x; b += blockDim.x) part += ((volatile u64*)partials)[b];
     const u64 yes = block_sum(part);
     if (threadIdx.x == 0) {
+        *ticket = 0u;
         out[0] = yes;
         out[1] = 2ull * yes > n ? 1ull : 0ull;
-        *ticket = 0u;
+        __threadfence_system();
+        out[2] = round;
     }
 }
