@@ -36,8 +36,13 @@ fn population_round_trip(dev: &Device) {
         let short = vec![0.0f32; n + 1];
         assert!(matches!(p.add_f32(&s, "y", &short),
             Err(Error::InvalidArgument(m)) if m.contains(&format!("{} values", n + 1))));
-        assert!(matches!(p.add_f32(&s, "x", &xs), Err(Error::InvalidArgument(m)) if m.contains("already")));
-        assert!(matches!(p.add_u32(&s, "bad name", &ids), Err(Error::InvalidArgument(_))));
+        assert!(
+            matches!(p.add_f32(&s, "x", &xs), Err(Error::InvalidArgument(m)) if m.contains("already"))
+        );
+        assert!(matches!(
+            p.add_u32(&s, "bad name", &ids),
+            Err(Error::InvalidArgument(_))
+        ));
         assert!(matches!(p.u32("x"), Err(Error::InvalidArgument(m)) if m.contains("kind")));
         assert!(matches!(p.f32("nope"), Err(Error::InvalidArgument(m)) if m.contains("nope")));
     }
@@ -90,7 +95,10 @@ fn step_matches_cpu(dev: &Device) {
             want.f32_to_host(&cpu, "x").unwrap(),
         );
         for (i, (a, b)) in gx.iter().zip(&wx).enumerate() {
-            assert!((a - b).abs() <= 1e-6 * (1.0 + b.abs()), "agent {i}: {a} vs {b}");
+            assert!(
+                (a - b).abs() <= 1e-6 * (1.0 + b.abs()),
+                "agent {i}: {a} vs {b}"
+            );
         }
         let gh = got.u32_to_host(&s, "hits").unwrap();
         let wh = want.u32_to_host(&cpu, "hits").unwrap();
@@ -101,7 +109,9 @@ fn step_matches_cpu(dev: &Device) {
     }
     let mut p = Population::new(2);
     p.add_f32(&s, "x", &[1.0, 2.0]).unwrap();
-    assert!(matches!(step.run(&s, &mut p, &[0.0; 9]), Err(Error::InvalidArgument(m)) if m.contains("constants")));
+    assert!(
+        matches!(step.run(&s, &mut p, &[0.0; 9]), Err(Error::InvalidArgument(m)) if m.contains("constants"))
+    );
 }
 device_test!(cpu_step_matches_cpu, gpu_step_matches_cpu, step_matches_cpu);
 
@@ -118,7 +128,10 @@ fn grid_is_a_counting_sort(dev: &Device) {
         if n > 0 {
             pos[1][n / 2] = f32::NAN;
         }
-        let bufs: Vec<Buffer<f32>> = pos.iter().map(|p| Buffer::from_host(&s, p).unwrap()).collect();
+        let bufs: Vec<Buffer<f32>> = pos
+            .iter()
+            .map(|p| Buffer::from_host(&s, p).unwrap())
+            .collect();
         let mut grid = SpatialGrid::new(&s, shape, n).unwrap();
         // Rebuilt twice: the second must not see the first's counts.
         for _ in 0..2 {
@@ -140,11 +153,20 @@ fn grid_is_a_counting_sort(dev: &Device) {
         }
         assert!(seen.iter().all(|&v| v));
     }
-    assert!(matches!(GridShape::new(0.0, 1.0, 0.0), Err(Error::InvalidArgument(_))));
-    assert!(matches!(GridShape::new(0.0, 1e9, 1.0), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        GridShape::new(0.0, 1.0, 0.0),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        GridShape::new(0.0, 1e9, 1.0),
+        Err(Error::InvalidArgument(_))
+    ));
     let b = Buffer::from_host(&s, &[0.0f32; 3]).unwrap();
     let mut grid = SpatialGrid::new(&s, shape, 4).unwrap();
-    assert!(matches!(grid.rebuild(&s, &b, &b, &b), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        grid.rebuild(&s, &b, &b, &b),
+        Err(Error::InvalidArgument(_))
+    ));
 }
 device_test!(
     cpu_grid_is_a_counting_sort,
@@ -176,7 +198,10 @@ fn circles_step_matches_cpu(dev: &Device) {
                 let w = want.population().f32_to_host(&cpu, axis).unwrap();
                 for (i, (a, b)) in g.iter().zip(&w).enumerate() {
                     let d = (a - b).abs();
-                    assert!(d <= 0.05 + 1e-5, "round {round} agent {i} {axis}: {a} vs {b}");
+                    assert!(
+                        d <= 0.05 + 1e-5,
+                        "round {round} agent {i} {axis}: {a} vs {b}"
+                    );
                     if d > 1e-4 {
                         outliers += 1;
                     }
@@ -231,7 +256,10 @@ fn circles_reads_the_expected_messages() {
     sim.step(&cpu).unwrap();
     let per_agent = sim.messages_read().unwrap() as f64 / 8000.0;
     let want = 2.8f64.powi(3) * 8.0;
-    assert!((per_agent - want).abs() < 0.03 * want, "{per_agent} vs {want}");
+    assert!(
+        (per_agent - want).abs() < 0.03 * want,
+        "{per_agent} vs {want}"
+    );
 }
 
 fn majority_vote(dev: &Device) {
@@ -246,7 +274,13 @@ fn majority_vote(dev: &Device) {
         assert_eq!((d.yes, d.voters, d.passed), (n as u64, n as u64, n > 0));
         for p in [0.3, 0.5, 0.7] {
             let v: Vec<u32> = (0..n)
-                .map(|_| if rng.random_bool(p) { rng.random_range(1..u32::MAX) } else { 0 })
+                .map(|_| {
+                    if rng.random_bool(p) {
+                        rng.random_range(1..u32::MAX)
+                    } else {
+                        0
+                    }
+                })
                 .collect();
             let yes = v.iter().filter(|&&x| x != 0).count() as u64;
             let votes = Buffer::from_host(&s, &v).unwrap();
@@ -276,7 +310,11 @@ fn temp_cache(tag: &str) -> std::path::PathBuf {
 fn step_functions_compile_with_nvrtc() {
     let dir = temp_cache("step");
     let cache = PtxCache::at(&dir);
-    let fields = [("x", FieldKind::F32), ("v", FieldKind::F32), ("hits", FieldKind::U32)];
+    let fields = [
+        ("x", FieldKind::F32),
+        ("v", FieldKind::F32),
+        ("hits", FieldKind::U32),
+    ];
     let ptx = drift().ptx(&cache, &fields, Arch::SM_90A).unwrap();
     assert!(ptx.contains(".entry agents_step"));
     let _ = std::fs::remove_dir_all(&dir);
@@ -302,7 +340,12 @@ fn the_agents_kernels_compile_with_nvrtc() {
     let cache = PtxCache::at(&dir);
     for arch in warpdrive::kernels::AGENTS.archs().unwrap() {
         let ptx = cache.compile(&warpdrive::kernels::AGENTS, arch).unwrap();
-        for k in ["agents_bin_count", "agents_scatter", "circles_move", "agents_vote"] {
+        for k in [
+            "agents_bin_count",
+            "agents_scatter",
+            "circles_move",
+            "agents_vote",
+        ] {
             assert!(ptx.contains(&format!(".entry {k}")), "{k} for {arch}");
         }
     }

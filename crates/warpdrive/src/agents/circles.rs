@@ -37,6 +37,10 @@ pub const RADIUS: f32 = 2.0;
 /// The benchmark's repulsion factor (`ENV_REPULSE`).
 pub const REPULSE: f32 = 0.05;
 
+/// The benchmark's value of π (its literal `3.141`), kept to match its force law.
+#[allow(clippy::approx_constant)]
+const BENCHMARK_PI: f64 = 3.141;
+
 /// A Circles model's parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CirclesConfig {
@@ -210,8 +214,8 @@ impl Circles {
                 let mut read = 0u64;
                 let last = shape.dim as i64 - 1;
                 let (r, k0) = (radius as f64, repulse as f64);
-                for i in 0..n {
-                    let (x1, y1, z1) = (pos[0][i], pos[1][i], pos[2][i]);
+                let agents_at = pos[0].iter().zip(&pos[1]).zip(&pos[2]).enumerate();
+                for (i, ((&x1, &y1), &z1)) in agents_at.take(n) {
                     let (cx, cy, cz) = (
                         shape.axis(x1) as i64,
                         shape.axis(y1) as i64,
@@ -235,7 +239,7 @@ impl Circles {
                                 ];
                                 let s = (d[0] * d[0] + d[1] * d[1] + d[2] * d[2]).cbrt();
                                 if s < r && s > 0.0 {
-                                    let k = ((s / r) * 3.141 * -2.0).sin() * k0;
+                                    let k = ((s / r) * BENCHMARK_PI * -2.0).sin() * k0;
                                     for a in 0..3 {
                                         f[a] += k * d[a] / s;
                                     }
@@ -245,8 +249,8 @@ impl Circles {
                         }
                     }
                     let c = count.max(1) as f64;
-                    for a in 0..3 {
-                        moved[a].push((pos[a][i] as f64 + f[a] / c) as f32);
+                    for ((out, p), fa) in moved.iter_mut().zip([x1, y1, z1]).zip(f) {
+                        out.push((p as f64 + fa / c) as f32);
                     }
                 }
                 for (name, v) in ["x", "y", "z"].into_iter().zip(moved) {

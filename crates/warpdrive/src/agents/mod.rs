@@ -14,8 +14,8 @@
 //!   written to mapped host memory (the host polls one word for it, no copy).
 //!
 //! Not yet: birth and death (compaction), the pinned-host tier, the persistent cooperative
-//! stepping kernel, brute-force and graph messages, weighted and iterative consensus, the
-//! decision in mapped memory.
+//! stepping kernel, brute-force and graph messages, weighted and iterative consensus, job
+//! submission timing.
 //!
 //! ```
 //! use warpdrive::agents::{Circles, CirclesConfig, Majority};
