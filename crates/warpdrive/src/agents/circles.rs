@@ -200,12 +200,7 @@ impl Circles {
             (&mut *agents, &*grid),
             |(agents, grid)| {
                 let starts = grid.starts.host_view()?;
-                let (mx, my, mz) = (
-                    grid.mx.host_view()?,
-                    grid.my.host_view()?,
-                    grid.mz.host_view()?,
-                );
-                let mid = grid.mid.host_view()?;
+                let msg = grid.msg.host_view()?;
                 let mut pos: Vec<Vec<f32>> = Vec::with_capacity(3);
                 for name in ["x", "y", "z"] {
                     pos.push(agents.f32(name)?.host_view()?.to_vec());
@@ -228,14 +223,14 @@ impl Circles {
                             let first = starts[row + (cx - 1).max(0) as usize] as usize;
                             let end = starts[row + (cx + 1).min(last) as usize + 1] as usize;
                             read += (end - first) as u64;
-                            for m in first..end {
-                                if mid[m] as usize == i {
+                            for m in msg[first * 4..end * 4].chunks_exact(4) {
+                                if m[3].to_bits() as usize == i {
                                     continue;
                                 }
                                 let d = [
-                                    mx[m] as f64 - x1 as f64,
-                                    my[m] as f64 - y1 as f64,
-                                    mz[m] as f64 - z1 as f64,
+                                    m[0] as f64 - x1 as f64,
+                                    m[1] as f64 - y1 as f64,
+                                    m[2] as f64 - z1 as f64,
                                 ];
                                 let s = (d[0] * d[0] + d[1] * d[1] + d[2] * d[2]).cbrt();
                                 if s < r && s > 0.0 {
@@ -262,6 +257,7 @@ impl Circles {
                 if n == 0 {
                     return Ok(None);
                 }
+                super::grid::check_aligned(&grid.msg)?;
                 let f = fill_grid(q.gpu, (&AGENTS, "circles_move"), n as u64, 256)?;
                 let args = Args::new()
                     .buf(agents.f32("x")?)
@@ -269,20 +265,17 @@ impl Circles {
                     .buf(agents.f32("z")?)
                     .u64(n as u64)
                     .buf(&grid.starts)
-                    .buf(&grid.mx)
-                    .buf(&grid.my)
-                    .buf(&grid.mz)
-                    .buf(&grid.mid)
+                    .buf(&grid.msg)
                     .f32(shape.lo)
                     .f32(shape.width)
                     .u32(shape.dim)
                     .f32(radius)
                     .f32(repulse);
-                // SAFETY: circles_move(float* x, y, z, u64 n, const u32* starts, const float*
-                // mx, my, mz, const u32* mid, float lo, float w, u32 dim, float radius, float
-                // repulse): x, y, z hold n agents (the population's length), starts dim³ + 1
-                // slots built by the grid's rebuild for these positions (each < n), the
-                // messages n each; the kernel clamps every bin into the grid.
+                // SAFETY: circles_move(float* x, y, z, u64 n, const u32* starts, const float4*
+                // msg, float lo, float w, u32 dim, float radius, float repulse): x, y, z hold n
+                // agents (the population's length), starts dim³ + 1 slots built by the grid's
+                // rebuild for these positions (each <= n), msg n float4s (16-byte aligned) whose
+                // indices are the agents', each < n; the kernel clamps every bin into the grid.
                 unsafe { launch(q, (&AGENTS, "circles_move"), f, 256, 0, args)? };
                 Ok(None)
             },

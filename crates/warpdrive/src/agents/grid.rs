@@ -67,7 +67,8 @@ impl GridShape {
 }
 
 /// The grid's buffers: each agent's bin, the bins' counts and first slots, and the messages
-/// (position and agent index) sorted by bin.
+/// sorted by bin, four f32 each (`x`, `y`, `z`, and the agent's index as the bits of the
+/// fourth: one 16-byte load per message on a GPU).
 #[derive(Debug)]
 pub struct SpatialGrid {
     shape: GridShape,
@@ -76,10 +77,8 @@ pub struct SpatialGrid {
     /// `bins + 1` entries: bin `b`'s messages are `starts[b]..starts[b + 1]`.
     pub(crate) starts: Buffer<u32>,
     pub(crate) cursor: Buffer<u32>,
-    pub(crate) mx: Buffer<f32>,
-    pub(crate) my: Buffer<f32>,
-    pub(crate) mz: Buffer<f32>,
-    pub(crate) mid: Buffer<u32>,
+    pub(crate) msg: Buffer<f32>,
+    agents: usize,
 }
 
 impl SpatialGrid {
@@ -94,16 +93,17 @@ impl SpatialGrid {
         let slots = bins
             .checked_add(1)
             .ok_or_else(|| Error::InvalidArgument("agents: too many bins".into()))?;
+        let words = agents
+            .checked_mul(4)
+            .ok_or_else(|| Error::InvalidArgument(format!("agents: {agents} messages")))?;
         Ok(SpatialGrid {
             shape,
             bin_of: Buffer::zeros(stream, agents)?,
             counts: Buffer::zeros(stream, bins)?,
             starts: Buffer::zeros(stream, slots)?,
             cursor: Buffer::zeros(stream, slots)?,
-            mx: Buffer::zeros(stream, agents)?,
-            my: Buffer::zeros(stream, agents)?,
-            mz: Buffer::zeros(stream, agents)?,
-            mid: Buffer::zeros(stream, agents)?,
+            msg: Buffer::zeros(stream, words)?,
+            agents,
         })
     }
 
@@ -114,7 +114,7 @@ impl SpatialGrid {
 
     /// How many agents it holds messages for.
     pub fn agents(&self) -> usize {
-        self.mid.len()
+        self.agents
     }
 
     /// Each bin's first message slot (`bins + 1` entries, the last the total), to the host.
@@ -124,7 +124,8 @@ impl SpatialGrid {
 
     /// The messages' agent indices in slot order, to the host.
     pub fn messages_to_host(&self, stream: &Stream) -> Result<Vec<u32>> {
-        self.mid.to_host(stream)
+        let msg = self.msg.to_host(stream)?;
+        Ok(msg.chunks_exact(4).map(|m| m[3].to_bits()).collect())
     }
 
     /// Rebuilds the grid from positions `x`, `y`, `z` (one per agent). On the CPU backend
@@ -168,21 +169,17 @@ impl SpatialGrid {
                 starts[counts.len()] = run;
                 let cursor = g.cursor.host_view_mut()?;
                 cursor.copy_from_slice(starts);
-                let (mx, my, mz) = (
-                    g.mx.host_view_mut()?,
-                    g.my.host_view_mut()?,
-                    g.mz.host_view_mut()?,
-                );
-                let mid = g.mid.host_view_mut()?;
+                let msg = g.msg.host_view_mut()?;
                 for i in 0..n {
                     let slot = &mut cursor[bin_of[i] as usize];
-                    let s = *slot as usize;
+                    let s = *slot as usize * 4;
                     *slot += 1;
-                    (mx[s], my[s], mz[s], mid[s]) = (xs[i], ys[i], zs[i], i as u32);
+                    msg[s..s + 4].copy_from_slice(&[xs[i], ys[i], zs[i], f32::from_bits(i as u32)]);
                 }
                 Ok(())
             },
             |g, q| {
+                check_aligned(&g.msg)?;
                 ops::fill(stream, &mut g.counts, 0)?;
                 if n > 0 {
                     let grid = fill_grid(q.gpu, (&AGENTS, "agents_bin_count"), n as u64, 256)?;
@@ -212,18 +209,27 @@ impl SpatialGrid {
                         .u64(n as u64)
                         .buf(&g.bin_of)
                         .buf(&g.cursor)
-                        .buf(&g.mx)
-                        .buf(&g.my)
-                        .buf(&g.mz)
-                        .buf(&g.mid);
+                        .buf(&g.msg);
                     // SAFETY: agents_scatter(const float* x, y, z, u64 n, const u32* bin_of,
-                    // u32* cursor, float* mx, my, mz, u32* mid): the n agents' bins (< dim³) and
-                    // the bins' first slots (dim³ + 1) as just built, so each agent takes one
-                    // distinct slot below n in mx, my, mz, mid (n elements each).
+                    // u32* cursor, float4* msg): the n agents' bins (< dim³) and the bins' first
+                    // slots (dim³ + 1) as just built, so each agent takes one distinct slot below
+                    // n of msg (4n floats from the pool, 16-byte aligned).
                     unsafe { launch(q, (&AGENTS, "agents_scatter"), grid, 256, 0, args)? };
                 }
                 Ok(())
             },
         )
     }
+}
+
+/// The messages' float4 loads need 16-byte alignment (the pool's blocks start at multiples
+/// of 512 bytes: a check, not a workaround).
+pub(crate) fn check_aligned(msg: &Buffer<f32>) -> Result<()> {
+    if msg.device_ptr() % 16 != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "agents: messages at {:#x}, not 16-byte aligned",
+            msg.device_ptr()
+        )));
+    }
+    Ok(())
 }

@@ -5,12 +5,16 @@
 //     Spatial3D clamps) into bin_of, and one atomicAdd on its bin's count (agents spread over
 //     many bins: low contention). The counts are zeroed before; the exclusive scan of the
 //     counts (ops::exclusive_scan) gives each bin's first slot.
-//   agents_scatter: block 256, grid-stride; each agent's message (x, y, z, index) into the
-//     next slot of its bin (atomicAdd on a copy of the starts). The order inside a bin is
-//     whatever the atomics give; the move sums in that order (a float rounding difference).
-//   circles_move: block 256, one agent per thread, grid-stride; reads the messages of the
-//     3 x 3 x 3 bins around its own (one contiguous strip of 3 bins per (z, y) row), sums the
-//     Circles force and moves the agent in place (messages are a copy: no read-after-write).
+//   agents_scatter: block 256, grid-stride; each agent's message, one float4 (x, y, z, and
+//     the agent's index as the bits of w: one 16-byte load per message read), into the next
+//     slot of its bin (atomicAdd on a copy of the starts). The order inside a bin is whatever
+//     the atomics give; the move sums in that order (a float rounding difference).
+//   circles_move: block 256, grid-stride over message slots: thread t moves the agent whose
+//     message sits in slot t, so neighbouring threads sit in one bin and read the same
+//     neighbour strips (L1 hits: what FLAME GPU gets by sorting agents each step). It reads
+//     the messages of the 3 x 3 x 3 bins around its own (one contiguous strip of 3 bins per
+//     (z, y) row), sums the Circles force and writes the agent's new position (messages are
+//     a copy: no read-after-write).
 //   agents_vote: block 256, grid-stride; yes votes counted per warp (__ballot_sync and
 //     __popc), per block (warp counts in shared memory), one u64 per block into partials,
 //     then the last block (a ticket: one atomic per block, not per agent) adds the partials
@@ -43,26 +47,23 @@ extern "C" __global__ void __launch_bounds__(256) agents_bin_count(
 
 extern "C" __global__ void __launch_bounds__(256) agents_scatter(
     const float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ z, u64 n,
-    const u32* __restrict__ bin_of, u32* __restrict__ cursor, float* __restrict__ mx,
-    float* __restrict__ my, float* __restrict__ mz, u32* __restrict__ mid) {
+    const u32* __restrict__ bin_of, u32* __restrict__ cursor, float4* __restrict__ msg) {
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += stride) {
         const u32 slot = atomicAdd(&cursor[bin_of[i]], 1u);
-        mx[slot] = x[i];
-        my[slot] = y[i];
-        mz[slot] = z[i];
-        mid[slot] = (u32)i;
+        msg[slot] = make_float4(x[i], y[i], z[i], __uint_as_float((u32)i));
     }
 }
 
 extern "C" __global__ void __launch_bounds__(256) circles_move(
     float* __restrict__ x, float* __restrict__ y, float* __restrict__ z, u64 n,
-    const u32* __restrict__ starts, const float* __restrict__ mx, const float* __restrict__ my,
-    const float* __restrict__ mz, const u32* __restrict__ mid, float lo, float w, u32 dim,
+    const u32* __restrict__ starts, const float4* __restrict__ msg, float lo, float w, u32 dim,
     float radius, float repulse) {
     const u64 stride = (u64)gridDim.x * blockDim.x;
-    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += stride) {
-        const float x1 = x[i], y1 = y[i], z1 = z[i];
+    for (u64 t = blockIdx.x * (u64)blockDim.x + threadIdx.x; t < n; t += stride) {
+        const float4 me = msg[t];
+        const float x1 = me.x, y1 = me.y, z1 = me.z;
+        const u32 i = __float_as_uint(me.w);
         const int cx = (int)agents_axis(x1, lo, w, dim);
         const int cy = (int)agents_axis(y1, lo, w, dim);
         const int cz = (int)agents_axis(z1, lo, w, dim);
@@ -75,8 +76,9 @@ extern "C" __global__ void __launch_bounds__(256) circles_move(
                 const u32 row = ((u32)bz * dim + (u32)by) * dim;
                 const u32 first = starts[row + (u32)x0], end = starts[row + (u32)x1b + 1u];
                 for (u32 m = first; m < end; ++m) {
-                    if (mid[m] == (u32)i) continue;
-                    float dx = mx[m] - x1, dy = my[m] - y1, dz = mz[m] - z1;
+                    if ((u64)m == t) continue;
+                    const float4 o = msg[m];
+                    float dx = o.x - x1, dy = o.y - y1, dz = o.z - z1;
                     // FLAME GPU 2's circles benchmark: cbrt of the squared distance.
                     const float sep = cbrtf(dx * dx + dy * dy + dz * dz);
                     if (sep < radius && sep > 0.0f) {
