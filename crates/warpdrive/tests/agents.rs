@@ -39,10 +39,10 @@ fn population_round_trip(dev: &Device) {
         assert!(
             matches!(p.add_f32(&s, "x", &xs), Err(Error::InvalidArgument(m)) if m.contains("already"))
         );
-        assert!(matches!(
-            p.add_u32(&s, "bad name", &ids),
-            Err(Error::InvalidArgument(_))
-        ));
+        for bad in ["bad name", "1x", "n", "", "p3"] {
+            let got = p.add_u32(&s, bad, &ids);
+            assert!(matches!(got, Err(Error::InvalidArgument(_))), "{bad}");
+        }
         assert!(matches!(p.u32("x"), Err(Error::InvalidArgument(m)) if m.contains("kind")));
         assert!(matches!(p.f32("nope"), Err(Error::InvalidArgument(m)) if m.contains("nope")));
     }

@@ -5,6 +5,11 @@ use crate::device::Stream;
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
 
+/// Names a step function's CUDA C already uses (its agent index, count and constants).
+const RESERVED: &[&str] = &[
+    "i", "n", "p", "t", "stride", "p0", "p1", "p2", "p3", "p4", "p5", "p6", "p7",
+];
+
 /// The element type of a field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FieldKind {
@@ -88,9 +93,20 @@ impl Population {
     }
 
     fn check_new(&self, name: &str, len: usize) -> Result<()> {
-        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        let starts_well = name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+        if !starts_well || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
             return Err(Error::InvalidArgument(format!(
-                "agents: field name `{name}` must be ASCII letters, digits and `_`"
+                "agents: field name `{name}` must be a C identifier (ASCII letters, digits and \
+                 `_`, not starting with a digit)"
+            )));
+        }
+        if RESERVED.contains(&name) {
+            return Err(Error::InvalidArgument(format!(
+                "agents: field name `{name}` is taken by the step kernels ({})",
+                RESERVED.join(", ")
             )));
         }
         if self.fields.iter().any(|(n, _)| n == name) {
