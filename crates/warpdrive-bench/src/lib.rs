@@ -16,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 mod actors;
+mod agents;
 mod ceilings;
 mod derived;
 mod dist;
@@ -170,6 +171,13 @@ static SUITES: &[Suite] = &[
                 graph per message; round trips under load; messages per second by batch and \
                 producers; a two-actor device pipeline; terminate",
         run: actors::run_suite,
+    },
+    Suite {
+        name: agents::SUITE,
+        about: "GPU agents: Circles (FLAME GPU 2's benchmark model, spatial messages) agent-steps \
+                per second at 1 M and 10 M agents, one CUDA graph per step vs eager launches, \
+                against FLAME GPU 2's H100 figure; single-vote consensus latency p50 / p99",
+        run: agents::run_suite,
     },
     Suite {
         name: serve::SUITE,

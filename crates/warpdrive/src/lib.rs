@@ -36,10 +36,11 @@
 //! `moe_safetensors` (an MoE layer from a safetensors file).
 //!
 //! Floors (nothing imports upward): `device` + `kernels` → `memory` → `ops`, `exec`,
-//! `transfer` → `telemetry`, `fuse` → `moe`, `actor`, `tier`, `dist`. The benchmark harness lives in the
+//! `transfer` → `telemetry`, `fuse` → `moe`, `actor`, `agents`, `tier`, `dist`. The benchmark harness lives in the
 //! `warpdrive-bench` crate, above this one.
 
 pub mod actor;
+pub mod agents;
 pub mod device;
 pub mod dist;
 pub mod dtype;

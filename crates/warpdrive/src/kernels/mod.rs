@@ -126,6 +126,13 @@ pub static PERMUTE: KernelSource = KernelSource {
     shared: None,
 };
 
+/// GPU agents: the uniform grid of spatial messages, the Circles move, the single vote.
+pub static AGENTS: KernelSource = KernelSource {
+    name: "agents",
+    code: include_str!("agents.cu"),
+    shared: None,
+};
+
 /// What the MoE sources share (dispatch block, row top-k, the grouped GEMM's parameters,
 /// tiles, MMA loop and stage loads, the routers' parameters): prepended to each of them.
 pub static MOE_SHARED: KernelSource = KernelSource {
@@ -205,6 +212,7 @@ pub static SOURCES: &[&KernelSource] = &[
     &MOE_DECODE,
     &EXEC,
     &ACTOR_PROBE,
+    &AGENTS,
 ];
 
 impl KernelSource {

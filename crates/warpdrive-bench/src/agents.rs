@@ -1,0 +1,181 @@
+//! The `agents` suite (issue 38): GPU agent simulation.
+//!
+//! - `circles-N` (size = agents): one step of FLAME GPU 2's Circles model (spatial messages,
+//!   radius 2, density 1; `warpdrive::agents::Circles`) from a seeded start, µs per step.
+//!   Variants: `warpdrive-graph` (the step's kernels and scan captured once as a CUDA graph,
+//!   one graph launch per step) and `warpdrive` (the same launches issued one by one).
+//!   `extra`: `agent_steps_per_s` (agents / median), the anchor `flame_gpu_agent_steps_per_s`
+//!   (4.7e8: FLAME GPU 2, Circles at 1 M agents on an H100 PCIe, 0.428 s for 200 steps,
+//!   run-time compiled agent functions), `x_flame_gpu` (ours / the anchor), the target
+//!   `target_agent_steps_per_s` (1e9), `steps` timed (the positions keep evolving between
+//!   samples, as a simulation does). Sizes: 1 M and 10 M (`full`), 32 k (`quick`), 2 k (`tiny`).
+//! - `vote-N` (size = agents): a single majority vote over N agents' u32 votes (one kernel:
+//!   warp ballots, block sums, the last block's decision), µs from the host enqueuing the
+//!   vote to the host holding the decision (a device-to-host copy of 16 bytes and the
+//!   stream's wait): variant `warpdrive`, with `p99_us` in `extra` and the target `target_p99_us`
+//!   (10 at 1 M); and the kernel alone timed by events: variant `warpdrive-kernel`.
+//!   Sizes as `circles`.
+
+use warpdrive::agents::{Circles, CirclesConfig, Majority};
+use warpdrive::error::Result;
+use warpdrive::exec::Graph;
+use warpdrive::memory::Buffer;
+
+use super::stats::percentile;
+use super::timing::{time_gpu, time_host};
+use super::{Ctx, Scale};
+
+pub(crate) const SUITE: &str = "agents";
+
+/// FLAME GPU 2's Circles at 1 M agents on an H100 PCIe: 200 steps in 0.428 s.
+const FLAME_GPU_AGENT_STEPS_PER_S: f64 = 1e6 * 200.0 / 0.428;
+/// Issue 38's target for Circles.
+const TARGET_AGENT_STEPS_PER_S: f64 = 1e9;
+/// Issue 38's target for a single vote at 1 M agents.
+const TARGET_VOTE_P99_US: f64 = 10.0;
+
+fn sizes(scale: Scale) -> &'static [usize] {
+    match scale {
+        Scale::Full => &[1_000_000, 10_000_000],
+        Scale::Quick => &[32_768],
+        Scale::Tiny => &[2_000],
+    }
+}
+
+fn reps(scale: Scale) -> (usize, usize) {
+    match scale {
+        Scale::Full => (10, 100),
+        Scale::Quick => (2, 10),
+        Scale::Tiny => (1, 3),
+    }
+}
+
+fn label(n: usize) -> String {
+    match n {
+        n if n >= 1_000_000 && n % 1_000_000 == 0 => format!("{}M", n / 1_000_000),
+        n if n >= 1_000 && n % 1_000 == 0 => format!("{}k", n / 1_000),
+        n => n.to_string(),
+    }
+}
+
+pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
+    for &n in sizes(ctx.scale()) {
+        circles(ctx, n)?;
+    }
+    for &n in sizes(ctx.scale()) {
+        vote(ctx, n)?;
+    }
+    Ok(())
+}
+
+fn circles(ctx: &mut Ctx, n: usize) -> Result<()> {
+    let (warm, reps) = reps(ctx.scale());
+    let case = format!("circles-{}", label(n));
+    let stream = ctx.stream().clone();
+    ctx.step(format!("{SUITE}: {case}"));
+    let mut sim = Circles::new(&stream, CirclesConfig::new(n, 0xc1c1e5))?;
+    let mut eager = time_gpu(&stream, warm, reps, |s| sim.step(s))?;
+    record_circles(ctx, &case, n, "warpdrive", &mut eager, reps)?;
+    let mut graph = Graph::capture(&stream, |s| sim.step(s))?;
+    graph.prepare()?;
+    let mut graphed = time_gpu(&stream, warm, reps, |_| graph.launch())?;
+    drop(graph);
+    record_circles(ctx, &case, n, "warpdrive-graph", &mut graphed, reps)
+}
+
+fn record_circles(
+    ctx: &mut Ctx,
+    case: &str,
+    n: usize,
+    variant: &str,
+    us: &mut [f64],
+    steps: usize,
+) -> Result<()> {
+    let row = ctx.record_time(case, n as u64, variant, us, None)?;
+    let rate = n as f64 / (row.median * 1e-6);
+    let rate = if rate.is_finite() { rate } else { 0.0 };
+    row.extra.insert("agent_steps_per_s".into(), rate.into());
+    row.extra.insert(
+        "flame_gpu_agent_steps_per_s".into(),
+        FLAME_GPU_AGENT_STEPS_PER_S.into(),
+    );
+    row.extra.insert(
+        "x_flame_gpu".into(),
+        (rate / FLAME_GPU_AGENT_STEPS_PER_S).into(),
+    );
+    row.extra.insert(
+        "target_agent_steps_per_s".into(),
+        TARGET_AGENT_STEPS_PER_S.into(),
+    );
+    row.extra.insert("steps".into(), steps.into());
+    Ok(())
+}
+
+fn vote(ctx: &mut Ctx, n: usize) -> Result<()> {
+    let (warm, reps) = reps(ctx.scale());
+    let reps = reps * 10;
+    let case = format!("vote-{}", label(n));
+    let stream = ctx.stream().clone();
+    ctx.step(format!("{SUITE}: {case}"));
+    // Seeded votes, 51 % yes.
+    let mut state = 0x5eed_u64;
+    let votes: Vec<u32> = (0..n)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            u32::from((state >> 33) % 100 < 51)
+        })
+        .collect();
+    let votes = Buffer::from_host(&stream, &votes)?;
+    let mut majority = Majority::new(&stream)?;
+    let mut seen = 0u64;
+    let mut us = time_host(warm, reps, || {
+        majority.run(&stream, &votes)?;
+        seen = majority.decision(&stream)?.yes;
+        Ok(())
+    })?;
+    let p99 = percentile(&us, 0.99);
+    let row = ctx.record_time(&case, n as u64, "warpdrive", &mut us, None)?;
+    row.extra.insert("p99_us".into(), p99.into());
+    row.extra
+        .insert("target_p99_us".into(), TARGET_VOTE_P99_US.into());
+    row.extra.insert("yes".into(), seen.into());
+    let mut kernel = time_gpu(&stream, warm, reps, |s| majority.run(s, &votes))?;
+    let p99 = percentile(&kernel, 0.99);
+    let row = ctx.record_time(&case, n as u64, "warpdrive-kernel", &mut kernel, None)?;
+    row.extra.insert("p99_us".into(), p99.into());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warpdrive::Device;
+
+    #[test]
+    fn tiny_run_on_the_cpu_has_every_case_and_variant() {
+        let mut ctx = Ctx::new(&Device::cpu(), Scale::Tiny).unwrap();
+        ctx.suite = SUITE;
+        run_suite(&mut ctx).unwrap();
+        let rows = ctx.rows();
+        for (case, variant) in [
+            ("circles-2k", "warpdrive"),
+            ("circles-2k", "warpdrive-graph"),
+            ("vote-2k", "warpdrive"),
+            ("vote-2k", "warpdrive-kernel"),
+        ] {
+            let row = rows
+                .iter()
+                .find(|r| r.case == case && r.variant == variant)
+                .unwrap_or_else(|| panic!("no {case} {variant}"));
+            assert_eq!(row.suite, SUITE);
+            assert!(row.median > 0.0);
+        }
+        let c = rows.iter().find(|r| r.case == "circles-2k").unwrap();
+        assert!(c.extra["agent_steps_per_s"].as_f64().unwrap() > 0.0);
+        assert!(c.extra["flame_gpu_agent_steps_per_s"].as_f64().unwrap() > 4.6e8);
+        let v = rows.iter().find(|r| r.case == "vote-2k").unwrap();
+        assert!(v.extra["p99_us"].as_f64().unwrap() >= v.median);
+    }
+}

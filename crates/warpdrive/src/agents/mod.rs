@@ -1,0 +1,49 @@
+//! GPU agents: populations of agents whose state lives on the device as structure-of-arrays
+//! fields, stepped by kernels, with spatial messages and a vote across all agents.
+//!
+//! - [`Population`]: named f32 / u32 fields, one [`Buffer`](crate::Buffer) each, from host
+//!   vectors and back; a field whose length is not the population's is an error.
+//! - [`StepFn`]: one agent's update as a CUDA C body (NVRTC at run time, cached as PTX and
+//!   cubin on disk) and a Rust closure of the same meaning for the CPU backend; a body that
+//!   does not compile gives `Error::Compile` with NVRTC's log.
+//! - [`SpatialGrid`]: spatial messages in a uniform grid rebuilt each step by a counting sort
+//!   (bin count, exclusive scan, scatter), as FLAME GPU 2's `MessageSpatial3D`.
+//! - [`Circles`]: FLAME GPU 2's Circles benchmark model on that grid (what was matched: the
+//!   `circles` module's docs).
+//! - [`Majority`]: a single vote, warp ballots and block sums in one kernel, the decision
+//!   written to mapped host memory (the host polls one word for it, no copy).
+//!
+//! Not yet: birth and death (compaction), the pinned-host tier, the persistent cooperative
+//! stepping kernel, brute-force and graph messages, weighted and iterative consensus, job
+//! submission timing.
+//!
+//! ```
+//! use warpdrive::agents::{Circles, CirclesConfig, Majority};
+//! use warpdrive::Device;
+//!
+//! # fn main() -> warpdrive::Result<()> {
+//! let stream = Device::cpu().new_stream()?;
+//! let mut sim = Circles::new(&stream, CirclesConfig::new(4096, 1))?;
+//! sim.step(&stream)?;
+//! // About 27 bins of 8 unit volumes at density 1 around each agent, fewer at the faces.
+//! let per_agent = sim.messages_read().unwrap_or(0) as f64 / 4096.0;
+//! assert!(per_agent > 100.0 && per_agent < 216.0);
+//! let mut vote = Majority::new(&stream)?;
+//! let votes = warpdrive::Buffer::from_host(&stream, &[1u32; 10])?;
+//! vote.run(&stream, &votes)?;
+//! assert!(vote.decision(&stream)?.passed);
+//! # Ok(())
+//! # }
+//! ```
+
+mod circles;
+mod consensus;
+mod grid;
+mod population;
+mod step;
+
+pub use circles::{Circles, CirclesConfig, RADIUS, REPULSE};
+pub use consensus::{Decision, Majority, MAX_BLOCKS};
+pub use grid::{GridShape, SpatialGrid, MAX_DIM};
+pub use population::{FieldKind, Population};
+pub use step::{HostFields, StepFn, MAX_PARAMS};

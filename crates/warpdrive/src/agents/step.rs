@@ -1,0 +1,235 @@
+//! A step function: one agent's update written twice with the same meaning, as CUDA C (run
+//! on a GPU, one thread per agent, compiled by NVRTC at run time and cached as PTX and cubin
+//! by the kernel floor) and as a Rust closure (run on the CPU backend, the reference).
+
+use std::collections::HashMap;
+use std::fmt::Write;
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::device::Stream;
+use crate::error::{Error, Result};
+use crate::kernels::{self, Arch, KernelSource, PtxCache};
+use crate::ops::{fill_grid, launch, Args};
+
+use super::population::{FieldData, FieldKind, Population};
+
+/// Constants a step takes at most (`p[0]` to `p[7]` in its body).
+pub const MAX_PARAMS: usize = 8;
+
+/// The generated kernel's name.
+const KERNEL: &str = "agents_step";
+
+/// One agent's fields on the host, for the CPU closure: the f32 fields and the u32 fields,
+/// each in the order the population holds them (element `i` is agent `i`).
+pub struct HostFields<'a> {
+    /// The f32 fields, in the population's order.
+    pub f32: Vec<&'a mut [f32]>,
+    /// The u32 fields, in the population's order.
+    pub u32: Vec<&'a mut [u32]>,
+}
+
+type CpuStep = dyn Fn(usize, &mut HostFields<'_>, &[f32]) + Send + Sync;
+
+/// A step function: a CUDA C body and a Rust closure of the same meaning.
+///
+/// The CUDA C `body` is the inside of
+/// `__device__ void step(u64 i, <one pointer per field, named as the field>, const float* p)`:
+/// it updates agent `i` (`x[i] += v[i] * p[0];`), fields being `float*` or `u32*` by kind and
+/// `p` the step's constants. The closure gets the same agent index, the fields on the host
+/// (f32 and u32 in the population's order) and the constants.
+///
+/// ```
+/// use warpdrive::agents::{Population, StepFn};
+/// use warpdrive::Device;
+///
+/// # fn main() -> warpdrive::Result<()> {
+/// let stream = Device::cpu().new_stream()?;
+/// let mut agents = Population::new(4);
+/// agents.add_f32(&stream, "x", &[0.0, 1.0, 2.0, 3.0])?;
+/// agents.add_f32(&stream, "v", &[1.0, 1.0, -1.0, 0.5])?;
+/// let drift = StepFn::new("drift", "x[i] += v[i] * p[0];", |i, f, p| {
+///     f.f32[0][i] += f.f32[1][i] * p[0];
+/// });
+/// drift.run(&stream, &mut agents, &[2.0])?;
+/// assert_eq!(agents.f32_to_host(&stream, "x")?, [2.0, 3.0, 0.0, 4.0]);
+/// # Ok(())
+/// # }
+/// ```
+pub struct StepFn {
+    name: String,
+    body: String,
+    cpu: Arc<CpuStep>,
+}
+
+impl std::fmt::Debug for StepFn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "StepFn({})", self.name)
+    }
+}
+
+impl StepFn {
+    /// A step named `name` (it labels the kernel in compile logs) with CUDA C `body` and the
+    /// CPU closure `cpu` (see the type's docs).
+    pub fn new(
+        name: &str,
+        body: &str,
+        cpu: impl Fn(usize, &mut HostFields<'_>, &[f32]) + Send + Sync + 'static,
+    ) -> StepFn {
+        StepFn {
+            name: name.to_string(),
+            body: body.to_string(),
+            cpu: Arc::new(cpu),
+        }
+    }
+
+    /// The CUDA C this step compiles to for a population with `fields` (without the prelude,
+    /// which is prepended when it is compiled).
+    pub fn source(&self, fields: &[(&str, FieldKind)]) -> String {
+        let mut params = String::new();
+        let mut call = String::new();
+        for (name, kind) in fields {
+            let ty = match kind {
+                FieldKind::F32 => "float",
+                FieldKind::U32 => "u32",
+            };
+            let _ = write!(params, ", {ty}* __restrict__ {name}");
+            let _ = write!(call, ", {name}");
+        }
+        let consts: Vec<String> = (0..MAX_PARAMS).map(|k| format!("float p{k}")).collect();
+        let values: Vec<String> = (0..MAX_PARAMS).map(|k| format!("p{k}")).collect();
+        format!(
+            "// archs: sm_80 sm_90 sm_90a\n\
+             // The agents step `{name}`.\n\
+             __device__ __forceinline__ void agents_step_body(u64 i{params}, const float* __restrict__ p) {{\n\
+             {body}\n\
+             }}\n\
+             extern \"C\" __global__ void __launch_bounds__(256) {KERNEL}(u64 n{params}, {consts}) {{\n\
+             \x20   const float p[{MAX_PARAMS}] = {{{values}}};\n\
+             \x20   const u64 stride = (u64)gridDim.x * blockDim.x;\n\
+             \x20   for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += stride)\n\
+             \x20       agents_step_body(i{call}, p);\n\
+             }}\n",
+            name = self.name,
+            body = self.body,
+            consts = consts.join(", "),
+            values = values.join(", "),
+        )
+    }
+
+    /// The interned kernel source for `fields` (one per distinct text, for the process's
+    /// life, as the kernel floor's table needs `'static` sources).
+    fn kernel(&self, fields: &[(&str, FieldKind)]) -> &'static KernelSource {
+        intern(&self.name, self.source(fields))
+    }
+
+    /// The PTX of this step for a population with `fields`, compiled by NVRTC for `arch`
+    /// through `cache` (needs NVRTC, not a GPU); a body that does not compile gives
+    /// `Error::Compile` with NVRTC's log.
+    pub fn ptx(
+        &self,
+        cache: &PtxCache,
+        fields: &[(&str, FieldKind)],
+        arch: Arch,
+    ) -> Result<Arc<str>> {
+        cache.ptx(self.kernel(fields), arch)
+    }
+
+    /// Runs the step once over every agent of `agents` with constants `params` (at most
+    /// [`MAX_PARAMS`]; missing ones are 0).
+    pub fn run(&self, stream: &Stream, agents: &mut Population, params: &[f32]) -> Result<()> {
+        if params.len() > MAX_PARAMS {
+            return Err(Error::InvalidArgument(format!(
+                "agents: step `{}` got {} constants, at most {MAX_PARAMS}",
+                self.name,
+                params.len()
+            )));
+        }
+        for (name, data) in agents.all() {
+            let ok = match data {
+                FieldData::F32(b) => b.check_stream(stream, "agents step").map(|_| b.len()),
+                FieldData::U32(b) => b.check_stream(stream, "agents step").map(|_| b.len()),
+            }?;
+            if ok != agents.len() {
+                return Err(Error::InvalidArgument(format!(
+                    "agents: field `{name}` holds {ok} values for {} agents",
+                    agents.len()
+                )));
+            }
+        }
+        let mut p = [0.0f32; MAX_PARAMS];
+        p[..params.len()].copy_from_slice(params);
+        let n = agents.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let fields: Vec<(String, FieldKind)> = agents
+            .fields()
+            .into_iter()
+            .map(|(n, k)| (n.to_string(), k))
+            .collect();
+        let field_refs: Vec<(&str, FieldKind)> =
+            fields.iter().map(|(n, k)| (n.as_str(), *k)).collect();
+        let src = self.kernel(&field_refs);
+        let cpu = Arc::clone(&self.cpu);
+        stream.run(
+            agents,
+            |agents| {
+                let mut host = HostFields {
+                    f32: Vec::new(),
+                    u32: Vec::new(),
+                };
+                for d in agents.all_mut() {
+                    match d {
+                        FieldData::F32(b) => host.f32.push(b.host_view_mut()?),
+                        FieldData::U32(b) => host.u32.push(b.host_view_mut()?),
+                    }
+                }
+                for i in 0..n {
+                    cpu(i, &mut host, &p);
+                }
+                Ok(())
+            },
+            |agents, q| {
+                kernels::function_from_cubin(q.gpu, src, KERNEL)?;
+                let grid = fill_grid(q.gpu, (src, KERNEL), n as u64, 256)?;
+                let mut args = Args::new().u64(n as u64);
+                for (_, d) in agents.all() {
+                    args = args.ptr(d.device_ptr());
+                }
+                for v in p {
+                    args = args.f32(v);
+                }
+                // SAFETY: agents_step(u64 n, one pointer per field in the population's order
+                // (float* or u32*, each holding n elements: checked above), MAX_PARAMS floats),
+                // as `source` generates it; the kernel touches elements below n only.
+                unsafe { launch(q, (src, KERNEL), grid, 256, 0, args) }
+            },
+        )
+    }
+}
+
+/// Interned step sources by text.
+fn intern(name: &str, code: String) -> &'static KernelSource {
+    static R: OnceLock<Mutex<HashMap<String, &'static KernelSource>>> = OnceLock::new();
+    let mut reg = R.get_or_init(Default::default).lock();
+    if let Some(s) = reg.get(&code) {
+        return s;
+    }
+    let clean: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .take(32)
+        .collect();
+    let label = format!("agents-{clean}-{:016x}", xxh3_64(code.as_bytes()));
+    // Interned for the process's life: one per distinct step text.
+    let src: &'static KernelSource = Box::leak(Box::new(KernelSource {
+        name: Box::leak(label.into_boxed_str()),
+        code: Box::leak(code.clone().into_boxed_str()),
+        shared: None,
+    }));
+    reg.insert(code, src);
+    src
+}

@@ -1,0 +1,389 @@
+//! GPU agents: populations, step functions, the spatial grid, Circles and the majority vote,
+//! one body on both backends (the GPU variants compare with the CPU backend, the reference),
+//! and the generated kernels compiled through the real NVRTC (no GPU).
+
+mod common;
+
+use common::device_test;
+use rand::Rng;
+use warpdrive::agents::{
+    Circles, CirclesConfig, FieldKind, GridShape, Majority, Population, SpatialGrid, StepFn,
+};
+use warpdrive::kernels::{Arch, PtxCache};
+use warpdrive::{Buffer, Device, Error};
+
+/// Odd sizes: empty, one, a few warps and a bit, and a large odd one.
+const SIZES: [usize; 4] = [0, 1, 1023, (1 << 18) + 3];
+
+fn stream(dev: &Device) -> warpdrive::Stream {
+    dev.new_stream().expect("a stream")
+}
+
+fn population_round_trip(dev: &Device) {
+    let s = stream(dev);
+    let mut rng = common::rng(common::seed("population_round_trip"));
+    for n in SIZES {
+        let xs = common::random_f32(&mut rng, n);
+        let ids: Vec<u32> = (0..n).map(|_| rng.random()).collect();
+        let mut p = Population::new(n);
+        p.add_f32(&s, "x", &xs).unwrap();
+        p.add_u32(&s, "id", &ids).unwrap();
+        assert_eq!(p.len(), n);
+        assert_eq!(p.fields(), [("x", FieldKind::F32), ("id", FieldKind::U32)]);
+        assert_eq!(p.f32_to_host(&s, "x").unwrap(), xs);
+        assert_eq!(p.u32_to_host(&s, "id").unwrap(), ids);
+        // Bad sizes, names and kinds are errors naming what was asked.
+        let short = vec![0.0f32; n + 1];
+        assert!(matches!(p.add_f32(&s, "y", &short),
+            Err(Error::InvalidArgument(m)) if m.contains(&format!("{} values", n + 1))));
+        assert!(
+            matches!(p.add_f32(&s, "x", &xs), Err(Error::InvalidArgument(m)) if m.contains("already"))
+        );
+        for bad in ["bad name", "1x", "n", "", "p3"] {
+            let got = p.add_u32(&s, bad, &ids);
+            assert!(matches!(got, Err(Error::InvalidArgument(_))), "{bad}");
+        }
+        assert!(matches!(p.u32("x"), Err(Error::InvalidArgument(m)) if m.contains("kind")));
+        assert!(matches!(p.f32("nope"), Err(Error::InvalidArgument(m)) if m.contains("nope")));
+    }
+}
+device_test!(
+    cpu_population_round_trip,
+    gpu_population_round_trip,
+    population_round_trip
+);
+
+fn drift() -> StepFn {
+    StepFn::new(
+        "drift",
+        "x[i] = x[i] + v[i] * p[0]; if (x[i] > p[1]) { x[i] = p[1]; hits[i] += 1u; }",
+        |i, f, p| {
+            f.f32[0][i] += f.f32[1][i] * p[0];
+            if f.f32[0][i] > p[1] {
+                f.f32[0][i] = p[1];
+                f.u32[0][i] += 1;
+            }
+        },
+    )
+}
+
+fn step_matches_cpu(dev: &Device) {
+    let s = stream(dev);
+    let cpu = stream(&Device::cpu());
+    let mut rng = common::rng(common::seed("step_matches_cpu"));
+    let step = drift();
+    for n in SIZES {
+        let x = common::random_f32(&mut rng, n);
+        let v = common::random_f32(&mut rng, n);
+        let hits: Vec<u32> = (0..n).map(|_| rng.random_range(0..5)).collect();
+        let build = |st: &warpdrive::Stream| {
+            let mut p = Population::new(n);
+            p.add_f32(st, "x", &x).unwrap();
+            p.add_f32(st, "v", &v).unwrap();
+            p.add_u32(st, "hits", &hits).unwrap();
+            p
+        };
+        let (mut got, mut want) = (build(&s), build(&cpu));
+        for _ in 0..3 {
+            step.run(&s, &mut got, &[0.75, 0.5]).unwrap();
+            step.run(&cpu, &mut want, &[0.75, 0.5]).unwrap();
+        }
+        // f32 multiply-add: both sides round the same operations (contracted to an FMA on
+        // the GPU at most, one rounding apart per step).
+        let (gx, wx) = (
+            got.f32_to_host(&s, "x").unwrap(),
+            want.f32_to_host(&cpu, "x").unwrap(),
+        );
+        for (i, (a, b)) in gx.iter().zip(&wx).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-6 * (1.0 + b.abs()),
+                "agent {i}: {a} vs {b}"
+            );
+        }
+        let gh = got.u32_to_host(&s, "hits").unwrap();
+        let wh = want.u32_to_host(&cpu, "hits").unwrap();
+        let differ = gh.iter().zip(&wh).filter(|(a, b)| a != b).count();
+        // A value within an FMA rounding of the cap may count on one side only.
+        assert!(differ <= n / 10_000 + 1, "{differ} hit counts differ");
+        assert!(n < 2 || wh.iter().any(|&h| h > 0));
+    }
+    let mut p = Population::new(2);
+    p.add_f32(&s, "x", &[1.0, 2.0]).unwrap();
+    assert!(
+        matches!(step.run(&s, &mut p, &[0.0; 9]), Err(Error::InvalidArgument(m)) if m.contains("constants"))
+    );
+}
+device_test!(cpu_step_matches_cpu, gpu_step_matches_cpu, step_matches_cpu);
+
+fn grid_is_a_counting_sort(dev: &Device) {
+    let s = stream(dev);
+    let mut rng = common::rng(common::seed("grid_is_a_counting_sort"));
+    let shape = GridShape::new(-5.0, 5.5, 2.0).unwrap();
+    assert_eq!(shape.dim, 6);
+    for n in SIZES {
+        // Some positions outside the cube (clamped into its edge bins) and a NaN.
+        let mut pos: Vec<Vec<f32>> = (0..3)
+            .map(|_| (0..n).map(|_| rng.random_range(-7.0f32..8.0)).collect())
+            .collect();
+        if n > 0 {
+            pos[1][n / 2] = f32::NAN;
+        }
+        let bufs: Vec<Buffer<f32>> = pos
+            .iter()
+            .map(|p| Buffer::from_host(&s, p).unwrap())
+            .collect();
+        let mut grid = SpatialGrid::new(&s, shape, n).unwrap();
+        // Rebuilt twice: the second must not see the first's counts.
+        for _ in 0..2 {
+            grid.rebuild(&s, &bufs[0], &bufs[1], &bufs[2]).unwrap();
+        }
+        let starts = grid.starts_to_host(&s).unwrap();
+        let mid = grid.messages_to_host(&s).unwrap();
+        assert_eq!(starts.len(), shape.bins() + 1);
+        assert_eq!(starts[shape.bins()] as usize, n);
+        let mut seen = vec![false; n];
+        for b in 0..shape.bins() {
+            assert!(starts[b] <= starts[b + 1]);
+            for &m in &mid[starts[b] as usize..starts[b + 1] as usize] {
+                let m = m as usize;
+                assert!(!seen[m], "agent {m} twice");
+                seen[m] = true;
+                assert_eq!(shape.bin(pos[0][m], pos[1][m], pos[2][m]) as usize, b);
+            }
+        }
+        assert!(seen.iter().all(|&v| v));
+    }
+    assert!(matches!(
+        GridShape::new(0.0, 1.0, 0.0),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        GridShape::new(0.0, 1e9, 1.0),
+        Err(Error::InvalidArgument(_))
+    ));
+    let b = Buffer::from_host(&s, &[0.0f32; 3]).unwrap();
+    let mut grid = SpatialGrid::new(&s, shape, 4).unwrap();
+    assert!(matches!(
+        grid.rebuild(&s, &b, &b, &b),
+        Err(Error::InvalidArgument(_))
+    ));
+}
+device_test!(
+    cpu_grid_is_a_counting_sort,
+    gpu_grid_is_a_counting_sort,
+    grid_is_a_counting_sort
+);
+
+/// One Circles step on `dev` against the CPU step from the same positions. The model is
+/// chaotic, so steps are compared, not trajectories. Tolerance: 1e-4 absolute on positions
+/// of magnitude ≤ W/2 (the move is ≤ 0.05 per axis: f32 force sums in another order than the
+/// f64 reference, sinf / cbrtf within an ulp or two); agents whose neighbor sits within
+/// rounding of the radius (counted on one side only) may differ by up to the repulsion
+/// factor 0.05: at most 1 in 10 000 of them.
+fn circles_step_matches_cpu(dev: &Device) {
+    let s = stream(dev);
+    let cpu = stream(&Device::cpu());
+    let seed = common::seed("circles_step_matches_cpu");
+    for n in [0, 1, 2, 4099, 50_001] {
+        let config = CirclesConfig::new(n, seed);
+        let mut got = Circles::new(&s, config).unwrap();
+        let mut want = Circles::new(&cpu, config).unwrap();
+        // Two steps from the same state: the first, then the second from the CPU's state.
+        for round in 0..2 {
+            got.step(&s).unwrap();
+            want.step(&cpu).unwrap();
+            let mut outliers = 0;
+            for axis in ["x", "y", "z"] {
+                let g = got.population().f32_to_host(&s, axis).unwrap();
+                let w = want.population().f32_to_host(&cpu, axis).unwrap();
+                for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+                    let d = (a - b).abs();
+                    assert!(
+                        d <= 0.05 + 1e-5,
+                        "round {round} agent {i} {axis}: {a} vs {b}"
+                    );
+                    if d > 1e-4 {
+                        outliers += 1;
+                    }
+                }
+            }
+            assert!(outliers <= n / 10_000, "{outliers} outliers of {n}");
+            let (x, y, z) = (
+                want.population().f32_to_host(&cpu, "x").unwrap(),
+                want.population().f32_to_host(&cpu, "y").unwrap(),
+                want.population().f32_to_host(&cpu, "z").unwrap(),
+            );
+            got = Circles::from_positions(&s, config, &x, &y, &z).unwrap();
+        }
+    }
+}
+device_test!(
+    cpu_circles_step_matches_cpu,
+    gpu_circles_step_matches_cpu,
+    circles_step_matches_cpu
+);
+
+/// One step replayed from a captured graph (one graph launch per step) against the same
+/// step launched eagerly from the same positions (tolerance as above: the order of messages
+/// within a bin follows the atomics on a GPU).
+fn circles_graph_step_matches_eager(dev: &Device) {
+    let s = stream(dev);
+    let seed = common::seed("circles_graph_step_matches_eager");
+    let n = 20_011;
+    let config = CirclesConfig::new(n, seed);
+    let mut eager = Circles::new(&s, config).unwrap();
+    let mut graphed = Circles::new(&s, config).unwrap();
+    {
+        let mut graph = warpdrive::exec::Graph::capture(&s, |st| graphed.step(st)).unwrap();
+        // The capture ran nothing on a GPU (it recorded); one launch is one step.
+        graph.launch().unwrap();
+    }
+    eager.step(&s).unwrap();
+    let mut outliers = 0;
+    for axis in ["x", "y", "z"] {
+        let g = graphed.population().f32_to_host(&s, axis).unwrap();
+        let e = eager.population().f32_to_host(&s, axis).unwrap();
+        for (i, (a, b)) in g.iter().zip(&e).enumerate() {
+            let d = (a - b).abs();
+            assert!(d <= 0.05 + 1e-5, "agent {i} {axis}: {a} vs {b}");
+            if d > 1e-4 {
+                outliers += 1;
+            }
+        }
+    }
+    assert!(outliers <= n / 10_000, "{outliers} outliers of {n}");
+}
+device_test!(
+    cpu_circles_graph_step_matches_eager,
+    gpu_circles_graph_step_matches_eager,
+    circles_graph_step_matches_eager
+);
+
+#[test]
+fn circles_is_deterministic_on_the_cpu_for_a_seed() {
+    let cpu = stream(&Device::cpu());
+    let run = |seed: u64| {
+        let mut sim = Circles::new(&cpu, CirclesConfig::new(3001, seed)).unwrap();
+        for _ in 0..3 {
+            sim.step(&cpu).unwrap();
+        }
+        let mut bits = Vec::new();
+        for axis in ["x", "y", "z"] {
+            let v = sim.population().f32_to_host(&cpu, axis).unwrap();
+            bits.extend(v.iter().map(|f| f.to_bits()));
+        }
+        bits
+    };
+    let seed = common::seed("circles_is_deterministic_on_the_cpu_for_a_seed");
+    let a = run(seed);
+    assert_eq!(a, run(seed));
+    assert_ne!(a, run(seed ^ 1));
+}
+
+/// At density 1 with bins of 2 over a cube of 20 (10 bins a side), an agent reads the
+/// messages of the bins around it: on average (2.8 bins per axis)³ · 8 volume ≈ 175.6.
+#[test]
+fn circles_reads_the_expected_messages() {
+    let cpu = stream(&Device::cpu());
+    let seed = common::seed("circles_reads_the_expected_messages");
+    let mut sim = Circles::new(&cpu, CirclesConfig::new(8000, seed)).unwrap();
+    assert_eq!(sim.config().width, 20.0);
+    assert_eq!(sim.grid().shape().dim, 10);
+    sim.step(&cpu).unwrap();
+    let per_agent = sim.messages_read().unwrap() as f64 / 8000.0;
+    let want = 2.8f64.powi(3) * 8.0;
+    assert!(
+        (per_agent - want).abs() < 0.03 * want,
+        "{per_agent} vs {want}"
+    );
+}
+
+fn majority_vote(dev: &Device) {
+    let s = stream(dev);
+    let mut rng = common::rng(common::seed("majority_vote"));
+    let mut vote = Majority::new(&s).unwrap();
+    for n in SIZES.into_iter().chain([2, 64, 3 * 256 * 132 + 5]) {
+        // First an all-yes vote, so a stale decision would show in the next.
+        let all = Buffer::from_host(&s, &vec![9u32; n]).unwrap();
+        vote.run(&s, &all).unwrap();
+        let d = vote.decision(&s).unwrap();
+        assert_eq!((d.yes, d.voters, d.passed), (n as u64, n as u64, n > 0));
+        for p in [0.3, 0.5, 0.7] {
+            let v: Vec<u32> = (0..n)
+                .map(|_| {
+                    if rng.random_bool(p) {
+                        rng.random_range(1..u32::MAX)
+                    } else {
+                        0
+                    }
+                })
+                .collect();
+            let yes = v.iter().filter(|&&x| x != 0).count() as u64;
+            let votes = Buffer::from_host(&s, &v).unwrap();
+            vote.run(&s, &votes).unwrap();
+            let d = vote.decision(&s).unwrap();
+            assert_eq!(d.yes, yes, "n {n} p {p}");
+            assert_eq!(d.passed, 2 * yes > n as u64);
+        }
+        // An exact tie is not a majority.
+        if n % 2 == 0 {
+            let v: Vec<u32> = (0..n).map(|i| (i % 2) as u32).collect();
+            vote.run(&s, &Buffer::from_host(&s, &v).unwrap()).unwrap();
+            assert!(!vote.decision(&s).unwrap().passed);
+        }
+    }
+}
+device_test!(cpu_majority_vote, gpu_smem_majority_vote, majority_vote);
+
+fn temp_cache(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("wd-agents-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[test]
+#[ignore = "needs NVRTC: eval $(scripts/setup-nvrtc)"]
+fn step_functions_compile_with_nvrtc() {
+    let dir = temp_cache("step");
+    let cache = PtxCache::at(&dir);
+    let fields = [
+        ("x", FieldKind::F32),
+        ("v", FieldKind::F32),
+        ("hits", FieldKind::U32),
+    ];
+    let ptx = drift().ptx(&cache, &fields, Arch::SM_90A).unwrap();
+    assert!(ptx.contains(".entry agents_step"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+#[ignore = "needs NVRTC: eval $(scripts/setup-nvrtc)"]
+fn a_step_that_does_not_compile_returns_the_nvrtc_log() {
+    let dir = temp_cache("broken");
+    let cache = PtxCache::at(&dir);
+    let broken = StepFn::new("broken", "x[i] = no_such_name;", |_, _, _| {});
+    match broken.ptx(&cache, &[("x", FieldKind::F32)], Arch::SM_90A) {
+        Err(Error::Compile { log, .. }) => assert!(log.contains("no_such_name"), "{log}"),
+        other => panic!("expected a compile error, got {other:?}"),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+#[ignore = "needs NVRTC: eval $(scripts/setup-nvrtc)"]
+fn the_agents_kernels_compile_with_nvrtc() {
+    let dir = temp_cache("kernels");
+    let cache = PtxCache::at(&dir);
+    for arch in warpdrive::kernels::AGENTS.archs().unwrap() {
+        let ptx = cache.compile(&warpdrive::kernels::AGENTS, arch).unwrap();
+        for k in [
+            "agents_bin_count",
+            "agents_scatter",
+            "circles_move",
+            "agents_vote",
+        ] {
+            assert!(ptx.contains(&format!(".entry {k}")), "{k} for {arch}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
