@@ -54,6 +54,9 @@
 //! - `nccl-call` (size 8 B): host µs per call of a run of 8-byte all-reduces enqueued back to
 //!   back, the cost of the call itself; `extra.overhead_us` warpdrive's minus the direct
 //!   call's (the bar: at most 1 µs).
+//! - `peer-signal` (size 8 B): one-way µs of a device-initiated signal through peer-mapped
+//!   memory, two streams of the suite's device and, with two GPUs, cuda:0 and cuda:1
+//!   (`dist/signal.rs`).
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -74,6 +77,7 @@ use warpdrive::transfer::{copy_peer, copy_peer_staged};
 use warpdrive::{Buffer, Device, Stream};
 
 mod mlp;
+mod signal;
 
 use super::ceilings::random_f32;
 use super::timing::time_gpu;
@@ -127,6 +131,7 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
         CtaPolicy::Default,
         "warpdrive-cpu",
     )?;
+    signal::signal_rows(ctx)?;
     if ctx.device().is_cuda() {
         nccl_rows(ctx, &codecs)?;
         graph_rows(ctx)?;

@@ -39,6 +39,7 @@ pub(crate) use cuda::{nccl_group, nccl_unique_id, NcclCall, NcclComm, NcclReduce
 pub(crate) use cuda::{
     BiasGemm, Function, GemmCall, GpuStream, GraphExec, LaunchMode, ResidentGuard,
 };
+pub(crate) use peer::PeerMemory;
 pub(crate) use shared_words::SharedWords;
 use state::DeviceState;
 pub(crate) use state::Slot;

@@ -36,6 +36,12 @@
 //! [`TopkReducer`] through top-k sparsification with error feedback and momentum (DGC),
 //! [`PowerSgdReducer`] through a rank-r PowerSGD approximation with error feedback.
 //!
+//! [`PeerMapped`] buffers live in one GPU's memory mapped for others (CUDA virtual memory
+//! management); [`put_signal`] copies into one from a kernel and raises a signal word once
+//! the data has landed, [`wait_signal`] waits for it on the device, so data and its "ready"
+//! move between GPUs with no host in the loop; [`SignalPingPong`] measures that signal's
+//! latency.
+//!
 //! Not yet: CPU groups across processes, the Reducer's per-topology bucket tuning and overlap
 //! report, choosing the hierarchical all-reduce by itself when ranks span hosts.
 
@@ -45,6 +51,7 @@ mod hierarchy;
 mod local;
 mod nccl;
 mod reducer;
+mod symmetric;
 
 use std::cell::Cell;
 use std::fmt;
@@ -62,6 +69,7 @@ pub use hierarchy::Hierarchy;
 use local::{Call, Group};
 use nccl::NcclLink;
 pub use reducer::{Reducer, ReducerStats, DEFAULT_BUCKET_BYTES};
+pub use symmetric::{put_signal, wait_signal, PeerMapped, SignalPingPong, SignalWait};
 
 /// How a reduction combines the ranks' elements. NaN in any input gives NaN for every op.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

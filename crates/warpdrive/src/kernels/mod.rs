@@ -133,6 +133,13 @@ pub static AGENTS: KernelSource = KernelSource {
     shared: None,
 };
 
+/// Device-initiated puts and signals through peer-mapped memory (`dist::PeerMapped`).
+pub static PEER: KernelSource = KernelSource {
+    name: "peer",
+    code: include_str!("peer.cu"),
+    shared: None,
+};
+
 /// What the MoE sources share (dispatch block, row top-k, the grouped GEMM's parameters,
 /// tiles, MMA loop and stage loads, the routers' parameters): prepended to each of them.
 pub static MOE_SHARED: KernelSource = KernelSource {
@@ -213,6 +220,7 @@ pub static SOURCES: &[&KernelSource] = &[
     &EXEC,
     &ACTOR_PROBE,
     &AGENTS,
+    &PEER,
 ];
 
 impl KernelSource {

@@ -34,7 +34,7 @@ impl CudaDevice {
     }
 
     /// `OutOfMemory` for a refused request of `bytes`, naming the device's free memory.
-    fn oom(&self, bytes: usize, what: &str) -> Error {
+    pub(crate) fn oom(&self, bytes: usize, what: &str) -> Error {
         let detail = match result::mem_get_info() {
             Ok((free, total)) => format!("{what}; device free {free} of {total} bytes"),
             Err(_) => format!("{what}; device free memory unknown"),

@@ -22,6 +22,7 @@ mod peer;
 mod probe;
 mod resident;
 mod stream;
+mod vmm;
 
 pub(crate) use blas::GemmCall;
 pub(crate) use blaslt::BiasGemm;
@@ -39,3 +40,4 @@ pub(crate) use nvrtc::{compile_image, compile_options, compile_ptx, nvrtc_versio
 pub use probe::ReferenceLaunches;
 pub(crate) use resident::{MappedWords, ResidentGuard};
 pub(crate) use stream::{GpuEvent, GpuStream};
+pub(crate) use vmm::PeerMappedAlloc;
