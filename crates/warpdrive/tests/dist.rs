@@ -18,7 +18,7 @@ use common::ranks::{both_backends, each_rank_on, Backend, PATIENT};
 use common::{each_rank, group, is_collective, is_invalid, random_in, rng, seed, TestFloat};
 use rand::rngs::StdRng;
 use rand::Rng;
-use warpdrive::dist::{Comm, ReduceOp, Reducer};
+use warpdrive::dist::{Comm, ReduceOp, Reducer, BUCKET_CANDIDATES};
 use warpdrive::{bf16, f16, Buffer, DType, Device, Error, Float};
 
 const OPS: [ReduceOp; 4] = [
@@ -579,11 +579,75 @@ both_backends!(
     }
 );
 
+both_backends!(
+    the_hierarchy_by_host_is_chosen_only_across_hosts,
+    gpu_nccl_the_hierarchy_by_host_is_chosen_only_across_hosts,
+    |backend| {
+        let mut rng = rng(seed("hierarchy_by_host"));
+        for world in backend.worlds() {
+            let inputs: Vec<Vec<f32>> = (0..world)
+                .map(|_| common::random_f32(&mut rng, 1001))
+                .collect();
+            // Declared hosts: interleaved pairs where the world is even, else one host.
+            let outs = each_rank_on(backend, world, |comm, stream| {
+                let host = if world % 2 == 0 { comm.rank() % 2 } else { 0 };
+                let h = comm
+                    .hierarchy_for_host(stream, &format!("host-{host}"))
+                    .unwrap();
+                let on_one_host = comm.hierarchy_by_host(stream).unwrap().is_none();
+                let mut buf = Buffer::from_host(stream, &inputs[comm.rank()]).unwrap();
+                let nodes = h.as_ref().map(|h| (h.node().world(), h.across().world()));
+                match &h {
+                    Some(h) => {
+                        h.all_reduce(stream, &mut buf, ReduceOp::Sum).unwrap();
+                        h.wait(stream).unwrap();
+                    }
+                    None => {
+                        comm.all_reduce(stream, &mut buf, ReduceOp::Sum).unwrap();
+                        comm.wait(stream).unwrap();
+                    }
+                }
+                (nodes, on_one_host, buf.to_host(stream).unwrap())
+            });
+            for (r, (nodes, on_one_host, out)) in outs.iter().enumerate() {
+                let want = (world % 2 == 0 && world >= 2).then_some((world / 2, 2));
+                assert_eq!(*nodes, want, "world {world} rank {r}");
+                assert!(on_one_host, "every rank of these tests runs on this host");
+                let what = format!("world {world} rank {r} by host");
+                check_reduced(&what, ReduceOp::Sum, &inputs, 0, out, 1e-6, backend);
+            }
+        }
+    }
+);
+
 #[test]
 fn a_hierarchy_needs_nodes_that_divide_the_world() {
     let outs = each_rank(group(3, PATIENT), |comm, _| comm.hierarchy(2).err());
     for e in outs {
         assert!(matches!(e, Some(Error::InvalidArgument(_))), "{e:?}");
+    }
+}
+
+#[test]
+fn the_tuned_bucket_size_is_one_candidate_agreed_by_every_rank_and_kept() {
+    let first = each_rank(group(2, PATIENT), |comm, stream| {
+        comm.tuned_bucket_bytes(stream).unwrap()
+    });
+    assert_eq!(first[0], first[1], "ranks agree");
+    assert!(BUCKET_CANDIDATES.contains(&first[0]), "{first:?}");
+    let kept = warpdrive::exec::tune::Autotuner::global()
+        .records()
+        .into_iter()
+        .find(|r| r.kernel == "reducer-bucket-w2")
+        .expect("the tuning is kept");
+    assert_eq!(kept.winner, first[0].to_string());
+    assert_eq!(kept.candidates.len(), BUCKET_CANDIDATES.len());
+    // The next group reads the kept size: the same answer, and a reducer of that size.
+    let again = each_rank(group(2, PATIENT), |comm, stream| {
+        Reducer::<f32>::tuned(comm, stream).map(|_| comm.tuned_bucket_bytes(stream).unwrap())
+    });
+    for r in again {
+        assert_eq!(r.unwrap(), first[0]);
     }
 }
 

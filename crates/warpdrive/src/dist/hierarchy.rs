@@ -2,13 +2,16 @@
 //! hierarchical modes do: reduce-scatter among a node's ranks, all-reduce of each shard
 //! across the nodes, all-gather in the node, so each element crosses between nodes once per
 //! node rather than once per rank. Nodes can be declared (consecutive ranks), which tests
-//! the path on one host.
+//! the path on one host, or found from the ranks' host names
+//! ([`Comm::hierarchy_by_host`]): the hierarchy is chosen when the ranks span several hosts
+//! with as many ranks each, and the flat all-reduce otherwise.
 
 use crate::device::Stream;
 use crate::dtype::Float;
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
 use crate::ops;
+use xxhash_rust::xxh3::xxh3_64;
 
 use super::{Comm, ReduceOp};
 
@@ -33,6 +36,62 @@ impl Comm {
         let across = self.split(self.rank() % ranks_per_node, self.rank())?;
         Ok(Hierarchy { node, across })
     }
+
+    /// The hierarchy of this group's hosts, found from each rank's host name (every rank
+    /// calls it, with a stream of its device): `Some` when the ranks span two hosts or more
+    /// with as many ranks on each (nodes need not be consecutive ranks), `None` when they
+    /// share one host or the hosts hold different counts (then the flat all-reduce is the
+    /// one to use).
+    pub fn hierarchy_by_host(&self, stream: &Stream) -> Result<Option<Hierarchy>> {
+        self.hierarchy_for_host(stream, &host_name())
+    }
+
+    /// [`hierarchy_by_host`](Self::hierarchy_by_host) with this rank's host named by the
+    /// caller (tests declare hosts this way on one machine).
+    pub fn hierarchy_for_host(&self, stream: &Stream, host: &str) -> Result<Option<Hierarchy>> {
+        let mine = Buffer::from_host(stream, &[xxh3_64(host.as_bytes())])?;
+        let mut all = Buffer::<u64>::zeros(stream, self.world())?;
+        self.all_gather(stream, &mine, &mut all)?;
+        self.wait(stream)?;
+        let Some((node, place)) = nodes_of(&all.to_host(stream)?, self.rank()) else {
+            return Ok(None);
+        };
+        let node = self.split(node, self.rank())?;
+        let across = self.split(place, self.rank())?;
+        Ok(Some(Hierarchy { node, across }))
+    }
+}
+
+/// This host's name (`/proc/sys/kernel/hostname`, else `$HOSTNAME`, else "localhost").
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// Rank `me`'s (node, place in the node) from every rank's host id: nodes numbered in order
+/// of their first rank, places in rank order. `None` for one host or unequal hosts.
+fn nodes_of(hosts: &[u64], me: usize) -> Option<(usize, usize)> {
+    let mut order: Vec<u64> = Vec::new();
+    for h in hosts {
+        if !order.contains(h) {
+            order.push(*h);
+        }
+    }
+    let per_host = hosts.len() / order.len().max(1);
+    let even = order
+        .iter()
+        .all(|h| hosts.iter().filter(|x| *x == h).count() == per_host);
+    if order.len() < 2 || !even {
+        return None;
+    }
+    let host = *hosts.get(me)?;
+    let node = order.iter().position(|h| *h == host)?;
+    let place = hosts[..me].iter().filter(|h| **h == host).count();
+    Some((node, place))
 }
 
 impl Hierarchy {
@@ -80,5 +139,31 @@ impl Hierarchy {
     pub fn wait(&self, stream: &Stream) -> Result<()> {
         self.node.wait(stream)?;
         self.across.wait(stream)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nodes_of;
+
+    #[test]
+    fn nodes_come_from_host_ids_in_order_of_first_rank() {
+        let hosts = [7, 7, 9, 9];
+        let got: Vec<_> = (0..4).map(|r| nodes_of(&hosts, r)).collect();
+        assert_eq!(
+            got,
+            [Some((0, 0)), Some((0, 1)), Some((1, 0)), Some((1, 1))]
+        );
+        // Interleaved hosts: nodes need not be consecutive ranks.
+        let hosts = [9, 7, 9, 7];
+        let got: Vec<_> = (0..4).map(|r| nodes_of(&hosts, r)).collect();
+        assert_eq!(
+            got,
+            [Some((0, 0)), Some((1, 0)), Some((0, 1)), Some((1, 1))]
+        );
+        // One host, unequal hosts, nothing: the flat all-reduce.
+        assert_eq!(nodes_of(&[3, 3, 3], 0), None);
+        assert_eq!(nodes_of(&[3, 3, 4], 2), None);
+        assert_eq!(nodes_of(&[], 0), None);
     }
 }

@@ -42,10 +42,14 @@
 //! move between GPUs with no host in the loop; [`SignalPingPong`] measures that signal's
 //! latency.
 //!
-//! Not yet: CPU groups across processes, the Reducer's per-topology bucket tuning and overlap
-//! report, choosing the hierarchical all-reduce by itself when ranks span hosts.
+//! [`Comm::tuned_bucket_bytes`] (and [`Reducer::tuned`]) pick the Reducer's bucket size per
+//! topology through the autotune cache; [`Comm::hierarchy_by_host`] picks the hierarchical
+//! all-reduce when the ranks span hosts.
+//!
+//! Not yet: CPU groups across processes.
 
 mod bootstrap;
+mod bucket_tune;
 mod compress;
 mod hierarchy;
 mod local;
@@ -64,6 +68,7 @@ use crate::error::{Error, Result};
 use crate::memory::Buffer;
 
 pub use bootstrap::{LaunchEnv, NcclId};
+pub use bucket_tune::BUCKET_CANDIDATES;
 pub use compress::{Int8Reducer, PowerSgdReducer, TopkReducer};
 pub use hierarchy::Hierarchy;
 use local::{Call, Group};

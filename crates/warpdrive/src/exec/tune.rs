@@ -324,6 +324,23 @@ impl Autotuner {
                 Error::InvalidArgument(format!("autotune {}: nothing timed", key.kernel))
             }));
         };
+        let candidates = times
+            .iter()
+            .map(|(c, us)| CandidateTime {
+                config: c.to_string(),
+                us: *us,
+            })
+            .collect();
+        self.keep(key, size, best.to_string(), candidates);
+        let best = best.clone();
+        Ok(best)
+    }
+
+    /// Keeps `winner` and every candidate's time for `key` (replacing what it held) and
+    /// saves the file (a failed save is a warning: the result still serves this process).
+    /// For tunings that measure their candidates themselves (a collective's, timed on every
+    /// rank at once), as [`tune`](Self::tune) does for kernels.
+    pub fn keep(&self, key: &TuneKey, size: usize, winner: String, candidates: Vec<CandidateTime>) {
         let record = TuneRecord {
             kernel: key.kernel.clone(),
             dtype: key.dtype.clone(),
@@ -331,20 +348,13 @@ impl Autotuner {
             device: key.device.clone(),
             host: key.host.clone(),
             size: size as u64,
-            winner: best.to_string(),
-            candidates: times
-                .iter()
-                .map(|(c, us)| CandidateTime {
-                    config: c.to_string(),
-                    us: *us,
-                })
-                .collect(),
+            winner,
+            candidates,
             tuned_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
         };
-        let best = best.clone();
         {
             let mut records = self.records.lock();
             records.retain(|r| !r.matches(key));
@@ -353,7 +363,6 @@ impl Autotuner {
         if let Err(e) = self.save() {
             tracing::warn!("could not save autotune results: {e}");
         }
-        Ok(best)
     }
 
     /// Writes every record to the file (nothing without a file), merged with the records
