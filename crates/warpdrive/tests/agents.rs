@@ -7,7 +7,8 @@ mod common;
 use common::device_test;
 use rand::Rng;
 use warpdrive::agents::{
-    Circles, CirclesConfig, FieldKind, GridShape, Majority, Population, SpatialGrid, StepFn,
+    Averaging, Circles, CirclesConfig, FieldKind, GridShape, Majority, Population, Quorum,
+    SpatialGrid, StepFn,
 };
 use warpdrive::kernels::{Arch, PtxCache};
 use warpdrive::{Buffer, Device, Error};
@@ -334,6 +335,159 @@ fn majority_vote(dev: &Device) {
     }
 }
 device_test!(cpu_majority_vote, gpu_smem_majority_vote, majority_vote);
+
+fn birth_and_death(dev: &Device) {
+    let s = stream(dev);
+    let mut rng = common::rng(common::seed("birth_and_death"));
+    for n in SIZES {
+        let xs = common::random_f32(&mut rng, n);
+        let alive: Vec<u32> = (0..n).map(|_| u32::from(rng.random_bool(0.7))).collect();
+        // Up to 5 children asked, 3 allowed: the clamp is part of what is checked.
+        let births: Vec<u32> = (0..n).map(|_| rng.random_range(0..6)).collect();
+        let mut p = Population::new(n);
+        p.add_f32(&s, "x", &xs).unwrap();
+        p.add_u32(&s, "id", &(0..n as u32).collect::<Vec<_>>())
+            .unwrap();
+        p.add_u32(&s, "alive", &alive).unwrap();
+        p.add_u32(&s, "kids", &births).unwrap();
+        let got = p.apply_life(&s, "alive", "kids", 3).unwrap();
+        let mut want: Vec<usize> = (0..n).filter(|&i| alive[i] != 0).collect();
+        let survived = want.len();
+        for (i, &b) in births.iter().enumerate() {
+            want.extend(std::iter::repeat_n(i, b.min(3) as usize));
+        }
+        assert_eq!(
+            (got.survived, got.died, got.born),
+            (survived, n - survived, want.len() - survived),
+            "n={n}"
+        );
+        assert_eq!(p.len(), want.len());
+        let ids: Vec<u32> = want.iter().map(|&i| i as u32).collect();
+        assert_eq!(p.u32_to_host(&s, "id").unwrap(), ids, "n={n}: order");
+        let x: Vec<f32> = want.iter().map(|&i| xs[i]).collect();
+        assert_eq!(p.f32_to_host(&s, "x").unwrap(), x, "n={n}: copies");
+        assert!(p.u32_to_host(&s, "alive").unwrap().iter().all(|&a| a == 1));
+        assert!(p.u32_to_host(&s, "kids").unwrap().iter().all(|&b| b == 0));
+    }
+    // Fields that are not u32, the same field twice, or a size that may pass 2^32: errors.
+    let mut p = Population::new(3);
+    p.add_f32(&s, "x", &[1.0, 2.0, 3.0]).unwrap();
+    p.add_u32(&s, "a", &[1, 1, 1]).unwrap();
+    assert!(p.apply_life(&s, "x", "a", 1).is_err());
+    assert!(p.apply_life(&s, "a", "a", 1).is_err());
+    assert!(p.apply_life(&s, "a", "nope", 1).is_err());
+    let mut p = Population::new(3);
+    p.add_u32(&s, "a", &[1, 1, 1]).unwrap();
+    p.add_u32(&s, "b", &[0, 0, 0]).unwrap();
+    assert!(matches!(
+        p.apply_life(&s, "a", "b", u32::MAX),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert_eq!(p.len(), 3, "a refused call changes nothing");
+}
+device_test!(cpu_birth_and_death, gpu_birth_and_death, birth_and_death);
+
+fn weighted_quorum(dev: &Device) {
+    let s = stream(dev);
+    let mut rng = common::rng(common::seed("weighted_quorum"));
+    let mut vote = Quorum::new(&s).unwrap();
+    for n in SIZES {
+        let votes: Vec<u32> = (0..n).map(|_| rng.random_range(0..3)).collect();
+        let weights: Vec<f32> = (0..n).map(|_| rng.random_range(0.0..2.0)).collect();
+        let yes: f64 = votes
+            .iter()
+            .zip(&weights)
+            .filter(|(v, _)| **v != 0)
+            .map(|(_, w)| f64::from(*w))
+            .sum();
+        let all: f64 = weights.iter().map(|&w| f64::from(w)).sum();
+        let (vb, wb) = (
+            Buffer::from_host(&s, &votes).unwrap(),
+            Buffer::from_host(&s, &weights).unwrap(),
+        );
+        for quorum in [0.25, 0.5, 2.0 / 3.0, 0.9] {
+            vote.run(&s, &vb, &wb, quorum).unwrap();
+            let d = vote.decision(&s).unwrap();
+            let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs().max(1.0);
+            assert!(close(d.yes_weight, yes), "n={n}: {} vs {yes}", d.yes_weight);
+            assert!(
+                close(d.total_weight, all),
+                "n={n}: {} vs {all}",
+                d.total_weight
+            );
+            if (yes - quorum * all).abs() > 1e-6 * all.max(1.0) {
+                assert_eq!(
+                    d.passed,
+                    all > 0.0 && yes >= quorum * all,
+                    "n={n} q={quorum}"
+                );
+            }
+        }
+    }
+    let (vb, wb) = (
+        Buffer::from_host(&s, &[1u32, 0]).unwrap(),
+        Buffer::from_host(&s, &[1.0f32]).unwrap(),
+    );
+    assert!(vote.run(&s, &vb, &wb, 0.5).is_err(), "lengths differ");
+    let wb = Buffer::from_host(&s, &[1.0f32, 1.0]).unwrap();
+    for bad in [-0.1, 1.5, f64::NAN] {
+        assert!(vote.run(&s, &vb, &wb, bad).is_err(), "quorum {bad}");
+    }
+}
+device_test!(cpu_weighted_quorum, gpu_weighted_quorum, weighted_quorum);
+
+fn iterative_averaging(dev: &Device) {
+    let s = stream(dev);
+    let mut rng = common::rng(common::seed("iterative_averaging"));
+    let mut avg = Averaging::new(&s).unwrap();
+    for n in SIZES {
+        let xs: Vec<f32> = (0..n).map(|_| rng.random_range(-50.0..50.0)).collect();
+        let mean = xs.iter().map(|&v| f64::from(v)).sum::<f64>() / n.max(1) as f64;
+        let spread0 = xs
+            .iter()
+            .map(|&v| (f64::from(v) - mean).abs())
+            .fold(0.0, f64::max);
+        // The spread halves a round at rate 0.5: about log2(spread0 / tol) rounds.
+        let tol = 1e-2f32;
+        let want_rounds = if spread0 <= f64::from(tol) {
+            0.0
+        } else {
+            (spread0 / f64::from(tol)).log2().ceil()
+        };
+        let mut x = Buffer::from_host(&s, &xs).unwrap();
+        avg.run(&s, &mut x, 0.5, tol, 200).unwrap();
+        let o = avg.outcome(&s).unwrap();
+        assert!(o.converged, "n={n}: {o:?}");
+        assert!(
+            (o.rounds as f64 - want_rounds).abs() <= 1.0,
+            "n={n}: {o:?} vs {want_rounds}"
+        );
+        assert!((o.mean - mean).abs() <= 1e-3, "n={n}: {o:?} vs {mean}");
+        let after = x.to_host(&s).unwrap();
+        for v in &after {
+            assert!(
+                (f64::from(*v) - o.mean).abs() <= f64::from(tol) + 1e-4,
+                "n={n}: {v}"
+            );
+        }
+        // Too few rounds for a tolerance of 0: not converged, every round applied.
+        if spread0 > 0.0 {
+            let mut x = Buffer::from_host(&s, &xs).unwrap();
+            avg.run(&s, &mut x, 0.5, 0.0, 2).unwrap();
+            let o = avg.outcome(&s).unwrap();
+            assert!(!o.converged && o.rounds == 2, "n={n}: {o:?}");
+        }
+    }
+    let mut x = Buffer::from_host(&s, &[1.0f32]).unwrap();
+    for (rate, tol) in [(0.0, 0.1), (1.5, 0.1), (0.5, -1.0), (f32::NAN, 0.1)] {
+        assert!(avg.run(&s, &mut x, rate, tol, 10).is_err(), "{rate} {tol}");
+    }
+}
+device_test!(
+    cpu_iterative_averaging,
+    gpu_iterative_averaging,
+    iterative_averaging
+);
 
 fn temp_cache(tag: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("wd-agents-{tag}-{}", std::process::id()));

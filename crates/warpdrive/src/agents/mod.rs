@@ -13,7 +13,10 @@
 //! - [`Majority`]: a single vote, warp ballots and block sums in one kernel, the decision
 //!   written to mapped host memory (the host polls one word for it, no copy).
 //!
-//! Not yet: birth and death (compaction), the pinned-host tier, the persistent cooperative
+//! - [`Population::apply_life`]: birth and death after a step (a stream compaction: survivors
+//!   in order, then each parent's children), counts exact on both backends.
+//!
+//! Not yet: the pinned-host tier, the persistent cooperative
 //! stepping kernel, brute-force and graph messages, weighted and iterative consensus, job
 //! submission timing.
 //!
@@ -39,11 +42,15 @@
 mod circles;
 mod consensus;
 mod grid;
+mod life;
 mod population;
 mod step;
 
 pub use circles::{Circles, CirclesConfig, RADIUS, REPULSE};
-pub use consensus::{Decision, Majority, MAX_BLOCKS};
+pub use consensus::{
+    Averaging, AveragingOutcome, Decision, Majority, Quorum, QuorumDecision, MAX_BLOCKS,
+};
 pub use grid::{GridShape, SpatialGrid, MAX_DIM};
+pub use life::LifeCounts;
 pub use population::{FieldKind, Population};
 pub use step::{HostFields, StepFn, MAX_PARAMS};

@@ -79,6 +79,11 @@ impl Population {
         self.len
     }
 
+    /// After birth and death, when every field has been rebuilt to `len` agents.
+    pub(crate) fn set_len(&mut self, len: usize) {
+        self.len = len;
+    }
+
     /// Whether there are no agents.
     pub fn is_empty(&self) -> bool {
         self.len == 0

@@ -147,3 +147,194 @@ extern "C" __global__ void __launch_bounds__(256) agents_vote(
         out[2] = round;
     }
 }
+
+// Birth and death (agents::Population::apply_life). Each thread owns LIFE_ITEMS consecutive
+// agents of its block's tile, so a block scan keeps the agents' order.
+//   agents_life_count: block 256; per block, agents alive (non-zero) and births (each agent's
+//     count clamped to max_births) into block_alive[b] and block_births[b].
+//   agents_life_plan: block 256, same tiles; after the exclusive scans of those per-block
+//     counts (alive_base, births_base: gridDim.x + 1 entries, the last the total), writes
+//     each new agent's source: survivors first in order, then each parent's children in
+//     parent order (src[alive total + births before + j] = parent).
+#define LIFE_ITEMS 8u
+#define LIFE_TILE (256u * LIFE_ITEMS)
+
+__device__ __forceinline__ void agents_life_tally(const u32* alive, const u32* births, u64 n,
+                                                  u32 max_births, u64 first, u32* a, u32* b) {
+    *a = 0u;
+    *b = 0u;
+#pragma unroll
+    for (u32 k = 0; k < LIFE_ITEMS; ++k) {
+        const u64 i = first + k;
+        if (i < n) {
+            *a += alive[i] != 0u ? 1u : 0u;
+            *b += min(births[i], max_births);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) agents_life_count(
+    const u32* __restrict__ alive, const u32* __restrict__ births, u64 n, u32 max_births,
+    u32* __restrict__ block_alive, u32* __restrict__ block_births) {
+    const u64 first = (u64)blockIdx.x * LIFE_TILE + (u64)threadIdx.x * LIFE_ITEMS;
+    u32 a, b;
+    agents_life_tally(alive, births, n, max_births, first, &a, &b);
+    u32 ta, tb;
+    block_exclusive_scan(a, &ta);
+    block_exclusive_scan(b, &tb);
+    if (threadIdx.x == 0) {
+        block_alive[blockIdx.x] = ta;
+        block_births[blockIdx.x] = tb;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) agents_life_plan(
+    const u32* __restrict__ alive, const u32* __restrict__ births, u64 n, u32 max_births,
+    const u32* __restrict__ alive_base, const u32* __restrict__ births_base,
+    u32* __restrict__ src) {
+    const u64 first = (u64)blockIdx.x * LIFE_TILE + (u64)threadIdx.x * LIFE_ITEMS;
+    u32 a, b;
+    agents_life_tally(alive, births, n, max_births, first, &a, &b);
+    u32 ta, tb;
+    u32 pa = alive_base[blockIdx.x] + block_exclusive_scan(a, &ta);
+    u32 pb = alive_base[gridDim.x] + births_base[blockIdx.x] + block_exclusive_scan(b, &tb);
+    for (u32 k = 0; k < LIFE_ITEMS; ++k) {
+        const u64 i = first + k;
+        if (i >= n) break;
+        if (alive[i] != 0u) src[pa++] = (u32)i;
+        const u32 c = min(births[i], max_births);
+        for (u32 j = 0; j < c; ++j) src[pb++] = (u32)i;
+    }
+}
+
+// Weighted quorum (agents::Quorum): block 256, grid-stride; each thread sums the weights of
+// its agents (f64) and of those voting yes; block sums, one pair per block into partials,
+// the last block (a ticket) adds the pairs in block order and writes (yes weight, total
+// weight, passed = yes >= quorum * total and total > 0) to mapped memory, then the round.
+extern "C" __global__ void __launch_bounds__(256) agents_quorum(
+    const u32* __restrict__ votes, const float* __restrict__ weights, u64 n, double quorum,
+    double* __restrict__ partials, u32* __restrict__ ticket, volatile u64* __restrict__ out,
+    u64 round) {
+    __shared__ bool last;
+    double yes = 0.0, all = 0.0;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += stride) {
+        const double w = (double)weights[i];
+        all += w;
+        if (votes[i] != 0u) yes += w;
+    }
+    yes = block_sum(yes);
+    __syncthreads();
+    all = block_sum(all);
+    if (threadIdx.x == 0) {
+        partials[2 * blockIdx.x] = yes;
+        partials[2 * blockIdx.x + 1] = all;
+        __threadfence();
+        last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    double py = 0.0, pa = 0.0;
+    for (u32 b = threadIdx.x; b < gridDim.x; b += blockDim.x) {
+        py += ((volatile double*)partials)[2 * b];
+        pa += ((volatile double*)partials)[2 * b + 1];
+    }
+    py = block_sum(py);
+    __syncthreads();
+    pa = block_sum(pa);
+    if (threadIdx.x == 0) {
+        *ticket = 0u;
+        out[0] = (u64)__double_as_longlong(py);
+        out[1] = (u64)__double_as_longlong(pa);
+        out[2] = (pa > 0.0 && py >= quorum * pa) ? 1ull : 0ull;
+        __threadfence_system();
+        out[3] = round;
+    }
+}
+
+// Iterative averaging (agents::Averaging): rounds of (measure, update) kernels enqueued at
+// once, the host out of the loop. state (device): [0] mean (f64 bits), [1] spread (f64
+// bits), [2] converged, [3] updates applied.
+//   agents_avg_measure: block 256, grid-stride (returns at once once converged); f64 sum and
+//     f32 min / max per block into partials (3 a block); the last block computes the mean
+//     and the spread max(max - mean, mean - min), marks convergence when spread <= tol, and
+//     writes (updates, mean, spread, converged) to mapped memory, then the round.
+//   agents_avg_update: grid-stride, nothing once converged; x += rate * (mean - x), counting
+//     the update (block 0, thread 0).
+extern "C" __global__ void __launch_bounds__(256) agents_avg_measure(
+    const float* __restrict__ x, u64 n, double tol, double* __restrict__ partials,
+    u32* __restrict__ ticket, u64* state, volatile u64* __restrict__ out, u64 round) {
+    __shared__ bool last;
+    __shared__ float lo_w[8], hi_w[8];
+    if (((volatile u64*)state)[2] != 0ull) {
+        // Converged earlier: the figures stand; publish this round so the host stops polling.
+        if (blockIdx.x == 0 && threadIdx.x == 0) out[4] = round;
+        return;
+    }
+    double sum = 0.0;
+    float lo = __int_as_float(0x7f800000), hi = -__int_as_float(0x7f800000);
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += stride) {
+        const float v = x[i];
+        sum += (double)v;
+        lo = fminf(lo, v);
+        hi = fmaxf(hi, v);
+    }
+    sum = block_sum(sum);
+    const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) {
+        lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+        hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+    }
+    if (lane == 0) {
+        lo_w[warp] = lo;
+        hi_w[warp] = hi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (u32 k = 1; k < (blockDim.x >> 5); ++k) {
+            lo = fminf(lo, lo_w[k]);
+            hi = fmaxf(hi, hi_w[k]);
+        }
+        partials[3 * blockIdx.x] = sum;
+        partials[3 * blockIdx.x + 1] = (double)lo;
+        partials[3 * blockIdx.x + 2] = (double)hi;
+        __threadfence();
+        last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last || threadIdx.x != 0) return;
+    __threadfence();
+    // One thread adds the blocks' partials in block order (at most a few thousand).
+    const volatile double* p = partials;
+    double s = 0.0, mn = p[1], mx = p[2];
+    for (u32 b = 0; b < gridDim.x; ++b) {
+        s += p[3 * b];
+        mn = fmin(mn, p[3 * b + 1]);
+        mx = fmax(mx, p[3 * b + 2]);
+    }
+    const double mean = n ? s / (double)n : 0.0;
+    const double spread = n ? fmax(mx - mean, mean - mn) : 0.0;
+    const bool done = spread <= tol;
+    *ticket = 0u;
+    state[0] = (u64)__double_as_longlong(mean);
+    state[1] = (u64)__double_as_longlong(spread);
+    if (done) state[2] = 1ull;
+    out[0] = state[3];
+    out[1] = (u64)__double_as_longlong(mean);
+    out[2] = (u64)__double_as_longlong(spread);
+    out[3] = done ? 1ull : 0ull;
+    __threadfence_system();
+    out[4] = round;
+}
+
+extern "C" __global__ void __launch_bounds__(256) agents_avg_update(
+    float* __restrict__ x, u64 n, float rate, u64* state) {
+    if (((volatile u64*)state)[2] != 0ull) return;
+    const float mean = (float)__longlong_as_double((long long)((volatile u64*)state)[0]);
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += stride)
+        x[i] += rate * (mean - x[i]);
+    if (blockIdx.x == 0 && threadIdx.x == 0) state[3] += 1ull;
+}
