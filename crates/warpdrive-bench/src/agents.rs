@@ -15,11 +15,15 @@
 //!   stream's wait): variant `warpdrive`, with `p99_us` in `extra` and the target `target_p99_us`
 //!   (10 at 1 M); and the kernel alone timed by events: variant `warpdrive-kernel`.
 //!   Sizes as `circles`.
+//! - `quorum-N`, `averaging-N`, `life-N`: the weighted quorum, iterative averaging and birth
+//!   and death (`agents/more.rs`).
 
 use warpdrive::agents::{Circles, CirclesConfig, Majority};
 use warpdrive::error::Result;
 use warpdrive::exec::Graph;
 use warpdrive::memory::Buffer;
+
+mod more;
 
 use super::stats::percentile;
 use super::timing::{time_gpu, time_host};
@@ -64,6 +68,9 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
     }
     for &n in sizes(ctx.scale()) {
         vote(ctx, n)?;
+        more::quorum(ctx, n)?;
+        more::averaging(ctx, n)?;
+        more::life(ctx, n)?;
     }
     Ok(())
 }
@@ -164,6 +171,9 @@ mod tests {
             ("circles-2k", "warpdrive-graph"),
             ("vote-2k", "warpdrive"),
             ("vote-2k", "warpdrive-kernel"),
+            ("quorum-2k", "warpdrive"),
+            ("averaging-2k", "warpdrive"),
+            ("life-2k", "warpdrive"),
         ] {
             let row = rows
                 .iter()

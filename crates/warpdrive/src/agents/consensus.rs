@@ -332,7 +332,8 @@ impl Averaging {
         max_rounds: u32,
     ) -> Result<()> {
         x.check_stream(stream, "agents averaging")?;
-        if !(rate > 0.0 && rate <= 1.0) || !(tolerance >= 0.0) {
+        let rate_ok = rate > 0.0 && rate <= 1.0;
+        if !rate_ok || tolerance.is_nan() || tolerance < 0.0 {
             return Err(Error::InvalidArgument(format!(
                 "agents: averaging needs a rate in (0, 1] and a tolerance >= 0, not {rate} and \
                  {tolerance}"

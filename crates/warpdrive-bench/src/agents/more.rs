@@ -1,0 +1,146 @@
+//! The `agents` rows beyond Circles and the majority vote: the weighted quorum, iterative
+//! averaging and birth and death.
+//!
+//! - `quorum-N`: a weighted vote over N agents (u32 votes, f32 weights), µs from the host
+//!   enqueuing it to the host holding the decision, as `vote-N`; `extra.p99_us`.
+//! - `averaging-N`: iterative averaging at rate 0.5 to a tolerance of 1e-3 from values in
+//!   ±50 (about 16 rounds): µs per round from the host enqueuing the run to the host holding
+//!   the outcome, divided by the rounds (the values are uploaded again before each sample,
+//!   outside the time); `extra.rounds`.
+//! - `life-N`: one `apply_life` over N agents with three fields (10 % die, 10 % have one
+//!   child) built and uploaded before each sample, outside the time: µs from the call to
+//!   its return (it reads the new size back, so the host waits for the work);
+//!   `extra.agents_per_s`.
+
+use warpdrive::agents::{Averaging, Population, Quorum};
+use warpdrive::error::Result;
+use warpdrive::memory::Buffer;
+
+use super::{label, reps, SUITE};
+use crate::stats::percentile;
+use crate::timing::time_host;
+use crate::Ctx;
+use warpdrive::transfer::upload;
+
+/// µs of `run` on `state` after `setup` (untimed) each time: `warm` runs dropped, then
+/// `reps` kept.
+fn timed_after_setup<S>(
+    warm: usize,
+    reps: usize,
+    state: &mut S,
+    mut setup: impl FnMut(&mut S) -> Result<()>,
+    mut run: impl FnMut(&mut S) -> Result<()>,
+) -> Result<Vec<f64>> {
+    let mut us = Vec::with_capacity(reps);
+    for i in 0..warm + reps {
+        setup(state)?;
+        let t = std::time::Instant::now();
+        run(state)?;
+        if i >= warm {
+            us.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    Ok(us)
+}
+
+/// A seeded sequence of values in 0..100.
+fn percents(n: usize, seed: u64) -> Vec<u32> {
+    let mut state = seed;
+    (0..n)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 33) % 100) as u32
+        })
+        .collect()
+}
+
+pub(super) fn quorum(ctx: &mut Ctx, n: usize) -> Result<()> {
+    let (warm, reps) = reps(ctx.scale());
+    let case = format!("quorum-{}", label(n));
+    let stream = ctx.stream().clone();
+    ctx.step(format!("{SUITE}: {case}"));
+    let p = percents(n, 0x9_0a1);
+    let votes: Vec<u32> = p.iter().map(|&v| u32::from(v < 55)).collect();
+    let weights: Vec<f32> = p.iter().map(|&v| 0.5 + v as f32 / 100.0).collect();
+    let (votes, weights) = (
+        Buffer::from_host(&stream, &votes)?,
+        Buffer::from_host(&stream, &weights)?,
+    );
+    let mut q = Quorum::new(&stream)?;
+    let mut passed = false;
+    let mut us = time_host(warm, reps * 10, || {
+        q.run(&stream, &votes, &weights, 2.0 / 3.0)?;
+        passed = q.decision(&stream)?.passed;
+        Ok(())
+    })?;
+    let p99 = percentile(&us, 0.99);
+    let row = ctx.record_time(&case, n as u64, "warpdrive", &mut us, None)?;
+    row.extra.insert("p99_us".into(), p99.into());
+    row.extra.insert("passed".into(), passed.into());
+    Ok(())
+}
+
+pub(super) fn averaging(ctx: &mut Ctx, n: usize) -> Result<()> {
+    let (warm, reps) = reps(ctx.scale());
+    let case = format!("averaging-{}", label(n));
+    let stream = ctx.stream().clone();
+    ctx.step(format!("{SUITE}: {case}"));
+    let start: Vec<f32> = percents(n, 0xa7e)
+        .iter()
+        .map(|&v| v as f32 - 50.0)
+        .collect();
+    let mut x = Buffer::from_host(&stream, &start)?;
+    let mut avg = Averaging::new(&stream)?;
+    let mut rounds = 0u64;
+    let mut us = timed_after_setup(
+        warm,
+        reps,
+        &mut x,
+        |x| upload(&stream, x, &start),
+        |x| {
+            avg.run(&stream, x, 0.5, 1e-3, 64)?;
+            rounds = avg.outcome(&stream)?.rounds;
+            Ok(())
+        },
+    )?;
+    let per_round = rounds.max(1) as f64;
+    for v in us.iter_mut() {
+        *v /= per_round;
+    }
+    let row = ctx.record_time(&case, n as u64, "warpdrive", &mut us, None)?;
+    row.extra.insert("rounds".into(), rounds.into());
+    row.extra
+        .insert("unit_of_samples".into(), "us per round".into());
+    Ok(())
+}
+
+pub(super) fn life(ctx: &mut Ctx, n: usize) -> Result<()> {
+    let (warm, reps) = reps(ctx.scale());
+    let case = format!("life-{}", label(n));
+    let stream = ctx.stream().clone();
+    ctx.step(format!("{SUITE}: {case}"));
+    let p = percents(n, 0x11fe);
+    let alive: Vec<u32> = p.iter().map(|&v| u32::from(v >= 10)).collect();
+    let births: Vec<u32> = p.iter().map(|&v| u32::from(v >= 90)).collect();
+    let xs: Vec<f32> = p.iter().map(|&v| v as f32).collect();
+    let mut pop = Population::new(0);
+    let mut us = timed_after_setup(
+        warm,
+        reps,
+        &mut pop,
+        |pop| {
+            *pop = Population::new(n);
+            pop.add_f32(&stream, "x", &xs)?;
+            pop.add_u32(&stream, "alive", &alive)?;
+            pop.add_u32(&stream, "births", &births)?;
+            stream.synchronize()
+        },
+        |pop| pop.apply_life(&stream, "alive", "births", 1).map(|_| ()),
+    )?;
+    let row = ctx.record_time(&case, n as u64, "warpdrive", &mut us, None)?;
+    let rate = n as f64 / (row.median * 1e-6);
+    row.extra.insert("agents_per_s".into(), rate.into());
+    Ok(())
+}
