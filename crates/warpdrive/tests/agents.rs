@@ -385,7 +385,7 @@ fn birth_and_death(dev: &Device) {
     ));
     assert_eq!(p.len(), 3, "a refused call changes nothing");
 }
-device_test!(cpu_birth_and_death, gpu_birth_and_death, birth_and_death);
+device_test!(cpu_birth_and_death, gpu_smem_birth_and_death, birth_and_death);
 
 fn weighted_quorum(dev: &Device) {
     let s = stream(dev);
@@ -434,7 +434,7 @@ fn weighted_quorum(dev: &Device) {
         assert!(vote.run(&s, &vb, &wb, bad).is_err(), "quorum {bad}");
     }
 }
-device_test!(cpu_weighted_quorum, gpu_weighted_quorum, weighted_quorum);
+device_test!(cpu_weighted_quorum, gpu_smem_weighted_quorum, weighted_quorum);
 
 fn iterative_averaging(dev: &Device) {
     let s = stream(dev);
@@ -485,7 +485,7 @@ fn iterative_averaging(dev: &Device) {
 }
 device_test!(
     cpu_iterative_averaging,
-    gpu_iterative_averaging,
+    gpu_smem_iterative_averaging,
     iterative_averaging
 );
 

@@ -48,7 +48,7 @@ fn put_and_wait_body(dev: &Device) {
 
 device_test!(
     put_signal_lands_the_data_before_the_signal,
-    gpu_put_signal_lands_the_data_before_the_signal,
+    gpu_smem_put_signal_lands_the_data_before_the_signal,
     put_and_wait_body
 );
 
