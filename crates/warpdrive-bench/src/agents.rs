@@ -15,8 +15,8 @@
 //!   stream's wait): variant `warpdrive`, with `p99_us` in `extra` and the target `target_p99_us`
 //!   (10 at 1 M); and the kernel alone timed by events: variant `warpdrive-kernel`.
 //!   Sizes as `circles`.
-//! - `quorum-N`, `averaging-N`, `life-N`: the weighted quorum, iterative averaging and birth
-//!   and death (`agents/more.rs`).
+//! - `quorum-N`, `averaging-N`, `life-N`, `submit-N`: the weighted quorum, iterative
+//!   averaging, birth and death, and job submission (`agents/more.rs`).
 
 use warpdrive::agents::{Circles, CirclesConfig, Majority};
 use warpdrive::error::Result;
@@ -71,6 +71,7 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
         more::quorum(ctx, n)?;
         more::averaging(ctx, n)?;
         more::life(ctx, n)?;
+        more::submission(ctx, n)?;
     }
     Ok(())
 }
@@ -174,6 +175,8 @@ mod tests {
             ("quorum-2k", "warpdrive"),
             ("averaging-2k", "warpdrive"),
             ("life-2k", "warpdrive"),
+            ("submit-2k", "warpdrive-cold"),
+            ("submit-2k", "warpdrive-warm"),
         ] {
             let row = rows
                 .iter()

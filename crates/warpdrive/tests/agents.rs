@@ -7,8 +7,8 @@ mod common;
 use common::device_test;
 use rand::Rng;
 use warpdrive::agents::{
-    Averaging, Circles, CirclesConfig, FieldKind, GridShape, Majority, Population, Quorum,
-    SpatialGrid, StepFn,
+    submit, Averaging, Circles, CirclesConfig, FieldKind, GridShape, HostField, Majority,
+    Population, Quorum, SpatialGrid, StepFn,
 };
 use warpdrive::kernels::{Arch, PtxCache};
 use warpdrive::{Buffer, Device, Error};
@@ -385,7 +385,11 @@ fn birth_and_death(dev: &Device) {
     ));
     assert_eq!(p.len(), 3, "a refused call changes nothing");
 }
-device_test!(cpu_birth_and_death, gpu_smem_birth_and_death, birth_and_death);
+device_test!(
+    cpu_birth_and_death,
+    gpu_smem_birth_and_death,
+    birth_and_death
+);
 
 fn weighted_quorum(dev: &Device) {
     let s = stream(dev);
@@ -434,7 +438,11 @@ fn weighted_quorum(dev: &Device) {
         assert!(vote.run(&s, &vb, &wb, bad).is_err(), "quorum {bad}");
     }
 }
-device_test!(cpu_weighted_quorum, gpu_smem_weighted_quorum, weighted_quorum);
+device_test!(
+    cpu_weighted_quorum,
+    gpu_smem_weighted_quorum,
+    weighted_quorum
+);
 
 fn iterative_averaging(dev: &Device) {
     let s = stream(dev);
@@ -488,6 +496,46 @@ device_test!(
     gpu_smem_iterative_averaging,
     iterative_averaging
 );
+
+fn job_submission(dev: &Device) {
+    let s = stream(dev);
+    let mut rng = common::rng(common::seed("job_submission"));
+    let n = 1023;
+    let (x, v) = (
+        common::random_f32(&mut rng, n),
+        common::random_f32(&mut rng, n),
+    );
+    let hits = vec![0u32; n];
+    let fields = [
+        ("x", HostField::F32(&x)),
+        ("v", HostField::F32(&v)),
+        ("hits", HostField::U32(&hits)),
+    ];
+    let job = submit(&s, n, &fields, &drift(), &[0.5, 0.25]).unwrap();
+    let mut want = Population::new(n);
+    let cpu = Device::cpu().new_stream().unwrap();
+    want.add_f32(&cpu, "x", &x).unwrap();
+    want.add_f32(&cpu, "v", &v).unwrap();
+    want.add_u32(&cpu, "hits", &hits).unwrap();
+    drift().run(&cpu, &mut want, &[0.5, 0.25]).unwrap();
+    let got = job.population.f32_to_host(&s, "x").unwrap();
+    for (g, w) in got.iter().zip(want.f32_to_host(&cpu, "x").unwrap()) {
+        assert!((g - w).abs() <= 1e-6 * w.abs().max(1.0), "{g} vs {w}");
+    }
+    assert_eq!(
+        job.population.u32_to_host(&s, "hits").unwrap(),
+        want.u32_to_host(&cpu, "hits").unwrap()
+    );
+    let t = job.times;
+    assert!(t.total >= t.load + t.upload + t.first_step - std::time::Duration::from_micros(1));
+    // A field of the wrong length is refused before anything runs.
+    let short = [("x", HostField::F32(&x[..3]))];
+    assert!(matches!(
+        submit(&s, n, &short, &drift(), &[]),
+        Err(Error::InvalidArgument(_))
+    ));
+}
+device_test!(cpu_job_submission, gpu_job_submission, job_submission);
 
 fn temp_cache(tag: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("wd-agents-{tag}-{}", std::process::id()));

@@ -11,9 +11,17 @@
 //!   child) built and uploaded before each sample, outside the time: µs from the call to
 //!   its return (it reads the new size back, so the host waits for the work);
 //!   `extra.agents_per_s`.
+//! - `submit-N`: `agents::submit` of N agents with two f32 fields (load the step, upload,
+//!   first step), µs of the whole call: `warpdrive-cold` a step no cache has seen (NVRTC),
+//!   `warpdrive-warm` a step whose cubin is cached on disk, its load timed as a new process
+//!   pays it (`StepFn::load_fresh`); `extra` has each stage's median and, for warm, the
+//!   target (10 ms).
 
-use warpdrive::agents::{Averaging, Population, Quorum};
+use warpdrive::agents::{
+    submit, Averaging, FieldKind, HostField, Population, Quorum, StepFn, SubmitTimes,
+};
 use warpdrive::error::Result;
+use warpdrive::kernels::PtxCache;
 use warpdrive::memory::Buffer;
 
 use super::{label, reps, SUITE};
@@ -143,4 +151,82 @@ pub(super) fn life(ctx: &mut Ctx, n: usize) -> Result<()> {
     let rate = n as f64 / (row.median * 1e-6);
     row.extra.insert("agents_per_s".into(), rate.into());
     Ok(())
+}
+
+/// The step the submission rows load: a drift with a clamp (a comment makes a body new).
+fn submit_step(tag: &str) -> StepFn {
+    let body = format!("x[i] += v[i] * p[0]; if (x[i] > p[1]) x[i] = p[1]; // {tag}");
+    StepFn::new("submit", &body, |i, f, p| {
+        f.f32[0][i] += f.f32[1][i] * p[0];
+        if f.f32[0][i] > p[1] {
+            f.f32[0][i] = p[1];
+        }
+    })
+}
+
+pub(super) fn submission(ctx: &mut Ctx, n: usize) -> Result<()> {
+    let (_, reps) = reps(ctx.scale());
+    let reps = reps.clamp(3, 10);
+    let case = format!("submit-{}", label(n));
+    let stream = ctx.stream().clone();
+    ctx.step(format!("{SUITE}: {case}"));
+    let x: Vec<f32> = percents(n, 0x5b).iter().map(|&v| v as f32).collect();
+    let v: Vec<f32> = percents(n, 0x5c)
+        .iter()
+        .map(|&v| v as f32 / 100.0)
+        .collect();
+    let fields = [("x", HostField::F32(&x)), ("v", HostField::F32(&v))];
+    let kinds = [("x", FieldKind::F32), ("v", FieldKind::F32)];
+    let params = [0.5, 90.0];
+    let run = std::process::id();
+    // Cold: a step no cache has seen (NVRTC, then the load).
+    let mut cold = Vec::with_capacity(reps);
+    let mut stages = Vec::with_capacity(reps);
+    for k in 0..reps {
+        let step = submit_step(&format!("cold {run}-{n}-{k}"));
+        let job = submit(&stream, n, &fields, &step, &params)?;
+        cold.push(job.times.total.as_secs_f64() * 1e6);
+        stages.push(job.times);
+    }
+    let row = ctx.record_time(&case, n as u64, "warpdrive-cold", &mut cold, None)?;
+    insert_stages(row, &stages);
+    // Warm: the step's cubin is on disk; a new process pays its load (`load_fresh`, a module
+    // of its own) where this one finds it in the device's table.
+    let step = submit_step("warm");
+    submit(&stream, n, &fields, &step, &params)?;
+    let mut warm = Vec::with_capacity(reps);
+    let mut stages = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let t = std::time::Instant::now();
+        step.load_fresh(&stream, &kinds, PtxCache::global())?;
+        let load = t.elapsed();
+        let mut job = submit(&stream, n, &fields, &step, &params)?;
+        job.times.load += load;
+        job.times.total += load;
+        warm.push(job.times.total.as_secs_f64() * 1e6);
+        stages.push(job.times);
+    }
+    let row = ctx.record_time(&case, n as u64, "warpdrive-warm", &mut warm, None)?;
+    insert_stages(row, &stages);
+    row.extra
+        .insert("target_us".into(), TARGET_SUBMIT_WARM_US.into());
+    Ok(())
+}
+
+/// Issue 38's target for job submission with a warm cache: 10 ms.
+const TARGET_SUBMIT_WARM_US: f64 = 10_000.0;
+
+/// The stages' medians (µs) into the row.
+fn insert_stages(row: &mut crate::Row, stages: &[SubmitTimes]) {
+    let median = |f: fn(&SubmitTimes) -> std::time::Duration| {
+        let mut us: Vec<f64> = stages.iter().map(|t| f(t).as_secs_f64() * 1e6).collect();
+        us.sort_by(f64::total_cmp);
+        us.get(us.len() / 2).copied().unwrap_or(0.0)
+    };
+    row.extra
+        .insert("load_us".into(), median(|t| t.load).into());
+    row.extra
+        .insert("upload_us".into(), median(|t| t.upload).into());
+    row.extra
+        .insert("first_step_us".into(), median(|t| t.first_step).into());
 }

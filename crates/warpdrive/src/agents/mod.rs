@@ -1,5 +1,6 @@
 //! GPU agents: populations of agents whose state lives on the device as structure-of-arrays
-//! fields, stepped by kernels, with spatial messages and a vote across all agents.
+//! fields, stepped by kernels, with spatial messages, birth and death, and votes across all
+//! agents.
 //!
 //! - [`Population`]: named f32 / u32 fields, one [`Buffer`](crate::Buffer) each, from host
 //!   vectors and back; a field whose length is not the population's is an error.
@@ -11,14 +12,16 @@
 //! - [`Circles`]: FLAME GPU 2's Circles benchmark model on that grid (what was matched: the
 //!   `circles` module's docs).
 //! - [`Majority`]: a single vote, warp ballots and block sums in one kernel, the decision
-//!   written to mapped host memory (the host polls one word for it, no copy).
-//!
+//!   written to mapped host memory (the host polls one word for it, no copy); [`Quorum`]: a
+//!   weighted vote; [`Averaging`]: iterative averaging to a tolerance, every round enqueued
+//!   at once.
 //! - [`Population::apply_life`]: birth and death after a step (a stream compaction: survivors
 //!   in order, then each parent's children), counts exact on both backends.
+//! - [`submit`]: a job from host fields to its first step in one call, timed by stage
+//!   ([`StepFn::load_fresh`] times what a new process pays to load a step).
 //!
-//! Not yet: the pinned-host tier, the persistent cooperative
-//! stepping kernel, brute-force and graph messages, weighted and iterative consensus, job
-//! submission timing.
+//! Not yet: the pinned-host tier, the persistent cooperative stepping kernel, brute-force
+//! and graph messages.
 //!
 //! ```
 //! use warpdrive::agents::{Circles, CirclesConfig, Majority};
@@ -45,6 +48,7 @@ mod grid;
 mod life;
 mod population;
 mod step;
+mod submit;
 
 pub use circles::{Circles, CirclesConfig, RADIUS, REPULSE};
 pub use consensus::{
@@ -54,3 +58,4 @@ pub use grid::{GridShape, SpatialGrid, MAX_DIM};
 pub use life::LifeCounts;
 pub use population::{FieldKind, Population};
 pub use step::{HostFields, StepFn, MAX_PARAMS};
+pub use submit::{submit, HostField, Submission, SubmitTimes};

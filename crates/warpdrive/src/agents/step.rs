@@ -137,6 +137,35 @@ impl StepFn {
         cache.ptx(self.kernel(fields), arch)
     }
 
+    /// Loads this step's kernel for `fields` into the device's table (the cached cubin, else
+    /// NVRTC), so the first [`run`](Self::run) launches at once. A no-op on the CPU backend.
+    pub fn load(&self, stream: &Stream, fields: &[(&str, FieldKind)]) -> Result<()> {
+        let src = self.kernel(fields);
+        stream.run(
+            (),
+            |()| Ok(()),
+            |(), q| kernels::function_from_cubin(q.gpu, src, KERNEL).map(|_| ()),
+        )
+    }
+
+    /// Loads this step's kernel for `fields` through `cache` into a module of its own (not
+    /// the device's table) and drops it: what a new process pays before its first step —
+    /// NVRTC when `cache` holds no cubin for the device, else a file read and the driver's
+    /// load of machine code (no JIT). A no-op on the CPU backend.
+    pub fn load_fresh(
+        &self,
+        stream: &Stream,
+        fields: &[(&str, FieldKind)],
+        cache: &PtxCache,
+    ) -> Result<()> {
+        let src = self.kernel(fields);
+        stream.run(
+            (),
+            |()| Ok(()),
+            |(), q| kernels::load_cubin_fresh(q.gpu, cache, src, KERNEL),
+        )
+    }
+
     /// Runs the step once over every agent of `agents` with constants `params` (at most
     /// [`MAX_PARAMS`]; missing ones are 0).
     pub fn run(&self, stream: &Stream, agents: &mut Population, params: &[f32]) -> Result<()> {
