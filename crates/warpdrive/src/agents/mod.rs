@@ -20,8 +20,10 @@
 //! - [`submit`]: a job from host fields to its first step in one call, timed by stage
 //!   ([`StepFn::load_fresh`] times what a new process pays to load a step).
 //!
-//! Not yet: the pinned-host tier, the persistent cooperative stepping kernel, brute-force
-//! and graph messages.
+//! - [`StepInputs`]: what a step reads besides its fields: brute-force messages (a snapshot
+//!   of fields), a graph's edges (CSR), any read-only array.
+//!
+//! Not yet: the pinned-host tier, the persistent cooperative stepping kernel.
 //!
 //! ```
 //! use warpdrive::agents::{Circles, CirclesConfig, Majority};
@@ -45,6 +47,7 @@
 mod circles;
 mod consensus;
 mod grid;
+mod inputs;
 mod life;
 mod population;
 mod step;
@@ -55,6 +58,7 @@ pub use consensus::{
     Averaging, AveragingOutcome, Decision, Majority, Quorum, QuorumDecision, MAX_BLOCKS,
 };
 pub use grid::{GridShape, SpatialGrid, MAX_DIM};
+pub use inputs::StepInputs;
 pub use life::LifeCounts;
 pub use population::{FieldKind, Population};
 pub use step::{HostFields, StepFn, MAX_PARAMS};

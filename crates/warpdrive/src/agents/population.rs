@@ -98,22 +98,7 @@ impl Population {
     }
 
     fn check_new(&self, name: &str, len: usize) -> Result<()> {
-        let starts_well = name
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
-        if !starts_well || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-            return Err(Error::InvalidArgument(format!(
-                "agents: field name `{name}` must be a C identifier (ASCII letters, digits and \
-                 `_`, not starting with a digit)"
-            )));
-        }
-        if RESERVED.contains(&name) {
-            return Err(Error::InvalidArgument(format!(
-                "agents: field name `{name}` is taken by the step kernels ({})",
-                RESERVED.join(", ")
-            )));
-        }
+        check_name(name)?;
         if self.fields.iter().any(|(n, _)| n == name) {
             return Err(Error::InvalidArgument(format!(
                 "agents: the population already has a field `{name}`"
@@ -210,6 +195,27 @@ impl Population {
     pub(crate) fn all(&self) -> impl Iterator<Item = (&str, &FieldData)> {
         self.fields.iter().map(|(n, d)| (n.as_str(), d))
     }
+}
+
+/// A field's or a step input's name: a C identifier the step kernels do not use already.
+pub(crate) fn check_name(name: &str) -> Result<()> {
+    let starts_well = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    if !starts_well || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(Error::InvalidArgument(format!(
+            "agents: field name `{name}` must be a C identifier (ASCII letters, digits and \
+             `_`, not starting with a digit)"
+        )));
+    }
+    if RESERVED.contains(&name) {
+        return Err(Error::InvalidArgument(format!(
+            "agents: field name `{name}` is taken by the step kernels ({})",
+            RESERVED.join(", ")
+        )));
+    }
+    Ok(())
 }
 
 fn wrong_kind(name: &str, want: FieldKind) -> Error {

@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::kernels::{self, Arch, KernelSource, PtxCache};
 use crate::ops::{fill_grid, launch, Args};
 
+use super::inputs::StepInputs;
 use super::population::{FieldData, FieldKind, Population};
 
 /// Constants a step takes at most (`p[0]` to `p[7]` in its body).
@@ -23,23 +24,28 @@ pub const MAX_PARAMS: usize = 8;
 const KERNEL: &str = "agents_step";
 
 /// One agent's fields on the host, for the CPU closure: the f32 fields and the u32 fields,
-/// each in the order the population holds them (element `i` is agent `i`).
+/// each in the order the population holds them (element `i` is agent `i`), and the step's
+/// read-only inputs ([`StepInputs`]) of each kind in the order added.
 pub struct HostFields<'a> {
     /// The f32 fields, in the population's order.
     pub f32: Vec<&'a mut [f32]>,
     /// The u32 fields, in the population's order.
     pub u32: Vec<&'a mut [u32]>,
+    /// The f32 inputs, in the order added (empty without inputs).
+    pub inputs_f32: Vec<&'a [f32]>,
+    /// The u32 inputs, in the order added (empty without inputs).
+    pub inputs_u32: Vec<&'a [u32]>,
 }
 
 type CpuStep = dyn Fn(usize, &mut HostFields<'_>, &[f32]) + Send + Sync;
 
 /// A step function: a CUDA C body and a Rust closure of the same meaning.
 ///
-/// The CUDA C `body` is the inside of
-/// `__device__ void step(u64 i, <one pointer per field, named as the field>, const float* p)`:
-/// it updates agent `i` (`x[i] += v[i] * p[0];`), fields being `float*` or `u32*` by kind and
-/// `p` the step's constants. The closure gets the same agent index, the fields on the host
-/// (f32 and u32 in the population's order) and the constants.
+/// The CUDA C `body` is the inside of `__device__ void step(u64 i, u64 n, <one pointer per
+/// field, named as the field>, <per input: a const pointer named as it and its length
+/// name_len>, const float* p)`: it updates agent `i` of `n` (`x[i] += v[i] * p[0];`), fields
+/// being `float*` or `u32*` by kind and `p` the step's constants. The closure gets the same
+/// agent index, the fields and inputs on the host (by kind, in order) and the constants.
 ///
 /// ```
 /// use warpdrive::agents::{Population, StepFn};
@@ -88,29 +94,46 @@ impl StepFn {
     /// The CUDA C this step compiles to for a population with `fields` (without the prelude,
     /// which is prepended when it is compiled).
     pub fn source(&self, fields: &[(&str, FieldKind)]) -> String {
+        self.source_with(fields, &[])
+    }
+
+    /// [`source`](Self::source) for a step that also reads `inputs` ([`StepInputs::kinds`]).
+    pub fn source_with(
+        &self,
+        fields: &[(&str, FieldKind)],
+        inputs: &[(&str, FieldKind)],
+    ) -> String {
+        let ty = |kind: &FieldKind| match kind {
+            FieldKind::F32 => "float",
+            FieldKind::U32 => "u32",
+        };
         let mut params = String::new();
         let mut call = String::new();
         for (name, kind) in fields {
-            let ty = match kind {
-                FieldKind::F32 => "float",
-                FieldKind::U32 => "u32",
-            };
-            let _ = write!(params, ", {ty}* __restrict__ {name}");
+            let _ = write!(params, ", {}* __restrict__ {name}", ty(kind));
             let _ = write!(call, ", {name}");
+        }
+        for (name, kind) in inputs {
+            let _ = write!(
+                params,
+                ", const {}* __restrict__ {name}, u64 {name}_len",
+                ty(kind)
+            );
+            let _ = write!(call, ", {name}, {name}_len");
         }
         let consts: Vec<String> = (0..MAX_PARAMS).map(|k| format!("float p{k}")).collect();
         let values: Vec<String> = (0..MAX_PARAMS).map(|k| format!("p{k}")).collect();
         format!(
             "// archs: sm_80 sm_90 sm_90a\n\
              // The agents step `{name}`.\n\
-             __device__ __forceinline__ void agents_step_body(u64 i{params}, const float* __restrict__ p) {{\n\
+             __device__ __forceinline__ void agents_step_body(u64 i, u64 n{params}, const float* __restrict__ p) {{\n\
              {body}\n\
              }}\n\
              extern \"C\" __global__ void __launch_bounds__(256) {KERNEL}(u64 n{params}, {consts}) {{\n\
              \x20   const float p[{MAX_PARAMS}] = {{{values}}};\n\
              \x20   const u64 stride = (u64)gridDim.x * blockDim.x;\n\
              \x20   for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += stride)\n\
-             \x20       agents_step_body(i{call}, p);\n\
+             \x20       agents_step_body(i, n{call}, p);\n\
              }}\n",
             name = self.name,
             body = self.body,
@@ -119,10 +142,14 @@ impl StepFn {
         )
     }
 
-    /// The interned kernel source for `fields` (one per distinct text, for the process's
-    /// life, as the kernel floor's table needs `'static` sources).
-    fn kernel(&self, fields: &[(&str, FieldKind)]) -> &'static KernelSource {
-        intern(&self.name, self.source(fields))
+    /// The interned kernel source for `fields` and `inputs` (one per distinct text, for the
+    /// process's life, as the kernel floor's table needs `'static` sources).
+    fn kernel(
+        &self,
+        fields: &[(&str, FieldKind)],
+        inputs: &[(&str, FieldKind)],
+    ) -> &'static KernelSource {
+        intern(&self.name, self.source_with(fields, inputs))
     }
 
     /// The PTX of this step for a population with `fields`, compiled by NVRTC for `arch`
@@ -134,13 +161,24 @@ impl StepFn {
         fields: &[(&str, FieldKind)],
         arch: Arch,
     ) -> Result<Arc<str>> {
-        cache.ptx(self.kernel(fields), arch)
+        self.ptx_with(cache, fields, &[], arch)
+    }
+
+    /// [`ptx`](Self::ptx) for a step that also reads `inputs` ([`StepInputs::kinds`]).
+    pub fn ptx_with(
+        &self,
+        cache: &PtxCache,
+        fields: &[(&str, FieldKind)],
+        inputs: &[(&str, FieldKind)],
+        arch: Arch,
+    ) -> Result<Arc<str>> {
+        cache.ptx(self.kernel(fields, inputs), arch)
     }
 
     /// Loads this step's kernel for `fields` into the device's table (the cached cubin, else
     /// NVRTC), so the first [`run`](Self::run) launches at once. A no-op on the CPU backend.
     pub fn load(&self, stream: &Stream, fields: &[(&str, FieldKind)]) -> Result<()> {
-        let src = self.kernel(fields);
+        let src = self.kernel(fields, &[]);
         stream.run(
             (),
             |()| Ok(()),
@@ -158,7 +196,7 @@ impl StepFn {
         fields: &[(&str, FieldKind)],
         cache: &PtxCache,
     ) -> Result<()> {
-        let src = self.kernel(fields);
+        let src = self.kernel(fields, &[]);
         stream.run(
             (),
             |()| Ok(()),
@@ -169,6 +207,19 @@ impl StepFn {
     /// Runs the step once over every agent of `agents` with constants `params` (at most
     /// [`MAX_PARAMS`]; missing ones are 0).
     pub fn run(&self, stream: &Stream, agents: &mut Population, params: &[f32]) -> Result<()> {
+        self.run_with(stream, agents, &StepInputs::new(), params)
+    }
+
+    /// [`run`](Self::run) with read-only `inputs` (messages, a graph's edges, arrays) that
+    /// the body reads by name; an input named as a field (or as a field's `_len`) is an
+    /// error.
+    pub fn run_with(
+        &self,
+        stream: &Stream,
+        agents: &mut Population,
+        inputs: &StepInputs,
+        params: &[f32],
+    ) -> Result<()> {
         if params.len() > MAX_PARAMS {
             return Err(Error::InvalidArgument(format!(
                 "agents: step `{}` got {} constants, at most {MAX_PARAMS}",
@@ -188,6 +239,22 @@ impl StepFn {
                 )));
             }
         }
+        for (name, data) in inputs.all() {
+            match data {
+                FieldData::F32(b) => b.check_stream(stream, "agents step input")?,
+                FieldData::U32(b) => b.check_stream(stream, "agents step input")?,
+            }
+            let clash = agents.all().any(|(f, _)| {
+                f == name
+                    || name.strip_suffix("_len") == Some(f)
+                    || f.strip_suffix("_len") == Some(name)
+            });
+            if clash {
+                return Err(Error::InvalidArgument(format!(
+                    "agents: step input `{name}` clashes with a field of the population"
+                )));
+            }
+        }
         let mut p = [0.0f32; MAX_PARAMS];
         p[..params.len()].copy_from_slice(params);
         let n = agents.len();
@@ -201,7 +268,7 @@ impl StepFn {
             .collect();
         let field_refs: Vec<(&str, FieldKind)> =
             fields.iter().map(|(n, k)| (n.as_str(), *k)).collect();
-        let src = self.kernel(&field_refs);
+        let src = self.kernel(&field_refs, &inputs.kinds());
         let cpu = Arc::clone(&self.cpu);
         stream.run(
             agents,
@@ -209,11 +276,19 @@ impl StepFn {
                 let mut host = HostFields {
                     f32: Vec::new(),
                     u32: Vec::new(),
+                    inputs_f32: Vec::new(),
+                    inputs_u32: Vec::new(),
                 };
                 for d in agents.all_mut() {
                     match d {
                         FieldData::F32(b) => host.f32.push(b.host_view_mut()?),
                         FieldData::U32(b) => host.u32.push(b.host_view_mut()?),
+                    }
+                }
+                for (_, d) in inputs.all() {
+                    match d {
+                        FieldData::F32(b) => host.inputs_f32.push(b.host_view()?),
+                        FieldData::U32(b) => host.inputs_u32.push(b.host_view()?),
                     }
                 }
                 for i in 0..n {
@@ -228,12 +303,22 @@ impl StepFn {
                 for (_, d) in agents.all() {
                     args = args.ptr(d.device_ptr());
                 }
+                for (_, d) in inputs.all() {
+                    let len = match d {
+                        FieldData::F32(b) => b.len(),
+                        FieldData::U32(b) => b.len(),
+                    };
+                    args = args.ptr(d.device_ptr()).u64(len as u64);
+                }
                 for v in p {
                     args = args.f32(v);
                 }
                 // SAFETY: agents_step(u64 n, one pointer per field in the population's order
-                // (float* or u32*, each holding n elements: checked above), MAX_PARAMS floats),
-                // as `source` generates it; the kernel touches elements below n only.
+                // (float* or u32*, each holding n elements: checked above), per input a
+                // const pointer and its length (the input's buffer, on this device: checked),
+                // MAX_PARAMS floats), as `source_with` generates it; the kernel touches
+                // fields below n only, and inputs as the body reads them (the caller's body
+                // bounds its reads by the `_len` it is given).
                 unsafe { launch(q, (src, KERNEL), grid, 256, 0, args) }
             },
         )
