@@ -15,8 +15,9 @@
 //!   stream's wait): variant `warpdrive`, with `p99_us` in `extra` and the target `target_p99_us`
 //!   (10 at 1 M); and the kernel alone timed by events: variant `warpdrive-kernel`.
 //!   Sizes as `circles`.
-//! - `quorum-N`, `averaging-N`, `life-N`, `submit-N`: the weighted quorum, iterative
-//!   averaging, birth and death, and job submission (`agents/more.rs`).
+//! - `quorum-N`, `averaging-N`, `life-N`, `submit-N`, `steps-N`: the weighted quorum,
+//!   iterative averaging, birth and death, job submission and persistent stepping
+//!   (`agents/more.rs`).
 
 use warpdrive::agents::{Circles, CirclesConfig, Majority};
 use warpdrive::error::Result;
@@ -72,6 +73,7 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
         more::averaging(ctx, n)?;
         more::life(ctx, n)?;
         more::submission(ctx, n)?;
+        more::stepping(ctx, n)?;
     }
     Ok(())
 }
@@ -177,6 +179,8 @@ mod tests {
             ("life-2k", "warpdrive"),
             ("submit-2k", "warpdrive-cold"),
             ("submit-2k", "warpdrive-warm"),
+            ("steps-2k", "warpdrive-persistent"),
+            ("steps-2k", "warpdrive-graph"),
         ] {
             let row = rows
                 .iter()

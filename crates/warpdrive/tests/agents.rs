@@ -611,6 +611,46 @@ device_test!(
     messages_and_edges
 );
 
+fn persistent_steps(dev: &Device) {
+    let s = stream(dev);
+    let cpu = Device::cpu().new_stream().unwrap();
+    let mut rng = common::rng(common::seed("persistent_steps"));
+    for n in SIZES {
+        let x = common::random_f32(&mut rng, n);
+        let v = common::random_f32(&mut rng, n);
+        let make = |st: &warpdrive::Stream| {
+            let mut p = Population::new(n);
+            p.add_f32(st, "x", &x).unwrap();
+            p.add_f32(st, "v", &v).unwrap();
+            p.add_u32(st, "hits", &vec![0; n]).unwrap();
+            p
+        };
+        let (mut on_dev, mut want) = (make(&s), make(&cpu));
+        let none = StepInputs::new();
+        drift()
+            .run_steps(&s, &mut on_dev, &none, &[0.25, 0.5], 7)
+            .unwrap();
+        for _ in 0..7 {
+            drift().run(&cpu, &mut want, &[0.25, 0.5]).unwrap();
+        }
+        let got = on_dev.f32_to_host(&s, "x").unwrap();
+        for (g, w) in got.iter().zip(want.f32_to_host(&cpu, "x").unwrap()) {
+            assert!(
+                (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+                "n={n}: {g} vs {w}"
+            );
+        }
+        let hits = on_dev.u32_to_host(&s, "hits").unwrap();
+        let want_hits = want.u32_to_host(&cpu, "hits").unwrap();
+        let differ = hits.iter().zip(&want_hits).filter(|(a, b)| a != b).count();
+        assert!(
+            differ <= n / 1000,
+            "n={n}: {differ} agents hit the clamp a different number of times"
+        );
+    }
+}
+device_test!(cpu_persistent_steps, gpu_persistent_steps, persistent_steps);
+
 fn temp_cache(tag: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("wd-agents-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);

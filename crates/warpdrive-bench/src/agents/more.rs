@@ -16,17 +16,22 @@
 //!   `warpdrive-warm` a step whose cubin is cached on disk, its load timed as a new process
 //!   pays it (`StepFn::load_fresh`); `extra` has each stage's median and, for warm, the
 //!   target (10 ms).
+//! - `steps-N`: 100 steps of a drift step over N agents, µs per sample:
+//!   `warpdrive-persistent` (`StepFn::run_steps`: one cooperative kernel, a grid-wide barrier
+//!   between steps) against `warpdrive-graph` (the one-step graph replayed 100 times);
+//!   `extra.agent_steps_per_s`.
 
 use warpdrive::agents::{
-    submit, Averaging, FieldKind, HostField, Population, Quorum, StepFn, SubmitTimes,
+    submit, Averaging, FieldKind, HostField, Population, Quorum, StepFn, StepInputs, SubmitTimes,
 };
 use warpdrive::error::Result;
+use warpdrive::exec::Graph;
 use warpdrive::kernels::PtxCache;
 use warpdrive::memory::Buffer;
 
 use super::{label, reps, SUITE};
 use crate::stats::percentile;
-use crate::timing::time_host;
+use crate::timing::{time_gpu, time_host};
 use crate::Ctx;
 use warpdrive::transfer::upload;
 
@@ -229,4 +234,41 @@ fn insert_stages(row: &mut crate::Row, stages: &[SubmitTimes]) {
         .insert("upload_us".into(), median(|t| t.upload).into());
     row.extra
         .insert("first_step_us".into(), median(|t| t.first_step).into());
+}
+
+/// Steps per sample of the `steps-N` rows.
+const LOOP_STEPS: u64 = 100;
+
+pub(super) fn stepping(ctx: &mut Ctx, n: usize) -> Result<()> {
+    let (warm, reps) = reps(ctx.scale());
+    let case = format!("steps-{}", label(n));
+    let stream = ctx.stream().clone();
+    ctx.step(format!("{SUITE}: {case}"));
+    let x: Vec<f32> = percents(n, 0x51).iter().map(|&v| v as f32).collect();
+    let v: Vec<f32> = percents(n, 0x52).iter().map(|&v| v as f32 / 1e4).collect();
+    let mut pop = Population::new(n);
+    pop.add_f32(&stream, "x", &x)?;
+    pop.add_f32(&stream, "v", &v)?;
+    let step = submit_step("steps");
+    let none = StepInputs::new();
+    let params = [0.5, 1e9];
+    let mut persistent = time_gpu(&stream, warm, reps, |s| {
+        step.run_steps(s, &mut pop, &none, &params, LOOP_STEPS)
+    })?;
+    let mut graph = Graph::capture(&stream, |s| step.run(s, &mut pop, &params))?;
+    graph.prepare()?;
+    let mut graphed = time_gpu(&stream, warm, reps, |_| {
+        (0..LOOP_STEPS).try_for_each(|_| graph.launch())
+    })?;
+    drop(graph);
+    for (variant, us) in [
+        ("warpdrive-persistent", &mut persistent),
+        ("warpdrive-graph", &mut graphed),
+    ] {
+        let row = ctx.record_time(&case, n as u64, variant, us, None)?;
+        let rate = n as f64 * LOOP_STEPS as f64 / (row.median * 1e-6);
+        row.extra.insert("agent_steps_per_s".into(), rate.into());
+        row.extra.insert("steps".into(), LOOP_STEPS.into());
+    }
+    Ok(())
 }

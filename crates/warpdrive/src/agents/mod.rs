@@ -23,7 +23,10 @@
 //! - [`StepInputs`]: what a step reads besides its fields: brute-force messages (a snapshot
 //!   of fields), a graph's edges (CSR), any read-only array.
 //!
-//! Not yet: the pinned-host tier, the persistent cooperative stepping kernel.
+//! - [`StepFn::run_steps`]: many steps in one persistent cooperative kernel (a grid-wide
+//!   barrier between steps), refused while resident actors run on the GPU.
+//!
+//! Not yet: the pinned-host tier; Circles in one persistent kernel.
 //!
 //! ```
 //! use warpdrive::agents::{Circles, CirclesConfig, Majority};

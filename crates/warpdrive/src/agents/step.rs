@@ -9,10 +9,12 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::Mutex;
 use xxhash_rust::xxh3::xxh3_64;
 
+use crate::device::LaunchMode;
 use crate::device::Stream;
 use crate::error::{Error, Result};
 use crate::kernels::{self, Arch, KernelSource, PtxCache};
-use crate::ops::{fill_grid, launch, Args};
+use crate::memory::Buffer;
+use crate::ops::{fill_grid, launch, launch_with, Args};
 
 use super::inputs::StepInputs;
 use super::population::{FieldData, FieldKind, Population};
@@ -22,6 +24,8 @@ pub const MAX_PARAMS: usize = 8;
 
 /// The generated kernel's name.
 const KERNEL: &str = "agents_step";
+/// The generated persistent kernel's name (many steps in one cooperative launch).
+const LOOP: &str = "agents_step_loop";
 
 /// One agent's fields on the host, for the CPU closure: the f32 fields and the u32 fields,
 /// each in the order the population holds them (element `i` is agent `i`), and the step's
@@ -134,6 +138,25 @@ impl StepFn {
              \x20   const u64 stride = (u64)gridDim.x * blockDim.x;\n\
              \x20   for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += stride)\n\
              \x20       agents_step_body(i, n{call}, p);\n\
+             }}\n\
+             // Every step over every agent, the blocks meeting after each (a cooperative\n\
+             // launch: all resident); `bar` counts arrivals and only grows.\n\
+             extern \"C\" __global__ void __launch_bounds__(256) {LOOP}(u64 n{params}, {consts}, u64 steps, u64* bar) {{\n\
+             \x20   const float p[{MAX_PARAMS}] = {{{values}}};\n\
+             \x20   const u64 stride = (u64)gridDim.x * blockDim.x;\n\
+             \x20   for (u64 s = 0; s < steps; ++s) {{\n\
+             \x20       for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += stride)\n\
+             \x20           agents_step_body(i, n{call}, p);\n\
+             \x20       __syncthreads();\n\
+             \x20       if (threadIdx.x == 0) {{\n\
+             \x20           __threadfence();\n\
+             \x20           atomicAdd((unsigned long long*)bar, 1ull);\n\
+             \x20           const u64 target = (s + 1) * (u64)gridDim.x;\n\
+             \x20           u64 seen;\n\
+             \x20           do {{ asm volatile(\"ld.acquire.gpu.global.u64 %0, [%1];\" : \"=l\"(seen) : \"l\"(bar) : \"memory\"); }} while (seen < target);\n\
+             \x20       }}\n\
+             \x20       __syncthreads();\n\
+             \x20   }}\n\
              }}\n",
             name = self.name,
             body = self.body,
@@ -204,22 +227,8 @@ impl StepFn {
         )
     }
 
-    /// Runs the step once over every agent of `agents` with constants `params` (at most
-    /// [`MAX_PARAMS`]; missing ones are 0).
-    pub fn run(&self, stream: &Stream, agents: &mut Population, params: &[f32]) -> Result<()> {
-        self.run_with(stream, agents, &StepInputs::new(), params)
-    }
-
-    /// [`run`](Self::run) with read-only `inputs` (messages, a graph's edges, arrays) that
-    /// the body reads by name; an input named as a field (or as a field's `_len`) is an
-    /// error.
-    pub fn run_with(
-        &self,
-        stream: &Stream,
-        agents: &mut Population,
-        inputs: &StepInputs,
-        params: &[f32],
-    ) -> Result<()> {
+    /// `params` padded with zeros to [`MAX_PARAMS`]; more is an error.
+    fn params(&self, params: &[f32]) -> Result<[f32; MAX_PARAMS]> {
         if params.len() > MAX_PARAMS {
             return Err(Error::InvalidArgument(format!(
                 "agents: step `{}` got {} constants, at most {MAX_PARAMS}",
@@ -227,6 +236,19 @@ impl StepFn {
                 params.len()
             )));
         }
+        let mut p = [0.0f32; MAX_PARAMS];
+        p[..params.len()].copy_from_slice(params);
+        Ok(p)
+    }
+
+    /// Fields and inputs on the stream's device, fields of the population's length, no input
+    /// named as a field.
+    fn check_fields(
+        &self,
+        stream: &Stream,
+        agents: &Population,
+        inputs: &StepInputs,
+    ) -> Result<()> {
         for (name, data) in agents.all() {
             let ok = match data {
                 FieldData::F32(b) => b.check_stream(stream, "agents step").map(|_| b.len()),
@@ -255,8 +277,27 @@ impl StepFn {
                 )));
             }
         }
-        let mut p = [0.0f32; MAX_PARAMS];
-        p[..params.len()].copy_from_slice(params);
+        Ok(())
+    }
+
+    /// Runs the step once over every agent of `agents` with constants `params` (at most
+    /// [`MAX_PARAMS`]; missing ones are 0).
+    pub fn run(&self, stream: &Stream, agents: &mut Population, params: &[f32]) -> Result<()> {
+        self.run_with(stream, agents, &StepInputs::new(), params)
+    }
+
+    /// [`run`](Self::run) with read-only `inputs` (messages, a graph's edges, arrays) that
+    /// the body reads by name; an input named as a field (or as a field's `_len`) is an
+    /// error.
+    pub fn run_with(
+        &self,
+        stream: &Stream,
+        agents: &mut Population,
+        inputs: &StepInputs,
+        params: &[f32],
+    ) -> Result<()> {
+        let p = self.params(params)?;
+        self.check_fields(stream, agents, inputs)?;
         let n = agents.len();
         if n == 0 {
             return Ok(());
@@ -320,6 +361,83 @@ impl StepFn {
                 // fields below n only, and inputs as the body reads them (the caller's body
                 // bounds its reads by the `_len` it is given).
                 unsafe { launch(q, (src, KERNEL), grid, 256, 0, args) }
+            },
+        )
+    }
+}
+
+impl StepFn {
+    /// Runs `steps` steps (as [`run_with`](Self::run_with) would, with the same `inputs`
+    /// every step: a messages snapshot is not refreshed between them) in one persistent
+    /// kernel whose blocks meet at a grid-wide barrier after each step — one launch for all
+    /// of them, nothing from the host in between. The grid is no larger than the GPU holds
+    /// at once (a cooperative launch). Refused with an error while resident actors run on
+    /// the device (a cooperative kernel and a resident one may not both fit). On the CPU
+    /// backend, `steps` runs of the closure.
+    pub fn run_steps(
+        &self,
+        stream: &Stream,
+        agents: &mut Population,
+        inputs: &StepInputs,
+        params: &[f32],
+        steps: u64,
+    ) -> Result<()> {
+        if stream.device().has_resident_kernel() {
+            return Err(Error::Unsupported(
+                "agents: a persistent step kernel while resident actors run on this GPU (they \
+                 cannot both be resident; stop the actor system or step with run_with)"
+                    .into(),
+            ));
+        }
+        let p = self.params(params)?;
+        self.check_fields(stream, agents, inputs)?;
+        let n = agents.len();
+        if stream.queue().is_none() || steps == 0 || n == 0 {
+            for _ in 0..steps {
+                self.run_with(stream, agents, inputs, params)?;
+            }
+            return Ok(());
+        }
+        let fields: Vec<(String, FieldKind)> = agents
+            .fields()
+            .into_iter()
+            .map(|(n, k)| (n.to_string(), k))
+            .collect();
+        let field_refs: Vec<(&str, FieldKind)> =
+            fields.iter().map(|(n, k)| (n.as_str(), *k)).collect();
+        let src = self.kernel(&field_refs, &inputs.kinds());
+        let bar = Buffer::<u64>::zeros(stream, 1)?;
+        stream.run(
+            agents,
+            |_| Ok(()),
+            |agents, q| {
+                kernels::function_from_cubin(q.gpu, src, LOOP)?;
+                let grid = fill_grid(q.gpu, (src, LOOP), n as u64, 256)?;
+                let mut args = Args::new().u64(n as u64);
+                for (_, d) in agents.all() {
+                    args = args.ptr(d.device_ptr());
+                }
+                for (_, d) in inputs.all() {
+                    let len = match d {
+                        FieldData::F32(b) => b.len(),
+                        FieldData::U32(b) => b.len(),
+                    };
+                    args = args.ptr(d.device_ptr()).u64(len as u64);
+                }
+                for v in p {
+                    args = args.f32(v);
+                }
+                args = args.u64(steps).buf(&bar);
+                let mode = LaunchMode {
+                    cooperative: true,
+                    ..LaunchMode::default()
+                };
+                // SAFETY: agents_step_loop(the parameters of agents_step, u64 steps, u64*
+                // bar) as `source_with` generates it, the same arguments as run_with's launch
+                // plus the step count and one zeroed counter (freed in stream order); a
+                // cooperative launch of a grid no larger than fill_grid's resident bound, so
+                // every block reaches each barrier.
+                unsafe { launch_with(q, (src, LOOP), grid, 256, 0, args, mode) }
             },
         )
     }

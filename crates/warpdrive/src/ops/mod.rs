@@ -122,12 +122,34 @@ pub(crate) unsafe fn launch(
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn launch_as(
     q: Queue<'_>,
+    kernel: (&'static KernelSource, &'static str),
+    grid: u32,
+    block: u32,
+    shared_bytes: u32,
+    args: Args,
+    programmatic: bool,
+) -> Result<()> {
+    let mode = LaunchMode {
+        programmatic,
+        ..LaunchMode::default()
+    };
+    // SAFETY: forwarded from this function's contract.
+    unsafe { launch_with(q, kernel, grid, block, shared_bytes, args, mode) }
+}
+
+/// [`launch`] in launch mode `mode` (a cooperative launch: every block resident at once).
+///
+/// # Safety
+/// As [`launch`]; with `mode.programmatic`, as [`launch_as`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn launch_with(
+    q: Queue<'_>,
     (source, name): (&'static KernelSource, &'static str),
     grid: u32,
     block: u32,
     shared_bytes: u32,
     mut args: Args,
-    programmatic: bool,
+    mode: LaunchMode,
 ) -> Result<()> {
     let f = kernels::function(q.gpu, source, name)?;
     let mut params: Vec<*mut c_void> = args
@@ -145,10 +167,7 @@ pub(crate) unsafe fn launch_as(
             (block, 1, 1),
             shared_bytes,
             &mut params,
-            LaunchMode {
-                programmatic,
-                ..LaunchMode::default()
-            },
+            mode,
         )
     }
 }
