@@ -199,12 +199,15 @@ impl Device {
                     )));
                 }
                 let words = bytes.div_ceil(8);
-                crate::memory::check_host_bytes("peer-mapped memory", bytes)?;
-                Ok(PeerMemory::Host(
-                    (0..words)
-                        .map(|_| std::sync::atomic::AtomicU64::new(0))
-                        .collect(),
-                ))
+                // Refused as a value, not an abort, when the host cannot hold it.
+                let mut host = Vec::new();
+                host.try_reserve_exact(words)
+                    .map_err(|e| Error::OutOfMemory {
+                        requested: bytes,
+                        detail: format!("peer-mapped memory on the host: {e}"),
+                    })?;
+                host.extend((0..words).map(|_| std::sync::atomic::AtomicU64::new(0)));
+                Ok(PeerMemory::Host(host.into_boxed_slice()))
             }
             Device::Cuda(owner) => {
                 let mut gpus = Vec::with_capacity(reach.len());
