@@ -83,7 +83,9 @@ impl Majority {
                 Ok(())
             },
             |m, q| {
-                let grid = fill_grid(q.gpu, (&AGENTS, "agents_vote"), n as u64, 256)?
+                // One 16-byte vector of four votes a thread.
+                let vectors = (n as u64).div_ceil(4);
+                let grid = fill_grid(q.gpu, (&AGENTS, "agents_vote"), vectors, 256)?
                     .min(MAX_BLOCKS as u32);
                 let args = Args::new()
                     .buf(votes)

@@ -16,9 +16,9 @@
 //     (z, y) row), sums the Circles force and writes the agent's new position (messages are
 //     a copy: no read-after-write). The cube root runs only for messages whose squared
 //     distance is below radius³ (plus a margin): cbrt is monotonic, so the rest cannot count.
-//   agents_vote: block 256, grid-stride; yes votes counted per warp (__ballot_sync and
-//     __popc), per block (warp counts in shared memory), one u64 per block into partials,
-//     then the last block (a ticket: one atomic per block, not per agent) adds the partials
+//   agents_vote: block 256, grid-stride over 16-byte vectors of four votes; yes votes
+//     counted per thread, per warp (shuffles), per block (warp counts in shared memory),
+//     one u64 per block into partials, then the last block (a ticket: one atomic per block, not per agent) adds the partials
 //     in block order, sets the ticket back to 0 (graph replays) and writes (yes, decision)
 //     to mapped host memory, then, after a system-wide fence, the vote's round number: the
 //     host polls that word and reads the decision without a copy.
@@ -116,17 +116,23 @@ extern "C" __global__ void __launch_bounds__(256) agents_vote(
     volatile u64* __restrict__ out, u64 round) {
     __shared__ bool last;
     const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-    u64 mine = 0;
+    u32 count = 0;
+    const u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;
     const u64 stride = (u64)gridDim.x * blockDim.x;
-    // Every lane of a warp runs the same number of rounds (the bound is per warp), so the
-    // ballot's full mask is valid.
-    const u64 warp_first = blockIdx.x * (u64)blockDim.x + (u64)warp * 32u;
-    for (u64 base = warp_first; base < n; base += stride) {
-        const u64 i = base + lane;
-        const bool yes = i < n && votes[i] != 0u;
-        const u32 ballot = __ballot_sync(0xffffffffu, yes);
-        if (lane == 0) mine += (u64)__popc(ballot);
+    // Four votes a load (a 16-byte vector; the grid is sized so a million votes take one
+    // load a thread), the tail past the last whole vector one by one.
+    u64 whole = 0;
+    if (aligned16(votes)) {
+        whole = n / 4u;
+        const uint4* v4 = (const uint4*)votes;
+        for (u64 k = tid; k < whole; k += stride) {
+            const uint4 v = v4[k];
+            count += (v.x != 0u) + (v.y != 0u) + (v.z != 0u) + (v.w != 0u);
+        }
+        whole *= 4u;
     }
+    for (u64 i = whole + tid; i < n; i += stride) count += votes[i] != 0u;
+    const u64 mine = (u64)warp_sum(count);
     // Warp totals (lane 0 holds each) into one block total, then one u64 per block.
     __shared__ u64 wide[8];
     if (lane == 0) wide[warp] = mine;
