@@ -51,7 +51,11 @@ fn scan_body(dev: &Device, seed: u64) -> Vec<Vec<u32>> {
     let s = dev.new_stream().unwrap();
     let mut r = rng(seed);
     let mut outs = Vec::new();
-    for n in [0, 1, 1023, 4095, 4096, 4097, 100_003] {
+    // Past 65,536 the GPU scans a tile a block; past 4,194,304 a thread holds two tiles
+    // of sums.
+    for n in [
+        0, 1, 1023, 4095, 4096, 4097, 65_536, 65_537, 100_003, 4_194_305,
+    ] {
         let xs: Vec<u32> = (0..n).map(|_| r.random_range(0..1000)).collect();
         let x = Buffer::from_host(&s, &xs).unwrap();
         let mut out = poisoned::<u32>(&s, n + 1, u32::MAX);

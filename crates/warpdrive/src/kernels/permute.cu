@@ -5,6 +5,10 @@
 //     dynamic shared memory), then added into the zeroed global counts (integer adds: the
 //     result does not depend on their order).
 //   exclusive_scan_u32: one block of 1024; tiles of 4096 (4 per thread), carried in order.
+//   scan_tile_sums / scan_tile_bases / scan_tiles: the same scan over many blocks for long
+//     arrays, with no scratch: each block of 1024 sums its tile of 4096 into out[tile·4096],
+//     one block scans those sums in place into each tile's base (and writes the total), then
+//     each block reads its base and scans its tile from it.
 //   sort_count / sort_offsets / sort_scatter: the stable sort (keys >= bins go to one
 //     overflow bucket after every valid key). Tiles of 1024 keys, one block of 256 per tile:
 //     per-tile counts of each bucket; one block of 1024 turns them into each tile's first
@@ -47,6 +51,51 @@ extern "C" __global__ void __launch_bounds__(1024) exclusive_scan_u32(const u32*
         carry += tile_total;
     }
     if (threadIdx.x == 0) out[n] = carry;
+}
+
+// The many-block scan keeps its tile sums in `out` itself (slot t·4096, which the last
+// pass overwrites only after reading it), so it needs no scratch memory.
+extern "C" __global__ void __launch_bounds__(1024) scan_tile_sums(const u32* __restrict__ x, u64 n, u32* __restrict__ out) {
+    const u64 first = (u64)blockIdx.x * 4096u + 4ull * threadIdx.x;
+    u32 mine = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) mine += first + j < n ? x[first + j] : 0u;
+    const u32 total = block_sum(mine);
+    if (threadIdx.x == 0) out[(u64)blockIdx.x * 4096u] = total;
+}
+
+// One block: the tile sums at out[t·4096] become each tile's base (an exclusive scan in
+// place, each thread a contiguous run of tiles); out[n] gets the total.
+extern "C" __global__ void __launch_bounds__(1024) scan_tile_bases(u32* __restrict__ out, u64 n, u64 tiles) {
+    const u64 per = (tiles + blockDim.x - 1) / blockDim.x;
+    const u64 t0 = per * threadIdx.x, t1 = min(t0 + per, tiles);
+    u32 mine = 0;
+    for (u64 t = t0; t < t1; ++t) mine += out[t * 4096u];
+    u32 total;
+    u32 run = block_exclusive_scan(mine, &total);
+    for (u64 t = t0; t < t1; ++t) {
+        const u32 v = out[t * 4096u];
+        out[t * 4096u] = run;
+        run += v;
+    }
+    if (threadIdx.x == 0) out[n] = total;
+}
+
+extern "C" __global__ void __launch_bounds__(1024) scan_tiles(const u32* __restrict__ x, u64 n, u32* __restrict__ out) {
+    __shared__ u32 base;
+    const u64 first = (u64)blockIdx.x * 4096u + 4ull * threadIdx.x;
+    if (threadIdx.x == 0) base = out[(u64)blockIdx.x * 4096u];
+    __syncthreads();
+    u32 v[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] = first + j < n ? x[first + j] : 0u;
+    u32 tile_total;
+    u32 run = base + block_exclusive_scan(v[0] + v[1] + v[2] + v[3], &tile_total);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        if (first + j < n) out[first + j] = run;
+        run += v[j];
+    }
 }
 
 #define SORT_TILE 1024u

@@ -74,9 +74,16 @@ pub fn histogram(stream: &Stream, keys: &Buffer<u32>, counts: &mut Buffer<u32>) 
     )
 }
 
+/// Elements up to which [`exclusive_scan`] runs in one block (past it, a block per tile).
+pub const ONE_BLOCK_SCAN: u64 = 1 << 16;
+/// Elements a block scans in [`exclusive_scan`]'s many-block path.
+const SCAN_TILE: u64 = 4096;
+
 /// `out[i] = x[0] + … + x[i-1]` for `i` in `0..=x.len()`: `out` has one more element than `x`
-/// and ends with the total (wrapping on u32 overflow). One block of 1024 threads: meant for
-/// per-bin or per-expert arrays, not for hundreds of millions of elements.
+/// and ends with the total (wrapping on u32 overflow). On a GPU, one block of 1024 threads up
+/// to [`ONE_BLOCK_SCAN`] elements; past that a block per tile of 4096 (tile sums kept in
+/// `out`, their scan, then each tile from its base): no scratch memory, so it runs inside a
+/// graph capture too.
 pub fn exclusive_scan(stream: &Stream, x: &Buffer<u32>, out: &mut Buffer<u32>) -> Result<()> {
     x.check_stream(stream, "exclusive_scan")?;
     out.check_stream(stream, "exclusive_scan")?;
@@ -98,10 +105,40 @@ pub fn exclusive_scan(stream: &Stream, x: &Buffer<u32>, out: &mut Buffer<u32>) -
             Ok(())
         },
         |out, q| {
-            let args = Args::new().buf(x).u64(x.len() as u64).buf(out);
-            // SAFETY: exclusive_scan_u32(const u32* x, u64 n, u32* out): x holds n elements and out
-            // n + 1 (checked above); one block.
-            unsafe { launch(q, (&PERMUTE, "exclusive_scan_u32"), 1, WIDE_BLOCK, 0, args) }
+            let n = x.len() as u64;
+            if n <= ONE_BLOCK_SCAN {
+                let args = Args::new().buf(x).u64(n).buf(out);
+                // SAFETY: exclusive_scan_u32(const u32* x, u64 n, u32* out): x holds n
+                // elements and out n + 1 (checked above); one block.
+                return unsafe {
+                    launch(q, (&PERMUTE, "exclusive_scan_u32"), 1, WIDE_BLOCK, 0, args)
+                };
+            }
+            let tiles = n.div_ceil(SCAN_TILE);
+            let tiles_u32 = u32::try_from(tiles).map_err(|_| {
+                Error::InvalidArgument(format!("exclusive_scan: {n} elements are too many"))
+            })?;
+            let args = Args::new().buf(x).u64(n).buf(out);
+            // SAFETY: scan_tile_sums(const u32* x, u64 n, u32* out), one block of 1024 per
+            // tile of SCAN_TILE: x holds n, out n + 1 > every tile's first slot.
+            unsafe {
+                launch(
+                    q,
+                    (&PERMUTE, "scan_tile_sums"),
+                    tiles_u32,
+                    WIDE_BLOCK,
+                    0,
+                    args,
+                )?
+            };
+            let args = Args::new().buf(out).u64(n).u64(tiles);
+            // SAFETY: scan_tile_bases(u32* out, u64 n, u64 tiles), one block: out holds n + 1,
+            // the tiles' first slots and slot n.
+            unsafe { launch(q, (&PERMUTE, "scan_tile_bases"), 1, WIDE_BLOCK, 0, args)? };
+            let args = Args::new().buf(x).u64(n).buf(out);
+            // SAFETY: scan_tiles(const u32* x, u64 n, u32* out), one block of 1024 per tile:
+            // x holds n, out n + 1 (checked above); each block writes its own tile only.
+            unsafe { launch(q, (&PERMUTE, "scan_tiles"), tiles_u32, WIDE_BLOCK, 0, args) }
         },
     )
 }
