@@ -313,7 +313,10 @@ impl LaunchEnv {
         let mut streams: Vec<TcpStream> = Vec::new();
         if self.world > 1 {
             let listener = TcpListener::bind(("0.0.0.0", self.master_port)).map_err(|e| {
-                fail(format!("rank 0 cannot listen on port {}: {e}", self.master_port))
+                fail(format!(
+                    "rank 0 cannot listen on port {}: {e}",
+                    self.master_port
+                ))
             })?;
             listener
                 .set_nonblocking(true)
@@ -373,7 +376,11 @@ impl LaunchEnv {
 
     /// Reads a rank's hello: `Some((rank, entry))`, `None` for a stray connection, an error
     /// for a rank of another job (another world size, a rank out of range).
-    fn read_hello(&self, stream: &TcpStream, deadline: Instant) -> Result<Option<(usize, Vec<u8>)>> {
+    fn read_hello(
+        &self,
+        stream: &TcpStream,
+        deadline: Instant,
+    ) -> Result<Option<(usize, Vec<u8>)>> {
         let mut stream = stream;
         if stream.set_nonblocking(false).is_err() || set_timeouts(stream, deadline).is_err() {
             return Ok(None);
@@ -444,7 +451,12 @@ impl LaunchEnv {
     }
 
     fn parse_table(&self, reply: &[u8]) -> Result<Table> {
-        let bad = || fail(format!("rank {} got a malformed table from rank 0", self.rank));
+        let bad = || {
+            fail(format!(
+                "rank {} got a malformed table from rank 0",
+                self.rank
+            ))
+        };
         let take = |at: &mut usize, n: usize| -> Result<&[u8]> {
             let end = at.checked_add(n).ok_or_else(bad)?;
             let bytes = reply.get(*at..end).ok_or_else(bad)?;
@@ -461,8 +473,10 @@ impl LaunchEnv {
         for _ in 0..self.world {
             let octets: [u8; 16] = take(&mut at, 16)?.try_into().map_err(|_| bad())?;
             let ip = std::net::Ipv6Addr::from(octets);
-            let ip = (!ip.is_unspecified())
-                .then(|| ip.to_ipv4_mapped().map_or(std::net::IpAddr::V6(ip), Into::into));
+            let ip = (!ip.is_unspecified()).then(|| {
+                ip.to_ipv4_mapped()
+                    .map_or(std::net::IpAddr::V6(ip), Into::into)
+            });
             let len = u32::from_le_bytes(take(&mut at, 4)?.try_into().map_err(|_| bad())?);
             entries.push((ip, take(&mut at, len as usize)?.to_vec()));
         }

@@ -97,7 +97,6 @@ impl fmt::Display for Call {
     }
 }
 
-
 /// The collectives' names: a call's op travels as its index here.
 const OPS: [&str; 7] = [
     "all_reduce",
@@ -130,7 +129,10 @@ const NONE: u64 = u64::MAX;
 
 /// An element type as it travels between processes.
 pub(super) fn dtype_code(kind: DTypeKind) -> u64 {
-    DTYPES.iter().position(|d| *d == kind).map_or(NONE, |i| i as u64)
+    DTYPES
+        .iter()
+        .position(|d| *d == kind)
+        .map_or(NONE, |i| i as u64)
 }
 
 /// The name of the element type [`dtype_code`] gave `code`.
@@ -152,7 +154,10 @@ impl Call {
             self.input as u64,
             self.output as u64,
             self.root.map_or(NONE, |r| r as u64),
-            index(self.reduce.and_then(|r| REDUCE.iter().position(|o| *o == r))),
+            index(
+                self.reduce
+                    .and_then(|r| REDUCE.iter().position(|o| *o == r)),
+            ),
         ];
         match &self.counts {
             None => words.push(NONE),
@@ -168,7 +173,10 @@ impl Call {
     pub(super) fn decode(words: &[u64]) -> Result<Call> {
         let bad = || Error::Collective {
             op: "step",
-            detail: format!("a rank sent a call this rank cannot read ({} words)", words.len()),
+            detail: format!(
+                "a rank sent a call this rank cannot read ({} words)",
+                words.len()
+            ),
         };
         let at = |i: usize| words.get(i).copied().ok_or_else(bad);
         let size = |w: u64| usize::try_from(w).map_err(|_| bad());
@@ -182,9 +190,15 @@ impl Call {
         let counts = match pick(at(6)?)? {
             None => None,
             Some(n) => {
-                let end = n.checked_mul(2).and_then(|m| m.checked_add(7)).ok_or_else(bad)?;
+                let end = n
+                    .checked_mul(2)
+                    .and_then(|m| m.checked_add(7))
+                    .ok_or_else(bad)?;
                 let table = words.get(7..end).ok_or_else(bad)?;
-                let table = table.iter().map(|&w| size(w)).collect::<Result<Vec<usize>>>()?;
+                let table = table
+                    .iter()
+                    .map(|&w| size(w))
+                    .collect::<Result<Vec<usize>>>()?;
                 Some((table[..n].to_vec(), table[n..].to_vec()))
             }
         };

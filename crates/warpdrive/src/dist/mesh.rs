@@ -82,8 +82,9 @@ const MESH_HELLO: &[u8; 8] = b"wdmesh01";
 struct Inbox {
     rounds: Vec<VecDeque<Frame>>,
     messages: Vec<VecDeque<Frame>>,
-    /// Why each peer is gone (its connection closed or broke).
-    gone: Vec<Option<String>>,
+    /// Why each peer is gone (its connection closed or broke), in the order seen.
+    gone: Vec<Option<(usize, String)>>,
+    departures: usize,
     abort: Option<String>,
 }
 
@@ -100,7 +101,8 @@ impl Shared {
     fn gone(&self, peer: usize, why: String) {
         let mut inbox = self.inbox.lock();
         if inbox.gone[peer].is_none() {
-            inbox.gone[peer] = Some(why);
+            inbox.gone[peer] = Some((inbox.departures, why));
+            inbox.departures += 1;
         }
         self.troubled.store(true, Ordering::Release);
         self.changed.notify_all();
@@ -134,7 +136,9 @@ impl Mesh {
         for (q, addr) in addrs.iter().enumerate().take(rank) {
             let left = deadline.saturating_duration_since(Instant::now());
             let mut stream = TcpStream::connect_timeout(addr, left.max(Duration::from_millis(1)))
-                .map_err(|e| fail(format!("rank {rank} cannot reach rank {q} at {addr}: {e}")))?;
+                .map_err(|e| {
+                fail(format!("rank {rank} cannot reach rank {q} at {addr}: {e}"))
+            })?;
             let mut hello = [0u8; 20];
             hello[..8].copy_from_slice(MESH_HELLO);
             hello[8..16].copy_from_slice(&job.to_le_bytes());
@@ -156,8 +160,9 @@ impl Mesh {
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
                     if Instant::now() >= deadline {
-                        let missing: Vec<usize> =
-                            (rank + 1..world).filter(|&q| streams[q].is_none()).collect();
+                        let missing: Vec<usize> = (rank + 1..world)
+                            .filter(|&q| streams[q].is_none())
+                            .collect();
                         return Err(fail(format!(
                             "rank {rank} waited for ranks {missing:?} to connect and they did not"
                         )));
@@ -172,6 +177,7 @@ impl Mesh {
                 rounds: (0..world).map(|_| VecDeque::new()).collect(),
                 messages: (0..world).map(|_| VecDeque::new()).collect(),
                 gone: vec![None; world],
+                departures: 0,
                 abort: None,
             }),
             changed: Condvar::new(),
@@ -201,7 +207,10 @@ impl Mesh {
         // Writes give up after the timeout (a peer that stopped reading); reads block until
         // the peer writes or the connection closes (the waits on the inbox are timed).
         stream.set_write_timeout(Some(timeout)).map_err(io)?;
-        let (reader, writer) = (stream.try_clone().map_err(io)?, stream.try_clone().map_err(io)?);
+        let (reader, writer) = (
+            stream.try_clone().map_err(io)?,
+            stream.try_clone().map_err(io)?,
+        );
         self.streams[peer] = Some(stream);
         let (tx, rx) = mpsc::channel();
         self.outboxes[peer] = Some(tx);
@@ -226,7 +235,13 @@ impl Mesh {
     }
 
     /// Queues a frame for `peer`; returns at once.
-    pub(super) fn send(&self, peer: usize, kind: Kind, tag: (u64, u64), payload: Payload) -> Result<()> {
+    pub(super) fn send(
+        &self,
+        peer: usize,
+        kind: Kind,
+        tag: (u64, u64),
+        payload: Payload,
+    ) -> Result<()> {
         if let Some(e) = self.trouble(kind_op(kind), Some(peer)) {
             return Err(e);
         }
@@ -281,7 +296,7 @@ impl Mesh {
     }
 
     /// Why a call of `op` cannot go on: the group was aborted, or `peer` (any peer: `None`)
-    /// is gone. Cheap when nothing went wrong.
+    /// is gone (named: the first rank seen to leave). Cheap when nothing went wrong.
     pub(super) fn trouble(&self, op: &'static str, peer: Option<usize>) -> Option<Error> {
         if !self.shared.troubled.load(Ordering::Acquire) {
             return None;
@@ -345,11 +360,12 @@ fn trouble_in(inbox: &Inbox, op: &'static str, peer: Option<usize>) -> Option<Er
             detail: format!("the group is aborted: {reason}"),
         });
     }
-    let gone = match peer {
-        Some(q) => inbox.gone[q].as_ref(),
-        None => inbox.gone.iter().flatten().next(),
-    };
-    gone.map(|why| Error::Collective {
+    if peer.is_some_and(|q| inbox.gone[q].is_none()) {
+        return None;
+    }
+    // The first rank to leave: the others may have left because of it.
+    let first = inbox.gone.iter().flatten().min_by_key(|(order, _)| *order);
+    first.map(|(_, why)| Error::Collective {
         op,
         detail: why.clone(),
     })
@@ -373,10 +389,8 @@ fn read_hello(
     let mut hello = [0u8; 20];
     stream.read_exact(&mut hello).ok()?;
     let q = u32::from_le_bytes([hello[16], hello[17], hello[18], hello[19]]) as usize;
-    let ok = &hello[..8] == MESH_HELLO
-        && hello[8..16] == job.to_le_bytes()
-        && q > rank
-        && q < world;
+    let ok =
+        &hello[..8] == MESH_HELLO && hello[8..16] == job.to_le_bytes() && q > rank && q < world;
     stream.set_read_timeout(None).ok()?;
     ok.then_some(q)
 }
@@ -399,7 +413,7 @@ fn write_frames(
         if let Err(e) = written {
             shared.gone(
                 peer,
-                format!("rank {peer} is unreachable: a write to it failed ({e})"),
+                format!("rank {peer} left the group (a write to it failed: {e})"),
             );
             return;
         }
@@ -451,7 +465,10 @@ fn read_frames(mut stream: TcpStream, peer: usize, me: usize, shared: &Shared) {
         } else {
             format!("its connection broke: {why}")
         };
-        shared.gone(peer, format!("rank {peer} left the group ({how}); seen by rank {me}"));
+        shared.gone(
+            peer,
+            format!("rank {peer} left the group ({how}); seen by rank {me}"),
+        );
     }
 }
 

@@ -61,13 +61,13 @@ use crate::error::{Error, Result};
 use crate::memory::Buffer;
 
 pub use bootstrap::{LaunchEnv, NcclId};
+use call::Call;
 pub use compress::{Int8Reducer, PowerSgdReducer, TopkReducer};
 pub use hierarchy::Hierarchy;
-use call::Call;
 use local::Group;
+use nccl::NcclLink;
 use procs::Procs;
 pub use procs::Transport;
-use nccl::NcclLink;
 pub use reducer::{Reducer, ReducerStats, DEFAULT_BUCKET_BYTES};
 
 /// How a reduction combines the ranks' elements. NaN in any input gives NaN for every op.

@@ -119,7 +119,10 @@ fn use_shm(table: &Table) -> Result<bool> {
         .collect::<Result<_>>()?;
     let wants = |code| entries.iter().any(|e| e.1 == code);
     let one_host = entries.iter().all(|e| e.3 == entries[0].3 && e.2);
-    match (wants(Transport::SharedMemory.code()), wants(Transport::Tcp.code())) {
+    match (
+        wants(Transport::SharedMemory.code()),
+        wants(Transport::Tcp.code()),
+    ) {
         (true, true) => Err(fail(
             "the ranks ask for different transports (WARPDRIVE_DIST_TRANSPORT shm and tcp)".into(),
         )),
@@ -143,8 +146,12 @@ impl Procs {
     pub(super) fn join(env: &LaunchEnv, transport: Transport, timeout: Duration) -> Result<Procs> {
         let deadline = Instant::now().checked_add(timeout);
         let far = deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365));
-        let listener = TcpListener::bind(("0.0.0.0", 0))
-            .map_err(|e| fail(format!("rank {} cannot listen for its peers: {e}", env.rank)))?;
+        let listener = TcpListener::bind(("0.0.0.0", 0)).map_err(|e| {
+            fail(format!(
+                "rank {} cannot listen for its peers: {e}",
+                env.rank
+            ))
+        })?;
         let port = listener
             .local_addr()
             .map_err(|e| fail(format!("rank {}'s listener: {e}", env.rank)))?
@@ -165,7 +172,10 @@ impl Procs {
             .entries
             .iter()
             .map(|(seen, e)| {
-                let port = u16::from_le_bytes([e.first().copied().unwrap_or(0), e.get(1).copied().unwrap_or(0)]);
+                let port = u16::from_le_bytes([
+                    e.first().copied().unwrap_or(0),
+                    e.get(1).copied().unwrap_or(0),
+                ]);
                 dial_addr(*seen, master, port)
             })
             .collect::<Vec<_>>();
@@ -254,9 +264,15 @@ impl Procs {
             let mut own = Payload::zeroed(len)?;
             fill(own.bytes_mut())?;
             for q in (0..self.world).filter(|&q| q != self.rank) {
-                let piece = own.bytes().get(clip(pieces(self.rank, q), len)).ok_or_else(|| {
-                    failed(op, format!("rank {}'s piece for rank {q} is out of its part", self.rank))
-                })?;
+                let piece = own
+                    .bytes()
+                    .get(clip(pieces(self.rank, q), len))
+                    .ok_or_else(|| {
+                        failed(
+                            op,
+                            format!("rank {}'s piece for rank {q} is out of its part", self.rank),
+                        )
+                    })?;
                 self.mesh
                     .send(q, Kind::Round, (seq, 0), Payload::copy_of(piece)?)?;
             }
@@ -295,7 +311,12 @@ impl Procs {
         read: impl FnOnce(&[&[u8]]) -> Result<()>,
     ) -> Result<()> {
         let me = self.rank;
-        let out_of = |q: usize| failed(op, format!("rank {q}'s part is shorter than rank {me} reads"));
+        let out_of = |q: usize| {
+            failed(
+                op,
+                format!("rank {q}'s part is shorter than rank {me} reads"),
+            )
+        };
         let Some(shm) = &self.shm else {
             let mut frames = Vec::with_capacity(self.world);
             for q in 0..self.world {
@@ -303,23 +324,30 @@ impl Procs {
                     frames.push(None);
                     continue;
                 }
-                let frame = self.mesh.take(op, q, Kind::Round, deadline).map_err(|e| {
-                    match self.mesh.trouble(op, Some(q)) {
+                let frame = self
+                    .mesh
+                    .take(op, q, Kind::Round, deadline)
+                    .map_err(|e| match self.mesh.trouble(op, Some(q)) {
                         Some(_) => e,
                         None => self.timed_out(op, q, "send its part"),
-                    }
-                })?;
+                    })?;
                 let got = frame.payload.bytes().len();
                 if frame.tag.0 != seq || got != clip(pieces(q, me), got).len() {
                     return Err(failed(
                         op,
-                        format!("rank {q} sent a part of round {} where {seq} was due", frame.tag.0),
+                        format!(
+                            "rank {q} sent a part of round {} where {seq} was due",
+                            frame.tag.0
+                        ),
                     ));
                 }
                 frames.push(Some(frame));
             }
             let own = self.own.borrow();
-            let mine = own.bytes().get(clip(pieces(me, me), own.bytes().len())).ok_or_else(|| out_of(me))?;
+            let mine = own
+                .bytes()
+                .get(clip(pieces(me, me), own.bytes().len()))
+                .ok_or_else(|| out_of(me))?;
             let parts: Vec<&[u8]> = frames
                 .iter()
                 .map(|f| f.as_ref().map_or(mine, |f| f.payload.bytes()))
@@ -347,7 +375,11 @@ impl Procs {
 
     /// Starts a step: every rank's call (or its refusal) in one round, compared. Returns the
     /// calls in rank order; an error, on every rank, when one was refused or they disagree.
-    fn open(&self, op: &'static str, call: std::result::Result<&Call, String>) -> Result<Vec<Call>> {
+    fn open(
+        &self,
+        op: &'static str,
+        call: std::result::Result<&Call, String>,
+    ) -> Result<Vec<Call>> {
         let step = self.step.get();
         self.step.set(step + 1);
         if let Some(e) = self.mesh.trouble(op, None) {
@@ -390,7 +422,10 @@ impl Procs {
                     } else {
                         format!("rank {q}'s")
                     };
-                    return Err(failed(op, format!("{whose} call at step {step} was refused: {why}")));
+                    return Err(failed(
+                        op,
+                        format!("{whose} call at step {step} was refused: {why}"),
+                    ));
                 }
             }
         }
@@ -421,7 +456,12 @@ impl Procs {
         rounds().map_err(|e| self.abort(op, e))
     }
 
-    pub(super) fn all_reduce<T: Float>(&self, call: Call, data: &mut [T], op: ReduceOp) -> Result<()> {
+    pub(super) fn all_reduce<T: Float>(
+        &self,
+        call: Call,
+        data: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
         const OP: &str = "all_reduce";
         self.open(OP, Ok(&call))?;
         let (n, me, size) = (self.world, self.rank, size_of::<T>());
@@ -437,14 +477,23 @@ impl Procs {
                 let mine = part(s, n, me);
                 let out = &mut data[k + mine.start..k + mine.end];
                 self.collect(OP, seq, &a, deadline, |parts| {
-                    let inputs = parts.iter().map(|p| typed::<T>(p)).collect::<Result<Vec<_>>>()?;
+                    let inputs = parts
+                        .iter()
+                        .map(|p| typed::<T>(p))
+                        .collect::<Result<Vec<_>>>()?;
                     reduce(op, &inputs, out);
                     Ok(())
                 })?;
                 // Round 2: every rank's reduced part, to every rank.
                 let b = |q: usize, _: usize| bytes(0..part(s, n, q).len(), size);
                 let reduced = &data[k + mine.start..k + mine.end];
-                let seq = self.post(OP, reduced.len() * size, |b| copy_in(b, reduced), &b, deadline)?;
+                let seq = self.post(
+                    OP,
+                    reduced.len() * size,
+                    |b| copy_in(b, reduced),
+                    &b,
+                    deadline,
+                )?;
                 let chunk = &mut data[k..k + s];
                 self.collect(OP, seq, &b, deadline, |parts| {
                     for (q, p) in parts.iter().enumerate().filter(|&(q, _)| q != me) {
@@ -457,7 +506,12 @@ impl Procs {
         })
     }
 
-    pub(super) fn broadcast<T: DType>(&self, call: Call, data: &mut [T], root: usize) -> Result<()> {
+    pub(super) fn broadcast<T: DType>(
+        &self,
+        call: Call,
+        data: &mut [T],
+        root: usize,
+    ) -> Result<()> {
         const OP: &str = "broadcast";
         self.open(OP, Ok(&call))?;
         let (me, size) = (self.rank, size_of::<T>());
@@ -469,7 +523,13 @@ impl Procs {
                 let pieces = |q: usize, _: usize| if q == root { 0..s * size } else { 0..0 };
                 let len = if me == root { s * size } else { 0 };
                 let chunk = &data[k..k + s];
-                let seq = self.post(OP, len, |b| copy_in(b, &chunk[..b.len() / size]), &pieces, deadline)?;
+                let seq = self.post(
+                    OP,
+                    len,
+                    |b| copy_in(b, &chunk[..b.len() / size]),
+                    &pieces,
+                    deadline,
+                )?;
                 let chunk = &mut data[k..k + s];
                 self.collect(OP, seq, &pieces, deadline, |parts| {
                     if me != root {
@@ -482,7 +542,12 @@ impl Procs {
         })
     }
 
-    pub(super) fn all_gather<T: DType>(&self, call: Call, input: &[T], output: &mut [T]) -> Result<()> {
+    pub(super) fn all_gather<T: DType>(
+        &self,
+        call: Call,
+        input: &[T],
+        output: &mut [T],
+    ) -> Result<()> {
         const OP: &str = "all_gather";
         self.open(OP, Ok(&call))?;
         let (m, size) = (input.len(), size_of::<T>());
@@ -523,12 +588,17 @@ impl Procs {
                 let stride = (s * size).next_multiple_of(8);
                 let pieces = |_: usize, r: usize| r * stride..r * stride + s * size;
                 let fill = |b: &mut [u8]| {
-                    (0..n).try_for_each(|d| copy_in(&mut b[pieces(0, d)], &input[d * m + k..d * m + k + s]))
+                    (0..n).try_for_each(|d| {
+                        copy_in(&mut b[pieces(0, d)], &input[d * m + k..d * m + k + s])
+                    })
                 };
                 let seq = self.post(OP, n * stride, fill, &pieces, deadline)?;
                 let out = &mut output[k..k + s];
                 self.collect(OP, seq, &pieces, deadline, |parts| {
-                    let inputs = parts.iter().map(|p| typed::<T>(p)).collect::<Result<Vec<_>>>()?;
+                    let inputs = parts
+                        .iter()
+                        .map(|p| typed::<T>(p))
+                        .collect::<Result<Vec<_>>>()?;
                     reduce(op, &inputs, out);
                     Ok(())
                 })?;
@@ -539,7 +609,12 @@ impl Procs {
 
     /// All-to-all, equal (`call` without counts: `input.len() / world` for every pair) or
     /// with the per-rank counts every rank's call carries.
-    pub(super) fn all_to_all<T: DType>(&self, call: Call, input: &[T], output: &mut [T]) -> Result<()> {
+    pub(super) fn all_to_all<T: DType>(
+        &self,
+        call: Call,
+        input: &[T],
+        output: &mut [T],
+    ) -> Result<()> {
         let op = call.op;
         let calls = self.open(op, Ok(&call))?;
         let (n, me, size) = (self.world, self.rank, size_of::<T>());
@@ -571,14 +646,14 @@ impl Procs {
                 let pieces = |q: usize, r: usize| r * stride..r * stride + len(q, r) * size;
                 let fill = |b: &mut [u8]| {
                     (0..n).try_for_each(|d| {
-                        let from = send_at[d] + lo;
+                        let from = send_at[d] + lo.min(table[me][d]);
                         copy_in(&mut b[pieces(me, d)], &input[from..from + len(me, d)])
                     })
                 };
                 let seq = self.post(op, n * stride, fill, &pieces, deadline)?;
                 self.collect(op, seq, &pieces, deadline, |parts| {
                     for (q, p) in parts.iter().enumerate() {
-                        let to = recv_at[q] + lo;
+                        let to = recv_at[q] + lo.min(table[q][me]);
                         output[to..to + len(q, me)].copy_from_slice(typed::<T>(p)?);
                     }
                     Ok(())
@@ -676,8 +751,12 @@ fn copy_in<T: DType>(dst: &mut [u8], src: &[T]) -> Result<()> {
 }
 
 fn typed<T: DType>(b: &[u8]) -> Result<&[T]> {
-    bytemuck::try_cast_slice(b)
-        .map_err(|e| failed("step", format!("a part of {} bytes as {}: {e}", b.len(), T::KIND.name())))
+    bytemuck::try_cast_slice(b).map_err(|e| {
+        failed(
+            "step",
+            format!("a part of {} bytes as {}: {e}", b.len(), T::KIND.name()),
+        )
+    })
 }
 
 /// A rank's first round: its call, or why it refused.

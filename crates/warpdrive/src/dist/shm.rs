@@ -103,7 +103,10 @@ impl Segment {
             .write(true)
             .open(&path)
             .map_err(|e| io("open", e.to_string()))?;
-        let len = file.metadata().map_err(|e| io("read", e.to_string()))?.len();
+        let len = file
+            .metadata()
+            .map_err(|e| io("read", e.to_string()))?
+            .len();
         if len != bytes as u64 {
             return Err(io("use", format!("{len} bytes, not {bytes}")));
         }
@@ -154,7 +157,8 @@ impl Segment {
         let start = self.slot_offset(rank, (seq % 2) as usize);
         // SAFETY: the slot lies inside the mapping (`bytes`); its rank writes it only in
         // round `seq + 2`, after this rank has consumed round `seq` (the round protocol).
-        (len <= SLOT_BYTES).then(|| unsafe { std::slice::from_raw_parts(self.base.add(start), len) })
+        (len <= SLOT_BYTES)
+            .then(|| unsafe { std::slice::from_raw_parts(self.base.add(start), len) })
     }
 
     /// This rank's slot of round `seq` to fill. The caller is the slot's rank and has waited
@@ -176,7 +180,9 @@ impl Segment {
 
     /// What rank `rank` put in its slot for round `seq` (posted).
     pub(super) fn posted_len(&self, rank: usize, seq: u64) -> usize {
-        let len = self.control(rank, LENS + 8 * (seq % 2) as usize).load(Ordering::Relaxed);
+        let len = self
+            .control(rank, LENS + 8 * (seq % 2) as usize)
+            .load(Ordering::Relaxed);
         usize::try_from(len).unwrap_or(usize::MAX)
     }
 
