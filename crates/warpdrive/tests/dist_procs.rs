@@ -140,23 +140,9 @@ fn check_all(comm: &Comm, stream: &Stream, seed: u64, past_a_slot: bool) -> usiz
         tag
     };
     // all-reduce, every op, f32 at every length and f16 at an odd one.
-    for (len, ops) in LENS
-        .map(|l| (l, &OPS[..]))
-        .into_iter()
-        .chain([(big, &OPS[..1])])
-    {
+    for (len, ops) in LENS.map(|l| (l, &OPS[..])).into_iter().chain([(big, &OPS[..1])]) {
         for &op in ops {
-            let all = inputs::<f32>(seed, next(), n, len);
-            let mut buf = Buffer::from_host(stream, &all[me]).unwrap();
-            comm.all_reduce(stream, &mut buf, op).unwrap();
-            let want: Vec<f32> = (0..len)
-                .map(|i| reduced(op, all.iter().map(|x| x[i])))
-                .collect();
-            assert_eq!(
-                bits(&buf.to_host(stream).unwrap()),
-                bits(&want),
-                "all_reduce {op:?} len {len}"
-            );
+            check_all_reduce(comm, stream, seed, next(), len, op);
             checks += 1;
         }
     }
@@ -304,6 +290,16 @@ fn threads_match_the_reference(transport: Transport, name: &str) {
         );
         eprintln!("{name} world {world}: {} checks on each rank", checks[0]);
     }
+}
+
+/// One f32 all-reduce of `len` against the reference.
+fn check_all_reduce(comm: &Comm, stream: &Stream, seed: u64, tag: u64, len: usize, op: ReduceOp) {
+    let (n, me) = (comm.world(), comm.rank());
+    let all = inputs::<f32>(seed, tag, n, len);
+    let mut buf = Buffer::from_host(stream, &all[me]).unwrap();
+    comm.all_reduce(stream, &mut buf, op).unwrap();
+    let want: Vec<f32> = (0..len).map(|i| reduced(op, all.iter().map(|x| x[i]))).collect();
+    assert_eq!(bits(&buf.to_host(stream).unwrap()), bits(&want), "all_reduce {op:?} len {len}");
 }
 
 #[test]
@@ -499,25 +495,23 @@ fn line<'a>(out: &'a str, prefix: &str) -> &'a str {
 #[test]
 fn ranks_as_processes_match_the_reference_over_shared_memory_and_tcp() {
     let sd = seed("dist_procs processes");
-    for (_, name) in TRANSPORTS {
+    // Shared memory as it comes (with cross-memory attach where the host allows it), without
+    // it, and TCP.
+    let configs = [("shm", "1", "shared memory"), ("shm", "0", "shared memory)"), ("tcp", "1", "TCP")];
+    for (name, cma, how) in configs {
         for world in [2, 4] {
             let outs = spawn_ranks(world, "check", &|_| {
                 vec![
                     ("WARPDRIVE_DIST_TRANSPORT", name.to_string()),
+                    ("WARPDRIVE_DIST_CMA", cma.to_string()),
                     ("WARPDRIVE_TEST_SEED", sd.to_string()),
                 ]
             });
-            let how = if name == "shm" {
-                "shared memory"
-            } else {
-                "TCP"
-            };
             for (rank, out) in outs.iter().enumerate() {
                 let checked = line(out, "CHECKED ");
-                assert!(
-                    checked.contains(&format!("rank {rank} of {world}, across processes, {how}")),
-                    "{checked}"
-                );
+                let want = format!("rank {rank} of {world}, across processes, {how}");
+                assert!(checked.contains(&want), "{checked}");
+                eprintln!("{name} (cma {cma}) world {world} rank {rank}: {checked}");
             }
         }
     }

@@ -41,6 +41,7 @@
 
 mod bootstrap;
 mod call;
+mod cma;
 mod compress;
 mod hierarchy;
 mod local;
@@ -184,8 +185,7 @@ impl fmt::Debug for Comm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let how = match &self.link {
             Link::Host { .. } => "in process".to_string(),
-            Link::Procs(p) if p.on_shm() => "across processes, shared memory".to_string(),
-            Link::Procs(_) => "across processes, TCP".to_string(),
+            Link::Procs(p) => format!("across processes, {}", p.how()),
             Link::Nccl(n) => format!("NCCL on {}", n.device().label()),
         };
         write!(f, "Comm(rank {} of {}, {how})", self.rank, self.world)

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use super::bootstrap::{LaunchEnv, Table};
 use super::call::{dtype_code, Call};
+use super::cma;
 use super::local::reduce;
 use super::mesh::{dial_addr, Kind, Mesh, Payload};
 use super::shm::{Segment, SHM_DIR, SLOT_BYTES};
@@ -81,7 +82,16 @@ pub(super) struct Procs {
     step: Cell<u64>,
     /// Over TCP, this rank's part of the round in progress (it reads its own piece there).
     own: RefCell<Payload>,
+    /// Whether every rank can copy from and into every other's memory ([`cma`]): the large
+    /// all-reduces then skip the segment.
+    cma: bool,
 }
+
+/// All-reduces from this many bytes a rank go through [`cma`] where the ranks can use it.
+const CMA_FROM_BYTES: usize = 1 << 20;
+/// Bytes a rank reduces at once on the [`cma`] path: the other ranks' pieces, copied in,
+/// and the result stay in the cache until the result is copied out.
+const CMA_PIECE_BYTES: usize = 256 << 10;
 
 /// A rank's entry in the rendezvous table: its mesh port, the transport it asks for,
 /// whether it has `/dev/shm`, its host name.
@@ -202,6 +212,7 @@ impl Procs {
             seq: Cell::new(0),
             step: Cell::new(0),
             own: RefCell::new(Payload::default()),
+            cma: false,
         };
         // Every rank linked (and mapped the segment): rank 0 can remove its file.
         let seq = procs.post("join", 0, |_| Ok(()), &|_, _| 0..0, deadline)?;
@@ -209,7 +220,47 @@ impl Procs {
         if let Some(s) = &procs.shm {
             s.borrow_mut().unlink();
         }
+        let mut procs = procs;
+        procs.cma = procs.shm.is_some() && procs.world > 1 && procs.probe_cma(deadline)?;
         Ok(procs)
+    }
+
+    /// Whether every rank can read every other's memory ([`cma`]), agreed in two rounds:
+    /// each rank shows a word of its own for the others to read, then says whether it read
+    /// all of theirs. `WARPDRIVE_DIST_CMA=0` on any rank turns it off for the group.
+    fn probe_cma(&self, deadline: Option<Instant>) -> Result<bool> {
+        const OP: &str = "join";
+        let word: u64 = 0x5eed_c0de_0000_0000 ^ self.rank as u64;
+        let shown = [cma::pid() as u64, &word as *const u64 as usize as u64, word];
+        let whole = |_: usize, _: usize| WHOLE;
+        let seq = self.post(OP, 24, |b| copy_in(b, &shown), &whole, deadline)?;
+        let mut can = std::env::var("WARPDRIVE_DIST_CMA").map_or(true, |v| v.trim() != "0");
+        self.collect(OP, seq, &whole, deadline, |parts| {
+            for (q, p) in parts.iter().enumerate().filter(|&(q, _)| q != self.rank) {
+                let w = typed::<u64>(p)?;
+                let pid = w.first().and_then(|&p| i32::try_from(p).ok());
+                can &= match (pid, w.get(1..3)) {
+                    (Some(pid), Some(&[at, value])) => {
+                        usize::try_from(at).is_ok_and(|at| cma::probe(pid, at, value))
+                    }
+                    _ => false,
+                };
+                if !can {
+                    tracing::debug!("rank {}: cannot read rank {q}'s memory", self.rank);
+                }
+            }
+            Ok(())
+        })?;
+        let verdict = [u64::from(can)];
+        let seq = self.post(OP, 8, |b| copy_in(b, &verdict), &whole, deadline)?;
+        let mut all = true;
+        self.collect(OP, seq, &whole, deadline, |parts| {
+            for p in parts {
+                all &= typed::<u64>(p)?.first() == Some(&1);
+            }
+            Ok(())
+        })?;
+        Ok(all)
     }
 
     pub(super) fn rank(&self) -> usize {
@@ -220,9 +271,13 @@ impl Procs {
         self.world
     }
 
-    /// Whether the ranks exchange through shared memory.
-    pub(super) fn on_shm(&self) -> bool {
-        self.shm.is_some()
+    /// How the ranks exchange, in words.
+    pub(super) fn how(&self) -> &'static str {
+        match (&self.shm, self.cma) {
+            (None, _) => "TCP",
+            (Some(_), false) => "shared memory",
+            (Some(_), true) => "shared memory, cross-memory attach",
+        }
     }
 
     fn deadline(&self) -> Option<Instant> {
@@ -465,6 +520,9 @@ impl Procs {
         const OP: &str = "all_reduce";
         self.open(OP, Ok(&call))?;
         let (n, me, size) = (self.world, self.rank, size_of::<T>());
+        if self.cma && data.len().saturating_mul(size) >= CMA_FROM_BYTES {
+            return self.data(OP, || self.all_reduce_cma(data, op));
+        }
         let per = chunk_elems::<T>(1);
         self.data(OP, || {
             for k in (0..data.len()).step_by(per.max(1)) {
@@ -504,6 +562,63 @@ impl Procs {
             }
             Ok(())
         })
+    }
+
+    /// The all-reduce through [`cma`]: the ranks show one another where their buffers are,
+    /// rank `r` reduces part `r` of every buffer piece by piece (the others' pieces copied in,
+    /// the result copied out into every buffer) on this process's copy threads, and a last
+    /// round keeps every rank in the call until no rank touches its buffer any more.
+    fn all_reduce_cma<T: Float>(&self, data: &mut [T], op: ReduceOp) -> Result<()> {
+        const OP: &str = "all_reduce";
+        let (n, me, size) = (self.world, self.rank, size_of::<T>());
+        let deadline = self.deadline();
+        let whole = |_: usize, _: usize| WHOLE;
+        let shown = [cma::pid() as u64, data.as_ptr() as usize as u64];
+        let seq = self.post(OP, 16, |b| copy_in(b, &shown), &whole, deadline)?;
+        let mut peers = Vec::with_capacity(n);
+        self.collect(OP, seq, &whole, deadline, |parts| {
+            for p in parts {
+                match typed::<u64>(p)? {
+                    &[pid, at] => peers.push((
+                        i32::try_from(pid).unwrap_or(-1),
+                        usize::try_from(at).unwrap_or(usize::MAX),
+                    )),
+                    _ => return Err(failed(OP, "a rank showed no buffer".into())),
+                }
+            }
+            Ok(())
+        })?;
+        let span = part(data.len(), n, me);
+        let piece = (CMA_PIECE_BYTES / size).max(8);
+        let pieces: Vec<parking_lot::Mutex<(bool, &mut [T])>> = data[span.clone()]
+            .chunks_mut(piece)
+            .map(|c| parking_lot::Mutex::new((false, c)))
+            .collect();
+        let failure = parking_lot::Mutex::new(None);
+        let work = |i: usize| {
+            let mut p = pieces[i].lock();
+            let (done, slice) = &mut *p;
+            if let Err(e) = reduce_piece(op, &peers, me, span.start + i * piece, slice) {
+                failure.lock().get_or_insert(e);
+            }
+            *done = true;
+        };
+        let workers = crate::transfer::workers(&crate::Device::cpu());
+        if let Err(e) = workers.run(pieces.len(), &work) {
+            tracing::warn!("the copy threads could not reduce ({e}); reducing on this thread");
+        }
+        for i in 0..pieces.len() {
+            let done = pieces[i].lock().0;
+            if !done {
+                work(i);
+            }
+        }
+        if let Some(e) = failure.into_inner() {
+            return Err(e);
+        }
+        // Every rank done with every buffer: each may return.
+        let seq = self.post(OP, 0, |_| Ok(()), &whole, deadline)?;
+        self.collect(OP, seq, &whole, deadline, |_| Ok(()))
     }
 
     pub(super) fn broadcast<T: DType>(
@@ -704,6 +819,76 @@ impl Procs {
     }
 }
 
+thread_local! {
+    /// A copy thread's room for the other ranks' pieces and the result ([`reduce_piece`]).
+    static SCRATCH: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Reduces `mine` (elements from `start` of this rank's buffer) with the same elements of
+/// every other rank's buffer (`peers`: each rank's process and buffer address), in rank
+/// order, and writes the result into every buffer.
+fn reduce_piece<T: Float>(
+    op: ReduceOp,
+    peers: &[(i32, usize)],
+    me: usize,
+    start: usize,
+    mine: &mut [T],
+) -> Result<()> {
+    const OP: &str = "all_reduce";
+    let (n, bytes) = (peers.len(), std::mem::size_of_val(mine));
+    let offset = start
+        .checked_mul(size_of::<T>())
+        .ok_or_else(|| failed(OP, "a piece past the address space".into()))?;
+    let at = |q: usize| {
+        peers[q]
+            .1
+            .checked_add(offset)
+            .ok_or_else(|| failed(OP, format!("rank {q}'s buffer address is out of range")))
+    };
+    let moved = |q: usize, e: std::io::Error| {
+        failed(OP, format!("copying a piece of rank {q}'s buffer failed: {e}"))
+    };
+    SCRATCH.with(|scratch| {
+        let mut scratch = scratch.borrow_mut();
+        let words = bytes.div_ceil(8);
+        let need = words
+            .checked_mul(n)
+            .ok_or_else(|| failed(OP, "the scratch of a piece overflows".into()))?;
+        let have = scratch.len();
+        if have < need {
+            scratch
+                .try_reserve(need - have)
+                .map_err(|_| Error::OutOfMemory {
+                    requested: need * 8,
+                    detail: "host memory for the all-reduce's pieces".into(),
+                })?;
+            scratch.resize(need, 0);
+        }
+        let (ins, out) = scratch[..need].split_at_mut((n - 1) * words);
+        for (q, room) in (0..n).filter(|&q| q != me).zip(ins.chunks_exact_mut(words)) {
+            let room = &mut bytemuck::cast_slice_mut::<u64, u8>(room)[..bytes];
+            cma::read(peers[q].0, at(q)?, room).map_err(|e| moved(q, e))?;
+        }
+        let mut theirs = ins.chunks_exact(words);
+        let mut inputs: Vec<&[T]> = Vec::with_capacity(n);
+        for q in 0..n {
+            if q == me {
+                inputs.push(mine);
+            } else if let Some(room) = theirs.next() {
+                inputs.push(typed::<T>(&bytemuck::cast_slice::<u64, u8>(room)[..bytes])?);
+            }
+        }
+        let out = typed_mut::<T>(&mut bytemuck::cast_slice_mut::<u64, u8>(out)[..bytes])?;
+        reduce(op, &inputs, out);
+        mine.copy_from_slice(out);
+        let result: &[u8] = bytemuck::cast_slice(out);
+        for q in (0..n).filter(|&q| q != me) {
+            cma::write(peers[q].0, at(q)?, result).map_err(|e| moved(q, e))?;
+        }
+        Ok(())
+    })
+}
+
 /// The piece of a part that is all of it, whatever its length.
 const WHOLE: Range<usize> = 0..usize::MAX;
 
@@ -748,6 +933,12 @@ fn copy_in<T: DType>(dst: &mut [u8], src: &[T]) -> Result<()> {
         .ok_or_else(|| failed("step", "a part is shorter than its data".into()))?
         .copy_from_slice(src);
     Ok(())
+}
+
+fn typed_mut<T: DType>(b: &mut [u8]) -> Result<&mut [T]> {
+    let len = b.len();
+    bytemuck::try_cast_slice_mut(b)
+        .map_err(|e| failed("step", format!("a part of {len} bytes as {}: {e}", T::KIND.name())))
 }
 
 fn typed<T: DType>(b: &[u8]) -> Result<&[T]> {
