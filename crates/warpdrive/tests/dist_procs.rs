@@ -140,7 +140,11 @@ fn check_all(comm: &Comm, stream: &Stream, seed: u64, past_a_slot: bool) -> usiz
         tag
     };
     // all-reduce, every op, f32 at every length and f16 at an odd one.
-    for (len, ops) in LENS.map(|l| (l, &OPS[..])).into_iter().chain([(big, &OPS[..1])]) {
+    for (len, ops) in LENS
+        .map(|l| (l, &OPS[..]))
+        .into_iter()
+        .chain([(big, &OPS[..1])])
+    {
         for &op in ops {
             check_all_reduce(comm, stream, seed, next(), len, op);
             checks += 1;
@@ -298,8 +302,14 @@ fn check_all_reduce(comm: &Comm, stream: &Stream, seed: u64, tag: u64, len: usiz
     let all = inputs::<f32>(seed, tag, n, len);
     let mut buf = Buffer::from_host(stream, &all[me]).unwrap();
     comm.all_reduce(stream, &mut buf, op).unwrap();
-    let want: Vec<f32> = (0..len).map(|i| reduced(op, all.iter().map(|x| x[i]))).collect();
-    assert_eq!(bits(&buf.to_host(stream).unwrap()), bits(&want), "all_reduce {op:?} len {len}");
+    let want: Vec<f32> = (0..len)
+        .map(|i| reduced(op, all.iter().map(|x| x[i])))
+        .collect();
+    assert_eq!(
+        bits(&buf.to_host(stream).unwrap()),
+        bits(&want),
+        "all_reduce {op:?} len {len}"
+    );
 }
 
 #[test]
@@ -497,7 +507,11 @@ fn ranks_as_processes_match_the_reference_over_shared_memory_and_tcp() {
     let sd = seed("dist_procs processes");
     // Shared memory as it comes (with cross-memory attach where the host allows it), without
     // it, and TCP.
-    let configs = [("shm", "1", "shared memory"), ("shm", "0", "shared memory)"), ("tcp", "1", "TCP")];
+    let configs = [
+        ("shm", "1", "shared memory"),
+        ("shm", "0", "shared memory)"),
+        ("tcp", "1", "TCP"),
+    ];
     for (name, cma, how) in configs {
         for world in [2, 4] {
             let outs = spawn_ranks(world, "check", &|_| {

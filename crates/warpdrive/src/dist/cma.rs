@@ -4,6 +4,8 @@
 //! allows it (same user, no ptrace restriction, a seccomp profile that permits the calls):
 //! each element is then read once and written once a rank, not staged through the segment.
 //! The group tries it once when it starts ([`probe`]) and keeps the segment's path otherwise.
+//! As with every collective, a rank that fails mid-call (a peer gone, the timeout) leaves its
+//! buffer's contents unspecified: a slower peer may still be writing its part of it.
 
 use std::io;
 

@@ -19,6 +19,18 @@
 //! the group stays usable. A call with an invalid argument takes its step too (the others
 //! learn of it at once) and returns the argument error on its own rank.
 //!
+//! The same group with one process a rank, [`Comm::cpu_rank`] and [`Comm::cpu_from_env`],
+//! started as `torchrun` starts them: rank 0 gathers every rank's address at
+//! `MASTER_ADDR:MASTER_PORT` (`bootstrap.rs`), every pair of ranks links over TCP
+//! (`mesh.rs`: send / receive, and the news that a rank left or aborted), and the collectives
+//! run as rounds (`procs.rs`) through a shared-memory segment under `/dev/shm` on one host
+//! (`shm.rs`) or over those TCP links ([`Transport`]). Large all-reduces on one host copy
+//! straight between the ranks' buffers where the kernel allows it (`cma.rs`). The same checks
+//! hold: every call's description is compared first (an error on every rank when they
+//! differ, the group usable after), every wait has the timeout, and a rank whose process
+//! ends is seen at once through its closed connections. Sub-communicators ([`Comm::split`])
+//! of such a group are not built yet (`Unsupported`).
+//!
 //! On GPUs the same `Comm` runs on NCCL ([`Comm::nccl_group`]: one process driving several
 //! GPUs, one thread per rank; [`Comm::nccl_rank`] and [`Comm::from_env`]: one process per
 //! GPU, bootstrapped as `torchrun` does). Calls are enqueued on the caller's stream and
@@ -36,8 +48,9 @@
 //! [`TopkReducer`] through top-k sparsification with error feedback and momentum (DGC),
 //! [`PowerSgdReducer`] through a rank-r PowerSGD approximation with error feedback.
 //!
-//! Not yet: CPU groups across processes, the Reducer's per-topology bucket tuning and overlap
-//! report, choosing the hierarchical all-reduce by itself when ranks span hosts.
+//! Not yet: sub-communicators of CPU groups across processes, the Reducer's per-topology
+//! bucket tuning and overlap report, choosing the hierarchical all-reduce by itself when
+//! ranks span hosts.
 
 mod bootstrap;
 mod call;

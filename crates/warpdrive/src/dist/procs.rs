@@ -94,11 +94,11 @@ const CMA_FROM_BYTES: usize = 1 << 20;
 const CMA_PIECE_BYTES: usize = 256 << 10;
 
 /// A rank's entry in the rendezvous table: its mesh port, the transport it asks for,
-/// whether it has `/dev/shm`, its host name.
-fn entry(port: u16, transport: Transport) -> Vec<u8> {
+/// whether it can use `/dev/shm` (`shm`), its host name.
+fn entry(port: u16, transport: Transport, shm: bool) -> Vec<u8> {
     let mut e = port.to_le_bytes().to_vec();
     e.push(transport.code());
-    e.push(u8::from(std::path::Path::new(SHM_DIR).is_dir()));
+    e.push(u8::from(shm && std::path::Path::new(SHM_DIR).is_dir()));
     e.extend_from_slice(host_name().as_bytes());
     e
 }
@@ -171,7 +171,9 @@ impl Procs {
         // if the ranks settle on TCP).
         let made = (env.rank == 0 && transport != Transport::Tcp && env.world > 0)
             .then(|| Segment::create(job, env.world));
-        let table = env.gather_table(&entry(port, transport), job, far)?;
+        // A rank 0 that could not make the segment says so: `Auto` then picks TCP.
+        let shm_ok = made.as_ref().is_none_or(|m| m.is_ok());
+        let table = env.gather_table(&entry(port, transport, shm_ok), job, far)?;
         let shm = use_shm(&table)?;
         let master: IpAddr = env
             .master_addrs()?
@@ -846,7 +848,10 @@ fn reduce_piece<T: Float>(
             .ok_or_else(|| failed(OP, format!("rank {q}'s buffer address is out of range")))
     };
     let moved = |q: usize, e: std::io::Error| {
-        failed(OP, format!("copying a piece of rank {q}'s buffer failed: {e}"))
+        failed(
+            OP,
+            format!("copying a piece of rank {q}'s buffer failed: {e}"),
+        )
     };
     SCRATCH.with(|scratch| {
         let mut scratch = scratch.borrow_mut();
@@ -937,8 +942,12 @@ fn copy_in<T: DType>(dst: &mut [u8], src: &[T]) -> Result<()> {
 
 fn typed_mut<T: DType>(b: &mut [u8]) -> Result<&mut [T]> {
     let len = b.len();
-    bytemuck::try_cast_slice_mut(b)
-        .map_err(|e| failed("step", format!("a part of {len} bytes as {}: {e}", T::KIND.name())))
+    bytemuck::try_cast_slice_mut(b).map_err(|e| {
+        failed(
+            "step",
+            format!("a part of {len} bytes as {}: {e}", T::KIND.name()),
+        )
+    })
 }
 
 fn typed<T: DType>(b: &[u8]) -> Result<&[T]> {

@@ -264,3 +264,50 @@ fn fail(detail: String) -> Error {
         detail,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_segment_is_unlinked_once_mapped_or_when_its_maker_fails() {
+        let job = rand::random::<u64>();
+        let path = Segment::path(job);
+        let mut made = Segment::create(job, 2).unwrap();
+        assert!(path.exists());
+        assert!(
+            Segment::create(job, 2).is_err(),
+            "a second segment of one job"
+        );
+        let other = Segment::open(job, 2, 1).unwrap();
+        assert!(Segment::open(job, 3, 1).is_err(), "another world size");
+        // A round through the mapping: rank 0 posts, rank 1 reads it.
+        made.slot_mut(0, 1, 4)
+            .unwrap()
+            .copy_from_slice(&[1, 2, 3, 4]);
+        made.post(0, 1, 4);
+        assert!(other.wait_posted(0, 1, None, || None).unwrap());
+        assert_eq!(
+            other.slot(0, 1, other.posted_len(0, 1)).unwrap(),
+            [1, 2, 3, 4]
+        );
+        made.unlink();
+        assert!(!path.exists());
+        let e = Segment::open(job, 2, 1).err().unwrap();
+        assert!(e.to_string().contains("rank 0's host"), "{e}");
+        // Dropped before every rank mapped it: no file left behind.
+        let job = job.wrapping_add(1);
+        drop(Segment::create(job, 2).unwrap());
+        assert!(!Segment::path(job).exists());
+    }
+
+    #[test]
+    fn a_wait_ends_at_its_deadline_or_at_the_checks_error() {
+        let job = rand::random::<u64>();
+        let s = Segment::create(job, 2).unwrap();
+        let soon = Some(Instant::now() + Duration::from_millis(20));
+        assert!(!s.wait_posted(1, 1, soon, || None).unwrap());
+        let e = s.wait_consumed(1, 1, None, || Some(fail("gone".into())));
+        assert!(e.is_err());
+    }
+}
