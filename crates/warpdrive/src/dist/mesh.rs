@@ -74,6 +74,9 @@ pub(super) struct Frame {
     pub(super) payload: Payload,
 }
 
+/// A frame queued for a peer's writing thread: kind, tag, payload.
+type Outgoing = (Kind, (u64, u64), Payload);
+
 /// Frame header: kind, then the two tag words, then the payload's length in bytes.
 const HEADER: usize = 32;
 /// First bytes of a mesh connection's hello.
@@ -115,7 +118,7 @@ pub(super) struct Mesh {
     world: usize,
     shared: Arc<Shared>,
     /// Frames to write, per peer (none for this rank).
-    outboxes: Vec<Option<mpsc::Sender<(Kind, (u64, u64), Payload)>>>,
+    outboxes: Vec<Option<mpsc::Sender<Outgoing>>>,
     streams: Vec<Option<TcpStream>>,
     threads: Vec<JoinHandle<()>>,
 }
@@ -397,7 +400,7 @@ fn read_hello(
 
 fn write_frames(
     mut stream: TcpStream,
-    rx: mpsc::Receiver<(Kind, (u64, u64), Payload)>,
+    rx: mpsc::Receiver<Outgoing>,
     peer: usize,
     shared: &Shared,
 ) {

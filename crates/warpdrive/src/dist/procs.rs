@@ -609,8 +609,8 @@ impl Procs {
         if let Err(e) = workers.run(pieces.len(), &work) {
             tracing::warn!("the copy threads could not reduce ({e}); reducing on this thread");
         }
-        for i in 0..pieces.len() {
-            let done = pieces[i].lock().0;
+        for (i, p) in pieces.iter().enumerate() {
+            let done = p.lock().0;
             if !done {
                 work(i);
             }
