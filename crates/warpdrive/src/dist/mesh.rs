@@ -398,12 +398,7 @@ fn read_hello(
     ok.then_some(q)
 }
 
-fn write_frames(
-    mut stream: TcpStream,
-    rx: mpsc::Receiver<Outgoing>,
-    peer: usize,
-    shared: &Shared,
-) {
+fn write_frames(mut stream: TcpStream, rx: mpsc::Receiver<Outgoing>, peer: usize, shared: &Shared) {
     for (kind, tag, payload) in rx {
         let mut header = [0u8; HEADER];
         header[..8].copy_from_slice(&(kind as u64).to_le_bytes());
