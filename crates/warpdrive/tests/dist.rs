@@ -1,4 +1,5 @@
-//! The collectives (`dist`), one test body on the in-process CPU group and on NCCL: every
+//! The collectives (`dist`), one test body on the in-process CPU group and on NCCL (and the
+//! collectives' bodies on the CPU group across processes, over shared memory and TCP): every
 //! collective against a scalar reference computed here, one thread per rank, world sizes 1
 //! to 4 (CPU) or 1 to the GPUs (NCCL) and odd lengths; back-to-back steps; ranks that
 //! disagree; send / receive, groups, the Reducer, split and the hierarchy. Failures of the CPU
@@ -124,6 +125,7 @@ fn all_reduce_case<T: TestFloatTol>(
 both_backends!(
     all_reduce_matches_the_reference_for_every_op_and_type,
     gpu_nccl_all_reduce_matches_the_reference_for_every_op_and_type,
+    procs_all_reduce_matches_the_reference_for_every_op_and_type,
     |backend| {
         let mut rng = rng(seed("all_reduce"));
         for world in backend.worlds() {
@@ -219,6 +221,7 @@ fn broadcast_case<T: DType>(
 both_backends!(
     broadcast_copies_the_root_to_every_rank,
     gpu_nccl_broadcast_copies_the_root_to_every_rank,
+    procs_broadcast_copies_the_root_to_every_rank,
     |backend| {
         let mut rng = rng(seed("broadcast"));
         for world in backend.worlds() {
@@ -258,6 +261,7 @@ fn all_gather_case<T: DType>(backend: Backend, rng: &mut StdRng, world: usize, l
 both_backends!(
     all_gather_concatenates_in_rank_order,
     gpu_nccl_all_gather_concatenates_in_rank_order,
+    procs_all_gather_concatenates_in_rank_order,
     |backend| {
         let mut rng = rng(seed("all_gather"));
         for world in backend.worlds() {
@@ -297,6 +301,7 @@ fn reduce_scatter_case<T: TestFloatTol>(
 both_backends!(
     reduce_scatter_gives_each_rank_its_reduced_slice,
     gpu_nccl_reduce_scatter_gives_each_rank_its_reduced_slice,
+    procs_reduce_scatter_gives_each_rank_its_reduced_slice,
     |backend| {
         let mut rng = rng(seed("reduce_scatter"));
         for world in backend.worlds() {
@@ -337,6 +342,7 @@ fn all_to_all_case<T: DType>(backend: Backend, rng: &mut StdRng, world: usize, c
 both_backends!(
     all_to_all_sends_chunk_j_of_rank_i_to_chunk_i_of_rank_j,
     gpu_nccl_all_to_all_sends_chunk_j_of_rank_i_to_chunk_i_of_rank_j,
+    procs_all_to_all_sends_chunk_j_of_rank_i_to_chunk_i_of_rank_j,
     |backend| {
         let mut rng = rng(seed("all_to_all"));
         for world in backend.worlds() {
@@ -391,6 +397,7 @@ fn all_to_all_v_case<T: DType>(backend: Backend, rng: &mut StdRng, world: usize)
 both_backends!(
     all_to_all_v_moves_each_ranks_counts,
     gpu_nccl_all_to_all_v_moves_each_ranks_counts,
+    procs_all_to_all_v_moves_each_ranks_counts,
     |backend| {
         let mut rng = rng(seed("all_to_all_v"));
         for world in backend.worlds() {
@@ -405,6 +412,7 @@ both_backends!(
 both_backends!(
     a_group_runs_a_ring_exchange_and_collectives_together,
     gpu_nccl_a_group_runs_a_ring_exchange_and_collectives_together,
+    procs_a_group_runs_a_ring_exchange_and_collectives_together,
     |backend| {
         for world in backend.worlds() {
             let outs = each_rank_on(backend, world, |comm, stream| {

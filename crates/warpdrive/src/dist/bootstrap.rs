@@ -209,8 +209,9 @@ impl LaunchEnv {
         }
     }
 
-    fn fetch(&self, deadline: Instant) -> Result<NcclId> {
-        let addrs: Vec<_> = (self.master_addr.as_str(), self.master_port)
+    /// The master's socket addresses.
+    pub(crate) fn master_addrs(&self) -> Result<Vec<std::net::SocketAddr>> {
+        Ok((self.master_addr.as_str(), self.master_port)
             .to_socket_addrs()
             .map_err(|e| {
                 fail(format!(
@@ -218,7 +219,11 @@ impl LaunchEnv {
                     self.master_addr, self.master_port
                 ))
             })?
-            .collect();
+            .collect())
+    }
+
+    fn fetch(&self, deadline: Instant) -> Result<NcclId> {
+        let addrs = self.master_addrs()?;
         let mut last = String::from("no address");
         loop {
             for addr in &addrs {
@@ -269,6 +274,223 @@ impl LaunchEnv {
         let mut id = [0u8; NCCL_ID_BYTES];
         id.copy_from_slice(&reply[1..]);
         Ok(Some(NcclId(id)))
+    }
+}
+
+/// First bytes of a CPU process group rank's hello (a rank of another kind of job is told
+/// apart from it).
+const TABLE_HELLO: &[u8; 8] = b"wdcpu001";
+/// The most bytes of one rank's entry in the table.
+const MAX_ENTRY: usize = 1 << 12;
+
+/// What every rank of a CPU process group learns at the rendezvous: the job's token (made
+/// by rank 0) and each rank's entry, with the address rank 0 saw it connect from (rank 0's
+/// own: `None`, it is at `MASTER_ADDR`).
+pub(crate) struct Table {
+    pub(crate) job: u64,
+    pub(crate) entries: Vec<(Option<std::net::IpAddr>, Vec<u8>)>,
+}
+
+impl LaunchEnv {
+    /// The rendezvous of a CPU process group: every rank sends rank 0 its `entry` (at most
+    /// 4 KiB), rank 0 sends every rank the whole table once all have come, with `job`
+    /// (rank 0's; the others pass anything). Connections and every read are bounded by
+    /// `deadline`, as [`share_id`](Self::share_id)'s are.
+    pub(crate) fn gather_table(&self, entry: &[u8], job: u64, deadline: Instant) -> Result<Table> {
+        if entry.len() > MAX_ENTRY {
+            return Err(fail(format!("a rank's entry of {} bytes", entry.len())));
+        }
+        if self.rank == 0 {
+            self.serve_table(entry, job, deadline)
+        } else {
+            self.fetch_table(entry, deadline)
+        }
+    }
+
+    fn serve_table(&self, entry: &[u8], job: u64, deadline: Instant) -> Result<Table> {
+        let mut entries = vec![None; self.world];
+        entries[0] = Some((None, entry.to_vec()));
+        let mut streams: Vec<TcpStream> = Vec::new();
+        if self.world > 1 {
+            let listener = TcpListener::bind(("0.0.0.0", self.master_port)).map_err(|e| {
+                fail(format!(
+                    "rank 0 cannot listen on port {}: {e}",
+                    self.master_port
+                ))
+            })?;
+            listener
+                .set_nonblocking(true)
+                .map_err(|e| fail(format!("rank 0's listener: {e}")))?;
+            while entries.iter().any(Option::is_none) {
+                match listener.accept() {
+                    Ok((stream, from)) => match self.read_hello(&stream, deadline) {
+                        Ok(Some((rank, bytes))) if entries[rank].is_none() => {
+                            entries[rank] = Some((Some(from.ip()), bytes));
+                            streams.push(stream);
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            refuse_all(streams, &e.to_string());
+                            refuse_all(vec![stream], &e.to_string());
+                            return Err(e);
+                        }
+                    },
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                        if Instant::now() >= deadline {
+                            let missing: Vec<usize> =
+                                (0..self.world).filter(|&r| entries[r].is_none()).collect();
+                            let why = format!(
+                                "rank 0 waited on port {} and ranks {missing:?} never came",
+                                self.master_port
+                            );
+                            refuse_all(streams, &why);
+                            return Err(fail(why));
+                        }
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    Err(e) => return Err(fail(format!("rank 0's accept: {e}"))),
+                }
+            }
+        }
+        let entries: Vec<_> = entries.into_iter().flatten().collect();
+        let mut reply = vec![0u8];
+        reply.extend_from_slice(&job.to_le_bytes());
+        for (ip, bytes) in &entries {
+            let ip = match ip {
+                Some(std::net::IpAddr::V4(v4)) => v4.to_ipv6_mapped(),
+                Some(std::net::IpAddr::V6(v6)) => *v6,
+                None => std::net::Ipv6Addr::UNSPECIFIED,
+            };
+            reply.extend_from_slice(&ip.octets());
+            reply.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+            reply.extend_from_slice(bytes);
+        }
+        for mut stream in streams {
+            // A rank that is gone by now fails on its own side; its peers find out when they
+            // connect to it.
+            let _ = stream.write_all(&reply);
+            let _ = stream.shutdown(Shutdown::Write);
+        }
+        Ok(Table { job, entries })
+    }
+
+    /// Reads a rank's hello: `Some((rank, entry))`, `None` for a stray connection, an error
+    /// for a rank of another job (another world size, a rank out of range).
+    fn read_hello(
+        &self,
+        stream: &TcpStream,
+        deadline: Instant,
+    ) -> Result<Option<(usize, Vec<u8>)>> {
+        let mut stream = stream;
+        if stream.set_nonblocking(false).is_err() || set_timeouts(stream, deadline).is_err() {
+            return Ok(None);
+        }
+        let mut hello = [0u8; 8 + 12];
+        if stream.read_exact(&mut hello).is_err() || &hello[..8] != TABLE_HELLO {
+            return Ok(None);
+        }
+        let word = |i: usize| {
+            u32::from_le_bytes([hello[i], hello[i + 1], hello[i + 2], hello[i + 3]]) as usize
+        };
+        let (rank, world, len) = (word(8), word(12), word(16));
+        if world != self.world {
+            return Err(fail(format!(
+                "rank {rank} says WORLD_SIZE={world}, rank 0 has {}",
+                self.world
+            )));
+        }
+        if rank == 0 || rank >= self.world {
+            return Err(fail(format!("a peer claims rank {rank} of {}", self.world)));
+        }
+        if len > MAX_ENTRY {
+            return Ok(None);
+        }
+        let mut entry = vec![0u8; len];
+        if stream.read_exact(&mut entry).is_err() {
+            return Ok(None);
+        }
+        Ok(Some((rank, entry)))
+    }
+
+    fn fetch_table(&self, entry: &[u8], deadline: Instant) -> Result<Table> {
+        let addrs = self.master_addrs()?;
+        let mut hello = Vec::with_capacity(20 + entry.len());
+        hello.extend_from_slice(TABLE_HELLO);
+        for n in [self.rank, self.world, entry.len()] {
+            hello.extend_from_slice(&u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes());
+        }
+        hello.extend_from_slice(entry);
+        loop {
+            for addr in &addrs {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                let Ok(mut stream) = TcpStream::connect_timeout(addr, left) else {
+                    continue;
+                };
+                if set_timeouts(&stream, deadline).is_err() || stream.write_all(&hello).is_err() {
+                    continue;
+                }
+                let mut reply = Vec::new();
+                // Rank 0 answers once every rank has come: read to its end, under the deadline.
+                if stream.read_to_end(&mut reply).is_err() || reply.is_empty() {
+                    continue;
+                }
+                return self.parse_table(&reply);
+            }
+            if Instant::now() >= deadline {
+                return Err(fail(format!(
+                    "rank {} could not join rank 0 at {}:{} before the timeout (is MASTER_PORT \
+                     right, and rank 0 running?)",
+                    self.rank, self.master_addr, self.master_port
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn parse_table(&self, reply: &[u8]) -> Result<Table> {
+        let bad = || {
+            fail(format!(
+                "rank {} got a malformed table from rank 0",
+                self.rank
+            ))
+        };
+        let take = |at: &mut usize, n: usize| -> Result<&[u8]> {
+            let end = at.checked_add(n).ok_or_else(bad)?;
+            let bytes = reply.get(*at..end).ok_or_else(bad)?;
+            *at = end;
+            Ok(bytes)
+        };
+        let mut at = 0;
+        if take(&mut at, 1)?[0] != 0 {
+            let why = String::from_utf8_lossy(&reply[1..]).into_owned();
+            return Err(fail(format!("rank 0 refused rank {}: {why}", self.rank)));
+        }
+        let job = u64::from_le_bytes(take(&mut at, 8)?.try_into().map_err(|_| bad())?);
+        let mut entries = Vec::new();
+        for _ in 0..self.world {
+            let octets: [u8; 16] = take(&mut at, 16)?.try_into().map_err(|_| bad())?;
+            let ip = std::net::Ipv6Addr::from(octets);
+            let ip = (!ip.is_unspecified()).then(|| {
+                ip.to_ipv4_mapped()
+                    .map_or(std::net::IpAddr::V6(ip), Into::into)
+            });
+            let len = u32::from_le_bytes(take(&mut at, 4)?.try_into().map_err(|_| bad())?);
+            entries.push((ip, take(&mut at, len as usize)?.to_vec()));
+        }
+        Ok(Table { job, entries })
+    }
+}
+
+/// Tells ranks connected to rank 0 that the rendezvous failed (`why`).
+fn refuse_all(streams: Vec<TcpStream>, why: &str) {
+    for mut stream in streams {
+        let mut reply = vec![1u8];
+        reply.extend_from_slice(why.as_bytes());
+        let _ = stream.write_all(&reply);
+        let _ = stream.shutdown(Shutdown::Both);
     }
 }
 

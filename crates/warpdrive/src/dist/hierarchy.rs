@@ -43,7 +43,7 @@ impl Comm {
     /// share one host or the hosts hold different counts (then the flat all-reduce is the
     /// one to use).
     pub fn hierarchy_by_host(&self, stream: &Stream) -> Result<Option<Hierarchy>> {
-        self.hierarchy_for_host(stream, &host_name())
+        self.hierarchy_for_host(stream, &super::procs::host_name())
     }
 
     /// [`hierarchy_by_host`](Self::hierarchy_by_host) with this rank's host named by the
@@ -60,16 +60,6 @@ impl Comm {
         let across = self.split(place, self.rank())?;
         Ok(Some(Hierarchy { node, across }))
     }
-}
-
-/// This host's name (`/proc/sys/kernel/hostname`, else `$HOSTNAME`, else "localhost").
-fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "localhost".into())
 }
 
 /// Rank `me`'s (node, place in the node) from every rank's host id: nodes numbered in order

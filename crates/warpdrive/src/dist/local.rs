@@ -12,105 +12,16 @@
 
 use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
-use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 
+use super::call::Call;
 use super::ReduceOp;
 use crate::device::lending::{LendError, Lending};
 use crate::dtype::{DType, DTypeKind, Float};
 use crate::error::{Error, Result};
-
-/// What one rank asked for at a step; every rank's must be equal.
-#[derive(Debug, Clone, PartialEq)]
-pub(super) struct Call {
-    op: &'static str,
-    dtype: DTypeKind,
-    input: usize,
-    output: usize,
-    root: Option<usize>,
-    reduce: Option<ReduceOp>,
-    /// All-to-all with per-rank counts: what this rank sends to and receives from each rank.
-    counts: Option<(Vec<usize>, Vec<usize>)>,
-}
-
-impl Call {
-    pub(super) fn new<T: DType>(op: &'static str, input: usize, output: usize) -> Call {
-        Call {
-            op,
-            dtype: T::KIND,
-            input,
-            output,
-            root: None,
-            reduce: None,
-            counts: None,
-        }
-    }
-
-    pub(super) fn counting(self, send: &[usize], recv: &[usize]) -> Call {
-        Call {
-            counts: Some((send.to_vec(), recv.to_vec())),
-            ..self
-        }
-    }
-
-    /// Whether every rank's call fits the others': equal calls, or for per-rank counts the
-    /// same op and type with what rank `i` sends to `j` what `j` receives from `i`.
-    fn agree(calls: &[&Call]) -> bool {
-        let Some(first) = calls.first() else {
-            return true;
-        };
-        if first.counts.is_none() {
-            return calls.iter().all(|c| *c == *first);
-        }
-        let rows: Option<Vec<&(Vec<usize>, Vec<usize>)>> =
-            calls.iter().map(|c| c.counts.as_ref()).collect();
-        let Some(rows) = rows else {
-            return false;
-        };
-        let n = calls.len();
-        calls
-            .iter()
-            .all(|c| c.op == first.op && c.dtype == first.dtype)
-            && rows.iter().all(|(s, r)| s.len() == n && r.len() == n)
-            && (0..n).all(|i| (0..n).all(|j| rows[i].0[j] == rows[j].1[i]))
-    }
-
-    pub(super) fn rooted(self, root: usize) -> Call {
-        Call {
-            root: Some(root),
-            ..self
-        }
-    }
-
-    pub(super) fn reducing(self, op: ReduceOp) -> Call {
-        Call {
-            reduce: Some(op),
-            ..self
-        }
-    }
-}
-
-impl fmt::Display for Call {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}({} × {}", self.op, self.dtype.name(), self.input)?;
-        if self.output != self.input {
-            write!(f, " → {}", self.output)?;
-        }
-        if let Some(root) = self.root {
-            write!(f, ", root {root}")?;
-        }
-        if let Some(op) = self.reduce {
-            write!(f, ", {op:?}")?;
-        }
-        if let Some((send, recv)) = &self.counts {
-            write!(f, ", sends {send:?}, receives {recv:?}")?;
-        }
-        write!(f, ")")
-    }
-}
 
 /// A rank's arrival at a step's first barrier.
 #[derive(Debug, Clone)]
@@ -662,7 +573,7 @@ impl Group {
 const BLOCK: usize = 2048;
 
 /// Reduces element-wise over `inputs` into `out`: in f64, in rank order, rounded once.
-fn reduce<T: Float>(op: ReduceOp, inputs: &[&[T]], out: &mut [T]) {
+pub(super) fn reduce<T: Float>(op: ReduceOp, inputs: &[&[T]], out: &mut [T]) {
     for (b, out) in out.chunks_mut(BLOCK).enumerate() {
         let range = b * BLOCK..b * BLOCK + out.len();
         reduce_block(op, inputs.iter().map(|x| &x[range.clone()]), out);

@@ -19,6 +19,18 @@
 //! the group stays usable. A call with an invalid argument takes its step too (the others
 //! learn of it at once) and returns the argument error on its own rank.
 //!
+//! The same group with one process a rank, [`Comm::cpu_rank`] and [`Comm::cpu_from_env`],
+//! started as `torchrun` starts them: rank 0 gathers every rank's address at
+//! `MASTER_ADDR:MASTER_PORT` (`bootstrap.rs`), every pair of ranks links over TCP
+//! (`mesh.rs`: send / receive, and the news that a rank left or aborted), and the collectives
+//! run as rounds (`procs.rs`) through a shared-memory segment under `/dev/shm` on one host
+//! (`shm.rs`) or over those TCP links ([`Transport`]). Large all-reduces on one host copy
+//! straight between the ranks' buffers where the kernel allows it (`cma.rs`). The same checks
+//! hold: every call's description is compared first (an error on every rank when they
+//! differ, the group usable after), every wait has the timeout, and a rank whose process
+//! ends is seen at once through its closed connections. Sub-communicators ([`Comm::split`])
+//! of such a group are not built yet (`Unsupported`).
+//!
 //! On GPUs the same `Comm` runs on NCCL ([`Comm::nccl_group`]: one process driving several
 //! GPUs, one thread per rank; [`Comm::nccl_rank`] and [`Comm::from_env`]: one process per
 //! GPU, bootstrapped as `torchrun` does). Calls are enqueued on the caller's stream and
@@ -46,15 +58,20 @@
 //! topology through the autotune cache; [`Comm::hierarchy_by_host`] picks the hierarchical
 //! all-reduce when the ranks span hosts.
 //!
-//! Not yet: CPU groups across processes.
+//! Not yet: sub-communicators of CPU groups across processes (so their hierarchy).
 
 mod bootstrap;
 mod bucket_tune;
+mod call;
+mod cma;
 mod compress;
 mod hierarchy;
 mod local;
+mod mesh;
 mod nccl;
+mod procs;
 mod reducer;
+mod shm;
 mod symmetric;
 
 use std::cell::Cell;
@@ -69,10 +86,13 @@ use crate::memory::Buffer;
 
 pub use bootstrap::{LaunchEnv, NcclId};
 pub use bucket_tune::BUCKET_CANDIDATES;
+use call::Call;
 pub use compress::{Int8Reducer, PowerSgdReducer, TopkReducer};
 pub use hierarchy::Hierarchy;
-use local::{Call, Group};
+use local::Group;
 use nccl::NcclLink;
+use procs::Procs;
+pub use procs::Transport;
 pub use reducer::{Reducer, ReducerStats, DEFAULT_BUCKET_BYTES};
 pub use symmetric::{put_signal, wait_signal, PeerMapped, SignalPingPong, SignalWait};
 
@@ -116,14 +136,81 @@ enum Link {
         /// Collectives this rank has entered: the step of the next one.
         step: Cell<u64>,
     },
+    /// The CPU group across processes.
+    Procs(Box<Procs>),
     /// An NCCL communicator.
     Nccl(NcclLink),
+}
+
+/// The CPU side of a call: the in-process group (with this rank's step) or the group across
+/// processes.
+enum Cpu<'c> {
+    Local(&'c Group, local::Member<'c>),
+    Procs(&'c Procs),
+}
+
+impl Cpu<'_> {
+    fn refuse(self, op: &'static str, e: Error) -> Result<()> {
+        match self {
+            Cpu::Local(g, me) => g.refuse(me, op, e),
+            Cpu::Procs(p) => p.refuse(op, e),
+        }
+    }
+
+    fn all_reduce<T: Float>(self, call: Call, data: &mut [T], op: ReduceOp) -> Result<()> {
+        match self {
+            Cpu::Local(g, me) => g.all_reduce(me, call, data, op),
+            Cpu::Procs(p) => p.all_reduce(call, data, op),
+        }
+    }
+
+    fn broadcast<T: DType>(self, call: Call, data: &mut [T], root: usize) -> Result<()> {
+        match self {
+            Cpu::Local(g, me) => g.broadcast(me, call, data, root),
+            Cpu::Procs(p) => p.broadcast(call, data, root),
+        }
+    }
+
+    fn all_gather<T: DType>(self, call: Call, input: &[T], output: &mut [T]) -> Result<()> {
+        match self {
+            Cpu::Local(g, me) => g.all_gather(me, call, input, output),
+            Cpu::Procs(p) => p.all_gather(call, input, output),
+        }
+    }
+
+    fn reduce_scatter<T: Float>(
+        self,
+        call: Call,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        match self {
+            Cpu::Local(g, me) => g.reduce_scatter(me, call, input, output, op),
+            Cpu::Procs(p) => p.reduce_scatter(call, input, output, op),
+        }
+    }
+
+    fn all_to_all<T: DType>(self, call: Call, input: &[T], output: &mut [T]) -> Result<()> {
+        match self {
+            Cpu::Local(g, me) => g.all_to_all(me, call, input, output),
+            Cpu::Procs(p) => p.all_to_all(call, input, output),
+        }
+    }
+
+    fn all_to_all_v<T: DType>(self, call: Call, input: &[T], output: &mut [T]) -> Result<()> {
+        match self {
+            Cpu::Local(g, me) => g.all_to_all_v(me, call, input, output),
+            Cpu::Procs(p) => p.all_to_all(call, input, output),
+        }
+    }
 }
 
 impl fmt::Debug for Comm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let how = match &self.link {
             Link::Host { .. } => "in process".to_string(),
+            Link::Procs(p) => format!("across processes, {}", p.how()),
             Link::Nccl(n) => format!("NCCL on {}", n.device().label()),
         };
         write!(f, "Comm(rank {} of {}, {how})", self.rank, self.world)
@@ -218,6 +305,30 @@ impl Comm {
         Comm::nccl_rank(device, &id, env.world, env.rank, timeout)
     }
 
+    /// Rank `env.rank` of a CPU group of `env.world` processes, started as `torchrun` starts
+    /// them: rank 0 gathers every rank at `MASTER_ADDR:MASTER_PORT`, then the ranks link to
+    /// one another and exchange through `transport` (shared memory under `/dev/shm` on one
+    /// host, TCP across hosts; [`Transport::Auto`] picks by the ranks' host names). The same
+    /// collectives and send / receive as [`Comm::local_group`]'s, with the same checks; not
+    /// yet [`split`](Comm::split). Returns once every rank has joined, or fails after
+    /// `timeout` (a wrong port, a rank that never comes, ranks that disagree on the job).
+    pub fn cpu_rank(env: &LaunchEnv, transport: Transport, timeout: Duration) -> Result<Comm> {
+        check_timeout("Comm::cpu_rank", timeout)?;
+        let procs = Procs::join(env, transport, timeout)?;
+        Ok(Comm {
+            rank: procs.rank(),
+            world: procs.world(),
+            timeout,
+            link: Link::Procs(Box::new(procs)),
+        })
+    }
+
+    /// [`Comm::cpu_rank`] from the environment: `RANK`, `WORLD_SIZE`, `MASTER_ADDR`,
+    /// `MASTER_PORT` ([`LaunchEnv`]) and `WARPDRIVE_DIST_TRANSPORT` ([`Transport::from_env`]).
+    pub fn cpu_from_env(timeout: Duration) -> Result<Comm> {
+        Comm::cpu_rank(&LaunchEnv::from_env()?, Transport::from_env()?, timeout)
+    }
+
     /// This rank, in `0..world()`.
     pub fn rank(&self) -> usize {
         self.rank
@@ -238,7 +349,7 @@ impl Comm {
     /// reported by NCCL aborts the communicator and fails every later call.
     pub fn wait(&self, stream: &Stream) -> Result<()> {
         match &self.link {
-            Link::Host { .. } => stream.synchronize(),
+            Link::Host { .. } | Link::Procs(_) => stream.synchronize(),
             Link::Nccl(n) => n.wait(stream),
         }
     }
@@ -253,7 +364,7 @@ impl Comm {
     ) -> Result<()> {
         const OP: &str = "all_reduce";
         let len = buf.len();
-        let (group, me) = match &self.link {
+        let cpu = match &self.link {
             Link::Nccl(n) => {
                 let ptr = buf.device_ptr();
                 return n.enqueue::<T>(stream, &[buf.device()], OP, || {
@@ -265,12 +376,13 @@ impl Comm {
                     })
                 });
             }
-            Link::Host { group, step } => (group, self.member(step)),
+            Link::Host { group, step } => Cpu::Local(group, self.member(step)),
+            Link::Procs(p) => Cpu::Procs(p),
         };
         let call = Call::new::<T>(OP, len, len).reducing(op);
         match on_host(stream, buf.device(), OP).and_then(|()| buf.host_view_mut()) {
-            Ok(data) => group.all_reduce(me, call, data, op),
-            Err(e) => group.refuse(me, OP, e),
+            Ok(data) => cpu.all_reduce(call, data, op),
+            Err(e) => cpu.refuse(OP, e),
         }
     }
 
@@ -291,6 +403,11 @@ impl Comm {
 
     fn split_with(&self, color: usize, key: usize, efficient: Option<bool>) -> Result<Comm> {
         match &self.link {
+            Link::Procs(_) => Err(Error::Unsupported(
+                "split: sub-communicators of a CPU group across processes are not built yet \
+                 (the in-process group and NCCL have them)"
+                    .into(),
+            )),
             Link::Nccl(n) => {
                 let (link, rank, world) = n.split(color, key, efficient)?;
                 Ok(Comm {
@@ -339,7 +456,7 @@ impl Comm {
     /// a send never waits but a receive does: there, put each rank's sends first.
     pub fn group<R>(&self, calls: impl FnOnce(&Comm) -> Result<R>) -> Result<R> {
         match &self.link {
-            Link::Host { .. } => calls(self),
+            Link::Host { .. } | Link::Procs(_) => calls(self),
             Link::Nccl(n) => n.group(|| calls(self)),
         }
     }
@@ -379,7 +496,7 @@ impl Comm {
     ) -> Result<()> {
         const OP: &str = "broadcast";
         let len = buf.len();
-        let (group, me) = match &self.link {
+        let cpu = match &self.link {
             Link::Nccl(n) => {
                 let ptr = buf.device_ptr();
                 return n.enqueue::<T>(stream, &[buf.device()], OP, || {
@@ -392,15 +509,16 @@ impl Comm {
                     })
                 });
             }
-            Link::Host { group, step } => (group, self.member(step)),
+            Link::Host { group, step } => Cpu::Local(group, self.member(step)),
+            Link::Procs(p) => Cpu::Procs(p),
         };
         let call = Call::new::<T>(OP, len, len).rooted(root);
         let checked = on_host(stream, buf.device(), OP)
             .and_then(|()| self.check_rank(OP, "root", root))
             .and_then(|()| buf.host_view_mut());
         match checked {
-            Ok(data) => group.broadcast(me, call, data, root),
-            Err(e) => group.refuse(me, OP, e),
+            Ok(data) => cpu.broadcast(call, data, root),
+            Err(e) => cpu.refuse(OP, e),
         }
     }
 
@@ -426,7 +544,7 @@ impl Comm {
             }
             Ok(())
         };
-        let (group, me) = match &self.link {
+        let cpu = match &self.link {
             Link::Nccl(n) => {
                 let (send, recv, count) = (input.device_ptr(), output.device_ptr(), input.len());
                 return n.enqueue::<T>(stream, &[input.device(), output.device()], OP, || {
@@ -434,7 +552,8 @@ impl Comm {
                     Ok(NcclCall::AllGather { send, recv, count })
                 });
             }
-            Link::Host { group, step } => (group, self.member(step)),
+            Link::Host { group, step } => Cpu::Local(group, self.member(step)),
+            Link::Procs(p) => Cpu::Procs(p),
         };
         let call = Call::new::<T>(OP, input.len(), output.len());
         let checked = self.check_pair(stream, input, output, OP).and_then(|()| {
@@ -442,8 +561,8 @@ impl Comm {
             Ok((input.host_view()?, output.host_view_mut()?))
         });
         match checked {
-            Ok((input, output)) => group.all_gather(me, call, input, output),
-            Err(e) => group.refuse(me, OP, e),
+            Ok((input, output)) => cpu.all_gather(call, input, output),
+            Err(e) => cpu.refuse(OP, e),
         }
     }
 
@@ -470,7 +589,7 @@ impl Comm {
             }
             Ok(())
         };
-        let (group, me) = match &self.link {
+        let cpu = match &self.link {
             Link::Nccl(n) => {
                 let (send, recv, count) = (input.device_ptr(), output.device_ptr(), output.len());
                 return n.enqueue::<T>(stream, &[input.device(), output.device()], OP, || {
@@ -483,7 +602,8 @@ impl Comm {
                     })
                 });
             }
-            Link::Host { group, step } => (group, self.member(step)),
+            Link::Host { group, step } => Cpu::Local(group, self.member(step)),
+            Link::Procs(p) => Cpu::Procs(p),
         };
         let call = Call::new::<T>(OP, input.len(), output.len()).reducing(op);
         let checked = self.check_pair(stream, input, output, OP).and_then(|()| {
@@ -491,8 +611,8 @@ impl Comm {
             Ok((input.host_view()?, output.host_view_mut()?))
         });
         match checked {
-            Ok((input, output)) => group.reduce_scatter(me, call, input, output, op),
-            Err(e) => group.refuse(me, OP, e),
+            Ok((input, output)) => cpu.reduce_scatter(call, input, output, op),
+            Err(e) => cpu.refuse(OP, e),
         }
     }
 
@@ -519,7 +639,7 @@ impl Comm {
             }
             Ok(())
         };
-        let (group, me) = match &self.link {
+        let cpu = match &self.link {
             Link::Nccl(n) => {
                 let (send, recv) = (input.device_ptr(), output.device_ptr());
                 let counts = vec![input.len() / self.world(); self.world()];
@@ -533,7 +653,8 @@ impl Comm {
                     })
                 });
             }
-            Link::Host { group, step } => (group, self.member(step)),
+            Link::Host { group, step } => Cpu::Local(group, self.member(step)),
+            Link::Procs(p) => Cpu::Procs(p),
         };
         let call = Call::new::<T>(OP, input.len(), output.len());
         let checked = self.check_pair(stream, input, output, OP).and_then(|()| {
@@ -541,8 +662,8 @@ impl Comm {
             Ok((input.host_view()?, output.host_view_mut()?))
         });
         match checked {
-            Ok((input, output)) => group.all_to_all(me, call, input, output),
-            Err(e) => group.refuse(me, OP, e),
+            Ok((input, output)) => cpu.all_to_all(call, input, output),
+            Err(e) => cpu.refuse(OP, e),
         }
     }
 
@@ -586,7 +707,7 @@ impl Comm {
             }
             Ok(())
         };
-        let (group, me) = match &self.link {
+        let cpu = match &self.link {
             Link::Nccl(n) => {
                 let (send, recv) = (input.device_ptr(), output.device_ptr());
                 return n.enqueue::<T>(stream, &[input.device(), output.device()], OP, || {
@@ -599,7 +720,8 @@ impl Comm {
                     })
                 });
             }
-            Link::Host { group, step } => (group, self.member(step)),
+            Link::Host { group, step } => Cpu::Local(group, self.member(step)),
+            Link::Procs(p) => Cpu::Procs(p),
         };
         let call = Call::new::<T>(OP, in_len, out_len).counting(send_counts, recv_counts);
         let checked = self.check_pair(stream, input, output, OP).and_then(|()| {
@@ -607,8 +729,8 @@ impl Comm {
             Ok((input.host_view()?, output.host_view_mut()?))
         });
         match checked {
-            Ok((input, output)) => group.all_to_all_v(me, call, input, output),
-            Err(e) => group.refuse(me, OP, e),
+            Ok((input, output)) => cpu.all_to_all_v(call, input, output),
+            Err(e) => cpu.refuse(OP, e),
         }
     }
 
@@ -634,6 +756,10 @@ impl Comm {
                 on_host(stream, buf.device(), OP)?;
                 group.send(self.rank, peer, buf.host_view()?)
             }
+            Link::Procs(p) => {
+                on_host(stream, buf.device(), OP)?;
+                p.send(peer, buf.host_view()?)
+            }
         }
     }
 
@@ -657,6 +783,10 @@ impl Comm {
             Link::Host { group, .. } => {
                 on_host(stream, buf.device(), OP)?;
                 group.recv(self.rank, peer, buf.host_view_mut()?)
+            }
+            Link::Procs(p) => {
+                on_host(stream, buf.device(), OP)?;
+                p.recv(peer, buf.host_view_mut()?)
             }
         }
     }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use warpdrive::dist::Comm;
+use warpdrive::dist::{Comm, LaunchEnv, Transport};
 use warpdrive::{Device, Stream};
 
 use super::group;
@@ -12,11 +12,14 @@ use super::group;
 /// Long enough never to be reached by a healthy call.
 pub const PATIENT: Duration = Duration::from_secs(30);
 
-/// Where a test body's ranks run: the in-process CPU group, or NCCL with one GPU a rank.
+/// Where a test body's ranks run: the in-process CPU group, NCCL with one GPU a rank, or the
+/// CPU group across processes over a transport (its ranks threads here, each with its own
+/// rendezvous, links and mapping: they share nothing but the transport).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     Cpu,
     Nccl,
+    Procs(Transport),
 }
 
 impl Backend {
@@ -24,7 +27,7 @@ impl Backend {
     /// GPUs (at most 4), each rank on its own GPU.
     pub fn worlds(self) -> std::ops::RangeInclusive<usize> {
         match self {
-            Backend::Cpu => 1..=4,
+            Backend::Cpu | Backend::Procs(_) => 1..=4,
             Backend::Nccl => 1..=Device::cuda_count().clamp(1, 4),
         }
     }
@@ -38,12 +41,39 @@ impl Backend {
                 .into_iter()
                 .map(|c| (c, Device::cpu()))
                 .collect(),
-            Backend::Nccl => {
-                let mut pool = NCCL_POOL.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(i) = pool.iter().position(|g| g.len() == world) {
-                    return pool.swap_remove(i);
+            Backend::Procs(transport) => {
+                if let Some(ranks) = self.pooled(world) {
+                    return ranks;
                 }
-                drop(pool);
+                let port = std::net::TcpListener::bind("127.0.0.1:0")
+                    .and_then(|l| l.local_addr())
+                    .expect("a free port")
+                    .port();
+                std::thread::scope(|s| {
+                    let joins: Vec<_> = (0..world)
+                        .map(|rank| {
+                            s.spawn(move || {
+                                let env = LaunchEnv {
+                                    rank,
+                                    world,
+                                    local_rank: rank,
+                                    master_addr: "127.0.0.1".into(),
+                                    master_port: port,
+                                };
+                                Comm::cpu_rank(&env, transport, PATIENT).expect("a rank joins")
+                            })
+                        })
+                        .collect();
+                    joins
+                        .into_iter()
+                        .map(|h| (h.join().expect("a rank joins"), Device::cpu()))
+                        .collect()
+                })
+            }
+            Backend::Nccl => {
+                if let Some(ranks) = self.pooled(world) {
+                    return ranks;
+                }
                 let devices: Vec<Device> = (0..world)
                     .map(|i| Device::cuda(i).expect("a GPU per rank"))
                     .collect();
@@ -53,19 +83,29 @@ impl Backend {
         }
     }
 
+    /// A group of this backend and size that an earlier case gave back.
+    fn pooled(self, world: usize) -> Option<Vec<(Comm, Device)>> {
+        let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
+        let i = pool
+            .iter()
+            .position(|(b, g)| *b == self && g.len() == world)?;
+        Some(pool.swap_remove(i).1)
+    }
+
     /// Keeps a group whose ranks all finished their case cleanly, for the next case.
     fn give_back(self, ranks: Vec<(Comm, Device)>) {
-        if self == Backend::Nccl {
-            NCCL_POOL
-                .lock()
+        if self != Backend::Cpu {
+            POOL.lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .push(ranks);
+                .push((self, ranks));
         }
     }
 }
 
-/// NCCL groups given back by finished cases, for the next case of their size.
-static NCCL_POOL: std::sync::Mutex<Vec<Vec<(Comm, Device)>>> = std::sync::Mutex::new(Vec::new());
+/// Groups given back by finished cases (NCCL, and the CPU group across processes), for the
+/// next case of their backend and size: making one takes far longer than a small case.
+type Pooled = (Backend, Vec<(Comm, Device)>);
+static POOL: std::sync::Mutex<Vec<Pooled>> = std::sync::Mutex::new(Vec::new());
 
 /// Runs `body` on one thread per rank of a `world`-rank group of `backend`, each with a
 /// stream of its rank's device; waits for each rank's calls (`Comm::wait`) after the body.
@@ -98,9 +138,20 @@ pub fn each_rank_on<R: Send>(
 }
 
 /// One test body on both backends: `$cpu` runs it on the CPU group, `$gpu` (ignored without
-/// a GPU) on NCCL.
+/// a GPU) on NCCL, and `$procs` (when named) on the CPU group across processes, over shared
+/// memory and over TCP.
 #[allow(unused_macros)]
 macro_rules! both_backends {
+    ($cpu:ident, $gpu:ident, $procs:ident, $body:expr) => {
+        both_backends!($cpu, $gpu, $body);
+
+        #[test]
+        fn $procs() {
+            let body: fn(Backend) = $body;
+            body(Backend::Procs(::warpdrive::dist::Transport::SharedMemory));
+            body(Backend::Procs(::warpdrive::dist::Transport::Tcp));
+        }
+    };
     ($cpu:ident, $gpu:ident, $body:expr) => {
         #[test]
         fn $cpu() {
