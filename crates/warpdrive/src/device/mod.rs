@@ -5,6 +5,7 @@
 
 pub mod activity;
 mod arch;
+pub(crate) mod cma;
 pub(crate) mod cpu;
 pub(crate) mod cuda;
 pub(crate) mod dma;
@@ -13,6 +14,7 @@ pub(crate) mod mapped;
 mod peer;
 pub mod probe;
 mod shared_words;
+pub(crate) mod shm;
 mod state;
 pub mod sysfs;
 

@@ -24,8 +24,8 @@
 //! `MASTER_ADDR:MASTER_PORT` (`bootstrap.rs`), every pair of ranks links over TCP
 //! (`mesh.rs`: send / receive, and the news that a rank left or aborted), and the collectives
 //! run as rounds (`procs.rs`) through a shared-memory segment under `/dev/shm` on one host
-//! (`shm.rs`) or over those TCP links ([`Transport`]). Large all-reduces on one host copy
-//! straight between the ranks' buffers where the kernel allows it (`cma.rs`). The same checks
+//! (`device/shm.rs`) or over those TCP links ([`Transport`]). Large all-reduces on one host copy
+//! straight between the ranks' buffers where the kernel allows it (`device/cma.rs`). The same checks
 //! hold: every call's description is compared first (an error on every rank when they
 //! differ, the group usable after), every wait has the timeout, and a rank whose process
 //! ends is seen at once through its closed connections. Sub-communicators ([`Comm::split`])
@@ -63,7 +63,6 @@
 mod bootstrap;
 mod bucket_tune;
 mod call;
-mod cma;
 mod compress;
 mod hierarchy;
 mod local;
@@ -71,7 +70,6 @@ mod mesh;
 mod nccl;
 mod procs;
 mod reducer;
-mod shm;
 mod symmetric;
 
 use std::cell::Cell;

@@ -18,12 +18,12 @@ use std::time::{Duration, Instant};
 
 use super::bootstrap::{LaunchEnv, Table};
 use super::call::{dtype_code, Call};
-use super::cma;
 use super::local::reduce;
 use super::mesh::{dial_addr, Kind, Mesh, Payload};
-use super::shm::{Segment, SHM_DIR, SLOT_BYTES};
 use super::ReduceOp;
+use crate::device::cma;
 use crate::device::lending::share;
+use crate::device::shm::{Segment, SHM_DIR, SLOT_BYTES};
 use crate::dtype::{DType, Float};
 use crate::error::{Error, Result};
 

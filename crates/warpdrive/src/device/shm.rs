@@ -20,7 +20,7 @@ use memmap2::MmapMut;
 use crate::error::{Error, Result};
 
 /// Bytes of one data slot: a round moves at most this much a rank.
-pub(super) const SLOT_BYTES: usize = 4 << 20;
+pub(crate) const SLOT_BYTES: usize = 4 << 20;
 /// Bytes of a rank's control block (its two counters on cache lines of their own).
 const CONTROL: usize = 256;
 const HEADER: usize = 4096;
@@ -32,10 +32,10 @@ const LENS: usize = 8;
 const CONSUMED: usize = 128;
 
 /// Where the segments live: a memory file system on Linux.
-pub(super) const SHM_DIR: &str = "/dev/shm";
+pub(crate) const SHM_DIR: &str = "/dev/shm";
 
 /// One rank's mapping of the job's segment.
-pub(super) struct Segment {
+pub(crate) struct Segment {
     map: MmapMut,
     /// The mapping's first byte: slots and counters are reached through it, never through a
     /// reference to the whole mapping, which other processes write at the same time.
@@ -58,7 +58,7 @@ impl Segment {
     }
 
     /// Rank 0 makes the job's segment (a new file: a stale one of the same name is an error).
-    pub(super) fn create(job: u64, world: usize) -> Result<Segment> {
+    pub(crate) fn create(job: u64, world: usize) -> Result<Segment> {
         let path = Self::path(job);
         let bytes = Self::bytes(world)?;
         let io = |what: &str, e: std::io::Error| {
@@ -89,7 +89,7 @@ impl Segment {
 
     /// Another rank maps rank 0's segment (an error naming the file when this rank is not on
     /// rank 0's host, or the file is not the job's).
-    pub(super) fn open(job: u64, world: usize, rank: usize) -> Result<Segment> {
+    pub(crate) fn open(job: u64, world: usize, rank: usize) -> Result<Segment> {
         let path = Self::path(job);
         let bytes = Self::bytes(world)?;
         let io = |what: &str, e: String| {
@@ -127,7 +127,7 @@ impl Segment {
     }
 
     /// Rank 0 removes the file once every rank has mapped it (the mappings live on).
-    pub(super) fn unlink(&mut self) {
+    pub(crate) fn unlink(&mut self) {
         if let Some(path) = self.owned.take() {
             let _ = std::fs::remove_file(path);
         }
@@ -153,7 +153,7 @@ impl Segment {
 
     /// Rank `rank`'s slot of round `seq`, `len` bytes of it, to read: `None` when `len` is
     /// past the slot.
-    pub(super) fn slot(&self, rank: usize, seq: u64, len: usize) -> Option<&[u8]> {
+    pub(crate) fn slot(&self, rank: usize, seq: u64, len: usize) -> Option<&[u8]> {
         let start = self.slot_offset(rank, (seq % 2) as usize);
         // SAFETY: the slot lies inside the mapping (`bytes`); its rank writes it only in
         // round `seq + 2`, after this rank has consumed round `seq` (the round protocol).
@@ -163,7 +163,7 @@ impl Segment {
 
     /// This rank's slot of round `seq` to fill. The caller is the slot's rank and has waited
     /// for every rank to consume round `seq - 2` ([`wait_consumed`](Self::wait_consumed)).
-    pub(super) fn slot_mut(&mut self, rank: usize, seq: u64, len: usize) -> Option<&mut [u8]> {
+    pub(crate) fn slot_mut(&mut self, rank: usize, seq: u64, len: usize) -> Option<&mut [u8]> {
         let start = self.slot_offset(rank, (seq % 2) as usize);
         // SAFETY: the slot lies inside the mapping; no rank reads it before this rank posts
         // round `seq`, and every rank has consumed round `seq - 2`, its last use.
@@ -172,27 +172,27 @@ impl Segment {
     }
 
     /// Publishes this rank's round `seq`, `len` bytes in its slot.
-    pub(super) fn post(&self, rank: usize, seq: u64, len: usize) {
+    pub(crate) fn post(&self, rank: usize, seq: u64, len: usize) {
         self.control(rank, LENS + 8 * (seq % 2) as usize)
             .store(len as u64, Ordering::Relaxed);
         self.control(rank, POSTED).store(seq, Ordering::Release);
     }
 
     /// What rank `rank` put in its slot for round `seq` (posted).
-    pub(super) fn posted_len(&self, rank: usize, seq: u64) -> usize {
+    pub(crate) fn posted_len(&self, rank: usize, seq: u64) -> usize {
         let len = self
             .control(rank, LENS + 8 * (seq % 2) as usize)
             .load(Ordering::Relaxed);
         usize::try_from(len).unwrap_or(usize::MAX)
     }
 
-    pub(super) fn consume(&self, rank: usize, seq: u64) {
+    pub(crate) fn consume(&self, rank: usize, seq: u64) {
         self.control(rank, CONSUMED).store(seq, Ordering::Release);
     }
 
     /// Waits until `rank` has posted round `seq`: `Ok(false)` when `deadline` passed first;
     /// `check` runs between waits (a peer that left, an abort) and its error ends the wait.
-    pub(super) fn wait_posted(
+    pub(crate) fn wait_posted(
         &self,
         rank: usize,
         seq: u64,
@@ -204,7 +204,7 @@ impl Segment {
     }
 
     /// Waits until `rank` has consumed round `seq`, as [`wait_posted`](Self::wait_posted).
-    pub(super) fn wait_consumed(
+    pub(crate) fn wait_consumed(
         &self,
         rank: usize,
         seq: u64,

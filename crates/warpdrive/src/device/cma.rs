@@ -10,7 +10,7 @@
 use std::io;
 
 /// Copies `local.len()` bytes at address `remote` of process `pid` into `local`.
-pub(super) fn read(pid: i32, remote: usize, local: &mut [u8]) -> io::Result<()> {
+pub(crate) fn read(pid: i32, remote: usize, local: &mut [u8]) -> io::Result<()> {
     let mut done = 0;
     while done < local.len() {
         let rest = &mut local[done..];
@@ -31,7 +31,7 @@ pub(super) fn read(pid: i32, remote: usize, local: &mut [u8]) -> io::Result<()> 
 }
 
 /// Copies `local` to address `remote` of process `pid`.
-pub(super) fn write(pid: i32, remote: usize, local: &[u8]) -> io::Result<()> {
+pub(crate) fn write(pid: i32, remote: usize, local: &[u8]) -> io::Result<()> {
     let mut done = 0;
     while done < local.len() {
         let rest = &local[done..];
@@ -61,12 +61,12 @@ fn advanced(n: isize) -> io::Result<usize> {
 }
 
 /// Whether this process can read `pid`'s word at `remote`, which holds `expect`.
-pub(super) fn probe(pid: i32, remote: usize, expect: u64) -> bool {
+pub(crate) fn probe(pid: i32, remote: usize, expect: u64) -> bool {
     let mut word = [0u8; 8];
     read(pid, remote, &mut word).is_ok() && u64::from_le_bytes(word) == expect
 }
 
 /// This process's id, as the calls above take it.
-pub(super) fn pid() -> i32 {
+pub(crate) fn pid() -> i32 {
     i32::try_from(std::process::id()).unwrap_or(-1)
 }
