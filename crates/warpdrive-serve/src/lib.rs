@@ -58,7 +58,7 @@ pub use client::{Client, ClientConfig, Failure, JobResult, JobSpec};
 pub use controller::{Controller, ControllerConfig, Knobs};
 pub use http::Server;
 pub use load::{Arrivals, LoadConfig, LoadReport};
-pub use model::{Model, MoeModel};
+pub use model::{Echo, Model, MoeModel};
 pub use queue::{CLASSES, DEFAULT_PRIORITY};
 pub use stats::{Seen, Status};
 

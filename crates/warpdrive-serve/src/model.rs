@@ -95,3 +95,33 @@ impl Model for MoeModel {
             .map_or((0, 0), |s| (s.in_use, s.reserved))
     }
 }
+
+/// A job kind that answers each row with itself: the stand-in that measures the request
+/// path (bodies, parsing, batching, scatter, replies) with no model in the way, at the real
+/// model's width.
+pub struct Echo {
+    width: usize,
+}
+
+impl Echo {
+    /// Rows of `width` values.
+    pub fn new(width: usize) -> Echo {
+        Echo { width }
+    }
+}
+
+impl Model for Echo {
+    fn name(&self) -> &str {
+        "echo"
+    }
+
+    fn width(&self) -> usize {
+        self.width
+    }
+
+    fn run(&mut self, input: &[f32], output: &mut Vec<f32>) -> Result<()> {
+        output.clear();
+        output.extend_from_slice(input);
+        Ok(())
+    }
+}
