@@ -126,7 +126,21 @@ pub(crate) enum JobError {
     Failed(String),
 }
 
-pub(crate) type Answer = std::result::Result<(Vec<f32>, BatchStats), JobError>;
+pub(crate) type Answer = std::result::Result<(Rows, BatchStats), JobError>;
+
+/// A job's rows of its batch's output, shared with the batch's other jobs: scattering the
+/// answers copies nothing (the reply's encoding reads them in place).
+#[derive(Debug, Clone)]
+pub(crate) struct Rows {
+    all: Arc<Vec<f32>>,
+    at: std::ops::Range<usize>,
+}
+
+impl Rows {
+    pub(crate) fn as_slice(&self) -> &[f32] {
+        self.all.get(self.at.clone()).unwrap_or_default()
+    }
+}
 
 /// A job: rows of the model's width, its class and deadline, and where its answer goes.
 pub(crate) struct Job {
@@ -379,6 +393,7 @@ impl Totals {
 /// A batcher thread other than the first: batches under the knobs the first one sets, its
 /// samples left in the inbox for the first one to sum up.
 fn follow(mut model: Box<dyn Model>, shared: &Shared, config: &ServeConfig) {
+    let mut gathered = Vec::new();
     loop {
         let knobs = *shared.knobs.lock();
         match next_batch(shared, knobs, config.interval) {
@@ -395,6 +410,7 @@ fn follow(mut model: Box<dyn Model>, shared: &Shared, config: &ServeConfig) {
                     shared,
                     &mut window,
                     &mut totals,
+                    &mut gathered,
                 );
                 let mut inbox = shared.inbox.lock();
                 inbox.0.merge(window);
@@ -416,6 +432,7 @@ fn run(mut model: Box<dyn Model>, shared: &Shared, config: &ServeConfig) {
     *shared.knobs.lock() = knobs;
     let mut window = Window::new(Instant::now());
     let mut totals = Totals::default();
+    let mut gathered = Vec::new();
     metrics::gauge!("warpdrive_serve_queue_jobs").set(0.0);
     loop {
         let done = match next_batch(shared, knobs, config.interval) {
@@ -430,6 +447,7 @@ fn run(mut model: Box<dyn Model>, shared: &Shared, config: &ServeConfig) {
                     shared,
                     &mut window,
                     &mut totals,
+                    &mut gathered,
                 );
                 false
             }
@@ -496,6 +514,7 @@ fn run_batch(
     shared: &Shared,
     window: &mut Window,
     totals: &mut Totals,
+    gathered: &mut Vec<f32>,
 ) {
     let now = Instant::now();
     let mut live = Vec::with_capacity(batch.len());
@@ -519,7 +538,7 @@ fn run_batch(
     metrics::histogram!("warpdrive_serve_batch_rows").record(rows as f64);
     let started = Instant::now();
     let answered = totals.jobs;
-    execute(model, live, shared, window, totals);
+    execute(model, live, shared, window, totals, gathered);
     let ran = started.elapsed();
     window.batch(rows, ran, full);
     let ns = u64::try_from(ran.as_nanos()).unwrap_or(u64::MAX);
@@ -530,12 +549,14 @@ fn run_batch(
 }
 
 /// Runs `batch` and answers each job; out of device memory, runs each half on its own.
+/// `gathered` is the thread's buffer for a batch of several jobs' rows.
 fn execute(
     model: &mut dyn Model,
     batch: Vec<Job>,
     shared: &Shared,
     window: &mut Window,
     totals: &mut Totals,
+    gathered: &mut Vec<f32>,
 ) {
     if !shared.healthy.load(Ordering::Acquire) {
         fail_all(
@@ -546,15 +567,24 @@ fn execute(
         return;
     }
     let rows: usize = batch.iter().map(|j| j.rows).sum();
-    let mut input = Vec::with_capacity(batch.iter().map(|j| j.data.len()).sum());
-    for j in &batch {
-        input.extend_from_slice(&j.data);
-    }
+    // One job runs on its own rows; several are gathered into the thread's reused buffer.
+    let input: &[f32] = match batch.as_slice() {
+        [one] => &one.data,
+        _ => {
+            gathered.clear();
+            for j in &batch {
+                gathered.extend_from_slice(&j.data);
+            }
+            gathered
+        }
+    };
+    let values = input.len();
     let started = Instant::now();
     let mut output = Vec::new();
-    match model.run(&input, &mut output) {
-        Ok(()) if output.len() == input.len() => {
+    match model.run(input, &mut output) {
+        Ok(()) if output.len() == values => {
             let run_us = started.elapsed().as_secs_f64() * 1e6;
+            let output = Arc::new(output);
             let mut at = 0;
             for j in batch {
                 let n = j.data.len();
@@ -563,10 +593,10 @@ fn execute(
                     queue_us: started.duration_since(j.arrived).as_secs_f64() * 1e6,
                     run_us,
                 };
-                let answer = output
-                    .get(at..at + n)
-                    .map(<[f32]>::to_vec)
-                    .unwrap_or_default();
+                let answer = Rows {
+                    all: output.clone(),
+                    at: at..at + n,
+                };
                 let _ = j.reply.send(Ok((answer, stats)));
                 window.job(j.arrived.elapsed());
                 totals.jobs += 1;
@@ -578,7 +608,7 @@ fn execute(
                 "{}: {} values out for {} in",
                 model.name(),
                 output.len(),
-                input.len()
+                values
             );
             fail_all(batch, JobError::Failed(why), totals);
         }
@@ -589,8 +619,8 @@ fn execute(
             );
             let mut first = batch;
             let second = first.split_off(first.len() / 2);
-            execute(model, first, shared, window, totals);
-            execute(model, second, shared, window, totals);
+            execute(model, first, shared, window, totals, gathered);
+            execute(model, second, shared, window, totals, gathered);
         }
         Err(e) => {
             let why = e.to_string();

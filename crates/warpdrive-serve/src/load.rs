@@ -205,13 +205,18 @@ pub async fn run_async(config: &LoadConfig) -> Result<LoadReport, LoadError> {
     let data: Vec<f32> = (0..rows_values)
         .map(|_| rng.random_range(-1.0f32..1.0))
         .collect();
-    let job = Arc::new(JobSpec {
-        rows: config.rows,
-        data,
-        priority: config.priority,
-        tenant: config.tenant.clone(),
-        deadline: None,
-    });
+    // Encoded once: the generator's own work per job stays out of the service's way.
+    let job = Arc::new(
+        client
+            .encode(&JobSpec {
+                rows: config.rows,
+                data,
+                priority: config.priority,
+                tenant: config.tenant.clone(),
+                deadline: None,
+            })
+            .map_err(|e| LoadError(format!("encoding the job: {e}")))?,
+    );
     let mut report = LoadReport::default();
     let start = Instant::now();
     let stop = crate::later(start, config.duration);
@@ -233,7 +238,7 @@ pub async fn run_async(config: &LoadConfig) -> Result<LoadReport, LoadError> {
                 tokio::time::sleep_until(due.into()).await;
                 report.sent += 1;
                 let (client, job) = (client.clone(), job.clone());
-                tasks.spawn(async move { (due, client.submit(&job).await) });
+                tasks.spawn(async move { (due, client.submit_encoded(&job).await) });
                 // Reap what has finished, so a long run holds no more than it must.
                 while let Some(done) = tasks.try_join_next() {
                     reap(&mut report, done);
@@ -250,7 +255,7 @@ pub async fn run_async(config: &LoadConfig) -> Result<LoadReport, LoadError> {
                     while Instant::now() < stop && sent.fetch_add(1, Ordering::Relaxed) < max_jobs {
                         let t = Instant::now();
                         mine.sent += 1;
-                        let outcome = client.submit(&job).await;
+                        let outcome = client.submit_encoded(&job).await;
                         mine.record(t, outcome);
                     }
                     mine
