@@ -54,7 +54,14 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
             bytes_in_flight: (args.tenant_mib as usize).saturating_mul(1 << 20),
             rate_per_s: args.tenant_rate.unwrap_or(f64::INFINITY),
             burst: args.tenant_burst,
+            device_bytes: args
+                .tenant_device_mib
+                .map_or(usize::MAX, |m| (m as usize).saturating_mul(1 << 20)),
         },
+        warm_rows: (1..=args.warm_rows as usize).collect(),
+        http_threads: args
+            .http_threads
+            .map_or_else(|| ServeConfig::default().http_threads, |n| n as usize),
         ..ServeConfig::default()
     };
     let d = device.clone();

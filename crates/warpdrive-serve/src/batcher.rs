@@ -17,7 +17,7 @@ use parking_lot::{Condvar, Mutex};
 use tokio::sync::oneshot;
 use warpdrive::{Error, Result};
 
-use super::budget::Budget;
+use super::budget::{Budget, DeviceLedger};
 use super::controller::{Controller, ControllerConfig, Knobs};
 use super::model::Model;
 use super::queue::{Queue, Queued, Refused};
@@ -75,6 +75,12 @@ pub struct ServeConfig {
     /// long a ready one waits to be fetched.
     pub result_slots: usize,
     pub result_ttl: Duration,
+    /// Batch sizes (rows) each batcher thread runs its model on once before the service
+    /// takes jobs: the first pass of a size may compile or load kernels, capture a graph or
+    /// load a library (seconds on a GPU), which no job should wait for.
+    pub warm_rows: Vec<usize>,
+    /// Threads of the HTTP side's runtime (accepting, parsing, decoding, replies).
+    pub http_threads: usize,
 }
 
 impl Default for ServeConfig {
@@ -100,6 +106,8 @@ impl Default for ServeConfig {
             drain_timeout: Duration::from_secs(60),
             result_slots: 4096,
             result_ttl: Duration::from_secs(60),
+            warm_rows: Vec::new(),
+            http_threads: std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8)),
         }
     }
 }
@@ -122,6 +130,8 @@ pub(crate) enum JobError {
     Expired,
     /// The service's device faulted (503).
     Unhealthy(String),
+    /// Its tenant's device memory budget could not hold it (the status: 429 or 413).
+    OverBudget(u16, String),
     /// The model failed on its batch (500).
     Failed(String),
 }
@@ -147,6 +157,8 @@ pub(crate) struct Job {
     pub(crate) data: Vec<f32>,
     pub(crate) rows: usize,
     pub(crate) class: usize,
+    /// Whose budget its device memory is charged to.
+    pub(crate) tenant: String,
     pub(crate) arrived: Instant,
     /// It must start running by then.
     pub(crate) deadline: Instant,
@@ -182,6 +194,8 @@ pub(crate) struct Shared {
     /// What the other batcher threads saw since the first one last summed up an interval.
     inbox: Mutex<(Window, Totals)>,
     workers: usize,
+    /// Device memory each tenant's running jobs hold.
+    device: DeviceLedger,
 }
 
 impl Shared {
@@ -239,7 +253,7 @@ pub(crate) fn start(
         );
         let spawned = std::thread::Builder::new()
             .name(format!("warpdrive-batcher-{k}"))
-            .spawn(move || match make() {
+            .spawn(move || match make().and_then(|mut m| warm(m.as_mut(), &cfg.warm_rows).map(|()| m)) {
                 Ok(model) => {
                     let _ = ready_tx.send(Ok(()));
                     follow(model, &mine, &cfg)
@@ -282,7 +296,7 @@ fn start_first(make: MakeModels, config: &ServeConfig) -> Result<(Arc<Shared>, J
     let thread = std::thread::Builder::new()
         .name("warpdrive-batcher".into())
         .spawn(move || {
-            let mut model = match make() {
+            let mut model = match make().and_then(|mut m| warm(m.as_mut(), &cfg.warm_rows).map(|()| m)) {
                 Ok(m) => m,
                 Err(e) => {
                     let _ = made_tx.send(Err(e));
@@ -325,6 +339,7 @@ fn start_first(make: MakeModels, config: &ServeConfig) -> Result<(Arc<Shared>, J
                 }),
                 inbox: Mutex::new((Window::new(Instant::now()), Totals::default())),
                 workers: cfg.workers,
+                device: DeviceLedger::new(&cfg.budget, &cfg.tenant_budgets),
             });
             if made_tx.send(Ok(shared.clone())).is_err() {
                 return;
@@ -339,6 +354,30 @@ fn start_first(make: MakeModels, config: &ServeConfig) -> Result<(Arc<Shared>, J
             after_ms: config.start_timeout.as_millis() as u64,
         })??;
     Ok((shared, thread))
+}
+
+/// Runs `model` once on each of `rows` (the warm-up), or fails with the first error.
+fn warm(model: &mut dyn Model, rows: &[usize]) -> Result<()> {
+    let mut input = Vec::new();
+    let mut output = Vec::new();
+    for &r in rows {
+        let values = r
+            .checked_mul(model.width())
+            .filter(|&v| v > 0)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "serve: warming up {r} rows of {}: a size of 0 or past usize",
+                    model.width()
+                ))
+            })?;
+        input.clear();
+        // Seeded-looking values, not zeros (a kernel may take a shortcut on zeros).
+        input.extend((0..values).map(|i| (i % 7) as f32 * 0.25 - 0.75));
+        model.run(&input, &mut output).map_err(|e| {
+            Error::InvalidArgument(format!("serve: warming up {} on {r} rows: {e}", model.name()))
+        })?;
+    }
+    Ok(())
 }
 
 enum Next {
@@ -530,6 +569,25 @@ fn run_batch(
             live.push(j);
         }
     }
+    // Device memory is charged as the batch is about to allocate it; a job past its
+    // tenant's budget fails alone.
+    let mut grants = Vec::with_capacity(live.len());
+    let mut charged = Vec::with_capacity(live.len());
+    for j in live {
+        match shared.device.charge(&j.tenant, model.device_bytes(j.rows)) {
+            Ok(g) => {
+                grants.push(g);
+                charged.push(j);
+            }
+            Err(over) => {
+                totals.failed += 1;
+                metrics::counter!("warpdrive_serve_over_device_budget_total").increment(1);
+                let why = over.message(&j.tenant);
+                let _ = j.reply.send(Err(JobError::OverBudget(over.status(), why)));
+            }
+        }
+    }
+    let live = charged;
     if live.is_empty() {
         return;
     }
@@ -546,6 +604,7 @@ fn run_batch(
     shared
         .answered
         .fetch_add(totals.jobs - answered, Ordering::AcqRel);
+    drop(grants);
 }
 
 /// Runs `batch` and answers each job; out of device memory, runs each half on its own.

@@ -94,7 +94,7 @@ impl Server {
             .local_addr()
             .map_err(|e| Error::InvalidArgument(format!("serve: local address: {e}")))?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(config.http_threads.clamp(1, 64))
             .thread_name("warpdrive-http")
             .enable_all()
             .build()
@@ -502,6 +502,7 @@ async fn submit(req: Request<Incoming>, state: &State) -> Response<Body> {
         data: job.data,
         rows: job.rows,
         class: meta.class,
+        tenant: meta.tenant.to_string(),
         arrived,
         deadline: crate::later(arrived, meta.deadline),
         reply: tx,
@@ -578,6 +579,10 @@ fn reply_of(
             ),
             JobError::Unhealthy(why) => refuse(StatusCode::SERVICE_UNAVAILABLE, &why),
             JobError::Failed(why) => refuse(StatusCode::INTERNAL_SERVER_ERROR, &why),
+            JobError::OverBudget(status, why) => refuse(
+                StatusCode::from_u16(status).unwrap_or(StatusCode::TOO_MANY_REQUESTS),
+                &why,
+            ),
         },
         Ok(Ok(Ok((data, stats)))) => reply::answer(format, rows, data, stats, submit_us),
     }

@@ -22,6 +22,13 @@ pub trait Model: 'static {
     fn pool_bytes(&self) -> (u64, u64) {
         (0, 0)
     }
+    /// Bytes of device memory a job of `rows` rows takes while its batch runs (its share of
+    /// the batch's buffers): what its tenant's device budget is charged. Zero for a model
+    /// without device memory.
+    fn device_bytes(&self, rows: usize) -> usize {
+        let _ = rows;
+        0
+    }
 }
 
 /// The MoE layer (bf16) as a [`Model`]: rows are tokens of `hidden` values.
@@ -31,6 +38,8 @@ pub struct MoeModel {
     stream: Stream,
     layer: MoeLayer<bf16>,
     hidden: usize,
+    intermediate: usize,
+    top_k: usize,
     staging: Vec<bf16>,
 }
 
@@ -43,7 +52,7 @@ impl MoeModel {
         weights: MoeWeights,
     ) -> Result<MoeModel> {
         let stream = device.new_stream()?;
-        let hidden = config.hidden;
+        let (hidden, intermediate, top_k) = (config.hidden, config.intermediate, config.top_k);
         let layer = MoeLayer::new(&stream, config, weights)?;
         Ok(MoeModel {
             name: name.to_string(),
@@ -51,6 +60,8 @@ impl MoeModel {
             stream,
             layer,
             hidden,
+            intermediate,
+            top_k,
             staging: Vec::new(),
         })
     }
@@ -87,6 +98,18 @@ impl Model for MoeModel {
 
     fn is_lost(&self) -> bool {
         self.device.is_lost()
+    }
+
+    fn device_bytes(&self, rows: usize) -> usize {
+        // Per token: x and y, k routed copies of the row, k gate/up activations (two of
+        // `intermediate`) and k expert outputs, in bf16, plus k routing entries (index and
+        // weight); an upper estimate of the buffers a pass allocates for it.
+        let (h, i, k) = (self.hidden, self.intermediate, self.top_k);
+        let per_row = 2 * h + k * (h + 2 * i + h);
+        per_row
+            .saturating_mul(std::mem::size_of::<bf16>())
+            .saturating_add(k * 8)
+            .saturating_mul(rows)
     }
 
     fn pool_bytes(&self) -> (u64, u64) {
