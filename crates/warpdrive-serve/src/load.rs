@@ -77,8 +77,11 @@ impl LoadConfig {
 pub struct LoadReport {
     /// µs from each answered job being due (open loop) or sent (closed loop) to its answer.
     pub latency_us: Vec<f64>,
-    /// The service's `submit_us` of each answered job.
+    /// The service's `submit_us`, `queue_us` and `run_us` (its batch's run time) of each
+    /// answered job.
     pub submit_us: Vec<f64>,
+    pub queue_us: Vec<f64>,
+    pub run_us: Vec<f64>,
     /// The sum over answered jobs of the rows of the batch each ran in.
     pub batch_rows_sum: f64,
     /// Jobs sent.
@@ -119,6 +122,8 @@ impl LoadReport {
             Ok(r) => {
                 self.latency_us.push(since.elapsed().as_secs_f64() * 1e6);
                 self.submit_us.push(r.submit_us);
+                self.queue_us.push(r.queue_us);
+                self.run_us.push(r.run_us);
                 self.batch_rows_sum += r.batch_rows as f64;
             }
             Err(f) => {
@@ -317,6 +322,8 @@ fn count(report: &mut LoadReport, key: &str, why: String) {
 fn merge(report: &mut LoadReport, mine: LoadReport) {
     report.latency_us.extend(mine.latency_us);
     report.submit_us.extend(mine.submit_us);
+    report.queue_us.extend(mine.queue_us);
+    report.run_us.extend(mine.run_us);
     report.batch_rows_sum += mine.batch_rows_sum;
     report.sent += mine.sent;
     for (k, v) in mine.failures {
