@@ -311,7 +311,10 @@ fn request_path(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         },
     )?;
     let addr = server.addr;
-    for (variant, format) in [("warpdrive", Format::Json), ("warpdrive-binary", BIG_FORMAT)] {
+    for (variant, format) in [
+        ("warpdrive", Format::Json),
+        ("warpdrive-binary", BIG_FORMAT),
+    ] {
         let one = LoadConfig {
             format,
             threads: 1,
@@ -331,7 +334,10 @@ fn request_path(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         row.extra.insert("p99_us".into(), tail.into());
         row.extra.insert("width".into(), (width as f64).into());
     }
-    for (variant, format) in [("warpdrive-json", Format::Json), ("warpdrive-binary", BIG_FORMAT)] {
+    for (variant, format) in [
+        ("warpdrive-json", Format::Json),
+        ("warpdrive-binary", BIG_FORMAT),
+    ] {
         let big = LoadConfig {
             format,
             threads: 1,
@@ -370,7 +376,13 @@ fn p99_at_80pct(ctx: &mut Ctx, variant: &str, rate: f64, r: &LoadReport) -> Resu
     let p99 = percentile(&r.latency_us, 0.99);
     let bound = 3.0 * percentile(&r.run_us, 0.5);
     let mut tail = [p99];
-    let row = ctx.record_time("p99-at-80pct", rate.round() as u64, variant, &mut tail, None)?;
+    let row = ctx.record_time(
+        "p99-at-80pct",
+        rate.round() as u64,
+        variant,
+        &mut tail,
+        None,
+    )?;
     let verdict = if p99 <= bound { "met" } else { "missed" };
     for (k, v) in [
         ("bound_us", bound.into()),

@@ -45,7 +45,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ..ServeConfig::default()
         },
     )?;
-    let formats = [("json", Format::Json), ("binary", Format::Binary(Dtype::F32))];
+    let formats = [
+        ("json", Format::Json),
+        ("binary", Format::Binary(Dtype::F32)),
+    ];
 
     println!("submission (headers -> queued), one client, one-row jobs of {width} values:");
     for (name, format) in formats {
@@ -75,7 +78,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let data: Vec<f32> = (0..rows * width)
         .map(|i| ((i * 2654435761usize) % 1000) as f32 / 500.0 - 1.0)
         .collect();
-    println!("\n{rows}-row jobs ({} values), in-process stages (median µs):", data.len());
+    println!(
+        "\n{rows}-row jobs ({} values), in-process stages (median µs):",
+        data.len()
+    );
     let json = wire::encode_json(rows, &data);
     let bin = wire::encode_binary(Dtype::F32, rows, &data).ok_or("encode")?;
     let reply = JsonReply {
@@ -93,13 +99,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         time_us(10, || drop(wire::encode_json(rows, &data))),
         time_us(10, || drop(wire::decode(Format::Json, &json, width))),
         time_us(10, || drop(serde_json::to_vec(&reply))),
-        time_us(10, || drop(serde_json::from_slice::<JsonReply>(&reply_json)))
+        time_us(10, || drop(serde_json::from_slice::<JsonReply>(
+            &reply_json
+        )))
     );
     println!(
         "  binary: body {} B; encode {:.0}, decode {:.0}",
         bin.len(),
         time_us(20, || drop(wire::encode_binary(Dtype::F32, rows, &data))),
-        time_us(20, || drop(wire::decode(Format::Binary(Dtype::F32), &bin, width))),
+        time_us(20, || drop(wire::decode(
+            Format::Binary(Dtype::F32),
+            &bin,
+            width
+        ))),
     );
     println!(
         "  copies: one memcpy of the rows {:.0}",

@@ -199,14 +199,18 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// Queues `job`, or gives it back with why not.
-    pub(crate) fn submit(&self, job: Job) -> std::result::Result<(), (Refused, Job)> {
+    /// Queues `job` and returns when it was in the queue (before the batcher is woken and
+    /// the gauge set: those are the batcher's and the metrics' work, not the submission's),
+    /// or gives it back with why not.
+    pub(crate) fn submit(&self, job: Job) -> std::result::Result<Instant, (Refused, Job)> {
         let mut q = self.queue.lock();
         q.push(job)?;
-        metrics::gauge!("warpdrive_serve_queue_jobs").set(q.len() as f64);
+        let waiting = q.len();
         drop(q);
+        let queued = Instant::now();
         self.wake.notify_one();
-        Ok(())
+        metrics::gauge!("warpdrive_serve_queue_jobs").set(waiting as f64);
+        Ok(queued)
     }
 
     pub(crate) fn queued(&self) -> usize {
@@ -253,13 +257,15 @@ pub(crate) fn start(
         );
         let spawned = std::thread::Builder::new()
             .name(format!("warpdrive-batcher-{k}"))
-            .spawn(move || match make().and_then(|mut m| warm(m.as_mut(), &cfg.warm_rows).map(|()| m)) {
-                Ok(model) => {
-                    let _ = ready_tx.send(Ok(()));
-                    follow(model, &mine, &cfg)
-                }
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
+            .spawn(move || {
+                match make().and_then(|mut m| warm(m.as_mut(), &cfg.warm_rows).map(|()| m)) {
+                    Ok(model) => {
+                        let _ = ready_tx.send(Ok(()));
+                        follow(model, &mine, &cfg)
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                    }
                 }
             });
         match spawned {
@@ -296,13 +302,14 @@ fn start_first(make: MakeModels, config: &ServeConfig) -> Result<(Arc<Shared>, J
     let thread = std::thread::Builder::new()
         .name("warpdrive-batcher".into())
         .spawn(move || {
-            let mut model = match make().and_then(|mut m| warm(m.as_mut(), &cfg.warm_rows).map(|()| m)) {
-                Ok(m) => m,
-                Err(e) => {
-                    let _ = made_tx.send(Err(e));
-                    return;
-                }
-            };
+            let mut model =
+                match make().and_then(|mut m| warm(m.as_mut(), &cfg.warm_rows).map(|()| m)) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        let _ = made_tx.send(Err(e));
+                        return;
+                    }
+                };
             let mut tuned = None;
             if cfg.tune_batch {
                 match tune::sweep(model.as_mut(), tune::largest(&cfg)) {
@@ -374,7 +381,10 @@ fn warm(model: &mut dyn Model, rows: &[usize]) -> Result<()> {
         // Seeded-looking values, not zeros (a kernel may take a shortcut on zeros).
         input.extend((0..values).map(|i| (i % 7) as f32 * 0.25 - 0.75));
         model.run(&input, &mut output).map_err(|e| {
-            Error::InvalidArgument(format!("serve: warming up {} on {r} rows: {e}", model.name()))
+            Error::InvalidArgument(format!(
+                "serve: warming up {} on {r} rows: {e}",
+                model.name()
+            ))
         })?;
     }
     Ok(())

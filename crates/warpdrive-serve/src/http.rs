@@ -28,9 +28,9 @@ use super::client::{DEADLINE_HEADER, PRIORITY_HEADER, TENANT_HEADER};
 use super::dashboard;
 use super::model::Model;
 use super::queue::{Refused, CLASSES, DEFAULT_PRIORITY};
+use super::reply;
 use super::results::{Fetched, Results};
 use super::stats::Status;
-use super::reply;
 use super::wire::{self, Format};
 
 /// A reply's body: whole, or a stream (the dashboard's events).
@@ -507,19 +507,24 @@ async fn submit(req: Request<Incoming>, state: &State) -> Response<Body> {
         deadline: crate::later(arrived, meta.deadline),
         reply: tx,
     };
-    if let Err((refused, _)) = shared.submit(queued) {
-        if let Some(id) = slot {
-            state.results.release(id);
+    let queued = match shared.submit(queued) {
+        Ok(at) => at,
+        Err((refused, _)) => {
+            if let Some(id) = slot {
+                state.results.release(id);
+            }
+            return match refused {
+                Refused::Full => refuse(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the queue is full; try again",
+                ),
+                Refused::Closed => {
+                    refuse(StatusCode::SERVICE_UNAVAILABLE, "the service is stopping")
+                }
+            };
         }
-        return match refused {
-            Refused::Full => refuse(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the queue is full; try again",
-            ),
-            Refused::Closed => refuse(StatusCode::SERVICE_UNAVAILABLE, "the service is stopping"),
-        };
-    }
-    let submit_us = accepted.elapsed().as_secs_f64() * 1e6;
+    };
+    let submit_us = queued.duration_since(accepted).as_secs_f64() * 1e6;
     let (rows, deadline, job_timeout) = (job.rows, meta.deadline, config.job_timeout);
     // The job's own deadline bounds its wait for a batch, this the whole of it; past it the
     // reply is dropped here and the batcher skips the job. The grant is held to the end.

@@ -40,7 +40,9 @@ pub struct MoeModel {
     hidden: usize,
     intermediate: usize,
     top_k: usize,
+    /// The batch's rows in and out as bf16 on the host, kept from batch to batch.
     staging: Vec<bf16>,
+    out: Vec<bf16>,
 }
 
 impl MoeModel {
@@ -63,6 +65,7 @@ impl MoeModel {
             intermediate,
             top_k,
             staging: Vec::new(),
+            out: Vec::new(),
         })
     }
 }
@@ -90,9 +93,10 @@ impl Model for MoeModel {
             .extend(input.iter().map(|&v| bf16::from_f32(v)));
         let x = Buffer::from_host(&self.stream, &self.staging)?;
         let y = self.layer.forward(&x)?;
-        let y = y.to_host(&self.stream)?;
+        self.out.resize(y.len(), bf16::ZERO);
+        y.copy_to_host(&self.stream, &mut self.out)?;
         output.clear();
-        output.extend(y.iter().map(|v| v.to_f32()));
+        output.extend(self.out.iter().map(|v| v.to_f32()));
         Ok(())
     }
 

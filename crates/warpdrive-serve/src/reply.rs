@@ -49,15 +49,13 @@ pub(crate) fn answer(
         })
         .map(|b| reply(StatusCode::OK, b))
         .map_err(|e| e.to_string()),
-        Format::Binary(Dtype::F32) if cfg!(target_endian = "little") => {
-            TensorBody::new(rows, data)
-                .map(|b| {
-                    let mut r = Response::new(b.boxed());
-                    *r.status_mut() = StatusCode::OK;
-                    r
-                })
-                .ok_or_else(too_large)
-        }
+        Format::Binary(Dtype::F32) if cfg!(target_endian = "little") => TensorBody::new(rows, data)
+            .map(|b| {
+                let mut r = Response::new(b.boxed());
+                *r.status_mut() = StatusCode::OK;
+                r
+            })
+            .ok_or_else(too_large),
         Format::Binary(dtype) => wire::encode_binary(dtype, rows, data.as_slice())
             .map(|b| reply(StatusCode::OK, b))
             .ok_or_else(too_large),

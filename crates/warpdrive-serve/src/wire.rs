@@ -253,7 +253,8 @@ pub fn tensor_width(body: &[u8]) -> Option<usize> {
 /// the header's u32 fields or `data` is not whole rows).
 pub fn encode_binary(dtype: Dtype, rows: usize, data: &[f32]) -> Option<Vec<u8>> {
     let header = tensor_header(dtype, rows, data.len())?;
-    let mut out = Vec::with_capacity(HEADER_BYTES.checked_add(data.len().checked_mul(dtype.size())?)?);
+    let mut out =
+        Vec::with_capacity(HEADER_BYTES.checked_add(data.len().checked_mul(dtype.size())?)?);
     out.extend_from_slice(&header);
     match dtype {
         Dtype::F32 if cfg!(target_endian = "little") => {
