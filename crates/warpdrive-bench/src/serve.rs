@@ -36,9 +36,10 @@
 //!   curve: the p99 latency (µs, as median, p10 and p90) of the curve's 80 % point against
 //!   `extra.bound_us` = 3 × its `service_us`; `extra.verdict` is `met` or `missed`.
 //!
-//! Every variant's service runs its model once on each batch size it can form before any
-//! row is timed (`ServeConfig::warm_rows`): on CUDA the first pass of a size captures a graph
-//! or loads cuBLAS, seconds that no timed job should wait for.
+//! Every variant's service runs its model once on the powers of two up to the most rows a
+//! batch can hold before any row is timed (`ServeConfig::warm_rows`): on CUDA the first pass
+//! down a path compiles its kernels or loads cuBLAS, seconds that no timed job should wait
+//! for.
 //!
 //! The model is the MoE layer of `qwen3-30b-a3b` (seeded weights): its full shape on CUDA,
 //! the `tiny` scale (hidden 128) on the CPU backend.
@@ -159,28 +160,19 @@ const BIG_ROWS: usize = 256;
 /// How 256-row jobs travel (the Python peer sends them so too).
 const BIG_FORMAT: Format = Format::Binary(Dtype::F32);
 
-/// The batch sizes `v`'s service can form, to warm up: on CUDA every size up to the graph
-/// limit (each captures its own graph) and the cuBLAS sizes above it that the controller
-/// may reach; on the CPU backend, where no size compiles anything, the powers of two.
-fn warm_rows(v: &Variant, cuda: bool) -> Vec<usize> {
+/// The batch sizes `v`'s service warms up: the powers of two up to the most rows a batch
+/// can hold, and that most. They take every path of the layer (the one-row kernel, the
+/// graph sizes up to 256, cuBLAS above), so each kernel compiles and each library loads
+/// before timing; not every size, because the layer keeps 32 graphs (least recently used
+/// first), so warming all 256 graph sizes would leave only the last 32 captured.
+fn warm_rows(v: &Variant) -> Vec<usize> {
     let most = v
         .controller
         .map_or(v.max_batch_rows, |c| c.max_batch_rows.max(v.max_batch_rows))
         .max(BIG_ROWS);
-    let graphs = warpdrive::moe::GRAPH_MAX_TOKENS.min(most);
-    let mut rows: Vec<usize> = if cuda {
-        (1..=graphs).collect()
-    } else {
-        std::iter::successors(Some(1usize), |r| r.checked_mul(2))
-            .take_while(|&r| r <= graphs)
-            .collect()
-    };
-    rows.extend(
-        std::iter::successors(Some(graphs), |r| r.checked_mul(2))
-            .skip(1)
-            .take_while(|&r| r <= most),
-    );
-    rows.push(BIG_ROWS.min(most));
+    let mut rows: Vec<usize> = std::iter::successors(Some(1usize), |r| r.checked_mul(2))
+        .take_while(|&r| r <= most)
+        .collect();
     rows.push(most);
     rows.sort_unstable();
     rows.dedup();
@@ -212,7 +204,7 @@ fn start(ctx: &Ctx, v: &Variant) -> Result<Server> {
             tune_batch: v.tune_batch,
             workers: v.workers,
             interval: INTERVAL,
-            warm_rows: warm_rows(v, ctx.device().is_cuda()),
+            warm_rows: warm_rows(v),
             ..ServeConfig::default()
         },
     )

@@ -22,7 +22,10 @@
 //! - Priorities ([`CLASSES`]): higher classes first, FIFO within one; a class passed over
 //!   `starvation_limit` batches in a row goes first in the next.
 //! - [`Budget`]s per tenant: jobs and bytes in flight, a request rate (429, `Retry-After`),
-//!   one job larger than the whole budget (413).
+//!   one job larger than the whole budget (413), and device memory, charged from
+//!   [`Model::device_bytes`] as a batch is about to run (a job past it fails alone).
+//! - `ServeConfig::warm_rows`: batch sizes every batcher thread runs once before serving;
+//!   [`Echo`]: a job kind that answers each row with itself (the request path's stand-in).
 //! - The [`Controller`] (optional): steers the batch rows and delay toward a p99 objective
 //!   from the busy fraction and latencies of each interval.
 //! - [`Client`] (pooled keep-alive connections under a cap), [`Batching`] (client-side
