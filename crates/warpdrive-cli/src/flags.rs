@@ -179,8 +179,9 @@ pub(crate) struct ServeArgs {
     /// its batch runs.
     #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) tenant_device_mib: Option<u32>,
-    /// Before serving, run the layer once on batches of 1 to this many rows (the first pass
-    /// of a batch size captures its graph or loads cuBLAS; 0: none).
+    /// Before serving, run the layer once on batches of 1, 2, 4, ... up to this many rows
+    /// and this many (the first pass down a path compiles its kernels or loads cuBLAS; 0:
+    /// none).
     #[arg(long, value_name = "ROWS", default_value_t = 0)]
     pub(crate) warm_rows: u32,
     /// Threads of the HTTP side (parsing, decoding, replies; default: the cores, 2 to 8).
