@@ -8,8 +8,12 @@ the CPU), with the batching rule of warpdrive's service: a batch closes at MAX_R
 when its first job has waited MAX_DELAY; the forward runs in a thread so the event loop
 keeps accepting and parsing while the device works; each job gets its own rows back.
 Clients are coroutines of the same process (as warpdrive's are threads of its process),
-each with one keep-alive connection, sending JSON jobs `{"rows": R, "data": [...]}` back to
-back (a closed loop).
+each with one keep-alive connection, sending jobs back to back (a closed loop): one-row jobs
+as JSON `{"rows": R, "data": [...]}`, 256-row jobs as warpdrive's binary tensor body
+(`application/x-warpdrive-tensor`: the 16-byte `WDT1` header, then little-endian f32), as
+warpdrive's suite sends them, so both services parse the same bodies. Replies come in the
+request's format. Rows travel as bytes of little-endian f32 inside the service (a binary
+body is used as it came; a JSON one is packed once).
 
 Model: qwen3-30b-a3b's layer (hidden 2048, intermediate 768, 128 experts, top-8) in bf16,
 weights N(0,1)/sqrt(fan_in), seeded; with --quick (warpdrive ran on its CPU backend, where
@@ -33,8 +37,10 @@ import asyncio
 import json
 import math
 import os
+import struct
 import sys
 import time
+from array import array
 
 from peer_stats import percentile, timed_row
 
@@ -45,6 +51,8 @@ WAIT_S = 30.0  # the longest any one wait may take
 MAX_BODY = 64 << 20
 VARIANTS = [("torch-asyncio-batch-1", 1, 0.0), ("torch-asyncio-dynamic", 256, 0.002)]
 CLIENTS, CLIENTS_256 = [1, 8, 32], [1, 8]
+TENSOR_TYPE = "application/x-warpdrive-tensor"
+MAGIC = b"WDT1"
 
 
 def log(msg):
@@ -97,7 +105,7 @@ class Batcher:
             batch = [j for j in batch if not j.future.done()]  # clients that left
             if not batch:
                 continue
-            flat = [v for j in batch for v in j.data]
+            flat = b"".join(j.data for j in batch)
             try:
                 out = await loop.run_in_executor(None, self.model, flat, rows)
             except Exception as e:  # the model failed: every job of the batch says so
@@ -107,7 +115,7 @@ class Batcher:
                 continue
             at = 0
             for j in batch:
-                n = j.rows * self.width
+                n = j.rows * self.width * 4
                 if not j.future.done():
                     j.future.set_result((out[at:at + n], rows))
                 at += n
@@ -132,11 +140,40 @@ async def read_request(reader):
     return parts[0], parts[1], headers, body
 
 
-def response(status, body, content_type="text/plain"):
+def response(status, body, content_type="text/plain", batch_rows=None):
     reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 503: "Service Unavailable",
               500: "Internal Server Error"}.get(status, "Error")
-    return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n"
+    extra = "" if batch_rows is None else f"x-warpdrive-batch-rows: {batch_rows}\r\n"
+    return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n{extra}"
             f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1") + body
+
+
+def decode_json(body, width):
+    """(rows, the rows as little-endian f32 bytes) of a JSON job."""
+    job = json.loads(body)
+    rows, data = int(job["rows"]), [float(v) for v in job["data"]]
+    if rows < 1 or len(data) != rows * width:
+        raise ValueError(f"{len(data)} values are not {rows} rows of {width}")
+    if not all(math.isfinite(v) for v in data):
+        raise ValueError("a value is not finite")
+    return rows, array("f", data).tobytes()
+
+
+def decode_tensor(body, width):
+    """(rows, the rows as little-endian f32 bytes) of a binary tensor job (f32 only)."""
+    if len(body) < 16 or body[:4] != MAGIC or body[4] != 1:
+        raise ValueError("not an f32 WDT1 tensor")
+    rows, w = struct.unpack_from("<II", body, 8)
+    if rows < 1 or w != width or len(body) != 16 + rows * w * 4:
+        raise ValueError(f"a {rows} x {w} tensor in {len(body)} bytes for rows of {width}")
+    data = body[16:]
+    if not all(math.isfinite(v) for v in memoryview(data).cast("f")):
+        raise ValueError("a value is not finite")
+    return rows, data
+
+
+def tensor_body(rows, width, data):
+    return MAGIC + bytes([1, 0, 0, 0]) + struct.pack("<II", rows, width) + data
 
 
 async def handle(batcher, reader, writer):
@@ -151,19 +188,15 @@ async def handle(batcher, reader, writer):
                 writer.write(response(400, f"{e}\n".encode()))
                 await writer.drain()
                 return
-            method, path, _, body = req
+            method, path, headers, body = req
+            binary = headers.get("content-type", "").split(";")[0].strip() == TENSOR_TYPE
             if method != "POST" or path != "/v1/jobs":
                 writer.write(response(404, b"no such endpoint: POST /v1/jobs\n"))
                 await writer.drain()
                 continue
             try:
-                job = json.loads(body)
-                rows, data = int(job["rows"]), [float(v) for v in job["data"]]
-                if rows < 1 or len(data) != rows * batcher.width:
-                    raise ValueError(f"{len(data)} values are not {rows} rows of {batcher.width}")
-                if not all(math.isfinite(v) for v in data):
-                    raise ValueError("a value is not finite")
-            except (ValueError, KeyError, TypeError) as e:
+                rows, data = (decode_tensor if binary else decode_json)(body, batcher.width)
+            except (ValueError, KeyError, TypeError, struct.error) as e:
                 writer.write(response(400, f"not a job: {e}\n".encode()))
                 await writer.drain()
                 continue
@@ -176,8 +209,13 @@ async def handle(batcher, reader, writer):
                 continue
             try:
                 out, batch_rows = await asyncio.wait_for(fut, WAIT_S)
-                reply = json.dumps({"rows": rows, "data": out, "batch_rows": batch_rows})
-                writer.write(response(200, reply.encode(), "application/json"))
+                if binary:
+                    reply = tensor_body(rows, batcher.width, out)
+                    writer.write(response(200, reply, TENSOR_TYPE, batch_rows))
+                else:
+                    values = array("f", out).tolist()
+                    reply = json.dumps({"rows": rows, "data": values, "batch_rows": batch_rows})
+                    writer.write(response(200, reply.encode(), "application/json"))
             except asyncio.TimeoutError:
                 writer.write(response(503, b"the job did not finish in time\n"))
             except Exception as e:  # the model's error
@@ -199,18 +237,26 @@ async def start_service(model, width, max_rows, max_delay):
 
 
 async def post(reader, writer, body):
-    """(status, reply body) of one POST /v1/jobs on a kept-alive connection."""
-    writer.write(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    """(status, reply body, its batch rows) of one POST /v1/jobs on a kept-alive
+    connection; a body that starts with the tensor magic goes as a tensor."""
+    ctype = TENSOR_TYPE if body[:4] == MAGIC else "application/json"
+    writer.write(f"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: {ctype}\r\n"
+                 f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
     await writer.drain()
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT_S)
     lines = head.decode("latin-1").split("\r\n")
     status = int(lines[0].split(" ")[1])
-    n = 0
+    n, batch_rows = 0, None
     for line in lines[1:]:
-        if line.lower().startswith("content-length:"):
-            n = int(line.split(":", 1)[1])
-    return status, await asyncio.wait_for(reader.readexactly(n), WAIT_S)
+        k, _, v = line.partition(":")
+        if k.lower() == "content-length":
+            n = int(v)
+        elif k.lower() == "x-warpdrive-batch-rows":
+            batch_rows = int(v)
+    reply = await asyncio.wait_for(reader.readexactly(n), WAIT_S)
+    if status == 200 and batch_rows is None:
+        batch_rows = json.loads(reply)["batch_rows"]
+    return status, reply, batch_rows
 
 
 async def closed_loop(port, clients, body, seconds):
@@ -225,12 +271,12 @@ async def closed_loop(port, clients, body, seconds):
         try:
             while time.perf_counter() < stop:
                 t = time.perf_counter()
-                status, reply = await post(reader, writer, body)
+                status, _, batch_rows = await post(reader, writer, body)
                 if status != 200:
                     failed[str(status)] = failed.get(str(status), 0) + 1
                     continue
                 lat.append((time.perf_counter() - t) * 1e6)
-                rows[0] += json.loads(reply)["batch_rows"]
+                rows[0] += batch_rows
         finally:
             writer.close()
 
@@ -243,9 +289,11 @@ async def closed_loop(port, clients, body, seconds):
     return lat, rows[0], failed, elapsed
 
 
-def job_body(rows, width, seed):
+def job_body(rows, width, seed, binary=False):
     # Seeded values in [-1, 1); the model's work does not depend on them.
     vals = [((i * 2654435761 + seed) % 1000) / 500.0 - 1.0 for i in range(rows * width)]
+    if binary:
+        return tensor_body(rows, width, array("f", vals).tobytes())
     return json.dumps({"rows": rows, "data": vals}).encode()
 
 
@@ -253,7 +301,8 @@ def job_body(rows, width, seed):
 
 
 def torch_model(device_name, quick):
-    """(forward(flat values, rows) -> flat values, width) of the grouped-GEMM MoE layer."""
+    """(forward(rows as little-endian f32 bytes, rows) -> the same, width) of the
+    grouped-GEMM MoE layer."""
     import torch
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from moe import grouped_forward, grouped_mm_for
@@ -275,10 +324,10 @@ def torch_model(device_name, quick):
 
     def forward(flat, rows):
         with torch.inference_mode():
-            x = torch.tensor(flat, dtype=torch.float32).view(rows, hidden)
+            x = torch.frombuffer(bytearray(flat), dtype=torch.float32).view(rows, hidden)
             x = x.to(device=device, dtype=torch.bfloat16, non_blocking=False)
             y = grouped_forward(torch, gmm, x, gate, w1, w3, w2, k)
-            return y.float().cpu().view(-1).tolist()
+            return y.float().cpu().contiguous().numpy().tobytes()
 
     return forward, hidden, emulated
 
@@ -293,7 +342,7 @@ async def run_variant(model, width, variant, max_rows, max_delay, seconds, extra
         await closed_loop(port, 1, job_body(1, width, 0), min(seconds, 0.3))  # warm-up
         for case, job_rows, clients_list in (("load-1row", 1, CLIENTS),
                                              ("load-256row", 256, CLIENTS_256)):
-            body = job_body(job_rows, width, 1)
+            body = job_body(job_rows, width, 1, binary=job_rows > 1)
             for clients in clients_list:
                 lat, batch_rows, failed, elapsed = await closed_loop(port, clients, body, seconds)
                 if not lat:
@@ -310,6 +359,7 @@ async def run_variant(model, width, variant, max_rows, max_delay, seconds, extra
                     "failed": sum(failed.values()),
                     "workers": 1,
                     "load_s": seconds,
+                    "body": "tensor" if job_rows > 1 else "json",
                 })
                 rows_out.append(r)
                 log(f"{variant} {case} clients {clients}: {len(lat) / elapsed:.0f} jobs/s, "
@@ -348,14 +398,14 @@ async def self_test():
 
     def double(flat, rows):
         time.sleep(0.002)
-        return [2.0 * v for v in flat]
+        return array("f", [2.0 * v for v in array("f", flat)]).tobytes()
 
     server, port, task = await start_service(double, 2, 256, 0.01)
 
     async def one(k):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         data = [float(k), -float(k)]
-        status, reply = await post(reader, writer, json.dumps({"rows": 1, "data": data}).encode())
+        status, reply, _ = await post(reader, writer, json.dumps({"rows": 1, "data": data}).encode())
         writer.close()
         return status, json.loads(reply) if status == 200 else reply, data
 
@@ -366,10 +416,17 @@ async def self_test():
     check(any(r["batch_rows"] > 1 for s, r, _ in results if s == 200), "batches form")
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     for bad in [b"{not json", b'{"rows": 2, "data": [1, 2, 3]}', b'{"rows": 1, "data": [1e999, 1]}']:
-        status, _ = await post(reader, writer, bad)
+        status, _, _ = await post(reader, writer, bad)
         check(status == 400, f"400 for {bad!r}")
-    status, _ = await post(reader, writer, b'{"rows": 1, "data": [1, 2]}')
+    status, _, _ = await post(reader, writer, b'{"rows": 1, "data": [1, 2]}')
     check(status == 200, "served after bad requests on the same connection")
+    status, reply, _ = await post(reader, writer, job_body(2, 2, 0, binary=True))
+    got = list(memoryview(reply[16:]).cast("f")) if status == 200 else None
+    want = [2 * v for v in memoryview(job_body(2, 2, 0, binary=True)[16:]).cast("f")]
+    check(got == want and reply[:4] == MAGIC, "a tensor job gets its rows back as a tensor")
+    bad = tensor_body(2, 2, array("f", [1.0, 2.0, 3.0]).tobytes())
+    status, _, _ = await post(reader, writer, bad)
+    check(status == 400, "400 for a tensor of the wrong size")
     writer.close()
     lat, rows, fails, _ = await closed_loop(port, 4, job_body(1, 2, 0), 0.3)
     check(lat and not fails and rows >= len(lat), f"a closed loop: {len(lat)} jobs, {fails}")

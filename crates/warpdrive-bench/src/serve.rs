@@ -4,7 +4,16 @@
 //!
 //! - `submit` (size = rows per job, 1): µs from the request's headers to the job being queued
 //!   (the service's own `submit_us`: body, parsing, checks, enqueue), one client (a
-//!   one-thread runtime) sending one-row jobs back to back; `extra.p99_us`.
+//!   one-thread runtime) sending one-row jobs back to back to a service of the `Echo`
+//!   stand-in at the qwen3 layer's full width (2048 values a row on either backend: the path
+//!   does not touch the model, and the body's size is what it costs); variants `warpdrive`
+//!   (JSON bodies) and `warpdrive-binary` (the binary f32 tensor); `extra.p99_us`,
+//!   `extra.width`.
+//! - `path-256row` (size = rows per job, 256): the same stand-in, one client sending 256-row
+//!   jobs back to back: µs per job end to end; variants `warpdrive-json` and
+//!   `warpdrive-binary`; the stages as medians in `extra`: `submit_us` (headers to queued:
+//!   body, decode, checks), `queue_us`, `run_us` (the model: here a copy), and `rest_us` (the
+//!   rest: the client's send, the reply's encoding and transfer, the client's decoding).
 //! - `load-1row` (size = concurrent clients, 1 / 8 / 32, each sending one-row jobs back to
 //!   back: a closed loop): µs per job as a client sees it; variants `warpdrive-batch-1`
 //!   (every job its own batch), `warpdrive-dynamic` (batches close at 256 rows or 2 ms) and
@@ -17,11 +26,20 @@
 //!   of the run the model ran, per batcher thread, from the service's totals), and the knobs at the end
 //!   (`extra.batch_rows_knob`, `extra.delay_us_knob`).
 //! - `load-256row` (size = concurrent clients, 1 / 8): the same with 256-row jobs (the
-//!   device's work dominates).
+//!   device's work dominates), sent as binary f32 tensors (as the Python peer sends them).
 //! - `curve-1row` (size = offered jobs/s): open-loop Poisson arrivals of one-row jobs at
 //!   20 / 50 / 80 / 100 / 120 % of the variant's own closed-loop throughput at the most
 //!   clients; µs per job from the moment it was due; `extra.offered_per_s`,
-//!   `extra.load_fraction` and the `load-1row` extras.
+//!   `extra.load_fraction`, `extra.service_us` (the median run time of the batches its
+//!   jobs ran in) and the `load-1row` extras.
+//! - `p99-at-80pct` (size = offered jobs/s): the target read off each variant's
+//!   curve: the p99 latency (µs, as median, p10 and p90) of the curve's 80 % point against
+//!   `extra.bound_us` = 3 × its `service_us`; `extra.verdict` is `met` or `missed`.
+//!
+//! Every variant's service runs its model once on the powers of two up to the most rows a
+//! batch can hold before any row is timed (`ServeConfig::warm_rows`): on CUDA the first pass
+//! down a path compiles its kernels or loads cuBLAS, seconds that no timed job should wait
+//! for.
 //!
 //! The model is the MoE layer of `qwen3-30b-a3b` (seeded weights): its full shape on CUDA,
 //! the `tiny` scale (hidden 128) on the CPU backend.
@@ -30,8 +48,10 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use warpdrive::error::{Error, Result};
+use warpdrive::moe::MoeConfig;
 use warpdrive_serve::load::{self, Arrivals, LoadConfig, LoadReport};
-use warpdrive_serve::{ControllerConfig, MoeModel, ServeConfig, Server};
+use warpdrive_serve::wire::{Dtype, Format};
+use warpdrive_serve::{ControllerConfig, Echo, MoeModel, ServeConfig, Server};
 
 use super::stats::percentile;
 use super::{Ctx, Scale};
@@ -44,6 +64,7 @@ const WAIT: Duration = Duration::from_secs(30);
 
 struct Plan {
     submits: u64,
+    path_jobs: u64,
     load_for: Duration,
     clients: &'static [usize],
     clients_256: &'static [usize],
@@ -55,6 +76,7 @@ impl Plan {
         match scale {
             Scale::Full => Plan {
                 submits: 5000,
+                path_jobs: 40,
                 load_for: Duration::from_secs(2),
                 clients: &[1, 8, 32],
                 clients_256: &[1, 8],
@@ -62,6 +84,7 @@ impl Plan {
             },
             Scale::Quick => Plan {
                 submits: 1000,
+                path_jobs: 20,
                 load_for: Duration::from_millis(500),
                 clients: &[1, 8, 32],
                 clients_256: &[1, 8],
@@ -69,10 +92,11 @@ impl Plan {
             },
             Scale::Tiny => Plan {
                 submits: 30,
+                path_jobs: 3,
                 load_for: Duration::from_millis(100),
                 clients: &[1, 4],
                 clients_256: &[1],
-                curve: &[0.5],
+                curve: &[0.8],
             },
         }
     }
@@ -130,6 +154,31 @@ const VARIANTS: &[Variant] = &[
 /// How often the service steps its controller and publishes its status here.
 const INTERVAL: Duration = Duration::from_millis(50);
 
+/// The rows of the 256-row jobs.
+const BIG_ROWS: usize = 256;
+
+/// How 256-row jobs travel (the Python peer sends them so too).
+const BIG_FORMAT: Format = Format::Binary(Dtype::F32);
+
+/// The batch sizes `v`'s service warms up: the powers of two up to the most rows a batch
+/// can hold, and that most. They take every path of the layer (the one-row kernel, the
+/// graph sizes up to 256, cuBLAS above), so each kernel compiles and each library loads
+/// before timing; not every size, because the layer keeps 32 graphs (least recently used
+/// first), so warming all 256 graph sizes would leave only the last 32 captured.
+fn warm_rows(v: &Variant) -> Vec<usize> {
+    let most = v
+        .controller
+        .map_or(v.max_batch_rows, |c| c.max_batch_rows.max(v.max_batch_rows))
+        .max(BIG_ROWS);
+    let mut rows: Vec<usize> = std::iter::successors(Some(1usize), |r| r.checked_mul(2))
+        .take_while(|&r| r <= most)
+        .collect();
+    rows.push(most);
+    rows.sort_unstable();
+    rows.dedup();
+    rows
+}
+
 fn start(ctx: &Ctx, v: &Variant) -> Result<Server> {
     let scale = if ctx.device().is_cuda() {
         Scale::Full
@@ -155,6 +204,7 @@ fn start(ctx: &Ctx, v: &Variant) -> Result<Server> {
             tune_batch: v.tune_batch,
             workers: v.workers,
             interval: INTERVAL,
+            warm_rows: warm_rows(v),
             ..ServeConfig::default()
         },
     )
@@ -209,7 +259,9 @@ fn record(
     let mut us = r.latency_us.clone();
     let (p99, p999) = (percentile(&us, 0.99), percentile(&us, 0.999));
     let row = ctx.record_time(case, size, variant, &mut us, None)?;
+    let service = percentile(&r.run_us, 0.5);
     for (k, v) in [
+        ("service_us", service),
         ("jobs_per_s", r.jobs_per_s()),
         ("p99_us", p99),
         ("p999_us", p999),
@@ -236,28 +288,113 @@ fn record(
     Ok(())
 }
 
+/// The `submit` and `path-256row` rows: a service of the [`Echo`] stand-in at the
+/// preset's full width, JSON against the binary tensor body.
+fn request_path(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
+    let width = MoeConfig::preset(PRESET)?.hidden;
+    let server = Server::start(
+        move || Ok(Box::new(Echo::new(width))),
+        ServeConfig {
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            max_batch_rows: BIG_ROWS,
+            max_delay: Duration::ZERO,
+            interval: INTERVAL,
+            ..ServeConfig::default()
+        },
+    )?;
+    let addr = server.addr;
+    for (variant, format) in [
+        ("warpdrive", Format::Json),
+        ("warpdrive-binary", BIG_FORMAT),
+    ] {
+        let one = LoadConfig {
+            format,
+            threads: 1,
+            ..closed(addr, 1, 1, WAIT)
+        };
+        offer(&LoadConfig {
+            max_jobs: Some(20),
+            ..one.clone()
+        })?;
+        let r = offer(&LoadConfig {
+            max_jobs: Some(plan.submits),
+            ..one
+        })?;
+        let mut us = r.submit_us.clone();
+        let tail = percentile(&us, 0.99);
+        let row = ctx.record_time("submit", 1, variant, &mut us, None)?;
+        row.extra.insert("p99_us".into(), tail.into());
+        row.extra.insert("width".into(), (width as f64).into());
+    }
+    for (variant, format) in [
+        ("warpdrive-json", Format::Json),
+        ("warpdrive-binary", BIG_FORMAT),
+    ] {
+        let big = LoadConfig {
+            format,
+            threads: 1,
+            ..closed(addr, 1, BIG_ROWS, WAIT)
+        };
+        offer(&LoadConfig {
+            max_jobs: Some(3),
+            ..big.clone()
+        })?;
+        let r = offer(&LoadConfig {
+            max_jobs: Some(plan.path_jobs),
+            ..big
+        })?;
+        let mut us = r.latency_us.clone();
+        let stage = |v: &[f64]| percentile(v, 0.5);
+        let (submit, queue, run) = (stage(&r.submit_us), stage(&r.queue_us), stage(&r.run_us));
+        let row = ctx.record_time("path-256row", BIG_ROWS as u64, variant, &mut us, None)?;
+        let rest = row.median - submit - queue - run;
+        for (k, v) in [
+            ("submit_us", submit),
+            ("queue_us", queue),
+            ("run_us", run),
+            ("rest_us", rest),
+            ("width", width as f64),
+        ] {
+            row.extra.insert(k.into(), v.into());
+        }
+    }
+    server.stop();
+    Ok(())
+}
+
+/// The target read off a variant's curve (the run at 80 % of its maximum): the
+/// p99 latency against 3 × the batch service time at that load.
+fn p99_at_80pct(ctx: &mut Ctx, variant: &str, rate: f64, r: &LoadReport) -> Result<()> {
+    let p99 = percentile(&r.latency_us, 0.99);
+    let bound = 3.0 * percentile(&r.run_us, 0.5);
+    let mut tail = [p99];
+    let row = ctx.record_time(
+        "p99-at-80pct",
+        rate.round() as u64,
+        variant,
+        &mut tail,
+        None,
+    )?;
+    let verdict = if p99 <= bound { "met" } else { "missed" };
+    for (k, v) in [
+        ("bound_us", bound.into()),
+        ("offered_per_s", rate.into()),
+        ("jobs_per_s", r.jobs_per_s().into()),
+        ("verdict", verdict.into()),
+    ] {
+        row.extra.insert(k.into(), v);
+    }
+    Ok(())
+}
+
 pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
     let plan = Plan::new(ctx.scale());
+    ctx.step(format!("{SUITE}: the request path"));
+    request_path(ctx, &plan)?;
     for v in VARIANTS {
         ctx.step(format!("{SUITE}: {}", v.name));
         let server = start(ctx, v)?;
         let addr = server.addr;
-        if v.max_batch_rows == 1 {
-            // Warm up, then one client back to back.
-            offer(&LoadConfig {
-                max_jobs: Some(10),
-                ..closed(addr, 1, 1, WAIT)
-            })?;
-            let r = offer(&LoadConfig {
-                max_jobs: Some(plan.submits),
-                threads: 1,
-                ..closed(addr, 1, 1, WAIT)
-            })?;
-            let mut us = r.submit_us.clone();
-            let tail = percentile(&us, 0.99);
-            let row = ctx.record_time("submit", 1, "warpdrive", &mut us, None)?;
-            row.extra.insert("p99_us".into(), tail.into());
-        }
         let mut most = 0.0f64;
         for &clients in plan.clients {
             let (r, busy) = offer_busy(&server, &closed(addr, clients, 1, plan.load_for))?;
@@ -271,7 +408,11 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
             )?;
         }
         for &clients in plan.clients_256 {
-            let (r, busy) = offer_busy(&server, &closed(addr, clients, 256, plan.load_for))?;
+            let big = LoadConfig {
+                format: BIG_FORMAT,
+                ..closed(addr, clients, BIG_ROWS, plan.load_for)
+            };
+            let (r, busy) = offer_busy(&server, &big)?;
             record(
                 ctx,
                 "load-256row",
@@ -298,6 +439,9 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
             )?;
             if let Some(row) = ctx.rows_mut_last() {
                 row.extra.insert("load_fraction".into(), fraction.into());
+            }
+            if fraction == 0.8 {
+                p99_at_80pct(ctx, v.name, rate, &r)?;
             }
         }
     }
@@ -339,7 +483,16 @@ mod tests {
         ctx.suite = SUITE;
         run_suite(&mut ctx).unwrap();
         let rows = ctx.rows();
-        assert!(rows.iter().any(|r| r.case == "submit"));
+        for variant in ["warpdrive", "warpdrive-binary"] {
+            assert!(rows
+                .iter()
+                .any(|r| r.case == "submit" && r.variant == variant));
+        }
+        for variant in ["warpdrive-json", "warpdrive-binary"] {
+            assert!(rows.iter().any(|r| r.case == "path-256row"
+                && r.variant == variant
+                && r.extra.contains_key("rest_us")));
+        }
         for variant in [
             "warpdrive-batch-1",
             "warpdrive-dynamic",
@@ -352,6 +505,9 @@ mod tests {
             assert!(rows
                 .iter()
                 .any(|r| r.case == "curve-1row" && r.variant == variant));
+            assert!(rows.iter().any(|r| r.case == "p99-at-80pct"
+                && r.variant == variant
+                && matches!(r.extra["verdict"].as_str(), Some("met" | "missed"))));
         }
         assert!(rows.iter().any(|r| r.case == "load-256row"));
     }

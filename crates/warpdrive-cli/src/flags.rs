@@ -174,6 +174,19 @@ pub(crate) struct ServeArgs {
     pub(crate) tenant_rate: Option<f64>,
     #[arg(long, value_name = "N", default_value_t = 16.0)]
     pub(crate) tenant_burst: f64,
+    /// Each tenant's device memory held by its running jobs at most, MiB (default: no
+    /// limit); a job past it fails with 429 (413 when it alone is larger) and the rest of
+    /// its batch runs.
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) tenant_device_mib: Option<u32>,
+    /// Before serving, run the layer once on batches of 1, 2, 4, ... up to this many rows
+    /// and this many (the first pass down a path compiles its kernels or loads cuBLAS; 0:
+    /// none).
+    #[arg(long, value_name = "ROWS", default_value_t = 0)]
+    pub(crate) warm_rows: u32,
+    /// Threads of the HTTP side (parsing, decoding, replies; default: the cores, 2 to 8).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub(crate) http_threads: Option<u32>,
     /// Stop after this many seconds (default: serve until Ctrl-C or SIGTERM).
     #[arg(long, value_name = "S")]
     pub(crate) seconds: Option<f64>,

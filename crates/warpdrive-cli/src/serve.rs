@@ -54,7 +54,14 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
             bytes_in_flight: (args.tenant_mib as usize).saturating_mul(1 << 20),
             rate_per_s: args.tenant_rate.unwrap_or(f64::INFINITY),
             burst: args.tenant_burst,
+            device_bytes: args
+                .tenant_device_mib
+                .map_or(usize::MAX, |m| (m as usize).saturating_mul(1 << 20)),
         },
+        warm_rows: warm_rows(args.warm_rows as usize),
+        http_threads: args
+            .http_threads
+            .map_or_else(|| ServeConfig::default().http_threads, |n| n as usize),
         ..ServeConfig::default()
     };
     let d = device.clone();
@@ -74,4 +81,16 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
     server.run_until_stopped(args.seconds.map(Duration::from_secs_f64));
     println!("stopped");
     Ok(())
+}
+
+/// The powers of two up to `most`, and `most` (none for 0): each path of the layer once,
+/// within the 32 graphs a layer keeps.
+fn warm_rows(most: usize) -> Vec<usize> {
+    let mut rows: Vec<usize> = std::iter::successors(Some(1usize), |r| r.checked_mul(2))
+        .take_while(|&r| r <= most)
+        .collect();
+    if most > 0 && rows.last() != Some(&most) {
+        rows.push(most);
+    }
+    rows
 }

@@ -17,7 +17,7 @@ use parking_lot::{Condvar, Mutex};
 use tokio::sync::oneshot;
 use warpdrive::{Error, Result};
 
-use super::budget::Budget;
+use super::budget::{Budget, DeviceLedger};
 use super::controller::{Controller, ControllerConfig, Knobs};
 use super::model::Model;
 use super::queue::{Queue, Queued, Refused};
@@ -75,6 +75,12 @@ pub struct ServeConfig {
     /// long a ready one waits to be fetched.
     pub result_slots: usize,
     pub result_ttl: Duration,
+    /// Batch sizes (rows) each batcher thread runs its model on once before the service
+    /// takes jobs: the first pass of a size may compile or load kernels, capture a graph or
+    /// load a library (seconds on a GPU), which no job should wait for.
+    pub warm_rows: Vec<usize>,
+    /// Threads of the HTTP side's runtime (accepting, parsing, decoding, replies).
+    pub http_threads: usize,
 }
 
 impl Default for ServeConfig {
@@ -100,6 +106,8 @@ impl Default for ServeConfig {
             drain_timeout: Duration::from_secs(60),
             result_slots: 4096,
             result_ttl: Duration::from_secs(60),
+            warm_rows: Vec::new(),
+            http_threads: std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8)),
         }
     }
 }
@@ -122,17 +130,35 @@ pub(crate) enum JobError {
     Expired,
     /// The service's device faulted (503).
     Unhealthy(String),
+    /// Its tenant's device memory budget could not hold it (the status: 429 or 413).
+    OverBudget(u16, String),
     /// The model failed on its batch (500).
     Failed(String),
 }
 
-pub(crate) type Answer = std::result::Result<(Vec<f32>, BatchStats), JobError>;
+pub(crate) type Answer = std::result::Result<(Rows, BatchStats), JobError>;
+
+/// A job's rows of its batch's output, shared with the batch's other jobs: scattering the
+/// answers copies nothing (the reply's encoding reads them in place).
+#[derive(Debug, Clone)]
+pub(crate) struct Rows {
+    all: Arc<Vec<f32>>,
+    at: std::ops::Range<usize>,
+}
+
+impl Rows {
+    pub(crate) fn as_slice(&self) -> &[f32] {
+        self.all.get(self.at.clone()).unwrap_or_default()
+    }
+}
 
 /// A job: rows of the model's width, its class and deadline, and where its answer goes.
 pub(crate) struct Job {
     pub(crate) data: Vec<f32>,
     pub(crate) rows: usize,
     pub(crate) class: usize,
+    /// Whose budget its device memory is charged to.
+    pub(crate) tenant: String,
     pub(crate) arrived: Instant,
     /// It must start running by then.
     pub(crate) deadline: Instant,
@@ -168,17 +194,23 @@ pub(crate) struct Shared {
     /// What the other batcher threads saw since the first one last summed up an interval.
     inbox: Mutex<(Window, Totals)>,
     workers: usize,
+    /// Device memory each tenant's running jobs hold.
+    device: DeviceLedger,
 }
 
 impl Shared {
-    /// Queues `job`, or gives it back with why not.
-    pub(crate) fn submit(&self, job: Job) -> std::result::Result<(), (Refused, Job)> {
+    /// Queues `job` and returns when it was in the queue (before the batcher is woken and
+    /// the gauge set: those are the batcher's and the metrics' work, not the submission's),
+    /// or gives it back with why not.
+    pub(crate) fn submit(&self, job: Job) -> std::result::Result<Instant, (Refused, Job)> {
         let mut q = self.queue.lock();
         q.push(job)?;
-        metrics::gauge!("warpdrive_serve_queue_jobs").set(q.len() as f64);
+        let waiting = q.len();
         drop(q);
+        let queued = Instant::now();
         self.wake.notify_one();
-        Ok(())
+        metrics::gauge!("warpdrive_serve_queue_jobs").set(waiting as f64);
+        Ok(queued)
     }
 
     pub(crate) fn queued(&self) -> usize {
@@ -225,13 +257,15 @@ pub(crate) fn start(
         );
         let spawned = std::thread::Builder::new()
             .name(format!("warpdrive-batcher-{k}"))
-            .spawn(move || match make() {
-                Ok(model) => {
-                    let _ = ready_tx.send(Ok(()));
-                    follow(model, &mine, &cfg)
-                }
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
+            .spawn(move || {
+                match make().and_then(|mut m| warm(m.as_mut(), &cfg.warm_rows).map(|()| m)) {
+                    Ok(model) => {
+                        let _ = ready_tx.send(Ok(()));
+                        follow(model, &mine, &cfg)
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                    }
                 }
             });
         match spawned {
@@ -268,13 +302,14 @@ fn start_first(make: MakeModels, config: &ServeConfig) -> Result<(Arc<Shared>, J
     let thread = std::thread::Builder::new()
         .name("warpdrive-batcher".into())
         .spawn(move || {
-            let mut model = match make() {
-                Ok(m) => m,
-                Err(e) => {
-                    let _ = made_tx.send(Err(e));
-                    return;
-                }
-            };
+            let mut model =
+                match make().and_then(|mut m| warm(m.as_mut(), &cfg.warm_rows).map(|()| m)) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        let _ = made_tx.send(Err(e));
+                        return;
+                    }
+                };
             let mut tuned = None;
             if cfg.tune_batch {
                 match tune::sweep(model.as_mut(), tune::largest(&cfg)) {
@@ -311,6 +346,7 @@ fn start_first(make: MakeModels, config: &ServeConfig) -> Result<(Arc<Shared>, J
                 }),
                 inbox: Mutex::new((Window::new(Instant::now()), Totals::default())),
                 workers: cfg.workers,
+                device: DeviceLedger::new(&cfg.budget, &cfg.tenant_budgets),
             });
             if made_tx.send(Ok(shared.clone())).is_err() {
                 return;
@@ -325,6 +361,33 @@ fn start_first(make: MakeModels, config: &ServeConfig) -> Result<(Arc<Shared>, J
             after_ms: config.start_timeout.as_millis() as u64,
         })??;
     Ok((shared, thread))
+}
+
+/// Runs `model` once on each of `rows` (the warm-up), or fails with the first error.
+fn warm(model: &mut dyn Model, rows: &[usize]) -> Result<()> {
+    let mut input = Vec::new();
+    let mut output = Vec::new();
+    for &r in rows {
+        let values = r
+            .checked_mul(model.width())
+            .filter(|&v| v > 0)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "serve: warming up {r} rows of {}: a size of 0 or past usize",
+                    model.width()
+                ))
+            })?;
+        input.clear();
+        // Seeded-looking values, not zeros (a kernel may take a shortcut on zeros).
+        input.extend((0..values).map(|i| (i % 7) as f32 * 0.25 - 0.75));
+        model.run(&input, &mut output).map_err(|e| {
+            Error::InvalidArgument(format!(
+                "serve: warming up {} on {r} rows: {e}",
+                model.name()
+            ))
+        })?;
+    }
+    Ok(())
 }
 
 enum Next {
@@ -379,6 +442,7 @@ impl Totals {
 /// A batcher thread other than the first: batches under the knobs the first one sets, its
 /// samples left in the inbox for the first one to sum up.
 fn follow(mut model: Box<dyn Model>, shared: &Shared, config: &ServeConfig) {
+    let mut gathered = Vec::new();
     loop {
         let knobs = *shared.knobs.lock();
         match next_batch(shared, knobs, config.interval) {
@@ -395,6 +459,7 @@ fn follow(mut model: Box<dyn Model>, shared: &Shared, config: &ServeConfig) {
                     shared,
                     &mut window,
                     &mut totals,
+                    &mut gathered,
                 );
                 let mut inbox = shared.inbox.lock();
                 inbox.0.merge(window);
@@ -416,6 +481,7 @@ fn run(mut model: Box<dyn Model>, shared: &Shared, config: &ServeConfig) {
     *shared.knobs.lock() = knobs;
     let mut window = Window::new(Instant::now());
     let mut totals = Totals::default();
+    let mut gathered = Vec::new();
     metrics::gauge!("warpdrive_serve_queue_jobs").set(0.0);
     loop {
         let done = match next_batch(shared, knobs, config.interval) {
@@ -430,6 +496,7 @@ fn run(mut model: Box<dyn Model>, shared: &Shared, config: &ServeConfig) {
                     shared,
                     &mut window,
                     &mut totals,
+                    &mut gathered,
                 );
                 false
             }
@@ -496,6 +563,7 @@ fn run_batch(
     shared: &Shared,
     window: &mut Window,
     totals: &mut Totals,
+    gathered: &mut Vec<f32>,
 ) {
     let now = Instant::now();
     let mut live = Vec::with_capacity(batch.len());
@@ -511,6 +579,25 @@ fn run_batch(
             live.push(j);
         }
     }
+    // Device memory is charged as the batch is about to allocate it; a job past its
+    // tenant's budget fails alone.
+    let mut grants = Vec::with_capacity(live.len());
+    let mut charged = Vec::with_capacity(live.len());
+    for j in live {
+        match shared.device.charge(&j.tenant, model.device_bytes(j.rows)) {
+            Ok(g) => {
+                grants.push(g);
+                charged.push(j);
+            }
+            Err(over) => {
+                totals.failed += 1;
+                metrics::counter!("warpdrive_serve_over_device_budget_total").increment(1);
+                let why = over.message(&j.tenant);
+                let _ = j.reply.send(Err(JobError::OverBudget(over.status(), why)));
+            }
+        }
+    }
+    let live = charged;
     if live.is_empty() {
         return;
     }
@@ -519,7 +606,7 @@ fn run_batch(
     metrics::histogram!("warpdrive_serve_batch_rows").record(rows as f64);
     let started = Instant::now();
     let answered = totals.jobs;
-    execute(model, live, shared, window, totals);
+    execute(model, live, shared, window, totals, gathered);
     let ran = started.elapsed();
     window.batch(rows, ran, full);
     let ns = u64::try_from(ran.as_nanos()).unwrap_or(u64::MAX);
@@ -527,15 +614,18 @@ fn run_batch(
     shared
         .answered
         .fetch_add(totals.jobs - answered, Ordering::AcqRel);
+    drop(grants);
 }
 
 /// Runs `batch` and answers each job; out of device memory, runs each half on its own.
+/// `gathered` is the thread's buffer for a batch of several jobs' rows.
 fn execute(
     model: &mut dyn Model,
     batch: Vec<Job>,
     shared: &Shared,
     window: &mut Window,
     totals: &mut Totals,
+    gathered: &mut Vec<f32>,
 ) {
     if !shared.healthy.load(Ordering::Acquire) {
         fail_all(
@@ -546,15 +636,24 @@ fn execute(
         return;
     }
     let rows: usize = batch.iter().map(|j| j.rows).sum();
-    let mut input = Vec::with_capacity(batch.iter().map(|j| j.data.len()).sum());
-    for j in &batch {
-        input.extend_from_slice(&j.data);
-    }
+    // One job runs on its own rows; several are gathered into the thread's reused buffer.
+    let input: &[f32] = match batch.as_slice() {
+        [one] => &one.data,
+        _ => {
+            gathered.clear();
+            for j in &batch {
+                gathered.extend_from_slice(&j.data);
+            }
+            gathered
+        }
+    };
+    let values = input.len();
     let started = Instant::now();
     let mut output = Vec::new();
-    match model.run(&input, &mut output) {
-        Ok(()) if output.len() == input.len() => {
+    match model.run(input, &mut output) {
+        Ok(()) if output.len() == values => {
             let run_us = started.elapsed().as_secs_f64() * 1e6;
+            let output = Arc::new(output);
             let mut at = 0;
             for j in batch {
                 let n = j.data.len();
@@ -563,10 +662,10 @@ fn execute(
                     queue_us: started.duration_since(j.arrived).as_secs_f64() * 1e6,
                     run_us,
                 };
-                let answer = output
-                    .get(at..at + n)
-                    .map(<[f32]>::to_vec)
-                    .unwrap_or_default();
+                let answer = Rows {
+                    all: output.clone(),
+                    at: at..at + n,
+                };
                 let _ = j.reply.send(Ok((answer, stats)));
                 window.job(j.arrived.elapsed());
                 totals.jobs += 1;
@@ -578,7 +677,7 @@ fn execute(
                 "{}: {} values out for {} in",
                 model.name(),
                 output.len(),
-                input.len()
+                values
             );
             fail_all(batch, JobError::Failed(why), totals);
         }
@@ -589,8 +688,8 @@ fn execute(
             );
             let mut first = batch;
             let second = first.split_off(first.len() / 2);
-            execute(model, first, shared, window, totals);
-            execute(model, second, shared, window, totals);
+            execute(model, first, shared, window, totals, gathered);
+            execute(model, second, shared, window, totals, gathered);
         }
         Err(e) => {
             let why = e.to_string();

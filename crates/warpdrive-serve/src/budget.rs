@@ -4,6 +4,12 @@
 //! for the rate), 413 for one job larger than the whole byte budget — and every other tenant
 //! is served on. What a job holds is given back when its [`Grant`] drops, however the job
 //! ends.
+//!
+//! Device (GPU) memory is budgeted where it is allocated: as a batch is about to run, each
+//! of its jobs charges its tenant the device bytes the model says its rows take
+//! ([`Model::device_bytes`](crate::Model::device_bytes)) on the [`DeviceLedger`]; a job past
+//! its tenant's budget fails with a reason (429, or 413 when no budget could hold it) and
+//! the rest of the batch runs. The charge is given back when the batch ends.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,6 +28,9 @@ pub struct Budget {
     pub rate_per_s: f64,
     /// ...with bursts of this many jobs.
     pub burst: f64,
+    /// Bytes of device memory the tenant's jobs may hold at once while their batches run
+    /// (`usize::MAX`: no limit).
+    pub device_bytes: usize,
 }
 
 impl Default for Budget {
@@ -31,6 +40,7 @@ impl Default for Budget {
             bytes_in_flight: 4 << 30,
             rate_per_s: f64::INFINITY,
             burst: 1.0,
+            device_bytes: usize::MAX,
         }
     }
 }
@@ -223,6 +233,99 @@ impl Budgets {
     }
 }
 
+/// Every tenant's device memory in use by running batches, against its budget. Shared by
+/// the batcher threads, so batches running at once count together.
+#[derive(Debug)]
+pub(crate) struct DeviceLedger {
+    default: usize,
+    named: HashMap<String, usize>,
+    used: Mutex<HashMap<String, usize>>,
+}
+
+/// Why a job's device memory was refused.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct OverDevice {
+    pub(crate) asked: usize,
+    pub(crate) held: usize,
+    pub(crate) limit: usize,
+}
+
+impl OverDevice {
+    /// 413 when the tenant's whole budget could not hold the job, else 429.
+    pub(crate) fn status(&self) -> u16 {
+        if self.asked > self.limit {
+            413
+        } else {
+            429
+        }
+    }
+
+    pub(crate) fn message(&self, tenant: &str) -> String {
+        format!(
+            "tenant {tenant:?}'s device memory budget is {} bytes: this job needs {} more while \
+             its running jobs hold {}",
+            self.limit, self.asked, self.held
+        )
+    }
+}
+
+/// Device bytes a running job holds of its tenant's budget, until it drops.
+#[derive(Debug)]
+pub(crate) struct DeviceGrant<'a> {
+    ledger: &'a DeviceLedger,
+    tenant: String,
+    bytes: usize,
+}
+
+impl Drop for DeviceGrant<'_> {
+    fn drop(&mut self) {
+        let mut used = self.ledger.used.lock();
+        if let Some(u) = used.get_mut(&self.tenant) {
+            *u = u.saturating_sub(self.bytes);
+            if *u == 0 {
+                used.remove(&self.tenant);
+            }
+        }
+    }
+}
+
+impl DeviceLedger {
+    /// Every tenant's device budget: `default`'s, but for those `named`.
+    pub(crate) fn new(default: &Budget, named: &HashMap<String, Budget>) -> DeviceLedger {
+        DeviceLedger {
+            default: default.device_bytes,
+            named: named
+                .iter()
+                .map(|(t, b)| (t.clone(), b.device_bytes))
+                .collect(),
+            used: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Charges `tenant` `bytes` of device memory, or says why not. Free charges (0 bytes)
+    /// always pass.
+    pub(crate) fn charge(&self, tenant: &str, bytes: usize) -> Result<DeviceGrant<'_>, OverDevice> {
+        let limit = self.named.get(tenant).copied().unwrap_or(self.default);
+        let mut used = self.used.lock();
+        let held = used.get(tenant).copied().unwrap_or(0);
+        if bytes > 0 && held.saturating_add(bytes) > limit {
+            return Err(OverDevice {
+                asked: bytes,
+                held,
+                limit,
+            });
+        }
+        if bytes > 0 {
+            *used.entry(tenant.to_string()).or_insert(0) += bytes;
+        }
+        Ok(DeviceGrant {
+            ledger: self,
+            tenant: tenant.to_string(),
+            bytes,
+        })
+    }
+}
+
 /// A tenant name from a header: 1 to 64 visible ASCII characters.
 pub(crate) fn tenant_name(header: Option<&[u8]>) -> Result<&str, String> {
     let Some(raw) = header else {
@@ -296,6 +399,34 @@ mod tests {
             Err(Over::Tenants { limit: 2 })
         ));
         drop(busy);
+    }
+
+    #[test]
+    fn device_memory_is_charged_per_tenant_while_held() {
+        let mut named = HashMap::new();
+        named.insert(
+            "big".to_string(),
+            Budget {
+                device_bytes: 1000,
+                ..Budget::default()
+            },
+        );
+        let ledger = DeviceLedger::new(
+            &Budget {
+                device_bytes: 100,
+                ..Budget::default()
+            },
+            &named,
+        );
+        let a = ledger.charge("a", 60).unwrap();
+        let e = ledger.charge("a", 50).unwrap_err();
+        assert_eq!((e.held, e.status()), (60, 429));
+        assert_eq!(ledger.charge("a", 101).unwrap_err().status(), 413);
+        assert!(ledger.charge("b", 100).is_ok(), "another tenant runs on");
+        assert!(ledger.charge("big", 900).is_ok(), "a named budget");
+        drop(a);
+        assert!(ledger.charge("a", 100).is_ok(), "given back on drop");
+        assert!(ledger.used.lock().is_empty(), "nothing held once all drop");
     }
 
     #[test]

@@ -60,6 +60,13 @@ pub struct JobSpec {
     pub deadline: Option<Duration>,
 }
 
+/// A job encoded once, to be submitted any number of times ([`Client::encode`]).
+#[derive(Debug, Clone)]
+pub struct Encoded {
+    body: Bytes,
+    headers: Vec<(&'static str, String)>,
+}
+
 /// A job's answer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobResult {
@@ -171,7 +178,7 @@ impl Client {
     /// The service's model.
     pub async fn model(&self) -> Result<ModelInfo, Failure> {
         let (status, _, body) = self
-            .request(Method::GET, "/v1/model", None, Vec::new(), &[])
+            .request(Method::GET, "/v1/model", None, Bytes::new(), &[])
             .await?;
         if status != StatusCode::OK {
             return Err(status_failure(status, &body));
@@ -182,54 +189,20 @@ impl Client {
     /// The status and body of `GET path`.
     pub async fn get(&self, path: &str) -> Result<(u16, Bytes), Failure> {
         let (status, _, body) = self
-            .request(Method::GET, path, None, Vec::new(), &[])
+            .request(Method::GET, path, None, Bytes::new(), &[])
             .await?;
         Ok((status.as_u16(), body))
     }
 
     /// Submits `job` and waits for its answer.
     pub async fn submit(&self, job: &JobSpec) -> Result<JobResult, Failure> {
-        let (status, headers, body) = self.post_job(job, "/v1/jobs").await?;
-        if status != StatusCode::OK {
-            return Err(status_failure(status, &body));
-        }
-        parse_result(&headers, &body)
+        self.submit_encoded(&self.encode(job)?).await
     }
 
-    /// Submits `job` without waiting (`POST /v1/jobs?async=true`): its id, for
-    /// [`Client::fetch`].
-    pub async fn submit_async(&self, job: &JobSpec) -> Result<u64, Failure> {
-        let (status, _, body) = self.post_job(job, "/v1/jobs?async=true").await?;
-        if status != StatusCode::ACCEPTED {
-            return Err(status_failure(status, &body));
-        }
-        serde_json::from_slice::<serde_json::Value>(&body)
-            .ok()
-            .and_then(|v| v["id"].as_u64())
-            .ok_or_else(|| Failure::BadReply("a 202 without an id".into()))
-    }
-
-    /// The answer of job `id` (from [`Client::submit_async`]), waiting up to `wait` (at most
-    /// a minute) for it: `None` while it is pending. An answer is handed out once.
-    pub async fn fetch(&self, id: u64, wait: Duration) -> Result<Option<JobResult>, Failure> {
-        let path = format!("/v1/jobs/{id}?wait_ms={}", wait.as_millis());
-        let (status, headers, body) = self
-            .request(Method::GET, &path, None, Vec::new(), &[])
-            .await?;
-        match status {
-            StatusCode::OK => parse_result(&headers, &body).map(Some),
-            StatusCode::ACCEPTED => Ok(None),
-            _ => Err(status_failure(status, &body)),
-        }
-    }
-
-    async fn post_job(
-        &self,
-        job: &JobSpec,
-        path: &str,
-    ) -> Result<(StatusCode, hyper::HeaderMap, Bytes), Failure> {
-        let format = self.inner.config.format;
-        let body = match format {
+    /// `job`'s body and headers in this client's format, to submit again and again with
+    /// [`Client::submit_encoded`] without encoding it each time.
+    pub fn encode(&self, job: &JobSpec) -> Result<Encoded, Failure> {
+        let body = match self.inner.config.format {
             Format::Json => wire::encode_json(job.rows, &job.data),
             Format::Binary(dtype) => wire::encode_binary(dtype, job.rows, &job.data)
                 .ok_or_else(|| Failure::Io(format!("{} rows do not fit a tensor", job.rows)))?,
@@ -244,12 +217,62 @@ impl Client {
         if let Some(d) = job.deadline {
             headers.push((DEADLINE_HEADER, d.as_millis().to_string()));
         }
+        Ok(Encoded {
+            body: Bytes::from(body),
+            headers,
+        })
+    }
+
+    /// Submits a job [`Client::encode`] made and waits for its answer.
+    pub async fn submit_encoded(&self, job: &Encoded) -> Result<JobResult, Failure> {
+        let (status, headers, body) = self.post_job(job, "/v1/jobs").await?;
+        if status != StatusCode::OK {
+            return Err(status_failure(status, &body));
+        }
+        parse_result(&headers, &body)
+    }
+
+    /// Submits `job` without waiting (`POST /v1/jobs?async=true`): its id, for
+    /// [`Client::fetch`].
+    pub async fn submit_async(&self, job: &JobSpec) -> Result<u64, Failure> {
+        let (status, _, body) = self
+            .post_job(&self.encode(job)?, "/v1/jobs?async=true")
+            .await?;
+        if status != StatusCode::ACCEPTED {
+            return Err(status_failure(status, &body));
+        }
+        serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["id"].as_u64())
+            .ok_or_else(|| Failure::BadReply("a 202 without an id".into()))
+    }
+
+    /// The answer of job `id` (from [`Client::submit_async`]), waiting up to `wait` (at most
+    /// a minute) for it: `None` while it is pending. An answer is handed out once.
+    pub async fn fetch(&self, id: u64, wait: Duration) -> Result<Option<JobResult>, Failure> {
+        let path = format!("/v1/jobs/{id}?wait_ms={}", wait.as_millis());
+        let (status, headers, body) = self
+            .request(Method::GET, &path, None, Bytes::new(), &[])
+            .await?;
+        match status {
+            StatusCode::OK => parse_result(&headers, &body).map(Some),
+            StatusCode::ACCEPTED => Ok(None),
+            _ => Err(status_failure(status, &body)),
+        }
+    }
+
+    async fn post_job(
+        &self,
+        job: &Encoded,
+        path: &str,
+    ) -> Result<(StatusCode, hyper::HeaderMap, Bytes), Failure> {
+        let content_type = self.inner.config.format.content_type();
         self.request(
             Method::POST,
             path,
-            Some(format.content_type()),
-            body,
-            &headers,
+            Some(content_type),
+            job.body.clone(),
+            &job.headers,
         )
         .await
     }
@@ -265,7 +288,7 @@ impl Client {
         method: Method,
         path: &str,
         content_type: Option<&'static str>,
-        body: Vec<u8>,
+        body: Bytes,
         headers: &[(&'static str, String)],
     ) -> Result<(StatusCode, hyper::HeaderMap, Bytes), Failure> {
         let inner = &self.inner;
@@ -274,7 +297,6 @@ impl Client {
             .await
             .map_err(|_| Failure::Timeout("waiting for a connection"))?
             .map_err(|e| Failure::Io(e.to_string()))?;
-        let body = Bytes::from(body);
         let build = || {
             let mut req = Request::builder()
                 .method(method.clone())

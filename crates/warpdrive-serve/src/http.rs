@@ -22,15 +22,16 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::sync::{oneshot, watch, Semaphore};
 use warpdrive::{Error, Result};
 
-use super::batcher::{self, BatchStats, Job, JobError, ServeConfig, Shared};
+use super::batcher::{self, Job, JobError, ServeConfig, Shared};
 use super::budget::{tenant_name, Budgets};
 use super::client::{DEADLINE_HEADER, PRIORITY_HEADER, TENANT_HEADER};
 use super::dashboard;
 use super::model::Model;
 use super::queue::{Refused, CLASSES, DEFAULT_PRIORITY};
+use super::reply;
 use super::results::{Fetched, Results};
 use super::stats::Status;
-use super::wire::{self, Format, JsonReply};
+use super::wire::{self, Format};
 
 /// A reply's body: whole, or a stream (the dashboard's events).
 pub(crate) type Body = BoxBody<Bytes, Infallible>;
@@ -93,7 +94,7 @@ impl Server {
             .local_addr()
             .map_err(|e| Error::InvalidArgument(format!("serve: local address: {e}")))?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(config.http_threads.clamp(1, 64))
             .thread_name("warpdrive-http")
             .enable_all()
             .build()
@@ -501,23 +502,29 @@ async fn submit(req: Request<Incoming>, state: &State) -> Response<Body> {
         data: job.data,
         rows: job.rows,
         class: meta.class,
+        tenant: meta.tenant.to_string(),
         arrived,
         deadline: crate::later(arrived, meta.deadline),
         reply: tx,
     };
-    if let Err((refused, _)) = shared.submit(queued) {
-        if let Some(id) = slot {
-            state.results.release(id);
+    let queued = match shared.submit(queued) {
+        Ok(at) => at,
+        Err((refused, _)) => {
+            if let Some(id) = slot {
+                state.results.release(id);
+            }
+            return match refused {
+                Refused::Full => refuse(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the queue is full; try again",
+                ),
+                Refused::Closed => {
+                    refuse(StatusCode::SERVICE_UNAVAILABLE, "the service is stopping")
+                }
+            };
         }
-        return match refused {
-            Refused::Full => refuse(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the queue is full; try again",
-            ),
-            Refused::Closed => refuse(StatusCode::SERVICE_UNAVAILABLE, "the service is stopping"),
-        };
-    }
-    let submit_us = accepted.elapsed().as_secs_f64() * 1e6;
+    };
+    let submit_us = queued.duration_since(accepted).as_secs_f64() * 1e6;
     let (rows, deadline, job_timeout) = (job.rows, meta.deadline, config.job_timeout);
     // The job's own deadline bounds its wait for a batch, this the whole of it; past it the
     // reply is dropped here and the batcher skips the job. The grant is held to the end.
@@ -577,8 +584,12 @@ fn reply_of(
             ),
             JobError::Unhealthy(why) => refuse(StatusCode::SERVICE_UNAVAILABLE, &why),
             JobError::Failed(why) => refuse(StatusCode::INTERNAL_SERVER_ERROR, &why),
+            JobError::OverBudget(status, why) => refuse(
+                StatusCode::from_u16(status).unwrap_or(StatusCode::TOO_MANY_REQUESTS),
+                &why,
+            ),
         },
-        Ok(Ok(Ok((data, stats)))) => answer(format, rows, data, stats, submit_us),
+        Ok(Ok(Ok((data, stats)))) => reply::answer(format, rows, data, stats, submit_us),
     }
 }
 
@@ -629,46 +640,4 @@ async fn fetch(path: &str, query: Option<&str>, state: &State) -> Response<Body>
             &format!("no job {id} waiting to be fetched (unknown, fetched already, or expired)"),
         ),
     }
-}
-
-/// The 200 reply of a job in its request's format.
-fn answer(
-    format: Format,
-    rows: usize,
-    data: Vec<f32>,
-    stats: BatchStats,
-    submit_us: f64,
-) -> Response<Body> {
-    let body = match format {
-        Format::Json => serde_json::to_vec(&JsonReply {
-            rows,
-            data,
-            batch_rows: stats.batch_rows,
-            submit_us,
-            queue_us: stats.queue_us,
-            run_us: stats.run_us,
-        })
-        .map_err(|e| e.to_string()),
-        Format::Binary(dtype) => wire::encode_binary(dtype, rows, &data)
-            .ok_or_else(|| format!("{rows} rows do not fit a tensor")),
-    };
-    let body = match body {
-        Ok(b) => b,
-        Err(e) => return refuse(StatusCode::INTERNAL_SERVER_ERROR, &format!("encoding: {e}")),
-    };
-    let mut r = typed(reply(StatusCode::OK, body), format.content_type());
-    if let Format::Binary(_) = format {
-        let h = r.headers_mut();
-        for (name, v) in [
-            (wire::BATCH_ROWS_HEADER, stats.batch_rows as f64),
-            (wire::SUBMIT_US_HEADER, submit_us),
-            (wire::QUEUE_US_HEADER, stats.queue_us),
-            (wire::RUN_US_HEADER, stats.run_us),
-        ] {
-            if let Ok(v) = HeaderValue::from_str(&format!("{v:.1}")) {
-                h.insert(name, v);
-            }
-        }
-    }
-    r
 }

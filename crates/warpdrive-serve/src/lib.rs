@@ -22,7 +22,10 @@
 //! - Priorities ([`CLASSES`]): higher classes first, FIFO within one; a class passed over
 //!   `starvation_limit` batches in a row goes first in the next.
 //! - [`Budget`]s per tenant: jobs and bytes in flight, a request rate (429, `Retry-After`),
-//!   one job larger than the whole budget (413).
+//!   one job larger than the whole budget (413), and device memory, charged from
+//!   [`Model::device_bytes`] as a batch is about to run (a job past it fails alone).
+//! - `ServeConfig::warm_rows`: batch sizes every batcher thread runs once before serving;
+//!   [`Echo`]: a job kind that answers each row with itself (the request path's stand-in).
 //! - The [`Controller`] (optional): steers the batch rows and delay toward a p99 objective
 //!   from the busy fraction and latencies of each interval.
 //! - [`Client`] (pooled keep-alive connections under a cap), [`Batching`] (client-side
@@ -46,6 +49,7 @@ mod http;
 pub mod load;
 mod model;
 mod queue;
+mod reply;
 mod results;
 mod stats;
 mod tune;
@@ -54,11 +58,11 @@ pub mod wire;
 pub use batcher::{BatchStats, MakeModel, MakeModels, ServeConfig};
 pub use batching::Batching;
 pub use budget::Budget;
-pub use client::{Client, ClientConfig, Failure, JobResult, JobSpec};
+pub use client::{Client, ClientConfig, Encoded, Failure, JobResult, JobSpec};
 pub use controller::{Controller, ControllerConfig, Knobs};
 pub use http::Server;
 pub use load::{Arrivals, LoadConfig, LoadReport};
-pub use model::{Model, MoeModel};
+pub use model::{Echo, Model, MoeModel};
 pub use queue::{CLASSES, DEFAULT_PRIORITY};
 pub use stats::{Seen, Status};
 

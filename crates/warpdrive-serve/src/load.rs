@@ -77,8 +77,11 @@ impl LoadConfig {
 pub struct LoadReport {
     /// µs from each answered job being due (open loop) or sent (closed loop) to its answer.
     pub latency_us: Vec<f64>,
-    /// The service's `submit_us` of each answered job.
+    /// The service's `submit_us`, `queue_us` and `run_us` (its batch's run time) of each
+    /// answered job.
     pub submit_us: Vec<f64>,
+    pub queue_us: Vec<f64>,
+    pub run_us: Vec<f64>,
     /// The sum over answered jobs of the rows of the batch each ran in.
     pub batch_rows_sum: f64,
     /// Jobs sent.
@@ -119,6 +122,8 @@ impl LoadReport {
             Ok(r) => {
                 self.latency_us.push(since.elapsed().as_secs_f64() * 1e6);
                 self.submit_us.push(r.submit_us);
+                self.queue_us.push(r.queue_us);
+                self.run_us.push(r.run_us);
                 self.batch_rows_sum += r.batch_rows as f64;
             }
             Err(f) => {
@@ -205,13 +210,18 @@ pub async fn run_async(config: &LoadConfig) -> Result<LoadReport, LoadError> {
     let data: Vec<f32> = (0..rows_values)
         .map(|_| rng.random_range(-1.0f32..1.0))
         .collect();
-    let job = Arc::new(JobSpec {
-        rows: config.rows,
-        data,
-        priority: config.priority,
-        tenant: config.tenant.clone(),
-        deadline: None,
-    });
+    // Encoded once: the generator's own work per job stays out of the service's way.
+    let job = Arc::new(
+        client
+            .encode(&JobSpec {
+                rows: config.rows,
+                data,
+                priority: config.priority,
+                tenant: config.tenant.clone(),
+                deadline: None,
+            })
+            .map_err(|e| LoadError(format!("encoding the job: {e}")))?,
+    );
     let mut report = LoadReport::default();
     let start = Instant::now();
     let stop = crate::later(start, config.duration);
@@ -233,7 +243,7 @@ pub async fn run_async(config: &LoadConfig) -> Result<LoadReport, LoadError> {
                 tokio::time::sleep_until(due.into()).await;
                 report.sent += 1;
                 let (client, job) = (client.clone(), job.clone());
-                tasks.spawn(async move { (due, client.submit(&job).await) });
+                tasks.spawn(async move { (due, client.submit_encoded(&job).await) });
                 // Reap what has finished, so a long run holds no more than it must.
                 while let Some(done) = tasks.try_join_next() {
                     reap(&mut report, done);
@@ -250,7 +260,7 @@ pub async fn run_async(config: &LoadConfig) -> Result<LoadReport, LoadError> {
                     while Instant::now() < stop && sent.fetch_add(1, Ordering::Relaxed) < max_jobs {
                         let t = Instant::now();
                         mine.sent += 1;
-                        let outcome = client.submit(&job).await;
+                        let outcome = client.submit_encoded(&job).await;
                         mine.record(t, outcome);
                     }
                     mine
@@ -312,6 +322,8 @@ fn count(report: &mut LoadReport, key: &str, why: String) {
 fn merge(report: &mut LoadReport, mine: LoadReport) {
     report.latency_us.extend(mine.latency_us);
     report.submit_us.extend(mine.submit_us);
+    report.queue_us.extend(mine.queue_us);
+    report.run_us.extend(mine.run_us);
     report.batch_rows_sum += mine.batch_rows_sum;
     report.sent += mine.sent;
     for (k, v) in mine.failures {

@@ -18,7 +18,9 @@
 //!   `x-warpdrive-batch-rows`, `-submit-us`, `-queue-us` and `-run-us` headers.
 //!
 //! Decoding checks every size with checked arithmetic before touching the data, and every
-//! value for being finite; a bad body is a [`BadBody`] with a one-line reason.
+//! value for being finite; a bad body is a [`BadBody`] with a one-line reason. An f32 tensor
+//! decodes and encodes as one copy of its bytes (`bytemuck`, on little-endian hosts): a
+//! 256-row job of the qwen3 layer is 2 MiB, where a per-value loop costs milliseconds.
 
 use half::bf16;
 use serde::{Deserialize, Serialize};
@@ -170,7 +172,9 @@ pub fn decode(format: Format, body: &[u8], width: usize) -> Result<Tensor, BadBo
             t.rows
         )));
     }
-    if let Some(i) = t.data.iter().position(|v| !v.is_finite()) {
+    // The branch-free pass first (it vectorizes); the position only for the message.
+    if !t.data.iter().fold(true, |ok, v| ok & v.is_finite()) {
+        let i = t.data.iter().position(|v| !v.is_finite()).unwrap_or(0);
         return Err(bad(format!("value {i} is not finite")));
     }
     Ok(t)
@@ -213,10 +217,7 @@ fn decode_binary(body: &[u8], width: usize) -> Result<Tensor, BadBody> {
         )));
     }
     let data = match dtype {
-        Dtype::F32 => values
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
+        Dtype::F32 => f32_from_le(values),
         Dtype::Bf16 => values
             .chunks_exact(2)
             .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
@@ -229,6 +230,18 @@ fn decode_binary(body: &[u8], width: usize) -> Result<Tensor, BadBody> {
     })
 }
 
+/// Little-endian f32 bytes (a multiple of 4) as values: one copy on a little-endian host.
+fn f32_from_le(bytes: &[u8]) -> Vec<f32> {
+    let n = bytes.len() / 4;
+    let mut v = vec![0f32; n];
+    bytemuck::cast_slice_mut::<f32, u8>(&mut v).copy_from_slice(&bytes[..n * 4]);
+    if cfg!(target_endian = "big") {
+        v.iter_mut()
+            .for_each(|x| *x = f32::from_bits(u32::from_le(x.to_bits())));
+    }
+    v
+}
+
 /// The width a binary body's header names (`None` when the body is shorter than a header
 /// or lacks the magic).
 pub fn tensor_width(body: &[u8]) -> Option<usize> {
@@ -239,17 +252,14 @@ pub fn tensor_width(body: &[u8]) -> Option<usize> {
 /// The binary body of `rows` rows of `data` as `dtype` (`None` when a size does not fit
 /// the header's u32 fields or `data` is not whole rows).
 pub fn encode_binary(dtype: Dtype, rows: usize, data: &[f32]) -> Option<Vec<u8>> {
-    let width = data.len().checked_div(rows).unwrap_or(0);
-    if rows.checked_mul(width) != Some(data.len()) {
-        return None;
-    }
-    let (r, w) = (u32::try_from(rows).ok()?, u32::try_from(width).ok()?);
-    let mut out = Vec::with_capacity(HEADER_BYTES + data.len() * dtype.size());
-    out.extend_from_slice(&MAGIC);
-    out.extend_from_slice(&[dtype.code(), 0, 0, 0]);
-    out.extend_from_slice(&r.to_le_bytes());
-    out.extend_from_slice(&w.to_le_bytes());
+    let header = tensor_header(dtype, rows, data.len())?;
+    let mut out =
+        Vec::with_capacity(HEADER_BYTES.checked_add(data.len().checked_mul(dtype.size())?)?);
+    out.extend_from_slice(&header);
     match dtype {
+        Dtype::F32 if cfg!(target_endian = "little") => {
+            out.extend_from_slice(bytemuck::cast_slice(data))
+        }
         Dtype::F32 => data
             .iter()
             .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
@@ -260,11 +270,31 @@ pub fn encode_binary(dtype: Dtype, rows: usize, data: &[f32]) -> Option<Vec<u8>>
     Some(out)
 }
 
+/// The header of a tensor of `rows` rows of `values` values in all (`None` when a size does
+/// not fit its u32 fields or the values are not whole rows).
+pub fn tensor_header(dtype: Dtype, rows: usize, values: usize) -> Option<[u8; HEADER_BYTES]> {
+    let width = values.checked_div(rows).unwrap_or(0);
+    if rows.checked_mul(width) != Some(values) {
+        return None;
+    }
+    let (r, w) = (u32::try_from(rows).ok()?, u32::try_from(width).ok()?);
+    let mut h = [0u8; HEADER_BYTES];
+    h[..4].copy_from_slice(&MAGIC);
+    h[4] = dtype.code();
+    h[8..12].copy_from_slice(&r.to_le_bytes());
+    h[12..16].copy_from_slice(&w.to_le_bytes());
+    Some(h)
+}
+
 /// The JSON body of a job.
 pub fn encode_json(rows: usize, data: &[f32]) -> Vec<u8> {
-    serde_json::json!({ "rows": rows, "data": data })
-        .to_string()
-        .into_bytes()
+    // Straight from the slice: a `json!` value tree costs ~7× more on a 256-row job.
+    #[derive(Serialize)]
+    struct JobRef<'a> {
+        rows: usize,
+        data: &'a [f32],
+    }
+    serde_json::to_vec(&JobRef { rows, data }).unwrap_or_default()
 }
 
 #[cfg(test)]

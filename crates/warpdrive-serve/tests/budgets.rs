@@ -163,3 +163,80 @@ fn bad_headers_and_bodies_get_a_4xx_that_says_why() {
         200
     );
 }
+
+/// Doubles its input; each row takes 100 bytes of (pretend) device memory.
+struct DeviceRows;
+
+impl warpdrive_serve::Model for DeviceRows {
+    fn name(&self) -> &str {
+        "device-rows"
+    }
+    fn width(&self) -> usize {
+        1
+    }
+    fn run(&mut self, input: &[f32], output: &mut Vec<f32>) -> warpdrive::Result<()> {
+        output.clear();
+        output.extend(input.iter().map(|v| 2.0 * v));
+        Ok(())
+    }
+    fn device_bytes(&self, rows: usize) -> usize {
+        rows * 100
+    }
+}
+
+#[test]
+fn a_job_past_its_tenants_device_memory_fails_alone_and_its_batch_runs() {
+    let mut named = HashMap::new();
+    named.insert(
+        "small".to_string(),
+        Budget {
+            device_bytes: 150,
+            ..Budget::default()
+        },
+    );
+    // Batches close at 3 rows (the delay is longer than any test wait): each round below is
+    // one batch.
+    let server = warpdrive_serve::Server::start(
+        || Ok(Box::new(DeviceRows)),
+        ServeConfig {
+            max_batch_rows: 3,
+            max_delay: Duration::from_secs(60),
+            tenant_budgets: named,
+            ..config()
+        },
+    )
+    .unwrap();
+    let a = server.addr;
+    let send = |who: &'static str, rows: usize| {
+        std::thread::spawn(move || {
+            http_with(
+                a,
+                "/v1/jobs",
+                &tenant(who),
+                job(rows, &vec![1.0; rows]).as_bytes(),
+            )
+        })
+    };
+    // Two one-row jobs of "small" (100 bytes each, 150 allowed) and one of another tenant.
+    let round = [send("small", 1), send("small", 1), send("other", 1)];
+    let [s1, s2, other] = round.map(|t| t.join().unwrap());
+    assert_eq!(other.0, 200, "{}", other.1);
+    let mut small = [s1, s2];
+    small.sort_by_key(|r| r.0);
+    assert_eq!((small[0].0, small[1].0), (200, 429), "{small:?}");
+    assert!(
+        small[1].1.contains("device memory budget is 150 bytes"),
+        "{}",
+        small[1].1
+    );
+    // A job no budget of its tenant could hold: 413; its batch-mate runs.
+    let round = [send("small", 2), send("other", 1)];
+    let [big, other] = round.map(|t| t.join().unwrap());
+    assert_eq!(big.0, 413, "{}", big.1);
+    assert_eq!(other.0, 200, "{}", other.1);
+    // Nothing is held once the batches end: "small" runs again.
+    let round = [send("small", 1), send("other", 1), send("other", 1)];
+    for r in round.map(|t| t.join().unwrap()) {
+        assert_eq!(r.0, 200, "{}", r.1);
+    }
+}

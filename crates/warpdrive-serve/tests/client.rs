@@ -201,3 +201,55 @@ fn client_side_batching_sends_many_jobs_as_one_request() {
     }
     assert!(matches!(odd, Err(Failure::Invalid(_))), "{odd:?}");
 }
+
+#[test]
+fn large_tensor_jobs_batched_together_each_get_their_own_rows() {
+    // Eight 256-row f32 tensor jobs close one batch of 2048 rows: the replies are cut from
+    // the one output in place.
+    let width = 64;
+    let server = double(
+        width,
+        Duration::ZERO,
+        warpdrive_serve::ServeConfig {
+            max_batch_rows: 8 * 256,
+            max_delay: Duration::from_secs(10),
+            ..config()
+        },
+    );
+    let rt = runtime();
+    let client = Client::new(
+        server.addr,
+        ClientConfig {
+            format: Format::Binary(Dtype::F32),
+            ..ClientConfig::default()
+        },
+    );
+    let jobs: Vec<JobSpec> = (0..8)
+        .map(|k| JobSpec {
+            rows: 256,
+            data: (0..256 * width)
+                .map(|i| (k * 1_000_000 + i) as f32 * 0.25)
+                .collect(),
+            ..JobSpec::default()
+        })
+        .collect();
+    let answers = rt.block_on(async {
+        let mut tasks = tokio::task::JoinSet::new();
+        for (k, job) in jobs.iter().cloned().enumerate() {
+            let client = client.clone();
+            tasks.spawn(async move { (k, client.submit(&job).await) });
+        }
+        let mut out = Vec::new();
+        while let Some(done) = tasks.join_next().await {
+            out.push(done.unwrap());
+        }
+        out
+    });
+    assert_eq!(answers.len(), 8);
+    for (k, r) in answers {
+        let r = r.unwrap();
+        assert_eq!((r.rows, r.batch_rows), (256, 8 * 256), "job {k}");
+        let want: Vec<f32> = jobs[k].data.iter().map(|v| 2.0 * v).collect();
+        assert!(r.data == want, "job {k} got another job's rows");
+    }
+}

@@ -146,3 +146,58 @@ fn start_refuses_several_workers_with_one_model() {
     .expect("refused");
     assert!(e.to_string().contains("start_workers"), "{e}");
 }
+
+/// Doubles its input and records the rows of every run.
+struct Seen(Arc<std::sync::Mutex<Vec<usize>>>);
+
+impl Model for Seen {
+    fn name(&self) -> &str {
+        "seen"
+    }
+    fn width(&self) -> usize {
+        2
+    }
+    fn run(&mut self, input: &[f32], output: &mut Vec<f32>) -> Result<()> {
+        if input.iter().all(|&v| v == 0.0) {
+            return Err(warpdrive::Error::InvalidArgument("zeros".into()));
+        }
+        self.0.lock().unwrap().push(input.len() / 2);
+        output.clear();
+        output.extend(input.iter().map(|v| 2.0 * v));
+        Ok(())
+    }
+}
+
+#[test]
+fn every_worker_warms_up_each_batch_size_before_serving() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let server = Server::start_workers(
+        move || Ok(Box::new(Seen(s.clone()))),
+        ServeConfig {
+            warm_rows: vec![1, 3, 8],
+            ..two_workers()
+        },
+    )
+    .unwrap();
+    let mut runs = seen.lock().unwrap().clone();
+    runs.sort_unstable();
+    assert_eq!(runs, [1, 1, 3, 3, 8, 8], "each size once on each worker");
+    assert_eq!(
+        http(server.addr, "POST", "/v1/jobs", &job(1, &[1.0, 2.0])).0,
+        200
+    );
+    drop(server);
+    // A size the model fails on fails the start, with the size in the reason.
+    let e = Server::start(
+        || Ok(Box::new(Seen(Default::default()))),
+        ServeConfig {
+            warm_rows: vec![0],
+            ..config()
+        },
+    )
+    .err()
+    .map(|e| e.to_string())
+    .unwrap_or_default();
+    assert!(e.contains("warming up 0 rows"), "{e}");
+}
