@@ -412,15 +412,7 @@ impl TierStore {
                     self.prefetch_after(&mut g, &key)?;
                     return Ok(data);
                 }
-                let device = self.stream.device();
-                self.read_disk(&mut g, &key, |frame| match frame.plain_payload() {
-                    Some(bytes) => transfer::fresh_copy(device, bytes),
-                    None => {
-                        let mut data = transfer::fresh_zeroed(device, frame.raw_len())?;
-                        frame.decode_into(&mut data)?;
-                        Ok(data)
-                    }
-                })?
+                self.read_disk(&mut g, &key, |stored| codec::decode_block(stored, &key))?
             }
             None => {
                 let below = self.find_below_gpu(&mut g, &key)?;
