@@ -1,5 +1,7 @@
 //! The store's disk side: blocks encoded and appended to the current segment with their
-//! index records, and read back verified (large plain blocks landing piece by piece).
+//! index records (a plain block framed straight in the direct-I/O buffer), and read back
+//! verified (large plain blocks landing piece by piece, smaller ones copied out and hashed
+//! in one pass).
 
 use parking_lot::Mutex;
 
