@@ -244,6 +244,7 @@ fn worth_compressing(data: &[u8], compression: Compression, width: usize) -> Res
 
 /// The data of a stored block, its checksum and framing verified; `key` names the block in
 /// `Error::Corrupt`.
+///
 /// A plain block is copied out and hashed in one pass (each chunk hashed from the cache
 /// right after it lands in the new `Vec`); the others are verified, then decoded, as
 /// [`Frame::verify_then`] does.
@@ -251,9 +252,7 @@ pub fn decode_block(stored: &[u8], key: &str) -> Result<Vec<u8>> {
     if let Some((header, payload)) = stored.split_first_chunk::<HEADER_BYTES>() {
         if let Some(mut stream) = PlainStream::start(header, payload.len(), key)? {
             // Reserved, not zeroed: the copy is the only pass over the new pages.
-            let mut out = Vec::new();
-            out.try_reserve_exact(payload.len())
-                .map_err(|_| Error::InvalidArgument(format!("a {}-byte block", payload.len())))?;
+            let mut out = crate::memory::host_vec("a decoded tier block", payload.len())?;
             for chunk in payload.chunks(COPY_CHUNK) {
                 let at = out.len();
                 out.extend_from_slice(chunk);
@@ -263,12 +262,8 @@ pub fn decode_block(stored: &[u8], key: &str) -> Result<Vec<u8>> {
             return Ok(out);
         }
     }
-    decode_block_into(
-        stored,
-        key,
-        |len| Ok(vec![0u8; len]),
-        |v| Ok(v.as_mut_slice()),
-    )
+    let zeroed = |len| crate::memory::host_zeroed("a decoded tier block", len);
+    decode_block_into(stored, key, zeroed, |v| Ok(v.as_mut_slice()))
 }
 
 /// The data of a stored block, verified, in the destination `make` gives for its length
