@@ -52,11 +52,12 @@ pub enum Filter {
     },
 }
 
-/// Bytes of the frame around a stored block's payload.
 /// Stored blocks from this size have their checksum computed beside the landing of their
-/// data ([`Frame::verify_then`]).
+/// data by [`Frame::verify_then`] ([`decode_block`] and [`decode_block_into`] use it for
+/// compressed or filtered blocks; plain ones are copied and hashed in one pass).
 pub const OVERLAP_FROM: usize = 4 << 20;
 
+/// Bytes of the frame around a stored block's payload.
 pub const HEADER_BYTES: usize = 32;
 
 /// The largest block (raw length) a frame may hold: 1 GiB, above the store's 256 MiB blocks,
