@@ -11,10 +11,11 @@
 //! - `disk-write` / `disk-read` (size = block bytes): one block at a time in the system's
 //!   temporary folder: `raw-odirect` (our own loop of aligned `pwrite` / `pread` on one
 //!   `O_DIRECT` file) vs `warpdrive` (a disk-only store's `put` with `Durability::Disk` and
-//!   `get_host`: frame, checksum, the write, the index record), both at the queue depth the
-//!   store gives the size (`extra.queue_depth`: 1, or 4 pieces in flight from 16 MiB);
-//!   `extra.direct` says whether the file system took `O_DIRECT`, `extra.pct_of_raw` the
-//!   store's rate against the raw loop's.
+//!   `get_host`: frame, checksum, the write, the index record; and `warpdrive-into`, a
+//!   read by `get_host_into` into a buffer the caller reuses, as the raw loop reuses its
+//!   own), all at the queue depth the store gives the size (`extra.queue_depth`: 1, or 4
+//!   pieces in flight from 16 MiB); `extra.direct` says whether the file system took
+//!   `O_DIRECT`, `extra.pct_of_raw` the store's rate against the raw loop's.
 //! - `prefetch-TRACE` (size = gets): gets of 4 KiB blocks that start on a simulated disk,
 //!   a GPU tier with room for a quarter of them; `warpdrive` (the prefetcher on) vs `lru`
 //!   (off: CLOCK alone); `extra.hit_rate` = gets served from the GPU tier / gets. TRACE:
@@ -202,42 +203,53 @@ fn disk_cases(ctx: &mut Ctx) -> Result<()> {
                     store.put(&format!("b{k}"), &block, Durability::Disk)
                 }
             })?;
-            let (mut j, mut m) = (0u64, 0u64);
-            let reads = time_host_rounds(1, reps, 2, |v| {
-                if v == 0 {
+            let (mut j, mut m, mut n) = (0u64, 0u64, 0u64);
+            // The caller's buffer of `get_host_into`, reused as the raw loop reuses its own.
+            let mut into = vec![0x5au8; size];
+            let reads = time_host_rounds(1, reps, 3, |v| match v {
+                0 => {
                     j = j % i + 1;
                     file.read_at_depth(&mut buf, j * stride, depth).map(drop)
-                } else {
+                }
+                1 => {
                     m = m % k + 1;
                     store.get_host(&format!("b{m}")).map(drop)
+                }
+                _ => {
+                    n = n % k + 1;
+                    store.get_host_into(&format!("b{n}"), &mut into)
                 }
             })?;
             let direct = file.is_direct();
             drop(store);
             drop(file);
             let _ = std::fs::remove_file(&raw_path);
-            let two = |v: Vec<Vec<f64>>| -> Result<[Vec<f64>; 2]> {
-                v.try_into()
-                    .map_err(|_| Error::InvalidArgument("disk cases: two variants expected".into()))
-            };
-            let [mut raw_w, mut ours_w] = two(writes)?;
-            let [mut raw_r, mut ours_r] = two(reads)?;
+            let wrong = |_| Error::InvalidArgument("disk cases: a variant missing".into());
+            let [mut raw_w, mut ours_w]: [Vec<f64>; 2] = writes.try_into().map_err(wrong)?;
+            let [mut raw_r, mut ours_r, mut into_r]: [Vec<f64>; 3] =
+                reads.try_into().map_err(wrong)?;
             for (case, raw, ours) in [
-                ("disk-write", &mut raw_w, &mut ours_w),
-                ("disk-read", &mut raw_r, &mut ours_r),
+                ("disk-write", &mut raw_w, vec![("warpdrive", &mut ours_w)]),
+                (
+                    "disk-read",
+                    &mut raw_r,
+                    vec![("warpdrive", &mut ours_r), ("warpdrive-into", &mut into_r)],
+                ),
             ] {
                 let raw_row =
                     ctx.record_bytes(case, size as u64, "raw-odirect", raw, size as f64, None)?;
                 raw_row.extra.insert("direct".into(), direct.into());
                 raw_row.extra.insert("queue_depth".into(), depth.into());
                 let raw_gbps = raw_row.gbps;
-                let row =
-                    ctx.record_bytes(case, size as u64, "warpdrive", ours, size as f64, None)?;
-                row.extra.insert("direct".into(), direct.into());
-                row.extra.insert("queue_depth".into(), depth.into());
-                if let (Some(a), Some(b)) = (row.gbps, raw_gbps) {
-                    row.extra
-                        .insert("pct_of_raw".into(), (100.0 * a / b).into());
+                for (variant, times) in ours {
+                    let row =
+                        ctx.record_bytes(case, size as u64, variant, times, size as f64, None)?;
+                    row.extra.insert("direct".into(), direct.into());
+                    row.extra.insert("queue_depth".into(), depth.into());
+                    if let (Some(a), Some(b)) = (row.gbps, raw_gbps) {
+                        row.extra
+                            .insert("pct_of_raw".into(), (100.0 * a / b).into());
+                    }
                 }
             }
         }

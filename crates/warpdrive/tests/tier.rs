@@ -781,3 +781,58 @@ device_test!(
     gpu_large_blocks_land_in_pieces_and_a_flipped_byte_anywhere_is_caught,
     large_blocks_body
 );
+
+#[test]
+fn get_host_into_lands_in_the_callers_buffer_and_never_leaves_a_corrupt_block_there() {
+    let s = Device::cpu().new_stream().unwrap();
+    let disk = Arc::new(SimDisk::new());
+    let mut r = rng(seed("tier into"));
+    let mut config = TierConfig::new(0, 0);
+    config.disk_compression = Compression::None;
+    let store = TierStore::open_on(disk.clone(), dir("into"), config, &s).unwrap();
+    // One block read whole, one landed piece by piece (from 16 MiB).
+    let blocks = [block(&mut r, 10_001), block(&mut r, (16 << 20) + 5)];
+    let mut at = Vec::new();
+    for (i, b) in blocks.iter().enumerate() {
+        store.put(&format!("k{i}"), b, Durability::Disk).unwrap();
+        at.push(disk.len(&dir("into").join("data-1.seg")).unwrap().unwrap());
+    }
+    for (i, b) in blocks.iter().enumerate() {
+        let mut out = vec![0xaa; b.len()];
+        store.get_host_into(&format!("k{i}"), &mut out).unwrap();
+        assert!(out == *b, "k{i}");
+        let mut wrong = vec![0; b.len() + 1];
+        let e = store.get_host_into(&format!("k{i}"), &mut wrong);
+        assert!(matches!(e, Err(Error::LengthMismatch { .. })), "{e:?}");
+    }
+    let e = store.get_host_into("absent", &mut [0; 4]);
+    assert!(matches!(e, Err(Error::NotFound { .. })), "{e:?}");
+    // A flipped payload byte: an error naming the key, and nothing of the block left in
+    // the caller's buffer.
+    let segment = dir("into").join("data-1.seg");
+    let second = at[0].next_multiple_of(4096);
+    for (i, flip) in [(0, 5000), (1, second + (9 << 20))] {
+        disk.flip_byte(&segment, flip).unwrap();
+        let mut out = vec![0xaa; blocks[i].len()];
+        match store.get_host_into(&format!("k{i}"), &mut out) {
+            Err(Error::Corrupt { key, .. }) => assert_eq!(key, format!("k{i}")),
+            other => panic!("k{i}: {other:?}"),
+        }
+        assert!(out.iter().all(|&b| b == 0), "k{i}: bytes left behind");
+        disk.flip_byte(&segment, flip).unwrap();
+    }
+    // A compressed block on disk, and one in the host tier.
+    let mut config = TierConfig::new(0, 1 << 20);
+    config.disk_compression = Compression::Lz4;
+    let store = TierStore::open_on(disk, dir("into-lz4"), config, &s).unwrap();
+    let packed = vec![7u8; 50_000];
+    store.put("packed", &packed, Durability::Sync).unwrap();
+    store.migrate("packed", Tier::Disk).unwrap();
+    store.put("held", &blocks[0], Durability::Memory).unwrap();
+    let mut out = vec![0; packed.len()];
+    store.get_host_into("packed", &mut out).unwrap();
+    assert!(out == packed);
+    let mut out = vec![0; blocks[0].len()];
+    store.get_host_into("held", &mut out).unwrap();
+    assert!(out == blocks[0]);
+}

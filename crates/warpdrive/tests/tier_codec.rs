@@ -7,8 +7,8 @@ use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use warpdrive::tier::codec::{
-    decode_block, encode_block, shuffle, unshuffle, Compression, Filter, Frame, HEADER_BYTES,
-    OVERLAP_FROM,
+    decode_block, decode_block_into, encode_block, encode_plain_into, shuffle, unshuffle,
+    Compression, Filter, Frame, HEADER_BYTES, OVERLAP_FROM,
 };
 use warpdrive::Error;
 
@@ -475,4 +475,53 @@ fn large_blocks_checked_beside_their_landing_still_catch_every_flip() {
             "flip at {at}: {got:?}"
         );
     }
+}
+
+#[test]
+fn one_pass_framing_and_landing_match_the_two_pass_ones_and_catch_every_flip() {
+    // `encode_plain_into` copies and hashes in one pass: the same frame as `encode_block`;
+    // `decode_block_into` / `decode_block` land a plain block the same way: every flip
+    // is still an error, on both sides of a copy chunk and in the header.
+    let mut rng = StdRng::seed_from_u64(0x1a55);
+    for len in [1, 4064, 65_536, (1 << 20) + 7] {
+        let data = random_bytes(&mut rng, len);
+        let stored = encode_block(&data, Compression::None, Filter::None).unwrap();
+        let mut framed = vec![0xa5; HEADER_BYTES + len];
+        encode_plain_into(&data, &mut framed).unwrap();
+        assert!(framed == stored, "{len}: another frame");
+        let short = encode_plain_into(&data, &mut framed[1..]);
+        assert!(
+            matches!(short, Err(Error::LengthMismatch { .. })),
+            "{short:?}"
+        );
+        let into = |s: &[u8]| decode_block_into(s, "k", |n| Ok(vec![7u8; n]), |v| Ok(&mut v[..]));
+        assert!(into(&stored).unwrap() == data);
+        assert!(decode_block(&stored, "k").unwrap() == data);
+        for at in [
+            0,
+            6,
+            HEADER_BYTES - 1,
+            HEADER_BYTES,
+            HEADER_BYTES + len / 2,
+            stored.len() - 1,
+        ] {
+            let mut bad = stored.clone();
+            bad[at] ^= 0x04;
+            let (a, b) = (into(&bad), decode_block(&bad, "k"));
+            assert!(
+                matches!(a, Err(Error::Corrupt { .. })),
+                "{len} flip at {at}: {a:?}"
+            );
+            assert!(
+                matches!(b, Err(Error::Corrupt { .. })),
+                "{len} flip at {at}: {b:?}"
+            );
+        }
+    }
+    // A compressed block lands through the same call.
+    let text = b"the tier the tier the tier the tier ".repeat(4000);
+    let stored = encode_block(&text, Compression::Lz4, Filter::None).unwrap();
+    assert!(stored.len() < text.len());
+    let back = decode_block_into(&stored, "k", |n| Ok(vec![0u8; n]), |v| Ok(&mut v[..])).unwrap();
+    assert!(back == text);
 }

@@ -52,11 +52,12 @@ pub enum Filter {
     },
 }
 
-/// Bytes of the frame around a stored block's payload.
 /// Stored blocks from this size have their checksum computed beside the landing of their
-/// data ([`Frame::verify_then`]).
+/// data by [`Frame::verify_then`] ([`decode_block`] and [`decode_block_into`] use it for
+/// compressed or filtered blocks; plain ones are copied and hashed in one pass).
 pub const OVERLAP_FROM: usize = 4 << 20;
 
+/// Bytes of the frame around a stored block's payload.
 pub const HEADER_BYTES: usize = 32;
 
 /// The largest block (raw length) a frame may hold: 1 GiB, above the store's 256 MiB blocks,
@@ -165,6 +166,37 @@ pub fn plain_header(data: &[u8]) -> [u8; HEADER_BYTES] {
     frame(CODEC_NONE, 0, 0, data.len(), data.into()).header
 }
 
+/// Writes `data` framed as [`encode`] stores it plain into `out` (exactly
+/// [`HEADER_BYTES`] `+ data.len()` bytes, a direct-I/O buffer say): the copy and the checksum
+/// in one pass, each chunk hashed from the cache right after it lands, where
+/// [`plain_header`] and a copy are two passes over the data.
+pub fn encode_plain_into(data: &[u8], out: &mut [u8]) -> Result<()> {
+    check_args(data, Compression::None, Filter::None)?;
+    let len = out.len();
+    let want = HEADER_BYTES.saturating_add(data.len());
+    let split = out.split_first_chunk_mut::<HEADER_BYTES>();
+    let Some((header, body)) = split.filter(|_| len == want) else {
+        return Err(Error::LengthMismatch {
+            op: "tier block frame",
+            left: len,
+            right: want,
+        });
+    };
+    *header = frame_fields(CODEC_NONE, 0, 0, data.len(), data.len());
+    let mut hasher = Xxh3::new();
+    hasher.update(&header[..CHECKED_HEADER]);
+    for (src, dst) in data.chunks(COPY_CHUNK).zip(body.chunks_mut(COPY_CHUNK)) {
+        dst.copy_from_slice(src);
+        hasher.update(dst);
+    }
+    header[CHECKED_HEADER..].copy_from_slice(&hasher.digest().to_le_bytes());
+    Ok(())
+}
+
+/// Bytes the one-pass copies ([`encode_plain_into`], [`decode_block`] of a plain block) copy
+/// and hash at a time: a chunk stays in the cache from its copy to its hashing.
+const COPY_CHUNK: usize = 64 << 10;
+
 /// `input` compressed by `compression` with its codec byte (`None` for no compression).
 fn compress(input: &[u8], compression: Compression) -> Result<Option<(u8, Vec<u8>)>> {
     Ok(match compression {
@@ -213,14 +245,62 @@ fn worth_compressing(data: &[u8], compression: Compression, width: usize) -> Res
 
 /// The data of a stored block, its checksum and framing verified; `key` names the block in
 /// `Error::Corrupt`.
+///
+/// A plain block is copied out and hashed in one pass (each chunk hashed from the cache
+/// right after it lands in the new `Vec`); the others are verified, then decoded, as
+/// [`Frame::verify_then`] does.
 pub fn decode_block(stored: &[u8], key: &str) -> Result<Vec<u8>> {
-    let frame = Frame::verify(stored, key)?;
-    if frame.codec == CODEC_NONE {
-        return Ok(frame.payload.to_vec());
+    if let Some((header, payload)) = stored.split_first_chunk::<HEADER_BYTES>() {
+        if let Some(mut stream) = PlainStream::start(header, payload.len(), key)? {
+            // Reserved, not zeroed: the copy is the only pass over the new pages.
+            let mut out = crate::memory::host_vec("a decoded tier block", payload.len())?;
+            for chunk in payload.chunks(COPY_CHUNK) {
+                let at = out.len();
+                out.extend_from_slice(chunk);
+                stream.update(&out[at..]);
+            }
+            stream.finish()?;
+            return Ok(out);
+        }
     }
-    let mut out = vec![0u8; frame.raw_len];
-    frame.decode_into(&mut out)?;
-    Ok(out)
+    let zeroed = |len| crate::memory::host_zeroed("a decoded tier block", len);
+    decode_block_into(stored, key, zeroed, |v| Ok(v.as_mut_slice()))
+}
+
+/// The data of a stored block, verified, in the destination `make` gives for its length
+/// (`view` is its bytes: a pinned block, say): a plain block copied and hashed in one pass
+/// as [`decode_block`] does, the others verified then decoded as [`Frame::verify_then`].
+/// On `Error::Corrupt` the destination is dropped, never returned.
+pub fn decode_block_into<D>(
+    stored: &[u8],
+    key: &str,
+    make: impl FnOnce(usize) -> Result<D>,
+    view: impl FnOnce(&mut D) -> Result<&mut [u8]>,
+) -> Result<D> {
+    if let Some((header, payload)) = stored.split_first_chunk::<HEADER_BYTES>() {
+        if let Some(mut stream) = PlainStream::start(header, payload.len(), key)? {
+            let mut dest = make(payload.len())?;
+            let out = view(&mut dest)?;
+            if out.len() != payload.len() {
+                return Err(Error::LengthMismatch {
+                    op: "tier block decode",
+                    left: out.len(),
+                    right: payload.len(),
+                });
+            }
+            for (src, dst) in payload.chunks(COPY_CHUNK).zip(out.chunks_mut(COPY_CHUNK)) {
+                dst.copy_from_slice(src);
+                stream.update(dst);
+            }
+            stream.finish()?;
+            return Ok(dest);
+        }
+    }
+    Frame::verify_then(stored, key, |frame| {
+        let mut dest = make(frame.raw_len)?;
+        frame.decode_into(view(&mut dest)?)?;
+        Ok(dest)
+    })
 }
 
 /// A stored block whose header and checksum are verified: its data is `raw_len` bytes that
@@ -344,7 +424,8 @@ impl PlainStream {
         key: &str,
     ) -> Result<Option<PlainStream>> {
         let head = Head::parse(header, payload_len, key)?;
-        if head.codec != CODEC_NONE || head.filter != 0 || head.raw_len != payload_len as u64 {
+        let plain = head.codec == CODEC_NONE && head.level == 0 && head.filter == 0;
+        if !plain || head.raw_len != payload_len as u64 {
             return Ok(None);
         }
         let mut hasher = Xxh3::new();
@@ -591,13 +672,14 @@ fn zstd_level_byte(level: i32) -> Result<u8> {
     }
 }
 
-fn frame<'a>(
+/// A header with every field but the checksum (zeros there).
+fn frame_fields(
     codec: u8,
     level: u8,
     filter: u8,
     raw_len: usize,
-    payload: std::borrow::Cow<'a, [u8]>,
-) -> Encoded<'a> {
+    payload_len: usize,
+) -> [u8; HEADER_BYTES] {
     let mut header = [0u8; HEADER_BYTES];
     header[..4].copy_from_slice(&MAGIC);
     header[4] = VERSION;
@@ -605,7 +687,18 @@ fn frame<'a>(
     header[6] = level;
     header[7] = filter;
     header[8..16].copy_from_slice(&(raw_len as u64).to_le_bytes());
-    header[16..24].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+    header[16..24].copy_from_slice(&(payload_len as u64).to_le_bytes());
+    header
+}
+
+fn frame<'a>(
+    codec: u8,
+    level: u8,
+    filter: u8,
+    raw_len: usize,
+    payload: std::borrow::Cow<'a, [u8]>,
+) -> Encoded<'a> {
+    let mut header = frame_fields(codec, level, filter, raw_len, payload.len());
     let sum = checksum(&header, &payload);
     header[24..32].copy_from_slice(&sum.to_le_bytes());
     Encoded { header, payload }

@@ -412,15 +412,7 @@ impl TierStore {
                     self.prefetch_after(&mut g, &key)?;
                     return Ok(data);
                 }
-                let device = self.stream.device();
-                self.read_disk(&mut g, &key, |frame| match frame.plain_payload() {
-                    Some(bytes) => transfer::fresh_copy(device, bytes),
-                    None => {
-                        let mut data = transfer::fresh_zeroed(device, frame.raw_len())?;
-                        frame.decode_into(&mut data)?;
-                        Ok(data)
-                    }
-                })?
+                self.read_disk(&mut g, &key, |stored| codec::decode_block(stored, &key))?
             }
             None => {
                 let below = self.find_below_gpu(&mut g, &key)?;
@@ -436,6 +428,75 @@ impl TierStore {
         };
         self.prefetch_after(&mut g, &key)?;
         Ok(data)
+    }
+
+    /// As [`get_host`](Self::get_host) into `out`, which must be exactly the block's length
+    /// (`LengthMismatch` otherwise): a block read from the disk lands in `out` itself,
+    /// checksum verified, with no new memory (whose page faults cost a large read more than
+    /// its copy: bench/NOTES.md). After an error `out` holds no block's bytes: a block that
+    /// fails its checksum is zeroed out of it.
+    pub fn get_host_into(&self, key: &str, out: &mut [u8]) -> Result<()> {
+        check_key(key)?;
+        let key = key.to_string();
+        let want = out.len();
+        let fits = |len: usize| match len == want {
+            true => Ok(()),
+            false => Err(Error::LengthMismatch {
+                op: "TierStore::get_host_into",
+                left: want,
+                right: len,
+            }),
+        };
+        let mut g = self.inner.lock();
+        if let Some(src) = g.gpu_blocks.get(&key) {
+            fits(src.len())?;
+            src.copy_to_host(&self.stream, out)?;
+            self.gpu_hit(&mut g, &key);
+        } else if !g.host_blocks.contains_key(&key) && !self.may_fit_gpu(&g, &key) {
+            let landed = self.land_from_disk(&mut g, &key, out, &fits);
+            if matches!(landed, Err(Error::Corrupt { .. })) {
+                out.fill(0);
+            }
+            landed?;
+        } else {
+            let below = self.find_below_gpu(&mut g, &key)?;
+            match (&below, g.host_blocks.get(&key)) {
+                (Below::Disk(p), _) | (Below::Host, Some(p)) => {
+                    let data = p.wait_slice()?;
+                    fits(data.len())?;
+                    out.copy_from_slice(data);
+                }
+                (Below::Host, None) => return Err(Error::NotFound { key }),
+            }
+            self.promote(&mut g, &key, below)?;
+        }
+        self.prefetch_after(&mut g, &key)
+    }
+
+    /// `key`'s block read from the disk into `out` (its length checked by `fits`): landed
+    /// piece by piece when large and plain, else read whole and decoded into it.
+    fn land_from_disk(
+        &self,
+        g: &mut Inner,
+        key: &String,
+        out: &mut [u8],
+        fits: &dyn Fn(usize) -> Result<()>,
+    ) -> Result<()> {
+        let streamed = self
+            .read_disk_streamed(
+                g,
+                key,
+                |len| fits(len).map(|()| &mut *out),
+                |o| Ok(&mut **o),
+            )?
+            .is_some();
+        if streamed {
+            return Ok(());
+        }
+        self.read_disk(g, key, move |stored| {
+            let make = move |len| fits(len).map(|()| out);
+            codec::decode_block_into(stored, key, make, |o| Ok(&mut **o)).map(drop)
+        })
     }
 
     /// Brings `keys` up to the GPU tier ahead of their gets (absent keys are skipped).

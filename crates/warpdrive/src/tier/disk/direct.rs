@@ -151,6 +151,9 @@ pub struct DirectFile {
     file: File,
     path: PathBuf,
     direct: bool,
+    /// Where the next aligned append starts, known after this handle's own appends (an
+    /// fstat per append cost 2-5 µs on the build VM, a few % of a 64 KiB write).
+    next_append: parking_lot::Mutex<Option<u64>>,
 }
 
 impl DirectFile {
@@ -170,6 +173,7 @@ impl DirectFile {
             file,
             path: path.to_path_buf(),
             direct,
+            next_append: parking_lot::Mutex::new(None),
         })
     }
 
@@ -184,6 +188,38 @@ impl DirectFile {
             .metadata()
             .map_err(|e| Error::io(&self.path, e))?
             .len())
+    }
+
+    /// The aligned offset past the file's end where an append of `len` bytes goes, and
+    /// `write(offset)`, which writes them there: the end after it is remembered when it
+    /// succeeds (forgotten when it fails, which may leave part of it in the file).
+    pub(super) fn append_with(
+        &self,
+        len: usize,
+        write: impl FnOnce(u64) -> Result<()>,
+    ) -> Result<u64> {
+        let known = *self.next_append.lock();
+        let offset = match known {
+            Some(at) => at,
+            None => {
+                let size = self.size()?;
+                size + super::pad_to_align(size)
+            }
+        };
+        let end = u64::try_from(len)
+            .ok()
+            .and_then(|n| n.checked_add(super::pad_to_align(n)))
+            .and_then(|n| n.checked_add(offset))
+            .ok_or_else(|| Error::InvalidArgument(format!("an append of {len} bytes")))?;
+        *self.next_append.lock() = None;
+        write(offset)?;
+        *self.next_append.lock() = Some(end);
+        Ok(offset)
+    }
+
+    /// Forgets where the file ends (someone appended to it another way).
+    pub(super) fn forget_end(&self) {
+        *self.next_append.lock() = None;
     }
 
     /// Writes all of `buf` at `offset` (a multiple of [`DIRECT_ALIGN`]).

@@ -87,6 +87,20 @@ pub trait Disk: Send + Sync + 'static {
         self.append_aligned(path, &[&head, body])
     }
 
+    /// As [`append_aligned`](Self::append_aligned) for `len` bytes that `fill` writes in
+    /// place (a block framed while it is copied): [`OsDisk`] hands it its direct-I/O buffer,
+    /// so the bytes are copied once. The default fills a new buffer and appends it.
+    fn append_aligned_filled(
+        &self,
+        path: &Path,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> Result<()>,
+    ) -> Result<u64> {
+        let mut bytes = vec![0; len];
+        fill(&mut bytes)?;
+        self.append_aligned(path, &[&bytes])
+    }
+
     /// `len` bytes at `offset` of a file [`append_aligned`](Self::append_aligned) wrote;
     /// fewer only at its end. [`OsDisk`] reads with `O_DIRECT` where it can.
     fn read_aligned(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {
@@ -246,6 +260,9 @@ impl Disk for OsDisk {
     }
 
     fn append(&self, path: &Path, bytes: &[u8]) -> Result<u64> {
+        if let Some((_, direct)) = self.direct.lock().iter().find(|(p, _)| p == path) {
+            direct.forget_end();
+        }
         let file = kept(&self.appending, path, || {
             OpenOptions::new()
                 .append(true)
@@ -283,24 +300,40 @@ impl Disk for OsDisk {
 
     fn append_aligned(&self, path: &Path, parts: &[&[u8]]) -> Result<u64> {
         let file = kept(&self.direct, path, || DirectFile::open(path))?;
-        let len = file.size()?;
-        let offset = len + pad_to_align(len);
         let total = parts
             .iter()
             .try_fold(0usize, |n, p| n.checked_add(p.len()))
             .ok_or_else(|| Error::InvalidArgument("an append past usize::MAX".into()))?;
-        with_scratch(total, |buf| {
-            let depth = queue_depth(total);
-            if depth <= 1 {
-                fill_from(parts, 0, buf.as_mut_slice());
-                return file.write_at_depth(buf, offset, depth);
-            }
-            // Each writing thread copies its own piece in first: the copying of the later
-            // pieces overlaps the writes of the earlier ones.
-            let fill = |k: usize, piece: &mut [u8]| fill_from(parts, k * PIECE_BYTES, piece);
-            file.write_at_depth_filled(buf, offset, depth, &fill)
-        })?;
-        Ok(offset)
+        file.append_with(total, |offset| {
+            with_scratch(total, |buf| {
+                let depth = queue_depth(total);
+                if depth <= 1 {
+                    fill_from(parts, 0, buf.as_mut_slice());
+                    return file.write_at_depth(buf, offset, depth);
+                }
+                // Each writing thread copies its own piece in first: the copying of the later
+                // pieces overlaps the writes of the earlier ones.
+                let fill = |k: usize, piece: &mut [u8]| fill_from(parts, k * PIECE_BYTES, piece);
+                file.write_at_depth_filled(buf, offset, depth, &fill)
+            })
+        })
+    }
+
+    fn append_aligned_filled(
+        &self,
+        path: &Path,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> Result<()>,
+    ) -> Result<u64> {
+        let file = kept(&self.direct, path, || DirectFile::open(path))?;
+        file.append_with(len, |offset| {
+            with_scratch(len, |buf| {
+                let (bytes, pad) = buf.as_mut_slice().split_at_mut(len);
+                fill(bytes)?;
+                pad.fill(0);
+                file.write_at_depth(buf, offset, queue_depth(len))
+            })
+        })
     }
 
     fn append_aligned_late(
@@ -319,26 +352,26 @@ impl Disk for OsDisk {
             return self.append_aligned(path, &[&head, body]);
         }
         let file = kept(&self.direct, path, || DirectFile::open(path))?;
-        let len = file.size()?;
-        let offset = len + pad_to_align(len);
         // The first piece's thread makes the header, then writes its piece; the others
         // write the body's later pieces meanwhile (their bytes need no header).
         let head = parking_lot::Mutex::new(None::<Result<Vec<u8>>>);
         let blank = vec![0u8; header_len];
-        with_scratch(total, |buf| {
-            let fill = |k: usize, piece: &mut [u8]| {
-                if k == 0 {
-                    let made = checked_header(header_len, header());
-                    match &made {
-                        Ok(h) => fill_from(&[h, body], 0, piece),
-                        Err(_) => piece.fill(0),
+        let offset = file.append_with(total, |offset| {
+            with_scratch(total, |buf| {
+                let fill = |k: usize, piece: &mut [u8]| {
+                    if k == 0 {
+                        let made = checked_header(header_len, header());
+                        match &made {
+                            Ok(h) => fill_from(&[h, body], 0, piece),
+                            Err(_) => piece.fill(0),
+                        }
+                        *head.lock() = Some(made);
+                    } else {
+                        fill_from(&[&blank, body], k * PIECE_BYTES, piece);
                     }
-                    *head.lock() = Some(made);
-                } else {
-                    fill_from(&[&blank, body], k * PIECE_BYTES, piece);
-                }
-            };
-            file.write_at_depth_filled(buf, offset, depth, &fill)
+                };
+                file.write_at_depth_filled(buf, offset, depth, &fill)
+            })
         })?;
         // A header of the wrong length: its piece went out without it; the block is not
         // recorded anywhere, so the bytes are dead space in the segment.
@@ -521,6 +554,52 @@ mod tests {
             let short = || b"short".to_vec();
             let r = disk.append_aligned_late(&path, 32, &body, &short);
             assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+            disk.remove(&path).unwrap();
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A block filled in place lands aligned after the file's end, wherever that end came
+    /// from: an aligned append (the end remembered) or a plain one (the end asked for).
+    #[test]
+    fn filled_appends_land_after_every_kind_of_append() {
+        let dir = tempdir("filled");
+        let disks: [Arc<dyn Disk>; 2] = [Arc::new(OsDisk::new()), Arc::new(SimDisk::new())];
+        for disk in disks {
+            disk.create_dir_all(&dir).unwrap();
+            let path = dir.join("filled.seg");
+            let mut at = Vec::new();
+            for (i, len) in [5000usize, 1, 8192].into_iter().enumerate() {
+                let mut fill = |out: &mut [u8]| {
+                    out.fill(i as u8 + 1);
+                    Ok(())
+                };
+                at.push((
+                    disk.append_aligned_filled(&path, len, &mut fill).unwrap(),
+                    len,
+                ));
+                if i == 1 {
+                    disk.append(&path, b"plain bytes").unwrap();
+                }
+            }
+            assert_eq!(at[0].0, 0);
+            assert_eq!(at[1].0, 8192);
+            assert_eq!(at[2].0, 16384, "after the plain append's page");
+            for (i, (offset, len)) in at.into_iter().enumerate() {
+                let back = disk.read_aligned(&path, offset, len).unwrap();
+                assert!(back.iter().all(|&b| b == i as u8 + 1), "block {i}");
+            }
+            let failed = disk.append_aligned_filled(&path, 10, &mut |_| {
+                Err(Error::InvalidArgument("no".into()))
+            });
+            assert!(
+                matches!(failed, Err(Error::InvalidArgument(_))),
+                "{failed:?}"
+            );
+            assert_eq!(
+                disk.append_aligned(&path, &[b"next"]).unwrap(),
+                16384 + 8192
+            );
             disk.remove(&path).unwrap();
         }
         let _ = std::fs::remove_dir_all(&dir);

@@ -1,5 +1,7 @@
 //! The store's disk side: blocks encoded and appended to the current segment with their
-//! index records, and read back verified (large plain blocks landing piece by piece).
+//! index records (a plain block framed straight in the direct-I/O buffer), and read back
+//! verified (large plain blocks landing piece by piece, smaller ones copied out and hashed
+//! in one pass).
 
 use parking_lot::Mutex;
 
@@ -45,6 +47,13 @@ impl TierStore {
                 let header = || codec::plain_header(data).to_vec();
                 self.disk
                     .append_aligned_late(&path, codec::HEADER_BYTES, data, &header)?
+            }
+            // A smaller one is framed in the I/O buffer: copied and hashed in one pass.
+            [(_, data)] if codec::stores_plain(data, compression, filter)? => {
+                let len = codec::HEADER_BYTES + data.len();
+                placed.push((0, len as u64));
+                let mut fill = |out: &mut [u8]| codec::encode_plain_into(data, out);
+                self.disk.append_aligned_filled(&path, len, &mut fill)?
             }
             _ => {
                 let encoded = blocks
@@ -110,20 +119,18 @@ impl TierStore {
         if let Some(p) = self.read_disk_streamed(g, key, pinned, |p| p.wait_slice_mut())? {
             return Ok(Below::Disk(p));
         }
-        self.read_disk(g, key, |frame| {
-            let mut p = PinnedBuf::<u8>::new(self.stream.device(), frame.raw_len())?;
-            frame.decode_into(p.wait_slice_mut()?)?;
-            Ok(Below::Disk(p))
+        self.read_disk(g, key, |stored| {
+            codec::decode_block_into(stored, key, pinned, |p| p.wait_slice_mut()).map(Below::Disk)
         })
     }
 
-    /// Reads `key`'s block from the disk, verifies it and hands it to `land` (which decodes
-    /// it where the caller wants it).
+    /// Reads `key`'s stored block from the disk and hands it to `land`, which verifies and
+    /// decodes it where the caller wants it ([`codec::decode_block_into`]).
     pub(super) fn read_disk<R>(
         &self,
         g: &mut Inner,
         key: &String,
-        land: impl FnOnce(&codec::Frame) -> Result<R>,
+        land: impl FnOnce(&[u8]) -> Result<R>,
     ) -> Result<R> {
         let Some(at) = g.index.get(key).copied() else {
             g.stats.misses += 1;
@@ -145,7 +152,7 @@ impl TierStore {
                     return Err(corrupt(format!("{} of {len} bytes on disk", stored.len())));
                 }
                 if let Some(land) = land.take() {
-                    landed = Some(codec::Frame::verify_then(stored, key, land)?);
+                    landed = Some(land(stored)?);
                 }
                 Ok(())
             })?;
@@ -217,6 +224,20 @@ impl TierStore {
             .map(|k| (k * PIECE_BYTES).saturating_sub(codec::HEADER_BYTES))
             .collect();
         let order = Mutex::new((0usize, Some(stream)));
+        // Hashes the parts that landed in order from the first not yet hashed.
+        let hash_forward = |order: &mut (usize, Option<codec::PlainStream>)| {
+            let (next, stream) = order;
+            while let Some(part) = parts.get(*next) {
+                let part = part.lock();
+                if part.1 < part.0.len() {
+                    break;
+                }
+                if let Some(s) = stream.as_mut() {
+                    s.update(part.0);
+                }
+                *next += 1;
+            }
+        };
         let land = |at: usize, bytes: &[u8]| -> Result<()> {
             // Stored bytes at..at + len: the header's, then payload bytes from `at − HEADER`.
             let skip = codec::HEADER_BYTES.saturating_sub(at).min(bytes.len());
@@ -236,17 +257,11 @@ impl TierStore {
                 drop(part);
                 (from, bytes) = (from + n, &bytes[n..]);
             }
-            let mut order = order.lock();
-            let (next, stream) = &mut *order;
-            while let Some(part) = parts.get(*next) {
-                let part = part.lock();
-                if part.1 < part.0.len() {
-                    break;
-                }
-                if let Some(s) = stream.as_mut() {
-                    s.update(part.0);
-                }
-                *next += 1;
+            // A thread that finds another hashing goes back to reading (waiting here held
+            // the next read back); the parts it landed are hashed by that thread or, at the
+            // latest, after the last read.
+            if let Some(mut order) = order.try_lock() {
+                hash_forward(&mut order);
             }
             Ok(())
         };
@@ -254,7 +269,9 @@ impl TierStore {
         if got != len {
             return Err(corrupt(format!("{got} of {len} bytes on disk")));
         }
-        let (hashed, stream) = order.into_inner();
+        let mut order = order.into_inner();
+        hash_forward(&mut order);
+        let (hashed, stream) = order;
         if hashed != parts.len() {
             return Err(corrupt("parts of the block never landed".into()));
         }
