@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crate::device::Stream;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 use super::population::{FieldKind, Population};
 use super::step::StepFn;
@@ -65,6 +65,18 @@ pub fn submit(
     params: &[f32],
 ) -> Result<Submission> {
     let start = Instant::now();
+    // Lengths first: a wrong one is the caller's error, found before any compile.
+    for (name, f) in fields {
+        let got = match f {
+            HostField::F32(v) => v.len(),
+            HostField::U32(v) => v.len(),
+        };
+        if got != len {
+            return Err(Error::InvalidArgument(format!(
+                "agents: field `{name}` has {got} values for a job of {len} agents"
+            )));
+        }
+    }
     let kinds: Vec<(&str, FieldKind)> = fields
         .iter()
         .map(|(name, f)| {
