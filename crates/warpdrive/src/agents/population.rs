@@ -40,6 +40,20 @@ impl FieldData {
             FieldData::U32(b) => b.device_ptr(),
         }
     }
+
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            FieldData::F32(b) => b.len(),
+            FieldData::U32(b) => b.len(),
+        }
+    }
+
+    pub(crate) fn check_stream(&self, stream: &Stream, op: &'static str) -> Result<()> {
+        match self {
+            FieldData::F32(b) => b.check_stream(stream, op),
+            FieldData::U32(b) => b.check_stream(stream, op),
+        }
+    }
 }
 
 /// Agents as structure-of-arrays fields on one device (CPU or CUDA).

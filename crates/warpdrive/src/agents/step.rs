@@ -250,10 +250,8 @@ impl StepFn {
         inputs: &StepInputs,
     ) -> Result<()> {
         for (name, data) in agents.all() {
-            let ok = match data {
-                FieldData::F32(b) => b.check_stream(stream, "agents step").map(|_| b.len()),
-                FieldData::U32(b) => b.check_stream(stream, "agents step").map(|_| b.len()),
-            }?;
+            data.check_stream(stream, "agents step")?;
+            let ok = data.len();
             if ok != agents.len() {
                 return Err(Error::InvalidArgument(format!(
                     "agents: field `{name}` holds {ok} values for {} agents",
@@ -262,10 +260,7 @@ impl StepFn {
             }
         }
         for (name, data) in inputs.all() {
-            match data {
-                FieldData::F32(b) => b.check_stream(stream, "agents step input")?,
-                FieldData::U32(b) => b.check_stream(stream, "agents step input")?,
-            }
+            data.check_stream(stream, "agents step input")?;
             let clash = agents.all().any(|(f, _)| {
                 f == name
                     || name.strip_suffix("_len") == Some(f)
@@ -302,14 +297,7 @@ impl StepFn {
         if n == 0 {
             return Ok(());
         }
-        let fields: Vec<(String, FieldKind)> = agents
-            .fields()
-            .into_iter()
-            .map(|(n, k)| (n.to_string(), k))
-            .collect();
-        let field_refs: Vec<(&str, FieldKind)> =
-            fields.iter().map(|(n, k)| (n.as_str(), *k)).collect();
-        let src = self.kernel(&field_refs, &inputs.kinds());
+        let src = self.kernel(&agents.fields(), &inputs.kinds());
         let cpu = Arc::clone(&self.cpu);
         stream.run(
             agents,
@@ -340,20 +328,7 @@ impl StepFn {
             |agents, q| {
                 kernels::function_from_cubin(q.gpu, src, KERNEL)?;
                 let grid = fill_grid(q.gpu, (src, KERNEL), n as u64, 256)?;
-                let mut args = Args::new().u64(n as u64);
-                for (_, d) in agents.all() {
-                    args = args.ptr(d.device_ptr());
-                }
-                for (_, d) in inputs.all() {
-                    let len = match d {
-                        FieldData::F32(b) => b.len(),
-                        FieldData::U32(b) => b.len(),
-                    };
-                    args = args.ptr(d.device_ptr()).u64(len as u64);
-                }
-                for v in p {
-                    args = args.f32(v);
-                }
+                let args = step_args(agents, inputs, p);
                 // SAFETY: agents_step(u64 n, one pointer per field in the population's order
                 // (float* or u32*, each holding n elements: checked above), per input a
                 // const pointer and its length (the input's buffer, on this device: checked),
@@ -398,14 +373,7 @@ impl StepFn {
             }
             return Ok(());
         }
-        let fields: Vec<(String, FieldKind)> = agents
-            .fields()
-            .into_iter()
-            .map(|(n, k)| (n.to_string(), k))
-            .collect();
-        let field_refs: Vec<(&str, FieldKind)> =
-            fields.iter().map(|(n, k)| (n.as_str(), *k)).collect();
-        let src = self.kernel(&field_refs, &inputs.kinds());
+        let src = self.kernel(&agents.fields(), &inputs.kinds());
         let bar = Buffer::<u64>::zeros(stream, 1)?;
         stream.run(
             agents,
@@ -413,21 +381,7 @@ impl StepFn {
             |agents, q| {
                 kernels::function_from_cubin(q.gpu, src, LOOP)?;
                 let grid = fill_grid(q.gpu, (src, LOOP), n as u64, 256)?;
-                let mut args = Args::new().u64(n as u64);
-                for (_, d) in agents.all() {
-                    args = args.ptr(d.device_ptr());
-                }
-                for (_, d) in inputs.all() {
-                    let len = match d {
-                        FieldData::F32(b) => b.len(),
-                        FieldData::U32(b) => b.len(),
-                    };
-                    args = args.ptr(d.device_ptr()).u64(len as u64);
-                }
-                for v in p {
-                    args = args.f32(v);
-                }
-                args = args.u64(steps).buf(&bar);
+                let args = step_args(agents, inputs, p).u64(steps).buf(&bar);
                 let mode = LaunchMode {
                     cooperative: true,
                     ..LaunchMode::default()
@@ -441,6 +395,19 @@ impl StepFn {
             },
         )
     }
+}
+
+/// The step kernels' arguments: the agent count, one pointer per
+/// field, a pointer and a length per input, then the constants (as `source_with` declares).
+fn step_args(agents: &Population, inputs: &StepInputs, p: [f32; MAX_PARAMS]) -> Args {
+    let mut args = Args::new().u64(agents.len() as u64);
+    for (_, d) in agents.all() {
+        args = args.ptr(d.device_ptr());
+    }
+    for (_, d) in inputs.all() {
+        args = args.ptr(d.device_ptr()).u64(d.len() as u64);
+    }
+    p.into_iter().fold(args, Args::f32)
 }
 
 /// Interned step sources by text.
