@@ -1,12 +1,12 @@
-//! The `dist` suite: collectives of the CPU backend's in-process group and, on a GPU host,
+//! The `dist` suite: collectives of the CPU backend's groups and, on a GPU host,
 //! of NCCL over every GPU (one rank a GPU, a thread each).
 //!
 //! - `all-reduce-w4` (size = bytes of f32 per rank): a sum over four ranks, each a thread of
 //!   this process; µs per call, the slowest rank's time of each round. Variants: the
 //!   in-process group (`warpdrive-cpu`), the group across processes over shared memory
 //!   (`warpdrive-cpu-shm`) and over TCP on loopback (`warpdrive-cpu-tcp`, up to 16 MiB), the
-//!   latter two with a thread a rank that shares nothing with the others but the transport. `gbps` is the
-//!   algorithm bandwidth (bytes per rank / time), `extra.bus_gbps` the bus bandwidth in the
+//!   latter two with a thread a rank that shares nothing with the others but the transport
+//!   (`dist/cpu.rs`). `gbps` is the algorithm bandwidth (bytes per rank / time), `extra.bus_gbps` the bus bandwidth in the
 //!   nccl-tests convention (× 2(n−1)/n), `extra.pct_of_bound` the share of the
 //!   minimal-traffic bound: in shared memory every rank's input must be read once and its
 //!   output written once, n × bytes copied at the host memcpy ceiling.
@@ -68,8 +68,8 @@ use std::time::{Duration, Instant};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use warpdrive::dist::{
-    Comm, CtaPolicy, Int8Reducer, LaunchEnv, PowerSgdReducer, ReduceOp, Reducer, TopkReducer,
-    Transport, DEFAULT_BUCKET_BYTES,
+    Comm, CtaPolicy, Int8Reducer, PowerSgdReducer, ReduceOp, Reducer, TopkReducer,
+    DEFAULT_BUCKET_BYTES,
 };
 use warpdrive::error::{Error, Result};
 use warpdrive::exec::Graph;
@@ -79,12 +79,13 @@ use warpdrive::ops::sparse::{densify, topk_ef, Sparsity};
 use warpdrive::transfer::{copy_peer, copy_peer_staged};
 use warpdrive::{Buffer, Device, Stream};
 
+mod cpu;
 mod mlp;
 mod signal;
 
 use super::ceilings::random_f32;
 use super::timing::time_gpu;
-use super::{Ceiling, Ctx, Scale};
+use super::{Ctx, Scale};
 
 pub(crate) const SUITE: &str = "dist";
 
@@ -101,45 +102,7 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
         Scale::Quick => (&[MIB, 16 * MIB, 256 * MIB], 5),
         Scale::Tiny => (&[64 * KIB], 2),
     };
-    let copy_gbps = ctx.ceilings().get(Ceiling::HostMemcpy);
-    let groups = [
-        (CpuGroup::InProcess, "warpdrive-cpu", "in process"),
-        (
-            CpuGroup::Procs(Transport::SharedMemory),
-            "warpdrive-cpu-shm",
-            "shared memory",
-        ),
-        (CpuGroup::Procs(Transport::Tcp), "warpdrive-cpu-tcp", "TCP"),
-    ];
-    for (group, variant, how) in groups {
-        for &bytes in sizes {
-            // TCP on loopback is the reference across hosts, not a fast path: up to 16 MiB.
-            if matches!(group, CpuGroup::Procs(Transport::Tcp)) && bytes > 16 * MIB {
-                continue;
-            }
-            ctx.step(format!(
-                "{SUITE}: all-reduce over {WORLD} ranks ({how}) of {bytes} B"
-            ));
-            let mut us = all_reduce_rounds(bytes / 4, rounds, group)?;
-            let row = ctx.record_bytes(
-                "all-reduce-w4",
-                bytes as u64,
-                variant,
-                &mut us,
-                bytes as f64,
-                None,
-            )?;
-            let median = row.median;
-            let bus = bytes as f64 / (median * 1e3) * 2.0 * (WORLD - 1) as f64 / WORLD as f64;
-            row.extra.insert("bus_gbps".into(), bus.into());
-            row.extra.insert("ranks".into(), WORLD.into());
-            if let Some(copy) = copy_gbps {
-                let bound_us = (WORLD * bytes) as f64 / (copy * 1e3);
-                row.extra
-                    .insert("pct_of_bound".into(), (100.0 * bound_us / median).into());
-            }
-        }
-    }
+    cpu::all_reduce_rows(ctx, sizes, rounds)?;
     let codecs = codec_rows(ctx)?;
     let cpu_ranks = (0..WORLD).map(|_| Device::cpu()).collect();
     reducer_rows(
@@ -715,58 +678,6 @@ fn nccl_rank(
     Ok(out)
 }
 
-/// µs of each of `rounds` all-reduces of `len` f32 (after one warm-up), the slowest rank's.
-fn all_reduce_rounds(len: usize, rounds: usize, group: CpuGroup) -> Result<Vec<f64>> {
-    let body = |rank: usize, comm: Comm| -> Result<Vec<f64>> {
-        let stream = Device::cpu().new_stream()?;
-        let input = random_f32(len, 0xd157 + rank as u64);
-        let mut buf = Buffer::from_host(&stream, &input)?;
-        comm.all_reduce(&stream, &mut buf, ReduceOp::Sum)?;
-        (0..rounds)
-            .map(|_| {
-                let start = Instant::now();
-                comm.all_reduce(&stream, &mut buf, ReduceOp::Sum)?;
-                Ok(start.elapsed().as_secs_f64() * 1e6)
-            })
-            .collect()
-    };
-    let per_rank = match group {
-        CpuGroup::InProcess => {
-            let comms = Comm::local_group(WORLD, Duration::from_secs(120))?;
-            on_rank_threads(comms, body)?
-        }
-        CpuGroup::Procs(transport) => {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .map_err(|e| Error::InvalidArgument(format!("no free port for the ranks: {e}")))?
-                .port();
-            on_rank_threads((0..WORLD).collect(), |rank, _: usize| {
-                let env = LaunchEnv {
-                    rank,
-                    world: WORLD,
-                    local_rank: rank,
-                    master_addr: "127.0.0.1".into(),
-                    master_port: port,
-                };
-                body(rank, Comm::cpu_rank(&env, transport, TIMEOUT)?)
-            })?
-        }
-    };
-    Ok((0..rounds)
-        .map(|i| per_rank.iter().map(|t| t[i]).fold(0.0, f64::max))
-        .collect())
-}
-
-/// Which CPU group an `all-reduce-w4` row runs on.
-#[derive(Clone, Copy)]
-enum CpuGroup {
-    /// `Comm::local_group`: the ranks' buffers lent to one another.
-    InProcess,
-    /// `Comm::cpu_rank` over a transport: ranks that share nothing but the transport (here
-    /// threads of this process, each with its own rendezvous, links and mapping).
-    Procs(Transport),
-}
-
 /// All-reduces a graph of the `nccl-graph` rows holds.
 const GRAPH_CALLS: usize = 100;
 
@@ -843,8 +754,6 @@ fn graph_rows(ctx: &mut Ctx) -> Result<()> {
     Ok(())
 }
 
-/// Runs `rank(i, ranks[i])` on a thread each; their results in rank order, or the first
-/// rank's error (a panic as `WorkerPanicked`).
 /// The `int8-codec` rows on the suite's device: µs of one [`quantize_int8_ef`] and one
 /// [`dequantize_int8`] of a payload (an [`Int8Reducer`]'s work besides its all-gather),
 /// events around a run of calls; `gbps` is f32 bytes in per µs, `extra.ratio` f32 bytes over
@@ -979,6 +888,8 @@ fn slowest(sync: &Comm, host: &Stream, us: f64) -> Result<f64> {
     Ok(f64::from(t.to_host(host)?[0]))
 }
 
+/// Runs `rank(i, ranks[i])` on a thread each; their results in rank order, or the first
+/// rank's error (a panic as `WorkerPanicked`).
 fn on_rank_threads<I: Send, R: Send>(
     ranks: Vec<I>,
     rank: impl Fn(usize, I) -> Result<R> + Sync,
