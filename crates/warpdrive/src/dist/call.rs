@@ -41,6 +41,19 @@ impl Call {
         }
     }
 
+    /// The error every rank returns when the calls of `step` disagree: each rank's call.
+    pub(super) fn disagreement(op: &'static str, step: u64, calls: &[&Call]) -> Error {
+        let each: Vec<String> = calls
+            .iter()
+            .enumerate()
+            .map(|(q, c)| format!("rank {q}: {c}"))
+            .collect();
+        Error::Collective {
+            op,
+            detail: format!("the ranks disagree at step {step}: {}", each.join("; ")),
+        }
+    }
+
     /// Whether every rank's call fits the others': equal calls, or for per-rank counts the
     /// same op and type with what rank `i` sends to `j` what `j` receives from `i`.
     pub(super) fn agree(calls: &[&Call]) -> bool {

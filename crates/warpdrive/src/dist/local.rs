@@ -272,15 +272,7 @@ impl Group {
             })
             .collect();
         if calls.len() != self.world || !Call::agree(&calls) {
-            let each: Vec<String> = calls
-                .iter()
-                .enumerate()
-                .map(|(q, c)| format!("rank {q}: {c}"))
-                .collect();
-            return Err(failed(
-                op,
-                format!("the ranks disagree at step {step}: {}", each.join("; ")),
-            ));
+            return Err(Call::disagreement(op, step, &calls));
         }
         Ok(parity)
     }

@@ -489,15 +489,7 @@ impl Procs {
         }
         let refs: Vec<&Call> = calls.iter().collect();
         if !Call::agree(&refs) {
-            let each: Vec<String> = calls
-                .iter()
-                .enumerate()
-                .map(|(q, c)| format!("rank {q}: {c}"))
-                .collect();
-            return Err(failed(
-                op,
-                format!("the ranks disagree at step {step}: {}", each.join("; ")),
-            ));
+            return Err(Call::disagreement(op, step, &refs));
         }
         Ok(calls)
     }
