@@ -128,14 +128,9 @@ fn vote(ctx: &mut Ctx, n: usize) -> Result<()> {
     let stream = ctx.stream().clone();
     ctx.step(format!("{SUITE}: {case}"));
     // Seeded votes, 51 % yes.
-    let mut state = 0x5eed_u64;
-    let votes: Vec<u32> = (0..n)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            u32::from((state >> 33) % 100 < 51)
-        })
+    let votes: Vec<u32> = more::percents(n, 0x5eed)
+        .iter()
+        .map(|&p| u32::from(p < 51))
         .collect();
     let votes = Buffer::from_host(&stream, &votes)?;
     let mut majority = Majority::new(&stream)?;

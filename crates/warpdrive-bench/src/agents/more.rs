@@ -57,7 +57,7 @@ fn timed_after_setup<S>(
 }
 
 /// A seeded sequence of values in 0..100.
-fn percents(n: usize, seed: u64) -> Vec<u32> {
+pub(super) fn percents(n: usize, seed: u64) -> Vec<u32> {
     let mut state = seed;
     (0..n)
         .map(|_| {
