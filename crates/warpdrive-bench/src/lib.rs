@@ -19,6 +19,7 @@ mod actors;
 mod agents;
 mod ceilings;
 mod derived;
+mod device_launch;
 mod dist;
 mod exec;
 mod fuse;
@@ -130,6 +131,14 @@ static SUITES: &[Suite] = &[
                 torch.compile); softmax cross-entropy; filters at 1 % and 50 %; \
                 bf16 4096³ GEMM + bias + GELU (+ residual) with a fused epilogue kernel",
         run: fuse::run_suite,
+    },
+    Suite {
+        name: device_launch::SUITE,
+        about: "work launched from the device: decision-to-start latency (device-launched \
+                graph, host-launched graph, host launch after a round trip), dispatcher \
+                decisions per second, and the MoE layer dispatched from the device at 1-256 \
+                tokens against its host-launched graph",
+        run: device_launch::run_suite,
     },
     Suite {
         name: transfer::SUITE,

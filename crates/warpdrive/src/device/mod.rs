@@ -39,7 +39,7 @@ pub(crate) use cuda::{at_exit, release_at_exit};
 pub(crate) use cuda::{compile_image, compile_options, compile_ptx, nvrtc_version};
 pub(crate) use cuda::{nccl_group, nccl_unique_id, NcclCall, NcclComm, NcclReduce, NCCL_ID_BYTES};
 pub(crate) use cuda::{
-    BiasGemm, Function, GemmCall, GpuStream, GraphExec, LaunchMode, ResidentGuard,
+    BiasGemm, Function, GemmCall, GpuStream, GraphExec, LaunchMode, Module, ResidentGuard,
 };
 pub(crate) use peer::PeerMemory;
 pub(crate) use shared_words::SharedWords;

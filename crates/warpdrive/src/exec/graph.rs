@@ -223,6 +223,27 @@ impl<'a, S: GraphState> Graph<'a, S> {
         }
     }
 
+    /// Makes the graph launchable from the device (a second executable, uploaded) and returns
+    /// the handle a kernel passes to `cudaGraphLaunch`; host launches use that executable
+    /// from then on. Refused on the CPU backend, for a graph that captured nothing, and for a
+    /// graph holding work the device cannot launch (the error names it).
+    pub fn prepare_device_launch(&mut self) -> Result<u64> {
+        match &mut self.exec {
+            Exec::Recorded => Err(Error::Unsupported(
+                "launching a graph from the device on the CPU backend".into(),
+            )),
+            Exec::Captured { graph: None, .. } => Err(Error::InvalidArgument(
+                "a graph that captured no work cannot be launched from the device".into(),
+            )),
+            Exec::Captured {
+                graph: Some(graph), ..
+            } => {
+                let q = self.stream.gpu("a device graph launch")?;
+                q.gpu.prepare_device_launch(graph, q.stream)
+            }
+        }
+    }
+
     /// Replays the graph on its stream with `state`, which must hold the buffers the graph
     /// was captured with (their contents may have changed).
     pub fn launch_with(&mut self, state: &mut S) -> Result<()> {

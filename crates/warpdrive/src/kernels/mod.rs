@@ -23,7 +23,7 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::Mutex;
 
 pub use crate::device::Arch;
-use crate::device::{Function, Gpu};
+use crate::device::{Function, Gpu, Module};
 use crate::error::{Error, Result};
 
 /// Shared definitions prepended to every kernel source.
@@ -133,6 +133,14 @@ pub static AGENTS: KernelSource = KernelSource {
     shared: None,
 };
 
+/// Graphs launched from the device: the latency probe and the dispatcher (`exec::Dispatcher`).
+/// Relocatable code linked with the CUDA device runtime (`// links: cudadevrt`).
+pub static DEVICE_LAUNCH: KernelSource = KernelSource {
+    name: "device_launch",
+    code: include_str!("device_launch.cu"),
+    shared: None,
+};
+
 /// Device-initiated puts and signals through peer-mapped memory (`dist::PeerMapped`).
 pub static PEER: KernelSource = KernelSource {
     name: "peer",
@@ -221,6 +229,7 @@ pub static SOURCES: &[&KernelSource] = &[
     &ACTOR_PROBE,
     &AGENTS,
     &PEER,
+    &DEVICE_LAUNCH,
 ];
 
 impl KernelSource {
@@ -244,6 +253,14 @@ impl KernelSource {
                 })
             })
             .collect()
+    }
+
+    /// True when the source declares `// links: cudadevrt`: it is compiled relocatable and
+    /// linked with the CUDA device runtime when loaded (it launches graphs from the device).
+    pub fn links_device_runtime(&self) -> bool {
+        self.code
+            .lines()
+            .any(|l| l.trim().strip_prefix("// links:").map(str::trim) == Some("cudadevrt"))
     }
 
     /// The declared architecture to build for a device of architecture `device`.
@@ -277,7 +294,19 @@ pub(crate) fn function(
 ) -> Result<Function> {
     gpu.function(source.name, name, || {
         let arch = source.arch_for(gpu.arch())?;
-        PtxCache::global().load(source, arch, |ptx| gpu.load_module(ptx))
+        load_module(gpu, source, arch)
+    })
+}
+
+/// `source` built for `arch` through the PTX cache and loaded on `gpu` (linked with the device
+/// runtime when the source asks for it).
+fn load_module(gpu: &Gpu, source: &KernelSource, arch: Arch) -> Result<Module> {
+    PtxCache::global().load(source, arch, |ptx| {
+        if source.links_device_runtime() {
+            gpu.load_module_with_device_runtime(ptx)
+        } else {
+            gpu.load_module(ptx)
+        }
     })
 }
 
@@ -313,9 +342,7 @@ pub(crate) fn load_eagerly(gpu: &Gpu, all: bool) -> Result<usize> {
             continue;
         }
         let ptx = PtxCache::global().ptx(source, arch)?;
-        let module = gpu.module(source.name, || {
-            PtxCache::global().load(source, arch, |ptx| gpu.load_module(ptx))
-        })?;
+        let module = gpu.module(source.name, || load_module(gpu, source, arch))?;
         loaded += gpu.load_module_eagerly(&module, &ptx)?;
     }
     Ok(loaded)
@@ -401,7 +428,7 @@ impl PtxCache {
 
     fn key(&self, source: &KernelSource, arch: Arch) -> Result<String> {
         let (major, minor) = nvrtc_version()?;
-        let options = crate::device::compile_options(arch).join(" ");
+        let options = crate::device::compile_options(arch, source.links_device_runtime()).join(" ");
         let mut parts = vec![PRELUDE.as_bytes()];
         parts.extend(source.shared.map(|f| f.code.as_bytes()));
         parts.extend([source.code.as_bytes(), options.as_bytes()]);
@@ -512,13 +539,18 @@ impl PtxCache {
     /// named `name` in its cache key and compile log; cached like the embedded sources.
     pub fn generated(&self, name: &str, text: &str, arch: Arch) -> Result<Arc<str>> {
         let (major, minor) = nvrtc_version()?;
-        let options = crate::device::compile_options(arch).join(" ");
+        let options = crate::device::compile_options(arch, false).join(" ");
         let hash = fnv1a(&[PRELUDE.as_bytes(), text.as_bytes(), options.as_bytes()]);
         let key = format!("{name}-{hash:016x}-{arch}-nvrtc{major}.{minor}");
         let entry = self.entry_for(key, || {
             self.compiles.fetch_add(1, Ordering::Relaxed);
             let full = format!("{PRELUDE}\n#line 1 \"{name}.cu\"\n{text}");
-            crate::device::compile_ptx(name, full, arch)
+            crate::device::compile_ptx(
+                name,
+                full,
+                arch,
+                crate::device::compile_options(arch, false),
+            )
         })?;
         Ok(entry.ptx)
     }
@@ -573,7 +605,8 @@ impl PtxCache {
     pub fn compile(&self, source: &KernelSource, arch: Arch) -> Result<String> {
         nvrtc_version()?;
         self.compiles.fetch_add(1, Ordering::Relaxed);
-        crate::device::compile_ptx(source.name, self.full_text(source), arch)
+        let options = crate::device::compile_options(arch, source.links_device_runtime());
+        crate::device::compile_ptx(source.name, self.full_text(source), arch, options)
     }
 }
 

@@ -26,9 +26,14 @@ pub(crate) fn nvrtc_version() -> Result<(i32, i32)> {
     }
 }
 
-/// PTX of `text` (the source `kernel`, whole: prelude and fragments included) for `arch`; a
-/// rejected source returns NVRTC's log.
-pub(crate) fn compile_ptx(kernel: &str, text: String, arch: Arch) -> Result<String> {
+/// PTX of `text` (the source `kernel`, whole: prelude and fragments included) for `arch`
+/// with NVRTC `options` ([`compile_options`]); a rejected source returns NVRTC's log.
+pub(crate) fn compile_ptx(
+    kernel: &str,
+    text: String,
+    arch: Arch,
+    options: Vec<String>,
+) -> Result<String> {
     nvrtc_version()?;
     let fail = |log: String| Error::Compile {
         kernel: kernel.into(),
@@ -39,7 +44,7 @@ pub(crate) fn compile_ptx(kernel: &str, text: String, arch: Arch) -> Result<Stri
         return Err(fail("source contains a NUL byte".into()));
     }
     let opts = cudarc::nvrtc::CompileOptions {
-        options: compile_options(arch),
+        options,
         name: Some(format!("{kernel}.cu")),
         ..Default::default()
     };
@@ -77,7 +82,7 @@ pub(crate) fn compile_image(kernel: &str, text: String, arch: Arch) -> Result<(S
         }
     }
     let prog = Program(prog);
-    let options = compile_options(arch);
+    let options = compile_options(arch, false);
     // SAFETY: `prog.0` is a live program (created above, destroyed at the end of this call).
     if let Err(e) = unsafe { result::compile_program(prog.0, &options) } {
         // SAFETY: as above.
@@ -110,7 +115,15 @@ fn c_chars_to_string(raw: &[std::ffi::c_char]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-/// NVRTC's options for `arch` (part of the PTX cache's key).
-pub(crate) fn compile_options(arch: Arch) -> Vec<String> {
-    vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()]
+/// NVRTC's options for `arch` (part of the PTX cache's key); `relocatable` code may call
+/// functions defined elsewhere (the device runtime's graph launches), resolved when the
+/// driver links it ([`CudaDevice::load_module_with_device_runtime`]).
+///
+/// [`CudaDevice::load_module_with_device_runtime`]: super::CudaDevice::load_module_with_device_runtime
+pub(crate) fn compile_options(arch: Arch, relocatable: bool) -> Vec<String> {
+    let mut options = vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()];
+    if relocatable {
+        options.push("--relocatable-device-code=true".into());
+    }
+    options
 }
