@@ -153,7 +153,11 @@ impl StepFn {
              \x20           atomicAdd((unsigned long long*)bar, 1ull);\n\
              \x20           const u64 target = (s + 1) * (u64)gridDim.x;\n\
              \x20           u64 seen;\n\
-             \x20           do {{ asm volatile(\"ld.acquire.gpu.global.u64 %0, [%1];\" : \"=l\"(seen) : \"l\"(bar) : \"memory\"); }} while (seen < target);\n\
+             \x20           while (true) {{\n\
+             \x20               asm volatile(\"ld.acquire.gpu.global.u64 %0, [%1];\" : \"=l\"(seen) : \"l\"(bar) : \"memory\");\n\
+             \x20               if (seen >= target) break;\n\
+             \x20               __nanosleep(32);\n\
+             \x20           }}\n\
              \x20       }}\n\
              \x20       __syncthreads();\n\
              \x20   }}\n\

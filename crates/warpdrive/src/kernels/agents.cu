@@ -269,7 +269,8 @@ extern "C" __global__ void __launch_bounds__(256) agents_quorum(
 // once, the host out of the loop. state (device): [0] mean (f64 bits), [1] spread (f64
 // bits), [2] converged, [3] updates applied.
 //   agents_avg_measure: block 256, grid-stride (returns at once once converged); f64 sum and
-//     f32 min / max per block into partials (3 a block); the last block computes the mean
+//     f32 min / max per block into partials (3 a block); the last block (all its threads)
+//     adds them up, then computes the mean
 //     and the spread max(max - mean, mean - min), marks convergence when spread <= tol, and
 //     writes (updates, mean, spread, converged) to mapped memory, then the round.
 //   agents_avg_update: grid-stride, nothing once converged; x += rate * (mean - x), counting
@@ -316,15 +317,32 @@ extern "C" __global__ void __launch_bounds__(256) agents_avg_measure(
         last = atomicAdd(ticket, 1u) == gridDim.x - 1;
     }
     __syncthreads();
-    if (!last || threadIdx.x != 0) return;
+    if (!last) return;
     __threadfence();
-    // One thread adds the blocks' partials in block order (at most a few thousand).
+    // The whole last block adds the blocks' partials (a fixed order for a given grid: each
+    // thread a strided run, then the block's tree), min and max alike.
     const volatile double* p = partials;
-    double s = 0.0, mn = p[1], mx = p[2];
-    for (u32 b = 0; b < gridDim.x; ++b) {
+    double s = 0.0, mn = __longlong_as_double(0x7ff0000000000000ll), mx = -mn;
+    for (u32 b = threadIdx.x; b < gridDim.x; b += blockDim.x) {
         s += p[3 * b];
         mn = fmin(mn, p[3 * b + 1]);
         mx = fmax(mx, p[3 * b + 2]);
+    }
+    s = block_sum(s);
+    for (int o = 16; o > 0; o >>= 1) {
+        mn = fmin(mn, __shfl_xor_sync(0xffffffffu, mn, o));
+        mx = fmax(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    }
+    __shared__ double mn_w[8], mx_w[8];
+    if (lane == 0) {
+        mn_w[warp] = mn;
+        mx_w[warp] = mx;
+    }
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    for (u32 k = 1; k < (blockDim.x >> 5); ++k) {
+        mn = fmin(mn, mn_w[k]);
+        mx = fmax(mx, mx_w[k]);
     }
     const double mean = n ? s / (double)n : 0.0;
     const double spread = n ? fmax(mx - mean, mean - mn) : 0.0;
