@@ -83,9 +83,10 @@ impl Majority {
                 Ok(())
             },
             |m, q| {
-                // One 16-byte vector of four votes a thread.
+                // Four 16-byte vectors of four votes a thread: a quarter of the blocks one
+                // vector a thread takes, so a quarter of the tickets on the one counter.
                 let vectors = (n as u64).div_ceil(4);
-                let grid = fill_grid(q.gpu, (&AGENTS, "agents_vote"), vectors, 256)?
+                let grid = fill_grid(q.gpu, (&AGENTS, "agents_vote"), vectors, 4 * 256)?
                     .min(MAX_BLOCKS as u32);
                 let args = Args::new()
                     .buf(votes)

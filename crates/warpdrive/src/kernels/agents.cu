@@ -16,7 +16,8 @@
 //     (z, y) row), sums the Circles force and writes the agent's new position (messages are
 //     a copy: no read-after-write). The cube root runs only for messages whose squared
 //     distance is below radius³ (plus a margin): cbrt is monotonic, so the rest cannot count.
-//   agents_vote: block 256, grid-stride over 16-byte vectors of four votes; yes votes
+//   agents_vote: block 256, grid-stride over 16-byte vectors of four votes, four vectors a
+//     thread a step (fewer blocks: fewer tickets on one word, fewer partials); yes votes
 //     counted per thread, per warp (shuffles), per block (warp counts in shared memory),
 //     one u64 per block into partials, then the last block (a ticket: one atomic per block, not per agent) adds the partials
 //     in block order, sets the ticket back to 0 (graph replays) and writes (yes, decision)
@@ -119,13 +120,23 @@ extern "C" __global__ void __launch_bounds__(256) agents_vote(
     u32 count = 0;
     const u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;
     const u64 stride = (u64)gridDim.x * blockDim.x;
-    // Four votes a load (a 16-byte vector; the grid is sized so a million votes take one
-    // load a thread), the tail past the last whole vector one by one.
+    // Four votes a load (a 16-byte vector; the grid is sized so a million votes take four
+    // loads a thread, all in flight at once), the tail past the last whole vector one by one.
     u64 whole = 0;
     if (aligned16(votes)) {
         whole = n / 4u;
         const uint4* v4 = (const uint4*)votes;
-        for (u64 k = tid; k < whole; k += stride) {
+        u64 k = tid;
+        // Four independent loads in flight a thread (the grid is a quarter of one a vector).
+        for (; k + 3u * stride < whole; k += 4u * stride) {
+            uint4 v[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) v[j] = v4[k + j * stride];
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                count += (v[j].x != 0u) + (v[j].y != 0u) + (v[j].z != 0u) + (v[j].w != 0u);
+        }
+        for (; k < whole; k += stride) {
             const uint4 v = v4[k];
             count += (v.x != 0u) + (v.y != 0u) + (v.z != 0u) + (v.w != 0u);
         }
