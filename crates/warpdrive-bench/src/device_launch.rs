@@ -2,19 +2,20 @@
 //!
 //! - `decision-to-start` (µs from a decision on the GPU to the start of the graph it
 //!   launches, `%globaltimer` at both ends): `device-graph` (the kernel launches the graph
-//!   itself, fire and forget), `device-graph-tail` (as the tail launch of its graph),
+//!   itself, fire and forget; `extra.in_call_p50_us`: the launch call's share),
+//!   `device-graph-tail` (as the tail launch of its graph),
 //!   `device-kernel` (the kernel launches a kernel, no graph: the floor), `host-graph` (the host launched it in advance behind the deciding kernel: the
 //!   stream's own gap), `host-round-trip` (the decision reaches the host through mapped
 //!   memory, which then launches the graph). `extra.p99_us`.
 //! - `dispatch` (size = requests a run): µs per decision of a [`Dispatcher`] run over 64
 //!   targets that only stamp their start, `per-round-64` (requests cycling over the targets,
-//!   64 launched at once each round), `per-round-1-tail` (one target a round as its tail
-//!   launch, then the relaunch) and `per-round-1` (one fire-and-forget target a round);
-//!   `extra.decisions_per_s`.
+//!   64 launched at once each round) and `chained` (one a round: each target's last kernel
+//!   launches the next as its tail); `extra.decisions_per_s`.
 //! - `moe-dispatch-<preset>` (size = tokens, 1 … 256): µs per batch of the MoE layer, batches of
-//!   one size in a queue: `warpdrive-dispatcher` (the dispatcher launches the layer's graph for
-//!   the batch's size as its tail, one batch a round, no host work per batch;
-//!   `-fire-and-forget`: launched at once instead) against `host-graph` (the
+//!   one size in a queue: `warpdrive-dispatcher` (chained: the graph for each batch's size
+//!   launched by the previous batch's last kernel, no host work per batch;
+//!   `-fire-and-forget`: each batch a round of its own, launched by the dispatcher, which
+//!   relaunches itself after it) against `host-graph` (the
 //!   layer's own graph replayed by the host, as `MoeLayer::forward_into` does);
 //!   `extra.ratio_to_host_graph`.
 
@@ -60,11 +61,17 @@ fn latency(ctx: &mut Ctx) -> Result<()> {
     ] {
         // A warm-up measurement first (uploads, first launches).
         probe.measure(path, 16)?;
-        let ns = probe.measure(path, n)?;
-        let mut us: Vec<f64> = ns.iter().map(|&v| v as f64 / 1e3).collect();
+        let times = probe.measure(path, n)?;
+        let mut us: Vec<f64> = times.to_start.iter().map(|&v| v as f64 / 1e3).collect();
         let p99 = percentile(&us, 0.99);
         let row = ctx.record_time("decision-to-start", 0, variant, &mut us, None)?;
         row.extra.insert("p99_us".into(), p99.into());
+        if !times.in_call.is_empty() {
+            // The launch call's share: the rest is the device scheduling the work.
+            let call: Vec<f64> = times.in_call.iter().map(|&v| v as f64 / 1e3).collect();
+            row.extra
+                .insert("in_call_p50_us".into(), percentile(&call, 0.5).into());
+        }
     }
     Ok(())
 }
@@ -73,10 +80,9 @@ fn dispatch(ctx: &mut Ctx) -> Result<()> {
     let n: usize = if ctx.scale().quick() { 1024 } else { 8192 };
     let reps = if ctx.scale().quick() { 5 } else { 20 };
     let stream = ctx.stream().clone();
-    for (per_round, tail) in [(64usize, false), (1, true), (1, false)] {
+    for per_round in [64usize, 1] {
         ctx.step(format!("{SUITE}: dispatch per round {per_round}"));
         let mut d = Dispatcher::new(&stream, n, per_round)?;
-        d.set_tail_launch(tail)?;
         for b in 0..64u32 {
             d.add_target(b, |_| Ok(()))?;
         }
@@ -88,9 +94,9 @@ fn dispatch(ctx: &mut Ctx) -> Result<()> {
         })?;
         let report = d.finish(&requests)?;
         us.iter_mut().for_each(|u| *u /= n as f64);
-        let variant = match (per_round, tail) {
-            (1, true) => "per-round-1-tail".to_string(),
-            (n, _) => format!("per-round-{n}"),
+        let variant = match per_round {
+            1 => "chained".to_string(),
+            n => format!("per-round-{n}"),
         };
         let row = ctx.record_time("dispatch", n as u64, &variant, &mut us, None)?;
         let per_s = 1e6 / row.median;
@@ -138,11 +144,12 @@ fn moe(ctx: &mut Ctx) -> Result<()> {
     // The dispatcher: one target per size, each the layer's kernels for that size captured
     // (the layer's own graphs off, so the capture holds its kernels, not a graph of them).
     layer.borrow_mut().set_graphs(false);
-    let mut tail = Dispatcher::new(&stream, batches, 1)?;
-    let mut forget = Dispatcher::new(&stream, batches, 1)?;
-    forget.set_tail_launch(false)?;
+    // Chained (one batch a round), and fire-and-forget rounds of one batch (per_round 2 with
+    // every batch the same size: each round holds one).
+    let mut chained = Dispatcher::new(&stream, batches, 1)?;
+    let mut forget = Dispatcher::new(&stream, batches, 2)?;
     for (t, x, y) in &pairs {
-        for d in [&mut tail, &mut forget] {
+        for d in [&mut chained, &mut forget] {
             layer.borrow_mut().forward_into(x, &mut y.borrow_mut())?;
             let target = |d: &mut Dispatcher<'_>| {
                 let (l, x, y) = (layer.clone(), x.clone(), y.clone());
@@ -170,7 +177,7 @@ fn moe(ctx: &mut Ctx) -> Result<()> {
             .record_time(&case, *t as u64, "host-graph", host, None)?
             .median;
         for (variant, d) in [
-            ("warpdrive-dispatcher", &mut tail),
+            ("warpdrive-dispatcher", &mut chained),
             ("warpdrive-dispatcher-fire-and-forget", &mut forget),
         ] {
             d.run(&requests)?;

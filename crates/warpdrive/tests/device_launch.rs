@@ -52,11 +52,10 @@ fn dispatcher_routes_requests_as_the_reference(dev: &Device) {
         })
         .collect();
     stream.synchronize().expect("sync");
-    for (per_round, tail) in [(1usize, true), (1, false), (3, false), (64, false)] {
+    for per_round in [1usize, 3, 64] {
         let n = rng.random_range(20..90);
         let requests: Vec<u32> = (0..n).map(|_| rng.random_range(0..=200)).collect();
         let mut d = counting_dispatcher(&stream, &bounds, 128, per_round, &counters, &ones);
-        d.set_tail_launch(tail).expect("a launch mode");
         let before: Vec<Vec<f32>> = counters
             .iter()
             .map(|c| c.borrow().to_host(&stream).expect("read"))
@@ -117,7 +116,6 @@ fn dispatcher_refuses_bad_input(dev: &Device) {
     ));
     let mut d = Dispatcher::new(&stream, 8, 2).expect("a dispatcher");
     assert!(is_invalid(d.run(&[1]).map(drop), "no targets"));
-    assert!(is_invalid(d.set_tail_launch(true), "one request a round"));
     d.add_target(4, |_| Ok(())).expect("a target");
     assert!(is_invalid(
         d.add_target(4, |_| Ok(())).map(drop),
@@ -133,9 +131,6 @@ fn dispatcher_refuses_bad_input(dev: &Device) {
         "9 requests for a dispatcher of 8"
     ));
     assert_eq!(d.run(&[]).expect("an empty run").decisions, vec![]);
-    if dev.is_cuda() {
-        assert!(is_invalid(d.set_tail_launch(false), "before the first run"));
-    }
     assert_eq!(d.bounds(), &[4, 9]);
     let mut many = Dispatcher::new(&stream, 8, 1).expect("a dispatcher");
     for b in 0..64 {
@@ -188,12 +183,15 @@ fn gpu_the_latency_probe_measures_every_path() {
         LaunchPath::HostGraph,
         LaunchPath::HostRoundTrip,
     ] {
-        let ns = probe.measure(path, 32).expect("a measurement");
+        let t = probe.measure(path, 32).expect("a measurement");
+        let ns = &t.to_start;
         assert_eq!(ns.len(), 32);
         assert!(
             ns.iter().all(|&v| v > 0),
             "{path:?}: every start after its decision: {ns:?}"
         );
+        let from_graph = matches!(path, LaunchPath::Device | LaunchPath::DeviceTail);
+        assert_eq!(t.in_call.len(), if from_graph { 32 } else { 0 }, "{path:?}");
     }
     assert!(probe.measure(LaunchPath::Device, 33).is_err());
 }

@@ -37,6 +37,15 @@ pub enum LaunchPath {
     HostRoundTrip,
 }
 
+/// One measurement: per launch, nanoseconds from the decision to the start of the work, and
+/// (launches from a graph kernel only) to the return of the launch call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LaunchTimes {
+    pub to_start: Vec<u64>,
+    /// Empty for the paths where the host or a kernel launch starts the work.
+    pub in_call: Vec<u64>,
+}
+
 /// How long the host waits for one decision to reach it before giving up.
 const ROUND_TRIP_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -49,6 +58,7 @@ pub struct DeviceLaunchProbe {
     slot: Buffer<u32>,
     status: Buffer<i32>,
     decided: Buffer<u64>,
+    returned: Buffer<u64>,
     starts: Buffer<u64>,
     flag: SharedWords,
     /// Declared before the buffers their kernels use: dropped first. The deciding graphs:
@@ -84,6 +94,7 @@ impl DeviceLaunchProbe {
         let slot = Buffer::<u32>::zeros(stream, 1)?;
         let status = Buffer::<i32>::zeros(stream, 1)?;
         let decided = Buffer::<u64>::zeros(stream, capacity)?;
+        let returned = Buffer::<u64>::zeros(stream, capacity)?;
         let starts = Buffer::<u64>::zeros(stream, capacity)?;
         let flag = device.shared_words(1)?;
         let cap = capacity as u32;
@@ -98,23 +109,33 @@ impl DeviceLaunchProbe {
         })?;
         let child_handle = child.prepare_device_launch()?;
         let (decided_ptr, status_ptr) = (decided.device_ptr(), status.device_ptr());
+        let returned_ptr = returned.device_ptr();
         let parent = |tail: u32| {
             let fire = fire.clone();
             let mut g = Graph::capture(stream, move |s| {
-                let (mut g, mut sl, mut d, mut st, mut c, mut t) =
-                    (child_handle, slot_ptr, decided_ptr, status_ptr, cap, tail);
+                let (mut g, mut sl, mut d, mut r, mut st, mut c, mut t) = (
+                    child_handle,
+                    slot_ptr,
+                    decided_ptr,
+                    returned_ptr,
+                    status_ptr,
+                    cap,
+                    tail,
+                );
                 let mut params = [
                     param(&mut g),
                     param(&mut sl),
                     param(&mut d),
+                    param(&mut r),
                     param(&mut st),
                     param(&mut c),
                     param(&mut t),
                 ];
                 // SAFETY: dl_fire_one(cudaGraphExec_t child, u32* slot, u64* decided,
-                // int* status, u32 capacity, u32 tail): `child` is the device-launchable child
-                // graph (owned by the probe, dropped after this graph), `decided` holds
-                // `capacity` stamps, `slot` and `status` one word each.
+                // u64* returned, int* status, u32 capacity, u32 tail): `child` is the
+                // device-launchable child graph (owned by the probe, dropped after this
+                // graph), `decided` and `returned` hold `capacity` stamps, `slot` and `status`
+                // one word each.
                 unsafe { launch(s, &fire, LaunchConfig::linear(1, 32), &mut params) }
             })?;
             g.prepare_device_launch()?;
@@ -129,6 +150,7 @@ impl DeviceLaunchProbe {
             slot,
             status,
             decided,
+            returned,
             starts,
             flag,
             parents,
@@ -136,9 +158,8 @@ impl DeviceLaunchProbe {
         })
     }
 
-    /// `n` decisions and launches on `path`, one after another; returns each one's
-    /// nanoseconds from the decision to the start of the launched work.
-    pub fn measure(&mut self, path: LaunchPath, n: usize) -> Result<Vec<u64>> {
+    /// `n` decisions and launches on `path`, one after another (see [`LaunchTimes`]).
+    pub fn measure(&mut self, path: LaunchPath, n: usize) -> Result<LaunchTimes> {
         if n == 0 || n >= self.capacity {
             return Err(Error::InvalidArgument(format!(
                 "a measurement of 1 to {} launches, not {n}",
@@ -173,14 +194,20 @@ impl DeviceLaunchProbe {
                 status[0]
             )));
         }
-        let mut decided = vec![0u64; self.capacity];
-        let mut starts = vec![0u64; self.capacity];
-        self.decided
-            .driver_copy_to_host(&self.stream, &mut decided)?;
-        self.starts.driver_copy_to_host(&self.stream, &mut starts)?;
-        Ok((0..n)
-            .map(|i| starts[i].saturating_sub(decided[i]))
-            .collect())
+        let read = |b: &Buffer<u64>| {
+            let mut v = vec![0u64; self.capacity];
+            b.driver_copy_to_host(&self.stream, &mut v).map(|()| v)
+        };
+        let (decided, starts) = (read(&self.decided)?, read(&self.starts)?);
+        let since = |t: &[u64]| (0..n).map(|i| t[i].saturating_sub(decided[i])).collect();
+        let in_call = match path {
+            LaunchPath::Device | LaunchPath::DeviceTail => since(&read(&self.returned)?),
+            _ => Vec::new(),
+        };
+        Ok(LaunchTimes {
+            to_start: since(&starts),
+            in_call,
+        })
     }
 
     /// Enqueues the deciding kernel; with `signal`, it also writes its slot to the mapped

@@ -3,15 +3,23 @@
 //!
 //! Each target is a [`Graph`] captured for one size bucket (requests up to its bound) and
 //! instantiated for launch from the device. [`Dispatcher::run`] copies the requests to the
-//! device and launches the dispatcher graph once; its kernel (`kernels/device_launch.cu`)
-//! routes each request to the graph of its bucket and launches it fire-and-forget, taking
-//! requests in order until `per_round` of them, a target already launched in this round (a
-//! graph cannot run twice at once) or the end of the queue; then it relaunches itself as its
-//! own tail launch, which starts when the round and everything it launched have finished.
-//! So requests in one round run concurrently and rounds run in order, with no host work
-//! between them. CUDA's rules shape this: device launches come only from kernels running in
-//! a graph, tail launches start when their parent ends (a never-ending loop could not use
-//! them), and a device graph cannot be relaunched while it runs.
+//! device and launches one graph; from there the device routes every request to the graph of
+//! its bucket (`kernels/device_launch.cu`), with no host work until the queue is done:
+//!
+//! - Several requests a round (`per_round` > 1): the dispatcher's kernel launches targets
+//!   fire-and-forget, taking requests in order until `per_round` of them, a target already
+//!   launched in this round (a graph cannot run twice at once) or the end of the queue; then
+//!   it relaunches itself as its own tail launch, which starts when the round and everything
+//!   it launched have finished. Requests in one round run concurrently, rounds in order.
+//! - One request a round (`per_round` = 1, targets that share buffers): chained. Each target
+//!   ends with the dispatcher's kernel, which takes the next request and launches its target
+//!   as the tail launch of the graph it runs in: one launch a request, started when the
+//!   previous target ends (bench/NOTES.md: a dispatcher relaunched between targets costs a
+//!   second launch a request).
+//!
+//! CUDA's rules shape this: device launches come only from kernels running in a graph, tail
+//! launches start when their parent ends (a never-ending loop could not use them), and a
+//! device graph cannot be relaunched while it runs.
 //!
 //! Each target starts with a kernel that stamps its start, so a run reports the latency from
 //! each decision to the start of the work it launched; the run's launch count and those
@@ -67,8 +75,6 @@ pub struct Dispatcher<'a> {
     stream: Stream,
     capacity: usize,
     per_round: usize,
-    /// One request a round, launched as the round's tail (see [`Dispatcher::set_tail_launch`]).
-    tail: bool,
     bounds: Vec<u32>,
     targets: Vec<Graph<'a>>,
     /// CUDA only: the device side (absent on the CPU backend).
@@ -93,7 +99,10 @@ impl DeviceSide {
         Ok(DeviceSide {
             started: Kernel::new(device, &DEVICE_LAUNCH, "dl_started")?,
             dispatch: Kernel::new(device, &DEVICE_LAUNCH, "dl_dispatch")?,
+            chain: Kernel::new(device, &DEVICE_LAUNCH, "dl_chain")?,
             requests: Buffer::zeros(stream, capacity)?,
+            bounds: Buffer::zeros(stream, MAX_TARGETS)?,
+            handles: Buffer::zeros(stream, MAX_TARGETS)?,
             state: Buffer::zeros(stream, STATE_WORDS)?,
             slots: Buffer::zeros(stream, MAX_TARGETS)?,
             decisions: Buffer::zeros(stream, capacity)?,
@@ -109,7 +118,12 @@ impl DeviceSide {
 struct DeviceSide {
     started: Kernel,
     dispatch: Kernel,
+    chain: Kernel,
     requests: Buffer<u32>,
+    /// The targets' bounds, padded with `u32::MAX` to [`MAX_TARGETS`] (filled at the seal).
+    bounds: Buffer<u32>,
+    /// The targets' device-launch handles (filled at the seal).
+    handles: Buffer<u64>,
     state: Buffer<u32>,
     slots: Buffer<u32>,
     decisions: Buffer<u32>,
@@ -122,10 +136,72 @@ struct DeviceSide {
 }
 
 struct Sealed {
-    /// Declared first: dropped before the buffers its kernel reads.
+    /// The graph a run starts with (the dispatcher's kernel alone).
     graph: Graph<'static>,
-    _bounds: Buffer<u32>,
-    _handles: Buffer<u64>,
+}
+
+/// The device addresses and shapes the dispatcher's kernels take.
+#[derive(Clone, Copy)]
+struct Tables {
+    requests: u64,
+    bounds: u64,
+    handles: u64,
+    state: u64,
+    slots: u64,
+    decisions: u64,
+    decided: u64,
+}
+
+impl DeviceSide {
+    fn tables(&self) -> Tables {
+        Tables {
+            requests: self.requests.device_ptr(),
+            bounds: self.bounds.device_ptr(),
+            handles: self.handles.device_ptr(),
+            state: self.state.device_ptr(),
+            slots: self.slots.device_ptr(),
+            decisions: self.decisions.device_ptr(),
+            decided: self.decided.device_ptr(),
+        }
+    }
+}
+
+/// Enqueues the dispatcher's kernel on `s`: `dl_chain` (one request, launched as the tail of
+/// the graph this runs in) without `per_round`, else `dl_dispatch`.
+fn launch_dispatcher(s: &Stream, kernel: &Kernel, t: Tables, per_round: Option<u32>) -> Result<()> {
+    let Tables {
+        mut requests,
+        mut bounds,
+        mut handles,
+        mut state,
+        mut slots,
+        mut decisions,
+        mut decided,
+    } = t;
+    let mut buckets = MAX_TARGETS as u32;
+    let mut per_round_value = per_round.unwrap_or(1);
+    let mut params: Vec<*mut c_void> = vec![
+        (&mut requests as *mut u64).cast(),
+        (&mut bounds as *mut u64).cast(),
+        (&mut handles as *mut u64).cast(),
+        (&mut buckets as *mut u32).cast(),
+    ];
+    if per_round.is_some() {
+        params.push((&mut per_round_value as *mut u32).cast());
+    }
+    params.extend([
+        (&mut state as *mut u64).cast::<c_void>(),
+        (&mut slots as *mut u64).cast(),
+        (&mut decisions as *mut u64).cast(),
+        (&mut decided as *mut u64).cast(),
+    ]);
+    // SAFETY: dl_dispatch(requests, bounds, targets, buckets, per_round, state, slots,
+    // decisions, decided) / dl_chain (the same without per_round), with the types in that
+    // order: `requests`, `decisions` and `decided` hold the dispatcher's capacity (the
+    // state's count never exceeds it), `bounds`, `targets` and `slots` MAX_TARGETS entries
+    // (= buckets), `state` its five words; all owned by the dispatcher, which outlives every
+    // graph that runs this kernel.
+    unsafe { launch(s, kernel, LaunchConfig::linear(1, 32), &mut params) }
 }
 
 impl<'a> Dispatcher<'a> {
@@ -151,7 +227,6 @@ impl<'a> Dispatcher<'a> {
             stream: stream.clone(),
             capacity,
             per_round,
-            tail: per_round == 1,
             bounds: Vec::new(),
             targets: Vec::new(),
             gpu,
@@ -191,6 +266,8 @@ impl<'a> Dispatcher<'a> {
                 let starts = g.starts.device_ptr();
                 let slot = g.slots.device_ptr() + 4 * index as u64;
                 let capacity = self.capacity as u32;
+                // Chained (one request a round): the target ends by launching the next.
+                let chain = (self.per_round == 1).then(|| (g.chain.clone(), g.tables()));
                 let mut graph = Graph::capture(&self.stream, move |s| {
                     let (mut starts, mut slot, mut capacity) = (starts, slot, capacity);
                     let mut params = [
@@ -202,7 +279,11 @@ impl<'a> Dispatcher<'a> {
                     // holds `capacity` stamps and `slot` is one word of the dispatcher's slot
                     // array, both owned by the dispatcher, which outlives its targets.
                     unsafe { launch(s, &started, LaunchConfig::linear(1, 32), &mut params)? };
-                    body(s)
+                    body(s)?;
+                    match &chain {
+                        Some((kernel, tables)) => launch_dispatcher(s, kernel, *tables, None),
+                        None => Ok(()),
+                    }
                 })?;
                 graph.prepare_device_launch()?;
                 graph
@@ -211,26 +292,6 @@ impl<'a> Dispatcher<'a> {
         self.bounds.push(bound);
         self.targets.push(graph);
         Ok(index)
-    }
-
-    /// With one request a round, whether the target is launched as the round's tail launch
-    /// (the default: it starts when the dispatcher's kernel ends, and the relaunch follows
-    /// it) rather than fire-and-forget (it starts at once on a stream of its own and the
-    /// relaunch waits for it). Set before the first run; refused with several requests a
-    /// round, which need fire-and-forget to run at once.
-    pub fn set_tail_launch(&mut self, on: bool) -> Result<()> {
-        if on && self.per_round != 1 {
-            return Err(Error::InvalidArgument(
-                "tail launches of targets need one request a round".into(),
-            ));
-        }
-        if self.gpu.as_ref().is_some_and(|g| g.sealed.is_some()) {
-            return Err(Error::InvalidArgument(
-                "the launch mode is set before the first run".into(),
-            ));
-        }
-        self.tail = on;
-        Ok(())
     }
 
     /// The targets' bounds, in order.
@@ -283,14 +344,14 @@ impl<'a> Dispatcher<'a> {
             return Ok(());
         };
         if g.sealed.is_none() {
-            let rule = (self.per_round, self.tail);
-            g.sealed = Some(seal(
+            let sealed = seal(
                 g,
                 &self.stream,
                 &mut self.targets,
                 &self.bounds,
-                rule,
-            )?);
+                self.per_round,
+            )?;
+            g.sealed = Some(sealed);
         }
         g.staging[..requests.len()].copy_from_slice(requests);
         g.requests.driver_copy_from_host(&self.stream, &g.staging)?;
@@ -358,70 +419,39 @@ impl<'a> Dispatcher<'a> {
     }
 }
 
-/// Builds the device tables and captures the dispatcher's own graph (made launchable from
-/// the device: it relaunches itself).
+/// Fills the device tables and captures the graph a run starts with (made launchable from the
+/// device: `dl_dispatch` relaunches it).
 fn seal(
-    g: &DeviceSide,
+    g: &mut DeviceSide,
     stream: &Stream,
     targets: &mut [Graph<'_>],
     bounds: &[u32],
-    (per_round, tail): (usize, bool),
+    per_round: usize,
 ) -> Result<Sealed> {
     if targets.is_empty() {
         return Err(Error::InvalidArgument(
             "a dispatcher with no targets".into(),
         ));
     }
-    let handles = targets
-        .iter_mut()
-        .map(Graph::prepare_device_launch)
-        .collect::<Result<Vec<u64>>>()?;
-    let mut bounds_buf = Buffer::zeros(stream, bounds.len())?;
-    bounds_buf.driver_copy_from_host(stream, bounds)?;
-    let mut handles_buf = Buffer::zeros(stream, handles.len())?;
-    handles_buf.driver_copy_from_host(stream, &handles)?;
-    let kernel = g.dispatch.clone();
-    let ptrs = [
-        g.requests.device_ptr(),
-        bounds_buf.device_ptr(),
-        handles_buf.device_ptr(),
-    ];
-    let (buckets, per_round, tail) = (bounds.len() as u32, per_round as u32, u32::from(tail));
-    let more = [
-        g.state.device_ptr(),
-        g.slots.device_ptr(),
-        g.decisions.device_ptr(),
-        g.decided.device_ptr(),
-    ];
+    let mut handles = vec![0u64; MAX_TARGETS];
+    for (h, t) in handles.iter_mut().zip(targets.iter_mut()) {
+        *h = t.prepare_device_launch()?;
+    }
+    let mut padded = vec![u32::MAX; MAX_TARGETS];
+    padded[..bounds.len()].copy_from_slice(bounds);
+    g.bounds.driver_copy_from_host(stream, &padded)?;
+    g.handles.driver_copy_from_host(stream, &handles)?;
+    let tables = g.tables();
+    let (kernel, per_round) = if per_round == 1 {
+        (g.chain.clone(), None)
+    } else {
+        (g.dispatch.clone(), Some(per_round as u32))
+    };
     let mut graph = Graph::capture(stream, move |s| {
-        let [mut requests, mut bounds, mut targets] = ptrs;
-        let [mut state, mut slots, mut decisions, mut decided] = more;
-        let (mut buckets, mut per_round, mut tail) = (buckets, per_round, tail);
-        let mut params = [
-            (&mut requests as *mut u64).cast::<c_void>(),
-            (&mut bounds as *mut u64).cast(),
-            (&mut targets as *mut u64).cast(),
-            (&mut buckets as *mut u32).cast(),
-            (&mut per_round as *mut u32).cast(),
-            (&mut tail as *mut u32).cast(),
-            (&mut state as *mut u64).cast(),
-            (&mut slots as *mut u64).cast(),
-            (&mut decisions as *mut u64).cast(),
-            (&mut decided as *mut u64).cast(),
-        ];
-        // SAFETY: dl_dispatch(requests, bounds, targets, buckets, per_round, tail, state,
-        // slots, decisions, decided) with the types in that order: `requests`, `decisions` and
-        // `decided` hold the dispatcher's capacity (the state's count never exceeds it),
-        // `bounds` and `targets` hold `buckets` entries, `slots` MAX_TARGETS, `state` its
-        // five words; all owned by the dispatcher, which outlives this graph.
-        unsafe { launch(s, &kernel, LaunchConfig::linear(1, 32), &mut params) }
+        launch_dispatcher(s, &kernel, tables, per_round)
     })?;
     graph.prepare_device_launch()?;
-    Ok(Sealed {
-        graph,
-        _bounds: bounds_buf,
-        _handles: handles_buf,
-    })
+    Ok(Sealed { graph })
 }
 
 /// The dispatcher's rule (as `dl_dispatch` in `kernels/device_launch.cu`): in queue order,

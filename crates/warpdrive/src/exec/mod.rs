@@ -18,7 +18,7 @@ pub mod probe;
 pub mod recovery;
 pub mod tune;
 
-pub use device_probe::{DeviceLaunchProbe, LaunchPath};
+pub use device_probe::{DeviceLaunchProbe, LaunchPath, LaunchTimes};
 pub use dispatch::{Decision, DispatchReport, Dispatcher};
 pub use graph::{capturing, Graph, GraphState};
 pub use launch::{launch, Kernel, LaunchConfig};

@@ -38,9 +38,11 @@ extern "C" __global__ void __launch_bounds__(32) dl_started(
 // publishes i as the slot of the work it starts, then launches `child` from the device, fire
 // and forget or (`tail`) as the tail launch, which starts when this kernel's graph ends.
 // Runs inside a graph (graph launches from the device come only from graph kernels).
+// `returned[i]` stamps when the launch call returned (the rest, to the child's start, is the
+// device's scheduling).
 extern "C" __global__ void __launch_bounds__(32) dl_fire_one(
     cudaGraphExec_t child, u32* __restrict__ slot, u64* __restrict__ decided,
-    int* __restrict__ status, u32 capacity, u32 tail) {
+    u64* __restrict__ returned, int* __restrict__ status, u32 capacity, u32 tail) {
     if (threadIdx.x != 0) return;
     const u32 i = *(volatile u32*)slot + 1;
     if (i < capacity) decided[i] = dl_now();
@@ -48,6 +50,7 @@ extern "C" __global__ void __launch_bounds__(32) dl_fire_one(
     __threadfence();
     const cudaError_t e =
         cudaGraphLaunch(child, tail ? cudaStreamGraphTailLaunch : cudaStreamGraphFireAndForget);
+    if (i < capacity) returned[i] = dl_now();
     if (e != cudaSuccess && *status == 0) *status = (int)e;
 }
 
@@ -86,27 +89,46 @@ __device__ __forceinline__ u32 dl_bucket(u32 value, const u32* __restrict__ boun
     return buckets - 1;
 }
 
-// The dispatcher: one execution takes requests in order, picks for each the target graph of
-// its bucket, records the decision (target and round) and its time, writes the request's
-// index to the target's slot word (its dl_started kernel stamps that entry) and launches the target (fire and forget) — until `per_round` requests, a target already
+// Records the decision for request `head` (target b, round) and writes the request's index to
+// the target's slot word (its dl_started kernel stamps that entry), then launches the target
+// as `how` says. A failed launch stops the run (head = count) with its error.
+__device__ __forceinline__ bool dl_launch(u32 head, u32 b, u32 round,
+                                          const cudaGraphExec_t* __restrict__ targets,
+                                          cudaGraphLaunchFlags how, DispatchState* state,
+                                          u32* slots, u32* decisions, u64* decided) {
+    decisions[head] = b | (round << 8);
+    decided[head] = dl_now();
+    *(volatile u32*)&slots[b] = head;
+    __threadfence();
+    const cudaError_t e = cudaGraphLaunch(targets[b], how);
+    if (e != cudaSuccess) {
+        if (state->status == 0) state->status = (int)e;
+        state->head = state->count;
+        return false;
+    }
+    state->fired += 1;
+    return true;
+}
+
+// The dispatcher with several requests a round: one execution takes requests in order and
+// launches each one's target (fire and forget) until `per_round` of them, a target already
 // launched in this round (a graph cannot run twice at once), or the end of the queue. Then,
 // while requests remain, it launches itself as its own tail: the next round starts when this
 // one and everything it launched have finished. No host work between rounds.
 //
 // requests[state->count]: the values to route; bounds[buckets]: each bucket's upper bound;
 // targets[buckets]: the device-launchable graphs; decisions[count]: target | round << 8;
-// decided[count]: decision times (the targets' dl_started kernels stamp their starts);
-// slots[buckets]: each target's slot word. With `tail` (one request a round) the target is
-// the round's tail launch instead, and the relaunch follows it: tail launches run in order,
-// each when the one before has finished, and start without a second stream.
+// decided[count]: decision times; slots[buckets]: each target's slot word (a target runs at
+// most once a round, so its slot cannot be overwritten before it reads it).
 extern "C" __global__ void __launch_bounds__(32) dl_dispatch(
-    const u32* __restrict__ requests, const u32* __restrict__ bounds, const cudaGraphExec_t* __restrict__ targets, u32 buckets,
-    u32 per_round, u32 tail, DispatchState* __restrict__ state, u32* __restrict__ slots,
-    u32* __restrict__ decisions, u64* __restrict__ decided) {
+    const u32* __restrict__ requests, const u32* __restrict__ bounds,
+    const cudaGraphExec_t* __restrict__ targets, u32 buckets, u32 per_round,
+    DispatchState* __restrict__ state, u32* __restrict__ slots, u32* __restrict__ decisions,
+    u64* __restrict__ decided) {
     if (threadIdx.x != 0) return;
     const u32 count = state->count;
-    u32 head = state->head;
     const u32 round = state->round;
+    u32 head = state->head;
     // Bit b set: bucket b launched this round (buckets <= 64, checked by the host).
     u64 launched = 0;
     u32 taken = 0;
@@ -114,22 +136,11 @@ extern "C" __global__ void __launch_bounds__(32) dl_dispatch(
         const u32 b = dl_bucket(requests[head], bounds, buckets);
         if (launched & (1ull << b)) break;
         launched |= 1ull << b;
-        decisions[head] = b | (round << 8);
-        decided[head] = dl_now();
-        // Target b runs at most once a round, so its own slot word cannot be overwritten
-        // before its dl_started kernel reads it.
-        *(volatile u32*)&slots[b] = head;
-        __threadfence();
-        const cudaError_t e = cudaGraphLaunch(
-            targets[b], tail ? cudaStreamGraphTailLaunch : cudaStreamGraphFireAndForget);
-        if (e != cudaSuccess) {
-            if (state->status == 0) state->status = (int)e;
-            state->head = count;  // stop: a failed launch ends the run
+        if (!dl_launch(head, b, round, targets, cudaStreamGraphFireAndForget, state, slots,
+                       decisions, decided))
             return;
-        }
         ++head;
         ++taken;
-        state->fired += 1;
     }
     state->head = head;
     state->round = round + 1;
@@ -137,4 +148,24 @@ extern "C" __global__ void __launch_bounds__(32) dl_dispatch(
         const cudaError_t e = cudaGraphLaunch(cudaGetCurrentGraphExec(), cudaStreamGraphTailLaunch);
         if (e != cudaSuccess && state->status == 0) state->status = (int)e;
     }
+}
+
+// The dispatcher with one request a round, chained: the last kernel of every target (and the
+// whole of the graph that starts a run) takes the next request and launches its target as the
+// tail launch of the graph it runs in, which starts when that graph ends. One launch a
+// request, and no dispatcher graph between targets. Arguments as dl_dispatch's.
+extern "C" __global__ void __launch_bounds__(32) dl_chain(
+    const u32* __restrict__ requests, const u32* __restrict__ bounds,
+    const cudaGraphExec_t* __restrict__ targets, u32 buckets,
+    DispatchState* __restrict__ state, u32* __restrict__ slots, u32* __restrict__ decisions,
+    u64* __restrict__ decided) {
+    if (threadIdx.x != 0) return;
+    const u32 head = state->head;
+    if (head >= state->count) return;
+    const u32 b = dl_bucket(requests[head], bounds, buckets);
+    const u32 round = state->round;
+    state->head = head + 1;
+    state->round = round + 1;
+    dl_launch(head, b, round, targets, cudaStreamGraphTailLaunch, state, slots, decisions,
+              decided);
 }

@@ -1,0 +1,22 @@
+#!/bin/bash
+# Device call 1 (eighth session): device-launch tests (+ memcheck), the device-launch suite,
+# the agents suite (averaging after the last-block change).
+OUT=${1:?OUT}
+T0=$SECONDS
+R=$OUT/r; mkdir -p $R
+pack() { echo "$1 at $((SECONDS-T0)) s" >> $R/phases.txt; tar czf $OUT/all.tgz -C $OUT r 2>/dev/null; }
+python3 -m tarfile -e target/gpu-bundle.tar.xz target/ 2>/dev/null || exit 1
+B=$PWD/target/gpu-bundle
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > $R/gpu.txt 2>&1
+ls /usr/local/cuda/lib64/libcudadevrt.a >> $R/gpu.txt 2>&1
+pack unpacked
+cd $B
+timeout 60 ./tests/device_launch --include-ignored --test-threads=1 > $R/dl-tests.log 2>&1
+pack "device_launch tests rc=$?"
+export XDG_CACHE_HOME=/tmp/wd-bench-cache; rm -rf $XDG_CACHE_HOME; mkdir -p $XDG_CACHE_HOME
+timeout 170 ./warpdrive bench device-launch --scale full --json $R/device-launch.json > $R/bench-dl.log 2>&1
+pack "bench device-launch rc=$?"
+WARPDRIVE_RELEASE_AT_EXIT=1 timeout 150 bash run.sh $R/tests --tests --sanitize --only device_launch > $R/tests.log 2>&1
+pack "tests+sanitize rc=$?"
+
+
