@@ -94,7 +94,7 @@ __device__ __forceinline__ u32 dl_bucket(u32 value, const u32* __restrict__ boun
 // as `how` says. A failed launch stops the run (head = count) with its error.
 __device__ __forceinline__ bool dl_launch(u32 head, u32 b, u32 round,
                                           const cudaGraphExec_t* __restrict__ targets,
-                                          cudaGraphLaunchFlags how, DispatchState* state,
+                                          cudaStream_t how, DispatchState* state,
                                           u32* slots, u32* decisions, u64* decided) {
     decisions[head] = b | (round << 8);
     decided[head] = dl_now();
