@@ -435,6 +435,17 @@ fn spawned_rank_body() {
                 check_all(&comm, &stream, sd, false)
             );
         }
+        "large" => {
+            let sd: u64 = std::env::var("WARPDRIVE_TEST_SEED")
+                .unwrap()
+                .parse()
+                .unwrap();
+            // Twice: the second call finds the others' buffers where the first left them.
+            for (tag, op) in [(1, ReduceOp::Sum), (2, ReduceOp::Average)] {
+                check_all_reduce(&comm, &stream, sd, tag, PAST_A_SLOT, op);
+            }
+            println!("\nLARGE ok {comm:?}");
+        }
         "disagree" => {
             let (disagree, refused, after) = disagree_then_agree(&comm, &stream);
             println!("\nDISAGREE {disagree}\nREFUSED {refused}\nAFTER {after}");
@@ -536,6 +547,38 @@ fn ranks_as_processes_match_the_reference_over_shared_memory_and_tcp() {
                 assert!(checked.contains(&want), "{checked}");
                 eprintln!("{name} (cma {cma}) world {world} rank {rank}: {checked}");
             }
+        }
+    }
+}
+
+/// Large all-reduces (one process a rank, over shared memory) on each path: the ranks'
+/// buffers lent (mapped by the others), copied through cross-memory attach, staged through
+/// the segment; and ranks that differ (one that does not lend, so none does).
+#[test]
+fn large_all_reduces_between_processes_match_the_reference_on_every_path() {
+    let sd = seed("dist_procs large");
+    // (world, per rank: WARPDRIVE_DIST_LEND, WARPDRIVE_DIST_CMA)
+    let configs: [(usize, &dyn Fn(usize) -> (&'static str, &'static str)); 5] = [
+        (4, &|_| ("1", "1")),
+        (2, &|_| ("1", "0")),
+        (4, &|_| ("0", "1")),
+        (2, &|_| ("0", "0")),
+        (4, &|r| (if r == 2 { "0" } else { "1" }, "1")),
+    ];
+    for (i, (world, vars)) in configs.iter().enumerate() {
+        let outs = spawn_ranks(*world, "large", &|rank| {
+            let (lend, cma) = vars(rank);
+            vec![
+                ("WARPDRIVE_DIST_TRANSPORT", "shm".to_string()),
+                ("WARPDRIVE_DIST_LEND", lend.to_string()),
+                ("WARPDRIVE_DIST_CMA", cma.to_string()),
+                ("WARPDRIVE_TEST_SEED", sd.to_string()),
+            ]
+        });
+        for (rank, out) in outs.iter().enumerate() {
+            let done = line(out, "LARGE ok ");
+            assert!(done.contains(&format!("rank {rank} of {world}")), "{done}");
+            eprintln!("config {i}, world {world}, rank {rank}: {done}");
         }
     }
 }

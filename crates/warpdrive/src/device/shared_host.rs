@@ -19,6 +19,9 @@ use crate::error::{Error, Result};
 
 /// Raw allocations from this many bytes are made shareable.
 pub(crate) const SHARE_FROM: usize = 1 << 20;
+/// Regions alive at once at most: each holds a descriptor, and the process's other files
+/// and sockets need theirs (a quarter of the soft limit, at most this many).
+const MAX_REGIONS: usize = 256;
 
 struct Region {
     fd: OwnedFd,
@@ -47,6 +50,9 @@ fn name(token: u64) -> String {
 /// `bytes` of zeroed, page-aligned memory in a memory file mapped shared, or `None` where
 /// one cannot be made (no `memfd`, out of descriptors): the caller allocates otherwise.
 pub(crate) fn alloc(bytes: usize) -> Option<u64> {
+    if REGIONS.lock().len() >= region_limit() {
+        return None;
+    }
     let token = rand::random::<u64>();
     let cname = std::ffi::CString::new(name(token)).ok()?;
     // SAFETY: a NUL-terminated name and valid flags; the result is checked.
@@ -71,6 +77,26 @@ pub(crate) fn alloc(bytes: usize) -> Option<u64> {
         },
     );
     Some(ptr as u64)
+}
+
+/// How many regions may be alive at once: [`MAX_REGIONS`], or a quarter of the descriptors
+/// the process may open when that is fewer.
+fn region_limit() -> usize {
+    static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: `lim` is a valid rlimit for the call to fill; the result is checked.
+        let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0;
+        let quarter = usize::try_from(lim.rlim_cur / 4).unwrap_or(usize::MAX);
+        if ok {
+            quarter.min(MAX_REGIONS)
+        } else {
+            0
+        }
+    })
 }
 
 /// Frees `ptr` if [`alloc`] made it (`true`), else leaves it to the caller (`false`).
@@ -222,6 +248,10 @@ fn map(fd: &OwnedFd, len: usize, populate: bool) -> std::io::Result<usize> {
     if ptr == libc::MAP_FAILED {
         return Err(std::io::Error::last_os_error());
     }
+    // Huge pages where the host gives them to shared memory (`shmem_enabled` advise or
+    // always): anonymous memory may get them, and without them every 4 KiB is a TLB entry.
+    // SAFETY: the mapping just made; advice only, its result does not matter.
+    let _ = unsafe { libc::madvise(ptr, len, libc::MADV_HUGEPAGE) };
     Ok(ptr as usize)
 }
 
@@ -269,7 +299,13 @@ mod tests {
             ..shown
         };
         assert!(PeerRegion::open(pid, &wrong).is_err(), "another token");
-        assert!(with_lent(vec![Lent::Peer(&peer, 64)], bytes, 0..1, |_| ()).is_err());
+        let too_long = with_lent(
+            vec![Lent::Peer(&peer, 64)],
+            bytes,
+            0..1,
+            |_: &mut [&mut [u32]]| (),
+        );
+        assert!(too_long.is_err());
         drop(peer);
         assert!(free(ptr as u64, bytes));
         assert!(find(ptr, 8).is_none());
