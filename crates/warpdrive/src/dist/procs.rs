@@ -695,7 +695,7 @@ impl Procs {
         let len = data.len();
         let mut own = Some(data);
         let mut buffers = Vec::with_capacity(n);
-        for q in 0..n {
+        for (q, shown) in regions.iter().enumerate() {
             if q == me {
                 buffers.push(Lent::Own(
                     own.take()
@@ -707,9 +707,9 @@ impl Procs {
             let region = mapped
                 .get(q)
                 .and_then(|c| c.last())
-                .filter(|m| m.token() == regions[q].token)
+                .filter(|m| m.token() == shown.token)
                 .ok_or_else(|| failed(OP, format!("rank {q}'s region is not mapped")))?;
-            buffers.push(Lent::Peer(region, regions[q].offset));
+            buffers.push(Lent::Peer(region, shown.offset));
         }
         shared_host::with_lent(buffers, len, part(len, n, me), |parts| {
             reduce_pooled(op, parts)
