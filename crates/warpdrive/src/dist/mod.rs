@@ -24,8 +24,11 @@
 //! `MASTER_ADDR:MASTER_PORT` (`bootstrap.rs`), every pair of ranks links over TCP
 //! (`mesh.rs`: send / receive, and the news that a rank left or aborted), and the collectives
 //! run as rounds (`procs.rs`) through a shared-memory segment under `/dev/shm` on one host
-//! (`device/shm.rs`) or over those TCP links ([`Transport`]). Large all-reduces on one host copy
-//! straight between the ranks' buffers where the kernel allows it (`device/cma.rs`). The same checks
+//! (`device/shm.rs`) or over those TCP links ([`Transport`]). Large all-reduces on one host work
+//! on the ranks' buffers where they are: the CPU backend's buffers from 1 MiB live in memory
+//! files the other ranks map (`device/shared_host.rs`), so each rank reduces its part of every
+//! buffer in place as the in-process group does; where a buffer is not in one, they copy
+//! straight between the buffers where the kernel allows it (`device/cma.rs`). The same checks
 //! hold: every call's description is compared first (an error on every rank when they
 //! differ, the group usable after), every wait has the timeout, and a rank whose process
 //! ends is seen at once through its closed connections. Sub-communicators ([`Comm::split`])

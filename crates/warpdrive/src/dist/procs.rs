@@ -9,7 +9,9 @@
 //! its own checks, get an error on every rank and the group stays usable; the data rounds
 //! follow, each at most [`SLOT_BYTES`] a rank. Rank `r` reduces part `r` of every chunk, in
 //! rank order, in f64, rounded once, as the in-process group does. A failure inside a step (a
-//! timeout, a rank that left) aborts the group on every rank.
+//! timeout, a rank that left) aborts the group on every rank. Large all-reduces over shared
+//! memory skip the slots: the ranks map one another's buffers ([`shared_host`]) or copy
+//! between them ([`cma`]), and only their descriptions and the barriers go through rounds.
 
 use std::cell::{Cell, RefCell};
 use std::net::{IpAddr, SocketAddr, TcpListener};
