@@ -322,6 +322,36 @@ fn ranks_as_threads_match_the_reference_over_tcp() {
     threads_match_the_reference(Transport::Tcp, "tcp");
 }
 
+/// `split` of a process group: two sub-groups (even and odd ranks, in reverse order), each
+/// reducing among its own ranks only, then the parent group still in step.
+#[test]
+fn a_split_makes_sub_groups_that_reduce_among_their_own_ranks() {
+    for (transport, name) in TRANSPORTS {
+        let world = 4;
+        let got = each_thread(world, transport, PATIENT, |comm, stream| {
+            let me = comm.rank();
+            let sub = comm.split(me % 2, world - me).unwrap();
+            let mut buf = Buffer::from_host(stream, &[me as f32 + 1.0; 300]).unwrap();
+            sub.all_reduce(stream, &mut buf, ReduceOp::Sum).unwrap();
+            let mut all = Buffer::from_host(stream, &[1.0f32]).unwrap();
+            comm.all_reduce(stream, &mut all, ReduceOp::Sum).unwrap();
+            let (sum, total) = (buf.to_host(stream).unwrap(), all.to_host(stream).unwrap());
+            (sub.rank(), sub.world(), sum[0], sum[299], total[0])
+        });
+        for (me, &(rank, world_of, first, last, total)) in got.iter().enumerate() {
+            // Even ranks 0, 2 (ranks 1, 0 by key); odd ranks 1, 3 (ranks 1, 0).
+            let want = if me % 2 == 0 { 1.0 + 3.0 } else { 2.0 + 4.0 };
+            assert_eq!(rank, usize::from(me < 2), "{name}: rank {me}");
+            assert_eq!(
+                (world_of, first, last),
+                (2, want, want),
+                "{name}: rank {me}"
+            );
+            assert_eq!(total, world as f32, "{name}: rank {me}, the parent group");
+        }
+    }
+}
+
 #[test]
 fn ranks_that_disagree_get_an_error_on_every_rank_and_the_group_goes_on() {
     for (transport, name) in TRANSPORTS {

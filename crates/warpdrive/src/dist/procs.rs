@@ -93,6 +93,10 @@ pub(super) struct Procs {
     lend: bool,
     /// The other ranks' regions this rank has mapped, by rank, the most recently used last.
     mapped: RefCell<Vec<Vec<PeerRegion>>>,
+    /// Where each rank is reached (its mesh address), and the transport this rank asked for:
+    /// a split's sub-groups meet at their first member's address, as the group did.
+    addrs: Vec<SocketAddr>,
+    transport: Transport,
 }
 
 /// All-reduces from this many bytes a rank work on the ranks' buffers directly (lent, or
@@ -228,6 +232,8 @@ impl Procs {
             cma: false,
             lend: std::env::var("WARPDRIVE_DIST_LEND").map_or(true, |v| v.trim() != "0"),
             mapped: RefCell::new((0..env.world).map(|_| Vec::new()).collect()),
+            addrs,
+            transport,
         };
         // Every rank linked (and mapped the segment): rank 0 can remove its file.
         let seq = procs.post("join", 0, |_| Ok(()), &|_, _| 0..0, deadline)?;
@@ -282,6 +288,21 @@ impl Procs {
 
     pub(super) fn rank(&self) -> usize {
         self.rank
+    }
+
+    /// Where rank `q` is reached, for a sub-group that meets there ([`split`](super::Comm::split)).
+    pub(super) fn address_of(&self, q: usize) -> Option<IpAddr> {
+        self.addrs.get(q).map(SocketAddr::ip)
+    }
+
+    /// The transport for a sub-group: shared memory where this group has it, else what this
+    /// rank asked for.
+    pub(super) fn sub_transport(&self) -> Transport {
+        if self.shm.is_some() {
+            Transport::SharedMemory
+        } else {
+            self.transport
+        }
     }
 
     pub(super) fn world(&self) -> usize {
@@ -1052,6 +1073,15 @@ fn clip(r: Range<usize>, len: usize) -> Range<usize> {
     } else {
         r
     }
+}
+
+/// A port free on this host now (bound, then released), where a sub-group's first rank
+/// gathers the others.
+pub(super) fn free_port() -> Result<u16> {
+    TcpListener::bind(("0.0.0.0", 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| failed("split", format!("no free port for a sub-group: {e}")))
 }
 
 /// A job token no other job on the host has: the file name of its segment.
