@@ -127,6 +127,18 @@ pub(crate) struct PeerRegion {
     ptr: usize,
     len: usize,
     token: u64,
+    /// The owner's process and descriptor, to tell whether it still holds the region.
+    pid: i32,
+    fd: i32,
+}
+
+/// Whether `/proc/PID/fd/FD` is the file of the region with `token`.
+fn names(path: &str, token: u64) -> Option<bool> {
+    let link = std::fs::read_link(path).ok()?;
+    Some(
+        link.to_string_lossy()
+            .starts_with(&format!("/memfd:{}", name(token))),
+    )
 }
 
 impl PeerRegion {
@@ -135,12 +147,10 @@ impl PeerRegion {
     pub(crate) fn open(pid: i32, shown: &Shown) -> Result<PeerRegion> {
         let path = format!("/proc/{pid}/fd/{}", shown.fd);
         let io = |what: &str, e: std::io::Error| Error::io(format!("{what} {path}"), e);
-        let link = std::fs::read_link(&path).map_err(|e| io("reading the link", e))?;
-        let want = format!("/memfd:{}", name(shown.token));
-        if !link.to_string_lossy().starts_with(&want) {
+        if names(&path, shown.token) != Some(true) {
             return Err(Error::InvalidArgument(format!(
-                "{path} is {}, not the region shown ({want})",
-                link.display()
+                "{path} is not the region shown ({})",
+                name(shown.token)
             )));
         }
         let file = std::fs::OpenOptions::new()
@@ -162,11 +172,19 @@ impl PeerRegion {
             ptr,
             len: shown.len,
             token: shown.token,
+            pid,
+            fd: shown.fd,
         })
     }
 
     pub(crate) fn token(&self) -> u64 {
         self.token
+    }
+
+    /// Whether the owner still holds the region: once it has freed it, this mapping is all
+    /// that keeps its memory, and should go.
+    pub(crate) fn owner_holds(&self) -> bool {
+        names(&format!("/proc/{}/fd/{}", self.pid, self.fd), self.token) == Some(true)
     }
 }
 
@@ -306,8 +324,10 @@ mod tests {
             |_: &mut [&mut [u32]]| (),
         );
         assert!(too_long.is_err());
-        drop(peer);
+        assert!(peer.owner_holds());
         assert!(free(ptr as u64, bytes));
+        assert!(!peer.owner_holds(), "the owner freed it");
+        drop(peer);
         assert!(find(ptr, 8).is_none());
         assert!(!free(ptr as u64, bytes), "freed once");
     }

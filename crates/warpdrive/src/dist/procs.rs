@@ -684,6 +684,8 @@ impl Procs {
                 can = false;
                 break;
             };
+            // Regions their owner has freed since: this mapping alone would keep the memory.
+            cache.retain(|m| m.token() == shown.token || m.owner_holds());
             match cache.iter().position(|m| m.token() == shown.token) {
                 Some(i) => {
                     let hit = cache.remove(i);
