@@ -33,10 +33,10 @@ pub(crate) fn alloc(bytes: usize) -> Result<u64> {
 }
 
 /// As [`alloc`], in memory other processes of the host can map ([`shared_host`]) from
-/// [`SHARE_FROM`](shared_host::SHARE_FROM) bytes while the host has that much available
-/// (a memory file is not refused up front the way an allocation is).
+/// [`SHARE_FROM`](shared_host::SHARE_FROM) bytes once it is enabled, while the host has that
+/// much available (a memory file is not refused up front the way an allocation is).
 pub(crate) fn alloc_shareable(bytes: usize) -> Result<u64> {
-    if bytes >= shared_host::SHARE_FROM && bytes <= mem_info().0 {
+    if bytes >= shared_host::SHARE_FROM && shared_host::enabled() && bytes <= mem_info().0 {
         if let Some(ptr) = shared_host::alloc(bytes) {
             return Ok(ptr);
         }

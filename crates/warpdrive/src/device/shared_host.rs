@@ -1,9 +1,11 @@
-//! Host memory that other processes of this host can map: the CPU backend's raw allocations
-//! from [`SHARE_FROM`] bytes (a `Buffer`'s pool segments) are memory files (`memfd`) mapped
-//! shared, so a CPU process group on one host can work on its ranks' buffers in place, as the
-//! in-process group's threads do (the lent all-reduce in `dist/procs.rs`), with no copy into
-//! a common area or through the kernel. Where a memory file cannot be made the allocation is
-//! ordinary memory and the group keeps its other paths.
+//! Host memory that other processes of this host can map: once a process has joined a CPU
+//! process group over shared memory ([`enable`]), the CPU backend's raw allocations from
+//! [`SHARE_FROM`] bytes (a `Buffer`'s pool segments) are memory files (`memfd`) mapped
+//! shared, so the group can work on its ranks' buffers in place, as the in-process group's
+//! threads do (the lent all-reduce in `dist/procs.rs`), with no copy into a common area or
+//! through the kernel. Other processes keep ordinary memory (anonymous memory may get
+//! transparent huge pages where shared memory does not); where a memory file cannot be made
+//! the allocation is ordinary memory and the group keeps its other paths.
 //!
 //! A peer finds a region by the owner's process id and descriptor (`/proc/PID/fd/FD`, which
 //! needs the same permission as reading the owner's memory) and checks the file's name, which
@@ -12,6 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 
@@ -31,6 +34,18 @@ struct Region {
 
 /// This process's shareable regions by start address.
 static REGIONS: Mutex<BTreeMap<usize, Region>> = Mutex::new(BTreeMap::new());
+/// Whether the CPU backend's large allocations are made shareable ([`enable`]).
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// From now on, the CPU backend's large allocations are shareable: this process is a rank of
+/// a process group over shared memory.
+pub(crate) fn enable() {
+    ENABLED.store(true, Ordering::Relaxed);
+}
+
+pub(crate) fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
 
 /// Where a range of this process's memory lives, as a peer needs it to map it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

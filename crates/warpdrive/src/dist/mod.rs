@@ -25,12 +25,13 @@
 //! (`mesh.rs`: send / receive, and the news that a rank left or aborted), and the collectives
 //! run as rounds (`procs.rs`) through a shared-memory segment under `/dev/shm` on one host
 //! (`device/shm.rs`) or over those TCP links ([`Transport`]). Large all-reduces on one host work
-//! on the ranks' buffers where they are: the CPU backend's buffers from 1 MiB live in memory
-//! files the other ranks map (`device/shared_host.rs`), so each rank reduces its part of every
-//! buffer in place as the in-process group does; where a buffer is not in one, they copy
-//! straight between the buffers where the kernel allows it (`device/cma.rs`). The same checks
-//! hold: every call's description is compared first (an error on every rank when they
-//! differ, the group usable after), every wait has the timeout, and a rank whose process
+//! on the ranks' buffers where they are: in a process that joined such a group, the CPU
+//! backend's buffers from 1 MiB live in memory files the other ranks map
+//! (`device/shared_host.rs`; buffers made before the join are not), so each rank reduces its
+//! part of every buffer in place as the in-process group does; where a buffer is not in one,
+//! they copy straight between the buffers where the kernel allows it (`device/cma.rs`). The
+//! same checks hold: every call's description is compared first (an error on every rank when
+//! they differ, the group usable after), every wait has the timeout, and a rank whose process
 //! ends is seen at once through its closed connections. A [`Comm::split`] of such a group
 //! makes each sub-group a group of its own, gathered at its first member's address on a port
 //! that member picks (new links, and a new segment over shared memory).

@@ -220,6 +220,10 @@ impl Procs {
             None if shm => Some(Segment::open(table.job, env.world, env.rank)?),
             None => None,
         };
+        if segment.is_some() && env.world > 1 {
+            // Buffers from now on can be lent to the other ranks (the lent all-reduce).
+            shared_host::enable();
+        }
         let procs = Procs {
             rank: env.rank,
             world: env.world,
