@@ -583,7 +583,8 @@ fn ranks_as_processes_match_the_reference_over_shared_memory_and_tcp() {
 
 /// Large all-reduces (one process a rank, over shared memory) on each path: the ranks'
 /// buffers lent (mapped by the others), copied through cross-memory attach, staged through
-/// the segment; and ranks that differ (one that does not lend, so none does).
+/// the segment; and ranks that differ (one that does not lend, so none does, with and
+/// without cross-memory attach).
 #[test]
 fn large_all_reduces_between_processes_match_the_reference_on_every_path() {
     let sd = seed("dist_procs large");
@@ -594,6 +595,7 @@ fn large_all_reduces_between_processes_match_the_reference_on_every_path() {
         (4, ["0"; 4], "1"),
         (2, ["0"; 4], "0"),
         (4, ["1", "1", "0", "1"], "1"),
+        (2, ["1", "0", "1", "1"], "0"),
     ];
     for (i, (world, lend, cma)) in configs.into_iter().enumerate() {
         let outs = spawn_ranks(world, "large", &|rank| {

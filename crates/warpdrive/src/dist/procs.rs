@@ -554,7 +554,9 @@ impl Procs {
         const OP: &str = "all_reduce";
         self.open(OP, Ok(&call))?;
         let (n, me, size) = (self.world, self.rank, size_of::<T>());
-        let direct = self.shm.is_some() && n > 1 && (self.cma || self.lend);
+        // Every rank takes the same path: `lend` is this rank's alone, so it only changes
+        // what this rank shows in the direct path's first round.
+        let direct = self.shm.is_some() && n > 1;
         if direct && data.len().saturating_mul(size) >= CMA_FROM_BYTES {
             let done = self.data(OP, || self.all_reduce_direct(data, op))?;
             if done {
