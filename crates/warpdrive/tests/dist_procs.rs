@@ -322,6 +322,36 @@ fn ranks_as_threads_match_the_reference_over_tcp() {
     threads_match_the_reference(Transport::Tcp, "tcp");
 }
 
+/// `split` of a process group: two sub-groups (even and odd ranks, in reverse order), each
+/// reducing among its own ranks only, then the parent group still in step.
+#[test]
+fn a_split_makes_sub_groups_that_reduce_among_their_own_ranks() {
+    for (transport, name) in TRANSPORTS {
+        let world = 4;
+        let got = each_thread(world, transport, PATIENT, |comm, stream| {
+            let me = comm.rank();
+            let sub = comm.split(me % 2, world - me).unwrap();
+            let mut buf = Buffer::from_host(stream, &[me as f32 + 1.0; 300]).unwrap();
+            sub.all_reduce(stream, &mut buf, ReduceOp::Sum).unwrap();
+            let mut all = Buffer::from_host(stream, &[1.0f32]).unwrap();
+            comm.all_reduce(stream, &mut all, ReduceOp::Sum).unwrap();
+            let (sum, total) = (buf.to_host(stream).unwrap(), all.to_host(stream).unwrap());
+            (sub.rank(), sub.world(), sum[0], sum[299], total[0])
+        });
+        for (me, &(rank, world_of, first, last, total)) in got.iter().enumerate() {
+            // Even ranks 0, 2 (ranks 1, 0 by key); odd ranks 1, 3 (ranks 1, 0).
+            let want = if me % 2 == 0 { 1.0 + 3.0 } else { 2.0 + 4.0 };
+            assert_eq!(rank, usize::from(me < 2), "{name}: rank {me}");
+            assert_eq!(
+                (world_of, first, last),
+                (2, want, want),
+                "{name}: rank {me}"
+            );
+            assert_eq!(total, world as f32, "{name}: rank {me}, the parent group");
+        }
+    }
+}
+
 #[test]
 fn ranks_that_disagree_get_an_error_on_every_rank_and_the_group_goes_on() {
     for (transport, name) in TRANSPORTS {
@@ -435,6 +465,17 @@ fn spawned_rank_body() {
                 check_all(&comm, &stream, sd, false)
             );
         }
+        "large" => {
+            let sd: u64 = std::env::var("WARPDRIVE_TEST_SEED")
+                .unwrap()
+                .parse()
+                .unwrap();
+            // Twice: the second call finds the others' buffers where the first left them.
+            for (tag, op) in [(1, ReduceOp::Sum), (2, ReduceOp::Average)] {
+                check_all_reduce(&comm, &stream, sd, tag, PAST_A_SLOT, op);
+            }
+            println!("\nLARGE ok {comm:?}");
+        }
         "disagree" => {
             let (disagree, refused, after) = disagree_then_agree(&comm, &stream);
             println!("\nDISAGREE {disagree}\nREFUSED {refused}\nAFTER {after}");
@@ -536,6 +577,39 @@ fn ranks_as_processes_match_the_reference_over_shared_memory_and_tcp() {
                 assert!(checked.contains(&want), "{checked}");
                 eprintln!("{name} (cma {cma}) world {world} rank {rank}: {checked}");
             }
+        }
+    }
+}
+
+/// Large all-reduces (one process a rank, over shared memory) on each path: the ranks'
+/// buffers lent (mapped by the others), copied through cross-memory attach, staged through
+/// the segment; and ranks that differ (one that does not lend, so none does, with and
+/// without cross-memory attach).
+#[test]
+fn large_all_reduces_between_processes_match_the_reference_on_every_path() {
+    let sd = seed("dist_procs large");
+    // (world, WARPDRIVE_DIST_LEND by rank, WARPDRIVE_DIST_CMA)
+    let configs = [
+        (4, ["1"; 4], "1"),
+        (2, ["1"; 4], "0"),
+        (4, ["0"; 4], "1"),
+        (2, ["0"; 4], "0"),
+        (4, ["1", "1", "0", "1"], "1"),
+        (2, ["1", "0", "1", "1"], "0"),
+    ];
+    for (i, (world, lend, cma)) in configs.into_iter().enumerate() {
+        let outs = spawn_ranks(world, "large", &|rank| {
+            vec![
+                ("WARPDRIVE_DIST_TRANSPORT", "shm".to_string()),
+                ("WARPDRIVE_DIST_LEND", lend[rank].to_string()),
+                ("WARPDRIVE_DIST_CMA", cma.to_string()),
+                ("WARPDRIVE_TEST_SEED", sd.to_string()),
+            ]
+        });
+        for (rank, out) in outs.iter().enumerate() {
+            let done = line(out, "LARGE ok ");
+            assert!(done.contains(&format!("rank {rank} of {world}")), "{done}");
+            eprintln!("config {i}, world {world}, rank {rank}: {done}");
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Cross-memory attach (Linux `process_vm_readv` / `process_vm_writev`): a rank on the same
 //! host copies straight from and into another rank's buffer, as the in-process group's
-//! lending lets threads do. The shared-memory group's all-reduce uses it where the kernel
-//! allows it (same user, no ptrace restriction, a seccomp profile that permits the calls):
+//! lending lets threads do. The shared-memory group's all-reduce uses it for buffers the
+//! ranks cannot map from one another (`shared_host.rs`) where the kernel allows it (same user, no ptrace restriction, a seccomp profile that permits the calls):
 //! each element is then read once and written once a rank, not staged through the segment.
 //! The group tries it once when it starts ([`probe`]) and keeps the segment's path otherwise.
 //! As with every collective, a rank that fails mid-call (a peer gone, the timeout) leaves its

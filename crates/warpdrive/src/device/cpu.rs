@@ -6,7 +6,7 @@ use std::alloc::Layout;
 
 use crate::error::{Error, Result};
 
-use super::{DeviceInfo, LibraryStatus};
+use super::{shared_host, DeviceInfo, LibraryStatus};
 
 /// Alignment of every CPU allocation: enough for 16-byte vectors and cache lines.
 pub(crate) const ALIGN: usize = 256;
@@ -32,8 +32,23 @@ pub(crate) fn alloc(bytes: usize) -> Result<u64> {
     Ok(ptr as u64)
 }
 
-/// Frees memory returned by [`alloc`] with the same `bytes`.
+/// As [`alloc`], in memory other processes of the host can map ([`shared_host`]) from
+/// [`SHARE_FROM`](shared_host::SHARE_FROM) bytes once it is enabled, while the host has that
+/// much available (a memory file is not refused up front the way an allocation is).
+pub(crate) fn alloc_shareable(bytes: usize) -> Result<u64> {
+    if bytes >= shared_host::SHARE_FROM && shared_host::enabled() && bytes <= mem_info().0 {
+        if let Some(ptr) = shared_host::alloc(bytes) {
+            return Ok(ptr);
+        }
+    }
+    alloc(bytes)
+}
+
+/// Frees memory returned by [`alloc`] or [`alloc_shareable`] with the same `bytes`.
 pub(crate) fn free(ptr: u64, bytes: usize) {
+    if shared_host::free(ptr, bytes) {
+        return;
+    }
     if let Ok(layout) = layout(bytes) {
         // SAFETY: `ptr` came from `alloc(bytes)` with this layout and is freed once, here.
         unsafe { std::alloc::dealloc(ptr as *mut u8, layout) }

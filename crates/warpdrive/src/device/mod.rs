@@ -13,6 +13,7 @@ pub(crate) mod lending;
 pub(crate) mod mapped;
 mod peer;
 pub mod probe;
+pub(crate) mod shared_host;
 mod shared_words;
 pub(crate) mod shm;
 mod state;
@@ -302,7 +303,7 @@ impl Device {
     /// Allocates `bytes > 0` of raw memory on this device; free it with [`Device::free_raw`].
     pub(crate) fn alloc_raw(&self, bytes: usize) -> Result<u64> {
         match self {
-            Device::Cpu => cpu::alloc(bytes),
+            Device::Cpu => cpu::alloc_shareable(bytes),
             Device::Cuda(d) => d.alloc(bytes),
         }
     }

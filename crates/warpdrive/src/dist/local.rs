@@ -585,7 +585,7 @@ type Piece<'a, T> = (bool, Vec<&'a mut [T]>);
 
 /// [`reduce_in_place`], split over the copy threads for large slices. A piece a worker did
 /// not finish (the pool could not run it) is reduced on this thread, so the result is whole.
-fn reduce_pooled<T: Float>(op: ReduceOp, parts: &mut [&mut [T]]) {
+pub(super) fn reduce_pooled<T: Float>(op: ReduceOp, parts: &mut [&mut [T]]) {
     let len = parts.first().map_or(0, |p| p.len());
     let workers = crate::transfer::workers(&crate::Device::cpu());
     if len.saturating_mul(size_of::<T>()) < POOLED_FROM_BYTES || workers.threads() <= 1 {

@@ -24,12 +24,17 @@
 //! `MASTER_ADDR:MASTER_PORT` (`bootstrap.rs`), every pair of ranks links over TCP
 //! (`mesh.rs`: send / receive, and the news that a rank left or aborted), and the collectives
 //! run as rounds (`procs.rs`) through a shared-memory segment under `/dev/shm` on one host
-//! (`device/shm.rs`) or over those TCP links ([`Transport`]). Large all-reduces on one host copy
-//! straight between the ranks' buffers where the kernel allows it (`device/cma.rs`). The same checks
-//! hold: every call's description is compared first (an error on every rank when they
-//! differ, the group usable after), every wait has the timeout, and a rank whose process
-//! ends is seen at once through its closed connections. Sub-communicators ([`Comm::split`])
-//! of such a group are not built yet (`Unsupported`).
+//! (`device/shm.rs`) or over those TCP links ([`Transport`]). Large all-reduces on one host work
+//! on the ranks' buffers where they are: in a process that joined such a group, the CPU
+//! backend's buffers from 1 MiB live in memory files the other ranks map
+//! (`device/shared_host.rs`; buffers made before the join are not), so each rank reduces its
+//! part of every buffer in place as the in-process group does; where a buffer is not in one,
+//! they copy straight between the buffers where the kernel allows it (`device/cma.rs`). The
+//! same checks hold: every call's description is compared first (an error on every rank when
+//! they differ, the group usable after), every wait has the timeout, and a rank whose process
+//! ends is seen at once through its closed connections. A [`Comm::split`] of such a group
+//! makes each sub-group a group of its own, gathered at its first member's address on a port
+//! that member picks (new links, and a new segment over shared memory).
 //!
 //! On GPUs the same `Comm` runs on NCCL ([`Comm::nccl_group`]: one process driving several
 //! GPUs, one thread per rank; [`Comm::nccl_rank`] and [`Comm::from_env`]: one process per
@@ -57,8 +62,6 @@
 //! [`Comm::tuned_bucket_bytes`] (and [`Reducer::tuned`]) pick the Reducer's bucket size per
 //! topology through the autotune cache; [`Comm::hierarchy_by_host`] picks the hierarchical
 //! all-reduce when the ranks span hosts.
-//!
-//! Not yet: sub-communicators of CPU groups across processes (so their hierarchy).
 
 mod bootstrap;
 mod bucket_tune;
@@ -307,8 +310,8 @@ impl Comm {
     /// them: rank 0 gathers every rank at `MASTER_ADDR:MASTER_PORT`, then the ranks link to
     /// one another and exchange through `transport` (shared memory under `/dev/shm` on one
     /// host, TCP across hosts; [`Transport::Auto`] picks by the ranks' host names). The same
-    /// collectives and send / receive as [`Comm::local_group`]'s, with the same checks; not
-    /// yet [`split`](Comm::split). Returns once every rank has joined, or fails after
+    /// collectives, send / receive and [`split`](Comm::split) as [`Comm::local_group`]'s,
+    /// with the same checks. Returns once every rank has joined, or fails after
     /// `timeout` (a wrong port, a rank that never comes, ranks that disagree on the job).
     pub fn cpu_rank(env: &LaunchEnv, transport: Transport, timeout: Duration) -> Result<Comm> {
         check_timeout("Comm::cpu_rank", timeout)?;
@@ -401,11 +404,38 @@ impl Comm {
 
     fn split_with(&self, color: usize, key: usize, efficient: Option<bool>) -> Result<Comm> {
         match &self.link {
-            Link::Procs(_) => Err(Error::Unsupported(
-                "split: sub-communicators of a CPU group across processes are not built yet \
-                 (the in-process group and NCCL have them)"
-                    .into(),
-            )),
+            Link::Procs(p) => {
+                let host = Device::cpu().new_stream()?;
+                let (rank, members) = self.members(&host, color, key)?;
+                // The first member meets the others on a port of its own, at its address.
+                let port = if rank == 0 { procs::free_port()? } else { 0 };
+                let mine = Buffer::from_host(&host, &[u64::from(port)])?;
+                let mut ports = Buffer::from_host(&host, &vec![0u64; self.world])?;
+                self.all_gather(&host, &mine, &mut ports)?;
+                let first = members[0];
+                let port = ports.to_host(&host)?.get(first).copied().unwrap_or(0);
+                let addr = p.address_of(first).filter(|_| port > 0);
+                let (Some(addr), Ok(port)) = (addr, u16::try_from(port)) else {
+                    return Err(Error::Collective {
+                        op: "split",
+                        detail: format!("rank {first} showed no place for its sub-group"),
+                    });
+                };
+                let env = LaunchEnv {
+                    rank,
+                    world: members.len(),
+                    local_rank: rank,
+                    master_addr: addr.to_string(),
+                    master_port: port,
+                };
+                let procs = Procs::join(&env, p.sub_transport(), self.timeout)?;
+                Ok(Comm {
+                    rank,
+                    world: members.len(),
+                    timeout: self.timeout,
+                    link: Link::Procs(Box::new(procs)),
+                })
+            }
             Link::Nccl(n) => {
                 let (link, rank, world) = n.split(color, key, efficient)?;
                 Ok(Comm {
@@ -417,24 +447,9 @@ impl Comm {
             }
             Link::Host { group, step } => {
                 let host = Device::cpu().new_stream()?;
-                let mine = Buffer::from_host(&host, &[color as u64, key as u64])?;
-                let mut all = Buffer::from_host(&host, &vec![0u64; 2 * self.world])?;
-                self.all_gather(&host, &mine, &mut all)?;
+                let (rank, members) = self.members(&host, color, key)?;
                 // Every rank is now past the same step: it names this split.
                 let at = step.get();
-                let all = all.to_host(&host)?;
-                let mut members: Vec<(u64, usize)> = (0..self.world)
-                    .filter(|&q| all[2 * q] == color as u64)
-                    .map(|q| (all[2 * q + 1], q))
-                    .collect();
-                members.sort_unstable();
-                let rank = members
-                    .iter()
-                    .position(|&(_, q)| q == self.rank)
-                    .ok_or_else(|| Error::Collective {
-                        op: "split",
-                        detail: "this rank is missing from its own color".into(),
-                    })?;
                 Ok(Comm {
                     rank,
                     world: members.len(),
@@ -446,6 +461,28 @@ impl Comm {
                 })
             }
         }
+    }
+
+    /// The ranks of this group that pass `color` to a split, ordered by their `key` (then by
+    /// rank), and this rank's place among them: every rank's pair is all-gathered.
+    fn members(&self, host: &Stream, color: usize, key: usize) -> Result<(usize, Vec<usize>)> {
+        let mine = Buffer::from_host(host, &[color as u64, key as u64])?;
+        let mut all = Buffer::from_host(host, &vec![0u64; 2 * self.world])?;
+        self.all_gather(host, &mine, &mut all)?;
+        let all = all.to_host(host)?;
+        let mut members: Vec<(u64, usize)> = (0..self.world)
+            .filter(|&q| all[2 * q] == color as u64)
+            .map(|q| (all[2 * q + 1], q))
+            .collect();
+        members.sort_unstable();
+        let rank = members
+            .iter()
+            .position(|&(_, q)| q == self.rank)
+            .ok_or_else(|| Error::Collective {
+                op: "split",
+                detail: "this rank is missing from its own color".into(),
+            })?;
+        Ok((rank, members.into_iter().map(|(_, q)| q).collect()))
     }
 
     /// Runs `calls` (this rank's calls on this `Comm`) as one group: on NCCL they launch

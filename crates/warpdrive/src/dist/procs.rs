@@ -9,7 +9,9 @@
 //! its own checks, get an error on every rank and the group stays usable; the data rounds
 //! follow, each at most [`SLOT_BYTES`] a rank. Rank `r` reduces part `r` of every chunk, in
 //! rank order, in f64, rounded once, as the in-process group does. A failure inside a step (a
-//! timeout, a rank that left) aborts the group on every rank.
+//! timeout, a rank that left) aborts the group on every rank. Large all-reduces over shared
+//! memory skip the slots: the ranks map one another's buffers ([`shared_host`]) or copy
+//! between them ([`cma`]), and only their descriptions and the barriers go through rounds.
 
 use std::cell::{Cell, RefCell};
 use std::net::{IpAddr, SocketAddr, TcpListener};
@@ -18,11 +20,12 @@ use std::time::{Duration, Instant};
 
 use super::bootstrap::{LaunchEnv, Table};
 use super::call::{dtype_code, Call};
-use super::local::reduce;
+use super::local::{reduce, reduce_pooled};
 use super::mesh::{dial_addr, Kind, Mesh, Payload};
 use super::ReduceOp;
 use crate::device::cma;
 use crate::device::lending::share;
+use crate::device::shared_host::{self, Lent, PeerRegion, Shown};
 use crate::device::shm::{Segment, SHM_DIR, SLOT_BYTES};
 use crate::dtype::{DType, Float};
 use crate::error::{Error, Result};
@@ -85,10 +88,23 @@ pub(super) struct Procs {
     /// Whether every rank can copy from and into every other's memory ([`cma`]): the large
     /// all-reduces then skip the segment.
     cma: bool,
+    /// Whether this rank shows its buffers' shared regions ([`shared_host`]) for the others to
+    /// map (`WARPDRIVE_DIST_LEND=0` turns it off, and with it the lent all-reduce).
+    lend: bool,
+    /// The other ranks' regions this rank has mapped, by rank, the most recently used last.
+    mapped: RefCell<Vec<Vec<PeerRegion>>>,
+    /// Where each rank is reached (its mesh address), and the transport this rank asked for:
+    /// a split's sub-groups meet at their first member's address, as the group did.
+    addrs: Vec<SocketAddr>,
+    transport: Transport,
 }
 
-/// All-reduces from this many bytes a rank go through [`cma`] where the ranks can use it.
+/// All-reduces from this many bytes a rank work on the ranks' buffers directly (lent, or
+/// through [`cma`]) where the ranks can.
 const CMA_FROM_BYTES: usize = 1 << 20;
+/// Regions of each other rank kept mapped: a few buffers all-reduced in turn (a Reducer's
+/// buckets) stay mapped; an older one is unmapped (mapping it again costs its page tables).
+const MAPPED_PER_RANK: usize = 8;
 /// Bytes a rank reduces at once on the [`cma`] path: the other ranks' pieces, copied in,
 /// and the result stay in the cache until the result is copied out.
 const CMA_PIECE_BYTES: usize = 256 << 10;
@@ -204,6 +220,10 @@ impl Procs {
             None if shm => Some(Segment::open(table.job, env.world, env.rank)?),
             None => None,
         };
+        if segment.is_some() && env.world > 1 {
+            // Buffers from now on can be lent to the other ranks (the lent all-reduce).
+            shared_host::enable();
+        }
         let procs = Procs {
             rank: env.rank,
             world: env.world,
@@ -214,6 +234,10 @@ impl Procs {
             step: Cell::new(0),
             own: RefCell::new(Payload::default()),
             cma: false,
+            lend: std::env::var("WARPDRIVE_DIST_LEND").map_or(true, |v| v.trim() != "0"),
+            mapped: RefCell::new((0..env.world).map(|_| Vec::new()).collect()),
+            addrs,
+            transport,
         };
         // Every rank linked (and mapped the segment): rank 0 can remove its file.
         let seq = procs.post("join", 0, |_| Ok(()), &|_, _| 0..0, deadline)?;
@@ -268,6 +292,21 @@ impl Procs {
 
     pub(super) fn rank(&self) -> usize {
         self.rank
+    }
+
+    /// Where rank `q` is reached, for a sub-group that meets there ([`split`](super::Comm::split)).
+    pub(super) fn address_of(&self, q: usize) -> Option<IpAddr> {
+        self.addrs.get(q).map(SocketAddr::ip)
+    }
+
+    /// The transport for a sub-group: shared memory where this group has it, else what this
+    /// rank asked for.
+    pub(super) fn sub_transport(&self) -> Transport {
+        if self.shm.is_some() {
+            Transport::SharedMemory
+        } else {
+            self.transport
+        }
     }
 
     pub(super) fn world(&self) -> usize {
@@ -515,8 +554,14 @@ impl Procs {
         const OP: &str = "all_reduce";
         self.open(OP, Ok(&call))?;
         let (n, me, size) = (self.world, self.rank, size_of::<T>());
-        if self.cma && data.len().saturating_mul(size) >= CMA_FROM_BYTES {
-            return self.data(OP, || self.all_reduce_cma(data, op));
+        // Every rank takes the same path: `lend` is this rank's alone, so it only changes
+        // what this rank shows in the direct path's first round.
+        let direct = self.shm.is_some() && n > 1;
+        if direct && data.len().saturating_mul(size) >= CMA_FROM_BYTES {
+            let done = self.data(OP, || self.all_reduce_direct(data, op))?;
+            if done {
+                return Ok(());
+            }
         }
         let per = chunk_elems::<T>(1);
         self.data(OP, || {
@@ -559,30 +604,169 @@ impl Procs {
         })
     }
 
-    /// The all-reduce through [`cma`]: the ranks show one another where their buffers are,
-    /// rank `r` reduces part `r` of every buffer piece by piece (the others' pieces copied in,
-    /// the result copied out into every buffer) on this process's copy threads, and a last
-    /// round keeps every rank in the call until no rank touches its buffer any more.
-    fn all_reduce_cma<T: Float>(&self, data: &mut [T], op: ReduceOp) -> Result<()> {
+    /// The all-reduce on the ranks' buffers where they are: the ranks show one another where
+    /// their buffers are (process, address, and the shared region holding it, if any). When
+    /// every buffer is in a shared region and every rank maps the others', the lent path runs
+    /// ([`all_reduce_lent`](Self::all_reduce_lent)); else, where the ranks can, the [`cma`]
+    /// path. `Ok(false)`: neither (on every rank alike), the caller stages through the segment.
+    fn all_reduce_direct<T: Float>(&self, data: &mut [T], op: ReduceOp) -> Result<bool> {
+        const OP: &str = "all_reduce";
+        const NONE: u64 = u64::MAX;
+        let deadline = self.deadline();
+        let whole = |_: usize, _: usize| WHOLE;
+        let region = self
+            .lend
+            .then(|| shared_host::find(data.as_ptr() as usize, size_of_val(data)))
+            .flatten();
+        let shown = match region {
+            Some(r) => [r.fd as u64, r.token, r.len as u64, r.offset as u64],
+            None => [NONE; 4],
+        };
+        let shown = [
+            cma::pid() as u64,
+            data.as_ptr() as usize as u64,
+            shown[0],
+            shown[1],
+            shown[2],
+            shown[3],
+        ];
+        let seq = self.post(OP, 48, |b| copy_in(b, &shown), &whole, deadline)?;
+        let mut peers = Vec::with_capacity(self.world);
+        let mut regions = Vec::with_capacity(self.world);
+        self.collect(OP, seq, &whole, deadline, |parts| {
+            for p in parts {
+                let &[pid, at, fd, token, len, offset] = typed::<u64>(p)? else {
+                    return Err(failed(OP, "a rank showed no buffer".into()));
+                };
+                peers.push((
+                    i32::try_from(pid).unwrap_or(-1),
+                    usize::try_from(at).unwrap_or(usize::MAX),
+                ));
+                let shown = (fd != NONE).then(|| {
+                    Some(Shown {
+                        fd: i32::try_from(fd).ok()?,
+                        token,
+                        len: usize::try_from(len).ok()?,
+                        offset: usize::try_from(offset).ok()?,
+                    })
+                });
+                regions.push(shown.flatten());
+            }
+            Ok(())
+        })?;
+        if regions.iter().all(Option::is_some) {
+            let regions: Vec<Shown> = regions.into_iter().flatten().collect();
+            if self.all_reduce_lent(data, op, &peers, &regions)? {
+                return Ok(true);
+            }
+        }
+        if !self.cma {
+            return Ok(false);
+        }
+        self.all_reduce_cma(data, op, &peers).map(|()| true)
+    }
+
+    /// The lent all-reduce: every rank maps the others' regions (kept for later calls) and
+    /// says whether it could; when all could, rank `r` reduces part `r` of every buffer in
+    /// place on this process's copy threads, as the in-process group does (each element read
+    /// once and written once), and a last round keeps every rank in the call until no rank
+    /// touches its buffer any more. `Ok(false)` on every rank when some rank could not map.
+    fn all_reduce_lent<T: Float>(
+        &self,
+        data: &mut [T],
+        op: ReduceOp,
+        peers: &[(i32, usize)],
+        regions: &[Shown],
+    ) -> Result<bool> {
+        const OP: &str = "all_reduce";
+        let (n, me) = (self.world, self.rank);
+        let deadline = self.deadline();
+        let whole = |_: usize, _: usize| WHOLE;
+        let mut mapped = self.mapped.borrow_mut();
+        let mut can = true;
+        for q in (0..n).filter(|&q| q != me) {
+            let (pid, shown) = (peers[q].0, &regions[q]);
+            let Some(cache) = mapped.get_mut(q) else {
+                can = false;
+                break;
+            };
+            // Regions their owner has freed since: this mapping alone would keep the memory.
+            cache.retain(|m| m.token() == shown.token || m.owner_holds());
+            match cache.iter().position(|m| m.token() == shown.token) {
+                Some(i) => {
+                    let hit = cache.remove(i);
+                    cache.push(hit);
+                }
+                None => match PeerRegion::open(pid, shown) {
+                    Ok(m) => {
+                        if cache.len() >= MAPPED_PER_RANK {
+                            cache.remove(0);
+                        }
+                        cache.push(m);
+                    }
+                    Err(e) => {
+                        tracing::debug!("rank {me}: cannot map rank {q}'s buffer: {e}");
+                        can = false;
+                    }
+                },
+            }
+        }
+        let verdict = [u64::from(can)];
+        let seq = self.post(OP, 8, |b| copy_in(b, &verdict), &whole, deadline)?;
+        let mut all = true;
+        self.collect(OP, seq, &whole, deadline, |parts| {
+            for p in parts {
+                all &= typed::<u64>(p)?.first() == Some(&1);
+            }
+            Ok(())
+        })?;
+        if !all {
+            return Ok(false);
+        }
+        let len = data.len();
+        let mut own = Some(data);
+        let mut buffers = Vec::with_capacity(n);
+        for (q, shown) in regions.iter().enumerate() {
+            if q == me {
+                buffers.push(Lent::Own(
+                    own.take()
+                        .ok_or_else(|| failed(OP, "two own buffers".into()))?,
+                ));
+                continue;
+            }
+            // Mapped above (the verdict was this rank's too), the most recent last.
+            let region = mapped
+                .get(q)
+                .and_then(|c| c.last())
+                .filter(|m| m.token() == shown.token)
+                .ok_or_else(|| failed(OP, format!("rank {q}'s region is not mapped")))?;
+            buffers.push(Lent::Peer(region, shown.offset));
+        }
+        shared_host::with_lent(buffers, len, part(len, n, me), |parts| {
+            reduce_pooled(op, parts)
+        })
+        .map_err(|e| failed(OP, format!("lending the buffers: {e}")))?;
+        // Every rank done with every buffer: each may return.
+        let seq = self.post(OP, 0, |_| Ok(()), &whole, deadline)?;
+        self.collect(OP, seq, &whole, deadline, |_| Ok(()))?;
+        Ok(true)
+    }
+
+    /// The all-reduce through [`cma`]: with the buffers' places shown (`peers`: each rank's
+    /// process and buffer address), rank `r` reduces part `r` of every buffer piece by piece
+    /// (the others' pieces copied in, the result copied out into every buffer) on this
+    /// process's copy threads, and a last round keeps every rank in the call until no rank
+    /// touches its buffer any more.
+    fn all_reduce_cma<T: Float>(
+        &self,
+        data: &mut [T],
+        op: ReduceOp,
+        peers: &[(i32, usize)],
+    ) -> Result<()> {
         const OP: &str = "all_reduce";
         let (n, me, size) = (self.world, self.rank, size_of::<T>());
         let deadline = self.deadline();
         let whole = |_: usize, _: usize| WHOLE;
-        let shown = [cma::pid() as u64, data.as_ptr() as usize as u64];
-        let seq = self.post(OP, 16, |b| copy_in(b, &shown), &whole, deadline)?;
-        let mut peers = Vec::with_capacity(n);
-        self.collect(OP, seq, &whole, deadline, |parts| {
-            for p in parts {
-                match typed::<u64>(p)? {
-                    &[pid, at] => peers.push((
-                        i32::try_from(pid).unwrap_or(-1),
-                        usize::try_from(at).unwrap_or(usize::MAX),
-                    )),
-                    _ => return Err(failed(OP, "a rank showed no buffer".into())),
-                }
-            }
-            Ok(())
-        })?;
         let span = part(data.len(), n, me);
         let piece = (CMA_PIECE_BYTES / size).max(8);
         let pieces: Vec<parking_lot::Mutex<(bool, &mut [T])>> = data[span.clone()]
@@ -593,7 +777,7 @@ impl Procs {
         let work = |i: usize| {
             let mut p = pieces[i].lock();
             let (done, slice) = &mut *p;
-            if let Err(e) = reduce_piece(op, &peers, me, span.start + i * piece, slice) {
+            if let Err(e) = reduce_piece(op, peers, me, span.start + i * piece, slice) {
                 failure.lock().get_or_insert(e);
             }
             *done = true;
@@ -897,6 +1081,15 @@ fn clip(r: Range<usize>, len: usize) -> Range<usize> {
     } else {
         r
     }
+}
+
+/// A port free on this host now (bound, then released), where a sub-group's first rank
+/// gathers the others.
+pub(super) fn free_port() -> Result<u16> {
+    TcpListener::bind(("0.0.0.0", 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| failed("split", format!("no free port for a sub-group: {e}")))
 }
 
 /// A job token no other job on the host has: the file name of its segment.
