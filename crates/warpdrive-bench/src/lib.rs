@@ -184,7 +184,8 @@ static SUITES: &[Suite] = &[
         about: "the job service over loopback HTTP: submission latency; latency, \
                 throughput and busy fraction of 1-row and 256-row MoE jobs from several \
                 clients and against offered load (open loop), with batch-1 serving, dynamic \
-                batching, the controller and two workers; an asyncio + PyTorch peer",
+                batching (when idle, and Triton's window), the controller and two workers; \
+                an asyncio + PyTorch peer",
         run: serve::run_suite,
     },
     Suite {
