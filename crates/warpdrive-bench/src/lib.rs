@@ -31,6 +31,7 @@ mod progress;
 mod report;
 mod results;
 mod serve;
+mod serve_peer;
 mod stats;
 mod telemetry;
 mod tier;
@@ -47,6 +48,7 @@ pub use ceilings::{measure_ceilings, measure_ceilings_at};
 pub use derived::{format_derived, Derived};
 pub use peers::{parse_peer_rows, peers_dir, run_peers, PEERS_DIR_ENV, PEER_TIMEOUT_ENV};
 pub use progress::Progress;
+pub use serve_peer::versus_peer;
 pub use report::{render_report, write_report, Report};
 pub use results::{
     format_ceilings, format_table, now_rfc3339, print_table, rfc3339_utc, Ceiling, Ceilings,

@@ -35,6 +35,9 @@
 //!   clients; µs per job from the moment it was due; `extra.offered_per_s`,
 //!   `extra.load_fraction`, `extra.service_us` (the median run time of the batches its
 //!   jobs ran in) and the `load-1row` extras.
+//!   Every load row also splits a job's time as the service saw it: `extra.queue_us` and
+//!   `extra.queue_p99_us` (arrival in the queue to its batch starting), `extra.run_p99_us`
+//!   and `extra.submit_p99_us`; the rest of `p99_us` is the HTTP side and the client.
 //! - `p99-at-80pct` (size = offered jobs/s): the target read off each variant's
 //!   curve: the p99 latency (µs, as median, p10 and p90) of the curve's 80 % point against
 //!   `extra.bound_us` = 3 × its `service_us`; `extra.verdict` is `met` or `missed`.
@@ -280,6 +283,10 @@ fn record(
     let service = percentile(&r.run_us, 0.5);
     for (k, v) in [
         ("service_us", service),
+        ("run_p99_us", percentile(&r.run_us, 0.99)),
+        ("queue_us", percentile(&r.queue_us, 0.5)),
+        ("queue_p99_us", percentile(&r.queue_us, 0.99)),
+        ("submit_p99_us", percentile(&r.submit_us, 0.99)),
         ("jobs_per_s", r.jobs_per_s()),
         ("p99_us", p99),
         ("p999_us", p999),
@@ -396,6 +403,8 @@ fn p99_at_80pct(ctx: &mut Ctx, variant: &str, rate: f64, r: &LoadReport) -> Resu
     let verdict = if p99 <= bound { "met" } else { "missed" };
     for (k, v) in [
         ("bound_us", bound.into()),
+        ("service_us", percentile(&r.run_us, 0.5).into()),
+        ("queue_p99_us", percentile(&r.queue_us, 0.99).into()),
         ("offered_per_s", rate.into()),
         ("jobs_per_s", r.jobs_per_s().into()),
         ("verdict", verdict.into()),
