@@ -187,6 +187,8 @@ impl Queued for Job {
 pub(crate) struct Shared {
     queue: Mutex<Queue<Job>>,
     wake: Condvar,
+    /// `warpdrive_serve_queue_jobs`, looked up once (set under the queue's lock).
+    queue_gauge: metrics::Gauge,
     /// Batches running now; changed under the queue's lock (the dispatch rule reads it).
     running: AtomicUsize,
     dispatch: Dispatch,
@@ -208,17 +210,16 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// Queues `job` and returns when it was in the queue (before the batcher is woken and
-    /// the gauge set: those are the batcher's and the metrics' work, not the submission's),
-    /// or gives it back with why not.
+    /// Queues `job` and returns when it was in the queue (before the batcher is woken:
+    /// that is the batcher's work, not the submission's), or gives it back with why not.
     pub(crate) fn submit(&self, job: Job) -> std::result::Result<Instant, (Refused, Job)> {
         let mut q = self.queue.lock();
         q.push(job)?;
-        let waiting = q.len();
+        // Under the lock, so a batch taken at once cannot be overwritten by a stale count.
+        self.queue_gauge.set(q.len() as f64);
         drop(q);
         let queued = Instant::now();
         self.wake.notify_one();
-        metrics::gauge!("warpdrive_serve_queue_jobs").set(waiting as f64);
         Ok(queued)
     }
 
@@ -333,6 +334,7 @@ fn start_first(make: MakeModels, config: &ServeConfig) -> Result<(Arc<Shared>, J
             let shared = Arc::new(Shared {
                 queue: Mutex::new(Queue::new(cfg.queue_jobs, cfg.starvation_limit)),
                 wake: Condvar::new(),
+                queue_gauge: metrics::gauge!("warpdrive_serve_queue_jobs"),
                 running: AtomicUsize::new(0),
                 dispatch: cfg.dispatch,
                 healthy: AtomicBool::new(true),
@@ -442,7 +444,7 @@ fn next_batch(shared: &Shared, knobs: Knobs, tick: Duration) -> Next<'_> {
                     None => {
                         let batch = q.take_batch(knobs.batch_rows);
                         shared.running.fetch_add(1, Ordering::AcqRel);
-                        metrics::gauge!("warpdrive_serve_queue_jobs").set(q.len() as f64);
+                        shared.queue_gauge.set(q.len() as f64);
                         return Next::Batch(batch, Running(shared));
                     }
                     Some(due) => {
@@ -516,7 +518,7 @@ fn run(mut model: Box<dyn Model>, shared: &Shared, config: &ServeConfig) {
     let mut window = Window::new(Instant::now());
     let mut totals = Totals::default();
     let mut gathered = Vec::new();
-    metrics::gauge!("warpdrive_serve_queue_jobs").set(0.0);
+    shared.queue_gauge.set(0.0);
     loop {
         let done = match next_batch(shared, knobs, config.interval) {
             Next::Done => true,
