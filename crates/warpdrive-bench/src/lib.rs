@@ -48,12 +48,12 @@ pub use ceilings::{measure_ceilings, measure_ceilings_at};
 pub use derived::{format_derived, Derived};
 pub use peers::{parse_peer_rows, peers_dir, run_peers, PEERS_DIR_ENV, PEER_TIMEOUT_ENV};
 pub use progress::Progress;
-pub use serve_peer::versus_peer;
 pub use report::{render_report, write_report, Report};
 pub use results::{
     format_ceilings, format_table, now_rfc3339, print_table, rfc3339_utc, Ceiling, Ceilings,
     DeviceRecord, Metric, Results, Row, SCHEMA,
 };
+pub use serve_peer::versus_peer;
 pub use stats::{percentile, Stats};
 pub use timing::{time_gpu, time_host, time_host_rounds};
 

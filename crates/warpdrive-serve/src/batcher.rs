@@ -1,12 +1,11 @@
 //! The batcher: one thread owns the model, takes batches off the priority queue (closing one
-//! at the rows knob or by the [`Dispatch`] rule: as soon as the device is idle, by default),
-//! runs it and scatters
-//! the rows back. Before a batch runs, jobs whose client has gone are dropped and jobs past
-//! their deadline are answered 504. A batch the device runs out of memory for is halved and
-//! retried; after a sticky fault every job gets an error and the service reports itself
-//! unhealthy. Once an interval it sums up what it saw, lets the controller (when on) set the
-//! knobs, and publishes the [`Status`]. Once the queue is closed it runs what is left and
-//! ends: no queued job goes unanswered.
+//! at the rows knob or by the [`Dispatch`] rule: by default as soon as the device is idle),
+//! runs it and scatters the rows back. Before a batch runs, jobs whose client has gone are
+//! dropped and jobs past their deadline are answered 504. A batch the device runs out of
+//! memory for is halved and retried; after a sticky fault every job gets an error and the
+//! service reports itself unhealthy. Once an interval it sums up what it saw, lets the
+//! controller (when on) set the knobs, and publishes the [`Status`]. Once the queue is
+//! closed it runs what is left and ends: no queued job goes unanswered.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

@@ -230,7 +230,14 @@ pub async fn run_async(config: &LoadConfig) -> Result<LoadReport, LoadError> {
     let max_jobs = config.max_jobs.unwrap_or(u64::MAX);
     match config.arrivals {
         Arrivals::Poisson { per_s } => {
-            open_loop(config, per_s, (client, job, rng), &mut report, (start, stop)).await
+            open_loop(
+                config,
+                per_s,
+                (client, job, rng),
+                &mut report,
+                (start, stop),
+            )
+            .await
         }
         Arrivals::Clients(n) => {
             let sent = Arc::new(AtomicU64::new(0));
@@ -294,8 +301,8 @@ async fn open_loop(
             while paced.load(Ordering::Relaxed) < max_jobs && !tx.is_closed() {
                 // Exponential gaps: -ln(1 - u) / rate, u in [0, 1).
                 let u: f64 = rng.random();
-                let gap = Duration::try_from_secs_f64(-(1.0 - u).ln() / per_s)
-                    .unwrap_or(Duration::MAX);
+                let gap =
+                    Duration::try_from_secs_f64(-(1.0 - u).ln() / per_s).unwrap_or(Duration::MAX);
                 due = crate::later(due, gap);
                 if due >= stop {
                     break;
@@ -315,10 +322,7 @@ async fn open_loop(
     }
     // Every job's task ends within the client's timeout; this bounds the whole drain too.
     // The channel ends once the pacer and every job's task are done with it.
-    let drain = crate::later(
-        stop,
-        config.timeout.saturating_add(Duration::from_secs(1)),
-    );
+    let drain = crate::later(stop, config.timeout.saturating_add(Duration::from_secs(1)));
     let mut got = 0u64;
     loop {
         match tokio::time::timeout_at(drain.into(), answers.recv()).await {

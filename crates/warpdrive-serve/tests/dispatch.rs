@@ -31,7 +31,10 @@ fn a_lone_job_on_an_idle_device_runs_without_waiting_out_the_delay() {
         let (status, body) = lone.join().unwrap();
         assert_eq!(status, 200, "{body}");
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-        assert_eq!((v["data"][0].as_f64(), v["batch_rows"].as_u64()), (Some(6.0), Some(1)));
+        assert_eq!(
+            (v["data"][0].as_f64(), v["batch_rows"].as_u64()),
+            (Some(6.0), Some(1))
+        );
     });
 }
 
@@ -41,13 +44,17 @@ fn jobs_that_arrive_while_a_batch_runs_leave_together_as_the_next() {
     let a = server.addr;
     let replies: Vec<(u16, String)> = std::thread::scope(|s| {
         let mut sent = vec![s.spawn(move || http(a, "POST", "/v1/jobs", &job(1, &[0.0])))];
-        wait_until("the first batch to start", || seen.lock().unwrap().len() == 1);
+        wait_until("the first batch to start", || {
+            seen.lock().unwrap().len() == 1
+        });
         for k in 1..=3 {
             sent.push(s.spawn(move || http(a, "POST", "/v1/jobs", &job(1, &[k as f32]))));
         }
         wait_until("three jobs to queue behind it", || server.queued() == 3);
         open.send(()).unwrap();
-        wait_until("the second batch to start", || seen.lock().unwrap().len() == 2);
+        wait_until("the second batch to start", || {
+            seen.lock().unwrap().len() == 2
+        });
         open.send(()).unwrap();
         sent.into_iter().map(|h| h.join().unwrap()).collect()
     });
@@ -59,6 +66,10 @@ fn jobs_that_arrive_while_a_batch_runs_leave_together_as_the_next() {
             v["batch_rows"].as_u64().unwrap_or(0)
         })
         .collect();
-    assert_eq!(rows, [1, 3, 3, 3], "the first alone, the three queued behind it as one batch");
+    assert_eq!(
+        rows,
+        [1, 3, 3, 3],
+        "the first alone, the three queued behind it as one batch"
+    );
     assert_eq!(seen.lock().unwrap().len(), 2);
 }
