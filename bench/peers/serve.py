@@ -5,7 +5,8 @@ A plain-asyncio HTTP/1.1 service (no aiohttp: the standard library alone, so it 
 wherever PyTorch does) with ONE batcher worker around PyTorch's grouped-GEMM MoE layer
 (moe.py's torch-grouped-mm forward: torch._grouped_mm, or its loop-of-matmuls emulation on
 the CPU), with the batching rule of warpdrive's service: a batch closes at MAX_ROWS rows or
-when its first job has waited MAX_DELAY; the forward runs in a thread so the event loop
+as soon as the worker is free (it takes what is queued then), or, given a MAX_DELAY, when
+its first job has waited that long; the forward runs in a thread so the event loop
 keeps accepting and parsing while the device works; each job gets its own rows back.
 Clients are coroutines of the same process (as warpdrive's are threads of its process),
 each with one keep-alive connection, sending jobs back to back (a closed loop): one-row jobs
@@ -22,8 +23,8 @@ its suite serves the `tiny` scale) hidden and intermediate / 16 (128, 48), as wa
 Rows (case, size as warpdrive's suite names them):
   load-1row    size = clients 1 / 8 / 32, one-row jobs
   load-256row  size = clients 1 / 8, 256-row jobs
-variants torch-asyncio-batch-1 (MAX_ROWS 1, no delay) and torch-asyncio-dynamic (256 rows
-or 2 ms); µs per job as its client saw it (median, p10, p90), extra jobs_per_s, p99_us,
+variants torch-asyncio-batch-1 (MAX_ROWS 1) and torch-asyncio-dynamic (256 rows or when the
+worker is free, as warpdrive-dynamic); µs per job as its client saw it (median, p10, p90), extra jobs_per_s, p99_us,
 p999_us, mean_batch_rows, failed, workers (1), load_s. Each run lasts 0.5 s (--quick) or
 2 s, after a short warm-up.
 
@@ -49,7 +50,8 @@ PRESET = ("qwen3-30b-a3b", 2048, 768, 128, 8)
 SEED = 37
 WAIT_S = 30.0  # the longest any one wait may take
 MAX_BODY = 64 << 20
-VARIANTS = [("torch-asyncio-batch-1", 1, 0.0), ("torch-asyncio-dynamic", 256, 0.002)]
+# (name, MAX_ROWS, MAX_DELAY: None closes a batch as soon as the worker is free)
+VARIANTS = [("torch-asyncio-batch-1", 1, None), ("torch-asyncio-dynamic", 256, None)]
 CLIENTS, CLIENTS_256 = [1, 8, 32], [1, 8]
 TENSOR_TYPE = "application/x-warpdrive-tensor"
 MAGIC = b"WDT1"
@@ -70,8 +72,9 @@ class Job:
 
 
 class Batcher:
-    """One worker: a batch closes at max_rows rows or when its first job has waited
-    max_delay; the model runs in a thread; each job is answered with its own rows."""
+    """One worker: a batch closes at max_rows rows, or as soon as the worker is free (what
+    is queued then) when max_delay is None, else when its first job has waited max_delay;
+    the model runs in a thread; each job is answered with its own rows."""
 
     def __init__(self, model, width, max_rows, max_delay, queue_jobs=4096):
         self.model, self.width = model, width
@@ -88,7 +91,7 @@ class Batcher:
             first, self.carried = self.carried, None
             if first is None:
                 first = await self.queue.get()
-            due = first.arrived + self.max_delay
+            due = loop.time() if self.max_delay is None else first.arrived + self.max_delay
             batch, rows = [first], first.rows
             while rows < self.max_rows:
                 left = due - loop.time()
@@ -402,7 +405,7 @@ async def self_test():
 
     server, port, task = await start_service(double, 2, 256, 0.01)
 
-    async def one(k):
+    async def one(k, port=port):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         data = [float(k), -float(k)]
         status, reply, _ = await post(reader, writer, json.dumps({"rows": 1, "data": data}).encode())
@@ -430,6 +433,14 @@ async def self_test():
     writer.close()
     lat, rows, fails, _ = await closed_loop(port, 4, job_body(1, 2, 0), 0.3)
     check(lat and not fails and rows >= len(lat), f"a closed loop: {len(lat)} jobs, {fails}")
+    server.close()
+    task.cancel()
+    # When the worker is free it takes what is queued: jobs that came while a batch ran
+    # leave together.
+    server, idle_port, task = await start_service(double, 2, 256, None)
+    results = await asyncio.gather(*(one(k, idle_port) for k in range(16)))
+    check(all(s == 200 for s, _, _ in results), "every job answered (when idle)")
+    check(any(r["batch_rows"] > 1 for s, r, _ in results if s == 200), "batches form (when idle)")
     server.close()
     task.cancel()
     print(f"{passed} passed, {failed} failed")

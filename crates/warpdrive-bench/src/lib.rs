@@ -32,6 +32,7 @@ mod progress;
 mod report;
 mod results;
 mod serve;
+mod serve_peer;
 mod stats;
 mod telemetry;
 mod tier;
@@ -53,6 +54,7 @@ pub use results::{
     format_ceilings, format_table, now_rfc3339, print_table, rfc3339_utc, Ceiling, Ceilings,
     DeviceRecord, Metric, Results, Row, SCHEMA,
 };
+pub use serve_peer::versus_peer;
 pub use stats::{percentile, Stats};
 pub use timing::{time_gpu, time_host, time_host_rounds};
 
@@ -193,7 +195,8 @@ static SUITES: &[Suite] = &[
         about: "the job service over loopback HTTP: submission latency; latency, \
                 throughput and busy fraction of 1-row and 256-row MoE jobs from several \
                 clients and against offered load (open loop), with batch-1 serving, dynamic \
-                batching, the controller and two workers; an asyncio + PyTorch peer",
+                batching (when idle, and Triton's window), the controller and two workers; \
+                an asyncio + PyTorch peer",
         run: serve::run_suite,
     },
     Suite {

@@ -16,12 +16,15 @@
 //!   rest: the client's send, the reply's encoding and transfer, the client's decoding).
 //! - `load-1row` (size = concurrent clients, 1 / 8 / 32, each sending one-row jobs back to
 //!   back: a closed loop): µs per job as a client sees it; variants `warpdrive-batch-1`
-//!   (every job its own batch), `warpdrive-dynamic` (batches close at 256 rows or 2 ms) and
-//!   `warpdrive-controller` (the batch sweep at start, then the controller steering rows
-//!   from the knee up to the best size found, at most 1024, and the delay up to 2 ms toward
-//!   a p99 of 10 ms; `extra.tuned_knee`, `extra.tuned_best`) and `warpdrive-dynamic-2w`
-//!   (dynamic batching on two batcher threads, each with its own copy of the layer and its
-//!   own stream); `extra.jobs_per_s`, `extra.p99_us`,
+//!   (every job its own batch), `warpdrive-dynamic` (batches close at 256 rows or as soon
+//!   as the device is idle), `warpdrive-controller` (the batch sweep at start, then the
+//!   controller steering rows from the knee up to the best size found, at most 1024, and
+//!   the delay up to 2 ms toward a p99 of 10 ms; `extra.tuned_knee`, `extra.tuned_best`),
+//!   `warpdrive-dynamic-2w` (dynamic batching on two batcher threads, each with its own
+//!   copy of the layer and its own stream; a job waits up to 2 ms for company while the
+//!   other thread runs a batch) and `warpdrive-window` (Triton's rule: a batch closes at
+//!   256 rows or when its oldest job has waited 2 ms, idle device or not);
+//!   `extra.jobs_per_s`, `extra.p99_us`,
 //!   `extra.p999_us`, `extra.mean_batch_rows`, `extra.failed`, `extra.busy` (the fraction
 //!   of the run the model ran, per batcher thread, from the service's totals), and the knobs at the end
 //!   (`extra.batch_rows_knob`, `extra.delay_us_knob`).
@@ -32,6 +35,9 @@
 //!   clients; µs per job from the moment it was due; `extra.offered_per_s`,
 //!   `extra.load_fraction`, `extra.service_us` (the median run time of the batches its
 //!   jobs ran in) and the `load-1row` extras.
+//!   Every load row also splits a job's time as the service saw it: `extra.queue_us` and
+//!   `extra.queue_p99_us` (arrival in the queue to its batch starting), `extra.run_p99_us`
+//!   and `extra.submit_p99_us`; the rest of `p99_us` is the HTTP side and the client.
 //! - `p99-at-80pct` (size = offered jobs/s): the target read off each variant's
 //!   curve: the p99 latency (µs, as median, p10 and p90) of the curve's 80 % point against
 //!   `extra.bound_us` = 3 × its `service_us`; `extra.verdict` is `met` or `missed`.
@@ -51,7 +57,7 @@ use warpdrive::error::{Error, Result};
 use warpdrive::moe::MoeConfig;
 use warpdrive_serve::load::{self, Arrivals, LoadConfig, LoadReport};
 use warpdrive_serve::wire::{Dtype, Format};
-use warpdrive_serve::{ControllerConfig, Echo, MoeModel, ServeConfig, Server};
+use warpdrive_serve::{ControllerConfig, Dispatch, Echo, MoeModel, ServeConfig, Server};
 
 use super::stats::percentile;
 use super::{Ctx, Scale};
@@ -110,6 +116,7 @@ struct Variant {
     controller: Option<ControllerConfig>,
     tune_batch: bool,
     workers: usize,
+    dispatch: Dispatch,
 }
 
 const VARIANTS: &[Variant] = &[
@@ -120,6 +127,7 @@ const VARIANTS: &[Variant] = &[
         controller: None,
         tune_batch: false,
         workers: 1,
+        dispatch: Dispatch::WhenIdle,
     },
     Variant {
         name: "warpdrive-dynamic",
@@ -128,6 +136,7 @@ const VARIANTS: &[Variant] = &[
         controller: None,
         tune_batch: false,
         workers: 1,
+        dispatch: Dispatch::WhenIdle,
     },
     Variant {
         name: "warpdrive-controller",
@@ -140,6 +149,7 @@ const VARIANTS: &[Variant] = &[
         }),
         tune_batch: true,
         workers: 1,
+        dispatch: Dispatch::WhenIdle,
     },
     Variant {
         name: "warpdrive-dynamic-2w",
@@ -148,6 +158,16 @@ const VARIANTS: &[Variant] = &[
         controller: None,
         tune_batch: false,
         workers: 2,
+        dispatch: Dispatch::WhenIdle,
+    },
+    Variant {
+        name: "warpdrive-window",
+        max_batch_rows: 256,
+        max_delay: Duration::from_millis(2),
+        controller: None,
+        tune_batch: false,
+        workers: 1,
+        dispatch: Dispatch::Window,
     },
 ];
 
@@ -200,6 +220,7 @@ fn start(ctx: &Ctx, v: &Variant) -> Result<Server> {
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             max_batch_rows: v.max_batch_rows,
             max_delay: v.max_delay,
+            dispatch: v.dispatch,
             controller: v.controller,
             tune_batch: v.tune_batch,
             workers: v.workers,
@@ -262,6 +283,10 @@ fn record(
     let service = percentile(&r.run_us, 0.5);
     for (k, v) in [
         ("service_us", service),
+        ("run_p99_us", percentile(&r.run_us, 0.99)),
+        ("queue_us", percentile(&r.queue_us, 0.5)),
+        ("queue_p99_us", percentile(&r.queue_us, 0.99)),
+        ("submit_p99_us", percentile(&r.submit_us, 0.99)),
         ("jobs_per_s", r.jobs_per_s()),
         ("p99_us", p99),
         ("p999_us", p999),
@@ -378,6 +403,8 @@ fn p99_at_80pct(ctx: &mut Ctx, variant: &str, rate: f64, r: &LoadReport) -> Resu
     let verdict = if p99 <= bound { "met" } else { "missed" };
     for (k, v) in [
         ("bound_us", bound.into()),
+        ("service_us", percentile(&r.run_us, 0.5).into()),
+        ("queue_p99_us", percentile(&r.queue_us, 0.99).into()),
         ("offered_per_s", rate.into()),
         ("jobs_per_s", r.jobs_per_s().into()),
         ("verdict", verdict.into()),
@@ -498,6 +525,7 @@ mod tests {
             "warpdrive-dynamic",
             "warpdrive-controller",
             "warpdrive-dynamic-2w",
+            "warpdrive-window",
         ] {
             assert!(rows
                 .iter()

@@ -96,6 +96,9 @@ pub(crate) fn bench_cmd(
         );
     }
     results.add_rows(peer_rows);
+    // Comparisons that need the peers' rows (the serve suite's throughput at equal p99).
+    let versus = bench::versus_peer(&results.rows);
+    results.add_rows(versus);
     println!();
     bench::print_table(&results);
     println!();

@@ -133,9 +133,14 @@ pub(crate) struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = 256,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) max_batch_rows: u32,
-    /// ...or when its oldest job has waited this many milliseconds.
+    /// ...or as soon as the device is idle, or when its oldest job has waited this many
+    /// milliseconds while the device is busy (a second worker then takes it).
     #[arg(long, value_name = "MS", default_value_t = 10)]
     pub(crate) max_delay_ms: u64,
+    /// Close a batch only at --max-batch-rows or after --max-delay-ms, idle device or not
+    /// (Triton's max_queue_delay), instead of as soon as the device is idle.
+    #[arg(long)]
+    pub(crate) window: bool,
     /// Turn the controller on: it steers the batch rows (up to --controller-max-rows) and
     /// the delay (up to --max-delay-ms) to keep the p99 latency under this many milliseconds.
     #[arg(long, value_name = "MS")]

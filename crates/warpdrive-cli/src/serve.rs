@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use warpdrive_bench::moe::case_at;
-use warpdrive_serve::{Budget, ControllerConfig, MoeModel, ServeConfig, Server};
+use warpdrive_serve::{Budget, ControllerConfig, Dispatch, MoeModel, ServeConfig, Server};
 
 use crate::flags::{scale_named, ServeArgs};
 
@@ -40,6 +40,11 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
         addr: args.addr,
         max_batch_rows: args.max_batch_rows as usize,
         max_delay,
+        dispatch: if args.window {
+            Dispatch::Window
+        } else {
+            Dispatch::WhenIdle
+        },
         controller: args.p99_target_ms.map(|t| ControllerConfig {
             p99_target: Duration::from_secs_f64(t / 1e3),
             max_batch_rows: args.controller_max_rows as usize,

@@ -1,14 +1,14 @@
 //! The batcher: one thread owns the model, takes batches off the priority queue (closing one
-//! at the rows knob or when its oldest job has waited the delay knob), runs it and scatters
-//! the rows back. Before a batch runs, jobs whose client has gone are dropped and jobs past
-//! their deadline are answered 504. A batch the device runs out of memory for is halved and
-//! retried; after a sticky fault every job gets an error and the service reports itself
-//! unhealthy. Once an interval it sums up what it saw, lets the controller (when on) set the
-//! knobs, and publishes the [`Status`]. Once the queue is closed it runs what is left and
-//! ends: no queued job goes unanswered.
+//! at the rows knob or by the [`Dispatch`] rule: by default as soon as the device is idle),
+//! runs it and scatters the rows back. Before a batch runs, jobs whose client has gone are
+//! dropped and jobs past their deadline are answered 504. A batch the device runs out of
+//! memory for is halved and retried; after a sticky fault every job gets an error and the
+//! service reports itself unhealthy. Once an interval it sums up what it saw, lets the
+//! controller (when on) set the knobs, and publishes the [`Status`]. Once the queue is
+//! closed it runs what is left and ends: no queued job goes unanswered.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -19,6 +19,7 @@ use warpdrive::{Error, Result};
 
 use super::budget::{Budget, DeviceLedger};
 use super::controller::{Controller, ControllerConfig, Knobs};
+use super::dispatch::{Dispatch, Waiting};
 use super::model::Model;
 use super::queue::{Queue, Queued, Refused};
 use super::stats::{Status, Window};
@@ -32,9 +33,12 @@ pub struct ServeConfig {
     /// A batch closes once it holds this many rows (a larger job runs alone); with the
     /// controller on, where its rows knob starts.
     pub max_batch_rows: usize,
-    /// ...or once its oldest job has waited this long; with the controller on, where its
-    /// delay knob starts.
+    /// ...or once its oldest job has waited this long (with [`Dispatch::WhenIdle`], only
+    /// while the device is busy); with the controller on, where its delay knob starts.
     pub max_delay: Duration,
+    /// Whether a batch closes as soon as the device is idle (the default) or waits out
+    /// `max_delay` (Triton's rule).
+    pub dispatch: Dispatch,
     /// Steers the two knobs toward a p99 objective (`None`: they stay as set).
     pub controller: Option<ControllerConfig>,
     /// Times the model on batches of 1, 2, 4, ... rows at start and prefers the sizes it
@@ -89,6 +93,7 @@ impl Default for ServeConfig {
             addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
             max_batch_rows: 256,
             max_delay: Duration::from_millis(10),
+            dispatch: Dispatch::default(),
             controller: None,
             tune_batch: false,
             workers: 1,
@@ -181,6 +186,11 @@ impl Queued for Job {
 pub(crate) struct Shared {
     queue: Mutex<Queue<Job>>,
     wake: Condvar,
+    /// `warpdrive_serve_queue_jobs`, looked up once (set under the queue's lock).
+    queue_gauge: metrics::Gauge,
+    /// Batches running now; changed under the queue's lock (the dispatch rule reads it).
+    running: AtomicUsize,
+    dispatch: Dispatch,
     pub(crate) healthy: AtomicBool,
     /// Nanoseconds the model has run, and jobs answered with rows, since the start: kept
     /// after every batch (the busy total comes after its batch's replies).
@@ -199,17 +209,16 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// Queues `job` and returns when it was in the queue (before the batcher is woken and
-    /// the gauge set: those are the batcher's and the metrics' work, not the submission's),
-    /// or gives it back with why not.
+    /// Queues `job` and returns when it was in the queue (before the batcher is woken:
+    /// that is the batcher's work, not the submission's), or gives it back with why not.
     pub(crate) fn submit(&self, job: Job) -> std::result::Result<Instant, (Refused, Job)> {
         let mut q = self.queue.lock();
         q.push(job)?;
-        let waiting = q.len();
+        // Under the lock, so a batch taken at once cannot be overwritten by a stale count.
+        self.queue_gauge.set(q.len() as f64);
         drop(q);
         let queued = Instant::now();
         self.wake.notify_one();
-        metrics::gauge!("warpdrive_serve_queue_jobs").set(waiting as f64);
         Ok(queued)
     }
 
@@ -324,6 +333,9 @@ fn start_first(make: MakeModels, config: &ServeConfig) -> Result<(Arc<Shared>, J
             let shared = Arc::new(Shared {
                 queue: Mutex::new(Queue::new(cfg.queue_jobs, cfg.starvation_limit)),
                 wake: Condvar::new(),
+                queue_gauge: metrics::gauge!("warpdrive_serve_queue_jobs"),
+                running: AtomicUsize::new(0),
+                dispatch: cfg.dispatch,
                 healthy: AtomicBool::new(true),
                 busy_ns: AtomicU64::new(0),
                 answered: AtomicU64::new(0),
@@ -390,14 +402,26 @@ fn warm(model: &mut dyn Model, rows: &[usize]) -> Result<()> {
     Ok(())
 }
 
-enum Next {
-    Batch(Vec<Job>),
+enum Next<'a> {
+    Batch(Vec<Job>, Running<'a>),
     Idle,
     Done,
 }
 
+/// A batch counted as running until it is dropped; the other batcher threads are woken
+/// then (the device is idle again).
+struct Running<'a>(&'a Shared);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        let _q = self.0.queue.lock();
+        self.0.running.fetch_sub(1, Ordering::AcqRel);
+        self.0.wake.notify_all();
+    }
+}
+
 /// The next batch under `knobs`, waiting at most `tick` while nothing is queued.
-fn next_batch(shared: &Shared, knobs: Knobs, tick: Duration) -> Next {
+fn next_batch(shared: &Shared, knobs: Knobs, tick: Duration) -> Next<'_> {
     let give_up = crate::later(Instant::now(), tick);
     let mut q = shared.queue.lock();
     loop {
@@ -409,13 +433,23 @@ fn next_batch(shared: &Shared, knobs: Knobs, tick: Duration) -> Next {
                 shared.wake.wait_until(&mut q, give_up);
             }
             Some(oldest) => {
-                let due = crate::later(oldest, knobs.delay);
-                if q.rows() >= knobs.batch_rows || q.is_closed() || now >= due {
-                    let batch = q.take_batch(knobs.batch_rows);
-                    metrics::gauge!("warpdrive_serve_queue_jobs").set(q.len() as f64);
-                    return Next::Batch(batch);
+                let waiting = Waiting {
+                    rows: q.rows(),
+                    oldest,
+                    running: shared.running.load(Ordering::Acquire),
+                    closed: q.is_closed(),
+                };
+                match shared.dispatch.closes(knobs, waiting, now) {
+                    None => {
+                        let batch = q.take_batch(knobs.batch_rows);
+                        shared.running.fetch_add(1, Ordering::AcqRel);
+                        shared.queue_gauge.set(q.len() as f64);
+                        return Next::Batch(batch, Running(shared));
+                    }
+                    Some(due) => {
+                        shared.wake.wait_until(&mut q, due);
+                    }
                 }
-                shared.wake.wait_until(&mut q, due);
             }
         }
     }
@@ -448,7 +482,7 @@ fn follow(mut model: Box<dyn Model>, shared: &Shared, config: &ServeConfig) {
         match next_batch(shared, knobs, config.interval) {
             Next::Done => return,
             Next::Idle => {}
-            Next::Batch(batch) => {
+            Next::Batch(batch, running) => {
                 let full = batch.iter().map(|j| j.rows).sum::<usize>() >= knobs.batch_rows;
                 let mut window = Window::new(Instant::now());
                 let mut totals = Totals::default();
@@ -461,6 +495,7 @@ fn follow(mut model: Box<dyn Model>, shared: &Shared, config: &ServeConfig) {
                     &mut totals,
                     &mut gathered,
                 );
+                drop(running);
                 let mut inbox = shared.inbox.lock();
                 inbox.0.merge(window);
                 inbox.1.add(totals);
@@ -482,12 +517,12 @@ fn run(mut model: Box<dyn Model>, shared: &Shared, config: &ServeConfig) {
     let mut window = Window::new(Instant::now());
     let mut totals = Totals::default();
     let mut gathered = Vec::new();
-    metrics::gauge!("warpdrive_serve_queue_jobs").set(0.0);
+    shared.queue_gauge.set(0.0);
     loop {
         let done = match next_batch(shared, knobs, config.interval) {
             Next::Done => true,
             Next::Idle => false,
-            Next::Batch(batch) => {
+            Next::Batch(batch, running) => {
                 let full = batch.iter().map(|j| j.rows).sum::<usize>() >= knobs.batch_rows;
                 run_batch(
                     model.as_mut(),
@@ -498,6 +533,7 @@ fn run(mut model: Box<dyn Model>, shared: &Shared, config: &ServeConfig) {
                     &mut totals,
                     &mut gathered,
                 );
+                drop(running);
                 false
             }
         };

@@ -9,7 +9,8 @@
 //! each (no one came while it waited), and grows (up to its cap) only while there is
 //! latency to spare and the device is busy enough for larger batches to save it work. The
 //! rows grow while batches close full (jobs waited for a later batch), and shrink when a
-//! batch of several jobs alone runs past the objective. At saturation the
+//! batch of several jobs alone runs past the objective on a device with time to spare
+//! (on a saturated one fewer rows a batch only lowers the throughput). At saturation the
 //! batcher always has a full batch waiting, so the device stays busy; the knobs then only
 //! decide how large the batches are.
 //!
@@ -54,6 +55,9 @@ pub struct Knobs {
 
 /// The busy fraction below which waiting for company is not worth it.
 const MOSTLY_IDLE: f64 = 0.5;
+/// The busy fraction at which the device has no time to spare (the 90 %): fewer
+/// rows a batch would then mean fewer rows a second, and the queue would only grow.
+const SATURATED: f64 = 0.9;
 /// A delay this short is no delay.
 const DELAY_FLOOR: Duration = Duration::from_micros(20);
 /// The first step up from no delay.
@@ -96,9 +100,11 @@ impl Controller {
         // could shorten a batch at all (one large job runs alone whatever the knob says).
         let company = seen.jobs as f64 / seen.batches.max(1) as f64;
         let k = &mut self.knobs;
-        // Rows: a batch of several jobs past the objective is too large; batches that close
-        // full leave jobs for a later batch, so let them hold more.
-        if seen.run_p99_us > target && company >= 1.5 && k.batch_rows > 1 {
+        // Rows: a batch of several jobs past the objective is too large, unless the device is
+        // saturated (halving then cuts the throughput and the queue grows without end);
+        // batches that close full leave jobs for a later batch, so let them hold more.
+        let overlong = seen.run_p99_us > target && company >= 1.5 && seen.busy < SATURATED;
+        if overlong && k.batch_rows > 1 {
             k.batch_rows = (k.batch_rows / 2).max(1);
         } else if seen.full_batches > 0.5 && k.batch_rows < self.config.max_batch_rows {
             k.batch_rows = k
@@ -180,7 +186,7 @@ mod tests {
         let mut c = controller();
         let full = Seen {
             full_batches: 1.0,
-            ..seen(0.95, 8.0)
+            ..seen(0.8, 8.0)
         };
         for _ in 0..10 {
             c.step(&full);
@@ -191,6 +197,19 @@ mod tests {
             ..full
         };
         assert_eq!(c.step(&long).batch_rows, 128);
+    }
+
+    #[test]
+    fn a_saturated_device_keeps_its_batch_rows_though_batches_run_long() {
+        let mut c = controller();
+        let long = Seen {
+            run_p99_us: 12e3,
+            ..seen(0.95, 30.0)
+        };
+        for _ in 0..10 {
+            c.step(&long);
+        }
+        assert_eq!(c.knobs().batch_rows, 32, "halving would cut the throughput");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! `warpdrive serve`: a GPU job service (issue 37). HTTP/1.1 on tokio and hyper, loopback
 //! by default; jobs queue per model in priority classes, and a batcher closes a batch at a
-//! row count or when its oldest job has waited a delay (Triton's `max_queue_delay`), runs
-//! it, and scatters the rows back.
+//! row count or as soon as the device is idle (or, with [`Dispatch::Window`], when its
+//! oldest job has waited a delay: Triton's `max_queue_delay`), runs it, and scatters the
+//! rows back.
 //!
 //! - [`Model`]: what a job runs (a batch of rows in, the same rows out); [`MoeModel`] is the
 //!   MoE layer. More job kinds implement the trait.
@@ -45,6 +46,7 @@ mod budget;
 pub mod client;
 mod controller;
 mod dashboard;
+mod dispatch;
 mod http;
 pub mod load;
 mod model;
@@ -60,6 +62,7 @@ pub use batching::Batching;
 pub use budget::Budget;
 pub use client::{Client, ClientConfig, Encoded, Failure, JobResult, JobSpec};
 pub use controller::{Controller, ControllerConfig, Knobs};
+pub use dispatch::Dispatch;
 pub use http::Server;
 pub use load::{Arrivals, LoadConfig, LoadReport};
 pub use model::{Echo, Model, MoeModel};

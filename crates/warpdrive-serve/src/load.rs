@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 use tokio::task::JoinSet;
 
-use super::client::{Client, ClientConfig, Failure, JobResult, JobSpec};
+use super::client::{Client, ClientConfig, Encoded, Failure, JobResult, JobSpec};
 use super::wire::Format;
 
 /// How jobs arrive.
@@ -117,10 +117,12 @@ impl LoadReport {
         self.batch_rows_sum / (self.answered().max(1) as f64)
     }
 
-    fn record(&mut self, since: Instant, outcome: Result<JobResult, Failure>) {
+    /// Counts a job due (or sent) at `since` whose answer came at `answered`.
+    fn record(&mut self, since: Instant, answered: Instant, outcome: Result<JobResult, Failure>) {
         match outcome {
             Ok(r) => {
-                self.latency_us.push(since.elapsed().as_secs_f64() * 1e6);
+                let took = answered.saturating_duration_since(since);
+                self.latency_us.push(took.as_secs_f64() * 1e6);
                 self.submit_us.push(r.submit_us);
                 self.queue_us.push(r.queue_us);
                 self.run_us.push(r.run_us);
@@ -226,29 +228,16 @@ pub async fn run_async(config: &LoadConfig) -> Result<LoadReport, LoadError> {
     let start = Instant::now();
     let stop = crate::later(start, config.duration);
     let max_jobs = config.max_jobs.unwrap_or(u64::MAX);
-    let mut tasks = JoinSet::new();
     match config.arrivals {
         Arrivals::Poisson { per_s } => {
-            report.offered_per_s = Some(per_s);
-            let mut due = start;
-            while report.sent < max_jobs {
-                // Exponential gaps: -ln(1 - u) / rate, u in [0, 1).
-                let u: f64 = rng.random();
-                let gap =
-                    Duration::try_from_secs_f64(-(1.0 - u).ln() / per_s).unwrap_or(config.duration);
-                due = crate::later(due, gap);
-                if due >= stop {
-                    break;
-                }
-                tokio::time::sleep_until(due.into()).await;
-                report.sent += 1;
-                let (client, job) = (client.clone(), job.clone());
-                tasks.spawn(async move { (due, client.submit_encoded(&job).await) });
-                // Reap what has finished, so a long run holds no more than it must.
-                while let Some(done) = tasks.try_join_next() {
-                    reap(&mut report, done);
-                }
-            }
+            open_loop(
+                config,
+                per_s,
+                (client, job, rng),
+                &mut report,
+                (start, stop),
+            )
+            .await
         }
         Arrivals::Clients(n) => {
             let sent = Arc::new(AtomicU64::new(0));
@@ -261,7 +250,7 @@ pub async fn run_async(config: &LoadConfig) -> Result<LoadReport, LoadError> {
                         let t = Instant::now();
                         mine.sent += 1;
                         let outcome = client.submit_encoded(&job).await;
-                        mine.record(t, outcome);
+                        mine.record(t, Instant::now(), outcome);
                     }
                     mine
                 });
@@ -279,38 +268,80 @@ pub async fn run_async(config: &LoadConfig) -> Result<LoadReport, LoadError> {
                     }
                 }
             }
-            report.elapsed = start.elapsed();
-            return Ok(report);
-        }
-    }
-    // The open loop's last jobs: each is bounded by the client's timeout; this bounds the
-    // whole drain too.
-    let drain = crate::later(
-        Instant::now(),
-        config.timeout.saturating_add(Duration::from_secs(1)),
-    );
-    loop {
-        match tokio::time::timeout_at(drain.into(), tasks.join_next()).await {
-            Ok(Some(done)) => reap(&mut report, done),
-            Ok(None) => break,
-            Err(_) => {
-                let left = tasks.len() as u64;
-                *report.failures.entry("timeout".into()).or_insert(0) += left;
-                tasks.abort_all();
-                break;
-            }
         }
     }
     report.elapsed = start.elapsed();
     Ok(report)
 }
 
-type Done = Result<(Instant, Result<JobResult, Failure>), tokio::task::JoinError>;
+/// What one open-loop job came to: when it was due, when its answer came, the answer.
+type Done = (Instant, Instant, Result<JobResult, Failure>);
 
-fn reap(report: &mut LoadReport, done: Done) {
-    match done {
-        Ok((due, outcome)) => report.record(due, outcome),
-        Err(e) => count(report, "panicked", e.to_string()),
+/// Poisson arrivals at `per_s` from `start` until `stop` (or `max_jobs`). A thread of its
+/// own paces them with the OS's sleep (tens of µs late, where tokio's timer rounds every
+/// wake-up to its millisecond tick, and each job is timed from when it was due) and hands
+/// each job to this runtime; each job's task times its own answer.
+async fn open_loop(
+    config: &LoadConfig,
+    per_s: f64,
+    (client, job, mut rng): (Client, Arc<Encoded>, rand::rngs::StdRng),
+    report: &mut LoadReport,
+    (start, stop): (Instant, Instant),
+) {
+    report.offered_per_s = Some(per_s);
+    let max_jobs = config.max_jobs.unwrap_or(u64::MAX);
+    let (tx, mut answers) = tokio::sync::mpsc::unbounded_channel::<Done>();
+    let sent = Arc::new(AtomicU64::new(0));
+    let handle = tokio::runtime::Handle::current();
+    let paced = sent.clone();
+    let pacer = std::thread::Builder::new()
+        .name("warpdrive-load-pacer".into())
+        .spawn(move || {
+            let mut due = start;
+            while paced.load(Ordering::Relaxed) < max_jobs && !tx.is_closed() {
+                // Exponential gaps: -ln(1 - u) / rate, u in [0, 1).
+                let u: f64 = rng.random();
+                let gap =
+                    Duration::try_from_secs_f64(-(1.0 - u).ln() / per_s).unwrap_or(Duration::MAX);
+                due = crate::later(due, gap);
+                if due >= stop {
+                    break;
+                }
+                std::thread::sleep(due.saturating_duration_since(Instant::now()));
+                paced.fetch_add(1, Ordering::Release);
+                let (client, job, tx) = (client.clone(), job.clone(), tx.clone());
+                handle.spawn(async move {
+                    let outcome = client.submit_encoded(&job).await;
+                    let _ = tx.send((due, Instant::now(), outcome));
+                });
+            }
+        });
+    if let Err(e) = pacer {
+        count(report, "io", format!("the pacing thread: {e}"));
+        return;
+    }
+    // Every job's task ends within the client's timeout; this bounds the whole drain too.
+    // The channel ends once the pacer and every job's task are done with it.
+    let drain = crate::later(stop, config.timeout.saturating_add(Duration::from_secs(1)));
+    let mut got = 0u64;
+    loop {
+        match tokio::time::timeout_at(drain.into(), answers.recv()).await {
+            Ok(Some((due, answered, outcome))) => {
+                got += 1;
+                report.record(due, answered, outcome);
+            }
+            Ok(None) => break,
+            Err(_) => break,
+        }
+    }
+    answers.close();
+    report.sent = sent.load(Ordering::Acquire);
+    // A job not heard of by now timed out (or its task panicked).
+    if let Some(left) = report.sent.checked_sub(got).filter(|&l| l > 0) {
+        *report.failures.entry("timeout".into()).or_insert(0) += left;
+        report
+            .first_failure
+            .get_or_insert_with(|| format!("{left} jobs unanswered when the run's drain ended"));
     }
 }
 

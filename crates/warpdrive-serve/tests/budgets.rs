@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use common::{config, double, gated, http_with, job, wait_until};
-use warpdrive_serve::{Budget, ServeConfig};
+use warpdrive_serve::{Budget, Dispatch, ServeConfig};
 
 fn tenant(name: &str) -> String {
     format!("x-warpdrive-tenant: {name}\r\n")
@@ -194,13 +194,14 @@ fn a_job_past_its_tenants_device_memory_fails_alone_and_its_batch_runs() {
             ..Budget::default()
         },
     );
-    // Batches close at 3 rows (the delay is longer than any test wait): each round below is
-    // one batch.
+    // Batches close at 3 rows (the window is longer than any test wait): each round below
+    // is one batch.
     let server = warpdrive_serve::Server::start(
         || Ok(Box::new(DeviceRows)),
         ServeConfig {
             max_batch_rows: 3,
             max_delay: Duration::from_secs(60),
+            dispatch: Dispatch::Window,
             tenant_budgets: named,
             ..config()
         },

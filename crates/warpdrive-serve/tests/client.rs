@@ -213,6 +213,7 @@ fn large_tensor_jobs_batched_together_each_get_their_own_rows() {
         warpdrive_serve::ServeConfig {
             max_batch_rows: 8 * 256,
             max_delay: Duration::from_secs(10),
+            dispatch: warpdrive_serve::Dispatch::Window,
             ..config()
         },
     );

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{config, http, job, wait_until};
 use warpdrive::{Error, Result};
-use warpdrive_serve::{Model, ServeConfig, Server};
+use warpdrive_serve::{Dispatch, Model, ServeConfig, Server};
 
 /// Doubles its input, but runs out of memory on batches over `fits` rows; faults for good
 /// once `fault` is set.
@@ -71,6 +71,7 @@ fn out_of_memory_halves_the_batch_and_answers_every_job() {
         Arc::new(AtomicBool::new(false)),
         ServeConfig {
             max_delay: Duration::from_millis(50),
+            dispatch: Dispatch::Window,
             ..config()
         },
     );

@@ -1,6 +1,6 @@
 //! How queued jobs are taken: higher classes first with a starvation bound, a job past its
 //! deadline answered 504 without running, a job whose client left dropped without running;
-//! everyone else served.
+//! everyone else served; a full queue refuses with 503.
 
 mod common;
 
@@ -8,8 +8,8 @@ use std::io::Write;
 use std::net::{Shutdown, TcpStream};
 use std::time::{Duration, Instant};
 
-use common::{config, gated, http_with, job, wait_until};
-use warpdrive_serve::ServeConfig;
+use common::{config, gated, http, http_with, job, wait_until, Double};
+use warpdrive_serve::{ServeConfig, Server};
 
 fn one_at_a_time() -> ServeConfig {
     ServeConfig {
@@ -122,4 +122,40 @@ fn a_client_that_leaves_mid_batch_costs_no_one_else() {
         server.status().cancelled_total == 1
     });
     assert_eq!(*seen.lock().unwrap(), [0.0, 7.0]);
+}
+
+#[test]
+fn a_full_queue_refuses_with_503() {
+    // In this binary, not serve.rs's: the metrics are the process's, and the job it holds
+    // queued would show in the queue gauge that a test there reads.
+    let server = Server::start(
+        || {
+            Ok(Box::new(Double {
+                width: 1,
+                delay: Duration::from_millis(300),
+            }))
+        },
+        ServeConfig {
+            queue_jobs: 1,
+            max_batch_rows: 1,
+            max_delay: Duration::ZERO,
+            ..config()
+        },
+    )
+    .unwrap();
+    let statuses: Vec<u16> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..6)
+            .map(|k| {
+                let a = server.addr;
+                s.spawn(move || http(a, "POST", "/v1/jobs", &job(1, &[k as f32])).0)
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(statuses.contains(&200), "{statuses:?}");
+    assert!(statuses.contains(&503), "{statuses:?}");
+    assert!(
+        statuses.iter().all(|s| *s == 200 || *s == 503),
+        "{statuses:?}"
+    );
 }

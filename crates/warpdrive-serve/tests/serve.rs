@@ -149,37 +149,3 @@ fn bad_requests_get_a_4xx_and_the_rest_are_served() {
         assert!(metrics.contains(name), "{name} missing:\n{metrics}");
     }
 }
-
-#[test]
-fn a_full_queue_refuses_with_503() {
-    let server = Server::start(
-        || {
-            Ok(Box::new(Double {
-                width: 1,
-                delay: Duration::from_millis(300),
-            }))
-        },
-        ServeConfig {
-            queue_jobs: 1,
-            max_batch_rows: 1,
-            max_delay: Duration::ZERO,
-            ..config()
-        },
-    )
-    .unwrap();
-    let statuses: Vec<u16> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..6)
-            .map(|k| {
-                let a = server.addr;
-                s.spawn(move || http(a, "POST", "/v1/jobs", &job(1, &[k as f32])).0)
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    assert!(statuses.contains(&200), "{statuses:?}");
-    assert!(statuses.contains(&503), "{statuses:?}");
-    assert!(
-        statuses.iter().all(|s| *s == 200 || *s == 503),
-        "{statuses:?}"
-    );
-}

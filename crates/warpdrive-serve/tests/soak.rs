@@ -18,20 +18,20 @@ fn rss_bytes() -> Option<u64> {
 /// The soak: the MoE layer (tiny scale) on the CPU backend at 80 % of its measured maximum
 /// for `WARPDRIVE_SOAK_SECONDS` (the run: 600), open loop, in 30-second legs: no
 /// job may fail and resident memory must stay flat (the last leg within 10 % + 16 MiB of
-/// the first). Outside CI's budget, so it does nothing unless that variable is set:
-/// `WARPDRIVE_SOAK_SECONDS=600 cargo test -p warpdrive-serve --release --test soak --
-/// --nocapture`. (Not an ignored test: the GPU bundle runs those, and this needs no GPU.)
+/// the first). Outside CI's budget, so ignored: `cargo test -p warpdrive-serve --release
+/// --test soak -- --ignored --nocapture` (600 s unless `WARPDRIVE_SOAK_SECONDS` says
+/// otherwise). The GPU bundle leaves this binary out unless asked (`--only soak`).
 #[test]
+#[ignore = "a 10-minute soak, outside CI's budget: run it by name with --ignored"]
 fn soak_at_80_percent_fails_nothing_and_holds_memory_flat() {
     use warpdrive::moe::{MoeConfig, MoeWeights};
     use warpdrive::Device;
     use warpdrive_serve::{MoeModel, Server};
-    let Some(seconds) = std::env::var("WARPDRIVE_SOAK_SECONDS")
-        .ok()
-        .and_then(|s| s.parse::<u64>().ok())
-    else {
-        eprintln!("the soak runs only with WARPDRIVE_SOAK_SECONDS set (e.g. 600)");
-        return;
+    let seconds = match std::env::var("WARPDRIVE_SOAK_SECONDS") {
+        Ok(v) => v
+            .parse::<u64>()
+            .unwrap_or_else(|_| panic!("WARPDRIVE_SOAK_SECONDS={v} is not a number of seconds")),
+        Err(_) => 600,
     };
     let device = Device::cpu();
     let server = Server::start(
