@@ -197,7 +197,7 @@ impl DirectFile {
 
     /// The aligned offset past the file's end where an append of `len` bytes goes, and
     /// `write(offset)`, which writes them there: the end after it is remembered when it
-    /// succeeds (forgotten when it fails, which may leave part of it in the file).
+    /// succeeds; when it fails the file is cut back to that offset.
     pub(super) fn append_with(
         &self,
         len: usize,
@@ -217,7 +217,14 @@ impl DirectFile {
             .and_then(|n| n.checked_add(offset))
             .ok_or_else(|| Error::InvalidArgument(format!("an append of {len} bytes")))?;
         *self.next_append.lock() = None;
-        write(offset)?;
+        if let Err(e) = write(offset) {
+            // Cut off what part of it landed (a full disk's pieces): its space comes back now
+            // rather than at the store's next compaction. The file was at most `offset` long.
+            if let Err(cut) = self.file.set_len(offset) {
+                tracing::warn!(path = %self.path.display(), "could not cut a failed append off: {cut}");
+            }
+            return Err(e);
+        }
         *self.next_append.lock() = Some(end);
         Ok(offset)
     }
