@@ -14,7 +14,7 @@
 //!   `get_host`: frame, checksum, the write, the index record; and `warpdrive-into`, a
 //!   read by `get_host_into` into a buffer the caller reuses, as the raw loop reuses its
 //!   own), all at the queue depth the store gives the size (`extra.queue_depth`: 1, or 4
-//!   pieces in flight from 16 MiB); `extra.direct` says whether the file system took
+//!   pieces of 1-4 MiB in flight from 4 MiB); `extra.direct` says whether the file system took
 //!   `O_DIRECT`, `extra.pct_of_raw` the store's rate against the raw loop's.
 //! - `prefetch-TRACE` (size = gets): gets of 4 KiB blocks that start on a simulated disk,
 //!   a GPU tier with room for a quarter of them; `warpdrive` (the prefetcher on) vs `lru`

@@ -153,25 +153,18 @@ fn check_args(data: &[u8], compression: Compression, filter: Filter) -> Result<(
 
 /// Whether [`encode`] stores `data` as it is without trying a compression (no compression
 /// asked for, or the probe says it would not shrink), its arguments checked as `encode`
-/// checks them; then [`plain_header`] is its header.
+/// checks them; then [`PlainFramer`] or [`encode_plain_into`] frames it.
 pub fn stores_plain(data: &[u8], compression: Compression, filter: Filter) -> Result<bool> {
     let (filter_byte, _) = check_args(data, compression, filter)?;
     Ok(compression == Compression::None
         || !worth_compressing(data, compression, usize::from(filter_byte))?)
 }
 
-/// The header [`encode`] gives `data` stored as it is, with the checksum of all of `data`:
-/// a pass over the data that a large write can run while the data is on its way out.
-pub fn plain_header(data: &[u8]) -> [u8; HEADER_BYTES] {
-    frame(CODEC_NONE, 0, 0, data.len(), data.into()).header
-}
-
 /// Writes `data` framed as [`encode`] stores it plain into `out` (exactly
 /// [`HEADER_BYTES`] `+ data.len()` bytes, a direct-I/O buffer say): the copy and the checksum
 /// in one pass, each chunk hashed from the cache right after it lands, where
-/// [`plain_header`] and a copy are two passes over the data.
+/// a separate checksum and copy are two passes over the data.
 pub fn encode_plain_into(data: &[u8], out: &mut [u8]) -> Result<()> {
-    check_args(data, Compression::None, Filter::None)?;
     let len = out.len();
     let want = HEADER_BYTES.saturating_add(data.len());
     let split = out.split_first_chunk_mut::<HEADER_BYTES>();
@@ -182,15 +175,50 @@ pub fn encode_plain_into(data: &[u8], out: &mut [u8]) -> Result<()> {
             right: want,
         });
     };
-    *header = frame_fields(CODEC_NONE, 0, 0, data.len(), data.len());
-    let mut hasher = Xxh3::new();
-    hasher.update(&header[..CHECKED_HEADER]);
-    for (src, dst) in data.chunks(COPY_CHUNK).zip(body.chunks_mut(COPY_CHUNK)) {
-        dst.copy_from_slice(src);
-        hasher.update(dst);
-    }
-    header[CHECKED_HEADER..].copy_from_slice(&hasher.digest().to_le_bytes());
+    let mut framer = PlainFramer::start(data.len())?;
+    framer.copy(data, body);
+    *header = framer.header();
     Ok(())
+}
+
+/// A block stored plain framed piece by piece, for a write that sends its pieces out as they
+/// are copied: [`copy`](Self::copy) takes the data's pieces in order (copied and hashed in one
+/// pass, as [`encode_plain_into`]), [`header`](Self::header) then gives the frame's header.
+pub struct PlainFramer {
+    header: [u8; HEADER_BYTES],
+    hasher: Xxh3,
+}
+
+impl PlainFramer {
+    /// The framer of a plain block of `raw_len` bytes (at most [`MAX_RAW_BYTES`]).
+    pub fn start(raw_len: usize) -> Result<PlainFramer> {
+        if raw_len as u64 > MAX_RAW_BYTES {
+            return Err(Error::InvalidArgument(format!(
+                "tier block of {raw_len} bytes is over the {MAX_RAW_BYTES}-byte limit"
+            )));
+        }
+        let header = frame_fields(CODEC_NONE, 0, 0, raw_len, raw_len);
+        let mut hasher = Xxh3::new();
+        hasher.update(&header[..CHECKED_HEADER]);
+        Ok(PlainFramer { header, hasher })
+    }
+
+    /// Copies `src`, the data's next bytes, into `dst` (the shorter's length), each chunk
+    /// hashed from the cache right after it lands.
+    pub fn copy(&mut self, src: &[u8], dst: &mut [u8]) {
+        for (s, d) in src.chunks(COPY_CHUNK).zip(dst.chunks_mut(COPY_CHUNK)) {
+            let n = s.len().min(d.len());
+            d[..n].copy_from_slice(&s[..n]);
+            self.hasher.update(&d[..n]);
+        }
+    }
+
+    /// The header, with the checksum of the data copied so far.
+    pub fn header(&self) -> [u8; HEADER_BYTES] {
+        let mut header = self.header;
+        header[CHECKED_HEADER..].copy_from_slice(&self.hasher.digest().to_le_bytes());
+        header
+    }
 }
 
 /// Bytes the one-pass copies ([`encode_plain_into`], [`decode_block`] of a plain block) copy

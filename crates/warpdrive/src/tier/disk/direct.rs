@@ -7,6 +7,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+use crate::transfer::Workers;
 
 use super::DIRECT_ALIGN;
 
@@ -94,12 +95,14 @@ pub(super) fn with_scratch<R>(
 }
 
 /// Direct I/Os from this many bytes are split into pieces in flight at once: a virtual disk
-/// serves large blocks faster at a queue depth above one.
-pub const SPLIT_FROM: usize = 16 << 20;
-/// The pieces of a split I/O.
-const PIECE: usize = 4 << 20;
-/// The pieces of [`DirectFile::read_at_depth_each`].
-pub const PIECE_BYTES: usize = PIECE;
+/// serves large blocks faster at a queue depth above one, and the store's copy and checksum
+/// of one piece overlap the I/O of the others.
+pub const SPLIT_FROM: usize = 4 << 20;
+/// The smallest and the largest piece of a split I/O: 4 MiB pieces of a 4 MiB block would
+/// leave nothing in flight beside the first, 1 MiB pieces of 64 MiB ran a third slower than
+/// 4 MiB ones on the build VM's virtual disk (bench/NOTES.md, eighth session).
+const PIECE_MIN: usize = 1 << 20;
+const PIECE_MAX: usize = 4 << 20;
 /// Pieces of a split I/O in flight at once.
 pub const QUEUE_DEPTH: usize = 4;
 
@@ -112,36 +115,38 @@ pub fn queue_depth(len: usize) -> usize {
     }
 }
 
-/// Runs `io(k)` for every piece `k` of `pieces` on up to `depth` threads, each taking the
-/// next piece; the results in piece order, or the first error.
-fn in_flight(
-    depth: usize,
-    pieces: usize,
-    io: impl Fn(usize) -> Result<usize> + Sync,
-) -> Result<Vec<usize>> {
-    let next = std::sync::atomic::AtomicUsize::new(0);
+/// The bytes of each piece (the last may be shorter) of a direct I/O of `len` bytes: all of
+/// it below [`SPLIT_FROM`], else about a [`QUEUE_DEPTH`]th of it in whole MiB, 1 to 4 MiB.
+pub fn piece_bytes(len: usize) -> usize {
+    if len < SPLIT_FROM {
+        return len.max(1);
+    }
+    (len / QUEUE_DEPTH / PIECE_MIN * PIECE_MIN).clamp(PIECE_MIN, PIECE_MAX)
+}
+
+/// The threads that keep a split I/O's pieces in flight (the caller is one of them): made
+/// once, as spawning a thread per piece cost tens of µs each.
+fn io_threads() -> &'static Workers {
+    static POOL: std::sync::OnceLock<Workers> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| Workers::new(QUEUE_DEPTH, None))
+}
+
+/// Runs `io(k)` for every piece `k` of `pieces` on up to [`QUEUE_DEPTH`] threads, each
+/// taking the next piece; the results in piece order, or the first error.
+fn in_flight(pieces: usize, io: impl Fn(usize) -> Result<usize> + Sync) -> Result<Vec<usize>> {
     let done = parking_lot::Mutex::new(vec![0usize; pieces]);
-    std::thread::scope(|scope| {
-        let threads: Vec<_> = (0..depth.min(pieces))
-            .map(|_| {
-                scope.spawn(|| -> Result<()> {
-                    loop {
-                        let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        if k >= pieces {
-                            return Ok(());
-                        }
-                        let n = io(k)?;
-                        done.lock()[k] = n;
-                    }
-                })
-            })
-            .collect();
-        threads.into_iter().try_for_each(|t| {
-            t.join()
-                .unwrap_or_else(|_| Err(Error::WorkerPanicked("a direct I/O thread".into())))
-        })
+    let failed = parking_lot::Mutex::new(None::<Error>);
+    // Every piece runs even after one failed: a framed append's copies wait on each other.
+    io_threads().run(pieces, &|k| match io(k) {
+        Ok(n) => done.lock()[k] = n,
+        Err(e) => {
+            failed.lock().get_or_insert(e);
+        }
     })?;
-    Ok(done.into_inner())
+    match failed.into_inner() {
+        Some(e) => Err(e),
+        None => Ok(done.into_inner()),
+    }
 }
 
 /// A file opened for direct I/O (`O_DIRECT`), or through the page cache where the file
@@ -192,7 +197,7 @@ impl DirectFile {
 
     /// The aligned offset past the file's end where an append of `len` bytes goes, and
     /// `write(offset)`, which writes them there: the end after it is remembered when it
-    /// succeeds (forgotten when it fails, which may leave part of it in the file).
+    /// succeeds; when it fails the file is cut back to that offset.
     pub(super) fn append_with(
         &self,
         len: usize,
@@ -212,7 +217,14 @@ impl DirectFile {
             .and_then(|n| n.checked_add(offset))
             .ok_or_else(|| Error::InvalidArgument(format!("an append of {len} bytes")))?;
         *self.next_append.lock() = None;
-        write(offset)?;
+        if let Err(e) = write(offset) {
+            // Cut off what part of it landed (a full disk's pieces): its space comes back now
+            // rather than at the store's next compaction. The file was at most `offset` long.
+            if let Err(cut) = self.file.set_len(offset) {
+                tracing::warn!(path = %self.path.display(), "could not cut a failed append off: {cut}");
+            }
+            return Err(e);
+        }
         *self.next_append.lock() = Some(end);
         Ok(offset)
     }
@@ -229,90 +241,101 @@ impl DirectFile {
             .map_err(|e| Error::io(&self.path, e))
     }
 
+    /// Writes `bytes` (from an [`AlignedBuf`], aligned start and length) at `offset`.
+    pub(super) fn write_slice(&self, bytes: &[u8], offset: u64) -> Result<()> {
+        self.file
+            .write_all_at(bytes, offset)
+            .map_err(|e| Error::io(&self.path, e))
+    }
+
     /// Fills `buf` from `offset` (a multiple of [`DIRECT_ALIGN`]); returns the bytes read,
     /// fewer only at the end of the file.
     pub fn read_at(&self, buf: &mut AlignedBuf, offset: u64) -> Result<usize> {
         self.fill(buf.as_mut_slice(), offset)
     }
 
-    /// As [`write_at`](Self::write_at) with up to `depth` pieces of the buffer in flight at
-    /// once (one thread each), where the buffer spans more than one piece.
+    /// As [`write_at`](Self::write_at) with pieces of the buffer ([`piece_bytes`]) in flight
+    /// at once, where `depth` is above one and the buffer spans more than one piece.
     pub fn write_at_depth(&self, buf: &AlignedBuf, offset: u64, depth: usize) -> Result<()> {
         let data = buf.as_slice();
-        if depth <= 1 || data.len() <= PIECE {
+        let piece = piece_bytes(data.len());
+        if depth <= 1 || data.len() <= piece {
             return self.write_at(buf, offset);
         }
-        let pieces: Vec<&[u8]> = data.chunks(PIECE).collect();
-        in_flight(depth, pieces.len(), |k| {
+        let pieces: Vec<&[u8]> = data.chunks(piece).collect();
+        in_flight(pieces.len(), |k| {
             self.file
-                .write_all_at(pieces[k], offset + (k * PIECE) as u64)
+                .write_all_at(pieces[k], offset + (k * piece) as u64)
                 .map_err(|e| Error::io(&self.path, e))
                 .map(|()| pieces[k].len())
         })
         .map(drop)
     }
 
-    /// As [`write_at_depth`](Self::write_at_depth), each piece first written into `buf` by
-    /// `fill(k, piece)` on the thread that then sends it (piece `k` starts `k ×`
-    /// [`PIECE_BYTES`] into `buf`), so filling the later pieces overlaps the writes of the
-    /// earlier ones.
+    /// As [`write_at_depth`](Self::write_at_depth) for `buf`'s bytes from `skip` (a multiple
+    /// of [`DIRECT_ALIGN`]; the bytes before it are not written), each piece first written
+    /// into `buf` by `fill(at, piece)` (`at`: where it starts in `buf`) on the thread that then
+    /// sends it, so filling the later pieces overlaps the writes of the earlier ones.
     pub fn write_at_depth_filled(
         &self,
         buf: &mut AlignedBuf,
+        skip: usize,
         offset: u64,
-        depth: usize,
-        fill: &(dyn Fn(usize, &mut [u8]) + Sync),
+        fill: &(dyn Fn(usize, &mut [u8]) -> Result<()> + Sync),
     ) -> Result<()> {
-        let pieces: Vec<parking_lot::Mutex<&mut [u8]>> = buf
-            .as_mut_slice()
-            .chunks_mut(PIECE)
+        let rest = buf.as_mut_slice().get_mut(skip..).unwrap_or_default();
+        let piece = piece_bytes(rest.len());
+        let pieces: Vec<parking_lot::Mutex<&mut [u8]>> = rest
+            .chunks_mut(piece)
             .map(parking_lot::Mutex::new)
             .collect();
-        in_flight(depth.max(1), pieces.len(), |k| {
-            let mut piece = pieces[k].lock();
-            fill(k, &mut piece);
+        in_flight(pieces.len(), |k| {
+            let mut bytes = pieces[k].lock();
+            let at = skip + k * piece;
+            fill(at, &mut bytes)?;
             self.file
-                .write_all_at(&piece, offset + (k * PIECE) as u64)
+                .write_all_at(&bytes, offset + at as u64)
                 .map_err(|e| Error::io(&self.path, e))
-                .map(|()| piece.len())
+                .map(|()| bytes.len())
         })
         .map(drop)
     }
 
-    /// As [`read_at`](Self::read_at) with up to `depth` pieces in flight at once.
+    /// As [`read_at`](Self::read_at) with pieces ([`piece_bytes`]) in flight at once where
+    /// `depth` is above one.
     pub fn read_at_depth(&self, buf: &mut AlignedBuf, offset: u64, depth: usize) -> Result<usize> {
-        if depth <= 1 || buf.as_slice().len() <= PIECE {
+        if depth <= 1 || buf.as_slice().len() <= piece_bytes(buf.as_slice().len()) {
             return self.read_at(buf, offset);
         }
-        self.read_at_depth_each(buf, offset, depth, &|_, _| Ok(()))
+        self.read_at_depth_each(buf, offset, &|_, _| Ok(()))
     }
 
-    /// As [`read_at_depth`](Self::read_at_depth), handing each piece to `each(k, bytes)` on
-    /// the thread that read it as soon as it is in (piece `k` starts `k ×` [`PIECE_BYTES`]
-    /// into `buf`; `bytes` ends early only at the end of the file), so the caller's work on
-    /// a piece overlaps the reads of the later ones. Returns the bytes read, as `read_at`.
+    /// As [`read_at_depth`](Self::read_at_depth), handing each piece to `each(at, bytes)` on
+    /// the thread that read it as soon as it is in (`at`: where it starts in `buf`; `bytes`
+    /// ends early only at the end of the file), so the caller's work on a piece overlaps the
+    /// reads of the later ones. Returns the bytes read, as `read_at`.
     pub fn read_at_depth_each(
         &self,
         buf: &mut AlignedBuf,
         offset: u64,
-        depth: usize,
         each: &(dyn Fn(usize, &[u8]) -> Result<()> + Sync),
     ) -> Result<usize> {
+        let piece = piece_bytes(buf.as_slice().len());
         let pieces: Vec<parking_lot::Mutex<&mut [u8]>> = buf
             .as_mut_slice()
-            .chunks_mut(PIECE)
+            .chunks_mut(piece)
             .map(parking_lot::Mutex::new)
             .collect();
-        let filled = in_flight(depth.max(1), pieces.len(), |k| {
-            let mut piece = pieces[k].lock();
-            let n = self.fill(&mut piece, offset + (k * PIECE) as u64)?;
-            each(k, &piece[..n])?;
+        let filled = in_flight(pieces.len(), |k| {
+            let mut bytes = pieces[k].lock();
+            let n = self.fill(&mut bytes, offset + (k * piece) as u64)?;
+            each(k * piece, &bytes[..n])?;
             Ok(n)
         })?;
         let mut total = 0;
         for n in filled {
             total += n;
-            if n < PIECE {
+            if n < piece {
                 break;
             }
         }

@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::files::folder;
 
 use direct::with_scratch;
-pub use direct::{queue_depth, PIECE_BYTES, QUEUE_DEPTH, SPLIT_FROM};
+pub use direct::{piece_bytes, queue_depth, QUEUE_DEPTH, SPLIT_FROM};
 pub use direct::{AlignedBuf, DirectFile};
 pub use sim::SimDisk;
 
@@ -72,19 +72,24 @@ pub trait Disk: Send + Sync + 'static {
         Ok(offset)
     }
 
-    /// As [`append_aligned`](Self::append_aligned) for a header of `header_len` bytes and a
-    /// body, the header made by `header()` (a checksum of the body, say): [`OsDisk`] runs it
-    /// on the thread that writes the first piece while the body's later pieces go out. The
-    /// default makes the header first. A header of another length is `InvalidArgument`.
-    fn append_aligned_late(
+    /// As [`append_aligned`](Self::append_aligned) for a header of `header_len` bytes and
+    /// `body`, both made by `framer`: it copies the body in order, then gives the header (a
+    /// checksum of the body, say). [`OsDisk`] has the copying threads hand the body over in
+    /// order while the pieces already copied go out, and writes the header's page last. The
+    /// default frames into a buffer first. A header of another length is `InvalidArgument`.
+    fn append_aligned_framed(
         &self,
         path: &Path,
         header_len: usize,
         body: &[u8],
-        header: &(dyn Fn() -> Vec<u8> + Sync),
+        framer: &mut dyn Framer,
     ) -> Result<u64> {
-        let head = checked_header(header_len, header())?;
-        self.append_aligned(path, &[&head, body])
+        let len = header_len
+            .checked_add(body.len())
+            .ok_or_else(|| Error::InvalidArgument("an append past usize::MAX".into()))?;
+        self.append_aligned_filled(path, len, &mut |out| {
+            frame_into(header_len, body, framer, out)
+        })
     }
 
     /// As [`append_aligned`](Self::append_aligned) for `len` bytes that `fill` writes in
@@ -147,6 +152,32 @@ pub fn pad_to_align(n: u64) -> u64 {
     (DIRECT_ALIGN - n % DIRECT_ALIGN) % DIRECT_ALIGN
 }
 
+/// Makes a block's bytes for [`Disk::append_aligned_framed`]: its body copied in order (a
+/// checksum taken on the way), then its header.
+pub trait Framer: Send {
+    /// Copies `src`, the body's next bytes, into `dst` (as long).
+    fn copy(&mut self, src: &[u8], dst: &mut [u8]);
+    /// The header, once the whole body has been copied.
+    fn header(&mut self) -> Vec<u8>;
+}
+
+/// `header_len` bytes of header then `body`, framed by `framer` into `out` (as long).
+fn frame_into(
+    header_len: usize,
+    body: &[u8],
+    framer: &mut dyn Framer,
+    out: &mut [u8],
+) -> Result<()> {
+    let (head, rest) = out.split_at_mut(header_len.min(out.len()));
+    framer.copy(body, rest);
+    head.copy_from_slice(&checked_header(header_len, framer.header())?);
+    Ok(())
+}
+
+/// How long a copying thread of a framed append waits for the previous piece's copy (the
+/// thread copying it is running: this only bounds a bug).
+const TURN_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The operating system's files through `std::fs`. Every error is an [`Error::Io`] naming
 /// the path, a full disk included (`ENOSPC`, after which the file may hold part of the
 /// write: callers cut it back). The files it appends to and reads blocks from stay open
@@ -184,7 +215,7 @@ fn kept<F>(
 fn checked_header(len: usize, head: Vec<u8>) -> Result<Vec<u8>> {
     if head.len() != len {
         return Err(Error::InvalidArgument(format!(
-            "append_aligned_late: a {}-byte header where {len} were announced",
+            "append_aligned_framed: a {}-byte header where {len} were announced",
             head.len()
         )));
     }
@@ -313,8 +344,11 @@ impl Disk for OsDisk {
                 }
                 // Each writing thread copies its own piece in first: the copying of the later
                 // pieces overlaps the writes of the earlier ones.
-                let fill = |k: usize, piece: &mut [u8]| fill_from(parts, k * PIECE_BYTES, piece);
-                file.write_at_depth_filled(buf, offset, depth, &fill)
+                let fill = |at: usize, piece: &mut [u8]| {
+                    fill_from(parts, at, piece);
+                    Ok(())
+                };
+                file.write_at_depth_filled(buf, 0, offset, &fill)
             })
         })
     }
@@ -336,49 +370,58 @@ impl Disk for OsDisk {
         })
     }
 
-    fn append_aligned_late(
+    fn append_aligned_framed(
         &self,
         path: &Path,
         header_len: usize,
         body: &[u8],
-        header: &(dyn Fn() -> Vec<u8> + Sync),
+        framer: &mut dyn Framer,
     ) -> Result<u64> {
+        const PAGE: usize = DIRECT_ALIGN as usize;
         let total = header_len
             .checked_add(body.len())
             .ok_or_else(|| Error::InvalidArgument("an append past usize::MAX".into()))?;
-        let depth = queue_depth(total);
-        if depth <= 1 || header_len > PIECE_BYTES {
-            let head = checked_header(header_len, header())?;
-            return self.append_aligned(path, &[&head, body]);
+        if queue_depth(total) <= 1 || header_len > PAGE || total <= PAGE {
+            let mut fill = |out: &mut [u8]| frame_into(header_len, body, framer, out);
+            return self.append_aligned_filled(path, total, &mut fill);
         }
         let file = kept(&self.direct, path, || DirectFile::open(path))?;
-        // The first piece's thread makes the header, then writes its piece; the others
-        // write the body's later pieces meanwhile (their bytes need no header).
-        let head = parking_lot::Mutex::new(None::<Result<Vec<u8>>>);
-        let blank = vec![0u8; header_len];
-        let offset = file.append_with(total, |offset| {
+        // Each writing thread copies its piece through the framer in turn (the checksum runs
+        // in order, one pass with the copy), then writes it while the next thread copies; the
+        // first page, which holds the header, goes last.
+        file.append_with(total, |offset| {
             with_scratch(total, |buf| {
-                let fill = |k: usize, piece: &mut [u8]| {
-                    if k == 0 {
-                        let made = checked_header(header_len, header());
-                        match &made {
-                            Ok(h) => fill_from(&[h, body], 0, piece),
-                            Err(_) => piece.fill(0),
+                let out = buf.as_mut_slice();
+                let first = PAGE - header_len;
+                framer.copy(&body[..first], &mut out[header_len..PAGE]);
+                // The next buffer offset to copy, and the framer.
+                let turn = parking_lot::Mutex::new((PAGE, &mut *framer));
+                let turned = parking_lot::Condvar::new();
+                let fill = |at: usize, piece: &mut [u8]| -> Result<()> {
+                    let mut t = turn.lock();
+                    while t.0 != at {
+                        if turned.wait_for(&mut t, TURN_WAIT).timed_out() {
+                            return Err(Error::InvalidArgument(format!(
+                                "a framed append: the copy before byte {at} never finished"
+                            )));
                         }
-                        *head.lock() = Some(made);
-                    } else {
-                        fill_from(&[&blank, body], k * PIECE_BYTES, piece);
                     }
+                    let from = (at - header_len).min(body.len());
+                    let n = piece.len().min(body.len() - from);
+                    t.1.copy(&body[from..from + n], &mut piece[..n]);
+                    piece[n..].fill(0);
+                    t.0 = at + piece.len();
+                    drop(t);
+                    turned.notify_all();
+                    Ok(())
                 };
-                file.write_at_depth_filled(buf, offset, depth, &fill)
+                file.write_at_depth_filled(buf, PAGE, offset, &fill)?;
+                let head = checked_header(header_len, framer.header())?;
+                let page = &mut buf.as_mut_slice()[..PAGE];
+                page[..header_len].copy_from_slice(&head);
+                file.write_slice(page, offset)
             })
-        })?;
-        // A header of the wrong length: its piece went out without it; the block is not
-        // recorded anywhere, so the bytes are dead space in the segment.
-        head.into_inner().ok_or_else(|| {
-            Error::InvalidArgument("append_aligned_late: no header made".into())
-        })??;
-        Ok(offset)
+        })
     }
 
     fn read_aligned(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {
@@ -418,10 +461,9 @@ impl Disk for OsDisk {
         let (start, span) = aligned_span(path, offset, len)?;
         let skip = (offset - start) as usize;
         with_scratch(span, |buf| {
-            // Piece k holds span bytes k·PIECE_BYTES.., the caller's `at` = that − skip,
-            // clipped to 0..len.
-            let clip = |k: usize, bytes: &[u8]| -> Result<()> {
-                let first = k * PIECE_BYTES;
+            // A piece holds span bytes `first`.., the caller's `at` = that − skip, clipped to
+            // 0..len.
+            let clip = |first: usize, bytes: &[u8]| -> Result<()> {
                 let from = skip.saturating_sub(first).min(bytes.len());
                 let at = (first + from).saturating_sub(skip);
                 let to = bytes.len().min((len + skip).saturating_sub(first));
@@ -430,7 +472,7 @@ impl Disk for OsDisk {
                 }
                 Ok(())
             };
-            let filled = file.read_at_depth_each(buf, start, queue_depth(span), &clip)?;
+            let filled = file.read_at_depth_each(buf, start, &clip)?;
             Ok(filled.saturating_sub(skip).min(len))
         })
     }
@@ -534,27 +576,76 @@ mod tests {
         }
     }
 
+    /// A framer whose header is an order-dependent digest of every body byte it copied, and
+    /// that records where each copy started in the body.
+    struct Digest {
+        header_len: usize,
+        sum: u64,
+        seen: usize,
+        starts: Vec<usize>,
+        body: Vec<u8>,
+    }
+
+    impl Framer for Digest {
+        fn copy(&mut self, src: &[u8], dst: &mut [u8]) {
+            assert_eq!(src.len(), dst.len());
+            // Each copy takes the body's next bytes: the framer sees it in order.
+            assert!(src == &self.body[self.seen..self.seen + src.len()]);
+            self.starts.push(self.seen);
+            dst.copy_from_slice(src);
+            for &b in src {
+                self.sum = self.sum.wrapping_mul(31).wrapping_add(u64::from(b));
+            }
+            self.seen += src.len();
+        }
+        fn header(&mut self) -> Vec<u8> {
+            let mut h = self.sum.to_le_bytes().repeat(4);
+            h.resize(self.header_len, 0xab);
+            h
+        }
+    }
+
     #[test]
-    fn a_late_header_lands_before_its_body_and_a_wrong_one_is_refused() {
-        let dir = tempdir("late");
-        let body: Vec<u8> = (0..(SPLIT_FROM + 12_345))
-            .map(|i| (i * 7 % 251) as u8)
-            .collect();
-        let disks: [Arc<dyn Disk>; 2] = [Arc::new(OsDisk::new()), Arc::new(SimDisk::new())];
-        for disk in disks {
-            disk.create_dir_all(&dir).unwrap();
-            let path = dir.join("late.seg");
-            disk.append_aligned(&path, &[b"x"]).unwrap();
-            let header = || b"HEADER-32-BYTES-OF-SOMETHING-ok!".to_vec();
-            let at = disk.append_aligned_late(&path, 32, &body, &header).unwrap();
-            assert_eq!(at % DIRECT_ALIGN, 0);
-            let back = disk.read_aligned(&path, at, 32 + body.len()).unwrap();
-            assert_eq!(&back[..32], b"HEADER-32-BYTES-OF-SOMETHING-ok!");
-            assert!(back[32..] == body[..]);
-            let short = || b"short".to_vec();
-            let r = disk.append_aligned_late(&path, 32, &body, &short);
-            assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
-            disk.remove(&path).unwrap();
+    fn a_framed_block_lands_whole_its_header_last_and_a_wrong_header_is_refused() {
+        let dir = tempdir("framed");
+        for len in [SPLIT_FROM + 12_345, 3 * SPLIT_FROM + 4000, 5000] {
+            let body: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+            let disks: [Arc<dyn Disk>; 2] = [Arc::new(OsDisk::new()), Arc::new(SimDisk::new())];
+            for disk in disks {
+                disk.create_dir_all(&dir).unwrap();
+                let path = dir.join("framed.seg");
+                disk.append_aligned(&path, &[b"x"]).unwrap();
+                let framer = |header_len| Digest {
+                    header_len,
+                    sum: 0,
+                    seen: 0,
+                    starts: Vec::new(),
+                    body: body.clone(),
+                };
+                let mut good = framer(32);
+                let at = disk
+                    .append_aligned_framed(&path, 32, &body, &mut good)
+                    .unwrap();
+                assert_eq!(at % DIRECT_ALIGN, 0);
+                assert_eq!(
+                    good.seen,
+                    body.len(),
+                    "the whole body went through the framer"
+                );
+                let back = disk.read_aligned(&path, at, 32 + body.len()).unwrap();
+                assert_eq!(back[..32], good.header()[..]);
+                assert!(back[32..] == body[..], "{len} bytes");
+                // A header of another length than announced is refused, and the next append
+                // lands after whatever the refused one left.
+                let mut short = framer(32);
+                short.header_len = 5;
+                let r = disk.append_aligned_framed(&path, 32, &body, &mut short);
+                assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+                let next = disk.append_aligned(&path, &[b"after"]).unwrap();
+                assert!(next > at && next % DIRECT_ALIGN == 0);
+                assert_eq!(disk.read_aligned(&path, next, 5).unwrap(), b"after");
+                disk.remove(&path).unwrap();
+            }
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
