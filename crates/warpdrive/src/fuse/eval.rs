@@ -157,8 +157,8 @@ pub(crate) fn run_with_block<O: Float>(
 }
 
 /// Launches a checked, non-empty map program's kernel with blocks of `block` threads (by
-/// default the tuned block: `tune.rs`), its grid enough blocks to fill every SM (as
-/// `fill_grid`, for this block) and no more than the elements need.
+/// default the tuned block: `tune.rs`), one block per chunk of the elements (up to the grid's
+/// limit: the kernel loops past it).
 fn map_launch<O: Float>(
     prog: &Program<'_>,
     stream: &Stream,
@@ -174,10 +174,10 @@ fn map_launch<O: Float>(
             let block =
                 block.unwrap_or_else(|| super::tune::block_for(stream, sig, O::KIND, n as usize));
             let src = kernel_source_for(prog, O::KIND, sig, Flavor::MapBlock(block));
-            let f = kernels::function_from_cubin(q.gpu, src, KERNEL_MAP)?;
+            // Loaded from its cubin (no JIT in a later process) before the launch looks it up.
+            kernels::function_from_cubin(q.gpu, src, KERNEL_MAP)?;
             let per_block = block as u64 * codegen::width(prog, O::KIND) * codegen::unroll(prog);
-            let full = q.gpu.sm_count() as u64 * q.gpu.resident_blocks(&f, block, 0)? as u64;
-            let grid = n.div_ceil(per_block.max(1)).clamp(1, full.max(1)) as u32;
+            let grid = n.div_ceil(per_block.max(1)).clamp(1, i32::MAX as u64) as u32;
             let mut args = input_args(prog);
             args = args.buf(out).u64(n).u64(prog.space.cols as u64);
             for &c in &prog.consts {
