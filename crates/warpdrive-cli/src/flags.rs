@@ -247,6 +247,10 @@ pub(crate) struct LoadArgs {
     /// The longest one job may take, in seconds.
     #[arg(long, value_name = "S", default_value_t = 30.0)]
     pub(crate) timeout: f64,
+    /// Write every answered job to this CSV file: when it was due or sent (seconds into the
+    /// run), its latency and the service's submission, queue and batch run times (µs).
+    #[arg(long, value_name = "PATH")]
+    pub(crate) jobs_csv: Option<std::path::PathBuf>,
 }
 
 /// What `warpdrive actors` runs.

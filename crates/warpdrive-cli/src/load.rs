@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use warpdrive_bench::percentile;
 use warpdrive_serve::load::{self, Arrivals, LoadConfig, LoadReport};
 use warpdrive_serve::wire::{Dtype, Format};
@@ -38,6 +38,10 @@ pub(crate) fn load(args: &LoadArgs) -> Result<()> {
     };
     let report = load::run(&config)?;
     print!("{}", summary(&report));
+    if let Some(path) = &args.jobs_csv {
+        std::fs::write(path, jobs_csv(&report))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
     if report.answered() == 0 {
         bail!(
             "no job was answered: {}",
@@ -45,6 +49,23 @@ pub(crate) fn load(args: &LoadArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// One line per answered job: `sent_s,latency_us,submit_us,queue_us,run_us`.
+fn jobs_csv(r: &LoadReport) -> String {
+    let mut out = String::from("sent_s,latency_us,submit_us,queue_us,run_us\n");
+    for i in 0..r.latency_us.len() {
+        let at = |v: &[f64]| v.get(i).copied().unwrap_or(f64::NAN);
+        out += &format!(
+            "{:.6},{:.1},{:.1},{:.1},{:.1}\n",
+            at(&r.sent_at_s),
+            r.latency_us[i],
+            at(&r.submit_us),
+            at(&r.queue_us),
+            at(&r.run_us)
+        );
+    }
+    out
 }
 
 /// The report in a few lines: jobs, throughput, latency percentiles, failures by kind.
@@ -117,6 +138,10 @@ mod tests {
         r.first_failure = Some("status 503: the queue is full".into());
         let s = summary(&r);
         assert!(s.contains("1003 sent, 1000 answered, 3 failed"), "{s}");
+        // Missing per-job figures are written as NaN, not dropped or misaligned.
+        let csv = jobs_csv(&r);
+        assert_eq!(csv.lines().count(), 1001);
+        assert_eq!(csv.lines().nth(2), Some("NaN,2.0,NaN,NaN,NaN"));
         assert!(s.contains("500.0 jobs/s"), "{s}");
         assert!(s.contains("p99 990"), "{s}");
         assert!(s.contains("503: 3"), "{s}");

@@ -77,6 +77,9 @@ impl LoadConfig {
 pub struct LoadReport {
     /// µs from each answered job being due (open loop) or sent (closed loop) to its answer.
     pub latency_us: Vec<f64>,
+    /// Seconds from the run's start to when each answered job was due or sent (the same
+    /// order as `latency_us`): when in the run the slow jobs were.
+    pub sent_at_s: Vec<f64>,
     /// The service's `submit_us`, `queue_us` and `run_us` (its batch's run time) of each
     /// answered job.
     pub submit_us: Vec<f64>,
@@ -117,12 +120,20 @@ impl LoadReport {
         self.batch_rows_sum / (self.answered().max(1) as f64)
     }
 
-    /// Counts a job due (or sent) at `since` whose answer came at `answered`.
-    fn record(&mut self, since: Instant, answered: Instant, outcome: Result<JobResult, Failure>) {
+    /// Counts a job due (or sent) at `since`, in a run that started at `start`, whose answer
+    /// came at `answered`.
+    fn record(
+        &mut self,
+        start: Instant,
+        (since, answered): (Instant, Instant),
+        outcome: Result<JobResult, Failure>,
+    ) {
         match outcome {
             Ok(r) => {
                 let took = answered.saturating_duration_since(since);
                 self.latency_us.push(took.as_secs_f64() * 1e6);
+                self.sent_at_s
+                    .push(since.saturating_duration_since(start).as_secs_f64());
                 self.submit_us.push(r.submit_us);
                 self.queue_us.push(r.queue_us);
                 self.run_us.push(r.run_us);
@@ -250,7 +261,7 @@ pub async fn run_async(config: &LoadConfig) -> Result<LoadReport, LoadError> {
                         let t = Instant::now();
                         mine.sent += 1;
                         let outcome = client.submit_encoded(&job).await;
-                        mine.record(t, Instant::now(), outcome);
+                        mine.record(start, (t, Instant::now()), outcome);
                     }
                     mine
                 });
@@ -328,7 +339,7 @@ async fn open_loop(
         match tokio::time::timeout_at(drain.into(), answers.recv()).await {
             Ok(Some((due, answered, outcome))) => {
                 got += 1;
-                report.record(due, answered, outcome);
+                report.record(start, (due, answered), outcome);
             }
             Ok(None) => break,
             Err(_) => break,
@@ -352,6 +363,7 @@ fn count(report: &mut LoadReport, key: &str, why: String) {
 
 fn merge(report: &mut LoadReport, mine: LoadReport) {
     report.latency_us.extend(mine.latency_us);
+    report.sent_at_s.extend(mine.sent_at_s);
     report.submit_us.extend(mine.submit_us);
     report.queue_us.extend(mine.queue_us);
     report.run_us.extend(mine.run_us);
