@@ -51,15 +51,18 @@ pub(crate) fn load(args: &LoadArgs) -> Result<()> {
     Ok(())
 }
 
-/// One line per answered job: `sent_s,latency_us,submit_us,queue_us,run_us`.
+/// One line per answered job: when it was due or sent (s), its latency, the generator's lag,
+/// the client's wait for a connection, and the service's submission, queue and run (µs).
 fn jobs_csv(r: &LoadReport) -> String {
-    let mut out = String::from("sent_s,latency_us,submit_us,queue_us,run_us\n");
+    let mut out = String::from("sent_s,latency_us,lag_us,connect_us,submit_us,queue_us,run_us\n");
     for i in 0..r.latency_us.len() {
         let at = |v: &[f64]| v.get(i).copied().unwrap_or(f64::NAN);
         out += &format!(
-            "{:.6},{:.1},{:.1},{:.1},{:.1}\n",
+            "{:.6},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1}\n",
             at(&r.sent_at_s),
             r.latency_us[i],
+            at(&r.lag_us),
+            at(&r.connect_us),
             at(&r.submit_us),
             at(&r.queue_us),
             at(&r.run_us)
@@ -141,7 +144,7 @@ mod tests {
         // Missing per-job figures are written as NaN, not dropped or misaligned.
         let csv = jobs_csv(&r);
         assert_eq!(csv.lines().count(), 1001);
-        assert_eq!(csv.lines().nth(2), Some("NaN,2.0,NaN,NaN,NaN"));
+        assert_eq!(csv.lines().nth(2), Some("NaN,2.0,NaN,NaN,NaN,NaN,NaN"));
         assert!(s.contains("500.0 jobs/s"), "{s}");
         assert!(s.contains("p99 990"), "{s}");
         assert!(s.contains("503: 3"), "{s}");

@@ -76,6 +76,9 @@ pub struct JobResult {
     pub submit_us: f64,
     pub queue_us: f64,
     pub run_us: f64,
+    /// µs this client spent before the request could go: waiting for a connection, opening
+    /// one, and the connection becoming ready (NaN where no request was timed).
+    pub connect_us: f64,
 }
 
 impl JobResult {
@@ -225,11 +228,23 @@ impl Client {
 
     /// Submits a job [`Client::encode`] made and waits for its answer.
     pub async fn submit_encoded(&self, job: &Encoded) -> Result<JobResult, Failure> {
-        let (status, headers, body) = self.post_job(job, "/v1/jobs").await?;
+        let mut connect = Duration::ZERO;
+        let content_type = self.inner.config.format.content_type();
+        let (status, headers, body) = self
+            .request_timed(
+                (Method::POST, "/v1/jobs"),
+                Some(content_type),
+                job.body.clone(),
+                &job.headers,
+                &mut connect,
+            )
+            .await?;
         if status != StatusCode::OK {
             return Err(status_failure(status, &body));
         }
-        parse_result(&headers, &body)
+        let mut r = parse_result(&headers, &body)?;
+        r.connect_us = connect.as_secs_f64() * 1e6;
+        Ok(r)
     }
 
     /// Submits `job` without waiting (`POST /v1/jobs?async=true`): its id, for
@@ -291,6 +306,22 @@ impl Client {
         body: Bytes,
         headers: &[(&'static str, String)],
     ) -> Result<(StatusCode, hyper::HeaderMap, Bytes), Failure> {
+        let mut connect = Duration::ZERO;
+        self.request_timed((method, path), content_type, body, headers, &mut connect)
+            .await
+    }
+
+    /// [`Client::request`], adding to `connect` the time until the connection that carried
+    /// the request was ready to send it.
+    async fn request_timed(
+        &self,
+        (method, path): (Method, &str),
+        content_type: Option<&'static str>,
+        body: Bytes,
+        headers: &[(&'static str, String)],
+        connect: &mut Duration,
+    ) -> Result<(StatusCode, hyper::HeaderMap, Bytes), Failure> {
+        let began = std::time::Instant::now();
         let inner = &self.inner;
         let t = inner.config.timeout;
         let _permit = tokio::time::timeout(t, inner.permits.acquire())
@@ -323,6 +354,7 @@ impl Client {
                 if let Err(e) = sender.ready().await {
                     return Err((true, Failure::Io(format!("connection: {e}"))));
                 }
+                *connect = began.elapsed();
                 let reply = match sender.try_send_request(req).await {
                     Ok(r) => r,
                     // No reply came: on a kept-alive connection, whatever went wrong (closed,
@@ -401,6 +433,7 @@ fn parse_result(headers: &hyper::HeaderMap, body: &[u8]) -> Result<JobResult, Fa
                 submit_us: r.submit_us,
                 queue_us: r.queue_us,
                 run_us: r.run_us,
+                connect_us: f64::NAN,
             })
         }
         Format::Binary(_) => {
@@ -422,6 +455,7 @@ fn parse_result(headers: &hyper::HeaderMap, body: &[u8]) -> Result<JobResult, Fa
                 submit_us: num(wire::SUBMIT_US_HEADER),
                 queue_us: num(wire::QUEUE_US_HEADER),
                 run_us: num(wire::RUN_US_HEADER),
+                connect_us: f64::NAN,
             })
         }
     }

@@ -80,6 +80,10 @@ pub struct LoadReport {
     /// Seconds from the run's start to when each answered job was due or sent (the same
     /// order as `latency_us`): when in the run the slow jobs were.
     pub sent_at_s: Vec<f64>,
+    /// µs from each answered job being due to its task starting (the generator's own lag;
+    /// 0 in a closed loop), and its client's wait for a ready connection.
+    pub lag_us: Vec<f64>,
+    pub connect_us: Vec<f64>,
     /// The service's `submit_us`, `queue_us` and `run_us` (its batch's run time) of each
     /// answered job.
     pub submit_us: Vec<f64>,
@@ -125,7 +129,7 @@ impl LoadReport {
     fn record(
         &mut self,
         start: Instant,
-        (since, answered): (Instant, Instant),
+        (since, began, answered): (Instant, Instant, Instant),
         outcome: Result<JobResult, Failure>,
     ) {
         match outcome {
@@ -134,6 +138,9 @@ impl LoadReport {
                 self.latency_us.push(took.as_secs_f64() * 1e6);
                 self.sent_at_s
                     .push(since.saturating_duration_since(start).as_secs_f64());
+                self.lag_us
+                    .push(began.saturating_duration_since(since).as_secs_f64() * 1e6);
+                self.connect_us.push(r.connect_us);
                 self.submit_us.push(r.submit_us);
                 self.queue_us.push(r.queue_us);
                 self.run_us.push(r.run_us);
@@ -261,7 +268,7 @@ pub async fn run_async(config: &LoadConfig) -> Result<LoadReport, LoadError> {
                         let t = Instant::now();
                         mine.sent += 1;
                         let outcome = client.submit_encoded(&job).await;
-                        mine.record(start, (t, Instant::now()), outcome);
+                        mine.record(start, (t, t, Instant::now()), outcome);
                     }
                     mine
                 });
@@ -285,8 +292,9 @@ pub async fn run_async(config: &LoadConfig) -> Result<LoadReport, LoadError> {
     Ok(report)
 }
 
-/// What one open-loop job came to: when it was due, when its answer came, the answer.
-type Done = (Instant, Instant, Result<JobResult, Failure>);
+/// What one open-loop job came to: when it was due, when its task began, when its answer
+/// came, the answer.
+type Done = (Instant, Instant, Instant, Result<JobResult, Failure>);
 
 /// Poisson arrivals at `per_s` from `start` until `stop` (or `max_jobs`). A thread of its
 /// own paces them with the OS's sleep (tens of µs late, where tokio's timer rounds every
@@ -322,8 +330,9 @@ async fn open_loop(
                 paced.fetch_add(1, Ordering::Release);
                 let (client, job, tx) = (client.clone(), job.clone(), tx.clone());
                 handle.spawn(async move {
+                    let began = Instant::now();
                     let outcome = client.submit_encoded(&job).await;
-                    let _ = tx.send((due, Instant::now(), outcome));
+                    let _ = tx.send((due, began, Instant::now(), outcome));
                 });
             }
         });
@@ -337,9 +346,9 @@ async fn open_loop(
     let mut got = 0u64;
     loop {
         match tokio::time::timeout_at(drain.into(), answers.recv()).await {
-            Ok(Some((due, answered, outcome))) => {
+            Ok(Some((due, began, answered, outcome))) => {
                 got += 1;
-                report.record(start, (due, answered), outcome);
+                report.record(start, (due, began, answered), outcome);
             }
             Ok(None) => break,
             Err(_) => break,
@@ -364,6 +373,8 @@ fn count(report: &mut LoadReport, key: &str, why: String) {
 fn merge(report: &mut LoadReport, mine: LoadReport) {
     report.latency_us.extend(mine.latency_us);
     report.sent_at_s.extend(mine.sent_at_s);
+    report.lag_us.extend(mine.lag_us);
+    report.connect_us.extend(mine.connect_us);
     report.submit_us.extend(mine.submit_us);
     report.queue_us.extend(mine.queue_us);
     report.run_us.extend(mine.run_us);
