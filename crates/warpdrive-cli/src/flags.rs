@@ -186,9 +186,10 @@ pub(crate) struct ServeArgs {
     pub(crate) tenant_device_mib: Option<u32>,
     /// Before serving, run the layer once on batches of 1, 2, 4, ... up to this many rows
     /// and this many (the first pass down a path compiles its kernels or loads cuBLAS; 0:
-    /// none).
-    #[arg(long, value_name = "ROWS", default_value_t = 0)]
-    pub(crate) warm_rows: u32,
+    /// none). Default: the most rows a batch can hold (--max-batch-rows, or
+    /// --controller-max-rows with a controller), so no job pays a first pass.
+    #[arg(long, value_name = "ROWS")]
+    pub(crate) warm_rows: Option<u32>,
     /// Threads of the HTTP side (parsing, decoding, replies; default: the cores, 2 to 8).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
     pub(crate) http_threads: Option<u32>,
@@ -247,6 +248,10 @@ pub(crate) struct LoadArgs {
     /// The longest one job may take, in seconds.
     #[arg(long, value_name = "S", default_value_t = 30.0)]
     pub(crate) timeout: f64,
+    /// Threads of the generator (default: a quarter of the cores, 2 to 8): enough that the
+    /// generator is not what saturates.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub(crate) threads: Option<u32>,
     /// Write every answered job to this CSV file: when it was due or sent (seconds into the
     /// run), its latency and the service's submission, queue and batch run times (µs).
     #[arg(long, value_name = "PATH")]

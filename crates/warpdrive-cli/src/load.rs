@@ -34,6 +34,9 @@ pub(crate) fn load(args: &LoadArgs) -> Result<()> {
         format,
         priority: args.priority,
         tenant: args.tenant.clone(),
+        threads: args
+            .threads
+            .map_or_else(load::default_threads, |n| n as usize),
         ..LoadConfig::new(args.addr, arrivals, Duration::from_secs_f64(args.seconds))
     };
     let report = load::run(&config)?;
