@@ -17,7 +17,8 @@
 //! store). Variants: `warpdrive-fused` (one kernel), `warpdrive-unfused` (`ops::binary`,
 //! `ops::map` and, for compare/select, which no op has, a one-node fused kernel: one kernel
 //! per op, intermediates in memory), `ceiling` (`ops::copy` of the same bytes read + written).
-//! The fused kernel's block size is tuned first (`Expr::tune`; `extra.block`).
+//! The fused kernel's shape is tuned first (`Expr::tune_shape`; `extra.block`,
+//! `extra.vector_bytes`).
 //!
 //! `softmax-xent-bf16`: the softmax cross-entropy of each row of bf16 logits `[rows, 32768]`
 //! (`size` bytes of logits) against f32 class labels, `log Σ exp(x − max) + max − x[label]`,
@@ -229,8 +230,8 @@ fn chains<T: Float>(ctx: &mut Ctx, plan: &Plan, tname: &str) -> Result<()> {
         let case = format!("{}-{tname}", chain.name());
         ctx.step(format!("{SUITE}: {case} ({})", size_label(bytes)));
         let fused = chain.fused(&ex, &ey);
-        // The block size tuned (and kept in the autotune cache) before timing.
-        let block = fused.tune::<T>(&stream)?;
+        // The map shape tuned (and kept in the autotune cache) before timing.
+        let shape = fused.tune_shape::<T>(&stream)?;
         fused.prepare::<T>(&stream)?;
         let mut us = time_gpu(&stream, warm, reps, |s| fused.eval_into(s, &mut out))?;
         let bound = if chain == Chain::GeluSilu {
@@ -259,7 +260,8 @@ fn chains<T: Float>(ctx: &mut Ctx, plan: &Plan, tname: &str) -> Result<()> {
             Some(Ceiling::D2dCopy),
         )?;
         annotate(row, 1);
-        row.extra.insert("block".into(), block.into());
+        row.extra.insert("block".into(), shape.block.into());
+        row.extra.insert("vector_bytes".into(), shape.vector_bytes.into());
         let mut us = time_gpu(&stream, warm, reps, |s| {
             unfused(s, chain, &x, &y, &mut a, &mut b, &mut out)
         })?;

@@ -15,7 +15,7 @@ use half::{bf16, f16};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use rand::Rng;
-use warpdrive::fuse::{Expr, Shape};
+use warpdrive::fuse::{Expr, MapShape, Shape};
 use warpdrive::kernels::Arch;
 use warpdrive::ops::Activation;
 use warpdrive::{Buffer, DTypeKind, Device, Error};
@@ -863,6 +863,67 @@ device_test!(
                 "block {block} at {i}: {g} vs {want}"
             );
         }
+    }
+);
+
+// Every map shape a tuning tries (8-byte vectors included: f32 in, f32 out) computes the
+// same as the reference at an odd size; shapes outside the candidates are refused.
+device_test!(
+    every_map_shape_computes_the_same,
+    gpu_every_map_shape_computes_the_same,
+    |dev| {
+        let s = dev.new_stream().unwrap();
+        let mut r = rng(seed("every_map_shape_computes_the_same"));
+        let n = (1 << 20) + 7;
+        let xs: Vec<f32> = random_in(&mut r, n, -2.0, 2.0);
+        let ys: Vec<f32> = random_in(&mut r, n, -2.0, 2.0);
+        let (x, y) = (
+            Buffer::from_host(&s, &xs).unwrap(),
+            Buffer::from_host(&s, &ys).unwrap(),
+        );
+        let e = (Expr::input(&x) * Expr::input(&y)) * 1.5 + 0.25;
+        let mut shapes: Vec<MapShape> = warpdrive::fuse::BLOCK_CANDIDATES
+            .iter()
+            .map(|&block| MapShape {
+                block,
+                vector_bytes: 16,
+            })
+            .collect();
+        shapes.extend([256, 512].map(|block| MapShape {
+            block,
+            vector_bytes: 8,
+        }));
+        for shape in shapes {
+            let mut out = poisoned::<f32>(&s, n, f32::NAN);
+            e.eval_into_shape(&s, &mut out, shape).unwrap();
+            for (i, g) in out.to_host(&s).unwrap().iter().enumerate() {
+                let want = 1.5 * (xs[i] as f64 * ys[i] as f64) + 0.25;
+                let bound = 1e-6 * (1.5 * (xs[i] as f64 * ys[i] as f64).abs() + 0.25);
+                assert!(
+                    (*g as f64 - want).abs() <= bound,
+                    "{shape} at {i}: {g} vs {want}"
+                );
+            }
+        }
+        let mut out = poisoned::<f32>(&s, n, f32::NAN);
+        for bad in [(100, 16), (2048, 16), (256, 4), (256, 32)] {
+            let shape = MapShape {
+                block: bad.0,
+                vector_bytes: bad.1,
+            };
+            assert!(e.eval_into_shape(&s, &mut out, shape).is_err(), "{shape}");
+        }
+        // 8-byte vectors over bf16 in, f32 out: refused (mixed element sizes).
+        let h: Vec<bf16> = random_in(&mut r, 99, -2.0, 2.0);
+        let hb = Buffer::from_host(&s, &h).unwrap();
+        let mut o99 = poisoned::<f32>(&s, 99, f32::NAN);
+        let narrow = MapShape {
+            block: 256,
+            vector_bytes: 8,
+        };
+        assert!((Expr::input(&hb) * 2.0)
+            .eval_into_shape(&s, &mut o99, narrow)
+            .is_err());
     }
 );
 

@@ -13,7 +13,8 @@ use crate::memory::{check_len, Buffer};
 use crate::ops::{fill_grid, float_index, launch, Args};
 
 use super::codegen::{
-    self, Flavor, BLOCK, KERNEL_ALL, KERNEL_MAP, KERNEL_ROWS_BLOCK, KERNEL_ROWS_WARP, WARP_ROW_MAX,
+    self, Flavor, MapShape, BLOCK, KERNEL_ALL, KERNEL_MAP, KERNEL_ROWS_BLOCK, KERNEL_ROWS_WARP,
+    WARP_ROW_MAX,
 };
 use super::expr::Axis;
 use super::expr::Expr;
@@ -34,6 +35,21 @@ impl<'a> Expr<'a> {
     pub fn eval_into<O: Float>(&self, stream: &Stream, out: &mut Buffer<O>) -> Result<()> {
         let prog = Program::new(self)?;
         run(&prog, stream, out)
+    }
+
+    /// Evaluates an elementwise expression into `out` with its map kernel in `shape` (what
+    /// [`Expr::tune`] chooses among) instead of the tuned one: to pin a shape, or to check
+    /// each. Not an elementwise expression, a block that is not a multiple of 32 from 32 to
+    /// 1024, vectors other than 8 or 16 bytes, or 8-byte vectors over arrays of different
+    /// element sizes: an error.
+    pub fn eval_into_shape<O: Float>(
+        &self,
+        stream: &Stream,
+        out: &mut Buffer<O>,
+        shape: MapShape,
+    ) -> Result<()> {
+        let prog = Program::new(self)?;
+        run_with_shape(&prog, stream, out, shape)
     }
 
     /// Loads this expression's kernel (output type `O`) through `cache` into a module of
@@ -79,8 +95,9 @@ impl<'a> Expr<'a> {
                 let sig = prog.signature(O::KIND);
                 let (name, flavor) = match launched(&prog) {
                     (name, Flavor::Both) if prog.mode == Mode::Map && prog.len() > 0 => {
-                        let block = super::tune::block_for(stream, &sig, O::KIND, prog.len());
-                        (name, Flavor::MapBlock(block))
+                        let shape =
+                            super::tune::shape_for(stream, &prog, &sig, O::KIND, prog.len());
+                        (name, Flavor::Map(shape))
                     }
                     other => other,
                 };
@@ -136,13 +153,12 @@ pub(super) fn check_inputs(prog: &Program<'_>, stream: &Stream) -> Result<()> {
     Ok(())
 }
 
-/// A map program's launch with blocks of `block` threads (a tuning's candidate), after the
-/// checks `run` makes.
-pub(crate) fn run_with_block<O: Float>(
+/// A map program's launch in `shape` (a tuning's candidate), after the checks `run` makes.
+pub(crate) fn run_with_shape<O: Float>(
     prog: &Program<'_>,
     stream: &Stream,
     out: &mut Buffer<O>,
-    block: u32,
+    shape: MapShape,
 ) -> Result<()> {
     float_index::<O>("fuse output")?;
     check_inputs(prog, stream)?;
@@ -150,33 +166,51 @@ pub(crate) fn run_with_block<O: Float>(
     check_len("fuse (output)", out.len(), prog.len())?;
     if prog.len() == 0 || prog.mode != Mode::Map {
         return Err(Error::InvalidArgument(
-            "fuse: a block size for a program that is not a non-empty map".into(),
+            "fuse: a map shape for a program that is not a non-empty map".into(),
         ));
     }
-    map_launch(prog, stream, out, &prog.signature(O::KIND), Some(block))
+    if !(32..=1024).contains(&shape.block)
+        || shape.block % 32 != 0
+        || !matches!(shape.vector_bytes, 8 | 16)
+    {
+        return Err(Error::InvalidArgument(format!(
+            "fuse: a map shape of {} threads and {}-byte vectors (expected a multiple of 32 \
+             from 32 to 1024 threads, 8- or 16-byte vectors)",
+            shape.block, shape.vector_bytes
+        )));
+    }
+    if shape.vector_bytes != 16 && !codegen::one_element_size(prog, O::KIND) {
+        return Err(Error::InvalidArgument(format!(
+            "fuse: {shape}: 8-byte vectors need one element size in every streamed array"
+        )));
+    }
+    map_launch(prog, stream, out, &prog.signature(O::KIND), Some(shape))
 }
 
-/// Launches a checked, non-empty map program's kernel with blocks of `block` threads (by
-/// default the tuned block: `tune.rs`), one block per chunk of the elements (up to the grid's
-/// limit: the kernel loops past it).
+/// Launches a checked, non-empty map program's kernel in `shape` (by default the tuned shape:
+/// `tune.rs`), one block per chunk of the elements (up to the grid's limit: the kernel loops
+/// past it).
 fn map_launch<O: Float>(
     prog: &Program<'_>,
     stream: &Stream,
     out: &mut Buffer<O>,
     sig: &str,
-    block: Option<u32>,
+    shape: Option<MapShape>,
 ) -> Result<()> {
     let n = prog.len() as u64;
     stream.run(
         out,
         |out| super::cpu::eval(prog, out.host_view_mut()?),
         |out, q| {
-            let block =
-                block.unwrap_or_else(|| super::tune::block_for(stream, sig, O::KIND, n as usize));
-            let src = kernel_source_for(prog, O::KIND, sig, Flavor::MapBlock(block));
+            let shape = shape
+                .unwrap_or_else(|| super::tune::shape_for(stream, prog, sig, O::KIND, n as usize));
+            let block = shape.block;
+            let src = kernel_source_for(prog, O::KIND, sig, Flavor::Map(shape));
             // Loaded from its cubin (no JIT in a later process) before the launch looks it up.
             kernels::function_from_cubin(q.gpu, src, KERNEL_MAP)?;
-            let per_block = block as u64 * codegen::width(prog, O::KIND) * codegen::unroll(prog);
+            let per_block = block as u64
+                * codegen::map_width(prog, O::KIND, shape)
+                * codegen::map_unroll(prog, shape);
             let grid = n.div_ceil(per_block.max(1)).clamp(1, i32::MAX as u64) as u32;
             let mut args = input_args(prog);
             args = args.buf(out).u64(n).u64(prog.space.cols as u64);

@@ -81,6 +81,7 @@ mod program;
 mod registry;
 mod tune;
 
+pub use codegen::MapShape;
 pub use expr::{Expr, Shape};
 pub use matrix::{matmul_epilogue, Epilogue};
 pub use program::MAX_OPS;

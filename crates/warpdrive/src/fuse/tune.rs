@@ -1,9 +1,10 @@
-//! The block size of map kernels: 256 threads unless tuned. [`Expr::tune`] times each
-//! candidate through the exec floor's autotuner, which keeps the winner on disk per kernel
-//! structure, output type, size bucket, device and host; every later `eval` of that structure
-//! and size bucket (in this process or a later one) launches with the winner. Each candidate
-//! is its own generated kernel (its `__launch_bounds__` set to its block), compiled only
-//! when a tuning or a tuned winner asks for it.
+//! The map kernel's shape (threads a block, bytes a vector access): 256 threads on 16-byte
+//! vectors unless tuned. [`Expr::tune`] times each candidate through the exec floor's
+//! autotuner, which keeps the winner on disk per kernel structure, output type, size bucket,
+//! device and host; every later `eval` of that structure and size bucket (in this process or
+//! a later one) launches with the winner. Each candidate is its own generated kernel (its
+//! `__launch_bounds__` set to its block), compiled only when a tuning or a tuned winner asks
+//! for it.
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -18,17 +19,35 @@ use crate::exec::{autotune, Autotuner, TuneKey};
 use crate::memory::Buffer;
 use crate::ops::float_index;
 
-use super::codegen::BLOCK;
+use super::codegen::{one_element_size, MapShape};
 use super::expr::Expr;
 use super::program::{Mode, Program};
 
-/// The block sizes a tuning tries.
+/// The block sizes a tuning tries (on 16-byte vectors; 256 and 512 also on 8-byte ones where
+/// every streamed array has one element size).
 pub const BLOCK_CANDIDATES: [u32; 3] = [128, 256, 512];
 
-/// Chosen blocks by (signature, size bucket, device ordinal), so an eval looks the autotune
+/// The shapes a tuning of `prog` with output `out` tries.
+fn candidates(prog: &Program<'_>, out: DTypeKind) -> Vec<MapShape> {
+    let wide = BLOCK_CANDIDATES.iter().map(|&block| MapShape {
+        block,
+        vector_bytes: 16,
+    });
+    let narrow = [256, 512].into_iter().map(|block| MapShape {
+        block,
+        vector_bytes: 8,
+    });
+    if one_element_size(prog, out) {
+        wide.chain(narrow).collect()
+    } else {
+        wide.collect()
+    }
+}
+
+/// Chosen shapes by (signature, size bucket, device ordinal), so an eval looks the autotune
 /// cache up once per process.
-fn chosen() -> &'static Mutex<HashMap<String, u32>> {
-    static C: OnceLock<Mutex<HashMap<String, u32>>> = OnceLock::new();
+fn chosen() -> &'static Mutex<HashMap<String, MapShape>> {
+    static C: OnceLock<Mutex<HashMap<String, MapShape>>> = OnceLock::new();
     C.get_or_init(Default::default)
 }
 
@@ -45,9 +64,16 @@ fn slot(signature: &str, n: usize, stream: &Stream) -> String {
     )
 }
 
-/// The block to launch a map kernel of `signature` over `n` elements with: a tuned winner
-/// (this process's, else the autotune cache's) or [`BLOCK`].
-pub(crate) fn block_for(stream: &Stream, signature: &str, out: DTypeKind, n: usize) -> u32 {
+/// The shape to launch a map kernel of `signature` over `n` elements in: a tuned winner (this
+/// process's, else the autotune cache's, if it is still a candidate) or
+/// [`MapShape::DEFAULT`].
+pub(crate) fn shape_for(
+    stream: &Stream,
+    prog: &Program<'_>,
+    signature: &str,
+    out: DTypeKind,
+    n: usize,
+) -> MapShape {
     let key = slot(signature, n, stream);
     if let Some(&b) = chosen().lock().get(&key) {
         return b;
@@ -55,31 +81,38 @@ pub(crate) fn block_for(stream: &Stream, signature: &str, out: DTypeKind, n: usi
     let tuned = TuneKey::new(stream.device(), &kernel_name(signature), out, n)
         .ok()
         .and_then(|k| Autotuner::global().get(&k))
-        .and_then(|r| r.winner.parse::<u32>().ok())
-        .filter(|b| BLOCK_CANDIDATES.contains(b))
-        .unwrap_or(BLOCK);
+        .and_then(|r| r.winner.parse::<MapShape>().ok())
+        .filter(|m| candidates(prog, out).contains(m))
+        .unwrap_or(MapShape::DEFAULT);
     chosen().lock().insert(key, tuned);
     tuned
 }
 
 impl<'a> Expr<'a> {
-    /// Tunes the block size of this expression's kernel (output type `O`) at its size on the
-    /// stream's device: each of [`BLOCK_CANDIDATES`] is timed (into a scratch output) and the
-    /// fastest is kept, here and in the autotune cache on disk, for every later `eval` of the
-    /// same structure and size bucket. Returns the winner. Elementwise expressions only (the
-    /// reduction and filter kernels keep 256 threads); on the CPU backend, 256 at once.
+    /// Tunes the shape of this expression's kernel (output type `O`) at its size on the
+    /// stream's device: each candidate (the blocks of [`BLOCK_CANDIDATES`] on 16-byte
+    /// vectors, and 256 and 512 threads on 8-byte ones where every streamed array has one
+    /// element size) is timed (into a scratch output) and the fastest is kept, here and in the
+    /// autotune cache on disk, for every later `eval` of the same structure and size bucket.
+    /// Returns the winner's block. Elementwise expressions only (the reduction and filter
+    /// kernels keep 256 threads); on the CPU backend, 256 at once.
     pub fn tune<O: Float>(&self, stream: &Stream) -> Result<u32> {
+        Ok(self.tune_shape::<O>(stream)?.block)
+    }
+
+    /// [`Expr::tune`], returning the whole winning shape.
+    pub fn tune_shape<O: Float>(&self, stream: &Stream) -> Result<MapShape> {
         let prog = Program::new(self)?;
         float_index::<O>("fuse output")?;
         if prog.mode != Mode::Map || prog.len() == 0 {
-            return Ok(BLOCK);
+            return Ok(MapShape::DEFAULT);
         }
         let n = prog.len();
         let sig = prog.signature(O::KIND);
         stream.run(
             (),
             // The CPU backend has no block size.
-            |()| Ok(BLOCK),
+            |()| Ok(MapShape::DEFAULT),
             |(), _| {
                 let mut out = Buffer::<O>::uninit(stream, n)?;
                 let best = autotune(
@@ -87,8 +120,8 @@ impl<'a> Expr<'a> {
                     &kernel_name(&sig),
                     O::KIND,
                     n,
-                    &BLOCK_CANDIDATES,
-                    |s, &block| super::eval::run_with_block(&prog, s, &mut out, block),
+                    &candidates(&prog, O::KIND),
+                    |s, &shape| super::eval::run_with_shape(&prog, s, &mut out, shape),
                 )?;
                 chosen().lock().insert(slot(&sig, n, stream), best);
                 Ok(best)
@@ -107,29 +140,74 @@ mod tests {
     fn the_cpu_backend_does_not_tune() {
         let s = Device::cpu().new_stream().unwrap();
         let x = Buffer::from_host(&s, &[1.0f32; 100]).unwrap();
-        assert_eq!((Expr::input(&x) * 2.0).tune::<f32>(&s).unwrap(), BLOCK);
+        assert_eq!(
+            (Expr::input(&x) * 2.0).tune::<f32>(&s).unwrap(),
+            MapShape::DEFAULT.block
+        );
+    }
+
+    #[test]
+    fn shapes_print_and_parse_back_and_old_winners_still_parse() {
+        for m in [
+            MapShape::DEFAULT,
+            MapShape {
+                block: 512,
+                vector_bytes: 8,
+            },
+        ] {
+            assert_eq!(m.to_string().parse::<MapShape>(), Ok(m));
+        }
+        assert_eq!("256".parse::<MapShape>(), Ok(MapShape::DEFAULT));
+        assert!("x8".parse::<MapShape>().is_err());
+        assert!("256x".parse::<MapShape>().is_err());
+    }
+
+    #[test]
+    fn narrow_vectors_only_where_every_array_has_one_element_size() {
+        let s = Device::cpu().new_stream().unwrap();
+        let x = Buffer::from_host(&s, &[1.0f32; 100]).unwrap();
+        let h = Buffer::from_host(&s, &[half::bf16::ONE; 100]).unwrap();
+        let same = Expr::input(&x) * 2.0;
+        let mixed = Expr::input(&x) + Expr::input(&h);
+        let narrow = |e: &Expr<'_>, out| {
+            candidates(&Program::new(e).unwrap(), out)
+                .iter()
+                .any(|m| m.vector_bytes == 8)
+        };
+        assert!(narrow(&same, DTypeKind::F32));
+        assert!(!narrow(&same, DTypeKind::BF16));
+        assert!(!narrow(&mixed, DTypeKind::F32));
     }
 
     #[test]
     #[ignore = "needs NVRTC: eval $(scripts/setup-nvrtc)"]
-    fn every_candidate_block_compiles() {
+    fn every_candidate_shape_compiles() {
         let s = Device::cpu().new_stream().unwrap();
-        let x = Buffer::from_host(&s, &[half::bf16::ONE; 100]).unwrap();
-        let e = (Expr::input(&x) * 2.0).silu() + 1.0;
-        let prog = Program::new(&e).unwrap();
-        let sig = prog.signature(DTypeKind::BF16);
         let dir = std::env::temp_dir().join(format!("wd-fuse-tune-{}", std::process::id()));
         let cache = PtxCache::at(&dir);
-        for block in BLOCK_CANDIDATES {
-            let src = super::super::registry::kernel_source_for(
-                &prog,
-                DTypeKind::BF16,
-                &sig,
-                super::super::codegen::Flavor::MapBlock(block),
-            );
-            assert!(src.code.contains(&format!("__launch_bounds__({block})")));
-            let ptx = cache.ptx(src, Arch::SM_90A).unwrap();
-            assert!(ptx.contains(&format!(".maxntid {block}")), "{block}");
+        let h = Buffer::from_host(&s, &[half::bf16::ONE; 100]).unwrap();
+        let x = Buffer::from_host(&s, &[1.0f32; 100]).unwrap();
+        let y = Buffer::from_host(&s, &[2.0f32; 100]).unwrap();
+        let bf = (Expr::input(&h) * 2.0).silu() + 1.0;
+        let two = Expr::input(&x) * Expr::input(&y) * 1.5 + 0.25;
+        for (e, out) in [(&bf, DTypeKind::BF16), (&two, DTypeKind::F32)] {
+            let prog = Program::new(e).unwrap();
+            let sig = prog.signature(out);
+            for shape in candidates(&prog, out) {
+                let src = super::super::registry::kernel_source_for(
+                    &prog,
+                    out,
+                    &sig,
+                    super::super::codegen::Flavor::Map(shape),
+                );
+                let block = shape.block;
+                assert!(src.code.contains(&format!("__launch_bounds__({block})")));
+                let ptx = cache.ptx(src, Arch::SM_90A).unwrap();
+                assert!(ptx.contains(&format!(".maxntid {block}")), "{shape}");
+                if shape.vector_bytes == 8 {
+                    assert!(ptx.contains("ld.global.cs.v2"), "{shape}: no 8-byte loads");
+                }
+            }
         }
         let _ = std::fs::remove_dir_all(&dir);
     }

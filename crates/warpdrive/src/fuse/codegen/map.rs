@@ -12,10 +12,12 @@ use crate::dtype::DTypeKind;
 use super::super::program::{Class, Program};
 use super::*;
 
-/// The map kernel with `__launch_bounds__(block)` (the block it is launched with).
-pub(super) fn map_kernel(s: &mut String, prog: &Program<'_>, out: DTypeKind, block: u32) {
-    let w = width(prog, out);
-    let u = unroll(prog);
+/// The map kernel in `shape`, with `__launch_bounds__(shape.block)` (the block it is
+/// launched with).
+pub(super) fn map_kernel(s: &mut String, prog: &Program<'_>, out: DTypeKind, shape: MapShape) {
+    let block = shape.block;
+    let w = map_width(prog, out, shape);
+    let u = map_unroll(prog, shape);
     let ot = ctype(out);
     let _ = writeln!(
         s,
