@@ -261,7 +261,8 @@ fn chains<T: Float>(ctx: &mut Ctx, plan: &Plan, tname: &str) -> Result<()> {
         )?;
         annotate(row, 1);
         row.extra.insert("block".into(), shape.block.into());
-        row.extra.insert("vector_bytes".into(), shape.vector_bytes.into());
+        row.extra
+            .insert("vector_bytes".into(), shape.vector_bytes.into());
         let mut us = time_gpu(&stream, warm, reps, |s| {
             unfused(s, chain, &x, &y, &mut a, &mut b, &mut out)
         })?;

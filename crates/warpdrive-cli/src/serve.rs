@@ -63,13 +63,10 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
                 .tenant_device_mib
                 .map_or(usize::MAX, |m| (m as usize).saturating_mul(1 << 20)),
         },
-        warm_rows: warm_rows(args.warm_rows.map_or_else(
-            || {
-                let controlled = args.p99_target_ms.map_or(0, |_| args.controller_max_rows);
-                args.max_batch_rows.max(controlled)
-            },
-            |r| r,
-        ) as usize),
+        warm_rows: warm_rows(args.warm_rows.unwrap_or_else(|| {
+            let controlled = args.p99_target_ms.map_or(0, |_| args.controller_max_rows);
+            args.max_batch_rows.max(controlled)
+        }) as usize),
         http_threads: args
             .http_threads
             .map_or_else(|| ServeConfig::default().http_threads, |n| n as usize),
