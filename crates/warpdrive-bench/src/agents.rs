@@ -3,7 +3,9 @@
 //! - `circles-N` (size = agents): one step of FLAME GPU 2's Circles model (spatial messages,
 //!   radius 2, density 1; `warpdrive::agents::Circles`) from a seeded start, µs per step.
 //!   Variants: `warpdrive-graph` (the step's kernels and scan captured once as a CUDA graph,
-//!   one graph launch per step) and `warpdrive` (the same launches issued one by one).
+//!   one graph launch per step) and `warpdrive` (the same launches issued one by one), both
+//!   with the default move kernel (`circles_move_fast`); `warpdrive-exact-move` is
+//!   `warpdrive` with the precise `circles_move` (the before of the fast force).
 //!   `extra`: `agent_steps_per_s` (agents / median), the anchor `flame_gpu_agent_steps_per_s`
 //!   (4.7e8: FLAME GPU 2, Circles at 1 M agents on an H100 PCIe, 0.428 s for 200 steps,
 //!   run-time compiled agent functions), `x_flame_gpu` (ours / the anchor), the target
@@ -19,7 +21,7 @@
 //!   iterative averaging, birth and death, job submission and persistent stepping
 //!   (`agents/more.rs`).
 
-use warpdrive::agents::{Circles, CirclesConfig, Majority};
+use warpdrive::agents::{Circles, CirclesConfig, Majority, MoveKernel};
 use warpdrive::error::Result;
 use warpdrive::exec::Graph;
 use warpdrive::memory::Buffer;
@@ -86,6 +88,10 @@ fn circles(ctx: &mut Ctx, n: usize) -> Result<()> {
     let mut sim = Circles::new(&stream, CirclesConfig::new(n, 0xc1c1e5))?;
     let mut eager = time_gpu(&stream, warm, reps, |s| sim.step(s))?;
     record_circles(ctx, &case, n, "warpdrive", &mut eager, reps)?;
+    sim.set_move_kernel(MoveKernel::Exact);
+    let mut exact = time_gpu(&stream, warm, reps, |s| sim.step(s))?;
+    sim.set_move_kernel(MoveKernel::Fast);
+    record_circles(ctx, &case, n, "warpdrive-exact-move", &mut exact, reps)?;
     let mut graph = Graph::capture(&stream, |s| sim.step(s))?;
     graph.prepare()?;
     let mut graphed = time_gpu(&stream, warm, reps, |_| graph.launch())?;
@@ -167,6 +173,7 @@ mod tests {
         for (case, variant) in [
             ("circles-2k", "warpdrive"),
             ("circles-2k", "warpdrive-graph"),
+            ("circles-2k", "warpdrive-exact-move"),
             ("vote-2k", "warpdrive"),
             ("vote-2k", "warpdrive-kernel"),
             ("quorum-2k", "warpdrive"),

@@ -112,6 +112,83 @@ extern "C" __global__ void __launch_bounds__(256) circles_move(
     }
 }
 
+// circles_move_fast: circles_move's walk and in/out decision, a cheaper force. A warp pays for
+// the force of a message when any of its lanes has one inside (about 44 % of the messages
+// read are: |d| < 2√2), so the force's cost, not the loads, set circles_move's time: a precise
+// cbrtf, a sinf of a double argument and three IEEE divisions, about 100 instructions a
+// message. Here: the decision is circles_move's (cbrtf(d2) < radius) wherever it could differ
+// (d2 within 1e-4 of radius³, or tiny d2); elsewhere it is certain, and the force takes
+// s = 2^(log2(d2)/3), sin of (s · -2·3.141/radius) shifted into [-π, π] for __sinf, and one
+// approximate reciprocal: four MUFU and ~15 FP32 instructions, each within ~1e-6 relative.
+__device__ __forceinline__ float circles_ex2(float v) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+    return r;
+}
+
+__device__ __forceinline__ void circles_force(float dx, float dy, float dz, float sep,
+                                              float ka, float repulse, float& fx, float& fy,
+                                              float& fz) {
+    // sin(θ) = -sin(θ + π): θ = sep · ka lies in [-2 · 3.141, 0]; __sinf is most accurate on
+    // [-π, π].
+    const float k = -__sinf(fmaf(sep, ka, 3.14159265358979f)) * repulse;
+    const float kk = __fdividef(k, sep);
+    fx = fmaf(kk, dx, fx);
+    fy = fmaf(kk, dy, fy);
+    fz = fmaf(kk, dz, fz);
+}
+
+extern "C" __global__ void __launch_bounds__(256) circles_move_fast(
+    float* __restrict__ x, float* __restrict__ y, float* __restrict__ z, u64 n,
+    const u32* __restrict__ starts, const float4* __restrict__ msg, float lo, float w, u32 dim,
+    float radius, float repulse) {
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    const float r3 = radius * radius * radius;
+    // Beyond r3 · 1.0001 nothing counts, below r3 · 0.9999 everything with d2 > 1e-30 does
+    // (cbrtf is monotonic and within an ulp); only the band between takes cbrtf.
+    const float r3_hi = r3 * 1.0001f, r3_lo = r3 * 0.9999f;
+    // As the benchmark's argument (double)(sep / radius) * 3.141 * -2.0, folded once.
+    const float ka = (float)(-2.0 * 3.141 / (double)radius);
+    for (u64 t = blockIdx.x * (u64)blockDim.x + threadIdx.x; t < n; t += stride) {
+        const float4 me = msg[t];
+        const float x1 = me.x, y1 = me.y, z1 = me.z;
+        const u32 i = __float_as_uint(me.w);
+        const int cx = (int)agents_axis(x1, lo, w, dim);
+        const int cy = (int)agents_axis(y1, lo, w, dim);
+        const int cz = (int)agents_axis(z1, lo, w, dim);
+        const int last = (int)dim - 1;
+        const int x0 = max(cx - 1, 0), x1b = min(cx + 1, last);
+        float fx = 0.0f, fy = 0.0f, fz = 0.0f;
+        u32 count = 0;
+        for (int bz = max(cz - 1, 0); bz <= min(cz + 1, last); ++bz) {
+            for (int by = max(cy - 1, 0); by <= min(cy + 1, last); ++by) {
+                const u32 row = ((u32)bz * dim + (u32)by) * dim;
+                const u32 first = starts[row + (u32)x0], end = starts[row + (u32)x1b + 1u];
+                for (u32 m = first; m < end; ++m) {
+                    const float4 o = msg[m];
+                    const float dx = o.x - x1, dy = o.y - y1, dz = o.z - z1;
+                    const float d2 = dx * dx + dy * dy + dz * dz;
+                    if (!(d2 < r3_hi) || (u64)m == t) continue;
+                    float sep;
+                    if (d2 < r3_lo && d2 > 1e-30f) {
+                        sep = circles_ex2(__log2f(d2) * (1.0f / 3.0f));
+                    } else {
+                        // The boundary band (and tiny or zero d2): circles_move's exact test.
+                        sep = cbrtf(d2);
+                        if (!(sep < radius && sep > 0.0f)) continue;
+                    }
+                    circles_force(dx, dy, dz, sep, ka, repulse, fx, fy, fz);
+                    ++count;
+                }
+            }
+        }
+        const float c = count > 0 ? (float)count : 1.0f;
+        x[i] = x1 + fx / c;
+        y[i] = y1 + fy / c;
+        z[i] = z1 + fz / c;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(256) agents_vote(
     const u32* __restrict__ votes, u64 n, u64* __restrict__ partials, u32* __restrict__ ticket,
     volatile u64* __restrict__ out, u64 round) {
