@@ -3,12 +3,14 @@
 // model's move, and a single-vote consensus.
 //   agents_bin_count: block 256, grid-stride; each agent's bin (clamped to the grid, as
 //     Spatial3D clamps) into bin_of, and one atomicAdd on its bin's count (agents spread over
-//     many bins: low contention). The counts are zeroed before; the exclusive scan of the
-//     counts (ops::exclusive_scan) gives each bin's first slot.
+//     many bins: low contention) whose old value is the agent's rank in its bin (into rank).
+//     The counts are zeroed before; the exclusive scan of the counts (ops::exclusive_scan)
+//     gives each bin's first slot.
 //   agents_scatter: block 256, grid-stride; each agent's message, one float4 (x, y, z, and
-//     the agent's index as the bits of w: one 16-byte load per message read), into the next
-//     slot of its bin (atomicAdd on a copy of the starts). The order inside a bin is whatever
-//     the atomics give; the move sums in that order (a float rounding difference).
+//     the agent's index as the bits of w: one 16-byte load per message read), into slot
+//     starts[bin] + rank: no atomics and no copy of the starts (the scatter was atomic-bound:
+//     ~530 cycles an issued instruction). The order inside a bin is whatever the count's
+//     atomics gave; the move sums in that order (a float rounding difference).
 //   circles_move: block 256, grid-stride over message slots: thread t moves the agent whose
 //     message sits in slot t, so neighbouring threads sit in one bin and read the same
 //     neighbour strips (L1 hits: what FLAME GPU gets by sorting agents each step). It reads
@@ -35,7 +37,8 @@ __device__ __forceinline__ u32 agents_axis(float p, float lo, float w, u32 dim) 
 
 extern "C" __global__ void __launch_bounds__(256) agents_bin_count(
     const float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ z, u64 n,
-    float lo, float w, u32 dim, u32* __restrict__ bin_of, u32* __restrict__ counts) {
+    float lo, float w, u32 dim, u32* __restrict__ bin_of, u32* __restrict__ counts,
+    u32* __restrict__ rank) {
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += stride) {
         const u32 bx = agents_axis(x[i], lo, w, dim);
@@ -43,16 +46,17 @@ extern "C" __global__ void __launch_bounds__(256) agents_bin_count(
         const u32 bz = agents_axis(z[i], lo, w, dim);
         const u32 b = (bz * dim + by) * dim + bx;
         bin_of[i] = b;
-        atomicAdd(&counts[b], 1u);
+        rank[i] = atomicAdd(&counts[b], 1u);
     }
 }
 
 extern "C" __global__ void __launch_bounds__(256) agents_scatter(
     const float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ z, u64 n,
-    const u32* __restrict__ bin_of, u32* __restrict__ cursor, float4* __restrict__ msg) {
+    const u32* __restrict__ bin_of, const u32* __restrict__ rank, const u32* __restrict__ starts,
+    float4* __restrict__ msg) {
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += stride) {
-        const u32 slot = atomicAdd(&cursor[bin_of[i]], 1u);
+        const u32 slot = starts[bin_of[i]] + rank[i];
         msg[slot] = make_float4(x[i], y[i], z[i], __uint_as_float((u32)i));
     }
 }
@@ -168,7 +172,9 @@ extern "C" __global__ void __launch_bounds__(256) circles_move_fast(
                     const float4 o = msg[m];
                     const float dx = o.x - x1, dy = o.y - y1, dz = o.z - z1;
                     const float d2 = dx * dx + dy * dy + dz * dz;
-                    if (!(d2 < r3_hi) || (u64)m == t) continue;
+                    // The agent's own message (d2 = 0) falls to the cbrtf branch and fails
+                    // sep > 0, as in circles_move: no index compare in the loop.
+                    if (!(d2 < r3_hi)) continue;
                     float sep;
                     if (d2 < r3_lo && d2 > 1e-30f) {
                         sep = circles_ex2(__log2f(d2) * (1.0f / 3.0f));
