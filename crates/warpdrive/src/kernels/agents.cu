@@ -22,8 +22,9 @@
 //     thread a step (fewer blocks: fewer tickets on one word, fewer partials); yes votes
 //     counted per thread, per warp (shuffles), per block (warp counts in shared memory),
 //     one u64 per block into partials, then the last block (a ticket: one atomic per block, not per agent) adds the partials
-//     in block order, sets the ticket back to 0 (graph replays) and writes (yes, decision)
-//     to mapped host memory, then, after a system-wide fence, the vote's round number: the
+//     in block order, sets the ticket back to 0 (graph replays) and writes the decision to
+//     mapped host memory: below 2^31 voters one packed word (round's low 32 bits, passed,
+//     yes: one store, no fence); else (yes, decision), a system-wide fence, the round. The
 //     host polls that word and reads the decision without a copy.
 
 __device__ __forceinline__ u32 agents_axis(float p, float lo, float w, u32 dim) {
@@ -247,10 +248,17 @@ extern "C" __global__ void __launch_bounds__(256) agents_vote(
     const u64 yes = block_sum(part);
     if (threadIdx.x == 0) {
         *ticket = 0u;
-        out[0] = yes;
-        out[1] = 2ull * yes > n ? 1ull : 0ull;
-        __threadfence_system();
-        out[2] = round;
+        const u64 passed = 2ull * yes > n ? 1ull : 0ull;
+        if (n < (1ull << 31)) {
+            // One 8-byte store (single-copy atomic): round's low 32 bits, passed, yes. No
+            // system fence, a PCIe round trip, before the host can see it.
+            out[2] = (round & 0xffffffffull) << 32 | passed << 31 | (yes & 0x7fffffffull);
+        } else {
+            out[0] = yes;
+            out[1] = passed;
+            __threadfence_system();
+            out[2] = round;
+        }
     }
 }
 
