@@ -13,9 +13,11 @@
 //!   samples, as a simulation does). Sizes: 1 M and 10 M (`full`), 32 k (`quick`), 2 k (`tiny`).
 //! - `vote-N` (size = agents): a single majority vote over N agents' u32 votes (one kernel:
 //!   warp ballots, block sums, the last block's decision), µs from the host enqueuing the
-//!   vote to the host holding the decision (a device-to-host copy of 16 bytes and the
-//!   stream's wait): variant `warpdrive`, with `p99_us` in `extra` and the target `target_p99_us`
-//!   (10 at 1 M); and the kernel alone timed by events: variant `warpdrive-kernel`.
+//!   vote to the host holding the decision (polling the packed decision word in mapped
+//!   memory, no copy, no stream wait): variant `warpdrive`, with `p99_us` in `extra` and the target `target_p99_us`
+//!   (10 at 1 M); the same with the decision behind a system fence (the earlier way, the
+//!   before of the packed word): `warpdrive-fenced`; and the kernel alone timed by events:
+//!   variant `warpdrive-kernel`.
 //!   Sizes as `circles`.
 //! - `quorum-N`, `averaging-N`, `life-N`, `submit-N`, `steps-N`: the weighted quorum,
 //!   iterative averaging, birth and death, job submission and persistent stepping
@@ -152,6 +154,19 @@ fn vote(ctx: &mut Ctx, n: usize) -> Result<()> {
     row.extra
         .insert("target_p99_us".into(), TARGET_VOTE_P99_US.into());
     row.extra.insert("yes".into(), seen.into());
+    // The earlier publication (three words behind __threadfence_system), the before.
+    majority.set_packed(false);
+    let mut fenced = time_host(warm, reps, || {
+        majority.run(&stream, &votes)?;
+        seen = majority.decision(&stream)?.yes;
+        Ok(())
+    })?;
+    majority.set_packed(true);
+    let p99 = percentile(&fenced, 0.99);
+    let row = ctx.record_time(&case, n as u64, "warpdrive-fenced", &mut fenced, None)?;
+    row.extra.insert("p99_us".into(), p99.into());
+    row.extra
+        .insert("target_p99_us".into(), TARGET_VOTE_P99_US.into());
     let mut kernel = time_gpu(&stream, warm, reps, |s| majority.run(s, &votes))?;
     let p99 = percentile(&kernel, 0.99);
     let row = ctx.record_time(&case, n as u64, "warpdrive-kernel", &mut kernel, None)?;
@@ -176,6 +191,7 @@ mod tests {
             ("circles-2k", "warpdrive-exact-move"),
             ("vote-2k", "warpdrive"),
             ("vote-2k", "warpdrive-kernel"),
+            ("vote-2k", "warpdrive-fenced"),
             ("quorum-2k", "warpdrive"),
             ("averaging-2k", "warpdrive"),
             ("life-2k", "warpdrive"),

@@ -308,11 +308,14 @@ fn circles_reads_the_expected_messages() {
     );
 }
 
+/// Both ways of publishing the decision: the packed word (the default) and the fenced words.
 fn majority_vote(dev: &Device) {
     let s = stream(dev);
     let mut rng = common::rng(common::seed("majority_vote"));
     let mut vote = Majority::new(&s).unwrap();
-    for n in SIZES.into_iter().chain([2, 64, 3 * 256 * 132 + 5]) {
+    let sizes = SIZES.into_iter().chain([2, 64, 3 * 256 * 132 + 5]);
+    for (n, packed) in sizes.flat_map(|n| [(n, true), (n, false)]) {
+        vote.set_packed(packed);
         // First an all-yes vote, so a stale decision would show in the next.
         let all = Buffer::from_host(&s, &vec![9u32; n]).unwrap();
         vote.run(&s, &all).unwrap();

@@ -63,6 +63,10 @@ pub struct Majority {
     out: SharedWords,
     voters: u64,
     round: u64,
+    /// Whether votes of fewer than 2³¹ voters publish the packed word (the default).
+    packed: bool,
+    /// Whether the last vote published the packed word.
+    sent_packed: bool,
 }
 
 impl Majority {
@@ -74,7 +78,20 @@ impl Majority {
             out: stream.device().shared_words(3)?,
             voters: 0,
             round: 0,
+            packed: true,
+            sent_packed: false,
         })
+    }
+
+    /// Whether the decision is published as one packed word when it fits (the default), or
+    /// always as three words behind a system-scope fence (the earlier way, kept to compare).
+    pub fn set_packed(&mut self, packed: bool) {
+        self.packed = packed;
+    }
+
+    /// Whether the decision goes out as one packed word when it fits.
+    fn packs(&self) -> bool {
+        self.packed && self.voters < PACKED_VOTERS
     }
 
     /// Counts `votes` (one per agent, non-zero = yes) and writes the decision on the device.
@@ -84,13 +101,15 @@ impl Majority {
         self.voters = n as u64;
         self.round = self.round.wrapping_add(1).max(1);
         let round = self.round;
+        let packs = self.packs();
+        self.sent_packed = packs;
         stream.run(
             self,
             |m| {
                 let yes = votes.host_view()?.iter().filter(|&&v| v != 0).count() as u64;
                 let out = m.out.words();
                 let passed = 2 * yes > n as u64;
-                if (n as u64) < PACKED_VOTERS {
+                if packs {
                     out[2].store(packed_decision(round, passed, yes), Ordering::Release);
                 } else {
                     out[0].store(yes, Ordering::Relaxed);
@@ -111,9 +130,10 @@ impl Majority {
                     .buf(&m.partials)
                     .buf(&m.ticket)
                     .ptr(m.out.device_ptr())
-                    .u64(round);
+                    .u64(round)
+                    .u32(u32::from(packs));
                 // SAFETY: agents_vote(const u32* votes, u64 n, u64* partials, u32* ticket,
-                // volatile u64* out, u64 round) with blocks of 256: votes holds n, partials
+                // volatile u64* out, u64 round, u32 packed) with blocks of 256: votes holds n, partials
                 // MAX_BLOCKS >= grid, the ticket one word (zero: zeroed at creation, set back to
                 // zero by each vote's last block), out 3 mapped words that live as long as self
                 // (8-byte aligned: the packed word is one store).
@@ -126,7 +146,7 @@ impl Majority {
     /// round word (no copy, no stream wait); after many polls without it, waits for the
     /// stream (which reports a failed kernel) and reads once more.
     pub fn decision(&self, stream: &Stream) -> Result<Decision> {
-        if self.voters < PACKED_VOTERS {
+        if self.sent_packed {
             let tag = self.round & 0xffff_ffff;
             let words = seen(&self.out, 2, |w| w >> 32 == tag, self.round, stream)?;
             let w = words[2].load(Ordering::Acquire);

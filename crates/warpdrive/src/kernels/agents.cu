@@ -23,7 +23,7 @@
 //     counted per thread, per warp (shuffles), per block (warp counts in shared memory),
 //     one u64 per block into partials, then the last block (a ticket: one atomic per block, not per agent) adds the partials
 //     in block order, sets the ticket back to 0 (graph replays) and writes the decision to
-//     mapped host memory: below 2^31 voters one packed word (round's low 32 bits, passed,
+//     mapped host memory: when asked (packed) and below 2^31 voters one packed word (round's low 32 bits, passed,
 //     yes: one store, no fence); else (yes, decision), a system-wide fence, the round. The
 //     host polls that word and reads the decision without a copy.
 
@@ -198,7 +198,7 @@ extern "C" __global__ void __launch_bounds__(256) circles_move_fast(
 
 extern "C" __global__ void __launch_bounds__(256) agents_vote(
     const u32* __restrict__ votes, u64 n, u64* __restrict__ partials, u32* __restrict__ ticket,
-    volatile u64* __restrict__ out, u64 round) {
+    volatile u64* __restrict__ out, u64 round, u32 packed) {
     __shared__ bool last;
     const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
     u32 count = 0;
@@ -249,7 +249,7 @@ extern "C" __global__ void __launch_bounds__(256) agents_vote(
     if (threadIdx.x == 0) {
         *ticket = 0u;
         const u64 passed = 2ull * yes > n ? 1ull : 0ull;
-        if (n < (1ull << 31)) {
+        if (packed != 0u && n < (1ull << 31)) {
             // One 8-byte store (single-copy atomic): round's low 32 bits, passed, yes. No
             // system fence, a PCIe round trip, before the host can see it.
             out[2] = (round & 0xffffffffull) << 32 | passed << 31 | (yes & 0x7fffffffull);
