@@ -3,7 +3,9 @@
 //! - `circles-N` (size = agents): one step of FLAME GPU 2's Circles model (spatial messages,
 //!   radius 2, density 1; `warpdrive::agents::Circles`) from a seeded start, µs per step.
 //!   Variants: `warpdrive-graph` (the step's kernels and scan captured once as a CUDA graph,
-//!   one graph launch per step) and `warpdrive` (the same launches issued one by one).
+//!   one graph launch per step) and `warpdrive` (the same launches issued one by one), both
+//!   with the default move kernel (`circles_move_fast`); `warpdrive-exact-move` is
+//!   `warpdrive` with the precise `circles_move` (the before of the fast force).
 //!   `extra`: `agent_steps_per_s` (agents / median), the anchor `flame_gpu_agent_steps_per_s`
 //!   (4.7e8: FLAME GPU 2, Circles at 1 M agents on an H100 PCIe, 0.428 s for 200 steps,
 //!   run-time compiled agent functions), `x_flame_gpu` (ours / the anchor), the target
@@ -11,15 +13,17 @@
 //!   samples, as a simulation does). Sizes: 1 M and 10 M (`full`), 32 k (`quick`), 2 k (`tiny`).
 //! - `vote-N` (size = agents): a single majority vote over N agents' u32 votes (one kernel:
 //!   warp ballots, block sums, the last block's decision), µs from the host enqueuing the
-//!   vote to the host holding the decision (a device-to-host copy of 16 bytes and the
-//!   stream's wait): variant `warpdrive`, with `p99_us` in `extra` and the target `target_p99_us`
-//!   (10 at 1 M); and the kernel alone timed by events: variant `warpdrive-kernel`.
+//!   vote to the host holding the decision (polling the packed decision word in mapped
+//!   memory, no copy, no stream wait): variant `warpdrive`, with `p99_us` in `extra` and the target `target_p99_us`
+//!   (10 at 1 M); the same with the decision behind a system fence (the earlier way, the
+//!   before of the packed word): `warpdrive-fenced`; and the kernel alone timed by events:
+//!   variant `warpdrive-kernel`.
 //!   Sizes as `circles`.
 //! - `quorum-N`, `averaging-N`, `life-N`, `submit-N`, `steps-N`: the weighted quorum,
 //!   iterative averaging, birth and death, job submission and persistent stepping
 //!   (`agents/more.rs`).
 
-use warpdrive::agents::{Circles, CirclesConfig, Majority};
+use warpdrive::agents::{Circles, CirclesConfig, Majority, MoveKernel};
 use warpdrive::error::Result;
 use warpdrive::exec::Graph;
 use warpdrive::memory::Buffer;
@@ -86,6 +90,10 @@ fn circles(ctx: &mut Ctx, n: usize) -> Result<()> {
     let mut sim = Circles::new(&stream, CirclesConfig::new(n, 0xc1c1e5))?;
     let mut eager = time_gpu(&stream, warm, reps, |s| sim.step(s))?;
     record_circles(ctx, &case, n, "warpdrive", &mut eager, reps)?;
+    sim.set_move_kernel(MoveKernel::Exact);
+    let mut exact = time_gpu(&stream, warm, reps, |s| sim.step(s))?;
+    sim.set_move_kernel(MoveKernel::Fast);
+    record_circles(ctx, &case, n, "warpdrive-exact-move", &mut exact, reps)?;
     let mut graph = Graph::capture(&stream, |s| sim.step(s))?;
     graph.prepare()?;
     let mut graphed = time_gpu(&stream, warm, reps, |_| graph.launch())?;
@@ -146,6 +154,19 @@ fn vote(ctx: &mut Ctx, n: usize) -> Result<()> {
     row.extra
         .insert("target_p99_us".into(), TARGET_VOTE_P99_US.into());
     row.extra.insert("yes".into(), seen.into());
+    // The earlier publication (three words behind __threadfence_system), the before.
+    majority.set_packed(false);
+    let mut fenced = time_host(warm, reps, || {
+        majority.run(&stream, &votes)?;
+        seen = majority.decision(&stream)?.yes;
+        Ok(())
+    })?;
+    majority.set_packed(true);
+    let p99 = percentile(&fenced, 0.99);
+    let row = ctx.record_time(&case, n as u64, "warpdrive-fenced", &mut fenced, None)?;
+    row.extra.insert("p99_us".into(), p99.into());
+    row.extra
+        .insert("target_p99_us".into(), TARGET_VOTE_P99_US.into());
     let mut kernel = time_gpu(&stream, warm, reps, |s| majority.run(s, &votes))?;
     let p99 = percentile(&kernel, 0.99);
     let row = ctx.record_time(&case, n as u64, "warpdrive-kernel", &mut kernel, None)?;
@@ -167,8 +188,10 @@ mod tests {
         for (case, variant) in [
             ("circles-2k", "warpdrive"),
             ("circles-2k", "warpdrive-graph"),
+            ("circles-2k", "warpdrive-exact-move"),
             ("vote-2k", "warpdrive"),
             ("vote-2k", "warpdrive-kernel"),
+            ("vote-2k", "warpdrive-fenced"),
             ("quorum-2k", "warpdrive"),
             ("averaging-2k", "warpdrive"),
             ("life-2k", "warpdrive"),

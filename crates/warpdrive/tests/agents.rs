@@ -8,7 +8,7 @@ use common::device_test;
 use rand::Rng;
 use warpdrive::agents::{
     submit, Averaging, Circles, CirclesConfig, FieldKind, GridShape, HostField, Majority,
-    Population, Quorum, SpatialGrid, StepFn, StepInputs,
+    MoveKernel, Population, Quorum, SpatialGrid, StepFn, StepInputs,
 };
 use warpdrive::kernels::{Arch, PtxCache};
 use warpdrive::{Buffer, Device, Error};
@@ -181,13 +181,18 @@ device_test!(
 /// f64 reference, sinf / cbrtf within an ulp or two); agents whose neighbor sits within
 /// rounding of the radius (counted on one side only) may differ by up to the repulsion
 /// factor 0.05: at most 1 in 10 000 of them.
+/// Both GPU move kernels (`MoveKernel::Fast`, the default, and `Exact`) are held to it.
 fn circles_step_matches_cpu(dev: &Device) {
     let s = stream(dev);
     let cpu = stream(&Device::cpu());
     let seed = common::seed("circles_step_matches_cpu");
-    for n in [0, 1, 2, 4099, 50_001] {
+    for (n, kernel) in [0, 1, 2, 4099, 50_001]
+        .into_iter()
+        .flat_map(|n| [(n, MoveKernel::Fast), (n, MoveKernel::Exact)])
+    {
         let config = CirclesConfig::new(n, seed);
         let mut got = Circles::new(&s, config).unwrap();
+        got.set_move_kernel(kernel);
         let mut want = Circles::new(&cpu, config).unwrap();
         // Two steps from the same state: the first, then the second from the CPU's state.
         for round in 0..2 {
@@ -201,20 +206,24 @@ fn circles_step_matches_cpu(dev: &Device) {
                     let d = (a - b).abs();
                     assert!(
                         d <= 0.05 + 1e-5,
-                        "round {round} agent {i} {axis}: {a} vs {b}"
+                        "{kernel:?} round {round} agent {i} {axis}: {a} vs {b}"
                     );
                     if d > 1e-4 {
                         outliers += 1;
                     }
                 }
             }
-            assert!(outliers <= n / 10_000, "{outliers} outliers of {n}");
+            assert!(
+                outliers <= n / 10_000,
+                "{kernel:?}: {outliers} outliers of {n}"
+            );
             let (x, y, z) = (
                 want.population().f32_to_host(&cpu, "x").unwrap(),
                 want.population().f32_to_host(&cpu, "y").unwrap(),
                 want.population().f32_to_host(&cpu, "z").unwrap(),
             );
             got = Circles::from_positions(&s, config, &x, &y, &z).unwrap();
+            got.set_move_kernel(kernel);
         }
     }
 }
@@ -299,11 +308,14 @@ fn circles_reads_the_expected_messages() {
     );
 }
 
+/// Both ways of publishing the decision: the packed word (the default) and the fenced words.
 fn majority_vote(dev: &Device) {
     let s = stream(dev);
     let mut rng = common::rng(common::seed("majority_vote"));
     let mut vote = Majority::new(&s).unwrap();
-    for n in SIZES.into_iter().chain([2, 64, 3 * 256 * 132 + 5]) {
+    let sizes = SIZES.into_iter().chain([2, 64, 3 * 256 * 132 + 5]);
+    for (n, packed) in sizes.flat_map(|n| [(n, true), (n, false)]) {
+        vote.set_packed(packed);
         // First an all-yes vote, so a stale decision would show in the next.
         let all = Buffer::from_host(&s, &vec![9u32; n]).unwrap();
         vote.run(&s, &all).unwrap();
@@ -712,6 +724,7 @@ fn the_agents_kernels_compile_with_nvrtc() {
             "agents_bin_count",
             "agents_scatter",
             "circles_move",
+            "circles_move_fast",
             "agents_vote",
         ] {
             assert!(ptx.contains(&format!(".entry {k}")), "{k} for {arch}");

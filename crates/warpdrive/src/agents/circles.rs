@@ -101,6 +101,26 @@ impl CirclesConfig {
     }
 }
 
+/// Which GPU kernel moves the agents (the CPU backend has one reference for both).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MoveKernel {
+    /// `circles_move_fast` (the default): the same walk and in/out decision as `Exact`, the
+    /// force from approximate cube root, sine and reciprocal (each within ~1e-6 relative).
+    #[default]
+    Fast,
+    /// `circles_move`: precise `cbrtf`, `sinf` of a double argument, IEEE divisions.
+    Exact,
+}
+
+impl MoveKernel {
+    fn kernel(self) -> &'static str {
+        match self {
+            MoveKernel::Fast => "circles_move_fast",
+            MoveKernel::Exact => "circles_move",
+        }
+    }
+}
+
 /// A Circles simulation: the population (`x`, `y`, `z`) and its grid of messages.
 ///
 /// ```
@@ -123,6 +143,7 @@ pub struct Circles {
     config: CirclesConfig,
     agents: Population,
     grid: SpatialGrid,
+    kernel: MoveKernel,
     /// Messages read by the last CPU step (the CPU backend counts them).
     messages: Option<u64>,
 }
@@ -157,6 +178,7 @@ impl Circles {
             config,
             agents,
             grid,
+            kernel: MoveKernel::default(),
             messages: None,
         })
     }
@@ -169,6 +191,16 @@ impl Circles {
     /// The agents (fields `x`, `y`, `z`).
     pub fn population(&self) -> &Population {
         &self.agents
+    }
+
+    /// Chooses the GPU kernel that moves the agents (no effect on the CPU backend).
+    pub fn set_move_kernel(&mut self, kernel: MoveKernel) {
+        self.kernel = kernel;
+    }
+
+    /// The GPU kernel that moves the agents.
+    pub fn move_kernel(&self) -> MoveKernel {
+        self.kernel
     }
 
     /// The grid of the last step's messages.
@@ -189,8 +221,10 @@ impl Circles {
             config,
             agents,
             grid,
+            kernel,
             messages,
         } = self;
+        let name = kernel.kernel();
         let (x, y, z) = (agents.f32("x")?, agents.f32("y")?, agents.f32("z")?);
         grid.rebuild(stream, x, y, z)?;
         let n = config.agents;
@@ -258,7 +292,7 @@ impl Circles {
                     return Ok(None);
                 }
                 super::grid::check_aligned(&grid.msg)?;
-                let f = fill_grid(q.gpu, (&AGENTS, "circles_move"), n as u64, 256)?;
+                let f = fill_grid(q.gpu, (&AGENTS, name), n as u64, 256)?;
                 let args = Args::new()
                     .buf(agents.f32("x")?)
                     .buf(agents.f32("y")?)
@@ -271,12 +305,12 @@ impl Circles {
                     .u32(shape.dim)
                     .f32(radius)
                     .f32(repulse);
-                // SAFETY: circles_move(float* x, y, z, u64 n, const u32* starts, const float4*
+                // SAFETY: circles_move and circles_move_fast(float* x, y, z, u64 n, const u32* starts, const float4*
                 // msg, float lo, float w, u32 dim, float radius, float repulse): x, y, z hold n
                 // agents (the population's length), starts dim³ + 1 slots built by the grid's
                 // rebuild for these positions (each <= n), msg n float4s (16-byte aligned) whose
                 // indices are the agents', each < n; the kernel clamps every bin into the grid.
-                unsafe { launch(q, (&AGENTS, "circles_move"), f, 256, 0, args)? };
+                unsafe { launch(q, (&AGENTS, name), f, 256, 0, args)? };
                 Ok(None)
             },
         )?;

@@ -15,6 +15,17 @@ use crate::ops::{fill_grid, launch, Args};
 /// Blocks of the vote kernel at most (its partials hold one count per block).
 pub const MAX_BLOCKS: usize = 4096;
 
+/// Votes of fewer voters than this publish their decision as one packed word (see
+/// [`packed_decision`]); larger ones as `[yes, passed, round]` behind a system fence.
+const PACKED_VOTERS: u64 = 1 << 31;
+
+/// The majority vote's one-word decision: the round's low 32 bits, then whether it passed
+/// (bit 31), then the yes count (bits 0-30). One 8-byte store is single-copy atomic, so the
+/// kernel needs no system-scope fence before it (a PCIe round trip on the host's path).
+fn packed_decision(round: u64, passed: bool, yes: u64) -> u64 {
+    (round & 0xffff_ffff) << 32 | u64::from(passed) << 31 | (yes & 0x7fff_ffff)
+}
+
 /// The outcome of a vote.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
@@ -27,7 +38,8 @@ pub struct Decision {
 }
 
 /// A majority vote's state: per-block counts and the last block's ticket on the device, and
-/// the decision (`[yes, passed, round]`) in mapped host memory (plain host memory on the CPU
+/// the decision (`[yes, passed, round]`, or one packed word in the third for fewer than
+/// 2³¹ voters) in mapped host memory (plain host memory on the CPU
 /// backend); allocated once, so a vote allocates nothing.
 ///
 /// ```
@@ -51,6 +63,10 @@ pub struct Majority {
     out: SharedWords,
     voters: u64,
     round: u64,
+    /// Whether votes of fewer than 2³¹ voters publish the packed word (the default).
+    packed: bool,
+    /// Whether the last vote published the packed word.
+    sent_packed: bool,
 }
 
 impl Majority {
@@ -62,7 +78,20 @@ impl Majority {
             out: stream.device().shared_words(3)?,
             voters: 0,
             round: 0,
+            packed: true,
+            sent_packed: false,
         })
+    }
+
+    /// Whether the decision is published as one packed word when it fits (the default), or
+    /// always as three words behind a system-scope fence (the earlier way, kept to compare).
+    pub fn set_packed(&mut self, packed: bool) {
+        self.packed = packed;
+    }
+
+    /// Whether the decision goes out as one packed word when it fits.
+    fn packs(&self) -> bool {
+        self.packed && self.voters < PACKED_VOTERS
     }
 
     /// Counts `votes` (one per agent, non-zero = yes) and writes the decision on the device.
@@ -72,14 +101,21 @@ impl Majority {
         self.voters = n as u64;
         self.round = self.round.wrapping_add(1).max(1);
         let round = self.round;
+        let packs = self.packs();
+        self.sent_packed = packs;
         stream.run(
             self,
             |m| {
                 let yes = votes.host_view()?.iter().filter(|&&v| v != 0).count() as u64;
                 let out = m.out.words();
-                out[0].store(yes, Ordering::Relaxed);
-                out[1].store(u64::from(2 * yes > n as u64), Ordering::Relaxed);
-                out[2].store(round, Ordering::Release);
+                let passed = 2 * yes > n as u64;
+                if packs {
+                    out[2].store(packed_decision(round, passed, yes), Ordering::Release);
+                } else {
+                    out[0].store(yes, Ordering::Relaxed);
+                    out[1].store(u64::from(passed), Ordering::Relaxed);
+                    out[2].store(round, Ordering::Release);
+                }
                 Ok(())
             },
             |m, q| {
@@ -94,11 +130,13 @@ impl Majority {
                     .buf(&m.partials)
                     .buf(&m.ticket)
                     .ptr(m.out.device_ptr())
-                    .u64(round);
+                    .u64(round)
+                    .u32(u32::from(packs));
                 // SAFETY: agents_vote(const u32* votes, u64 n, u64* partials, u32* ticket,
-                // volatile u64* out, u64 round) with blocks of 256: votes holds n, partials
+                // volatile u64* out, u64 round, u32 packed) with blocks of 256: votes holds n, partials
                 // MAX_BLOCKS >= grid, the ticket one word (zero: zeroed at creation, set back to
-                // zero by each vote's last block), out 3 mapped words that live as long as self.
+                // zero by each vote's last block), out 3 mapped words that live as long as self
+                // (8-byte aligned: the packed word is one store).
                 unsafe { launch(q, (&AGENTS, "agents_vote"), grid, 256, 0, args) }
             },
         )
@@ -108,6 +146,16 @@ impl Majority {
     /// round word (no copy, no stream wait); after many polls without it, waits for the
     /// stream (which reports a failed kernel) and reads once more.
     pub fn decision(&self, stream: &Stream) -> Result<Decision> {
+        if self.sent_packed {
+            let tag = self.round & 0xffff_ffff;
+            let words = seen(&self.out, 2, |w| w >> 32 == tag, self.round, stream)?;
+            let w = words[2].load(Ordering::Acquire);
+            return Ok(Decision {
+                yes: w & 0x7fff_ffff,
+                voters: self.voters,
+                passed: (w >> 31) & 1 != 0,
+            });
+        }
         let words = seen_round(&self.out, 2, self.round, stream)?;
         Ok(Decision {
             yes: words[0].load(Ordering::Relaxed),
@@ -126,8 +174,19 @@ fn seen_round<'w>(
     round: u64,
     stream: &Stream,
 ) -> Result<&'w [AtomicU64]> {
+    seen(out, at, |w| w == round, round, stream)
+}
+
+/// As [`seen_round`], with word `at` tested by `done`.
+fn seen<'w>(
+    out: &'w SharedWords,
+    at: usize,
+    done: impl Fn(u64) -> bool,
+    round: u64,
+    stream: &Stream,
+) -> Result<&'w [AtomicU64]> {
     let words = out.words();
-    let seen = || words[at].load(Ordering::Acquire) == round;
+    let seen = || done(words[at].load(Ordering::Acquire));
     let mut spins = 0u32;
     while !seen() && spins < 1 << 16 {
         std::hint::spin_loop();

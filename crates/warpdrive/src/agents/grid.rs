@@ -66,7 +66,7 @@ impl GridShape {
     }
 }
 
-/// The grid's buffers: each agent's bin, the bins' counts and first slots, and the messages
+/// The grid's buffers: each agent's bin and rank in it, the bins' counts and first slots, and the messages
 /// sorted by bin, four f32 each (`x`, `y`, `z`, and the agent's index as the bits of the
 /// fourth: one 16-byte load per message on a GPU).
 #[derive(Debug)]
@@ -76,7 +76,8 @@ pub struct SpatialGrid {
     pub(crate) counts: Buffer<u32>,
     /// `bins + 1` entries: bin `b`'s messages are `starts[b]..starts[b + 1]`.
     pub(crate) starts: Buffer<u32>,
-    pub(crate) cursor: Buffer<u32>,
+    /// Each agent's place among its bin's messages (the count's atomic order on a GPU).
+    pub(crate) rank: Buffer<u32>,
     pub(crate) msg: Buffer<f32>,
     agents: usize,
 }
@@ -101,7 +102,7 @@ impl SpatialGrid {
             bin_of: Buffer::zeros(stream, agents)?,
             counts: Buffer::zeros(stream, bins)?,
             starts: Buffer::zeros(stream, slots)?,
-            cursor: Buffer::zeros(stream, slots)?,
+            rank: Buffer::zeros(stream, agents)?,
             msg: Buffer::zeros(stream, words)?,
             agents,
         })
@@ -153,11 +154,13 @@ impl SpatialGrid {
             |g| {
                 let (xs, ys, zs) = (x.host_view()?, y.host_view()?, z.host_view()?);
                 let bin_of = g.bin_of.host_view_mut()?;
+                let rank = g.rank.host_view_mut()?;
                 let counts = g.counts.host_view_mut()?;
                 counts.fill(0);
                 for i in 0..n {
                     let b = shape.bin(xs[i], ys[i], zs[i]);
                     bin_of[i] = b;
+                    rank[i] = counts[b as usize];
                     counts[b as usize] += 1;
                 }
                 let starts = g.starts.host_view_mut()?;
@@ -167,13 +170,9 @@ impl SpatialGrid {
                     run += c;
                 }
                 starts[counts.len()] = run;
-                let cursor = g.cursor.host_view_mut()?;
-                cursor.copy_from_slice(starts);
                 let msg = g.msg.host_view_mut()?;
                 for i in 0..n {
-                    let slot = &mut cursor[bin_of[i] as usize];
-                    let s = *slot as usize * 4;
-                    *slot += 1;
+                    let s = (starts[bin_of[i] as usize] + rank[i]) as usize * 4;
                     msg[s..s + 4].copy_from_slice(&[xs[i], ys[i], zs[i], f32::from_bits(i as u32)]);
                 }
                 Ok(())
@@ -192,14 +191,14 @@ impl SpatialGrid {
                         .f32(shape.width)
                         .u32(shape.dim)
                         .buf(&g.bin_of)
-                        .buf(&g.counts);
+                        .buf(&g.counts)
+                        .buf(&g.rank);
                     // SAFETY: agents_bin_count(const float* x, y, z, u64 n, float lo, float w,
-                    // u32 dim, u32* bin_of, u32* counts): x, y, z and bin_of hold n elements,
-                    // counts dim³ (the kernel clamps every bin into the grid).
+                    // u32 dim, u32* bin_of, u32* counts, u32* rank): x, y, z, bin_of and rank
+                    // hold n elements, counts dim³ (the kernel clamps every bin into the grid).
                     unsafe { launch(q, (&AGENTS, "agents_bin_count"), grid, 256, 0, args)? };
                 }
                 ops::exclusive_scan(stream, &g.counts, &mut g.starts)?;
-                ops::copy(stream, &g.starts, &mut g.cursor)?;
                 if n > 0 {
                     let grid = fill_grid(q.gpu, (&AGENTS, "agents_scatter"), n as u64, 256)?;
                     let args = Args::new()
@@ -208,12 +207,14 @@ impl SpatialGrid {
                         .buf(z)
                         .u64(n as u64)
                         .buf(&g.bin_of)
-                        .buf(&g.cursor)
+                        .buf(&g.rank)
+                        .buf(&g.starts)
                         .buf(&g.msg);
                     // SAFETY: agents_scatter(const float* x, y, z, u64 n, const u32* bin_of,
-                    // u32* cursor, float4* msg): the n agents' bins (< dim³) and the bins' first
-                    // slots (dim³ + 1) as just built, so each agent takes one distinct slot below
-                    // n of msg (4n floats from the pool, 16-byte aligned).
+                    // const u32* rank, const u32* starts, float4* msg): the n agents' bins
+                    // (< dim³), their ranks (distinct in a bin, below its count) and the bins'
+                    // first slots (dim³ + 1) as just built, so each agent takes one distinct
+                    // slot below n of msg (4n floats from the pool, 16-byte aligned).
                     unsafe { launch(q, (&AGENTS, "agents_scatter"), grid, 256, 0, args)? };
                 }
                 Ok(())

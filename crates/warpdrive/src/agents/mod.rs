@@ -56,7 +56,7 @@ mod population;
 mod step;
 mod submit;
 
-pub use circles::{Circles, CirclesConfig, RADIUS, REPULSE};
+pub use circles::{Circles, CirclesConfig, MoveKernel, RADIUS, REPULSE};
 pub use consensus::{
     Averaging, AveragingOutcome, Decision, Majority, Quorum, QuorumDecision, MAX_BLOCKS,
 };

@@ -3,12 +3,14 @@
 // model's move, and a single-vote consensus.
 //   agents_bin_count: block 256, grid-stride; each agent's bin (clamped to the grid, as
 //     Spatial3D clamps) into bin_of, and one atomicAdd on its bin's count (agents spread over
-//     many bins: low contention). The counts are zeroed before; the exclusive scan of the
-//     counts (ops::exclusive_scan) gives each bin's first slot.
+//     many bins: low contention) whose old value is the agent's rank in its bin (into rank).
+//     The counts are zeroed before; the exclusive scan of the counts (ops::exclusive_scan)
+//     gives each bin's first slot.
 //   agents_scatter: block 256, grid-stride; each agent's message, one float4 (x, y, z, and
-//     the agent's index as the bits of w: one 16-byte load per message read), into the next
-//     slot of its bin (atomicAdd on a copy of the starts). The order inside a bin is whatever
-//     the atomics give; the move sums in that order (a float rounding difference).
+//     the agent's index as the bits of w: one 16-byte load per message read), into slot
+//     starts[bin] + rank: no atomics and no copy of the starts (the scatter was atomic-bound:
+//     ~530 cycles an issued instruction). The order inside a bin is whatever the count's
+//     atomics gave; the move sums in that order (a float rounding difference).
 //   circles_move: block 256, grid-stride over message slots: thread t moves the agent whose
 //     message sits in slot t, so neighbouring threads sit in one bin and read the same
 //     neighbour strips (L1 hits: what FLAME GPU gets by sorting agents each step). It reads
@@ -20,8 +22,9 @@
 //     thread a step (fewer blocks: fewer tickets on one word, fewer partials); yes votes
 //     counted per thread, per warp (shuffles), per block (warp counts in shared memory),
 //     one u64 per block into partials, then the last block (a ticket: one atomic per block, not per agent) adds the partials
-//     in block order, sets the ticket back to 0 (graph replays) and writes (yes, decision)
-//     to mapped host memory, then, after a system-wide fence, the vote's round number: the
+//     in block order, sets the ticket back to 0 (graph replays) and writes the decision to
+//     mapped host memory: when asked (packed) and below 2^31 voters one packed word (round's low 32 bits, passed,
+//     yes: one store, no fence); else (yes, decision), a system-wide fence, the round. The
 //     host polls that word and reads the decision without a copy.
 
 __device__ __forceinline__ u32 agents_axis(float p, float lo, float w, u32 dim) {
@@ -35,7 +38,8 @@ __device__ __forceinline__ u32 agents_axis(float p, float lo, float w, u32 dim) 
 
 extern "C" __global__ void __launch_bounds__(256) agents_bin_count(
     const float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ z, u64 n,
-    float lo, float w, u32 dim, u32* __restrict__ bin_of, u32* __restrict__ counts) {
+    float lo, float w, u32 dim, u32* __restrict__ bin_of, u32* __restrict__ counts,
+    u32* __restrict__ rank) {
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += stride) {
         const u32 bx = agents_axis(x[i], lo, w, dim);
@@ -43,16 +47,17 @@ extern "C" __global__ void __launch_bounds__(256) agents_bin_count(
         const u32 bz = agents_axis(z[i], lo, w, dim);
         const u32 b = (bz * dim + by) * dim + bx;
         bin_of[i] = b;
-        atomicAdd(&counts[b], 1u);
+        rank[i] = atomicAdd(&counts[b], 1u);
     }
 }
 
 extern "C" __global__ void __launch_bounds__(256) agents_scatter(
     const float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ z, u64 n,
-    const u32* __restrict__ bin_of, u32* __restrict__ cursor, float4* __restrict__ msg) {
+    const u32* __restrict__ bin_of, const u32* __restrict__ rank, const u32* __restrict__ starts,
+    float4* __restrict__ msg) {
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += stride) {
-        const u32 slot = atomicAdd(&cursor[bin_of[i]], 1u);
+        const u32 slot = starts[bin_of[i]] + rank[i];
         msg[slot] = make_float4(x[i], y[i], z[i], __uint_as_float((u32)i));
     }
 }
@@ -112,9 +117,88 @@ extern "C" __global__ void __launch_bounds__(256) circles_move(
     }
 }
 
+// circles_move_fast: circles_move's walk and in/out decision, a cheaper force. A warp pays for
+// the force of a message when any of its lanes has one inside (about 44 % of the messages
+// read are: |d| < 2√2), so the force's cost, not the loads, set circles_move's time: a precise
+// cbrtf, a sinf of a double argument and three IEEE divisions, about 100 instructions a
+// message. Here: the decision is circles_move's (cbrtf(d2) < radius) wherever it could differ
+// (d2 within 1e-4 of radius³, or tiny d2); elsewhere it is certain, and the force takes
+// s = 2^(log2(d2)/3), sin of (s · -2·3.141/radius) shifted into [-π, π] for __sinf, and one
+// approximate reciprocal: four MUFU and ~15 FP32 instructions, each within ~1e-6 relative.
+__device__ __forceinline__ float circles_ex2(float v) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+    return r;
+}
+
+__device__ __forceinline__ void circles_force(float dx, float dy, float dz, float sep,
+                                              float ka, float repulse, float& fx, float& fy,
+                                              float& fz) {
+    // sin(θ) = -sin(θ + π): θ = sep · ka lies in [-2 · 3.141, 0]; __sinf is most accurate on
+    // [-π, π].
+    const float k = -__sinf(fmaf(sep, ka, 3.14159265358979f)) * repulse;
+    const float kk = __fdividef(k, sep);
+    fx = fmaf(kk, dx, fx);
+    fy = fmaf(kk, dy, fy);
+    fz = fmaf(kk, dz, fz);
+}
+
+extern "C" __global__ void __launch_bounds__(256) circles_move_fast(
+    float* __restrict__ x, float* __restrict__ y, float* __restrict__ z, u64 n,
+    const u32* __restrict__ starts, const float4* __restrict__ msg, float lo, float w, u32 dim,
+    float radius, float repulse) {
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    const float r3 = radius * radius * radius;
+    // Beyond r3 · 1.0001 nothing counts, below r3 · 0.9999 everything with d2 > 1e-30 does
+    // (cbrtf is monotonic and within an ulp); only the band between takes cbrtf.
+    const float r3_hi = r3 * 1.0001f, r3_lo = r3 * 0.9999f;
+    // As the benchmark's argument (double)(sep / radius) * 3.141 * -2.0, folded once.
+    const float ka = (float)(-2.0 * 3.141 / (double)radius);
+    for (u64 t = blockIdx.x * (u64)blockDim.x + threadIdx.x; t < n; t += stride) {
+        const float4 me = msg[t];
+        const float x1 = me.x, y1 = me.y, z1 = me.z;
+        const u32 i = __float_as_uint(me.w);
+        const int cx = (int)agents_axis(x1, lo, w, dim);
+        const int cy = (int)agents_axis(y1, lo, w, dim);
+        const int cz = (int)agents_axis(z1, lo, w, dim);
+        const int last = (int)dim - 1;
+        const int x0 = max(cx - 1, 0), x1b = min(cx + 1, last);
+        float fx = 0.0f, fy = 0.0f, fz = 0.0f;
+        u32 count = 0;
+        for (int bz = max(cz - 1, 0); bz <= min(cz + 1, last); ++bz) {
+            for (int by = max(cy - 1, 0); by <= min(cy + 1, last); ++by) {
+                const u32 row = ((u32)bz * dim + (u32)by) * dim;
+                const u32 first = starts[row + (u32)x0], end = starts[row + (u32)x1b + 1u];
+                for (u32 m = first; m < end; ++m) {
+                    const float4 o = msg[m];
+                    const float dx = o.x - x1, dy = o.y - y1, dz = o.z - z1;
+                    const float d2 = dx * dx + dy * dy + dz * dz;
+                    // The agent's own message (d2 = 0) falls to the cbrtf branch and fails
+                    // sep > 0, as in circles_move: no index compare in the loop.
+                    if (!(d2 < r3_hi)) continue;
+                    float sep;
+                    if (d2 < r3_lo && d2 > 1e-30f) {
+                        sep = circles_ex2(__log2f(d2) * (1.0f / 3.0f));
+                    } else {
+                        // The boundary band (and tiny or zero d2): circles_move's exact test.
+                        sep = cbrtf(d2);
+                        if (!(sep < radius && sep > 0.0f)) continue;
+                    }
+                    circles_force(dx, dy, dz, sep, ka, repulse, fx, fy, fz);
+                    ++count;
+                }
+            }
+        }
+        const float c = count > 0 ? (float)count : 1.0f;
+        x[i] = x1 + fx / c;
+        y[i] = y1 + fy / c;
+        z[i] = z1 + fz / c;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(256) agents_vote(
     const u32* __restrict__ votes, u64 n, u64* __restrict__ partials, u32* __restrict__ ticket,
-    volatile u64* __restrict__ out, u64 round) {
+    volatile u64* __restrict__ out, u64 round, u32 packed) {
     __shared__ bool last;
     const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
     u32 count = 0;
@@ -164,10 +248,17 @@ extern "C" __global__ void __launch_bounds__(256) agents_vote(
     const u64 yes = block_sum(part);
     if (threadIdx.x == 0) {
         *ticket = 0u;
-        out[0] = yes;
-        out[1] = 2ull * yes > n ? 1ull : 0ull;
-        __threadfence_system();
-        out[2] = round;
+        const u64 passed = 2ull * yes > n ? 1ull : 0ull;
+        if (packed != 0u && n < (1ull << 31)) {
+            // One 8-byte store (single-copy atomic): round's low 32 bits, passed, yes. No
+            // system fence, a PCIe round trip, before the host can see it.
+            out[2] = (round & 0xffffffffull) << 32 | passed << 31 | (yes & 0x7fffffffull);
+        } else {
+            out[0] = yes;
+            out[1] = passed;
+            __threadfence_system();
+            out[2] = round;
+        }
     }
 }
 
