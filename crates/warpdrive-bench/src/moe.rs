@@ -7,6 +7,9 @@
 //!   tokens; above, eagerly, or the cuBLAS path where the experts' GEMMs are large, see
 //!   `AUTO_CUBLAS_MIN_FLOPS`) and `warpdrive-cublas` (counts read back once, then cuBLAS: one grouped call
 //!   per projection or one GEMM per expert, see `CUBLAS_GROUPED_MAX_FLOPS`; at every size);
+//!   from 1024 tokens on CUDA also `warpdrive-device` (`MoePath::Device`, the grouped-GEMM
+//!   kernels whatever Auto picks) and `warpdrive-device-overlap` (the same with
+//!   `MoeLayer::set_wgmma_overlap`: the wgmma tiles keep MMAs in flight across stages);
 //!   the peer adds `torch-hf-eager`, `torch-grouped-mm` and `triton-fused-moe` (a fused-MoE
 //!   Triton kernel of the design serving engines ship, tiles from its own sweep per GPU, the
 //!   layer in one CUDA graph). Median / p10 / p90
@@ -206,11 +209,21 @@ fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {
             &routing.experts[..k],
             &routing.weights[..k],
         )?;
-        for (variant, path) in [
-            ("warpdrive", MoePath::Auto),
-            ("warpdrive-cublas", MoePath::Cublas),
-        ] {
+        // From 1024 tokens on CUDA the device kernels also run on their own (Auto may take
+        // cuBLAS there), drained and overlapped wgmma side by side (issue 40).
+        let kernels = tokens >= 1024 && stream.device().is_cuda();
+        let variants = [
+            ("warpdrive", MoePath::Auto, false),
+            ("warpdrive-cublas", MoePath::Cublas, false),
+            ("warpdrive-device", MoePath::Device, false),
+            ("warpdrive-device-overlap", MoePath::Device, true),
+        ];
+        for (variant, path, overlap) in variants {
+            if path == MoePath::Device && !kernels {
+                continue;
+            }
             layer.set_path(path);
+            layer.set_wgmma_overlap(overlap);
             // Warm-up (captures the graph, loads kernels), then size the reps by one pass.
             layer.forward_into(&x, &mut y)?;
             let probe = time_gpu(&stream, 1, 1, |_| layer.forward_into(&x, &mut y))?;

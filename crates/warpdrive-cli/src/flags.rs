@@ -102,6 +102,10 @@ pub(crate) enum Command {
         /// of Hopper's warpgroup MMA.
         #[arg(long)]
         no_wgmma: bool,
+        /// Run the warpgroup-MMA tiles on their overlap kernels (MMAs in flight across
+        /// stages; issue 40) instead of the default ones.
+        #[arg(long)]
+        wgmma_overlap: bool,
         /// Run a one-token pass on the router, GEMM and combine kernels of larger batches
         /// instead of the one-kernel decode.
         #[arg(long)]
@@ -523,6 +527,14 @@ mod tests {
         ));
         let cli = parse(&["moe", "--preset", "q", "--no-wgmma"]).unwrap();
         assert!(matches!(cli.command, Command::Moe { no_wgmma: true, .. }));
+        let cli = parse(&["moe", "--preset", "q", "--wgmma-overlap"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Moe {
+                wgmma_overlap: true,
+                ..
+            }
+        ));
         let cli = parse(&["moe", "--preset", "q", "--no-decode-kernel"]).unwrap();
         assert!(matches!(
             cli.command,

@@ -13,7 +13,7 @@ pub(crate) fn moe(
     tokens: usize,
     path: &str,
     reps: u32,
-    (wgmma, decode): (bool, bool),
+    (wgmma, decode, overlap): (bool, bool, bool),
     file: Option<WeightsFile>,
     device: &DeviceOpt,
 ) -> Result<()> {
@@ -50,6 +50,7 @@ pub(crate) fn moe(
         .with_context(|| format!("loading the {layer_name} layer from {source}"))?;
     layer.set_path(path);
     layer.set_warpgroup_mma(wgmma);
+    layer.set_wgmma_overlap(overlap);
     layer.set_decode_kernel(decode);
     let x = warpdrive::Buffer::from_host(&stream, &x)?;
     let mut y = warpdrive::Buffer::<half::bf16>::uninit(&stream, x.len())?;

@@ -618,6 +618,10 @@ struct Run {
     graphs: bool,
     wgmma: bool,
     decode: bool,
+    /// The wgmma tiles on their overlap kernels (`MoeLayer::set_wgmma_overlap`).
+    overlap: bool,
+    /// Seeded host weights whose router bias sends every token's first choice to expert 0.
+    one_expert: bool,
 }
 
 const fn run(path: MoePath, graphs: bool) -> Run {
@@ -626,6 +630,8 @@ const fn run(path: MoePath, graphs: bool) -> Run {
         graphs,
         wgmma: true,
         decode: true,
+        overlap: false,
+        one_expert: false,
     }
 }
 
@@ -643,11 +649,20 @@ fn cuda_vs_cpu_as<T: Float>(c: MoeConfig, tokens: usize, r: Run, s: u64) -> Comp
     let gpu = cuda();
     let gs = gpu.new_stream().unwrap();
     let cs = Device::cpu().new_stream().unwrap();
-    let weights = MoeWeights::Random { seed: s };
+    let weights = if r.one_expert {
+        let mut w = host_weights(&c, s, None);
+        let mut bias = vec![0f32; c.experts];
+        bias[0] = 1e3;
+        w.gate_bias = Some(bias);
+        MoeWeights::Host(w)
+    } else {
+        MoeWeights::Random { seed: s }
+    };
     let mut g = MoeLayer::<T>::new(&gs, c, weights.clone()).unwrap();
     g.set_path(r.path);
     g.set_graphs(r.graphs);
     g.set_warpgroup_mma(r.wgmma);
+    g.set_wgmma_overlap(r.overlap);
     g.set_decode_kernel(r.decode);
     let mut h = MoeLayer::<T>::new(&cs, c, weights).unwrap();
     let hw = h.host_weights().unwrap();
@@ -796,6 +811,46 @@ fn gpu_smem_moe_matches_cpu() {
     );
 }
 
+/// The wgmma overlap kernels (issue 40; off by default, so forced here): 64- and 96-row
+/// tiles at 1, 5, 37, 301 and 4,097 tokens, split-K gate/up (deep), one row per deep expert
+/// with most of 64 experts empty, every token on one expert (k = 1: one expert's many
+/// tiles), f16, graphs on and off. Where the GPU has no wgmma this runs the mma.sync tiles.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_smem_moe_wgmma_overlap_matches_cpu() {
+    let s = seed("gpu_smem_moe_wgmma_overlap_matches_cpu");
+    let overlap = |graphs| Run {
+        overlap: true,
+        ..run(MoePath::Device, graphs)
+    };
+    let small = config(72, 40, 7, 3, Router::Softmax, DTypeKind::BF16);
+    few_flips_at(
+        &[1, 5, 37, 301, 4097],
+        small,
+        overlap(true),
+        s,
+        "small, overlap",
+    );
+    let deep = config(1024, 256, 8, 2, Router::Softmax, DTypeKind::BF16);
+    few_flips_at(&[3, 256], deep, overlap(false), s + 1, "deep, overlap");
+    let sparse = config(256, 1024, 64, 2, Router::Softmax, DTypeKind::BF16);
+    few_flips_at(
+        &[1, 5, 40],
+        sparse,
+        overlap(true),
+        s + 2,
+        "empty experts, overlap",
+    );
+    let one = Run {
+        one_expert: true,
+        ..overlap(true)
+    };
+    let single = config(72, 40, 7, 1, Router::Softmax, DTypeKind::BF16);
+    few_flips_at(&[1, 301, 4097], single, one, s + 3, "one expert, overlap");
+    let half = config(72, 40, 7, 3, Router::Softmax, DTypeKind::F16);
+    few_flips_at(&[37, 301], half, overlap(true), s + 4, "f16, overlap");
+}
+
 /// Every tile on mma.sync (what GPUs before Hopper run; on Hopper the staged wgmma tiles
 /// take over from 2 rows per expert): the decode and middle tiles (small: 5 tokens put 3
 /// rows on each expert, 37 put 16), the 96-row tile with split-K gate/up (deep, 256
@@ -810,6 +865,8 @@ fn gpu_smem_moe_mma_sync_tiles_match_cpu() {
         graphs,
         wgmma: false,
         decode: false,
+        overlap: false,
+        one_expert: false,
     };
     let small = config(72, 40, 7, 3, Router::Softmax, DTypeKind::BF16);
     few_flips_at(

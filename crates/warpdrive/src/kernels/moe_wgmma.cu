@@ -42,6 +42,7 @@ __device__ __forceinline__ u64 moe_sw128_desc(u32 addr) {
 __device__ __forceinline__ void moe_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void moe_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void moe_wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+__device__ __forceinline__ void moe_wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
 __device__ __forceinline__ void moe_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 // One 64-k stage of a warpgroup's MMAs: its 64 weight rows (A, at `wa`) times the tile's first
@@ -189,3 +190,95 @@ MOE_GEMM_WGMMA(bf16, m4, 2)
 MOE_GEMM_WGMMA(bf16, m6, 3)
 MOE_GEMM_WGMMA(f16, m4, 2)
 MOE_GEMM_WGMMA(f16, m6, 3)
+
+// ---- The same tiles with one group of MMAs in flight across the stage boundary (issue 40):
+// wgmma.wait_group 1 instead of 0, so stage kt's MMAs are issued while stage kt - 1's still
+// run and the tensor pipe does not drain at every 64 k. A stage's slot is then free only once
+// the MMAs two stages back are done, so the ring (same 4 slots, same shared memory and
+// blocks per SM) runs 2 stages ahead instead of 3. ----
+
+// The first 2 stages (W before the wait for the previous kernel, A after it, as
+// MoeStageLoads::start), one commit group each: stage s's data is in groups 0..s.
+template <typename Loads>
+__device__ __forceinline__ void moe_wgmma_start2(const Loads& loads, const MoeGemm& p) {
+    if (p.early_k) moe_prefetch_rows_l2(loads.w_src, loads.k_begin, loads.k_end, p.early_k, loads.c, 8);
+#pragma unroll
+    for (u32 s = 0; s < 2; ++s)
+        if (s < loads.k_tiles) loads.load_w(s);
+    if (p.early_k) wait_prior_grid();
+    release_next_grid();
+#pragma unroll
+    for (u32 s = 0; s < 2; ++s) {
+        if (s < loads.k_tiles) loads.load_a(s);
+        moe_cp_async_commit();
+    }
+}
+
+// Iteration kt: 2 + kt groups committed before it, stage kt is group kt, so at most 1 may be
+// pending. After the barrier every warpgroup has passed its wait_group 1 behind stage kt - 1's
+// MMAs, so stage kt - 2's are done everywhere and its slot ((kt + 2) % 4) takes stage kt + 2.
+template <typename T, int N, int NMAX, u32 STAGES, typename Loads>
+__device__ __forceinline__ void moe_wgmma_k_loop_overlap(float (&acc)[NMAX / 2], const Loads& loads, u32 smem,
+                                                         u32 wa) {
+    static_assert(STAGES == 4, "2 stages loading, 2 being multiplied");
+    for (u32 kt = 0; kt < loads.k_tiles; ++kt) {
+        moe_cp_async_wait<1>();
+        moe_fence_proxy_async();  // this thread's cp.async data, visible to the async proxy
+        __syncthreads();          // every thread's; stage kt - 2's MMAs are done everywhere
+        if (kt + 2 < loads.k_tiles) {
+            loads.load_w(kt + 2);
+            loads.load_a(kt + 2);
+        }
+        moe_cp_async_commit();
+        const u32 stage = smem + (kt % STAGES) * Loads::STAGE_BYTES;
+        moe_wgmma_fence();
+        moe_wgmma_stage<T, N, NMAX>(acc, stage + wa, stage);
+        moe_wgmma_commit();
+        moe_wgmma_wait1();
+    }
+    moe_wgmma_wait0();  // the accumulators are read next
+}
+
+template <typename T, int MT, int STAGES>
+__device__ void moe_gemm_wgmma_overlap(const MoeGemm& p) {
+    constexpr u32 BM = 32 * MT, BN = 128, NMAX = BM;
+    using Loads = MoeStageLoads<T, BM, BN, STAGES>;
+    constexpr u32 A_BYTES = Loads::A_BYTES, STAGE_BYTES = Loads::STAGE_BYTES;
+    static_assert(A_BYTES % 1024 == 0 && STAGE_BYTES % 1024 == 0, "SW128 tiles need 1024-byte alignment");
+    extern __shared__ __align__(128) unsigned char moe_smem[];
+    MoeTile t;
+    if (!moe_gemm_tile(p, BM, BN, t)) return;
+    const u32 warp = threadIdx.x >> 5;
+    const u32 base = (u32)__cvta_generic_to_shared(moe_smem), smem = (base + 1023u) & ~1023u;
+    const Loads loads(p, t, smem);
+    moe_wgmma_start2(loads, p);
+
+    const u32 wg = warp >> 2;
+    const u32 live16 = (t.rows + 15) / 16;
+    float acc[NMAX / 2];
+#pragma unroll
+    for (int i = 0; i < NMAX / 2; ++i) acc[i] = 0.0f;
+
+    const u32 wa = A_BYTES + wg * 64 * 128;
+    switch (live16) {
+        case 1: moe_wgmma_k_loop_overlap<T, 16, NMAX, STAGES>(acc, loads, smem, wa); break;
+        case 2: moe_wgmma_k_loop_overlap<T, 32, NMAX, STAGES>(acc, loads, smem, wa); break;
+        case 3: moe_wgmma_k_loop_overlap<T, 48, NMAX, STAGES>(acc, loads, smem, wa); break;
+        case 4: moe_wgmma_k_loop_overlap<T, (NMAX >= 64 ? 64 : 16), NMAX, STAGES>(acc, loads, smem, wa); break;
+        case 5: moe_wgmma_k_loop_overlap<T, (NMAX >= 80 ? 80 : 16), NMAX, STAGES>(acc, loads, smem, wa); break;
+        default: moe_wgmma_k_loop_overlap<T, NMAX, NMAX, STAGES>(acc, loads, smem, wa); break;
+    }
+    moe_cp_async_wait<0>();
+    moe_wgmma_finish<T, BM>(p, t, acc, reinterpret_cast<float*>(moe_smem + (smem - base)));
+}
+
+// Same names with an `o` (overlap): same shared memory, blocks per SM and work list as the
+// `w` tiles, so the plan swaps one for the other per launch.
+#define MOE_GEMM_WGMMA_OVERLAP(T, NAME, MT)                                                  \
+    extern "C" __global__ void __launch_bounds__(256, 2) moe_gemm_##T##_##NAME##o(MoeGemm p) { \
+        moe_gemm_wgmma_overlap<T, MT, 4>(p);                                                 \
+    }
+MOE_GEMM_WGMMA_OVERLAP(bf16, m4, 2)
+MOE_GEMM_WGMMA_OVERLAP(bf16, m6, 3)
+MOE_GEMM_WGMMA_OVERLAP(f16, m4, 2)
+MOE_GEMM_WGMMA_OVERLAP(f16, m6, 3)

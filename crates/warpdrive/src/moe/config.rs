@@ -348,6 +348,9 @@ pub(super) struct GemmShape {
     pub(super) items_fastest: bool,
     /// A prefill tile (mt 4 or 6) on the warpgroup-MMA kernel (`moe_gemm_wgmma`).
     pub(super) wgmma: bool,
+    /// With `wgmma`, the overlap kernel (`moe_gemm_wgmma_overlap`: the same tiles, shared
+    /// memory and blocks per SM, one group of MMAs in flight across stages).
+    pub(super) wgmma_overlap: bool,
 }
 
 impl GemmShape {
@@ -395,6 +398,7 @@ impl GemmShape {
             k_split,
             items_fastest,
             wgmma: false,
+            wgmma_overlap: false,
         }
     }
     pub(super) fn n_blocks(&self) -> usize {

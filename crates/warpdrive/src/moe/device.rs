@@ -14,6 +14,7 @@ impl<T: Float> MoeLayer<T> {
     fn plan_gpu(&self) -> Gpu {
         Gpu {
             wgmma: self.gpu.wgmma && self.warpgroup_mma,
+            wgmma_overlap: self.gpu.wgmma && self.warpgroup_mma && self.wgmma_overlap,
             decode: self.gpu.decode && self.decode_kernel,
             ..self.gpu
         }

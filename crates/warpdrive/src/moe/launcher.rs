@@ -142,6 +142,12 @@ const GEMM_WGMMA_NAMES: [[&str; 2]; 2] = [
     ["moe_gemm_bf16_m4w", "moe_gemm_bf16_m6w"],
 ];
 
+/// The same tiles with one group of MMAs in flight across stages (`moe_gemm_wgmma_overlap`).
+const GEMM_WGMMA_OVERLAP_NAMES: [[&str; 2]; 2] = [
+    ["moe_gemm_f16_m4o", "moe_gemm_f16_m6o"],
+    ["moe_gemm_bf16_m4o", "moe_gemm_bf16_m6o"],
+];
+
 const GEMM_NAMES: [[&str; 4]; 2] = [
     [
         "moe_gemm_f16_m1",
@@ -509,7 +515,9 @@ impl Launcher {
             _ => 3,
         };
         let t = self.dtype_index()?;
-        let (source, name) = if shape.wgmma {
+        let (source, name) = if shape.wgmma && shape.wgmma_overlap {
+            (&MOE_WGMMA, GEMM_WGMMA_OVERLAP_NAMES[t][mt - 2])
+        } else if shape.wgmma {
             (&MOE_WGMMA, GEMM_WGMMA_NAMES[t][mt - 2])
         } else {
             (&MOE_GEMM, GEMM_NAMES[t][mt])

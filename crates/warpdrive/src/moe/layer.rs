@@ -34,6 +34,8 @@ pub struct MoeLayer<T: Float> {
     use_graphs: bool,
     /// The staged tiles may take the warpgroup-MMA kernels (where `gpu.wgmma`).
     pub(super) warpgroup_mma: bool,
+    /// The wgmma tiles take the overlap kernels (off by default until measured).
+    pub(super) wgmma_overlap: bool,
     /// One-token passes may take the decode kernel (where `gpu.decode`).
     pub(super) decode_kernel: bool,
     pub(super) last: ForwardStats,
@@ -135,6 +137,7 @@ impl<T: Float> MoeLayer<T> {
             path: MoePath::Auto,
             use_graphs: true,
             warpgroup_mma: true,
+            wgmma_overlap: false,
             decode_kernel: true,
             last: ForwardStats::default(),
             gpu: Gpu::of(stream)?,
@@ -166,6 +169,18 @@ impl<T: Float> MoeLayer<T> {
     pub fn set_warpgroup_mma(&mut self, on: bool) {
         if on != self.warpgroup_mma {
             self.warpgroup_mma = on;
+            self.graphs.clear();
+        }
+    }
+
+    /// Runs the warpgroup-MMA tiles on their overlap kernels (one group of MMAs in flight
+    /// across 64-k stages, loads 2 stages ahead instead of 3; same tiles, shared memory and
+    /// work list) instead of draining the MMAs every stage. Off by default until the GPU
+    /// measures it (issue 40); no effect where the tiles do not run on wgmma. Drops the
+    /// captured graphs.
+    pub fn set_wgmma_overlap(&mut self, on: bool) {
+        if on != self.wgmma_overlap {
+            self.wgmma_overlap = on;
             self.graphs.clear();
         }
     }

@@ -23,6 +23,9 @@ pub(super) struct Gpu {
     /// The staged tiles run on Hopper's warpgroup MMA (where the `moe_wgmma` source, sm_90a
     /// only, builds), unless [`MoeLayer::set_warpgroup_mma`] turned it off.
     pub(super) wgmma: bool,
+    /// The wgmma tiles keep one group of MMAs in flight across stages (the `o` kernels),
+    /// where [`MoeLayer::set_wgmma_overlap`] turned it on; only with `wgmma`.
+    pub(super) wgmma_overlap: bool,
     /// One-token passes may take the decode kernel, unless
     /// [`MoeLayer::set_decode_kernel`] turned it off.
     pub(super) decode: bool,
@@ -39,6 +42,7 @@ impl Gpu {
                     clusters: false,
                     shared_per_block: 0,
                     wgmma: false,
+                    wgmma_overlap: false,
                     decode: false,
                 })
             },
@@ -52,6 +56,7 @@ impl Gpu {
                     // The wgmma source declares sm_90a only: elsewhere it has no arch to
                     // build for.
                     wgmma: MOE_WGMMA.arch_for(d.arch()).is_ok(),
+                    wgmma_overlap: false,
                     decode: true,
                 })
             },
@@ -110,6 +115,7 @@ impl Plan {
             clusters,
             shared_per_block,
             wgmma,
+            wgmma_overlap,
             ..
         } = gpu;
         let slots = tokens * c.top_k;
@@ -121,10 +127,12 @@ impl Plan {
             mt = if mt > 4 { 4 } else { 2 };
         }
         let wgmma = wgmma && mt >= 4;
+        let wgmma_overlap = wgmma && wgmma_overlap;
         let bm = 16 * mt;
         let items = active + slots / bm;
         let down = GemmShape {
             wgmma,
+            wgmma_overlap,
             ..GemmShape::new(
                 c.hidden,
                 c.intermediate,
@@ -143,6 +151,7 @@ impl Plan {
             down_early_k: down_prefetch(c, &down, active, l2_bytes, sms),
             up: GemmShape {
                 wgmma,
+                wgmma_overlap,
                 ..GemmShape::new(
                     2 * c.intermediate,
                     c.hidden,

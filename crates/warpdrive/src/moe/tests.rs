@@ -27,6 +27,7 @@ fn decode_kernel_takes_one_token_where_the_decode_tile_would() -> Result<()> {
         clusters: true,
         shared_per_block: 227 << 10,
         wgmma: true,
+        wgmma_overlap: false,
         decode: true,
     };
     let shape = |name: &str, tokens: usize, gpu: Gpu| -> Result<Option<DecodeShape>> {
@@ -85,5 +86,44 @@ fn decode_kernel_takes_one_token_where_the_decode_tile_would() -> Result<()> {
         ..hopper
     };
     assert!(shape("qwen3-30b-a3b", 1, tiny)?.is_none());
+    Ok(())
+}
+
+#[test]
+fn wgmma_overlap_only_on_the_wgmma_tiles() -> Result<()> {
+    let hopper = Gpu {
+        sms: 132,
+        l2_bytes: 50 << 20,
+        clusters: true,
+        shared_per_block: 227 << 10,
+        wgmma: true,
+        wgmma_overlap: true,
+        decode: true,
+    };
+    let qwen3 = MoeConfig::preset("qwen3-30b-a3b")?;
+    let p = Plan::new(&qwen3, 4096, hopper);
+    assert!(p.up.wgmma && p.up.wgmma_overlap && p.down.wgmma && p.down.wgmma_overlap);
+    // Off by default, off without wgmma, off on the mma.sync decode and middle tiles.
+    let drained = Plan::new(
+        &qwen3,
+        4096,
+        Gpu {
+            wgmma_overlap: false,
+            ..hopper
+        },
+    );
+    assert!(drained.up.wgmma && !drained.up.wgmma_overlap);
+    let no_wgmma = Plan::new(
+        &qwen3,
+        4096,
+        Gpu {
+            wgmma: false,
+            ..hopper
+        },
+    );
+    assert!(!no_wgmma.up.wgmma_overlap && !no_wgmma.down.wgmma_overlap);
+    let one_row = Plan::new(&qwen3, 1, hopper);
+    assert_eq!(one_row.up.wgmma, one_row.up.wgmma_overlap);
+    assert!(!one_row.up.wgmma || one_row.up.mt >= 4);
     Ok(())
 }
