@@ -12,6 +12,13 @@
 //! checksummed and verified on every read) and the index log ([`IndexLog`]). A reopened store
 //! starts a new segment and drops index entries whose bytes run past their segment's end
 //! (a crash between a block's write and its sync).
+//!
+//! What "a data file written under a temporary name and renamed" means here: a segment is an
+//! append-only file, and a block in it counts only once the index points at it (a torn
+//! append is dropped on reopen, above), so appends go in place. A file written whole, the
+//! segment a compaction rewrites live blocks into, is written as `data-<n>.seg.tmp`, synced,
+//! renamed and its folder synced before any index record names it; reopening removes a
+//! leftover `.seg.tmp` (see `compact`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -27,12 +34,13 @@ use crate::ops;
 use crate::transfer;
 
 use super::codec::{self, Compression, Filter};
-use super::disk::{pad_to_align, Disk, OsDisk};
+use super::disk::{Disk, OsDisk};
 use super::log::{IndexLog, Location, Record};
 use super::moves::Moves;
 use super::policy::{Budget, Clock};
 use super::prefetch::{Detector, Prefetch};
 
+mod compact;
 mod disk_io;
 
 /// The largest block a store takes.
@@ -211,6 +219,17 @@ fn segment_name(n: u64) -> String {
     format!("data-{n}.seg")
 }
 
+/// A data segment while a compaction writes it, before it is renamed to [`segment_name`].
+fn temp_segment_name(n: u64) -> String {
+    format!("data-{n}.seg.tmp")
+}
+
+fn is_temp_segment(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("data-") && n.ends_with(".seg.tmp"))
+}
+
 fn segment_number(path: &Path) -> Option<u64> {
     let name = path.file_name()?.to_str()?;
     name.strip_prefix("data-")?
@@ -250,6 +269,13 @@ impl TierStore {
         let (log, mut index) = IndexLog::open(disk.clone(), &dir)?;
         let mut last = 0u64;
         let mut lens = HashMap::new();
+        // A compaction's output not renamed yet: nothing points at it.
+        for path in disk.list(&dir)? {
+            if is_temp_segment(&path) {
+                tracing::warn!(path = %path.display(), "discarding an interrupted compaction's segment");
+                disk.remove(&path)?;
+            }
+        }
         for path in disk.list(&dir)? {
             if let Some(n) = segment_number(&path) {
                 last = last.max(n);
@@ -702,78 +728,6 @@ impl TierStore {
             return Err(Error::NotFound { key });
         }
         Ok(())
-    }
-
-    /// Rewrites the closed data segments that are mostly dead (live blocks under half their
-    /// bytes) into the current one and removes them, then compacts the index log when most
-    /// of its records are dead; returns the disk bytes freed. Crash-safe: the moved blocks
-    /// and their index records are synced before an old segment is removed, and a reopen
-    /// removes segments nothing points at.
-    pub fn compact(&self) -> Result<u64> {
-        let mut g = self.inner.lock();
-        let current = g.segment;
-        let mut sparse: Vec<u64> = g
-            .segments
-            .iter()
-            .filter(|(&n, &(live, total))| {
-                n != current && (live as f64) < SEGMENT_LIVE_MIN * total as f64
-            })
-            .map(|(&n, _)| n)
-            .collect();
-        sparse.sort_unstable();
-        let mut freed = 0u64;
-        for n in sparse {
-            let moving: Vec<(String, Location)> = g
-                .index
-                .iter()
-                .filter(|(_, at)| at.segment == n)
-                .map(|(k, at)| (k.clone(), *at))
-                .collect();
-            let from = self.dir.join(segment_name(n));
-            let to = self.dir.join(segment_name(current));
-            for (key, at) in &moving {
-                let len = usize::try_from(at.len).map_err(|_| Error::Corrupt {
-                    key: key.clone(),
-                    detail: format!("a block of {} bytes", at.len),
-                })?;
-                let stored = self.disk.read_aligned(&from, at.offset, len)?;
-                // Verified before it moves: a corrupt block is not copied on as good.
-                codec::decode_block(&stored, key)?;
-                let offset = self.disk.append_aligned(&to, &[&stored])?;
-                let moved = Location {
-                    segment: current,
-                    offset,
-                    len: at.len,
-                };
-                g.log.append(
-                    &Record::Put {
-                        key: key.clone(),
-                        at: moved,
-                    },
-                    false,
-                )?;
-                g.index.insert(key.clone(), moved);
-                let seg = g.segments.entry(current).or_insert((0, 0));
-                seg.0 += at.len;
-                seg.1 = offset + at.len + pad_to_align(at.len);
-            }
-            if self.disk.len(&to)?.is_some() {
-                self.disk.sync(&to)?;
-                self.disk.sync_dir(&self.dir)?;
-                g.segment_named = true;
-            }
-            g.log.sync()?;
-            let total = g.segments.remove(&n).map_or(0, |s| s.1);
-            self.disk.remove(&from)?;
-            self.disk.sync_dir(&self.dir)?;
-            freed += total;
-        }
-        let live = g.index.len();
-        if g.log.records() >= LOG_COMPACT_RECORDS && g.log.dead_ratio(live) > 0.5 {
-            let index = g.index.clone();
-            g.log.compact(&index)?;
-        }
-        Ok(freed)
     }
 
     /// Makes every write so far durable (data segments, then the index).
