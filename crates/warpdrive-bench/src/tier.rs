@@ -7,7 +7,9 @@
 //!   `text` (words of English).
 //! - `migrate-FROM-TO` (size = block bytes): µs per [`TierStore::migrate`] of one block
 //!   between tiers (GPU, pinned host, disk through the page cache), the stream synchronised
-//!   at the end; `extra.p99_us`. GPU pairs run on a GPU only.
+//!   at the end; `extra.p99_us`; `extra.store_us` and `extra.store_blocks`: the store's own
+//!   count and mean time of that hop (`TierStats::moves`, warm-up included), which the
+//!   `warpdrive_tier_move_seconds` metric also gets. GPU pairs run on a GPU only.
 //! - `disk-write` / `disk-read` (size = block bytes): one block at a time in the system's
 //!   temporary folder: `raw-odirect` (our own loop of aligned `pwrite` / `pread` on one
 //!   `O_DIRECT` file) vs `warpdrive` (a disk-only store's `put` with `Durability::Disk` and
@@ -351,6 +353,7 @@ fn migrate_cases(ctx: &mut Ctx) -> Result<()> {
                 ctx.step(format!("{SUITE}: {case} at {size} B"));
                 let key = format!("{case}-{size}");
                 store.put(&key, &block, Durability::Disk)?;
+                let before = store.stats().moves.pair(from, to);
                 let mut t = Vec::with_capacity(reps);
                 for i in 0..=reps {
                     if to == Tier::Disk {
@@ -368,9 +371,16 @@ fn migrate_cases(ctx: &mut Ctx) -> Result<()> {
                     }
                 }
                 let p99 = percentile(&t, 0.99);
-                ctx.record_bytes(&case, size as u64, "warpdrive", &mut t, size as f64, None)?
-                    .extra
-                    .insert("p99_us".into(), p99.into());
+                let after = store.stats().moves.pair(from, to);
+                let blocks = after.blocks.saturating_sub(before.blocks);
+                let nanos = after.nanos.saturating_sub(before.nanos);
+                let extra = &mut ctx
+                    .record_bytes(&case, size as u64, "warpdrive", &mut t, size as f64, None)?
+                    .extra;
+                extra.insert("p99_us".into(), p99.into());
+                extra.insert("store_blocks".into(), blocks.into());
+                let store_us = nanos as f64 / 1e3 / blocks.max(1) as f64;
+                extra.insert("store_us".into(), store_us.into());
                 store.remove(&key)?;
             }
         }
@@ -405,6 +415,11 @@ mod tests {
             !cases.iter().any(|c| c.contains("gpu")),
             "no GPU pairs on the CPU"
         );
+        // Each migration row carries the store's own count of that hop.
+        for row in ctx.rows().iter().filter(|r| r.case.starts_with("migrate-")) {
+            let blocks = row.extra["store_blocks"].as_u64().unwrap();
+            assert_eq!(blocks as usize, reps(Scale::Tiny) + 1, "{}", row.case);
+        }
         let shuffled = ctx
             .rows()
             .iter()

@@ -9,6 +9,7 @@
 //!   loses every write not yet synced on a power loss (the crash tests' disk).
 //! - [`log`]: the index, an append-only log of checksummed records replayed on open (a torn
 //!   tail is dropped) and compacted when mostly dead.
+//! - [`moves`]: blocks, bytes and time moved per (from, to) tier pair.
 //! - [`policy`]: each tier's byte budget and watermarks, and CLOCK eviction that respects
 //!   pins.
 //! - [`prefetch`]: sequential, strided and random access told apart from the positions of
@@ -17,6 +18,7 @@
 pub mod codec;
 pub mod disk;
 pub mod log;
+pub mod moves;
 pub mod policy;
 pub mod prefetch;
 mod store;

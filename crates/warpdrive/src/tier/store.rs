@@ -12,10 +12,18 @@
 //! checksummed and verified on every read) and the index log ([`IndexLog`]). A reopened store
 //! starts a new segment and drops index entries whose bytes run past their segment's end
 //! (a crash between a block's write and its sync).
+//!
+//! What "a data file written under a temporary name and renamed" means here: a segment is an
+//! append-only file, and a block in it counts only once the index points at it (a torn
+//! append is dropped on reopen, above), so appends go in place. A file written whole, the
+//! segment a compaction rewrites live blocks into, is written as `data-<n>.seg.tmp`, synced,
+//! renamed and its folder synced before any index record names it; reopening removes a
+//! leftover `.seg.tmp` (see `compact`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
 
 use parking_lot::Mutex;
 
@@ -26,11 +34,13 @@ use crate::ops;
 use crate::transfer;
 
 use super::codec::{self, Compression, Filter};
-use super::disk::{pad_to_align, Disk, OsDisk};
+use super::disk::{Disk, OsDisk};
 use super::log::{IndexLog, Location, Record};
+use super::moves::Moves;
 use super::policy::{Budget, Clock};
 use super::prefetch::{Detector, Prefetch};
 
+mod compact;
 mod disk_io;
 
 /// The largest block a store takes.
@@ -110,6 +120,8 @@ pub struct TierStats {
     /// Blocks the prefetcher brought up, and gets that found one of them there.
     pub prefetched: u64,
     pub prefetch_hits: u64,
+    /// Blocks, bytes and time moved per (from, to) tier pair ([`Moves::pair`]).
+    pub moves: Moves,
 }
 
 /// Blocks by key on three tiers. All methods take `&self`; one lock orders them.
@@ -207,6 +219,17 @@ fn segment_name(n: u64) -> String {
     format!("data-{n}.seg")
 }
 
+/// A data segment while a compaction writes it, before it is renamed to [`segment_name`].
+fn temp_segment_name(n: u64) -> String {
+    format!("data-{n}.seg.tmp")
+}
+
+fn is_temp_segment(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("data-") && n.ends_with(".seg.tmp"))
+}
+
 fn segment_number(path: &Path) -> Option<u64> {
     let name = path.file_name()?.to_str()?;
     name.strip_prefix("data-")?
@@ -246,6 +269,13 @@ impl TierStore {
         let (log, mut index) = IndexLog::open(disk.clone(), &dir)?;
         let mut last = 0u64;
         let mut lens = HashMap::new();
+        // A compaction's output not renamed yet: nothing points at it.
+        for path in disk.list(&dir)? {
+            if is_temp_segment(&path) {
+                tracing::warn!(path = %path.display(), "discarding an interrupted compaction's segment");
+                disk.remove(&path)?;
+            }
+        }
         for path in disk.list(&dir)? {
             if let Some(n) = segment_number(&path) {
                 last = last.max(n);
@@ -369,8 +399,9 @@ impl TierStore {
                 None
             }
             false => {
+                let since = Instant::now();
                 let below = self.find_below_gpu(&mut g, &key)?;
-                self.promote(&mut g, &key, below)?
+                self.promote(&mut g, &key, below, since)?
             }
         };
         // From the GPU tier's block when it holds one (a block promoted just now crossed the
@@ -405,16 +436,29 @@ impl TierStore {
             }
             None if !g.host_blocks.contains_key(&key) && !self.may_fit_gpu(&g, &key) => {
                 // Straight into the caller's Vec: the GPU tier could not take it anyway.
+                let since = Instant::now();
                 let fresh = transfer::fresh_landing;
                 let streamed =
                     self.read_disk_streamed(&mut g, &key, fresh, |v| Ok(v.as_mut_slice()));
                 if let Some(data) = streamed? {
+                    g.stats.moves.record(
+                        Tier::Disk,
+                        Tier::Host,
+                        data.len() as u64,
+                        since.elapsed(),
+                    );
                     self.prefetch_after(&mut g, &key)?;
                     return Ok(data);
                 }
-                self.read_disk(&mut g, &key, |stored| codec::decode_block(stored, &key))?
+                let data =
+                    self.read_disk(&mut g, &key, |stored| codec::decode_block(stored, &key))?;
+                g.stats
+                    .moves
+                    .record(Tier::Disk, Tier::Host, data.len() as u64, since.elapsed());
+                data
             }
             None => {
+                let since = Instant::now();
                 let below = self.find_below_gpu(&mut g, &key)?;
                 let data = match (&below, g.host_blocks.get(&key)) {
                     (Below::Disk(p), _) | (Below::Host, Some(p)) => {
@@ -422,7 +466,7 @@ impl TierStore {
                     }
                     (Below::Host, None) => return Err(Error::NotFound { key }),
                 };
-                self.promote(&mut g, &key, below)?;
+                self.promote(&mut g, &key, below, since)?;
                 data
             }
         };
@@ -453,12 +497,17 @@ impl TierStore {
             src.copy_to_host(&self.stream, out)?;
             self.gpu_hit(&mut g, &key);
         } else if !g.host_blocks.contains_key(&key) && !self.may_fit_gpu(&g, &key) {
+            let since = Instant::now();
             let landed = self.land_from_disk(&mut g, &key, out, &fits);
             if matches!(landed, Err(Error::Corrupt { .. })) {
                 out.fill(0);
             }
             landed?;
+            g.stats
+                .moves
+                .record(Tier::Disk, Tier::Host, want as u64, since.elapsed());
         } else {
+            let since = Instant::now();
             let below = self.find_below_gpu(&mut g, &key)?;
             match (&below, g.host_blocks.get(&key)) {
                 (Below::Disk(p), _) | (Below::Host, Some(p)) => {
@@ -468,7 +517,7 @@ impl TierStore {
                 }
                 (Below::Host, None) => return Err(Error::NotFound { key }),
             }
-            self.promote(&mut g, &key, below)?;
+            self.promote(&mut g, &key, below, since)?;
         }
         self.prefetch_after(&mut g, &key)
     }
@@ -509,8 +558,9 @@ impl TierStore {
             if g.gpu.contains(&key) || !self.may_fit_gpu(&g, &key) {
                 continue;
             }
+            let since = Instant::now();
             let below = self.find_below_gpu(&mut g, &key)?;
-            self.promote(&mut g, &key, below)?;
+            self.promote(&mut g, &key, below, since)?;
         }
         Ok(())
     }
@@ -544,8 +594,9 @@ impl TierStore {
                 if g.gpu.contains(&key) {
                     return Ok(());
                 }
+                let since = Instant::now();
                 let below = self.find_below_gpu(g, &key)?;
-                if let Some(below) = self.promote(g, &key, below)? {
+                if let Some(below) = self.promote(g, &key, below, since)? {
                     let bytes = match below {
                         Below::Disk(p) => p.len(),
                         Below::Host => g.host_blocks.get(&key).map_or(0, |p| p.len()),
@@ -566,16 +617,23 @@ impl TierStore {
                     )));
                 }
                 let bytes;
+                let since = Instant::now();
                 let pinned_copy = match g.gpu_blocks.get(&key) {
                     Some(buf) => {
                         bytes = buf.len() as u64;
                         let mut p = PinnedBuf::<u8>::new(self.stream.device(), buf.len())?;
                         buf.copy_to_pinned(&self.stream, &mut p)?;
+                        g.stats
+                            .moves
+                            .record(Tier::Gpu, Tier::Host, bytes, since.elapsed());
                         p
                     }
                     None => match self.find_below_gpu(g, &key)? {
                         Below::Disk(p) => {
                             bytes = p.len() as u64;
+                            g.stats
+                                .moves
+                                .record(Tier::Disk, Tier::Host, bytes, since.elapsed());
                             p
                         }
                         Below::Host => return Ok(()),
@@ -600,16 +658,25 @@ impl TierStore {
                     )));
                 }
                 if !g.index.contains_key(&key) {
+                    let since = Instant::now();
                     // Encoded straight from the pinned block when the host holds it.
                     if let Some(p) = g.host_blocks.remove(&key) {
                         let written = self.write_to_disk(g, &key, p.wait_slice()?, false);
+                        let bytes = p.len() as u64;
                         if written.is_err() {
                             g.host_blocks.insert(key.clone(), p);
                         }
                         written?;
+                        g.stats
+                            .moves
+                            .record(Tier::Host, Tier::Disk, bytes, since.elapsed());
                     } else if let Some(buf) = g.gpu_blocks.get(&key) {
                         let data = buf.to_host(&self.stream)?;
                         self.write_to_disk(g, &key, &data, false)?;
+                        let bytes = data.len() as u64;
+                        g.stats
+                            .moves
+                            .record(Tier::Gpu, Tier::Disk, bytes, since.elapsed());
                     } else {
                         return Err(Error::NotFound { key });
                     }
@@ -663,78 +730,6 @@ impl TierStore {
         Ok(())
     }
 
-    /// Rewrites the closed data segments that are mostly dead (live blocks under half their
-    /// bytes) into the current one and removes them, then compacts the index log when most
-    /// of its records are dead; returns the disk bytes freed. Crash-safe: the moved blocks
-    /// and their index records are synced before an old segment is removed, and a reopen
-    /// removes segments nothing points at.
-    pub fn compact(&self) -> Result<u64> {
-        let mut g = self.inner.lock();
-        let current = g.segment;
-        let mut sparse: Vec<u64> = g
-            .segments
-            .iter()
-            .filter(|(&n, &(live, total))| {
-                n != current && (live as f64) < SEGMENT_LIVE_MIN * total as f64
-            })
-            .map(|(&n, _)| n)
-            .collect();
-        sparse.sort_unstable();
-        let mut freed = 0u64;
-        for n in sparse {
-            let moving: Vec<(String, Location)> = g
-                .index
-                .iter()
-                .filter(|(_, at)| at.segment == n)
-                .map(|(k, at)| (k.clone(), *at))
-                .collect();
-            let from = self.dir.join(segment_name(n));
-            let to = self.dir.join(segment_name(current));
-            for (key, at) in &moving {
-                let len = usize::try_from(at.len).map_err(|_| Error::Corrupt {
-                    key: key.clone(),
-                    detail: format!("a block of {} bytes", at.len),
-                })?;
-                let stored = self.disk.read_aligned(&from, at.offset, len)?;
-                // Verified before it moves: a corrupt block is not copied on as good.
-                codec::decode_block(&stored, key)?;
-                let offset = self.disk.append_aligned(&to, &[&stored])?;
-                let moved = Location {
-                    segment: current,
-                    offset,
-                    len: at.len,
-                };
-                g.log.append(
-                    &Record::Put {
-                        key: key.clone(),
-                        at: moved,
-                    },
-                    false,
-                )?;
-                g.index.insert(key.clone(), moved);
-                let seg = g.segments.entry(current).or_insert((0, 0));
-                seg.0 += at.len;
-                seg.1 = offset + at.len + pad_to_align(at.len);
-            }
-            if self.disk.len(&to)?.is_some() {
-                self.disk.sync(&to)?;
-                self.disk.sync_dir(&self.dir)?;
-                g.segment_named = true;
-            }
-            g.log.sync()?;
-            let total = g.segments.remove(&n).map_or(0, |s| s.1);
-            self.disk.remove(&from)?;
-            self.disk.sync_dir(&self.dir)?;
-            freed += total;
-        }
-        let live = g.index.len();
-        if g.log.records() >= LOG_COMPACT_RECORDS && g.log.dead_ratio(live) > 0.5 {
-            let index = g.index.clone();
-            g.log.compact(&index)?;
-        }
-        Ok(freed)
-    }
-
     /// Makes every write so far durable (data segments, then the index).
     pub fn sync(&self) -> Result<()> {
         let mut g = self.inner.lock();
@@ -783,8 +778,9 @@ impl TierStore {
             if g.gpu.contains(&key) || !self.may_fit_gpu(g, &key) {
                 continue;
             }
+            let since = Instant::now();
             let below = self.find_below_gpu(g, &key)?;
-            if self.promote(g, &key, below)?.is_none() {
+            if self.promote(g, &key, below, since)?.is_none() {
                 g.stats.prefetched += 1;
                 g.prefetched.insert(key);
             }
@@ -813,8 +809,15 @@ impl TierStore {
 
     /// Puts a block found below the GPU into the GPU tier when it fits there, by one DMA from
     /// its pinned block (the host tier lets its copy go); gives the block back when it does
-    /// not fit (nothing moves).
-    fn promote(&self, g: &mut Inner, key: &String, below: Below) -> Result<Option<Below>> {
+    /// not fit (nothing moves). A block from the disk is counted as moved disk → GPU in the
+    /// time since `since` (its read included); one from the host tier, in its upload's time.
+    fn promote(
+        &self,
+        g: &mut Inner,
+        key: &String,
+        below: Below,
+        since: Instant,
+    ) -> Result<Option<Below>> {
         let bytes = match &below {
             Below::Disk(p) => p.len() as u64,
             Below::Host => match g.host_blocks.get(key) {
@@ -828,6 +831,7 @@ impl TierStore {
         // Out of the host tier first, so that making room there cannot evict it; back in
         // if the move fails.
         let from_host_tier = matches!(below, Below::Host);
+        let upload_started = Instant::now();
         let mut source = match below {
             Below::Disk(p) => p,
             Below::Host => match g.host_blocks.remove(key) {
@@ -852,6 +856,11 @@ impl TierStore {
         if from_host_tier {
             g.host.remove(key);
         }
+        let (from, took) = match from_host_tier {
+            true => (Tier::Host, upload_started.elapsed()),
+            false => (Tier::Disk, since.elapsed()),
+        };
+        g.stats.moves.record(from, Tier::Gpu, bytes, took);
         g.gpu.insert(key.clone(), bytes);
         g.gpu_blocks.insert(key.clone(), buf);
         Ok(None)
@@ -875,13 +884,21 @@ impl TierStore {
             metrics::counter!("warpdrive_tier_evictions_total", "tier" => "gpu").increment(1);
             if g.host.fits(bytes) {
                 self.make_room_on_host(g, bytes)?;
+                let since = Instant::now();
                 let mut pinned = PinnedBuf::<u8>::new(self.stream.device(), buf.len())?;
                 buf.copy_to_pinned(&self.stream, &mut pinned)?;
+                g.stats
+                    .moves
+                    .record(Tier::Gpu, Tier::Host, bytes, since.elapsed());
                 g.host.insert(key.clone(), bytes);
                 g.host_blocks.insert(key, pinned);
             } else if !g.index.contains_key(&key) {
+                let since = Instant::now();
                 let data = buf.to_host(&self.stream)?;
                 self.write_to_disk(g, &key, &data, false)?;
+                g.stats
+                    .moves
+                    .record(Tier::Gpu, Tier::Disk, bytes, since.elapsed());
             }
         }
         Ok(())
@@ -923,15 +940,31 @@ impl TierStore {
         if batch.is_empty() {
             return Ok(());
         }
+        let since = Instant::now();
         let written = batch
             .iter()
             .map(|(key, p)| Ok((key.as_str(), p.wait_slice()?)))
             .collect::<Result<Vec<_>>>()
             .and_then(|blocks| self.write_many_to_disk(g, &blocks, false));
-        if written.is_err() {
-            for (key, p) in batch.drain(..) {
-                g.host.insert(key.clone(), p.len() as u64);
-                g.host_blocks.insert(key, p);
+        match written {
+            // The one write's time is shared out by the blocks' bytes.
+            Ok(()) => {
+                let took = since.elapsed();
+                let lens: Vec<u64> = batch.iter().map(|(_, p)| p.len() as u64).collect();
+                let total: u64 = lens.iter().sum();
+                for len in lens {
+                    let share = match total {
+                        0 => took,
+                        t => took.mul_f64(len as f64 / t as f64),
+                    };
+                    g.stats.moves.record(Tier::Host, Tier::Disk, len, share);
+                }
+            }
+            Err(_) => {
+                for (key, p) in batch.drain(..) {
+                    g.host.insert(key.clone(), p.len() as u64);
+                    g.host_blocks.insert(key, p);
+                }
             }
         }
         batch.clear();

@@ -1,0 +1,110 @@
+//! Compaction: mostly dead data segments rewritten into a new one that appears only by
+//! rename, then the index log compacted when mostly dead.
+
+use crate::error::{Error, Result};
+
+use super::super::codec;
+use super::super::disk::pad_to_align;
+use super::super::log::{Location, Record};
+use super::{segment_name, temp_segment_name, TierStore, LOG_COMPACT_RECORDS, SEGMENT_LIVE_MIN};
+
+impl TierStore {
+    /// Rewrites the closed data segments that are mostly dead (live blocks under half their
+    /// bytes) into one new segment and removes them, then compacts the index log when most
+    /// of its records are dead; returns the disk bytes freed.
+    ///
+    /// Crash-safe: the new segment is written under a temporary name, synced, renamed and its
+    /// folder synced before any index record points at it; those records are synced before
+    /// an old segment is removed. A reopen removes a leftover temporary segment and segments
+    /// nothing points at, so a crash anywhere leaves every block where the index says. New
+    /// puts go to a fresh segment after it (the one they were appended to is closed).
+    pub fn compact(&self) -> Result<u64> {
+        let mut g = self.inner.lock();
+        let current = g.segment;
+        let mut sparse: Vec<u64> = g
+            .segments
+            .iter()
+            .filter(|(&n, &(live, total))| {
+                n != current && (live as f64) < SEGMENT_LIVE_MIN * total as f64
+            })
+            .map(|(&n, _)| n)
+            .collect();
+        sparse.sort_unstable();
+        let mut freed = 0u64;
+        if !sparse.is_empty() {
+            let out = current.checked_add(1).ok_or_else(|| {
+                Error::InvalidArgument("tier store: segment numbers ran out".into())
+            })?;
+            let tmp = self.dir.join(temp_segment_name(out));
+            let to = self.dir.join(segment_name(out));
+            let moving: Vec<(String, Location)> = g
+                .index
+                .iter()
+                .filter(|(_, at)| sparse.contains(&at.segment))
+                .map(|(k, at)| (k.clone(), *at))
+                .collect();
+            let mut moved = Vec::with_capacity(moving.len());
+            let written = (|| -> Result<()> {
+                for (key, at) in &moving {
+                    let len = usize::try_from(at.len).map_err(|_| Error::Corrupt {
+                        key: key.clone(),
+                        detail: format!("a block of {} bytes", at.len),
+                    })?;
+                    let from = self.dir.join(segment_name(at.segment));
+                    let stored = self.disk.read_aligned(&from, at.offset, len)?;
+                    // Verified before it moves: a corrupt block is not copied on as good.
+                    codec::decode_block(&stored, key)?;
+                    let offset = self.disk.append_aligned(&tmp, &[&stored])?;
+                    moved.push((
+                        key.clone(),
+                        Location {
+                            segment: out,
+                            offset,
+                            len: at.len,
+                        },
+                    ));
+                }
+                if !moved.is_empty() {
+                    self.disk.sync(&tmp)?;
+                    self.disk.rename(&tmp, &to)?;
+                    self.disk.sync_dir(&self.dir)?;
+                }
+                Ok(())
+            })();
+            if let Err(e) = written {
+                // Nothing points at the temporary segment; a reopen would remove it too.
+                let _ = self.disk.remove(&tmp);
+                return Err(e);
+            }
+            // Appends go to a fresh segment from now: `out` is closed.
+            g.segment = out.saturating_add(1);
+            g.segment_named = false;
+            for (key, at) in moved {
+                g.log.append(
+                    &Record::Put {
+                        key: key.clone(),
+                        at,
+                    },
+                    false,
+                )?;
+                g.index.insert(key, at);
+                let seg = g.segments.entry(out).or_insert((0, 0));
+                seg.0 += at.len;
+                seg.1 = at.offset + at.len + pad_to_align(at.len);
+            }
+            g.log.sync()?;
+            for n in sparse {
+                let total = g.segments.remove(&n).map_or(0, |s| s.1);
+                self.disk.remove(&self.dir.join(segment_name(n)))?;
+                freed += total;
+            }
+            self.disk.sync_dir(&self.dir)?;
+        }
+        let live = g.index.len();
+        if g.log.records() >= LOG_COMPACT_RECORDS && g.log.dead_ratio(live) > 0.5 {
+            let index = g.index.clone();
+            g.log.compact(&index)?;
+        }
+        Ok(freed)
+    }
+}
