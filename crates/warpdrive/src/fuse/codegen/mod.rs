@@ -62,7 +62,7 @@ pub struct MapShape {
 }
 
 impl MapShape {
-    /// [`BLOCK`] threads, 16-byte vectors.
+    /// 256 threads, 16-byte vectors.
     pub const DEFAULT: MapShape = MapShape {
         block: BLOCK,
         vector_bytes: 16,
