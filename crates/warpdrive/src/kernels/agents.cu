@@ -62,61 +62,6 @@ extern "C" __global__ void __launch_bounds__(256) agents_scatter(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) circles_move(
-    float* __restrict__ x, float* __restrict__ y, float* __restrict__ z, u64 n,
-    const u32* __restrict__ starts, const float4* __restrict__ msg, float lo, float w, u32 dim,
-    float radius, float repulse) {
-    const u64 stride = (u64)gridDim.x * blockDim.x;
-    for (u64 t = blockIdx.x * (u64)blockDim.x + threadIdx.x; t < n; t += stride) {
-        const float4 me = msg[t];
-        const float x1 = me.x, y1 = me.y, z1 = me.z;
-        const u32 i = __float_as_uint(me.w);
-        const int cx = (int)agents_axis(x1, lo, w, dim);
-        const int cy = (int)agents_axis(y1, lo, w, dim);
-        const int cz = (int)agents_axis(z1, lo, w, dim);
-        const int last = (int)dim - 1;
-        const int x0 = max(cx - 1, 0), x1b = min(cx + 1, last);
-        float fx = 0.0f, fy = 0.0f, fz = 0.0f;
-        u32 count = 0;
-        // cbrtf is monotonic: a message beyond radius³ (with a margin over cbrtf's 1-ulp
-        // error) cannot pass `sep < radius`, so only the ~15 % inside pay the cube root.
-        const float r3 = radius * radius * radius * 1.0001f;
-        for (int bz = max(cz - 1, 0); bz <= min(cz + 1, last); ++bz) {
-            for (int by = max(cy - 1, 0); by <= min(cy + 1, last); ++by) {
-                const u32 row = ((u32)bz * dim + (u32)by) * dim;
-                const u32 first = starts[row + (u32)x0], end = starts[row + (u32)x1b + 1u];
-                for (u32 m = first; m < end; ++m) {
-                    if ((u64)m == t) continue;
-                    const float4 o = msg[m];
-                    float dx = o.x - x1, dy = o.y - y1, dz = o.z - z1;
-                    const float d2 = dx * dx + dy * dy + dz * dz;
-                    if (!(d2 < r3)) continue;
-                    // FLAME GPU 2's circles benchmark: cbrt of the squared distance.
-                    const float sep = cbrtf(d2);
-                    if (sep < radius && sep > 0.0f) {
-                        // As the benchmark: the argument in double (3.141 is a double literal).
-                        const float k = sinf((float)((double)(sep / radius) * 3.141 * -2.0)) * repulse;
-                        dx /= sep;
-                        dy /= sep;
-                        dz /= sep;
-                        fx += k * dx;
-                        fy += k * dy;
-                        fz += k * dz;
-                        ++count;
-                    }
-                }
-            }
-        }
-        const float c = count > 0 ? (float)count : 1.0f;
-        fx /= c;
-        fy /= c;
-        fz /= c;
-        x[i] = x1 + fx;
-        y[i] = y1 + fy;
-        z[i] = z1 + fz;
-    }
-}
-
 // circles_move_fast: circles_move's walk and in/out decision, a cheaper force. A warp pays for
 // the force of a message when any of its lanes has one inside (about 44 % of the messages
 // read are: |d| < 2√2), so the force's cost, not the loads, set circles_move's time: a precise
@@ -143,58 +88,88 @@ __device__ __forceinline__ void circles_force(float dx, float dy, float dz, floa
     fz = fmaf(kk, dz, fz);
 }
 
-extern "C" __global__ void __launch_bounds__(256) circles_move_fast(
-    float* __restrict__ x, float* __restrict__ y, float* __restrict__ z, u64 n,
+// One agent's Circles move from the messages of the 3 x 3 x 3 bins around it: FAST takes
+// circles_move_fast's force, else circles_move's (the precise one, kept to compare).
+template <bool FAST>
+__device__ __forceinline__ void circles_move_agent(
+    float* __restrict__ x, float* __restrict__ y, float* __restrict__ z, u64 t,
     const u32* __restrict__ starts, const float4* __restrict__ msg, float lo, float w, u32 dim,
     float radius, float repulse) {
-    const u64 stride = (u64)gridDim.x * blockDim.x;
     const float r3 = radius * radius * radius;
-    // Beyond r3 · 1.0001 nothing counts, below r3 · 0.9999 everything with d2 > 1e-30 does
-    // (cbrtf is monotonic and within an ulp); only the band between takes cbrtf.
+    // cbrtf is monotonic and within an ulp: beyond r3 · 1.0001 nothing counts; in FAST,
+    // below r3 · 0.9999 everything with d2 > 1e-30 does and only the band between takes cbrtf.
     const float r3_hi = r3 * 1.0001f, r3_lo = r3 * 0.9999f;
     // As the benchmark's argument (double)(sep / radius) * 3.141 * -2.0, folded once.
     const float ka = (float)(-2.0 * 3.141 / (double)radius);
-    for (u64 t = blockIdx.x * (u64)blockDim.x + threadIdx.x; t < n; t += stride) {
-        const float4 me = msg[t];
-        const float x1 = me.x, y1 = me.y, z1 = me.z;
-        const u32 i = __float_as_uint(me.w);
-        const int cx = (int)agents_axis(x1, lo, w, dim);
-        const int cy = (int)agents_axis(y1, lo, w, dim);
-        const int cz = (int)agents_axis(z1, lo, w, dim);
-        const int last = (int)dim - 1;
-        const int x0 = max(cx - 1, 0), x1b = min(cx + 1, last);
-        float fx = 0.0f, fy = 0.0f, fz = 0.0f;
-        u32 count = 0;
-        for (int bz = max(cz - 1, 0); bz <= min(cz + 1, last); ++bz) {
-            for (int by = max(cy - 1, 0); by <= min(cy + 1, last); ++by) {
-                const u32 row = ((u32)bz * dim + (u32)by) * dim;
-                const u32 first = starts[row + (u32)x0], end = starts[row + (u32)x1b + 1u];
-                for (u32 m = first; m < end; ++m) {
-                    const float4 o = msg[m];
-                    const float dx = o.x - x1, dy = o.y - y1, dz = o.z - z1;
-                    const float d2 = dx * dx + dy * dy + dz * dz;
-                    // The agent's own message (d2 = 0) falls to the cbrtf branch and fails
-                    // sep > 0, as in circles_move: no index compare in the loop.
-                    if (!(d2 < r3_hi)) continue;
+    const float4 me = msg[t];
+    const float x1 = me.x, y1 = me.y, z1 = me.z;
+    const u32 i = __float_as_uint(me.w);
+    const int cx = (int)agents_axis(x1, lo, w, dim);
+    const int cy = (int)agents_axis(y1, lo, w, dim);
+    const int cz = (int)agents_axis(z1, lo, w, dim);
+    const int last = (int)dim - 1;
+    const int x0 = max(cx - 1, 0), x1b = min(cx + 1, last);
+    float fx = 0.0f, fy = 0.0f, fz = 0.0f;
+    u32 count = 0;
+    for (int bz = max(cz - 1, 0); bz <= min(cz + 1, last); ++bz) {
+        for (int by = max(cy - 1, 0); by <= min(cy + 1, last); ++by) {
+            const u32 row = ((u32)bz * dim + (u32)by) * dim;
+            const u32 first = starts[row + (u32)x0], end = starts[row + (u32)x1b + 1u];
+            for (u32 m = first; m < end; ++m) {
+                // FAST: the agent's own message (d2 = 0) falls to the cbrtf branch and fails
+                // sep > 0: no index compare in the loop.
+                if constexpr (!FAST)
+                    if ((u64)m == t) continue;
+                const float4 o = msg[m];
+                float dx = o.x - x1, dy = o.y - y1, dz = o.z - z1;
+                const float d2 = dx * dx + dy * dy + dz * dz;
+                if (!(d2 < r3_hi)) continue;
+                if constexpr (FAST) {
                     float sep;
                     if (d2 < r3_lo && d2 > 1e-30f) {
                         sep = circles_ex2(__log2f(d2) * (1.0f / 3.0f));
                     } else {
-                        // The boundary band (and tiny or zero d2): circles_move's exact test.
+                        // The boundary band (and tiny or zero d2): the exact test.
                         sep = cbrtf(d2);
                         if (!(sep < radius && sep > 0.0f)) continue;
                     }
                     circles_force(dx, dy, dz, sep, ka, repulse, fx, fy, fz);
                     ++count;
+                } else {
+                    // FLAME GPU 2's circles benchmark: cbrt of the squared distance.
+                    const float sep = cbrtf(d2);
+                    if (sep < radius && sep > 0.0f) {
+                        // As the benchmark: the argument in double (3.141 is a double literal).
+                        const float k = sinf((float)((double)(sep / radius) * 3.141 * -2.0)) * repulse;
+                        dx /= sep;
+                        dy /= sep;
+                        dz /= sep;
+                        fx += k * dx;
+                        fy += k * dy;
+                        fz += k * dz;
+                        ++count;
+                    }
                 }
             }
         }
-        const float c = count > 0 ? (float)count : 1.0f;
-        x[i] = x1 + fx / c;
-        y[i] = y1 + fy / c;
-        z[i] = z1 + fz / c;
     }
+    const float c = count > 0 ? (float)count : 1.0f;
+    x[i] = x1 + fx / c;
+    y[i] = y1 + fy / c;
+    z[i] = z1 + fz / c;
 }
+
+#define CIRCLES_MOVE(NAME, FAST)                                                                     \
+    extern "C" __global__ void __launch_bounds__(256) NAME(                                         \
+        float* __restrict__ x, float* __restrict__ y, float* __restrict__ z, u64 n,                 \
+        const u32* __restrict__ starts, const float4* __restrict__ msg, float lo, float w, u32 dim, \
+        float radius, float repulse) {                                                              \
+        const u64 stride = (u64)gridDim.x * blockDim.x;                                             \
+        for (u64 t = blockIdx.x * (u64)blockDim.x + threadIdx.x; t < n; t += stride)                \
+            circles_move_agent<FAST>(x, y, z, t, starts, msg, lo, w, dim, radius, repulse);         \
+    }
+CIRCLES_MOVE(circles_move, false)
+CIRCLES_MOVE(circles_move_fast, true)
 
 extern "C" __global__ void __launch_bounds__(256) agents_vote(
     const u32* __restrict__ votes, u64 n, u64* __restrict__ partials, u32* __restrict__ ticket,

@@ -140,58 +140,7 @@ __device__ void moe_wgmma_finish(const MoeGemm& p, const MoeTile& t, const float
     }
 }
 
-// The prefill tile on Hopper's warpgroup MMA: the same work list, stages, loads and swizzled
-// shared memory as moe_gemm_staged (BM = 32·MT token rows × 128 weight rows, STAGES deep),
-// but the two warpgroups each multiply 64 weight rows (wgmma M) by the tile's live token rows
-// (wgmma N, rounded up to 16) straight from shared memory: no ldmatrix round trips through
-// registers, no MMAs on rows past the tile's rows. Accumulator i of a thread (warp w of its
-// warpgroup, lane g·4 + q): weight row 16w + g + 8·(i % 4 / 2), token row 8·(i / 4) + 2q + i % 2.
-template <typename T, int MT, int STAGES>
-__device__ void moe_gemm_wgmma(const MoeGemm& p) {
-    constexpr u32 BM = 32 * MT, BN = 128, NMAX = BM;
-    using Loads = MoeStageLoads<T, BM, BN, STAGES>;
-    constexpr u32 A_BYTES = Loads::A_BYTES, STAGE_BYTES = Loads::STAGE_BYTES;
-    static_assert(A_BYTES % 1024 == 0 && STAGE_BYTES % 1024 == 0, "SW128 tiles need 1024-byte alignment");
-    extern __shared__ __align__(128) unsigned char moe_smem[];
-    MoeTile t;
-    if (!moe_gemm_tile(p, BM, BN, t)) return;
-    const u32 warp = threadIdx.x >> 5;
-    // The stages from the first 1024-byte boundary (the launch asks for 1 KB more): an
-    // __align__(1024) declaration would pad every kernel's static shared memory instead.
-    const u32 base = (u32)__cvta_generic_to_shared(moe_smem), smem = (base + 1023u) & ~1023u;
-    const Loads loads(p, t, smem);
-    loads.start(p);
-
-    const u32 wg = warp >> 2;           // warpgroup: weight rows 64·wg ..
-    const u32 live16 = (t.rows + 15) / 16;  // token rows the MMAs cover, in 16s
-    float acc[NMAX / 2];
-#pragma unroll
-    for (int i = 0; i < NMAX / 2; ++i) acc[i] = 0.0f;
-
-    const u32 wa = A_BYTES + wg * 64 * 128;
-    switch (live16) {
-        case 1: moe_wgmma_k_loop<T, 16, NMAX, STAGES>(acc, loads, smem, wa); break;
-        case 2: moe_wgmma_k_loop<T, 32, NMAX, STAGES>(acc, loads, smem, wa); break;
-        case 3: moe_wgmma_k_loop<T, 48, NMAX, STAGES>(acc, loads, smem, wa); break;
-        case 4: moe_wgmma_k_loop<T, (NMAX >= 64 ? 64 : 16), NMAX, STAGES>(acc, loads, smem, wa); break;
-        case 5: moe_wgmma_k_loop<T, (NMAX >= 80 ? 80 : 16), NMAX, STAGES>(acc, loads, smem, wa); break;
-        default: moe_wgmma_k_loop<T, NMAX, NMAX, STAGES>(acc, loads, smem, wa); break;
-    }
-    moe_cp_async_wait<0>();
-    moe_wgmma_finish<T, BM>(p, t, acc, reinterpret_cast<float*>(moe_smem + (smem - base)));
-}
-
-#define MOE_GEMM_WGMMA(T, NAME, MT) \
-    extern "C" __global__ void __launch_bounds__(256, 2) moe_gemm_##T##_##NAME##w(MoeGemm p) { moe_gemm_wgmma<T, MT, 4>(p); }
-// Two blocks per SM at either size (m6: 112 KB of stages + 1 KB to align them, no static
-// shared memory). Faster than the mma.sync staged tiles, and than the decode and middle
-// tiles from 2 rows per expert (bench/NOTES.md, MoE grouped GEMM).
-MOE_GEMM_WGMMA(bf16, m4, 2)
-MOE_GEMM_WGMMA(bf16, m6, 3)
-MOE_GEMM_WGMMA(f16, m4, 2)
-MOE_GEMM_WGMMA(f16, m6, 3)
-
-// ---- The same tiles with one group of MMAs in flight across the stage boundary (issue 40):
+// ---- One group of MMAs in flight across the stage boundary (the `o` tiles, issue 40):
 // wgmma.wait_group 1 instead of 0, so stage kt's MMAs are issued while stage kt - 1's still
 // run and the tensor pipe does not drain at every 64 k. A stage's slot is then free only once
 // the MMAs two stages back are done, so the ring (same 4 slots, same shared memory and
@@ -239,8 +188,25 @@ __device__ __forceinline__ void moe_wgmma_k_loop_overlap(float (&acc)[NMAX / 2],
     moe_wgmma_wait0();  // the accumulators are read next
 }
 
-template <typename T, int MT, int STAGES>
-__device__ void moe_gemm_wgmma_overlap(const MoeGemm& p) {
+// The k loop of one tile: stage by stage (`moe_wgmma_k_loop`) or with one group of MMAs in
+// flight across stages (`moe_wgmma_k_loop_overlap`).
+template <typename T, int N, int NMAX, u32 STAGES, bool OVERLAP, typename Loads>
+__device__ __forceinline__ void moe_wgmma_k(float (&acc)[NMAX / 2], const Loads& loads, u32 smem, u32 wa) {
+    if constexpr (OVERLAP)
+        moe_wgmma_k_loop_overlap<T, N, NMAX, STAGES>(acc, loads, smem, wa);
+    else
+        moe_wgmma_k_loop<T, N, NMAX, STAGES>(acc, loads, smem, wa);
+}
+
+// The prefill tile on Hopper's warpgroup MMA: the same work list, stages, loads and swizzled
+// shared memory as moe_gemm_staged (BM = 32·MT token rows × 128 weight rows, STAGES deep),
+// but the two warpgroups each multiply 64 weight rows (wgmma M) by the tile's live token rows
+// (wgmma N, rounded up to 16) straight from shared memory: no ldmatrix round trips through
+// registers, no MMAs on rows past the tile's rows. Accumulator i of a thread (warp w of its
+// warpgroup, lane g·4 + q): weight row 16w + g + 8·(i % 4 / 2), token row 8·(i / 4) + 2q + i % 2.
+// OVERLAP: the k loop with one group of MMAs in flight (the `o` kernels).
+template <typename T, int MT, int STAGES, bool OVERLAP>
+__device__ void moe_gemm_wgmma(const MoeGemm& p) {
     constexpr u32 BM = 32 * MT, BN = 128, NMAX = BM;
     using Loads = MoeStageLoads<T, BM, BN, STAGES>;
     constexpr u32 A_BYTES = Loads::A_BYTES, STAGE_BYTES = Loads::STAGE_BYTES;
@@ -249,34 +215,49 @@ __device__ void moe_gemm_wgmma_overlap(const MoeGemm& p) {
     MoeTile t;
     if (!moe_gemm_tile(p, BM, BN, t)) return;
     const u32 warp = threadIdx.x >> 5;
+    // The stages from the first 1024-byte boundary (the launch asks for 1 KB more): an
+    // __align__(1024) declaration would pad every kernel's static shared memory instead.
     const u32 base = (u32)__cvta_generic_to_shared(moe_smem), smem = (base + 1023u) & ~1023u;
     const Loads loads(p, t, smem);
-    moe_wgmma_start2(loads, p);
+    if constexpr (OVERLAP)
+        moe_wgmma_start2(loads, p);
+    else
+        loads.start(p);
 
-    const u32 wg = warp >> 2;
-    const u32 live16 = (t.rows + 15) / 16;
+    const u32 wg = warp >> 2;           // warpgroup: weight rows 64·wg ..
+    const u32 live16 = (t.rows + 15) / 16;  // token rows the MMAs cover, in 16s
     float acc[NMAX / 2];
 #pragma unroll
     for (int i = 0; i < NMAX / 2; ++i) acc[i] = 0.0f;
 
     const u32 wa = A_BYTES + wg * 64 * 128;
     switch (live16) {
-        case 1: moe_wgmma_k_loop_overlap<T, 16, NMAX, STAGES>(acc, loads, smem, wa); break;
-        case 2: moe_wgmma_k_loop_overlap<T, 32, NMAX, STAGES>(acc, loads, smem, wa); break;
-        case 3: moe_wgmma_k_loop_overlap<T, 48, NMAX, STAGES>(acc, loads, smem, wa); break;
-        case 4: moe_wgmma_k_loop_overlap<T, (NMAX >= 64 ? 64 : 16), NMAX, STAGES>(acc, loads, smem, wa); break;
-        case 5: moe_wgmma_k_loop_overlap<T, (NMAX >= 80 ? 80 : 16), NMAX, STAGES>(acc, loads, smem, wa); break;
-        default: moe_wgmma_k_loop_overlap<T, NMAX, NMAX, STAGES>(acc, loads, smem, wa); break;
+        case 1: moe_wgmma_k<T, 16, NMAX, STAGES, OVERLAP>(acc, loads, smem, wa); break;
+        case 2: moe_wgmma_k<T, 32, NMAX, STAGES, OVERLAP>(acc, loads, smem, wa); break;
+        case 3: moe_wgmma_k<T, 48, NMAX, STAGES, OVERLAP>(acc, loads, smem, wa); break;
+        case 4: moe_wgmma_k<T, (NMAX >= 64 ? 64 : 16), NMAX, STAGES, OVERLAP>(acc, loads, smem, wa); break;
+        case 5: moe_wgmma_k<T, (NMAX >= 80 ? 80 : 16), NMAX, STAGES, OVERLAP>(acc, loads, smem, wa); break;
+        default: moe_wgmma_k<T, NMAX, NMAX, STAGES, OVERLAP>(acc, loads, smem, wa); break;
     }
     moe_cp_async_wait<0>();
     moe_wgmma_finish<T, BM>(p, t, acc, reinterpret_cast<float*>(moe_smem + (smem - base)));
 }
 
+#define MOE_GEMM_WGMMA(T, NAME, MT) \
+    extern "C" __global__ void __launch_bounds__(256, 2) moe_gemm_##T##_##NAME##w(MoeGemm p) { moe_gemm_wgmma<T, MT, 4, false>(p); }
+// Two blocks per SM at either size (m6: 112 KB of stages + 1 KB to align them, no static
+// shared memory). Faster than the mma.sync staged tiles, and than the decode and middle
+// tiles from 2 rows per expert (bench/NOTES.md, MoE grouped GEMM).
+MOE_GEMM_WGMMA(bf16, m4, 2)
+MOE_GEMM_WGMMA(bf16, m6, 3)
+MOE_GEMM_WGMMA(f16, m4, 2)
+MOE_GEMM_WGMMA(f16, m6, 3)
+
 // Same names with an `o` (overlap): same shared memory, blocks per SM and work list as the
 // `w` tiles, so the plan swaps one for the other per launch.
 #define MOE_GEMM_WGMMA_OVERLAP(T, NAME, MT)                                                  \
     extern "C" __global__ void __launch_bounds__(256, 2) moe_gemm_##T##_##NAME##o(MoeGemm p) { \
-        moe_gemm_wgmma_overlap<T, MT, 4>(p);                                                 \
+        moe_gemm_wgmma<T, MT, 4, true>(p);                                                      \
     }
 MOE_GEMM_WGMMA_OVERLAP(bf16, m4, 2)
 MOE_GEMM_WGMMA_OVERLAP(bf16, m6, 3)
