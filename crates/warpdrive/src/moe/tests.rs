@@ -3,6 +3,17 @@ use crate::error::{Error, Result};
 use super::config::{auto_takes_cublas, DecodeShape, MoeConfig, Router, GRAPH_MAX_TOKENS};
 use super::plan::{Gpu, Plan};
 
+/// An H200 as the plans see it.
+const HOPPER: Gpu = Gpu {
+    sms: 132,
+    l2_bytes: 50 << 20,
+    clusters: true,
+    shared_per_block: 227 << 10,
+    wgmma: true,
+    wgmma_overlap: false,
+    decode: true,
+};
+
 #[test]
 fn auto_path_takes_cublas_for_large_experts_above_the_graph_sizes() -> Result<()> {
     let mixtral = MoeConfig::preset("mixtral-8x7b")?;
@@ -20,16 +31,7 @@ fn auto_path_takes_cublas_for_large_experts_above_the_graph_sizes() -> Result<()
 
 #[test]
 fn decode_kernel_takes_one_token_where_the_decode_tile_would() -> Result<()> {
-    // The H200 as the plans see it.
-    let hopper = Gpu {
-        sms: 132,
-        l2_bytes: 50 << 20,
-        clusters: true,
-        shared_per_block: 227 << 10,
-        wgmma: true,
-        wgmma_overlap: false,
-        decode: true,
-    };
+    let hopper = HOPPER;
     let shape = |name: &str, tokens: usize, gpu: Gpu| -> Result<Option<DecodeShape>> {
         Ok(DecodeShape::new(&MoeConfig::preset(name)?, tokens, gpu))
     };
@@ -92,13 +94,8 @@ fn decode_kernel_takes_one_token_where_the_decode_tile_would() -> Result<()> {
 #[test]
 fn wgmma_overlap_only_on_the_wgmma_tiles() -> Result<()> {
     let hopper = Gpu {
-        sms: 132,
-        l2_bytes: 50 << 20,
-        clusters: true,
-        shared_per_block: 227 << 10,
-        wgmma: true,
         wgmma_overlap: true,
-        decode: true,
+        ..HOPPER
     };
     let qwen3 = MoeConfig::preset("qwen3-30b-a3b")?;
     let p = Plan::new(&qwen3, 4096, hopper);
