@@ -15,6 +15,7 @@ in [-2, 2), one output), with the case names and sizes warpdrive uses:
                  m = n = k = size (4096; --quick 256): torch-eager, torch-compile, and
                  torch-addmm-activation (torch._addmm_activation: cuBLASLt's own bias-GELU
                  epilogue; + r as a second kernel). TFLOP/s of the GEMM's 2 m n k.
+  gemm-bf16      the bare product a @ b (torch-eager), what the epilogues add to.
   softmax-xent-bf16  cross_entropy(x, labels, reduction="none") of bf16 logits
                  [size / 2 / 32768, 32768] (GB/s: logits + labels + losses once; the
                  compiled function upcasts to f32 inside, as warpdrive computes in f32)
@@ -250,6 +251,13 @@ def main():
     def bias_gelu_res(a, b, bias, r):
         return F.gelu(a @ b + bias, approximate="tanh") + r
 
+    log(f"gemm-bf16 torch-eager on {device}")
+    try:
+        rows.append(gemm_row("gemm-bf16", "torch-eager", timer(lambda: a @ b, warmup, reps),
+                             {"ceiling": "gemm_bf16_tflops", "dtype": "bf16", "m": d, "n": d,
+                              "k": d, "what": "the bare product a @ b"}))
+    except Exception as e:  # noqa: BLE001
+        log(f"gemm-bf16 torch-eager failed: {e}")
     for case, fn, fn_args, lt in [
         ("gemm-bias-gelu-bf16", bias_gelu, (a, b, bias),
          lambda: torch._addmm_activation(bias, a, b, use_gelu=True)),

@@ -3,9 +3,13 @@
 //! - `gemm-bias-gelu-bf16`: `gelu_tanh(a·b + bias)`, `a` m×k, `b` k×n, `bias` one per column,
 //!   m = n = k = `size` (4096 on CUDA).
 //! - `gemm-bias-gelu-residual-bf16`: the same `+ r` (an m×n residual).
+//! - `gemm-bf16`: the bare product (cuBLAS, and cuBLASLt with a zero bias), what the
+//!   epilogues above add to.
 //!
-//! Variants: `warpdrive-cublaslt` (no residual: `fuse::matmul_epilogue`, one cuBLASLt matmul
-//! with its GELU_BIAS epilogue inside the GEMM), `warpdrive-fused` (the GEMM through cuBLAS
+//! Variants: `warpdrive-cublaslt` (`fuse::matmul_epilogue`: one cuBLASLt matmul with its
+//! GELU_BIAS epilogue inside the GEMM, and a kernel adding the residual),
+//! `warpdrive-lt-bias-fused` (residual: cuBLASLt's BIAS epilogue, then GELU and the residual in
+//! one generated kernel), `warpdrive-fused` (the GEMM through cuBLAS
 //! into bf16, then the whole epilogue as one generated kernel: bias broadcast along rows,
 //! GELU, residual, one read and one write of the product), `warpdrive-unfused` (the GEMM,
 //! then one kernel per epilogue op). The peer (`bench/peers/fuse.py`) gives `torch-eager`,
@@ -55,6 +59,34 @@ pub(crate) fn run_cases(ctx: &mut Ctx, warmup: usize, reps: usize) -> Result<()>
     let mut t = Buffer::<bf16>::uninit(&stream, d * d)?;
     let mut out = Buffer::<bf16>::uninit(&stream, d * d)?;
     let flops = 2.0 * (d as f64).powi(3);
+    // The bare product: what the epilogues add is read against it.
+    ctx.step(format!("{}: gemm-bf16 ({d}³)", super::fuse::SUITE));
+    let mut us = time_gpu(&stream, warmup, reps, |s| {
+        ops::gemm::matmul(s, &a, &b, &mut c, (d, d, d))
+    })?;
+    ctx.record_flops(
+        "gemm-bf16",
+        d as u64,
+        "warpdrive-cublas",
+        &mut us,
+        flops,
+        Some(Ceiling::GemmBf16),
+    )?;
+    let no_bias = Buffer::from_host(&stream, &vec![bf16::ZERO; d])?;
+    let lt_plain = Epilogue::bias(&no_bias, Activation::None);
+    let mut us = time_gpu(&stream, warmup, reps, |s| {
+        matmul_epilogue(s, &a, &b, (d, d, d), &lt_plain, &mut c)
+    })?;
+    let row = ctx.record_flops(
+        "gemm-bf16",
+        d as u64,
+        "warpdrive-cublaslt",
+        &mut us,
+        flops,
+        Some(Ceiling::GemmBf16),
+    )?;
+    row.extra
+        .insert("epilogue".into(), "cuBLASLt BIAS (a zero bias)".into());
     for residual in [false, true] {
         let case = if residual {
             "gemm-bias-gelu-residual-bf16"
@@ -84,24 +116,48 @@ pub(crate) fn run_cases(ctx: &mut Ctx, warmup: usize, reps: usize) -> Result<()>
             "epilogue".into(),
             "one generated kernel after the cuBLAS GEMM".into(),
         );
-        if !residual {
-            // The epilogue inside the GEMM: one cuBLASLt matmul (fuse::matmul_epilogue).
-            let epi = Epilogue::bias(&bias, Activation::GeluTanh);
+        // The library's own path (fuse::matmul_epilogue): one cuBLASLt matmul with its
+        // GELU_BIAS epilogue, and with a residual one kernel after it that adds it.
+        let epi = Epilogue::bias(&bias, Activation::GeluTanh);
+        let epi = if residual { epi.with_residual(&r) } else { epi };
+        let mut us = time_gpu(&stream, warmup, reps, |s| {
+            matmul_epilogue(s, &a, &b, (d, d, d), &epi, &mut out)
+        })?;
+        let row = ctx.record_flops(
+            case,
+            d as u64,
+            "warpdrive-cublaslt",
+            &mut us,
+            flops,
+            Some(Ceiling::GemmBf16),
+        )?;
+        row.extra
+            .insert("kernels".into(), (if residual { 2 } else { 1 }).into());
+        row.extra.insert(
+            "epilogue".into(),
+            "cuBLASLt GELU_BIAS inside the GEMM (fuse::matmul_epilogue), then the residual added"
+                .into(),
+        );
+        if residual {
+            // The bias inside cuBLASLt's GEMM, GELU and the residual in one generated kernel.
+            let bias_only = Epilogue::bias(&bias, Activation::None);
             let mut us = time_gpu(&stream, warmup, reps, |s| {
-                matmul_epilogue(s, &a, &b, (d, d, d), &epi, &mut out)
+                matmul_epilogue(s, &a, &b, (d, d, d), &bias_only, &mut c)?;
+                (Expr::matrix(&c, d, d).gelu_tanh() + Expr::matrix(&r, d, d)).eval_into(s, &mut out)
             })?;
             let row = ctx.record_flops(
                 case,
                 d as u64,
-                "warpdrive-cublaslt",
+                "warpdrive-lt-bias-fused",
                 &mut us,
                 flops,
                 Some(Ceiling::GemmBf16),
             )?;
-            row.extra.insert("kernels".into(), 1.into());
+            row.extra.insert("kernels".into(), 2.into());
             row.extra.insert(
                 "epilogue".into(),
-                "cuBLASLt GELU_BIAS inside the GEMM (fuse::matmul_epilogue)".into(),
+                "cuBLASLt BIAS inside the GEMM, then GELU and the residual in one generated kernel"
+                    .into(),
             );
         }
         let mut us = time_gpu(&stream, warmup, reps, |s| {
@@ -149,9 +205,19 @@ mod tests {
                 assert!(row.tflops.is_some_and(|t| t > 0.0));
             }
         }
-        assert!(ctx
-            .rows()
-            .iter()
-            .any(|r| r.case == "gemm-bias-gelu-bf16" && r.variant == "warpdrive-cublaslt"));
+        for (case, variant) in [
+            ("gemm-bias-gelu-bf16", "warpdrive-cublaslt"),
+            ("gemm-bias-gelu-residual-bf16", "warpdrive-cublaslt"),
+            ("gemm-bias-gelu-residual-bf16", "warpdrive-lt-bias-fused"),
+            ("gemm-bf16", "warpdrive-cublas"),
+            ("gemm-bf16", "warpdrive-cublaslt"),
+        ] {
+            assert!(
+                ctx.rows()
+                    .iter()
+                    .any(|r| r.case == case && r.variant == variant),
+                "{case} {variant} missing"
+            );
+        }
     }
 }
