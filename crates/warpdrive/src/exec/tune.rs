@@ -36,7 +36,7 @@ pub const TUNE_REPS: usize = 5;
 /// [`TUNE_BUDGET_S`] of timing, since their medians drift more between few runs (few rounds
 /// picked the slower of two compressions; bench/NOTES.md, autotuning).
 pub const TUNE_REPS_MAX: usize = 101;
-/// The timing a tuning aims for (seconds), as measured by the warm-up round: a tuning runs
+/// The timing a tuning aims for (seconds), as measured by a pass after the warm-up: a tuning runs
 /// once per device, kernel and size bucket and is kept, so a pick made on a noisy stretch
 /// costs every later call.
 pub const TUNE_BUDGET_S: f64 = 0.25;
@@ -232,7 +232,8 @@ impl Autotuner {
 
     /// The best of `candidates` for `key`: the kept winner when it is among them, else each
     /// candidate is run by `run` on `stream` (one warm-up each, then [`TUNE_REPS`] to
-    /// [`TUNE_REPS_MAX`] rounds, as many as fit [`TUNE_BUDGET_S`] by the warm-up's time,
+    /// [`TUNE_REPS_MAX`] rounds, as many as fit [`TUNE_BUDGET_S`] by the time of a second,
+    /// untimed pass,
     /// timing every candidate once, with events on the stream), the fastest median wins, and
     /// the record is saved. A candidate whose run fails is skipped (its error is returned only when every
     /// candidate fails). `size` is the main dimension the runs use (kept in the record).
@@ -273,7 +274,6 @@ impl Autotuner {
         let mut last_error = None;
         // One warm-up each; a candidate that fails is dropped.
         let mut alive: Vec<&C> = Vec::with_capacity(candidates.len());
-        let warm = std::time::Instant::now();
         for c in candidates {
             match run(stream, c).and_then(|()| stream.synchronize()) {
                 Ok(()) => alive.push(c),
@@ -283,6 +283,14 @@ impl Autotuner {
                 }
             }
         }
+        // The rounds are sized by a second pass: the warm-up's time holds first-use costs
+        // (a generated kernel's compile), which left quick candidates the fewest rounds.
+        let warm = std::time::Instant::now();
+        for c in &alive {
+            // A failure here shows again in the timed rounds, which drop the candidate.
+            let _ = run(stream, c);
+        }
+        stream.synchronize()?;
         // Rounds that time every candidate once, so a slow stretch of the machine lands on
         // all of them rather than on one (each after every other equally often); the median
         // per candidate decides.
@@ -438,7 +446,6 @@ pub fn round_order(round: usize, n: usize) -> Vec<usize> {
     order
 }
 
-/// Timing rounds within `budget_s` for candidates whose warm-up round took `warm_s` seconds.
 /// The middle sample (the upper one of an even count); `samples` is not empty.
 fn median(mut samples: Vec<f64>) -> f64 {
     samples.sort_by(f64::total_cmp);
@@ -453,6 +460,8 @@ fn fastest<C: Copy>(times: &[(C, f64)]) -> Option<C> {
         .map(|&(c, _)| c)
 }
 
+/// Timing rounds within `budget_s` for candidates whose steady-state pass took `warm_s`
+/// seconds.
 fn tune_rounds(budget_s: f64, warm_s: f64) -> usize {
     let fit = budget_s / warm_s.max(1e-9);
     (fit.min(TUNE_REPS_MAX as f64).round() as usize).clamp(TUNE_REPS, TUNE_REPS_MAX)
