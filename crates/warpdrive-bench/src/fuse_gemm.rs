@@ -7,9 +7,8 @@
 //!   epilogues above add to.
 //!
 //! Variants: `warpdrive-cublaslt` (`fuse::matmul_epilogue`: one cuBLASLt matmul with its
-//! GELU_BIAS epilogue inside the GEMM, and a kernel adding the residual),
-//! `warpdrive-lt-bias-fused` (residual: cuBLASLt's BIAS epilogue, then GELU and the residual in
-//! one generated kernel), `warpdrive-fused` (the GEMM through cuBLAS
+//! GELU_BIAS epilogue inside the GEMM; with a residual, its BIAS epilogue, then GELU and the
+//! residual in one generated kernel), `warpdrive-fused` (the GEMM through cuBLAS
 //! into bf16, then the whole epilogue as one generated kernel: bias broadcast along rows,
 //! GELU, residual, one read and one write of the product), `warpdrive-unfused` (the GEMM,
 //! then one kernel per epilogue op). The peer (`bench/peers/fuse.py`) gives `torch-eager`,
@@ -117,7 +116,7 @@ pub(crate) fn run_cases(ctx: &mut Ctx, warmup: usize, reps: usize) -> Result<()>
             "one generated kernel after the cuBLAS GEMM".into(),
         );
         // The library's own path (fuse::matmul_epilogue): one cuBLASLt matmul with its
-        // GELU_BIAS epilogue, and with a residual one kernel after it that adds it.
+        // GELU_BIAS epilogue; with a residual, cuBLASLt's BIAS epilogue and one kernel.
         let epi = Epilogue::bias(&bias, Activation::GeluTanh);
         let epi = if residual { epi.with_residual(&r) } else { epi };
         let mut us = time_gpu(&stream, warmup, reps, |s| {
@@ -135,31 +134,14 @@ pub(crate) fn run_cases(ctx: &mut Ctx, warmup: usize, reps: usize) -> Result<()>
             .insert("kernels".into(), (if residual { 2 } else { 1 }).into());
         row.extra.insert(
             "epilogue".into(),
-            "cuBLASLt GELU_BIAS inside the GEMM (fuse::matmul_epilogue), then the residual added"
-                .into(),
+            if residual {
+                "cuBLASLt BIAS inside the GEMM, then GELU and the residual in one generated \
+                 kernel (fuse::matmul_epilogue)"
+            } else {
+                "cuBLASLt GELU_BIAS inside the GEMM (fuse::matmul_epilogue)"
+            }
+            .into(),
         );
-        if residual {
-            // The bias inside cuBLASLt's GEMM, GELU and the residual in one generated kernel.
-            let bias_only = Epilogue::bias(&bias, Activation::None);
-            let mut us = time_gpu(&stream, warmup, reps, |s| {
-                matmul_epilogue(s, &a, &b, (d, d, d), &bias_only, &mut c)?;
-                (Expr::matrix(&c, d, d).gelu_tanh() + Expr::matrix(&r, d, d)).eval_into(s, &mut out)
-            })?;
-            let row = ctx.record_flops(
-                case,
-                d as u64,
-                "warpdrive-lt-bias-fused",
-                &mut us,
-                flops,
-                Some(Ceiling::GemmBf16),
-            )?;
-            row.extra.insert("kernels".into(), 2.into());
-            row.extra.insert(
-                "epilogue".into(),
-                "cuBLASLt BIAS inside the GEMM, then GELU and the residual in one generated kernel"
-                    .into(),
-            );
-        }
         let mut us = time_gpu(&stream, warmup, reps, |s| {
             ops::gemm::matmul(s, &a, &b, &mut c, (d, d, d))?;
             (Expr::matrix(&c, d, d) + &bias).eval_into(s, &mut t)?;
@@ -208,7 +190,6 @@ mod tests {
         for (case, variant) in [
             ("gemm-bias-gelu-bf16", "warpdrive-cublaslt"),
             ("gemm-bias-gelu-residual-bf16", "warpdrive-cublaslt"),
-            ("gemm-bias-gelu-residual-bf16", "warpdrive-lt-bias-fused"),
             ("gemm-bf16", "warpdrive-cublas"),
             ("gemm-bf16", "warpdrive-cublaslt"),
         ] {

@@ -3,7 +3,9 @@
 //! Where cuBLASLt has the epilogue (a bias, with GELU in its tanh form or none, no residual,
 //! bf16 or f16), the whole thing is one cuBLASLt matmul: the epilogue runs inside the GEMM
 //! kernel on its f32 accumulators (a shape cuBLASLt finds no algorithm for takes the other
-//! way). Otherwise the GEMM (cuBLAS) writes the product once and
+//! way). With a residual as well, cuBLASLt's GEMM adds the bias and one generated kernel
+//! applies the activation and adds the residual. Otherwise the GEMM (cuBLAS) writes the
+//! product once and
 //! one generated kernel applies the whole epilogue (bias, activation, residual, cast) in a
 //! single read and write. The CPU backend computes the product (f32 accumulation) and the
 //! epilogue in f64.
@@ -107,15 +109,21 @@ pub fn matmul_epilogue<T: Float>(
                     r => r,
                 };
             };
-            // A residual: cuBLASLt's GEMM with the bias and activation inside it (its faster
-            // GEMM, and the same bytes as cuBLAS's product and a whole epilogue kernel), then
-            // one kernel adds the residual.
+            // A residual: cuBLASLt's GEMM with only the bias inside it, then one kernel
+            // applies the activation and adds the residual (same bytes as GELU inside the
+            // GEMM and a kernel adding the residual, and measured faster: bench/NOTES.md).
+            let bias_only = Epilogue {
+                act: Activation::None,
+                residual: None,
+                ..*epilogue
+            };
             let mut head = Buffer::<T>::uninit(stream, out.len())?;
-            match lt_gemm(stream, q, a, b, (m, n, k), epilogue, &mut head) {
+            match lt_gemm(stream, q, a, b, (m, n, k), &bias_only, &mut head) {
                 Err(e) if no_lt_algo(&e) => two_kernels(stream, a, b, (m, n, k), epilogue, out),
                 Err(e) => Err(e),
-                Ok(()) => (Expr::matrix(&head, m, n) + Expr::matrix(residual, m, n))
-                    .eval_into(stream, out),
+                Ok(()) => (Expr::matrix(&head, m, n).activation(epilogue.act)
+                    + Expr::matrix(residual, m, n))
+                .eval_into(stream, out),
             }
         },
     )
