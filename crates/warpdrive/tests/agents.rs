@@ -667,6 +667,9 @@ device_test!(cpu_persistent_steps, gpu_persistent_steps, persistent_steps);
 /// Sizes of the resident vote's tests: none, one, a few blocks and a bit, a large odd one.
 const RESIDENT_SIZES: [usize; 4] = [0, 1, 1000 + 7, (1 << 20) + 3];
 
+/// A vote's timeout in these tests: long enough for a kernel under compute-sanitizer.
+const SANITIZED: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Fresh votes, about `percent` % yes (any non-zero value is a yes).
 fn some_votes(rng: &mut impl Rng, n: usize, percent: u32) -> Vec<u32> {
     (0..n)
@@ -686,6 +689,7 @@ fn resident_majority(dev: &Device) {
     for n in RESIDENT_SIZES {
         let first = some_votes(&mut rng, n, 50);
         let mut vote = ResidentMajority::start(&s, Buffer::from_host(&s, &first).unwrap()).unwrap();
+        vote.set_timeout(SANITIZED);
         assert!(vote.is_running());
         // Many rounds in a row, the votes rewritten before most (the odd ones vote again on
         // the same votes: a decision that did not move must still be answered).
@@ -708,13 +712,14 @@ fn resident_majority(dev: &Device) {
             );
         }
         // Stopped: a vote is an error at once, not a wait; a second stop is a no-op.
-        vote.set_timeout(std::time::Duration::from_millis(200));
         vote.stop().unwrap();
         assert!(!vote.is_running());
         vote.stop().unwrap();
+        vote.set_timeout(std::time::Duration::from_millis(200));
         let t0 = std::time::Instant::now();
         assert!(vote.vote().is_err(), "n={n}: a stopped vote answered");
         assert!(t0.elapsed() < std::time::Duration::from_secs(5));
+        vote.set_timeout(SANITIZED);
         // Restarted: answers again, on votes changed while it was stopped.
         votes = some_votes(&mut rng, n, 60);
         vote.votes_mut()
@@ -743,7 +748,7 @@ fn resident_majority(dev: &Device) {
 }
 device_test!(
     cpu_resident_majority,
-    gpu_resident_majority,
+    gpu_smem_resident_majority,
     resident_majority
 );
 
@@ -760,6 +765,7 @@ fn resident_quorum(dev: &Device) {
             2.0 / 3.0,
         )
         .unwrap();
+        vote.set_timeout(SANITIZED);
         for round in 0..12 {
             let votes = some_votes(&mut rng, n, [30, 66, 67, 90][round % 4]);
             let weights: Vec<f32> = (0..n).map(|_| rng.random_range(0.0..2.0)).collect();
@@ -812,7 +818,11 @@ fn resident_quorum(dev: &Device) {
         );
     }
 }
-device_test!(cpu_resident_quorum, gpu_resident_quorum, resident_quorum);
+device_test!(
+    cpu_resident_quorum,
+    gpu_smem_resident_quorum,
+    resident_quorum
+);
 
 fn temp_cache(tag: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("wd-agents-{tag}-{}", std::process::id()));
