@@ -17,13 +17,17 @@
 //!   memory, no copy, no stream wait): variant `warpdrive`, with `p99_us` in `extra` and the target `target_p99_us`
 //!   (10 at 1 M); the same with the decision behind a system fence (the earlier way, the
 //!   before of the packed word): `warpdrive-fenced`; and the kernel alone timed by events:
-//!   variant `warpdrive-kernel`.
+//!   variant `warpdrive-kernel`; and the vote served by a resident kernel
+//!   (`agents::ResidentMajority`: the host writes a round number into mapped memory, the
+//!   kernel that stays on the GPU counts and writes the decision word; no launch a vote), µs
+//!   from the host writing the round to the host seeing the decision, over 2,000 rounds in a
+//!   row after 200 (`full`): variant `warpdrive-resident` (`extra`: `p99_us`, `blocks`).
 //!   Sizes as `circles`.
 //! - `quorum-N`, `averaging-N`, `life-N`, `submit-N`, `steps-N`: the weighted quorum,
 //!   iterative averaging, birth and death, job submission and persistent stepping
 //!   (`agents/more.rs`).
 
-use warpdrive::agents::{Circles, CirclesConfig, Majority, MoveKernel};
+use warpdrive::agents::{Circles, CirclesConfig, Majority, MoveKernel, ResidentMajority};
 use warpdrive::error::Result;
 use warpdrive::exec::Graph;
 use warpdrive::memory::Buffer;
@@ -171,6 +175,30 @@ fn vote(ctx: &mut Ctx, n: usize) -> Result<()> {
     let p99 = percentile(&kernel, 0.99);
     let row = ctx.record_time(&case, n as u64, "warpdrive-kernel", &mut kernel, None)?;
     row.extra.insert("p99_us".into(), p99.into());
+    drop(majority);
+    // The same votes served by the resident kernel: no launch a vote, many rounds in a row.
+    let mut resident = ResidentMajority::start(&stream, votes)?;
+    let mut resident_us = time_host(warm * 20, reps * 2, || {
+        seen = resident.vote()?.yes;
+        Ok(())
+    })?;
+    let blocks = resident.blocks();
+    resident.stop()?;
+    let p99 = percentile(&resident_us, 0.99);
+    let rounds = resident_us.len();
+    let row = ctx.record_time(
+        &case,
+        n as u64,
+        "warpdrive-resident",
+        &mut resident_us,
+        None,
+    )?;
+    row.extra.insert("p99_us".into(), p99.into());
+    row.extra
+        .insert("target_p99_us".into(), TARGET_VOTE_P99_US.into());
+    row.extra.insert("yes".into(), seen.into());
+    row.extra.insert("blocks".into(), blocks.into());
+    row.extra.insert("rounds".into(), rounds.into());
     Ok(())
 }
 
@@ -192,6 +220,8 @@ mod tests {
             ("vote-2k", "warpdrive"),
             ("vote-2k", "warpdrive-kernel"),
             ("vote-2k", "warpdrive-fenced"),
+            ("vote-2k", "warpdrive-resident"),
+            ("quorum-2k", "warpdrive-resident"),
             ("quorum-2k", "warpdrive"),
             ("averaging-2k", "warpdrive"),
             ("life-2k", "warpdrive"),

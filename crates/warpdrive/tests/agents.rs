@@ -8,7 +8,8 @@ use common::device_test;
 use rand::Rng;
 use warpdrive::agents::{
     submit, Averaging, Circles, CirclesConfig, FieldKind, GridShape, HostField, Majority,
-    MoveKernel, Population, Quorum, SpatialGrid, StepFn, StepInputs,
+    MoveKernel, Population, Quorum, ResidentMajority, ResidentQuorum, SpatialGrid, StepFn,
+    StepInputs,
 };
 use warpdrive::kernels::{Arch, PtxCache};
 use warpdrive::{Buffer, Device, Error};
@@ -662,6 +663,166 @@ fn persistent_steps(dev: &Device) {
     }
 }
 device_test!(cpu_persistent_steps, gpu_persistent_steps, persistent_steps);
+
+/// Sizes of the resident vote's tests: none, one, a few blocks and a bit, a large odd one.
+const RESIDENT_SIZES: [usize; 4] = [0, 1, 1000 + 7, (1 << 20) + 3];
+
+/// A vote's timeout in these tests: long enough for a kernel under compute-sanitizer.
+const SANITIZED: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Fresh votes, about `percent` % yes (any non-zero value is a yes).
+fn some_votes(rng: &mut impl Rng, n: usize, percent: u32) -> Vec<u32> {
+    (0..n)
+        .map(|_| {
+            if rng.random_range(0..100) < percent {
+                rng.random_range(1..=u32::MAX)
+            } else {
+                0
+            }
+        })
+        .collect()
+}
+
+fn resident_majority(dev: &Device) {
+    let s = stream(dev);
+    let mut rng = common::rng(common::seed("resident_majority"));
+    for n in RESIDENT_SIZES {
+        let first = some_votes(&mut rng, n, 50);
+        let mut vote = ResidentMajority::start(&s, Buffer::from_host(&s, &first).unwrap()).unwrap();
+        vote.set_timeout(SANITIZED);
+        assert!(vote.is_running());
+        // Many rounds in a row, the votes rewritten before most (the odd ones vote again on
+        // the same votes: a decision that did not move must still be answered).
+        let mut votes = first;
+        for round in 0..40 {
+            if round % 2 == 0 {
+                let percent = [0, 100, 49, 50, 51, 10, 90][round / 2 % 7];
+                votes = some_votes(&mut rng, n, percent);
+                vote.votes_mut()
+                    .unwrap()
+                    .copy_from_host(&s, &votes)
+                    .unwrap();
+            }
+            let yes = votes.iter().filter(|&&v| v != 0).count() as u64;
+            let d = vote.vote().unwrap();
+            assert_eq!(
+                (d.yes, d.voters, d.passed),
+                (yes, n as u64, 2 * yes > n as u64),
+                "n={n} round {round}"
+            );
+        }
+        // Stopped: a vote is an error at once, not a wait; a second stop is a no-op.
+        vote.stop().unwrap();
+        assert!(!vote.is_running());
+        vote.stop().unwrap();
+        vote.set_timeout(std::time::Duration::from_millis(200));
+        let t0 = std::time::Instant::now();
+        assert!(vote.vote().is_err(), "n={n}: a stopped vote answered");
+        assert!(t0.elapsed() < std::time::Duration::from_secs(5));
+        vote.set_timeout(SANITIZED);
+        // Restarted: answers again, on votes changed while it was stopped.
+        votes = some_votes(&mut rng, n, 60);
+        vote.votes_mut()
+            .unwrap()
+            .copy_from_host(&s, &votes)
+            .unwrap();
+        vote.restart().unwrap();
+        assert!(vote.restart().is_err(), "a second start while running");
+        for _ in 0..3 {
+            let yes = votes.iter().filter(|&&v| v != 0).count() as u64;
+            assert_eq!(vote.vote().unwrap().yes, yes, "n={n} after a restart");
+        }
+        if dev.ordinal().is_some() {
+            // One resident kernel at a time on a GPU, and no persistent stepper beside it.
+            let other = Buffer::from_host(&s, &[1u32]).unwrap();
+            assert!(ResidentMajority::start(&s, other).is_err());
+            let mut p = Population::new(1);
+            p.add_f32(&s, "x", &[0.0]).unwrap();
+            p.add_f32(&s, "v", &[1.0]).unwrap();
+            let steps = drift().run_steps(&s, &mut p, &StepInputs::new(), &[1.0], 2);
+            assert!(matches!(steps, Err(Error::Unsupported(_))), "{steps:?}");
+            assert!(vote.blocks() >= 1);
+        }
+        drop(vote);
+    }
+}
+device_test!(
+    cpu_resident_majority,
+    gpu_smem_resident_majority,
+    resident_majority
+);
+
+fn resident_quorum(dev: &Device) {
+    let s = stream(dev);
+    let mut rng = common::rng(common::seed("resident_quorum"));
+    for n in RESIDENT_SIZES {
+        let votes = some_votes(&mut rng, n, 50);
+        let weights: Vec<f32> = (0..n).map(|_| rng.random_range(0.0..2.0)).collect();
+        let mut vote = ResidentQuorum::start(
+            &s,
+            Buffer::from_host(&s, &votes).unwrap(),
+            Buffer::from_host(&s, &weights).unwrap(),
+            2.0 / 3.0,
+        )
+        .unwrap();
+        vote.set_timeout(SANITIZED);
+        for round in 0..12 {
+            let votes = some_votes(&mut rng, n, [30, 66, 67, 90][round % 4]);
+            let weights: Vec<f32> = (0..n).map(|_| rng.random_range(0.0..2.0)).collect();
+            vote.votes_mut()
+                .unwrap()
+                .copy_from_host(&s, &votes)
+                .unwrap();
+            vote.weights_mut()
+                .unwrap()
+                .copy_from_host(&s, &weights)
+                .unwrap();
+            let yes: f64 = votes
+                .iter()
+                .zip(&weights)
+                .filter(|(v, _)| **v != 0)
+                .map(|(_, w)| f64::from(*w))
+                .sum();
+            let all: f64 = weights.iter().map(|&w| f64::from(w)).sum();
+            let d = vote.vote().unwrap();
+            let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs().max(1.0);
+            assert!(close(d.yes_weight, yes), "n={n}: {} vs {yes}", d.yes_weight);
+            assert!(
+                close(d.total_weight, all),
+                "n={n}: {} vs {all}",
+                d.total_weight
+            );
+            if (yes - 2.0 / 3.0 * all).abs() > 1e-6 * all.max(1.0) {
+                assert_eq!(d.passed, all > 0.0 && yes >= 2.0 / 3.0 * all, "n={n}");
+            }
+        }
+        vote.stop().unwrap();
+        assert!(vote.vote().is_err());
+    }
+    let (vb, wb) = (
+        Buffer::from_host(&s, &[1u32, 0]).unwrap(),
+        Buffer::from_host(&s, &[1.0f32]).unwrap(),
+    );
+    assert!(
+        ResidentQuorum::start(&s, vb, wb, 0.5).is_err(),
+        "lengths differ"
+    );
+    for bad in [-0.1, 1.5, f64::NAN] {
+        let (vb, wb) = (
+            Buffer::from_host(&s, &[1u32]).unwrap(),
+            Buffer::from_host(&s, &[1.0f32]).unwrap(),
+        );
+        assert!(
+            ResidentQuorum::start(&s, vb, wb, bad).is_err(),
+            "quorum {bad}"
+        );
+    }
+}
+device_test!(
+    cpu_resident_quorum,
+    gpu_smem_resident_quorum,
+    resident_quorum
+);
 
 fn temp_cache(tag: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("wd-agents-{tag}-{}", std::process::id()));

@@ -2,7 +2,8 @@
 //! averaging and birth and death.
 //!
 //! - `quorum-N`: a weighted vote over N agents (u32 votes, f32 weights), µs from the host
-//!   enqueuing it to the host holding the decision, as `vote-N`; `extra.p99_us`.
+//!   enqueuing it to the host holding the decision, as `vote-N`; `extra.p99_us`. Variant
+//!   `warpdrive-resident`: the same vote served by a resident kernel (`ResidentQuorum`).
 //! - `averaging-N`: iterative averaging at rate 0.5 to a tolerance of 1e-3 from values in
 //!   ±50 (about 16 rounds): µs per round from the host enqueuing the run to the host holding
 //!   the outcome, divided by the rounds (the values are uploaded again before each sample,
@@ -22,7 +23,8 @@
 //!   `extra.agent_steps_per_s`.
 
 use warpdrive::agents::{
-    submit, Averaging, FieldKind, HostField, Population, Quorum, StepFn, StepInputs, SubmitTimes,
+    submit, Averaging, FieldKind, HostField, Population, Quorum, ResidentQuorum, StepFn,
+    StepInputs, SubmitTimes,
 };
 use warpdrive::error::Result;
 use warpdrive::exec::Graph;
@@ -90,6 +92,18 @@ pub(super) fn quorum(ctx: &mut Ctx, n: usize) -> Result<()> {
     })?;
     let p99 = percentile(&us, 0.99);
     let row = ctx.record_time(&case, n as u64, "warpdrive", &mut us, None)?;
+    row.extra.insert("p99_us".into(), p99.into());
+    row.extra.insert("passed".into(), passed.into());
+    drop(q);
+    // The same vote served by the resident kernel (no launch a vote).
+    let mut resident = ResidentQuorum::start(&stream, votes, weights, 2.0 / 3.0)?;
+    let mut us = time_host(warm * 10, reps * 10, || {
+        passed = resident.vote()?.passed;
+        Ok(())
+    })?;
+    resident.stop()?;
+    let p99 = percentile(&us, 0.99);
+    let row = ctx.record_time(&case, n as u64, "warpdrive-resident", &mut us, None)?;
     row.extra.insert("p99_us".into(), p99.into());
     row.extra.insert("passed".into(), passed.into());
     Ok(())

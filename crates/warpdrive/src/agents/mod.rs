@@ -15,6 +15,9 @@
 //!   written to mapped host memory (the host polls one word for it, no copy); [`Quorum`]: a
 //!   weighted vote; [`Averaging`]: iterative averaging to a tolerance, every round enqueued
 //!   at once.
+//! - [`ResidentMajority`], [`ResidentQuorum`]: the same votes served by a kernel that stays
+//!   resident between votes (one block an SM), signalled by a round number in mapped memory:
+//!   no launch a vote; stop / restart, every wait timed.
 //! - [`Population::apply_life`]: birth and death after a step (a stream compaction: survivors
 //!   in order, then each parent's children), counts exact on both backends.
 //! - [`submit`]: a job from host fields to its first step in one call, timed by stage
@@ -53,6 +56,7 @@ mod grid;
 mod inputs;
 mod life;
 mod population;
+mod resident;
 mod step;
 mod submit;
 
@@ -64,5 +68,6 @@ pub use grid::{GridShape, SpatialGrid, MAX_DIM};
 pub use inputs::StepInputs;
 pub use life::LifeCounts;
 pub use population::{FieldKind, Population};
+pub use resident::{ResidentMajority, ResidentQuorum};
 pub use step::{HostFields, StepFn, MAX_PARAMS};
 pub use submit::{submit, HostField, Submission, SubmitTimes};

@@ -445,3 +445,117 @@ extern "C" __global__ void __launch_bounds__(256) agents_avg_update(
         x[i] += rate * (mean - x[i]);
     if (blockIdx.x == 0 && threadIdx.x == 0) state[3] += 1ull;
 }
+
+// The resident vote (agents::ResidentMajority / ResidentQuorum): one cooperative launch (every
+// block resident; the host gives it one block an SM, leaving the rest of each SM to other
+// work) that serves votes until told to stop, no launch a vote. words (mapped host memory):
+// [0] the host's command: a round number (1..2^32-1, one more each vote), or ~0 to stop;
+// [8] the decision word, [9] and [10] the quorum's weights (the host writes [0] only, the
+// kernel [8..11] only: separate cache lines).
+//   Each block's thread 0 polls [0] (an acquire load at system scope, so the votes the host
+//   rewrote before it are seen); a new round: the block counts its grid-stride share of the
+//   votes with loads that skip L1 (the votes change between rounds while the kernel stays),
+//   one f64 pair a block into partials, a fence, one ticket per block on a counter that only
+//   grows (no contended atomics: a ticket a block, not an agent). The ticket that ends a
+//   round (G of them a round, rounds never overlap: the host waits for each decision) makes
+//   its block add the partials in block order and publish:
+//   rule 0 (majority): [8] = round << 32 | passed << 31 | yes, one 8-byte store (no fence);
+//   rule 1 (quorum): [9] yes weight, [10] total (f64 bits), a system fence, then
+//   [8] = round << 32 | passed. served: the round the host last saw before this launch (a
+//   restart does not answer it again).
+extern "C" __global__ void __launch_bounds__(512) agents_vote_serve(
+    const u32* __restrict__ votes, const float* __restrict__ weights, u64 n, u32 rule,
+    double quorum, double* __restrict__ partials, u64* __restrict__ ticket, u64* words,
+    u64 served) {
+    __shared__ u64 s_cmd;
+    __shared__ bool s_last;
+    const u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    const bool vec = aligned16(votes);
+    for (;;) {
+        if (threadIdx.x == 0) {
+            u64 c;
+            for (;;) {
+                asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(c) : "l"(words) : "memory");
+                if (c != served) break;
+                __nanosleep(32);
+            }
+            s_cmd = c;
+        }
+        __syncthreads();
+        const u64 round = s_cmd;
+        if (round == ~0ull) return;
+        served = round;
+        double yes = 0.0, all = 0.0;
+        if (rule == 0u) {
+            u32 count = 0;
+            u64 whole = 0;
+            if (vec) {
+                whole = n / 4u;
+                const uint4* v4 = (const uint4*)votes;
+                u64 k = tid;
+                for (; k + 3u * stride < whole; k += 4u * stride) {
+                    uint4 v[4];
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) v[j] = __ldcg(v4 + k + j * stride);
+#pragma unroll
+                    for (int j = 0; j < 4; ++j)
+                        count += (v[j].x != 0u) + (v[j].y != 0u) + (v[j].z != 0u) + (v[j].w != 0u);
+                }
+                for (; k < whole; k += stride) {
+                    const uint4 v = __ldcg(v4 + k);
+                    count += (v.x != 0u) + (v.y != 0u) + (v.z != 0u) + (v.w != 0u);
+                }
+                whole *= 4u;
+            }
+            for (u64 i = whole + tid; i < n; i += stride) count += __ldcg(votes + i) != 0u;
+            // Below 2^31 voters (the host's bound) a u32 count and its f64 are exact.
+            yes = (double)block_sum(count);
+        } else {
+            for (u64 i = tid; i < n; i += stride) {
+                const double w = (double)__ldcg(weights + i);
+                all += w;
+                if (__ldcg(votes + i) != 0u) yes += w;
+            }
+            yes = block_sum(yes);
+            __syncthreads();
+            all = block_sum(all);
+        }
+        if (threadIdx.x == 0) {
+            partials[2 * blockIdx.x] = yes;
+            partials[2 * blockIdx.x + 1] = all;
+            __threadfence();
+            const u64 t = atomicAdd((unsigned long long*)ticket, 1ull);
+            s_last = (t + 1u) % gridDim.x == 0u;
+        }
+        __syncthreads();
+        if (s_last) {
+            __threadfence();
+            double py = 0.0, pa = 0.0;
+            for (u32 b = threadIdx.x; b < gridDim.x; b += blockDim.x) {
+                py += __ldcg(partials + 2 * b);
+                pa += __ldcg(partials + 2 * b + 1);
+            }
+            py = block_sum(py);
+            __syncthreads();
+            pa = block_sum(pa);
+            if (threadIdx.x == 0) {
+                volatile u64* out = words + 8;
+                const u64 tag = (round & 0xffffffffull) << 32;
+                if (rule == 0u) {
+                    const u64 y = (u64)py;
+                    const u64 passed = 2ull * y > n ? 1ull : 0ull;
+                    out[0] = tag | passed << 31 | (y & 0x7fffffffull);
+                } else {
+                    const u64 passed = (pa > 0.0 && py >= quorum * pa) ? 1ull : 0ull;
+                    out[1] = (u64)__double_as_longlong(py);
+                    out[2] = (u64)__double_as_longlong(pa);
+                    __threadfence_system();
+                    out[0] = tag | passed << 31;
+                }
+            }
+        }
+        // s_cmd and s_last are rewritten next round only after every thread has read them.
+        __syncthreads();
+    }
+}
