@@ -1,8 +1,9 @@
 //! The resident vote: a majority or weighted quorum over a population's votes served by a
 //! kernel that stays on the GPU between votes, so a vote costs no launch. The host writes a
-//! round number into mapped memory; every block of the resident kernel (one an SM, launched
-//! cooperatively so all are resident) sees it, counts its share of the votes (warp and block
-//! sums), takes one ticket, and the block whose ticket ends the round adds the blocks'
+//! round number into mapped memory; the resident kernel's first block (of one an SM, launched
+//! cooperatively so all are resident) sees it and relays it to the others through device
+//! memory (one poller of host memory: a poller a block made a round ~700 µs), each block
+//! counts its share of the votes (warp and block sums), takes one ticket, and the block whose ticket ends the round adds the blocks'
 //! partials in order and writes the decision word into mapped memory, which the host polls
 //! (`agents_vote_serve` in `kernels/agents.cu`). Every wait has a timeout; a kernel that ended
 //! or hung is an error. On the CPU backend the host plays the kernel at each vote (the
@@ -115,7 +116,8 @@ impl Server {
             votes,
             weights,
             partials: Buffer::zeros(&stream, 2 * super::MAX_BLOCKS)?,
-            ticket: Buffer::zeros(&stream, 1)?,
+            // The ticket counter, then the round block 0 relays to the others.
+            ticket: Buffer::zeros(&stream, 2)?,
             words: device.shared_words(OUT + 8)?,
         };
         let mut s = Server {
@@ -176,7 +178,7 @@ impl Server {
                 let per_block = u64::from(if rule == 0 { 4 * BLOCK } else { BLOCK });
                 let most = u64::from(q.gpu.sm_count()).min(super::MAX_BLOCKS as u64);
                 let blocks = n.div_ceil(per_block).clamp(1, most.max(1)) as u32;
-                q.gpu.memset_zero(q.stream, m.ticket.device_ptr(), 8)?;
+                q.gpu.memset_zero(q.stream, m.ticket.device_ptr(), 16)?;
                 let weights = m.weights.as_ref().map_or(0, |w| w.device_ptr());
                 let args = Args::new()
                     .buf(&m.votes)
@@ -196,7 +198,7 @@ impl Server {
                 // SAFETY: agents_vote_serve(const u32* votes, const float* weights, u64 n, u32
                 // rule, double quorum, double* partials, u64* ticket, u64* words, u64 served):
                 // votes holds n (weights n too when rule is 1; unread and 0 otherwise),
-                // partials 2 · MAX_BLOCKS >= 2 · blocks, the ticket one word zeroed just
+                // partials 2 · MAX_BLOCKS >= 2 · blocks, the ticket two words zeroed just
                 // before on this stream, words OUT + 8 mapped words; all live in `Served`,
                 // which is freed only after the kernel has ended (or leaked). A cooperative
                 // launch of at most one block an SM (the driver refuses a grid that cannot

@@ -452,8 +452,12 @@ extern "C" __global__ void __launch_bounds__(256) agents_avg_update(
 // [0] the host's command: a round number (1..2^32-1, one more each vote), or ~0 to stop;
 // [8] the decision word, [9] and [10] the quorum's weights (the host writes [0] only, the
 // kernel [8..11] only: separate cache lines).
-//   Each block's thread 0 polls [0] (an acquire load at system scope, so the votes the host
-//   rewrote before it are seen); a new round: the block counts its grid-stride share of the
+//   Block 0's thread 0 polls [0] (an acquire load at system scope, so the votes the host
+//   rewrote before it are seen) and relays a new round to the other blocks through ticket[1]
+//   (device memory, release / acquire: the chain carries what block 0 saw); ticket[1] is 0
+//   until the first relay, and rounds are never 0. One poller of host memory, not one a
+//   block: 132 blocks polling the mapped word made a round take ~700 µs on an H100 (PCIe
+//   reads in a storm; bench/NOTES.md). A new round: the block counts its grid-stride share of the
 //   votes with loads that skip L1 (the votes change between rounds while the kernel stays),
 //   one f64 pair a block into partials, a fence, one ticket per block on a counter that only
 //   grows (no contended atomics: a ticket a block, not an agent). The ticket that ends a
@@ -475,10 +479,17 @@ extern "C" __global__ void __launch_bounds__(512) agents_vote_serve(
     for (;;) {
         if (threadIdx.x == 0) {
             u64 c;
-            for (;;) {
-                asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(c) : "l"(words) : "memory");
-                if (c != served) break;
-                __nanosleep(32);
+            if (blockIdx.x == 0) {
+                for (;;) {
+                    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(c) : "l"(words) : "memory");
+                    if (c != served) break;
+                }
+                asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(ticket + 1), "l"(c) : "memory");
+            } else {
+                for (;;) {
+                    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(c) : "l"(ticket + 1) : "memory");
+                    if (c != served && c != 0ull) break;
+                }
             }
             s_cmd = c;
         }
