@@ -17,7 +17,11 @@
 //!   read by `get_host_into` into a buffer the caller reuses, as the raw loop reuses its
 //!   own), all at the queue depth the store gives the size (`extra.queue_depth`: 1, or 4
 //!   pieces of 1-4 MiB in flight from 4 MiB); `extra.direct` says whether the file system took
-//!   `O_DIRECT`, `extra.pct_of_raw` the store's rate against the raw loop's.
+//!   `O_DIRECT`, `extra.pct_of_raw` the store's rate against the raw loop's on the same
+//!   engine. Each on the thread pool (`raw-odirect`, `warpdrive`, `warpdrive-into`) and on
+//!   io_uring where the kernel offers it (`raw-odirect-uring`, `warpdrive-uring`,
+//!   `warpdrive-uring-into`), all interleaved round by round; `extra.engine` and
+//!   `extra.engine_queue_depth` name the engine and its ring's depth.
 //! - `prefetch-TRACE` (size = gets): gets of 4 KiB blocks that start on a simulated disk,
 //!   a GPU tier with room for a quarter of them; `warpdrive` (the prefetcher on) vs `lru`
 //!   (off: CLOCK alone); `extra.hit_rate` = gets served from the GPU tier / gets. TRACE:
@@ -32,13 +36,15 @@ use rand::{Rng, SeedableRng};
 use warpdrive::bf16;
 use warpdrive::error::{Error, Result};
 use warpdrive::tier::codec::{decode_block, encode_block, Compression, Filter};
-use warpdrive::tier::disk::{queue_depth, AlignedBuf, DirectFile, SimDisk};
+use warpdrive::tier::disk::{
+    queue_depth, AlignedBuf, DirectFile, DiskIo, Engine, Io, IoEngine, SimDisk, QUEUE_DEPTH,
+};
 use warpdrive::tier::prefetch::Prefetch;
 use warpdrive::tier::{Durability, Tier, TierConfig, TierStore};
 
 use super::stats::percentile;
 use super::timing::{time_host, time_host_rounds};
-use super::{Ctx, Scale};
+use super::{Ctx, Row, Scale};
 
 pub(crate) const SUITE: &str = "tier";
 
@@ -167,90 +173,158 @@ fn block_sizes(scale: Scale) -> &'static [usize] {
     }
 }
 
+/// The engines the disk cases run on: the thread pool, and io_uring where this kernel sets a
+/// ring up (at the store's default queue depth).
+fn disk_engines() -> Vec<Io> {
+    let mut ios = vec![Io::threads()];
+    let ring = DiskIo {
+        engine: IoEngine::Uring,
+        queue_depth: QUEUE_DEPTH,
+    };
+    match ring.resolve() {
+        Ok(io) => ios.push(io),
+        Err(e) => tracing::warn!("{SUITE}: no io_uring disk rows: {e}"),
+    }
+    ios
+}
+
+/// A variant's name on `io`'s engine: the thread pool's keeps the name it had before there
+/// were two engines (`raw-odirect`, `warpdrive`), io_uring's adds `-uring`.
+fn on_engine(variant: &str, io: Io) -> String {
+    match io.engine {
+        Engine::Threads => variant.to_string(),
+        Engine::Uring => match variant.split_once('-') {
+            Some(("warpdrive", rest)) => format!("warpdrive-uring-{rest}"),
+            _ => format!("{variant}-uring"),
+        },
+    }
+}
+
 fn disk_cases(ctx: &mut Ctx) -> Result<()> {
     let sizes = block_sizes(ctx.scale());
     let reps = reps(ctx.scale());
     let dir = std::env::temp_dir().join(format!("warpdrive-bench-disk-{}", std::process::id()));
     let stream = ctx.stream().clone();
+    let engines = disk_engines();
     let result = (|| -> Result<()> {
         std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
         for &size in sizes {
             let mut r = SmallRng::seed_from_u64(size as u64 ^ 0xd15c);
             let block = bf16_bytes(&mut r, size, false);
-            // Raw: one file, aligned buffers, offsets one block apart, at the queue depth the
-            // store gives a block of this size. The store: disk only, no compression. The two
-            // alternate round by round (`time_host_rounds`): this disk's speed depends on what
-            // ran just before, so timing one after the other compared two states of the disk
-            // (bench/NOTES.md, tier store at 67f5c67).
+            // Per engine, raw: one file, aligned buffers, offsets one block apart, at the
+            // queue depth the store gives a block of this size; the store: disk only, no
+            // compression. All alternate round by round (`time_host_rounds`): this disk's
+            // speed depends on what ran just before, so timing one after the other compared
+            // two states of the disk (bench/NOTES.md, tier store at 67f5c67).
             let depth = queue_depth(size);
             ctx.step(format!(
-                "{SUITE}: disk raw O_DIRECT and the store at {size} B"
+                "{SUITE}: disk raw O_DIRECT and the store at {size} B on {}",
+                engines
+                    .iter()
+                    .map(|io| io.engine.name())
+                    .collect::<Vec<_>>()
+                    .join(" and ")
             ));
-            let raw_path = dir.join(format!("raw-{size}"));
-            let file = DirectFile::open(&raw_path)?;
-            let mut buf = AlignedBuf::new(size)?;
-            buf.as_mut_slice()[..size].copy_from_slice(&block);
-            let stride = buf.as_slice().len() as u64;
-            let mut config = TierConfig::new(0, 0);
-            config.disk_compression = Compression::None;
-            config.prefetch = Prefetch::Off;
-            let store = TierStore::open(dir.join(format!("store-{size}")), config, &stream)?;
-            let (mut i, mut k) = (0u64, 0u64);
-            let writes = time_host_rounds(1, reps, 2, |v| {
-                if v == 0 {
-                    i += 1;
-                    file.write_at_depth(&buf, i * stride, depth)
+            let mut raws = Vec::new();
+            let mut stores = Vec::new();
+            for io in &engines {
+                let raw_path = dir.join(format!("raw-{size}-{}", io.engine.name()));
+                let file = DirectFile::open_with(&raw_path, *io)?;
+                let mut buf = AlignedBuf::new(size)?;
+                buf.as_mut_slice()[..size].copy_from_slice(&block);
+                raws.push((raw_path, file, buf));
+                let mut config = TierConfig::new(0, 0);
+                config.disk_compression = Compression::None;
+                config.prefetch = Prefetch::Off;
+                config.disk_io = DiskIo {
+                    engine: match io.engine {
+                        Engine::Uring => IoEngine::Uring,
+                        Engine::Threads => IoEngine::Threads,
+                    },
+                    queue_depth: io.queue_depth,
+                };
+                let name = format!("store-{size}-{}", io.engine.name());
+                stores.push(TierStore::open(dir.join(name), config, &stream)?);
+            }
+            let stride = raws[0].2.as_slice().len() as u64;
+            let n = engines.len();
+            // Variant 2e: engine e's raw loop, 2e + 1: its store.
+            let (mut written_raw, mut written_ours) = (vec![0u64; n], vec![0u64; n]);
+            let writes = time_host_rounds(1, reps, 2 * n, |v| {
+                let e = v / 2;
+                if v % 2 == 0 {
+                    written_raw[e] += 1;
+                    let (_, file, buf) = &raws[e];
+                    file.write_at_depth(buf, written_raw[e] * stride, depth)
                 } else {
-                    k += 1;
-                    store.put(&format!("b{k}"), &block, Durability::Disk)
+                    written_ours[e] += 1;
+                    let key = format!("b{}", written_ours[e]);
+                    stores[e].put(&key, &block, Durability::Disk)
                 }
             })?;
-            let (mut j, mut m, mut n) = (0u64, 0u64, 0u64);
             // The caller's buffer of `get_host_into`, reused as the raw loop reuses its own.
             let mut into = vec![0x5au8; size];
-            let reads = time_host_rounds(1, reps, 3, |v| match v {
-                0 => {
-                    j = j % i + 1;
-                    file.read_at_depth(&mut buf, j * stride, depth).map(drop)
-                }
-                1 => {
-                    m = m % k + 1;
-                    store.get_host(&format!("b{m}")).map(drop)
-                }
-                _ => {
-                    n = n % k + 1;
-                    store.get_host_into(&format!("b{n}"), &mut into)
+            // Variant 3e: engine e's raw loop, 3e + 1: `get_host`, 3e + 2: `get_host_into`.
+            let mut next = vec![[0u64; 3]; n];
+            let reads = time_host_rounds(1, reps, 3 * n, |v| {
+                let (e, which) = (v / 3, v % 3);
+                let count = match which {
+                    0 => written_raw[e],
+                    _ => written_ours[e],
+                };
+                let at = &mut next[e][which];
+                *at = *at % count.max(1) + 1;
+                match which {
+                    0 => {
+                        let (_, file, buf) = &mut raws[e];
+                        file.read_at_depth(buf, *at * stride, depth).map(drop)
+                    }
+                    1 => stores[e].get_host(&format!("b{at}")).map(drop),
+                    _ => stores[e].get_host_into(&format!("b{at}"), &mut into),
                 }
             })?;
-            let direct = file.is_direct();
-            drop(store);
-            drop(file);
-            let _ = std::fs::remove_file(&raw_path);
-            let wrong = |_| Error::InvalidArgument("disk cases: a variant missing".into());
-            let [mut raw_w, mut ours_w]: [Vec<f64>; 2] = writes.try_into().map_err(wrong)?;
-            let [mut raw_r, mut ours_r, mut into_r]: [Vec<f64>; 3] =
-                reads.try_into().map_err(wrong)?;
-            for (case, raw, ours) in [
-                ("disk-write", &mut raw_w, vec![("warpdrive", &mut ours_w)]),
-                (
-                    "disk-read",
-                    &mut raw_r,
-                    vec![("warpdrive", &mut ours_r), ("warpdrive-into", &mut into_r)],
-                ),
-            ] {
-                let raw_row =
-                    ctx.record_bytes(case, size as u64, "raw-odirect", raw, size as f64, None)?;
-                raw_row.extra.insert("direct".into(), direct.into());
-                raw_row.extra.insert("queue_depth".into(), depth.into());
-                let raw_gbps = raw_row.gbps;
-                for (variant, times) in ours {
-                    let row =
-                        ctx.record_bytes(case, size as u64, variant, times, size as f64, None)?;
-                    row.extra.insert("direct".into(), direct.into());
-                    row.extra.insert("queue_depth".into(), depth.into());
-                    if let (Some(a), Some(b)) = (row.gbps, raw_gbps) {
-                        row.extra
-                            .insert("pct_of_raw".into(), (100.0 * a / b).into());
+            let direct: Vec<bool> = raws.iter().map(|(_, f, _)| f.is_direct()).collect();
+            drop(stores);
+            for (path, file, _) in raws {
+                drop(file);
+                let _ = std::fs::remove_file(&path);
+            }
+            let mut writes = writes.into_iter();
+            let mut reads = reads.into_iter();
+            for (e, io) in engines.iter().enumerate() {
+                let missing = || Error::InvalidArgument("disk cases: a variant missing".into());
+                let take = |it: &mut std::vec::IntoIter<Vec<f64>>| it.next().ok_or_else(missing);
+                let (mut raw_w, mut ours_w) = (take(&mut writes)?, take(&mut writes)?);
+                let (mut raw_r, mut ours_r, mut into_r) =
+                    (take(&mut reads)?, take(&mut reads)?, take(&mut reads)?);
+                for (case, raw, ours) in [
+                    ("disk-write", &mut raw_w, vec![("warpdrive", &mut ours_w)]),
+                    (
+                        "disk-read",
+                        &mut raw_r,
+                        vec![("warpdrive", &mut ours_r), ("warpdrive-into", &mut into_r)],
+                    ),
+                ] {
+                    let variant = on_engine("raw-odirect", *io);
+                    let raw_row =
+                        ctx.record_bytes(case, size as u64, &variant, raw, size as f64, None)?;
+                    let raw_gbps = raw_row.gbps;
+                    disk_extras(raw_row, *io, direct[e], depth);
+                    for (variant, times) in ours {
+                        let variant = on_engine(variant, *io);
+                        let row = ctx.record_bytes(
+                            case,
+                            size as u64,
+                            &variant,
+                            times,
+                            size as f64,
+                            None,
+                        )?;
+                        disk_extras(row, *io, direct[e], depth);
+                        if let (Some(a), Some(b)) = (row.gbps, raw_gbps) {
+                            row.extra
+                                .insert("pct_of_raw".into(), (100.0 * a / b).into());
+                        }
                     }
                 }
             }
@@ -259,6 +333,16 @@ fn disk_cases(ctx: &mut Ctx) -> Result<()> {
     })();
     let _ = std::fs::remove_dir_all(&dir);
     result
+}
+
+/// What every disk row carries: the engine, its depth, whether `O_DIRECT` was taken and the
+/// depth the store gives the block (1, or pieces in flight).
+fn disk_extras(row: &mut Row, io: Io, direct: bool, depth: usize) {
+    row.extra.insert("engine".into(), io.engine.name().into());
+    row.extra
+        .insert("engine_queue_depth".into(), io.queue_depth.into());
+    row.extra.insert("direct".into(), direct.into());
+    row.extra.insert("queue_depth".into(), depth.into());
 }
 
 fn prefetch_cases(ctx: &mut Ctx) -> Result<()> {
@@ -420,6 +504,42 @@ mod tests {
             let blocks = row.extra["store_blocks"].as_u64().unwrap();
             assert_eq!(blocks as usize, reps(Scale::Tiny) + 1, "{}", row.case);
         }
+        // Every disk row names its engine; io_uring's rows are there wherever it is offered.
+        let ring_here = DiskIo {
+            engine: IoEngine::Uring,
+            queue_depth: QUEUE_DEPTH,
+        }
+        .resolve()
+        .is_ok();
+        for case in ["disk-write", "disk-read"] {
+            let variants: Vec<(&str, &str)> = ctx
+                .rows()
+                .iter()
+                .filter(|r| r.case == case)
+                .map(|r| (r.variant.as_str(), r.extra["engine"].as_str().unwrap()))
+                .collect();
+            assert!(
+                variants.contains(&("raw-odirect", "threads")),
+                "{variants:?}"
+            );
+            assert!(variants.contains(&("warpdrive", "threads")), "{variants:?}");
+            assert_eq!(
+                variants.contains(&("raw-odirect-uring", "uring")),
+                ring_here,
+                "{variants:?}"
+            );
+            assert_eq!(
+                variants.contains(&("warpdrive-uring", "uring")),
+                ring_here,
+                "{variants:?}"
+            );
+        }
+        assert_eq!(
+            ctx.rows()
+                .iter()
+                .any(|r| r.case == "disk-read" && r.variant == "warpdrive-uring-into"),
+            ring_here
+        );
         let shuffled = ctx
             .rows()
             .iter()

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use common::{device_test, rng, seed};
 use rand::{Rng, RngCore};
 use warpdrive::tier::codec::{Compression, Filter};
-use warpdrive::tier::disk::{Disk, SimDisk};
+use warpdrive::tier::disk::{Disk, DiskIo, Engine, IoEngine, SimDisk};
 use warpdrive::tier::policy::Budget;
 use warpdrive::tier::{Durability, Tier, TierConfig, TierStore};
 use warpdrive::{Device, Error};
@@ -508,13 +508,45 @@ fn compaction_does_not_carry_a_corrupt_block() {
 
 /// The operating system's disk writes and reads aligned blocks at every odd size, with
 /// `O_DIRECT` where the file system takes it and through the page cache where it does not;
-/// a store on it round-trips blocks across a reopen.
+/// a store on it round-trips blocks across a reopen. On the thread pool, and on io_uring at
+/// queue depths 1 and 4 where this kernel offers it.
 #[test]
 fn the_os_disk_round_trips_aligned_blocks() {
+    for io in engines_here() {
+        os_disk_round_trip(io);
+    }
+}
+
+/// The engines this kernel runs: the threads, and io_uring at depths 1 and 4 when a ring
+/// can be set up here.
+fn engines_here() -> Vec<DiskIo> {
+    let mut ios = vec![DiskIo {
+        engine: IoEngine::Threads,
+        queue_depth: 4,
+    }];
+    for queue_depth in [1, 4] {
+        let io = DiskIo {
+            engine: IoEngine::Uring,
+            queue_depth,
+        };
+        match io.resolve() {
+            Ok(_) => ios.push(io),
+            Err(e) => eprintln!("skipping io_uring: {e}"),
+        }
+    }
+    ios
+}
+
+fn os_disk_round_trip(io: DiskIo) {
     use warpdrive::tier::disk::{OsDisk, DIRECT_ALIGN};
-    let root = std::env::temp_dir().join(format!("warpdrive-tier-os-{}", std::process::id()));
+    let root = std::env::temp_dir().join(format!(
+        "warpdrive-tier-os-{}-{:?}-{}",
+        std::process::id(),
+        io.engine,
+        io.queue_depth
+    ));
     let _ = std::fs::remove_dir_all(&root);
-    let disk = OsDisk::new();
+    let disk = OsDisk::with_io(io).unwrap();
     disk.create_dir_all(&root).unwrap();
     let path = root.join("data-1.seg");
     let mut r = rng(seed("tier os disk"));
@@ -559,13 +591,16 @@ fn the_os_disk_round_trips_aligned_blocks() {
     let s = Device::cpu().new_stream().unwrap();
     let store_dir = root.join("store");
     let blocks: Vec<Vec<u8>> = (0..5).map(|i| block(&mut r, 5000 * i + 3)).collect();
+    let mut config = TierConfig::new(0, 0);
+    config.disk_io = io;
     {
-        let store = TierStore::open(&store_dir, TierConfig::new(0, 0), &s).unwrap();
+        let store = TierStore::open(&store_dir, config, &s).unwrap();
         for (i, b) in blocks.iter().enumerate() {
             store.put(&format!("b{i}"), b, Durability::Sync).unwrap();
         }
     }
-    let store = TierStore::open(&store_dir, TierConfig::new(0, 0), &s).unwrap();
+    let store = TierStore::open(&store_dir, config, &s).unwrap();
+    assert_eq!(store.io().map(|io| io.queue_depth), Some(io.queue_depth));
     for (i, b) in blocks.iter().enumerate() {
         assert_eq!(&store.get_host(&format!("b{i}")).unwrap(), b);
     }
@@ -835,4 +870,57 @@ fn get_host_into_lands_in_the_callers_buffer_and_never_leaves_a_corrupt_block_th
     let mut out = vec![0; blocks[0].len()];
     store.get_host_into("held", &mut out).unwrap();
     assert!(out == blocks[0]);
+}
+
+/// A store says which engine its disk runs on: the one asked for, `Auto` the ring where this
+/// kernel offers it and the threads where not, none on the simulator; a block written on
+/// one engine reads back on the other (the same files).
+#[test]
+fn a_store_reports_its_engine_and_either_engine_reads_the_others_blocks() {
+    let s = Device::cpu().new_stream().unwrap();
+    let root = std::env::temp_dir().join(format!("warpdrive-tier-engines-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let ring_here = DiskIo {
+        engine: IoEngine::Uring,
+        queue_depth: 4,
+    }
+    .resolve()
+    .is_ok();
+    let mut r = rng(seed("tier engines"));
+    let blocks: Vec<Vec<u8>> = [5000usize, 64 << 10, (4 << 20) + 3, 17 << 20]
+        .iter()
+        .map(|&n| block(&mut r, n))
+        .collect();
+    let mut config = TierConfig::new(0, 0);
+    config.disk_compression = Compression::None;
+    let mut engines = vec![(IoEngine::Threads, Engine::Threads)];
+    let auto = match ring_here {
+        true => Engine::Uring,
+        false => Engine::Threads,
+    };
+    engines.push((IoEngine::Auto, auto));
+    if ring_here {
+        engines.push((IoEngine::Uring, Engine::Uring));
+    }
+    for (round, (asked, got)) in engines.iter().enumerate() {
+        config.disk_io = DiskIo {
+            engine: *asked,
+            queue_depth: 4,
+        };
+        let store = TierStore::open(&root, config, &s).unwrap();
+        assert_eq!(store.io().map(|io| io.engine), Some(*got), "{asked:?}");
+        // What the rounds before wrote, then this round's own blocks.
+        for (i, b) in blocks.iter().enumerate() {
+            for earlier in 0..round {
+                assert_eq!(&store.get_host(&format!("r{earlier}-b{i}")).unwrap(), b);
+            }
+            store
+                .put(&format!("r{round}-b{i}"), b, Durability::Sync)
+                .unwrap();
+            assert_eq!(&store.get_host(&format!("r{round}-b{i}")).unwrap(), b);
+        }
+    }
+    let sim = TierStore::open_on(Arc::new(SimDisk::new()), dir("engine"), config, &s).unwrap();
+    assert_eq!(sim.io(), None);
+    std::fs::remove_dir_all(&root).unwrap();
 }

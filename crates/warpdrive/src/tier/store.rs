@@ -34,7 +34,7 @@ use crate::ops;
 use crate::transfer;
 
 use super::codec::{self, Compression, Filter};
-use super::disk::{Disk, OsDisk};
+use super::disk::{Disk, DiskIo, Io, OsDisk};
 use super::log::{IndexLog, Location, Record};
 use super::moves::Moves;
 use super::policy::{Budget, Clock};
@@ -61,6 +61,9 @@ pub struct TierConfig {
     /// Gets of keys ending in a number (`layer.7`, `kv-000123`) are watched per prefix;
     /// sequential or strided runs bring the next blocks up to the GPU.
     pub prefetch: Prefetch,
+    /// The engine of the disk's direct I/O (io_uring or threads) and its queue depth, for
+    /// [`TierStore::open`] (a disk given to [`TierStore::open_on`] brings its own).
+    pub disk_io: DiskIo,
 }
 
 impl TierConfig {
@@ -72,6 +75,7 @@ impl TierConfig {
             disk_compression: Compression::Lz4,
             disk_filter: Filter::None,
             prefetch: Prefetch::Auto { distance: 4 },
+            disk_io: DiskIo::default(),
         }
     }
 }
@@ -251,8 +255,11 @@ fn check_key(key: &str) -> Result<()> {
 impl TierStore {
     /// Opens (or creates) the store in `dir` on the operating system's files; blocks in
     /// memory tiers live on `stream`'s device and its pinned pool.
+    /// The disk's direct I/O runs on the engine `config.disk_io` resolves to here
+    /// ([`io`](Self::io) says which).
     pub fn open(dir: impl AsRef<Path>, config: TierConfig, stream: &Stream) -> Result<TierStore> {
-        TierStore::open_on(Arc::new(OsDisk::new()), dir, config, stream)
+        let disk = OsDisk::with_io(config.disk_io)?;
+        TierStore::open_on(Arc::new(disk), dir, config, stream)
     }
 
     /// [`open`](Self::open) on any [`Disk`] (a simulated one in crash tests).
@@ -264,6 +271,15 @@ impl TierStore {
     ) -> Result<TierStore> {
         config.gpu.check("gpu")?;
         config.host.check("host")?;
+        if let Some(io) = disk.io() {
+            tracing::debug!(
+                engine = io.engine.name(),
+                depth = io.queue_depth,
+                "tier disk I/O"
+            );
+            metrics::gauge!("warpdrive_tier_io_queue_depth", "engine" => io.engine.name())
+                .set(io.queue_depth as f64);
+        }
         let dir = dir.as_ref().to_path_buf();
         disk.create_dir_all(&dir)?;
         let (log, mut index) = IndexLog::open(disk.clone(), &dir)?;
@@ -330,6 +346,12 @@ impl TierStore {
 
     pub fn stats(&self) -> TierStats {
         self.inner.lock().stats
+    }
+
+    /// The engine and queue depth of the disk's direct I/O; `None` on a disk that does none
+    /// (the simulator).
+    pub fn io(&self) -> Option<Io> {
+        self.disk.io()
     }
 
     /// The tiers that hold `key`, highest first.

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::transfer::Workers;
 
+use super::engine::{Engine, Io};
+use super::uring::{self, Hooks, Pieces};
 use super::DIRECT_ALIGN;
 
 /// A zeroed buffer whose start and length are multiples of [`DIRECT_ALIGN`]: what direct
@@ -149,21 +151,36 @@ fn in_flight(pieces: usize, io: impl Fn(usize) -> Result<usize> + Sync) -> Resul
     }
 }
 
+/// Where each of `count` pieces of `piece` bytes from `offset` starts in the file.
+fn piece_offsets(offset: u64, piece: usize, count: usize) -> Vec<u64> {
+    (0..count).map(|k| offset + (k * piece) as u64).collect()
+}
+
 /// A file opened for direct I/O (`O_DIRECT`), or through the page cache where the file
-/// system refuses it (`EINVAL`: tmpfs and others); [`DirectFile::is_direct`] says which.
+/// system refuses it (`EINVAL`: tmpfs and others); [`DirectFile::is_direct`] says which. Its
+/// I/O runs on the engine it was opened with ([`Io`]): this thread's io_uring ring, or
+/// blocking calls with a split I/O's pieces on a thread pool.
 #[derive(Debug)]
 pub struct DirectFile {
     file: File,
     path: PathBuf,
     direct: bool,
+    io: Io,
     /// Where the next aligned append starts, known after this handle's own appends (an
     /// fstat per append cost 2-5 µs on the build VM, a few % of a 64 KiB write).
     next_append: parking_lot::Mutex<Option<u64>>,
 }
 
 impl DirectFile {
-    /// Opens `path` for reading and writing, created when absent.
+    /// Opens `path` for reading and writing, created when absent, for I/O on the thread
+    /// pool.
     pub fn open(path: &Path) -> Result<DirectFile> {
+        DirectFile::open_with(path, Io::threads())
+    }
+
+    /// As [`open`](Self::open), the I/O on `io`'s engine (resolved by
+    /// [`DiskIo::resolve`](super::DiskIo::resolve)).
+    pub fn open_with(path: &Path, io: Io) -> Result<DirectFile> {
         use std::os::unix::fs::OpenOptionsExt;
         let mut options = OpenOptions::new();
         options.read(true).write(true).create(true);
@@ -178,12 +195,48 @@ impl DirectFile {
             file,
             path: path.to_path_buf(),
             direct,
+            io,
             next_append: parking_lot::Mutex::new(None),
         })
     }
 
     pub fn is_direct(&self) -> bool {
         self.direct
+    }
+
+    /// The engine and queue depth its I/O runs on.
+    pub fn io(&self) -> Io {
+        self.io
+    }
+
+    /// `pieces` at `offsets` on this thread's ring, `depth` in flight; the bytes each moved.
+    fn on_ring(
+        &self,
+        pieces: Pieces<'_>,
+        offsets: &[u64],
+        depth: usize,
+        before: &mut dyn FnMut(usize, &mut [u8]) -> Result<()>,
+        after: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
+    ) -> Result<Vec<usize>> {
+        let hooks = Hooks { before, after };
+        uring::run(&self.path, &self.file, pieces, offsets, depth, hooks)
+    }
+
+    /// Writes all of `bytes` at `offset` with one ring entry (and more after a short write).
+    fn write_ring(&self, bytes: &[u8], offset: u64) -> Result<()> {
+        let none = &mut |_: usize, _: &mut [u8]| Ok(());
+        let after = &mut |_: usize, _: &[u8]| Ok(());
+        self.on_ring(Pieces::Write(vec![bytes]), &[offset], 1, none, after)
+            .map(drop)
+    }
+
+    /// The ring's depth for a split I/O the caller asked `depth` of (one: not split).
+    fn ring_depth(&self, depth: usize) -> usize {
+        if depth <= 1 {
+            1
+        } else {
+            self.io.queue_depth
+        }
     }
 
     /// The file's length in bytes.
@@ -236,13 +289,14 @@ impl DirectFile {
 
     /// Writes all of `buf` at `offset` (a multiple of [`DIRECT_ALIGN`]).
     pub fn write_at(&self, buf: &AlignedBuf, offset: u64) -> Result<()> {
-        self.file
-            .write_all_at(buf.as_slice(), offset)
-            .map_err(|e| Error::io(&self.path, e))
+        self.write_slice(buf.as_slice(), offset)
     }
 
     /// Writes `bytes` (from an [`AlignedBuf`], aligned start and length) at `offset`.
     pub(super) fn write_slice(&self, bytes: &[u8], offset: u64) -> Result<()> {
+        if self.io.engine == Engine::Uring {
+            return self.write_ring(bytes, offset);
+        }
         self.file
             .write_all_at(bytes, offset)
             .map_err(|e| Error::io(&self.path, e))
@@ -263,6 +317,15 @@ impl DirectFile {
             return self.write_at(buf, offset);
         }
         let pieces: Vec<&[u8]> = data.chunks(piece).collect();
+        if self.io.engine == Engine::Uring {
+            let offsets = piece_offsets(offset, piece, pieces.len());
+            let none = &mut |_: usize, _: &mut [u8]| Ok(());
+            let after = &mut |_: usize, _: &[u8]| Ok(());
+            let depth = self.ring_depth(depth);
+            return self
+                .on_ring(Pieces::Write(pieces), &offsets, depth, none, after)
+                .map(drop);
+        }
         in_flight(pieces.len(), |k| {
             self.file
                 .write_all_at(pieces[k], offset + (k * piece) as u64)
@@ -285,6 +348,17 @@ impl DirectFile {
     ) -> Result<()> {
         let rest = buf.as_mut_slice().get_mut(skip..).unwrap_or_default();
         let piece = piece_bytes(rest.len());
+        if self.io.engine == Engine::Uring {
+            // One thread fills the pieces in order, each going out as soon as it is full.
+            let pieces: Vec<&mut [u8]> = rest.chunks_mut(piece).collect();
+            let offsets = piece_offsets(offset + skip as u64, piece, pieces.len());
+            let before = &mut |k: usize, bytes: &mut [u8]| fill(skip + k * piece, bytes);
+            let after = &mut |_: usize, _: &[u8]| Ok(());
+            let depth = self.io.queue_depth;
+            return self
+                .on_ring(Pieces::Fill(pieces), &offsets, depth, before, after)
+                .map(drop);
+        }
         let pieces: Vec<parking_lot::Mutex<&mut [u8]>> = rest
             .chunks_mut(piece)
             .map(parking_lot::Mutex::new)
@@ -321,17 +395,26 @@ impl DirectFile {
         each: &(dyn Fn(usize, &[u8]) -> Result<()> + Sync),
     ) -> Result<usize> {
         let piece = piece_bytes(buf.as_slice().len());
-        let pieces: Vec<parking_lot::Mutex<&mut [u8]>> = buf
-            .as_mut_slice()
-            .chunks_mut(piece)
-            .map(parking_lot::Mutex::new)
-            .collect();
-        let filled = in_flight(pieces.len(), |k| {
-            let mut bytes = pieces[k].lock();
-            let n = self.fill(&mut bytes, offset + (k * piece) as u64)?;
-            each(k * piece, &bytes[..n])?;
-            Ok(n)
-        })?;
+        let filled = if self.io.engine == Engine::Uring {
+            let pieces: Vec<&mut [u8]> = buf.as_mut_slice().chunks_mut(piece).collect();
+            let offsets = piece_offsets(offset, piece, pieces.len());
+            let none = &mut |_: usize, _: &mut [u8]| Ok(());
+            let after = &mut |k: usize, bytes: &[u8]| each(k * piece, bytes);
+            let depth = self.io.queue_depth;
+            self.on_ring(Pieces::Read(pieces), &offsets, depth, none, after)?
+        } else {
+            let pieces: Vec<parking_lot::Mutex<&mut [u8]>> = buf
+                .as_mut_slice()
+                .chunks_mut(piece)
+                .map(parking_lot::Mutex::new)
+                .collect();
+            in_flight(pieces.len(), |k| {
+                let mut bytes = pieces[k].lock();
+                let n = self.fill(&mut bytes, offset + (k * piece) as u64)?;
+                each(k * piece, &bytes[..n])?;
+                Ok(n)
+            })?
+        };
         let mut total = 0;
         for n in filled {
             total += n;
@@ -344,6 +427,12 @@ impl DirectFile {
 
     /// Reads into `window` from `offset` until it is full or the file ends; the bytes read.
     fn fill(&self, window: &mut [u8], offset: u64) -> Result<usize> {
+        if self.io.engine == Engine::Uring {
+            let none = &mut |_: usize, _: &mut [u8]| Ok(());
+            let after = &mut |_: usize, _: &[u8]| Ok(());
+            let done = self.on_ring(Pieces::Read(vec![window]), &[offset], 1, none, after)?;
+            return Ok(done.iter().sum());
+        }
         let mut filled = 0;
         while filled < window.len() {
             match self

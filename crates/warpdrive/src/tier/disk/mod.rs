@@ -2,10 +2,14 @@
 //! [`SimDisk`], an in-memory file system that loses every write not yet synced on a
 //! [`SimDisk::power_loss`] (the crash tests' disk), with injected faults (a full disk, short
 //! writes, flipped bytes, a process that dies after a given number of writes). The direct
-//! I/O (`O_DIRECT`) under [`OsDisk`]'s aligned calls is in `direct`, the simulator in `sim`.
+//! I/O (`O_DIRECT`) under [`OsDisk`]'s aligned calls is in `direct`, run on io_uring
+//! (`uring`) or a thread pool as `engine` chooses; the simulator is in `sim`, at this seam,
+//! above either engine.
 
 mod direct;
+mod engine;
 mod sim;
+mod uring;
 
 use std::fs::{File, OpenOptions};
 use std::sync::Arc;
@@ -21,6 +25,7 @@ use crate::files::folder;
 use direct::with_scratch;
 pub use direct::{piece_bytes, queue_depth, QUEUE_DEPTH, SPLIT_FROM};
 pub use direct::{AlignedBuf, DirectFile};
+pub use engine::{DiskIo, Engine, Io, IoEngine, MAX_QUEUE_DEPTH};
 pub use sim::SimDisk;
 
 /// What the store needs of a file system. Writes are durable only once synced: `sync`
@@ -51,6 +56,12 @@ pub trait Disk: Send + Sync + 'static {
     fn sync_dir(&self, dir: &Path) -> Result<()>;
     /// The files in `dir`, sorted.
     fn list(&self, dir: &Path) -> Result<Vec<PathBuf>>;
+
+    /// The engine and queue depth of this disk's direct I/O; `None` for a disk that does
+    /// none (the simulator).
+    fn io(&self) -> Option<Io> {
+        None
+    }
 
     /// Appends `parts` one after another (a block's header and payload) for direct I/O: at
     /// an offset aligned to [`DIRECT_ALIGN`], zeros after them up to the next alignment;
@@ -178,15 +189,27 @@ fn frame_into(
 /// thread copying it is running: this only bounds a bug).
 const TURN_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// The operating system's files through `std::fs`. Every error is an [`Error::Io`] naming
+/// The operating system's files through `std::fs`, the aligned appends and reads with
+/// `O_DIRECT` on the engine it was made with ([`OsDisk::with_io`]). Every error is an [`Error::Io`] naming
 /// the path, a full disk included (`ENOSPC`, after which the file may hold part of the
 /// write: callers cut it back). The files it appends to and reads blocks from stay open
 /// between calls (a few of each), so a small block costs its I/O rather than an open and a
 /// close; removing, renaming, replacing or cutting a file closes its handles first.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct OsDisk {
     appending: Mutex<Vec<(PathBuf, Arc<File>)>>,
     direct: Mutex<Vec<(PathBuf, Arc<DirectFile>)>>,
+    io: Io,
+}
+
+impl Default for OsDisk {
+    fn default() -> Self {
+        OsDisk {
+            appending: Mutex::default(),
+            direct: Mutex::default(),
+            io: Io::threads(),
+        }
+    }
 }
 
 /// Handles [`OsDisk`] keeps open per kind.
@@ -261,12 +284,27 @@ impl OsDisk {
             if !path.exists() {
                 return Err(Error::io(path, std::io::Error::from(ErrorKind::NotFound)));
             }
-            DirectFile::open(path)
+            DirectFile::open_with(path, self.io)
         })
     }
 
+    /// The direct I/O on the thread pool.
     pub fn new() -> OsDisk {
         OsDisk::default()
+    }
+
+    /// The direct I/O on the engine `io` resolves to on this kernel ([`DiskIo::resolve`]):
+    /// `Auto` falls back to the thread pool where no ring can be set up.
+    pub fn with_io(io: DiskIo) -> Result<OsDisk> {
+        Ok(OsDisk::on(io.resolve()?))
+    }
+
+    /// The direct I/O on `io`, resolved already.
+    pub fn on(io: Io) -> OsDisk {
+        OsDisk {
+            io,
+            ..OsDisk::default()
+        }
     }
 
     /// Closes the handles kept for `path`.
@@ -330,7 +368,7 @@ impl Disk for OsDisk {
     }
 
     fn append_aligned(&self, path: &Path, parts: &[&[u8]]) -> Result<u64> {
-        let file = kept(&self.direct, path, || DirectFile::open(path))?;
+        let file = kept(&self.direct, path, || DirectFile::open_with(path, self.io))?;
         let total = parts
             .iter()
             .try_fold(0usize, |n, p| n.checked_add(p.len()))
@@ -359,7 +397,7 @@ impl Disk for OsDisk {
         len: usize,
         fill: &mut dyn FnMut(&mut [u8]) -> Result<()>,
     ) -> Result<u64> {
-        let file = kept(&self.direct, path, || DirectFile::open(path))?;
+        let file = kept(&self.direct, path, || DirectFile::open_with(path, self.io))?;
         file.append_with(len, |offset| {
             with_scratch(len, |buf| {
                 let (bytes, pad) = buf.as_mut_slice().split_at_mut(len);
@@ -385,7 +423,7 @@ impl Disk for OsDisk {
             let mut fill = |out: &mut [u8]| frame_into(header_len, body, framer, out);
             return self.append_aligned_filled(path, total, &mut fill);
         }
-        let file = kept(&self.direct, path, || DirectFile::open(path))?;
+        let file = kept(&self.direct, path, || DirectFile::open_with(path, self.io))?;
         // Each writing thread copies its piece through the framer in turn (the checksum runs
         // in order, one pass with the copy), then writes it while the next thread copies; the
         // first page, which holds the header, goes last.
@@ -527,6 +565,10 @@ impl Disk for OsDisk {
             .map_err(|e| Error::io(dir, e))
     }
 
+    fn io(&self) -> Option<Io> {
+        Some(self.io)
+    }
+
     fn list(&self, dir: &Path) -> Result<Vec<PathBuf>> {
         let mut files = Vec::new();
         for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
@@ -554,6 +596,25 @@ mod tests {
         let d = std::env::temp_dir().join(format!("wd-disk-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         d
+    }
+
+    /// The thread pool, io_uring at depths 1, 2 and 8 where this kernel offers it, and the
+    /// simulator.
+    fn every_disk() -> Vec<Arc<dyn Disk>> {
+        let mut disks: Vec<Arc<dyn Disk>> = vec![Arc::new(OsDisk::new()), Arc::new(SimDisk::new())];
+        match uring::probe() {
+            Ok(()) => {
+                for queue_depth in [1, 2, 8] {
+                    let io = DiskIo {
+                        engine: IoEngine::Uring,
+                        queue_depth,
+                    };
+                    disks.push(Arc::new(OsDisk::with_io(io).unwrap()));
+                }
+            }
+            Err(e) => eprintln!("no io_uring here ({e}): the ring's cases are skipped"),
+        }
+        disks
     }
 
     #[test]
@@ -610,8 +671,7 @@ mod tests {
         let dir = tempdir("framed");
         for len in [SPLIT_FROM + 12_345, 3 * SPLIT_FROM + 4000, 5000] {
             let body: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
-            let disks: [Arc<dyn Disk>; 2] = [Arc::new(OsDisk::new()), Arc::new(SimDisk::new())];
-            for disk in disks {
+            for disk in every_disk() {
                 disk.create_dir_all(&dir).unwrap();
                 let path = dir.join("framed.seg");
                 disk.append_aligned(&path, &[b"x"]).unwrap();
@@ -655,8 +715,7 @@ mod tests {
     #[test]
     fn filled_appends_land_after_every_kind_of_append() {
         let dir = tempdir("filled");
-        let disks: [Arc<dyn Disk>; 2] = [Arc::new(OsDisk::new()), Arc::new(SimDisk::new())];
-        for disk in disks {
+        for disk in every_disk() {
             disk.create_dir_all(&dir).unwrap();
             let path = dir.join("filled.seg");
             let mut at = Vec::new();
@@ -700,6 +759,7 @@ mod tests {
     fn os_disk_does_what_the_trait_says() {
         let dir = tempdir("os");
         let disk = OsDisk::new();
+        assert_eq!(disk.io(), Some(Io::threads()));
         disk.create_dir_all(&dir.join("sub")).unwrap();
         let (a, b) = (dir.join("a"), dir.join("b"));
         assert_eq!(disk.len(&a).unwrap(), None);
@@ -761,6 +821,136 @@ mod tests {
         // /dev/full fails every write with ENOSPC.
         let full = Path::new("/dev/full");
         let e = OsDisk::new().append(full, b"x").unwrap_err();
+        assert!(is_no_space(&e), "{e}");
+        assert!(e.to_string().contains("/dev/full"), "{e}");
+    }
+
+    /// Without a ring (`ENOSYS`: an old kernel; `EPERM`: seccomp or `io_uring_disabled`),
+    /// `Auto` runs on the threads and `Uring` is a clear error; `Threads` never asks.
+    #[test]
+    fn auto_falls_back_to_the_threads_where_no_ring_can_be_set_up() {
+        for errno in [libc::ENOSYS, libc::EPERM, libc::EINVAL] {
+            let no_ring = || Err(std::io::Error::from_raw_os_error(errno));
+            let auto = DiskIo::default().resolve_after(no_ring()).unwrap();
+            assert_eq!(auto.engine, Engine::Threads, "errno {errno}");
+            let uring = DiskIo {
+                engine: IoEngine::Uring,
+                queue_depth: 4,
+            };
+            let e = uring.resolve_after(no_ring()).unwrap_err();
+            assert!(matches!(e, Error::Unsupported(_)), "{e}");
+            assert!(e.to_string().contains("io_uring"), "{e}");
+        }
+        let threads = DiskIo {
+            engine: IoEngine::Threads,
+            queue_depth: 3,
+        };
+        let io = threads.resolve_after(Ok(())).unwrap();
+        assert_eq!((io.engine, io.queue_depth), (Engine::Threads, 3));
+        let ring = DiskIo::default().resolve_after(Ok(())).unwrap();
+        assert_eq!(ring.engine, Engine::Uring);
+        for queue_depth in [0, MAX_QUEUE_DEPTH + 1] {
+            let bad = DiskIo {
+                engine: IoEngine::Auto,
+                queue_depth,
+            };
+            let e = bad.resolve_after(Ok(())).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        }
+        // This kernel's answer, whichever it is, resolves `Auto` to a working engine.
+        let here = DiskIo::default().resolve().unwrap();
+        let want = match uring::probe() {
+            Ok(()) => Engine::Uring,
+            Err(_) => Engine::Threads,
+        };
+        assert_eq!(here.engine, want);
+    }
+
+    /// Split direct I/O on each engine and depth: every byte lands where it belongs, each
+    /// piece is handed over once with its own bytes, and a read past the end stops there.
+    #[test]
+    fn split_direct_io_is_the_same_on_every_engine_and_depth() {
+        let dir = tempdir("split");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut ios = vec![Io::threads()];
+        if uring::probe().is_ok() {
+            for queue_depth in [1, 2, 3, 8] {
+                ios.push(Io {
+                    engine: Engine::Uring,
+                    queue_depth,
+                });
+            }
+        }
+        let len = 3 * SPLIT_FROM + 5 * DIRECT_ALIGN as usize;
+        let data: Vec<u8> = (0..len).map(|i| (i * 13 % 251) as u8).collect();
+        for io in ios {
+            let path = dir.join(format!("split-{}-{}", io.engine.name(), io.queue_depth));
+            let file = DirectFile::open_with(&path, io).unwrap();
+            assert_eq!(file.io(), io);
+            let mut buf = AlignedBuf::new(len).unwrap();
+            buf.as_mut_slice().copy_from_slice(&data);
+            file.write_at_depth(&buf, 0, QUEUE_DEPTH).unwrap();
+            // A filled write after it: the fill sees every piece once, in order on the ring.
+            let seen = Mutex::new(Vec::new());
+            let fill = |at: usize, piece: &mut [u8]| {
+                seen.lock().push(at);
+                for (i, b) in piece.iter_mut().enumerate() {
+                    *b = data[(at + i) % len] ^ 0x5a;
+                }
+                Ok(())
+            };
+            let at = len as u64;
+            file.write_at_depth_filled(&mut buf, 0, at, &fill).unwrap();
+            let mut starts = seen.into_inner();
+            starts.sort_unstable();
+            let piece = piece_bytes(len);
+            let want: Vec<usize> = (0..len.div_ceil(piece)).map(|k| k * piece).collect();
+            assert_eq!(starts, want, "{io:?}");
+            file.sync().unwrap();
+            // Read back both halves, the second past the file's end by a page.
+            let mut back = AlignedBuf::new(len).unwrap();
+            assert_eq!(file.read_at_depth(&mut back, 0, QUEUE_DEPTH).unwrap(), len);
+            assert!(back.as_slice() == &data[..], "{io:?}");
+            let mut tail = AlignedBuf::new(len + DIRECT_ALIGN as usize).unwrap();
+            let got = Mutex::new(vec![0u8; tail.as_slice().len()]);
+            let each = |at: usize, bytes: &[u8]| {
+                got.lock()[at..at + bytes.len()].copy_from_slice(bytes);
+                Ok(())
+            };
+            let n = file.read_at_depth_each(&mut tail, at, &each).unwrap();
+            assert_eq!(n, len, "{io:?}: stops at the end");
+            let got = got.into_inner();
+            assert!(
+                (0..len).all(|i| got[i] == data[i] ^ 0x5a),
+                "{io:?}: the filled write"
+            );
+            // A fill that fails fails the write, after what it submitted has landed.
+            let refuse = |at: usize, _: &mut [u8]| match at {
+                0 => Ok(()),
+                _ => Err(Error::InvalidArgument("no".into())),
+            };
+            let e = file.write_at_depth_filled(&mut buf, 0, 0, &refuse);
+            assert!(matches!(e, Err(Error::InvalidArgument(_))), "{io:?}: {e:?}");
+            let _ = std::fs::remove_file(&path);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// An I/O error on the ring is the file's error, as on the threads: a write to
+    /// /dev/full fails with `ENOSPC` naming the path.
+    #[test]
+    fn ring_errors_name_the_path() {
+        if uring::probe().is_err() {
+            eprintln!("no io_uring here: skipped");
+            return;
+        }
+        let e = OsDisk::with_io(DiskIo {
+            engine: IoEngine::Uring,
+            queue_depth: 4,
+        })
+        .unwrap()
+        .append_aligned(Path::new("/dev/full"), &[b"x"])
+        .unwrap_err();
         assert!(is_no_space(&e), "{e}");
         assert!(e.to_string().contains("/dev/full"), "{e}");
     }
