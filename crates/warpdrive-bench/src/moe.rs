@@ -8,8 +8,11 @@
 //!   `AUTO_CUBLAS_MIN_FLOPS`) and `warpdrive-cublas` (counts read back once, then cuBLAS: one grouped call
 //!   per projection or one GEMM per expert, see `CUBLAS_GROUPED_MAX_FLOPS`; at every size);
 //!   from 1024 tokens on CUDA also `warpdrive-device` (`MoePath::Device`, the grouped-GEMM
-//!   kernels whatever Auto picks) and `warpdrive-device-overlap` (the same with
-//!   `MoeLayer::set_wgmma_overlap`: the wgmma tiles keep MMAs in flight across stages);
+//!   kernels whatever Auto picks: the wgmma overlap kernels where the plan picks them, per
+//!   projection), `warpdrive-device-drain` / `warpdrive-device-overlap` (the same with
+//!   `MoeLayer::set_wgmma_overlap` forced off / on: every wgmma tile drains its MMAs each
+//!   stage / keeps them in flight across stages) and `warpdrive-device-wide` (the same with
+//!   `MoeLayer::set_wgmma_wide`: 192-row wgmma tiles, one block per SM);
 //!   the peer adds `torch-hf-eager`, `torch-grouped-mm` and `triton-fused-moe` (a fused-MoE
 //!   Triton kernel of the design serving engines ship, tiles from its own sweep per GPU, the
 //!   layer in one CUDA graph). Median / p10 / p90
@@ -210,20 +213,36 @@ fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {
             &routing.weights[..k],
         )?;
         // From 1024 tokens on CUDA the device kernels also run on their own (Auto may take
-        // cuBLAS there), drained and overlapped wgmma side by side (issue 40).
+        // cuBLAS there), the wgmma variants side by side (issue 40).
         let kernels = tokens >= 1024 && stream.device().is_cuda();
         let variants = [
-            ("warpdrive", MoePath::Auto, false),
-            ("warpdrive-cublas", MoePath::Cublas, false),
-            ("warpdrive-device", MoePath::Device, false),
-            ("warpdrive-device-overlap", MoePath::Device, true),
+            ("warpdrive", MoePath::Auto, None, false),
+            ("warpdrive-cublas", MoePath::Cublas, None, false),
+            ("warpdrive-device", MoePath::Device, None, false),
+            (
+                "warpdrive-device-drain",
+                MoePath::Device,
+                Some(false),
+                false,
+            ),
+            (
+                "warpdrive-device-overlap",
+                MoePath::Device,
+                Some(true),
+                false,
+            ),
+            ("warpdrive-device-wide", MoePath::Device, None, true),
         ];
-        for (variant, path, overlap) in variants {
+        for (variant, path, overlap, wide) in variants {
             if path == MoePath::Device && !kernels {
                 continue;
             }
             layer.set_path(path);
-            layer.set_wgmma_overlap(overlap);
+            match overlap {
+                Some(on) => layer.set_wgmma_overlap(on),
+                None => layer.set_wgmma_overlap_auto(),
+            }
+            layer.set_wgmma_wide(wide);
             // Warm-up (captures the graph, loads kernels), then size the reps by one pass.
             layer.forward_into(&x, &mut y)?;
             let probe = time_gpu(&stream, 1, 1, |_| layer.forward_into(&x, &mut y))?;

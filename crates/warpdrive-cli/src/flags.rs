@@ -102,10 +102,19 @@ pub(crate) enum Command {
         /// of Hopper's warpgroup MMA.
         #[arg(long)]
         no_wgmma: bool,
-        /// Run the warpgroup-MMA tiles on their overlap kernels (MMAs in flight across
-        /// stages; issue 40) instead of the default ones.
-        #[arg(long)]
+        /// Run every warpgroup-MMA tile on its overlap kernel (MMAs in flight across
+        /// stages; issue 40) instead of the plan's choice per projection (overlap where a
+        /// block runs at least 2560 deep).
+        #[arg(long, conflicts_with = "no_wgmma_overlap")]
         wgmma_overlap: bool,
+        /// Run every warpgroup-MMA tile on the kernel that drains its MMAs every stage
+        /// instead of the plan's choice per projection.
+        #[arg(long)]
+        no_wgmma_overlap: bool,
+        /// Run every warpgroup-MMA tile as the wide tile (192 token rows, one block per SM;
+        /// issue 40) instead of the 64- and 96-row tiles.
+        #[arg(long)]
+        wgmma_wide: bool,
         /// Run a one-token pass on the router, GEMM and combine kernels of larger batches
         /// instead of the one-kernel decode.
         #[arg(long)]
@@ -535,6 +544,24 @@ mod tests {
                 ..
             }
         ));
+        let cli = parse(&["moe", "--preset", "q", "--no-wgmma-overlap", "--wgmma-wide"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Moe {
+                wgmma_overlap: false,
+                no_wgmma_overlap: true,
+                wgmma_wide: true,
+                ..
+            }
+        ));
+        assert!(parse(&[
+            "moe",
+            "--preset",
+            "q",
+            "--wgmma-overlap",
+            "--no-wgmma-overlap"
+        ])
+        .is_err());
         let cli = parse(&["moe", "--preset", "q", "--no-decode-kernel"]).unwrap();
         assert!(matches!(
             cli.command,

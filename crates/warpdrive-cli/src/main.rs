@@ -114,6 +114,8 @@ fn run(cli: Cli) -> Result<()> {
             reps,
             no_wgmma,
             wgmma_overlap,
+            no_wgmma_overlap,
+            wgmma_wide,
             no_decode_kernel,
             scale,
             weights,
@@ -123,7 +125,17 @@ fn run(cli: Cli) -> Result<()> {
             tokens,
             &path,
             reps,
-            (!no_wgmma, !no_decode_kernel, wgmma_overlap),
+            moe::Kernels {
+                wgmma: !no_wgmma,
+                decode: !no_decode_kernel,
+                // Both flags together are refused by the parser.
+                overlap: match (wgmma_overlap, no_wgmma_overlap) {
+                    (true, _) => Some(true),
+                    (_, true) => Some(false),
+                    _ => None,
+                },
+                wide: wgmma_wide,
+            },
             weights.file(),
             &device,
         ),

@@ -8,12 +8,24 @@ use warpdrive_bench::{self as bench, Scale};
 
 use crate::flags::DeviceOpt;
 
+/// Which kernels the layer may take (the CLI's switches).
+pub(crate) struct Kernels {
+    /// The staged tiles on Hopper's warpgroup MMA.
+    pub(crate) wgmma: bool,
+    /// One token on the decode kernel.
+    pub(crate) decode: bool,
+    /// The wgmma tiles' overlap kernels forced on or off; None: the plan's choice.
+    pub(crate) overlap: Option<bool>,
+    /// Every wgmma tile as the wide 192-row tile.
+    pub(crate) wide: bool,
+}
+
 pub(crate) fn moe(
     (preset, scale): (&str, Scale),
     tokens: usize,
     path: &str,
     reps: u32,
-    (wgmma, decode, overlap): (bool, bool, bool),
+    kernels: Kernels,
     file: Option<WeightsFile>,
     device: &DeviceOpt,
 ) -> Result<()> {
@@ -49,8 +61,18 @@ pub(crate) fn moe(
     let mut layer = MoeLayer::<half::bf16>::new(&stream, config, weights)
         .with_context(|| format!("loading the {layer_name} layer from {source}"))?;
     layer.set_path(path);
+    let Kernels {
+        wgmma,
+        decode,
+        overlap,
+        wide,
+    } = kernels;
     layer.set_warpgroup_mma(wgmma);
-    layer.set_wgmma_overlap(overlap);
+    match overlap {
+        Some(on) => layer.set_wgmma_overlap(on),
+        None => layer.set_wgmma_overlap_auto(),
+    }
+    layer.set_wgmma_wide(wide);
     layer.set_decode_kernel(decode);
     let x = warpdrive::Buffer::from_host(&stream, &x)?;
     let mut y = warpdrive::Buffer::<half::bf16>::uninit(&stream, x.len())?;
@@ -70,12 +92,18 @@ pub(crate) fn moe(
     let per_pass = t.elapsed().as_secs_f64() * 1e6 / f64::from(reps);
     let stats = layer.last_stats();
     println!(
-        "{layer_name} (hidden {}, intermediate {}), {tokens} tokens on {} ({source}, {path:?}{}{}):",
+        "{layer_name} (hidden {}, intermediate {}), {tokens} tokens on {} ({source}, {path:?}{}{}{}{}):",
         config.hidden,
         config.intermediate,
         device.label(),
         if wgmma { "" } else { ", no wgmma" },
-        if decode { "" } else { ", no decode kernel" }
+        if decode { "" } else { ", no decode kernel" },
+        match overlap {
+            Some(true) => ", wgmma overlap",
+            Some(false) => ", no wgmma overlap",
+            None => "",
+        },
+        if wide { ", wide wgmma tile" } else { "" }
     );
     for (name, us) in &stages {
         println!("  {name:<16} {us:>10.1} us");

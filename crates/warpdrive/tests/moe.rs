@@ -618,8 +618,11 @@ struct Run {
     graphs: bool,
     wgmma: bool,
     decode: bool,
-    /// The wgmma tiles on their overlap kernels (`MoeLayer::set_wgmma_overlap`).
-    overlap: bool,
+    /// The wgmma tiles forced onto their overlap kernels or off them
+    /// (`MoeLayer::set_wgmma_overlap`); None: the plan's choice per projection.
+    overlap: Option<bool>,
+    /// Every wgmma tile as the wide 192-row tile (`MoeLayer::set_wgmma_wide`).
+    wide: bool,
     /// Seeded host weights whose router bias sends every token's first choice to expert 0.
     one_expert: bool,
 }
@@ -630,7 +633,8 @@ const fn run(path: MoePath, graphs: bool) -> Run {
         graphs,
         wgmma: true,
         decode: true,
-        overlap: false,
+        overlap: None,
+        wide: false,
         one_expert: false,
     }
 }
@@ -662,7 +666,11 @@ fn cuda_vs_cpu_as<T: Float>(c: MoeConfig, tokens: usize, r: Run, s: u64) -> Comp
     g.set_path(r.path);
     g.set_graphs(r.graphs);
     g.set_warpgroup_mma(r.wgmma);
-    g.set_wgmma_overlap(r.overlap);
+    match r.overlap {
+        Some(on) => g.set_wgmma_overlap(on),
+        None => g.set_wgmma_overlap_auto(),
+    }
+    g.set_wgmma_wide(r.wide);
     g.set_decode_kernel(r.decode);
     let mut h = MoeLayer::<T>::new(&cs, c, weights).unwrap();
     let hw = h.host_weights().unwrap();
@@ -811,16 +819,19 @@ fn gpu_smem_moe_matches_cpu() {
     );
 }
 
-/// The wgmma overlap kernels (issue 40; off by default, so forced here): 64- and 96-row
-/// tiles at 1, 5, 37, 301 and 4,097 tokens, split-K gate/up (deep), one row per deep expert
-/// with most of 64 experts empty, every token on one expert (k = 1: one expert's many
-/// tiles), f16, graphs on and off. Where the GPU has no wgmma this runs the mma.sync tiles.
+/// The wgmma overlap kernels (issue 40; by default only on blocks at least 2560 deep, so
+/// forced here): 64- and 96-row tiles at 1, 5, 37, 301 and 4,097 tokens, split-K gate/up
+/// (deep), one row per deep expert with most of 64 experts empty, every token on one expert
+/// (k = 1: one expert's many tiles), f16, graphs on and off; and the plan's own choice on
+/// a layer whose gate/up blocks run 2624 deep (overlap) and its down projection 256
+/// (drained; `moe::tests` checks that plan). Where the GPU has no wgmma this runs the
+/// mma.sync tiles.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_smem_moe_wgmma_overlap_matches_cpu() {
     let s = seed("gpu_smem_moe_wgmma_overlap_matches_cpu");
     let overlap = |graphs| Run {
-        overlap: true,
+        overlap: Some(true),
         ..run(MoePath::Device, graphs)
     };
     let small = config(72, 40, 7, 3, Router::Softmax, DTypeKind::BF16);
@@ -849,6 +860,87 @@ fn gpu_smem_moe_wgmma_overlap_matches_cpu() {
     few_flips_at(&[1, 301, 4097], single, one, s + 3, "one expert, overlap");
     let half = config(72, 40, 7, 3, Router::Softmax, DTypeKind::F16);
     few_flips_at(&[37, 301], half, overlap(true), s + 4, "f16, overlap");
+    few_flips_at(
+        &[301, 1025],
+        mixed_depths(),
+        run(MoePath::Device, true),
+        s + 5,
+        "overlap on the deep projection only",
+    );
+}
+
+/// A layer whose gate/up blocks run 2624 deep (one K split: 64 experts × 4 column blocks
+/// fill a wave of either tile) and its down projection 256 deep: by default the plan takes the
+/// overlap kernel for the first GEMM only.
+fn mixed_depths() -> MoeConfig {
+    config(2624, 256, 64, 2, Router::Softmax, DTypeKind::BF16)
+}
+
+/// The wide wgmma tile (issue 40; off by default, so forced here: every wgmma tile 192 rows,
+/// one block per SM), drained and overlapped: 1, 5, 37, 301 and 4,097 tokens (up to ten
+/// 192-row tiles per expert), split-K gate/up (deep), one row per deep expert with most of
+/// 64 experts empty, every token on one expert (k = 1: 4,097 rows in 22 tiles, the other
+/// experts empty), f16, graphs on and off, and the plan's per-projection overlap. Where the
+/// GPU has no wgmma this runs the mma.sync tiles.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_smem_moe_wgmma_wide_matches_cpu() {
+    let s = seed("gpu_smem_moe_wgmma_wide_matches_cpu");
+    let wide = |graphs, overlap| Run {
+        wide: true,
+        overlap,
+        ..run(MoePath::Device, graphs)
+    };
+    let small = config(72, 40, 7, 3, Router::Softmax, DTypeKind::BF16);
+    let tokens = [1, 5, 37, 301, 4097];
+    few_flips_at(&tokens, small, wide(true, Some(false)), s, "small, wide");
+    few_flips_at(
+        &tokens,
+        small,
+        wide(true, Some(true)),
+        s + 1,
+        "small, wide, overlap",
+    );
+    let deep = config(1024, 256, 8, 2, Router::Softmax, DTypeKind::BF16);
+    few_flips_at(
+        &[3, 256],
+        deep,
+        wide(false, Some(false)),
+        s + 2,
+        "deep, wide",
+    );
+    few_flips_at(
+        &[3, 256],
+        deep,
+        wide(false, Some(true)),
+        s + 3,
+        "deep, wide, overlap",
+    );
+    let sparse = config(256, 1024, 64, 2, Router::Softmax, DTypeKind::BF16);
+    few_flips_at(
+        &[1, 5, 40],
+        sparse,
+        wide(true, Some(true)),
+        s + 4,
+        "empty experts, wide",
+    );
+    let single = config(72, 40, 7, 1, Router::Softmax, DTypeKind::BF16);
+    for overlap in [Some(false), Some(true)] {
+        let one = Run {
+            one_expert: true,
+            ..wide(true, overlap)
+        };
+        few_flips_at(&[1, 301, 4097], single, one, s + 5, "one expert, wide");
+    }
+    let half = config(72, 40, 7, 3, Router::Softmax, DTypeKind::F16);
+    few_flips_at(&[37, 301], half, wide(true, Some(true)), s + 6, "f16, wide");
+    few_flips_at(
+        &[301, 1025],
+        mixed_depths(),
+        wide(true, None),
+        s + 7,
+        "wide, overlap on the deep projection only",
+    );
 }
 
 /// Every tile on mma.sync (what GPUs before Hopper run; on Hopper the staged wgmma tiles
@@ -865,7 +957,8 @@ fn gpu_smem_moe_mma_sync_tiles_match_cpu() {
         graphs,
         wgmma: false,
         decode: false,
-        overlap: false,
+        overlap: None,
+        wide: false,
         one_expert: false,
     };
     let small = config(72, 40, 7, 3, Router::Softmax, DTypeKind::BF16);

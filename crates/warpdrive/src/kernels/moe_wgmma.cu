@@ -13,6 +13,12 @@ template <typename T, int N> struct MoeWgmma;
 #define MOE_WGMMA_R64 MOE_WGMMA_R48 ", %24, %25, %26, %27, %28, %29, %30, %31"
 #define MOE_WGMMA_R80 MOE_WGMMA_R64 ", %32, %33, %34, %35, %36, %37, %38, %39"
 #define MOE_WGMMA_R96 MOE_WGMMA_R80 ", %40, %41, %42, %43, %44, %45, %46, %47"
+#define MOE_WGMMA_R112 MOE_WGMMA_R96 ", %48, %49, %50, %51, %52, %53, %54, %55"
+#define MOE_WGMMA_R128 MOE_WGMMA_R112 ", %56, %57, %58, %59, %60, %61, %62, %63"
+#define MOE_WGMMA_R144 MOE_WGMMA_R128 ", %64, %65, %66, %67, %68, %69, %70, %71"
+#define MOE_WGMMA_R160 MOE_WGMMA_R144 ", %72, %73, %74, %75, %76, %77, %78, %79"
+#define MOE_WGMMA_R176 MOE_WGMMA_R160 ", %80, %81, %82, %83, %84, %85, %86, %87"
+#define MOE_WGMMA_R192 MOE_WGMMA_R176 ", %88, %89, %90, %91, %92, %93, %94, %95"
 #define MOE_WGMMA_D16(o) "+f"(d[o]), "+f"(d[o + 1]), "+f"(d[o + 2]), "+f"(d[o + 3]), "+f"(d[o + 4]), "+f"(d[o + 5]), "+f"(d[o + 6]), "+f"(d[o + 7])
 #define MOE_WGMMA(T, TY, N, DESC, ...)                                                              \
     template <> struct MoeWgmma<T, N> {                                                               \
@@ -23,13 +29,31 @@ template <typename T, int N> struct MoeWgmma;
                          : "l"(da), "l"(db));                                                         \
         }                                                                                             \
     };
+// The accumulator operands of the first 16·j columns (j = 1 .. 12).
+#define MOE_WGMMA_D32 MOE_WGMMA_D16(0), MOE_WGMMA_D16(8)
+#define MOE_WGMMA_D48 MOE_WGMMA_D32, MOE_WGMMA_D16(16)
+#define MOE_WGMMA_D64 MOE_WGMMA_D48, MOE_WGMMA_D16(24)
+#define MOE_WGMMA_D80 MOE_WGMMA_D64, MOE_WGMMA_D16(32)
+#define MOE_WGMMA_D96 MOE_WGMMA_D80, MOE_WGMMA_D16(40)
+#define MOE_WGMMA_D112 MOE_WGMMA_D96, MOE_WGMMA_D16(48)
+#define MOE_WGMMA_D128 MOE_WGMMA_D112, MOE_WGMMA_D16(56)
+#define MOE_WGMMA_D144 MOE_WGMMA_D128, MOE_WGMMA_D16(64)
+#define MOE_WGMMA_D160 MOE_WGMMA_D144, MOE_WGMMA_D16(72)
+#define MOE_WGMMA_D176 MOE_WGMMA_D160, MOE_WGMMA_D16(80)
+#define MOE_WGMMA_D192 MOE_WGMMA_D176, MOE_WGMMA_D16(88)
 #define MOE_WGMMA_ALL(T, TY) \
     MOE_WGMMA(T, TY, 16, "%8, %9", MOE_WGMMA_D16(0)) \
-    MOE_WGMMA(T, TY, 32, "%16, %17", MOE_WGMMA_D16(0), MOE_WGMMA_D16(8)) \
-    MOE_WGMMA(T, TY, 48, "%24, %25", MOE_WGMMA_D16(0), MOE_WGMMA_D16(8), MOE_WGMMA_D16(16)) \
-    MOE_WGMMA(T, TY, 64, "%32, %33", MOE_WGMMA_D16(0), MOE_WGMMA_D16(8), MOE_WGMMA_D16(16), MOE_WGMMA_D16(24)) \
-    MOE_WGMMA(T, TY, 80, "%40, %41", MOE_WGMMA_D16(0), MOE_WGMMA_D16(8), MOE_WGMMA_D16(16), MOE_WGMMA_D16(24), MOE_WGMMA_D16(32)) \
-    MOE_WGMMA(T, TY, 96, "%48, %49", MOE_WGMMA_D16(0), MOE_WGMMA_D16(8), MOE_WGMMA_D16(16), MOE_WGMMA_D16(24), MOE_WGMMA_D16(32), MOE_WGMMA_D16(40))
+    MOE_WGMMA(T, TY, 32, "%16, %17", MOE_WGMMA_D32) \
+    MOE_WGMMA(T, TY, 48, "%24, %25", MOE_WGMMA_D48) \
+    MOE_WGMMA(T, TY, 64, "%32, %33", MOE_WGMMA_D64) \
+    MOE_WGMMA(T, TY, 80, "%40, %41", MOE_WGMMA_D80) \
+    MOE_WGMMA(T, TY, 96, "%48, %49", MOE_WGMMA_D96) \
+    MOE_WGMMA(T, TY, 112, "%56, %57", MOE_WGMMA_D112) \
+    MOE_WGMMA(T, TY, 128, "%64, %65", MOE_WGMMA_D128) \
+    MOE_WGMMA(T, TY, 144, "%72, %73", MOE_WGMMA_D144) \
+    MOE_WGMMA(T, TY, 160, "%80, %81", MOE_WGMMA_D160) \
+    MOE_WGMMA(T, TY, 176, "%88, %89", MOE_WGMMA_D176) \
+    MOE_WGMMA(T, TY, 192, "%96, %97", MOE_WGMMA_D192)
 MOE_WGMMA_ALL(bf16, "bf16")
 MOE_WGMMA_ALL(f16, "f16")
 
@@ -198,13 +222,30 @@ __device__ __forceinline__ void moe_wgmma_k(float (&acc)[NMAX / 2], const Loads&
         moe_wgmma_k_loop<T, N, NMAX, STAGES>(acc, loads, smem, wa);
 }
 
+// The k loop on MMAs N wide for the tile's first `live16` · 16 token rows: the least N from
+// N0 up, in steps of 16, that covers them (one instance per N: the accumulators stay in
+// registers across the asynchronous MMAs, and no MMA covers rows past the tile's).
+template <typename T, int N, int NMAX, u32 STAGES, bool OVERLAP, typename Loads>
+__device__ __forceinline__ void moe_wgmma_k_live(u32 live16, float (&acc)[NMAX / 2], const Loads& loads, u32 smem,
+                                                 u32 wa) {
+    if constexpr (N < NMAX) {
+        if (live16 * 16 > (u32)N) {
+            moe_wgmma_k_live<T, N + 16, NMAX, STAGES, OVERLAP>(live16, acc, loads, smem, wa);
+            return;
+        }
+    }
+    moe_wgmma_k<T, N, NMAX, STAGES, OVERLAP>(acc, loads, smem, wa);
+}
+
 // The prefill tile on Hopper's warpgroup MMA: the same work list, stages, loads and swizzled
 // shared memory as moe_gemm_staged (BM = 32·MT token rows × 128 weight rows, STAGES deep),
 // but the two warpgroups each multiply 64 weight rows (wgmma M) by the tile's live token rows
 // (wgmma N, rounded up to 16) straight from shared memory: no ldmatrix round trips through
 // registers, no MMAs on rows past the tile's rows. Accumulator i of a thread (warp w of its
 // warpgroup, lane g·4 + q): weight row 16w + g + 8·(i % 4 / 2), token row 8·(i / 4) + 2q + i % 2.
-// OVERLAP: the k loop with one group of MMAs in flight (the `o` kernels).
+// OVERLAP: the k loop with one group of MMAs in flight (the `o` kernels). MT = 6 (the wide
+// tile, 192 rows: one block per SM) holds an expert's rows up to 192 in one tile, so its
+// weights stream once where the 96-row tile streamed them twice (issue 40).
 template <typename T, int MT, int STAGES, bool OVERLAP>
 __device__ void moe_gemm_wgmma(const MoeGemm& p) {
     constexpr u32 BM = 32 * MT, BN = 128, NMAX = BM;
@@ -231,35 +272,27 @@ __device__ void moe_gemm_wgmma(const MoeGemm& p) {
     for (int i = 0; i < NMAX / 2; ++i) acc[i] = 0.0f;
 
     const u32 wa = A_BYTES + wg * 64 * 128;
-    switch (live16) {
-        case 1: moe_wgmma_k<T, 16, NMAX, STAGES, OVERLAP>(acc, loads, smem, wa); break;
-        case 2: moe_wgmma_k<T, 32, NMAX, STAGES, OVERLAP>(acc, loads, smem, wa); break;
-        case 3: moe_wgmma_k<T, 48, NMAX, STAGES, OVERLAP>(acc, loads, smem, wa); break;
-        case 4: moe_wgmma_k<T, (NMAX >= 64 ? 64 : 16), NMAX, STAGES, OVERLAP>(acc, loads, smem, wa); break;
-        case 5: moe_wgmma_k<T, (NMAX >= 80 ? 80 : 16), NMAX, STAGES, OVERLAP>(acc, loads, smem, wa); break;
-        default: moe_wgmma_k<T, NMAX, NMAX, STAGES, OVERLAP>(acc, loads, smem, wa); break;
-    }
+    moe_wgmma_k_live<T, 16, NMAX, STAGES, OVERLAP>(live16, acc, loads, smem, wa);
     moe_cp_async_wait<0>();
     moe_wgmma_finish<T, BM>(p, t, acc, reinterpret_cast<float*>(moe_smem + (smem - base)));
 }
 
-#define MOE_GEMM_WGMMA(T, NAME, MT) \
-    extern "C" __global__ void __launch_bounds__(256, 2) moe_gemm_##T##_##NAME##w(MoeGemm p) { moe_gemm_wgmma<T, MT, 4, false>(p); }
-// Two blocks per SM at either size (m6: 112 KB of stages + 1 KB to align them, no static
-// shared memory). Faster than the mma.sync staged tiles, and than the decode and middle
-// tiles from 2 rows per expert (bench/NOTES.md, MoE grouped GEMM).
-MOE_GEMM_WGMMA(bf16, m4, 2)
-MOE_GEMM_WGMMA(bf16, m6, 3)
-MOE_GEMM_WGMMA(f16, m4, 2)
-MOE_GEMM_WGMMA(f16, m6, 3)
-
-// Same names with an `o` (overlap): same shared memory, blocks per SM and work list as the
-// `w` tiles, so the plan swaps one for the other per launch.
-#define MOE_GEMM_WGMMA_OVERLAP(T, NAME, MT)                                                  \
-    extern "C" __global__ void __launch_bounds__(256, 2) moe_gemm_##T##_##NAME##o(MoeGemm p) { \
-        moe_gemm_wgmma<T, MT, 4, true>(p);                                                      \
+// The `w` kernels drain the MMAs every stage, the `o` kernels (overlap) keep one group in
+// flight: same shared memory, blocks per SM and work list, so the plan swaps one for the
+// other per launch.
+#define MOE_GEMM_WGMMA_AS(T, NAME, MT, BLOCKS, SUFFIX, OVERLAP)                                    \
+    extern "C" __global__ void __launch_bounds__(256, BLOCKS) moe_gemm_##T##_##NAME##SUFFIX(MoeGemm p) { \
+        moe_gemm_wgmma<T, MT, 4, OVERLAP>(p);                                                         \
     }
-MOE_GEMM_WGMMA_OVERLAP(bf16, m4, 2)
-MOE_GEMM_WGMMA_OVERLAP(bf16, m6, 3)
-MOE_GEMM_WGMMA_OVERLAP(f16, m4, 2)
-MOE_GEMM_WGMMA_OVERLAP(f16, m6, 3)
+#define MOE_GEMM_WGMMA(T, NAME, MT, BLOCKS) \
+    MOE_GEMM_WGMMA_AS(T, NAME, MT, BLOCKS, w, false) MOE_GEMM_WGMMA_AS(T, NAME, MT, BLOCKS, o, true)
+// Two blocks per SM at m4 and m6 (m6: 112 KB of stages + 1 KB to align them, no static
+// shared memory). Faster than the mma.sync staged tiles, and than the decode and middle
+// tiles from 2 rows per expert (bench/NOTES.md, MoE grouped GEMM). The wide m12 tile: 160 KB
+// of stages + 1 KB, one block per SM (off by default; MoeLayer::set_wgmma_wide).
+MOE_GEMM_WGMMA(bf16, m4, 2, 2)
+MOE_GEMM_WGMMA(bf16, m6, 3, 2)
+MOE_GEMM_WGMMA(bf16, m12, 6, 1)
+MOE_GEMM_WGMMA(f16, m4, 2, 2)
+MOE_GEMM_WGMMA(f16, m6, 3, 2)
+MOE_GEMM_WGMMA(f16, m12, 6, 1)

@@ -31,6 +31,23 @@ pub(super) fn auto_takes_cublas(c: &MoeConfig, tokens: usize) -> bool {
 /// tile (see `m_tiles`).
 pub(super) const WGMMA_ONE_ROW_MIN_INTERMEDIATE: usize = 1024;
 
+/// The least depth per block (a projection's K split) at which the wgmma tiles take the
+/// overlap kernels unless the layer forces a choice ([`MoeLayer::set_wgmma_overlap`]): at
+/// 4096 tokens on an H100 the overlap took 7–9 % off the passes whose experts have a
+/// projection at least 2880 deep (deepseek-v3-slice's gate/up, 7168; gpt-oss, 2880;
+/// mixtral, 4096 and 14336) and added 1.5 % to qwen3's, whose deepest is 2048
+/// (bench/NOTES.md, MoE overlap per shape). Passes of fewer tokens split K, so their blocks
+/// run shallower and keep the drained kernels.
+///
+/// [`MoeLayer::set_wgmma_overlap`]: super::MoeLayer::set_wgmma_overlap
+pub(super) const WGMMA_OVERLAP_MIN_DEPTH: usize = 2560;
+
+/// Whether a wgmma tile `k_split` deep per block takes the overlap kernel: `forced` when the
+/// layer forces it, else [`WGMMA_OVERLAP_MIN_DEPTH`].
+pub(super) fn wgmma_overlap_for(k_split: usize, forced: Option<bool>) -> bool {
+    forced.unwrap_or(k_split >= WGMMA_OVERLAP_MIN_DEPTH)
+}
+
 /// Graphs kept per layer (least recently used dropped first).
 pub(super) const GRAPH_CACHE: usize = 32;
 /// Threads of the dispatch kernel (its `__launch_bounds__(1024)`).
@@ -68,9 +85,21 @@ pub(super) fn fused_route(c: &MoeConfig) -> bool {
 /// Columns per block of the grouped GEMM (as the kernels are instantiated in `moe_gemm.cu`: 8
 /// warps × 2 n8 groups for m1 / m2, `MOE_SBN` for the staged prefill tile m4).
 pub(super) const GEMM_BN: usize = 128;
+/// m16 tiles of the wide wgmma tile (`moe_gemm_*_m12w` / `m12o`: 192 token rows, one block
+/// per SM; [`MoeLayer::set_wgmma_wide`](super::MoeLayer::set_wgmma_wide)).
+pub(super) const WGMMA_WIDE_MT: usize = 12;
+/// Blocks of the grouped GEMM per SM: the wide wgmma tile's 161 KB of stages leave room for
+/// one, every other tile runs two (`__launch_bounds__` in `moe_wgmma.cu` / `moe_gemm.cu`).
+pub(super) fn gemm_blocks_per_sm(mt: usize) -> usize {
+    if mt > 6 {
+        1
+    } else {
+        2
+    }
+}
 /// Dynamic shared memory of the grouped GEMM for `mt` m16 tiles: the staged prefill tiles (m4,
-/// m6) keep 4 stages of 16·mt × 64 A and [`GEMM_BN`] × 64 W (bf16 / f16), on `wgmma` from a
-/// 1024-byte boundary (1 KB more to find it); m1 / m2 none.
+/// m6, and m12 on wgmma) keep 4 stages of 16·mt × 64 A and [`GEMM_BN`] × 64 W (bf16 / f16),
+/// on `wgmma` from a 1024-byte boundary (1 KB more to find it); m1 / m2 none.
 pub(super) fn gemm_shared_bytes(mt: usize, wgmma: bool) -> u32 {
     if mt >= 4 {
         (4 * (16 * mt + GEMM_BN) * 64 * 2 + if wgmma { 1024 } else { 0 }) as u32
@@ -348,8 +377,8 @@ pub(super) struct GemmShape {
     pub(super) items_fastest: bool,
     /// A prefill tile (mt 4 or 6) on the warpgroup-MMA kernel (`moe_gemm_wgmma`).
     pub(super) wgmma: bool,
-    /// With `wgmma`, the overlap kernel (`moe_gemm_wgmma_overlap`: the same tiles, shared
-    /// memory and blocks per SM, one group of MMAs in flight across stages).
+    /// With `wgmma`, the overlap kernel (`moe_gemm_wgmma<…, OVERLAP>`: the same tiles,
+    /// shared memory and blocks per SM, one group of MMAs in flight across stages).
     pub(super) wgmma_overlap: bool,
 }
 
@@ -368,12 +397,12 @@ impl GemmShape {
         // same weights, so those run side by side and all but the first read from L2; item
         // by item stays faster where most experts take one tile (bench/NOTES.md, MoE paths).
         let items_fastest = items >= 2 * busy;
-        // At most one wave of blocks (two per SM) over the tiles likely to be busy, each
+        // At most one wave of blocks (two per SM, one for the wide tile) over the tiles likely to be busy, each
         // split at least `min_depth` deep, so that a few experts still stream their weights
         // at full bandwidth without paying for more split-K fix-ups than the bandwidth needs
         // (rounding up left a few blocks to a second wave: 288 blocks for 264 places).
         let busy = (busy * n_blocks).max(1);
-        let places = 2 * sms.max(1);
+        let places = gemm_blocks_per_sm(mt) * sms.max(1);
         let max_splits = (k / min_depth.max(32)).clamp(1, GEMM_MAX_SPLITS);
         let mut splits = (places / busy).clamp(1, max_splits);
         // Tiles that fill more than a wave but leave the last one mostly idle (384 tiles in

@@ -14,7 +14,8 @@ impl<T: Float> MoeLayer<T> {
     fn plan_gpu(&self) -> Gpu {
         Gpu {
             wgmma: self.gpu.wgmma && self.warpgroup_mma,
-            wgmma_overlap: self.gpu.wgmma && self.warpgroup_mma && self.wgmma_overlap,
+            wgmma_overlap: self.wgmma_overlap,
+            wgmma_wide: self.wgmma_wide,
             decode: self.gpu.decode && self.decode_kernel,
             ..self.gpu
         }

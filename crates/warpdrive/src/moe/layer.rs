@@ -34,8 +34,11 @@ pub struct MoeLayer<T: Float> {
     use_graphs: bool,
     /// The staged tiles may take the warpgroup-MMA kernels (where `gpu.wgmma`).
     pub(super) warpgroup_mma: bool,
-    /// The wgmma tiles take the overlap kernels (off by default until measured).
-    pub(super) wgmma_overlap: bool,
+    /// The wgmma tiles take the overlap kernels: forced on or off, or (None, the default)
+    /// per projection by the plan.
+    pub(super) wgmma_overlap: Option<bool>,
+    /// The wgmma tiles take the wide 192-row tile (off by default until measured).
+    pub(super) wgmma_wide: bool,
     /// One-token passes may take the decode kernel (where `gpu.decode`).
     pub(super) decode_kernel: bool,
     pub(super) last: ForwardStats,
@@ -137,7 +140,8 @@ impl<T: Float> MoeLayer<T> {
             path: MoePath::Auto,
             use_graphs: true,
             warpgroup_mma: true,
-            wgmma_overlap: false,
+            wgmma_overlap: None,
+            wgmma_wide: false,
             decode_kernel: true,
             last: ForwardStats::default(),
             gpu: Gpu::of(stream)?,
@@ -173,14 +177,38 @@ impl<T: Float> MoeLayer<T> {
         }
     }
 
-    /// Runs the warpgroup-MMA tiles on their overlap kernels (one group of MMAs in flight
-    /// across 64-k stages, loads 2 stages ahead instead of 3; same tiles, shared memory and
-    /// work list) instead of draining the MMAs every stage. Off by default until the GPU
-    /// measures it (issue 40); no effect where the tiles do not run on wgmma. Drops the
-    /// captured graphs.
+    /// Forces every warpgroup-MMA tile onto its overlap kernel (`true`: one group of MMAs in
+    /// flight across 64-k stages, loads 2 stages ahead instead of 3; same tiles, shared
+    /// memory and work list) or onto the kernel that drains the MMAs every stage (`false`).
+    /// By default the plan picks per projection: the overlap kernel where a block runs at
+    /// least 2560 deep (issue 40; [`MoeLayer::set_wgmma_overlap_auto`]). No effect where the
+    /// tiles do not run on wgmma. Drops the captured graphs.
     pub fn set_wgmma_overlap(&mut self, on: bool) {
-        if on != self.wgmma_overlap {
-            self.wgmma_overlap = on;
+        self.choose_wgmma_overlap(Some(on));
+    }
+
+    /// Lets the plan pick the overlap kernel per projection again (the default; see
+    /// [`MoeLayer::set_wgmma_overlap`]). Drops the captured graphs.
+    pub fn set_wgmma_overlap_auto(&mut self) {
+        self.choose_wgmma_overlap(None);
+    }
+
+    fn choose_wgmma_overlap(&mut self, choice: Option<bool>) {
+        if choice != self.wgmma_overlap {
+            self.wgmma_overlap = choice;
+            self.graphs.clear();
+        }
+    }
+
+    /// Runs every warpgroup-MMA tile as the wide tile (192 token rows × 128 weight rows, one
+    /// block of 161 KB of stages per SM) instead of the 64- and 96-row tiles (two per SM), so
+    /// an expert's rows up to 192 stream its weights once (issue 40). Off by default until
+    /// the GPU measures it; no effect where the tiles do not run on wgmma or its shared
+    /// memory does not fit. The overlap choice applies to it as to the others. Drops the
+    /// captured graphs.
+    pub fn set_wgmma_wide(&mut self, on: bool) {
+        if on != self.wgmma_wide {
+            self.wgmma_wide = on;
             self.graphs.clear();
         }
     }

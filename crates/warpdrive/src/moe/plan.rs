@@ -6,8 +6,8 @@ use crate::memory::Buffer;
 use crate::size;
 
 use super::config::{
-    gemm_shared_bytes, DecodeShape, GemmShape, MoeConfig, RouterShape, GEMM_BN,
-    WGMMA_ONE_ROW_MIN_INTERMEDIATE,
+    gemm_blocks_per_sm, gemm_shared_bytes, wgmma_overlap_for, DecodeShape, GemmShape, MoeConfig,
+    RouterShape, GEMM_BN, WGMMA_ONE_ROW_MIN_INTERMEDIATE, WGMMA_WIDE_MT,
 };
 use super::layer::inter_pad;
 
@@ -23,9 +23,13 @@ pub(super) struct Gpu {
     /// The staged tiles run on Hopper's warpgroup MMA (where the `moe_wgmma` source, sm_90a
     /// only, builds), unless [`MoeLayer::set_warpgroup_mma`] turned it off.
     pub(super) wgmma: bool,
-    /// The wgmma tiles keep one group of MMAs in flight across stages (the `o` kernels),
-    /// where [`MoeLayer::set_wgmma_overlap`] turned it on; only with `wgmma`.
-    pub(super) wgmma_overlap: bool,
+    /// The wgmma tiles keep one group of MMAs in flight across stages (the `o` kernels):
+    /// forced on or off by [`MoeLayer::set_wgmma_overlap`], else (None) per projection by its
+    /// depth ([`wgmma_overlap_for`]); only with `wgmma`.
+    pub(super) wgmma_overlap: Option<bool>,
+    /// The wgmma tiles take the wide tile (192 token rows, one block per SM), where
+    /// [`MoeLayer::set_wgmma_wide`] turned it on; only with `wgmma`.
+    pub(super) wgmma_wide: bool,
     /// One-token passes may take the decode kernel, unless
     /// [`MoeLayer::set_decode_kernel`] turned it off.
     pub(super) decode: bool,
@@ -42,7 +46,8 @@ impl Gpu {
                     clusters: false,
                     shared_per_block: 0,
                     wgmma: false,
-                    wgmma_overlap: false,
+                    wgmma_overlap: None,
+                    wgmma_wide: false,
                     decode: false,
                 })
             },
@@ -56,7 +61,8 @@ impl Gpu {
                     // The wgmma source declares sm_90a only: elsewhere it has no arch to
                     // build for.
                     wgmma: MOE_WGMMA.arch_for(d.arch()).is_ok(),
-                    wgmma_overlap: false,
+                    wgmma_overlap: None,
+                    wgmma_wide: false,
                     decode: true,
                 })
             },
@@ -116,32 +122,44 @@ impl Plan {
             shared_per_block,
             wgmma,
             wgmma_overlap,
+            wgmma_wide,
             ..
         } = gpu;
         let slots = tokens * c.top_k;
         let active = c.experts.min(slots).max(1);
         let mut mt = m_tiles(slots.div_ceil(active), wgmma, c.intermediate);
+        // The wide tile, where asked for, takes every wgmma tile (one expert's rows at up to
+        // 192 stream its weights once instead of in 96-row tiles; bench/NOTES.md, MoE wide
+        // tile); where its stages do not fit, the tiles below.
+        if wgmma
+            && wgmma_wide
+            && mt >= 4
+            && gemm_shared_bytes(WGMMA_WIDE_MT, true) as usize <= shared_per_block
+        {
+            mt = WGMMA_WIDE_MT;
+        }
         // A prefill tile whose stages do not fit the device's shared memory (before compute
         // capability 9.0 many GPUs allow about 100 KB per block) gives way to a smaller one.
         while mt >= 4 && gemm_shared_bytes(mt, wgmma) as usize > shared_per_block {
             mt = if mt > 4 { 4 } else { 2 };
         }
         let wgmma = wgmma && mt >= 4;
-        let wgmma_overlap = wgmma && wgmma_overlap;
         let bm = 16 * mt;
         let items = active + slots / bm;
-        let down = GemmShape {
+        // The overlap kernel per projection, from its depth per block unless forced.
+        let on_wgmma = |shape: GemmShape| GemmShape {
             wgmma,
-            wgmma_overlap,
-            ..GemmShape::new(
-                c.hidden,
-                c.intermediate,
-                (mt, GEMM_BN),
-                (items, active),
-                256,
-                sms,
-            )
+            wgmma_overlap: wgmma && wgmma_overlap_for(shape.k_split, wgmma_overlap),
+            ..shape
         };
+        let down = on_wgmma(GemmShape::new(
+            c.hidden,
+            c.intermediate,
+            (mt, GEMM_BN),
+            (items, active),
+            256,
+            sms,
+        ));
         Plan {
             tokens,
             slots,
@@ -149,18 +167,14 @@ impl Plan {
             router: RouterShape::new(c, tokens, sms, clusters),
             decode: DecodeShape::new(c, tokens, gpu),
             down_early_k: down_prefetch(c, &down, active, l2_bytes, sms),
-            up: GemmShape {
-                wgmma,
-                wgmma_overlap,
-                ..GemmShape::new(
-                    2 * c.intermediate,
-                    c.hidden,
-                    (mt, GEMM_BN),
-                    (items, active),
-                    256,
-                    sms,
-                )
-            },
+            up: on_wgmma(GemmShape::new(
+                2 * c.intermediate,
+                c.hidden,
+                (mt, GEMM_BN),
+                (items, active),
+                256,
+                sms,
+            )),
             down,
         }
     }
@@ -198,7 +212,7 @@ fn down_prefetch(
         return down.k_split;
     }
     let blocks = (active * down.n_blocks() * down.splits).max(1);
-    if blocks > 2 * sms {
+    if blocks > gemm_blocks_per_sm(down.mt) * sms {
         return 0;
     }
     // Whole 128-byte lines of each of the block's rows.

@@ -1,6 +1,9 @@
 use crate::error::{Error, Result};
 
-use super::config::{auto_takes_cublas, DecodeShape, MoeConfig, Router, GRAPH_MAX_TOKENS};
+use super::config::{
+    auto_takes_cublas, wgmma_overlap_for, DecodeShape, MoeConfig, Router, GRAPH_MAX_TOKENS,
+    PRESETS, WGMMA_OVERLAP_MIN_DEPTH,
+};
 use super::plan::{Gpu, Plan};
 
 /// An H200 as the plans see it.
@@ -10,7 +13,8 @@ const HOPPER: Gpu = Gpu {
     clusters: true,
     shared_per_block: 227 << 10,
     wgmma: true,
-    wgmma_overlap: false,
+    wgmma_overlap: None,
+    wgmma_wide: false,
     decode: true,
 };
 
@@ -94,18 +98,18 @@ fn decode_kernel_takes_one_token_where_the_decode_tile_would() -> Result<()> {
 #[test]
 fn wgmma_overlap_only_on_the_wgmma_tiles() -> Result<()> {
     let hopper = Gpu {
-        wgmma_overlap: true,
+        wgmma_overlap: Some(true),
         ..HOPPER
     };
     let qwen3 = MoeConfig::preset("qwen3-30b-a3b")?;
     let p = Plan::new(&qwen3, 4096, hopper);
     assert!(p.up.wgmma && p.up.wgmma_overlap && p.down.wgmma && p.down.wgmma_overlap);
-    // Off by default, off without wgmma, off on the mma.sync decode and middle tiles.
+    // Forced off, off without wgmma, off on the mma.sync decode and middle tiles.
     let drained = Plan::new(
         &qwen3,
         4096,
         Gpu {
-            wgmma_overlap: false,
+            wgmma_overlap: Some(false),
             ..hopper
         },
     );
@@ -122,5 +126,116 @@ fn wgmma_overlap_only_on_the_wgmma_tiles() -> Result<()> {
     let one_row = Plan::new(&qwen3, 1, hopper);
     assert_eq!(one_row.up.wgmma, one_row.up.wgmma_overlap);
     assert!(!one_row.up.wgmma || one_row.up.mt >= 4);
+    Ok(())
+}
+
+/// By default the overlap kernel goes to the projections whose blocks run at least
+/// `WGMMA_OVERLAP_MIN_DEPTH` deep: at 4096 tokens (one split everywhere) every projection of
+/// gpt-oss and mixtral and deepseek's gate/up (the presets the H100 measured faster with it),
+/// neither of qwen3's (slower), nor deepseek's 256-deep down projection.
+#[test]
+fn wgmma_overlap_by_default_where_the_blocks_run_deep() -> Result<()> {
+    let expect = [
+        ("qwen3-30b-a3b", false, false),
+        ("deepseek-v3-slice", true, false),
+        ("gpt-oss-120b", true, true),
+        ("mixtral-8x7b", true, true),
+    ];
+    for (name, up, down) in expect {
+        let p = Plan::new(&MoeConfig::preset(name)?, 4096, HOPPER);
+        assert!(p.up.wgmma && p.down.wgmma, "{name}");
+        assert_eq!((p.up.splits, p.down.splits), (1, 1), "{name}");
+        assert_eq!(
+            (p.up.wgmma_overlap, p.down.wgmma_overlap),
+            (up, down),
+            "{name}"
+        );
+    }
+    // The rule reads each block's depth: split K makes the blocks shallower.
+    for name in PRESETS {
+        let c = MoeConfig::preset(name)?;
+        for tokens in [1, 16, 64, 256, 1024, 4096] {
+            let p = Plan::new(&c, tokens, HOPPER);
+            for g in [p.up, p.down] {
+                let want = g.wgmma && g.k_split >= WGMMA_OVERLAP_MIN_DEPTH;
+                assert_eq!(g.wgmma_overlap, want, "{name} at {tokens}: {g:?}");
+            }
+        }
+    }
+    // The layer `tests/moe.rs` runs the plan's own choice on (`mixed_depths`): overlap on
+    // its 2624-deep gate/up, drained on its 256-deep down projection, with either tile.
+    let mixed = MoeConfig {
+        hidden: 2624,
+        intermediate: 256,
+        experts: 64,
+        top_k: 2,
+        ..MoeConfig::tiny()
+    };
+    let wide = Gpu {
+        wgmma_wide: true,
+        ..HOPPER
+    };
+    for (tokens, gpu) in [(301, HOPPER), (1025, HOPPER), (301, wide), (1025, wide)] {
+        let p = Plan::new(&mixed, tokens, gpu);
+        assert!(p.up.wgmma && p.up.wgmma_overlap, "{tokens}: {:?}", p.up);
+        assert!(
+            p.down.wgmma && !p.down.wgmma_overlap,
+            "{tokens}: {:?}",
+            p.down
+        );
+    }
+    assert!(!wgmma_overlap_for(WGMMA_OVERLAP_MIN_DEPTH - 32, None));
+    assert!(wgmma_overlap_for(WGMMA_OVERLAP_MIN_DEPTH, None));
+    assert!(wgmma_overlap_for(64, Some(true)));
+    assert!(!wgmma_overlap_for(1 << 20, Some(false)));
+    Ok(())
+}
+
+/// The wide tile, where asked for, takes every wgmma tile (192 rows, dispatched in 192-row
+/// items, waves of one block per SM) where its shared memory fits, and nothing else.
+#[test]
+fn wgmma_wide_takes_the_wgmma_tiles() -> Result<()> {
+    let wide = Gpu {
+        wgmma_wide: true,
+        ..HOPPER
+    };
+    for name in PRESETS {
+        let c = MoeConfig::preset(name)?;
+        for tokens in [1, 5, 64, 4096] {
+            let base = Plan::new(&c, tokens, HOPPER);
+            let p = Plan::new(&c, tokens, wide);
+            if base.up.wgmma {
+                assert_eq!((p.up.mt, p.down.mt, p.bm), (12, 12, 192), "{name} {tokens}");
+                assert!(p.up.wgmma && p.down.wgmma);
+                let slots = tokens * c.top_k;
+                assert_eq!(p.up.items, c.experts.min(slots) + slots / 192);
+            } else {
+                assert_eq!((p.up.mt, p.bm), (base.up.mt, base.bm), "{name} {tokens}");
+            }
+            // The overlap rule applies to the wide tile too.
+            assert_eq!(
+                p.up.wgmma_overlap,
+                p.up.wgmma && p.up.k_split >= WGMMA_OVERLAP_MIN_DEPTH
+            );
+        }
+    }
+    // One block per SM: mixtral's down projection at one token (2 experts × 32 column
+    // blocks busy) splits K to fill one wave of 132 places, not 264.
+    let mixtral = MoeConfig::preset("mixtral-8x7b")?;
+    assert_eq!(Plan::new(&mixtral, 1, HOPPER).down.splits, 4);
+    assert_eq!(Plan::new(&mixtral, 1, wide).down.splits, 2);
+    // Not where its 161 KB of stages do not fit, nor without wgmma.
+    let small = Gpu {
+        shared_per_block: 120 << 10,
+        ..wide
+    };
+    let qwen3 = MoeConfig::preset("qwen3-30b-a3b")?;
+    assert_eq!(Plan::new(&qwen3, 4096, small).up.mt, 6);
+    let off = Gpu {
+        wgmma: false,
+        ..wide
+    };
+    assert_eq!(Plan::new(&qwen3, 4096, off).up.mt, 6);
+    assert!(!Plan::new(&qwen3, 4096, off).up.wgmma);
     Ok(())
 }
