@@ -8,11 +8,11 @@
 //!   `AUTO_CUBLAS_MIN_FLOPS`) and `warpdrive-cublas` (counts read back once, then cuBLAS: one grouped call
 //!   per projection or one GEMM per expert, see `CUBLAS_GROUPED_MAX_FLOPS`; at every size);
 //!   from 1024 tokens on CUDA also `warpdrive-device` (`MoePath::Device`, the grouped-GEMM
-//!   kernels whatever Auto picks: the wgmma overlap kernels where the plan picks them, per
-//!   projection), `warpdrive-device-drain` / `warpdrive-device-overlap` (the same with
-//!   `MoeLayer::set_wgmma_overlap` forced off / on: every wgmma tile drains its MMAs each
-//!   stage / keeps them in flight across stages) and `warpdrive-device-wide` (the same with
-//!   `MoeLayer::set_wgmma_wide`: 192-row wgmma tiles, one block per SM);
+//!   kernels whatever Auto picks: the wgmma overlap kernels and the wide tile where the plan
+//!   picks them), `warpdrive-device-drain` / `warpdrive-device-overlap` (the 64- and 96-row
+//!   tiles with `MoeLayer::set_wgmma_overlap` forced off / on: every wgmma tile drains its
+//!   MMAs each stage / keeps them in flight across stages) and `warpdrive-device-wide` (the
+//!   same with `MoeLayer::set_wgmma_wide` forced on: 192-row wgmma tiles, one block per SM);
 //!   the peer adds `torch-hf-eager`, `torch-grouped-mm` and `triton-fused-moe` (a fused-MoE
 //!   Triton kernel of the design serving engines ship, tiles from its own sweep per GPU, the
 //!   layer in one CUDA graph). Median / p10 / p90
@@ -216,22 +216,22 @@ fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {
         // cuBLAS there), the wgmma variants side by side (issue 40).
         let kernels = tokens >= 1024 && stream.device().is_cuda();
         let variants = [
-            ("warpdrive", MoePath::Auto, None, false),
-            ("warpdrive-cublas", MoePath::Cublas, None, false),
-            ("warpdrive-device", MoePath::Device, None, false),
+            ("warpdrive", MoePath::Auto, None, None),
+            ("warpdrive-cublas", MoePath::Cublas, None, None),
+            ("warpdrive-device", MoePath::Device, None, None),
             (
                 "warpdrive-device-drain",
                 MoePath::Device,
                 Some(false),
-                false,
+                Some(false),
             ),
             (
                 "warpdrive-device-overlap",
                 MoePath::Device,
                 Some(true),
-                false,
+                Some(false),
             ),
-            ("warpdrive-device-wide", MoePath::Device, None, true),
+            ("warpdrive-device-wide", MoePath::Device, None, Some(true)),
         ];
         for (variant, path, overlap, wide) in variants {
             if path == MoePath::Device && !kernels {
@@ -242,7 +242,10 @@ fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {
                 Some(on) => layer.set_wgmma_overlap(on),
                 None => layer.set_wgmma_overlap_auto(),
             }
-            layer.set_wgmma_wide(wide);
+            match wide {
+                Some(on) => layer.set_wgmma_wide(on),
+                None => layer.set_wgmma_wide_auto(),
+            }
             // Warm-up (captures the graph, loads kernels), then size the reps by one pass.
             layer.forward_into(&x, &mut y)?;
             let probe = time_gpu(&stream, 1, 1, |_| layer.forward_into(&x, &mut y))?;

@@ -112,9 +112,14 @@ pub(crate) enum Command {
         #[arg(long)]
         no_wgmma_overlap: bool,
         /// Run every warpgroup-MMA tile as the wide tile (192 token rows, one block per SM;
-        /// issue 40) instead of the 64- and 96-row tiles.
-        #[arg(long)]
+        /// issue 40) instead of the plan's choice (wide where an expert's rows overflow one
+        /// 96-row tile and both projections run at least 2560 deep).
+        #[arg(long, conflicts_with = "no_wgmma_wide")]
         wgmma_wide: bool,
+        /// Run every warpgroup-MMA tile on the 64- and 96-row tiles instead of the plan's
+        /// choice.
+        #[arg(long)]
+        no_wgmma_wide: bool,
         /// Run a one-token pass on the router, GEMM and combine kernels of larger batches
         /// instead of the one-kernel decode.
         #[arg(long)]
@@ -562,6 +567,16 @@ mod tests {
             "--no-wgmma-overlap"
         ])
         .is_err());
+        let cli = parse(&["moe", "--preset", "q", "--no-wgmma-wide"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Moe {
+                wgmma_wide: false,
+                no_wgmma_wide: true,
+                ..
+            }
+        ));
+        assert!(parse(&["moe", "--preset", "q", "--wgmma-wide", "--no-wgmma-wide"]).is_err());
         let cli = parse(&["moe", "--preset", "q", "--no-decode-kernel"]).unwrap();
         assert!(matches!(
             cli.command,

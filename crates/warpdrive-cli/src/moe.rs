@@ -16,8 +16,8 @@ pub(crate) struct Kernels {
     pub(crate) decode: bool,
     /// The wgmma tiles' overlap kernels forced on or off; None: the plan's choice.
     pub(crate) overlap: Option<bool>,
-    /// Every wgmma tile as the wide 192-row tile.
-    pub(crate) wide: bool,
+    /// Every wgmma tile as the wide 192-row tile forced on or off; None: the plan's choice.
+    pub(crate) wide: Option<bool>,
 }
 
 pub(crate) fn moe(
@@ -72,7 +72,10 @@ pub(crate) fn moe(
         Some(on) => layer.set_wgmma_overlap(on),
         None => layer.set_wgmma_overlap_auto(),
     }
-    layer.set_wgmma_wide(wide);
+    match wide {
+        Some(on) => layer.set_wgmma_wide(on),
+        None => layer.set_wgmma_wide_auto(),
+    }
     layer.set_decode_kernel(decode);
     let x = warpdrive::Buffer::from_host(&stream, &x)?;
     let mut y = warpdrive::Buffer::<half::bf16>::uninit(&stream, x.len())?;
@@ -103,7 +106,11 @@ pub(crate) fn moe(
             Some(false) => ", no wgmma overlap",
             None => "",
         },
-        if wide { ", wide wgmma tile" } else { "" }
+        match wide {
+            Some(true) => ", wide wgmma tile",
+            Some(false) => ", no wide wgmma tile",
+            None => "",
+        }
     );
     for (name, us) in &stages {
         println!("  {name:<16} {us:>10.1} us");

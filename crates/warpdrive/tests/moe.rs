@@ -621,7 +621,8 @@ struct Run {
     /// The wgmma tiles forced onto their overlap kernels or off them
     /// (`MoeLayer::set_wgmma_overlap`); None: the plan's choice per projection.
     overlap: Option<bool>,
-    /// Every wgmma tile as the wide 192-row tile (`MoeLayer::set_wgmma_wide`).
+    /// Every wgmma tile forced onto the wide 192-row tile (`MoeLayer::set_wgmma_wide`);
+    /// false: the plan's choice.
     wide: bool,
     /// Seeded host weights whose router bias sends every token's first choice to expert 0.
     one_expert: bool,
@@ -670,7 +671,9 @@ fn cuda_vs_cpu_as<T: Float>(c: MoeConfig, tokens: usize, r: Run, s: u64) -> Comp
         Some(on) => g.set_wgmma_overlap(on),
         None => g.set_wgmma_overlap_auto(),
     }
-    g.set_wgmma_wide(r.wide);
+    if r.wide {
+        g.set_wgmma_wide(true);
+    }
     g.set_decode_kernel(r.decode);
     let mut h = MoeLayer::<T>::new(&cs, c, weights).unwrap();
     let hw = h.host_weights().unwrap();

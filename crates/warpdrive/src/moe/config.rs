@@ -42,6 +42,21 @@ pub(super) const WGMMA_ONE_ROW_MIN_INTERMEDIATE: usize = 1024;
 /// [`MoeLayer::set_wgmma_overlap`]: super::MoeLayer::set_wgmma_overlap
 pub(super) const WGMMA_OVERLAP_MIN_DEPTH: usize = 2560;
 
+/// Whether a pass takes the wide wgmma tile: `forced` when the layer forces it, else where an
+/// expert's rows overflow one 96-row tile (`rows_per_expert` > 96) and both projections run
+/// at least [`WGMMA_OVERLAP_MIN_DEPTH`] deep (`min_depth`: the smaller of hidden and
+/// intermediate). At 4096 tokens on an H100 the wide tile took 21 % off gpt-oss (both 2880
+/// deep, ~128 rows an expert) and 6.5 % off mixtral (4096 / 14336, ~1024 rows), was even on
+/// deepseek-v3-slice (down 256 deep) and added 12 % to qwen3 (768 / 2048): its one block per
+/// SM pays its start and stage barriers back only over deep K (bench/NOTES.md, MoE wide tile).
+pub(super) fn wgmma_wide_for(
+    rows_per_expert: usize,
+    min_depth: usize,
+    forced: Option<bool>,
+) -> bool {
+    forced.unwrap_or(rows_per_expert > 96 && min_depth >= WGMMA_OVERLAP_MIN_DEPTH)
+}
+
 /// Whether a wgmma tile `k_split` deep per block takes the overlap kernel: `forced` when the
 /// layer forces it, else [`WGMMA_OVERLAP_MIN_DEPTH`].
 pub(super) fn wgmma_overlap_for(k_split: usize, forced: Option<bool>) -> bool {

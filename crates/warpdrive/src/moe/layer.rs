@@ -37,8 +37,8 @@ pub struct MoeLayer<T: Float> {
     /// The wgmma tiles take the overlap kernels: forced on or off, or (None, the default)
     /// per projection by the plan.
     pub(super) wgmma_overlap: Option<bool>,
-    /// The wgmma tiles take the wide 192-row tile (off by default until measured).
-    pub(super) wgmma_wide: bool,
+    /// The wide 192-row wgmma tile: forced on or off, or `None` for the plan's choice.
+    pub(super) wgmma_wide: Option<bool>,
     /// One-token passes may take the decode kernel (where `gpu.decode`).
     pub(super) decode_kernel: bool,
     pub(super) last: ForwardStats,
@@ -141,7 +141,7 @@ impl<T: Float> MoeLayer<T> {
             use_graphs: true,
             warpgroup_mma: true,
             wgmma_overlap: None,
-            wgmma_wide: false,
+            wgmma_wide: None,
             decode_kernel: true,
             last: ForwardStats::default(),
             gpu: Gpu::of(stream)?,
@@ -200,15 +200,27 @@ impl<T: Float> MoeLayer<T> {
         }
     }
 
-    /// Runs every warpgroup-MMA tile as the wide tile (192 token rows × 128 weight rows, one
-    /// block of 161 KB of stages per SM) instead of the 64- and 96-row tiles (two per SM), so
-    /// an expert's rows up to 192 stream its weights once (issue 40). Off by default until
-    /// the GPU measures it; no effect where the tiles do not run on wgmma or its shared
-    /// memory does not fit. The overlap choice applies to it as to the others. Drops the
-    /// captured graphs.
+    /// Forces every warpgroup-MMA tile onto the wide tile (`true`: 192 token rows × 128
+    /// weight rows, one block of 161 KB of stages per SM, so an expert's rows up to 192
+    /// stream its weights once) or onto the 64- and 96-row tiles (two per SM, `false`). By
+    /// default the plan picks per pass: the wide tile where an expert's rows overflow one
+    /// 96-row tile and both projections run at least 2560 deep (issue 40;
+    /// [`MoeLayer::set_wgmma_wide_auto`]). No effect where the tiles do not run on wgmma or
+    /// its shared memory does not fit. The overlap choice applies to it as to the others.
+    /// Drops the captured graphs.
     pub fn set_wgmma_wide(&mut self, on: bool) {
-        if on != self.wgmma_wide {
-            self.wgmma_wide = on;
+        self.choose_wgmma_wide(Some(on));
+    }
+
+    /// Lets the plan pick the wide tile per pass again (the default; see
+    /// [`MoeLayer::set_wgmma_wide`]). Drops the captured graphs.
+    pub fn set_wgmma_wide_auto(&mut self) {
+        self.choose_wgmma_wide(None);
+    }
+
+    fn choose_wgmma_wide(&mut self, choice: Option<bool>) {
+        if choice != self.wgmma_wide {
+            self.wgmma_wide = choice;
             self.graphs.clear();
         }
     }

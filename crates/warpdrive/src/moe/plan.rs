@@ -6,8 +6,8 @@ use crate::memory::Buffer;
 use crate::size;
 
 use super::config::{
-    gemm_blocks_per_sm, gemm_shared_bytes, wgmma_overlap_for, DecodeShape, GemmShape, MoeConfig,
-    RouterShape, GEMM_BN, WGMMA_ONE_ROW_MIN_INTERMEDIATE, WGMMA_WIDE_MT,
+    gemm_blocks_per_sm, gemm_shared_bytes, wgmma_overlap_for, wgmma_wide_for, DecodeShape,
+    GemmShape, MoeConfig, RouterShape, GEMM_BN, WGMMA_ONE_ROW_MIN_INTERMEDIATE, WGMMA_WIDE_MT,
 };
 use super::layer::inter_pad;
 
@@ -27,9 +27,10 @@ pub(super) struct Gpu {
     /// forced on or off by [`MoeLayer::set_wgmma_overlap`], else (None) per projection by its
     /// depth ([`wgmma_overlap_for`]); only with `wgmma`.
     pub(super) wgmma_overlap: Option<bool>,
-    /// The wgmma tiles take the wide tile (192 token rows, one block per SM), where
-    /// [`MoeLayer::set_wgmma_wide`] turned it on; only with `wgmma`.
-    pub(super) wgmma_wide: bool,
+    /// The wgmma tiles take the wide tile (192 token rows, one block per SM): `Some` where
+    /// [`MoeLayer::set_wgmma_wide`] forces it, `None` for the plan's choice
+    /// ([`wgmma_wide_for`]); only with `wgmma`.
+    pub(super) wgmma_wide: Option<bool>,
     /// One-token passes may take the decode kernel, unless
     /// [`MoeLayer::set_decode_kernel`] turned it off.
     pub(super) decode: bool,
@@ -47,7 +48,7 @@ impl Gpu {
                     shared_per_block: 0,
                     wgmma: false,
                     wgmma_overlap: None,
-                    wgmma_wide: false,
+                    wgmma_wide: None,
                     decode: false,
                 })
             },
@@ -62,7 +63,7 @@ impl Gpu {
                     // build for.
                     wgmma: MOE_WGMMA.arch_for(d.arch()).is_ok(),
                     wgmma_overlap: None,
-                    wgmma_wide: false,
+                    wgmma_wide: None,
                     decode: true,
                 })
             },
@@ -127,12 +128,14 @@ impl Plan {
         } = gpu;
         let slots = tokens * c.top_k;
         let active = c.experts.min(slots).max(1);
-        let mut mt = m_tiles(slots.div_ceil(active), wgmma, c.intermediate);
-        // The wide tile, where asked for, takes every wgmma tile (one expert's rows at up to
+        let rows_per_expert = slots.div_ceil(active);
+        let mut mt = m_tiles(rows_per_expert, wgmma, c.intermediate);
+        // The wide tile, where chosen, takes every wgmma tile (one expert's rows at up to
         // 192 stream its weights once instead of in 96-row tiles; bench/NOTES.md, MoE wide
         // tile); where its stages do not fit, the tiles below.
+        let depth = c.hidden.min(c.intermediate);
         if wgmma
-            && wgmma_wide
+            && wgmma_wide_for(rows_per_expert, depth, wgmma_wide)
             && mt >= 4
             && gemm_shared_bytes(WGMMA_WIDE_MT, true) as usize <= shared_per_block
         {

@@ -1,8 +1,8 @@
 use crate::error::{Error, Result};
 
 use super::config::{
-    auto_takes_cublas, wgmma_overlap_for, DecodeShape, MoeConfig, Router, GRAPH_MAX_TOKENS,
-    PRESETS, WGMMA_OVERLAP_MIN_DEPTH,
+    auto_takes_cublas, wgmma_overlap_for, wgmma_wide_for, DecodeShape, MoeConfig, Router,
+    GRAPH_MAX_TOKENS, PRESETS, WGMMA_OVERLAP_MIN_DEPTH,
 };
 use super::plan::{Gpu, Plan};
 
@@ -14,7 +14,7 @@ const HOPPER: Gpu = Gpu {
     shared_per_block: 227 << 10,
     wgmma: true,
     wgmma_overlap: None,
-    wgmma_wide: false,
+    wgmma_wide: None,
     decode: true,
 };
 
@@ -172,7 +172,7 @@ fn wgmma_overlap_by_default_where_the_blocks_run_deep() -> Result<()> {
         ..MoeConfig::tiny()
     };
     let wide = Gpu {
-        wgmma_wide: true,
+        wgmma_wide: Some(true),
         ..HOPPER
     };
     for (tokens, gpu) in [(301, HOPPER), (1025, HOPPER), (301, wide), (1025, wide)] {
@@ -196,7 +196,7 @@ fn wgmma_overlap_by_default_where_the_blocks_run_deep() -> Result<()> {
 #[test]
 fn wgmma_wide_takes_the_wgmma_tiles() -> Result<()> {
     let wide = Gpu {
-        wgmma_wide: true,
+        wgmma_wide: Some(true),
         ..HOPPER
     };
     for name in PRESETS {
@@ -237,5 +237,40 @@ fn wgmma_wide_takes_the_wgmma_tiles() -> Result<()> {
     };
     assert_eq!(Plan::new(&qwen3, 4096, off).up.mt, 6);
     assert!(!Plan::new(&qwen3, 4096, off).up.wgmma);
+    Ok(())
+}
+
+/// The plan's own choice of the wide tile (what an H100 measured at 4096 tokens): on where an
+/// expert's rows overflow one 96-row tile and both projections run deep (gpt-oss, mixtral),
+/// off where either is shallow (qwen3, deepseek-v3-slice's 256-deep down projection) or the
+/// rows fit one tile; forcing wins either way.
+#[test]
+fn wgmma_wide_is_chosen_by_rows_and_depth() -> Result<()> {
+    let off = Gpu {
+        wgmma_wide: Some(false),
+        ..HOPPER
+    };
+    for (name, tokens, wide) in [
+        ("gpt-oss-120b", 4096, true),
+        ("mixtral-8x7b", 4096, true),
+        ("qwen3-30b-a3b", 4096, false),
+        ("deepseek-v3-slice", 4096, false),
+        ("gpt-oss-120b", 1024, false),
+        ("gpt-oss-120b", 1, false),
+    ] {
+        let c = MoeConfig::preset(name)?;
+        let p = Plan::new(&c, tokens, HOPPER);
+        assert_eq!(p.bm == 192, wide, "{name} at {tokens}: bm {}", p.bm);
+        assert_ne!(
+            Plan::new(&c, tokens, off).bm,
+            192,
+            "{name} at {tokens}, forced off"
+        );
+    }
+    assert!(wgmma_wide_for(97, WGMMA_OVERLAP_MIN_DEPTH, None));
+    assert!(!wgmma_wide_for(96, 1 << 20, None));
+    assert!(!wgmma_wide_for(1 << 20, WGMMA_OVERLAP_MIN_DEPTH - 1, None));
+    assert!(wgmma_wide_for(1, 1, Some(true)));
+    assert!(!wgmma_wide_for(1 << 20, 1 << 20, Some(false)));
     Ok(())
 }
