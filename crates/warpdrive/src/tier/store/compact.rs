@@ -6,7 +6,8 @@ use crate::error::{Error, Result};
 use super::super::codec;
 use super::super::disk::pad_to_align;
 use super::super::log::{Location, Record};
-use super::{segment_name, temp_segment_name, TierStore, LOG_COMPACT_RECORDS, SEGMENT_LIVE_MIN};
+use super::open::{segment_name, temp_segment_name};
+use super::{TierStore, LOG_COMPACT_RECORDS, SEGMENT_LIVE_MIN};
 
 impl TierStore {
     /// Rewrites the closed data segments that are mostly dead (live blocks under half their

@@ -11,7 +11,8 @@ use crate::memory::PinnedBuf;
 use super::super::codec;
 use super::super::disk::{pad_to_align, piece_bytes, Framer, DIRECT_ALIGN, SPLIT_FROM};
 use super::super::log::{Location, Record};
-use super::{forget, segment_name, Below, Inner, TierStore};
+use super::open::segment_name;
+use super::{forget, Below, Inner, TierStore};
 
 /// Blocks read piece by piece into their destination from this many stored bytes: below it
 /// the header's own read and the hand-offs cost more than the one-pass copy and checksum after
