@@ -8,7 +8,8 @@
 //! `Memory` blocks reach the disk only when evicted, `Disk` ones are written at once,
 //! `Sync` ones are synced (data, then the index record) before the put returns.
 //!
-//! On disk: data segments `data-<n>.seg` (blocks framed by [`codec`](super::codec), each
+//! On disk: data segments `data-<n>.seg` in one or more folders (`folders` places blocks
+//! among them by size and budget; segment numbers run across all of them), blocks framed by [`codec`](super::codec), each
 //! checksummed and verified on every read) and the index log ([`IndexLog`]). A reopened store
 //! starts a new segment and drops index entries whose bytes run past their segment's end
 //! (a crash between a block's write and its sync).
@@ -43,13 +44,14 @@ use super::prefetch::Detector;
 mod compact;
 mod config;
 mod disk_io;
+mod folders;
 mod migrate;
 mod movement;
 mod open;
 mod prefetching;
 mod read;
 
-pub use config::TierConfig;
+pub use config::{DiskFolder, TierConfig};
 use open::segment_name;
 
 /// The largest block a store takes.
@@ -111,6 +113,8 @@ pub struct TierStore {
     disk: Arc<dyn Disk>,
     dir: PathBuf,
     config: TierConfig,
+    /// The folders blocks are written to (`config.disk_folders`, or the store's folder).
+    folders: Vec<DiskFolder>,
     inner: Mutex<Inner>,
 }
 
@@ -122,17 +126,30 @@ struct Inner {
     /// Blocks on disk.
     index: BTreeMap<String, Location>,
     log: IndexLog,
-    /// The segment new blocks are appended to.
-    segment: u64,
-    /// Whether that segment's name is durable (its folder synced since it was created).
-    segment_named: bool,
+    /// Per folder, the segment new blocks are appended to...
+    current: Vec<u64>,
+    /// ...and whether its name is durable (its folder synced since it was created).
+    named: Vec<bool>,
+    /// The number the next new segment takes, in any folder.
+    next_segment: u64,
     stats: TierStats,
     /// The prefetcher's detectors, by key prefix (a few: the oldest is forgotten).
     detectors: Vec<(String, Detector)>,
     /// Keys the prefetcher brought up that no get has asked for yet.
     prefetched: std::collections::HashSet<String>,
-    /// Per data segment: (bytes of blocks the index still points at, bytes written).
-    segments: HashMap<u64, (u64, u64)>,
+    /// Per data segment, by (folder, number).
+    segments: HashMap<(u32, u64), SegmentUse>,
+}
+
+/// What a data segment holds.
+#[derive(Debug, Clone, Copy, Default)]
+struct SegmentUse {
+    /// Bytes of blocks the index still points at.
+    live: u64,
+    /// Bytes written (the file's length).
+    total: u64,
+    /// Bytes of its folder's pages its blocks were charged (dead ones until it goes).
+    charged: u64,
 }
 
 /// A closed segment whose live bytes fall under this share of its size is rewritten.
@@ -156,8 +173,8 @@ fn publish_occupancy(g: &Inner) {
 
 /// Takes a block the index no longer points at off its segment's live bytes.
 fn forget(g: &mut Inner, at: Location) {
-    if let Some(s) = g.segments.get_mut(&at.segment) {
-        s.0 = s.0.saturating_sub(at.len);
+    if let Some(s) = g.segments.get_mut(&(at.folder, at.segment)) {
+        s.live = s.live.saturating_sub(at.len);
     }
 }
 
@@ -178,7 +195,21 @@ fn check_key(key: &str) -> Result<()> {
 }
 impl TierStore {
     pub fn config(&self) -> TierConfig {
-        self.config
+        self.config.clone()
+    }
+
+    /// The folders blocks are written to on disk.
+    pub fn disk_folders(&self) -> &[DiskFolder] {
+        &self.folders
+    }
+
+    /// Segment `n` in folder `folder` (a folder the index names: checked on open).
+    fn segment_path(&self, folder: u32, n: u64) -> PathBuf {
+        let dir = self
+            .folders
+            .get(folder as usize)
+            .map_or(&self.dir, |f| &f.path);
+        dir.join(segment_name(n))
     }
 
     pub fn stats(&self) -> TierStats {
@@ -292,11 +323,13 @@ impl TierStore {
     /// Makes every write so far durable (data segments, then the index).
     pub fn sync(&self) -> Result<()> {
         let mut g = self.inner.lock();
-        let segment = self.dir.join(segment_name(g.segment));
-        if self.disk.len(&segment)?.is_some() {
-            self.disk.sync(&segment)?;
-            self.disk.sync_dir(&self.dir)?;
-            g.segment_named = true;
+        for (f, folder) in self.folders.iter().enumerate() {
+            let segment = folder.path.join(segment_name(g.current[f]));
+            if self.disk.len(&segment)?.is_some() {
+                self.disk.sync(&segment)?;
+                self.disk.sync_dir(&folder.path)?;
+                g.named[f] = true;
+            }
         }
         g.log.sync()
     }

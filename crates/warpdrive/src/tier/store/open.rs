@@ -9,12 +9,12 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::device::Stream;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 use super::super::disk::{Disk, OsDisk};
 use super::super::log::IndexLog;
 use super::super::policy::Clock;
-use super::{Inner, TierConfig, TierStats, TierStore};
+use super::{folders, Inner, SegmentUse, TierConfig, TierStats, TierStore};
 
 pub(super) fn segment_name(n: u64) -> String {
     format!("data-{n}.seg")
@@ -68,48 +68,100 @@ impl TierStore {
                 .set(io.queue_depth as f64);
         }
         let dir = dir.as_ref().to_path_buf();
+        let folders = folders::resolve(&dir, &config.disk_folders)?;
         disk.create_dir_all(&dir)?;
         let (log, mut index) = IndexLog::open(disk.clone(), &dir)?;
+        if let Some(at) = index
+            .values()
+            .find(|at| at.folder as usize >= folders.len())
+        {
+            return Err(Error::InvalidArgument(format!(
+                "tier store {}: the index has blocks in disk folder #{} but the config lists {} \
+                 (folders are named by their position: keep the order, append new ones)",
+                dir.display(),
+                at.folder,
+                folders.len()
+            )));
+        }
         let mut last = 0u64;
         let mut lens = HashMap::new();
-        // A compaction's output not renamed yet: nothing points at it.
-        for path in disk.list(&dir)? {
-            if is_temp_segment(&path) {
-                tracing::warn!(path = %path.display(), "discarding an interrupted compaction's segment");
-                disk.remove(&path)?;
+        for (f, folder) in folders.iter().enumerate() {
+            let path = &folder.path;
+            let holds_blocks = index.values().any(|at| at.folder as usize == f);
+            // A folder the index has blocks in must be there: creating it empty would drop
+            // them without a word.
+            if !holds_blocks {
+                disk.create_dir_all(path)?;
             }
-        }
-        for path in disk.list(&dir)? {
-            if let Some(n) = segment_number(&path) {
-                last = last.max(n);
-                lens.insert(n, disk.len(&path)?.unwrap_or(0));
+            let listed = disk.list(path).map_err(|e| Error::Io {
+                path: path.clone(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    format!("a disk folder the tier store's index has blocks in: {e}"),
+                ),
+            })?;
+            for file in listed {
+                // A compaction's output not renamed yet: nothing points at it.
+                if is_temp_segment(&file) {
+                    tracing::warn!(path = %file.display(), "discarding an interrupted compaction's segment");
+                    disk.remove(&file)?;
+                } else if let Some(n) = segment_number(&file) {
+                    last = last.max(n);
+                    lens.insert((f as u32, n), disk.len(&file)?.unwrap_or(0));
+                }
             }
         }
         // Entries whose bytes never reached their segment (a crash before the data sync).
         index.retain(|_, at| {
-            lens.get(&at.segment)
+            lens.get(&(at.folder, at.segment))
                 .is_some_and(|&len| at.offset.saturating_add(at.len) <= len)
         });
-        let mut segments: HashMap<u64, (u64, u64)> =
-            lens.iter().map(|(&n, &len)| (n, (0, len))).collect();
+        let mut segments: HashMap<(u32, u64), SegmentUse> = lens
+            .iter()
+            .map(|(&at, &total)| {
+                let use_ = SegmentUse {
+                    total,
+                    ..SegmentUse::default()
+                };
+                (at, use_)
+            })
+            .collect();
         for at in index.values() {
-            if let Some(s) = segments.get_mut(&at.segment) {
-                s.0 += at.len;
+            if let Some(s) = segments.get_mut(&(at.folder, at.segment)) {
+                s.live += at.len;
+                s.charged = s
+                    .charged
+                    .saturating_add(folders::charge(at, folders[at.folder as usize].page));
             }
+        }
+        // Dead blocks still take their bytes: charged at least the file's length.
+        for (&(f, _), s) in segments.iter_mut() {
+            let page = folders[f as usize].page;
+            let file = folders::in_pages(s.total, page).unwrap_or(u64::MAX);
+            s.charged = s.charged.max(file);
         }
         // Segments nothing points at (emptied by a compaction that crashed before removing
         // them, or by removes) go now.
-        for (&n, &(live, _)) in &segments {
-            if live == 0 {
-                disk.remove(&dir.join(segment_name(n)))?;
+        for (&(f, n), s) in &segments {
+            if s.live == 0 {
+                disk.remove(&folders[f as usize].path.join(segment_name(n)))?;
             }
         }
-        segments.retain(|_, s| s.0 > 0);
+        segments.retain(|_, s| s.live > 0);
+        let first_new = last
+            .checked_add(1)
+            .ok_or_else(|| Error::InvalidArgument("tier store: segment numbers ran out".into()))?;
+        // One fresh segment per folder, numbered on from the last one on disk.
+        let current: Vec<u64> = (0..folders.len() as u64)
+            .map(|i| first_new.saturating_add(i))
+            .collect();
+        let next_segment = first_new.saturating_add(folders.len() as u64);
         Ok(TierStore {
             stream: stream.clone(),
             disk,
             dir,
-            config,
+            folders,
+            config: config.clone(),
             inner: Mutex::new(Inner {
                 gpu: Clock::new(config.gpu),
                 gpu_blocks: HashMap::new(),
@@ -117,8 +169,9 @@ impl TierStore {
                 host_blocks: HashMap::new(),
                 index,
                 log,
-                segment: last + 1,
-                segment_named: false,
+                named: vec![false; current.len()],
+                current,
+                next_segment,
                 stats: TierStats::default(),
                 detectors: Vec::new(),
                 prefetched: Default::default(),
