@@ -98,9 +98,12 @@ fn a_folder_over_its_budget_spills_to_the_next_and_all_full_is_a_clear_error() {
     store.put("s0", &small[0], Durability::Sync).unwrap();
     store.put("s1", &small[1], Durability::Sync).unwrap();
     assert_eq!(segments(&disk, &root.join("large")), 0);
+    // Each block takes a whole page of its folder.
+    assert_eq!(store.disk_folder_bytes(), vec![2 * SMALL_PAGE, 0]);
     // The small folder is full: the third goes to the large one.
     store.put("s2", &small[2], Durability::Sync).unwrap();
     assert_eq!(segments(&disk, &root.join("large")), 1);
+    assert_eq!(store.disk_folder_bytes(), vec![2 * SMALL_PAGE, LARGE_PAGE]);
     // The large folder's one page is taken: nothing fits anywhere.
     let big = block(&mut r, 100_000);
     let e = store.put("big", &big, Durability::Sync).unwrap_err();
@@ -109,7 +112,7 @@ fn a_folder_over_its_budget_spills_to_the_next_and_all_full_is_a_clear_error() {
         "{e}"
     );
     assert!(e.to_string().contains("large"), "{e}");
-    // The store goes on: the small blocks are there, and room made by a remove is used.
+    // The store goes on: the small blocks are there.
     for (i, b) in small.iter().enumerate() {
         assert_eq!(&store.get_host(&format!("s{i}")).unwrap(), b);
     }
@@ -120,6 +123,13 @@ fn a_folder_over_its_budget_spills_to_the_next_and_all_full_is_a_clear_error() {
         assert_eq!(&store.get_host(&format!("s{i}")).unwrap(), b);
     }
     assert!(store.get_host("big").is_err());
+    // Charges are rebuilt on reopen, and a remove with a compaction gives the page back.
+    assert_eq!(store.disk_folder_bytes(), vec![2 * SMALL_PAGE, LARGE_PAGE]);
+    store.remove("s2").unwrap();
+    store.compact().unwrap();
+    assert_eq!(store.disk_folder_bytes(), vec![2 * SMALL_PAGE, 0]);
+    store.put("big", &big, Durability::Sync).unwrap();
+    assert_eq!(store.get_host("big").unwrap(), big);
 }
 
 #[test]

@@ -203,6 +203,15 @@ impl TierStore {
         &self.folders
     }
 
+    /// Per disk folder, in [`disk_folders`](Self::disk_folders) order, the bytes of its
+    /// pages charged against its budget.
+    pub fn disk_folder_bytes(&self) -> Vec<u64> {
+        let g = self.inner.lock();
+        (0..self.folders.len() as u32)
+            .map(|f| folders::used(&g, f))
+            .collect()
+    }
+
     /// Segment `n` in folder `folder` (a folder the index names: checked on open).
     fn segment_path(&self, folder: u32, n: u64) -> PathBuf {
         let dir = self

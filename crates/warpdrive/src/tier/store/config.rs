@@ -16,7 +16,8 @@ pub struct DiskFolder {
     /// its stored bytes rounded up to it, and blocks up to this size prefer the folder with
     /// the smallest page that holds them (see [`TierConfig::disk_folders`]).
     pub page: u64,
-    /// The bytes of pages this folder may hold (`u64::MAX`: no limit).
+    /// The bytes of pages this folder may hold (`u64::MAX`: no limit). Removed and replaced
+    /// blocks count until a compaction frees their segment.
     pub budget: u64,
 }
 

@@ -96,6 +96,10 @@ pub(super) fn choose(
         let Some(need) = in_pages(stored, f.page) else {
             continue;
         };
+        // No limit (the default folder): nothing to count on the write path.
+        if f.budget == u64::MAX {
+            return Ok(i as u32);
+        }
         let have = used(g, i as u32).saturating_add(pending.get(i).copied().unwrap_or(0));
         if have.checked_add(need).is_some_and(|n| n <= f.budget) {
             return Ok(i as u32);
