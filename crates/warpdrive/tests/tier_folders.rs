@@ -41,6 +41,17 @@ fn segments(disk: &SimDisk, dir: &Path) -> usize {
         .count()
 }
 
+/// [`segments`], or `None` where the disk fails (after a simulated crash).
+fn segments_now(disk: &SimDisk, dir: &Path) -> Option<usize> {
+    let files = disk.list(dir).ok()?;
+    Some(
+        files
+            .iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+            .count(),
+    )
+}
+
 #[test]
 fn blocks_go_to_the_folder_their_size_picks_and_come_back_after_a_reopen() {
     let s = Device::cpu().new_stream().unwrap();
@@ -248,5 +259,67 @@ fn durable_puts_over_several_folders_survive_power_losses() {
     assert_eq!(lost, 0, "acknowledged blocks lost");
     for f in ["a", "b", "c"] {
         assert!(segments(&disk, &root.join(f)) > 0, "no block went to {f}");
+    }
+}
+
+/// A crash at every disk change of durable puts into two folders, removes and a compaction
+/// of both, then a power loss or a restart: the reopened store holds every acknowledged put.
+#[test]
+fn a_crash_at_any_disk_step_over_two_folders_loses_no_acknowledged_put() {
+    let s = Device::cpu().new_stream().unwrap();
+    let mut r = rng(seed("tier folders crash steps"));
+    // Small and large in turn: each folder gets a closed segment the compaction rewrites.
+    let lens = [1000, 10_000, 1200, 11_000, 900, 9000];
+    let blocks: Vec<Vec<u8>> = lens.iter().map(|&n| block(&mut r, n)).collect();
+    for restart in [false, true] {
+        let mut finished = false;
+        for crash_at in 0..800u64 {
+            if finished {
+                break;
+            }
+            let disk = Arc::new(SimDisk::new());
+            let (root, mut config) =
+                two_folders(&format!("crash-{restart}-{crash_at}"), 1 << 20, 1 << 30);
+            config.disk_folders[1].page = 64 << 10;
+            {
+                let store = TierStore::open_on(disk.clone(), &root, config.clone(), &s).unwrap();
+                for (i, b) in blocks.iter().enumerate().take(4) {
+                    store.put(&format!("b{i}"), b, Durability::Sync).unwrap();
+                }
+                store.remove("b2").unwrap();
+                store.remove("b3").unwrap();
+                store.sync().unwrap();
+            }
+            let mut acked: std::collections::HashMap<String, Vec<u8>> = [0, 1]
+                .iter()
+                .map(|&i| (format!("b{i}"), blocks[i].clone()))
+                .collect();
+            disk.crash_after(crash_at);
+            if let Ok(store) = TierStore::open_on(disk.clone(), &root, config.clone(), &s) {
+                for (i, b) in blocks.iter().enumerate().skip(4) {
+                    if store.put(&format!("b{i}"), b, Durability::Sync).is_ok() {
+                        acked.insert(format!("b{i}"), b.clone());
+                    }
+                }
+                finished = acked.len() == 4
+                    && store.compact().is_ok_and(|freed| freed > 0)
+                    && segments_now(&disk, &root.join("small")) == Some(2)
+                    && segments_now(&disk, &root.join("large")) == Some(2);
+            }
+            if restart {
+                disk.restart();
+            } else {
+                disk.power_loss();
+            }
+            let store = TierStore::open_on(disk.clone(), &root, config.clone(), &s).unwrap();
+            for (key, want) in &acked {
+                assert_eq!(
+                    &store.get_host(key).unwrap(),
+                    want,
+                    "crash after {crash_at} changes (restart: {restart}): {key}"
+                );
+            }
+        }
+        assert!(finished, "a run with no crash in reach");
     }
 }
