@@ -325,3 +325,33 @@ fn a_crash_at_any_disk_step_over_two_folders_loses_no_acknowledged_put() {
         assert!(finished, "a run with no crash in reach");
     }
 }
+
+/// Two folders swapped in the config, or an empty folder where one with blocks should be
+/// (an unmounted disk), are refused by each folder's mark, not read as blocks lost.
+#[test]
+fn swapped_or_emptied_folders_are_refused_by_their_marks() {
+    let s = Device::cpu().new_stream().unwrap();
+    let disk = Arc::new(SimDisk::new());
+    let (root, config) = two_folders("marks", u64::MAX, u64::MAX);
+    let mut r = rng(seed("tier folders marks"));
+    let (a, b) = (block(&mut r, 1000), block(&mut r, 100_000));
+    {
+        let store = TierStore::open_on(disk.clone(), &root, config.clone(), &s).unwrap();
+        store.put("a", &a, Durability::Sync).unwrap();
+        store.put("b", &b, Durability::Sync).unwrap();
+    }
+    let mut swapped = config.clone();
+    swapped.disk_folders.swap(0, 1);
+    let e = TierStore::open_on(disk.clone(), &root, swapped, &s).unwrap_err();
+    assert!(e.to_string().contains("mark"), "{e}");
+    // An empty folder in the large one's place.
+    let mut emptied = config.clone();
+    emptied.disk_folders[1].path = root.join("empty");
+    disk.create_dir_all(&root.join("empty")).unwrap();
+    let e = TierStore::open_on(disk.clone(), &root, emptied, &s).unwrap_err();
+    assert!(e.to_string().contains("empty"), "{e}");
+    // Nothing was lost by the refusals.
+    let store = TierStore::open_on(disk.clone(), &root, config, &s).unwrap();
+    assert_eq!(store.get_host("a").unwrap(), a);
+    assert_eq!(store.get_host("b").unwrap(), b);
+}

@@ -52,7 +52,9 @@ pub struct TierConfig {
     /// goes to the folder with the smallest page at least its length (unencoded), or, longer
     /// than every page, to the one with the largest page; when that folder's budget cannot
     /// take it, to the next larger page, then the next smaller one (ties in list order).
-    /// The index names a folder by its position here: keep the order, append new ones.
+    /// The index names a folder by its position here: keep the order, append new ones (each
+    /// folder carries a mark of its position, so a reordered list or an empty folder in the
+    /// place of one with blocks is refused on open).
     pub disk_folders: Vec<DiskFolder>,
 }
 

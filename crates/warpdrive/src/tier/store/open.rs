@@ -39,6 +39,51 @@ pub(super) fn segment_number(path: &Path) -> Option<u64> {
         .ok()
 }
 
+/// The file naming a configured disk folder's position in its store's list: a folder swapped
+/// with another, or an empty mount point where a disk should be, is refused rather than read
+/// as a folder whose blocks were lost.
+const FOLDER_MARK: &str = "tier-folder.mark";
+
+fn mark_text(position: usize) -> String {
+    format!("warpdrive tier store disk folder #{position}\n")
+}
+
+/// Checks `dir`'s mark says `position`; writes it (whole, by rename) where the folder has none
+/// and holds none of the index's blocks.
+fn check_mark(disk: &dyn Disk, dir: &Path, position: usize, holds_blocks: bool) -> Result<()> {
+    let mark = dir.join(FOLDER_MARK);
+    let want = mark_text(position);
+    let refuse = |detail: String| Error::Io {
+        path: dir.to_path_buf(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, detail),
+    };
+    match disk.len(&mark)? {
+        Some(_) => {
+            let got = disk.read_all(&mark)?;
+            if got != want.as_bytes() {
+                return Err(refuse(format!(
+                    "this disk folder's mark reads {:?}, the config lists it as #{position} \
+                     (folders are named by their position: keep the order)",
+                    String::from_utf8_lossy(&got).trim_end()
+                )));
+            }
+            Ok(())
+        }
+        None if holds_blocks => Err(refuse(
+            "the tier store's index has blocks in this disk folder but it has no mark: \
+             missing, not mounted, or another folder"
+                .into(),
+        )),
+        None => {
+            let tmp = dir.join(format!("{FOLDER_MARK}.tmp"));
+            disk.write_new(&tmp, want.as_bytes())?;
+            disk.sync(&tmp)?;
+            disk.rename(&tmp, &mark)?;
+            disk.sync_dir(dir)
+        }
+    }
+}
+
 impl TierStore {
     /// Opens (or creates) the store in `dir` on the operating system's files; blocks in
     /// memory tiers live on `stream`'s device and its pinned pool.
@@ -100,6 +145,9 @@ impl TierStore {
                     format!("a disk folder the tier store's index has blocks in: {e}"),
                 ),
             })?;
+            if !config.disk_folders.is_empty() {
+                check_mark(disk.as_ref(), path, f, holds_blocks)?;
+            }
             for file in listed {
                 // A compaction's output not renamed yet: nothing points at it.
                 if is_temp_segment(&file) {
