@@ -42,7 +42,7 @@ fn moves_body(dev: &Device) {
     let disk = Arc::new(SimDisk::new());
     // Room for ~4 blocks of 4 KiB on the GPU and ~4 more on the host.
     let config = TierConfig::new(18 << 10, 18 << 10);
-    let store = TierStore::open_on(disk, dir("moves"), config, &s).unwrap();
+    let store = TierStore::open_on(disk, dir("moves"), config.clone(), &s).unwrap();
     let mut r = rng(seed("tier moves"));
     let blocks: Vec<Vec<u8>> = (0..16).map(|i| block(&mut r, 4096 + i)).collect();
     for (i, b) in blocks.iter().enumerate() {
@@ -103,7 +103,8 @@ device_test!(
     |dev| {
         let s = dev.new_stream().unwrap();
         let config = TierConfig::new(6 << 10, 64 << 10);
-        let store = TierStore::open_on(Arc::new(SimDisk::new()), dir("large"), config, &s).unwrap();
+        let store =
+            TierStore::open_on(Arc::new(SimDisk::new()), dir("large"), config.clone(), &s).unwrap();
         let mut r = rng(seed("tier large"));
         let big = block(&mut r, 9000);
         store.put("big", &big, Durability::Memory).unwrap();
@@ -126,7 +127,8 @@ device_test!(
     |dev| {
         let s = dev.new_stream().unwrap();
         let config = TierConfig::new(18 << 10, 0);
-        let store = TierStore::open_on(Arc::new(SimDisk::new()), dir("pins"), config, &s).unwrap();
+        let store =
+            TierStore::open_on(Arc::new(SimDisk::new()), dir("pins"), config.clone(), &s).unwrap();
         let mut r = rng(seed("tier pins"));
         let first = block(&mut r, 4096);
         store.put("first", &first, Durability::Memory).unwrap();
@@ -171,7 +173,7 @@ fn durable_puts_survive_power_losses() {
     let mut durable: std::collections::HashMap<String, Vec<u8>> = Default::default();
     let mut lost = 0usize;
     for round in 0..200 {
-        let store = TierStore::open_on(disk.clone(), dir("power"), config, &s).unwrap();
+        let store = TierStore::open_on(disk.clone(), dir("power"), config.clone(), &s).unwrap();
         for (key, want) in &durable {
             match store.get_host(key) {
                 Ok(got) if &got == want => {}
@@ -217,7 +219,7 @@ fn a_flipped_byte_on_disk_is_an_error_naming_the_key() {
     let mut config = TierConfig::new(0, 0);
     config.disk_compression = Compression::Zstd { level: 1 };
     config.disk_filter = Filter::Shuffle { width: 2 };
-    let store = TierStore::open_on(disk.clone(), dir("flip"), config, &s).unwrap();
+    let store = TierStore::open_on(disk.clone(), dir("flip"), config.clone(), &s).unwrap();
     let mut r = rng(seed("tier flip"));
     let data = block(&mut r, 10_000);
     store.put("victim", &data, Durability::Sync).unwrap();
@@ -296,7 +298,7 @@ fn bad_keys_sizes_and_watermarks_are_refused() {
         low: 0.9,
     };
     assert!(matches!(
-        TierStore::open_on(Arc::new(SimDisk::new()), dir("bad2"), config, &s),
+        TierStore::open_on(Arc::new(SimDisk::new()), dir("bad2"), config.clone(), &s),
         Err(Error::InvalidArgument(_))
     ));
 }
@@ -402,8 +404,13 @@ device_test!(
     |dev| {
         let s = dev.new_stream().unwrap();
         let config = TierConfig::new(64 << 10, 0);
-        let store =
-            TierStore::open_on(Arc::new(SimDisk::new()), dir("prefetch"), config, &s).unwrap();
+        let store = TierStore::open_on(
+            Arc::new(SimDisk::new()),
+            dir("prefetch"),
+            config.clone(),
+            &s,
+        )
+        .unwrap();
         let mut r = rng(seed("tier prefetch"));
         let blocks: Vec<Vec<u8>> = (0..200).map(|_| block(&mut r, 1000)).collect();
         for (i, b) in blocks.iter().enumerate() {
@@ -446,7 +453,7 @@ fn compaction_frees_dead_segments_and_keeps_live_blocks() {
     let mut r = rng(seed("tier compaction"));
     let blocks: Vec<Vec<u8>> = (0..40).map(|_| block(&mut r, 3000)).collect();
     {
-        let store = TierStore::open_on(disk.clone(), dir("compact"), config, &s).unwrap();
+        let store = TierStore::open_on(disk.clone(), dir("compact"), config.clone(), &s).unwrap();
         for (i, b) in blocks.iter().enumerate() {
             store.put(&format!("b{i}"), b, Durability::Disk).unwrap();
         }
@@ -455,7 +462,7 @@ fn compaction_frees_dead_segments_and_keeps_live_blocks() {
         }
         store.sync().unwrap();
     }
-    let store = TierStore::open_on(disk.clone(), dir("compact"), config, &s).unwrap();
+    let store = TierStore::open_on(disk.clone(), dir("compact"), config.clone(), &s).unwrap();
     let old = dir("compact").join("data-1.seg");
     let before = disk.len(&old).unwrap().unwrap();
     assert_eq!(store.compact().unwrap(), before);
@@ -466,7 +473,7 @@ fn compaction_frees_dead_segments_and_keeps_live_blocks() {
     }
     drop(store);
     disk.power_loss();
-    let store = TierStore::open_on(disk.clone(), dir("compact"), config, &s).unwrap();
+    let store = TierStore::open_on(disk.clone(), dir("compact"), config.clone(), &s).unwrap();
     for (i, b) in blocks.iter().enumerate().take(10) {
         assert_eq!(&store.get_host(&format!("b{i}")).unwrap(), b);
     }
@@ -487,7 +494,8 @@ fn compaction_does_not_carry_a_corrupt_block() {
     let config = TierConfig::new(0, 0);
     let mut r = rng(seed("tier compaction corrupt"));
     {
-        let store = TierStore::open_on(disk.clone(), dir("compact-bad"), config, &s).unwrap();
+        let store =
+            TierStore::open_on(disk.clone(), dir("compact-bad"), config.clone(), &s).unwrap();
         for i in 0..10 {
             store
                 .put(&format!("b{i}"), &block(&mut r, 2000), Durability::Sync)
@@ -500,7 +508,7 @@ fn compaction_does_not_carry_a_corrupt_block() {
     }
     let seg = dir("compact-bad").join("data-1.seg");
     disk.flip_byte(&seg, 40).unwrap();
-    let store = TierStore::open_on(disk.clone(), dir("compact-bad"), config, &s).unwrap();
+    let store = TierStore::open_on(disk.clone(), dir("compact-bad"), config.clone(), &s).unwrap();
     assert!(matches!(store.compact(), Err(Error::Corrupt { .. })));
     assert!(disk.len(&seg).unwrap().is_some());
     assert!(matches!(store.get_host("b0"), Err(Error::Corrupt { .. })));
@@ -594,12 +602,12 @@ fn os_disk_round_trip(io: DiskIo) {
     let mut config = TierConfig::new(0, 0);
     config.disk_io = io;
     {
-        let store = TierStore::open(&store_dir, config, &s).unwrap();
+        let store = TierStore::open(&store_dir, config.clone(), &s).unwrap();
         for (i, b) in blocks.iter().enumerate() {
             store.put(&format!("b{i}"), b, Durability::Sync).unwrap();
         }
     }
-    let store = TierStore::open(&store_dir, config, &s).unwrap();
+    let store = TierStore::open(&store_dir, config.clone(), &s).unwrap();
     assert_eq!(store.io().map(|io| io.queue_depth), Some(io.queue_depth));
     for (i, b) in blocks.iter().enumerate() {
         assert_eq!(&store.get_host(&format!("b{i}")).unwrap(), b);
@@ -626,7 +634,7 @@ fn a_crash_at_any_disk_step_loses_no_acknowledged_put() {
             let path = dir(&format!("crash-{restart}-{crash_at}"));
             // A closed segment first, so the compaction below has work.
             {
-                let store = TierStore::open_on(disk.clone(), &path, config, &s).unwrap();
+                let store = TierStore::open_on(disk.clone(), &path, config.clone(), &s).unwrap();
                 for (i, b) in blocks.iter().enumerate().take(3) {
                     store.put(&format!("b{i}"), b, Durability::Sync).unwrap();
                 }
@@ -639,7 +647,7 @@ fn a_crash_at_any_disk_step_loses_no_acknowledged_put() {
                 .map(|&i| (format!("b{i}"), blocks[i].clone()))
                 .collect();
             disk.crash_after(crash_at);
-            if let Ok(store) = TierStore::open_on(disk.clone(), &path, config, &s) {
+            if let Ok(store) = TierStore::open_on(disk.clone(), &path, config.clone(), &s) {
                 for (i, b) in blocks.iter().enumerate().skip(3) {
                     if store.put(&format!("b{i}"), b, Durability::Sync).is_ok() {
                         acked.insert(format!("b{i}"), b.clone());
@@ -652,7 +660,7 @@ fn a_crash_at_any_disk_step_loses_no_acknowledged_put() {
             } else {
                 disk.power_loss();
             }
-            let store = TierStore::open_on(disk.clone(), &path, config, &s).unwrap();
+            let store = TierStore::open_on(disk.clone(), &path, config.clone(), &s).unwrap();
             for (key, want) in &acked {
                 assert_eq!(
                     &store.get_host(key).unwrap(),
@@ -744,7 +752,7 @@ fn large_blocks_body(dev: &Device) {
     // Room on the GPU for one large block: gets come up from the disk through a pinned block.
     let mut config = TierConfig::new(24 << 20, 0);
     config.prefetch = warpdrive::tier::prefetch::Prefetch::Off;
-    let store = TierStore::open(&root, config, &s).unwrap();
+    let store = TierStore::open(&root, config.clone(), &s).unwrap();
     let mut r = rng(seed("tier large"));
     let n = (20 << 20) + 12_345;
     let mut plain = vec![0u8; n];
@@ -824,7 +832,7 @@ fn get_host_into_lands_in_the_callers_buffer_and_never_leaves_a_corrupt_block_th
     let mut r = rng(seed("tier into"));
     let mut config = TierConfig::new(0, 0);
     config.disk_compression = Compression::None;
-    let store = TierStore::open_on(disk.clone(), dir("into"), config, &s).unwrap();
+    let store = TierStore::open_on(disk.clone(), dir("into"), config.clone(), &s).unwrap();
     // One block read whole, one landed piece by piece (from 16 MiB).
     let blocks = [block(&mut r, 10_001), block(&mut r, (16 << 20) + 5)];
     let mut at = Vec::new();
@@ -859,7 +867,7 @@ fn get_host_into_lands_in_the_callers_buffer_and_never_leaves_a_corrupt_block_th
     // A compressed block on disk, and one in the host tier.
     let mut config = TierConfig::new(0, 1 << 20);
     config.disk_compression = Compression::Lz4;
-    let store = TierStore::open_on(disk, dir("into-lz4"), config, &s).unwrap();
+    let store = TierStore::open_on(disk, dir("into-lz4"), config.clone(), &s).unwrap();
     let packed = vec![7u8; 50_000];
     store.put("packed", &packed, Durability::Sync).unwrap();
     store.migrate("packed", Tier::Disk).unwrap();
@@ -907,7 +915,7 @@ fn a_store_reports_its_engine_and_either_engine_reads_the_others_blocks() {
             engine: *asked,
             queue_depth: 4,
         };
-        let store = TierStore::open(&root, config, &s).unwrap();
+        let store = TierStore::open(&root, config.clone(), &s).unwrap();
         assert_eq!(store.io().map(|io| io.engine), Some(*got), "{asked:?}");
         // What the rounds before wrote, then this round's own blocks.
         for (i, b) in blocks.iter().enumerate() {
@@ -920,7 +928,8 @@ fn a_store_reports_its_engine_and_either_engine_reads_the_others_blocks() {
             assert_eq!(&store.get_host(&format!("r{round}-b{i}")).unwrap(), b);
         }
     }
-    let sim = TierStore::open_on(Arc::new(SimDisk::new()), dir("engine"), config, &s).unwrap();
+    let sim =
+        TierStore::open_on(Arc::new(SimDisk::new()), dir("engine"), config.clone(), &s).unwrap();
     assert_eq!(sim.io(), None);
     std::fs::remove_dir_all(&root).unwrap();
 }

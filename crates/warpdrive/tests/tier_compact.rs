@@ -42,7 +42,7 @@ fn a_compaction_crashed_at_any_step_leaves_no_temp_segment_and_loses_nothing() {
         let disk = Arc::new(SimDisk::new());
         let dir = Path::new("/store/compact-rename");
         {
-            let store = TierStore::open_on(disk.clone(), dir, config, &s).unwrap();
+            let store = TierStore::open_on(disk.clone(), dir, config.clone(), &s).unwrap();
             for (i, b) in blocks.iter().enumerate() {
                 store.put(&format!("b{i}"), b, Durability::Sync).unwrap();
             }
@@ -52,12 +52,12 @@ fn a_compaction_crashed_at_any_step_leaves_no_temp_segment_and_loses_nothing() {
         }
         // A new store appends to a new segment: the one above is closed and mostly dead.
         disk.crash_after(crash_at);
-        if let Ok(store) = TierStore::open_on(disk.clone(), dir, config, &s) {
+        if let Ok(store) = TierStore::open_on(disk.clone(), dir, config.clone(), &s) {
             finished = store.compact().is_ok_and(|freed| freed > 0);
         }
         disk.restart();
         saw_temp |= !temp_segments(&disk, dir).is_empty();
-        let store = TierStore::open_on(disk.clone(), dir, config, &s).unwrap();
+        let store = TierStore::open_on(disk.clone(), dir, config.clone(), &s).unwrap();
         assert_eq!(
             temp_segments(&disk, dir),
             Vec::<String>::new(),

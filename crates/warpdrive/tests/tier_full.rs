@@ -92,7 +92,7 @@ fn a_full_size_capped_folder_is_enospc_and_the_store_stays_whole() {
     filler(&taken, 5 * MIB);
     let (a, b) = (block(4 * MIB + 123), block(8 * MIB));
     {
-        let store = TierStore::open(&dir, config, &s).unwrap();
+        let store = TierStore::open(&dir, config.clone(), &s).unwrap();
         store.put("a", &a, Durability::Sync).unwrap();
         // ~6 MiB left: the 8 MiB block's pieces run out of space part way.
         let e = store.put("b", &b, Durability::Sync).unwrap_err();

@@ -33,6 +33,7 @@ fn log_path() -> PathBuf {
 
 fn at(n: u64) -> Location {
     Location {
+        folder: (n % 2) as u32,
         segment: n % 3,
         offset: n * 4096,
         len: 100 + n,

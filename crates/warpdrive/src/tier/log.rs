@@ -4,7 +4,9 @@
 //! `index.log` in the store's folder is a run of frames
 //! `[payload length u32 LE][xxh3-64 of the payload u64 LE][payload]`; the payload is
 //! `1u8, key length u16 LE, key (UTF-8), segment u64 LE, offset u64 LE, len u64 LE` for a
-//! [`Record::Put`] and `2u8, key length u16 LE, key` for a [`Record::Remove`].
+//! [`Record::Put`] in the first disk folder, `3u8`, the same and `folder u32 LE` for one in
+//! another folder, and `2u8, key length u16 LE, key` for a [`Record::Remove`] (a store with
+//! one folder writes the same log as before folders had numbers).
 //!
 //! Replay stops at the first frame whose length runs past the end of the file, is out of
 //! range, or whose checksum fails, and cuts the file there: that is the torn tail of a
@@ -30,7 +32,11 @@ use crate::error::{Error, Result};
 /// Where a block's stored bytes are on disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Location {
-    /// The data segment file (`data-<segment>.seg` in the store's folder).
+    /// The disk folder holding the segment: its position in the store's list of folders
+    /// (0, the only one, when the list is empty).
+    #[serde(default)]
+    pub folder: u32,
+    /// The data segment file (`data-<segment>.seg` in that folder).
     pub segment: u64,
     /// Where the stored bytes start in the segment.
     pub offset: u64,
@@ -56,9 +62,10 @@ pub const MAX_KEY_BYTES: usize = 4096;
 const FRAME_HEADER: usize = 4 + 8;
 const TAG_PUT: u8 = 1;
 const TAG_REMOVE: u8 = 2;
+const TAG_PUT_IN: u8 = 3;
 /// Tag and key length; then the key, and for a put its location.
 const MIN_PAYLOAD: usize = 1 + 2;
-const MAX_PAYLOAD: usize = MIN_PAYLOAD + MAX_KEY_BYTES + 3 * 8;
+const MAX_PAYLOAD: usize = MIN_PAYLOAD + MAX_KEY_BYTES + 3 * 8 + 4;
 /// Appends without `sync` accumulate at most this much before the log syncs on its own,
 /// which bounds the bytes kept to write again after a failed sync.
 const SYNC_EVERY_BYTES: usize = 1 << 20;
@@ -296,12 +303,19 @@ fn encode_frame(out: &mut Vec<u8>, key: &str, at: Option<&Location>) -> Result<(
     }
     let start = out.len();
     out.extend_from_slice(&[0; FRAME_HEADER]);
-    out.push(if at.is_some() { TAG_PUT } else { TAG_REMOVE });
+    out.push(match at {
+        Some(at) if at.folder > 0 => TAG_PUT_IN,
+        Some(_) => TAG_PUT,
+        None => TAG_REMOVE,
+    });
     out.extend_from_slice(&(key.len() as u16).to_le_bytes());
     out.extend_from_slice(key.as_bytes());
     if let Some(at) = at {
         for v in [at.segment, at.offset, at.len] {
             out.extend_from_slice(&v.to_le_bytes());
+        }
+        if at.folder > 0 {
+            out.extend_from_slice(&at.folder.to_le_bytes());
         }
     }
     let payload = start + FRAME_HEADER;
@@ -386,11 +400,26 @@ fn decode(payload: &[u8]) -> Result<Record, String> {
     let (record, used) = match tag {
         TAG_PUT => {
             let at = Location {
+                folder: 0,
                 segment: word(0)?,
                 offset: word(1)?,
                 len: word(2)?,
             };
             (Record::Put { key, at }, 24)
+        }
+        TAG_PUT_IN => {
+            let folder = rest
+                .get(24..28)
+                .and_then(|b| b.try_into().ok())
+                .map(u32::from_le_bytes)
+                .ok_or("a folder past the payload")?;
+            let at = Location {
+                folder,
+                segment: word(0)?,
+                offset: word(1)?,
+                len: word(2)?,
+            };
+            (Record::Put { key, at }, 28)
         }
         TAG_REMOVE => (Record::Remove { key }, 0),
         other => return Err(format!("unknown record tag {other}")),
@@ -408,6 +437,7 @@ mod tests {
     #[test]
     fn frames_decode_to_the_records_encoded() {
         let at = Location {
+            folder: 0,
             segment: 3,
             offset: u64::MAX,
             len: 4096,
@@ -416,7 +446,12 @@ mod tests {
         encode_frame(&mut bytes, "ключ/1", Some(&at)).unwrap();
         encode_frame(&mut bytes, "", None).unwrap();
         let key = "k".repeat(MAX_KEY_BYTES);
-        encode_frame(&mut bytes, &key, Some(&at)).unwrap();
+        // In another folder: the longest payload.
+        let elsewhere = Location {
+            folder: u32::MAX,
+            ..at
+        };
+        encode_frame(&mut bytes, &key, Some(&elsewhere)).unwrap();
         assert!(matches!(
             encode_frame(&mut bytes, &format!("{key}x"), None),
             Err(Error::InvalidArgument(_))
@@ -425,7 +460,7 @@ mod tests {
         assert_eq!((r.records, r.end, r.stopped), (3, bytes.len() as u64, None));
         assert_eq!(
             r.index.into_iter().collect::<Vec<_>>(),
-            vec![(key, at), ("ключ/1".to_string(), at)]
+            vec![(key, elsewhere), ("ключ/1".to_string(), at)]
         );
     }
 

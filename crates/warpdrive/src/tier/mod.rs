@@ -23,4 +23,6 @@ pub mod policy;
 pub mod prefetch;
 mod store;
 
-pub use store::{Durability, Tier, TierConfig, TierStats, TierStore, MAX_BLOCK, MAX_KEY};
+pub use store::{
+    DiskFolder, Durability, Tier, TierConfig, TierStats, TierStore, MAX_BLOCK, MAX_KEY,
+};

@@ -6,7 +6,8 @@ use crate::error::{Error, Result};
 use super::super::codec;
 use super::super::disk::pad_to_align;
 use super::super::log::{Location, Record};
-use super::{segment_name, temp_segment_name, TierStore, LOG_COMPACT_RECORDS, SEGMENT_LIVE_MIN};
+use super::open::{segment_name, temp_segment_name};
+use super::{folders, Inner, TierStore, LOG_COMPACT_RECORDS, SEGMENT_LIVE_MIN};
 
 impl TierStore {
     /// Rewrites the closed data segments that are mostly dead (live blocks under half their
@@ -20,27 +21,46 @@ impl TierStore {
     /// puts go to a fresh segment after it (the one they were appended to is closed).
     pub fn compact(&self) -> Result<u64> {
         let mut g = self.inner.lock();
-        let current = g.segment;
+        let mut freed = 0u64;
+        for folder in 0..self.folders.len() as u32 {
+            freed += self.compact_folder(&mut g, folder)?;
+        }
+        let live = g.index.len();
+        if g.log.records() >= LOG_COMPACT_RECORDS && g.log.dead_ratio(live) > 0.5 {
+            let index = g.index.clone();
+            g.log.compact(&index)?;
+        }
+        Ok(freed)
+    }
+
+    /// [`compact`](Self::compact)'s segments in one disk folder, rewritten in that folder.
+    fn compact_folder(&self, g: &mut Inner, folder: u32) -> Result<u64> {
+        let (dir, page) = match self.folders.get(folder as usize) {
+            Some(d) => (&d.path, d.page),
+            None => return Ok(0),
+        };
+        let current = g.current[folder as usize];
         let mut sparse: Vec<u64> = g
             .segments
             .iter()
-            .filter(|(&n, &(live, total))| {
-                n != current && (live as f64) < SEGMENT_LIVE_MIN * total as f64
+            .filter(|(&(f, n), s)| {
+                f == folder && n != current && (s.live as f64) < SEGMENT_LIVE_MIN * s.total as f64
             })
-            .map(|(&n, _)| n)
+            .map(|(&(_, n), _)| n)
             .collect();
         sparse.sort_unstable();
         let mut freed = 0u64;
         if !sparse.is_empty() {
-            let out = current.checked_add(1).ok_or_else(|| {
+            let out = g.next_segment;
+            let after = out.checked_add(2).ok_or_else(|| {
                 Error::InvalidArgument("tier store: segment numbers ran out".into())
             })?;
-            let tmp = self.dir.join(temp_segment_name(out));
-            let to = self.dir.join(segment_name(out));
+            let tmp = dir.join(temp_segment_name(out));
+            let to = dir.join(segment_name(out));
             let moving: Vec<(String, Location)> = g
                 .index
                 .iter()
-                .filter(|(_, at)| sparse.contains(&at.segment))
+                .filter(|(_, at)| at.folder == folder && sparse.contains(&at.segment))
                 .map(|(k, at)| (k.clone(), *at))
                 .collect();
             let mut moved = Vec::with_capacity(moving.len());
@@ -50,7 +70,7 @@ impl TierStore {
                         key: key.clone(),
                         detail: format!("a block of {} bytes", at.len),
                     })?;
-                    let from = self.dir.join(segment_name(at.segment));
+                    let from = dir.join(segment_name(at.segment));
                     let stored = self.disk.read_aligned(&from, at.offset, len)?;
                     // Verified before it moves: a corrupt block is not copied on as good.
                     codec::decode_block(&stored, key)?;
@@ -58,6 +78,7 @@ impl TierStore {
                     moved.push((
                         key.clone(),
                         Location {
+                            folder,
                             segment: out,
                             offset,
                             len: at.len,
@@ -67,7 +88,7 @@ impl TierStore {
                 if !moved.is_empty() {
                     self.disk.sync(&tmp)?;
                     self.disk.rename(&tmp, &to)?;
-                    self.disk.sync_dir(&self.dir)?;
+                    self.disk.sync_dir(dir)?;
                 }
                 Ok(())
             })();
@@ -76,9 +97,10 @@ impl TierStore {
                 let _ = self.disk.remove(&tmp);
                 return Err(e);
             }
-            // Appends go to a fresh segment from now: `out` is closed.
-            g.segment = out.saturating_add(1);
-            g.segment_named = false;
+            // This folder's appends go to a fresh segment from now: `out` is closed.
+            g.current[folder as usize] = out + 1;
+            g.named[folder as usize] = false;
+            g.next_segment = after;
             for (key, at) in moved {
                 g.log.append(
                     &Record::Put {
@@ -88,22 +110,18 @@ impl TierStore {
                     false,
                 )?;
                 g.index.insert(key, at);
-                let seg = g.segments.entry(out).or_insert((0, 0));
-                seg.0 += at.len;
-                seg.1 = at.offset + at.len + pad_to_align(at.len);
+                let seg = g.segments.entry((folder, out)).or_default();
+                seg.live += at.len;
+                seg.total = at.offset + at.len + pad_to_align(at.len);
+                seg.charged = seg.charged.saturating_add(folders::charge(&at, page));
             }
             g.log.sync()?;
             for n in sparse {
-                let total = g.segments.remove(&n).map_or(0, |s| s.1);
-                self.disk.remove(&self.dir.join(segment_name(n)))?;
+                let total = g.segments.remove(&(folder, n)).map_or(0, |s| s.total);
+                self.disk.remove(&dir.join(segment_name(n)))?;
                 freed += total;
             }
-            self.disk.sync_dir(&self.dir)?;
-        }
-        let live = g.index.len();
-        if g.log.records() >= LOG_COMPACT_RECORDS && g.log.dead_ratio(live) > 0.5 {
-            let index = g.index.clone();
-            g.log.compact(&index)?;
+            self.disk.sync_dir(dir)?;
         }
         Ok(freed)
     }

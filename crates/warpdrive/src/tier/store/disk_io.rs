@@ -11,7 +11,8 @@ use crate::memory::PinnedBuf;
 use super::super::codec;
 use super::super::disk::{pad_to_align, piece_bytes, Framer, DIRECT_ALIGN, SPLIT_FROM};
 use super::super::log::{Location, Record};
-use super::{forget, segment_name, Below, Inner, TierStore};
+use super::open::segment_name;
+use super::{folders, forget, Below, Inner, TierStore};
 
 /// Blocks read piece by piece into their destination from this many stored bytes: below it
 /// the header's own read and the hand-offs cost more than the one-pass copy and checksum after
@@ -27,6 +28,9 @@ impl Framer for codec::PlainFramer {
     }
 }
 
+/// Blocks by key, written together.
+type Blocks<'a> = Vec<(&'a str, &'a [u8])>;
+
 impl TierStore {
     /// Appends `data` as an encoded block to the current segment and records it.
     pub(super) fn write_to_disk(
@@ -39,16 +43,55 @@ impl TierStore {
         self.write_many_to_disk(g, &[(key, data)], sync)
     }
 
-    /// Appends `blocks` as encoded blocks to the current segment in one write (each at an
-    /// aligned offset) and records them.
+    /// Places `blocks` among the disk folders ([`folders::choose`]) and appends those of each
+    /// folder to its current segment in one write, then records them.
     pub(super) fn write_many_to_disk(
         &self,
         g: &mut Inner,
         blocks: &[(&str, &[u8])],
         sync: bool,
     ) -> Result<()> {
+        // Budgets count the blocks placed before in the same call.
+        let mut pending = vec![0u64; self.folders.len()];
+        let mut groups: Vec<(u32, Blocks)> = Vec::new();
+        for &(key, data) in blocks {
+            let f = folders::choose(&self.folders, g, data.len(), &pending)?;
+            let stored = (data.len() + codec::HEADER_BYTES) as u64;
+            let page = self.folders[f as usize].page;
+            let need = folders::in_pages(stored, page).unwrap_or(u64::MAX);
+            pending[f as usize] = pending[f as usize].saturating_add(need);
+            match groups.iter_mut().find(|(to, _)| *to == f) {
+                Some((_, group)) => group.push((key, data)),
+                None => groups.push((f, vec![(key, data)])),
+            }
+        }
+        for (f, group) in groups {
+            self.write_to_folder(g, f, &group, sync)?;
+        }
+        Ok(())
+    }
+
+    /// Appends `blocks` as encoded blocks to `folder`'s current segment in one write (each at
+    /// an aligned offset) and records them.
+    fn write_to_folder(
+        &self,
+        g: &mut Inner,
+        folder: u32,
+        blocks: &[(&str, &[u8])],
+        sync: bool,
+    ) -> Result<()> {
         const ZEROS: [u8; DIRECT_ALIGN as usize] = [0; DIRECT_ALIGN as usize];
-        let path = self.dir.join(segment_name(g.segment));
+        let f = folder as usize;
+        let (dir, page) = match self.folders.get(f) {
+            Some(d) => (&d.path, d.page),
+            None => {
+                return Err(Error::InvalidArgument(format!(
+                    "tier store: no disk folder #{folder}"
+                )))
+            }
+        };
+        let segment = g.current[f];
+        let path = dir.join(segment_name(segment));
         let (compression, filter) = (self.config.disk_compression, self.config.disk_filter);
         // (offset in the write, stored length) of each block.
         let mut placed = Vec::with_capacity(blocks.len());
@@ -92,14 +135,15 @@ impl TierStore {
         };
         if sync {
             self.disk.sync(&path)?;
-            if !g.segment_named {
-                self.disk.sync_dir(&self.dir)?;
-                g.segment_named = true;
+            if !g.named[f] {
+                self.disk.sync_dir(dir)?;
+                g.named[f] = true;
             }
         }
         for ((key, _), (start, len)) in blocks.iter().zip(placed) {
             let at = Location {
-                segment: g.segment,
+                folder,
+                segment,
                 offset: base + start,
                 len,
             };
@@ -110,9 +154,10 @@ impl TierStore {
                 },
                 sync,
             )?;
-            let segment = g.segments.entry(at.segment).or_insert((0, 0));
-            segment.0 += at.len;
-            segment.1 = at.offset + at.len + pad_to_align(at.len);
+            let seg = g.segments.entry((folder, segment)).or_default();
+            seg.live += at.len;
+            seg.total = at.offset + at.len + pad_to_align(at.len);
+            seg.charged = seg.charged.saturating_add(folders::charge(&at, page));
             if let Some(old) = g.index.insert(key.to_string(), at) {
                 forget(g, old);
             }
@@ -152,7 +197,7 @@ impl TierStore {
             metrics::counter!("warpdrive_tier_misses_total").increment(1);
             return Err(Error::NotFound { key: key.clone() });
         };
-        let path = self.dir.join(segment_name(at.segment));
+        let path = self.segment_path(at.folder, at.segment);
         let corrupt = |detail: String| Error::Corrupt {
             key: key.clone(),
             detail,
@@ -202,7 +247,7 @@ impl TierStore {
         if len < STREAM_FROM {
             return Ok(None);
         }
-        let path = self.dir.join(segment_name(at.segment));
+        let path = self.segment_path(at.folder, at.segment);
         let first = self
             .disk
             .read_aligned(&path, at.offset, codec::HEADER_BYTES)?;
