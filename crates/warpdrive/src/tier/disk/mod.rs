@@ -847,8 +847,15 @@ mod tests {
         };
         let io = threads.resolve_after(Ok(())).unwrap();
         assert_eq!((io.engine, io.queue_depth), (Engine::Threads, 3));
-        let ring = DiskIo::default().resolve_after(Ok(())).unwrap();
+        let auto = DiskIo {
+            engine: IoEngine::Auto,
+            ..DiskIo::default()
+        };
+        let ring = auto.resolve_after(Ok(())).unwrap();
         assert_eq!(ring.engine, Engine::Uring);
+        // The default runs on the threads whatever the kernel offers.
+        let default = DiskIo::default().resolve_after(Ok(())).unwrap();
+        assert_eq!(default.engine, Engine::Threads);
         for queue_depth in [0, MAX_QUEUE_DEPTH + 1] {
             let bad = DiskIo {
                 engine: IoEngine::Auto,
@@ -858,7 +865,7 @@ mod tests {
             assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
         }
         // This kernel's answer, whichever it is, resolves `Auto` to a working engine.
-        let here = DiskIo::default().resolve().unwrap();
+        let here = auto.resolve().unwrap();
         let want = match uring::probe() {
             Ok(()) => Engine::Uring,
             Err(_) => Engine::Threads,
