@@ -45,7 +45,8 @@ pub struct TierConfig {
     /// sequential or strided runs bring the next blocks up to the GPU.
     pub prefetch: Prefetch,
     /// The engine of the disk's direct I/O (io_uring or threads) and its queue depth, for
-    /// [`TierStore::open`] (a disk given to [`TierStore::open_on`] brings its own).
+    /// [`TierStore::open`](crate::tier::TierStore::open) (a disk given to
+    /// [`TierStore::open_on`](crate::tier::TierStore::open_on) brings its own).
     pub disk_io: DiskIo,
     /// Where blocks go on disk. Empty (the default): the store's own folder, 4 KiB pages, no
     /// limit. Otherwise these folders (the index log stays in the store's folder). A block
