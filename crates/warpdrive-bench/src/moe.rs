@@ -238,14 +238,8 @@ fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {
                 continue;
             }
             layer.set_path(path);
-            match overlap {
-                Some(on) => layer.set_wgmma_overlap(on),
-                None => layer.set_wgmma_overlap_auto(),
-            }
-            match wide {
-                Some(on) => layer.set_wgmma_wide(on),
-                None => layer.set_wgmma_wide_auto(),
-            }
+            layer.set_wgmma_overlap(overlap);
+            layer.set_wgmma_wide(wide);
             // Warm-up (captures the graph, loads kernels), then size the reps by one pass.
             layer.forward_into(&x, &mut y)?;
             let probe = time_gpu(&stream, 1, 1, |_| layer.forward_into(&x, &mut y))?;

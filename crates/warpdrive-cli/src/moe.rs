@@ -68,14 +68,8 @@ pub(crate) fn moe(
         wide,
     } = kernels;
     layer.set_warpgroup_mma(wgmma);
-    match overlap {
-        Some(on) => layer.set_wgmma_overlap(on),
-        None => layer.set_wgmma_overlap_auto(),
-    }
-    match wide {
-        Some(on) => layer.set_wgmma_wide(on),
-        None => layer.set_wgmma_wide_auto(),
-    }
+    layer.set_wgmma_overlap(overlap);
+    layer.set_wgmma_wide(wide);
     layer.set_decode_kernel(decode);
     let x = warpdrive::Buffer::from_host(&stream, &x)?;
     let mut y = warpdrive::Buffer::<half::bf16>::uninit(&stream, x.len())?;

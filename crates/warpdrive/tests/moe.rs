@@ -667,12 +667,9 @@ fn cuda_vs_cpu_as<T: Float>(c: MoeConfig, tokens: usize, r: Run, s: u64) -> Comp
     g.set_path(r.path);
     g.set_graphs(r.graphs);
     g.set_warpgroup_mma(r.wgmma);
-    match r.overlap {
-        Some(on) => g.set_wgmma_overlap(on),
-        None => g.set_wgmma_overlap_auto(),
-    }
+    g.set_wgmma_overlap(r.overlap);
     if r.wide {
-        g.set_wgmma_wide(true);
+        g.set_wgmma_wide(Some(true));
     }
     g.set_decode_kernel(r.decode);
     let mut h = MoeLayer::<T>::new(&cs, c, weights).unwrap();

@@ -177,48 +177,27 @@ impl<T: Float> MoeLayer<T> {
         }
     }
 
-    /// Forces every warpgroup-MMA tile onto its overlap kernel (`true`: one group of MMAs in
-    /// flight across 64-k stages, loads 2 stages ahead instead of 3; same tiles, shared
-    /// memory and work list) or onto the kernel that drains the MMAs every stage (`false`).
-    /// By default the plan picks per projection: the overlap kernel where a block runs at
-    /// least 2560 deep (issue 40; [`MoeLayer::set_wgmma_overlap_auto`]). No effect where the
-    /// tiles do not run on wgmma. Drops the captured graphs.
-    pub fn set_wgmma_overlap(&mut self, on: bool) {
-        self.choose_wgmma_overlap(Some(on));
-    }
-
-    /// Lets the plan pick the overlap kernel per projection again (the default; see
-    /// [`MoeLayer::set_wgmma_overlap`]). Drops the captured graphs.
-    pub fn set_wgmma_overlap_auto(&mut self) {
-        self.choose_wgmma_overlap(None);
-    }
-
-    fn choose_wgmma_overlap(&mut self, choice: Option<bool>) {
+    /// Forces every warpgroup-MMA tile onto its overlap kernel (`Some(true)`: one group of
+    /// MMAs in flight across 64-k stages, loads 2 stages ahead instead of 3; same tiles,
+    /// shared memory and work list) or onto the kernel that drains the MMAs every stage
+    /// (`Some(false)`); `None` (the default) lets the plan pick per projection: the overlap
+    /// kernel where a block runs at least 2560 deep (issue 40). No effect where the tiles do
+    /// not run on wgmma. Drops the captured graphs.
+    pub fn set_wgmma_overlap(&mut self, choice: Option<bool>) {
         if choice != self.wgmma_overlap {
             self.wgmma_overlap = choice;
             self.graphs.clear();
         }
     }
 
-    /// Forces every warpgroup-MMA tile onto the wide tile (`true`: 192 token rows × 128
+    /// Forces every warpgroup-MMA tile onto the wide tile (`Some(true)`: 192 token rows × 128
     /// weight rows, one block of 161 KB of stages per SM, so an expert's rows up to 192
-    /// stream its weights once) or onto the 64- and 96-row tiles (two per SM, `false`). By
-    /// default the plan picks per pass: the wide tile where an expert's rows overflow one
-    /// 96-row tile and both projections run at least 2560 deep (issue 40;
-    /// [`MoeLayer::set_wgmma_wide_auto`]). No effect where the tiles do not run on wgmma or
-    /// its shared memory does not fit. The overlap choice applies to it as to the others.
-    /// Drops the captured graphs.
-    pub fn set_wgmma_wide(&mut self, on: bool) {
-        self.choose_wgmma_wide(Some(on));
-    }
-
-    /// Lets the plan pick the wide tile per pass again (the default; see
-    /// [`MoeLayer::set_wgmma_wide`]). Drops the captured graphs.
-    pub fn set_wgmma_wide_auto(&mut self) {
-        self.choose_wgmma_wide(None);
-    }
-
-    fn choose_wgmma_wide(&mut self, choice: Option<bool>) {
+    /// stream its weights once) or onto the 64- and 96-row tiles (two per SM, `Some(false)`);
+    /// `None` (the default) lets the plan pick per pass: the wide tile where an expert's rows
+    /// overflow one 96-row tile and both projections run at least 2560 deep (issue 40). No
+    /// effect where the tiles do not run on wgmma or its shared memory does not fit. The
+    /// overlap choice applies to it as to the others. Drops the captured graphs.
+    pub fn set_wgmma_wide(&mut self, choice: Option<bool>) {
         if choice != self.wgmma_wide {
             self.wgmma_wide = choice;
             self.graphs.clear();
