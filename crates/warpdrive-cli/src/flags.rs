@@ -211,6 +211,10 @@ pub(crate) struct ServeArgs {
     /// Threads of the HTTP side (parsing, decoding, replies; default: the cores, 2 to 8).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
     pub(crate) http_threads: Option<u32>,
+    /// Task polls between a busy HTTP thread's looks at the sockets (tokio's event
+    /// interval; default: warpdrive_serve::DEFAULT_EVENT_INTERVAL).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub(crate) http_event_interval: Option<u32>,
     /// Stop after this many seconds (default: serve until Ctrl-C or SIGTERM).
     #[arg(long, value_name = "S")]
     pub(crate) seconds: Option<f64>,
@@ -270,6 +274,10 @@ pub(crate) struct LoadArgs {
     /// generator is not what saturates.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
     pub(crate) threads: Option<u32>,
+    /// Task polls between a busy generator thread's looks at the sockets (tokio's event
+    /// interval; default: warpdrive_serve::DEFAULT_EVENT_INTERVAL).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub(crate) event_interval: Option<u32>,
     /// Write every answered job to this CSV file: when it was due or sent (seconds into the
     /// run), its latency and the service's submission, queue and batch run times (µs).
     #[arg(long, value_name = "PATH")]

@@ -37,6 +37,9 @@ pub(crate) fn load(args: &LoadArgs) -> Result<()> {
         threads: args
             .threads
             .map_or_else(load::default_threads, |n| n as usize),
+        event_interval: args
+            .event_interval
+            .unwrap_or(warpdrive_serve::DEFAULT_EVENT_INTERVAL),
         ..LoadConfig::new(args.addr, arrivals, Duration::from_secs_f64(args.seconds))
     };
     let report = load::run(&config)?;

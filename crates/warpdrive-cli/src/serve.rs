@@ -70,6 +70,9 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
         http_threads: args
             .http_threads
             .map_or_else(|| ServeConfig::default().http_threads, |n| n as usize),
+        http_event_interval: args
+            .http_event_interval
+            .unwrap_or(warpdrive_serve::DEFAULT_EVENT_INTERVAL),
         ..ServeConfig::default()
     };
     let d = device.clone();

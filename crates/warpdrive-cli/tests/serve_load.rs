@@ -36,6 +36,8 @@ fn load_against_a_served_layer_then_sigterm_stops_it() {
             "127.0.0.1:0",
             "--p99-target-ms",
             "50",
+            "--http-event-interval",
+            "2",
         ])
         .env_remove("WARPDRIVE_DEVICE")
         .stdout(Stdio::piped())
@@ -72,6 +74,8 @@ fn load_against_a_served_layer_then_sigterm_stops_it() {
             "20",
             "--format",
             "bf16",
+            "--event-interval",
+            "2",
         ])
         .output()
         .unwrap();

@@ -85,7 +85,16 @@ pub struct ServeConfig {
     pub warm_rows: Vec<usize>,
     /// Threads of the HTTP side's runtime (accepting, parsing, decoding, replies).
     pub http_threads: usize,
+    /// Task polls between an HTTP thread's looks at the sockets while it has tasks queued
+    /// ([`DEFAULT_EVENT_INTERVAL`]).
+    pub http_event_interval: u32,
 }
+
+/// Task polls between a busy runtime thread's looks for socket readiness (tokio's
+/// `event_interval`; its default is 61). A task here decodes or encodes a body of thousands
+/// of floats (~100-200 µs), so with every thread busy, 61 polls left new requests and
+/// replies unseen for ~10 ms.
+pub const DEFAULT_EVENT_INTERVAL: u32 = 61;
 
 impl Default for ServeConfig {
     fn default() -> Self {
@@ -113,6 +122,7 @@ impl Default for ServeConfig {
             result_ttl: Duration::from_secs(60),
             warm_rows: Vec::new(),
             http_threads: std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8)),
+            http_event_interval: DEFAULT_EVENT_INTERVAL,
         }
     }
 }

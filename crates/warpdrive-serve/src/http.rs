@@ -95,6 +95,7 @@ impl Server {
             .map_err(|e| Error::InvalidArgument(format!("serve: local address: {e}")))?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(config.http_threads.clamp(1, 64))
+            .event_interval(config.http_event_interval.max(1))
             .thread_name("warpdrive-http")
             .enable_all()
             .build()

@@ -57,7 +57,7 @@ mod stats;
 mod tune;
 pub mod wire;
 
-pub use batcher::{BatchStats, MakeModel, MakeModels, ServeConfig};
+pub use batcher::{BatchStats, MakeModel, MakeModels, ServeConfig, DEFAULT_EVENT_INTERVAL};
 pub use batching::Batching;
 pub use budget::Budget;
 pub use client::{Client, ClientConfig, Encoded, Failure, JobResult, JobSpec};

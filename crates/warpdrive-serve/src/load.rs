@@ -53,6 +53,9 @@ pub struct LoadConfig {
     /// of 2048 values parsed, HTTP) costs about as much CPU as the service's side, and two
     /// threads near saturation queued jobs for tens of ms on a 16-core host.
     pub threads: usize,
+    /// Task polls between a busy generator thread's looks at the sockets (as the service's
+    /// `http_event_interval`: a task parses a reply of thousands of floats).
+    pub event_interval: u32,
 }
 
 impl LoadConfig {
@@ -71,6 +74,7 @@ impl LoadConfig {
             tenant: None,
             seed: 1,
             threads: default_threads(),
+            event_interval: crate::DEFAULT_EVENT_INTERVAL,
         }
     }
 }
@@ -181,6 +185,7 @@ pub fn run(config: &LoadConfig) -> Result<LoadReport, LoadError> {
     check(config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(config.threads.clamp(1, 64))
+        .event_interval(config.event_interval.max(1))
         .thread_name("warpdrive-load")
         .enable_all()
         .build()
