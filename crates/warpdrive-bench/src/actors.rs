@@ -5,7 +5,7 @@
 //!   per word for the baselines, the same on the value for the actor) → host sees the reply,
 //!   one message in flight; µs per message; `extra` has p99 / p99.9 and the ratio to the
 //!   doorbell (and for `warpdrive` the loop's mean iteration and its phases, idle and while
-//!   answering: `idle_read_ns` … `idle_loop_ns`, `busy_read_ns` … `busy_loop_ns`, see
+//!   answering: `idle_read_ns` … `idle_after_ns`, `idle_loop_ns`, the same `busy_…`, see
 //!   `ActorStats::phase_ns`). Variants `doorbell` (one GPU thread polling one mapped word, no queue),
 //!   `warpdrive` (`Actor::request`), `kernel-per-message` (write the message to mapped
 //!   memory, launch, synchronize, read), `graph-per-message` (the same kernel in a graph).
@@ -156,16 +156,16 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
 }
 
 /// The loop's phases (`ActorStats::phase_ns`), then the whole iteration.
-const PHASES: [&str; 5] = ["read", "control", "pick", "answer", "loop"];
+const PHASES: [&str; 6] = ["read", "control", "pick", "answer", "after", "loop"];
 
 /// Mean ns per loop iteration between two stats of one actor: each phase, then the sum.
-fn per_iteration(from: &ActorStats, to: &ActorStats) -> [f64; 5] {
+fn per_iteration(from: &ActorStats, to: &ActorStats) -> [f64; 6] {
     let loops = to.loops.saturating_sub(from.loops).max(1) as f64;
-    let mut ns = [0.0; 5];
-    for (i, v) in ns.iter_mut().take(4).enumerate() {
+    let mut ns = [0.0; 6];
+    for (i, v) in ns.iter_mut().take(5).enumerate() {
         *v = to.phase_ns[i].saturating_sub(from.phase_ns[i]) as f64 / loops;
     }
-    ns[4] = ns[..4].iter().sum();
+    ns[5] = ns[..5].iter().sum();
     ns
 }
 
