@@ -6,7 +6,7 @@
 //!   one message in flight; µs per message; `extra` has p99 / p99.9 and the ratio to the
 //!   doorbell (and for `warpdrive` the loop's mean iteration and its phases, idle and while
 //!   answering: `idle_read_ns` … `idle_after_ns`, `idle_loop_ns`, the same `busy_…`, see
-//!   `ActorStats::phase_ns`). Variants `doorbell` (one GPU thread polling one mapped word, no queue),
+//!   `ActorStats::phase_ns`; `gap_ns`, the loop's wait after an answer, `ActorStats::gap_ns`). Variants `doorbell` (one GPU thread polling one mapped word, no queue),
 //!   `warpdrive` (`Actor::request`), `kernel-per-message` (write the message to mapped
 //!   memory, launch, synchronize, read), `graph-per-message` (the same kernel in a graph).
 //! - `round-trip-loaded` (size 64): `warpdrive` requests while another thread sends
@@ -235,9 +235,10 @@ fn round_trip<M: Pod>(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
             us.push(t.elapsed().as_secs_f64() * 1e6);
             check(&out, k)?;
         }
-        let busy = per_iteration(&busy0, &a.stats());
+        let busy_stats = a.stats();
+        let busy = per_iteration(&busy0, &busy_stats);
         system.terminate()?;
-        let mut extra = Vec::new();
+        let mut extra = vec![("gap_ns".to_string(), busy_stats.gap_ns as f64)];
         for (when, ns) in [("idle", idle), ("busy", busy)] {
             for (phase, v) in PHASES.iter().zip(ns) {
                 extra.push((format!("{when}_{phase}_ns"), v));

@@ -67,6 +67,9 @@ pub(crate) mod ctrl {
     /// Loop → host: nanoseconds spent in each of the 5 phases of an iteration
     /// (`ActorStats::phase_ns`, words 18 to 22), published with `LOOPS`.
     pub(crate) const PHASE_NS: usize = 18;
+    /// Loop → host: the wait after answering every message seen before the next read
+    /// (`ActorStats::gap_ns`), published with `LOOPS`.
+    pub(crate) const GAP_NS: usize = 23;
     /// Words of the control block.
     pub(crate) const WORDS: usize = 32;
 }

@@ -62,6 +62,7 @@ __device__ void actor_dispatch(u32 kind, const void* in, void* out, void* state,
 #define C_TRACE_TAIL 17
 #define C_PHASE_NS 18  // N_PHASES words
 #define N_PHASES 5
+#define C_GAP_NS 23
 #define S_COMMAND 0
 #define S_HOST_BEAT 1
 #define S_PARK_NS 2
@@ -157,6 +158,16 @@ __device__ __forceinline__ u32 next_window(u32 win, u32 ready, u32 wmin, u32 wma
     return ready == win ? min(win * 2, wmax) : (ready == 0 ? wmin : win);
 }
 
+// The gap after answering every message seen before the next read (ns): a closed-loop
+// client is still writing its next request (a read now would miss it, and the next read
+// comes a round trip later). It starts at one read's round trip (`READ_RT_NS` until one is
+// measured), shrinks by GAP_DOWN each time the read after it finds a message and grows by
+// GAP_UP when that read finds none and the one after it does (a miss): about one read in
+// GAP_UP / GAP_DOWN + 1 after a gap misses.
+#define READ_RT_NS 1500
+#define GAP_DOWN 8
+#define GAP_UP 200
+
 // Loads in flight per thread while reading the windows (each a PCIe round trip to host
 // memory); the loop that issues them is unrolled, so they stay in registers.
 #define LOADS_IN_FLIGHT 16
@@ -235,6 +246,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     const u64 trace_every = d[D_TRACE_EVERY];
     const bool parallel = d[D_PARALLEL] != 0;
     u64* trace = blk + d[D_TRACE_BASE];
+    u64* outbox = blk + d[D_OUTBOX_BASE];
     const u32 ranks = lanes + (dev_ring ? 1u : 0u);
     const u32 in_vps = in_sw / 2;
 
@@ -305,6 +317,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         }                                                                           \
         if ((loops & 255) == 0) {                                                   \
             PUBLISH(blk + C_LOOPS, loops);                                          \
+            PUBLISH(blk + C_GAP_NS, min(gap, read_rt));                             \
             for (u32 q = 0; q < N_PHASES; ++q) PUBLISH(blk + C_PHASE_NS + q, phase[q]); \
         }                                                                           \
     } while (0)
@@ -313,23 +326,28 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     // actor's command (one request for them all).
     const u64* ctl_at = lane == 0 ? sysw + S_COMMAND : lane == 1 ? sysw + S_HOST_BEAT : blk + C_COMMAND;
     bool running = false;   // the last iteration's decision: handle messages
-    bool answered = false;  // the last iteration handled every message it saw
-    bool ctl_early = false;  // and sent the control words' loads as it ended
-    u64 word = 0;
+    bool answered = false;  // the last iteration answered every message it saw
+    u64 word = 0, gap_until = 0;
+    // Lane 0's gap (see GAP_UP): the gap, a plain read's round trip (its cap), and where the
+    // reads after an answer are: 1 the first (after the gap), 2 the second.
+    u64 gap = ~0ull, read_rt = READ_RT_NS;
+    u32 probe = 0;
     for (;;) {
         // Whether the last iteration ran: then this one reads the windows while the control
         // words are in flight. Nothing may wait between the first load and the last (a
         // __syncwarp waits for them): one round trip to host memory per iteration.
         const bool reading = running;
         const u64 t_start = now_ns();
-        // Right after answering all it saw, the control words go first, alone: a client that
-        // sends its next request on each answer is still writing it (a window read now would
-        // miss it, and the next read comes a whole iteration later). An iteration that
-        // answered sent them before its bookkeeping, which their round trip hides.
-        const bool ctl_first = !reading || answered;
+        // After answering every message it saw, the gap: the reads' round trip, not the
+        // loop's bookkeeping, is what the client's next request must beat.
+        if (answered)
+            while (__shfl_sync(0xffffffffu, now_ns() < gap_until ? 1u : 0u, 0)) {
+            }
+        const bool gapped = answered;
+        const bool ctl_first = !reading;
         answered = false;
-        if (ctl_first) word = __shfl_sync(0xffffffffu, ctl_early ? word : ld_word(ctl_at), lane);
-        ctl_early = false;
+        if (ctl_first) word = __shfl_sync(0xffffffffu, ld_word(ctl_at), lane);
+        bool one_trip = false;  // one chunk: its time is one round trip
         if (reading) {
             // Each rank's first vector in the flat order (`st` was cleared for these windows).
             u32 pre[MAX_RANKS + 1];
@@ -341,7 +359,8 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             // three loads a lane: a lone warp pays a few cycles for each instruction of the
             // sixteen-load chunk.
             const RingView rv{pre, ranks, head, rbase, rmask, in_sw, in_vps, wmax, &st[0][0], in_stage};
-            if (total <= 96) {
+            one_trip = total <= 96;
+            if (one_trip) {
                 read_chunk<3>(rv, 0, total, lane, !ctl_first, ctl_at, word);
             } else {
                 for (u32 base = 0; base < total; base += 32 * LOADS_IN_FLIGHT)
@@ -373,6 +392,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             }
             flags = (cmd == 1 ? 1u : 0u) | (act && !parked ? 2u : 0u) | (parked ? 4u : 0u);
             phase[0] += t_read - t_start;
+            if (one_trip && !gapped) read_rt = (read_rt * 7 + (t_read - t_start)) / 8;
         }
         flags = __shfl_sync(0xffffffffu, flags, 0);
         if (flags & 1u) break;
@@ -387,7 +407,11 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         if (!running || !reading ||
             !__any_sync(0xffffffffu, lane < ranks && (win[lane] != wmin || (st[lane][0] & 1u) == 0u))) {
             CLEAR_ST();
-            if (lane == 0) BOOKS();
+            if (lane == 0) {
+                // Nothing after the gap: a miss if the next read finds some.
+                probe = probe == 1 && running ? 2u : 0u;
+                BOOKS();
+            }
             FLUSH();
             if (lane == 0) phase[4] += now_ns() - t_ctl;
             if (!running) __nanosleep(flags & 4u ? 100000 : 2000);
@@ -546,22 +570,23 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                     write_window(fwd_ring + DEV_RING_SLOTS, fwd_cap, out_sw, __shfl_sync(0xffffffffu, fwd_tail, 0),
                                  outs, out_stage, order);
                 } else {
-                    write_window(blk + d[D_OUTBOX_BASE], cap, out_sw, __shfl_sync(0xffffffffu, out_tail, 0), outs,
+                    write_window(outbox, cap, out_sw, __shfl_sync(0xffffffffu, out_tail, 0), outs,
                                  out_stage, order);
                 }
             }
         }
         __syncwarp();  // every lane has counted with `win` before lane 0 moves it
         const u64 t_answer = now_ns();
-        // The answers have left. When this iteration took every message it saw, the next one
-        // reads the control words first: their loads go out now.
-        if (drained) {
-            word = ld_word(ctl_at);
-            ctl_early = true;
-        }
+        answered = drained && picks != 0;
 
-        // Bookkeeping: the heads, the counters, the sampled records.
+        // The answers have left. Bookkeeping: the gap, the heads, the counters, the sampled
+        // records.
         if (lane == 0) {
+            gap = min(gap, read_rt);
+            if (picks && probe == 1) gap = gap > GAP_DOWN ? gap - GAP_DOWN : 0;
+            if (picks && probe == 2) gap = min(gap + GAP_UP, read_rt);
+            probe = answered ? 1u : (!picks && probe == 1 ? 2u : 0u);
+            gap_until = t_answer + gap;
             if (solo) {
                 win[0] = next_window(w0, n0, wmin, wmax);
                 if (picks) {
@@ -616,7 +641,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             phase[3] += t_answer - t_pick;
             phase[4] += now_ns() - t_answer;
         }
-        answered = drained;
+        if (answered) gap_until = __shfl_sync(0xffffffffu, gap_until, 0);
     }
     if (lane == 0) {
         st_word(blk + C_LOOPS, loops);
