@@ -5,8 +5,8 @@
 //!   per word for the baselines, the same on the value for the actor) → host sees the reply,
 //!   one message in flight; µs per message; `extra` has p99 / p99.9 and the ratio to the
 //!   doorbell (and for `warpdrive` the loop's mean iteration and its phases, idle and while
-//!   answering: `idle_read_ns` … `idle_loop_ns`, `busy_read_ns` … `busy_loop_ns`, see
-//!   `ActorStats::phase_ns`). Variants `doorbell` (one GPU thread polling one mapped word, no queue),
+//!   answering: `idle_read_ns` … `idle_after_ns`, `idle_loop_ns`, the same `busy_…`, see
+//!   `ActorStats::phase_ns`; `gap_ns`, the loop's wait after an answer, `ActorStats::gap_ns`). Variants `doorbell` (one GPU thread polling one mapped word, no queue),
 //!   `warpdrive` (`Actor::request`), `kernel-per-message` (write the message to mapped
 //!   memory, launch, synchronize, read), `graph-per-message` (the same kernel in a graph).
 //! - `round-trip-loaded` (size 64): `warpdrive` requests while another thread sends
@@ -156,16 +156,16 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
 }
 
 /// The loop's phases (`ActorStats::phase_ns`), then the whole iteration.
-const PHASES: [&str; 5] = ["read", "control", "pick", "answer", "loop"];
+const PHASES: [&str; 6] = ["read", "control", "pick", "answer", "after", "loop"];
 
 /// Mean ns per loop iteration between two stats of one actor: each phase, then the sum.
-fn per_iteration(from: &ActorStats, to: &ActorStats) -> [f64; 5] {
+fn per_iteration(from: &ActorStats, to: &ActorStats) -> [f64; 6] {
     let loops = to.loops.saturating_sub(from.loops).max(1) as f64;
-    let mut ns = [0.0; 5];
-    for (i, v) in ns.iter_mut().take(4).enumerate() {
+    let mut ns = [0.0; 6];
+    for (i, v) in ns.iter_mut().take(5).enumerate() {
         *v = to.phase_ns[i].saturating_sub(from.phase_ns[i]) as f64 / loops;
     }
-    ns[4] = ns[..4].iter().sum();
+    ns[5] = ns[..5].iter().sum();
     ns
 }
 
@@ -235,9 +235,10 @@ fn round_trip<M: Pod>(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
             us.push(t.elapsed().as_secs_f64() * 1e6);
             check(&out, k)?;
         }
-        let busy = per_iteration(&busy0, &a.stats());
+        let busy_stats = a.stats();
+        let busy = per_iteration(&busy0, &busy_stats);
         system.terminate()?;
-        let mut extra = Vec::new();
+        let mut extra = vec![("gap_ns".to_string(), busy_stats.gap_ns as f64)];
         for (when, ns) in [("idle", idle), ("busy", busy)] {
             for (phase, v) in PHASES.iter().zip(ns) {
                 extra.push((format!("{when}_{phase}_ns"), v));

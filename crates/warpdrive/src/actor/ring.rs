@@ -64,9 +64,12 @@ pub(crate) mod ctrl {
     pub(crate) const CLOCK_START: usize = 16;
     /// Loop → host: sampled message records written to the trace ring.
     pub(crate) const TRACE_TAIL: usize = 17;
-    /// Loop → host: nanoseconds spent in each phase of an iteration (`ActorStats::phase_ns`),
-    /// published with `LOOPS`.
+    /// Loop → host: nanoseconds spent in each of the 5 phases of an iteration
+    /// (`ActorStats::phase_ns`, words 18 to 22), published with `LOOPS`.
     pub(crate) const PHASE_NS: usize = 18;
+    /// Loop → host: the wait after answering every message seen before the next read
+    /// (`ActorStats::gap_ns`), published with `LOOPS`.
+    pub(crate) const GAP_NS: usize = 23;
     /// Words of the control block.
     pub(crate) const WORDS: usize = 32;
 }
@@ -137,7 +140,8 @@ impl Ring {
         }
     }
 
-    /// Reads message `seq` into `header` and `body` (`body` as long as the message).
+    /// Reads message `seq` into `header` and `body` (`body` as long as the message); on
+    /// `Empty` they hold whatever was read before the first word not written yet.
     pub(crate) fn read(
         &self,
         words: &[AtomicU64],
@@ -147,15 +151,16 @@ impl Ring {
     ) -> Found {
         let want = flag(seq);
         let at = self.slot(seq);
-        let (mut older, mut newer) = (false, false);
+        let mut newer = false;
         for (i, w) in words[at..at + self.slot_words].iter().enumerate() {
             let v = w.load(Ordering::Acquire);
             let d = ((v >> 32) as u32).wrapping_sub(want) as i32;
+            // A word not written yet makes the slot empty whatever the others hold: a poller
+            // waiting for a reply reads one word, not the slot.
             if d < 0 {
-                older = true;
-            } else if d > 0 {
-                newer = true;
+                return Found::Empty;
             }
+            newer |= d > 0;
             let data = (v as u32).to_le_bytes();
             match i {
                 0 | 1 => header[i] = v as u32,
@@ -168,10 +173,10 @@ impl Ring {
                 }
             }
         }
-        match (older, newer) {
-            (false, false) => Found::Ready,
-            (false, true) => Found::Overwritten,
-            _ => Found::Empty,
+        if newer {
+            Found::Overwritten
+        } else {
+            Found::Ready
         }
     }
 

@@ -569,11 +569,17 @@ pub struct ActorStats {
     pub loops: u64,
     /// Replies sent to the next actor.
     pub forwarded: u64,
-    /// Nanoseconds the loop spent, over all its iterations, reading the inboxes and the
-    /// control words (a round trip to host memory), acting on the control words, picking
-    /// messages, and handling and answering them. Published with `loops`, every 256
-    /// iterations (on the CPU backend, zeros).
-    pub phase_ns: [u64; 4],
+    /// Nanoseconds the loop spent, over all its iterations, in each phase: reading the
+    /// inboxes and the control words (round trips to host memory), deciding on the control
+    /// words, counting and picking messages, handling them and writing the answers, and the
+    /// bookkeeping after the answers have left (heads, counters, published words; an idle
+    /// iteration's whole tail). Published with `loops`, every 256 iterations (on the CPU
+    /// backend, zeros).
+    pub phase_ns: [u64; 5],
+    /// How long the loop waits, after answering every message it saw, before it reads again
+    /// (ns): a closed-loop client is still writing its next request. It adapts to the first
+    /// read after the wait finding that request (on the CPU backend, 0).
+    pub gap_ns: u64,
 }
 
 /// A typed handle on one actor: `In` goes in, `Out` comes back. Cheap to clone; usable
@@ -775,6 +781,7 @@ impl<In: Pod, Out: Pod> Actor<In, Out> {
             loops: w(ctrl::LOOPS),
             forwarded: w(ctrl::FORWARDED),
             phase_ns: std::array::from_fn(|i| w(ctrl::PHASE_NS + i)),
+            gap_ns: w(ctrl::GAP_NS),
         }
     }
 

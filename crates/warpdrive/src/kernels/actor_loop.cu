@@ -1,8 +1,10 @@
 // The resident actor loop (actor/gpu_loop.rs generates the rest: each actor's handler in a
 // namespace, then `actor_dispatch`). One 32-thread block per actor; the whole warp reads and
-// writes the rings; thread 0 picks the messages in priority order; the handlers of an actor
-// without state run one message per thread, those of an actor with state on thread 0 in
-// order (its state sees the messages one at a time, as on the CPU backend).
+// writes the rings; thread 0 picks the messages in priority order (an actor with one lane
+// and nothing dropped takes its first messages in order, known to every lane, and answers
+// them before any bookkeeping); the handlers of an actor without state run one message per
+// thread, those of an actor with state on thread 0 in order (its state sees the messages one
+// at a time, as on the CPU backend).
 //
 // Ring format (actor/ring.rs): 64-bit words, payload in the low half, flag `seq | 1` in the
 // high half; a slot is `sw` words, its payload an 8-byte header (correlation id, lane) and
@@ -58,7 +60,9 @@ __device__ void actor_dispatch(u32 kind, const void* in, void* out, void* state,
 #define C_FORWARDED 15
 #define C_CLOCK_START 16
 #define C_TRACE_TAIL 17
-#define C_PHASE_NS 18  // 4 words
+#define C_PHASE_NS 18  // N_PHASES words
+#define N_PHASES 5
+#define C_GAP_NS 23
 #define S_COMMAND 0
 #define S_HOST_BEAT 1
 #define S_PARK_NS 2
@@ -154,6 +158,16 @@ __device__ __forceinline__ u32 next_window(u32 win, u32 ready, u32 wmin, u32 wma
     return ready == win ? min(win * 2, wmax) : (ready == 0 ? wmin : win);
 }
 
+// The gap after answering every message seen before the next read (ns): a closed-loop
+// client is still writing its next request (a read now would miss it, and the next read
+// comes a round trip later). It starts at one read's round trip (`READ_RT_NS` until one is
+// measured), shrinks by GAP_DOWN each time the read after it finds a message and grows by
+// GAP_UP when that read finds none and the one after it does (a miss): about one read in
+// GAP_UP / GAP_DOWN + 1 after a gap misses.
+#define READ_RT_NS 1500
+#define GAP_DOWN 8
+#define GAP_UP 200
+
 // Loads in flight per thread while reading the windows (each a PCIe round trip to host
 // memory); the loop that issues them is unrolled, so they stay in registers.
 #define LOADS_IN_FLIGHT 16
@@ -232,6 +246,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     const u64 trace_every = d[D_TRACE_EVERY];
     const bool parallel = d[D_PARALLEL] != 0;
     u64* trace = blk + d[D_TRACE_BASE];
+    u64* outbox = blk + d[D_OUTBOX_BASE];
     const u32 ranks = lanes + (dev_ring ? 1u : 0u);
     const u32 in_vps = in_sw / 2;
 
@@ -241,13 +256,10 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     __shared__ u32 st[MAX_RANKS][MAX_WINDOW];
     __shared__ u32 win[MAX_RANKS];
     __shared__ u64 head[MAX_RANKS];
-    __shared__ u32 ctl[3];  // terminate, run, parked
-    __shared__ u32 n_picks;
-    __shared__ u32 drained;  // this iteration picked every message its windows held
+    __shared__ u32 n_picks;  // thread 0's picks, and bit 31 when they were every message seen
     __shared__ const u64* rbase[MAX_RANKS];  // each rank's ring: slots from here
     __shared__ u64 rmask[MAX_RANKS];         // its capacity - 1
-    __shared__ u32 cnt[MAX_RANKS], ndrop[MAX_RANKS];  // messages ready, dropped among them
-    __shared__ u32 fast;                     // picks are 0..n of rank 0 (`pick` unused)
+    __shared__ u32 cnt[MAX_RANKS];           // messages ready (thread 0 picks among them)
     __shared__ u32 pick[MAX_BATCH];          // (rank << 16) | position in the rank's window
     // Words to publish at the end of the iteration, one per thread in a single store: a
     // thread's stores to host memory one after another cost a round trip each.
@@ -264,8 +276,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     u64 host_beat = 0, beat_time = 0, loops = 0, park_ns = 0, dropped_shown = 0;
     u32 since_lower = 0, status = 2, parked = 0;
     u64 cal_seen = 0, traced = 0;
-    u64 phase[4] = {0, 0, 0, 0};  // read, control, pick, handle and answer (ns)
-    u64 t_read = 0, t_ctl = 0, t_pick = 0;
+    u64 phase[N_PHASES] = {0, 0, 0, 0, 0};  // read, control, pick, answer, after (ns)
     if (lane == 0) {
         for (u32 r = 0; r < ranks; ++r) {
             head[r] = r < lanes ? ld_word(blk + C_IN_HEAD + (lanes - 1 - r)) : ld_word(dev_ring);
@@ -282,32 +293,61 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         host_beat = ld_word(sysw + S_HOST_BEAT);
         beat_time = now_ns();
         st_word(blk + C_CLOCK_START, beat_time);
-        ctl[0] = 0;
-        ctl[1] = 0;
-        ctl[2] = 0;
         n_pub = 0;
     }
     for (u32 i = lane; i < MAX_RANKS * MAX_WINDOW; i += 32) st[i / MAX_WINDOW][i % MAX_WINDOW] = 0;
     __syncwarp();
 
-    bool answered = false;  // the last iteration handled every message it saw
+    // Lane 0 after every iteration: the loop's count, its beat, a clock calibration the host
+    // asked for, and every 256 iterations the count and the phases.
+#define BOOKS()                                                                     \
+    do {                                                                            \
+        ++loops;                                                                    \
+        if (a == 0 && (loops & 63) == 0) {                                          \
+            /* The beat every 64 iterations: an idle iteration stores nothing. */   \
+            PUBLISH(sysw + S_LOOP_BEAT, loops);                                     \
+            /* A calibration asked by the host: the time first, then the answer. */ \
+            const u64 req = ld_word(sysw + S_CAL_REQ);                              \
+            if (req != cal_seen) {                                                  \
+                cal_seen = req;                                                     \
+                st_word(sysw + S_CAL_NS, now_ns());                                 \
+                __threadfence_system();                                             \
+                st_word(sysw + S_CAL_ACK, req);                                     \
+            }                                                                       \
+        }                                                                           \
+        if ((loops & 255) == 0) {                                                   \
+            PUBLISH(blk + C_LOOPS, loops);                                          \
+            PUBLISH(blk + C_GAP_NS, min(gap, read_rt));                             \
+            for (u32 q = 0; q < N_PHASES; ++q) PUBLISH(blk + C_PHASE_NS + q, phase[q]); \
+        }                                                                           \
+    } while (0)
+
+    // The control words: lane 0 the system command, lane 1 the host's beat, the others the
+    // actor's command (one request for them all).
+    const u64* ctl_at = lane == 0 ? sysw + S_COMMAND : lane == 1 ? sysw + S_HOST_BEAT : blk + C_COMMAND;
+    bool running = false;   // the last iteration's decision: handle messages
+    bool answered = false;  // the last iteration answered every message it saw
+    u64 word = 0, gap_until = 0;
+    // Lane 0's gap (see GAP_UP): the gap, a plain read's round trip (its cap), and where the
+    // reads after an answer are: 1 the first (after the gap), 2 the second.
+    u64 gap = ~0ull, read_rt = READ_RT_NS;
+    u32 probe = 0;
     for (;;) {
         // Whether the last iteration ran: then this one reads the windows while the control
         // words are in flight. Nothing may wait between the first load and the last (a
         // __syncwarp waits for them): one round trip to host memory per iteration.
-        const bool reading = ctl[1] != 0;
-        __syncwarp();  // every lane has read the last iteration's ctl before lane 0 rewrites it
+        const bool reading = running;
         const u64 t_start = now_ns();
-        // The control words: lane 0 the system command, lane 1 the host's beat, the others the
-        // actor's command (one request for them all); with the windows' loads when reading.
-        const u64* ctl_at = lane == 0 ? sysw + S_COMMAND : lane == 1 ? sysw + S_HOST_BEAT : blk + C_COMMAND;
-        // Right after answering all it saw, the control words go first, alone: a client that
-        // sends its next request on each answer is still writing it (a window read now would
-        // miss it, and the next read comes a whole iteration later).
-        u64 word = 0;
-        const bool ctl_first = !reading || answered;
+        // After answering every message it saw, the gap: the reads' round trip, not the
+        // loop's bookkeeping, is what the client's next request must beat.
+        if (answered)
+            while (__shfl_sync(0xffffffffu, now_ns() < gap_until ? 1u : 0u, 0)) {
+            }
+        const bool gapped = answered;
+        const bool ctl_first = !reading;
         answered = false;
         if (ctl_first) word = __shfl_sync(0xffffffffu, ld_word(ctl_at), lane);
+        bool one_trip = false;  // one chunk: its time is one round trip
         if (reading) {
             // Each rank's first vector in the flat order (`st` was cleared for these windows).
             u32 pre[MAX_RANKS + 1];
@@ -319,27 +359,30 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             // three loads a lane: a lone warp pays a few cycles for each instruction of the
             // sixteen-load chunk.
             const RingView rv{pre, ranks, head, rbase, rmask, in_sw, in_vps, wmax, &st[0][0], in_stage};
-            if (total <= 96) {
+            one_trip = total <= 96;
+            if (one_trip) {
                 read_chunk<3>(rv, 0, total, lane, !ctl_first, ctl_at, word);
             } else {
                 for (u32 base = 0; base < total; base += 32 * LOADS_IN_FLIGHT)
                     read_chunk<LOADS_IN_FLIGHT>(rv, base, total, lane, !ctl_first && base == 0, ctl_at, word);
             }
         }
-        t_read = now_ns();
+        const u64 t_read = now_ns();
         const u64 cmd = __shfl_sync(0xffffffffu, word, 0);
         const u64 beat = __shfl_sync(0xffffffffu, word, 1);
         const u64 act = __shfl_sync(0xffffffffu, word, 2) & 1;
+        // Lane 0 decides (bit 0: terminate, 1: run, 2: parked); what it publishes waits for
+        // the iteration's end, after the answers.
+        u32 flags = 0;
         if (lane == 0) {
-            const u64 t = now_ns();
             if (beat != host_beat) {
                 host_beat = beat;
-                beat_time = t;
+                beat_time = t_read;
                 if (parked) {
                     parked = 0;
                     if (a == 0) PUBLISH(sysw + S_PARKED, 0);
                 }
-            } else if (!parked && t - beat_time > park_ns) {
+            } else if (!parked && t_read - beat_time > park_ns) {
                 parked = 1;
                 if (a == 0) PUBLISH(sysw + S_PARKED, 1);
             }
@@ -347,53 +390,40 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                 status = (u32)act;
                 PUBLISH(blk + C_STATUS, act);
             }
-            ++loops;
-            // The beat every 64 iterations: an idle iteration stores nothing to host memory.
-            if (a == 0 && (loops & 63) == 0) PUBLISH(sysw + S_LOOP_BEAT, loops);
-            if (a == 0 && (loops & 63) == 0) {
-                // A clock calibration asked by the host: the time first, then the answer.
-                const u64 req = ld_word(sysw + S_CAL_REQ);
-                if (req != cal_seen) {
-                    cal_seen = req;
-                    st_word(sysw + S_CAL_NS, now_ns());
-                    __threadfence_system();
-                    st_word(sysw + S_CAL_ACK, req);
-                }
-            }
-            if ((loops & 255) == 0) {
-                PUBLISH(blk + C_LOOPS, loops);
-                for (u32 q = 0; q < 4; ++q) PUBLISH(blk + C_PHASE_NS + q, phase[q]);
-            }
-            ctl[0] = cmd == 1;
-            ctl[1] = act && !parked;
-            ctl[2] = parked;
-            t_ctl = now_ns();
+            flags = (cmd == 1 ? 1u : 0u) | (act && !parked ? 2u : 0u) | (parked ? 4u : 0u);
             phase[0] += t_read - t_start;
-            phase[1] += t_ctl - t_read;
+            if (one_trip && !gapped) read_rt = (read_rt * 7 + (t_read - t_start)) / 8;
         }
-        __syncwarp();
-        if (ctl[0]) break;
-        if (!ctl[1] || !reading) {
+        flags = __shfl_sync(0xffffffffu, flags, 0);
+        if (flags & 1u) break;
+        running = (flags & 2u) != 0;
+        __syncwarp();  // the windows' slot states, from every lane
+        const u64 t_ctl = now_ns();
+        if (lane == 0) phase[1] += t_ctl - t_read;
+        // Not running, just activated (it reads next iteration), or idle: every window the
+        // smallest and its first slot not written yet (counting and picking would find
+        // nothing and leave the windows alone). What was read stays in the rings (heads
+        // unchanged) for when the actor runs.
+        if (!running || !reading ||
+            !__any_sync(0xffffffffu, lane < ranks && (win[lane] != wmin || (st[lane][0] & 1u) == 0u))) {
             CLEAR_ST();
+            if (lane == 0) {
+                // Nothing after the gap: a miss if the next read finds some.
+                probe = probe == 1 && running ? 2u : 0u;
+                BOOKS();
+            }
             FLUSH();
-            // What was read stays in the rings (heads unchanged) for when the actor runs;
-            // one just activated reads next iteration.
-            if (!ctl[1]) __nanosleep(ctl[2] ? 100000 : 2000);
-            continue;
-        }
-
-        // Idle: every window the smallest and its first slot not written yet: straight to the
-        // next read (counting and picking would find nothing and leave the windows alone).
-        __syncwarp();
-        if (!__any_sync(0xffffffffu, lane < ranks && (win[lane] != wmin || (st[lane][0] & 1u) == 0u))) {
-            CLEAR_ST();
-            FLUSH();
+            if (lane == 0) phase[4] += now_ns() - t_ctl;
+            if (!running) __nanosleep(flags & 4u ? 100000 : 2000);
             continue;
         }
         // Per rank: the messages ready (up to the first slot not yet written whole) and the
-        // dropped among them (overwritten by a later lap), a ballot per 32 slots.
+        // dropped among them (overwritten by a later lap), a ballot per 32 slots; the same in
+        // every lane.
+        u32 n0 = 0, drops0 = 0, w0 = 0;
         for (u32 r = 0; r < ranks; ++r) {
             const u32 w = win[r];
+            if (r == 0) w0 = w;
             u32 n = w, drops = 0;
             for (u32 b = 0; b < w; b += 32) {
                 const u32 k = b + lane;
@@ -408,12 +438,14 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                 }
                 drops += __popc(dm);
             }
-            if (lane == 0) {
-                cnt[r] = n;
-                ndrop[r] = drops;
+            if (r == 0) {
+                n0 = n;
+                drops0 = drops;
             }
+            if (lane == 0) cnt[r] = n;
         }
-        __syncwarp();
+        // Room for the answers (lane 0 keeps the tails), the same in every lane.
+        u32 limit = 0;
         if (lane == 0) {
             u64 room;
             if (fwd_ring) {
@@ -422,23 +454,27 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                 if (cap - (out_tail - out_head) < batch) out_head = ld_word(blk + C_OUT_HEAD);
                 room = cap - (out_tail - out_head);
             }
-            const u32 limit = (u32)min((u64)min(batch, pick_max), room);
-            u32 picks = 0;
-            // One rank, nothing dropped: the picks are its first messages, in order.
-            fast = ranks == 1 && ndrop[0] == 0;
-            if (fast) {
-                const u32 n = cnt[0];
-                drained = n < win[0];
-                win[0] = next_window(win[0], n, wmin, wmax);
-                picks = min(n, limit);
-                drained = drained && picks == n;
-                if (picks) {
-                    head[0] += picks;
-                    PUBLISH(lanes ? blk + C_IN_HEAD + (lanes - 1) : dev_ring, head[0]);
-                }
-            } else {
+            limit = (u32)min((u64)min(batch, pick_max), room);
+        }
+        limit = __shfl_sync(0xffffffffu, limit, 0);
+        const u64 first = __shfl_sync(0xffffffffu, handled, 0);
+
+        // One rank, nothing dropped (a lone lane's actor, the common case): the picks are its
+        // first messages, in order, known to every lane; they are answered before any
+        // bookkeeping, which waits for the iteration's end.
+        const bool solo = ranks == 1 && drops0 == 0;
+        u32 picks;
+        bool drained;
+        if (solo) {
+            picks = min(n0, limit);
+            drained = n0 < w0 && picks == n0;
+        } else {
+            // Thread 0 picks in priority order, and moves the windows the lanes counted with.
+            __syncwarp();
+            if (lane == 0) {
                 u32 count[MAX_RANKS], pos[MAX_RANKS];
                 bool full[MAX_RANKS];
+                u32 np = 0;
                 for (u32 r = 0; r < ranks; ++r) {
                     const u32 n = cnt[r];
                     count[r] = n;
@@ -453,7 +489,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                             ++dropped;
                         }
                     }
-                    if (picks >= limit) break;
+                    if (np >= limit) break;
                     // The highest rank with messages, or with a full window used up (its
                     // next messages come first next iteration); then the next lower rank
                     // with some.
@@ -477,115 +513,135 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                     } else {
                         since_lower = lower != MAX_RANKS ? since_lower + 1 : 0;
                     }
-                    pick[picks++] = r << 16 | pos[r];
+                    pick[np++] = r << 16 | pos[r];
                     ++pos[r];
                 }
-                drained = 1;
+                u32 dr = 1;
                 for (u32 r = 0; r < ranks; ++r) {
-                    drained = drained && !full[r] && pos[r] == count[r];
+                    dr = dr && !full[r] && pos[r] == count[r];
                     if (!pos[r]) continue;
                     head[r] += pos[r];
                     PUBLISH(r < lanes ? blk + C_IN_HEAD + (lanes - 1 - r) : dev_ring, head[r]);
                 }
+                n_picks = np | dr << 31;
             }
-            n_picks = picks;
-            t_pick = now_ns();
-            phase[2] += t_pick - t_ctl;
+            __syncwarp();
+            picks = n_picks & 0x7fffffffu;
+            drained = (n_picks >> 31) != 0;
+        }
+        const u64 t_pick = now_ns();
+
+        // Handle and answer. Stateless handlers one message per thread; with state, thread 0
+        // in order.
+        u32 outs = 0;
+        if (picks) {
+            const u32 step = parallel ? 32u : 1u;
+            if (parallel || lane == 0) {
+                for (u32 p = parallel ? lane : 0u; p < picks; p += step) {
+                    const u32 r = solo ? 0u : pick[p] >> 16, k = solo ? p : pick[p] & 0xffffu;
+                    const u32* in = in_stage + ((u64)r * wmax + k) * in_sw;
+                    u32* out = out_stage + (u64)p * out_sw;
+                    for (u32 j = 2; j < out_sw; ++j) out[j] = 0;
+                    ActorCtx ctx;
+                    ctx.actor = a;
+                    ctx.lane = r < lanes ? lanes - 1 - r : 0;
+                    ctx.correlation = in[0];
+                    ctx.reply = 1;
+                    ctx.seq = first + p;
+                    ctx.now_ns = t_pick;
+                    actor_dispatch(kind, in + 2, out + 2, state, &ctx);
+                    out[0] = in[0];
+                    out[1] = 0;
+                    replied[p] = ctx.reply != 0;
+                }
+            }
+            __syncwarp();
+            // The replies in pick order: a ballot per 32 picks.
+            for (u32 b = 0; b < picks; b += 32) {
+                const u32 p = b + lane;
+                const bool yes = p < picks && replied[p];
+                const u32 m = __ballot_sync(0xffffffffu, yes);
+                if (yes) order[outs + __popc(m & ((1u << lane) - 1u))] = (u16)p;
+                outs += __popc(m);
+            }
+            __syncwarp();
+            if (outs) {
+                if (fwd_ring) {
+                    write_window(fwd_ring + DEV_RING_SLOTS, fwd_cap, out_sw, __shfl_sync(0xffffffffu, fwd_tail, 0),
+                                 outs, out_stage, order);
+                } else {
+                    write_window(outbox, cap, out_sw, __shfl_sync(0xffffffffu, out_tail, 0), outs,
+                                 out_stage, order);
+                }
+            }
+        }
+        __syncwarp();  // every lane has counted with `win` before lane 0 moves it
+        const u64 t_answer = now_ns();
+        answered = drained && picks != 0;
+
+        // The answers have left. Bookkeeping: the gap, the heads, the counters, the sampled
+        // records.
+        if (lane == 0) {
+            gap = min(gap, read_rt);
+            if (picks && probe == 1) gap = gap > GAP_DOWN ? gap - GAP_DOWN : 0;
+            if (picks && probe == 2) gap = min(gap + GAP_UP, read_rt);
+            probe = answered ? 1u : (!picks && probe == 1 ? 2u : 0u);
+            gap_until = t_answer + gap;
+            if (solo) {
+                win[0] = next_window(w0, n0, wmin, wmax);
+                if (picks) {
+                    head[0] += picks;
+                    PUBLISH(lanes ? blk + C_IN_HEAD + (lanes - 1) : dev_ring, head[0]);
+                }
+            }
+            if (trace_every && picks) {
+                u32 n_tr = 0;
+                for (u32 p = 0; p < picks; ++p) {
+                    if ((first + p) % trace_every) continue;
+                    const u32 r = solo ? 0u : pick[p] >> 16, k = solo ? p : pick[p] & 0xffffu;
+                    const u32* in = in_stage + ((u64)r * wmax + k) * in_sw;
+                    const u64 id = (u64)in[0] | (u64)(r < lanes ? lanes - 1 - r : 0) << 32;
+                    u64* rec = trace + ((traced + n_tr) & (TRACE_SLOTS - 1)) * TRACE_WORDS;
+                    st_word(rec, id);
+                    st_word(rec + 1, t_start);
+                    st_word(rec + 2, t_pick);
+                    st_word(rec + 3, t_answer);
+                    ++n_tr;
+                }
+                if (n_tr) {
+                    traced += n_tr;
+                    __threadfence_system();  // the records before the tail that shows them
+                    st_word(blk + C_TRACE_TAIL, traced);
+                }
+            }
+            if (picks) {
+                handled += picks;
+                if (fwd_ring) {
+                    fwd_tail += outs;
+                    PUBLISH(blk + C_FORWARDED, fwd_tail);
+                } else {
+                    out_tail += outs;
+                    PUBLISH(blk + C_OUT_TAIL, out_tail);
+                }
+                busy += t_answer - t_start;
+                PUBLISH(blk + C_PROCESSED, handled);
+                PUBLISH(blk + C_BUSY_NS, busy);
+            }
+            if (dropped != dropped_shown) {
+                dropped_shown = dropped;
+                PUBLISH(blk + C_DROPPED, dropped);
+            }
+            BOOKS();
         }
         __syncwarp();
         CLEAR_ST();  // for the next iteration's windows
-        if (n_picks == 0) {
-            FLUSH();
-            if (lane == 0) phase[3] += now_ns() - t_pick;
-            continue;
-        }
-        __syncwarp();
-        const u32 picks = n_picks;
-        const bool in_order = fast != 0;
-        const u64 t_handle = now_ns();
-        const u64 first = __shfl_sync(0xffffffffu, handled, 0);
-        // Stateless handlers one message per thread; with state, thread 0 in order.
-        const u32 step = parallel ? 32u : 1u;
-        if (parallel || lane == 0) {
-            for (u32 p = parallel ? lane : 0u; p < picks; p += step) {
-                const u32 r = in_order ? 0u : pick[p] >> 16, k = in_order ? p : pick[p] & 0xffffu;
-                const u32* in = in_stage + ((u64)r * wmax + k) * in_sw;
-                u32* out = out_stage + (u64)p * out_sw;
-                for (u32 j = 2; j < out_sw; ++j) out[j] = 0;
-                ActorCtx ctx;
-                ctx.actor = a;
-                ctx.lane = r < lanes ? lanes - 1 - r : 0;
-                ctx.correlation = in[0];
-                ctx.reply = 1;
-                ctx.seq = first + p;
-                ctx.now_ns = t_handle;
-                actor_dispatch(kind, in + 2, out + 2, state, &ctx);
-                out[0] = in[0];
-                out[1] = 0;
-                replied[p] = ctx.reply != 0;
-            }
-        }
-        __syncwarp();
-        // The replies in pick order: a ballot per 32 picks.
-        u32 outs = 0;
-        for (u32 b = 0; b < picks; b += 32) {
-            const u32 p = b + lane;
-            const bool yes = p < picks && replied[p];
-            const u32 m = __ballot_sync(0xffffffffu, yes);
-            if (yes) order[outs + __popc(m & ((1u << lane) - 1u))] = (u16)p;
-            outs += __popc(m);
-        }
-        __syncwarp();
-        if (outs) {
-            if (fwd_ring) {
-                write_window(fwd_ring + DEV_RING_SLOTS, fwd_cap, out_sw, __shfl_sync(0xffffffffu, fwd_tail, 0),
-                             outs, out_stage, order);
-            } else {
-                write_window(blk + d[D_OUTBOX_BASE], cap, out_sw, __shfl_sync(0xffffffffu, out_tail, 0), outs,
-                             out_stage, order);
-            }
-        }
-        if (lane == 0 && trace_every && picks) {
-            const u64 done = now_ns();
-            u32 n_tr = 0;
-            for (u32 p = 0; p < picks; ++p) {
-                if ((first + p) % trace_every) continue;
-                const u32 r = in_order ? 0u : pick[p] >> 16, k = in_order ? p : pick[p] & 0xffffu;
-                const u32* in = in_stage + ((u64)r * wmax + k) * in_sw;
-                const u64 id = (u64)in[0] | (u64)(r < lanes ? lanes - 1 - r : 0) << 32;
-                u64* rec = trace + ((traced + n_tr) & (TRACE_SLOTS - 1)) * TRACE_WORDS;
-                st_word(rec, id);
-                st_word(rec + 1, t_start);
-                st_word(rec + 2, t_handle);
-                st_word(rec + 3, done);
-                ++n_tr;
-            }
-            if (n_tr) {
-                traced += n_tr;
-                __threadfence_system();  // the records before the tail that shows them
-                st_word(blk + C_TRACE_TAIL, traced);
-            }
-        }
-        if (lane == 0 && picks) {
-            handled += picks;
-            if (fwd_ring) {
-                fwd_tail += outs;
-                PUBLISH(blk + C_FORWARDED, fwd_tail);
-            } else {
-                out_tail += outs;
-                PUBLISH(blk + C_OUT_TAIL, out_tail);
-            }
-            busy += now_ns() - t_start;
-            PUBLISH(blk + C_PROCESSED, handled);
-            PUBLISH(blk + C_BUSY_NS, busy);
-        }
-        if (lane == 0 && dropped != dropped_shown) {
-            dropped_shown = dropped;
-            PUBLISH(blk + C_DROPPED, dropped);
-        }
         FLUSH();
-        if (lane == 0) phase[3] += now_ns() - t_pick;
-        answered = drained != 0;
+        if (lane == 0) {
+            phase[2] += t_pick - t_ctl;
+            phase[3] += t_answer - t_pick;
+            phase[4] += now_ns() - t_answer;
+        }
+        if (answered) gap_until = __shfl_sync(0xffffffffu, gap_until, 0);
     }
     if (lane == 0) {
         st_word(blk + C_LOOPS, loops);
