@@ -61,6 +61,7 @@ impl<T: Float> MoeLayer<T> {
                     trans_a: false,
                     trans_b: true,
                     tf32: false,
+                    f32_out: false,
                     batch: 1,
                     a,
                     b,
