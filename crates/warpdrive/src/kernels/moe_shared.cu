@@ -155,7 +155,9 @@ __device__ void moe_route_row(const float* row, u32 e, u32 k, int renorm, float*
 // through shared memory. With splits > 1 each block stores its partial tile (f32) and the
 // last block of a tile to finish (a ticket per tile) sums the partials in split order, so
 // results are deterministic. Epilogues: 1 = SwiGLU of the interleaved gate/up columns into T
-// act [rows, n/2], 2 = f32 out scaled by the routing weight of the row's slot. ----
+// act [rows, n/2], 2 = T out [rows, n] scaled by the routing weight of the row's slot (the
+// f32 accumulators weighted, then rounded once: half the bytes of f32 rows for the combine
+// to read). ----
 #define MOE_WARPS 8
 
 __device__ __forceinline__ void moe_prefetch_l2(const void* p) {

@@ -257,7 +257,7 @@ impl Launcher {
             },
         )?;
         mark("experts-down")?;
-        self.combine(s, pass, self.y_rows, 0, false)?;
+        self.combine(s, pass, self.y_rows, 0)?;
         mark("combine")?;
         Ok(front + 3)
     }
@@ -703,7 +703,7 @@ impl Launcher {
         // SAFETY: moe_gemm_T_mMT(MoeGemm p): GemmParams is MoeGemm's C layout; `a` holds the
         // rows the work list names (row indices from the dispatch), `w` one n×k matrix per
         // expert, `partial` splits·rows_cap·n f32 and `tickets` one word per tile (the
-        // workspace is sized from this plan), `out` rows_cap rows of the epilogue's width.
+        // workspace is sized from this plan), `out` rows_cap rows of the epilogue's width (T).
         // The kernel waits for the previous one before it reads anything but the weights and
         // (with early_k, written two kernels back) the work list, and before any write.
         unsafe {
@@ -722,25 +722,14 @@ impl Launcher {
         }
     }
 
-    /// `y[t] = Σ_r scale · rows[slot_pos[t·k + r]]`; `weighted` rows are T with the routing
-    /// weights applied here, else f32 rows already weighted.
-    pub(super) fn combine(
-        &self,
-        s: &Stream,
-        pass: &Pass,
-        rows: u64,
-        weights: u64,
-        typed: bool,
-    ) -> Result<()> {
+    /// `y[t] = Σ_r scale · rows[slot_pos[t·k + r]]` over rows of T: `weights` (f32 per slot)
+    /// applied here, or (0) rows already weighted (the device path's down projection).
+    pub(super) fn combine(&self, s: &Stream, pass: &Pass, rows: u64, weights: u64) -> Result<()> {
         let q = s.gpu("MoE combine")?;
         let d = q.gpu;
         let c = &self.config;
         let t = self.dtype_index()?;
-        let name = if typed {
-            ["moe_combine_f16_f16", "moe_combine_bf16_bf16"][t]
-        } else {
-            ["moe_combine_f32_f16", "moe_combine_f32_bf16"][t]
-        };
+        let name = ["moe_combine_f16_f16", "moe_combine_bf16_bf16"][t];
         let quads = (pass.plan.tokens * c.hidden / 4) as u64;
         let grid = ops::fill_grid(d, (&MOE, name), quads, 256)?;
         let args = ops::Args::new()
@@ -751,7 +740,7 @@ impl Launcher {
             .u32(c.top_k as u32)
             .u32(c.hidden as u32)
             .ptr(pass.y);
-        // SAFETY: moe_combine_TY_T(const TY* y, const u32* slot_pos, const float* weights
+        // SAFETY: moe_combine_T_T(const T* y, const u32* slot_pos, const float* weights
         // (nullable), u32 tokens, u32 k, u32 hidden, T* out): rows hold slots·hidden, slot_pos
         // and weights slots entries, out tokens·hidden; hidden % 8 == 0. It waits for the
         // previous kernel before it reads or writes anything.

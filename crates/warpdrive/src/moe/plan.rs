@@ -273,8 +273,9 @@ pub(super) struct Workspace<T: Float> {
     pub(super) sort_counts: Buffer<u32>,
     pub(super) partial: Buffer<f32>,
     pub(super) act: Buffer<T>,
-    /// Device path: the weighted down projection per permuted row (f32).
-    pub(super) y: Buffer<f32>,
+    /// Device path: the weighted down projection per permuted row (T, rounded once from the
+    /// f32 accumulators).
+    pub(super) y: Buffer<T>,
     /// cuBLAS path: gathered inputs, gate/up output, down output (T).
     pub(super) cublas: Option<[Buffer<T>; 3]>,
     /// cuBLAS path: the device pointer arrays of its two grouped GEMMs (6 words per expert).
