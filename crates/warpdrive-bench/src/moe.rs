@@ -12,7 +12,9 @@
 //!   picks them), `warpdrive-device-drain` / `warpdrive-device-overlap` (the 64- and 96-row
 //!   tiles with `MoeLayer::set_wgmma_overlap` forced off / on: every wgmma tile drains its
 //!   MMAs each stage / keeps them in flight across stages) and `warpdrive-device-wide` (the
-//!   same with `MoeLayer::set_wgmma_wide` forced on: 192-row wgmma tiles, one block per SM);
+//!   same with `MoeLayer::set_wgmma_wide` forced on: 192-row wgmma tiles, one block per SM)
+//!   and `warpdrive-device-fused-router` (`MoeLayer::set_prefill_router` forced off: the
+//!   fused router kernel where the plan takes the prefill router);
 //!   the peer adds `torch-hf-eager`, `torch-grouped-mm` and `triton-fused-moe` (a fused-MoE
 //!   Triton kernel of the design serving engines ship, tiles from its own sweep per GPU, the
 //!   layer in one CUDA graph). Median / p10 / p90
@@ -28,7 +30,8 @@
 //!   that only read its weights would hit.
 //! - `router-permute` (size = tokens 1, 64, 256, 4096; the qwen3-30b-a3b shape): the router
 //!   logits, softmax/top-k and the permutation (counts, offsets, order) alone, replayed as a
-//!   captured graph as the layer runs them.
+//!   captured graph as the layer runs them; from `PREFILL_ROUTER_MIN_TOKENS` also
+//!   `warpdrive-fused-router` (the fused router kernel instead of the prefill router).
 //!
 //! - `weights-load` (size = bytes of the file): one mixtral-8x7b layer (2.8 GB of bf16
 //!   experts at full scale) from a safetensors file in the page cache to a ready layer,
@@ -46,7 +49,9 @@ use warpdrive::error::Result;
 use warpdrive::exec::graph::Graph;
 use warpdrive::memory::host_vec;
 use warpdrive::memory::Buffer;
-use warpdrive::moe::{MoeConfig, MoeLayer, MoePath, MoeWeights, PRESETS};
+use warpdrive::moe::{
+    MoeConfig, MoeLayer, MoePath, MoeWeights, PREFILL_ROUTER_MIN_TOKENS, PRESETS,
+};
 use warpdrive::ops::{reduce_into, ReduceOp, Scratch, REDUCE_SCRATCH_BYTES};
 
 use super::results::Ceiling;
@@ -216,30 +221,46 @@ fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {
         // cuBLAS there), the wgmma variants side by side (issue 40).
         let kernels = tokens >= 1024 && stream.device().is_cuda();
         let variants = [
-            ("warpdrive", MoePath::Auto, None, None),
-            ("warpdrive-cublas", MoePath::Cublas, None, None),
-            ("warpdrive-device", MoePath::Device, None, None),
+            ("warpdrive", MoePath::Auto, None, None, None),
+            ("warpdrive-cublas", MoePath::Cublas, None, None, None),
+            ("warpdrive-device", MoePath::Device, None, None, None),
             (
                 "warpdrive-device-drain",
                 MoePath::Device,
                 Some(false),
                 Some(false),
+                None,
             ),
             (
                 "warpdrive-device-overlap",
                 MoePath::Device,
                 Some(true),
                 Some(false),
+                None,
             ),
-            ("warpdrive-device-wide", MoePath::Device, None, Some(true)),
+            (
+                "warpdrive-device-wide",
+                MoePath::Device,
+                None,
+                Some(true),
+                None,
+            ),
+            (
+                "warpdrive-device-fused-router",
+                MoePath::Device,
+                None,
+                None,
+                Some(false),
+            ),
         ];
-        for (variant, path, overlap, wide) in variants {
+        for (variant, path, overlap, wide, prefill_router) in variants {
             if path == MoePath::Device && !kernels {
                 continue;
             }
             layer.set_path(path);
             layer.set_wgmma_overlap(overlap);
             layer.set_wgmma_wide(wide);
+            layer.set_prefill_router(prefill_router);
             // Warm-up (captures the graph, loads kernels), then size the reps by one pass.
             layer.forward_into(&x, &mut y)?;
             let probe = time_gpu(&stream, 1, 1, |_| layer.forward_into(&x, &mut y))?;
@@ -308,22 +329,34 @@ fn router_permute(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
             &stream,
             &normal_bf16("MoE input", SEED ^ tokens as u64, tokens * config.hidden)?,
         )?;
-        // As the layer runs these stages: inside its graph (first pass eager: workspace and
-        // kernels).
-        layer.route_and_permute(&x)?;
-        let mut graph = Graph::capture(&stream, |_| layer.route_and_permute(&x))?;
-        graph.prepare()?;
-        let mut us = time_gpu(&stream, 3, plan.reps.max(3), |_| graph.launch())?;
-        drop(graph);
-        let row = ctx.record_time(CASE, tokens as u64, "warpdrive", &mut us, None)?;
-        row.extra
-            .insert("preset".into(), plan.case("qwen3-30b-a3b").into());
-        row.extra.insert(
-            "stages".into(),
-            "one router kernel: logits, softmax/top-k/renormalize and dispatch (counts, \
-             offsets, order, GEMM work list), as a graph"
-                .into(),
-        );
+        // From the prefill router's size, the fused router kernel beside it (issue 40).
+        let prefill = tokens >= PREFILL_ROUTER_MIN_TOKENS;
+        for (variant, choice) in [("warpdrive", None), ("warpdrive-fused-router", Some(false))] {
+            if choice.is_some() && !prefill {
+                continue;
+            }
+            layer.set_prefill_router(choice);
+            // As the layer runs these stages: inside its graph (first pass eager: workspace
+            // and kernels).
+            layer.route_and_permute(&x)?;
+            let mut graph = Graph::capture(&stream, |_| layer.route_and_permute(&x))?;
+            graph.prepare()?;
+            let mut us = time_gpu(&stream, 3, plan.reps.max(3), |_| graph.launch())?;
+            drop(graph);
+            let row = ctx.record_time(CASE, tokens as u64, variant, &mut us, None)?;
+            row.extra
+                .insert("preset".into(), plan.case("qwen3-30b-a3b").into());
+            let stages = if prefill && choice.is_none() {
+                "the prefill router: logits by cuBLAS, softmax/top-k/renormalize one warp per \
+                 token, dispatch by a stable counting sort (3 kernels) and its tail (token rows, \
+                 GEMM work list), as a graph"
+            } else {
+                "one router kernel: logits, softmax/top-k/renormalize and dispatch (counts, \
+                 offsets, order, GEMM work list), as a graph"
+            };
+            row.extra.insert("stages".into(), stages.into());
+        }
+        layer.set_prefill_router(None);
     }
     Ok(())
 }

@@ -120,6 +120,14 @@ pub(crate) enum Command {
         /// choice.
         #[arg(long)]
         no_wgmma_wide: bool,
+        /// Route through the prefill router (cuBLAS logits, routing one warp per token, a
+        /// many-block dispatch; issue 40) instead of the plan's choice (from 512 tokens).
+        #[arg(long, conflicts_with = "no_prefill_router")]
+        prefill_router: bool,
+        /// Route through the fused router kernel (logits, routing and a one-block dispatch)
+        /// instead of the plan's choice.
+        #[arg(long)]
+        no_prefill_router: bool,
         /// Run a one-token pass on the router, GEMM and combine kernels of larger batches
         /// instead of the one-kernel decode.
         #[arg(long)]
@@ -585,6 +593,23 @@ mod tests {
             }
         ));
         assert!(parse(&["moe", "--preset", "q", "--wgmma-wide", "--no-wgmma-wide"]).is_err());
+        let cli = parse(&["moe", "--preset", "q", "--no-prefill-router"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Moe {
+                prefill_router: false,
+                no_prefill_router: true,
+                ..
+            }
+        ));
+        assert!(parse(&[
+            "moe",
+            "--preset",
+            "q",
+            "--prefill-router",
+            "--no-prefill-router"
+        ])
+        .is_err());
         let cli = parse(&["moe", "--preset", "q", "--no-decode-kernel"]).unwrap();
         assert!(matches!(
             cli.command,

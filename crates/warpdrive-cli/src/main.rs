@@ -117,6 +117,8 @@ fn run(cli: Cli) -> Result<()> {
             no_wgmma_overlap,
             wgmma_wide,
             no_wgmma_wide,
+            prefill_router,
+            no_prefill_router,
             no_decode_kernel,
             scale,
             weights,
@@ -136,6 +138,11 @@ fn run(cli: Cli) -> Result<()> {
                     _ => None,
                 },
                 wide: match (wgmma_wide, no_wgmma_wide) {
+                    (true, _) => Some(true),
+                    (_, true) => Some(false),
+                    _ => None,
+                },
+                prefill_router: match (prefill_router, no_prefill_router) {
                     (true, _) => Some(true),
                     (_, true) => Some(false),
                     _ => None,

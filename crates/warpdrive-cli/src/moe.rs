@@ -18,6 +18,8 @@ pub(crate) struct Kernels {
     pub(crate) overlap: Option<bool>,
     /// Every wgmma tile as the wide 192-row tile forced on or off; None: the plan's choice.
     pub(crate) wide: Option<bool>,
+    /// The prefill router forced on or off; None: the plan's choice.
+    pub(crate) prefill_router: Option<bool>,
 }
 
 pub(crate) fn moe(
@@ -66,10 +68,12 @@ pub(crate) fn moe(
         decode,
         overlap,
         wide,
+        prefill_router,
     } = kernels;
     layer.set_warpgroup_mma(wgmma);
     layer.set_wgmma_overlap(overlap);
     layer.set_wgmma_wide(wide);
+    layer.set_prefill_router(prefill_router);
     layer.set_decode_kernel(decode);
     let x = warpdrive::Buffer::from_host(&stream, &x)?;
     let mut y = warpdrive::Buffer::<half::bf16>::uninit(&stream, x.len())?;
@@ -89,7 +93,7 @@ pub(crate) fn moe(
     let per_pass = t.elapsed().as_secs_f64() * 1e6 / f64::from(reps);
     let stats = layer.last_stats();
     println!(
-        "{layer_name} (hidden {}, intermediate {}), {tokens} tokens on {} ({source}, {path:?}{}{}{}{}):",
+        "{layer_name} (hidden {}, intermediate {}), {tokens} tokens on {} ({source}, {path:?}{}{}{}{}{}):",
         config.hidden,
         config.intermediate,
         device.label(),
@@ -103,6 +107,11 @@ pub(crate) fn moe(
         match wide {
             Some(true) => ", wide wgmma tile",
             Some(false) => ", no wide wgmma tile",
+            None => "",
+        },
+        match prefill_router {
+            Some(true) => ", prefill router",
+            Some(false) => ", fused router",
             None => "",
         }
     );

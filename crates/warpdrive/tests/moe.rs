@@ -626,6 +626,9 @@ struct Run {
     wide: bool,
     /// Seeded host weights whose router bias sends every token's first choice to expert 0.
     one_expert: bool,
+    /// The prefill router forced on or off (`MoeLayer::set_prefill_router`); None: the
+    /// plan's choice (from `PREFILL_ROUTER_MIN_TOKENS` tokens).
+    prefill: Option<bool>,
 }
 
 const fn run(path: MoePath, graphs: bool) -> Run {
@@ -637,6 +640,7 @@ const fn run(path: MoePath, graphs: bool) -> Run {
         overlap: None,
         wide: false,
         one_expert: false,
+        prefill: None,
     }
 }
 
@@ -672,6 +676,7 @@ fn cuda_vs_cpu_as<T: Float>(c: MoeConfig, tokens: usize, r: Run, s: u64) -> Comp
         g.set_wgmma_wide(Some(true));
     }
     g.set_decode_kernel(r.decode);
+    g.set_prefill_router(r.prefill);
     let mut h = MoeLayer::<T>::new(&cs, c, weights).unwrap();
     let hw = h.host_weights().unwrap();
     assert!(
@@ -943,6 +948,89 @@ fn gpu_smem_moe_wgmma_wide_matches_cpu() {
     );
 }
 
+/// The prefill router (issue 40; by default from `PREFILL_ROUTER_MIN_TOKENS` tokens) through
+/// the whole layer: forced at odd counts below, at and above its size (graphs on: a captured
+/// pass holds its cuBLAS call), every token on one expert, the grouped sigmoid router, a
+/// deep router, k = 16, f16; and the fused router forced at 4,097 tokens. The routing
+/// against the fused router's: `moe::prefill_tests` (GPU, in the library's unit tests).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_smem_moe_prefill_router_matches_cpu() {
+    let s = seed("gpu_smem_moe_prefill_router_matches_cpu");
+    let prefill = |on, graphs| Run {
+        prefill: Some(on),
+        ..run(MoePath::Device, graphs)
+    };
+    let small = config(72, 40, 7, 3, Router::Softmax, DTypeKind::BF16);
+    let tokens = [1, 37, 257, 1000, 4097];
+    few_flips_at(
+        &tokens,
+        small,
+        prefill(true, true),
+        s,
+        "small, prefill router",
+    );
+    few_flips_at(
+        &[4097],
+        small,
+        prefill(false, true),
+        s + 1,
+        "small, fused router",
+    );
+    let one = Run {
+        one_expert: true,
+        ..prefill(true, true)
+    };
+    let single = config(72, 40, 7, 1, Router::Softmax, DTypeKind::BF16);
+    few_flips_at(
+        &[301, 4097],
+        single,
+        one,
+        s + 2,
+        "one expert, prefill router",
+    );
+    let grouped = config(64, 48, 32, 4, GROUPED, DTypeKind::BF16);
+    few_flips_at(
+        &[29, 1000],
+        grouped,
+        prefill(true, true),
+        s + 3,
+        "grouped, prefill router",
+    );
+    let deep_router = config(3072, 64, 24, 3, Router::Softmax, DTypeKind::BF16);
+    few_flips_at(
+        &[1000],
+        deep_router,
+        prefill(true, false),
+        s + 4,
+        "deep router, prefill",
+    );
+    let k16 = config(64, 32, 100, 16, Router::Softmax, DTypeKind::BF16);
+    few_flips_at(
+        &[50, 600],
+        k16,
+        prefill(true, true),
+        s + 5,
+        "k = 16, prefill router",
+    );
+    let half = config(72, 40, 7, 3, Router::Softmax, DTypeKind::F16);
+    few_flips_at(
+        &[1000],
+        half,
+        prefill(true, false),
+        s + 6,
+        "f16, prefill router",
+    );
+    // Auto above the graph sizes with the plan's choice (the prefill router).
+    few_flips_at(
+        &[1025],
+        mixed_depths(),
+        run(MoePath::Auto, true),
+        s + 7,
+        "mixed depths",
+    );
+}
+
 /// Every tile on mma.sync (what GPUs before Hopper run; on Hopper the staged wgmma tiles
 /// take over from 2 rows per expert): the decode and middle tiles (small: 5 tokens put 3
 /// rows on each expert, 37 put 16), the 96-row tile with split-K gate/up (deep, 256
@@ -960,6 +1048,7 @@ fn gpu_smem_moe_mma_sync_tiles_match_cpu() {
         overlap: None,
         wide: false,
         one_expert: false,
+        prefill: None,
     };
     let small = config(72, 40, 7, 3, Router::Softmax, DTypeKind::BF16);
     few_flips_at(

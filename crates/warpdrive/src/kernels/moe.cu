@@ -48,8 +48,8 @@ MOE_SWIGLU(f16)
 MOE_SWIGLU(bf16)
 
 // ---- combine: out[t, :] = Σ_r scale_r · y[slot_pos[t·k + r], :] in rank order, where
-// scale_r = slot_weight[t·k + r] (null: 1, the rows are already weighted). Y is f32 (the
-// device path) or T (the cuBLAS path); 4 columns per thread (hidden % 4 == 0). ----
+// scale_r = slot_weight[t·k + r] (null: 1, the rows are already weighted: the device path's
+// down projection weights them); the sum in f32. 4 columns per thread (hidden % 4 == 0). ----
 template <typename TY, typename T>
 __device__ void moe_combine(const TY* __restrict__ y, const u32* __restrict__ slot_pos,
                             const float* __restrict__ slot_weight, u32 tokens, u32 k, u32 hidden,
@@ -77,7 +77,5 @@ __device__ void moe_combine(const TY* __restrict__ y, const u32* __restrict__ sl
     extern "C" __global__ void __launch_bounds__(256) moe_combine_##TY##_##T(const TY* y, const u32* slot_pos, \
         const float* slot_weight, u32 tokens, u32 k, u32 hidden, T* out) \
     { moe_combine<TY, T>(y, slot_pos, slot_weight, tokens, k, hidden, out); }
-MOE_COMBINE(f32, f16)
-MOE_COMBINE(f32, bf16)
 MOE_COMBINE(f16, f16)
 MOE_COMBINE(bf16, bf16)

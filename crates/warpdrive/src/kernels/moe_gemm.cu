@@ -102,12 +102,12 @@ __device__ void moe_gemm_finish(const MoeGemm& p, const MoeTile& t, float (&acc)
                 }
             } else {
                 const float scale = p.slot_weight[p.order[prow]];
-                float* dst = reinterpret_cast<float*>(p.out) + (u64)prow * p.n;
+                T* dst = reinterpret_cast<T*>(p.out) + (u64)prow * p.n;
 #pragma unroll
                 for (int ng = 0; ng < NG; ++ng) {
                     const u32 c = col0 + ng * 8 + 2 * q;
-                    if (c < p.n) dst[c] = acc[mt][ng][2 * h] * scale;
-                    if (c + 1 < p.n) dst[c + 1] = acc[mt][ng][2 * h + 1] * scale;
+                    if (c < p.n) dst[c] = from_f32<T>(acc[mt][ng][2 * h] * scale);
+                    if (c + 1 < p.n) dst[c + 1] = from_f32<T>(acc[mt][ng][2 * h + 1] * scale);
                 }
             }
         }

@@ -98,6 +98,46 @@ extern "C" __global__ void __launch_bounds__(1024) moe_dispatch(
                        slot_pos, work, n_items, moe_dispatch_smem, moe_dispatch_smem + experts);
 }
 
+// ---- the prefill router (moe::plan's choice from a few hundred tokens): the logits come
+// from cuBLAS, then these route and finish the dispatch over many blocks. ----
+
+// Softmax top-k of each token's logits [tokens, E] (+ bias), one warp per token, E <= 256:
+// moe_route_row, as the fused router routes a row.
+#define MOE_ROUTE_WARPS 8
+extern "C" __global__ void __launch_bounds__(MOE_ROUTE_WARPS * 32) moe_route_softmax(
+    const float* __restrict__ logits, const float* __restrict__ bias, u32 tokens, u32 experts,
+    u32 k, int renorm, float* __restrict__ weights, u32* __restrict__ chosen) {
+    __shared__ float rows[MOE_ROUTE_WARPS][256];
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
+    const u64 t = (u64)blockIdx.x * MOE_ROUTE_WARPS + warp;
+    if (t >= tokens) return;  // the whole warp: moe_route_row's shuffles take full warps
+    for (u32 i = lane; i < experts; i += 32)
+        rows[warp][i] = logits[t * experts + i] + (bias ? bias[i] : 0.0f);
+    __syncwarp();
+    moe_route_row(rows[warp], experts, k, renorm, weights + t * k, chosen + t * k);
+}
+
+// The dispatch's tail after the stable sort of the slots by expert (permute.cu's sort_count,
+// sort_offsets and sort_scatter wrote counts, offsets, order and slot_pos, each expert's
+// slots in slot order): token_of[p] = order[p] / k over every block, and block 0 the GEMM
+// work list from the counts (moe_dispatch_work, the list moe_dispatch_block writes).
+// Shared memory: E words.
+extern "C" __global__ void __launch_bounds__(1024) moe_dispatch_tail(
+    const u32* __restrict__ order, u32 slots, u32 experts, u32 k, u32 bm, u32* __restrict__ counts,
+    u32* __restrict__ offsets, u32* __restrict__ token_of, u32* __restrict__ work,
+    u32* __restrict__ n_items) {
+    extern __shared__ u32 moe_tail_smem[];
+    // The grouped GEMM after this kernel may start its blocks; they wait for it before
+    // reading anything it writes.
+    release_next_grid();
+    for (u32 p = blockIdx.x * blockDim.x + threadIdx.x; p < slots; p += gridDim.x * blockDim.x)
+        token_of[p] = order[p] / k;
+    if (blockIdx.x != 0) return;
+    for (u32 e = threadIdx.x; e < experts; e += blockDim.x) moe_tail_smem[e] = counts[e];
+    __syncthreads();
+    moe_dispatch_work(moe_tail_smem, experts, bm, counts, offsets, nullptr, work, n_items);
+}
+
 // ---- the router: logits [tokens, E] (f32) = x · gateᵀ (+ bias). A block of 16 warps
 // computes a tile of up to 16·MT rows × 8 columns over one of `splits` K ranges (grid: column
 // blocks × splits, row tiles); its warps split that range into contiguous runs and sum

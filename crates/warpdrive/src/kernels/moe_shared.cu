@@ -9,6 +9,37 @@
 // w3 rows 8q..), so one warp's accumulators hold the gate and the up projection of the same
 // 8 columns; w2 [E, H, I].
 
+// The dispatch's offsets and GEMM work list from the per-expert counts `cnt` (shared memory,
+// complete before the call), on one block: counts[e], offsets[E + 1], the first free row of
+// each expert in `cursor` (shared; null: not wanted), work (expert, first row) per tile of
+// `bm` rows in expert order and its length in n_items[0]. moe_dispatch_block's middle, and
+// the tail of the prefill dispatch (moe_router.cu), so both write the same list.
+__device__ void moe_dispatch_work(const u32* cnt, u32 experts, u32 bm, u32* counts, u32* offsets,
+                                  u32* cursor, u32* work, u32* n_items) {
+    // Each thread scans a contiguous run of experts: rows in the low 32 bits, tiles high.
+    const u32 per = (experts + blockDim.x - 1) / blockDim.x;
+    const u32 e0 = threadIdx.x * per, e1 = min(experts, e0 + per);
+    u64 local = 0;
+    for (u32 e = e0; e < e1; ++e) local += (u64)cnt[e] | ((u64)((cnt[e] + bm - 1) / bm) << 32);
+    u64 total;
+    u64 run = block_exclusive_scan(local, &total);
+    for (u32 e = e0; e < e1; ++e) {
+        const u32 c = cnt[e], row0 = (u32)run, tile0 = (u32)(run >> 32);
+        counts[e] = c;
+        offsets[e] = row0;
+        if (cursor) cursor[e] = row0;
+        for (u32 j = 0; j * bm < c; ++j) {
+            work[2 * (tile0 + j)] = e;
+            work[2 * (tile0 + j) + 1] = j * bm;
+        }
+        run += (u64)c | ((u64)((c + bm - 1) / bm) << 32);
+    }
+    if (threadIdx.x == 0) {
+        offsets[experts] = (u32)total;
+        n_items[0] = (u32)(total >> 32);
+    }
+}
+
 // The dispatch on one block (any multiple of 32 threads); `cnt` and `cursor` are E words of
 // shared memory each. With L2 the expert ids are read through L2 (other blocks wrote them
 // in the same kernel); without, they are in this block's shared memory.
@@ -37,28 +68,7 @@ __device__ void moe_dispatch_block(const u32* expert_of_slot, u32 slots, u32 exp
         if (e < experts) atomicAdd(&cnt[e], 1u);
     }
     __syncthreads();
-    // Each thread scans a contiguous run of experts: rows in the low 32 bits, tiles high.
-    const u32 per = (experts + blockDim.x - 1) / blockDim.x;
-    const u32 e0 = threadIdx.x * per, e1 = min(experts, e0 + per);
-    u64 local = 0;
-    for (u32 e = e0; e < e1; ++e) local += (u64)cnt[e] | ((u64)((cnt[e] + bm - 1) / bm) << 32);
-    u64 total;
-    u64 run = block_exclusive_scan(local, &total);
-    for (u32 e = e0; e < e1; ++e) {
-        const u32 c = cnt[e], row0 = (u32)run, tile0 = (u32)(run >> 32);
-        counts[e] = c;
-        offsets[e] = row0;
-        cursor[e] = row0;
-        for (u32 j = 0; j * bm < c; ++j) {
-            work[2 * (tile0 + j)] = e;
-            work[2 * (tile0 + j) + 1] = j * bm;
-        }
-        run += (u64)c | ((u64)((c + bm - 1) / bm) << 32);
-    }
-    if (threadIdx.x == 0) {
-        offsets[experts] = (u32)total;
-        n_items[0] = (u32)(total >> 32);
-    }
+    moe_dispatch_work(cnt, experts, bm, counts, offsets, cursor, work, n_items);
     __syncthreads();
     const auto place = [&](u32 i, u32 e) {
         if (e >= experts) return;
@@ -145,7 +155,9 @@ __device__ void moe_route_row(const float* row, u32 e, u32 k, int renorm, float*
 // through shared memory. With splits > 1 each block stores its partial tile (f32) and the
 // last block of a tile to finish (a ticket per tile) sums the partials in split order, so
 // results are deterministic. Epilogues: 1 = SwiGLU of the interleaved gate/up columns into T
-// act [rows, n/2], 2 = f32 out scaled by the routing weight of the row's slot. ----
+// act [rows, n/2], 2 = T out [rows, n] scaled by the routing weight of the row's slot (the
+// f32 accumulators weighted, then rounded once: half the bytes of f32 rows for the combine
+// to read). ----
 #define MOE_WARPS 8
 
 __device__ __forceinline__ void moe_prefetch_l2(const void* p) {

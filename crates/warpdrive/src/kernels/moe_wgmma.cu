@@ -154,12 +154,9 @@ __device__ void moe_wgmma_finish(const MoeGemm& p, const MoeTile& t, const float
         for (u32 r = r0; r < t.rows; r += MOE_WARPS) {
             const u32 prow = t.row0 + r;
             const float scale = p.slot_weight[p.order[prow]];
-            float4 v = *reinterpret_cast<const float4*>(c + r * LD + col);
-            v.x *= scale;
-            v.y *= scale;
-            v.z *= scale;
-            v.w *= scale;
-            *reinterpret_cast<float4*>(reinterpret_cast<float*>(p.out) + (u64)prow * p.n + n) = v;
+            const float4 v = *reinterpret_cast<const float4*>(c + r * LD + col);
+            const float o[4] = {v.x * scale, v.y * scale, v.z * scale, v.w * scale};
+            store_vec<T, 4>(reinterpret_cast<T*>(p.out) + (u64)prow * p.n + n, pack_vec<T, 4>(o));
         }
     }
 }

@@ -63,6 +63,36 @@ pub(super) fn wgmma_overlap_for(k_split: usize, forced: Option<bool>) -> bool {
     forced.unwrap_or(k_split >= WGMMA_OVERLAP_MIN_DEPTH)
 }
 
+/// The least tokens at which a pass takes the prefill router unless the layer forces a
+/// choice ([`MoeLayer::set_prefill_router`]): the logits through cuBLAS, a routing kernel of
+/// one warp per token, and the dispatch as a stable counting sort over many blocks, six
+/// launches in place of the fused router's one. The fused router's column blocks each re-read
+/// x, a row tile routes only after its slowest block and one block dispatches every slot, so
+/// its time grows with the tokens (4096: 405 µs on deepseek-v3-slice, 171 on qwen3 on an
+/// H100; bench/NOTES.md, the prefill router); the prefill router's six launches cost a few
+/// µs each. 512 is the structure's crossover, not a measured one: every graph-sized pass
+/// (up to [`GRAPH_MAX_TOKENS`]) keeps the fused router as it is, and from 512 tokens the
+/// fused router reads x once per column block in 8 or more row tiles of 64 tokens and its
+/// one dispatching block places at least 1024 slots while the other SMs wait.
+///
+/// [`MoeLayer::set_prefill_router`]: super::MoeLayer::set_prefill_router
+pub const PREFILL_ROUTER_MIN_TOKENS: usize = 512;
+
+/// Whether the prefill router can route `c`: the Softmax router over at most 256 experts
+/// (the row top-k of the fused router) or the grouped sigmoid router (its own kernel).
+pub(super) fn prefill_routes(c: &MoeConfig) -> bool {
+    fused_route(c) || matches!(c.router, Router::SigmoidGrouped { .. })
+}
+
+/// Whether a pass over `tokens` takes the prefill router: `forced` when the layer forces it,
+/// else from [`PREFILL_ROUTER_MIN_TOKENS`]; never where it cannot route `c`.
+pub(super) fn prefill_router_for(c: &MoeConfig, tokens: usize, forced: Option<bool>) -> bool {
+    prefill_routes(c) && forced.unwrap_or(tokens >= PREFILL_ROUTER_MIN_TOKENS)
+}
+
+/// Threads of the prefill routing kernel (`MOE_ROUTE_WARPS` warps, one token each).
+pub(super) const ROUTE_BLOCK: u32 = 256;
+
 /// Graphs kept per layer (least recently used dropped first).
 pub(super) const GRAPH_CACHE: usize = 32;
 /// Threads of the dispatch kernel (its `__launch_bounds__(1024)`).

@@ -61,6 +61,7 @@ impl<T: Float> MoeLayer<T> {
                     trans_a: false,
                     trans_b: true,
                     tf32: false,
+                    f32_out: false,
                     batch: 1,
                     a,
                     b,
@@ -132,7 +133,7 @@ impl<T: Float> MoeLayer<T> {
         mark("swiglu")?;
         run(&down, down_ptrs)?;
         mark("experts-down")?;
-        l.combine(s, &pass, yt.device_ptr(), ws.weights.device_ptr(), true)?;
+        l.combine(s, &pass, yt.device_ptr(), ws.weights.device_ptr())?;
         mark("combine")?;
         self.last = ForwardStats {
             host_syncs: 1,

@@ -16,6 +16,7 @@ impl<T: Float> MoeLayer<T> {
             wgmma: self.gpu.wgmma && self.warpgroup_mma,
             wgmma_overlap: self.wgmma_overlap,
             wgmma_wide: self.wgmma_wide,
+            prefill_router: self.prefill_router,
             decode: self.gpu.decode && self.decode_kernel,
             ..self.gpu
         }
@@ -123,6 +124,7 @@ impl<T: Float> MoeLayer<T> {
             work: ws.work.device_ptr(),
             n_items: ws.n_items.device_ptr(),
             tickets: ws.tickets.device_ptr(),
+            sort_counts: ws.sort_counts.device_ptr(),
             partial: ws.partial.device_ptr(),
             act: ws.act.device_ptr(),
             y_rows: ws.y.device_ptr(),
@@ -139,6 +141,11 @@ impl<T: Float> MoeLayer<T> {
 
     pub(super) fn enqueue_router(&self, pass: &Pass) -> Result<()> {
         let l = self.launcher()?;
+        if pass.plan.prefill_router {
+            return l
+                .prefill_front(&self.stream, pass, &mut |_| Ok(()), false)
+                .map(drop);
+        }
         l.router(&self.stream, pass)?;
         if !fused_route(&self.config) {
             l.route(&self.stream, pass)?;

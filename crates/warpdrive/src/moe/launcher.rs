@@ -1,6 +1,6 @@
 use std::ffi::c_void;
 
-use crate::device::{LaunchMode, Stream};
+use crate::device::{GemmCall, LaunchMode, Stream};
 use crate::dtype::DTypeKind;
 use crate::error::{Error, Result};
 use crate::kernels::{self, MOE, MOE_DECODE, MOE_GEMM, MOE_ROUTER, MOE_ROUTER_CLUSTER, MOE_WGMMA};
@@ -8,7 +8,8 @@ use crate::ops::{self, Route};
 
 use super::config::{
     fused_route, gemm_shared_bytes, DecodeShape, GemmShape, MoeConfig, Router, DECODE_BLOCK,
-    DECODE_BLOCKS_PER_SM, DISPATCH_BLOCK, GEMM_BLOCK, ROUTER_BLOCK, ROUTER_WARPS, WGMMA_WIDE_MT,
+    DECODE_BLOCKS_PER_SM, DISPATCH_BLOCK, GEMM_BLOCK, ROUTER_BLOCK, ROUTER_WARPS, ROUTE_BLOCK,
+    WGMMA_WIDE_MT,
 };
 use super::layer::Pass;
 
@@ -32,6 +33,7 @@ pub(super) struct Launcher {
     pub(super) work: u64,
     pub(super) n_items: u64,
     pub(super) tickets: u64,
+    pub(super) sort_counts: u64,
     pub(super) partial: u64,
     pub(super) act: u64,
     pub(super) y_rows: u64,
@@ -255,7 +257,7 @@ impl Launcher {
             },
         )?;
         mark("experts-down")?;
-        self.combine(s, pass, self.y_rows, 0, false)?;
+        self.combine(s, pass, self.y_rows, 0)?;
         mark("combine")?;
         Ok(front + 3)
     }
@@ -268,6 +270,9 @@ impl Launcher {
         pass: &Pass,
         mark: &mut dyn FnMut(&'static str) -> Result<()>,
     ) -> Result<u32> {
+        if pass.plan.prefill_router {
+            return self.prefill_front(s, pass, mark, true);
+        }
         self.router(s, pass)?;
         mark("router")?;
         if fused_route(&self.config) {
@@ -278,6 +283,149 @@ impl Launcher {
         self.dispatch(s, pass)?;
         mark("dispatch")?;
         Ok(3)
+    }
+
+    /// The prefill router ([`Plan::prefill_router`]): the logits through cuBLAS, the routing
+    /// one warp per token, and with `dispatch` the dispatch as a stable counting sort of the
+    /// slots by expert over many blocks (each expert's rows in slot order) and its tail
+    /// (token rows, GEMM work list). No host sync. Returns how many launches it made.
+    ///
+    /// [`Plan::prefill_router`]: super::plan::Plan::prefill_router
+    pub(super) fn prefill_front(
+        &self,
+        s: &Stream,
+        pass: &Pass,
+        mark: &mut dyn FnMut(&'static str) -> Result<()>,
+        dispatch: bool,
+    ) -> Result<u32> {
+        self.router_logits(s, pass)?;
+        mark("router")?;
+        self.prefill_route(s, pass)?;
+        mark("route")?;
+        if !dispatch {
+            return Ok(2);
+        }
+        self.sorted_dispatch(s, pass)?;
+        mark("dispatch")?;
+        Ok(6)
+    }
+
+    /// logits [tokens, E] (f32, no bias) = x · gateᵀ through cuBLAS.
+    fn router_logits(&self, s: &Stream, pass: &Pass) -> Result<()> {
+        let q = s.gpu("MoE prefill router logits")?;
+        let c = &self.config;
+        let call = GemmCall {
+            dtype: self.dtype,
+            m: pass.plan.tokens,
+            n: c.experts,
+            k: c.hidden,
+            trans_a: false,
+            trans_b: true,
+            tf32: false,
+            f32_out: true,
+            batch: 1,
+            a: pass.x,
+            b: self.gate,
+            c: self.logits,
+            stride_a: 0,
+            stride_b: 0,
+            stride_c: 0,
+        };
+        // SAFETY: x holds tokens·hidden elements of the layer's dtype, the gate experts·hidden,
+        // the logits at least tokens·E f32 (Plan::logits_len); the logits overlap neither.
+        unsafe { q.gpu.gemm(q.stream, &[call]) }
+    }
+
+    /// The prefill router's routing of the logits: softmax top-k (+ bias) by
+    /// `moe_route_softmax`, or the grouped sigmoid router's own kernel.
+    fn prefill_route(&self, s: &Stream, pass: &Pass) -> Result<()> {
+        let c = &self.config;
+        if c.router != Router::Softmax {
+            return self.route(s, pass);
+        }
+        let q = s.gpu("MoE prefill routing")?;
+        let tokens = pass.plan.tokens;
+        let warps = (ROUTE_BLOCK / 32) as usize;
+        let grid = u32_of(tokens.div_ceil(warps), "routing blocks")?;
+        let args = ops::Args::new()
+            .ptr(self.logits)
+            .ptr(self.gate_bias)
+            .u32(u32_of(tokens, "tokens")?)
+            .u32(c.experts as u32)
+            .u32(c.top_k as u32)
+            .i32(i32::from(c.renormalize))
+            .ptr(self.weights)
+            .ptr(self.experts);
+        // SAFETY: moe_route_softmax(const float* logits, const float* bias (nullable), u32
+        // tokens, u32 experts, u32 k, int renorm, float* weights, u32* chosen): logits hold
+        // tokens·E f32, bias E (or null), weights / chosen tokens·k; E <= 256 and k <= 16
+        // (prefill_routes and the config's validation).
+        unsafe {
+            ops::launch(
+                q,
+                (&MOE_ROUTER, "moe_route_softmax"),
+                grid,
+                ROUTE_BLOCK,
+                0,
+                args,
+            )
+        }
+    }
+
+    /// The dispatch over many blocks: the stable sort of the slots' experts (counts,
+    /// offsets, order and slot_pos, `ops::permute`'s sort), then `moe_dispatch_tail` (token
+    /// rows and the GEMM work list, the list `moe_dispatch` writes).
+    fn sorted_dispatch(&self, s: &Stream, pass: &Pass) -> Result<()> {
+        let q = s.gpu("MoE prefill dispatch")?;
+        let c = &self.config;
+        let slots = pass.plan.slots;
+        // SAFETY: the slots' expert ids (slots words, each below E: the routing wrote them),
+        // the sort's scratch (sort_scratch_words(slots of the workspace's tokens, E) words,
+        // at least what `slots` needs), counts E, offsets E + 1, order and slot_pos slots
+        // words each; E <= MAX_BINS (validated).
+        unsafe {
+            ops::permute::sort_by_key_raw(
+                q,
+                self.experts,
+                slots,
+                c.experts,
+                self.sort_counts,
+                [self.counts, self.offsets, self.order, self.slot_pos],
+            )?;
+        }
+        let name = "moe_dispatch_tail";
+        let grid = ops::fill_grid(
+            q.gpu,
+            (&MOE_ROUTER, name),
+            slots as u64,
+            DISPATCH_BLOCK as u64,
+        )?;
+        let args = ops::Args::new()
+            .ptr(self.order)
+            .u32(u32_of(slots, "routed slots")?)
+            .u32(c.experts as u32)
+            .u32(c.top_k as u32)
+            .u32(pass.plan.bm as u32)
+            .ptr(self.counts)
+            .ptr(self.offsets)
+            .ptr(self.token_of)
+            .ptr(self.work)
+            .ptr(self.n_items);
+        // SAFETY: moe_dispatch_tail(const u32* order, u32 slots, u32 E, u32 k, u32 bm, u32*
+        // counts, u32* offsets, u32* token_of, u32* work, u32* n_items): order and token_of
+        // hold slots words, counts E, offsets E + 1, work 2·items words (items = the most
+        // tiles of `bm` rows `slots` rows can need over E experts), n_items one; E words of
+        // shared memory (E <= 4096).
+        unsafe {
+            ops::launch(
+                q,
+                (&MOE_ROUTER, name),
+                grid,
+                DISPATCH_BLOCK,
+                (c.experts * 4) as u32,
+                args,
+            )
+        }
     }
 
     /// The router kernel: f32 logits (+ bias for the Softmax router) and, when the config
@@ -555,7 +703,7 @@ impl Launcher {
         // SAFETY: moe_gemm_T_mMT(MoeGemm p): GemmParams is MoeGemm's C layout; `a` holds the
         // rows the work list names (row indices from the dispatch), `w` one n×k matrix per
         // expert, `partial` splits·rows_cap·n f32 and `tickets` one word per tile (the
-        // workspace is sized from this plan), `out` rows_cap rows of the epilogue's width.
+        // workspace is sized from this plan), `out` rows_cap rows of the epilogue's width (T).
         // The kernel waits for the previous one before it reads anything but the weights and
         // (with early_k, written two kernels back) the work list, and before any write.
         unsafe {
@@ -574,25 +722,14 @@ impl Launcher {
         }
     }
 
-    /// `y[t] = Σ_r scale · rows[slot_pos[t·k + r]]`; `weighted` rows are T with the routing
-    /// weights applied here, else f32 rows already weighted.
-    pub(super) fn combine(
-        &self,
-        s: &Stream,
-        pass: &Pass,
-        rows: u64,
-        weights: u64,
-        typed: bool,
-    ) -> Result<()> {
+    /// `y[t] = Σ_r scale · rows[slot_pos[t·k + r]]` over rows of T: `weights` (f32 per slot)
+    /// applied here, or (0) rows already weighted (the device path's down projection).
+    pub(super) fn combine(&self, s: &Stream, pass: &Pass, rows: u64, weights: u64) -> Result<()> {
         let q = s.gpu("MoE combine")?;
         let d = q.gpu;
         let c = &self.config;
         let t = self.dtype_index()?;
-        let name = if typed {
-            ["moe_combine_f16_f16", "moe_combine_bf16_bf16"][t]
-        } else {
-            ["moe_combine_f32_f16", "moe_combine_f32_bf16"][t]
-        };
+        let name = ["moe_combine_f16_f16", "moe_combine_bf16_bf16"][t];
         let quads = (pass.plan.tokens * c.hidden / 4) as u64;
         let grid = ops::fill_grid(d, (&MOE, name), quads, 256)?;
         let args = ops::Args::new()
@@ -603,7 +740,7 @@ impl Launcher {
             .u32(c.top_k as u32)
             .u32(c.hidden as u32)
             .ptr(pass.y);
-        // SAFETY: moe_combine_TY_T(const TY* y, const u32* slot_pos, const float* weights
+        // SAFETY: moe_combine_T_T(const T* y, const u32* slot_pos, const float* weights
         // (nullable), u32 tokens, u32 k, u32 hidden, T* out): rows hold slots·hidden, slot_pos
         // and weights slots entries, out tokens·hidden; hidden % 8 == 0. It waits for the
         // previous kernel before it reads or writes anything.

@@ -39,6 +39,8 @@ pub struct MoeLayer<T: Float> {
     pub(super) wgmma_overlap: Option<bool>,
     /// The wide 192-row wgmma tile: forced on or off, or `None` for the plan's choice.
     pub(super) wgmma_wide: Option<bool>,
+    /// The prefill router: forced on or off, or `None` for the plan's choice.
+    pub(super) prefill_router: Option<bool>,
     /// One-token passes may take the decode kernel (where `gpu.decode`).
     pub(super) decode_kernel: bool,
     pub(super) last: ForwardStats,
@@ -142,6 +144,7 @@ impl<T: Float> MoeLayer<T> {
             warpgroup_mma: true,
             wgmma_overlap: None,
             wgmma_wide: None,
+            prefill_router: None,
             decode_kernel: true,
             last: ForwardStats::default(),
             gpu: Gpu::of(stream)?,
@@ -200,6 +203,22 @@ impl<T: Float> MoeLayer<T> {
     pub fn set_wgmma_wide(&mut self, choice: Option<bool>) {
         if choice != self.wgmma_wide {
             self.wgmma_wide = choice;
+            self.graphs.clear();
+        }
+    }
+
+    /// Forces the prefill router (`Some(true)`: the router's logits through cuBLAS, the
+    /// routing one warp per token, the dispatch as a stable counting sort over many blocks,
+    /// each expert's rows in token order) or the fused router kernel (`Some(false)`: logits,
+    /// routing and a one-block dispatch in one launch); `None` (the default) lets the plan
+    /// pick per pass: the prefill router from 512 tokens (issue 40). The routing is the same
+    /// up to the logits' summation order (cuBLAS's against the fused kernel's), so a near-tie
+    /// may go the other way. No effect on the decode kernel's one-token passes, on the CPU
+    /// backend, or where the prefill router cannot route the config (a Softmax router over
+    /// more than 256 experts). Drops the captured graphs.
+    pub fn set_prefill_router(&mut self, choice: Option<bool>) {
+        if choice != self.prefill_router {
+            self.prefill_router = choice;
             self.graphs.clear();
         }
     }

@@ -37,9 +37,17 @@
 //!
 //! On the CPU backend the same layer computes in f32/f64 on the host (the reference).
 //!
-//! The permuted order of tokens within an expert may differ between runs (the dispatch
-//! places them with atomics), but each output row depends only on its own token, so the
-//! layer's output is deterministic.
+//! From [`PREFILL_ROUTER_MIN_TOKENS`] tokens the router runs as the prefill router instead
+//! ([`MoeLayer::set_prefill_router`]): the logits through cuBLAS, a routing kernel of one
+//! warp per token (the fused router's row top-k, or the grouped sigmoid kernel), and the
+//! dispatch as a stable counting sort of the slots by expert over many blocks
+//! (`ops::permute`'s sort) and a tail kernel for the token rows and the GEMM work list: the
+//! same counts, offsets and work list, with no host sync.
+//!
+//! The permuted order of tokens within an expert may differ between runs of the fused
+//! router (its one-block dispatch places them with atomics; the prefill router's sort keeps
+//! slot order), but each output row depends only on its own token, so the layer's output is
+//! deterministic.
 
 mod config;
 mod cpu;
@@ -49,12 +57,14 @@ mod launcher;
 mod layer;
 mod plan;
 #[cfg(test)]
+mod prefill_tests;
+#[cfg(test)]
 mod tests;
 pub mod weights;
 
 pub use config::{
     ForwardStats, MoeConfig, MoePath, Router, Routing, AUTO_CUBLAS_MIN_FLOPS,
-    CUBLAS_GROUPED_MAX_FLOPS, GRAPH_MAX_TOKENS, PRESETS, TINY,
+    CUBLAS_GROUPED_MAX_FLOPS, GRAPH_MAX_TOKENS, PREFILL_ROUTER_MIN_TOKENS, PRESETS, TINY,
 };
 pub use layer::MoeLayer;
 pub use weights::{HostWeights, MoeWeights, WeightsFile};

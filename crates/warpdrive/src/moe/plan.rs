@@ -3,11 +3,12 @@ use crate::dtype::Float;
 use crate::error::Result;
 use crate::kernels::MOE_WGMMA;
 use crate::memory::Buffer;
-use crate::size;
+use crate::{ops, size};
 
 use super::config::{
-    gemm_blocks_per_sm, gemm_shared_bytes, wgmma_overlap_for, wgmma_wide_for, DecodeShape,
-    GemmShape, MoeConfig, RouterShape, GEMM_BN, WGMMA_ONE_ROW_MIN_INTERMEDIATE, WGMMA_WIDE_MT,
+    gemm_blocks_per_sm, gemm_shared_bytes, prefill_router_for, wgmma_overlap_for, wgmma_wide_for,
+    DecodeShape, GemmShape, MoeConfig, RouterShape, GEMM_BN, WGMMA_ONE_ROW_MIN_INTERMEDIATE,
+    WGMMA_WIDE_MT,
 };
 use super::layer::inter_pad;
 
@@ -31,6 +32,10 @@ pub(super) struct Gpu {
     /// [`MoeLayer::set_wgmma_wide`] forces it, `None` for the plan's choice
     /// ([`wgmma_wide_for`]); only with `wgmma`.
     pub(super) wgmma_wide: Option<bool>,
+    /// The prefill router (cuBLAS logits, routing and a many-block dispatch): `Some` where
+    /// [`MoeLayer::set_prefill_router`] forces it, `None` for the plan's choice
+    /// ([`prefill_router_for`]).
+    pub(super) prefill_router: Option<bool>,
     /// One-token passes may take the decode kernel, unless
     /// [`MoeLayer::set_decode_kernel`] turned it off.
     pub(super) decode: bool,
@@ -49,6 +54,7 @@ impl Gpu {
                     wgmma: false,
                     wgmma_overlap: None,
                     wgmma_wide: None,
+                    prefill_router: None,
                     decode: false,
                 })
             },
@@ -64,6 +70,7 @@ impl Gpu {
                     wgmma: MOE_WGMMA.arch_for(d.arch()).is_ok(),
                     wgmma_overlap: None,
                     wgmma_wide: None,
+                    prefill_router: None,
                     decode: true,
                 })
             },
@@ -79,6 +86,10 @@ pub(super) struct Plan {
     /// Rows per expert tile of the dispatch's work list (16 · gate.mt).
     pub(super) bm: usize,
     pub(super) router: RouterShape,
+    /// The router runs as the prefill router (cuBLAS logits, `moe_route_softmax` or the
+    /// grouped sigmoid kernel, then a stable counting sort and `moe_dispatch_tail`) instead
+    /// of the fused router kernel.
+    pub(super) prefill_router: bool,
     pub(super) up: GemmShape,
     pub(super) down: GemmShape,
     /// The down projection's blocks prefetch the first `down_early_k` k of their weights
@@ -124,6 +135,7 @@ impl Plan {
             wgmma,
             wgmma_overlap,
             wgmma_wide,
+            prefill_router,
             ..
         } = gpu;
         let slots = tokens * c.top_k;
@@ -168,6 +180,7 @@ impl Plan {
             slots,
             bm,
             router: RouterShape::new(c, tokens, sms, clusters),
+            prefill_router: prefill_router_for(c, tokens, prefill_router),
             decode: DecodeShape::new(c, tokens, gpu),
             down_early_k: down_prefetch(c, &down, active, l2_bytes, sms),
             up: on_wgmma(GemmShape::new(
@@ -255,10 +268,14 @@ pub(super) struct Workspace<T: Float> {
     pub(super) work: Buffer<u32>,
     pub(super) n_items: Buffer<u32>,
     pub(super) tickets: Buffer<u32>,
+    /// The prefill dispatch's sort: per-tile counts of each expert
+    /// (`ops::permute::sort_scratch_words`).
+    pub(super) sort_counts: Buffer<u32>,
     pub(super) partial: Buffer<f32>,
     pub(super) act: Buffer<T>,
-    /// Device path: the weighted down projection per permuted row (f32).
-    pub(super) y: Buffer<f32>,
+    /// Device path: the weighted down projection per permuted row (T, rounded once from the
+    /// f32 accumulators).
+    pub(super) y: Buffer<T>,
     /// cuBLAS path: gathered inputs, gate/up output, down output (T).
     pub(super) cublas: Option<[Buffer<T>; 3]>,
     /// cuBLAS path: the device pointer arrays of its two grouped GEMMs (6 words per expert).
@@ -292,6 +309,10 @@ impl<T: Float> Workspace<T> {
             work: Buffer::uninit(stream, 2 * items)?,
             n_items: Buffer::uninit(stream, 1)?,
             tickets,
+            sort_counts: Buffer::uninit(
+                stream,
+                ops::permute::sort_scratch_words(slots, c.experts),
+            )?,
             partial: Buffer::uninit(stream, max(&|p| p.partial_len()))?,
             // The decode kernel keeps k act rows in f32 there.
             act: Buffer::uninit(

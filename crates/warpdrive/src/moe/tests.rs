@@ -1,8 +1,9 @@
 use crate::error::{Error, Result};
 
 use super::config::{
-    auto_takes_cublas, wgmma_overlap_for, wgmma_wide_for, DecodeShape, MoeConfig, Router,
-    GRAPH_MAX_TOKENS, PRESETS, WGMMA_OVERLAP_MIN_DEPTH,
+    auto_takes_cublas, prefill_router_for, wgmma_overlap_for, wgmma_wide_for, DecodeShape,
+    MoeConfig, Router, GRAPH_MAX_TOKENS, PREFILL_ROUTER_MIN_TOKENS, PRESETS,
+    WGMMA_OVERLAP_MIN_DEPTH,
 };
 use super::plan::{Gpu, Plan};
 
@@ -15,6 +16,7 @@ const HOPPER: Gpu = Gpu {
     wgmma: true,
     wgmma_overlap: None,
     wgmma_wide: None,
+    prefill_router: None,
     decode: true,
 };
 
@@ -272,5 +274,57 @@ fn wgmma_wide_is_chosen_by_rows_and_depth() -> Result<()> {
     assert!(!wgmma_wide_for(1 << 20, WGMMA_OVERLAP_MIN_DEPTH - 1, None));
     assert!(wgmma_wide_for(1, 1, Some(true)));
     assert!(!wgmma_wide_for(1 << 20, 1 << 20, Some(false)));
+    Ok(())
+}
+
+/// The prefill router from `PREFILL_ROUTER_MIN_TOKENS` tokens, never on a graph-sized pass
+/// by default (decode and the graphs keep the fused router), forced either way by the layer,
+/// and never for a Softmax router over more than 256 experts (the grouped sigmoid router
+/// takes it).
+#[test]
+fn prefill_router_from_its_size_unless_forced() -> Result<()> {
+    const { assert!(PREFILL_ROUTER_MIN_TOKENS > GRAPH_MAX_TOKENS) };
+    for name in PRESETS {
+        let c = MoeConfig::preset(name)?;
+        for tokens in [1, 64, GRAPH_MAX_TOKENS, PREFILL_ROUTER_MIN_TOKENS - 1] {
+            assert!(!prefill_router_for(&c, tokens, None), "{name} {tokens}");
+            assert!(
+                !Plan::new(&c, tokens, HOPPER).prefill_router,
+                "{name} {tokens}"
+            );
+        }
+        for tokens in [PREFILL_ROUTER_MIN_TOKENS, 4096] {
+            assert!(
+                Plan::new(&c, tokens, HOPPER).prefill_router,
+                "{name} {tokens}"
+            );
+        }
+        let on = Gpu {
+            prefill_router: Some(true),
+            ..HOPPER
+        };
+        let off = Gpu {
+            prefill_router: Some(false),
+            ..HOPPER
+        };
+        assert!(Plan::new(&c, 37, on).prefill_router, "{name}");
+        assert!(!Plan::new(&c, 4096, off).prefill_router, "{name}");
+    }
+    let wide = MoeConfig {
+        experts: 300,
+        top_k: 4,
+        ..MoeConfig::tiny()
+    };
+    assert!(!prefill_router_for(&wide, 4096, None));
+    assert!(!prefill_router_for(&wide, 4096, Some(true)));
+    let grouped = MoeConfig {
+        router: Router::SigmoidGrouped {
+            n_group: 8,
+            topk_group: 4,
+            routed_scaling: 2.5,
+        },
+        ..MoeConfig::preset("deepseek-v3-slice")?
+    };
+    assert!(prefill_router_for(&grouped, 4096, None));
     Ok(())
 }

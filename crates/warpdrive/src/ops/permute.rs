@@ -339,7 +339,7 @@ impl KeySort {
 
     /// Per-tile counts of every bucket (the overflow one included).
     fn scratch_bytes(len: usize, bins: usize) -> usize {
-        len.div_ceil(SORT_TILE).max(1) * (bins + 1) * 4
+        sort_scratch_words(len, bins) * 4
     }
 
     pub fn bins(&self) -> usize {
@@ -395,60 +395,98 @@ pub fn sort_by_key(stream: &Stream, keys: &Buffer<u32>, sort: &mut KeySort) -> R
             Ok(())
         },
         |sort, q| {
-            let tiles = n.div_ceil(SORT_TILE);
-            let shared = (bins as u32 + 1) * 4;
-            let (n64, bins32) = (n as u64, bins as u32);
-            if tiles > 0 {
-                let args = Args::new()
-                    .buf(keys)
-                    .u64(n64)
-                    .u32(bins32)
-                    .ptr(sort.scratch.ptr());
-                // SAFETY: sort_count(const u32* keys, u64 n, u32 bins, u32* tile_counts), one block
-                // per tile, bins + 1 words of shared memory: the scratch holds tiles·(bins + 1) words.
-                unsafe {
-                    launch(
-                        q,
-                        (&PERMUTE, "sort_count"),
-                        tiles as u32,
-                        BLOCK,
-                        shared,
-                        args,
-                    )?
-                };
-            }
-            let args = Args::new()
-                .ptr(sort.scratch.ptr())
-                .u32(tiles as u32)
-                .u32(bins32)
-                .buf(&sort.counts)
-                .buf(&sort.offsets);
-            // SAFETY: sort_offsets(u32* tile_counts, u32 tiles, u32 bins, u32* counts, u32* offsets),
-            // one block, bins + 1 words of shared memory: counts holds bins words, offsets bins + 1.
-            unsafe { launch(q, (&PERMUTE, "sort_offsets"), 1, WIDE_BLOCK, shared, args)? };
-            if tiles == 0 {
-                return Ok(());
-            }
-            let args = Args::new()
-                .buf(keys)
-                .u64(n64)
-                .u32(bins32)
-                .ptr(sort.scratch.ptr())
-                .buf(&sort.order)
-                .buf(&sort.rank);
-            // SAFETY: sort_scatter(const u32* keys, u64 n, u32 bins, const u32* tile_counts,
-            // u32* order, u32* rank), one block per tile: order and rank hold n words, and every
-            // position written is below n (the offsets partition 0..n).
+            // SAFETY: keys hold n words, the sort's buffers n (order, rank), bins (counts) and
+            // bins + 1 (offsets) words, its scratch sort_scratch_words(n, bins) words.
             unsafe {
-                launch(
+                sort_by_key_raw(
                     q,
-                    (&PERMUTE, "sort_scatter"),
-                    tiles as u32,
-                    BLOCK,
-                    shared,
-                    args,
+                    keys.device_ptr(),
+                    n,
+                    bins,
+                    sort.scratch.ptr(),
+                    [
+                        sort.counts.device_ptr(),
+                        sort.offsets.device_ptr(),
+                        sort.order.device_ptr(),
+                        sort.rank.device_ptr(),
+                    ],
                 )
             }
         },
     )
+}
+
+/// Words of scratch (per-tile counts of every bucket, the overflow one included) that
+/// [`sort_by_key_raw`] takes for `len` keys into `bins` buckets.
+pub(crate) fn sort_scratch_words(len: usize, bins: usize) -> usize {
+    len.div_ceil(SORT_TILE).max(1) * (bins + 1)
+}
+
+/// The device body of [`sort_by_key`] on raw addresses (three kernels, nothing allocated, no
+/// host sync): `out` = [counts (bins words), offsets (bins + 1), order (n), rank (n)], as
+/// [`KeySort`] describes them. For callers that keep these in their own workspace (the MoE
+/// layer's prefill dispatch).
+///
+/// # Safety
+/// `keys` must hold `n` u32 and `scratch` [`sort_scratch_words`]`(n, bins)` words, the
+/// outputs the words above, all live device memory of the queue's device; bins at most
+/// [`MAX_BINS`].
+pub(crate) unsafe fn sort_by_key_raw(
+    q: crate::device::Queue<'_>,
+    keys: u64,
+    n: usize,
+    bins: usize,
+    scratch: u64,
+    [counts, offsets, order, rank]: [u64; 4],
+) -> Result<()> {
+    let tiles = n.div_ceil(SORT_TILE);
+    let shared = (bins as u32 + 1) * 4;
+    let (n64, bins32) = (n as u64, bins as u32);
+    if tiles > 0 {
+        let args = Args::new().ptr(keys).u64(n64).u32(bins32).ptr(scratch);
+        // SAFETY: sort_count(const u32* keys, u64 n, u32 bins, u32* tile_counts), one block
+        // per tile, bins + 1 words of shared memory: the scratch holds tiles·(bins + 1) words.
+        unsafe {
+            launch(
+                q,
+                (&PERMUTE, "sort_count"),
+                tiles as u32,
+                BLOCK,
+                shared,
+                args,
+            )?
+        };
+    }
+    let args = Args::new()
+        .ptr(scratch)
+        .u32(tiles as u32)
+        .u32(bins32)
+        .ptr(counts)
+        .ptr(offsets);
+    // SAFETY: sort_offsets(u32* tile_counts, u32 tiles, u32 bins, u32* counts, u32* offsets),
+    // one block, bins + 1 words of shared memory: counts holds bins words, offsets bins + 1.
+    unsafe { launch(q, (&PERMUTE, "sort_offsets"), 1, WIDE_BLOCK, shared, args)? };
+    if tiles == 0 {
+        return Ok(());
+    }
+    let args = Args::new()
+        .ptr(keys)
+        .u64(n64)
+        .u32(bins32)
+        .ptr(scratch)
+        .ptr(order)
+        .ptr(rank);
+    // SAFETY: sort_scatter(const u32* keys, u64 n, u32 bins, const u32* tile_counts, u32*
+    // order, u32* rank), one block per tile: order and rank hold n words, and every position
+    // written is below n (the offsets partition 0..n).
+    unsafe {
+        launch(
+            q,
+            (&PERMUTE, "sort_scatter"),
+            tiles as u32,
+            BLOCK,
+            shared,
+            args,
+        )
+    }
 }

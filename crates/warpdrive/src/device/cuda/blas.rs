@@ -25,6 +25,9 @@ pub(crate) struct GemmCall {
     pub trans_b: bool,
     /// f32 only: let cuBLAS round inputs to TF32 on the tensor cores.
     pub tf32: bool,
+    /// `c` is f32 whatever `dtype` (16-bit inputs: the f32 accumulators unrounded, as a MoE
+    /// router's logits need); [`CudaDevice::gemm`] only, not the grouped call.
+    pub f32_out: bool,
     pub batch: usize,
     pub a: u64,
     pub b: u64,
@@ -109,8 +112,8 @@ impl CudaDevice {
     ///
     /// # Safety
     /// For each call, `a`, `b`, `c` must be live device allocations covering `batch` items
-    /// of m·k, k·n and m·n elements of `dtype` at the given strides, and `c` must not overlap
-    /// `a` or `b`.
+    /// of m·k, k·n and m·n elements of `dtype` (`c` of f32 with `f32_out`) at the given
+    /// strides, and `c` must not overlap `a` or `b`.
     pub(crate) unsafe fn gemm(&self, stream: &GpuStream, calls: &[GemmCall]) -> Result<()> {
         use crate::dtype::DTypeKind;
         use cudarc::cublas::sys::{
@@ -152,6 +155,11 @@ impl CudaDevice {
                         )))
                     }
                 };
+                let c_ty = if call.f32_out {
+                    cudaDataType::CUDA_R_32F
+                } else {
+                    ty
+                };
                 // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: swap the
                 // operands; a row-major matrix read column-major is its transpose.
                 let op = |t: bool| {
@@ -184,7 +192,7 @@ impl CudaDevice {
                             lda,
                             &beta as *const f32 as *const c_void,
                             call.c as *mut c_void,
-                            ty,
+                            c_ty,
                             n,
                             compute,
                             cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
@@ -216,7 +224,7 @@ impl CudaDevice {
                             sa,
                             &beta as *const f32 as *const c_void,
                             call.c as *mut c_void,
-                            ty,
+                            c_ty,
                             n,
                             sc,
                             int(call.batch)?,
@@ -277,10 +285,9 @@ impl CudaDevice {
                 )))
             }
         };
-        if calls
-            .iter()
-            .any(|c| c.dtype != first.dtype || c.batch > 1 || c.tf32 || c.trans_a || !c.trans_b)
-        {
+        if calls.iter().any(|c| {
+            c.dtype != first.dtype || c.batch > 1 || c.tf32 || c.f32_out || c.trans_a || !c.trans_b
+        }) {
             return Err(Error::InvalidArgument(
                 "grouped GEMM: every call must be one un-batched activations × weightsᵀ product of the same dtype".into(),
             ));
