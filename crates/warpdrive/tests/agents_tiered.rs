@@ -190,16 +190,40 @@ fn tiered_fields_and_migration(dev: &Device) {
         ]
     );
     assert_holds(&s, &t, &a, "built");
-    // Park everything, unpark everything, split unevenly, re-chunk: order kept every time.
-    for (gpu, host) in [(0, n), (n, 0), (1234, 5000), (2999, 2)] {
+    // Park everything (short chunks before the old ones), unpark everything, park part,
+    // unpark all but the last two (a chunk taken in part), park one, re-chunk: order kept
+    // every time, and a step that uses the global index still matches one population.
+    let mix = StepFn::new("mix", "id[i] = id[i] * 3u + (u32)(i ^ n);", |i, f, _| {
+        let n = f.u32[1].len();
+        f.u32[1][i] = f.u32[1][i].wrapping_mul(3).wrapping_add((i ^ n) as u32);
+    });
+    let cpu = stream(&Device::cpu());
+    let mut reference = untiered(&cpu, &a);
+    let mut a = a;
+    for (gpu, host, chunks) in [
+        (0, n, 5),
+        (n, 0, 0),
+        (1234, 5000, 3),
+        (2999, 2, 1),
+        (2998, 3, 2),
+    ] {
         t.set_budget(&s, TierBudget::new(gpu, host)).unwrap();
-        assert_eq!(t.gpu_len(), gpu.min(n), "gpu {gpu}");
-        assert_eq!(t.gpu().len(), gpu.min(n));
-        assert_holds(&s, &t, &a, &format!("budget {gpu}/{host}"));
+        let what = format!("budget {gpu}/{host}");
+        assert_eq!(t.gpu_len(), gpu.min(n), "{what}");
+        assert_eq!(t.gpu().len(), gpu.min(n), "{what}");
+        assert_eq!(t.chunks(), chunks, "{what}");
+        assert_eq!(t.budget(), TierBudget::new(gpu, host));
+        assert_holds(&s, &t, &a, &what);
+        mix.run_tiered(&s, &mut t, &StepInputs::new(), &[]).unwrap();
+        mix.run(&cpu, &mut reference, &[]).unwrap();
+        a.id = reference.u32_to_host(&cpu, "id").unwrap();
+        assert_holds(&s, &t, &a, &format!("{what}, stepped"));
     }
     t.set_chunk(&s, 1).unwrap();
-    assert_eq!(t.chunks(), 2);
+    assert_eq!((t.chunk(), t.chunks()), (1, 3));
     assert_holds(&s, &t, &a, "chunk 1");
+    t.set_budget(&s, TierBudget::new(2998, 3)).unwrap();
+    assert_holds(&s, &t, &a, "the same budget again");
     // A step after a migration sees the moved agents (the staging is rebuilt or kept).
     let bump = StepFn::new("bump", "hits[i] += 1u;", |i, f, _| f.u32[0][i] += 1);
     t.set_budget(&s, TierBudget::new(500, 3000)).unwrap();

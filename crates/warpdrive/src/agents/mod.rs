@@ -68,6 +68,7 @@ mod resident;
 mod step;
 mod submit;
 mod tiered;
+mod tiered_move;
 mod tiered_step;
 
 pub use circles::{Circles, CirclesConfig, MoveKernel, RADIUS, REPULSE};

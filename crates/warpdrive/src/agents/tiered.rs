@@ -63,7 +63,8 @@ pub(crate) enum HostData {
     U32(PinnedBuf<u32>),
 }
 
-/// Parked agents `base .. base + len` (consecutive), one pinned block per field.
+/// Consecutive parked agents (at most the population's `chunk` of them), one pinned block
+/// per field.
 #[derive(Debug)]
 pub(crate) struct Chunk {
     pub(crate) len: usize,
@@ -109,7 +110,7 @@ impl Column {
 /// ```
 #[derive(Debug)]
 pub struct TieredPopulation {
-    budget: TierBudget,
+    pub(crate) budget: TierBudget,
     chunk: usize,
     len: usize,
     /// Agents `0 .. gpu_len`; it holds every field (of length 0 when the GPU tier is empty).
@@ -171,7 +172,8 @@ impl TieredPopulation {
         self.budget
     }
 
-    /// Parked agents a chunk holds (the last one may hold fewer).
+    /// Parked agents a chunk holds at most (parking agents from the GPU tier and the last
+    /// chunk may leave shorter ones; [`set_chunk`](Self::set_chunk) repacks).
     pub fn chunk(&self) -> usize {
         self.chunk
     }
@@ -332,17 +334,8 @@ impl TieredPopulation {
         Ok(())
     }
 
-    /// Moves agents between the tiers so that the GPU tier holds `min(len, gpu_agents)` of
-    /// them (parking the last GPU agents or unparking the first parked ones; agent order is
-    /// kept) under the new `budget`; a population beyond it is an error and changes nothing.
-    /// The fields make one trip through host memory.
-    pub fn set_budget(&mut self, stream: &Stream, budget: TierBudget) -> Result<()> {
-        budget.split(self.len)?;
-        let columns = self.columns(stream)?;
-        self.relayout(stream, self.len, budget, self.chunk, &columns)
-    }
-
-    /// Re-chunks the parked agents into chunks of `chunk` (at least 1).
+    /// Re-chunks the parked agents into chunks of `chunk` (at least 1); the fields make one
+    /// trip through host memory.
     pub fn set_chunk(&mut self, stream: &Stream, chunk: usize) -> Result<()> {
         let columns = self.columns(stream)?;
         self.relayout(stream, self.len, self.budget, chunk, &columns)
@@ -414,7 +407,7 @@ impl TieredPopulation {
 
 /// Chunks of `chunk` agents (the last one shorter) for `parked` agents, no fields yet;
 /// more chunks than the host can list is an error.
-fn empty_chunks(parked: usize, chunk: usize) -> Result<Vec<Chunk>> {
+pub(crate) fn empty_chunks(parked: usize, chunk: usize) -> Result<Vec<Chunk>> {
     let count = parked.div_ceil(chunk);
     let mut out = host_vec::<Chunk>("agents tiered chunks", count)?;
     out.extend((0..count).map(|k| Chunk {

@@ -95,6 +95,7 @@ impl StepFn {
         for (lane, _) in &staging.lanes {
             lane.wait(&start)?;
         }
+        let mut base = g as u64;
         for (k, c) in parked.iter_mut().enumerate() {
             let (lane, bufs) = &mut staging.lanes[k % 2];
             for ((buf, host), (name, _)) in bufs.iter_mut().zip(&mut c.fields).zip(&fields) {
@@ -108,9 +109,9 @@ impl StepFn {
                     _ => return Err(inconsistent(name)),
                 }
             }
-            let base = (g + k * chunk) as u64;
             let refs: Vec<&FieldData> = bufs.iter().collect();
             self.launch_range(lane, src, (base, c.len as u64, n as u64), &refs, inputs, p)?;
+            base += c.len as u64;
             for ((buf, host), (name, _)) in bufs.iter().zip(&mut c.fields).zip(&fields) {
                 match (buf, host) {
                     (FieldData::F32(b), HostData::F32(h)) => {
