@@ -356,3 +356,10 @@ device_test!(
     gpu_tiered_birth_and_death,
     tiered_birth_and_death
 );
+
+#[test]
+fn a_tiered_population_moves_between_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<TieredPopulation>();
+    send_sync::<Population>();
+}

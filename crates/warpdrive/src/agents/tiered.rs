@@ -20,7 +20,8 @@ pub const DEFAULT_CHUNK: usize = 1 << 20;
 
 /// How many agents each tier may hold (the seed's `AgentPoolConfig { gpu_agents,
 /// cpu_agents }`): the GPU tier fills first, the host tier takes the rest, and a
-/// population beyond both is an error.
+/// population beyond both is an error. While agents are parked, stepping also holds two
+/// chunks of every field on the device (the staging the parked chunks stream through).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TierBudget {
     /// Agents on the device at most.

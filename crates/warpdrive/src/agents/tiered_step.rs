@@ -3,7 +3,7 @@
 //! lane `k % 2`, so one chunk's copies overlap the other's kernel. The step sees every
 //! agent's global index and the whole population's count, as on an untiered population.
 
-use crate::device::Stream;
+use crate::device::{Event, Stream};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::memory::{host_vec, Buffer, PinnedBuf};
@@ -15,9 +15,18 @@ use super::tiered::{inconsistent, Chunk, HostData, TieredPopulation};
 
 /// A tiered population's device staging: two lanes, each a stream and one chunk of every
 /// field.
-#[derive(Debug)]
 pub(crate) struct Staging {
     lanes: [(Stream, Vec<FieldData>); 2],
+    /// Ordering events, recorded again every step: the caller's stream before the step
+    /// (the lanes wait for it), and each lane after its last chunk (the caller waits).
+    start: Event,
+    done: [Event; 2],
+}
+
+impl std::fmt::Debug for Staging {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Staging({} fields)", self.lanes[0].1.len())
+    }
 }
 
 impl Staging {
@@ -35,8 +44,11 @@ impl Staging {
             }
             Ok((s, bufs))
         };
+        let device = stream.device();
         Ok(Staging {
             lanes: [lane()?, lane()?],
+            start: device.new_sync_event()?,
+            done: [device.new_sync_event()?, device.new_sync_event()?],
         })
     }
 }
@@ -76,24 +88,30 @@ impl StepFn {
         let fields: Vec<(&str, FieldKind)> = owned.iter().map(|(n, k)| (n.as_str(), *k)).collect();
         let src = self.kernel(&fields, &inputs.kinds());
         let (g, chunk) = (agents.gpu_len(), agents.chunk());
-        let start = stream.device().new_event()?;
-        stream.record(&start)?;
-        let tier: Vec<&FieldData> = agents.gpu.all().map(|(_, d)| d).collect();
-        self.launch_range(stream, src, (0, g as u64, n as u64), &tier, inputs, p)?;
-        if agents.parked.is_empty() {
-            return Ok(());
-        }
-        if agents.staging.is_none() {
+        if !agents.parked.is_empty() && agents.staging.is_none() {
             agents.staging = Some(Staging::new(stream, &fields, chunk)?);
         }
         let TieredPopulation {
-            parked, staging, ..
+            gpu,
+            parked,
+            staging,
+            ..
         } = agents;
-        let Some(staging) = staging.as_mut() else {
+        let staging = match staging.as_mut() {
+            Some(s) if !parked.is_empty() => {
+                // Before the GPU tier's kernel, so the first chunk's upload overlaps it.
+                stream.record(&s.start)?;
+                Some(s)
+            }
+            _ => None,
+        };
+        let tier: Vec<&FieldData> = gpu.all().map(|(_, d)| d).collect();
+        self.launch_range(stream, src, (0, g as u64, n as u64), &tier, inputs, p)?;
+        let Some(staging) = staging else {
             return Ok(());
         };
         for (lane, _) in &staging.lanes {
-            lane.wait(&start)?;
+            lane.wait(&staging.start)?;
         }
         let mut base = g as u64;
         for (k, c) in parked.iter_mut().enumerate() {
@@ -124,10 +142,9 @@ impl StepFn {
                 }
             }
         }
-        for (lane, _) in &staging.lanes {
-            let done = stream.device().new_event()?;
-            lane.record(&done)?;
-            stream.wait(&done)?;
+        for ((lane, _), done) in staging.lanes.iter().zip(&staging.done) {
+            lane.record(done)?;
+            stream.wait(done)?;
         }
         Ok(())
     }
