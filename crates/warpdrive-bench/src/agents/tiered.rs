@@ -100,3 +100,44 @@ fn pcie_us(ctx: &Ctx, bytes: f64) -> Option<(f64, f64)> {
     let (h2d, d2h) = (bytes / (up * 1e3), bytes / (down * 1e3));
     Some((h2d.max(d2h), h2d + d2h))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::results::Ceilings;
+    use crate::{Ctx, Scale};
+    use warpdrive::Device;
+
+    #[test]
+    fn the_ceiling_row_is_the_parked_bytes_at_the_pinned_ceilings() {
+        let mut ctx = Ctx::new(&Device::cpu(), Scale::Tiny).unwrap();
+        ctx.suite = SUITE;
+        // 50 GB/s up, 25 down: 1,800 parked agents move 14,400 bytes each way.
+        ctx.set_ceilings(Ceilings {
+            h2d_pinned_gbps: Some(50.0),
+            d2h_pinned_gbps: Some(25.0),
+            ..Ceilings::default()
+        });
+        tiered(&mut ctx, 2_000).unwrap();
+        let rows = ctx.rows();
+        let find = |case: &str, variant: &str| {
+            rows.iter()
+                .find(|r| r.case == case && r.variant == variant)
+                .unwrap_or_else(|| panic!("no {case} {variant}"))
+        };
+        let c = find("tiered-p90-2k", "ceiling");
+        let (up, down) = (14_400.0 / 50e3, 14_400.0 / 25e3);
+        assert!((c.median - down).abs() < 1e-9, "{}", c.median);
+        assert!((c.extra["serial_us"].as_f64().unwrap() - (up + down)).abs() < 1e-9);
+        let w = find("tiered-p90-2k", "warpdrive");
+        let pct = w.pct_of_ceiling.unwrap();
+        assert!((pct - down / w.median * 100.0).abs() < 1e-9);
+        assert_eq!(w.extra["pcie_bytes"].as_f64(), Some(28_800.0));
+        assert!(find("tiered-p50-2k", "ceiling").median < c.median);
+        // Nothing parked: nothing crosses the link, no ceiling row.
+        assert!(!rows
+            .iter()
+            .any(|r| r.case == "tiered-p0-2k" && r.variant == "ceiling"));
+        assert!(find("tiered-p0-2k", "warpdrive").pct_of_ceiling.is_none());
+    }
+}
