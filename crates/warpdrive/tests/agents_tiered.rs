@@ -74,14 +74,16 @@ fn untiered(s: &Stream, a: &Agents) -> Population {
 
 /// (agents, GPU budget, host budget, chunk): GPU budget 1000 with 3001 agents in chunks
 /// that do not divide the parked 2001; all parked; none parked; exactly the GPU budget;
-/// empty; a larger one in many uneven chunks.
-const CASES: [(usize, usize, usize, usize); 7] = [
+/// empty; one agent; a chunk size far above the parked count (the staging holds what is
+/// parked, not the chunk size); a larger one in many uneven chunks.
+const CASES: [(usize, usize, usize, usize); 8] = [
     (3001, 1000, BIG, 700),
     (3001, 0, BIG, 512),
     (3001, 5000, 0, 512),
     (1000, 1000, 0, 300),
     (0, 10, 10, 4),
     (1, 0, 1, 1),
+    (5, 2, 10, usize::MAX),
     ((1 << 18) + 3, 40_000, BIG, 65_537),
 ];
 

@@ -117,8 +117,8 @@ pub struct TieredPopulation {
     /// Agents `0 .. gpu_len`; it holds every field (of length 0 when the GPU tier is empty).
     pub(crate) gpu: Population,
     pub(crate) parked: Vec<Chunk>,
-    /// The step's device staging, made on the first GPU step and kept while the fields and
-    /// the chunk size stay.
+    /// The step's device staging, made on the first GPU step, kept while the fields stay
+    /// (grown when a chunk needs more room).
     pub(crate) staging: Option<Staging>,
 }
 
@@ -327,10 +327,9 @@ impl TieredPopulation {
                 Column::U32(v) => next.add_u32(stream, name, v)?,
             }
         }
-        // Kept across a relayout: the staging matches the fields and the chunk, not the split.
-        if chunk == self.chunk {
-            next.staging = self.staging.take();
-        }
+        // Kept across a relayout: the staging depends on the fields only (a step grows it
+        // when a chunk needs more room).
+        next.staging = self.staging.take();
         *self = next;
         Ok(())
     }

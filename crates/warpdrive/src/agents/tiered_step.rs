@@ -17,6 +17,8 @@ use super::tiered::{inconsistent, Chunk, HostData, TieredPopulation};
 /// field.
 pub(crate) struct Staging {
     lanes: [(Stream, Vec<FieldData>); 2],
+    /// Agents each lane's buffers hold.
+    cap: usize,
     /// Ordering events, recorded again every step: the caller's stream before the step
     /// (the lanes wait for it), and each lane after its last chunk (the caller waits).
     start: Event,
@@ -47,6 +49,7 @@ impl Staging {
         let device = stream.device();
         Ok(Staging {
             lanes: [lane()?, lane()?],
+            cap: chunk,
             start: device.new_sync_event()?,
             done: [device.new_sync_event()?, device.new_sync_event()?],
         })
@@ -87,9 +90,11 @@ impl StepFn {
             .collect();
         let fields: Vec<(&str, FieldKind)> = owned.iter().map(|(n, k)| (n.as_str(), *k)).collect();
         let src = self.kernel(&fields, &inputs.kinds());
-        let (g, chunk) = (agents.gpu_len(), agents.chunk());
-        if !agents.parked.is_empty() && agents.staging.is_none() {
-            agents.staging = Some(Staging::new(stream, &fields, chunk)?);
+        let g = agents.gpu_len();
+        // Room for the longest chunk (at most `chunk()` agents, fewer when fewer are parked).
+        let need = agents.parked.iter().map(|c| c.len).max().unwrap_or(0);
+        if need > 0 && agents.staging.as_ref().is_none_or(|s| s.cap < need) {
+            agents.staging = Some(Staging::new(stream, &fields, need)?);
         }
         let TieredPopulation {
             gpu,
