@@ -22,6 +22,16 @@ pub const DEFAULT_CHUNK: usize = 1 << 20;
 /// cpu_agents }`): the GPU tier fills first, the host tier takes the rest, and a
 /// population beyond both is an error. While agents are parked, stepping also holds two
 /// chunks of every field on the device (the staging the parked chunks stream through).
+///
+/// ```
+/// use warpdrive::agents::TierBudget;
+///
+/// // The seed's pool: 64 k agents on the GPU, 200 k on the host.
+/// let pool = TierBudget::new(64_000, 200_000);
+/// assert_eq!(pool.split(100_000).unwrap(), (64_000, 36_000));
+/// let err = pool.split(264_001).unwrap_err().to_string();
+/// assert!(err.contains("host budget is exceeded by 1 agent"), "{err}");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TierBudget {
     /// Agents on the device at most.
@@ -45,12 +55,13 @@ impl TierBudget {
         let gpu = len.min(self.gpu_agents);
         let parked = len - gpu;
         if parked > self.host_agents {
+            let over = parked - self.host_agents;
             return Err(Error::InvalidArgument(format!(
                 "agents: {len} agents do not fit the tier budgets ({} on the GPU, {} on the \
-                 host): the host budget is exceeded by {} agents",
+                 host): the host budget is exceeded by {over} agent{}",
                 self.gpu_agents,
                 self.host_agents,
-                parked - self.host_agents
+                if over == 1 { "" } else { "s" }
             )));
         }
         Ok((gpu, parked))
