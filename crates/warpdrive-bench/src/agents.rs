@@ -26,6 +26,9 @@
 //! - `quorum-N`, `averaging-N`, `life-N`, `submit-N`, `steps-N`: the weighted quorum,
 //!   iterative averaging, birth and death, job submission and persistent stepping
 //!   (`agents/more.rs`).
+//! - `tiered-pP-N`: a drift step over a `TieredPopulation` with 0, 50 and 90 % of its
+//!   agents parked in pinned host memory, against the PCIe ceiling of the same run
+//!   (`agents/tiered.rs`); N is the scale's largest size.
 
 use warpdrive::agents::{Circles, CirclesConfig, Majority, MoveKernel, ResidentMajority};
 use warpdrive::error::Result;
@@ -33,6 +36,7 @@ use warpdrive::exec::Graph;
 use warpdrive::memory::Buffer;
 
 mod more;
+mod tiered;
 
 use super::stats::percentile;
 use super::timing::{time_gpu, time_host};
@@ -82,6 +86,9 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
         more::life(ctx, n)?;
         more::submission(ctx, n)?;
         more::stepping(ctx, n)?;
+    }
+    if let Some(&n) = sizes(ctx.scale()).last() {
+        tiered::tiered(ctx, n)?;
     }
     Ok(())
 }
@@ -229,6 +236,9 @@ mod tests {
             ("submit-2k", "warpdrive-warm"),
             ("steps-2k", "warpdrive-persistent"),
             ("steps-2k", "warpdrive-graph"),
+            ("tiered-p0-2k", "warpdrive"),
+            ("tiered-p50-2k", "warpdrive"),
+            ("tiered-p90-2k", "warpdrive"),
         ] {
             let row = rows
                 .iter()
@@ -240,6 +250,13 @@ mod tests {
         let c = rows.iter().find(|r| r.case == "circles-2k").unwrap();
         assert!(c.extra["agent_steps_per_s"].as_f64().unwrap() > 0.0);
         assert!(c.extra["flame_gpu_agent_steps_per_s"].as_f64().unwrap() > 4.6e8);
+        let t = rows.iter().find(|r| r.case == "tiered-p90-2k").unwrap();
+        assert_eq!(t.extra["parked"].as_u64(), Some(1800));
+        assert!(t.extra["agent_steps_per_s"].as_f64().unwrap() > 0.0);
+        // No pinned ceilings on the CPU backend: no ceiling row to compare with.
+        assert!(!rows
+            .iter()
+            .any(|r| r.case == "tiered-p90-2k" && r.variant == "ceiling"));
         let v = rows.iter().find(|r| r.case == "vote-2k").unwrap();
         assert!(v.extra["p99_us"].as_f64().unwrap() >= v.median);
     }

@@ -841,7 +841,9 @@ fn step_functions_compile_with_nvrtc() {
         ("hits", FieldKind::U32),
     ];
     let ptx = drift().ptx(&cache, &fields, Arch::SM_90A).unwrap();
-    assert!(ptx.contains(".entry agents_step"));
+    for k in ["agents_step", "agents_step_range", "agents_step_loop"] {
+        assert!(ptx.contains(&format!(".entry {k}(")), "{k}");
+    }
     // A step with inputs: messages and a graph's edges.
     let pull = StepFn::new(
         "pull",
@@ -857,7 +859,7 @@ fn step_functions_compile_with_nvrtc() {
     let ptx = pull
         .ptx_with(&cache, &[("x", FieldKind::F32)], &inputs, Arch::SM_90A)
         .unwrap();
-    assert!(ptx.contains(".entry agents_step"));
+    assert!(ptx.contains(".entry agents_step_range("));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -29,7 +29,15 @@
 //! - [`StepFn::run_steps`]: many steps in one persistent cooperative kernel (a grid-wide
 //!   barrier between steps), refused while resident actors run on the GPU.
 //!
-//! Not yet: the pinned-host tier; Circles in one persistent kernel.
+//! - [`TieredPopulation`]: a population over a GPU tier and a pinned-host tier under a
+//!   [`TierBudget`] (the seed's 64 k GPU / 200 k CPU pool): agents beyond the GPU budget are
+//!   parked in page-locked host memory, [`StepFn::run_tiered`] steps them all (the parked
+//!   ones streamed through the GPU in chunks, copies overlapping kernels on two streams,
+//!   the same result as one population), [`TieredPopulation::set_budget`] parks and
+//!   unparks, [`TieredPopulation::apply_life`] is birth and death over both tiers; a
+//!   population beyond the budgets is an error naming the excess.
+//!
+//! Not yet: Circles in one persistent kernel.
 //!
 //! ```
 //! use warpdrive::agents::{Circles, CirclesConfig, Majority};
@@ -59,6 +67,9 @@ mod population;
 mod resident;
 mod step;
 mod submit;
+mod tiered;
+mod tiered_move;
+mod tiered_step;
 
 pub use circles::{Circles, CirclesConfig, MoveKernel, RADIUS, REPULSE};
 pub use consensus::{
@@ -71,3 +82,4 @@ pub use population::{FieldKind, Population};
 pub use resident::{ResidentMajority, ResidentQuorum};
 pub use step::{HostFields, StepFn, MAX_PARAMS};
 pub use submit::{submit, HostField, Submission, SubmitTimes};
+pub use tiered::{TierBudget, TieredPopulation, DEFAULT_CHUNK};

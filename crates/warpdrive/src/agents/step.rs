@@ -26,6 +26,9 @@ pub const MAX_PARAMS: usize = 8;
 const KERNEL: &str = "agents_step";
 /// The generated persistent kernel's name (many steps in one cooperative launch).
 const LOOP: &str = "agents_step_loop";
+/// The generated kernel over a range of agents held at the start of the field buffers (a
+/// tiered population's GPU tier or one staged chunk of its parked agents).
+pub(crate) const RANGE: &str = "agents_step_range";
 
 /// One agent's fields on the host, for the CPU closure: the f32 fields and the u32 fields,
 /// each in the order the population holds them (element `i` is agent `i`), and the step's
@@ -113,9 +116,13 @@ impl StepFn {
         };
         let mut params = String::new();
         let mut call = String::new();
+        // The range kernel's call: each field's pointer moved back by `base`, so the body
+        // indexes it with the agent's global index.
+        let mut shifted = String::new();
         for (name, kind) in fields {
             let _ = write!(params, ", {}* __restrict__ {name}", ty(kind));
             let _ = write!(call, ", {name}");
+            let _ = write!(shifted, ", {name} - base");
         }
         for (name, kind) in inputs {
             let _ = write!(
@@ -124,6 +131,7 @@ impl StepFn {
                 ty(kind)
             );
             let _ = write!(call, ", {name}, {name}_len");
+            let _ = write!(shifted, ", {name}, {name}_len");
         }
         let consts: Vec<String> = (0..MAX_PARAMS).map(|k| format!("float p{k}")).collect();
         let values: Vec<String> = (0..MAX_PARAMS).map(|k| format!("p{k}")).collect();
@@ -138,6 +146,14 @@ impl StepFn {
              \x20   const u64 stride = (u64)gridDim.x * blockDim.x;\n\
              \x20   for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += stride)\n\
              \x20       agents_step_body(i, n{call}, p);\n\
+             }}\n\
+             // Agents base .. base + count of n, their fields at the start of the buffers (a\n\
+             // tiered population's GPU tier or one staged chunk): the body sees global i.\n\
+             extern \"C\" __global__ void __launch_bounds__(256) {RANGE}(u64 base, u64 count, u64 n{params}, {consts}) {{\n\
+             \x20   const float p[{MAX_PARAMS}] = {{{values}}};\n\
+             \x20   const u64 stride = (u64)gridDim.x * blockDim.x;\n\
+             \x20   for (u64 j = blockIdx.x * (u64)blockDim.x + threadIdx.x; j < count; j += stride)\n\
+             \x20       agents_step_body(base + j, n{shifted}, p);\n\
              }}\n\
              // Every step over every agent, the blocks meeting after each (a cooperative\n\
              // launch: all resident); `bar` counts arrivals and only grows.\n\
@@ -171,7 +187,7 @@ impl StepFn {
 
     /// The interned kernel source for `fields` and `inputs` (one per distinct text, for the
     /// process's life, as the kernel floor's table needs `'static` sources).
-    fn kernel(
+    pub(crate) fn kernel(
         &self,
         fields: &[(&str, FieldKind)],
         inputs: &[(&str, FieldKind)],
@@ -232,7 +248,7 @@ impl StepFn {
     }
 
     /// `params` padded with zeros to [`MAX_PARAMS`]; more is an error.
-    fn params(&self, params: &[f32]) -> Result<[f32; MAX_PARAMS]> {
+    pub(crate) fn params(&self, params: &[f32]) -> Result<[f32; MAX_PARAMS]> {
         if params.len() > MAX_PARAMS {
             return Err(Error::InvalidArgument(format!(
                 "agents: step `{}` got {} constants, at most {MAX_PARAMS}",
@@ -247,7 +263,7 @@ impl StepFn {
 
     /// Fields and inputs on the stream's device, fields of the population's length, no input
     /// named as a field.
-    fn check_fields(
+    pub(crate) fn check_fields(
         &self,
         stream: &Stream,
         agents: &Population,
@@ -396,6 +412,65 @@ impl StepFn {
                 // cooperative launch of a grid no larger than fill_grid's resident bound, so
                 // every block reaches each barrier.
                 unsafe { launch_with(q, (src, LOOP), grid, 256, 0, args, mode) }
+            },
+        )
+    }
+}
+
+impl StepFn {
+    /// The CPU closure (the reference), for steps over host copies of the fields.
+    pub(crate) fn cpu(&self) -> &CpuStep {
+        self.cpu.as_ref()
+    }
+
+    /// Enqueues the range kernel of `src` (this step's source for the fields' kinds and
+    /// `inputs`) on `stream`'s GPU: agents `base .. base + count` of `n`, whose fields are
+    /// `fields` in the population's order, each holding agent `base + j` at element `j`. An
+    /// error on the CPU backend, or when a field holds fewer than `count` values.
+    pub(crate) fn launch_range(
+        &self,
+        stream: &Stream,
+        src: &'static KernelSource,
+        (base, count, n): (u64, u64, u64),
+        fields: &[&FieldData],
+        inputs: &StepInputs,
+        p: [f32; MAX_PARAMS],
+    ) -> Result<()> {
+        if let Some(short) = fields.iter().find(|f| (f.len() as u64) < count) {
+            return Err(Error::InvalidArgument(format!(
+                "agents: a range step of {count} agents over a field of {}",
+                short.len()
+            )));
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        stream.run(
+            (),
+            |()| {
+                Err(Error::Unsupported(
+                    "agents: the range step kernel runs on a GPU only".into(),
+                ))
+            },
+            |(), q| {
+                kernels::function_from_cubin(q.gpu, src, RANGE)?;
+                let grid = fill_grid(q.gpu, (src, RANGE), count, 256)?;
+                let mut args = Args::new().u64(base).u64(count).u64(n);
+                for f in fields {
+                    args = args.ptr(f.device_ptr());
+                }
+                for (_, d) in inputs.all() {
+                    args = args.ptr(d.device_ptr()).u64(d.len() as u64);
+                }
+                let args = p.into_iter().fold(args, Args::f32);
+                // SAFETY: agents_step_range(u64 base, u64 count, u64 n, one pointer per
+                // field in the population's order, per input a const pointer and its length,
+                // MAX_PARAMS floats), as `source_with` generates it; every field buffer holds
+                // at least `count` values (checked above) and the kernel touches elements
+                // `0 .. count` of each (agent `base + j` through the pointer moved back by
+                // `base`; `run_tiered`'s contract: a body touches its own agent's fields
+                // only); inputs as in `run_with`.
+                unsafe { launch(q, (src, RANGE), grid, 256, 0, args) }
             },
         )
     }
