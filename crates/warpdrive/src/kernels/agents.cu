@@ -171,37 +171,63 @@ __device__ __forceinline__ void circles_move_agent(
 CIRCLES_MOVE(circles_move, false)
 CIRCLES_MOVE(circles_move_fast, true)
 
-extern "C" __global__ void __launch_bounds__(256) agents_vote(
-    const u32* __restrict__ votes, u64 n, u64* __restrict__ partials, u32* __restrict__ ticket,
-    volatile u64* __restrict__ out, u64 round, u32 packed) {
-    __shared__ bool last;
-    const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+// Yes votes (non-zero) in this thread's grid-stride share of n: four votes a 16-byte load,
+// four loads in flight a thread (the grid is sized for it), the tail past the last whole
+// vector one by one. CG: loads that skip L1 (a resident kernel, whose votes change between
+// rounds while it stays).
+template <bool CG> __device__ __forceinline__ u32 agents_vote_ld(const u32* p) {
+    if constexpr (CG) return __ldcg(p); else return *p;
+}
+template <bool CG> __device__ __forceinline__ uint4 agents_vote_ld4(const uint4* p) {
+    if constexpr (CG) return __ldcg(p); else return *p;
+}
+template <bool CG>
+__device__ __forceinline__ u32 agents_count_share(const u32* __restrict__ votes, u64 n, u64 tid,
+                                                  u64 stride) {
     u32 count = 0;
-    const u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;
-    const u64 stride = (u64)gridDim.x * blockDim.x;
-    // Four votes a load (a 16-byte vector; the grid is sized so a million votes take four
-    // loads a thread, all in flight at once), the tail past the last whole vector one by one.
     u64 whole = 0;
     if (aligned16(votes)) {
         whole = n / 4u;
         const uint4* v4 = (const uint4*)votes;
         u64 k = tid;
-        // Four independent loads in flight a thread (the grid is a quarter of one a vector).
         for (; k + 3u * stride < whole; k += 4u * stride) {
             uint4 v[4];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) v[j] = v4[k + j * stride];
+            for (int j = 0; j < 4; ++j) v[j] = agents_vote_ld4<CG>(v4 + k + j * stride);
 #pragma unroll
             for (int j = 0; j < 4; ++j)
                 count += (v[j].x != 0u) + (v[j].y != 0u) + (v[j].z != 0u) + (v[j].w != 0u);
         }
         for (; k < whole; k += stride) {
-            const uint4 v = v4[k];
+            const uint4 v = agents_vote_ld4<CG>(v4 + k);
             count += (v.x != 0u) + (v.y != 0u) + (v.z != 0u) + (v.w != 0u);
         }
         whole *= 4u;
     }
-    for (u64 i = whole + tid; i < n; i += stride) count += votes[i] != 0u;
+    for (u64 i = whole + tid; i < n; i += stride) count += agents_vote_ld<CG>(votes + i) != 0u;
+    return count;
+}
+
+// The weight of this thread's grid-stride share of n (f64) into all, and of its yes voters
+// into yes. CG as above.
+template <bool CG>
+__device__ __forceinline__ void agents_weigh_share(const u32* __restrict__ votes,
+                                                   const float* __restrict__ weights, u64 n,
+                                                   u64 tid, u64 stride, double& yes, double& all) {
+    for (u64 i = tid; i < n; i += stride) {
+        const double w = (double)(CG ? __ldcg(weights + i) : weights[i]);
+        all += w;
+        if (agents_vote_ld<CG>(votes + i) != 0u) yes += w;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) agents_vote(
+    const u32* __restrict__ votes, u64 n, u64* __restrict__ partials, u32* __restrict__ ticket,
+    volatile u64* __restrict__ out, u64 round, u32 packed) {
+    __shared__ bool last;
+    const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;
+    const u32 count = agents_count_share<false>(votes, n, tid, (u64)gridDim.x * blockDim.x);
     const u64 mine = (u64)warp_sum(count);
     // Warp totals (lane 0 holds each) into one block total, then one u64 per block.
     __shared__ u64 wide[8];
@@ -307,11 +333,8 @@ extern "C" __global__ void __launch_bounds__(256) agents_quorum(
     __shared__ bool last;
     double yes = 0.0, all = 0.0;
     const u64 stride = (u64)gridDim.x * blockDim.x;
-    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += stride) {
-        const double w = (double)weights[i];
-        all += w;
-        if (votes[i] != 0u) yes += w;
-    }
+    agents_weigh_share<false>(votes, weights, n, blockIdx.x * (u64)blockDim.x + threadIdx.x,
+                              stride, yes, all);
     yes = block_sum(yes);
     __syncthreads();
     all = block_sum(all);
@@ -475,7 +498,6 @@ extern "C" __global__ void __launch_bounds__(512) agents_vote_serve(
     __shared__ bool s_last;
     const u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;
     const u64 stride = (u64)gridDim.x * blockDim.x;
-    const bool vec = aligned16(votes);
     for (;;) {
         if (threadIdx.x == 0) {
             u64 c;
@@ -499,35 +521,11 @@ extern "C" __global__ void __launch_bounds__(512) agents_vote_serve(
         served = round;
         double yes = 0.0, all = 0.0;
         if (rule == 0u) {
-            u32 count = 0;
-            u64 whole = 0;
-            if (vec) {
-                whole = n / 4u;
-                const uint4* v4 = (const uint4*)votes;
-                u64 k = tid;
-                for (; k + 3u * stride < whole; k += 4u * stride) {
-                    uint4 v[4];
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) v[j] = __ldcg(v4 + k + j * stride);
-#pragma unroll
-                    for (int j = 0; j < 4; ++j)
-                        count += (v[j].x != 0u) + (v[j].y != 0u) + (v[j].z != 0u) + (v[j].w != 0u);
-                }
-                for (; k < whole; k += stride) {
-                    const uint4 v = __ldcg(v4 + k);
-                    count += (v.x != 0u) + (v.y != 0u) + (v.z != 0u) + (v.w != 0u);
-                }
-                whole *= 4u;
-            }
-            for (u64 i = whole + tid; i < n; i += stride) count += __ldcg(votes + i) != 0u;
+            const u32 count = agents_count_share<true>(votes, n, tid, stride);
             // Below 2^31 voters (the host's bound) a u32 count and its f64 are exact.
             yes = (double)block_sum(count);
         } else {
-            for (u64 i = tid; i < n; i += stride) {
-                const double w = (double)__ldcg(weights + i);
-                all += w;
-                if (__ldcg(votes + i) != 0u) yes += w;
-            }
+            agents_weigh_share<true>(votes, weights, n, tid, stride, yes, all);
             yes = block_sum(yes);
             __syncthreads();
             all = block_sum(all);
