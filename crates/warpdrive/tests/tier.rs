@@ -620,57 +620,19 @@ fn os_disk_round_trip(io: DiskIo) {
 /// power loss or a restart: the reopened store holds every acknowledged put.
 #[test]
 fn a_crash_at_any_disk_step_loses_no_acknowledged_put() {
-    let s = Device::cpu().new_stream().unwrap();
-    let config = TierConfig::new(0, 0);
     let mut r = rng(seed("tier crash steps"));
     let blocks: Vec<Vec<u8>> = (0..6).map(|i| block(&mut r, 500 + 700 * i)).collect();
-    for restart in [false, true] {
-        let mut finished = false;
-        for crash_at in 0..500u64 {
-            if finished {
-                break;
-            }
-            let disk = Arc::new(SimDisk::new());
-            let path = dir(&format!("crash-{restart}-{crash_at}"));
-            // A closed segment first, so the compaction below has work.
-            {
-                let store = TierStore::open_on(disk.clone(), &path, config.clone(), &s).unwrap();
-                for (i, b) in blocks.iter().enumerate().take(3) {
-                    store.put(&format!("b{i}"), b, Durability::Sync).unwrap();
-                }
-                store.remove("b1").unwrap();
-                store.remove("b2").unwrap();
-                store.sync().unwrap();
-            }
-            let mut acked: std::collections::HashMap<String, Vec<u8>> = [0]
-                .iter()
-                .map(|&i| (format!("b{i}"), blocks[i].clone()))
-                .collect();
-            disk.crash_after(crash_at);
-            if let Ok(store) = TierStore::open_on(disk.clone(), &path, config.clone(), &s) {
-                for (i, b) in blocks.iter().enumerate().skip(3) {
-                    if store.put(&format!("b{i}"), b, Durability::Sync).is_ok() {
-                        acked.insert(format!("b{i}"), b.clone());
-                    }
-                }
-                finished = acked.len() == 4 && store.compact().is_ok_and(|freed| freed > 0);
-            }
-            if restart {
-                disk.restart();
-            } else {
-                disk.power_loss();
-            }
-            let store = TierStore::open_on(disk.clone(), &path, config.clone(), &s).unwrap();
-            for (key, want) in &acked {
-                assert_eq!(
-                    &store.get_host(key).unwrap(),
-                    want,
-                    "crash after {crash_at} changes (restart: {restart}): {key}"
-                );
-            }
-        }
-        assert!(finished, "a run with no crash in reach");
-    }
+    let run = common::crash::CrashRun {
+        blocks: &blocks,
+        before: 3,
+        removed: &[1, 2],
+        max_steps: 500,
+    };
+    common::crash::crash_at_every_step(
+        &run,
+        |name| (dir(name), TierConfig::new(0, 0)),
+        |store, _, _, acked| acked == 4 && store.compact().is_ok_and(|freed| freed > 0),
+    );
 }
 
 /// Sequential gets of blocks the GPU tier cannot hold read each block once: the prefetcher

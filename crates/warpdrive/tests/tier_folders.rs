@@ -268,62 +268,30 @@ fn durable_puts_over_several_folders_survive_power_losses() {
 /// of both, then a power loss or a restart: the reopened store holds every acknowledged put.
 #[test]
 fn a_crash_at_any_disk_step_over_two_folders_loses_no_acknowledged_put() {
-    let s = Device::cpu().new_stream().unwrap();
     let mut r = rng(seed("tier folders crash steps"));
     // Small and large in turn: each folder gets a closed segment the compaction rewrites.
     let lens = [1000, 10_000, 1200, 11_000, 900, 9000];
     let blocks: Vec<Vec<u8>> = lens.iter().map(|&n| block(&mut r, n)).collect();
-    for restart in [false, true] {
-        let mut finished = false;
-        for crash_at in 0..800u64 {
-            if finished {
-                break;
-            }
-            let disk = Arc::new(SimDisk::new());
-            let (root, mut config) =
-                two_folders(&format!("crash-{restart}-{crash_at}"), 1 << 20, 1 << 30);
+    let run = common::crash::CrashRun {
+        blocks: &blocks,
+        before: 4,
+        removed: &[2, 3],
+        max_steps: 800,
+    };
+    common::crash::crash_at_every_step(
+        &run,
+        |name| {
+            let (root, mut config) = two_folders(name, 1 << 20, 1 << 30);
             config.disk_folders[1].page = 64 << 10;
-            {
-                let store = TierStore::open_on(disk.clone(), &root, config.clone(), &s).unwrap();
-                for (i, b) in blocks.iter().enumerate().take(4) {
-                    store.put(&format!("b{i}"), b, Durability::Sync).unwrap();
-                }
-                store.remove("b2").unwrap();
-                store.remove("b3").unwrap();
-                store.sync().unwrap();
-            }
-            let mut acked: std::collections::HashMap<String, Vec<u8>> = [0, 1]
-                .iter()
-                .map(|&i| (format!("b{i}"), blocks[i].clone()))
-                .collect();
-            disk.crash_after(crash_at);
-            if let Ok(store) = TierStore::open_on(disk.clone(), &root, config.clone(), &s) {
-                for (i, b) in blocks.iter().enumerate().skip(4) {
-                    if store.put(&format!("b{i}"), b, Durability::Sync).is_ok() {
-                        acked.insert(format!("b{i}"), b.clone());
-                    }
-                }
-                finished = acked.len() == 4
-                    && store.compact().is_ok_and(|freed| freed > 0)
-                    && segments_now(&disk, &root.join("small")) == Some(2)
-                    && segments_now(&disk, &root.join("large")) == Some(2);
-            }
-            if restart {
-                disk.restart();
-            } else {
-                disk.power_loss();
-            }
-            let store = TierStore::open_on(disk.clone(), &root, config.clone(), &s).unwrap();
-            for (key, want) in &acked {
-                assert_eq!(
-                    &store.get_host(key).unwrap(),
-                    want,
-                    "crash after {crash_at} changes (restart: {restart}): {key}"
-                );
-            }
-        }
-        assert!(finished, "a run with no crash in reach");
-    }
+            (root, config)
+        },
+        |store, disk, root, acked| {
+            acked == 4
+                && store.compact().is_ok_and(|freed| freed > 0)
+                && segments_now(disk, &root.join("small")) == Some(2)
+                && segments_now(disk, &root.join("large")) == Some(2)
+        },
+    );
 }
 
 /// Two folders swapped in the config, or an empty folder where one with blocks should be

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod cache_home;
+pub mod crash;
 pub mod mlp;
 pub mod ranks;
 
