@@ -310,12 +310,14 @@ __device__ void moe_gemm_wgmma_persistent(const MoeGemm& p) {
     else
         loads.start(p);
     for (;;) {
-        float acc[NMAX / 2];
-        moe_wgmma_tile_mma<T, NMAX, STAGES, OVERLAP>(acc, loads, t, smem);
-        moe_cp_async_wait<0>();  // only empty groups can be pending: no stage past the last
+        // The next tile's work item, read while this tile's first stages load: its loads
+        // can then go out as soon as this tile's MMAs are done.
         idx += gridDim.x;
         MoeTile next;
         const bool more = moe_gemm_tile_at(p, idx, n_items, BM, BN, next);
+        float acc[NMAX / 2];
+        moe_wgmma_tile_mma<T, NMAX, STAGES, OVERLAP>(acc, loads, t, smem);
+        moe_cp_async_wait<0>();  // only empty groups can be pending: no stage past the last
         __syncthreads();  // both warpgroups' MMAs are done with the ring
         if (more) {
             loads = Loads(p, next, smem, C_SLOTS);
