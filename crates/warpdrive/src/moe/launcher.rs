@@ -728,7 +728,9 @@ impl Launcher {
         let mut grid = u32_of(shape.grid(), "GEMM blocks")?;
         let shared = gemm_shared_bytes(shape.mt, shape.wgmma);
         if shape.wgmma && shape.wgmma_persistent {
-            // The blocks that fit at once (at most one per tile): each strides over the tiles.
+            // The blocks that fit at once (at most one per tile): each strides over the tiles,
+            // its index running up to the bound plus the grid, in u32.
+            u32_of(shape.grid().saturating_mul(2), "persistent GEMM tile index")?;
             let resident = d.resident_blocks(&f, GEMM_BLOCK, shared)?;
             grid = grid.min(d.sm_count().saturating_mul(resident)).max(1);
         }
