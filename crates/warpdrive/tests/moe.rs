@@ -957,8 +957,9 @@ fn gpu_smem_moe_wgmma_wide_matches_cpu() {
 /// size): the drained and overlap kernels of the 96- and 192-row tiles at 1, 257, 1025 and
 /// 4,097 tokens; shapes with more tiles than an H100's blocks (each block runs several:
 /// the next tile's first stages land in the ring while the epilogue stages results in
-/// it), down projections of 2 stages and of 1 (fewer stages than the ring requests
-/// ahead), split-K (tickets), empty experts, every token on one expert, f16, graphs on and
+/// it; up to ~43, past the 32 work items a block reads at a time), down projections of 2
+/// stages and of 1 (fewer stages than the ring requests ahead), split-K (tickets), empty
+/// experts, every token on one expert, f16, graphs on and
 /// off; each preset's hidden and intermediate sizes on 8 experts (K tails past the 64-k
 /// stages: 2880); and the plan's own choice at 1025 and 4097 tokens (persistent) next to the
 /// one-tile kernels forced there. Where the GPU has no wgmma this runs the mma.sync tiles.
@@ -1069,6 +1070,20 @@ fn gpu_smem_moe_wgmma_persistent_matches_cpu() {
                 &format!("{h} × {i}, persistent, overlap {overlap:?}"),
             );
         }
+    }
+    // More than 32 tiles a block (an H100 or H200 has 264 places of the 96-row tile, 132 of
+    // the wide one), so the blocks' batches of 32 work items roll over: 2,049 tokens on all 8
+    // experts, down projections 8 deep in 64 column blocks (~11,000 tiles; ~5,600 wide),
+    // gate/up split over K (tickets).
+    let rollover = config(8192, 8, 8, 8, Router::Softmax, DTypeKind::BF16);
+    for wide in [false, true] {
+        few_flips_at(
+            &[2049],
+            rollover,
+            persistent(false, None, wide),
+            s + 50,
+            &format!("batches roll over, wide {wide}"),
+        );
     }
     // The plan's choice (persistent from 1024 tokens) and the one-tile kernels it replaced.
     few_flips_at(

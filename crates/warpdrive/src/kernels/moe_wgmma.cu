@@ -281,7 +281,8 @@ __device__ void moe_gemm_wgmma_one(const MoeGemm& p) {
 // ---- The persistent tiles (issue 40): a grid of the blocks that fit at once, each striding
 // over the pass's tiles (blockIdx.x, + gridDim.x, ...; the count from the work list on the
 // device: no host sync, graph-capturable; the tiles and their order those of the one-tile
-// grid). A block pays the ring's fill once: when a tile's MMAs are done, the next tile's
+// grid), reading their work items 32 tiles at a time (moe_tile_batch: a lane each, passed
+// by shuffles). A block pays the ring's fill once: when a tile's MMAs are done, the next tile's
 // first stages are requested into the slots its epilogue does not stage results in, and
 // land while the epilogue writes (at short K, e.g. qwen3's 768-deep down projection, 12
 // stages a tile, each tile's fill and epilogue were a large share of its time). ----
@@ -307,9 +308,12 @@ __device__ void moe_gemm_wgmma_persistent(const MoeGemm& p) {
     if (!p.early_k) wait_prior_grid();
     // Through L2: with early_k the work list may be read before the wait (moe_gemm_tile).
     const u32 n_items = __ldcg(p.n_items);
+    const u32 tiles = n_items * ((p.n + BN - 1) / BN) * p.splits;  // within the host's u32 bound
     u32 idx = blockIdx.x;
+    if (idx >= tiles) return;
+    MoeTileBatch batch = moe_tile_batch(p, idx, n_items, BM, BN);
     MoeTile t;
-    if (!moe_gemm_tile_at(p, idx, n_items, BM, BN, t)) return;
+    moe_tile_from_batch(p, batch, 0, idx, n_items, BN, t);
     const u32 base = (u32)__cvta_generic_to_shared(moe_smem), smem = moe_wgmma_ring(moe_smem);
     float* const c = reinterpret_cast<float*>(moe_smem + (smem - base));
     Loads loads(p, t, smem, C_SLOTS);
@@ -317,17 +321,19 @@ __device__ void moe_gemm_wgmma_persistent(const MoeGemm& p) {
         moe_wgmma_start2(loads, p);
     else
         loads.start(p);
-    for (;;) {
-        // The next tile's work item, read while this tile's first stages load: its loads
-        // can then go out as soon as this tile's MMAs are done.
-        idx += gridDim.x;
-        MoeTile next;
-        const bool more = moe_gemm_tile_at(p, idx, n_items, BM, BN, next);
+    // k: the block's next tile, lane k % 32 of its batch.
+    for (u32 k = 1;; ++k) {
+        const u32 next_idx = idx + gridDim.x;
+        const bool more = next_idx < tiles;
+        // The next 32 tiles' work items, read while this tile's first stages load.
+        if (more && k % 32 == 0) batch = moe_tile_batch(p, next_idx, n_items, BM, BN);
         float acc[NMAX / 2];
         moe_wgmma_tile_mma<T, NMAX, STAGES, OVERLAP>(acc, loads, t, smem);
         moe_cp_async_wait<0>();  // only empty groups can be pending: no stage past the last
         __syncthreads();  // both warpgroups' MMAs are done with the ring
+        MoeTile next;
         if (more) {
+            moe_tile_from_batch(p, batch, k % 32, next_idx, n_items, BN, next);
             loads = Loads(p, next, smem, C_SLOTS);
 #pragma unroll
             for (u32 s = 0; s < EARLY; ++s) loads.issue(s);
@@ -340,6 +346,7 @@ __device__ void moe_gemm_wgmma_persistent(const MoeGemm& p) {
             for (u32 s = EARLY; s < AHEAD; ++s) loads.issue(s);
         }
         t = next;
+        idx = next_idx;
     }
 }
 

@@ -729,8 +729,12 @@ impl Launcher {
         let shared = gemm_shared_bytes(shape.mt, shape.wgmma);
         if shape.wgmma && shape.wgmma_persistent {
             // The blocks that fit at once (at most one per tile): each strides over the tiles,
-            // its index running up to the bound plus the grid, in u32.
-            u32_of(shape.grid().saturating_mul(2), "persistent GEMM tile index")?;
+            // reading 32 tiles' work items at a time: indices up to the bound plus 32 grids,
+            // in u32.
+            u32_of(
+                shape.grid().saturating_mul(33),
+                "persistent GEMM tile index",
+            )?;
             let resident = d.resident_blocks(&f, GEMM_BLOCK, shared)?;
             grid = grid.min(d.sm_count().saturating_mul(resident)).max(1);
         }
