@@ -63,6 +63,7 @@ __device__ void actor_dispatch(u32 kind, const void* in, void* out, void* state,
 #define C_PHASE_NS 18  // N_PHASES words
 #define N_PHASES 5
 #define C_GAP_NS 23
+#define C_GAP_READS 24  // hits, misses
 #define S_COMMAND 0
 #define S_HOST_BEAT 1
 #define S_PARK_NS 2
@@ -172,10 +173,12 @@ __device__ __forceinline__ u32 next_window(u32 win, u32 ready, u32 wmin, u32 wma
 // comes a round trip later). It starts at one read's round trip (`READ_RT_NS` until one is
 // measured), shrinks by GAP_DOWN each time the read after it finds a message and grows by
 // GAP_UP when that read finds none and the one after it does (a miss): about one read in
-// GAP_UP / GAP_DOWN + 1 after a gap misses.
+// GAP_UP / GAP_DOWN + 1 after a gap misses (1 in 13; a miss costs its message one read,
+// p50 none, and misses the gap cannot prevent — a host's slow reaction — must stay under
+// that share or they hold the gap at its cap).
 #define READ_RT_NS 1500
 #define GAP_DOWN 8
-#define GAP_UP 200
+#define GAP_UP 96
 
 // Loads in flight per thread while reading the windows (each a PCIe round trip to host
 // memory); the loop that issues them is unrolled, so they stay in registers.
@@ -350,6 +353,8 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         if ((loops & 255) == 0) {                                                   \
             PUBLISH(blk + C_LOOPS, loops);                                          \
             PUBLISH(blk + C_GAP_NS, min(gap, read_rt));                             \
+            PUBLISH(blk + C_GAP_READS, gap_hits);                                   \
+            PUBLISH(blk + C_GAP_READS + 1, gap_misses);                             \
             for (u32 q = 0; q < N_PHASES; ++q) PUBLISH(blk + C_PHASE_NS + q, phase[q]); \
         }                                                                           \
     } while (0)
@@ -362,7 +367,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     u64 word = 0, gap_until = 0;
     // Lane 0's gap (see GAP_UP): the gap, a plain read's round trip (its cap), and where the
     // reads after an answer are: 1 the first (after the gap), 2 the second.
-    u64 gap = ~0ull, read_rt = READ_RT_NS;
+    u64 gap = ~0ull, read_rt = READ_RT_NS, gap_hits = 0, gap_misses = 0;
     u32 probe = 0;
     for (;;) {
         // Whether the last iteration ran: then this one reads the windows while the control
@@ -643,8 +648,14 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             // waited: the next window holds more, and the producers' slots are not polled
             // while they are being written.
             gap = min(gap, read_rt);
-            if (picks && probe == 1) gap = gap > GAP_DOWN ? gap - GAP_DOWN : 0;
-            if (picks && probe == 2) gap = min(gap + GAP_UP, read_rt);
+            if (picks && probe == 1) {
+                gap = gap > GAP_DOWN ? gap - GAP_DOWN : 0;
+                ++gap_hits;
+            }
+            if (picks && probe == 2) {
+                gap = min(gap + GAP_UP, read_rt);
+                ++gap_misses;
+            }
             probe = answered && picks == 1 ? 1u : (!picks && probe == 1 ? 2u : 0u);
             gap_until = t_answer + (picks == 1 ? gap : read_rt);
             if (solo) {
