@@ -333,6 +333,13 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     handled = __shfl_sync(0xffffffffu, handled, 0);
     u64 ans_tail = __shfl_sync(0xffffffffu, fwd_ring ? fwd_tail : out_tail, 0);  // the next answer's
 
+    // Lane 0 after an iteration's answers: the read's time and a plain read's round trip
+    // (the gap's cap), kept off the way to the answers.
+#define READ_BOOKS()                                                                \
+    do {                                                                            \
+        phase[0] += t_read - t_start;                                               \
+        if (one_trip && !gapped) read_rt = (read_rt * 7 + (t_read - t_start)) / 8;  \
+    } while (0)
     // Lane 0 after every iteration: the loop's count, its beat, a clock calibration the host
     // asked for, and every 256 iterations the count and the phases.
 #define BOOKS()                                                                     \
@@ -433,8 +440,6 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                 PUBLISH(blk + C_STATUS, act);
             }
             flags = (cmd == 1 ? 1u : 0u) | (act && !parked ? 2u : 0u) | (parked ? 4u : 0u);
-            phase[0] += t_read - t_start;
-            if (one_trip && !gapped) read_rt = (read_rt * 7 + (t_read - t_start)) / 8;
         }
         flags = __shfl_sync(0xffffffffu, flags, 0);
         if (flags & 1u) break;
@@ -459,6 +464,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
              !__any_sync(0xffffffffu, lane < ranks && (win[lane] != wmin || (st[lane][0] & 1u) == 0u)))) {
             CLEAR_ST();
             if (lane == 0) {
+                READ_BOOKS();
                 // Nothing after the gap: a miss if the next read finds some.
                 probe = probe == 1 && running ? 2u : 0u;
                 BOOKS();
@@ -643,6 +649,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         handled += picks;
         ans_tail += outs;
         if (lane == 0) {
+            READ_BOOKS();
             // The gap adapts to a lone message (a closed-loop client's); after several (a
             // stream), a read's round trip, as the control-words-first read of 1a3403d
             // waited: the next window holds more, and the producers' slots are not polled
