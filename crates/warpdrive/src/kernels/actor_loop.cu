@@ -119,12 +119,10 @@ __device__ __forceinline__ void write_window(u64* ring, u64 cap, u32 sw, u64 seq
                                              const u32* stage, const u16* order) {
     const u32 lane = threadIdx.x & 31u;
     const u32 vps = sw / 2;
-    if (n == 1 && !order && vps <= 32) {
+    if (n == 1 && !order) {
         // One answer (a closed-loop client's): a vector a lane, no division, no order.
-        if (lane < vps) {
-            const u32* src = stage + 2 * lane;
-            ll_store(ring + (seq & (cap - 1)) * sw + 2 * lane, src[0], src[1], ll_flag(seq));
-        }
+        u64* slot = ring + (seq & (cap - 1)) * sw;
+        for (u32 v = lane; v < vps; v += 32) ll_store(slot + 2 * v, stage[2 * v], stage[2 * v + 1], ll_flag(seq));
         __syncwarp();
         return;
     }
