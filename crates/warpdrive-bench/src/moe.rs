@@ -14,9 +14,7 @@
 //!   MMAs each stage / keeps them in flight across stages) and `warpdrive-device-wide` (the
 //!   same with `MoeLayer::set_wgmma_wide` forced on: 192-row wgmma tiles, one block per SM)
 //!   and `warpdrive-device-fused-router` (`MoeLayer::set_prefill_router` forced off: the
-//!   fused router kernel where the plan takes the prefill router) and
-//!   `warpdrive-device-one-tile` (`MoeLayer::set_wgmma_persistent` forced off: one block per
-//!   wgmma tile where the plan takes the persistent kernels);
+//!   fused router kernel where the plan takes the prefill router);
 //!   the peer adds `torch-hf-eager`, `torch-grouped-mm` and `triton-fused-moe` (a fused-MoE
 //!   Triton kernel of the design serving engines ship, tiles from its own sweep per GPU, the
 //!   layer in one CUDA graph). Median / p10 / p90
@@ -223,16 +221,14 @@ fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {
         // cuBLAS there), the wgmma variants side by side (issue 40).
         let kernels = tokens >= 1024 && stream.device().is_cuda();
         let variants = [
-            // (name, path, overlap, wide, prefill router, persistent); None: the plan's.
-            ("warpdrive", MoePath::Auto, None, None, None, None),
-            ("warpdrive-cublas", MoePath::Cublas, None, None, None, None),
-            ("warpdrive-device", MoePath::Device, None, None, None, None),
+            ("warpdrive", MoePath::Auto, None, None, None),
+            ("warpdrive-cublas", MoePath::Cublas, None, None, None),
+            ("warpdrive-device", MoePath::Device, None, None, None),
             (
                 "warpdrive-device-drain",
                 MoePath::Device,
                 Some(false),
                 Some(false),
-                None,
                 None,
             ),
             (
@@ -241,14 +237,12 @@ fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {
                 Some(true),
                 Some(false),
                 None,
-                None,
             ),
             (
                 "warpdrive-device-wide",
                 MoePath::Device,
                 None,
                 Some(true),
-                None,
                 None,
             ),
             (
@@ -257,18 +251,9 @@ fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {
                 None,
                 None,
                 Some(false),
-                None,
-            ),
-            (
-                "warpdrive-device-one-tile",
-                MoePath::Device,
-                None,
-                None,
-                None,
-                Some(false),
             ),
         ];
-        for (variant, path, overlap, wide, prefill_router, persistent) in variants {
+        for (variant, path, overlap, wide, prefill_router) in variants {
             if path == MoePath::Device && !kernels {
                 continue;
             }
@@ -276,7 +261,6 @@ fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {
             layer.set_wgmma_overlap(overlap);
             layer.set_wgmma_wide(wide);
             layer.set_prefill_router(prefill_router);
-            layer.set_wgmma_persistent(persistent);
             // Warm-up (captures the graph, loads kernels), then size the reps by one pass.
             layer.forward_into(&x, &mut y)?;
             let probe = time_gpu(&stream, 1, 1, |_| layer.forward_into(&x, &mut y))?;

@@ -120,14 +120,6 @@ pub(crate) enum Command {
         /// choice.
         #[arg(long)]
         no_wgmma_wide: bool,
-        /// Run every warpgroup-MMA tile on its persistent kernel (the blocks that fit
-        /// striding over the tiles, the next tile's loads in flight during each epilogue;
-        /// issue 40) instead of the plan's choice (persistent from 1024 tokens).
-        #[arg(long, conflicts_with = "no_wgmma_persistent")]
-        wgmma_persistent: bool,
-        /// Run every warpgroup-MMA tile as one block per tile instead of the plan's choice.
-        #[arg(long)]
-        no_wgmma_persistent: bool,
         /// Route through the prefill router (cuBLAS logits, routing one warp per token, a
         /// many-block dispatch; issue 40) instead of the plan's choice (from 512 tokens).
         #[arg(long, conflicts_with = "no_prefill_router")]
@@ -601,32 +593,6 @@ mod tests {
             }
         ));
         assert!(parse(&["moe", "--preset", "q", "--wgmma-wide", "--no-wgmma-wide"]).is_err());
-        let cli = parse(&["moe", "--preset", "q", "--wgmma-persistent"]).unwrap();
-        assert!(matches!(
-            cli.command,
-            Command::Moe {
-                wgmma_persistent: true,
-                no_wgmma_persistent: false,
-                ..
-            }
-        ));
-        let cli = parse(&["moe", "--preset", "q", "--no-wgmma-persistent"]).unwrap();
-        assert!(matches!(
-            cli.command,
-            Command::Moe {
-                wgmma_persistent: false,
-                no_wgmma_persistent: true,
-                ..
-            }
-        ));
-        assert!(parse(&[
-            "moe",
-            "--preset",
-            "q",
-            "--wgmma-persistent",
-            "--no-wgmma-persistent"
-        ])
-        .is_err());
         let cli = parse(&["moe", "--preset", "q", "--no-prefill-router"]).unwrap();
         assert!(matches!(
             cli.command,

@@ -117,8 +117,6 @@ fn run(cli: Cli) -> Result<()> {
             no_wgmma_overlap,
             wgmma_wide,
             no_wgmma_wide,
-            wgmma_persistent,
-            no_wgmma_persistent,
             prefill_router,
             no_prefill_router,
             no_decode_kernel,
@@ -140,11 +138,6 @@ fn run(cli: Cli) -> Result<()> {
                     _ => None,
                 },
                 wide: match (wgmma_wide, no_wgmma_wide) {
-                    (true, _) => Some(true),
-                    (_, true) => Some(false),
-                    _ => None,
-                },
-                persistent: match (wgmma_persistent, no_wgmma_persistent) {
                     (true, _) => Some(true),
                     (_, true) => Some(false),
                     _ => None,

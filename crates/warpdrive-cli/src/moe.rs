@@ -18,8 +18,6 @@ pub(crate) struct Kernels {
     pub(crate) overlap: Option<bool>,
     /// Every wgmma tile as the wide 192-row tile forced on or off; None: the plan's choice.
     pub(crate) wide: Option<bool>,
-    /// The wgmma tiles' persistent kernels forced on or off; None: the plan's choice.
-    pub(crate) persistent: Option<bool>,
     /// The prefill router forced on or off; None: the plan's choice.
     pub(crate) prefill_router: Option<bool>,
 }
@@ -70,13 +68,11 @@ pub(crate) fn moe(
         decode,
         overlap,
         wide,
-        persistent,
         prefill_router,
     } = kernels;
     layer.set_warpgroup_mma(wgmma);
     layer.set_wgmma_overlap(overlap);
     layer.set_wgmma_wide(wide);
-    layer.set_wgmma_persistent(persistent);
     layer.set_prefill_router(prefill_router);
     layer.set_decode_kernel(decode);
     let x = warpdrive::Buffer::from_host(&stream, &x)?;
@@ -97,7 +93,7 @@ pub(crate) fn moe(
     let per_pass = t.elapsed().as_secs_f64() * 1e6 / f64::from(reps);
     let stats = layer.last_stats();
     println!(
-        "{layer_name} (hidden {}, intermediate {}), {tokens} tokens on {} ({source}, {path:?}{}{}{}{}{}{}):",
+        "{layer_name} (hidden {}, intermediate {}), {tokens} tokens on {} ({source}, {path:?}{}{}{}{}{}):",
         config.hidden,
         config.intermediate,
         device.label(),
@@ -111,11 +107,6 @@ pub(crate) fn moe(
         match wide {
             Some(true) => ", wide wgmma tile",
             Some(false) => ", no wide wgmma tile",
-            None => "",
-        },
-        match persistent {
-            Some(true) => ", persistent wgmma tiles",
-            Some(false) => ", one block per wgmma tile",
             None => "",
         },
         match prefill_router {

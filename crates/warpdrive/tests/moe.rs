@@ -629,9 +629,6 @@ struct Run {
     /// The prefill router forced on or off (`MoeLayer::set_prefill_router`); None: the
     /// plan's choice (from `PREFILL_ROUTER_MIN_TOKENS` tokens).
     prefill: Option<bool>,
-    /// The persistent wgmma tiles forced on or off (`MoeLayer::set_wgmma_persistent`); None:
-    /// the plan's choice (from 1024 tokens).
-    persistent: Option<bool>,
 }
 
 const fn run(path: MoePath, graphs: bool) -> Run {
@@ -644,7 +641,6 @@ const fn run(path: MoePath, graphs: bool) -> Run {
         wide: false,
         one_expert: false,
         prefill: None,
-        persistent: None,
     }
 }
 
@@ -681,7 +677,6 @@ fn cuda_vs_cpu_as<T: Float>(c: MoeConfig, tokens: usize, r: Run, s: u64) -> Comp
     }
     g.set_decode_kernel(r.decode);
     g.set_prefill_router(r.prefill);
-    g.set_wgmma_persistent(r.persistent);
     let mut h = MoeLayer::<T>::new(&cs, c, weights).unwrap();
     let hw = h.host_weights().unwrap();
     assert!(
@@ -953,166 +948,6 @@ fn gpu_smem_moe_wgmma_wide_matches_cpu() {
     );
 }
 
-/// The persistent wgmma tiles (issue 40; by default from 1024 tokens, forced here at every
-/// size): the drained and overlap kernels of the 96- and 192-row tiles at 1, 257, 1025 and
-/// 4,097 tokens; shapes with more tiles than an H100's blocks (each block runs several:
-/// the next tile's first stages land in the ring while the epilogue stages results in
-/// it; up to ~43, past the 32 work items a block reads at a time), down projections of 2
-/// stages and of 1 (fewer stages than the ring requests ahead), split-K (tickets), empty
-/// experts, every token on one expert, f16, graphs on and
-/// off; each preset's hidden and intermediate sizes on 8 experts (K tails past the 64-k
-/// stages: 2880); and the plan's own choice at 1025 and 4097 tokens (persistent) next to the
-/// one-tile kernels forced there. Where the GPU has no wgmma this runs the mma.sync tiles.
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_smem_moe_wgmma_persistent_matches_cpu() {
-    let s = seed("gpu_smem_moe_wgmma_persistent_matches_cpu");
-    let persistent = |graphs, overlap, wide| Run {
-        persistent: Some(true),
-        overlap,
-        wide,
-        ..run(MoePath::Device, graphs)
-    };
-    let tokens = [1, 257, 1025, 4097];
-    let small = config(72, 40, 7, 3, Router::Softmax, DTypeKind::BF16);
-    // 4,097 tokens over 32 experts: ~6 96-row tiles each, ~770 down tiles (~3 a block).
-    let many = config(512, 128, 32, 4, Router::Softmax, DTypeKind::BF16);
-    let one_stage = config(512, 64, 16, 4, Router::Softmax, DTypeKind::BF16);
-    for (i, (overlap, wide)) in [
-        (Some(false), false),
-        (Some(true), false),
-        (Some(false), true),
-        (Some(true), true),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let r = persistent(true, overlap, wide);
-        let what = format!("persistent, overlap {overlap:?}, wide {wide}");
-        let s = s + 10 * i as u64;
-        few_flips_at(&tokens, small, r, s, &format!("small, {what}"));
-        few_flips_at(&tokens, many, r, s + 1, &format!("many tiles, {what}"));
-        few_flips_at(
-            &[257, 4097],
-            one_stage,
-            r,
-            s + 2,
-            &format!("one stage, {what}"),
-        );
-    }
-    let deep = config(1024, 256, 8, 2, Router::Softmax, DTypeKind::BF16);
-    few_flips_at(
-        &[3, 256],
-        deep,
-        persistent(false, Some(false), false),
-        s + 40,
-        "deep (split-K), persistent",
-    );
-    few_flips_at(
-        &[3, 256],
-        deep,
-        persistent(false, Some(true), false),
-        s + 41,
-        "deep (split-K), persistent, overlap",
-    );
-    let sparse = config(256, 1024, 64, 2, Router::Softmax, DTypeKind::BF16);
-    few_flips_at(
-        &[1, 5, 40],
-        sparse,
-        persistent(true, None, false),
-        s + 42,
-        "empty experts, persistent",
-    );
-    let single = config(72, 40, 7, 1, Router::Softmax, DTypeKind::BF16);
-    for wide in [false, true] {
-        let one = Run {
-            one_expert: true,
-            ..persistent(true, None, wide)
-        };
-        few_flips_at(
-            &[1, 257, 4097],
-            single,
-            one,
-            s + 43,
-            "one expert, persistent",
-        );
-    }
-    let half = config(72, 40, 7, 3, Router::Softmax, DTypeKind::F16);
-    few_flips_at(
-        &[257, 1025],
-        half,
-        persistent(true, Some(true), false),
-        s + 44,
-        "f16, persistent",
-    );
-    let half_many = config(512, 128, 32, 4, Router::Softmax, DTypeKind::F16);
-    few_flips_at(
-        &[4097],
-        half_many,
-        persistent(false, Some(false), true),
-        s + 45,
-        "f16, many tiles, wide, persistent",
-    );
-    // The presets' widths on 8 experts, top-2 (token counts keep the CPU reference short).
-    for (h, i, t) in [
-        (2048, 768, 257),
-        (7168, 256, 257),
-        (2880, 2880, 97),
-        (4096, 14336, 17),
-    ] {
-        let c = config(h, i, 8, 2, Router::Softmax, DTypeKind::BF16);
-        for overlap in [Some(false), Some(true)] {
-            few_flips_at(
-                &[t],
-                c,
-                persistent(true, overlap, false),
-                s + 46,
-                &format!("{h} × {i}, persistent, overlap {overlap:?}"),
-            );
-        }
-    }
-    // More than 32 tiles a block (an H100 or H200 has 264 places of the 96-row tile, 132 of
-    // the wide one), so the blocks' batches of 32 work items roll over: 2,049 tokens on all 8
-    // experts, down projections 8 deep in 64 column blocks (~11,000 tiles; ~5,600 wide),
-    // gate/up split over K (tickets).
-    let rollover = config(8192, 8, 8, 8, Router::Softmax, DTypeKind::BF16);
-    for wide in [false, true] {
-        few_flips_at(
-            &[2049],
-            rollover,
-            persistent(false, None, wide),
-            s + 50,
-            &format!("batches roll over, wide {wide}"),
-        );
-    }
-    // The plan's choice (persistent from 1024 tokens) and the one-tile kernels it replaced.
-    few_flips_at(
-        &[1025, 4097],
-        many,
-        run(MoePath::Device, true),
-        s + 47,
-        "many tiles, the plan's choice",
-    );
-    let one_tile = Run {
-        persistent: Some(false),
-        ..run(MoePath::Device, true)
-    };
-    few_flips_at(
-        &[4097],
-        many,
-        one_tile,
-        s + 48,
-        "many tiles, one tile a block",
-    );
-    few_flips_at(
-        &[1025],
-        mixed_depths(),
-        run(MoePath::Device, true),
-        s + 49,
-        "mixed depths, the plan's choice",
-    );
-}
-
 /// The prefill router (issue 40; by default from `PREFILL_ROUTER_MIN_TOKENS` tokens) through
 /// the whole layer: forced at odd counts below, at and above its size (graphs on: a captured
 /// pass holds its cuBLAS call), every token on one expert, the grouped sigmoid router, a
@@ -1214,7 +1049,6 @@ fn gpu_smem_moe_mma_sync_tiles_match_cpu() {
         wide: false,
         one_expert: false,
         prefill: None,
-        persistent: None,
     };
     let small = config(72, 40, 7, 3, Router::Softmax, DTypeKind::BF16);
     few_flips_at(

@@ -324,15 +324,6 @@ __device__ __forceinline__ void moe_mma_range(float (&acc)[MT][NG][4], const T* 
 struct MoeTile {
     u32 split, tile, nb, expert, rows, row0, k_begin, k_end;
 };
-// The expert, rows and K range of work item `item` for a tile whose split is set.
-__device__ __forceinline__ void moe_tile_item(const MoeGemm& p, u32 item, u32 bm, MoeTile& t) {
-    t.expert = __ldcg(p.work + 2 * item);
-    const u32 m0 = __ldcg(p.work + 2 * item + 1);
-    t.rows = min(bm, __ldcg(p.counts + t.expert) - m0);
-    t.row0 = __ldcg(p.offsets + t.expert) + m0;
-    t.k_begin = t.split * p.k_split;
-    t.k_end = min(p.k, t.k_begin + p.k_split);
-}
 __device__ __forceinline__ bool moe_gemm_tile(const MoeGemm& p, u32 bm, u32 bn, MoeTile& t) {
     const u32 n_blocks = (p.n + bn - 1) / bn;
     t.split = blockIdx.x % p.splits;
@@ -343,53 +334,13 @@ __device__ __forceinline__ bool moe_gemm_tile(const MoeGemm& p, u32 bm, u32 bn, 
     if (!p.early_k) wait_prior_grid();
     // Through L2: under a programmatic launch these may be read before the wait.
     if (item >= __ldcg(p.n_items)) return false;
-    moe_tile_item(p, item, bm, t);
-    return true;
-}
-
-// The persistent tiles' tile `idx` of this pass (n_items work items, read once by the
-// block): split, n block, ticket, K range and work item in the one-tile grid's order with its
-// holes removed, so the blocks striding over it keep the items-fastest weight reuse; false
-// past the last tile. The ticket index is the item's n block, unique per pass.
-__device__ __forceinline__ bool moe_gemm_tile_coords(const MoeGemm& p, u32 idx, u32 n_items, u32 bn, MoeTile& t,
-                                                     u32& item) {
-    const u32 n_blocks = (p.n + bn - 1) / bn;
-    if (idx / p.splits >= n_items * n_blocks) return false;
-    t.split = idx % p.splits;
-    const u32 tile = idx / p.splits;
-    t.nb = p.items_fastest ? tile / n_items : tile % n_blocks;
-    item = p.items_fastest ? tile % n_items : tile / n_blocks;
-    t.tile = item * n_blocks + t.nb;
+    t.expert = __ldcg(p.work + 2 * item);
+    const u32 m0 = __ldcg(p.work + 2 * item + 1);
+    t.rows = min(bm, __ldcg(p.counts + t.expert) - m0);
+    t.row0 = __ldcg(p.offsets + t.expert) + m0;
     t.k_begin = t.split * p.k_split;
     t.k_end = min(p.k, t.k_begin + p.k_split);
     return true;
-}
-
-// The work items of 32 of a persistent block's tiles (tile idx0 + l·gridDim.x in lane l of
-// every warp alike; no rows past the last tile), read together: two dependent L2 round trips
-// per 32 tiles instead of per tile.
-struct MoeTileBatch {
-    u32 expert, rows, row0;
-};
-__device__ __forceinline__ MoeTileBatch moe_tile_batch(const MoeGemm& p, u32 idx0, u32 n_items, u32 bm, u32 bn) {
-    MoeTileBatch b = {0, 0, 0};
-    MoeTile t;
-    u32 item;
-    if (moe_gemm_tile_coords(p, idx0 + (threadIdx.x & 31u) * gridDim.x, n_items, bn, t, item)) {
-        moe_tile_item(p, item, bm, t);
-        b = {t.expert, t.rows, t.row0};
-    }
-    return b;
-}
-// Tile idx (below the pass's tiles) from lane l of its batch: every lane of the warp takes
-// part in the shuffles.
-__device__ __forceinline__ void moe_tile_from_batch(const MoeGemm& p, const MoeTileBatch& b, u32 l, u32 idx,
-                                                    u32 n_items, u32 bn, MoeTile& t) {
-    u32 item;
-    moe_gemm_tile_coords(p, idx, n_items, bn, t, item);
-    t.expert = __shfl_sync(0xffffffffu, b.expert, l);
-    t.rows = __shfl_sync(0xffffffffu, b.rows, l);
-    t.row0 = __shfl_sync(0xffffffffu, b.row0, l);
 }
 
 // ---- the prefill tiles: 32·MT rows × 128 columns, 8 warps as 2 (rows) × 4 (columns) of
@@ -411,8 +362,6 @@ __device__ __forceinline__ void moe_cp_async_wait() { asm volatile("cp.async.wai
 // STAGES-deep ring (stage: A then W, 128-byte rows): thread tid moves 16-byte chunk
 // c = tid % 8 of tile rows r, r + P, ... (r = tid / 8, P = threads / 8), XOR-swizzled by row
 // (chunk c ^ r % 8). Rows past the tile's rows or n, and k past k_end, are zero-filled.
-// Stage kt sits in ring slot (slot0 + kt) % STAGES: the persistent wgmma tiles start each
-// tile past the slots their previous tile's epilogue stages its results in (moe_wgmma.cu).
 template <typename T, u32 BM, u32 BN, u32 STAGES>
 struct MoeStageLoads {
     static constexpr u32 P = MOE_WARPS * 4;
@@ -423,10 +372,9 @@ struct MoeStageLoads {
     const T* w;
     const T* a_src[AR];
     const T* w_src[WR];
-    u32 c, dst, k_begin, k_end, k_tiles, slot0;
+    u32 c, dst, k_begin, k_end, k_tiles;
 
-    __device__ __forceinline__ MoeStageLoads(const MoeGemm& p, const MoeTile& t, u32 smem, u32 first_slot = 0) {
-        slot0 = first_slot;
+    __device__ __forceinline__ MoeStageLoads(const MoeGemm& p, const MoeTile& t, u32 smem) {
         a = reinterpret_cast<const T*>(p.a);
         w = reinterpret_cast<const T*>(p.w) + (u64)t.expert * p.w_stride;
         c = threadIdx.x & 7u;
@@ -450,10 +398,8 @@ struct MoeStageLoads {
         k_end = t.k_end;
         k_tiles = (k_end - k_begin + MOE_SBK - 1) / MOE_SBK;
     }
-    // The ring slot of stage kt.
-    __device__ __forceinline__ u32 slot(u32 kt) const { return (slot0 + kt) % STAGES; }
     __device__ __forceinline__ void load_w(u32 kt) const {
-        const u32 kc = k_begin + kt * MOE_SBK + c * 8, d = dst + slot(kt) * STAGE_BYTES + A_BYTES;
+        const u32 kc = k_begin + kt * MOE_SBK + c * 8, d = dst + (kt % STAGES) * STAGE_BYTES + A_BYTES;
 #pragma unroll
         for (int i = 0; i < WR; ++i) {
             const bool ok = w_src[i] && kc < k_end;
@@ -461,7 +407,7 @@ struct MoeStageLoads {
         }
     }
     __device__ __forceinline__ void load_a(u32 kt) const {
-        const u32 kc = k_begin + kt * MOE_SBK + c * 8, d = dst + slot(kt) * STAGE_BYTES;
+        const u32 kc = k_begin + kt * MOE_SBK + c * 8, d = dst + (kt % STAGES) * STAGE_BYTES;
 #pragma unroll
         for (int i = 0; i < AR; ++i) {
             const bool ok = a_src[i] && kc < k_end;
@@ -485,17 +431,16 @@ struct MoeStageLoads {
             moe_cp_async_commit();
         }
     }
-    // Requests stage s (or nothing past the last) as one commit group.
-    __device__ __forceinline__ void issue(u32 s) const {
-        if (s < k_tiles) {
-            load_w(s);
-            load_a(s);
+    // Requests stage kt + STAGES - 1 (or commits an empty group) once every thread is past
+    // stage kt - 1, whose slot it reuses.
+    __device__ __forceinline__ void next(u32 kt) const {
+        const u32 n = kt + STAGES - 1;
+        if (n < k_tiles) {
+            load_w(n);
+            load_a(n);
         }
         moe_cp_async_commit();
     }
-    // Requests stage kt + STAGES - 1 (or commits an empty group) once every thread is past
-    // stage kt - 1, whose slot it reuses.
-    __device__ __forceinline__ void next(u32 kt) const { issue(kt + STAGES - 1); }
 };
 
 // The parameters of the routers (moe_router.cu, moe_router_cluster.cu).

@@ -88,7 +88,7 @@ __device__ __forceinline__ void moe_wgmma_k_loop(float (&acc)[NMAX / 2], const L
         moe_fence_proxy_async();  // this thread's cp.async data, visible to the async proxy
         __syncthreads();          // every thread's; and stage kt - 1's MMAs are done
         loads.next(kt);
-        const u32 stage = smem + loads.slot(kt) * Loads::STAGE_BYTES;
+        const u32 stage = smem + (kt % STAGES) * Loads::STAGE_BYTES;
         moe_wgmma_fence();
         moe_wgmma_stage<T, N, NMAX>(acc, stage + wa, stage);
         moe_wgmma_commit();
@@ -106,13 +106,6 @@ __device__ void moe_wgmma_finish(const MoeGemm& p, const MoeTile& t, const float
     constexpr u32 BN = 128, LD = BN + 4;  // padded rows: the scattered writes hit 32 banks
     const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3u;
     const u32 nl = (warp >> 2) * 64 + (warp & 3u) * 16 + g;
-    // Epilogue 2's routing weights of this warp's rows (warp + 8j: lane j holds row j's),
-    // requested by every lane at once before the staging: one dependent pair of loads a
-    // tile, not one a row in turn (at K = 256 that pair per row outlasted the tile's MMAs).
-    static_assert(BM / MOE_WARPS <= 32, "a lane per row of the warp");
-    float lane_scale = 0.0f;
-    if (p.epilogue != 1 && warp + MOE_WARPS * lane < t.rows)
-        lane_scale = p.slot_weight[p.order[t.row0 + warp + MOE_WARPS * lane]];
     __syncthreads();  // every warpgroup is done with the ring
 #pragma unroll
     for (int i = 0; i < (int)BM / 2; ++i)
@@ -157,11 +150,10 @@ __device__ void moe_wgmma_finish(const MoeGemm& p, const MoeTile& t, const float
             store_vec<T, 4>(reinterpret_cast<T*>(p.out) + (u64)(t.row0 + r) * half_n + act, pack_vec<T, 4>(o));
         }
     } else {
-        // r0 = warp: the loop is warp-uniform, so every lane takes part in the shuffle.
-        for (u32 r = r0, j = 0; r < t.rows; r += MOE_WARPS, ++j) {
-            const float scale = __shfl_sync(0xffffffffu, lane_scale, j);
-            if (!in_n) continue;
+        if (!in_n) return;
+        for (u32 r = r0; r < t.rows; r += MOE_WARPS) {
             const u32 prow = t.row0 + r;
+            const float scale = p.slot_weight[p.order[prow]];
             const float4 v = *reinterpret_cast<const float4*>(c + r * LD + col);
             const float o[4] = {v.x * scale, v.y * scale, v.z * scale, v.w * scale};
             store_vec<T, 4>(reinterpret_cast<T*>(p.out) + (u64)prow * p.n + n, pack_vec<T, 4>(o));
@@ -194,7 +186,7 @@ __device__ __forceinline__ void moe_wgmma_start2(const Loads& loads, const MoeGe
 
 // Iteration kt: 2 + kt groups committed before it, stage kt is group kt, so at most 1 may be
 // pending. After the barrier every warpgroup has passed its wait_group 1 behind stage kt - 1's
-// MMAs, so stage kt - 2's are done everywhere and its slot takes stage kt + 2.
+// MMAs, so stage kt - 2's are done everywhere and its slot ((kt + 2) % 4) takes stage kt + 2.
 template <typename T, int N, int NMAX, u32 STAGES, typename Loads>
 __device__ __forceinline__ void moe_wgmma_k_loop_overlap(float (&acc)[NMAX / 2], const Loads& loads, u32 smem,
                                                          u32 wa) {
@@ -203,8 +195,12 @@ __device__ __forceinline__ void moe_wgmma_k_loop_overlap(float (&acc)[NMAX / 2],
         moe_cp_async_wait<1>();
         moe_fence_proxy_async();  // this thread's cp.async data, visible to the async proxy
         __syncthreads();          // every thread's; stage kt - 2's MMAs are done everywhere
-        loads.issue(kt + 2);
-        const u32 stage = smem + loads.slot(kt) * Loads::STAGE_BYTES;
+        if (kt + 2 < loads.k_tiles) {
+            loads.load_w(kt + 2);
+            loads.load_a(kt + 2);
+        }
+        moe_cp_async_commit();
+        const u32 stage = smem + (kt % STAGES) * Loads::STAGE_BYTES;
         moe_wgmma_fence();
         moe_wgmma_stage<T, N, NMAX>(acc, stage + wa, stage);
         moe_wgmma_commit();
@@ -238,118 +234,6 @@ __device__ __forceinline__ void moe_wgmma_k_live(u32 live16, float (&acc)[NMAX /
     moe_wgmma_k<T, N, NMAX, STAGES, OVERLAP>(acc, loads, smem, wa);
 }
 
-// One tile's MMAs into `acc` (zeroed first): the warpgroup's 64 weight rows times the tile's
-// live token rows, stage by stage through the ring `loads` fills.
-template <typename T, u32 NMAX, u32 STAGES, bool OVERLAP, typename Loads>
-__device__ __forceinline__ void moe_wgmma_tile_mma(float (&acc)[NMAX / 2], const Loads& loads, const MoeTile& t,
-                                                   u32 smem) {
-    const u32 wg = threadIdx.x >> 7;        // warpgroup: weight rows 64·wg ..
-    const u32 live16 = (t.rows + 15) / 16;  // token rows the MMAs cover, in 16s
-#pragma unroll
-    for (int i = 0; i < (int)NMAX / 2; ++i) acc[i] = 0.0f;
-    const u32 wa = Loads::A_BYTES + wg * 64 * 128;
-    moe_wgmma_k_live<T, 16, NMAX, STAGES, OVERLAP>(live16, acc, loads, smem, wa);
-}
-
-// The stages from the first 1024-byte boundary of the dynamic shared memory (the launch asks
-// for 1 KB more): an __align__(1024) declaration would pad every kernel's static shared
-// memory instead.
-__device__ __forceinline__ u32 moe_wgmma_ring(const unsigned char* smem) {
-    return ((u32)__cvta_generic_to_shared(smem) + 1023u) & ~1023u;
-}
-
-// One tile per block (the grid covers the work list's bound on tiles).
-template <typename T, int MT, int STAGES, bool OVERLAP>
-__device__ void moe_gemm_wgmma_one(const MoeGemm& p) {
-    constexpr u32 BM = 32 * MT, BN = 128, NMAX = BM;
-    using Loads = MoeStageLoads<T, BM, BN, STAGES>;
-    extern __shared__ __align__(128) unsigned char moe_smem[];
-    MoeTile t;
-    if (!moe_gemm_tile(p, BM, BN, t)) return;
-    const u32 base = (u32)__cvta_generic_to_shared(moe_smem), smem = moe_wgmma_ring(moe_smem);
-    const Loads loads(p, t, smem);
-    if constexpr (OVERLAP)
-        moe_wgmma_start2(loads, p);
-    else
-        loads.start(p);
-    float acc[NMAX / 2];
-    moe_wgmma_tile_mma<T, NMAX, STAGES, OVERLAP>(acc, loads, t, smem);
-    moe_cp_async_wait<0>();
-    moe_wgmma_finish<T, BM>(p, t, acc, reinterpret_cast<float*>(moe_smem + (smem - base)));
-}
-
-// ---- The persistent tiles (issue 40): a grid of the blocks that fit at once, each striding
-// over the pass's tiles (blockIdx.x, + gridDim.x, ...; the count from the work list on the
-// device: no host sync, graph-capturable; the tiles and their order those of the one-tile
-// grid), reading their work items 32 tiles at a time (moe_tile_batch: a lane each, passed
-// by shuffles). A block pays the ring's fill once: when a tile's MMAs are done, the next tile's
-// first stages are requested into the slots its epilogue does not stage results in, and
-// land while the epilogue writes (at short K, e.g. qwen3's 768-deep down projection, 12
-// stages a tile, each tile's fill and epilogue were a large share of its time). ----
-
-// Ring slots a tile's epilogue stages its results in (BM rows of 128 + 4 floats, from slot
-// 0): every tile's stage 0 sits in the slot after them.
-template <typename Loads, u32 BM>
-__device__ constexpr u32 moe_wgmma_epilogue_slots() {
-    return (BM * (128 + 4) * 4 + Loads::STAGE_BYTES - 1) / Loads::STAGE_BYTES;
-}
-
-template <typename T, int MT, int STAGES, bool OVERLAP>
-__device__ void moe_gemm_wgmma_persistent(const MoeGemm& p) {
-    constexpr u32 BM = 32 * MT, BN = 128, NMAX = BM;
-    using Loads = MoeStageLoads<T, BM, BN, STAGES>;
-    constexpr u32 C_SLOTS = moe_wgmma_epilogue_slots<Loads, BM>();
-    static_assert(C_SLOTS < STAGES, "a free slot for the next tile's first stage");
-    // Stages requested before a tile's k loop (as start / start2 do), and how many of them
-    // fit outside the epilogue's slots (requested before it; the rest after it).
-    constexpr u32 AHEAD = OVERLAP ? 2 : STAGES - 1;
-    constexpr u32 EARLY = AHEAD < STAGES - C_SLOTS ? AHEAD : STAGES - C_SLOTS;
-    extern __shared__ __align__(128) unsigned char moe_smem[];
-    if (!p.early_k) wait_prior_grid();
-    // Through L2: with early_k the work list may be read before the wait (moe_gemm_tile).
-    const u32 n_items = __ldcg(p.n_items);
-    const u32 tiles = n_items * ((p.n + BN - 1) / BN) * p.splits;  // within the host's u32 bound
-    u32 idx = blockIdx.x;
-    if (idx >= tiles) return;
-    MoeTileBatch batch = moe_tile_batch(p, idx, n_items, BM, BN);
-    MoeTile t;
-    moe_tile_from_batch(p, batch, 0, idx, n_items, BN, t);
-    const u32 base = (u32)__cvta_generic_to_shared(moe_smem), smem = moe_wgmma_ring(moe_smem);
-    float* const c = reinterpret_cast<float*>(moe_smem + (smem - base));
-    Loads loads(p, t, smem, C_SLOTS);
-    if constexpr (OVERLAP)
-        moe_wgmma_start2(loads, p);
-    else
-        loads.start(p);
-    // k: the block's next tile, lane k % 32 of its batch.
-    for (u32 k = 1;; ++k) {
-        const u32 next_idx = idx + gridDim.x;
-        const bool more = next_idx < tiles;
-        // The next 32 tiles' work items, read while this tile's first stages load.
-        if (more && k % 32 == 0) batch = moe_tile_batch(p, next_idx, n_items, BM, BN);
-        float acc[NMAX / 2];
-        moe_wgmma_tile_mma<T, NMAX, STAGES, OVERLAP>(acc, loads, t, smem);
-        moe_cp_async_wait<0>();  // only empty groups can be pending: no stage past the last
-        __syncthreads();  // both warpgroups' MMAs are done with the ring
-        MoeTile next;
-        if (more) {
-            moe_tile_from_batch(p, batch, k % 32, next_idx, n_items, BN, next);
-            loads = Loads(p, next, smem, C_SLOTS);
-#pragma unroll
-            for (u32 s = 0; s < EARLY; ++s) loads.issue(s);
-        }
-        moe_wgmma_finish<T, BM>(p, t, acc, c);
-        if (!more) return;
-        if constexpr (EARLY < AHEAD) {
-            __syncthreads();  // every thread is done with the staged results: their slots refill
-#pragma unroll
-            for (u32 s = EARLY; s < AHEAD; ++s) loads.issue(s);
-        }
-        t = next;
-        idx = next_idx;
-    }
-}
-
 // The prefill tile on Hopper's warpgroup MMA: the same work list, stages, loads and swizzled
 // shared memory as moe_gemm_staged (BM = 32·MT token rows × 128 weight rows, STAGES deep),
 // but the two warpgroups each multiply 64 weight rows (wgmma M) by the tile's live token rows
@@ -358,32 +242,47 @@ __device__ void moe_gemm_wgmma_persistent(const MoeGemm& p) {
 // warpgroup, lane g·4 + q): weight row 16w + g + 8·(i % 4 / 2), token row 8·(i / 4) + 2q + i % 2.
 // OVERLAP: the k loop with one group of MMAs in flight (the `o` kernels). MT = 6 (the wide
 // tile, 192 rows: one block per SM) holds an expert's rows up to 192 in one tile, so its
-// weights stream once where the 96-row tile streamed them twice (issue 40). PERSISTENT: the
-// blocks that fit stride over the tiles (moe_gemm_wgmma_persistent).
-template <typename T, int MT, int STAGES, bool OVERLAP, bool PERSISTENT>
+// weights stream once where the 96-row tile streamed them twice (issue 40).
+template <typename T, int MT, int STAGES, bool OVERLAP>
 __device__ void moe_gemm_wgmma(const MoeGemm& p) {
-    using Loads = MoeStageLoads<T, 32 * MT, 128, STAGES>;
-    static_assert(Loads::A_BYTES % 1024 == 0 && Loads::STAGE_BYTES % 1024 == 0,
-                  "SW128 tiles need 1024-byte alignment");
-    if constexpr (PERSISTENT)
-        moe_gemm_wgmma_persistent<T, MT, STAGES, OVERLAP>(p);
+    constexpr u32 BM = 32 * MT, BN = 128, NMAX = BM;
+    using Loads = MoeStageLoads<T, BM, BN, STAGES>;
+    constexpr u32 A_BYTES = Loads::A_BYTES, STAGE_BYTES = Loads::STAGE_BYTES;
+    static_assert(A_BYTES % 1024 == 0 && STAGE_BYTES % 1024 == 0, "SW128 tiles need 1024-byte alignment");
+    extern __shared__ __align__(128) unsigned char moe_smem[];
+    MoeTile t;
+    if (!moe_gemm_tile(p, BM, BN, t)) return;
+    const u32 warp = threadIdx.x >> 5;
+    // The stages from the first 1024-byte boundary (the launch asks for 1 KB more): an
+    // __align__(1024) declaration would pad every kernel's static shared memory instead.
+    const u32 base = (u32)__cvta_generic_to_shared(moe_smem), smem = (base + 1023u) & ~1023u;
+    const Loads loads(p, t, smem);
+    if constexpr (OVERLAP)
+        moe_wgmma_start2(loads, p);
     else
-        moe_gemm_wgmma_one<T, MT, STAGES, OVERLAP>(p);
+        loads.start(p);
+
+    const u32 wg = warp >> 2;           // warpgroup: weight rows 64·wg ..
+    const u32 live16 = (t.rows + 15) / 16;  // token rows the MMAs cover, in 16s
+    float acc[NMAX / 2];
+#pragma unroll
+    for (int i = 0; i < NMAX / 2; ++i) acc[i] = 0.0f;
+
+    const u32 wa = A_BYTES + wg * 64 * 128;
+    moe_wgmma_k_live<T, 16, NMAX, STAGES, OVERLAP>(live16, acc, loads, smem, wa);
+    moe_cp_async_wait<0>();
+    moe_wgmma_finish<T, BM>(p, t, acc, reinterpret_cast<float*>(moe_smem + (smem - base)));
 }
 
 // The `w` kernels drain the MMAs every stage, the `o` kernels (overlap) keep one group in
 // flight: same shared memory, blocks per SM and work list, so the plan swaps one for the
-// other per launch; `wp` / `op` are the same tiles, persistent (a grid of the blocks that
-// fit at once).
-#define MOE_GEMM_WGMMA_AS(T, NAME, MT, BLOCKS, SUFFIX, OVERLAP, PERSISTENT)                          \
+// other per launch.
+#define MOE_GEMM_WGMMA_AS(T, NAME, MT, BLOCKS, SUFFIX, OVERLAP)                                    \
     extern "C" __global__ void __launch_bounds__(256, BLOCKS) moe_gemm_##T##_##NAME##SUFFIX(MoeGemm p) { \
-        moe_gemm_wgmma<T, MT, 4, OVERLAP, PERSISTENT>(p);                                             \
+        moe_gemm_wgmma<T, MT, 4, OVERLAP>(p);                                                         \
     }
-#define MOE_GEMM_WGMMA(T, NAME, MT, BLOCKS)                 \
-    MOE_GEMM_WGMMA_AS(T, NAME, MT, BLOCKS, w, false, false) \
-    MOE_GEMM_WGMMA_AS(T, NAME, MT, BLOCKS, o, true, false)  \
-    MOE_GEMM_WGMMA_AS(T, NAME, MT, BLOCKS, wp, false, true) \
-    MOE_GEMM_WGMMA_AS(T, NAME, MT, BLOCKS, op, true, true)
+#define MOE_GEMM_WGMMA(T, NAME, MT, BLOCKS) \
+    MOE_GEMM_WGMMA_AS(T, NAME, MT, BLOCKS, w, false) MOE_GEMM_WGMMA_AS(T, NAME, MT, BLOCKS, o, true)
 // Two blocks per SM at m4 and m6 (m6: 112 KB of stages + 1 KB to align them, no static
 // shared memory). Faster than the mma.sync staged tiles, and than the decode and middle
 // tiles from 2 rows per expert (bench/NOTES.md, MoE grouped GEMM). The wide m12 tile: 160 KB

@@ -63,26 +63,6 @@ pub(super) fn wgmma_overlap_for(k_split: usize, forced: Option<bool>) -> bool {
     forced.unwrap_or(k_split >= WGMMA_OVERLAP_MIN_DEPTH)
 }
 
-/// The least tokens at which the wgmma tiles run persistent unless the layer forces a choice
-/// ([`MoeLayer::set_wgmma_persistent`]): a grid of the blocks that fit at once, each striding
-/// over the pass's tiles and requesting its next tile's first stages while its epilogue
-/// writes, instead of a block per tile that fills the ring and writes its tile with nothing
-/// of its own in flight. That pays where each block place takes several tiles of short K: at
-/// 4096 tokens on an H100 qwen3's projections have 17–23 tiles per place (its down
-/// projection 12 stages of 64 k a tile), deepseek-v3-slice's 8–108 (its down projection 4
-/// stages a tile), so the fill and the epilogue are a large share of each tile; at 1024
-/// tokens still 4 or more. Graph-sized passes keep their kernels unchanged. 1024 is the
-/// structure's threshold, not a measured one (bench/NOTES.md, the persistent wgmma tiles).
-///
-/// [`MoeLayer::set_wgmma_persistent`]: super::MoeLayer::set_wgmma_persistent
-pub(super) const WGMMA_PERSISTENT_MIN_TOKENS: usize = 1024;
-
-/// Whether a pass over `tokens` runs its wgmma tiles persistent: `forced` when the layer
-/// forces it, else from [`WGMMA_PERSISTENT_MIN_TOKENS`].
-pub(super) fn wgmma_persistent_for(tokens: usize, forced: Option<bool>) -> bool {
-    forced.unwrap_or(tokens >= WGMMA_PERSISTENT_MIN_TOKENS)
-}
-
 /// The least tokens at which a pass takes the prefill router unless the layer forces a
 /// choice ([`MoeLayer::set_prefill_router`]): the logits through cuBLAS, a routing kernel of
 /// one warp per token, and the dispatch as a stable counting sort over many blocks, six
@@ -445,9 +425,6 @@ pub(super) struct GemmShape {
     /// With `wgmma`, the overlap kernel (`moe_gemm_wgmma<…, OVERLAP>`: the same tiles,
     /// shared memory and blocks per SM, one group of MMAs in flight across stages).
     pub(super) wgmma_overlap: bool,
-    /// With `wgmma`, the persistent kernel (`moe_gemm_wgmma<…, PERSISTENT>`: the same tiles
-    /// in the same order, a grid of the blocks that fit at once striding over them).
-    pub(super) wgmma_persistent: bool,
 }
 
 impl GemmShape {
@@ -496,7 +473,6 @@ impl GemmShape {
             items_fastest,
             wgmma: false,
             wgmma_overlap: false,
-            wgmma_persistent: false,
         }
     }
     pub(super) fn n_blocks(&self) -> usize {

@@ -16,7 +16,6 @@ impl<T: Float> MoeLayer<T> {
             wgmma: self.gpu.wgmma && self.warpgroup_mma,
             wgmma_overlap: self.wgmma_overlap,
             wgmma_wide: self.wgmma_wide,
-            wgmma_persistent: self.wgmma_persistent,
             prefill_router: self.prefill_router,
             decode: self.gpu.decode && self.decode_kernel,
             ..self.gpu

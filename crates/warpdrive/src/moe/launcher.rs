@@ -158,32 +158,6 @@ const GEMM_WGMMA_OVERLAP_NAMES: [[&str; 3]; 2] = [
     ],
 ];
 
-/// The persistent kernels (`PERSISTENT`) of the drained and the overlap tiles.
-const GEMM_WGMMA_PERSISTENT_NAMES: [[&str; 3]; 2] = [
-    [
-        "moe_gemm_f16_m4wp",
-        "moe_gemm_f16_m6wp",
-        "moe_gemm_f16_m12wp",
-    ],
-    [
-        "moe_gemm_bf16_m4wp",
-        "moe_gemm_bf16_m6wp",
-        "moe_gemm_bf16_m12wp",
-    ],
-];
-const GEMM_WGMMA_PERSISTENT_OVERLAP_NAMES: [[&str; 3]; 2] = [
-    [
-        "moe_gemm_f16_m4op",
-        "moe_gemm_f16_m6op",
-        "moe_gemm_f16_m12op",
-    ],
-    [
-        "moe_gemm_bf16_m4op",
-        "moe_gemm_bf16_m6op",
-        "moe_gemm_bf16_m12op",
-    ],
-];
-
 const GEMM_NAMES: [[&str; 4]; 2] = [
     [
         "moe_gemm_f16_m1",
@@ -706,11 +680,10 @@ impl Launcher {
                 WGMMA_WIDE_MT => 2,
                 other => return Err(no_tile(other, true)),
             };
-            let names = match (shape.wgmma_persistent, shape.wgmma_overlap) {
-                (false, false) => &GEMM_WGMMA_NAMES,
-                (false, true) => &GEMM_WGMMA_OVERLAP_NAMES,
-                (true, false) => &GEMM_WGMMA_PERSISTENT_NAMES,
-                (true, true) => &GEMM_WGMMA_PERSISTENT_OVERLAP_NAMES,
+            let names = if shape.wgmma_overlap {
+                &GEMM_WGMMA_OVERLAP_NAMES
+            } else {
+                &GEMM_WGMMA_NAMES
             };
             (&MOE_WGMMA, names[t][mt])
         } else {
@@ -724,29 +697,15 @@ impl Launcher {
             (&MOE_GEMM, GEMM_NAMES[t][mt])
         };
         let f = kernels::function(d, source, name)?;
-        // The grid's bound on tiles must fit u32 either way: the kernels index tiles in u32.
-        let mut grid = u32_of(shape.grid(), "GEMM blocks")?;
+        let grid = u32_of(shape.grid(), "GEMM blocks")?;
         let shared = gemm_shared_bytes(shape.mt, shape.wgmma);
-        if shape.wgmma && shape.wgmma_persistent {
-            // The blocks that fit at once (at most one per tile): each strides over the tiles,
-            // reading 32 tiles' work items at a time: indices up to the bound plus 32 grids,
-            // in u32.
-            u32_of(
-                shape.grid().saturating_mul(33),
-                "persistent GEMM tile index",
-            )?;
-            let resident = d.resident_blocks(&f, GEMM_BLOCK, shared)?;
-            grid = grid.min(d.sm_count().saturating_mul(resident)).max(1);
-        }
         let mut params = [&mut p as *mut GemmParams as *mut c_void];
         // SAFETY: moe_gemm_T_mMT(MoeGemm p): GemmParams is MoeGemm's C layout; `a` holds the
         // rows the work list names (row indices from the dispatch), `w` one n×k matrix per
         // expert, `partial` splits·rows_cap·n f32 and `tickets` one word per tile (the
         // workspace is sized from this plan), `out` rows_cap rows of the epilogue's width (T).
         // The kernel waits for the previous one before it reads anything but the weights and
-        // (with early_k, written two kernels back) the work list, and before any write. The
-        // persistent kernels (a smaller grid) take every tile the work list names, striding
-        // by the grid; no block waits for another.
+        // (with early_k, written two kernels back) the work list, and before any write.
         unsafe {
             d.launch(
                 q.stream,

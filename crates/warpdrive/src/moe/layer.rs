@@ -39,8 +39,6 @@ pub struct MoeLayer<T: Float> {
     pub(super) wgmma_overlap: Option<bool>,
     /// The wide 192-row wgmma tile: forced on or off, or `None` for the plan's choice.
     pub(super) wgmma_wide: Option<bool>,
-    /// The persistent wgmma tiles: forced on or off, or `None` for the plan's choice.
-    pub(super) wgmma_persistent: Option<bool>,
     /// The prefill router: forced on or off, or `None` for the plan's choice.
     pub(super) prefill_router: Option<bool>,
     /// One-token passes may take the decode kernel (where `gpu.decode`).
@@ -146,7 +144,6 @@ impl<T: Float> MoeLayer<T> {
             warpgroup_mma: true,
             wgmma_overlap: None,
             wgmma_wide: None,
-            wgmma_persistent: None,
             prefill_router: None,
             decode_kernel: true,
             last: ForwardStats::default(),
@@ -206,20 +203,6 @@ impl<T: Float> MoeLayer<T> {
     pub fn set_wgmma_wide(&mut self, choice: Option<bool>) {
         if choice != self.wgmma_wide {
             self.wgmma_wide = choice;
-            self.graphs.clear();
-        }
-    }
-
-    /// Forces every warpgroup-MMA tile onto its persistent kernel (`Some(true)`: a grid of the
-    /// blocks that fit at once, each striding over the pass's tiles, the next tile's first
-    /// stages loading while a tile's epilogue writes; same tiles, order, shared memory and
-    /// work list, no host sync) or onto one block per tile (`Some(false)`); `None` (the
-    /// default) lets the plan pick per pass: persistent from 1024 tokens (issue 40). No
-    /// effect where the tiles do not run on wgmma (the decode kernel, the mma.sync tiles).
-    /// The overlap and wide choices apply to it as to the others. Drops the captured graphs.
-    pub fn set_wgmma_persistent(&mut self, choice: Option<bool>) {
-        if choice != self.wgmma_persistent {
-            self.wgmma_persistent = choice;
             self.graphs.clear();
         }
     }

@@ -20,10 +20,7 @@
 //! one GEMM per expert for large ones ([`CUBLAS_GROUPED_MAX_FLOPS`]; [`MoePath::Cublas`]
 //! forces that path at every size for comparison). On Hopper the staged tiles run on the
 //! warpgroup MMA (`wgmma`) from the same shared-memory stages and take over from the decode
-//! tiles at 2 rows per expert ([`MoeLayer::set_warpgroup_mma`]); from 1024 tokens they run
-//! persistent ([`MoeLayer::set_wgmma_persistent`]): a grid of the blocks that fit at once,
-//! each striding over the pass's tiles (the count read on the device) and loading its next
-//! tile's first stages while it writes the last one's results.
+//! tiles at 2 rows per expert ([`MoeLayer::set_warpgroup_mma`]).
 //!
 //! One token over experts that would run on the decode tile (every expert one row; on
 //! Hopper only shallow ones, intermediate below 1024) takes one kernel instead

@@ -6,9 +6,9 @@ use crate::memory::Buffer;
 use crate::{ops, size};
 
 use super::config::{
-    gemm_blocks_per_sm, gemm_shared_bytes, prefill_router_for, wgmma_overlap_for,
-    wgmma_persistent_for, wgmma_wide_for, DecodeShape, GemmShape, MoeConfig, RouterShape, GEMM_BN,
-    WGMMA_ONE_ROW_MIN_INTERMEDIATE, WGMMA_WIDE_MT,
+    gemm_blocks_per_sm, gemm_shared_bytes, prefill_router_for, wgmma_overlap_for, wgmma_wide_for,
+    DecodeShape, GemmShape, MoeConfig, RouterShape, GEMM_BN, WGMMA_ONE_ROW_MIN_INTERMEDIATE,
+    WGMMA_WIDE_MT,
 };
 use super::layer::inter_pad;
 
@@ -32,9 +32,6 @@ pub(super) struct Gpu {
     /// [`MoeLayer::set_wgmma_wide`] forces it, `None` for the plan's choice
     /// ([`wgmma_wide_for`]); only with `wgmma`.
     pub(super) wgmma_wide: Option<bool>,
-    /// The wgmma tiles run persistent: `Some` where [`MoeLayer::set_wgmma_persistent`]
-    /// forces it, `None` for the plan's choice ([`wgmma_persistent_for`]); only with `wgmma`.
-    pub(super) wgmma_persistent: Option<bool>,
     /// The prefill router (cuBLAS logits, routing and a many-block dispatch): `Some` where
     /// [`MoeLayer::set_prefill_router`] forces it, `None` for the plan's choice
     /// ([`prefill_router_for`]).
@@ -57,7 +54,6 @@ impl Gpu {
                     wgmma: false,
                     wgmma_overlap: None,
                     wgmma_wide: None,
-                    wgmma_persistent: None,
                     prefill_router: None,
                     decode: false,
                 })
@@ -74,7 +70,6 @@ impl Gpu {
                     wgmma: MOE_WGMMA.arch_for(d.arch()).is_ok(),
                     wgmma_overlap: None,
                     wgmma_wide: None,
-                    wgmma_persistent: None,
                     prefill_router: None,
                     decode: true,
                 })
@@ -140,7 +135,6 @@ impl Plan {
             wgmma,
             wgmma_overlap,
             wgmma_wide,
-            wgmma_persistent,
             prefill_router,
             ..
         } = gpu;
@@ -167,13 +161,10 @@ impl Plan {
         let wgmma = wgmma && mt >= 4;
         let bm = 16 * mt;
         let items = active + slots / bm;
-        // The overlap kernel per projection, from its depth per block unless forced; the
-        // persistent one per pass, from its size unless forced.
-        let persistent = wgmma && wgmma_persistent_for(tokens, wgmma_persistent);
+        // The overlap kernel per projection, from its depth per block unless forced.
         let on_wgmma = |shape: GemmShape| GemmShape {
             wgmma,
             wgmma_overlap: wgmma && wgmma_overlap_for(shape.k_split, wgmma_overlap),
-            wgmma_persistent: persistent,
             ..shape
         };
         let down = on_wgmma(GemmShape::new(

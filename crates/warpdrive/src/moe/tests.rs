@@ -1,9 +1,9 @@
 use crate::error::{Error, Result};
 
 use super::config::{
-    auto_takes_cublas, prefill_router_for, wgmma_overlap_for, wgmma_persistent_for, wgmma_wide_for,
-    DecodeShape, MoeConfig, Router, GRAPH_MAX_TOKENS, PREFILL_ROUTER_MIN_TOKENS, PRESETS,
-    WGMMA_OVERLAP_MIN_DEPTH, WGMMA_PERSISTENT_MIN_TOKENS,
+    auto_takes_cublas, prefill_router_for, wgmma_overlap_for, wgmma_wide_for, DecodeShape,
+    MoeConfig, Router, GRAPH_MAX_TOKENS, PREFILL_ROUTER_MIN_TOKENS, PRESETS,
+    WGMMA_OVERLAP_MIN_DEPTH,
 };
 use super::plan::{Gpu, Plan};
 
@@ -16,7 +16,6 @@ const HOPPER: Gpu = Gpu {
     wgmma: true,
     wgmma_overlap: None,
     wgmma_wide: None,
-    wgmma_persistent: None,
     prefill_router: None,
     decode: true,
 };
@@ -275,55 +274,6 @@ fn wgmma_wide_is_chosen_by_rows_and_depth() -> Result<()> {
     assert!(!wgmma_wide_for(1 << 20, WGMMA_OVERLAP_MIN_DEPTH - 1, None));
     assert!(wgmma_wide_for(1, 1, Some(true)));
     assert!(!wgmma_wide_for(1 << 20, 1 << 20, Some(false)));
-    Ok(())
-}
-
-/// The persistent wgmma tiles from `WGMMA_PERSISTENT_MIN_TOKENS` tokens on both projections,
-/// with the tiles, overlap choice, splits and grid bound of the one-tile kernels; never
-/// below by default (decode and the graph sizes untouched), forced either way, and never
-/// off the wgmma tiles.
-#[test]
-fn wgmma_persistent_from_its_size_unless_forced() -> Result<()> {
-    let on = Gpu {
-        wgmma_persistent: Some(true),
-        ..HOPPER
-    };
-    let off = Gpu {
-        wgmma_persistent: Some(false),
-        ..HOPPER
-    };
-    for name in PRESETS {
-        let c = MoeConfig::preset(name)?;
-        for tokens in [1, 5, 64, GRAPH_MAX_TOKENS, 512, 1023, 1024, 4096, 4097] {
-            let p = Plan::new(&c, tokens, HOPPER);
-            let want = tokens >= WGMMA_PERSISTENT_MIN_TOKENS;
-            for g in [p.up, p.down] {
-                assert_eq!(g.wgmma_persistent, g.wgmma && want, "{name} at {tokens}");
-            }
-            let forced = Plan::new(&c, tokens, on);
-            for (a, b) in [(p.up, forced.up), (p.down, forced.down)] {
-                assert_eq!(b.wgmma_persistent, b.wgmma, "{name} at {tokens}, forced");
-                assert_eq!(
-                    (a.mt, a.splits, a.k_split, a.items, a.wgmma, a.wgmma_overlap),
-                    (b.mt, b.splits, b.k_split, b.items, b.wgmma, b.wgmma_overlap),
-                    "{name} at {tokens}: only the kernel changes"
-                );
-                assert_eq!(a.grid(), b.grid());
-            }
-            // One-token passes keep the decode kernel where it applies, forced or not.
-            assert_eq!(forced.decode.is_some(), p.decode.is_some(), "{name}");
-            let p = Plan::new(&c, tokens, off);
-            assert!(!p.up.wgmma_persistent && !p.down.wgmma_persistent);
-        }
-    }
-    let qwen3 = MoeConfig::preset("qwen3-30b-a3b")?;
-    let sync = Gpu { wgmma: false, ..on };
-    let p = Plan::new(&qwen3, 4096, sync);
-    assert!(!p.up.wgmma_persistent && !p.down.wgmma_persistent);
-    assert!(!wgmma_persistent_for(WGMMA_PERSISTENT_MIN_TOKENS - 1, None));
-    assert!(wgmma_persistent_for(WGMMA_PERSISTENT_MIN_TOKENS, None));
-    assert!(wgmma_persistent_for(1, Some(true)));
-    assert!(!wgmma_persistent_for(1 << 20, Some(false)));
     Ok(())
 }
 
