@@ -106,6 +106,13 @@ __device__ void moe_wgmma_finish(const MoeGemm& p, const MoeTile& t, const float
     constexpr u32 BN = 128, LD = BN + 4;  // padded rows: the scattered writes hit 32 banks
     const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3u;
     const u32 nl = (warp >> 2) * 64 + (warp & 3u) * 16 + g;
+    // Epilogue 2's routing weights of this warp's rows (warp + 8j: lane j holds row j's),
+    // requested by every lane at once before the staging: one dependent pair of loads a
+    // tile, not one a row in turn (at K = 256 that pair per row outlasted the tile's MMAs).
+    static_assert(BM / MOE_WARPS <= 32, "a lane per row of the warp");
+    float lane_scale = 0.0f;
+    if (p.epilogue != 1 && warp + MOE_WARPS * lane < t.rows)
+        lane_scale = p.slot_weight[p.order[t.row0 + warp + MOE_WARPS * lane]];
     __syncthreads();  // every warpgroup is done with the ring
 #pragma unroll
     for (int i = 0; i < (int)BM / 2; ++i)
@@ -150,10 +157,11 @@ __device__ void moe_wgmma_finish(const MoeGemm& p, const MoeTile& t, const float
             store_vec<T, 4>(reinterpret_cast<T*>(p.out) + (u64)(t.row0 + r) * half_n + act, pack_vec<T, 4>(o));
         }
     } else {
-        if (!in_n) return;
-        for (u32 r = r0; r < t.rows; r += MOE_WARPS) {
+        // r0 = warp: the loop is warp-uniform, so every lane takes part in the shuffle.
+        for (u32 r = r0, j = 0; r < t.rows; r += MOE_WARPS, ++j) {
+            const float scale = __shfl_sync(0xffffffffu, lane_scale, j);
+            if (!in_n) continue;
             const u32 prow = t.row0 + r;
-            const float scale = p.slot_weight[p.order[prow]];
             const float4 v = *reinterpret_cast<const float4*>(c + r * LD + col);
             const float o[4] = {v.x * scale, v.y * scale, v.z * scale, v.w * scale};
             store_vec<T, 4>(reinterpret_cast<T*>(p.out) + (u64)prow * p.n + n, pack_vec<T, 4>(o));
