@@ -87,7 +87,7 @@ pub trait Disk: Send + Sync + 'static {
     /// `body`, both made by `framer`: it copies the body in order, then gives the header (a
     /// checksum of the body, say). [`OsDisk`] sends the body's pieces out as each is copied
     /// while the framer takes the body in ([`Framer::absorb`]), and sends the header's page
-    /// last, beside them. The default frames into a buffer first. A header of another length
+    /// beside them once the framer is done. The default frames into a buffer first. A header of another length
     /// is `InvalidArgument`.
     fn append_aligned_framed(
         &self,
@@ -187,6 +187,10 @@ fn frame_into(
     head.copy_from_slice(&checked_header(header_len, framer.header())?);
     Ok(())
 }
+
+/// How long a piece of a framed append waits for the copy of the piece before it (the
+/// thread copying that is running: this only bounds a bug).
+const TURN_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The operating system's files through `std::fs`, the aligned appends and reads with
 /// `O_DIRECT` on the engine it was made with ([`OsDisk::with_io`]). Every error is an [`Error::Io`] naming
@@ -423,34 +427,71 @@ impl Disk for OsDisk {
             return self.append_aligned_filled(path, total, &mut fill);
         }
         let file = kept(&self.direct, path, || DirectFile::open_with(path, self.io))?;
-        // The body's pieces past the first page are copied (no checksum, no waiting on each
-        // other) and sent as soon as each is copied; the first page, which holds the header,
-        // goes last: its filling takes the checksum of the whole body from `body` itself
-        // while the pieces are in flight, and it goes out beside them, not after them.
+        // The body's pieces past the first page go out as soon as each is copied, the first
+        // page (it holds the header) once the framer has taken the whole body, beside the
+        // pieces still in flight (after them, it was a serial tail). Where the ring has every
+        // piece in flight at once, they are copied alone and the first page's filling takes
+        // the checksum from `body` itself ([`Framer::absorb`]) while they are out: the ring's
+        // one thread no longer holds the first pieces back to checksum the later ones. Else
+        // each piece is copied and checksummed in one pass in order (threads take turns), so
+        // that no I/O slot waits through a whole-body checksum.
         file.append_with(total, |offset| {
             with_scratch(total, |buf| {
                 let (page, rest) = buf.as_mut_slice().split_at_mut(PAGE);
                 let piece = piece_bytes(rest.len());
                 let mut pieces: Vec<&mut [u8]> = rest.chunks_mut(piece).collect();
                 let mut offsets = direct::piece_offsets(offset + PAGE as u64, piece, pieces.len());
-                let last = pieces.len();
+                let data_pieces = pieces.len();
+                let in_order =
+                    file.io().engine != Engine::Uring || data_pieces > file.io().queue_depth;
                 pieces.push(page);
                 offsets.push(offset);
                 let first = PAGE - header_len; // body bytes in the first page (total > PAGE)
-                let framer = parking_lot::Mutex::new(&mut *framer);
+                                               // The next piece to take its turn through the framer, and the framer.
+                let turn = parking_lot::Mutex::new((0usize, &mut *framer));
+                let turned = parking_lot::Condvar::new();
                 let fill = |k: usize, bytes: &mut [u8]| -> Result<()> {
-                    if k < last {
+                    let mut t = turn.lock();
+                    if in_order {
+                        while t.0 != k {
+                            if turned.wait_for(&mut t, TURN_WAIT).timed_out() {
+                                return Err(Error::InvalidArgument(format!(
+                                    "a framed append: piece {k} waited for the copy before it"
+                                )));
+                            }
+                        }
+                    } else if k < data_pieces {
+                        drop(t);
                         let from = (first + k * piece).min(body.len());
                         let n = bytes.len().min(body.len() - from);
-                        bytes[..n].copy_from_slice(&body[from..from + n]);
-                        bytes[n..].fill(0);
+                        let (own, pad) = bytes.split_at_mut(n);
+                        own.copy_from_slice(&body[from..from + n]);
+                        pad.fill(0);
                         return Ok(());
                     }
-                    let mut framer = framer.lock();
-                    let (head, own) = bytes.split_at_mut(header_len);
-                    framer.copy(&body[..first], own);
-                    framer.absorb(&body[first..]);
-                    head.copy_from_slice(&checked_header(header_len, framer.header())?);
+                    let framer = &mut t.1;
+                    if k < data_pieces {
+                        let from = (first + k * piece).min(body.len());
+                        let n = bytes.len().min(body.len() - from);
+                        let (own, pad) = bytes.split_at_mut(n);
+                        if k == 0 {
+                            framer.absorb(&body[..first]);
+                        }
+                        framer.copy(&body[from..from + n], own);
+                        pad.fill(0);
+                    } else {
+                        let (head, own) = bytes.split_at_mut(header_len);
+                        if in_order {
+                            own.copy_from_slice(&body[..first]);
+                        } else {
+                            framer.copy(&body[..first], own);
+                            framer.absorb(&body[first..]);
+                        }
+                        head.copy_from_slice(&checked_header(header_len, framer.header())?);
+                    }
+                    t.0 = k + 1;
+                    drop(t);
+                    turned.notify_all();
                     Ok(())
                 };
                 file.write_pieces_filled(pieces, &offsets, &fill)
