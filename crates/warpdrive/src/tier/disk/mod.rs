@@ -446,8 +446,9 @@ impl Disk for OsDisk {
                     file.io().engine != Engine::Uring || data_pieces > file.io().queue_depth;
                 pieces.push(page);
                 offsets.push(offset);
-                let first = PAGE - header_len; // body bytes in the first page (total > PAGE)
-                                               // The next piece to take its turn through the framer, and the framer.
+                // Body bytes in the first page (total > PAGE).
+                let first = PAGE - header_len;
+                // The next piece to take its turn through the framer, and the framer.
                 let turn = parking_lot::Mutex::new((0usize, &mut *framer));
                 let turned = parking_lot::Condvar::new();
                 let fill = |k: usize, bytes: &mut [u8]| -> Result<()> {
