@@ -213,6 +213,12 @@ impl PlainFramer {
         }
     }
 
+    /// Takes `src`, the data's next bytes, into the checksum without copying them (a writer
+    /// that copies them itself, in pieces out of order).
+    pub fn absorb(&mut self, src: &[u8]) {
+        self.hasher.update(src);
+    }
+
     /// The header, with the checksum of the data copied so far.
     pub fn header(&self) -> [u8; HEADER_BYTES] {
         let mut header = self.header;
@@ -222,8 +228,9 @@ impl PlainFramer {
 }
 
 /// Bytes the one-pass copies ([`encode_plain_into`], [`decode_block`] of a plain block) copy
-/// and hash at a time: a chunk stays in the cache from its copy to its hashing.
-const COPY_CHUNK: usize = 64 << 10;
+/// and hash at a time: a chunk stays in the L1 cache from its copy to its hashing (8 KiB
+/// chunks ran the pass a tenth faster than 64 KiB ones on the build VM).
+const COPY_CHUNK: usize = 8 << 10;
 
 /// `input` compressed by `compression` with its codec byte (`None` for no compression).
 fn compress(input: &[u8], compression: Compression) -> Result<Option<(u8, Vec<u8>)>> {

@@ -138,7 +138,8 @@ fn io_threads() -> &'static Workers {
 fn in_flight(pieces: usize, io: impl Fn(usize) -> Result<usize> + Sync) -> Result<Vec<usize>> {
     let done = parking_lot::Mutex::new(vec![0usize; pieces]);
     let failed = parking_lot::Mutex::new(None::<Error>);
-    // Every piece runs even after one failed: a framed append's copies wait on each other.
+    // Every piece runs even after one failed (simpler than cancelling the rest; the append
+    // cuts off whatever landed).
     io_threads().run(pieces, &|k| match io(k) {
         Ok(n) => done.lock()[k] = n,
         Err(e) => {
@@ -152,7 +153,7 @@ fn in_flight(pieces: usize, io: impl Fn(usize) -> Result<usize> + Sync) -> Resul
 }
 
 /// Where each of `count` pieces of `piece` bytes from `offset` starts in the file.
-fn piece_offsets(offset: u64, piece: usize, count: usize) -> Vec<u64> {
+pub(super) fn piece_offsets(offset: u64, piece: usize, count: usize) -> Vec<u64> {
     (0..count).map(|k| offset + (k * piece) as u64).collect()
 }
 
@@ -348,27 +349,45 @@ impl DirectFile {
     ) -> Result<()> {
         let rest = buf.as_mut_slice().get_mut(skip..).unwrap_or_default();
         let piece = piece_bytes(rest.len());
+        let pieces: Vec<&mut [u8]> = rest.chunks_mut(piece).collect();
+        let offsets = piece_offsets(offset + skip as u64, piece, pieces.len());
+        let fill = |k: usize, bytes: &mut [u8]| fill(skip + k * piece, bytes);
+        self.write_pieces_filled(pieces, &offsets, &fill)
+    }
+
+    /// Writes each of `pieces` (aligned starts and lengths) at its offset in `offsets`, up
+    /// to the engine's queue depth in flight at once, each first written by `fill(k, piece)`
+    /// on the thread that then sends it, so filling the later pieces overlaps the writes of
+    /// the earlier ones. The pieces need not be in file order (a frame's header page last).
+    pub(super) fn write_pieces_filled(
+        &self,
+        pieces: Vec<&mut [u8]>,
+        offsets: &[u64],
+        fill: &(dyn Fn(usize, &mut [u8]) -> Result<()> + Sync),
+    ) -> Result<()> {
+        if offsets.len() != pieces.len() {
+            return Err(Error::LengthMismatch {
+                op: "direct write of pieces",
+                left: pieces.len(),
+                right: offsets.len(),
+            });
+        }
         if self.io.engine == Engine::Uring {
             // One thread fills the pieces in order, each going out as soon as it is full.
-            let pieces: Vec<&mut [u8]> = rest.chunks_mut(piece).collect();
-            let offsets = piece_offsets(offset + skip as u64, piece, pieces.len());
-            let before = &mut |k: usize, bytes: &mut [u8]| fill(skip + k * piece, bytes);
+            let before = &mut |k: usize, bytes: &mut [u8]| fill(k, bytes);
             let after = &mut |_: usize, _: &[u8]| Ok(());
             let depth = self.io.queue_depth;
             return self
-                .on_ring(Pieces::Fill(pieces), &offsets, depth, before, after)
+                .on_ring(Pieces::Fill(pieces), offsets, depth, before, after)
                 .map(drop);
         }
-        let pieces: Vec<parking_lot::Mutex<&mut [u8]>> = rest
-            .chunks_mut(piece)
-            .map(parking_lot::Mutex::new)
-            .collect();
+        let pieces: Vec<parking_lot::Mutex<&mut [u8]>> =
+            pieces.into_iter().map(parking_lot::Mutex::new).collect();
         in_flight(pieces.len(), |k| {
             let mut bytes = pieces[k].lock();
-            let at = skip + k * piece;
-            fill(at, &mut bytes)?;
+            fill(k, &mut bytes)?;
             self.file
-                .write_all_at(&bytes, offset + at as u64)
+                .write_all_at(&bytes, offsets[k])
                 .map_err(|e| Error::io(&self.path, e))
                 .map(|()| bytes.len())
         })

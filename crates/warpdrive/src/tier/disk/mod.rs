@@ -85,9 +85,10 @@ pub trait Disk: Send + Sync + 'static {
 
     /// As [`append_aligned`](Self::append_aligned) for a header of `header_len` bytes and
     /// `body`, both made by `framer`: it copies the body in order, then gives the header (a
-    /// checksum of the body, say). [`OsDisk`] has the copying threads hand the body over in
-    /// order while the pieces already copied go out, and writes the header's page last. The
-    /// default frames into a buffer first. A header of another length is `InvalidArgument`.
+    /// checksum of the body, say). [`OsDisk`] sends the body's pieces out as each is copied
+    /// while the framer takes the body in ([`Framer::absorb`]), and sends the header's page
+    /// beside them once the framer is done. The default frames into a buffer first. A header of another length
+    /// is `InvalidArgument`.
     fn append_aligned_framed(
         &self,
         path: &Path,
@@ -163,11 +164,13 @@ pub fn pad_to_align(n: u64) -> u64 {
     (DIRECT_ALIGN - n % DIRECT_ALIGN) % DIRECT_ALIGN
 }
 
-/// Makes a block's bytes for [`Disk::append_aligned_framed`]: its body copied in order (a
-/// checksum taken on the way), then its header.
+/// Makes a block's bytes for [`Disk::append_aligned_framed`]: its body copied or absorbed
+/// in order (a checksum taken on the way), then its header.
 pub trait Framer: Send {
     /// Copies `src`, the body's next bytes, into `dst` (as long).
     fn copy(&mut self, src: &[u8], dst: &mut [u8]);
+    /// Takes `src`, the body's next bytes, without copying them (copied elsewhere).
+    fn absorb(&mut self, src: &[u8]);
     /// The header, once the whole body has been copied.
     fn header(&mut self) -> Vec<u8>;
 }
@@ -185,8 +188,8 @@ fn frame_into(
     Ok(())
 }
 
-/// How long a copying thread of a framed append waits for the previous piece's copy (the
-/// thread copying it is running: this only bounds a bug).
+/// How long a piece of a framed append waits for the copy of the piece before it (the
+/// thread copying that is running: this only bounds a bug).
 const TURN_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The operating system's files through `std::fs`, the aligned appends and reads with
@@ -424,40 +427,75 @@ impl Disk for OsDisk {
             return self.append_aligned_filled(path, total, &mut fill);
         }
         let file = kept(&self.direct, path, || DirectFile::open_with(path, self.io))?;
-        // Each writing thread copies its piece through the framer in turn (the checksum runs
-        // in order, one pass with the copy), then writes it while the next thread copies; the
-        // first page, which holds the header, goes last.
+        // The body's pieces past the first page go out as soon as each is copied, the first
+        // page (it holds the header) once the framer has taken the whole body, beside the
+        // pieces still in flight (after them, it was a serial tail). Where the ring has every
+        // piece in flight at once, they are copied alone and the first page's filling takes
+        // the checksum from `body` itself ([`Framer::absorb`]) while they are out: the ring's
+        // one thread no longer holds the first pieces back to checksum the later ones. Else
+        // each piece is copied and checksummed in one pass in order (threads take turns), so
+        // that no I/O slot waits through a whole-body checksum.
         file.append_with(total, |offset| {
             with_scratch(total, |buf| {
-                let out = buf.as_mut_slice();
+                let (page, rest) = buf.as_mut_slice().split_at_mut(PAGE);
+                let piece = piece_bytes(rest.len());
+                let mut pieces: Vec<&mut [u8]> = rest.chunks_mut(piece).collect();
+                let mut offsets = direct::piece_offsets(offset + PAGE as u64, piece, pieces.len());
+                let data_pieces = pieces.len();
+                let in_order =
+                    file.io().engine != Engine::Uring || data_pieces > file.io().queue_depth;
+                pieces.push(page);
+                offsets.push(offset);
+                // Body bytes in the first page (total > PAGE).
                 let first = PAGE - header_len;
-                framer.copy(&body[..first], &mut out[header_len..PAGE]);
-                // The next buffer offset to copy, and the framer.
-                let turn = parking_lot::Mutex::new((PAGE, &mut *framer));
+                // The next piece to take its turn through the framer, and the framer.
+                let turn = parking_lot::Mutex::new((0usize, &mut *framer));
                 let turned = parking_lot::Condvar::new();
-                let fill = |at: usize, piece: &mut [u8]| -> Result<()> {
+                let fill = |k: usize, bytes: &mut [u8]| -> Result<()> {
                     let mut t = turn.lock();
-                    while t.0 != at {
-                        if turned.wait_for(&mut t, TURN_WAIT).timed_out() {
-                            return Err(Error::InvalidArgument(format!(
-                                "a framed append: the copy before byte {at} never finished"
-                            )));
+                    if in_order {
+                        while t.0 != k {
+                            if turned.wait_for(&mut t, TURN_WAIT).timed_out() {
+                                return Err(Error::InvalidArgument(format!(
+                                    "a framed append: piece {k} waited for the copy before it"
+                                )));
+                            }
                         }
+                    } else if k < data_pieces {
+                        drop(t);
+                        let from = (first + k * piece).min(body.len());
+                        let n = bytes.len().min(body.len() - from);
+                        let (own, pad) = bytes.split_at_mut(n);
+                        own.copy_from_slice(&body[from..from + n]);
+                        pad.fill(0);
+                        return Ok(());
                     }
-                    let from = (at - header_len).min(body.len());
-                    let n = piece.len().min(body.len() - from);
-                    t.1.copy(&body[from..from + n], &mut piece[..n]);
-                    piece[n..].fill(0);
-                    t.0 = at + piece.len();
+                    let framer = &mut t.1;
+                    if k < data_pieces {
+                        let from = (first + k * piece).min(body.len());
+                        let n = bytes.len().min(body.len() - from);
+                        let (own, pad) = bytes.split_at_mut(n);
+                        if k == 0 {
+                            framer.absorb(&body[..first]);
+                        }
+                        framer.copy(&body[from..from + n], own);
+                        pad.fill(0);
+                    } else {
+                        let (head, own) = bytes.split_at_mut(header_len);
+                        if in_order {
+                            own.copy_from_slice(&body[..first]);
+                        } else {
+                            framer.copy(&body[..first], own);
+                            framer.absorb(&body[first..]);
+                        }
+                        head.copy_from_slice(&checked_header(header_len, framer.header())?);
+                    }
+                    t.0 = k + 1;
                     drop(t);
                     turned.notify_all();
                     Ok(())
                 };
-                file.write_at_depth_filled(buf, PAGE, offset, &fill)?;
-                let head = checked_header(header_len, framer.header())?;
-                let page = &mut buf.as_mut_slice()[..PAGE];
-                page[..header_len].copy_from_slice(&head);
-                file.write_slice(page, offset)
+                file.write_pieces_filled(pieces, &offsets, &fill)
             })
         })
     }
@@ -654,6 +692,13 @@ mod tests {
             assert!(src == &self.body[self.seen..self.seen + src.len()]);
             self.starts.push(self.seen);
             dst.copy_from_slice(src);
+            for &b in src {
+                self.sum = self.sum.wrapping_mul(31).wrapping_add(u64::from(b));
+            }
+            self.seen += src.len();
+        }
+        fn absorb(&mut self, src: &[u8]) {
+            assert!(src == &self.body[self.seen..self.seen + src.len()]);
             for &b in src {
                 self.sum = self.sum.wrapping_mul(31).wrapping_add(u64::from(b));
             }

@@ -208,6 +208,12 @@ fn run_on(
                     }
                 }
                 push(ring, pieces.entry(fd, next, 0, offsets[next]));
+                if matches!(pieces, Pieces::Fill(_)) {
+                    // Out now, while the next piece is filled: queued until the wait, the
+                    // pieces filled first sat idle through the filling of the rest. A
+                    // failed submit leaves it queued for the wait.
+                    let _ = ring.submit();
+                }
                 in_flight += 1;
                 next += 1;
             }

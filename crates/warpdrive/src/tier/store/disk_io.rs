@@ -23,6 +23,9 @@ impl Framer for codec::PlainFramer {
     fn copy(&mut self, src: &[u8], dst: &mut [u8]) {
         codec::PlainFramer::copy(self, src, dst);
     }
+    fn absorb(&mut self, src: &[u8]) {
+        codec::PlainFramer::absorb(self, src);
+    }
     fn header(&mut self) -> Vec<u8> {
         codec::PlainFramer::header(self).to_vec()
     }
