@@ -290,6 +290,10 @@ pub(crate) struct LoadArgs {
     /// run), its latency and the service's submission, queue and batch run times (µs).
     #[arg(long, value_name = "PATH")]
     pub(crate) jobs_csv: Option<std::path::PathBuf>,
+    /// Only jobs that took at least this long go to --jobs-csv (µs; default 0: every job):
+    /// the slow ones of a long run at a high rate, in a file small enough to carry.
+    #[arg(long, value_name = "US", default_value_t = 0.0, requires = "jobs_csv")]
+    pub(crate) jobs_csv_min_us: f64,
 }
 
 /// What `warpdrive actors` runs.

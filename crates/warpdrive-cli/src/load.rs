@@ -45,7 +45,7 @@ pub(crate) fn load(args: &LoadArgs) -> Result<()> {
     let report = load::run(&config)?;
     print!("{}", summary(&report));
     if let Some(path) = &args.jobs_csv {
-        std::fs::write(path, jobs_csv(&report))
+        std::fs::write(path, jobs_csv(&report, args.jobs_csv_min_us))
             .with_context(|| format!("writing {}", path.display()))?;
     }
     if report.answered() == 0 {
@@ -59,9 +59,13 @@ pub(crate) fn load(args: &LoadArgs) -> Result<()> {
 
 /// One line per answered job: when it was due or sent (s), its latency, the generator's lag,
 /// the client's wait for a connection, and the service's submission, queue and run (µs).
-fn jobs_csv(r: &LoadReport) -> String {
+/// One line per answered job that took at least `min_latency_us`.
+fn jobs_csv(r: &LoadReport, min_latency_us: f64) -> String {
     let mut out = String::from("sent_s,latency_us,lag_us,connect_us,submit_us,queue_us,run_us\n");
     for i in 0..r.latency_us.len() {
+        if r.latency_us[i] < min_latency_us {
+            continue;
+        }
         let at = |v: &[f64]| v.get(i).copied().unwrap_or(f64::NAN);
         out += &format!(
             "{:.6},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1}\n",
@@ -148,9 +152,13 @@ mod tests {
         let s = summary(&r);
         assert!(s.contains("1003 sent, 1000 answered, 3 failed"), "{s}");
         // Missing per-job figures are written as NaN, not dropped or misaligned.
-        let csv = jobs_csv(&r);
+        let csv = jobs_csv(&r, 0.0);
         assert_eq!(csv.lines().count(), 1001);
         assert_eq!(csv.lines().nth(2), Some("NaN,2.0,NaN,NaN,NaN,NaN,NaN"));
+        // Only the slow ones, each still on its own figures.
+        let slow = jobs_csv(&r, 990.0);
+        assert_eq!(slow.lines().count(), 12);
+        assert_eq!(slow.lines().nth(1), Some("NaN,990.0,NaN,NaN,NaN,NaN,NaN"));
         assert!(s.contains("500.0 jobs/s"), "{s}");
         assert!(s.contains("p99 990"), "{s}");
         assert!(s.contains("503: 3"), "{s}");

@@ -63,6 +63,7 @@ fn load_against_a_served_layer_then_sigterm_stops_it() {
         .to_string();
     assert!(first.contains("dashboard at http://"), "{first}");
 
+    let csv = std::env::temp_dir().join(format!("warpdrive-load-{}.csv", std::process::id()));
     let out = Command::new(common::warpdrive_bin())
         .args([
             "load",
@@ -76,6 +77,10 @@ fn load_against_a_served_layer_then_sigterm_stops_it() {
             "bf16",
             "--event-interval",
             "2",
+            "--jobs-csv",
+            csv.to_str().unwrap(),
+            "--jobs-csv-min-us",
+            "1e12",
         ])
         .output()
         .unwrap();
@@ -87,6 +92,10 @@ fn load_against_a_served_layer_then_sigterm_stops_it() {
     );
     assert!(text.contains("20 sent, 20 answered, 0 failed"), "{text}");
     assert!(text.contains("latency µs: p50 "), "{text}");
+    // No job took 10⁶ s: the file holds its header alone.
+    let written = std::fs::read_to_string(&csv).unwrap();
+    let _ = std::fs::remove_file(&csv);
+    assert_eq!(written.lines().count(), 1, "{written}");
 
     let pid = service.0.id().to_string();
     assert!(Command::new("kill")
