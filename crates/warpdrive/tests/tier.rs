@@ -165,50 +165,19 @@ device_test!(
 /// is wrong; 200 rounds.
 #[test]
 fn durable_puts_survive_power_losses() {
-    let dev = Device::cpu();
-    let s = dev.new_stream().unwrap();
+    let s = Device::cpu().new_stream().unwrap();
     let mut r = rng(seed("tier power losses"));
     let disk = Arc::new(SimDisk::new());
     let config = TierConfig::new(0, 32 << 10);
-    let mut durable: std::collections::HashMap<String, Vec<u8>> = Default::default();
-    let mut lost = 0usize;
-    for round in 0..200 {
-        let store = TierStore::open_on(disk.clone(), dir("power"), config.clone(), &s).unwrap();
-        for (key, want) in &durable {
-            match store.get_host(key) {
-                Ok(got) if &got == want => {}
-                other => {
-                    lost += 1;
-                    eprintln!("round {round}: {key} came back as {other:?}");
-                }
-            }
-        }
-        for _ in 0..r.random_range(1..8) {
-            let key = format!("k{}", r.random_range(0..24));
-            match r.random_range(0..4) {
-                0 => {
-                    if store.remove(&key).is_ok() {
-                        // An unsynced remove may be undone by the power loss: the block
-                        // is no longer promised either way.
-                        durable.remove(&key);
-                    }
-                }
-                n => {
-                    let len = r.random_range(1..6000);
-                    let data = block(&mut r, len);
-                    let d = [Durability::Memory, Durability::Disk, Durability::Sync][n - 1];
-                    store.put(&key, &data, d).unwrap();
-                    if d == Durability::Sync {
-                        durable.insert(key, data);
-                    } else {
-                        durable.remove(&key);
-                    }
-                }
-            }
-        }
-        drop(store);
-        disk.power_loss();
-    }
+    let open = || TierStore::open_on(disk.clone(), dir("power"), config.clone(), &s).unwrap();
+    let lost = common::crash::power_loss_rounds(
+        200,
+        &mut r,
+        &disk,
+        open,
+        |r| r.random_range(1..6000),
+        |_, _| {},
+    );
     assert_eq!(lost, 0, "acknowledged blocks lost");
 }
 

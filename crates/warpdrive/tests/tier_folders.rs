@@ -215,51 +215,23 @@ fn durable_puts_over_several_folders_survive_power_losses() {
         DiskFolder::new(root.join("c"), 64 << 10, u64::MAX),
     ];
     let mut r = rng(seed("tier folders power"));
-    let mut durable: std::collections::HashMap<String, Vec<u8>> = Default::default();
-    let mut lost = 0usize;
     let mut used = [false; 3];
-    for round in 0..100 {
-        let store = TierStore::open_on(disk.clone(), &root, config.clone(), &s).unwrap();
-        for (key, want) in &durable {
-            match store.get_host(key) {
-                Ok(got) if &got == want => {}
-                other => {
-                    lost += 1;
-                    eprintln!("round {round}: {key} came back as {other:?}");
-                }
+    let open = || TierStore::open_on(disk.clone(), &root, config.clone(), &s).unwrap();
+    let lost = common::crash::power_loss_rounds(
+        100,
+        &mut r,
+        &disk,
+        open,
+        |r| [r.random_range(1..4096), r.random_range(4096..20_000)][r.random_range(0..2)],
+        |round, store| {
+            if round % 10 == 9 {
+                store.compact().unwrap();
             }
-        }
-        for _ in 0..r.random_range(1..8) {
-            let key = format!("k{}", r.random_range(0..24));
-            match r.random_range(0..4) {
-                0 => {
-                    if store.remove(&key).is_ok() {
-                        durable.remove(&key);
-                    }
-                }
-                n => {
-                    let len = [r.random_range(1..4096), r.random_range(4096..20_000)]
-                        [r.random_range(0..2)];
-                    let data = block(&mut r, len);
-                    let d = [Durability::Memory, Durability::Disk, Durability::Sync][n - 1];
-                    store.put(&key, &data, d).unwrap();
-                    if d == Durability::Sync {
-                        durable.insert(key, data);
-                    } else {
-                        durable.remove(&key);
-                    }
-                }
+            for (f, used) in ["a", "b", "c"].iter().zip(&mut used) {
+                *used |= segments(&disk, &root.join(f)) > 0;
             }
-        }
-        if round % 10 == 9 {
-            store.compact().unwrap();
-        }
-        for (f, used) in ["a", "b", "c"].iter().zip(&mut used) {
-            *used |= segments(&disk, &root.join(f)) > 0;
-        }
-        drop(store);
-        disk.power_loss();
-    }
+        },
+    );
     assert_eq!(lost, 0, "acknowledged blocks lost");
     assert_eq!(used, [true; 3], "folders a, b and c all took blocks");
 }

@@ -75,6 +75,38 @@ pub(crate) enum HostData {
     U32(PinnedBuf<u32>),
 }
 
+/// `n` agents of `host` into `dev` from agent `at`, on `stream` (field `name`: the kinds
+/// differ only through a bug, an error then).
+pub(crate) fn upload(
+    stream: &Stream,
+    dev: &mut FieldData,
+    at: usize,
+    host: &mut HostData,
+    n: usize,
+    name: &str,
+) -> Result<()> {
+    match (dev, host) {
+        (FieldData::F32(b), HostData::F32(h)) => b.copy_from_pinned_at(stream, at, h, n),
+        (FieldData::U32(b), HostData::U32(h)) => b.copy_from_pinned_at(stream, at, h, n),
+        _ => Err(inconsistent(name)),
+    }
+}
+
+/// The first `n` agents of `dev` into `host`, on `stream` (as [`upload`], the other way).
+pub(crate) fn download(
+    stream: &Stream,
+    dev: &FieldData,
+    host: &mut HostData,
+    n: usize,
+    name: &str,
+) -> Result<()> {
+    match (dev, host) {
+        (FieldData::F32(b), HostData::F32(h)) => b.copy_to_pinned_at(stream, 0, h, n),
+        (FieldData::U32(b), HostData::U32(h)) => b.copy_to_pinned_at(stream, 0, h, n),
+        _ => Err(inconsistent(name)),
+    }
+}
+
 /// Consecutive parked agents (at most the population's `chunk` of them), one pinned block
 /// per field.
 #[derive(Debug)]

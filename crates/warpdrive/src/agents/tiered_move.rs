@@ -8,7 +8,9 @@ use crate::error::Result;
 use crate::memory::{Buffer, PinnedBuf};
 
 use super::population::FieldData;
-use super::tiered::{empty_chunks, inconsistent, Chunk, HostData, TierBudget, TieredPopulation};
+use super::tiered::{
+    empty_chunks, inconsistent, upload, Chunk, HostData, TierBudget, TieredPopulation,
+};
 
 impl TieredPopulation {
     /// Moves agents between the tiers so that the GPU tier holds `min(len, gpu_agents)` of
@@ -77,34 +79,18 @@ impl TieredPopulation {
         let mut grown = Vec::with_capacity(names.len());
         for (k, ((_, d), name)) in self.gpu.all().zip(&names).enumerate() {
             let taken = self.parked.iter_mut().take(whole + usize::from(left > 0));
-            grown.push(match d {
-                FieldData::F32(b) => {
-                    let mut out = grow(stream, b, g + m)?;
-                    let mut at = g;
-                    for c in taken {
-                        let n = c.len.min(g + m - at);
-                        match c.fields.get_mut(k) {
-                            Some(HostData::F32(h)) => out.copy_from_pinned_at(stream, at, h, n)?,
-                            _ => return Err(inconsistent(name)),
-                        }
-                        at += n;
-                    }
-                    FieldData::F32(out)
-                }
-                FieldData::U32(b) => {
-                    let mut out = grow(stream, b, g + m)?;
-                    let mut at = g;
-                    for c in taken {
-                        let n = c.len.min(g + m - at);
-                        match c.fields.get_mut(k) {
-                            Some(HostData::U32(h)) => out.copy_from_pinned_at(stream, at, h, n)?,
-                            _ => return Err(inconsistent(name)),
-                        }
-                        at += n;
-                    }
-                    FieldData::U32(out)
-                }
-            });
+            let mut out = match d {
+                FieldData::F32(b) => FieldData::F32(grow(stream, b, g + m)?),
+                FieldData::U32(b) => FieldData::U32(grow(stream, b, g + m)?),
+            };
+            let mut at = g;
+            for c in taken {
+                let n = c.len.min(g + m - at);
+                let host = c.fields.get_mut(k).ok_or_else(|| inconsistent(name))?;
+                upload(stream, &mut out, at, host, n, name)?;
+                at += n;
+            }
+            grown.push(out);
         }
         self.replace_gpu(stream, grown, g + m)?;
         // Dropped blocks go back to the pinned pool once the copies above have run.

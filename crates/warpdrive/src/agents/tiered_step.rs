@@ -11,7 +11,7 @@ use crate::memory::{host_vec, Buffer, PinnedBuf};
 use super::inputs::StepInputs;
 use super::population::{FieldData, FieldKind};
 use super::step::{HostFields, StepFn};
-use super::tiered::{inconsistent, Chunk, HostData, TieredPopulation};
+use super::tiered::{download, inconsistent, upload, Chunk, HostData, TieredPopulation};
 
 /// A tiered population's device staging: two lanes, each a stream and one chunk of every
 /// field.
@@ -122,29 +122,13 @@ impl StepFn {
         for (k, c) in parked.iter_mut().enumerate() {
             let (lane, bufs) = &mut staging.lanes[k % 2];
             for ((buf, host), (name, _)) in bufs.iter_mut().zip(&mut c.fields).zip(&fields) {
-                match (buf, host) {
-                    (FieldData::F32(b), HostData::F32(h)) => {
-                        b.copy_from_pinned_at(lane, 0, h, c.len)?
-                    }
-                    (FieldData::U32(b), HostData::U32(h)) => {
-                        b.copy_from_pinned_at(lane, 0, h, c.len)?
-                    }
-                    _ => return Err(inconsistent(name)),
-                }
+                upload(lane, buf, 0, host, c.len, name)?;
             }
             let refs: Vec<&FieldData> = bufs.iter().collect();
             self.launch_range(lane, src, (base, c.len as u64, n as u64), &refs, inputs, p)?;
             base += c.len as u64;
             for ((buf, host), (name, _)) in bufs.iter().zip(&mut c.fields).zip(&fields) {
-                match (buf, host) {
-                    (FieldData::F32(b), HostData::F32(h)) => {
-                        b.copy_to_pinned_at(lane, 0, h, c.len)?
-                    }
-                    (FieldData::U32(b), HostData::U32(h)) => {
-                        b.copy_to_pinned_at(lane, 0, h, c.len)?
-                    }
-                    _ => return Err(inconsistent(name)),
-                }
+                download(lane, buf, host, c.len, name)?;
             }
         }
         for ((lane, _), done) in staging.lanes.iter().zip(&staging.done) {
