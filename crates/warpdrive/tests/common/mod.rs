@@ -5,6 +5,7 @@
 pub mod cache_home;
 pub mod crash;
 pub mod mlp;
+pub mod moe;
 pub mod ranks;
 
 use rand::rngs::StdRng;
