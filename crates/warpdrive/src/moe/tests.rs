@@ -16,6 +16,7 @@ const HOPPER: Gpu = Gpu {
     wgmma: true,
     wgmma_overlap: None,
     wgmma_wide: None,
+    wgmma_tma: None,
     prefill_router: None,
     decode: true,
 };
