@@ -726,7 +726,12 @@ impl Launcher {
         let grid = u32_of(shape.grid(), "GEMM blocks")?;
         let shared = gemm_shared_bytes(shape.mt, shape.wgmma);
         // The TMA tile's producer warp comes after the two consumer warpgroups.
-        let block = GEMM_BLOCK + if shape.wgmma && shape.wgmma_tma { 32 } else { 0 };
+        let block = GEMM_BLOCK
+            + if shape.wgmma && shape.wgmma_tma {
+                32
+            } else {
+                0
+            };
         let mut params = [&mut p as *mut GemmParams as *mut c_void];
         // SAFETY: moe_gemm_T_mMT(MoeGemm p): GemmParams is MoeGemm's C layout; `a` holds the
         // rows the work list names (row indices from the dispatch), `w` one n×k matrix per

@@ -66,7 +66,11 @@ impl TiledMap<'_> {
         if self.dims.iter().any(|&d| d == 0 || d > 1 << 32) {
             return Err(self.invalid("each dimension must be 1 to 2^32"));
         }
-        if self.strides.iter().any(|&s| s == 0 || s % 16 != 0 || s >= 1 << 40) {
+        if self
+            .strides
+            .iter()
+            .any(|&s| s == 0 || s % 16 != 0 || s >= 1 << 40)
+        {
             return Err(self.invalid("each stride must be a non-zero multiple of 16 below 2^40"));
         }
         if self.boxed.iter().any(|&b| b == 0 || b > 256) {
@@ -109,5 +113,64 @@ impl CudaDevice {
         .result();
         self.check("cuTensorMapEncodeTiled", r)?;
         Ok(TensorMap(out.opaque))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The limits are checked before the driver is called (no GPU needed): the MoE weight
+    /// map's shape passes, each broken limit is an error naming the map.
+    #[test]
+    fn shapes_are_checked_before_the_driver() {
+        let ok = TiledMap {
+            dtype: DTypeKind::BF16,
+            address: 0x7f00_0000_0000,
+            dims: &[72, 80, 7],
+            strides: &[144, 80 * 144],
+            boxed: &[64, 128, 1],
+        };
+        assert!(ok.check().is_ok());
+        let bad = [
+            TiledMap {
+                dtype: DTypeKind::F32,
+                ..ok
+            },
+            TiledMap {
+                address: 0x7f00_0000_0008,
+                ..ok
+            },
+            TiledMap {
+                strides: &[136, 80 * 136],
+                ..ok
+            },
+            TiledMap {
+                boxed: &[128, 128, 1],
+                ..ok
+            },
+            TiledMap {
+                boxed: &[64, 512, 1],
+                ..ok
+            },
+            TiledMap {
+                dims: &[72],
+                strides: &[],
+                boxed: &[64],
+                ..ok
+            },
+            TiledMap {
+                dims: &[72, 0, 7],
+                ..ok
+            },
+            TiledMap {
+                strides: &[144],
+                ..ok
+            },
+        ];
+        for m in bad {
+            let e = m.check().unwrap_err().to_string();
+            assert!(e.contains("tensor map"), "{e}");
+        }
     }
 }
