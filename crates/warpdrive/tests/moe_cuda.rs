@@ -370,6 +370,7 @@ fn gpu_smem_moe_mma_sync_tiles_match_cpu() {
         decode: false,
         overlap: None,
         wide: false,
+        tma: false,
         one_expert: false,
         prefill: None,
     };
