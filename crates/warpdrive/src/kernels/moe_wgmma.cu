@@ -382,6 +382,12 @@ __device__ __forceinline__ void moe_wgmma_tma_live(u32 live16, float (&acc)[NMAX
     moe_wgmma_tma_k<T, N, NMAX, STAGE_BYTES>(acc, k_tiles, smem, wa, bars, lane);
 }
 
+// The same box into L2 only.
+__device__ __forceinline__ void moe_tma_prefetch_3d(const void* map, int k0, int n0, int e) {
+    asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];"
+                 :: "l"(map), "r"(k0), "r"(n0), "r"(e) : "memory");
+}
+
 template <typename T, int MT>
 __device__ void moe_gemm_wgmma_tma(const MoeGemm& p) {
     constexpr u32 BM = 32 * MT, BN = 128, NMAX = BM, S = MOE_TMA_STAGES;
@@ -427,6 +433,12 @@ __device__ void moe_gemm_wgmma_tma(const MoeGemm& p) {
         // The weights of the first stages do not depend on the previous kernel.
         const u32 first = min(S, k_tiles);
         for (u32 kt = 0; kt < first; ++kt) load_w(kt);
+        // The plan's early_k of the weights into L2 (as moe_prefetch_rows_l2), box by box.
+        if (p.early_k && lane == 0) {
+            const u32 pf_tiles = (min(t.k_end, t.k_begin + p.early_k) - t.k_begin + MOE_SBK - 1) / MOE_SBK;
+            for (u32 kt = first; kt < pf_tiles; ++kt)
+                moe_tma_prefetch_3d(p.w_map, (int)(t.k_begin + kt * MOE_SBK), (int)(t.nb * BN), (int)t.expert);
+        }
         if (p.early_k) wait_prior_grid();  // else moe_gemm_tile waited
         release_next_grid();
         // The source row of each of this lane's tile rows (~0u: past the tile's rows).
