@@ -226,7 +226,8 @@ fn gpu_smem_moe_wgmma_wide_matches_cpu() {
 /// 301 and 4,097 tokens of a layer whose widths are no multiple of the 128-row box or the
 /// 64-k stage (hidden 72, intermediate 40: both boxes run past the tensor and are
 /// zero-filled), split-K (deep: stages that straddle a split's end), most of 64 experts
-/// empty, every token on one expert (4,097 rows), f16, graphs on and off. Where the GPU has
+/// empty, one token on the TMA tile (decode kernel off), every token on one expert (4,097
+/// rows), f16, graphs on and off. Where the GPU has
 /// no wgmma this runs the mma.sync tiles.
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -252,6 +253,13 @@ fn gpu_smem_moe_wgmma_tma_matches_cpu() {
         s + 4,
         "empty experts, tma",
     );
+    // One token on the TMA tile itself (deep experts take the wgmma tile from one row; the
+    // decode kernel would take it otherwise): 1-row tiles, 62 of 64 experts empty.
+    let one_token = Run {
+        decode: false,
+        ..tma(false, false)
+    };
+    few_flips_at(&[1, 2], sparse, one_token, s + 8, "one token, tma");
     let single = config(72, 40, 7, 1, Router::Softmax, DTypeKind::BF16);
     for wide in [false, true] {
         let one = Run {
