@@ -162,7 +162,8 @@ impl<T: Float> MoeLayer<T> {
             words.extend_from_slice(&map.0);
         }
         let mut buf = Buffer::uninit(&self.stream, words.len())?;
-        // The TMA unit reads a map in global memory only at a 64-byte-aligned address.
+        // The TMA unit reads a map in global memory at a 64-byte-aligned address (CUDA 13's
+        // CUtensorMap declares 128).
         if buf.device_ptr() % 128 != 0 {
             return Err(Error::Unsupported(format!(
                 "MoE TMA tensor maps: the pool gave {:#x}, not 128-byte aligned",
