@@ -120,6 +120,14 @@ pub(crate) enum Command {
         /// choice.
         #[arg(long)]
         no_wgmma_wide: bool,
+        /// Run every warpgroup-MMA tile on its warp-specialized kernel (a producer warp
+        /// loading the weights by TMA, mbarriers; issue 40) instead of the default (off until
+        /// measured).
+        #[arg(long, conflicts_with = "no_wgmma_tma")]
+        wgmma_tma: bool,
+        /// Keep every warpgroup-MMA tile off the warp-specialized TMA kernel (the default).
+        #[arg(long)]
+        no_wgmma_tma: bool,
         /// Route through the prefill router (cuBLAS logits, routing one warp per token, a
         /// many-block dispatch; issue 40) instead of the plan's choice (from 512 tokens).
         #[arg(long, conflicts_with = "no_prefill_router")]
@@ -597,6 +605,25 @@ mod tests {
             }
         ));
         assert!(parse(&["moe", "--preset", "q", "--wgmma-wide", "--no-wgmma-wide"]).is_err());
+        let cli = parse(&["moe", "--preset", "q", "--wgmma-tma"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Moe {
+                wgmma_tma: true,
+                no_wgmma_tma: false,
+                ..
+            }
+        ));
+        let cli = parse(&["moe", "--preset", "q", "--no-wgmma-tma"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Moe {
+                wgmma_tma: false,
+                no_wgmma_tma: true,
+                ..
+            }
+        ));
+        assert!(parse(&["moe", "--preset", "q", "--wgmma-tma", "--no-wgmma-tma"]).is_err());
         let cli = parse(&["moe", "--preset", "q", "--no-prefill-router"]).unwrap();
         assert!(matches!(
             cli.command,

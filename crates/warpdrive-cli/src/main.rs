@@ -117,6 +117,8 @@ fn run(cli: Cli) -> Result<()> {
             no_wgmma_overlap,
             wgmma_wide,
             no_wgmma_wide,
+            wgmma_tma,
+            no_wgmma_tma,
             prefill_router,
             no_prefill_router,
             no_decode_kernel,
@@ -138,6 +140,11 @@ fn run(cli: Cli) -> Result<()> {
                     _ => None,
                 },
                 wide: match (wgmma_wide, no_wgmma_wide) {
+                    (true, _) => Some(true),
+                    (_, true) => Some(false),
+                    _ => None,
+                },
+                tma: match (wgmma_tma, no_wgmma_tma) {
                     (true, _) => Some(true),
                     (_, true) => Some(false),
                     _ => None,

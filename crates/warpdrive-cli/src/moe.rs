@@ -18,6 +18,8 @@ pub(crate) struct Kernels {
     pub(crate) overlap: Option<bool>,
     /// Every wgmma tile as the wide 192-row tile forced on or off; None: the plan's choice.
     pub(crate) wide: Option<bool>,
+    /// The wgmma tiles' warp-specialized TMA kernels forced on or off; None: off for now.
+    pub(crate) tma: Option<bool>,
     /// The prefill router forced on or off; None: the plan's choice.
     pub(crate) prefill_router: Option<bool>,
 }
@@ -68,11 +70,13 @@ pub(crate) fn moe(
         decode,
         overlap,
         wide,
+        tma,
         prefill_router,
     } = kernels;
     layer.set_warpgroup_mma(wgmma);
     layer.set_wgmma_overlap(overlap);
     layer.set_wgmma_wide(wide);
+    layer.set_wgmma_tma(tma);
     layer.set_prefill_router(prefill_router);
     layer.set_decode_kernel(decode);
     let x = warpdrive::Buffer::from_host(&stream, &x)?;

@@ -35,6 +35,7 @@ pub use cuda::CudaDevice;
 /// The GPU backends' device, as the floors above use it (the CUDA backend's today): its
 /// methods take and return only this floor's types.
 pub(crate) use cuda::CudaDevice as Gpu;
+pub(crate) use cuda::TiledMap;
 pub use cuda::RELEASE_AT_EXIT;
 pub(crate) use cuda::{at_exit, release_at_exit};
 pub(crate) use cuda::{compile_image, compile_options, compile_ptx, nvrtc_version};

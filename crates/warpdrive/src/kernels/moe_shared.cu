@@ -185,8 +185,31 @@ __device__ __forceinline__ void moe_prefetch_rows_l2(const T* const (&rows)[R], 
 // through L2 (__ldcg), not through its possibly stale L1. The answer reaches the block
 // through the barrier (__syncthreads_or), not a static shared word: the wgmma prefill tile
 // needs every byte of its shared memory (two blocks of 113 KB per SM).
+// The barrier of the threads that compute a tile: the whole block, or (CONSUMERS) the 256
+// threads of the two consumer warpgroups on named barrier 1 while a producer warp, past
+// them, takes no part (the TMA wgmma tile, moe_wgmma.cu).
+template <bool CONSUMERS>
+__device__ __forceinline__ void moe_tile_sync() {
+    if constexpr (CONSUMERS)
+        asm volatile("bar.sync 1, 256;" ::: "memory");
+    else
+        __syncthreads();
+}
+template <bool CONSUMERS>
+__device__ __forceinline__ int moe_tile_sync_or(int v) {
+    if constexpr (CONSUMERS) {
+        int r;
+        asm volatile("{ .reg .pred p, q; setp.ne.s32 p, %1, 0; bar.red.or.pred q, 1, 256, p; selp.s32 %0, 1, 0, q; }"
+                     : "=r"(r) : "r"(v) : "memory");
+        return r;
+    } else {
+        return __syncthreads_or(v);
+    }
+}
+
+template <bool CONSUMERS = false>
 __device__ __forceinline__ bool moe_arrive_last(u32* ticket, u32 arrivals) {
-    __syncthreads();
+    moe_tile_sync<CONSUMERS>();
     int last = 0;
     if (threadIdx.x == 0) {
         u32 old;
@@ -194,7 +217,7 @@ __device__ __forceinline__ bool moe_arrive_last(u32* ticket, u32 arrivals) {
         last = old == arrivals - 1;
         if (last) *ticket = 0;
     }
-    return __syncthreads_or(last) != 0;
+    return moe_tile_sync_or<CONSUMERS>(last) != 0;
 }
 
 struct MoeGemm {
@@ -223,6 +246,9 @@ struct MoeGemm {
     void* out;
     const float* slot_weight;  // epilogue 2
     const u32* order;        // epilogue 2: permuted row -> slot
+    // The TMA wgmma tile only (null elsewhere): the weights' tensor map (CUtensorMap, 128
+    // bytes in device memory, [experts, n, k], 128-byte swizzled boxes of 64 k × 128 rows).
+    const void* w_map;
 };
 
 __device__ __forceinline__ uint4 moe_ld_stream(const void* p) {

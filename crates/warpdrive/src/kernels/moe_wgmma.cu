@@ -101,7 +101,8 @@ __device__ __forceinline__ void moe_wgmma_k_loop(float (&acc)[NMAX / 2], const L
 // memory `c` (the free ring) to whole rows, so the split-K partials, their sums and the
 // epilogues move float4s along rows instead of scattered words (n % 8 == 0 on CUDA).
 // Partials are summed in split order by the tile's last block: results stay deterministic.
-template <typename T, u32 BM>
+// CONSUMERS: only the two consumer warpgroups (threads 0..255) run it, on named barrier 1.
+template <typename T, u32 BM, bool CONSUMERS = false>
 __device__ void moe_wgmma_finish(const MoeGemm& p, const MoeTile& t, const float (&acc)[BM / 2], float* c) {
     constexpr u32 BN = 128, LD = BN + 4;  // padded rows: the scattered writes hit 32 banks
     const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3u;
@@ -113,11 +114,11 @@ __device__ void moe_wgmma_finish(const MoeGemm& p, const MoeTile& t, const float
     float lane_scale = 0.0f;
     if (p.epilogue != 1 && warp + MOE_WARPS * lane < t.rows)
         lane_scale = p.slot_weight[p.order[t.row0 + warp + MOE_WARPS * lane]];
-    __syncthreads();  // every warpgroup is done with the ring
+    moe_tile_sync<CONSUMERS>();  // every warpgroup is done with the ring
 #pragma unroll
     for (int i = 0; i < (int)BM / 2; ++i)
         c[(8u * (i / 4) + 2u * q + i % 2) * LD + nl + 8u * ((i % 4) / 2)] = acc[i];
-    __syncthreads();
+    moe_tile_sync<CONSUMERS>();
     // Thread: float4 column `col` of rows r0, r0 + 8, ... (one warp per row).
     const u32 col = lane * 4, r0 = warp, n = t.nb * BN + col;
     const bool in_n = n < p.n;
@@ -126,7 +127,7 @@ __device__ void moe_wgmma_finish(const MoeGemm& p, const MoeTile& t, const float
             if (in_n)
                 *reinterpret_cast<float4*>(p.partial + ((u64)t.split * p.rows_cap + t.row0 + r) * p.n + n) =
                     *reinterpret_cast<const float4*>(c + r * LD + col);
-        if (!moe_arrive_last(&p.tickets[t.tile], p.splits)) return;
+        if (!moe_arrive_last<CONSUMERS>(&p.tickets[t.tile], p.splits)) return;
         const u64 stride = (u64)p.rows_cap * p.n;
         for (u32 r = r0; r < t.rows; r += MOE_WARPS) {
             if (!in_n) continue;
@@ -141,7 +142,7 @@ __device__ void moe_wgmma_finish(const MoeGemm& p, const MoeTile& t, const float
             }
             *reinterpret_cast<float4*>(c + r * LD + col) = sum;
         }
-        __syncthreads();
+        moe_tile_sync<CONSUMERS>();
     }
     if (p.epilogue == 1) {
         // Weight rows 16m + j (gate) and 16m + 8 + j (up) make act column 8m + j: thread
@@ -301,3 +302,198 @@ MOE_GEMM_WGMMA(bf16, m12, 6, 1)
 MOE_GEMM_WGMMA(f16, m4, 2, 2)
 MOE_GEMM_WGMMA(f16, m6, 3, 2)
 MOE_GEMM_WGMMA(f16, m12, 6, 1)
+
+// ---- The warp-specialized tile (the `t` kernels, issue 40; off by default,
+// MoeLayer::set_wgmma_tma): the same work list, tile, ring of 4 stages, swizzled layout, MMAs
+// and epilogue as the `o` kernels, but one producer warp (warp 8, threads 256..287) fills the
+// ring while the two consumer warpgroups (warps 0..7) only multiply. The weight box of a
+// stage (128 rows × 64 k, 16 KB) comes by TMA from the tensor map `p.w_map` ([experts, n, k],
+// SWIZZLE_128B: the ring's own layout; rows past n and k past k are zero-filled and still
+// counted in the transaction bytes); the token rows by the producer's cp.async (the gate/up
+// GEMM gathers them through a_rows, which no tensor map expresses on sm_90), zero-filled past
+// the tile's rows and k_end as in MoeStageLoads. Each slot has a full barrier (33 arrivals:
+// the 32 producer lanes' cp.async.mbarrier.arrive.noinc and lane 0's arrive.expect_tx, plus
+// the TMA's bytes) and an empty barrier (8 arrivals: lane 0 of each consumer warp once the
+// MMAs that read the slot are done). Every loop is bounded by k_tiles: the producer issues
+// stage kt after the slot's previous use (kt - 4) is released, the consumers release stage
+// kt - 1 after issuing stage kt (wgmma.wait_group 1), so stage k_tiles - 1 is never waited for
+// by the producer and never released. ----
+#define MOE_TMA_STAGES 4
+#define MOE_TMA_THREADS (256 + 32)
+
+__device__ __forceinline__ void moe_mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void moe_mbar_wait(u32 bar, u32 parity) {
+    u32 done;
+    do {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ void moe_mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+}
+__device__ __forceinline__ void moe_mbar_arrive_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+}
+// One arrival on `bar` once every cp.async this thread issued before has landed (noinc: the
+// barrier's count includes it).
+__device__ __forceinline__ void moe_cp_async_arrive(u32 bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(bar) : "memory");
+}
+// The box at (k0, n0, expert) of a 3D tensor map into shared memory `dst`, its bytes counted
+// on `bar`.
+__device__ __forceinline__ void moe_tma_load_3d(u32 dst, const void* map, u32 bar, int k0, int n0, int e) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
+                 :: "r"(dst), "l"(map), "r"(k0), "r"(n0), "r"(e), "r"(bar) : "memory");
+}
+
+// The consumers' k loop for the tile's first N token rows: wait for stage kt's slot, issue its
+// MMAs, keep one group in flight (wgmma.wait_group 1), then release stage kt - 1's slot
+// (its MMAs are done in this warp; the empty barrier waits for all 8 warps).
+template <typename T, int N, int NMAX, u32 STAGE_BYTES>
+__device__ __forceinline__ void moe_wgmma_tma_k(float (&acc)[NMAX / 2], u32 k_tiles, u32 smem, u32 wa, u32 bars,
+                                                u32 lane) {
+    constexpr u32 S = MOE_TMA_STAGES;
+    for (u32 kt = 0; kt < k_tiles; ++kt) {
+        const u32 s = kt % S;
+        moe_mbar_wait(bars + s * 8, (kt / S) & 1u);
+        moe_fence_proxy_async();  // the producer's cp.async rows (generic proxy), seen by wgmma
+        const u32 stage = smem + s * STAGE_BYTES;
+        moe_wgmma_fence();
+        moe_wgmma_stage<T, N, NMAX>(acc, stage + wa, stage);
+        moe_wgmma_commit();
+        moe_wgmma_wait1();
+        if (kt > 0 && lane == 0) moe_mbar_arrive(bars + (S + (kt - 1) % S) * 8);
+    }
+    moe_wgmma_wait0();  // the accumulators are read next
+}
+// The least N from N0 up, in steps of 16, that covers the live rows (as moe_wgmma_k_live).
+template <typename T, int N, int NMAX, u32 STAGE_BYTES>
+__device__ __forceinline__ void moe_wgmma_tma_live(u32 live16, float (&acc)[NMAX / 2], u32 k_tiles, u32 smem, u32 wa,
+                                                   u32 bars, u32 lane) {
+    if constexpr (N < NMAX) {
+        if (live16 * 16 > (u32)N) {
+            moe_wgmma_tma_live<T, N + 16, NMAX, STAGE_BYTES>(live16, acc, k_tiles, smem, wa, bars, lane);
+            return;
+        }
+    }
+    moe_wgmma_tma_k<T, N, NMAX, STAGE_BYTES>(acc, k_tiles, smem, wa, bars, lane);
+}
+
+// The same box into L2 only.
+__device__ __forceinline__ void moe_tma_prefetch_3d(const void* map, int k0, int n0, int e) {
+    asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];"
+                 :: "l"(map), "r"(k0), "r"(n0), "r"(e) : "memory");
+}
+
+template <typename T, int MT>
+__device__ void moe_gemm_wgmma_tma(const MoeGemm& p) {
+    constexpr u32 BM = 32 * MT, BN = 128, NMAX = BM, S = MOE_TMA_STAGES;
+    constexpr u32 A_BYTES = BM * MOE_SBK * 2, W_BYTES = BN * MOE_SBK * 2, STAGE_BYTES = A_BYTES + W_BYTES;
+    constexpr u32 RING_BYTES = S * STAGE_BYTES;
+    static_assert(A_BYTES % 1024 == 0 && STAGE_BYTES % 1024 == 0, "SW128 tiles need 1024-byte alignment");
+    extern __shared__ __align__(128) unsigned char moe_smem[];
+    MoeTile t;
+    if (!moe_gemm_tile(p, BM, BN, t)) return;  // block-uniform
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
+    // The ring from the first 1024-byte boundary, as moe_gemm_wgmma (the launch asks for
+    // 1 KB more); the 2·S barriers (8 bytes each) in the alignment slack: before the ring
+    // where that gap holds them, else after it (the gap and the tail make 1 KB together).
+    const u32 base = (u32)__cvta_generic_to_shared(moe_smem), smem = (base + 1023u) & ~1023u;
+    const u32 bars = (smem - base >= 2 * S * 8) ? ((base + 7u) & ~7u) : smem + RING_BYTES;
+    const auto full = [&](u32 s) { return bars + s * 8; };
+    const auto empty = [&](u32 s) { return bars + (S + s) * 8; };
+    if (threadIdx.x == 0) {
+        for (u32 s = 0; s < S; ++s) {
+            moe_mbar_init(full(s), 33);
+            moe_mbar_init(empty(s), 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    const u32 k_tiles = (t.k_end - t.k_begin + MOE_SBK - 1) / MOE_SBK;
+
+    if (warp == 2 * 4) {
+        // ---- producer ----
+        const T* a = reinterpret_cast<const T*>(p.a);
+        const u32 c = lane & 7u, r = lane >> 3;  // chunk c of rows r, r + 4, ...
+        const auto load_w = [&](u32 kt) {
+            if (lane == 0) {
+                const u32 s = kt % S;
+                moe_mbar_arrive_tx(full(s), W_BYTES);
+                moe_tma_load_3d(smem + s * STAGE_BYTES + A_BYTES, p.w_map, full(s), (int)(t.k_begin + kt * MOE_SBK),
+                                (int)(t.nb * BN), (int)t.expert);
+            }
+        };
+        // The map was written by a host copy (generic proxy) before the launch: acquire it
+        // for the tensor-map proxy before its first use.
+        if (lane == 0) asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" :: "l"(p.w_map) : "memory");
+        // The weights of the first stages do not depend on the previous kernel.
+        const u32 first = min(S, k_tiles);
+        for (u32 kt = 0; kt < first; ++kt) load_w(kt);
+        // The plan's early_k of the weights into L2 (as moe_prefetch_rows_l2), box by box.
+        if (p.early_k && lane == 0) {
+            const u32 pf_tiles = (min(t.k_end, t.k_begin + p.early_k) - t.k_begin + MOE_SBK - 1) / MOE_SBK;
+            for (u32 kt = first; kt < pf_tiles; ++kt)
+                moe_tma_prefetch_3d(p.w_map, (int)(t.k_begin + kt * MOE_SBK), (int)(t.nb * BN), (int)t.expert);
+        }
+        if (p.early_k) wait_prior_grid();  // else moe_gemm_tile waited
+        release_next_grid();
+        // The source row of each of this lane's tile rows (~0u: past the tile's rows).
+        constexpr u32 ROWS = BM / 4;
+        u32 src[ROWS];
+#pragma unroll
+        for (u32 i = 0; i < ROWS; ++i) {
+            const u32 row = r + 4 * i;
+            src[i] = ~0u;
+            if (row < t.rows) src[i] = p.a_rows ? __ldcg(p.a_rows + t.row0 + row) : t.row0 + row;
+        }
+        const auto load_a = [&](u32 kt) {
+            const u32 s = kt % S, kc = t.k_begin + kt * MOE_SBK + c * 8;
+            const u32 stage = smem + s * STAGE_BYTES;
+#pragma unroll
+            for (u32 i = 0; i < ROWS; ++i) {
+                const u32 row = r + 4 * i, d = stage + row * 128 + (((c ^ row) & 7u) << 4);
+                const bool ok = src[i] != ~0u && kc < t.k_end;
+                moe_cp_async16(d, ok ? a + (u64)src[i] * p.k + kc : a, ok ? 16 : 0);
+            }
+            moe_cp_async_arrive(full(s));
+        };
+        for (u32 kt = 0; kt < first; ++kt) load_a(kt);
+        for (u32 kt = first; kt < k_tiles; ++kt) {
+            moe_mbar_wait(empty(kt % S), (kt / S - 1) & 1u);  // stage kt - S's MMAs are done
+            load_w(kt);
+            load_a(kt);
+        }
+        // Stay until the last stages have landed (nothing is left in flight at exit).
+        asm volatile("cp.async.wait_all;" ::: "memory");
+        for (u32 kt = k_tiles > S ? k_tiles - S : 0; kt < k_tiles; ++kt) moe_mbar_wait(full(kt % S), (kt / S) & 1u);
+        return;
+    }
+
+    // ---- consumers: warpgroup wg multiplies weight rows 64·wg .. of each stage ----
+    if (p.early_k) wait_prior_grid();  // before the epilogue's reads and writes
+    release_next_grid();
+    const u32 wg = warp >> 2, live16 = (t.rows + 15) / 16;
+    float acc[NMAX / 2];
+#pragma unroll
+    for (int i = 0; i < (int)NMAX / 2; ++i) acc[i] = 0.0f;
+    moe_wgmma_tma_live<T, 16, NMAX, STAGE_BYTES>(live16, acc, k_tiles, smem, A_BYTES + wg * 64 * 128, bars, lane);
+    moe_fence_proxy_async();  // the MMAs' reads of the ring before the epilogue's writes to it
+    moe_wgmma_finish<T, BM, true>(p, t, acc, reinterpret_cast<float*>(moe_smem + (smem - base)));
+}
+
+// Two blocks per SM at m4 and m6 (the same shared memory as the `o` kernels: the barriers sit
+// in the alignment slack), one at m12; 288 threads.
+#define MOE_GEMM_WGMMA_TMA(T, NAME, MT, BLOCKS)                                                         \
+    extern "C" __global__ void __launch_bounds__(MOE_TMA_THREADS, BLOCKS) moe_gemm_##T##_##NAME##t(MoeGemm p) { \
+        moe_gemm_wgmma_tma<T, MT>(p);                                                                      \
+    }
+MOE_GEMM_WGMMA_TMA(bf16, m4, 2, 2)
+MOE_GEMM_WGMMA_TMA(bf16, m6, 3, 2)
+MOE_GEMM_WGMMA_TMA(bf16, m12, 6, 1)
+MOE_GEMM_WGMMA_TMA(f16, m4, 2, 2)
+MOE_GEMM_WGMMA_TMA(f16, m6, 3, 2)
+MOE_GEMM_WGMMA_TMA(f16, m12, 6, 1)

@@ -425,6 +425,10 @@ pub(super) struct GemmShape {
     /// With `wgmma`, the overlap kernel (`moe_gemm_wgmma<…, OVERLAP>`: the same tiles,
     /// shared memory and blocks per SM, one group of MMAs in flight across stages).
     pub(super) wgmma_overlap: bool,
+    /// With `wgmma`, the warp-specialized tile (`moe_gemm_wgmma_tma`, the `t` kernels: the
+    /// weights by TMA, a producer warp, mbarriers; same tiles, shared memory and blocks per
+    /// SM, always one group of MMAs in flight), in place of the `w` / `o` kernels.
+    pub(super) wgmma_tma: bool,
 }
 
 impl GemmShape {
@@ -473,6 +477,7 @@ impl GemmShape {
             items_fastest,
             wgmma: false,
             wgmma_overlap: false,
+            wgmma_tma: false,
         }
     }
     pub(super) fn n_blocks(&self) -> usize {

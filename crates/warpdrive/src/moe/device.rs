@@ -1,6 +1,8 @@
+use crate::device::TiledMap;
 use crate::dtype::Float;
 use crate::error::{Error, Result};
 use crate::exec::graph::Graph;
+use crate::memory::Buffer;
 
 use super::config::{fused_route, ForwardStats, GRAPH_CACHE, GRAPH_MAX_TOKENS};
 use super::launcher::Launcher;
@@ -16,6 +18,7 @@ impl<T: Float> MoeLayer<T> {
             wgmma: self.gpu.wgmma && self.warpgroup_mma,
             wgmma_overlap: self.wgmma_overlap,
             wgmma_wide: self.wgmma_wide,
+            wgmma_tma: self.wgmma_tma,
             prefill_router: self.prefill_router,
             decode: self.gpu.decode && self.decode_kernel,
             ..self.gpu
@@ -32,6 +35,9 @@ impl<T: Float> MoeLayer<T> {
     /// graph, when it is not).
     pub(super) fn prepare(&mut self, tokens: usize, cublas: bool) -> Result<Plan> {
         let plan = Plan::new(&self.config, tokens, self.plan_gpu());
+        if (plan.up.wgmma_tma || plan.down.wgmma_tma) && self.wgmma_maps.is_none() {
+            self.wgmma_maps = Some(self.encode_wgmma_maps()?);
+        }
         let fits = self.ws.as_ref().is_some_and(|w| {
             w.tokens >= tokens
                 && (!cublas || w.cublas.is_some())
@@ -128,7 +134,44 @@ impl<T: Float> MoeLayer<T> {
             partial: ws.partial.device_ptr(),
             act: ws.act.device_ptr(),
             y_rows: ws.y.device_ptr(),
+            w13_map: self.wgmma_maps.as_ref().map_or(0, |m| m.device_ptr()),
+            w2_map: self.wgmma_maps.as_ref().map_or(0, |m| m.device_ptr() + 128),
         })
+    }
+
+    /// The TMA tensor maps of w13 ([E, 2I, H]) and w2 ([E, H, I]) for the warp-specialized
+    /// wgmma tiles, in one device buffer (w13's at byte 0, w2's at 128): 3D maps
+    /// [experts, rows, k] whose boxes (64 k × 128 rows of one expert, the ring's weight
+    /// stage) come 128-byte swizzled, zero past the rows and k. Written once, before any
+    /// capture: the kernels read them through `MoeGemm::w_map`.
+    fn encode_wgmma_maps(&self) -> Result<Buffer<u64>> {
+        let q = self.stream.gpu("MoE TMA tensor maps")?;
+        let c = &self.config;
+        let elem = std::mem::size_of::<T>() as u64;
+        let (e, h, i) = (c.experts as u64, c.hidden as u64, c.intermediate as u64);
+        let mut words = Vec::with_capacity(32);
+        // (weights, rows, k) as the launcher passes them: n = 2I, k = H; then n = H, k = I.
+        for (w, n, k) in [(&self.w13, 2 * i, h), (&self.w2, h, i)] {
+            let map = q.gpu.encode_tiled_map(&TiledMap {
+                dtype: T::KIND,
+                address: w.device_ptr(),
+                dims: &[k, n, e],
+                strides: &[k * elem, n * k * elem],
+                boxed: &[64, 128, 1],
+            })?;
+            words.extend_from_slice(&map.0);
+        }
+        let mut buf = Buffer::uninit(&self.stream, words.len())?;
+        // The TMA unit reads a map in global memory at a 64-byte-aligned address (CUDA 13's
+        // CUtensorMap declares 128).
+        if buf.device_ptr() % 128 != 0 {
+            return Err(Error::Unsupported(format!(
+                "MoE TMA tensor maps: the pool gave {:#x}, not 128-byte aligned",
+                buf.device_ptr()
+            )));
+        }
+        buf.driver_copy_from_host(&self.stream, &words)?;
+        Ok(buf)
     }
 
     pub(super) fn enqueue_device(

@@ -37,6 +37,10 @@ pub(super) struct Launcher {
     pub(super) partial: u64,
     pub(super) act: u64,
     pub(super) y_rows: u64,
+    /// The TMA tensor maps of w13 and w2 (device addresses, 0 until the layer encodes them:
+    /// only for the warp-specialized wgmma tiles).
+    pub(super) w13_map: u64,
+    pub(super) w2_map: u64,
 }
 
 /// `MoeGemm` of `kernels/moe_shared.cu`, field for field (C layout).
@@ -64,6 +68,7 @@ struct GemmParams {
     out: u64,
     slot_weight: u64,
     order: u64,
+    w_map: u64,
 }
 
 /// `MoeDecode` of `kernels/moe_decode.cu`, field for field (C layout).
@@ -145,6 +150,17 @@ const GEMM_WGMMA_NAMES: [[&str; 3]; 2] = [
         "moe_gemm_bf16_m4w",
         "moe_gemm_bf16_m6w",
         "moe_gemm_bf16_m12w",
+    ],
+];
+
+/// The warp-specialized tiles (`moe_gemm_wgmma_tma`: a producer warp, the weights by TMA):
+/// one more warp than the others.
+const GEMM_WGMMA_TMA_NAMES: [[&str; 3]; 2] = [
+    ["moe_gemm_f16_m4t", "moe_gemm_f16_m6t", "moe_gemm_f16_m12t"],
+    [
+        "moe_gemm_bf16_m4t",
+        "moe_gemm_bf16_m6t",
+        "moe_gemm_bf16_m12t",
     ],
 ];
 
@@ -234,6 +250,7 @@ impl Launcher {
                 a_rows: self.token_of,
                 w: self.w13,
                 w_stride: (2 * c.intermediate * c.hidden) as u64,
+                w_map: self.w13_map,
                 epilogue: 1,
                 out: self.act,
                 ..expert_rows
@@ -247,6 +264,7 @@ impl Launcher {
                 a: self.act,
                 w: self.w2,
                 w_stride: (c.hidden * c.intermediate) as u64,
+                w_map: self.w2_map,
                 // The dispatch wrote the work list before the gate/up GEMM started.
                 early_k: u32_of(p.down_early_k, "down projection prefetch")?,
                 epilogue: 2,
@@ -680,7 +698,15 @@ impl Launcher {
                 WGMMA_WIDE_MT => 2,
                 other => return Err(no_tile(other, true)),
             };
-            let names = if shape.wgmma_overlap {
+            let names = if shape.wgmma_tma {
+                if p.w_map == 0 {
+                    return Err(Error::InvalidArgument(
+                        "MoE grouped GEMM: the TMA wgmma tile without its weights' tensor map"
+                            .into(),
+                    ));
+                }
+                &GEMM_WGMMA_TMA_NAMES
+            } else if shape.wgmma_overlap {
                 &GEMM_WGMMA_OVERLAP_NAMES
             } else {
                 &GEMM_WGMMA_NAMES
@@ -699,19 +725,27 @@ impl Launcher {
         let f = kernels::function(d, source, name)?;
         let grid = u32_of(shape.grid(), "GEMM blocks")?;
         let shared = gemm_shared_bytes(shape.mt, shape.wgmma);
+        // The TMA tile's producer warp comes after the two consumer warpgroups.
+        let block = GEMM_BLOCK
+            + if shape.wgmma && shape.wgmma_tma {
+                32
+            } else {
+                0
+            };
         let mut params = [&mut p as *mut GemmParams as *mut c_void];
         // SAFETY: moe_gemm_T_mMT(MoeGemm p): GemmParams is MoeGemm's C layout; `a` holds the
         // rows the work list names (row indices from the dispatch), `w` one n×k matrix per
         // expert, `partial` splits·rows_cap·n f32 and `tickets` one word per tile (the
         // workspace is sized from this plan), `out` rows_cap rows of the epilogue's width (T).
         // The kernel waits for the previous one before it reads anything but the weights and
-        // (with early_k, written two kernels back) the work list, and before any write.
+        // (with early_k, written two kernels back) the work list, and before any write. The
+        // TMA tile's `w_map` is a 128-byte tensor map of `w` in device memory, written once.
         unsafe {
             d.launch(
                 q.stream,
                 &f,
                 (grid, 1, 1),
-                (GEMM_BLOCK, 1, 1),
+                (block, 1, 1),
                 shared,
                 &mut params,
                 LaunchMode {

@@ -23,6 +23,9 @@ pub struct MoeLayer<T: Float> {
     // Declaration order is drop order: the graphs go before the workspace they point into.
     pub(super) graphs: Vec<(GraphKey, Graph<'static, ()>)>,
     pub(super) ws: Option<Workspace<T>>,
+    /// The weights' TMA tensor maps (w13's, then w2's: 16 words each) for the warp-specialized
+    /// wgmma tiles, encoded on first use (the weights never move).
+    pub(super) wgmma_maps: Option<Buffer<u64>>,
     pub(super) stream: Stream,
     pub(super) config: MoeConfig,
     pub(super) gate: Buffer<T>,
@@ -39,6 +42,8 @@ pub struct MoeLayer<T: Float> {
     pub(super) wgmma_overlap: Option<bool>,
     /// The wide 192-row wgmma tile: forced on or off, or `None` for the plan's choice.
     pub(super) wgmma_wide: Option<bool>,
+    /// The warp-specialized TMA wgmma tiles: forced on or off, or `None` (off for now).
+    pub(super) wgmma_tma: Option<bool>,
     /// The prefill router: forced on or off, or `None` for the plan's choice.
     pub(super) prefill_router: Option<bool>,
     /// One-token passes may take the decode kernel (where `gpu.decode`).
@@ -133,6 +138,7 @@ impl<T: Float> MoeLayer<T> {
         Ok(MoeLayer {
             graphs: Vec::new(),
             ws: None,
+            wgmma_maps: None,
             stream: stream.clone(),
             config,
             gate,
@@ -144,6 +150,7 @@ impl<T: Float> MoeLayer<T> {
             warpgroup_mma: true,
             wgmma_overlap: None,
             wgmma_wide: None,
+            wgmma_tma: None,
             prefill_router: None,
             decode_kernel: true,
             last: ForwardStats::default(),
@@ -203,6 +210,20 @@ impl<T: Float> MoeLayer<T> {
     pub fn set_wgmma_wide(&mut self, choice: Option<bool>) {
         if choice != self.wgmma_wide {
             self.wgmma_wide = choice;
+            self.graphs.clear();
+        }
+    }
+
+    /// Forces every warpgroup-MMA tile onto its warp-specialized kernel (`Some(true)`: one
+    /// producer warp loads the weights by TMA and the token rows by cp.async into the same
+    /// 4-stage ring, behind full / empty mbarriers, while the two consumer warpgroups only
+    /// multiply, one group of MMAs in flight; same tiles, shared memory, blocks per SM and work
+    /// list) or keeps the `w` / `o` kernels (`Some(false)`); `None` (the default) is off until
+    /// the kernel is measured (issue 40). No effect where the tiles do not run on wgmma. Drops
+    /// the captured graphs.
+    pub fn set_wgmma_tma(&mut self, choice: Option<bool>) {
+        if choice != self.wgmma_tma {
+            self.wgmma_tma = choice;
             self.graphs.clear();
         }
     }

@@ -32,6 +32,10 @@ pub(super) struct Gpu {
     /// [`MoeLayer::set_wgmma_wide`] forces it, `None` for the plan's choice
     /// ([`wgmma_wide_for`]); only with `wgmma`.
     pub(super) wgmma_wide: Option<bool>,
+    /// The wgmma tiles take the warp-specialized TMA kernels: only where
+    /// [`MoeLayer::set_wgmma_tma`] forces it (`Some(true)`; off by default until measured);
+    /// only with `wgmma`.
+    pub(super) wgmma_tma: Option<bool>,
     /// The prefill router (cuBLAS logits, routing and a many-block dispatch): `Some` where
     /// [`MoeLayer::set_prefill_router`] forces it, `None` for the plan's choice
     /// ([`prefill_router_for`]).
@@ -54,6 +58,7 @@ impl Gpu {
                     wgmma: false,
                     wgmma_overlap: None,
                     wgmma_wide: None,
+                    wgmma_tma: None,
                     prefill_router: None,
                     decode: false,
                 })
@@ -70,6 +75,7 @@ impl Gpu {
                     wgmma: MOE_WGMMA.arch_for(d.arch()).is_ok(),
                     wgmma_overlap: None,
                     wgmma_wide: None,
+                    wgmma_tma: None,
                     prefill_router: None,
                     decode: true,
                 })
@@ -135,6 +141,7 @@ impl Plan {
             wgmma,
             wgmma_overlap,
             wgmma_wide,
+            wgmma_tma,
             prefill_router,
             ..
         } = gpu;
@@ -165,6 +172,7 @@ impl Plan {
         let on_wgmma = |shape: GemmShape| GemmShape {
             wgmma,
             wgmma_overlap: wgmma && wgmma_overlap_for(shape.k_split, wgmma_overlap),
+            wgmma_tma: wgmma && wgmma_tma == Some(true),
             ..shape
         };
         let down = on_wgmma(GemmShape::new(

@@ -16,6 +16,7 @@ const HOPPER: Gpu = Gpu {
     wgmma: true,
     wgmma_overlap: None,
     wgmma_wide: None,
+    wgmma_tma: None,
     prefill_router: None,
     decode: true,
 };
@@ -326,5 +327,58 @@ fn prefill_router_from_its_size_unless_forced() -> Result<()> {
         ..MoeConfig::preset("deepseek-v3-slice")?
     };
     assert!(prefill_router_for(&grouped, 4096, None));
+    Ok(())
+}
+
+/// The warp-specialized TMA tiles run only where forced (off by default until measured), on
+/// every wgmma tile and nothing else, with the same tiles, splits, overlap choice and grid
+/// as without them (same shared memory and blocks per SM; only the kernel changes).
+#[test]
+fn wgmma_tma_only_where_forced() -> Result<()> {
+    let forced = |choice| Gpu {
+        wgmma_tma: choice,
+        ..HOPPER
+    };
+    for name in PRESETS {
+        let c = MoeConfig::preset(name)?;
+        for tokens in [1, 5, 64, 1025, 4096] {
+            let base = Plan::new(&c, tokens, HOPPER);
+            assert!(
+                !base.up.wgmma_tma && !base.down.wgmma_tma,
+                "{name} {tokens}"
+            );
+            let off = Plan::new(&c, tokens, forced(Some(false)));
+            assert!(!off.up.wgmma_tma && !off.down.wgmma_tma, "{name} {tokens}");
+            let on = Plan::new(&c, tokens, forced(Some(true)));
+            for (b, t) in [(&base.up, &on.up), (&base.down, &on.down)] {
+                assert_eq!(t.wgmma_tma, b.wgmma, "{name} {tokens}");
+                assert_eq!(
+                    (
+                        t.mt,
+                        t.splits,
+                        t.k_split,
+                        t.items,
+                        t.wgmma_overlap,
+                        t.grid()
+                    ),
+                    (
+                        b.mt,
+                        b.splits,
+                        b.k_split,
+                        b.items,
+                        b.wgmma_overlap,
+                        b.grid()
+                    ),
+                    "{name} {tokens}"
+                );
+            }
+            let no_wgmma = Gpu {
+                wgmma: false,
+                ..forced(Some(true))
+            };
+            let p = Plan::new(&c, tokens, no_wgmma);
+            assert!(!p.up.wgmma_tma && !p.down.wgmma_tma, "{name} {tokens}");
+        }
+    }
     Ok(())
 }

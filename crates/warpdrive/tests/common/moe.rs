@@ -209,6 +209,9 @@ pub struct Run {
     /// Every wgmma tile forced onto the wide 192-row tile (`MoeLayer::set_wgmma_wide`);
     /// false: the plan's choice.
     pub wide: bool,
+    /// Every wgmma tile forced onto its warp-specialized TMA kernel
+    /// (`MoeLayer::set_wgmma_tma`); false: the default (off).
+    pub tma: bool,
     /// Seeded host weights whose router bias sends every token's first choice to expert 0.
     pub one_expert: bool,
     /// The prefill router forced on or off (`MoeLayer::set_prefill_router`); None: the
@@ -224,6 +227,7 @@ pub const fn run(path: MoePath, graphs: bool) -> Run {
         decode: true,
         overlap: None,
         wide: false,
+        tma: false,
         one_expert: false,
         prefill: None,
     }
@@ -259,6 +263,9 @@ pub fn cuda_vs_cpu_as<T: Float>(c: MoeConfig, tokens: usize, r: Run, s: u64) -> 
     g.set_wgmma_overlap(r.overlap);
     if r.wide {
         g.set_wgmma_wide(Some(true));
+    }
+    if r.tma {
+        g.set_wgmma_tma(Some(true));
     }
     g.set_decode_kernel(r.decode);
     g.set_prefill_router(r.prefill);

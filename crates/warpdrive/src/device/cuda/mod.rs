@@ -23,6 +23,7 @@ mod peer;
 mod probe;
 mod resident;
 mod stream;
+mod tensor_map;
 mod vmm;
 
 pub(crate) use blas::GemmCall;
@@ -41,4 +42,5 @@ pub(crate) use nvrtc::{compile_image, compile_options, compile_ptx, nvrtc_versio
 pub use probe::ReferenceLaunches;
 pub(crate) use resident::{MappedWords, ResidentGuard};
 pub(crate) use stream::{GpuEvent, GpuStream};
+pub(crate) use tensor_map::TiledMap;
 pub(crate) use vmm::PeerMappedAlloc;
