@@ -6,8 +6,10 @@
 //!   one message in flight; µs per message; `extra` has p99 / p99.9 and the ratio to the
 //!   doorbell (and for `warpdrive` the loop's mean iteration and its phases, idle and while
 //!   answering: `idle_read_ns` … `idle_after_ns`, `idle_loop_ns`, the same `busy_…`, see
-//!   `ActorStats::phase_ns`; `gap_ns`, the loop's wait after an answer, `ActorStats::gap_ns`). Variants `doorbell` (one GPU thread polling one mapped word, no queue),
-//!   `warpdrive` (`Actor::request`), `kernel-per-message` (write the message to mapped
+//!   `ActorStats::phase_ns`; `gap_ns`, the loop's wait after an answer, `ActorStats::gap_ns`;
+//!   `gap_hits` / `gap_misses` / `gap_miss_pct`, the reads right after it while answering,
+//!   `ActorStats::gap_reads`). Variants `doorbell` (one GPU thread polling one mapped word,
+//!   no queue), `warpdrive` (`Actor::request`), `kernel-per-message` (write the message to mapped
 //!   memory, launch, synchronize, read), `graph-per-message` (the same kernel in a graph).
 //! - `round-trip-loaded` (size 64): `warpdrive` requests while another thread sends
 //!   messages that need no reply at 50% and 90% of the measured `throughput` of that actor
@@ -239,6 +241,16 @@ fn round_trip<M: Pod>(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         let busy = per_iteration(&busy0, &busy_stats);
         system.terminate()?;
         let mut extra = vec![("gap_ns".to_string(), busy_stats.gap_ns as f64)];
+        // The reads right after the gap while answering: hits and misses (a miss costs its
+        // message one more read).
+        let [hits, misses] = std::array::from_fn(|i| {
+            busy_stats.gap_reads[i].saturating_sub(busy0.gap_reads[i]) as f64
+        });
+        extra.push(("gap_hits".into(), hits));
+        extra.push(("gap_misses".into(), misses));
+        if hits + misses > 0.0 {
+            extra.push(("gap_miss_pct".into(), 100.0 * misses / (hits + misses)));
+        }
         for (when, ns) in [("idle", idle), ("busy", busy)] {
             for (phase, v) in PHASES.iter().zip(ns) {
                 extra.push((format!("{when}_{phase}_ns"), v));

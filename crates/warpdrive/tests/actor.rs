@@ -162,6 +162,38 @@ device_test!(
 );
 
 device_test!(
+    stateless_requests_one_at_a_time,
+    gpu_stateless_requests_one_at_a_time,
+    |device: &Device| {
+        // One message in flight (a closed-loop client, the round-trip bench's shape): on CUDA
+        // the loop counts a lone rank's window in registers and stores a lone answer by
+        // itself; every third message asks for no reply (nothing is stored for it).
+        let mut rng = rand::rngs::StdRng::seed_from_u64(common::seed("stateless_one_at_a_time"));
+        let mut system = ActorSystem::new(device).unwrap();
+        let a = system.spawn(stateless("lone").batch(32)).unwrap();
+        system.start().unwrap();
+        a.activate().unwrap();
+        for k in 0..600u32 {
+            let v: u32 = rng.random();
+            if k % 3 == 0 {
+                a.send(&msg(k, v)).unwrap();
+            } else {
+                let out = a.request(&msg(k, v), 0, WAIT).unwrap();
+                assert_eq!(
+                    (out.id, out.value, out.seen),
+                    (k, v.wrapping_mul(3).wrapping_add(1), u64::from(k)),
+                    "message {k}"
+                );
+            }
+        }
+        assert!(matches!(a.try_recv(), Ok(None)));
+        let stats = settled(&a, 600, 0);
+        assert_eq!((stats.processed, stats.dropped), (600, 0));
+        system.terminate().unwrap();
+    }
+);
+
+device_test!(
     actors_answer_in_order,
     gpu_smem_actors_answer_in_order,
     |device: &Device| {

@@ -580,6 +580,10 @@ pub struct ActorStats {
     /// (ns): a closed-loop client is still writing its next request. It adapts to the first
     /// read after the wait finding that request (on the CPU backend, 0).
     pub gap_ns: u64,
+    /// The reads right after that wait: `[hits, misses]`, a hit finding a message, a miss
+    /// finding none while the next read found one (it came a read later). The wait settles
+    /// where misses are a set share of these (on the CPU backend, zeros).
+    pub gap_reads: [u64; 2],
 }
 
 /// A typed handle on one actor: `In` goes in, `Out` comes back. Cheap to clone; usable
@@ -782,6 +786,7 @@ impl<In: Pod, Out: Pod> Actor<In, Out> {
             forwarded: w(ctrl::FORWARDED),
             phase_ns: std::array::from_fn(|i| w(ctrl::PHASE_NS + i)),
             gap_ns: w(ctrl::GAP_NS),
+            gap_reads: [w(ctrl::GAP_READS), w(ctrl::GAP_READS + 1)],
         }
     }
 
