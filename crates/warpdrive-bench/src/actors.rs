@@ -42,6 +42,34 @@ pub const SUITE: &str = "actors";
 
 const WAIT: Duration = Duration::from_secs(10);
 
+/// How long the messages of one measuring step may take in all: a lost reply fails its
+/// request after `WAIT`, and replies that each come late but within it (a loop that cannot
+/// keep up, a message stranded until a later one) must not stretch a step without end.
+const STEP_LIMIT: Duration = Duration::from_secs(60);
+
+/// The actor's counts, for an error: what was taken from its inbox and what waits there.
+fn whereabouts<I: Pod, O: Pod>(a: &Actor<I, O>) -> String {
+    let s = a.stats();
+    format!(
+        "actor {}: {} processed, {} waiting in its inbox, {} loop iterations",
+        a.name(),
+        s.processed,
+        a.depth(0),
+        s.loops
+    )
+}
+
+/// `Err` once `deadline` has passed, naming `what` and how far it got.
+fn before(deadline: Instant, what: impl FnOnce() -> String) -> Result<()> {
+    if Instant::now() > deadline {
+        return Err(Error::Timeout {
+            what: what(),
+            after_ms: STEP_LIMIT.as_millis() as u64,
+        });
+    }
+    Ok(())
+}
+
 /// Messages of 64 and 256 bytes: word 0 the id, word 1 a value, word 2 1 when a reply is
 /// wanted.
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
@@ -230,7 +258,15 @@ fn round_trip<M: Pod>(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         let idle = per_iteration(&idle0, &a.stats());
         let mut us = Vec::with_capacity(plan.round_trips);
         let busy0 = a.stats();
+        let deadline = Instant::now() + STEP_LIMIT;
         for k in 0..plan.round_trips as u32 {
+            before(deadline, || {
+                format!(
+                    "{SUITE} {CASE} {bytes} B: {} round trips ({k} done; {})",
+                    plan.round_trips,
+                    whereabouts(&a)
+                )
+            })?;
             let m = message::<M>(k, true);
             let t = Instant::now();
             let out = a.request(&m, 0, WAIT)?;
@@ -324,61 +360,91 @@ fn check<M: Pod>(out: &M, k: u32) -> Result<()> {
     Ok(())
 }
 
+/// What [`drive`] measured: ns per handled message over each interval, and the messages
+/// its producers sent.
+struct Driven {
+    ns: Vec<f64>,
+    sent: u64,
+}
+
 /// Runs `producers` threads sending no-reply messages to `targets` (round robin) as fast
 /// as they can (or paced to `rate` messages per second in all), and samples the handled
-/// count of `counted` each interval: ns per message per interval.
+/// count of `counted` each interval: ns per message per interval. `during` runs after the
+/// sampling, with the flag that is set once a producer has stopped (on an error, which
+/// `drive` returns).
 fn drive(
     plan: &Plan,
     targets: &[Actor<Msg64, Msg64>],
     counted: &[Actor<Msg64, Msg64>],
     producers: usize,
     rate: Option<f64>,
-    during: impl FnOnce() -> Result<()>,
-) -> Result<Vec<f64>> {
+    during: impl FnOnce(&AtomicBool) -> Result<()>,
+) -> Result<Driven> {
     let stop = AtomicBool::new(false);
     let chunk: Vec<Msg64> = (0..256).map(|k| message(k, false)).collect();
-    std::thread::scope(|s| -> Result<Vec<f64>> {
+    std::thread::scope(|s| -> Result<Driven> {
         let mut handles = Vec::new();
         for p in 0..producers {
             let a = targets[p % targets.len()].clone();
             let (stop, chunk) = (&stop, &chunk);
             let per_thread = rate.map(|r| r / producers as f64);
-            handles.push(s.spawn(move || -> Result<()> {
+            handles.push(s.spawn(move || -> Result<u64> {
                 let t0 = Instant::now();
                 let mut sent = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    if let Some(r) = per_thread {
-                        let due = (t0.elapsed().as_secs_f64() * r) as u64;
-                        if due < sent + 16 {
-                            std::hint::spin_loop();
-                            continue;
+                    let n = match per_thread {
+                        Some(r) => {
+                            let due = (t0.elapsed().as_secs_f64() * r) as u64;
+                            if due < sent + 16 {
+                                std::hint::spin_loop();
+                                continue;
+                            }
+                            ((due - sent) as usize).min(chunk.len())
                         }
-                        let n = ((due - sent) as usize).min(chunk.len());
-                        a.send_many(&chunk[..n], 0)?;
-                        sent += n as u64;
-                    } else {
-                        a.send_many(chunk, 0)?;
-                        sent += chunk.len() as u64;
+                        None => chunk.len(),
+                    };
+                    if let Err(e) = a.send_many(&chunk[..n], 0) {
+                        // The others stop too, and `during` sees it.
+                        stop.store(true, Ordering::Relaxed);
+                        return Err(e);
                     }
+                    sent += n as u64;
                 }
-                Ok(())
+                Ok(sent)
             }));
         }
         let count = || counted.iter().map(|a| a.stats().processed).sum::<u64>();
         std::thread::sleep(plan.interval);
         let mut ns = Vec::with_capacity(plan.intervals);
-        let measured = sample(plan, &count, &mut ns).and_then(|()| during());
+        let measured = sample(plan, &count, &mut ns).and_then(|()| during(&stop));
         stop.store(true, Ordering::Relaxed);
+        let mut sent = 0;
         for h in handles {
-            h.join()
+            sent += h
+                .join()
                 .map_err(|_| Error::WorkerPanicked("an actors producer".into()))??;
         }
         measured?;
         if ns.is_empty() {
             return Err(Error::InvalidArgument("no message was handled".into()));
         }
-        Ok(ns)
+        Ok(Driven { ns, sent })
     })
+}
+
+/// Waits (up to `WAIT`) until `a` has processed `total` messages: none was lost.
+fn all_processed(a: &Actor<Msg64, Msg64>, total: u64) -> Result<()> {
+    let t0 = Instant::now();
+    while a.stats().processed < total {
+        if t0.elapsed() > WAIT {
+            return Err(Error::Timeout {
+                what: format!("{total} messages sent: {}", whereabouts(a)),
+                after_ms: WAIT.as_millis() as u64,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(())
 }
 
 /// ns per handled message over each of the plan's intervals (an interval in which nothing
@@ -445,7 +511,7 @@ fn throughput(ctx: &mut Ctx, plan: &Plan) -> Result<f64> {
         for a in &actors {
             a.activate()?;
         }
-        let ns = drive(plan, &actors, &actors, 4, None, || Ok(()))?;
+        let ns = drive(plan, &actors, &actors, 4, None, |_| Ok(()))?.ns;
         system.terminate()?;
         record_rate(ctx, CASE, "warpdrive-b256-p4-a4", ns)?;
     }
@@ -478,8 +544,9 @@ fn throughput(ctx: &mut Ctx, plan: &Plan) -> Result<f64> {
             std::slice::from_ref(&second),
             4,
             None,
-            || Ok(()),
-        )?;
+            |_| Ok(()),
+        )?
+        .ns;
         system.terminate()?;
         record_rate(ctx, "pipeline", "warpdrive-2-stages-p4", ns)?;
     }
@@ -498,7 +565,7 @@ fn one_sink<S: Pod>(
     system.start()?;
     a.activate()?;
     let targets = std::slice::from_ref(&a);
-    let ns = drive(plan, targets, targets, producers, None, || Ok(()))?;
+    let ns = drive(plan, targets, targets, producers, None, |_| Ok(()))?.ns;
     system.terminate()?;
     Ok(ns)
 }
@@ -516,22 +583,36 @@ fn loaded(ctx: &mut Ctx, plan: &Plan, max: f64) -> Result<()> {
         let trips = plan.round_trips / 5;
         let mut us = Vec::with_capacity(trips);
         let probe = a.clone();
-        drive(
+        let rate = max * fraction;
+        let driven = drive(
             plan,
             std::slice::from_ref(&a),
             std::slice::from_ref(&a),
             1,
-            Some(max * fraction),
-            || {
+            Some(rate),
+            |halted| {
+                let deadline = Instant::now() + STEP_LIMIT;
                 for k in 0..trips as u32 {
+                    // A producer that stopped has its error returned by `drive`.
+                    if halted.load(Ordering::Relaxed) {
+                        return Ok(());
+                    }
+                    before(deadline, || {
+                        format!(
+                            "{SUITE} {CASE}: {trips} round trips under {rate:.0} msg/s ({k} done; {})",
+                            whereabouts(&probe)
+                        )
+                    })?;
                     let m = message::<Msg64>(k, true);
                     let t = Instant::now();
-                    probe.request(&m, 0, WAIT)?;
+                    check(&probe.request(&m, 0, WAIT)?, k)?;
                     us.push(t.elapsed().as_secs_f64() * 1e6);
                 }
                 Ok(())
             },
         )?;
+        // Every message the producer sent and every request handled: none lost.
+        all_processed(&a, driven.sent + us.len() as u64)?;
         system.terminate()?;
         record_latency(ctx, CASE, 64, "warpdrive", us, None, &[])?;
         if let Some(row) = ctx.rows_mut_last() {

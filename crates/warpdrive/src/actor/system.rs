@@ -515,7 +515,11 @@ impl<Out: Pod> Future for ReplyFuture<Out> {
         let failed = match this.system.alive(&this.actor.name) {
             Err(e) => Some(e),
             Ok(()) if this.started.elapsed() > this.timeout => Some(Error::Timeout {
-                what: format!("actor {}: the reply to request {id}", this.actor.name),
+                what: format!(
+                    "actor {}: the reply to request {id} ({})",
+                    this.actor.name,
+                    this.actor.progress()
+                ),
                 after_ms: this.timeout.as_millis() as u64,
             }),
             Ok(()) => None,
@@ -709,7 +713,7 @@ impl<In: Pod, Out: Pod> Actor<In, Out> {
             }
             if backoff.waited() > timeout {
                 return Err(Error::Timeout {
-                    what: format!("actor {}: a reply", self.name()),
+                    what: format!("actor {}: a reply ({})", self.name(), self.actor.progress()),
                     after_ms: timeout.as_millis() as u64,
                 });
             }
@@ -741,7 +745,11 @@ impl<In: Pod, Out: Pod> Actor<In, Out> {
             if backoff.waited() > timeout {
                 self.actor.forget_reply(id);
                 return Err(Error::Timeout {
-                    what: format!("actor {}: the reply to request {id}", self.name()),
+                    what: format!(
+                        "actor {}: the reply to request {id} ({})",
+                        self.name(),
+                        self.actor.progress()
+                    ),
                     after_ms: timeout.as_millis() as u64,
                 });
             }
