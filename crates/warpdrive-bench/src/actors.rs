@@ -13,7 +13,10 @@
 //!   memory, launch, synchronize, read), `graph-per-message` (the same kernel in a graph).
 //! - `round-trip-loaded` (size 64): `warpdrive` requests while another thread sends
 //!   messages that need no reply at 50% and 90% of the measured `throughput` of that actor
-//!   (`extra.load_fraction`).
+//!   (`extra.load_fraction`; `extra.inbox_depth_at_start`, the messages waiting when the
+//!   requests began). A step's messages stop at `STEP_LIMIT` with an error that says where
+//!   they are, and at full scale a load the loop does not keep up with (over half the inbox
+//!   waiting when the requests begin) is an error at once.
 //! - `throughput` (size 64): messages handled per second, counted by the loop, by a sink
 //!   actor (no replies, no state: the loop runs its handlers 32 at a time) with batch 1 / 16
 //!   / 256 and 1 or 4 host producers sending 256 at a time, and `warpdrive-b256-p4-stateful`
@@ -104,10 +107,13 @@ fn echo<M: Pod>(i: &M, o: &mut M, ctx: &mut ActorCtx) {
     ctx.reply = i[2];
 }
 
-/// The suite's queue settings: `batch`, 64 Ki slots, producers blocked while full.
+/// Inbox slots of the suite's actors.
+const CAPACITY: usize = 1 << 16;
+
+/// The suite's queue settings: `batch`, `CAPACITY` slots, producers blocked while full.
 fn sized<M: Pod, S: Pod>(spec: ActorSpec<M, M, S>, batch: usize) -> ActorSpec<M, M, S> {
     spec.batch(batch)
-        .capacity(1 << 16)
+        .capacity(CAPACITY)
         .backpressure(Backpressure::Block { timeout: WAIT })
 }
 
@@ -181,8 +187,10 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
     round_trip::<Msg64>(ctx, &plan)?;
     round_trip::<Msg256>(ctx, &plan)?;
     let max = throughput(ctx, &plan)?;
-    loaded(ctx, &plan, max)?;
-    terminate(ctx, &plan)
+    // A loaded step that fails (its error says why) still leaves the terminate row.
+    let loaded = loaded(ctx, &plan, max);
+    terminate(ctx, &plan)?;
+    loaded
 }
 
 /// The loop's phases (`ActorStats::phase_ns`), then the whole iteration.
@@ -532,7 +540,7 @@ fn throughput(ctx: &mut Ctx, plan: &Plan) -> Result<f64> {
                     o.0[1] = i.0[1].wrapping_add(1);
                 })
                 .batch(256)
-                .capacity(1 << 16)
+                .capacity(CAPACITY)
                 .forward_to(&second),
         )?;
         system.start()?;
@@ -574,6 +582,7 @@ fn one_sink<S: Pod>(
 fn loaded(ctx: &mut Ctx, plan: &Plan, max: f64) -> Result<()> {
     const CASE: &str = "round-trip-loaded";
     let device = ctx.device().clone();
+    let full = !ctx.scale().quick();
     for fraction in [0.5, 0.9] {
         ctx.step(format!("{SUITE}: {CASE} at {:.0}%", fraction * 100.0));
         let mut system = ActorSystem::new(&device)?;
@@ -584,6 +593,7 @@ fn loaded(ctx: &mut Ctx, plan: &Plan, max: f64) -> Result<()> {
         let mut us = Vec::with_capacity(trips);
         let probe = a.clone();
         let rate = max * fraction;
+        let mut depth_at_start = 0;
         let driven = drive(
             plan,
             std::slice::from_ref(&a),
@@ -592,6 +602,23 @@ fn loaded(ctx: &mut Ctx, plan: &Plan, max: f64) -> Result<()> {
             Some(rate),
             |halted| {
                 let deadline = Instant::now() + STEP_LIMIT;
+                // Messages waiting when the requests begin: near the inbox's capacity, the
+                // offered load is more than the loop handles while answering requests, and
+                // each request waits behind a full inbox.
+                let depth = probe.depth(0);
+                depth_at_start = depth;
+                // (At full scale only: a small run's short load on a busy CPU proves little.)
+                if full && depth as usize > CAPACITY / 2 {
+                    return Err(Error::Actor {
+                        actor: probe.name().into(),
+                        detail: format!(
+                            "{CASE}: the loop does not keep up with {rate:.0} msg/s: {depth} of \
+                             {CAPACITY} inbox slots full after {:?} of load ({})",
+                            plan.interval * (plan.intervals as u32 + 1),
+                            whereabouts(&probe)
+                        ),
+                    });
+                }
                 for k in 0..trips as u32 {
                     // A producer that stopped has its error returned by `drive`.
                     if halted.load(Ordering::Relaxed) {
@@ -599,7 +626,8 @@ fn loaded(ctx: &mut Ctx, plan: &Plan, max: f64) -> Result<()> {
                     }
                     before(deadline, || {
                         format!(
-                            "{SUITE} {CASE}: {trips} round trips under {rate:.0} msg/s ({k} done; {})",
+                            "{SUITE} {CASE}: {trips} round trips under {rate:.0} msg/s ({k} done; \
+                             {depth} messages waited when they began, of {CAPACITY}; {})",
                             whereabouts(&probe)
                         )
                     })?;
@@ -619,6 +647,8 @@ fn loaded(ctx: &mut Ctx, plan: &Plan, max: f64) -> Result<()> {
             row.extra.insert("load_fraction".into(), fraction.into());
             row.extra
                 .insert("load_msgs_per_s".into(), (max * fraction).into());
+            row.extra
+                .insert("inbox_depth_at_start".into(), depth_at_start.into());
         }
     }
     Ok(())
