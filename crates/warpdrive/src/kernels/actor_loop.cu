@@ -662,7 +662,10 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                 ++gap_misses;
             }
             probe = answered && picks == 1 ? 1u : (!picks && probe == 1 ? 2u : 0u);
-            gap_until = t_answer + (picks == 1 ? gap : read_rt);
+            // No gap after a stream of half a full window or more: the loop is near its
+            // capacity, and a gap there only lets the inbox fill (bench/NOTES.md, the
+            // loaded round trip at 90%).
+            gap_until = t_answer + (picks == 1 ? gap : (2 * picks < wmax ? read_rt : 0));
             if (solo) {
                 win[0] = next_window(w0, n0, wmin, wmax);
                 if (picks) {
