@@ -6,12 +6,17 @@
 //!   one message in flight; µs per message; `extra` has p99 / p99.9 and the ratio to the
 //!   doorbell (and for `warpdrive` the loop's mean iteration and its phases, idle and while
 //!   answering: `idle_read_ns` … `idle_after_ns`, `idle_loop_ns`, the same `busy_…`, see
-//!   `ActorStats::phase_ns`; `gap_ns`, the loop's wait after an answer, `ActorStats::gap_ns`). Variants `doorbell` (one GPU thread polling one mapped word, no queue),
-//!   `warpdrive` (`Actor::request`), `kernel-per-message` (write the message to mapped
+//!   `ActorStats::phase_ns`; `gap_ns`, the loop's wait after an answer, `ActorStats::gap_ns`;
+//!   `gap_hits` / `gap_misses` / `gap_miss_pct`, the reads right after it while answering,
+//!   `ActorStats::gap_reads`). Variants `doorbell` (one GPU thread polling one mapped word,
+//!   no queue), `warpdrive` (`Actor::request`), `kernel-per-message` (write the message to mapped
 //!   memory, launch, synchronize, read), `graph-per-message` (the same kernel in a graph).
 //! - `round-trip-loaded` (size 64): `warpdrive` requests while another thread sends
 //!   messages that need no reply at 50% and 90% of the measured `throughput` of that actor
-//!   (`extra.load_fraction`).
+//!   (`extra.load_fraction`; `extra.inbox_depth_at_start`, the messages waiting when the
+//!   requests began). A step's messages stop at `STEP_LIMIT` with an error that says where
+//!   they are, and at full scale a load the loop does not keep up with (over half the inbox
+//!   waiting when the requests begin) is an error at once.
 //! - `throughput` (size 64): messages handled per second, counted by the loop, by a sink
 //!   actor (no replies, no state: the loop runs its handlers 32 at a time) with batch 1 / 16
 //!   / 256 and 1 or 4 host producers sending 256 at a time, and `warpdrive-b256-p4-stateful`
@@ -39,6 +44,34 @@ use super::{Ctx, Scale};
 pub const SUITE: &str = "actors";
 
 const WAIT: Duration = Duration::from_secs(10);
+
+/// How long the messages of one measuring step may take in all: a lost reply fails its
+/// request after `WAIT`, and replies that each come late but within it (a loop that cannot
+/// keep up, a message stranded until a later one) must not stretch a step without end.
+const STEP_LIMIT: Duration = Duration::from_secs(60);
+
+/// The actor's counts, for an error: what was taken from its inbox and what waits there.
+fn whereabouts<I: Pod, O: Pod>(a: &Actor<I, O>) -> String {
+    let s = a.stats();
+    format!(
+        "actor {}: {} processed, {} waiting in its inbox, {} loop iterations",
+        a.name(),
+        s.processed,
+        a.depth(0),
+        s.loops
+    )
+}
+
+/// `Err` once `deadline` has passed, naming `what` and how far it got.
+fn before(deadline: Instant, what: impl FnOnce() -> String) -> Result<()> {
+    if Instant::now() > deadline {
+        return Err(Error::Timeout {
+            what: what(),
+            after_ms: STEP_LIMIT.as_millis() as u64,
+        });
+    }
+    Ok(())
+}
 
 /// Messages of 64 and 256 bytes: word 0 the id, word 1 a value, word 2 1 when a reply is
 /// wanted.
@@ -74,10 +107,13 @@ fn echo<M: Pod>(i: &M, o: &mut M, ctx: &mut ActorCtx) {
     ctx.reply = i[2];
 }
 
-/// The suite's queue settings: `batch`, 64 Ki slots, producers blocked while full.
+/// Inbox slots of the suite's actors.
+const CAPACITY: usize = 1 << 16;
+
+/// The suite's queue settings: `batch`, `CAPACITY` slots, producers blocked while full.
 fn sized<M: Pod, S: Pod>(spec: ActorSpec<M, M, S>, batch: usize) -> ActorSpec<M, M, S> {
     spec.batch(batch)
-        .capacity(1 << 16)
+        .capacity(CAPACITY)
         .backpressure(Backpressure::Block { timeout: WAIT })
 }
 
@@ -151,8 +187,10 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
     round_trip::<Msg64>(ctx, &plan)?;
     round_trip::<Msg256>(ctx, &plan)?;
     let max = throughput(ctx, &plan)?;
-    loaded(ctx, &plan, max)?;
-    terminate(ctx, &plan)
+    // A loaded step that fails (its error says why) still leaves the terminate row.
+    let loaded = loaded(ctx, &plan, max);
+    terminate(ctx, &plan)?;
+    loaded
 }
 
 /// The loop's phases (`ActorStats::phase_ns`), then the whole iteration.
@@ -228,7 +266,15 @@ fn round_trip<M: Pod>(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         let idle = per_iteration(&idle0, &a.stats());
         let mut us = Vec::with_capacity(plan.round_trips);
         let busy0 = a.stats();
+        let deadline = Instant::now() + STEP_LIMIT;
         for k in 0..plan.round_trips as u32 {
+            before(deadline, || {
+                format!(
+                    "{SUITE} {CASE} {bytes} B: {} round trips ({k} done; {})",
+                    plan.round_trips,
+                    whereabouts(&a)
+                )
+            })?;
             let m = message::<M>(k, true);
             let t = Instant::now();
             let out = a.request(&m, 0, WAIT)?;
@@ -239,6 +285,16 @@ fn round_trip<M: Pod>(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         let busy = per_iteration(&busy0, &busy_stats);
         system.terminate()?;
         let mut extra = vec![("gap_ns".to_string(), busy_stats.gap_ns as f64)];
+        // The reads right after the gap while answering: hits and misses (a miss costs its
+        // message one more read).
+        let [hits, misses] = std::array::from_fn(|i| {
+            busy_stats.gap_reads[i].saturating_sub(busy0.gap_reads[i]) as f64
+        });
+        extra.push(("gap_hits".into(), hits));
+        extra.push(("gap_misses".into(), misses));
+        if hits + misses > 0.0 {
+            extra.push(("gap_miss_pct".into(), 100.0 * misses / (hits + misses)));
+        }
         for (when, ns) in [("idle", idle), ("busy", busy)] {
             for (phase, v) in PHASES.iter().zip(ns) {
                 extra.push((format!("{when}_{phase}_ns"), v));
@@ -312,61 +368,91 @@ fn check<M: Pod>(out: &M, k: u32) -> Result<()> {
     Ok(())
 }
 
+/// What [`drive`] measured: ns per handled message over each interval, and the messages
+/// its producers sent.
+struct Driven {
+    ns: Vec<f64>,
+    sent: u64,
+}
+
 /// Runs `producers` threads sending no-reply messages to `targets` (round robin) as fast
 /// as they can (or paced to `rate` messages per second in all), and samples the handled
-/// count of `counted` each interval: ns per message per interval.
+/// count of `counted` each interval: ns per message per interval. `during` runs after the
+/// sampling, with the flag that is set once a producer has stopped (on an error, which
+/// `drive` returns).
 fn drive(
     plan: &Plan,
     targets: &[Actor<Msg64, Msg64>],
     counted: &[Actor<Msg64, Msg64>],
     producers: usize,
     rate: Option<f64>,
-    during: impl FnOnce() -> Result<()>,
-) -> Result<Vec<f64>> {
+    during: impl FnOnce(&AtomicBool) -> Result<()>,
+) -> Result<Driven> {
     let stop = AtomicBool::new(false);
     let chunk: Vec<Msg64> = (0..256).map(|k| message(k, false)).collect();
-    std::thread::scope(|s| -> Result<Vec<f64>> {
+    std::thread::scope(|s| -> Result<Driven> {
         let mut handles = Vec::new();
         for p in 0..producers {
             let a = targets[p % targets.len()].clone();
             let (stop, chunk) = (&stop, &chunk);
             let per_thread = rate.map(|r| r / producers as f64);
-            handles.push(s.spawn(move || -> Result<()> {
+            handles.push(s.spawn(move || -> Result<u64> {
                 let t0 = Instant::now();
                 let mut sent = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    if let Some(r) = per_thread {
-                        let due = (t0.elapsed().as_secs_f64() * r) as u64;
-                        if due < sent + 16 {
-                            std::hint::spin_loop();
-                            continue;
+                    let n = match per_thread {
+                        Some(r) => {
+                            let due = (t0.elapsed().as_secs_f64() * r) as u64;
+                            if due < sent + 16 {
+                                std::hint::spin_loop();
+                                continue;
+                            }
+                            ((due - sent) as usize).min(chunk.len())
                         }
-                        let n = ((due - sent) as usize).min(chunk.len());
-                        a.send_many(&chunk[..n], 0)?;
-                        sent += n as u64;
-                    } else {
-                        a.send_many(chunk, 0)?;
-                        sent += chunk.len() as u64;
+                        None => chunk.len(),
+                    };
+                    if let Err(e) = a.send_many(&chunk[..n], 0) {
+                        // The others stop too, and `during` sees it.
+                        stop.store(true, Ordering::Relaxed);
+                        return Err(e);
                     }
+                    sent += n as u64;
                 }
-                Ok(())
+                Ok(sent)
             }));
         }
         let count = || counted.iter().map(|a| a.stats().processed).sum::<u64>();
         std::thread::sleep(plan.interval);
         let mut ns = Vec::with_capacity(plan.intervals);
-        let measured = sample(plan, &count, &mut ns).and_then(|()| during());
+        let measured = sample(plan, &count, &mut ns).and_then(|()| during(&stop));
         stop.store(true, Ordering::Relaxed);
+        let mut sent = 0;
         for h in handles {
-            h.join()
+            sent += h
+                .join()
                 .map_err(|_| Error::WorkerPanicked("an actors producer".into()))??;
         }
         measured?;
         if ns.is_empty() {
             return Err(Error::InvalidArgument("no message was handled".into()));
         }
-        Ok(ns)
+        Ok(Driven { ns, sent })
     })
+}
+
+/// Waits (up to `WAIT`) until `a` has processed `total` messages: none was lost.
+fn all_processed(a: &Actor<Msg64, Msg64>, total: u64) -> Result<()> {
+    let t0 = Instant::now();
+    while a.stats().processed < total {
+        if t0.elapsed() > WAIT {
+            return Err(Error::Timeout {
+                what: format!("{total} messages sent: {}", whereabouts(a)),
+                after_ms: WAIT.as_millis() as u64,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(())
 }
 
 /// ns per handled message over each of the plan's intervals (an interval in which nothing
@@ -433,7 +519,7 @@ fn throughput(ctx: &mut Ctx, plan: &Plan) -> Result<f64> {
         for a in &actors {
             a.activate()?;
         }
-        let ns = drive(plan, &actors, &actors, 4, None, || Ok(()))?;
+        let ns = drive(plan, &actors, &actors, 4, None, |_| Ok(()))?.ns;
         system.terminate()?;
         record_rate(ctx, CASE, "warpdrive-b256-p4-a4", ns)?;
     }
@@ -454,7 +540,7 @@ fn throughput(ctx: &mut Ctx, plan: &Plan) -> Result<f64> {
                     o.0[1] = i.0[1].wrapping_add(1);
                 })
                 .batch(256)
-                .capacity(1 << 16)
+                .capacity(CAPACITY)
                 .forward_to(&second),
         )?;
         system.start()?;
@@ -466,8 +552,9 @@ fn throughput(ctx: &mut Ctx, plan: &Plan) -> Result<f64> {
             std::slice::from_ref(&second),
             4,
             None,
-            || Ok(()),
-        )?;
+            |_| Ok(()),
+        )?
+        .ns;
         system.terminate()?;
         record_rate(ctx, "pipeline", "warpdrive-2-stages-p4", ns)?;
     }
@@ -486,7 +573,7 @@ fn one_sink<S: Pod>(
     system.start()?;
     a.activate()?;
     let targets = std::slice::from_ref(&a);
-    let ns = drive(plan, targets, targets, producers, None, || Ok(()))?;
+    let ns = drive(plan, targets, targets, producers, None, |_| Ok(()))?.ns;
     system.terminate()?;
     Ok(ns)
 }
@@ -495,6 +582,7 @@ fn one_sink<S: Pod>(
 fn loaded(ctx: &mut Ctx, plan: &Plan, max: f64) -> Result<()> {
     const CASE: &str = "round-trip-loaded";
     let device = ctx.device().clone();
+    let full = !ctx.scale().quick();
     for fraction in [0.5, 0.9] {
         ctx.step(format!("{SUITE}: {CASE} at {:.0}%", fraction * 100.0));
         let mut system = ActorSystem::new(&device)?;
@@ -504,28 +592,63 @@ fn loaded(ctx: &mut Ctx, plan: &Plan, max: f64) -> Result<()> {
         let trips = plan.round_trips / 5;
         let mut us = Vec::with_capacity(trips);
         let probe = a.clone();
-        drive(
+        let rate = max * fraction;
+        let mut depth_at_start = 0;
+        let driven = drive(
             plan,
             std::slice::from_ref(&a),
             std::slice::from_ref(&a),
             1,
-            Some(max * fraction),
-            || {
+            Some(rate),
+            |halted| {
+                let deadline = Instant::now() + STEP_LIMIT;
+                // Messages waiting when the requests begin: near the inbox's capacity, the
+                // offered load is more than the loop handles while answering requests, and
+                // each request waits behind a full inbox.
+                let depth = probe.depth(0);
+                depth_at_start = depth;
+                // (At full scale only: a small run's short load on a busy CPU proves little.)
+                if full && depth as usize > CAPACITY / 2 {
+                    return Err(Error::Actor {
+                        actor: probe.name().into(),
+                        detail: format!(
+                            "{CASE}: the loop does not keep up with {rate:.0} msg/s: {depth} of \
+                             {CAPACITY} inbox slots full after {:?} of load ({})",
+                            plan.interval * (plan.intervals as u32 + 1),
+                            whereabouts(&probe)
+                        ),
+                    });
+                }
                 for k in 0..trips as u32 {
+                    // A producer that stopped has its error returned by `drive`.
+                    if halted.load(Ordering::Relaxed) {
+                        return Ok(());
+                    }
+                    before(deadline, || {
+                        format!(
+                            "{SUITE} {CASE}: {trips} round trips under {rate:.0} msg/s ({k} done; \
+                             {depth} messages waited when they began, of {CAPACITY}; {})",
+                            whereabouts(&probe)
+                        )
+                    })?;
                     let m = message::<Msg64>(k, true);
                     let t = Instant::now();
-                    probe.request(&m, 0, WAIT)?;
+                    check(&probe.request(&m, 0, WAIT)?, k)?;
                     us.push(t.elapsed().as_secs_f64() * 1e6);
                 }
                 Ok(())
             },
         )?;
+        // Every message the producer sent and every request handled: none lost.
+        all_processed(&a, driven.sent + us.len() as u64)?;
         system.terminate()?;
         record_latency(ctx, CASE, 64, "warpdrive", us, None, &[])?;
         if let Some(row) = ctx.rows_mut_last() {
             row.extra.insert("load_fraction".into(), fraction.into());
             row.extra
                 .insert("load_msgs_per_s".into(), (max * fraction).into());
+            row.extra
+                .insert("inbox_depth_at_start".into(), depth_at_start.into());
         }
     }
     Ok(())

@@ -131,6 +131,27 @@ impl ActorShared {
         }
     }
 
+    /// Where the actor's messages and replies are, for a wait that ran out of time: per lane
+    /// the sequence numbers claimed by senders against the loop's head, then the replies the
+    /// loop wrote against those the host took, and the loop's counts (a lost message or reply
+    /// shows as a head or a tail that stopped short).
+    pub(crate) fn progress(&self) -> String {
+        let mut s = String::new();
+        for l in 0..self.lanes.len() {
+            let tail = self.tails[l].load(Ordering::Acquire);
+            let head = self.word(ctrl::IN_HEAD + l);
+            s.push_str(&format!("lane {l}: {tail} sent, {head} taken; "));
+        }
+        let host_head = self.collector.lock().head;
+        s.push_str(&format!(
+            "replies: {} written, {host_head} taken; processed {}, loops {}",
+            self.word(ctrl::OUT_TAIL),
+            self.word(ctrl::PROCESSED),
+            self.word(ctrl::LOOPS),
+        ));
+        s
+    }
+
     /// Messages waiting in lane `lane` (claimed, not yet taken by the loop).
     pub(crate) fn depth(&self, lane: usize) -> u64 {
         let tail = self.tails[lane].load(Ordering::Acquire);
@@ -237,7 +258,11 @@ impl ActorShared {
                     alive()?;
                     if backoff.waited() > timeout {
                         return Err(Error::Timeout {
-                            what: format!("actor {}: room in inbox lane {lane}", self.name),
+                            what: format!(
+                                "actor {}: room in inbox lane {lane} ({})",
+                                self.name,
+                                self.progress()
+                            ),
                             after_ms: timeout.as_millis() as u64,
                         });
                     }

@@ -70,6 +70,10 @@ pub(crate) mod ctrl {
     /// Loop → host: the wait after answering every message seen before the next read
     /// (`ActorStats::gap_ns`), published with `LOOPS`.
     pub(crate) const GAP_NS: usize = 23;
+    /// Loop → host: reads right after that wait which found a message (hits) and which found
+    /// none while the read after them did (misses; `ActorStats::gap_reads`), published with
+    /// `LOOPS`.
+    pub(crate) const GAP_READS: usize = 24;
     /// Words of the control block.
     pub(crate) const WORDS: usize = 32;
 }

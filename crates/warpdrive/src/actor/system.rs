@@ -515,7 +515,11 @@ impl<Out: Pod> Future for ReplyFuture<Out> {
         let failed = match this.system.alive(&this.actor.name) {
             Err(e) => Some(e),
             Ok(()) if this.started.elapsed() > this.timeout => Some(Error::Timeout {
-                what: format!("actor {}: the reply to request {id}", this.actor.name),
+                what: format!(
+                    "actor {}: the reply to request {id} ({})",
+                    this.actor.name,
+                    this.actor.progress()
+                ),
                 after_ms: this.timeout.as_millis() as u64,
             }),
             Ok(()) => None,
@@ -580,6 +584,10 @@ pub struct ActorStats {
     /// (ns): a closed-loop client is still writing its next request. It adapts to the first
     /// read after the wait finding that request (on the CPU backend, 0).
     pub gap_ns: u64,
+    /// The reads right after that wait: `[hits, misses]`, a hit finding a message, a miss
+    /// finding none while the next read found one (it came a read later). The wait settles
+    /// where misses are a set share of these (on the CPU backend, zeros).
+    pub gap_reads: [u64; 2],
 }
 
 /// A typed handle on one actor: `In` goes in, `Out` comes back. Cheap to clone; usable
@@ -705,7 +713,7 @@ impl<In: Pod, Out: Pod> Actor<In, Out> {
             }
             if backoff.waited() > timeout {
                 return Err(Error::Timeout {
-                    what: format!("actor {}: a reply", self.name()),
+                    what: format!("actor {}: a reply ({})", self.name(), self.actor.progress()),
                     after_ms: timeout.as_millis() as u64,
                 });
             }
@@ -737,7 +745,11 @@ impl<In: Pod, Out: Pod> Actor<In, Out> {
             if backoff.waited() > timeout {
                 self.actor.forget_reply(id);
                 return Err(Error::Timeout {
-                    what: format!("actor {}: the reply to request {id}", self.name()),
+                    what: format!(
+                        "actor {}: the reply to request {id} ({})",
+                        self.name(),
+                        self.actor.progress()
+                    ),
                     after_ms: timeout.as_millis() as u64,
                 });
             }
@@ -782,6 +794,7 @@ impl<In: Pod, Out: Pod> Actor<In, Out> {
             forwarded: w(ctrl::FORWARDED),
             phase_ns: std::array::from_fn(|i| w(ctrl::PHASE_NS + i)),
             gap_ns: w(ctrl::GAP_NS),
+            gap_reads: [w(ctrl::GAP_READS), w(ctrl::GAP_READS + 1)],
         }
     }
 

@@ -63,6 +63,7 @@ __device__ void actor_dispatch(u32 kind, const void* in, void* out, void* state,
 #define C_PHASE_NS 18  // N_PHASES words
 #define N_PHASES 5
 #define C_GAP_NS 23
+#define C_GAP_READS 24  // hits, misses
 #define S_COMMAND 0
 #define S_HOST_BEAT 1
 #define S_PARK_NS 2
@@ -112,16 +113,23 @@ __device__ __forceinline__ u32 ll_cmp(u32 got, u32 want) {
     return d == 0 ? 0u : (d < 0 ? 1u : 2u);
 }
 
-// Writes the `n` staged outputs `order[0..n)` (sw u32 each) to a ring from sequence `seq`,
-// whole warp.
+// Writes the `n` staged outputs `order[0..n)` (sw u32 each; `order` null: `0..n`) to a ring
+// from sequence `seq`, whole warp.
 __device__ __forceinline__ void write_window(u64* ring, u64 cap, u32 sw, u64 seq, u32 n,
                                              const u32* stage, const u16* order) {
     const u32 lane = threadIdx.x & 31u;
     const u32 vps = sw / 2;
+    if (n == 1 && !order) {
+        // One answer (a closed-loop client's): a vector a lane, no division, no order.
+        u64* slot = ring + (seq & (cap - 1)) * sw;
+        for (u32 v = lane; v < vps; v += 32) ll_store(slot + 2 * v, stage[2 * v], stage[2 * v + 1], ll_flag(seq));
+        __syncwarp();
+        return;
+    }
     for (u32 i = lane; i < n * vps; i += 32) {
         const u32 k = i / vps, v = i % vps;
         const u64 s = seq + k;
-        const u32* src = stage + (u64)order[k] * sw + 2 * v;
+        const u32* src = stage + (u64)(order ? order[k] : k) * sw + 2 * v;
         u64* p = ring + (s & (cap - 1)) * sw + 2 * v;
         ll_store(p, src[0], src[1], ll_flag(s));
     }
@@ -163,10 +171,12 @@ __device__ __forceinline__ u32 next_window(u32 win, u32 ready, u32 wmin, u32 wma
 // comes a round trip later). It starts at one read's round trip (`READ_RT_NS` until one is
 // measured), shrinks by GAP_DOWN each time the read after it finds a message and grows by
 // GAP_UP when that read finds none and the one after it does (a miss): about one read in
-// GAP_UP / GAP_DOWN + 1 after a gap misses.
+// GAP_UP / GAP_DOWN + 1 after a gap misses (1 in 13; a miss costs its message one read,
+// p50 none, and misses the gap cannot prevent — a host's slow reaction — must stay under
+// that share or they hold the gap at its cap).
 #define READ_RT_NS 1500
 #define GAP_DOWN 8
-#define GAP_UP 200
+#define GAP_UP 96
 
 // Loads in flight per thread while reading the windows (each a PCIe round trip to host
 // memory); the loop that issues them is unrolled, so they stay in registers.
@@ -187,10 +197,13 @@ struct RingView {
 
 // Reads vectors `base + j * 32 + lane` (j < N) of the windows' flat order: all N loads go out,
 // then the control word (`ctl_at`, when `with_ctl`: a load before them made ptxas wait for it
-// at their first branch, a second round trip), then each slot's state and payload.
+// at their first branch, a second round trip), then each slot's state and payload. `stop` and
+// `drop` take the first slot (of rank 0 when it is the only one) with a vector the lane saw
+// not written yet, and overwritten: a lone rank's count by a reduction, in registers.
 template <u32 N>
 __device__ __forceinline__ void read_chunk(const RingView& rv, u32 base, u32 total, u32 lane,
-                                           bool with_ctl, const u64* ctl_at, u64& word) {
+                                           bool with_ctl, const u64* ctl_at, u64& word, u32& stop,
+                                           u32& drop) {
     u32 v0[N], f0[N], v1[N], f1[N], at[N], want[N];
 #pragma unroll
     for (u32 j = 0; j < N; ++j) {
@@ -220,6 +233,8 @@ __device__ __forceinline__ void read_chunk(const RingView& rv, u32 base, u32 tot
         const u32 r = at[j] >> 24, k = (at[j] >> 8) & 0xffffu, v = at[j] & 0xffu;
         const u32 c = ll_cmp(f0[j], want[j]) | ll_cmp(f1[j], want[j]);
         if (c) atomicOr(&rv.st[r * MAX_WINDOW + k], c);
+        if (c & 1u) stop = min(stop, k);
+        if (c & 2u) drop = min(drop, k);
         u32* stage = rv.in_stage + ((u64)r * rv.wmax + k) * rv.in_sw;
         stage[2 * v] = v0[j];
         stage[2 * v + 1] = v1[j];
@@ -297,7 +312,32 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     }
     for (u32 i = lane; i < MAX_RANKS * MAX_WINDOW; i += 32) st[i / MAX_WINDOW][i % MAX_WINDOW] = 0;
     __syncwarp();
+    // Lane 0: the room for answers (the outbox or the next actor's ring), at most a batch.
+    // It is taken after each iteration's answers, for the next: room only grows meanwhile
+    // (the host or the next actor consumes), so nothing on the way to an answer loads it.
+    auto room_limit = [&]() -> u32 {
+        u64 room;
+        if (fwd_ring) {
+            room = fwd_cap - (fwd_tail - ld_word(fwd_ring));
+        } else {
+            if (cap - (out_tail - out_head) < batch) out_head = ld_word(blk + C_OUT_HEAD);
+            room = cap - (out_tail - out_head);
+        }
+        return (u32)min((u64)min(batch, pick_max), room);
+    };
+    // The same in every lane: the room, and the messages handled so far (each handler's
+    // `ctx.seq`).
+    u32 limit = __shfl_sync(0xffffffffu, lane == 0 ? room_limit() : 0u, 0);
+    handled = __shfl_sync(0xffffffffu, handled, 0);
+    u64 ans_tail = __shfl_sync(0xffffffffu, fwd_ring ? fwd_tail : out_tail, 0);  // the next answer's
 
+    // Lane 0 after an iteration's answers: the read's time and a plain read's round trip
+    // (the gap's cap), kept off the way to the answers.
+#define READ_BOOKS()                                                                \
+    do {                                                                            \
+        phase[0] += t_read - t_start;                                               \
+        if (one_trip && !gapped) read_rt = (read_rt * 7 + (t_read - t_start)) / 8;  \
+    } while (0)
     // Lane 0 after every iteration: the loop's count, its beat, a clock calibration the host
     // asked for, and every 256 iterations the count and the phases.
 #define BOOKS()                                                                     \
@@ -318,6 +358,8 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         if ((loops & 255) == 0) {                                                   \
             PUBLISH(blk + C_LOOPS, loops);                                          \
             PUBLISH(blk + C_GAP_NS, min(gap, read_rt));                             \
+            PUBLISH(blk + C_GAP_READS, gap_hits);                                   \
+            PUBLISH(blk + C_GAP_READS + 1, gap_misses);                             \
             for (u32 q = 0; q < N_PHASES; ++q) PUBLISH(blk + C_PHASE_NS + q, phase[q]); \
         }                                                                           \
     } while (0)
@@ -330,7 +372,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     u64 word = 0, gap_until = 0;
     // Lane 0's gap (see GAP_UP): the gap, a plain read's round trip (its cap), and where the
     // reads after an answer are: 1 the first (after the gap), 2 the second.
-    u64 gap = ~0ull, read_rt = READ_RT_NS;
+    u64 gap = ~0ull, read_rt = READ_RT_NS, gap_hits = 0, gap_misses = 0;
     u32 probe = 0;
     for (;;) {
         // Whether the last iteration ran: then this one reads the windows while the control
@@ -348,6 +390,9 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         answered = false;
         if (ctl_first) word = __shfl_sync(0xffffffffu, ld_word(ctl_at), lane);
         bool one_trip = false;  // one chunk: its time is one round trip
+        // A lone rank's window (slots) and, per lane, its first slot not written yet and first
+        // overwritten one (read_chunk).
+        u32 w_solo = 0, stop = ~0u, drop = ~0u;
         if (reading) {
             // Each rank's first vector in the flat order (`st` was cleared for these windows).
             u32 pre[MAX_RANKS + 1];
@@ -355,16 +400,18 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
 #pragma unroll
             for (u32 r = 0; r < MAX_RANKS; ++r) pre[r + 1] = pre[r] + (r < ranks ? win[r] * in_vps : 0u);
             const u32 total = pre[MAX_RANKS];
+            w_solo = win[0];
             // Small windows (an idle actor's: two slots of up to 256 bytes) take the chunk of
             // three loads a lane: a lone warp pays a few cycles for each instruction of the
             // sixteen-load chunk.
             const RingView rv{pre, ranks, head, rbase, rmask, in_sw, in_vps, wmax, &st[0][0], in_stage};
             one_trip = total <= 96;
             if (one_trip) {
-                read_chunk<3>(rv, 0, total, lane, !ctl_first, ctl_at, word);
+                read_chunk<3>(rv, 0, total, lane, !ctl_first, ctl_at, word, stop, drop);
             } else {
                 for (u32 base = 0; base < total; base += 32 * LOADS_IN_FLIGHT)
-                    read_chunk<LOADS_IN_FLIGHT>(rv, base, total, lane, !ctl_first && base == 0, ctl_at, word);
+                    read_chunk<LOADS_IN_FLIGHT>(rv, base, total, lane, !ctl_first && base == 0, ctl_at, word,
+                                                stop, drop);
             }
         }
         const u64 t_read = now_ns();
@@ -391,8 +438,6 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                 PUBLISH(blk + C_STATUS, act);
             }
             flags = (cmd == 1 ? 1u : 0u) | (act && !parked ? 2u : 0u) | (parked ? 4u : 0u);
-            phase[0] += t_read - t_start;
-            if (one_trip && !gapped) read_rt = (read_rt * 7 + (t_read - t_start)) / 8;
         }
         flags = __shfl_sync(0xffffffffu, flags, 0);
         if (flags & 1u) break;
@@ -400,14 +445,24 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         __syncwarp();  // the windows' slot states, from every lane
         const u64 t_ctl = now_ns();
         if (lane == 0) phase[1] += t_ctl - t_read;
+        // A lone rank read in one trip (a closed-loop client's actor) counts by two
+        // reductions of what each lane saw, in registers: the slot states' round trip through
+        // shared memory, the ballots and their branches are for the others.
+        const bool quick = running && reading && ranks == 1 && one_trip;
+        if (quick) {
+            stop = min(__reduce_min_sync(0xffffffffu, stop), w_solo);
+            drop = __reduce_min_sync(0xffffffffu, drop);
+        }
         // Not running, just activated (it reads next iteration), or idle: every window the
         // smallest and its first slot not written yet (counting and picking would find
         // nothing and leave the windows alone). What was read stays in the rings (heads
         // unchanged) for when the actor runs.
-        if (!running || !reading ||
-            !__any_sync(0xffffffffu, lane < ranks && (win[lane] != wmin || (st[lane][0] & 1u) == 0u))) {
+        if (!running || !reading || (quick && w_solo == wmin && stop == 0) ||
+            (!quick &&
+             !__any_sync(0xffffffffu, lane < ranks && (win[lane] != wmin || (st[lane][0] & 1u) == 0u)))) {
             CLEAR_ST();
             if (lane == 0) {
+                READ_BOOKS();
                 // Nothing after the gap: a miss if the next read finds some.
                 probe = probe == 1 && running ? 2u : 0u;
                 BOOKS();
@@ -421,7 +476,13 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         // dropped among them (overwritten by a later lap), a ballot per 32 slots; the same in
         // every lane.
         u32 n0 = 0, drops0 = 0, w0 = 0;
-        for (u32 r = 0; r < ranks; ++r) {
+        if (quick) {
+            w0 = w_solo;
+            n0 = stop;
+            drops0 = drop < n0 ? 1u : 0u;  // an overwritten slot before the first not written
+            if (lane == 0) cnt[0] = n0;
+        }
+        for (u32 r = 0; r < (quick ? 0u : ranks); ++r) {
             const u32 w = win[r];
             if (r == 0) w0 = w;
             u32 n = w, drops = 0;
@@ -444,20 +505,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             }
             if (lane == 0) cnt[r] = n;
         }
-        // Room for the answers (lane 0 keeps the tails), the same in every lane.
-        u32 limit = 0;
-        if (lane == 0) {
-            u64 room;
-            if (fwd_ring) {
-                room = fwd_cap - (fwd_tail - ld_word(fwd_ring));
-            } else {
-                if (cap - (out_tail - out_head) < batch) out_head = ld_word(blk + C_OUT_HEAD);
-                room = cap - (out_tail - out_head);
-            }
-            limit = (u32)min((u64)min(batch, pick_max), room);
-        }
-        limit = __shfl_sync(0xffffffffu, limit, 0);
-        const u64 first = __shfl_sync(0xffffffffu, handled, 0);
+        const u64 first = handled;
 
         // One rank, nothing dropped (a lone lane's actor, the common case): the picks are its
         // first messages, in order, known to every lane; they are answered before any
@@ -534,44 +582,59 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         // Handle and answer. Stateless handlers one message per thread; with state, thread 0
         // in order.
         u32 outs = 0;
+        // Pick p's handler: its output staged (zeroed first, header after), whether it replies.
+        auto handle = [&](u32 p) -> bool {
+            const u32 r = solo ? 0u : pick[p] >> 16, k = solo ? p : pick[p] & 0xffffu;
+            const u32* in = in_stage + ((u64)r * wmax + k) * in_sw;
+            u32* out = out_stage + (u64)p * out_sw;
+            // Slots are whole 16-byte vectors, so out + 2 is 8-byte aligned.
+            for (u32 j = 2; j < out_sw; j += 2) *(u64*)(out + j) = 0;
+            ActorCtx ctx;
+            ctx.actor = a;
+            ctx.lane = r < lanes ? lanes - 1 - r : 0;
+            ctx.correlation = in[0];
+            ctx.reply = 1;
+            ctx.seq = first + p;
+            ctx.now_ns = t_pick;
+            actor_dispatch(kind, in + 2, out + 2, state, &ctx);
+            out[0] = in[0];
+            out[1] = 0;
+            return ctx.reply != 0;
+        };
         if (picks) {
-            const u32 step = parallel ? 32u : 1u;
-            if (parallel || lane == 0) {
-                for (u32 p = parallel ? lane : 0u; p < picks; p += step) {
-                    const u32 r = solo ? 0u : pick[p] >> 16, k = solo ? p : pick[p] & 0xffffu;
-                    const u32* in = in_stage + ((u64)r * wmax + k) * in_sw;
-                    u32* out = out_stage + (u64)p * out_sw;
-                    for (u32 j = 2; j < out_sw; ++j) out[j] = 0;
-                    ActorCtx ctx;
-                    ctx.actor = a;
-                    ctx.lane = r < lanes ? lanes - 1 - r : 0;
-                    ctx.correlation = in[0];
-                    ctx.reply = 1;
-                    ctx.seq = first + p;
-                    ctx.now_ns = t_pick;
-                    actor_dispatch(kind, in + 2, out + 2, state, &ctx);
-                    out[0] = in[0];
-                    out[1] = 0;
-                    replied[p] = ctx.reply != 0;
+            const u16* ord = order;
+            if (parallel && picks <= 32) {
+                // One message a lane: the replies by one ballot in registers; when every pick
+                // replies (the common case) they leave in pick order with no order table.
+                const bool yes = lane < picks && handle(lane);
+                const u32 m = __ballot_sync(0xffffffffu, yes);
+                outs = __popc(m);
+                if (m == (outs == 32 ? ~0u : (1u << outs) - 1u)) {
+                    ord = nullptr;
+                } else if (yes) {
+                    order[__popc(m & ((1u << lane) - 1u))] = (u16)lane;
+                }
+            } else {
+                const u32 step = parallel ? 32u : 1u;
+                if (parallel || lane == 0) {
+                    for (u32 p = parallel ? lane : 0u; p < picks; p += step) replied[p] = handle(p);
+                }
+                __syncwarp();
+                // The replies in pick order: a ballot per 32 picks.
+                for (u32 b = 0; b < picks; b += 32) {
+                    const u32 p = b + lane;
+                    const bool yes = p < picks && replied[p];
+                    const u32 m = __ballot_sync(0xffffffffu, yes);
+                    if (yes) order[outs + __popc(m & ((1u << lane) - 1u))] = (u16)p;
+                    outs += __popc(m);
                 }
             }
-            __syncwarp();
-            // The replies in pick order: a ballot per 32 picks.
-            for (u32 b = 0; b < picks; b += 32) {
-                const u32 p = b + lane;
-                const bool yes = p < picks && replied[p];
-                const u32 m = __ballot_sync(0xffffffffu, yes);
-                if (yes) order[outs + __popc(m & ((1u << lane) - 1u))] = (u16)p;
-                outs += __popc(m);
-            }
-            __syncwarp();
+            __syncwarp();  // the staged outputs (and order) from every lane
             if (outs) {
                 if (fwd_ring) {
-                    write_window(fwd_ring + DEV_RING_SLOTS, fwd_cap, out_sw, __shfl_sync(0xffffffffu, fwd_tail, 0),
-                                 outs, out_stage, order);
+                    write_window(fwd_ring + DEV_RING_SLOTS, fwd_cap, out_sw, ans_tail, outs, out_stage, ord);
                 } else {
-                    write_window(outbox, cap, out_sw, __shfl_sync(0xffffffffu, out_tail, 0), outs,
-                                 out_stage, order);
+                    write_window(outbox, cap, out_sw, ans_tail, outs, out_stage, ord);
                 }
             }
         }
@@ -581,12 +644,28 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
 
         // The answers have left. Bookkeeping: the gap, the heads, the counters, the sampled
         // records.
+        handled += picks;
+        ans_tail += outs;
         if (lane == 0) {
+            READ_BOOKS();
+            // The gap adapts to a lone message (a closed-loop client's); after several (a
+            // stream), a read's round trip, as the control-words-first read of 1a3403d
+            // waited: the next window holds more, and the producers' slots are not polled
+            // while they are being written.
             gap = min(gap, read_rt);
-            if (picks && probe == 1) gap = gap > GAP_DOWN ? gap - GAP_DOWN : 0;
-            if (picks && probe == 2) gap = min(gap + GAP_UP, read_rt);
-            probe = answered ? 1u : (!picks && probe == 1 ? 2u : 0u);
-            gap_until = t_answer + gap;
+            if (picks && probe == 1) {
+                gap = gap > GAP_DOWN ? gap - GAP_DOWN : 0;
+                ++gap_hits;
+            }
+            if (picks && probe == 2) {
+                gap = min(gap + GAP_UP, read_rt);
+                ++gap_misses;
+            }
+            probe = answered && picks == 1 ? 1u : (!picks && probe == 1 ? 2u : 0u);
+            // No gap after a stream of half a full window or more: the loop is near its
+            // capacity, and a gap there only lets the inbox fill (bench/NOTES.md, the
+            // loaded round trip at 90%).
+            gap_until = t_answer + (picks == 1 ? gap : (2 * picks < wmax ? read_rt : 0));
             if (solo) {
                 win[0] = next_window(w0, n0, wmin, wmax);
                 if (picks) {
@@ -615,7 +694,6 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                 }
             }
             if (picks) {
-                handled += picks;
                 if (fwd_ring) {
                     fwd_tail += outs;
                     PUBLISH(blk + C_FORWARDED, fwd_tail);
@@ -632,7 +710,9 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                 PUBLISH(blk + C_DROPPED, dropped);
             }
             BOOKS();
+            limit = room_limit();  // for the next iteration, after these answers
         }
+        limit = __shfl_sync(0xffffffffu, limit, 0);
         __syncwarp();
         CLEAR_ST();  // for the next iteration's windows
         FLUSH();
