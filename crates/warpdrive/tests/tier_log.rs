@@ -40,7 +40,7 @@ fn at(n: u64) -> Location {
         offset: n * 4096,
         len: 100 + n,
         // Blocks stored bare (their header in the record) and old-format ones, mixed.
-        head: (n % 4 != 3).then(|| [n as u8; BLOCK_HEAD]),
+        head: (n % 4 != 3).then_some([n as u8; BLOCK_HEAD]),
     }
 }
 

@@ -87,8 +87,9 @@ pub trait Disk: Send + Sync + 'static {
     /// `body`, both made by `framer`: it copies the body in order, then gives the header (a
     /// checksum of the body, say). [`OsDisk`] sends the body's pieces out as each is copied
     /// while the framer takes the body in ([`Framer::absorb`]), and sends the header's page
-    /// beside them once the framer is done. The default frames into a buffer first. A header of another length
-    /// is `InvalidArgument`.
+    /// beside them once the framer is done; with no header (`header_len` 0: a bare block) the
+    /// pieces are the body's alone, each copied and checksummed in order as it goes out. The
+    /// default frames into a buffer first. A header of another length is `InvalidArgument`.
     fn append_aligned_framed(
         &self,
         path: &Path,

@@ -1,7 +1,9 @@
-//! The store's disk side: blocks encoded and appended to the current segment with their
-//! index records (a plain block framed straight in the direct-I/O buffer), and read back
-//! verified (large plain blocks landing piece by piece, smaller ones copied out and hashed
-//! in one pass).
+//! The store's disk side: blocks encoded and appended bare (the payload alone, on whole
+//! pages) to the current segment, then their index records holding their headers (a plain
+//! block copied and hashed straight into the direct-I/O buffer), and read back verified
+//! against those headers (large plain blocks landing piece by piece, smaller ones copied
+//! out and hashed in one pass). Blocks an older store wrote with the header in front of the
+//! payload (a record without a header) are read as they lie.
 
 use parking_lot::Mutex;
 
