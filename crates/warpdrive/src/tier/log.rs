@@ -3,10 +3,16 @@
 //!
 //! `index.log` in the store's folder is a run of frames
 //! `[payload length u32 LE][xxh3-64 of the payload u64 LE][payload]`; the payload is
-//! `1u8, key length u16 LE, key (UTF-8), segment u64 LE, offset u64 LE, len u64 LE` for a
-//! [`Record::Put`] in the first disk folder, `3u8`, the same and `folder u32 LE` for one in
-//! another folder, and `2u8, key length u16 LE, key` for a [`Record::Remove`] (a store with
-//! one folder writes the same log as before folders had numbers).
+//! `4u8, key length u16 LE, key (UTF-8), segment u64 LE, offset u64 LE, len u64 LE,
+//! folder u32 LE, block header (32 bytes)` for a [`Record::Put`] whose block is stored bare
+//! (the segment holds only its payload; the header — codec, lengths, the xxh3 that every
+//! read verifies the payload against — is the record's, see [`Location::head`]), and
+//! `2u8, key length u16 LE, key` for a [`Record::Remove`].
+//!
+//! Logs written before blocks were stored bare (the block's header in front of its payload
+//! in the segment) hold `1u8` and `3u8` puts: `1u8, key length, key, segment, offset, len`
+//! in the first disk folder, `3u8`, the same and `folder u32 LE` in another. They still
+//! replay (as a location with no `head`) and such blocks are read as before.
 //!
 //! Replay stops at the first frame whose length runs past the end of the file, is out of
 //! range, or whose checksum fails, and cuts the file there: that is the torn tail of a
@@ -40,9 +46,19 @@ pub struct Location {
     pub segment: u64,
     /// Where the stored bytes start in the segment.
     pub offset: u64,
-    /// Stored bytes, frame included.
+    /// Stored bytes in the segment (the payload alone where `head` is set).
     pub len: u64,
+    /// The block's header ([`codec::HEADER_BYTES`](super::codec::HEADER_BYTES) bytes: codec,
+    /// lengths and the checksum its payload is verified against), kept here rather than in
+    /// front of the payload so that a block's extent is exactly its payload's pages (a
+    /// 64 KiB block is 16 pages, not 17). `None`: a block an older store wrote with its
+    /// header in the segment.
+    #[serde(default)]
+    pub head: Option<[u8; BLOCK_HEAD]>,
 }
+
+/// Bytes of a block header a [`Location`] carries.
+pub const BLOCK_HEAD: usize = super::codec::HEADER_BYTES;
 
 /// One change of the index.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,9 +79,11 @@ const FRAME_HEADER: usize = 4 + 8;
 const TAG_PUT: u8 = 1;
 const TAG_REMOVE: u8 = 2;
 const TAG_PUT_IN: u8 = 3;
+/// A put of a block stored bare: its header is in the record.
+const TAG_PUT_BARE: u8 = 4;
 /// Tag and key length; then the key, and for a put its location.
 const MIN_PAYLOAD: usize = 1 + 2;
-const MAX_PAYLOAD: usize = MIN_PAYLOAD + MAX_KEY_BYTES + 3 * 8 + 4;
+const MAX_PAYLOAD: usize = MIN_PAYLOAD + MAX_KEY_BYTES + 3 * 8 + 4 + BLOCK_HEAD;
 /// Appends without `sync` accumulate at most this much before the log syncs on its own,
 /// which bounds the bytes kept to write again after a failed sync.
 const SYNC_EVERY_BYTES: usize = 1 << 20;
@@ -304,6 +322,7 @@ fn encode_frame(out: &mut Vec<u8>, key: &str, at: Option<&Location>) -> Result<(
     let start = out.len();
     out.extend_from_slice(&[0; FRAME_HEADER]);
     out.push(match at {
+        Some(at) if at.head.is_some() => TAG_PUT_BARE,
         Some(at) if at.folder > 0 => TAG_PUT_IN,
         Some(_) => TAG_PUT,
         None => TAG_REMOVE,
@@ -314,8 +333,11 @@ fn encode_frame(out: &mut Vec<u8>, key: &str, at: Option<&Location>) -> Result<(
         for v in [at.segment, at.offset, at.len] {
             out.extend_from_slice(&v.to_le_bytes());
         }
-        if at.folder > 0 {
+        if at.folder > 0 || at.head.is_some() {
             out.extend_from_slice(&at.folder.to_le_bytes());
+        }
+        if let Some(head) = &at.head {
+            out.extend_from_slice(head);
         }
     }
     let payload = start + FRAME_HEADER;
@@ -404,10 +426,11 @@ fn decode(payload: &[u8]) -> Result<Record, String> {
                 segment: word(0)?,
                 offset: word(1)?,
                 len: word(2)?,
+                head: None,
             };
             (Record::Put { key, at }, 24)
         }
-        TAG_PUT_IN => {
+        TAG_PUT_IN | TAG_PUT_BARE => {
             let folder = rest
                 .get(24..28)
                 .and_then(|b| b.try_into().ok())
@@ -418,8 +441,21 @@ fn decode(payload: &[u8]) -> Result<Record, String> {
                 segment: word(0)?,
                 offset: word(1)?,
                 len: word(2)?,
+                head: None,
             };
-            (Record::Put { key, at }, 28)
+            if tag == TAG_PUT_IN {
+                (Record::Put { key, at }, 28)
+            } else {
+                let head = rest
+                    .get(28..28 + BLOCK_HEAD)
+                    .and_then(|b| b.try_into().ok())
+                    .ok_or("a block header past the payload")?;
+                let at = Location {
+                    head: Some(head),
+                    ..at
+                };
+                (Record::Put { key, at }, 28 + BLOCK_HEAD)
+            }
         }
         TAG_REMOVE => (Record::Remove { key }, 0),
         other => return Err(format!("unknown record tag {other}")),
@@ -441,26 +477,41 @@ mod tests {
             segment: 3,
             offset: u64::MAX,
             len: 4096,
+            head: None,
         };
         let mut bytes = Vec::new();
         encode_frame(&mut bytes, "ключ/1", Some(&at)).unwrap();
         encode_frame(&mut bytes, "", None).unwrap();
         let key = "k".repeat(MAX_KEY_BYTES);
-        // In another folder: the longest payload.
+        // In another folder, stored bare: the longest payload.
         let elsewhere = Location {
             folder: u32::MAX,
+            head: Some([7; BLOCK_HEAD]),
             ..at
         };
         encode_frame(&mut bytes, &key, Some(&elsewhere)).unwrap();
+        // Bare in the first folder; and an old-format put in another one.
+        let bare = Location {
+            head: Some(std::array::from_fn(|i| i as u8)),
+            ..at
+        };
+        encode_frame(&mut bytes, "bare", Some(&bare)).unwrap();
+        let old_in = Location { folder: 2, ..at };
+        encode_frame(&mut bytes, "old", Some(&old_in)).unwrap();
         assert!(matches!(
             encode_frame(&mut bytes, &format!("{key}x"), None),
             Err(Error::InvalidArgument(_))
         ));
         let r = replay(&bytes, Path::new("log")).unwrap();
-        assert_eq!((r.records, r.end, r.stopped), (3, bytes.len() as u64, None));
+        assert_eq!((r.records, r.end, r.stopped), (5, bytes.len() as u64, None));
         assert_eq!(
             r.index.into_iter().collect::<Vec<_>>(),
-            vec![(key, elsewhere), ("ключ/1".to_string(), at)]
+            vec![
+                ("bare".to_string(), bare),
+                (key, elsewhere),
+                ("old".to_string(), old_in),
+                ("ключ/1".to_string(), at)
+            ]
         );
     }
 

@@ -87,8 +87,9 @@ pub trait Disk: Send + Sync + 'static {
     /// `body`, both made by `framer`: it copies the body in order, then gives the header (a
     /// checksum of the body, say). [`OsDisk`] sends the body's pieces out as each is copied
     /// while the framer takes the body in ([`Framer::absorb`]), and sends the header's page
-    /// beside them once the framer is done. The default frames into a buffer first. A header of another length
-    /// is `InvalidArgument`.
+    /// beside them once the framer is done; with no header (`header_len` 0: a bare block) the
+    /// pieces are the body's alone, each copied and checksummed in order as it goes out. The
+    /// default frames into a buffer first. A header of another length is `InvalidArgument`.
     fn append_aligned_framed(
         &self,
         path: &Path,
@@ -200,7 +201,7 @@ const TURN_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 /// close; removing, renaming, replacing or cutting a file closes its handles first.
 #[derive(Debug)]
 pub struct OsDisk {
-    appending: Mutex<Vec<(PathBuf, Arc<File>)>>,
+    appending: Mutex<Vec<(PathBuf, Arc<Appending>)>>,
     direct: Mutex<Vec<(PathBuf, Arc<DirectFile>)>>,
     io: Io,
 }
@@ -213,6 +214,16 @@ impl Default for OsDisk {
             io: Io::threads(),
         }
     }
+}
+
+/// A file [`OsDisk::append`] keeps open, with its length once known: an append (the index
+/// log's record after every put) then needs no `statx` to learn where it lands. Only this
+/// disk changes the file while the handle is kept: cutting, replacing, renaming or removing
+/// it closes the handle, a direct-I/O append to it forgets the length.
+#[derive(Debug)]
+struct Appending {
+    file: File,
+    end: Mutex<Option<u64>>,
 }
 
 /// Handles [`OsDisk`] keeps open per kind.
@@ -310,6 +321,15 @@ impl OsDisk {
         }
     }
 
+    /// The direct-I/O handle for appending to `path` (kept); the appending handle's length
+    /// is forgotten, as this append changes it.
+    fn kept_for_append(&self, path: &Path) -> Result<Arc<DirectFile>> {
+        if let Some((_, a)) = self.appending.lock().iter().find(|(p, _)| p == path) {
+            *a.end.lock() = None;
+        }
+        kept(&self.direct, path, || DirectFile::open_with(path, self.io))
+    }
+
     /// Closes the handles kept for `path`.
     fn forget(&self, path: &Path) {
         self.appending.lock().retain(|(p, _)| p != path);
@@ -335,15 +355,26 @@ impl Disk for OsDisk {
         if let Some((_, direct)) = self.direct.lock().iter().find(|(p, _)| p == path) {
             direct.forget_end();
         }
-        let file = kept(&self.appending, path, || {
-            OpenOptions::new()
+        let kept = kept(&self.appending, path, || {
+            let file = OpenOptions::new()
                 .append(true)
                 .create(true)
                 .open(path)
-                .map_err(|e| Error::io(path, e))
+                .map_err(|e| Error::io(path, e))?;
+            let end = Mutex::new(None);
+            Ok(Appending { file, end })
         })?;
-        let offset = file.metadata().map_err(|e| Error::io(path, e))?.len();
-        (&*file).write_all(bytes).map_err(|e| Error::io(path, e))?;
+        let mut end = kept.end.lock();
+        let offset = match *end {
+            Some(at) => at,
+            None => kept.file.metadata().map_err(|e| Error::io(path, e))?.len(),
+        };
+        // After a failed write the length is unknown (part of it may have landed).
+        *end = None;
+        (&kept.file)
+            .write_all(bytes)
+            .map_err(|e| Error::io(path, e))?;
+        *end = offset.checked_add(bytes.len() as u64);
         Ok(offset)
     }
 
@@ -371,7 +402,7 @@ impl Disk for OsDisk {
     }
 
     fn append_aligned(&self, path: &Path, parts: &[&[u8]]) -> Result<u64> {
-        let file = kept(&self.direct, path, || DirectFile::open_with(path, self.io))?;
+        let file = self.kept_for_append(path)?;
         let total = parts
             .iter()
             .try_fold(0usize, |n, p| n.checked_add(p.len()))
@@ -400,7 +431,7 @@ impl Disk for OsDisk {
         len: usize,
         fill: &mut dyn FnMut(&mut [u8]) -> Result<()>,
     ) -> Result<u64> {
-        let file = kept(&self.direct, path, || DirectFile::open_with(path, self.io))?;
+        let file = self.kept_for_append(path)?;
         file.append_with(len, |offset| {
             with_scratch(len, |buf| {
                 let (bytes, pad) = buf.as_mut_slice().split_at_mut(len);
@@ -426,7 +457,7 @@ impl Disk for OsDisk {
             let mut fill = |out: &mut [u8]| frame_into(header_len, body, framer, out);
             return self.append_aligned_filled(path, total, &mut fill);
         }
-        let file = kept(&self.direct, path, || DirectFile::open_with(path, self.io))?;
+        let file = self.kept_for_append(path)?;
         // The body's pieces past the first page go out as soon as each is copied, the first
         // page (it holds the header) once the framer has taken the whole body, beside the
         // pieces still in flight (after them, it was a serial tail). Where the ring has every
@@ -437,17 +468,32 @@ impl Disk for OsDisk {
         // that no I/O slot waits through a whole-body checksum.
         file.append_with(total, |offset| {
             with_scratch(total, |buf| {
-                let (page, rest) = buf.as_mut_slice().split_at_mut(PAGE);
+                // No header (a bare block): the pieces are the body's, copied and hashed in
+                // order as each goes out.
+                let (page, rest) = if header_len == 0 {
+                    (None, buf.as_mut_slice())
+                } else {
+                    let (page, rest) = buf.as_mut_slice().split_at_mut(PAGE);
+                    (Some(page), rest)
+                };
+                let body_at = offset + if page.is_some() { PAGE as u64 } else { 0 };
                 let piece = piece_bytes(rest.len());
                 let mut pieces: Vec<&mut [u8]> = rest.chunks_mut(piece).collect();
-                let mut offsets = direct::piece_offsets(offset + PAGE as u64, piece, pieces.len());
+                let mut offsets = direct::piece_offsets(body_at, piece, pieces.len());
                 let data_pieces = pieces.len();
-                let in_order =
-                    file.io().engine != Engine::Uring || data_pieces > file.io().queue_depth;
-                pieces.push(page);
-                offsets.push(offset);
-                // Body bytes in the first page (total > PAGE).
-                let first = PAGE - header_len;
+                let in_order = page.is_none()
+                    || file.io().engine != Engine::Uring
+                    || data_pieces > file.io().queue_depth;
+                if let Some(page) = page {
+                    pieces.push(page);
+                    offsets.push(offset);
+                }
+                // Body bytes in the first page (total > PAGE), none without a header page.
+                let first = if header_len == 0 {
+                    0
+                } else {
+                    PAGE - header_len
+                };
                 // The next piece to take its turn through the framer, and the framer.
                 let turn = parking_lot::Mutex::new((0usize, &mut *framer));
                 let turned = parking_lot::Condvar::new();

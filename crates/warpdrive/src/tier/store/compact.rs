@@ -72,8 +72,12 @@ impl TierStore {
                     })?;
                     let from = dir.join(segment_name(at.segment));
                     let stored = self.disk.read_aligned(&from, at.offset, len)?;
-                    // Verified before it moves: a corrupt block is not copied on as good.
-                    codec::decode_block(&stored, key)?;
+                    // Verified before it moves: a corrupt block is not copied on as good. It
+                    // moves as it is (an old block with its header, a bare one without).
+                    match &at.head {
+                        Some(head) => codec::decode_parts(head, &stored, key)?,
+                        None => codec::decode_block(&stored, key)?,
+                    };
                     let offset = self.disk.append_aligned(&tmp, &[&stored])?;
                     moved.push((
                         key.clone(),
@@ -82,6 +86,7 @@ impl TierStore {
                             segment: out,
                             offset,
                             len: at.len,
+                            head: at.head,
                         },
                     ));
                 }

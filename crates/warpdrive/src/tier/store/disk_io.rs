@@ -1,7 +1,9 @@
-//! The store's disk side: blocks encoded and appended to the current segment with their
-//! index records (a plain block framed straight in the direct-I/O buffer), and read back
-//! verified (large plain blocks landing piece by piece, smaller ones copied out and hashed
-//! in one pass).
+//! The store's disk side: blocks encoded and appended bare (the payload alone, on whole
+//! pages) to the current segment, then their index records holding their headers (a plain
+//! block copied and hashed straight into the direct-I/O buffer), and read back verified
+//! against those headers (large plain blocks landing piece by piece, smaller ones copied
+//! out and hashed in one pass). Blocks an older store wrote with the header in front of the
+//! payload (a record without a header) are read as they lie.
 
 use parking_lot::Mutex;
 
@@ -19,15 +21,19 @@ use super::{folders, forget, Below, Inner, TierStore};
 /// the read (4 MiB reads ran 65-73% of raw streamed against 85-88% whole on the build VM).
 const STREAM_FROM: usize = 16 << 20;
 
-impl Framer for codec::PlainFramer {
+/// A plain block's framer for a bare write: the body copied and hashed, no header in the
+/// write (the header, [`codec::PlainFramer::header`], goes into the index record).
+struct Bare(codec::PlainFramer);
+
+impl Framer for Bare {
     fn copy(&mut self, src: &[u8], dst: &mut [u8]) {
-        codec::PlainFramer::copy(self, src, dst);
+        self.0.copy(src, dst);
     }
     fn absorb(&mut self, src: &[u8]) {
-        codec::PlainFramer::absorb(self, src);
+        self.0.absorb(src);
     }
     fn header(&mut self) -> Vec<u8> {
-        codec::PlainFramer::header(self).to_vec()
+        Vec::new()
     }
 }
 
@@ -59,7 +65,7 @@ impl TierStore {
         let mut groups: Vec<(u32, Blocks)> = Vec::new();
         for &(key, data) in blocks {
             let f = folders::choose(&self.folders, g, data.len(), &pending)?;
-            let stored = (data.len() + codec::HEADER_BYTES) as u64;
+            let stored = data.len() as u64; // stored raw at worst, its header in the log
             let page = self.folders[f as usize].page;
             let need = folders::in_pages(stored, page).unwrap_or(u64::MAX);
             pending[f as usize] = pending[f as usize].saturating_add(need);
@@ -84,6 +90,7 @@ impl TierStore {
         sync: bool,
     ) -> Result<()> {
         const ZEROS: [u8; DIRECT_ALIGN as usize] = [0; DIRECT_ALIGN as usize];
+        type Head = [u8; codec::HEADER_BYTES];
         let f = folder as usize;
         let (dir, page) = match self.folders.get(f) {
             Some(d) => (&d.path, d.page),
@@ -96,42 +103,52 @@ impl TierStore {
         let segment = g.current[f];
         let path = dir.join(segment_name(segment));
         let (compression, filter) = (self.config.disk_compression, self.config.disk_filter);
-        // (offset in the write, stored length) of each block.
-        let mut placed = Vec::with_capacity(blocks.len());
+        // (offset in the write, stored length, header) of each block. Blocks are stored bare:
+        // only the payload goes into the segment (a 64 KiB block is 16 pages), the header into
+        // the index record written after it.
+        let mut placed: Vec<(u64, u64, Head)> = Vec::with_capacity(blocks.len());
         let base = match blocks {
             // A large block stored as it is: copied and hashed piece by piece, in order, while
             // the pieces before go out.
             [(_, data)]
                 if data.len() >= SPLIT_FROM && codec::stores_plain(data, compression, filter)? =>
             {
-                placed.push((0, (codec::HEADER_BYTES + data.len()) as u64));
-                let mut framer = codec::PlainFramer::start(data.len())?;
-                self.disk
-                    .append_aligned_framed(&path, codec::HEADER_BYTES, data, &mut framer)?
+                let mut framer = Bare(codec::PlainFramer::start(data.len())?);
+                let base = self
+                    .disk
+                    .append_aligned_framed(&path, 0, data, &mut framer)?;
+                placed.push((0, data.len() as u64, framer.0.header()));
+                base
             }
-            // A smaller one is framed in the I/O buffer: copied and hashed in one pass.
+            // A smaller one is copied into the I/O buffer and hashed in one pass.
             [(_, data)] if codec::stores_plain(data, compression, filter)? => {
-                let len = codec::HEADER_BYTES + data.len();
-                placed.push((0, len as u64));
-                let mut fill = |out: &mut [u8]| codec::encode_plain_into(data, out);
-                self.disk.append_aligned_filled(&path, len, &mut fill)?
+                let mut framer = codec::PlainFramer::start(data.len())?;
+                let mut fill = |out: &mut [u8]| {
+                    framer.copy(data, out);
+                    Ok(())
+                };
+                let base = self
+                    .disk
+                    .append_aligned_filled(&path, data.len(), &mut fill)?;
+                placed.push((0, data.len() as u64, framer.header()));
+                base
             }
             _ => {
                 let encoded = blocks
                     .iter()
                     .map(|(_, data)| codec::encode(data, compression, filter))
                     .collect::<Result<Vec<_>>>()?;
-                let mut parts: Vec<&[u8]> = Vec::with_capacity(3 * encoded.len());
+                let mut parts: Vec<&[u8]> = Vec::with_capacity(2 * encoded.len());
                 let mut at = 0u64;
                 for (i, block) in encoded.iter().enumerate() {
-                    placed.push((at, block.len() as u64));
-                    parts.push(&block.header);
+                    let len = block.payload.len() as u64;
+                    placed.push((at, len, block.header));
                     parts.push(&block.payload);
-                    let pad = pad_to_align(block.len() as u64);
+                    let pad = pad_to_align(len);
                     if i + 1 < encoded.len() && pad > 0 {
                         parts.push(&ZEROS[..pad as usize]);
                     }
-                    at += block.len() as u64 + pad;
+                    at += len + pad;
                 }
                 self.disk.append_aligned(&path, &parts)?
             }
@@ -143,12 +160,13 @@ impl TierStore {
                 g.named[f] = true;
             }
         }
-        for ((key, _), (start, len)) in blocks.iter().zip(placed) {
+        for ((key, _), (start, len, head)) in blocks.iter().zip(placed) {
             let at = Location {
                 folder,
                 segment,
                 offset: base + start,
                 len,
+                head: Some(head),
             };
             g.log.append(
                 &Record::Put {
@@ -182,18 +200,20 @@ impl TierStore {
         if let Some(p) = self.read_disk_streamed(g, key, pinned, |p| p.wait_slice_mut())? {
             return Ok(Below::Disk(p));
         }
-        self.read_disk(g, key, |stored| {
-            codec::decode_block_into(stored, key, pinned, |p| p.wait_slice_mut()).map(Below::Disk)
+        self.read_disk(g, key, |header, payload| {
+            codec::decode_parts_into(header, payload, key, pinned, |p| p.wait_slice_mut())
+                .map(Below::Disk)
         })
     }
 
-    /// Reads `key`'s stored block from the disk and hands it to `land`, which verifies and
-    /// decodes it where the caller wants it ([`codec::decode_block_into`]).
+    /// Reads `key`'s stored block from the disk and hands its header (from the index record,
+    /// or in front of the payload for a block an older store wrote) and payload to `land`,
+    /// which verifies and decodes it where the caller wants it ([`codec::decode_parts_into`]).
     pub(super) fn read_disk<R>(
         &self,
         g: &mut Inner,
         key: &String,
-        land: impl FnOnce(&[u8]) -> Result<R>,
+        land: impl FnOnce(&[u8; codec::HEADER_BYTES], &[u8]) -> Result<R>,
     ) -> Result<R> {
         let Some(at) = g.index.get(key).copied() else {
             g.stats.misses += 1;
@@ -215,7 +235,11 @@ impl TierStore {
                     return Err(corrupt(format!("{} of {len} bytes on disk", stored.len())));
                 }
                 if let Some(land) = land.take() {
-                    landed = Some(land(stored)?);
+                    let (header, payload) = match &at.head {
+                        Some(head) => (head, stored),
+                        None => codec::split_frame(stored, key)?,
+                    };
+                    landed = Some(land(header, payload)?);
                 }
                 Ok(())
             })?;
@@ -251,13 +275,21 @@ impl TierStore {
             return Ok(None);
         }
         let path = self.segment_path(at.folder, at.segment);
-        let first = self
-            .disk
-            .read_aligned(&path, at.offset, codec::HEADER_BYTES)?;
-        let header: &[u8; codec::HEADER_BYTES] = first
-            .first_chunk()
-            .ok_or_else(|| corrupt(format!("{} of {len} bytes on disk", first.len())))?;
-        let payload_len = len - codec::HEADER_BYTES;
+        // Header bytes in front of the payload in the segment: none for a bare block.
+        let (header, hlen) = match at.head {
+            Some(head) => (head, 0),
+            None => {
+                let first = self
+                    .disk
+                    .read_aligned(&path, at.offset, codec::HEADER_BYTES)?;
+                let header: [u8; codec::HEADER_BYTES] = *first
+                    .first_chunk()
+                    .ok_or_else(|| corrupt(format!("{} of {len} bytes on disk", first.len())))?;
+                (header, codec::HEADER_BYTES)
+            }
+        };
+        let header = &header;
+        let payload_len = len - hlen;
         let Some(stream) = codec::PlainStream::start(header, payload_len, key)? else {
             return Ok(None);
         };
@@ -271,12 +303,12 @@ impl TierStore {
             });
         }
         // One part of `data` per piece of the read (piece k: stored bytes from k × the disk's
-        // piece for this span, the header inside the first), each landed by the thread that
-        // read it; the one that lands the next part in order hashes forward.
+        // piece for this span, an old block's header inside the first), each landed by the
+        // thread that read it; the one that lands the next part in order hashes forward.
         let piece = piece_bytes(len + pad_to_align(at.len) as usize);
         let mut parts = Vec::new();
         let mut rest = data;
-        let mut end = piece - codec::HEADER_BYTES;
+        let mut end = piece - hlen;
         while !rest.is_empty() {
             let n = end.min(rest.len());
             let (part, tail) = std::mem::take(&mut rest).split_at_mut(n);
@@ -285,7 +317,7 @@ impl TierStore {
             end = piece;
         }
         let starts: Vec<usize> = (0..parts.len())
-            .map(|k| (k * piece).saturating_sub(codec::HEADER_BYTES))
+            .map(|k| (k * piece).saturating_sub(hlen))
             .collect();
         let order = Mutex::new((0usize, Some(stream)));
         // Hashes the parts that landed in order from the first not yet hashed.
@@ -303,12 +335,13 @@ impl TierStore {
             }
         };
         let land = |at: usize, bytes: &[u8]| -> Result<()> {
-            // Stored bytes at..at + len: the header's, then payload bytes from `at − HEADER`.
-            let skip = codec::HEADER_BYTES.saturating_sub(at).min(bytes.len());
+            // Stored bytes at..at + len: the header's (an old block's), then payload bytes from
+            // `at − hlen`.
+            let skip = hlen.saturating_sub(at).min(bytes.len());
             if skip > 0 && bytes[..skip] != header[at..at + skip] {
                 return Err(corrupt("the header changed between two reads".into()));
             }
-            let mut from = (at + skip).saturating_sub(codec::HEADER_BYTES);
+            let mut from = (at + skip).saturating_sub(hlen);
             let mut bytes = &bytes[skip..];
             while !bytes.is_empty() {
                 let k = starts.partition_point(|&s| s <= from) - 1;

@@ -5,7 +5,6 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 
-use super::super::codec;
 use super::super::disk::DIRECT_ALIGN;
 use super::super::log::Location;
 use super::{DiskFolder, Inner};
@@ -88,8 +87,8 @@ pub(super) fn choose(
     len: usize,
     pending: &[u64],
 ) -> Result<u32> {
-    // A stored block is never longer than its frame around the raw bytes.
-    let stored = (len as u64).saturating_add(codec::HEADER_BYTES as u64);
+    // A stored block is never longer than its raw bytes (its header is in the index record).
+    let stored = len as u64;
     let order = placement(folders, len as u64);
     for &i in &order {
         let f = &folders[i];

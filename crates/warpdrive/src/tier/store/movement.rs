@@ -20,6 +20,7 @@ impl TierStore {
     pub(super) fn may_fit_gpu(&self, g: &Inner, key: &String) -> bool {
         let below = match (g.host_blocks.get(key), g.index.get(key)) {
             (Some(p), _) => p.len() as u64,
+            (None, Some(at)) if at.head.is_some() => at.len,
             (None, Some(at)) => at.len.saturating_sub(codec::HEADER_BYTES as u64),
             (None, None) => return false,
         };

@@ -1,6 +1,13 @@
 //! Opening a store: the index log replayed and checked against the data segments on disk
 //! (entries past their segment's end dropped, leftover compaction output and segments
 //! nothing points at removed), and the segments' names.
+//!
+//! A block has no header of its own on disk to tell a whole block from a half-written one:
+//! its index record is that mark. The record is appended only once the block's write has
+//! returned (and, for a `Sync` put, once the segment is synced), so a half-written block has
+//! no record and its bytes are dead space; a record whose bytes lie past the segment's end
+//! is dropped here; and any record whose bytes did not all survive is caught by the checksum
+//! the record holds on the first read (`Error::Corrupt` naming the key, never the data).
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -75,8 +75,7 @@ impl TierStore {
                     self.prefetch_after(&mut g, &key)?;
                     return Ok(data);
                 }
-                let data =
-                    self.read_disk(&mut g, &key, |stored| codec::decode_block(stored, &key))?;
+                let data = self.read_disk(&mut g, &key, |h, p| codec::decode_parts(h, p, &key))?;
                 g.stats
                     .moves
                     .record(Tier::Disk, Tier::Host, data.len() as u64, since.elapsed());
@@ -167,9 +166,9 @@ impl TierStore {
         if streamed {
             return Ok(());
         }
-        self.read_disk(g, key, move |stored| {
+        self.read_disk(g, key, move |header, payload| {
             let make = move |len| fits(len).map(|()| out);
-            codec::decode_block_into(stored, key, make, |o| Ok(&mut **o)).map(drop)
+            codec::decode_parts_into(header, payload, key, make, |o| Ok(&mut **o)).map(drop)
         })
     }
 
