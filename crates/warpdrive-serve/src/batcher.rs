@@ -599,6 +599,10 @@ fn publish(
     if seen.jobs > 0 {
         metrics::gauge!("warpdrive_serve_latency_p99_us").set(seen.p99_us);
     }
+    drop(s);
+    // The recorder keeps each batch's `warpdrive_serve_batch_rows` sample (thousands a
+    // second) until upkeep; unscraped, the service's memory would grow without end.
+    warpdrive::telemetry::prometheus_upkeep();
 }
 
 /// Drops jobs whose client has gone, answers those past their deadline, runs the rest.
