@@ -57,25 +57,34 @@ pub(crate) fn load(args: &LoadArgs) -> Result<()> {
     Ok(())
 }
 
-/// One line per answered job: when it was due or sent (s), its latency, the generator's lag,
-/// the client's wait for a connection, and the service's submission, queue and run (µs).
-/// One line per answered job that took at least `min_latency_us`.
+/// One line per answered job that took at least `min_latency_us`: when it was due or sent
+/// (s), its latency, the generator's lag, the client's wait for a connection, the service's
+/// submission, queue and run, and the two legs between the processes by the host's wall
+/// clock: `to_service_us` (the generator handing the request to its connection → the
+/// service accepting its headers) and `from_service_us` (the service handing the reply to
+/// hyper → the generator having read it), then `pace_us` (the part of `lag_us` before the
+/// pacing thread handed the job to the generator's runtime), all µs.
 fn jobs_csv(r: &LoadReport, min_latency_us: f64) -> String {
-    let mut out = String::from("sent_s,latency_us,lag_us,connect_us,submit_us,queue_us,run_us\n");
+    let mut out = String::from(
+        "sent_s,latency_us,lag_us,connect_us,submit_us,queue_us,run_us,to_service_us,from_service_us,pace_us\n",
+    );
     for i in 0..r.latency_us.len() {
         if r.latency_us[i] < min_latency_us {
             continue;
         }
         let at = |v: &[f64]| v.get(i).copied().unwrap_or(f64::NAN);
         out += &format!(
-            "{:.6},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1}\n",
+            "{:.6},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1}\n",
             at(&r.sent_at_s),
             r.latency_us[i],
             at(&r.lag_us),
             at(&r.connect_us),
             at(&r.submit_us),
             at(&r.queue_us),
-            at(&r.run_us)
+            at(&r.run_us),
+            at(&r.to_service_us),
+            at(&r.from_service_us),
+            at(&r.pace_us)
         );
     }
     out
@@ -154,11 +163,17 @@ mod tests {
         // Missing per-job figures are written as NaN, not dropped or misaligned.
         let csv = jobs_csv(&r, 0.0);
         assert_eq!(csv.lines().count(), 1001);
-        assert_eq!(csv.lines().nth(2), Some("NaN,2.0,NaN,NaN,NaN,NaN,NaN"));
+        assert_eq!(
+            csv.lines().nth(2),
+            Some("NaN,2.0,NaN,NaN,NaN,NaN,NaN,NaN,NaN,NaN")
+        );
         // Only the slow ones, each still on its own figures.
         let slow = jobs_csv(&r, 990.0);
         assert_eq!(slow.lines().count(), 12);
-        assert_eq!(slow.lines().nth(1), Some("NaN,990.0,NaN,NaN,NaN,NaN,NaN"));
+        assert_eq!(
+            slow.lines().nth(1),
+            Some("NaN,990.0,NaN,NaN,NaN,NaN,NaN,NaN,NaN,NaN")
+        );
         assert!(s.contains("500.0 jobs/s"), "{s}");
         assert!(s.contains("p99 990"), "{s}");
         assert!(s.contains("503: 3"), "{s}");

@@ -411,6 +411,7 @@ fn meta<'a>(headers: &'a HeaderMap, config: &ServeConfig) -> std::result::Result
 
 async fn submit(req: Request<Incoming>, state: &State) -> Response<Body> {
     let accepted = Instant::now();
+    let accepted_unix_us = wire::unix_us_now();
     let config = &state.config;
     let (parts, body) = req.into_parts();
     let format = match wire::format_of(
@@ -531,7 +532,13 @@ async fn submit(req: Request<Incoming>, state: &State) -> Response<Body> {
     // reply is dropped here and the batcher skips the job. The grant is held to the end.
     let outcome = async move {
         let answer = tokio::time::timeout(job_timeout, rx).await;
-        let reply = reply_of(answer, format, rows, deadline, submit_us);
+        let reply = reply_of(
+            answer,
+            format,
+            rows,
+            deadline,
+            (submit_us, accepted_unix_us),
+        );
         drop(grant);
         reply
     };
@@ -567,7 +574,7 @@ fn reply_of(
     format: Format,
     rows: usize,
     deadline: Duration,
-    submit_us: f64,
+    stamps: (f64, u64),
 ) -> Response<Body> {
     match got {
         Err(_) => refuse(
@@ -590,7 +597,7 @@ fn reply_of(
                 &why,
             ),
         },
-        Ok(Ok(Ok((data, stats)))) => reply::answer(format, rows, data, stats, submit_us),
+        Ok(Ok(Ok((data, stats)))) => reply::answer(format, rows, data, stats, stamps),
     }
 }
 
