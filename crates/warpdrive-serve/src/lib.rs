@@ -50,6 +50,7 @@ mod dispatch;
 mod http;
 pub mod load;
 mod model;
+pub mod probe;
 mod queue;
 mod reply;
 mod results;

@@ -15,6 +15,7 @@ use rand::{Rng, SeedableRng};
 use tokio::task::JoinSet;
 
 use super::client::{Client, ClientConfig, Encoded, Failure, JobResult, JobSpec};
+use super::probe::{Probes, Stall};
 use super::wire::Format;
 
 /// How jobs arrive.
@@ -56,7 +57,13 @@ pub struct LoadConfig {
     /// Task polls between a busy generator thread's looks at the sockets (as the service's
     /// `http_event_interval`: a task parses a reply of thousands of floats).
     pub event_interval: u32,
+    /// Stall probes in the generator (a thread and a task on its runtime, [`crate::probe`])
+    /// note every wake-up later than this into [`LoadReport::stalls`] (`None`: no probes).
+    pub stall_probe: Option<Duration>,
 }
+
+/// The probes' threshold by default: four of their 1 ms ticks.
+pub const DEFAULT_STALL_PROBE: Duration = Duration::from_millis(4);
 
 impl LoadConfig {
     /// `arrivals` at `addr` for `duration`, one-row JSON jobs, 64 connections.
@@ -75,6 +82,7 @@ impl LoadConfig {
             seed: 1,
             threads: default_threads(),
             event_interval: crate::DEFAULT_EVENT_INTERVAL,
+            stall_probe: Some(DEFAULT_STALL_PROBE),
         }
     }
 }
@@ -116,6 +124,11 @@ pub struct LoadReport {
     pub first_failure: Option<String>,
     /// From the first job to the last answer.
     pub elapsed: Duration,
+    /// The generator's stalls its probes saw during the run (`LoadConfig::stall_probe`).
+    pub stalls: Vec<Stall>,
+    /// The wall clock at the run's start (µs since the Unix epoch): `sent_at_s` and the
+    /// stalls' times are against it.
+    pub started_unix_us: u64,
     /// Jobs a second offered (open loop: the rate asked for).
     pub offered_per_s: Option<f64>,
 }
@@ -296,7 +309,11 @@ pub async fn run_async(config: &LoadConfig) -> Result<LoadReport, LoadError> {
             .map_err(|e| LoadError(format!("encoding the job: {e}")))?,
     );
     let mut report = LoadReport::with_capacity(expected_jobs(config));
+    let probes = config
+        .stall_probe
+        .map(|t| Probes::start(&tokio::runtime::Handle::current(), t, |_| {}));
     let start = Instant::now();
+    report.started_unix_us = crate::wire::unix_us_now();
     let stop = crate::later(start, config.duration);
     let max_jobs = config.max_jobs.unwrap_or(u64::MAX);
     match config.arrivals {
@@ -342,6 +359,9 @@ pub async fn run_async(config: &LoadConfig) -> Result<LoadReport, LoadError> {
         }
     }
     report.elapsed = start.elapsed();
+    if let Some(p) = probes {
+        report.stalls = p.finish();
+    }
     Ok(report)
 }
 
