@@ -14,7 +14,8 @@ use parking_lot::Mutex;
 /// How often each probe wakes.
 const TICK: Duration = Duration::from_millis(1);
 
-/// Stalls kept at most (the first ones; a host that stalls this often says so anyway).
+/// Stalls kept and reported at most (the first ones: a saturated host would otherwise log
+/// up to hundreds a second; one that stalls this often has said so by then).
 const MAX_STALLS: usize = 1024;
 
 /// Which probe saw a stall.
@@ -55,7 +56,7 @@ pub(crate) struct Probes {
 
 impl Probes {
     /// Starts the thread probe and a task probe on `runtime`, each noting gaps over
-    /// `threshold`; `report` is called with each stall as it is seen (from the probe).
+    /// `threshold`; `report` is called with each stall kept, as it is seen (from the probe).
     pub(crate) fn start(
         runtime: &tokio::runtime::Handle,
         threshold: Duration,
@@ -130,10 +131,11 @@ fn note(
             until_unix_us: crate::wire::unix_us_now(),
             gap_us: gap.as_secs_f64() * 1e6,
         };
-        report(&stall);
         let mut v = seen.lock();
         if v.len() < MAX_STALLS {
             v.push(stall);
+            drop(v);
+            report(&stall);
         }
     }
     now
