@@ -187,7 +187,7 @@ const VARIANTS: &[Variant] = &[
     // convert every value and round the job's inputs), so its curve shows the batching
     // rule's tail apart from the host's JSON saturation.
     Variant {
-        name: "warpdrive-dynamic-binary",
+        name: ONE_ROW_BINARY_VARIANT,
         max_batch_rows: 256,
         max_delay: Duration::from_millis(2),
         controller: None,
@@ -198,7 +198,9 @@ const VARIANTS: &[Variant] = &[
     },
 ];
 
-/// How `warpdrive-dynamic-binary`'s one-row jobs travel.
+/// The variant whose one-row jobs are binary (the peer's are JSON: the peer comparison
+/// leaves it out), and how they travel.
+pub(crate) const ONE_ROW_BINARY_VARIANT: &str = "warpdrive-dynamic-binary";
 const ONE_ROW_BINARY: Format = Format::Binary(Dtype::F32);
 
 /// How often the service steps its controller and publishes its status here.
