@@ -23,8 +23,11 @@
 //!   `warpdrive-dynamic-2w` (dynamic batching on two batcher threads, each with its own
 //!   copy of the layer and its own stream; a job waits up to 2 ms for company while the
 //!   other thread runs a batch) and `warpdrive-window` (Triton's rule: a batch closes at
-//!   256 rows or when its oldest job has waited 2 ms, idle device or not);
-//!   `extra.jobs_per_s`, `extra.p99_us`,
+//!   256 rows or when its oldest job has waited 2 ms, idle device or not), and
+//!   `warpdrive-dynamic-binary` (`warpdrive-dynamic` with its one-row jobs sent as binary
+//!   f32 tensors in this case, the curve and its 80 % point: the JSON body's ~210 µs of
+//!   HTTP-side CPU a job gone; it has no `load-256row` rows, which would repeat
+//!   `warpdrive-dynamic`'s); `extra.jobs_per_s`, `extra.p99_us`,
 //!   `extra.p999_us`, `extra.mean_batch_rows`, `extra.failed`, `extra.busy` (the fraction
 //!   of the run the model ran, per batcher thread, from the service's totals), and the knobs at the end
 //!   (`extra.batch_rows_knob`, `extra.delay_us_knob`).
@@ -32,7 +35,7 @@
 //!   device's work dominates), sent as binary f32 tensors (as the Python peer sends them).
 //! - `curve-1row` (size = offered jobs/s): open-loop Poisson arrivals of one-row jobs at
 //!   20 / 50 / 80 / 100 / 120 % of the variant's own closed-loop throughput at the most
-//!   clients; µs per job from the moment it was due; `extra.offered_per_s`,
+//!   clients (in the variant's own body format); µs per job from the moment it was due; `extra.offered_per_s`,
 //!   `extra.load_fraction`, `extra.service_us` (the median run time of the batches its
 //!   jobs ran in) and the `load-1row` extras.
 //!   Every load row also splits a job's time as the service saw it: `extra.queue_us` and
@@ -120,6 +123,8 @@ struct Variant {
     tune_batch: bool,
     workers: usize,
     dispatch: Dispatch,
+    /// How its one-row jobs travel (closed loop, curve and 80 % point alike).
+    format: Format,
 }
 
 const VARIANTS: &[Variant] = &[
@@ -131,6 +136,7 @@ const VARIANTS: &[Variant] = &[
         tune_batch: false,
         workers: 1,
         dispatch: Dispatch::WhenIdle,
+        format: Format::Json,
     },
     Variant {
         name: "warpdrive-dynamic",
@@ -140,6 +146,7 @@ const VARIANTS: &[Variant] = &[
         tune_batch: false,
         workers: 1,
         dispatch: Dispatch::WhenIdle,
+        format: Format::Json,
     },
     Variant {
         name: "warpdrive-controller",
@@ -153,6 +160,7 @@ const VARIANTS: &[Variant] = &[
         tune_batch: true,
         workers: 1,
         dispatch: Dispatch::WhenIdle,
+        format: Format::Json,
     },
     Variant {
         name: "warpdrive-dynamic-2w",
@@ -162,6 +170,7 @@ const VARIANTS: &[Variant] = &[
         tune_batch: false,
         workers: 2,
         dispatch: Dispatch::WhenIdle,
+        format: Format::Json,
     },
     Variant {
         name: "warpdrive-window",
@@ -171,8 +180,28 @@ const VARIANTS: &[Variant] = &[
         tune_batch: false,
         workers: 1,
         dispatch: Dispatch::Window,
+        format: Format::Json,
+    },
+    // `warpdrive-dynamic` with its one-row jobs as binary f32 tensors: the JSON job's ~210 µs
+    // of HTTP-side CPU gone (f32: one copy each way, the reply read in place; bf16 would
+    // convert every value and round the job's inputs), so its curve shows the batching
+    // rule's tail apart from the host's JSON saturation.
+    Variant {
+        name: ONE_ROW_BINARY_VARIANT,
+        max_batch_rows: 256,
+        max_delay: Duration::from_millis(2),
+        controller: None,
+        tune_batch: false,
+        workers: 1,
+        dispatch: Dispatch::WhenIdle,
+        format: ONE_ROW_BINARY,
     },
 ];
+
+/// The variant whose one-row jobs are binary (the peer's are JSON: the peer comparison
+/// leaves it out), and how they travel.
+pub(crate) const ONE_ROW_BINARY_VARIANT: &str = "warpdrive-dynamic-binary";
+const ONE_ROW_BINARY: Format = Format::Binary(Dtype::F32);
 
 /// How often the service steps its controller and publishes its status here.
 const INTERVAL: Duration = Duration::from_millis(50);
@@ -451,7 +480,11 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
         let mut most = 0.0f64;
         let mut unloaded = f64::NAN;
         for &clients in plan.clients {
-            let (r, busy) = offer_busy(&server, &closed(addr, clients, 1, plan.load_for))?;
+            let one = LoadConfig {
+                format: v.format,
+                ..closed(addr, clients, 1, plan.load_for)
+            };
+            let (r, busy) = offer_busy(&server, &one)?;
             most = most.max(r.jobs_per_s());
             if clients == 1 {
                 unloaded = percentile(&r.latency_us, 0.5);
@@ -464,7 +497,14 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
                 (&r, busy, &server),
             )?;
         }
-        for &clients in plan.clients_256 {
+        // The binary variant's 256-row rows would repeat `warpdrive-dynamic`'s: those jobs
+        // travel as binary f32 tensors for every variant.
+        let clients_256 = if v.format == Format::Json {
+            plan.clients_256
+        } else {
+            &[]
+        };
+        for &clients in clients_256 {
             let big = LoadConfig {
                 format: BIG_FORMAT,
                 ..closed(addr, clients, BIG_ROWS, plan.load_for)
@@ -484,6 +524,7 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
                 &server,
                 &LoadConfig {
                     timeout: WAIT,
+                    format: v.format,
                     ..LoadConfig::new(addr, Arrivals::Poisson { per_s: rate }, plan.load_for)
                 },
             )?;
@@ -556,6 +597,7 @@ mod tests {
             "warpdrive-controller",
             "warpdrive-dynamic-2w",
             "warpdrive-window",
+            "warpdrive-dynamic-binary",
         ] {
             assert!(rows
                 .iter()
@@ -565,8 +607,22 @@ mod tests {
                 .any(|r| r.case == "curve-1row" && r.variant == variant));
             assert!(rows.iter().any(|r| r.case == "p99-at-80pct"
                 && r.variant == variant
+                && r.extra.contains_key("bound_us")
                 && matches!(r.extra["verdict"].as_str(), Some("met" | "missed"))));
+            // The 80 % point is 80 % of the variant's own closed-loop maximum.
+            let most = rows
+                .iter()
+                .filter(|r| r.case == "load-1row" && r.variant == variant)
+                .filter_map(|r| r.extra["jobs_per_s"].as_f64())
+                .fold(0.0, f64::max);
+            assert!(rows.iter().any(|r| r.case == "p99-at-80pct"
+                && r.variant == variant
+                && r.size == (0.8 * most).round() as u64));
         }
+        // The binary variant leaves the 256-row case to the others (the same jobs).
+        assert!(!rows
+            .iter()
+            .any(|r| r.case == "load-256row" && r.variant == "warpdrive-dynamic-binary"));
         assert!(rows.iter().any(|r| r.case == "load-256row"));
     }
 }

@@ -3,6 +3,8 @@
 //! once the peer's are in: for each regime (`load-1row`, `load-256row`), the peer's point of
 //! most jobs/s, and warpdrive's point of most jobs/s among those of the same case whose p99
 //! is at most the peer's there (none: the one with the lowest p99, and the verdict says so).
+//! Only warpdrive's rows with the peer's bodies count: not `warpdrive-dynamic-binary`'s
+//! one-row jobs (binary tensors; the peer's one-row jobs are JSON).
 //!
 //! Row `vs-peer-1row` / `vs-peer-256row` (size = rows per job, variant `warpdrive`): median,
 //! p10 and p90 are warpdrive's p99 at its point (µs); `extra.jobs_per_s`,
@@ -40,7 +42,9 @@ pub fn versus_peer(rows: &[Row]) -> Vec<Row> {
                 r.suite == super::serve::SUITE
                     && r.case == case
                     && r.variant.starts_with("torch-") == peer
-                    && (peer || r.variant.starts_with("warpdrive"))
+                    && (peer
+                        || (r.variant.starts_with("warpdrive")
+                            && r.variant != super::serve::ONE_ROW_BINARY_VARIANT))
             })
         };
         let most = |a: &&Row, b: &&Row| {
@@ -122,6 +126,8 @@ mod tests {
             load("load-1row", "warpdrive-dynamic", 32, 9000.0, 95_000.0),
             load("load-1row", "warpdrive-dynamic", 8, 2400.0, 10_000.0),
             load("load-1row", "warpdrive-batch-1", 8, 800.0, 20_000.0),
+            // Under the peer's p99 with more jobs/s, but with binary bodies: not compared.
+            load("load-1row", "warpdrive-dynamic-binary", 8, 5000.0, 9_000.0),
             load("load-256row", "warpdrive-dynamic", 8, 25.0, 400_000.0),
         ];
         let out = versus_peer(&rows);

@@ -295,7 +295,9 @@ pub(crate) struct LoadArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub(crate) event_interval: Option<u32>,
     /// Write every answered job to this CSV file: when it was due or sent (seconds into the
-    /// run), its latency and the service's submission, queue and batch run times (µs).
+    /// run), its latency, the generator's lag and connection wait, the service's submission,
+    /// queue and batch run times, and the legs to and from the service by the host's wall
+    /// clock and the pacer's part of the lag (to_service_us, from_service_us, pace_us; µs).
     #[arg(long, value_name = "PATH")]
     pub(crate) jobs_csv: Option<std::path::PathBuf>,
     /// Only jobs that took at least this long go to --jobs-csv (µs; default 0: every job):

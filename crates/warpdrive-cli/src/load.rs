@@ -57,31 +57,44 @@ pub(crate) fn load(args: &LoadArgs) -> Result<()> {
     Ok(())
 }
 
-/// One line per answered job: when it was due or sent (s), its latency, the generator's lag,
-/// the client's wait for a connection, and the service's submission, queue and run (µs).
-/// One line per answered job that took at least `min_latency_us`.
+/// One line per answered job that took at least `min_latency_us`: when it was due or sent
+/// (s), its latency, the generator's lag, the client's wait for a connection, the service's
+/// submission, queue and run, and the two legs between the processes by the host's wall
+/// clock: `to_service_us` (the generator handing the request to its connection → the
+/// service accepting its headers) and `from_service_us` (the service handing the reply to
+/// hyper → the generator having read it), then `pace_us` (the part of `lag_us` before the
+/// pacing thread handed the job to the generator's runtime), all µs.
 fn jobs_csv(r: &LoadReport, min_latency_us: f64) -> String {
-    let mut out = String::from("sent_s,latency_us,lag_us,connect_us,submit_us,queue_us,run_us\n");
+    let mut out = String::from(
+        "sent_s,latency_us,lag_us,connect_us,submit_us,queue_us,run_us,to_service_us,from_service_us,pace_us\n",
+    );
     for i in 0..r.latency_us.len() {
         if r.latency_us[i] < min_latency_us {
             continue;
         }
         let at = |v: &[f64]| v.get(i).copied().unwrap_or(f64::NAN);
         out += &format!(
-            "{:.6},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1}\n",
+            "{:.6},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1}\n",
             at(&r.sent_at_s),
             r.latency_us[i],
             at(&r.lag_us),
             at(&r.connect_us),
             at(&r.submit_us),
             at(&r.queue_us),
-            at(&r.run_us)
+            at(&r.run_us),
+            at(&r.to_service_us),
+            at(&r.from_service_us),
+            at(&r.pace_us)
         );
     }
     out
 }
 
-/// The report in a few lines: jobs, throughput, latency percentiles, failures by kind.
+/// Generator stalls printed at most (the rest are counted).
+const MAX_STALL_LINES: usize = 40;
+
+/// The report in a few lines: jobs, throughput, latency percentiles, the generator's
+/// stalls, failures by kind.
 fn summary(r: &LoadReport) -> String {
     let pct = |v: &[f64], q: f64| {
         if v.is_empty() {
@@ -121,6 +134,28 @@ fn summary(r: &LoadReport) -> String {
         pct(s, 0.5),
         pct(s, 0.99)
     );
+    if r.started_unix_us > 0 {
+        out += &format!(
+            "started at unix {:.6} s (sent_s in --jobs-csv counts from here)\n",
+            r.started_unix_us as f64 * 1e-6
+        );
+    }
+    // The generator's own stalls (its probes: a thread, and a task on its runtime), each
+    // with when it ended, as sent_s counts, to line up with the slow jobs.
+    for s in r.stalls.iter().take(MAX_STALL_LINES) {
+        let ended = s.until_unix_us.saturating_sub(r.started_unix_us) as f64 * 1e-6;
+        out += &format!(
+            "generator stall ({}): {:.1} ms, ended {ended:.4} s into the run\n",
+            s.probe.name(),
+            s.gap_us * 1e-3
+        );
+    }
+    if r.stalls.len() > MAX_STALL_LINES {
+        out += &format!(
+            "generator stalls: {} more\n",
+            r.stalls.len() - MAX_STALL_LINES
+        );
+    }
     if !r.failures.is_empty() {
         let kinds: Vec<String> = r
             .failures
@@ -138,6 +173,7 @@ fn summary(r: &LoadReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use warpdrive_serve::probe::{Stall, Where};
 
     #[test]
     fn the_summary_names_percentiles_and_failures() {
@@ -149,16 +185,33 @@ mod tests {
         };
         r.failures.insert("503".into(), 3);
         r.first_failure = Some("status 503: the queue is full".into());
+        r.started_unix_us = 1_795_762_280_000_000;
+        r.stalls.push(Stall {
+            probe: Where::Runtime,
+            until_unix_us: 1_795_762_281_512_300,
+            gap_us: 8_250.0,
+        });
         let s = summary(&r);
         assert!(s.contains("1003 sent, 1000 answered, 3 failed"), "{s}");
+        assert!(s.contains("started at unix 1795762280.000000 s"), "{s}");
+        assert!(
+            s.contains("generator stall (runtime): 8.2 ms, ended 1.5123 s into the run"),
+            "{s}"
+        );
         // Missing per-job figures are written as NaN, not dropped or misaligned.
         let csv = jobs_csv(&r, 0.0);
         assert_eq!(csv.lines().count(), 1001);
-        assert_eq!(csv.lines().nth(2), Some("NaN,2.0,NaN,NaN,NaN,NaN,NaN"));
+        assert_eq!(
+            csv.lines().nth(2),
+            Some("NaN,2.0,NaN,NaN,NaN,NaN,NaN,NaN,NaN,NaN")
+        );
         // Only the slow ones, each still on its own figures.
         let slow = jobs_csv(&r, 990.0);
         assert_eq!(slow.lines().count(), 12);
-        assert_eq!(slow.lines().nth(1), Some("NaN,990.0,NaN,NaN,NaN,NaN,NaN"));
+        assert_eq!(
+            slow.lines().nth(1),
+            Some("NaN,990.0,NaN,NaN,NaN,NaN,NaN,NaN,NaN,NaN")
+        );
         assert!(s.contains("500.0 jobs/s"), "{s}");
         assert!(s.contains("p99 990"), "{s}");
         assert!(s.contains("503: 3"), "{s}");

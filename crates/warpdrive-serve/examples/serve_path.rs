@@ -91,6 +91,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         submit_us: 1.0,
         queue_us: 1.0,
         run_us: 1.0,
+        accepted_unix_us: Some(1),
+        replied_unix_us: Some(1),
     };
     let reply_json = serde_json::to_vec(&reply)?;
     println!(

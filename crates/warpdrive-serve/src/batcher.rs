@@ -88,6 +88,10 @@ pub struct ServeConfig {
     /// Task polls between an HTTP thread's looks at the sockets while it has tasks queued
     /// ([`DEFAULT_EVENT_INTERVAL`]).
     pub http_event_interval: u32,
+    /// Stall probes in the service (a thread and a task on the HTTP runtime,
+    /// [`crate::probe`]) log a warning with the wall clock for every wake-up later than this
+    /// (`None`: no probes).
+    pub stall_probe: Option<Duration>,
 }
 
 /// Task polls between a busy runtime thread's looks for socket readiness (tokio's
@@ -123,6 +127,7 @@ impl Default for ServeConfig {
             warm_rows: Vec::new(),
             http_threads: std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8)),
             http_event_interval: DEFAULT_EVENT_INTERVAL,
+            stall_probe: Some(crate::load::DEFAULT_STALL_PROBE),
         }
     }
 }
@@ -599,6 +604,10 @@ fn publish(
     if seen.jobs > 0 {
         metrics::gauge!("warpdrive_serve_latency_p99_us").set(seen.p99_us);
     }
+    drop(s);
+    // The recorder keeps each batch's `warpdrive_serve_batch_rows` sample (thousands a
+    // second) until upkeep; unscraped, the service's memory would grow without end.
+    warpdrive::telemetry::prometheus_upkeep();
 }
 
 /// Drops jobs whose client has gone, answers those past their deadline, runs the rest.

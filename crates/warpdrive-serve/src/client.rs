@@ -79,6 +79,14 @@ pub struct JobResult {
     /// µs this client spent before the request could go: waiting for a connection, opening
     /// one, and the connection becoming ready (NaN where no request was timed).
     pub connect_us: f64,
+    /// Wall clocks of this host, µs since the Unix epoch (NaN where unknown): this client
+    /// handing the request to its connection, the service accepting the request's headers
+    /// and handing its reply to hyper (from the reply's headers,
+    /// [`wire::ACCEPTED_UNIX_US_HEADER`]), and this client having read the whole reply.
+    pub sent_unix_us: f64,
+    pub accepted_unix_us: f64,
+    pub replied_unix_us: f64,
+    pub received_unix_us: f64,
 }
 
 impl JobResult {
@@ -228,7 +236,7 @@ impl Client {
 
     /// Submits a job [`Client::encode`] made and waits for its answer.
     pub async fn submit_encoded(&self, job: &Encoded) -> Result<JobResult, Failure> {
-        let mut connect = Duration::ZERO;
+        let mut timing = Timing::default();
         let content_type = self.inner.config.format.content_type();
         let (status, headers, body) = self
             .request_timed(
@@ -236,14 +244,16 @@ impl Client {
                 Some(content_type),
                 job.body.clone(),
                 &job.headers,
-                &mut connect,
+                &mut timing,
             )
             .await?;
         if status != StatusCode::OK {
             return Err(status_failure(status, &body));
         }
         let mut r = parse_result(&headers, &body)?;
-        r.connect_us = connect.as_secs_f64() * 1e6;
+        r.connect_us = timing.connect.as_secs_f64() * 1e6;
+        r.sent_unix_us = timing.sent_unix_us as f64;
+        r.received_unix_us = timing.received_unix_us as f64;
         Ok(r)
     }
 
@@ -306,20 +316,21 @@ impl Client {
         body: Bytes,
         headers: &[(&'static str, String)],
     ) -> Result<(StatusCode, hyper::HeaderMap, Bytes), Failure> {
-        let mut connect = Duration::ZERO;
-        self.request_timed((method, path), content_type, body, headers, &mut connect)
+        let mut timing = Timing::default();
+        self.request_timed((method, path), content_type, body, headers, &mut timing)
             .await
     }
 
-    /// [`Client::request`], adding to `connect` the time until the connection that carried
-    /// the request was ready to send it.
+    /// [`Client::request`], noting in `timing` the time until the connection that carried
+    /// the request was ready to send it, and the wall clock when the request went out and
+    /// when its whole reply had been read.
     async fn request_timed(
         &self,
         (method, path): (Method, &str),
         content_type: Option<&'static str>,
         body: Bytes,
         headers: &[(&'static str, String)],
-        connect: &mut Duration,
+        timing: &mut Timing,
     ) -> Result<(StatusCode, hyper::HeaderMap, Bytes), Failure> {
         let began = std::time::Instant::now();
         let inner = &self.inner;
@@ -354,7 +365,8 @@ impl Client {
                 if let Err(e) = sender.ready().await {
                     return Err((true, Failure::Io(format!("connection: {e}"))));
                 }
-                *connect = began.elapsed();
+                timing.connect = began.elapsed();
+                timing.sent_unix_us = wire::unix_us_now();
                 let reply = match sender.try_send_request(req).await {
                     Ok(r) => r,
                     // No reply came: on a kept-alive connection, whatever went wrong (closed,
@@ -370,6 +382,7 @@ impl Client {
                     .await
                     .map_err(|e| (false, Failure::Io(format!("reading the reply: {e}"))))?
                     .to_bytes();
+                timing.received_unix_us = wire::unix_us_now();
                 Ok((parts.status, parts.headers, body))
             };
             match tokio::time::timeout(t, exchange).await {
@@ -419,9 +432,38 @@ impl Client {
     }
 }
 
+/// What one request's exchange took, and when (this host's wall clock, µs since the Unix
+/// epoch; 0 until known).
+#[derive(Debug, Default)]
+struct Timing {
+    connect: Duration,
+    sent_unix_us: u64,
+    received_unix_us: u64,
+}
+
 /// A 200 reply's job result, in the format its content type names.
 fn parse_result(headers: &hyper::HeaderMap, body: &[u8]) -> Result<JobResult, Failure> {
     let content_type = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok());
+    let num = |name: &str| -> f64 {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(f64::NAN)
+    };
+    // The service's clocks: the headers (every 200 job reply of this version), else the JSON
+    // fields, else unknown.
+    let (accepted_unix_us, replied_unix_us) = (
+        num(wire::ACCEPTED_UNIX_US_HEADER),
+        num(wire::REPLIED_UNIX_US_HEADER),
+    );
+    let or_field = |h: f64, f: Option<u64>| {
+        if h.is_nan() {
+            f.map_or(f64::NAN, |v| v as f64)
+        } else {
+            h
+        }
+    };
     match wire::format_of(content_type).map_err(|e| Failure::BadReply(e.why))? {
         Format::Json => {
             let r: JsonReply =
@@ -434,6 +476,10 @@ fn parse_result(headers: &hyper::HeaderMap, body: &[u8]) -> Result<JobResult, Fa
                 queue_us: r.queue_us,
                 run_us: r.run_us,
                 connect_us: f64::NAN,
+                sent_unix_us: f64::NAN,
+                accepted_unix_us: or_field(accepted_unix_us, r.accepted_unix_us),
+                replied_unix_us: or_field(replied_unix_us, r.replied_unix_us),
+                received_unix_us: f64::NAN,
             })
         }
         Format::Binary(_) => {
@@ -441,13 +487,6 @@ fn parse_result(headers: &hyper::HeaderMap, body: &[u8]) -> Result<JobResult, Fa
                 .ok_or_else(|| Failure::BadReply("a tensor reply without a header".into()))?;
             let t = wire::decode(Format::Binary(Dtype::F32), body, width)
                 .map_err(|e| Failure::BadReply(e.why))?;
-            let num = |name: &str| -> f64 {
-                headers
-                    .get(name)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(f64::NAN)
-            };
             Ok(JobResult {
                 rows: t.rows,
                 data: t.data,
@@ -456,6 +495,10 @@ fn parse_result(headers: &hyper::HeaderMap, body: &[u8]) -> Result<JobResult, Fa
                 queue_us: num(wire::QUEUE_US_HEADER),
                 run_us: num(wire::RUN_US_HEADER),
                 connect_us: f64::NAN,
+                sent_unix_us: f64::NAN,
+                accepted_unix_us,
+                replied_unix_us,
+                received_unix_us: f64::NAN,
             })
         }
     }

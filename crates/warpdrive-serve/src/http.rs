@@ -27,6 +27,7 @@ use super::budget::{tenant_name, Budgets};
 use super::client::{DEADLINE_HEADER, PRIORITY_HEADER, TENANT_HEADER};
 use super::dashboard;
 use super::model::Model;
+use super::probe::{Probes, Stall};
 use super::queue::{Refused, CLASSES, DEFAULT_PRIORITY};
 use super::reply;
 use super::results::{Fetched, Results};
@@ -46,6 +47,7 @@ pub struct Server {
     stop: Option<watch::Sender<bool>>,
     http: Option<JoinHandle<()>>,
     batcher: Vec<JoinHandle<()>>,
+    probes: Option<Probes>,
 }
 
 pub(crate) struct State {
@@ -106,6 +108,9 @@ impl Server {
             tracing::warn!("serve: /metrics unavailable: {e}");
         }
         let (shared, batcher) = batcher::start(Arc::new(make), &config)?;
+        let probes = config
+            .stall_probe
+            .map(|t| Probes::start(runtime.handle(), t, warn_stall));
         let budgets = Arc::new(Budgets::new(
             config.budget,
             config.tenant_budgets.clone(),
@@ -130,6 +135,7 @@ impl Server {
             stop: Some(stop),
             http: Some(http),
             batcher,
+            probes,
         })
     }
 
@@ -204,7 +210,19 @@ impl Server {
         for t in self.batcher.drain(..) {
             let _ = t.join();
         }
+        self.probes = None;
     }
+}
+
+/// A stall a probe of the service saw, in its log: the wall clock lines it up with a load
+/// generator's per-job times on the same host.
+fn warn_stall(s: &Stall) {
+    tracing::warn!(
+        "serve: stall probe ({}): no wake-up for {:.1} ms, until unix {:.6} s",
+        s.probe.name(),
+        s.gap_us * 1e-3,
+        s.until_unix_us as f64 * 1e-6
+    );
 }
 
 impl Drop for Server {
@@ -411,6 +429,7 @@ fn meta<'a>(headers: &'a HeaderMap, config: &ServeConfig) -> std::result::Result
 
 async fn submit(req: Request<Incoming>, state: &State) -> Response<Body> {
     let accepted = Instant::now();
+    let accepted_unix_us = wire::unix_us_now();
     let config = &state.config;
     let (parts, body) = req.into_parts();
     let format = match wire::format_of(
@@ -531,7 +550,13 @@ async fn submit(req: Request<Incoming>, state: &State) -> Response<Body> {
     // reply is dropped here and the batcher skips the job. The grant is held to the end.
     let outcome = async move {
         let answer = tokio::time::timeout(job_timeout, rx).await;
-        let reply = reply_of(answer, format, rows, deadline, submit_us);
+        let reply = reply_of(
+            answer,
+            format,
+            rows,
+            deadline,
+            (submit_us, accepted_unix_us),
+        );
         drop(grant);
         reply
     };
@@ -567,7 +592,7 @@ fn reply_of(
     format: Format,
     rows: usize,
     deadline: Duration,
-    submit_us: f64,
+    stamps: (f64, u64),
 ) -> Response<Body> {
     match got {
         Err(_) => refuse(
@@ -590,7 +615,7 @@ fn reply_of(
                 &why,
             ),
         },
-        Ok(Ok(Ok((data, stats)))) => reply::answer(format, rows, data, stats, submit_us),
+        Ok(Ok(Ok((data, stats)))) => reply::answer(format, rows, data, stats, stamps),
     }
 }
 

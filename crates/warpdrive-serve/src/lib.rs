@@ -32,6 +32,10 @@
 //! - [`Client`] (pooled keep-alive connections under a cap), [`Batching`] (client-side
 //!   batching: many small jobs as one request) and [`load`] (open- and closed-loop load,
 //!   what `warpdrive load` and the bench suite use).
+//! - [`probe`]: stall probes (a thread, and a task on the HTTP or the generator's runtime)
+//!   that note every wake-up over 4 ms late: the service logs them, the generator reports
+//!   them; every job reply carries the service's wall clock (accepted, replied) so the
+//!   generator splits a job's time into the legs to and from the service.
 //!
 //! Every bad request gets a 4xx with a one-line reason and the service keeps serving the
 //! others: malformed JSON, tensors, shapes or headers (400), an unknown content type (415),
@@ -50,6 +54,7 @@ mod dispatch;
 mod http;
 pub mod load;
 mod model;
+pub mod probe;
 mod queue;
 mod reply;
 mod results;

@@ -15,6 +15,7 @@ use rand::{Rng, SeedableRng};
 use tokio::task::JoinSet;
 
 use super::client::{Client, ClientConfig, Encoded, Failure, JobResult, JobSpec};
+use super::probe::{Probes, Stall};
 use super::wire::Format;
 
 /// How jobs arrive.
@@ -56,7 +57,13 @@ pub struct LoadConfig {
     /// Task polls between a busy generator thread's looks at the sockets (as the service's
     /// `http_event_interval`: a task parses a reply of thousands of floats).
     pub event_interval: u32,
+    /// Stall probes in the generator (a thread and a task on its runtime, [`crate::probe`])
+    /// note every wake-up later than this into [`LoadReport::stalls`] (`None`: no probes).
+    pub stall_probe: Option<Duration>,
 }
+
+/// The probes' threshold by default: four of their 1 ms ticks.
+pub const DEFAULT_STALL_PROBE: Duration = Duration::from_millis(4);
 
 impl LoadConfig {
     /// `arrivals` at `addr` for `duration`, one-row JSON jobs, 64 connections.
@@ -75,6 +82,7 @@ impl LoadConfig {
             seed: 1,
             threads: default_threads(),
             event_interval: crate::DEFAULT_EVENT_INTERVAL,
+            stall_probe: Some(DEFAULT_STALL_PROBE),
         }
     }
 }
@@ -91,11 +99,21 @@ pub struct LoadReport {
     /// 0 in a closed loop), and its client's wait for a ready connection.
     pub lag_us: Vec<f64>,
     pub connect_us: Vec<f64>,
+    /// The part of `lag_us` before the pacing thread handed the job to the runtime (the
+    /// rest is the runtime's wait to start its task; 0 in a closed loop).
+    pub pace_us: Vec<f64>,
     /// The service's `submit_us`, `queue_us` and `run_us` (its batch's run time) of each
     /// answered job.
     pub submit_us: Vec<f64>,
     pub queue_us: Vec<f64>,
     pub run_us: Vec<f64>,
+    /// µs from the generator handing each answered job's request to its connection to the
+    /// service accepting the request's headers, and from the service handing the reply to
+    /// hyper to the generator having read all of it (wall clocks of the one host; NaN where
+    /// the service sent no clocks). A stall of the service's HTTP side shows in the first,
+    /// one of the generator (or of the way back) in the second.
+    pub to_service_us: Vec<f64>,
+    pub from_service_us: Vec<f64>,
     /// The sum over answered jobs of the rows of the batch each ran in.
     pub batch_rows_sum: f64,
     /// Jobs sent.
@@ -106,11 +124,41 @@ pub struct LoadReport {
     pub first_failure: Option<String>,
     /// From the first job to the last answer.
     pub elapsed: Duration,
+    /// The generator's stalls its probes saw during the run (`LoadConfig::stall_probe`).
+    pub stalls: Vec<Stall>,
+    /// The wall clock at the run's start (µs since the Unix epoch): `sent_at_s` and the
+    /// stalls' times are against it.
+    pub started_unix_us: u64,
     /// Jobs a second offered (open loop: the rate asked for).
     pub offered_per_s: Option<f64>,
 }
 
+/// Answered jobs a report keeps room for from the start, at most: 1 M jobs (10 figures of
+/// 8 bytes: 80 MiB, reserved, touched only as it fills); a longer run grows past it.
+const MAX_RESERVED_JOBS: usize = 1 << 20;
+
 impl LoadReport {
+    /// An empty report with room for `jobs` answered jobs (at most [`MAX_RESERVED_JOBS`]):
+    /// a run at 24,000 jobs/s would otherwise double and copy its figures as it goes, on
+    /// the thread that gathers the answers.
+    pub fn with_capacity(jobs: usize) -> LoadReport {
+        let n = jobs.min(MAX_RESERVED_JOBS);
+        let v = || Vec::with_capacity(n);
+        LoadReport {
+            latency_us: v(),
+            sent_at_s: v(),
+            lag_us: v(),
+            connect_us: v(),
+            pace_us: v(),
+            submit_us: v(),
+            queue_us: v(),
+            run_us: v(),
+            to_service_us: v(),
+            from_service_us: v(),
+            ..LoadReport::default()
+        }
+    }
+
     /// Answered jobs.
     pub fn answered(&self) -> u64 {
         self.latency_us.len() as u64
@@ -136,7 +184,7 @@ impl LoadReport {
     fn record(
         &mut self,
         start: Instant,
-        (since, began, answered): (Instant, Instant, Instant),
+        (since, paced, began, answered): (Instant, Instant, Instant, Instant),
         outcome: Result<JobResult, Failure>,
     ) {
         match outcome {
@@ -147,10 +195,15 @@ impl LoadReport {
                     .push(since.saturating_duration_since(start).as_secs_f64());
                 self.lag_us
                     .push(began.saturating_duration_since(since).as_secs_f64() * 1e6);
+                self.pace_us
+                    .push(paced.saturating_duration_since(since).as_secs_f64() * 1e6);
                 self.connect_us.push(r.connect_us);
                 self.submit_us.push(r.submit_us);
                 self.queue_us.push(r.queue_us);
                 self.run_us.push(r.run_us);
+                self.to_service_us.push(r.accepted_unix_us - r.sent_unix_us);
+                self.from_service_us
+                    .push(r.received_unix_us - r.replied_unix_us);
                 self.batch_rows_sum += r.batch_rows as f64;
             }
             Err(f) => {
@@ -255,8 +308,12 @@ pub async fn run_async(config: &LoadConfig) -> Result<LoadReport, LoadError> {
             })
             .map_err(|e| LoadError(format!("encoding the job: {e}")))?,
     );
-    let mut report = LoadReport::default();
+    let mut report = LoadReport::with_capacity(expected_jobs(config));
+    let probes = config
+        .stall_probe
+        .map(|t| Probes::start(&tokio::runtime::Handle::current(), t, |_| {}));
     let start = Instant::now();
+    report.started_unix_us = crate::wire::unix_us_now();
     let stop = crate::later(start, config.duration);
     let max_jobs = config.max_jobs.unwrap_or(u64::MAX);
     match config.arrivals {
@@ -281,7 +338,7 @@ pub async fn run_async(config: &LoadConfig) -> Result<LoadReport, LoadError> {
                         let t = Instant::now();
                         mine.sent += 1;
                         let outcome = client.submit_encoded(&job).await;
-                        mine.record(start, (t, t, Instant::now()), outcome);
+                        mine.record(start, (t, t, t, Instant::now()), outcome);
                     }
                     mine
                 });
@@ -302,12 +359,21 @@ pub async fn run_async(config: &LoadConfig) -> Result<LoadReport, LoadError> {
         }
     }
     report.elapsed = start.elapsed();
+    if let Some(p) = probes {
+        report.stalls = p.finish();
+    }
     Ok(report)
 }
 
-/// What one open-loop job came to: when it was due, when its task began, when its answer
-/// came, the answer.
-type Done = (Instant, Instant, Instant, Result<JobResult, Failure>);
+/// What one open-loop job came to: when it was due, when the pacer handed it over, when its
+/// task began, when its answer came, the answer.
+type Done = (
+    Instant,
+    Instant,
+    Instant,
+    Instant,
+    Result<JobResult, Failure>,
+);
 
 /// Poisson arrivals at `per_s` from `start` until `stop` (or `max_jobs`). A thread of its
 /// own paces them with the OS's sleep (tens of µs late, where tokio's timer rounds every
@@ -342,10 +408,16 @@ async fn open_loop(
                 std::thread::sleep(due.saturating_duration_since(Instant::now()));
                 paced.fetch_add(1, Ordering::Release);
                 let (client, job, tx) = (client.clone(), job.clone(), tx.clone());
+                let handed = Instant::now();
                 handle.spawn(async move {
                     let began = Instant::now();
                     let outcome = client.submit_encoded(&job).await;
-                    let _ = tx.send((due, began, Instant::now(), outcome));
+                    let answered = Instant::now();
+                    // The rows are freed here, on the thread that allocated them, not on the
+                    // gathering thread (glibc: a free into another thread's arena takes that
+                    // arena's lock and may trim it); the report keeps none of them.
+                    let outcome = outcome.map(|r| r.clone_stats());
+                    let _ = tx.send((due, handed, began, answered, outcome));
                 });
             }
         });
@@ -359,9 +431,9 @@ async fn open_loop(
     let mut got = 0u64;
     loop {
         match tokio::time::timeout_at(drain.into(), answers.recv()).await {
-            Ok(Some((due, began, answered, outcome))) => {
+            Ok(Some((due, handed, began, answered, outcome))) => {
                 got += 1;
-                report.record(start, (due, began, answered), outcome);
+                report.record(start, (due, handed, began, answered), outcome);
             }
             Ok(None) => break,
             Err(_) => break,
@@ -378,6 +450,29 @@ async fn open_loop(
     }
 }
 
+/// The most jobs `config` is likely to send: its job cap, or an open loop's rate over its
+/// time with six standard deviations of Poisson spread (a closed loop's clients keep
+/// reports of their own, merged once at the end).
+fn expected_jobs(config: &LoadConfig) -> usize {
+    let cap = config
+        .max_jobs
+        .map_or(usize::MAX, |m| usize::try_from(m).unwrap_or(usize::MAX));
+    let likely = match config.arrivals {
+        Arrivals::Poisson { per_s } => {
+            let mean = per_s * config.duration.as_secs_f64();
+            let n = mean + 6.0 * mean.sqrt() + 64.0;
+            // `as` saturates (NaN to 0); `check` has refused a rate that is not finite.
+            if n.is_finite() {
+                n as usize
+            } else {
+                MAX_RESERVED_JOBS
+            }
+        }
+        Arrivals::Clients(_) => 0,
+    };
+    likely.min(cap).min(MAX_RESERVED_JOBS)
+}
+
 fn count(report: &mut LoadReport, key: &str, why: String) {
     *report.failures.entry(key.into()).or_insert(0) += 1;
     report.first_failure.get_or_insert(why);
@@ -387,10 +482,13 @@ fn merge(report: &mut LoadReport, mine: LoadReport) {
     report.latency_us.extend(mine.latency_us);
     report.sent_at_s.extend(mine.sent_at_s);
     report.lag_us.extend(mine.lag_us);
+    report.pace_us.extend(mine.pace_us);
     report.connect_us.extend(mine.connect_us);
     report.submit_us.extend(mine.submit_us);
     report.queue_us.extend(mine.queue_us);
     report.run_us.extend(mine.run_us);
+    report.to_service_us.extend(mine.to_service_us);
+    report.from_service_us.extend(mine.from_service_us);
     report.batch_rows_sum += mine.batch_rows_sum;
     report.sent += mine.sent;
     for (k, v) in mine.failures {

@@ -27,15 +27,18 @@ struct JsonReplyRef<'a> {
     submit_us: f64,
     queue_us: f64,
     run_us: f64,
+    accepted_unix_us: u64,
+    replied_unix_us: u64,
 }
 
-/// The 200 reply of a job of `rows` rows in `format`.
+/// The 200 reply of a job of `rows` rows in `format`, whose request's headers were accepted
+/// at `accepted_unix_us` (the service's wall clock, [`wire::unix_us_now`]).
 pub(crate) fn answer(
     format: Format,
     rows: usize,
     data: Rows,
     stats: BatchStats,
-    submit_us: f64,
+    (submit_us, accepted_unix_us): (f64, u64),
 ) -> Response<Body> {
     let too_large = || format!("{rows} rows do not fit a tensor");
     let made = match format {
@@ -46,6 +49,8 @@ pub(crate) fn answer(
             submit_us,
             queue_us: stats.queue_us,
             run_us: stats.run_us,
+            accepted_unix_us,
+            replied_unix_us: wire::unix_us_now(),
         })
         .map(|b| reply(StatusCode::OK, b))
         .map_err(|e| e.to_string()),
@@ -86,6 +91,15 @@ pub(crate) fn answer(
             }
         }
     }
+    // Last, so the stamp is as near as this code gets to hyper's write.
+    h.insert(
+        wire::ACCEPTED_UNIX_US_HEADER,
+        HeaderValue::from(accepted_unix_us),
+    );
+    h.insert(
+        wire::REPLIED_UNIX_US_HEADER,
+        HeaderValue::from(wire::unix_us_now()),
+    );
     r
 }
 

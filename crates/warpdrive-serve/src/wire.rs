@@ -17,6 +17,10 @@
 //!   A reply is a tensor of the same dtype and shape; its batch facts travel in the
 //!   `x-warpdrive-batch-rows`, `-submit-us`, `-queue-us` and `-run-us` headers.
 //!
+//! Every 200 job reply also carries the service's wall clock in the
+//! `x-warpdrive-accepted-unix-us` and `-replied-unix-us` headers (a JSON reply has them as
+//! `accepted_unix_us` and `replied_unix_us` fields too, the latter taken before encoding).
+//!
 //! Decoding checks every size with checked arithmetic before touching the data, and every
 //! value for being finite; a bad body is a [`BadBody`] with a one-line reason. An f32 tensor
 //! decodes and encodes as one copy of its bytes (`bytemuck`, on little-endian hosts): a
@@ -39,6 +43,20 @@ pub const BATCH_ROWS_HEADER: &str = "x-warpdrive-batch-rows";
 pub const SUBMIT_US_HEADER: &str = "x-warpdrive-submit-us";
 pub const QUEUE_US_HEADER: &str = "x-warpdrive-queue-us";
 pub const RUN_US_HEADER: &str = "x-warpdrive-run-us";
+/// The reply headers (on every 200 job reply, JSON or binary) that carry the service's wall
+/// clock, µs since the Unix epoch: when the request's headers were accepted, and when the
+/// reply was handed to hyper. Against the client's own clock on the same host they split a
+/// job's time into to-the-service, inside, and back.
+pub const ACCEPTED_UNIX_US_HEADER: &str = "x-warpdrive-accepted-unix-us";
+pub const REPLIED_UNIX_US_HEADER: &str = "x-warpdrive-replied-unix-us";
+
+/// This host's wall clock, µs since the Unix epoch (0 before it; exact in an f64 for the
+/// next quarter of a million years).
+pub fn unix_us_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
 
 /// A value type of the binary body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,6 +148,13 @@ pub struct JsonReply {
     pub submit_us: f64,
     pub queue_us: f64,
     pub run_us: f64,
+    /// The service's wall clock (µs since the Unix epoch) when the request's headers were
+    /// accepted and when the reply was encoded (the [`REPLIED_UNIX_US_HEADER`] header has
+    /// the moment it was handed to hyper, after the encoding); absent from older services.
+    #[serde(default)]
+    pub accepted_unix_us: Option<u64>,
+    #[serde(default)]
+    pub replied_unix_us: Option<u64>,
 }
 
 /// The format a `Content-Type` names (none: JSON).

@@ -47,6 +47,19 @@ fn json_and_binary_jobs_come_back_doubled() {
             r.batch_rows >= 2 && r.submit_us.is_finite(),
             "{format:?}: {r:?}"
         );
+        // The wall clocks of the one host, in the order the exchange ran: sent, accepted by
+        // the service, handed back to hyper, read in full (µs since the Unix epoch).
+        let clocks = [
+            r.sent_unix_us,
+            r.accepted_unix_us,
+            r.replied_unix_us,
+            r.received_unix_us,
+        ];
+        assert!(
+            clocks.iter().all(|c| c.is_finite() && *c > 1.6e15)
+                && clocks.windows(2).all(|w| w[0] <= w[1]),
+            "{format:?}: {clocks:?}"
+        );
         let info = rt.block_on(client.model()).unwrap();
         assert_eq!((info.name.as_str(), info.width), ("double", 3));
         // A job of the wrong width is the service's 400, with its reason.
@@ -120,6 +133,20 @@ fn open_and_closed_loops_answer_every_job() {
     assert_eq!(r.sent, 60);
     assert_eq!((r.answered(), r.failed()), (60, 0), "{:?}", r.first_failure);
     assert!(r.jobs_per_s() > 0.0 && r.mean_batch_rows() >= 1.0);
+    // Every job's legs to and from the service (the host's wall clock, so a clock step could
+    // make one slightly negative: a second of slack), and the pacer's part of its lag.
+    for (name, v) in [
+        ("to_service_us", &r.to_service_us),
+        ("from_service_us", &r.from_service_us),
+        ("pace_us", &r.pace_us),
+    ] {
+        assert_eq!(v.len(), 60, "{name}");
+        assert!(
+            v.iter().all(|x| x.is_finite() && *x > -1e6),
+            "{name}: {v:?}"
+        );
+    }
+    assert!(r.pace_us.iter().zip(&r.lag_us).all(|(p, l)| p <= l));
     let closed = LoadConfig {
         max_jobs: Some(100),
         format: Format::Binary(Dtype::Bf16),
@@ -129,6 +156,8 @@ fn open_and_closed_loops_answer_every_job() {
     let r = load::run(&closed).unwrap();
     assert_eq!((r.sent, r.answered(), r.failed()), (100, 100, 0));
     assert_eq!(r.submit_us.len(), 100);
+    assert_eq!(r.to_service_us.len(), 100);
+    assert!(r.from_service_us.iter().all(|x| x.is_finite()));
 }
 
 #[test]

@@ -31,7 +31,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 pub use nvml::{NvmlReading, Sampler};
 #[cfg(feature = "prometheus")]
 pub use prometheus::{
-    render_prometheus, serve_prometheus, serve_prometheus_with, EndpointLimits, PrometheusServer,
+    prometheus_upkeep, render_prometheus, serve_prometheus, serve_prometheus_with, EndpointLimits,
+    PrometheusServer,
 };
 pub use span::{
     capture_spans, collect_spans, discard_spans, gpu_events_recorded, span, GpuTime, PendingGpu,

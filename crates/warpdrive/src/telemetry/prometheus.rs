@@ -43,6 +43,15 @@ pub fn render_prometheus() -> Result<String> {
     Ok(handle.render())
 }
 
+/// Drains the histograms' raw samples into their buckets (no rendering). The recorder keeps
+/// every sample a histogram records until then, so a process that records per event and is
+/// rarely scraped calls this now and then to keep its memory flat.
+pub fn prometheus_upkeep() {
+    if let Ok(h) = handle() {
+        h.run_upkeep();
+    }
+}
+
 /// How many connections the endpoint serves at once and how long each may take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EndpointLimits {

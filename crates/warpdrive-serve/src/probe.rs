@@ -1,0 +1,171 @@
+//! Stall probes inside a process: a thread of its own and a task on a tokio runtime, each
+//! waking every millisecond and noting every wake-up later than a threshold. A probe in a
+//! separate process sees the host stall; these tell a stall of this process (every thread:
+//! the thread probe, e.g. page faults queued behind the memory map's lock) from one of its
+//! runtime alone (the task probe: no worker polled a task or looked at the timer).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+/// How often each probe wakes.
+const TICK: Duration = Duration::from_millis(1);
+
+/// Stalls kept and reported at most (the first ones: a saturated host would otherwise log
+/// up to hundreds a second; one that stalls this often has said so by then).
+const MAX_STALLS: usize = 1024;
+
+/// Which probe saw a stall.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Where {
+    /// The probe thread: the whole process (or the host) was not run.
+    Thread,
+    /// The probe task: the runtime ran none of its tasks.
+    Runtime,
+}
+
+impl Where {
+    pub fn name(self) -> &'static str {
+        match self {
+            Where::Thread => "thread",
+            Where::Runtime => "runtime",
+        }
+    }
+}
+
+/// A wake-up later than the threshold.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Stall {
+    pub probe: Where,
+    /// The wall clock when the late wake-up came (µs since the Unix epoch).
+    pub until_unix_us: u64,
+    /// The time since the wake-up before, µs.
+    pub gap_us: f64,
+}
+
+/// Both probes, running until dropped (or [`Probes::finish`]).
+pub(crate) struct Probes {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+    seen: Arc<Mutex<Vec<Stall>>>,
+}
+
+impl Probes {
+    /// Starts the thread probe and a task probe on `runtime`, each noting gaps over
+    /// `threshold`; `report` is called with each stall kept, as it is seen (from the probe).
+    pub(crate) fn start(
+        runtime: &tokio::runtime::Handle,
+        threshold: Duration,
+        report: fn(&Stall),
+    ) -> Probes {
+        let stop = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(Mutex::new(Vec::with_capacity(64)));
+        let (s, v) = (stop.clone(), seen.clone());
+        // A probe that cannot start leaves the run unprobed, not failed.
+        let thread = std::thread::Builder::new()
+            .name("warpdrive-stall-probe".into())
+            .spawn(move || {
+                let mut prev = Instant::now();
+                while !s.load(Ordering::Relaxed) {
+                    std::thread::sleep(TICK);
+                    prev = note(&v, Where::Thread, prev, threshold, report);
+                }
+            })
+            .ok();
+        let v = seen.clone();
+        let task = runtime.spawn(async move {
+            let mut prev = Instant::now();
+            loop {
+                tokio::time::sleep(TICK).await;
+                prev = note(&v, Where::Runtime, prev, threshold, report);
+            }
+        });
+        Probes {
+            stop,
+            thread,
+            task: Some(task),
+            seen,
+        }
+    }
+
+    /// Stops both probes and returns what they saw, in the order seen.
+    pub(crate) fn finish(mut self) -> Vec<Stall> {
+        self.halt();
+        std::mem::take(&mut *self.seen.lock())
+    }
+
+    fn halt(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Probes {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
+/// Notes a stall when `prev` is more than `threshold` ago; returns now.
+fn note(
+    seen: &Mutex<Vec<Stall>>,
+    probe: Where,
+    prev: Instant,
+    threshold: Duration,
+    report: fn(&Stall),
+) -> Instant {
+    let now = Instant::now();
+    let gap = now.saturating_duration_since(prev);
+    if gap > threshold {
+        let stall = Stall {
+            probe,
+            until_unix_us: crate::wire::unix_us_now(),
+            gap_us: gap.as_secs_f64() * 1e6,
+        };
+        let mut v = seen.lock();
+        if v.len() < MAX_STALLS {
+            v.push(stall);
+            drop(v);
+            report(&stall);
+        }
+    }
+    now
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_blocked_runtime_is_seen_by_the_task_probe_alone() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let probes = Probes::start(rt.handle(), Duration::from_millis(20), |_| {});
+        // Let the task probe run once, then block the runtime's only worker for 120 ms.
+        std::thread::sleep(Duration::from_millis(30));
+        rt.block_on(async {
+            tokio::spawn(async { std::thread::sleep(Duration::from_millis(120)) })
+                .await
+                .unwrap();
+        });
+        std::thread::sleep(Duration::from_millis(30));
+        let seen = probes.finish();
+        assert!(
+            seen.iter()
+                .any(|s| s.probe == Where::Runtime && s.gap_us >= 100_000.0),
+            "{seen:?}"
+        );
+    }
+}
