@@ -225,8 +225,10 @@ fn gpu_smem_moe_wgmma_wide_matches_cpu() {
 /// full / empty mbarriers per ring slot) on the 64/96-row tiles and the wide tile: 1, 5, 37,
 /// 301 and 4,097 tokens of a layer whose widths are no multiple of the 128-row box or the
 /// 64-k stage (hidden 72, intermediate 40: both boxes run past the tensor and are
-/// zero-filled), split-K (deep: stages that straddle a split's end), most of 64 experts
-/// empty, one token on the TMA tile (decode kernel off), every token on one expert (4,097
+/// zero-filled), split-K (deep: stages that straddle a split's end), the down GEMM's token
+/// rows by TMA (act's 32-row boxes: every down GEMM here, split-K where the splits are whole
+/// stages) and by the consumers' cp.async (a down split ending inside a stage), most of 64
+/// experts empty, one token on the TMA tile (decode kernel off), every token on one expert (4,097
 /// rows), f16, graphs on and off. Where the GPU has
 /// no wgmma this runs the mma.sync tiles.
 #[test]
@@ -252,6 +254,17 @@ fn gpu_smem_moe_wgmma_tma_matches_cpu() {
         tma(true, false),
         s + 4,
         "empty experts, tma",
+    );
+    // The down GEMM split at 288 k (I = 1,120, 4 splits at 1 and 5 tokens): the first three
+    // splits end inside a 64-k stage, so their token rows come by the consumers' cp.async,
+    // the last one's (ending at I) and the 576-k splits' at 40 tokens by TMA boxes of act.
+    let odd_split = config(256, 1120, 64, 2, Router::Softmax, DTypeKind::BF16);
+    few_flips_at(
+        &[1, 5, 40],
+        odd_split,
+        tma(true, false),
+        s + 9,
+        "odd down split, tma",
     );
     // One token on the TMA tile itself (deep experts take the wgmma tile from one row; the
     // decode kernel would take it otherwise): 1-row tiles, 62 of 64 experts empty.

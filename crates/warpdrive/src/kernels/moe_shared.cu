@@ -249,6 +249,9 @@ struct MoeGemm {
     // The TMA wgmma tile only (null elsewhere): the weights' tensor map (CUtensorMap, 128
     // bytes in device memory, [experts, n, k], 128-byte swizzled boxes of 64 k × 128 rows).
     const void* w_map;
+    // The TMA wgmma tile's down GEMM only (null elsewhere: the tile loads the rows by cp.async):
+    // the token rows' 2D map (`act` [rows, k], 128-byte swizzled boxes of 64 k × 32 rows).
+    const void* a_map;
 };
 
 __device__ __forceinline__ uint4 moe_ld_stream(const void* p) {

@@ -426,7 +426,8 @@ pub(super) struct GemmShape {
     /// shared memory and blocks per SM, one group of MMAs in flight across stages).
     pub(super) wgmma_overlap: bool,
     /// With `wgmma`, the warp-specialized tile (`moe_gemm_wgmma_tma`, the `t` kernels: the
-    /// weights by TMA, a producer warp, mbarriers; same tiles, shared memory and blocks per
+    /// weights and the down GEMM's act rows by TMA from a producer warp, the gathered rows by
+    /// the consumers' cp.async, mbarriers; same tiles, shared memory and blocks per
     /// SM, always one group of MMAs in flight), in place of the `w` / `o` kernels.
     pub(super) wgmma_tma: bool,
 }

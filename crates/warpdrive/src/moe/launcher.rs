@@ -41,6 +41,9 @@ pub(super) struct Launcher {
     /// only for the warp-specialized wgmma tiles).
     pub(super) w13_map: u64,
     pub(super) w2_map: u64,
+    /// The 2D TMA map of `act` (0 unless the workspace has one: the down GEMM's token rows on
+    /// the warp-specialized tile; without it that tile loads them by cp.async).
+    pub(super) act_map: u64,
 }
 
 /// `MoeGemm` of `kernels/moe_shared.cu`, field for field (C layout).
@@ -69,6 +72,7 @@ struct GemmParams {
     slot_weight: u64,
     order: u64,
     w_map: u64,
+    a_map: u64,
 }
 
 /// `MoeDecode` of `kernels/moe_decode.cu`, field for field (C layout).
@@ -265,6 +269,7 @@ impl Launcher {
                 w: self.w2,
                 w_stride: (c.hidden * c.intermediate) as u64,
                 w_map: self.w2_map,
+                a_map: self.act_map,
                 // The dispatch wrote the work list before the gate/up GEMM started.
                 early_k: u32_of(p.down_early_k, "down projection prefetch")?,
                 epilogue: 2,
@@ -739,7 +744,8 @@ impl Launcher {
         // workspace is sized from this plan), `out` rows_cap rows of the epilogue's width (T).
         // The kernel waits for the previous one before it reads anything but the weights and
         // (with early_k, written two kernels back) the work list, and before any write. The
-        // TMA tile's `w_map` is a 128-byte tensor map of `w` in device memory, written once.
+        // TMA tile's `w_map` is a 128-byte tensor map of `w` in device memory, written once;
+        // its `a_map` (or 0) one of `a` (the workspace's act, [its rows, k]) written with it.
         unsafe {
             d.launch(
                 q.stream,

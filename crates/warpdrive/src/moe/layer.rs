@@ -215,10 +215,11 @@ impl<T: Float> MoeLayer<T> {
     }
 
     /// Forces every warpgroup-MMA tile onto its warp-specialized kernel (`Some(true)`: one
-    /// producer warp loads the weights by TMA and the token rows by cp.async into the same
-    /// 4-stage ring, behind full / empty mbarriers, while the two consumer warpgroups only
-    /// multiply, one group of MMAs in flight; same tiles, shared memory, blocks per SM and work
-    /// list) or keeps the `w` / `o` kernels (`Some(false)`); `None` (the default) is off until
+    /// producer warp loads the weights by TMA into the same 4-stage ring, behind full / empty
+    /// mbarriers, and the down projection's token rows too (TMA boxes of the workspace's act
+    /// rows), while the two consumer warpgroups multiply, one group of MMAs in flight, and
+    /// load the gathered gate/up token rows themselves by cp.async two stages ahead; same
+    /// tiles, shared memory, blocks per SM and work list) or keeps the `w` / `o` kernels (`Some(false)`); `None` (the default) is off until
     /// the kernel is measured (issue 40). No effect where the tiles do not run on wgmma. Drops
     /// the captured graphs.
     pub fn set_wgmma_tma(&mut self, choice: Option<bool>) {

@@ -288,6 +288,10 @@ pub(super) struct Workspace<T: Float> {
     pub(super) cublas: Option<[Buffer<T>; 3]>,
     /// cuBLAS path: the device pointer arrays of its two grouped GEMMs (6 words per expert).
     pub(super) gemm_pointers: Option<Buffer<u64>>,
+    /// The warp-specialized wgmma tile's TMA map of `act` (one 128-byte map; encoded by
+    /// `MoeLayer::prepare` on the first plan whose down GEMM takes that tile, dropped with
+    /// the workspace: graphs that captured its address are dropped first).
+    pub(super) act_map: Option<Buffer<u64>>,
 }
 
 impl<T: Float> Workspace<T> {
@@ -343,6 +347,7 @@ impl<T: Float> Workspace<T> {
             } else {
                 None
             },
+            act_map: None,
         })
     }
 }
