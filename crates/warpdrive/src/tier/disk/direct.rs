@@ -303,6 +303,65 @@ impl DirectFile {
             .map_err(|e| Error::io(&self.path, e))
     }
 
+    /// Whether direct I/O can move `bytes` at `offset` as they lie, with no aligned buffer
+    /// between: their length and the offset are multiples of [`DIRECT_ALIGN`], and so is
+    /// their start (a pinned host block's is; a `Vec`'s is not) where the file is opened
+    /// with `O_DIRECT`.
+    pub fn can_move_in_place(&self, bytes: &[u8], offset: u64) -> bool {
+        let a = DIRECT_ALIGN as usize;
+        bytes.len() % a == 0
+            && offset % DIRECT_ALIGN == 0
+            && (!self.direct || bytes.as_ptr() as usize % a == 0)
+    }
+
+    /// Writes `bytes` (aligned, or not direct: [`can_move_in_place`](Self::can_move_in_place))
+    /// at `offset` in one I/O, calling `during` once on this thread while it is out on the
+    /// ring (the threads' blocking write cannot overlap it: there it runs first).
+    pub(super) fn write_during(
+        &self,
+        bytes: &[u8],
+        offset: u64,
+        during: &mut dyn FnMut(),
+    ) -> Result<()> {
+        if self.io.engine == Engine::Uring {
+            let mut called = false;
+            let mut once = || {
+                called = true;
+                during();
+            };
+            let none = &mut |_: usize, _: &mut [u8]| Ok(());
+            let after = &mut |_: usize, _: &[u8]| Ok(());
+            let hooks = Hooks {
+                before: none,
+                after,
+            };
+            let pieces = Pieces::Write(vec![bytes]);
+            let r = uring::run_during(
+                &self.path,
+                &self.file,
+                pieces,
+                &[offset],
+                1,
+                hooks,
+                Some(&mut once),
+            );
+            if !called {
+                during();
+            }
+            return r.map(drop);
+        }
+        during();
+        self.file
+            .write_all_at(bytes, offset)
+            .map_err(|e| Error::io(&self.path, e))
+    }
+
+    /// Reads into `out` (aligned, or not direct: [`can_move_in_place`](Self::can_move_in_place))
+    /// from `offset` in one I/O until it is full or the file ends; the bytes read.
+    pub fn read_in_place(&self, out: &mut [u8], offset: u64) -> Result<usize> {
+        self.fill(out, offset)
+    }
+
     /// Fills `buf` from `offset` (a multiple of [`DIRECT_ALIGN`]); returns the bytes read,
     /// fewer only at the end of the file.
     pub fn read_at(&self, buf: &mut AlignedBuf, offset: u64) -> Result<usize> {

@@ -119,6 +119,34 @@ pub trait Disk: Send + Sync + 'static {
         self.append_aligned(path, &[&bytes])
     }
 
+    /// Appends `data` as [`append_aligned`](Self::append_aligned) appends one part, handing
+    /// all of it to `take` in order (in one or more pieces) before returning: [`OsDisk`]
+    /// writes it straight from where it lies when that is aligned (no copy), and runs `take`
+    /// while the write is out on io_uring, or chunk by chunk as it copies `data` into its
+    /// direct-I/O buffer on the threads (one pass). For blocks under [`SPLIT_FROM`] (one
+    /// I/O); the default takes `data`, then appends it.
+    fn append_aligned_taking(
+        &self,
+        path: &Path,
+        data: &[u8],
+        take: &mut dyn FnMut(&[u8]),
+    ) -> Result<u64> {
+        take(data);
+        self.append_aligned(path, &[data])
+    }
+
+    /// Reads `out.len()` bytes at `offset` of a file [`append_aligned`](Self::append_aligned)
+    /// wrote straight into `out` where direct I/O can land them there (an aligned start and
+    /// length, a block under [`SPLIT_FROM`]); the bytes read (fewer only at the file's end),
+    /// or `None`, nothing read, where it cannot ([`with_aligned`](Self::with_aligned) then
+    /// reads through an aligned buffer). The default reads and copies.
+    fn read_aligned_into(&self, path: &Path, offset: u64, out: &mut [u8]) -> Result<Option<usize>> {
+        let bytes = self.read_aligned(path, offset, out.len())?;
+        let n = bytes.len().min(out.len());
+        out[..n].copy_from_slice(&bytes[..n]);
+        Ok(Some(n))
+    }
+
     /// `len` bytes at `offset` of a file [`append_aligned`](Self::append_aligned) wrote;
     /// fewer only at its end. [`OsDisk`] reads with `O_DIRECT` where it can.
     fn read_aligned(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {
@@ -544,6 +572,51 @@ impl Disk for OsDisk {
                 file.write_pieces_filled(pieces, &offsets, &fill)
             })
         })
+    }
+
+    fn append_aligned_taking(
+        &self,
+        path: &Path,
+        data: &[u8],
+        take: &mut dyn FnMut(&[u8]),
+    ) -> Result<u64> {
+        let len = data.len();
+        if queue_depth(len) > 1 {
+            take(data);
+            return self.append_aligned(path, &[data]);
+        }
+        let file = self.kept_for_append(path)?;
+        file.append_with(len, |offset| {
+            if file.can_move_in_place(data, offset) {
+                return file.write_during(data, offset, &mut || take(data));
+            }
+            with_scratch(len, |buf| {
+                let (bytes, pad) = buf.as_mut_slice().split_at_mut(len);
+                pad.fill(0);
+                if file.io().engine == Engine::Uring {
+                    bytes.copy_from_slice(data);
+                    return file.write_during(buf.as_slice(), offset, &mut || take(data));
+                }
+                // Each chunk taken from the cache right after its copy.
+                let chunk = crate::tier::codec::COPY_CHUNK;
+                for (s, d) in data.chunks(chunk).zip(bytes.chunks_mut(chunk)) {
+                    d.copy_from_slice(s);
+                    take(d);
+                }
+                file.write_slice(buf.as_slice(), offset)
+            })
+        })
+    }
+
+    fn read_aligned_into(&self, path: &Path, offset: u64, out: &mut [u8]) -> Result<Option<usize>> {
+        if queue_depth(out.len()) > 1 {
+            return Ok(None);
+        }
+        let file = self.kept_for_read(path)?;
+        if !file.can_move_in_place(out, offset) {
+            return Ok(None);
+        }
+        file.read_in_place(out, offset).map(Some)
     }
 
     fn read_aligned(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {

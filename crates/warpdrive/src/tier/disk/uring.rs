@@ -104,10 +104,25 @@ pub(super) struct Hooks<'h> {
 pub(super) fn run(
     path: &Path,
     file: &File,
+    pieces: Pieces<'_>,
+    offsets: &[u64],
+    depth: usize,
+    hooks: Hooks<'_>,
+) -> Result<Vec<usize>> {
+    run_during(path, file, pieces, offsets, depth, hooks, None)
+}
+
+/// As [`run`], calling `during` once on this thread after the first pieces are submitted
+/// and before waiting for them (a checksum taken while the I/O is out); without a ring it
+/// runs before the blocking I/O.
+pub(super) fn run_during(
+    path: &Path,
+    file: &File,
     mut pieces: Pieces<'_>,
     offsets: &[u64],
     depth: usize,
     hooks: Hooks<'_>,
+    during: Option<&mut dyn FnMut()>,
 ) -> Result<Vec<usize>> {
     let depth = depth.max(1);
     let taken = RING.try_with(|r| r.borrow_mut().take()).ok().flatten();
@@ -123,11 +138,23 @@ pub(super) fn run(
         Ok(ring) => ring,
         Err(e) => {
             tracing::debug!("tier disk: no io_uring ring on this thread ({e}): blocking I/O");
+            if let Some(during) = during {
+                during();
+            }
             return run_blocking(path, file, &mut pieces, offsets, hooks);
         }
     };
     let fd = file.as_raw_fd();
-    let r = run_on(&mut ring, path, fd, &mut pieces, offsets, depth, hooks);
+    let r = run_on(
+        &mut ring,
+        path,
+        fd,
+        &mut pieces,
+        offsets,
+        depth,
+        hooks,
+        during,
+    );
     let _ = RING.try_with(|slot| *slot.borrow_mut() = Some(ring));
     r
 }
@@ -174,6 +201,7 @@ fn run_blocking(
     Ok(done)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_on(
     ring: &mut IoUring,
     path: &Path,
@@ -182,6 +210,7 @@ fn run_on(
     offsets: &[u64],
     depth: usize,
     hooks: Hooks<'_>,
+    mut during: Option<&mut dyn FnMut()>,
 ) -> Result<Vec<usize>> {
     let n = pieces.len();
     let mut done = vec![0usize; n];
@@ -220,6 +249,11 @@ fn run_on(
         }
         if in_flight == 0 {
             break;
+        }
+        if let Some(during) = during.take() {
+            // Out before the caller's work, so the two overlap.
+            let _ = ring.submit();
+            during();
         }
         wait(ring, &mut completions);
         for (k, res) in completions.drain(..) {

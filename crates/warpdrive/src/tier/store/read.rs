@@ -155,6 +155,9 @@ impl TierStore {
         out: &mut [u8],
         fits: &dyn Fn(usize) -> Result<()>,
     ) -> Result<()> {
+        if self.read_disk_in_place(g, key, fits, out)? {
+            return Ok(());
+        }
         let streamed = self
             .read_disk_streamed(
                 g,
