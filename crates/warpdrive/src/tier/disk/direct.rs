@@ -105,6 +105,8 @@ pub const SPLIT_FROM: usize = 4 << 20;
 /// 4 MiB ones on the build VM's virtual disk (bench/NOTES.md, eighth session).
 const PIECE_MIN: usize = 1 << 20;
 const PIECE_MAX: usize = 4 << 20;
+/// How long a landing thread waits for a piece before giving up (a reading thread gone).
+const LAND_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 /// Pieces of a split I/O in flight at once.
 pub const QUEUE_DEPTH: usize = 4;
 
@@ -459,7 +461,7 @@ impl DirectFile {
         if depth <= 1 || buf.as_slice().len() <= piece_bytes(buf.as_slice().len()) {
             return self.read_at(buf, offset);
         }
-        self.read_at_depth_each(buf, offset, &|_, _| Ok(()))
+        self.read_pieces(buf, offset, None)
     }
 
     /// As [`read_at_depth`](Self::read_at_depth), handing each piece to `each(at, bytes)` on
@@ -472,12 +474,28 @@ impl DirectFile {
         offset: u64,
         each: &(dyn Fn(usize, &[u8]) -> Result<()> + Sync),
     ) -> Result<usize> {
+        self.read_pieces(buf, offset, Some(each))
+    }
+
+    /// The pieces of [`read_at_depth_each`](Self::read_at_depth_each), `each` (if any) given
+    /// each piece as it lands. On the threads it runs on a landing thread of its own, in
+    /// piece order, so the reading threads go straight on to their next pieces (run on the
+    /// thread that read, the copy and checksum of 64 MiB held the queue below its depth).
+    fn read_pieces(
+        &self,
+        buf: &mut AlignedBuf,
+        offset: u64,
+        each: Option<&(dyn Fn(usize, &[u8]) -> Result<()> + Sync)>,
+    ) -> Result<usize> {
         let piece = piece_bytes(buf.as_slice().len());
         let filled = if self.io.engine == Engine::Uring {
             let pieces: Vec<&mut [u8]> = buf.as_mut_slice().chunks_mut(piece).collect();
             let offsets = piece_offsets(offset, piece, pieces.len());
             let none = &mut |_: usize, _: &mut [u8]| Ok(());
-            let after = &mut |k: usize, bytes: &[u8]| each(k * piece, bytes);
+            let after = &mut |k: usize, bytes: &[u8]| match each {
+                Some(each) => each(k * piece, bytes),
+                None => Ok(()),
+            };
             let depth = self.io.queue_depth;
             self.on_ring(Pieces::Read(pieces), &offsets, depth, none, after)?
         } else {
@@ -486,12 +504,14 @@ impl DirectFile {
                 .chunks_mut(piece)
                 .map(parking_lot::Mutex::new)
                 .collect();
-            in_flight(pieces.len(), |k| {
+            let read = |k: usize| {
                 let mut bytes = pieces[k].lock();
-                let n = self.fill(&mut bytes, offset + (k * piece) as u64)?;
-                each(k * piece, &bytes[..n])?;
-                Ok(n)
-            })?
+                self.fill(&mut bytes, offset + (k * piece) as u64)
+            };
+            match each {
+                None => in_flight(pieces.len(), read)?,
+                Some(each) => self.read_landing(&pieces, piece, &read, each)?,
+            }
         };
         let mut total = 0;
         for n in filled {
@@ -501,6 +521,69 @@ impl DirectFile {
             }
         }
         Ok(total)
+    }
+
+    /// Reads `pieces` (`read(k)` fills piece `k`) on the I/O threads while a landing thread
+    /// hands each to `each(k × piece, bytes)` in order once it is in; the bytes each read.
+    fn read_landing(
+        &self,
+        pieces: &[parking_lot::Mutex<&mut [u8]>],
+        piece: usize,
+        read: &(dyn Fn(usize) -> Result<usize> + Sync),
+        each: &(dyn Fn(usize, &[u8]) -> Result<()> + Sync),
+    ) -> Result<Vec<usize>> {
+        // Per piece the bytes read once it is in; whether a read failed (the landing stops).
+        let state = parking_lot::Mutex::new((vec![None::<usize>; pieces.len()], false));
+        let landed = parking_lot::Condvar::new();
+        std::thread::scope(|scope| {
+            let lander = scope.spawn(|| -> Result<()> {
+                for (k, bytes) in pieces.iter().enumerate() {
+                    let n = {
+                        let mut st = state.lock();
+                        loop {
+                            match (st.0[k], st.1) {
+                                (_, true) => return Ok(()),
+                                (Some(n), false) => break n,
+                                (None, false) => {
+                                    if landed.wait_for(&mut st, LAND_WAIT).timed_out() {
+                                        return Err(Error::Timeout {
+                                            what: format!("piece {k} of a read of {:?}", self.path),
+                                            after_ms: LAND_WAIT.as_millis() as u64,
+                                        });
+                                    }
+                                }
+                            }
+                        }
+                    };
+                    each(k * piece, &bytes.lock()[..n])?;
+                }
+                Ok(())
+            });
+            let read = in_flight(pieces.len(), |k| {
+                let r = read(k);
+                let mut st = state.lock();
+                match &r {
+                    Ok(n) => st.0[k] = Some(*n),
+                    Err(_) => st.1 = true,
+                }
+                drop(st);
+                landed.notify_all();
+                r
+            });
+            if read.is_err() {
+                // Past every piece: the landing thread stops at the first one not in.
+                state.lock().1 = true;
+                landed.notify_all();
+            }
+            let landing = lander.join().unwrap_or_else(|_| {
+                Err(Error::InvalidArgument(format!(
+                    "the landing thread of a read of {:?} panicked",
+                    self.path
+                )))
+            });
+            let done = read?;
+            landing.map(|()| done)
+        })
     }
 
     /// Reads into `window` from `offset` until it is full or the file ends; the bytes read.

@@ -220,6 +220,10 @@ fn run_on(
     let mut completions: Vec<(usize, i32)> = Vec::with_capacity(depth);
     // Pieces to submit again from where a short transfer stopped.
     let mut again: Vec<usize> = Vec::new();
+    // Read pieces complete, their `after` not yet run: it runs once the freed slots are
+    // refilled and submitted, so the caller's work on a piece (a copy, a checksum) overlaps
+    // a full queue rather than holding the next reads back.
+    let mut ready: Vec<usize> = Vec::new();
     loop {
         if failed.is_none() {
             for k in again.drain(..) {
@@ -246,6 +250,19 @@ fn run_on(
                 in_flight += 1;
                 next += 1;
             }
+        }
+        if !ready.is_empty() {
+            if in_flight > 0 {
+                let _ = ring.submit();
+            }
+            for k in ready.drain(..) {
+                if let (None, Pieces::Read(p)) = (&failed, &*pieces) {
+                    if let Err(e) = (hooks.after)(k, &p[k][..done[k]]) {
+                        failed = Some(e);
+                    }
+                }
+            }
+            continue;
         }
         if in_flight == 0 {
             break;
@@ -279,12 +296,8 @@ fn run_on(
                 again.push(k);
                 continue;
             }
-            if failed.is_none() {
-                if let Pieces::Read(p) = pieces {
-                    if let Err(e) = (hooks.after)(k, &p[k][..done[k]]) {
-                        failed = Some(e);
-                    }
-                }
+            if reading {
+                ready.push(k);
             }
         }
     }
