@@ -154,6 +154,9 @@ fn in_flight(pieces: usize, io: impl Fn(usize) -> Result<usize> + Sync) -> Resul
     }
 }
 
+/// What a split read hands each piece to as it lands: `(at, bytes)`.
+type Landing<'a> = &'a (dyn Fn(usize, &[u8]) -> Result<()> + Sync);
+
 /// Where each of `count` pieces of `piece` bytes from `offset` starts in the file.
 pub(super) fn piece_offsets(offset: u64, piece: usize, count: usize) -> Vec<u64> {
     (0..count).map(|k| offset + (k * piece) as u64).collect()
@@ -485,7 +488,7 @@ impl DirectFile {
         &self,
         buf: &mut AlignedBuf,
         offset: u64,
-        each: Option<&(dyn Fn(usize, &[u8]) -> Result<()> + Sync)>,
+        each: Option<Landing<'_>>,
     ) -> Result<usize> {
         let piece = piece_bytes(buf.as_slice().len());
         let filled = if self.io.engine == Engine::Uring {
