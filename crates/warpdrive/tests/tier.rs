@@ -868,8 +868,8 @@ fn a_store_reports_its_engine_and_either_engine_reads_the_others_blocks() {
 }
 
 /// Memory aligned for direct I/O is moved in place on either engine (a put written from it,
-/// a `get_host_into` or a GPU get's pinned block read into it, no buffer between), and
-/// such a read is still verified: a flipped byte is `Error::Corrupt` naming the key, with
+/// a `get_host_into` or a GPU get's pinned block read into it, no buffer between; large
+/// blocks in pieces checksummed in order as they land), and such a read is still verified: a flipped byte is `Error::Corrupt` naming the key, with
 /// nothing of the block left in the caller's memory. Blocks put from a `Vec` and from
 /// aligned memory read back either way.
 #[test]
@@ -896,7 +896,15 @@ fn aligned_memory_moves_in_place_and_is_still_verified() {
         config.prefetch = warpdrive::tier::prefetch::Prefetch::Off;
         config.disk_io = io;
         let store = TierStore::open(&root, config, &s).unwrap();
-        for len in [4096, 12 << 10, 64 << 10, 5000] {
+        // One I/O; pieces in flight from 4 MiB (and the streamed path's size, 16 MiB up).
+        for len in [
+            4096,
+            12 << 10,
+            64 << 10,
+            5000,
+            4 << 20,
+            (16 << 20) + (12 << 10),
+        ] {
             let data = block(&mut r, len);
             let mut aligned = AlignedBuf::new(len).unwrap();
             aligned.as_mut_slice()[..len].copy_from_slice(&data);

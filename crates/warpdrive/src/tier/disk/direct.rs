@@ -154,8 +154,20 @@ fn in_flight(pieces: usize, io: impl Fn(usize) -> Result<usize> + Sync) -> Resul
     }
 }
 
+/// The bytes a split read of pieces of `piece` bytes read: up to the first short piece.
+fn total_read(filled: &[usize], piece: usize) -> usize {
+    let mut total = 0;
+    for &n in filled {
+        total += n;
+        if n < piece {
+            break;
+        }
+    }
+    total
+}
+
 /// What a split read hands each piece to as it lands: `(at, bytes)`.
-type Landing<'a> = &'a (dyn Fn(usize, &[u8]) -> Result<()> + Sync);
+pub(super) type Landing<'a> = &'a (dyn Fn(usize, &[u8]) -> Result<()> + Sync);
 
 /// Where each of `count` pieces of `piece` bytes from `offset` starts in the file.
 pub(super) fn piece_offsets(offset: u64, piece: usize, count: usize) -> Vec<u64> {
@@ -362,9 +374,39 @@ impl DirectFile {
     }
 
     /// Reads into `out` (aligned, or not direct: [`can_move_in_place`](Self::can_move_in_place))
-    /// from `offset` in one I/O until it is full or the file ends; the bytes read.
-    pub fn read_in_place(&self, out: &mut [u8], offset: u64) -> Result<usize> {
-        self.fill(out, offset)
+    /// from `offset` until it is full or the file ends, in pieces in flight at once from
+    /// [`SPLIT_FROM`] bytes, handing each piece to `each(at, bytes)` in order as it lands (a
+    /// checksum taken while the later pieces are read); the bytes read.
+    pub(super) fn read_in_place_each(
+        &self,
+        out: &mut [u8],
+        offset: u64,
+        each: Landing<'_>,
+    ) -> Result<usize> {
+        let piece = piece_bytes(out.len());
+        let filled = if self.io.engine == Engine::Uring {
+            let depth = self.ring_depth(queue_depth(out.len()));
+            let pieces: Vec<&mut [u8]> = out.chunks_mut(piece).collect();
+            let offsets = piece_offsets(offset, piece, pieces.len());
+            let none = &mut |_: usize, _: &mut [u8]| Ok(());
+            let after = &mut |k: usize, bytes: &[u8]| each(k * piece, bytes);
+            self.on_ring(Pieces::Read(pieces), &offsets, depth, none, after)?
+        } else {
+            let pieces: Vec<parking_lot::Mutex<&mut [u8]>> =
+                out.chunks_mut(piece).map(parking_lot::Mutex::new).collect();
+            let read = |k: usize| {
+                let mut bytes = pieces[k].lock();
+                self.fill(&mut bytes, offset + (k * piece) as u64)
+            };
+            if pieces.len() == 1 {
+                let n = read(0)?;
+                each(0, &pieces[0].lock()[..n])?;
+                vec![n]
+            } else {
+                self.read_landing(&pieces, piece, &read, each)?
+            }
+        };
+        Ok(total_read(&filled, piece))
     }
 
     /// Fills `buf` from `offset` (a multiple of [`DIRECT_ALIGN`]); returns the bytes read,
@@ -516,14 +558,7 @@ impl DirectFile {
                 Some(each) => self.read_landing(&pieces, piece, &read, each)?,
             }
         };
-        let mut total = 0;
-        for n in filled {
-            total += n;
-            if n < piece {
-                break;
-            }
-        }
-        Ok(total)
+        Ok(total_read(&filled, piece))
     }
 
     /// Reads `pieces` (`read(k)` fills piece `k`) on the I/O threads while a landing thread

@@ -137,13 +137,22 @@ pub trait Disk: Send + Sync + 'static {
 
     /// Reads `out.len()` bytes at `offset` of a file [`append_aligned`](Self::append_aligned)
     /// wrote straight into `out` where direct I/O can land them there (an aligned start and
-    /// length, a block under [`SPLIT_FROM`]); the bytes read (fewer only at the file's end),
-    /// or `None`, nothing read, where it cannot ([`with_aligned`](Self::with_aligned) then
-    /// reads through an aligned buffer). The default reads and copies.
-    fn read_aligned_into(&self, path: &Path, offset: u64, out: &mut [u8]) -> Result<Option<usize>> {
+    /// length), handing `each(at, bytes)` the parts of `out` read, in order, as they land
+    /// (pieces in flight at once from [`SPLIT_FROM`]); the bytes read (fewer only at the
+    /// file's end), or `None`, nothing read, where it cannot
+    /// ([`with_aligned`](Self::with_aligned) then reads through an aligned buffer). The
+    /// default reads, copies and hands over the whole.
+    fn read_aligned_into(
+        &self,
+        path: &Path,
+        offset: u64,
+        out: &mut [u8],
+        each: &(dyn Fn(usize, &[u8]) -> Result<()> + Sync),
+    ) -> Result<Option<usize>> {
         let bytes = self.read_aligned(path, offset, out.len())?;
         let n = bytes.len().min(out.len());
         out[..n].copy_from_slice(&bytes[..n]);
+        each(0, &out[..n])?;
         Ok(Some(n))
     }
 
@@ -608,15 +617,18 @@ impl Disk for OsDisk {
         })
     }
 
-    fn read_aligned_into(&self, path: &Path, offset: u64, out: &mut [u8]) -> Result<Option<usize>> {
-        if queue_depth(out.len()) > 1 {
-            return Ok(None);
-        }
+    fn read_aligned_into(
+        &self,
+        path: &Path,
+        offset: u64,
+        out: &mut [u8],
+        each: &(dyn Fn(usize, &[u8]) -> Result<()> + Sync),
+    ) -> Result<Option<usize>> {
         let file = self.kept_for_read(path)?;
         if !file.can_move_in_place(out, offset) {
             return Ok(None);
         }
-        file.read_in_place(out, offset).map(Some)
+        file.read_in_place_each(out, offset, each).map(Some)
     }
 
     fn read_aligned(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {

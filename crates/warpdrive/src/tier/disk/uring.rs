@@ -220,10 +220,12 @@ fn run_on(
     let mut completions: Vec<(usize, i32)> = Vec::with_capacity(depth);
     // Pieces to submit again from where a short transfer stopped.
     let mut again: Vec<usize> = Vec::new();
-    // Read pieces complete, their `after` not yet run: it runs once the freed slots are
-    // refilled and submitted, so the caller's work on a piece (a copy, a checksum) overlaps
-    // a full queue rather than holding the next reads back.
-    let mut ready: Vec<usize> = Vec::new();
+    // Read pieces complete, their `after` not yet run: it runs in piece order (a checksum
+    // taken as they land), once the freed slots are refilled and submitted, so the caller's
+    // work on a piece (a copy, a checksum) overlaps a full queue rather than holding the next
+    // reads back.
+    let mut ready = vec![false; n];
+    let mut next_after = 0;
     loop {
         if failed.is_none() {
             for k in again.drain(..) {
@@ -251,11 +253,13 @@ fn run_on(
                 next += 1;
             }
         }
-        if !ready.is_empty() {
+        if ready.get(next_after).copied().unwrap_or(false) {
             if in_flight > 0 {
                 let _ = ring.submit();
             }
-            for k in ready.drain(..) {
+            while ready.get(next_after).copied().unwrap_or(false) {
+                let k = next_after;
+                next_after += 1;
                 if let (None, Pieces::Read(p)) = (&failed, &*pieces) {
                     if let Err(e) = (hooks.after)(k, &p[k][..done[k]]) {
                         failed = Some(e);
@@ -297,7 +301,7 @@ fn run_on(
                 continue;
             }
             if reading {
-                ready.push(k);
+                ready[k] = true;
             }
         }
     }

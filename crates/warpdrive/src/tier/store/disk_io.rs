@@ -253,19 +253,19 @@ impl TierStore {
     }
 
     /// The length of `key`'s block where [`read_disk_in_place`](Self::read_disk_in_place)
-    /// may land it: a bare block of whole pages under [`SPLIT_FROM`] (plain or not: that is
-    /// checked there).
+    /// may land it: a bare block of whole pages (plain or not: that is checked there).
     pub(super) fn in_place_len(&self, g: &Inner, key: &String) -> Option<usize> {
         let at = g.index.get(key)?;
         at.head?;
         let len = usize::try_from(at.len).ok()?;
-        (len < SPLIT_FROM && len % DIRECT_ALIGN as usize == 0).then_some(len)
+        (len % DIRECT_ALIGN as usize == 0).then_some(len)
     }
 
     /// `key`'s block read from the disk straight into `out` (its length checked by `fits`
     /// first) and verified there, with no direct-I/O buffer between, where the disk can land
-    /// it there ([`Disk::read_aligned_into`]: an aligned `out`, a pinned block say): a plain
-    /// bare block of whole pages under [`SPLIT_FROM`]. `false`, nothing read, where not. After
+    /// it there ([`Disk::read_aligned_into`]: an aligned `out`, a pinned block say), checksummed
+    /// in order as its pieces land: a plain bare block of whole pages. `false`, nothing read,
+    /// where not. After
     /// a `Corrupt` error `out` holds the bytes that failed (the caller discards them).
     pub(super) fn read_disk_in_place(
         &self,
@@ -283,7 +283,7 @@ impl TierStore {
         let Some(head) = at.head else {
             return Ok(false);
         };
-        let Some(mut stream) = codec::PlainStream::start(&head, len, key)? else {
+        let Some(stream) = codec::PlainStream::start(&head, len, key)? else {
             return Ok(false);
         };
         fits(stream.raw_len())?;
@@ -295,7 +295,12 @@ impl TierStore {
             });
         }
         let path = self.segment_path(at.folder, at.segment);
-        let Some(got) = self.disk.read_aligned_into(&path, at.offset, out)? else {
+        let stream = Mutex::new(stream);
+        let hash = |_: usize, bytes: &[u8]| {
+            stream.lock().update(bytes);
+            Ok(())
+        };
+        let Some(got) = self.disk.read_aligned_into(&path, at.offset, out, &hash)? else {
             return Ok(false);
         };
         if got != len {
@@ -304,8 +309,7 @@ impl TierStore {
                 detail: format!("{got} of {len} bytes on disk"),
             });
         }
-        stream.update(out);
-        stream.finish()?;
+        stream.into_inner().finish()?;
         g.stats.disk_hits += 1;
         metrics::counter!("warpdrive_tier_hits_total", "tier" => "disk").increment(1);
         g.stats.disk_bytes_read += at.len;
