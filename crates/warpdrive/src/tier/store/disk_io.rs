@@ -192,12 +192,18 @@ impl TierStore {
             metrics::counter!("warpdrive_tier_hits_total", "tier" => "host").increment(1);
             return Ok(Below::Host);
         }
-        let pinned = |len| PinnedBuf::<u8>::new(self.stream.device(), len);
+        // A pinned block made for an in-place read that did not apply serves the read below.
+        let spare = std::cell::Cell::new(None::<PinnedBuf<u8>>);
+        let pinned = |len| match spare.take() {
+            Some(p) if p.len() == len => Ok(p),
+            _ => PinnedBuf::<u8>::new(self.stream.device(), len),
+        };
         if let Some(len) = self.in_place_len(g, key) {
             let mut p = pinned(len)?;
             if self.read_disk_in_place(g, key, &|_| Ok(()), p.wait_slice_mut()?)? {
                 return Ok(Below::Disk(p));
             }
+            spare.set(Some(p));
         }
         if let Some(p) = self.read_disk_streamed(g, key, pinned, |p| p.wait_slice_mut())? {
             return Ok(Below::Disk(p));
