@@ -149,6 +149,11 @@ fn summary(r: &LoadReport) -> String {
             s.probe.name(),
             s.gap_us * 1e-3
         );
+        // The generator's threads as the runtime stall found them (name/tid state wchan
+        // syscall cpu).
+        if let Some(t) = &s.threads {
+            out += &format!("  threads: {t}\n");
+        }
     }
     if r.stalls.len() > MAX_STALL_LINES {
         out += &format!(
@@ -190,12 +195,17 @@ mod tests {
             probe: Where::Runtime,
             until_unix_us: 1_795_762_281_512_300,
             gap_us: 8_250.0,
+            threads: Some("warpdrive-load/7 S futex_wait_queue sys=202 cpu=1".into()),
         });
         let s = summary(&r);
         assert!(s.contains("1003 sent, 1000 answered, 3 failed"), "{s}");
         assert!(s.contains("started at unix 1795762280.000000 s"), "{s}");
         assert!(
             s.contains("generator stall (runtime): 8.2 ms, ended 1.5123 s into the run"),
+            "{s}"
+        );
+        assert!(
+            s.contains("  threads: warpdrive-load/7 S futex_wait_queue sys=202 cpu=1\n"),
             "{s}"
         );
         // Missing per-job figures are written as NaN, not dropped or misaligned.
