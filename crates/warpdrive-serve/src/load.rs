@@ -18,6 +18,8 @@ use super::client::{Client, ClientConfig, Encoded, Failure, JobResult, JobSpec};
 use super::probe::{Probes, Stall};
 use super::wire::Format;
 
+pub mod split;
+
 /// How jobs arrive.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Arrivals {
@@ -60,6 +62,12 @@ pub struct LoadConfig {
     /// Stall probes in the generator (a thread and a task on its runtime, [`crate::probe`])
     /// note every wake-up later than this into [`LoadReport::stalls`] (`None`: no probes).
     pub stall_probe: Option<Duration>,
+    /// Open loop under [`run`]: one single-threaded runtime on each of `threads` threads,
+    /// each with its own share of the connections, timer wheel and socket driver, the jobs
+    /// dealt to them in turn ([`split`]). The default (`false`), one multi-threaded runtime,
+    /// shares its run queue, timer wheel and socket driver among its threads: one thread
+    /// stuck while it holds one of them stops every job.
+    pub split: bool,
 }
 
 /// The probes' threshold by default: four of their 1 ms ticks.
@@ -83,6 +91,7 @@ impl LoadConfig {
             threads: default_threads(),
             event_interval: crate::DEFAULT_EVENT_INTERVAL,
             stall_probe: Some(DEFAULT_STALL_PROBE),
+            split: false,
         }
     }
 }
@@ -245,6 +254,9 @@ pub fn default_threads() -> usize {
 /// Runs `config` on a tokio runtime of its own (`config.threads` threads) and reports.
 pub fn run(config: &LoadConfig) -> Result<LoadReport, LoadError> {
     check(config)?;
+    if let (Arrivals::Poisson { per_s }, true) = (config.arrivals, config.split) {
+        return split::run(config, per_s);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(config.threads.clamp(1, 64))
         .event_interval(config.event_interval.max(1))
@@ -277,7 +289,41 @@ fn check(config: &LoadConfig) -> Result<(), LoadError> {
     Ok(())
 }
 
-/// The same as [`run`], on the caller's tokio runtime.
+/// The job `config` sends, encoded once for `client` (the generator's own work per job stays
+/// out of the service's way), and the generator's random numbers after its values.
+async fn prepare(
+    config: &LoadConfig,
+    client: &Client,
+) -> Result<(Arc<Encoded>, rand::rngs::StdRng), LoadError> {
+    let width = client
+        .model()
+        .await
+        .map_err(|e| LoadError(format!("asking {} for its model: {e}", config.addr)))?
+        .width;
+    let rows_values = config
+        .rows
+        .checked_mul(width)
+        .ok_or_else(|| LoadError(format!("{} rows of {width}", config.rows)))?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(config.seed);
+    let data: Vec<f32> = (0..rows_values)
+        .map(|_| rng.random_range(-1.0f32..1.0))
+        .collect();
+    let job = Arc::new(
+        client
+            .encode(&JobSpec {
+                rows: config.rows,
+                data,
+                priority: config.priority,
+                tenant: config.tenant.clone(),
+                deadline: None,
+            })
+            .map_err(|e| LoadError(format!("encoding the job: {e}")))?,
+    );
+    Ok((job, rng))
+}
+
+/// The same as [`run`], on the caller's tokio runtime (one multi-threaded runtime whatever
+/// [`LoadConfig::split`] says).
 pub async fn run_async(config: &LoadConfig) -> Result<LoadReport, LoadError> {
     check(config)?;
     let connections = match config.arrivals {
@@ -292,31 +338,7 @@ pub async fn run_async(config: &LoadConfig) -> Result<LoadReport, LoadError> {
             format: config.format,
         },
     );
-    let width = client
-        .model()
-        .await
-        .map_err(|e| LoadError(format!("asking {} for its model: {e}", config.addr)))?
-        .width;
-    let rows_values = config
-        .rows
-        .checked_mul(width)
-        .ok_or_else(|| LoadError(format!("{} rows of {width}", config.rows)))?;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(config.seed);
-    let data: Vec<f32> = (0..rows_values)
-        .map(|_| rng.random_range(-1.0f32..1.0))
-        .collect();
-    // Encoded once: the generator's own work per job stays out of the service's way.
-    let job = Arc::new(
-        client
-            .encode(&JobSpec {
-                rows: config.rows,
-                data,
-                priority: config.priority,
-                tenant: config.tenant.clone(),
-                deadline: None,
-            })
-            .map_err(|e| LoadError(format!("encoding the job: {e}")))?,
-    );
+    let (job, rng) = prepare(config, &client).await?;
     let mut report = LoadReport::with_capacity(expected_jobs(config));
     let probes = config
         .stall_probe
@@ -391,7 +413,7 @@ type Done = (
 async fn open_loop(
     config: &LoadConfig,
     per_s: f64,
-    (client, job, mut rng): (Client, Arc<Encoded>, rand::rngs::StdRng),
+    (client, job, rng): (Client, Arc<Encoded>, rand::rngs::StdRng),
     report: &mut LoadReport,
     (start, stop): (Instant, Instant),
 ) {
@@ -404,31 +426,20 @@ async fn open_loop(
     let pacer = std::thread::Builder::new()
         .name("warpdrive-load-pacer".into())
         .spawn(move || {
-            let mut due = start;
-            while paced.load(Ordering::Relaxed) < max_jobs && !tx.is_closed() {
-                // Exponential gaps: -ln(1 - u) / rate, u in [0, 1).
-                let u: f64 = rng.random();
-                let gap =
-                    Duration::try_from_secs_f64(-(1.0 - u).ln() / per_s).unwrap_or(Duration::MAX);
-                due = crate::later(due, gap);
-                if due >= stop {
-                    break;
-                }
-                std::thread::sleep(due.saturating_duration_since(Instant::now()));
-                paced.fetch_add(1, Ordering::Release);
-                let (client, job, tx) = (client.clone(), job.clone(), tx.clone());
-                let handed = Instant::now();
-                handle.spawn(async move {
-                    let began = Instant::now();
-                    let outcome = client.submit_encoded(&job).await;
-                    let answered = Instant::now();
-                    // The rows are freed here, on the thread that allocated them, not on the
-                    // gathering thread (glibc: a free into another thread's arena takes that
-                    // arena's lock and may trim it); the report keeps none of them.
-                    let outcome = outcome.map(|r| r.clone_stats());
-                    let _ = tx.send((due, handed, began, answered, outcome));
-                });
-            }
+            let going = || !tx.is_closed();
+            pace(
+                per_s,
+                rng,
+                (start, stop),
+                (max_jobs, &paced),
+                going,
+                |due, handed| {
+                    let (client, job, tx) = (client.clone(), job.clone(), tx.clone());
+                    handle.spawn(async move {
+                        let _ = tx.send(one_job(client, job, (due, handed)).await);
+                    });
+                },
+            );
         });
     if let Err(e) = pacer {
         count(report, "io", format!("the pacing thread: {e}"));
@@ -450,13 +461,56 @@ async fn open_loop(
     let _ = tokio::time::timeout_at(drain.into(), gather).await;
     answers.close();
     report.sent = sent.load(Ordering::Acquire);
-    // A job not heard of by now timed out (or its task panicked).
+    count_unanswered(report, got);
+}
+
+/// Counts the jobs sent but not heard of by the drain's end as timed out (or panicked).
+fn count_unanswered(report: &mut LoadReport, got: u64) {
     if let Some(left) = report.sent.checked_sub(got).filter(|&l| l > 0) {
         *report.failures.entry("timeout".into()).or_insert(0) += left;
         report
             .first_failure
             .get_or_insert_with(|| format!("{left} jobs unanswered when the run's drain ended"));
     }
+}
+
+/// Paces Poisson arrivals at `per_s` from `start` until `stop`, or until `sent` reaches
+/// `max_jobs`, or while `going` holds: sleeps until each job is due, counts it in `sent` and
+/// calls `hand(due, handed)`, `handed` being the moment it was handed on.
+fn pace(
+    per_s: f64,
+    mut rng: rand::rngs::StdRng,
+    (start, stop): (Instant, Instant),
+    (max_jobs, sent): (u64, &AtomicU64),
+    going: impl Fn() -> bool,
+    mut hand: impl FnMut(Instant, Instant),
+) {
+    let mut due = start;
+    while sent.load(Ordering::Relaxed) < max_jobs && going() {
+        // Exponential gaps: -ln(1 - u) / rate, u in [0, 1).
+        let u: f64 = rng.random();
+        let gap = Duration::try_from_secs_f64(-(1.0 - u).ln() / per_s).unwrap_or(Duration::MAX);
+        due = crate::later(due, gap);
+        if due >= stop {
+            break;
+        }
+        std::thread::sleep(due.saturating_duration_since(Instant::now()));
+        sent.fetch_add(1, Ordering::Release);
+        hand(due, Instant::now());
+    }
+}
+
+/// One open-loop job due at `due` and handed to its runtime at `handed`: its task times its
+/// own start and answer.
+async fn one_job(client: Client, job: Arc<Encoded>, (due, handed): (Instant, Instant)) -> Done {
+    let began = Instant::now();
+    let outcome = client.submit_encoded(&job).await;
+    let answered = Instant::now();
+    // The rows are freed here, on the thread that allocated them, not on the gathering thread
+    // (glibc: a free into another thread's arena takes that arena's lock and may trim it);
+    // the report keeps none of them.
+    let outcome = outcome.map(|r| r.clone_stats());
+    (due, handed, began, answered, outcome)
 }
 
 /// The most jobs `config` is likely to send: its job cap, or an open loop's rate over its
