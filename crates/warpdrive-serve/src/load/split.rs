@@ -157,3 +157,46 @@ pub(super) fn run(config: &LoadConfig, per_s: f64) -> Result<LoadReport, LoadErr
     drop(lanes);
     Ok(report)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::Arrivals;
+
+    /// The point of splitting: a lane whose thread is stuck holds up its own tasks only.
+    #[test]
+    fn a_stuck_lane_holds_up_its_own_tasks_only() {
+        let config = LoadConfig::new(
+            "127.0.0.1:9".parse().unwrap(),
+            Arrivals::Poisson { per_s: 1.0 },
+            Duration::from_secs(1),
+        );
+        let lanes: Vec<Lane> = (0..2).map(|i| lane(&config, i, 1).unwrap()).collect();
+        let (tx, rx) = std::sync::mpsc::channel::<(usize, Instant)>();
+        // Lane 0's only thread is stuck in a blocking call for 300 ms.
+        lanes[0]
+            .handle
+            .spawn(async { std::thread::sleep(Duration::from_millis(300)) });
+        std::thread::sleep(Duration::from_millis(20));
+        let dealt = Instant::now();
+        for i in 0..20 {
+            let tx = tx.clone();
+            lanes[i % 2].handle.spawn(async move {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                let _ = tx.send((i % 2, Instant::now()));
+            });
+        }
+        drop(tx);
+        let done: Vec<(usize, Instant)> = rx.iter().collect();
+        assert_eq!(done.len(), 20);
+        let took = |lane: usize| {
+            done.iter()
+                .filter(|(l, _)| *l == lane)
+                .map(|(_, t)| t.duration_since(dealt))
+                .max()
+                .unwrap()
+        };
+        assert!(took(1) < Duration::from_millis(150), "{:?}", took(1));
+        assert!(took(0) >= Duration::from_millis(200), "{:?}", took(0));
+    }
+}
