@@ -474,8 +474,8 @@ fn count_unanswered(report: &mut LoadReport, got: u64) {
     }
 }
 
-/// Paces Poisson arrivals at `per_s` from `start` until `stop`, or until `sent` reaches
-/// `max_jobs`, or while `going` holds: sleeps until each job is due, counts it in `sent` and
+/// Paces Poisson arrivals at `per_s` from `start` until `stop`, while `sent` is under
+/// `max_jobs` and `going()` holds: sleeps until each job is due, counts it in `sent` and
 /// calls `hand(due, handed)`, `handed` being the moment it was handed on.
 fn pace(
     per_s: f64,
