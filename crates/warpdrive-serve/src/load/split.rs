@@ -1,14 +1,14 @@
 //! The open loop on split runtimes ([`LoadConfig::split`]): one single-threaded tokio runtime
 //! on each generator thread, each with a client of its own (its share of the connections),
-//! its own timer wheel and socket driver, the pacer dealing the jobs to them in turn and the
-//! answers gathered on the calling thread.
+//! its own timer wheel and socket driver, the pacer dealing the jobs to them in turn (each
+//! lane's dispatcher task spawns them there) and the answers gathered on the calling thread.
 //!
 //! A multi-threaded runtime shares its run queue (the pacer pushes every job into it), one
 //! timer wheel (every job's timeout goes in and out of it under one lock) and one socket
 //! driver (polled by whichever thread parks on it): one thread that stops while it holds any
 //! of them stops every job, which is how a stall of the generator's whole runtime looks.
 //! Split, a stopped thread holds up its own share of the jobs; no lock of the runtime is
-//! shared between threads, and a thread's tasks are allocated and freed on it.
+//! shared between threads, and a job's task is allocated and freed on its lane's thread.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -96,10 +96,28 @@ pub(super) fn run(config: &LoadConfig, per_s: f64) -> Result<LoadReport, LoadErr
     let (tx, answers) = std::sync::mpsc::channel::<Done>();
     let sent = Arc::new(AtomicU64::new(0));
     let going = Arc::new(AtomicBool::new(true));
-    let targets: Vec<(tokio::runtime::Handle, Client)> = lanes
+    // Each lane's dispatcher spawns the jobs the pacer deals it, so a job's task is allocated
+    // (and freed) on its lane's thread: spawned from the pacer, every task would come from
+    // the pacer's malloc arena, and that arena grows a page at a time (an `mprotect` each,
+    // under its lock) whenever more jobs are in flight than ever before (strace, build VM).
+    let deal: Vec<_> = lanes
         .iter()
-        .map(|l| (l.handle.clone(), l.client.clone()))
+        .map(|l| {
+            let (jobs, mut dealt) = tokio::sync::mpsc::unbounded_channel::<(Instant, Instant)>();
+            let (client, job, tx) = (l.client.clone(), job.clone(), tx.clone());
+            l.handle.spawn(async move {
+                while let Some(times) = dealt.recv().await {
+                    let (client, job, tx) = (client.clone(), job.clone(), tx.clone());
+                    tokio::spawn(async move {
+                        let _ = tx.send(one_job(client, job, times).await);
+                    });
+                }
+            });
+            jobs
+        })
         .collect();
+    // The answers' channel ends when the dispatchers and every job's task are done with it.
+    drop(tx);
     let (paced, still) = (sent.clone(), going.clone());
     let pacer = std::thread::Builder::new()
         .name("warpdrive-load-pacer".into())
@@ -113,18 +131,13 @@ pub(super) fn run(config: &LoadConfig, per_s: f64) -> Result<LoadReport, LoadErr
                 (max_jobs, &paced),
                 going,
                 |due, handed| {
-                    let (handle, client) = &targets[next % targets.len()];
+                    let _ = deal[next % deal.len()].send((due, handed));
                     next = next.wrapping_add(1);
-                    let (client, job, tx) = (client.clone(), job.clone(), tx.clone());
-                    handle.spawn(async move {
-                        let _ = tx.send(one_job(client, job, (due, handed)).await);
-                    });
                 },
             );
         })
         .map_err(|e| LoadError(format!("the pacing thread: {e}")))?;
     // Every job's task ends within the client's timeout; this bounds the whole drain too.
-    // The channel ends once the pacer and every job's task are done with it.
     let drain = crate::later(stop, config.timeout.saturating_add(Duration::from_secs(1)));
     let mut got = 0u64;
     loop {
