@@ -148,7 +148,7 @@ pub struct LoadReport {
 const MAX_RESERVED_JOBS: usize = 1 << 20;
 
 impl LoadReport {
-    /// An empty report with room for `jobs` answered jobs (at most [`MAX_RESERVED_JOBS`]):
+    /// An empty report with room for `jobs` answered jobs (at most `MAX_RESERVED_JOBS`, 1 M):
     /// a run at 24,000 jobs/s would otherwise double and copy its figures as it goes, on
     /// the thread that gathers the answers.
     pub fn with_capacity(jobs: usize) -> LoadReport {

@@ -270,7 +270,7 @@ fn truncated_and_extended_blocks_are_rejected() {
 fn reseal(mut stored: Vec<u8>) -> Vec<u8> {
     let mut covered = stored[..24].to_vec();
     covered.extend_from_slice(&stored[HEADER_BYTES..]);
-    let sum = xxhash_rust::xxh3::xxh3_64(&covered);
+    let sum = twox_hash::XxHash3_64::oneshot(&covered);
     stored[24..32].copy_from_slice(&sum.to_le_bytes());
     stored
 }

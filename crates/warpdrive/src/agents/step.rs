@@ -7,7 +7,7 @@ use std::fmt::Write;
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
-use xxhash_rust::xxh3::xxh3_64;
+use twox_hash::XxHash3_64;
 
 use crate::device::LaunchMode;
 use crate::device::Stream;
@@ -501,7 +501,10 @@ fn intern(name: &str, code: String) -> &'static KernelSource {
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
         .take(32)
         .collect();
-    let label = format!("agents-{clean}-{:016x}", xxh3_64(code.as_bytes()));
+    let label = format!(
+        "agents-{clean}-{:016x}",
+        XxHash3_64::oneshot(code.as_bytes())
+    );
     // Interned for the process's life: one per distinct step text.
     let src: &'static KernelSource = Box::leak(Box::new(KernelSource {
         name: Box::leak(label.into_boxed_str()),

@@ -11,7 +11,7 @@ use crate::dtype::Float;
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
 use crate::ops;
-use xxhash_rust::xxh3::xxh3_64;
+use twox_hash::XxHash3_64;
 
 use super::{Comm, ReduceOp};
 
@@ -49,7 +49,7 @@ impl Comm {
     /// [`hierarchy_by_host`](Self::hierarchy_by_host) with this rank's host named by the
     /// caller (tests declare hosts this way on one machine).
     pub fn hierarchy_for_host(&self, stream: &Stream, host: &str) -> Result<Option<Hierarchy>> {
-        let mine = Buffer::from_host(stream, &[xxh3_64(host.as_bytes())])?;
+        let mine = Buffer::from_host(stream, &[XxHash3_64::oneshot(host.as_bytes())])?;
         let mut all = Buffer::<u64>::zeros(stream, self.world())?;
         self.all_gather(stream, &mine, &mut all)?;
         self.wait(stream)?;

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use parking_lot::Mutex;
-use xxhash_rust::xxh3::xxh3_64;
+use twox_hash::XxHash3_64;
 
 use crate::dtype::{DTypeKind, Float};
 use crate::kernels::{KernelSource, FUSE_OPS};
@@ -48,7 +48,7 @@ pub(crate) fn kernel_source_for(
     if let Some(s) = reg.by_signature.get(&key) {
         return s;
     }
-    let hash = xxh3_64(key.as_bytes());
+    let hash = XxHash3_64::oneshot(key.as_bytes());
     let mut name = format!("fuse-{hash:016x}");
     let mut n = 1;
     while reg.by_name.contains_key(name.as_str()) {

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use parking_lot::Mutex;
-use xxhash_rust::xxh3::xxh3_64;
+use twox_hash::XxHash3_64;
 
 use crate::device::Stream;
 use crate::dtype::{DTypeKind, Float};
@@ -53,7 +53,10 @@ fn chosen() -> &'static Mutex<HashMap<String, MapShape>> {
 
 /// The autotune cache's kernel name of a structure.
 fn kernel_name(signature: &str) -> String {
-    format!("fuse-map-{:016x}", xxh3_64(signature.as_bytes()))
+    format!(
+        "fuse-map-{:016x}",
+        XxHash3_64::oneshot(signature.as_bytes())
+    )
 }
 
 fn slot(signature: &str, n: usize, stream: &Stream) -> String {

@@ -290,18 +290,6 @@ __device__ void moe_gemm_wgmma(const MoeGemm& p) {
     extern "C" __global__ void __launch_bounds__(256, BLOCKS) moe_gemm_##T##_##NAME##SUFFIX(MoeGemm p) { \
         moe_gemm_wgmma<T, MT, 4, OVERLAP>(p);                                                         \
     }
-#define MOE_GEMM_WGMMA(T, NAME, MT, BLOCKS) \
-    MOE_GEMM_WGMMA_AS(T, NAME, MT, BLOCKS, w, false) MOE_GEMM_WGMMA_AS(T, NAME, MT, BLOCKS, o, true)
-// Two blocks per SM at m4 and m6 (m6: 112 KB of stages + 1 KB to align them, no static
-// shared memory). Faster than the mma.sync staged tiles, and than the decode and middle
-// tiles from 2 rows per expert (bench/NOTES.md, MoE grouped GEMM). The wide m12 tile: 160 KB
-// of stages + 1 KB, one block per SM (off by default; MoeLayer::set_wgmma_wide).
-MOE_GEMM_WGMMA(bf16, m4, 2, 2)
-MOE_GEMM_WGMMA(bf16, m6, 3, 2)
-MOE_GEMM_WGMMA(bf16, m12, 6, 1)
-MOE_GEMM_WGMMA(f16, m4, 2, 2)
-MOE_GEMM_WGMMA(f16, m6, 3, 2)
-MOE_GEMM_WGMMA(f16, m12, 6, 1)
 
 // ---- The warp-specialized tile (the `t` kernels, issue 40; off by default,
 // MoeLayer::set_wgmma_tma): the same work list, tile, ring of 4 stages, swizzled layout, MMAs
@@ -485,15 +473,23 @@ __device__ void moe_gemm_wgmma_tma(const MoeGemm& p) {
     moe_wgmma_finish<T, BM, true>(p, t, acc, reinterpret_cast<float*>(moe_smem + (smem - base)));
 }
 
-// Two blocks per SM at m4 and m6 (the same shared memory as the `o` kernels: the barriers sit
-// in the alignment slack), one at m12; 288 threads.
+// The `t` kernels: 288 threads, the same shared memory as the `o` kernels (the barriers sit
+// in the alignment slack).
 #define MOE_GEMM_WGMMA_TMA(T, NAME, MT, BLOCKS)                                                         \
     extern "C" __global__ void __launch_bounds__(MOE_TMA_THREADS, BLOCKS) moe_gemm_##T##_##NAME##t(MoeGemm p) { \
         moe_gemm_wgmma_tma<T, MT>(p);                                                                      \
     }
-MOE_GEMM_WGMMA_TMA(bf16, m4, 2, 2)
-MOE_GEMM_WGMMA_TMA(bf16, m6, 3, 2)
-MOE_GEMM_WGMMA_TMA(bf16, m12, 6, 1)
-MOE_GEMM_WGMMA_TMA(f16, m4, 2, 2)
-MOE_GEMM_WGMMA_TMA(f16, m6, 3, 2)
-MOE_GEMM_WGMMA_TMA(f16, m12, 6, 1)
+// Each tile's `w`, `o` and `t` kernels. Two blocks per SM at m4 and m6 (m6: 112 KB of stages
+// + 1 KB to align them, no static shared memory). Faster than the mma.sync staged tiles, and
+// than the decode and middle tiles from 2 rows per expert (bench/NOTES.md, MoE grouped GEMM).
+// The wide m12 tile: 160 KB of stages + 1 KB, one block per SM (off by default;
+// MoeLayer::set_wgmma_wide).
+#define MOE_GEMM_WGMMA(T, NAME, MT, BLOCKS)                                                          \
+    MOE_GEMM_WGMMA_AS(T, NAME, MT, BLOCKS, w, false) MOE_GEMM_WGMMA_AS(T, NAME, MT, BLOCKS, o, true) \
+    MOE_GEMM_WGMMA_TMA(T, NAME, MT, BLOCKS)
+MOE_GEMM_WGMMA(bf16, m4, 2, 2)
+MOE_GEMM_WGMMA(bf16, m6, 3, 2)
+MOE_GEMM_WGMMA(bf16, m12, 6, 1)
+MOE_GEMM_WGMMA(f16, m4, 2, 2)
+MOE_GEMM_WGMMA(f16, m6, 3, 2)
+MOE_GEMM_WGMMA(f16, m12, 6, 1)

@@ -32,9 +32,8 @@ use std::hash::Hasher;
 
 use crate::error::{Error, Result};
 
-/// xxh3-64 (seed 0) taken in pieces: twox-hash's, which picks AVX2 at run time, where
-/// xxhash-rust's is built for SSE2 only (64 KiB in 1.9 against 3.1 µs on the build VM); the
-/// same hash, so blocks written with either verify with the other.
+/// xxh3-64 (seed 0) taken in pieces (twox-hash picks AVX2 at run time: 64 KiB in 1.9 µs
+/// against 3.1 for an SSE2 build on the build VM; the same hash as any xxh3-64).
 #[derive(Clone)]
 struct Xxh3(twox_hash::XxHash3_64);
 

@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use xxhash_rust::xxh3::xxh3_64;
+use twox_hash::XxHash3_64;
 
 use super::disk::Disk;
 use crate::error::{Error, Result};
@@ -342,7 +342,7 @@ fn encode_frame(out: &mut Vec<u8>, key: &str, at: Option<&Location>) -> Result<(
     }
     let payload = start + FRAME_HEADER;
     let len = (out.len() - payload) as u32; // at most MAX_PAYLOAD
-    let sum = xxh3_64(&out[payload..]);
+    let sum = XxHash3_64::oneshot(&out[payload..]);
     out[start..start + 4].copy_from_slice(&len.to_le_bytes());
     out[start + 4..payload].copy_from_slice(&sum.to_le_bytes());
     Ok(())
@@ -381,7 +381,7 @@ fn replay(bytes: &[u8], path: &Path) -> Result<Replay> {
         let Some(payload) = rest.get(FRAME_HEADER..FRAME_HEADER + len) else {
             break Some("a frame that runs past the end of the file");
         };
-        if xxh3_64(payload) != sum {
+        if XxHash3_64::oneshot(payload) != sum {
             break Some("a frame whose checksum fails");
         }
         // The checksum holds, so a payload that does not decode was written wrong: refuse
@@ -519,7 +519,7 @@ mod tests {
     fn a_checksummed_payload_that_does_not_decode_is_corrupt_not_a_tail() {
         let payload = [9u8, 0, 0];
         let mut bytes = (payload.len() as u32).to_le_bytes().to_vec();
-        bytes.extend_from_slice(&xxh3_64(&payload).to_le_bytes());
+        bytes.extend_from_slice(&XxHash3_64::oneshot(&payload).to_le_bytes());
         bytes.extend_from_slice(&payload);
         let e = replay(&bytes, Path::new("log")).err().unwrap();
         assert!(
