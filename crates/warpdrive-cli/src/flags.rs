@@ -299,6 +299,11 @@ pub(crate) struct LoadArgs {
     /// (default: one multi-threaded runtime, whose threads share them).
     #[arg(long, requires = "rate")]
     pub(crate) split_runtimes: bool,
+    /// Before the run, the same load for this many seconds on the same generator, not counted
+    /// (a fresh process grows its heaps and buffers to the load's high-water mark once;
+    /// default 0: none); its summary and stalls are printed after the run's.
+    #[arg(long, value_name = "S", default_value_t = 0.0)]
+    pub(crate) warmup: f64,
     /// Write every answered job to this CSV file: when it was due or sent (seconds into the
     /// run), its latency, the generator's lag and connection wait, the service's submission,
     /// queue and batch run times, and the legs to and from the service by the host's wall

@@ -68,6 +68,13 @@ pub struct LoadConfig {
     /// shares its run queue, timer wheel and socket driver among its threads: one thread
     /// stuck while it holds one of them stops every job.
     pub split: bool,
+    /// Before the measured run, the same load for this long, on the same runtime and (in
+    /// the shared runtime) the same connections, with the same arrival times as the run's
+    /// start; not counted, its own report kept in [`LoadReport::warmup`]. A fresh process
+    /// grows its heaps (each thread's malloc arena a page at a time), pools and buffers to
+    /// the load's high-water mark once; a warm-up pays for that before the clock starts, as
+    /// the bench suite's warm process does. `Duration::ZERO` (the default): none.
+    pub warmup: Duration,
 }
 
 /// The probes' threshold by default: four of their 1 ms ticks.
@@ -92,7 +99,19 @@ impl LoadConfig {
             event_interval: crate::DEFAULT_EVENT_INTERVAL,
             stall_probe: Some(DEFAULT_STALL_PROBE),
             split: false,
+            warmup: Duration::ZERO,
         }
+    }
+
+    /// The warm-up [`LoadConfig::warmup`] asks for: this load for that long, uncapped in
+    /// jobs (`None`: no warm-up).
+    fn warmup_config(&self) -> Option<LoadConfig> {
+        (!self.warmup.is_zero()).then(|| LoadConfig {
+            duration: self.warmup,
+            max_jobs: None,
+            warmup: Duration::ZERO,
+            ..self.clone()
+        })
     }
 }
 
@@ -140,6 +159,9 @@ pub struct LoadReport {
     pub started_unix_us: u64,
     /// Jobs a second offered (open loop: the rate asked for).
     pub offered_per_s: Option<f64>,
+    /// The warm-up's own report ([`LoadConfig::warmup`]; `None`: there was none): whether
+    /// a stall of a fresh process came there instead of in the run.
+    pub warmup: Option<Box<LoadReport>>,
 }
 
 /// Answered jobs a report keeps room for from the start, at most: 1 M jobs (10 figures of
@@ -255,7 +277,15 @@ pub fn default_threads() -> usize {
 pub fn run(config: &LoadConfig) -> Result<LoadReport, LoadError> {
     check(config)?;
     if let (Arrivals::Poisson { per_s }, true) = (config.arrivals, config.split) {
-        return split::run(config, per_s);
+        // Split runtimes are made per run: the warm-up's threads end before the run's start
+        // (glibc hands their arenas to the new threads).
+        let warm = match config.warmup_config() {
+            Some(w) => Some(Box::new(split::run(&w, per_s)?)),
+            None => None,
+        };
+        let mut report = split::run(config, per_s)?;
+        report.warmup = warm;
+        return Ok(report);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(config.threads.clamp(1, 64))
@@ -339,6 +369,26 @@ pub async fn run_async(config: &LoadConfig) -> Result<LoadReport, LoadError> {
         },
     );
     let (job, rng) = prepare(config, &client).await?;
+    // The warm-up offers the run's own first arrivals (the same random numbers).
+    let warm = match config.warmup_config() {
+        Some(w) => Some(Box::new(
+            measure(&w, &client, job.clone(), rng.clone()).await,
+        )),
+        None => None,
+    };
+    let mut report = measure(config, &client, job, rng).await;
+    report.warmup = warm;
+    Ok(report)
+}
+
+/// One run of `config`'s load through `client`, `job` its every job and `rng` its arrivals.
+async fn measure(
+    config: &LoadConfig,
+    client: &Client,
+    job: Arc<Encoded>,
+    rng: rand::rngs::StdRng,
+) -> LoadReport {
+    let client = client.clone();
     let mut report = LoadReport::with_capacity(expected_jobs(config));
     let probes = config
         .stall_probe
@@ -393,7 +443,7 @@ pub async fn run_async(config: &LoadConfig) -> Result<LoadReport, LoadError> {
     if let Some(p) = probes {
         report.stalls = p.finish();
     }
-    Ok(report)
+    report
 }
 
 /// What one open-loop job came to: when it was due, when the pacer handed it over, when its

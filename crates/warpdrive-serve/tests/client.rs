@@ -161,6 +161,51 @@ fn open_and_closed_loops_answer_every_job() {
 }
 
 #[test]
+fn a_warm_up_comes_first_and_is_not_counted() {
+    let server = double(4, Duration::from_millis(1), config());
+    let open = LoadConfig {
+        max_jobs: Some(40),
+        warmup: Duration::from_millis(100),
+        ..LoadConfig::new(
+            server.addr,
+            Arrivals::Poisson { per_s: 400.0 },
+            Duration::from_secs(10),
+        )
+    };
+    let closed = LoadConfig {
+        max_jobs: Some(30),
+        ..LoadConfig::new(server.addr, Arrivals::Clients(2), Duration::from_secs(10))
+    };
+    let split = LoadConfig {
+        threads: 2,
+        split: true,
+        ..open.clone()
+    };
+    for (name, c) in [("open", open), ("closed", closed.clone()), ("split", split)] {
+        let c = LoadConfig {
+            warmup: Duration::from_millis(100),
+            ..c
+        };
+        let r = load::run(&c).unwrap();
+        let jobs = c.max_jobs.unwrap();
+        // The run's own jobs only; the warm-up's (its arrivals are the run's first ones, due
+        // within its 100 ms, none capped) in a report of their own, before the run's.
+        assert_eq!(
+            (r.sent, r.answered(), r.failed()),
+            (jobs, jobs, 0),
+            "{name}"
+        );
+        let w = r.warmup.as_deref().expect(name);
+        assert!(w.sent > 0, "{name}");
+        assert_eq!((w.answered(), w.failed()), (w.sent, 0), "{name}");
+        assert!(w.warmup.is_none(), "{name}");
+        assert!(w.started_unix_us <= r.started_unix_us, "{name}");
+    }
+    // None asked, none run.
+    assert!(load::run(&closed).unwrap().warmup.is_none());
+}
+
+#[test]
 fn an_open_loop_on_split_runtimes_answers_every_job() {
     let server = double(4, Duration::from_millis(1), config());
     let split = LoadConfig {
