@@ -4,7 +4,7 @@
 //! the thread probe, e.g. page faults queued behind the memory map's lock) from one of its
 //! runtime alone (the task probe: no worker polled a task or looked at the timer). While the
 //! task probe is late, the thread probe takes two snapshots of every thread's state
-//! ([`crate::snapshot::threads`]), at the threshold and at twice it, and the runtime stall
+//! (`snapshot::threads`), at the threshold and at twice it, and the runtime stall
 //! carries them: what the workers were blocked in, and which threads ran or waited for a CPU
 //! in between.
 
@@ -49,7 +49,7 @@ pub struct Stall {
     /// The time since the wake-up before, µs.
     pub gap_us: f64,
     /// A runtime stall's snapshots of the process's threads, taken while it lasted (at the
-    /// threshold, then ` | then ` at twice it; [`crate::snapshot::threads`]; `None` for a
+    /// threshold, then ` | then ` at twice it; `snapshot::threads`; `None` for a
     /// thread stall, or where none was taken).
     pub threads: Option<String>,
 }
