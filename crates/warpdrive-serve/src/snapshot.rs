@@ -4,13 +4,14 @@
 //! fault's compaction) and its system call — what a stall's time is spent on, which the
 //! stall's length alone cannot say.
 
-/// One entry per thread: `name/tid state wchan sys cpu run wait`, e.g.
-/// `warpdrive-load/4242 S futex_wait_queue sys=202:0x7f3a0c001d40 cpu=3 run=81234 wait=912`.
-/// `state` is the kernel's letter (R running or waiting for a CPU, S sleeping, D
+/// One entry per thread: `name/tid state wchan sys cpu flt run wait`, e.g.
+/// `warpdrive-load/4242 S futex_wait_queue sys=202:0x7f3a0c001d40 cpu=3 flt=2811/0 run=81234
+/// wait=912`. `state` is the kernel's letter (R running or waiting for a CPU, S sleeping, D
 /// uninterruptible: I/O or a page fault), `sys` the system call the thread is blocked in and
 /// its first argument (`running` when it is not in one), `cpu` the processor it last ran on,
-/// `run` and `wait` its total µs on a CPU and waiting for one (`schedstat`): two snapshots
-/// apart tell a thread that ran (a long poll) from one that was runnable but not run.
+/// `flt` its minor/major page faults so far, `run` and `wait` its total µs on a CPU and
+/// waiting for one (`schedstat`): two snapshots apart tell a thread that ran (a long poll)
+/// from one that was runnable but not run, and one that faulted in fresh memory.
 pub fn threads() -> String {
     let mut out = String::new();
     #[cfg(target_os = "linux")]
@@ -24,10 +25,14 @@ pub fn threads() -> String {
         tids.sort_unstable();
         for tid in tids {
             let read = |f: &str| std::fs::read_to_string(format!("/proc/self/task/{tid}/{f}"));
-            let (name, state, cpu) = read("stat").ok().map_or_else(
-                || ("?".to_string(), "?".to_string(), "?".to_string()),
-                |s| stat_fields(&s),
-            );
+            let Stat {
+                name,
+                state,
+                cpu,
+                faults,
+            } = read("stat")
+                .ok()
+                .map_or_else(Stat::unknown, |s| stat_fields(&s));
             let wchan = read("wchan")
                 .ok()
                 .filter(|w| !w.is_empty() && w != "0")
@@ -56,7 +61,7 @@ pub fn threads() -> String {
                 out.push_str("; ");
             }
             out.push_str(&format!(
-                "{name}/{tid} {state} {wchan} sys={sys} cpu={cpu} run={} wait={}",
+                "{name}/{tid} {state} {wchan} sys={sys} cpu={cpu} flt={faults} run={} wait={}",
                 us(0),
                 us(1)
             ));
@@ -65,9 +70,33 @@ pub fn threads() -> String {
     out
 }
 
-/// The name, state letter and last processor of a `/proc/.../stat` line: the name is in
-/// parentheses and may hold spaces, so the fields after it are counted from its `)`.
-fn stat_fields(stat: &str) -> (String, String, String) {
+/// What a thread's `/proc/.../stat` line says.
+#[derive(Debug, PartialEq)]
+struct Stat {
+    name: String,
+    /// The kernel's state letter.
+    state: String,
+    /// The processor it last ran on.
+    cpu: String,
+    /// Its minor and major page faults so far, `minor/major`: two snapshots apart tell a
+    /// thread faulting in fresh memory (a heap grown past its high-water mark).
+    faults: String,
+}
+
+impl Stat {
+    fn unknown() -> Stat {
+        Stat {
+            name: "?".into(),
+            state: "?".into(),
+            cpu: "?".into(),
+            faults: "?/?".into(),
+        }
+    }
+}
+
+/// The fields of a `/proc/.../stat` line [`Stat`] keeps: the name is in parentheses and may
+/// hold spaces, so the fields after it are counted from its `)`.
+fn stat_fields(stat: &str) -> Stat {
     let open = stat.find('(');
     let close = stat.rfind(')');
     let (name, rest) = match (open, close) {
@@ -75,10 +104,15 @@ fn stat_fields(stat: &str) -> (String, String, String) {
         _ => ("?", stat),
     };
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    // After the name: state is field 3 of the line, processor field 39.
-    let state = fields.first().copied().unwrap_or("?");
-    let cpu = fields.get(36).copied().unwrap_or("?");
-    (name.to_string(), state.to_string(), cpu.to_string())
+    // After the name: state is field 3 of the line, minor faults 10, major faults 12,
+    // processor 39.
+    let field = |n: usize| fields.get(n - 3).copied().unwrap_or("?").to_string();
+    Stat {
+        name: name.to_string(),
+        state: field(3),
+        cpu: field(39),
+        faults: format!("{}/{}", field(10), field(12)),
+    }
 }
 
 #[cfg(test)]
@@ -95,9 +129,22 @@ mod tests {
         line.push_str(" 7 0 0");
         assert_eq!(
             stat_fields(&line),
-            ("tokio w".to_string(), "S".to_string(), "7".to_string())
+            Stat {
+                name: "tokio w".into(),
+                state: "S".into(),
+                cpu: "7".into(),
+                faults: "10/12".into(),
+            }
         );
-        assert_eq!(stat_fields(""), ("?".into(), "?".into(), "?".into()));
+        assert_eq!(
+            stat_fields(""),
+            Stat {
+                name: "?".into(),
+                state: "?".into(),
+                cpu: "?".into(),
+                faults: "?/?".into(),
+            }
+        );
     }
 
     #[cfg(target_os = "linux")]
@@ -105,7 +152,7 @@ mod tests {
     fn a_snapshot_names_this_thread() {
         let name = std::thread::current().name().map(str::to_string);
         let s = threads();
-        assert!(s.contains("sys="), "{s}");
+        assert!(s.contains("sys=") && s.contains(" flt="), "{s}");
         // The test harness names its threads after the test (cut to 15 bytes by the kernel).
         if let Some(n) = name {
             let cut: String = n.chars().take(15).collect();
