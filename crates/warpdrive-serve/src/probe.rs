@@ -219,7 +219,16 @@ mod tests {
                 .await
                 .unwrap();
         });
-        std::thread::sleep(Duration::from_millis(30));
+        // The probe notes the stall when it next runs, which a busy host may put off: wait for
+        // the note (the bound only stops a lost probe from hanging the test).
+        let noted = |seen: &[Stall]| {
+            seen.iter()
+                .any(|s| s.probe == Where::Runtime && s.gap_us >= 100_000.0)
+        };
+        let t0 = Instant::now();
+        while !noted(&probes.seen.lock()) && t0.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let seen = probes.finish();
         let stall = seen
             .iter()
