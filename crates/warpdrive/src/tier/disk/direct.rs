@@ -354,6 +354,14 @@ impl DirectFile {
             .map_err(|e| Error::io(&self.path, e))
     }
 
+    /// This handle believing `align` whatever the file system said (a file system that
+    /// claims less than it honours, for the tests of the fall back).
+    #[cfg(test)]
+    pub(super) fn claiming(mut self, align: DioAlign) -> DirectFile {
+        self.align = align;
+        self
+    }
+
     /// What `O_DIRECT` asks of this file's I/O ([`DioAlign::BUFFERED`] where it is not
     /// direct).
     pub fn align(&self) -> DioAlign {
