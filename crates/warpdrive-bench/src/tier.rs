@@ -250,13 +250,22 @@ fn disk_cases(ctx: &mut Ctx) -> Result<()> {
             }
             let stride = raws[0].2.as_slice().len() as u64;
             let n = engines.len();
-            // Variant 3e: engine e's raw loop, 3e + 1: its store from the Vec, 3e + 2: from
-            // the raw loop's aligned buffer (the same bytes).
+            // The same bytes in a `Vec` at an address that is a multiple of 512 B but not of
+            // 4 KiB: in place where the file's direct-I/O memory alignment (`statx`
+            // `STATX_DIOALIGN`) is 512 B or less (a virtio disk; NVMe reports 4 B), else bounced.
+            let mut held = vec![0u8; size + 8192];
+            let skip = to_512_not_4096(held.as_ptr() as usize);
+            held[skip..skip + size].copy_from_slice(&block);
+            let mut held_out = vec![0x5au8; size + 8192];
+            let skip_out = to_512_not_4096(held_out.as_ptr() as usize);
+            // Variant 4e: engine e's raw loop, 4e + 1: its store from the Vec, 4e + 2: from
+            // the raw loop's aligned buffer, 4e + 3: from the 512 B-aligned `Vec` slice.
             let (mut written_raw, mut written_ours) = (vec![0u64; n], vec![0u64; n]);
             let mut written_aligned = vec![0u64; n];
-            let writes = time_host_rounds(1, reps, 3 * n, |v| {
-                let e = v / 3;
-                match v % 3 {
+            let mut written_512 = vec![0u64; n];
+            let writes = time_host_rounds(1, reps, 4 * n, |v| {
+                let e = v / 4;
+                match v % 4 {
                     0 => {
                         written_raw[e] += 1;
                         let (_, file, buf) = &raws[e];
@@ -267,25 +276,31 @@ fn disk_cases(ctx: &mut Ctx) -> Result<()> {
                         let key = format!("b{}", written_ours[e]);
                         stores[e].put(&key, &block, Durability::Disk)
                     }
-                    _ => {
+                    2 => {
                         written_aligned[e] += 1;
                         let key = format!("a{}", written_aligned[e]);
                         let aligned = raws[e].2.as_slice().get(..size).unwrap_or_default();
                         stores[e].put(&key, aligned, Durability::Disk)
+                    }
+                    _ => {
+                        written_512[e] += 1;
+                        let key = format!("m{}", written_512[e]);
+                        stores[e].put(&key, &held[skip..skip + size], Durability::Disk)
                     }
                 }
             })?;
             // The caller's buffer of `get_host_into`, reused as the raw loop reuses its own.
             let mut into = vec![0x5au8; size];
             let mut into_aligned = AlignedBuf::new(size)?;
-            // Variant 4e: engine e's raw loop, 4e + 1: `get_host`, 4e + 2: `get_host_into`,
-            // 4e + 3: `get_host_into` aligned memory.
-            let mut next = vec![[0u64; 4]; n];
-            let reads = time_host_rounds(1, reps, 4 * n, |v| {
-                let (e, which) = (v / 4, v % 4);
+            // Variant 5e: engine e's raw loop, 5e + 1: `get_host`, 5e + 2: `get_host_into`,
+            // 5e + 3: `get_host_into` aligned memory, 5e + 4: into the 512 B-aligned slice.
+            let mut next = vec![[0u64; 5]; n];
+            let reads = time_host_rounds(1, reps, 5 * n, |v| {
+                let (e, which) = (v / 5, v % 5);
                 let count = match which {
                     0 => written_raw[e],
                     3 => written_aligned[e],
+                    4 => written_512[e],
                     _ => written_ours[e],
                 };
                 let at = &mut next[e][which];
@@ -297,9 +312,13 @@ fn disk_cases(ctx: &mut Ctx) -> Result<()> {
                     }
                     1 => stores[e].get_host(&format!("b{at}")).map(drop),
                     2 => stores[e].get_host_into(&format!("b{at}"), &mut into),
-                    _ => {
+                    3 => {
                         let out = into_aligned.as_mut_slice().get_mut(..size);
                         stores[e].get_host_into(&format!("a{at}"), out.unwrap_or_default())
+                    }
+                    _ => {
+                        let out = &mut held_out[skip_out..skip_out + size];
+                        stores[e].get_host_into(&format!("m{at}"), out)
                     }
                 }
             })?;
@@ -314,9 +333,14 @@ fn disk_cases(ctx: &mut Ctx) -> Result<()> {
             for (e, io) in engines.iter().enumerate() {
                 let missing = || Error::InvalidArgument("disk cases: a variant missing".into());
                 let take = |it: &mut std::vec::IntoIter<Vec<f64>>| it.next().ok_or_else(missing);
-                let (mut raw_w, mut ours_w, mut aligned_w) =
-                    (take(&mut writes)?, take(&mut writes)?, take(&mut writes)?);
-                let (mut raw_r, mut ours_r, mut into_r, mut aligned_r) = (
+                let (mut raw_w, mut ours_w, mut aligned_w, mut at512_w) = (
+                    take(&mut writes)?,
+                    take(&mut writes)?,
+                    take(&mut writes)?,
+                    take(&mut writes)?,
+                );
+                let (mut raw_r, mut ours_r, mut into_r, mut aligned_r, mut at512_r) = (
+                    take(&mut reads)?,
                     take(&mut reads)?,
                     take(&mut reads)?,
                     take(&mut reads)?,
@@ -329,6 +353,7 @@ fn disk_cases(ctx: &mut Ctx) -> Result<()> {
                         vec![
                             ("warpdrive", &mut ours_w),
                             ("warpdrive-aligned", &mut aligned_w),
+                            ("warpdrive-512", &mut at512_w),
                         ],
                     ),
                     (
@@ -338,6 +363,7 @@ fn disk_cases(ctx: &mut Ctx) -> Result<()> {
                             ("warpdrive", &mut ours_r),
                             ("warpdrive-into", &mut into_r),
                             ("warpdrive-into-aligned", &mut aligned_r),
+                            ("warpdrive-into-512", &mut at512_r),
                         ],
                     ),
                 ] {
@@ -369,6 +395,13 @@ fn disk_cases(ctx: &mut Ctx) -> Result<()> {
     })();
     let _ = std::fs::remove_dir_all(&dir);
     result
+}
+
+/// Bytes from `addr` to the next address that is a multiple of 512 but not of 4096.
+fn to_512_not_4096(addr: usize) -> usize {
+    (0..8192)
+        .find(|s| (addr + s).is_multiple_of(512) && !(addr + s).is_multiple_of(4096))
+        .unwrap_or(0)
 }
 
 /// What every disk row carries: the engine, its depth, whether `O_DIRECT` was taken and the

@@ -972,3 +972,102 @@ fn aligned_memory_moves_in_place_and_is_still_verified() {
         let _ = std::fs::remove_dir_all(&root);
     }
 }
+
+/// `len` bytes of `v` starting at an address that is a multiple of 512 but not of 4096 (a
+/// `Vec` slice where the file's direct-I/O memory alignment is 512 B, not a page).
+fn at_512_not_4096(v: &mut Vec<u8>, len: usize) -> &mut [u8] {
+    v.resize(len + 8192, 0);
+    let addr = v.as_ptr() as usize;
+    let skip = (0..8192)
+        .find(|s| (addr + s) % 512 == 0 && (addr + s) % 4096 != 0)
+        .expect("a 512-aligned address in 8 KiB");
+    &mut v[skip..skip + len]
+}
+
+#[test]
+fn memory_at_the_files_dio_alignment_moves_in_place_and_is_verified() {
+    use std::os::unix::fs::FileExt;
+    use warpdrive::tier::disk::{in_place_ios, DirectFile};
+    let s = Device::cpu().new_stream().unwrap();
+    let mut r = rng(seed("tier dio align"));
+    for io in engines_here() {
+        let root = std::env::temp_dir().join(format!(
+            "warpdrive-tier-dio-{}-{:?}-{}",
+            std::process::id(),
+            io.engine,
+            io.queue_depth
+        ));
+        let _ = std::fs::remove_dir_all(&root);
+        let mut config = TierConfig::new(0, 0);
+        config.disk_compression = Compression::None;
+        config.prefetch = warpdrive::tier::prefetch::Prefetch::Off;
+        config.disk_io = io;
+        let store = TierStore::open(&root, config, &s).unwrap();
+        // What this folder's file system asks (this build VM's virtio disk: 512 / 512).
+        let probe = root.join("probe");
+        let file = DirectFile::open(&probe).unwrap();
+        let align = file.align();
+        drop(file);
+        std::fs::remove_file(&probe).unwrap();
+        eprintln!("{io:?}: direct {align:?}");
+        // On the sector, off it (its last partial sector bounced), under one sector.
+        for len in [64 << 10, (64 << 10) + 100, 5000, 300] {
+            let data = block(&mut r, len);
+            let mut src = Vec::new();
+            let src = at_512_not_4096(&mut src, len);
+            src.copy_from_slice(&data);
+            // In place where the memory meets the file's alignment and a sector fits.
+            let moves = align.mem <= 512 && len >= align.offset;
+            let before = in_place_ios();
+            store.put("k", src, Durability::Sync).unwrap();
+            assert_eq!(in_place_ios() - before, moves as u64, "{len}: put in place");
+            let mut back = Vec::new();
+            let back = at_512_not_4096(&mut back, len);
+            back.fill(0xaa);
+            let before = in_place_ios();
+            store.get_host_into("k", back).unwrap();
+            assert_eq!(in_place_ios() - before, moves as u64, "{len}: get in place");
+            assert!(back[..] == data[..], "{len}: round trip");
+            assert_eq!(store.get_host("k").unwrap(), data, "{len}: get_host");
+            assert_eq!(store.get("k").unwrap().to_host(&s).unwrap(), data, "{len}");
+            store.migrate("k", Tier::Disk).unwrap();
+            // A byte flipped in the block's first sector, then in its last (the bounced
+            // partial sector where there is one): caught, the caller's memory zeroed.
+            let segment = std::fs::read_dir(&root)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+                .max_by_key(|p| std::fs::metadata(p).unwrap().len())
+                .expect("a segment file");
+            let stored = std::fs::read(&segment).unwrap();
+            let start = stored
+                .windows(64)
+                .rposition(|w| w == &data[..64])
+                .expect("the block in its segment") as u64;
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&segment)
+                .unwrap();
+            for at in [start + 7, start + len as u64 - 1] {
+                let mut byte = [0u8];
+                file.read_exact_at(&mut byte, at).unwrap();
+                file.write_all_at(&[byte[0] ^ 0x10], at).unwrap();
+                file.sync_data().unwrap();
+                back.fill(0xaa);
+                match store.get_host_into("k", back) {
+                    Err(Error::Corrupt { key, .. }) => assert_eq!(key, "k"),
+                    other => panic!("{len} at {at}: {other:?}"),
+                }
+                assert!(back.iter().all(|&b| b == 0), "{len} at {at}: bytes left");
+                file.write_all_at(&byte, at).unwrap();
+                file.sync_data().unwrap();
+                store.get_host_into("k", back).unwrap();
+                assert!(back[..] == data[..], "{len}: restored");
+            }
+            store.remove("k").unwrap();
+        }
+        drop(store);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}

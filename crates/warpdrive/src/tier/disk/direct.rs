@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::transfer::Workers;
 
+use super::dio::{self, DioAlign, InPlace, Op};
 use super::engine::{Engine, Io};
 use super::uring::{self, Hooks, Pieces};
 use super::DIRECT_ALIGN;
@@ -94,6 +95,28 @@ pub(super) fn with_scratch<R>(
         let _ = SCRATCH.try_with(|s| *s.borrow_mut() = Some(buf));
     }
     r
+}
+
+thread_local! {
+    /// I/Os this thread moved in place (straight from or into the caller's memory).
+    static IN_PLACE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many I/Os this thread has moved in place, with no bounce buffer for the caller's
+/// memory beside a last partial sector ([`DioAlign`]): which path an op took, for tests and
+/// benches (an op under [`SPLIT_FROM`] runs its I/O on the calling thread).
+pub fn in_place_ios() -> u64 {
+    IN_PLACE.with(|n| n.get())
+}
+
+fn count_in_place() {
+    IN_PLACE.with(|n| n.set(n.get() + 1));
+}
+
+/// Whether `e` is the kernel refusing an I/O's alignment (`EINVAL`): a file system whose
+/// `statx` answer was wider than it honours.
+fn refused(e: &Error) -> bool {
+    matches!(e, Error::Io { source, .. } if source.raw_os_error() == Some(libc::EINVAL))
 }
 
 /// Direct I/Os from this many bytes are split into pieces in flight at once: a virtual disk
@@ -183,6 +206,11 @@ pub struct DirectFile {
     file: File,
     path: PathBuf,
     direct: bool,
+    /// What `O_DIRECT` asks of its I/O, queried once at open ([`DioAlign::of`]).
+    align: DioAlign,
+    /// Cleared after the kernel refused an in-place I/O: every I/O then goes through a
+    /// bounce buffer, as it did before `statx` was asked.
+    in_place: std::sync::atomic::AtomicBool,
     io: Io,
     /// Where the next aligned append starts, known after this handle's own appends (an
     /// fstat per append cost 2-5 µs on the build VM, a few % of a 64 KiB write).
@@ -209,10 +237,16 @@ impl DirectFile {
             }
             Err(e) => return Err(Error::io(path, e)),
         };
+        let align = match direct {
+            true => DioAlign::of(&file),
+            false => DioAlign::BUFFERED,
+        };
         Ok(DirectFile {
             file,
             path: path.to_path_buf(),
             direct,
+            align,
+            in_place: std::sync::atomic::AtomicBool::new(true),
             io,
             next_append: parking_lot::Mutex::new(None),
         })
@@ -320,15 +354,145 @@ impl DirectFile {
             .map_err(|e| Error::io(&self.path, e))
     }
 
-    /// Whether direct I/O can move `bytes` at `offset` as they lie, with no aligned buffer
-    /// between: their length and the offset are multiples of [`DIRECT_ALIGN`], and so is
-    /// their start (a pinned host block's is; a `Vec`'s is not) where the file is opened
-    /// with `O_DIRECT`.
+    /// This handle believing `align` whatever the file system said (a file system that
+    /// claims less than it honours, for the tests of the fall back).
+    #[cfg(test)]
+    pub(super) fn claiming(mut self, align: DioAlign) -> DirectFile {
+        self.align = align;
+        self
+    }
+
+    /// What `O_DIRECT` asks of this file's I/O ([`DioAlign::BUFFERED`] where it is not
+    /// direct).
+    pub fn align(&self) -> DioAlign {
+        self.align
+    }
+
+    /// How an I/O of `bytes` at `offset` moves in place ([`dio::plan`] under this file's
+    /// alignment); `None` where it cannot, or after the kernel refused one.
+    pub(super) fn in_place_plan(&self, bytes: &[u8], offset: u64, op: Op) -> Option<InPlace> {
+        if !self.in_place.load(std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
+        dio::plan(self.align, bytes.as_ptr() as usize, bytes.len(), offset, op)
+    }
+
+    /// Whether direct I/O can move all of `bytes` at `offset` as they lie, in one I/O with
+    /// no bounce at all ([`in_place_plan`](Self::in_place_plan) with nothing bounced).
     pub fn can_move_in_place(&self, bytes: &[u8], offset: u64) -> bool {
-        let a = DIRECT_ALIGN as usize;
-        bytes.len() % a == 0
-            && offset % DIRECT_ALIGN == 0
-            && (!self.direct || bytes.as_ptr() as usize % a == 0)
+        [Op::Read, Op::Write].iter().all(|&op| {
+            self.in_place_plan(bytes, offset, op)
+                .is_some_and(|p| p.bounce == 0)
+        })
+    }
+
+    /// The outcome of an in-place I/O: counted when it succeeded; `None` (go through a
+    /// bounce buffer) after the kernel refused its alignment, from then on for this file.
+    pub(super) fn after_in_place<T>(&self, r: Result<T>) -> Option<Result<T>> {
+        match r {
+            Err(e) if refused(&e) => {
+                tracing::warn!(
+                    path = %self.path.display(),
+                    align = ?self.align,
+                    "O_DIRECT refused an I/O in place; bouncing this file's I/O from now on"
+                );
+                self.in_place
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
+                None
+            }
+            r => {
+                if r.is_ok() {
+                    count_in_place();
+                }
+                Some(r)
+            }
+        }
+    }
+
+    /// Writes `parts` one after another at `offset` in one vectored write (`pwritev`, on the
+    /// calling thread whatever the engine: a second I/O for a block's last sector would wait
+    /// behind the first where the write extends the file).
+    pub(super) fn write_vectored(&self, parts: &[&[u8]], offset: u64) -> Result<()> {
+        use std::io::IoSlice;
+        let mut slices: Vec<IoSlice<'_>> = parts.iter().map(|p| IoSlice::new(p)).collect();
+        let mut rest = &mut slices[..];
+        let mut at = offset;
+        while !rest.is_empty() {
+            match rustix::io::pwritev(&self.file, rest, at) {
+                Ok(0) => {
+                    let e = std::io::Error::from(ErrorKind::WriteZero);
+                    return Err(Error::io(&self.path, e));
+                }
+                Ok(n) => {
+                    IoSlice::advance_slices(&mut rest, n);
+                    at += n as u64;
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(Error::io(&self.path, e.into())),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads into `parts` one after another from `offset` in one vectored read (`preadv`, on
+    /// the calling thread) until they are full or the file ends; the bytes read.
+    pub(super) fn read_vectored(&self, parts: &mut [&mut [u8]], offset: u64) -> Result<usize> {
+        use std::io::IoSliceMut;
+        let mut slices: Vec<IoSliceMut<'_>> =
+            parts.iter_mut().map(|p| IoSliceMut::new(p)).collect();
+        let mut rest = &mut slices[..];
+        let mut done = 0usize;
+        while !rest.is_empty() {
+            match rustix::io::preadv(&self.file, rest, offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => {
+                    IoSliceMut::advance_slices(&mut rest, n);
+                    done += n;
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(Error::io(&self.path, e.into())),
+            }
+        }
+        Ok(done)
+    }
+
+    /// As [`read_in_place_each`](Self::read_in_place_each) under `plan`: its whole sectors
+    /// straight into `out`, the last partial sector through an aligned buffer (in the same
+    /// `preadv` under [`SPLIT_FROM`], after the pieces from there), copied into `out`'s tail;
+    /// `each` is handed `out`'s parts in order. The bytes read.
+    pub(super) fn read_in_place_planned(
+        &self,
+        out: &mut [u8],
+        offset: u64,
+        plan: InPlace,
+        each: Landing<'_>,
+    ) -> Result<usize> {
+        if plan.bounce == 0 {
+            return self.read_in_place_each(out, offset, each);
+        }
+        let (head, rest) = out.split_at_mut(plan.head.min(out.len()));
+        let head_len = head.len();
+        with_scratch(plan.bounce, |buf| {
+            let tail = &mut buf.as_mut_slice()[..plan.bounce];
+            let got = if head_len >= SPLIT_FROM {
+                let n = self.read_in_place_each(head, offset, each)?;
+                if n < head_len {
+                    return Ok(n);
+                }
+                self.fill(tail, offset + head_len as u64)?
+            } else {
+                let n = self.read_vectored(&mut [&mut *head, &mut *tail], offset)?;
+                each(0, &head[..n.min(head_len)])?;
+                if n <= head_len {
+                    return Ok(n);
+                }
+                n - head_len
+            };
+            let t = got.min(rest.len());
+            rest[..t].copy_from_slice(&tail[..t]);
+            each(head_len, &rest[..t])?;
+            Ok(head_len + t)
+        })
     }
 
     /// Writes `bytes` (aligned, or not direct: [`can_move_in_place`](Self::can_move_in_place))

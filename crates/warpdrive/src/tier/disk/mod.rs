@@ -6,6 +6,7 @@
 //! (`uring`) or a thread pool as `engine` chooses; the simulator is in `sim`, at this seam,
 //! above either engine.
 
+mod dio;
 mod direct;
 mod engine;
 mod sim;
@@ -22,9 +23,10 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::files::folder;
 
+pub use dio::DioAlign;
 use direct::with_scratch;
+pub use direct::{in_place_ios, AlignedBuf, DirectFile};
 pub use direct::{piece_bytes, queue_depth, QUEUE_DEPTH, SPLIT_FROM};
-pub use direct::{AlignedBuf, DirectFile};
 pub use engine::{DiskIo, Engine, Io, IoEngine, MAX_QUEUE_DEPTH};
 pub use sim::SimDisk;
 
@@ -121,7 +123,9 @@ pub trait Disk: Send + Sync + 'static {
 
     /// Appends `data` as [`append_aligned`](Self::append_aligned) appends one part, handing
     /// all of it to `take` in order (in one or more pieces) before returning: [`OsDisk`]
-    /// writes it straight from where it lies when that is aligned (no copy), and runs `take`
+    /// writes it straight from where it lies when the file's direct-I/O alignment
+    /// ([`DioAlign`]) allows (no copy; a last partial sector and the pad from a bounce in the
+    /// same write), and runs `take`
     /// while the write is out on io_uring, or chunk by chunk as it copies `data` into its
     /// direct-I/O buffer on the threads (one pass). For blocks under [`SPLIT_FROM`] (one
     /// I/O); the default takes `data`, then appends it.
@@ -136,8 +140,9 @@ pub trait Disk: Send + Sync + 'static {
     }
 
     /// Reads `out.len()` bytes at `offset` of a file [`append_aligned`](Self::append_aligned)
-    /// wrote straight into `out` where direct I/O can land them there (an aligned start and
-    /// length), handing `each(at, bytes)` the parts of `out` read, in order, as they land
+    /// wrote straight into `out` where direct I/O can land them there (`out` at the file's
+    /// direct-I/O memory alignment, [`DioAlign`]; a last partial sector through a bounce),
+    /// handing `each(at, bytes)` the parts of `out` read, in order, as they land
     /// (pieces in flight at once from [`SPLIT_FROM`]); the bytes read (fewer only at the
     /// file's end), or `None`, nothing read, where it cannot
     /// ([`with_aligned`](Self::with_aligned) then reads through an aligned buffer). The
@@ -596,9 +601,38 @@ impl Disk for OsDisk {
         }
         let file = self.kept_for_append(path)?;
         file.append_with(len, |offset| {
-            if file.can_move_in_place(data, offset) {
-                return file.write_during(data, offset, &mut || take(data));
+            // Taken once whatever happens after: a refused in-place write is redone bounced
+            // without taking the bytes again.
+            let mut taken = false;
+            if let Some(plan) = file.in_place_plan(data, offset, dio::Op::Write) {
+                let r = if plan.bounce == 0 {
+                    let mut once = || {
+                        taken = true;
+                        take(data);
+                    };
+                    file.write_during(data, offset, &mut once)
+                } else {
+                    // The block's whole sectors from where they lie, its last partial sector
+                    // and the zero pad from a bounce, in one write.
+                    taken = true;
+                    take(data);
+                    with_scratch(plan.bounce, |buf| {
+                        let bounce = &mut buf.as_mut_slice()[..plan.bounce];
+                        let (tail, pad) = bounce.split_at_mut(len - plan.head);
+                        tail.copy_from_slice(&data[plan.head..]);
+                        pad.fill(0);
+                        file.write_vectored(&[&data[..plan.head], bounce], offset)
+                    })
+                };
+                if let Some(r) = file.after_in_place(r) {
+                    return r;
+                }
             }
+            let mut taken_already = |_: &[u8]| {};
+            let take: &mut dyn FnMut(&[u8]) = match taken {
+                true => &mut taken_already,
+                false => take,
+            };
             with_scratch(len, |buf| {
                 let (bytes, pad) = buf.as_mut_slice().split_at_mut(len);
                 pad.fill(0);
@@ -625,10 +659,13 @@ impl Disk for OsDisk {
         each: &(dyn Fn(usize, &[u8]) -> Result<()> + Sync),
     ) -> Result<Option<usize>> {
         let file = self.kept_for_read(path)?;
-        if !file.can_move_in_place(out, offset) {
+        let Some(plan) = file.in_place_plan(out, offset, dio::Op::Read) else {
             return Ok(None);
-        }
-        file.read_in_place_each(out, offset, each).map(Some)
+        };
+        // Refused: `None`, the caller reads it again through a bounce buffer (what landed in
+        // `out` is overwritten or zeroed there, never handed back unverified).
+        let r = file.read_in_place_planned(out, offset, plan, each);
+        file.after_in_place(r).transpose()
     }
 
     fn read_aligned(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {

@@ -259,20 +259,22 @@ impl TierStore {
     }
 
     /// The length of `key`'s block where [`read_disk_in_place`](Self::read_disk_in_place)
-    /// may land it: a bare block of whole pages (plain or not: that is checked there).
+    /// may land it: a plain bare block (whether the disk can land it where the caller wants
+    /// it, the file's direct-I/O alignment decides there).
     pub(super) fn in_place_len(&self, g: &Inner, key: &String) -> Option<usize> {
         let at = g.index.get(key)?;
-        at.head?;
+        let head = at.head?;
         let len = usize::try_from(at.len).ok()?;
-        (len % DIRECT_ALIGN as usize == 0).then_some(len)
+        let plain = codec::PlainStream::start(&head, len, key).ok()??;
+        (plain.raw_len() == len).then_some(len)
     }
 
     /// `key`'s block read from the disk straight into `out` (its length checked by `fits`
     /// first) and verified there, with no direct-I/O buffer between, where the disk can land
-    /// it there ([`Disk::read_aligned_into`]: an aligned `out`, a pinned block say), checksummed
-    /// in order as its pieces land: a plain bare block of whole pages. `false`, nothing read,
-    /// where not. After
-    /// a `Corrupt` error `out` holds the bytes that failed (the caller discards them).
+    /// it there ([`Disk::read_aligned_into`]: `out` at the file's direct-I/O memory alignment,
+    /// a pinned block say), checksummed in order as its pieces land: a plain bare block.
+    /// `false` where not (`out` then holds no bytes of it, or bytes the caller's next read
+    /// overwrites). After an error `out` holds bytes never verified (the caller zeroes them).
     pub(super) fn read_disk_in_place(
         &self,
         g: &mut Inner,
