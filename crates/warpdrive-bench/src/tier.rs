@@ -15,7 +15,9 @@
 //!   `O_DIRECT` file) vs `warpdrive` (a disk-only store's `put` with `Durability::Disk` and
 //!   `get_host`: frame, checksum, the write, the index record; and `warpdrive-into`, a
 //!   read by `get_host_into` into a buffer the caller reuses, as the raw loop reuses its
-//!   own), all at the queue depth the store gives the size (`extra.queue_depth`: 1, or 4
+//!   own; `warpdrive-aligned` and `warpdrive-into-aligned`, the same from and into memory
+//!   aligned for direct I/O, which the store moves in place with no buffer between), all at
+//!   the queue depth the store gives the size (`extra.queue_depth`: 1, or 4
 //!   pieces of 1-4 MiB in flight from 4 MiB); `extra.direct` says whether the file system took
 //!   `O_DIRECT`, `extra.pct_of_raw` the store's rate against the raw loop's on the same
 //!   engine. Each on the thread pool (`raw-odirect`, `warpdrive`, `warpdrive-into`) and on
@@ -248,28 +250,57 @@ fn disk_cases(ctx: &mut Ctx) -> Result<()> {
             }
             let stride = raws[0].2.as_slice().len() as u64;
             let n = engines.len();
-            // Variant 2e: engine e's raw loop, 2e + 1: its store.
+            // The same bytes in a `Vec` at an address that is a multiple of 512 B but not of
+            // 4 KiB: in place where the file's direct-I/O memory alignment (`statx`
+            // `STATX_DIOALIGN`) is 512 B or less (a virtio disk; NVMe reports 4 B), else bounced.
+            let mut held = vec![0u8; size + 8192];
+            let skip = to_512_not_4096(held.as_ptr() as usize);
+            held[skip..skip + size].copy_from_slice(&block);
+            let mut held_out = vec![0x5au8; size + 8192];
+            let skip_out = to_512_not_4096(held_out.as_ptr() as usize);
+            // Variant 4e: engine e's raw loop, 4e + 1: its store from the Vec, 4e + 2: from
+            // the raw loop's aligned buffer, 4e + 3: from the 512 B-aligned `Vec` slice.
             let (mut written_raw, mut written_ours) = (vec![0u64; n], vec![0u64; n]);
-            let writes = time_host_rounds(1, reps, 2 * n, |v| {
-                let e = v / 2;
-                if v % 2 == 0 {
-                    written_raw[e] += 1;
-                    let (_, file, buf) = &raws[e];
-                    file.write_at_depth(buf, written_raw[e] * stride, depth)
-                } else {
-                    written_ours[e] += 1;
-                    let key = format!("b{}", written_ours[e]);
-                    stores[e].put(&key, &block, Durability::Disk)
+            let mut written_aligned = vec![0u64; n];
+            let mut written_512 = vec![0u64; n];
+            let writes = time_host_rounds(1, reps, 4 * n, |v| {
+                let e = v / 4;
+                match v % 4 {
+                    0 => {
+                        written_raw[e] += 1;
+                        let (_, file, buf) = &raws[e];
+                        file.write_at_depth(buf, written_raw[e] * stride, depth)
+                    }
+                    1 => {
+                        written_ours[e] += 1;
+                        let key = format!("b{}", written_ours[e]);
+                        stores[e].put(&key, &block, Durability::Disk)
+                    }
+                    2 => {
+                        written_aligned[e] += 1;
+                        let key = format!("a{}", written_aligned[e]);
+                        let aligned = raws[e].2.as_slice().get(..size).unwrap_or_default();
+                        stores[e].put(&key, aligned, Durability::Disk)
+                    }
+                    _ => {
+                        written_512[e] += 1;
+                        let key = format!("m{}", written_512[e]);
+                        stores[e].put(&key, &held[skip..skip + size], Durability::Disk)
+                    }
                 }
             })?;
             // The caller's buffer of `get_host_into`, reused as the raw loop reuses its own.
             let mut into = vec![0x5au8; size];
-            // Variant 3e: engine e's raw loop, 3e + 1: `get_host`, 3e + 2: `get_host_into`.
-            let mut next = vec![[0u64; 3]; n];
-            let reads = time_host_rounds(1, reps, 3 * n, |v| {
-                let (e, which) = (v / 3, v % 3);
+            let mut into_aligned = AlignedBuf::new(size)?;
+            // Variant 5e: engine e's raw loop, 5e + 1: `get_host`, 5e + 2: `get_host_into`,
+            // 5e + 3: `get_host_into` aligned memory, 5e + 4: into the 512 B-aligned slice.
+            let mut next = vec![[0u64; 5]; n];
+            let reads = time_host_rounds(1, reps, 5 * n, |v| {
+                let (e, which) = (v / 5, v % 5);
                 let count = match which {
                     0 => written_raw[e],
+                    3 => written_aligned[e],
+                    4 => written_512[e],
                     _ => written_ours[e],
                 };
                 let at = &mut next[e][which];
@@ -280,7 +311,15 @@ fn disk_cases(ctx: &mut Ctx) -> Result<()> {
                         file.read_at_depth(buf, *at * stride, depth).map(drop)
                     }
                     1 => stores[e].get_host(&format!("b{at}")).map(drop),
-                    _ => stores[e].get_host_into(&format!("b{at}"), &mut into),
+                    2 => stores[e].get_host_into(&format!("b{at}"), &mut into),
+                    3 => {
+                        let out = into_aligned.as_mut_slice().get_mut(..size);
+                        stores[e].get_host_into(&format!("a{at}"), out.unwrap_or_default())
+                    }
+                    _ => {
+                        let out = &mut held_out[skip_out..skip_out + size];
+                        stores[e].get_host_into(&format!("m{at}"), out)
+                    }
                 }
             })?;
             let direct: Vec<bool> = raws.iter().map(|(_, f, _)| f.is_direct()).collect();
@@ -294,15 +333,38 @@ fn disk_cases(ctx: &mut Ctx) -> Result<()> {
             for (e, io) in engines.iter().enumerate() {
                 let missing = || Error::InvalidArgument("disk cases: a variant missing".into());
                 let take = |it: &mut std::vec::IntoIter<Vec<f64>>| it.next().ok_or_else(missing);
-                let (mut raw_w, mut ours_w) = (take(&mut writes)?, take(&mut writes)?);
-                let (mut raw_r, mut ours_r, mut into_r) =
-                    (take(&mut reads)?, take(&mut reads)?, take(&mut reads)?);
+                let (mut raw_w, mut ours_w, mut aligned_w, mut at512_w) = (
+                    take(&mut writes)?,
+                    take(&mut writes)?,
+                    take(&mut writes)?,
+                    take(&mut writes)?,
+                );
+                let (mut raw_r, mut ours_r, mut into_r, mut aligned_r, mut at512_r) = (
+                    take(&mut reads)?,
+                    take(&mut reads)?,
+                    take(&mut reads)?,
+                    take(&mut reads)?,
+                    take(&mut reads)?,
+                );
                 for (case, raw, ours) in [
-                    ("disk-write", &mut raw_w, vec![("warpdrive", &mut ours_w)]),
+                    (
+                        "disk-write",
+                        &mut raw_w,
+                        vec![
+                            ("warpdrive", &mut ours_w),
+                            ("warpdrive-aligned", &mut aligned_w),
+                            ("warpdrive-512", &mut at512_w),
+                        ],
+                    ),
                     (
                         "disk-read",
                         &mut raw_r,
-                        vec![("warpdrive", &mut ours_r), ("warpdrive-into", &mut into_r)],
+                        vec![
+                            ("warpdrive", &mut ours_r),
+                            ("warpdrive-into", &mut into_r),
+                            ("warpdrive-into-aligned", &mut aligned_r),
+                            ("warpdrive-into-512", &mut at512_r),
+                        ],
                     ),
                 ] {
                     let variant = on_engine("raw-odirect", *io);
@@ -333,6 +395,13 @@ fn disk_cases(ctx: &mut Ctx) -> Result<()> {
     })();
     let _ = std::fs::remove_dir_all(&dir);
     result
+}
+
+/// Bytes from `addr` to the next address that is a multiple of 512 but not of 4096.
+fn to_512_not_4096(addr: usize) -> usize {
+    (0..8192)
+        .find(|s| (addr + s).is_multiple_of(512) && !(addr + s).is_multiple_of(4096))
+        .unwrap_or(0)
 }
 
 /// What every disk row carries: the engine, its depth, whether `O_DIRECT` was taken and the
@@ -533,6 +602,17 @@ mod tests {
                 ring_here,
                 "{variants:?}"
             );
+        }
+        // The aligned caller's rows, moved in place.
+        for (case, variant) in [
+            ("disk-write", "warpdrive-aligned"),
+            ("disk-read", "warpdrive-into-aligned"),
+        ] {
+            let here = ctx
+                .rows()
+                .iter()
+                .any(|r| r.case == case && r.variant == variant);
+            assert!(here, "{case} {variant}");
         }
         assert_eq!(
             ctx.rows()

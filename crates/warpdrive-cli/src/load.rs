@@ -16,6 +16,9 @@ pub(crate) fn load(args: &LoadArgs) -> Result<()> {
             bail!("{name} {v}: expected more than 0");
         }
     }
+    if !(args.warmup.is_finite() && (0.0..1e7).contains(&args.warmup)) {
+        bail!("--warmup {}: expected 0 or more seconds", args.warmup);
+    }
     let arrivals = match (args.rate, args.clients) {
         (Some(r), _) if !(r.is_finite() && r > 0.0) => bail!("--rate {r}: expected more than 0"),
         (Some(r), _) => Arrivals::Poisson { per_s: r },
@@ -40,6 +43,8 @@ pub(crate) fn load(args: &LoadArgs) -> Result<()> {
         event_interval: args
             .event_interval
             .unwrap_or(warpdrive_serve::DEFAULT_EVENT_INTERVAL),
+        split: args.split_runtimes,
+        warmup: Duration::from_secs_f64(args.warmup),
         ..LoadConfig::new(args.addr, arrivals, Duration::from_secs_f64(args.seconds))
     };
     let report = load::run(&config)?;
@@ -142,20 +147,7 @@ fn summary(r: &LoadReport) -> String {
     }
     // The generator's own stalls (its probes: a thread, and a task on its runtime), each
     // with when it ended, as sent_s counts, to line up with the slow jobs.
-    for s in r.stalls.iter().take(MAX_STALL_LINES) {
-        let ended = s.until_unix_us.saturating_sub(r.started_unix_us) as f64 * 1e-6;
-        out += &format!(
-            "generator stall ({}): {:.1} ms, ended {ended:.4} s into the run\n",
-            s.probe.name(),
-            s.gap_us * 1e-3
-        );
-    }
-    if r.stalls.len() > MAX_STALL_LINES {
-        out += &format!(
-            "generator stalls: {} more\n",
-            r.stalls.len() - MAX_STALL_LINES
-        );
-    }
+    out += &stall_lines(r, "generator stall", "the run");
     if !r.failures.is_empty() {
         let kinds: Vec<String> = r
             .failures
@@ -166,6 +158,43 @@ fn summary(r: &LoadReport) -> String {
         if let Some(f) = &r.first_failure {
             out += &format!("first failure: {f}\n");
         }
+    }
+    // The warm-up last, so the run's lines read as they did without one: a fresh process's
+    // once-a-run stall shows here instead of above when a warm-up takes it.
+    if let Some(w) = &r.warmup {
+        out += &format!(
+            "warm-up (not counted): {} sent, {} answered, {} failed in {:.2} s; latency µs p99 {} max {}\n",
+            w.sent,
+            w.answered(),
+            w.failed(),
+            w.elapsed.as_secs_f64(),
+            pct(&w.latency_us, 0.99),
+            pct(&w.latency_us, 1.0)
+        );
+        out += &stall_lines(w, "warm-up stall", "the warm-up");
+    }
+    out
+}
+
+/// A line for each of `r`'s stalls (at most `MAX_STALL_LINES`, then a count), with when it
+/// ended, counted from `r`'s start, and the threads a runtime stall found.
+fn stall_lines(r: &LoadReport, what: &str, of: &str) -> String {
+    let mut out = String::new();
+    for s in r.stalls.iter().take(MAX_STALL_LINES) {
+        let ended = s.until_unix_us.saturating_sub(r.started_unix_us) as f64 * 1e-6;
+        out += &format!(
+            "{what} ({}): {:.1} ms, ended {ended:.4} s into {of}\n",
+            s.probe.name(),
+            s.gap_us * 1e-3
+        );
+        // The generator's threads as the runtime stall found them (name/tid state wchan
+        // syscall cpu).
+        if let Some(t) = &s.threads {
+            out += &format!("  threads: {t}\n");
+        }
+    }
+    if r.stalls.len() > MAX_STALL_LINES {
+        out += &format!("{what}s: {} more\n", r.stalls.len() - MAX_STALL_LINES);
     }
     out
 }
@@ -190,12 +219,17 @@ mod tests {
             probe: Where::Runtime,
             until_unix_us: 1_795_762_281_512_300,
             gap_us: 8_250.0,
+            threads: Some("warpdrive-load/7 S futex_wait_queue sys=202 cpu=1".into()),
         });
         let s = summary(&r);
         assert!(s.contains("1003 sent, 1000 answered, 3 failed"), "{s}");
         assert!(s.contains("started at unix 1795762280.000000 s"), "{s}");
         assert!(
             s.contains("generator stall (runtime): 8.2 ms, ended 1.5123 s into the run"),
+            "{s}"
+        );
+        assert!(
+            s.contains("  threads: warpdrive-load/7 S futex_wait_queue sys=202 cpu=1\n"),
             "{s}"
         );
         // Missing per-job figures are written as NaN, not dropped or misaligned.
@@ -215,5 +249,28 @@ mod tests {
         assert!(s.contains("500.0 jobs/s"), "{s}");
         assert!(s.contains("p99 990"), "{s}");
         assert!(s.contains("503: 3"), "{s}");
+        assert!(!s.contains("warm-up"), "{s}");
+        // A warm-up's lines come after the run's, its stalls counted from its own start.
+        let mut w = LoadReport {
+            latency_us: vec![100.0, 9000.0],
+            sent: 2,
+            elapsed: Duration::from_secs(1),
+            started_unix_us: 1_795_762_270_000_000,
+            ..LoadReport::default()
+        };
+        w.stalls.push(Stall {
+            probe: Where::Runtime,
+            until_unix_us: 1_795_762_270_250_000,
+            gap_us: 14_000.0,
+            threads: None,
+        });
+        r.warmup = Some(Box::new(w));
+        let s = summary(&r);
+        let warm = s.find("warm-up (not counted): 2 sent, 2 answered, 0 failed in 1.00 s; latency µs p99 8911 max 9000\n");
+        assert!(warm > s.find("first failure"), "{s}");
+        assert!(
+            s.contains("warm-up stall (runtime): 14.0 ms, ended 0.2500 s into the warm-up\n"),
+            "{s}"
+        );
     }
 }

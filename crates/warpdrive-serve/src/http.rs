@@ -218,10 +218,13 @@ impl Server {
 /// generator's per-job times on the same host.
 fn warn_stall(s: &Stall) {
     tracing::warn!(
-        "serve: stall probe ({}): no wake-up for {:.1} ms, until unix {:.6} s",
+        "serve: stall probe ({}): no wake-up for {:.1} ms, until unix {:.6} s{}",
         s.probe.name(),
         s.gap_us * 1e-3,
-        s.until_unix_us as f64 * 1e-6
+        s.until_unix_us as f64 * 1e-6,
+        s.threads
+            .as_ref()
+            .map_or(String::new(), |t| format!("; threads: {t}"))
     );
 }
 

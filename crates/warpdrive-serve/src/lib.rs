@@ -58,6 +58,7 @@ pub mod probe;
 mod queue;
 mod reply;
 mod results;
+mod snapshot;
 mod stats;
 mod tune;
 pub mod wire;

@@ -18,6 +18,8 @@ use super::client::{Client, ClientConfig, Encoded, Failure, JobResult, JobSpec};
 use super::probe::{Probes, Stall};
 use super::wire::Format;
 
+pub mod split;
+
 /// How jobs arrive.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Arrivals {
@@ -60,6 +62,19 @@ pub struct LoadConfig {
     /// Stall probes in the generator (a thread and a task on its runtime, [`crate::probe`])
     /// note every wake-up later than this into [`LoadReport::stalls`] (`None`: no probes).
     pub stall_probe: Option<Duration>,
+    /// Open loop under [`run`]: one single-threaded runtime on each of `threads` threads,
+    /// each with its own share of the connections, timer wheel and socket driver, the jobs
+    /// dealt to them in turn ([`split`]). The default (`false`), one multi-threaded runtime,
+    /// shares its run queue, timer wheel and socket driver among its threads: one thread
+    /// stuck while it holds one of them stops every job.
+    pub split: bool,
+    /// Before the measured run, the same load for this long, on the same runtime and (in
+    /// the shared runtime) the same connections, with the same arrival times as the run's
+    /// start; not counted, its own report kept in [`LoadReport::warmup`]. A fresh process
+    /// grows its heaps (each thread's malloc arena a page at a time), pools and buffers to
+    /// the load's high-water mark once; a warm-up pays for that before the clock starts, as
+    /// the bench suite's warm process does. `Duration::ZERO` (the default): none.
+    pub warmup: Duration,
 }
 
 /// The probes' threshold by default: four of their 1 ms ticks.
@@ -83,7 +98,20 @@ impl LoadConfig {
             threads: default_threads(),
             event_interval: crate::DEFAULT_EVENT_INTERVAL,
             stall_probe: Some(DEFAULT_STALL_PROBE),
+            split: false,
+            warmup: Duration::ZERO,
         }
+    }
+
+    /// The warm-up [`LoadConfig::warmup`] asks for: this load for that long, uncapped in
+    /// jobs (`None`: no warm-up).
+    fn warmup_config(&self) -> Option<LoadConfig> {
+        (!self.warmup.is_zero()).then(|| LoadConfig {
+            duration: self.warmup,
+            max_jobs: None,
+            warmup: Duration::ZERO,
+            ..self.clone()
+        })
     }
 }
 
@@ -131,10 +159,14 @@ pub struct LoadReport {
     pub started_unix_us: u64,
     /// Jobs a second offered (open loop: the rate asked for).
     pub offered_per_s: Option<f64>,
+    /// The warm-up's own report ([`LoadConfig::warmup`]; `None`: there was none): whether
+    /// a stall of a fresh process came there instead of in the run.
+    pub warmup: Option<Box<LoadReport>>,
 }
 
 /// Answered jobs a report keeps room for from the start, at most: 1 M jobs (10 figures of
-/// 8 bytes: 80 MiB, reserved, touched only as it fills); a longer run grows past it.
+/// 8 bytes: 80 MiB, reserved and written through before the run); a longer run grows past
+/// it.
 const MAX_RESERVED_JOBS: usize = 1 << 20;
 
 impl LoadReport {
@@ -143,7 +175,15 @@ impl LoadReport {
     /// the thread that gathers the answers.
     pub fn with_capacity(jobs: usize) -> LoadReport {
         let n = jobs.min(MAX_RESERVED_JOBS);
-        let v = || Vec::with_capacity(n);
+        // Written once through (not `vec![0.0; n]`: calloc leaves fresh pages untouched), so
+        // the run does not take the page faults as it fills them.
+        let v = || {
+            let mut v = Vec::with_capacity(n);
+            v.resize(n, 0.0);
+            std::hint::black_box(&mut v);
+            v.clear();
+            v
+        };
         LoadReport {
             latency_us: v(),
             sent_at_s: v(),
@@ -236,6 +276,17 @@ pub fn default_threads() -> usize {
 /// Runs `config` on a tokio runtime of its own (`config.threads` threads) and reports.
 pub fn run(config: &LoadConfig) -> Result<LoadReport, LoadError> {
     check(config)?;
+    if let (Arrivals::Poisson { per_s }, true) = (config.arrivals, config.split) {
+        // Split runtimes are made per run: the warm-up's threads end before the run's start
+        // (glibc hands their arenas to the new threads).
+        let warm = match config.warmup_config() {
+            Some(w) => Some(Box::new(split::run(&w, per_s)?)),
+            None => None,
+        };
+        let mut report = split::run(config, per_s)?;
+        report.warmup = warm;
+        return Ok(report);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(config.threads.clamp(1, 64))
         .event_interval(config.event_interval.max(1))
@@ -268,7 +319,41 @@ fn check(config: &LoadConfig) -> Result<(), LoadError> {
     Ok(())
 }
 
-/// The same as [`run`], on the caller's tokio runtime.
+/// The job `config` sends, encoded once for `client` (the generator's own work per job stays
+/// out of the service's way), and the generator's random numbers after its values.
+async fn prepare(
+    config: &LoadConfig,
+    client: &Client,
+) -> Result<(Arc<Encoded>, rand::rngs::StdRng), LoadError> {
+    let width = client
+        .model()
+        .await
+        .map_err(|e| LoadError(format!("asking {} for its model: {e}", config.addr)))?
+        .width;
+    let rows_values = config
+        .rows
+        .checked_mul(width)
+        .ok_or_else(|| LoadError(format!("{} rows of {width}", config.rows)))?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(config.seed);
+    let data: Vec<f32> = (0..rows_values)
+        .map(|_| rng.random_range(-1.0f32..1.0))
+        .collect();
+    let job = Arc::new(
+        client
+            .encode(&JobSpec {
+                rows: config.rows,
+                data,
+                priority: config.priority,
+                tenant: config.tenant.clone(),
+                deadline: None,
+            })
+            .map_err(|e| LoadError(format!("encoding the job: {e}")))?,
+    );
+    Ok((job, rng))
+}
+
+/// The same as [`run`], on the caller's tokio runtime (one multi-threaded runtime whatever
+/// [`LoadConfig::split`] says).
 pub async fn run_async(config: &LoadConfig) -> Result<LoadReport, LoadError> {
     check(config)?;
     let connections = match config.arrivals {
@@ -283,31 +368,27 @@ pub async fn run_async(config: &LoadConfig) -> Result<LoadReport, LoadError> {
             format: config.format,
         },
     );
-    let width = client
-        .model()
-        .await
-        .map_err(|e| LoadError(format!("asking {} for its model: {e}", config.addr)))?
-        .width;
-    let rows_values = config
-        .rows
-        .checked_mul(width)
-        .ok_or_else(|| LoadError(format!("{} rows of {width}", config.rows)))?;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(config.seed);
-    let data: Vec<f32> = (0..rows_values)
-        .map(|_| rng.random_range(-1.0f32..1.0))
-        .collect();
-    // Encoded once: the generator's own work per job stays out of the service's way.
-    let job = Arc::new(
-        client
-            .encode(&JobSpec {
-                rows: config.rows,
-                data,
-                priority: config.priority,
-                tenant: config.tenant.clone(),
-                deadline: None,
-            })
-            .map_err(|e| LoadError(format!("encoding the job: {e}")))?,
-    );
+    let (job, rng) = prepare(config, &client).await?;
+    // The warm-up offers the run's own first arrivals (the same random numbers).
+    let warm = match config.warmup_config() {
+        Some(w) => Some(Box::new(
+            measure(&w, &client, job.clone(), rng.clone()).await,
+        )),
+        None => None,
+    };
+    let mut report = measure(config, &client, job, rng).await;
+    report.warmup = warm;
+    Ok(report)
+}
+
+/// One run of `config`'s load through `client`, `job` its every job and `rng` its arrivals.
+async fn measure(
+    config: &LoadConfig,
+    client: &Client,
+    job: Arc<Encoded>,
+    rng: rand::rngs::StdRng,
+) -> LoadReport {
+    let client = client.clone();
     let mut report = LoadReport::with_capacity(expected_jobs(config));
     let probes = config
         .stall_probe
@@ -362,7 +443,7 @@ pub async fn run_async(config: &LoadConfig) -> Result<LoadReport, LoadError> {
     if let Some(p) = probes {
         report.stalls = p.finish();
     }
-    Ok(report)
+    report
 }
 
 /// What one open-loop job came to: when it was due, when the pacer handed it over, when its
@@ -382,7 +463,7 @@ type Done = (
 async fn open_loop(
     config: &LoadConfig,
     per_s: f64,
-    (client, job, mut rng): (Client, Arc<Encoded>, rand::rngs::StdRng),
+    (client, job, rng): (Client, Arc<Encoded>, rand::rngs::StdRng),
     report: &mut LoadReport,
     (start, stop): (Instant, Instant),
 ) {
@@ -395,31 +476,20 @@ async fn open_loop(
     let pacer = std::thread::Builder::new()
         .name("warpdrive-load-pacer".into())
         .spawn(move || {
-            let mut due = start;
-            while paced.load(Ordering::Relaxed) < max_jobs && !tx.is_closed() {
-                // Exponential gaps: -ln(1 - u) / rate, u in [0, 1).
-                let u: f64 = rng.random();
-                let gap =
-                    Duration::try_from_secs_f64(-(1.0 - u).ln() / per_s).unwrap_or(Duration::MAX);
-                due = crate::later(due, gap);
-                if due >= stop {
-                    break;
-                }
-                std::thread::sleep(due.saturating_duration_since(Instant::now()));
-                paced.fetch_add(1, Ordering::Release);
-                let (client, job, tx) = (client.clone(), job.clone(), tx.clone());
-                let handed = Instant::now();
-                handle.spawn(async move {
-                    let began = Instant::now();
-                    let outcome = client.submit_encoded(&job).await;
-                    let answered = Instant::now();
-                    // The rows are freed here, on the thread that allocated them, not on the
-                    // gathering thread (glibc: a free into another thread's arena takes that
-                    // arena's lock and may trim it); the report keeps none of them.
-                    let outcome = outcome.map(|r| r.clone_stats());
-                    let _ = tx.send((due, handed, began, answered, outcome));
-                });
-            }
+            let going = || !tx.is_closed();
+            pace(
+                per_s,
+                rng,
+                (start, stop),
+                (max_jobs, &paced),
+                going,
+                |due, handed| {
+                    let (client, job, tx) = (client.clone(), job.clone(), tx.clone());
+                    handle.spawn(async move {
+                        let _ = tx.send(one_job(client, job, (due, handed)).await);
+                    });
+                },
+            );
         });
     if let Err(e) = pacer {
         count(report, "io", format!("the pacing thread: {e}"));
@@ -427,27 +497,70 @@ async fn open_loop(
     }
     // Every job's task ends within the client's timeout; this bounds the whole drain too.
     // The channel ends once the pacer and every job's task are done with it.
+    // One timer for the whole drain: a timeout around each `recv` would insert and remove
+    // an entry in the runtime's one timer wheel (under its lock, from this thread, outside
+    // the runtime) for every answer, 24,000 times a second.
     let drain = crate::later(stop, config.timeout.saturating_add(Duration::from_secs(1)));
     let mut got = 0u64;
-    loop {
-        match tokio::time::timeout_at(drain.into(), answers.recv()).await {
-            Ok(Some((due, handed, began, answered, outcome))) => {
-                got += 1;
-                report.record(start, (due, handed, began, answered), outcome);
-            }
-            Ok(None) => break,
-            Err(_) => break,
+    let gather = async {
+        while let Some((due, handed, began, answered, outcome)) = answers.recv().await {
+            got += 1;
+            report.record(start, (due, handed, began, answered), outcome);
         }
-    }
+    };
+    let _ = tokio::time::timeout_at(drain.into(), gather).await;
     answers.close();
     report.sent = sent.load(Ordering::Acquire);
-    // A job not heard of by now timed out (or its task panicked).
+    count_unanswered(report, got);
+}
+
+/// Counts the jobs sent but not heard of by the drain's end as timed out (or panicked).
+fn count_unanswered(report: &mut LoadReport, got: u64) {
     if let Some(left) = report.sent.checked_sub(got).filter(|&l| l > 0) {
         *report.failures.entry("timeout".into()).or_insert(0) += left;
         report
             .first_failure
             .get_or_insert_with(|| format!("{left} jobs unanswered when the run's drain ended"));
     }
+}
+
+/// Paces Poisson arrivals at `per_s` from `start` until `stop`, while `sent` is under
+/// `max_jobs` and `going()` holds: sleeps until each job is due, counts it in `sent` and
+/// calls `hand(due, handed)`, `handed` being the moment it was handed on.
+fn pace(
+    per_s: f64,
+    mut rng: rand::rngs::StdRng,
+    (start, stop): (Instant, Instant),
+    (max_jobs, sent): (u64, &AtomicU64),
+    going: impl Fn() -> bool,
+    mut hand: impl FnMut(Instant, Instant),
+) {
+    let mut due = start;
+    while sent.load(Ordering::Relaxed) < max_jobs && going() {
+        // Exponential gaps: -ln(1 - u) / rate, u in [0, 1).
+        let u: f64 = rng.random();
+        let gap = Duration::try_from_secs_f64(-(1.0 - u).ln() / per_s).unwrap_or(Duration::MAX);
+        due = crate::later(due, gap);
+        if due >= stop {
+            break;
+        }
+        std::thread::sleep(due.saturating_duration_since(Instant::now()));
+        sent.fetch_add(1, Ordering::Release);
+        hand(due, Instant::now());
+    }
+}
+
+/// One open-loop job due at `due` and handed to its runtime at `handed`: its task times its
+/// own start and answer.
+async fn one_job(client: Client, job: Arc<Encoded>, (due, handed): (Instant, Instant)) -> Done {
+    let began = Instant::now();
+    let outcome = client.submit_encoded(&job).await;
+    let answered = Instant::now();
+    // The rows are freed here, on the thread that allocated them, not on the gathering thread
+    // (glibc: a free into another thread's arena takes that arena's lock and may trim it);
+    // the report keeps none of them.
+    let outcome = outcome.map(|r| r.clone_stats());
+    (due, handed, began, answered, outcome)
 }
 
 /// The most jobs `config` is likely to send: its job cap, or an open loop's rate over its

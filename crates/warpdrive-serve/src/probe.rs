@@ -2,9 +2,13 @@
 //! waking every millisecond and noting every wake-up later than a threshold. A probe in a
 //! separate process sees the host stall; these tell a stall of this process (every thread:
 //! the thread probe, e.g. page faults queued behind the memory map's lock) from one of its
-//! runtime alone (the task probe: no worker polled a task or looked at the timer).
+//! runtime alone (the task probe: no worker polled a task or looked at the timer). While the
+//! task probe is late, the thread probe takes two snapshots of every thread's state
+//! (`snapshot::threads`), at the threshold and at twice it, and the runtime stall
+//! carries them: what the workers were blocked in, and which threads ran or waited for a CPU
+//! in between.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -37,13 +41,17 @@ impl Where {
 }
 
 /// A wake-up later than the threshold.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Stall {
     pub probe: Where,
     /// The wall clock when the late wake-up came (µs since the Unix epoch).
     pub until_unix_us: u64,
     /// The time since the wake-up before, µs.
     pub gap_us: f64,
+    /// A runtime stall's snapshots of the process's threads, taken while it lasted (at the
+    /// threshold, then ` | then ` at twice it; `snapshot::threads`; `None` for a
+    /// thread stall, or where none was taken).
+    pub threads: Option<String>,
 }
 
 /// Both probes, running until dropped (or [`Probes::finish`]).
@@ -52,6 +60,20 @@ pub(crate) struct Probes {
     thread: Option<JoinHandle<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
     seen: Arc<Mutex<Vec<Stall>>>,
+}
+
+/// What the two probes share: the task probe's last wake-up (µs since `base`) and the
+/// snapshot the thread probe took while the task probe was late.
+struct Shared {
+    base: Instant,
+    task_woke_us: AtomicU64,
+    snapshot: Mutex<Option<String>>,
+}
+
+impl Shared {
+    fn now_us(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
 }
 
 impl Probes {
@@ -64,24 +86,55 @@ impl Probes {
     ) -> Probes {
         let stop = Arc::new(AtomicBool::new(false));
         let seen = Arc::new(Mutex::new(Vec::with_capacity(64)));
-        let (s, v) = (stop.clone(), seen.clone());
+        let shared = Arc::new(Shared {
+            base: Instant::now(),
+            task_woke_us: AtomicU64::new(0),
+            snapshot: Mutex::new(None),
+        });
+        let (s, v, sh) = (stop.clone(), seen.clone(), shared.clone());
+        let threshold_us = u64::try_from(threshold.as_micros()).unwrap_or(u64::MAX);
         // A probe that cannot start leaves the run unprobed, not failed.
         let thread = std::thread::Builder::new()
             .name("warpdrive-stall-probe".into())
             .spawn(move || {
                 let mut prev = Instant::now();
+                // The task probe's wake-up the snapshots were taken after, and how many.
+                let (mut snapped_after, mut snaps) = (u64::MAX, 0);
                 while !s.load(Ordering::Relaxed) {
                     std::thread::sleep(TICK);
-                    prev = note(&v, Where::Thread, prev, threshold, report);
+                    prev = note(&v, Where::Thread, prev, threshold, report, None);
+                    let woke = sh.task_woke_us.load(Ordering::Acquire);
+                    if woke != snapped_after {
+                        (snapped_after, snaps) = (woke, 0);
+                    }
+                    let late = sh.now_us().saturating_sub(woke);
+                    if snaps < 2 && late > threshold_us.saturating_mul(snaps + 1) {
+                        snaps += 1;
+                        let now = crate::snapshot::threads();
+                        let mut kept = sh.snapshot.lock();
+                        *kept = Some(match kept.take() {
+                            Some(first) if snaps == 2 => format!("{first} | then {now}"),
+                            _ => now,
+                        });
+                    }
                 }
             })
             .ok();
-        let v = seen.clone();
+        let (v, sh) = (seen.clone(), shared);
         let task = runtime.spawn(async move {
             let mut prev = Instant::now();
+            sh.task_woke_us.store(sh.now_us(), Ordering::Release);
             loop {
                 tokio::time::sleep(TICK).await;
-                prev = note(&v, Where::Runtime, prev, threshold, report);
+                sh.task_woke_us.store(sh.now_us(), Ordering::Release);
+                prev = note(
+                    &v,
+                    Where::Runtime,
+                    prev,
+                    threshold,
+                    report,
+                    Some(&sh.snapshot),
+                );
             }
         });
         Probes {
@@ -115,25 +168,30 @@ impl Drop for Probes {
     }
 }
 
-/// Notes a stall when `prev` is more than `threshold` ago; returns now.
+/// Notes a stall when `prev` is more than `threshold` ago, with the snapshot in `snapshot`
+/// (taken during this gap: an older one was taken by a gap this probe has noted); returns
+/// now.
 fn note(
     seen: &Mutex<Vec<Stall>>,
     probe: Where,
     prev: Instant,
     threshold: Duration,
     report: fn(&Stall),
+    snapshot: Option<&Mutex<Option<String>>>,
 ) -> Instant {
     let now = Instant::now();
     let gap = now.saturating_duration_since(prev);
+    let threads = snapshot.and_then(|s| s.lock().take());
     if gap > threshold {
         let stall = Stall {
             probe,
             until_unix_us: crate::wire::unix_us_now(),
             gap_us: gap.as_secs_f64() * 1e6,
+            threads,
         };
         let mut v = seen.lock();
         if v.len() < MAX_STALLS {
-            v.push(stall);
+            v.push(stall.clone());
             drop(v);
             report(&stall);
         }
@@ -149,6 +207,7 @@ mod tests {
     fn a_blocked_runtime_is_seen_by_the_task_probe_alone() {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
+            .thread_name("probe-test-w")
             .enable_all()
             .build()
             .unwrap();
@@ -160,12 +219,31 @@ mod tests {
                 .await
                 .unwrap();
         });
-        std::thread::sleep(Duration::from_millis(30));
-        let seen = probes.finish();
-        assert!(
+        // The probe notes the stall when it next runs, which a busy host may put off: wait for
+        // the note (the bound only stops a lost probe from hanging the test).
+        let noted = |seen: &[Stall]| {
             seen.iter()
-                .any(|s| s.probe == Where::Runtime && s.gap_us >= 100_000.0),
-            "{seen:?}"
-        );
+                .any(|s| s.probe == Where::Runtime && s.gap_us >= 100_000.0)
+        };
+        let t0 = Instant::now();
+        while !noted(&probes.seen.lock()) && t0.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let seen = probes.finish();
+        let stall = seen
+            .iter()
+            .find(|s| s.probe == Where::Runtime && s.gap_us >= 100_000.0);
+        assert!(stall.is_some(), "{seen:?}");
+        // Taken while the worker slept: it names the runtime's thread, asleep (S), twice.
+        #[cfg(target_os = "linux")]
+        {
+            let threads = stall.and_then(|s| s.threads.clone()).unwrap_or_default();
+            let asleep = threads
+                .split("; ")
+                .filter(|t| t.starts_with("probe-test-w/") && t.contains(" S "))
+                .count();
+            assert_eq!(asleep, 2, "{threads}");
+            assert!(threads.contains(" | then "), "{threads}");
+        }
     }
 }

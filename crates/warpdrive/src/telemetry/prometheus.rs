@@ -3,8 +3,9 @@
 //! networking, so an ephemeral port works and no async runtime is pulled in).
 //!
 //! Each connection gets its own thread, up to a cap; one over the cap is answered `503` and
-//! closed at once. A connection is closed at most a deadline after it was accepted, however
-//! slowly its client sends or reads, so idle or trickling clients cannot starve scrapes.
+//! closed at once. The server waits on a connection's client at most a deadline after it was
+//! accepted, however slowly it sends or reads, so idle or trickling clients cannot starve
+//! scrapes.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -57,8 +58,9 @@ pub fn prometheus_upkeep() {
 pub struct EndpointLimits {
     /// Connections served at once (default 256); one more is answered `503` and closed.
     pub max_connections: usize,
-    /// How long after it is accepted a connection is closed, whether or not its request
-    /// arrived and its answer was read (default 2 s).
+    /// How long after it is accepted the endpoint waits on a connection's client, for its
+    /// request and for it to read the answer (default 2 s); past it, the connection is closed
+    /// once what already arrived is answered, without waiting for more.
     pub deadline: Duration,
 }
 
@@ -187,6 +189,46 @@ fn remaining(deadline: Instant) -> std::io::Result<Duration> {
         .ok_or_else(|| std::io::Error::new(ErrorKind::TimedOut, "the request deadline passed"))
 }
 
+/// One read, waiting for the client at most until `deadline`. Past it, what the client has
+/// already sent is still read, without waiting: on a busy host this thread may first run
+/// after the deadline, and the deadline bounds the client's slowness, not the server's.
+fn read_by(conn: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> std::io::Result<usize> {
+    match remaining(deadline) {
+        Ok(left) => {
+            conn.set_read_timeout(Some(left))?;
+            conn.read(buf)
+        }
+        Err(late) => {
+            conn.set_nonblocking(true)?;
+            conn.read(buf).map_err(|e| would_block_is(e, late))
+        }
+    }
+}
+
+/// One write, waiting for the client to read at most until `deadline`; past it, a write the
+/// socket takes at once still goes out (as for [`read_by`]).
+fn write_some_by(conn: &mut TcpStream, bytes: &[u8], deadline: Instant) -> std::io::Result<usize> {
+    match remaining(deadline) {
+        Ok(left) => {
+            conn.set_write_timeout(Some(left))?;
+            conn.write(bytes)
+        }
+        Err(late) => {
+            conn.set_nonblocking(true)?;
+            conn.write(bytes).map_err(|e| would_block_is(e, late))
+        }
+    }
+}
+
+/// `late` for an operation that would have had to wait past the deadline; `e` otherwise.
+fn would_block_is(e: std::io::Error, late: std::io::Error) -> std::io::Error {
+    if e.kind() == ErrorKind::WouldBlock {
+        late
+    } else {
+        e
+    }
+}
+
 fn answer(
     mut conn: TcpStream,
     handle: &PrometheusHandle,
@@ -205,13 +247,12 @@ fn answer(
 }
 
 /// Reads until the end of the request head, the client's end of stream or [`MAX_HEAD`]
-/// bytes (we answer every request the same way); fails once `deadline` passes.
+/// bytes (we answer every request the same way); fails once it would wait past `deadline`.
 fn read_head(conn: &mut TcpStream, deadline: Instant) -> std::io::Result<()> {
     let mut buf = [0u8; 4096];
     let mut got = Vec::new();
     while got.len() < MAX_HEAD {
-        conn.set_read_timeout(Some(remaining(deadline)?))?;
-        let n = match conn.read(&mut buf) {
+        let n = match read_by(conn, &mut buf, deadline) {
             Ok(0) => return Ok(()),
             Ok(n) => n,
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -227,11 +268,10 @@ fn read_head(conn: &mut TcpStream, deadline: Instant) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Writes all of `bytes`, failing once `deadline` passes.
+/// Writes all of `bytes`, failing once it would wait past `deadline`.
 fn write_by(conn: &mut TcpStream, mut bytes: &[u8], deadline: Instant) -> std::io::Result<()> {
     while !bytes.is_empty() {
-        conn.set_write_timeout(Some(remaining(deadline)?))?;
-        match conn.write(bytes) {
+        match write_some_by(conn, bytes, deadline) {
             Ok(0) => return Err(ErrorKind::WriteZero.into()),
             Ok(n) => bytes = &bytes[n..],
             Err(e) if e.kind() == ErrorKind::Interrupted => {}

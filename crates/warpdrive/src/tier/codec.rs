@@ -248,7 +248,7 @@ impl PlainFramer {
 /// Bytes the one-pass copies ([`encode_plain_into`], [`decode_block`] of a plain block) copy
 /// and hash at a time: a chunk stays in the L1 cache from its copy to its hashing (8 KiB
 /// chunks ran the pass a tenth faster than 64 KiB ones on the build VM).
-const COPY_CHUNK: usize = 8 << 10;
+pub(crate) const COPY_CHUNK: usize = 8 << 10;
 
 /// `input` compressed by `compression` with its codec byte (`None` for no compression).
 fn compress(input: &[u8], compression: Compression) -> Result<Option<(u8, Vec<u8>)>> {

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::transfer::Workers;
 
+use super::dio::{self, DioAlign, InPlace, Op};
 use super::engine::{Engine, Io};
 use super::uring::{self, Hooks, Pieces};
 use super::DIRECT_ALIGN;
@@ -96,6 +97,28 @@ pub(super) fn with_scratch<R>(
     r
 }
 
+thread_local! {
+    /// I/Os this thread moved in place (straight from or into the caller's memory).
+    static IN_PLACE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many I/Os this thread has moved in place, with no bounce buffer for the caller's
+/// memory beside a last partial sector ([`DioAlign`]): which path an op took, for tests and
+/// benches (an op under [`SPLIT_FROM`] runs its I/O on the calling thread).
+pub fn in_place_ios() -> u64 {
+    IN_PLACE.with(|n| n.get())
+}
+
+fn count_in_place() {
+    IN_PLACE.with(|n| n.set(n.get() + 1));
+}
+
+/// Whether `e` is the kernel refusing an I/O's alignment (`EINVAL`): a file system whose
+/// `statx` answer was wider than it honours.
+fn refused(e: &Error) -> bool {
+    matches!(e, Error::Io { source, .. } if source.raw_os_error() == Some(libc::EINVAL))
+}
+
 /// Direct I/Os from this many bytes are split into pieces in flight at once: a virtual disk
 /// serves large blocks faster at a queue depth above one, and the store's copy and checksum
 /// of one piece overlap the I/O of the others.
@@ -105,6 +128,8 @@ pub const SPLIT_FROM: usize = 4 << 20;
 /// 4 MiB ones on the build VM's virtual disk (bench/NOTES.md, eighth session).
 const PIECE_MIN: usize = 1 << 20;
 const PIECE_MAX: usize = 4 << 20;
+/// How long a landing thread waits for a piece before giving up (a reading thread gone).
+const LAND_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 /// Pieces of a split I/O in flight at once.
 pub const QUEUE_DEPTH: usize = 4;
 
@@ -152,6 +177,21 @@ fn in_flight(pieces: usize, io: impl Fn(usize) -> Result<usize> + Sync) -> Resul
     }
 }
 
+/// The bytes a split read of pieces of `piece` bytes read: up to the first short piece.
+fn total_read(filled: &[usize], piece: usize) -> usize {
+    let mut total = 0;
+    for &n in filled {
+        total += n;
+        if n < piece {
+            break;
+        }
+    }
+    total
+}
+
+/// What a split read hands each piece to as it lands: `(at, bytes)`.
+pub(super) type Landing<'a> = &'a (dyn Fn(usize, &[u8]) -> Result<()> + Sync);
+
 /// Where each of `count` pieces of `piece` bytes from `offset` starts in the file.
 pub(super) fn piece_offsets(offset: u64, piece: usize, count: usize) -> Vec<u64> {
     (0..count).map(|k| offset + (k * piece) as u64).collect()
@@ -166,6 +206,11 @@ pub struct DirectFile {
     file: File,
     path: PathBuf,
     direct: bool,
+    /// What `O_DIRECT` asks of its I/O, queried once at open ([`DioAlign::of`]).
+    align: DioAlign,
+    /// Cleared after the kernel refused an in-place I/O: every I/O then goes through a
+    /// bounce buffer, as it did before `statx` was asked.
+    in_place: std::sync::atomic::AtomicBool,
     io: Io,
     /// Where the next aligned append starts, known after this handle's own appends (an
     /// fstat per append cost 2-5 µs on the build VM, a few % of a 64 KiB write).
@@ -192,10 +237,16 @@ impl DirectFile {
             }
             Err(e) => return Err(Error::io(path, e)),
         };
+        let align = match direct {
+            true => DioAlign::of(&file),
+            false => DioAlign::BUFFERED,
+        };
         Ok(DirectFile {
             file,
             path: path.to_path_buf(),
             direct,
+            align,
+            in_place: std::sync::atomic::AtomicBool::new(true),
             io,
             next_append: parking_lot::Mutex::new(None),
         })
@@ -303,6 +354,225 @@ impl DirectFile {
             .map_err(|e| Error::io(&self.path, e))
     }
 
+    /// This handle believing `align` whatever the file system said (a file system that
+    /// claims less than it honours, for the tests of the fall back).
+    #[cfg(test)]
+    pub(super) fn claiming(mut self, align: DioAlign) -> DirectFile {
+        self.align = align;
+        self
+    }
+
+    /// What `O_DIRECT` asks of this file's I/O ([`DioAlign::BUFFERED`] where it is not
+    /// direct).
+    pub fn align(&self) -> DioAlign {
+        self.align
+    }
+
+    /// How an I/O of `bytes` at `offset` moves in place ([`dio::plan`] under this file's
+    /// alignment); `None` where it cannot, or after the kernel refused one.
+    pub(super) fn in_place_plan(&self, bytes: &[u8], offset: u64, op: Op) -> Option<InPlace> {
+        if !self.in_place.load(std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
+        dio::plan(self.align, bytes.as_ptr() as usize, bytes.len(), offset, op)
+    }
+
+    /// Whether direct I/O can move all of `bytes` at `offset` as they lie, in one I/O with
+    /// no bounce at all ([`in_place_plan`](Self::in_place_plan) with nothing bounced).
+    pub fn can_move_in_place(&self, bytes: &[u8], offset: u64) -> bool {
+        [Op::Read, Op::Write].iter().all(|&op| {
+            self.in_place_plan(bytes, offset, op)
+                .is_some_and(|p| p.bounce == 0)
+        })
+    }
+
+    /// The outcome of an in-place I/O: counted when it succeeded; `None` (go through a
+    /// bounce buffer) after the kernel refused its alignment, from then on for this file.
+    pub(super) fn after_in_place<T>(&self, r: Result<T>) -> Option<Result<T>> {
+        match r {
+            Err(e) if refused(&e) => {
+                tracing::warn!(
+                    path = %self.path.display(),
+                    align = ?self.align,
+                    "O_DIRECT refused an I/O in place; bouncing this file's I/O from now on"
+                );
+                self.in_place
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
+                None
+            }
+            r => {
+                if r.is_ok() {
+                    count_in_place();
+                }
+                Some(r)
+            }
+        }
+    }
+
+    /// Writes `parts` one after another at `offset` in one vectored write (`pwritev`, on the
+    /// calling thread whatever the engine: a second I/O for a block's last sector would wait
+    /// behind the first where the write extends the file).
+    pub(super) fn write_vectored(&self, parts: &[&[u8]], offset: u64) -> Result<()> {
+        use std::io::IoSlice;
+        let mut slices: Vec<IoSlice<'_>> = parts.iter().map(|p| IoSlice::new(p)).collect();
+        let mut rest = &mut slices[..];
+        let mut at = offset;
+        while !rest.is_empty() {
+            match rustix::io::pwritev(&self.file, rest, at) {
+                Ok(0) => {
+                    let e = std::io::Error::from(ErrorKind::WriteZero);
+                    return Err(Error::io(&self.path, e));
+                }
+                Ok(n) => {
+                    IoSlice::advance_slices(&mut rest, n);
+                    at += n as u64;
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(Error::io(&self.path, e.into())),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads into `parts` one after another from `offset` in one vectored read (`preadv`, on
+    /// the calling thread) until they are full or the file ends; the bytes read.
+    pub(super) fn read_vectored(&self, parts: &mut [&mut [u8]], offset: u64) -> Result<usize> {
+        use std::io::IoSliceMut;
+        let mut slices: Vec<IoSliceMut<'_>> =
+            parts.iter_mut().map(|p| IoSliceMut::new(p)).collect();
+        let mut rest = &mut slices[..];
+        let mut done = 0usize;
+        while !rest.is_empty() {
+            match rustix::io::preadv(&self.file, rest, offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => {
+                    IoSliceMut::advance_slices(&mut rest, n);
+                    done += n;
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(Error::io(&self.path, e.into())),
+            }
+        }
+        Ok(done)
+    }
+
+    /// As [`read_in_place_each`](Self::read_in_place_each) under `plan`: its whole sectors
+    /// straight into `out`, the last partial sector through an aligned buffer (in the same
+    /// `preadv` under [`SPLIT_FROM`], after the pieces from there), copied into `out`'s tail;
+    /// `each` is handed `out`'s parts in order. The bytes read.
+    pub(super) fn read_in_place_planned(
+        &self,
+        out: &mut [u8],
+        offset: u64,
+        plan: InPlace,
+        each: Landing<'_>,
+    ) -> Result<usize> {
+        if plan.bounce == 0 {
+            return self.read_in_place_each(out, offset, each);
+        }
+        let (head, rest) = out.split_at_mut(plan.head.min(out.len()));
+        let head_len = head.len();
+        with_scratch(plan.bounce, |buf| {
+            let tail = &mut buf.as_mut_slice()[..plan.bounce];
+            let got = if head_len >= SPLIT_FROM {
+                let n = self.read_in_place_each(head, offset, each)?;
+                if n < head_len {
+                    return Ok(n);
+                }
+                self.fill(tail, offset + head_len as u64)?
+            } else {
+                let n = self.read_vectored(&mut [&mut *head, &mut *tail], offset)?;
+                each(0, &head[..n.min(head_len)])?;
+                if n <= head_len {
+                    return Ok(n);
+                }
+                n - head_len
+            };
+            let t = got.min(rest.len());
+            rest[..t].copy_from_slice(&tail[..t]);
+            each(head_len, &rest[..t])?;
+            Ok(head_len + t)
+        })
+    }
+
+    /// Writes `bytes` (aligned, or not direct: [`can_move_in_place`](Self::can_move_in_place))
+    /// at `offset` in one I/O, calling `during` once on this thread while it is out on the
+    /// ring (the threads' blocking write cannot overlap it: there it runs first).
+    pub(super) fn write_during(
+        &self,
+        bytes: &[u8],
+        offset: u64,
+        during: &mut dyn FnMut(),
+    ) -> Result<()> {
+        if self.io.engine == Engine::Uring {
+            let mut called = false;
+            let mut once = || {
+                called = true;
+                during();
+            };
+            let none = &mut |_: usize, _: &mut [u8]| Ok(());
+            let after = &mut |_: usize, _: &[u8]| Ok(());
+            let hooks = Hooks {
+                before: none,
+                after,
+            };
+            let pieces = Pieces::Write(vec![bytes]);
+            let r = uring::run_during(
+                &self.path,
+                &self.file,
+                pieces,
+                &[offset],
+                1,
+                hooks,
+                Some(&mut once),
+            );
+            if !called {
+                during();
+            }
+            return r.map(drop);
+        }
+        during();
+        self.file
+            .write_all_at(bytes, offset)
+            .map_err(|e| Error::io(&self.path, e))
+    }
+
+    /// Reads into `out` (aligned, or not direct: [`can_move_in_place`](Self::can_move_in_place))
+    /// from `offset` until it is full or the file ends, in pieces in flight at once from
+    /// [`SPLIT_FROM`] bytes, handing each piece to `each(at, bytes)` in order as it lands (a
+    /// checksum taken while the later pieces are read); the bytes read.
+    pub(super) fn read_in_place_each(
+        &self,
+        out: &mut [u8],
+        offset: u64,
+        each: Landing<'_>,
+    ) -> Result<usize> {
+        let piece = piece_bytes(out.len());
+        let filled = if self.io.engine == Engine::Uring {
+            let depth = self.ring_depth(queue_depth(out.len()));
+            let pieces: Vec<&mut [u8]> = out.chunks_mut(piece).collect();
+            let offsets = piece_offsets(offset, piece, pieces.len());
+            let none = &mut |_: usize, _: &mut [u8]| Ok(());
+            let after = &mut |k: usize, bytes: &[u8]| each(k * piece, bytes);
+            self.on_ring(Pieces::Read(pieces), &offsets, depth, none, after)?
+        } else {
+            let pieces: Vec<parking_lot::Mutex<&mut [u8]>> =
+                out.chunks_mut(piece).map(parking_lot::Mutex::new).collect();
+            let read = |k: usize| {
+                let mut bytes = pieces[k].lock();
+                self.fill(&mut bytes, offset + (k * piece) as u64)
+            };
+            if pieces.len() == 1 {
+                let n = read(0)?;
+                each(0, &pieces[0].lock()[..n])?;
+                vec![n]
+            } else {
+                self.read_landing(&pieces, piece, &read, each)?
+            }
+        };
+        Ok(total_read(&filled, piece))
+    }
+
     /// Fills `buf` from `offset` (a multiple of [`DIRECT_ALIGN`]); returns the bytes read,
     /// fewer only at the end of the file.
     pub fn read_at(&self, buf: &mut AlignedBuf, offset: u64) -> Result<usize> {
@@ -400,7 +670,7 @@ impl DirectFile {
         if depth <= 1 || buf.as_slice().len() <= piece_bytes(buf.as_slice().len()) {
             return self.read_at(buf, offset);
         }
-        self.read_at_depth_each(buf, offset, &|_, _| Ok(()))
+        self.read_pieces(buf, offset, None)
     }
 
     /// As [`read_at_depth`](Self::read_at_depth), handing each piece to `each(at, bytes)` on
@@ -413,12 +683,28 @@ impl DirectFile {
         offset: u64,
         each: &(dyn Fn(usize, &[u8]) -> Result<()> + Sync),
     ) -> Result<usize> {
+        self.read_pieces(buf, offset, Some(each))
+    }
+
+    /// The pieces of [`read_at_depth_each`](Self::read_at_depth_each), `each` (if any) given
+    /// each piece as it lands. On the threads it runs on a landing thread of its own, in
+    /// piece order, so the reading threads go straight on to their next pieces (run on the
+    /// thread that read, the copy and checksum of 64 MiB held the queue below its depth).
+    fn read_pieces(
+        &self,
+        buf: &mut AlignedBuf,
+        offset: u64,
+        each: Option<Landing<'_>>,
+    ) -> Result<usize> {
         let piece = piece_bytes(buf.as_slice().len());
         let filled = if self.io.engine == Engine::Uring {
             let pieces: Vec<&mut [u8]> = buf.as_mut_slice().chunks_mut(piece).collect();
             let offsets = piece_offsets(offset, piece, pieces.len());
             let none = &mut |_: usize, _: &mut [u8]| Ok(());
-            let after = &mut |k: usize, bytes: &[u8]| each(k * piece, bytes);
+            let after = &mut |k: usize, bytes: &[u8]| match each {
+                Some(each) => each(k * piece, bytes),
+                None => Ok(()),
+            };
             let depth = self.io.queue_depth;
             self.on_ring(Pieces::Read(pieces), &offsets, depth, none, after)?
         } else {
@@ -427,21 +713,79 @@ impl DirectFile {
                 .chunks_mut(piece)
                 .map(parking_lot::Mutex::new)
                 .collect();
-            in_flight(pieces.len(), |k| {
+            let read = |k: usize| {
                 let mut bytes = pieces[k].lock();
-                let n = self.fill(&mut bytes, offset + (k * piece) as u64)?;
-                each(k * piece, &bytes[..n])?;
-                Ok(n)
-            })?
-        };
-        let mut total = 0;
-        for n in filled {
-            total += n;
-            if n < piece {
-                break;
+                self.fill(&mut bytes, offset + (k * piece) as u64)
+            };
+            match each {
+                None => in_flight(pieces.len(), read)?,
+                Some(each) => self.read_landing(&pieces, piece, &read, each)?,
             }
-        }
-        Ok(total)
+        };
+        Ok(total_read(&filled, piece))
+    }
+
+    /// Reads `pieces` (`read(k)` fills piece `k`) on the I/O threads while a landing thread
+    /// hands each to `each(k × piece, bytes)` in order once it is in; the bytes each read.
+    fn read_landing(
+        &self,
+        pieces: &[parking_lot::Mutex<&mut [u8]>],
+        piece: usize,
+        read: &(dyn Fn(usize) -> Result<usize> + Sync),
+        each: &(dyn Fn(usize, &[u8]) -> Result<()> + Sync),
+    ) -> Result<Vec<usize>> {
+        // Per piece the bytes read once it is in; whether a read failed (the landing stops).
+        let state = parking_lot::Mutex::new((vec![None::<usize>; pieces.len()], false));
+        let landed = parking_lot::Condvar::new();
+        std::thread::scope(|scope| {
+            let lander = scope.spawn(|| -> Result<()> {
+                for (k, bytes) in pieces.iter().enumerate() {
+                    let n = {
+                        let mut st = state.lock();
+                        loop {
+                            match (st.0[k], st.1) {
+                                (_, true) => return Ok(()),
+                                (Some(n), false) => break n,
+                                (None, false) => {
+                                    if landed.wait_for(&mut st, LAND_WAIT).timed_out() {
+                                        return Err(Error::Timeout {
+                                            what: format!("piece {k} of a read of {:?}", self.path),
+                                            after_ms: LAND_WAIT.as_millis() as u64,
+                                        });
+                                    }
+                                }
+                            }
+                        }
+                    };
+                    each(k * piece, &bytes.lock()[..n])?;
+                }
+                Ok(())
+            });
+            let read = in_flight(pieces.len(), |k| {
+                let r = read(k);
+                let mut st = state.lock();
+                match &r {
+                    Ok(n) => st.0[k] = Some(*n),
+                    Err(_) => st.1 = true,
+                }
+                drop(st);
+                landed.notify_all();
+                r
+            });
+            if read.is_err() {
+                // Past every piece: the landing thread stops at the first one not in.
+                state.lock().1 = true;
+                landed.notify_all();
+            }
+            let landing = lander.join().unwrap_or_else(|_| {
+                Err(Error::InvalidArgument(format!(
+                    "the landing thread of a read of {:?} panicked",
+                    self.path
+                )))
+            });
+            let done = read?;
+            landing.map(|()| done)
+        })
     }
 
     /// Reads into `window` from `offset` until it is full or the file ends; the bytes read.

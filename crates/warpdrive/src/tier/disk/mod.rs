@@ -6,6 +6,7 @@
 //! (`uring`) or a thread pool as `engine` chooses; the simulator is in `sim`, at this seam,
 //! above either engine.
 
+mod dio;
 mod direct;
 mod engine;
 mod sim;
@@ -22,9 +23,10 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::files::folder;
 
+pub use dio::DioAlign;
 use direct::with_scratch;
+pub use direct::{in_place_ios, AlignedBuf, DirectFile};
 pub use direct::{piece_bytes, queue_depth, QUEUE_DEPTH, SPLIT_FROM};
-pub use direct::{AlignedBuf, DirectFile};
 pub use engine::{DiskIo, Engine, Io, IoEngine, MAX_QUEUE_DEPTH};
 pub use sim::SimDisk;
 
@@ -117,6 +119,46 @@ pub trait Disk: Send + Sync + 'static {
         let mut bytes = vec![0; len];
         fill(&mut bytes)?;
         self.append_aligned(path, &[&bytes])
+    }
+
+    /// Appends `data` as [`append_aligned`](Self::append_aligned) appends one part, handing
+    /// all of it to `take` in order (in one or more pieces) before returning: [`OsDisk`]
+    /// writes it straight from where it lies when the file's direct-I/O alignment
+    /// ([`DioAlign`]) allows (no copy; a last partial sector and the pad from a bounce in the
+    /// same write), and runs `take`
+    /// while the write is out on io_uring, or chunk by chunk as it copies `data` into its
+    /// direct-I/O buffer on the threads (one pass). For blocks under [`SPLIT_FROM`] (one
+    /// I/O); the default takes `data`, then appends it.
+    fn append_aligned_taking(
+        &self,
+        path: &Path,
+        data: &[u8],
+        take: &mut dyn FnMut(&[u8]),
+    ) -> Result<u64> {
+        take(data);
+        self.append_aligned(path, &[data])
+    }
+
+    /// Reads `out.len()` bytes at `offset` of a file [`append_aligned`](Self::append_aligned)
+    /// wrote straight into `out` where direct I/O can land them there (`out` at the file's
+    /// direct-I/O memory alignment, [`DioAlign`]; a last partial sector through a bounce),
+    /// handing `each(at, bytes)` the parts of `out` read, in order, as they land
+    /// (pieces in flight at once from [`SPLIT_FROM`]); the bytes read (fewer only at the
+    /// file's end), or `None`, nothing read, where it cannot
+    /// ([`with_aligned`](Self::with_aligned) then reads through an aligned buffer). The
+    /// default reads, copies and hands over the whole.
+    fn read_aligned_into(
+        &self,
+        path: &Path,
+        offset: u64,
+        out: &mut [u8],
+        each: &(dyn Fn(usize, &[u8]) -> Result<()> + Sync),
+    ) -> Result<Option<usize>> {
+        let bytes = self.read_aligned(path, offset, out.len())?;
+        let n = bytes.len().min(out.len());
+        out[..n].copy_from_slice(&bytes[..n]);
+        each(0, &out[..n])?;
+        Ok(Some(n))
     }
 
     /// `len` bytes at `offset` of a file [`append_aligned`](Self::append_aligned) wrote;
@@ -544,6 +586,86 @@ impl Disk for OsDisk {
                 file.write_pieces_filled(pieces, &offsets, &fill)
             })
         })
+    }
+
+    fn append_aligned_taking(
+        &self,
+        path: &Path,
+        data: &[u8],
+        take: &mut dyn FnMut(&[u8]),
+    ) -> Result<u64> {
+        let len = data.len();
+        if queue_depth(len) > 1 {
+            take(data);
+            return self.append_aligned(path, &[data]);
+        }
+        let file = self.kept_for_append(path)?;
+        file.append_with(len, |offset| {
+            // Taken once whatever happens after: a refused in-place write is redone bounced
+            // without taking the bytes again.
+            let mut taken = false;
+            if let Some(plan) = file.in_place_plan(data, offset, dio::Op::Write) {
+                let r = if plan.bounce == 0 {
+                    let mut once = || {
+                        taken = true;
+                        take(data);
+                    };
+                    file.write_during(data, offset, &mut once)
+                } else {
+                    // The block's whole sectors from where they lie, its last partial sector
+                    // and the zero pad from a bounce, in one write.
+                    taken = true;
+                    take(data);
+                    with_scratch(plan.bounce, |buf| {
+                        let bounce = &mut buf.as_mut_slice()[..plan.bounce];
+                        let (tail, pad) = bounce.split_at_mut(len - plan.head);
+                        tail.copy_from_slice(&data[plan.head..]);
+                        pad.fill(0);
+                        file.write_vectored(&[&data[..plan.head], bounce], offset)
+                    })
+                };
+                if let Some(r) = file.after_in_place(r) {
+                    return r;
+                }
+            }
+            let mut taken_already = |_: &[u8]| {};
+            let take: &mut dyn FnMut(&[u8]) = match taken {
+                true => &mut taken_already,
+                false => take,
+            };
+            with_scratch(len, |buf| {
+                let (bytes, pad) = buf.as_mut_slice().split_at_mut(len);
+                pad.fill(0);
+                if file.io().engine == Engine::Uring {
+                    bytes.copy_from_slice(data);
+                    return file.write_during(buf.as_slice(), offset, &mut || take(data));
+                }
+                // Each chunk taken from the cache right after its copy.
+                let chunk = crate::tier::codec::COPY_CHUNK;
+                for (s, d) in data.chunks(chunk).zip(bytes.chunks_mut(chunk)) {
+                    d.copy_from_slice(s);
+                    take(d);
+                }
+                file.write_slice(buf.as_slice(), offset)
+            })
+        })
+    }
+
+    fn read_aligned_into(
+        &self,
+        path: &Path,
+        offset: u64,
+        out: &mut [u8],
+        each: &(dyn Fn(usize, &[u8]) -> Result<()> + Sync),
+    ) -> Result<Option<usize>> {
+        let file = self.kept_for_read(path)?;
+        let Some(plan) = file.in_place_plan(out, offset, dio::Op::Read) else {
+            return Ok(None);
+        };
+        // Refused: `None`, the caller reads it again through a bounce buffer (what landed in
+        // `out` is overwritten or zeroed there, never handed back unverified).
+        let r = file.read_in_place_planned(out, offset, plan, each);
+        file.after_in_place(r).transpose()
     }
 
     fn read_aligned(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {

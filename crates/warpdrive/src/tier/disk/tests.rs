@@ -377,3 +377,64 @@ fn ring_errors_name_the_path() {
     assert!(is_no_space(&e), "{e}");
     assert!(e.to_string().contains("/dev/full"), "{e}");
 }
+
+/// A file system whose `statx` claims less alignment than `O_DIRECT` honours: the in-place
+/// write it refuses (`EINVAL`) is redone through the bounce buffer, its bytes taken once; the
+/// read it refuses says `None` (the store reads it again bounced); the handle bounces after.
+#[test]
+fn a_refused_in_place_io_falls_back_to_the_bounce() {
+    let mut ios = vec![Io::threads()];
+    if uring::probe().is_ok() {
+        ios.push(Io {
+            engine: Engine::Uring,
+            queue_depth: 4,
+        });
+    }
+    for io in ios {
+        let dir = tempdir(&format!("refused-{}", io.engine.name()));
+        let disk = OsDisk::on(io);
+        disk.create_dir_all(&dir).unwrap();
+        let path = dir.join("data.seg");
+        let open = || DirectFile::open_with(&path, io).unwrap();
+        if !open().is_direct() {
+            eprintln!("no O_DIRECT in {dir:?}: skipped");
+            return;
+        }
+        // Memory at an odd address: no device's DMA takes it; the handle claims any is fine.
+        let any = DioAlign {
+            mem: 1,
+            offset: 512,
+        };
+        let claim = |disk: &OsDisk| {
+            disk.forget(&path);
+            disk.direct
+                .lock()
+                .push((path.clone(), Arc::new(open().claiming(any))));
+        };
+        let len = 64 << 10;
+        let mut held = vec![0u8; len + 1];
+        for (i, b) in held.iter_mut().enumerate() {
+            *b = (i * 7 + 3) as u8;
+        }
+        let data = &held[1..];
+        claim(&disk);
+        let before = in_place_ios();
+        let mut taken = Vec::new();
+        let at = disk
+            .append_aligned_taking(&path, data, &mut |b| taken.extend_from_slice(b))
+            .unwrap();
+        assert!(taken == data, "{io:?}: the bytes taken once, in order");
+        assert_eq!(in_place_ios(), before, "{io:?}: nothing went in place");
+        assert_eq!(disk.read_aligned(&path, at, len).unwrap(), data);
+        claim(&disk);
+        let mut out = vec![0u8; len + 1];
+        let each = |_: usize, _: &[u8]| Ok(());
+        let got = disk.read_aligned_into(&path, at, &mut out[1..], &each);
+        assert!(matches!(got, Ok(None)), "{io:?}: {got:?}");
+        // The handle bounces from now on: `None` at once, nothing read.
+        let got = disk.read_aligned_into(&path, at, &mut out[1..], &each);
+        assert!(matches!(got, Ok(None)), "{io:?}: {got:?}");
+        assert_eq!(in_place_ios(), before, "{io:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

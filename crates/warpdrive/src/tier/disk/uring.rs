@@ -104,10 +104,25 @@ pub(super) struct Hooks<'h> {
 pub(super) fn run(
     path: &Path,
     file: &File,
+    pieces: Pieces<'_>,
+    offsets: &[u64],
+    depth: usize,
+    hooks: Hooks<'_>,
+) -> Result<Vec<usize>> {
+    run_during(path, file, pieces, offsets, depth, hooks, None)
+}
+
+/// As [`run`], calling `during` once on this thread after the first pieces are submitted
+/// and before waiting for them (a checksum taken while the I/O is out); without a ring it
+/// runs before the blocking I/O.
+pub(super) fn run_during(
+    path: &Path,
+    file: &File,
     mut pieces: Pieces<'_>,
     offsets: &[u64],
     depth: usize,
     hooks: Hooks<'_>,
+    during: Option<&mut dyn FnMut()>,
 ) -> Result<Vec<usize>> {
     let depth = depth.max(1);
     let taken = RING.try_with(|r| r.borrow_mut().take()).ok().flatten();
@@ -123,11 +138,23 @@ pub(super) fn run(
         Ok(ring) => ring,
         Err(e) => {
             tracing::debug!("tier disk: no io_uring ring on this thread ({e}): blocking I/O");
+            if let Some(during) = during {
+                during();
+            }
             return run_blocking(path, file, &mut pieces, offsets, hooks);
         }
     };
     let fd = file.as_raw_fd();
-    let r = run_on(&mut ring, path, fd, &mut pieces, offsets, depth, hooks);
+    let r = run_on(
+        &mut ring,
+        path,
+        fd,
+        &mut pieces,
+        offsets,
+        depth,
+        hooks,
+        during,
+    );
     let _ = RING.try_with(|slot| *slot.borrow_mut() = Some(ring));
     r
 }
@@ -174,6 +201,7 @@ fn run_blocking(
     Ok(done)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_on(
     ring: &mut IoUring,
     path: &Path,
@@ -182,6 +210,7 @@ fn run_on(
     offsets: &[u64],
     depth: usize,
     hooks: Hooks<'_>,
+    mut during: Option<&mut dyn FnMut()>,
 ) -> Result<Vec<usize>> {
     let n = pieces.len();
     let mut done = vec![0usize; n];
@@ -191,6 +220,12 @@ fn run_on(
     let mut completions: Vec<(usize, i32)> = Vec::with_capacity(depth);
     // Pieces to submit again from where a short transfer stopped.
     let mut again: Vec<usize> = Vec::new();
+    // Read pieces complete, their `after` not yet run: it runs in piece order (a checksum
+    // taken as they land), once the freed slots are refilled and submitted, so the caller's
+    // work on a piece (a copy, a checksum) overlaps a full queue rather than holding the next
+    // reads back.
+    let mut ready = vec![false; n];
+    let mut next_after = 0;
     loop {
         if failed.is_none() {
             for k in again.drain(..) {
@@ -218,8 +253,28 @@ fn run_on(
                 next += 1;
             }
         }
+        if ready.get(next_after).copied().unwrap_or(false) {
+            if in_flight > 0 {
+                let _ = ring.submit();
+            }
+            while ready.get(next_after).copied().unwrap_or(false) {
+                let k = next_after;
+                next_after += 1;
+                if let (None, Pieces::Read(p)) = (&failed, &*pieces) {
+                    if let Err(e) = (hooks.after)(k, &p[k][..done[k]]) {
+                        failed = Some(e);
+                    }
+                }
+            }
+            continue;
+        }
         if in_flight == 0 {
             break;
+        }
+        if let Some(during) = during.take() {
+            // Out before the caller's work, so the two overlap.
+            let _ = ring.submit();
+            during();
         }
         wait(ring, &mut completions);
         for (k, res) in completions.drain(..) {
@@ -245,12 +300,8 @@ fn run_on(
                 again.push(k);
                 continue;
             }
-            if failed.is_none() {
-                if let Pieces::Read(p) = pieces {
-                    if let Err(e) = (hooks.after)(k, &p[k][..done[k]]) {
-                        failed = Some(e);
-                    }
-                }
+            if reading {
+                ready[k] = true;
             }
         }
     }

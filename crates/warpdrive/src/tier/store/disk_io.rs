@@ -120,16 +120,12 @@ impl TierStore {
                 placed.push((0, data.len() as u64, framer.0.header()));
                 base
             }
-            // A smaller one is copied into the I/O buffer and hashed in one pass.
+            // A smaller one in one I/O: written from where it lies when aligned, hashed while
+            // the write is out (io_uring) or as it is copied into the I/O buffer.
             [(_, data)] if codec::stores_plain(data, compression, filter)? => {
                 let mut framer = codec::PlainFramer::start(data.len())?;
-                let mut fill = |out: &mut [u8]| {
-                    framer.copy(data, out);
-                    Ok(())
-                };
-                let base = self
-                    .disk
-                    .append_aligned_filled(&path, data.len(), &mut fill)?;
+                let mut take = |bytes: &[u8]| framer.absorb(bytes);
+                let base = self.disk.append_aligned_taking(&path, data, &mut take)?;
                 placed.push((0, data.len() as u64, framer.header()));
                 base
             }
@@ -196,7 +192,19 @@ impl TierStore {
             metrics::counter!("warpdrive_tier_hits_total", "tier" => "host").increment(1);
             return Ok(Below::Host);
         }
-        let pinned = |len| PinnedBuf::<u8>::new(self.stream.device(), len);
+        // A pinned block made for an in-place read that did not apply serves the read below.
+        let spare = std::cell::Cell::new(None::<PinnedBuf<u8>>);
+        let pinned = |len| match spare.take() {
+            Some(p) if p.len() == len => Ok(p),
+            _ => PinnedBuf::<u8>::new(self.stream.device(), len),
+        };
+        if let Some(len) = self.in_place_len(g, key) {
+            let mut p = pinned(len)?;
+            if self.read_disk_in_place(g, key, &|_| Ok(()), p.wait_slice_mut()?)? {
+                return Ok(Below::Disk(p));
+            }
+            spare.set(Some(p));
+        }
         if let Some(p) = self.read_disk_streamed(g, key, pinned, |p| p.wait_slice_mut())? {
             return Ok(Below::Disk(p));
         }
@@ -248,6 +256,72 @@ impl TierStore {
         metrics::counter!("warpdrive_tier_hits_total", "tier" => "disk").increment(1);
         g.stats.disk_bytes_read += at.len;
         Ok(landed)
+    }
+
+    /// The length of `key`'s block where [`read_disk_in_place`](Self::read_disk_in_place)
+    /// may land it: a plain bare block (whether the disk can land it where the caller wants
+    /// it, the file's direct-I/O alignment decides there).
+    pub(super) fn in_place_len(&self, g: &Inner, key: &String) -> Option<usize> {
+        let at = g.index.get(key)?;
+        let head = at.head?;
+        let len = usize::try_from(at.len).ok()?;
+        let plain = codec::PlainStream::start(&head, len, key).ok()??;
+        (plain.raw_len() == len).then_some(len)
+    }
+
+    /// `key`'s block read from the disk straight into `out` (its length checked by `fits`
+    /// first) and verified there, with no direct-I/O buffer between, where the disk can land
+    /// it there ([`Disk::read_aligned_into`]: `out` at the file's direct-I/O memory alignment,
+    /// a pinned block say), checksummed in order as its pieces land: a plain bare block.
+    /// `false` where not (`out` then holds no bytes of it, or bytes the caller's next read
+    /// overwrites). After an error `out` holds bytes never verified (the caller zeroes them).
+    pub(super) fn read_disk_in_place(
+        &self,
+        g: &mut Inner,
+        key: &String,
+        fits: &dyn Fn(usize) -> Result<()>,
+        out: &mut [u8],
+    ) -> Result<bool> {
+        let Some(len) = self.in_place_len(g, key) else {
+            return Ok(false);
+        };
+        let Some(at) = g.index.get(key).copied() else {
+            return Ok(false);
+        };
+        let Some(head) = at.head else {
+            return Ok(false);
+        };
+        let Some(stream) = codec::PlainStream::start(&head, len, key)? else {
+            return Ok(false);
+        };
+        fits(stream.raw_len())?;
+        if out.len() != len {
+            return Err(Error::LengthMismatch {
+                op: "tier disk read",
+                left: out.len(),
+                right: len,
+            });
+        }
+        let path = self.segment_path(at.folder, at.segment);
+        let stream = Mutex::new(stream);
+        let hash = |_: usize, bytes: &[u8]| {
+            stream.lock().update(bytes);
+            Ok(())
+        };
+        let Some(got) = self.disk.read_aligned_into(&path, at.offset, out, &hash)? else {
+            return Ok(false);
+        };
+        if got != len {
+            return Err(Error::Corrupt {
+                key: key.clone(),
+                detail: format!("{got} of {len} bytes on disk"),
+            });
+        }
+        stream.into_inner().finish()?;
+        g.stats.disk_hits += 1;
+        metrics::counter!("warpdrive_tier_hits_total", "tier" => "disk").increment(1);
+        g.stats.disk_bytes_read += at.len;
+        Ok(true)
     }
 
     /// A large plain block read from the disk straight into the destination `make` gives for

@@ -102,7 +102,7 @@ impl TierStore {
     /// (`LengthMismatch` otherwise): a block read from the disk lands in `out` itself,
     /// checksum verified, with no new memory (whose page faults cost a large read more than
     /// its copy: bench/NOTES.md). After an error `out` holds no block's bytes: a block that
-    /// fails its checksum is zeroed out of it.
+    /// fails its checksum, or whose read failed partway, is zeroed out of it.
     pub fn get_host_into(&self, key: &str, out: &mut [u8]) -> Result<()> {
         check_key(key)?;
         let key = key.to_string();
@@ -123,8 +123,12 @@ impl TierStore {
         } else if !g.host_blocks.contains_key(&key) && !self.may_fit_gpu(&g, &key) {
             let since = Instant::now();
             let landed = self.land_from_disk(&mut g, &key, out, &fits);
-            if matches!(landed, Err(Error::Corrupt { .. })) {
-                out.fill(0);
+            // A failed checksum, or an I/O error after some pieces landed in place: bytes
+            // never verified. Errors raised before any byte lands leave `out` as it was.
+            if let Err(e) = &landed {
+                if !matches!(e, Error::LengthMismatch { .. } | Error::NotFound { .. }) {
+                    out.fill(0);
+                }
             }
             landed?;
             g.stats
@@ -155,6 +159,9 @@ impl TierStore {
         out: &mut [u8],
         fits: &dyn Fn(usize) -> Result<()>,
     ) -> Result<()> {
+        if self.read_disk_in_place(g, key, fits, out)? {
+            return Ok(());
+        }
         let streamed = self
             .read_disk_streamed(
                 g,
