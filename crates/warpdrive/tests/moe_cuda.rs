@@ -9,7 +9,9 @@ mod common;
 use common::moe::*;
 use common::{cuda, random_f32, rng, seed};
 use half::bf16;
-use warpdrive::moe::{MoeConfig, MoeLayer, MoePath, MoeWeights, Router, GRAPH_MAX_TOKENS};
+use warpdrive::moe::{
+    MoeConfig, MoeLayer, MoePath, MoeWeights, Router, WgmmaWide, GRAPH_MAX_TOKENS,
+};
 use warpdrive::{Buffer, DTypeKind, Error};
 
 #[test]
@@ -154,29 +156,52 @@ fn mixed_depths() -> MoeConfig {
 }
 
 /// The wide wgmma tile (issue 40; off by default, so forced here: every wgmma tile 192 rows,
-/// one block per SM), drained and overlapped: 1, 5, 37, 301 and 4,097 tokens (up to ten
-/// 192-row tiles per expert), split-K gate/up (deep), one row per deep expert with most of
-/// 64 experts empty, every token on one expert (k = 1: 4,097 rows in 22 tiles, the other
-/// experts empty), f16, graphs on and off, and the plan's per-projection overlap. Where the
-/// GPU has no wgmma this runs the mma.sync tiles.
+/// one block per SM), drained and overlapped (`wide_cases`): 1, 5, 37, 301 and 4,097 tokens
+/// (up to ten 192-row tiles per expert), split-K gate/up (deep), one row per deep expert with
+/// most of 64 experts empty, every token on one expert (k = 1: 4,097 rows in 22 tiles, the
+/// other experts empty), f16, graphs on and off, and the plan's per-projection overlap. Where
+/// the GPU has no wgmma this runs the mma.sync tiles.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_smem_moe_wgmma_wide_matches_cpu() {
-    let s = seed("gpu_smem_moe_wgmma_wide_matches_cpu");
+    wide_cases(WgmmaWide::Both, seed("gpu_smem_moe_wgmma_wide_matches_cpu"));
+}
+
+/// The wide tile on one projection only (`WgmmaWide::GateUp`, `WgmmaWide::Down`): the
+/// work list in 192-row items, which the other GEMM takes as 2 (96-row) or 3 (64-row: 5 and
+/// 37 tokens of the small layer) tiles of its own, the ones past an expert's rows empty; the
+/// wide test's cases (graphs on and off, split-K, empty experts, one expert with 4,097 rows,
+/// f16, the plan's overlap per projection).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_smem_moe_wgmma_wide_per_projection_matches_cpu() {
+    let s = seed("gpu_smem_moe_wgmma_wide_per_projection_matches_cpu");
+    wide_cases(WgmmaWide::GateUp, s);
+    wide_cases(WgmmaWide::Down, s + 16);
+}
+
+/// The wide tests' cases with the wide tile forced on `which` projections.
+fn wide_cases(which: WgmmaWide, s: u64) {
     let wide = |graphs, overlap| Run {
-        wide: true,
+        wide: Some(which),
         overlap,
         ..run(MoePath::Device, graphs)
     };
     let small = config(72, 40, 7, 3, Router::Softmax, DTypeKind::BF16);
     let tokens = [1, 5, 37, 301, 4097];
-    few_flips_at(&tokens, small, wide(true, Some(false)), s, "small, wide");
+    few_flips_at(
+        &tokens,
+        small,
+        wide(true, Some(false)),
+        s,
+        &format!("small, wide, {which:?}"),
+    );
     few_flips_at(
         &tokens,
         small,
         wide(true, Some(true)),
         s + 1,
-        "small, wide, overlap",
+        &format!("small, wide, overlap, {which:?}"),
     );
     let deep = config(1024, 256, 8, 2, Router::Softmax, DTypeKind::BF16);
     few_flips_at(
@@ -184,14 +209,14 @@ fn gpu_smem_moe_wgmma_wide_matches_cpu() {
         deep,
         wide(false, Some(false)),
         s + 2,
-        "deep, wide",
+        &format!("deep, wide, {which:?}"),
     );
     few_flips_at(
         &[3, 256],
         deep,
         wide(false, Some(true)),
         s + 3,
-        "deep, wide, overlap",
+        &format!("deep, wide, overlap, {which:?}"),
     );
     let sparse = config(256, 1024, 64, 2, Router::Softmax, DTypeKind::BF16);
     few_flips_at(
@@ -199,7 +224,7 @@ fn gpu_smem_moe_wgmma_wide_matches_cpu() {
         sparse,
         wide(true, Some(true)),
         s + 4,
-        "empty experts, wide",
+        &format!("empty experts, wide, {which:?}"),
     );
     let single = config(72, 40, 7, 1, Router::Softmax, DTypeKind::BF16);
     for overlap in [Some(false), Some(true)] {
@@ -207,16 +232,28 @@ fn gpu_smem_moe_wgmma_wide_matches_cpu() {
             one_expert: true,
             ..wide(true, overlap)
         };
-        few_flips_at(&[1, 301, 4097], single, one, s + 5, "one expert, wide");
+        few_flips_at(
+            &[1, 301, 4097],
+            single,
+            one,
+            s + 5,
+            &format!("one expert, wide, {which:?}"),
+        );
     }
     let half = config(72, 40, 7, 3, Router::Softmax, DTypeKind::F16);
-    few_flips_at(&[37, 301], half, wide(true, Some(true)), s + 6, "f16, wide");
+    few_flips_at(
+        &[37, 301],
+        half,
+        wide(true, Some(true)),
+        s + 6,
+        &format!("f16, wide, {which:?}"),
+    );
     few_flips_at(
         &[301, 1025],
         mixed_depths(),
         wide(true, None),
         s + 7,
-        "wide, overlap on the deep projection only",
+        &format!("wide, overlap on the deep projection only, {which:?}"),
     );
 }
 
@@ -235,9 +272,9 @@ fn gpu_smem_moe_wgmma_wide_matches_cpu() {
 #[ignore = "needs a CUDA GPU"]
 fn gpu_smem_moe_wgmma_tma_matches_cpu() {
     let s = seed("gpu_smem_moe_wgmma_tma_matches_cpu");
-    let tma = |graphs, wide| Run {
+    let tma = |graphs, wide: bool| Run {
         tma: true,
-        wide,
+        wide: wide.then_some(WgmmaWide::Both),
         ..run(MoePath::Device, graphs)
     };
     let small = config(72, 40, 7, 3, Router::Softmax, DTypeKind::BF16);
@@ -390,7 +427,7 @@ fn gpu_smem_moe_mma_sync_tiles_match_cpu() {
         wgmma: false,
         decode: false,
         overlap: None,
-        wide: false,
+        wide: None,
         tma: false,
         one_expert: false,
         prefill: None,

@@ -42,19 +42,64 @@ pub(super) const WGMMA_ONE_ROW_MIN_INTERMEDIATE: usize = 1024;
 /// [`MoeLayer::set_wgmma_overlap`]: super::MoeLayer::set_wgmma_overlap
 pub(super) const WGMMA_OVERLAP_MIN_DEPTH: usize = 2560;
 
-/// Whether a pass takes the wide wgmma tile: `forced` when the layer forces it, else where an
-/// expert's rows overflow one 96-row tile (`rows_per_expert` > 96) and both projections run
-/// at least [`WGMMA_OVERLAP_MIN_DEPTH`] deep (`min_depth`: the smaller of hidden and
-/// intermediate). At 4096 tokens on an H100 the wide tile took 21 % off gpt-oss (both 2880
-/// deep, ~128 rows an expert) and 6.5 % off mixtral (4096 / 14336, ~1024 rows), was even on
-/// deepseek-v3-slice (down 256 deep) and added 12 % to qwen3 (768 / 2048): its one block per
-/// SM pays its start and stage barriers back only over deep K (bench/NOTES.md, MoE wide tile).
+/// Which projections a layer forces onto the wide wgmma tile
+/// ([`MoeLayer::set_wgmma_wide`]); the others run the plan's 64- or 96-row tile. The
+/// dispatch's work list then comes in the wide tile's 192-row items and a narrower GEMM takes
+/// each item as 2 or 3 row tiles of its own.
+///
+/// [`MoeLayer::set_wgmma_wide`]: super::MoeLayer::set_wgmma_wide
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WgmmaWide {
+    /// Neither projection: the 64- and 96-row tiles (two blocks per SM).
+    Neither,
+    /// The gate/up projection only (K = hidden).
+    GateUp,
+    /// The down projection only (K = intermediate).
+    Down,
+    /// Both projections.
+    Both,
+}
+
+impl WgmmaWide {
+    /// From a choice per projection.
+    pub fn of(gate_up: bool, down: bool) -> WgmmaWide {
+        match (gate_up, down) {
+            (false, false) => WgmmaWide::Neither,
+            (true, false) => WgmmaWide::GateUp,
+            (false, true) => WgmmaWide::Down,
+            (true, true) => WgmmaWide::Both,
+        }
+    }
+    /// Whether the gate/up projection takes the wide tile.
+    pub fn gate_up(self) -> bool {
+        matches!(self, WgmmaWide::GateUp | WgmmaWide::Both)
+    }
+    /// Whether the down projection takes the wide tile.
+    pub fn down(self) -> bool {
+        matches!(self, WgmmaWide::Down | WgmmaWide::Both)
+    }
+}
+
+/// Whether one projection takes the wide wgmma tile: `forced` when the layer forces it, else
+/// where an expert's rows overflow one 96-row tile (`rows_per_expert` > 96) and the
+/// projection runs at least [`WGMMA_OVERLAP_MIN_DEPTH`] deep (`depth`: its K) — and, until a
+/// GPU measures the projections apart, so does the pass's other one (`other_depth`), which
+/// keeps the whole-pass choice that was measured. At 4096 tokens on an H100 the wide tile
+/// took 21 % off gpt-oss (both 2880 deep, ~128 rows an expert) and 6.5 % off mixtral (4096 /
+/// 14336, ~1024 rows), was even on deepseek-v3-slice (down 256 deep; a later run: −8.6 %) and
+/// added 12 % to qwen3 (768 / 2048): its one block per SM pays its start and stage barriers
+/// back only over deep K (bench/NOTES.md, MoE wide tile; the per-projection A/B there).
 pub(super) fn wgmma_wide_for(
     rows_per_expert: usize,
-    min_depth: usize,
+    depth: usize,
+    other_depth: usize,
     forced: Option<bool>,
 ) -> bool {
-    forced.unwrap_or(rows_per_expert > 96 && min_depth >= WGMMA_OVERLAP_MIN_DEPTH)
+    forced.unwrap_or(
+        rows_per_expert > 96
+            && depth >= WGMMA_OVERLAP_MIN_DEPTH
+            && other_depth >= WGMMA_OVERLAP_MIN_DEPTH,
+    )
 }
 
 /// Whether a wgmma tile `k_split` deep per block takes the overlap kernel: `forced` when the
@@ -412,6 +457,10 @@ pub(super) struct GemmShape {
     pub(super) n: usize,
     pub(super) k: usize,
     pub(super) mt: usize,
+    /// Row tiles of this GEMM per item of the dispatch's work list (the list's rows per item
+    /// over 16·mt): 1, or 2 / 3 for a 96- / 64-row tile where the other projection takes
+    /// the wide tile and the list comes in its 192-row items (`subtiles` of `MoeGemm`).
+    pub(super) subtiles: usize,
     /// Columns per block of the kernel that runs it.
     pub(super) bn: usize,
     pub(super) items: usize,
@@ -471,6 +520,7 @@ impl GemmShape {
             n,
             k,
             mt,
+            subtiles: 1,
             bn,
             items,
             splits: k.div_ceil(k_split).max(1),

@@ -44,7 +44,7 @@ impl<T: Float> MoeLayer<T> {
                 && w.partial.len() >= plan.partial_len()
                 && w.logits.len() >= plan.logits_len(&self.config)
                 && w.tickets.len() >= plan.tickets_len()
-                && w.work.len() >= 2 * plan.up.items
+                && w.work.len() >= 2 * plan.items
         });
         if !fits {
             // Graph-sized passes share one workspace sized for all of them.

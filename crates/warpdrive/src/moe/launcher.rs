@@ -67,6 +67,7 @@ struct GemmParams {
     tickets: u64,
     early_k: u32,
     items_fastest: u32,
+    subtiles: u32,
     epilogue: i32,
     out: u64,
     slot_weight: u64,
@@ -695,6 +696,7 @@ impl Launcher {
         p.splits = shape.splits as u32;
         p.k_split = u32_of(shape.k_split, "GEMM split")?;
         p.items_fastest = u32::from(shape.items_fastest);
+        p.subtiles = u32_of(shape.subtiles, "GEMM tiles per work item")?;
         let t = self.dtype_index()?;
         let (source, name) = if shape.wgmma {
             let mt = match shape.mt {
@@ -739,7 +741,8 @@ impl Launcher {
             };
         let mut params = [&mut p as *mut GemmParams as *mut c_void];
         // SAFETY: moe_gemm_T_mMT(MoeGemm p): GemmParams is MoeGemm's C layout; `a` holds the
-        // rows the work list names (row indices from the dispatch), `w` one n×k matrix per
+        // rows the work list names (row indices from the dispatch; `subtiles` · 16·mt = the
+        // list's rows per item, Plan::new), `w` one n×k matrix per
         // expert, `partial` splits·rows_cap·n f32 and `tickets` one word per tile (the
         // workspace is sized from this plan), `out` rows_cap rows of the epilogue's width (T).
         // The kernel waits for the previous one before it reads anything but the weights and

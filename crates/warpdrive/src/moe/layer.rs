@@ -8,7 +8,7 @@ use crate::ops;
 use crate::telemetry;
 
 use super::config::{
-    auto_takes_cublas, ForwardStats, MoeConfig, MoePath, Routing, GRAPH_MAX_TOKENS,
+    auto_takes_cublas, ForwardStats, MoeConfig, MoePath, Routing, WgmmaWide, GRAPH_MAX_TOKENS,
 };
 use super::plan::{check_pass, Gpu, Plan, Workspace};
 use super::{weights, HostWeights, MoeWeights};
@@ -40,8 +40,8 @@ pub struct MoeLayer<T: Float> {
     /// The wgmma tiles take the overlap kernels: forced on or off, or (None, the default)
     /// per projection by the plan.
     pub(super) wgmma_overlap: Option<bool>,
-    /// The wide 192-row wgmma tile: forced on or off, or `None` for the plan's choice.
-    pub(super) wgmma_wide: Option<bool>,
+    /// The wide 192-row wgmma tile: forced per projection, or `None` for the plan's choice.
+    pub(super) wgmma_wide: Option<WgmmaWide>,
     /// The warp-specialized TMA wgmma tiles: forced on or off, or `None` (off for now).
     pub(super) wgmma_tma: Option<bool>,
     /// The prefill router: forced on or off, or `None` for the plan's choice.
@@ -200,14 +200,18 @@ impl<T: Float> MoeLayer<T> {
         }
     }
 
-    /// Forces every warpgroup-MMA tile onto the wide tile (`Some(true)`: 192 token rows × 128
-    /// weight rows, one block of 161 KB of stages per SM, so an expert's rows up to 192
-    /// stream its weights once) or onto the 64- and 96-row tiles (two per SM, `Some(false)`);
-    /// `None` (the default) lets the plan pick per pass: the wide tile where an expert's rows
-    /// overflow one 96-row tile and both projections run at least 2560 deep (issue 40). No
-    /// effect where the tiles do not run on wgmma or its shared memory does not fit. The
-    /// overlap choice applies to it as to the others. Drops the captured graphs.
-    pub fn set_wgmma_wide(&mut self, choice: Option<bool>) {
+    /// Forces the wide tile per projection: `Some(WgmmaWide::Both)` puts both GEMMs' warpgroup-MMA
+    /// tiles on it (192 token rows × 128 weight rows, one block of 161 KB of stages per SM, so
+    /// an expert's rows up to 192 stream its weights once), `Some(WgmmaWide::Neither)` keeps
+    /// both on the 64- and 96-row tiles (two per SM), `GateUp` / `Down` put only that
+    /// projection on it (the dispatch's work list then comes in 192-row items, which the
+    /// other GEMM takes as 2 or 3 tiles of its own). `None` (the default) lets the plan pick
+    /// per projection (today the wide tile for both
+    /// where an expert's rows overflow one 96-row tile and both projections run at least 2560
+    /// deep, issue 40). No effect where the tiles do not run on wgmma or its shared memory
+    /// does not fit. The overlap choice applies to it as to the others. Drops the captured
+    /// graphs.
+    pub fn set_wgmma_wide(&mut self, choice: Option<WgmmaWide>) {
         if choice != self.wgmma_wide {
             self.wgmma_wide = choice;
             self.graphs.clear();

@@ -2,7 +2,7 @@ use crate::error::{Error, Result};
 
 use super::config::{
     auto_takes_cublas, prefill_router_for, wgmma_overlap_for, wgmma_wide_for, DecodeShape,
-    MoeConfig, Router, GRAPH_MAX_TOKENS, PREFILL_ROUTER_MIN_TOKENS, PRESETS,
+    GemmShape, MoeConfig, Router, WgmmaWide, GRAPH_MAX_TOKENS, PREFILL_ROUTER_MIN_TOKENS, PRESETS,
     WGMMA_OVERLAP_MIN_DEPTH,
 };
 use super::plan::{Gpu, Plan};
@@ -175,7 +175,7 @@ fn wgmma_overlap_by_default_where_the_blocks_run_deep() -> Result<()> {
         ..MoeConfig::tiny()
     };
     let wide = Gpu {
-        wgmma_wide: Some(true),
+        wgmma_wide: Some(WgmmaWide::Both),
         ..HOPPER
     };
     for (tokens, gpu) in [(301, HOPPER), (1025, HOPPER), (301, wide), (1025, wide)] {
@@ -199,7 +199,7 @@ fn wgmma_overlap_by_default_where_the_blocks_run_deep() -> Result<()> {
 #[test]
 fn wgmma_wide_takes_the_wgmma_tiles() -> Result<()> {
     let wide = Gpu {
-        wgmma_wide: Some(true),
+        wgmma_wide: Some(WgmmaWide::Both),
         ..HOPPER
     };
     for name in PRESETS {
@@ -250,7 +250,7 @@ fn wgmma_wide_takes_the_wgmma_tiles() -> Result<()> {
 #[test]
 fn wgmma_wide_is_chosen_by_rows_and_depth() -> Result<()> {
     let off = Gpu {
-        wgmma_wide: Some(false),
+        wgmma_wide: Some(WgmmaWide::Neither),
         ..HOPPER
     };
     for (name, tokens, wide) in [
@@ -270,11 +270,102 @@ fn wgmma_wide_is_chosen_by_rows_and_depth() -> Result<()> {
             "{name} at {tokens}, forced off"
         );
     }
-    assert!(wgmma_wide_for(97, WGMMA_OVERLAP_MIN_DEPTH, None));
-    assert!(!wgmma_wide_for(96, 1 << 20, None));
-    assert!(!wgmma_wide_for(1 << 20, WGMMA_OVERLAP_MIN_DEPTH - 1, None));
-    assert!(wgmma_wide_for(1, 1, Some(true)));
-    assert!(!wgmma_wide_for(1 << 20, 1 << 20, Some(false)));
+    const D: usize = WGMMA_OVERLAP_MIN_DEPTH;
+    assert!(wgmma_wide_for(97, D, D, None));
+    assert!(!wgmma_wide_for(96, 1 << 20, 1 << 20, None));
+    assert!(!wgmma_wide_for(1 << 20, D - 1, 1 << 20, None));
+    // Until the projections are measured apart, a shallow other projection keeps both off.
+    assert!(!wgmma_wide_for(1 << 20, 1 << 20, D - 1, None));
+    assert!(wgmma_wide_for(1, 1, 1, Some(true)));
+    assert!(!wgmma_wide_for(1 << 20, 1 << 20, 1 << 20, Some(false)));
+    Ok(())
+}
+
+/// The plan's default choices (tiles, work list, splits, overlap, grid order, prefetch) for
+/// the four presets at 1024 and 4096 tokens on an H100 / H200 are main's at 0014e03, from
+/// before the wide tile was chosen per projection: no default moves without a GPU run.
+#[test]
+fn wgmma_wide_per_projection_keeps_the_default_plans() -> Result<()> {
+    type G = (usize, usize, usize, usize, bool, bool, bool, bool);
+    let g = |s: &GemmShape| -> G {
+        (
+            s.mt,
+            s.items,
+            s.splits,
+            s.k_split,
+            s.items_fastest,
+            s.wgmma,
+            s.wgmma_overlap,
+            s.wgmma_tma,
+        )
+    };
+    // (preset, tokens, bm, up, down, down_early_k): printed from main's `Plan::new`.
+    #[rustfmt::skip]
+    let main: [(&str, usize, usize, G, G, usize); 8] = [
+        ("qwen3-30b-a3b", 1024, 96, (6, 213, 1, 2048, false, true, false, false), (6, 213, 1, 768, false, true, false, false), 0),
+        ("qwen3-30b-a3b", 4096, 96, (6, 469, 1, 2048, true, true, false, false), (6, 469, 1, 768, true, true, false, false), 0),
+        ("deepseek-v3-slice", 1024, 64, (4, 384, 1, 7168, false, true, true, false), (4, 384, 1, 256, false, true, false, false), 0),
+        ("deepseek-v3-slice", 4096, 96, (6, 597, 1, 7168, true, true, true, false), (6, 597, 1, 256, true, true, false, false), 0),
+        ("gpt-oss-120b", 1024, 64, (4, 192, 1, 2880, false, true, true, false), (4, 192, 1, 2880, false, true, true, false), 0),
+        ("gpt-oss-120b", 4096, 192, (12, 213, 1, 2880, false, true, true, false), (12, 213, 1, 2880, false, true, true, false), 0),
+        ("mixtral-8x7b", 1024, 192, (12, 18, 1, 4096, true, true, true, false), (12, 18, 1, 14336, true, true, true, false), 0),
+        ("mixtral-8x7b", 4096, 192, (12, 50, 1, 4096, true, true, true, false), (12, 50, 1, 14336, true, true, true, false), 0),
+    ];
+    for (name, tokens, bm, up, down, early) in main {
+        let p = Plan::new(&MoeConfig::preset(name)?, tokens, HOPPER);
+        let now = (p.bm, g(&p.up), g(&p.down), p.down_early_k);
+        assert_eq!(now, (bm, up, down, early), "{name} at {tokens} tokens");
+        assert_eq!((p.items, p.up.subtiles, p.down.subtiles), (up.1, 1, 1));
+    }
+    Ok(())
+}
+
+/// Forcing the wide tile on one projection: that GEMM takes the 192-row tile, the other keeps
+/// the tile it has without forcing, the work list comes in 192-row items and the narrower
+/// GEMM takes each as 2 (96-row) or 3 (64-row) tiles, its grid sized for them.
+#[test]
+fn wgmma_wide_forced_per_projection() -> Result<()> {
+    let with = |w| Gpu {
+        wgmma_wide: Some(w),
+        ..HOPPER
+    };
+    for name in PRESETS {
+        let c = MoeConfig::preset(name)?;
+        for tokens in [1, 5, 64, 301, 1024, 4096] {
+            let base = Plan::new(&c, tokens, with(WgmmaWide::Neither));
+            for w in [WgmmaWide::GateUp, WgmmaWide::Down, WgmmaWide::Both] {
+                let p = Plan::new(&c, tokens, with(w));
+                if !base.up.wgmma {
+                    assert_eq!(
+                        (p.up.mt, p.down.mt, p.bm),
+                        (base.up.mt, base.down.mt, base.bm)
+                    );
+                    continue;
+                }
+                let want = |wide: bool, b: &GemmShape| if wide { 12 } else { b.mt };
+                let at = format!("{name} at {tokens}, {w:?}");
+                assert_eq!(p.up.mt, want(w.gate_up(), &base.up), "{at}");
+                assert_eq!(p.down.mt, want(w.down(), &base.down), "{at}");
+                assert_eq!(p.bm, 192, "{at}");
+                let slots = tokens * c.top_k;
+                assert_eq!(p.items, c.experts.min(slots) + slots / 192, "{at}");
+                for s in [&p.up, &p.down] {
+                    assert_eq!(s.subtiles * 16 * s.mt, p.bm, "{at}");
+                    assert_eq!(s.items, p.items * s.subtiles, "{at}");
+                    assert!(s.wgmma, "{at}");
+                }
+                assert!(p.tickets_len() >= p.up.tiles().max(p.down.tiles()));
+            }
+        }
+    }
+    // The plan's own choice per projection agrees with the setter's `Both` where it is on.
+    let gpt = MoeConfig::preset("gpt-oss-120b")?;
+    let p = Plan::new(&gpt, 4096, HOPPER);
+    assert_eq!((p.up.mt, p.down.mt), (12, 12));
+    assert_eq!(WgmmaWide::of(true, false), WgmmaWide::GateUp);
+    assert_eq!(WgmmaWide::of(false, true), WgmmaWide::Down);
+    assert!(WgmmaWide::Both.gate_up() && WgmmaWide::Both.down());
+    assert!(!WgmmaWide::Neither.gate_up() && !WgmmaWide::Neither.down());
     Ok(())
 }
 

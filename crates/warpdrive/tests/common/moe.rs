@@ -3,7 +3,9 @@
 //! routing flips counted apart (tests/moe.rs, tests/moe_cuda.rs).
 
 use half::{bf16, f16};
-use warpdrive::moe::{HostWeights, MoeConfig, MoeLayer, MoePath, MoeWeights, Router, Routing};
+use warpdrive::moe::{
+    HostWeights, MoeConfig, MoeLayer, MoePath, MoeWeights, Router, Routing, WgmmaWide,
+};
 use warpdrive::{Buffer, DTypeKind, Device, Float};
 
 use super::{cuda, random_f32, rng};
@@ -206,9 +208,9 @@ pub struct Run {
     /// The wgmma tiles forced onto their overlap kernels or off them
     /// (`MoeLayer::set_wgmma_overlap`); None: the plan's choice per projection.
     pub overlap: Option<bool>,
-    /// Every wgmma tile forced onto the wide 192-row tile (`MoeLayer::set_wgmma_wide`);
-    /// false: the plan's choice.
-    pub wide: bool,
+    /// The wgmma tiles of these projections forced onto the wide 192-row tile, the others off
+    /// it (`MoeLayer::set_wgmma_wide`); None: the plan's choice.
+    pub wide: Option<WgmmaWide>,
     /// Every wgmma tile forced onto its warp-specialized TMA kernel
     /// (`MoeLayer::set_wgmma_tma`); false: the default (off).
     pub tma: bool,
@@ -226,7 +228,7 @@ pub const fn run(path: MoePath, graphs: bool) -> Run {
         wgmma: true,
         decode: true,
         overlap: None,
-        wide: false,
+        wide: None,
         tma: false,
         one_expert: false,
         prefill: None,
@@ -261,9 +263,7 @@ pub fn cuda_vs_cpu_as<T: Float>(c: MoeConfig, tokens: usize, r: Run, s: u64) -> 
     g.set_graphs(r.graphs);
     g.set_warpgroup_mma(r.wgmma);
     g.set_wgmma_overlap(r.overlap);
-    if r.wide {
-        g.set_wgmma_wide(Some(true));
-    }
+    g.set_wgmma_wide(r.wide);
     if r.tma {
         g.set_wgmma_tma(Some(true));
     }
