@@ -447,7 +447,6 @@ fn spawned_rank_body() {
     let joined = match joined {
         Err(e) if mode == "exit" => {
             println!("\nEXIT {e}");
-            linger_after_exit_error();
             return;
         }
         other => other,
@@ -490,17 +489,9 @@ fn spawned_rank_body() {
                 .all_reduce(&stream, &mut buf, ReduceOp::Sum)
                 .unwrap_err();
             println!("\nEXIT {e}");
-            linger_after_exit_error();
         }
         other => panic!("{SPAWNED}={other}?"),
     }
-}
-
-/// A survivor of "exit" keeps its connections open a while after its error: closed at once,
-/// a survivor descheduled on a busy host could find this one's closed connection before rank
-/// 1's, and name it as the rank that left first.
-fn linger_after_exit_error() {
-    std::thread::sleep(Duration::from_secs(2));
 }
 
 /// Runs `world` copies of this test binary's `spawned_rank_body`, one a rank, as torchrun
