@@ -14,7 +14,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{is_collective, rng, seed};
+use common::{free_port, free_ports, is_collective, rng, seed};
 use rand::Rng;
 use warpdrive::dist::{Comm, LaunchEnv, ReduceOp, Transport};
 use warpdrive::{f16, Buffer, Device, Float, Stream};
@@ -33,14 +33,6 @@ const OPS: [ReduceOp; 4] = [
 ];
 
 /// A port nothing listens on now (bound, then released).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn launch(rank: usize, world: usize, port: u16) -> LaunchEnv {
     LaunchEnv {
         rank,
@@ -654,13 +646,15 @@ fn a_process_that_exits_fails_the_others_at_once() {
 
 #[test]
 fn a_wrong_master_port_fails_within_the_timeout() {
-    let wrong = free_port().to_string();
+    // Picked together, so the wrong port is never the right one (each rank's overrides
+    // spawn_ranks' own port).
+    let [port, wrong] = free_ports();
     let outs = spawn_ranks(2, "port", &|rank| {
-        let mut v = vec![("WARPDRIVE_DIST_TIMEOUT_MS", "1500".to_string())];
-        if rank == 1 {
-            v.push(("MASTER_PORT", wrong.clone()));
-        }
-        v
+        let master = if rank == 1 { wrong } else { port };
+        vec![
+            ("WARPDRIVE_DIST_TIMEOUT_MS", "1500".to_string()),
+            ("MASTER_PORT", master.to_string()),
+        ]
     });
     let (zero, one) = (line(&outs[0], "JOIN "), line(&outs[1], "JOIN "));
     assert!(zero.contains("ranks [1] never came"), "{zero}");

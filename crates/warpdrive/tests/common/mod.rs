@@ -68,6 +68,20 @@ pub fn each_rank<R: Send>(
     })
 }
 
+/// A port free a moment ago on 127.0.0.1.
+pub fn free_port() -> u16 {
+    free_ports::<1>()[0]
+}
+
+/// `N` distinct ports free a moment ago: each listener is held until all are picked, so the
+/// OS cannot hand the same port out twice.
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let held: Vec<_> = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    std::array::from_fn(|k| held[k].local_addr().unwrap().port())
+}
+
 /// Whether `e` is a collective's error whose message holds `needle`.
 pub fn is_collective(e: &warpdrive::Error, needle: &str) -> bool {
     matches!(e, warpdrive::Error::Collective { .. }) && e.to_string().contains(needle)
