@@ -7,6 +7,7 @@ pub mod crash;
 pub mod mlp;
 pub mod moe;
 pub mod ranks;
+pub mod tier;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
