@@ -3,7 +3,7 @@
 
 use std::io::Write;
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use warpdrive::moe::{MoeConfig, MoeLayer, MoeWeights};
 use warpdrive::{bf16, Buffer, Device};
@@ -101,6 +101,9 @@ fn bad_requests_get_a_4xx_and_the_rest_are_served() {
         },
         ServeConfig {
             max_body_bytes: 1 << 10,
+            // The slow client's 408 comes this long after its headers; the other client's 200
+            // must come before it, so a loaded host gets seconds, not milliseconds, to serve it.
+            body_timeout: Duration::from_secs(5),
             ..config()
         },
     )
@@ -130,12 +133,15 @@ fn bad_requests_get_a_4xx_and_the_rest_are_served() {
         "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{{\"rows\""
     )
     .unwrap();
-    let t0 = Instant::now();
     assert_eq!(http(a, "POST", "/v1/jobs", &job(1, &[1.0, 2.0])).0, 200);
+    // The other client's 200 came before the slow client's 408: nothing is waiting for it yet.
+    slow.set_nonblocking(true).unwrap();
+    let early = slow.peek(&mut [0u8; 1]);
     assert!(
-        t0.elapsed() < Duration::from_millis(250),
-        "a slow client held up another"
+        matches!(&early, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "a slow client held up another: its reply came first ({early:?})"
     );
+    slow.set_nonblocking(false).unwrap();
     assert_eq!(read_response(slow).0, 408);
     assert_eq!(http(a, "GET", "/health", "").0, 200);
     let (status, metrics) = http(a, "GET", "/metrics", "");

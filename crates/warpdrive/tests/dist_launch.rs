@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{is_collective, mlp};
+use common::{free_port, free_ports, is_collective, mlp};
 use warpdrive::dist::{Comm, LaunchEnv, NcclId, ReduceOp};
 use warpdrive::{Buffer, Device, Error};
 
@@ -100,14 +100,6 @@ fn launch_env_reads_torchrun_variables_and_names_what_is_wrong() {
 }
 
 /// A port nothing listens on now (bound, then released).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn launch(rank: usize, world: usize, port: u16) -> LaunchEnv {
     LaunchEnv {
         rank,
@@ -147,7 +139,7 @@ fn every_rank_gets_rank_zeros_id_over_tcp() {
 
 #[test]
 fn a_wrong_port_or_a_missing_rank_fails_within_the_timeout() {
-    let (port, wrong) = (free_port(), free_port());
+    let [port, wrong] = free_ports();
     let id = NcclId::from_bytes([9u8; 128]);
     let timeout = Duration::from_millis(800);
     let start = std::time::Instant::now();

@@ -14,7 +14,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{is_collective, rng, seed};
+use common::{free_port, free_ports, is_collective, rng, seed};
 use rand::Rng;
 use warpdrive::dist::{Comm, LaunchEnv, ReduceOp, Transport};
 use warpdrive::{f16, Buffer, Device, Float, Stream};
@@ -33,14 +33,6 @@ const OPS: [ReduceOp; 4] = [
 ];
 
 /// A port nothing listens on now (bound, then released).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn launch(rank: usize, world: usize, port: u16) -> LaunchEnv {
     LaunchEnv {
         rank,
@@ -447,7 +439,6 @@ fn spawned_rank_body() {
     let joined = match joined {
         Err(e) if mode == "exit" => {
             println!("\nEXIT {e}");
-            linger_after_exit_error();
             return;
         }
         other => other,
@@ -490,17 +481,9 @@ fn spawned_rank_body() {
                 .all_reduce(&stream, &mut buf, ReduceOp::Sum)
                 .unwrap_err();
             println!("\nEXIT {e}");
-            linger_after_exit_error();
         }
         other => panic!("{SPAWNED}={other}?"),
     }
-}
-
-/// A survivor of "exit" keeps its connections open a while after its error: closed at once,
-/// a survivor descheduled on a busy host could find this one's closed connection before rank
-/// 1's, and name it as the rank that left first.
-fn linger_after_exit_error() {
-    std::thread::sleep(Duration::from_secs(2));
 }
 
 /// Runs `world` copies of this test binary's `spawned_rank_body`, one a rank, as torchrun
@@ -663,13 +646,15 @@ fn a_process_that_exits_fails_the_others_at_once() {
 
 #[test]
 fn a_wrong_master_port_fails_within_the_timeout() {
-    let wrong = free_port().to_string();
+    // Picked together, so the wrong port is never the right one (each rank's overrides
+    // spawn_ranks' own port).
+    let [port, wrong] = free_ports();
     let outs = spawn_ranks(2, "port", &|rank| {
-        let mut v = vec![("WARPDRIVE_DIST_TIMEOUT_MS", "1500".to_string())];
-        if rank == 1 {
-            v.push(("MASTER_PORT", wrong.clone()));
-        }
-        v
+        let master = if rank == 1 { wrong } else { port };
+        vec![
+            ("WARPDRIVE_DIST_TIMEOUT_MS", "1500".to_string()),
+            ("MASTER_PORT", master.to_string()),
+        ]
     });
     let (zero, one) = (line(&outs[0], "JOIN "), line(&outs[1], "JOIN "));
     assert!(zero.contains("ranks [1] never came"), "{zero}");

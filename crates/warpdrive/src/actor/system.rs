@@ -342,6 +342,9 @@ fn watch(shared: Weak<Shared>, every: Duration) {
             last_metrics = Instant::now();
             export_metrics(&actors);
         }
+        // Read before the records are drained, so the last pass (after `terminate`) takes
+        // every record the loop wrote before its replies were seen.
+        let running = s.phase.load(Ordering::Acquire) == RUNNING;
         if s.config.trace_every > 0 && crate::telemetry::is_tracing() {
             if offset.is_none_or(|(_, at)| at.elapsed() > CALIBRATE_EVERY) {
                 request += 1;
@@ -355,7 +358,7 @@ fn watch(shared: Weak<Shared>, every: Duration) {
                 }
             }
         }
-        if s.phase.load(Ordering::Acquire) != RUNNING {
+        if !running {
             tracing::debug!("actor watcher: the system stopped running");
             return;
         }

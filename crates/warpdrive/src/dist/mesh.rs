@@ -100,7 +100,25 @@ struct Shared {
     closing: AtomicBool,
 }
 
+/// How long a failed write waits for the peer's reader to record the departure itself.
+const READER_GRACE: Duration = Duration::from_secs(1);
+
 impl Shared {
+    /// Records that `peer` is gone after its reader has read what the peer sent before it
+    /// left (bounded by [`READER_GRACE`]): a write can fail on the peer's reset before the
+    /// reader runs, and an abort frame still queued there says which rank left first.
+    fn gone_after_reading(&self, peer: usize, why: String) {
+        let deadline = Instant::now() + READER_GRACE;
+        let mut inbox = self.inbox.lock();
+        while inbox.gone[peer].is_none() && !self.closing.load(Ordering::Acquire) {
+            if self.changed.wait_until(&mut inbox, deadline).timed_out() {
+                break;
+            }
+        }
+        drop(inbox);
+        self.gone(peer, why);
+    }
+
     fn gone(&self, peer: usize, why: String) {
         let mut inbox = self.inbox.lock();
         if inbox.gone[peer].is_none() {
@@ -409,7 +427,7 @@ fn write_frames(mut stream: TcpStream, rx: mpsc::Receiver<Outgoing>, peer: usize
             .write_all(&header)
             .and_then(|()| stream.write_all(payload.bytes()));
         if let Err(e) = written {
-            shared.gone(
+            shared.gone_after_reading(
                 peer,
                 format!("rank {peer} left the group (a write to it failed: {e})"),
             );

@@ -476,8 +476,10 @@ impl Procs {
     ) -> Result<Vec<Call>> {
         let step = self.step.get();
         self.step.set(step + 1);
+        // Passed on as an abort: its frame reaches the others before this rank's connections
+        // close, so they learn which rank left first, not that this one did.
         if let Some(e) = self.mesh.trouble(op, None) {
-            return Err(e);
+            return Err(self.abort(op, e));
         }
         let words: Vec<u64> = match call {
             Ok(call) => std::iter::once(0).chain(call.encode()).collect(),

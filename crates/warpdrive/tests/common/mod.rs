@@ -7,6 +7,7 @@ pub mod crash;
 pub mod mlp;
 pub mod moe;
 pub mod ranks;
+pub mod tier;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -66,6 +67,20 @@ pub fn each_rank<R: Send>(
             .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
             .collect()
     })
+}
+
+/// A port free a moment ago on 127.0.0.1.
+pub fn free_port() -> u16 {
+    free_ports::<1>()[0]
+}
+
+/// `N` distinct ports free a moment ago: each listener is held until all are picked, so the
+/// OS cannot hand the same port out twice.
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let held: Vec<_> = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    std::array::from_fn(|k| held[k].local_addr().unwrap().port())
 }
 
 /// Whether `e` is a collective's error whose message holds `needle`.

@@ -378,7 +378,7 @@ impl DirectFile {
     }
 
     /// Whether direct I/O can move all of `bytes` at `offset` as they lie, in one I/O with
-    /// no bounce at all ([`in_place_plan`](Self::in_place_plan) with nothing bounced).
+    /// no bounce at all (`in_place_plan` with nothing bounced).
     pub fn can_move_in_place(&self, bytes: &[u8], offset: u64) -> bool {
         [Op::Read, Op::Write].iter().all(|&op| {
             self.in_place_plan(bytes, offset, op)
