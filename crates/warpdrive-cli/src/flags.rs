@@ -113,7 +113,7 @@ pub(crate) enum Command {
         no_wgmma_overlap: bool,
         /// Run every warpgroup-MMA tile as the wide tile (192 token rows, one block per SM;
         /// issue 40) instead of the plan's choice (wide where an expert's rows overflow one
-        /// 96-row tile and both projections run at least 2560 deep); `--wgmma-wide-on both`.
+        /// 96-row tile and 192-row tiles pad them at most 10 % more); `--wgmma-wide-on both`.
         #[arg(long, conflicts_with_all = ["no_wgmma_wide", "wgmma_wide_on"])]
         wgmma_wide: bool,
         /// Run every warpgroup-MMA tile on the 64- and 96-row tiles instead of the plan's
@@ -127,11 +127,11 @@ pub(crate) enum Command {
               value_parser = ["none", "gate-up", "down", "both"])]
         wgmma_wide_on: Option<String>,
         /// Run every warpgroup-MMA tile on its warp-specialized kernel (a producer warp
-        /// loading the weights by TMA, mbarriers; issue 40) instead of the default (off until
-        /// measured).
+        /// loading the weights by TMA, mbarriers; issue 40) instead of the plan's choice (where
+        /// one tile holds an expert's rows).
         #[arg(long, conflicts_with = "no_wgmma_tma")]
         wgmma_tma: bool,
-        /// Keep every warpgroup-MMA tile off the warp-specialized TMA kernel (the default).
+        /// Keep every warpgroup-MMA tile off the warp-specialized TMA kernel.
         #[arg(long)]
         no_wgmma_tma: bool,
         /// Route through the prefill router (cuBLAS logits, routing one warp per token, a

@@ -98,8 +98,8 @@ fn gpu_smem_moe_matches_cpu() {
     );
 }
 
-/// The wgmma overlap kernels (issue 40; by default only on blocks at least 2560 deep, so
-/// forced here): 64- and 96-row tiles at 1, 5, 37, 301 and 4,097 tokens, split-K gate/up
+/// The wgmma overlap kernels (issue 40; by default only on blocks at least 2560 deep and
+/// where an expert's rows take more than one tile, so forced here, the TMA kernels off): 64- and 96-row tiles at 1, 5, 37, 301 and 4,097 tokens, split-K gate/up
 /// (deep), one row per deep expert with most of 64 experts empty, every token on one expert
 /// (k = 1: one expert's many tiles), f16, graphs on and off; and the plan's own choice on
 /// a layer whose gate/up blocks run 2624 deep (overlap) and its down projection 256
@@ -111,6 +111,7 @@ fn gpu_smem_moe_wgmma_overlap_matches_cpu() {
     let s = seed("gpu_smem_moe_wgmma_overlap_matches_cpu");
     let overlap = |graphs| Run {
         overlap: Some(true),
+        tma: Some(false),
         ..run(MoePath::Device, graphs)
     };
     let small = config(72, 40, 7, 3, Router::Softmax, DTypeKind::BF16);
@@ -180,11 +181,14 @@ fn gpu_smem_moe_wgmma_wide_per_projection_matches_cpu() {
     wide_cases(WgmmaWide::Down, s + 16);
 }
 
-/// The wide tests' cases with the wide tile forced on `which` projections.
+/// The wide tests' cases with the wide tile forced on `which` projections, on the `w` / `o`
+/// kernels (the TMA kernels forced off: the plan takes them where one tile holds an expert's
+/// rows; the TMA test runs them wide).
 fn wide_cases(which: WgmmaWide, s: u64) {
     let wide = |graphs, overlap| Run {
         wide: Some(which),
         overlap,
+        tma: Some(false),
         ..run(MoePath::Device, graphs)
     };
     let small = config(72, 40, 7, 3, Router::Softmax, DTypeKind::BF16);
@@ -273,7 +277,7 @@ fn wide_cases(which: WgmmaWide, s: u64) {
 fn gpu_smem_moe_wgmma_tma_matches_cpu() {
     let s = seed("gpu_smem_moe_wgmma_tma_matches_cpu");
     let tma = |graphs, wide: bool| Run {
-        tma: true,
+        tma: Some(true),
         wide: wide.then_some(WgmmaWide::Both),
         ..run(MoePath::Device, graphs)
     };
@@ -428,7 +432,7 @@ fn gpu_smem_moe_mma_sync_tiles_match_cpu() {
         decode: false,
         overlap: None,
         wide: None,
-        tma: false,
+        tma: None,
         one_expert: false,
         prefill: None,
     };

@@ -80,26 +80,29 @@ impl WgmmaWide {
     }
 }
 
-/// Whether one projection takes the wide wgmma tile: `forced` when the layer forces it, else
-/// where an expert's rows overflow one 96-row tile (`rows_per_expert` > 96) and the
-/// projection runs at least [`WGMMA_OVERLAP_MIN_DEPTH`] deep (`depth`: its K) — and, until a
-/// GPU measures the projections apart, so does the pass's other one (`other_depth`), which
-/// keeps the whole-pass choice that was measured. At 4096 tokens on an H100 the wide tile
-/// took 21 % off gpt-oss (both 2880 deep, ~128 rows an expert) and 6.5 % off mixtral (4096 /
-/// 14336, ~1024 rows), was even on deepseek-v3-slice (down 256 deep; a later run: −8.6 %) and
-/// added 12 % to qwen3 (768 / 2048): its one block per SM pays its start and stage barriers
-/// back only over deep K (bench/NOTES.md, MoE wide tile; the per-projection A/B there).
-pub(super) fn wgmma_wide_for(
-    rows_per_expert: usize,
-    depth: usize,
-    other_depth: usize,
-    forced: Option<bool>,
-) -> bool {
-    forced.unwrap_or(
-        rows_per_expert > 96
-            && depth >= WGMMA_OVERLAP_MIN_DEPTH
-            && other_depth >= WGMMA_OVERLAP_MIN_DEPTH,
-    )
+/// Whether a pass's wgmma tiles take the wide tile (192 token rows, one block per SM):
+/// `forced` (per projection) when the layer forces it, else where an expert's rows overflow
+/// one 96-row tile (`rows_per_expert` > 96) and 192-row tiles pad them at most 10 % more
+/// than 96-row tiles do (128 rows: 192 either way, and the wide tile streams the weights
+/// once; 256: 384 against 288). The wide tile saves weight traffic and pays for rows it pads.
+/// On an H100 it took 9 % off deepseek-v3-slice at 4096 tokens (128 rows), 14 % off qwen3 at
+/// 2048 (128) and 10 % off mixtral at 4096 (1024: 1152 against 1056 rows), and lost 9 % on
+/// qwen3 at 4096 (256) and 5 % on mixtral at 1024 (256) (bench/NOTES.md, MoE: the wide tile
+/// by rows and the TMA tile by tiles per expert).
+pub(super) fn wgmma_wide_for(rows_per_expert: usize, forced: Option<bool>) -> bool {
+    forced.unwrap_or_else(|| {
+        let padded = |tile: usize| rows_per_expert.div_ceil(tile).saturating_mul(tile);
+        rows_per_expert > 96 && padded(192).saturating_mul(10) <= padded(96).saturating_mul(11)
+    })
+}
+
+/// Whether a wgmma tile of `mt` m16 tiles takes the warp-specialized TMA kernel: `forced`
+/// when the layer forces it, else where one tile holds an expert's rows (2 to 16·`mt`; one
+/// row is the decode's). On an H100 it took 2-5 % off every pass measured where an expert's
+/// rows fit one tile, and added 8-19 % where they take several (mixtral at 1024 and 4096
+/// tokens, deepseek-v3-slice's 128 rows in 96-row tiles) (bench/NOTES.md, as above).
+pub(super) fn wgmma_tma_for(rows_per_expert: usize, mt: usize, forced: Option<bool>) -> bool {
+    forced.unwrap_or(rows_per_expert >= 2 && rows_per_expert <= 16 * mt)
 }
 
 /// Whether a wgmma tile `k_split` deep per block takes the overlap kernel: `forced` when the

@@ -206,9 +206,8 @@ impl<T: Float> MoeLayer<T> {
     /// both on the 64- and 96-row tiles (two per SM), `GateUp` / `Down` put only that
     /// projection on it (the dispatch's work list then comes in 192-row items, which the
     /// other GEMM takes as 2 or 3 tiles of its own). `None` (the default) lets the plan pick
-    /// per projection (today the wide tile for both
-    /// where an expert's rows overflow one 96-row tile and both projections run at least 2560
-    /// deep, issue 40). No effect where the tiles do not run on wgmma or its shared memory
+    /// by the rows an expert gets: the wide tile for both where they overflow one 96-row tile
+    /// and 192-row tiles pad them at most 10 % more than 96-row tiles do (issue 40). No effect where the tiles do not run on wgmma or its shared memory
     /// does not fit. The overlap choice applies to it as to the others. Drops the captured
     /// graphs.
     pub fn set_wgmma_wide(&mut self, choice: Option<WgmmaWide>) {
@@ -223,9 +222,10 @@ impl<T: Float> MoeLayer<T> {
     /// mbarriers, and the down projection's token rows too (TMA boxes of the workspace's act
     /// rows), while the two consumer warpgroups multiply, one group of MMAs in flight, and
     /// load the gathered gate/up token rows themselves by cp.async two stages ahead; same
-    /// tiles, shared memory, blocks per SM and work list) or keeps the `w` / `o` kernels (`Some(false)`); `None` (the default) is off until
-    /// the kernel is measured (issue 40). No effect where the tiles do not run on wgmma. Drops
-    /// the captured graphs.
+    /// tiles, shared memory, blocks per SM and work list) or keeps the `w` / `o` kernels
+    /// (`Some(false)`); `None` (the default) takes it per projection where one tile holds an
+    /// expert's rows, 2 of them or more (issue 40). No effect where the tiles do not run on
+    /// wgmma. Drops the captured graphs.
     pub fn set_wgmma_tma(&mut self, choice: Option<bool>) {
         if choice != self.wgmma_tma {
             self.wgmma_tma = choice;

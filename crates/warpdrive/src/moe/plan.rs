@@ -6,8 +6,8 @@ use crate::memory::Buffer;
 use crate::{ops, size};
 
 use super::config::{
-    gemm_blocks_per_sm, gemm_shared_bytes, prefill_router_for, wgmma_overlap_for, wgmma_wide_for,
-    DecodeShape, GemmShape, MoeConfig, RouterShape, WgmmaWide, GEMM_BN,
+    gemm_blocks_per_sm, gemm_shared_bytes, prefill_router_for, wgmma_overlap_for, wgmma_tma_for,
+    wgmma_wide_for, DecodeShape, GemmShape, MoeConfig, RouterShape, WgmmaWide, GEMM_BN,
     WGMMA_ONE_ROW_MIN_INTERMEDIATE, WGMMA_WIDE_MT,
 };
 use super::layer::inter_pad;
@@ -29,12 +29,12 @@ pub(super) struct Gpu {
     /// depth ([`wgmma_overlap_for`]); only with `wgmma`.
     pub(super) wgmma_overlap: Option<bool>,
     /// Which projections' wgmma tiles take the wide tile (192 token rows, one block per SM):
-    /// `Some` where [`MoeLayer::set_wgmma_wide`] forces it, `None` for the plan's choice per
-    /// projection ([`wgmma_wide_for`]); only with `wgmma`.
+    /// `Some` where [`MoeLayer::set_wgmma_wide`] forces it, `None` for the plan's choice by
+    /// the rows an expert gets ([`wgmma_wide_for`]); only with `wgmma`.
     pub(super) wgmma_wide: Option<WgmmaWide>,
-    /// The wgmma tiles take the warp-specialized TMA kernels: only where
-    /// [`MoeLayer::set_wgmma_tma`] forces it (`Some(true)`; off by default until measured);
-    /// only with `wgmma`.
+    /// The wgmma tiles take the warp-specialized TMA kernels: forced on or off by
+    /// [`MoeLayer::set_wgmma_tma`], else (None) per projection where one tile holds an
+    /// expert's rows ([`wgmma_tma_for`]); only with `wgmma`.
     pub(super) wgmma_tma: Option<bool>,
     /// The prefill router (cuBLAS logits, routing and a many-block dispatch): `Some` where
     /// [`MoeLayer::set_prefill_router`] forces it, `None` for the plan's choice
@@ -159,19 +159,17 @@ impl Plan {
         }
         // The wide tile, where chosen, takes a projection's wgmma tiles (one expert's rows at
         // up to 192 stream its weights once instead of in 96-row tiles; bench/NOTES.md, MoE
-        // wide tile); where its stages do not fit, the tile above. Each projection decides
-        // from its own depth (K).
+        // wide tile); where its stages do not fit, the tile above. Forced per projection, else
+        // both by the rows an expert gets.
         let wide_fits =
             wgmma && mt >= 4 && gemm_shared_bytes(WGMMA_WIDE_MT, true) as usize <= shared_per_block;
-        let wide = |depth: usize, other: usize, forced: Option<bool>| {
-            wide_fits && wgmma_wide_for(rows_per_expert, depth, other, forced)
-        };
-        let up_mt = if wide(c.hidden, c.intermediate, wgmma_wide.map(|w| w.gate_up())) {
+        let wide = |forced: Option<bool>| wide_fits && wgmma_wide_for(rows_per_expert, forced);
+        let up_mt = if wide(wgmma_wide.map(|w| w.gate_up())) {
             WGMMA_WIDE_MT
         } else {
             mt
         };
-        let down_mt = if wide(c.intermediate, c.hidden, wgmma_wide.map(|w| w.down())) {
+        let down_mt = if wide(wgmma_wide.map(|w| w.down())) {
             WGMMA_WIDE_MT
         } else {
             mt
@@ -185,7 +183,7 @@ impl Plan {
         let on_wgmma = |shape: GemmShape| GemmShape {
             wgmma,
             wgmma_overlap: wgmma && wgmma_overlap_for(shape.k_split, wgmma_overlap),
-            wgmma_tma: wgmma && wgmma_tma == Some(true),
+            wgmma_tma: wgmma && wgmma_tma_for(rows_per_expert, shape.mt, wgmma_tma),
             ..shape
         };
         let gemm = |n: usize, k: usize, mt: usize| {

@@ -243,12 +243,13 @@ fn wgmma_wide_takes_the_wgmma_tiles() -> Result<()> {
     Ok(())
 }
 
-/// The plan's own choice of the wide tile (what an H100 measured at 4096 tokens): on where an
-/// expert's rows overflow one 96-row tile and both projections run deep (gpt-oss, mixtral),
-/// off where either is shallow (qwen3, deepseek-v3-slice's 256-deep down projection) or the
-/// rows fit one tile; forcing wins either way.
+/// The plan's own choice of the wide tile (what an H100 measured from 512 to 4096 tokens): on
+/// where an expert's rows overflow one 96-row tile and 192-row tiles pad them at most 10 %
+/// more (128 rows: gpt-oss and deepseek-v3-slice at 4096, qwen3 at 2048; mixtral's 1024 at
+/// 4096), off where they pad a third more (256 rows: qwen3 at 4096, mixtral at 1024) or fit
+/// one tile; forcing wins either way.
 #[test]
-fn wgmma_wide_is_chosen_by_rows_and_depth() -> Result<()> {
+fn wgmma_wide_is_chosen_by_the_rows_it_pads() -> Result<()> {
     let off = Gpu {
         wgmma_wide: Some(WgmmaWide::Neither),
         ..HOPPER
@@ -257,7 +258,10 @@ fn wgmma_wide_is_chosen_by_rows_and_depth() -> Result<()> {
         ("gpt-oss-120b", 4096, true),
         ("mixtral-8x7b", 4096, true),
         ("qwen3-30b-a3b", 4096, false),
-        ("deepseek-v3-slice", 4096, false),
+        ("qwen3-30b-a3b", 2048, true),
+        ("deepseek-v3-slice", 4096, true),
+        ("mixtral-8x7b", 1024, false),
+        ("mixtral-8x7b", 512, true),
         ("gpt-oss-120b", 1024, false),
         ("gpt-oss-120b", 1, false),
     ] {
@@ -270,22 +274,32 @@ fn wgmma_wide_is_chosen_by_rows_and_depth() -> Result<()> {
             "{name} at {tokens}, forced off"
         );
     }
-    const D: usize = WGMMA_OVERLAP_MIN_DEPTH;
-    assert!(wgmma_wide_for(97, D, D, None));
-    assert!(!wgmma_wide_for(96, 1 << 20, 1 << 20, None));
-    assert!(!wgmma_wide_for(1 << 20, D - 1, 1 << 20, None));
-    // Until the projections are measured apart, a shallow other projection keeps both off.
-    assert!(!wgmma_wide_for(1 << 20, 1 << 20, D - 1, None));
-    assert!(wgmma_wide_for(1, 1, 1, Some(true)));
-    assert!(!wgmma_wide_for(1 << 20, 1 << 20, 1 << 20, Some(false)));
+    for (rows, wide) in [
+        (96, false),
+        (97, true),
+        (192, true),
+        (193, false),
+        (288, false),
+        (289, true),
+        (384, true),
+        (385, false),
+        (1024, true),
+    ] {
+        assert_eq!(wgmma_wide_for(rows, None), wide, "{rows} rows");
+    }
+    assert!(wgmma_wide_for(1, Some(true)));
+    assert!(!wgmma_wide_for(1024, Some(false)));
+    // Rows past any pass's size saturate rather than overflow.
+    let _ = wgmma_wide_for(usize::MAX, None);
     Ok(())
 }
 
-/// The plan's default choices (tiles, work list, splits, overlap, grid order, prefetch) for
-/// the four presets at 1024 and 4096 tokens on an H100 / H200 are main's at 0014e03, from
-/// before the wide tile was chosen per projection: no default moves without a GPU run.
+/// The plan's default choices (tiles, work list, splits, overlap, TMA, grid order, prefetch)
+/// for the four presets at 1024 and 4096 tokens on an H100 / H200, pinned: none moves
+/// without a GPU run. These are the H100's of 2026-11-27 (the wide tile by the rows it pads,
+/// the TMA tile where one tile holds an expert's rows; bench/NOTES.md).
 #[test]
-fn wgmma_wide_per_projection_keeps_the_default_plans() -> Result<()> {
+fn the_default_plans_are_the_measured_ones() -> Result<()> {
     type G = (usize, usize, usize, usize, bool, bool, bool, bool);
     let g = |s: &GemmShape| -> G {
         (
@@ -299,16 +313,16 @@ fn wgmma_wide_per_projection_keeps_the_default_plans() -> Result<()> {
             s.wgmma_tma,
         )
     };
-    // (preset, tokens, bm, up, down, down_early_k): printed from main's `Plan::new`.
+    // (preset, tokens, bm, up, down, down_early_k), printed from `Plan::new`.
     #[rustfmt::skip]
     let main: [(&str, usize, usize, G, G, usize); 8] = [
-        ("qwen3-30b-a3b", 1024, 96, (6, 213, 1, 2048, false, true, false, false), (6, 213, 1, 768, false, true, false, false), 0),
+        ("qwen3-30b-a3b", 1024, 96, (6, 213, 1, 2048, false, true, false, true), (6, 213, 1, 768, false, true, false, true), 0),
         ("qwen3-30b-a3b", 4096, 96, (6, 469, 1, 2048, true, true, false, false), (6, 469, 1, 768, true, true, false, false), 0),
-        ("deepseek-v3-slice", 1024, 64, (4, 384, 1, 7168, false, true, true, false), (4, 384, 1, 256, false, true, false, false), 0),
-        ("deepseek-v3-slice", 4096, 96, (6, 597, 1, 7168, true, true, true, false), (6, 597, 1, 256, true, true, false, false), 0),
-        ("gpt-oss-120b", 1024, 64, (4, 192, 1, 2880, false, true, true, false), (4, 192, 1, 2880, false, true, true, false), 0),
-        ("gpt-oss-120b", 4096, 192, (12, 213, 1, 2880, false, true, true, false), (12, 213, 1, 2880, false, true, true, false), 0),
-        ("mixtral-8x7b", 1024, 192, (12, 18, 1, 4096, true, true, true, false), (12, 18, 1, 14336, true, true, true, false), 0),
+        ("deepseek-v3-slice", 1024, 64, (4, 384, 1, 7168, false, true, true, true), (4, 384, 1, 256, false, true, false, true), 0),
+        ("deepseek-v3-slice", 4096, 192, (12, 426, 1, 7168, false, true, true, true), (12, 426, 1, 256, false, true, false, true), 0),
+        ("gpt-oss-120b", 1024, 64, (4, 192, 1, 2880, false, true, true, true), (4, 192, 1, 2880, false, true, true, true), 0),
+        ("gpt-oss-120b", 4096, 192, (12, 213, 1, 2880, false, true, true, true), (12, 213, 1, 2880, false, true, true, true), 0),
+        ("mixtral-8x7b", 1024, 96, (6, 29, 1, 4096, true, true, true, false), (6, 29, 1, 14336, true, true, true, false), 384),
         ("mixtral-8x7b", 4096, 192, (12, 50, 1, 4096, true, true, true, false), (12, 50, 1, 14336, true, true, true, false), 0),
     ];
     for (name, tokens, bm, up, down, early) in main {
@@ -421,11 +435,12 @@ fn prefill_router_from_its_size_unless_forced() -> Result<()> {
     Ok(())
 }
 
-/// The warp-specialized TMA tiles run only where forced (off by default until measured), on
-/// every wgmma tile and nothing else, with the same tiles, splits, overlap choice and grid
-/// as without them (same shared memory and blocks per SM; only the kernel changes).
+/// The warp-specialized TMA tiles run by default where one wgmma tile holds an expert's rows
+/// (2 or more), forced on every wgmma tile and nothing else, forced off nowhere, with the
+/// same tiles, splits, overlap choice and grid either way (same shared memory and blocks per
+/// SM; only the kernel changes).
 #[test]
-fn wgmma_tma_only_where_forced() -> Result<()> {
+fn wgmma_tma_where_one_tile_holds_an_experts_rows() -> Result<()> {
     let forced = |choice| Gpu {
         wgmma_tma: choice,
         ..HOPPER
@@ -434,14 +449,15 @@ fn wgmma_tma_only_where_forced() -> Result<()> {
         let c = MoeConfig::preset(name)?;
         for tokens in [1, 5, 64, 1025, 4096] {
             let base = Plan::new(&c, tokens, HOPPER);
-            assert!(
-                !base.up.wgmma_tma && !base.down.wgmma_tma,
-                "{name} {tokens}"
-            );
+            let rows = (tokens * c.top_k).div_ceil(c.experts.min(tokens * c.top_k));
+            for g in [&base.up, &base.down] {
+                let one_tile = (2..=16 * g.mt).contains(&rows);
+                assert_eq!(g.wgmma_tma, g.wgmma && one_tile, "{name} {tokens}");
+            }
             let off = Plan::new(&c, tokens, forced(Some(false)));
             assert!(!off.up.wgmma_tma && !off.down.wgmma_tma, "{name} {tokens}");
             let on = Plan::new(&c, tokens, forced(Some(true)));
-            for (b, t) in [(&base.up, &on.up), (&base.down, &on.down)] {
+            for (b, t) in [(&off.up, &on.up), (&off.down, &on.down)] {
                 assert_eq!(t.wgmma_tma, b.wgmma, "{name} {tokens}");
                 assert_eq!(
                     (

@@ -211,9 +211,10 @@ pub struct Run {
     /// The wgmma tiles of these projections forced onto the wide 192-row tile, the others off
     /// it (`MoeLayer::set_wgmma_wide`); None: the plan's choice.
     pub wide: Option<WgmmaWide>,
-    /// Every wgmma tile forced onto its warp-specialized TMA kernel
-    /// (`MoeLayer::set_wgmma_tma`); false: the default (off).
-    pub tma: bool,
+    /// The wgmma tiles forced onto their warp-specialized TMA kernels or off them
+    /// (`MoeLayer::set_wgmma_tma`); None: the plan's choice (where one tile holds an
+    /// expert's rows).
+    pub tma: Option<bool>,
     /// Seeded host weights whose router bias sends every token's first choice to expert 0.
     pub one_expert: bool,
     /// The prefill router forced on or off (`MoeLayer::set_prefill_router`); None: the
@@ -229,7 +230,7 @@ pub const fn run(path: MoePath, graphs: bool) -> Run {
         decode: true,
         overlap: None,
         wide: None,
-        tma: false,
+        tma: None,
         one_expert: false,
         prefill: None,
     }
@@ -264,9 +265,7 @@ pub fn cuda_vs_cpu_as<T: Float>(c: MoeConfig, tokens: usize, r: Run, s: u64) -> 
     g.set_warpgroup_mma(r.wgmma);
     g.set_wgmma_overlap(r.overlap);
     g.set_wgmma_wide(r.wide);
-    if r.tma {
-        g.set_wgmma_tma(Some(true));
-    }
+    g.set_wgmma_tma(r.tma);
     g.set_decode_kernel(r.decode);
     g.set_prefill_router(r.prefill);
     let mut h = MoeLayer::<T>::new(&cs, c, weights).unwrap();
