@@ -50,7 +50,7 @@ use warpdrive::exec::graph::Graph;
 use warpdrive::memory::host_vec;
 use warpdrive::memory::Buffer;
 use warpdrive::moe::{
-    MoeConfig, MoeLayer, MoePath, MoeWeights, PREFILL_ROUTER_MIN_TOKENS, PRESETS,
+    MoeConfig, MoeLayer, MoePath, MoeWeights, WgmmaWide, PREFILL_ROUTER_MIN_TOKENS, PRESETS,
 };
 use warpdrive::ops::{reduce_into, ReduceOp, Scratch, REDUCE_SCRATCH_BYTES};
 
@@ -228,21 +228,21 @@ fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {
                 "warpdrive-device-drain",
                 MoePath::Device,
                 Some(false),
-                Some(false),
+                Some(WgmmaWide::Neither),
                 None,
             ),
             (
                 "warpdrive-device-overlap",
                 MoePath::Device,
                 Some(true),
-                Some(false),
+                Some(WgmmaWide::Neither),
                 None,
             ),
             (
                 "warpdrive-device-wide",
                 MoePath::Device,
                 None,
-                Some(true),
+                Some(WgmmaWide::Both),
                 None,
             ),
             (

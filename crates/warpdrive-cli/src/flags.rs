@@ -113,19 +113,25 @@ pub(crate) enum Command {
         no_wgmma_overlap: bool,
         /// Run every warpgroup-MMA tile as the wide tile (192 token rows, one block per SM;
         /// issue 40) instead of the plan's choice (wide where an expert's rows overflow one
-        /// 96-row tile and both projections run at least 2560 deep).
-        #[arg(long, conflicts_with = "no_wgmma_wide")]
+        /// 96-row tile and 192-row tiles pad them at most 10 % more); `--wgmma-wide-on both`.
+        #[arg(long, conflicts_with_all = ["no_wgmma_wide", "wgmma_wide_on"])]
         wgmma_wide: bool,
         /// Run every warpgroup-MMA tile on the 64- and 96-row tiles instead of the plan's
-        /// choice.
-        #[arg(long)]
+        /// choice; `--wgmma-wide-on none`.
+        #[arg(long, conflicts_with = "wgmma_wide_on")]
         no_wgmma_wide: bool,
+        /// Run the wide tile on these projections' warpgroup-MMA tiles and the 64- or 96-row
+        /// tiles on the other's, instead of the plan's choice: `none`, `gate-up` (the first
+        /// GEMM, K = hidden), `down` (K = intermediate) or `both`.
+        #[arg(long, value_name = "PROJECTIONS",
+              value_parser = ["none", "gate-up", "down", "both"])]
+        wgmma_wide_on: Option<String>,
         /// Run every warpgroup-MMA tile on its warp-specialized kernel (a producer warp
-        /// loading the weights by TMA, mbarriers; issue 40) instead of the default (off until
-        /// measured).
+        /// loading the weights by TMA, mbarriers; issue 40) instead of the plan's choice (where
+        /// one tile holds an expert's rows).
         #[arg(long, conflicts_with = "no_wgmma_tma")]
         wgmma_tma: bool,
-        /// Keep every warpgroup-MMA tile off the warp-specialized TMA kernel (the default).
+        /// Keep every warpgroup-MMA tile off the warp-specialized TMA kernel.
         #[arg(long)]
         no_wgmma_tma: bool,
         /// Route through the prefill router (cuBLAS logits, routing one warp per token, a
@@ -617,6 +623,22 @@ mod tests {
             }
         ));
         assert!(parse(&["moe", "--preset", "q", "--wgmma-wide", "--no-wgmma-wide"]).is_err());
+        for which in ["none", "gate-up", "down", "both"] {
+            let cli = parse(&["moe", "--preset", "q", "--wgmma-wide-on", which]).unwrap();
+            assert!(matches!(
+                cli.command,
+                Command::Moe {
+                    wgmma_wide: false,
+                    no_wgmma_wide: false,
+                    wgmma_wide_on: Some(ref w),
+                    ..
+                } if w == which
+            ));
+        }
+        assert!(parse(&["moe", "--preset", "q", "--wgmma-wide-on", "up"]).is_err());
+        for other in ["--wgmma-wide", "--no-wgmma-wide"] {
+            assert!(parse(&["moe", "--preset", "q", "--wgmma-wide-on", "down", other]).is_err());
+        }
         let cli = parse(&["moe", "--preset", "q", "--wgmma-tma"]).unwrap();
         assert!(matches!(
             cli.command,

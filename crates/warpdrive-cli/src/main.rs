@@ -33,6 +33,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Parser;
+use warpdrive::moe::WgmmaWide;
 use warpdrive_bench as bench;
 
 use benchmark::{bench_traced, list_suites};
@@ -117,6 +118,7 @@ fn run(cli: Cli) -> Result<()> {
             no_wgmma_overlap,
             wgmma_wide,
             no_wgmma_wide,
+            wgmma_wide_on,
             wgmma_tma,
             no_wgmma_tma,
             prefill_router,
@@ -139,9 +141,12 @@ fn run(cli: Cli) -> Result<()> {
                     (_, true) => Some(false),
                     _ => None,
                 },
-                wide: match (wgmma_wide, no_wgmma_wide) {
-                    (true, _) => Some(true),
-                    (_, true) => Some(false),
+                // The parser refuses --wgmma-wide-on beside either and keeps to its values.
+                wide: match (wgmma_wide, no_wgmma_wide, wgmma_wide_on.as_deref()) {
+                    (true, _, _) | (_, _, Some("both")) => Some(WgmmaWide::Both),
+                    (_, true, _) | (_, _, Some("none")) => Some(WgmmaWide::Neither),
+                    (_, _, Some("gate-up")) => Some(WgmmaWide::GateUp),
+                    (_, _, Some("down")) => Some(WgmmaWide::Down),
                     _ => None,
                 },
                 tma: match (wgmma_tma, no_wgmma_tma) {

@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use warpdrive::moe::WeightsFile;
+use warpdrive::moe::{WeightsFile, WgmmaWide};
 use warpdrive_bench::{self as bench, Scale};
 
 use crate::flags::DeviceOpt;
@@ -16,8 +16,9 @@ pub(crate) struct Kernels {
     pub(crate) decode: bool,
     /// The wgmma tiles' overlap kernels forced on or off; None: the plan's choice.
     pub(crate) overlap: Option<bool>,
-    /// Every wgmma tile as the wide 192-row tile forced on or off; None: the plan's choice.
-    pub(crate) wide: Option<bool>,
+    /// The projections whose wgmma tiles are forced onto the wide 192-row tile (the others
+    /// off it); None: the plan's choice.
+    pub(crate) wide: Option<WgmmaWide>,
     /// The wgmma tiles' warp-specialized TMA kernels forced on or off; None: off for now.
     pub(crate) tma: Option<bool>,
     /// The prefill router forced on or off; None: the plan's choice.
@@ -109,8 +110,10 @@ pub(crate) fn moe(
             None => "",
         },
         match wide {
-            Some(true) => ", wide wgmma tile",
-            Some(false) => ", no wide wgmma tile",
+            Some(WgmmaWide::Both) => ", wide wgmma tile",
+            Some(WgmmaWide::GateUp) => ", wide wgmma tile on gate/up",
+            Some(WgmmaWide::Down) => ", wide wgmma tile on down",
+            Some(WgmmaWide::Neither) => ", no wide wgmma tile",
             None => "",
         },
         match prefill_router {

@@ -9,7 +9,9 @@ mod common;
 use common::moe::*;
 use common::{cuda, random_f32, rng, seed};
 use half::bf16;
-use warpdrive::moe::{MoeConfig, MoeLayer, MoePath, MoeWeights, Router, GRAPH_MAX_TOKENS};
+use warpdrive::moe::{
+    MoeConfig, MoeLayer, MoePath, MoeWeights, Router, WgmmaWide, GRAPH_MAX_TOKENS,
+};
 use warpdrive::{Buffer, DTypeKind, Error};
 
 #[test]
@@ -96,8 +98,8 @@ fn gpu_smem_moe_matches_cpu() {
     );
 }
 
-/// The wgmma overlap kernels (issue 40; by default only on blocks at least 2560 deep, so
-/// forced here): 64- and 96-row tiles at 1, 5, 37, 301 and 4,097 tokens, split-K gate/up
+/// The wgmma overlap kernels (issue 40; by default only on blocks at least 2560 deep and
+/// where an expert's rows take more than one tile, so forced here, the TMA kernels off): 64- and 96-row tiles at 1, 5, 37, 301 and 4,097 tokens, split-K gate/up
 /// (deep), one row per deep expert with most of 64 experts empty, every token on one expert
 /// (k = 1: one expert's many tiles), f16, graphs on and off; and the plan's own choice on
 /// a layer whose gate/up blocks run 2624 deep (overlap) and its down projection 256
@@ -109,6 +111,7 @@ fn gpu_smem_moe_wgmma_overlap_matches_cpu() {
     let s = seed("gpu_smem_moe_wgmma_overlap_matches_cpu");
     let overlap = |graphs| Run {
         overlap: Some(true),
+        tma: Some(false),
         ..run(MoePath::Device, graphs)
     };
     let small = config(72, 40, 7, 3, Router::Softmax, DTypeKind::BF16);
@@ -154,29 +157,55 @@ fn mixed_depths() -> MoeConfig {
 }
 
 /// The wide wgmma tile (issue 40; off by default, so forced here: every wgmma tile 192 rows,
-/// one block per SM), drained and overlapped: 1, 5, 37, 301 and 4,097 tokens (up to ten
-/// 192-row tiles per expert), split-K gate/up (deep), one row per deep expert with most of
-/// 64 experts empty, every token on one expert (k = 1: 4,097 rows in 22 tiles, the other
-/// experts empty), f16, graphs on and off, and the plan's per-projection overlap. Where the
-/// GPU has no wgmma this runs the mma.sync tiles.
+/// one block per SM), drained and overlapped (`wide_cases`): 1, 5, 37, 301 and 4,097 tokens
+/// (up to ten 192-row tiles per expert), split-K gate/up (deep), one row per deep expert with
+/// most of 64 experts empty, every token on one expert (k = 1: 4,097 rows in 22 tiles, the
+/// other experts empty), f16, graphs on and off, and the plan's per-projection overlap. Where
+/// the GPU has no wgmma this runs the mma.sync tiles.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_smem_moe_wgmma_wide_matches_cpu() {
-    let s = seed("gpu_smem_moe_wgmma_wide_matches_cpu");
+    wide_cases(WgmmaWide::Both, seed("gpu_smem_moe_wgmma_wide_matches_cpu"));
+}
+
+/// The wide tile on one projection only (`WgmmaWide::GateUp`, `WgmmaWide::Down`): the
+/// work list in 192-row items, which the other GEMM takes as 2 (96-row) or 3 (64-row: 5 and
+/// 37 tokens of the small layer) tiles of its own, the ones past an expert's rows empty; the
+/// wide test's cases (graphs on and off, split-K, empty experts, one expert with 4,097 rows,
+/// f16, the plan's overlap per projection).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_smem_moe_wgmma_wide_per_projection_matches_cpu() {
+    let s = seed("gpu_smem_moe_wgmma_wide_per_projection_matches_cpu");
+    wide_cases(WgmmaWide::GateUp, s);
+    wide_cases(WgmmaWide::Down, s + 16);
+}
+
+/// The wide tests' cases with the wide tile forced on `which` projections, on the `w` / `o`
+/// kernels (the TMA kernels forced off: the plan takes them where one tile holds an expert's
+/// rows; the TMA test runs them wide).
+fn wide_cases(which: WgmmaWide, s: u64) {
     let wide = |graphs, overlap| Run {
-        wide: true,
+        wide: Some(which),
         overlap,
+        tma: Some(false),
         ..run(MoePath::Device, graphs)
     };
     let small = config(72, 40, 7, 3, Router::Softmax, DTypeKind::BF16);
     let tokens = [1, 5, 37, 301, 4097];
-    few_flips_at(&tokens, small, wide(true, Some(false)), s, "small, wide");
+    few_flips_at(
+        &tokens,
+        small,
+        wide(true, Some(false)),
+        s,
+        &format!("small, wide, {which:?}"),
+    );
     few_flips_at(
         &tokens,
         small,
         wide(true, Some(true)),
         s + 1,
-        "small, wide, overlap",
+        &format!("small, wide, overlap, {which:?}"),
     );
     let deep = config(1024, 256, 8, 2, Router::Softmax, DTypeKind::BF16);
     few_flips_at(
@@ -184,14 +213,14 @@ fn gpu_smem_moe_wgmma_wide_matches_cpu() {
         deep,
         wide(false, Some(false)),
         s + 2,
-        "deep, wide",
+        &format!("deep, wide, {which:?}"),
     );
     few_flips_at(
         &[3, 256],
         deep,
         wide(false, Some(true)),
         s + 3,
-        "deep, wide, overlap",
+        &format!("deep, wide, overlap, {which:?}"),
     );
     let sparse = config(256, 1024, 64, 2, Router::Softmax, DTypeKind::BF16);
     few_flips_at(
@@ -199,7 +228,7 @@ fn gpu_smem_moe_wgmma_wide_matches_cpu() {
         sparse,
         wide(true, Some(true)),
         s + 4,
-        "empty experts, wide",
+        &format!("empty experts, wide, {which:?}"),
     );
     let single = config(72, 40, 7, 1, Router::Softmax, DTypeKind::BF16);
     for overlap in [Some(false), Some(true)] {
@@ -207,16 +236,28 @@ fn gpu_smem_moe_wgmma_wide_matches_cpu() {
             one_expert: true,
             ..wide(true, overlap)
         };
-        few_flips_at(&[1, 301, 4097], single, one, s + 5, "one expert, wide");
+        few_flips_at(
+            &[1, 301, 4097],
+            single,
+            one,
+            s + 5,
+            &format!("one expert, wide, {which:?}"),
+        );
     }
     let half = config(72, 40, 7, 3, Router::Softmax, DTypeKind::F16);
-    few_flips_at(&[37, 301], half, wide(true, Some(true)), s + 6, "f16, wide");
+    few_flips_at(
+        &[37, 301],
+        half,
+        wide(true, Some(true)),
+        s + 6,
+        &format!("f16, wide, {which:?}"),
+    );
     few_flips_at(
         &[301, 1025],
         mixed_depths(),
         wide(true, None),
         s + 7,
-        "wide, overlap on the deep projection only",
+        &format!("wide, overlap on the deep projection only, {which:?}"),
     );
 }
 
@@ -225,17 +266,19 @@ fn gpu_smem_moe_wgmma_wide_matches_cpu() {
 /// full / empty mbarriers per ring slot) on the 64/96-row tiles and the wide tile: 1, 5, 37,
 /// 301 and 4,097 tokens of a layer whose widths are no multiple of the 128-row box or the
 /// 64-k stage (hidden 72, intermediate 40: both boxes run past the tensor and are
-/// zero-filled), split-K (deep: stages that straddle a split's end), most of 64 experts
-/// empty, one token on the TMA tile (decode kernel off), every token on one expert (4,097
+/// zero-filled), split-K (deep: stages that straddle a split's end), the down GEMM's token
+/// rows by TMA (act's 32-row boxes: every down GEMM here, split-K where the splits are whole
+/// stages) and by the consumers' cp.async (a down split ending inside a stage), most of 64
+/// experts empty, one token on the TMA tile (decode kernel off), every token on one expert (4,097
 /// rows), f16, graphs on and off. Where the GPU has
 /// no wgmma this runs the mma.sync tiles.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_smem_moe_wgmma_tma_matches_cpu() {
     let s = seed("gpu_smem_moe_wgmma_tma_matches_cpu");
-    let tma = |graphs, wide| Run {
-        tma: true,
-        wide,
+    let tma = |graphs, wide: bool| Run {
+        tma: Some(true),
+        wide: wide.then_some(WgmmaWide::Both),
         ..run(MoePath::Device, graphs)
     };
     let small = config(72, 40, 7, 3, Router::Softmax, DTypeKind::BF16);
@@ -252,6 +295,17 @@ fn gpu_smem_moe_wgmma_tma_matches_cpu() {
         tma(true, false),
         s + 4,
         "empty experts, tma",
+    );
+    // The down GEMM split at 288 k (I = 1,120, 4 splits at 1 and 5 tokens): the first three
+    // splits end inside a 64-k stage, so their token rows come by the consumers' cp.async,
+    // the last one's (ending at I) and the 576-k splits' at 40 tokens by TMA boxes of act.
+    let odd_split = config(256, 1120, 64, 2, Router::Softmax, DTypeKind::BF16);
+    few_flips_at(
+        &[1, 5, 40],
+        odd_split,
+        tma(true, false),
+        s + 9,
+        "odd down split, tma",
     );
     // One token on the TMA tile itself (deep experts take the wgmma tile from one row; the
     // decode kernel would take it otherwise): 1-row tiles, 62 of 64 experts empty.
@@ -377,8 +431,8 @@ fn gpu_smem_moe_mma_sync_tiles_match_cpu() {
         wgmma: false,
         decode: false,
         overlap: None,
-        wide: false,
-        tma: false,
+        wide: None,
+        tma: None,
         one_expert: false,
         prefill: None,
     };

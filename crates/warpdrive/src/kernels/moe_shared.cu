@@ -242,6 +242,10 @@ struct MoeGemm {
     // expert's several row tiles read the same weights at about the same time (all but the
     // first from L2); zero: item by item.
     u32 items_fastest;
+    // Row tiles of this kernel per work item (the list's rows per item / BM; at least 1): 2 or
+    // 3 where the other projection takes the wide tile and the list comes in its 192-row
+    // items. The grid's items are this many per work item; empty ones exit.
+    u32 subtiles;
     int epilogue;
     void* out;
     const float* slot_weight;  // epilogue 2
@@ -249,6 +253,9 @@ struct MoeGemm {
     // The TMA wgmma tile only (null elsewhere): the weights' tensor map (CUtensorMap, 128
     // bytes in device memory, [experts, n, k], 128-byte swizzled boxes of 64 k × 128 rows).
     const void* w_map;
+    // The TMA wgmma tile's down GEMM only (null elsewhere: the tile loads the rows by cp.async):
+    // the token rows' 2D map (`act` [rows, k], 128-byte swizzled boxes of 64 k × 32 rows).
+    const void* a_map;
 };
 
 __device__ __forceinline__ uint4 moe_ld_stream(const void* p) {
@@ -356,13 +363,16 @@ __device__ __forceinline__ bool moe_gemm_tile(const MoeGemm& p, u32 bm, u32 bn, 
     t.tile = blockIdx.x / p.splits;  // (item, n block)
     const u32 items_cap = gridDim.x / (p.splits * n_blocks);  // the grid's bound on items
     t.nb = p.items_fastest ? t.tile / items_cap : t.tile % n_blocks;
-    const u32 item = p.items_fastest ? t.tile % items_cap : t.tile / n_blocks;
+    const u32 sub_item = p.items_fastest ? t.tile % items_cap : t.tile / n_blocks;
+    const u32 subtiles = max(p.subtiles, 1u), item = sub_item / subtiles;
     if (!p.early_k) wait_prior_grid();
     // Through L2: under a programmatic launch these may be read before the wait.
     if (item >= __ldcg(p.n_items)) return false;
     t.expert = __ldcg(p.work + 2 * item);
-    const u32 m0 = __ldcg(p.work + 2 * item + 1);
-    t.rows = min(bm, __ldcg(p.counts + t.expert) - m0);
+    const u32 m0 = __ldcg(p.work + 2 * item + 1) + (sub_item % subtiles) * bm;
+    const u32 count = __ldcg(p.counts + t.expert);
+    if (m0 >= count) return false;  // a sub-tile past the item's last row
+    t.rows = min(bm, count - m0);
     t.row0 = __ldcg(p.offsets + t.expert) + m0;
     t.k_begin = t.split * p.k_split;
     t.k_end = min(p.k, t.k_begin + p.k_split);

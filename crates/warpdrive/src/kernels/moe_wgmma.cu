@@ -293,19 +293,27 @@ __device__ void moe_gemm_wgmma(const MoeGemm& p) {
 
 // ---- The warp-specialized tile (the `t` kernels, issue 40; off by default,
 // MoeLayer::set_wgmma_tma): the same work list, tile, ring of 4 stages, swizzled layout, MMAs
-// and epilogue as the `o` kernels, but one producer warp (warp 8, threads 256..287) fills the
-// ring while the two consumer warpgroups (warps 0..7) only multiply. The weight box of a
+// and epilogue as the `o` kernels, but one producer warp (warp 8, threads 256..287) issues the
+// TMA copies while the two consumer warpgroups (warps 0..7) multiply. The weight box of a
 // stage (128 rows × 64 k, 16 KB) comes by TMA from the tensor map `p.w_map` ([experts, n, k],
 // SWIZZLE_128B: the ring's own layout; rows past n and k past k are zero-filled and still
-// counted in the transaction bytes); the token rows by the producer's cp.async (the gate/up
-// GEMM gathers them through a_rows, which no tensor map expresses on sm_90), zero-filled past
-// the tile's rows and k_end as in MoeStageLoads. Each slot has a full barrier (33 arrivals:
-// the 32 producer lanes' cp.async.mbarrier.arrive.noinc and lane 0's arrive.expect_tx, plus
-// the TMA's bytes) and an empty barrier (8 arrivals: lane 0 of each consumer warp once the
-// MMAs that read the slot are done). Every loop is bounded by k_tiles: the producer issues
-// stage kt after the slot's previous use (kt - 4) is released, the consumers release stage
-// kt - 1 after issuing stage kt (wgmma.wait_group 1), so stage k_tiles - 1 is never waited for
-// by the producer and never released. ----
+// counted in the transaction bytes). The token rows come one of two ways (block-uniform):
+// - by TMA too (`a_tma`: the down GEMM, whose rows are contiguous per expert in `act`), as
+//   32-row boxes of the 2D map `p.a_map` [rows, k] (one per 32 live rows of the tile); rows
+//   past the tile's are the next expert's (their MMA columns are discarded) or zeros past the
+//   buffer. Only where the k range ends at k or is whole 64-k stages: a box past k_end would
+//   bring the next split's k, which the weights' box (also past k_end) would multiply.
+// - by the consumers' own cp.async (the gate/up GEMM gathers x rows through a_rows, which no
+//   tensor map expresses on sm_90): 3 (m4: 2, m12: 6) 16-byte copies a thread for stage
+//   kt + 2 while stage kt is multiplied, as the `o` kernels, so no single warp issues them all.
+// Each slot has a full barrier (a_tma: 2 arrivals, the producer's two arrive.expect_tx;
+// else 257: the producer's arrive.expect_tx and the 256 consumer threads'
+// cp.async.mbarrier.arrive.noinc; plus the TMA's bytes) and an empty barrier (8 arrivals: lane
+// 0 of each consumer warp once the MMAs that read the slot are done). Every loop is bounded by
+// k_tiles: the producer issues stage kt after the slot's previous use (kt - 4) is released,
+// the consumers load stage kt + 2's rows after kt - 2's release and release stage kt - 1 after
+// issuing stage kt (wgmma.wait_group 1), so stage k_tiles - 1 is never waited for by the
+// producer and never released. ----
 #define MOE_TMA_STAGES 4
 #define MOE_TMA_THREADS (256 + 32)
 
@@ -336,18 +344,62 @@ __device__ __forceinline__ void moe_tma_load_3d(u32 dst, const void* map, u32 ba
     asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
                  :: "r"(dst), "l"(map), "r"(k0), "r"(n0), "r"(e), "r"(bar) : "memory");
 }
+// The box at (k0, row0) of a 2D tensor map.
+__device__ __forceinline__ void moe_tma_load_2d(u32 dst, const void* map, u32 bar, int k0, int row0) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                 :: "r"(dst), "l"(map), "r"(k0), "r"(row0), "r"(bar) : "memory");
+}
 
-// The consumers' k loop for the tile's first N token rows: wait for stage kt's slot, issue its
-// MMAs, keep one group in flight (wgmma.wait_group 1), then release stage kt - 1's slot
-// (its MMAs are done in this warp; the empty barrier waits for all 8 warps).
-template <typename T, int N, int NMAX, u32 STAGE_BYTES>
+// The consumers' share of a stage's token rows where they are not a TMA box: thread
+// tid (< 256) copies 16-byte chunk tid % 8 of rows tid / 8 + 32 i, zero-filled past the
+// tile's rows and k_end (rows past the MMAs' last 16 are not touched), then arrives on the
+// slot's full barrier once its copies have landed.
+template <typename T, int MT, u32 STAGE_BYTES>
+struct MoeTmaRows {
+    const T* a;
+    u32 k, k_begin, k_end, c, r, rows16, smem, bars;
+    u32 src[MT];  // source row of rows r + 32 i (~0u: past the tile's rows)
+    __device__ __forceinline__ MoeTmaRows(const MoeGemm& p, const MoeTile& t, u32 smem_, u32 bars_)
+        : a(reinterpret_cast<const T*>(p.a)), k(p.k), k_begin(t.k_begin), k_end(t.k_end), c(threadIdx.x & 7u),
+          r(threadIdx.x >> 3), rows16((t.rows + 15) / 16 * 16), smem(smem_), bars(bars_) {
+#pragma unroll
+        for (u32 i = 0; i < (u32)MT; ++i) {
+            const u32 row = r + 32 * i;
+            src[i] = ~0u;
+            if (row < t.rows) src[i] = p.a_rows ? __ldcg(p.a_rows + t.row0 + row) : t.row0 + row;
+        }
+    }
+    __device__ __forceinline__ void load(u32 kt) const {
+        const u32 s = kt % MOE_TMA_STAGES, kc = k_begin + kt * MOE_SBK + c * 8;
+        const u32 stage = smem + s * STAGE_BYTES;
+#pragma unroll
+        for (u32 i = 0; i < (u32)MT; ++i) {
+            const u32 row = r + 32 * i;
+            if (row >= rows16) continue;
+            const bool ok = src[i] != ~0u && kc < k_end;
+            moe_cp_async16(stage + row * 128 + (((c ^ row) & 7u) << 4), ok ? a + (u64)src[i] * k + kc : a, ok ? 16 : 0);
+        }
+        moe_cp_async_arrive(bars + s * 8);
+    }
+};
+
+// The consumers' k loop for the tile's first N token rows: (LOADS) load this thread's share of
+// stage kt + 2's token rows once stage kt - 2's MMAs are done everywhere, wait for stage kt's
+// slot, issue its MMAs, keep one group in flight (wgmma.wait_group 1), then release stage
+// kt - 1's slot (its MMAs are done in this warp; the empty barrier waits for all 8 warps).
+template <typename T, int N, int NMAX, u32 STAGE_BYTES, typename Rows>
 __device__ __forceinline__ void moe_wgmma_tma_k(float (&acc)[NMAX / 2], u32 k_tiles, u32 smem, u32 wa, u32 bars,
-                                                u32 lane) {
+                                                u32 lane, const Rows& rows, bool loads) {
     constexpr u32 S = MOE_TMA_STAGES;
     for (u32 kt = 0; kt < k_tiles; ++kt) {
         const u32 s = kt % S;
+        if (loads && kt + 2 < k_tiles) {
+            const u32 kn = kt + 2;
+            if (kn >= S) moe_mbar_wait(bars + (S + kn % S) * 8, (kn / S - 1) & 1u);
+            rows.load(kn);
+        }
         moe_mbar_wait(bars + s * 8, (kt / S) & 1u);
-        moe_fence_proxy_async();  // the producer's cp.async rows (generic proxy), seen by wgmma
+        moe_fence_proxy_async();  // the consumers' cp.async rows (generic proxy), seen by wgmma
         const u32 stage = smem + s * STAGE_BYTES;
         moe_wgmma_fence();
         moe_wgmma_stage<T, N, NMAX>(acc, stage + wa, stage);
@@ -358,16 +410,16 @@ __device__ __forceinline__ void moe_wgmma_tma_k(float (&acc)[NMAX / 2], u32 k_ti
     moe_wgmma_wait0();  // the accumulators are read next
 }
 // The least N from N0 up, in steps of 16, that covers the live rows (as moe_wgmma_k_live).
-template <typename T, int N, int NMAX, u32 STAGE_BYTES>
+template <typename T, int N, int NMAX, u32 STAGE_BYTES, typename Rows>
 __device__ __forceinline__ void moe_wgmma_tma_live(u32 live16, float (&acc)[NMAX / 2], u32 k_tiles, u32 smem, u32 wa,
-                                                   u32 bars, u32 lane) {
+                                                   u32 bars, u32 lane, const Rows& rows, bool loads) {
     if constexpr (N < NMAX) {
         if (live16 * 16 > (u32)N) {
-            moe_wgmma_tma_live<T, N + 16, NMAX, STAGE_BYTES>(live16, acc, k_tiles, smem, wa, bars, lane);
+            moe_wgmma_tma_live<T, N + 16, NMAX, STAGE_BYTES>(live16, acc, k_tiles, smem, wa, bars, lane, rows, loads);
             return;
         }
     }
-    moe_wgmma_tma_k<T, N, NMAX, STAGE_BYTES>(acc, k_tiles, smem, wa, bars, lane);
+    moe_wgmma_tma_k<T, N, NMAX, STAGE_BYTES>(acc, k_tiles, smem, wa, bars, lane, rows, loads);
 }
 
 // The same box into L2 only.
@@ -380,7 +432,7 @@ template <typename T, int MT>
 __device__ void moe_gemm_wgmma_tma(const MoeGemm& p) {
     constexpr u32 BM = 32 * MT, BN = 128, NMAX = BM, S = MOE_TMA_STAGES;
     constexpr u32 A_BYTES = BM * MOE_SBK * 2, W_BYTES = BN * MOE_SBK * 2, STAGE_BYTES = A_BYTES + W_BYTES;
-    constexpr u32 RING_BYTES = S * STAGE_BYTES;
+    constexpr u32 RING_BYTES = S * STAGE_BYTES, BOX_BYTES = 32 * MOE_SBK * 2;
     static_assert(A_BYTES % 1024 == 0 && STAGE_BYTES % 1024 == 0, "SW128 tiles need 1024-byte alignment");
     extern __shared__ __align__(128) unsigned char moe_smem[];
     MoeTile t;
@@ -393,9 +445,11 @@ __device__ void moe_gemm_wgmma_tma(const MoeGemm& p) {
     const u32 bars = (smem - base >= 2 * S * 8) ? ((base + 7u) & ~7u) : smem + RING_BYTES;
     const auto full = [&](u32 s) { return bars + s * 8; };
     const auto empty = [&](u32 s) { return bars + (S + s) * 8; };
+    // Token rows by TMA: contiguous rows with a map, and no box past k_end inside the tensor.
+    const bool a_tma = p.a_map && !p.a_rows && (t.k_end == p.k || (t.k_end - t.k_begin) % MOE_SBK == 0);
     if (threadIdx.x == 0) {
         for (u32 s = 0; s < S; ++s) {
-            moe_mbar_init(full(s), 33);
+            moe_mbar_init(full(s), a_tma ? 2 : 1 + 256);
             moe_mbar_init(empty(s), 8);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -404,71 +458,65 @@ __device__ void moe_gemm_wgmma_tma(const MoeGemm& p) {
     const u32 k_tiles = (t.k_end - t.k_begin + MOE_SBK - 1) / MOE_SBK;
 
     if (warp == 2 * 4) {
-        // ---- producer ----
-        const T* a = reinterpret_cast<const T*>(p.a);
-        const u32 c = lane & 7u, r = lane >> 3;  // chunk c of rows r, r + 4, ...
+        // ---- producer (lane 0) ----
+        if (lane != 0) return;
         const auto load_w = [&](u32 kt) {
-            if (lane == 0) {
-                const u32 s = kt % S;
-                moe_mbar_arrive_tx(full(s), W_BYTES);
-                moe_tma_load_3d(smem + s * STAGE_BYTES + A_BYTES, p.w_map, full(s), (int)(t.k_begin + kt * MOE_SBK),
-                                (int)(t.nb * BN), (int)t.expert);
-            }
+            const u32 s = kt % S;
+            moe_mbar_arrive_tx(full(s), W_BYTES);
+            moe_tma_load_3d(smem + s * STAGE_BYTES + A_BYTES, p.w_map, full(s), (int)(t.k_begin + kt * MOE_SBK),
+                            (int)(t.nb * BN), (int)t.expert);
         };
-        // The map was written by a host copy (generic proxy) before the launch: acquire it
-        // for the tensor-map proxy before its first use.
-        if (lane == 0) asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" :: "l"(p.w_map) : "memory");
+        // One 32-row box per 32 live rows (the MMAs read no rows past the tile's last 16).
+        const u32 boxes = min((u32)MT, (t.rows + 31) / 32);
+        const auto load_a = [&](u32 kt) {
+            const u32 s = kt % S;
+            moe_mbar_arrive_tx(full(s), boxes * BOX_BYTES);
+            for (u32 j = 0; j < boxes; ++j)
+                moe_tma_load_2d(smem + s * STAGE_BYTES + j * BOX_BYTES, p.a_map, full(s),
+                                (int)(t.k_begin + kt * MOE_SBK), (int)(t.row0 + 32 * j));
+        };
+        // The maps were written by a host copy (generic proxy) before the launch: acquire
+        // them for the tensor-map proxy before their first use.
+        asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" :: "l"(p.w_map) : "memory");
+        if (a_tma) asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" :: "l"(p.a_map) : "memory");
         // The weights of the first stages do not depend on the previous kernel.
         const u32 first = min(S, k_tiles);
         for (u32 kt = 0; kt < first; ++kt) load_w(kt);
         // The plan's early_k of the weights into L2 (as moe_prefetch_rows_l2), box by box.
-        if (p.early_k && lane == 0) {
+        if (p.early_k) {
             const u32 pf_tiles = (min(t.k_end, t.k_begin + p.early_k) - t.k_begin + MOE_SBK - 1) / MOE_SBK;
             for (u32 kt = first; kt < pf_tiles; ++kt)
                 moe_tma_prefetch_3d(p.w_map, (int)(t.k_begin + kt * MOE_SBK), (int)(t.nb * BN), (int)t.expert);
+            wait_prior_grid();  // else moe_gemm_tile waited
         }
-        if (p.early_k) wait_prior_grid();  // else moe_gemm_tile waited
         release_next_grid();
-        // The source row of each of this lane's tile rows (~0u: past the tile's rows).
-        constexpr u32 ROWS = BM / 4;
-        u32 src[ROWS];
-#pragma unroll
-        for (u32 i = 0; i < ROWS; ++i) {
-            const u32 row = r + 4 * i;
-            src[i] = ~0u;
-            if (row < t.rows) src[i] = p.a_rows ? __ldcg(p.a_rows + t.row0 + row) : t.row0 + row;
+        if (a_tma) {
+            // act was written by the previous kernel's generic stores; read here by the async proxy.
+            asm volatile("fence.proxy.async.global;" ::: "memory");
+            for (u32 kt = 0; kt < first; ++kt) load_a(kt);
         }
-        const auto load_a = [&](u32 kt) {
-            const u32 s = kt % S, kc = t.k_begin + kt * MOE_SBK + c * 8;
-            const u32 stage = smem + s * STAGE_BYTES;
-#pragma unroll
-            for (u32 i = 0; i < ROWS; ++i) {
-                const u32 row = r + 4 * i, d = stage + row * 128 + (((c ^ row) & 7u) << 4);
-                const bool ok = src[i] != ~0u && kc < t.k_end;
-                moe_cp_async16(d, ok ? a + (u64)src[i] * p.k + kc : a, ok ? 16 : 0);
-            }
-            moe_cp_async_arrive(full(s));
-        };
-        for (u32 kt = 0; kt < first; ++kt) load_a(kt);
         for (u32 kt = first; kt < k_tiles; ++kt) {
             moe_mbar_wait(empty(kt % S), (kt / S - 1) & 1u);  // stage kt - S's MMAs are done
             load_w(kt);
-            load_a(kt);
+            if (a_tma) load_a(kt);
         }
         // Stay until the last stages have landed (nothing is left in flight at exit).
-        asm volatile("cp.async.wait_all;" ::: "memory");
         for (u32 kt = k_tiles > S ? k_tiles - S : 0; kt < k_tiles; ++kt) moe_mbar_wait(full(kt % S), (kt / S) & 1u);
         return;
     }
 
     // ---- consumers: warpgroup wg multiplies weight rows 64·wg .. of each stage ----
-    if (p.early_k) wait_prior_grid();  // before the epilogue's reads and writes
+    if (p.early_k) wait_prior_grid();  // before the token rows, the epilogue's reads and writes
     release_next_grid();
+    const MoeTmaRows<T, MT, STAGE_BYTES> rows(p, t, smem, bars);
+    if (!a_tma)
+        for (u32 kt = 0; kt < min(2u, k_tiles); ++kt) rows.load(kt);
     const u32 wg = warp >> 2, live16 = (t.rows + 15) / 16;
     float acc[NMAX / 2];
 #pragma unroll
     for (int i = 0; i < (int)NMAX / 2; ++i) acc[i] = 0.0f;
-    moe_wgmma_tma_live<T, 16, NMAX, STAGE_BYTES>(live16, acc, k_tiles, smem, A_BYTES + wg * 64 * 128, bars, lane);
+    moe_wgmma_tma_live<T, 16, NMAX, STAGE_BYTES>(live16, acc, k_tiles, smem, A_BYTES + wg * 64 * 128, bars, lane, rows,
+                                                 !a_tma);
     moe_fence_proxy_async();  // the MMAs' reads of the ring before the epilogue's writes to it
     moe_wgmma_finish<T, BM, true>(p, t, acc, reinterpret_cast<float*>(moe_smem + (smem - base)));
 }

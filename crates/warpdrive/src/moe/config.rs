@@ -42,19 +42,67 @@ pub(super) const WGMMA_ONE_ROW_MIN_INTERMEDIATE: usize = 1024;
 /// [`MoeLayer::set_wgmma_overlap`]: super::MoeLayer::set_wgmma_overlap
 pub(super) const WGMMA_OVERLAP_MIN_DEPTH: usize = 2560;
 
-/// Whether a pass takes the wide wgmma tile: `forced` when the layer forces it, else where an
-/// expert's rows overflow one 96-row tile (`rows_per_expert` > 96) and both projections run
-/// at least [`WGMMA_OVERLAP_MIN_DEPTH`] deep (`min_depth`: the smaller of hidden and
-/// intermediate). At 4096 tokens on an H100 the wide tile took 21 % off gpt-oss (both 2880
-/// deep, ~128 rows an expert) and 6.5 % off mixtral (4096 / 14336, ~1024 rows), was even on
-/// deepseek-v3-slice (down 256 deep) and added 12 % to qwen3 (768 / 2048): its one block per
-/// SM pays its start and stage barriers back only over deep K (bench/NOTES.md, MoE wide tile).
-pub(super) fn wgmma_wide_for(
-    rows_per_expert: usize,
-    min_depth: usize,
-    forced: Option<bool>,
-) -> bool {
-    forced.unwrap_or(rows_per_expert > 96 && min_depth >= WGMMA_OVERLAP_MIN_DEPTH)
+/// Which projections a layer forces onto the wide wgmma tile
+/// ([`MoeLayer::set_wgmma_wide`]); the others run the plan's 64- or 96-row tile. The
+/// dispatch's work list then comes in the wide tile's 192-row items and a narrower GEMM takes
+/// each item as 2 or 3 row tiles of its own.
+///
+/// [`MoeLayer::set_wgmma_wide`]: super::MoeLayer::set_wgmma_wide
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WgmmaWide {
+    /// Neither projection: the 64- and 96-row tiles (two blocks per SM).
+    Neither,
+    /// The gate/up projection only (K = hidden).
+    GateUp,
+    /// The down projection only (K = intermediate).
+    Down,
+    /// Both projections.
+    Both,
+}
+
+impl WgmmaWide {
+    /// From a choice per projection.
+    pub fn of(gate_up: bool, down: bool) -> WgmmaWide {
+        match (gate_up, down) {
+            (false, false) => WgmmaWide::Neither,
+            (true, false) => WgmmaWide::GateUp,
+            (false, true) => WgmmaWide::Down,
+            (true, true) => WgmmaWide::Both,
+        }
+    }
+    /// Whether the gate/up projection takes the wide tile.
+    pub fn gate_up(self) -> bool {
+        matches!(self, WgmmaWide::GateUp | WgmmaWide::Both)
+    }
+    /// Whether the down projection takes the wide tile.
+    pub fn down(self) -> bool {
+        matches!(self, WgmmaWide::Down | WgmmaWide::Both)
+    }
+}
+
+/// Whether a pass's wgmma tiles take the wide tile (192 token rows, one block per SM):
+/// `forced` (per projection) when the layer forces it, else where an expert's rows overflow
+/// one 96-row tile (`rows_per_expert` > 96) and 192-row tiles pad them at most 10 % more
+/// than 96-row tiles do (128 rows: 192 either way, and the wide tile streams the weights
+/// once; 256: 384 against 288). The wide tile saves weight traffic and pays for rows it pads.
+/// On an H100 it took 9 % off deepseek-v3-slice at 4096 tokens (128 rows), 14 % off qwen3 at
+/// 2048 (128) and 10 % off mixtral at 4096 (1024: 1152 against 1056 rows), and lost 9 % on
+/// qwen3 at 4096 (256) and 5 % on mixtral at 1024 (256) (bench/NOTES.md, MoE: the wide tile
+/// by rows and the TMA tile by tiles per expert).
+pub(super) fn wgmma_wide_for(rows_per_expert: usize, forced: Option<bool>) -> bool {
+    forced.unwrap_or_else(|| {
+        let padded = |tile: usize| rows_per_expert.div_ceil(tile).saturating_mul(tile);
+        rows_per_expert > 96 && padded(192).saturating_mul(10) <= padded(96).saturating_mul(11)
+    })
+}
+
+/// Whether a wgmma tile of `mt` m16 tiles takes the warp-specialized TMA kernel: `forced`
+/// when the layer forces it, else where one tile holds an expert's rows (2 to 16·`mt`; one
+/// row is the decode's). On an H100 it took 2-5 % off every pass measured where an expert's
+/// rows fit one tile, and added 8-19 % where they take several (mixtral at 1024 and 4096
+/// tokens, deepseek-v3-slice's 128 rows in 96-row tiles) (bench/NOTES.md, as above).
+pub(super) fn wgmma_tma_for(rows_per_expert: usize, mt: usize, forced: Option<bool>) -> bool {
+    forced.unwrap_or(rows_per_expert >= 2 && rows_per_expert <= 16 * mt)
 }
 
 /// Whether a wgmma tile `k_split` deep per block takes the overlap kernel: `forced` when the
@@ -412,6 +460,10 @@ pub(super) struct GemmShape {
     pub(super) n: usize,
     pub(super) k: usize,
     pub(super) mt: usize,
+    /// Row tiles of this GEMM per item of the dispatch's work list (the list's rows per item
+    /// over 16·mt): 1, or 2 / 3 for a 96- / 64-row tile where the other projection takes
+    /// the wide tile and the list comes in its 192-row items (`subtiles` of `MoeGemm`).
+    pub(super) subtiles: usize,
     /// Columns per block of the kernel that runs it.
     pub(super) bn: usize,
     pub(super) items: usize,
@@ -426,7 +478,8 @@ pub(super) struct GemmShape {
     /// shared memory and blocks per SM, one group of MMAs in flight across stages).
     pub(super) wgmma_overlap: bool,
     /// With `wgmma`, the warp-specialized tile (`moe_gemm_wgmma_tma`, the `t` kernels: the
-    /// weights by TMA, a producer warp, mbarriers; same tiles, shared memory and blocks per
+    /// weights and the down GEMM's act rows by TMA from a producer warp, the gathered rows by
+    /// the consumers' cp.async, mbarriers; same tiles, shared memory and blocks per
     /// SM, always one group of MMAs in flight), in place of the `w` / `o` kernels.
     pub(super) wgmma_tma: bool,
 }
@@ -470,6 +523,7 @@ impl GemmShape {
             n,
             k,
             mt,
+            subtiles: 1,
             bn,
             items,
             splits: k.div_ceil(k_split).max(1),

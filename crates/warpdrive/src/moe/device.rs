@@ -44,7 +44,7 @@ impl<T: Float> MoeLayer<T> {
                 && w.partial.len() >= plan.partial_len()
                 && w.logits.len() >= plan.logits_len(&self.config)
                 && w.tickets.len() >= plan.tickets_len()
-                && w.work.len() >= 2 * plan.up.items
+                && w.work.len() >= 2 * plan.items
         });
         if !fits {
             // Graph-sized passes share one workspace sized for all of them.
@@ -70,6 +70,9 @@ impl<T: Float> MoeLayer<T> {
                 &plans,
                 cublas || keep_cublas,
             )?);
+        }
+        if plan.down.wgmma_tma {
+            self.encode_act_map()?;
         }
         Ok(plan)
     }
@@ -136,6 +139,7 @@ impl<T: Float> MoeLayer<T> {
             y_rows: ws.y.device_ptr(),
             w13_map: self.wgmma_maps.as_ref().map_or(0, |m| m.device_ptr()),
             w2_map: self.wgmma_maps.as_ref().map_or(0, |m| m.device_ptr() + 128),
+            act_map: ws.act_map.as_ref().map_or(0, |m| m.device_ptr()),
         })
     }
 
@@ -161,6 +165,43 @@ impl<T: Float> MoeLayer<T> {
             })?;
             words.extend_from_slice(&map.0);
         }
+        self.upload_maps(&words)
+    }
+
+    /// The workspace's `act` ([rows, I], the down GEMM's token rows, contiguous per expert)
+    /// as a 2D TMA map of 32-row boxes (64 k × 32 rows, 128-byte swizzled, zero past the
+    /// buffer), once per workspace: its address is fixed until the workspace is reallocated,
+    /// which drops the graphs and this map with it. Where I's rows are not 16-byte strided
+    /// there is no map and the tile loads the rows by cp.async.
+    fn encode_act_map(&mut self) -> Result<()> {
+        let elem = std::mem::size_of::<T>();
+        let i = self.config.intermediate;
+        let (address, rows) = match self.ws.as_ref() {
+            Some(ws) if ws.act_map.is_none() && i > 0 && (i * elem) % 16 == 0 => {
+                (ws.act.device_ptr(), ws.act.len() / i)
+            }
+            _ => return Ok(()),
+        };
+        if rows == 0 {
+            return Ok(());
+        }
+        let q = self.stream.gpu("MoE TMA tensor maps")?;
+        let map = q.gpu.encode_tiled_map(&TiledMap {
+            dtype: T::KIND,
+            address,
+            dims: &[i as u64, rows as u64],
+            strides: &[(i * elem) as u64],
+            boxed: &[64, 32],
+        })?;
+        let buf = self.upload_maps(&map.0)?;
+        if let Some(ws) = self.ws.as_mut() {
+            ws.act_map = Some(buf);
+        }
+        Ok(())
+    }
+
+    /// Tensor maps (16 words each) in a device buffer, for the kernels to read.
+    fn upload_maps(&self, words: &[u64]) -> Result<Buffer<u64>> {
         let mut buf = Buffer::uninit(&self.stream, words.len())?;
         // The TMA unit reads a map in global memory at a 64-byte-aligned address (CUDA 13's
         // CUtensorMap declares 128).
@@ -170,7 +211,7 @@ impl<T: Float> MoeLayer<T> {
                 buf.device_ptr()
             )));
         }
-        buf.driver_copy_from_host(&self.stream, &words)?;
+        buf.driver_copy_from_host(&self.stream, words)?;
         Ok(buf)
     }
 

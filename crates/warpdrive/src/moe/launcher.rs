@@ -41,6 +41,9 @@ pub(super) struct Launcher {
     /// only for the warp-specialized wgmma tiles).
     pub(super) w13_map: u64,
     pub(super) w2_map: u64,
+    /// The 2D TMA map of `act` (0 unless the workspace has one: the down GEMM's token rows on
+    /// the warp-specialized tile; without it that tile loads them by cp.async).
+    pub(super) act_map: u64,
 }
 
 /// `MoeGemm` of `kernels/moe_shared.cu`, field for field (C layout).
@@ -64,11 +67,13 @@ struct GemmParams {
     tickets: u64,
     early_k: u32,
     items_fastest: u32,
+    subtiles: u32,
     epilogue: i32,
     out: u64,
     slot_weight: u64,
     order: u64,
     w_map: u64,
+    a_map: u64,
 }
 
 /// `MoeDecode` of `kernels/moe_decode.cu`, field for field (C layout).
@@ -265,6 +270,7 @@ impl Launcher {
                 w: self.w2,
                 w_stride: (c.hidden * c.intermediate) as u64,
                 w_map: self.w2_map,
+                a_map: self.act_map,
                 // The dispatch wrote the work list before the gate/up GEMM started.
                 early_k: u32_of(p.down_early_k, "down projection prefetch")?,
                 epilogue: 2,
@@ -690,6 +696,7 @@ impl Launcher {
         p.splits = shape.splits as u32;
         p.k_split = u32_of(shape.k_split, "GEMM split")?;
         p.items_fastest = u32::from(shape.items_fastest);
+        p.subtiles = u32_of(shape.subtiles, "GEMM tiles per work item")?;
         let t = self.dtype_index()?;
         let (source, name) = if shape.wgmma {
             let mt = match shape.mt {
@@ -734,12 +741,14 @@ impl Launcher {
             };
         let mut params = [&mut p as *mut GemmParams as *mut c_void];
         // SAFETY: moe_gemm_T_mMT(MoeGemm p): GemmParams is MoeGemm's C layout; `a` holds the
-        // rows the work list names (row indices from the dispatch), `w` one n×k matrix per
+        // rows the work list names (row indices from the dispatch; `subtiles` · 16·mt = the
+        // list's rows per item, Plan::new), `w` one n×k matrix per
         // expert, `partial` splits·rows_cap·n f32 and `tickets` one word per tile (the
         // workspace is sized from this plan), `out` rows_cap rows of the epilogue's width (T).
         // The kernel waits for the previous one before it reads anything but the weights and
         // (with early_k, written two kernels back) the work list, and before any write. The
-        // TMA tile's `w_map` is a 128-byte tensor map of `w` in device memory, written once.
+        // TMA tile's `w_map` is a 128-byte tensor map of `w` in device memory, written once;
+        // its `a_map` (or 0) one of `a` (the workspace's act, [its rows, k]) written with it.
         unsafe {
             d.launch(
                 q.stream,

@@ -8,7 +8,7 @@ use crate::ops;
 use crate::telemetry;
 
 use super::config::{
-    auto_takes_cublas, ForwardStats, MoeConfig, MoePath, Routing, GRAPH_MAX_TOKENS,
+    auto_takes_cublas, ForwardStats, MoeConfig, MoePath, Routing, WgmmaWide, GRAPH_MAX_TOKENS,
 };
 use super::plan::{check_pass, Gpu, Plan, Workspace};
 use super::{weights, HostWeights, MoeWeights};
@@ -40,8 +40,8 @@ pub struct MoeLayer<T: Float> {
     /// The wgmma tiles take the overlap kernels: forced on or off, or (None, the default)
     /// per projection by the plan.
     pub(super) wgmma_overlap: Option<bool>,
-    /// The wide 192-row wgmma tile: forced on or off, or `None` for the plan's choice.
-    pub(super) wgmma_wide: Option<bool>,
+    /// The wide 192-row wgmma tile: forced per projection, or `None` for the plan's choice.
+    pub(super) wgmma_wide: Option<WgmmaWide>,
     /// The warp-specialized TMA wgmma tiles: forced on or off, or `None` (off for now).
     pub(super) wgmma_tma: Option<bool>,
     /// The prefill router: forced on or off, or `None` for the plan's choice.
@@ -200,14 +200,17 @@ impl<T: Float> MoeLayer<T> {
         }
     }
 
-    /// Forces every warpgroup-MMA tile onto the wide tile (`Some(true)`: 192 token rows × 128
-    /// weight rows, one block of 161 KB of stages per SM, so an expert's rows up to 192
-    /// stream its weights once) or onto the 64- and 96-row tiles (two per SM, `Some(false)`);
-    /// `None` (the default) lets the plan pick per pass: the wide tile where an expert's rows
-    /// overflow one 96-row tile and both projections run at least 2560 deep (issue 40). No
-    /// effect where the tiles do not run on wgmma or its shared memory does not fit. The
-    /// overlap choice applies to it as to the others. Drops the captured graphs.
-    pub fn set_wgmma_wide(&mut self, choice: Option<bool>) {
+    /// Forces the wide tile per projection: `Some(WgmmaWide::Both)` puts both GEMMs' warpgroup-MMA
+    /// tiles on it (192 token rows × 128 weight rows, one block of 161 KB of stages per SM, so
+    /// an expert's rows up to 192 stream its weights once), `Some(WgmmaWide::Neither)` keeps
+    /// both on the 64- and 96-row tiles (two per SM), `GateUp` / `Down` put only that
+    /// projection on it (the dispatch's work list then comes in 192-row items, which the
+    /// other GEMM takes as 2 or 3 tiles of its own). `None` (the default) lets the plan pick
+    /// by the rows an expert gets: the wide tile for both where they overflow one 96-row tile
+    /// and 192-row tiles pad them at most 10 % more than 96-row tiles do (issue 40). No effect where the tiles do not run on wgmma or its shared memory
+    /// does not fit. The overlap choice applies to it as to the others. Drops the captured
+    /// graphs.
+    pub fn set_wgmma_wide(&mut self, choice: Option<WgmmaWide>) {
         if choice != self.wgmma_wide {
             self.wgmma_wide = choice;
             self.graphs.clear();
@@ -215,12 +218,14 @@ impl<T: Float> MoeLayer<T> {
     }
 
     /// Forces every warpgroup-MMA tile onto its warp-specialized kernel (`Some(true)`: one
-    /// producer warp loads the weights by TMA and the token rows by cp.async into the same
-    /// 4-stage ring, behind full / empty mbarriers, while the two consumer warpgroups only
-    /// multiply, one group of MMAs in flight; same tiles, shared memory, blocks per SM and work
-    /// list) or keeps the `w` / `o` kernels (`Some(false)`); `None` (the default) is off until
-    /// the kernel is measured (issue 40). No effect where the tiles do not run on wgmma. Drops
-    /// the captured graphs.
+    /// producer warp loads the weights by TMA into the same 4-stage ring, behind full / empty
+    /// mbarriers, and the down projection's token rows too (TMA boxes of the workspace's act
+    /// rows), while the two consumer warpgroups multiply, one group of MMAs in flight, and
+    /// load the gathered gate/up token rows themselves by cp.async two stages ahead; same
+    /// tiles, shared memory, blocks per SM and work list) or keeps the `w` / `o` kernels
+    /// (`Some(false)`); `None` (the default) takes it per projection where one tile holds an
+    /// expert's rows, 2 of them or more (issue 40). No effect where the tiles do not run on
+    /// wgmma. Drops the captured graphs.
     pub fn set_wgmma_tma(&mut self, choice: Option<bool>) {
         if choice != self.wgmma_tma {
             self.wgmma_tma = choice;

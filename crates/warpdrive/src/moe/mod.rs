@@ -63,7 +63,7 @@ mod tests;
 pub mod weights;
 
 pub use config::{
-    ForwardStats, MoeConfig, MoePath, Router, Routing, AUTO_CUBLAS_MIN_FLOPS,
+    ForwardStats, MoeConfig, MoePath, Router, Routing, WgmmaWide, AUTO_CUBLAS_MIN_FLOPS,
     CUBLAS_GROUPED_MAX_FLOPS, GRAPH_MAX_TOKENS, PREFILL_ROUTER_MIN_TOKENS, PRESETS, TINY,
 };
 pub use layer::MoeLayer;

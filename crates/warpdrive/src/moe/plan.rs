@@ -6,9 +6,9 @@ use crate::memory::Buffer;
 use crate::{ops, size};
 
 use super::config::{
-    gemm_blocks_per_sm, gemm_shared_bytes, prefill_router_for, wgmma_overlap_for, wgmma_wide_for,
-    DecodeShape, GemmShape, MoeConfig, RouterShape, GEMM_BN, WGMMA_ONE_ROW_MIN_INTERMEDIATE,
-    WGMMA_WIDE_MT,
+    gemm_blocks_per_sm, gemm_shared_bytes, prefill_router_for, wgmma_overlap_for, wgmma_tma_for,
+    wgmma_wide_for, DecodeShape, GemmShape, MoeConfig, RouterShape, WgmmaWide, GEMM_BN,
+    WGMMA_ONE_ROW_MIN_INTERMEDIATE, WGMMA_WIDE_MT,
 };
 use super::layer::inter_pad;
 
@@ -28,13 +28,13 @@ pub(super) struct Gpu {
     /// forced on or off by [`MoeLayer::set_wgmma_overlap`], else (None) per projection by its
     /// depth ([`wgmma_overlap_for`]); only with `wgmma`.
     pub(super) wgmma_overlap: Option<bool>,
-    /// The wgmma tiles take the wide tile (192 token rows, one block per SM): `Some` where
-    /// [`MoeLayer::set_wgmma_wide`] forces it, `None` for the plan's choice
-    /// ([`wgmma_wide_for`]); only with `wgmma`.
-    pub(super) wgmma_wide: Option<bool>,
-    /// The wgmma tiles take the warp-specialized TMA kernels: only where
-    /// [`MoeLayer::set_wgmma_tma`] forces it (`Some(true)`; off by default until measured);
-    /// only with `wgmma`.
+    /// Which projections' wgmma tiles take the wide tile (192 token rows, one block per SM):
+    /// `Some` where [`MoeLayer::set_wgmma_wide`] forces it, `None` for the plan's choice by
+    /// the rows an expert gets ([`wgmma_wide_for`]); only with `wgmma`.
+    pub(super) wgmma_wide: Option<WgmmaWide>,
+    /// The wgmma tiles take the warp-specialized TMA kernels: forced on or off by
+    /// [`MoeLayer::set_wgmma_tma`], else (None) per projection where one tile holds an
+    /// expert's rows ([`wgmma_tma_for`]); only with `wgmma`.
     pub(super) wgmma_tma: Option<bool>,
     /// The prefill router (cuBLAS logits, routing and a many-block dispatch): `Some` where
     /// [`MoeLayer::set_prefill_router`] forces it, `None` for the plan's choice
@@ -89,8 +89,11 @@ impl Gpu {
 pub(super) struct Plan {
     pub(super) tokens: usize,
     pub(super) slots: usize,
-    /// Rows per expert tile of the dispatch's work list (16 · gate.mt).
+    /// Rows per item of the dispatch's work list: 16 · the larger mt of the two GEMMs (each
+    /// GEMM takes an item as its `subtiles` row tiles).
     pub(super) bm: usize,
+    /// Items the dispatch's work list can hold at most (tiles of `bm` rows).
+    pub(super) items: usize,
     pub(super) router: RouterShape,
     /// The router runs as the prefill router (cuBLAS logits, `moe_route_softmax` or the
     /// grouped sigmoid kernel, then a stable counting sort and `moe_dispatch_tail`) instead
@@ -149,56 +152,65 @@ impl Plan {
         let active = c.experts.min(slots).max(1);
         let rows_per_expert = slots.div_ceil(active);
         let mut mt = m_tiles(rows_per_expert, wgmma, c.intermediate);
-        // The wide tile, where chosen, takes every wgmma tile (one expert's rows at up to
-        // 192 stream its weights once instead of in 96-row tiles; bench/NOTES.md, MoE wide
-        // tile); where its stages do not fit, the tiles below.
-        let depth = c.hidden.min(c.intermediate);
-        if wgmma
-            && wgmma_wide_for(rows_per_expert, depth, wgmma_wide)
-            && mt >= 4
-            && gemm_shared_bytes(WGMMA_WIDE_MT, true) as usize <= shared_per_block
-        {
-            mt = WGMMA_WIDE_MT;
-        }
         // A prefill tile whose stages do not fit the device's shared memory (before compute
         // capability 9.0 many GPUs allow about 100 KB per block) gives way to a smaller one.
         while mt >= 4 && gemm_shared_bytes(mt, wgmma) as usize > shared_per_block {
             mt = if mt > 4 { 4 } else { 2 };
         }
+        // The wide tile, where chosen, takes a projection's wgmma tiles (one expert's rows at
+        // up to 192 stream its weights once instead of in 96-row tiles; bench/NOTES.md, MoE
+        // wide tile); where its stages do not fit, the tile above. Forced per projection, else
+        // both by the rows an expert gets.
+        let wide_fits =
+            wgmma && mt >= 4 && gemm_shared_bytes(WGMMA_WIDE_MT, true) as usize <= shared_per_block;
+        let wide = |forced: Option<bool>| wide_fits && wgmma_wide_for(rows_per_expert, forced);
+        let up_mt = if wide(wgmma_wide.map(|w| w.gate_up())) {
+            WGMMA_WIDE_MT
+        } else {
+            mt
+        };
+        let down_mt = if wide(wgmma_wide.map(|w| w.down())) {
+            WGMMA_WIDE_MT
+        } else {
+            mt
+        };
         let wgmma = wgmma && mt >= 4;
-        let bm = 16 * mt;
+        // One work list for both GEMMs, in the wider tile's items (192 rows divide by 96 and
+        // 64: a narrower GEMM takes each item as `subtiles` tiles of its own).
+        let bm = 16 * up_mt.max(down_mt);
         let items = active + slots / bm;
         // The overlap kernel per projection, from its depth per block unless forced.
         let on_wgmma = |shape: GemmShape| GemmShape {
             wgmma,
             wgmma_overlap: wgmma && wgmma_overlap_for(shape.k_split, wgmma_overlap),
-            wgmma_tma: wgmma && wgmma_tma == Some(true),
+            wgmma_tma: wgmma && wgmma_tma_for(rows_per_expert, shape.mt, wgmma_tma),
             ..shape
         };
-        let down = on_wgmma(GemmShape::new(
-            c.hidden,
-            c.intermediate,
-            (mt, GEMM_BN),
-            (items, active),
-            256,
-            sms,
-        ));
+        let gemm = |n: usize, k: usize, mt: usize| {
+            let subtiles = bm / (16 * mt);
+            GemmShape {
+                subtiles,
+                ..on_wgmma(GemmShape::new(
+                    n,
+                    k,
+                    (mt, GEMM_BN),
+                    (items * subtiles, active),
+                    256,
+                    sms,
+                ))
+            }
+        };
+        let down = gemm(c.hidden, c.intermediate, down_mt);
         Plan {
             tokens,
             slots,
             bm,
+            items,
             router: RouterShape::new(c, tokens, sms, clusters),
             prefill_router: prefill_router_for(c, tokens, prefill_router),
             decode: DecodeShape::new(c, tokens, gpu),
             down_early_k: down_prefetch(c, &down, active, l2_bytes, sms),
-            up: on_wgmma(GemmShape::new(
-                2 * c.intermediate,
-                c.hidden,
-                (mt, GEMM_BN),
-                (items, active),
-                256,
-                sms,
-            )),
+            up: gemm(2 * c.intermediate, c.hidden, up_mt),
             down,
         }
     }
@@ -288,6 +300,10 @@ pub(super) struct Workspace<T: Float> {
     pub(super) cublas: Option<[Buffer<T>; 3]>,
     /// cuBLAS path: the device pointer arrays of its two grouped GEMMs (6 words per expert).
     pub(super) gemm_pointers: Option<Buffer<u64>>,
+    /// The warp-specialized wgmma tile's TMA map of `act` (one 128-byte map; encoded by
+    /// `MoeLayer::prepare` on the first plan whose down GEMM takes that tile, dropped with
+    /// the workspace: graphs that captured its address are dropped first).
+    pub(super) act_map: Option<Buffer<u64>>,
 }
 
 impl<T: Float> Workspace<T> {
@@ -303,7 +319,7 @@ impl<T: Float> Workspace<T> {
         let max = |f: &dyn Fn(&Plan) -> usize| plans.iter().map(f).max().unwrap_or(0).max(1);
         // Zero once: each GEMM's last block per tile resets its ticket.
         let tickets = Buffer::zeros(stream, max(&|p| p.tickets_len()))?;
-        let items = max(&|p| p.up.items);
+        let items = max(&|p| p.items);
         Ok(Workspace {
             tokens,
             logits: Buffer::uninit(stream, max(&|p| p.logits_len(c)))?,
@@ -343,6 +359,7 @@ impl<T: Float> Workspace<T> {
             } else {
                 None
             },
+            act_map: None,
         })
     }
 }

@@ -2,7 +2,7 @@ use crate::error::{Error, Result};
 
 use super::config::{
     auto_takes_cublas, prefill_router_for, wgmma_overlap_for, wgmma_wide_for, DecodeShape,
-    MoeConfig, Router, GRAPH_MAX_TOKENS, PREFILL_ROUTER_MIN_TOKENS, PRESETS,
+    GemmShape, MoeConfig, Router, WgmmaWide, GRAPH_MAX_TOKENS, PREFILL_ROUTER_MIN_TOKENS, PRESETS,
     WGMMA_OVERLAP_MIN_DEPTH,
 };
 use super::plan::{Gpu, Plan};
@@ -175,7 +175,7 @@ fn wgmma_overlap_by_default_where_the_blocks_run_deep() -> Result<()> {
         ..MoeConfig::tiny()
     };
     let wide = Gpu {
-        wgmma_wide: Some(true),
+        wgmma_wide: Some(WgmmaWide::Both),
         ..HOPPER
     };
     for (tokens, gpu) in [(301, HOPPER), (1025, HOPPER), (301, wide), (1025, wide)] {
@@ -199,7 +199,7 @@ fn wgmma_overlap_by_default_where_the_blocks_run_deep() -> Result<()> {
 #[test]
 fn wgmma_wide_takes_the_wgmma_tiles() -> Result<()> {
     let wide = Gpu {
-        wgmma_wide: Some(true),
+        wgmma_wide: Some(WgmmaWide::Both),
         ..HOPPER
     };
     for name in PRESETS {
@@ -243,21 +243,25 @@ fn wgmma_wide_takes_the_wgmma_tiles() -> Result<()> {
     Ok(())
 }
 
-/// The plan's own choice of the wide tile (what an H100 measured at 4096 tokens): on where an
-/// expert's rows overflow one 96-row tile and both projections run deep (gpt-oss, mixtral),
-/// off where either is shallow (qwen3, deepseek-v3-slice's 256-deep down projection) or the
-/// rows fit one tile; forcing wins either way.
+/// The plan's own choice of the wide tile (what an H100 measured from 512 to 4096 tokens): on
+/// where an expert's rows overflow one 96-row tile and 192-row tiles pad them at most 10 %
+/// more (128 rows: gpt-oss and deepseek-v3-slice at 4096, qwen3 at 2048; mixtral's 1024 at
+/// 4096), off where they pad a third more (256 rows: qwen3 at 4096, mixtral at 1024) or fit
+/// one tile; forcing wins either way.
 #[test]
-fn wgmma_wide_is_chosen_by_rows_and_depth() -> Result<()> {
+fn wgmma_wide_is_chosen_by_the_rows_it_pads() -> Result<()> {
     let off = Gpu {
-        wgmma_wide: Some(false),
+        wgmma_wide: Some(WgmmaWide::Neither),
         ..HOPPER
     };
     for (name, tokens, wide) in [
         ("gpt-oss-120b", 4096, true),
         ("mixtral-8x7b", 4096, true),
         ("qwen3-30b-a3b", 4096, false),
-        ("deepseek-v3-slice", 4096, false),
+        ("qwen3-30b-a3b", 2048, true),
+        ("deepseek-v3-slice", 4096, true),
+        ("mixtral-8x7b", 1024, false),
+        ("mixtral-8x7b", 512, true),
         ("gpt-oss-120b", 1024, false),
         ("gpt-oss-120b", 1, false),
     ] {
@@ -270,11 +274,112 @@ fn wgmma_wide_is_chosen_by_rows_and_depth() -> Result<()> {
             "{name} at {tokens}, forced off"
         );
     }
-    assert!(wgmma_wide_for(97, WGMMA_OVERLAP_MIN_DEPTH, None));
-    assert!(!wgmma_wide_for(96, 1 << 20, None));
-    assert!(!wgmma_wide_for(1 << 20, WGMMA_OVERLAP_MIN_DEPTH - 1, None));
-    assert!(wgmma_wide_for(1, 1, Some(true)));
-    assert!(!wgmma_wide_for(1 << 20, 1 << 20, Some(false)));
+    for (rows, wide) in [
+        (96, false),
+        (97, true),
+        (192, true),
+        (193, false),
+        (288, false),
+        (289, true),
+        (384, true),
+        (385, false),
+        (1024, true),
+    ] {
+        assert_eq!(wgmma_wide_for(rows, None), wide, "{rows} rows");
+    }
+    assert!(wgmma_wide_for(1, Some(true)));
+    assert!(!wgmma_wide_for(1024, Some(false)));
+    // Rows past any pass's size saturate rather than overflow.
+    let _ = wgmma_wide_for(usize::MAX, None);
+    Ok(())
+}
+
+/// The plan's default choices (tiles, work list, splits, overlap, TMA, grid order, prefetch)
+/// for the four presets at 1024 and 4096 tokens on an H100 / H200, pinned: none moves
+/// without a GPU run. These are the H100's of 2026-11-27 (the wide tile by the rows it pads,
+/// the TMA tile where one tile holds an expert's rows; bench/NOTES.md).
+#[test]
+fn the_default_plans_are_the_measured_ones() -> Result<()> {
+    type G = (usize, usize, usize, usize, bool, bool, bool, bool);
+    let g = |s: &GemmShape| -> G {
+        (
+            s.mt,
+            s.items,
+            s.splits,
+            s.k_split,
+            s.items_fastest,
+            s.wgmma,
+            s.wgmma_overlap,
+            s.wgmma_tma,
+        )
+    };
+    // (preset, tokens, bm, up, down, down_early_k), printed from `Plan::new`.
+    #[rustfmt::skip]
+    let main: [(&str, usize, usize, G, G, usize); 8] = [
+        ("qwen3-30b-a3b", 1024, 96, (6, 213, 1, 2048, false, true, false, true), (6, 213, 1, 768, false, true, false, true), 0),
+        ("qwen3-30b-a3b", 4096, 96, (6, 469, 1, 2048, true, true, false, false), (6, 469, 1, 768, true, true, false, false), 0),
+        ("deepseek-v3-slice", 1024, 64, (4, 384, 1, 7168, false, true, true, true), (4, 384, 1, 256, false, true, false, true), 0),
+        ("deepseek-v3-slice", 4096, 192, (12, 426, 1, 7168, false, true, true, true), (12, 426, 1, 256, false, true, false, true), 0),
+        ("gpt-oss-120b", 1024, 64, (4, 192, 1, 2880, false, true, true, true), (4, 192, 1, 2880, false, true, true, true), 0),
+        ("gpt-oss-120b", 4096, 192, (12, 213, 1, 2880, false, true, true, true), (12, 213, 1, 2880, false, true, true, true), 0),
+        ("mixtral-8x7b", 1024, 96, (6, 29, 1, 4096, true, true, true, false), (6, 29, 1, 14336, true, true, true, false), 384),
+        ("mixtral-8x7b", 4096, 192, (12, 50, 1, 4096, true, true, true, false), (12, 50, 1, 14336, true, true, true, false), 0),
+    ];
+    for (name, tokens, bm, up, down, early) in main {
+        let p = Plan::new(&MoeConfig::preset(name)?, tokens, HOPPER);
+        let now = (p.bm, g(&p.up), g(&p.down), p.down_early_k);
+        assert_eq!(now, (bm, up, down, early), "{name} at {tokens} tokens");
+        assert_eq!((p.items, p.up.subtiles, p.down.subtiles), (up.1, 1, 1));
+    }
+    Ok(())
+}
+
+/// Forcing the wide tile on one projection: that GEMM takes the 192-row tile, the other keeps
+/// the tile it has without forcing, the work list comes in 192-row items and the narrower
+/// GEMM takes each as 2 (96-row) or 3 (64-row) tiles, its grid sized for them.
+#[test]
+fn wgmma_wide_forced_per_projection() -> Result<()> {
+    let with = |w| Gpu {
+        wgmma_wide: Some(w),
+        ..HOPPER
+    };
+    for name in PRESETS {
+        let c = MoeConfig::preset(name)?;
+        for tokens in [1, 5, 64, 301, 1024, 4096] {
+            let base = Plan::new(&c, tokens, with(WgmmaWide::Neither));
+            for w in [WgmmaWide::GateUp, WgmmaWide::Down, WgmmaWide::Both] {
+                let p = Plan::new(&c, tokens, with(w));
+                if !base.up.wgmma {
+                    assert_eq!(
+                        (p.up.mt, p.down.mt, p.bm),
+                        (base.up.mt, base.down.mt, base.bm)
+                    );
+                    continue;
+                }
+                let want = |wide: bool, b: &GemmShape| if wide { 12 } else { b.mt };
+                let at = format!("{name} at {tokens}, {w:?}");
+                assert_eq!(p.up.mt, want(w.gate_up(), &base.up), "{at}");
+                assert_eq!(p.down.mt, want(w.down(), &base.down), "{at}");
+                assert_eq!(p.bm, 192, "{at}");
+                let slots = tokens * c.top_k;
+                assert_eq!(p.items, c.experts.min(slots) + slots / 192, "{at}");
+                for s in [&p.up, &p.down] {
+                    assert_eq!(s.subtiles * 16 * s.mt, p.bm, "{at}");
+                    assert_eq!(s.items, p.items * s.subtiles, "{at}");
+                    assert!(s.wgmma, "{at}");
+                }
+                assert!(p.tickets_len() >= p.up.tiles().max(p.down.tiles()));
+            }
+        }
+    }
+    // The plan's own choice per projection agrees with the setter's `Both` where it is on.
+    let gpt = MoeConfig::preset("gpt-oss-120b")?;
+    let p = Plan::new(&gpt, 4096, HOPPER);
+    assert_eq!((p.up.mt, p.down.mt), (12, 12));
+    assert_eq!(WgmmaWide::of(true, false), WgmmaWide::GateUp);
+    assert_eq!(WgmmaWide::of(false, true), WgmmaWide::Down);
+    assert!(WgmmaWide::Both.gate_up() && WgmmaWide::Both.down());
+    assert!(!WgmmaWide::Neither.gate_up() && !WgmmaWide::Neither.down());
     Ok(())
 }
 
@@ -330,11 +435,12 @@ fn prefill_router_from_its_size_unless_forced() -> Result<()> {
     Ok(())
 }
 
-/// The warp-specialized TMA tiles run only where forced (off by default until measured), on
-/// every wgmma tile and nothing else, with the same tiles, splits, overlap choice and grid
-/// as without them (same shared memory and blocks per SM; only the kernel changes).
+/// The warp-specialized TMA tiles run by default where one wgmma tile holds an expert's rows
+/// (2 or more), forced on every wgmma tile and nothing else, forced off nowhere, with the
+/// same tiles, splits, overlap choice and grid either way (same shared memory and blocks per
+/// SM; only the kernel changes).
 #[test]
-fn wgmma_tma_only_where_forced() -> Result<()> {
+fn wgmma_tma_where_one_tile_holds_an_experts_rows() -> Result<()> {
     let forced = |choice| Gpu {
         wgmma_tma: choice,
         ..HOPPER
@@ -343,14 +449,15 @@ fn wgmma_tma_only_where_forced() -> Result<()> {
         let c = MoeConfig::preset(name)?;
         for tokens in [1, 5, 64, 1025, 4096] {
             let base = Plan::new(&c, tokens, HOPPER);
-            assert!(
-                !base.up.wgmma_tma && !base.down.wgmma_tma,
-                "{name} {tokens}"
-            );
+            let rows = (tokens * c.top_k).div_ceil(c.experts.min(tokens * c.top_k));
+            for g in [&base.up, &base.down] {
+                let one_tile = (2..=16 * g.mt).contains(&rows);
+                assert_eq!(g.wgmma_tma, g.wgmma && one_tile, "{name} {tokens}");
+            }
             let off = Plan::new(&c, tokens, forced(Some(false)));
             assert!(!off.up.wgmma_tma && !off.down.wgmma_tma, "{name} {tokens}");
             let on = Plan::new(&c, tokens, forced(Some(true)));
-            for (b, t) in [(&base.up, &on.up), (&base.down, &on.down)] {
+            for (b, t) in [(&off.up, &on.up), (&off.down, &on.down)] {
                 assert_eq!(t.wgmma_tma, b.wgmma, "{name} {tokens}");
                 assert_eq!(
                     (

@@ -3,7 +3,9 @@
 //! routing flips counted apart (tests/moe.rs, tests/moe_cuda.rs).
 
 use half::{bf16, f16};
-use warpdrive::moe::{HostWeights, MoeConfig, MoeLayer, MoePath, MoeWeights, Router, Routing};
+use warpdrive::moe::{
+    HostWeights, MoeConfig, MoeLayer, MoePath, MoeWeights, Router, Routing, WgmmaWide,
+};
 use warpdrive::{Buffer, DTypeKind, Device, Float};
 
 use super::{cuda, random_f32, rng};
@@ -206,12 +208,13 @@ pub struct Run {
     /// The wgmma tiles forced onto their overlap kernels or off them
     /// (`MoeLayer::set_wgmma_overlap`); None: the plan's choice per projection.
     pub overlap: Option<bool>,
-    /// Every wgmma tile forced onto the wide 192-row tile (`MoeLayer::set_wgmma_wide`);
-    /// false: the plan's choice.
-    pub wide: bool,
-    /// Every wgmma tile forced onto its warp-specialized TMA kernel
-    /// (`MoeLayer::set_wgmma_tma`); false: the default (off).
-    pub tma: bool,
+    /// The wgmma tiles of these projections forced onto the wide 192-row tile, the others off
+    /// it (`MoeLayer::set_wgmma_wide`); None: the plan's choice.
+    pub wide: Option<WgmmaWide>,
+    /// The wgmma tiles forced onto their warp-specialized TMA kernels or off them
+    /// (`MoeLayer::set_wgmma_tma`); None: the plan's choice (where one tile holds an
+    /// expert's rows).
+    pub tma: Option<bool>,
     /// Seeded host weights whose router bias sends every token's first choice to expert 0.
     pub one_expert: bool,
     /// The prefill router forced on or off (`MoeLayer::set_prefill_router`); None: the
@@ -226,8 +229,8 @@ pub const fn run(path: MoePath, graphs: bool) -> Run {
         wgmma: true,
         decode: true,
         overlap: None,
-        wide: false,
-        tma: false,
+        wide: None,
+        tma: None,
         one_expert: false,
         prefill: None,
     }
@@ -261,12 +264,8 @@ pub fn cuda_vs_cpu_as<T: Float>(c: MoeConfig, tokens: usize, r: Run, s: u64) -> 
     g.set_graphs(r.graphs);
     g.set_warpgroup_mma(r.wgmma);
     g.set_wgmma_overlap(r.overlap);
-    if r.wide {
-        g.set_wgmma_wide(Some(true));
-    }
-    if r.tma {
-        g.set_wgmma_tma(Some(true));
-    }
+    g.set_wgmma_wide(r.wide);
+    g.set_wgmma_tma(r.tma);
     g.set_decode_kernel(r.decode);
     g.set_prefill_router(r.prefill);
     let mut h = MoeLayer::<T>::new(&cs, c, weights).unwrap();
