@@ -82,13 +82,13 @@ impl WgmmaWide {
 
 /// Whether a pass's wgmma tiles take the wide tile (192 token rows, one block per SM):
 /// `forced` (per projection) when the layer forces it, else where an expert's rows overflow
-/// one 96-row tile (`rows_per_expert` > 96) and 192-row tiles pad them at most 10 % more
-/// than 96-row tiles do (128 rows: 192 either way, and the wide tile streams the weights
-/// once; 256: 384 against 288). The wide tile saves weight traffic and pays for rows it pads.
-/// On an H100 it took 9 % off deepseek-v3-slice at 4096 tokens (128 rows), 14 % off qwen3 at
-/// 2048 (128) and 10 % off mixtral at 4096 (1024: 1152 against 1056 rows), and lost 9 % on
-/// qwen3 at 4096 (256) and 5 % on mixtral at 1024 (256) (bench/NOTES.md, MoE: the wide tile
-/// by rows and the TMA tile by tiles per expert).
+/// one 96-row tile (`rows_per_expert` > 96) and 192-row tiles hold them in at most 10 % more
+/// tile rows than 96-row tiles do (128 rows: one wide tile streams the weights once where two
+/// narrow ones stream them twice; 256: 384 tile rows against 288, a short second wide tile).
+/// The rule follows the H100's measurements, not a profile: −9 % on deepseek-v3-slice at 4096
+/// tokens (128 rows), −14 % on qwen3 at 2048 (128), −10 % on mixtral at 4096 (1024), and +9 %
+/// on qwen3 at 4096 (256), +5 % on mixtral at 1024 (256) (bench/NOTES.md, MoE: the wide tile
+/// by the rows it pads).
 pub(super) fn wgmma_wide_for(rows_per_expert: usize, forced: Option<bool>) -> bool {
     forced.unwrap_or_else(|| {
         let padded = |tile: usize| rows_per_expert.div_ceil(tile).saturating_mul(tile);
