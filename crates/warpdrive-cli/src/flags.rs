@@ -300,11 +300,6 @@ pub(crate) struct LoadArgs {
     /// interval; default: warpdrive_serve::DEFAULT_EVENT_INTERVAL).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub(crate) event_interval: Option<u32>,
-    /// With --rate: one single-threaded runtime on each generator thread, each with its own
-    /// share of the connections, timer and socket driver, the jobs dealt to them in turn
-    /// (default: one multi-threaded runtime, whose threads share them).
-    #[arg(long, requires = "rate")]
-    pub(crate) split_runtimes: bool,
     /// Before the run, the same load for this many seconds on the same generator, not counted
     /// (a fresh process grows its heaps and buffers to the load's high-water mark once;
     /// default 0: none); its summary and stalls are printed after the run's.

@@ -43,7 +43,6 @@ pub(crate) fn load(args: &LoadArgs) -> Result<()> {
         event_interval: args
             .event_interval
             .unwrap_or(warpdrive_serve::DEFAULT_EVENT_INTERVAL),
-        split: args.split_runtimes,
         warmup: Duration::from_secs_f64(args.warmup),
         ..LoadConfig::new(args.addr, arrivals, Duration::from_secs_f64(args.seconds))
     };

@@ -18,8 +18,6 @@ use super::client::{Client, ClientConfig, Encoded, Failure, JobResult, JobSpec};
 use super::probe::{Probes, Stall};
 use super::wire::Format;
 
-pub mod split;
-
 /// How jobs arrive.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Arrivals {
@@ -62,18 +60,12 @@ pub struct LoadConfig {
     /// Stall probes in the generator (a thread and a task on its runtime, [`crate::probe`])
     /// note every wake-up later than this into [`LoadReport::stalls`] (`None`: no probes).
     pub stall_probe: Option<Duration>,
-    /// Open loop under [`run`]: one single-threaded runtime on each of `threads` threads,
-    /// each with its own share of the connections, timer wheel and socket driver, the jobs
-    /// dealt to them in turn ([`split`]). The default (`false`), one multi-threaded runtime,
-    /// shares its run queue, timer wheel and socket driver among its threads: one thread
-    /// stuck while it holds one of them stops every job.
-    pub split: bool,
-    /// Before the measured run, the same load for this long, on the same runtime and (in
-    /// the shared runtime) the same connections, with the same arrival times as the run's
-    /// start; not counted, its own report kept in [`LoadReport::warmup`]. A fresh process
-    /// grows its heaps (each thread's malloc arena a page at a time), pools and buffers to
-    /// the load's high-water mark once; a warm-up pays for that before the clock starts, as
-    /// the bench suite's warm process does. `Duration::ZERO` (the default): none.
+    /// Before the measured run, the same load for this long, on the same runtime and the same
+    /// connections, with the same arrival times as the run's start; not counted, its own
+    /// report kept in [`LoadReport::warmup`]. A fresh process grows its heaps (each thread's
+    /// malloc arena a page at a time), pools and buffers to the load's high-water mark once; a
+    /// warm-up pays for that before the clock starts, as the bench suite's warm process does.
+    /// `Duration::ZERO` (the default): none.
     pub warmup: Duration,
 }
 
@@ -98,7 +90,6 @@ impl LoadConfig {
             threads: default_threads(),
             event_interval: crate::DEFAULT_EVENT_INTERVAL,
             stall_probe: Some(DEFAULT_STALL_PROBE),
-            split: false,
             warmup: Duration::ZERO,
         }
     }
@@ -276,17 +267,6 @@ pub fn default_threads() -> usize {
 /// Runs `config` on a tokio runtime of its own (`config.threads` threads) and reports.
 pub fn run(config: &LoadConfig) -> Result<LoadReport, LoadError> {
     check(config)?;
-    if let (Arrivals::Poisson { per_s }, true) = (config.arrivals, config.split) {
-        // Split runtimes are made per run: the warm-up's threads end before the run's start
-        // (glibc hands their arenas to the new threads).
-        let warm = match config.warmup_config() {
-            Some(w) => Some(Box::new(split::run(&w, per_s)?)),
-            None => None,
-        };
-        let mut report = split::run(config, per_s)?;
-        report.warmup = warm;
-        return Ok(report);
-    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(config.threads.clamp(1, 64))
         .event_interval(config.event_interval.max(1))
@@ -352,8 +332,7 @@ async fn prepare(
     Ok((job, rng))
 }
 
-/// The same as [`run`], on the caller's tokio runtime (one multi-threaded runtime whatever
-/// [`LoadConfig::split`] says).
+/// The same as [`run`], on the caller's tokio runtime.
 pub async fn run_async(config: &LoadConfig) -> Result<LoadReport, LoadError> {
     check(config)?;
     let connections = match config.arrivals {

@@ -176,12 +176,7 @@ fn a_warm_up_comes_first_and_is_not_counted() {
         max_jobs: Some(30),
         ..LoadConfig::new(server.addr, Arrivals::Clients(2), Duration::from_secs(10))
     };
-    let split = LoadConfig {
-        threads: 2,
-        split: true,
-        ..open.clone()
-    };
-    for (name, c) in [("open", open), ("closed", closed.clone()), ("split", split)] {
+    for (name, c) in [("open", open), ("closed", closed.clone())] {
         let c = LoadConfig {
             warmup: Duration::from_millis(100),
             ..c
@@ -203,43 +198,6 @@ fn a_warm_up_comes_first_and_is_not_counted() {
     }
     // None asked, none run.
     assert!(load::run(&closed).unwrap().warmup.is_none());
-}
-
-#[test]
-fn an_open_loop_on_split_runtimes_answers_every_job() {
-    let server = double(4, Duration::from_millis(1), config());
-    let split = LoadConfig {
-        max_jobs: Some(90),
-        threads: 3,
-        connections: 4,
-        split: true,
-        format: Format::Binary(Dtype::F32),
-        ..LoadConfig::new(
-            server.addr,
-            Arrivals::Poisson { per_s: 600.0 },
-            Duration::from_secs(10),
-        )
-    };
-    let r = load::run(&split).unwrap();
-    assert_eq!(r.sent, 90);
-    assert_eq!((r.answered(), r.failed()), (90, 0), "{:?}", r.first_failure);
-    assert_eq!(r.offered_per_s, Some(600.0));
-    for v in [&r.lag_us, &r.pace_us, &r.to_service_us, &r.from_service_us] {
-        assert_eq!(v.len(), 90);
-        assert!(v.iter().all(|x| x.is_finite() && *x > -1e6), "{v:?}");
-    }
-    assert!(r.pace_us.iter().zip(&r.lag_us).all(|(p, l)| p <= l));
-    assert!(r
-        .stalls
-        .windows(2)
-        .all(|w| w[0].until_unix_us <= w[1].until_unix_us));
-    // A job cap smaller than the threads.
-    let r = load::run(&LoadConfig {
-        max_jobs: Some(2),
-        ..split.clone()
-    })
-    .unwrap();
-    assert_eq!((r.sent, r.answered()), (2, 2));
 }
 
 #[test]
