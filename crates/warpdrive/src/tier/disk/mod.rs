@@ -10,6 +10,7 @@ mod dio;
 mod direct;
 mod engine;
 mod sim;
+pub mod stamp;
 mod uring;
 
 use std::fs::{File, OpenOptions};

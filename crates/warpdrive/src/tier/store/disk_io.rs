@@ -124,6 +124,7 @@ impl TierStore {
             // the write is out (io_uring) or as it is copied into the I/O buffer.
             [(_, data)] if codec::stores_plain(data, compression, filter)? => {
                 let mut framer = codec::PlainFramer::start(data.len())?;
+                crate::tier::disk::stamp::mark("put: placing, path, framer");
                 let mut take = |bytes: &[u8]| framer.absorb(bytes);
                 let base = self.disk.append_aligned_taking(&path, data, &mut take)?;
                 placed.push((0, data.len() as u64, framer.header()));
@@ -149,6 +150,7 @@ impl TierStore {
                 self.disk.append_aligned(&path, &parts)?
             }
         };
+        crate::tier::disk::stamp::mark("put: after the I/O");
         if sync {
             self.disk.sync(&path)?;
             if !g.named[f] {
@@ -171,6 +173,7 @@ impl TierStore {
                 },
                 sync,
             )?;
+            crate::tier::disk::stamp::mark("put: index record write");
             let seg = g.segments.entry((folder, segment)).or_default();
             seg.live += at.len;
             seg.total = at.offset + at.len + pad_to_align(at.len);
@@ -303,6 +306,7 @@ impl TierStore {
             });
         }
         let path = self.segment_path(at.folder, at.segment);
+        crate::tier::disk::stamp::mark("get: index, checksum, path");
         let stream = Mutex::new(stream);
         let hash = |_: usize, bytes: &[u8]| {
             stream.lock().update(bytes);
@@ -317,10 +321,13 @@ impl TierStore {
                 detail: format!("{got} of {len} bytes on disk"),
             });
         }
+        crate::tier::disk::stamp::mark("get: after the I/O");
         stream.into_inner().finish()?;
+        crate::tier::disk::stamp::mark("get: checksum compare");
         g.stats.disk_hits += 1;
         metrics::counter!("warpdrive_tier_hits_total", "tier" => "disk").increment(1);
         g.stats.disk_bytes_read += at.len;
+        crate::tier::disk::stamp::mark("get: counters");
         Ok(true)
     }
 
