@@ -40,7 +40,7 @@ use warpdrive::bf16;
 use warpdrive::error::{Error, Result};
 use warpdrive::tier::codec::{decode_block, encode_block, Compression, Filter};
 use warpdrive::tier::disk::{
-    queue_depth, AlignedBuf, DirectFile, DiskIo, Engine, Io, IoEngine, SimDisk, QUEUE_DEPTH,
+    queue_depth, stamp, AlignedBuf, DirectFile, DiskIo, Engine, Io, IoEngine, SimDisk, QUEUE_DEPTH,
 };
 use warpdrive::tier::prefetch::Prefetch;
 use warpdrive::tier::{Durability, Tier, TierConfig, TierStore};
@@ -264,9 +264,10 @@ fn disk_cases(ctx: &mut Ctx) -> Result<()> {
             let (mut written_raw, mut written_ours) = (vec![0u64; n], vec![0u64; n]);
             let mut written_aligned = vec![0u64; n];
             let mut written_512 = vec![0u64; n];
+            let mut write_stages = Stages::new(4 * n);
             let writes = time_host_rounds(1, reps, 4 * n, |v| {
                 let e = v / 4;
-                match v % 4 {
+                write_stages.time(v, || match v % 4 {
                     0 => {
                         written_raw[e] += 1;
                         let (_, file, buf) = &raws[e];
@@ -288,7 +289,7 @@ fn disk_cases(ctx: &mut Ctx) -> Result<()> {
                         let key = format!("m{}", written_512[e]);
                         stores[e].put(&key, &held[skip..skip + size], Durability::Disk)
                     }
-                }
+                })
             })?;
             // The caller's buffer of `get_host_into`, reused as the raw loop reuses its own.
             let mut into = vec![0x5au8; size];
@@ -296,6 +297,7 @@ fn disk_cases(ctx: &mut Ctx) -> Result<()> {
             // Variant 5e: engine e's raw loop, 5e + 1: `get_host`, 5e + 2: `get_host_into`,
             // 5e + 3: `get_host_into` aligned memory, 5e + 4: into the 512 B-aligned slice.
             let mut next = vec![[0u64; 5]; n];
+            let mut read_stages = Stages::new(5 * n);
             let reads = time_host_rounds(1, reps, 5 * n, |v| {
                 let (e, which) = (v / 5, v % 5);
                 let count = match which {
@@ -306,7 +308,7 @@ fn disk_cases(ctx: &mut Ctx) -> Result<()> {
                 };
                 let at = &mut next[e][which];
                 *at = *at % count.max(1) + 1;
-                match which {
+                read_stages.time(v, || match which {
                     0 => {
                         let (_, file, buf) = &mut raws[e];
                         file.read_at_depth(buf, *at * stride, depth).map(drop)
@@ -321,7 +323,7 @@ fn disk_cases(ctx: &mut Ctx) -> Result<()> {
                         let out = &mut held_out[skip_out..skip_out + size];
                         stores[e].get_host_into(&format!("m{at}"), out)
                     }
-                }
+                })
             })?;
             let direct: Vec<bool> = raws.iter().map(|(_, f, _)| f.is_direct()).collect();
             drop(stores);
@@ -347,7 +349,8 @@ fn disk_cases(ctx: &mut Ctx) -> Result<()> {
                     take(&mut reads)?,
                     take(&mut reads)?,
                 );
-                for (case, raw, ours) in [
+                let (w, r) = (4 * e, 5 * e);
+                for (case, raw, ours, stages) in [
                     (
                         "disk-write",
                         &mut raw_w,
@@ -356,6 +359,9 @@ fn disk_cases(ctx: &mut Ctx) -> Result<()> {
                             ("warpdrive-aligned", &mut aligned_w),
                             ("warpdrive-512", &mut at512_w),
                         ],
+                        (w..w + 4)
+                            .map(|v| write_stages.medians(v))
+                            .collect::<Vec<_>>(),
                     ),
                     (
                         "disk-read",
@@ -366,13 +372,20 @@ fn disk_cases(ctx: &mut Ctx) -> Result<()> {
                             ("warpdrive-into-aligned", &mut aligned_r),
                             ("warpdrive-into-512", &mut at512_r),
                         ],
+                        (r..r + 5)
+                            .map(|v| read_stages.medians(v))
+                            .collect::<Vec<_>>(),
                     ),
                 ] {
+                    let mut stages = stages.into_iter();
                     let variant = on_engine("raw-odirect", *io);
                     let raw_row =
                         ctx.record_bytes(case, size as u64, &variant, raw, size as f64, None)?;
                     let raw_gbps = raw_row.gbps;
                     disk_extras(raw_row, *io, direct[e], depth);
+                    if let Some(Some(st)) = stages.next() {
+                        raw_row.extra.insert("stages_us".into(), st);
+                    }
                     for (variant, times) in ours {
                         let variant = on_engine(variant, *io);
                         let row = ctx.record_bytes(
@@ -384,6 +397,9 @@ fn disk_cases(ctx: &mut Ctx) -> Result<()> {
                             None,
                         )?;
                         disk_extras(row, *io, direct[e], depth);
+                        if let Some(Some(st)) = stages.next() {
+                            row.extra.insert("stages_us".into(), st);
+                        }
                         if let (Some(a), Some(b)) = (row.gbps, raw_gbps) {
                             row.extra
                                 .insert("pct_of_raw".into(), (100.0 * a / b).into());
@@ -396,6 +412,55 @@ fn disk_cases(ctx: &mut Ctx) -> Result<()> {
     })();
     let _ = std::fs::remove_dir_all(&dir);
     result
+}
+
+/// Per disk variant, each stage's times (µs) between the store's stage marks
+/// ([`stamp`], on in a build with warpdrive's `tier-stamps` feature; nothing without it): a
+/// row's `extra.stages_us` then holds each stage's median over every run of the variant
+/// (warm-ups included), named by the mark that ends it (`rest` runs from the last mark to the
+/// op's return; a raw row has only `rest`).
+struct Stages(Vec<Vec<(&'static str, Vec<f64>)>>);
+
+impl Stages {
+    fn new(variants: usize) -> Stages {
+        Stages(vec![Vec::new(); variants])
+    }
+
+    /// Runs `op`, variant `v`'s, keeping the times between its marks.
+    fn time<R>(&mut self, v: usize, op: impl FnOnce() -> R) -> R {
+        if !stamp::ON {
+            return op();
+        }
+        let _ = stamp::take();
+        stamp::mark("start");
+        let r = op();
+        stamp::mark("rest");
+        if let Some(stages) = self.0.get_mut(v) {
+            for w in stamp::take().windows(2) {
+                let us = (w[1].1 - w[0].1).as_secs_f64() * 1e6;
+                match stages.iter_mut().find(|(name, _)| *name == w[1].0) {
+                    Some((_, times)) => times.push(us),
+                    None => stages.push((w[1].0, vec![us])),
+                }
+            }
+        }
+        r
+    }
+
+    /// Variant `v`'s median per stage.
+    fn medians(&self, v: usize) -> Option<serde_json::Value> {
+        let stages = self.0.get(v).filter(|s| !s.is_empty())?;
+        let map = stages
+            .iter()
+            .map(|(name, times)| {
+                let mut t = times.clone();
+                t.sort_by(f64::total_cmp);
+                let median = t.get(t.len() / 2).copied().unwrap_or(0.0);
+                (name.to_string(), ((median * 100.0).round() / 100.0).into())
+            })
+            .collect();
+        Some(serde_json::Value::Object(map))
+    }
 }
 
 /// Bytes from `addr` to the next address that is a multiple of 512 but not of 4096.

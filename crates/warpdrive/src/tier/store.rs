@@ -259,9 +259,11 @@ impl TierStore {
         let key = key.to_string();
         let mut g = self.inner.lock();
         self.drop_from_memory(&mut g, &key);
+        crate::tier::disk::stamp::mark("put: key, lock, memory tiers");
         let on_disk = durability != Durability::Memory;
         if on_disk {
             self.write_to_disk(&mut g, &key, data, durability == Durability::Sync)?;
+            crate::tier::disk::stamp::mark("put: index, segment use");
         } else if let Some(old) = g.index.remove(&key) {
             // The disk copy is stale now.
             forget(&mut g, old);

@@ -532,9 +532,13 @@ impl DirectFile {
             return r.map(drop);
         }
         during();
-        self.file
+        crate::tier::disk::stamp::mark("put: xxh3");
+        let r = self
+            .file
             .write_all_at(bytes, offset)
-            .map_err(|e| Error::io(&self.path, e))
+            .map_err(|e| Error::io(&self.path, e));
+        crate::tier::disk::stamp::mark("put: pwrite");
+        r
     }
 
     /// Reads into `out` (aligned, or not direct: [`can_move_in_place`](Self::can_move_in_place))
@@ -563,8 +567,11 @@ impl DirectFile {
                 self.fill(&mut bytes, offset + (k * piece) as u64)
             };
             if pieces.len() == 1 {
+                crate::tier::disk::stamp::mark("get: handle, plan");
                 let n = read(0)?;
+                crate::tier::disk::stamp::mark("get: pread");
                 each(0, &pieces[0].lock()[..n])?;
+                crate::tier::disk::stamp::mark("get: xxh3");
                 vec![n]
             } else {
                 self.read_landing(&pieces, piece, &read, each)?

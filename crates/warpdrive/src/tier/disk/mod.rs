@@ -10,6 +10,7 @@ mod dio;
 mod direct;
 mod engine;
 mod sim;
+pub mod stamp;
 mod uring;
 
 use std::fs::{File, OpenOptions};
@@ -646,7 +647,10 @@ impl Disk for OsDisk {
                     d.copy_from_slice(s);
                     take(d);
                 }
-                file.write_slice(buf.as_slice(), offset)
+                stamp::mark("put: copy + xxh3");
+                let r = file.write_slice(buf.as_slice(), offset);
+                stamp::mark("put: pwrite");
+                r
             })
         })
     }
@@ -687,10 +691,14 @@ impl Disk for OsDisk {
         let file = self.kept_for_read(path)?;
         let (start, span) = aligned_span(path, offset, len)?;
         with_scratch(span, |buf| {
+            stamp::mark("get: handle, plan");
             let filled = file.read_at_depth(buf, start, queue_depth(span))?;
+            stamp::mark("get: pread");
             let skip = (offset - start) as usize;
             let got = filled.saturating_sub(skip).min(len);
-            use_bytes(&buf.as_slice()[skip..skip + got])
+            let r = use_bytes(&buf.as_slice()[skip..skip + got]);
+            stamp::mark("get: copy out + xxh3");
+            r
         })
     }
 

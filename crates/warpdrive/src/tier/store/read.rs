@@ -116,13 +116,16 @@ impl TierStore {
             }),
         };
         let mut g = self.inner.lock();
+        crate::tier::disk::stamp::mark("get: key, lock");
         if let Some(src) = g.gpu_blocks.get(&key) {
             fits(src.len())?;
             src.copy_to_host(&self.stream, out)?;
             self.gpu_hit(&mut g, &key);
         } else if !g.host_blocks.contains_key(&key) && !self.may_fit_gpu(&g, &key) {
             let since = Instant::now();
+            crate::tier::disk::stamp::mark("get: tier checks");
             let landed = self.land_from_disk(&mut g, &key, out, &fits);
+            crate::tier::disk::stamp::mark("get: return");
             // A failed checksum, or an I/O error after some pieces landed in place: bytes
             // never verified. Errors raised before any byte lands leave `out` as it was.
             if let Err(e) = &landed {
@@ -147,6 +150,7 @@ impl TierStore {
             }
             self.promote(&mut g, &key, below, since)?;
         }
+        crate::tier::disk::stamp::mark("get: move stats");
         self.prefetch_after(&mut g, &key)
     }
 
