@@ -19,7 +19,7 @@ pub(crate) struct Kernels {
     /// The projections whose wgmma tiles are forced onto the wide 192-row tile (the others
     /// off it); None: the plan's choice.
     pub(crate) wide: Option<WgmmaWide>,
-    /// The wgmma tiles' warp-specialized TMA kernels forced on or off; None: off for now.
+    /// The wgmma tiles' warp-specialized TMA kernels forced on or off; None: the plan's choice.
     pub(crate) tma: Option<bool>,
     /// The prefill router forced on or off; None: the plan's choice.
     pub(crate) prefill_router: Option<bool>,

@@ -42,7 +42,7 @@ pub struct MoeLayer<T: Float> {
     pub(super) wgmma_overlap: Option<bool>,
     /// The wide 192-row wgmma tile: forced per projection, or `None` for the plan's choice.
     pub(super) wgmma_wide: Option<WgmmaWide>,
-    /// The warp-specialized TMA wgmma tiles: forced on or off, or `None` (off for now).
+    /// The warp-specialized TMA wgmma tiles: forced on or off, or `None` (the plan's choice).
     pub(super) wgmma_tma: Option<bool>,
     /// The prefill router: forced on or off, or `None` for the plan's choice.
     pub(super) prefill_router: Option<bool>,
