@@ -7,7 +7,7 @@ mod common;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use common::tier::{block, engines_here};
+use common::tier::{block, block_on_disk, engines_here, flip_byte};
 use common::{device_test, rng, seed};
 use rand::{Rng, RngCore};
 use warpdrive::tier::codec::{Compression, Filter};
@@ -644,7 +644,6 @@ fn small_evictions_are_batched_into_one_write() {
 /// bare (its header, checksum included, is in the index record, whose own damage the index
 /// log's tests cover): its data starts on a page.
 fn large_blocks_body(dev: &Device) {
-    use std::os::unix::fs::FileExt;
     let s = dev.new_stream().unwrap();
     let root = std::env::temp_dir().join(format!(
         "warpdrive-tier-large-{}-{}",
@@ -674,22 +673,9 @@ fn large_blocks_body(dev: &Device) {
         assert!(host == *want && gpu == *want, "{key}");
     }
     // Where the plain block lies: its first 64 data bytes, on a page (no header in front).
-    let segment = std::fs::read_dir(&root)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|x| x == "seg"))
-        .expect("a segment file");
-    let stored = std::fs::read(&segment).unwrap();
-    let data_at = stored
-        .windows(64)
-        .position(|w| w == &plain[..64])
-        .expect("the block in its segment");
+    let (segment, data_at) = block_on_disk(&root, &plain[..64]);
+    let data_at = data_at as usize;
     assert_eq!(data_at % 4096, 0, "a bare block starts on a page");
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&segment)
-        .unwrap();
     for at in [
         data_at,
         data_at + 4095,
@@ -697,10 +683,7 @@ fn large_blocks_body(dev: &Device) {
         data_at + (4 << 20) + 100,
         data_at + n - 1,
     ] {
-        let mut byte = [0u8];
-        file.read_exact_at(&mut byte, at as u64).unwrap();
-        file.write_all_at(&[byte[0] ^ 0x10], at as u64).unwrap();
-        file.sync_data().unwrap();
+        flip_byte(&segment, at as u64, 0x10);
         store.migrate("plain", Tier::Disk).unwrap();
         for way in ["host", "gpu"] {
             let got = match way {
@@ -712,8 +695,7 @@ fn large_blocks_body(dev: &Device) {
                 "byte {at}, {way}: {got:?}"
             );
         }
-        file.write_all_at(&byte, at as u64).unwrap();
-        file.sync_data().unwrap();
+        flip_byte(&segment, at as u64, 0x10);
         let (host, gpu) = by_both("plain").unwrap();
         assert!(host == plain && gpu == plain, "byte {at} restored");
     }

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::tier::{block, engines_here};
+use common::tier::{block, block_on_disk, engines_here, flip_byte};
 use common::{rng, seed};
 use warpdrive::tier::codec::Compression;
 use warpdrive::tier::{Durability, Tier, TierConfig, TierStore};
@@ -16,7 +16,6 @@ use warpdrive::{Device, Error};
 /// aligned memory read back either way.
 #[test]
 fn aligned_memory_moves_in_place_and_is_still_verified() {
-    use std::os::unix::fs::FileExt;
     use warpdrive::tier::disk::AlignedBuf;
     let s = Device::cpu().new_stream().unwrap();
     let mut r = rng(seed("tier in place"));
@@ -74,26 +73,9 @@ fn aligned_memory_moves_in_place_and_is_still_verified() {
                 store.migrate(key, Tier::Disk).unwrap();
             }
             // A byte flipped in the last block written: caught on the in-place read.
-            let segment = std::fs::read_dir(&root)
-                .unwrap()
-                .map(|e| e.unwrap().path())
-                .find(|p| p.extension().is_some_and(|x| x == "seg"))
-                .expect("a segment file");
-            let stored = std::fs::read(&segment).unwrap();
-            let at = stored
-                .windows(64)
-                .rposition(|w| w == &data[..64])
-                .expect("the block in its segment") as u64
-                + len as u64 / 2;
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&segment)
-                .unwrap();
-            let mut byte = [0u8];
-            file.read_exact_at(&mut byte, at).unwrap();
-            file.write_all_at(&[byte[0] ^ 0x01], at).unwrap();
-            file.sync_data().unwrap();
+            let (segment, start) = block_on_disk(&root, &data[..64]);
+            let at = start + len as u64 / 2;
+            flip_byte(&segment, at, 0x01);
             let mut out = AlignedBuf::new(len).unwrap();
             match store.get_host_into("from-vec", &mut out.as_mut_slice()[..len]) {
                 Err(Error::Corrupt { key, .. }) => assert_eq!(key, "from-vec"),
@@ -105,8 +87,7 @@ fn aligned_memory_moves_in_place_and_is_still_verified() {
             );
             let got = store.get("from-vec").map(drop);
             assert!(matches!(got, Err(Error::Corrupt { .. })), "{len}: {got:?}");
-            file.write_all_at(&byte, at).unwrap();
-            file.sync_data().unwrap();
+            flip_byte(&segment, at, 0x01);
             store.migrate("from-vec", Tier::Disk).unwrap();
             assert_eq!(store.get_host("from-vec").unwrap(), data, "{len} restored");
         }
@@ -128,7 +109,6 @@ fn at_512_not_4096(v: &mut Vec<u8>, len: usize) -> &mut [u8] {
 
 #[test]
 fn memory_at_the_files_dio_alignment_moves_in_place_and_is_verified() {
-    use std::os::unix::fs::FileExt;
     use warpdrive::tier::disk::{in_place_ios, DirectFile};
     let s = Device::cpu().new_stream().unwrap();
     let mut r = rng(seed("tier dio align"));
@@ -175,35 +155,16 @@ fn memory_at_the_files_dio_alignment_moves_in_place_and_is_verified() {
             store.migrate("k", Tier::Disk).unwrap();
             // A byte flipped in the block's first sector, then in its last (the bounced
             // partial sector where there is one): caught, the caller's memory zeroed.
-            let segment = std::fs::read_dir(&root)
-                .unwrap()
-                .map(|e| e.unwrap().path())
-                .filter(|p| p.extension().is_some_and(|x| x == "seg"))
-                .max_by_key(|p| std::fs::metadata(p).unwrap().len())
-                .expect("a segment file");
-            let stored = std::fs::read(&segment).unwrap();
-            let start = stored
-                .windows(64)
-                .rposition(|w| w == &data[..64])
-                .expect("the block in its segment") as u64;
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&segment)
-                .unwrap();
+            let (segment, start) = block_on_disk(&root, &data[..64]);
             for at in [start + 7, start + len as u64 - 1] {
-                let mut byte = [0u8];
-                file.read_exact_at(&mut byte, at).unwrap();
-                file.write_all_at(&[byte[0] ^ 0x10], at).unwrap();
-                file.sync_data().unwrap();
+                flip_byte(&segment, at, 0x10);
                 back.fill(0xaa);
                 match store.get_host_into("k", back) {
                     Err(Error::Corrupt { key, .. }) => assert_eq!(key, "k"),
                     other => panic!("{len} at {at}: {other:?}"),
                 }
                 assert!(back.iter().all(|&b| b == 0), "{len} at {at}: bytes left");
-                file.write_all_at(&byte, at).unwrap();
-                file.sync_data().unwrap();
+                flip_byte(&segment, at, 0x10);
                 store.get_host_into("k", back).unwrap();
                 assert!(back[..] == data[..], "{len}: restored");
             }
