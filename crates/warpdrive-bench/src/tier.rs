@@ -10,7 +10,9 @@
 //!   at the end, 30 times at full scale (200 between GPU and host, for a p99 that is not the
 //!   slowest of a few); `extra.p99_us`; `extra.store_us` and `extra.store_blocks`: the store's own
 //!   count and mean time of that hop (`TierStats::moves`, warm-up included), which the
-//!   `warpdrive_tier_move_seconds` metric also gets. GPU pairs run on a GPU only.
+//!   `warpdrive_tier_move_seconds` metric also gets. GPU pairs run on a GPU only; each
+//!   has a `driver-pinned` row beside it: the driver's copy between a device buffer and a
+//!   pinned one, timed the same way in the same iterations (the hop's ceiling, with its p99).
 //! - `disk-write` / `disk-read` (size = block bytes): one block at a time in the system's
 //!   temporary folder: `raw-odirect` (our own loop of aligned `pwrite` / `pread` on one
 //!   `O_DIRECT` file) vs `warpdrive` (a disk-only store's `put` with `Durability::Disk` and
@@ -38,6 +40,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use warpdrive::bf16;
 use warpdrive::error::{Error, Result};
+use warpdrive::memory::{Buffer, PinnedBuf};
 use warpdrive::tier::codec::{decode_block, encode_block, Compression, Filter};
 use warpdrive::tier::disk::{
     queue_depth, stamp, AlignedBuf, DirectFile, DiskIo, Engine, Io, IoEngine, SimDisk, QUEUE_DEPTH,
@@ -581,6 +584,16 @@ fn migrate_cases(ctx: &mut Ctx) -> Result<()> {
                     memory_reps
                 };
                 let mut t = Vec::with_capacity(reps);
+                // GPU <-> host: the driver's own copy between a device buffer and a pinned one,
+                // timed the same way in the same iterations, is the hop's ceiling for its p99.
+                let mut raw = match (from, to) {
+                    (Tier::Gpu, Tier::Host) | (Tier::Host, Tier::Gpu) => Some((
+                        Buffer::<u8>::from_host(&stream, &block)?,
+                        PinnedBuf::<u8>::from_slice(stream.device(), &block)?,
+                        Vec::with_capacity(reps),
+                    )),
+                    _ => None,
+                };
                 for i in 0..=reps {
                     if to == Tier::Disk {
                         // A write each time: the block must not be on disk already.
@@ -595,6 +608,30 @@ fn migrate_cases(ctx: &mut Ctx) -> Result<()> {
                     if i > 0 {
                         t.push(start.elapsed().as_secs_f64() * 1e6);
                     }
+                    if let Some((dev, pinned, raw_t)) = raw.as_mut() {
+                        let start = Instant::now();
+                        if to == Tier::Host {
+                            dev.copy_to_pinned(&stream, pinned)?;
+                        } else {
+                            dev.copy_from_pinned(&stream, pinned)?;
+                        }
+                        stream.synchronize()?;
+                        if i > 0 {
+                            raw_t.push(start.elapsed().as_secs_f64() * 1e6);
+                        }
+                    }
+                }
+                if let Some((_, _, mut raw_t)) = raw {
+                    let p99 = percentile(&raw_t, 0.99);
+                    let row = ctx.record_bytes(
+                        &case,
+                        size as u64,
+                        "driver-pinned",
+                        &mut raw_t,
+                        size as f64,
+                        None,
+                    )?;
+                    row.extra.insert("p99_us".into(), p99.into());
                 }
                 let p99 = percentile(&t, 0.99);
                 let after = store.stats().moves.pair(from, to);
