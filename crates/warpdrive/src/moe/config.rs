@@ -80,6 +80,55 @@ impl WgmmaWide {
     }
 }
 
+/// The token rows of the 256-weight-row wgmma tile ([`WgmmaW256`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum W256Rows {
+    /// 96 token rows (three tiles for ~256 rows an expert, as the default 96-row tile).
+    Rows96,
+    /// 128 token rows (Triton's fused MoE's BM = 128).
+    Rows128,
+}
+
+impl W256Rows {
+    /// m16 tiles (token rows / 16) of the kernel.
+    pub(super) fn mt(self) -> usize {
+        match self {
+            W256Rows::Rows96 => 6,
+            W256Rows::Rows128 => 8,
+        }
+    }
+}
+
+/// The 256-weight-row wgmma tile, forced ([`MoeLayer::set_wgmma_w256`]; never the plan's own
+/// choice): its tiles are `rows` token rows × 256 weight rows (the others' 128), one block
+/// per SM, on the `w` / `o` kernels (no TMA kernel; the overlap rule applies).
+///
+/// [`MoeLayer::set_wgmma_w256`]: super::MoeLayer::set_wgmma_w256
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WgmmaW256 {
+    /// The projections that take it; the others keep the plan's tile (a 96-row one beside
+    /// 128-row items becomes the 64-row one, a 64-row one beside 96-row items the 96-row one,
+    /// so that one work list serves both GEMMs).
+    pub on: WgmmaWide,
+    pub rows: W256Rows,
+    /// The grid order of its tiles: `false` (the default of [`WgmmaW256::new`]) item by item,
+    /// each item's column blocks side by side, so the blocks running together cover a few
+    /// experts whole and read each token row and weight row from DRAM about once; `true` column
+    /// block by column block, the items fastest (`MoeGemm::items_fastest`).
+    pub items_fastest: bool,
+}
+
+impl WgmmaW256 {
+    /// On `on` with `rows` token rows, item by item.
+    pub fn new(on: WgmmaWide, rows: W256Rows) -> WgmmaW256 {
+        WgmmaW256 {
+            on,
+            rows,
+            items_fastest: false,
+        }
+    }
+}
+
 /// Whether a pass's wgmma tiles take the wide tile (192 token rows, one block per SM):
 /// `forced` (per projection) when the layer forces it, else where an expert's rows overflow
 /// one 96-row tile (`rows_per_expert` > 96) and 192-row tiles hold them in at most 10 % more
@@ -178,24 +227,29 @@ pub(super) fn fused_route(c: &MoeConfig) -> bool {
 /// Columns per block of the grouped GEMM (as the kernels are instantiated in `moe_gemm.cu`: 8
 /// warps × 2 n8 groups for m1 / m2, `MOE_SBN` for the staged prefill tile m4).
 pub(super) const GEMM_BN: usize = 128;
+/// Weight rows (columns of the output) per block of the 256-weight-row wgmma tile
+/// (`moe_gemm_*_m{6,8}x256{w,o}`; [`WgmmaW256`]).
+pub(super) const WGMMA_W256_BN: usize = 256;
 /// m16 tiles of the wide wgmma tile (`moe_gemm_*_m12w` / `m12o`: 192 token rows, one block
 /// per SM; [`MoeLayer::set_wgmma_wide`](super::MoeLayer::set_wgmma_wide)).
 pub(super) const WGMMA_WIDE_MT: usize = 12;
-/// Blocks of the grouped GEMM per SM: the wide wgmma tile's 161 KB of stages leave room for
-/// one, every other tile runs two (`__launch_bounds__` in `moe_wgmma.cu` / `moe_gemm.cu`).
-pub(super) fn gemm_blocks_per_sm(mt: usize) -> usize {
-    if mt > 6 {
+/// Blocks of the grouped GEMM per SM for `mt` m16 tiles × `bn` weight rows: the wide wgmma
+/// tile's 161 KB of stages and the 256-weight-row tile's 177 or 193 KB leave room for one,
+/// every other tile runs two (`__launch_bounds__` in `moe_wgmma.cu` / `moe_gemm.cu`).
+pub(super) fn gemm_blocks_per_sm(mt: usize, bn: usize) -> usize {
+    if mt > 6 || bn > GEMM_BN {
         1
     } else {
         2
     }
 }
-/// Dynamic shared memory of the grouped GEMM for `mt` m16 tiles: the staged prefill tiles (m4,
-/// m6, and m12 on wgmma) keep 4 stages of 16·mt × 64 A and [`GEMM_BN`] × 64 W (bf16 / f16),
-/// on `wgmma` from a 1024-byte boundary (1 KB more to find it); m1 / m2 none.
-pub(super) fn gemm_shared_bytes(mt: usize, wgmma: bool) -> u32 {
+/// Dynamic shared memory of the grouped GEMM for `mt` m16 tiles × `bn` weight rows: the
+/// staged prefill tiles (m4, m6, and m12 on wgmma; bn [`GEMM_BN`], or [`WGMMA_W256_BN`] for
+/// m6 / m8 on wgmma) keep 4 stages of 16·mt × 64 A and bn × 64 W (bf16 / f16), on `wgmma`
+/// from a 1024-byte boundary (1 KB more to find it); m1 / m2 none.
+pub(super) fn gemm_shared_bytes(mt: usize, bn: usize, wgmma: bool) -> u32 {
     if mt >= 4 {
-        (4 * (16 * mt + GEMM_BN) * 64 * 2 + if wgmma { 1024 } else { 0 }) as u32
+        (4 * (16 * mt + bn) * 64 * 2 + if wgmma { 1024 } else { 0 }) as u32
     } else {
         0
     }
@@ -464,7 +518,8 @@ pub(super) struct GemmShape {
     /// over 16·mt): 1, or 2 / 3 for a 96- / 64-row tile where the other projection takes
     /// the wide tile and the list comes in its 192-row items (`subtiles` of `MoeGemm`).
     pub(super) subtiles: usize,
-    /// Columns per block of the kernel that runs it.
+    /// Columns (weight rows) per block of the kernel that runs it: [`GEMM_BN`], or
+    /// [`WGMMA_W256_BN`] on the 256-weight-row wgmma tile.
     pub(super) bn: usize,
     pub(super) items: usize,
     pub(super) splits: usize,
@@ -504,7 +559,7 @@ impl GemmShape {
         // at full bandwidth without paying for more split-K fix-ups than the bandwidth needs
         // (rounding up left a few blocks to a second wave: 288 blocks for 264 places).
         let busy = (busy * n_blocks).max(1);
-        let places = gemm_blocks_per_sm(mt) * sms.max(1);
+        let places = gemm_blocks_per_sm(mt, bn) * sms.max(1);
         let max_splits = (k / min_depth.max(32)).clamp(1, GEMM_MAX_SPLITS);
         let mut splits = (places / busy).clamp(1, max_splits);
         // Tiles that fill more than a wave but leave the last one mostly idle (384 tiles in

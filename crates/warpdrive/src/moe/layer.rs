@@ -8,7 +8,8 @@ use crate::ops;
 use crate::telemetry;
 
 use super::config::{
-    auto_takes_cublas, ForwardStats, MoeConfig, MoePath, Routing, WgmmaWide, GRAPH_MAX_TOKENS,
+    auto_takes_cublas, ForwardStats, MoeConfig, MoePath, Routing, WgmmaW256, WgmmaWide,
+    GRAPH_MAX_TOKENS,
 };
 use super::plan::{check_pass, Gpu, Plan, Workspace};
 use super::{weights, HostWeights, MoeWeights};
@@ -44,6 +45,8 @@ pub struct MoeLayer<T: Float> {
     pub(super) wgmma_wide: Option<WgmmaWide>,
     /// The warp-specialized TMA wgmma tiles: forced on or off, or `None` (the plan's choice).
     pub(super) wgmma_tma: Option<bool>,
+    /// The 256-weight-row wgmma tile: forced on some projections, or `None` (never taken).
+    pub(super) wgmma_w256: Option<WgmmaW256>,
     /// The prefill router: forced on or off, or `None` for the plan's choice.
     pub(super) prefill_router: Option<bool>,
     /// One-token passes may take the decode kernel (where `gpu.decode`).
@@ -151,6 +154,7 @@ impl<T: Float> MoeLayer<T> {
             wgmma_overlap: None,
             wgmma_wide: None,
             wgmma_tma: None,
+            wgmma_w256: None,
             prefill_router: None,
             decode_kernel: true,
             last: ForwardStats::default(),
@@ -229,6 +233,21 @@ impl<T: Float> MoeLayer<T> {
     pub fn set_wgmma_tma(&mut self, choice: Option<bool>) {
         if choice != self.wgmma_tma {
             self.wgmma_tma = choice;
+            self.graphs.clear();
+        }
+    }
+
+    /// Forces the 256-weight-row wgmma tile onto `choice.on`'s projections (`choice.rows`
+    /// token rows × 256 weight rows where the others take 128: each warpgroup issues two m64
+    /// MMAs a k16 step over the same token rows; 4 stages of 176 or 192 KB, one block per SM;
+    /// the `w` / `o` kernels by the overlap choice, never the TMA kernel; issue 40), whatever
+    /// the wide choice; the other projection keeps the plan's tile, changed where needed so
+    /// that one work list serves both (see [`WgmmaW256::on`]). `None` (the default): never; the
+    /// plan does not pick it by itself. No effect where the tiles do not run on wgmma or its
+    /// shared memory does not fit. Drops the captured graphs.
+    pub fn set_wgmma_w256(&mut self, choice: Option<WgmmaW256>) {
+        if choice != self.wgmma_w256 {
+            self.wgmma_w256 = choice;
             self.graphs.clear();
         }
     }

@@ -8,7 +8,7 @@ use super::config::{
 use super::plan::{Gpu, Plan};
 
 /// An H200 as the plans see it.
-const HOPPER: Gpu = Gpu {
+pub(super) const HOPPER: Gpu = Gpu {
     sms: 132,
     l2_bytes: 50 << 20,
     clusters: true,
@@ -17,6 +17,7 @@ const HOPPER: Gpu = Gpu {
     wgmma_overlap: None,
     wgmma_wide: None,
     wgmma_tma: None,
+    wgmma_w256: None,
     prefill_router: None,
     decode: true,
 };
