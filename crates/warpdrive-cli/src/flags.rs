@@ -134,6 +134,24 @@ pub(crate) enum Command {
         /// Keep every warpgroup-MMA tile off the warp-specialized TMA kernel.
         #[arg(long)]
         no_wgmma_tma: bool,
+        /// Weight rows per warpgroup-MMA tile: `128` (the plan's tiles, the default) or `256`
+        /// (the 256-weight-row tile, one block per SM, on both projections or those of
+        /// `--wgmma-weight-rows-on`; forced only; issue 40).
+        #[arg(long, value_name = "ROWS", value_parser = ["128", "256"])]
+        wgmma_weight_rows: Option<String>,
+        /// With `--wgmma-weight-rows 256`: the projections that take it, `gate-up`, `down` or
+        /// `both` (the default); the other keeps the plan's tile.
+        #[arg(long, value_name = "PROJECTIONS", requires = "wgmma_weight_rows",
+              value_parser = ["gate-up", "down", "both"])]
+        wgmma_weight_rows_on: Option<String>,
+        /// With `--wgmma-weight-rows 256`: its token rows, `128` (the default) or `96`.
+        #[arg(long, value_name = "ROWS", requires = "wgmma_weight_rows",
+              value_parser = ["96", "128"])]
+        wgmma_token_rows: Option<String>,
+        /// With `--wgmma-weight-rows 256`: its tiles in column-block order, the items fastest,
+        /// instead of item by item.
+        #[arg(long, requires = "wgmma_weight_rows")]
+        wgmma_w256_items_fastest: bool,
         /// Route through the prefill router (cuBLAS logits, routing one warp per token, a
         /// many-block dispatch; issue 40) instead of the plan's choice (from 512 tokens).
         #[arg(long, conflicts_with = "no_prefill_router")]
@@ -653,6 +671,56 @@ mod tests {
             }
         ));
         assert!(parse(&["moe", "--preset", "q", "--wgmma-tma", "--no-wgmma-tma"]).is_err());
+        let cli = parse(&["moe", "--preset", "q", "--wgmma-weight-rows", "256"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Moe {
+                wgmma_weight_rows: Some(ref r),
+                wgmma_weight_rows_on: None,
+                wgmma_token_rows: None,
+                wgmma_w256_items_fastest: false,
+                ..
+            } if r == "256"
+        ));
+        let cli = parse(&[
+            "moe",
+            "--preset",
+            "q",
+            "--wgmma-weight-rows",
+            "256",
+            "--wgmma-weight-rows-on",
+            "down",
+            "--wgmma-token-rows",
+            "96",
+            "--wgmma-w256-items-fastest",
+        ])
+        .unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Moe {
+                wgmma_weight_rows_on: Some(ref on),
+                wgmma_token_rows: Some(ref rows),
+                wgmma_w256_items_fastest: true,
+                ..
+            } if on == "down" && rows == "96"
+        ));
+        for bad in [
+            &["--wgmma-weight-rows", "192"][..],
+            &["--wgmma-weight-rows", "256", "--wgmma-token-rows", "64"],
+            &[
+                "--wgmma-weight-rows",
+                "256",
+                "--wgmma-weight-rows-on",
+                "none",
+            ],
+            &["--wgmma-token-rows", "96"],
+            &["--wgmma-weight-rows-on", "both"],
+            &["--wgmma-w256-items-fastest"],
+        ] {
+            let mut args = vec!["moe", "--preset", "q"];
+            args.extend(bad);
+            assert!(parse(&args).is_err(), "{bad:?}");
+        }
         let cli = parse(&["moe", "--preset", "q", "--no-prefill-router"]).unwrap();
         assert!(matches!(
             cli.command,

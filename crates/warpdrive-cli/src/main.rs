@@ -33,7 +33,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Parser;
-use warpdrive::moe::WgmmaWide;
+use warpdrive::moe::{W256Rows, WgmmaW256, WgmmaWide};
 use warpdrive_bench as bench;
 
 use benchmark::{bench_traced, list_suites};
@@ -121,6 +121,10 @@ fn run(cli: Cli) -> Result<()> {
             wgmma_wide_on,
             wgmma_tma,
             no_wgmma_tma,
+            wgmma_weight_rows,
+            wgmma_weight_rows_on,
+            wgmma_token_rows,
+            wgmma_w256_items_fastest,
             prefill_router,
             no_prefill_router,
             no_decode_kernel,
@@ -154,6 +158,21 @@ fn run(cli: Cli) -> Result<()> {
                     (_, true) => Some(false),
                     _ => None,
                 },
+                // The parser keeps each to its values and the others to 256's company.
+                w256: (wgmma_weight_rows.as_deref() == Some("256")).then(|| WgmmaW256 {
+                    items_fastest: wgmma_w256_items_fastest,
+                    ..WgmmaW256::new(
+                        match wgmma_weight_rows_on.as_deref() {
+                            Some("gate-up") => WgmmaWide::GateUp,
+                            Some("down") => WgmmaWide::Down,
+                            _ => WgmmaWide::Both,
+                        },
+                        match wgmma_token_rows.as_deref() {
+                            Some("96") => W256Rows::Rows96,
+                            _ => W256Rows::Rows128,
+                        },
+                    )
+                }),
                 prefill_router: match (prefill_router, no_prefill_router) {
                     (true, _) => Some(true),
                     (_, true) => Some(false),
