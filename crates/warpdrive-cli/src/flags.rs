@@ -148,10 +148,15 @@ pub(crate) enum Command {
         #[arg(long, value_name = "ROWS", requires = "wgmma_weight_rows",
               value_parser = ["96", "128"])]
         wgmma_token_rows: Option<String>,
-        /// With `--wgmma-weight-rows 256`: its tiles in column-block order, the items fastest,
-        /// instead of item by item.
-        #[arg(long, requires = "wgmma_weight_rows")]
-        wgmma_w256_items_fastest: bool,
+        /// Run every grouped GEMM's tiles column block by column block, the work items fastest,
+        /// instead of the plan's order (items fastest from twice as many items as busy
+        /// experts; item by item on the 256-weight-row tile).
+        #[arg(long, conflicts_with = "no_gemm_items_fastest")]
+        gemm_items_fastest: bool,
+        /// Run every grouped GEMM's tiles item by item (an item's column blocks side by side)
+        /// instead of the plan's order.
+        #[arg(long)]
+        no_gemm_items_fastest: bool,
         /// Route through the prefill router (cuBLAS logits, routing one warp per token, a
         /// many-block dispatch; issue 40) instead of the plan's choice (from 512 tokens).
         #[arg(long, conflicts_with = "no_prefill_router")]
@@ -678,7 +683,8 @@ mod tests {
                 wgmma_weight_rows: Some(ref r),
                 wgmma_weight_rows_on: None,
                 wgmma_token_rows: None,
-                wgmma_w256_items_fastest: false,
+                gemm_items_fastest: false,
+                no_gemm_items_fastest: false,
                 ..
             } if r == "256"
         ));
@@ -692,7 +698,7 @@ mod tests {
             "down",
             "--wgmma-token-rows",
             "96",
-            "--wgmma-w256-items-fastest",
+            "--gemm-items-fastest",
         ])
         .unwrap();
         assert!(matches!(
@@ -700,9 +706,18 @@ mod tests {
             Command::Moe {
                 wgmma_weight_rows_on: Some(ref on),
                 wgmma_token_rows: Some(ref rows),
-                wgmma_w256_items_fastest: true,
+                gemm_items_fastest: true,
                 ..
             } if on == "down" && rows == "96"
+        ));
+        let cli = parse(&["moe", "--preset", "q", "--no-gemm-items-fastest"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Moe {
+                gemm_items_fastest: false,
+                no_gemm_items_fastest: true,
+                ..
+            }
         ));
         for bad in [
             &["--wgmma-weight-rows", "192"][..],
@@ -715,7 +730,7 @@ mod tests {
             ],
             &["--wgmma-token-rows", "96"],
             &["--wgmma-weight-rows-on", "both"],
-            &["--wgmma-w256-items-fastest"],
+            &["--gemm-items-fastest", "--no-gemm-items-fastest"],
         ] {
             let mut args = vec!["moe", "--preset", "q"];
             args.extend(bad);

@@ -124,7 +124,8 @@ fn run(cli: Cli) -> Result<()> {
             wgmma_weight_rows,
             wgmma_weight_rows_on,
             wgmma_token_rows,
-            wgmma_w256_items_fastest,
+            gemm_items_fastest,
+            no_gemm_items_fastest,
             prefill_router,
             no_prefill_router,
             no_decode_kernel,
@@ -159,9 +160,8 @@ fn run(cli: Cli) -> Result<()> {
                     _ => None,
                 },
                 // The parser keeps each to its values and the others to 256's company.
-                w256: (wgmma_weight_rows.as_deref() == Some("256")).then(|| WgmmaW256 {
-                    items_fastest: wgmma_w256_items_fastest,
-                    ..WgmmaW256::new(
+                w256: (wgmma_weight_rows.as_deref() == Some("256")).then(|| {
+                    WgmmaW256::new(
                         match wgmma_weight_rows_on.as_deref() {
                             Some("gate-up") => WgmmaWide::GateUp,
                             Some("down") => WgmmaWide::Down,
@@ -173,6 +173,11 @@ fn run(cli: Cli) -> Result<()> {
                         },
                     )
                 }),
+                items_fastest: match (gemm_items_fastest, no_gemm_items_fastest) {
+                    (true, _) => Some(true),
+                    (_, true) => Some(false),
+                    _ => None,
+                },
                 prefill_router: match (prefill_router, no_prefill_router) {
                     (true, _) => Some(true),
                     (_, true) => Some(false),

@@ -23,6 +23,8 @@ pub(crate) struct Kernels {
     pub(crate) tma: Option<bool>,
     /// The 256-weight-row wgmma tile forced on some projections; None: never.
     pub(crate) w256: Option<WgmmaW256>,
+    /// The grouped GEMMs' grid order forced (items fastest or item by item); None: the plan's.
+    pub(crate) items_fastest: Option<bool>,
     /// The prefill router forced on or off; None: the plan's choice.
     pub(crate) prefill_router: Option<bool>,
 }
@@ -75,6 +77,7 @@ pub(crate) fn moe(
         wide,
         tma,
         w256,
+        items_fastest,
         prefill_router,
     } = kernels;
     layer.set_warpgroup_mma(wgmma);
@@ -82,6 +85,7 @@ pub(crate) fn moe(
     layer.set_wgmma_wide(wide);
     layer.set_wgmma_tma(tma);
     layer.set_wgmma_w256(w256);
+    layer.set_gemm_items_fastest(items_fastest);
     layer.set_prefill_router(prefill_router);
     layer.set_decode_kernel(decode);
     let x = warpdrive::Buffer::from_host(&stream, &x)?;
@@ -102,7 +106,7 @@ pub(crate) fn moe(
     let per_pass = t.elapsed().as_secs_f64() * 1e6 / f64::from(reps);
     let stats = layer.last_stats();
     println!(
-        "{layer_name} (hidden {}, intermediate {}), {tokens} tokens on {} ({source}, {path:?}{}{}{}{}{}{}):",
+        "{layer_name} (hidden {}, intermediate {}), {tokens} tokens on {} ({source}, {path:?}{}{}{}{}{}{}{}):",
         config.hidden,
         config.intermediate,
         device.label(),
@@ -122,7 +126,7 @@ pub(crate) fn moe(
         },
         match w256 {
             Some(w) => format!(
-                ", 256-weight-row wgmma tile on {} ({} token rows{})",
+                ", 256-weight-row wgmma tile on {} ({} token rows)",
                 match w.on {
                     WgmmaWide::Both => "both",
                     WgmmaWide::GateUp => "gate/up",
@@ -133,9 +137,13 @@ pub(crate) fn moe(
                     W256Rows::Rows96 => 96,
                     W256Rows::Rows128 => 128,
                 },
-                if w.items_fastest { ", items fastest" } else { "" }
             ),
             None => String::new(),
+        },
+        match items_fastest {
+            Some(true) => ", GEMM items fastest",
+            Some(false) => ", GEMM item by item",
+            None => "",
         },
         match prefill_router {
             Some(true) => ", prefill router",

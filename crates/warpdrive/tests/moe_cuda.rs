@@ -340,13 +340,26 @@ fn gpu_smem_moe_wgmma_tma_matches_cpu() {
 /// (deep: 256-column partials), widths past one 256-row block and no multiple of it or of the
 /// 64-k stage (hidden 328, intermediate 200), most of 64 experts empty, every token on one
 /// expert (4,097 rows), f16, the plan's overlap per projection, and the tiles in column-block
-/// order (`items_fastest`). Where the GPU has no wgmma this runs the mma.sync tiles.
+/// order (`set_gemm_items_fastest`); then the plan's own tiles in either forced order. Where
+/// the GPU has no wgmma this runs the mma.sync tiles.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_smem_moe_wgmma_w256_matches_cpu() {
     let s = seed("gpu_smem_moe_wgmma_w256_matches_cpu");
     w256_cases(WgmmaWide::Both, W256Rows::Rows128, s);
     w256_cases(WgmmaWide::Both, W256Rows::Rows96, s + 32);
+    // The plan's own tiles in either forced grid order (`set_gemm_items_fastest`).
+    let small = config(72, 40, 7, 3, Router::Softmax, DTypeKind::BF16);
+    let deep = config(1024, 256, 8, 2, Router::Softmax, DTypeKind::BF16);
+    for (j, order) in [false, true].into_iter().enumerate() {
+        let r = Run {
+            items_fastest: Some(order),
+            ..run(MoePath::Device, true)
+        };
+        let what = format!("plan's tiles, items fastest {order}");
+        few_flips_at(&[301, 4097], small, r, s + 64 + j as u64, &what);
+        few_flips_at(&[256], deep, r, s + 66 + j as u64, &what);
+    }
 }
 
 /// The 256-weight-row tile on one projection (`GateUp`, `Down`; 96 and 128 token rows): the
@@ -440,10 +453,7 @@ fn w256_cases(on: WgmmaWide, rows: W256Rows, s: u64) {
         &what("the plan's overlap per projection"),
     );
     let fastest = Run {
-        w256: Some(WgmmaW256 {
-            items_fastest: true,
-            ..WgmmaW256::new(on, rows)
-        }),
+        items_fastest: Some(true),
         ..w256(true, None)
     };
     few_flips_at(
@@ -557,6 +567,7 @@ fn gpu_smem_moe_mma_sync_tiles_match_cpu() {
         wide: None,
         tma: None,
         w256: None,
+        items_fastest: None,
         one_expert: false,
         prefill: None,
     };

@@ -101,9 +101,13 @@ impl W256Rows {
 
 /// The 256-weight-row wgmma tile, forced ([`MoeLayer::set_wgmma_w256`]; never the plan's own
 /// choice): its tiles are `rows` token rows × 256 weight rows (the others' 128), one block
-/// per SM, on the `w` / `o` kernels (no TMA kernel; the overlap rule applies).
+/// per SM, on the `w` / `o` kernels (no TMA kernel; the overlap rule applies), item by item
+/// unless the layer forces the grid order ([`MoeLayer::set_gemm_items_fastest`]): the blocks
+/// running together then cover a few experts whole and read each token row and weight row
+/// from DRAM about once.
 ///
 /// [`MoeLayer::set_wgmma_w256`]: super::MoeLayer::set_wgmma_w256
+/// [`MoeLayer::set_gemm_items_fastest`]: super::MoeLayer::set_gemm_items_fastest
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WgmmaW256 {
     /// The projections that take it; the others keep the plan's tile (a 96-row one beside
@@ -111,21 +115,12 @@ pub struct WgmmaW256 {
     /// so that one work list serves both GEMMs).
     pub on: WgmmaWide,
     pub rows: W256Rows,
-    /// The grid order of its tiles: `false` (the default of [`WgmmaW256::new`]) item by item,
-    /// each item's column blocks side by side, so the blocks running together cover a few
-    /// experts whole and read each token row and weight row from DRAM about once; `true` column
-    /// block by column block, the items fastest (`MoeGemm::items_fastest`).
-    pub items_fastest: bool,
 }
 
 impl WgmmaW256 {
-    /// On `on` with `rows` token rows, item by item.
+    /// On `on` with `rows` token rows.
     pub fn new(on: WgmmaWide, rows: W256Rows) -> WgmmaW256 {
-        WgmmaW256 {
-            on,
-            rows,
-            items_fastest: false,
-        }
+        WgmmaW256 { on, rows }
     }
 }
 

@@ -47,6 +47,8 @@ pub struct MoeLayer<T: Float> {
     pub(super) wgmma_tma: Option<bool>,
     /// The 256-weight-row wgmma tile: forced on some projections, or `None` (never taken).
     pub(super) wgmma_w256: Option<WgmmaW256>,
+    /// The grouped GEMMs' grid order: forced, or `None` (the plan's).
+    pub(super) gemm_items_fastest: Option<bool>,
     /// The prefill router: forced on or off, or `None` for the plan's choice.
     pub(super) prefill_router: Option<bool>,
     /// One-token passes may take the decode kernel (where `gpu.decode`).
@@ -155,6 +157,7 @@ impl<T: Float> MoeLayer<T> {
             wgmma_wide: None,
             wgmma_tma: None,
             wgmma_w256: None,
+            gemm_items_fastest: None,
             prefill_router: None,
             decode_kernel: true,
             last: ForwardStats::default(),
@@ -248,6 +251,20 @@ impl<T: Float> MoeLayer<T> {
     pub fn set_wgmma_w256(&mut self, choice: Option<WgmmaW256>) {
         if choice != self.wgmma_w256 {
             self.wgmma_w256 = choice;
+            self.graphs.clear();
+        }
+    }
+
+    /// Forces the grouped GEMMs' grid order: `Some(true)` column block by column block, the
+    /// work items fastest (an expert's several row tiles read the same weights side by side),
+    /// `Some(false)` item by item (an item's column blocks side by side: a wave covers a few
+    /// experts whole, each token row read once); `None` (the default) lets the plan pick:
+    /// items fastest from twice as many items as busy experts, item by item on the
+    /// 256-weight-row tile ([`set_wgmma_w256`](Self::set_wgmma_w256); issue 40). Same tiles,
+    /// kernels and results. Drops the captured graphs.
+    pub fn set_gemm_items_fastest(&mut self, choice: Option<bool>) {
+        if choice != self.gemm_items_fastest {
+            self.gemm_items_fastest = choice;
             self.graphs.clear();
         }
     }

@@ -39,6 +39,11 @@ pub(super) struct Gpu {
     /// The projections forced onto the 256-weight-row wgmma tile ([`MoeLayer::set_wgmma_w256`];
     /// `None`: none, the plan never picks it by itself); only with `wgmma`.
     pub(super) wgmma_w256: Option<WgmmaW256>,
+    /// The grouped GEMMs' grid order forced ([`MoeLayer::set_gemm_items_fastest`]: `true`
+    /// column block by column block, the items fastest; `false` item by item); `None`: the
+    /// plan's (items fastest from twice as many items as busy experts; item by item on the
+    /// 256-weight-row tile).
+    pub(super) items_fastest: Option<bool>,
     /// The prefill router (cuBLAS logits, routing and a many-block dispatch): `Some` where
     /// [`MoeLayer::set_prefill_router`] forces it, `None` for the plan's choice
     /// ([`prefill_router_for`]).
@@ -63,6 +68,7 @@ impl Gpu {
                     wgmma_wide: None,
                     wgmma_tma: None,
                     wgmma_w256: None,
+                    items_fastest: None,
                     prefill_router: None,
                     decode: false,
                 })
@@ -81,6 +87,7 @@ impl Gpu {
                     wgmma_wide: None,
                     wgmma_tma: None,
                     wgmma_w256: None,
+                    items_fastest: None,
                     prefill_router: None,
                     decode: true,
                 })
@@ -151,6 +158,7 @@ impl Plan {
             wgmma_wide,
             wgmma_tma,
             wgmma_w256,
+            items_fastest: order,
             prefill_router,
             ..
         } = gpu;
@@ -225,13 +233,16 @@ impl Plan {
                 ))
             };
             match w256 {
-                // No TMA kernel of this tile; its own grid order.
-                Some(w) => GemmShape {
+                // No TMA kernel of this tile; item by item unless forced.
+                Some(_) => GemmShape {
                     wgmma_tma: false,
-                    items_fastest: w.items_fastest,
+                    items_fastest: order.unwrap_or(false),
                     ..shape
                 },
-                None => shape,
+                None => GemmShape {
+                    items_fastest: order.unwrap_or(shape.items_fastest),
+                    ..shape
+                },
             }
         };
         let down = gemm(c.hidden, c.intermediate, down_mt, on_w256(false));

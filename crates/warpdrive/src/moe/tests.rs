@@ -18,6 +18,7 @@ pub(super) const HOPPER: Gpu = Gpu {
     wgmma_wide: None,
     wgmma_tma: None,
     wgmma_w256: None,
+    items_fastest: None,
     prefill_router: None,
     decode: true,
 };

@@ -110,12 +110,9 @@ fn wgmma_w256_forced_on_both_projections() -> Result<()> {
     assert!(!p.up.wgmma && p.up.bn == GEMM_BN && p.down.bn == GEMM_BN);
     // The grid order on request; the overlap choice forced as on the other tiles.
     let fastest = Gpu {
-        wgmma_w256: Some(WgmmaW256 {
-            items_fastest: true,
-            ..WgmmaW256::new(WgmmaWide::Both, W256Rows::Rows128)
-        }),
+        items_fastest: Some(true),
         wgmma_overlap: Some(true),
-        ..HOPPER
+        ..forced(WgmmaWide::Both, W256Rows::Rows128)
     };
     let p = Plan::new(&qwen3, 4096, fastest);
     assert!(p.up.items_fastest && p.down.items_fastest);
@@ -208,6 +205,45 @@ fn wgmma_w256_forced_per_projection() -> Result<()> {
         (192, 2, 12, 1)
     );
     assert!(p.down.wgmma_tma);
+    Ok(())
+}
+
+/// The grid order forced on every GEMM (the plan's tiles too), and nothing else changed;
+/// unforced, the plan's own (pinned in `the_default_plans_are_the_measured_ones`).
+#[test]
+fn gemm_items_fastest_forced_either_way() -> Result<()> {
+    for name in PRESETS {
+        let c = MoeConfig::preset(name)?;
+        for tokens in TOKENS {
+            let base = Plan::new(&c, tokens, HOPPER);
+            for order in [false, true] {
+                let gpu = Gpu {
+                    items_fastest: Some(order),
+                    ..HOPPER
+                };
+                let p = Plan::new(&c, tokens, gpu);
+                for (b, s) in [(&base.up, &p.up), (&base.down, &p.down)] {
+                    assert_eq!(s.items_fastest, order, "{name} at {tokens}");
+                    let key = |g: &GemmShape| {
+                        (
+                            g.mt,
+                            g.bn,
+                            g.items,
+                            g.splits,
+                            g.k_split,
+                            g.wgmma_overlap,
+                            g.wgmma_tma,
+                        )
+                    };
+                    assert_eq!(key(s), key(b), "{name} at {tokens}");
+                }
+                assert_eq!(
+                    (p.bm, p.items, p.down_early_k),
+                    (base.bm, base.items, base.down_early_k)
+                );
+            }
+        }
+    }
     Ok(())
 }
 

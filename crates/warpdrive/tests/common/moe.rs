@@ -218,6 +218,8 @@ pub struct Run {
     /// The 256-weight-row wgmma tile forced on some projections
     /// (`MoeLayer::set_wgmma_w256`); None: never (the plan does not take it by itself).
     pub w256: Option<WgmmaW256>,
+    /// The GEMMs' grid order forced (`MoeLayer::set_gemm_items_fastest`); None: the plan's.
+    pub items_fastest: Option<bool>,
     /// Seeded host weights whose router bias sends every token's first choice to expert 0.
     pub one_expert: bool,
     /// The prefill router forced on or off (`MoeLayer::set_prefill_router`); None: the
@@ -235,6 +237,7 @@ pub const fn run(path: MoePath, graphs: bool) -> Run {
         wide: None,
         tma: None,
         w256: None,
+        items_fastest: None,
         one_expert: false,
         prefill: None,
     }
@@ -271,6 +274,7 @@ pub fn cuda_vs_cpu_as<T: Float>(c: MoeConfig, tokens: usize, r: Run, s: u64) -> 
     g.set_wgmma_wide(r.wide);
     g.set_wgmma_tma(r.tma);
     g.set_wgmma_w256(r.w256);
+    g.set_gemm_items_fastest(r.items_fastest);
     g.set_decode_kernel(r.decode);
     g.set_prefill_router(r.prefill);
     let mut h = MoeLayer::<T>::new(&cs, c, weights).unwrap();
