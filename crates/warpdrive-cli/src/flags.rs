@@ -134,9 +134,10 @@ pub(crate) enum Command {
         /// Keep every warpgroup-MMA tile off the warp-specialized TMA kernel.
         #[arg(long)]
         no_wgmma_tma: bool,
-        /// Weight rows per warpgroup-MMA tile: `128` (the plan's tiles, the default) or `256`
+        /// Weight rows per warpgroup-MMA tile forced: `128` (the 128-weight-row tiles) or `256`
         /// (the 256-weight-row tile, one block per SM, on both projections or those of
-        /// `--wgmma-weight-rows-on`; forced only; issue 40).
+        /// `--wgmma-weight-rows-on`), instead of the plan's choice (256 where an expert gets
+        /// 128 rows or more; issue 40).
         #[arg(long, value_name = "ROWS", value_parser = ["128", "256"])]
         wgmma_weight_rows: Option<String>,
         /// With `--wgmma-weight-rows 256`: the projections that take it, `gate-up`, `down` or
@@ -149,8 +150,8 @@ pub(crate) enum Command {
               value_parser = ["96", "128"])]
         wgmma_token_rows: Option<String>,
         /// Run every grouped GEMM's tiles column block by column block, the work items fastest,
-        /// instead of the plan's order (items fastest from twice as many items as busy
-        /// experts; item by item on the 256-weight-row tile).
+        /// instead of the plan's order (item by item where an expert's tiles fit one wave of
+        /// blocks, else items fastest).
         #[arg(long, conflicts_with = "no_gemm_items_fastest")]
         gemm_items_fastest: bool,
         /// Run every grouped GEMM's tiles item by item (an item's column blocks side by side)

@@ -160,11 +160,13 @@ fn run(cli: Cli) -> Result<()> {
                     _ => None,
                 },
                 // The parser keeps each to its values and the others to 256's company.
-                w256: (wgmma_weight_rows.as_deref() == Some("256")).then(|| {
+                // 128: the 256-weight-row tile forced off; 256: on; neither: the plan's choice.
+                w256: wgmma_weight_rows.as_deref().map(|rows| {
                     WgmmaW256::new(
-                        match wgmma_weight_rows_on.as_deref() {
-                            Some("gate-up") => WgmmaWide::GateUp,
-                            Some("down") => WgmmaWide::Down,
+                        match (rows, wgmma_weight_rows_on.as_deref()) {
+                            ("128", _) => WgmmaWide::Neither,
+                            (_, Some("gate-up")) => WgmmaWide::GateUp,
+                            (_, Some("down")) => WgmmaWide::Down,
                             _ => WgmmaWide::Both,
                         },
                         match wgmma_token_rows.as_deref() {

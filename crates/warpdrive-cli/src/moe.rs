@@ -125,6 +125,7 @@ pub(crate) fn moe(
             None => "",
         },
         match w256 {
+            Some(w) if w.on == WgmmaWide::Neither => ", no 256-weight-row wgmma tile".into(),
             Some(w) => format!(
                 ", 256-weight-row wgmma tile on {} ({} token rows)",
                 match w.on {

@@ -140,6 +140,17 @@ pub(super) fn wgmma_wide_for(rows_per_expert: usize, forced: Option<bool>) -> bo
     })
 }
 
+/// Whether a pass's wgmma tiles take the 256-weight-row tile (128 token rows, one block per
+/// SM) on both projections, unless forced: where an expert gets 128 rows or more on average
+/// (its 128-row tiles pad as little as the 96-row ones there and read each token row half as
+/// often). On an H100 it took 4-8 % off deepseek-v3-slice at 4096 tokens (128 rows), qwen3 at
+/// 2048 (128) and 4096 (256) and mixtral at 1024 (256, items fastest), left gpt-oss at 4096
+/// (128) within 0.3 %, and added 6 % on qwen3 at 1024 (64 rows) (bench/NOTES.md, MoE: the
+/// 256-weight-row tile and the grid order).
+pub(super) fn wgmma_w256_for(rows_per_expert: usize) -> bool {
+    rows_per_expert >= 128
+}
+
 /// Whether a wgmma tile of `mt` m16 tiles takes the warp-specialized TMA kernel: `forced`
 /// when the layer forces it, else where one tile holds an expert's rows (2 to 16·`mt`; one
 /// row is the decode's). On an H100 it took 2-5 % off every pass measured where an expert's
@@ -544,11 +555,7 @@ impl GemmShape {
         sms: usize,
     ) -> Self {
         let n_blocks = n.div_ceil(bn);
-        // The work list holds `busy` experts' first tiles plus one per further full tile of
-        // rows: from twice as many items, most experts take several tiles that stream the
-        // same weights, so those run side by side and all but the first read from L2; item
-        // by item stays faster where most experts take one tile (bench/NOTES.md, MoE paths).
-        let items_fastest = items >= 2 * busy;
+        let experts = busy.max(1);
         // At most one wave of blocks (two per SM, one for the wide tile) over the tiles likely to be busy, each
         // split at least `min_depth` deep, so that a few experts still stream their weights
         // at full bandwidth without paying for more split-K fix-ups than the bandwidth needs
@@ -569,6 +576,15 @@ impl GemmShape {
             }
         }
         let k_split = k.div_ceil(splits).div_ceil(32) * 32;
+        // Item by item where an expert's tiles (its items × n blocks × K splits) all fit in
+        // one wave of blocks: they run side by side, so its weights and token rows come from
+        // DRAM about once. Otherwise n block by n block, the items fastest: an expert's items
+        // then read each weight tile together (all but the first from L2), for the price of
+        // reading the token rows once per n block (qwen3 at 4096 tokens: 1147 → 933 µs item
+        // by item; mixtral at 1024: 1860 items fastest against 2612; bench/NOTES.md, MoE:
+        // the 256-weight-row tile and the grid order).
+        let splits = k.div_ceil(k_split).max(1);
+        let items_fastest = items.div_ceil(experts) * n_blocks * splits > places;
         GemmShape {
             n,
             k,
@@ -576,7 +592,7 @@ impl GemmShape {
             subtiles: 1,
             bn,
             items,
-            splits: k.div_ceil(k_split).max(1),
+            splits,
             k_split,
             items_fastest,
             wgmma: false,

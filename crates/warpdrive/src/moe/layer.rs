@@ -245,8 +245,9 @@ impl<T: Float> MoeLayer<T> {
     /// MMAs a k16 step over the same token rows; 4 stages of 176 or 192 KB, one block per SM;
     /// the `w` / `o` kernels by the overlap choice, never the TMA kernel; issue 40), whatever
     /// the wide choice; the other projection keeps the plan's tile, changed where needed so
-    /// that one work list serves both (see [`WgmmaW256::on`]). `None` (the default): never; the
-    /// plan does not pick it by itself. No effect where the tiles do not run on wgmma or its
+    /// that one work list serves both (see [`WgmmaW256::on`]; `WgmmaWide::Neither` keeps it
+    /// off). `None` (the default): on both projections at 128 token rows where an expert gets
+    /// 128 rows or more on average. No effect where the tiles do not run on wgmma or its
     /// shared memory does not fit. Drops the captured graphs.
     pub fn set_wgmma_w256(&mut self, choice: Option<WgmmaW256>) {
         if choice != self.wgmma_w256 {
@@ -259,9 +260,8 @@ impl<T: Float> MoeLayer<T> {
     /// work items fastest (an expert's several row tiles read the same weights side by side),
     /// `Some(false)` item by item (an item's column blocks side by side: a wave covers a few
     /// experts whole, each token row read once); `None` (the default) lets the plan pick:
-    /// items fastest from twice as many items as busy experts, item by item on the
-    /// 256-weight-row tile ([`set_wgmma_w256`](Self::set_wgmma_w256); issue 40). Same tiles,
-    /// kernels and results. Drops the captured graphs.
+    /// item by item where an expert's tiles all fit one wave of blocks, else items fastest
+    /// (issue 40). Same tiles, kernels and results. Drops the captured graphs.
     pub fn set_gemm_items_fastest(&mut self, choice: Option<bool>) {
         if choice != self.gemm_items_fastest {
             self.gemm_items_fastest = choice;

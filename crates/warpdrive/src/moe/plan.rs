@@ -7,8 +7,8 @@ use crate::{ops, size};
 
 use super::config::{
     gemm_blocks_per_sm, gemm_shared_bytes, prefill_router_for, wgmma_overlap_for, wgmma_tma_for,
-    wgmma_wide_for, DecodeShape, GemmShape, MoeConfig, RouterShape, WgmmaW256, WgmmaWide, GEMM_BN,
-    WGMMA_ONE_ROW_MIN_INTERMEDIATE, WGMMA_W256_BN, WGMMA_WIDE_MT,
+    wgmma_w256_for, wgmma_wide_for, DecodeShape, GemmShape, MoeConfig, RouterShape, W256Rows,
+    WgmmaW256, WgmmaWide, GEMM_BN, WGMMA_ONE_ROW_MIN_INTERMEDIATE, WGMMA_W256_BN, WGMMA_WIDE_MT,
 };
 use super::layer::inter_pad;
 
@@ -37,12 +37,13 @@ pub(super) struct Gpu {
     /// expert's rows ([`wgmma_tma_for`]); only with `wgmma`.
     pub(super) wgmma_tma: Option<bool>,
     /// The projections forced onto the 256-weight-row wgmma tile ([`MoeLayer::set_wgmma_w256`];
-    /// `None`: none, the plan never picks it by itself); only with `wgmma`.
+    /// `WgmmaWide::Neither` keeps it off; `None`: the plan's choice, `wgmma_w256_for`); only
+    /// with `wgmma`.
     pub(super) wgmma_w256: Option<WgmmaW256>,
     /// The grouped GEMMs' grid order forced ([`MoeLayer::set_gemm_items_fastest`]: `true`
     /// column block by column block, the items fastest; `false` item by item); `None`: the
-    /// plan's (items fastest from twice as many items as busy experts; item by item on the
-    /// 256-weight-row tile).
+    /// plan's (item by item where an expert's tiles fit one wave of blocks, else items
+    /// fastest).
     pub(super) items_fastest: Option<bool>,
     /// The prefill router (cuBLAS logits, routing and a many-block dispatch): `Some` where
     /// [`MoeLayer::set_prefill_router`] forces it, `None` for the plan's choice
@@ -189,13 +190,20 @@ impl Plan {
         } else {
             mt
         };
-        // The 256-weight-row tile where forced and its stages fit: it takes the projections
-        // it is forced on, whatever the wide choice.
-        let w256 = wgmma_w256.filter(|w| {
-            wgmma
-                && mt >= 4
-                && gemm_shared_bytes(w.rows.mt(), WGMMA_W256_BN, true) as usize <= shared_per_block
-        });
+        // The 256-weight-row tile where forced, else by the rows an expert gets, where its
+        // stages fit: it takes its projections whatever the wide choice.
+        let w256 = wgmma_w256
+            .or_else(|| {
+                wgmma_w256_for(rows_per_expert)
+                    .then(|| WgmmaW256::new(WgmmaWide::Both, W256Rows::Rows128))
+            })
+            .filter(|w| {
+                w.on != WgmmaWide::Neither
+                    && wgmma
+                    && mt >= 4
+                    && gemm_shared_bytes(w.rows.mt(), WGMMA_W256_BN, true) as usize
+                        <= shared_per_block
+            });
         let (up_mt, down_mt) = match w256 {
             Some(w) => w256_mts(w, up_mt, down_mt),
             None => (up_mt, down_mt),
@@ -232,17 +240,11 @@ impl Plan {
                     sms,
                 ))
             };
-            match w256 {
-                // No TMA kernel of this tile; item by item unless forced.
-                Some(_) => GemmShape {
-                    wgmma_tma: false,
-                    items_fastest: order.unwrap_or(false),
-                    ..shape
-                },
-                None => GemmShape {
-                    items_fastest: order.unwrap_or(shape.items_fastest),
-                    ..shape
-                },
+            GemmShape {
+                // No TMA kernel of this tile.
+                wgmma_tma: shape.wgmma_tma && w256.is_none(),
+                items_fastest: order.unwrap_or(shape.items_fastest),
+                ..shape
             }
         };
         let down = gemm(c.hidden, c.intermediate, down_mt, on_w256(false));

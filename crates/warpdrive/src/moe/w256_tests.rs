@@ -1,16 +1,16 @@
-//! The 256-weight-row wgmma tile's plans (forced only): which GEMMs take it, their kernels,
-//! shared memory, grid and work list, the other projection's tile beside it, and that no
-//! default plan takes it.
+//! The 256-weight-row wgmma tile's plans: which GEMMs take it, forced or by the rows an
+//! expert gets, their kernels, shared memory, grid, order and work list, and the other
+//! projection's tile beside it.
 
 use crate::error::Result;
 
 use super::config::{
-    gemm_blocks_per_sm, gemm_shared_bytes, GemmShape, MoeConfig, W256Rows, WgmmaW256, WgmmaWide,
-    GEMM_BN, PRESETS, WGMMA_OVERLAP_MIN_DEPTH, WGMMA_W256_BN,
+    gemm_blocks_per_sm, gemm_shared_bytes, wgmma_w256_for, GemmShape, MoeConfig, W256Rows,
+    WgmmaW256, WgmmaWide, GEMM_BN, PRESETS, WGMMA_OVERLAP_MIN_DEPTH, WGMMA_W256_BN,
 };
 use super::launcher::wgmma_name;
 use super::plan::{w256_mts, Gpu, Plan};
-use super::tests::HOPPER;
+use super::tests::{HOPPER, HOPPER_128};
 
 const TOKENS: [usize; 8] = [1, 5, 37, 64, 301, 1024, 2048, 4096];
 
@@ -22,11 +22,13 @@ fn forced(on: WgmmaWide, rows: W256Rows) -> Gpu {
 }
 
 /// A GEMM on the 256-weight-row tile: its kernel (bf16 and f16, drained or overlapped by the
-/// overlap rule, never TMA), 256 columns a block, one block per SM, its shared memory, grid.
-fn assert_w256(s: &GemmShape, rows: W256Rows, at: &str) -> Result<()> {
+/// overlap rule, never TMA), 256 columns a block, one block per SM, its shared memory, grid,
+/// and item by item where an expert's tiles (of `experts` busy) fit one wave of 132 blocks.
+fn assert_w256(s: &GemmShape, rows: W256Rows, experts: usize, at: &str) -> Result<()> {
     assert!(s.wgmma && !s.wgmma_tma, "{at}: {s:?}");
     assert_eq!((s.mt, s.bn), (rows.mt(), WGMMA_W256_BN), "{at}");
-    assert!(!s.items_fastest, "{at}: item by item unless asked");
+    let wave = s.items.div_ceil(experts) * s.n_blocks() * s.splits;
+    assert_eq!(s.items_fastest, wave > 132, "{at}: {wave} tiles an expert");
     assert_eq!(
         s.wgmma_overlap,
         s.k_split >= WGMMA_OVERLAP_MIN_DEPTH,
@@ -66,8 +68,9 @@ fn wgmma_w256_forced_on_both_projections() -> Result<()> {
                     );
                     continue;
                 }
-                assert_w256(&p.up, rows, &at)?;
-                assert_w256(&p.down, rows, &at)?;
+                let experts = c.experts.min(tokens * c.top_k);
+                assert_w256(&p.up, rows, experts, &at)?;
+                assert_w256(&p.down, rows, experts, &at)?;
                 assert_eq!(p.bm, 16 * rows.mt(), "{at}");
                 let slots = tokens * c.top_k;
                 assert_eq!(p.items, c.experts.min(slots) + slots / p.bm, "{at}");
@@ -132,7 +135,7 @@ fn wgmma_w256_forced_per_projection() -> Result<()> {
     for name in PRESETS {
         let c = MoeConfig::preset(name)?;
         for tokens in TOKENS {
-            let base = Plan::new(&c, tokens, HOPPER);
+            let base = Plan::new(&c, tokens, HOPPER_128);
             for rows in [W256Rows::Rows96, W256Rows::Rows128] {
                 for on in [WgmmaWide::GateUp, WgmmaWide::Down] {
                     let p = Plan::new(&c, tokens, forced(on, rows));
@@ -146,7 +149,7 @@ fn wgmma_w256_forced_per_projection() -> Result<()> {
                     } else {
                         (&p.down, &p.up, &base.up)
                     };
-                    assert_w256(w, rows, &at)?;
+                    assert_w256(w, rows, c.experts.min(tokens * c.top_k), &at)?;
                     assert_eq!(other.bn, GEMM_BN, "{at}");
                     let want = w256_mts(WgmmaW256::new(on, rows), base.up.mt, base.down.mt);
                     assert_eq!((p.up.mt, p.down.mt), want, "{at}");
@@ -247,20 +250,31 @@ fn gemm_items_fastest_forced_either_way() -> Result<()> {
     Ok(())
 }
 
-/// No plan takes the tile unless forced: every preset at every size keeps 128-column blocks
-/// (the pinned default plans: `moe::tests::the_default_plans_are_the_measured_ones`).
+/// Unforced, the plan takes the tile (128 token rows, both projections) exactly where an
+/// expert gets 128 rows or more on average and the wgmma tiles run; forced off, never.
 #[test]
-fn wgmma_w256_never_by_default() -> Result<()> {
+fn wgmma_w256_by_the_rows_an_expert_gets() -> Result<()> {
     for name in PRESETS {
         let c = MoeConfig::preset(name)?;
         for tokens in TOKENS {
             let p = Plan::new(&c, tokens, HOPPER);
-            assert_eq!(
-                (p.up.bn, p.down.bn),
-                (GEMM_BN, GEMM_BN),
-                "{name} at {tokens}"
-            );
+            let off = Plan::new(&c, tokens, HOPPER_128);
+            let slots = tokens * c.top_k;
+            let rows = slots.div_ceil(c.experts.min(slots));
+            let at = format!("{name} at {tokens}: {rows} rows an expert");
+            if rows >= 128 && off.up.wgmma {
+                assert_w256(&p.up, W256Rows::Rows128, c.experts.min(slots), &at)?;
+                assert_w256(&p.down, W256Rows::Rows128, c.experts.min(slots), &at)?;
+            } else {
+                assert_eq!(
+                    (p.up.bn, p.down.bn, p.bm),
+                    (GEMM_BN, GEMM_BN, off.bm),
+                    "{at}"
+                );
+            }
+            assert_eq!((off.up.bn, off.down.bn), (GEMM_BN, GEMM_BN), "{at}");
         }
     }
+    assert!(!wgmma_w256_for(127) && wgmma_w256_for(128) && wgmma_w256_for(1 << 20));
     Ok(())
 }

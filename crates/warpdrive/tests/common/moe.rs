@@ -216,7 +216,7 @@ pub struct Run {
     /// expert's rows).
     pub tma: Option<bool>,
     /// The 256-weight-row wgmma tile forced on some projections
-    /// (`MoeLayer::set_wgmma_w256`); None: never (the plan does not take it by itself).
+    /// (`MoeLayer::set_wgmma_w256`; `WgmmaWide::Neither` keeps it off); None: the plan's choice.
     pub w256: Option<WgmmaW256>,
     /// The GEMMs' grid order forced (`MoeLayer::set_gemm_items_fastest`); None: the plan's.
     pub items_fastest: Option<bool>,
