@@ -12,9 +12,11 @@
 //!   picks them), `warpdrive-device-drain` / `warpdrive-device-overlap` (the 64- and 96-row
 //!   tiles with `MoeLayer::set_wgmma_overlap` forced off / on: every wgmma tile drains its
 //!   MMAs each stage / keeps them in flight across stages) and `warpdrive-device-wide` (the
-//!   same with `MoeLayer::set_wgmma_wide` forced on: 192-row wgmma tiles, one block per SM)
-//!   and `warpdrive-device-fused-router` (`MoeLayer::set_prefill_router` forced off: the
-//!   fused router kernel where the plan takes the prefill router);
+//!   same with `MoeLayer::set_wgmma_wide` forced on: 192-row wgmma tiles, one block per SM),
+//!   `warpdrive-device-w256` (`MoeLayer::set_wgmma_w256` forced on both projections: 128
+//!   token rows × 256 weight rows, one block per SM) and `warpdrive-device-fused-router`
+//!   (`MoeLayer::set_prefill_router` forced off: the fused router kernel where the plan takes
+//!   the prefill router);
 //!   the peer adds `torch-hf-eager`, `torch-grouped-mm` and `triton-fused-moe` (a fused-MoE
 //!   Triton kernel of the design serving engines ship, tiles from its own sweep per GPU, the
 //!   layer in one CUDA graph). Median / p10 / p90
@@ -50,7 +52,8 @@ use warpdrive::exec::graph::Graph;
 use warpdrive::memory::host_vec;
 use warpdrive::memory::Buffer;
 use warpdrive::moe::{
-    MoeConfig, MoeLayer, MoePath, MoeWeights, WgmmaWide, PREFILL_ROUTER_MIN_TOKENS, PRESETS,
+    MoeConfig, MoeLayer, MoePath, MoeWeights, W256Rows, WgmmaW256, WgmmaWide,
+    PREFILL_ROUTER_MIN_TOKENS, PRESETS,
 };
 use warpdrive::ops::{reduce_into, ReduceOp, Scratch, REDUCE_SCRATCH_BYTES};
 
@@ -221,14 +224,15 @@ fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {
         // cuBLAS there), the wgmma variants side by side (issue 40).
         let kernels = tokens >= 1024 && stream.device().is_cuda();
         let variants = [
-            ("warpdrive", MoePath::Auto, None, None, None),
-            ("warpdrive-cublas", MoePath::Cublas, None, None, None),
-            ("warpdrive-device", MoePath::Device, None, None, None),
+            ("warpdrive", MoePath::Auto, None, None, None, None),
+            ("warpdrive-cublas", MoePath::Cublas, None, None, None, None),
+            ("warpdrive-device", MoePath::Device, None, None, None, None),
             (
                 "warpdrive-device-drain",
                 MoePath::Device,
                 Some(false),
                 Some(WgmmaWide::Neither),
+                None,
                 None,
             ),
             (
@@ -237,6 +241,7 @@ fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {
                 Some(true),
                 Some(WgmmaWide::Neither),
                 None,
+                None,
             ),
             (
                 "warpdrive-device-wide",
@@ -244,6 +249,15 @@ fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {
                 None,
                 Some(WgmmaWide::Both),
                 None,
+                None,
+            ),
+            (
+                "warpdrive-device-w256",
+                MoePath::Device,
+                None,
+                None,
+                None,
+                Some(WgmmaW256::new(WgmmaWide::Both, W256Rows::Rows128)),
             ),
             (
                 "warpdrive-device-fused-router",
@@ -251,15 +265,17 @@ fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {
                 None,
                 None,
                 Some(false),
+                None,
             ),
         ];
-        for (variant, path, overlap, wide, prefill_router) in variants {
+        for (variant, path, overlap, wide, prefill_router, w256) in variants {
             if path == MoePath::Device && !kernels {
                 continue;
             }
             layer.set_path(path);
             layer.set_wgmma_overlap(overlap);
             layer.set_wgmma_wide(wide);
+            layer.set_wgmma_w256(w256);
             layer.set_prefill_router(prefill_router);
             // Warm-up (captures the graph, loads kernels), then size the reps by one pass.
             layer.forward_into(&x, &mut y)?;

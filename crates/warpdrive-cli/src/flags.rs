@@ -134,6 +134,30 @@ pub(crate) enum Command {
         /// Keep every warpgroup-MMA tile off the warp-specialized TMA kernel.
         #[arg(long)]
         no_wgmma_tma: bool,
+        /// Weight rows per warpgroup-MMA tile forced: `128` (the 128-weight-row tiles) or `256`
+        /// (the 256-weight-row tile, one block per SM, on both projections or those of
+        /// `--wgmma-weight-rows-on`), instead of the plan's choice (256 where an expert gets
+        /// 128 rows or more; issue 40).
+        #[arg(long, value_name = "ROWS", value_parser = ["128", "256"])]
+        wgmma_weight_rows: Option<String>,
+        /// With `--wgmma-weight-rows 256`: the projections that take it, `gate-up`, `down` or
+        /// `both` (the default); the other keeps the plan's tile.
+        #[arg(long, value_name = "PROJECTIONS", requires = "wgmma_weight_rows",
+              value_parser = ["gate-up", "down", "both"])]
+        wgmma_weight_rows_on: Option<String>,
+        /// With `--wgmma-weight-rows 256`: its token rows, `128` (the default) or `96`.
+        #[arg(long, value_name = "ROWS", requires = "wgmma_weight_rows",
+              value_parser = ["96", "128"])]
+        wgmma_token_rows: Option<String>,
+        /// Run every grouped GEMM's tiles column block by column block, the work items fastest,
+        /// instead of the plan's order (item by item where an expert's tiles fit one wave of
+        /// blocks, else items fastest).
+        #[arg(long, conflicts_with = "no_gemm_items_fastest")]
+        gemm_items_fastest: bool,
+        /// Run every grouped GEMM's tiles item by item (an item's column blocks side by side)
+        /// instead of the plan's order.
+        #[arg(long)]
+        no_gemm_items_fastest: bool,
         /// Route through the prefill router (cuBLAS logits, routing one warp per token, a
         /// many-block dispatch; issue 40) instead of the plan's choice (from 512 tokens).
         #[arg(long, conflicts_with = "no_prefill_router")]
@@ -653,6 +677,66 @@ mod tests {
             }
         ));
         assert!(parse(&["moe", "--preset", "q", "--wgmma-tma", "--no-wgmma-tma"]).is_err());
+        let cli = parse(&["moe", "--preset", "q", "--wgmma-weight-rows", "256"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Moe {
+                wgmma_weight_rows: Some(ref r),
+                wgmma_weight_rows_on: None,
+                wgmma_token_rows: None,
+                gemm_items_fastest: false,
+                no_gemm_items_fastest: false,
+                ..
+            } if r == "256"
+        ));
+        let cli = parse(&[
+            "moe",
+            "--preset",
+            "q",
+            "--wgmma-weight-rows",
+            "256",
+            "--wgmma-weight-rows-on",
+            "down",
+            "--wgmma-token-rows",
+            "96",
+            "--gemm-items-fastest",
+        ])
+        .unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Moe {
+                wgmma_weight_rows_on: Some(ref on),
+                wgmma_token_rows: Some(ref rows),
+                gemm_items_fastest: true,
+                ..
+            } if on == "down" && rows == "96"
+        ));
+        let cli = parse(&["moe", "--preset", "q", "--no-gemm-items-fastest"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Moe {
+                gemm_items_fastest: false,
+                no_gemm_items_fastest: true,
+                ..
+            }
+        ));
+        for bad in [
+            &["--wgmma-weight-rows", "192"][..],
+            &["--wgmma-weight-rows", "256", "--wgmma-token-rows", "64"],
+            &[
+                "--wgmma-weight-rows",
+                "256",
+                "--wgmma-weight-rows-on",
+                "none",
+            ],
+            &["--wgmma-token-rows", "96"],
+            &["--wgmma-weight-rows-on", "both"],
+            &["--gemm-items-fastest", "--no-gemm-items-fastest"],
+        ] {
+            let mut args = vec!["moe", "--preset", "q"];
+            args.extend(bad);
+            assert!(parse(&args).is_err(), "{bad:?}");
+        }
         let cli = parse(&["moe", "--preset", "q", "--no-prefill-router"]).unwrap();
         assert!(matches!(
             cli.command,

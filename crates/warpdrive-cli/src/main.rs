@@ -33,7 +33,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Parser;
-use warpdrive::moe::WgmmaWide;
+use warpdrive::moe::{W256Rows, WgmmaW256, WgmmaWide};
 use warpdrive_bench as bench;
 
 use benchmark::{bench_traced, list_suites};
@@ -121,6 +121,11 @@ fn run(cli: Cli) -> Result<()> {
             wgmma_wide_on,
             wgmma_tma,
             no_wgmma_tma,
+            wgmma_weight_rows,
+            wgmma_weight_rows_on,
+            wgmma_token_rows,
+            gemm_items_fastest,
+            no_gemm_items_fastest,
             prefill_router,
             no_prefill_router,
             no_decode_kernel,
@@ -150,6 +155,27 @@ fn run(cli: Cli) -> Result<()> {
                     _ => None,
                 },
                 tma: match (wgmma_tma, no_wgmma_tma) {
+                    (true, _) => Some(true),
+                    (_, true) => Some(false),
+                    _ => None,
+                },
+                // The parser keeps each to its values and the others to 256's company.
+                // 128: the 256-weight-row tile forced off; 256: on; neither: the plan's choice.
+                w256: wgmma_weight_rows.as_deref().map(|rows| {
+                    WgmmaW256::new(
+                        match (rows, wgmma_weight_rows_on.as_deref()) {
+                            ("128", _) => WgmmaWide::Neither,
+                            (_, Some("gate-up")) => WgmmaWide::GateUp,
+                            (_, Some("down")) => WgmmaWide::Down,
+                            _ => WgmmaWide::Both,
+                        },
+                        match wgmma_token_rows.as_deref() {
+                            Some("96") => W256Rows::Rows96,
+                            _ => W256Rows::Rows128,
+                        },
+                    )
+                }),
+                items_fastest: match (gemm_items_fastest, no_gemm_items_fastest) {
                     (true, _) => Some(true),
                     (_, true) => Some(false),
                     _ => None,

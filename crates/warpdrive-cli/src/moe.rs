@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use warpdrive::moe::{WeightsFile, WgmmaWide};
+use warpdrive::moe::{W256Rows, WeightsFile, WgmmaW256, WgmmaWide};
 use warpdrive_bench::{self as bench, Scale};
 
 use crate::flags::DeviceOpt;
@@ -21,6 +21,10 @@ pub(crate) struct Kernels {
     pub(crate) wide: Option<WgmmaWide>,
     /// The wgmma tiles' warp-specialized TMA kernels forced on or off; None: the plan's choice.
     pub(crate) tma: Option<bool>,
+    /// The 256-weight-row wgmma tile forced on some projections; None: never.
+    pub(crate) w256: Option<WgmmaW256>,
+    /// The grouped GEMMs' grid order forced (items fastest or item by item); None: the plan's.
+    pub(crate) items_fastest: Option<bool>,
     /// The prefill router forced on or off; None: the plan's choice.
     pub(crate) prefill_router: Option<bool>,
 }
@@ -72,12 +76,16 @@ pub(crate) fn moe(
         overlap,
         wide,
         tma,
+        w256,
+        items_fastest,
         prefill_router,
     } = kernels;
     layer.set_warpgroup_mma(wgmma);
     layer.set_wgmma_overlap(overlap);
     layer.set_wgmma_wide(wide);
     layer.set_wgmma_tma(tma);
+    layer.set_wgmma_w256(w256);
+    layer.set_gemm_items_fastest(items_fastest);
     layer.set_prefill_router(prefill_router);
     layer.set_decode_kernel(decode);
     let x = warpdrive::Buffer::from_host(&stream, &x)?;
@@ -98,7 +106,7 @@ pub(crate) fn moe(
     let per_pass = t.elapsed().as_secs_f64() * 1e6 / f64::from(reps);
     let stats = layer.last_stats();
     println!(
-        "{layer_name} (hidden {}, intermediate {}), {tokens} tokens on {} ({source}, {path:?}{}{}{}{}{}):",
+        "{layer_name} (hidden {}, intermediate {}), {tokens} tokens on {} ({source}, {path:?}{}{}{}{}{}{}{}):",
         config.hidden,
         config.intermediate,
         device.label(),
@@ -114,6 +122,28 @@ pub(crate) fn moe(
             Some(WgmmaWide::GateUp) => ", wide wgmma tile on gate/up",
             Some(WgmmaWide::Down) => ", wide wgmma tile on down",
             Some(WgmmaWide::Neither) => ", no wide wgmma tile",
+            None => "",
+        },
+        match w256 {
+            Some(w) if w.on == WgmmaWide::Neither => ", no 256-weight-row wgmma tile".into(),
+            Some(w) => format!(
+                ", 256-weight-row wgmma tile on {} ({} token rows)",
+                match w.on {
+                    WgmmaWide::Both => "both",
+                    WgmmaWide::GateUp => "gate/up",
+                    WgmmaWide::Down => "down",
+                    WgmmaWide::Neither => "neither",
+                },
+                match w.rows {
+                    W256Rows::Rows96 => 96,
+                    W256Rows::Rows128 => 128,
+                },
+            ),
+            None => String::new(),
+        },
+        match items_fastest {
+            Some(true) => ", GEMM items fastest",
+            Some(false) => ", GEMM item by item",
             None => "",
         },
         match prefill_router {

@@ -10,9 +10,17 @@ use common::moe::*;
 use common::{cuda, random_f32, rng, seed};
 use half::bf16;
 use warpdrive::moe::{
-    MoeConfig, MoeLayer, MoePath, MoeWeights, Router, WgmmaWide, GRAPH_MAX_TOKENS,
+    MoeConfig, MoeLayer, MoePath, MoeWeights, Router, W256Rows, WgmmaW256, WgmmaWide,
+    GRAPH_MAX_TOKENS,
 };
 use warpdrive::{Buffer, DTypeKind, Error};
+
+/// The 256-weight-row tile kept off: the overlap, wide and TMA tests cover their own kernels
+/// where the plan would now take that tile (128 rows an expert or more).
+const W256_OFF: Option<WgmmaW256> = Some(WgmmaW256 {
+    on: WgmmaWide::Neither,
+    rows: W256Rows::Rows128,
+});
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -112,6 +120,7 @@ fn gpu_smem_moe_wgmma_overlap_matches_cpu() {
     let overlap = |graphs| Run {
         overlap: Some(true),
         tma: Some(false),
+        w256: W256_OFF,
         ..run(MoePath::Device, graphs)
     };
     let small = config(72, 40, 7, 3, Router::Softmax, DTypeKind::BF16);
@@ -189,6 +198,7 @@ fn wide_cases(which: WgmmaWide, s: u64) {
         wide: Some(which),
         overlap,
         tma: Some(false),
+        w256: W256_OFF,
         ..run(MoePath::Device, graphs)
     };
     let small = config(72, 40, 7, 3, Router::Softmax, DTypeKind::BF16);
@@ -279,6 +289,7 @@ fn gpu_smem_moe_wgmma_tma_matches_cpu() {
     let tma = |graphs, wide: bool| Run {
         tma: Some(true),
         wide: wide.then_some(WgmmaWide::Both),
+        w256: W256_OFF,
         ..run(MoePath::Device, graphs)
     };
     let small = config(72, 40, 7, 3, Router::Softmax, DTypeKind::BF16);
@@ -331,6 +342,138 @@ fn gpu_smem_moe_wgmma_tma_matches_cpu() {
         s + 7,
         "mixed depths, tma",
     );
+}
+
+/// The 256-weight-row wgmma tile (issue 40; never by default, so forced here: 96 and 128
+/// token rows × 256 weight rows, one block per SM) on both projections (`w256_cases`): 1, 5,
+/// 37, 301 and 4,097 tokens, drained and overlapped, graphs on and off, split-K gate/up
+/// (deep: 256-column partials), widths past one 256-row block and no multiple of it or of the
+/// 64-k stage (hidden 328, intermediate 200), most of 64 experts empty, every token on one
+/// expert (4,097 rows), f16, the plan's overlap per projection, and the tiles in column-block
+/// order (`set_gemm_items_fastest`); then the plan's own tiles in either forced order. Where
+/// the GPU has no wgmma this runs the mma.sync tiles.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_smem_moe_wgmma_w256_matches_cpu() {
+    let s = seed("gpu_smem_moe_wgmma_w256_matches_cpu");
+    w256_cases(WgmmaWide::Both, W256Rows::Rows128, s);
+    w256_cases(WgmmaWide::Both, W256Rows::Rows96, s + 32);
+    // The plan's own tiles in either forced grid order (`set_gemm_items_fastest`).
+    let small = config(72, 40, 7, 3, Router::Softmax, DTypeKind::BF16);
+    let deep = config(1024, 256, 8, 2, Router::Softmax, DTypeKind::BF16);
+    for (j, order) in [false, true].into_iter().enumerate() {
+        let r = Run {
+            items_fastest: Some(order),
+            ..run(MoePath::Device, true)
+        };
+        let what = format!("plan's tiles, items fastest {order}");
+        few_flips_at(&[301, 4097], small, r, s + 64 + j as u64, &what);
+        few_flips_at(&[256], deep, r, s + 66 + j as u64, &what);
+    }
+}
+
+/// The 256-weight-row tile on one projection (`GateUp`, `Down`; 96 and 128 token rows): the
+/// other GEMM on the plan's tile, or on the one that fits the work list (64 rows beside 128,
+/// 96 beside 96, 2 sub-tiles an item beside the plan's 192-row tile); the cases of
+/// `gpu_smem_moe_wgmma_w256_matches_cpu`.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_smem_moe_wgmma_w256_per_projection_matches_cpu() {
+    let s = seed("gpu_smem_moe_wgmma_w256_per_projection_matches_cpu");
+    for (i, on) in [WgmmaWide::GateUp, WgmmaWide::Down].into_iter().enumerate() {
+        let s = s + 64 * i as u64;
+        w256_cases(on, W256Rows::Rows128, s);
+        w256_cases(on, W256Rows::Rows96, s + 32);
+    }
+}
+
+/// The 256-weight-row tests' cases with that tile forced on `on` with `rows` token rows.
+fn w256_cases(on: WgmmaWide, rows: W256Rows, s: u64) {
+    let w256 = |graphs, overlap| Run {
+        w256: Some(WgmmaW256::new(on, rows)),
+        overlap,
+        ..run(MoePath::Device, graphs)
+    };
+    let what = |case: &str| format!("{case}, 256 weight rows, {on:?}, {rows:?}");
+    let small = config(72, 40, 7, 3, Router::Softmax, DTypeKind::BF16);
+    let tokens = [1, 5, 37, 301, 4097];
+    few_flips_at(&tokens, small, w256(true, Some(false)), s, &what("small"));
+    few_flips_at(
+        &tokens,
+        small,
+        w256(false, Some(true)),
+        s + 1,
+        &what("small, overlap, eager"),
+    );
+    let deep = config(1024, 256, 8, 2, Router::Softmax, DTypeKind::BF16);
+    for (j, overlap) in [Some(false), Some(true)].into_iter().enumerate() {
+        few_flips_at(
+            &[3, 256],
+            deep,
+            w256(false, overlap),
+            s + 2 + j as u64,
+            &what("deep, split-K"),
+        );
+    }
+    let odd = config(328, 200, 16, 4, Router::Softmax, DTypeKind::BF16);
+    few_flips_at(
+        &[37, 301, 1025],
+        odd,
+        w256(true, None),
+        s + 4,
+        &what("odd widths"),
+    );
+    let sparse = config(256, 1024, 64, 2, Router::Softmax, DTypeKind::BF16);
+    few_flips_at(
+        &[1, 5, 40],
+        sparse,
+        w256(true, Some(true)),
+        s + 5,
+        &what("empty experts"),
+    );
+    let single = config(72, 40, 7, 1, Router::Softmax, DTypeKind::BF16);
+    for overlap in [Some(false), Some(true)] {
+        let one = Run {
+            one_expert: true,
+            ..w256(true, overlap)
+        };
+        few_flips_at(&[1, 301, 4097], single, one, s + 6, &what("one expert"));
+    }
+    let half = config(72, 40, 7, 3, Router::Softmax, DTypeKind::F16);
+    few_flips_at(
+        &[37, 301],
+        half,
+        w256(true, Some(true)),
+        s + 7,
+        &what("f16"),
+    );
+    let odd_half = config(328, 200, 16, 4, Router::Softmax, DTypeKind::F16);
+    few_flips_at(
+        &[301],
+        odd_half,
+        w256(false, Some(false)),
+        s + 8,
+        &what("f16, odd widths"),
+    );
+    few_flips_at(
+        &[301, 1025],
+        mixed_depths(),
+        w256(true, None),
+        s + 9,
+        &what("the plan's overlap per projection"),
+    );
+    let fastest = Run {
+        items_fastest: Some(true),
+        ..w256(true, None)
+    };
+    few_flips_at(
+        &[4097],
+        small,
+        fastest,
+        s + 10,
+        &what("small, items fastest"),
+    );
+    few_flips_at(&[256], deep, fastest, s + 11, &what("deep, items fastest"));
 }
 
 /// The prefill router (issue 40; by default from `PREFILL_ROUTER_MIN_TOKENS` tokens) through
@@ -433,6 +576,8 @@ fn gpu_smem_moe_mma_sync_tiles_match_cpu() {
         overlap: None,
         wide: None,
         tma: None,
+        w256: None,
+        items_fastest: None,
         one_expert: false,
         prefill: None,
     };

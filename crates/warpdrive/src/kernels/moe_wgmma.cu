@@ -77,12 +77,24 @@ __device__ __forceinline__ void moe_wgmma_stage(float (&acc)[NMAX / 2], u32 wa, 
     for (u32 kk = 0; kk < MOE_SBK / 16; ++kk)
         MoeWgmma<T, N>::run(acc, moe_sw128_desc(wa + kk * 32), moe_sw128_desc(xb + kk * 32));
 }
+// The same stage for a warpgroup of 128 weight rows (the 256-weight-row tile): two m64 MMAs a
+// k16 step on the same token rows, chunk j's 64 weight rows 64·j rows (8 KB) past `wa`.
+template <typename T, int N, int NMAX>
+__device__ __forceinline__ void moe_wgmma_stage(float (&acc)[2][NMAX / 2], u32 wa, u32 xb) {
+#pragma unroll
+    for (u32 kk = 0; kk < MOE_SBK / 16; ++kk) {
+        const u64 db = moe_sw128_desc(xb + kk * 32);
+        MoeWgmma<T, N>::run(acc[0], moe_sw128_desc(wa + kk * 32), db);
+        MoeWgmma<T, N>::run(acc[1], moe_sw128_desc(wa + 64 * 128 + kk * 32), db);
+    }
+}
 
 // A prefill tile's k loop on wgmma for its first N token rows (one instance per N, so the
 // accumulators keep their registers across the asynchronous MMAs): the warpgroup's 64
-// weight rows start `wa` bytes into each stage.
-template <typename T, int N, int NMAX, u32 STAGES, typename Loads>
-__device__ __forceinline__ void moe_wgmma_k_loop(float (&acc)[NMAX / 2], const Loads& loads, u32 smem, u32 wa) {
+// weight rows start `wa` bytes into each stage. `Acc`: float[NMAX / 2], or float[2][NMAX / 2]
+// for two 64-row chunks (moe_wgmma_stage's overloads).
+template <typename T, int N, int NMAX, u32 STAGES, typename Loads, typename Acc>
+__device__ __forceinline__ void moe_wgmma_k_loop(Acc& acc, const Loads& loads, u32 smem, u32 wa) {
     for (u32 kt = 0; kt < loads.k_tiles; ++kt) {
         moe_cp_async_wait<STAGES - 2>();
         moe_fence_proxy_async();  // this thread's cp.async data, visible to the async proxy
@@ -96,17 +108,20 @@ __device__ __forceinline__ void moe_wgmma_k_loop(float (&acc)[NMAX / 2], const L
     }
 }
 
-// The wgmma tile's results (accumulator i of a thread, warp w of its warpgroup, lane g·4 + q:
-// weight row 16w + g + 8·(i % 4 / 2), token row 8·(i / 4) + 2q + i % 2) go through shared
-// memory `c` (the free ring) to whole rows, so the split-K partials, their sums and the
-// epilogues move float4s along rows instead of scattered words (n % 8 == 0 on CUDA).
-// Partials are summed in split order by the tile's last block: results stay deterministic.
-// CONSUMERS: only the two consumer warpgroups (threads 0..255) run it, on named barrier 1.
-template <typename T, u32 BM, bool CONSUMERS = false>
-__device__ void moe_wgmma_finish(const MoeGemm& p, const MoeTile& t, const float (&acc)[BM / 2], float* c) {
-    constexpr u32 BN = 128, LD = BN + 4;  // padded rows: the scattered writes hit 32 banks
+// The wgmma tile's results (accumulator i of chunk j of a thread, warp w of its warpgroup wg,
+// lane g·4 + q: weight row 64·CH·wg + 64·j + 16w + g + 8·(i % 4 / 2), token row
+// 8·(i / 4) + 2q + i % 2) go through shared memory `c` (the free ring) to whole rows of BN
+// weight columns, so the split-K partials, their sums and the epilogues move float4s along
+// rows instead of scattered words (n % 8 == 0 on CUDA). Partials are summed in split order by
+// the tile's last block: results stay deterministic. CH = 1 (BN = 128: each warpgroup 64
+// rows) or 2 (BN = 256: each warpgroup two chunks of 64). CONSUMERS: only the two consumer
+// warpgroups (threads 0..255) run it, on named barrier 1.
+template <typename T, u32 BM, u32 BN, int CH, bool CONSUMERS>
+__device__ void moe_wgmma_finish_n(const MoeGemm& p, const MoeTile& t, const float (&acc)[CH][BM / 2], float* c) {
+    static_assert(BN == 128 * CH, "two warpgroups of CH chunks of 64 weight rows");
+    constexpr u32 LD = BN + 4;  // padded rows: the scattered writes hit 32 banks
     const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3u;
-    const u32 nl = (warp >> 2) * 64 + (warp & 3u) * 16 + g;
+    const u32 nl = (warp >> 2) * 64 * CH + (warp & 3u) * 16 + g;
     // Epilogue 2's routing weights of this warp's rows (warp + 8j: lane j holds row j's),
     // requested by every lane at once before the staging: one dependent pair of loads a
     // tile, not one a row in turn (at K = 256 that pair per row outlasted the tile's MMAs).
@@ -116,41 +131,50 @@ __device__ void moe_wgmma_finish(const MoeGemm& p, const MoeTile& t, const float
         lane_scale = p.slot_weight[p.order[t.row0 + warp + MOE_WARPS * lane]];
     moe_tile_sync<CONSUMERS>();  // every warpgroup is done with the ring
 #pragma unroll
-    for (int i = 0; i < (int)BM / 2; ++i)
-        c[(8u * (i / 4) + 2u * q + i % 2) * LD + nl + 8u * ((i % 4) / 2)] = acc[i];
+    for (int j = 0; j < CH; ++j)
+#pragma unroll
+        for (int i = 0; i < (int)BM / 2; ++i)
+            c[(8u * (i / 4) + 2u * q + i % 2) * LD + nl + 64u * j + 8u * ((i % 4) / 2)] = acc[j][i];
     moe_tile_sync<CONSUMERS>();
-    // Thread: float4 column `col` of rows r0, r0 + 8, ... (one warp per row).
-    const u32 col = lane * 4, r0 = warp, n = t.nb * BN + col;
-    const bool in_n = n < p.n;
+    // Thread: float4 columns `col` + 128·cc of rows r0, r0 + 8, ... (one warp per row).
+    const u32 col = lane * 4, r0 = warp;
+    const auto n_of = [&](u32 cc) { return t.nb * BN + cc * 128 + col; };
     if (p.splits > 1) {
         for (u32 r = r0; r < t.rows; r += MOE_WARPS)
-            if (in_n)
-                *reinterpret_cast<float4*>(p.partial + ((u64)t.split * p.rows_cap + t.row0 + r) * p.n + n) =
-                    *reinterpret_cast<const float4*>(c + r * LD + col);
+#pragma unroll
+            for (u32 cc = 0; cc < BN / 128; ++cc)
+                if (n_of(cc) < p.n)
+                    *reinterpret_cast<float4*>(p.partial + ((u64)t.split * p.rows_cap + t.row0 + r) * p.n + n_of(cc)) =
+                        *reinterpret_cast<const float4*>(c + r * LD + cc * 128 + col);
         if (!moe_arrive_last<CONSUMERS>(&p.tickets[t.tile], p.splits)) return;
         const u64 stride = (u64)p.rows_cap * p.n;
         for (u32 r = r0; r < t.rows; r += MOE_WARPS) {
-            if (!in_n) continue;
-            const float* src = p.partial + ((u64)t.row0 + r) * p.n + n;
-            float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            for (u32 sp = 0; sp < p.splits; ++sp) {
-                const float4 v = __ldcg(reinterpret_cast<const float4*>(src + sp * stride));
-                sum.x += v.x;
-                sum.y += v.y;
-                sum.z += v.z;
-                sum.w += v.w;
+#pragma unroll
+            for (u32 cc = 0; cc < BN / 128; ++cc) {
+                const u32 n = n_of(cc);
+                if (n >= p.n) continue;
+                const float* src = p.partial + ((u64)t.row0 + r) * p.n + n;
+                float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                for (u32 sp = 0; sp < p.splits; ++sp) {
+                    const float4 v = __ldcg(reinterpret_cast<const float4*>(src + sp * stride));
+                    sum.x += v.x;
+                    sum.y += v.y;
+                    sum.z += v.z;
+                    sum.w += v.w;
+                }
+                *reinterpret_cast<float4*>(c + r * LD + cc * 128 + col) = sum;
             }
-            *reinterpret_cast<float4*>(c + r * LD + col) = sum;
         }
         moe_tile_sync<CONSUMERS>();
     }
     if (p.epilogue == 1) {
         // Weight rows 16m + j (gate) and 16m + 8 + j (up) make act column 8m + j: thread
-        // (16 per row) takes act columns 4·j4 .. 4·j4 + 3 of rows r, r + 16, ...
-        const u32 half_n = p.n >> 1, j4 = threadIdx.x & 15u, gate = (j4 >> 1) * 16 + (j4 & 1u) * 4;
+        // (TPR per row) takes act columns 4·j4 .. 4·j4 + 3 of rows r, r + 256 / TPR, ...
+        constexpr u32 TPR = BN / 8;
+        const u32 half_n = p.n >> 1, j4 = threadIdx.x & (TPR - 1), gate = (j4 >> 1) * 16 + (j4 & 1u) * 4;
         const u32 act = (t.nb * BN >> 1) + 4 * j4;
         if (act >= half_n) return;
-        for (u32 r = threadIdx.x >> 4; r < t.rows; r += 16) {
+        for (u32 r = threadIdx.x / TPR; r < t.rows; r += 256 / TPR) {
             const float4 gv = *reinterpret_cast<const float4*>(c + r * LD + gate);
             const float4 uv = *reinterpret_cast<const float4*>(c + r * LD + gate + 8);
             const float o[4] = {moe_silu(gv.x) * uv.x, moe_silu(gv.y) * uv.y, moe_silu(gv.z) * uv.z,
@@ -161,13 +185,23 @@ __device__ void moe_wgmma_finish(const MoeGemm& p, const MoeTile& t, const float
         // r0 = warp: the loop is warp-uniform, so every lane takes part in the shuffle.
         for (u32 r = r0, j = 0; r < t.rows; r += MOE_WARPS, ++j) {
             const float scale = __shfl_sync(0xffffffffu, lane_scale, j);
-            if (!in_n) continue;
             const u32 prow = t.row0 + r;
-            const float4 v = *reinterpret_cast<const float4*>(c + r * LD + col);
-            const float o[4] = {v.x * scale, v.y * scale, v.z * scale, v.w * scale};
-            store_vec<T, 4>(reinterpret_cast<T*>(p.out) + (u64)prow * p.n + n, pack_vec<T, 4>(o));
+#pragma unroll
+            for (u32 cc = 0; cc < BN / 128; ++cc) {
+                const u32 n = n_of(cc);
+                if (n >= p.n) continue;
+                const float4 v = *reinterpret_cast<const float4*>(c + r * LD + cc * 128 + col);
+                const float o[4] = {v.x * scale, v.y * scale, v.z * scale, v.w * scale};
+                store_vec<T, 4>(reinterpret_cast<T*>(p.out) + (u64)prow * p.n + n, pack_vec<T, 4>(o));
+            }
         }
     }
+}
+// The 128-weight-row tiles' finish (one chunk a warpgroup).
+template <typename T, u32 BM, bool CONSUMERS = false>
+__device__ __forceinline__ void moe_wgmma_finish(const MoeGemm& p, const MoeTile& t, const float (&acc)[BM / 2],
+                                                 float* c) {
+    moe_wgmma_finish_n<T, BM, 128, 1, CONSUMERS>(p, t, reinterpret_cast<const float(&)[1][BM / 2]>(acc), c);
 }
 
 // ---- One group of MMAs in flight across the stage boundary (the `o` tiles, issue 40):
@@ -196,9 +230,8 @@ __device__ __forceinline__ void moe_wgmma_start2(const Loads& loads, const MoeGe
 // Iteration kt: 2 + kt groups committed before it, stage kt is group kt, so at most 1 may be
 // pending. After the barrier every warpgroup has passed its wait_group 1 behind stage kt - 1's
 // MMAs, so stage kt - 2's are done everywhere and its slot ((kt + 2) % 4) takes stage kt + 2.
-template <typename T, int N, int NMAX, u32 STAGES, typename Loads>
-__device__ __forceinline__ void moe_wgmma_k_loop_overlap(float (&acc)[NMAX / 2], const Loads& loads, u32 smem,
-                                                         u32 wa) {
+template <typename T, int N, int NMAX, u32 STAGES, typename Loads, typename Acc>
+__device__ __forceinline__ void moe_wgmma_k_loop_overlap(Acc& acc, const Loads& loads, u32 smem, u32 wa) {
     static_assert(STAGES == 4, "2 stages loading, 2 being multiplied");
     for (u32 kt = 0; kt < loads.k_tiles; ++kt) {
         moe_cp_async_wait<1>();
@@ -220,8 +253,8 @@ __device__ __forceinline__ void moe_wgmma_k_loop_overlap(float (&acc)[NMAX / 2],
 
 // The k loop of one tile: stage by stage (`moe_wgmma_k_loop`) or with one group of MMAs in
 // flight across stages (`moe_wgmma_k_loop_overlap`).
-template <typename T, int N, int NMAX, u32 STAGES, bool OVERLAP, typename Loads>
-__device__ __forceinline__ void moe_wgmma_k(float (&acc)[NMAX / 2], const Loads& loads, u32 smem, u32 wa) {
+template <typename T, int N, int NMAX, u32 STAGES, bool OVERLAP, typename Loads, typename Acc>
+__device__ __forceinline__ void moe_wgmma_k(Acc& acc, const Loads& loads, u32 smem, u32 wa) {
     if constexpr (OVERLAP)
         moe_wgmma_k_loop_overlap<T, N, NMAX, STAGES>(acc, loads, smem, wa);
     else
@@ -231,9 +264,8 @@ __device__ __forceinline__ void moe_wgmma_k(float (&acc)[NMAX / 2], const Loads&
 // The k loop on MMAs N wide for the tile's first `live16` · 16 token rows: the least N from
 // N0 up, in steps of 16, that covers them (one instance per N: the accumulators stay in
 // registers across the asynchronous MMAs, and no MMA covers rows past the tile's).
-template <typename T, int N, int NMAX, u32 STAGES, bool OVERLAP, typename Loads>
-__device__ __forceinline__ void moe_wgmma_k_live(u32 live16, float (&acc)[NMAX / 2], const Loads& loads, u32 smem,
-                                                 u32 wa) {
+template <typename T, int N, int NMAX, u32 STAGES, bool OVERLAP, typename Loads, typename Acc>
+__device__ __forceinline__ void moe_wgmma_k_live(u32 live16, Acc& acc, const Loads& loads, u32 smem, u32 wa) {
     if constexpr (N < NMAX) {
         if (live16 * 16 > (u32)N) {
             moe_wgmma_k_live<T, N + 16, NMAX, STAGES, OVERLAP>(live16, acc, loads, smem, wa);
@@ -541,3 +573,55 @@ MOE_GEMM_WGMMA(bf16, m12, 6, 1)
 MOE_GEMM_WGMMA(f16, m4, 2, 2)
 MOE_GEMM_WGMMA(f16, m6, 3, 2)
 MOE_GEMM_WGMMA(f16, m12, 6, 1)
+
+// ---- The 256-weight-row tile (the `x256` kernels, issue 40; forced only,
+// MoeLayer::set_wgmma_w256): the `w` / `o` kernels' work list, ring of 4 cp.async stages,
+// swizzled layout and k loops, but BN = 256 weight rows a tile (Triton's fused MoE's best
+// H100 tile is 128 tokens × 256 weight columns): each of the two warpgroups multiplies 128
+// weight rows as two m64 MMAs a k16 step on the same token descriptor (2 · BM / 2
+// accumulators a thread), so a tile reads its token rows for twice the weight rows and
+// each stage's barrier covers twice the MMAs. A stage is (BM + 256) rows × 128 B: 4 stages of
+// 176 KB (BM 96) or 192 KB (BM 128) + 1 KB to align, one block per SM; the epilogue stages
+// BM × 260 floats in the ring. Gate/up pairs (16-row groups of w13) stay inside a tile.
+template <typename T, int MT, bool OVERLAP>
+__device__ void moe_gemm_wgmma_x256(const MoeGemm& p) {
+    constexpr u32 BM = 32 * MT, BN = 256, NMAX = BM, STAGES = 4;
+    using Loads = MoeStageLoads<T, BM, BN, STAGES>;
+    constexpr u32 A_BYTES = Loads::A_BYTES, STAGE_BYTES = Loads::STAGE_BYTES;
+    static_assert(A_BYTES % 1024 == 0 && STAGE_BYTES % 1024 == 0, "SW128 tiles need 1024-byte alignment");
+    static_assert(BM * (BN + 4) * 4 <= STAGES * STAGE_BYTES, "the epilogue's staging fits the ring");
+    extern __shared__ __align__(128) unsigned char moe_smem[];
+    MoeTile t;
+    if (!moe_gemm_tile(p, BM, BN, t)) return;
+    const u32 warp = threadIdx.x >> 5;
+    const u32 base = (u32)__cvta_generic_to_shared(moe_smem), smem = (base + 1023u) & ~1023u;
+    const Loads loads(p, t, smem);
+    if constexpr (OVERLAP)
+        moe_wgmma_start2(loads, p);
+    else
+        loads.start(p);
+
+    const u32 wg = warp >> 2;               // warpgroup: weight rows 128·wg ..
+    const u32 live16 = (t.rows + 15) / 16;  // token rows the MMAs cover, in 16s
+    float acc[2][NMAX / 2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int i = 0; i < (int)NMAX / 2; ++i) acc[j][i] = 0.0f;
+
+    moe_wgmma_k_live<T, 16, NMAX, STAGES, OVERLAP>(live16, acc, loads, smem, A_BYTES + wg * 128 * 128);
+    moe_cp_async_wait<0>();
+    moe_wgmma_finish_n<T, BM, BN, 2, false>(p, t, acc, reinterpret_cast<float*>(moe_smem + (smem - base)));
+}
+
+#define MOE_GEMM_WGMMA_X256_AS(T, NAME, MT, SUFFIX, OVERLAP)                                              \
+    extern "C" __global__ void __launch_bounds__(256, 1) moe_gemm_##T##_##NAME##x256##SUFFIX(MoeGemm p) { \
+        moe_gemm_wgmma_x256<T, MT, OVERLAP>(p);                                                           \
+    }
+// 96 token rows (m6, our padding sweet spot at ~256 rows an expert) and 128 (m8, Triton's).
+#define MOE_GEMM_WGMMA_X256(T, NAME, MT) \
+    MOE_GEMM_WGMMA_X256_AS(T, NAME, MT, w, false) MOE_GEMM_WGMMA_X256_AS(T, NAME, MT, o, true)
+MOE_GEMM_WGMMA_X256(bf16, m6, 3)
+MOE_GEMM_WGMMA_X256(bf16, m8, 4)
+MOE_GEMM_WGMMA_X256(f16, m6, 3)
+MOE_GEMM_WGMMA_X256(f16, m8, 4)

@@ -80,6 +80,50 @@ impl WgmmaWide {
     }
 }
 
+/// The token rows of the 256-weight-row wgmma tile ([`WgmmaW256`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum W256Rows {
+    /// 96 token rows (three tiles for ~256 rows an expert, as the default 96-row tile).
+    Rows96,
+    /// 128 token rows (Triton's fused MoE's BM = 128).
+    Rows128,
+}
+
+impl W256Rows {
+    /// m16 tiles (token rows / 16) of the kernel.
+    pub(super) fn mt(self) -> usize {
+        match self {
+            W256Rows::Rows96 => 6,
+            W256Rows::Rows128 => 8,
+        }
+    }
+}
+
+/// The 256-weight-row wgmma tile, forced ([`MoeLayer::set_wgmma_w256`]; never the plan's own
+/// choice): its tiles are `rows` token rows × 256 weight rows (the others' 128), one block
+/// per SM, on the `w` / `o` kernels (no TMA kernel; the overlap rule applies), item by item
+/// unless the layer forces the grid order ([`MoeLayer::set_gemm_items_fastest`]): the blocks
+/// running together then cover a few experts whole and read each token row and weight row
+/// from DRAM about once.
+///
+/// [`MoeLayer::set_wgmma_w256`]: super::MoeLayer::set_wgmma_w256
+/// [`MoeLayer::set_gemm_items_fastest`]: super::MoeLayer::set_gemm_items_fastest
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WgmmaW256 {
+    /// The projections that take it; the others keep the plan's tile (a 96-row one beside
+    /// 128-row items becomes the 64-row one, a 64-row one beside 96-row items the 96-row one,
+    /// so that one work list serves both GEMMs).
+    pub on: WgmmaWide,
+    pub rows: W256Rows,
+}
+
+impl WgmmaW256 {
+    /// On `on` with `rows` token rows.
+    pub fn new(on: WgmmaWide, rows: W256Rows) -> WgmmaW256 {
+        WgmmaW256 { on, rows }
+    }
+}
+
 /// Whether a pass's wgmma tiles take the wide tile (192 token rows, one block per SM):
 /// `forced` (per projection) when the layer forces it, else where an expert's rows overflow
 /// one 96-row tile (`rows_per_expert` > 96) and 192-row tiles hold them in at most 10 % more
@@ -94,6 +138,17 @@ pub(super) fn wgmma_wide_for(rows_per_expert: usize, forced: Option<bool>) -> bo
         let padded = |tile: usize| rows_per_expert.div_ceil(tile).saturating_mul(tile);
         rows_per_expert > 96 && padded(192).saturating_mul(10) <= padded(96).saturating_mul(11)
     })
+}
+
+/// Whether a pass's wgmma tiles take the 256-weight-row tile (128 token rows, one block per
+/// SM) on both projections, unless forced: where an expert gets 128 rows or more on average
+/// (its 128-row tiles pad as little as the 96-row ones there and read each token row half as
+/// often). On an H100 it took 4-8 % off deepseek-v3-slice at 4096 tokens (128 rows), qwen3 at
+/// 2048 (128) and 4096 (256) and mixtral at 1024 (256, items fastest), left gpt-oss at 4096
+/// (128) within 0.3 %, and added 6 % on qwen3 at 1024 (64 rows) (bench/NOTES.md, MoE: the
+/// 256-weight-row tile and the grid order).
+pub(super) fn wgmma_w256_for(rows_per_expert: usize) -> bool {
+    rows_per_expert >= 128
 }
 
 /// Whether a wgmma tile of `mt` m16 tiles takes the warp-specialized TMA kernel: `forced`
@@ -178,24 +233,29 @@ pub(super) fn fused_route(c: &MoeConfig) -> bool {
 /// Columns per block of the grouped GEMM (as the kernels are instantiated in `moe_gemm.cu`: 8
 /// warps × 2 n8 groups for m1 / m2, `MOE_SBN` for the staged prefill tile m4).
 pub(super) const GEMM_BN: usize = 128;
+/// Weight rows (columns of the output) per block of the 256-weight-row wgmma tile
+/// (`moe_gemm_*_m{6,8}x256{w,o}`; [`WgmmaW256`]).
+pub(super) const WGMMA_W256_BN: usize = 256;
 /// m16 tiles of the wide wgmma tile (`moe_gemm_*_m12w` / `m12o`: 192 token rows, one block
 /// per SM; [`MoeLayer::set_wgmma_wide`](super::MoeLayer::set_wgmma_wide)).
 pub(super) const WGMMA_WIDE_MT: usize = 12;
-/// Blocks of the grouped GEMM per SM: the wide wgmma tile's 161 KB of stages leave room for
-/// one, every other tile runs two (`__launch_bounds__` in `moe_wgmma.cu` / `moe_gemm.cu`).
-pub(super) fn gemm_blocks_per_sm(mt: usize) -> usize {
-    if mt > 6 {
+/// Blocks of the grouped GEMM per SM for `mt` m16 tiles × `bn` weight rows: the wide wgmma
+/// tile's 161 KB of stages and the 256-weight-row tile's 177 or 193 KB leave room for one,
+/// every other tile runs two (`__launch_bounds__` in `moe_wgmma.cu` / `moe_gemm.cu`).
+pub(super) fn gemm_blocks_per_sm(mt: usize, bn: usize) -> usize {
+    if mt > 6 || bn > GEMM_BN {
         1
     } else {
         2
     }
 }
-/// Dynamic shared memory of the grouped GEMM for `mt` m16 tiles: the staged prefill tiles (m4,
-/// m6, and m12 on wgmma) keep 4 stages of 16·mt × 64 A and [`GEMM_BN`] × 64 W (bf16 / f16),
-/// on `wgmma` from a 1024-byte boundary (1 KB more to find it); m1 / m2 none.
-pub(super) fn gemm_shared_bytes(mt: usize, wgmma: bool) -> u32 {
+/// Dynamic shared memory of the grouped GEMM for `mt` m16 tiles × `bn` weight rows: the
+/// staged prefill tiles (m4, m6, and m12 on wgmma; bn [`GEMM_BN`], or [`WGMMA_W256_BN`] for
+/// m6 / m8 on wgmma) keep 4 stages of 16·mt × 64 A and bn × 64 W (bf16 / f16), on `wgmma`
+/// from a 1024-byte boundary (1 KB more to find it); m1 / m2 none.
+pub(super) fn gemm_shared_bytes(mt: usize, bn: usize, wgmma: bool) -> u32 {
     if mt >= 4 {
-        (4 * (16 * mt + GEMM_BN) * 64 * 2 + if wgmma { 1024 } else { 0 }) as u32
+        (4 * (16 * mt + bn) * 64 * 2 + if wgmma { 1024 } else { 0 }) as u32
     } else {
         0
     }
@@ -464,7 +524,8 @@ pub(super) struct GemmShape {
     /// over 16·mt): 1, or 2 / 3 for a 96- / 64-row tile where the other projection takes
     /// the wide tile and the list comes in its 192-row items (`subtiles` of `MoeGemm`).
     pub(super) subtiles: usize,
-    /// Columns per block of the kernel that runs it.
+    /// Columns (weight rows) per block of the kernel that runs it: [`GEMM_BN`], or
+    /// [`WGMMA_W256_BN`] on the 256-weight-row wgmma tile.
     pub(super) bn: usize,
     pub(super) items: usize,
     pub(super) splits: usize,
@@ -494,17 +555,13 @@ impl GemmShape {
         sms: usize,
     ) -> Self {
         let n_blocks = n.div_ceil(bn);
-        // The work list holds `busy` experts' first tiles plus one per further full tile of
-        // rows: from twice as many items, most experts take several tiles that stream the
-        // same weights, so those run side by side and all but the first read from L2; item
-        // by item stays faster where most experts take one tile (bench/NOTES.md, MoE paths).
-        let items_fastest = items >= 2 * busy;
+        let experts = busy.max(1);
         // At most one wave of blocks (two per SM, one for the wide tile) over the tiles likely to be busy, each
         // split at least `min_depth` deep, so that a few experts still stream their weights
         // at full bandwidth without paying for more split-K fix-ups than the bandwidth needs
         // (rounding up left a few blocks to a second wave: 288 blocks for 264 places).
         let busy = (busy * n_blocks).max(1);
-        let places = gemm_blocks_per_sm(mt) * sms.max(1);
+        let places = gemm_blocks_per_sm(mt, bn) * sms.max(1);
         let max_splits = (k / min_depth.max(32)).clamp(1, GEMM_MAX_SPLITS);
         let mut splits = (places / busy).clamp(1, max_splits);
         // Tiles that fill more than a wave but leave the last one mostly idle (384 tiles in
@@ -519,6 +576,15 @@ impl GemmShape {
             }
         }
         let k_split = k.div_ceil(splits).div_ceil(32) * 32;
+        // Item by item where an expert's tiles (its items × n blocks × K splits) all fit in
+        // one wave of blocks: they run side by side, so its weights and token rows come from
+        // DRAM about once. Otherwise n block by n block, the items fastest: an expert's items
+        // then read each weight tile together (all but the first from L2), for the price of
+        // reading the token rows once per n block (qwen3 at 4096 tokens: 1147 → 933 µs item
+        // by item; mixtral at 1024: 1860 items fastest against 2612; bench/NOTES.md, MoE:
+        // the 256-weight-row tile and the grid order).
+        let splits = k.div_ceil(k_split).max(1);
+        let items_fastest = items.div_ceil(experts) * n_blocks * splits > places;
         GemmShape {
             n,
             k,
@@ -526,7 +592,7 @@ impl GemmShape {
             subtiles: 1,
             bn,
             items,
-            splits: k.div_ceil(k_split).max(1),
+            splits,
             k_split,
             items_fastest,
             wgmma: false,

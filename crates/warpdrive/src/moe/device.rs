@@ -19,6 +19,8 @@ impl<T: Float> MoeLayer<T> {
             wgmma_overlap: self.wgmma_overlap,
             wgmma_wide: self.wgmma_wide,
             wgmma_tma: self.wgmma_tma,
+            wgmma_w256: self.wgmma_w256,
+            items_fastest: self.gemm_items_fastest,
             prefill_router: self.prefill_router,
             decode: self.gpu.decode && self.decode_kernel,
             ..self.gpu

@@ -8,8 +8,8 @@ use crate::ops::{self, Route};
 
 use super::config::{
     fused_route, gemm_shared_bytes, DecodeShape, GemmShape, MoeConfig, Router, DECODE_BLOCK,
-    DECODE_BLOCKS_PER_SM, DISPATCH_BLOCK, GEMM_BLOCK, ROUTER_BLOCK, ROUTER_WARPS, ROUTE_BLOCK,
-    WGMMA_WIDE_MT,
+    DECODE_BLOCKS_PER_SM, DISPATCH_BLOCK, GEMM_BLOCK, GEMM_BN, ROUTER_BLOCK, ROUTER_WARPS,
+    ROUTE_BLOCK, WGMMA_W256_BN, WGMMA_WIDE_MT,
 };
 use super::layer::Pass;
 
@@ -179,6 +179,19 @@ const GEMM_WGMMA_OVERLAP_NAMES: [[&str; 3]; 2] = [
     ],
 ];
 
+/// The 256-weight-row tiles (`moe_gemm_wgmma_x256`: 96 and 128 token rows), drained and
+/// overlapped: [dtype][overlap][m6, m8].
+const GEMM_WGMMA_X256_NAMES: [[[&str; 2]; 2]; 2] = [
+    [
+        ["moe_gemm_f16_m6x256w", "moe_gemm_f16_m8x256w"],
+        ["moe_gemm_f16_m6x256o", "moe_gemm_f16_m8x256o"],
+    ],
+    [
+        ["moe_gemm_bf16_m6x256w", "moe_gemm_bf16_m8x256w"],
+        ["moe_gemm_bf16_m6x256o", "moe_gemm_bf16_m8x256o"],
+    ],
+];
+
 const GEMM_NAMES: [[&str; 4]; 2] = [
     [
         "moe_gemm_f16_m1",
@@ -200,6 +213,49 @@ fn no_tile(mt: usize, wgmma: bool) -> Error {
         "MoE grouped GEMM: no {} kernel of {mt} m16 tiles",
         if wgmma { "wgmma" } else { "mma.sync" }
     ))
+}
+
+/// The kernel of a wgmma shape (`shape.wgmma`): the 256-weight-row tile, the TMA, overlap or
+/// drained kernels of the 128-weight-row tiles. `w_map`: the weights' tensor map is there.
+pub(super) fn wgmma_name(shape: &GemmShape, t: usize, w_map: bool) -> Result<&'static str> {
+    if shape.bn == WGMMA_W256_BN {
+        let mt = match shape.mt {
+            6 => 0,
+            8 => 1,
+            other => return Err(no_tile(other, true)),
+        };
+        if shape.wgmma_tma {
+            return Err(Error::InvalidArgument(
+                "MoE grouped GEMM: no TMA kernel of the 256-weight-row wgmma tile".into(),
+            ));
+        }
+        return Ok(GEMM_WGMMA_X256_NAMES[t][usize::from(shape.wgmma_overlap)][mt]);
+    }
+    if shape.bn != GEMM_BN {
+        return Err(Error::InvalidArgument(format!(
+            "MoE grouped GEMM: no wgmma kernel of {} weight rows",
+            shape.bn
+        )));
+    }
+    let mt = match shape.mt {
+        4 => 0,
+        6 => 1,
+        WGMMA_WIDE_MT => 2,
+        other => return Err(no_tile(other, true)),
+    };
+    let names = if shape.wgmma_tma {
+        if !w_map {
+            return Err(Error::InvalidArgument(
+                "MoE grouped GEMM: the TMA wgmma tile without its weights' tensor map".into(),
+            ));
+        }
+        &GEMM_WGMMA_TMA_NAMES
+    } else if shape.wgmma_overlap {
+        &GEMM_WGMMA_OVERLAP_NAMES
+    } else {
+        &GEMM_WGMMA_NAMES
+    };
+    Ok(names[t][mt])
 }
 
 fn u32_of(v: usize, what: &str) -> Result<u32> {
@@ -699,26 +755,7 @@ impl Launcher {
         p.subtiles = u32_of(shape.subtiles, "GEMM tiles per work item")?;
         let t = self.dtype_index()?;
         let (source, name) = if shape.wgmma {
-            let mt = match shape.mt {
-                4 => 0,
-                6 => 1,
-                WGMMA_WIDE_MT => 2,
-                other => return Err(no_tile(other, true)),
-            };
-            let names = if shape.wgmma_tma {
-                if p.w_map == 0 {
-                    return Err(Error::InvalidArgument(
-                        "MoE grouped GEMM: the TMA wgmma tile without its weights' tensor map"
-                            .into(),
-                    ));
-                }
-                &GEMM_WGMMA_TMA_NAMES
-            } else if shape.wgmma_overlap {
-                &GEMM_WGMMA_OVERLAP_NAMES
-            } else {
-                &GEMM_WGMMA_NAMES
-            };
-            (&MOE_WGMMA, names[t][mt])
+            (&MOE_WGMMA, wgmma_name(shape, t, p.w_map != 0)?)
         } else {
             let mt = match shape.mt {
                 1 => 0,
@@ -731,7 +768,7 @@ impl Launcher {
         };
         let f = kernels::function(d, source, name)?;
         let grid = u32_of(shape.grid(), "GEMM blocks")?;
-        let shared = gemm_shared_bytes(shape.mt, shape.wgmma);
+        let shared = gemm_shared_bytes(shape.mt, shape.bn, shape.wgmma);
         // The TMA tile's producer warp comes after the two consumer warpgroups.
         let block = GEMM_BLOCK
             + if shape.wgmma && shape.wgmma_tma {

@@ -8,7 +8,8 @@ use crate::ops;
 use crate::telemetry;
 
 use super::config::{
-    auto_takes_cublas, ForwardStats, MoeConfig, MoePath, Routing, WgmmaWide, GRAPH_MAX_TOKENS,
+    auto_takes_cublas, ForwardStats, MoeConfig, MoePath, Routing, WgmmaW256, WgmmaWide,
+    GRAPH_MAX_TOKENS,
 };
 use super::plan::{check_pass, Gpu, Plan, Workspace};
 use super::{weights, HostWeights, MoeWeights};
@@ -44,6 +45,10 @@ pub struct MoeLayer<T: Float> {
     pub(super) wgmma_wide: Option<WgmmaWide>,
     /// The warp-specialized TMA wgmma tiles: forced on or off, or `None` (the plan's choice).
     pub(super) wgmma_tma: Option<bool>,
+    /// The 256-weight-row wgmma tile: forced on some projections, or `None` (never taken).
+    pub(super) wgmma_w256: Option<WgmmaW256>,
+    /// The grouped GEMMs' grid order: forced, or `None` (the plan's).
+    pub(super) gemm_items_fastest: Option<bool>,
     /// The prefill router: forced on or off, or `None` for the plan's choice.
     pub(super) prefill_router: Option<bool>,
     /// One-token passes may take the decode kernel (where `gpu.decode`).
@@ -151,6 +156,8 @@ impl<T: Float> MoeLayer<T> {
             wgmma_overlap: None,
             wgmma_wide: None,
             wgmma_tma: None,
+            wgmma_w256: None,
+            gemm_items_fastest: None,
             prefill_router: None,
             decode_kernel: true,
             last: ForwardStats::default(),
@@ -229,6 +236,35 @@ impl<T: Float> MoeLayer<T> {
     pub fn set_wgmma_tma(&mut self, choice: Option<bool>) {
         if choice != self.wgmma_tma {
             self.wgmma_tma = choice;
+            self.graphs.clear();
+        }
+    }
+
+    /// Forces the 256-weight-row wgmma tile onto `choice.on`'s projections (`choice.rows`
+    /// token rows × 256 weight rows where the others take 128: each warpgroup issues two m64
+    /// MMAs a k16 step over the same token rows; 4 stages of 176 or 192 KB, one block per SM;
+    /// the `w` / `o` kernels by the overlap choice, never the TMA kernel; issue 40), whatever
+    /// the wide choice; the other projection keeps the plan's tile, changed where needed so
+    /// that one work list serves both (see [`WgmmaW256::on`]; `WgmmaWide::Neither` keeps it
+    /// off). `None` (the default): on both projections at 128 token rows where an expert gets
+    /// 128 rows or more on average. No effect where the tiles do not run on wgmma or its
+    /// shared memory does not fit. Drops the captured graphs.
+    pub fn set_wgmma_w256(&mut self, choice: Option<WgmmaW256>) {
+        if choice != self.wgmma_w256 {
+            self.wgmma_w256 = choice;
+            self.graphs.clear();
+        }
+    }
+
+    /// Forces the grouped GEMMs' grid order: `Some(true)` column block by column block, the
+    /// work items fastest (an expert's several row tiles read the same weights side by side),
+    /// `Some(false)` item by item (an item's column blocks side by side: a wave covers a few
+    /// experts whole, each token row read once); `None` (the default) lets the plan pick:
+    /// item by item where an expert's tiles all fit one wave of blocks, else items fastest
+    /// (issue 40). Same tiles, kernels and results. Drops the captured graphs.
+    pub fn set_gemm_items_fastest(&mut self, choice: Option<bool>) {
+        if choice != self.gemm_items_fastest {
+            self.gemm_items_fastest = choice;
             self.graphs.clear();
         }
     }

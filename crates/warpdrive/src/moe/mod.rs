@@ -60,11 +60,14 @@ mod plan;
 mod prefill_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod w256_tests;
 pub mod weights;
 
 pub use config::{
-    ForwardStats, MoeConfig, MoePath, Router, Routing, WgmmaWide, AUTO_CUBLAS_MIN_FLOPS,
-    CUBLAS_GROUPED_MAX_FLOPS, GRAPH_MAX_TOKENS, PREFILL_ROUTER_MIN_TOKENS, PRESETS, TINY,
+    ForwardStats, MoeConfig, MoePath, Router, Routing, W256Rows, WgmmaW256, WgmmaWide,
+    AUTO_CUBLAS_MIN_FLOPS, CUBLAS_GROUPED_MAX_FLOPS, GRAPH_MAX_TOKENS, PREFILL_ROUTER_MIN_TOKENS,
+    PRESETS, TINY,
 };
 pub use layer::MoeLayer;
 pub use weights::{HostWeights, MoeWeights, WeightsFile};

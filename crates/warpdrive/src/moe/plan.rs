@@ -7,8 +7,8 @@ use crate::{ops, size};
 
 use super::config::{
     gemm_blocks_per_sm, gemm_shared_bytes, prefill_router_for, wgmma_overlap_for, wgmma_tma_for,
-    wgmma_wide_for, DecodeShape, GemmShape, MoeConfig, RouterShape, WgmmaWide, GEMM_BN,
-    WGMMA_ONE_ROW_MIN_INTERMEDIATE, WGMMA_WIDE_MT,
+    wgmma_w256_for, wgmma_wide_for, DecodeShape, GemmShape, MoeConfig, RouterShape, W256Rows,
+    WgmmaW256, WgmmaWide, GEMM_BN, WGMMA_ONE_ROW_MIN_INTERMEDIATE, WGMMA_W256_BN, WGMMA_WIDE_MT,
 };
 use super::layer::inter_pad;
 
@@ -36,6 +36,15 @@ pub(super) struct Gpu {
     /// [`MoeLayer::set_wgmma_tma`], else (None) per projection where one tile holds an
     /// expert's rows ([`wgmma_tma_for`]); only with `wgmma`.
     pub(super) wgmma_tma: Option<bool>,
+    /// The projections forced onto the 256-weight-row wgmma tile ([`MoeLayer::set_wgmma_w256`];
+    /// `WgmmaWide::Neither` keeps it off; `None`: the plan's choice, `wgmma_w256_for`); only
+    /// with `wgmma`.
+    pub(super) wgmma_w256: Option<WgmmaW256>,
+    /// The grouped GEMMs' grid order forced ([`MoeLayer::set_gemm_items_fastest`]: `true`
+    /// column block by column block, the items fastest; `false` item by item); `None`: the
+    /// plan's (item by item where an expert's tiles fit one wave of blocks, else items
+    /// fastest).
+    pub(super) items_fastest: Option<bool>,
     /// The prefill router (cuBLAS logits, routing and a many-block dispatch): `Some` where
     /// [`MoeLayer::set_prefill_router`] forces it, `None` for the plan's choice
     /// ([`prefill_router_for`]).
@@ -59,6 +68,8 @@ impl Gpu {
                     wgmma_overlap: None,
                     wgmma_wide: None,
                     wgmma_tma: None,
+                    wgmma_w256: None,
+                    items_fastest: None,
                     prefill_router: None,
                     decode: false,
                 })
@@ -76,6 +87,8 @@ impl Gpu {
                     wgmma_overlap: None,
                     wgmma_wide: None,
                     wgmma_tma: None,
+                    wgmma_w256: None,
+                    items_fastest: None,
                     prefill_router: None,
                     decode: true,
                 })
@@ -145,6 +158,8 @@ impl Plan {
             wgmma_overlap,
             wgmma_wide,
             wgmma_tma,
+            wgmma_w256,
+            items_fastest: order,
             prefill_router,
             ..
         } = gpu;
@@ -154,15 +169,16 @@ impl Plan {
         let mut mt = m_tiles(rows_per_expert, wgmma, c.intermediate);
         // A prefill tile whose stages do not fit the device's shared memory (before compute
         // capability 9.0 many GPUs allow about 100 KB per block) gives way to a smaller one.
-        while mt >= 4 && gemm_shared_bytes(mt, wgmma) as usize > shared_per_block {
+        while mt >= 4 && gemm_shared_bytes(mt, GEMM_BN, wgmma) as usize > shared_per_block {
             mt = if mt > 4 { 4 } else { 2 };
         }
         // The wide tile, where chosen, takes a projection's wgmma tiles (one expert's rows at
         // up to 192 stream its weights once instead of in 96-row tiles; bench/NOTES.md, MoE
         // wide tile); where its stages do not fit, the tile above. Forced per projection, else
         // both by the rows an expert gets.
-        let wide_fits =
-            wgmma && mt >= 4 && gemm_shared_bytes(WGMMA_WIDE_MT, true) as usize <= shared_per_block;
+        let wide_fits = wgmma
+            && mt >= 4
+            && gemm_shared_bytes(WGMMA_WIDE_MT, GEMM_BN, true) as usize <= shared_per_block;
         let wide = |forced: Option<bool>| wide_fits && wgmma_wide_for(rows_per_expert, forced);
         let up_mt = if wide(wgmma_wide.map(|w| w.gate_up())) {
             WGMMA_WIDE_MT
@@ -174,6 +190,26 @@ impl Plan {
         } else {
             mt
         };
+        // The 256-weight-row tile where forced, else by the rows an expert gets, where its
+        // stages fit: it takes its projections whatever the wide choice.
+        let w256 = wgmma_w256
+            .or_else(|| {
+                wgmma_w256_for(rows_per_expert)
+                    .then(|| WgmmaW256::new(WgmmaWide::Both, W256Rows::Rows128))
+            })
+            .filter(|w| {
+                w.on != WgmmaWide::Neither
+                    && wgmma
+                    && mt >= 4
+                    && gemm_shared_bytes(w.rows.mt(), WGMMA_W256_BN, true) as usize
+                        <= shared_per_block
+            });
+        let (up_mt, down_mt) = match w256 {
+            Some(w) => w256_mts(w, up_mt, down_mt),
+            None => (up_mt, down_mt),
+        };
+        let on_w256 =
+            |gate_up: bool| w256.filter(|w| if gate_up { w.on.gate_up() } else { w.on.down() });
         let wgmma = wgmma && mt >= 4;
         // One work list for both GEMMs, in the wider tile's items (192 rows divide by 96 and
         // 64: a narrower GEMM takes each item as `subtiles` tiles of its own).
@@ -186,21 +222,32 @@ impl Plan {
             wgmma_tma: wgmma && wgmma_tma_for(rows_per_expert, shape.mt, wgmma_tma),
             ..shape
         };
-        let gemm = |n: usize, k: usize, mt: usize| {
+        let gemm = |n: usize, k: usize, mt: usize, w256: Option<WgmmaW256>| {
             let subtiles = bm / (16 * mt);
-            GemmShape {
+            let bn = if w256.is_some() {
+                WGMMA_W256_BN
+            } else {
+                GEMM_BN
+            };
+            let shape = GemmShape {
                 subtiles,
                 ..on_wgmma(GemmShape::new(
                     n,
                     k,
-                    (mt, GEMM_BN),
+                    (mt, bn),
                     (items * subtiles, active),
                     256,
                     sms,
                 ))
+            };
+            GemmShape {
+                // No TMA kernel of this tile.
+                wgmma_tma: shape.wgmma_tma && w256.is_none(),
+                items_fastest: order.unwrap_or(shape.items_fastest),
+                ..shape
             }
         };
-        let down = gemm(c.hidden, c.intermediate, down_mt);
+        let down = gemm(c.hidden, c.intermediate, down_mt, on_w256(false));
         Plan {
             tokens,
             slots,
@@ -210,7 +257,7 @@ impl Plan {
             prefill_router: prefill_router_for(c, tokens, prefill_router),
             decode: DecodeShape::new(c, tokens, gpu),
             down_early_k: down_prefetch(c, &down, active, l2_bytes, sms),
-            up: gemm(2 * c.intermediate, c.hidden, up_mt),
+            up: gemm(2 * c.intermediate, c.hidden, up_mt, on_w256(true)),
             down,
         }
     }
@@ -233,6 +280,30 @@ impl Plan {
     }
 }
 
+/// The m16 tiles of (gate/up, down) with the 256-weight-row tile `w` on its projections and
+/// the plan's `up_mt` / `down_mt` on the others: one work list serves both GEMMs, so where
+/// the two tiles' rows do not divide one another the other projection's tile changes (a
+/// 96-row or 192-row one beside the 128-row tile becomes the 64-row one; a 64-row one beside
+/// the 96-row tile the 96-row one).
+pub(super) fn w256_mts(w: WgmmaW256, up_mt: usize, down_mt: usize) -> (usize, usize) {
+    let wm = w.rows.mt();
+    let fit = |other: usize| {
+        if other.max(wm) % other.min(wm) == 0 {
+            other
+        } else if wm == 8 {
+            4
+        } else {
+            6
+        }
+    };
+    match (w.on.gate_up(), w.on.down()) {
+        (true, true) => (wm, wm),
+        (true, false) => (wm, fit(down_mt)),
+        (false, true) => (fit(up_mt), wm),
+        (false, false) => (up_mt, down_mt),
+    }
+}
+
 /// [`Plan::down_early_k`] of the down projection `down` for a pass that likely touches
 /// `active` experts.
 fn down_prefetch(
@@ -248,7 +319,7 @@ fn down_prefetch(
         return down.k_split;
     }
     let blocks = (active * down.n_blocks() * down.splits).max(1);
-    if blocks > gemm_blocks_per_sm(down.mt) * sms {
+    if blocks > gemm_blocks_per_sm(down.mt, down.bn) * sms {
         return 0;
     }
     // Whole 128-byte lines of each of the block's rows.

@@ -2,13 +2,13 @@ use crate::error::{Error, Result};
 
 use super::config::{
     auto_takes_cublas, prefill_router_for, wgmma_overlap_for, wgmma_wide_for, DecodeShape,
-    GemmShape, MoeConfig, Router, WgmmaWide, GRAPH_MAX_TOKENS, PREFILL_ROUTER_MIN_TOKENS, PRESETS,
-    WGMMA_OVERLAP_MIN_DEPTH,
+    GemmShape, MoeConfig, Router, W256Rows, WgmmaW256, WgmmaWide, GRAPH_MAX_TOKENS,
+    PREFILL_ROUTER_MIN_TOKENS, PRESETS, WGMMA_OVERLAP_MIN_DEPTH,
 };
 use super::plan::{Gpu, Plan};
 
 /// An H200 as the plans see it.
-const HOPPER: Gpu = Gpu {
+pub(super) const HOPPER: Gpu = Gpu {
     sms: 132,
     l2_bytes: 50 << 20,
     clusters: true,
@@ -17,8 +17,20 @@ const HOPPER: Gpu = Gpu {
     wgmma_overlap: None,
     wgmma_wide: None,
     wgmma_tma: None,
+    wgmma_w256: None,
+    items_fastest: None,
     prefill_router: None,
     decode: true,
+};
+
+/// [`HOPPER`] with the 256-weight-row tile kept off: the other tiles' rules as they apply
+/// where it is not taken.
+pub(super) const HOPPER_128: Gpu = Gpu {
+    wgmma_w256: Some(WgmmaW256 {
+        on: WgmmaWide::Neither,
+        rows: W256Rows::Rows128,
+    }),
+    ..HOPPER
 };
 
 #[test]
@@ -200,12 +212,12 @@ fn wgmma_overlap_by_default_where_the_blocks_run_deep() -> Result<()> {
 fn wgmma_wide_takes_the_wgmma_tiles() -> Result<()> {
     let wide = Gpu {
         wgmma_wide: Some(WgmmaWide::Both),
-        ..HOPPER
+        ..HOPPER_128
     };
     for name in PRESETS {
         let c = MoeConfig::preset(name)?;
         for tokens in [1, 5, 64, 4096] {
-            let base = Plan::new(&c, tokens, HOPPER);
+            let base = Plan::new(&c, tokens, HOPPER_128);
             let p = Plan::new(&c, tokens, wide);
             if base.up.wgmma {
                 assert_eq!((p.up.mt, p.down.mt, p.bm), (12, 12, 192), "{name} {tokens}");
@@ -225,7 +237,7 @@ fn wgmma_wide_takes_the_wgmma_tiles() -> Result<()> {
     // One block per SM: mixtral's down projection at one token (2 experts × 32 column
     // blocks busy) splits K to fill one wave of 132 places, not 264.
     let mixtral = MoeConfig::preset("mixtral-8x7b")?;
-    assert_eq!(Plan::new(&mixtral, 1, HOPPER).down.splits, 4);
+    assert_eq!(Plan::new(&mixtral, 1, HOPPER_128).down.splits, 4);
     assert_eq!(Plan::new(&mixtral, 1, wide).down.splits, 2);
     // Not where its 161 KB of stages do not fit, nor without wgmma.
     let small = Gpu {
@@ -252,7 +264,7 @@ fn wgmma_wide_takes_the_wgmma_tiles() -> Result<()> {
 fn wgmma_wide_is_chosen_by_the_rows_it_pads() -> Result<()> {
     let off = Gpu {
         wgmma_wide: Some(WgmmaWide::Neither),
-        ..HOPPER
+        ..HOPPER_128
     };
     for (name, tokens, wide) in [
         ("gpt-oss-120b", 4096, true),
@@ -266,7 +278,7 @@ fn wgmma_wide_is_chosen_by_the_rows_it_pads() -> Result<()> {
         ("gpt-oss-120b", 1, false),
     ] {
         let c = MoeConfig::preset(name)?;
-        let p = Plan::new(&c, tokens, HOPPER);
+        let p = Plan::new(&c, tokens, HOPPER_128);
         assert_eq!(p.bm == 192, wide, "{name} at {tokens}: bm {}", p.bm);
         assert_ne!(
             Plan::new(&c, tokens, off).bm,
@@ -297,7 +309,8 @@ fn wgmma_wide_is_chosen_by_the_rows_it_pads() -> Result<()> {
 /// The plan's default choices (tiles, work list, splits, overlap, TMA, grid order, prefetch)
 /// for the four presets at 1024 and 4096 tokens on an H100 / H200, pinned: none moves
 /// without a GPU run. These are the H100's of 2026-11-27 (the wide tile by the rows it pads,
-/// the TMA tile where one tile holds an expert's rows; bench/NOTES.md).
+/// the TMA tile where one tile holds an expert's rows, the 256-weight-row tile from 128 rows
+/// an expert, item by item where an expert's tiles fit one wave; bench/NOTES.md).
 #[test]
 fn the_default_plans_are_the_measured_ones() -> Result<()> {
     type G = (usize, usize, usize, usize, bool, bool, bool, bool);
@@ -317,13 +330,13 @@ fn the_default_plans_are_the_measured_ones() -> Result<()> {
     #[rustfmt::skip]
     let main: [(&str, usize, usize, G, G, usize); 8] = [
         ("qwen3-30b-a3b", 1024, 96, (6, 213, 1, 2048, false, true, false, true), (6, 213, 1, 768, false, true, false, true), 0),
-        ("qwen3-30b-a3b", 4096, 96, (6, 469, 1, 2048, true, true, false, false), (6, 469, 1, 768, true, true, false, false), 0),
+        ("qwen3-30b-a3b", 4096, 128, (8, 384, 1, 2048, false, true, false, false), (8, 384, 1, 768, false, true, false, false), 0),
         ("deepseek-v3-slice", 1024, 64, (4, 384, 1, 7168, false, true, true, true), (4, 384, 1, 256, false, true, false, true), 0),
-        ("deepseek-v3-slice", 4096, 192, (12, 426, 1, 7168, false, true, true, true), (12, 426, 1, 256, false, true, false, true), 0),
+        ("deepseek-v3-slice", 4096, 128, (8, 512, 1, 7168, false, true, true, false), (8, 512, 1, 256, false, true, false, false), 0),
         ("gpt-oss-120b", 1024, 64, (4, 192, 1, 2880, false, true, true, true), (4, 192, 1, 2880, false, true, true, true), 0),
-        ("gpt-oss-120b", 4096, 192, (12, 213, 1, 2880, false, true, true, true), (12, 213, 1, 2880, false, true, true, true), 0),
-        ("mixtral-8x7b", 1024, 96, (6, 29, 1, 4096, true, true, true, false), (6, 29, 1, 14336, true, true, true, false), 384),
-        ("mixtral-8x7b", 4096, 192, (12, 50, 1, 4096, true, true, true, false), (12, 50, 1, 14336, true, true, true, false), 0),
+        ("gpt-oss-120b", 4096, 128, (8, 256, 1, 2880, false, true, true, false), (8, 256, 1, 2880, false, true, true, false), 0),
+        ("mixtral-8x7b", 1024, 128, (8, 24, 1, 4096, true, true, true, false), (8, 24, 1, 14336, false, true, true, false), 384),
+        ("mixtral-8x7b", 4096, 128, (8, 72, 1, 4096, true, true, true, false), (8, 72, 1, 14336, true, true, true, false), 384),
     ];
     for (name, tokens, bm, up, down, early) in main {
         let p = Plan::new(&MoeConfig::preset(name)?, tokens, HOPPER);
@@ -341,7 +354,7 @@ fn the_default_plans_are_the_measured_ones() -> Result<()> {
 fn wgmma_wide_forced_per_projection() -> Result<()> {
     let with = |w| Gpu {
         wgmma_wide: Some(w),
-        ..HOPPER
+        ..HOPPER_128
     };
     for name in PRESETS {
         let c = MoeConfig::preset(name)?;
@@ -374,7 +387,7 @@ fn wgmma_wide_forced_per_projection() -> Result<()> {
     }
     // The plan's own choice per projection agrees with the setter's `Both` where it is on.
     let gpt = MoeConfig::preset("gpt-oss-120b")?;
-    let p = Plan::new(&gpt, 4096, HOPPER);
+    let p = Plan::new(&gpt, 4096, HOPPER_128);
     assert_eq!((p.up.mt, p.down.mt), (12, 12));
     assert_eq!(WgmmaWide::of(true, false), WgmmaWide::GateUp);
     assert_eq!(WgmmaWide::of(false, true), WgmmaWide::Down);
@@ -443,12 +456,12 @@ fn prefill_router_from_its_size_unless_forced() -> Result<()> {
 fn wgmma_tma_where_one_tile_holds_an_experts_rows() -> Result<()> {
     let forced = |choice| Gpu {
         wgmma_tma: choice,
-        ..HOPPER
+        ..HOPPER_128
     };
     for name in PRESETS {
         let c = MoeConfig::preset(name)?;
         for tokens in [1, 5, 64, 1025, 4096] {
-            let base = Plan::new(&c, tokens, HOPPER);
+            let base = Plan::new(&c, tokens, HOPPER_128);
             let rows = (tokens * c.top_k).div_ceil(c.experts.min(tokens * c.top_k));
             for g in [&base.up, &base.down] {
                 let one_tile = (2..=16 * g.mt).contains(&rows);

@@ -4,7 +4,7 @@
 
 use half::{bf16, f16};
 use warpdrive::moe::{
-    HostWeights, MoeConfig, MoeLayer, MoePath, MoeWeights, Router, Routing, WgmmaWide,
+    HostWeights, MoeConfig, MoeLayer, MoePath, MoeWeights, Router, Routing, WgmmaW256, WgmmaWide,
 };
 use warpdrive::{Buffer, DTypeKind, Device, Float};
 
@@ -215,6 +215,11 @@ pub struct Run {
     /// (`MoeLayer::set_wgmma_tma`); None: the plan's choice (where one tile holds an
     /// expert's rows).
     pub tma: Option<bool>,
+    /// The 256-weight-row wgmma tile forced on some projections
+    /// (`MoeLayer::set_wgmma_w256`; `WgmmaWide::Neither` keeps it off); None: the plan's choice.
+    pub w256: Option<WgmmaW256>,
+    /// The GEMMs' grid order forced (`MoeLayer::set_gemm_items_fastest`); None: the plan's.
+    pub items_fastest: Option<bool>,
     /// Seeded host weights whose router bias sends every token's first choice to expert 0.
     pub one_expert: bool,
     /// The prefill router forced on or off (`MoeLayer::set_prefill_router`); None: the
@@ -231,6 +236,8 @@ pub const fn run(path: MoePath, graphs: bool) -> Run {
         overlap: None,
         wide: None,
         tma: None,
+        w256: None,
+        items_fastest: None,
         one_expert: false,
         prefill: None,
     }
@@ -266,6 +273,8 @@ pub fn cuda_vs_cpu_as<T: Float>(c: MoeConfig, tokens: usize, r: Run, s: u64) -> 
     g.set_wgmma_overlap(r.overlap);
     g.set_wgmma_wide(r.wide);
     g.set_wgmma_tma(r.tma);
+    g.set_wgmma_w256(r.w256);
+    g.set_gemm_items_fastest(r.items_fastest);
     g.set_decode_kernel(r.decode);
     g.set_prefill_router(r.prefill);
     let mut h = MoeLayer::<T>::new(&cs, c, weights).unwrap();
