@@ -201,11 +201,12 @@ struct RingView {
 // iteration's books, while the loads are in flight), then each slot's state and payload.
 // `stop` and `drop` take the first slot (of rank 0 when it is the only one) with a vector the
 // lane saw not written yet, and overwritten: a lone rank's count by a reduction, in
-// registers.
+// registers. Slot states with a bit of `mark` go to `st` (a lone rank read in one trip needs
+// only the overwritten ones, for the priority picker; no shared atomics when none is).
 template <u32 N, class F>
 __device__ __forceinline__ void read_chunk(const RingView& rv, u32 base, u32 total, u32 lane,
                                            bool with_ctl, const u64* ctl_at, u64& word, u32& stop,
-                                           u32& drop, bool call, F&& between) {
+                                           u32& drop, u32 mark, bool call, F&& between) {
     u32 v0[N], f0[N], v1[N], f1[N], at[N], want[N];
 #pragma unroll
     for (u32 j = 0; j < N; ++j) {
@@ -235,7 +236,7 @@ __device__ __forceinline__ void read_chunk(const RingView& rv, u32 base, u32 tot
         if (at[j] == ~0u) continue;
         const u32 r = at[j] >> 24, k = (at[j] >> 8) & 0xffffu, v = at[j] & 0xffu;
         const u32 c = ll_cmp(f0[j], want[j]) | ll_cmp(f1[j], want[j]);
-        if (c) atomicOr(&rv.st[r * MAX_WINDOW + k], c);
+        if (c & mark) atomicOr(&rv.st[r * MAX_WINDOW + k], c);
         if (c & 1u) stop = min(stop, k);
         if (c & 2u) drop = min(drop, k);
         u32* stage = rv.in_stage + ((u64)r * rv.wmax + k) * rv.in_sw;
@@ -469,10 +470,11 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             const RingView rv{pre, ranks, head, rbase, rmask, in_sw, in_vps, wmax, &st[0][0], in_stage};
             one_trip = total <= 96;
             if (one_trip) {
-                read_chunk<3>(rv, 0, total, lane, true, ctl_at, word, stop, drop, true, books);
+                read_chunk<3>(rv, 0, total, lane, true, ctl_at, word, stop, drop, ranks == 1 ? 2u : 3u, true,
+                              books);
             } else {
                 for (u32 base = 0; base < total; base += 32 * LOADS_IN_FLIGHT)
-                    read_chunk<LOADS_IN_FLIGHT>(rv, base, total, lane, base == 0, ctl_at, word, stop, drop,
+                    read_chunk<LOADS_IN_FLIGHT>(rv, base, total, lane, base == 0, ctl_at, word, stop, drop, 3u,
                                                 base == 0, books);
             }
         }
