@@ -366,7 +366,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     const u64* ctl_at = lane == 0 ? sysw + S_COMMAND : lane == 1 ? sysw + S_HOST_BEAT : blk + C_COMMAND;
     bool running = false;   // the last iteration's decision: handle messages
     bool answered = false;  // the last iteration answered every message it saw
-    u64 word = 0, gap_until = 0;
+    u64 word = 0, last_word = 0, gap_until = 0;
     // The gap (see GAP_UP): the gap, a plain read's round trip (its cap), and where the reads
     // after an answer are: 1 the first (after the gap), 2 the second. Every lane computes
     // them; lane 0's are the ones used (the gap's wait follows lane 0) and published.
@@ -412,13 +412,15 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         FLUSH();
         pend = 0;
     };
-    // Pick p's handler: its output staged (zeroed first, header after), whether it replies.
-    auto handle = [&](u32 p, bool solo, u64 now) -> bool {
+    // Pick p's handler: its output staged (zeroed first unless `zeroed`, header after),
+    // whether it replies.
+    auto handle = [&](u32 p, bool solo, u64 now, bool zeroed) -> bool {
         const u32 r = solo ? 0u : pick[p] >> 16, k = solo ? p : pick[p] & 0xffffu;
         const u32* in = in_stage + ((u64)r * wmax + k) * in_sw;
         u32* out = out_stage + (u64)p * out_sw;
         // Slots are whole 16-byte vectors, so out + 2 is 8-byte aligned.
-        for (u32 j = 2; j < out_sw; j += 2) *(u64*)(out + j) = 0;
+        if (!zeroed)
+            for (u32 j = 2; j < out_sw; j += 2) *(u64*)(out + j) = 0;
         ActorCtx ctx;
         ctx.actor = a;
         ctx.lane = r < lanes ? lanes - 1 - r : 0;
@@ -478,10 +480,39 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                                                 base == 0, books);
             }
         }
+        // A lone rank read in one trip (a closed-loop client's actor) counts by two
+        // reductions of what each lane saw, in registers: the slot states' round trip through
+        // shared memory, the ballots and their branches are for the others.
+        const bool quick_read = reading && ranks == 1 && one_trip;
+        if (quick_read) {
+            stop = min(__reduce_min_sync(0xffffffffu, stop), w_solo);
+            drop = __reduce_min_sync(0xffffffffu, drop);
+        }
+        // One message, nothing overwritten, room for its answer, and the control words as
+        // the last iteration read them (it decided to run; a command or a beat's absence is
+        // decided below, after this answer): the doorbell's path, answered at once.
+        const bool lone = quick_read && stop == 1 && drop != 0 && limit != 0 &&
+                          !__any_sync(0xffffffffu, lane != 1 && word != last_word);
         const u64 t_read = now_ns();
+        u32 lone_outs = 0;
+        if (lone) {
+            // The answer's slot zeroed by every lane, a word each (a slot holds at most 66
+            // u32: an 8-byte header and 256 bytes), not by lane 0 alone.
+            if (2 + 2 * lane < out_sw) *(u64*)(out_stage + 2 + 2 * lane) = 0;
+            __syncwarp();  // the staged message and the zeroed answer, from every lane
+            const bool yes = lane == 0 && handle(0, true, t_read, true);
+            if (__ballot_sync(0xffffffffu, yes)) {
+                lone_outs = 1;
+                __syncwarp();  // the staged answer
+                write_window(fwd_ring ? fwd_ring + DEV_RING_SLOTS : outbox, fwd_ring ? fwd_cap : cap, out_sw, ans_tail,
+                             1, out_stage, nullptr);
+            }
+        }
+        const u64 t_lone = lone ? now_ns() : t_read;  // the lone answer has left
         const u64 cmd = __shfl_sync(0xffffffffu, word, 0);
         const u64 beat = __shfl_sync(0xffffffffu, word, 1);
         const u64 act = __shfl_sync(0xffffffffu, word, 2) & 1;
+        last_word = word;
         // Lane 0 decides (bit 0: terminate, 1: run, 2: parked); what it publishes waits for
         // the iteration's end, after the answers.
         u32 flags = 0;
@@ -504,183 +535,180 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             flags = (cmd == 1 ? 1u : 0u) | (act && !parked ? 2u : 0u) | (parked ? 4u : 0u);
         }
         flags = __shfl_sync(0xffffffffu, flags, 0);
-        if (flags & 1u) break;
+        if ((flags & 1u) && !lone) break;
         running = (flags & 2u) != 0;
         __syncwarp();  // the windows' slot states, from every lane
         const u64 t_ctl = now_ns();
-        // A lone rank read in one trip (a closed-loop client's actor) counts by two
-        // reductions of what each lane saw, in registers: the slot states' round trip through
-        // shared memory, the ballots and their branches are for the others.
-        const bool quick = running && reading && ranks == 1 && one_trip;
-        if (quick) {
-            stop = min(__reduce_min_sync(0xffffffffu, stop), w_solo);
-            drop = __reduce_min_sync(0xffffffffu, drop);
-        }
-        // Not running, just activated (it reads next iteration), or idle: every window the
-        // smallest and its first slot not written yet (counting and picking would find
-        // nothing and leave the windows alone). What was read stays in the rings (heads
-        // unchanged) for when the actor runs.
-        if (!running || !reading || (quick && w_solo == wmin && stop == 0) ||
-            (!quick &&
-             !__any_sync(0xffffffffu, lane < ranks && (win[lane] != wmin || (st[lane][0] & 1u) == 0u)))) {
-            // Nothing after the gap: a miss if the next read finds some.
-            probe = probe == 1 && running ? 2u : 0u;
-            phase[0] += t_read - t_start;
-            phase[1] += t_ctl - t_read;
-            pend = 1;
-            p_rt = one_trip && !gapped ? (u32)(t_read - t_start) : 0u;
-            p_after = t_ctl;
-            if (!running) __nanosleep(flags & 4u ? 100000 : 2000);
-            continue;
-        }
-        // Per rank: the messages ready (up to the first slot not yet written whole) and the
-        // dropped among them (overwritten by a later lap), a ballot per 32 slots; the same in
-        // every lane.
-        u32 n0 = 0, drops0 = 0, w0 = 0;
-        if (quick) {
-            w0 = w_solo;
-            n0 = stop;
-            drops0 = drop < n0 ? 1u : 0u;  // an overwritten slot before the first not written
-            if (lane == 0) cnt[0] = n0;
-        }
-        for (u32 r = 0; r < (quick ? 0u : ranks); ++r) {
-            const u32 w = win[r];
-            if (r == 0) w0 = w;
-            u32 n = w, drops = 0;
-            for (u32 b = 0; b < w; b += 32) {
-                const u32 k = b + lane;
-                const u32 sv = k < w ? st[r][k] : 1u;
-                const u32 stop = __ballot_sync(0xffffffffu, sv & 1u);
-                u32 dm = __ballot_sync(0xffffffffu, sv == 2u);
-                if (stop) {
-                    const u32 first = __ffs(stop) - 1;
-                    n = b + first;
-                    drops += __popc(dm & ((1u << first) - 1u));
-                    break;
+        // The iteration's picks (the same in every lane), the answers among them, the first
+        // rank's window and messages ready, and whether they were every message it saw.
+        u32 picks = 1, outs = lone_outs, n0 = 1, w0 = w_solo;
+        bool drained = 1 < w_solo, solo = true;
+        u64 t_pick = t_read, t_answer = t_lone;
+        if (!lone) {
+            const bool quick = running && quick_read;
+            // Not running, just activated (it reads next iteration), or idle: every window the
+            // smallest and its first slot not written yet (counting and picking would find
+            // nothing and leave the windows alone). What was read stays in the rings (heads
+            // unchanged) for when the actor runs.
+            if (!running || !reading || (quick && w_solo == wmin && stop == 0) ||
+                (!quick &&
+                 !__any_sync(0xffffffffu, lane < ranks && (win[lane] != wmin || (st[lane][0] & 1u) == 0u)))) {
+                // Nothing after the gap: a miss if the next read finds some.
+                probe = probe == 1 && running ? 2u : 0u;
+                phase[0] += t_read - t_start;
+                phase[1] += t_ctl - t_read;
+                pend = 1;
+                p_rt = one_trip && !gapped ? (u32)(t_read - t_start) : 0u;
+                p_after = t_ctl;
+                if (!running) __nanosleep(flags & 4u ? 100000 : 2000);
+                continue;
+            }
+            // Per rank: the messages ready (up to the first slot not yet written whole) and the
+            // dropped among them (overwritten by a later lap), a ballot per 32 slots; the same in
+            // every lane.
+            u32 drops0 = 0;
+            if (quick) {
+                n0 = stop;
+                drops0 = drop < n0 ? 1u : 0u;  // an overwritten slot before the first not written
+                if (lane == 0) cnt[0] = n0;
+            }
+            for (u32 r = 0; r < (quick ? 0u : ranks); ++r) {
+                const u32 w = win[r];
+                if (r == 0) w0 = w;
+                u32 n = w, drops = 0;
+                for (u32 b = 0; b < w; b += 32) {
+                    const u32 k = b + lane;
+                    const u32 sv = k < w ? st[r][k] : 1u;
+                    const u32 stop = __ballot_sync(0xffffffffu, sv & 1u);
+                    u32 dm = __ballot_sync(0xffffffffu, sv == 2u);
+                    if (stop) {
+                        const u32 first = __ffs(stop) - 1;
+                        n = b + first;
+                        drops += __popc(dm & ((1u << first) - 1u));
+                        break;
+                    }
+                    drops += __popc(dm);
                 }
-                drops += __popc(dm);
+                if (r == 0) {
+                    n0 = n;
+                    drops0 = drops;
+                }
+                if (lane == 0) cnt[r] = n;
             }
-            if (r == 0) {
-                n0 = n;
-                drops0 = drops;
-            }
-            if (lane == 0) cnt[r] = n;
-        }
 
-        // One rank, nothing dropped (a lone lane's actor, the common case): the picks are its
-        // first messages, in order, known to every lane; they are answered before any
-        // bookkeeping, which waits for the next iteration's read.
-        const bool solo = ranks == 1 && drops0 == 0;
-        u32 picks;
-        bool drained;
-        if (solo) {
-            picks = min(n0, limit);
-            drained = n0 < w0 && picks == n0;
-        } else {
-            // Thread 0 picks in priority order, and moves the windows the lanes counted with.
-            __syncwarp();
-            if (lane == 0) {
-                u32 count[MAX_RANKS], pos[MAX_RANKS];
-                bool full[MAX_RANKS];
-                u32 np = 0;
-                for (u32 r = 0; r < ranks; ++r) {
-                    const u32 n = cnt[r];
-                    count[r] = n;
-                    pos[r] = 0;
-                    full[r] = n == win[r];  // more may wait beyond the window
-                    win[r] = next_window(win[r], n, wmin, wmax);
-                }
-                for (;;) {
-                    for (u32 r = 0; r < ranks; ++r) {
-                        while (pos[r] < count[r] && st[r][pos[r]] == 2) {
-                            ++pos[r];
-                            ++dropped;
-                        }
-                    }
-                    if (np >= limit) break;
-                    // The highest rank with messages, or with a full window used up (its
-                    // next messages come first next iteration); then the next lower rank
-                    // with some.
-                    u32 top = MAX_RANKS, lower = MAX_RANKS;
-                    for (u32 r = 0; r < ranks; ++r) {
-                        const bool has = pos[r] < count[r];
-                        if (top == MAX_RANKS) {
-                            if (has || full[r]) top = r;
-                        } else if (has) {
-                            lower = r;
-                            break;
-                        }
-                    }
-                    if (top == MAX_RANKS) break;
-                    const bool top_has = pos[top] < count[top];
-                    if (!top_has && !(lower != MAX_RANKS && since_lower >= starvation)) break;
-                    u32 r = top;
-                    if (lower != MAX_RANKS && since_lower >= starvation) {
-                        r = lower;
-                        since_lower = 0;
-                    } else {
-                        since_lower = lower != MAX_RANKS ? since_lower + 1 : 0;
-                    }
-                    pick[np++] = r << 16 | pos[r];
-                    ++pos[r];
-                }
-                u32 dr = 1;
-                for (u32 r = 0; r < ranks; ++r) {
-                    dr = dr && !full[r] && pos[r] == count[r];
-                    if (!pos[r]) continue;
-                    head[r] += pos[r];
-                    PUBLISH(r < lanes ? blk + C_IN_HEAD + (lanes - 1 - r) : dev_ring, head[r]);
-                }
-                n_picks = np | dr << 31;
-            }
-            __syncwarp();
-            picks = n_picks & 0x7fffffffu;
-            drained = (n_picks >> 31) != 0;
-        }
-        const u64 t_pick = now_ns();
-
-        // Handle and answer. Stateless handlers one message per thread; with state, thread 0
-        // in order.
-        u32 outs = 0;
-        if (picks) {
-            const u16* ord = order;
-            if (parallel && picks <= 32) {
-                // One message a lane: the replies by one ballot in registers; when every pick
-                // replies (the common case) they leave in pick order with no order table.
-                const bool yes = lane < picks && handle(lane, solo, t_pick);
-                const u32 m = __ballot_sync(0xffffffffu, yes);
-                outs = __popc(m);
-                if (m == (outs == 32 ? ~0u : (1u << outs) - 1u)) {
-                    ord = nullptr;
-                } else if (yes) {
-                    order[__popc(m & ((1u << lane) - 1u))] = (u16)lane;
-                }
+            // One rank, nothing dropped (a lone lane's actor, the common case): the picks are its
+            // first messages, in order, known to every lane; they are answered before any
+            // bookkeeping, which waits for the next iteration's read.
+            solo = ranks == 1 && drops0 == 0;
+            if (solo) {
+                picks = min(n0, limit);
+                drained = n0 < w0 && picks == n0;
             } else {
-                const u32 step = parallel ? 32u : 1u;
-                if (parallel || lane == 0) {
-                    for (u32 p = parallel ? lane : 0u; p < picks; p += step) replied[p] = handle(p, solo, t_pick);
+                // Thread 0 picks in priority order, and moves the windows the lanes counted with.
+                __syncwarp();
+                if (lane == 0) {
+                    u32 count[MAX_RANKS], pos[MAX_RANKS];
+                    bool full[MAX_RANKS];
+                    u32 np = 0;
+                    for (u32 r = 0; r < ranks; ++r) {
+                        const u32 n = cnt[r];
+                        count[r] = n;
+                        pos[r] = 0;
+                        full[r] = n == win[r];  // more may wait beyond the window
+                        win[r] = next_window(win[r], n, wmin, wmax);
+                    }
+                    for (;;) {
+                        for (u32 r = 0; r < ranks; ++r) {
+                            while (pos[r] < count[r] && st[r][pos[r]] == 2) {
+                                ++pos[r];
+                                ++dropped;
+                            }
+                        }
+                        if (np >= limit) break;
+                        // The highest rank with messages, or with a full window used up (its
+                        // next messages come first next iteration); then the next lower rank
+                        // with some.
+                        u32 top = MAX_RANKS, lower = MAX_RANKS;
+                        for (u32 r = 0; r < ranks; ++r) {
+                            const bool has = pos[r] < count[r];
+                            if (top == MAX_RANKS) {
+                                if (has || full[r]) top = r;
+                            } else if (has) {
+                                lower = r;
+                                break;
+                            }
+                        }
+                        if (top == MAX_RANKS) break;
+                        const bool top_has = pos[top] < count[top];
+                        if (!top_has && !(lower != MAX_RANKS && since_lower >= starvation)) break;
+                        u32 r = top;
+                        if (lower != MAX_RANKS && since_lower >= starvation) {
+                            r = lower;
+                            since_lower = 0;
+                        } else {
+                            since_lower = lower != MAX_RANKS ? since_lower + 1 : 0;
+                        }
+                        pick[np++] = r << 16 | pos[r];
+                        ++pos[r];
+                    }
+                    u32 dr = 1;
+                    for (u32 r = 0; r < ranks; ++r) {
+                        dr = dr && !full[r] && pos[r] == count[r];
+                        if (!pos[r]) continue;
+                        head[r] += pos[r];
+                        PUBLISH(r < lanes ? blk + C_IN_HEAD + (lanes - 1 - r) : dev_ring, head[r]);
+                    }
+                    n_picks = np | dr << 31;
                 }
                 __syncwarp();
-                // The replies in pick order: a ballot per 32 picks.
-                for (u32 b = 0; b < picks; b += 32) {
-                    const u32 p = b + lane;
-                    const bool yes = p < picks && replied[p];
+                picks = n_picks & 0x7fffffffu;
+                drained = (n_picks >> 31) != 0;
+            }
+            t_pick = now_ns();
+
+            // Handle and answer. Stateless handlers one message per thread; with state, thread 0
+            // in order.
+            outs = 0;
+            if (picks) {
+                const u16* ord = order;
+                if (parallel && picks <= 32) {
+                    // One message a lane: the replies by one ballot in registers; when every pick
+                    // replies (the common case) they leave in pick order with no order table.
+                    const bool yes = lane < picks && handle(lane, solo, t_pick, false);
                     const u32 m = __ballot_sync(0xffffffffu, yes);
-                    if (yes) order[outs + __popc(m & ((1u << lane) - 1u))] = (u16)p;
-                    outs += __popc(m);
-                }
-            }
-            __syncwarp();  // the staged outputs (and order) from every lane
-            if (outs) {
-                if (fwd_ring) {
-                    write_window(fwd_ring + DEV_RING_SLOTS, fwd_cap, out_sw, ans_tail, outs, out_stage, ord);
+                    outs = __popc(m);
+                    if (m == (outs == 32 ? ~0u : (1u << outs) - 1u)) {
+                        ord = nullptr;
+                    } else if (yes) {
+                        order[__popc(m & ((1u << lane) - 1u))] = (u16)lane;
+                    }
                 } else {
-                    write_window(outbox, cap, out_sw, ans_tail, outs, out_stage, ord);
+                    const u32 step = parallel ? 32u : 1u;
+                    if (parallel || lane == 0) {
+                        for (u32 p = parallel ? lane : 0u; p < picks; p += step) replied[p] = handle(p, solo, t_pick, false);
+                    }
+                    __syncwarp();
+                    // The replies in pick order: a ballot per 32 picks.
+                    for (u32 b = 0; b < picks; b += 32) {
+                        const u32 p = b + lane;
+                        const bool yes = p < picks && replied[p];
+                        const u32 m = __ballot_sync(0xffffffffu, yes);
+                        if (yes) order[outs + __popc(m & ((1u << lane) - 1u))] = (u16)p;
+                        outs += __popc(m);
+                    }
+                }
+                __syncwarp();  // the staged outputs (and order) from every lane
+                if (outs) {
+                    if (fwd_ring) {
+                        write_window(fwd_ring + DEV_RING_SLOTS, fwd_cap, out_sw, ans_tail, outs, out_stage, ord);
+                    } else {
+                        write_window(outbox, cap, out_sw, ans_tail, outs, out_stage, ord);
+                    }
                 }
             }
+            __syncwarp();  // every lane has counted with `win` before lane 0 moves it
+            t_answer = now_ns();
         }
-        __syncwarp();  // every lane has counted with `win` before lane 0 moves it
-        const u64 t_answer = now_ns();
         answered = drained && picks != 0;
 
         // The answers have left. Before the next read: the gap, the first rank's window and
@@ -731,18 +759,25 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             }
         }
         __syncwarp();  // the window and head the next read takes
-        // The phases (every lane, the same times).
+        // The phases (every lane, the same times): a lone message is read, answered, then
+        // decided on (control), with no picking.
         phase[0] += t_read - t_start;
-        phase[1] += t_ctl - t_read;
-        phase[2] += t_pick - t_ctl;
-        phase[3] += t_answer - t_pick;
+        if (lone) {
+            phase[3] += t_answer - t_read;
+            phase[1] += t_ctl - t_answer;
+        } else {
+            phase[1] += t_ctl - t_read;
+            phase[2] += t_pick - t_ctl;
+            phase[3] += t_answer - t_pick;
+        }
         if (picks) busy += t_answer - t_start;
         pend = 2;
         p_rt = one_trip && !gapped ? (u32)(t_read - t_start) : 0u;
-        p_after = t_answer;
+        p_after = lone ? t_ctl : t_answer;
         p_solo = solo;
         p_picks = picks;
         p_outs = outs;
+        if (flags & 1u) break;  // after a lone answer: its books below
     }
     settle(now_ns());
     if (lane == 0) {
