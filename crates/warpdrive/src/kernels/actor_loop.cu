@@ -2,9 +2,10 @@
 // namespace, then `actor_dispatch`). One 32-thread block per actor; the whole warp reads and
 // writes the rings; thread 0 picks the messages in priority order (an actor with one lane
 // and nothing dropped takes its first messages in order, known to every lane, and answers
-// them before any bookkeeping); the handlers of an actor without state run one message per
-// thread, those of an actor with state on thread 0 in order (its state sees the messages one
-// at a time, as on the CPU backend).
+// them before any bookkeeping, a lone message as soon as its read returns); an iteration's
+// books run while the next read is in flight; the handlers of an actor without state run one
+// message per thread, those of an actor with state on thread 0 in order (its state sees the
+// messages one at a time, as on the CPU backend).
 //
 // Ring format (actor/ring.rs): 64-bit words, payload in the low half, flag `seq | 1` in the
 // high half; a slot is `sw` words, its payload an 8-byte header (correlation id, lane) and
