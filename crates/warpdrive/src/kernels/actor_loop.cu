@@ -490,8 +490,9 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             drop = __reduce_min_sync(0xffffffffu, drop);
         }
         // One message, nothing overwritten, room for its answer, and the control words as
-        // the last iteration read them (it decided to run; a command or a beat's absence is
-        // decided below, after this answer): the doorbell's path, answered at once.
+        // the last iteration read them (it decided to run; a changed command takes the usual
+        // path, a beat's absence is decided below, after this answer): the doorbell's path,
+        // answered at once.
         const bool lone = quick_read && stop == 1 && drop != 0 && limit != 0 &&
                           !__any_sync(0xffffffffu, lane != 1 && word != last_word);
         const u64 t_read = now_ns();
