@@ -2,9 +2,10 @@
 // namespace, then `actor_dispatch`). One 32-thread block per actor; the whole warp reads and
 // writes the rings; thread 0 picks the messages in priority order (an actor with one lane
 // and nothing dropped takes its first messages in order, known to every lane, and answers
-// them before any bookkeeping); the handlers of an actor without state run one message per
-// thread, those of an actor with state on thread 0 in order (its state sees the messages one
-// at a time, as on the CPU backend).
+// them before any bookkeeping, a lone message as soon as its read returns); an iteration's
+// books run while the next read is in flight; the handlers of an actor without state run one
+// message per thread, those of an actor with state on thread 0 in order (its state sees the
+// messages one at a time, as on the CPU backend).
 //
 // Ring format (actor/ring.rs): 64-bit words, payload in the low half, flag `seq | 1` in the
 // high half; a slot is `sw` words, its payload an 8-byte header (correlation id, lane) and
@@ -197,13 +198,16 @@ struct RingView {
 
 // Reads vectors `base + j * 32 + lane` (j < N) of the windows' flat order: all N loads go out,
 // then the control word (`ctl_at`, when `with_ctl`: a load before them made ptxas wait for it
-// at their first branch, a second round trip), then each slot's state and payload. `stop` and
-// `drop` take the first slot (of rank 0 when it is the only one) with a vector the lane saw
-// not written yet, and overwritten: a lone rank's count by a reduction, in registers.
-template <u32 N>
+// at their first branch, a second round trip), then `between` runs (when `call`: the last
+// iteration's books, while the loads are in flight), then each slot's state and payload.
+// `stop` and `drop` take the first slot (of rank 0 when it is the only one) with a vector the
+// lane saw not written yet, and overwritten: a lone rank's count by a reduction, in
+// registers. Slot states with a bit of `mark` go to `st` (a lone rank read in one trip needs
+// only the overwritten ones, for the priority picker; no shared atomics when none is).
+template <u32 N, class F>
 __device__ __forceinline__ void read_chunk(const RingView& rv, u32 base, u32 total, u32 lane,
                                            bool with_ctl, const u64* ctl_at, u64& word, u32& stop,
-                                           u32& drop) {
+                                           u32& drop, u32 mark, bool call, F&& between) {
     u32 v0[N], f0[N], v1[N], f1[N], at[N], want[N];
 #pragma unroll
     for (u32 j = 0; j < N; ++j) {
@@ -227,12 +231,13 @@ __device__ __forceinline__ void read_chunk(const RingView& rv, u32 base, u32 tot
         }
     }
     if (with_ctl) word = ld_word(ctl_at);
+    if (call) between();
 #pragma unroll
     for (u32 j = 0; j < N; ++j) {
         if (at[j] == ~0u) continue;
         const u32 r = at[j] >> 24, k = (at[j] >> 8) & 0xffffu, v = at[j] & 0xffu;
         const u32 c = ll_cmp(f0[j], want[j]) | ll_cmp(f1[j], want[j]);
-        if (c) atomicOr(&rv.st[r * MAX_WINDOW + k], c);
+        if (c & mark) atomicOr(&rv.st[r * MAX_WINDOW + k], c);
         if (c & 1u) stop = min(stop, k);
         if (c & 2u) drop = min(drop, k);
         u32* stage = rv.in_stage + ((u64)r * rv.wmax + k) * rv.in_sw;
@@ -331,13 +336,6 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     handled = __shfl_sync(0xffffffffu, handled, 0);
     u64 ans_tail = __shfl_sync(0xffffffffu, fwd_ring ? fwd_tail : out_tail, 0);  // the next answer's
 
-    // Lane 0 after an iteration's answers: the read's time and a plain read's round trip
-    // (the gap's cap), kept off the way to the answers.
-#define READ_BOOKS()                                                                \
-    do {                                                                            \
-        phase[0] += t_read - t_start;                                               \
-        if (one_trip && !gapped) read_rt = (read_rt * 7 + (t_read - t_start)) / 8;  \
-    } while (0)
     // Lane 0 after every iteration: the loop's count, its beat, a clock calibration the host
     // asked for, and every 256 iterations the count and the phases.
 #define BOOKS()                                                                     \
@@ -369,15 +367,77 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     const u64* ctl_at = lane == 0 ? sysw + S_COMMAND : lane == 1 ? sysw + S_HOST_BEAT : blk + C_COMMAND;
     bool running = false;   // the last iteration's decision: handle messages
     bool answered = false;  // the last iteration answered every message it saw
-    u64 word = 0, gap_until = 0;
-    // Lane 0's gap (see GAP_UP): the gap, a plain read's round trip (its cap), and where the
-    // reads after an answer are: 1 the first (after the gap), 2 the second.
+    u64 word = 0, last_word = 0, gap_until = 0;
+    // The gap (see GAP_UP): the gap, a plain read's round trip (its cap), and where the reads
+    // after an answer are: 1 the first (after the gap), 2 the second. Every lane computes
+    // them; lane 0's are the ones used (the gap's wait follows lane 0) and published.
     u64 gap = ~0ull, read_rt = READ_RT_NS, gap_hits = 0, gap_misses = 0;
     u32 probe = 0;
+    // An iteration's books (counters, publication, the slot states' clearing, the room) run
+    // in the next iteration while its loads are in flight: they cost ~0.6 µs of one warp's
+    // instructions, which a closed-loop client's next request waited for. What they need:
+    // what the iteration was (0 none, 1 idle, 2 it took messages), a plain read's round trip
+    // (0: none), when its after phase began, its picks and answers.
+    u32 pend = 0, p_rt = 0, p_picks = 0, p_outs = 0;
+    bool p_solo = false;
+    u64 p_after = 0;
+    auto settle = [&](u64 t_now) {
+        if (!pend) return;
+        if (lane == 0) {
+            phase[4] += t_now - p_after;  // an inactive loop's sleep included
+            if (p_rt) read_rt = (read_rt * 7 + p_rt) / 8;
+            if (pend == 2) {
+                if (p_solo && p_picks) PUBLISH(lanes ? blk + C_IN_HEAD + (lanes - 1) : dev_ring, head[0]);
+                if (p_picks) {
+                    if (fwd_ring) {
+                        fwd_tail += p_outs;
+                        PUBLISH(blk + C_FORWARDED, fwd_tail);
+                    } else {
+                        out_tail += p_outs;
+                        PUBLISH(blk + C_OUT_TAIL, out_tail);
+                    }
+                    PUBLISH(blk + C_PROCESSED, handled);
+                    PUBLISH(blk + C_BUSY_NS, busy);
+                }
+                if (dropped != dropped_shown) {
+                    dropped_shown = dropped;
+                    PUBLISH(blk + C_DROPPED, dropped);
+                }
+            }
+            BOOKS();
+            if (pend == 2) limit = room_limit();  // for the next answers, after these
+        }
+        if (pend == 2) limit = __shfl_sync(0xffffffffu, limit, 0);
+        __syncwarp();
+        CLEAR_ST();  // for the windows being read
+        FLUSH();
+        pend = 0;
+    };
+    // Pick p's handler: its output staged (zeroed first unless `zeroed`, header after),
+    // whether it replies.
+    auto handle = [&](u32 p, bool solo, u64 now, bool zeroed) -> bool {
+        const u32 r = solo ? 0u : pick[p] >> 16, k = solo ? p : pick[p] & 0xffffu;
+        const u32* in = in_stage + ((u64)r * wmax + k) * in_sw;
+        u32* out = out_stage + (u64)p * out_sw;
+        // Slots are whole 16-byte vectors, so out + 2 is 8-byte aligned.
+        if (!zeroed)
+            for (u32 j = 2; j < out_sw; j += 2) *(u64*)(out + j) = 0;
+        ActorCtx ctx;
+        ctx.actor = a;
+        ctx.lane = r < lanes ? lanes - 1 - r : 0;
+        ctx.correlation = in[0];
+        ctx.reply = 1;
+        ctx.seq = handled + p;
+        ctx.now_ns = now;
+        actor_dispatch(kind, in + 2, out + 2, state, &ctx);
+        out[0] = in[0];
+        out[1] = 0;
+        return ctx.reply != 0;
+    };
     for (;;) {
         // Whether the last iteration ran: then this one reads the windows while the control
-        // words are in flight. Nothing may wait between the first load and the last (a
-        // __syncwarp waits for them): one round trip to host memory per iteration.
+        // words are in flight. Nothing may wait between the first load and the last: one
+        // round trip to host memory per iteration.
         const bool reading = running;
         const u64 t_start = now_ns();
         // After answering every message it saw, the gap: the reads' round trip, not the
@@ -388,13 +448,19 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         const bool gapped = answered;
         const bool ctl_first = !reading;
         answered = false;
-        if (ctl_first) word = __shfl_sync(0xffffffffu, ld_word(ctl_at), lane);
+        auto books = [&]() { settle(t_start); };
+        if (ctl_first) {
+            const u64 w = ld_word(ctl_at);
+            books();
+            word = __shfl_sync(0xffffffffu, w, lane);
+        }
         bool one_trip = false;  // one chunk: its time is one round trip
         // A lone rank's window (slots) and, per lane, its first slot not written yet and first
         // overwritten one (read_chunk).
         u32 w_solo = 0, stop = ~0u, drop = ~0u;
         if (reading) {
-            // Each rank's first vector in the flat order (`st` was cleared for these windows).
+            // Each rank's first vector in the flat order (`st` is cleared for these windows
+            // by the books, before the states are marked).
             u32 pre[MAX_RANKS + 1];
             pre[0] = 0;
 #pragma unroll
@@ -407,17 +473,48 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             const RingView rv{pre, ranks, head, rbase, rmask, in_sw, in_vps, wmax, &st[0][0], in_stage};
             one_trip = total <= 96;
             if (one_trip) {
-                read_chunk<3>(rv, 0, total, lane, !ctl_first, ctl_at, word, stop, drop);
+                read_chunk<3>(rv, 0, total, lane, true, ctl_at, word, stop, drop, ranks == 1 ? 2u : 3u, true,
+                              books);
             } else {
                 for (u32 base = 0; base < total; base += 32 * LOADS_IN_FLIGHT)
-                    read_chunk<LOADS_IN_FLIGHT>(rv, base, total, lane, !ctl_first && base == 0, ctl_at, word,
-                                                stop, drop);
+                    read_chunk<LOADS_IN_FLIGHT>(rv, base, total, lane, base == 0, ctl_at, word, stop, drop, 3u,
+                                                base == 0, books);
             }
         }
+        // A lone rank read in one trip (a closed-loop client's actor) counts by two
+        // reductions of what each lane saw, in registers: the slot states' round trip through
+        // shared memory, the ballots and their branches are for the others.
+        const bool quick_read = reading && ranks == 1 && one_trip;
+        if (quick_read) {
+            stop = min(__reduce_min_sync(0xffffffffu, stop), w_solo);
+            drop = __reduce_min_sync(0xffffffffu, drop);
+        }
+        // One message, nothing overwritten, room for its answer, and the control words as
+        // the last iteration read them (it decided to run; a changed command takes the usual
+        // path, a beat's absence is decided below, after this answer): the doorbell's path,
+        // answered at once.
+        const bool lone = quick_read && stop == 1 && drop != 0 && limit != 0 &&
+                          !__any_sync(0xffffffffu, lane != 1 && word != last_word);
         const u64 t_read = now_ns();
+        u32 lone_outs = 0;
+        if (lone) {
+            // The answer's slot zeroed by every lane, a word each (a slot holds at most 66
+            // u32: an 8-byte header and 256 bytes), not by lane 0 alone.
+            if (2 + 2 * lane < out_sw) *(u64*)(out_stage + 2 + 2 * lane) = 0;
+            __syncwarp();  // the staged message and the zeroed answer, from every lane
+            const bool yes = lane == 0 && handle(0, true, t_read, true);
+            if (__ballot_sync(0xffffffffu, yes)) {
+                lone_outs = 1;
+                __syncwarp();  // the staged answer
+                write_window(fwd_ring ? fwd_ring + DEV_RING_SLOTS : outbox, fwd_ring ? fwd_cap : cap, out_sw, ans_tail,
+                             1, out_stage, nullptr);
+            }
+        }
+        const u64 t_lone = lone ? now_ns() : t_read;  // the lone answer has left
         const u64 cmd = __shfl_sync(0xffffffffu, word, 0);
         const u64 beat = __shfl_sync(0xffffffffu, word, 1);
         const u64 act = __shfl_sync(0xffffffffu, word, 2) & 1;
+        last_word = word;
         // Lane 0 decides (bit 0: terminate, 1: run, 2: parked); what it publishes waits for
         // the iteration's end, after the answers.
         u32 flags = 0;
@@ -440,289 +537,251 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             flags = (cmd == 1 ? 1u : 0u) | (act && !parked ? 2u : 0u) | (parked ? 4u : 0u);
         }
         flags = __shfl_sync(0xffffffffu, flags, 0);
-        if (flags & 1u) break;
+        if ((flags & 1u) && !lone) break;
         running = (flags & 2u) != 0;
         __syncwarp();  // the windows' slot states, from every lane
         const u64 t_ctl = now_ns();
-        if (lane == 0) phase[1] += t_ctl - t_read;
-        // A lone rank read in one trip (a closed-loop client's actor) counts by two
-        // reductions of what each lane saw, in registers: the slot states' round trip through
-        // shared memory, the ballots and their branches are for the others.
-        const bool quick = running && reading && ranks == 1 && one_trip;
-        if (quick) {
-            stop = min(__reduce_min_sync(0xffffffffu, stop), w_solo);
-            drop = __reduce_min_sync(0xffffffffu, drop);
-        }
-        // Not running, just activated (it reads next iteration), or idle: every window the
-        // smallest and its first slot not written yet (counting and picking would find
-        // nothing and leave the windows alone). What was read stays in the rings (heads
-        // unchanged) for when the actor runs.
-        if (!running || !reading || (quick && w_solo == wmin && stop == 0) ||
-            (!quick &&
-             !__any_sync(0xffffffffu, lane < ranks && (win[lane] != wmin || (st[lane][0] & 1u) == 0u)))) {
-            CLEAR_ST();
-            if (lane == 0) {
-                READ_BOOKS();
+        // The iteration's picks (the same in every lane), the answers among them, the first
+        // rank's window and messages ready, and whether they were every message it saw.
+        u32 picks = 1, outs = lone_outs, n0 = 1, w0 = w_solo;
+        bool drained = 1 < w_solo, solo = true;
+        u64 t_pick = t_read, t_answer = t_lone;
+        if (!lone) {
+            const bool quick = running && quick_read;
+            // Not running, just activated (it reads next iteration), or idle: every window the
+            // smallest and its first slot not written yet (counting and picking would find
+            // nothing and leave the windows alone). What was read stays in the rings (heads
+            // unchanged) for when the actor runs.
+            if (!running || !reading || (quick && w_solo == wmin && stop == 0) ||
+                (!quick &&
+                 !__any_sync(0xffffffffu, lane < ranks && (win[lane] != wmin || (st[lane][0] & 1u) == 0u)))) {
                 // Nothing after the gap: a miss if the next read finds some.
                 probe = probe == 1 && running ? 2u : 0u;
-                BOOKS();
+                phase[0] += t_read - t_start;
+                phase[1] += t_ctl - t_read;
+                pend = 1;
+                p_rt = one_trip && !gapped ? (u32)(t_read - t_start) : 0u;
+                p_after = t_ctl;
+                if (!running) __nanosleep(flags & 4u ? 100000 : 2000);
+                continue;
             }
-            FLUSH();
-            if (lane == 0) phase[4] += now_ns() - t_ctl;
-            if (!running) __nanosleep(flags & 4u ? 100000 : 2000);
-            continue;
-        }
-        // Per rank: the messages ready (up to the first slot not yet written whole) and the
-        // dropped among them (overwritten by a later lap), a ballot per 32 slots; the same in
-        // every lane.
-        u32 n0 = 0, drops0 = 0, w0 = 0;
-        if (quick) {
-            w0 = w_solo;
-            n0 = stop;
-            drops0 = drop < n0 ? 1u : 0u;  // an overwritten slot before the first not written
-            if (lane == 0) cnt[0] = n0;
-        }
-        for (u32 r = 0; r < (quick ? 0u : ranks); ++r) {
-            const u32 w = win[r];
-            if (r == 0) w0 = w;
-            u32 n = w, drops = 0;
-            for (u32 b = 0; b < w; b += 32) {
-                const u32 k = b + lane;
-                const u32 sv = k < w ? st[r][k] : 1u;
-                const u32 stop = __ballot_sync(0xffffffffu, sv & 1u);
-                u32 dm = __ballot_sync(0xffffffffu, sv == 2u);
-                if (stop) {
-                    const u32 first = __ffs(stop) - 1;
-                    n = b + first;
-                    drops += __popc(dm & ((1u << first) - 1u));
-                    break;
+            // Per rank: the messages ready (up to the first slot not yet written whole) and the
+            // dropped among them (overwritten by a later lap), a ballot per 32 slots; the same in
+            // every lane.
+            u32 drops0 = 0;
+            if (quick) {
+                n0 = stop;
+                drops0 = drop < n0 ? 1u : 0u;  // an overwritten slot before the first not written
+                if (lane == 0) cnt[0] = n0;
+            }
+            for (u32 r = 0; r < (quick ? 0u : ranks); ++r) {
+                const u32 w = win[r];
+                if (r == 0) w0 = w;
+                u32 n = w, drops = 0;
+                for (u32 b = 0; b < w; b += 32) {
+                    const u32 k = b + lane;
+                    const u32 sv = k < w ? st[r][k] : 1u;
+                    const u32 stop = __ballot_sync(0xffffffffu, sv & 1u);
+                    u32 dm = __ballot_sync(0xffffffffu, sv == 2u);
+                    if (stop) {
+                        const u32 first = __ffs(stop) - 1;
+                        n = b + first;
+                        drops += __popc(dm & ((1u << first) - 1u));
+                        break;
+                    }
+                    drops += __popc(dm);
                 }
-                drops += __popc(dm);
+                if (r == 0) {
+                    n0 = n;
+                    drops0 = drops;
+                }
+                if (lane == 0) cnt[r] = n;
             }
-            if (r == 0) {
-                n0 = n;
-                drops0 = drops;
-            }
-            if (lane == 0) cnt[r] = n;
-        }
-        const u64 first = handled;
 
-        // One rank, nothing dropped (a lone lane's actor, the common case): the picks are its
-        // first messages, in order, known to every lane; they are answered before any
-        // bookkeeping, which waits for the iteration's end.
-        const bool solo = ranks == 1 && drops0 == 0;
-        u32 picks;
-        bool drained;
-        if (solo) {
-            picks = min(n0, limit);
-            drained = n0 < w0 && picks == n0;
-        } else {
-            // Thread 0 picks in priority order, and moves the windows the lanes counted with.
-            __syncwarp();
-            if (lane == 0) {
-                u32 count[MAX_RANKS], pos[MAX_RANKS];
-                bool full[MAX_RANKS];
-                u32 np = 0;
-                for (u32 r = 0; r < ranks; ++r) {
-                    const u32 n = cnt[r];
-                    count[r] = n;
-                    pos[r] = 0;
-                    full[r] = n == win[r];  // more may wait beyond the window
-                    win[r] = next_window(win[r], n, wmin, wmax);
-                }
-                for (;;) {
-                    for (u32 r = 0; r < ranks; ++r) {
-                        while (pos[r] < count[r] && st[r][pos[r]] == 2) {
-                            ++pos[r];
-                            ++dropped;
-                        }
-                    }
-                    if (np >= limit) break;
-                    // The highest rank with messages, or with a full window used up (its
-                    // next messages come first next iteration); then the next lower rank
-                    // with some.
-                    u32 top = MAX_RANKS, lower = MAX_RANKS;
-                    for (u32 r = 0; r < ranks; ++r) {
-                        const bool has = pos[r] < count[r];
-                        if (top == MAX_RANKS) {
-                            if (has || full[r]) top = r;
-                        } else if (has) {
-                            lower = r;
-                            break;
-                        }
-                    }
-                    if (top == MAX_RANKS) break;
-                    const bool top_has = pos[top] < count[top];
-                    if (!top_has && !(lower != MAX_RANKS && since_lower >= starvation)) break;
-                    u32 r = top;
-                    if (lower != MAX_RANKS && since_lower >= starvation) {
-                        r = lower;
-                        since_lower = 0;
-                    } else {
-                        since_lower = lower != MAX_RANKS ? since_lower + 1 : 0;
-                    }
-                    pick[np++] = r << 16 | pos[r];
-                    ++pos[r];
-                }
-                u32 dr = 1;
-                for (u32 r = 0; r < ranks; ++r) {
-                    dr = dr && !full[r] && pos[r] == count[r];
-                    if (!pos[r]) continue;
-                    head[r] += pos[r];
-                    PUBLISH(r < lanes ? blk + C_IN_HEAD + (lanes - 1 - r) : dev_ring, head[r]);
-                }
-                n_picks = np | dr << 31;
-            }
-            __syncwarp();
-            picks = n_picks & 0x7fffffffu;
-            drained = (n_picks >> 31) != 0;
-        }
-        const u64 t_pick = now_ns();
-
-        // Handle and answer. Stateless handlers one message per thread; with state, thread 0
-        // in order.
-        u32 outs = 0;
-        // Pick p's handler: its output staged (zeroed first, header after), whether it replies.
-        auto handle = [&](u32 p) -> bool {
-            const u32 r = solo ? 0u : pick[p] >> 16, k = solo ? p : pick[p] & 0xffffu;
-            const u32* in = in_stage + ((u64)r * wmax + k) * in_sw;
-            u32* out = out_stage + (u64)p * out_sw;
-            // Slots are whole 16-byte vectors, so out + 2 is 8-byte aligned.
-            for (u32 j = 2; j < out_sw; j += 2) *(u64*)(out + j) = 0;
-            ActorCtx ctx;
-            ctx.actor = a;
-            ctx.lane = r < lanes ? lanes - 1 - r : 0;
-            ctx.correlation = in[0];
-            ctx.reply = 1;
-            ctx.seq = first + p;
-            ctx.now_ns = t_pick;
-            actor_dispatch(kind, in + 2, out + 2, state, &ctx);
-            out[0] = in[0];
-            out[1] = 0;
-            return ctx.reply != 0;
-        };
-        if (picks) {
-            const u16* ord = order;
-            if (parallel && picks <= 32) {
-                // One message a lane: the replies by one ballot in registers; when every pick
-                // replies (the common case) they leave in pick order with no order table.
-                const bool yes = lane < picks && handle(lane);
-                const u32 m = __ballot_sync(0xffffffffu, yes);
-                outs = __popc(m);
-                if (m == (outs == 32 ? ~0u : (1u << outs) - 1u)) {
-                    ord = nullptr;
-                } else if (yes) {
-                    order[__popc(m & ((1u << lane) - 1u))] = (u16)lane;
-                }
+            // One rank, nothing dropped (a lone lane's actor, the common case): the picks are its
+            // first messages, in order, known to every lane; they are answered before any
+            // bookkeeping, which waits for the next iteration's read.
+            solo = ranks == 1 && drops0 == 0;
+            if (solo) {
+                picks = min(n0, limit);
+                drained = n0 < w0 && picks == n0;
             } else {
-                const u32 step = parallel ? 32u : 1u;
-                if (parallel || lane == 0) {
-                    for (u32 p = parallel ? lane : 0u; p < picks; p += step) replied[p] = handle(p);
+                // Thread 0 picks in priority order, and moves the windows the lanes counted with.
+                __syncwarp();
+                if (lane == 0) {
+                    u32 count[MAX_RANKS], pos[MAX_RANKS];
+                    bool full[MAX_RANKS];
+                    u32 np = 0;
+                    for (u32 r = 0; r < ranks; ++r) {
+                        const u32 n = cnt[r];
+                        count[r] = n;
+                        pos[r] = 0;
+                        full[r] = n == win[r];  // more may wait beyond the window
+                        win[r] = next_window(win[r], n, wmin, wmax);
+                    }
+                    for (;;) {
+                        for (u32 r = 0; r < ranks; ++r) {
+                            while (pos[r] < count[r] && st[r][pos[r]] == 2) {
+                                ++pos[r];
+                                ++dropped;
+                            }
+                        }
+                        if (np >= limit) break;
+                        // The highest rank with messages, or with a full window used up (its
+                        // next messages come first next iteration); then the next lower rank
+                        // with some.
+                        u32 top = MAX_RANKS, lower = MAX_RANKS;
+                        for (u32 r = 0; r < ranks; ++r) {
+                            const bool has = pos[r] < count[r];
+                            if (top == MAX_RANKS) {
+                                if (has || full[r]) top = r;
+                            } else if (has) {
+                                lower = r;
+                                break;
+                            }
+                        }
+                        if (top == MAX_RANKS) break;
+                        const bool top_has = pos[top] < count[top];
+                        if (!top_has && !(lower != MAX_RANKS && since_lower >= starvation)) break;
+                        u32 r = top;
+                        if (lower != MAX_RANKS && since_lower >= starvation) {
+                            r = lower;
+                            since_lower = 0;
+                        } else {
+                            since_lower = lower != MAX_RANKS ? since_lower + 1 : 0;
+                        }
+                        pick[np++] = r << 16 | pos[r];
+                        ++pos[r];
+                    }
+                    u32 dr = 1;
+                    for (u32 r = 0; r < ranks; ++r) {
+                        dr = dr && !full[r] && pos[r] == count[r];
+                        if (!pos[r]) continue;
+                        head[r] += pos[r];
+                        PUBLISH(r < lanes ? blk + C_IN_HEAD + (lanes - 1 - r) : dev_ring, head[r]);
+                    }
+                    n_picks = np | dr << 31;
                 }
                 __syncwarp();
-                // The replies in pick order: a ballot per 32 picks.
-                for (u32 b = 0; b < picks; b += 32) {
-                    const u32 p = b + lane;
-                    const bool yes = p < picks && replied[p];
+                picks = n_picks & 0x7fffffffu;
+                drained = (n_picks >> 31) != 0;
+            }
+            t_pick = now_ns();
+
+            // Handle and answer. Stateless handlers one message per thread; with state, thread 0
+            // in order.
+            outs = 0;
+            if (picks) {
+                const u16* ord = order;
+                if (parallel && picks <= 32) {
+                    // One message a lane: the replies by one ballot in registers; when every pick
+                    // replies (the common case) they leave in pick order with no order table.
+                    const bool yes = lane < picks && handle(lane, solo, t_pick, false);
                     const u32 m = __ballot_sync(0xffffffffu, yes);
-                    if (yes) order[outs + __popc(m & ((1u << lane) - 1u))] = (u16)p;
-                    outs += __popc(m);
-                }
-            }
-            __syncwarp();  // the staged outputs (and order) from every lane
-            if (outs) {
-                if (fwd_ring) {
-                    write_window(fwd_ring + DEV_RING_SLOTS, fwd_cap, out_sw, ans_tail, outs, out_stage, ord);
+                    outs = __popc(m);
+                    if (m == (outs == 32 ? ~0u : (1u << outs) - 1u)) {
+                        ord = nullptr;
+                    } else if (yes) {
+                        order[__popc(m & ((1u << lane) - 1u))] = (u16)lane;
+                    }
                 } else {
-                    write_window(outbox, cap, out_sw, ans_tail, outs, out_stage, ord);
+                    const u32 step = parallel ? 32u : 1u;
+                    if (parallel || lane == 0) {
+                        for (u32 p = parallel ? lane : 0u; p < picks; p += step) replied[p] = handle(p, solo, t_pick, false);
+                    }
+                    __syncwarp();
+                    // The replies in pick order: a ballot per 32 picks.
+                    for (u32 b = 0; b < picks; b += 32) {
+                        const u32 p = b + lane;
+                        const bool yes = p < picks && replied[p];
+                        const u32 m = __ballot_sync(0xffffffffu, yes);
+                        if (yes) order[outs + __popc(m & ((1u << lane) - 1u))] = (u16)p;
+                        outs += __popc(m);
+                    }
+                }
+                __syncwarp();  // the staged outputs (and order) from every lane
+                if (outs) {
+                    if (fwd_ring) {
+                        write_window(fwd_ring + DEV_RING_SLOTS, fwd_cap, out_sw, ans_tail, outs, out_stage, ord);
+                    } else {
+                        write_window(outbox, cap, out_sw, ans_tail, outs, out_stage, ord);
+                    }
                 }
             }
+            __syncwarp();  // every lane has counted with `win` before lane 0 moves it
+            t_answer = now_ns();
         }
-        __syncwarp();  // every lane has counted with `win` before lane 0 moves it
-        const u64 t_answer = now_ns();
         answered = drained && picks != 0;
 
-        // The answers have left. Bookkeeping: the gap, the heads, the counters, the sampled
-        // records.
+        // The answers have left. Before the next read: the gap, the first rank's window and
+        // head; the rest of the books wait for that read's loads (`settle`).
         handled += picks;
         ans_tail += outs;
-        if (lane == 0) {
-            READ_BOOKS();
-            // The gap adapts to a lone message (a closed-loop client's); after several (a
-            // stream), a read's round trip, as the control-words-first read of 1a3403d
-            // waited: the next window holds more, and the producers' slots are not polled
-            // while they are being written.
-            gap = min(gap, read_rt);
-            if (picks && probe == 1) {
-                gap = gap > GAP_DOWN ? gap - GAP_DOWN : 0;
-                ++gap_hits;
-            }
-            if (picks && probe == 2) {
-                gap = min(gap + GAP_UP, read_rt);
-                ++gap_misses;
-            }
-            probe = answered && picks == 1 ? 1u : (!picks && probe == 1 ? 2u : 0u);
-            // No gap after a stream of half a full window or more: the loop is near its
-            // capacity, and a gap there only lets the inbox fill (bench/NOTES.md, the
-            // loaded round trip at 90%).
-            gap_until = t_answer + (picks == 1 ? gap : (2 * picks < wmax ? read_rt : 0));
-            if (solo) {
-                win[0] = next_window(w0, n0, wmin, wmax);
-                if (picks) {
-                    head[0] += picks;
-                    PUBLISH(lanes ? blk + C_IN_HEAD + (lanes - 1) : dev_ring, head[0]);
-                }
-            }
-            if (trace_every && picks) {
-                u32 n_tr = 0;
-                for (u32 p = 0; p < picks; ++p) {
-                    if ((first + p) % trace_every) continue;
-                    const u32 r = solo ? 0u : pick[p] >> 16, k = solo ? p : pick[p] & 0xffffu;
-                    const u32* in = in_stage + ((u64)r * wmax + k) * in_sw;
-                    const u64 id = (u64)in[0] | (u64)(r < lanes ? lanes - 1 - r : 0) << 32;
-                    u64* rec = trace + ((traced + n_tr) & (TRACE_SLOTS - 1)) * TRACE_WORDS;
-                    st_word(rec, id);
-                    st_word(rec + 1, t_start);
-                    st_word(rec + 2, t_pick);
-                    st_word(rec + 3, t_answer);
-                    ++n_tr;
-                }
-                if (n_tr) {
-                    traced += n_tr;
-                    __threadfence_system();  // the records before the tail that shows them
-                    st_word(blk + C_TRACE_TAIL, traced);
-                }
-            }
-            if (picks) {
-                if (fwd_ring) {
-                    fwd_tail += outs;
-                    PUBLISH(blk + C_FORWARDED, fwd_tail);
-                } else {
-                    out_tail += outs;
-                    PUBLISH(blk + C_OUT_TAIL, out_tail);
-                }
-                busy += t_answer - t_start;
-                PUBLISH(blk + C_PROCESSED, handled);
-                PUBLISH(blk + C_BUSY_NS, busy);
-            }
-            if (dropped != dropped_shown) {
-                dropped_shown = dropped;
-                PUBLISH(blk + C_DROPPED, dropped);
-            }
-            BOOKS();
-            limit = room_limit();  // for the next iteration, after these answers
+        // The gap adapts to a lone message (a closed-loop client's); after several (a
+        // stream), a read's round trip, as the control-words-first read of 1a3403d
+        // waited: the next window holds more, and the producers' slots are not polled
+        // while they are being written.
+        gap = min(gap, read_rt);
+        if (picks && probe == 1) {
+            gap = gap > GAP_DOWN ? gap - GAP_DOWN : 0;
+            ++gap_hits;
         }
-        limit = __shfl_sync(0xffffffffu, limit, 0);
-        __syncwarp();
-        CLEAR_ST();  // for the next iteration's windows
-        FLUSH();
-        if (lane == 0) {
+        if (picks && probe == 2) {
+            gap = min(gap + GAP_UP, read_rt);
+            ++gap_misses;
+        }
+        probe = answered && picks == 1 ? 1u : (!picks && probe == 1 ? 2u : 0u);
+        // No gap after a stream of half a full window or more: the loop is near its
+        // capacity, and a gap there only lets the inbox fill (bench/NOTES.md, the
+        // loaded round trip at 90%).
+        gap_until = t_answer + (picks == 1 ? gap : (2 * picks < wmax ? read_rt : 0));
+        if (solo && lane == 0) {
+            win[0] = next_window(w0, n0, wmin, wmax);
+            head[0] += picks;
+        }
+        // Sampled message records (a fence each time: off the round trip's bench).
+        if (trace_every && picks && lane == 0) {
+            u32 n_tr = 0;
+            for (u32 p = 0; p < picks; ++p) {
+                if ((handled - picks + p) % trace_every) continue;
+                const u32 r = solo ? 0u : pick[p] >> 16, k = solo ? p : pick[p] & 0xffffu;
+                const u32* in = in_stage + ((u64)r * wmax + k) * in_sw;
+                const u64 id = (u64)in[0] | (u64)(r < lanes ? lanes - 1 - r : 0) << 32;
+                u64* rec = trace + ((traced + n_tr) & (TRACE_SLOTS - 1)) * TRACE_WORDS;
+                st_word(rec, id);
+                st_word(rec + 1, t_start);
+                st_word(rec + 2, t_pick);
+                st_word(rec + 3, t_answer);
+                ++n_tr;
+            }
+            if (n_tr) {
+                traced += n_tr;
+                __threadfence_system();  // the records before the tail that shows them
+                st_word(blk + C_TRACE_TAIL, traced);
+            }
+        }
+        __syncwarp();  // the window and head the next read takes
+        // The phases (every lane, the same times): a lone message is read, answered, then
+        // decided on (control), with no picking.
+        phase[0] += t_read - t_start;
+        if (lone) {
+            phase[3] += t_answer - t_read;
+            phase[1] += t_ctl - t_answer;
+        } else {
+            phase[1] += t_ctl - t_read;
             phase[2] += t_pick - t_ctl;
             phase[3] += t_answer - t_pick;
-            phase[4] += now_ns() - t_answer;
         }
-        if (answered) gap_until = __shfl_sync(0xffffffffu, gap_until, 0);
+        if (picks) busy += t_answer - t_start;
+        pend = 2;
+        p_rt = one_trip && !gapped ? (u32)(t_read - t_start) : 0u;
+        p_after = lone ? t_ctl : t_answer;
+        p_solo = solo;
+        p_picks = picks;
+        p_outs = outs;
+        if (flags & 1u) break;  // after a lone answer: its books below
     }
+    settle(now_ns());
     if (lane == 0) {
         st_word(blk + C_LOOPS, loops);
         st_word(blk + C_STATUS, 0);
