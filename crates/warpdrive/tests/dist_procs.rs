@@ -481,6 +481,9 @@ fn spawned_rank_body() {
                 .all_reduce(&stream, &mut buf, ReduceOp::Sum)
                 .unwrap_err();
             println!("\nEXIT {e}");
+            // Stay a while before this rank's own exit closes its connections: otherwise the
+            // other survivor may see this rank leave before it sees rank 1 (a second exit).
+            std::thread::sleep(std::time::Duration::from_secs(2));
         }
         other => panic!("{SPAWNED}={other}?"),
     }
