@@ -12,7 +12,8 @@
 //!   picks them), `warpdrive-device-drain` / `warpdrive-device-overlap` (the 64- and 96-row
 //!   tiles with `MoeLayer::set_wgmma_overlap` forced off / on: every wgmma tile drains its
 //!   MMAs each stage / keeps them in flight across stages) and `warpdrive-device-wide` (the
-//!   same with `MoeLayer::set_wgmma_wide` forced on: 192-row wgmma tiles, one block per SM),
+//!   same with `MoeLayer::set_wgmma_wide` forced on: 192-row wgmma tiles, one block per SM;
+//!   these three keep the 256-weight-row tile off),
 //!   `warpdrive-device-w256` (`MoeLayer::set_wgmma_w256` forced on both projections: 128
 //!   token rows × 256 weight rows, one block per SM) and `warpdrive-device-fused-router`
 //!   (`MoeLayer::set_prefill_router` forced off: the fused router kernel where the plan takes
@@ -223,6 +224,10 @@ fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {
         // From 1024 tokens on CUDA the device kernels also run on their own (Auto may take
         // cuBLAS there), the wgmma variants side by side (issue 40).
         let kernels = tokens >= 1024 && stream.device().is_cuda();
+        const W256_OFF: Option<WgmmaW256> = Some(WgmmaW256 {
+            on: WgmmaWide::Neither,
+            rows: W256Rows::Rows128,
+        });
         let variants = [
             ("warpdrive", MoePath::Auto, None, None, None, None),
             ("warpdrive-cublas", MoePath::Cublas, None, None, None, None),
@@ -233,7 +238,7 @@ fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {
                 Some(false),
                 Some(WgmmaWide::Neither),
                 None,
-                None,
+                W256_OFF,
             ),
             (
                 "warpdrive-device-overlap",
@@ -241,7 +246,7 @@ fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {
                 Some(true),
                 Some(WgmmaWide::Neither),
                 None,
-                None,
+                W256_OFF,
             ),
             (
                 "warpdrive-device-wide",
@@ -249,7 +254,7 @@ fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {
                 None,
                 Some(WgmmaWide::Both),
                 None,
-                None,
+                W256_OFF,
             ),
             (
                 "warpdrive-device-w256",
