@@ -77,22 +77,24 @@ __device__ __forceinline__ void moe_wgmma_stage(float (&acc)[NMAX / 2], u32 wa, 
     for (u32 kk = 0; kk < MOE_SBK / 16; ++kk)
         MoeWgmma<T, N>::run(acc, moe_sw128_desc(wa + kk * 32), moe_sw128_desc(xb + kk * 32));
 }
-// The same stage for a warpgroup of 128 weight rows (the 256-weight-row tile): two m64 MMAs a
-// k16 step on the same token rows, chunk j's 64 weight rows 64·j rows (8 KB) past `wa`.
-template <typename T, int N, int NMAX>
-__device__ __forceinline__ void moe_wgmma_stage(float (&acc)[2][NMAX / 2], u32 wa, u32 xb) {
+// The same stage for a warpgroup of CH chunks of 64 weight rows (CH = 2 on the
+// 256-weight-row tile): CH m64 MMAs a k16 step on the same token rows, chunk j's 64 weight
+// rows 64·j rows (8 KB) past `wa`.
+template <typename T, int N, int NMAX, int CH>
+__device__ __forceinline__ void moe_wgmma_stage(float (&acc)[CH][NMAX / 2], u32 wa, u32 xb) {
 #pragma unroll
     for (u32 kk = 0; kk < MOE_SBK / 16; ++kk) {
         const u64 db = moe_sw128_desc(xb + kk * 32);
-        MoeWgmma<T, N>::run(acc[0], moe_sw128_desc(wa + kk * 32), db);
-        MoeWgmma<T, N>::run(acc[1], moe_sw128_desc(wa + 64 * 128 + kk * 32), db);
+#pragma unroll
+        for (int j = 0; j < CH; ++j)
+            MoeWgmma<T, N>::run(acc[j], moe_sw128_desc(wa + j * 64 * 128 + kk * 32), db);
     }
 }
 
 // A prefill tile's k loop on wgmma for its first N token rows (one instance per N, so the
 // accumulators keep their registers across the asynchronous MMAs): the warpgroup's 64
-// weight rows start `wa` bytes into each stage. `Acc`: float[NMAX / 2], or float[2][NMAX / 2]
-// for two 64-row chunks (moe_wgmma_stage's overloads).
+// weight rows start `wa` bytes into each stage. `Acc`: float[NMAX / 2], or float[CH][NMAX / 2]
+// for CH 64-row chunks (moe_wgmma_stage's overloads).
 template <typename T, int N, int NMAX, u32 STAGES, typename Loads, typename Acc>
 __device__ __forceinline__ void moe_wgmma_k_loop(Acc& acc, const Loads& loads, u32 smem, u32 wa) {
     for (u32 kt = 0; kt < loads.k_tiles; ++kt) {
@@ -276,20 +278,22 @@ __device__ __forceinline__ void moe_wgmma_k_live(u32 live16, Acc& acc, const Loa
 }
 
 // The prefill tile on Hopper's warpgroup MMA: the same work list, stages, loads and swizzled
-// shared memory as moe_gemm_staged (BM = 32·MT token rows × 128 weight rows, STAGES deep),
-// but the two warpgroups each multiply 64 weight rows (wgmma M) by the tile's live token rows
+// shared memory as moe_gemm_staged (BM = 32·MT token rows × BN = 128 weight rows, 4 stages;
+// BN = 256 for the x256 kernels below), but the two warpgroups each multiply BN / 2 weight rows
+// (wgmma M: BN / 128 chunks of 64) by the tile's live token rows
 // (wgmma N, rounded up to 16) straight from shared memory: no ldmatrix round trips through
-// registers, no MMAs on rows past the tile's rows. Accumulator i of a thread (warp w of its
-// warpgroup, lane g·4 + q): weight row 16w + g + 8·(i % 4 / 2), token row 8·(i / 4) + 2q + i % 2.
+// registers, no MMAs on rows past the tile's rows (accumulators: moe_wgmma_finish_n).
 // OVERLAP: the k loop with one group of MMAs in flight (the `o` kernels). MT = 6 (the wide
 // tile, 192 rows: one block per SM) holds an expert's rows up to 192 in one tile, so its
 // weights stream once where the 96-row tile streamed them twice (issue 40).
-template <typename T, int MT, int STAGES, bool OVERLAP>
+template <typename T, int MT, u32 BN, bool OVERLAP>
 __device__ void moe_gemm_wgmma(const MoeGemm& p) {
-    constexpr u32 BM = 32 * MT, BN = 128, NMAX = BM;
+    constexpr u32 BM = 32 * MT, NMAX = BM, STAGES = 4;
+    constexpr int CH = BN / 128;  // 64-row chunks of weights a warpgroup
     using Loads = MoeStageLoads<T, BM, BN, STAGES>;
     constexpr u32 A_BYTES = Loads::A_BYTES, STAGE_BYTES = Loads::STAGE_BYTES;
     static_assert(A_BYTES % 1024 == 0 && STAGE_BYTES % 1024 == 0, "SW128 tiles need 1024-byte alignment");
+    static_assert(BM * (BN + 4) * 4 <= STAGES * STAGE_BYTES, "the epilogue's staging fits the ring");
     extern __shared__ __align__(128) unsigned char moe_smem[];
     MoeTile t;
     if (!moe_gemm_tile(p, BM, BN, t)) return;
@@ -303,16 +307,17 @@ __device__ void moe_gemm_wgmma(const MoeGemm& p) {
     else
         loads.start(p);
 
-    const u32 wg = warp >> 2;           // warpgroup: weight rows 64·wg ..
+    const u32 wg = warp >> 2;               // warpgroup: weight rows 64·CH·wg ..
     const u32 live16 = (t.rows + 15) / 16;  // token rows the MMAs cover, in 16s
-    float acc[NMAX / 2];
+    float acc[CH][NMAX / 2];
 #pragma unroll
-    for (int i = 0; i < NMAX / 2; ++i) acc[i] = 0.0f;
+    for (int j = 0; j < CH; ++j)
+#pragma unroll
+        for (int i = 0; i < (int)NMAX / 2; ++i) acc[j][i] = 0.0f;
 
-    const u32 wa = A_BYTES + wg * 64 * 128;
-    moe_wgmma_k_live<T, 16, NMAX, STAGES, OVERLAP>(live16, acc, loads, smem, wa);
+    moe_wgmma_k_live<T, 16, NMAX, STAGES, OVERLAP>(live16, acc, loads, smem, A_BYTES + wg * 64 * CH * 128);
     moe_cp_async_wait<0>();
-    moe_wgmma_finish<T, BM>(p, t, acc, reinterpret_cast<float*>(moe_smem + (smem - base)));
+    moe_wgmma_finish_n<T, BM, BN, CH, false>(p, t, acc, reinterpret_cast<float*>(moe_smem + (smem - base)));
 }
 
 // The `w` kernels drain the MMAs every stage, the `o` kernels (overlap) keep one group in
@@ -320,7 +325,7 @@ __device__ void moe_gemm_wgmma(const MoeGemm& p) {
 // other per launch.
 #define MOE_GEMM_WGMMA_AS(T, NAME, MT, BLOCKS, SUFFIX, OVERLAP)                                    \
     extern "C" __global__ void __launch_bounds__(256, BLOCKS) moe_gemm_##T##_##NAME##SUFFIX(MoeGemm p) { \
-        moe_gemm_wgmma<T, MT, 4, OVERLAP>(p);                                                         \
+        moe_gemm_wgmma<T, MT, 128, OVERLAP>(p);                                                       \
     }
 
 // ---- The warp-specialized tile (the `t` kernels, issue 40; off by default,
@@ -562,8 +567,7 @@ __device__ void moe_gemm_wgmma_tma(const MoeGemm& p) {
 // Each tile's `w`, `o` and `t` kernels. Two blocks per SM at m4 and m6 (m6: 112 KB of stages
 // + 1 KB to align them, no static shared memory). Faster than the mma.sync staged tiles, and
 // than the decode and middle tiles from 2 rows per expert (bench/NOTES.md, MoE grouped GEMM).
-// The wide m12 tile: 160 KB of stages + 1 KB, one block per SM (off by default;
-// MoeLayer::set_wgmma_wide).
+// The wide m12 tile: 160 KB of stages + 1 KB, one block per SM (MoeLayer::set_wgmma_wide).
 #define MOE_GEMM_WGMMA(T, NAME, MT, BLOCKS)                                                          \
     MOE_GEMM_WGMMA_AS(T, NAME, MT, BLOCKS, w, false) MOE_GEMM_WGMMA_AS(T, NAME, MT, BLOCKS, o, true) \
     MOE_GEMM_WGMMA_TMA(T, NAME, MT, BLOCKS)
@@ -574,49 +578,18 @@ MOE_GEMM_WGMMA(f16, m4, 2, 2)
 MOE_GEMM_WGMMA(f16, m6, 3, 2)
 MOE_GEMM_WGMMA(f16, m12, 6, 1)
 
-// ---- The 256-weight-row tile (the `x256` kernels, issue 40; forced only,
-// MoeLayer::set_wgmma_w256): the `w` / `o` kernels' work list, ring of 4 cp.async stages,
-// swizzled layout and k loops, but BN = 256 weight rows a tile (Triton's fused MoE's best
+// ---- The 256-weight-row tile (the `x256` kernels, issue 40; where an expert gets 128 rows
+// or more, MoeLayer::set_wgmma_w256): moe_gemm_wgmma with BN = 256 weight rows a tile (Triton's fused MoE's best
 // H100 tile is 128 tokens × 256 weight columns): each of the two warpgroups multiplies 128
 // weight rows as two m64 MMAs a k16 step on the same token descriptor (2 · BM / 2
 // accumulators a thread), so a tile reads its token rows for twice the weight rows and
 // each stage's barrier covers twice the MMAs. A stage is (BM + 256) rows × 128 B: 4 stages of
 // 176 KB (BM 96) or 192 KB (BM 128) + 1 KB to align, one block per SM; the epilogue stages
 // BM × 260 floats in the ring. Gate/up pairs (16-row groups of w13) stay inside a tile.
-template <typename T, int MT, bool OVERLAP>
-__device__ void moe_gemm_wgmma_x256(const MoeGemm& p) {
-    constexpr u32 BM = 32 * MT, BN = 256, NMAX = BM, STAGES = 4;
-    using Loads = MoeStageLoads<T, BM, BN, STAGES>;
-    constexpr u32 A_BYTES = Loads::A_BYTES, STAGE_BYTES = Loads::STAGE_BYTES;
-    static_assert(A_BYTES % 1024 == 0 && STAGE_BYTES % 1024 == 0, "SW128 tiles need 1024-byte alignment");
-    static_assert(BM * (BN + 4) * 4 <= STAGES * STAGE_BYTES, "the epilogue's staging fits the ring");
-    extern __shared__ __align__(128) unsigned char moe_smem[];
-    MoeTile t;
-    if (!moe_gemm_tile(p, BM, BN, t)) return;
-    const u32 warp = threadIdx.x >> 5;
-    const u32 base = (u32)__cvta_generic_to_shared(moe_smem), smem = (base + 1023u) & ~1023u;
-    const Loads loads(p, t, smem);
-    if constexpr (OVERLAP)
-        moe_wgmma_start2(loads, p);
-    else
-        loads.start(p);
-
-    const u32 wg = warp >> 2;               // warpgroup: weight rows 128·wg ..
-    const u32 live16 = (t.rows + 15) / 16;  // token rows the MMAs cover, in 16s
-    float acc[2][NMAX / 2];
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int i = 0; i < (int)NMAX / 2; ++i) acc[j][i] = 0.0f;
-
-    moe_wgmma_k_live<T, 16, NMAX, STAGES, OVERLAP>(live16, acc, loads, smem, A_BYTES + wg * 128 * 128);
-    moe_cp_async_wait<0>();
-    moe_wgmma_finish_n<T, BM, BN, 2, false>(p, t, acc, reinterpret_cast<float*>(moe_smem + (smem - base)));
-}
 
 #define MOE_GEMM_WGMMA_X256_AS(T, NAME, MT, SUFFIX, OVERLAP)                                              \
     extern "C" __global__ void __launch_bounds__(256, 1) moe_gemm_##T##_##NAME##x256##SUFFIX(MoeGemm p) { \
-        moe_gemm_wgmma_x256<T, MT, OVERLAP>(p);                                                           \
+        moe_gemm_wgmma<T, MT, 256, OVERLAP>(p);                                                           \
     }
 // 96 token rows (m6, our padding sweet spot at ~256 rows an expert) and 128 (m8, Triton's).
 #define MOE_GEMM_WGMMA_X256(T, NAME, MT) \
