@@ -416,6 +416,12 @@ fn a_rank_that_never_calls_fails_the_others_within_the_timeout() {
 /// that differ, then a call all agree on; `exit`: rank 1 leaves at once, the others call).
 const SPAWNED: &str = "WARPDRIVE_DIST_PROCS_SPAWNED";
 
+/// In the "exit" case a surviving rank stays a while after its error before its own exit
+/// closes its connections: otherwise the other survivor may see it leave before rank 1.
+fn linger_after_exit_error() {
+    std::thread::sleep(Duration::from_secs(2));
+}
+
 /// The body of a spawned rank; without `WARPDRIVE_DIST_PROCS_SPAWNED` it has nothing to do.
 #[test]
 fn spawned_rank_body() {
@@ -439,6 +445,7 @@ fn spawned_rank_body() {
     let joined = match joined {
         Err(e) if mode == "exit" => {
             println!("\nEXIT {e}");
+            linger_after_exit_error();
             return;
         }
         other => other,
@@ -481,9 +488,7 @@ fn spawned_rank_body() {
                 .all_reduce(&stream, &mut buf, ReduceOp::Sum)
                 .unwrap_err();
             println!("\nEXIT {e}");
-            // Stay a while before this rank's own exit closes its connections: otherwise the
-            // other survivor may see this rank leave before it sees rank 1 (a second exit).
-            std::thread::sleep(std::time::Duration::from_secs(2));
+            linger_after_exit_error();
         }
         other => panic!("{SPAWNED}={other}?"),
     }
