@@ -12,9 +12,12 @@
 //!   no queue), `warpdrive` (`Actor::request`), `kernel-per-message` (write the message to mapped
 //!   memory, launch, synchronize, read), `graph-per-message` (the same kernel in a graph).
 //! - `round-trip-loaded` (size 64): `warpdrive` requests while another thread sends
-//!   messages that need no reply at 50% and 90% of the measured `throughput` of that actor
-//!   (`extra.load_fraction`; `extra.inbox_depth_at_start`, the messages waiting when the
-//!   requests began). A step's messages stop at `STEP_LIMIT` with an error that says where
+//!   messages that need no reply at 50% and 90% of that actor's maximum, measured on the
+//!   same actor just before (one producer at full speed, as the `throughput` row of batch 32;
+//!   then its inbox drained): `extra.load_fraction`, `extra.actor_max_msgs_per_s`,
+//!   `extra.load_msgs_per_s`, `extra.b32_p1_msgs_per_s` (the `throughput` row's rate, for
+//!   comparison), `extra.inbox_depth_at_start` (the messages waiting when the requests
+//!   began). A step's messages stop at `STEP_LIMIT` with an error that says where
 //!   they are, and at full scale a load the loop does not keep up with (over half the inbox
 //!   waiting when the requests begin) is an error at once.
 //! - `throughput` (size 64): messages handled per second, counted by the loop, by a sink
@@ -473,10 +476,16 @@ fn sample(plan: &Plan, count: &dyn Fn() -> u64, ns: &mut Vec<f64>) -> Result<()>
     Ok(())
 }
 
-fn record_rate(ctx: &mut Ctx, case: &str, variant: &str, mut ns: Vec<f64>) -> Result<f64> {
+/// Messages per second at the median of ns-per-message samples (`drive` returns some).
+fn median_rate(ns: &[f64]) -> f64 {
+    let mut sorted = ns.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).map_or(0.0, |v| 1e9 / v)
+}
+
+fn record_rate(ctx: &mut Ctx, case: &str, variant: &str, ns: Vec<f64>) -> Result<f64> {
     let mut us: Vec<f64> = ns.iter().map(|v| v / 1e3).collect();
-    ns.sort_by(f64::total_cmp);
-    let rate = 1e9 / ns[ns.len() / 2];
+    let rate = median_rate(&ns);
     let row = ctx.record_time(case, 64, variant, &mut us, None)?;
     row.extra.insert("msgs_per_s".into(), rate.into());
     row.extra
@@ -578,8 +587,9 @@ fn one_sink<S: Pod>(
     Ok(ns)
 }
 
-/// Round trips under load at 50% and 90% of `max` messages per second.
-fn loaded(ctx: &mut Ctx, plan: &Plan, max: f64) -> Result<()> {
+/// Round trips under load at 50% and 90% of the loaded actor's own maximum (`b32_p1`: the
+/// `throughput` row's rate of the same spec, recorded beside it).
+fn loaded(ctx: &mut Ctx, plan: &Plan, b32_p1: f64) -> Result<()> {
     const CASE: &str = "round-trip-loaded";
     let device = ctx.device().clone();
     let full = !ctx.scale().quick();
@@ -589,6 +599,18 @@ fn loaded(ctx: &mut Ctx, plan: &Plan, max: f64) -> Result<()> {
         let a = system.spawn(echo_spec::<Msg64>("echo", 32))?;
         system.start()?;
         a.activate()?;
+        // This actor's maximum, then its inbox drained: a 90% load leaves a 10% margin, less
+        // than two runs of one spec differ by (bench/NOTES.md, the loaded round trip).
+        let saturated = drive(
+            plan,
+            std::slice::from_ref(&a),
+            std::slice::from_ref(&a),
+            1,
+            None,
+            |_| Ok(()),
+        )?;
+        all_processed(&a, saturated.sent)?;
+        let max = median_rate(&saturated.ns);
         let trips = plan.round_trips / 5;
         let mut us = Vec::with_capacity(trips);
         let probe = a.clone();
@@ -640,13 +662,14 @@ fn loaded(ctx: &mut Ctx, plan: &Plan, max: f64) -> Result<()> {
             },
         )?;
         // Every message the producer sent and every request handled: none lost.
-        all_processed(&a, driven.sent + us.len() as u64)?;
+        all_processed(&a, saturated.sent + driven.sent + us.len() as u64)?;
         system.terminate()?;
         record_latency(ctx, CASE, 64, "warpdrive", us, None, &[])?;
         if let Some(row) = ctx.rows_mut_last() {
             row.extra.insert("load_fraction".into(), fraction.into());
-            row.extra
-                .insert("load_msgs_per_s".into(), (max * fraction).into());
+            row.extra.insert("load_msgs_per_s".into(), rate.into());
+            row.extra.insert("actor_max_msgs_per_s".into(), max.into());
+            row.extra.insert("b32_p1_msgs_per_s".into(), b32_p1.into());
             row.extra
                 .insert("inbox_depth_at_start".into(), depth_at_start.into());
         }
@@ -702,5 +725,11 @@ mod tests {
             .unwrap();
         assert!(warp.extra["p999_us"].as_f64().unwrap() >= warp.median);
         assert!(warp.extra["over_doorbell"].as_f64().unwrap() > 0.0);
+        for row in rows.iter().filter(|r| r.case == "round-trip-loaded") {
+            let max = row.extra["actor_max_msgs_per_s"].as_f64().unwrap();
+            let load = row.extra["load_msgs_per_s"].as_f64().unwrap();
+            let fraction = row.extra["load_fraction"].as_f64().unwrap();
+            assert!(max > 0.0 && (load - max * fraction).abs() <= 1e-6 * max);
+        }
     }
 }
