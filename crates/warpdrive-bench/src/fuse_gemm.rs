@@ -10,8 +10,10 @@
 //! GELU_BIAS epilogue inside the GEMM; with a residual, its BIAS epilogue, then GELU and the
 //! residual in one generated kernel, in chunks of rows as `fuse::Chunks::Auto` chooses, the
 //! row's `chunk_rows`), with a residual also `warpdrive-cublaslt-whole` (the same in one
-//! chunk: the product through DRAM) and `warpdrive-chunks-N` (N chunks of rows, N = 2, 4,
-//! 8), `warpdrive-fused` (the GEMM through cuBLAS
+//! chunk: the product through DRAM), `warpdrive-chunks-N` (N chunks of rows, N = 2, 4, 8)
+//! and `warpdrive-chunks-N-overlap` (the same with each chunk's epilogue on a second stream,
+//! beside the next chunk's GEMM: `fuse::matmul_epilogue_overlapped`), `warpdrive-fused` (the
+//! GEMM through cuBLAS
 //! into bf16, then the whole epilogue as one generated kernel: bias broadcast along rows,
 //! GELU, residual, one read and one write of the product), `warpdrive-unfused` (the GEMM,
 //! then one kernel per epilogue op). The peer (`bench/peers/fuse.py`) gives `torch-eager`,
@@ -24,7 +26,9 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use warpdrive::error::Result;
-use warpdrive::fuse::{matmul_epilogue, matmul_epilogue_with, Chunks, Epilogue, Expr};
+use warpdrive::fuse::{
+    matmul_epilogue, matmul_epilogue_overlapped, matmul_epilogue_with, Chunks, Epilogue, Expr,
+};
 use warpdrive::memory::Buffer;
 use warpdrive::ops::{self, Activation, BinaryOp, Map};
 
@@ -172,6 +176,23 @@ pub(crate) fn run_cases(ctx: &mut Ctx, warmup: usize, reps: usize) -> Result<()>
                 let rows = chunks.rows::<bf16>(&stream, (d, d))?.unwrap_or(d);
                 row.extra.insert("chunk_rows".into(), rows.into());
             }
+            let side = stream.device().new_stream()?;
+            for parts in [2, 4, 8] {
+                let chunks = Chunks::Rows(d.div_ceil(parts));
+                let mut us = time_gpu(&stream, warmup, reps, |s| {
+                    matmul_epilogue_overlapped(s, &side, &a, &b, (d, d, d), &epi, chunks, &mut out)
+                })?;
+                let row = ctx.record_flops(
+                    case,
+                    d as u64,
+                    &format!("warpdrive-chunks-{parts}-overlap"),
+                    &mut us,
+                    flops,
+                    Some(Ceiling::GemmBf16),
+                )?;
+                row.extra
+                    .insert("chunk_rows".into(), d.div_ceil(parts).into());
+            }
         }
         let mut us = time_gpu(&stream, warmup, reps, |s| {
             ops::gemm::matmul(s, &a, &b, &mut c, (d, d, d))?;
@@ -225,6 +246,7 @@ mod tests {
             ("gemm-bias-gelu-residual-bf16", "warpdrive-chunks-2"),
             ("gemm-bias-gelu-residual-bf16", "warpdrive-chunks-4"),
             ("gemm-bias-gelu-residual-bf16", "warpdrive-chunks-8"),
+            ("gemm-bias-gelu-residual-bf16", "warpdrive-chunks-4-overlap"),
             ("gemm-bf16", "warpdrive-cublas"),
             ("gemm-bf16", "warpdrive-cublaslt"),
         ] {

@@ -11,7 +11,9 @@ mod common;
 
 use common::{device_test, nan, poisoned, random_in, rng, seed, TestFloat};
 use half::{bf16, f16};
-use warpdrive::fuse::{matmul_epilogue, matmul_epilogue_with, Chunks, Epilogue};
+use warpdrive::fuse::{
+    matmul_epilogue, matmul_epilogue_overlapped, matmul_epilogue_with, Chunks, Epilogue,
+};
 use warpdrive::ops::Activation;
 use warpdrive::{Buffer, Device, Error};
 
@@ -121,11 +123,13 @@ fn body_as<T: TestFloat>(dev: &Device, seed: u64) {
 
 /// The residual path in chunks of rows: chunk sizes that do not divide the rows (the last
 /// chunk shorter), rows not a multiple of 128, rows whose chunks start at unaligned
-/// addresses (odd n and k), and `Whole` / `Auto` on the same inputs; every element of a
-/// NaN-poisoned output is checked, so a chunk left unwritten or written twice out of place
-/// fails.
+/// addresses (odd n and k), and `Whole` / `Auto` on the same inputs; the same chunks with
+/// their epilogues on a second stream (`matmul_epilogue_overlapped`), read back on the first
+/// (which must have waited for them). Every element of a NaN-poisoned output is checked, so
+/// a chunk left unwritten or written out of place fails.
 fn chunks_as<T: TestFloat>(dev: &Device, seed: u64) {
     let s = dev.new_stream().unwrap();
+    let side = dev.new_stream().unwrap();
     let mut r = rng(seed);
     for ((m, n, k), rows) in [
         ((1100, 64, 40), 256),
@@ -149,6 +153,14 @@ fn chunks_as<T: TestFloat>(dev: &Device, seed: u64) {
                 let mut out = poisoned::<T>(&s, m * n, nan());
                 matmul_epilogue_with(&s, &a, &b, (m, n, k), &epi, chunks, &mut out).unwrap();
                 let what = format!("{chunks:?}");
+                check(&h, (m, n, k), &epi, &out.to_host(&s).unwrap(), &what);
+            }
+            for rows in [rows, m.div_ceil(3)] {
+                let mut out = poisoned::<T>(&s, m * n, nan());
+                let chunks = Chunks::Rows(rows);
+                matmul_epilogue_overlapped(&s, &side, &a, &b, (m, n, k), &epi, chunks, &mut out)
+                    .unwrap();
+                let what = format!("{chunks:?} overlapped");
                 check(&h, (m, n, k), &epi, &out.to_host(&s).unwrap(), &what);
             }
         }

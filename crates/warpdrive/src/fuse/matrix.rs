@@ -6,13 +6,15 @@
 //! way). With a residual as well, cuBLASLt's GEMM adds the bias and one generated kernel
 //! applies the activation and adds the residual; a product larger than a share of L2 is
 //! computed in chunks of rows ([`Chunks`]), each chunk's epilogue kernel right after its
-//! GEMM, so the kernel reads the chunk back from L2 rather than DRAM. Otherwise the GEMM
+//! GEMM, so the kernel reads the chunk back from L2 rather than DRAM
+//! ([`matmul_epilogue_overlapped`]: the epilogues on a second stream, beside the next
+//! chunk's GEMM). Otherwise the GEMM
 //! (cuBLAS) writes the product once and one generated kernel applies the whole epilogue
 //! (bias, activation, residual, cast) in a single read and write. The CPU backend computes
 //! the product (f32 accumulation) and the epilogue in f64 (in the same chunks where
 //! [`Chunks::Rows`] asks for them).
 
-use crate::device::{BiasGemm, Queue, Stream};
+use crate::device::{BiasGemm, Event, Queue, Stream};
 use crate::dtype::{DTypeKind, Float};
 use crate::error::{Error, Result};
 use crate::memory::{check_len, Buffer};
@@ -147,6 +149,42 @@ pub fn matmul_epilogue_with<T: Float>(
     stream: &Stream,
     a: &Buffer<T>,
     b: &Buffer<T>,
+    mnk: (usize, usize, usize),
+    epilogue: &Epilogue<'_, T>,
+    chunks: Chunks,
+    out: &mut Buffer<T>,
+) -> Result<()> {
+    run_epilogue((stream, None), a, b, mnk, epilogue, chunks, out)
+}
+
+/// [`matmul_epilogue_with`] with each chunk's epilogue kernel enqueued on `side` (a stream of
+/// the caller's on the same device), so it may run beside the next chunk's GEMM on `stream`
+/// (the product in two buffers taking turns); events order the two: each epilogue after its
+/// chunk's GEMM, a GEMM after the epilogue that last read its buffer, and `stream`'s later
+/// work after the last epilogue, so to the caller it is all `stream`'s work. Where no chunks
+/// run (one chunk, no residual, another epilogue), `side` is not used.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_epilogue_overlapped<T: Float>(
+    stream: &Stream,
+    side: &Stream,
+    a: &Buffer<T>,
+    b: &Buffer<T>,
+    mnk: (usize, usize, usize),
+    epilogue: &Epilogue<'_, T>,
+    chunks: Chunks,
+    out: &mut Buffer<T>,
+) -> Result<()> {
+    side.device()
+        .same_as(stream.device(), "matmul_epilogue_overlapped")?;
+    run_epilogue((stream, Some(side)), a, b, mnk, epilogue, chunks, out)
+}
+
+/// The body of [`matmul_epilogue_with`] and [`matmul_epilogue_overlapped`] (`side`: where the
+/// chunks' epilogues go, if not on `stream`).
+fn run_epilogue<T: Float>(
+    (stream, side): (&Stream, Option<&Stream>),
+    a: &Buffer<T>,
+    b: &Buffer<T>,
     (m, n, k): (usize, usize, usize),
     epilogue: &Epilogue<'_, T>,
     chunks: Chunks,
@@ -187,7 +225,7 @@ pub fn matmul_epilogue_with<T: Float>(
             // The CPU backend runs the same chunks (the views and offsets the GPU path
             // uses), each chunk's product from a copy of its rows of `a`.
             Some(rows) if epilogue.residual.is_some() => chunked(
-                stream,
+                (stream, side),
                 (m, n),
                 rows,
                 epilogue,
@@ -214,7 +252,7 @@ pub fn matmul_epilogue_with<T: Float>(
                 };
                 let rows = rows.unwrap_or(m);
                 chunked(
-                    stream,
+                    (stream, side),
                     (m, n),
                     rows,
                     epilogue,
@@ -237,11 +275,13 @@ pub fn matmul_epilogue_with<T: Float>(
 
 /// The epilogue `rows` rows at a time (the last chunk shorter where they do not divide `m`):
 /// `head(first, mc, product)` writes rows `first .. first + mc` of `a · b` (with the bias
-/// where `bias_in_head`) into the first `mc` rows of `product`, one buffer of `rows` rows
-/// that every chunk reuses in stream order; then one generated kernel reads them and the
-/// residual's same rows (views: `Elements`) and writes those rows of `out`.
+/// where `bias_in_head`) into the first `mc` rows of `product`, a buffer of `rows` rows
+/// that the chunks reuse; then one generated kernel reads them and the residual's same rows
+/// (views: `Elements`) and writes those rows of `out`. The heads run on `stream`; the
+/// epilogues there too, or with a `side` stream on it, ordered by events (see
+/// [`matmul_epilogue_overlapped`]).
 fn chunked<T: Float>(
-    stream: &Stream,
+    (stream, side): (&Stream, Option<&Stream>),
     (m, n): (usize, usize),
     rows: usize,
     epilogue: &Epilogue<'_, T>,
@@ -250,13 +290,91 @@ fn chunked<T: Float>(
     mut head: impl FnMut(usize, usize, &mut Buffer<T>) -> Result<()>,
 ) -> Result<()> {
     let rows = rows.clamp(1, m.max(1));
+    // Only where there are chunks to overlap.
+    let side = side.filter(|_| rows < m);
     // rows ≤ m, so rows · n ≤ m · n, which the caller checked.
-    let mut product = Buffer::<T>::uninit(stream, rows * n)?;
+    let mut products = vec![Buffer::<T>::uninit(stream, rows * n)?];
+    let mut order = None;
+    if let Some(side) = side {
+        let mut second = Buffer::<T>::uninit(stream, rows * n)?;
+        // Read on `side`: freed only once its work is done.
+        products[0].record_stream(side)?;
+        second.record_stream(side)?;
+        products.push(second);
+        let dev = stream.device();
+        order = Some(Order {
+            side,
+            gemm: dev.new_sync_event()?,
+            read: [dev.new_sync_event()?, dev.new_sync_event()?],
+            last: None,
+        });
+    }
+    let r = chunks_into(
+        stream,
+        (m, n, rows),
+        epilogue,
+        bias_in_head,
+        (&mut products, &mut order),
+        out,
+        &mut head,
+    );
+    // `stream`'s later work (and a fallback that writes `out` again) after every epilogue
+    // enqueued, whether or not all were.
+    let joined = match &order {
+        Some(Order {
+            read,
+            last: Some(slot),
+            ..
+        }) => stream.wait(&read[*slot]),
+        _ => Ok(()),
+    };
+    r.and(joined)
+}
+
+/// The events of [`chunked`] with a side stream: `gemm` recorded on the main stream after
+/// each chunk's GEMM (the side waits for it), `read[j]` on the side after each epilogue that
+/// read product buffer `j` (the GEMM that next writes it waits for it); `last`: the buffer
+/// of the last epilogue enqueued.
+struct Order<'s> {
+    side: &'s Stream,
+    gemm: Event,
+    read: [Event; 2],
+    last: Option<usize>,
+}
+
+/// [`chunked`]'s loop over the chunks.
+fn chunks_into<T: Float>(
+    stream: &Stream,
+    (m, n, rows): (usize, usize, usize),
+    epilogue: &Epilogue<'_, T>,
+    bias_in_head: bool,
+    (products, order): (&mut [Buffer<T>], &mut Option<Order<'_>>),
+    out: &mut Buffer<T>,
+    head: &mut impl FnMut(usize, usize, &mut Buffer<T>) -> Result<()>,
+) -> Result<()> {
     let mut first = 0;
+    let mut i = 0;
     while first < m {
         let mc = rows.min(m - first);
-        head(first, mc, &mut product)?;
-        let p = Elements::new(&product, 0, mc * n)?;
+        let slot = i % products.len();
+        let on = match order.as_mut() {
+            Some(o) => {
+                // The buffer's previous reader (two chunks back) first; the event's latest
+                // record is that epilogue's (the last one used the other buffer).
+                if i >= 2 {
+                    stream.wait(&o.read[slot])?;
+                }
+                head(first, mc, &mut products[slot])?;
+                stream.record(&o.gemm)?;
+                o.side.wait(&o.gemm)?;
+                o.side
+            }
+            None => {
+                head(first, mc, &mut products[slot])?;
+                stream
+            }
+        };
+        let p = Elements::new(&products[slot], 0, mc * n)?;
         let mut e = Expr::operand_matrix(&p, mc, n);
         if let (Some(bias), false) = (epilogue.bias, bias_in_head) {
             e = e + Expr::input(bias);
@@ -269,8 +387,15 @@ fn chunked<T: Float>(
         if let Some(r) = &residual {
             e = e + Expr::operand_matrix(r, mc, n);
         }
-        e.eval_into_at(stream, out, first * n)?;
+        let written = e.eval_into_at(on, out, first * n);
+        if let Some(o) = order.as_mut() {
+            // Recorded even after a failed launch: the join waits for what was enqueued.
+            o.side.record(&o.read[slot])?;
+            o.last = Some(slot);
+        }
+        written?;
         first += mc;
+        i += 1;
     }
     Ok(())
 }

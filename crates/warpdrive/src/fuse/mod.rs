@@ -85,6 +85,8 @@ mod tune;
 
 pub use codegen::MapShape;
 pub use expr::{Expr, Shape};
-pub use matrix::{matmul_epilogue, matmul_epilogue_with, Chunks, Epilogue};
+pub use matrix::{
+    matmul_epilogue, matmul_epilogue_overlapped, matmul_epilogue_with, Chunks, Epilogue,
+};
 pub use program::MAX_OPS;
 pub use tune::BLOCK_CANDIDATES;
