@@ -47,8 +47,10 @@ x @ gate^T in bf16, softmax over the experts in f32, top-k, weights divided by t
 multiple of 8), experts and top_k as they are, cases named PRESET/8; tokens 1, 16, 64 (router-permute: 1, 64, on
 qwen3-30b-a3b's quick shape).
 
-Method (BENCH.md): weights N(0,1) / sqrt(fan_in) (the router's too), input N(0,1), seeded, one
-input per (preset, tokens); warm-up, then back-to-back CUDA events (the host clock on the
+Method (BENCH.md): the router weight and the input are warpdrive's own (its counter-based
+generator, recomputed here: wd_gate, wd_input; the input N(0,1), one per (preset, tokens)), so
+every row routes the same tokens to the same experts; expert weights N(0,1) / sqrt(fan_in),
+seeded; warm-up, then back-to-back CUDA events (the host clock on the
 CPU); reps sized to about BUDGET_S of timed work per row, never under 200 (30 where one
 forward takes over 20 ms); median and p10/p90 by linear interpolation, us per forward.
 No new case starts past 70% of $WARPDRIVE_PEER_TIMEOUT_S (default 900 s): a slow machine
@@ -686,6 +688,69 @@ def rel_err(torch, got, want):
 # ---- the run ----
 
 
+# ---- warpdrive's router weight and inputs (crates/warpdrive-bench/src/moe.rs): every peer
+# routes the same tokens to the same experts as the warpdrive rows, so a row's time is for
+# the same experts' bytes (with independent draws, 16 tokens of gpt-oss hit 49 experts here
+# and 50 there: 2 % of the bytes) ----
+
+WD_SEED = 0x6D6F6521  # moe.rs SEED: the layer's MoeWeights::Random seed; input seed ^ tokens
+WD_SEED_GATE = 0x67617465  # moe/weights.rs SEED_GATE
+M64 = (1 << 64) - 1
+
+
+def wd_random_bits(seed, i, u=int):
+    """moe/weights.rs random_bits: word i of the counter-based generator keyed by seed (i a
+    Python int, or a numpy uint64 array with u=numpy.uint64)."""
+    def mix64(z):
+        z = ((z ^ (z >> u(30))) * u(0xBF58476D1CE4E5B9)) & u(M64)
+        z = ((z ^ (z >> u(27))) * u(0x94D049BB133111EB)) & u(M64)
+        return z ^ (z >> u(31))
+    return mix64(u(seed) ^ mix64((i + u(0x9E3779B97F4A7C15)) & u(M64)))
+
+
+def wd_gate_values(n, hidden, np):
+    """gate.weight's first n values as float32 (weights.rs random_value: 24 bits, uniform in
+    [-s, s), s = sqrt(3 / hidden))."""
+    i = np.arange(n, dtype=np.uint64)
+    bits = (wd_random_bits(WD_SEED ^ WD_SEED_GATE, i, np.uint64) >> np.uint64(40)).astype(np.float32)
+    f = np.float32
+    return (bits * f(2.0 ** -24) * f(2.0) - f(1.0)) * f(math.sqrt(3.0 / hidden))
+
+
+def wd_input_values(tokens, n, np):
+    """moe.rs normal_bf16's first n values for `tokens` tokens, as float64: Box-Muller on
+    word pairs (2p, 2p + 1), cosine part at even positions, sine at odd."""
+    j = np.arange(n, dtype=np.uint64)
+    pair = (j >> np.uint64(1)) << np.uint64(1)
+    seed = WD_SEED ^ tokens
+    ulp = 2.0 ** -53
+    u1 = ((wd_random_bits(seed, pair, np.uint64) >> np.uint64(11)) + np.uint64(1)).astype(np.float64) * ulp
+    u2 = (wd_random_bits(seed, pair + np.uint64(1), np.uint64) >> np.uint64(11)).astype(np.float64) * ulp
+    m, a = np.sqrt(-2.0 * np.log(u1)), 2.0 * math.pi * u2
+    return np.where(j % np.uint64(2) == np.uint64(0), m * np.cos(a), m * np.sin(a))
+
+
+# gate.weight [0..6) at H = 2048, and the input for 16 tokens [0..6) (f64, before rounding)
+WD_PINNED_GATE = [-0.017404694110155106, -0.032054174691438675, 0.014484505169093609,
+                  -0.02284870110452175, -0.004696317482739687, -0.02791733480989933]
+WD_PINNED_INPUT = [0.7074515805294876, -0.5279720798884339, 0.5600406153330743,
+                   -1.1844142294926885, 1.0448524129518435, 0.8497358760943176]
+
+
+def wd_gate(torch, device, n_exp, hidden):
+    """warpdrive's router weight [E, H] in bf16 on the device."""
+    import numpy as np
+    v = wd_gate_values(n_exp * hidden, hidden, np)
+    return torch.from_numpy(v).reshape(n_exp, hidden).to(device=device, dtype=torch.bfloat16)
+
+
+def wd_input(torch, device, tokens, hidden):
+    """warpdrive's input for `tokens` tokens [T, H] in bf16 on the device."""
+    import numpy as np
+    v = wd_input_values(tokens, tokens * hidden, np)
+    return torch.from_numpy(v).reshape(tokens, hidden).to(device=device, dtype=torch.bfloat16)
+
+
 def normal(torch, gen, device, shape, scale=1.0):
     """Seeded N(0, 1) * scale in bf16, drawn on the device."""
     t = torch.randn(shape, generator=gen, device=device, dtype=torch.bfloat16)
@@ -701,7 +766,7 @@ def run_preset(torch, device, index, preset, tokens_list, timer, gmm, emulated, 
     log(f"{case}: H={hidden} I={inter} E={n_exp} top-{k}, experts {expert_gb:.2f} GB "
         f"(held twice: grouped and per-expert layouts"
         f"{'; w1 and w3 a third time, fused for Triton' if tuner else ''})")
-    gate = normal(torch, gen, device, (n_exp, hidden), 1 / math.sqrt(hidden))
+    gate = wd_gate(torch, device, n_exp, hidden)
     # _grouped_mm's layout, stored once: xp [M, H] @ w1[e] [H, I]; h [M, I] @ w2[e] [I, H]
     w1 = normal(torch, gen, device, (n_exp, hidden, inter), 1 / math.sqrt(hidden))
     w3 = normal(torch, gen, device, (n_exp, hidden, inter), 1 / math.sqrt(hidden))
@@ -716,7 +781,7 @@ def run_preset(torch, device, index, preset, tokens_list, timer, gmm, emulated, 
     for tokens in tokens_list:
         if out_of_time(f"{case} T={tokens}"):
             break
-        x = normal(torch, gen, device, (tokens, hidden))
+        x = wd_input(torch, device, tokens, hidden)
         _, ids = route(torch, x, gate, k)
         hit = int(torch.unique(ids).numel())
         nbytes = layer_bytes(hidden, inter, n_exp, hit)
@@ -758,12 +823,11 @@ def run_preset(torch, device, index, preset, tokens_list, timer, gmm, emulated, 
 
 def run_router_permute(torch, device, quick, timer, budget):
     hidden, n_exp, k = router_shape(quick)
-    gen = torch.Generator(device=device).manual_seed(SEED + len(PRESETS))
-    gate = normal(torch, gen, device, (n_exp, hidden), 1 / math.sqrt(hidden))
+    gate = wd_gate(torch, device, n_exp, hidden)
     nbytes = n_exp * hidden * BF16
     rows = []
     for tokens in QUICK_ROUTER_TOKENS if quick else ROUTER_TOKENS:
-        x = normal(torch, gen, device, (tokens, hidden))
+        x = wd_input(torch, device, tokens, hidden)
         fn = functools.partial(router_permute, torch, x, gate, k)
         samples, reps = timer.measure(fn, budget)
         r = row(ROUTER_CASE, tokens, ROUTER_VARIANT, samples, nbytes,
@@ -861,6 +925,14 @@ def self_test():
             if not ok:
                 report(False, f"candidates of {c} T={t}: {cands}")
     report(True, "candidate configs of every preset and token count name and parse back")
+
+    # warpdrive's inputs: the values its own tests pin (moe/weights.rs and the bench's moe.rs,
+    # `the_peers_inputs_are_these`)
+    import numpy as np
+    gate6 = [float(v) for v in wd_gate_values(6, 2048, np)]
+    x6 = [float(v) for v in wd_input_values(16, 6, np)]
+    report(gate6 == WD_PINNED_GATE and all(abs(a - b) <= 1e-12 for a, b in zip(x6, WD_PINNED_INPUT)),
+           f"warpdrive's router weight and input recomputed: {gate6[:2]}, {x6[:2]}")
 
     try:
         kern = triton_kernels()

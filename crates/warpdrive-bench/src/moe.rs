@@ -45,13 +45,13 @@
 //! `extra.intermediate` give the shape), tokens 1, 16, 64, fewer passes.
 
 use half::bf16;
-use rand::{Rng, SeedableRng};
 
 use warpdrive::device::Stream;
 use warpdrive::error::Result;
 use warpdrive::exec::graph::Graph;
 use warpdrive::memory::host_vec;
 use warpdrive::memory::Buffer;
+use warpdrive::moe::weights::random_bits;
 use warpdrive::moe::{
     MoeConfig, MoeLayer, MoePath, MoeWeights, W256Rows, WgmmaW256, WgmmaWide,
     PREFILL_ROUTER_MIN_TOKENS, PRESETS,
@@ -158,21 +158,28 @@ pub fn case_name(preset: &str, scale: Scale) -> String {
     Plan::new(scale).case(preset)
 }
 
-/// `n` bf16 values from N(0, 1) (Box–Muller), seeded; `what` names them in an error.
+/// `n` bf16 values from N(0, 1): Box–Muller on pairs of words of the layer's counter-based
+/// generator (`weights::random_bits`), the same function `bench/peers/moe.py` computes, so
+/// the peers see these inputs; `what` names them in an error.
 fn normal_bf16(what: &str, seed: u64, n: usize) -> Result<Vec<bf16>> {
-    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
     let mut out = host_vec(what, n)?;
-    while out.len() < n {
-        let u1: f64 = r.random_range(f64::MIN_POSITIVE..1.0);
-        let u2: f64 = r.random_range(0.0..1.0);
-        let m = (-2.0 * u1.ln()).sqrt();
-        let a = 2.0 * std::f64::consts::PI * u2;
-        out.push(bf16::from_f64(m * a.cos()));
-        if out.len() < n {
-            out.push(bf16::from_f64(m * a.sin()));
-        }
-    }
+    out.extend((0..n as u64).map(|j| bf16::from_f64(counter_normal(seed, j))));
     Ok(out)
+}
+
+/// Value `j` of [`normal_bf16`] before rounding: pair `j / 2`'s words give u1 in (0, 1] and
+/// u2 in [0, 1) (53 bits each), value `j` is its cosine (even `j`) or sine (odd) part.
+fn counter_normal(seed: u64, j: u64) -> f64 {
+    const ULP: f64 = 1.0 / (1u64 << 53) as f64;
+    let pair = j / 2 * 2;
+    let u1 = ((random_bits(seed, pair) >> 11) + 1) as f64 * ULP;
+    let u2 = (random_bits(seed, pair + 1) >> 11) as f64 * ULP;
+    let (m, a) = ((-2.0 * u1.ln()).sqrt(), 2.0 * std::f64::consts::PI * u2);
+    if j % 2 == 0 {
+        m * a.cos()
+    } else {
+        m * a.sin()
+    }
 }
 
 /// Median µs of one streaming read of `bytes` (a sum over bf16), rotating over three
@@ -380,4 +387,30 @@ fn router_permute(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         layer.set_prefill_router(None);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_peers_inputs_are_these() {
+        // bench/peers/moe.py recomputes the input for 16 tokens and pins the same values
+        // (WD_PINNED_INPUT; f64 before rounding: the libm's last bit may differ).
+        let want = [
+            0.7074515805294876,
+            -0.5279720798884339,
+            0.5600406153330743,
+            -1.1844142294926885,
+            1.0448524129518435,
+            0.8497358760943176,
+        ];
+        for (j, w) in want.iter().enumerate() {
+            let got = counter_normal(SEED ^ 16, j as u64);
+            assert!((got - w).abs() <= 1e-12, "value {j}: {got} against {w}");
+        }
+        let x = normal_bf16("input", SEED ^ 16, 7).unwrap();
+        assert_eq!(x.len(), 7);
+        assert_eq!(x[0], bf16::from_f64(want[0]));
+    }
 }

@@ -66,7 +66,6 @@ impl HostWeights {
 }
 
 /// Seed offsets of the tensors of a random init (so they differ from each other).
-pub(crate) const SEED_GATE: u64 = 0x6761_7465;
 pub(crate) const SEED_W13: u64 = 0x7731_3300;
 pub(crate) const SEED_W2: u64 = 0x7732_0000;
 
@@ -76,10 +75,22 @@ fn mix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// Word `i` of the counter-based generator keyed by `seed` that [`MoeWeights::Random`] draws
+/// from (a pure function: `bench/peers/moe.py` recomputes the bench's router weights and
+/// inputs with it, so both sides route the same tokens to the same experts).
+pub fn random_bits(seed: u64, i: u64) -> u64 {
+    mix64(seed ^ mix64(i.wrapping_add(0x9e37_79b9_7f4a_7c15)))
+}
+
+/// The seed of the router weight `gate.weight` [E, H] of a layer of
+/// `MoeWeights::Random { seed }`: element `i` is `random_value(seed ^ SEED_GATE, i, s)` with
+/// `s` = √(3 / H), rounded to the layer's dtype.
+pub const SEED_GATE: u64 = 0x6761_7465;
+
 /// Element `i` of a random tensor: uniform in [-scale, scale) from 24 random bits (exact in
 /// f32). `moe_random` in `kernels/moe.cu` computes the same bits.
 pub(crate) fn random_value(seed: u64, i: u64, scale: f32) -> f32 {
-    let bits = (mix64(seed ^ mix64(i.wrapping_add(0x9e37_79b9_7f4a_7c15))) >> 40) as u32;
+    let bits = (random_bits(seed, i) >> 40) as u32;
     let u = bits as f32 * 5.960_464_5e-8;
     (u * 2.0 - 1.0) * scale
 }
@@ -99,6 +110,24 @@ pub(crate) fn w13_source(row: usize, inter: usize) -> (bool, usize, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_bench_peers_router_weight_is_this() {
+        // bench/peers/moe.py recomputes the bench's router weight (seed 0x6d6f_6521) and pins
+        // the same values (WD_PINNED_GATE).
+        let want: [f32; 6] = [
+            -0.017404694110155106,
+            -0.032054174691438675,
+            0.014484505169093609,
+            -0.02284870110452175,
+            -0.004696317482739687,
+            -0.02791733480989933,
+        ];
+        let scale = random_scale(2048);
+        for (i, w) in want.iter().enumerate() {
+            assert_eq!(random_value(0x6d6f_6521 ^ SEED_GATE, i as u64, scale), *w);
+        }
+    }
 
     #[test]
     fn w13_interleaves_blocks_of_eight_rows() {
