@@ -8,12 +8,7 @@
 //!
 //! Variants: `warpdrive-cublaslt` (`fuse::matmul_epilogue`: one cuBLASLt matmul with its
 //! GELU_BIAS epilogue inside the GEMM; with a residual, its BIAS epilogue, then GELU and the
-//! residual in one generated kernel, in chunks of rows as `fuse::Chunks::Auto` chooses, the
-//! row's `chunk_rows`), with a residual also `warpdrive-cublaslt-whole` (the same in one
-//! chunk: the product through DRAM), `warpdrive-chunks-N` (N chunks of rows, N = 2, 4, 8)
-//! and `warpdrive-chunks-N-overlap` (the same with each chunk's epilogue on a second stream,
-//! beside the next chunk's GEMM: `fuse::matmul_epilogue_overlapped`), `warpdrive-fused` (the
-//! GEMM through cuBLAS
+//! residual in one generated kernel), `warpdrive-fused` (the GEMM through cuBLAS
 //! into bf16, then the whole epilogue as one generated kernel: bias broadcast along rows,
 //! GELU, residual, one read and one write of the product), `warpdrive-unfused` (the GEMM,
 //! then one kernel per epilogue op). The peer (`bench/peers/fuse.py`) gives `torch-eager`,
@@ -26,9 +21,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use warpdrive::error::Result;
-use warpdrive::fuse::{
-    matmul_epilogue, matmul_epilogue_overlapped, matmul_epilogue_with, Chunks, Epilogue, Expr,
-};
+use warpdrive::fuse::{matmul_epilogue, Epilogue, Expr};
 use warpdrive::memory::Buffer;
 use warpdrive::ops::{self, Activation, BinaryOp, Map};
 
@@ -149,51 +142,6 @@ pub(crate) fn run_cases(ctx: &mut Ctx, warmup: usize, reps: usize) -> Result<()>
             }
             .into(),
         );
-        if residual {
-            let auto = Chunks::Auto.rows::<bf16>(&stream, (d, d))?;
-            row.extra
-                .insert("chunk_rows".into(), auto.unwrap_or(d).into());
-            // The same path pinned: one chunk (the product through DRAM), then 2, 4 and 8
-            // chunks of rows, so one run shows which wins.
-            let pinned = [
-                ("warpdrive-cublaslt-whole", Chunks::Whole),
-                ("warpdrive-chunks-2", Chunks::Rows(d.div_ceil(2))),
-                ("warpdrive-chunks-4", Chunks::Rows(d.div_ceil(4))),
-                ("warpdrive-chunks-8", Chunks::Rows(d.div_ceil(8))),
-            ];
-            for (variant, chunks) in pinned {
-                let mut us = time_gpu(&stream, warmup, reps, |s| {
-                    matmul_epilogue_with(s, &a, &b, (d, d, d), &epi, chunks, &mut out)
-                })?;
-                let row = ctx.record_flops(
-                    case,
-                    d as u64,
-                    variant,
-                    &mut us,
-                    flops,
-                    Some(Ceiling::GemmBf16),
-                )?;
-                let rows = chunks.rows::<bf16>(&stream, (d, d))?.unwrap_or(d);
-                row.extra.insert("chunk_rows".into(), rows.into());
-            }
-            let side = stream.device().new_stream()?;
-            for parts in [2, 4, 8] {
-                let chunks = Chunks::Rows(d.div_ceil(parts));
-                let mut us = time_gpu(&stream, warmup, reps, |s| {
-                    matmul_epilogue_overlapped(s, &side, &a, &b, (d, d, d), &epi, chunks, &mut out)
-                })?;
-                let row = ctx.record_flops(
-                    case,
-                    d as u64,
-                    &format!("warpdrive-chunks-{parts}-overlap"),
-                    &mut us,
-                    flops,
-                    Some(Ceiling::GemmBf16),
-                )?;
-                row.extra
-                    .insert("chunk_rows".into(), d.div_ceil(parts).into());
-            }
-        }
         let mut us = time_gpu(&stream, warmup, reps, |s| {
             ops::gemm::matmul(s, &a, &b, &mut c, (d, d, d))?;
             (Expr::matrix(&c, d, d) + &bias).eval_into(s, &mut t)?;
@@ -242,11 +190,6 @@ mod tests {
         for (case, variant) in [
             ("gemm-bias-gelu-bf16", "warpdrive-cublaslt"),
             ("gemm-bias-gelu-residual-bf16", "warpdrive-cublaslt"),
-            ("gemm-bias-gelu-residual-bf16", "warpdrive-cublaslt-whole"),
-            ("gemm-bias-gelu-residual-bf16", "warpdrive-chunks-2"),
-            ("gemm-bias-gelu-residual-bf16", "warpdrive-chunks-4"),
-            ("gemm-bias-gelu-residual-bf16", "warpdrive-chunks-8"),
-            ("gemm-bias-gelu-residual-bf16", "warpdrive-chunks-4-overlap"),
             ("gemm-bf16", "warpdrive-cublas"),
             ("gemm-bf16", "warpdrive-cublaslt"),
         ] {

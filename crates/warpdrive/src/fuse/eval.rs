@@ -27,27 +27,14 @@ impl<'a> Expr<'a> {
     pub fn eval<O: Float>(&self, stream: &Stream) -> Result<Buffer<O>> {
         let prog = Program::new(self)?;
         let mut out = Buffer::uninit(stream, prog.len())?;
-        run(&prog, stream, &mut out, None)?;
+        run(&prog, stream, &mut out)?;
         Ok(out)
     }
 
     /// Evaluates into `out`, which holds the expression's elements (row-major).
     pub fn eval_into<O: Float>(&self, stream: &Stream, out: &mut Buffer<O>) -> Result<()> {
         let prog = Program::new(self)?;
-        run(&prog, stream, out, None)
-    }
-
-    /// Evaluates into `out`'s elements from `first` on (the expression's elements, row-major,
-    /// within `out`; the rest of `out` is left as it is): one chunk of rows of a larger
-    /// result.
-    pub(crate) fn eval_into_at<O: Float>(
-        &self,
-        stream: &Stream,
-        out: &mut Buffer<O>,
-        first: usize,
-    ) -> Result<()> {
-        let prog = Program::new(self)?;
-        run(&prog, stream, out, Some(first))
+        run(&prog, stream, out)
     }
 
     /// Evaluates an elementwise expression into `out` with its map kernel in `shape` (what
@@ -197,24 +184,23 @@ pub(crate) fn run_with_shape<O: Float>(
             "fuse: {shape}: 8-byte vectors need one element size in every streamed array"
         )));
     }
-    map_launch(prog, stream, out, 0, &prog.signature(O::KIND), Some(shape))
+    map_launch(prog, stream, out, &prog.signature(O::KIND), Some(shape))
 }
 
 /// Launches a checked, non-empty map program's kernel in `shape` (by default the tuned shape:
 /// `tune.rs`), one block per chunk of the elements (up to the grid's limit: the kernel loops
-/// past it), writing `out`'s elements from `first` (checked: `first + n` within `out`).
+/// past it).
 fn map_launch<O: Float>(
     prog: &Program<'_>,
     stream: &Stream,
     out: &mut Buffer<O>,
-    first: usize,
     sig: &str,
     shape: Option<MapShape>,
 ) -> Result<()> {
     let n = prog.len() as u64;
     stream.run(
         out,
-        |out| super::cpu::eval(prog, out_range(out, first, prog.len())?),
+        |out| super::cpu::eval(prog, out.host_view_mut()?),
         |out, q| {
             let shape = shape
                 .unwrap_or_else(|| super::tune::shape_for(stream, prog, sig, O::KIND, n as usize));
@@ -227,10 +213,7 @@ fn map_launch<O: Float>(
                 * codegen::map_unroll(prog, shape);
             let grid = n.div_ceil(per_block.max(1)).clamp(1, i32::MAX as u64) as u32;
             let mut args = input_args(prog);
-            args = args
-                .ptr(out_ptr(out, first))
-                .u64(n)
-                .u64(prog.space.cols as u64);
+            args = args.buf(out).u64(n).u64(prog.space.cols as u64);
             for &c in &prog.consts {
                 args = args.f32(c);
             }
@@ -239,7 +222,7 @@ fn map_launch<O: Float>(
             // __launch_bounds__(block): one pointer per input of its element type holding what
             // its class reads over the n-element space (checked by the caller), each gather table
             // with its length (the kernel checks every index against it), `out` holding n
-            // elements of O from element `first` (checked by the caller), one float per constant.
+            // elements of O, one float per constant.
             unsafe { launch(q, (src, KERNEL_MAP), grid, block, 0, args) }
         },
     )
@@ -258,65 +241,29 @@ fn launched(prog: &Program<'_>) -> (&'static str, Flavor) {
     }
 }
 
-/// `out`'s elements `first .. first + n` on the CPU backend (the range checked by `run`).
-fn out_range<O: Float>(out: &mut Buffer<O>, first: usize, n: usize) -> Result<&mut [O]> {
-    let len = out.len();
-    out.host_view_mut()?
-        .get_mut(first..first.saturating_add(n))
-        .ok_or_else(|| {
-            Error::InvalidArgument(format!("fuse: output elements {first} + {n} of {len}"))
-        })
-}
-
-/// The device address of `out`'s element `first` (in bounds: checked by `run`).
-fn out_ptr<O: Float>(out: &Buffer<O>, first: usize) -> u64 {
-    out.device_ptr() + (first * std::mem::size_of::<O>()) as u64
-}
-
-/// Runs `prog` into all of `out` (`first` `None`: `out` holds exactly its elements) or into
-/// `out`'s elements from `first` on.
-fn run<O: Float>(
-    prog: &Program<'_>,
-    stream: &Stream,
-    out: &mut Buffer<O>,
-    first: Option<usize>,
-) -> Result<()> {
+fn run<O: Float>(prog: &Program<'_>, stream: &Stream, out: &mut Buffer<O>) -> Result<()> {
     float_index::<O>("fuse output")?;
     check_inputs(prog, stream)?;
     out.check_stream(stream, "fuse")?;
     let n = prog.len();
-    let first = match first {
-        None => {
-            check_len("fuse (output)", out.len(), n)?;
-            0
-        }
-        Some(first) => {
-            if first.checked_add(n).is_none_or(|end| end > out.len()) {
-                return Err(Error::InvalidArgument(format!(
-                    "fuse: {n} output elements from {first} in a buffer of {}",
-                    out.len()
-                )));
-            }
-            first
-        }
-    };
+    check_len("fuse (output)", out.len(), n)?;
     if n == 0 {
         return Ok(());
     }
     if prog.mode == Mode::Map {
-        return map_launch(prog, stream, out, first, &prog.signature(O::KIND), None);
+        return map_launch(prog, stream, out, &prog.signature(O::KIND), None);
     }
     let space = prog.space;
     stream.run(
         out,
-        |out| super::cpu::eval(prog, out_range(out, first, n)?),
+        |out| super::cpu::eval(prog, out.host_view_mut()?),
         |out, q| {
             let (_, flavor) = launched(prog);
             let src = kernel_source_for(prog, O::KIND, &prog.signature(O::KIND), flavor);
             let w = codegen::width(prog, O::KIND);
             let (rows, cols) = (space.rows as u64, space.cols as u64);
             let mut args = input_args(prog);
-            args = args.ptr(out_ptr(out, first));
+            args = args.buf(out);
             // Scratch of the whole-buffer reductions, alive until the kernel has run (the pool
             // hands freed blocks out again in stream order).
             let mut scratch = None;
@@ -378,8 +325,7 @@ fn run<O: Float>(
             // SAFETY: the kernel's parameters as generated from this program (codegen.rs): one
             // pointer per input of its element type (then each gather table with its length, which
             // the kernel checks every index against), each holding what its class reads over the
-            // program's space (checked above), `out` of type O holding the result's n elements
-            // from element `first` (checked above);
+            // program's space (checked above), `out` of type O holding the result's n elements;
             // then (rows, cols) for rows (after the partials, one f32 per whole reduction and
             // block of this grid, and the zeroed ticket, when whole reductions follow), or for a
             // whole reduction the partials, the ticket and (elements, cols); then one float per

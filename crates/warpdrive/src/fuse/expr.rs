@@ -115,60 +115,14 @@ impl<T: Float> Operand for Buffer<T> {
         Buffer::check_stream(self, stream, "fuse")
     }
     fn values(&self) -> Result<Values<'_>> {
-        values_of(self.host_view()?)
-    }
-}
-
-/// Host elements of `T` as the evaluator's [`Values`].
-fn values_of<T: Float>(v: &[T]) -> Result<Values<'_>> {
-    let cast = |e: bytemuck::PodCastError| Error::Unsupported(format!("fuse input: {e}"));
-    match T::KIND {
-        DTypeKind::F32 => bytemuck::try_cast_slice(v).map(Values::F32).map_err(cast),
-        DTypeKind::F16 => bytemuck::try_cast_slice(v).map(Values::F16).map_err(cast),
-        DTypeKind::BF16 => bytemuck::try_cast_slice(v).map(Values::BF16).map_err(cast),
-        k => Err(unsupported(k)),
-    }
-}
-
-/// `len` elements of a buffer from element `first`, read in place as an input (its address
-/// is the buffer's plus the offset): a chunk of rows of a row-major matrix, for kernels that
-/// walk a matrix one row range at a time (`matrix.rs`).
-pub(crate) struct Elements<'b, T: Float> {
-    buf: &'b Buffer<T>,
-    first: usize,
-    len: usize,
-}
-
-impl<'b, T: Float> Elements<'b, T> {
-    /// Elements `first .. first + len` of `buf`; a range past its end is an error.
-    pub(crate) fn new(buf: &'b Buffer<T>, first: usize, len: usize) -> Result<Elements<'b, T>> {
-        match first.checked_add(len) {
-            Some(end) if end <= buf.len() => Ok(Elements { buf, first, len }),
-            _ => Err(Error::InvalidArgument(format!(
-                "fuse: elements {first} + {len} of a buffer of {}",
-                buf.len()
-            ))),
+        let v = self.host_view()?;
+        let cast = |e: bytemuck::PodCastError| Error::Unsupported(format!("fuse input: {e}"));
+        match T::KIND {
+            DTypeKind::F32 => bytemuck::try_cast_slice(v).map(Values::F32).map_err(cast),
+            DTypeKind::F16 => bytemuck::try_cast_slice(v).map(Values::F16).map_err(cast),
+            DTypeKind::BF16 => bytemuck::try_cast_slice(v).map(Values::BF16).map_err(cast),
+            k => Err(unsupported(k)),
         }
-    }
-}
-
-impl<T: Float> Operand for Elements<'_, T> {
-    fn kind(&self) -> DTypeKind {
-        T::KIND
-    }
-    fn elements(&self) -> usize {
-        self.len
-    }
-    fn device_ptr(&self) -> u64 {
-        // In bounds (checked in `new`), so the byte offset fits the allocation's addresses.
-        self.buf.device_ptr() + (self.first * std::mem::size_of::<T>()) as u64
-    }
-    fn check_stream(&self, stream: &Stream) -> Result<()> {
-        Buffer::check_stream(self.buf, stream, "fuse")
-    }
-    fn values(&self) -> Result<Values<'_>> {
-        let v = self.buf.host_view()?;
-        values_of(v.get(self.first..self.first + self.len).unwrap_or(&[]))
     }
 }
 
@@ -290,17 +244,12 @@ impl<'a> Expr<'a> {
 
     /// `buf` as a row-major `[rows, cols]` matrix; its length must be `rows · cols`.
     pub fn matrix<T: Float>(buf: &'a Buffer<T>, rows: usize, cols: usize) -> Expr<'a> {
-        Expr::operand_matrix(buf, rows, cols)
-    }
-
-    /// [`matrix`](Self::matrix) of any operand (a buffer, or [`Elements`] of one).
-    pub(crate) fn operand_matrix(buf: &'a dyn Operand, rows: usize, cols: usize) -> Expr<'a> {
         let shape = Shape::new(rows, cols);
         let checked = match shape.elements() {
-            Some(n) if n == buf.elements() => Ok(shape),
+            Some(n) if n == buf.len() => Ok(shape),
             _ => Err(format!(
                 "fuse: a buffer of {} elements is not a matrix of shape {shape}",
-                buf.elements()
+                buf.len()
             )
             .into()),
         };

@@ -32,9 +32,7 @@
 //!   decoupled look-back), the count left on the device.
 //! - MatrixOps: [`matmul_epilogue`], a GEMM with its epilogue (bias, activation, residual):
 //!   inside one cuBLASLt matmul where cuBLASLt has the epilogue (bias with GELU or none, bf16
-//!   or f16), else the GEMM and one generated epilogue kernel; with a residual after
-//!   cuBLASLt's GEMM, a large product in chunks of rows ([`Chunks`]), each chunk's epilogue
-//!   reading it back from L2.
+//!   or f16), else the GEMM and one generated epilogue kernel.
 //! - Code generation ([`Expr::source`] shows it): CUDA C with 16-byte vector accesses when
 //!   the pointers are aligned (a scalar loop for the rest), `__restrict__`,
 //!   `__launch_bounds__(256)`, a grid-stride loop over a grid that fills the chip.
@@ -85,8 +83,6 @@ mod tune;
 
 pub use codegen::MapShape;
 pub use expr::{Expr, Shape};
-pub use matrix::{
-    matmul_epilogue, matmul_epilogue_overlapped, matmul_epilogue_with, Chunks, Epilogue,
-};
+pub use matrix::{matmul_epilogue, Epilogue};
 pub use program::MAX_OPS;
 pub use tune::BLOCK_CANDIDATES;
