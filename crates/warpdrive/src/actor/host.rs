@@ -12,7 +12,6 @@ use super::ring::{self, ctrl, Found, Ring};
 use super::spec::{Backpressure, ErasedSpec};
 use crate::device::{Device, SharedWords};
 use crate::error::{Error, Result};
-use crate::transfer::demote_lines;
 
 /// One actor's block of shared words (control words, inbox lanes, outbox) and the host
 /// state around it.
@@ -211,10 +210,6 @@ impl ActorShared {
             }
             let header = [correlation.wrapping_add(k as u32), lane as u32];
             ring.write(self.words(), seq, header, body);
-            // Out of this core's caches to the shared one: the loop's reads over PCIe of
-            // lines modified in a core's L2 are slow (bench/NOTES.md, staging stores), and
-            // at a paced 90 % load the loop read slots written microseconds before.
-            demote_lines(ring.slot_of(self.words(), seq));
         }
         Ok(correlation)
     }

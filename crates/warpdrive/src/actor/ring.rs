@@ -144,12 +144,6 @@ impl Ring {
         }
     }
 
-    /// The words of message `seq`'s slot.
-    pub(crate) fn slot_of<'w>(&self, words: &'w [AtomicU64], seq: u64) -> &'w [AtomicU64] {
-        let at = self.slot(seq);
-        &words[at..at + self.slot_words]
-    }
-
     /// Reads message `seq` into `header` and `body` (`body` as long as the message); on
     /// `Empty` they hold whatever was read before the first word not written yet.
     pub(crate) fn read(

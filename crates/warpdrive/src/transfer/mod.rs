@@ -59,8 +59,7 @@ use crate::device::{Device, Slot, Stream};
 use crate::dtype::{DType, DTypeKind};
 use crate::error::Result;
 use crate::memory::{check_len, Buffer, PinnedBuf};
-pub(crate) use hostmem::demote_lines;
-use hostmem::{demote_copy, FreshVec, HUGE_PAGE};
+use hostmem::{demote_copy, demote_lines, FreshVec, HUGE_PAGE};
 use ring::{ring_download, ring_download_fresh, ring_upload};
 use workers::PAGE;
 
