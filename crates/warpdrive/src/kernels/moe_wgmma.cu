@@ -603,7 +603,10 @@ __device__ void moe_gemm_wgmma_tma(const MoeGemm& p) {
             if (!a_tma) {
                 const MoeTmaRows<T, BM, STAGE_BYTES, 128> rows(p, t, smem, bars);
                 moe_tma_produce<S>(k_tiles, empty(0), issuer, a_tma, load_w, load_a, rows);
-                moe_cp_async_wait<0>();  // nothing of this thread's left in flight at exit
+                // Nothing of this thread's left in flight at exit (its copies are in no
+                // commit group: wait_all = commit + wait_group 0).
+                moe_cp_async_commit();
+                moe_cp_async_wait<0>();
             } else {
                 moe_tma_produce<S>(k_tiles, empty(0), issuer, a_tma, load_w, load_a, MoeNoRows{});
             }
