@@ -199,12 +199,6 @@ __device__ void moe_wgmma_finish_n(const MoeGemm& p, const MoeTile& t, const flo
         }
     }
 }
-// The 128-weight-row tiles' finish (one chunk a warpgroup).
-template <typename T, u32 BM, bool CONSUMERS = false>
-__device__ __forceinline__ void moe_wgmma_finish(const MoeGemm& p, const MoeTile& t, const float (&acc)[BM / 2],
-                                                 float* c) {
-    moe_wgmma_finish_n<T, BM, 128, 1, CONSUMERS>(p, t, reinterpret_cast<const float(&)[1][BM / 2]>(acc), c);
-}
 
 // ---- One group of MMAs in flight across the stage boundary (the `o` tiles, issue 40):
 // wgmma.wait_group 1 instead of 0, so stage kt's MMAs are issued while stage kt - 1's still
