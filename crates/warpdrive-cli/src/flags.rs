@@ -128,7 +128,8 @@ pub(crate) enum Command {
         wgmma_wide_on: Option<String>,
         /// Run every warpgroup-MMA tile on its warp-specialized kernel (a producer warp
         /// loading the weights by TMA, mbarriers; issue 40) instead of the plan's choice (where
-        /// one tile holds an expert's rows).
+        /// one tile holds an expert's rows); the 256-weight-row tile's (a producer warpgroup,
+        /// setmaxnreg) only with this flag.
         #[arg(long, conflicts_with = "no_wgmma_tma")]
         wgmma_tma: bool,
         /// Keep every warpgroup-MMA tile off the warp-specialized TMA kernel.

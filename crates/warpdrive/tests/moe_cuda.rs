@@ -356,8 +356,8 @@ fn gpu_smem_moe_wgmma_tma_matches_cpu() {
 #[ignore = "needs a CUDA GPU"]
 fn gpu_smem_moe_wgmma_w256_matches_cpu() {
     let s = seed("gpu_smem_moe_wgmma_w256_matches_cpu");
-    w256_cases(WgmmaWide::Both, W256Rows::Rows128, s);
-    w256_cases(WgmmaWide::Both, W256Rows::Rows96, s + 32);
+    w256_cases(WgmmaWide::Both, W256Rows::Rows128, None, s);
+    w256_cases(WgmmaWide::Both, W256Rows::Rows96, None, s + 32);
     // The plan's own tiles in either forced grid order (`set_gemm_items_fastest`).
     let small = config(72, 40, 7, 3, Router::Softmax, DTypeKind::BF16);
     let deep = config(1024, 256, 8, 2, Router::Softmax, DTypeKind::BF16);
@@ -382,19 +382,64 @@ fn gpu_smem_moe_wgmma_w256_per_projection_matches_cpu() {
     let s = seed("gpu_smem_moe_wgmma_w256_per_projection_matches_cpu");
     for (i, on) in [WgmmaWide::GateUp, WgmmaWide::Down].into_iter().enumerate() {
         let s = s + 64 * i as u64;
-        w256_cases(on, W256Rows::Rows128, s);
-        w256_cases(on, W256Rows::Rows96, s + 32);
+        w256_cases(on, W256Rows::Rows128, None, s);
+        w256_cases(on, W256Rows::Rows96, None, s + 32);
     }
 }
 
-/// The 256-weight-row tests' cases with that tile forced on `on` with `rows` token rows.
-fn w256_cases(on: WgmmaWide, rows: W256Rows, s: u64) {
+/// The 256-weight-row tile's warp-specialized kernel (`x256t`, issue 40; forced only: a
+/// producer warpgroup issues the weights' two TMA boxes a stage and act's boxes or loads the
+/// gathered rows by cp.async, setmaxnreg, the consumers multiply): the cases of
+/// `w256_cases` on both projections at 128 and 96 token rows and on each projection alone
+/// at 128 (odd widths: a column block whose second weight box starts past n; split-K gate/up
+/// and down; 4,097 rows on one expert), then the TMA test's down splits ending inside a
+/// stage (act rows by the producer warpgroup's cp.async) and one token on the tile.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_smem_moe_wgmma_w256_tma_matches_cpu() {
+    let s = seed("gpu_smem_moe_wgmma_w256_tma_matches_cpu");
+    w256_cases(WgmmaWide::Both, W256Rows::Rows128, Some(true), s);
+    w256_cases(WgmmaWide::Both, W256Rows::Rows96, Some(true), s + 32);
+    for (i, on) in [WgmmaWide::GateUp, WgmmaWide::Down].into_iter().enumerate() {
+        w256_cases(on, W256Rows::Rows128, Some(true), s + 64 + 16 * i as u64);
+    }
+    let tma = |graphs| Run {
+        tma: Some(true),
+        w256: Some(WgmmaW256::new(WgmmaWide::Both, W256Rows::Rows128)),
+        ..run(MoePath::Device, graphs)
+    };
+    let odd_split = config(256, 1120, 64, 2, Router::Softmax, DTypeKind::BF16);
+    few_flips_at(
+        &[1, 5, 40],
+        odd_split,
+        tma(true),
+        s + 96,
+        "odd down split, 256 weight rows, tma",
+    );
+    let sparse = config(256, 1024, 64, 2, Router::Softmax, DTypeKind::BF16);
+    let one_token = Run {
+        decode: false,
+        ..tma(false)
+    };
+    few_flips_at(
+        &[1, 2],
+        sparse,
+        one_token,
+        s + 97,
+        "one token, 256 weight rows, tma",
+    );
+}
+
+/// The 256-weight-row tests' cases with that tile forced on `on` with `rows` token rows (and
+/// the TMA kernels forced as `tma`).
+fn w256_cases(on: WgmmaWide, rows: W256Rows, tma: Option<bool>, s: u64) {
     let w256 = |graphs, overlap| Run {
         w256: Some(WgmmaW256::new(on, rows)),
         overlap,
+        tma,
         ..run(MoePath::Device, graphs)
     };
-    let what = |case: &str| format!("{case}, 256 weight rows, {on:?}, {rows:?}");
+    let what = |case: &str| format!("{case}, 256 weight rows, {on:?}, {rows:?}, tma {tma:?}");
     let small = config(72, 40, 7, 3, Router::Softmax, DTypeKind::BF16);
     let tokens = [1, 5, 37, 301, 4097];
     few_flips_at(&tokens, small, w256(true, Some(false)), s, &what("small"));

@@ -199,12 +199,6 @@ __device__ void moe_wgmma_finish_n(const MoeGemm& p, const MoeTile& t, const flo
         }
     }
 }
-// The 128-weight-row tiles' finish (one chunk a warpgroup).
-template <typename T, u32 BM, bool CONSUMERS = false>
-__device__ __forceinline__ void moe_wgmma_finish(const MoeGemm& p, const MoeTile& t, const float (&acc)[BM / 2],
-                                                 float* c) {
-    moe_wgmma_finish_n<T, BM, 128, 1, CONSUMERS>(p, t, reinterpret_cast<const float(&)[1][BM / 2]>(acc), c);
-}
 
 // ---- One group of MMAs in flight across the stage boundary (the `o` tiles, issue 40):
 // wgmma.wait_group 1 instead of 0, so stage kt's MMAs are issued while stage kt - 1's still
@@ -353,6 +347,7 @@ __device__ void moe_gemm_wgmma(const MoeGemm& p) {
 // producer and never released. ----
 #define MOE_TMA_STAGES 4
 #define MOE_TMA_THREADS (256 + 32)
+#define MOE_TMA_WG_THREADS (256 + 128)
 
 __device__ __forceinline__ void moe_mbar_init(u32 bar, u32 count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
@@ -387,21 +382,25 @@ __device__ __forceinline__ void moe_tma_load_2d(u32 dst, const void* map, u32 ba
                  :: "r"(dst), "l"(map), "r"(k0), "r"(row0), "r"(bar) : "memory");
 }
 
-// The consumers' share of a stage's token rows where they are not a TMA box: thread
-// tid (< 256) copies 16-byte chunk tid % 8 of rows tid / 8 + 32 i, zero-filled past the
-// tile's rows and k_end (rows past the MMAs' last 16 are not touched), then arrives on the
-// slot's full barrier once its copies have landed.
-template <typename T, int MT, u32 STAGE_BYTES>
+// A share of a stage's token rows where they are not a TMA box, loaded by THREADS threads
+// (the 256 consumers of the 128-weight-row tile, or the producer warpgroup's 128 of the
+// 256-weight-row one): thread tid = threadIdx.x % THREADS copies 16-byte chunk tid % 8 of
+// rows tid / 8 + (THREADS / 8)·i, zero-filled past the tile's rows and k_end (rows past the
+// MMAs' last 16 are not touched), then arrives on the slot's full barrier once its copies
+// have landed.
+template <typename T, u32 BM, u32 STAGE_BYTES, u32 THREADS = 256>
 struct MoeTmaRows {
+    static constexpr u32 P = THREADS / 8, R = BM / P;  // rows a pass, rows a thread
+    static_assert(R * P == BM && (THREADS & (THREADS - 1)) == 0, "whole rows per thread");
     const T* a;
     u32 k, k_begin, k_end, c, r, rows16, smem, bars;
-    u32 src[MT];  // source row of rows r + 32 i (~0u: past the tile's rows)
+    u32 src[R];  // source row of rows r + P·i (~0u: past the tile's rows)
     __device__ __forceinline__ MoeTmaRows(const MoeGemm& p, const MoeTile& t, u32 smem_, u32 bars_)
         : a(reinterpret_cast<const T*>(p.a)), k(p.k), k_begin(t.k_begin), k_end(t.k_end), c(threadIdx.x & 7u),
-          r(threadIdx.x >> 3), rows16((t.rows + 15) / 16 * 16), smem(smem_), bars(bars_) {
+          r((threadIdx.x & (THREADS - 1)) >> 3), rows16((t.rows + 15) / 16 * 16), smem(smem_), bars(bars_) {
 #pragma unroll
-        for (u32 i = 0; i < (u32)MT; ++i) {
-            const u32 row = r + 32 * i;
+        for (u32 i = 0; i < R; ++i) {
+            const u32 row = r + P * i;
             src[i] = ~0u;
             if (row < t.rows) src[i] = p.a_rows ? __ldcg(p.a_rows + t.row0 + row) : t.row0 + row;
         }
@@ -410,8 +409,8 @@ struct MoeTmaRows {
         const u32 s = kt % MOE_TMA_STAGES, kc = k_begin + kt * MOE_SBK + c * 8;
         const u32 stage = smem + s * STAGE_BYTES;
 #pragma unroll
-        for (u32 i = 0; i < (u32)MT; ++i) {
-            const u32 row = r + 32 * i;
+        for (u32 i = 0; i < R; ++i) {
+            const u32 row = r + P * i;
             if (row >= rows16) continue;
             const bool ok = src[i] != ~0u && kc < k_end;
             moe_cp_async16(stage + row * 128 + (((c ^ row) & 7u) << 4), ok ? a + (u64)src[i] * k + kc : a, ok ? 16 : 0);
@@ -419,14 +418,21 @@ struct MoeTmaRows {
         moe_cp_async_arrive(bars + s * 8);
     }
 };
+// No token rows to load (the consumers of the 256-weight-row tile: its producer warpgroup
+// loads them).
+struct MoeNoRows {
+    __device__ __forceinline__ void load(u32) const {}
+};
 
 // The consumers' k loop for the tile's first N token rows: (LOADS) load this thread's share of
 // stage kt + 2's token rows once stage kt - 2's MMAs are done everywhere, wait for stage kt's
 // slot, issue its MMAs, keep one group in flight (wgmma.wait_group 1), then release stage
 // kt - 1's slot (its MMAs are done in this warp; the empty barrier waits for all 8 warps).
-template <typename T, int N, int NMAX, u32 STAGE_BYTES, typename Rows>
-__device__ __forceinline__ void moe_wgmma_tma_k(float (&acc)[NMAX / 2], u32 k_tiles, u32 smem, u32 wa, u32 bars,
-                                                u32 lane, const Rows& rows, bool loads) {
+// `Acc`: float[NMAX / 2], or float[CH][NMAX / 2] for CH 64-row chunks a warpgroup.
+template <typename T, int N, int NMAX, u32 STAGE_BYTES, typename Rows, typename Acc>
+// `fence`: some of the stage's rows came by cp.async (the generic proxy), not all by TMA.
+__device__ __forceinline__ void moe_wgmma_tma_k(Acc& acc, u32 k_tiles, u32 smem, u32 wa, u32 bars, u32 lane,
+                                                const Rows& rows, bool loads, bool fence) {
     constexpr u32 S = MOE_TMA_STAGES;
     for (u32 kt = 0; kt < k_tiles; ++kt) {
         const u32 s = kt % S;
@@ -436,7 +442,7 @@ __device__ __forceinline__ void moe_wgmma_tma_k(float (&acc)[NMAX / 2], u32 k_ti
             rows.load(kn);
         }
         moe_mbar_wait(bars + s * 8, (kt / S) & 1u);
-        moe_fence_proxy_async();  // the consumers' cp.async rows (generic proxy), seen by wgmma
+        if (fence) moe_fence_proxy_async();  // cp.async rows (generic proxy), seen by wgmma
         const u32 stage = smem + s * STAGE_BYTES;
         moe_wgmma_fence();
         moe_wgmma_stage<T, N, NMAX>(acc, stage + wa, stage);
@@ -447,16 +453,16 @@ __device__ __forceinline__ void moe_wgmma_tma_k(float (&acc)[NMAX / 2], u32 k_ti
     moe_wgmma_wait0();  // the accumulators are read next
 }
 // The least N from N0 up, in steps of 16, that covers the live rows (as moe_wgmma_k_live).
-template <typename T, int N, int NMAX, u32 STAGE_BYTES, typename Rows>
-__device__ __forceinline__ void moe_wgmma_tma_live(u32 live16, float (&acc)[NMAX / 2], u32 k_tiles, u32 smem, u32 wa,
-                                                   u32 bars, u32 lane, const Rows& rows, bool loads) {
+template <typename T, int N, int NMAX, u32 STAGE_BYTES, typename Rows, typename Acc>
+__device__ __forceinline__ void moe_wgmma_tma_live(u32 live16, Acc& acc, u32 k_tiles, u32 smem, u32 wa, u32 bars,
+                                                   u32 lane, const Rows& rows, bool loads, bool fence) {
     if constexpr (N < NMAX) {
         if (live16 * 16 > (u32)N) {
-            moe_wgmma_tma_live<T, N + 16, NMAX, STAGE_BYTES>(live16, acc, k_tiles, smem, wa, bars, lane, rows, loads);
+            moe_wgmma_tma_live<T, N + 16, NMAX, STAGE_BYTES>(live16, acc, k_tiles, smem, wa, bars, lane, rows, loads, fence);
             return;
         }
     }
-    moe_wgmma_tma_k<T, N, NMAX, STAGE_BYTES>(acc, k_tiles, smem, wa, bars, lane, rows, loads);
+    moe_wgmma_tma_k<T, N, NMAX, STAGE_BYTES>(acc, k_tiles, smem, wa, bars, lane, rows, loads, fence);
 }
 
 // The same box into L2 only.
@@ -465,12 +471,59 @@ __device__ __forceinline__ void moe_tma_prefetch_3d(const void* map, int k0, int
                  :: "l"(map), "r"(k0), "r"(n0), "r"(e) : "memory");
 }
 
-template <typename T, int MT>
+// setmaxnreg (sm_90a): this warpgroup's registers a thread, down to R or up to R (every warp
+// of the warpgroup runs the same one). The 384-thread tile launches at 168 (65,536 / 384,
+// rounded down to 8): the producer gives back 168 - MOE_WS_PRODUCER_REGS a thread, exactly
+// what the consumers take to reach MOE_WS_CONSUMER_REGS (128 · 112 = 256 · 56), so the
+// consumers' setmaxnreg.inc never waits on registers no one returns.
+#define MOE_WS_PRODUCER_REGS 56
+#define MOE_WS_CONSUMER_REGS 224
+static_assert(128 * (168 - MOE_WS_PRODUCER_REGS) == 256 * (MOE_WS_CONSUMER_REGS - 168), "a balanced pool");
+template <u32 R>
+__device__ __forceinline__ void moe_regs_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(R));
+}
+template <u32 R>
+__device__ __forceinline__ void moe_regs_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(R));
+}
+
+// The producer's loop: stage kt into slot kt % S once stage kt - S's MMAs are done there
+// (empty barrier `empty0` + 8·slot; the first S slots are free, their weights already on the
+// way): the issuer's weights (kt >= S) and act boxes, every producer thread's share of
+// gathered rows (`rows`; MoeNoRows where there are none).
+template <u32 S, typename LoadW, typename LoadA, typename Rows>
+__device__ __forceinline__ void moe_tma_produce(u32 k_tiles, u32 empty0, bool issuer, bool a_tma, const LoadW& load_w,
+                                                const LoadA& load_a, const Rows& rows) {
+    for (u32 kt = 0; kt < k_tiles; ++kt) {
+        if (kt >= S) moe_mbar_wait(empty0 + (kt % S) * 8, (kt / S - 1) & 1u);
+        if (issuer) {
+            if (kt >= S) load_w(kt);
+            if (a_tma) load_a(kt);
+        }
+        rows.load(kt);
+    }
+}
+
+// BN = 128: the `t` kernels above (warp 8 produces, the consumers load gathered rows).
+// BN = 256 (the `x256t` kernels, forced only: MoeLayer::set_wgmma_tma with the 256-weight-row
+// tile): the producer is a whole warpgroup (warps 8..11, 384 threads: setmaxnreg works by
+// warpgroup), down to MOE_WS_PRODUCER_REGS registers; thread 256 issues the weights' two
+// 128-row boxes a stage (only those starting inside n: a box wholly past n would only bring
+// zeros for discarded columns) and the act boxes, and where the rows are gathered all 128
+// producer threads load them by cp.async (16-byte chunk tid % 8 of 8 rows a thread), waiting
+// for the slot's empty barrier themselves. The consumers, up to MOE_WS_CONSUMER_REGS, only
+// multiply: CH = 2 m64 MMAs a k16 step a warpgroup, one group in flight, as the `t` loop.
+template <typename T, int MT, u32 BN = 128>
 __device__ void moe_gemm_wgmma_tma(const MoeGemm& p) {
-    constexpr u32 BM = 32 * MT, BN = 128, NMAX = BM, S = MOE_TMA_STAGES;
+    constexpr bool WG = BN == 256;  // a producer warpgroup
+    constexpr int CH = BN / 128;    // 64-row chunks of weights a consumer warpgroup
+    constexpr u32 BM = 32 * MT, NMAX = BM, S = MOE_TMA_STAGES;
     constexpr u32 A_BYTES = BM * MOE_SBK * 2, W_BYTES = BN * MOE_SBK * 2, STAGE_BYTES = A_BYTES + W_BYTES;
-    constexpr u32 RING_BYTES = S * STAGE_BYTES, BOX_BYTES = 32 * MOE_SBK * 2;
+    constexpr u32 RING_BYTES = S * STAGE_BYTES, BOX_BYTES = 32 * MOE_SBK * 2, W_BOX_BYTES = 128 * MOE_SBK * 2;
     static_assert(A_BYTES % 1024 == 0 && STAGE_BYTES % 1024 == 0, "SW128 tiles need 1024-byte alignment");
+    static_assert(BN == 128 || BN == 256, "one or two weight boxes a stage");
+    static_assert(BM * (BN + 4) * 4 <= RING_BYTES, "the epilogue's staging fits the ring");
     extern __shared__ __align__(128) unsigned char moe_smem[];
     MoeTile t;
     if (!moe_gemm_tile(p, BM, BN, t)) return;  // block-uniform
@@ -486,7 +539,8 @@ __device__ void moe_gemm_wgmma_tma(const MoeGemm& p) {
     const bool a_tma = p.a_map && !p.a_rows && (t.k_end == p.k || (t.k_end - t.k_begin) % MOE_SBK == 0);
     if (threadIdx.x == 0) {
         for (u32 s = 0; s < S; ++s) {
-            moe_mbar_init(full(s), a_tma ? 2 : 1 + 256);
+            // The producer's arrivals (weights, and act boxes) and the row loaders'.
+            moe_mbar_init(full(s), a_tma ? 2 : 1 + (WG ? 128 : 256));
             moe_mbar_init(empty(s), 8);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -494,14 +548,20 @@ __device__ void moe_gemm_wgmma_tma(const MoeGemm& p) {
     __syncthreads();
     const u32 k_tiles = (t.k_end - t.k_begin + MOE_SBK - 1) / MOE_SBK;
 
-    if (warp == 2 * 4) {
-        // ---- producer (lane 0) ----
-        if (lane != 0) return;
+    if (warp >= 2 * 4) {
+        // ---- producer (thread 256 issues the TMA copies; BN = 256: its warpgroup loads the
+        // gathered rows) ----
+        if constexpr (WG) moe_regs_dec<MOE_WS_PRODUCER_REGS>();
+        if (threadIdx.x != 2 * 4 * 32 && !(WG && !a_tma)) return;
+        const bool issuer = !WG || threadIdx.x == 2 * 4 * 32;  // BN = 128: only it is left
+        // The weight boxes of 128 rows that start inside n.
+        const u32 w_boxes = WG ? min(BN / 128, (p.n - t.nb * BN + 127) / 128) : 1;
         const auto load_w = [&](u32 kt) {
             const u32 s = kt % S;
-            moe_mbar_arrive_tx(full(s), W_BYTES);
-            moe_tma_load_3d(smem + s * STAGE_BYTES + A_BYTES, p.w_map, full(s), (int)(t.k_begin + kt * MOE_SBK),
-                            (int)(t.nb * BN), (int)t.expert);
+            moe_mbar_arrive_tx(full(s), w_boxes * W_BOX_BYTES);
+            for (u32 j = 0; j < w_boxes; ++j)
+                moe_tma_load_3d(smem + s * STAGE_BYTES + A_BYTES + j * W_BOX_BYTES, p.w_map, full(s),
+                                (int)(t.k_begin + kt * MOE_SBK), (int)(t.nb * BN + 128 * j), (int)t.expert);
         };
         // One 32-row box per 32 live rows (the MMAs read no rows past the tile's last 16).
         const u32 boxes = min((u32)MT, (t.rows + 31) / 32);
@@ -512,50 +572,70 @@ __device__ void moe_gemm_wgmma_tma(const MoeGemm& p) {
                 moe_tma_load_2d(smem + s * STAGE_BYTES + j * BOX_BYTES, p.a_map, full(s),
                                 (int)(t.k_begin + kt * MOE_SBK), (int)(t.row0 + 32 * j));
         };
-        // The maps were written by a host copy (generic proxy) before the launch: acquire
-        // them for the tensor-map proxy before their first use.
-        asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" :: "l"(p.w_map) : "memory");
-        if (a_tma) asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" :: "l"(p.a_map) : "memory");
-        // The weights of the first stages do not depend on the previous kernel.
         const u32 first = min(S, k_tiles);
-        for (u32 kt = 0; kt < first; ++kt) load_w(kt);
-        // The plan's early_k of the weights into L2 (as moe_prefetch_rows_l2), box by box.
-        if (p.early_k) {
-            const u32 pf_tiles = (min(t.k_end, t.k_begin + p.early_k) - t.k_begin + MOE_SBK - 1) / MOE_SBK;
-            for (u32 kt = first; kt < pf_tiles; ++kt)
-                moe_tma_prefetch_3d(p.w_map, (int)(t.k_begin + kt * MOE_SBK), (int)(t.nb * BN), (int)t.expert);
-            wait_prior_grid();  // else moe_gemm_tile waited
+        if (issuer) {
+            // The maps were written by a host copy (generic proxy) before the launch: acquire
+            // them for the tensor-map proxy before their first use.
+            asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" :: "l"(p.w_map) : "memory");
+            if (a_tma) asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" :: "l"(p.a_map) : "memory");
+            // The weights of the first stages do not depend on the previous kernel.
+            for (u32 kt = 0; kt < first; ++kt) load_w(kt);
+            // The plan's early_k of the weights into L2 (as moe_prefetch_rows_l2), box by box.
+            if (p.early_k) {
+                const u32 pf_tiles = (min(t.k_end, t.k_begin + p.early_k) - t.k_begin + MOE_SBK - 1) / MOE_SBK;
+                for (u32 kt = first; kt < pf_tiles; ++kt)
+                    for (u32 j = 0; j < w_boxes; ++j)
+                        moe_tma_prefetch_3d(p.w_map, (int)(t.k_begin + kt * MOE_SBK), (int)(t.nb * BN + 128 * j),
+                                            (int)t.expert);
+            }
         }
+        if (p.early_k) wait_prior_grid();  // else moe_gemm_tile waited
         release_next_grid();
-        if (a_tma) {
-            // act was written by the previous kernel's generic stores; read here by the async proxy.
-            asm volatile("fence.proxy.async.global;" ::: "memory");
-            for (u32 kt = 0; kt < first; ++kt) load_a(kt);
-        }
-        for (u32 kt = first; kt < k_tiles; ++kt) {
-            moe_mbar_wait(empty(kt % S), (kt / S - 1) & 1u);  // stage kt - S's MMAs are done
-            load_w(kt);
-            if (a_tma) load_a(kt);
+        // act was written by the previous kernel's generic stores; read here by the async proxy.
+        if (issuer && a_tma) asm volatile("fence.proxy.async.global;" ::: "memory");
+        if constexpr (WG) {
+            if (!a_tma) {
+                const MoeTmaRows<T, BM, STAGE_BYTES, 128> rows(p, t, smem, bars);
+                moe_tma_produce<S>(k_tiles, empty(0), issuer, a_tma, load_w, load_a, rows);
+                // Nothing of this thread's left in flight at exit (its copies are in no
+                // commit group: wait_all = commit + wait_group 0).
+                moe_cp_async_commit();
+                moe_cp_async_wait<0>();
+            } else {
+                moe_tma_produce<S>(k_tiles, empty(0), issuer, a_tma, load_w, load_a, MoeNoRows{});
+            }
+        } else {
+            moe_tma_produce<S>(k_tiles, empty(0), issuer, a_tma, load_w, load_a, MoeNoRows{});
         }
         // Stay until the last stages have landed (nothing is left in flight at exit).
-        for (u32 kt = k_tiles > S ? k_tiles - S : 0; kt < k_tiles; ++kt) moe_mbar_wait(full(kt % S), (kt / S) & 1u);
+        if (issuer)
+            for (u32 kt = k_tiles > S ? k_tiles - S : 0; kt < k_tiles; ++kt) moe_mbar_wait(full(kt % S), (kt / S) & 1u);
         return;
     }
 
-    // ---- consumers: warpgroup wg multiplies weight rows 64·wg .. of each stage ----
+    // ---- consumers: warpgroup wg multiplies weight rows 64·CH·wg .. of each stage ----
+    if constexpr (WG) moe_regs_inc<MOE_WS_CONSUMER_REGS>();
     if (p.early_k) wait_prior_grid();  // before the token rows, the epilogue's reads and writes
     release_next_grid();
-    const MoeTmaRows<T, MT, STAGE_BYTES> rows(p, t, smem, bars);
-    if (!a_tma)
-        for (u32 kt = 0; kt < min(2u, k_tiles); ++kt) rows.load(kt);
-    const u32 wg = warp >> 2, live16 = (t.rows + 15) / 16;
-    float acc[NMAX / 2];
+    const u32 wg = warp >> 2, live16 = (t.rows + 15) / 16, wa = A_BYTES + wg * 64 * CH * 128;
+    float acc[CH][NMAX / 2];
 #pragma unroll
-    for (int i = 0; i < (int)NMAX / 2; ++i) acc[i] = 0.0f;
-    moe_wgmma_tma_live<T, 16, NMAX, STAGE_BYTES>(live16, acc, k_tiles, smem, A_BYTES + wg * 64 * 128, bars, lane, rows,
-                                                 !a_tma);
+    for (int j = 0; j < CH; ++j)
+#pragma unroll
+        for (int i = 0; i < (int)NMAX / 2; ++i) acc[j][i] = 0.0f;
+    if constexpr (WG) {
+        // The producer's cp.async rows need the proxy fence; act's TMA boxes do not.
+        moe_wgmma_tma_live<T, 16, NMAX, STAGE_BYTES>(live16, acc, k_tiles, smem, wa, bars, lane, MoeNoRows{}, false,
+                                                     !a_tma);
+    } else {
+        const MoeTmaRows<T, BM, STAGE_BYTES> rows(p, t, smem, bars);
+        if (!a_tma)
+            for (u32 kt = 0; kt < min(2u, k_tiles); ++kt) rows.load(kt);
+        moe_wgmma_tma_live<T, 16, NMAX, STAGE_BYTES>(live16, acc[0], k_tiles, smem, wa, bars, lane, rows, !a_tma,
+                                                     true);
+    }
     moe_fence_proxy_async();  // the MMAs' reads of the ring before the epilogue's writes to it
-    moe_wgmma_finish<T, BM, true>(p, t, acc, reinterpret_cast<float*>(moe_smem + (smem - base)));
+    moe_wgmma_finish_n<T, BM, BN, CH, true>(p, t, acc, reinterpret_cast<float*>(moe_smem + (smem - base)));
 }
 
 // The `t` kernels: 288 threads, the same shared memory as the `o` kernels (the barriers sit
@@ -592,8 +672,15 @@ MOE_GEMM_WGMMA(f16, m12, 6, 1)
         moe_gemm_wgmma<T, MT, 256, OVERLAP>(p);                                                           \
     }
 // 96 token rows (m6, our padding sweet spot at ~256 rows an expert) and 128 (m8, Triton's).
-#define MOE_GEMM_WGMMA_X256(T, NAME, MT) \
-    MOE_GEMM_WGMMA_X256_AS(T, NAME, MT, w, false) MOE_GEMM_WGMMA_X256_AS(T, NAME, MT, o, true)
+// The warp-specialized `x256t` kernels: a producer warpgroup and the two consumer warpgroups
+// (384 threads; moe_gemm_wgmma_tma with BN = 256), the same shared memory.
+#define MOE_GEMM_WGMMA_X256_TMA(T, NAME, MT)                                                               \
+    extern "C" __global__ void __launch_bounds__(MOE_TMA_WG_THREADS, 1) moe_gemm_##T##_##NAME##x256t(MoeGemm p) { \
+        moe_gemm_wgmma_tma<T, MT, 256>(p);                                                                 \
+    }
+#define MOE_GEMM_WGMMA_X256(T, NAME, MT)                                                          \
+    MOE_GEMM_WGMMA_X256_AS(T, NAME, MT, w, false) MOE_GEMM_WGMMA_X256_AS(T, NAME, MT, o, true) \
+    MOE_GEMM_WGMMA_X256_TMA(T, NAME, MT)
 MOE_GEMM_WGMMA_X256(bf16, m6, 3)
 MOE_GEMM_WGMMA_X256(bf16, m8, 4)
 MOE_GEMM_WGMMA_X256(f16, m6, 3)

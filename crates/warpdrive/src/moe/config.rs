@@ -101,12 +101,14 @@ impl W256Rows {
 
 /// The 256-weight-row wgmma tile, forced ([`MoeLayer::set_wgmma_w256`]; never the plan's own
 /// choice): its tiles are `rows` token rows × 256 weight rows (the others' 128), one block
-/// per SM, on the `w` / `o` kernels (no TMA kernel; the overlap rule applies), item by item
+/// per SM, on the `w` / `o` kernels (the overlap rule applies; the warp-specialized `x256t`
+/// kernel only where [`MoeLayer::set_wgmma_tma`] forces it), item by item
 /// unless the layer forces the grid order ([`MoeLayer::set_gemm_items_fastest`]): the blocks
 /// running together then cover a few experts whole and read each token row and weight row
 /// from DRAM about once.
 ///
 /// [`MoeLayer::set_wgmma_w256`]: super::MoeLayer::set_wgmma_w256
+/// [`MoeLayer::set_wgmma_tma`]: super::MoeLayer::set_wgmma_tma
 /// [`MoeLayer::set_gemm_items_fastest`]: super::MoeLayer::set_gemm_items_fastest
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WgmmaW256 {
@@ -541,7 +543,9 @@ pub(super) struct GemmShape {
     /// With `wgmma`, the warp-specialized tile (`moe_gemm_wgmma_tma`, the `t` kernels: the
     /// weights and the down GEMM's act rows by TMA from a producer warp, the gathered rows by
     /// the consumers' cp.async, mbarriers; same tiles, shared memory and blocks per
-    /// SM, always one group of MMAs in flight), in place of the `w` / `o` kernels.
+    /// SM, always one group of MMAs in flight), in place of the `w` / `o` kernels. On the
+    /// 256-weight-row tile (only where forced) the `x256t` kernels: a producer warpgroup that
+    /// also loads the gathered rows, 384 threads.
     pub(super) wgmma_tma: bool,
 }
 

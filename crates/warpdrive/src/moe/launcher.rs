@@ -192,6 +192,19 @@ const GEMM_WGMMA_X256_NAMES: [[[&str; 2]; 2]; 2] = [
     ],
 ];
 
+/// The 256-weight-row tiles' warp-specialized kernels (`moe_gemm_wgmma_tma` with BN = 256:
+/// a producer warpgroup, 384 threads): [dtype][m6, m8].
+const GEMM_WGMMA_X256_TMA_NAMES: [[&str; 2]; 2] = [
+    ["moe_gemm_f16_m6x256t", "moe_gemm_f16_m8x256t"],
+    ["moe_gemm_bf16_m6x256t", "moe_gemm_bf16_m8x256t"],
+];
+
+/// Threads of the warp-specialized wgmma tiles: the two consumer warpgroups and a producer
+/// warp (128 weight rows) or warpgroup (256: setmaxnreg moves registers by warpgroup).
+pub(super) fn wgmma_tma_block(bn: usize) -> u32 {
+    GEMM_BLOCK + if bn == WGMMA_W256_BN { 128 } else { 32 }
+}
+
 const GEMM_NAMES: [[&str; 4]; 2] = [
     [
         "moe_gemm_f16_m1",
@@ -215,6 +228,12 @@ fn no_tile(mt: usize, wgmma: bool) -> Error {
     ))
 }
 
+fn no_map() -> Error {
+    Error::InvalidArgument(
+        "MoE grouped GEMM: the TMA wgmma tile without its weights' tensor map".into(),
+    )
+}
+
 /// The kernel of a wgmma shape (`shape.wgmma`): the 256-weight-row tile, the TMA, overlap or
 /// drained kernels of the 128-weight-row tiles. `w_map`: the weights' tensor map is there.
 pub(super) fn wgmma_name(shape: &GemmShape, t: usize, w_map: bool) -> Result<&'static str> {
@@ -225,9 +244,10 @@ pub(super) fn wgmma_name(shape: &GemmShape, t: usize, w_map: bool) -> Result<&'s
             other => return Err(no_tile(other, true)),
         };
         if shape.wgmma_tma {
-            return Err(Error::InvalidArgument(
-                "MoE grouped GEMM: no TMA kernel of the 256-weight-row wgmma tile".into(),
-            ));
+            if !w_map {
+                return Err(no_map());
+            }
+            return Ok(GEMM_WGMMA_X256_TMA_NAMES[t][mt]);
         }
         return Ok(GEMM_WGMMA_X256_NAMES[t][usize::from(shape.wgmma_overlap)][mt]);
     }
@@ -245,9 +265,7 @@ pub(super) fn wgmma_name(shape: &GemmShape, t: usize, w_map: bool) -> Result<&'s
     };
     let names = if shape.wgmma_tma {
         if !w_map {
-            return Err(Error::InvalidArgument(
-                "MoE grouped GEMM: the TMA wgmma tile without its weights' tensor map".into(),
-            ));
+            return Err(no_map());
         }
         &GEMM_WGMMA_TMA_NAMES
     } else if shape.wgmma_overlap {
@@ -769,13 +787,12 @@ impl Launcher {
         let f = kernels::function(d, source, name)?;
         let grid = u32_of(shape.grid(), "GEMM blocks")?;
         let shared = gemm_shared_bytes(shape.mt, shape.bn, shape.wgmma);
-        // The TMA tile's producer warp comes after the two consumer warpgroups.
-        let block = GEMM_BLOCK
-            + if shape.wgmma && shape.wgmma_tma {
-                32
-            } else {
-                0
-            };
+        // The TMA tile's producer warp (warpgroup) comes after the two consumer warpgroups.
+        let block = if shape.wgmma && shape.wgmma_tma {
+            wgmma_tma_block(shape.bn)
+        } else {
+            GEMM_BLOCK
+        };
         let mut params = [&mut p as *mut GemmParams as *mut c_void];
         // SAFETY: moe_gemm_T_mMT(MoeGemm p): GemmParams is MoeGemm's C layout; `a` holds the
         // rows the work list names (row indices from the dispatch; `subtiles` · 16·mt = the

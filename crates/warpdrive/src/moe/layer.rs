@@ -231,7 +231,11 @@ impl<T: Float> MoeLayer<T> {
     /// load the gathered gate/up token rows themselves by cp.async two stages ahead; same
     /// tiles, shared memory, blocks per SM and work list) or keeps the `w` / `o` kernels
     /// (`Some(false)`); `None` (the default) takes it per projection where one tile holds an
-    /// expert's rows, 2 of them or more (issue 40). No effect where the tiles do not run on
+    /// expert's rows, 2 of them or more (issue 40). The 256-weight-row tile
+    /// ([`MoeLayer::set_wgmma_w256`]) takes its own warp-specialized kernel only with
+    /// `Some(true)`: a producer warpgroup (setmaxnreg: 56 registers a thread there, 224 in the
+    /// consumers) issues its two weight boxes a stage and act's boxes, or loads the gathered
+    /// rows itself; the consumers only multiply. No effect where the tiles do not run on
     /// wgmma. Drops the captured graphs.
     pub fn set_wgmma_tma(&mut self, choice: Option<bool>) {
         if choice != self.wgmma_tma {
@@ -243,7 +247,8 @@ impl<T: Float> MoeLayer<T> {
     /// Forces the 256-weight-row wgmma tile onto `choice.on`'s projections (`choice.rows`
     /// token rows × 256 weight rows where the others take 128: each warpgroup issues two m64
     /// MMAs a k16 step over the same token rows; 4 stages of 176 or 192 KB, one block per SM;
-    /// the `w` / `o` kernels by the overlap choice, never the TMA kernel; issue 40), whatever
+    /// the `w` / `o` kernels by the overlap choice, its warp-specialized one only where
+    /// [`MoeLayer::set_wgmma_tma`] forces it on; issue 40), whatever
     /// the wide choice; the other projection keeps the plan's tile, changed where needed so
     /// that one work list serves both (see [`WgmmaW256::on`]; `WgmmaWide::Neither` keeps it
     /// off). `None` (the default): on both projections at 128 token rows where an expert gets

@@ -34,7 +34,8 @@ pub(super) struct Gpu {
     pub(super) wgmma_wide: Option<WgmmaWide>,
     /// The wgmma tiles take the warp-specialized TMA kernels: forced on or off by
     /// [`MoeLayer::set_wgmma_tma`], else (None) per projection where one tile holds an
-    /// expert's rows ([`wgmma_tma_for`]); only with `wgmma`.
+    /// expert's rows ([`wgmma_tma_for`]); only with `wgmma`. The 256-weight-row tile takes
+    /// its own (`x256t`: a producer warpgroup) only where forced on.
     pub(super) wgmma_tma: Option<bool>,
     /// The projections forced onto the 256-weight-row wgmma tile ([`MoeLayer::set_wgmma_w256`];
     /// `WgmmaWide::Neither` keeps it off; `None`: the plan's choice, `wgmma_w256_for`); only
@@ -241,8 +242,12 @@ impl Plan {
                 ))
             };
             GemmShape {
-                // No TMA kernel of this tile.
-                wgmma_tma: shape.wgmma_tma && w256.is_none(),
+                // This tile's warp-specialized kernel (`x256t`) only where forced.
+                wgmma_tma: if w256.is_some() {
+                    shape.wgmma && wgmma_tma == Some(true)
+                } else {
+                    shape.wgmma_tma
+                },
                 items_fastest: order.unwrap_or(shape.items_fastest),
                 ..shape
             }

@@ -278,3 +278,75 @@ fn wgmma_w256_by_the_rows_an_expert_gets() -> Result<()> {
     assert!(!wgmma_w256_for(127) && wgmma_w256_for(128) && wgmma_w256_for(1 << 20));
     Ok(())
 }
+
+/// The tile's warp-specialized kernel (`x256t`: a producer warpgroup, 384 threads) only
+/// where the TMA kernels are forced on: with the tile forced or by the plan's rule, on each
+/// projection that takes the tile (the other keeps its `t` kernel where forced), same tiles,
+/// grid and shared memory; never unforced (deepseek-v3-slice at 4096, 128 rows an expert, is
+/// where the 128-row tiles' rule would pick TMA) nor forced off.
+#[test]
+fn wgmma_w256_tma_only_where_forced() -> Result<()> {
+    use super::launcher::wgmma_tma_block;
+    for name in PRESETS {
+        let c = MoeConfig::preset(name)?;
+        for tokens in TOKENS {
+            for w256 in [
+                None,
+                Some(WgmmaW256::new(WgmmaWide::Both, W256Rows::Rows128)),
+                Some(WgmmaW256::new(WgmmaWide::Down, W256Rows::Rows96)),
+            ] {
+                let gpu = |tma| Gpu {
+                    wgmma_tma: tma,
+                    wgmma_w256: w256,
+                    ..HOPPER
+                };
+                let base = Plan::new(&c, tokens, gpu(None));
+                let off = Plan::new(&c, tokens, gpu(Some(false)));
+                let on = Plan::new(&c, tokens, gpu(Some(true)));
+                let at = format!("{name} at {tokens}, {w256:?}");
+                for ((b, f), t) in [(&base.up, &off.up), (&base.down, &off.down)]
+                    .into_iter()
+                    .zip([&on.up, &on.down])
+                {
+                    assert_eq!((t.mt, t.bn, t.grid()), (b.mt, b.bn, b.grid()), "{at}");
+                    assert!(!f.wgmma_tma, "{at}");
+                    if b.bn != WGMMA_W256_BN {
+                        continue;
+                    }
+                    assert!(!b.wgmma_tma && t.wgmma_tma == t.wgmma, "{at}");
+                    if !t.wgmma {
+                        continue;
+                    }
+                    let m = t.mt;
+                    assert_eq!(
+                        wgmma_name(t, 1, true)?,
+                        format!("moe_gemm_bf16_m{m}x256t"),
+                        "{at}"
+                    );
+                    assert_eq!(
+                        wgmma_name(t, 0, true)?,
+                        format!("moe_gemm_f16_m{m}x256t"),
+                        "{at}"
+                    );
+                    // Without the weights' map: refused, not run.
+                    assert!(wgmma_name(t, 1, false).is_err(), "{at}");
+                    assert_eq!(gemm_blocks_per_sm(t.mt, t.bn), 1, "{at}");
+                }
+            }
+        }
+    }
+    let qwen3 = MoeConfig::preset("qwen3-30b-a3b")?;
+    let gpu = Gpu {
+        wgmma_tma: Some(true),
+        ..HOPPER
+    };
+    let p = Plan::new(&qwen3, 4096, gpu);
+    assert_eq!(wgmma_name(&p.up, 1, true)?, "moe_gemm_bf16_m8x256t");
+    assert_eq!(wgmma_name(&p.down, 1, true)?, "moe_gemm_bf16_m8x256t");
+    assert_eq!(gemm_shared_bytes(8, WGMMA_W256_BN, true), 197_632);
+    assert_eq!(
+        (wgmma_tma_block(WGMMA_W256_BN), wgmma_tma_block(GEMM_BN)),
+        (384, 288)
+    );
+    Ok(())
+}
