@@ -718,9 +718,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         handled += picks;
         ans_tail += outs;
         // The gap adapts to a lone message (a closed-loop client's); after several (a
-        // stream), a read's round trip, as the control-words-first read of 1a3403d
-        // waited: the next window holds more, and the producers' slots are not polled
-        // while they are being written.
+        // stream) there is none.
         gap = min(gap, read_rt);
         if (picks && probe == 1) {
             gap = gap > GAP_DOWN ? gap - GAP_DOWN : 0;
@@ -731,10 +729,10 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             ++gap_misses;
         }
         probe = answered && picks == 1 ? 1u : (!picks && probe == 1 ? 2u : 0u);
-        // No gap after a stream of half a full window or more: the loop is near its
-        // capacity, and a gap there only lets the inbox fill (bench/NOTES.md, the
-        // loaded round trip at 90%).
-        gap_until = t_answer + (picks == 1 ? gap : (2 * picks < wmax ? read_rt : 0));
+        // No gap after a stream: near capacity a gap only lets the inbox fill, and below
+        // it a request that came in the gap waits for it and the next read (at 50 % of a
+        // paced maximum, p99 24 µs; bench/NOTES.md, the loaded round trip).
+        gap_until = t_answer + (picks == 1 ? gap : 0);
         if (solo && lane == 0) {
             win[0] = next_window(w0, n0, wmin, wmax);
             head[0] += picks;
