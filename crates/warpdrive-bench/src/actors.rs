@@ -646,14 +646,8 @@ fn loaded(ctx: &mut Ctx, plan: &Plan, b32_p1: f64) -> Result<()> {
         a.activate()?;
         // This actor's maximum fed at full speed, then its inbox drained, then under a paced
         // load (a small run's short probes on a busy CPU prove little: there, the first).
-        let saturated = drive(
-            plan,
-            std::slice::from_ref(&a),
-            std::slice::from_ref(&a),
-            1,
-            None,
-            |_| Ok(()),
-        )?;
+        let one = std::slice::from_ref(&a);
+        let saturated = drive(plan, one, one, 1, None, |_| Ok(()))?;
         all_processed(&a, saturated.sent)?;
         let unpaced = median_rate(&saturated.ns);
         let (max, probed) = if full {
@@ -666,51 +660,44 @@ fn loaded(ctx: &mut Ctx, plan: &Plan, b32_p1: f64) -> Result<()> {
         let probe = a.clone();
         let rate = max * fraction;
         let mut depth_at_start = 0;
-        let driven = drive(
-            plan,
-            std::slice::from_ref(&a),
-            std::slice::from_ref(&a),
-            1,
-            Some(rate),
-            |halted| {
-                let deadline = Instant::now() + STEP_LIMIT;
-                // Messages waiting when the requests begin: near the inbox's capacity, the
-                // offered load is more than the loop handles while answering requests, and
-                // each request waits behind a full inbox.
-                let depth = probe.depth(0);
-                depth_at_start = depth;
-                // (At full scale only: a small run's short load on a busy CPU proves little.)
-                if full && depth as usize > CAPACITY / 2 {
-                    return Err(Error::Actor {
-                        actor: probe.name().into(),
-                        detail: format!(
-                            "{CASE}: the loop does not keep up with {rate:.0} msg/s: {depth} of \
+        let driven = drive(plan, one, one, 1, Some(rate), |halted| {
+            let deadline = Instant::now() + STEP_LIMIT;
+            // Messages waiting when the requests begin: near the inbox's capacity, the
+            // offered load is more than the loop handles while answering requests, and
+            // each request waits behind a full inbox.
+            let depth = probe.depth(0);
+            depth_at_start = depth;
+            // (At full scale only: a small run's short load on a busy CPU proves little.)
+            if full && depth as usize > CAPACITY / 2 {
+                return Err(Error::Actor {
+                    actor: probe.name().into(),
+                    detail: format!(
+                        "{CASE}: the loop does not keep up with {rate:.0} msg/s: {depth} of \
                              {CAPACITY} inbox slots full after {:?} of load ({})",
-                            plan.interval * (plan.intervals as u32 + 1),
-                            whereabouts(&probe)
-                        ),
-                    });
+                        plan.interval * (plan.intervals as u32 + 1),
+                        whereabouts(&probe)
+                    ),
+                });
+            }
+            for k in 0..trips as u32 {
+                // A producer that stopped has its error returned by `drive`.
+                if halted.load(Ordering::Relaxed) {
+                    return Ok(());
                 }
-                for k in 0..trips as u32 {
-                    // A producer that stopped has its error returned by `drive`.
-                    if halted.load(Ordering::Relaxed) {
-                        return Ok(());
-                    }
-                    before(deadline, || {
-                        format!(
-                            "{SUITE} {CASE}: {trips} round trips under {rate:.0} msg/s ({k} done; \
+                before(deadline, || {
+                    format!(
+                        "{SUITE} {CASE}: {trips} round trips under {rate:.0} msg/s ({k} done; \
                              {depth} messages waited when they began, of {CAPACITY}; {})",
-                            whereabouts(&probe)
-                        )
-                    })?;
-                    let m = message::<Msg64>(k, true);
-                    let t = Instant::now();
-                    check(&probe.request(&m, 0, WAIT)?, k)?;
-                    us.push(t.elapsed().as_secs_f64() * 1e6);
-                }
-                Ok(())
-            },
-        )?;
+                        whereabouts(&probe)
+                    )
+                })?;
+                let m = message::<Msg64>(k, true);
+                let t = Instant::now();
+                check(&probe.request(&m, 0, WAIT)?, k)?;
+                us.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+            Ok(())
+        })?;
         // Every message the producer sent and every request handled: none lost.
         all_processed(&a, saturated.sent + probed + driven.sent + us.len() as u64)?;
         system.terminate()?;

@@ -729,9 +729,8 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             ++gap_misses;
         }
         probe = answered && picks == 1 ? 1u : (!picks && probe == 1 ? 2u : 0u);
-        // No gap after a stream: near capacity a gap only lets the inbox fill, and below
-        // it a request that came in the gap waits for it and the next read (at 50 % of a
-        // paced maximum, p99 24 µs; bench/NOTES.md, the loaded round trip).
+        // No gap after a stream: near capacity a gap only lets the inbox fill; below it,
+        // the loaded round trip's tail measured the same without one (bench/NOTES.md).
         gap_until = t_answer + (picks == 1 ? gap : 0);
         if (solo && lane == 0) {
             win[0] = next_window(w0, n0, wmin, wmax);

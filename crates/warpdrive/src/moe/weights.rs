@@ -65,7 +65,11 @@ impl HostWeights {
     }
 }
 
-/// Seed offsets of the tensors of a random init (so they differ from each other).
+/// Seed offsets of the tensors of a random init (so they differ from each other). The router
+/// weight `gate.weight` [E, H] of `MoeWeights::Random { seed }` has element `i` =
+/// `random_value(seed ^ SEED_GATE, i, s)` with `s` = √(3 / H), rounded to the layer's dtype
+/// (public: `bench/peers/moe.py` recomputes it).
+pub const SEED_GATE: u64 = 0x6761_7465;
 pub(crate) const SEED_W13: u64 = 0x7731_3300;
 pub(crate) const SEED_W2: u64 = 0x7732_0000;
 
@@ -81,11 +85,6 @@ fn mix64(mut z: u64) -> u64 {
 pub fn random_bits(seed: u64, i: u64) -> u64 {
     mix64(seed ^ mix64(i.wrapping_add(0x9e37_79b9_7f4a_7c15)))
 }
-
-/// The seed of the router weight `gate.weight` [E, H] of a layer of
-/// `MoeWeights::Random { seed }`: element `i` is `random_value(seed ^ SEED_GATE, i, s)` with
-/// `s` = √(3 / H), rounded to the layer's dtype.
-pub const SEED_GATE: u64 = 0x6761_7465;
 
 /// Element `i` of a random tensor: uniform in [-scale, scale) from 24 random bits (exact in
 /// f32). `moe_random` in `kernels/moe.cu` computes the same bits.
