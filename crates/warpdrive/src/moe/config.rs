@@ -163,10 +163,26 @@ pub(super) fn wgmma_tma_for(rows_per_expert: usize, mt: usize, forced: Option<bo
 }
 
 /// Whether a wgmma tile `k_split` deep per block takes the overlap kernel: `forced` when the
-/// layer forces it, else [`WGMMA_OVERLAP_MIN_DEPTH`].
-pub(super) fn wgmma_overlap_for(k_split: usize, forced: Option<bool>) -> bool {
-    forced.unwrap_or(k_split >= WGMMA_OVERLAP_MIN_DEPTH)
+/// layer forces it, else from [`WGMMA_OVERLAP_MIN_DEPTH`], or on the 256-weight-row tile
+/// (`w256`) where an expert gets [`WGMMA_W256_OVERLAP_MIN_ROWS`] rows or more.
+pub(super) fn wgmma_overlap_for(
+    k_split: usize,
+    w256: bool,
+    rows_per_expert: usize,
+    forced: Option<bool>,
+) -> bool {
+    forced.unwrap_or(
+        k_split >= WGMMA_OVERLAP_MIN_DEPTH
+            || (w256 && rows_per_expert >= WGMMA_W256_OVERLAP_MIN_ROWS),
+    )
 }
+
+/// The least rows an expert gets at which the 256-weight-row tile takes the overlap kernel
+/// at any depth: an expert's rows take two tiles or more, so a block's next tile is another
+/// row tile of the same weights. On an H100 it took 2.5-3.7 % off qwen3 at 4096 tokens (256
+/// rows, 2048 deep: 885-892 against 915-920 µs) and added 2 % at 128 rows (qwen3 at 2048)
+/// (bench/NOTES.md, the 256-weight-row tile and the grid order; sixteenth session).
+pub(super) const WGMMA_W256_OVERLAP_MIN_ROWS: usize = 256;
 
 /// The least tokens at which a pass takes the prefill router unless the layer forces a
 /// choice ([`MoeLayer::set_prefill_router`]): the logits through cuBLAS, a routing kernel of

@@ -198,7 +198,8 @@ impl<T: Float> MoeLayer<T> {
     /// MMAs in flight across 64-k stages, loads 2 stages ahead instead of 3; same tiles,
     /// shared memory and work list) or onto the kernel that drains the MMAs every stage
     /// (`Some(false)`); `None` (the default) lets the plan pick per projection: the overlap
-    /// kernel where a block runs at least 2560 deep (issue 40). No effect where the tiles do
+    /// kernel where a block runs at least 2560 deep, or on the 256-weight-row tile where an
+    /// expert gets 256 rows or more (issue 40). No effect where the tiles do
     /// not run on wgmma. Drops the captured graphs.
     pub fn set_wgmma_overlap(&mut self, choice: Option<bool>) {
         if choice != self.wgmma_overlap {

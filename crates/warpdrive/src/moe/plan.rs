@@ -26,7 +26,7 @@ pub(super) struct Gpu {
     pub(super) wgmma: bool,
     /// The wgmma tiles keep one group of MMAs in flight across stages (the `o` kernels):
     /// forced on or off by [`MoeLayer::set_wgmma_overlap`], else (None) per projection by its
-    /// depth ([`wgmma_overlap_for`]); only with `wgmma`.
+    /// depth and tile ([`wgmma_overlap_for`]); only with `wgmma`.
     pub(super) wgmma_overlap: Option<bool>,
     /// Which projections' wgmma tiles take the wide tile (192 token rows, one block per SM):
     /// `Some` where [`MoeLayer::set_wgmma_wide`] forces it, `None` for the plan's choice by
@@ -216,10 +216,11 @@ impl Plan {
         // 64: a narrower GEMM takes each item as `subtiles` tiles of its own).
         let bm = 16 * up_mt.max(down_mt);
         let items = active + slots / bm;
-        // The overlap kernel per projection, from its depth per block unless forced.
-        let on_wgmma = |shape: GemmShape| GemmShape {
+        // The overlap kernel per projection, from its depth per block and tile unless forced.
+        let on_wgmma = |shape: GemmShape, w256: bool| GemmShape {
             wgmma,
-            wgmma_overlap: wgmma && wgmma_overlap_for(shape.k_split, wgmma_overlap),
+            wgmma_overlap: wgmma
+                && wgmma_overlap_for(shape.k_split, w256, rows_per_expert, wgmma_overlap),
             wgmma_tma: wgmma && wgmma_tma_for(rows_per_expert, shape.mt, wgmma_tma),
             ..shape
         };
@@ -232,14 +233,10 @@ impl Plan {
             };
             let shape = GemmShape {
                 subtiles,
-                ..on_wgmma(GemmShape::new(
-                    n,
-                    k,
-                    (mt, bn),
-                    (items * subtiles, active),
-                    256,
-                    sms,
-                ))
+                ..on_wgmma(
+                    GemmShape::new(n, k, (mt, bn), (items * subtiles, active), 256, sms),
+                    w256.is_some(),
+                )
             };
             GemmShape {
                 // This tile's warp-specialized kernel (`x256t`) only where forced.

@@ -3,7 +3,8 @@ use crate::error::{Error, Result};
 use super::config::{
     auto_takes_cublas, prefill_router_for, wgmma_overlap_for, wgmma_wide_for, DecodeShape,
     GemmShape, MoeConfig, Router, W256Rows, WgmmaW256, WgmmaWide, GRAPH_MAX_TOKENS,
-    PREFILL_ROUTER_MIN_TOKENS, PRESETS, WGMMA_OVERLAP_MIN_DEPTH,
+    PREFILL_ROUTER_MIN_TOKENS, PRESETS, WGMMA_OVERLAP_MIN_DEPTH, WGMMA_W256_BN,
+    WGMMA_W256_OVERLAP_MIN_ROWS,
 };
 use super::plan::{Gpu, Plan};
 
@@ -147,11 +148,12 @@ fn wgmma_overlap_only_on_the_wgmma_tiles() -> Result<()> {
 /// By default the overlap kernel goes to the projections whose blocks run at least
 /// `WGMMA_OVERLAP_MIN_DEPTH` deep: at 4096 tokens (one split everywhere) every projection of
 /// gpt-oss and mixtral and deepseek's gate/up (the presets the H100 measured faster with it),
-/// neither of qwen3's (slower), nor deepseek's 256-deep down projection.
+/// not deepseek's 256-deep down projection; and to the 256-weight-row tile where an expert
+/// gets 256 rows or more: both of qwen3's (2048 deep at most) at 4096 tokens.
 #[test]
 fn wgmma_overlap_by_default_where_the_blocks_run_deep() -> Result<()> {
     let expect = [
-        ("qwen3-30b-a3b", false, false),
+        ("qwen3-30b-a3b", true, true),
         ("deepseek-v3-slice", true, false),
         ("gpt-oss-120b", true, true),
         ("mixtral-8x7b", true, true),
@@ -166,13 +168,17 @@ fn wgmma_overlap_by_default_where_the_blocks_run_deep() -> Result<()> {
             "{name}"
         );
     }
-    // The rule reads each block's depth: split K makes the blocks shallower.
+    // The rule reads each block's depth (split K makes the blocks shallower) and, on the
+    // 256-weight-row tile, the rows an expert gets.
     for name in PRESETS {
         let c = MoeConfig::preset(name)?;
         for tokens in [1, 16, 64, 256, 1024, 4096] {
             let p = Plan::new(&c, tokens, HOPPER);
+            let slots = tokens * c.top_k;
+            let many_rows = slots.div_ceil(c.experts.min(slots)) >= WGMMA_W256_OVERLAP_MIN_ROWS;
             for g in [p.up, p.down] {
-                let want = g.wgmma && g.k_split >= WGMMA_OVERLAP_MIN_DEPTH;
+                let w256 = g.bn == WGMMA_W256_BN;
+                let want = g.wgmma && (g.k_split >= WGMMA_OVERLAP_MIN_DEPTH || (w256 && many_rows));
                 assert_eq!(g.wgmma_overlap, want, "{name} at {tokens}: {g:?}");
             }
         }
@@ -199,10 +205,16 @@ fn wgmma_overlap_by_default_where_the_blocks_run_deep() -> Result<()> {
             p.down
         );
     }
-    assert!(!wgmma_overlap_for(WGMMA_OVERLAP_MIN_DEPTH - 32, None));
-    assert!(wgmma_overlap_for(WGMMA_OVERLAP_MIN_DEPTH, None));
-    assert!(wgmma_overlap_for(64, Some(true)));
-    assert!(!wgmma_overlap_for(1 << 20, Some(false)));
+    let shallow = WGMMA_OVERLAP_MIN_DEPTH - 32;
+    assert!(!wgmma_overlap_for(shallow, false, 1 << 20, None));
+    assert!(wgmma_overlap_for(WGMMA_OVERLAP_MIN_DEPTH, false, 1, None));
+    // The 256-weight-row tile from its row threshold, at any depth.
+    let rows = WGMMA_W256_OVERLAP_MIN_ROWS;
+    assert!(!wgmma_overlap_for(shallow, true, rows - 1, None));
+    assert!(wgmma_overlap_for(shallow, true, rows, None));
+    assert!(!wgmma_overlap_for(shallow, true, rows, Some(false)));
+    assert!(wgmma_overlap_for(64, false, 1, Some(true)));
+    assert!(!wgmma_overlap_for(1 << 20, true, 1 << 20, Some(false)));
     Ok(())
 }
 
@@ -310,7 +322,8 @@ fn wgmma_wide_is_chosen_by_the_rows_it_pads() -> Result<()> {
 /// for the four presets at 1024 and 4096 tokens on an H100 / H200, pinned: none moves
 /// without a GPU run. These are the H100's of 2026-11-27 (the wide tile by the rows it pads,
 /// the TMA tile where one tile holds an expert's rows, the 256-weight-row tile from 128 rows
-/// an expert, item by item where an expert's tiles fit one wave; bench/NOTES.md).
+/// an expert, item by item where an expert's tiles fit one wave, the overlap kernel on that
+/// tile from 256 rows an expert; bench/NOTES.md).
 #[test]
 fn the_default_plans_are_the_measured_ones() -> Result<()> {
     type G = (usize, usize, usize, usize, bool, bool, bool, bool);
@@ -330,7 +343,7 @@ fn the_default_plans_are_the_measured_ones() -> Result<()> {
     #[rustfmt::skip]
     let main: [(&str, usize, usize, G, G, usize); 8] = [
         ("qwen3-30b-a3b", 1024, 96, (6, 213, 1, 2048, false, true, false, true), (6, 213, 1, 768, false, true, false, true), 0),
-        ("qwen3-30b-a3b", 4096, 128, (8, 384, 1, 2048, false, true, false, false), (8, 384, 1, 768, false, true, false, false), 0),
+        ("qwen3-30b-a3b", 4096, 128, (8, 384, 1, 2048, false, true, true, false), (8, 384, 1, 768, false, true, true, false), 0),
         ("deepseek-v3-slice", 1024, 64, (4, 384, 1, 7168, false, true, true, true), (4, 384, 1, 256, false, true, false, true), 0),
         ("deepseek-v3-slice", 4096, 128, (8, 512, 1, 7168, false, true, true, false), (8, 512, 1, 256, false, true, false, false), 0),
         ("gpt-oss-120b", 1024, 64, (4, 192, 1, 2880, false, true, true, true), (4, 192, 1, 2880, false, true, true, true), 0),

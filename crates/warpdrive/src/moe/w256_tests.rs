@@ -7,6 +7,7 @@ use crate::error::Result;
 use super::config::{
     gemm_blocks_per_sm, gemm_shared_bytes, wgmma_w256_for, GemmShape, MoeConfig, W256Rows,
     WgmmaW256, WgmmaWide, GEMM_BN, PRESETS, WGMMA_OVERLAP_MIN_DEPTH, WGMMA_W256_BN,
+    WGMMA_W256_OVERLAP_MIN_ROWS,
 };
 use super::launcher::wgmma_name;
 use super::plan::{w256_mts, Gpu, Plan};
@@ -23,15 +24,22 @@ fn forced(on: WgmmaWide, rows: W256Rows) -> Gpu {
 
 /// A GEMM on the 256-weight-row tile: its kernel (bf16 and f16, drained or overlapped by the
 /// overlap rule, never TMA), 256 columns a block, one block per SM, its shared memory, grid,
-/// and item by item where an expert's tiles (of `experts` busy) fit one wave of 132 blocks.
-fn assert_w256(s: &GemmShape, rows: W256Rows, experts: usize, at: &str) -> Result<()> {
+/// and item by item where an expert's tiles (of `experts` busy, `slots` rows in all) fit one
+/// wave of 132 blocks.
+fn assert_w256(
+    s: &GemmShape,
+    rows: W256Rows,
+    (experts, slots): (usize, usize),
+    at: &str,
+) -> Result<()> {
     assert!(s.wgmma && !s.wgmma_tma, "{at}: {s:?}");
     assert_eq!((s.mt, s.bn), (rows.mt(), WGMMA_W256_BN), "{at}");
     let wave = s.items.div_ceil(experts) * s.n_blocks() * s.splits;
     assert_eq!(s.items_fastest, wave > 132, "{at}: {wave} tiles an expert");
     assert_eq!(
         s.wgmma_overlap,
-        s.k_split >= WGMMA_OVERLAP_MIN_DEPTH,
+        s.k_split >= WGMMA_OVERLAP_MIN_DEPTH
+            || slots.div_ceil(experts) >= WGMMA_W256_OVERLAP_MIN_ROWS,
         "{at}"
     );
     assert_eq!(gemm_blocks_per_sm(s.mt, s.bn), 1, "{at}");
@@ -69,8 +77,8 @@ fn wgmma_w256_forced_on_both_projections() -> Result<()> {
                     continue;
                 }
                 let experts = c.experts.min(tokens * c.top_k);
-                assert_w256(&p.up, rows, experts, &at)?;
-                assert_w256(&p.down, rows, experts, &at)?;
+                assert_w256(&p.up, rows, (experts, tokens * c.top_k), &at)?;
+                assert_w256(&p.down, rows, (experts, tokens * c.top_k), &at)?;
                 assert_eq!(p.bm, 16 * rows.mt(), "{at}");
                 let slots = tokens * c.top_k;
                 assert_eq!(p.items, c.experts.min(slots) + slots / p.bm, "{at}");
@@ -149,7 +157,8 @@ fn wgmma_w256_forced_per_projection() -> Result<()> {
                     } else {
                         (&p.down, &p.up, &base.up)
                     };
-                    assert_w256(w, rows, c.experts.min(tokens * c.top_k), &at)?;
+                    let slots = tokens * c.top_k;
+                    assert_w256(w, rows, (c.experts.min(slots), slots), &at)?;
                     assert_eq!(other.bn, GEMM_BN, "{at}");
                     let want = w256_mts(WgmmaW256::new(on, rows), base.up.mt, base.down.mt);
                     assert_eq!((p.up.mt, p.down.mt), want, "{at}");
@@ -263,8 +272,9 @@ fn wgmma_w256_by_the_rows_an_expert_gets() -> Result<()> {
             let rows = slots.div_ceil(c.experts.min(slots));
             let at = format!("{name} at {tokens}: {rows} rows an expert");
             if rows >= 128 && off.up.wgmma {
-                assert_w256(&p.up, W256Rows::Rows128, c.experts.min(slots), &at)?;
-                assert_w256(&p.down, W256Rows::Rows128, c.experts.min(slots), &at)?;
+                let busy = (c.experts.min(slots), slots);
+                assert_w256(&p.up, W256Rows::Rows128, busy, &at)?;
+                assert_w256(&p.down, W256Rows::Rows128, busy, &at)?;
             } else {
                 assert_eq!(
                     (p.up.bn, p.down.bn, p.bm),
