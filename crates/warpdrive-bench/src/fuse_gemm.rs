@@ -181,8 +181,9 @@ pub(crate) fn run_cases(ctx: &mut Ctx, warmup: usize, reps: usize) -> Result<()>
 /// blocks' inputs into L2 before they wait), over the product's chunks in reverse (the rows
 /// the GEMM wrote last first, from L2), and cuBLAS's plain GEMM with the bias in the kernel
 /// (`plain-gemm`, torch.compile's split). Each plan's output on `a2`, right after timed runs
-/// on `a`, is checked against the default path's (bitwise for the cuBLASLt plans: the same
-/// GEMM and kernel arithmetic; within bf16 rounding of the product for `plain-gemm`).
+/// on `a`, is checked against the default path's (within a bf16 ulp for the cuBLASLt plans:
+/// the same GEMM and kernel arithmetic, expected bitwise; within bf16 rounding of the product
+/// for `plain-gemm`); a mismatch fails the suite.
 fn plans(
     ctx: &mut Ctx,
     stream: &Stream,
@@ -230,16 +231,22 @@ fn plans(
         let got = out.to_host(stream)?;
         let mut worst = 0.0f64;
         let mut wrong = 0usize;
+        let mut inexact = 0usize;
         for (g, w) in got.iter().zip(&want) {
             let (g, w) = (g.to_f64(), w.to_f64());
             let diff = (g - w).abs();
             // The plain GEMM rounds the product to bf16 before the bias (cuBLASLt adds it to
             // the f32 accumulator): a few bf16 ulps of the terms after GELU and the residual.
+            // The cuBLASLt plans run the same arithmetic in another kernel build: one bf16 ulp
+            // at most (a product read before the GEMM wrote it is off by O(1)).
             let bound = if plan.plain_gemm {
                 4.0 * 2f64.powi(-8) * (w.abs() + 1.0)
             } else {
-                0.0
+                2f64.powi(-7) * w.abs()
             };
+            if diff != 0.0 {
+                inexact += 1;
+            }
             if diff.is_nan() || diff > bound {
                 wrong += 1;
             }
@@ -263,6 +270,8 @@ fn plans(
         )?;
         row.extra.insert("kernels".into(), 2.into());
         row.extra.insert("max_diff_vs_default".into(), worst.into());
+        row.extra
+            .insert("elements_not_bitwise_default".into(), inexact.into());
         row.extra.insert(
             "plan".into(),
             format!(
