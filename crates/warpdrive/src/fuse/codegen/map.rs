@@ -36,14 +36,18 @@ pub(super) fn map_kernel(
     let _ = writeln!(s, "    constexpr int W = {w};");
     let _ = writeln!(s, "    const u64 stride = (u64)gridDim.x * blockDim.x;");
     // The block's place in the order: reversed, block 0 (dispatched first) takes the last
-    // chunk.
+    // chunk. In order, the source is the one before schedules existed, byte for byte.
     let bx = if schedule.reverse {
-        "(u64)(gridDim.x - 1 - blockIdx.x)"
+        let _ = writeln!(s, "    const u64 bx = (u64)(gridDim.x - 1 - blockIdx.x);");
+        let _ = writeln!(s, "    const u64 tid = bx * blockDim.x + threadIdx.x;");
+        "bx"
     } else {
-        "(u64)blockIdx.x"
+        let _ = writeln!(
+            s,
+            "    const u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;"
+        );
+        "blockIdx.x"
     };
-    let _ = writeln!(s, "    const u64 bx = {bx};");
-    let _ = writeln!(s, "    const u64 tid = bx * blockDim.x + threadIdx.x;");
     let _ = writeln!(s, "    (void)cols;");
     if schedule.programmatic {
         if schedule.prefetch {
@@ -55,7 +59,7 @@ pub(super) fn map_kernel(
             let _ = writeln!(s, "        for (int u = 0; u < {u}; ++u) {{");
             let _ = writeln!(
                 s,
-                "            const u64 v = bx * {u} * (u64)blockDim.x + threadIdx.x + u * (u64)blockDim.x;"
+                "            const u64 v = (u64){bx} * {u} * blockDim.x + threadIdx.x + u * (u64)blockDim.x;"
             );
             let _ = writeln!(s, "            if (v < vecs) {{");
             for (i, x) in prog.inputs.iter().enumerate() {
@@ -81,7 +85,7 @@ pub(super) fn map_kernel(
     let _ = writeln!(s, "        const u64 chunk = (u64)blockDim.x * {u};");
     let _ = writeln!(
         s,
-        "        for (u64 i = bx * chunk + threadIdx.x; i < vecs; i += (u64)gridDim.x * chunk) {{"
+        "        for (u64 i = {bx} * chunk + threadIdx.x; i < vecs; i += (u64)gridDim.x * chunk) {{"
     );
     let _ = writeln!(
         s,
