@@ -10,6 +10,7 @@ mod common;
 
 use common::{device_test, nan, poisoned, random_in, rng, seed, TestFloat};
 use half::{bf16, f16};
+use warpdrive::exec::Graph;
 use warpdrive::fuse::{
     matmul_epilogue, matmul_epilogue_with, Epilogue, EpiloguePlan, Expr, Schedule,
 };
@@ -148,6 +149,63 @@ device_test!(epilogue_plans, gpu_epilogue_plans, |dev| {
         }
     }
 });
+
+// A captured graph of the epilogue plans (the programmatic epilogue kernel becomes a
+// programmatic edge from the GEMM's node) replays what eager execution computes, into a
+// NaN-poisoned output, with new left operands written between replays.
+device_test!(
+    epilogue_plans_in_a_graph,
+    gpu_epilogue_plans_in_a_graph,
+    |dev| {
+        let s = dev.new_stream().unwrap();
+        let mut r = rng(seed("epilogue_plans_in_a_graph"));
+        let (m, n, k) = (300, 264, 40);
+        let bv: Vec<bf16> = random_in(&mut r, k * n, -1.0, 1.0);
+        let biasv: Vec<bf16> = random_in(&mut r, n, -1.0, 1.0);
+        let resv: Vec<bf16> = random_in(&mut r, m * n, -1.0, 1.0);
+        let b = Buffer::from_host(&s, &bv).unwrap();
+        let bias = Buffer::from_host(&s, &biasv).unwrap();
+        let res = Buffer::from_host(&s, &resv).unwrap();
+        let epi = Epilogue::bias(&bias, Activation::GeluTanh).with_residual(&res);
+        let sched = Schedule {
+            reverse: true,
+            programmatic: true,
+            prefetch: true,
+        };
+        for plain_gemm in [false, true] {
+            let plan = EpiloguePlan {
+                plain_gemm,
+                schedule: sched,
+            };
+            let a = poisoned::<bf16>(&s, m * k, bf16::ZERO);
+            let mut out = poisoned::<bf16>(&s, m * n, nan());
+            let mut want = poisoned::<bf16>(&s, m * n, nan());
+            // Once before the capture: kernels load, the pool holds the blocks it will hand out.
+            matmul_epilogue_with(&s, &a, &b, (m, n, k), &epi, &mut out, plan).unwrap();
+            s.synchronize().unwrap();
+            let mut state = (a, out);
+            let mut graph = Graph::capture_with(&s, &mut state, |s, (a, out)| {
+                matmul_epilogue_with(s, a, &b, (m, n, k), &epi, out, plan)
+            })
+            .unwrap();
+            for round in 0..3 {
+                let av: Vec<bf16> = random_in(&mut r, m * k, -1.0, 1.0);
+                // The graph replays on the buffers it captured: write the new operand there.
+                let fresh = Buffer::from_host(&s, &av).unwrap();
+                warpdrive::ops::copy(&s, &fresh, &mut state.0).unwrap();
+                warpdrive::ops::fill(&s, &mut state.1, nan::<bf16>()).unwrap();
+                graph.launch_with(&mut state).unwrap();
+                matmul_epilogue_with(&s, &fresh, &b, (m, n, k), &epi, &mut want, plan).unwrap();
+                let (got, eager) = (state.1.to_host(&s).unwrap(), want.to_host(&s).unwrap());
+                assert!(
+                got.iter().zip(&eager).all(|(g, w)| g.to_bits() == w.to_bits()),
+                "plain_gemm={plain_gemm} round {round}: the replay differs from eager execution"
+            );
+                assert!(got.iter().all(|g| !g.is_nan()), "round {round}");
+            }
+        }
+    }
+);
 
 // A schedule is for elementwise expressions: one for a reduction is refused (on both
 // backends alike, checked before any launch); the default schedule is plain `eval_into`.
