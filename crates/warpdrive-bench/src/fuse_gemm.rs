@@ -20,8 +20,12 @@ use half::bf16;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+use warpdrive::device::Stream;
+use warpdrive::error::Error;
 use warpdrive::error::Result;
-use warpdrive::fuse::{matmul_epilogue, Epilogue, Expr};
+use warpdrive::fuse::{
+    matmul_epilogue, matmul_epilogue_with, Epilogue, EpiloguePlan, Expr, Schedule,
+};
 use warpdrive::memory::Buffer;
 use warpdrive::ops::{self, Activation, BinaryOp, Map};
 
@@ -54,6 +58,9 @@ pub(crate) fn run_cases(ctx: &mut Ctx, warmup: usize, reps: usize) -> Result<()>
     let b = Buffer::from_host(&stream, &random(d * d, 0x6e2, s))?;
     let bias = Buffer::from_host(&stream, &random(d, 0x6e3, 1.0))?;
     let r = Buffer::from_host(&stream, &random(d * d, 0x6e4, 1.0))?;
+    // Another left operand: the plans' outputs are checked on it right after a timed run on
+    // `a`, so a kernel reading the product before the GEMM wrote it would read a's.
+    let a2 = Buffer::from_host(&stream, &random(d * d, 0x6e5, 1.0))?;
     let mut c = Buffer::<bf16>::uninit(&stream, d * d)?;
     let mut t = Buffer::<bf16>::uninit(&stream, d * d)?;
     let mut out = Buffer::<bf16>::uninit(&stream, d * d)?;
@@ -142,6 +149,9 @@ pub(crate) fn run_cases(ctx: &mut Ctx, warmup: usize, reps: usize) -> Result<()>
             }
             .into(),
         );
+        if residual {
+            plans(ctx, &stream, (warmup, reps), (&a, &a2, &b), &epi, &mut out)?;
+        }
         let mut us = time_gpu(&stream, warmup, reps, |s| {
             ops::gemm::matmul(s, &a, &b, &mut c, (d, d, d))?;
             (Expr::matrix(&c, d, d) + &bias).eval_into(s, &mut t)?;
@@ -162,6 +172,121 @@ pub(crate) fn run_cases(ctx: &mut Ctx, warmup: usize, reps: usize) -> Result<()>
         )?;
         row.extra
             .insert("kernels".into(), (if residual { 4 } else { 3 }).into());
+    }
+    Ok(())
+}
+
+/// The residual case's plans beside the default (`fuse::EpiloguePlan`), one row each: the
+/// epilogue kernel as a programmatic dependent launch of the GEMM (`pdl`; `prefetch`: its
+/// blocks' inputs into L2 before they wait), over the product's chunks in reverse (the rows
+/// the GEMM wrote last first, from L2), and cuBLAS's plain GEMM with the bias in the kernel
+/// (`plain-gemm`, torch.compile's split). Each plan's output on `a2`, right after timed runs
+/// on `a`, is checked against the default path's (within a bf16 ulp for the cuBLASLt plans:
+/// the same GEMM and kernel arithmetic, expected bitwise; within bf16 rounding of the product
+/// for `plain-gemm`); a mismatch fails the suite.
+fn plans(
+    ctx: &mut Ctx,
+    stream: &Stream,
+    (warmup, reps): (usize, usize),
+    (a, a2, b): (&Buffer<bf16>, &Buffer<bf16>, &Buffer<bf16>),
+    epi: &Epilogue<'_, bf16>,
+    out: &mut Buffer<bf16>,
+) -> Result<()> {
+    let d = dim(ctx.scale());
+    let flops = 2.0 * (d as f64).powi(3);
+    matmul_epilogue(stream, a2, b, (d, d, d), epi, out)?;
+    let want = out.to_host(stream)?;
+    let sched = |reverse, programmatic, prefetch| Schedule {
+        reverse,
+        programmatic,
+        prefetch,
+    };
+    let lt = |schedule| EpiloguePlan {
+        plain_gemm: false,
+        schedule,
+    };
+    let plain = |schedule| EpiloguePlan {
+        plain_gemm: true,
+        schedule,
+    };
+    for (variant, plan) in [
+        ("warpdrive-pdl", lt(sched(false, true, false))),
+        ("warpdrive-pdl-prefetch", lt(sched(false, true, true))),
+        ("warpdrive-reverse", lt(sched(true, false, false))),
+        ("warpdrive-pdl-reverse", lt(sched(true, true, false))),
+        (
+            "warpdrive-pdl-reverse-prefetch",
+            lt(sched(true, true, true)),
+        ),
+        ("warpdrive-plain-gemm", plain(sched(false, false, false))),
+        (
+            "warpdrive-plain-gemm-pdl-reverse",
+            plain(sched(true, true, false)),
+        ),
+    ] {
+        let mut us = time_gpu(stream, warmup, reps, |s| {
+            matmul_epilogue_with(s, a, b, (d, d, d), epi, out, plan)
+        })?;
+        matmul_epilogue_with(stream, a2, b, (d, d, d), epi, out, plan)?;
+        let got = out.to_host(stream)?;
+        let mut worst = 0.0f64;
+        let mut wrong = 0usize;
+        let mut inexact = 0usize;
+        for (g, w) in got.iter().zip(&want) {
+            let (g, w) = (g.to_f64(), w.to_f64());
+            let diff = (g - w).abs();
+            // The plain GEMM rounds the product to bf16 before the bias (cuBLASLt adds it to
+            // the f32 accumulator): a few bf16 ulps of the terms after GELU and the residual.
+            // The cuBLASLt plans run the same arithmetic in another kernel build: one bf16 ulp
+            // at most (a product read before the GEMM wrote it is off by O(1)).
+            let bound = if plan.plain_gemm {
+                4.0 * 2f64.powi(-8) * (w.abs() + 1.0)
+            } else {
+                2f64.powi(-7) * w.abs()
+            };
+            if diff != 0.0 {
+                inexact += 1;
+            }
+            if diff.is_nan() || diff > bound {
+                wrong += 1;
+            }
+            if diff > worst || diff.is_nan() {
+                worst = diff;
+            }
+        }
+        if wrong > 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{variant}: {wrong} of {} elements differ from the default path's (worst {worst})",
+                got.len()
+            )));
+        }
+        let row = ctx.record_flops(
+            "gemm-bias-gelu-residual-bf16",
+            d as u64,
+            variant,
+            &mut us,
+            flops,
+            Some(Ceiling::GemmBf16),
+        )?;
+        row.extra.insert("kernels".into(), 2.into());
+        row.extra.insert("max_diff_vs_default".into(), worst.into());
+        row.extra
+            .insert("elements_not_bitwise_default".into(), inexact.into());
+        row.extra.insert(
+            "plan".into(),
+            format!(
+                "{} GEMM; epilogue kernel reverse={} programmatic={} prefetch={}",
+                if plan.plain_gemm {
+                    "cuBLAS plain"
+                } else {
+                    "cuBLASLt BIAS"
+                },
+                plan.schedule.reverse,
+                plan.schedule.programmatic,
+                plan.schedule.prefetch
+            )
+            .into(),
+        );
     }
     Ok(())
 }
@@ -190,6 +315,16 @@ mod tests {
         for (case, variant) in [
             ("gemm-bias-gelu-bf16", "warpdrive-cublaslt"),
             ("gemm-bias-gelu-residual-bf16", "warpdrive-cublaslt"),
+            ("gemm-bias-gelu-residual-bf16", "warpdrive-pdl"),
+            (
+                "gemm-bias-gelu-residual-bf16",
+                "warpdrive-pdl-reverse-prefetch",
+            ),
+            ("gemm-bias-gelu-residual-bf16", "warpdrive-plain-gemm"),
+            (
+                "gemm-bias-gelu-residual-bf16",
+                "warpdrive-plain-gemm-pdl-reverse",
+            ),
             ("gemm-bf16", "warpdrive-cublas"),
             ("gemm-bf16", "warpdrive-cublaslt"),
         ] {

@@ -10,11 +10,11 @@ use crate::dtype::Float;
 use crate::error::{Error, Result};
 use crate::kernels::{self, Arch, PtxCache};
 use crate::memory::{check_len, Buffer};
-use crate::ops::{fill_grid, float_index, launch, Args};
+use crate::ops::{fill_grid, float_index, launch, launch_as, Args};
 
 use super::codegen::{
-    self, Flavor, MapShape, BLOCK, KERNEL_ALL, KERNEL_MAP, KERNEL_ROWS_BLOCK, KERNEL_ROWS_WARP,
-    WARP_ROW_MAX,
+    self, Flavor, MapShape, Schedule, BLOCK, KERNEL_ALL, KERNEL_MAP, KERNEL_ROWS_BLOCK,
+    KERNEL_ROWS_WARP, WARP_ROW_MAX,
 };
 use super::expr::Axis;
 use super::expr::Expr;
@@ -50,6 +50,26 @@ impl<'a> Expr<'a> {
     ) -> Result<()> {
         let prog = Program::new(self)?;
         run_with_shape(&prog, stream, out, shape)
+    }
+
+    /// Evaluates an elementwise expression into `out` as [`eval_into`](Self::eval_into) does,
+    /// its map kernel in `schedule` (how it meets the kernel before it: chunk order, a
+    /// programmatic dependent launch). The default schedule is `eval_into`; another one for
+    /// an expression that is not elementwise is an error. The CPU backend computes the same
+    /// result in any schedule.
+    pub fn eval_into_scheduled<O: Float>(
+        &self,
+        stream: &Stream,
+        out: &mut Buffer<O>,
+        schedule: Schedule,
+    ) -> Result<()> {
+        let prog = Program::new(self)?;
+        if schedule != Schedule::default() && prog.mode != Mode::Map {
+            return Err(Error::InvalidArgument(
+                "fuse: a map schedule for an expression that is not elementwise".into(),
+            ));
+        }
+        run_scheduled(&prog, stream, out, schedule)
     }
 
     /// Loads this expression's kernel (output type `O`) through `cache` into a module of
@@ -97,7 +117,7 @@ impl<'a> Expr<'a> {
                     (name, Flavor::Both) if prog.mode == Mode::Map && prog.len() > 0 => {
                         let shape =
                             super::tune::shape_for(stream, &prog, &sig, O::KIND, prog.len());
-                        (name, Flavor::Map(shape))
+                        (name, Flavor::Map(shape, Default::default()))
                     }
                     other => other,
                 };
@@ -184,18 +204,26 @@ pub(crate) fn run_with_shape<O: Float>(
             "fuse: {shape}: 8-byte vectors need one element size in every streamed array"
         )));
     }
-    map_launch(prog, stream, out, &prog.signature(O::KIND), Some(shape))
+    map_launch(
+        prog,
+        stream,
+        out,
+        &prog.signature(O::KIND),
+        Some(shape),
+        Schedule::default(),
+    )
 }
 
 /// Launches a checked, non-empty map program's kernel in `shape` (by default the tuned shape:
-/// `tune.rs`), one block per chunk of the elements (up to the grid's limit: the kernel loops
-/// past it).
+/// `tune.rs`) and `schedule`, one block per chunk of the elements (up to the grid's limit: the
+/// kernel loops past it).
 fn map_launch<O: Float>(
     prog: &Program<'_>,
     stream: &Stream,
     out: &mut Buffer<O>,
     sig: &str,
     shape: Option<MapShape>,
+    schedule: Schedule,
 ) -> Result<()> {
     let n = prog.len() as u64;
     stream.run(
@@ -205,7 +233,7 @@ fn map_launch<O: Float>(
             let shape = shape
                 .unwrap_or_else(|| super::tune::shape_for(stream, prog, sig, O::KIND, n as usize));
             let block = shape.block;
-            let src = kernel_source_for(prog, O::KIND, sig, Flavor::Map(shape));
+            let src = kernel_source_for(prog, O::KIND, sig, Flavor::Map(shape, schedule));
             // Loaded from its cubin (no JIT in a later process) before the launch looks it up.
             kernels::function_from_cubin(q.gpu, src, KERNEL_MAP)?;
             let per_block = block as u64
@@ -222,8 +250,19 @@ fn map_launch<O: Float>(
             // __launch_bounds__(block): one pointer per input of its element type holding what
             // its class reads over the n-element space (checked by the caller), each gather table
             // with its length (the kernel checks every index against it), `out` holding n
-            // elements of O, one float per constant.
-            unsafe { launch(q, (src, KERNEL_MAP), grid, block, 0, args) }
+            // elements of O, one float per constant. Programmatic only in a schedule whose kernel
+            // runs wait_prior_grid() before its first load (and only prefetches before it).
+            unsafe {
+                launch_as(
+                    q,
+                    (src, KERNEL_MAP),
+                    grid,
+                    block,
+                    0,
+                    args,
+                    schedule.programmatic,
+                )
+            }
         },
     )
 }
@@ -242,6 +281,17 @@ fn launched(prog: &Program<'_>) -> (&'static str, Flavor) {
 }
 
 fn run<O: Float>(prog: &Program<'_>, stream: &Stream, out: &mut Buffer<O>) -> Result<()> {
+    run_scheduled(prog, stream, out, Schedule::default())
+}
+
+/// [`run`], a map program's kernel in `schedule` (the caller checked that only a map program
+/// has another than the default).
+fn run_scheduled<O: Float>(
+    prog: &Program<'_>,
+    stream: &Stream,
+    out: &mut Buffer<O>,
+    schedule: Schedule,
+) -> Result<()> {
     float_index::<O>("fuse output")?;
     check_inputs(prog, stream)?;
     out.check_stream(stream, "fuse")?;
@@ -251,7 +301,7 @@ fn run<O: Float>(prog: &Program<'_>, stream: &Stream, out: &mut Buffer<O>) -> Re
         return Ok(());
     }
     if prog.mode == Mode::Map {
-        return map_launch(prog, stream, out, &prog.signature(O::KIND), None);
+        return map_launch(prog, stream, out, &prog.signature(O::KIND), None, schedule);
     }
     let space = prog.space;
     stream.run(

@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::memory::{check_len, Buffer};
 use crate::ops::{gemm, Activation};
 
+use super::codegen::Schedule;
 use super::expr::Expr;
 
 /// The workspace cuBLASLt may use for one GEMM: what torch gives it on Hopper (32 MiB), which
@@ -60,6 +61,18 @@ impl<'a, T: Float> Epilogue<'a, T> {
     }
 }
 
+/// How [`matmul_epilogue_with`] runs an epilogue that takes a kernel after the GEMM: which
+/// GEMM, and how that kernel follows it. The default is [`matmul_epilogue`]'s path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EpiloguePlan {
+    /// cuBLAS's plain GEMM (torch's) and the whole epilogue, bias included, in the generated
+    /// kernel, even where cuBLASLt could run part of it inside the GEMM.
+    pub plain_gemm: bool,
+    /// The generated epilogue kernel's schedule after the GEMM (chunk order, a programmatic
+    /// dependent launch).
+    pub schedule: Schedule,
+}
+
 /// `out = act(a · b + bias) + residual` for row-major `a` (m×k), `b` (k×n), `out` (m×n), with
 /// `mnk = (m, n, k)`: one cuBLASLt matmul where [`Epilogue::in_cublaslt`], else the GEMM and
 /// one fused epilogue kernel (the product in a buffer of the pool). f32, f16, bf16 (cuBLASLt
@@ -68,9 +81,23 @@ pub fn matmul_epilogue<T: Float>(
     stream: &Stream,
     a: &Buffer<T>,
     b: &Buffer<T>,
+    mnk: (usize, usize, usize),
+    epilogue: &Epilogue<'_, T>,
+    out: &mut Buffer<T>,
+) -> Result<()> {
+    matmul_epilogue_with(stream, a, b, mnk, epilogue, out, EpiloguePlan::default())
+}
+
+/// [`matmul_epilogue`] as `plan` says (the same result: the CPU backend computes it alike in
+/// every plan).
+pub fn matmul_epilogue_with<T: Float>(
+    stream: &Stream,
+    a: &Buffer<T>,
+    b: &Buffer<T>,
     (m, n, k): (usize, usize, usize),
     epilogue: &Epilogue<'_, T>,
     out: &mut Buffer<T>,
+    plan: EpiloguePlan,
 ) -> Result<()> {
     let size = |what: &str, x: usize, y: usize| {
         x.checked_mul(y).ok_or_else(|| {
@@ -96,16 +123,19 @@ pub fn matmul_epilogue<T: Float>(
         return Ok(());
     }
     // cuBLASLt is not asked for an empty product (k = 0): the epilogue of zeros.
-    if !lt_head(epilogue) || k == 0 {
-        return two_kernels(stream, a, b, (m, n, k), epilogue, out);
+    let sched = plan.schedule;
+    if plan.plain_gemm || !lt_head(epilogue) || k == 0 {
+        return two_kernels(stream, a, b, (m, n, k), epilogue, out, sched);
     }
     stream.run(
         out,
-        |out| two_kernels(stream, a, b, (m, n, k), epilogue, out),
+        |out| two_kernels(stream, a, b, (m, n, k), epilogue, out, sched),
         |out, q| {
             let Some(residual) = epilogue.residual else {
                 return match lt_gemm(stream, q, a, b, (m, n, k), epilogue, out) {
-                    Err(e) if no_lt_algo(&e) => two_kernels(stream, a, b, (m, n, k), epilogue, out),
+                    Err(e) if no_lt_algo(&e) => {
+                        two_kernels(stream, a, b, (m, n, k), epilogue, out, sched)
+                    }
                     r => r,
                 };
             };
@@ -119,11 +149,13 @@ pub fn matmul_epilogue<T: Float>(
             };
             let mut head = Buffer::<T>::uninit(stream, out.len())?;
             match lt_gemm(stream, q, a, b, (m, n, k), &bias_only, &mut head) {
-                Err(e) if no_lt_algo(&e) => two_kernels(stream, a, b, (m, n, k), epilogue, out),
+                Err(e) if no_lt_algo(&e) => {
+                    two_kernels(stream, a, b, (m, n, k), epilogue, out, sched)
+                }
                 Err(e) => Err(e),
                 Ok(()) => (Expr::matrix(&head, m, n).activation(epilogue.act)
                     + Expr::matrix(residual, m, n))
-                .eval_into(stream, out),
+                .eval_into_scheduled(stream, out, sched),
             }
         },
     )
@@ -184,7 +216,7 @@ fn lt_gemm<T: Float>(
     unsafe { q.gpu.gemm_bias(q.stream, &call) }
 }
 
-/// The GEMM into a pooled buffer, then the epilogue as one generated kernel.
+/// The GEMM into a pooled buffer, then the epilogue as one generated kernel in `schedule`.
 fn two_kernels<T: Float>(
     stream: &Stream,
     a: &Buffer<T>,
@@ -192,6 +224,7 @@ fn two_kernels<T: Float>(
     (m, n, k): (usize, usize, usize),
     epilogue: &Epilogue<'_, T>,
     out: &mut Buffer<T>,
+    schedule: Schedule,
 ) -> Result<()> {
     let mut product = Buffer::<T>::uninit(stream, out.len())?;
     gemm::matmul(stream, a, b, &mut product, (m, n, k))?;
@@ -203,5 +236,5 @@ fn two_kernels<T: Float>(
     if let Some(r) = epilogue.residual {
         e = e + Expr::matrix(r, m, n);
     }
-    e.eval_into(stream, out)
+    e.eval_into_scheduled(stream, out, schedule)
 }

@@ -81,8 +81,8 @@ mod program;
 mod registry;
 mod tune;
 
-pub use codegen::MapShape;
+pub use codegen::{MapShape, Schedule};
 pub use expr::{Expr, Shape};
-pub use matrix::{matmul_epilogue, Epilogue};
+pub use matrix::{matmul_epilogue, matmul_epilogue_with, Epilogue, EpiloguePlan};
 pub use program::MAX_OPS;
 pub use tune::BLOCK_CANDIDATES;

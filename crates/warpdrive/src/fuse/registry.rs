@@ -98,4 +98,57 @@ mod tests {
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    // The map kernel in every schedule (matmul_epilogue's GELU + residual over a bias GEMM's
+    // product) compiles for sm_90a, where the wait and the prefetches are in the PTX, and for
+    // sm_80, where the wait compiles away; the default schedule's source is the plain one.
+    #[test]
+    #[ignore = "needs NVRTC: eval $(scripts/setup-nvrtc)"]
+    fn scheduled_map_kernels_compile() {
+        use super::super::codegen::{MapShape, Schedule};
+        let s = Device::cpu().new_stream().unwrap();
+        let h = Buffer::from_host(&s, &[half::bf16::ONE; 64]).unwrap();
+        let r = Buffer::from_host(&s, &[half::bf16::ONE; 64]).unwrap();
+        let e = Expr::matrix(&h, 8, 8).gelu_tanh() + Expr::matrix(&r, 8, 8);
+        let prog = Program::new(&e).unwrap();
+        let sig = prog.signature(DTypeKind::BF16);
+        let dir = std::env::temp_dir().join(format!("wd-fuse-sched-{}", std::process::id()));
+        let cache = PtxCache::at(&dir);
+        let plain = kernel_source_for(&prog, DTypeKind::BF16, &sig, Flavor::Both);
+        let default = Flavor::Map(MapShape::DEFAULT, Schedule::default());
+        let same = kernel_source_for(&prog, DTypeKind::BF16, &sig, default);
+        assert_eq!(plain.name, same.name);
+        let narrow = MapShape {
+            block: 512,
+            vector_bytes: 8,
+        };
+        for shape in [MapShape::DEFAULT, narrow] {
+            for (reverse, programmatic, prefetch) in [
+                (true, false, false),
+                (false, true, false),
+                (true, true, true),
+            ] {
+                let sched = Schedule {
+                    reverse,
+                    programmatic,
+                    prefetch,
+                };
+                let src =
+                    kernel_source_for(&prog, DTypeKind::BF16, &sig, Flavor::Map(shape, sched));
+                assert_ne!(src.name, plain.name, "{sched:?}");
+                assert_eq!(src.code.contains("gridDim.x - 1 - blockIdx.x"), reverse);
+                let ptx = cache.ptx(src, Arch::SM_90A).unwrap();
+                assert_eq!(
+                    ptx.contains("griddepcontrol.wait"),
+                    programmatic,
+                    "{sched:?}"
+                );
+                assert_eq!(ptx.contains("prefetch.global.L2"), prefetch, "{sched:?}");
+                let old = Arch::parse("sm_80").unwrap();
+                let ptx = cache.ptx(src, old).unwrap();
+                assert!(!ptx.contains("griddepcontrol"), "{sched:?}");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

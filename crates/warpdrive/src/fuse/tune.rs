@@ -201,7 +201,7 @@ mod tests {
                     &prog,
                     out,
                     &sig,
-                    super::super::codegen::Flavor::Map(shape),
+                    super::super::codegen::Flavor::Map(shape, Default::default()),
                 );
                 let block = shape.block;
                 assert!(src.code.contains(&format!("__launch_bounds__({block})")));

@@ -4,6 +4,9 @@
 //! the grid's limit); a scalar loop for unaligned pointers, rows that are not a multiple of
 //! `W`, and the tail. One chunk a block, not a grid-stride loop over a resident grid: on an
 //! H100 the resident grid moved 2.79 TB/s where one chunk a block moves 2.95 (bench/NOTES.md).
+//! A [`Schedule`] may reverse the chunks' order (block 0 takes the last) and make the kernel a
+//! programmatic dependent of the one before it (its blocks wait before their first load,
+//! after prefetching their chunk into L2 where asked).
 
 use std::fmt::Write;
 
@@ -13,8 +16,14 @@ use super::super::program::{Class, Program};
 use super::*;
 
 /// The map kernel in `shape`, with `__launch_bounds__(shape.block)` (the block it is
-/// launched with).
-pub(super) fn map_kernel(s: &mut String, prog: &Program<'_>, out: DTypeKind, shape: MapShape) {
+/// launched with), in `schedule` (the default: chunks in order, no wait).
+pub(super) fn map_kernel(
+    s: &mut String,
+    prog: &Program<'_>,
+    out: DTypeKind,
+    shape: MapShape,
+    schedule: Schedule,
+) {
     let block = shape.block;
     let w = map_width(prog, out, shape);
     let u = map_unroll(prog, shape);
@@ -26,11 +35,49 @@ pub(super) fn map_kernel(s: &mut String, prog: &Program<'_>, out: DTypeKind, sha
     );
     let _ = writeln!(s, "    constexpr int W = {w};");
     let _ = writeln!(s, "    const u64 stride = (u64)gridDim.x * blockDim.x;");
-    let _ = writeln!(
-        s,
-        "    const u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;"
-    );
+    // The block's place in the order: reversed, block 0 (dispatched first) takes the last
+    // chunk. In order, the source is the one before schedules existed, byte for byte.
+    let bx = if schedule.reverse {
+        let _ = writeln!(s, "    const u64 bx = (u64)(gridDim.x - 1 - blockIdx.x);");
+        let _ = writeln!(s, "    const u64 tid = bx * blockDim.x + threadIdx.x;");
+        "bx"
+    } else {
+        let _ = writeln!(
+            s,
+            "    const u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;"
+        );
+        "blockIdx.x"
+    };
     let _ = writeln!(s, "    (void)cols;");
+    if schedule.programmatic {
+        if schedule.prefetch {
+            // This block's first chunk of every full input into L2 while the previous
+            // kernel finishes (the vector path's vectors; the scalar path takes none).
+            let _ = writeln!(s, "    if ({}) {{", vector_condition(prog, true, false));
+            let _ = writeln!(s, "        const u64 vecs = n / W;");
+            let _ = writeln!(s, "#pragma unroll");
+            let _ = writeln!(s, "        for (int u = 0; u < {u}; ++u) {{");
+            let _ = writeln!(
+                s,
+                "            const u64 v = (u64){bx} * {u} * blockDim.x + threadIdx.x + u * (u64)blockDim.x;"
+            );
+            let _ = writeln!(s, "            if (v < vecs) {{");
+            for (i, x) in prog.inputs.iter().enumerate() {
+                if x.class == Class::Full {
+                    let _ = writeln!(
+                        s,
+                        "                asm volatile(\"prefetch.global.L2 [%0];\" :: \"l\"(in{i} + v * W));"
+                    );
+                }
+            }
+            let _ = writeln!(s, "            }}");
+            let _ = writeln!(s, "        }}");
+            let _ = writeln!(s, "    }}");
+        }
+        // Launched as a programmatic dependent: nothing the previous kernel writes is read
+        // before it has finished (a no-op when launched plainly or before sm_90).
+        let _ = writeln!(s, "    wait_prior_grid();");
+    }
     scalar_loads(s, prog, "    ");
     let _ = writeln!(s, "    u64 head = 0;");
     let _ = writeln!(s, "    if ({}) {{", vector_condition(prog, true, false));
@@ -38,7 +85,7 @@ pub(super) fn map_kernel(s: &mut String, prog: &Program<'_>, out: DTypeKind, sha
     let _ = writeln!(s, "        const u64 chunk = (u64)blockDim.x * {u};");
     let _ = writeln!(
         s,
-        "        for (u64 i = blockIdx.x * chunk + threadIdx.x; i < vecs; i += (u64)gridDim.x * chunk) {{"
+        "        for (u64 i = {bx} * chunk + threadIdx.x; i < vecs; i += (u64)gridDim.x * chunk) {{"
     );
     let _ = writeln!(
         s,

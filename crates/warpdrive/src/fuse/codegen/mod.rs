@@ -94,15 +94,48 @@ impl std::str::FromStr for MapShape {
     }
 }
 
-/// Which kernels a generated source holds beyond its mode's: the map kernel's shape (a tuned
-/// shape is its own source), or one of the two row kernels (a launch compiles only the one
-/// it needs; `Both`, for showing and compile tests, holds both).
+/// How a map kernel meets the kernel before it on the stream (a GEMM whose product it reads:
+/// `fuse::matmul_epilogue`'s epilogue). The default is a plain launch in chunk order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Schedule {
+    /// Chunks in reverse order (the block dispatched first takes the last chunk): right after
+    /// a GEMM, the rows of the product it wrote last are the ones still in L2.
+    pub reverse: bool,
+    /// A programmatic dependent launch (compute capability 9.0 and later; a plain launch
+    /// before): the kernel's blocks start as the previous kernel's drain, and every block
+    /// waits (`griddepcontrol.wait`) for that kernel to finish before its first load.
+    pub programmatic: bool,
+    /// With `programmatic`: before the wait, each block prefetches its chunk of every
+    /// streamed input into L2 (a prefetch moves no data into the SM and L2 is where every
+    /// write lands, so it is safe even for what the previous kernel is still writing).
+    pub prefetch: bool,
+}
+
+impl Schedule {
+    /// What the registry key adds for this schedule (nothing for the default).
+    fn key(self) -> String {
+        if self == Schedule::default() {
+            return String::new();
+        }
+        let flag = |on: bool, c: char| if on { c } else { '-' };
+        format!(
+            ";s:{}{}{}",
+            flag(self.reverse, 'r'),
+            flag(self.programmatic, 'p'),
+            flag(self.prefetch, 'f')
+        )
+    }
+}
+
+/// Which kernels a generated source holds beyond its mode's: the map kernel's shape and
+/// schedule (a tuned shape is its own source), or one of the two row kernels (a launch
+/// compiles only the one it needs; `Both`, for showing and compile tests, holds both).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Flavor {
     /// Every kernel of the mode, the map kernel in [`MapShape::DEFAULT`].
     Both,
-    /// The map kernel in this shape.
-    Map(MapShape),
+    /// The map kernel in this shape and schedule.
+    Map(MapShape, Schedule),
     /// Only `fuse_rows_warp`.
     RowsWarp,
     /// Only `fuse_rows_block`.
@@ -114,8 +147,8 @@ impl Flavor {
     pub(crate) fn key(self) -> String {
         match self {
             Flavor::Both => String::new(),
-            Flavor::Map(m) if m == MapShape::DEFAULT => String::new(),
-            Flavor::Map(m) => format!(";b:{m}"),
+            Flavor::Map(m, s) if m == MapShape::DEFAULT => s.key(),
+            Flavor::Map(m, s) => format!(";b:{m}{}", s.key()),
             Flavor::RowsWarp => ";rows:warp".into(),
             Flavor::RowsBlock => ";rows:block".into(),
         }
@@ -316,11 +349,11 @@ pub(crate) fn source(
     }
     match prog.mode {
         Mode::Map => {
-            let shape = match flavor {
-                Flavor::Map(m) => m,
-                _ => MapShape::DEFAULT,
+            let (shape, schedule) = match flavor {
+                Flavor::Map(m, s) => (m, s),
+                _ => (MapShape::DEFAULT, Schedule::default()),
             };
-            map_kernel(&mut s, prog, out, shape)
+            map_kernel(&mut s, prog, out, shape, schedule)
         }
         Mode::Rows | Mode::RowsAll => rows_kernel(&mut s, prog, out, &all_reduces, &wholes, flavor),
         Mode::All => all_kernel(&mut s, prog, out, &all_reduces),
