@@ -40,6 +40,7 @@ const D_IN_STAGE: usize = 21;
 const D_TRACE_BASE: usize = 22;
 const D_TRACE_EVERY: usize = 23;
 const D_PARALLEL: usize = 24;
+const D_QUICK_STREAM: usize = 25;
 /// Words before a device ring's slots (its head, then padding to 16 bytes).
 const DEV_RING_SLOTS: usize = 2;
 /// Shared memory a block stages inputs and outputs in, at most (bytes).
@@ -146,6 +147,7 @@ pub(crate) fn start(
         d[D_TRACE_EVERY] = trace_every as u64;
         // Without state a handler is a function of its message: one message per thread.
         d[D_PARALLEL] = spec.state.is_empty() as u64;
+        d[D_QUICK_STREAM] = spec.quick_stream as u64;
         states.push(state);
     }
     let descs = Buffer::from_host(&side, &descs)?;

@@ -66,6 +66,7 @@ pub struct ActorSpec<In, Out, S = ()> {
     pub(crate) starvation_limit: u32,
     pub(crate) state: S,
     pub(crate) forward_to: Option<usize>,
+    pub(crate) quick_stream: bool,
 }
 
 impl<In: Pod, Out: Pod, S: Pod> ActorSpec<In, Out, S> {
@@ -83,6 +84,7 @@ impl<In: Pod, Out: Pod, S: Pod> ActorSpec<In, Out, S> {
             starvation_limit: 8,
             state,
             forward_to: None,
+            quick_stream: false,
         }
     }
 
@@ -141,6 +143,17 @@ impl<In: Pod, Out: Pod, S: Pod> ActorSpec<In, Out, S> {
         self
     }
 
+    /// On the GPU backend, count a stream's messages as a lone one's: when the actor has one
+    /// lane and no device inbox, a read of a window larger than one round of loads finds
+    /// its messages by two reductions in registers instead of slot states in shared memory
+    /// and ballots. The messages and their order are the same either way (the CPU backend
+    /// has no windows). Off by default until measured (`warpdrive bench actors`, the
+    /// `round-trip-loaded` rows `warpdrive-quick-stream`; bench/NOTES.md).
+    pub fn quick_stream(mut self, on: bool) -> Self {
+        self.quick_stream = on;
+        self
+    }
+
     /// Checks the shape and erases the types.
     pub(crate) fn erase(self) -> Result<ErasedSpec> {
         let bad = |what: String| Error::InvalidArgument(format!("actor {}: {what}", self.name));
@@ -192,6 +205,7 @@ impl<In: Pod, Out: Pod, S: Pod> ActorSpec<In, Out, S> {
             backpressure: self.backpressure,
             starvation_limit: self.starvation_limit,
             forward_to: self.forward_to,
+            quick_stream: self.quick_stream,
         })
     }
 }
@@ -211,4 +225,6 @@ pub(crate) struct ErasedSpec {
     pub(crate) backpressure: Backpressure,
     pub(crate) starvation_limit: u32,
     pub(crate) forward_to: Option<usize>,
+    /// `ActorSpec::quick_stream`.
+    pub(crate) quick_stream: bool,
 }

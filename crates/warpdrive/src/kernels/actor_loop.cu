@@ -46,6 +46,7 @@ __device__ void actor_dispatch(u32 kind, const void* in, void* out, void* state,
 #define D_TRACE_BASE 22
 #define D_TRACE_EVERY 23
 #define D_PARALLEL 24
+#define D_QUICK_STREAM 25
 #define D_WORDS 32
 
 // Control words (actor/ring.rs `ctrl` and `sys`).
@@ -65,6 +66,7 @@ __device__ void actor_dispatch(u32 kind, const void* in, void* out, void* state,
 #define N_PHASES 5
 #define C_GAP_NS 23
 #define C_GAP_READS 24  // hits, misses
+#define C_READS 26      // reads of the windows, slots they covered, iterations that took messages
 #define S_COMMAND 0
 #define S_HOST_BEAT 1
 #define S_PARK_NS 2
@@ -265,6 +267,9 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     const u32 wmin = min(2u, wmax);
     const u64 trace_every = d[D_TRACE_EVERY];
     const bool parallel = d[D_PARALLEL] != 0;
+    // A lone rank read in several chunks (a stream's window) counted in registers too, as a
+    // one-trip read is (ActorSpec::quick_stream; off: the slot states and ballots).
+    const bool quick_stream = d[D_QUICK_STREAM] != 0;
     u64* trace = blk + d[D_TRACE_BASE];
     u64* outbox = blk + d[D_OUTBOX_BASE];
     const u32 ranks = lanes + (dev_ring ? 1u : 0u);
@@ -289,6 +294,9 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     __shared__ u8 replied[MAX_BATCH];
     __shared__ u16 order[MAX_BATCH];    // the picks that replied, in pick order
     __shared__ u64 state_dummy;
+    // Lane 0's counts of the reads of the windows, the slots they covered and the iterations
+    // that took messages (C_READS): in shared memory, the loop has no registers to spare.
+    __shared__ u64 reads[3];
     void* state = d[D_STATE] ? (void*)d[D_STATE] : (void*)&state_dummy;
 
     // Thread 0's bookkeeping.
@@ -314,6 +322,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         beat_time = now_ns();
         st_word(blk + C_CLOCK_START, beat_time);
         n_pub = 0;
+        reads[0] = reads[1] = reads[2] = 0;
     }
     for (u32 i = lane; i < MAX_RANKS * MAX_WINDOW; i += 32) st[i / MAX_WINDOW][i % MAX_WINDOW] = 0;
     __syncwarp();
@@ -359,6 +368,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             PUBLISH(blk + C_GAP_READS, gap_hits);                                   \
             PUBLISH(blk + C_GAP_READS + 1, gap_misses);                             \
             for (u32 q = 0; q < N_PHASES; ++q) PUBLISH(blk + C_PHASE_NS + q, phase[q]); \
+            for (u32 q = 0; q < 3; ++q) PUBLISH(blk + C_READS + q, reads[q]);       \
         }                                                                           \
     } while (0)
 
@@ -387,6 +397,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             phase[4] += t_now - p_after;  // an inactive loop's sleep included
             if (p_rt) read_rt = (read_rt * 7 + p_rt) / 8;
             if (pend == 2) {
+                if (p_picks) ++reads[2];
                 if (p_solo && p_picks) PUBLISH(lanes ? blk + C_IN_HEAD + (lanes - 1) : dev_ring, head[0]);
                 if (p_picks) {
                     if (fwd_ring) {
@@ -472,19 +483,30 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             // sixteen-load chunk.
             const RingView rv{pre, ranks, head, rbase, rmask, in_sw, in_vps, wmax, &st[0][0], in_stage};
             one_trip = total <= 96;
+            // The books, then this read counted, while its loads are in flight.
+            auto counted = [&]() {
+                books();
+                if (lane == 0) {
+                    reads[0] += 1;
+                    for (u32 r = 0; r < ranks; ++r) reads[1] += win[r];
+                }
+            };
             if (one_trip) {
                 read_chunk<3>(rv, 0, total, lane, true, ctl_at, word, stop, drop, ranks == 1 ? 2u : 3u, true,
-                              books);
+                              counted);
             } else {
+                const u32 mark = ranks == 1 && quick_stream ? 2u : 3u;
                 for (u32 base = 0; base < total; base += 32 * LOADS_IN_FLIGHT)
-                    read_chunk<LOADS_IN_FLIGHT>(rv, base, total, lane, base == 0, ctl_at, word, stop, drop, 3u,
-                                                base == 0, books);
+                    read_chunk<LOADS_IN_FLIGHT>(rv, base, total, lane, base == 0, ctl_at, word, stop, drop, mark,
+                                                base == 0, counted);
             }
         }
-        // A lone rank read in one trip (a closed-loop client's actor) counts by two
-        // reductions of what each lane saw, in registers: the slot states' round trip through
-        // shared memory, the ballots and their branches are for the others.
-        const bool quick_read = reading && ranks == 1 && one_trip;
+        // A lone rank read in one trip (a closed-loop client's actor; with `quick_stream` in
+        // any number) counts by two reductions of what each lane saw, in registers: the slot
+        // states' round trip through shared memory, the ballots and their branches are for
+        // the others. (Each lane's first slot not written and first overwritten are minima
+        // over every chunk it read, so a multi-chunk read reduces the same way.)
+        const bool quick_read = reading && ranks == 1 && (one_trip || quick_stream);
         if (quick_read) {
             stop = min(__reduce_min_sync(0xffffffffu, stop), w_solo);
             drop = __reduce_min_sync(0xffffffffu, drop);
