@@ -12,11 +12,16 @@
 //!   no queue), `warpdrive` (`Actor::request`), `kernel-per-message` (write the message to mapped
 //!   memory, launch, synchronize, read), `graph-per-message` (the same kernel in a graph).
 //! - `round-trip-loaded` (size 64): `warpdrive` requests while another thread sends
-//!   messages that need no reply, paced, at 50% and 90% of that actor's maximum under such a
-//!   paced load, measured on the same actor just before (`paced_max`: from its rate fed by a
-//!   producer at full speed, as the `throughput` row of batch 32, down in steps of 5% to the
-//!   first rate its loop keeps up with; at full scale only, else the unpaced rate):
-//!   `extra.load_fraction`, `extra.load_max_msgs_per_s` (that maximum),
+//!   messages that need no reply, paced, at 10 / 30 / 50 / 70 / 90 % (a small run: 50 and
+//!   90) of that actor's maximum under such a paced load, measured on the same actor just
+//!   before (`paced_max`: from its rate fed by a producer at full speed, as the `throughput`
+//!   row of batch 32, down in steps of 5% to the first rate its loop keeps up with; at full
+//!   scale only, else the unpaced rate), a row each; variant `warpdrive-quick-stream` the
+//!   same on an actor with `ActorSpec::quick_stream`. The loop while the requests ran:
+//!   `extra.iter_{read,control,pick,answer,after,loop}_ns` (mean iteration, idle and busy),
+//!   `busy_iteration_ns`, `msgs_per_busy_iteration`, `busy_iteration_share`,
+//!   `slots_per_read`, `window_fill` (see `loop_extras`; the `throughput` rows of one actor
+//!   carry the same). `extra.load_fraction`, `extra.load_max_msgs_per_s` (that maximum),
 //!   `extra.unpaced_max_msgs_per_s`, `extra.load_msgs_per_s`, `extra.b32_p1_msgs_per_s` (the
 //!   `throughput` row's rate, for comparison), `extra.inbox_depth_at_start` (the messages
 //!   waiting when the requests began). A step's messages stop at `STEP_LIMIT` with an error that says where
@@ -486,11 +491,20 @@ fn median_rate(ns: &[f64]) -> f64 {
     sorted.get(sorted.len() / 2).map_or(0.0, |v| 1e9 / v)
 }
 
-fn record_rate(ctx: &mut Ctx, case: &str, variant: &str, ns: Vec<f64>) -> Result<f64> {
+fn record_rate(
+    ctx: &mut Ctx,
+    case: &str,
+    variant: &str,
+    ns: Vec<f64>,
+    extra: &[(String, f64)],
+) -> Result<f64> {
     let mut us: Vec<f64> = ns.iter().map(|v| v / 1e3).collect();
     let rate = median_rate(&ns);
     let row = ctx.record_time(case, 64, variant, &mut us, None)?;
     row.extra.insert("msgs_per_s".into(), rate.into());
+    for (k, v) in extra {
+        row.extra.insert(k.clone(), (*v).into());
+    }
     row.extra
         .insert("unit_of_samples".into(), "us per message".into());
     Ok(rate)
@@ -509,8 +523,9 @@ fn throughput(ctx: &mut Ctx, plan: &Plan) -> Result<f64> {
             ctx.step(format!(
                 "{SUITE}: {CASE} batch {batch}, {producers} producers"
             ));
-            let ns = one_sink(&device, plan, echo_spec("sink", batch), producers)?;
-            let rate = record_rate(ctx, CASE, &format!("warpdrive-b{batch}-p{producers}"), ns)?;
+            let (ns, extra) = one_sink(&device, plan, echo_spec("sink", batch), producers)?;
+            let variant = format!("warpdrive-b{batch}-p{producers}");
+            let rate = record_rate(ctx, CASE, &variant, ns, &extra)?;
             if batch == 32 {
                 base = rate;
             }
@@ -519,8 +534,8 @@ fn throughput(ctx: &mut Ctx, plan: &Plan) -> Result<f64> {
     ctx.step(format!(
         "{SUITE}: {CASE} batch 256, 4 producers, with state"
     ));
-    let ns = one_sink(&device, plan, counting_echo_spec("counter", 256), 4)?;
-    record_rate(ctx, CASE, "warpdrive-b256-p4-stateful", ns)?;
+    let (ns, extra) = one_sink(&device, plan, counting_echo_spec("counter", 256), 4)?;
+    record_rate(ctx, CASE, "warpdrive-b256-p4-stateful", ns, &extra)?;
     ctx.step(format!("{SUITE}: {CASE} 4 producers, 4 actors"));
     {
         let mut system = ActorSystem::new(&device)?;
@@ -533,7 +548,7 @@ fn throughput(ctx: &mut Ctx, plan: &Plan) -> Result<f64> {
         }
         let ns = drive(plan, &actors, &actors, 4, None, |_| Ok(()))?.ns;
         system.terminate()?;
-        record_rate(ctx, CASE, "warpdrive-b256-p4-a4", ns)?;
+        record_rate(ctx, CASE, "warpdrive-b256-p4-a4", ns, &[])?;
     }
     ctx.step(format!("{SUITE}: pipeline"));
     {
@@ -568,26 +583,29 @@ fn throughput(ctx: &mut Ctx, plan: &Plan) -> Result<f64> {
         )?
         .ns;
         system.terminate()?;
-        record_rate(ctx, "pipeline", "warpdrive-2-stages-p4", ns)?;
+        record_rate(ctx, "pipeline", "warpdrive-2-stages-p4", ns, &[])?;
     }
     Ok(base)
 }
 
-/// ns per message handled by one sink actor of `spec` fed by `producers` threads.
+/// ns per message handled by one sink actor of `spec` fed by `producers` threads, and its
+/// loop over that time (`loop_extras`).
 fn one_sink<S: Pod>(
     device: &warpdrive::Device,
     plan: &Plan,
     spec: ActorSpec<Msg64, Msg64, S>,
     producers: usize,
-) -> Result<Vec<f64>> {
+) -> Result<(Vec<f64>, Vec<(String, f64)>)> {
     let mut system = ActorSystem::new(device)?;
     let a = system.spawn(spec)?;
     system.start()?;
     a.activate()?;
     let targets = std::slice::from_ref(&a);
+    let from = a.stats();
     let ns = drive(plan, targets, targets, producers, None, |_| Ok(()))?.ns;
+    let extra = loop_extras(&from, &a.stats());
     system.terminate()?;
-    Ok(ns)
+    Ok((ns, extra))
 }
 
 /// Steps of [`paced_max`]: each rate this fraction of the one before, at most this many.
@@ -632,17 +650,47 @@ fn paced_max(plan: &Plan, a: &Actor<Msg64, Msg64>, unpaced: f64, done: u64) -> R
     })
 }
 
-/// Round trips under load at 50% and 90% of the loaded actor's own maximum under a paced
-/// load (`b32_p1`: the `throughput` row's rate of the same spec, recorded beside it).
+/// The loaded step's loads, as fractions of the actor's maximum under a paced load, at full
+/// scale: a sweep whose 50 % and 90 % rows are the issue's; a small run takes those two.
+const SWEEP: [f64; 5] = [0.1, 0.3, 0.5, 0.7, 0.9];
+
+/// Round trips under load (`SWEEP`), for the default loop and with `ActorSpec::quick_stream`
+/// (variant `warpdrive-quick-stream`), each on its own actor against its own maximum
+/// (`b32_p1`: the `throughput` row's rate of the same spec, recorded beside it). A variant
+/// that fails (its error says why) does not stop the other; the first error is returned.
 fn loaded(ctx: &mut Ctx, plan: &Plan, b32_p1: f64) -> Result<()> {
+    let fractions: &[f64] = if ctx.scale().quick() {
+        &[0.5, 0.9]
+    } else {
+        &SWEEP
+    };
+    let mut first_error = None;
+    for (variant, quick) in [("warpdrive", false), ("warpdrive-quick-stream", true)] {
+        if let Err(e) = loaded_sweep(ctx, plan, b32_p1, variant, quick, fractions) {
+            first_error.get_or_insert(e);
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// One actor's maximum under a paced load, then its round trips at each of `fractions` of
+/// it, a row each.
+fn loaded_sweep(
+    ctx: &mut Ctx,
+    plan: &Plan,
+    b32_p1: f64,
+    variant: &str,
+    quick: bool,
+    fractions: &[f64],
+) -> Result<()> {
     const CASE: &str = "round-trip-loaded";
     let device = ctx.device().clone();
     let full = !ctx.scale().quick();
-    for fraction in [0.5, 0.9] {
-        ctx.step(format!("{SUITE}: {CASE} at {:.0}%", fraction * 100.0));
-        let mut system = ActorSystem::new(&device)?;
-        let a = system.spawn(echo_spec::<Msg64>("echo", 32))?;
-        system.start()?;
+    ctx.step(format!("{SUITE}: {CASE} {variant}: the maximum"));
+    let mut system = ActorSystem::new(&device)?;
+    let a = system.spawn(echo_spec::<Msg64>("echo", 32).quick_stream(quick))?;
+    system.start()?;
+    let result = (|| -> Result<()> {
         a.activate()?;
         // This actor's maximum fed at full speed, then its inbox drained, then under a paced
         // load (a small run's short probes on a busy CPU prove little: there, the first).
@@ -655,65 +703,124 @@ fn loaded(ctx: &mut Ctx, plan: &Plan, b32_p1: f64) -> Result<()> {
         } else {
             (unpaced, 0)
         };
-        let trips = plan.round_trips / 5;
-        let mut us = Vec::with_capacity(trips);
-        let probe = a.clone();
-        let rate = max * fraction;
-        let mut depth_at_start = 0;
-        let driven = drive(plan, one, one, 1, Some(rate), |halted| {
-            let deadline = Instant::now() + STEP_LIMIT;
-            // Messages waiting when the requests begin: near the inbox's capacity, the
-            // offered load is more than the loop handles while answering requests, and
-            // each request waits behind a full inbox.
-            let depth = probe.depth(0);
-            depth_at_start = depth;
-            // (At full scale only: a small run's short load on a busy CPU proves little.)
-            if full && depth as usize > CAPACITY / 2 {
-                return Err(Error::Actor {
-                    actor: probe.name().into(),
-                    detail: format!(
-                        "{CASE}: the loop does not keep up with {rate:.0} msg/s: {depth} of \
-                             {CAPACITY} inbox slots full after {:?} of load ({})",
-                        plan.interval * (plan.intervals as u32 + 1),
-                        whereabouts(&probe)
-                    ),
-                });
-            }
-            for k in 0..trips as u32 {
-                // A producer that stopped has its error returned by `drive`.
-                if halted.load(Ordering::Relaxed) {
-                    return Ok(());
-                }
-                before(deadline, || {
-                    format!(
-                        "{SUITE} {CASE}: {trips} round trips under {rate:.0} msg/s ({k} done; \
-                             {depth} messages waited when they began, of {CAPACITY}; {})",
-                        whereabouts(&probe)
-                    )
-                })?;
-                let m = message::<Msg64>(k, true);
-                let t = Instant::now();
-                check(&probe.request(&m, 0, WAIT)?, k)?;
-                us.push(t.elapsed().as_secs_f64() * 1e6);
-            }
-            Ok(())
-        })?;
-        // Every message the producer sent and every request handled: none lost.
-        all_processed(&a, saturated.sent + probed + driven.sent + us.len() as u64)?;
-        system.terminate()?;
-        record_latency(ctx, CASE, 64, "warpdrive", us, None, &[])?;
-        if let Some(row) = ctx.rows_mut_last() {
-            row.extra.insert("load_fraction".into(), fraction.into());
-            row.extra.insert("load_msgs_per_s".into(), rate.into());
-            row.extra.insert("load_max_msgs_per_s".into(), max.into());
-            row.extra
-                .insert("unpaced_max_msgs_per_s".into(), unpaced.into());
-            row.extra.insert("b32_p1_msgs_per_s".into(), b32_p1.into());
-            row.extra
-                .insert("inbox_depth_at_start".into(), depth_at_start.into());
+        let mut total = saturated.sent + probed;
+        for &fraction in fractions {
+            ctx.step(format!(
+                "{SUITE}: {CASE} {variant} at {:.0}%",
+                fraction * 100.0
+            ));
+            let rate = max * fraction;
+            let (us, sent, depth_at_start, stats) = loaded_step(plan, &a, rate, full)?;
+            total += sent + us.len() as u64;
+            // Every message the producer sent and every request handled: none lost.
+            all_processed(&a, total)?;
+            let mut extra: Vec<(String, f64)> = vec![
+                ("load_fraction".into(), fraction),
+                ("load_msgs_per_s".into(), rate),
+                ("load_max_msgs_per_s".into(), max),
+                ("unpaced_max_msgs_per_s".into(), unpaced),
+                ("b32_p1_msgs_per_s".into(), b32_p1),
+                ("inbox_depth_at_start".into(), depth_at_start as f64),
+            ];
+            extra.extend(loop_extras(&stats.0, &stats.1));
+            let extra: Vec<(&str, f64)> = extra.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+            record_latency(ctx, CASE, 64, variant, us, None, &extra)?;
         }
+        Ok(())
+    })();
+    // Terminated before a failed step's error is returned.
+    system.terminate()?;
+    result
+}
+
+/// Round trips (µs each) to `a` while one producer sends it `rate` messages a second that
+/// need no reply; also the messages that producer sent, the inbox's depth when the requests
+/// began and the actor's stats at their start and end.
+fn loaded_step(
+    plan: &Plan,
+    a: &Actor<Msg64, Msg64>,
+    rate: f64,
+    full: bool,
+) -> Result<(Vec<f64>, u64, u64, (ActorStats, ActorStats))> {
+    const CASE: &str = "round-trip-loaded";
+    let trips = plan.round_trips / 5;
+    let mut us = Vec::with_capacity(trips);
+    let mut depth_at_start = 0;
+    let (mut from, mut to) = (a.stats(), a.stats());
+    let one = std::slice::from_ref(a);
+    let driven = drive(plan, one, one, 1, Some(rate), |halted| {
+        let deadline = Instant::now() + STEP_LIMIT;
+        // Messages waiting when the requests begin: near the inbox's capacity, the offered
+        // load is more than the loop handles while answering requests, and each request
+        // waits behind a full inbox.
+        let depth = a.depth(0);
+        depth_at_start = depth;
+        // (At full scale only: a small run's short load on a busy CPU proves little.)
+        if full && depth as usize > CAPACITY / 2 {
+            return Err(Error::Actor {
+                actor: a.name().into(),
+                detail: format!(
+                    "{CASE}: the loop does not keep up with {rate:.0} msg/s: {depth} of \
+                     {CAPACITY} inbox slots full after {:?} of load ({})",
+                    plan.interval * (plan.intervals as u32 + 1),
+                    whereabouts(a)
+                ),
+            });
+        }
+        from = a.stats();
+        for k in 0..trips as u32 {
+            // A producer that stopped has its error returned by `drive`.
+            if halted.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            before(deadline, || {
+                format!(
+                    "{SUITE} {CASE}: {trips} round trips under {rate:.0} msg/s ({k} done; \
+                     {depth} messages waited when they began, of {CAPACITY}; {})",
+                    whereabouts(a)
+                )
+            })?;
+            let m = message::<Msg64>(k, true);
+            let t = Instant::now();
+            check(&a.request(&m, 0, WAIT)?, k)?;
+            us.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        to = a.stats();
+        Ok(())
+    })?;
+    Ok((us, driven.sent, depth_at_start, (from, to)))
+}
+
+/// The loop between two stats of one actor: its mean iteration and phases (`iter_…_ns`, idle
+/// and busy iterations together), and where it took messages: `busy_iteration_ns` (from its
+/// start to the answers), `msgs_per_busy_iteration`, `busy_iteration_share` of all; the
+/// window a read covered (`slots_per_read`) and the share of it that held messages
+/// (`window_fill`). The loop publishes its counts every 256 iterations (the CPU backend
+/// none: only zeros, and no busy or read figures).
+fn loop_extras(from: &ActorStats, to: &ActorStats) -> Vec<(String, f64)> {
+    let mut extra: Vec<(String, f64)> = PHASES
+        .iter()
+        .zip(per_iteration(from, to))
+        .map(|(phase, v)| (format!("iter_{phase}_ns"), v))
+        .collect();
+    let d = |a: u64, b: u64| b.saturating_sub(a) as f64;
+    let (loops, busy_loops) = (d(from.loops, to.loops), d(from.busy_loops, to.busy_loops));
+    let processed = d(from.processed, to.processed);
+    let (reads, slots) = (d(from.reads, to.reads), d(from.read_slots, to.read_slots));
+    extra.push(("iterations".into(), loops));
+    if busy_loops > 0.0 {
+        extra.push((
+            "busy_iteration_ns".into(),
+            d(from.busy_ns, to.busy_ns) / busy_loops,
+        ));
+        extra.push(("msgs_per_busy_iteration".into(), processed / busy_loops));
+        extra.push(("busy_iteration_share".into(), busy_loops / loops.max(1.0)));
     }
-    Ok(())
+    if reads > 0.0 && slots > 0.0 {
+        extra.push(("slots_per_read".into(), slots / reads));
+        extra.push(("window_fill".into(), processed / slots));
+    }
+    extra
 }
 
 fn terminate(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
@@ -751,6 +858,7 @@ mod tests {
             ("throughput", "warpdrive-b256-p4"),
             ("pipeline", "warpdrive-2-stages-p4"),
             ("round-trip-loaded", "warpdrive"),
+            ("round-trip-loaded", "warpdrive-quick-stream"),
             ("terminate", "warpdrive"),
         ] {
             assert!(
@@ -764,7 +872,14 @@ mod tests {
             .unwrap();
         assert!(warp.extra["p999_us"].as_f64().unwrap() >= warp.median);
         assert!(warp.extra["over_doorbell"].as_f64().unwrap() > 0.0);
-        for row in rows.iter().filter(|r| r.case == "round-trip-loaded") {
+        // A small run's loads: 50 % and 90 %, one row each, per variant.
+        let loaded: Vec<_> = rows
+            .iter()
+            .filter(|r| r.case == "round-trip-loaded")
+            .collect();
+        assert_eq!(loaded.len(), 4);
+        for row in loaded {
+            assert!(row.extra.contains_key("iter_loop_ns"));
             let max = row.extra["load_max_msgs_per_s"].as_f64().unwrap();
             assert!(max <= row.extra["unpaced_max_msgs_per_s"].as_f64().unwrap());
             let load = row.extra["load_msgs_per_s"].as_f64().unwrap();
