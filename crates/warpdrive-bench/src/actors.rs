@@ -20,7 +20,7 @@
 //!   same on an actor with `ActorSpec::quick_stream`. The loop while the requests ran:
 //!   `extra.iter_{read,control,pick,answer,after,loop}_ns` (mean iteration, idle and busy),
 //!   `busy_iteration_ns`, `msgs_per_busy_iteration`, `busy_iteration_share`,
-//!   `slots_per_read`, `window_fill` (see `loop_extras`; the `throughput` rows of one actor
+//!   `window_slots`, `window_fill` (see `loop_extras`; the `throughput` rows of one actor
 //!   carry the same). `extra.load_fraction`, `extra.load_max_msgs_per_s` (that maximum),
 //!   `extra.unpaced_max_msgs_per_s`, `extra.load_msgs_per_s`, `extra.b32_p1_msgs_per_s` (the
 //!   `throughput` row's rate, for comparison), `extra.inbox_depth_at_start` (the messages
@@ -203,6 +203,9 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
     terminate(ctx, &plan)?;
     loaded
 }
+
+/// Named figures for a row's `extra`.
+type Extras = Vec<(String, f64)>;
 
 /// The loop's phases (`ActorStats::phase_ns`), then the whole iteration.
 const PHASES: [&str; 6] = ["read", "control", "pick", "answer", "after", "loop"];
@@ -595,7 +598,7 @@ fn one_sink<S: Pod>(
     plan: &Plan,
     spec: ActorSpec<Msg64, Msg64, S>,
     producers: usize,
-) -> Result<(Vec<f64>, Vec<(String, f64)>)> {
+) -> Result<(Vec<f64>, Extras)> {
     let mut system = ActorSystem::new(device)?;
     let a = system.spawn(spec)?;
     system.start()?;
@@ -710,21 +713,21 @@ fn loaded_sweep(
                 fraction * 100.0
             ));
             let rate = max * fraction;
-            let (us, sent, depth_at_start, stats) = loaded_step(plan, &a, rate, full)?;
-            total += sent + us.len() as u64;
+            let step = loaded_step(plan, &a, rate, full)?;
+            total += step.sent + step.us.len() as u64;
             // Every message the producer sent and every request handled: none lost.
             all_processed(&a, total)?;
-            let mut extra: Vec<(String, f64)> = vec![
+            let mut extra: Extras = vec![
                 ("load_fraction".into(), fraction),
                 ("load_msgs_per_s".into(), rate),
                 ("load_max_msgs_per_s".into(), max),
                 ("unpaced_max_msgs_per_s".into(), unpaced),
                 ("b32_p1_msgs_per_s".into(), b32_p1),
-                ("inbox_depth_at_start".into(), depth_at_start as f64),
+                ("inbox_depth_at_start".into(), step.depth_at_start as f64),
             ];
-            extra.extend(loop_extras(&stats.0, &stats.1));
+            extra.extend(loop_extras(&step.from, &step.to));
             let extra: Vec<(&str, f64)> = extra.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-            record_latency(ctx, CASE, 64, variant, us, None, &extra)?;
+            record_latency(ctx, CASE, 64, variant, step.us, None, &extra)?;
         }
         Ok(())
     })();
@@ -733,15 +736,22 @@ fn loaded_sweep(
     result
 }
 
-/// Round trips (µs each) to `a` while one producer sends it `rate` messages a second that
-/// need no reply; also the messages that producer sent, the inbox's depth when the requests
-/// began and the actor's stats at their start and end.
-fn loaded_step(
-    plan: &Plan,
-    a: &Actor<Msg64, Msg64>,
-    rate: f64,
-    full: bool,
-) -> Result<(Vec<f64>, u64, u64, (ActorStats, ActorStats))> {
+/// What [`loaded_step`] measured.
+struct Loaded {
+    /// µs per round trip.
+    us: Vec<f64>,
+    /// Messages the producer sent.
+    sent: u64,
+    /// Messages waiting when the requests began.
+    depth_at_start: u64,
+    /// The actor's stats when the requests began and ended.
+    from: ActorStats,
+    to: ActorStats,
+}
+
+/// Round trips to `a` while one producer sends it `rate` messages a second that need no
+/// reply.
+fn loaded_step(plan: &Plan, a: &Actor<Msg64, Msg64>, rate: f64, full: bool) -> Result<Loaded> {
     const CASE: &str = "round-trip-loaded";
     let trips = plan.round_trips / 5;
     let mut us = Vec::with_capacity(trips);
@@ -788,17 +798,23 @@ fn loaded_step(
         to = a.stats();
         Ok(())
     })?;
-    Ok((us, driven.sent, depth_at_start, (from, to)))
+    Ok(Loaded {
+        us,
+        sent: driven.sent,
+        depth_at_start,
+        from,
+        to,
+    })
 }
 
 /// The loop between two stats of one actor: its mean iteration and phases (`iter_…_ns`, idle
 /// and busy iterations together), and where it took messages: `busy_iteration_ns` (from its
-/// start to the answers), `msgs_per_busy_iteration`, `busy_iteration_share` of all; the
-/// window a read covered (`slots_per_read`) and the share of it that held messages
+/// start to the answers), `msgs_per_busy_iteration`, `busy_iteration_share` of all; the mean
+/// window it read (`window_slots`) and the share of the windows that held messages
 /// (`window_fill`). The loop publishes its counts every 256 iterations (the CPU backend
-/// none: only zeros, and no busy or read figures).
-fn loop_extras(from: &ActorStats, to: &ActorStats) -> Vec<(String, f64)> {
-    let mut extra: Vec<(String, f64)> = PHASES
+/// none: only zeros, and no busy or window figures).
+fn loop_extras(from: &ActorStats, to: &ActorStats) -> Extras {
+    let mut extra: Extras = PHASES
         .iter()
         .zip(per_iteration(from, to))
         .map(|(phase, v)| (format!("iter_{phase}_ns"), v))
@@ -806,7 +822,7 @@ fn loop_extras(from: &ActorStats, to: &ActorStats) -> Vec<(String, f64)> {
     let d = |a: u64, b: u64| b.saturating_sub(a) as f64;
     let (loops, busy_loops) = (d(from.loops, to.loops), d(from.busy_loops, to.busy_loops));
     let processed = d(from.processed, to.processed);
-    let (reads, slots) = (d(from.reads, to.reads), d(from.read_slots, to.read_slots));
+    let slots = d(from.window_slots, to.window_slots);
     extra.push(("iterations".into(), loops));
     if busy_loops > 0.0 {
         extra.push((
@@ -816,8 +832,8 @@ fn loop_extras(from: &ActorStats, to: &ActorStats) -> Vec<(String, f64)> {
         extra.push(("msgs_per_busy_iteration".into(), processed / busy_loops));
         extra.push(("busy_iteration_share".into(), busy_loops / loops.max(1.0)));
     }
-    if reads > 0.0 && slots > 0.0 {
-        extra.push(("slots_per_read".into(), slots / reads));
+    if loops > 0.0 && slots > 0.0 {
+        extra.push(("window_slots".into(), slots / loops));
         extra.push(("window_fill".into(), processed / slots));
     }
     extra

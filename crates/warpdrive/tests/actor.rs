@@ -800,6 +800,13 @@ fn handlers_compile_and_a_broken_one_returns_the_log() {
     for arch in ["sm_80", "sm_90a"] {
         system.check_compiles(Arch::parse(arch).unwrap()).unwrap();
     }
+    // With an actor that asks for `quick_stream`, the loop compiles that path in too.
+    let quick = ActorSystem::new(&Device::cpu()).unwrap();
+    quick.spawn(stateless("quick").quick_stream(true)).unwrap();
+    quick.spawn(spec("plain")).unwrap();
+    for arch in ["sm_80", "sm_90a"] {
+        quick.check_compiles(Arch::parse(arch).unwrap()).unwrap();
+    }
     let broken = ActorSystem::new(&Device::cpu()).unwrap();
     broken
         .spawn(spec("broken").cuda(

@@ -247,7 +247,13 @@ pub(crate) fn compile(specs: &[ErasedSpec], arch: crate::kernels::Arch) -> Resul
 /// The loop's source: the fragment, each actor's handler in its namespace with checks of
 /// its types' sizes, and the dispatch.
 fn source(specs: &[ErasedSpec]) -> Result<String> {
-    let mut text = String::from(ACTOR_LOOP.code);
+    // `ActorSpec::quick_stream`'s path is compiled in only where an actor asks for it (the
+    // loop is at its register limit: the flag alone costs spills).
+    let mut text = String::new();
+    if specs.iter().any(|s| s.quick_stream) {
+        text.push_str("#define ACTOR_QUICK_STREAM 1\n");
+    }
+    text.push_str(ACTOR_LOOP.code);
     for (i, spec) in specs.iter().enumerate() {
         let handler = spec.cuda.as_deref().ok_or_else(|| {
             Error::InvalidArgument(format!(

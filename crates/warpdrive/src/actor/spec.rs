@@ -147,7 +147,8 @@ impl<In: Pod, Out: Pod, S: Pod> ActorSpec<In, Out, S> {
     /// lane and no device inbox, a read of a window larger than one round of loads finds
     /// its messages by two reductions in registers instead of slot states in shared memory
     /// and ballots. The messages and their order are the same either way (the CPU backend
-    /// has no windows). Off by default until measured (`warpdrive bench actors`, the
+    /// has no windows). The loop of a system with such an actor is compiled with that path
+    /// (a few bytes of register spills on sm_90). Off by default until measured (`warpdrive bench actors`, the
     /// `round-trip-loaded` rows `warpdrive-quick-stream`; bench/NOTES.md).
     pub fn quick_stream(mut self, on: bool) -> Self {
         self.quick_stream = on;

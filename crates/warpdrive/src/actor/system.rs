@@ -591,13 +591,10 @@ pub struct ActorStats {
     /// finding none while the next read found one (it came a read later). The wait settles
     /// where misses are a set share of these (on the CPU backend, zeros).
     pub gap_reads: [u64; 2],
-    /// Reads of the inbox windows (a read covers every lane's window in one round trip;
-    /// published with `loops`; on the CPU backend, 0).
-    pub reads: u64,
-    /// Inbox slots those reads covered, in all: per read, the window the loop chose (it
-    /// doubles after a full one and falls to two slots after an empty one; on the CPU
-    /// backend, 0).
-    pub read_slots: u64,
+    /// The inbox slots the loop read, summed over its iterations: each iteration's window
+    /// of the first lane (it doubles after a full read and falls to two slots after an empty
+    /// one); `/ loops`, the mean window. Published with `loops` (on the CPU backend, 0).
+    pub window_slots: u64,
     /// Iterations that took messages (`busy_ns` is their time; on the CPU backend, 0).
     pub busy_loops: u64,
 }
@@ -807,9 +804,8 @@ impl<In: Pod, Out: Pod> Actor<In, Out> {
             phase_ns: std::array::from_fn(|i| w(ctrl::PHASE_NS + i)),
             gap_ns: w(ctrl::GAP_NS),
             gap_reads: [w(ctrl::GAP_READS), w(ctrl::GAP_READS + 1)],
-            reads: w(ctrl::READS),
-            read_slots: w(ctrl::READS + 1),
-            busy_loops: w(ctrl::READS + 2),
+            window_slots: w(ctrl::WINDOW_SLOTS),
+            busy_loops: w(ctrl::WINDOW_SLOTS + 1),
         }
     }
 

@@ -66,7 +66,7 @@ __device__ void actor_dispatch(u32 kind, const void* in, void* out, void* state,
 #define N_PHASES 5
 #define C_GAP_NS 23
 #define C_GAP_READS 24  // hits, misses
-#define C_READS 26      // reads of the windows, slots they covered, iterations that took messages
+#define C_WINDOW_SLOTS 26  // the first rank's window summed over iterations, busy iterations
 #define S_COMMAND 0
 #define S_HOST_BEAT 1
 #define S_PARK_NS 2
@@ -268,8 +268,14 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     const u64 trace_every = d[D_TRACE_EVERY];
     const bool parallel = d[D_PARALLEL] != 0;
     // A lone rank read in several chunks (a stream's window) counted in registers too, as a
-    // one-trip read is (ActorSpec::quick_stream; off: the slot states and ballots).
+    // one-trip read is (ActorSpec::quick_stream; off: the slot states and ballots). Compiled
+    // in only where an actor asks (actor/gpu_loop.rs): the flag alone makes the loop spill at
+    // its 255 registers (sm_90).
+#ifdef ACTOR_QUICK_STREAM
     const bool quick_stream = d[D_QUICK_STREAM] != 0;
+#else
+    const bool quick_stream = false;
+#endif
     u64* trace = blk + d[D_TRACE_BASE];
     u64* outbox = blk + d[D_OUTBOX_BASE];
     const u32 ranks = lanes + (dev_ring ? 1u : 0u);
@@ -294,9 +300,9 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     __shared__ u8 replied[MAX_BATCH];
     __shared__ u16 order[MAX_BATCH];    // the picks that replied, in pick order
     __shared__ u64 state_dummy;
-    // Lane 0's counts of the reads of the windows, the slots they covered and the iterations
-    // that took messages (C_READS): in shared memory, the loop has no registers to spare.
-    __shared__ u64 reads[3];
+    // Lane 0's counts (C_WINDOW_SLOTS): the first rank's window summed over iterations, and
+    // the iterations that took messages. In shared memory: the loop has no registers to spare.
+    __shared__ u64 counts[2];
     void* state = d[D_STATE] ? (void*)d[D_STATE] : (void*)&state_dummy;
 
     // Thread 0's bookkeeping.
@@ -322,7 +328,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         beat_time = now_ns();
         st_word(blk + C_CLOCK_START, beat_time);
         n_pub = 0;
-        reads[0] = reads[1] = reads[2] = 0;
+        counts[0] = counts[1] = 0;
     }
     for (u32 i = lane; i < MAX_RANKS * MAX_WINDOW; i += 32) st[i / MAX_WINDOW][i % MAX_WINDOW] = 0;
     __syncwarp();
@@ -368,7 +374,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             PUBLISH(blk + C_GAP_READS, gap_hits);                                   \
             PUBLISH(blk + C_GAP_READS + 1, gap_misses);                             \
             for (u32 q = 0; q < N_PHASES; ++q) PUBLISH(blk + C_PHASE_NS + q, phase[q]); \
-            for (u32 q = 0; q < 3; ++q) PUBLISH(blk + C_READS + q, reads[q]);       \
+            for (u32 q = 0; q < 2; ++q) PUBLISH(blk + C_WINDOW_SLOTS + q, counts[q]); \
         }                                                                           \
     } while (0)
 
@@ -395,9 +401,10 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         if (!pend) return;
         if (lane == 0) {
             phase[4] += t_now - p_after;  // an inactive loop's sleep included
+            counts[0] += win[0];              // the window being read (or the next one)
             if (p_rt) read_rt = (read_rt * 7 + p_rt) / 8;
             if (pend == 2) {
-                if (p_picks) ++reads[2];
+                if (p_picks) ++counts[1];
                 if (p_solo && p_picks) PUBLISH(lanes ? blk + C_IN_HEAD + (lanes - 1) : dev_ring, head[0]);
                 if (p_picks) {
                     if (fwd_ring) {
@@ -483,22 +490,14 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             // sixteen-load chunk.
             const RingView rv{pre, ranks, head, rbase, rmask, in_sw, in_vps, wmax, &st[0][0], in_stage};
             one_trip = total <= 96;
-            // The books, then this read counted, while its loads are in flight.
-            auto counted = [&]() {
-                books();
-                if (lane == 0) {
-                    reads[0] += 1;
-                    for (u32 r = 0; r < ranks; ++r) reads[1] += win[r];
-                }
-            };
             if (one_trip) {
                 read_chunk<3>(rv, 0, total, lane, true, ctl_at, word, stop, drop, ranks == 1 ? 2u : 3u, true,
-                              counted);
+                              books);
             } else {
                 const u32 mark = ranks == 1 && quick_stream ? 2u : 3u;
                 for (u32 base = 0; base < total; base += 32 * LOADS_IN_FLIGHT)
                     read_chunk<LOADS_IN_FLIGHT>(rv, base, total, lane, base == 0, ctl_at, word, stop, drop, mark,
-                                                base == 0, counted);
+                                                base == 0, books);
             }
         }
         // A lone rank read in one trip (a closed-loop client's actor; with `quick_stream` in
