@@ -8,7 +8,8 @@
 //!   answering: `idle_read_ns` … `idle_after_ns`, `idle_loop_ns`, the same `busy_…`, see
 //!   `ActorStats::phase_ns`; `gap_ns`, the loop's wait after an answer, `ActorStats::gap_ns`;
 //!   `gap_hits` / `gap_misses` / `gap_miss_pct`, the reads right after it while answering,
-//!   `ActorStats::gap_reads`). Variants `doorbell` (one GPU thread polling one mapped word,
+//!   `ActorStats::gap_reads`; `warpdrive-wide` at 64 B: with `ActorSpec::wide_window`).
+//!   Variants `doorbell` (one GPU thread polling one mapped word,
 //!   no queue), `warpdrive` (`Actor::request`), `kernel-per-message` (write the message to mapped
 //!   memory, launch, synchronize, read), `graph-per-message` (the same kernel in a graph).
 //! - `round-trip-loaded` (size 64): `warpdrive` requests while another thread sends
@@ -16,8 +17,9 @@
 //!   90) of that actor's maximum under such a paced load, measured on the same actor just
 //!   before (`paced_max`: from its rate fed by a producer at full speed, as the `throughput`
 //!   row of batch 32, down in steps of 5% to the first rate its loop keeps up with; at full
-//!   scale only, else the unpaced rate), a row each; variant `warpdrive-quick-stream` the
-//!   same on an actor with `ActorSpec::quick_stream`. The loop while the requests ran:
+//!   scale only, else the unpaced rate), a row each; variants `warpdrive-quick-stream`,
+//!   `warpdrive-wide` and `warpdrive-wide-quick-stream` the same on an actor with
+//!   `ActorSpec::quick_stream`, `ActorSpec::wide_window` or both. The loop while the requests ran:
 //!   `extra.iter_{read,control,pick,answer,after,loop}_ns` (mean iteration, idle and busy),
 //!   `busy_iteration_ns`, `msgs_per_busy_iteration`, `busy_iteration_share`,
 //!   `window_slots`, `window_fill` (see `loop_extras`; the `throughput` rows of one actor
@@ -265,57 +267,14 @@ fn round_trip<M: Pod>(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         }
         record_latency(ctx, CASE, bytes, "doorbell", us, None, &[])?
     };
-    ctx.step(format!("{SUITE}: {CASE} {bytes} B warpdrive"));
-    {
-        let mut system = ActorSystem::new(&device)?;
-        let a = system.spawn(echo_spec::<M>("echo", 32))?;
-        system.start()?;
-        a.activate()?;
-        for k in 0..1000 {
-            a.request(&message::<M>(k, true), 0, WAIT)?;
+    // `warpdrive-wide`: `ActorSpec::wide_window` (a lone message's round trip must not lose;
+    // at 256 B the wide window is the narrow one: two slots fill a round of loads).
+    for (variant, wide) in [("warpdrive", false), ("warpdrive-wide", true)] {
+        if wide && bytes != 64 {
+            continue;
         }
-        // The loop's iteration and its phases with nothing to do, then while it answers.
-        let idle0 = a.stats();
-        std::thread::sleep(plan.interval);
-        let idle = per_iteration(&idle0, &a.stats());
-        let mut us = Vec::with_capacity(plan.round_trips);
-        let busy0 = a.stats();
-        let deadline = Instant::now() + STEP_LIMIT;
-        for k in 0..plan.round_trips as u32 {
-            before(deadline, || {
-                format!(
-                    "{SUITE} {CASE} {bytes} B: {} round trips ({k} done; {})",
-                    plan.round_trips,
-                    whereabouts(&a)
-                )
-            })?;
-            let m = message::<M>(k, true);
-            let t = Instant::now();
-            let out = a.request(&m, 0, WAIT)?;
-            us.push(t.elapsed().as_secs_f64() * 1e6);
-            check(&out, k)?;
-        }
-        let busy_stats = a.stats();
-        let busy = per_iteration(&busy0, &busy_stats);
-        system.terminate()?;
-        let mut extra = vec![("gap_ns".to_string(), busy_stats.gap_ns as f64)];
-        // The reads right after the gap while answering: hits and misses (a miss costs its
-        // message one more read).
-        let [hits, misses] = std::array::from_fn(|i| {
-            busy_stats.gap_reads[i].saturating_sub(busy0.gap_reads[i]) as f64
-        });
-        extra.push(("gap_hits".into(), hits));
-        extra.push(("gap_misses".into(), misses));
-        if hits + misses > 0.0 {
-            extra.push(("gap_miss_pct".into(), 100.0 * misses / (hits + misses)));
-        }
-        for (when, ns) in [("idle", idle), ("busy", busy)] {
-            for (phase, v) in PHASES.iter().zip(ns) {
-                extra.push((format!("{when}_{phase}_ns"), v));
-            }
-        }
-        let extra: Vec<(&str, f64)> = extra.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-        record_latency(ctx, CASE, bytes, "warpdrive", us, Some(doorbell), &extra)?;
+        ctx.step(format!("{SUITE}: {CASE} {bytes} B {variant}"));
+        actor_round_trip::<M>(ctx, plan, variant, wide, doorbell)?;
     }
     ctx.step(format!(
         "{SUITE}: {CASE} {bytes} B kernel/graph per message"
@@ -368,6 +327,69 @@ fn round_trip<M: Pod>(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         Some(doorbell),
         &[],
     )?;
+    Ok(())
+}
+
+/// The actor's closed-loop round trips (`round-trip` rows of `variant`), with its loop's
+/// iteration idle and busy.
+fn actor_round_trip<M: Pod>(
+    ctx: &mut Ctx,
+    plan: &Plan,
+    variant: &str,
+    wide: bool,
+    doorbell: f64,
+) -> Result<()> {
+    const CASE: &str = "round-trip";
+    let bytes = size_of::<M>();
+    let device = ctx.device().clone();
+    let mut system = ActorSystem::new(&device)?;
+    let a = system.spawn(echo_spec::<M>("echo", 32).wide_window(wide))?;
+    system.start()?;
+    a.activate()?;
+    for k in 0..1000 {
+        a.request(&message::<M>(k, true), 0, WAIT)?;
+    }
+    // The loop's iteration and its phases with nothing to do, then while it answers.
+    let idle0 = a.stats();
+    std::thread::sleep(plan.interval);
+    let idle = per_iteration(&idle0, &a.stats());
+    let mut us = Vec::with_capacity(plan.round_trips);
+    let busy0 = a.stats();
+    let deadline = Instant::now() + STEP_LIMIT;
+    for k in 0..plan.round_trips as u32 {
+        before(deadline, || {
+            format!(
+                "{SUITE} {CASE} {bytes} B: {} round trips ({k} done; {})",
+                plan.round_trips,
+                whereabouts(&a)
+            )
+        })?;
+        let m = message::<M>(k, true);
+        let t = Instant::now();
+        let out = a.request(&m, 0, WAIT)?;
+        us.push(t.elapsed().as_secs_f64() * 1e6);
+        check(&out, k)?;
+    }
+    let busy_stats = a.stats();
+    let busy = per_iteration(&busy0, &busy_stats);
+    system.terminate()?;
+    let mut extra = vec![("gap_ns".to_string(), busy_stats.gap_ns as f64)];
+    // The reads right after the gap while answering: hits and misses (a miss costs its
+    // message one more read).
+    let [hits, misses] =
+        std::array::from_fn(|i| busy_stats.gap_reads[i].saturating_sub(busy0.gap_reads[i]) as f64);
+    extra.push(("gap_hits".into(), hits));
+    extra.push(("gap_misses".into(), misses));
+    if hits + misses > 0.0 {
+        extra.push(("gap_miss_pct".into(), 100.0 * misses / (hits + misses)));
+    }
+    for (when, ns) in [("idle", idle), ("busy", busy)] {
+        for (phase, v) in PHASES.iter().zip(ns) {
+            extra.push((format!("{when}_{phase}_ns"), v));
+        }
+    }
+    let extra: Vec<(&str, f64)> = extra.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    record_latency(ctx, CASE, bytes, variant, us, Some(doorbell), &extra)?;
     Ok(())
 }
 
@@ -657,10 +679,18 @@ fn paced_max(plan: &Plan, a: &Actor<Msg64, Msg64>, unpaced: f64, done: u64) -> R
 /// scale: a sweep whose 50 % and 90 % rows are the issue's; a small run takes those two.
 const SWEEP: [f64; 5] = [0.1, 0.3, 0.5, 0.7, 0.9];
 
-/// Round trips under load (`SWEEP`), for the default loop and with `ActorSpec::quick_stream`
-/// (variant `warpdrive-quick-stream`), each on its own actor against its own maximum
-/// (`b32_p1`: the `throughput` row's rate of the same spec, recorded beside it). A variant
-/// that fails (its error says why) does not stop the other; the first error is returned.
+/// The loaded step's variants: (name, `ActorSpec::quick_stream`, `ActorSpec::wide_window`).
+const LOADED_VARIANTS: [(&str, bool, bool); 4] = [
+    ("warpdrive", false, false),
+    ("warpdrive-quick-stream", true, false),
+    ("warpdrive-wide", false, true),
+    ("warpdrive-wide-quick-stream", true, true),
+];
+
+/// Round trips under load (`SWEEP`), for the default loop and each of `LOADED_VARIANTS`, each
+/// on its own actor against its own maximum (`b32_p1`: the `throughput` row's rate of the
+/// same spec, recorded beside it). A variant that fails (its error says why) does not stop
+/// the others; the first error is returned.
 fn loaded(ctx: &mut Ctx, plan: &Plan, b32_p1: f64) -> Result<()> {
     let fractions: &[f64] = if ctx.scale().quick() {
         &[0.5, 0.9]
@@ -668,8 +698,11 @@ fn loaded(ctx: &mut Ctx, plan: &Plan, b32_p1: f64) -> Result<()> {
         &SWEEP
     };
     let mut first_error = None;
-    for (variant, quick) in [("warpdrive", false), ("warpdrive-quick-stream", true)] {
-        if let Err(e) = loaded_sweep(ctx, plan, b32_p1, variant, quick, fractions) {
+    for (variant, quick, wide) in LOADED_VARIANTS {
+        let spec = echo_spec::<Msg64>("echo", 32)
+            .quick_stream(quick)
+            .wide_window(wide);
+        if let Err(e) = loaded_sweep(ctx, plan, b32_p1, variant, spec, fractions) {
             first_error.get_or_insert(e);
         }
     }
@@ -683,7 +716,7 @@ fn loaded_sweep(
     plan: &Plan,
     b32_p1: f64,
     variant: &str,
-    quick: bool,
+    spec: ActorSpec<Msg64, Msg64, ()>,
     fractions: &[f64],
 ) -> Result<()> {
     const CASE: &str = "round-trip-loaded";
@@ -691,7 +724,7 @@ fn loaded_sweep(
     let full = !ctx.scale().quick();
     ctx.step(format!("{SUITE}: {CASE} {variant}: the maximum"));
     let mut system = ActorSystem::new(&device)?;
-    let a = system.spawn(echo_spec::<Msg64>("echo", 32).quick_stream(quick))?;
+    let a = system.spawn(spec)?;
     system.start()?;
     let result = (|| -> Result<()> {
         a.activate()?;
@@ -874,7 +907,10 @@ mod tests {
             ("throughput", "warpdrive-b256-p4"),
             ("pipeline", "warpdrive-2-stages-p4"),
             ("round-trip-loaded", "warpdrive"),
+            ("round-trip", "warpdrive-wide"),
             ("round-trip-loaded", "warpdrive-quick-stream"),
+            ("round-trip-loaded", "warpdrive-wide"),
+            ("round-trip-loaded", "warpdrive-wide-quick-stream"),
             ("terminate", "warpdrive"),
         ] {
             assert!(
@@ -888,12 +924,12 @@ mod tests {
             .unwrap();
         assert!(warp.extra["p999_us"].as_f64().unwrap() >= warp.median);
         assert!(warp.extra["over_doorbell"].as_f64().unwrap() > 0.0);
-        // A small run's loads: 50 % and 90 %, one row each, per variant.
+        // A small run's loads: 50 % and 90 %, one row each, per variant (four).
         let loaded: Vec<_> = rows
             .iter()
             .filter(|r| r.case == "round-trip-loaded")
             .collect();
-        assert_eq!(loaded.len(), 4);
+        assert_eq!(loaded.len(), 8);
         for row in loaded {
             assert!(row.extra.contains_key("iter_loop_ns"));
             let max = row.extra["load_max_msgs_per_s"].as_f64().unwrap();

@@ -200,17 +200,28 @@ const LOAD_REQUESTS: u32 = 1_500;
 device_test!(
     open_loop_load_accounts_for_every_reply,
     gpu_open_loop_load,
-    |device: &Device| open_loop_load(device, false)
+    |device: &Device| open_loop_load(device, false, false)
 );
 
 device_test!(
     open_loop_load_with_quick_stream_accounts_for_every_reply,
     gpu_open_loop_load_quick_stream,
     // Windows over one round of loads counted in registers too (`ActorSpec::quick_stream`).
-    |device: &Device| open_loop_load(device, true)
+    |device: &Device| open_loop_load(device, true, false)
 );
 
-fn open_loop_load(device: &Device, quick: bool) {
+device_test!(
+    open_loop_load_with_wide_windows_accounts_for_every_reply,
+    gpu_open_loop_load_wide,
+    // Ten-slot windows after an empty read (`ActorSpec::wide_window`), with and without
+    // the quick stream.
+    |device: &Device| {
+        open_loop_load(device, false, true);
+        open_loop_load(device, true, true);
+    }
+);
+
+fn open_loop_load(device: &Device, quick: bool, wide: bool) {
     // The loaded round trip's shape (`warpdrive bench actors`, round-trip-loaded), with
     // more producers: threads keep many messages in flight without waiting for replies
     // (open loop), most wanting none, in chunks of random size, while another thread's
@@ -226,7 +237,8 @@ fn open_loop_load(device: &Device, quick: bool) {
                 .batch(32)
                 .capacity(512)
                 .backpressure(Backpressure::Block { timeout: WAIT })
-                .quick_stream(quick),
+                .quick_stream(quick)
+                .wide_window(wide),
         )
         .unwrap();
     system.start().unwrap();
@@ -521,7 +533,7 @@ device_test!(
 device_test!(
     drop_oldest_counts_what_never_arrived,
     gpu_drop_oldest_counts,
-    |device: &Device| drop_oldest_counts(device, false)
+    |device: &Device| drop_oldest_counts(device, false, false)
 );
 
 device_test!(
@@ -529,17 +541,22 @@ device_test!(
     gpu_drop_oldest_counts_quick_stream,
     // The overwritten slots of windows over one round of loads marked for the priority
     // picker as a one-trip read's are (`ActorSpec::quick_stream`).
-    |device: &Device| drop_oldest_counts(device, true)
+    |device: &Device| {
+        drop_oldest_counts(device, true, false);
+        // And with ten-slot windows after an empty read (`ActorSpec::wide_window`).
+        drop_oldest_counts(device, true, true);
+    }
 );
 
-fn drop_oldest_counts(device: &Device, quick: bool) {
+fn drop_oldest_counts(device: &Device, quick: bool, wide: bool) {
     let mut system = ActorSystem::new(device).unwrap();
     let a = system
         .spawn(
             spec("drop")
                 .capacity(16)
                 .backpressure(Backpressure::DropOldest)
-                .quick_stream(quick),
+                .quick_stream(quick)
+                .wide_window(wide),
         )
         .unwrap();
     system.start().unwrap();
@@ -803,7 +820,7 @@ fn handlers_compile_and_a_broken_one_returns_the_log() {
     // With an actor that asks for `quick_stream`, the loop compiles that path in too.
     let quick = ActorSystem::new(&Device::cpu()).unwrap();
     quick.spawn(stateless("quick").quick_stream(true)).unwrap();
-    quick.spawn(spec("plain")).unwrap();
+    quick.spawn(spec("plain").wide_window(true)).unwrap();
     for arch in ["sm_80", "sm_90a"] {
         quick.check_compiles(Arch::parse(arch).unwrap()).unwrap();
     }

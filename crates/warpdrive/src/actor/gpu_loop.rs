@@ -41,6 +41,9 @@ const D_TRACE_BASE: usize = 22;
 const D_TRACE_EVERY: usize = 23;
 const D_PARALLEL: usize = 24;
 const D_QUICK_STREAM: usize = 25;
+const D_WMIN: usize = 26;
+/// Vectors (16 bytes) the loop reads in one round of loads (`ONE_TRIP_VECTORS`).
+const ONE_TRIP_VECTORS: usize = 96;
 /// Words before a device ring's slots (its head, then padding to 16 bytes).
 const DEV_RING_SLOTS: usize = 2;
 /// Shared memory a block stages inputs and outputs in, at most (bytes).
@@ -118,6 +121,15 @@ pub(crate) fn start(
         // ring is drained (actor_loop.cu, next_window).
         let wmax = (IN_STAGE_BYTES / (ranks * in_sw * 4)).clamp(1, spec.batch.max(2));
         let pick_max = (OUT_STAGE_BYTES / (out_sw * 4)).clamp(1, spec.batch);
+        // The window after an empty read: two slots, or (`wide_window`) as many as every
+        // lane's window read in one round of loads, so a burst after a pause is read in
+        // fewer, wider reads.
+        let narrow = 2.min(wmax);
+        let wmin = if spec.wide_window {
+            (ONE_TRIP_VECTORS / (ranks * in_sw / 2)).clamp(narrow, wmax)
+        } else {
+            narrow
+        };
         let in_stage = ranks * wmax * in_sw;
         shared_bytes = shared_bytes.max((in_stage + pick_max * out_sw) * 4);
         d[D_BLOCK] = actor.block.device_ptr();
@@ -148,6 +160,7 @@ pub(crate) fn start(
         // Without state a handler is a function of its message: one message per thread.
         d[D_PARALLEL] = spec.state.is_empty() as u64;
         d[D_QUICK_STREAM] = spec.quick_stream as u64;
+        d[D_WMIN] = wmin as u64;
         states.push(state);
     }
     let descs = Buffer::from_host(&side, &descs)?;

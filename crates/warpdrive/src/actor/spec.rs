@@ -67,6 +67,7 @@ pub struct ActorSpec<In, Out, S = ()> {
     pub(crate) state: S,
     pub(crate) forward_to: Option<usize>,
     pub(crate) quick_stream: bool,
+    pub(crate) wide_window: bool,
 }
 
 impl<In: Pod, Out: Pod, S: Pod> ActorSpec<In, Out, S> {
@@ -85,6 +86,7 @@ impl<In: Pod, Out: Pod, S: Pod> ActorSpec<In, Out, S> {
             state,
             forward_to: None,
             quick_stream: false,
+            wide_window: false,
         }
     }
 
@@ -155,6 +157,17 @@ impl<In: Pod, Out: Pod, S: Pod> ActorSpec<In, Out, S> {
         self
     }
 
+    /// On the GPU backend, after a read that found nothing, read as many slots as one round
+    /// of loads covers (ten 64-byte messages on one lane) instead of two: a burst that
+    /// comes after a pause is then taken in one or two reads rather than a window doubling
+    /// from two slots, read after read. The messages and their order are the same either way.
+    /// Off by default until measured (`warpdrive bench actors`, the `warpdrive-wide` rows;
+    /// bench/NOTES.md).
+    pub fn wide_window(mut self, on: bool) -> Self {
+        self.wide_window = on;
+        self
+    }
+
     /// Checks the shape and erases the types.
     pub(crate) fn erase(self) -> Result<ErasedSpec> {
         let bad = |what: String| Error::InvalidArgument(format!("actor {}: {what}", self.name));
@@ -207,6 +220,7 @@ impl<In: Pod, Out: Pod, S: Pod> ActorSpec<In, Out, S> {
             starvation_limit: self.starvation_limit,
             forward_to: self.forward_to,
             quick_stream: self.quick_stream,
+            wide_window: self.wide_window,
         })
     }
 }
@@ -228,4 +242,6 @@ pub(crate) struct ErasedSpec {
     pub(crate) forward_to: Option<usize>,
     /// `ActorSpec::quick_stream`.
     pub(crate) quick_stream: bool,
+    /// `ActorSpec::wide_window`.
+    pub(crate) wide_window: bool,
 }

@@ -47,6 +47,7 @@ __device__ void actor_dispatch(u32 kind, const void* in, void* out, void* state,
 #define D_TRACE_EVERY 23
 #define D_PARALLEL 24
 #define D_QUICK_STREAM 25
+#define D_WMIN 26
 #define D_WORDS 32
 
 // Control words (actor/ring.rs `ctrl` and `sys`).
@@ -184,6 +185,8 @@ __device__ __forceinline__ u32 next_window(u32 win, u32 ready, u32 wmin, u32 wma
 // Loads in flight per thread while reading the windows (each a PCIe round trip to host
 // memory); the loop that issues them is unrolled, so they stay in registers.
 #define LOADS_IN_FLIGHT 16
+// Vectors read in one round of three loads a lane (actor/gpu_loop.rs sizes windows by it).
+#define ONE_TRIP_VECTORS 96
 
 // What reading the windows needs: the flat order of the ranks' windows (`pre`), the rings,
 // and where the slot states and the staged slots go.
@@ -264,7 +267,9 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     const u64 cap = d[D_CAPACITY], dev_cap = d[D_DEV_CAPACITY], fwd_cap = d[D_FWD_CAPACITY];
     const u32 batch = (u32)d[D_BATCH], starvation = (u32)d[D_STARVATION], kind = (u32)d[D_KIND];
     const u32 wmax = (u32)d[D_WMAX], pick_max = (u32)d[D_PICK_MAX];
-    const u32 wmin = min(2u, wmax);
+    // The window after an empty read (actor/gpu_loop.rs: two slots, or with
+    // ActorSpec::wide_window as many as one round of loads reads).
+    const u32 wmin = (u32)d[D_WMIN];
     const u64 trace_every = d[D_TRACE_EVERY];
     const bool parallel = d[D_PARALLEL] != 0;
     // A lone rank read in several chunks (a stream's window) counted in registers too, as a
@@ -489,7 +494,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             // three loads a lane: a lone warp pays a few cycles for each instruction of the
             // sixteen-load chunk.
             const RingView rv{pre, ranks, head, rbase, rmask, in_sw, in_vps, wmax, &st[0][0], in_stage};
-            one_trip = total <= 96;
+            one_trip = total <= ONE_TRIP_VECTORS;
             if (one_trip) {
                 read_chunk<3>(rv, 0, total, lane, true, ctl_at, word, stop, drop, ranks == 1 ? 2u : 3u, true,
                               books);
