@@ -18,8 +18,9 @@
 //!   before (`paced_max`: from its rate fed by a producer at full speed, as the `throughput`
 //!   row of batch 32, down in steps of 5% to the first rate its loop keeps up with; at full
 //!   scale only, else the unpaced rate), a row each; variants `warpdrive-quick-stream`,
-//!   `warpdrive-wide` and `warpdrive-wide-quick-stream` the same on an actor with
-//!   `ActorSpec::quick_stream`, `ActorSpec::wide_window` or both. The loop while the requests ran:
+//!   `warpdrive-wide`, `warpdrive-reply-gap` and `warpdrive-all` the same on an actor with
+//!   `ActorSpec::quick_stream`, `ActorSpec::wide_window`, in a system with
+//!   `SystemConfig::reply_gap`, or all three. The loop while the requests ran:
 //!   `extra.iter_{read,control,pick,answer,after,loop}_ns` (mean iteration, idle and busy),
 //!   `busy_iteration_ns`, `msgs_per_busy_iteration`, `busy_iteration_share`,
 //!   `window_slots`, `window_fill` (see `loop_extras`; the `throughput` rows of one actor
@@ -45,7 +46,9 @@ use std::time::{Duration, Instant};
 
 use bytemuck::{Pod, Zeroable};
 use warpdrive::actor::probe::{Doorbell, OneShot};
-use warpdrive::actor::{Actor, ActorCtx, ActorSpec, ActorStats, ActorSystem, Backpressure};
+use warpdrive::actor::{
+    Actor, ActorCtx, ActorSpec, ActorStats, ActorSystem, Backpressure, SystemConfig,
+};
 use warpdrive::error::{Error, Result};
 use warpdrive::exec::Graph;
 
@@ -679,12 +682,14 @@ fn paced_max(plan: &Plan, a: &Actor<Msg64, Msg64>, unpaced: f64, done: u64) -> R
 /// scale: a sweep whose 50 % and 90 % rows are the issue's; a small run takes those two.
 const SWEEP: [f64; 5] = [0.1, 0.3, 0.5, 0.7, 0.9];
 
-/// The loaded step's variants: (name, `ActorSpec::quick_stream`, `ActorSpec::wide_window`).
-const LOADED_VARIANTS: [(&str, bool, bool); 4] = [
-    ("warpdrive", false, false),
-    ("warpdrive-quick-stream", true, false),
-    ("warpdrive-wide", false, true),
-    ("warpdrive-wide-quick-stream", true, true),
+/// The loaded step's variants: (name, `ActorSpec::quick_stream`, `ActorSpec::wide_window`,
+/// `SystemConfig::reply_gap`).
+const LOADED_VARIANTS: [(&str, bool, bool, bool); 5] = [
+    ("warpdrive", false, false, false),
+    ("warpdrive-quick-stream", true, false, false),
+    ("warpdrive-wide", false, true, false),
+    ("warpdrive-reply-gap", false, false, true),
+    ("warpdrive-all", true, true, true),
 ];
 
 /// Round trips under load (`SWEEP`), for the default loop and each of `LOADED_VARIANTS`, each
@@ -698,11 +703,15 @@ fn loaded(ctx: &mut Ctx, plan: &Plan, b32_p1: f64) -> Result<()> {
         &SWEEP
     };
     let mut first_error = None;
-    for (variant, quick, wide) in LOADED_VARIANTS {
+    for (variant, quick, wide, reply_gap) in LOADED_VARIANTS {
         let spec = echo_spec::<Msg64>("echo", 32)
             .quick_stream(quick)
             .wide_window(wide);
-        if let Err(e) = loaded_sweep(ctx, plan, b32_p1, variant, spec, fractions) {
+        let config = SystemConfig {
+            reply_gap,
+            ..SystemConfig::default()
+        };
+        if let Err(e) = loaded_sweep(ctx, plan, b32_p1, variant, spec, config, fractions) {
             first_error.get_or_insert(e);
         }
     }
@@ -717,13 +726,14 @@ fn loaded_sweep(
     b32_p1: f64,
     variant: &str,
     spec: ActorSpec<Msg64, Msg64, ()>,
+    config: SystemConfig,
     fractions: &[f64],
 ) -> Result<()> {
     const CASE: &str = "round-trip-loaded";
     let device = ctx.device().clone();
     let full = !ctx.scale().quick();
     ctx.step(format!("{SUITE}: {CASE} {variant}: the maximum"));
-    let mut system = ActorSystem::new(&device)?;
+    let mut system = ActorSystem::with_config(&device, config)?;
     let a = system.spawn(spec)?;
     system.start()?;
     let result = (|| -> Result<()> {
@@ -910,7 +920,8 @@ mod tests {
             ("round-trip", "warpdrive-wide"),
             ("round-trip-loaded", "warpdrive-quick-stream"),
             ("round-trip-loaded", "warpdrive-wide"),
-            ("round-trip-loaded", "warpdrive-wide-quick-stream"),
+            ("round-trip-loaded", "warpdrive-reply-gap"),
+            ("round-trip-loaded", "warpdrive-all"),
             ("terminate", "warpdrive"),
         ] {
             assert!(
@@ -924,12 +935,12 @@ mod tests {
             .unwrap();
         assert!(warp.extra["p999_us"].as_f64().unwrap() >= warp.median);
         assert!(warp.extra["over_doorbell"].as_f64().unwrap() > 0.0);
-        // A small run's loads: 50 % and 90 %, one row each, per variant (four).
+        // A small run's loads: 50 % and 90 %, one row each, per variant (five).
         let loaded: Vec<_> = rows
             .iter()
             .filter(|r| r.case == "round-trip-loaded")
             .collect();
-        assert_eq!(loaded.len(), 8);
+        assert_eq!(loaded.len(), 10);
         for row in loaded {
             assert!(row.extra.contains_key("iter_loop_ns"));
             let max = row.extra["load_max_msgs_per_s"].as_f64().unwrap();

@@ -200,14 +200,14 @@ const LOAD_REQUESTS: u32 = 1_500;
 device_test!(
     open_loop_load_accounts_for_every_reply,
     gpu_open_loop_load,
-    |device: &Device| open_loop_load(device, false, false)
+    |device: &Device| open_loop_load(device, false, false, false)
 );
 
 device_test!(
     open_loop_load_with_quick_stream_accounts_for_every_reply,
     gpu_open_loop_load_quick_stream,
     // Windows over one round of loads counted in registers too (`ActorSpec::quick_stream`).
-    |device: &Device| open_loop_load(device, true, false)
+    |device: &Device| open_loop_load(device, true, false, false)
 );
 
 device_test!(
@@ -216,12 +216,23 @@ device_test!(
     // Ten-slot windows after an empty read (`ActorSpec::wide_window`), with and without
     // the quick stream.
     |device: &Device| {
-        open_loop_load(device, false, true);
-        open_loop_load(device, true, true);
+        open_loop_load(device, false, true, false);
+        open_loop_load(device, true, true, false);
     }
 );
 
-fn open_loop_load(device: &Device, quick: bool, wide: bool) {
+device_test!(
+    open_loop_load_with_reply_gaps_accounts_for_every_reply,
+    gpu_open_loop_load_reply_gap,
+    // A gap after every iteration that replied (`SystemConfig::reply_gap`), alone and with
+    // the other two options.
+    |device: &Device| {
+        open_loop_load(device, false, false, true);
+        open_loop_load(device, true, true, true);
+    }
+);
+
+fn open_loop_load(device: &Device, quick: bool, wide: bool, reply_gap: bool) {
     // The loaded round trip's shape (`warpdrive bench actors`, round-trip-loaded), with
     // more producers: threads keep many messages in flight without waiting for replies
     // (open loop), most wanting none, in chunks of random size, while another thread's
@@ -230,7 +241,11 @@ fn open_loop_load(device: &Device, quick: bool, wide: bool) {
     // registers) and answers mixes of replies and silences; a small inbox laps often and
     // blocks the producers. Every reply is accounted for by its correlation id, once.
     const PRODUCERS: usize = 3;
-    let mut system = ActorSystem::new(device).unwrap();
+    let config = SystemConfig {
+        reply_gap,
+        ..SystemConfig::default()
+    };
+    let mut system = ActorSystem::with_config(device, config).unwrap();
     let a = system
         .spawn(
             stateless("loaded")
@@ -823,6 +838,17 @@ fn handlers_compile_and_a_broken_one_returns_the_log() {
     quick.spawn(spec("plain").wide_window(true)).unwrap();
     for arch in ["sm_80", "sm_90a"] {
         quick.check_compiles(Arch::parse(arch).unwrap()).unwrap();
+    }
+    // And with `SystemConfig::reply_gap`'s path.
+    let config = SystemConfig {
+        reply_gap: true,
+        ..SystemConfig::default()
+    };
+    let gapped = ActorSystem::with_config(&Device::cpu(), config).unwrap();
+    gapped.spawn(stateless("gapped")).unwrap();
+    gapped.spawn(spec("plain")).unwrap();
+    for arch in ["sm_80", "sm_90a"] {
+        gapped.check_compiles(Arch::parse(arch).unwrap()).unwrap();
     }
     let broken = ActorSystem::new(&Device::cpu()).unwrap();
     broken

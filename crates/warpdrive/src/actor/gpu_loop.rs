@@ -72,10 +72,11 @@ pub(crate) fn start(
     specs: Vec<ErasedSpec>,
     preload_all: bool,
     trace_every: u32,
+    reply_gap: bool,
 ) -> Result<GpuLoop> {
     let gpu = device.gpu("the actor loop")?;
     let t0 = Instant::now();
-    let ptx = compile(&specs, gpu.arch())?;
+    let ptx = compile(&specs, gpu.arch(), reply_gap)?;
     let module = gpu.load_module(&ptx)?;
     let f = gpu.generated_function(&module, "actor_loop")?;
     tracing::debug!("actor loop: compiled and loaded in {:?}", t0.elapsed());
@@ -253,18 +254,26 @@ impl Loop for GpuLoop {
 }
 
 /// The loop's PTX for `specs` on `arch`, through the PTX cache.
-pub(crate) fn compile(specs: &[ErasedSpec], arch: crate::kernels::Arch) -> Result<Arc<str>> {
-    PtxCache::global().generated("actor_loop", &source(specs)?, arch)
+pub(crate) fn compile(
+    specs: &[ErasedSpec],
+    arch: crate::kernels::Arch,
+    reply_gap: bool,
+) -> Result<Arc<str>> {
+    PtxCache::global().generated("actor_loop", &source(specs, reply_gap)?, arch)
 }
 
 /// The loop's source: the fragment, each actor's handler in its namespace with checks of
 /// its types' sizes, and the dispatch.
-fn source(specs: &[ErasedSpec]) -> Result<String> {
+fn source(specs: &[ErasedSpec], reply_gap: bool) -> Result<String> {
     // `ActorSpec::quick_stream`'s path is compiled in only where an actor asks for it (the
     // loop is at its register limit: the flag alone costs spills).
     let mut text = String::new();
     if specs.iter().any(|s| s.quick_stream) {
         text.push_str("#define ACTOR_QUICK_STREAM 1\n");
+    }
+    // `SystemConfig::reply_gap`, for every actor of the loop.
+    if reply_gap {
+        text.push_str("#define ACTOR_REPLY_GAP 1\n");
     }
     text.push_str(ACTOR_LOOP.code);
     for (i, spec) in specs.iter().enumerate() {
@@ -329,7 +338,7 @@ mod tests {
             .cuda("struct In { u32 x; }; struct Out { u64 y; }; struct State { u32 n; };\n__device__ void handle(const In* i, Out* o, State* s, ActorCtx*) { o->y = i->x; }")
             .erase()
             .unwrap();
-        let text = source(&[spec]).unwrap();
+        let text = source(&[spec], false).unwrap();
         assert!(text.contains("namespace actor_0 {\n#line 1 \"actor_a_b.cu\""));
         assert!(text.contains("sizeof(actor_0::Out) == 8"));
         assert!(text.contains("sizeof(actor_0::State) == 4"));

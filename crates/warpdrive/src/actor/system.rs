@@ -39,6 +39,14 @@ pub struct SystemConfig {
     /// `%globaltimer` on CUDA — when it was read, handled and answered), shown as a slice on
     /// the actor's track of a Chrome trace (`telemetry::start_trace`); 0: none.
     pub trace_every: u32,
+    /// On the GPU backend, after an iteration that answered several messages and replied to
+    /// the host, the loop waits before its next read as after a lone answer (the adaptive
+    /// gap), for every actor: a client that sends its next request when a reply comes is
+    /// then found by that read rather than by the one after it, a whole iteration later.
+    /// Costs a stream with replies that wait an iteration; the messages and their order are
+    /// the same either way. Off by default until measured (`warpdrive bench actors`, the
+    /// `warpdrive-reply-gap` rows; bench/NOTES.md).
+    pub reply_gap: bool,
 }
 
 impl Default for SystemConfig {
@@ -50,6 +58,7 @@ impl Default for SystemConfig {
             terminate_timeout: Duration::from_secs(5),
             preload_all: false,
             trace_every: 0,
+            reply_gap: false,
         }
     }
 }
@@ -202,7 +211,12 @@ impl ActorSystem {
     /// Compiles the CUDA loop of the actors spawned so far for `arch` (NVRTC only, no GPU):
     /// a handler that does not compile is an `Error::Compile` with NVRTC's log.
     pub fn check_compiles(&self, arch: crate::kernels::Arch) -> Result<()> {
-        super::gpu_loop::compile(&self.shared.specs.lock(), arch).map(|_| ())
+        super::gpu_loop::compile(
+            &self.shared.specs.lock(),
+            arch,
+            self.shared.config.reply_gap,
+        )
+        .map(|_| ())
     }
 
     /// Launches the loop with every actor inactive, and the watcher.
@@ -236,6 +250,7 @@ impl ActorSystem {
                 specs,
                 shared.config.preload_all,
                 shared.config.trace_every,
+                shared.config.reply_gap,
             )?)
         };
         *shared.running.lock() = Some(running);

@@ -757,7 +757,16 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         probe = answered && picks == 1 ? 1u : (!picks && probe == 1 ? 2u : 0u);
         // No gap after a stream: near capacity a gap only lets the inbox fill; below it,
         // the loaded round trip's tail measured the same without one (bench/NOTES.md).
+#ifdef ACTOR_REPLY_GAP
+        // SystemConfig::reply_gap: after replies to the host from a stream too, the lone
+        // message's gap (only if the window was drained: `answered`), so that the next read
+        // samples the inbox after the client's next request could land there; without it
+        // that read leaves at once, misses the request, and it waits a whole iteration more.
+        // For every actor of the system (a per-actor flag made the loop spill).
+        gap_until = t_answer + (picks == 1 || (!fwd_ring && outs) ? gap : 0);
+#else
         gap_until = t_answer + (picks == 1 ? gap : 0);
+#endif
         if (solo && lane == 0) {
             win[0] = next_window(w0, n0, wmin, wmax);
             head[0] += picks;
