@@ -8,15 +8,23 @@
 //!   answering: `idle_read_ns` … `idle_after_ns`, `idle_loop_ns`, the same `busy_…`, see
 //!   `ActorStats::phase_ns`; `gap_ns`, the loop's wait after an answer, `ActorStats::gap_ns`;
 //!   `gap_hits` / `gap_misses` / `gap_miss_pct`, the reads right after it while answering,
-//!   `ActorStats::gap_reads`). Variants `doorbell` (one GPU thread polling one mapped word,
+//!   `ActorStats::gap_reads`; `warpdrive-wide` at 64 B: with `ActorSpec::wide_window`).
+//!   Variants `doorbell` (one GPU thread polling one mapped word,
 //!   no queue), `warpdrive` (`Actor::request`), `kernel-per-message` (write the message to mapped
 //!   memory, launch, synchronize, read), `graph-per-message` (the same kernel in a graph).
 //! - `round-trip-loaded` (size 64): `warpdrive` requests while another thread sends
-//!   messages that need no reply, paced, at 50% and 90% of that actor's maximum under such a
-//!   paced load, measured on the same actor just before (`paced_max`: from its rate fed by a
-//!   producer at full speed, as the `throughput` row of batch 32, down in steps of 5% to the
-//!   first rate its loop keeps up with; at full scale only, else the unpaced rate):
-//!   `extra.load_fraction`, `extra.load_max_msgs_per_s` (that maximum),
+//!   messages that need no reply, paced, at 10 / 30 / 50 / 70 / 90 % (a small run: 50 and
+//!   90) of that actor's maximum under such a paced load, measured on the same actor just
+//!   before (`paced_max`: from its rate fed by a producer at full speed, as the `throughput`
+//!   row of batch 32, down in steps of 5% to the first rate its loop keeps up with; at full
+//!   scale only, else the unpaced rate), a row each; variants `warpdrive-quick-stream`,
+//!   `warpdrive-wide`, `warpdrive-reply-gap` and `warpdrive-all` the same on an actor with
+//!   `ActorSpec::quick_stream`, `ActorSpec::wide_window`, in a system with
+//!   `SystemConfig::reply_gap`, or all three. The loop while the requests ran:
+//!   `extra.iter_{read,control,pick,answer,after,loop}_ns` (mean iteration, idle and busy),
+//!   `busy_iteration_ns`, `msgs_per_busy_iteration`, `busy_iteration_share`,
+//!   `window_slots`, `window_fill` (see `loop_extras`; the `throughput` rows of one actor
+//!   carry the same). `extra.load_fraction`, `extra.load_max_msgs_per_s` (that maximum),
 //!   `extra.unpaced_max_msgs_per_s`, `extra.load_msgs_per_s`, `extra.b32_p1_msgs_per_s` (the
 //!   `throughput` row's rate, for comparison), `extra.inbox_depth_at_start` (the messages
 //!   waiting when the requests began). A step's messages stop at `STEP_LIMIT` with an error that says where
@@ -38,7 +46,9 @@ use std::time::{Duration, Instant};
 
 use bytemuck::{Pod, Zeroable};
 use warpdrive::actor::probe::{Doorbell, OneShot};
-use warpdrive::actor::{Actor, ActorCtx, ActorSpec, ActorStats, ActorSystem, Backpressure};
+use warpdrive::actor::{
+    Actor, ActorCtx, ActorSpec, ActorStats, ActorSystem, Backpressure, SystemConfig,
+};
 use warpdrive::error::{Error, Result};
 use warpdrive::exec::Graph;
 
@@ -199,6 +209,9 @@ pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
     loaded
 }
 
+/// Named figures for a row's `extra`.
+type Extras = Vec<(String, f64)>;
+
 /// The loop's phases (`ActorStats::phase_ns`), then the whole iteration.
 const PHASES: [&str; 6] = ["read", "control", "pick", "answer", "after", "loop"];
 
@@ -257,57 +270,14 @@ fn round_trip<M: Pod>(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         }
         record_latency(ctx, CASE, bytes, "doorbell", us, None, &[])?
     };
-    ctx.step(format!("{SUITE}: {CASE} {bytes} B warpdrive"));
-    {
-        let mut system = ActorSystem::new(&device)?;
-        let a = system.spawn(echo_spec::<M>("echo", 32))?;
-        system.start()?;
-        a.activate()?;
-        for k in 0..1000 {
-            a.request(&message::<M>(k, true), 0, WAIT)?;
+    // `warpdrive-wide`: `ActorSpec::wide_window` (a lone message's round trip must not lose;
+    // at 256 B the wide window is the narrow one: two slots fill a round of loads).
+    for (variant, wide) in [("warpdrive", false), ("warpdrive-wide", true)] {
+        if wide && bytes != 64 {
+            continue;
         }
-        // The loop's iteration and its phases with nothing to do, then while it answers.
-        let idle0 = a.stats();
-        std::thread::sleep(plan.interval);
-        let idle = per_iteration(&idle0, &a.stats());
-        let mut us = Vec::with_capacity(plan.round_trips);
-        let busy0 = a.stats();
-        let deadline = Instant::now() + STEP_LIMIT;
-        for k in 0..plan.round_trips as u32 {
-            before(deadline, || {
-                format!(
-                    "{SUITE} {CASE} {bytes} B: {} round trips ({k} done; {})",
-                    plan.round_trips,
-                    whereabouts(&a)
-                )
-            })?;
-            let m = message::<M>(k, true);
-            let t = Instant::now();
-            let out = a.request(&m, 0, WAIT)?;
-            us.push(t.elapsed().as_secs_f64() * 1e6);
-            check(&out, k)?;
-        }
-        let busy_stats = a.stats();
-        let busy = per_iteration(&busy0, &busy_stats);
-        system.terminate()?;
-        let mut extra = vec![("gap_ns".to_string(), busy_stats.gap_ns as f64)];
-        // The reads right after the gap while answering: hits and misses (a miss costs its
-        // message one more read).
-        let [hits, misses] = std::array::from_fn(|i| {
-            busy_stats.gap_reads[i].saturating_sub(busy0.gap_reads[i]) as f64
-        });
-        extra.push(("gap_hits".into(), hits));
-        extra.push(("gap_misses".into(), misses));
-        if hits + misses > 0.0 {
-            extra.push(("gap_miss_pct".into(), 100.0 * misses / (hits + misses)));
-        }
-        for (when, ns) in [("idle", idle), ("busy", busy)] {
-            for (phase, v) in PHASES.iter().zip(ns) {
-                extra.push((format!("{when}_{phase}_ns"), v));
-            }
-        }
-        let extra: Vec<(&str, f64)> = extra.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-        record_latency(ctx, CASE, bytes, "warpdrive", us, Some(doorbell), &extra)?;
+        ctx.step(format!("{SUITE}: {CASE} {bytes} B {variant}"));
+        actor_round_trip::<M>(ctx, plan, variant, wide, doorbell)?;
     }
     ctx.step(format!(
         "{SUITE}: {CASE} {bytes} B kernel/graph per message"
@@ -360,6 +330,69 @@ fn round_trip<M: Pod>(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         Some(doorbell),
         &[],
     )?;
+    Ok(())
+}
+
+/// The actor's closed-loop round trips (`round-trip` rows of `variant`), with its loop's
+/// iteration idle and busy.
+fn actor_round_trip<M: Pod>(
+    ctx: &mut Ctx,
+    plan: &Plan,
+    variant: &str,
+    wide: bool,
+    doorbell: f64,
+) -> Result<()> {
+    const CASE: &str = "round-trip";
+    let bytes = size_of::<M>();
+    let device = ctx.device().clone();
+    let mut system = ActorSystem::new(&device)?;
+    let a = system.spawn(echo_spec::<M>("echo", 32).wide_window(wide))?;
+    system.start()?;
+    a.activate()?;
+    for k in 0..1000 {
+        a.request(&message::<M>(k, true), 0, WAIT)?;
+    }
+    // The loop's iteration and its phases with nothing to do, then while it answers.
+    let idle0 = a.stats();
+    std::thread::sleep(plan.interval);
+    let idle = per_iteration(&idle0, &a.stats());
+    let mut us = Vec::with_capacity(plan.round_trips);
+    let busy0 = a.stats();
+    let deadline = Instant::now() + STEP_LIMIT;
+    for k in 0..plan.round_trips as u32 {
+        before(deadline, || {
+            format!(
+                "{SUITE} {CASE} {bytes} B: {} round trips ({k} done; {})",
+                plan.round_trips,
+                whereabouts(&a)
+            )
+        })?;
+        let m = message::<M>(k, true);
+        let t = Instant::now();
+        let out = a.request(&m, 0, WAIT)?;
+        us.push(t.elapsed().as_secs_f64() * 1e6);
+        check(&out, k)?;
+    }
+    let busy_stats = a.stats();
+    let busy = per_iteration(&busy0, &busy_stats);
+    system.terminate()?;
+    let mut extra = vec![("gap_ns".to_string(), busy_stats.gap_ns as f64)];
+    // The reads right after the gap while answering: hits and misses (a miss costs its
+    // message one more read).
+    let [hits, misses] =
+        std::array::from_fn(|i| busy_stats.gap_reads[i].saturating_sub(busy0.gap_reads[i]) as f64);
+    extra.push(("gap_hits".into(), hits));
+    extra.push(("gap_misses".into(), misses));
+    if hits + misses > 0.0 {
+        extra.push(("gap_miss_pct".into(), 100.0 * misses / (hits + misses)));
+    }
+    for (when, ns) in [("idle", idle), ("busy", busy)] {
+        for (phase, v) in PHASES.iter().zip(ns) {
+            extra.push((format!("{when}_{phase}_ns"), v));
+        }
+    }
+    let extra: Vec<(&str, f64)> = extra.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    record_latency(ctx, CASE, bytes, variant, us, Some(doorbell), &extra)?;
     Ok(())
 }
 
@@ -486,11 +519,20 @@ fn median_rate(ns: &[f64]) -> f64 {
     sorted.get(sorted.len() / 2).map_or(0.0, |v| 1e9 / v)
 }
 
-fn record_rate(ctx: &mut Ctx, case: &str, variant: &str, ns: Vec<f64>) -> Result<f64> {
+fn record_rate(
+    ctx: &mut Ctx,
+    case: &str,
+    variant: &str,
+    ns: Vec<f64>,
+    extra: &[(String, f64)],
+) -> Result<f64> {
     let mut us: Vec<f64> = ns.iter().map(|v| v / 1e3).collect();
     let rate = median_rate(&ns);
     let row = ctx.record_time(case, 64, variant, &mut us, None)?;
     row.extra.insert("msgs_per_s".into(), rate.into());
+    for (k, v) in extra {
+        row.extra.insert(k.clone(), (*v).into());
+    }
     row.extra
         .insert("unit_of_samples".into(), "us per message".into());
     Ok(rate)
@@ -509,8 +551,9 @@ fn throughput(ctx: &mut Ctx, plan: &Plan) -> Result<f64> {
             ctx.step(format!(
                 "{SUITE}: {CASE} batch {batch}, {producers} producers"
             ));
-            let ns = one_sink(&device, plan, echo_spec("sink", batch), producers)?;
-            let rate = record_rate(ctx, CASE, &format!("warpdrive-b{batch}-p{producers}"), ns)?;
+            let (ns, extra) = one_sink(&device, plan, echo_spec("sink", batch), producers)?;
+            let variant = format!("warpdrive-b{batch}-p{producers}");
+            let rate = record_rate(ctx, CASE, &variant, ns, &extra)?;
             if batch == 32 {
                 base = rate;
             }
@@ -519,8 +562,8 @@ fn throughput(ctx: &mut Ctx, plan: &Plan) -> Result<f64> {
     ctx.step(format!(
         "{SUITE}: {CASE} batch 256, 4 producers, with state"
     ));
-    let ns = one_sink(&device, plan, counting_echo_spec("counter", 256), 4)?;
-    record_rate(ctx, CASE, "warpdrive-b256-p4-stateful", ns)?;
+    let (ns, extra) = one_sink(&device, plan, counting_echo_spec("counter", 256), 4)?;
+    record_rate(ctx, CASE, "warpdrive-b256-p4-stateful", ns, &extra)?;
     ctx.step(format!("{SUITE}: {CASE} 4 producers, 4 actors"));
     {
         let mut system = ActorSystem::new(&device)?;
@@ -533,7 +576,7 @@ fn throughput(ctx: &mut Ctx, plan: &Plan) -> Result<f64> {
         }
         let ns = drive(plan, &actors, &actors, 4, None, |_| Ok(()))?.ns;
         system.terminate()?;
-        record_rate(ctx, CASE, "warpdrive-b256-p4-a4", ns)?;
+        record_rate(ctx, CASE, "warpdrive-b256-p4-a4", ns, &[])?;
     }
     ctx.step(format!("{SUITE}: pipeline"));
     {
@@ -568,26 +611,29 @@ fn throughput(ctx: &mut Ctx, plan: &Plan) -> Result<f64> {
         )?
         .ns;
         system.terminate()?;
-        record_rate(ctx, "pipeline", "warpdrive-2-stages-p4", ns)?;
+        record_rate(ctx, "pipeline", "warpdrive-2-stages-p4", ns, &[])?;
     }
     Ok(base)
 }
 
-/// ns per message handled by one sink actor of `spec` fed by `producers` threads.
+/// ns per message handled by one sink actor of `spec` fed by `producers` threads, and its
+/// loop over that time (`loop_extras`).
 fn one_sink<S: Pod>(
     device: &warpdrive::Device,
     plan: &Plan,
     spec: ActorSpec<Msg64, Msg64, S>,
     producers: usize,
-) -> Result<Vec<f64>> {
+) -> Result<(Vec<f64>, Extras)> {
     let mut system = ActorSystem::new(device)?;
     let a = system.spawn(spec)?;
     system.start()?;
     a.activate()?;
     let targets = std::slice::from_ref(&a);
+    let from = a.stats();
     let ns = drive(plan, targets, targets, producers, None, |_| Ok(()))?.ns;
+    let extra = loop_extras(&from, &a.stats());
     system.terminate()?;
-    Ok(ns)
+    Ok((ns, extra))
 }
 
 /// Steps of [`paced_max`]: each rate this fraction of the one before, at most this many.
@@ -632,17 +678,65 @@ fn paced_max(plan: &Plan, a: &Actor<Msg64, Msg64>, unpaced: f64, done: u64) -> R
     })
 }
 
-/// Round trips under load at 50% and 90% of the loaded actor's own maximum under a paced
-/// load (`b32_p1`: the `throughput` row's rate of the same spec, recorded beside it).
+/// The loaded step's loads, as fractions of the actor's maximum under a paced load, at full
+/// scale: a sweep whose 50 % and 90 % rows are the issue's; a small run takes those two.
+const SWEEP: [f64; 5] = [0.1, 0.3, 0.5, 0.7, 0.9];
+
+/// The loaded step's variants: (name, `ActorSpec::quick_stream`, `ActorSpec::wide_window`,
+/// `SystemConfig::reply_gap`).
+const LOADED_VARIANTS: [(&str, bool, bool, bool); 5] = [
+    ("warpdrive", false, false, false),
+    ("warpdrive-quick-stream", true, false, false),
+    ("warpdrive-wide", false, true, false),
+    ("warpdrive-reply-gap", false, false, true),
+    ("warpdrive-all", true, true, true),
+];
+
+/// Round trips under load (`SWEEP`), for the default loop and each of `LOADED_VARIANTS`, each
+/// on its own actor against its own maximum (`b32_p1`: the `throughput` row's rate of the
+/// same spec, recorded beside it). A variant that fails (its error says why) does not stop
+/// the others; the first error is returned.
 fn loaded(ctx: &mut Ctx, plan: &Plan, b32_p1: f64) -> Result<()> {
+    let fractions: &[f64] = if ctx.scale().quick() {
+        &[0.5, 0.9]
+    } else {
+        &SWEEP
+    };
+    let mut first_error = None;
+    for (variant, quick, wide, reply_gap) in LOADED_VARIANTS {
+        let spec = echo_spec::<Msg64>("echo", 32)
+            .quick_stream(quick)
+            .wide_window(wide);
+        let config = SystemConfig {
+            reply_gap,
+            ..SystemConfig::default()
+        };
+        if let Err(e) = loaded_sweep(ctx, plan, b32_p1, variant, spec, config, fractions) {
+            first_error.get_or_insert(e);
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// One actor's maximum under a paced load, then its round trips at each of `fractions` of
+/// it, a row each.
+fn loaded_sweep(
+    ctx: &mut Ctx,
+    plan: &Plan,
+    b32_p1: f64,
+    variant: &str,
+    spec: ActorSpec<Msg64, Msg64, ()>,
+    config: SystemConfig,
+    fractions: &[f64],
+) -> Result<()> {
     const CASE: &str = "round-trip-loaded";
     let device = ctx.device().clone();
     let full = !ctx.scale().quick();
-    for fraction in [0.5, 0.9] {
-        ctx.step(format!("{SUITE}: {CASE} at {:.0}%", fraction * 100.0));
-        let mut system = ActorSystem::new(&device)?;
-        let a = system.spawn(echo_spec::<Msg64>("echo", 32))?;
-        system.start()?;
+    ctx.step(format!("{SUITE}: {CASE} {variant}: the maximum"));
+    let mut system = ActorSystem::with_config(&device, config)?;
+    let a = system.spawn(spec)?;
+    system.start()?;
+    let result = (|| -> Result<()> {
         a.activate()?;
         // This actor's maximum fed at full speed, then its inbox drained, then under a paced
         // load (a small run's short probes on a busy CPU prove little: there, the first).
@@ -655,65 +749,137 @@ fn loaded(ctx: &mut Ctx, plan: &Plan, b32_p1: f64) -> Result<()> {
         } else {
             (unpaced, 0)
         };
-        let trips = plan.round_trips / 5;
-        let mut us = Vec::with_capacity(trips);
-        let probe = a.clone();
-        let rate = max * fraction;
-        let mut depth_at_start = 0;
-        let driven = drive(plan, one, one, 1, Some(rate), |halted| {
-            let deadline = Instant::now() + STEP_LIMIT;
-            // Messages waiting when the requests begin: near the inbox's capacity, the
-            // offered load is more than the loop handles while answering requests, and
-            // each request waits behind a full inbox.
-            let depth = probe.depth(0);
-            depth_at_start = depth;
-            // (At full scale only: a small run's short load on a busy CPU proves little.)
-            if full && depth as usize > CAPACITY / 2 {
-                return Err(Error::Actor {
-                    actor: probe.name().into(),
-                    detail: format!(
-                        "{CASE}: the loop does not keep up with {rate:.0} msg/s: {depth} of \
-                             {CAPACITY} inbox slots full after {:?} of load ({})",
-                        plan.interval * (plan.intervals as u32 + 1),
-                        whereabouts(&probe)
-                    ),
-                });
-            }
-            for k in 0..trips as u32 {
-                // A producer that stopped has its error returned by `drive`.
-                if halted.load(Ordering::Relaxed) {
-                    return Ok(());
-                }
-                before(deadline, || {
-                    format!(
-                        "{SUITE} {CASE}: {trips} round trips under {rate:.0} msg/s ({k} done; \
-                             {depth} messages waited when they began, of {CAPACITY}; {})",
-                        whereabouts(&probe)
-                    )
-                })?;
-                let m = message::<Msg64>(k, true);
-                let t = Instant::now();
-                check(&probe.request(&m, 0, WAIT)?, k)?;
-                us.push(t.elapsed().as_secs_f64() * 1e6);
-            }
-            Ok(())
-        })?;
-        // Every message the producer sent and every request handled: none lost.
-        all_processed(&a, saturated.sent + probed + driven.sent + us.len() as u64)?;
-        system.terminate()?;
-        record_latency(ctx, CASE, 64, "warpdrive", us, None, &[])?;
-        if let Some(row) = ctx.rows_mut_last() {
-            row.extra.insert("load_fraction".into(), fraction.into());
-            row.extra.insert("load_msgs_per_s".into(), rate.into());
-            row.extra.insert("load_max_msgs_per_s".into(), max.into());
-            row.extra
-                .insert("unpaced_max_msgs_per_s".into(), unpaced.into());
-            row.extra.insert("b32_p1_msgs_per_s".into(), b32_p1.into());
-            row.extra
-                .insert("inbox_depth_at_start".into(), depth_at_start.into());
+        let mut total = saturated.sent + probed;
+        for &fraction in fractions {
+            ctx.step(format!(
+                "{SUITE}: {CASE} {variant} at {:.0}%",
+                fraction * 100.0
+            ));
+            let rate = max * fraction;
+            let step = loaded_step(plan, &a, rate, full)?;
+            total += step.sent + step.us.len() as u64;
+            // Every message the producer sent and every request handled: none lost.
+            all_processed(&a, total)?;
+            let mut extra: Extras = vec![
+                ("load_fraction".into(), fraction),
+                ("load_msgs_per_s".into(), rate),
+                ("load_max_msgs_per_s".into(), max),
+                ("unpaced_max_msgs_per_s".into(), unpaced),
+                ("b32_p1_msgs_per_s".into(), b32_p1),
+                ("inbox_depth_at_start".into(), step.depth_at_start as f64),
+            ];
+            extra.extend(loop_extras(&step.from, &step.to));
+            let extra: Vec<(&str, f64)> = extra.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+            record_latency(ctx, CASE, 64, variant, step.us, None, &extra)?;
         }
+        Ok(())
+    })();
+    // Terminated before a failed step's error is returned.
+    system.terminate()?;
+    result
+}
+
+/// What [`loaded_step`] measured.
+struct Loaded {
+    /// µs per round trip.
+    us: Vec<f64>,
+    /// Messages the producer sent.
+    sent: u64,
+    /// Messages waiting when the requests began.
+    depth_at_start: u64,
+    /// The actor's stats when the requests began and ended.
+    from: ActorStats,
+    to: ActorStats,
+}
+
+/// Round trips to `a` while one producer sends it `rate` messages a second that need no
+/// reply.
+fn loaded_step(plan: &Plan, a: &Actor<Msg64, Msg64>, rate: f64, full: bool) -> Result<Loaded> {
+    const CASE: &str = "round-trip-loaded";
+    let trips = plan.round_trips / 5;
+    let mut us = Vec::with_capacity(trips);
+    let mut depth_at_start = 0;
+    let (mut from, mut to) = (a.stats(), a.stats());
+    let one = std::slice::from_ref(a);
+    let driven = drive(plan, one, one, 1, Some(rate), |halted| {
+        let deadline = Instant::now() + STEP_LIMIT;
+        // Messages waiting when the requests begin: near the inbox's capacity, the offered
+        // load is more than the loop handles while answering requests, and each request
+        // waits behind a full inbox.
+        let depth = a.depth(0);
+        depth_at_start = depth;
+        // (At full scale only: a small run's short load on a busy CPU proves little.)
+        if full && depth as usize > CAPACITY / 2 {
+            return Err(Error::Actor {
+                actor: a.name().into(),
+                detail: format!(
+                    "{CASE}: the loop does not keep up with {rate:.0} msg/s: {depth} of \
+                     {CAPACITY} inbox slots full after {:?} of load ({})",
+                    plan.interval * (plan.intervals as u32 + 1),
+                    whereabouts(a)
+                ),
+            });
+        }
+        from = a.stats();
+        for k in 0..trips as u32 {
+            // A producer that stopped has its error returned by `drive`.
+            if halted.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            before(deadline, || {
+                format!(
+                    "{SUITE} {CASE}: {trips} round trips under {rate:.0} msg/s ({k} done; \
+                     {depth} messages waited when they began, of {CAPACITY}; {})",
+                    whereabouts(a)
+                )
+            })?;
+            let m = message::<Msg64>(k, true);
+            let t = Instant::now();
+            check(&a.request(&m, 0, WAIT)?, k)?;
+            us.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        to = a.stats();
+        Ok(())
+    })?;
+    Ok(Loaded {
+        us,
+        sent: driven.sent,
+        depth_at_start,
+        from,
+        to,
+    })
+}
+
+/// The loop between two stats of one actor: its mean iteration and phases (`iter_…_ns`, idle
+/// and busy iterations together), and where it took messages: `busy_iteration_ns` (from its
+/// start to the answers), `msgs_per_busy_iteration`, `busy_iteration_share` of all; the mean
+/// window it read (`window_slots`) and the share of the windows that held messages
+/// (`window_fill`). The loop publishes its counts every 256 iterations (the CPU backend
+/// none: only zeros, and no busy or window figures).
+fn loop_extras(from: &ActorStats, to: &ActorStats) -> Extras {
+    let mut extra: Extras = PHASES
+        .iter()
+        .zip(per_iteration(from, to))
+        .map(|(phase, v)| (format!("iter_{phase}_ns"), v))
+        .collect();
+    let d = |a: u64, b: u64| b.saturating_sub(a) as f64;
+    let (loops, busy_loops) = (d(from.loops, to.loops), d(from.busy_loops, to.busy_loops));
+    let processed = d(from.processed, to.processed);
+    let slots = d(from.window_slots, to.window_slots);
+    extra.push(("iterations".into(), loops));
+    if busy_loops > 0.0 {
+        extra.push((
+            "busy_iteration_ns".into(),
+            d(from.busy_ns, to.busy_ns) / busy_loops,
+        ));
+        extra.push(("msgs_per_busy_iteration".into(), processed / busy_loops));
+        extra.push(("busy_iteration_share".into(), busy_loops / loops.max(1.0)));
     }
-    Ok(())
+    if loops > 0.0 && slots > 0.0 {
+        extra.push(("window_slots".into(), slots / loops));
+        extra.push(("window_fill".into(), processed / slots));
+    }
+    extra
 }
 
 fn terminate(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
@@ -751,6 +917,11 @@ mod tests {
             ("throughput", "warpdrive-b256-p4"),
             ("pipeline", "warpdrive-2-stages-p4"),
             ("round-trip-loaded", "warpdrive"),
+            ("round-trip", "warpdrive-wide"),
+            ("round-trip-loaded", "warpdrive-quick-stream"),
+            ("round-trip-loaded", "warpdrive-wide"),
+            ("round-trip-loaded", "warpdrive-reply-gap"),
+            ("round-trip-loaded", "warpdrive-all"),
             ("terminate", "warpdrive"),
         ] {
             assert!(
@@ -764,7 +935,14 @@ mod tests {
             .unwrap();
         assert!(warp.extra["p999_us"].as_f64().unwrap() >= warp.median);
         assert!(warp.extra["over_doorbell"].as_f64().unwrap() > 0.0);
-        for row in rows.iter().filter(|r| r.case == "round-trip-loaded") {
+        // A small run's loads: 50 % and 90 %, one row each, per variant (five).
+        let loaded: Vec<_> = rows
+            .iter()
+            .filter(|r| r.case == "round-trip-loaded")
+            .collect();
+        assert_eq!(loaded.len(), 10);
+        for row in loaded {
+            assert!(row.extra.contains_key("iter_loop_ns"));
             let max = row.extra["load_max_msgs_per_s"].as_f64().unwrap();
             assert!(max <= row.extra["unpaced_max_msgs_per_s"].as_f64().unwrap());
             let load = row.extra["load_msgs_per_s"].as_f64().unwrap();

@@ -200,146 +200,181 @@ const LOAD_REQUESTS: u32 = 1_500;
 device_test!(
     open_loop_load_accounts_for_every_reply,
     gpu_open_loop_load,
+    |device: &Device| open_loop_load(device, false, false, false)
+);
+
+device_test!(
+    open_loop_load_with_quick_stream_accounts_for_every_reply,
+    gpu_open_loop_load_quick_stream,
+    // Windows over one round of loads counted in registers too (`ActorSpec::quick_stream`).
+    |device: &Device| open_loop_load(device, true, false, false)
+);
+
+device_test!(
+    open_loop_load_with_wide_windows_accounts_for_every_reply,
+    gpu_open_loop_load_wide,
+    // Ten-slot windows after an empty read (`ActorSpec::wide_window`), with and without
+    // the quick stream.
     |device: &Device| {
-        // The loaded round trip's shape (`warpdrive bench actors`, round-trip-loaded), with
-        // more producers: threads keep many messages in flight without waiting for replies
-        // (open loop), most wanting none, in chunks of random size, while another thread's
-        // requests wait for theirs. A stateless actor with batch 32, as the bench's: on CUDA
-        // it takes windows of 2 to 32 slots (the small ones read in one trip and counted in
-        // registers) and answers mixes of replies and silences; a small inbox laps often and
-        // blocks the producers. Every reply is accounted for by its correlation id, once.
-        const PRODUCERS: usize = 3;
-        let mut system = ActorSystem::new(device).unwrap();
-        let a = system
-            .spawn(
-                stateless("loaded")
-                    .batch(32)
-                    .capacity(512)
-                    .backpressure(Backpressure::Block { timeout: WAIT }),
-            )
-            .unwrap();
-        system.start().unwrap();
-        a.activate().unwrap();
-        // Per producer: its messages (id 3·n + 1 wants a reply, 3·n none: `stateless`).
-        let plans: Vec<Vec<In>> = (0..PRODUCERS)
-            .map(|t| {
-                let mut rng = rand::rngs::StdRng::seed_from_u64(
-                    common::seed("open_loop").wrapping_add(t as u64),
-                );
-                (0..LOAD_PER_PRODUCER)
-                    .map(|j| {
-                        let n = (t * LOAD_PER_PRODUCER + j) as u32;
-                        msg(3 * n + u32::from(rng.random_ratio(1, 4)), rng.random())
-                    })
-                    .collect()
-            })
-            .collect();
-        let wanted = plans.iter().flatten().filter(|m| m.id % 3 != 0).count();
-        let (sent, received, requested) = std::thread::scope(|s| {
-            let producers: Vec<_> = plans
-                .iter()
-                .enumerate()
-                .map(|(t, plan)| {
-                    let a = a.clone();
-                    s.spawn(move || {
-                        let mut rng = rand::rngs::StdRng::seed_from_u64(
-                            common::seed("open_loop_chunks").wrapping_add(t as u64),
-                        );
-                        // (first correlation id, the messages it numbers from there)
-                        let mut sent: Vec<(u32, &[In])> = Vec::new();
-                        let mut rest = &plan[..];
-                        while !rest.is_empty() {
-                            let n = rng.random_range(1..=40usize).min(rest.len());
-                            let (chunk, tail) = rest.split_at(n);
-                            if rng.random_ratio(1, 8) {
-                                for m in chunk {
-                                    sent.push((a.send(m).unwrap(), std::slice::from_ref(m)));
-                                }
-                            } else {
-                                sent.push((a.send_many(chunk, 0).unwrap(), chunk));
-                            }
-                            if rng.random_ratio(1, 16) {
-                                std::thread::yield_now();
-                            }
-                            rest = tail;
-                        }
-                        sent
-                    })
-                })
-                .collect();
-            let requester = {
-                let a = a.clone();
-                s.spawn(move || {
-                    let mut rng =
-                        rand::rngs::StdRng::seed_from_u64(common::seed("open_loop_requests"));
-                    (0..LOAD_REQUESTS)
-                        .map(|k| {
-                            let id = 3 * (PRODUCERS * LOAD_PER_PRODUCER) as u32 + 3 * k + 1;
-                            let v: u32 = rng.random();
-                            let out = a.request(&msg(id, v), 0, WAIT).unwrap();
-                            assert_eq!(
-                                (out.id, out.value),
-                                (id, v.wrapping_mul(3).wrapping_add(1)),
-                                "request {k}"
-                            );
-                            out.seen
-                        })
-                        .collect::<Vec<u64>>()
-                })
-            };
-            // The replies to the producers' messages, as they come (each within `WAIT`).
-            let received: Vec<(u32, Out)> = (0..wanted)
-                .map(|_| {
-                    let r = a.recv(WAIT).unwrap();
-                    (r.correlation, r.value)
-                })
-                .collect();
-            let sent: Vec<(u32, &[In])> = producers
-                .into_iter()
-                .flat_map(|p| p.join().unwrap())
-                .collect();
-            (sent, received, requester.join().unwrap())
-        });
-        let total = (PRODUCERS * LOAD_PER_PRODUCER) as u64 + u64::from(LOAD_REQUESTS);
-        let stats = settled(&a, total, 0);
-        assert_eq!((stats.processed, stats.dropped), (total, 0));
-        assert!(a.try_recv().unwrap().is_none(), "no reply left over");
-        // Each reply answers the message its correlation id names, and each message that
-        // wants one has exactly one.
-        let mut by_correlation = std::collections::HashMap::new();
-        for (first, chunk) in &sent {
-            for (k, m) in chunk.iter().enumerate() {
-                by_correlation.insert(first.wrapping_add(k as u32), *m);
-            }
-        }
-        assert_eq!(by_correlation.len(), PRODUCERS * LOAD_PER_PRODUCER);
-        let mut answered = std::collections::HashSet::new();
-        let mut seen: Vec<u64> = requested;
-        for (correlation, out) in &received {
-            let m = by_correlation
-                .get(correlation)
-                .unwrap_or_else(|| panic!("a reply to correlation {correlation}, never sent"));
-            assert_eq!(
-                (out.id, out.value),
-                (m.id, m.value.wrapping_mul(3).wrapping_add(1)),
-                "correlation {correlation}"
-            );
-            assert!(m.id % 3 != 0, "message {} wanted no reply", m.id);
-            assert!(
-                answered.insert(*correlation),
-                "two replies to {correlation}"
-            );
-            seen.push(out.seen);
-        }
-        assert_eq!(answered.len(), wanted);
-        // `ctx.seq` numbers each message handled once.
-        seen.sort_unstable();
-        seen.dedup();
-        assert_eq!(seen.len(), wanted + LOAD_REQUESTS as usize);
-        assert!(seen.last().is_some_and(|&q| q < total));
-        system.terminate().unwrap();
+        open_loop_load(device, false, true, false);
+        open_loop_load(device, true, true, false);
     }
 );
+
+device_test!(
+    open_loop_load_with_reply_gaps_accounts_for_every_reply,
+    gpu_open_loop_load_reply_gap,
+    // A gap after every iteration that replied (`SystemConfig::reply_gap`), alone and with
+    // the other two options.
+    |device: &Device| {
+        open_loop_load(device, false, false, true);
+        open_loop_load(device, true, true, true);
+    }
+);
+
+fn open_loop_load(device: &Device, quick: bool, wide: bool, reply_gap: bool) {
+    // The loaded round trip's shape (`warpdrive bench actors`, round-trip-loaded), with
+    // more producers: threads keep many messages in flight without waiting for replies
+    // (open loop), most wanting none, in chunks of random size, while another thread's
+    // requests wait for theirs. A stateless actor with batch 32, as the bench's: on CUDA
+    // it takes windows of 2 to 32 slots (the small ones read in one trip and counted in
+    // registers) and answers mixes of replies and silences; a small inbox laps often and
+    // blocks the producers. Every reply is accounted for by its correlation id, once.
+    const PRODUCERS: usize = 3;
+    let config = SystemConfig {
+        reply_gap,
+        ..SystemConfig::default()
+    };
+    let mut system = ActorSystem::with_config(device, config).unwrap();
+    let a = system
+        .spawn(
+            stateless("loaded")
+                .batch(32)
+                .capacity(512)
+                .backpressure(Backpressure::Block { timeout: WAIT })
+                .quick_stream(quick)
+                .wide_window(wide),
+        )
+        .unwrap();
+    system.start().unwrap();
+    a.activate().unwrap();
+    // Per producer: its messages (id 3·n + 1 wants a reply, 3·n none: `stateless`).
+    let plans: Vec<Vec<In>> = (0..PRODUCERS)
+        .map(|t| {
+            let mut rng =
+                rand::rngs::StdRng::seed_from_u64(common::seed("open_loop").wrapping_add(t as u64));
+            (0..LOAD_PER_PRODUCER)
+                .map(|j| {
+                    let n = (t * LOAD_PER_PRODUCER + j) as u32;
+                    msg(3 * n + u32::from(rng.random_ratio(1, 4)), rng.random())
+                })
+                .collect()
+        })
+        .collect();
+    let wanted = plans.iter().flatten().filter(|m| m.id % 3 != 0).count();
+    let (sent, received, requested) = std::thread::scope(|s| {
+        let producers: Vec<_> = plans
+            .iter()
+            .enumerate()
+            .map(|(t, plan)| {
+                let a = a.clone();
+                s.spawn(move || {
+                    let mut rng = rand::rngs::StdRng::seed_from_u64(
+                        common::seed("open_loop_chunks").wrapping_add(t as u64),
+                    );
+                    // (first correlation id, the messages it numbers from there)
+                    let mut sent: Vec<(u32, &[In])> = Vec::new();
+                    let mut rest = &plan[..];
+                    while !rest.is_empty() {
+                        let n = rng.random_range(1..=40usize).min(rest.len());
+                        let (chunk, tail) = rest.split_at(n);
+                        if rng.random_ratio(1, 8) {
+                            for m in chunk {
+                                sent.push((a.send(m).unwrap(), std::slice::from_ref(m)));
+                            }
+                        } else {
+                            sent.push((a.send_many(chunk, 0).unwrap(), chunk));
+                        }
+                        if rng.random_ratio(1, 16) {
+                            std::thread::yield_now();
+                        }
+                        rest = tail;
+                    }
+                    sent
+                })
+            })
+            .collect();
+        let requester = {
+            let a = a.clone();
+            s.spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(common::seed("open_loop_requests"));
+                (0..LOAD_REQUESTS)
+                    .map(|k| {
+                        let id = 3 * (PRODUCERS * LOAD_PER_PRODUCER) as u32 + 3 * k + 1;
+                        let v: u32 = rng.random();
+                        let out = a.request(&msg(id, v), 0, WAIT).unwrap();
+                        assert_eq!(
+                            (out.id, out.value),
+                            (id, v.wrapping_mul(3).wrapping_add(1)),
+                            "request {k}"
+                        );
+                        out.seen
+                    })
+                    .collect::<Vec<u64>>()
+            })
+        };
+        // The replies to the producers' messages, as they come (each within `WAIT`).
+        let received: Vec<(u32, Out)> = (0..wanted)
+            .map(|_| {
+                let r = a.recv(WAIT).unwrap();
+                (r.correlation, r.value)
+            })
+            .collect();
+        let sent: Vec<(u32, &[In])> = producers
+            .into_iter()
+            .flat_map(|p| p.join().unwrap())
+            .collect();
+        (sent, received, requester.join().unwrap())
+    });
+    let total = (PRODUCERS * LOAD_PER_PRODUCER) as u64 + u64::from(LOAD_REQUESTS);
+    let stats = settled(&a, total, 0);
+    assert_eq!((stats.processed, stats.dropped), (total, 0));
+    assert!(a.try_recv().unwrap().is_none(), "no reply left over");
+    // Each reply answers the message its correlation id names, and each message that
+    // wants one has exactly one.
+    let mut by_correlation = std::collections::HashMap::new();
+    for (first, chunk) in &sent {
+        for (k, m) in chunk.iter().enumerate() {
+            by_correlation.insert(first.wrapping_add(k as u32), *m);
+        }
+    }
+    assert_eq!(by_correlation.len(), PRODUCERS * LOAD_PER_PRODUCER);
+    let mut answered = std::collections::HashSet::new();
+    let mut seen: Vec<u64> = requested;
+    for (correlation, out) in &received {
+        let m = by_correlation
+            .get(correlation)
+            .unwrap_or_else(|| panic!("a reply to correlation {correlation}, never sent"));
+        assert_eq!(
+            (out.id, out.value),
+            (m.id, m.value.wrapping_mul(3).wrapping_add(1)),
+            "correlation {correlation}"
+        );
+        assert!(m.id % 3 != 0, "message {} wanted no reply", m.id);
+        assert!(
+            answered.insert(*correlation),
+            "two replies to {correlation}"
+        );
+        seen.push(out.seen);
+    }
+    assert_eq!(answered.len(), wanted);
+    // `ctx.seq` numbers each message handled once.
+    seen.sort_unstable();
+    seen.dedup();
+    assert_eq!(seen.len(), wanted + LOAD_REQUESTS as usize);
+    assert!(seen.last().is_some_and(|&q| q < total));
+    system.terminate().unwrap();
+}
 
 device_test!(
     actors_answer_in_order,
@@ -513,27 +548,43 @@ device_test!(
 device_test!(
     drop_oldest_counts_what_never_arrived,
     gpu_drop_oldest_counts,
+    |device: &Device| drop_oldest_counts(device, false, false)
+);
+
+device_test!(
+    drop_oldest_counts_with_quick_stream,
+    gpu_drop_oldest_counts_quick_stream,
+    // The overwritten slots of windows over one round of loads marked for the priority
+    // picker as a one-trip read's are (`ActorSpec::quick_stream`).
     |device: &Device| {
-        let mut system = ActorSystem::new(device).unwrap();
-        let a = system
-            .spawn(
-                spec("drop")
-                    .capacity(16)
-                    .backpressure(Backpressure::DropOldest),
-            )
-            .unwrap();
-        system.start().unwrap();
-        for k in 0..100 {
-            a.send(&msg(k, k)).unwrap();
-        }
-        a.activate().unwrap();
-        let got: Vec<u32> = (0..16).map(|_| a.recv(WAIT).unwrap().value.id).collect();
-        assert_eq!(got, (84..100).collect::<Vec<_>>(), "the newest 16 survive");
-        let stats = settled(&a, 16, 84);
-        assert_eq!((stats.processed, stats.dropped), (16, 84));
-        assert!(a.try_recv().unwrap().is_none());
+        drop_oldest_counts(device, true, false);
+        // And with ten-slot windows after an empty read (`ActorSpec::wide_window`).
+        drop_oldest_counts(device, true, true);
     }
 );
+
+fn drop_oldest_counts(device: &Device, quick: bool, wide: bool) {
+    let mut system = ActorSystem::new(device).unwrap();
+    let a = system
+        .spawn(
+            spec("drop")
+                .capacity(16)
+                .backpressure(Backpressure::DropOldest)
+                .quick_stream(quick)
+                .wide_window(wide),
+        )
+        .unwrap();
+    system.start().unwrap();
+    for k in 0..100 {
+        a.send(&msg(k, k)).unwrap();
+    }
+    a.activate().unwrap();
+    let got: Vec<u32> = (0..16).map(|_| a.recv(WAIT).unwrap().value.id).collect();
+    assert_eq!(got, (84..100).collect::<Vec<_>>(), "the newest 16 survive");
+    let stats = settled(&a, 16, 84);
+    assert_eq!((stats.processed, stats.dropped), (16, 84));
+    assert!(a.try_recv().unwrap().is_none());
+}
 
 device_test!(
     terminate_during_traffic_ends_senders_cleanly,
@@ -780,6 +831,24 @@ fn handlers_compile_and_a_broken_one_returns_the_log() {
         .unwrap();
     for arch in ["sm_80", "sm_90a"] {
         system.check_compiles(Arch::parse(arch).unwrap()).unwrap();
+    }
+    // With an actor that asks for `quick_stream`, the loop compiles that path in too.
+    let quick = ActorSystem::new(&Device::cpu()).unwrap();
+    quick.spawn(stateless("quick").quick_stream(true)).unwrap();
+    quick.spawn(spec("plain").wide_window(true)).unwrap();
+    for arch in ["sm_80", "sm_90a"] {
+        quick.check_compiles(Arch::parse(arch).unwrap()).unwrap();
+    }
+    // And with `SystemConfig::reply_gap`'s path.
+    let config = SystemConfig {
+        reply_gap: true,
+        ..SystemConfig::default()
+    };
+    let gapped = ActorSystem::with_config(&Device::cpu(), config).unwrap();
+    gapped.spawn(stateless("gapped")).unwrap();
+    gapped.spawn(spec("plain")).unwrap();
+    for arch in ["sm_80", "sm_90a"] {
+        gapped.check_compiles(Arch::parse(arch).unwrap()).unwrap();
     }
     let broken = ActorSystem::new(&Device::cpu()).unwrap();
     broken

@@ -40,6 +40,10 @@ const D_IN_STAGE: usize = 21;
 const D_TRACE_BASE: usize = 22;
 const D_TRACE_EVERY: usize = 23;
 const D_PARALLEL: usize = 24;
+const D_QUICK_STREAM: usize = 25;
+const D_WMIN: usize = 26;
+/// Vectors (16 bytes) the loop reads in one round of loads (`ONE_TRIP_VECTORS`).
+const ONE_TRIP_VECTORS: usize = 96;
 /// Words before a device ring's slots (its head, then padding to 16 bytes).
 const DEV_RING_SLOTS: usize = 2;
 /// Shared memory a block stages inputs and outputs in, at most (bytes).
@@ -68,10 +72,11 @@ pub(crate) fn start(
     specs: Vec<ErasedSpec>,
     preload_all: bool,
     trace_every: u32,
+    reply_gap: bool,
 ) -> Result<GpuLoop> {
     let gpu = device.gpu("the actor loop")?;
     let t0 = Instant::now();
-    let ptx = compile(&specs, gpu.arch())?;
+    let ptx = compile(&specs, gpu.arch(), reply_gap)?;
     let module = gpu.load_module(&ptx)?;
     let f = gpu.generated_function(&module, "actor_loop")?;
     tracing::debug!("actor loop: compiled and loaded in {:?}", t0.elapsed());
@@ -117,6 +122,15 @@ pub(crate) fn start(
         // ring is drained (actor_loop.cu, next_window).
         let wmax = (IN_STAGE_BYTES / (ranks * in_sw * 4)).clamp(1, spec.batch.max(2));
         let pick_max = (OUT_STAGE_BYTES / (out_sw * 4)).clamp(1, spec.batch);
+        // The window after an empty read: two slots, or (`wide_window`) as many as every
+        // lane's window read in one round of loads, so a burst after a pause is read in
+        // fewer, wider reads.
+        let narrow = 2.min(wmax);
+        let wmin = if spec.wide_window {
+            (ONE_TRIP_VECTORS / (ranks * in_sw / 2)).clamp(narrow, wmax)
+        } else {
+            narrow
+        };
         let in_stage = ranks * wmax * in_sw;
         shared_bytes = shared_bytes.max((in_stage + pick_max * out_sw) * 4);
         d[D_BLOCK] = actor.block.device_ptr();
@@ -146,6 +160,8 @@ pub(crate) fn start(
         d[D_TRACE_EVERY] = trace_every as u64;
         // Without state a handler is a function of its message: one message per thread.
         d[D_PARALLEL] = spec.state.is_empty() as u64;
+        d[D_QUICK_STREAM] = spec.quick_stream as u64;
+        d[D_WMIN] = wmin as u64;
         states.push(state);
     }
     let descs = Buffer::from_host(&side, &descs)?;
@@ -238,14 +254,28 @@ impl Loop for GpuLoop {
 }
 
 /// The loop's PTX for `specs` on `arch`, through the PTX cache.
-pub(crate) fn compile(specs: &[ErasedSpec], arch: crate::kernels::Arch) -> Result<Arc<str>> {
-    PtxCache::global().generated("actor_loop", &source(specs)?, arch)
+pub(crate) fn compile(
+    specs: &[ErasedSpec],
+    arch: crate::kernels::Arch,
+    reply_gap: bool,
+) -> Result<Arc<str>> {
+    PtxCache::global().generated("actor_loop", &source(specs, reply_gap)?, arch)
 }
 
 /// The loop's source: the fragment, each actor's handler in its namespace with checks of
 /// its types' sizes, and the dispatch.
-fn source(specs: &[ErasedSpec]) -> Result<String> {
-    let mut text = String::from(ACTOR_LOOP.code);
+fn source(specs: &[ErasedSpec], reply_gap: bool) -> Result<String> {
+    // `ActorSpec::quick_stream`'s path is compiled in only where an actor asks for it (the
+    // loop is at its register limit: the flag alone costs spills).
+    let mut text = String::new();
+    if specs.iter().any(|s| s.quick_stream) {
+        text.push_str("#define ACTOR_QUICK_STREAM 1\n");
+    }
+    // `SystemConfig::reply_gap`, for every actor of the loop.
+    if reply_gap {
+        text.push_str("#define ACTOR_REPLY_GAP 1\n");
+    }
+    text.push_str(ACTOR_LOOP.code);
     for (i, spec) in specs.iter().enumerate() {
         let handler = spec.cuda.as_deref().ok_or_else(|| {
             Error::InvalidArgument(format!(
@@ -308,7 +338,7 @@ mod tests {
             .cuda("struct In { u32 x; }; struct Out { u64 y; }; struct State { u32 n; };\n__device__ void handle(const In* i, Out* o, State* s, ActorCtx*) { o->y = i->x; }")
             .erase()
             .unwrap();
-        let text = source(&[spec]).unwrap();
+        let text = source(&[spec], false).unwrap();
         assert!(text.contains("namespace actor_0 {\n#line 1 \"actor_a_b.cu\""));
         assert!(text.contains("sizeof(actor_0::Out) == 8"));
         assert!(text.contains("sizeof(actor_0::State) == 4"));

@@ -74,6 +74,10 @@ pub(crate) mod ctrl {
     /// none while the read after them did (misses; `ActorStats::gap_reads`), published with
     /// `LOOPS`.
     pub(crate) const GAP_READS: usize = 24;
+    /// Loop → host: the first lane's read window summed over iterations, and the iterations
+    /// that took messages (`ActorStats::{window_slots, busy_loops}`, words 26 and 27),
+    /// published with `LOOPS`.
+    pub(crate) const WINDOW_SLOTS: usize = 26;
     /// Words of the control block.
     pub(crate) const WORDS: usize = 32;
 }

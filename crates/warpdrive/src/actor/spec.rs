@@ -66,6 +66,8 @@ pub struct ActorSpec<In, Out, S = ()> {
     pub(crate) starvation_limit: u32,
     pub(crate) state: S,
     pub(crate) forward_to: Option<usize>,
+    pub(crate) quick_stream: bool,
+    pub(crate) wide_window: bool,
 }
 
 impl<In: Pod, Out: Pod, S: Pod> ActorSpec<In, Out, S> {
@@ -83,6 +85,8 @@ impl<In: Pod, Out: Pod, S: Pod> ActorSpec<In, Out, S> {
             starvation_limit: 8,
             state,
             forward_to: None,
+            quick_stream: false,
+            wide_window: false,
         }
     }
 
@@ -141,6 +145,29 @@ impl<In: Pod, Out: Pod, S: Pod> ActorSpec<In, Out, S> {
         self
     }
 
+    /// On the GPU backend, count a stream's messages as a lone one's: when the actor has one
+    /// lane and no device inbox, a read of a window larger than one round of loads finds
+    /// its messages by two reductions in registers instead of slot states in shared memory
+    /// and ballots. The messages and their order are the same either way (the CPU backend
+    /// has no windows). The loop of a system with such an actor is compiled with that path
+    /// (a few bytes of register spills on sm_90). Off by default until measured (`warpdrive bench actors`, the
+    /// `round-trip-loaded` rows `warpdrive-quick-stream`; bench/NOTES.md).
+    pub fn quick_stream(mut self, on: bool) -> Self {
+        self.quick_stream = on;
+        self
+    }
+
+    /// On the GPU backend, after a read that found nothing, read as many slots as one round
+    /// of loads covers (ten 64-byte messages on one lane) instead of two: a burst that
+    /// comes after a pause is then taken in one or two reads rather than a window doubling
+    /// from two slots, read after read. The messages and their order are the same either way.
+    /// Off by default until measured (`warpdrive bench actors`, the `warpdrive-wide` rows;
+    /// bench/NOTES.md).
+    pub fn wide_window(mut self, on: bool) -> Self {
+        self.wide_window = on;
+        self
+    }
+
     /// Checks the shape and erases the types.
     pub(crate) fn erase(self) -> Result<ErasedSpec> {
         let bad = |what: String| Error::InvalidArgument(format!("actor {}: {what}", self.name));
@@ -192,6 +219,8 @@ impl<In: Pod, Out: Pod, S: Pod> ActorSpec<In, Out, S> {
             backpressure: self.backpressure,
             starvation_limit: self.starvation_limit,
             forward_to: self.forward_to,
+            quick_stream: self.quick_stream,
+            wide_window: self.wide_window,
         })
     }
 }
@@ -211,4 +240,8 @@ pub(crate) struct ErasedSpec {
     pub(crate) backpressure: Backpressure,
     pub(crate) starvation_limit: u32,
     pub(crate) forward_to: Option<usize>,
+    /// `ActorSpec::quick_stream`.
+    pub(crate) quick_stream: bool,
+    /// `ActorSpec::wide_window`.
+    pub(crate) wide_window: bool,
 }

@@ -39,6 +39,14 @@ pub struct SystemConfig {
     /// `%globaltimer` on CUDA — when it was read, handled and answered), shown as a slice on
     /// the actor's track of a Chrome trace (`telemetry::start_trace`); 0: none.
     pub trace_every: u32,
+    /// On the GPU backend, after an iteration that answered several messages and replied to
+    /// the host, the loop waits before its next read as after a lone answer (the adaptive
+    /// gap), for every actor: a client that sends its next request when a reply comes is
+    /// then found by that read rather than by the one after it, a whole iteration later.
+    /// Costs a stream with replies that wait an iteration; the messages and their order are
+    /// the same either way. Off by default until measured (`warpdrive bench actors`, the
+    /// `warpdrive-reply-gap` rows; bench/NOTES.md).
+    pub reply_gap: bool,
 }
 
 impl Default for SystemConfig {
@@ -50,6 +58,7 @@ impl Default for SystemConfig {
             terminate_timeout: Duration::from_secs(5),
             preload_all: false,
             trace_every: 0,
+            reply_gap: false,
         }
     }
 }
@@ -202,7 +211,12 @@ impl ActorSystem {
     /// Compiles the CUDA loop of the actors spawned so far for `arch` (NVRTC only, no GPU):
     /// a handler that does not compile is an `Error::Compile` with NVRTC's log.
     pub fn check_compiles(&self, arch: crate::kernels::Arch) -> Result<()> {
-        super::gpu_loop::compile(&self.shared.specs.lock(), arch).map(|_| ())
+        super::gpu_loop::compile(
+            &self.shared.specs.lock(),
+            arch,
+            self.shared.config.reply_gap,
+        )
+        .map(|_| ())
     }
 
     /// Launches the loop with every actor inactive, and the watcher.
@@ -236,6 +250,7 @@ impl ActorSystem {
                 specs,
                 shared.config.preload_all,
                 shared.config.trace_every,
+                shared.config.reply_gap,
             )?)
         };
         *shared.running.lock() = Some(running);
@@ -591,6 +606,12 @@ pub struct ActorStats {
     /// finding none while the next read found one (it came a read later). The wait settles
     /// where misses are a set share of these (on the CPU backend, zeros).
     pub gap_reads: [u64; 2],
+    /// The inbox slots the loop read, summed over its iterations: each iteration's window
+    /// of the first lane (it doubles after a full read and falls to two slots after an empty
+    /// one); `/ loops`, the mean window. Published with `loops` (on the CPU backend, 0).
+    pub window_slots: u64,
+    /// Iterations that took messages (`busy_ns` is their time; on the CPU backend, 0).
+    pub busy_loops: u64,
 }
 
 /// A typed handle on one actor: `In` goes in, `Out` comes back. Cheap to clone; usable
@@ -798,6 +819,8 @@ impl<In: Pod, Out: Pod> Actor<In, Out> {
             phase_ns: std::array::from_fn(|i| w(ctrl::PHASE_NS + i)),
             gap_ns: w(ctrl::GAP_NS),
             gap_reads: [w(ctrl::GAP_READS), w(ctrl::GAP_READS + 1)],
+            window_slots: w(ctrl::WINDOW_SLOTS),
+            busy_loops: w(ctrl::WINDOW_SLOTS + 1),
         }
     }
 

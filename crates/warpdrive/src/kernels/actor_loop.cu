@@ -46,6 +46,8 @@ __device__ void actor_dispatch(u32 kind, const void* in, void* out, void* state,
 #define D_TRACE_BASE 22
 #define D_TRACE_EVERY 23
 #define D_PARALLEL 24
+#define D_QUICK_STREAM 25
+#define D_WMIN 26
 #define D_WORDS 32
 
 // Control words (actor/ring.rs `ctrl` and `sys`).
@@ -65,6 +67,7 @@ __device__ void actor_dispatch(u32 kind, const void* in, void* out, void* state,
 #define N_PHASES 5
 #define C_GAP_NS 23
 #define C_GAP_READS 24  // hits, misses
+#define C_WINDOW_SLOTS 26  // the first rank's window summed over iterations, busy iterations
 #define S_COMMAND 0
 #define S_HOST_BEAT 1
 #define S_PARK_NS 2
@@ -182,6 +185,8 @@ __device__ __forceinline__ u32 next_window(u32 win, u32 ready, u32 wmin, u32 wma
 // Loads in flight per thread while reading the windows (each a PCIe round trip to host
 // memory); the loop that issues them is unrolled, so they stay in registers.
 #define LOADS_IN_FLIGHT 16
+// Vectors read in one round of three loads a lane (actor/gpu_loop.rs sizes windows by it).
+#define ONE_TRIP_VECTORS 96
 
 // What reading the windows needs: the flat order of the ranks' windows (`pre`), the rings,
 // and where the slot states and the staged slots go.
@@ -262,9 +267,20 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     const u64 cap = d[D_CAPACITY], dev_cap = d[D_DEV_CAPACITY], fwd_cap = d[D_FWD_CAPACITY];
     const u32 batch = (u32)d[D_BATCH], starvation = (u32)d[D_STARVATION], kind = (u32)d[D_KIND];
     const u32 wmax = (u32)d[D_WMAX], pick_max = (u32)d[D_PICK_MAX];
-    const u32 wmin = min(2u, wmax);
+    // The window after an empty read (actor/gpu_loop.rs: two slots, or with
+    // ActorSpec::wide_window as many as one round of loads reads).
+    const u32 wmin = (u32)d[D_WMIN];
     const u64 trace_every = d[D_TRACE_EVERY];
     const bool parallel = d[D_PARALLEL] != 0;
+    // A lone rank read in several chunks (a stream's window) counted in registers too, as a
+    // one-trip read is (ActorSpec::quick_stream; off: the slot states and ballots). Compiled
+    // in only where an actor asks (actor/gpu_loop.rs): the flag alone makes the loop spill at
+    // its 255 registers (sm_90).
+#ifdef ACTOR_QUICK_STREAM
+    const bool quick_stream = d[D_QUICK_STREAM] != 0;
+#else
+    const bool quick_stream = false;
+#endif
     u64* trace = blk + d[D_TRACE_BASE];
     u64* outbox = blk + d[D_OUTBOX_BASE];
     const u32 ranks = lanes + (dev_ring ? 1u : 0u);
@@ -289,6 +305,9 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     __shared__ u8 replied[MAX_BATCH];
     __shared__ u16 order[MAX_BATCH];    // the picks that replied, in pick order
     __shared__ u64 state_dummy;
+    // Lane 0's counts (C_WINDOW_SLOTS): the first rank's window summed over iterations, and
+    // the iterations that took messages. In shared memory: the loop has no registers to spare.
+    __shared__ u64 counts[2];
     void* state = d[D_STATE] ? (void*)d[D_STATE] : (void*)&state_dummy;
 
     // Thread 0's bookkeeping.
@@ -314,6 +333,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         beat_time = now_ns();
         st_word(blk + C_CLOCK_START, beat_time);
         n_pub = 0;
+        counts[0] = counts[1] = 0;
     }
     for (u32 i = lane; i < MAX_RANKS * MAX_WINDOW; i += 32) st[i / MAX_WINDOW][i % MAX_WINDOW] = 0;
     __syncwarp();
@@ -359,6 +379,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             PUBLISH(blk + C_GAP_READS, gap_hits);                                   \
             PUBLISH(blk + C_GAP_READS + 1, gap_misses);                             \
             for (u32 q = 0; q < N_PHASES; ++q) PUBLISH(blk + C_PHASE_NS + q, phase[q]); \
+            for (u32 q = 0; q < 2; ++q) PUBLISH(blk + C_WINDOW_SLOTS + q, counts[q]); \
         }                                                                           \
     } while (0)
 
@@ -385,8 +406,10 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         if (!pend) return;
         if (lane == 0) {
             phase[4] += t_now - p_after;  // an inactive loop's sleep included
+            counts[0] += win[0];              // the window being read (or the next one)
             if (p_rt) read_rt = (read_rt * 7 + p_rt) / 8;
             if (pend == 2) {
+                if (p_picks) ++counts[1];
                 if (p_solo && p_picks) PUBLISH(lanes ? blk + C_IN_HEAD + (lanes - 1) : dev_ring, head[0]);
                 if (p_picks) {
                     if (fwd_ring) {
@@ -471,20 +494,23 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             // three loads a lane: a lone warp pays a few cycles for each instruction of the
             // sixteen-load chunk.
             const RingView rv{pre, ranks, head, rbase, rmask, in_sw, in_vps, wmax, &st[0][0], in_stage};
-            one_trip = total <= 96;
+            one_trip = total <= ONE_TRIP_VECTORS;
             if (one_trip) {
                 read_chunk<3>(rv, 0, total, lane, true, ctl_at, word, stop, drop, ranks == 1 ? 2u : 3u, true,
                               books);
             } else {
+                const u32 mark = ranks == 1 && quick_stream ? 2u : 3u;
                 for (u32 base = 0; base < total; base += 32 * LOADS_IN_FLIGHT)
-                    read_chunk<LOADS_IN_FLIGHT>(rv, base, total, lane, base == 0, ctl_at, word, stop, drop, 3u,
+                    read_chunk<LOADS_IN_FLIGHT>(rv, base, total, lane, base == 0, ctl_at, word, stop, drop, mark,
                                                 base == 0, books);
             }
         }
-        // A lone rank read in one trip (a closed-loop client's actor) counts by two
-        // reductions of what each lane saw, in registers: the slot states' round trip through
-        // shared memory, the ballots and their branches are for the others.
-        const bool quick_read = reading && ranks == 1 && one_trip;
+        // A lone rank read in one trip (a closed-loop client's actor; with `quick_stream` in
+        // any number) counts by two reductions of what each lane saw, in registers: the slot
+        // states' round trip through shared memory, the ballots and their branches are for
+        // the others. (Each lane's first slot not written and first overwritten are minima
+        // over every chunk it read, so a multi-chunk read reduces the same way.)
+        const bool quick_read = reading && ranks == 1 && (one_trip || quick_stream);
         if (quick_read) {
             stop = min(__reduce_min_sync(0xffffffffu, stop), w_solo);
             drop = __reduce_min_sync(0xffffffffu, drop);
@@ -731,7 +757,16 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         probe = answered && picks == 1 ? 1u : (!picks && probe == 1 ? 2u : 0u);
         // No gap after a stream: near capacity a gap only lets the inbox fill; below it,
         // the loaded round trip's tail measured the same without one (bench/NOTES.md).
+#ifdef ACTOR_REPLY_GAP
+        // SystemConfig::reply_gap: after replies to the host from a stream too, the lone
+        // message's gap (only if the window was drained: `answered`), so that the next read
+        // samples the inbox after the client's next request could land there; without it
+        // that read leaves at once, misses the request, and it waits a whole iteration more.
+        // For every actor of the system (a per-actor flag made the loop spill).
+        gap_until = t_answer + (picks == 1 || (!fwd_ring && outs) ? gap : 0);
+#else
         gap_until = t_answer + (picks == 1 ? gap : 0);
+#endif
         if (solo && lane == 0) {
             win[0] = next_window(w0, n0, wmin, wmax);
             head[0] += picks;
