@@ -345,8 +345,8 @@ fn gpu_smem_moe_wgmma_tma_matches_cpu() {
 }
 
 /// The 256-weight-row wgmma tile (issue 40; by default from 128 rows an expert, forced here:
-/// 96 and 128 token rows × 256 weight rows, one block per SM) on both projections (`w256_cases`): 1, 5,
-/// 37, 301 and 4,097 tokens, drained and overlapped, graphs on and off, split-K gate/up
+/// 96 and 128 token rows × 256 weight rows, one block per SM) on both projections
+/// (`w256_cases`): 1, 5, 37, 301 and 4,097 tokens, drained and overlapped, graphs on and off, split-K gate/up
 /// (deep: 256-column partials), widths past one 256-row block and no multiple of it or of the
 /// 64-k stage (hidden 328, intermediate 200), most of 64 experts empty, every token on one
 /// expert (4,097 rows), f16, the plan's overlap per projection, and the tiles in column-block

@@ -515,12 +515,3 @@ fn wgmma_tma_where_one_tile_holds_an_experts_rows() -> Result<()> {
     }
     Ok(())
 }
-
-#[test]
-fn zz_print_plans() -> Result<()> {
-    for (name, t) in [("deepseek-v3-slice", 16), ("deepseek-v3-slice", 256), ("mixtral-8x7b", 4), ("qwen3-30b-a3b", 16)] {
-        let p = Plan::new(&MoeConfig::preset(name)?, t, HOPPER);
-        println!("{name} {t}: {p:#?}");
-    }
-    Ok(())
-}
