@@ -119,7 +119,8 @@ impl CudaDevice {
     /// `d = act(a · b + bias)` as one cuBLASLt matmul with its bias (+ GELU) epilogue. The
     /// device's handle is made on first use and kept; the descriptors are made for the call
     /// (cuBLASLt's are light); the heuristic's algorithm is kept per problem; the workspace
-    /// is the caller's; not for use while capturing a graph.
+    /// is the caller's. Inside a graph capture only once the handle exists (a call before the
+    /// capture makes it), as with cuBLAS.
     ///
     /// # Safety
     /// `a`, `b`, `bias` and `d` must be live device allocations of m·k, k·n, n and m·n
@@ -151,10 +152,10 @@ impl CudaDevice {
                 .ok_or_else(|| Error::InvalidArgument(format!("GEMM dimension {v} exceeds i32")))
         };
         let (m, n, k) = (dim(call.m)?, dim(call.n)?, dim(call.k)?);
-        no_alloc_in_capture("cublasLtCreate")?;
         self.bind()?;
         let mut guard = self.inner.blaslt.lock();
         if guard.is_none() {
+            no_alloc_in_capture("cublasLtCreate")?;
             let handle = result::create_handle().map_err(lt_error("cublasLtCreate"))?;
             *guard = Some(LtState {
                 handle,
