@@ -8,7 +8,8 @@
 //!   answering: `idle_read_ns` … `idle_after_ns`, `idle_loop_ns`, the same `busy_…`, see
 //!   `ActorStats::phase_ns`; `gap_ns`, the loop's wait after an answer, `ActorStats::gap_ns`;
 //!   `gap_hits` / `gap_misses` / `gap_miss_pct`, the reads right after it while answering,
-//!   `ActorStats::gap_reads`; `warpdrive-wide` at 64 B: with `ActorSpec::wide_window`).
+//!   `ActorStats::gap_reads`; `warpdrive-narrow` at 64 B: without the loop's stream options,
+//!   `ActorSpec::quick_stream`, `ActorSpec::wide_window`, `SystemConfig::reply_gap`).
 //!   Variants `doorbell` (one GPU thread polling one mapped word,
 //!   no queue), `warpdrive` (`Actor::request`), `kernel-per-message` (write the message to mapped
 //!   memory, launch, synchronize, read), `graph-per-message` (the same kernel in a graph).
@@ -17,10 +18,9 @@
 //!   90) of that actor's maximum under such a paced load, measured on the same actor just
 //!   before (`paced_max`: from its rate fed by a producer at full speed, as the `throughput`
 //!   row of batch 32, down in steps of 5% to the first rate its loop keeps up with; at full
-//!   scale only, else the unpaced rate), a row each; variants `warpdrive-quick-stream`,
-//!   `warpdrive-wide`, `warpdrive-reply-gap` and `warpdrive-all` the same on an actor with
-//!   `ActorSpec::quick_stream`, `ActorSpec::wide_window`, in a system with
-//!   `SystemConfig::reply_gap`, or all three. The loop while the requests ran:
+//!   scale only, else the unpaced rate), a row each; variants `warpdrive-narrow` (the loop
+//!   without its stream options, as above) and `warpdrive-no-wide` (without
+//!   `ActorSpec::wide_window`) the same on their own actors. The loop while the requests ran:
 //!   `extra.iter_{read,control,pick,answer,after,loop}_ns` (mean iteration, idle and busy),
 //!   `busy_iteration_ns`, `msgs_per_busy_iteration`, `busy_iteration_share`,
 //!   `window_slots`, `window_fill` (see `loop_extras`; the `throughput` rows of one actor
@@ -270,14 +270,14 @@ fn round_trip<M: Pod>(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         }
         record_latency(ctx, CASE, bytes, "doorbell", us, None, &[])?
     };
-    // `warpdrive-wide`: `ActorSpec::wide_window` (a lone message's round trip must not lose;
-    // at 256 B the wide window is the narrow one: two slots fill a round of loads).
-    for (variant, wide) in [("warpdrive", false), ("warpdrive-wide", true)] {
-        if wide && bytes != 64 {
+    // `warpdrive-narrow`: the loop without the stream options (`narrow_loop`; at 64 B, where
+    // the wide window is wider than two slots).
+    for (variant, narrow) in [("warpdrive", false), ("warpdrive-narrow", true)] {
+        if narrow && bytes != 64 {
             continue;
         }
         ctx.step(format!("{SUITE}: {CASE} {bytes} B {variant}"));
-        actor_round_trip::<M>(ctx, plan, variant, wide, doorbell)?;
+        actor_round_trip::<M>(ctx, plan, variant, narrow, doorbell)?;
     }
     ctx.step(format!(
         "{SUITE}: {CASE} {bytes} B kernel/graph per message"
@@ -339,14 +339,19 @@ fn actor_round_trip<M: Pod>(
     ctx: &mut Ctx,
     plan: &Plan,
     variant: &str,
-    wide: bool,
+    narrow: bool,
     doorbell: f64,
 ) -> Result<()> {
     const CASE: &str = "round-trip";
     let bytes = size_of::<M>();
     let device = ctx.device().clone();
-    let mut system = ActorSystem::new(&device)?;
-    let a = system.spawn(echo_spec::<M>("echo", 32).wide_window(wide))?;
+    let (spec, config) = if narrow {
+        narrow_loop(echo_spec::<M>("echo", 32))
+    } else {
+        (echo_spec::<M>("echo", 32), SystemConfig::default())
+    };
+    let mut system = ActorSystem::with_config(&device, config)?;
+    let a = system.spawn(spec)?;
     system.start()?;
     a.activate()?;
     for k in 0..1000 {
@@ -683,14 +688,23 @@ fn paced_max(plan: &Plan, a: &Actor<Msg64, Msg64>, unpaced: f64, done: u64) -> R
 const SWEEP: [f64; 5] = [0.1, 0.3, 0.5, 0.7, 0.9];
 
 /// The loaded step's variants: (name, `ActorSpec::quick_stream`, `ActorSpec::wide_window`,
-/// `SystemConfig::reply_gap`).
-const LOADED_VARIANTS: [(&str, bool, bool, bool); 5] = [
-    ("warpdrive", false, false, false),
-    ("warpdrive-quick-stream", true, false, false),
-    ("warpdrive-wide", false, true, false),
-    ("warpdrive-reply-gap", false, false, true),
-    ("warpdrive-all", true, true, true),
+/// `SystemConfig::reply_gap`): the defaults (all three), the loop without them (`narrow`:
+/// the default before them) and without the wide window.
+const LOADED_VARIANTS: [(&str, bool, bool, bool); 3] = [
+    ("warpdrive", true, true, true),
+    ("warpdrive-narrow", false, false, false),
+    ("warpdrive-no-wide", true, false, true),
 ];
+
+/// `spec` and the default system without the loop's stream options (`ActorSpec::quick_stream`,
+/// `ActorSpec::wide_window`, `SystemConfig::reply_gap`): the loop the `-narrow` rows time.
+fn narrow_loop<M: Pod>(spec: ActorSpec<M, M, ()>) -> (ActorSpec<M, M, ()>, SystemConfig) {
+    let config = SystemConfig {
+        reply_gap: false,
+        ..SystemConfig::default()
+    };
+    (spec.quick_stream(false).wide_window(false), config)
+}
 
 /// Round trips under load (`SWEEP`), for the default loop and each of `LOADED_VARIANTS`, each
 /// on its own actor against its own maximum (`b32_p1`: the `throughput` row's rate of the
@@ -917,11 +931,9 @@ mod tests {
             ("throughput", "warpdrive-b256-p4"),
             ("pipeline", "warpdrive-2-stages-p4"),
             ("round-trip-loaded", "warpdrive"),
-            ("round-trip", "warpdrive-wide"),
-            ("round-trip-loaded", "warpdrive-quick-stream"),
-            ("round-trip-loaded", "warpdrive-wide"),
-            ("round-trip-loaded", "warpdrive-reply-gap"),
-            ("round-trip-loaded", "warpdrive-all"),
+            ("round-trip", "warpdrive-narrow"),
+            ("round-trip-loaded", "warpdrive-narrow"),
+            ("round-trip-loaded", "warpdrive-no-wide"),
             ("terminate", "warpdrive"),
         ] {
             assert!(
@@ -935,12 +947,12 @@ mod tests {
             .unwrap();
         assert!(warp.extra["p999_us"].as_f64().unwrap() >= warp.median);
         assert!(warp.extra["over_doorbell"].as_f64().unwrap() > 0.0);
-        // A small run's loads: 50 % and 90 %, one row each, per variant (five).
+        // A small run's loads: 50 % and 90 %, one row each, per variant (three).
         let loaded: Vec<_> = rows
             .iter()
             .filter(|r| r.case == "round-trip-loaded")
             .collect();
-        assert_eq!(loaded.len(), 10);
+        assert_eq!(loaded.len(), 2 * LOADED_VARIANTS.len());
         for row in loaded {
             assert!(row.extra.contains_key("iter_loop_ns"));
             let max = row.extra["load_max_msgs_per_s"].as_f64().unwrap();

@@ -832,23 +832,26 @@ fn handlers_compile_and_a_broken_one_returns_the_log() {
     for arch in ["sm_80", "sm_90a"] {
         system.check_compiles(Arch::parse(arch).unwrap()).unwrap();
     }
-    // With an actor that asks for `quick_stream`, the loop compiles that path in too.
-    let quick = ActorSystem::new(&Device::cpu()).unwrap();
-    quick.spawn(stateless("quick").quick_stream(true)).unwrap();
-    quick.spawn(spec("plain").wide_window(true)).unwrap();
-    for arch in ["sm_80", "sm_90a"] {
-        quick.check_compiles(Arch::parse(arch).unwrap()).unwrap();
-    }
-    // And with `SystemConfig::reply_gap`'s path.
+    // Without the stream options (`quick_stream`, `wide_window`, `reply_gap`, on by
+    // default), the loop compiles without their paths too.
     let config = SystemConfig {
-        reply_gap: true,
+        reply_gap: false,
         ..SystemConfig::default()
     };
-    let gapped = ActorSystem::with_config(&Device::cpu(), config).unwrap();
-    gapped.spawn(stateless("gapped")).unwrap();
-    gapped.spawn(spec("plain")).unwrap();
+    let narrow = ActorSystem::with_config(&Device::cpu(), config).unwrap();
+    for name in ["narrow", "plain"] {
+        let s = stateless(name).quick_stream(false).wide_window(false);
+        narrow.spawn(s).unwrap();
+    }
     for arch in ["sm_80", "sm_90a"] {
-        gapped.check_compiles(Arch::parse(arch).unwrap()).unwrap();
+        narrow.check_compiles(Arch::parse(arch).unwrap()).unwrap();
+    }
+    // And with `quick_stream` asked by one actor of two.
+    let mixed = ActorSystem::new(&Device::cpu()).unwrap();
+    mixed.spawn(stateless("quick")).unwrap();
+    mixed.spawn(spec("plain").quick_stream(false)).unwrap();
+    for arch in ["sm_80", "sm_90a"] {
+        mixed.check_compiles(Arch::parse(arch).unwrap()).unwrap();
     }
     let broken = ActorSystem::new(&Device::cpu()).unwrap();
     broken

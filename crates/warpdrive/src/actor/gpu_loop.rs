@@ -122,9 +122,9 @@ pub(crate) fn start(
         // ring is drained (actor_loop.cu, next_window).
         let wmax = (IN_STAGE_BYTES / (ranks * in_sw * 4)).clamp(1, spec.batch.max(2));
         let pick_max = (OUT_STAGE_BYTES / (out_sw * 4)).clamp(1, spec.batch);
-        // The window after an empty read: two slots, or (`wide_window`) as many as every
-        // lane's window read in one round of loads, so a burst after a pause is read in
-        // fewer, wider reads.
+        // The window after an empty read that follows a stream (`wide_window`; actor_loop.cu
+        // keeps two slots after a lone message): as many as every lane's window read in one
+        // round of loads, so a burst after a pause is read in fewer, wider reads.
         let narrow = 2.min(wmax);
         let wmin = if spec.wide_window {
             (ONE_TRIP_VECTORS / (ranks * in_sw / 2)).clamp(narrow, wmax)

@@ -85,8 +85,8 @@ impl<In: Pod, Out: Pod, S: Pod> ActorSpec<In, Out, S> {
             starvation_limit: 8,
             state,
             forward_to: None,
-            quick_stream: false,
-            wide_window: false,
+            quick_stream: true,
+            wide_window: true,
         }
     }
 
@@ -150,19 +150,21 @@ impl<In: Pod, Out: Pod, S: Pod> ActorSpec<In, Out, S> {
     /// its messages by two reductions in registers instead of slot states in shared memory
     /// and ballots. The messages and their order are the same either way (the CPU backend
     /// has no windows). The loop of a system with such an actor is compiled with that path
-    /// (a few bytes of register spills on sm_90). Off by default until measured (`warpdrive bench actors`, the
-    /// `round-trip-loaded` rows `warpdrive-quick-stream`; bench/NOTES.md).
+    /// (a few bytes of register spills on sm_90). On by default, as are `wide_window` and
+    /// `SystemConfig::reply_gap`: together they shorten the round trip of requests that
+    /// come beside a stream (`warpdrive bench actors`, `round-trip-loaded`; bench/NOTES.md).
     pub fn quick_stream(mut self, on: bool) -> Self {
         self.quick_stream = on;
         self
     }
 
-    /// On the GPU backend, after a read that found nothing, read as many slots as one round
-    /// of loads covers (ten 64-byte messages on one lane) instead of two: a burst that
-    /// comes after a pause is then taken in one or two reads rather than a window doubling
-    /// from two slots, read after read. The messages and their order are the same either way.
-    /// Off by default until measured (`warpdrive bench actors`, the `warpdrive-wide` rows;
-    /// bench/NOTES.md).
+    /// On the GPU backend, when the actor has one lane and its last busy read took a stream
+    /// (more than two messages), the read after an empty one covers as many slots as one
+    /// round of loads (ten 64-byte messages) instead of two: the stream's next burst is then
+    /// taken in one or two reads rather than a window doubling from two slots, read after
+    /// read; after a lone message the window stays two slots, so a closed-loop client's
+    /// round trip keeps its short read. The messages and their order are the same either
+    /// way. On by default (see `quick_stream`).
     pub fn wide_window(mut self, on: bool) -> Self {
         self.wide_window = on;
         self

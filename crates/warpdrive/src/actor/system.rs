@@ -43,9 +43,8 @@ pub struct SystemConfig {
     /// the host, the loop waits before its next read as after a lone answer (the adaptive
     /// gap), for every actor: a client that sends its next request when a reply comes is
     /// then found by that read rather than by the one after it, a whole iteration later.
-    /// Costs a stream with replies that wait an iteration; the messages and their order are
-    /// the same either way. Off by default until measured (`warpdrive bench actors`, the
-    /// `warpdrive-reply-gap` rows; bench/NOTES.md).
+    /// Costs a stream whose messages want replies one gap an iteration; the messages and
+    /// their order are the same either way. On by default (see `ActorSpec::quick_stream`).
     pub reply_gap: bool,
 }
 
@@ -58,7 +57,7 @@ impl Default for SystemConfig {
             terminate_timeout: Duration::from_secs(5),
             preload_all: false,
             trace_every: 0,
-            reply_gap: false,
+            reply_gap: true,
         }
     }
 }

@@ -267,9 +267,12 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     const u64 cap = d[D_CAPACITY], dev_cap = d[D_DEV_CAPACITY], fwd_cap = d[D_FWD_CAPACITY];
     const u32 batch = (u32)d[D_BATCH], starvation = (u32)d[D_STARVATION], kind = (u32)d[D_KIND];
     const u32 wmax = (u32)d[D_WMAX], pick_max = (u32)d[D_PICK_MAX];
-    // The window after an empty read (actor/gpu_loop.rs: two slots, or with
-    // ActorSpec::wide_window as many as one round of loads reads).
-    const u32 wmin = (u32)d[D_WMIN];
+    // The window after an empty read: two slots; with ActorSpec::wide_window, after an
+    // iteration of a lone rank that took a stream (more than two messages), as many as one
+    // round of loads reads (d[D_WMIN], actor/gpu_loop.rs), so the stream's next burst is
+    // read at once, and two again after a lone message, so a closed-loop client's read
+    // stays short.
+    u32 wmin = min(2u, wmax);
     const u64 trace_every = d[D_TRACE_EVERY];
     const bool parallel = d[D_PARALLEL] != 0;
     // A lone rank read in several chunks (a stream's window) counted in registers too, as a
@@ -767,6 +770,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
 #else
         gap_until = t_answer + (picks == 1 ? gap : 0);
 #endif
+        if (solo) wmin = picks > 2 ? (u32)d[D_WMIN] : min(2u, wmax);
         if (solo && lane == 0) {
             win[0] = next_window(w0, n0, wmin, wmax);
             head[0] += picks;
