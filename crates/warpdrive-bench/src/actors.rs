@@ -646,18 +646,16 @@ const PACED_STEP: f64 = 0.95;
 const PACED_STEPS: usize = 14;
 
 /// The highest paced load (one producer, as `drive` paces it) `a`'s loop keeps up with:
-/// from `unpaced` down in steps of `PACED_STEP`, each rate offered for a short probe and kept
-/// up where at most `CAPACITY / 16` messages wait at its end. Paced, the loop reads slots
+/// from `unpaced` down in steps of `PACED_STEP`, each rate offered for as long as a loaded
+/// step runs and kept up where at most `CAPACITY / 16` messages wait at its end (a fifth as
+/// long, a rate ~1 % over what the loop sustains went unseen, and the 90 % step of such a
+/// maximum filled the inbox: bench/NOTES.md). Paced, the loop reads slots
 /// written microseconds before, whose lines still sit modified in the sending core's cache
 /// and come over PCIe slower than a full inbox's long-written ones (bench/NOTES.md). Returns
 /// the rate and the messages the probes sent; `done` messages were sent to `a` before, and
 /// every message is handled on return.
 fn paced_max(plan: &Plan, a: &Actor<Msg64, Msg64>, unpaced: f64, done: u64) -> Result<(f64, u64)> {
-    let probe = Plan {
-        interval: plan.interval / 2,
-        intervals: 4,
-        ..*plan
-    };
+    let probe = *plan;
     let one = std::slice::from_ref(a);
     let (mut rate, mut sent) = (unpaced, 0);
     for _ in 0..PACED_STEPS {
