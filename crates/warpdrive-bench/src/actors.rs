@@ -270,14 +270,17 @@ fn round_trip<M: Pod>(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         }
         record_latency(ctx, CASE, bytes, "doorbell", us, None, &[])?
     };
-    // `warpdrive-narrow`: the loop without the stream options (`narrow_loop`; at 64 B, where
-    // the wide window is wider than two slots).
-    for (variant, narrow) in [("warpdrive", false), ("warpdrive-narrow", true)] {
-        if narrow && bytes != 64 {
+    // `warpdrive-narrow`: the loop without the stream options (at 64 B, where the wide
+    // window is wider than two slots).
+    for (variant, options) in [
+        ("warpdrive", LoopOptions::DEFAULT),
+        ("warpdrive-narrow", LoopOptions::NARROW),
+    ] {
+        if options == LoopOptions::NARROW && bytes != 64 {
             continue;
         }
         ctx.step(format!("{SUITE}: {CASE} {bytes} B {variant}"));
-        actor_round_trip::<M>(ctx, plan, variant, narrow, doorbell)?;
+        actor_round_trip::<M>(ctx, plan, variant, options, doorbell)?;
     }
     ctx.step(format!(
         "{SUITE}: {CASE} {bytes} B kernel/graph per message"
@@ -339,17 +342,13 @@ fn actor_round_trip<M: Pod>(
     ctx: &mut Ctx,
     plan: &Plan,
     variant: &str,
-    narrow: bool,
+    options: LoopOptions,
     doorbell: f64,
 ) -> Result<()> {
     const CASE: &str = "round-trip";
     let bytes = size_of::<M>();
     let device = ctx.device().clone();
-    let (spec, config) = if narrow {
-        narrow_loop(echo_spec::<M>("echo", 32))
-    } else {
-        (echo_spec::<M>("echo", 32), SystemConfig::default())
-    };
+    let (spec, config) = options.apply(echo_spec::<M>("echo", 32));
     let mut system = ActorSystem::with_config(&device, config)?;
     let a = system.spawn(spec)?;
     system.start()?;
@@ -685,24 +684,55 @@ fn paced_max(plan: &Plan, a: &Actor<Msg64, Msg64>, unpaced: f64, done: u64) -> R
 /// scale: a sweep whose 50 % and 90 % rows are the issue's; a small run takes those two.
 const SWEEP: [f64; 5] = [0.1, 0.3, 0.5, 0.7, 0.9];
 
-/// The loaded step's variants: (name, `ActorSpec::quick_stream`, `ActorSpec::wide_window`,
-/// `SystemConfig::reply_gap`): the defaults (all three), the loop without them (`narrow`:
-/// the default before them) and without the wide window.
-const LOADED_VARIANTS: [(&str, bool, bool, bool); 3] = [
-    ("warpdrive", true, true, true),
-    ("warpdrive-narrow", false, false, false),
-    ("warpdrive-no-wide", true, false, true),
-];
-
-/// `spec` and the default system without the loop's stream options (`ActorSpec::quick_stream`,
-/// `ActorSpec::wide_window`, `SystemConfig::reply_gap`): the loop the `-narrow` rows time.
-fn narrow_loop<M: Pod>(spec: ActorSpec<M, M, ()>) -> (ActorSpec<M, M, ()>, SystemConfig) {
-    let config = SystemConfig {
-        reply_gap: false,
-        ..SystemConfig::default()
-    };
-    (spec.quick_stream(false).wide_window(false), config)
+/// The loop's stream options a row runs with: `ActorSpec::quick_stream`,
+/// `ActorSpec::wide_window`, `SystemConfig::reply_gap`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LoopOptions {
+    quick_stream: bool,
+    wide_window: bool,
+    reply_gap: bool,
 }
+
+impl LoopOptions {
+    /// The library's defaults (all three).
+    const DEFAULT: LoopOptions = LoopOptions {
+        quick_stream: true,
+        wide_window: true,
+        reply_gap: true,
+    };
+    /// None of them: the loop before them (the `-narrow` rows).
+    const NARROW: LoopOptions = LoopOptions {
+        quick_stream: false,
+        wide_window: false,
+        reply_gap: false,
+    };
+
+    /// `spec` with these options, and the default system config with them.
+    fn apply<M: Pod>(self, spec: ActorSpec<M, M, ()>) -> (ActorSpec<M, M, ()>, SystemConfig) {
+        let config = SystemConfig {
+            reply_gap: self.reply_gap,
+            ..SystemConfig::default()
+        };
+        let spec = spec
+            .quick_stream(self.quick_stream)
+            .wide_window(self.wide_window);
+        (spec, config)
+    }
+}
+
+/// The loaded step's variants: the defaults, the loop without the options and without the
+/// wide window.
+const LOADED_VARIANTS: [(&str, LoopOptions); 3] = [
+    ("warpdrive", LoopOptions::DEFAULT),
+    ("warpdrive-narrow", LoopOptions::NARROW),
+    (
+        "warpdrive-no-wide",
+        LoopOptions {
+            wide_window: false,
+            ..LoopOptions::DEFAULT
+        },
+    ),
+];
 
 /// Round trips under load (`SWEEP`), for the default loop and each of `LOADED_VARIANTS`, each
 /// on its own actor against its own maximum (`b32_p1`: the `throughput` row's rate of the
@@ -715,14 +745,8 @@ fn loaded(ctx: &mut Ctx, plan: &Plan, b32_p1: f64) -> Result<()> {
         &SWEEP
     };
     let mut first_error = None;
-    for (variant, quick, wide, reply_gap) in LOADED_VARIANTS {
-        let spec = echo_spec::<Msg64>("echo", 32)
-            .quick_stream(quick)
-            .wide_window(wide);
-        let config = SystemConfig {
-            reply_gap,
-            ..SystemConfig::default()
-        };
+    for (variant, options) in LOADED_VARIANTS {
+        let (spec, config) = options.apply(echo_spec::<Msg64>("echo", 32));
         if let Err(e) = loaded_sweep(ctx, plan, b32_p1, variant, spec, config, fractions) {
             first_error.get_or_insert(e);
         }
