@@ -41,7 +41,7 @@ const D_TRACE_BASE: usize = 22;
 const D_TRACE_EVERY: usize = 23;
 const D_PARALLEL: usize = 24;
 const D_QUICK_STREAM: usize = 25;
-const D_WMIN: usize = 26;
+const D_WIDE: usize = 26;
 /// Vectors (16 bytes) the loop reads in one round of loads (`ONE_TRIP_VECTORS`).
 const ONE_TRIP_VECTORS: usize = 96;
 /// Words before a device ring's slots (its head, then padding to 16 bytes).
@@ -126,7 +126,7 @@ pub(crate) fn start(
         // keeps two slots after a lone message): as many as every lane's window read in one
         // round of loads, so a burst after a pause is read in fewer, wider reads.
         let narrow = 2.min(wmax);
-        let wmin = if spec.wide_window {
+        let wide = if spec.wide_window {
             (ONE_TRIP_VECTORS / (ranks * in_sw / 2)).clamp(narrow, wmax)
         } else {
             narrow
@@ -161,7 +161,7 @@ pub(crate) fn start(
         // Without state a handler is a function of its message: one message per thread.
         d[D_PARALLEL] = spec.state.is_empty() as u64;
         d[D_QUICK_STREAM] = spec.quick_stream as u64;
-        d[D_WMIN] = wmin as u64;
+        d[D_WIDE] = wide as u64;
         states.push(state);
     }
     let descs = Buffer::from_host(&side, &descs)?;

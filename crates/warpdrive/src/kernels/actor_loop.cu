@@ -47,7 +47,7 @@ __device__ void actor_dispatch(u32 kind, const void* in, void* out, void* state,
 #define D_TRACE_EVERY 23
 #define D_PARALLEL 24
 #define D_QUICK_STREAM 25
-#define D_WMIN 26
+#define D_WIDE 26
 #define D_WORDS 32
 
 // Control words (actor/ring.rs `ctrl` and `sys`).
@@ -269,7 +269,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     const u32 wmax = (u32)d[D_WMAX], pick_max = (u32)d[D_PICK_MAX];
     // The window after an empty read: two slots; with ActorSpec::wide_window, after an
     // iteration of a lone rank that took a stream (more than two messages), as many as one
-    // round of loads reads (d[D_WMIN], actor/gpu_loop.rs), so the stream's next burst is
+    // round of loads reads (d[D_WIDE], actor/gpu_loop.rs), so the stream's next burst is
     // read at once, and two again after a lone message, so a closed-loop client's read
     // stays short.
     u32 wmin = min(2u, wmax);
@@ -758,8 +758,8 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             ++gap_misses;
         }
         probe = answered && picks == 1 ? 1u : (!picks && probe == 1 ? 2u : 0u);
-        // No gap after a stream: near capacity a gap only lets the inbox fill; below it,
-        // the loaded round trip's tail measured the same without one (bench/NOTES.md).
+        // Without the reply gap, none after a stream (near capacity a gap only lets the
+        // inbox fill).
 #ifdef ACTOR_REPLY_GAP
         // SystemConfig::reply_gap: after replies to the host from a stream too, the lone
         // message's gap (only if the window was drained: `answered`), so that the next read
@@ -770,7 +770,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
 #else
         gap_until = t_answer + (picks == 1 ? gap : 0);
 #endif
-        if (solo) wmin = picks > 2 ? (u32)d[D_WMIN] : min(2u, wmax);
+        if (solo) wmin = picks > 2 ? (u32)d[D_WIDE] : min(2u, wmax);
         if (solo && lane == 0) {
             win[0] = next_window(w0, n0, wmin, wmax);
             head[0] += picks;
