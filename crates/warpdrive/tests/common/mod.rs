@@ -2,6 +2,7 @@
 //! fresh random inputs, tolerances, and (by being included) a private `XDG_CACHE_HOME`.
 #![allow(dead_code)]
 
+pub mod actor;
 pub mod cache_home;
 pub mod crash;
 pub mod mlp;
