@@ -27,14 +27,13 @@ impl<'a> Expr<'a> {
     pub fn eval<O: Float>(&self, stream: &Stream) -> Result<Buffer<O>> {
         let prog = Program::new(self)?;
         let mut out = Buffer::uninit(stream, prog.len())?;
-        run(&prog, stream, &mut out)?;
+        run(&prog, stream, &mut out, Schedule::default())?;
         Ok(out)
     }
 
     /// Evaluates into `out`, which holds the expression's elements (row-major).
     pub fn eval_into<O: Float>(&self, stream: &Stream, out: &mut Buffer<O>) -> Result<()> {
-        let prog = Program::new(self)?;
-        run(&prog, stream, out)
+        self.eval_into_scheduled(stream, out, Schedule::default())
     }
 
     /// Evaluates an elementwise expression into `out` with its map kernel in `shape` (what
@@ -69,7 +68,7 @@ impl<'a> Expr<'a> {
                 "fuse: a map schedule for an expression that is not elementwise".into(),
             ));
         }
-        run_scheduled(&prog, stream, out, schedule)
+        run(&prog, stream, out, schedule)
     }
 
     /// Loads this expression's kernel (output type `O`) through `cache` into a module of
@@ -280,13 +279,9 @@ fn launched(prog: &Program<'_>) -> (&'static str, Flavor) {
     }
 }
 
-fn run<O: Float>(prog: &Program<'_>, stream: &Stream, out: &mut Buffer<O>) -> Result<()> {
-    run_scheduled(prog, stream, out, Schedule::default())
-}
-
-/// [`run`], a map program's kernel in `schedule` (the caller checked that only a map program
-/// has another than the default).
-fn run_scheduled<O: Float>(
+/// Runs a checked program into `out`, a map program's kernel in `schedule` (the caller
+/// checked that only a map program has another than the default).
+fn run<O: Float>(
     prog: &Program<'_>,
     stream: &Stream,
     out: &mut Buffer<O>,
