@@ -18,7 +18,13 @@
 //! `ops::map` and, for compare/select, which no op has, a one-node fused kernel: one kernel
 //! per op, intermediates in memory), `ceiling` (`ops::copy` of the same bytes read + written).
 //! The fused kernel's shape is tuned first (`Expr::tune_shape`; `extra.block`,
-//! `extra.vector_bytes`).
+//! `extra.vector_bytes`, `extra.shape`). For f32, where a streaming kernel's time moved by
+//! where its output sat (bench/NOTES.md), `warpdrive-fused-<shape>` rows pin each 8-byte shape
+//! (`256x8`, `512x8`, and `p`: without the streaming cache hints, torch.compile's loads and
+//! stores) with the output at the start of its allocation (the suite's `out`), and
+//! `…-offset` rows (the tuned shape: `warpdrive-fused-offset`) with it 12 MiB + 4 KiB into a
+//! pool segment, after another block (`extra.output_offset_bytes`; rows left out where the pool
+//! did not place it so).
 //!
 //! `softmax-xent-bf16`: the softmax cross-entropy of each row of bf16 logits `[rows, 32768]`
 //! (`size` bytes of logits) against f32 class labels, `log Σ exp(x − max) + max − x[label]`,
@@ -47,7 +53,7 @@ use rand::{Rng, SeedableRng};
 
 use warpdrive::device::Stream;
 use warpdrive::error::Result;
-use warpdrive::fuse::Expr;
+use warpdrive::fuse::{Expr, MapShape};
 use warpdrive::kernels::PtxCache;
 use warpdrive::memory::Buffer;
 use warpdrive::ops::{self, Activation, BinaryOp, Map};
@@ -263,6 +269,11 @@ fn chains<T: Float>(ctx: &mut Ctx, plan: &Plan, tname: &str) -> Result<()> {
         row.extra.insert("block".into(), shape.block.into());
         row.extra
             .insert("vector_bytes".into(), shape.vector_bytes.into());
+        row.extra.insert("shape".into(), shape.to_string().into());
+        if T::KIND == warpdrive::DTypeKind::F32 {
+            let timing = (warm, reps, moved);
+            placements(ctx, &stream, &case, &fused, &mut out, shape, timing)?;
+        }
         let mut us = time_gpu(&stream, warm, reps, |s| {
             unfused(s, chain, &x, &y, &mut a, &mut b, &mut out)
         })?;
@@ -291,6 +302,96 @@ fn chains<T: Float>(ctx: &mut Ctx, plan: &Plan, tname: &str) -> Result<()> {
         row.extra
             .insert("bytes_counted".into(), "read+write".into());
     }
+    Ok(())
+}
+
+/// How far into a pool segment the offset output starts: past the 10 MiB under which blocks
+/// share segments, and not a multiple of a large power of two.
+const OUTPUT_OFFSET: usize = (12 << 20) + 4096;
+
+/// An `n`-element output `OUTPUT_OFFSET` bytes into a pool segment, behind a pad block: a
+/// freed block of pad + output splits from its low end (the caching pool's best fit), so the
+/// pad takes its start and the output the rest, as the addresses must show. Blocks that take
+/// the pad's place (a better fit elsewhere) are held, so the next try skips them; `None` after
+/// four tries (or on the CPU backend, where placement is the host allocator's).
+fn offset_output<T: Float>(
+    stream: &Stream,
+    n: usize,
+) -> Result<Option<(Vec<Buffer<u8>>, Buffer<T>)>> {
+    if !stream.device().is_cuda() {
+        return Ok(None);
+    }
+    let bytes = n * std::mem::size_of::<T>();
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let base = Buffer::<u8>::uninit(stream, OUTPUT_OFFSET + bytes)?;
+        let at = base.device_ptr();
+        drop(base);
+        let pad = Buffer::<u8>::uninit(stream, OUTPUT_OFFSET)?;
+        if pad.device_ptr() != at {
+            held.push(pad);
+            continue;
+        }
+        let out = Buffer::<T>::uninit(stream, n)?;
+        let placed = out.device_ptr() == at + OUTPUT_OFFSET as u64;
+        held.push(pad);
+        if placed {
+            return Ok(Some((held, out)));
+        }
+    }
+    Ok(None)
+}
+
+/// The f32 chain's kernel in each 8-byte shape with the output at the start of its allocation
+/// (`out`), and in each shape and the tuned one with it at an offset (see the module doc), so
+/// one run shows which shape is insensitive to where its output sits.
+fn placements<T: Float>(
+    ctx: &mut Ctx,
+    stream: &Stream,
+    case: &str,
+    fused: &Expr<'_>,
+    out: &mut Buffer<T>,
+    tuned: MapShape,
+    (warm, reps, moved): (usize, usize, f64),
+) -> Result<()> {
+    let size = out.size_bytes() as u64;
+    let shapes: Vec<MapShape> = [(256, false), (512, false), (256, true), (512, true)]
+        .into_iter()
+        .map(|(block, plain)| MapShape {
+            block,
+            vector_bytes: 8,
+            plain,
+        })
+        .collect();
+    let record = |ctx: &mut Ctx, variant: String, us: &mut Vec<f64>, shape: MapShape, off: usize| {
+        let row = ctx.record_bytes(case, size, &variant, us, moved, Some(Ceiling::D2dCopy))?;
+        row.extra.insert("shape".into(), shape.to_string().into());
+        row.extra.insert("output_offset_bytes".into(), off.into());
+        row.extra.insert("kernels".into(), 1.into());
+        Ok::<(), warpdrive::Error>(())
+    };
+    for &shape in &shapes {
+        let mut us = time_gpu(stream, warm, reps, |s| fused.eval_into_shape(s, out, shape))?;
+        record(ctx, format!("warpdrive-fused-{shape}"), &mut us, shape, 0)?;
+    }
+    let Some((_pad, mut off_out)) = offset_output::<T>(stream, out.len())? else {
+        return Ok(());
+    };
+    for &shape in &shapes {
+        let mut us = time_gpu(stream, warm, reps, |s| {
+            fused.eval_into_shape(s, &mut off_out, shape)
+        })?;
+        let variant = format!("warpdrive-fused-{shape}-offset");
+        record(ctx, variant, &mut us, shape, OUTPUT_OFFSET)?;
+    }
+    let mut us = time_gpu(stream, warm, reps, |s| fused.eval_into(s, &mut off_out))?;
+    record(
+        ctx,
+        "warpdrive-fused-offset".into(),
+        &mut us,
+        tuned,
+        OUTPUT_OFFSET,
+    )?;
     Ok(())
 }
 
@@ -572,6 +673,13 @@ mod tests {
                         .unwrap_or_else(|| panic!("{case} {variant} missing"));
                     assert_eq!(row.size, 64 << 10);
                     assert!(row.gbps.is_some_and(|g| g > 0.0), "{case} {variant}");
+                }
+                // The pinned 8-byte shapes at the output's start: f32 only (no offset rows on
+                // the CPU backend, whose placement is the host allocator's).
+                for shape in ["256x8", "512x8", "256x8p", "512x8p"] {
+                    let variant = format!("warpdrive-fused-{shape}");
+                    let there = rows.iter().any(|r| r.case == case && r.variant == variant);
+                    assert_eq!(there, t == "f32", "{case} {variant}");
                 }
             }
         }

@@ -887,12 +887,16 @@ device_test!(
             .map(|&block| MapShape {
                 block,
                 vector_bytes: 16,
+                plain: false,
             })
             .collect();
-        shapes.extend([256, 512].map(|block| MapShape {
-            block,
-            vector_bytes: 8,
-        }));
+        for plain in [false, true] {
+            shapes.extend([256, 512].map(|block| MapShape {
+                block,
+                vector_bytes: 8,
+                plain,
+            }));
+        }
         for shape in shapes {
             let mut out = poisoned::<f32>(&s, n, f32::NAN);
             e.eval_into_shape(&s, &mut out, shape).unwrap();
@@ -910,6 +914,7 @@ device_test!(
             let shape = MapShape {
                 block: bad.0,
                 vector_bytes: bad.1,
+                plain: false,
             };
             assert!(e.eval_into_shape(&s, &mut out, shape).is_err(), "{shape}");
         }
@@ -920,6 +925,7 @@ device_test!(
         let narrow = MapShape {
             block: 256,
             vector_bytes: 8,
+            plain: false,
         };
         assert!((Expr::input(&hb) * 2.0)
             .eval_into_shape(&s, &mut o99, narrow)

@@ -121,6 +121,7 @@ mod tests {
         let narrow = MapShape {
             block: 512,
             vector_bytes: 8,
+            plain: false,
         };
         for shape in [MapShape::DEFAULT, narrow] {
             for (reverse, programmatic, prefetch) in [

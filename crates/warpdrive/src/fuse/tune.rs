@@ -24,19 +24,25 @@ use super::expr::Expr;
 use super::program::{Mode, Program};
 
 /// The block sizes a tuning tries (on 16-byte vectors; 256 and 512 also on 8-byte ones where
-/// every streamed array has one element size).
+/// every streamed array has one element size, with and without the streaming cache hints).
 pub const BLOCK_CANDIDATES: [u32; 3] = [128, 256, 512];
 
 /// The shapes a tuning of `prog` with output `out` tries.
-fn candidates(prog: &Program<'_>, out: DTypeKind) -> Vec<MapShape> {
+pub(crate) fn candidates(prog: &Program<'_>, out: DTypeKind) -> Vec<MapShape> {
     let wide = BLOCK_CANDIDATES.iter().map(|&block| MapShape {
         block,
         vector_bytes: 16,
+        plain: false,
     });
-    let narrow = [256, 512].into_iter().map(|block| MapShape {
-        block,
-        vector_bytes: 8,
-    });
+    // torch.compile's f32 map is 256 threads on 8-byte vectors, plain loads and stores, one
+    // block per 512 elements (as ours): the plain ones are its shape.
+    let narrow = [(256, false), (512, false), (256, true), (512, true)]
+        .into_iter()
+        .map(|(block, plain)| MapShape {
+            block,
+            vector_bytes: 8,
+            plain,
+        });
     if one_element_size(prog, out) {
         wide.chain(narrow).collect()
     } else {
@@ -156,6 +162,12 @@ mod tests {
             MapShape {
                 block: 512,
                 vector_bytes: 8,
+                plain: false,
+            },
+            MapShape {
+                block: 256,
+                vector_bytes: 8,
+                plain: true,
             },
         ] {
             assert_eq!(m.to_string().parse::<MapShape>(), Ok(m));
@@ -163,6 +175,11 @@ mod tests {
         assert_eq!("256".parse::<MapShape>(), Ok(MapShape::DEFAULT));
         assert!("x8".parse::<MapShape>().is_err());
         assert!("256x".parse::<MapShape>().is_err());
+        assert!("256x8q".parse::<MapShape>().is_err());
+        assert_eq!(
+            "256x16p".parse::<MapShape>().map(|m| m.plain && m.vector_bytes == 16),
+            Ok(true)
+        );
     }
 
     #[test]
@@ -207,8 +224,13 @@ mod tests {
                 assert!(src.code.contains(&format!("__launch_bounds__({block})")));
                 let ptx = cache.ptx(src, Arch::SM_90A).unwrap();
                 assert!(ptx.contains(&format!(".maxntid {block}")), "{shape}");
-                if shape.vector_bytes == 8 {
+                if shape.vector_bytes == 8 && !shape.plain {
                     assert!(ptx.contains("ld.global.cs.v2"), "{shape}: no 8-byte loads");
+                }
+                if shape.plain {
+                    // No streaming hint on the vector path (the scalar tail has none anyway).
+                    assert!(!ptx.contains(".cs."), "{shape}: a streaming hint");
+                    assert!(ptx.contains("ld.global.nc.v2") || ptx.contains("ld.global.v2"));
                 }
             }
         }

@@ -92,13 +92,13 @@ pub(super) fn map_kernel(
         "          if (i + {} * (u64)blockDim.x < vecs) {{",
         u - 1
     );
-    map_vector_body(s, prog, ot, u, "i");
+    map_vector_body(s, prog, ot, u, "i", shape.plain);
     let _ = writeln!(s, "          }} else {{");
     let _ = writeln!(
         s,
         "           for (u64 j = i; j < vecs; j += blockDim.x) {{"
     );
-    map_vector_body(s, prog, ot, 1, "j");
+    map_vector_body(s, prog, ot, 1, "j", shape.plain);
     let _ = writeln!(s, "           }}");
     let _ = writeln!(s, "          }}");
     let _ = writeln!(s, "        }}");
@@ -120,9 +120,10 @@ pub(super) fn map_kernel(
 /// One iteration of the map kernel's vector loop with `u` vectors per thread (`first`: the
 /// first vector's index, the next ones `blockDim` apart). Full inputs and the output are read
 /// and written once: streaming loads and stores (a row-class input is reread by every row and
-/// stays cached).
-fn map_vector_body(s: &mut String, prog: &Program<'_>, ot: &str, u: u64, first: &str) {
+/// stays cached); `plain`: without the hint.
+fn map_vector_body(s: &mut String, prog: &Program<'_>, ot: &str, u: u64, first: &str, plain: bool) {
     let pad = "            ";
+    let hint = if plain { "" } else { ", FZ_STREAM" };
     let _ = writeln!(s, "{pad}u64 at[{u}];");
     let _ = writeln!(s, "#pragma unroll");
     let _ = writeln!(
@@ -133,7 +134,7 @@ fn map_vector_body(s: &mut String, prog: &Program<'_>, ot: &str, u: u64, first: 
     for (i, x) in prog.inputs.iter().enumerate() {
         let t = ctype(x.kind);
         let load = match x.class {
-            Class::Full => format!("v{i}[u] = load_vec<{t}, W>(in{i} + at[u], FZ_STREAM)"),
+            Class::Full => format!("v{i}[u] = load_vec<{t}, W>(in{i} + at[u]{hint})"),
             Class::Row => format!("v{i}[u] = load_vec<{t}, W>(in{i} + at[u] % cols)"),
             Class::Col => format!("v{i}[u] = to_f32(in{i}[at[u] / cols])"),
             Class::Scalar => continue,
@@ -166,7 +167,7 @@ fn map_vector_body(s: &mut String, prog: &Program<'_>, ot: &str, u: u64, first: 
     );
     let _ = writeln!(
         s,
-        "{pad}    store_vec(out + at[u], pack_vec<{ot}, W>(y), FZ_STREAM);"
+        "{pad}    store_vec(out + at[u], pack_vec<{ot}, W>(y){hint});"
     );
     let _ = writeln!(s, "{pad}}}");
 }

@@ -59,24 +59,34 @@ pub(crate) const WARP_ROW_MAX: usize = 1024;
 pub struct MapShape {
     pub block: u32,
     pub vector_bytes: u32,
+    /// Full inputs and the output loaded and stored without the streaming cache hint (plain
+    /// `ld.global` / `st.global`, as torch.compile's kernels do) instead of `.cs`: where our
+    /// output sat at the start of an allocation the hinted kernel ran 1-3 % slower and
+    /// torch's did not (bench/NOTES.md, "where the f32 chains' last 2-3 % go").
+    pub plain: bool,
 }
 
 impl MapShape {
-    /// 256 threads, 16-byte vectors.
+    /// 256 threads, 16-byte vectors, streaming hints.
     pub const DEFAULT: MapShape = MapShape {
         block: BLOCK,
         vector_bytes: 16,
+        plain: false,
     };
 }
 
 /// `256` for 16-byte vectors (as tuned winners were written before 8-byte ones existed),
-/// `512x8` otherwise.
+/// `512x8` otherwise; a `p` after either without the streaming hints (`256x8p`).
 impl std::fmt::Display for MapShape {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.vector_bytes == 16 {
+        if self.vector_bytes == 16 && !self.plain {
             write!(f, "{}", self.block)
         } else {
-            write!(f, "{}x{}", self.block, self.vector_bytes)
+            write!(f, "{}x{}", self.block, self.vector_bytes)?;
+            if self.plain {
+                write!(f, "p")?;
+            }
+            Ok(())
         }
     }
 }
@@ -84,12 +94,17 @@ impl std::fmt::Display for MapShape {
 impl std::str::FromStr for MapShape {
     type Err = String;
     fn from_str(s: &str) -> Result<MapShape, String> {
-        let (block, bytes) = s.split_once('x').unwrap_or((s, "16"));
+        let (body, plain) = match s.strip_suffix('p') {
+            Some(b) => (b, true),
+            None => (s, false),
+        };
+        let (block, bytes) = body.split_once('x').unwrap_or((body, "16"));
         let block = block.parse().map_err(|_| format!("a map shape {s:?}"))?;
         let vector_bytes = bytes.parse().map_err(|_| format!("a map shape {s:?}"))?;
         Ok(MapShape {
             block,
             vector_bytes,
+            plain,
         })
     }
 }
