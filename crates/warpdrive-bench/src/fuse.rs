@@ -309,15 +309,15 @@ fn chains<T: Float>(ctx: &mut Ctx, plan: &Plan, tname: &str) -> Result<()> {
 /// share segments, and not a multiple of a large power of two.
 const OUTPUT_OFFSET: usize = (12 << 20) + 4096;
 
+/// The blocks held before (and beside) an offset output, and the output.
+type OffsetOutput<T> = (Vec<Buffer<u8>>, Buffer<T>);
+
 /// An `n`-element output `OUTPUT_OFFSET` bytes into a pool segment, behind a pad block: a
 /// freed block of pad + output splits from its low end (the caching pool's best fit), so the
 /// pad takes its start and the output the rest, as the addresses must show. Blocks that take
 /// the pad's place (a better fit elsewhere) are held, so the next try skips them; `None` after
 /// four tries (or on the CPU backend, where placement is the host allocator's).
-fn offset_output<T: Float>(
-    stream: &Stream,
-    n: usize,
-) -> Result<Option<(Vec<Buffer<u8>>, Buffer<T>)>> {
+fn offset_output<T: Float>(stream: &Stream, n: usize) -> Result<Option<OffsetOutput<T>>> {
     if !stream.device().is_cuda() {
         return Ok(None);
     }
@@ -363,13 +363,14 @@ fn placements<T: Float>(
             plain,
         })
         .collect();
-    let record = |ctx: &mut Ctx, variant: String, us: &mut Vec<f64>, shape: MapShape, off: usize| {
-        let row = ctx.record_bytes(case, size, &variant, us, moved, Some(Ceiling::D2dCopy))?;
-        row.extra.insert("shape".into(), shape.to_string().into());
-        row.extra.insert("output_offset_bytes".into(), off.into());
-        row.extra.insert("kernels".into(), 1.into());
-        Ok::<(), warpdrive::Error>(())
-    };
+    let record =
+        |ctx: &mut Ctx, variant: String, us: &mut Vec<f64>, shape: MapShape, off: usize| {
+            let row = ctx.record_bytes(case, size, &variant, us, moved, Some(Ceiling::D2dCopy))?;
+            row.extra.insert("shape".into(), shape.to_string().into());
+            row.extra.insert("output_offset_bytes".into(), off.into());
+            row.extra.insert("kernels".into(), 1.into());
+            Ok::<(), warpdrive::Error>(())
+        };
     for &shape in &shapes {
         let mut us = time_gpu(stream, warm, reps, |s| fused.eval_into_shape(s, out, shape))?;
         record(ctx, format!("warpdrive-fused-{shape}"), &mut us, shape, 0)?;

@@ -177,7 +177,9 @@ mod tests {
         assert!("256x".parse::<MapShape>().is_err());
         assert!("256x8q".parse::<MapShape>().is_err());
         assert_eq!(
-            "256x16p".parse::<MapShape>().map(|m| m.plain && m.vector_bytes == 16),
+            "256x16p"
+                .parse::<MapShape>()
+                .map(|m| m.plain && m.vector_bytes == 16),
             Ok(true)
         );
     }
