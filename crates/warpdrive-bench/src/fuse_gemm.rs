@@ -8,7 +8,8 @@
 //!
 //! Variants: `warpdrive-cublaslt` (`fuse::matmul_epilogue`: one cuBLASLt matmul with its
 //! GELU_BIAS epilogue inside the GEMM; with a residual, its BIAS epilogue, then GELU and the
-//! residual in one generated kernel), `warpdrive-fused` (the GEMM through cuBLAS
+//! residual in one generated kernel, launched as a programmatic dependent launch over the
+//! product's chunks in reverse: the default `fuse::EpiloguePlan`), `warpdrive-fused` (the GEMM through cuBLAS
 //! into bf16, then the whole epilogue as one generated kernel: bias broadcast along rows,
 //! GELU, residual, one read and one write of the product), `warpdrive-unfused` (the GEMM,
 //! then one kernel per epilogue op). The peer (`bench/peers/fuse.py`) gives `torch-eager`,
@@ -177,7 +178,7 @@ pub(crate) fn run_cases(ctx: &mut Ctx, warmup: usize, reps: usize) -> Result<()>
 }
 
 /// The residual case's plans beside the default (`fuse::EpiloguePlan`), one row each: the
-/// epilogue kernel as a programmatic dependent launch of the GEMM (`pdl`; `prefetch`: its
+/// epilogue kernel as a plain launch in chunk order (`in-order`, the default before), as a programmatic dependent launch of the GEMM (`pdl`; `prefetch`: its
 /// blocks' inputs into L2 before they wait), over the product's chunks in reverse (the rows
 /// the GEMM wrote last first, from L2), and cuBLAS's plain GEMM with the bias in the kernel
 /// (`plain-gemm`, torch.compile's split). Each plan's output on `a2`, right after timed runs
@@ -210,6 +211,7 @@ fn plans(
         schedule,
     };
     for (variant, plan) in [
+        ("warpdrive-in-order", lt(sched(false, false, false))),
         ("warpdrive-pdl", lt(sched(false, true, false))),
         ("warpdrive-pdl-prefetch", lt(sched(false, true, true))),
         ("warpdrive-reverse", lt(sched(true, false, false))),
@@ -315,6 +317,7 @@ mod tests {
         for (case, variant) in [
             ("gemm-bias-gelu-bf16", "warpdrive-cublaslt"),
             ("gemm-bias-gelu-residual-bf16", "warpdrive-cublaslt"),
+            ("gemm-bias-gelu-residual-bf16", "warpdrive-in-order"),
             ("gemm-bias-gelu-residual-bf16", "warpdrive-pdl"),
             (
                 "gemm-bias-gelu-residual-bf16",

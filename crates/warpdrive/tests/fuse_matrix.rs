@@ -133,6 +133,7 @@ device_test!(epilogue_plans, gpu_epilogue_plans, |dev| {
     };
     for plain_gemm in [false, true] {
         for schedule in [
+            sched(false, false, false),
             sched(false, true, false),
             sched(false, true, true),
             sched(true, false, false),

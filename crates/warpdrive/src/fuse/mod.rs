@@ -32,8 +32,10 @@
 //!   decoupled look-back), the count left on the device.
 //! - MatrixOps: [`matmul_epilogue`], a GEMM with its epilogue (bias, activation, residual):
 //!   inside one cuBLASLt matmul where cuBLASLt has the epilogue (bias with GELU or none, bf16
-//!   or f16), else the GEMM and one generated epilogue kernel; [`matmul_epilogue_with`]
-//!   takes an [`EpiloguePlan`] (cuBLAS's plain GEMM, the epilogue kernel's [`Schedule`]).
+//!   or f16), else the GEMM and one generated epilogue kernel (by default a programmatic
+//!   dependent launch over the product's chunks in reverse, the rows still in L2 first);
+//!   [`matmul_epilogue_with`] takes an [`EpiloguePlan`] (cuBLAS's plain GEMM, the epilogue
+//!   kernel's [`Schedule`]).
 //! - Code generation ([`Expr::source`] shows it): CUDA C with 16-byte vector accesses when
 //!   the pointers are aligned (a scalar loop for the rest), `__restrict__`,
 //!   `__launch_bounds__(256)`, a grid-stride loop over a grid that fills the chip.
