@@ -28,7 +28,7 @@ use super::program::{Mode, Program};
 pub const BLOCK_CANDIDATES: [u32; 3] = [128, 256, 512];
 
 /// The shapes a tuning of `prog` with output `out` tries.
-pub(crate) fn candidates(prog: &Program<'_>, out: DTypeKind) -> Vec<MapShape> {
+fn candidates(prog: &Program<'_>, out: DTypeKind) -> Vec<MapShape> {
     let wide = BLOCK_CANDIDATES.iter().map(|&block| MapShape {
         block,
         vector_bytes: 16,
