@@ -607,7 +607,8 @@ pub struct ActorStats {
     pub gap_reads: [u64; 2],
     /// The inbox slots the loop read, summed over its iterations: each iteration's window
     /// of the first lane (it doubles after a full read and falls after an empty one, to two
-    /// slots or, after a stream, `ActorSpec::wide_window`'s); `/ loops`, the mean window. Published with `loops` (on the CPU backend, 0).
+    /// slots or, after a stream, `ActorSpec::wide_window`'s); `/ loops`, the mean window.
+    /// Published with `loops` (on the CPU backend, 0).
     pub window_slots: u64,
     /// Iterations that took messages (`busy_ns` is their time; on the CPU backend, 0).
     pub busy_loops: u64,
