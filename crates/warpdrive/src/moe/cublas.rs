@@ -126,7 +126,8 @@ impl<T: Float> MoeLayer<T> {
             .u32(inter as u32)
             .ptr(ws.act.device_ptr());
         let name = ["moe_swiglu_f16", "moe_swiglu_bf16"][t];
-        let grid = ops::fill_grid(d, (&MOE, name), (plan.slots * inter) as u64, 256)?;
+        // One thread a block of 8 columns (moe.cu).
+        let grid = ops::fill_grid(d, (&MOE, name), (plan.slots * inter / 8) as u64, 256)?;
         // SAFETY: moe_swiglu_T(const T* h, u64 rows, u32 inter, T* act): h holds slots·2I,
         // act slots·I elements.
         unsafe { ops::launch(q, (&MOE, name), grid, 256, 0, args)? };

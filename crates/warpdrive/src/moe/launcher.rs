@@ -827,8 +827,9 @@ impl Launcher {
         let c = &self.config;
         let t = self.dtype_index()?;
         let name = ["moe_combine_f16_f16", "moe_combine_bf16_bf16"][t];
-        let quads = (pass.plan.tokens * c.hidden / 4) as u64;
-        let grid = ops::fill_grid(d, (&MOE, name), quads, 256)?;
+        // One thread a run of 8 columns (moe.cu).
+        let octs = (pass.plan.tokens * c.hidden / 8) as u64;
+        let grid = ops::fill_grid(d, (&MOE, name), octs, 256)?;
         let args = ops::Args::new()
             .ptr(rows)
             .ptr(self.slot_pos)
