@@ -58,7 +58,7 @@ use warpdrive::moe::{
 };
 use warpdrive::ops::{reduce_into, ReduceOp, Scratch, REDUCE_SCRATCH_BYTES};
 
-use super::results::Ceiling;
+use super::results::{Ceiling, Ceilings};
 use super::stats::Stats;
 use super::timing::time_gpu;
 use super::{Ctx, Scale};
@@ -213,6 +213,8 @@ fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {
     let case = plan.case(preset);
     ctx.step(format!("{SUITE}: {case} (weights)"));
     let stream = ctx.stream().clone();
+    let ctx_ceilings = ctx.ceilings().clone();
+    let ctx_ceilings = &ctx_ceilings;
     let mut layer = MoeLayer::<bf16>::new(&stream, config, MoeWeights::Random { seed: SEED })?;
     for &tokens in plan.tokens {
         ctx.step(format!("{SUITE}: {case} tokens {tokens}"));
@@ -334,6 +336,8 @@ fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {
             extra.insert("dtype".into(), "bf16".into());
             extra.insert("hidden".into(), config.hidden.into());
             extra.insert("intermediate".into(), config.intermediate.into());
+            let floors = pass_floors(&config, tokens, bytes, ctx_ceilings, row.median);
+            row.extra.extend(floors);
             if variant == "warpdrive" && tokens <= 16 && stream.device().is_cuda() {
                 let floor = read_floor(&stream, bytes, plan.min_reps.max(20))?;
                 let median = row.median;
@@ -344,6 +348,47 @@ fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// What no pass of `tokens` tokens beats, from the same run's ceilings (issue 40 sets its
+/// targets against them): `flops` (both projections over every routed slot, and the router's
+/// logits), this row's `tflops` and `pct_of_gemm_ceiling`; `dram_floor_us`, the `weight_bytes`
+/// the batch routes to (`bytes`), the input read and the output written once, at the copy
+/// ceiling; `dram_floor_slot_rows_us`, that plus each slot's down-projection row written and
+/// read back once, as every pass that combines after the down GEMM moves them (ours and the
+/// Triton peer's). Figures whose ceiling the run lacks are left out.
+fn pass_floors(
+    config: &MoeConfig,
+    tokens: usize,
+    weight_bytes: usize,
+    ceilings: &Ceilings,
+    median_us: f64,
+) -> serde_json::Map<String, serde_json::Value> {
+    let mut out = serde_json::Map::new();
+    let (t, h, i) = (
+        tokens as f64,
+        config.hidden as f64,
+        config.intermediate as f64,
+    );
+    let slots = t * config.top_k as f64;
+    let elem = config.dtype.size() as f64;
+    let flops = 6.0 * slots * h * i + 2.0 * t * config.experts as f64 * h;
+    out.insert("flops".into(), flops.into());
+    if median_us > 0.0 {
+        let tflops = flops / median_us / 1e6;
+        out.insert("tflops".into(), tflops.into());
+        if let Some(c) = ceilings.get(Ceiling::GemmBf16).filter(|c| *c > 0.0) {
+            out.insert("pct_of_gemm_ceiling".into(), (100.0 * tflops / c).into());
+        }
+    }
+    if let Some(gbps) = ceilings.get(Ceiling::D2dCopy).filter(|c| *c > 0.0) {
+        let io = 2.0 * t * h * elem;
+        let floor = (weight_bytes as f64 + io) / gbps / 1e3;
+        let rows = 2.0 * slots * h * elem / gbps / 1e3;
+        out.insert("dram_floor_us".into(), floor.into());
+        out.insert("dram_floor_slot_rows_us".into(), (floor + rows).into());
+    }
+    out
 }
 
 fn router_permute(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
