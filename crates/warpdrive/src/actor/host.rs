@@ -28,6 +28,8 @@ pub(crate) struct ActorShared {
     pub(crate) out_bytes: usize,
     pub(crate) backpressure: Backpressure,
     pub(crate) forwards: bool,
+    /// Publish each lane's claimed tail for the loop (`ActorSpec::tail_hint`).
+    tail_hint: bool,
     /// Sequence numbers claimed by senders, per lane.
     tails: Vec<AtomicU64>,
     next_correlation: AtomicU32,
@@ -98,6 +100,7 @@ impl ActorShared {
             out_bytes,
             backpressure: spec.backpressure,
             forwards: spec.forward_to.is_some(),
+            tail_hint: spec.tail_hint,
             tails: (0..lanes).map(|_| AtomicU64::new(0)).collect(),
             next_correlation: AtomicU32::new(1),
             rejected: AtomicU64::new(0),
@@ -166,7 +169,7 @@ impl ActorShared {
         bodies: &[&[u8]],
         alive: &dyn Fn() -> Result<()>,
     ) -> Result<u32> {
-        self.send_inner(lane, bodies, false, alive)
+        self.send_inner(lane, bodies, false, None, alive)
     }
 
     /// Puts `body` in lane `lane` with its reply awaited by a `request` (registered before
@@ -177,7 +180,20 @@ impl ActorShared {
         body: &[u8],
         alive: &dyn Fn() -> Result<()>,
     ) -> Result<u32> {
-        self.send_inner(lane, &[body], true, alive)
+        self.send_inner(lane, &[body], true, None, alive)
+    }
+
+    /// Puts `bodies` in lane `lane` as `send` does, but once their slots are claimed writes
+    /// one message every `pause`, each slot torn for half of it: a sender the loop's windows
+    /// (and the tail hint) run ahead of (`Actor::send_many_slowly`).
+    pub(crate) fn send_slowly(
+        &self,
+        lane: usize,
+        bodies: &[&[u8]],
+        pause: Duration,
+        alive: &dyn Fn() -> Result<()>,
+    ) -> Result<u32> {
+        self.send_inner(lane, bodies, false, Some(pause), alive)
     }
 
     fn send_inner(
@@ -185,6 +201,7 @@ impl ActorShared {
         lane: usize,
         bodies: &[&[u8]],
         awaited: bool,
+        pause: Option<Duration>,
         alive: &dyn Fn() -> Result<()>,
     ) -> Result<u32> {
         let ring = *self.lanes.get(lane).ok_or_else(|| {
@@ -209,7 +226,14 @@ impl ActorShared {
                 self.wait_previous_lap(&ring, seq, alive)?;
             }
             let header = [correlation.wrapping_add(k as u32), lane as u32];
-            ring.write(self.words(), seq, header, body);
+            match pause {
+                None => ring.write(self.words(), seq, header, body),
+                Some(p) => {
+                    let half = || spin_for(p / 2);
+                    half();
+                    ring.write_torn(self.words(), seq, header, body, &mut || half());
+                }
+            }
         }
         Ok(correlation)
     }
@@ -241,6 +265,11 @@ impl ActorShared {
                 {
                     self.max_depth
                         .fetch_max(t + n - head.min(t), Ordering::Relaxed);
+                    if self.tail_hint {
+                        // A maximum: a sender that claimed before another may publish after
+                        // it, and the hint must never go back.
+                        self.words()[ctrl::TAIL_HINT + lane].fetch_max(t + n, Ordering::Release);
+                    }
                     return Ok(t);
                 }
                 continue;
@@ -397,6 +426,14 @@ impl ActorShared {
             self.set_word(ctrl::OUT_HEAD, c.head);
         }
         found
+    }
+}
+
+/// Spins for `d` (a pause shorter than a sleep's granularity).
+fn spin_for(d: Duration) {
+    let t0 = Instant::now();
+    while t0.elapsed() < d {
+        std::hint::spin_loop();
     }
 }
 
