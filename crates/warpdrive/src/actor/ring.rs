@@ -87,6 +87,14 @@ pub(crate) mod ctrl {
     pub(crate) const WORDS: usize = 32;
 }
 
+// Every lane's tail hint fits the control block, past the loop's counters, in a 64-byte line
+// apart from the heads and the command.
+const _: () = {
+    assert!(ctrl::TAIL_HINT + super::MAX_LANES <= ctrl::WORDS);
+    assert!(ctrl::WINDOW_SLOTS + 2 <= ctrl::TAIL_HINT);
+    assert!(ctrl::TAIL_HINT / 8 != ctrl::IN_HEAD / 8 && ctrl::TAIL_HINT / 8 != ctrl::COMMAND / 8);
+};
+
 /// Control words of the whole system, in their own shared block.
 pub(crate) mod sys {
     /// Host → loop: 1 to end the loop.
@@ -276,16 +284,6 @@ mod tests {
         assert_eq!(seen, Some(Found::Empty));
         assert_eq!(ring.read(&words, 6, &mut h, &mut b), Found::Ready);
         assert_eq!((h, b.to_vec()), ([9, 1], body));
-    }
-
-    #[test]
-    fn every_lane_has_a_tail_hint_in_its_own_line() {
-        assert!(ctrl::TAIL_HINT + crate::actor::MAX_LANES <= ctrl::WORDS);
-        // 8 words a 64-byte line: not the line of the heads and the command.
-        assert!(
-            ctrl::TAIL_HINT / 8 != ctrl::IN_HEAD / 8 && ctrl::TAIL_HINT / 8 != ctrl::COMMAND / 8
-        );
-        assert!(ctrl::WINDOW_SLOTS + 2 <= ctrl::TAIL_HINT);
     }
 
     #[test]
