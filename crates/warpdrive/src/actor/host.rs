@@ -56,6 +56,10 @@ struct Collector {
     ready: VecDeque<(u32, Vec<u8>)>,
 }
 
+/// Messages waiting in a lane up to which senders leave its tail hint alone: the loop's
+/// smallest window (two slots, `next_window` in actor_loop.cu) reads them anyway.
+const HINT_AFTER: u64 = 2;
+
 /// How long a sender waits for the previous lap's writer of a slot it overwrites.
 const OVERWRITE_WAIT: Duration = Duration::from_secs(5);
 
@@ -263,11 +267,12 @@ impl ActorShared {
                     .compare_exchange_weak(t, t + n, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
                 {
-                    self.max_depth
-                        .fetch_max(t + n - head.min(t), Ordering::Relaxed);
-                    if self.tail_hint {
-                        // A maximum: a sender that claimed before another may publish after
-                        // it, and the hint must never go back.
+                    let depth = t + n - head.min(t);
+                    self.max_depth.fetch_max(depth, Ordering::Relaxed);
+                    // Within the loop's smallest window the hint changes nothing: a lone
+                    // request leaves the word (and its line) alone, a stale hint only
+                    // understates. A maximum: an earlier claim may publish after a later one.
+                    if self.tail_hint && depth > HINT_AFTER {
                         self.words()[ctrl::TAIL_HINT + lane].fetch_max(t + n, Ordering::Release);
                     }
                     return Ok(t);
@@ -469,5 +474,69 @@ impl Backoff {
         } else {
             std::thread::sleep(SLEEP);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::actor::ActorSpec;
+
+    fn shared(hint: bool) -> ActorShared {
+        let spec = ActorSpec::<u32, u32, ()>::new("hint", ())
+            .capacity(1 << 14)
+            .tail_hint(hint)
+            .erase()
+            .unwrap();
+        ActorShared::new(&Device::cpu(), 0, &spec).unwrap()
+    }
+
+    #[test]
+    fn the_tail_hint_is_published_past_the_smallest_window_and_never_goes_back() {
+        let a = shared(true);
+        let alive = || -> Result<()> { Ok(()) };
+        let bytes = 7u32.to_le_bytes();
+        let body: &[u8] = &bytes;
+        // A lone message (nothing taken yet: two waiting) leaves the hint alone.
+        a.send(0, &[body], &alive).unwrap();
+        a.send(0, &[body], &alive).unwrap();
+        assert_eq!(a.word(ctrl::TAIL_HINT), 0);
+        a.send(0, &[body; 3], &alive).unwrap();
+        assert_eq!(a.word(ctrl::TAIL_HINT), 5);
+        // Senders on several threads (nothing taken: every claim publishes): the hint read
+        // meanwhile only rises, and ends at the last claim.
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let watcher = s.spawn(|| {
+                let mut last = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let h = a.word(ctrl::TAIL_HINT);
+                    assert!(h >= last, "the hint went back from {last} to {h}");
+                    last = h;
+                }
+            });
+            let senders: Vec<_> = (0..4)
+                .map(|t| {
+                    let a = &a;
+                    s.spawn(move || {
+                        for k in 0..500 {
+                            let n = 1 + (t + k) % 5;
+                            a.send(0, &vec![body; n], &alive).unwrap();
+                        }
+                    })
+                })
+                .collect();
+            for h in senders {
+                h.join().unwrap();
+            }
+            stop.store(true, Ordering::Relaxed);
+            watcher.join().unwrap();
+        });
+        let claimed = a.tails[0].load(Ordering::Acquire);
+        assert_eq!(a.word(ctrl::TAIL_HINT), claimed);
+        // Off: never written.
+        let off = shared(false);
+        off.send(0, &[body; 8], &alive).unwrap();
+        assert_eq!(off.word(ctrl::TAIL_HINT), 0);
     }
 }
