@@ -350,5 +350,14 @@ mod tests {
         assert!(text.contains("sizeof(actor_0::Out) == 8"));
         assert!(text.contains("sizeof(actor_0::State) == 4"));
         assert!(text.contains("case 0: actor_0::handle("));
+        // `ActorSpec::tail_hint` (on by default) compiles its path in; off, the loop is as
+        // before.
+        assert!(text.contains("#define ACTOR_TAIL_HINT 1"));
+        let off = super::super::ActorSpec::<u32, u64, u32>::new("off", 0)
+            .cuda("")
+            .tail_hint(false)
+            .erase()
+            .unwrap();
+        assert!(!source(&[off], false).unwrap().contains("ACTOR_TAIL_HINT 1"));
     }
 }
