@@ -9,7 +9,8 @@
 //!   `ActorStats::phase_ns`; `gap_ns`, the loop's wait after an answer, `ActorStats::gap_ns`;
 //!   `gap_hits` / `gap_misses` / `gap_miss_pct`, the reads right after it while answering,
 //!   `ActorStats::gap_reads`; `warpdrive-narrow` at 64 B: without the loop's stream options,
-//!   `ActorSpec::quick_stream`, `ActorSpec::wide_window`, `SystemConfig::reply_gap`).
+//!   `ActorSpec::quick_stream`, `ActorSpec::wide_window`, `SystemConfig::reply_gap`,
+//!   `ActorSpec::tail_hint`; `warpdrive-no-hint` at 64 B: the defaults without the tail hint).
 //!   Variants `doorbell` (one GPU thread polling one mapped word,
 //!   no queue), `warpdrive` (`Actor::request`), `kernel-per-message` (write the message to mapped
 //!   memory, launch, synchronize, read), `graph-per-message` (the same kernel in a graph).
@@ -19,8 +20,9 @@
 //!   before (`paced_max`: from its rate fed by a producer at full speed, as the `throughput`
 //!   row of batch 32, down in steps of 5% to the first rate its loop keeps up with; at full
 //!   scale only, else the unpaced rate), a row each; variants `warpdrive-narrow` (the loop
-//!   without its stream options, as above) and `warpdrive-no-wide` (without
-//!   `ActorSpec::wide_window`) the same on their own actors. The loop while the requests ran:
+//!   without its stream options, as above), `warpdrive-no-wide` (without
+//!   `ActorSpec::wide_window`) and `warpdrive-no-hint` (without `ActorSpec::tail_hint`) the
+//!   same on their own actors. The loop while the requests ran:
 //!   `extra.iter_{read,control,pick,answer,after,loop}_ns` (mean iteration, idle and busy),
 //!   `busy_iteration_ns`, `msgs_per_busy_iteration`, `busy_iteration_share`,
 //!   `window_slots`, `window_fill` (see `loop_extras`; the `throughput` rows of one actor
@@ -271,12 +273,14 @@ fn round_trip<M: Pod>(ctx: &mut Ctx, plan: &Plan) -> Result<()> {
         record_latency(ctx, CASE, bytes, "doorbell", us, None, &[])?
     };
     // `warpdrive-narrow`: the loop without the stream options (at 64 B, where the wide
-    // window is wider than two slots).
+    // window is wider than two slots); `warpdrive-no-hint`: without the tail hint (what its
+    // extra load costs a closed-loop client).
     for (variant, options) in [
         ("warpdrive", LoopOptions::DEFAULT),
         ("warpdrive-narrow", LoopOptions::NARROW),
+        ("warpdrive-no-hint", LoopOptions::NO_HINT),
     ] {
-        if options == LoopOptions::NARROW && bytes != 64 {
+        if options != LoopOptions::DEFAULT && bytes != 64 {
             continue;
         }
         ctx.step(format!("{SUITE}: {CASE} {bytes} B {variant}"));
@@ -685,26 +689,34 @@ fn paced_max(plan: &Plan, a: &Actor<Msg64, Msg64>, unpaced: f64, done: u64) -> R
 const SWEEP: [f64; 5] = [0.1, 0.3, 0.5, 0.7, 0.9];
 
 /// The loop's stream options a row runs with: `ActorSpec::quick_stream`,
-/// `ActorSpec::wide_window`, `SystemConfig::reply_gap`.
+/// `ActorSpec::wide_window`, `SystemConfig::reply_gap`, `ActorSpec::tail_hint`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct LoopOptions {
     quick_stream: bool,
     wide_window: bool,
     reply_gap: bool,
+    tail_hint: bool,
 }
 
 impl LoopOptions {
-    /// The library's defaults (all three).
+    /// The library's defaults (all four).
     const DEFAULT: LoopOptions = LoopOptions {
         quick_stream: true,
         wide_window: true,
         reply_gap: true,
+        tail_hint: true,
     };
     /// None of them: the loop before them (the `-narrow` rows).
     const NARROW: LoopOptions = LoopOptions {
         quick_stream: false,
         wide_window: false,
         reply_gap: false,
+        tail_hint: false,
+    };
+    /// The defaults without the tail hint (the `-no-hint` rows).
+    const NO_HINT: LoopOptions = LoopOptions {
+        tail_hint: false,
+        ..LoopOptions::DEFAULT
     };
 
     /// `spec` with these options, and the default system config with them.
@@ -715,14 +727,15 @@ impl LoopOptions {
         };
         let spec = spec
             .quick_stream(self.quick_stream)
-            .wide_window(self.wide_window);
+            .wide_window(self.wide_window)
+            .tail_hint(self.tail_hint);
         (spec, config)
     }
 }
 
-/// The loaded step's variants: the defaults, the loop without the options and without the
-/// wide window.
-const LOADED_VARIANTS: [(&str, LoopOptions); 3] = [
+/// The loaded step's variants: the defaults, the loop without the options, without the
+/// wide window and without the tail hint.
+const LOADED_VARIANTS: [(&str, LoopOptions); 4] = [
     ("warpdrive", LoopOptions::DEFAULT),
     ("warpdrive-narrow", LoopOptions::NARROW),
     (
@@ -732,6 +745,7 @@ const LOADED_VARIANTS: [(&str, LoopOptions); 3] = [
             ..LoopOptions::DEFAULT
         },
     ),
+    ("warpdrive-no-hint", LoopOptions::NO_HINT),
 ];
 
 /// Round trips under load (`SWEEP`), for the default loop and each of `LOADED_VARIANTS`, each
@@ -956,6 +970,8 @@ mod tests {
             ("round-trip", "warpdrive-narrow"),
             ("round-trip-loaded", "warpdrive-narrow"),
             ("round-trip-loaded", "warpdrive-no-wide"),
+            ("round-trip", "warpdrive-no-hint"),
+            ("round-trip-loaded", "warpdrive-no-hint"),
             ("terminate", "warpdrive"),
         ] {
             assert!(
@@ -969,7 +985,7 @@ mod tests {
             .unwrap();
         assert!(warp.extra["p999_us"].as_f64().unwrap() >= warp.median);
         assert!(warp.extra["over_doorbell"].as_f64().unwrap() > 0.0);
-        // A small run's loads: 50 % and 90 %, one row each, per variant (three).
+        // A small run's loads: 50 % and 90 %, one row each, per variant (four).
         let loaded: Vec<_> = rows
             .iter()
             .filter(|r| r.case == "round-trip-loaded")

@@ -90,14 +90,22 @@ const LOAD_REQUESTS: u32 = 1_500;
 device_test!(
     open_loop_load_accounts_for_every_reply,
     gpu_open_loop_load,
-    |device: &Device| open_loop_load(device, false, false, false)
+    |device: &Device| open_loop_load(device, false, false, false, true)
+);
+
+device_test!(
+    open_loop_load_without_tail_hint_accounts_for_every_reply,
+    gpu_open_loop_load_no_hint,
+    // The default options but the windows sized by the loop's rules alone
+    // (`ActorSpec::tail_hint` off).
+    |device: &Device| open_loop_load(device, true, true, true, false)
 );
 
 device_test!(
     open_loop_load_with_quick_stream_accounts_for_every_reply,
     gpu_open_loop_load_quick_stream,
     // Windows over one round of loads counted in registers too (`ActorSpec::quick_stream`).
-    |device: &Device| open_loop_load(device, true, false, false)
+    |device: &Device| open_loop_load(device, true, false, false, true)
 );
 
 device_test!(
@@ -106,8 +114,8 @@ device_test!(
     // Ten-slot windows after an empty read (`ActorSpec::wide_window`), with and without
     // the quick stream.
     |device: &Device| {
-        open_loop_load(device, false, true, false);
-        open_loop_load(device, true, true, false);
+        open_loop_load(device, false, true, false, true);
+        open_loop_load(device, true, true, false, true);
     }
 );
 
@@ -117,19 +125,22 @@ device_test!(
     // A gap after every iteration that replied (`SystemConfig::reply_gap`), alone and with
     // the other two options.
     |device: &Device| {
-        open_loop_load(device, false, false, true);
-        open_loop_load(device, true, true, true);
+        open_loop_load(device, false, false, true, true);
+        open_loop_load(device, true, true, true, true);
     }
 );
 
-fn open_loop_load(device: &Device, quick: bool, wide: bool, reply_gap: bool) {
+fn open_loop_load(device: &Device, quick: bool, wide: bool, reply_gap: bool, hint: bool) {
     // The loaded round trip's shape (`warpdrive bench actors`, round-trip-loaded), with
     // more producers: threads keep many messages in flight without waiting for replies
     // (open loop), most wanting none, in chunks of random size, while another thread's
     // requests wait for theirs. A stateless actor with batch 32, as the bench's: on CUDA
     // it takes windows of 2 to 32 slots (the small ones read in one trip and counted in
     // registers) and answers mixes of replies and silences; a small inbox laps often and
-    // blocks the producers. Every reply is accounted for by its correlation id, once.
+    // blocks the producers; some chunks are written slowly after their slots are claimed,
+    // so the loop's windows (and its tail hint) run ahead of the slots written. Every reply
+    // is accounted for by its correlation id, once, and each producer's messages are handled
+    // in the order it sent them.
     const PRODUCERS: usize = 3;
     let config = SystemConfig {
         reply_gap,
@@ -143,7 +154,8 @@ fn open_loop_load(device: &Device, quick: bool, wide: bool, reply_gap: bool) {
                 .capacity(512)
                 .backpressure(Backpressure::Block { timeout: WAIT })
                 .quick_stream(quick)
-                .wide_window(wide),
+                .wide_window(wide)
+                .tail_hint(hint),
         )
         .unwrap();
     system.start().unwrap();
@@ -182,6 +194,9 @@ fn open_loop_load(device: &Device, quick: bool, wide: bool, reply_gap: bool) {
                             for m in chunk {
                                 sent.push((a.send(m).unwrap(), std::slice::from_ref(m)));
                             }
+                        } else if rng.random_ratio(1, 8) {
+                            let pause = Duration::from_micros(rng.random_range(1..=8));
+                            sent.push((a.send_many_slowly(chunk, 0, pause).unwrap(), chunk));
                         } else {
                             sent.push((a.send_many(chunk, 0).unwrap(), chunk));
                         }
@@ -220,10 +235,8 @@ fn open_loop_load(device: &Device, quick: bool, wide: bool, reply_gap: bool) {
                 (r.correlation, r.value)
             })
             .collect();
-        let sent: Vec<(u32, &[In])> = producers
-            .into_iter()
-            .flat_map(|p| p.join().unwrap())
-            .collect();
+        let sent: Vec<Vec<(u32, &[In])>> =
+            producers.into_iter().map(|p| p.join().unwrap()).collect();
         (sent, received, requester.join().unwrap())
     });
     let total = (PRODUCERS * LOAD_PER_PRODUCER) as u64 + u64::from(LOAD_REQUESTS);
@@ -233,7 +246,7 @@ fn open_loop_load(device: &Device, quick: bool, wide: bool, reply_gap: bool) {
     // Each reply answers the message its correlation id names, and each message that
     // wants one has exactly one.
     let mut by_correlation = std::collections::HashMap::new();
-    for (first, chunk) in &sent {
+    for (first, chunk) in sent.iter().flatten() {
         for (k, m) in chunk.iter().enumerate() {
             by_correlation.insert(first.wrapping_add(k as u32), *m);
         }
@@ -258,11 +271,147 @@ fn open_loop_load(device: &Device, quick: bool, wide: bool, reply_gap: bool) {
         seen.push(out.seen);
     }
     assert_eq!(answered.len(), wanted);
+    // One lane is handled in the order its slots were claimed: a producer's replies in the
+    // order it sent their messages (`ctx.seq` rising).
+    let seen_of: std::collections::HashMap<u32, u64> =
+        received.iter().map(|(c, out)| (*c, out.seen)).collect();
+    for (t, chunks) in sent.iter().enumerate() {
+        let order: Vec<u64> = chunks
+            .iter()
+            .flat_map(|(first, chunk)| (0..chunk.len()).map(move |k| first.wrapping_add(k as u32)))
+            .filter_map(|c| seen_of.get(&c).copied())
+            .collect();
+        assert!(
+            order.windows(2).all(|w| w[0] < w[1]),
+            "producer {t}: replies out of order"
+        );
+    }
     // `ctx.seq` numbers each message handled once.
     seen.sort_unstable();
     seen.dedup();
     assert_eq!(seen.len(), wanted + LOAD_REQUESTS as usize);
     assert!(seen.last().is_some_and(|&q| q < total));
+    system.terminate().unwrap();
+}
+
+device_test!(
+    tail_hint_ahead_of_written_slots_tears_nothing,
+    gpu_tail_hint_ahead,
+    // Slow senders claim whole bursts (publishing the lane's tail, `ActorSpec::tail_hint`)
+    // and write them a message at a time, each slot half written for a while, beside fast
+    // senders: on CUDA the loop's windows, sized by the hint, cover slots claimed and not yet
+    // written or torn, which must read as not written. One lane, then two (the priority
+    // picker's windows).
+    |device: &Device| {
+        tail_hint_ahead(device, 1);
+        tail_hint_ahead(device, 2);
+    }
+);
+
+fn tail_hint_ahead(device: &Device, lanes: usize) {
+    // Senders 2·l (slow) and 2·l + 1 (fast) send on lane l % lanes.
+    const SENDERS: usize = 4;
+    const PER_SENDER: usize = 600;
+    let mut system = ActorSystem::new(device).unwrap();
+    let a = system
+        .spawn(
+            spec("ahead")
+                .lanes(lanes)
+                .batch(32)
+                .capacity(64)
+                .backpressure(Backpressure::Block { timeout: WAIT })
+                .tail_hint(true),
+        )
+        .unwrap();
+    system.start().unwrap();
+    a.activate().unwrap();
+    let total = SENDERS * PER_SENDER;
+    let (sent, received) = std::thread::scope(|s| {
+        let senders: Vec<_> = (0..SENDERS)
+            .map(|t| {
+                let a = a.clone();
+                s.spawn(move || {
+                    let mut rng = rand::rngs::StdRng::seed_from_u64(
+                        common::seed("tail_hint_ahead").wrapping_add((lanes * SENDERS + t) as u64),
+                    );
+                    let lane = (t / 2) % lanes;
+                    let plan: Vec<In> = (0..PER_SENDER)
+                        .map(|j| msg((t * PER_SENDER + j) as u32, rng.random()))
+                        .collect();
+                    // (first correlation id, lane, the messages it numbers from there)
+                    let mut sent: Vec<(u32, usize, Vec<In>)> = Vec::new();
+                    let mut rest = &plan[..];
+                    while !rest.is_empty() {
+                        let n = rng.random_range(1..=24usize).min(rest.len());
+                        let (chunk, tail) = rest.split_at(n);
+                        let first = if t % 2 == 0 {
+                            let pause = Duration::from_micros(rng.random_range(1..=20));
+                            a.send_many_slowly(chunk, lane, pause).unwrap()
+                        } else {
+                            a.send_many(chunk, lane).unwrap()
+                        };
+                        sent.push((first, lane, chunk.to_vec()));
+                        rest = tail;
+                    }
+                    sent
+                })
+            })
+            .collect();
+        // Every message is answered (the stateful echo replies to each).
+        let received: Vec<(u32, Out)> = (0..total)
+            .map(|_| {
+                let r = a.recv(WAIT).unwrap();
+                (r.correlation, r.value)
+            })
+            .collect();
+        let sent: Vec<Vec<(u32, usize, Vec<In>)>> =
+            senders.into_iter().map(|h| h.join().unwrap()).collect();
+        (sent, received)
+    });
+    let stats = settled(&a, total as u64, 0);
+    assert_eq!((stats.processed, stats.dropped), (total as u64, 0));
+    assert!(a.try_recv().unwrap().is_none(), "no reply left over");
+    let mut by_correlation = std::collections::HashMap::new();
+    for (first, lane, chunk) in sent.iter().flatten() {
+        for (k, m) in chunk.iter().enumerate() {
+            by_correlation.insert(first.wrapping_add(k as u32), (*lane, *m));
+        }
+    }
+    assert_eq!(by_correlation.len(), total);
+    // Each message whole (its id, value and lane), answered once.
+    let mut seen_of = std::collections::HashMap::new();
+    for (correlation, out) in &received {
+        let (lane, m) = by_correlation
+            .get(correlation)
+            .unwrap_or_else(|| panic!("a reply to correlation {correlation}, never sent"));
+        assert_eq!(
+            (out.id, out.value, out.lane),
+            (m.id, m.value.wrapping_mul(3).wrapping_add(1), *lane as u32),
+            "correlation {correlation}"
+        );
+        assert!(
+            seen_of.insert(*correlation, out.seen).is_none(),
+            "two replies to {correlation}"
+        );
+    }
+    // The state counts each message once, and a sender's messages are handled in the order
+    // it sent them (a lane in the order its slots were claimed).
+    let mut seen: Vec<u64> = seen_of.values().copied().collect();
+    seen.sort_unstable();
+    assert_eq!(seen, (0..total as u64).collect::<Vec<_>>());
+    for (t, chunks) in sent.iter().enumerate() {
+        let order: Vec<u64> = chunks
+            .iter()
+            .flat_map(|(first, _, chunk)| {
+                (0..chunk.len()).map(move |k| first.wrapping_add(k as u32))
+            })
+            .map(|c| seen_of[&c])
+            .collect();
+        assert!(
+            order.windows(2).all(|w| w[0] < w[1]),
+            "sender {t}: handled out of order"
+        );
+    }
     system.terminate().unwrap();
 }
 

@@ -59,24 +59,29 @@ fn handlers_compile_and_a_broken_one_returns_the_log() {
     for arch in ["sm_80", "sm_90a"] {
         system.check_compiles(Arch::parse(arch).unwrap()).unwrap();
     }
-    // Without the stream options (`quick_stream`, `wide_window`, `reply_gap`, on by
-    // default), the loop compiles without their paths too.
+    // Without the stream options (`quick_stream`, `wide_window`, `reply_gap`, `tail_hint`,
+    // on by default), the loop compiles without their paths too.
     let config = SystemConfig {
         reply_gap: false,
         ..SystemConfig::default()
     };
     let narrow = ActorSystem::with_config(&Device::cpu(), config).unwrap();
     for name in ["narrow", "plain"] {
-        let s = stateless(name).quick_stream(false).wide_window(false);
+        let s = stateless(name)
+            .quick_stream(false)
+            .wide_window(false)
+            .tail_hint(false);
         narrow.spawn(s).unwrap();
     }
     for arch in ["sm_80", "sm_90a"] {
         narrow.check_compiles(Arch::parse(arch).unwrap()).unwrap();
     }
-    // And with `quick_stream` asked by one actor of two.
+    // And with `quick_stream` and `tail_hint` asked by one actor of two.
     let mixed = ActorSystem::new(&Device::cpu()).unwrap();
     mixed.spawn(stateless("quick")).unwrap();
-    mixed.spawn(spec("plain").quick_stream(false)).unwrap();
+    mixed
+        .spawn(spec("plain").quick_stream(false).tail_hint(false))
+        .unwrap();
     for arch in ["sm_80", "sm_90a"] {
         mixed.check_compiles(Arch::parse(arch).unwrap()).unwrap();
     }

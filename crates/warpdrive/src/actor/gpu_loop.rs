@@ -42,6 +42,7 @@ const D_TRACE_EVERY: usize = 23;
 const D_PARALLEL: usize = 24;
 const D_QUICK_STREAM: usize = 25;
 const D_WIDE: usize = 26;
+const D_TAIL_HINT: usize = 27;
 /// Vectors (16 bytes) the loop reads in one round of loads (`ONE_TRIP_VECTORS`).
 const ONE_TRIP_VECTORS: usize = 96;
 /// Words before a device ring's slots (its head, then padding to 16 bytes).
@@ -162,6 +163,7 @@ pub(crate) fn start(
         d[D_PARALLEL] = spec.state.is_empty() as u64;
         d[D_QUICK_STREAM] = spec.quick_stream as u64;
         d[D_WIDE] = wide as u64;
+        d[D_TAIL_HINT] = spec.tail_hint as u64;
         states.push(state);
     }
     let descs = Buffer::from_host(&side, &descs)?;
@@ -271,6 +273,11 @@ fn source(specs: &[ErasedSpec], reply_gap: bool) -> Result<String> {
     if specs.iter().any(|s| s.quick_stream) {
         text.push_str("#define ACTOR_QUICK_STREAM 1\n");
     }
+    // `ActorSpec::tail_hint`'s loads and windows, likewise only where an actor asks (in such
+    // a loop an actor without it loads its command as before and its tails stay 0).
+    if specs.iter().any(|s| s.tail_hint) {
+        text.push_str("#define ACTOR_TAIL_HINT 1\n");
+    }
     // `SystemConfig::reply_gap`, for every actor of the loop.
     if reply_gap {
         text.push_str("#define ACTOR_REPLY_GAP 1\n");
@@ -343,5 +350,14 @@ mod tests {
         assert!(text.contains("sizeof(actor_0::Out) == 8"));
         assert!(text.contains("sizeof(actor_0::State) == 4"));
         assert!(text.contains("case 0: actor_0::handle("));
+        // `ActorSpec::tail_hint` (on by default) compiles its path in; off, the loop is as
+        // before.
+        assert!(text.contains("#define ACTOR_TAIL_HINT 1"));
+        let off = super::super::ActorSpec::<u32, u64, u32>::new("off", 0)
+            .cuda("")
+            .tail_hint(false)
+            .erase()
+            .unwrap();
+        assert!(!source(&[off], false).unwrap().contains("ACTOR_TAIL_HINT 1"));
     }
 }

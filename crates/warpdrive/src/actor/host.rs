@@ -28,6 +28,8 @@ pub(crate) struct ActorShared {
     pub(crate) out_bytes: usize,
     pub(crate) backpressure: Backpressure,
     pub(crate) forwards: bool,
+    /// Publish each lane's claimed tail for the loop (`ActorSpec::tail_hint`).
+    tail_hint: bool,
     /// Sequence numbers claimed by senders, per lane.
     tails: Vec<AtomicU64>,
     next_correlation: AtomicU32,
@@ -53,6 +55,10 @@ struct Collector {
     /// Replies for `recv`, in order.
     ready: VecDeque<(u32, Vec<u8>)>,
 }
+
+/// Messages waiting in a lane up to which senders leave its tail hint alone: the loop's
+/// smallest window (two slots, `next_window` in actor_loop.cu) reads them anyway.
+const HINT_AFTER: u64 = 2;
 
 /// How long a sender waits for the previous lap's writer of a slot it overwrites.
 const OVERWRITE_WAIT: Duration = Duration::from_secs(5);
@@ -98,6 +104,7 @@ impl ActorShared {
             out_bytes,
             backpressure: spec.backpressure,
             forwards: spec.forward_to.is_some(),
+            tail_hint: spec.tail_hint,
             tails: (0..lanes).map(|_| AtomicU64::new(0)).collect(),
             next_correlation: AtomicU32::new(1),
             rejected: AtomicU64::new(0),
@@ -166,7 +173,7 @@ impl ActorShared {
         bodies: &[&[u8]],
         alive: &dyn Fn() -> Result<()>,
     ) -> Result<u32> {
-        self.send_inner(lane, bodies, false, alive)
+        self.send_inner(lane, bodies, false, None, alive)
     }
 
     /// Puts `body` in lane `lane` with its reply awaited by a `request` (registered before
@@ -177,7 +184,20 @@ impl ActorShared {
         body: &[u8],
         alive: &dyn Fn() -> Result<()>,
     ) -> Result<u32> {
-        self.send_inner(lane, &[body], true, alive)
+        self.send_inner(lane, &[body], true, None, alive)
+    }
+
+    /// Puts `bodies` in lane `lane` as `send` does, but once their slots are claimed writes
+    /// one message every `pause`, each slot torn for half of it: a sender the loop's windows
+    /// (and the tail hint) run ahead of (`Actor::send_many_slowly`).
+    pub(crate) fn send_slowly(
+        &self,
+        lane: usize,
+        bodies: &[&[u8]],
+        pause: Duration,
+        alive: &dyn Fn() -> Result<()>,
+    ) -> Result<u32> {
+        self.send_inner(lane, bodies, false, Some(pause), alive)
     }
 
     fn send_inner(
@@ -185,6 +205,7 @@ impl ActorShared {
         lane: usize,
         bodies: &[&[u8]],
         awaited: bool,
+        pause: Option<Duration>,
         alive: &dyn Fn() -> Result<()>,
     ) -> Result<u32> {
         let ring = *self.lanes.get(lane).ok_or_else(|| {
@@ -209,7 +230,14 @@ impl ActorShared {
                 self.wait_previous_lap(&ring, seq, alive)?;
             }
             let header = [correlation.wrapping_add(k as u32), lane as u32];
-            ring.write(self.words(), seq, header, body);
+            match pause {
+                None => ring.write(self.words(), seq, header, body),
+                Some(p) => {
+                    let half = || spin_for(p / 2);
+                    half();
+                    ring.write_torn(self.words(), seq, header, body, &mut || half());
+                }
+            }
         }
         Ok(correlation)
     }
@@ -239,8 +267,14 @@ impl ActorShared {
                     .compare_exchange_weak(t, t + n, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
                 {
-                    self.max_depth
-                        .fetch_max(t + n - head.min(t), Ordering::Relaxed);
+                    let depth = t + n - head.min(t);
+                    self.max_depth.fetch_max(depth, Ordering::Relaxed);
+                    // Within the loop's smallest window the hint changes nothing: a lone
+                    // request leaves the word (and its line) alone, a stale hint only
+                    // understates. A maximum: an earlier claim may publish after a later one.
+                    if self.tail_hint && depth > HINT_AFTER {
+                        self.words()[ctrl::TAIL_HINT + lane].fetch_max(t + n, Ordering::Release);
+                    }
                     return Ok(t);
                 }
                 continue;
@@ -400,6 +434,14 @@ impl ActorShared {
     }
 }
 
+/// Spins for `d` (a pause shorter than a sleep's granularity).
+fn spin_for(d: Duration) {
+    let t0 = Instant::now();
+    while t0.elapsed() < d {
+        std::hint::spin_loop();
+    }
+}
+
 /// Spin, then yield, then sleep: a waiter that answers fast when the wait is short and
 /// costs little when it is long. By time, not rounds: a reply takes a few µs, and a spin
 /// round's length differs between CPUs.
@@ -432,5 +474,69 @@ impl Backoff {
         } else {
             std::thread::sleep(SLEEP);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::actor::ActorSpec;
+
+    fn shared(hint: bool) -> ActorShared {
+        let spec = ActorSpec::<u32, u32, ()>::new("hint", ())
+            .capacity(1 << 14)
+            .tail_hint(hint)
+            .erase()
+            .unwrap();
+        ActorShared::new(&Device::cpu(), 0, &spec).unwrap()
+    }
+
+    #[test]
+    fn the_tail_hint_is_published_past_the_smallest_window_and_never_goes_back() {
+        let a = shared(true);
+        let alive = || -> Result<()> { Ok(()) };
+        let bytes = 7u32.to_le_bytes();
+        let body: &[u8] = &bytes;
+        // A lone message (nothing taken yet: two waiting) leaves the hint alone.
+        a.send(0, &[body], &alive).unwrap();
+        a.send(0, &[body], &alive).unwrap();
+        assert_eq!(a.word(ctrl::TAIL_HINT), 0);
+        a.send(0, &[body; 3], &alive).unwrap();
+        assert_eq!(a.word(ctrl::TAIL_HINT), 5);
+        // Senders on several threads (nothing taken: every claim publishes): the hint read
+        // meanwhile only rises, and ends at the last claim.
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let watcher = s.spawn(|| {
+                let mut last = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let h = a.word(ctrl::TAIL_HINT);
+                    assert!(h >= last, "the hint went back from {last} to {h}");
+                    last = h;
+                }
+            });
+            let senders: Vec<_> = (0..4)
+                .map(|t| {
+                    let a = &a;
+                    s.spawn(move || {
+                        for k in 0..500 {
+                            let n = 1 + (t + k) % 5;
+                            a.send(0, &vec![body; n], &alive).unwrap();
+                        }
+                    })
+                })
+                .collect();
+            for h in senders {
+                h.join().unwrap();
+            }
+            stop.store(true, Ordering::Relaxed);
+            watcher.join().unwrap();
+        });
+        let claimed = a.tails[0].load(Ordering::Acquire);
+        assert_eq!(a.word(ctrl::TAIL_HINT), claimed);
+        // Off: never written.
+        let off = shared(false);
+        off.send(0, &[body; 8], &alive).unwrap();
+        assert_eq!(off.word(ctrl::TAIL_HINT), 0);
     }
 }

@@ -78,9 +78,22 @@ pub(crate) mod ctrl {
     /// that took messages (`ActorStats::{window_slots, busy_loops}`, words 26 and 27),
     /// published with `LOOPS`.
     pub(crate) const WINDOW_SLOTS: usize = 26;
+    /// Host → loop: the sequence numbers senders have claimed in lane `l`, at `TAIL_HINT + l`
+    /// (`ActorSpec::tail_hint`; never lower than before, possibly ahead of the slots written,
+    /// behind the claims while at most two messages wait): the loop sizes its next window by it. In the last cache line, away from the heads
+    /// every sender reads (`IN_HEAD`) and the command the loop reads each iteration.
+    pub(crate) const TAIL_HINT: usize = 28;
     /// Words of the control block.
     pub(crate) const WORDS: usize = 32;
 }
+
+// Every lane's tail hint fits the control block, past the loop's counters, in a 64-byte line
+// apart from the heads and the command.
+const _: () = {
+    assert!(ctrl::TAIL_HINT + super::MAX_LANES <= ctrl::WORDS);
+    assert!(ctrl::WINDOW_SLOTS + 2 <= ctrl::TAIL_HINT);
+    assert!(ctrl::TAIL_HINT / 8 != ctrl::IN_HEAD / 8 && ctrl::TAIL_HINT / 8 != ctrl::COMMAND / 8);
+};
 
 /// Control words of the whole system, in their own shared block.
 pub(crate) mod sys {
@@ -127,24 +140,50 @@ impl Ring {
         self.base + (seq as usize & (self.capacity - 1)) * self.slot_words
     }
 
+    /// Word `i` of message `seq`'s slot: `header`, then `body` zero padded.
+    fn word(seq: u64, i: usize, header: [u32; 2], body: &[u8]) -> u64 {
+        let data = match i {
+            0 | 1 => header[i],
+            _ => {
+                let from = (i - 2) * 4;
+                let mut b = [0u8; 4];
+                if from < body.len() {
+                    let n = (body.len() - from).min(4);
+                    b[..n].copy_from_slice(&body[from..from + n]);
+                }
+                u32::from_le_bytes(b)
+            }
+        };
+        (flag(seq) as u64) << 32 | data as u64
+    }
+
     /// Writes message `seq`: `header` and `body` (at most the slot's payload, zero padded).
     pub(crate) fn write(&self, words: &[AtomicU64], seq: u64, header: [u32; 2], body: &[u8]) {
-        let f = (flag(seq) as u64) << 32;
         let at = self.slot(seq);
         for (i, w) in words[at..at + self.slot_words].iter().enumerate() {
-            let data = match i {
-                0 | 1 => header[i],
-                _ => {
-                    let from = (i - 2) * 4;
-                    let mut b = [0u8; 4];
-                    if from < body.len() {
-                        let n = (body.len() - from).min(4);
-                        b[..n].copy_from_slice(&body[from..from + n]);
-                    }
-                    u32::from_le_bytes(b)
-                }
-            };
-            w.store(f | data as u64, Ordering::Release);
+            w.store(Self::word(seq, i, header, body), Ordering::Release);
+        }
+    }
+
+    /// Writes message `seq` as `write` does, but its second half first, then `between`, then
+    /// the first half (header included): a slot torn for as long as `between` runs, which a
+    /// reader must take for not written (`Actor::send_many_slowly`).
+    pub(crate) fn write_torn(
+        &self,
+        words: &[AtomicU64],
+        seq: u64,
+        header: [u32; 2],
+        body: &[u8],
+        between: &mut dyn FnMut(),
+    ) {
+        let at = self.slot(seq);
+        let half = self.slot_words / 2;
+        for i in half..self.slot_words {
+            words[at + i].store(Self::word(seq, i, header, body), Ordering::Release);
+        }
+        between();
+        for i in 0..half {
+            words[at + i].store(Self::word(seq, i, header, body), Ordering::Release);
         }
     }
 
@@ -226,6 +265,25 @@ mod tests {
         // A half-written slot is not ready.
         words[ring.slot(9) + 4].store((flag(9) as u64) << 32, Ordering::Relaxed);
         assert_eq!(ring.read(&words, 9, &mut h, &mut b), Found::Empty);
+    }
+
+    #[test]
+    fn a_torn_slot_reads_as_not_written_until_whole() {
+        let ring = Ring {
+            base: 0,
+            capacity: 4,
+            slot_words: slot_words(12),
+        };
+        let words = block(ring.words());
+        let body: Vec<u8> = (1..=12).collect();
+        let (mut h, mut b) = ([0u32; 2], [0u8; 12]);
+        let mut seen = None;
+        ring.write_torn(&words, 6, [9, 1], &body, &mut || {
+            seen = Some(ring.read(&words, 6, &mut [0u32; 2], &mut [0u8; 12]));
+        });
+        assert_eq!(seen, Some(Found::Empty));
+        assert_eq!(ring.read(&words, 6, &mut h, &mut b), Found::Ready);
+        assert_eq!((h, b.to_vec()), ([9, 1], body));
     }
 
     #[test]

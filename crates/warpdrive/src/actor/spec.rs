@@ -68,6 +68,7 @@ pub struct ActorSpec<In, Out, S = ()> {
     pub(crate) forward_to: Option<usize>,
     pub(crate) quick_stream: bool,
     pub(crate) wide_window: bool,
+    pub(crate) tail_hint: bool,
 }
 
 impl<In: Pod, Out: Pod, S: Pod> ActorSpec<In, Out, S> {
@@ -87,6 +88,7 @@ impl<In: Pod, Out: Pod, S: Pod> ActorSpec<In, Out, S> {
             forward_to: None,
             quick_stream: true,
             wide_window: true,
+            tail_hint: true,
         }
     }
 
@@ -170,6 +172,19 @@ impl<In: Pod, Out: Pod, S: Pod> ActorSpec<In, Out, S> {
         self
     }
 
+    /// Senders publish each lane's claimed tail in a word the GPU loop loads with every read
+    /// (no extra round trip), and the loop makes its next window of the lane at least the
+    /// messages claimed beyond what it took (up to its largest window): a burst that lands
+    /// behind a small read is then taken by the next read whole, not through a window
+    /// doubling read after read. A size only: slots claimed but not yet written still read
+    /// as not written, so the messages and their order are the same either way (the CPU
+    /// backend has no windows). Costs a send that leaves more than two messages waiting one
+    /// atomic maximum on a shared word (a lone request none). On by default; `warpdrive bench actors` measures it off too (`warpdrive-no-hint`).
+    pub fn tail_hint(mut self, on: bool) -> Self {
+        self.tail_hint = on;
+        self
+    }
+
     /// Checks the shape and erases the types.
     pub(crate) fn erase(self) -> Result<ErasedSpec> {
         let bad = |what: String| Error::InvalidArgument(format!("actor {}: {what}", self.name));
@@ -223,6 +238,7 @@ impl<In: Pod, Out: Pod, S: Pod> ActorSpec<In, Out, S> {
             forward_to: self.forward_to,
             quick_stream: self.quick_stream,
             wide_window: self.wide_window,
+            tail_hint: self.tail_hint,
         })
     }
 }
@@ -246,4 +262,6 @@ pub(crate) struct ErasedSpec {
     pub(crate) quick_stream: bool,
     /// `ActorSpec::wide_window`.
     pub(crate) wide_window: bool,
+    /// `ActorSpec::tail_hint`.
+    pub(crate) tail_hint: bool,
 }

@@ -607,7 +607,8 @@ pub struct ActorStats {
     pub gap_reads: [u64; 2],
     /// The inbox slots the loop read, summed over its iterations: each iteration's window
     /// of the first lane (it doubles after a full read and falls after an empty one, to two
-    /// slots or, after a stream, `ActorSpec::wide_window`'s); `/ loops`, the mean window.
+    /// slots or, after a stream, `ActorSpec::wide_window`'s; with `ActorSpec::tail_hint`
+    /// never below the messages claimed beyond it); `/ loops`, the mean window.
     /// Published with `loops` (on the CPU backend, 0).
     pub window_slots: u64,
     /// Iterations that took messages (`busy_ns` is their time; on the CPU backend, 0).
@@ -706,6 +707,17 @@ impl<In: Pod, Out: Pod> Actor<In, Out> {
         let bodies: Vec<&[u8]> = msgs.iter().map(bytemuck::bytes_of).collect();
         let alive = || self.alive();
         self.actor.send(lane, &bodies, &alive)
+    }
+
+    /// `send_many`, but after claiming the slots (and publishing the lane's tail,
+    /// `ActorSpec::tail_hint`) one message is written every `pause`, each slot half written
+    /// for half of it: a slow sender the loop's windows run ahead of (the tail hint's tests).
+    #[doc(hidden)]
+    pub fn send_many_slowly(&self, msgs: &[In], lane: usize, pause: Duration) -> Result<u32> {
+        self.alive()?;
+        let bodies: Vec<&[u8]> = msgs.iter().map(bytemuck::bytes_of).collect();
+        let alive = || self.alive();
+        self.actor.send_slowly(lane, &bodies, pause, &alive)
     }
 
     fn refuse_forwarder(&self) -> Result<()> {

@@ -48,6 +48,7 @@ __device__ void actor_dispatch(u32 kind, const void* in, void* out, void* state,
 #define D_PARALLEL 24
 #define D_QUICK_STREAM 25
 #define D_WIDE 26
+#define D_TAIL_HINT 27
 #define D_WORDS 32
 
 // Control words (actor/ring.rs `ctrl` and `sys`).
@@ -68,6 +69,7 @@ __device__ void actor_dispatch(u32 kind, const void* in, void* out, void* state,
 #define C_GAP_NS 23
 #define C_GAP_READS 24  // hits, misses
 #define C_WINDOW_SLOTS 26  // the first rank's window summed over iterations, busy iterations
+#define C_TAIL_HINT 28     // lane l's claimed tail at C_TAIL_HINT + l (ActorSpec::tail_hint)
 #define S_COMMAND 0
 #define S_HOST_BEAT 1
 #define S_PARK_NS 2
@@ -169,6 +171,14 @@ __device__ __forceinline__ void write_window(u64* ring, u64 cap, u32 sw, u64 seq
 __device__ __forceinline__ u32 next_window(u32 win, u32 ready, u32 wmin, u32 wmax) {
     return ready == win ? min(win * 2, wmax) : (ready == 0 ? wmin : win);
 }
+
+#ifdef ACTOR_TAIL_HINT
+// The window a rank's claimed tail asks for beyond `head` (0: none claimed beyond it). Only a
+// size: a slot claimed but not yet written reads as not written.
+__device__ __forceinline__ u32 hinted(u64 tail, u64 head, u32 wmax) {
+    return tail > head ? (u32)min(tail - head, (u64)wmax) : 0u;
+}
+#endif
 
 // The gap after answering every message seen before the next read (ns): a closed-loop
 // client is still writing its next request (a read now would miss it, and the next read
@@ -311,6 +321,12 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     // Lane 0's counts (C_WINDOW_SLOTS): the first rank's window summed over iterations, and
     // the iterations that took messages. In shared memory: the loop has no registers to spare.
     __shared__ u64 counts[2];
+#ifdef ACTOR_TAIL_HINT
+    // Each rank's claimed tail as the last control load found it (0: no hint; a device
+    // ring's rank has none), for lane 0's windows. Compiled in only where an actor asks
+    // (actor/gpu_loop.rs); off for an actor, its tails stay 0.
+    __shared__ u64 tails[MAX_RANKS];
+#endif
     void* state = d[D_STATE] ? (void*)d[D_STATE] : (void*)&state_dummy;
 
     // Thread 0's bookkeeping.
@@ -337,6 +353,9 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         st_word(blk + C_CLOCK_START, beat_time);
         n_pub = 0;
         counts[0] = counts[1] = 0;
+#ifdef ACTOR_TAIL_HINT
+        for (u32 r = 0; r < MAX_RANKS; ++r) tails[r] = 0;
+#endif
     }
     for (u32 i = lane; i < MAX_RANKS * MAX_WINDOW; i += 32) st[i / MAX_WINDOW][i % MAX_WINDOW] = 0;
     __syncwarp();
@@ -389,6 +408,11 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     // The control words: lane 0 the system command, lane 1 the host's beat, the others the
     // actor's command (one request for them all).
     const u64* ctl_at = lane == 0 ? sysw + S_COMMAND : lane == 1 ? sysw + S_HOST_BEAT : blk + C_COMMAND;
+#ifdef ACTOR_TAIL_HINT
+    // ActorSpec::tail_hint: lane 3 + l loads lane l's claimed tail instead, in the same
+    // load (no round trip of its own); lane 2 keeps the actor's command.
+    if (d[D_TAIL_HINT] && lane >= 3 && lane < 3 + lanes) ctl_at = blk + C_TAIL_HINT + (lane - 3);
+#endif
     bool running = false;   // the last iteration's decision: handle messages
     bool answered = false;  // the last iteration answered every message it saw
     u64 word = 0, last_word = 0, gap_until = 0;
@@ -522,8 +546,14 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         // the last iteration read them (it decided to run; a changed command takes the usual
         // path, a beat's absence is decided below, after this answer): the doorbell's path,
         // answered at once.
+#ifdef ACTOR_TAIL_HINT
+        // (Lanes 3 and up hold the command again, or a tail hint, which moves with every send.)
+        const bool lone = quick_read && stop == 1 && drop != 0 && limit != 0 &&
+                          !__any_sync(0xffffffffu, (lane == 0 || lane == 2) && word != last_word);
+#else
         const bool lone = quick_read && stop == 1 && drop != 0 && limit != 0 &&
                           !__any_sync(0xffffffffu, lane != 1 && word != last_word);
+#endif
         const u64 t_read = now_ns();
         u32 lone_outs = 0;
         if (lone) {
@@ -544,6 +574,10 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         const u64 beat = __shfl_sync(0xffffffffu, word, 1);
         const u64 act = __shfl_sync(0xffffffffu, word, 2) & 1;
         last_word = word;
+#ifdef ACTOR_TAIL_HINT
+        // Lane 3 + l's tail is rank lanes - 1 - l's (seen by lane 0 after the next sync).
+        if (lane >= 3 && ctl_at != blk + C_COMMAND) tails[lanes + 2 - lane] = word;
+#endif
         // Lane 0 decides (bit 0: terminate, 1: run, 2: parked); what it publishes waits for
         // the iteration's end, after the answers.
         u32 flags = 0;
@@ -591,6 +625,12 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                 pend = 1;
                 p_rt = one_trip && !gapped ? (u32)(t_read - t_start) : 0u;
                 p_after = t_ctl;
+#ifdef ACTOR_TAIL_HINT
+                // Messages claimed beyond an empty read (a burst written as it was read): the
+                // next read takes as many (every lane reads the windows after the sync).
+                if (lane < ranks) win[lane] = max(win[lane], hinted(tails[lane], head[lane], wmax));
+                __syncwarp();
+#endif
                 if (!running) __nanosleep(flags & 4u ? 100000 : 2000);
                 continue;
             }
@@ -689,6 +729,11 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
                         head[r] += pos[r];
                         PUBLISH(r < lanes ? blk + C_IN_HEAD + (lanes - 1 - r) : dev_ring, head[r]);
                     }
+#ifdef ACTOR_TAIL_HINT
+                    // At least the messages claimed beyond what was taken (the rules above
+                    // are the floor).
+                    for (u32 r = 0; r < ranks; ++r) win[r] = max(win[r], hinted(tails[r], head[r], wmax));
+#endif
                     n_picks = np | dr << 31;
                 }
                 __syncwarp();
@@ -774,6 +819,9 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         if (solo && lane == 0) {
             win[0] = next_window(w0, n0, wmin, wmax);
             head[0] += picks;
+#ifdef ACTOR_TAIL_HINT
+            win[0] = max(win[0], hinted(tails[0], head[0], wmax));
+#endif
         }
         // Sampled message records (a fence each time: off the round trip's bench).
         if (trace_every && picks && lane == 0) {
