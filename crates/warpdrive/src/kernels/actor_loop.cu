@@ -213,7 +213,9 @@ struct RingView {
 
 // Reads vectors `base + j * 32 + lane` (j < N) of the windows' flat order: all N loads go out,
 // then the control word (`ctl_at`, when `with_ctl`: a load before them made ptxas wait for it
-// at their first branch, a second round trip), then `between` runs (when `call`: the last
+// at their first branch, a second round trip) and, with the tail hint, the lane's claimed tail
+// (`hint_at`, null for lanes without one: a load of its own, so the lone answer, which needs
+// only the control word, does not wait for the hint's line), then `between` runs (when `call`: the last
 // iteration's books, while the loads are in flight), then each slot's state and payload.
 // `stop` and `drop` take the first slot (of rank 0 when it is the only one) with a vector the
 // lane saw not written yet, and overwritten: a lone rank's count by a reduction, in
@@ -221,8 +223,9 @@ struct RingView {
 // only the overwritten ones, for the priority picker; no shared atomics when none is).
 template <u32 N, class F>
 __device__ __forceinline__ void read_chunk(const RingView& rv, u32 base, u32 total, u32 lane,
-                                           bool with_ctl, const u64* ctl_at, u64& word, u32& stop,
-                                           u32& drop, u32 mark, bool call, F&& between) {
+                                           bool with_ctl, const u64* ctl_at, u64& word,
+                                           const u64* hint_at, u64& hint_word, u32& stop, u32& drop,
+                                           u32 mark, bool call, F&& between) {
     u32 v0[N], f0[N], v1[N], f1[N], at[N], want[N];
 #pragma unroll
     for (u32 j = 0; j < N; ++j) {
@@ -246,6 +249,9 @@ __device__ __forceinline__ void read_chunk(const RingView& rv, u32 base, u32 tot
         }
     }
     if (with_ctl) word = ld_word(ctl_at);
+#ifdef ACTOR_TAIL_HINT
+    if (with_ctl && hint_at) hint_word = ld_word(hint_at);
+#endif
     if (call) between();
 #pragma unroll
     for (u32 j = 0; j < N; ++j) {
@@ -408,10 +414,12 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
     // The control words: lane 0 the system command, lane 1 the host's beat, the others the
     // actor's command (one request for them all).
     const u64* ctl_at = lane == 0 ? sysw + S_COMMAND : lane == 1 ? sysw + S_HOST_BEAT : blk + C_COMMAND;
+    // ActorSpec::tail_hint: lane 3 + l also loads lane l's claimed tail, in the same round of
+    // loads as the control words (no round trip of its own).
+    const u64* hint_at = nullptr;
+    u64 hint_word = 0;
 #ifdef ACTOR_TAIL_HINT
-    // ActorSpec::tail_hint: lane 3 + l loads lane l's claimed tail instead, in the same
-    // load (no round trip of its own); lane 2 keeps the actor's command.
-    if (d[D_TAIL_HINT] && lane >= 3 && lane < 3 + lanes) ctl_at = blk + C_TAIL_HINT + (lane - 3);
+    if (d[D_TAIL_HINT] && lane >= 3 && lane < 3 + lanes) hint_at = blk + C_TAIL_HINT + (lane - 3);
 #endif
     bool running = false;   // the last iteration's decision: handle messages
     bool answered = false;  // the last iteration answered every message it saw
@@ -523,12 +531,13 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             const RingView rv{pre, ranks, head, rbase, rmask, in_sw, in_vps, wmax, &st[0][0], in_stage};
             one_trip = total <= ONE_TRIP_VECTORS;
             if (one_trip) {
-                read_chunk<3>(rv, 0, total, lane, true, ctl_at, word, stop, drop, ranks == 1 ? 2u : 3u, true,
+                read_chunk<3>(rv, 0, total, lane, true, ctl_at, word, hint_at, hint_word, stop, drop, ranks == 1 ? 2u : 3u, true,
                               books);
             } else {
                 const u32 mark = ranks == 1 && quick_stream ? 2u : 3u;
                 for (u32 base = 0; base < total; base += 32 * LOADS_IN_FLIGHT)
-                    read_chunk<LOADS_IN_FLIGHT>(rv, base, total, lane, base == 0, ctl_at, word, stop, drop, mark,
+                    read_chunk<LOADS_IN_FLIGHT>(rv, base, total, lane, base == 0, ctl_at, word, hint_at, hint_word,
+                                                stop, drop, mark,
                                                 base == 0, books);
             }
         }
@@ -546,14 +555,8 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         // the last iteration read them (it decided to run; a changed command takes the usual
         // path, a beat's absence is decided below, after this answer): the doorbell's path,
         // answered at once.
-#ifdef ACTOR_TAIL_HINT
-        // (Lanes 3 and up hold the command again, or a tail hint, which moves with every send.)
-        const bool lone = quick_read && stop == 1 && drop != 0 && limit != 0 &&
-                          !__any_sync(0xffffffffu, (lane == 0 || lane == 2) && word != last_word);
-#else
         const bool lone = quick_read && stop == 1 && drop != 0 && limit != 0 &&
                           !__any_sync(0xffffffffu, lane != 1 && word != last_word);
-#endif
         const u64 t_read = now_ns();
         u32 lone_outs = 0;
         if (lone) {
@@ -576,7 +579,7 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
         last_word = word;
 #ifdef ACTOR_TAIL_HINT
         // Lane 3 + l's tail is rank lanes - 1 - l's (seen by lane 0 after the next sync).
-        if (lane >= 3 && ctl_at != blk + C_COMMAND) tails[lanes + 2 - lane] = word;
+        if (hint_at) tails[lanes + 2 - lane] = hint_word;
 #endif
         // Lane 0 decides (bit 0: terminate, 1: run, 2: parked); what it publishes waits for
         // the iteration's end, after the answers.
@@ -815,7 +818,8 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
 #else
         gap_until = t_answer + (picks == 1 ? gap : 0);
 #endif
-        if (solo) wmin = picks > 2 ? (u32)d[D_WIDE] : min(2u, wmax);
+        // Set by busy iterations only: an empty read keeps the window a stream left it.
+        if (solo && picks) wmin = picks > 2 ? (u32)d[D_WIDE] : min(2u, wmax);
         if (solo && lane == 0) {
             win[0] = next_window(w0, n0, wmin, wmax);
             head[0] += picks;
