@@ -85,8 +85,9 @@ enum Keys {
 
 /// (n, bins, keys): empty, one, decode-size batches, MoE prefill shapes (4096 tokens × k = 8
 /// or 4 slots into 128 or 256 experts), tile boundaries (256 keys a tile; past 1024 tiles
-/// the tile doubles: 262,144 and 262,145 keys, 1M), many bins, skewed keys.
-const SORT_SHAPES: [(usize, usize, Keys); 25] = [
+/// the tile doubles: 262,144 and 262,145 keys, 1M; with 4096 bins past 63 tiles: 40,000
+/// keys), many bins, skewed keys.
+const SORT_SHAPES: [(usize, usize, Keys); 26] = [
     (0, 4, Keys::Random),
     (1, 1, Keys::Random),
     (1, 128, Keys::Random),
@@ -112,6 +113,7 @@ const SORT_SHAPES: [(usize, usize, Keys); 25] = [
     (262_145, 128, Keys::Random),
     (1 << 20, 256, Keys::Random),
     (5000, MAX_BINS, Keys::Random),
+    (40_000, MAX_BINS, Keys::Random),
 ];
 
 fn sort_body(dev: &Device, seed: u64) -> Vec<[Vec<u32>; 4]> {

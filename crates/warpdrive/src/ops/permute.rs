@@ -17,9 +17,12 @@ pub const MAX_BINS: usize = 4096;
 /// Keys per tile of the sort at most sizes: one per thread of a block of [`BLOCK`], so that
 /// 32k keys keep 128 blocks busy (one per SM).
 const SORT_TILE: usize = 256;
-/// The most tiles of the sort: past 1024 · 256 keys the tile doubles instead, which bounds
-/// the per-tile counts its one-block scan walks (and the scratch) at 1024 · (bins + 1) words.
+/// The most tiles of the sort: past that the tile doubles instead, which bounds the per-tile
+/// counts its one-block scan walks (and the scratch).
 const MAX_SORT_TILES: usize = 1024;
+/// The most per-tile counts (tiles · (bins + 1) words, 1 MiB) the one-block scan walks, where
+/// bins allow fewer tiles than [`MAX_SORT_TILES`] (past 255 bins).
+const MAX_SORT_SCAN_WORDS: usize = 1 << 18;
 /// Threads of the sort's offsets pass and of the scan (their `__launch_bounds__(1024)`).
 const WIDE_BLOCK: u32 = 1024;
 
@@ -420,11 +423,16 @@ pub fn sort_by_key(stream: &Stream, keys: &Buffer<u32>, sort: &mut KeySort) -> R
     )
 }
 
-/// Keys per tile of the sort of `n` keys: [`SORT_TILE`], doubled until there are at most
-/// [`MAX_SORT_TILES`] tiles (a multiple of the block, as the kernels need).
-fn sort_tile(n: usize) -> usize {
+/// The most tiles the sort of keys into `bins` buckets uses.
+fn max_sort_tiles(bins: usize) -> usize {
+    (MAX_SORT_SCAN_WORDS / (bins + 1)).clamp(1, MAX_SORT_TILES)
+}
+
+/// Keys per tile of the sort of `n` keys into `bins` buckets: [`SORT_TILE`], doubled until
+/// the tiles are few enough ([`max_sort_tiles`]); a multiple of the block, as the kernels need.
+fn sort_tile(n: usize, bins: usize) -> usize {
     let mut tile = SORT_TILE;
-    while n.div_ceil(tile) > MAX_SORT_TILES {
+    while n.div_ceil(tile) > max_sort_tiles(bins) {
         tile *= 2;
     }
     tile
@@ -432,9 +440,9 @@ fn sort_tile(n: usize) -> usize {
 
 /// Words of scratch (per-tile counts of every bucket, the overflow one included) that
 /// [`sort_by_key_raw`] takes for up to `len` keys into `bins` buckets: a bound on the tiles
-/// of every `n <= len` (at most `ceil(n / 256)` and at most 1024).
+/// of every `n <= len` (at most `ceil(n / 256)` and at most [`max_sort_tiles`]).
 pub(crate) fn sort_scratch_words(len: usize, bins: usize) -> usize {
-    len.div_ceil(SORT_TILE).clamp(1, MAX_SORT_TILES) * (bins + 1)
+    len.div_ceil(SORT_TILE).clamp(1, max_sort_tiles(bins)) * (bins + 1)
 }
 
 /// The device body of [`sort_by_key`] on raw addresses (three kernels, nothing allocated, no
@@ -461,7 +469,7 @@ pub(crate) unsafe fn sort_by_key_raw(
     scratch: u64,
     [counts, offsets, order, rank]: [u64; 4],
 ) -> Result<()> {
-    let tile = sort_tile(n);
+    let tile = sort_tile(n, bins);
     let tiles = n.div_ceil(tile);
     let shared = (bins as u32 + 1) * 4;
     // n < u32::MAX (KeySort::new, the MoE plan's checks), so tile and tiles fit u32.
@@ -509,4 +517,32 @@ pub(crate) unsafe fn sort_by_key_raw(
     // scratch tiles·(bins + 1), and every position written is below n (the slots partition
     // 0..n). It waits for the previous kernel before it touches anything.
     unsafe { launch_as(q, (&PERMUTE, "sort_scatter"), grid, BLOCK, 0, args, true) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The scratch sized for `len` keys covers the tiles of every shorter sort (the MoE
+    /// workspace sizes it once for its most slots), and tiles stay multiples of the block.
+    #[test]
+    fn sort_scratch_covers_every_shorter_sort() {
+        for bins in [1, 8, 128, 255, 256, 257, 1000, MAX_BINS] {
+            let mut need = 0;
+            for n in (0..300_000)
+                .step_by(97)
+                .chain([1 << 18, (1 << 18) + 1, 1 << 20])
+            {
+                let tile = sort_tile(n, bins);
+                assert_eq!(tile % BLOCK as usize, 0);
+                let tiles = n.div_ceil(tile);
+                assert!(tiles <= max_sort_tiles(bins), "n={n} bins={bins}");
+                need = need.max(tiles.max(1) * (bins + 1));
+                assert!(sort_scratch_words(n, bins) >= need, "n={n} bins={bins}");
+            }
+        }
+        // The MoE prefill shapes keep a tile of 256 keys: 128 blocks at 32k keys.
+        assert_eq!(sort_tile(32_768, 256), 256);
+        assert_eq!(sort_tile(16_384, 128), 256);
+    }
 }
