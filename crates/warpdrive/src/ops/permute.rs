@@ -20,9 +20,9 @@ const SORT_TILE: usize = 256;
 /// The most tiles of the sort: past that the tile doubles instead, which bounds the per-tile
 /// counts its one-block scan walks (and the scratch).
 const MAX_SORT_TILES: usize = 1024;
-/// The most per-tile counts (tiles · (bins + 1) words, 1 MiB) the one-block scan walks, where
-/// bins allow fewer tiles than [`MAX_SORT_TILES`] (past 255 bins).
-const MAX_SORT_SCAN_WORDS: usize = 1 << 18;
+/// The most per-tile counts (tiles · (bins + 1) words, ~1 MiB) the one-block scan walks: up to
+/// 256 bins that is [`MAX_SORT_TILES`] tiles, with more bins fewer (64 at 4096).
+const MAX_SORT_SCAN_WORDS: usize = MAX_SORT_TILES * 257;
 /// Threads of the sort's offsets pass and of the scan (their `__launch_bounds__(1024)`).
 const WIDE_BLOCK: u32 = 1024;
 
