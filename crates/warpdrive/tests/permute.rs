@@ -85,8 +85,8 @@ enum Keys {
 
 /// (n, bins, keys): empty, one, decode-size batches, MoE prefill shapes (4096 tokens × k = 8
 /// or 4 slots into 128 or 256 experts), tile boundaries (256 keys a tile; past 1024 tiles
-/// the tile doubles: 262,144 and 262,145 keys, 1M; with 4096 bins past 64 tiles: 40,000
-/// keys), many bins, skewed keys.
+/// the tile doubles: 262,144 and 262,145 keys, 1M), many bins (a warp scan each: 40,000 keys
+/// into 4096), skewed keys.
 const SORT_SHAPES: [(usize, usize, Keys); 26] = [
     (0, 4, Keys::Random),
     (1, 1, Keys::Random),

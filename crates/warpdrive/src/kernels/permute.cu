@@ -13,9 +13,10 @@
 //     overflow bucket after every valid key). Tiles of 256 keys (more past 1024 tiles), one
 //     block of 256 per tile ranks each key within its tile and bucket (rounds of 256, warps
 //     one after another, lanes by __match_any_sync, so equal keys keep their input order) and
-//     counts the buckets; one block of 1024 scans the bucket-major counts in place into each
-//     (bucket, tile)'s first slot, the per-bucket counts and offsets; then every key is placed
-//     at its slot + rank, all in parallel. The last two are programmatic dependent launches.
+//     counts the buckets; a warp per bucket scans the bucket's tile counts in place and writes
+//     its total; then every block scans the totals (bins words) in shared memory and places
+//     its keys at bucket slot + tile slot + rank, all in parallel. The last two are
+//     programmatic dependent launches.
 //   gather_rows_* / scatter_rows_*: block 256, grid-stride over (row, unit) with units of 16,
 //     8, 4, 2 or 1 bytes, whichever the row size and addresses allow.
 
@@ -100,17 +101,17 @@ extern "C" __global__ void __launch_bounds__(1024) scan_tiles(const u32* __restr
 }
 
 // The sort's tiles are `tile` keys (256 or more, a multiple of 256: ops::permute picks it),
-// one block of 256 per tile; tile_counts is bucket-major ([b * tiles + t]), so that a single
-// exclusive scan over it turns every (bucket, tile) count into that tile's first output slot
-// for the bucket. rank[] carries each key's rank within its tile and bucket from sort_count
-// to sort_scatter, which adds the slot.
+// one block of 256 per tile; tile_counts is bucket-major ([b * tiles + t]), so that each
+// bucket's per-tile counts are one contiguous run that a warp scans coalesced. rank[] carries
+// each key's rank within its tile and bucket from sort_count to sort_scatter, which adds the
+// bucket's and the tile's first slots.
 
 // Ranks each key among the keys of its bucket before it in the tile (stable: rounds of 256 in
 // index order, warps one after another, lanes by __match_any_sync) and writes the tile's
 // count of each bucket. bins + 1 words of dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(256) sort_count(const u32* __restrict__ keys, u64 n, u32 bins, u32 tile, u32 tiles, u32* __restrict__ tile_counts, u32* __restrict__ rank) {
     extern __shared__ u32 next[];  // keys of each bucket ranked so far in this tile
-    // The scan (one block, launched as a programmatic dependent) may be placed now: it waits.
+    // sort_offsets (a programmatic dependent launch) may be placed now: it waits for us.
     release_next_grid();
     const u32 buckets = bins + 1;
     for (u32 b = threadIdx.x; b < buckets; b += blockDim.x) next[b] = 0;
@@ -143,43 +144,71 @@ extern "C" __global__ void __launch_bounds__(256) sort_count(const u32* __restri
     for (u32 b = threadIdx.x; b < buckets; b += blockDim.x) col[(u64)b * tiles] = next[b];
 }
 
-// One block of 1024: an exclusive scan in place of the tiles·(bins + 1) bucket-major counts
-// (each thread a contiguous run, loads independent of one another), then counts[bins] and
-// offsets[bins + 1] (offsets[bins] = number of valid keys) from each bucket's first tile.
-extern "C" __global__ void __launch_bounds__(1024) sort_offsets(u32* __restrict__ tile_counts, u32 tiles, u32 bins, u32* __restrict__ counts, u32* __restrict__ offsets) {
+// A warp per bucket (bins + 1 of them, 8 a block): scans the bucket's per-tile counts (a
+// contiguous run of `tiles` words, coalesced, four chunks of 32 in flight) in place into each
+// tile's first slot within the bucket, and writes counts[b] = the bucket's total (b < bins).
+extern "C" __global__ void __launch_bounds__(256) sort_offsets(u32* __restrict__ tile_counts, u32 tiles, u32 bins, u32* __restrict__ counts) {
     wait_prior_grid();
     release_next_grid();
-    const u64 m = (u64)tiles * (bins + 1);
-    const u64 per = (m + blockDim.x - 1) / blockDim.x;
-    const u64 lo = min(per * threadIdx.x, m), hi = min(lo + per, m);
-    u32 mine = 0;
-#pragma unroll 8
-    for (u64 j = lo; j < hi; ++j) mine += tile_counts[j];
-    u32 total;
-    u32 run = block_exclusive_scan(mine, &total);
-    for (u64 j = lo; j < hi; ++j) {
-        const u32 v = tile_counts[j];
-        tile_counts[j] = run;
-        run += v;
+    const u32 lane = threadIdx.x & 31u;
+    const u32 b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (b > bins) return;  // whole warps: no barrier below
+    u32* run = tile_counts + (u64)b * tiles;
+    u32 carry = 0;
+    for (u32 t0 = 0; t0 < tiles; t0 += 128u) {
+        u32 v[4];
+#pragma unroll
+        for (u32 k = 0; k < 4; ++k) {
+            const u32 t = t0 + 32u * k + lane;
+            v[k] = t < tiles ? run[t] : 0u;
+        }
+#pragma unroll
+        for (u32 k = 0; k < 4; ++k) {
+            u32 incl = v[k];
+#pragma unroll
+            for (u32 o = 1; o < 32; o <<= 1) {
+                const u32 up = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += up;
+            }
+            const u32 t = t0 + 32u * k + lane;
+            if (t < tiles) run[t] = carry + incl - v[k];
+            carry += __shfl_sync(0xffffffffu, incl, 31);
+        }
     }
-    __syncthreads();
-    for (u32 b = threadIdx.x; b <= bins; b += blockDim.x) {
-        const u64 at = (u64)b * tiles;
-        const u32 off = at < m ? tile_counts[at] : total;
-        offsets[b] = off;
-        if (b < bins) counts[b] = (at + tiles < m ? tile_counts[at + tiles] : total) - off;
-    }
+    if (b < bins && lane == 0) counts[b] = carry;
 }
 
-// Places each key: pos = its tile's first slot for its bucket + its rank there;
-// order[pos] = i and rank[i] = pos. Grid-stride, no shared memory.
-extern "C" __global__ void __launch_bounds__(256) sort_scatter(const u32* __restrict__ keys, u64 n, u32 bins, u32 tile, u32 tiles, const u32* __restrict__ tile_starts, u32* __restrict__ order, u32* __restrict__ rank) {
+// Each block first scans counts[] into every bucket's first slot (bins + 1 words of dynamic
+// shared memory; block 0 writes them to offsets[], offsets[bins] = the valid keys), then
+// places its keys (grid-stride): pos = the bucket's first slot + the tile's first slot within
+// the bucket + the key's rank there; order[pos] = i and rank[i] = pos.
+extern "C" __global__ void __launch_bounds__(256) sort_scatter(const u32* __restrict__ keys, u64 n, u32 bins, u32 tile, u32 tiles, const u32* tile_starts, const u32* counts, u32* __restrict__ offsets, u32* __restrict__ order, u32* __restrict__ rank) {
+    // tile_starts and counts (the previous grid's, read after the wait) take plain loads.
+    extern __shared__ u32 base[];
     wait_prior_grid();
+    for (u32 b = threadIdx.x; b < bins; b += blockDim.x) base[b] = counts[b];
+    __syncthreads();
+    // Each thread a run of consecutive buckets.
+    const u32 per = (bins + blockDim.x - 1) / blockDim.x;
+    const u32 lo = min(per * threadIdx.x, bins), hi = min(lo + per, bins);
+    u32 mine = 0;
+    for (u32 b = lo; b < hi; ++b) mine += base[b];
+    u32 total;
+    u32 run = block_exclusive_scan(mine, &total);
+    for (u32 b = lo; b < hi; ++b) {
+        const u32 v = base[b];
+        base[b] = run;
+        run += v;
+    }
+    if (threadIdx.x == 0) base[bins] = total;
+    __syncthreads();
+    if (blockIdx.x == 0)
+        for (u32 b = threadIdx.x; b <= bins; b += blockDim.x) offsets[b] = base[b];
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += stride) {
         const u32 key = keys[i];
         const u32 bucket = key < bins ? key : bins;
-        const u32 pos = tile_starts[(u64)bucket * tiles + i / tile] + rank[i];
+        const u32 pos = base[bucket] + tile_starts[(u64)bucket * tiles + i / tile] + rank[i];
         order[pos] = (u32)i;
         rank[i] = pos;
     }

@@ -17,13 +17,11 @@ pub const MAX_BINS: usize = 4096;
 /// Keys per tile of the sort at most sizes: one per thread of a block of [`BLOCK`], so that
 /// 32k keys keep 128 blocks busy (one per SM).
 const SORT_TILE: usize = 256;
-/// The most tiles of the sort: past that the tile doubles instead, which bounds the per-tile
-/// counts its one-block scan walks (and the scratch).
+/// The most tiles of the sort: past 1024 · 256 keys the tile doubles instead, which bounds the
+/// scratch at what tiles of 1024 keys took (1024 · (bins + 1) words) and keeps each bucket's
+/// run of tile counts (one warp scans it) at most 1024 words.
 const MAX_SORT_TILES: usize = 1024;
-/// The most per-tile counts (tiles · (bins + 1) words, ~1 MiB) the one-block scan walks: up to
-/// 256 bins that is [`MAX_SORT_TILES`] tiles, with more bins fewer (64 at 4096).
-const MAX_SORT_SCAN_WORDS: usize = MAX_SORT_TILES * 257;
-/// Threads of the sort's offsets pass and of the scan (their `__launch_bounds__(1024)`).
+/// Threads of the scan's blocks (their `__launch_bounds__(1024)`).
 const WIDE_BLOCK: u32 = 1024;
 
 fn check_bins(op: &str, bins: usize) -> Result<u32> {
@@ -423,16 +421,11 @@ pub fn sort_by_key(stream: &Stream, keys: &Buffer<u32>, sort: &mut KeySort) -> R
     )
 }
 
-/// The most tiles the sort of keys into `bins` buckets uses.
-fn max_sort_tiles(bins: usize) -> usize {
-    (MAX_SORT_SCAN_WORDS / (bins + 1)).clamp(1, MAX_SORT_TILES)
-}
-
-/// Keys per tile of the sort of `n` keys into `bins` buckets: [`SORT_TILE`], doubled until
-/// the tiles are few enough ([`max_sort_tiles`]); a multiple of the block, as the kernels need.
-fn sort_tile(n: usize, bins: usize) -> usize {
+/// Keys per tile of the sort of `n` keys: [`SORT_TILE`], doubled until there are at most
+/// [`MAX_SORT_TILES`] tiles; a multiple of the block, as the kernels need.
+fn sort_tile(n: usize) -> usize {
     let mut tile = SORT_TILE;
-    while n.div_ceil(tile) > max_sort_tiles(bins) {
+    while n.div_ceil(tile) > MAX_SORT_TILES {
         tile *= 2;
     }
     tile
@@ -440,9 +433,9 @@ fn sort_tile(n: usize, bins: usize) -> usize {
 
 /// Words of scratch (per-tile counts of every bucket, the overflow one included) that
 /// [`sort_by_key_raw`] takes for up to `len` keys into `bins` buckets: a bound on the tiles
-/// of every `n <= len` (at most `ceil(n / 256)` and at most [`max_sort_tiles`]).
+/// of every `n <= len` (at most `ceil(n / 256)` and at most [`MAX_SORT_TILES`]).
 pub(crate) fn sort_scratch_words(len: usize, bins: usize) -> usize {
-    len.div_ceil(SORT_TILE).clamp(1, max_sort_tiles(bins)) * (bins + 1)
+    len.div_ceil(SORT_TILE).clamp(1, MAX_SORT_TILES) * (bins + 1)
 }
 
 /// The device body of [`sort_by_key`] on raw addresses (three kernels, nothing allocated, no
@@ -452,10 +445,11 @@ pub(crate) fn sort_scratch_words(len: usize, bins: usize) -> usize {
 ///
 /// `sort_count` (a block of 256 per tile of 256 keys) ranks each key within its tile and
 /// bucket into `rank` and writes the tile's counts bucket-major into the scratch;
-/// `sort_offsets` (one block) scans those in place into each (bucket, tile)'s first slot and
-/// writes counts and offsets; `sort_scatter` (grid-stride) puts each key at slot + rank. The
-/// last two are programmatic dependent launches (on Hopper their blocks are placed while the
-/// kernel before runs, and wait for it).
+/// `sort_offsets` (a warp per bucket) scans each bucket's tile counts in place into each
+/// tile's first slot within the bucket and writes the bucket totals to `counts`;
+/// `sort_scatter` (grid-stride) scans the totals in every block (block 0 writes `offsets`) and
+/// puts each key at bucket slot + tile slot + rank. The last two are programmatic dependent
+/// launches (on Hopper their blocks are placed while the kernel before runs, and wait for it).
 ///
 /// # Safety
 /// `keys` must hold `n` u32 and `scratch` [`sort_scratch_words`]`(m, bins)` words for some
@@ -469,7 +463,7 @@ pub(crate) unsafe fn sort_by_key_raw(
     scratch: u64,
     [counts, offsets, order, rank]: [u64; 4],
 ) -> Result<()> {
-    let tile = sort_tile(n, bins);
+    let tile = sort_tile(n);
     let tiles = n.div_ceil(tile);
     let shared = (bins as u32 + 1) * 4;
     // n < u32::MAX (KeySort::new, the MoE plan's checks), so tile and tiles fit u32.
@@ -489,19 +483,30 @@ pub(crate) unsafe fn sort_by_key_raw(
         // of sort_scratch_words), rank n.
         unsafe { launch(q, (&PERMUTE, "sort_count"), tiles32, BLOCK, shared, args)? };
     }
+    // A warp per bucket.
+    let warps_per_block = (BLOCK / 32) as usize;
+    let scan_grid = u32::try_from((bins + 1).div_ceil(warps_per_block))
+        .map_err(|_| Error::InvalidArgument(format!("sort_by_key: {bins} bins")))?;
     let args = Args::new()
         .ptr(scratch)
         .u32(tiles32)
         .u32(bins32)
-        .ptr(counts)
-        .ptr(offsets);
-    // SAFETY: sort_offsets(u32* tile_counts, u32 tiles, u32 bins, u32* counts, u32* offsets),
-    // one block: tile_counts holds tiles·(bins + 1) words, counts bins, offsets bins + 1. It
-    // waits for the previous kernel before it touches anything.
-    unsafe { launch_as(q, (&PERMUTE, "sort_offsets"), 1, WIDE_BLOCK, 0, args, true)? };
-    if tiles == 0 {
-        return Ok(());
-    }
+        .ptr(counts);
+    // SAFETY: sort_offsets(u32* tile_counts, u32 tiles, u32 bins, u32* counts), a warp per
+    // bucket (bins + 1 warps, 8 a block): tile_counts holds tiles·(bins + 1) words, counts
+    // bins. It waits for the previous kernel before it touches anything.
+    unsafe {
+        launch_as(
+            q,
+            (&PERMUTE, "sort_offsets"),
+            scan_grid,
+            BLOCK,
+            0,
+            args,
+            true,
+        )?
+    };
+    // With no keys it still runs (one block): it writes the offsets.
     let grid = fill_grid(q.gpu, (&PERMUTE, "sort_scatter"), n64, BLOCK as u64)?;
     let args = Args::new()
         .ptr(keys)
@@ -510,13 +515,26 @@ pub(crate) unsafe fn sort_by_key_raw(
         .u32(tile32)
         .u32(tiles32)
         .ptr(scratch)
+        .ptr(counts)
+        .ptr(offsets)
         .ptr(order)
         .ptr(rank);
     // SAFETY: sort_scatter(const u32* keys, u64 n, u32 bins, u32 tile, u32 tiles, const u32*
-    // tile_starts, u32* order, u32* rank), grid-stride: keys, order and rank hold n words, the
-    // scratch tiles·(bins + 1), and every position written is below n (the slots partition
-    // 0..n). It waits for the previous kernel before it touches anything.
-    unsafe { launch_as(q, (&PERMUTE, "sort_scatter"), grid, BLOCK, 0, args, true) }
+    // tile_starts, const u32* counts, u32* offsets, u32* order, u32* rank), grid-stride, bins
+    // + 1 words of shared memory: keys, order and rank hold n words, the scratch tiles·(bins +
+    // 1), counts bins, offsets bins + 1, and every position written is below n (the slots
+    // partition 0..n). It waits for the previous kernel before it touches anything.
+    unsafe {
+        launch_as(
+            q,
+            (&PERMUTE, "sort_scatter"),
+            grid,
+            BLOCK,
+            shared,
+            args,
+            true,
+        )
+    }
 }
 
 #[cfg(test)]
@@ -527,22 +545,22 @@ mod tests {
     /// workspace sizes it once for its most slots), and tiles stay multiples of the block.
     #[test]
     fn sort_scratch_covers_every_shorter_sort() {
-        for bins in [1, 8, 128, 255, 256, 257, 1000, MAX_BINS] {
+        for bins in [1, 128, 257, MAX_BINS] {
             let mut need = 0;
             for n in (0..300_000)
                 .step_by(97)
                 .chain([1 << 18, (1 << 18) + 1, 1 << 20])
             {
-                let tile = sort_tile(n, bins);
+                let tile = sort_tile(n);
                 assert_eq!(tile % BLOCK as usize, 0);
                 let tiles = n.div_ceil(tile);
-                assert!(tiles <= max_sort_tiles(bins), "n={n} bins={bins}");
+                assert!(tiles <= MAX_SORT_TILES, "n={n} bins={bins}");
                 need = need.max(tiles.max(1) * (bins + 1));
                 assert!(sort_scratch_words(n, bins) >= need, "n={n} bins={bins}");
             }
         }
         // The MoE prefill shapes keep a tile of 256 keys: 128 blocks at 32k keys.
-        assert_eq!(sort_tile(32_768, 256), 256);
-        assert_eq!(sort_tile(16_384, 128), 256);
+        assert_eq!(sort_tile(32_768), 256);
+        assert_eq!(sort_tile(16_384), 256);
     }
 }
