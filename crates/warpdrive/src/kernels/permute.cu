@@ -182,7 +182,7 @@ extern "C" __global__ void __launch_bounds__(256) sort_offsets(u32* __restrict__
 // shared memory; block 0 writes them to offsets[], offsets[bins] = the valid keys), then
 // places its keys (grid-stride): pos = the bucket's first slot + the tile's first slot within
 // the bucket + the key's rank there; order[pos] = i and rank[i] = pos.
-extern "C" __global__ void __launch_bounds__(256) sort_scatter(const u32* __restrict__ keys, u64 n, u32 bins, u32 tile, u32 tiles, const u32* tile_starts, const u32* counts, u32* __restrict__ offsets, u32* __restrict__ order, u32* __restrict__ rank) {
+extern "C" __global__ void __launch_bounds__(256) sort_scatter(const u32* __restrict__ keys, u64 n, u32 bins, u32 tile_log2, u32 tiles, const u32* tile_starts, const u32* counts, u32* __restrict__ offsets, u32* __restrict__ order, u32* __restrict__ rank) {
     // tile_starts and counts (the previous grid's, read after the wait) take plain loads.
     extern __shared__ u32 base[];
     wait_prior_grid();
@@ -208,7 +208,7 @@ extern "C" __global__ void __launch_bounds__(256) sort_scatter(const u32* __rest
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += stride) {
         const u32 key = keys[i];
         const u32 bucket = key < bins ? key : bins;
-        const u32 pos = base[bucket] + tile_starts[(u64)bucket * tiles + i / tile] + rank[i];
+        const u32 pos = base[bucket] + tile_starts[(u64)bucket * tiles + (i >> tile_log2)] + rank[i];
         order[pos] = (u32)i;
         rank[i] = pos;
     }

@@ -422,7 +422,8 @@ pub fn sort_by_key(stream: &Stream, keys: &Buffer<u32>, sort: &mut KeySort) -> R
 }
 
 /// Keys per tile of the sort of `n` keys: [`SORT_TILE`], doubled until there are at most
-/// [`MAX_SORT_TILES`] tiles; a multiple of the block, as the kernels need.
+/// [`MAX_SORT_TILES`] tiles; a power of two (the scatter shifts by it) and a multiple of the
+/// block, as the kernels need.
 fn sort_tile(n: usize) -> usize {
     let mut tile = SORT_TILE;
     while n.div_ceil(tile) > MAX_SORT_TILES {
@@ -512,14 +513,14 @@ pub(crate) unsafe fn sort_by_key_raw(
         .ptr(keys)
         .u64(n64)
         .u32(bins32)
-        .u32(tile32)
+        .u32(tile.trailing_zeros())
         .u32(tiles32)
         .ptr(scratch)
         .ptr(counts)
         .ptr(offsets)
         .ptr(order)
         .ptr(rank);
-    // SAFETY: sort_scatter(const u32* keys, u64 n, u32 bins, u32 tile, u32 tiles, const u32*
+    // SAFETY: sort_scatter(const u32* keys, u64 n, u32 bins, u32 tile_log2, u32 tiles, const u32*
     // tile_starts, const u32* counts, u32* offsets, u32* order, u32* rank), grid-stride, bins
     // + 1 words of shared memory: keys, order and rank hold n words, the scratch tiles·(bins +
     // 1), counts bins, offsets bins + 1, and every position written is below n (the slots
@@ -552,7 +553,7 @@ mod tests {
                 .chain([1 << 18, (1 << 18) + 1, 1 << 20])
             {
                 let tile = sort_tile(n);
-                assert_eq!(tile % BLOCK as usize, 0);
+                assert!(tile.is_power_of_two() && tile % BLOCK as usize == 0);
                 let tiles = n.div_ceil(tile);
                 assert!(tiles <= MAX_SORT_TILES, "n={n} bins={bins}");
                 need = need.max(tiles.max(1) * (bins + 1));
