@@ -72,24 +72,63 @@ fn scan_body(dev: &Device, seed: u64) -> Vec<Vec<u32>> {
     outs
 }
 
-/// (n, bins): empty, one, MoE shapes (tokens x k routed to E experts), a tile boundary, many
-/// bins; keys past `bins` included.
-const SORT_SHAPES: [(usize, usize); 7] = [
-    (0, 4),
-    (1, 1),
-    (1000, 8),
-    (1024, 64),
-    (1025, 64),
-    (16384 * 8, 256),
-    (5000, MAX_BINS),
+/// How a sort case draws its keys.
+#[derive(Clone, Copy, Debug)]
+enum Keys {
+    /// Uniform in 0..bins + 2 (some past the last bin).
+    Random,
+    /// Every key the same valid bin.
+    AllEqual,
+    /// Every key >= bins (all in the overflow bucket), u32::MAX among them.
+    AllOver,
+}
+
+/// (n, bins, keys): empty, one, decode-size batches, MoE prefill shapes (4096 tokens × k = 8
+/// or 4 slots into 128 or 256 experts), tile boundaries (256 keys a tile; past 1024 tiles
+/// the tile doubles: 262,144 and 262,145 keys, 1M), many bins (a warp scan each: 40,000 keys
+/// into 4096), skewed keys.
+const SORT_SHAPES: [(usize, usize, Keys); 26] = [
+    (0, 4, Keys::Random),
+    (1, 1, Keys::Random),
+    (1, 128, Keys::Random),
+    (7, 256, Keys::Random),
+    (64, 128, Keys::Random),
+    (255, 257, Keys::Random),
+    (256, 128, Keys::Random),
+    (257, 1, Keys::Random),
+    (1000, 8, Keys::Random),
+    (1023, 128, Keys::Random),
+    (1024, 64, Keys::Random),
+    (1025, 257, Keys::Random),
+    (16384, 128, Keys::Random),
+    (32768, 128, Keys::Random),
+    (32768, 256, Keys::Random),
+    (32769, 257, Keys::Random),
+    (32768, 128, Keys::AllEqual),
+    (32769, 256, Keys::AllOver),
+    (1025, 1, Keys::AllEqual),
+    (300, 256, Keys::AllOver),
+    (16384 * 8, 256, Keys::Random),
+    (262_144, 128, Keys::Random),
+    (262_145, 128, Keys::Random),
+    (1 << 20, 256, Keys::Random),
+    (5000, MAX_BINS, Keys::Random),
+    (40_000, MAX_BINS, Keys::Random),
 ];
 
 fn sort_body(dev: &Device, seed: u64) -> Vec<[Vec<u32>; 4]> {
     let s = dev.new_stream().unwrap();
     let mut r = rng(seed);
     let mut outs = Vec::new();
-    for (n, bins) in SORT_SHAPES {
-        let ks = keys(&mut r, n, bins, 2);
+    for (n, bins, kind) in SORT_SHAPES {
+        let ks = match kind {
+            Keys::Random => keys(&mut r, n, bins, 2),
+            Keys::AllEqual => vec![r.random_range(0..bins as u32); n],
+            Keys::AllOver => keys(&mut r, n, 5, 0)
+                .into_iter()
+                .map(|x| if x == 4 { u32::MAX } else { bins as u32 + x })
+                .collect(),
+        };
         let k = Buffer::from_host(&s, &ks).unwrap();
         let mut sort = KeySort::new(&s, n, bins).unwrap();
         for b in [
@@ -119,9 +158,15 @@ fn sort_body(dev: &Device, seed: u64) -> Vec<[Vec<u32>; 4]> {
         for b in 0..bins {
             want_offsets[b + 1] = want_offsets[b] + want_counts[b];
         }
-        assert_eq!(counts, want_counts, "sort counts n={n} bins={bins}");
-        assert_eq!(offsets, want_offsets, "sort offsets n={n} bins={bins}");
-        assert_eq!(order, want_order, "sort order n={n} bins={bins}");
+        assert_eq!(
+            counts, want_counts,
+            "sort counts n={n} bins={bins} {kind:?}"
+        );
+        assert_eq!(
+            offsets, want_offsets,
+            "sort offsets n={n} bins={bins} {kind:?}"
+        );
+        assert_eq!(order, want_order, "sort order n={n} bins={bins} {kind:?}");
         for (p, &i) in order.iter().enumerate() {
             assert_eq!(rank[i as usize] as usize, p, "rank is the inverse of order");
         }

@@ -10,11 +10,13 @@
 //     one block scans those sums in place into each tile's base (and writes the total), then
 //     each block reads its base and scans its tile from it.
 //   sort_count / sort_offsets / sort_scatter: the stable sort (keys >= bins go to one
-//     overflow bucket after every valid key). Tiles of 1024 keys, one block of 256 per tile:
-//     per-tile counts of each bucket; one block of 1024 turns them into each tile's first
-//     slot per bucket (bucket-major, tile-minor), the per-bucket counts and offsets; then each
-//     tile places its keys in index order (rounds of 256, warps one after another, ranks within
-//     a warp by __match_any_sync), so equal keys keep their input order.
+//     overflow bucket after every valid key). Tiles of 256 keys (more past 1024 tiles), one
+//     block of 256 per tile ranks each key within its tile and bucket (rounds of 256, warps
+//     one after another, lanes by __match_any_sync, so equal keys keep their input order) and
+//     counts the buckets; a warp per bucket scans the bucket's tile counts in place and writes
+//     its total; then every block scans the totals (bins words) in shared memory and places
+//     its keys at bucket slot + tile slot + rank, all in parallel. The last two are
+//     programmatic dependent launches.
 //   gather_rows_* / scatter_rows_*: block 256, grid-stride over (row, unit) with units of 16,
 //     8, 4, 2 or 1 bytes, whichever the row size and addresses allow.
 
@@ -98,98 +100,117 @@ extern "C" __global__ void __launch_bounds__(1024) scan_tiles(const u32* __restr
     }
 }
 
-#define SORT_TILE 1024u
+// The sort's tiles are `tile` keys (256 or more, a multiple of 256: ops::permute picks it),
+// one block of 256 per tile; tile_counts is bucket-major ([b * tiles + t]), so that each
+// bucket's per-tile counts are one contiguous run that a warp scans coalesced. rank[] carries
+// each key's rank within its tile and bucket from sort_count to sort_scatter, which adds the
+// bucket's and the tile's first slots.
 
-// tile_counts[tile * (bins + 1) + b]: keys of bucket b in the tile (b == bins: keys >= bins).
-extern "C" __global__ void __launch_bounds__(256) sort_count(const u32* __restrict__ keys, u64 n, u32 bins, u32* __restrict__ tile_counts) {
-    extern __shared__ u32 local[];
-    for (u32 b = threadIdx.x; b <= bins; b += blockDim.x) local[b] = 0;
-    __syncthreads();
-    const u64 first = (u64)blockIdx.x * SORT_TILE;
-    for (u32 j = threadIdx.x; j < SORT_TILE; j += blockDim.x) {
-        if (first + j < n) {
-            const u32 k = keys[first + j];
-            atomicAdd(&local[k < bins ? k : bins], 1u);
-        }
-    }
-    __syncthreads();
-    u32* mine = tile_counts + (u64)blockIdx.x * (bins + 1);
-    for (u32 b = threadIdx.x; b <= bins; b += blockDim.x) mine[b] = local[b];
-}
-
-// One block of 1024. Turns tile_counts into each tile's first output slot per bucket, and
-// writes counts[bins] and offsets[bins + 1] (offsets[bins] = number of valid keys).
-extern "C" __global__ void __launch_bounds__(1024) sort_offsets(u32* __restrict__ tile_counts, u32 tiles, u32 bins, u32* __restrict__ counts, u32* __restrict__ offsets) {
-    extern __shared__ u32 bucket[];  // bins + 1 words: totals, then their exclusive scan
+// Ranks each key among the keys of its bucket before it in the tile (stable: rounds of 256 in
+// index order, warps one after another, lanes by __match_any_sync) and writes the tile's
+// count of each bucket. bins + 1 words of dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(256) sort_count(const u32* __restrict__ keys, u64 n, u32 bins, u32 tile, u32 tiles, u32* __restrict__ tile_counts, u32* __restrict__ rank) {
+    extern __shared__ u32 next[];  // keys of each bucket ranked so far in this tile
+    // sort_offsets (a programmatic dependent launch) may be placed now: it waits for us.
+    release_next_grid();
     const u32 buckets = bins + 1;
-    for (u32 b = threadIdx.x; b < buckets; b += blockDim.x) {
-        u32 run = 0;
-        for (u32 t = 0; t < tiles; ++t) {
-            u32* c = tile_counts + (u64)t * buckets + b;
-            const u32 v = *c;
-            *c = run;
-            run += v;
-        }
-        bucket[b] = run;
-        if (b < bins) counts[b] = run;
-    }
-    __syncthreads();
-    // Exclusive scan of the bucket totals: each thread a run of consecutive buckets.
-    const u32 per = (buckets + blockDim.x - 1) / blockDim.x;
-    const u32 lo = threadIdx.x * per;
-    const u32 hi = lo + per < buckets ? lo + per : buckets;
-    u32 mine = 0;
-    for (u32 b = lo; b < hi; ++b) mine += bucket[b];
-    u32 total;
-    u32 run = block_exclusive_scan(mine, &total);
-    for (u32 b = lo; b < hi; ++b) {
-        const u32 v = bucket[b];
-        bucket[b] = run;
-        offsets[b] = run;
-        run += v;
-    }
-    __syncthreads();
-    for (u32 b = threadIdx.x; b < buckets; b += blockDim.x) {
-        const u32 off = bucket[b];
-        for (u32 t = 0; t < tiles; ++t) tile_counts[(u64)t * buckets + b] += off;
-    }
-}
-
-// Places each key of the tile: order[pos] = i and rank[i] = pos.
-extern "C" __global__ void __launch_bounds__(256) sort_scatter(const u32* __restrict__ keys, u64 n, u32 bins, const u32* __restrict__ tile_counts, u32* __restrict__ order, u32* __restrict__ rank) {
-    extern __shared__ u32 next[];  // next free slot of each bucket, bins + 1 words
-    const u32 buckets = bins + 1;
-    const u32* mine = tile_counts + (u64)blockIdx.x * buckets;
-    for (u32 b = threadIdx.x; b < buckets; b += blockDim.x) next[b] = mine[b];
+    for (u32 b = threadIdx.x; b < buckets; b += blockDim.x) next[b] = 0;
     __syncthreads();
     const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const u32 below = (1u << lane) - 1u;
-    const u64 first = (u64)blockIdx.x * SORT_TILE;
-    for (u32 round = 0; round < SORT_TILE / blockDim.x; ++round) {
-        const u64 i = first + (u64)round * blockDim.x + threadIdx.x;
+    const u64 first = (u64)blockIdx.x * tile;
+    for (u32 r = 0; r < tile && first + r < n; r += blockDim.x) {
+        const u64 i = first + r + threadIdx.x;
         const bool valid = i < n;
         const u32 key = valid ? keys[i] : 0u;
         const u32 bucket = key < bins ? key : bins;
         // Lanes past n form their own group (their tag has the top bit set) and write nothing.
         const u32 tag = valid ? bucket : (0x80000000u | bucket);
+        const u32 peers = __match_any_sync(0xffffffffu, tag);
+        const u32 leader = __ffs(peers) - 1;
+        u32 start = 0;
         for (u32 w = 0; w < warps; ++w) {
-            if (warp == w) {
-                const u32 peers = __match_any_sync(0xffffffffu, tag);
-                const u32 leader = __ffs(peers) - 1;
-                u32 start = 0;
-                if (valid && lane == leader) {
-                    start = next[bucket];
-                    next[bucket] = start + __popc(peers);
-                }
-                start = __shfl_sync(0xffffffffu, start, leader);
-                if (valid) {
-                    const u32 pos = start + __popc(peers & below);
-                    order[pos] = (u32)i;
-                    rank[i] = pos;
-                }
+            if (warp == w && valid && lane == leader) {
+                start = next[bucket];
+                next[bucket] = start + __popc(peers);
             }
             __syncthreads();
         }
+        start = __shfl_sync(0xffffffffu, start, leader);
+        if (valid) rank[i] = start + __popc(peers & below);
+    }
+    // The last round ended with a barrier: next[] holds the tile's counts.
+    u32* col = tile_counts + blockIdx.x;
+    for (u32 b = threadIdx.x; b < buckets; b += blockDim.x) col[(u64)b * tiles] = next[b];
+}
+
+// A warp per bucket (bins + 1 of them, 8 a block): scans the bucket's per-tile counts (a
+// contiguous run of `tiles` words, coalesced, four chunks of 32 in flight) in place into each
+// tile's first slot within the bucket, and writes counts[b] = the bucket's total (b < bins).
+extern "C" __global__ void __launch_bounds__(256) sort_offsets(u32* __restrict__ tile_counts, u32 tiles, u32 bins, u32* __restrict__ counts) {
+    wait_prior_grid();
+    release_next_grid();
+    const u32 lane = threadIdx.x & 31u;
+    const u32 b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (b > bins) return;  // whole warps: no barrier below
+    u32* run = tile_counts + (u64)b * tiles;
+    u32 carry = 0;
+    for (u32 t0 = 0; t0 < tiles; t0 += 128u) {
+        u32 v[4];
+#pragma unroll
+        for (u32 k = 0; k < 4; ++k) {
+            const u32 t = t0 + 32u * k + lane;
+            v[k] = t < tiles ? run[t] : 0u;
+        }
+#pragma unroll
+        for (u32 k = 0; k < 4; ++k) {
+            u32 incl = v[k];
+#pragma unroll
+            for (u32 o = 1; o < 32; o <<= 1) {
+                const u32 up = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += up;
+            }
+            const u32 t = t0 + 32u * k + lane;
+            if (t < tiles) run[t] = carry + incl - v[k];
+            carry += __shfl_sync(0xffffffffu, incl, 31);
+        }
+    }
+    if (b < bins && lane == 0) counts[b] = carry;
+}
+
+// Each block first scans counts[] into every bucket's first slot (bins + 1 words of dynamic
+// shared memory; block 0 writes them to offsets[], offsets[bins] = the valid keys), then
+// places its keys (grid-stride): pos = the bucket's first slot + the tile's first slot within
+// the bucket + the key's rank there; order[pos] = i and rank[i] = pos.
+extern "C" __global__ void __launch_bounds__(256) sort_scatter(const u32* __restrict__ keys, u64 n, u32 bins, u32 tile_log2, u32 tiles, const u32* tile_starts, const u32* counts, u32* __restrict__ offsets, u32* __restrict__ order, u32* __restrict__ rank) {
+    // tile_starts and counts (the previous grid's, read after the wait) take plain loads.
+    extern __shared__ u32 base[];
+    wait_prior_grid();
+    for (u32 b = threadIdx.x; b < bins; b += blockDim.x) base[b] = counts[b];
+    __syncthreads();
+    // Each thread a run of consecutive buckets.
+    const u32 per = (bins + blockDim.x - 1) / blockDim.x;
+    const u32 lo = min(per * threadIdx.x, bins), hi = min(lo + per, bins);
+    u32 mine = 0;
+    for (u32 b = lo; b < hi; ++b) mine += base[b];
+    u32 total;
+    u32 run = block_exclusive_scan(mine, &total);
+    for (u32 b = lo; b < hi; ++b) {
+        const u32 v = base[b];
+        base[b] = run;
+        run += v;
+    }
+    if (threadIdx.x == 0) base[bins] = total;
+    __syncthreads();
+    if (blockIdx.x == 0)
+        for (u32 b = threadIdx.x; b <= bins; b += blockDim.x) offsets[b] = base[b];
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += stride) {
+        const u32 key = keys[i];
+        const u32 bucket = key < bins ? key : bins;
+        const u32 pos = base[bucket] + tile_starts[(u64)bucket * tiles + (i >> tile_log2)] + rank[i];
+        order[pos] = (u32)i;
+        rank[i] = pos;
     }
 }
 

@@ -9,14 +9,19 @@ use crate::error::{Error, Result};
 use crate::kernels::PERMUTE;
 use crate::memory::{check_len, Buffer};
 
-use super::{fill, fill_grid, launch, rows_of, Args, Scratch, BLOCK};
+use super::{fill, fill_grid, launch, launch_as, rows_of, Args, Scratch, BLOCK};
 
 /// The most bins (distinct keys) [`histogram`] and [`sort_by_key`] take: their per-block
 /// counts live in shared memory.
 pub const MAX_BINS: usize = 4096;
-/// Keys per tile of the sort (`SORT_TILE` in `permute.cu`).
-const SORT_TILE: usize = 1024;
-/// Threads of the sort's offsets pass and of the scan (their `__launch_bounds__(1024)`).
+/// Keys per tile of the sort at most sizes: one per thread of a block of [`BLOCK`], so that
+/// 32k keys keep 128 blocks busy (one per SM).
+const SORT_TILE: usize = 256;
+/// The most tiles of the sort: past 1024 · 256 keys the tile doubles instead, which bounds the
+/// scratch at what tiles of 1024 keys took (1024 · (bins + 1) words) and keeps each bucket's
+/// run of tile counts (one warp scans it) at most 1024 words.
+const MAX_SORT_TILES: usize = 1024;
+/// Threads of the scan's blocks (their `__launch_bounds__(1024)`).
 const WIDE_BLOCK: u32 = 1024;
 
 fn check_bins(op: &str, bins: usize) -> Result<u32> {
@@ -357,7 +362,7 @@ impl KeySort {
 }
 
 /// Sorts `keys` (as many as `sort` was made for) stably into `sort`'s buffers: three kernels,
-/// no atomics in anything but per-tile integer counts, nothing allocated.
+/// no atomics, nothing allocated.
 pub fn sort_by_key(stream: &Stream, keys: &Buffer<u32>, sort: &mut KeySort) -> Result<()> {
     keys.check_stream(stream, "sort_by_key")?;
     sort.order.check_stream(stream, "sort_by_key")?;
@@ -416,21 +421,41 @@ pub fn sort_by_key(stream: &Stream, keys: &Buffer<u32>, sort: &mut KeySort) -> R
     )
 }
 
+/// Keys per tile of the sort of `n` keys: [`SORT_TILE`], doubled until there are at most
+/// [`MAX_SORT_TILES`] tiles; a power of two (the scatter shifts by it) and a multiple of the
+/// block, as the kernels need.
+fn sort_tile(n: usize) -> usize {
+    let mut tile = SORT_TILE;
+    while n.div_ceil(tile) > MAX_SORT_TILES {
+        tile *= 2;
+    }
+    tile
+}
+
 /// Words of scratch (per-tile counts of every bucket, the overflow one included) that
-/// [`sort_by_key_raw`] takes for `len` keys into `bins` buckets.
+/// [`sort_by_key_raw`] takes for up to `len` keys into `bins` buckets: a bound on the tiles
+/// of every `n <= len` (at most `ceil(n / 256)` and at most [`MAX_SORT_TILES`]).
 pub(crate) fn sort_scratch_words(len: usize, bins: usize) -> usize {
-    len.div_ceil(SORT_TILE).max(1) * (bins + 1)
+    len.div_ceil(SORT_TILE).clamp(1, MAX_SORT_TILES) * (bins + 1)
 }
 
 /// The device body of [`sort_by_key`] on raw addresses (three kernels, nothing allocated, no
-/// host sync): `out` = [counts (bins words), offsets (bins + 1), order (n), rank (n)], as
-/// [`KeySort`] describes them. For callers that keep these in their own workspace (the MoE
-/// layer's prefill dispatch).
+/// host sync, graph-capturable): `out` = [counts (bins words), offsets (bins + 1), order (n),
+/// rank (n)], as [`KeySort`] describes them. For callers that keep these in their own
+/// workspace (the MoE layer's prefill dispatch).
+///
+/// `sort_count` (a block of 256 per tile of 256 keys) ranks each key within its tile and
+/// bucket into `rank` and writes the tile's counts bucket-major into the scratch;
+/// `sort_offsets` (a warp per bucket) scans each bucket's tile counts in place into each
+/// tile's first slot within the bucket and writes the bucket totals to `counts`;
+/// `sort_scatter` (grid-stride) scans the totals in every block (block 0 writes `offsets`) and
+/// puts each key at bucket slot + tile slot + rank. The last two are programmatic dependent
+/// launches (on Hopper their blocks are placed while the kernel before runs, and wait for it).
 ///
 /// # Safety
-/// `keys` must hold `n` u32 and `scratch` [`sort_scratch_words`]`(n, bins)` words, the
-/// outputs the words above, all live device memory of the queue's device; bins at most
-/// [`MAX_BINS`].
+/// `keys` must hold `n` u32 and `scratch` [`sort_scratch_words`]`(m, bins)` words for some
+/// `m >= n`, the outputs the words above, all live device memory of the queue's device; bins
+/// at most [`MAX_BINS`].
 pub(crate) unsafe fn sort_by_key_raw(
     q: crate::device::Queue<'_>,
     keys: u64,
@@ -439,54 +464,104 @@ pub(crate) unsafe fn sort_by_key_raw(
     scratch: u64,
     [counts, offsets, order, rank]: [u64; 4],
 ) -> Result<()> {
-    let tiles = n.div_ceil(SORT_TILE);
+    let tile = sort_tile(n);
+    let tiles = n.div_ceil(tile);
     let shared = (bins as u32 + 1) * 4;
-    let (n64, bins32) = (n as u64, bins as u32);
+    // n < u32::MAX (KeySort::new, the MoE plan's checks), so tile and tiles fit u32.
+    let (n64, bins32, tile32, tiles32) = (n as u64, bins as u32, tile as u32, tiles as u32);
     if tiles > 0 {
-        let args = Args::new().ptr(keys).u64(n64).u32(bins32).ptr(scratch);
-        // SAFETY: sort_count(const u32* keys, u64 n, u32 bins, u32* tile_counts), one block
-        // per tile, bins + 1 words of shared memory: the scratch holds tiles·(bins + 1) words.
-        unsafe {
-            launch(
-                q,
-                (&PERMUTE, "sort_count"),
-                tiles as u32,
-                BLOCK,
-                shared,
-                args,
-            )?
-        };
+        let args = Args::new()
+            .ptr(keys)
+            .u64(n64)
+            .u32(bins32)
+            .u32(tile32)
+            .u32(tiles32)
+            .ptr(scratch)
+            .ptr(rank);
+        // SAFETY: sort_count(const u32* keys, u64 n, u32 bins, u32 tile, u32 tiles, u32*
+        // tile_counts, u32* rank), one block of 256 per tile (tile a multiple of 256), bins + 1
+        // words of shared memory: the scratch holds tiles·(bins + 1) words (tiles <= the bound
+        // of sort_scratch_words), rank n.
+        unsafe { launch(q, (&PERMUTE, "sort_count"), tiles32, BLOCK, shared, args)? };
     }
+    // A warp per bucket.
+    let warps_per_block = (BLOCK / 32) as usize;
+    let scan_grid = u32::try_from((bins + 1).div_ceil(warps_per_block))
+        .map_err(|_| Error::InvalidArgument(format!("sort_by_key: {bins} bins")))?;
     let args = Args::new()
         .ptr(scratch)
-        .u32(tiles as u32)
+        .u32(tiles32)
         .u32(bins32)
-        .ptr(counts)
-        .ptr(offsets);
-    // SAFETY: sort_offsets(u32* tile_counts, u32 tiles, u32 bins, u32* counts, u32* offsets),
-    // one block, bins + 1 words of shared memory: counts holds bins words, offsets bins + 1.
-    unsafe { launch(q, (&PERMUTE, "sort_offsets"), 1, WIDE_BLOCK, shared, args)? };
-    if tiles == 0 {
-        return Ok(());
-    }
+        .ptr(counts);
+    // SAFETY: sort_offsets(u32* tile_counts, u32 tiles, u32 bins, u32* counts), a warp per
+    // bucket (bins + 1 warps, 8 a block): tile_counts holds tiles·(bins + 1) words, counts
+    // bins. It waits for the previous kernel before it touches anything.
+    unsafe {
+        launch_as(
+            q,
+            (&PERMUTE, "sort_offsets"),
+            scan_grid,
+            BLOCK,
+            0,
+            args,
+            true,
+        )?
+    };
+    // With no keys it still runs (one block): it writes the offsets.
+    let grid = fill_grid(q.gpu, (&PERMUTE, "sort_scatter"), n64, BLOCK as u64)?;
     let args = Args::new()
         .ptr(keys)
         .u64(n64)
         .u32(bins32)
+        .u32(tile.trailing_zeros())
+        .u32(tiles32)
         .ptr(scratch)
+        .ptr(counts)
+        .ptr(offsets)
         .ptr(order)
         .ptr(rank);
-    // SAFETY: sort_scatter(const u32* keys, u64 n, u32 bins, const u32* tile_counts, u32*
-    // order, u32* rank), one block per tile: order and rank hold n words, and every position
-    // written is below n (the offsets partition 0..n).
+    // SAFETY: sort_scatter(const u32* keys, u64 n, u32 bins, u32 tile_log2, u32 tiles, const u32*
+    // tile_starts, const u32* counts, u32* offsets, u32* order, u32* rank), grid-stride, bins
+    // + 1 words of shared memory: keys, order and rank hold n words, the scratch tiles·(bins +
+    // 1), counts bins, offsets bins + 1, and every position written is below n (the slots
+    // partition 0..n). It waits for the previous kernel before it touches anything.
     unsafe {
-        launch(
+        launch_as(
             q,
             (&PERMUTE, "sort_scatter"),
-            tiles as u32,
+            grid,
             BLOCK,
             shared,
             args,
+            true,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The scratch sized for `len` keys covers the tiles of every shorter sort (the MoE
+    /// workspace sizes it once for its most slots), and tiles stay multiples of the block.
+    #[test]
+    fn sort_scratch_covers_every_shorter_sort() {
+        for bins in [1, 128, 257, MAX_BINS] {
+            let mut need = 0;
+            for n in (0..300_000)
+                .step_by(97)
+                .chain([1 << 18, (1 << 18) + 1, 1 << 20])
+            {
+                let tile = sort_tile(n);
+                assert!(tile.is_power_of_two() && tile % BLOCK as usize == 0);
+                let tiles = n.div_ceil(tile);
+                assert!(tiles <= MAX_SORT_TILES, "n={n} bins={bins}");
+                need = need.max(tiles.max(1) * (bins + 1));
+                assert!(sort_scratch_words(n, bins) >= need, "n={n} bins={bins}");
+            }
+        }
+        // The MoE prefill shapes keep a tile of 256 keys: 128 blocks at 32k keys.
+        assert_eq!(sort_tile(32_768), 256);
+        assert_eq!(sort_tile(16_384), 256);
     }
 }
