@@ -222,6 +222,10 @@ pub struct Options {
     /// An allocation trace for the `memory` suite to replay instead of its generated one
     /// (`warpdrive bench memory --replay TRACE.json`).
     pub memory_trace: Option<PathBuf>,
+    /// Block sizes for the `tier` suite's disk cases alone (`warpdrive bench tier
+    /// --tier-disk-sizes 67108864`): when not empty, the suite runs only those cases, at
+    /// these sizes (64 MiB disk rows on a machine where the full scale takes too long).
+    pub tier_disk_sizes: Vec<usize>,
 }
 
 impl Options {

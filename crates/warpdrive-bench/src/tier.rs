@@ -58,6 +58,9 @@ const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
 
 pub(crate) fn run_suite(ctx: &mut Ctx) -> Result<()> {
+    if !ctx.options().tier_disk_sizes.is_empty() {
+        return disk_cases(ctx);
+    }
     codec_cases(ctx)?;
     disk_cases(ctx)?;
     prefetch_cases(ctx)?;
@@ -207,14 +210,17 @@ fn on_engine(variant: &str, io: Io) -> String {
 }
 
 fn disk_cases(ctx: &mut Ctx) -> Result<()> {
-    let sizes = block_sizes(ctx.scale());
+    let sizes = match ctx.options().tier_disk_sizes.as_slice() {
+        [] => block_sizes(ctx.scale()).to_vec(),
+        chosen => chosen.to_vec(),
+    };
     let reps = reps(ctx.scale());
     let dir = std::env::temp_dir().join(format!("warpdrive-bench-disk-{}", std::process::id()));
     let stream = ctx.stream().clone();
     let engines = disk_engines();
     let result = (|| -> Result<()> {
         std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-        for &size in sizes {
+        for &size in &sizes {
             let mut r = SmallRng::seed_from_u64(size as u64 ^ 0xd15c);
             let block = bf16_bytes(&mut r, size, false);
             // Per engine, raw: one file, aligned buffers, offsets one block apart, at the

@@ -44,6 +44,10 @@ pub(crate) enum Command {
         /// see bench/peers/README.md) instead of its generated one.
         #[arg(long, value_name = "TRACE.json")]
         replay: Option<PathBuf>,
+        /// The `tier` suite's disk cases alone, at these block sizes in bytes
+        /// (comma-separated, e.g. 67108864): the 64 MiB disk rows without the full scale.
+        #[arg(long, value_name = "BYTES,...", value_delimiter = ',')]
+        tier_disk_sizes: Vec<usize>,
         /// Record spans, kernel launches, copies and NVML counters of the run as a Chrome
         /// trace (opens in Perfetto) at this path.
         #[arg(long, value_name = "OUT.json")]
@@ -511,6 +515,7 @@ mod tests {
             suites,
             list,
             replay,
+            tier_disk_sizes,
             trace,
             device,
             scale,
@@ -519,6 +524,7 @@ mod tests {
         else {
             panic!("not bench")
         };
+        assert!(tier_disk_sizes.is_empty());
         assert!(suites.is_empty() && !list && device.device.is_none() && output.json.is_none());
         // The device's default scale: quick on the CPU.
         assert_eq!(scale.on(&Device::cpu()), Scale::Quick);
@@ -534,6 +540,11 @@ mod tests {
             cli.command,
             Command::Report { ref results, out: Some(ref o) }
                 if results == Path::new("r.json") && o == Path::new("dir")
+        ));
+        let cli = parse(&["bench", "tier", "--tier-disk-sizes", "65536,67108864"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Bench { ref tier_disk_sizes, .. } if tier_disk_sizes == &[65536, 67108864]
         ));
         let cli = parse(&["bench", "memory", "--replay", "t.json"]).unwrap();
         assert!(matches!(

@@ -81,6 +81,7 @@ fn run(cli: Cli) -> Result<()> {
             suites,
             list,
             replay,
+            tier_disk_sizes,
             trace,
             device,
             scale,
@@ -95,6 +96,7 @@ fn run(cli: Cli) -> Result<()> {
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_RESULTS));
             let options = bench::Options {
                 memory_trace: replay,
+                tier_disk_sizes,
             };
             bench_traced(
                 &suites,
