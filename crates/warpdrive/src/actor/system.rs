@@ -254,6 +254,10 @@ impl ActorSystem {
         };
         *shared.running.lock() = Some(running);
         shared.phase.store(RUNNING, Ordering::Release);
+        // The watcher's hang clock and the first activation start from a loop that runs, not
+        // from a launch still waiting for room on the device (another process's resident
+        // kernels) or for its module: `start` returns once the loop has beaten.
+        first_beat(shared)?;
         let weak = Arc::downgrade(shared);
         let every = shared.config.watch_every;
         let watcher = std::thread::Builder::new()
@@ -447,6 +451,36 @@ fn export_metrics(actors: &[Arc<ActorShared>]) {
         metrics::gauge!("warpdrive_actor_depth", &label).set(depth as f64);
         metrics::gauge!("warpdrive_actor_busy_ratio", &label).set(a.busy_ratio());
     }
+}
+
+/// How long `start` waits for the loop's first beat.
+const START_WAIT: Duration = Duration::from_secs(10);
+
+/// Waits (up to [`START_WAIT`]) until the loop has beaten once; an error when it ended or
+/// faulted first. (A loop left running after a timeout here is ended by the system's drop.)
+fn first_beat(s: &Shared) -> Result<()> {
+    let before = s.sys_word(sys::LOOP_BEAT);
+    let mut backoff = Backoff::new();
+    while s.sys_word(sys::LOOP_BEAT) == before {
+        let running = match s.running.lock().as_ref() {
+            Some(r) => r.running()?,
+            None => false,
+        };
+        if !running {
+            return Err(Error::Actor {
+                actor: "(system)".into(),
+                detail: "the actor loop ended before its first beat".into(),
+            });
+        }
+        if backoff.waited() > START_WAIT {
+            return Err(Error::Timeout {
+                what: "the actor loop's first beat after its launch".into(),
+                after_ms: START_WAIT.as_millis() as u64,
+            });
+        }
+        backoff.pause();
+    }
+    Ok(())
 }
 
 /// How often the watcher maps the loop's clock onto the trace's while tracing.
