@@ -218,7 +218,8 @@ impl ActorSystem {
         .map(|_| ())
     }
 
-    /// Launches the loop with every actor inactive, and the watcher.
+    /// Launches the loop with every actor inactive and, once it has beaten (up to 10 s: a
+    /// `Timeout` past that), the watcher.
     pub fn start(&mut self) -> Result<()> {
         let shared = &self.shared;
         if shared.phase.load(Ordering::Acquire) != BUILDING {
