@@ -80,8 +80,9 @@ pub(crate) mod ctrl {
     pub(crate) const WINDOW_SLOTS: usize = 26;
     /// Host → loop: the sequence numbers senders have claimed in lane `l`, at `TAIL_HINT + l`
     /// (`ActorSpec::tail_hint`; never lower than before, possibly ahead of the slots written,
-    /// behind the claims while at most two messages wait): the loop sizes its next window by it. In the last cache line, away from the heads
-    /// every sender reads (`IN_HEAD`) and the command the loop reads each iteration.
+    /// behind the claims while at most two messages wait): the loop sizes its next window by
+    /// it. In the last cache line, away from the heads every sender reads (`IN_HEAD`) and the
+    /// command the loop reads each iteration.
     pub(crate) const TAIL_HINT: usize = 28;
     /// Words of the control block.
     pub(crate) const WORDS: usize = 32;

@@ -179,7 +179,8 @@ impl<In: Pod, Out: Pod, S: Pod> ActorSpec<In, Out, S> {
     /// doubling read after read. A size only: slots claimed but not yet written still read
     /// as not written, so the messages and their order are the same either way (the CPU
     /// backend has no windows). Costs a send that leaves more than two messages waiting one
-    /// atomic maximum on a shared word (a lone request none). On by default; `warpdrive bench actors` measures it off too (`warpdrive-no-hint`).
+    /// atomic maximum on a shared word (a lone request none). On by default; `warpdrive bench
+    /// actors` measures it off too (`warpdrive-no-hint`).
     pub fn tail_hint(mut self, on: bool) -> Self {
         self.tail_hint = on;
         self

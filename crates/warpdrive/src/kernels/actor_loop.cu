@@ -215,8 +215,9 @@ struct RingView {
 // then the control word (`ctl_at`, when `with_ctl`: a load before them made ptxas wait for it
 // at their first branch, a second round trip) and, with the tail hint, the lane's claimed tail
 // (`hint_at`, null for lanes without one: a load of its own, so the lone answer, which needs
-// only the control word, does not wait for the hint's line), then `between` runs (when `call`: the last
-// iteration's books, while the loads are in flight), then each slot's state and payload.
+// only the control word, does not wait for the hint's line), then `between` runs (when
+// `call`: the last iteration's books, while the loads are in flight), then each slot's state
+// and payload.
 // `stop` and `drop` take the first slot (of rank 0 when it is the only one) with a vector the
 // lane saw not written yet, and overwritten: a lone rank's count by a reduction, in
 // registers. Slot states with a bit of `mark` go to `st` (a lone rank read in one trip needs
@@ -531,14 +532,13 @@ extern "C" __global__ void __launch_bounds__(32) actor_loop(const u64* __restric
             const RingView rv{pre, ranks, head, rbase, rmask, in_sw, in_vps, wmax, &st[0][0], in_stage};
             one_trip = total <= ONE_TRIP_VECTORS;
             if (one_trip) {
-                read_chunk<3>(rv, 0, total, lane, true, ctl_at, word, hint_at, hint_word, stop, drop, ranks == 1 ? 2u : 3u, true,
-                              books);
+                read_chunk<3>(rv, 0, total, lane, true, ctl_at, word, hint_at, hint_word, stop, drop,
+                              ranks == 1 ? 2u : 3u, true, books);
             } else {
                 const u32 mark = ranks == 1 && quick_stream ? 2u : 3u;
                 for (u32 base = 0; base < total; base += 32 * LOADS_IN_FLIGHT)
-                    read_chunk<LOADS_IN_FLIGHT>(rv, base, total, lane, base == 0, ctl_at, word, hint_at, hint_word,
-                                                stop, drop, mark,
-                                                base == 0, books);
+                    read_chunk<LOADS_IN_FLIGHT>(rv, base, total, lane, base == 0, ctl_at, word, hint_at,
+                                                hint_word, stop, drop, mark, base == 0, books);
             }
         }
         // A lone rank read in one trip (a closed-loop client's actor; with `quick_stream` in
