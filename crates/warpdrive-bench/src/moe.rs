@@ -213,8 +213,7 @@ fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {
     let case = plan.case(preset);
     ctx.step(format!("{SUITE}: {case} (weights)"));
     let stream = ctx.stream().clone();
-    let ctx_ceilings = ctx.ceilings().clone();
-    let ctx_ceilings = &ctx_ceilings;
+    let ceilings = ctx.ceilings().clone();
     let mut layer = MoeLayer::<bf16>::new(&stream, config, MoeWeights::Random { seed: SEED })?;
     for &tokens in plan.tokens {
         ctx.step(format!("{SUITE}: {case} tokens {tokens}"));
@@ -336,7 +335,7 @@ fn preset_rows(ctx: &mut Ctx, plan: &Plan, preset: &'static str) -> Result<()> {
             extra.insert("dtype".into(), "bf16".into());
             extra.insert("hidden".into(), config.hidden.into());
             extra.insert("intermediate".into(), config.intermediate.into());
-            let floors = pass_floors(&config, tokens, bytes, ctx_ceilings, row.median);
+            let floors = pass_floors(&config, tokens, bytes, &ceilings, row.median);
             row.extra.extend(floors);
             if variant == "warpdrive" && tokens <= 16 && stream.device().is_cuda() {
                 let floor = read_floor(&stream, bytes, plan.min_reps.max(20))?;
